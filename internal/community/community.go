@@ -1,0 +1,89 @@
+// Package community binds requests to tenants. A connection's community comes
+// from its Host header, resolved once, before any handler runs; the resulting
+// Tenant value cannot be built from client input.
+package community
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+// ErrUnknownHost is returned for a host that names no serving community:
+// unknown, archived, being deleted or deleted. Callers answer 404.
+var ErrUnknownHost = errors.New("no community serves this host")
+
+// Tenant is the community a request is bound to. Its fields are private so
+// only Resolve (and tests in this package) can make one.
+type Tenant struct {
+	id   uuid.UUID
+	host string
+}
+
+// ID is the community's id, the leading key of every tenant table.
+func (t Tenant) ID() uuid.UUID { return t.id }
+
+// Host is the community's normalized host.
+func (t Tenant) Host() string { return t.host }
+
+// IsZero reports an unbound Tenant.
+func (t Tenant) IsZero() bool { return t.id == uuid.Nil }
+
+// FromRow builds a Tenant from a communities row read by a serving lookup.
+func FromRow(c db.Community) Tenant { return Tenant{id: c.ID, host: c.Host} }
+
+// Resolve finds the serving community for an inbound Host header.
+func Resolve(ctx context.Context, q *db.Queries, rawHost string) (Tenant, error) {
+	host := NormalizeHost(rawHost)
+	if host == "" {
+		return Tenant{}, ErrUnknownHost
+	}
+	row, err := q.CommunityResolveServing(ctx, host)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Tenant{}, ErrUnknownHost
+	}
+	if err != nil {
+		return Tenant{}, err
+	}
+	return FromRow(row), nil
+}
+
+// NormalizeHost is the one normalization used both when storing
+// communities.host and when resolving an inbound Host (spec D.1):
+// trim and lowercase; drop a :443 or :80 suffix (other ports select a
+// distinct tenant); drop one trailing dot; collapse the loopback literals
+// 127.0.0.1 and [::1] to localhost, keeping any port.
+func NormalizeHost(raw string) string {
+	h := strings.ToLower(strings.TrimSpace(raw))
+	for _, port := range []string{":443", ":80"} {
+		if strings.HasSuffix(h, port) {
+			h = strings.TrimSuffix(h, port)
+			break
+		}
+	}
+	h = strings.TrimSuffix(h, ".")
+	for _, loopback := range []string{"127.0.0.1", "[::1]"} {
+		if h == loopback || strings.HasPrefix(h, loopback+":") {
+			h = "localhost" + h[len(loopback):]
+			break
+		}
+	}
+	return h
+}
+
+// RelayURLAuthority derives the normalized authority of a relay URL such as
+// BUZZ_RELAY_URL ("wss://relay.example.com" → "relay.example.com"). It
+// returns "" when the URL has no host, and callers treat that as an error.
+func RelayURLAuthority(relayURL string) string {
+	u, err := url.Parse(strings.TrimSpace(relayURL))
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	return NormalizeHost(u.Host)
+}

@@ -1,0 +1,198 @@
+// Package dbtest gives tests real PostgreSQL databases: one private cluster per
+// test run, one migrated template database per migration set, and one cloned
+// database per test that asks for isolation (dropped when the test ends).
+//
+// `make test` starts the cluster once for every test package (see
+// internal/pgcluster/withcluster) and passes its admin URL in
+// BUZZ_TEST_PG_URL. A package run on its own by `go test` starts its own
+// cluster from Main instead. Either way no database test ever skips.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
+)
+
+// AdminURLEnv names the variable holding the test cluster's admin URL.
+const AdminURLEnv = "BUZZ_TEST_PG_URL"
+
+// TimeZone is a non-UTC session zone with a half-hour offset: code that
+// mixes local and UTC time fails loudly under it.
+const TimeZone = "America/St_Johns"
+
+// ClusterSettings are the test cluster's postgresql.conf extras.
+var ClusterSettings = map[string]string{"timezone": "'" + TimeZone + "'"}
+
+var adminURL string
+
+// Main runs a test package's tests against the shared cluster, starting a
+// private one for this process when none was given. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	adminURL = os.Getenv(AdminURLEnv)
+	if adminURL == "" {
+		cluster, err := pgcluster.StartTemp(context.Background(), ClusterSettings)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dbtest: start private PostgreSQL:", err)
+			return 1
+		}
+		defer cluster.Close()
+		adminURL = cluster.URL("postgres")
+	}
+	return m.Run()
+}
+
+// URL returns the URL of a fresh migrated database for this test, dropped at
+// cleanup. The session time zone is TimeZone.
+func URL(t testing.TB) string {
+	t.Helper()
+	if adminURL == "" {
+		t.Fatal("dbtest: call dbtest.Main(m) from TestMain")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("dbtest: connect to test cluster: %v", err)
+	}
+	defer admin.Close(ctx)
+
+	template, err := ensureTemplate(ctx, admin)
+	if err != nil {
+		t.Fatalf("dbtest: template: %v", err)
+	}
+	name := "buzz_test_" + randomHex(6)
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s STRATEGY FILE_COPY", name, template)); err != nil {
+		t.Fatalf("dbtest: clone template: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			t.Errorf("dbtest: drop %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("dbtest: drop %s: %v", name, err)
+		}
+	})
+	return databaseURL(name)
+}
+
+// Pool returns a pool on a fresh migrated database for this test.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(t))
+	if err != nil {
+		t.Fatalf("dbtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// EmptyURL returns a fresh database with no migrations applied, for tests of
+// the migrations themselves.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	defer admin.Close(ctx)
+	name := "buzz_empty_" + randomHex(6)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	t.Cleanup(func() {
+		admin, err := pgx.Connect(context.Background(), adminURL)
+		if err == nil {
+			defer admin.Close(context.Background())
+			_, err = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)")
+		}
+		if err != nil {
+			t.Errorf("dbtest: drop %s: %v", name, err)
+		}
+	})
+	return databaseURL(name)
+}
+
+// ensureTemplate builds the template for the embedded migrations once per
+// cluster. Test packages run as parallel processes, so the build is
+// serialized with an advisory lock and published by an atomic rename.
+func ensureTemplate(ctx context.Context, admin *pgx.Conn) (string, error) {
+	name := "buzz_template_" + migrate.Hash()
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", name); err != nil {
+		return "", err
+	}
+	defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock(hashtext($1))", name)
+
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", err
+	}
+	if exists {
+		return name, nil
+	}
+	building := name + "_building"
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+building+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+building); err != nil {
+		return "", err
+	}
+	conn, err := pgx.Connect(ctx, databaseURL(building))
+	if err != nil {
+		return "", err
+	}
+	err = migrate.Up(ctx, conn)
+	conn.Close(ctx)
+	if err != nil {
+		return "", fmt.Errorf("migrate template: %w", err)
+	}
+	// Nobody may connect to a template: a connection would make every clone fail.
+	for _, stmt := range []string{
+		"ALTER DATABASE " + building + " RENAME TO " + name,
+		"ALTER DATABASE " + name + " WITH IS_TEMPLATE true ALLOW_CONNECTIONS false",
+	} {
+		if _, err := admin.Exec(ctx, stmt); err != nil {
+			return "", err
+		}
+	}
+	return name, nil
+}
+
+func databaseURL(name string) string {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/" + name
+	q := u.Query()
+	q.Set("timezone", TimeZone)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,121 @@
+// Package migrate applies the embedded tern migrations.
+//
+// Exactly one process migrates: `buzz-relay migrate`. Relays never migrate on
+// start-up; `serve` only checks the version and refuses to run when the
+// database is behind. The reason is operational: several relay pods racing to
+// migrate serialize on tern's advisory lock, and a migration that runs
+// CREATE INDEX CONCURRENTLY (tern's disable-tx mode) waits for every other
+// transaction touching the table, including the waiting migrators' own
+// sessions, which deadlocks the rollout.
+package migrate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
+
+	"github.com/buzzrelay/buzz/migrations"
+)
+
+// VersionTable is tern's bookkeeping table.
+const VersionTable = "public.schema_version"
+
+// Status is where a database stands against the embedded migrations.
+type Status struct {
+	Current int32 `json:"current"`
+	Latest  int32 `json:"latest"`
+}
+
+// Behind reports whether migrations are pending.
+func (s Status) Behind() bool { return s.Current < s.Latest }
+
+func newMigrator(ctx context.Context, conn *pgx.Conn) (*migrate.Migrator, error) {
+	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("migrator: %w", err)
+	}
+	if err := m.LoadMigrations(migrations.FS); err != nil {
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return m, nil
+}
+
+// Up applies every pending migration.
+func Up(ctx context.Context, conn *pgx.Conn) error {
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	return m.Migrate(ctx)
+}
+
+// To migrates up or down to version (0 drops everything).
+func To(ctx context.Context, conn *pgx.Conn, version int32) error {
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	return m.MigrateTo(ctx, version)
+}
+
+// CurrentStatus reads the applied version without changing anything. A
+// database that was never migrated reports version 0.
+func CurrentStatus(ctx context.Context, conn *pgx.Conn) (Status, error) {
+	latest, err := latestVersion()
+	if err != nil {
+		return Status{}, err
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
+		return Status{}, err
+	}
+	st := Status{Latest: latest}
+	if !exists {
+		return st, nil
+	}
+	err = conn.QueryRow(ctx, "SELECT version FROM "+VersionTable).Scan(&st.Current)
+	return st, err
+}
+
+// RequireCurrent fails unless every embedded migration has been applied.
+func RequireCurrent(ctx context.Context, conn *pgx.Conn) error {
+	st, err := CurrentStatus(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	switch {
+	case st.Current < st.Latest:
+		return fmt.Errorf("database schema is at version %d but this build needs %d: run `buzz-relay migrate` first", st.Current, st.Latest)
+	case st.Current > st.Latest:
+		return fmt.Errorf("database schema is at version %d, newer than this build knows (%d): deploy the newer relay", st.Current, st.Latest)
+	}
+	return nil
+}
+
+func latestVersion() (int32, error) {
+	names, err := migrate.FindMigrations(migrations.FS)
+	if err != nil {
+		return 0, err
+	}
+	return int32(len(names)), nil
+}
+
+// Hash identifies the embedded migration set; the test harness keys its
+// template databases on it so an edited migration never reuses a stale one.
+func Hash() string {
+	names, _ := fs.Glob(migrations.FS, "*.sql")
+	sort.Strings(names)
+	h := sha256.New()
+	for _, name := range names {
+		body, _ := fs.ReadFile(migrations.FS, name)
+		fmt.Fprintf(h, "%s\x00%d\x00", name, len(body))
+		h.Write(body)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}

@@ -1,0 +1,171 @@
+package migrate_test
+
+import (
+	"context"
+	"io/fs"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/migrations"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func userTables(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `
+		SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname <> 'schema_version'
+		ORDER BY 1`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+// The round trip proves every down part undoes its up part: a down that
+// forgets an object makes the second up fail with "already exists".
+func TestMigrationsRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.EmptyURL(t))
+
+	st, err := migrate.CurrentStatus(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, int32(0), st.Current)
+	require.True(t, st.Behind())
+	require.ErrorContains(t, migrate.RequireCurrent(ctx, conn), "run `buzz-relay migrate`")
+
+	require.NoError(t, migrate.Up(ctx, conn))
+	require.NoError(t, migrate.RequireCurrent(ctx, conn))
+	migrated := userTables(t, conn)
+	require.Contains(t, migrated, "communities")
+	require.Contains(t, migrated, "events")
+
+	require.NoError(t, migrate.To(ctx, conn, 0))
+	require.Empty(t, userTables(t, conn), "down to zero must drop every table")
+	var leftovers []string
+	rows, err := conn.Query(ctx, `
+		SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'public' ORDER BY 1`)
+	require.NoError(t, err)
+	leftovers, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, leftovers, "down to zero must drop every function")
+
+	require.NoError(t, migrate.Up(ctx, conn))
+	require.Equal(t, migrated, userTables(t, conn))
+}
+
+// Migrations that run outside a transaction (CREATE INDEX CONCURRENTLY) can
+// stop half way; re-running them after a crash must succeed.
+func TestDisableTxMigrationsAreIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.URL(t))
+	disableTx := regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	for _, name := range names {
+		body, err := fs.ReadFile(migrations.FS, name)
+		require.NoError(t, err)
+		up, _, _ := strings.Cut(string(body), "---- create above / drop below ----")
+		if !disableTx.MatchString(up) {
+			require.NotContains(t, strings.ToUpper(up), "CONCURRENTLY", "%s: CONCURRENTLY needs tern's disable-tx mode", name)
+			continue
+		}
+		_, err = conn.Exec(ctx, up)
+		require.NoError(t, err, "%s: re-running the up part of a disable-tx migration must be a no-op", name)
+	}
+}
+
+// Every table not registered as operator-global is tenant data: it must
+// carry community_id NOT NULL leading its primary key, every unique
+// constraint or index and every foreign key (spec D.2). Checked over the
+// live catalog, so a new migration cannot slip past it.
+func TestTenantKeyRule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.URL(t))
+	violations, err := tenantKeyViolations(ctx, conn)
+	require.NoError(t, err)
+	require.Empty(t, violations)
+
+	// The rule has teeth: a table without the tenant key is reported.
+	_, err = conn.Exec(ctx, `CREATE TABLE lint_probe (id bigint PRIMARY KEY, note text UNIQUE, community_id uuid, owner uuid REFERENCES communities (id))`)
+	require.NoError(t, err)
+	violations, err = tenantKeyViolations(ctx, conn)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{
+		"lint_probe: community_id is missing or nullable",
+		"lint_probe: primary key lint_probe_pkey does not lead with community_id",
+		"lint_probe: unique index lint_probe_note_key does not lead with community_id",
+		"lint_probe: foreign key lint_probe_owner_fkey does not lead with community_id",
+	}, violations)
+
+	_, err = conn.Exec(ctx, `INSERT INTO _operator_global_tables VALUES ('lint_probe', 'test')`)
+	require.NoError(t, err)
+	violations, err = tenantKeyViolations(ctx, conn)
+	require.NoError(t, err)
+	require.Empty(t, violations)
+}
+
+func tenantKeyViolations(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, `
+		WITH tenant_tables AS (
+			SELECT c.oid, c.relname
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+			  AND c.relname NOT IN (SELECT table_name FROM _operator_global_tables)
+		), community_col AS (
+			SELECT a.attrelid, a.attnum, a.attnotnull
+			FROM pg_attribute a
+			WHERE a.attname = 'community_id' AND NOT a.attisdropped
+		)
+		SELECT format('%s: community_id is missing or nullable', t.relname)
+		FROM tenant_tables t LEFT JOIN community_col cc ON cc.attrelid = t.oid
+		WHERE cc.attnotnull IS NOT TRUE
+		UNION ALL
+		SELECT format('%s: table has no primary key', t.relname)
+		FROM tenant_tables t
+		WHERE NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conrelid = t.oid AND k.contype = 'p')
+		UNION ALL
+		SELECT format('%s: %s %s does not lead with community_id', t.relname,
+		              CASE WHEN i.indisprimary THEN 'primary key' ELSE 'unique index' END, ic.relname)
+		FROM tenant_tables t
+		JOIN pg_index i ON i.indrelid = t.oid AND i.indisunique
+		JOIN pg_class ic ON ic.oid = i.indexrelid
+		LEFT JOIN community_col cc ON cc.attrelid = t.oid
+		WHERE cc.attnum IS NULL OR i.indkey[0] <> cc.attnum
+		UNION ALL
+		SELECT format('%s: foreign key %s does not lead with community_id', t.relname, k.conname)
+		FROM tenant_tables t
+		JOIN pg_constraint k ON k.conrelid = t.oid AND k.contype = 'f'
+		LEFT JOIN community_col cc ON cc.attrelid = t.oid
+		WHERE cc.attnum IS NULL OR k.conkey[1] <> cc.attnum
+		ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+func TestHashIsDeterministic(t *testing.T) {
+	t.Parallel()
+	require.Len(t, migrate.Hash(), 16)
+	require.Equal(t, migrate.Hash(), migrate.Hash())
+}

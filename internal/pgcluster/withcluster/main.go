@@ -1,0 +1,55 @@
+// Command withcluster starts one private PostgreSQL cluster, runs a command
+// with its admin URL in BUZZ_TEST_PG_URL, then stops the cluster. `make test`
+// wraps `go test ./...` in it so every test package shares one cluster.
+//
+//	go run ./internal/pgcluster/withcluster -- go test ./...
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
+)
+
+func main() {
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: withcluster -- command [args...]")
+		os.Exit(2)
+	}
+	os.Exit(run(args))
+}
+
+func run(args []string) int {
+	cluster, err := pgcluster.StartTemp(context.Background(), dbtest.ClusterSettings)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "withcluster: start PostgreSQL:", err)
+		return 1
+	}
+	defer cluster.Close()
+
+	// The child gets the terminal's signals itself; we only wait for it.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM)
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), dbtest.AdminURLEnv+"="+cluster.URL("postgres"))
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return exit.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "withcluster:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,47 @@
+-- name: CommunityCreate :one
+INSERT INTO communities (host)
+VALUES (@host::text)
+RETURNING *;
+
+-- name: CommunityEnsure :one
+-- Idempotent create for start-up seeding: returns the existing row when the
+-- host is taken (whatever its lifecycle state).
+WITH inserted AS (
+    INSERT INTO communities (host)
+    VALUES (@host::text)
+    ON CONFLICT (lower(host)) DO NOTHING
+    RETURNING *
+)
+SELECT * FROM inserted
+UNION ALL
+SELECT * FROM communities WHERE lower(host) = lower(@host::text)
+LIMIT 1;
+
+-- name: CommunityResolveServing :one
+-- The serving lookup (spec D.1): only active, unarchived, undeleted tenants
+-- resolve. The caller passes a host already normalized.
+SELECT *
+FROM communities
+WHERE lower(host) = lower(@host::text)
+  AND archived_at IS NULL
+  AND deleted_at IS NULL
+  AND deletion_state = 'active';
+
+-- name: CommunityByHost :one
+-- The operator-plane lookup: ignores lifecycle, so a tombstone still shows.
+SELECT * FROM communities WHERE lower(host) = lower(@host::text);
+
+-- name: CommunityList :many
+SELECT * FROM communities ORDER BY created_at, host;
+
+-- name: CommunityArchive :one
+UPDATE communities
+SET archived_at = coalesce(archived_at, coalesce(sqlc.narg('now')::timestamptz, now()))
+WHERE lower(host) = lower(@host::text)
+RETURNING *;
+
+-- name: CommunityUnarchive :one
+UPDATE communities
+SET archived_at = NULL
+WHERE lower(host) = lower(@host::text)
+RETURNING *;
