@@ -17,7 +17,7 @@
 -- Roll back: the down part drops the table and its functions (destroys events).
 
 -- Single-letter tags as 'name:value' strings, the shape '#x' filters query with
--- the && operator. Values over 512 bytes are left out: GIN entries have a size
+-- the && operator. Values over 1024 bytes are left out: GIN entries have a size
 -- limit, and the filter parser refuses such values.
 CREATE FUNCTION events_tag_index(tags jsonb) RETURNS text[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
@@ -26,7 +26,7 @@ AS $$
     FROM jsonb_array_elements(tags) AS tag
     WHERE jsonb_typeof(tag) = 'array'
       AND (tag->>0) ~ '^[A-Za-z]$'
-      AND octet_length(tag->>1) <= 512
+      AND octet_length(tag->>1) <= 1024
 $$;
 
 CREATE TABLE events (

@@ -69,7 +69,7 @@ CREATE FUNCTION public.events_tag_index(tags jsonb) RETURNS text[]
     FROM jsonb_array_elements(tags) AS tag
     WHERE jsonb_typeof(tag) = 'array'
       AND (tag->>0) ~ '^[A-Za-z]$'
-      AND octet_length(tag->>1) <= 512
+      AND octet_length(tag->>1) <= 1024
 $_$;
 
 

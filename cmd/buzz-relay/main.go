@@ -1,0 +1,212 @@
+// Command buzz-relay runs the Buzz relay.
+//
+//	buzz-relay serve            serve with BUZZ_DATABASE_URL (refuses a database that is behind)
+//	buzz-relay migrate          apply pending migrations (the only migrator)
+//	buzz-relay migrate status   print the applied and latest versions as JSON
+//	buzz-relay migrate to N     migrate up or down to version N
+//	buzz-relay dev              private PostgreSQL under .data/ (unless BUZZ_DATABASE_URL is set), migrate, seed, serve
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/relay"
+)
+
+const usage = `usage: buzz-relay <command>
+
+  serve            serve the relay (BUZZ_DATABASE_URL required)
+  migrate          apply pending migrations
+  migrate status   print {"current":N,"latest":M}
+  migrate to N     migrate up or down to version N
+  dev              run with a private PostgreSQL under .data/ (loopback only)
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cfg, err := config.FromEnv(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "buzz-relay: configuration:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	switch os.Args[1] {
+	case "serve":
+		err = serve(ctx, cfg, log)
+	case "migrate":
+		err = runMigrate(ctx, cfg, os.Args[2:])
+	case "dev":
+		err = dev(ctx, cfg, log)
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		log.Error("buzz-relay failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func requireDatabaseURL(cfg config.Config) error {
+	if cfg.DatabaseURL == "" {
+		return errors.New("BUZZ_DATABASE_URL is not set (use `buzz-relay dev` for a private database)")
+	}
+	return nil
+}
+
+func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
+	if err := requireDatabaseURL(cfg); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	switch {
+	case len(args) == 0 || args[0] == "up":
+		return migrate.Up(ctx, conn)
+	case args[0] == "status":
+		st, err := migrate.CurrentStatus(ctx, conn)
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(st)
+	case args[0] == "to" && len(args) == 2:
+		v, err := strconv.ParseInt(args[1], 10, 32)
+		if err != nil {
+			return fmt.Errorf("migrate to %q: want a version number", args[1])
+		}
+		return migrate.To(ctx, conn, int32(v))
+	}
+	return fmt.Errorf("migrate %v: unknown arguments\n%s", args, usage)
+}
+
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	if err := requireDatabaseURL(cfg); err != nil {
+		return err
+	}
+	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
+	}
+	poolCfg.MaxConns = cfg.DBMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	err = migrate.RequireCurrent(ctx, conn.Conn())
+	conn.Release()
+	if err != nil {
+		return err
+	}
+	// The deployment's own community (BUZZ_RELAY_URL) always exists.
+	home, err := db.New(pool).CommunityEnsure(ctx, cfg.RelayHost())
+	if err != nil {
+		return fmt.Errorf("seed community %q: %w", cfg.RelayHost(), err)
+	}
+
+	srv := relay.New(cfg, pool, log)
+	listener, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(listener) }()
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: closing connections")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_ = httpSrv.Shutdown(shutdownCtx) // stop accepting; hijacked WebSockets are ours to close
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("connections did not drain in time", "err", err)
+	}
+	return nil
+}
+
+func dev(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	if os.Getenv("BUZZ_LISTEN_ADDR") == "" {
+		cfg.ListenAddr = "127.0.0.1:3000"
+	}
+	if cfg.DatabaseURL == "" {
+		port := 54329
+		if v := os.Getenv("BUZZ_DEV_PG_PORT"); v != "" {
+			if port, _ = strconv.Atoi(v); port <= 0 {
+				return fmt.Errorf("BUZZ_DEV_PG_PORT=%q: want a port number", v)
+			}
+		}
+		log.Info("starting private PostgreSQL", "dir", ".data/postgres", "port", port)
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: ".data/postgres", Port: port})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			log.Info("stopping private PostgreSQL")
+			if err := cluster.Stop(); err != nil {
+				log.Warn("stop PostgreSQL", "err", err)
+			}
+		}()
+		if err := ensureDatabase(ctx, cluster.URL("postgres"), "buzz"); err != nil {
+			return err
+		}
+		cfg.DatabaseURL = cluster.URL("buzz")
+	}
+	if err := runMigrate(ctx, cfg, nil); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return serve(ctx, cfg, log)
+}
+
+func ensureDatabase(ctx context.Context, adminURL, name string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	return err
+}

@@ -1,0 +1,156 @@
+// Package config reads the relay's settings from the environment. Every
+// setting has a production-safe default; a malformed value stops start-up
+// with an error naming the variable.
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/buzzrelay/buzz/internal/community"
+)
+
+// Config is the relay's configuration.
+type Config struct {
+	DatabaseURL string // BUZZ_DATABASE_URL; empty in dev mode means a private cluster
+	ListenAddr  string // BUZZ_LISTEN_ADDR
+	RelayURL    string // BUZZ_RELAY_URL: this deployment's public URL, seeds its community
+	LogLevel    slog.Level
+
+	RelayName        string // NIP-11 name
+	RelayDescription string
+	RelayContact     string
+
+	MaxMessageBytes  int           // largest client frame handled; larger ones get a NOTICE
+	MaxSubscriptions int           // open REQs per connection
+	MaxFilters       int           // filters per REQ/COUNT
+	MaxLimit         int           // per-filter cap on stored results (also the default)
+	MaxEventTags     int           // tags per event
+	MaxContentBytes  int           // bytes of content per event
+	MaxFutureSkew    time.Duration // how far ahead of now created_at may be
+	AuthWindow       time.Duration // NIP-42 created_at tolerance
+	SendQueue        int           // queued outbound messages per connection
+	WriteTimeout     time.Duration // a client that cannot take a write this long is dropped
+	PingInterval     time.Duration // WebSocket ping cadence; a missed pong closes the connection
+	QueryTimeout     time.Duration // statement budget for one REQ/COUNT
+	DBMaxConns       int32
+}
+
+// Default is the configuration with every variable unset.
+func Default() Config {
+	return Config{
+		ListenAddr:       ":3000",
+		RelayURL:         "ws://localhost:3000",
+		LogLevel:         slog.LevelInfo,
+		RelayName:        "Buzz",
+		RelayDescription: "A Postgres-centric Nostr relay where people and agents share channels.",
+		MaxMessageBytes:  256 << 10,
+		MaxSubscriptions: 32,
+		MaxFilters:       10,
+		MaxLimit:         500,
+		MaxEventTags:     2000,
+		MaxContentBytes:  64 << 10,
+		MaxFutureSkew:    15 * time.Minute,
+		AuthWindow:       60 * time.Second,
+		SendQueue:        1024,
+		WriteTimeout:     10 * time.Second,
+		PingInterval:     30 * time.Second,
+		QueryTimeout:     10 * time.Second,
+		DBMaxConns:       20,
+	}
+}
+
+// FromEnv reads the configuration through getenv (os.Getenv in main).
+func FromEnv(getenv func(string) string) (Config, error) {
+	c := Default()
+	r := reader{getenv: getenv}
+	r.str("BUZZ_DATABASE_URL", &c.DatabaseURL)
+	r.str("BUZZ_LISTEN_ADDR", &c.ListenAddr)
+	r.str("BUZZ_RELAY_URL", &c.RelayURL)
+	r.str("BUZZ_RELAY_NAME", &c.RelayName)
+	r.str("BUZZ_RELAY_DESCRIPTION", &c.RelayDescription)
+	r.str("BUZZ_RELAY_CONTACT", &c.RelayContact)
+	r.level("BUZZ_LOG_LEVEL", &c.LogLevel)
+	r.positive("BUZZ_MAX_MESSAGE_BYTES", &c.MaxMessageBytes)
+	r.positive("BUZZ_MAX_SUBSCRIPTIONS", &c.MaxSubscriptions)
+	r.positive("BUZZ_MAX_FILTERS", &c.MaxFilters)
+	r.positive("BUZZ_MAX_LIMIT", &c.MaxLimit)
+	r.positive("BUZZ_MAX_EVENT_TAGS", &c.MaxEventTags)
+	r.positive("BUZZ_MAX_CONTENT_BYTES", &c.MaxContentBytes)
+	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
+	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
+	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)
+	r.duration("BUZZ_QUERY_TIMEOUT", &c.QueryTimeout)
+	var maxConns int
+	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
+	if maxConns > 0 {
+		c.DBMaxConns = int32(maxConns)
+	}
+	if r.err != nil {
+		return Config{}, r.err
+	}
+	if community.RelayURLAuthority(c.RelayURL) == "" {
+		return Config{}, fmt.Errorf("BUZZ_RELAY_URL=%q: want a URL with a host, such as wss://relay.example.com", c.RelayURL)
+	}
+	return c, nil
+}
+
+// RelayHost is the normalized authority of RelayURL: the host this
+// deployment's own community is seeded under.
+func (c Config) RelayHost() string { return community.RelayURLAuthority(c.RelayURL) }
+
+type reader struct {
+	getenv func(string) string
+	err    error
+}
+
+func (r *reader) fail(name, value, want string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%s=%q: want %s", name, value, want)
+	}
+}
+
+func (r *reader) str(name string, dst *string) {
+	if v := strings.TrimSpace(r.getenv(name)); v != "" {
+		*dst = v
+	}
+}
+
+func (r *reader) positive(name string, dst *int) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		r.fail(name, v, "a positive integer")
+		return
+	}
+	*dst = n
+}
+
+func (r *reader) duration(name string, dst *time.Duration) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		r.fail(name, v, "a positive duration such as 10s")
+		return
+	}
+	*dst = d
+}
+
+func (r *reader) level(name string, dst *slog.Level) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	if err := dst.UnmarshalText([]byte(v)); err != nil {
+		r.fail(name, v, "debug, info, warn or error")
+	}
+}

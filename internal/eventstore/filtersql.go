@@ -1,0 +1,151 @@
+package eventstore
+
+import (
+	"encoding/hex"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// The columns every event read selects, in scanEvent's order.
+const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS created_unix, kind, tags, content, sig"
+
+// sqlBuilder accumulates one statement's text and its bound arguments. Filter
+// values are never spliced into the SQL: every one is a parameter.
+type sqlBuilder struct {
+	sql  strings.Builder
+	args []any
+}
+
+func (b *sqlBuilder) arg(v any) string {
+	b.args = append(b.args, v)
+	return "$" + strconv.Itoa(len(b.args))
+}
+
+// canMatch reports whether a filter could match any stored event: a present
+// but empty list, an empty time window or limit 0 matches nothing, and such
+// filters are left out of the statement.
+func canMatch(f *nostr.Filter) bool {
+	if (f.IDs != nil && len(f.IDs) == 0) || (f.Authors != nil && len(f.Authors) == 0) || (f.Kinds != nil && len(f.Kinds) == 0) {
+		return false
+	}
+	for _, vals := range f.Tags {
+		if len(vals) == 0 {
+			return false
+		}
+	}
+	if f.Since != nil && f.Until != nil && *f.Since > *f.Until {
+		return false
+	}
+	return f.Limit == nil || *f.Limit > 0
+}
+
+// conditions appends " AND ..." for every constraint of f.
+func (b *sqlBuilder) conditions(f *nostr.Filter) {
+	if f.IDs != nil {
+		b.sql.WriteString(" AND id = ANY(" + b.arg(hexBytes(f.IDs)) + "::bytea[])")
+	}
+	if f.Authors != nil {
+		b.sql.WriteString(" AND pubkey = ANY(" + b.arg(hexBytes(f.Authors)) + "::bytea[])")
+	}
+	if f.Kinds != nil {
+		kinds := make([]int32, len(f.Kinds))
+		for i, k := range f.Kinds {
+			kinds[i] = int32(k)
+		}
+		b.sql.WriteString(" AND kind = ANY(" + b.arg(kinds) + "::int[])")
+	}
+	// AND across tag names, OR within one: one overlap test per name against
+	// the GIN-indexed 'name:value' array.
+	// Sorted names keep the SQL text deterministic.
+	for _, name := range slices.Sorted(maps.Keys(f.Tags)) {
+		vals := f.Tags[name]
+		keys := make([]string, len(vals))
+		for i, v := range vals {
+			keys[i] = name + ":" + v
+		}
+		b.sql.WriteString(" AND tag_index && " + b.arg(keys) + "::text[]")
+	}
+	if f.Since != nil {
+		b.sql.WriteString(" AND created_at >= to_timestamp(" + b.arg(*f.Since) + "::bigint)")
+	}
+	if f.Until != nil {
+		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(*f.Until) + "::bigint)")
+	}
+}
+
+// BuildSelect returns the statement that reads the stored events matching
+// any of filters in one community: each filter newest first and capped at
+// its own limit (at most maxLimit), deleted events hidden before the limit
+// applies. ok is false when no filter can match anything.
+func BuildSelect(community uuid.UUID, filters nostr.Filters, maxLimit int) (sql string, args []any, ok bool) {
+	var b sqlBuilder
+	communityArg := b.arg(community)
+	n := 0
+	for i := range filters {
+		f := &filters[i]
+		if !canMatch(f) {
+			continue
+		}
+		if n > 0 {
+			b.sql.WriteString("\nUNION ALL\n")
+		}
+		n++
+		limit := maxLimit
+		if f.Limit != nil && *f.Limit < maxLimit {
+			limit = *f.Limit
+		}
+		b.sql.WriteString("(SELECT " + eventColumns + " FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+		b.conditions(f)
+		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(limit)) + ")")
+	}
+	if n == 0 {
+		return "", nil, false
+	}
+	if n == 1 {
+		return b.sql.String(), b.args, true
+	}
+	return "SELECT * FROM (\n" + b.sql.String() + "\n) matched ORDER BY created_unix DESC, id DESC", b.args, true
+}
+
+// BuildCount returns the statement counting stored events that match any of
+// filters in one community (NIP-45; limits do not apply).
+func BuildCount(community uuid.UUID, filters nostr.Filters) (sql string, args []any, ok bool) {
+	var b sqlBuilder
+	communityArg := b.arg(community)
+	b.sql.WriteString("SELECT count(*) FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL AND (")
+	n := 0
+	for i := range filters {
+		f := &filters[i]
+		if !canMatch(f) {
+			continue
+		}
+		if n > 0 {
+			b.sql.WriteString(" OR ")
+		}
+		n++
+		b.sql.WriteString("(TRUE")
+		b.conditions(f)
+		b.sql.WriteString(")")
+	}
+	b.sql.WriteString(")")
+	if n == 0 {
+		return "", nil, false
+	}
+	return b.sql.String(), b.args, true
+}
+
+func hexBytes(values []string) [][]byte {
+	out := make([][]byte, 0, len(values))
+	for _, v := range values {
+		if b, err := hex.DecodeString(v); err == nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}

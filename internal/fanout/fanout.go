@@ -1,0 +1,248 @@
+// Package fanout delivers freshly committed events to live subscriptions.
+// Each subscription filter is indexed under one of its constraints (ids,
+// authors, a tag, kinds, or none), so an event is matched against the few
+// filters that could want it instead of every subscription.
+package fanout
+
+import (
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Receiver is a connection's outbound queue. Enqueue must not block: it
+// returns false when the message could not be queued.
+type Receiver interface {
+	Enqueue(msg []byte) bool
+}
+
+// Subscription is one live REQ.
+type Subscription struct {
+	Receiver Receiver
+	ID       string
+	Filters  nostr.Filters
+	// Allow, when set, is asked for every matching event before delivery;
+	// it carries the read authorization of the subscriber.
+	Allow func(*nostr.Event) bool
+}
+
+// Stats are returned by Publish for metrics.
+type Stats struct {
+	Delivered int
+	Dropped   int
+}
+
+type key struct {
+	receiver Receiver
+	id       string
+}
+
+// entry is one filter of one subscription.
+type entry struct {
+	sub    *Subscription
+	filter *nostr.Filter
+}
+
+type bucket map[*entry]struct{}
+
+// index holds one community's subscriptions.
+type index struct {
+	byID     map[string]bucket
+	byAuthor map[string]bucket
+	byTag    map[string]bucket // "name:value"
+	byKind   map[int]bucket
+	any      bucket
+	subs     map[key][]*entry
+}
+
+func newIndex() *index {
+	return &index{
+		byID: map[string]bucket{}, byAuthor: map[string]bucket{}, byTag: map[string]bucket{},
+		byKind: map[int]bucket{}, any: bucket{}, subs: map[key][]*entry{},
+	}
+}
+
+// Hub routes events to the subscriptions of their own community only.
+type Hub struct {
+	mu          sync.RWMutex
+	communities map[uuid.UUID]*index
+}
+
+// NewHub returns an empty hub.
+func NewHub() *Hub { return &Hub{communities: map[uuid.UUID]*index{}} }
+
+// Subscribe registers s in community, replacing a subscription with the same
+// receiver and id (NIP-01: a REQ reusing an id replaces the old one).
+func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	idx := h.communities[community]
+	if idx == nil {
+		idx = newIndex()
+		h.communities[community] = idx
+	}
+	k := key{s.Receiver, s.ID}
+	idx.remove(k)
+	entries := make([]*entry, 0, len(s.Filters))
+	for i := range s.Filters {
+		e := &entry{sub: s, filter: &s.Filters[i]}
+		idx.place(e, true)
+		entries = append(entries, e)
+	}
+	idx.subs[k] = entries
+}
+
+// Unsubscribe removes one subscription; it reports whether it existed.
+func (h *Hub) Unsubscribe(community uuid.UUID, r Receiver, id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	idx := h.communities[community]
+	if idx == nil {
+		return false
+	}
+	existed := idx.remove(key{r, id})
+	h.dropIfEmpty(community, idx)
+	return existed
+}
+
+// UnsubscribeAll removes every subscription of a receiver (a closed connection).
+func (h *Hub) UnsubscribeAll(community uuid.UUID, r Receiver) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	idx := h.communities[community]
+	if idx == nil {
+		return
+	}
+	for k := range idx.subs {
+		if k.receiver == r {
+			idx.remove(k)
+		}
+	}
+	h.dropIfEmpty(community, idx)
+}
+
+func (h *Hub) dropIfEmpty(community uuid.UUID, idx *index) {
+	if len(idx.subs) == 0 {
+		delete(h.communities, community)
+	}
+}
+
+// Count returns the number of live subscriptions in community.
+func (h *Hub) Count(community uuid.UUID) int {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if idx := h.communities[community]; idx != nil {
+		return len(idx.subs)
+	}
+	return 0
+}
+
+// Publish delivers ev to every matching subscription of community. The
+// event is encoded once; each delivery only wraps it with its subscription id.
+func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event) Stats {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	idx := h.communities[community]
+	if idx == nil {
+		return Stats{}
+	}
+	var (
+		stats   Stats
+		raw     []byte
+		matched map[*Subscription]struct{}
+	)
+	visit := func(b bucket) {
+		for e := range b {
+			if _, done := matched[e.sub]; done || !e.filter.Matches(ev) {
+				continue
+			}
+			if matched == nil {
+				matched = map[*Subscription]struct{}{}
+			}
+			matched[e.sub] = struct{}{}
+			if e.sub.Allow != nil && !e.sub.Allow(ev) {
+				continue
+			}
+			if raw == nil {
+				raw = ev.AppendJSON(nil)
+			}
+			if e.sub.Receiver.Enqueue(nostr.EncodeEventRaw(e.sub.ID, raw)) {
+				stats.Delivered++
+			} else {
+				stats.Dropped++
+			}
+		}
+	}
+	visit(idx.byID[ev.ID])
+	visit(idx.byAuthor[ev.PubKey])
+	visit(idx.byKind[ev.Kind])
+	for _, tag := range ev.Tags {
+		if len(tag) >= 2 && len(tag[0]) == 1 {
+			visit(idx.byTag[tag[0]+":"+tag[1]])
+		}
+	}
+	visit(idx.any)
+	return stats
+}
+
+// place adds e to (or removes it from) the buckets of the one constraint
+// chosen for its filter, most selective first. A filter with a present but
+// empty list can match nothing and ends up in no bucket.
+func (idx *index) place(e *entry, add bool) {
+	f := e.filter
+	switch {
+	case f.IDs != nil:
+		update(idx.byID, f.IDs, e, add)
+	case f.Authors != nil:
+		update(idx.byAuthor, f.Authors, e, add)
+	case len(f.Tags) > 0:
+		name := slices.Min(slices.Collect(maps.Keys(f.Tags)))
+		keys := make([]string, len(f.Tags[name]))
+		for i, v := range f.Tags[name] {
+			keys[i] = name + ":" + v
+		}
+		update(idx.byTag, keys, e, add)
+	case f.Kinds != nil:
+		update(idx.byKind, f.Kinds, e, add)
+	case add:
+		idx.any[e] = struct{}{}
+	default:
+		delete(idx.any, e)
+	}
+}
+
+// update adds or removes e under keys, dropping buckets that become empty so
+// a long-lived relay does not accumulate keys.
+func update[K comparable](m map[K]bucket, keys []K, e *entry, add bool) {
+	for _, k := range keys {
+		b := m[k]
+		if add {
+			if b == nil {
+				b = bucket{}
+				m[k] = b
+			}
+			b[e] = struct{}{}
+		} else if b != nil {
+			delete(b, e)
+			if len(b) == 0 {
+				delete(m, k)
+			}
+		}
+	}
+}
+
+func (idx *index) remove(k key) bool {
+	entries, ok := idx.subs[k]
+	if !ok {
+		return false
+	}
+	for _, e := range entries {
+		idx.place(e, false)
+	}
+	delete(idx.subs, k)
+	return true
+}

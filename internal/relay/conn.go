@@ -1,0 +1,342 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/fanout"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// conn is one WebSocket client, bound to one community for its lifetime.
+// Messages are handled one at a time on the read goroutine, so replies keep
+// the order of requests; a writer goroutine owns the socket's write side.
+type conn struct {
+	srv       *Server
+	ws        *websocket.Conn
+	tenant    community.Tenant
+	log       *slog.Logger
+	challenge string
+	pubkey    string // authenticated pubkey (NIP-42), "" before AUTH
+
+	// queue is the bounded outbound queue. It is never closed: writers
+	// stop on ctx instead, so a late fan-out can never panic.
+	queue    chan []byte
+	ctx      context.Context
+	cancel   context.CancelFunc
+	draining chan struct{} // closed by shutdown: flush the queue, then close 1001
+	drainOne sync.Once
+	slowOnce sync.Once
+	subs     map[string]struct{} // open subscription ids (read goroutine only)
+}
+
+func newChallenge() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Enqueue implements fanout.Receiver: it never blocks. A client whose queue
+// is full is closed rather than silently missing live events; it reconnects
+// and resumes with since.
+func (c *conn) Enqueue(msg []byte) bool {
+	select {
+	case c.queue <- msg:
+		return true
+	default:
+		c.slowOnce.Do(func() {
+			c.srv.metrics.SlowClosed.Inc()
+			c.log.Warn("closing slow client: send queue full", "queue", cap(c.queue))
+			go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
+		})
+		return false
+	}
+}
+
+// send queues a reply to this client's own request, waiting for room.
+func (c *conn) send(msg []byte) error {
+	select {
+	case c.queue <- msg:
+		return nil
+	case <-c.ctx.Done():
+		return c.ctx.Err()
+	}
+}
+
+func (c *conn) run() {
+	defer c.cleanup()
+	go c.writeLoop()
+	go c.pingLoop()
+	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
+	for {
+		typ, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			if status := websocket.CloseStatus(err); status == -1 && !errors.Is(err, context.Canceled) {
+				c.log.Debug("read ended", "err", err)
+			}
+			return
+		}
+		if typ != websocket.MessageText {
+			_ = c.send(nostr.EncodeNotice("invalid: binary frames are not supported; send JSON text"))
+			continue
+		}
+		if len(data) > c.srv.cfg.MaxMessageBytes {
+			_ = c.send(nostr.EncodeNotice(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", len(data), c.srv.cfg.MaxMessageBytes)))
+			continue
+		}
+		c.handle(data)
+	}
+}
+
+func (c *conn) cleanup() {
+	c.srv.hub.UnsubscribeAll(c.tenant.ID(), c)
+	c.cancel()
+	c.ws.CloseNow()
+	c.srv.forget(c)
+}
+
+func (c *conn) writeLoop() {
+	write := func(msg []byte) bool {
+		ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.WriteTimeout)
+		defer cancel()
+		if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+			c.log.Debug("write failed; closing", "err", err)
+			c.cancel()
+			return false
+		}
+		return true
+	}
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case msg := <-c.queue:
+			if !write(msg) {
+				return
+			}
+		case <-c.draining:
+			for {
+				select {
+				case msg := <-c.queue:
+					if !write(msg) {
+						return
+					}
+				default:
+					c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
+					return
+				}
+			}
+		}
+	}
+}
+
+func (c *conn) pingLoop() {
+	t := time.NewTicker(c.srv.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.PingInterval)
+			err := c.ws.Ping(ctx)
+			cancel()
+			if err != nil {
+				c.log.Debug("ping failed; closing", "err", err)
+				c.ws.CloseNow()
+				return
+			}
+		}
+	}
+}
+
+// shutdown flushes what is queued and closes with 1001 (going away).
+func (c *conn) shutdown() {
+	c.drainOne.Do(func() { close(c.draining) })
+}
+
+func (c *conn) handle(data []byte) {
+	msg, err := nostr.ParseClientMessage(data, c.srv.limits)
+	if err != nil {
+		c.replyParseError(err)
+		return
+	}
+	switch m := msg.(type) {
+	case *nostr.AuthMessage:
+		c.onAuth(m.Event)
+	case *nostr.EventMessage:
+		c.onEvent(m.Event)
+	case *nostr.ReqMessage:
+		c.onReq(m.SubID, m.Filters)
+	case *nostr.CountMessage:
+		c.onCount(m.SubID, m.Filters)
+	case *nostr.CloseMessage:
+		if c.pubkey == "" {
+			_ = c.send(nostr.EncodeNotice("auth-required: authenticate with AUTH first"))
+			return
+		}
+		if c.srv.hub.Unsubscribe(c.tenant.ID(), c, m.SubID) {
+			delete(c.subs, m.SubID)
+		}
+	}
+}
+
+// replyParseError answers in the most specific form the protocol allows: OK
+// for an event whose id could be read, CLOSED for a REQ/COUNT with a valid
+// subscription id, NOTICE otherwise.
+func (c *conn) replyParseError(err error) {
+	var pe *nostr.ParseError
+	if !errors.As(err, &pe) {
+		_ = c.send(nostr.EncodeNotice("invalid: " + err.Error()))
+		return
+	}
+	reason := "invalid: " + pe.Msg
+	switch {
+	case (pe.Verb == "EVENT" || pe.Verb == "AUTH") && pe.EventID != "":
+		c.rejected("invalid")
+		_ = c.send(nostr.EncodeOK(pe.EventID, false, reason))
+	case (pe.Verb == "REQ" || pe.Verb == "COUNT") && pe.SubID != "":
+		_ = c.send(nostr.EncodeClosed(pe.SubID, reason))
+	default:
+		_ = c.send(nostr.EncodeNotice(reason))
+	}
+}
+
+func (c *conn) rejected(prefix string) {
+	c.srv.metrics.EventsRejected.WithLabelValues(prefix).Inc()
+}
+
+func (c *conn) onAuth(ev *nostr.Event) {
+	if err := c.srv.verifyAuth(ev, c.challenge, c.tenant); err != nil {
+		_ = c.send(nostr.EncodeOK(ev.ID, false, err.Error()))
+		return
+	}
+	c.pubkey = ev.PubKey
+	c.log = c.log.With("pubkey", ev.PubKey)
+	_ = c.send(nostr.EncodeOK(ev.ID, true, ""))
+}
+
+func (c *conn) onEvent(ev *nostr.Event) {
+	if c.pubkey == "" {
+		c.rejected("auth-required")
+		_ = c.send(nostr.EncodeOK(ev.ID, false, "auth-required: authenticate with AUTH before publishing"))
+		return
+	}
+	if ev.PubKey != c.pubkey {
+		c.rejected("restricted")
+		_ = c.send(nostr.EncodeOK(ev.ID, false, "restricted: event pubkey must match the authenticated pubkey"))
+		return
+	}
+	outcome, err := c.srv.pipeline.Submit(c.ctx, c.tenant, ev)
+	if err != nil {
+		var rej *ingest.Rejection
+		if errors.As(err, &rej) {
+			c.rejected(rej.Prefix)
+			_ = c.send(nostr.EncodeOK(ev.ID, false, rej.Error()))
+			return
+		}
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.rejected("error")
+		c.log.Error("ingest failed", "event", ev.ID, "kind", ev.Kind, "err", err)
+		_ = c.send(nostr.EncodeOK(ev.ID, false, "error: could not store the event; try again"))
+		return
+	}
+	c.srv.metrics.EventsAccepted.WithLabelValues(outcomeLabel[outcome]).Inc()
+	_ = c.send(nostr.EncodeOK(ev.ID, true, outcome.Message()))
+}
+
+var outcomeLabel = map[ingest.Outcome]string{
+	ingest.Stored: "stored", ingest.Duplicate: "duplicate", ingest.Superseded: "superseded", ingest.Relayed: "relayed",
+}
+
+// checkFilters holds the REQ/COUNT rules beyond the parser's.
+func (c *conn) checkFilters(filters nostr.Filters) string {
+	for i := range filters {
+		if filters[i].Search != "" {
+			return "invalid: NIP-50 search is not supported by this relay yet"
+		}
+	}
+	return ""
+}
+
+func (c *conn) onReq(subID string, filters nostr.Filters) {
+	if c.pubkey == "" {
+		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before subscribing"))
+		return
+	}
+	if reason := c.checkFilters(filters); reason != "" {
+		_ = c.send(nostr.EncodeClosed(subID, reason))
+		return
+	}
+	if _, open := c.subs[subID]; !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
+		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
+		return
+	}
+	start := time.Now()
+	// Register before reading history: an event committed while the query
+	// runs is then delivered live instead of falling between the two.
+	c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters})
+	c.subs[subID] = struct{}{}
+
+	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
+	defer cancel()
+	err := c.srv.store.Query(ctx, c.tenant.ID(), filters, func(ev *nostr.Event) error {
+		return c.send(nostr.EncodeEvent(subID, ev))
+	})
+	if err != nil {
+		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
+		delete(c.subs, subID)
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.log.Error("REQ failed", "sub", subID, "err", err)
+		_ = c.send(nostr.EncodeClosed(subID, queryErrorReason(ctx)))
+		return
+	}
+	_ = c.send(nostr.EncodeEOSE(subID))
+	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
+}
+
+func (c *conn) onCount(subID string, filters nostr.Filters) {
+	if c.pubkey == "" {
+		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before counting"))
+		return
+	}
+	if reason := c.checkFilters(filters); reason != "" {
+		_ = c.send(nostr.EncodeClosed(subID, reason))
+		return
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
+	defer cancel()
+	n, err := c.srv.store.Count(ctx, c.tenant.ID(), filters)
+	if err != nil {
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.log.Error("COUNT failed", "sub", subID, "err", err)
+		_ = c.send(nostr.EncodeClosed(subID, queryErrorReason(ctx)))
+		return
+	}
+	_ = c.send(nostr.EncodeCount(subID, n))
+	c.srv.metrics.ReqDuration.WithLabelValues("COUNT").Observe(time.Since(start).Seconds())
+}
+
+func queryErrorReason(ctx context.Context) string {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return "error: query timed out; narrow the filter"
+	}
+	return "error: query failed"
+}

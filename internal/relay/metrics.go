@@ -1,0 +1,53 @@
+package relay
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the relay's Prometheus collectors, registered on their own
+// registry so tests can run several relays in one process.
+type Metrics struct {
+	Registry        *prometheus.Registry
+	Connections     prometheus.Gauge
+	EventsAccepted  *prometheus.CounterVec // outcome: stored, duplicate, superseded, relayed
+	EventsRejected  *prometheus.CounterVec // reason: the NIP-01 prefix
+	ReqDuration     *prometheus.HistogramVec
+	FanoutDelivered prometheus.Counter
+	FanoutDropped   prometheus.Counter
+	SlowClosed      prometheus.Counter
+}
+
+// NewMetrics creates and registers the relay's collectors.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "buzz_connections", Help: "Open WebSocket connections.",
+		}),
+		EventsAccepted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_events_accepted_total", Help: "Events accepted, by outcome.",
+		}, []string{"outcome"}),
+		EventsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_events_rejected_total", Help: "Events rejected, by NIP-01 reason prefix.",
+		}, []string{"reason"}),
+		ReqDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "buzz_req_duration_seconds",
+			Help:    "Time from REQ/COUNT received to EOSE/COUNT sent.",
+			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+		}, []string{"verb"}),
+		FanoutDelivered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_fanout_delivered_total", Help: "Live events queued to subscribers.",
+		}),
+		FanoutDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_fanout_dropped_total", Help: "Live events not queued because the subscriber's send queue was full.",
+		}),
+		SlowClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_slow_clients_closed_total", Help: "Connections closed because they could not keep up.",
+		}),
+	}
+	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

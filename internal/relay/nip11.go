@@ -1,0 +1,62 @@
+package relay
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/buzzrelay/buzz/internal/community"
+)
+
+// relayInfo is the NIP-11 document. Limits are the ones this relay enforces.
+type relayInfo struct {
+	Name          string     `json:"name"`
+	Description   string     `json:"description"`
+	Contact       string     `json:"contact,omitempty"`
+	SupportedNIPs []int      `json:"supported_nips"`
+	Software      string     `json:"software"`
+	Version       string     `json:"version"`
+	Limitation    limitation `json:"limitation"`
+}
+
+type limitation struct {
+	MaxMessageLength    int   `json:"max_message_length"`
+	MaxSubscriptions    int   `json:"max_subscriptions"`
+	MaxFilters          int   `json:"max_filters"`
+	MaxLimit            int   `json:"max_limit"`
+	DefaultLimit        int   `json:"default_limit"`
+	MaxSubIDLength      int   `json:"max_subid_length"`
+	MaxEventTags        int   `json:"max_event_tags"`
+	MaxContentLength    int   `json:"max_content_length"`
+	AuthRequired        bool  `json:"auth_required"`
+	RestrictedWrites    bool  `json:"restricted_writes"`
+	CreatedAtUpperLimit int64 `json:"created_at_upper_limit"`
+	PaymentRequired     bool  `json:"payment_required"`
+}
+
+func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	w.Header().Set("Access-Control-Allow-Origin", "*")
+	w.Header().Set("Access-Control-Allow-Headers", "Accept")
+	info := relayInfo{
+		Name:          s.cfg.RelayName,
+		Description:   s.cfg.RelayDescription,
+		Contact:       s.cfg.RelayContact,
+		SupportedNIPs: []int{1, 9, 11, 42, 45},
+		Software:      "https://github.com/buzzrelay/buzz",
+		Version:       Version,
+		Limitation: limitation{
+			MaxMessageLength:    s.cfg.MaxMessageBytes,
+			MaxSubscriptions:    s.cfg.MaxSubscriptions,
+			MaxFilters:          s.cfg.MaxFilters,
+			MaxLimit:            s.cfg.MaxLimit,
+			DefaultLimit:        s.cfg.MaxLimit,
+			MaxSubIDLength:      s.limits.MaxSubIDLength,
+			MaxEventTags:        s.cfg.MaxEventTags,
+			MaxContentLength:    s.cfg.MaxContentBytes,
+			AuthRequired:        true,
+			RestrictedWrites:    true,
+			CreatedAtUpperLimit: int64(s.cfg.MaxFutureSkew.Seconds()),
+		},
+	}
+	w.Header().Set("Content-Type", "application/nostr+json")
+	_ = json.NewEncoder(w).Encode(info)
+}

@@ -1,0 +1,263 @@
+// Package relay serves Nostr over WebSocket (NIP-01, NIP-42, NIP-45) plus the
+// relay's HTTP surface (NIP-11, health, readiness, metrics). Each connection
+// is bound to the community named by its Host before the upgrade.
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/fanout"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Version is reported in NIP-11.
+const Version = "0.1.0"
+
+// Server is the relay. Create it with New and serve Handler.
+type Server struct {
+	cfg      config.Config
+	pool     *pgxpool.Pool
+	queries  *db.Queries
+	store    *eventstore.Store
+	pipeline *ingest.Pipeline
+	hub      *fanout.Hub
+	metrics  *Metrics
+	log      *slog.Logger
+	limits   nostr.Limits
+	now      func() time.Time
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	closing bool
+}
+
+// New builds a relay over a migrated database.
+func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
+	hub := fanout.NewHub()
+	s := &Server{
+		cfg:      cfg,
+		pool:     pool,
+		queries:  db.New(pool),
+		store:    eventstore.New(pool, cfg.MaxLimit),
+		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
+		hub:      hub,
+		metrics:  NewMetrics(),
+		log:      log,
+		now:      time.Now,
+		conns:    map[*conn]struct{}{},
+		limits: nostr.Limits{
+			MaxFilters:      cfg.MaxFilters,
+			MaxSubIDLength:  64,
+			MaxFilterValues: 1000,
+			MaxTagValueLen:  1024,
+			MaxEventTags:    cfg.MaxEventTags,
+			MaxContentBytes: cfg.MaxContentBytes,
+		},
+	}
+	s.pipeline.OnFanout = func(st fanout.Stats) {
+		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
+		s.metrics.FanoutDropped.Add(float64(st.Dropped))
+	}
+	return s
+}
+
+// Metrics exposes the relay's collectors (for tests and embedding).
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Handler routes the relay's HTTP surface.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /ready", s.serveReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
+	mux.HandleFunc("/", s.withTenant(s.serveRoot))
+	return mux
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if closing {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting down"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// withTenant resolves the community from Host; unknown hosts get 404 before
+// any handler (and before any WebSocket upgrade).
+func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, community.Tenant)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tenant, err := community.Resolve(r.Context(), s.queries, r.Host)
+		if errors.Is(err, community.ErrUnknownHost) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no community is served at this host"})
+			return
+		}
+		if err != nil {
+			s.log.Error("resolve community", "host", r.Host, "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
+			return
+		}
+		next(w, r, tenant)
+	}
+}
+
+func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	switch {
+	case r.URL.Path != "/":
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found"})
+	case strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
+		s.serveWebSocket(w, r, tenant)
+	case strings.Contains(r.Header.Get("Accept"), "application/nostr+json"):
+		s.serveInfo(w, r, tenant)
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("Buzz relay for " + tenant.Host() + ". Connect with a Nostr client over WebSocket.\n"))
+	}
+}
+
+func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if closing {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay shutting down"})
+		return
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		// Nostr clients connect from any origin; authentication is NIP-42
+		// signatures, never cookies, so there is no CSRF surface to guard.
+		InsecureSkipVerify: true,
+		CompressionMode:    websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return // Accept already wrote the HTTP error
+	}
+	// Frames up to 4x the advertised limit are read and answered with a
+	// NOTICE; beyond that the library closes with 1009 (message too big).
+	ws.SetReadLimit(int64(s.cfg.MaxMessageBytes) * 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{
+		srv:       s,
+		ws:        ws,
+		tenant:    tenant,
+		log:       s.log.With("community", tenant.Host(), "remote", r.RemoteAddr),
+		challenge: newChallenge(),
+		queue:     make(chan []byte, s.cfg.SendQueue),
+		ctx:       ctx,
+		cancel:    cancel,
+		draining:  make(chan struct{}),
+		subs:      map[string]struct{}{},
+	}
+	if !s.track(c) {
+		cancel()
+		ws.Close(websocket.StatusGoingAway, "relay shutting down")
+		return
+	}
+	c.run()
+}
+
+func (s *Server) track(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.metrics.Connections.Inc()
+	return true
+}
+
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.conns[c]; ok {
+		delete(s.conns, c)
+		s.metrics.Connections.Dec()
+	}
+}
+
+// Shutdown stops accepting connections, then asks every connection to flush
+// its queue and close with 1001, waiting until they are gone or ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for c := range s.conns {
+		c.shutdown()
+	}
+	s.mu.Unlock()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			s.mu.Lock()
+			for c := range s.conns {
+				c.cancel()
+			}
+			s.mu.Unlock()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// verifyAuth checks a NIP-42 AUTH event against this connection's challenge
+// and community.
+func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.Tenant) error {
+	if ev.Kind != nostr.KindAuth {
+		return ingest.Reject("invalid", "AUTH event must be kind 22242")
+	}
+	if err := ev.Verify(); err != nil {
+		return ingest.Reject("invalid", "AUTH event: %v", err)
+	}
+	if tag := ev.Tags.First("challenge"); tag == nil || tag[1] != challenge {
+		return ingest.Reject("invalid", "AUTH challenge does not match the one this connection was given")
+	}
+	if tag := ev.Tags.First("relay"); tag == nil || community.RelayURLAuthority(tag[1]) != tenant.Host() {
+		return ingest.Reject("invalid", "AUTH relay tag must name this relay (%s)", tenant.Host())
+	}
+	if skew := s.now().Unix() - ev.CreatedAt; math.Abs(float64(skew)) > s.cfg.AuthWindow.Seconds() {
+		return ingest.Reject("invalid", "AUTH created_at must be within %s of now", s.cfg.AuthWindow)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

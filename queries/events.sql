@@ -1,0 +1,38 @@
+-- name: EventInsert :execrows
+-- Zero rows affected means the event was not stored: either it is already
+-- here (duplicate) or the replaceable-slot trigger kept a newer version.
+INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
+VALUES (
+    @community_id::uuid, @id::bytea, @pubkey::bytea, to_timestamp(@created_at::bigint),
+    @kind::int, @tags::jsonb, @content::text, @sig::bytea,
+    sqlc.narg('channel_id')::uuid, sqlc.narg('d_tag')::text
+)
+ON CONFLICT DO NOTHING;
+
+-- name: EventExists :one
+SELECT EXISTS (
+    SELECT FROM events WHERE community_id = @community_id::uuid AND id = @id::bytea
+);
+
+-- name: EventsDeleteByIDs :execrows
+-- NIP-09: an author may delete only their own events, and a deletion request
+-- cannot itself be deleted.
+UPDATE events
+SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid
+  AND id = ANY(@ids::bytea[])
+  AND pubkey = @author::bytea
+  AND kind <> 5
+  AND deleted_at IS NULL;
+
+-- name: EventsDeleteByAddress :execrows
+-- NIP-09 'a' coordinate: hides every version of the author's slot created at
+-- or before the deletion; a newer version stays visible.
+UPDATE events
+SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid
+  AND pubkey = @author::bytea
+  AND kind = @kind::int
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text
+  AND created_at <= to_timestamp(@until::bigint)
+  AND deleted_at IS NULL;
