@@ -1,0 +1,459 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func ids(events []*nostr.Event) []string {
+	out := make([]string, len(events))
+	for i, ev := range events {
+		out[i] = ev.ID
+	}
+	return out
+}
+
+func TestUnknownHostGets404BeforeUpgrade(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	_, err := r.TryDial("unknown.example")
+	require.ErrorContains(t, err, "404")
+
+	req, _ := http.NewRequest("GET", r.HTTPURL+"/", nil)
+	req.Host = "unknown.example"
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	body, _ := io.ReadAll(resp.Body)
+	require.JSONEq(t, `{"error":"no community is served at this host"}`, string(body))
+}
+
+func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxFilters = 3; c.MaxLimit = 42 })
+	req, _ := http.NewRequest("GET", r.HTTPURL+"/", nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "application/nostr+json", resp.Header.Get("Content-Type"))
+	require.Equal(t, "*", resp.Header.Get("Access-Control-Allow-Origin"))
+	var info struct {
+		SupportedNIPs []int `json:"supported_nips"`
+		Limitation    struct {
+			MaxFilters   int  `json:"max_filters"`
+			MaxLimit     int  `json:"max_limit"`
+			AuthRequired bool `json:"auth_required"`
+		} `json:"limitation"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	require.Subset(t, info.SupportedNIPs, []int{1, 11, 42, 45})
+	require.Equal(t, 3, info.Limitation.MaxFilters)
+	require.Equal(t, 42, info.Limitation.MaxLimit)
+	require.True(t, info.Limitation.AuthRequired)
+
+	// The advertised filter limit is the enforced one.
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	c.SendRaw(`["REQ","s",{},{},{},{}]`)
+	closed := c.Expect("CLOSED")
+	require.Equal(t, "s", closed.SubID)
+	require.True(t, strings.HasPrefix(closed.Msg, "invalid: "), closed.Msg)
+}
+
+func TestHealthReadyAndMetrics(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	for path, want := range map[string]string{"/health": `"ok"`, "/ready": `"ready"`, "/metrics": "buzz_connections"} {
+		resp, err := http.Get(r.HTTPURL + path)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.Contains(t, string(body), want, path)
+	}
+}
+
+func TestNothingButAuthBeforeAuthentication(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	require.Len(t, c.Challenge, 64)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "too early", nil, 0)
+
+	ok := c.Publish(ev)
+	require.False(t, ok.OK)
+	require.True(t, strings.HasPrefix(ok.Msg, "auth-required: "), ok.Msg)
+
+	c.Send("REQ", "early", map[string]any{"kinds": []int{1}})
+	closed := c.Expect("CLOSED")
+	require.Equal(t, "early", closed.SubID)
+	require.True(t, strings.HasPrefix(closed.Msg, "auth-required: "), closed.Msg)
+
+	c.Send("COUNT", "early", map[string]any{})
+	require.True(t, strings.HasPrefix(c.Expect("CLOSED").Msg, "auth-required: "))
+
+	c.Send("CLOSE", "early")
+	require.True(t, strings.HasPrefix(c.Expect("NOTICE").Msg, "auth-required: "))
+
+	// The connection stays usable: AUTH, then the same event is accepted.
+	c.Auth(key)
+	require.True(t, c.Publish(ev).OK)
+}
+
+func TestAuthRejections(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	key := relaytest.NewKey(t)
+	now := time.Now().Unix()
+	cases := []struct {
+		name string
+		ev   func() *nostr.Event
+		want string
+	}{
+		{"wrong kind", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, 1, "", nostr.Tags{{"relay", r.URL}, {"challenge", c.Challenge}}, 0)
+		}, "invalid: AUTH event must be kind 22242"},
+		{"wrong challenge", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}, {"challenge", strings.Repeat("0", 64)}}, 0)
+		}, "invalid: AUTH challenge does not match"},
+		{"missing challenge", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}}, 0)
+		}, "invalid: AUTH challenge does not match"},
+		{"other relay", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", "wss://other.example"}, {"challenge", c.Challenge}}, 0)
+		}, "invalid: AUTH relay tag must name this relay"},
+		{"stale", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}, {"challenge", c.Challenge}}, now-120)
+		}, "invalid: AUTH created_at must be within"},
+		{"future", func() *nostr.Event {
+			return relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}, {"challenge", c.Challenge}}, now+120)
+		}, "invalid: AUTH created_at must be within"},
+		{"bad signature", func() *nostr.Event {
+			ev := relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}, {"challenge", c.Challenge}}, 0)
+			ev.Sig = strings.Repeat("1", 128)
+			return ev
+		}, "invalid: AUTH event: bad signature"},
+		{"tampered content", func() *nostr.Event {
+			ev := relaytest.SignEvent(t, key, nostr.KindAuth, "", nostr.Tags{{"relay", r.URL}, {"challenge", c.Challenge}}, 0)
+			ev.Content = "changed"
+			return ev
+		}, "invalid: AUTH event: bad event id"},
+	}
+	for _, tc := range cases {
+		ev := tc.ev()
+		c.Send("AUTH", ev)
+		ok := c.Expect("OK")
+		require.False(t, ok.OK, tc.name)
+		require.True(t, strings.HasPrefix(ok.Msg, tc.want), "%s: got %q", tc.name, ok.Msg)
+	}
+	// Still unauthenticated after every failure.
+	require.False(t, c.Publish(relaytest.SignEvent(t, key, 1, "x", nil, 0)).OK)
+	// AUTH events are never stored.
+	c.Auth(key)
+	require.Empty(t, c.Req("auth", map[string]any{"kinds": []int{nostr.KindAuth}}))
+	var n int
+	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM events").Scan(&n))
+	require.Zero(t, n)
+}
+
+func TestEventPubkeyMustMatchAuthenticatedPubkey(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	other := relaytest.SignEvent(t, relaytest.NewKey(t), 1, "not mine", nil, 0)
+	ok := c.Publish(other)
+	require.False(t, ok.OK)
+	require.Equal(t, "restricted: event pubkey must match the authenticated pubkey", ok.Msg)
+}
+
+func TestPublishQueryAndLiveDelivery(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	sub := r.Dial(t, "")
+	sub.Auth(nil)
+
+	base := time.Now().Unix() - 100
+	var stored []*nostr.Event
+	for i := 0; i < 5; i++ {
+		ev := pub.Sign(1, "note", nostr.Tags{{"t", "buzz"}}, base+int64(i))
+		require.True(t, pub.Publish(ev).OK)
+		stored = append(stored, ev)
+	}
+	other := pub.Sign(7, "+", nostr.Tags{{"e", stored[0].ID}}, base+10)
+	require.True(t, pub.Publish(other).OK)
+
+	// Newest first, limit applies.
+	got := sub.Req("recent", map[string]any{"kinds": []int{1}, "limit": 3})
+	require.Equal(t, []string{stored[4].ID, stored[3].ID, stored[2].ID}, ids(got))
+
+	// Filters: authors + since/until inclusive; tags; several filters are ORed without duplicates.
+	got = sub.Req("window", map[string]any{"authors": []string{pub.Key.PublicKeyHex()}, "since": base + 1, "until": base + 3})
+	require.Equal(t, []string{stored[3].ID, stored[2].ID, stored[1].ID}, ids(got))
+	got = sub.Req("tags", map[string]any{"#e": []string{stored[0].ID}})
+	require.Equal(t, []string{other.ID}, ids(got))
+	got = sub.Req("or", map[string]any{"ids": []string{stored[0].ID}}, map[string]any{"kinds": []int{1}, "#t": []string{"buzz"}, "limit": 1})
+	require.ElementsMatch(t, []string{stored[0].ID, stored[4].ID}, ids(got))
+
+	// The same subscription now receives live events, only matching ones.
+	sub.Send("REQ", "live", map[string]any{"kinds": []int{1}, "#t": []string{"live"}, "limit": 0})
+	require.Equal(t, "live", sub.Expect("EOSE").SubID)
+	require.True(t, pub.Publish(pub.Sign(1, "no tag", nil, 0)).OK)
+	live := pub.Sign(1, "hello", nostr.Tags{{"t", "live"}}, 0)
+	require.True(t, pub.Publish(live).OK)
+	ev := sub.Expect("EVENT")
+	require.Equal(t, "live", ev.SubID)
+	require.Equal(t, live.ID, ev.Event.ID)
+	require.NoError(t, ev.Event.Verify(), "delivered events keep a valid signature")
+
+	// CLOSE stops delivery.
+	sub.Send("CLOSE", "live")
+	require.True(t, pub.Publish(pub.Sign(1, "after close", nostr.Tags{{"t", "live"}}, 0)).OK)
+	sub.Send("COUNT", "probe", map[string]any{"#t": []string{"live"}})
+	count := sub.Expect("COUNT")
+	require.Equal(t, int64(2), count.Count)
+}
+
+func TestReplaceableAndAddressableKeepOnlyTheNewest(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	now := time.Now().Unix()
+
+	old := c.Sign(0, `{"name":"old"}`, nil, now-10)
+	require.True(t, c.Publish(old).OK)
+	newer := c.Sign(0, `{"name":"new"}`, nil, now-5)
+	require.True(t, c.Publish(newer).OK)
+	// An older version arriving late is not stored.
+	late := c.Sign(0, `{"name":"late"}`, nil, now-20)
+	ok := c.Publish(late)
+	require.True(t, ok.OK)
+	require.True(t, strings.HasPrefix(ok.Msg, "duplicate: "), ok.Msg)
+	require.Equal(t, []string{newer.ID}, ids(c.Req("profile", map[string]any{"kinds": []int{0}})))
+
+	// Ties on created_at go to the lowest id, whatever the arrival order.
+	a := c.Sign(10002, "a", nil, now)
+	b := c.Sign(10002, "b", nil, now)
+	low, high := a, b
+	if b.ID < a.ID {
+		low, high = b, a
+	}
+	require.True(t, c.Publish(high).OK)
+	require.True(t, c.Publish(low).OK)
+	require.True(t, strings.HasPrefix(c.Publish(high).Msg, "duplicate: "))
+	require.Equal(t, []string{low.ID}, ids(c.Req("tie", map[string]any{"kinds": []int{10002}})))
+
+	// Addressable: one slot per d tag.
+	first := c.Sign(30023, "v1", nostr.Tags{{"d", "post"}}, now-3)
+	second := c.Sign(30023, "v2", nostr.Tags{{"d", "post"}}, now-2)
+	otherSlot := c.Sign(30023, "other", nostr.Tags{{"d", "other"}}, now-4)
+	noD := c.Sign(30023, "no d", nil, now-4)
+	for _, ev := range []*nostr.Event{first, second, otherSlot, noD} {
+		require.True(t, c.Publish(ev).OK)
+	}
+	require.ElementsMatch(t, []string{second.ID, otherSlot.ID, noD.ID}, ids(c.Req("addr", map[string]any{"kinds": []int{30023}})))
+}
+
+func TestDeletion(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	alice := r.Dial(t, "")
+	alice.Auth(nil)
+	bob := r.Dial(t, "")
+	bob.Auth(nil)
+	now := time.Now().Unix()
+
+	mine := alice.Sign(1, "mine", nil, now-30)
+	keep := alice.Sign(1, "keep", nil, now-29)
+	bobs := bob.Sign(1, "bob's", nil, now-28)
+	for _, c := range []struct {
+		cl *relaytest.Client
+		ev *nostr.Event
+	}{{alice, mine}, {alice, keep}, {bob, bobs}} {
+		require.True(t, c.cl.Publish(c.ev).OK)
+	}
+	del := alice.Sign(5, "", nostr.Tags{{"e", mine.ID}, {"e", bobs.ID}}, now-20)
+	require.True(t, alice.Publish(del).OK)
+	// Only the author's own event is hidden; the deletion itself is visible.
+	got := bob.Req("notes", map[string]any{"kinds": []int{1}})
+	require.ElementsMatch(t, []string{keep.ID, bobs.ID}, ids(got))
+	require.Equal(t, []string{del.ID}, ids(bob.Req("dels", map[string]any{"kinds": []int{5}})))
+	// Limit applies after deleted rows are hidden.
+	require.Equal(t, []string{keep.ID}, ids(bob.Req("limit", map[string]any{"authors": []string{alice.Key.PublicKeyHex()}, "kinds": []int{1}, "limit": 1})))
+	bob.Send("COUNT", "c", map[string]any{"kinds": []int{1}})
+	require.Equal(t, int64(2), bob.Expect("COUNT").Count)
+	// Soft delete: the row is still there.
+	var deleted int
+	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM events WHERE deleted_at IS NOT NULL").Scan(&deleted))
+	require.Equal(t, 1, deleted)
+
+	// A deletion request cannot be deleted.
+	require.True(t, alice.Publish(alice.Sign(5, "", nostr.Tags{{"e", del.ID}}, now-10)).OK)
+	require.Len(t, bob.Req("dels2", map[string]any{"ids": []string{del.ID}}), 1)
+
+	// a-coordinate: hides versions at or before the deletion, not newer ones.
+	coord := "30023:" + alice.Key.PublicKeyHex() + ":post"
+	v1 := alice.Sign(30023, "v1", nostr.Tags{{"d", "post"}}, now-15)
+	require.True(t, alice.Publish(v1).OK)
+	require.True(t, alice.Publish(alice.Sign(5, "", nostr.Tags{{"a", coord}}, now-14)).OK)
+	require.Empty(t, bob.Req("addr1", map[string]any{"kinds": []int{30023}}))
+	v2 := alice.Sign(30023, "v2", nostr.Tags{{"d", "post"}}, now-5)
+	require.True(t, alice.Publish(v2).OK)
+	require.Equal(t, []string{v2.ID}, ids(bob.Req("addr2", map[string]any{"kinds": []int{30023}})))
+	// A tombstone older than the live head deletes nothing.
+	require.True(t, alice.Publish(alice.Sign(5, "", nostr.Tags{{"a", coord}}, now-10)).OK)
+	require.Equal(t, []string{v2.ID}, ids(bob.Req("addr3", map[string]any{"kinds": []int{30023}})))
+	// Bob cannot delete Alice's coordinate.
+	require.True(t, bob.Publish(bob.Sign(5, "", nostr.Tags{{"a", coord}}, now)).OK)
+	require.Equal(t, []string{v2.ID}, ids(bob.Req("addr4", map[string]any{"kinds": []int{30023}})))
+
+	// A deletion needs a target.
+	ok := alice.Publish(alice.Sign(5, "", nil, now))
+	require.False(t, ok.OK)
+	require.Equal(t, "invalid: a deletion request needs at least one e or a tag", ok.Msg)
+}
+
+func TestEphemeralEventsFanOutButAreNeverStored(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	sub := r.Dial(t, "")
+	sub.Auth(nil)
+	sub.Send("REQ", "typing", map[string]any{"kinds": []int{20002}})
+	sub.Expect("EOSE")
+	ev := pub.Sign(20002, "typing", nil, 0)
+	ok := pub.Publish(ev)
+	require.True(t, ok.OK)
+	require.Equal(t, ev.ID, sub.Expect("EVENT").Event.ID)
+	require.Empty(t, pub.Req("again", map[string]any{"kinds": []int{20002}}))
+	var n int
+	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM events").Scan(&n))
+	require.Zero(t, n)
+}
+
+func TestSameEventInTwoCommunitiesAndDuplicatesWithinOne(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	r.AddCommunity(t, "b.example")
+	key := relaytest.NewKey(t)
+	a := r.Dial(t, "")
+	a.Auth(key)
+	b := r.Dial(t, "b.example")
+	b.Auth(key)
+	ev := a.Sign(1, "cross-posted", nil, 0)
+	require.True(t, a.Publish(ev).OK)
+	okB := b.Publish(ev)
+	require.True(t, okB.OK)
+	require.Empty(t, okB.Msg, "the same event is new in another community")
+	dup := a.Publish(ev)
+	require.True(t, dup.OK)
+	require.Equal(t, "duplicate: already have this event", dup.Msg)
+
+	// Community B's subscription never sees A's events.
+	bOnly := b.Sign(1, "only in b", nil, 0)
+	require.True(t, b.Publish(bOnly).OK)
+	require.Equal(t, []string{ev.ID}, ids(a.Req("a", map[string]any{"kinds": []int{1}})))
+	require.ElementsMatch(t, []string{ev.ID, bOnly.ID}, ids(b.Req("b", map[string]any{"kinds": []int{1}})))
+	a.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
+	a.Expect("EOSE")
+	require.True(t, b.Publish(b.Sign(1, "b live", nil, 0)).OK)
+	_, err := a.TryNext(300 * time.Millisecond)
+	require.Error(t, err, "community A must not receive B's live event")
+}
+
+func TestCountMatchesQuery(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	for i := 0; i < 7; i++ {
+		require.True(t, c.Publish(c.Sign(1+i%2, "n", nostr.Tags{{"t", "x"}}, int64(1700000000+i))).OK)
+	}
+	c.Send("COUNT", "k1", map[string]any{"kinds": []int{1}})
+	require.Equal(t, int64(4), c.Expect("COUNT").Count)
+	c.Send("COUNT", "both", map[string]any{"kinds": []int{1}}, map[string]any{"kinds": []int{2}, "limit": 1})
+	require.Equal(t, int64(7), c.Expect("COUNT").Count, "COUNT ignores limit and ORs filters")
+	c.Send("COUNT", "none", map[string]any{"kinds": []int{}})
+	require.Equal(t, int64(0), c.Expect("COUNT").Count)
+}
+
+func TestSubscriptionLimit(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxSubscriptions = 2 })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	open := func(id string) {
+		c.Send("REQ", id, map[string]any{"limit": 0})
+		require.Equal(t, id, c.Expect("EOSE").SubID)
+	}
+	open("one")
+	open("two")
+	c.Send("REQ", "three", map[string]any{"limit": 0})
+	closed := c.Expect("CLOSED")
+	require.Equal(t, "three", closed.SubID)
+	require.Equal(t, "rate-limited: at most 2 open subscriptions per connection", closed.Msg)
+	// Re-using an open id replaces it rather than counting twice; closing frees a slot.
+	open("two")
+	c.Send("CLOSE", "one")
+	open("three")
+}
+
+func TestGracefulShutdownClosesWithGoingAway(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	c.Send("REQ", "live", map[string]any{"limit": 0})
+	c.Expect("EOSE")
+	last := pub.Sign(1, "last words", nil, 0)
+	require.True(t, pub.Publish(last).OK)
+	pub.WS.CloseNow() // a peer that never answers the close handshake would hold Shutdown for 5 s
+	// The live event queued before shutdown is delivered, then 1001.
+	readErr := make(chan error, 1)
+	go func() {
+		msg, err := c.TryNext(5 * time.Second)
+		if err == nil {
+			if !strings.Contains(string(msg[2]), last.ID) {
+				err = errors.New("expected the queued event first")
+			} else {
+				_, err = c.TryNext(5 * time.Second)
+			}
+		}
+		readErr <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, r.Shutdown(ctx))
+	err := <-readErr
+	require.Equal(t, websocket.StatusGoingAway, websocket.CloseStatus(err), "got %v", err)
+	_, err = r.TryDial("")
+	require.Error(t, err, "no new connections after shutdown")
+}

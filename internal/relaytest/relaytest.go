@@ -1,0 +1,313 @@
+// Package relaytest starts a real relay (real PostgreSQL, real HTTP and
+// WebSocket on loopback) for tests, and offers a small raw-protocol client
+// for tests that need to send exactly the bytes they mean.
+package relaytest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
+)
+
+// Relay is a running relay with its own database.
+type Relay struct {
+	URL         string // ws://127.0.0.1:port
+	HTTPURL     string // http://127.0.0.1:port
+	Host        string // the home community's host (localhost:port)
+	CommunityID uuid.UUID
+	Server      *relay.Server
+	Pool        *pgxpool.Pool
+	http        *httptest.Server
+}
+
+// Start runs a relay on a fresh database; adjust tweaks the configuration.
+// The relay and its database are torn down when the test ends.
+func Start(t testing.TB, adjust ...func(*config.Config)) *Relay {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	cfg := config.Default()
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	srv := relay.New(cfg, pool, log)
+	hs := httptest.NewServer(srv.Handler())
+	r := &Relay{
+		URL:     "ws://" + hs.Listener.Addr().String(),
+		HTTPURL: hs.URL,
+		Host:    community.NormalizeHost(hs.Listener.Addr().String()),
+		Server:  srv,
+		Pool:    pool,
+		http:    hs,
+	}
+	r.CommunityID = r.AddCommunity(t, r.Host)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		hs.Close()
+	})
+	return r
+}
+
+// AddCommunity provisions another community served by this relay.
+func (r *Relay) AddCommunity(t testing.TB, host string) uuid.UUID {
+	t.Helper()
+	row, err := db.New(r.Pool).CommunityCreate(context.Background(), host)
+	require.NoError(t, err)
+	return row.ID
+}
+
+// Shutdown stops the relay the way SIGTERM does.
+func (r *Relay) Shutdown(ctx context.Context) error { return r.Server.Shutdown(ctx) }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// Client is a raw NIP-01 client for protocol tests.
+type Client struct {
+	t         testing.TB
+	WS        *websocket.Conn
+	Challenge string
+	Key       *nostr.SecretKey
+	relayURL  string
+}
+
+// Dial connects to the relay as host ("" = the home community) and reads the
+// AUTH challenge the relay sends first.
+func (r *Relay) Dial(t testing.TB, host string) *Client {
+	t.Helper()
+	c, err := r.TryDial(host)
+	require.NoError(t, err)
+	c.t = t
+	t.Cleanup(func() { c.WS.CloseNow() })
+	msg := c.Next()
+	require.Equal(t, `"AUTH"`, string(msg[0]), "first message must be the AUTH challenge")
+	require.NoError(t, json.Unmarshal(msg[1], &c.Challenge))
+	return c
+}
+
+// TryDial connects without reading anything; it fails for unknown hosts.
+func (r *Relay) TryDial(host string) (*Client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if host == "" {
+		host = r.Host
+	}
+	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: host})
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(16 << 20)
+	return &Client{WS: ws, relayURL: "ws://" + host}, nil
+}
+
+// SendRaw writes one text frame.
+func (c *Client) SendRaw(frame string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(c.t, c.WS.Write(ctx, websocket.MessageText, []byte(frame)))
+}
+
+// Send writes a JSON array message.
+func (c *Client) Send(parts ...any) {
+	c.t.Helper()
+	b, err := json.Marshal(parts)
+	require.NoError(c.t, err)
+	c.SendRaw(string(b))
+}
+
+// Next reads the next message as its array elements.
+func (c *Client) Next() []json.RawMessage {
+	c.t.Helper()
+	msg, err := c.TryNext(5 * time.Second)
+	require.NoError(c.t, err)
+	return msg
+}
+
+// TryNext reads the next message or fails after wait.
+func (c *Client) TryNext(wait time.Duration) ([]json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, data, err := c.WS.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var parts []json.RawMessage
+	if err := json.Unmarshal(data, &parts); err != nil || len(parts) == 0 {
+		return nil, fmt.Errorf("relay sent a non-array message %q", data)
+	}
+	return parts, nil
+}
+
+// Reply is a decoded relay message.
+type Reply struct {
+	Verb  string
+	SubID string // EVENT, EOSE, CLOSED, COUNT
+	ID    string // OK
+	OK    bool
+	Msg   string // OK, CLOSED, NOTICE message
+	Event *nostr.Event
+	Count int64
+}
+
+// NextReply reads and decodes the next message.
+func (c *Client) NextReply() Reply {
+	c.t.Helper()
+	return decodeReply(c.t, c.Next())
+}
+
+func decodeReply(t testing.TB, parts []json.RawMessage) Reply {
+	t.Helper()
+	var r Reply
+	require.NoError(t, json.Unmarshal(parts[0], &r.Verb))
+	str := func(i int) string {
+		var s string
+		require.Greater(t, len(parts), i, "%s message too short", r.Verb)
+		require.NoError(t, json.Unmarshal(parts[i], &s))
+		return s
+	}
+	switch r.Verb {
+	case "OK":
+		r.ID = str(1)
+		require.NoError(t, json.Unmarshal(parts[2], &r.OK))
+		r.Msg = str(3)
+	case "EVENT":
+		r.SubID = str(1)
+		r.Event = new(nostr.Event)
+		require.NoError(t, json.Unmarshal(parts[2], r.Event))
+	case "EOSE":
+		r.SubID = str(1)
+	case "CLOSED":
+		r.SubID, r.Msg = str(1), str(2)
+	case "NOTICE":
+		r.Msg = str(1)
+	case "COUNT":
+		r.SubID = str(1)
+		var body struct{ Count int64 }
+		require.NoError(t, json.Unmarshal(parts[2], &body))
+		r.Count = body.Count
+	}
+	return r
+}
+
+// Expect reads the next message and requires its verb.
+func (c *Client) Expect(verb string) Reply {
+	c.t.Helper()
+	r := c.NextReply()
+	require.Equal(c.t, verb, r.Verb, "unexpected %s: %+v", r.Verb, r)
+	return r
+}
+
+// AuthEvent builds a NIP-42 AUTH event for this connection.
+func (c *Client) AuthEvent(key *nostr.SecretKey) *nostr.Event {
+	ev := &nostr.Event{
+		Kind:      nostr.KindAuth,
+		CreatedAt: time.Now().Unix(),
+		Tags:      nostr.Tags{{"relay", c.relayURL}, {"challenge", c.Challenge}},
+	}
+	require.NoError(c.t, ev.Sign(key))
+	return ev
+}
+
+// Auth authenticates as key (a new key when nil) and requires success.
+func (c *Client) Auth(key *nostr.SecretKey) *nostr.SecretKey {
+	c.t.Helper()
+	if key == nil {
+		key = NewKey(c.t)
+	}
+	ev := c.AuthEvent(key)
+	c.Send("AUTH", ev)
+	r := c.Expect("OK")
+	require.True(c.t, r.OK, "AUTH refused: %s", r.Msg)
+	c.Key = key
+	return key
+}
+
+// Publish sends an event and returns the relay's OK.
+func (c *Client) Publish(ev *nostr.Event) Reply {
+	c.t.Helper()
+	c.Send("EVENT", ev)
+	r := c.Expect("OK")
+	require.Equal(c.t, ev.ID, r.ID)
+	return r
+}
+
+// Sign builds and signs an event with the client's key.
+func (c *Client) Sign(kind int, content string, tags nostr.Tags, createdAt int64) *nostr.Event {
+	c.t.Helper()
+	return SignEvent(c.t, c.Key, kind, content, tags, createdAt)
+}
+
+// Req runs a one-shot query: it subscribes, collects the stored events up
+// to EOSE, then closes the subscription.
+func (c *Client) Req(subID string, filters ...map[string]any) []*nostr.Event {
+	c.t.Helper()
+	parts := []any{"REQ", subID}
+	for _, f := range filters {
+		parts = append(parts, f)
+	}
+	c.Send(parts...)
+	var events []*nostr.Event
+	for {
+		r := c.NextReply()
+		switch r.Verb {
+		case "EVENT":
+			require.Equal(c.t, subID, r.SubID)
+			events = append(events, r.Event)
+		case "EOSE":
+			require.Equal(c.t, subID, r.SubID)
+			c.Send("CLOSE", subID)
+			return events
+		default:
+			c.t.Fatalf("REQ %s: unexpected %+v", subID, r)
+		}
+	}
+}
+
+// NewKey returns a fresh secret key.
+func NewKey(t testing.TB) *nostr.SecretKey {
+	k, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	return k
+}
+
+// SignEvent builds and signs an event; createdAt 0 means now.
+func SignEvent(t testing.TB, key *nostr.SecretKey, kind int, content string, tags nostr.Tags, createdAt int64) *nostr.Event {
+	t.Helper()
+	if createdAt == 0 {
+		createdAt = time.Now().Unix()
+	}
+	if tags == nil {
+		tags = nostr.Tags{}
+	}
+	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: createdAt}
+	require.NoError(t, ev.Sign(key))
+	return ev
+}
