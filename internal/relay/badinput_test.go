@@ -1,0 +1,188 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// storedDigest fingerprints every stored row, so a bad input that changed
+// anything (an insert, a soft delete, a replacement) is caught.
+func storedDigest(t *testing.T, r *relaytest.Relay) string {
+	t.Helper()
+	var digest string
+	require.NoError(t, r.Pool.QueryRow(context.Background(), `
+		SELECT count(*) || ':' || coalesce(md5(string_agg(encode(id, 'hex') || coalesce(deleted_at::text, ''), ',' ORDER BY id)), '')
+		FROM events`).Scan(&digest))
+	return digest
+}
+
+// TestBadInputCatalogue sends malformed or abusive frames on one
+// authenticated connection. Each must get a clear, prefixed answer in the
+// most specific form the protocol allows, the connection must stay usable,
+// and nothing stored may change.
+func TestBadInputCatalogue(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.MaxContentBytes = 1000
+		c.MaxEventTags = 20
+		c.MaxMessageBytes = 8 << 10
+	})
+	c := r.Dial(t, "")
+	key := c.Auth(nil)
+	for i := 0; i < 3; i++ {
+		require.True(t, c.Publish(c.Sign(1, fmt.Sprint("seed ", i), nil, 0)).OK)
+	}
+	before := storedDigest(t, r)
+
+	valid := func(mutate func(m map[string]any)) string {
+		ev := relaytest.SignEvent(t, key, 1, "hello", nostr.Tags{{"t", "x"}}, 0)
+		var m map[string]any
+		b, _ := json.Marshal(ev)
+		require.NoError(t, json.Unmarshal(b, &m))
+		mutate(m)
+		out, _ := json.Marshal([]any{"EVENT", m})
+		return string(out)
+	}
+	resigned := func(kind int, content string, tags nostr.Tags, createdAt int64) string {
+		ev := relaytest.SignEvent(t, key, kind, content, tags, createdAt)
+		out, _ := json.Marshal([]any{"EVENT", ev})
+		return string(out)
+	}
+	hex64 := strings.Repeat("a", 64)
+	manyTags := make(nostr.Tags, 21)
+	for i := range manyTags {
+		manyTags[i] = nostr.Tag{"t", fmt.Sprint(i)}
+	}
+	manyKinds := make([]int, 1001)
+	manyFilters := `["REQ","s"` + strings.Repeat(`,{}`, 11) + `]`
+
+	cases := []struct {
+		name  string
+		frame string
+		verb  string // NOTICE, OK or CLOSED
+		want  string // prefix of the message
+	}{
+		{"not json", `hello`, "NOTICE", "invalid: "},
+		{"object not array", `{"EVENT":1}`, "NOTICE", "invalid: "},
+		{"empty array", `[]`, "NOTICE", "invalid: "},
+		{"verb not a string", `[1,2]`, "NOTICE", "invalid: "},
+		{"unknown verb", `["PUBLISH",{}]`, "NOTICE", "invalid: unknown message type"},
+		{"lowercase verb", `["event",{}]`, "NOTICE", "invalid: unknown message type"},
+		{"truncated json", `["REQ","s",{"kinds":[1]`, "CLOSED", "invalid: malformed JSON"},
+		{"EVENT without event", `["EVENT"]`, "NOTICE", "invalid: "},
+		{"EVENT with string", `["EVENT","x"]`, "NOTICE", "invalid: "},
+		{"EVENT empty object", `["EVENT",{}]`, "NOTICE", "invalid: "},
+		{"EVENT extra element", strings.TrimSuffix(valid(func(map[string]any) {}), "]") + `,"extra"]`, "OK", "invalid: "},
+		{"id does not match", valid(func(m map[string]any) { m["content"] = "tampered" }), "OK", "invalid: event id does not match"},
+		{"bad signature", valid(func(m map[string]any) { m["sig"] = strings.Repeat("b", 128) }), "OK", "invalid: bad signature"},
+		{"uppercase id", valid(func(m map[string]any) { m["id"] = strings.ToUpper(m["id"].(string)) }), "NOTICE", "invalid: "},
+		{"short id", valid(func(m map[string]any) { m["id"] = "abcd" }), "NOTICE", "invalid: "},
+		{"pubkey not hex", valid(func(m map[string]any) { m["pubkey"] = strings.Repeat("z", 64) }), "OK", "invalid: "},
+		{"sig too short", valid(func(m map[string]any) { m["sig"] = hex64 }), "OK", "invalid: "},
+		{"missing sig", valid(func(m map[string]any) { delete(m, "sig") }), "OK", "invalid: "},
+		{"missing content", valid(func(m map[string]any) { delete(m, "content") }), "OK", "invalid: "},
+		{"negative kind", valid(func(m map[string]any) { m["kind"] = -1 }), "OK", "invalid: "},
+		{"kind too large", valid(func(m map[string]any) { m["kind"] = 70000 }), "OK", "invalid: "},
+		{"fractional kind", valid(func(m map[string]any) { m["kind"] = 1.5 }), "OK", "invalid: "},
+		{"kind as string", valid(func(m map[string]any) { m["kind"] = "1" }), "OK", "invalid: "},
+		{"created_at as string", valid(func(m map[string]any) { m["created_at"] = "now" }), "OK", "invalid: "},
+		{"negative created_at", valid(func(m map[string]any) { m["created_at"] = -5 }), "OK", "invalid: "},
+		{"huge created_at", valid(func(m map[string]any) { m["created_at"] = 1e30 }), "OK", "invalid: "},
+		{"tags not array", valid(func(m map[string]any) { m["tags"] = "t" }), "OK", "invalid: "},
+		{"tag not array", valid(func(m map[string]any) { m["tags"] = []any{"t"} }), "OK", "invalid: "},
+		{"tag value number", valid(func(m map[string]any) { m["tags"] = []any{[]any{"t", 1}} }), "OK", "invalid: "},
+		{"empty tag", valid(func(m map[string]any) { m["tags"] = []any{[]any{}} }), "OK", "invalid: "},
+		{"nested tag arrays", valid(func(m map[string]any) { m["tags"] = []any{[]any{[]any{[]any{"deep"}}}} }), "OK", "invalid: "},
+		{"content not string", valid(func(m map[string]any) { m["content"] = 42 }), "OK", "invalid: "},
+		{"content too long", resigned(1, strings.Repeat("x", 1001), nil, 0), "OK", "invalid: "},
+		{"too many tags", resigned(1, "tags", manyTags, 0), "OK", "invalid: "},
+		{"created_at far future", resigned(1, "future", nil, time.Now().Add(time.Hour).Unix()), "OK", "invalid: created_at is more than"},
+		{"NUL in content", resigned(1, "nul\x00byte", nil, 0), "OK", "invalid: content must not contain NUL"},
+		{"NUL in tag", resigned(1, "tag nul", nostr.Tags{{"t", "a\x00b"}}, 0), "OK", "invalid: tags must not contain NUL"},
+		{"AUTH kind via EVENT", resigned(nostr.KindAuth, "", nostr.Tags{{"challenge", c.Challenge}}, 0), "OK", "invalid: kind 22242"},
+		{"REQ without subid", `["REQ"]`, "NOTICE", "invalid: "},
+		{"REQ without filters", `["REQ","s"]`, "CLOSED", "invalid: "},
+		{"REQ numeric subid", `["REQ",5,{}]`, "NOTICE", "invalid: "},
+		{"REQ empty subid", `["REQ","",{}]`, "NOTICE", "invalid: "},
+		{"REQ subid too long", `["REQ","` + strings.Repeat("s", 65) + `",{}]`, "NOTICE", "invalid: "},
+		{"filter not object", `["REQ","s",[]]`, "CLOSED", "invalid: "},
+		{"short id filter", `["REQ","s",{"ids":["abc"]}]`, "CLOSED", "invalid: "},
+		{"uppercase author", `["REQ","s",{"authors":["` + strings.Repeat("A", 64) + `"]}]`, "CLOSED", "invalid: "},
+		{"kind as string filter", `["REQ","s",{"kinds":["1"]}]`, "CLOSED", "invalid: "},
+		{"kind out of range filter", `["REQ","s",{"kinds":[70000]}]`, "CLOSED", "invalid: "},
+		{"negative limit", `["REQ","s",{"limit":-1}]`, "CLOSED", "invalid: "},
+		{"fractional limit", `["REQ","s",{"limit":1.5}]`, "CLOSED", "invalid: "},
+		{"since as string", `["REQ","s",{"since":"yesterday"}]`, "CLOSED", "invalid: "},
+		{"multi-letter tag filter", `["REQ","s",{"#ee":["x"]}]`, "CLOSED", "invalid: "},
+		{"tag filter numbers", `["REQ","s",{"#e":[1]}]`, "CLOSED", "invalid: "},
+		{"unknown filter key", `["REQ","s",{"colour":"red"}]`, "CLOSED", "invalid: "},
+		{"too many filters", manyFilters, "CLOSED", "invalid: "},
+		{"too many filter values", func() string { b, _ := json.Marshal([]any{"REQ", "s", map[string]any{"kinds": manyKinds}}); return string(b) }(), "CLOSED", "invalid: "},
+		{"tag filter value too long", `["REQ","s",{"#t":["` + strings.Repeat("v", 1025) + `"]}]`, "CLOSED", "invalid: "},
+		{"search not supported", `["REQ","s",{"search":"hello"}]`, "CLOSED", "invalid: NIP-50 search"},
+		{"CLOSE without subid", `["CLOSE"]`, "NOTICE", "invalid: "},
+		{"CLOSE numeric subid", `["CLOSE",1]`, "NOTICE", "invalid: "},
+		{"COUNT without filters", `["COUNT","c"]`, "CLOSED", "invalid: "},
+		{"AUTH with string", `["AUTH","token"]`, "NOTICE", "invalid: "},
+		{"oversized frame", `["REQ","big",{"#t":["` + strings.Repeat("v", 9<<10) + `"]}]`, "NOTICE", "invalid: message of"},
+	}
+	require.GreaterOrEqual(t, len(cases), 40)
+	for _, tc := range cases {
+		c.SendRaw(tc.frame)
+		reply := c.NextReply()
+		t.Logf("%-28s -> %s %q", tc.name, reply.Verb, reply.Msg)
+		require.Equal(t, tc.verb, reply.Verb, "%s: got %+v", tc.name, reply)
+		require.True(t, strings.HasPrefix(reply.Msg, tc.want), "%s: message %q lacks prefix %q", tc.name, reply.Msg, tc.want)
+		require.Greater(t, len(reply.Msg), len("invalid: "), "%s: the reason must say what is wrong", tc.name)
+		if tc.verb == "CLOSED" {
+			require.NotEmpty(t, reply.SubID, tc.name)
+		}
+		// The connection is still usable and in step.
+		c.Send("COUNT", "alive", map[string]any{"kinds": []int{1}})
+		require.Equal(t, int64(3), c.Expect("COUNT").Count, "%s: connection must stay usable", tc.name)
+	}
+
+	// Binary frames are refused with a NOTICE too.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, c.WS.Write(ctx, websocket.MessageBinary, []byte(`["REQ","s",{}]`)))
+	require.True(t, strings.HasPrefix(c.Expect("NOTICE").Msg, "invalid: binary frames"))
+
+	require.Equal(t, before, storedDigest(t, r), "bad input must not change stored data")
+}
+
+func TestLimitAbuseIsCapped(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxLimit = 5 })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	for i := 0; i < 8; i++ {
+		require.True(t, c.Publish(c.Sign(1, "n", nil, int64(1700000000+i))).OK)
+	}
+	require.Len(t, c.Req("huge", map[string]any{"limit": 1000000000}), 5)
+	require.Len(t, c.Req("none", map[string]any{}), 5, "no limit means the relay's maximum")
+}
+
+// Frames beyond the hard cap (4x the advertised maximum) cannot be read
+// at all: the connection is closed with 1009, and the relay keeps serving.
+func TestFrameBeyondHardCapClosesWith1009(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 1 << 10 })
+	c := r.Dial(t, "")
+	c.SendRaw(`["NOTICE","` + strings.Repeat("x", 5<<10) + `"]`)
+	_, err := c.TryNext(5 * time.Second)
+	require.Equal(t, websocket.StatusMessageTooBig, websocket.CloseStatus(err), "got %v", err)
+	again := r.Dial(t, "")
+	again.Auth(nil)
+}
