@@ -128,7 +128,10 @@ func TestBadInputCatalogue(t *testing.T) {
 		{"tag filter numbers", `["REQ","s",{"#e":[1]}]`, "CLOSED", "invalid: "},
 		{"unknown filter key", `["REQ","s",{"colour":"red"}]`, "CLOSED", "invalid: "},
 		{"too many filters", manyFilters, "CLOSED", "invalid: "},
-		{"too many filter values", func() string { b, _ := json.Marshal([]any{"REQ", "s", map[string]any{"kinds": manyKinds}}); return string(b) }(), "CLOSED", "invalid: "},
+		{"too many filter values", func() string {
+			b, _ := json.Marshal([]any{"REQ", "s", map[string]any{"kinds": manyKinds}})
+			return string(b)
+		}(), "CLOSED", "invalid: "},
 		{"tag filter value too long", `["REQ","s",{"#t":["` + strings.Repeat("v", 1025) + `"]}]`, "CLOSED", "invalid: "},
 		{"search not supported", `["REQ","s",{"search":"hello"}]`, "CLOSED", "invalid: NIP-50 search"},
 		{"CLOSE without subid", `["CLOSE"]`, "NOTICE", "invalid: "},
