@@ -28,8 +28,8 @@ func (b *sqlBuilder) arg(v any) string {
 }
 
 // canMatch reports whether a filter could match any stored event: a present
-// but empty list, an empty time window or limit 0 matches nothing, and such
-// filters are left out of the statement.
+// but empty list or an empty time window matches nothing, and such filters
+// are left out of the statement. Limits are the caller's business.
 func canMatch(f *nostr.Filter) bool {
 	if (f.IDs != nil && len(f.IDs) == 0) || (f.Authors != nil && len(f.Authors) == 0) || (f.Kinds != nil && len(f.Kinds) == 0) {
 		return false
@@ -42,7 +42,7 @@ func canMatch(f *nostr.Filter) bool {
 	if f.Since != nil && f.Until != nil && *f.Since > *f.Until {
 		return false
 	}
-	return f.Limit == nil || *f.Limit > 0
+	return true
 }
 
 // conditions appends " AND ..." for every constraint of f.
@@ -89,7 +89,7 @@ func BuildSelect(community uuid.UUID, filters nostr.Filters, maxLimit int) (sql 
 	n := 0
 	for i := range filters {
 		f := &filters[i]
-		if !canMatch(f) {
+		if !canMatch(f) || (f.Limit != nil && *f.Limit == 0) {
 			continue
 		}
 		if n > 0 {
