@@ -1,0 +1,60 @@
+package nostr
+
+import (
+	"encoding/hex"
+	"errors"
+
+	"github.com/btcsuite/btcd/btcec/v2"
+	"github.com/btcsuite/btcd/btcec/v2/schnorr"
+)
+
+// SecretKey is a secp256k1 private key used for BIP-340 signing.
+type SecretKey struct {
+	priv *btcec.PrivateKey
+	pub  [32]byte // x-only public key, cached: signing needs it every time
+}
+
+func newSecretKey(priv *btcec.PrivateKey) *SecretKey {
+	k := &SecretKey{priv: priv}
+	copy(k.pub[:], schnorr.SerializePubKey(priv.PubKey()))
+	return k
+}
+
+// GenerateSecretKey returns a new random key from crypto/rand.
+func GenerateSecretKey() (*SecretKey, error) {
+	priv, err := btcec.NewPrivateKey()
+	if err != nil {
+		return nil, err
+	}
+	return newSecretKey(priv), nil
+}
+
+// SecretKeyFromHex parses a 64-char hex secret key. Unlike
+// btcec.PrivKeyFromBytes it rejects values that are zero or >= the curve
+// order instead of silently reducing them.
+func SecretKeyFromHex(s string) (*SecretKey, error) {
+	if len(s) != 64 {
+		return nil, errors.New("secret key must be 64 hex characters")
+	}
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		return nil, errors.New("secret key must be 64 hex characters")
+	}
+	var scalar btcec.ModNScalar
+	if overflow := scalar.SetByteSlice(b); overflow || scalar.IsZero() {
+		return nil, errors.New("secret key out of range")
+	}
+	return newSecretKey(btcec.PrivKeyFromScalar(&scalar)), nil
+}
+
+// Hex returns the secret key as 64 lowercase hex characters.
+func (k *SecretKey) Hex() string {
+	b := k.priv.Key.Bytes()
+	return hex.EncodeToString(b[:])
+}
+
+// PublicKey returns the 32-byte x-only public key.
+func (k *SecretKey) PublicKey() [32]byte { return k.pub }
+
+// PublicKeyHex returns the x-only public key as 64 lowercase hex characters.
+func (k *SecretKey) PublicKeyHex() string { return hex.EncodeToString(k.pub[:]) }
