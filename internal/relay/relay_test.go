@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -456,4 +458,55 @@ func TestGracefulShutdownClosesWithGoingAway(t *testing.T) {
 	require.Equal(t, websocket.StatusGoingAway, websocket.CloseStatus(err), "got %v", err)
 	_, err = r.TryDial("")
 	require.Error(t, err, "no new connections after shutdown")
+}
+
+// A subscriber that stops reading must not slow the publisher or other
+// subscribers: once its bounded queue overflows it is disconnected (1008)
+// and counted, while the fast subscriber receives every event.
+func TestSlowSubscriberIsDisconnectedWithoutBlockingOthers(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 16; c.WriteTimeout = time.Second })
+	slow := r.Dial(t, "")
+	slow.Auth(nil)
+	slow.Send("REQ", "all", map[string]any{"kinds": []int{1}, "limit": 0})
+	slow.Expect("EOSE")
+	fast := r.Dial(t, "")
+	fast.Auth(nil)
+	fast.Send("REQ", "all", map[string]any{"kinds": []int{1}, "limit": 0})
+	fast.Expect("EOSE")
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+
+	received := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _, err := fast.WS.Read(ctx)
+			cancel()
+			if err != nil {
+				t.Logf("fast reader stopped after %d: %v", n, err)
+				received <- n
+				return
+			}
+			n++
+			if n == 120 {
+				received <- n
+				return
+			}
+		}
+	}()
+	big := strings.Repeat("x", 60<<10)
+	for i := 0; i < 120; i++ {
+		ok := pub.Publish(pub.Sign(1, fmt.Sprint(i, big), nil, 0))
+		require.True(t, ok.OK)
+		require.Empty(t, ok.Msg)
+	}
+	require.Equal(t, 120, <-received, "the fast subscriber gets every event")
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(r.Server.Metrics().SlowClosed) == 1
+	}, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(r.Server.Metrics().Connections) == 2
+	}, 10*time.Second, 20*time.Millisecond, "the slow connection is gone")
 }
