@@ -4,7 +4,8 @@
 //	buzz-relay migrate          apply pending migrations (the only migrator)
 //	buzz-relay migrate status   print the applied and latest versions as JSON
 //	buzz-relay migrate to N     migrate up or down to version N
-//	buzz-relay dev              private PostgreSQL under .data/ (unless BUZZ_DATABASE_URL is set), migrate, seed, serve
+//	buzz-relay dev              private PostgreSQL under $BUZZ_DEV_DATA_DIR (default .data/) unless
+//	                            BUZZ_DATABASE_URL is set; migrate, seed, serve on loopback
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -60,7 +62,10 @@ func main() {
 	case "migrate":
 		err = runMigrate(ctx, cfg, os.Args[2:])
 	case "dev":
-		err = dev(ctx, cfg, log)
+		var opts devOptions
+		if opts, err = devOptionsFromEnv(os.Getenv); err == nil {
+			err = dev(ctx, cfg, log, opts)
+		}
 	default:
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
@@ -161,19 +166,38 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	return nil
 }
 
-func dev(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	if os.Getenv("BUZZ_LISTEN_ADDR") == "" {
+// devOptions locate the dev relay's private cluster.
+type devOptions struct {
+	DataDir string // BUZZ_DEV_DATA_DIR, default .data
+	PGPort  int    // BUZZ_DEV_PG_PORT, default 54329
+}
+
+func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
+	opts := devOptions{DataDir: ".data", PGPort: 54329}
+	if v := getenv("BUZZ_DEV_DATA_DIR"); v != "" {
+		opts.DataDir = v
+	}
+	if v := getenv("BUZZ_DEV_PG_PORT"); v != "" {
+		port, err := strconv.Atoi(v)
+		if err != nil || port <= 0 || port > 65535 {
+			return opts, fmt.Errorf("BUZZ_DEV_PG_PORT=%q: want a port number", v)
+		}
+		opts.PGPort = port
+	}
+	return opts, nil
+}
+
+// dev runs the relay for a developer: loopback only (unless BUZZ_LISTEN_ADDR
+// says otherwise), and a private cluster under DataDir/postgres that survives
+// restarts, unless BUZZ_DATABASE_URL names a database.
+func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions) error {
+	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
 	}
 	if cfg.DatabaseURL == "" {
-		port := 54329
-		if v := os.Getenv("BUZZ_DEV_PG_PORT"); v != "" {
-			if port, _ = strconv.Atoi(v); port <= 0 {
-				return fmt.Errorf("BUZZ_DEV_PG_PORT=%q: want a port number", v)
-			}
-		}
-		log.Info("starting private PostgreSQL", "dir", ".data/postgres", "port", port)
-		cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: ".data/postgres", Port: port})
+		pgDir := filepath.Join(opts.DataDir, "postgres")
+		log.Info("starting private PostgreSQL", "dir", pgDir, "port", opts.PGPort)
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: pgDir, Port: opts.PGPort})
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,124 @@
+// Command buzz-admin is the operator CLI. It talks to the database named by
+// BUZZ_DATABASE_URL and prints JSON, one document per command.
+//
+//	buzz-admin communities create HOST
+//	buzz-admin communities list
+//	buzz-admin communities archive HOST
+//	buzz-admin communities unarchive HOST
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+const usage = `usage: buzz-admin communities create HOST | list | archive HOST | unarchive HOST
+BUZZ_DATABASE_URL names the database.`
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		var u usageError
+		if errors.As(err, &u) {
+			fmt.Fprintln(os.Stderr, usage)
+			os.Exit(2)
+		}
+		_ = json.NewEncoder(os.Stderr).Encode(map[string]string{"error": err.Error()})
+		os.Exit(1)
+	}
+}
+
+type usageError struct{}
+
+func (usageError) Error() string { return "usage" }
+
+// communityJSON is the stable JSON shape of a community.
+type communityJSON struct {
+	ID            uuid.UUID  `json:"id"`
+	Host          string     `json:"host"`
+	CreatedAt     time.Time  `json:"created_at"`
+	ArchivedAt    *time.Time `json:"archived_at"`
+	DeletionState string     `json:"deletion_state"`
+}
+
+func toJSON(c db.Community) communityJSON {
+	return communityJSON{ID: c.ID, Host: c.Host, CreatedAt: c.CreatedAt, ArchivedAt: c.ArchivedAt, DeletionState: c.DeletionState}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	if len(args) < 2 || args[0] != "communities" {
+		return usageError{}
+	}
+	verb, rest := args[1], args[2:]
+	needHost := verb == "create" || verb == "archive" || verb == "unarchive"
+	if (needHost && len(rest) != 1) || (!needHost && len(rest) != 0) {
+		return usageError{}
+	}
+	url := getenv("BUZZ_DATABASE_URL")
+	if url == "" {
+		return errors.New("BUZZ_DATABASE_URL is not set")
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	q := db.New(conn)
+
+	var host string
+	if needHost {
+		if host = community.NormalizeHost(rest[0]); host == "" {
+			return fmt.Errorf("host %q is empty after normalization", rest[0])
+		}
+	}
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	switch verb {
+	case "create":
+		row, err := q.CommunityCreate(ctx, host)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return fmt.Errorf("host %q is already taken (hosts of archived and deleted communities stay reserved)", host)
+		}
+		if err != nil {
+			return err
+		}
+		return enc.Encode(toJSON(row))
+	case "list":
+		rows, err := q.CommunityList(ctx)
+		if err != nil {
+			return err
+		}
+		list := make([]communityJSON, 0, len(rows))
+		for _, r := range rows {
+			list = append(list, toJSON(r))
+		}
+		return enc.Encode(list)
+	case "archive", "unarchive":
+		var row db.Community
+		if verb == "archive" {
+			row, err = q.CommunityArchive(ctx, db.CommunityArchiveParams{Host: host})
+		} else {
+			row, err = q.CommunityUnarchive(ctx, host)
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("no community has host %q", host)
+		}
+		if err != nil {
+			return err
+		}
+		return enc.Encode(toJSON(row))
+	}
+	return usageError{}
+}

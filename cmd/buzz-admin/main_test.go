@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestCommunitiesCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := func(k string) string {
+		if k == "BUZZ_DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	runJSON := func(v any, args ...string) error {
+		var out bytes.Buffer
+		if err := run(ctx, args, env, &out); err != nil {
+			return err
+		}
+		return json.Unmarshal(out.Bytes(), v)
+	}
+
+	var created communityJSON
+	require.NoError(t, runJSON(&created, "communities", "create", " Team.Example:443 "))
+	require.Equal(t, "team.example", created.Host, "hosts are stored normalized")
+	require.Equal(t, "active", created.DeletionState)
+	require.Nil(t, created.ArchivedAt)
+
+	require.ErrorContains(t, runJSON(&created, "communities", "create", "team.example"), "already taken")
+
+	var archived communityJSON
+	require.NoError(t, runJSON(&archived, "communities", "archive", "TEAM.example"))
+	require.Equal(t, created.ID, archived.ID)
+	require.NotNil(t, archived.ArchivedAt)
+
+	var list []communityJSON
+	require.NoError(t, runJSON(&list, "communities", "list"))
+	require.Len(t, list, 1)
+	require.NotNil(t, list[0].ArchivedAt)
+
+	var unarchived communityJSON
+	require.NoError(t, runJSON(&unarchived, "communities", "unarchive", "team.example"))
+	require.Nil(t, unarchived.ArchivedAt)
+
+	require.ErrorContains(t, runJSON(&archived, "communities", "archive", "missing.example"), "no community has host")
+	require.ErrorAs(t, run(ctx, []string{"communities", "create"}, env, &bytes.Buffer{}), &usageError{})
+	require.ErrorContains(t, run(ctx, []string{"communities", "list"}, func(string) string { return "" }, &bytes.Buffer{}), "BUZZ_DATABASE_URL")
+}
