@@ -45,4 +45,5 @@ interop-deps: ## install the npm client used by the interop tests (nostr-tools)
 		cd internal/interop/js && npm ci --no-audit --no-fund --loglevel=error; fi
 
 bench: ## run buzz-bench for ~30 s against a dev relay, plus the Go benchmarks
-	$(GO) run ./cmd/buzz-bench local -duration 30s
+	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
+	GO='$(GO)' bash cmd/buzz-bench/bench.sh $(BENCH_FLAGS)

@@ -29,6 +29,18 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+func waitReady(t *testing.T, port int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 60*time.Second, 20*time.Millisecond)
+}
+
 func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	t.Parallel()
 	cfg := config.Default()
@@ -42,14 +54,7 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, quiet) }()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 10*time.Second, 20*time.Millisecond)
+	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
 }
@@ -72,14 +77,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- dev(ctx, cfg, quiet, opts) }()
-		require.Eventually(t, func() bool {
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, 60*time.Second, 50*time.Millisecond)
+		waitReady(t, port)
 		return func() {
 			cancel()
 			require.NoError(t, <-done)
