@@ -61,10 +61,23 @@ CREATE INDEX events_by_address ON events (community_id, pubkey, kind, d_tag, cre
     WHERE d_tag IS NOT NULL;
 CREATE INDEX events_by_tag ON events USING gin (tag_index);
 
--- Keeps one version per replaceable/addressable slot. The advisory lock
--- serializes concurrent writers of the same slot (two transactions cannot both
--- see "no newer head" and both insert). Returning NULL skips the insert; the
--- caller sees zero rows and reports the event as superseded or duplicate.
+-- Serializes every writer of one replaceable/addressable slot (the
+-- coordinate kind:pubkey:d) until the end of its transaction: new versions
+-- and NIP-09 a-coordinate deletions alike.
+CREATE FUNCTION events_lock_slot(community_id uuid, pubkey bytea, kind integer, d_tag text) RETURNS void
+    LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended(
+        'events-slot:' || community_id::text || ':' || encode(pubkey, 'hex') || ':' || kind::text || ':' || coalesce(d_tag, ''), 0))
+$$;
+
+-- Keeps one version per replaceable/addressable slot. Under the slot lock
+-- two transactions cannot both see "no newer head" and both insert.
+-- Returning NULL skips the insert; the caller sees zero rows and reports the
+-- event as superseded (or a duplicate, when its id is already stored).
+-- A version is also skipped when its author already deleted the coordinate
+-- at or after its created_at (NIP-09 "a" tag): a late-arriving old version
+-- must not resurrect a deleted address.
 CREATE FUNCTION events_keep_newest_version() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
@@ -72,8 +85,17 @@ DECLARE
     head_created_at timestamptz;
     head_id bytea;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(
-        'events-slot:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex') || ':' || NEW.kind::text || ':' || coalesce(NEW.d_tag, ''), 0));
+    PERFORM events_lock_slot(NEW.community_id, NEW.pubkey, NEW.kind, NEW.d_tag);
+
+    IF EXISTS (
+        SELECT FROM events
+        WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = 5
+          AND tag_index && ARRAY['a:' || NEW.kind::text || ':' || encode(NEW.pubkey, 'hex') || ':' || coalesce(NEW.d_tag, '')]
+          AND created_at >= NEW.created_at
+          AND deleted_at IS NULL
+    ) THEN
+        RETURN NULL;
+    END IF;
 
     IF NEW.d_tag IS NULL THEN
         SELECT created_at, id INTO head_created_at, head_id
@@ -111,4 +133,5 @@ CREATE TRIGGER events_keep_newest_version
 
 DROP TABLE events;
 DROP FUNCTION events_keep_newest_version();
+DROP FUNCTION events_lock_slot(uuid, bytea, integer, text);
 DROP FUNCTION events_tag_index(jsonb);

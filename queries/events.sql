@@ -25,6 +25,11 @@ WHERE community_id = @community_id::uuid
   AND kind <> 5
   AND deleted_at IS NULL;
 
+-- name: EventSlotLock :exec
+-- Taken by an a-coordinate deletion before it hides the slot's versions, so
+-- a version being inserted concurrently is either hidden or refused.
+SELECT events_lock_slot(@community_id::uuid, @pubkey::bytea, @kind::int, sqlc.narg('d_tag')::text);
+
 -- name: EventsDeleteByAddress :execrows
 -- NIP-09 'a' coordinate: hides every version of the author's slot created at
 -- or before the deletion; a newer version stays visible.

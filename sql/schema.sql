@@ -28,8 +28,17 @@ DECLARE
     head_created_at timestamptz;
     head_id bytea;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(
-        'events-slot:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex') || ':' || NEW.kind::text || ':' || coalesce(NEW.d_tag, ''), 0));
+    PERFORM events_lock_slot(NEW.community_id, NEW.pubkey, NEW.kind, NEW.d_tag);
+
+    IF EXISTS (
+        SELECT FROM events
+        WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = 5
+          AND tag_index && ARRAY['a:' || NEW.kind::text || ':' || encode(NEW.pubkey, 'hex') || ':' || coalesce(NEW.d_tag, '')]
+          AND created_at >= NEW.created_at
+          AND deleted_at IS NULL
+    ) THEN
+        RETURN NULL;
+    END IF;
 
     IF NEW.d_tag IS NULL THEN
         SELECT created_at, id INTO head_created_at, head_id
@@ -55,6 +64,18 @@ BEGIN
       AND d_tag IS NOT DISTINCT FROM NEW.d_tag;
     RETURN NEW;
 END
+$$;
+
+
+--
+-- Name: events_lock_slot(uuid, bytea, integer, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.events_lock_slot(community_id uuid, pubkey bytea, kind integer, d_tag text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended(
+        'events-slot:' || community_id::text || ':' || encode(pubkey, 'hex') || ':' || kind::text || ':' || coalesce(d_tag, ''), 0))
 $$;
 
 

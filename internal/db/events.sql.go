@@ -75,6 +75,29 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 	return result.RowsAffected(), nil
 }
 
+const eventSlotLock = `-- name: EventSlotLock :exec
+SELECT events_lock_slot($1::uuid, $2::bytea, $3::int, $4::text)
+`
+
+type EventSlotLockParams struct {
+	CommunityID uuid.UUID
+	Pubkey      []byte
+	Kind        int32
+	DTag        *string
+}
+
+// Taken by an a-coordinate deletion before it hides the slot's versions, so
+// a version being inserted concurrently is either hidden or refused.
+func (q *Queries) EventSlotLock(ctx context.Context, arg EventSlotLockParams) error {
+	_, err := q.db.Exec(ctx, eventSlotLock,
+		arg.CommunityID,
+		arg.Pubkey,
+		arg.Kind,
+		arg.DTag,
+	)
+	return err
+}
+
 const eventsDeleteByAddress = `-- name: EventsDeleteByAddress :execrows
 UPDATE events
 SET deleted_at = coalesce($1::timestamptz, now())

@@ -53,6 +53,11 @@ func (deletionHandler) Apply(ctx context.Context, q *db.Queries, tenant communit
 		} else if !nostr.IsReplaceable(kind) {
 			continue
 		}
+		if err := q.EventSlotLock(ctx, db.EventSlotLockParams{
+			CommunityID: tenant.ID(), Pubkey: author[:], Kind: params.Kind, DTag: params.DTag,
+		}); err != nil {
+			return err
+		}
 		if _, err := q.EventsDeleteByAddress(ctx, params); err != nil {
 			return err
 		}

@@ -27,7 +27,7 @@ type Outcome int
 const (
 	Stored     Outcome = iota // inserted and fanned out
 	Duplicate                 // already stored in this community
-	Superseded                // a newer version of its replaceable slot is stored
+	Superseded                // a newer version of its slot, or the slot's deletion, is stored
 	Relayed                   // ephemeral: fanned out, never stored
 )
 
@@ -37,7 +37,7 @@ func (o Outcome) Message() string {
 	case Duplicate:
 		return "duplicate: already have this event"
 	case Superseded:
-		return "duplicate: a newer version of this event is already stored"
+		return "duplicate: a newer version of this address, or its deletion, is already stored"
 	}
 	return ""
 }
