@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -148,8 +149,20 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(listener) }()
+	if cfg.PprofAddr != "" {
+		// Profiling stays off the public listener.
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		pprofSrv := &http.Server{Addr: cfg.PprofAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		defer pprofSrv.Close()
+		go func() { errc <- pprofSrv.ListenAndServe() }()
+		log.Info("pprof listening", "addr", cfg.PprofAddr)
+	}
 
 	select {
 	case err := <-errc:

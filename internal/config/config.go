@@ -17,6 +17,7 @@ import (
 type Config struct {
 	DatabaseURL string // BUZZ_DATABASE_URL; empty in dev mode means a private cluster
 	ListenAddr  string // BUZZ_LISTEN_ADDR
+	PprofAddr   string // BUZZ_PPROF_ADDR: when set, net/http/pprof listens here (keep it on loopback)
 	RelayURL    string // BUZZ_RELAY_URL: this deployment's public URL, seeds its community
 	LogLevel    slog.Level
 
@@ -69,6 +70,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r := reader{getenv: getenv}
 	r.str("BUZZ_DATABASE_URL", &c.DatabaseURL)
 	r.str("BUZZ_LISTEN_ADDR", &c.ListenAddr)
+	r.str("BUZZ_PPROF_ADDR", &c.PprofAddr)
 	r.str("BUZZ_RELAY_URL", &c.RelayURL)
 	r.str("BUZZ_RELAY_NAME", &c.RelayName)
 	r.str("BUZZ_RELAY_DESCRIPTION", &c.RelayDescription)

@@ -48,17 +48,17 @@ func canMatch(f *nostr.Filter) bool {
 // conditions appends " AND ..." for every constraint of f.
 func (b *sqlBuilder) conditions(f *nostr.Filter) {
 	if f.IDs != nil {
-		b.sql.WriteString(" AND id = ANY(" + b.arg(hexBytes(f.IDs)) + "::bytea[])")
+		inList(b, "id", "bytea", hexBytes(f.IDs))
 	}
 	if f.Authors != nil {
-		b.sql.WriteString(" AND pubkey = ANY(" + b.arg(hexBytes(f.Authors)) + "::bytea[])")
+		inList(b, "pubkey", "bytea", hexBytes(f.Authors))
 	}
 	if f.Kinds != nil {
 		kinds := make([]int32, len(f.Kinds))
 		for i, k := range f.Kinds {
 			kinds[i] = int32(k)
 		}
-		b.sql.WriteString(" AND kind = ANY(" + b.arg(kinds) + "::int[])")
+		inList(b, "kind", "int", kinds)
 	}
 	// AND across tag names, OR within one: one overlap test per name against
 	// the GIN-indexed 'name:value' array.
@@ -77,6 +77,18 @@ func (b *sqlBuilder) conditions(f *nostr.Filter) {
 	if f.Until != nil {
 		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(*f.Until) + "::bigint)")
 	}
+}
+
+// inList appends a membership test. A single value becomes plain equality:
+// a prepared statement's generic plan cannot walk an index in order for
+// "= ANY($n)", so "kinds":[1] with a limit would sort every kind-1 row
+// instead of reading the newest 100 off the index.
+func inList[T any](b *sqlBuilder, column, sqlType string, values []T) {
+	if len(values) == 1 {
+		b.sql.WriteString(" AND " + column + " = " + b.arg(values[0]) + "::" + sqlType)
+		return
+	}
+	b.sql.WriteString(" AND " + column + " = ANY(" + b.arg(values) + "::" + sqlType + "[])")
 }
 
 // BuildSelect returns the statement that reads the stored events matching
