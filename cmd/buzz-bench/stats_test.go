@@ -1,0 +1,65 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	ms := func(vals ...int) []time.Duration {
+		out := make([]time.Duration, len(vals))
+		for i, v := range vals {
+			out[i] = time.Duration(v) * time.Millisecond
+		}
+		return out
+	}
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = time.Duration(i+1) * time.Millisecond
+	}
+	cases := []struct {
+		name   string
+		sorted []time.Duration
+		p      float64
+		want   time.Duration
+	}{
+		{"empty", nil, 50, 0},
+		{"single", ms(7), 99, 7 * time.Millisecond},
+		{"median of odd", ms(1, 2, 3), 50, 2 * time.Millisecond},
+		{"median of even is the lower", ms(1, 2, 3, 4), 50, 2 * time.Millisecond},
+		{"p99 of 100", hundred, 99, 99 * time.Millisecond},
+		{"p90 of 100", hundred, 90, 90 * time.Millisecond},
+		{"p100 is the max", hundred, 100, 100 * time.Millisecond},
+		{"tiny p is the min", hundred, 0.1, 1 * time.Millisecond},
+		{"p99 of 10 is the max", ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10 * time.Millisecond},
+	}
+	for _, c := range cases {
+		if got := percentile(c.sorted, c.p); got != c.want {
+			t.Errorf("%s: percentile(p=%v) = %v, want %v", c.name, c.p, got, c.want)
+		}
+	}
+}
+
+func TestSummarizeSortsAndRounds(t *testing.T) {
+	samples := []time.Duration{3 * time.Millisecond, 1500 * time.Microsecond, 1234567 * time.Nanosecond}
+	got := summarize(samples)
+	want := latencyStats{Count: 3, P50: 1.5, P90: 3, P99: 3, Max: 3, Mean: 1.912}
+	if got != want {
+		t.Errorf("summarize = %+v, want %+v", got, want)
+	}
+	if summarize(nil) != (latencyStats{}) {
+		t.Error("summarize(nil) should be zero")
+	}
+}
+
+func TestTallyKeepsFirstDistinctSamples(t *testing.T) {
+	var tl tally
+	for i := range 10 {
+		tl.add("same")
+		tl.add(string(rune('a' + i)))
+	}
+	r := tl.report()
+	if r.Count != 20 || len(r.First) != maxTallySamples || r.First[0] != "same" || r.First[1] != "a" {
+		t.Errorf("report = %+v", r)
+	}
+}
