@@ -26,8 +26,9 @@ type Subscription struct {
 	ID       string
 	Filters  nostr.Filters
 	// Allow, when set, is asked for every matching event before delivery;
-	// it carries the read authorization of the subscriber.
-	Allow func(*nostr.Event) bool
+	// it carries the read authorization of the subscriber. channel is the
+	// event's channel (nil for community-global events).
+	Allow func(ev *nostr.Event, channel *uuid.UUID) bool
 }
 
 // Stats are returned by Publish for metrics.
@@ -141,9 +142,10 @@ func (h *Hub) Count(community uuid.UUID) int {
 	return 0
 }
 
-// Publish delivers ev to every matching subscription of community. The
-// event is encoded once; each delivery only wraps it with its subscription id.
-func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event) Stats {
+// Publish delivers ev, which belongs to channel (nil: community-global), to
+// every matching and allowed subscription of community. The event is encoded
+// once; each delivery only wraps it with its subscription id.
+func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	idx := h.communities[community]
@@ -164,7 +166,7 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event) Stats {
 				matched = map[*Subscription]struct{}{}
 			}
 			matched[e.sub] = struct{}{}
-			if e.sub.Allow != nil && !e.sub.Allow(ev) {
+			if e.sub.Allow != nil && !e.sub.Allow(ev, channel) {
 				continue
 			}
 			if raw == nil {

@@ -111,7 +111,7 @@ func TestPublishAgreesWithBruteForce(t *testing.T) {
 				want++
 			}
 		}
-		stats := hub.Publish(community, ev)
+		stats := hub.Publish(community, ev, nil)
 		require.Equal(t, want, stats.Delivered, "event %d", i)
 		for _, s := range subs {
 			got := s.box.take()
@@ -132,7 +132,7 @@ func TestCommunitiesAreIsolated(t *testing.T) {
 	boxA, boxB := &inbox{}, &inbox{}
 	hub.Subscribe(a, &fanout.Subscription{Receiver: boxA, ID: "x", Filters: nostr.Filters{{}}})
 	hub.Subscribe(b, &fanout.Subscription{Receiver: boxB, ID: "x", Filters: nostr.Filters{{}}})
-	hub.Publish(a, &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{}})
+	hub.Publish(a, &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{}}, nil)
 	require.Len(t, boxA.take(), 1)
 	require.Empty(t, boxB.take())
 }
@@ -147,16 +147,16 @@ func TestReplaceUnsubscribeAndAllow(t *testing.T) {
 	// Same id replaces the old filters.
 	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}}}})
 	require.Equal(t, 1, hub.Count(c))
-	hub.Publish(c, ev)
+	hub.Publish(c, ev, nil)
 	require.Len(t, box.take(), 1)
 
 	// Allow vetoes delivery (read authorization).
-	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}}}, Allow: func(*nostr.Event) bool { return false }})
-	require.Zero(t, hub.Publish(c, ev).Delivered)
+	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}}}, Allow: func(*nostr.Event, *uuid.UUID) bool { return false }})
+	require.Zero(t, hub.Publish(c, ev, nil).Delivered)
 
 	require.True(t, hub.Unsubscribe(c, box, "s"))
 	require.False(t, hub.Unsubscribe(c, box, "s"))
-	require.Zero(t, hub.Publish(c, ev).Delivered)
+	require.Zero(t, hub.Publish(c, ev, nil).Delivered)
 	require.Zero(t, hub.Count(c))
 
 	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "1", Filters: nostr.Filters{{}}})
@@ -171,7 +171,7 @@ func TestFullQueueCountsAsDropped(t *testing.T) {
 	c := uuid.New()
 	hub.Subscribe(c, &fanout.Subscription{Receiver: &inbox{full: true}, ID: "slow", Filters: nostr.Filters{{}}})
 	hub.Subscribe(c, &fanout.Subscription{Receiver: &inbox{}, ID: "fast", Filters: nostr.Filters{{}}})
-	stats := hub.Publish(c, &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{}})
+	stats := hub.Publish(c, &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{}}, nil)
 	require.Equal(t, fanout.Stats{Delivered: 1, Dropped: 1}, stats)
 }
 
@@ -187,7 +187,7 @@ func BenchmarkPublish1000Subscribers(b *testing.B) {
 	ev := &nostr.Event{ID: hexKeys[0], PubKey: fmt.Sprintf("%064x", 7), Kind: 1, Tags: nostr.Tags{{"t", "x"}}, Content: "hello"}
 	b.ReportAllocs()
 	for b.Loop() {
-		if hub.Publish(c, ev).Delivered != 10 {
+		if hub.Publish(c, ev, nil).Delivered != 10 {
 			b.Fatal("wrong delivery count")
 		}
 	}

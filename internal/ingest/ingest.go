@@ -146,7 +146,7 @@ func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, par
 }
 
 func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event) {
-	stats := p.hub.Publish(tenant.ID(), ev)
+	stats := p.hub.Publish(tenant.ID(), ev, nil)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
 	}
