@@ -18,6 +18,93 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
+-- Name: channel_add_policy; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.channel_add_policy AS ENUM (
+    'anyone',
+    'owner_only',
+    'nobody'
+);
+
+
+--
+-- Name: channel_type; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.channel_type AS ENUM (
+    'stream',
+    'forum',
+    'dm',
+    'workflow'
+);
+
+
+--
+-- Name: channel_visibility; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.channel_visibility AS ENUM (
+    'open',
+    'private'
+);
+
+
+--
+-- Name: member_role; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.member_role AS ENUM (
+    'owner',
+    'admin',
+    'member',
+    'guest',
+    'bot'
+);
+
+
+--
+-- Name: channel_members_keep_an_owner(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channel_members_keep_an_owner() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.role = 'owner' AND OLD.removed_at IS NULL
+       AND (NEW.role <> 'owner' OR NEW.removed_at IS NOT NULL)
+       AND NOT EXISTS (
+           SELECT FROM channel_members
+           WHERE community_id = OLD.community_id AND channel_id = OLD.channel_id
+             AND pubkey <> OLD.pubkey AND role = 'owner' AND removed_at IS NULL)
+       AND EXISTS (
+           SELECT FROM channels
+           WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
+    THEN
+        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id USING ERRCODE = '23514';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: channels_community_id_immutable(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channels_community_id_immutable() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.community_id <> OLD.community_id THEN
+        RAISE EXCEPTION 'channels.community_id is immutable' USING ERRCODE = '23514';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: events_keep_newest_version(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -110,6 +197,44 @@ CREATE TABLE public._operator_global_tables (
 
 
 --
+-- Name: channel_members; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.channel_members (
+    community_id uuid NOT NULL,
+    channel_id uuid NOT NULL,
+    pubkey bytea NOT NULL,
+    role public.member_role DEFAULT 'member'::public.member_role NOT NULL,
+    joined_at timestamp with time zone DEFAULT now() NOT NULL,
+    invited_by bytea,
+    removed_at timestamp with time zone,
+    removed_by bytea,
+    CONSTRAINT channel_members_pubkey_len CHECK ((octet_length(pubkey) = 32))
+);
+
+
+--
+-- Name: channels; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.channels (
+    community_id uuid NOT NULL,
+    id uuid NOT NULL,
+    name character varying(255) NOT NULL,
+    channel_type public.channel_type DEFAULT 'stream'::public.channel_type NOT NULL,
+    visibility public.channel_visibility DEFAULT 'open'::public.channel_visibility NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    created_by bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    archived_at timestamp with time zone,
+    deleted_at timestamp with time zone,
+    CONSTRAINT channels_created_by_len CHECK ((octet_length(created_by) = 32)),
+    CONSTRAINT channels_name_not_blank CHECK ((btrim((name)::text) <> ''::text))
+);
+
+
+--
 -- Name: communities; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -140,6 +265,21 @@ COMMENT ON TABLE public.communities IS 'Tenants. A connection is bound to exactl
 --
 
 COMMENT ON COLUMN public.communities.signing_key IS 'Secret key the relay signs community events with (NIP-29 discovery); NULL until first needed.';
+
+
+--
+-- Name: event_mentions; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.event_mentions (
+    community_id uuid NOT NULL,
+    pubkey_hex character varying(64) NOT NULL,
+    event_id bytea NOT NULL,
+    event_created_at timestamp with time zone NOT NULL,
+    channel_id uuid,
+    event_kind integer NOT NULL,
+    CONSTRAINT event_mentions_pubkey_hex CHECK (((pubkey_hex)::text ~ '^[0-9a-f]{64}$'::text))
+);
 
 
 --
@@ -178,11 +318,76 @@ COMMENT ON TABLE public.events IS 'Accepted Nostr events, one row per (community
 
 
 --
+-- Name: reactions; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.reactions (
+    community_id uuid NOT NULL,
+    event_created_at timestamp with time zone NOT NULL,
+    event_id bytea NOT NULL,
+    pubkey bytea NOT NULL,
+    emoji character varying(66) NOT NULL,
+    channel_id uuid,
+    reaction_event_id bytea,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    removed_at timestamp with time zone,
+    CONSTRAINT reactions_event_id_len CHECK ((octet_length(event_id) = 32)),
+    CONSTRAINT reactions_pubkey_len CHECK ((octet_length(pubkey) = 32))
+);
+
+
+--
 -- Name: schema_version; Type: TABLE; Schema: public; Owner: -
 --
 
 CREATE TABLE public.schema_version (
     version integer NOT NULL
+);
+
+
+--
+-- Name: thread_metadata; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.thread_metadata (
+    community_id uuid NOT NULL,
+    event_created_at timestamp with time zone NOT NULL,
+    event_id bytea NOT NULL,
+    channel_id uuid NOT NULL,
+    parent_event_id bytea,
+    parent_created_at timestamp with time zone,
+    root_event_id bytea,
+    root_created_at timestamp with time zone,
+    depth integer DEFAULT 0 NOT NULL,
+    reply_count integer DEFAULT 0 NOT NULL,
+    descendant_count integer DEFAULT 0 NOT NULL,
+    last_reply_at timestamp with time zone,
+    CONSTRAINT thread_metadata_depth_nonnegative CHECK ((depth >= 0)),
+    CONSTRAINT thread_metadata_descendant_count_nonnegative CHECK ((descendant_count >= 0)),
+    CONSTRAINT thread_metadata_event_id_len CHECK ((octet_length(event_id) = 32)),
+    CONSTRAINT thread_metadata_parent_iff_depth CHECK (((parent_event_id IS NULL) = (depth = 0))),
+    CONSTRAINT thread_metadata_reply_count_nonnegative CHECK ((reply_count >= 0))
+);
+
+
+--
+-- Name: users; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.users (
+    community_id uuid NOT NULL,
+    pubkey bytea NOT NULL,
+    display_name text,
+    about text,
+    avatar_url text,
+    nip05_handle text,
+    channel_add_policy public.channel_add_policy DEFAULT 'anyone'::public.channel_add_policy NOT NULL,
+    agent_owner_pubkey bytea,
+    metadata_event_id bytea,
+    metadata_created_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT users_pubkey_len CHECK ((octet_length(pubkey) = 32))
 );
 
 
@@ -195,11 +400,35 @@ ALTER TABLE ONLY public._operator_global_tables
 
 
 --
+-- Name: channel_members channel_members_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channel_members
+    ADD CONSTRAINT channel_members_pkey PRIMARY KEY (community_id, channel_id, pubkey);
+
+
+--
+-- Name: channels channels_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channels
+    ADD CONSTRAINT channels_pkey PRIMARY KEY (community_id, id);
+
+
+--
 -- Name: communities communities_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.communities
     ADD CONSTRAINT communities_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: event_mentions event_mentions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.event_mentions
+    ADD CONSTRAINT event_mentions_pkey PRIMARY KEY (community_id, pubkey_hex, event_id);
 
 
 --
@@ -211,6 +440,14 @@ ALTER TABLE ONLY public.events
 
 
 --
+-- Name: reactions reactions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.reactions
+    ADD CONSTRAINT reactions_pkey PRIMARY KEY (community_id, event_created_at, event_id, pubkey, emoji);
+
+
+--
 -- Name: schema_version schema_version_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -219,10 +456,47 @@ ALTER TABLE ONLY public.schema_version
 
 
 --
+-- Name: thread_metadata thread_metadata_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.thread_metadata
+    ADD CONSTRAINT thread_metadata_pkey PRIMARY KEY (community_id, event_created_at, event_id);
+
+
+--
+-- Name: users users_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.users
+    ADD CONSTRAINT users_pkey PRIMARY KEY (community_id, pubkey);
+
+
+--
+-- Name: channel_members_active_by_pubkey; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX channel_members_active_by_pubkey ON public.channel_members USING btree (community_id, pubkey) WHERE (removed_at IS NULL);
+
+
+--
+-- Name: channels_by_visibility; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX channels_by_visibility ON public.channels USING btree (community_id, visibility) WHERE (deleted_at IS NULL);
+
+
+--
 -- Name: communities_host_key; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE UNIQUE INDEX communities_host_key ON public.communities USING btree (lower((host)::text));
+
+
+--
+-- Name: event_mentions_recent; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX event_mentions_recent ON public.event_mentions USING btree (community_id, pubkey_hex, event_created_at DESC);
 
 
 --
@@ -268,10 +542,89 @@ CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
 
 
 --
+-- Name: idx_channels_id_live; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX idx_channels_id_live ON public.channels USING btree (id) INCLUDE (community_id) WHERE (deleted_at IS NULL);
+
+
+--
+-- Name: reactions_by_reaction_event; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX reactions_by_reaction_event ON public.reactions USING btree (community_id, reaction_event_id) WHERE (reaction_event_id IS NOT NULL);
+
+
+--
+-- Name: reactions_by_target; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX reactions_by_target ON public.reactions USING btree (community_id, event_id) WHERE (removed_at IS NULL);
+
+
+--
+-- Name: thread_metadata_by_channel; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX thread_metadata_by_channel ON public.thread_metadata USING btree (community_id, channel_id, depth, event_created_at);
+
+
+--
+-- Name: thread_metadata_by_event; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX thread_metadata_by_event ON public.thread_metadata USING btree (community_id, event_id);
+
+
+--
+-- Name: thread_metadata_by_parent; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX thread_metadata_by_parent ON public.thread_metadata USING btree (community_id, parent_event_id) WHERE (parent_event_id IS NOT NULL);
+
+
+--
+-- Name: thread_metadata_by_root; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX thread_metadata_by_root ON public.thread_metadata USING btree (community_id, root_event_id) WHERE (root_event_id IS NOT NULL);
+
+
+--
+-- Name: channel_members channel_members_keep_an_owner; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER channel_members_keep_an_owner BEFORE UPDATE OF role, removed_at ON public.channel_members FOR EACH ROW EXECUTE FUNCTION public.channel_members_keep_an_owner();
+
+
+--
+-- Name: channels channels_community_id_immutable; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON public.channels FOR EACH ROW EXECUTE FUNCTION public.channels_community_id_immutable();
+
+
+--
 -- Name: events events_keep_newest_version; Type: TRIGGER; Schema: public; Owner: -
 --
 
 CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EACH ROW WHEN (((new.kind = ANY (ARRAY[0, 3])) OR ((new.kind >= 10000) AND (new.kind <= 19999)) OR ((new.kind >= 30000) AND (new.kind <= 39999)))) EXECUTE FUNCTION public.events_keep_newest_version();
+
+
+--
+-- Name: channel_members channel_members_community_id_channel_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channel_members
+    ADD CONSTRAINT channel_members_community_id_channel_id_fkey FOREIGN KEY (community_id, channel_id) REFERENCES public.channels(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: channels channels_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channels
+    ADD CONSTRAINT channels_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --
@@ -280,6 +633,22 @@ CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EAC
 
 ALTER TABLE ONLY public.events
     ADD CONSTRAINT events_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: thread_metadata thread_metadata_community_id_channel_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.thread_metadata
+    ADD CONSTRAINT thread_metadata_community_id_channel_id_fkey FOREIGN KEY (community_id, channel_id) REFERENCES public.channels(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: users users_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.users
+    ADD CONSTRAINT users_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

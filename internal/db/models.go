@@ -5,11 +5,254 @@
 package db
 
 import (
+	"database/sql/driver"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 )
+
+type ChannelAddPolicy string
+
+const (
+	ChannelAddPolicyAnyone    ChannelAddPolicy = "anyone"
+	ChannelAddPolicyOwnerOnly ChannelAddPolicy = "owner_only"
+	ChannelAddPolicyNobody    ChannelAddPolicy = "nobody"
+)
+
+func (e *ChannelAddPolicy) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChannelAddPolicy(s)
+	case string:
+		*e = ChannelAddPolicy(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChannelAddPolicy: %T", src)
+	}
+	return nil
+}
+
+type NullChannelAddPolicy struct {
+	ChannelAddPolicy ChannelAddPolicy
+	Valid            bool // Valid is true if ChannelAddPolicy is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChannelAddPolicy) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChannelAddPolicy, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChannelAddPolicy.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChannelAddPolicy) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChannelAddPolicy), nil
+}
+
+func (e ChannelAddPolicy) Valid() bool {
+	switch e {
+	case ChannelAddPolicyAnyone,
+		ChannelAddPolicyOwnerOnly,
+		ChannelAddPolicyNobody:
+		return true
+	}
+	return false
+}
+
+type ChannelType string
+
+const (
+	ChannelTypeStream   ChannelType = "stream"
+	ChannelTypeForum    ChannelType = "forum"
+	ChannelTypeDm       ChannelType = "dm"
+	ChannelTypeWorkflow ChannelType = "workflow"
+)
+
+func (e *ChannelType) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChannelType(s)
+	case string:
+		*e = ChannelType(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChannelType: %T", src)
+	}
+	return nil
+}
+
+type NullChannelType struct {
+	ChannelType ChannelType
+	Valid       bool // Valid is true if ChannelType is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChannelType) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChannelType, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChannelType.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChannelType) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChannelType), nil
+}
+
+func (e ChannelType) Valid() bool {
+	switch e {
+	case ChannelTypeStream,
+		ChannelTypeForum,
+		ChannelTypeDm,
+		ChannelTypeWorkflow:
+		return true
+	}
+	return false
+}
+
+type ChannelVisibility string
+
+const (
+	ChannelVisibilityOpen    ChannelVisibility = "open"
+	ChannelVisibilityPrivate ChannelVisibility = "private"
+)
+
+func (e *ChannelVisibility) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = ChannelVisibility(s)
+	case string:
+		*e = ChannelVisibility(s)
+	default:
+		return fmt.Errorf("unsupported scan type for ChannelVisibility: %T", src)
+	}
+	return nil
+}
+
+type NullChannelVisibility struct {
+	ChannelVisibility ChannelVisibility
+	Valid             bool // Valid is true if ChannelVisibility is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullChannelVisibility) Scan(value interface{}) error {
+	if value == nil {
+		ns.ChannelVisibility, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.ChannelVisibility.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullChannelVisibility) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.ChannelVisibility), nil
+}
+
+func (e ChannelVisibility) Valid() bool {
+	switch e {
+	case ChannelVisibilityOpen,
+		ChannelVisibilityPrivate:
+		return true
+	}
+	return false
+}
+
+type MemberRole string
+
+const (
+	MemberRoleOwner  MemberRole = "owner"
+	MemberRoleAdmin  MemberRole = "admin"
+	MemberRoleMember MemberRole = "member"
+	MemberRoleGuest  MemberRole = "guest"
+	MemberRoleBot    MemberRole = "bot"
+)
+
+func (e *MemberRole) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = MemberRole(s)
+	case string:
+		*e = MemberRole(s)
+	default:
+		return fmt.Errorf("unsupported scan type for MemberRole: %T", src)
+	}
+	return nil
+}
+
+type NullMemberRole struct {
+	MemberRole MemberRole
+	Valid      bool // Valid is true if MemberRole is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullMemberRole) Scan(value interface{}) error {
+	if value == nil {
+		ns.MemberRole, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.MemberRole.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullMemberRole) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.MemberRole), nil
+}
+
+func (e MemberRole) Valid() bool {
+	switch e {
+	case MemberRoleOwner,
+		MemberRoleAdmin,
+		MemberRoleMember,
+		MemberRoleGuest,
+		MemberRoleBot:
+		return true
+	}
+	return false
+}
+
+type Channel struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+	Name        string
+	ChannelType ChannelType
+	Visibility  ChannelVisibility
+	Description string
+	CreatedBy   []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	ArchivedAt  *time.Time
+	DeletedAt   *time.Time
+}
+
+type ChannelMember struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Pubkey      []byte
+	Role        MemberRole
+	JoinedAt    time.Time
+	InvitedBy   []byte
+	RemovedAt   *time.Time
+	RemovedBy   []byte
+}
 
 // Tenants. A connection is bound to exactly one, resolved from its Host.
 type Community struct {
@@ -40,11 +283,62 @@ type Event struct {
 	TagIndex    []string
 }
 
+type EventMention struct {
+	CommunityID    uuid.UUID
+	PubkeyHex      string
+	EventID        []byte
+	EventCreatedAt time.Time
+	ChannelID      *uuid.UUID
+	EventKind      int32
+}
+
 type OperatorGlobalTable struct {
 	TableName string
 	Reason    string
 }
 
+type Reaction struct {
+	CommunityID     uuid.UUID
+	EventCreatedAt  time.Time
+	EventID         []byte
+	Pubkey          []byte
+	Emoji           string
+	ChannelID       *uuid.UUID
+	ReactionEventID []byte
+	CreatedAt       time.Time
+	RemovedAt       *time.Time
+}
+
 type SchemaVersion struct {
 	Version int32
+}
+
+type ThreadMetadatum struct {
+	CommunityID     uuid.UUID
+	EventCreatedAt  time.Time
+	EventID         []byte
+	ChannelID       uuid.UUID
+	ParentEventID   []byte
+	ParentCreatedAt *time.Time
+	RootEventID     []byte
+	RootCreatedAt   *time.Time
+	Depth           int32
+	ReplyCount      int32
+	DescendantCount int32
+	LastReplyAt     *time.Time
+}
+
+type User struct {
+	CommunityID       uuid.UUID
+	Pubkey            []byte
+	DisplayName       *string
+	About             *string
+	AvatarUrl         *string
+	Nip05Handle       *string
+	ChannelAddPolicy  ChannelAddPolicy
+	AgentOwnerPubkey  []byte
+	MetadataEventID   []byte
+	MetadataCreatedAt *time.Time
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }

@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -14,9 +13,9 @@ import (
 // author's own events named by its e tags, and every version of the author's
 // a-coordinates created at or before the deletion. Requests naming other
 // authors' events change nothing (the SQL matches on the author).
-type deletionHandler struct{}
+var deletionHandler = Handler{Validate: validateDeletion, Apply: applyDeletion}
 
-func (deletionHandler) Validate(ev *nostr.Event) error {
+func validateDeletion(ev *nostr.Event) error {
 	for _, tag := range ev.Tags {
 		if len(tag) >= 2 && (tag[0] == "e" || tag[0] == "a") {
 			return nil
@@ -25,7 +24,8 @@ func (deletionHandler) Validate(ev *nostr.Event) error {
 	return Reject("invalid", "a deletion request needs at least one e or a tag")
 }
 
-func (deletionHandler) Apply(ctx context.Context, q *db.Queries, tenant community.Tenant, ev *nostr.Event) error {
+func applyDeletion(ctx context.Context, w *Write) error {
+	q, tenant, ev := w.Q, w.Tenant, w.Event
 	author := ev.PubKeyBytes()
 	var ids [][]byte
 	for _, v := range ev.Tags.Values("e") {

@@ -1,7 +1,8 @@
 // Package ingest is the write spine: one path for every accepted event,
 // whichever transport brought it. verify → per-kind validation → one
-// transaction (the event row, then the kind's side rows) → commit → only
-// then fan-out. A rollback leaves no side effect at all.
+// transaction (authorize, the event row, then the kind's side rows and any
+// relay-signed events) → commit → only then fan-out. A rollback leaves no side
+// effect at all.
 package ingest
 
 import (
@@ -9,9 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -44,7 +48,7 @@ func (o Outcome) Message() string {
 
 // Rejection is a refusal with a NIP-01 machine-readable prefix.
 type Rejection struct {
-	Prefix string // invalid, restricted, blocked, rate-limited, error ...
+	Prefix string // invalid, restricted, blocked, rate-limited, duplicate, error ...
 	Reason string
 }
 
@@ -55,13 +59,49 @@ func Reject(prefix, format string, args ...any) error {
 	return &Rejection{Prefix: prefix, Reason: fmt.Sprintf(format, args...)}
 }
 
-// Handler is the kind-specific part of ingest. Validate runs before any
-// database work; Apply runs inside the event's transaction, after its row
-// was inserted, and writes the kind's side rows.
-type Handler interface {
-	Validate(ev *nostr.Event) error
-	Apply(ctx context.Context, q *db.Queries, tenant community.Tenant, ev *nostr.Event) error
+// Handler is the kind-specific part of ingest; any hook may be nil.
+//   - Validate checks the event alone, before any database work.
+//   - Prepare runs first in the transaction: resolve the channel, authorize.
+//     For an ephemeral kind it runs without a transaction.
+//   - Apply runs after the event row was inserted: side rows, relay-signed
+//     events. It does not run for duplicates.
+type Handler struct {
+	Validate func(ev *nostr.Event) error
+	Prepare  func(ctx context.Context, w *Write) error
+	Apply    func(ctx context.Context, w *Write) error
 }
+
+// Write is one event on its way through the spine, handed to its handler.
+type Write struct {
+	Tenant community.Tenant
+	Event  *nostr.Event
+	// Actor is the authenticated pubkey (hex) that submitted the event.
+	Actor string
+	// Q runs queries in the event's transaction.
+	Q *db.Queries
+	// ChannelID is the event's channel; nil means community-global. Set by
+	// Prepare, stored with the event and used to authorize fan-out.
+	ChannelID *uuid.UUID
+
+	pipeline          *Pipeline
+	emitted           []emittedEvent
+	membershipChanged bool
+}
+
+type emittedEvent struct {
+	ev      *nostr.Event
+	channel *uuid.UUID
+}
+
+// ActorBytes is Actor decoded.
+func (w *Write) ActorBytes() []byte {
+	b, _ := nostr.DecodeHex32(w.Actor)
+	return b[:]
+}
+
+// MembershipChanged marks that read access changed; access caches are
+// dropped after commit.
+func (w *Write) MembershipChanged() { w.membershipChanged = true }
 
 // Pipeline runs the write spine.
 type Pipeline struct {
@@ -70,72 +110,125 @@ type Pipeline struct {
 	handlers      map[int]Handler
 	maxFutureSkew time.Duration
 	now           func() time.Time
+
+	keysMu sync.Mutex
+	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
+
 	// OnFanout observes every fan-out (metrics); may be nil.
 	OnFanout func(fanout.Stats)
+	// OnMembershipChange is called after a commit that changed who may read
+	// what in a community; may be nil.
+	OnMembershipChange func(community uuid.UUID)
 }
 
 // New returns a pipeline with the built-in kind handlers.
 func New(pool *pgxpool.Pool, hub *fanout.Hub, maxFutureSkew time.Duration) *Pipeline {
-	return &Pipeline{
+	p := &Pipeline{
 		pool:          pool,
 		hub:           hub,
 		maxFutureSkew: maxFutureSkew,
 		now:           time.Now,
-		handlers: map[int]Handler{
-			nostr.KindDeletion: deletionHandler{},
-		},
+		keys:          map[uuid.UUID]*nostr.SecretKey{},
+		handlers:      map[int]Handler{},
 	}
+	p.handlers[nostr.KindDeletion] = deletionHandler
+	registerChannelHandlers(p.handlers)
+	return p
 }
 
-// Submit runs one event through the write spine. It returns the outcome, a
-// *Rejection for refused events, or another error for internal failures
-// (which the caller reports as "error: ...").
-func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, error) {
-	if err := p.validate(ev); err != nil {
+// Register adds or replaces the handler of a kind.
+func (p *Pipeline) Register(kind int, h Handler) { p.handlers[kind] = h }
+
+// handlerFor returns the kind's handler. An event of a kind without one
+// that names a channel (h tag) still gets the channel write check.
+func (p *Pipeline) handlerFor(ev *nostr.Event) (Handler, bool) {
+	if h, ok := p.handlers[ev.Kind]; ok {
+		return h, true
+	}
+	if ev.Tags.First("h") != nil {
+		return Handler{Prepare: resolveChannelForWrite}, true
+	}
+	return Handler{}, false
+}
+
+// Submit runs one event, submitted by actor, through the write spine. It
+// returns the outcome, a *Rejection for refused events, or another error for
+// internal failures (which the caller reports as "error: ...").
+func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor string, ev *nostr.Event) (Outcome, error) {
+	if err := p.validate(actor, ev); err != nil {
 		return 0, err
 	}
-	handler := p.handlers[ev.Kind]
-	if handler != nil {
-		if err := handler.Validate(ev); err != nil {
+	h, hasHandler := p.handlerFor(ev)
+	if h.Validate != nil {
+		if err := h.Validate(ev); err != nil {
 			return 0, err
 		}
 	}
+	w := &Write{Tenant: tenant, Event: ev, Actor: actor, pipeline: p}
+
 	if nostr.IsEphemeral(ev.Kind) {
-		p.publish(tenant, ev)
+		if h.Prepare != nil {
+			w.Q = db.New(p.pool)
+			if err := h.Prepare(ctx, w); err != nil {
+				return 0, mapError(err)
+			}
+		}
+		p.publish(tenant, ev, w.ChannelID)
 		return Relayed, nil
-	}
-	params, err := eventstore.InsertParams(tenant.ID(), ev, nil)
-	if err != nil {
-		return 0, err
 	}
 
 	var inserted int64
-	if handler == nil {
+	var err error
+	if !hasHandler || (h.Prepare == nil && h.Apply == nil) {
 		// No side rows: the INSERT alone is the event's transaction.
-		inserted, err = db.New(p.pool).EventInsert(ctx, params)
+		inserted, err = p.insert(ctx, db.New(p.pool), w)
 	} else {
 		err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-			q := db.New(tx)
-			if inserted, err = q.EventInsert(ctx, params); err != nil || inserted == 0 {
+			w.Q = db.New(tx)
+			if h.Prepare != nil {
+				if err := h.Prepare(ctx, w); err != nil {
+					return err
+				}
+			}
+			if inserted, err = p.insert(ctx, w.Q, w); err != nil || inserted == 0 {
 				return err
 			}
-			return handler.Apply(ctx, q, tenant, ev)
+			if h.Apply != nil {
+				return h.Apply(ctx, w)
+			}
+			return nil
 		})
 	}
 	if err != nil {
-		return 0, err
+		return 0, mapError(err)
 	}
 	if inserted == 0 {
-		return p.notInserted(ctx, tenant, params)
+		return p.notInserted(ctx, tenant, ev)
 	}
-	p.publish(tenant, ev)
+	// Committed: only now may anyone see it.
+	if w.membershipChanged && p.OnMembershipChange != nil {
+		p.OnMembershipChange(tenant.ID())
+	}
+	p.publish(tenant, ev, w.ChannelID)
+	for _, e := range w.emitted {
+		p.publish(tenant, e.ev, e.channel)
+	}
 	return Stored, nil
 }
 
+func (p *Pipeline) insert(ctx context.Context, q *db.Queries, w *Write) (int64, error) {
+	params, err := eventstore.InsertParams(w.Tenant.ID(), w.Event, w.ChannelID)
+	if err != nil {
+		return 0, err
+	}
+	return q.EventInsert(ctx, params)
+}
+
 // notInserted tells a duplicate from an event the replaceable-slot trigger
-// refused because a newer version is stored.
-func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, params db.EventInsertParams) (Outcome, error) {
-	exists, err := db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: tenant.ID(), ID: params.ID})
+// refused because a newer version (or a deletion) is stored.
+func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, error) {
+	id := ev.IDBytes()
+	exists, err := db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: tenant.ID(), ID: id[:]})
 	if err != nil {
 		return 0, err
 	}
@@ -145,20 +238,37 @@ func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, par
 	return Superseded, nil
 }
 
-func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event) {
-	stats := p.hub.Publish(tenant.ID(), ev, nil)
+func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uuid.UUID) {
+	stats := p.hub.Publish(tenant.ID(), ev, channel)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
 	}
 }
 
+// mapError turns constraint violations raised by the schema's own rules
+// into rejections the client can act on; anything else stays internal.
+func mapError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23514" {
+		return Reject("restricted", "%s", pgErr.Message)
+	}
+	return err
+}
+
+// giftWrap is NIP-59's kind 1059: signed by a throwaway key, so its author
+// is never the authenticated sender.
+const giftWrap = 1059
+
 // validate holds the rules every event must pass whatever its kind.
-func (p *Pipeline) validate(ev *nostr.Event) error {
+func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 	if err := ev.Verify(); err != nil {
 		if errors.Is(err, nostr.ErrBadID) {
 			return Reject("invalid", "event id does not match its content")
 		}
 		return Reject("invalid", "%v", err)
+	}
+	if ev.PubKey != actor && ev.Kind != giftWrap {
+		return Reject("restricted", "event pubkey must match the authenticated pubkey")
 	}
 	if ev.Kind == nostr.KindAuth {
 		return Reject("invalid", "kind 22242 is only accepted in an AUTH message")

@@ -73,7 +73,7 @@ func TestConcurrentVersionsOfOneSlotKeepExactlyTheNewest(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					_, err := p.Submit(ctx, tenant, ev)
+					_, err := p.Submit(ctx, tenant, ev.PubKey, ev)
 					errs <- err
 				}()
 			}
@@ -124,7 +124,7 @@ func TestConcurrentDuplicatesAreStoredAndFannedOutOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o, err := p.Submit(ctx, tenant, ev)
+			o, err := p.Submit(ctx, tenant, ev.PubKey, ev)
 			require.NoError(t, err)
 			outcomes <- o
 		}()
@@ -166,13 +166,13 @@ func TestRollbackHasNoSideEffects(t *testing.T) {
 	require.NoError(t, err)
 	target := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix() - 5, Content: "target", Tags: nostr.Tags{}}
 	require.NoError(t, target.Sign(key))
-	_, err = p.Submit(ctx, tenant, target)
+	_, err = p.Submit(ctx, tenant, target.PubKey, target)
 	require.NoError(t, err)
 	before := rec.count()
 
 	del := &nostr.Event{Kind: nostr.KindDeletion, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"e", target.ID}}}
 	require.NoError(t, del.Sign(key))
-	_, err = p.Submit(ctx, tenant, del)
+	_, err = p.Submit(ctx, tenant, del.PubKey, del)
 	require.ErrorContains(t, err, "side rows refused")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = 5`).Scan(&n))
@@ -211,7 +211,7 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, err := p.Submit(ctx, tenant, ev)
+				_, err := p.Submit(ctx, tenant, ev.PubKey, ev)
 				require.NoError(t, err)
 			}()
 		}

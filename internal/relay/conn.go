@@ -232,12 +232,7 @@ func (c *conn) onEvent(ev *nostr.Event) {
 		_ = c.send(nostr.EncodeOK(ev.ID, false, "auth-required: authenticate with AUTH before publishing"))
 		return
 	}
-	if ev.PubKey != c.pubkey {
-		c.rejected("restricted")
-		_ = c.send(nostr.EncodeOK(ev.ID, false, "restricted: event pubkey must match the authenticated pubkey"))
-		return
-	}
-	outcome, err := c.srv.pipeline.Submit(c.ctx, c.tenant, ev)
+	outcome, err := c.srv.pipeline.Submit(c.ctx, c.tenant, c.pubkey, ev)
 	if err != nil {
 		var rej *ingest.Rejection
 		if errors.As(err, &rej) {

@@ -1,0 +1,491 @@
+package ingest
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// NIP-29 kinds. Channels are groups whose id (the h tag) is a UUID.
+const (
+	KindChat          = 9
+	KindPutUser       = 9000
+	KindRemoveUser    = 9001
+	KindEditMetadata  = 9002
+	KindDeleteEvent   = 9005
+	KindCreateGroup   = 9007
+	KindDeleteGroup   = 9008
+	KindJoinRequest   = 9021
+	KindLeaveRequest  = 9022
+	KindGroupMetadata = 39000
+	KindGroupAdmins   = 39001
+	KindGroupMembers  = 39002
+	KindMemberAdded   = 44100
+	KindMemberRemoved = 44101
+)
+
+// RelayOnlyKinds are signed by the community's relay key; clients may not
+// publish them.
+var RelayOnlyKinds = []int{KindGroupMetadata, KindGroupAdmins, KindGroupMembers, KindMemberAdded, KindMemberRemoved}
+
+func registerChannelHandlers(h map[int]Handler) {
+	h[KindChat] = Handler{Validate: requireChannelTag, Prepare: resolveChannelForWrite}
+	h[KindCreateGroup] = Handler{Validate: validateCreateGroup, Apply: applyCreateGroup}
+	h[KindJoinRequest] = Handler{Validate: requireChannelTag, Prepare: prepareJoin, Apply: applyJoin}
+	h[KindLeaveRequest] = Handler{Validate: requireChannelTag, Prepare: prepareLeave, Apply: applyLeave}
+	h[KindPutUser] = Handler{Validate: validatePutUser, Prepare: prepareAdminAction, Apply: applyPutUser}
+	h[KindRemoveUser] = Handler{Validate: validateTargetUser, Prepare: prepareAdminAction, Apply: applyRemoveUser}
+	h[KindEditMetadata] = Handler{Validate: validateEditMetadata, Prepare: prepareAdminAction, Apply: applyEditMetadata}
+	h[KindDeleteEvent] = Handler{Validate: validateDeleteEvent, Prepare: prepareAdminAction, Apply: applyDeleteEvent}
+	h[KindDeleteGroup] = Handler{Validate: requireChannelTag, Prepare: prepareOwnerAction, Apply: applyDeleteGroup}
+	for _, kind := range RelayOnlyKinds {
+		h[kind] = Handler{Validate: func(ev *nostr.Event) error {
+			return Reject("restricted", "only the relay publishes kind %d", ev.Kind)
+		}}
+	}
+}
+
+// channelOf reads the event's h tag as a channel id.
+func channelOf(ev *nostr.Event) (uuid.UUID, error) {
+	tag := ev.Tags.First("h")
+	if tag == nil {
+		return uuid.Nil, Reject("invalid", "kind %d needs an h tag naming the channel", ev.Kind)
+	}
+	id, err := uuid.Parse(tag[1])
+	if err != nil || tag[1] != id.String() {
+		return uuid.Nil, Reject("invalid", "h tag must be a channel id (lowercase UUID)")
+	}
+	return id, nil
+}
+
+func requireChannelTag(ev *nostr.Event) error {
+	_, err := channelOf(ev)
+	return err
+}
+
+// channelAccess reads the channel and the actor's active role in it; an
+// unknown or deleted channel is a rejection.
+func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
+	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row, Reject("invalid", "unknown channel %s", id)
+	}
+	return row, err
+}
+
+// resolveChannelForWrite binds an event with an h tag to its channel: the
+// channel must exist, not be archived, and a private one needs membership.
+func resolveChannelForWrite(ctx context.Context, w *Write) error {
+	id, err := channelOf(w.Event)
+	if err != nil {
+		return err
+	}
+	access, err := channelAccess(ctx, w, id)
+	if err != nil {
+		return err
+	}
+	if access.ArchivedAt != nil {
+		return Reject("restricted", "channel is archived")
+	}
+	if access.Visibility == db.ChannelVisibilityPrivate && access.MemberRole == nil {
+		return Reject("restricted", "not a member of this private channel")
+	}
+	w.ChannelID = &id
+	return nil
+}
+
+// lockChannel takes the channel's row lock for a membership or metadata
+// change and binds the event to it.
+func lockChannel(ctx context.Context, w *Write) (db.Channel, error) {
+	id, err := channelOf(w.Event)
+	if err != nil {
+		return db.Channel{}, err
+	}
+	ch, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: id})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ch, Reject("invalid", "unknown channel %s", id)
+	}
+	w.ChannelID = &id
+	return ch, err
+}
+
+func validateCreateGroup(ev *nostr.Event) error {
+	if _, err := channelOf(ev); err != nil {
+		return err
+	}
+	if name := ev.Tags.First("name"); name == nil || name[1] == "" || len(name[1]) > 255 {
+		return Reject("invalid", "kind 9007 needs a name tag of 1 to 255 bytes")
+	}
+	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
+		return Reject("invalid", "visibility must be open or private")
+	}
+	return nil
+}
+
+func visibilityOf(ev *nostr.Event) db.ChannelVisibility {
+	if v := ev.Tags.First("visibility"); (v != nil && v[1] == "private") || ev.Tags.First("private") != nil {
+		return db.ChannelVisibilityPrivate
+	}
+	return db.ChannelVisibilityOpen
+}
+
+func applyCreateGroup(ctx context.Context, w *Write) error {
+	id, _ := channelOf(w.Event)
+	about := ""
+	if tag := w.Event.Tags.First("about"); tag != nil {
+		about = tag[1]
+	}
+	created, err := w.Q.ChannelCreate(ctx, db.ChannelCreateParams{
+		CommunityID: w.Tenant.ID(), ID: id, Name: w.Event.Tags.First("name")[1],
+		Visibility: visibilityOf(w.Event), Description: about, CreatedBy: w.ActorBytes(),
+	})
+	if err != nil {
+		return err
+	}
+	if created == 0 {
+		return Reject("invalid", "channel %s already exists", id)
+	}
+	w.ChannelID = &id
+	owner := db.MemberRoleOwner
+	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
+		CommunityID: w.Tenant.ID(), ChannelID: id, Pubkey: w.ActorBytes(), Role: &owner,
+	}); err != nil {
+		return err
+	}
+	w.MembershipChanged()
+	return w.emitDiscovery(ctx, id, KindGroupMetadata, KindGroupAdmins, KindGroupMembers)
+}
+
+func prepareJoin(ctx context.Context, w *Write) error {
+	ch, err := lockChannel(ctx, w)
+	if err != nil {
+		return err
+	}
+	if ch.Visibility == db.ChannelVisibilityPrivate {
+		access, err := channelAccess(ctx, w, ch.ID)
+		if err != nil {
+			return err
+		}
+		if access.MemberRole == nil {
+			return Reject("restricted", "channel is private; ask an admin to add you")
+		}
+	}
+	return nil
+}
+
+func applyJoin(ctx context.Context, w *Write) error {
+	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(),
+	}); err != nil {
+		return err
+	}
+	return w.membershipEvents(ctx, KindMemberAdded, w.Actor)
+}
+
+func prepareLeave(ctx context.Context, w *Write) error {
+	ch, err := lockChannel(ctx, w)
+	if err != nil {
+		return err
+	}
+	access, err := channelAccess(ctx, w, ch.ID)
+	if err != nil {
+		return err
+	}
+	if access.MemberRole == nil {
+		return Reject("invalid", "not a member of this channel")
+	}
+	return nil
+}
+
+func applyLeave(ctx context.Context, w *Write) error {
+	if _, err := w.Q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(), RemovedBy: w.ActorBytes(),
+	}); err != nil {
+		return err
+	}
+	return w.membershipEvents(ctx, KindMemberRemoved, w.Actor)
+}
+
+var assignableRoles = map[string]db.MemberRole{
+	"owner": db.MemberRoleOwner, "admin": db.MemberRoleAdmin, "member": db.MemberRoleMember,
+	"guest": db.MemberRoleGuest, "bot": db.MemberRoleBot,
+}
+
+// targetOf reads the p tag naming the user a moderation event acts on.
+func targetOf(ev *nostr.Event) (string, error) {
+	tag := ev.Tags.First("p")
+	if tag == nil || !nostr.IsHex64(tag[1]) {
+		return "", Reject("invalid", "kind %d needs a p tag with the user's 64-hex pubkey", ev.Kind)
+	}
+	return tag[1], nil
+}
+
+func validateTargetUser(ev *nostr.Event) error {
+	if _, err := channelOf(ev); err != nil {
+		return err
+	}
+	_, err := targetOf(ev)
+	return err
+}
+
+func validatePutUser(ev *nostr.Event) error {
+	if err := validateTargetUser(ev); err != nil {
+		return err
+	}
+	if tag := ev.Tags.First("p"); len(tag) > 2 {
+		if _, ok := assignableRoles[tag[2]]; !ok {
+			return Reject("invalid", "role must be one of owner, admin, member, guest, bot")
+		}
+	}
+	return nil
+}
+
+// actorRole locks the channel and returns the actor's active role (nil if
+// not a member).
+func actorRole(ctx context.Context, w *Write) (*db.MemberRole, error) {
+	ch, err := lockChannel(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	access, err := channelAccess(ctx, w, ch.ID)
+	return access.MemberRole, err
+}
+
+func prepareAdminAction(ctx context.Context, w *Write) error {
+	role, err := actorRole(ctx, w)
+	if err != nil {
+		return err
+	}
+	if role == nil || (*role != db.MemberRoleOwner && *role != db.MemberRoleAdmin) {
+		return Reject("restricted", "only channel owners and admins may use kind %d", w.Event.Kind)
+	}
+	return nil
+}
+
+func prepareOwnerAction(ctx context.Context, w *Write) error {
+	role, err := actorRole(ctx, w)
+	if err != nil {
+		return err
+	}
+	if role == nil || *role != db.MemberRoleOwner {
+		return Reject("restricted", "only channel owners may use kind %d", w.Event.Kind)
+	}
+	return nil
+}
+
+func (w *Write) actorIsOwner(ctx context.Context) (bool, error) {
+	access, err := channelAccess(ctx, w, *w.ChannelID)
+	return access.MemberRole != nil && *access.MemberRole == db.MemberRoleOwner, err
+}
+
+// roleOf returns target's active role in the event's channel, or nil.
+func (w *Write) roleOf(ctx context.Context, target []byte) (*db.MemberRole, error) {
+	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID, Pubkey: target})
+	return row.MemberRole, err
+}
+
+func applyPutUser(ctx context.Context, w *Write) error {
+	target, _ := targetOf(w.Event)
+	targetBytes, _ := hex.DecodeString(target)
+	var role *db.MemberRole
+	if tag := w.Event.Tags.First("p"); len(tag) > 2 {
+		r := assignableRoles[tag[2]]
+		role = &r
+	}
+	if role != nil && (*role == db.MemberRoleOwner || *role == db.MemberRoleAdmin) {
+		if owner, err := w.actorIsOwner(ctx); err != nil || !owner {
+			return errors.Join(err, Reject("restricted", "only channel owners may grant the %s role", *role))
+		}
+	}
+	// The user being added decides who may add them (agents often allow only their owner).
+	if target != w.Actor {
+		policy, err := w.Q.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: w.Tenant.ID(), Pubkey: targetBytes})
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		switch policy.ChannelAddPolicy {
+		case db.ChannelAddPolicyNobody:
+			return Reject("blocked", "this user does not accept being added to channels")
+		case db.ChannelAddPolicyOwnerOnly:
+			if hex.EncodeToString(policy.AgentOwnerPubkey) != w.Actor {
+				return Reject("blocked", "only this agent's owner may add it to channels")
+			}
+		}
+	}
+	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, Role: role, InvitedBy: w.ActorBytes(),
+	}); err != nil {
+		return err
+	}
+	return w.membershipEvents(ctx, KindMemberAdded, target)
+}
+
+func applyRemoveUser(ctx context.Context, w *Write) error {
+	target, _ := targetOf(w.Event)
+	targetBytes, _ := hex.DecodeString(target)
+	role, err := w.roleOf(ctx, targetBytes)
+	if err != nil {
+		return err
+	}
+	if role == nil {
+		return Reject("invalid", "that user is not a member of this channel")
+	}
+	if *role == db.MemberRoleOwner || *role == db.MemberRoleAdmin {
+		if owner, err := w.actorIsOwner(ctx); err != nil || !owner {
+			return errors.Join(err, Reject("restricted", "only channel owners may remove an %s", *role))
+		}
+	}
+	if _, err := w.Q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, RemovedBy: w.ActorBytes(),
+	}); err != nil {
+		return err
+	}
+	return w.membershipEvents(ctx, KindMemberRemoved, target)
+}
+
+func validateEditMetadata(ev *nostr.Event) error {
+	if _, err := channelOf(ev); err != nil {
+		return err
+	}
+	if name := ev.Tags.First("name"); name != nil && (name[1] == "" || len(name[1]) > 255) {
+		return Reject("invalid", "name must be 1 to 255 bytes")
+	}
+	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
+		return Reject("invalid", "visibility must be open or private")
+	}
+	return nil
+}
+
+func applyEditMetadata(ctx context.Context, w *Write) error {
+	params := db.ChannelUpdateMetadataParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID}
+	if tag := w.Event.Tags.First("name"); tag != nil {
+		params.Name = &tag[1]
+	}
+	if tag := w.Event.Tags.First("about"); tag != nil {
+		params.Description = &tag[1]
+	}
+	if w.Event.Tags.First("visibility") != nil || w.Event.Tags.First("private") != nil || w.Event.Tags.First("public") != nil {
+		v := visibilityOf(w.Event)
+		params.Visibility = &v
+		w.MembershipChanged() // who may read changes with visibility
+	}
+	if err := w.Q.ChannelUpdateMetadata(ctx, params); err != nil {
+		return err
+	}
+	return w.emitDiscovery(ctx, *w.ChannelID, KindGroupMetadata)
+}
+
+func validateDeleteEvent(ev *nostr.Event) error {
+	if _, err := channelOf(ev); err != nil {
+		return err
+	}
+	for _, v := range ev.Tags.Values("e") {
+		if nostr.IsHex64(v) {
+			return nil
+		}
+	}
+	return Reject("invalid", "kind 9005 needs e tags naming the events to delete")
+}
+
+func applyDeleteEvent(ctx context.Context, w *Write) error {
+	var ids [][]byte
+	for _, v := range w.Event.Tags.Values("e") {
+		if id, ok := nostr.DecodeHex32(v); ok {
+			ids = append(ids, id[:])
+		}
+	}
+	_, err := w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids})
+	return err
+}
+
+func applyDeleteGroup(ctx context.Context, w *Write) error {
+	w.MembershipChanged()
+	return w.Q.ChannelSoftDelete(ctx, db.ChannelSoftDeleteParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID})
+}
+
+// membershipEvents writes what a membership change publishes: the admins
+// and members lists, and a notification to the user concerned.
+func (w *Write) membershipEvents(ctx context.Context, notification int, member string) error {
+	w.MembershipChanged()
+	if err := w.emitDiscovery(ctx, *w.ChannelID, KindGroupAdmins, KindGroupMembers); err != nil {
+		return err
+	}
+	return w.Emit(ctx, notification, "", nostr.Tags{{"p", member}, {"h", w.ChannelID.String()}}, nil)
+}
+
+// emitDiscovery writes the channel's relay-signed discovery events
+// (NIP-29 39000 metadata, 39001 admins, 39002 members), scoped to the channel.
+func (w *Write) emitDiscovery(ctx context.Context, channel uuid.UUID, kinds ...int) error {
+	ch, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: channel})
+	if err != nil {
+		return err
+	}
+	var members []db.ChannelMembersActiveRow
+	for _, kind := range kinds {
+		tags := nostr.Tags{{"d", channel.String()}}
+		switch kind {
+		case KindGroupMetadata:
+			tags = append(tags, nostr.Tag{"name", ch.Name}, nostr.Tag{"about", ch.Description})
+			if ch.Visibility == db.ChannelVisibilityPrivate {
+				tags = append(tags, nostr.Tag{"private"}, nostr.Tag{"closed"})
+			} else {
+				tags = append(tags, nostr.Tag{"public"}, nostr.Tag{"open"})
+			}
+		case KindGroupAdmins, KindGroupMembers:
+			if members == nil {
+				if members, err = w.Q.ChannelMembersActive(ctx, db.ChannelMembersActiveParams{CommunityID: w.Tenant.ID(), ChannelID: channel}); err != nil {
+					return err
+				}
+			}
+			for _, m := range members {
+				if kind == KindGroupMembers {
+					tags = append(tags, nostr.Tag{"p", hex.EncodeToString(m.Pubkey)})
+				} else if m.Role == db.MemberRoleOwner || m.Role == db.MemberRoleAdmin {
+					tags = append(tags, nostr.Tag{"p", hex.EncodeToString(m.Pubkey), string(m.Role)})
+				}
+			}
+		}
+		if err := w.Emit(ctx, kind, "", tags, &channel); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Emit signs an event with the community's relay key, stores it in this
+// transaction and fans it out after commit.
+func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.Tags, channel *uuid.UUID) error {
+	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	if err != nil {
+		return err
+	}
+	pub := key.PublicKey()
+	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.now().Unix()}
+	if d := ev.DTag(); nostr.IsAddressable(kind) {
+		if ev.CreatedAt, err = w.Q.EventNextCreatedAt(ctx, db.EventNextCreatedAtParams{
+			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
+		}); err != nil {
+			return err
+		}
+	}
+	if err := ev.Sign(key); err != nil {
+		return err
+	}
+	params, err := eventstore.InsertParams(w.Tenant.ID(), ev, channel)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Q.EventInsert(ctx, params); err != nil {
+		return fmt.Errorf("store relay-signed kind %d: %w", kind, err)
+	}
+	w.emitted = append(w.emitted, emittedEvent{ev: ev, channel: channel})
+	return nil
+}

@@ -1,0 +1,46 @@
+package ingest
+
+import (
+	"context"
+	"encoding/hex"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// RelayKey returns the community's relay signing key, creating it on first
+// use. The database decides which key wins when two processes race.
+func (p *Pipeline) RelayKey(ctx context.Context, community uuid.UUID) (*nostr.SecretKey, error) {
+	return p.relayKey(ctx, community)
+}
+
+func (p *Pipeline) relayKey(ctx context.Context, community uuid.UUID) (*nostr.SecretKey, error) {
+	p.keysMu.Lock()
+	key := p.keys[community]
+	p.keysMu.Unlock()
+	if key != nil {
+		return key, nil
+	}
+	candidate, err := nostr.GenerateSecretKey()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := hex.DecodeString(candidate.Hex())
+	if err != nil {
+		return nil, err
+	}
+	// On the pool, not the event's transaction: the key outlives any one event.
+	stored, err := db.New(p.pool).CommunitySigningKeyEnsure(ctx, db.CommunitySigningKeyEnsureParams{ID: community, Candidate: raw})
+	if err != nil {
+		return nil, err
+	}
+	if key, err = nostr.SecretKeyFromHex(hex.EncodeToString(stored)); err != nil {
+		return nil, err
+	}
+	p.keysMu.Lock()
+	p.keys[community] = key
+	p.keysMu.Unlock()
+	return key, nil
+}
