@@ -30,10 +30,11 @@ func New(pool *pgxpool.Pool, maxLimit int) *Store {
 	return &Store{pool: pool, MaxLimit: maxLimit}
 }
 
-// Query streams the stored events that match filters, newest first, to fn.
+// Query streams the stored events that match filters and that scope may
+// see, newest first, to fn with each event's channel (nil: community-global).
 // An event matched by several filters is delivered once.
-func (s *Store) Query(ctx context.Context, community uuid.UUID, filters nostr.Filters, fn func(*nostr.Event) error) error {
-	sql, args, ok := BuildSelect(community, filters, s.MaxLimit)
+func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+	sql, args, ok := BuildSelect(community, scope, filters, s.MaxLimit)
 	if !ok {
 		return nil
 	}
@@ -47,7 +48,7 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, filters nostr.Fi
 		seen = make(map[string]struct{})
 	}
 	for rows.Next() {
-		ev, err := scanEvent(rows)
+		ev, channel, err := scanEvent(rows)
 		if err != nil {
 			return err
 		}
@@ -57,16 +58,16 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, filters nostr.Fi
 			}
 			seen[ev.ID] = struct{}{}
 		}
-		if err := fn(ev); err != nil {
+		if err := fn(ev, channel); err != nil {
 			return err
 		}
 	}
 	return rows.Err()
 }
 
-// Count returns how many stored events match any of filters (NIP-45).
-func (s *Store) Count(ctx context.Context, community uuid.UUID, filters nostr.Filters) (int64, error) {
-	sql, args, ok := BuildCount(community, filters)
+// Count returns how many stored events scope may see match any of filters (NIP-45).
+func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters) (int64, error) {
+	sql, args, ok := BuildCount(community, scope, filters)
 	if !ok {
 		return 0, nil
 	}
@@ -75,21 +76,22 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, filters nostr.Fi
 	return n, err
 }
 
-func scanEvent(rows pgx.Rows) (*nostr.Event, error) {
+func scanEvent(rows pgx.Rows) (*nostr.Event, *uuid.UUID, error) {
 	var (
 		id, pubkey, sig []byte
 		tags            []byte
 		ev              nostr.Event
 		kind            int32
+		channel         *uuid.UUID
 	)
-	if err := rows.Scan(&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig); err != nil {
-		return nil, err
+	if err := rows.Scan(&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel); err != nil {
+		return nil, nil, err
 	}
 	if err := json.Unmarshal(tags, &ev.Tags); err != nil {
-		return nil, fmt.Errorf("stored tags of %x: %w", id, err)
+		return nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
 	}
 	ev.ID, ev.PubKey, ev.Sig, ev.Kind = hex.EncodeToString(id), hex.EncodeToString(pubkey), hex.EncodeToString(sig), int(kind)
-	return &ev, nil
+	return &ev, channel, nil
 }
 
 // InsertParams maps a verified event to the EventInsert parameters.

@@ -28,17 +28,17 @@ func TestBuilderBindsEveryValue(t *testing.T) {
 		{Authors: []string{strings.Repeat("ab", 32)}},
 	}
 	community := uuid.New()
-	sql, args, ok := eventstore.BuildSelect(community, filters, 100)
+	sql, args, ok := eventstore.BuildSelect(community, eventstore.Scope{}, filters, 100)
 	require.True(t, ok)
 	require.NotContains(t, sql, hostile)
 	require.NotContains(t, sql, community.String())
 	require.Contains(t, args, []string{"t:" + hostile})
-	require.Equal(t, 2, strings.Count(sql, "community_id = $1 AND deleted_at IS NULL"), "every branch is scoped to the community")
+	require.Equal(t, 2, strings.Count(sql, "community_id = $1 AND deleted_at IS NULL AND (channel_id IS NULL OR channel_id = ANY($2::uuid[]))"), "every branch is scoped to the community and the reader's channels")
 	require.Less(t, strings.Index(sql, "e:"), 0, "tag keys are parameters, not text")
 	// Tag names are emitted in sorted order, so one filter shape gives one statement text.
 	require.Less(t, strings.Index(sql, "tag_index && $"), strings.LastIndex(sql, "tag_index && $"))
 
-	count, countArgs, ok := eventstore.BuildCount(community, filters)
+	count, countArgs, ok := eventstore.BuildCount(community, eventstore.Scope{}, filters)
 	require.True(t, ok)
 	require.NotContains(t, count, hostile)
 	require.Contains(t, countArgs, []string{"t:" + hostile})
@@ -51,15 +51,15 @@ func TestBuilderSkipsFiltersThatMatchNothing(t *testing.T) {
 		{IDs: []string{}}, {Authors: []string{}}, {Kinds: []int{}},
 		{Tags: map[string][]string{"e": {}}}, {Since: &since, Until: &until},
 	} {
-		_, _, ok := eventstore.BuildSelect(uuid.New(), nostr.Filters{f}, 100)
+		_, _, ok := eventstore.BuildSelect(uuid.New(), eventstore.Scope{}, nostr.Filters{f}, 100)
 		require.False(t, ok, "%+v", f)
-		_, _, ok = eventstore.BuildCount(uuid.New(), nostr.Filters{f})
+		_, _, ok = eventstore.BuildCount(uuid.New(), eventstore.Scope{}, nostr.Filters{f})
 		require.False(t, ok, "%+v", f)
 	}
 	// limit 0 asks for no stored events, but COUNT ignores limits.
-	_, _, ok := eventstore.BuildSelect(uuid.New(), nostr.Filters{{Limit: &zero}}, 100)
+	_, _, ok := eventstore.BuildSelect(uuid.New(), eventstore.Scope{}, nostr.Filters{{Limit: &zero}}, 100)
 	require.False(t, ok)
-	_, _, ok = eventstore.BuildCount(uuid.New(), nostr.Filters{{Limit: &zero}})
+	_, _, ok = eventstore.BuildCount(uuid.New(), eventstore.Scope{}, nostr.Filters{{Limit: &zero}})
 	require.True(t, ok)
 }
 
@@ -183,7 +183,7 @@ func TestQueryAgreesWithInMemoryMatching(t *testing.T) {
 		}
 		var got []string
 		var gotEvents []*nostr.Event
-		require.NoError(t, store.Query(ctx, home.ID, filters, func(ev *nostr.Event) error {
+		require.NoError(t, store.Query(ctx, home.ID, eventstore.Scope{Reader: keys[0].PublicKeyHex()}, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
 			got = append(got, ev.ID)
 			gotEvents = append(gotEvents, ev)
 			return nil
@@ -202,8 +202,53 @@ func TestQueryAgreesWithInMemoryMatching(t *testing.T) {
 		for _, ev := range gotEvents {
 			require.NoError(t, ev.Verify(), "a stored event must come back byte-identical")
 		}
-		count, err := store.Count(ctx, home.ID, filters)
+		count, err := store.Count(ctx, home.ID, eventstore.Scope{Reader: keys[0].PublicKeyHex()}, filters)
 		require.NoError(t, err)
 		require.Equal(t, wantCount, count, "round %d COUNT %+v", round, filters)
 	}
+}
+
+// A reader sees channel-less rows and rows of its readable channels only,
+// and p-gated kinds only when they are addressed to it.
+func TestScopeHidesUnreadableChannelsAndOthersPGatedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	home, err := q.CommunityCreate(ctx, "scope.example")
+	require.NoError(t, err)
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	reader, other := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	readable, hidden := uuid.New(), uuid.New()
+	store := eventstore.New(pool, 100)
+	var want []string
+	put := func(kind int, channel *uuid.UUID, tags nostr.Tags, visible bool) {
+		ev := &nostr.Event{Kind: kind, CreatedAt: 1_700_000_000, Content: fmt.Sprint(kind, channel, tags), Tags: tags}
+		require.NoError(t, ev.Sign(key))
+		params, err := eventstore.InsertParams(home.ID, ev, channel)
+		require.NoError(t, err)
+		_, err = q.EventInsert(ctx, params)
+		require.NoError(t, err)
+		if visible {
+			want = append(want, ev.ID)
+		}
+	}
+	put(9, &readable, nostr.Tags{}, true)
+	put(9, &hidden, nostr.Tags{}, false)
+	put(1, nil, nostr.Tags{}, true)
+	put(1059, nil, nostr.Tags{{"p", reader}}, true)
+	put(1059, nil, nostr.Tags{{"p", other}}, false)
+	put(44100, nil, nostr.Tags{{"p", other}}, false)
+
+	scope := eventstore.Scope{Channels: []uuid.UUID{readable}, Reader: reader}
+	var got []string
+	require.NoError(t, store.Query(ctx, home.ID, scope, nostr.Filters{{}}, func(ev *nostr.Event, _ *uuid.UUID) error {
+		got = append(got, ev.ID)
+		return nil
+	}))
+	require.ElementsMatch(t, want, got)
+	n, err := store.Count(ctx, home.ID, scope, nostr.Filters{{}})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(want)), n)
 }

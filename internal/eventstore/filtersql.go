@@ -13,7 +13,7 @@ import (
 )
 
 // The columns every event read selects, in scanEvent's order.
-const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS created_unix, kind, tags, content, sig"
+const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS created_unix, kind, tags, content, sig, channel_id"
 
 // sqlBuilder accumulates one statement's text and its bound arguments. Filter
 // values are never spliced into the SQL: every one is a parameter.
@@ -79,6 +79,21 @@ func (b *sqlBuilder) conditions(f *nostr.Filter) {
 	}
 }
 
+// Scope is what one reader may see (spec D.5). Every read is scoped: rows of
+// channels outside Channels never come back, and p-gated kinds (gift wraps,
+// membership notifications) only when addressed to Reader.
+type Scope struct {
+	Channels []uuid.UUID // readable channels
+	Reader   string      // the reader's hex pubkey
+}
+
+// scopeConditions appends the reader's visibility predicates. Kept apart
+// from the filter's own conditions so every statement shape carries them.
+func (b *sqlBuilder) scopeConditions(s Scope, channels string) {
+	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
+	b.sql.WriteString(" AND (kind NOT IN (1059, 44100, 44101) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
+}
+
 // inList appends a membership test. A single value becomes plain equality:
 // a prepared statement's generic plan cannot walk an index in order for
 // "= ANY($n)", so "kinds":[1] with a limit would sort every kind-1 row
@@ -95,9 +110,10 @@ func inList[T any](b *sqlBuilder, column, sqlType string, values []T) {
 // any of filters in one community: each filter newest first and capped at
 // its own limit (at most maxLimit), deleted events hidden before the limit
 // applies. ok is false when no filter can match anything.
-func BuildSelect(community uuid.UUID, filters nostr.Filters, maxLimit int) (sql string, args []any, ok bool) {
+func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLimit int) (sql string, args []any, ok bool) {
 	var b sqlBuilder
 	communityArg := b.arg(community)
+	channelsArg := b.arg(scope.Channels)
 	n := 0
 	for i := range filters {
 		f := &filters[i]
@@ -113,6 +129,7 @@ func BuildSelect(community uuid.UUID, filters nostr.Filters, maxLimit int) (sql 
 			limit = *f.Limit
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + " FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+		b.scopeConditions(scope, channelsArg)
 		b.conditions(f)
 		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(limit)) + ")")
 	}
@@ -127,10 +144,12 @@ func BuildSelect(community uuid.UUID, filters nostr.Filters, maxLimit int) (sql 
 
 // BuildCount returns the statement counting stored events that match any of
 // filters in one community (NIP-45; limits do not apply).
-func BuildCount(community uuid.UUID, filters nostr.Filters) (sql string, args []any, ok bool) {
+func BuildCount(community uuid.UUID, scope Scope, filters nostr.Filters) (sql string, args []any, ok bool) {
 	var b sqlBuilder
 	communityArg := b.arg(community)
-	b.sql.WriteString("SELECT count(*) FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL AND (")
+	b.sql.WriteString("SELECT count(*) FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+	b.scopeConditions(scope, b.arg(scope.Channels))
+	b.sql.WriteString(" AND (")
 	n := 0
 	for i := range filters {
 		f := &filters[i]

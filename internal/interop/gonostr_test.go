@@ -315,14 +315,18 @@ func TestGoNostrCount(t *testing.T) {
 	r := relaytest.Start(t)
 	c := connectGo(t, r)
 	base := nostr.Now() - 50
+	var first nostr.Event
 	for i := range 3 {
 		tags := nostr.Tags{{"t", "counted"}}
 		if i == 2 {
 			tags = nil
 		}
-		c.publish(1, fmt.Sprint("note ", i), tags, base+nostr.Timestamp(i))
+		ev := c.publish(1, fmt.Sprint("note ", i), tags, base+nostr.Timestamp(i))
+		if i == 0 {
+			first = ev
+		}
 	}
-	c.publish(7, "+", nostr.Tags{{"t", "counted"}}, base+5)
+	c.publish(7, "+", nostr.Tags{{"e", first.ID}, {"t", "counted"}}, base+5)
 
 	require.EqualValues(t, 3, c.count(nostr.Filter{Kinds: []int{1}, Authors: []string{c.pk}}))
 	require.EqualValues(t, 4, c.count(nostr.Filter{Authors: []string{c.pk}}))

@@ -11,11 +11,15 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 
+	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/trace"
 )
 
 // conn is one WebSocket client, bound to one community for its lifetime.
@@ -256,14 +260,110 @@ var outcomeLabel = map[ingest.Outcome]string{
 	ingest.Stored: "stored", ingest.Duplicate: "duplicate", ingest.Superseded: "superseded", ingest.Relayed: "relayed",
 }
 
-// checkFilters holds the REQ/COUNT rules beyond the parser's.
-func (c *conn) checkFilters(filters nostr.Filters) string {
+// readScope authorizes a REQ/COUNT (spec D.5) and returns what its rows
+// are limited to. A non-empty reason means the request is refused: a filter
+// pinned (#h) to a channel the caller cannot read, or one asking for p-gated
+// kinds without a #p naming only the caller.
+func (c *conn) readScope(ctx context.Context, filters nostr.Filters) (eventstore.Scope, string, error) {
+	readable, err := c.srv.access.Readable(ctx, c.tenant.ID(), c.pubkey)
+	if err != nil {
+		return eventstore.Scope{}, "", err
+	}
 	for i := range filters {
-		if filters[i].Search != "" {
-			return "invalid: NIP-50 search is not supported by this relay yet"
+		f := &filters[i]
+		if f.Search != "" {
+			return eventstore.Scope{}, "invalid: NIP-50 search is not supported by this relay yet", nil
+		}
+		for _, kind := range f.Kinds {
+			if access.IsPGated(kind) && !onlySelf(f.Tags["p"], c.pubkey) {
+				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p filter naming only you", kind), nil
+			}
+		}
+		for _, h := range f.Tags["h"] {
+			id, err := uuid.Parse(h)
+			if err != nil || !readable.Has(id) {
+				return eventstore.Scope{}, "restricted: not a channel member", nil
+			}
 		}
 	}
-	return ""
+	return eventstore.Scope{Channels: readable.IDs(), Reader: c.pubkey}, "", nil
+}
+
+// traceRead records what a REQ returned for the conformance checker: each
+// row's true owning community, looked up without the tenant predicate.
+func (c *conn) traceRead(ctx context.Context, st trace.AbstractState, filters nostr.Filters, rowChannels []*uuid.UUID) error {
+	var pinned *uuid.UUID
+	if len(filters) == 1 && len(filters[0].Tags["h"]) == 1 {
+		if id, err := uuid.Parse(filters[0].Tags["h"][0]); err == nil {
+			pinned = &id
+			trace.RecordReqAuthCheck(c.srv.Tracer, st, id, true)
+		}
+	}
+	seen := map[uuid.UUID]struct{}{}
+	var ids []uuid.UUID
+	for _, ch := range rowChannels {
+		if ch != nil {
+			if _, dup := seen[*ch]; !dup {
+				seen[*ch] = struct{}{}
+				ids = append(ids, *ch)
+			}
+		}
+	}
+	lookup := map[uuid.UUID]uuid.UUID{}
+	if len(ids) > 0 {
+		rows, err := c.srv.queries.CommunitiesOfChannels(ctx, ids)
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			lookup[row.ID] = row.CommunityID
+		}
+	}
+	trace.RecordReadMessageRows(c.srv.Tracer, st, pinned, rowChannels, c.tenant.ID(), lookup)
+	return nil
+}
+
+func onlySelf(values []string, self string) bool {
+	if len(values) == 0 {
+		return false
+	}
+	for _, v := range values {
+		if v != self {
+			return false
+		}
+	}
+	return true
+}
+
+// liveAllow is a subscription's read authorization for fan-out: p-gated
+// kinds only when addressed to the caller, and a channel event only to a
+// subscription pinned (#h) to that channel that the caller may still read.
+// Global subscriptions never receive channel events.
+func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) bool {
+	pinned := map[uuid.UUID]struct{}{}
+	for i := range filters {
+		for _, h := range filters[i].Tags["h"] {
+			if id, err := uuid.Parse(h); err == nil {
+				pinned[id] = struct{}{}
+			}
+		}
+	}
+	community, self := c.tenant.ID(), c.pubkey
+	return func(ev *nostr.Event, channel *uuid.UUID) bool {
+		if access.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
+			return false
+		}
+		if channel == nil {
+			return true
+		}
+		if _, ok := pinned[*channel]; !ok {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		readable, err := c.srv.access.Readable(ctx, community, self)
+		return err == nil && readable.Has(*channel)
+	}
 }
 
 func (c *conn) onReq(subID string, filters nostr.Filters) {
@@ -271,33 +371,41 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before subscribing"))
 		return
 	}
-	if reason := c.checkFilters(filters); reason != "" {
-		_ = c.send(nostr.EncodeClosed(subID, reason))
-		return
-	}
 	if _, open := c.subs[subID]; !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
 		return
 	}
 	start := time.Now()
-	// Register before reading history: an event committed while the query
-	// runs is then delivered live instead of falling between the two.
-	c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters})
-	c.subs[subID] = struct{}{}
-
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
-	err := c.srv.store.Query(ctx, c.tenant.ID(), filters, func(ev *nostr.Event) error {
+	scope, reason, err := c.readScope(ctx, filters)
+	if reason != "" || err != nil {
+		c.refuse(ctx, subID, reason, err)
+		return
+	}
+	// Register before reading history: an event committed while the query
+	// runs is then delivered live instead of falling between the two.
+	c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters)})
+	c.subs[subID] = struct{}{}
+
+	// Trace inputs are built only when a tracer observes them (seed 003): in
+	// production the tenant-independent channel lookup never runs.
+	st := trace.StateForRequest(c.tenant.ID(), c.tenant.Host(), c.pubkey)
+	traced := trace.Active(c.srv.Tracer, &st)
+	var rowChannels []*uuid.UUID
+	err = c.srv.store.Query(ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
+		if traced {
+			rowChannels = append(rowChannels, channel)
+		}
 		return c.send(nostr.EncodeEvent(subID, ev))
 	})
+	if err == nil && traced {
+		err = c.traceRead(ctx, st, filters, rowChannels)
+	}
 	if err != nil {
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
 		delete(c.subs, subID)
-		if c.ctx.Err() != nil {
-			return
-		}
-		c.log.Error("REQ failed", "sub", subID, "err", err)
-		_ = c.send(nostr.EncodeClosed(subID, queryErrorReason(ctx)))
+		c.refuse(ctx, subID, "", err)
 		return
 	}
 	_ = c.send(nostr.EncodeEOSE(subID))
@@ -309,29 +417,35 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before counting"))
 		return
 	}
-	if reason := c.checkFilters(filters); reason != "" {
-		_ = c.send(nostr.EncodeClosed(subID, reason))
-		return
-	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
-	n, err := c.srv.store.Count(ctx, c.tenant.ID(), filters)
+	scope, reason, err := c.readScope(ctx, filters)
+	if reason != "" || err != nil {
+		c.refuse(ctx, subID, reason, err)
+		return
+	}
+	n, err := c.srv.store.Count(ctx, c.tenant.ID(), scope, filters)
 	if err != nil {
-		if c.ctx.Err() != nil {
-			return
-		}
-		c.log.Error("COUNT failed", "sub", subID, "err", err)
-		_ = c.send(nostr.EncodeClosed(subID, queryErrorReason(ctx)))
+		c.refuse(ctx, subID, "", err)
 		return
 	}
 	_ = c.send(nostr.EncodeCount(subID, n))
 	c.srv.metrics.ReqDuration.WithLabelValues("COUNT").Observe(time.Since(start).Seconds())
 }
 
-func queryErrorReason(ctx context.Context) string {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return "error: query timed out; narrow the filter"
+// refuse answers a REQ/COUNT with CLOSED: the given reason, or one derived
+// from an internal error (logged; a timeout says so, spec D.6).
+func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
+	if err != nil {
+		if c.ctx.Err() != nil {
+			return // the connection is going away
+		}
+		reason = "error: query failed"
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			reason = "error: query timed out; narrow the filter"
+		}
+		c.log.Error("read failed", "sub", subID, "err", err)
 	}
-	return "error: query failed"
+	_ = c.send(nostr.EncodeClosed(subID, reason))
 }

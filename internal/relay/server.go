@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
@@ -25,10 +26,15 @@ import (
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/trace"
 )
 
 // Version is reported in NIP-11.
 const Version = "0.1.0"
+
+// accessTTL bounds how long a reader's channel set is trusted when the
+// membership change that altered it was committed by another relay process.
+const accessTTL = 10 * time.Second
 
 // Server is the relay. Create it with New and serve Handler.
 type Server struct {
@@ -38,10 +44,15 @@ type Server struct {
 	store    *eventstore.Store
 	pipeline *ingest.Pipeline
 	hub      *fanout.Hub
+	access   *access.Cache
 	metrics  *Metrics
 	log      *slog.Logger
 	limits   nostr.Limits
 	now      func() time.Time
+
+	// Tracer observes reads for conformance runs; NoopTracer in production,
+	// which also skips building trace-only inputs. Set it before serving.
+	Tracer trace.Tracer
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -58,9 +69,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		store:    eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
 		hub:      hub,
+		access:   access.NewCache(db.New(pool), accessTTL),
 		metrics:  NewMetrics(),
 		log:      log,
 		now:      time.Now,
+		Tracer:   trace.NoopTracer{},
 		conns:    map[*conn]struct{}{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
@@ -71,6 +84,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
 	}
+	s.pipeline.OnMembershipChange = s.access.Invalidate
 	s.pipeline.OnFanout = func(st fanout.Stats) {
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))

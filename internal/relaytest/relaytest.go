@@ -42,7 +42,13 @@ type Relay struct {
 // The relay and its database are torn down when the test ends.
 func Start(t testing.TB, adjust ...func(*config.Config)) *Relay {
 	t.Helper()
-	pool := dbtest.Pool(t)
+	return StartOn(t, dbtest.Pool(t), adjust...)
+}
+
+// StartOn runs a relay on a pool the test built itself (to observe its
+// queries, say).
+func StartOn(t testing.TB, pool *pgxpool.Pool, adjust ...func(*config.Config)) *Relay {
+	t.Helper()
 	cfg := config.Default()
 	for _, f := range adjust {
 		f(&cfg)

@@ -228,8 +228,10 @@ await check('count', async () => {
   const user = newUser()
   const relay = await connect(user)
   const base = now() - 50
-  for (let i = 0; i < 3; i++) await publish(relay, sign(user, 1, `note ${i}`, [['t', 'counted']], base + i))
-  await publish(relay, sign(user, 7, '+', [], base + 5))
+  const notes = []
+  for (let i = 0; i < 3; i++) notes.push(await publish(relay, sign(user, 1, `note ${i}`, [['t', 'counted']], base + i)))
+  // A NIP-25 reaction needs its target (the relay checks it exists).
+  await publish(relay, sign(user, 7, '+', [['e', notes[0][0].id]], base + 5))
   assert.equal(await within(relay.count([{ '#t': ['counted'] }], {}), 'COUNT #t'), 3)
   assert.equal(await within(relay.count([{ authors: [user.pk] }], {}), 'COUNT authors'), 4)
   assert.equal(await within(relay.count([{ kinds: [1], authors: [user.pk], since: base + 1 }], {}), 'COUNT since'), 2)

@@ -1,0 +1,116 @@
+// Package access answers "which channels may this pubkey read?" (spec D.5):
+// every open channel plus every channel it is an active member of, never a
+// deleted one. Answers are cached per (community, pubkey) for a short TTL and
+// dropped as soon as this process commits a membership change in the
+// community, so a removed member stops receiving a private channel at once
+// when the change went through this relay (and within the TTL otherwise).
+package access
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// PGatedKinds are delivered only to the pubkeys named in their p tags:
+// membership notifications and NIP-59 gift wraps.
+var PGatedKinds = []int{1059, 44100, 44101}
+
+// IsPGated reports whether kind is p-gated.
+func IsPGated(kind int) bool {
+	return kind == 1059 || kind == 44100 || kind == 44101
+}
+
+// AddressedTo reports whether ev names pubkey in a p tag.
+func AddressedTo(ev *nostr.Event, pubkey string) bool {
+	for _, tag := range ev.Tags {
+		if len(tag) >= 2 && tag[0] == "p" && tag[1] == pubkey {
+			return true
+		}
+	}
+	return false
+}
+
+// Channels is a set of readable channel ids.
+type Channels map[uuid.UUID]struct{}
+
+// Has reports whether id is readable.
+func (c Channels) Has(id uuid.UUID) bool {
+	_, ok := c[id]
+	return ok
+}
+
+// IDs lists the set for a query parameter.
+func (c Channels) IDs() []uuid.UUID {
+	out := make([]uuid.UUID, 0, len(c))
+	for id := range c {
+		out = append(out, id)
+	}
+	return out
+}
+
+type key struct {
+	community uuid.UUID
+	pubkey    string
+}
+
+type entry struct {
+	channels Channels
+	loadedAt time.Time
+}
+
+// Cache computes and caches readable channel sets.
+type Cache struct {
+	q   *db.Queries
+	ttl time.Duration
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[key]entry
+}
+
+// NewCache returns a cache reading through q.
+func NewCache(q *db.Queries, ttl time.Duration) *Cache {
+	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[key]entry{}}
+}
+
+// Readable returns the channels pubkey (hex) may read in community.
+func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string) (Channels, error) {
+	k := key{community, pubkey}
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	c.mu.Unlock()
+	if ok && c.now().Sub(e.loadedAt) < c.ttl {
+		return e.channels, nil
+	}
+	pk, _ := nostr.DecodeHex32(pubkey)
+	ids, err := c.q.ChannelsReadable(ctx, db.ChannelsReadableParams{CommunityID: community, Pubkey: pk[:]})
+	if err != nil {
+		return nil, err
+	}
+	set := make(Channels, len(ids))
+	for _, id := range ids {
+		set[id] = struct{}{}
+	}
+	c.mu.Lock()
+	c.entries[k] = entry{channels: set, loadedAt: c.now()}
+	c.mu.Unlock()
+	return set, nil
+}
+
+// Invalidate drops every cached answer for community (after a membership
+// or visibility change committed).
+func (c *Cache) Invalidate(community uuid.UUID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.entries {
+		if k.community == community {
+			delete(c.entries, k)
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package relay_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+func createChannel(t *testing.T, c *relaytest.Client, name string, private bool) string {
+	t.Helper()
+	id := uuid.NewString()
+	tags := nostr.Tags{{"h", id}, {"name", name}, {"about", "about " + name}}
+	if private {
+		tags = append(tags, nostr.Tag{"visibility", "private"})
+	}
+	ok := c.Publish(c.Sign(9007, "", tags, 0))
+	require.True(t, ok.OK, ok.Msg)
+	return id
+}
+
+func requireRejected(t *testing.T, ok relaytest.Reply, prefix string) {
+	t.Helper()
+	require.False(t, ok.OK, "expected a rejection, got OK true %q", ok.Msg)
+	require.True(t, strings.HasPrefix(ok.Msg, prefix), "message %q lacks prefix %q", ok.Msg, prefix)
+}
+
+func tagValues(ev *nostr.Event, name string) []string { return ev.Tags.Values(name) }
+
+func hasFlag(ev *nostr.Event, name string) bool {
+	for _, tag := range ev.Tags {
+		if len(tag) > 0 && tag[0] == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestChannelLifecycleAndDiscoveryEvents(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+
+	ch := createChannel(t, owner, "general", false)
+	meta := owner.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+	require.Len(t, meta, 1)
+	require.Equal(t, []string{"general"}, tagValues(meta[0], "name"))
+	require.True(t, hasFlag(meta[0], "public"))
+	require.NoError(t, meta[0].Verify())
+	relayKey := meta[0].PubKey
+	require.NotEqual(t, owner.Key.PublicKeyHex(), relayKey, "discovery events are signed by the relay")
+
+	// Joining an open channel updates the members list; the relay's events
+	// for one channel come from one key.
+	require.True(t, member.Publish(member.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)).OK)
+	members := member.Req("members", map[string]any{"kinds": []int{39002}, "#d": []string{ch}})
+	require.Len(t, members, 1, "only the newest members list is kept")
+	require.Equal(t, relayKey, members[0].PubKey)
+	require.ElementsMatch(t, []string{owner.Key.PublicKeyHex(), member.Key.PublicKeyHex()}, tagValues(members[0], "p"))
+	admins := member.Req("admins", map[string]any{"kinds": []int{39001}, "#d": []string{ch}})
+	require.Len(t, admins, 1)
+	require.Equal(t, nostr.Tags{{"d", ch}, {"p", owner.Key.PublicKeyHex(), "owner"}}, admins[0].Tags)
+
+	// Chat, live to a subscription pinned to the channel.
+	owner.Send("REQ", "live", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+	owner.Expect("EOSE")
+	msg := member.Sign(9, "hello", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(msg).OK)
+	require.Equal(t, msg.ID, owner.Expect("EVENT").Event.ID)
+
+	// Leaving updates the list again; the last owner cannot leave.
+	require.True(t, member.Publish(member.Sign(9022, "", nostr.Tags{{"h", ch}}, 0)).OK)
+	members = owner.Req("members2", map[string]any{"kinds": []int{39002}, "#d": []string{ch}})
+	require.Equal(t, []string{owner.Key.PublicKeyHex()}, tagValues(members[0], "p"))
+	requireRejected(t, owner.Publish(owner.Sign(9022, "", nostr.Tags{{"h", ch}}, 0)), "restricted: ")
+
+	// Metadata edits by an admin only.
+	requireRejected(t, member.Publish(member.Sign(9002, "", nostr.Tags{{"h", ch}, {"name", "hijacked"}}, 0)), "restricted: ")
+	require.True(t, owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", ch}, {"name", "renamed"}}, 0)).OK)
+	meta = owner.Req("meta2", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+	require.Equal(t, []string{"renamed"}, tagValues(meta[0], "name"))
+
+	// Creating the same channel twice fails; clients cannot forge relay kinds.
+	requireRejected(t, owner.Publish(owner.Sign(9007, "", nostr.Tags{{"h", ch}, {"name", "again"}}, 0)), "invalid: channel")
+	for _, kind := range []int{39000, 39001, 39002, 44100, 44101} {
+		requireRejected(t, owner.Publish(owner.Sign(kind, "", nostr.Tags{{"d", ch}}, 0)), "restricted: only the relay")
+	}
+}
+
+func TestPrivateChannelAccessControl(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	secret := owner.Sign(9, "the secret", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(secret).OK)
+
+	// An outsider can neither read (pinned or not), write, nor join.
+	outsider.Send("REQ", "pinned", map[string]any{"#h": []string{ch}})
+	closed := outsider.Expect("CLOSED")
+	require.Equal(t, "restricted: not a channel member", closed.Msg)
+	require.Empty(t, outsider.Req("all", map[string]any{}), "unpinned history never includes unreadable channels")
+	outsider.Send("COUNT", "c", map[string]any{"kinds": []int{9}})
+	require.Zero(t, outsider.Expect("COUNT").Count)
+	requireRejected(t, outsider.Publish(outsider.Sign(9, "let me in", nostr.Tags{{"h", ch}}, 0)), "restricted: ")
+	requireRejected(t, outsider.Publish(outsider.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)), "restricted: ")
+	require.Empty(t, outsider.Req("meta", map[string]any{"kinds": []int{39000}}), "a private channel's discovery events are channel-scoped")
+
+	// A global live subscription never receives channel events, even readable ones.
+	owner.Send("REQ", "global", map[string]any{"kinds": []int{9}, "limit": 0})
+	owner.Expect("EOSE")
+	outsider.Send("REQ", "global", map[string]any{"kinds": []int{9}, "limit": 0})
+	outsider.Expect("EOSE")
+
+	// The owner adds the outsider: a p-gated notification, then access.
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", outsider.Key.PublicKeyHex()}}, 0)).OK)
+	note := outsider.Req("note", map[string]any{"kinds": []int{44100}, "#p": []string{outsider.Key.PublicKeyHex()}})
+	require.Len(t, note, 1)
+	require.Equal(t, []string{ch}, tagValues(note[0], "h"))
+	owner.Send("REQ", "others", map[string]any{"kinds": []int{44100}})
+	require.True(t, strings.HasPrefix(owner.Expect("CLOSED").Msg, "restricted: "), "p-gated kinds need #p naming only the caller")
+	require.Empty(t, owner.Req("implicit", map[string]any{"authors": []string{note[0].PubKey}, "kinds": []int{1, 44100, 9}, "#p": []string{owner.Key.PublicKeyHex()}}))
+
+	got := outsider.Req("now", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
+	require.Equal(t, []string{secret.ID}, ids(got))
+	outsider.Send("REQ", "pinned-live", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+	outsider.Expect("EOSE")
+	hello := outsider.Sign(9, "thanks", nostr.Tags{{"h", ch}}, 0)
+	outsider.Send("EVENT", hello)
+	// Fan-out happens at commit, before the OK is queued.
+	ev := outsider.Expect("EVENT")
+	require.Equal(t, "pinned-live", ev.SubID, "only the pinned subscription receives it")
+	require.Equal(t, hello.ID, ev.Event.ID)
+	require.True(t, outsider.Expect("OK").OK)
+
+	// Removed: live delivery stops at once, history closes again.
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", outsider.Key.PublicKeyHex()}}, 0)).OK)
+	require.True(t, owner.Publish(owner.Sign(9, "after removal", nostr.Tags{{"h", ch}}, 0)).OK)
+	outsider.Send("REQ", "pinned", map[string]any{"#h": []string{ch}})
+	next := outsider.NextReply()
+	for next.Verb == "EVENT" && next.Event.Kind == 44101 {
+		next = outsider.NextReply()
+	}
+	require.Equal(t, "CLOSED", next.Verb, "got %+v: a removed member must not receive the channel", next)
+	_, err := outsider.TryNext(300 * time.Millisecond)
+	require.Error(t, err, "nothing else arrives: the global subscription got no channel event")
+}
+
+func TestChannelModeration(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	ch := createChannel(t, owner, "mod", false)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)).OK)
+	require.True(t, member.Publish(member.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)).OK)
+
+	// Admins cannot make owners or remove other admins; members cannot moderate.
+	requireRejected(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex(), "owner"}}, 0)), "restricted: ")
+	requireRejected(t, member.Publish(member.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex()}}, 0)), "restricted: ")
+	requireRejected(t, admin.Publish(admin.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", owner.Key.PublicKeyHex()}}, 0)), "restricted: ")
+
+	// 9005: an admin hides a member's message; a member cannot hide the admin's.
+	spam := member.Sign(9, "spam", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(spam).OK)
+	requireRejected(t, member.Publish(member.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)), "restricted: ")
+	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)).OK)
+	require.Empty(t, owner.Req("gone", map[string]any{"ids": []string{spam.ID}}))
+
+	// The sole owner cannot be demoted; another owner makes it possible.
+	requireRejected(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", owner.Key.PublicKeyHex(), "member"}}, 0)), "restricted: ")
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "owner"}}, 0)).OK)
+	require.True(t, owner.Publish(owner.Sign(9022, "", nostr.Tags{{"h", ch}}, 0)).OK)
+
+	// 9008: only an owner deletes the channel; afterwards it is gone for everyone.
+	requireRejected(t, member.Publish(member.Sign(9008, "", nostr.Tags{{"h", ch}}, 0)), "restricted: ")
+	require.True(t, admin.Publish(admin.Sign(9008, "", nostr.Tags{{"h", ch}}, 0)).OK)
+	requireRejected(t, member.Publish(member.Sign(9, "hello?", nostr.Tags{{"h", ch}}, 0)), "invalid: unknown channel")
+	member.Send("REQ", "dead", map[string]any{"#h": []string{ch}})
+	require.Equal(t, "restricted: not a channel member", member.Expect("CLOSED").Msg)
+}
+
+func TestChannelBadInput(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "bad", false)
+	cases := []struct {
+		name   string
+		kind   int
+		tags   nostr.Tags
+		prefix string
+	}{
+		{"chat without h", 9, nil, "invalid: kind 9 needs an h tag"},
+		{"h not a uuid", 9, nostr.Tags{{"h", "general"}}, "invalid: h tag must be a channel id"},
+		{"uppercase uuid", 9, nostr.Tags{{"h", strings.ToUpper(ch)}}, "invalid: h tag must be a channel id"},
+		{"unknown channel", 9, nostr.Tags{{"h", uuid.NewString()}}, "invalid: unknown channel"},
+		{"create without name", 9007, nostr.Tags{{"h", uuid.NewString()}}, "invalid: kind 9007 needs a name"},
+		{"create bad visibility", 9007, nostr.Tags{{"h", uuid.NewString()}, {"name", "x"}, {"visibility", "secret"}}, "invalid: visibility"},
+		{"put-user without p", 9000, nostr.Tags{{"h", ch}}, "invalid: kind 9000 needs a p tag"},
+		{"put-user bad role", 9000, nostr.Tags{{"h", ch}, {"p", strings.Repeat("a", 64), "emperor"}}, "invalid: role"},
+		{"remove non-member", 9001, nostr.Tags{{"h", ch}, {"p", strings.Repeat("a", 64)}}, "invalid: that user is not a member"},
+		{"delete-event without e", 9005, nostr.Tags{{"h", ch}}, "invalid: kind 9005 needs e tags"},
+		{"leave when not member", 9022, nostr.Tags{{"h", uuid.NewString()}}, "invalid: unknown channel"},
+		{"empty new name", 9002, nostr.Tags{{"h", ch}, {"name", ""}}, "invalid: name"},
+	}
+	for _, tc := range cases {
+		requireRejected(t, c.Publish(c.Sign(tc.kind, "", tc.tags, 0)), tc.prefix)
+		c.Send("COUNT", "alive", map[string]any{"kinds": []int{9007}})
+		require.Equal(t, int64(1), c.Expect("COUNT").Count, "%s: connection usable, nothing stored", tc.name)
+	}
+}
