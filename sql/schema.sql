@@ -300,6 +300,11 @@ CREATE TABLE public.events (
     deleted_at timestamp with time zone,
     d_tag text,
     tag_index text[] GENERATED ALWAYS AS (public.events_tag_index(tags)) STORED NOT NULL,
+    search_tsv tsvector GENERATED ALWAYS AS (
+CASE
+    WHEN (kind = ANY (ARRAY[1059, 30300, 30622, 44100, 44101])) THEN NULL::tsvector
+    ELSE to_tsvector('simple'::regconfig, content)
+END) STORED,
     CONSTRAINT events_d_tag_iff_addressable CHECK (((d_tag IS NOT NULL) = ((kind >= 30000) AND (kind <= 39999)))),
     CONSTRAINT events_id_len CHECK ((octet_length(id) = 32)),
     CONSTRAINT events_kind_range CHECK (((kind >= 0) AND (kind <= 65535))),
@@ -539,6 +544,13 @@ CREATE INDEX events_by_kind ON public.events USING btree (community_id, kind, cr
 --
 
 CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
+
+
+--
+-- Name: events_search; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX events_search ON public.events USING gin (search_tsv);
 
 
 --

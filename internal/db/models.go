@@ -281,6 +281,7 @@ type Event struct {
 	DeletedAt   *time.Time
 	DTag        *string
 	TagIndex    []string
+	SearchTsv   interface{}
 }
 
 type EventMention struct {

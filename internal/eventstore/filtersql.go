@@ -77,6 +77,19 @@ func (b *sqlBuilder) conditions(f *nostr.Filter) {
 	if f.Until != nil {
 		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(*f.Until) + "::bigint)")
 	}
+	if f.Search != "" {
+		// websearch_to_tsquery accepts any user text without syntax errors.
+		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
+	}
+}
+
+// order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
+func (b *sqlBuilder) order(f *nostr.Filter) {
+	if f.Search != "" {
+		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)) DESC, created_at DESC, id DESC")
+		return
+	}
+	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
 }
 
 // Scope is what one reader may see (spec D.5). Every read is scoped: rows of
@@ -107,9 +120,10 @@ func inList[T any](b *sqlBuilder, column, sqlType string, values []T) {
 }
 
 // BuildSelect returns the statement that reads the stored events matching
-// any of filters in one community: each filter newest first and capped at
-// its own limit (at most maxLimit), deleted events hidden before the limit
-// applies. ok is false when no filter can match anything.
+// any of filters in one community: each filter newest first (a search
+// filter by relevance) and capped at its own limit (at most maxLimit),
+// deleted events hidden before the limit applies. Several filters are merged
+// newest first. ok is false when no filter can match anything.
 func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLimit int) (sql string, args []any, ok bool) {
 	var b sqlBuilder
 	communityArg := b.arg(community)
@@ -131,7 +145,8 @@ func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLim
 		b.sql.WriteString("(SELECT " + eventColumns + " FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 		b.scopeConditions(scope, channelsArg)
 		b.conditions(f)
-		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(limit)) + ")")
+		b.order(f)
+		b.sql.WriteString(" LIMIT " + b.arg(int32(limit)) + ")")
 	}
 	if n == 0 {
 		return "", nil, false

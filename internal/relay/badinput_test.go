@@ -133,7 +133,7 @@ func TestBadInputCatalogue(t *testing.T) {
 			return string(b)
 		}(), "CLOSED", "invalid: "},
 		{"tag filter value too long", `["REQ","s",{"#t":["` + strings.Repeat("v", 1025) + `"]}]`, "CLOSED", "invalid: "},
-		{"search not supported", `["REQ","s",{"search":"hello"}]`, "CLOSED", "invalid: NIP-50 search"},
+		{"search not a string", `["REQ","s",{"search":5}]`, "CLOSED", "invalid: "},
 		{"CLOSE without subid", `["CLOSE"]`, "NOTICE", "invalid: "},
 		{"CLOSE numeric subid", `["CLOSE",1]`, "NOTICE", "invalid: "},
 		{"COUNT without filters", `["COUNT","c"]`, "CLOSED", "invalid: "},

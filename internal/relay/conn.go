@@ -15,7 +15,6 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
-	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -260,79 +259,13 @@ var outcomeLabel = map[ingest.Outcome]string{
 	ingest.Stored: "stored", ingest.Duplicate: "duplicate", ingest.Superseded: "superseded", ingest.Relayed: "relayed",
 }
 
-// readScope authorizes a REQ/COUNT (spec D.5) and returns what its rows
-// are limited to. A non-empty reason means the request is refused: a filter
-// pinned (#h) to a channel the caller cannot read, or one asking for p-gated
-// kinds without a #p naming only the caller.
-func (c *conn) readScope(ctx context.Context, filters nostr.Filters) (eventstore.Scope, string, error) {
-	readable, err := c.srv.access.Readable(ctx, c.tenant.ID(), c.pubkey)
-	if err != nil {
-		return eventstore.Scope{}, "", err
-	}
+func hasSearch(filters nostr.Filters) bool {
 	for i := range filters {
-		f := &filters[i]
-		if f.Search != "" {
-			return eventstore.Scope{}, "invalid: NIP-50 search is not supported by this relay yet", nil
-		}
-		for _, kind := range f.Kinds {
-			if access.IsPGated(kind) && !onlySelf(f.Tags["p"], c.pubkey) {
-				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p filter naming only you", kind), nil
-			}
-		}
-		for _, h := range f.Tags["h"] {
-			id, err := uuid.Parse(h)
-			if err != nil || !readable.Has(id) {
-				return eventstore.Scope{}, "restricted: not a channel member", nil
-			}
+		if filters[i].Search != "" {
+			return true
 		}
 	}
-	return eventstore.Scope{Channels: readable.IDs(), Reader: c.pubkey}, "", nil
-}
-
-// traceRead records what a REQ returned for the conformance checker: each
-// row's true owning community, looked up without the tenant predicate.
-func (c *conn) traceRead(ctx context.Context, st trace.AbstractState, filters nostr.Filters, rowChannels []*uuid.UUID) error {
-	var pinned *uuid.UUID
-	if len(filters) == 1 && len(filters[0].Tags["h"]) == 1 {
-		if id, err := uuid.Parse(filters[0].Tags["h"][0]); err == nil {
-			pinned = &id
-			trace.RecordReqAuthCheck(c.srv.Tracer, st, id, true)
-		}
-	}
-	seen := map[uuid.UUID]struct{}{}
-	var ids []uuid.UUID
-	for _, ch := range rowChannels {
-		if ch != nil {
-			if _, dup := seen[*ch]; !dup {
-				seen[*ch] = struct{}{}
-				ids = append(ids, *ch)
-			}
-		}
-	}
-	lookup := map[uuid.UUID]uuid.UUID{}
-	if len(ids) > 0 {
-		rows, err := c.srv.queries.CommunitiesOfChannels(ctx, ids)
-		if err != nil {
-			return err
-		}
-		for _, row := range rows {
-			lookup[row.ID] = row.CommunityID
-		}
-	}
-	trace.RecordReadMessageRows(c.srv.Tracer, st, pinned, rowChannels, c.tenant.ID(), lookup)
-	return nil
-}
-
-func onlySelf(values []string, self string) bool {
-	if len(values) == 0 {
-		return false
-	}
-	for _, v := range values {
-		if v != self {
-			return false
-		}
-	}
-	return true
+	return false
 }
 
 // liveAllow is a subscription's read authorization for fan-out: p-gated
@@ -378,15 +311,19 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
-	scope, reason, err := c.readScope(ctx, filters)
+	scope, reason, err := c.srv.readScope(ctx, c.tenant, c.pubkey, filters)
 	if reason != "" || err != nil {
 		c.refuse(ctx, subID, reason, err)
 		return
 	}
-	// Register before reading history: an event committed while the query
-	// runs is then delivered live instead of falling between the two.
-	c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters)})
-	c.subs[subID] = struct{}{}
+	// NIP-50 search is one-shot: results, EOSE, and no live subscription.
+	live := !hasSearch(filters)
+	if live {
+		// Register before reading history: an event committed while the query
+		// runs is then delivered live instead of falling between the two.
+		c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters)})
+		c.subs[subID] = struct{}{}
+	}
 
 	// Trace inputs are built only when a tracer observes them (seed 003): in
 	// production the tenant-independent channel lookup never runs.
@@ -420,7 +357,7 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
-	scope, reason, err := c.readScope(ctx, filters)
+	scope, reason, err := c.srv.readScope(ctx, c.tenant, c.pubkey, filters)
 	if reason != "" || err != nil {
 		c.refuse(ctx, subID, reason, err)
 		return

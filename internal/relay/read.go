@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/access"
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/trace"
+)
+
+// readScope authorizes a REQ/COUNT (spec D.5) and returns what its rows
+// are limited to. A non-empty reason means the request is refused: a filter
+// pinned (#h) to a channel the caller cannot read, or one asking for p-gated
+// kinds without a #p naming only the caller.
+func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader string, filters nostr.Filters) (eventstore.Scope, string, error) {
+	readable, err := s.access.Readable(ctx, tenant.ID(), reader)
+	if err != nil {
+		return eventstore.Scope{}, "", err
+	}
+	for i := range filters {
+		f := &filters[i]
+		for _, kind := range f.Kinds {
+			if access.IsPGated(kind) && !onlySelf(f.Tags["p"], reader) {
+				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p filter naming only you", kind), nil
+			}
+		}
+		for _, h := range f.Tags["h"] {
+			id, err := uuid.Parse(h)
+			if err != nil || !readable.Has(id) {
+				return eventstore.Scope{}, "restricted: not a channel member", nil
+			}
+		}
+	}
+	return eventstore.Scope{Channels: readable.IDs(), Reader: reader}, "", nil
+}
+
+// traceRead records what a REQ returned for the conformance checker: each
+// row's true owning community, looked up without the tenant predicate.
+func (c *conn) traceRead(ctx context.Context, st trace.AbstractState, filters nostr.Filters, rowChannels []*uuid.UUID) error {
+	var pinned *uuid.UUID
+	if len(filters) == 1 && len(filters[0].Tags["h"]) == 1 {
+		if id, err := uuid.Parse(filters[0].Tags["h"][0]); err == nil {
+			pinned = &id
+			trace.RecordReqAuthCheck(c.srv.Tracer, st, id, true)
+		}
+	}
+	seen := map[uuid.UUID]struct{}{}
+	var ids []uuid.UUID
+	for _, ch := range rowChannels {
+		if ch != nil {
+			if _, dup := seen[*ch]; !dup {
+				seen[*ch] = struct{}{}
+				ids = append(ids, *ch)
+			}
+		}
+	}
+	lookup := map[uuid.UUID]uuid.UUID{}
+	if len(ids) > 0 {
+		rows, err := c.srv.queries.CommunitiesOfChannels(ctx, ids)
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			lookup[row.ID] = row.CommunityID
+		}
+	}
+	trace.RecordReadMessageRows(c.srv.Tracer, st, pinned, rowChannels, c.tenant.ID(), lookup)
+	return nil
+}
+
+func onlySelf(values []string, self string) bool {
+	if len(values) == 0 {
+		return false
+	}
+	for _, v := range values {
+		if v != self {
+			return false
+		}
+	}
+	return true
+}
+

@@ -1,0 +1,53 @@
+package relay_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+func TestSearchIsOneShotRankedAndAccessFiltered(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	alice := r.Dial(t, "")
+	alice.Auth(nil)
+	bob := r.Dial(t, "")
+	bob.Auth(nil)
+	now := time.Now().Unix()
+
+	weak := alice.Sign(1, "a note about postgres and other things entirely", nil, now-30)
+	strong := alice.Sign(1, "postgres postgres: why postgres indexes matter", nil, now-60)
+	unrelated := alice.Sign(1, "lunch plans", nil, now-10)
+	for _, ev := range []*nostr.Event{weak, strong, unrelated} {
+		require.True(t, alice.Publish(ev).OK)
+	}
+	secretChannel := createChannel(t, alice, "secret", true)
+	hidden := alice.Sign(9, "postgres secret plans", nostr.Tags{{"h", secretChannel}}, now-5)
+	require.True(t, alice.Publish(hidden).OK)
+	wrap := alice.Sign(1059, "postgres", nostr.Tags{{"p", bob.Key.PublicKeyHex()}}, now-5)
+	require.True(t, alice.Publish(wrap).OK)
+
+	// Relevance first (not recency); the private channel and the gift wrap's
+	// content never match for bob.
+	got := bob.Req("s", map[string]any{"search": "postgres"})
+	require.Equal(t, []string{strong.ID, weak.ID}, ids(got))
+	require.Contains(t, ids(alice.Req("s2", map[string]any{"search": "secret plans"})), hidden.ID, "members find channel messages")
+	require.Empty(t, bob.Req("s3", map[string]any{"search": "secret plans"}))
+	bob.Send("COUNT", "c", map[string]any{"search": "postgres"})
+	require.Equal(t, int64(2), bob.Expect("COUNT").Count)
+
+	// Arbitrary user text is safe (no tsquery syntax errors).
+	require.Empty(t, bob.Req("odd", map[string]any{"search": `"unbalanced & | ! ( <-> :*`}))
+
+	// One-shot: no live delivery after EOSE.
+	bob.Send("REQ", "once", map[string]any{"search": "postgres"})
+	for bob.NextReply().Verb != "EOSE" {
+	}
+	require.True(t, alice.Publish(alice.Sign(1, "postgres again", nil, 0)).OK)
+	_, err := bob.TryNext(300 * time.Millisecond)
+	require.Error(t, err, "a search subscription must not receive live events")
+}
