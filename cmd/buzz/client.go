@@ -1,0 +1,344 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Client is one authenticated NIP-01 connection to a relay. It is used from
+// a single goroutine: every method writes a request and then reads until
+// the matching reply, so replies never need to be routed.
+type Client struct {
+	ws         *websocket.Conn
+	relayURL   string
+	key        *nostr.SecretKey
+	lastNotice string // the most recent NOTICE, reported if a reply never comes
+}
+
+// RelayError is a refusal by the relay (OK false, CLOSED, or a refused
+// AUTH). Prefix is the NIP-01 machine-readable prefix ("restricted", ...)
+// or "rejected" when the message has none.
+type RelayError struct {
+	Prefix string
+	Msg    string
+}
+
+func (e *RelayError) Error() string { return e.Msg }
+
+var prefixRE = regexp.MustCompile(`^([a-z][a-z0-9-]*): `)
+
+func relayError(msg string) *RelayError {
+	if m := prefixRE.FindStringSubmatch(msg); m != nil {
+		return &RelayError{Prefix: m[1], Msg: msg}
+	}
+	if msg == "" {
+		msg = "the relay refused without a reason"
+	}
+	return &RelayError{Prefix: "rejected", Msg: msg}
+}
+
+// ProtocolError is a relay reply that breaks NIP-01 (or the relay's own
+// documented behaviour), such as a missing AUTH challenge.
+type ProtocolError struct{ Msg string }
+
+func (e *ProtocolError) Error() string { return e.Msg }
+
+// Received is one event as the relay sent it: Raw is the relay's JSON object,
+// Event its parsed and verified form.
+type Received struct {
+	Raw   json.RawMessage
+	Event *nostr.Event
+}
+
+// Dial connects to relayURL, waits for the relay's AUTH challenge and
+// authenticates as key (NIP-42). The relay accepts nothing before AUTH.
+func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey) (*Client, error) {
+	ws, _, err := websocket.Dial(ctx, relayURL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
+	}
+	ws.SetReadLimit(16 << 20)
+	c := &Client{ws: ws, relayURL: relayURL, key: key}
+	if err := c.auth(ctx); err != nil {
+		ws.CloseNow()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close ends the connection with a normal closure.
+func (c *Client) Close() {
+	_ = c.ws.Close(websocket.StatusNormalClosure, "")
+}
+
+func (c *Client) auth(ctx context.Context) error {
+	var challenge string
+	for challenge == "" {
+		verb, parts, err := c.next(ctx, "the AUTH challenge")
+		if err != nil {
+			return err
+		}
+		switch verb {
+		case "AUTH":
+			if len(parts) < 2 || json.Unmarshal(parts[1], &challenge) != nil || challenge == "" {
+				return &ProtocolError{Msg: "relay sent a malformed AUTH challenge"}
+			}
+		case "NOTICE":
+		default:
+			return &ProtocolError{Msg: fmt.Sprintf("relay sent %s before its AUTH challenge", verb)}
+		}
+	}
+	ev := &nostr.Event{
+		Kind:      nostr.KindAuth,
+		CreatedAt: time.Now().Unix(),
+		Tags:      nostr.Tags{{"relay", c.relayURL}, {"challenge", challenge}},
+	}
+	if err := ev.Sign(c.key); err != nil {
+		return err
+	}
+	if err := c.write(ctx, "AUTH", ev); err != nil {
+		return err
+	}
+	_, err := c.awaitOK(ctx, ev.ID, "the reply to AUTH")
+	return err
+}
+
+// Publish sends ev, already signed with the client's key (see Sign), and
+// returns the relay's OK message: OK true (including "duplicate:") is
+// success, OK false is a *RelayError.
+func (c *Client) Publish(ctx context.Context, ev *nostr.Event) (string, error) {
+	if err := c.write(ctx, "EVENT", ev); err != nil {
+		return "", err
+	}
+	return c.awaitOK(ctx, ev.ID, "the OK for event "+ev.ID)
+}
+
+// Sign fills in the event's pubkey, id and signature with the client's key.
+func (c *Client) Sign(ev *nostr.Event) error { return ev.Sign(c.key) }
+
+func (c *Client) awaitOK(ctx context.Context, id, what string) (string, error) {
+	for {
+		verb, parts, err := c.next(ctx, what)
+		if err != nil {
+			return "", err
+		}
+		if verb != "OK" {
+			continue
+		}
+		var gotID, msg string
+		var ok bool
+		if len(parts) < 4 || json.Unmarshal(parts[1], &gotID) != nil ||
+			json.Unmarshal(parts[2], &ok) != nil || json.Unmarshal(parts[3], &msg) != nil {
+			return "", &ProtocolError{Msg: "relay sent a malformed OK message"}
+		}
+		if gotID != id {
+			continue
+		}
+		if !ok {
+			return "", relayError(msg)
+		}
+		return msg, nil
+	}
+}
+
+// Query runs a one-shot REQ: the stored events up to EOSE, then CLOSE.
+// Events are returned in the relay's order (newest first), without
+// duplicates.
+func (c *Client) Query(ctx context.Context, filters []json.RawMessage) ([]Received, error) {
+	events := []Received{}
+	err := c.Subscribe(ctx, filters, func(r Received) error {
+		events = append(events, r)
+		return nil
+	}, true)
+	return events, err
+}
+
+// Subscribe sends a REQ and calls fn for every event. With oneShot it stops
+// at EOSE and closes the subscription; otherwise it runs until ctx ends
+// (returning ctx's error) or the relay closes the subscription.
+func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn func(Received) error, oneShot bool) error {
+	sub := newSubID()
+	if err := c.write(ctx, reqMessage("REQ", sub, filters)...); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for {
+		verb, parts, err := c.next(ctx, "events for subscription "+sub)
+		if err != nil {
+			return err
+		}
+		if len(parts) < 2 || !isSub(parts[1], sub) {
+			continue
+		}
+		switch verb {
+		case "EVENT":
+			if len(parts) < 3 {
+				return &ProtocolError{Msg: "relay sent an EVENT without an event"}
+			}
+			r, err := verifyEvent(parts[2])
+			if err != nil {
+				return err
+			}
+			if seen[r.Event.ID] {
+				continue
+			}
+			seen[r.Event.ID] = true
+			if err := fn(r); err != nil {
+				return err
+			}
+		case "EOSE":
+			if oneShot {
+				return c.write(ctx, "CLOSE", sub)
+			}
+		case "CLOSED":
+			return relayError(stringAt(parts, 2))
+		}
+	}
+}
+
+// Count sends a NIP-45 COUNT and returns the relay's count.
+func (c *Client) Count(ctx context.Context, filters []json.RawMessage) (int64, error) {
+	sub := newSubID()
+	if err := c.write(ctx, reqMessage("COUNT", sub, filters)...); err != nil {
+		return 0, err
+	}
+	for {
+		verb, parts, err := c.next(ctx, "the COUNT reply")
+		if err != nil {
+			return 0, err
+		}
+		if len(parts) < 2 || !isSub(parts[1], sub) {
+			continue
+		}
+		switch verb {
+		case "COUNT":
+			var body struct {
+				Count *int64 `json:"count"`
+			}
+			if len(parts) < 3 || json.Unmarshal(parts[2], &body) != nil || body.Count == nil {
+				return 0, &ProtocolError{Msg: "relay sent a malformed COUNT reply"}
+			}
+			return *body.Count, nil
+		case "CLOSED":
+			return 0, relayError(stringAt(parts, 2))
+		}
+	}
+}
+
+// verifyEvent parses an event object from the relay and checks its id and
+// signature, so nothing forged or corrupted reaches the output.
+func verifyEvent(raw json.RawMessage) (Received, error) {
+	ev, err := nostr.ParseEvent(raw, nostr.Limits{})
+	if err != nil {
+		return Received{}, &ProtocolError{Msg: "relay sent a malformed event: " + err.Error()}
+	}
+	if err := ev.Verify(); err != nil {
+		return Received{}, &ProtocolError{Msg: fmt.Sprintf("relay sent event %s that fails verification: %v", ev.ID, err)}
+	}
+	return Received{Raw: raw, Event: ev}, nil
+}
+
+func reqMessage(verb, sub string, filters []json.RawMessage) []any {
+	parts := []any{verb, sub}
+	for _, f := range filters {
+		parts = append(parts, f)
+	}
+	return parts
+}
+
+func isSub(raw json.RawMessage, sub string) bool {
+	var s string
+	return json.Unmarshal(raw, &s) == nil && s == sub
+}
+
+func stringAt(parts []json.RawMessage, i int) string {
+	var s string
+	if i < len(parts) {
+		_ = json.Unmarshal(parts[i], &s)
+	}
+	return s
+}
+
+func newSubID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "buzz-" + hex.EncodeToString(b[:])
+}
+
+// write sends one JSON array message, without HTML escaping so event
+// content goes out byte for byte as signed.
+func (c *Client) write(ctx context.Context, parts ...any) error {
+	msg, err := marshal(parts)
+	if err != nil {
+		return err
+	}
+	if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+		return c.connErr(ctx, err, "send to relay")
+	}
+	return nil
+}
+
+// next reads the next relay message; what names the awaited reply for
+// timeout errors.
+func (c *Client) next(ctx context.Context, what string) (string, []json.RawMessage, error) {
+	typ, data, err := c.ws.Read(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", nil, c.waitErr(ctx, what)
+		}
+		return "", nil, c.connErr(ctx, err, "read from relay")
+	}
+	var parts []json.RawMessage
+	var verb string
+	if typ != websocket.MessageText || json.Unmarshal(data, &parts) != nil || len(parts) == 0 ||
+		json.Unmarshal(parts[0], &verb) != nil {
+		return "", nil, &ProtocolError{Msg: fmt.Sprintf("relay sent a message that is not a JSON array: %.200q", data)}
+	}
+	if verb == "NOTICE" {
+		c.lastNotice = stringAt(parts, 1)
+	}
+	return verb, parts, nil
+}
+
+// waitErr wraps ctx's error with what was being waited for.
+func (c *Client) waitErr(ctx context.Context, what string) error {
+	msg := "waiting for " + what
+	if c.lastNotice != "" {
+		msg += fmt.Sprintf(" (last NOTICE from the relay: %q)", c.lastNotice)
+	}
+	return fmt.Errorf("%s: %w", msg, context.Cause(ctx))
+}
+
+func (c *Client) connErr(ctx context.Context, err error, op string) error {
+	if ctx.Err() != nil {
+		return c.waitErr(ctx, op)
+	}
+	if status := websocket.CloseStatus(err); status != -1 {
+		var ce websocket.CloseError
+		errors.As(err, &ce)
+		return fmt.Errorf("relay closed the connection (%d %s)", status, ce.Reason)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// marshal encodes v as compact JSON without HTML escaping.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}

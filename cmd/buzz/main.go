@@ -1,0 +1,343 @@
+// Command buzz is the agent-first client for a Buzz relay. Every command
+// prints exactly one JSON document on stdout, or a JSON error object
+// {"error": ..., "code": ...} on stderr with a non-zero exit status:
+// 2 for usage errors and invalid input (nothing was sent), 1 for network,
+// timeout and protocol errors, 3 when the relay refused (OK false, CLOSED);
+// code is then the relay's NIP-01 prefix, such as "restricted".
+//
+//	buzz channels list
+//	buzz channels create NAME [--private] [--about TEXT]
+//	buzz channels join CHANNEL_ID
+//	buzz send CHANNEL_ID TEXT [--reply-to EVENT_ID] [--mention PUBKEY]...
+//	buzz send --json     < {"channel": ..., "content": ..., "tags": [...]}
+//	buzz req FILTER_JSON... [--count | --stream]
+//	buzz req --json      < [FILTER, ...]
+//	buzz whoami
+//	buzz keygen
+//
+// BUZZ_PRIVATE_KEY (64-hex secret key) and BUZZ_RELAY_URL (ws:// or wss://)
+// configure it; --key-file and --relay override them, and --timeout
+// (default 10s) bounds every command.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
+  channels list
+  channels create NAME [--private] [--about TEXT]
+  channels join CHANNEL_ID
+  send CHANNEL_ID TEXT [--reply-to EVENT_ID] [--mention PUBKEY]...
+  send --json   (stdin: {"channel":...,"content":...,"tags":[[...]],"reply_to":...,"mentions":[...]})
+  req FILTER_JSON... [--count | --stream]
+  req --json    (stdin: a JSON array of filters, or one filter)
+  whoami
+  keygen
+env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://)
+exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix)`
+
+const defaultTimeout = 10 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command and returns the process exit status.
+func run(ctx context.Context, args []string, env func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	o := &options{env: env, stdin: stdin, stdout: stdout, timeout: defaultTimeout}
+	result, err := dispatch(ctx, o, args)
+	if err == nil && result != nil {
+		err = writeJSON(stdout, result)
+	}
+	if err == nil {
+		return 0
+	}
+	ce := classify(err)
+	_ = writeJSON(stderr, errorJSON{Error: ce.msg, Code: ce.code})
+	return ce.exit
+}
+
+// errorJSON is what a failed command prints on stderr.
+type errorJSON struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+// cliError is an error with its JSON code and exit status.
+type cliError struct {
+	code string
+	msg  string
+	exit int
+}
+
+func (e *cliError) Error() string { return e.msg }
+
+func usageErr(format string, args ...any) error {
+	return &cliError{code: "usage", msg: fmt.Sprintf(format, args...), exit: 2}
+}
+
+func invalidErr(format string, args ...any) error {
+	return &cliError{code: "invalid", msg: fmt.Sprintf(format, args...), exit: 2}
+}
+
+func configErr(format string, args ...any) error {
+	return &cliError{code: "config", msg: fmt.Sprintf(format, args...), exit: 2}
+}
+
+func classify(err error) *cliError {
+	var ce *cliError
+	var re *RelayError
+	var pe *ProtocolError
+	switch {
+	case errors.As(err, &ce):
+		return ce
+	case errors.As(err, &re):
+		return &cliError{code: re.Prefix, msg: re.Msg, exit: 3}
+	case errors.As(err, &pe):
+		return &cliError{code: "protocol", msg: pe.Msg, exit: 1}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &cliError{code: "timeout", msg: err.Error(), exit: 1}
+	case errors.Is(err, context.Canceled):
+		return &cliError{code: "interrupted", msg: err.Error(), exit: 1}
+	default:
+		return &cliError{code: "network", msg: err.Error(), exit: 1}
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	b, err := marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// options holds the global flags and the process's I/O.
+type options struct {
+	relay   string
+	keyFile string
+	timeout time.Duration
+	env     func(string) string
+	stdin   io.Reader
+	stdout  io.Writer
+}
+
+// flags returns a flag set with the global flags registered; every command
+// accepts them anywhere on its command line.
+func (o *options) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.relay, "relay", o.relay, "relay URL (default $BUZZ_RELAY_URL)")
+	fs.StringVar(&o.keyFile, "key-file", o.keyFile, "file holding the 64-hex secret key (default $BUZZ_PRIVATE_KEY)")
+	fs.Var((*timeoutValue)(&o.timeout), "timeout", "bound on the whole command (0 = none)")
+	return fs
+}
+
+// timeoutValue accepts a Go duration ("10s", "1m") or a number of seconds.
+type timeoutValue time.Duration
+
+func (t *timeoutValue) String() string { return time.Duration(*t).String() }
+
+func (t *timeoutValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(s, 64)
+		if ferr != nil {
+			return errors.New("want a duration such as 10s or a number of seconds")
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*t = timeoutValue(d)
+	return nil
+}
+
+var errHelp = errors.New("help")
+
+// parseArgs parses flags and positional arguments in any order; "--" ends
+// the flags (for text that starts with a dash).
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, usageErr("%s: %v", fs.Name(), err)
+		}
+		rest := fs.Args()
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// command parses args against fs and checks the positional count.
+func command(fs *flag.FlagSet, args []string, min, max int, synopsis string) ([]string, error) {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) < min || len(pos) > max {
+		return nil, usageErr("usage: buzz %s", synopsis)
+	}
+	return pos, nil
+}
+
+// A commandFunc parses its arguments (flags included, so the timeout is
+// known) and returns the action to run under that timeout. Input errors
+// found while parsing mean nothing touches stdin or the network.
+type commandFunc func(o *options, args []string) (action, error)
+
+// An action does the command's work; a nil result means it wrote its own
+// output (req --stream).
+type action func(ctx context.Context) (any, error)
+
+var commands = map[string]commandFunc{
+	"channels list":   channelsList,
+	"channels create": channelsCreate,
+	"channels join":   channelsJoin,
+	"send":            send,
+	"req":             req,
+	"whoami":          whoami,
+	"keygen":          keygen,
+}
+
+// dispatch resolves the command (global flags may precede it), applies the
+// timeout and runs it. A nil result means the command wrote its own output.
+func dispatch(ctx context.Context, o *options, args []string) (any, error) {
+	fs := o.flags("buzz")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return helpResult(), nil
+		}
+		return nil, usageErr("%v", err)
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return nil, usageErr("missing command; run buzz help")
+	}
+	name, rest := rest[0], rest[1:]
+	if name == "help" {
+		return helpResult(), nil
+	}
+	if name == "channels" {
+		fs := o.flags("buzz channels")
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return helpResult(), nil
+			}
+			return nil, usageErr("%v", err)
+		}
+		if fs.NArg() == 0 {
+			return nil, usageErr("missing channels subcommand: list, create or join")
+		}
+		name, rest = "channels "+fs.Arg(0), fs.Args()[1:]
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		return nil, usageErr("unknown command %q; run buzz help", name)
+	}
+	act, err := cmd(o, rest)
+	if errors.Is(err, errHelp) {
+		return helpResult(), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	result, err := act(ctx)
+	var ce *cliError
+	var re *RelayError
+	if err != nil && ctx.Err() != nil && !errors.As(err, &ce) && !errors.As(err, &re) {
+		// However the library words it, the cause is the timeout or a signal.
+		code, msg := "timeout", fmt.Sprintf("timed out after %s", o.timeout)
+		if errors.Is(context.Cause(ctx), context.Canceled) {
+			code, msg = "interrupted", "interrupted"
+		}
+		return nil, &cliError{code: code, msg: msg + ": " + err.Error(), exit: 1}
+	}
+	return result, err
+}
+
+func helpResult() any { return map[string]string{"usage": usageText} }
+
+// secretKey reads the key from --key-file or BUZZ_PRIVATE_KEY.
+func (o *options) secretKey() (*nostr.SecretKey, error) {
+	src, hexKey := "BUZZ_PRIVATE_KEY", o.env("BUZZ_PRIVATE_KEY")
+	if o.keyFile != "" {
+		b, err := os.ReadFile(o.keyFile)
+		if err != nil {
+			return nil, configErr("read --key-file: %v", err)
+		}
+		src, hexKey = "--key-file "+o.keyFile, string(b)
+	}
+	hexKey = strings.TrimSpace(hexKey)
+	if hexKey == "" {
+		return nil, configErr("BUZZ_PRIVATE_KEY is not set (a 64-hex secret key; buzz keygen makes one)")
+	}
+	key, err := nostr.SecretKeyFromHex(hexKey)
+	if err != nil {
+		return nil, configErr("%s: %v", src, err)
+	}
+	return key, nil
+}
+
+// relayURL reads --relay or BUZZ_RELAY_URL and checks it is a WebSocket URL.
+func (o *options) relayURL() (string, error) {
+	raw := o.relay
+	if raw == "" {
+		raw = o.env("BUZZ_RELAY_URL")
+	}
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return "", configErr("BUZZ_RELAY_URL is not set (for example ws://localhost:3000)")
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return "", configErr("relay URL %q must be ws://HOST[:PORT] or wss://HOST[:PORT]", raw)
+	}
+	return raw, nil
+}
+
+// connect reads the configuration, dials and authenticates.
+func (o *options) connect(ctx context.Context) (*Client, error) {
+	key, err := o.secretKey()
+	if err != nil {
+		return nil, err
+	}
+	relay, err := o.relayURL()
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, relay, key)
+}
