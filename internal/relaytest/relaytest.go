@@ -157,7 +157,9 @@ func (c *Client) Next() []json.RawMessage {
 	return msg
 }
 
-// TryNext reads the next message or fails after wait.
+// TryNext reads the next message or fails after wait. A timeout closes the
+// connection (coder/websocket closes on a cancelled read), so a test that
+// expects silence checks it last.
 func (c *Client) TryNext(wait time.Duration) ([]json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
