@@ -1,0 +1,127 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// TestTenantIsolation runs one divergent two-community fixture against
+// every read path: the same person (one key) is in communities A and B, and
+// both communities even hold a channel with the same id. Nothing of B may
+// ever reach a client of A.
+//
+// Which assertion fails when a query's community predicate is removed:
+//   - eventstore BuildSelect "community_id = $1"        → "REQ {}" and "pinned REQ" (B rows appear)
+//   - eventstore BuildCount "community_id = $1"         → "COUNT"
+//   - search branch (same builder)                      → "search"
+//   - ChannelsReadable "c.community_id = ..."           → "pinned REQ to B's private channel id" (B's channel
+//     id becomes readable in A)
+//   - ChannelAccess / ChannelLockForUpdate community    → "write to B's private channel id" (accepted)
+//   - EventInsert ON CONFLICT scope (PK leads with community_id) → "same event in both" (duplicate in A)
+//   - events_keep_newest_version slot (community_id)    → "A's profile survives B's newer one"
+//   - EventsDeleteByIDs community_id                     → "B's deletion does not hide A's copy"
+//   - fanout.Hub per-community index                    → "live"
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	r.AddCommunity(t, "b.example")
+	person := relaytest.NewKey(t)
+	now := time.Now().Unix()
+
+	inB := r.Dial(t, "b.example")
+	inB.Auth(person)
+	inA := r.Dial(t, "")
+	inA.Auth(person)
+	watcher := r.Dial(t, "")
+	watcher.Auth(nil)
+	watcher.Send("REQ", "live", map[string]any{"limit": 0})
+	watcher.Expect("EOSE")
+
+	// Community A: an open channel X and a private channel P.
+	shared := uuid.NewString()
+	require.True(t, inA.Publish(inA.Sign(9007, "", nostr.Tags{{"h", shared}, {"name", "a-only"}}, 0)).OK)
+	aMsg := inA.Sign(9, "hello from A", nostr.Tags{{"h", shared}}, now-100)
+	require.True(t, inA.Publish(aMsg).OK)
+	aProfile := inA.Sign(0, `{"name":"a-profile"}`, nil, now-50)
+	require.True(t, inA.Publish(aProfile).OK)
+	both := inA.Sign(1, "posted to both communities", nil, now-40)
+	require.True(t, inA.Publish(both).OK)
+
+	// Community B: the same channel id X, divergent content, and a private channel.
+	require.True(t, inB.Publish(inB.Sign(9007, "", nostr.Tags{{"h", shared}, {"name", "b-only"}}, 0)).OK)
+	bPrivate := uuid.NewString()
+	require.True(t, inB.Publish(inB.Sign(9007, "", nostr.Tags{{"h", bPrivate}, {"name", "b-private"}, {"visibility", "private"}}, 0)).OK)
+	bMsg := inB.Sign(9, "zebra secret in B", nostr.Tags{{"h", shared}}, now-90)
+	require.True(t, inB.Publish(bMsg).OK)
+	bNote := inB.Sign(1, "zebra note only in B", nil, now-80)
+	require.True(t, inB.Publish(bNote).OK)
+	require.True(t, inB.Publish(inB.Sign(0, `{"name":"b-profile"}`, nil, now-10)).OK, "B's newer profile")
+	bWrap := relaytest.SignEvent(t, relaytest.NewKey(t), 1059, "ciphertext", nostr.Tags{{"p", person.PublicKeyHex()}}, 0)
+	require.True(t, inB.Publish(bWrap).OK)
+	okBoth := inB.Publish(both)
+	require.True(t, okBoth.OK)
+	require.Empty(t, okBoth.Msg, "same event in both: new in B")
+	require.True(t, inB.Publish(inB.Sign(5, "", nostr.Tags{{"e", both.ID}}, 0)).OK, "B's deletion of its copy")
+
+	bIDs := map[string]bool{bMsg.ID: true, bNote.ID: true, bWrap.ID: true}
+	requireNoB := func(what string, events []*nostr.Event) {
+		t.Helper()
+		for _, ev := range events {
+			require.False(t, bIDs[ev.ID], "%s: community B's event %s reached A", what, ev.ID)
+			if ev.Kind >= 39000 && ev.Kind <= 39002 {
+				require.NotEqual(t, []string{"b-only"}, ev.Tags.Values("name"), "%s: B's discovery event reached A", what)
+			}
+		}
+	}
+
+	all := inA.Req("all", map[string]any{})
+	requireNoB("REQ {}", all)
+	require.Contains(t, ids(all), aMsg.ID)
+	pinned := inA.Req("pinned", map[string]any{"#h": []string{shared}})
+	requireNoB("pinned REQ", pinned)
+	require.Contains(t, ids(pinned), aMsg.ID)
+	meta := inA.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{shared}})
+	require.Len(t, meta, 1)
+	require.Equal(t, []string{"a-only"}, meta[0].Tags.Values("name"))
+
+	inA.Send("COUNT", "count", map[string]any{"kinds": []int{9}})
+	require.Equal(t, int64(1), inA.Expect("COUNT").Count, "COUNT")
+	require.Empty(t, inA.Req("search", map[string]any{"search": "zebra"}), "search")
+	require.Empty(t, inA.Req("dms", map[string]any{"kinds": []int{1059}, "#p": []string{person.PublicKeyHex()}}), "DMs")
+	require.Equal(t, []string{aProfile.ID}, ids(inA.Req("profile", map[string]any{"kinds": []int{0}, "authors": []string{person.PublicKeyHex()}})), "A's profile survives B's newer one")
+	require.Equal(t, []string{both.ID}, ids(inA.Req("both", map[string]any{"ids": []string{both.ID}})), "B's deletion does not hide A's copy")
+
+	// B's private channel id means nothing in A.
+	inA.Send("REQ", "bprivate", map[string]any{"#h": []string{bPrivate}})
+	require.Equal(t, "restricted: not a channel member", inA.Expect("CLOSED").Msg, "pinned REQ to B's private channel id")
+	requireRejected(t, inA.Publish(inA.Sign(9, "sneak", nostr.Tags{{"h", bPrivate}}, 0)), "invalid: unknown channel")
+
+	// Storage agrees: every row of B's channel id in A's community is A's own.
+	var foreign int
+	require.NoError(t, r.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE community_id = $1 AND id = ANY($2)`, r.CommunityID,
+		[][]byte{idBytes(bMsg), idBytes(bNote), idBytes(bWrap)}).Scan(&foreign))
+	require.Zero(t, foreign)
+
+	// Live: the catch-all subscriber in A got only A's events (checked last:
+	// a read timeout closes the connection).
+	for {
+		msg, err := watcher.TryNext(300 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		require.NotContains(t, string(msg[len(msg)-1]), "zebra", "live: B's event reached A")
+	}
+}
+
+func idBytes(ev *nostr.Event) []byte {
+	b := ev.IDBytes()
+	return b[:]
+}
