@@ -149,7 +149,7 @@ func (e *Event) verifySig(id [32]byte) error {
 	if !decodeLowerHex(sb[:], e.Sig) {
 		return fmt.Errorf("%w: sig must be 128-char lowercase hex", ErrBadSignature)
 	}
-	pub, err := schnorr.ParsePubKey(pk[:])
+	pub, err := parsedKeys.parse(pk)
 	if err != nil {
 		return fmt.Errorf("%w: pubkey is not a valid secp256k1 point", ErrBadSignature)
 	}
