@@ -24,7 +24,7 @@ test: verify lint interop-deps ## verify generated code, lint, then run every te
 
 generate: ## render query templates, dump sql/schema.sql from the migrations, run sqlc
 	$(GO) run ./internal/querytmpl/render
-	$(WITH_PG) $(GO) run ./internal/schemadump > sql/schema.sql.tmp
+	$(WITH_PG) $(GO) run ./internal/schemadump/dumpschema > sql/schema.sql.tmp
 	mv sql/schema.sql.tmp sql/schema.sql
 	$(GO) tool sqlc generate
 

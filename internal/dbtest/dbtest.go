@@ -57,6 +57,10 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
+// AdminURL is the test cluster's superuser URL (valid inside tests run
+// through Main).
+func AdminURL() string { return adminURL }
+
 // URL returns the URL of a fresh migrated database for this test, dropped at
 // cleanup. The session time zone is TimeZone.
 func URL(t testing.TB) string {
