@@ -37,8 +37,8 @@ const (
 var RelayOnlyKinds = []int{KindGroupMetadata, KindGroupAdmins, KindGroupMembers, KindMemberAdded, KindMemberRemoved}
 
 func registerChannelHandlers(h map[int]Handler) {
-	h[KindChat] = Handler{Validate: requireChannelTag, Prepare: resolveChannelForWrite}
-	h[KindCreateGroup] = Handler{Validate: validateCreateGroup, Apply: applyCreateGroup}
+	h[KindChat] = Handler{Validate: requireChannelTag, Prepare: resolveChannelForWrite, Apply: applyThreadReply}
+	h[KindCreateGroup] = Handler{Validate: validateCreateGroup, Prepare: bindNewChannel, Apply: applyCreateGroup}
 	h[KindJoinRequest] = Handler{Validate: requireChannelTag, Prepare: prepareJoin, Apply: applyJoin}
 	h[KindLeaveRequest] = Handler{Validate: requireChannelTag, Prepare: prepareLeave, Apply: applyLeave}
 	h[KindPutUser] = Handler{Validate: validatePutUser, Prepare: prepareAdminAction, Apply: applyPutUser}
@@ -88,6 +88,13 @@ func resolveChannelForWrite(ctx context.Context, w *Write) error {
 	if err != nil {
 		return err
 	}
+	return bindChannelForWrite(ctx, w, id)
+}
+
+// bindChannelForWrite binds the event to channel id if the actor may write
+// there (the rules of resolveChannelForWrite, for a channel found another
+// way, e.g. a reaction's target).
+func bindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
 	access, err := channelAccess(ctx, w, id)
 	if err != nil {
 		return err
@@ -130,6 +137,14 @@ func validateCreateGroup(ev *nostr.Event) error {
 	return nil
 }
 
+// bindNewChannel scopes a 9007 event to the channel it creates, so a private
+// channel's creation (and name) is as private as the channel.
+func bindNewChannel(_ context.Context, w *Write) error {
+	id, err := channelOf(w.Event)
+	w.ChannelID = &id
+	return err
+}
+
 func visibilityOf(ev *nostr.Event) db.ChannelVisibility {
 	if v := ev.Tags.First("visibility"); (v != nil && v[1] == "private") || ev.Tags.First("private") != nil {
 		return db.ChannelVisibilityPrivate
@@ -153,7 +168,6 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 	if created == 0 {
 		return Reject("invalid", "channel %s already exists", id)
 	}
-	w.ChannelID = &id
 	owner := db.MemberRoleOwner
 	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
 		CommunityID: w.Tenant.ID(), ChannelID: id, Pubkey: w.ActorBytes(), Role: &owner,

@@ -39,6 +39,12 @@ func applyDeletion(ctx context.Context, w *Write) error {
 		}); err != nil {
 			return err
 		}
+		// A deleted reaction event takes its reaction with it.
+		if _, err := q.ReactionsRemoveByEvents(ctx, db.ReactionsRemoveByEventsParams{
+			CommunityID: tenant.ID(), ReactionEventIds: ids, Author: author[:],
+		}); err != nil {
+			return err
+		}
 	}
 	for _, v := range ev.Tags.Values("a") {
 		kind, pubkey, d, ok := parseCoordinate(v)

@@ -86,6 +86,8 @@ type Write struct {
 	pipeline          *Pipeline
 	emitted           []emittedEvent
 	membershipChanged bool
+	// state carries what a handler's Prepare found on to its Apply.
+	state any
 }
 
 type emittedEvent struct {
@@ -103,11 +105,21 @@ func (w *Write) ActorBytes() []byte {
 // dropped after commit.
 func (w *Write) MembershipChanged() { w.membershipChanged = true }
 
+// SideRows are written for every stored event that Needs them, whatever its
+// kind, in the event's transaction after the kind's own Apply. Needs must be
+// cheap: an event no SideRows need keeps the single-INSERT fast path.
+// Relay-signed events (Write.Emit) do not get them.
+type SideRows struct {
+	Needs func(ev *nostr.Event) bool
+	Apply func(ctx context.Context, w *Write) error
+}
+
 // Pipeline runs the write spine.
 type Pipeline struct {
 	pool          *pgxpool.Pool
 	hub           *fanout.Hub
 	handlers      map[int]Handler
+	sideRows      []SideRows
 	maxFutureSkew time.Duration
 	now           func() time.Time
 
@@ -133,11 +145,26 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, maxFutureSkew time.Duration) *Pipe
 	}
 	p.handlers[nostr.KindDeletion] = deletionHandler
 	registerChannelHandlers(p.handlers)
+	registerSocialHandlers(p)
 	return p
 }
 
 // Register adds or replaces the handler of a kind.
 func (p *Pipeline) Register(kind int, h Handler) { p.handlers[kind] = h }
+
+// RegisterSideRows adds side rows written for every stored event that needs them.
+func (p *Pipeline) RegisterSideRows(s SideRows) { p.sideRows = append(p.sideRows, s) }
+
+// sideRowsFor returns the side-row writers ev needs (usually none).
+func (p *Pipeline) sideRowsFor(ev *nostr.Event) []SideRows {
+	var out []SideRows
+	for _, s := range p.sideRows {
+		if s.Needs(ev) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // handlerFor returns the kind's handler. An event of a kind without one
 // that names a channel (h tag) still gets the channel write check.
@@ -179,7 +206,8 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 
 	var inserted int64
 	var err error
-	if !hasHandler || (h.Prepare == nil && h.Apply == nil) {
+	sideRows := p.sideRowsFor(ev)
+	if (!hasHandler || (h.Prepare == nil && h.Apply == nil)) && len(sideRows) == 0 {
 		// No side rows: the INSERT alone is the event's transaction.
 		inserted, err = p.insert(ctx, db.New(p.pool), w)
 	} else {
@@ -194,7 +222,14 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 				return err
 			}
 			if h.Apply != nil {
-				return h.Apply(ctx, w)
+				if err := h.Apply(ctx, w); err != nil {
+					return err
+				}
+			}
+			for _, s := range sideRows {
+				if err := s.Apply(ctx, w); err != nil {
+					return err
+				}
 			}
 			return nil
 		})

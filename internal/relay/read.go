@@ -84,4 +84,3 @@ func onlySelf(values []string, self string) bool {
 	}
 	return true
 }
-

@@ -1,0 +1,118 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// profileHandler mirrors kind 0 profiles into users (spec D.4). Malformed
+// content is stored as sent (clients publish all sorts); the users row then
+// records only which event it mirrors. Only the Buzz keys that change who
+// may add the user to channels are validated.
+var profileHandler = Handler{Validate: validateProfile, Apply: applyProfile}
+
+// profile is the part of a kind 0 content the relay reads.
+type profile struct {
+	fields           map[string]json.RawMessage // nil: content is not a JSON object
+	channelAddPolicy *db.ChannelAddPolicy
+	agentOwner       []byte
+}
+
+func parseProfile(content string) (profile, error) {
+	var p profile
+	if json.Unmarshal([]byte(content), &p.fields) != nil {
+		return profile{}, nil
+	}
+	if raw, ok := p.fields["channel_add_policy"]; ok {
+		var s string
+		policy := db.ChannelAddPolicy("")
+		if json.Unmarshal(raw, &s) == nil {
+			policy = db.ChannelAddPolicy(s)
+		}
+		if !policy.Valid() {
+			return p, Reject("invalid", "channel_add_policy must be anyone, owner_only or nobody")
+		}
+		p.channelAddPolicy = &policy
+	}
+	if raw, ok := p.fields["agent_owner"]; ok {
+		var s string
+		owner, valid := [32]byte{}, false
+		if json.Unmarshal(raw, &s) == nil {
+			owner, valid = nostr.DecodeHex32(s)
+		}
+		if !valid {
+			return p, Reject("invalid", "agent_owner must be a 64-hex lowercase pubkey")
+		}
+		p.agentOwner = owner[:]
+	}
+	return p, nil
+}
+
+// text returns the first of keys holding a non-empty string that PostgreSQL
+// text can store, or nil.
+func (p profile) text(keys ...string) *string {
+	for _, k := range keys {
+		var s string
+		if raw, ok := p.fields[k]; ok && json.Unmarshal(raw, &s) == nil {
+			if s = strings.TrimSpace(s); s != "" && !strings.ContainsRune(s, 0) {
+				return &s
+			}
+		}
+	}
+	return nil
+}
+
+func validateProfile(ev *nostr.Event) error {
+	_, err := parseProfile(ev.Content)
+	return err
+}
+
+func applyProfile(ctx context.Context, w *Write) error {
+	p, _ := parseProfile(w.Event.Content)
+	nip05 := p.text("nip05")
+	if nip05 != nil && !nip05OnHost(*nip05, w.Tenant.Host()) {
+		nip05 = nil // off-domain identifiers are not this community's to vouch for
+	}
+	id := w.Event.IDBytes()
+	_, err := w.Q.UserProfileSync(ctx, db.UserProfileSyncParams{
+		CommunityID:       w.Tenant.ID(),
+		Pubkey:            w.ActorBytes(),
+		DisplayName:       p.text("display_name", "name"),
+		About:             p.text("about"),
+		AvatarUrl:         p.text("picture"),
+		Nip05Handle:       nip05,
+		ChannelAddPolicy:  p.channelAddPolicy,
+		AgentOwnerPubkey:  p.agentOwner,
+		MetadataEventID:   id[:],
+		MetadataCreatedAt: time.Unix(w.Event.CreatedAt, 0),
+	})
+	return err
+}
+
+// nip05OnHost reports whether a NIP-05 identifier ("name@domain", or a bare
+// domain) names host, case-insensitively and ignoring ports.
+func nip05OnHost(identifier, host string) bool {
+	domain := identifier
+	if at := strings.LastIndexByte(identifier, '@'); at >= 0 {
+		domain = identifier[at+1:]
+	}
+	return domain != "" && strings.EqualFold(hostOnly(domain), hostOnly(host))
+}
+
+// hostOnly drops a port and a trailing dot from an authority.
+func hostOnly(authority string) string {
+	h := authority
+	if strings.HasPrefix(h, "[") {
+		if end := strings.IndexByte(h, ']'); end > 0 {
+			h = h[:end+1]
+		}
+	} else if i := strings.LastIndexByte(h, ':'); i >= 0 && strings.Count(h, ":") == 1 {
+		h = h[:i]
+	}
+	return strings.TrimSuffix(h, ".")
+}

@@ -1,0 +1,134 @@
+package ingest_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+type userRow struct {
+	DisplayName, About, Avatar, Nip05 *string
+	Policy                            string
+	Owner                             string
+	EventID                           string
+	CreatedAt                         time.Time
+}
+
+func (f *fixture) user(key *nostr.SecretKey) (userRow, bool) {
+	f.t.Helper()
+	var u userRow
+	rows, err := f.pool.Query(f.ctx, `
+		SELECT display_name, about, avatar_url, nip05_handle, channel_add_policy::text,
+		       coalesce(encode(agent_owner_pubkey, 'hex'), ''), encode(metadata_event_id, 'hex'), metadata_created_at
+		FROM users WHERE community_id = $1 AND encode(pubkey, 'hex') = $2`, f.tenant.ID(), key.PublicKeyHex())
+	require.NoError(f.t, err)
+	defer rows.Close()
+	if !rows.Next() {
+		return u, false
+	}
+	require.NoError(f.t, rows.Scan(&u.DisplayName, &u.About, &u.Avatar, &u.Nip05, &u.Policy, &u.Owner, &u.EventID, &u.CreatedAt))
+	return u, true
+}
+
+func ptr(s string) *string { return &s }
+
+func TestProfileSyncsIntoUsers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "profiles.example", 0)
+	agent, owner := f.key(), f.key()
+
+	v1 := f.store(f.sign(agent, 0, `{"name":"honey","about":"bee","picture":"https://x.example/h.png","nip05":"Honey@Profiles.Example:443",
+		"channel_add_policy":"owner_only","agent_owner":"`+owner.PublicKeyHex()+`"}`, nil, f.base))
+	u, ok := f.user(agent)
+	require.True(t, ok)
+	require.Equal(t, userRow{DisplayName: ptr("honey"), About: ptr("bee"), Avatar: ptr("https://x.example/h.png"),
+		Nip05: ptr("Honey@Profiles.Example:443"), Policy: "owner_only", Owner: owner.PublicKeyHex(),
+		EventID: v1.ID, CreatedAt: time.Unix(f.base, 0)}, u)
+
+	// display_name wins over name; an off-domain NIP-05 is cleared; the
+	// policy and owner stay when a newer profile does not name them.
+	v2 := f.store(f.sign(agent, 0, `{"name":"n","display_name":"Honey Bee","nip05":"honey@elsewhere.example"}`, nil, f.base+10))
+	u, _ = f.user(agent)
+	require.Equal(t, userRow{DisplayName: ptr("Honey Bee"), Policy: "owner_only", Owner: owner.PublicKeyHex(),
+		EventID: v2.ID, CreatedAt: time.Unix(f.base+10, 0)}, u)
+
+	// An older version changes nothing (the slot keeps the newest).
+	out, err := f.submit(f.sign(agent, 0, `{"name":"old"}`, nil, f.base+5))
+	require.NoError(t, err)
+	require.Equal(t, ingest.Superseded, out, "an older profile is not stored")
+	u, _ = f.user(agent)
+	require.Equal(t, v2.ID, u.EventID)
+
+	// Malformed content is accepted; the row keeps only which event it mirrors.
+	v3 := f.store(f.sign(agent, 0, `{not json`, nil, f.base+20))
+	u, _ = f.user(agent)
+	require.Equal(t, userRow{Policy: "owner_only", Owner: owner.PublicKeyHex(), EventID: v3.ID, CreatedAt: time.Unix(f.base+20, 0)}, u)
+	f.store(f.sign(agent, 0, `{"name":"nul\u0000inside","about":42,"channel_add_policy":"nobody"}`, nil, f.base+30))
+	u, _ = f.user(agent)
+	require.Nil(t, u.DisplayName, "values PostgreSQL text cannot hold are dropped")
+	require.Nil(t, u.About, "non-string values are ignored")
+	require.Equal(t, "nobody", u.Policy)
+
+	// A fresh user with a bare-domain NIP-05 on this host and no Buzz keys.
+	plain := f.key()
+	f.store(f.sign(plain, 0, `{"display_name":"","name":"Plain","nip05":"profiles.example"}`, nil, 0))
+	u, _ = f.user(plain)
+	require.Equal(t, ptr("Plain"), u.DisplayName)
+	require.Equal(t, ptr("profiles.example"), u.Nip05)
+	require.Equal(t, "anyone", u.Policy)
+	require.Empty(t, u.Owner)
+}
+
+func TestProfileRejectsBadBuzzKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "profiles-bad.example", 0)
+	key := f.key()
+	const policyErr = "invalid: channel_add_policy must be anyone, owner_only or nobody"
+	for _, content := range []string{
+		`{"channel_add_policy":"everyone"}`,
+		`{"channel_add_policy":"Nobody"}`,
+		`{"channel_add_policy":""}`,
+		`{"channel_add_policy":null}`,
+		`{"channel_add_policy":1}`,
+	} {
+		f.rejected(f.sign(key, 0, content, nil, 0), policyErr)
+	}
+	const ownerErr = "invalid: agent_owner must be a 64-hex lowercase pubkey"
+	for _, content := range []string{
+		`{"agent_owner":"abc"}`,
+		`{"agent_owner":"` + strings.Repeat("AB", 32) + `"}`,
+		`{"agent_owner":7}`,
+	} {
+		f.rejected(f.sign(key, 0, content, nil, 0), ownerErr)
+	}
+	_, ok := f.user(key)
+	require.False(t, ok)
+}
+
+func TestNip05HostMatching(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "localhost:7777", 0)
+	for nip05, kept := range map[string]bool{
+		"bob@localhost":          true,
+		"bob@LOCALHOST:9999":     true,
+		"_@localhost.":           true,
+		"bob@localhost.example":  false,
+		"bob@":                   false,
+		"bob@evil.example":       false,
+		"localhost@evil.example": false,
+	} {
+		key := f.key()
+		f.store(f.sign(key, 0, `{"nip05":"`+nip05+`"}`, nil, 0))
+		u, _ := f.user(key)
+		if kept {
+			require.Equal(t, ptr(nip05), u.Nip05, nip05)
+		} else {
+			require.Nil(t, u.Nip05, nip05)
+		}
+	}
+}

@@ -1,0 +1,76 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// reactionHandler implements NIP-25 with custom emoji: the target is the
+// last e tag holding an event id, the channel is the target's (never the
+// client's h tag), and each reactor has at most one active row per
+// (target, emoji).
+var reactionHandler = Handler{Validate: validateReaction, Prepare: prepareReaction, Apply: applyReaction}
+
+// emojiSetHandler checks the shortcodes of emoji sets and lists.
+var emojiSetHandler = Handler{Validate: validateEmojiTags}
+
+// reactionTarget returns the last e tag value that is an event id.
+func reactionTarget(ev *nostr.Event) ([32]byte, bool) {
+	for i := len(ev.Tags) - 1; i >= 0; i-- {
+		if tag := ev.Tags[i]; len(tag) >= 2 && tag[0] == "e" {
+			if id, ok := nostr.DecodeHex32(tag[1]); ok {
+				return id, true
+			}
+		}
+	}
+	return [32]byte{}, false
+}
+
+func validateReaction(ev *nostr.Event) error {
+	if _, ok := reactionTarget(ev); !ok {
+		return Reject("invalid", "a reaction needs an e tag with the target event id")
+	}
+	_, err := ReactionEmoji(ev.Content, ev.Tags)
+	return err
+}
+
+// prepareReaction binds the reaction to its target's channel, where the
+// reactor must be allowed to write.
+func prepareReaction(ctx context.Context, w *Write) error {
+	id, _ := reactionTarget(w.Event)
+	target, err := w.Q.ReactionTarget(ctx, db.ReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:]})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Reject("invalid", "reaction target event not found")
+	}
+	if err != nil {
+		return err
+	}
+	w.state = &target
+	if target.ChannelID != nil {
+		return bindChannelForWrite(ctx, w, *target.ChannelID)
+	}
+	return nil
+}
+
+func applyReaction(ctx context.Context, w *Write) error {
+	id, _ := reactionTarget(w.Event)
+	target := w.state.(*db.ReactionTargetRow)
+	emoji, _ := ReactionEmoji(w.Event.Content, w.Event.Tags)
+	own := w.Event.IDBytes()
+	n, err := w.Q.ReactionUpsert(ctx, db.ReactionUpsertParams{
+		CommunityID: w.Tenant.ID(), EventCreatedAt: target.CreatedAt, EventID: id[:],
+		Pubkey: w.ActorBytes(), Emoji: emoji, ChannelID: target.ChannelID, ReactionEventID: own[:],
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return Reject("duplicate", "reaction already exists")
+	}
+	return nil
+}
