@@ -323,6 +323,25 @@ COMMENT ON TABLE public.events IS 'Accepted Nostr events, one row per (community
 
 
 --
+-- Name: http_auth_replays; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.http_auth_replays (
+    community_id uuid NOT NULL,
+    event_id bytea NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT http_auth_replays_event_id_len CHECK ((octet_length(event_id) = 32))
+);
+
+
+--
+-- Name: TABLE http_auth_replays; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.http_auth_replays IS 'NIP-98 auth event ids already used per community; rows past expires_at may be purged.';
+
+
+--
 -- Name: reactions; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -445,6 +464,14 @@ ALTER TABLE ONLY public.events
 
 
 --
+-- Name: http_auth_replays http_auth_replays_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.http_auth_replays
+    ADD CONSTRAINT http_auth_replays_pkey PRIMARY KEY (community_id, event_id);
+
+
+--
 -- Name: reactions reactions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -554,6 +581,13 @@ CREATE INDEX events_search ON public.events USING gin (search_tsv);
 
 
 --
+-- Name: http_auth_replays_expiry; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX http_auth_replays_expiry ON public.http_auth_replays USING btree (community_id, expires_at);
+
+
+--
 -- Name: idx_channels_id_live; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -645,6 +679,14 @@ ALTER TABLE ONLY public.channels
 
 ALTER TABLE ONLY public.events
     ADD CONSTRAINT events_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: http_auth_replays http_auth_replays_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.http_auth_replays
+    ADD CONSTRAINT http_auth_replays_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

@@ -293,6 +293,13 @@ type EventMention struct {
 	EventKind      int32
 }
 
+// NIP-98 auth event ids already used per community; rows past expires_at may be purged.
+type HttpAuthReplay struct {
+	CommunityID uuid.UUID
+	EventID     []byte
+	ExpiresAt   time.Time
+}
+
 type OperatorGlobalTable struct {
 	TableName string
 	Reason    string

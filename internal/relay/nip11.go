@@ -40,7 +40,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 		Name:          s.cfg.RelayName,
 		Description:   s.cfg.RelayDescription,
 		Contact:       s.cfg.RelayContact,
-		SupportedNIPs: []int{1, 9, 11, 42, 45},
+		SupportedNIPs: []int{1, 9, 11, 42, 45, 98},
 		Software:      "https://github.com/buzzrelay/buzz",
 		Version:       Version,
 		Limitation: limitation{

@@ -104,6 +104,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /ready", s.serveReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
+	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }

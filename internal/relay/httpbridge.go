@@ -1,0 +1,319 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// httpBridge serves the NIP-98 HTTP bridge (spec D.6): POST /events submits
+// one event, POST /query and POST /count read with filters. Every route is
+// bound to the community of its Host (404 before anything else), then
+// authenticated with a NIP-98 Authorization header, then runs the same
+// write and read spines as WebSocket: pipeline.Submit, readScope and the
+// event store.
+type httpBridge struct {
+	s        *Server
+	requests *prometheus.CounterVec // route, status
+	purger   replayPurger
+}
+
+// registerHTTPBridge adds the bridge routes to mux.
+func (s *Server) registerHTTPBridge(mux *http.ServeMux) {
+	b := &httpBridge{s: s, requests: bridgeRequestsCounter(s.metrics.Registry)}
+	for route, serve := range map[string]func(http.ResponseWriter, *http.Request, community.Tenant){
+		"/events": b.serveEvents,
+		"/query":  b.serveQuery,
+		"/count":  b.serveCount,
+	} {
+		mux.Handle("POST "+route, b.instrument(route, s.withTenant(serve)))
+	}
+}
+
+// bridgeRequestsCounter registers the bridge's request counter on reg, or
+// returns the one already there (Handler may be called more than once).
+func bridgeRequestsCounter(reg *prometheus.Registry) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_http_bridge_requests_total",
+		Help: "NIP-98 HTTP bridge requests, by route and HTTP status.",
+	}, []string{"route", "status"})
+	if err := reg.Register(c); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			return already.ExistingCollector.(*prometheus.CounterVec)
+		}
+		panic(err)
+	}
+	return c
+}
+
+// statusRecorder remembers the status a handler answered with.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		b.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+	})
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// authenticate runs NIP-98 and reads the body. It returns the authenticated
+// pubkey and the body; ok false means it has already answered.
+func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (pubkey string, body []byte, ok bool) {
+	s := b.s
+	unauthorized := func(err error) {
+		var ae *authError
+		if !errors.As(err, &ae) {
+			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
+			writeError(w, http.StatusInternalServerError, "could not check authorization; try again")
+			return
+		}
+		w.Header().Set("WWW-Authenticate", "Nostr")
+		writeError(w, http.StatusUnauthorized, ae.Reason)
+	}
+	ev, err := s.checkHTTPAuth(r)
+	if err != nil {
+		unauthorized(err)
+		return "", nil, false
+	}
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds the %d-byte limit", s.cfg.MaxMessageBytes))
+		} else {
+			writeError(w, http.StatusBadRequest, "could not read the request body")
+		}
+		return "", nil, false
+	}
+	if err := checkPayload(ev, body); err != nil {
+		unauthorized(err)
+		return "", nil, false
+	}
+	// Claimed last: a request refused above leaves its auth event unused.
+	if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
+		unauthorized(err)
+		return "", nil, false
+	}
+	if b.purger.due(tenant.ID(), s.now()) {
+		if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID()}); err != nil {
+			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
+		}
+	}
+	return ev.PubKey, body, true
+}
+
+func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	s := b.s
+	pubkey, body, ok := b.authenticate(w, r, tenant)
+	if !ok {
+		return
+	}
+	ev, err := nostr.ParseEvent(body, s.limits)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
+		return
+	}
+	outcome, err := s.pipeline.Submit(r.Context(), tenant, pubkey, ev)
+	if err != nil {
+		var rej *ingest.Rejection
+		if !errors.As(err, &rej) {
+			if r.Context().Err() == nil {
+				s.log.Error("ingest failed", "community", tenant.Host(), "event", ev.ID, "kind", ev.Kind, "err", err)
+			}
+			s.metrics.EventsRejected.WithLabelValues("error").Inc()
+			writeError(w, http.StatusInternalServerError, "could not store the event; try again")
+			return
+		}
+		s.metrics.EventsRejected.WithLabelValues(rej.Prefix).Inc()
+		writeJSON(w, rejectionStatus(rej.Prefix), submitReply{ID: ev.ID, Accepted: false, Message: rej.Error()})
+		return
+	}
+	s.metrics.EventsAccepted.WithLabelValues(outcomeLabel[outcome]).Inc()
+	writeJSON(w, http.StatusOK, submitReply{ID: ev.ID, Accepted: true, Message: outcome.Message()})
+}
+
+type submitReply struct {
+	ID       string `json:"id"`
+	Accepted bool   `json:"accepted"`
+	Message  string `json:"message"`
+}
+
+// rejectionStatus maps a NIP-01 rejection prefix to the HTTP status.
+func rejectionStatus(prefix string) int {
+	switch prefix {
+	case "restricted", "blocked", "auth-required":
+		return http.StatusForbidden
+	case "duplicate":
+		return http.StatusConflict
+	case "rate-limited":
+		return http.StatusTooManyRequests
+	case "error":
+		return http.StatusInternalServerError
+	}
+	return http.StatusBadRequest // invalid, pow and anything unknown
+}
+
+func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	s := b.s
+	filters, pubkey, ctx, cancel, ok := b.startRead(w, r, tenant)
+	if !ok {
+		return
+	}
+	defer cancel()
+	start := time.Now()
+	scope, reason, err := s.readScope(ctx, tenant, pubkey, filters)
+	if reason != "" {
+		writeError(w, http.StatusForbidden, reason)
+		return
+	}
+	out := []byte(`{"events":[`)
+	n := 0
+	if err == nil {
+		err = s.store.Query(ctx, tenant.ID(), scope, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
+			if n > 0 {
+				out = append(out, ',')
+			}
+			n++
+			out = ev.AppendJSON(out)
+			return nil
+		})
+	}
+	if err != nil {
+		b.readFailed(w, r, ctx, tenant, err)
+		return
+	}
+	out = append(out, "]}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+	s.metrics.ReqDuration.WithLabelValues("HTTP_QUERY").Observe(time.Since(start).Seconds())
+}
+
+func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	s := b.s
+	filters, pubkey, ctx, cancel, ok := b.startRead(w, r, tenant)
+	if !ok {
+		return
+	}
+	defer cancel()
+	start := time.Now()
+	scope, reason, err := s.readScope(ctx, tenant, pubkey, filters)
+	if reason != "" {
+		writeError(w, http.StatusForbidden, reason)
+		return
+	}
+	var n int64
+	if err == nil {
+		n, err = s.store.Count(ctx, tenant.ID(), scope, filters)
+	}
+	if err != nil {
+		b.readFailed(w, r, ctx, tenant, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"count": n})
+	s.metrics.ReqDuration.WithLabelValues("HTTP_COUNT").Observe(time.Since(start).Seconds())
+}
+
+// startRead authenticates a read and parses its body into filters; the
+// returned context carries the query timeout. ok false means it answered.
+func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (nostr.Filters, string, context.Context, context.CancelFunc, bool) {
+	pubkey, body, ok := b.authenticate(w, r, tenant)
+	if !ok {
+		return nil, "", nil, nil, false
+	}
+	filters, err := parseReadBody(body, b.s.limits)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
+		return nil, "", nil, nil, false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), b.s.cfg.QueryTimeout)
+	return filters, pubkey, ctx, cancel, true
+}
+
+// parseReadBody decodes {"filters":[...]} with the same strict filter rules
+// and limits as a WebSocket REQ/COUNT: the filters are re-framed as a COUNT
+// message and go through the one client-message parser.
+func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
+	var req struct {
+		Filters []json.RawMessage `json:"filters"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, fmt.Errorf("body must be a JSON object {\"filters\":[...]}: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("unexpected data after the JSON object")
+	}
+	if req.Filters == nil {
+		return nil, errors.New(`"filters" is required: {"filters":[{...}]}`)
+	}
+	frame := make([]byte, 0, len(body)+16)
+	frame = append(frame, `["COUNT","http"`...)
+	for _, f := range req.Filters {
+		frame = append(frame, ',')
+		frame = append(frame, f...)
+	}
+	frame = append(frame, ']')
+	msg, err := nostr.ParseClientMessage(frame, lim)
+	if err != nil {
+		return nil, err
+	}
+	return msg.(*nostr.CountMessage).Filters, nil
+}
+
+// readFailed answers a read that failed inside the database: a timeout is
+// 503 (spec D.6), anything else 500.
+func (b *httpBridge) readFailed(w http.ResponseWriter, r *http.Request, ctx context.Context, tenant community.Tenant, err error) {
+	var pgErr *pgconn.PgError
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &pgErr) && pgErr.Code == "57014") {
+		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "query timed out")
+		return
+	}
+	if r.Context().Err() == nil {
+		b.s.log.Error("http read failed", "community", tenant.Host(), "path", r.URL.Path, "err", err)
+	}
+	writeError(w, http.StatusInternalServerError, "query failed")
+}

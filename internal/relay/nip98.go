@@ -1,0 +1,189 @@
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// replaySlack is added to the NIP-98 window when a claimed auth event's row
+// expires: it absorbs clock skew between relay pods and the database, so a
+// row is never purged while its event could still pass the created_at check.
+const replaySlack = 60 * time.Second
+
+// purgeEvery bounds how often one community's expired claims are purged.
+const purgeEvery = time.Minute
+
+// authError is a NIP-98 refusal; Reason is sent to the client with 401.
+type authError struct{ Reason string }
+
+func (e *authError) Error() string { return e.Reason }
+
+func authFail(format string, args ...any) error {
+	return &authError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// checkHTTPAuth verifies the request's NIP-98 Authorization header (spec
+// D.4) except the payload hash, which needs the body (checkPayload), and the
+// replay claim, which comes last (claimHTTPAuth). It returns the verified
+// auth event; failures are *authError.
+func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
+	header := r.Header.Get("Authorization")
+	if header == "" {
+		return nil, authFail("missing Authorization header; send Authorization: Nostr <base64 kind 27235 event>")
+	}
+	scheme, token, _ := strings.Cut(strings.TrimSpace(header), " ")
+	if !strings.EqualFold(scheme, "Nostr") {
+		return nil, authFail("Authorization scheme must be Nostr")
+	}
+	token = strings.TrimSpace(token)
+	raw, err := base64.StdEncoding.DecodeString(token)
+	if err != nil {
+		// Some clients drop the padding; accept that, nothing else.
+		if raw, err = base64.RawStdEncoding.DecodeString(token); err != nil {
+			return nil, authFail("Authorization token is not valid base64")
+		}
+	}
+	ev, err := nostr.ParseEvent(raw, s.limits)
+	if err != nil {
+		return nil, authFail("auth event: %v", err)
+	}
+	if err := ev.Verify(); err != nil {
+		if errors.Is(err, nostr.ErrBadID) {
+			return nil, authFail("auth event id does not match its content")
+		}
+		return nil, authFail("auth event: %v", err)
+	}
+	if ev.Kind != nostr.KindHTTPAuth {
+		return nil, authFail("auth event must be kind %d", nostr.KindHTTPAuth)
+	}
+	window := int64(s.cfg.AuthWindow.Seconds())
+	now := s.now().Unix()
+	if ev.CreatedAt < now-window {
+		return nil, authFail("auth event expired: created_at must be within %s of now", s.cfg.AuthWindow)
+	}
+	if ev.CreatedAt > now+window {
+		return nil, authFail("auth event created_at is in the future: it must be within %s of now", s.cfg.AuthWindow)
+	}
+	u := ev.Tags.First("u")
+	if u == nil {
+		return nil, authFail("auth event has no u tag")
+	}
+	if want := requestURL(r); !sameURL(u[1], want) {
+		return nil, authFail("u tag does not match this URL (%s)", want)
+	}
+	method := ev.Tags.First("method")
+	if method == nil {
+		return nil, authFail("auth event has no method tag")
+	}
+	if !strings.EqualFold(method[1], r.Method) {
+		return nil, authFail("method tag does not match this request's method (%s)", r.Method)
+	}
+	return ev, nil
+}
+
+// checkPayload enforces the optional payload tag: when present it must be the
+// hex SHA-256 of the request body. NIP-98 only says SHOULD, so an absent tag
+// is accepted.
+func checkPayload(ev *nostr.Event, body []byte) error {
+	tag := ev.Tags.First("payload")
+	if tag == nil {
+		return nil
+	}
+	sum := sha256.Sum256(body)
+	if !strings.EqualFold(tag[1], hex.EncodeToString(sum[:])) {
+		return authFail("payload tag does not match the SHA-256 of the request body")
+	}
+	return nil
+}
+
+// claimHTTPAuth records the auth event as used in this community; a second
+// use is a replay. The row lives until the event could no longer pass the
+// created_at check, plus slack.
+func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev *nostr.Event) error {
+	id := ev.IDBytes()
+	n, err := s.queries.HTTPAuthReplayClaim(ctx, db.HTTPAuthReplayClaimParams{
+		CommunityID: tenant.ID(),
+		EventID:     id[:],
+		ExpiresAt:   time.Unix(ev.CreatedAt, 0).Add(s.cfg.AuthWindow + replaySlack),
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return authFail("auth event already used; sign a new one for every request")
+	}
+	return nil
+}
+
+// replayPurger throttles the purge of expired replay claims to once per
+// purgeEvery per community. Purging from the request path needs no
+// goroutine to start or stop, and a community only accumulates claims while
+// it receives bridge requests, each of which may trigger its purge: the
+// table stays at about two minutes of auth events per community.
+type replayPurger struct {
+	mu   sync.Mutex
+	last map[uuid.UUID]time.Time
+}
+
+// due reports whether community's purge should run now, and if so records
+// that it ran, so concurrent requests do not all purge.
+func (p *replayPurger) due(community uuid.UUID, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if last, ok := p.last[community]; ok && now.Sub(last) < purgeEvery {
+		return false
+	}
+	if p.last == nil {
+		p.last = map[uuid.UUID]time.Time{}
+	}
+	p.last[community] = now
+	return true
+}
+
+// requestURL is the absolute URL the client addressed: the scheme from
+// X-Forwarded-Proto (set by a TLS-terminating proxy) or the connection, the
+// Host header, and the request URI.
+func requestURL(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if fwd := r.Header.Get("X-Forwarded-Proto"); fwd != "" {
+		first, _, _ := strings.Cut(fwd, ",")
+		if first = strings.ToLower(strings.TrimSpace(first)); first != "" {
+			scheme = first
+		}
+	}
+	return scheme + "://" + r.Host + r.URL.RequestURI()
+}
+
+// sameURL compares two absolute URLs as NIP-98 asks: scheme and host without
+// regard to case, the host through community.NormalizeHost (so localhost,
+// 127.0.0.1 and [::1] are one host, and default ports drop), one trailing
+// slash of the path ignored; query strings must be identical.
+func sameURL(a, b string) bool {
+	ua, errA := url.Parse(strings.TrimSpace(a))
+	ub, errB := url.Parse(strings.TrimSpace(b))
+	if errA != nil || errB != nil || ua.Host == "" || ub.Host == "" {
+		return false
+	}
+	return strings.EqualFold(ua.Scheme, ub.Scheme) &&
+		community.NormalizeHost(ua.Host) == community.NormalizeHost(ub.Host) &&
+		strings.TrimSuffix(ua.EscapedPath(), "/") == strings.TrimSuffix(ub.EscapedPath(), "/") &&
+		ua.RawQuery == ub.RawQuery
+}

@@ -1,0 +1,13 @@
+-- name: HTTPAuthReplayClaim :execrows
+-- Claims a NIP-98 auth event for one request. Zero rows affected means the
+-- event was already used in this community: a replay.
+INSERT INTO http_auth_replays (community_id, event_id, expires_at)
+VALUES (@community_id::uuid, @event_id::bytea, @expires_at::timestamptz)
+ON CONFLICT (community_id, event_id) DO NOTHING;
+
+-- name: HTTPAuthReplaysPurge :execrows
+-- Drops a community's claims whose auth events can no longer pass the
+-- created_at check.
+DELETE FROM http_auth_replays
+WHERE community_id = @community_id::uuid
+  AND expires_at < coalesce(sqlc.narg('now')::timestamptz, now());
