@@ -1,0 +1,62 @@
+package config
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestDefaultsWhenUnset(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, Default(), c)
+	require.Equal(t, "localhost:3000", c.RelayHost())
+}
+
+func TestValuesAreRead(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(map[string]string{
+		"BUZZ_DATABASE_URL":      "postgres://x",
+		"BUZZ_RELAY_URL":         "wss://Relay.Example.com",
+		"BUZZ_LOG_LEVEL":         "debug",
+		"BUZZ_MAX_LIMIT":         " 50 ",
+		"BUZZ_WRITE_TIMEOUT":     "3s",
+		"BUZZ_DB_MAX_CONNS":      "7",
+		"BUZZ_PPROF_ADDR":        "127.0.0.1:6060",
+		"BUZZ_MAX_SUBSCRIPTIONS": "5",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, "postgres://x", c.DatabaseURL)
+	require.Equal(t, "relay.example.com", c.RelayHost())
+	require.Equal(t, slog.LevelDebug, c.LogLevel)
+	require.Equal(t, 50, c.MaxLimit)
+	require.Equal(t, 3*time.Second, c.WriteTimeout)
+	require.Equal(t, int32(7), c.DBMaxConns)
+	require.Equal(t, "127.0.0.1:6060", c.PprofAddr)
+	require.Equal(t, 5, c.MaxSubscriptions)
+}
+
+// A malformed value stops start-up with an error naming the variable.
+func TestMalformedValuesNameTheVariable(t *testing.T) {
+	t.Parallel()
+	for name, value := range map[string]string{
+		"BUZZ_MAX_LIMIT":     "lots",
+		"BUZZ_MAX_FILTERS":   "0",
+		"BUZZ_SEND_QUEUE":    "-1",
+		"BUZZ_WRITE_TIMEOUT": "10",
+		"BUZZ_PING_INTERVAL": "-5s",
+		"BUZZ_LOG_LEVEL":     "loud",
+		"BUZZ_RELAY_URL":     "relay.example.com",
+		"BUZZ_DB_MAX_CONNS":  "many",
+	} {
+		_, err := FromEnv(env(map[string]string{name: value}))
+		require.ErrorContains(t, err, name, "%s=%q", name, value)
+	}
+}
