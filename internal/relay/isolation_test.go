@@ -28,6 +28,10 @@ import (
 //   - events_keep_newest_version slot (community_id)    → "A's profile survives B's newer one"
 //   - EventsDeleteByIDs community_id                     → "B's deletion does not hide A's copy"
 //   - fanout.Hub per-community index                    → "live"
+//   - thread parent lookup (community_id)               → "reply across" (accepted)
+//   - reaction target lookup (community_id)             → "reaction target event not found" (accepted)
+//   - thread_metadata / reactions inserts               → "B's thread/reaction rows landed in A"
+//   - HTTP bridge (shares readScope and the builder)    → "HTTP /query", "HTTP /count"
 func TestTenantIsolation(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -70,7 +74,16 @@ func TestTenantIsolation(t *testing.T) {
 	require.Empty(t, okBoth.Msg, "same event in both: new in B")
 	require.True(t, inB.Publish(inB.Sign(5, "", nostr.Tags{{"e", both.ID}}, 0)).OK, "B's deletion of its copy")
 
-	bIDs := map[string]bool{bMsg.ID: true, bNote.ID: true, bWrap.ID: true}
+	// Threads and reactions resolve their targets inside the community: B
+	// cannot reply to or react to A's message, only to its own copy.
+	requireRejected(t, inB.Publish(inB.Sign(9, "reply across", nostr.Tags{{"h", shared}, {"e", aMsg.ID, "", "reply"}}, 0)), "invalid: reply parent not found")
+	requireRejected(t, inB.Publish(inB.Sign(7, "+", nostr.Tags{{"e", aMsg.ID}}, 0)), "invalid: reaction target event not found")
+	bReply := inB.Sign(9, "zebra reply in B", nostr.Tags{{"h", shared}, {"e", bMsg.ID, "", "reply"}}, 0)
+	require.True(t, inB.Publish(bReply).OK)
+	bReaction := inB.Sign(7, "+", nostr.Tags{{"e", bNote.ID}}, 0)
+	require.True(t, inB.Publish(bReaction).OK)
+
+	bIDs := map[string]bool{bMsg.ID: true, bNote.ID: true, bWrap.ID: true, bReply.ID: true, bReaction.ID: true}
 	requireNoB := func(what string, events []*nostr.Event) {
 		t.Helper()
 		for _, ev := range events {
@@ -98,6 +111,15 @@ func TestTenantIsolation(t *testing.T) {
 	require.Equal(t, []string{aProfile.ID}, ids(inA.Req("profile", map[string]any{"kinds": []int{0}, "authors": []string{person.PublicKeyHex()}})), "A's profile survives B's newer one")
 	require.Equal(t, []string{both.ID}, ids(inA.Req("both", map[string]any{"ids": []string{both.ID}})), "B's deletion does not hide A's copy")
 
+	require.Empty(t, inA.Req("reactions", map[string]any{"kinds": []int{7}}), "reactions")
+
+	// The HTTP bridge reads through the same scope.
+	bridged := post(t, r, person, "/query", query(map[string]any{}))
+	require.Equal(t, 200, bridged.Status, bridged.Raw)
+	requireNoB("HTTP /query", bridged.Events)
+	counted := post(t, r, person, "/count", query(map[string]any{"search": "zebra"}))
+	require.Equal(t, int64(0), counted.Count, "HTTP /count")
+
 	// B's private channel id means nothing in A.
 	inA.Send("REQ", "bprivate", map[string]any{"#h": []string{bPrivate}})
 	require.Equal(t, "restricted: not a channel member", inA.Expect("CLOSED").Msg, "pinned REQ to B's private channel id")
@@ -109,6 +131,12 @@ func TestTenantIsolation(t *testing.T) {
 		`SELECT count(*) FROM events WHERE community_id = $1 AND id = ANY($2)`, r.CommunityID,
 		[][]byte{idBytes(bMsg), idBytes(bNote), idBytes(bWrap)}).Scan(&foreign))
 	require.Zero(t, foreign)
+	var threadRows, reactionRows int
+	require.NoError(t, r.Pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM thread_metadata WHERE community_id = $1), (SELECT count(*) FROM reactions WHERE community_id = $1)`,
+		r.CommunityID).Scan(&threadRows, &reactionRows))
+	require.Zero(t, threadRows, "B's thread rows landed in A")
+	require.Zero(t, reactionRows, "B's reaction rows landed in A")
 
 	// Live: the catch-all subscriber in A got only A's events (checked last:
 	// a read timeout closes the connection).
