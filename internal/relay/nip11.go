@@ -9,9 +9,12 @@ import (
 
 // relayInfo is the NIP-11 document. Limits are the ones this relay enforces.
 type relayInfo struct {
-	Name          string     `json:"name"`
-	Description   string     `json:"description"`
-	Contact       string     `json:"contact,omitempty"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Contact     string `json:"contact,omitempty"`
+	// Self is the community's relay key: it signs the NIP-29 discovery
+	// events (39000-39002) and membership notifications.
+	Self          string     `json:"self,omitempty"`
 	SupportedNIPs []int      `json:"supported_nips"`
 	Software      string     `json:"software"`
 	Version       string     `json:"version"`
@@ -36,11 +39,19 @@ type limitation struct {
 func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	w.Header().Set("Access-Control-Allow-Origin", "*")
 	w.Header().Set("Access-Control-Allow-Headers", "Accept")
+	key, err := s.pipeline.RelayKey(r.Context(), tenant.ID())
+	if err != nil {
+		s.log.Error("relay key", "community", tenant.Host(), "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
+		return
+	}
 	info := relayInfo{
-		Name:          s.cfg.RelayName,
-		Description:   s.cfg.RelayDescription,
-		Contact:       s.cfg.RelayContact,
-		SupportedNIPs: []int{1, 9, 11, 42, 45, 98},
+		Self:        key.PublicKeyHex(),
+		Name:        s.cfg.RelayName,
+		Description: s.cfg.RelayDescription,
+		Contact:     s.cfg.RelayContact,
+		// 17 and 59: gift wraps are stored and reach only their recipient.
+		SupportedNIPs: []int{1, 9, 10, 11, 17, 25, 29, 30, 42, 45, 50, 59, 98},
 		Software:      "https://github.com/buzzrelay/buzz",
 		Version:       Version,
 		Limitation: limitation{

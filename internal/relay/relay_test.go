@@ -60,7 +60,8 @@ func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {
 	require.Equal(t, "application/nostr+json", resp.Header.Get("Content-Type"))
 	require.Equal(t, "*", resp.Header.Get("Access-Control-Allow-Origin"))
 	var info struct {
-		SupportedNIPs []int `json:"supported_nips"`
+		Self          string `json:"self"`
+		SupportedNIPs []int  `json:"supported_nips"`
 		Limitation    struct {
 			MaxFilters   int  `json:"max_filters"`
 			MaxLimit     int  `json:"max_limit"`
@@ -68,7 +69,7 @@ func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {
 		} `json:"limitation"`
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
-	require.Subset(t, info.SupportedNIPs, []int{1, 11, 42, 45})
+	require.Subset(t, info.SupportedNIPs, []int{1, 9, 10, 11, 25, 29, 42, 45, 50, 98})
 	require.Equal(t, 3, info.Limitation.MaxFilters)
 	require.Equal(t, 42, info.Limitation.MaxLimit)
 	require.True(t, info.Limitation.AuthRequired)
@@ -76,6 +77,11 @@ func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {
 	// The advertised filter limit is the enforced one.
 	c := r.Dial(t, "")
 	c.Auth(nil)
+	// "self" is the key that signs this community's discovery events.
+	ch := createChannel(t, c, "nip11", false)
+	meta := c.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+	require.Len(t, meta, 1)
+	require.Equal(t, info.Self, meta[0].PubKey)
 	c.SendRaw(`["REQ","s",{},{},{},{}]`)
 	closed := c.Expect("CLOSED")
 	require.Equal(t, "s", closed.SubID)
