@@ -98,9 +98,28 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 		set[id] = struct{}{}
 	}
 	c.mu.Lock()
+	if len(c.entries) >= maxEntries {
+		c.evictExpired()
+	}
 	c.entries[k] = entry{channels: set, loadedAt: c.now()}
 	c.mu.Unlock()
 	return set, nil
+}
+
+// maxEntries bounds the cache: past it, expired answers are dropped, and if
+// every answer is fresh the cache starts over (answers are cheap to reload).
+const maxEntries = 50_000
+
+func (c *Cache) evictExpired() {
+	now := c.now()
+	for k, e := range c.entries {
+		if now.Sub(e.loadedAt) >= c.ttl {
+			delete(c.entries, k)
+		}
+	}
+	if len(c.entries) >= maxEntries {
+		clear(c.entries)
+	}
 }
 
 // Invalidate drops every cached answer for community (after a membership

@@ -1,0 +1,83 @@
+package access
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	community, err := q.CommunityCreate(ctx, "access.example")
+	require.NoError(t, err)
+	reader := "ab" + "cd"
+	for len(reader) < 64 {
+		reader += "0"
+	}
+	owner, _ := nostr.DecodeHex32(reader)
+	clock := time.Unix(1_700_000_000, 0)
+	cache := NewCache(q, 10*time.Second)
+	cache.now = func() time.Time { return clock }
+
+	open := uuid.New()
+	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: open, Name: "open", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner[:]})
+	require.NoError(t, err)
+	got, err := cache.Readable(ctx, community.ID, reader)
+	require.NoError(t, err)
+	require.True(t, got.Has(open))
+
+	// A new channel is not seen while the answer is fresh...
+	later := uuid.New()
+	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: later, Name: "later", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner[:]})
+	require.NoError(t, err)
+	got, _ = cache.Readable(ctx, community.ID, reader)
+	require.False(t, got.Has(later))
+	// ...until a committed change invalidates the community, or the TTL passes.
+	cache.Invalidate(community.ID)
+	got, _ = cache.Readable(ctx, community.ID, reader)
+	require.True(t, got.Has(later))
+
+	private := uuid.New()
+	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: private, Name: "p", Visibility: db.ChannelVisibilityPrivate, CreatedBy: owner[:]})
+	require.NoError(t, err)
+	clock = clock.Add(11 * time.Second)
+	got, _ = cache.Readable(ctx, community.ID, reader)
+	require.False(t, got.Has(private), "a private channel needs membership")
+	require.Len(t, got, 2)
+}
+
+func TestCacheStaysBounded(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(0, 0)
+	c := &Cache{ttl: time.Second, now: func() time.Time { return clock }, entries: map[key]entry{}}
+	for i := 0; i < maxEntries; i++ {
+		c.entries[key{uuid.New(), "x"}] = entry{loadedAt: clock}
+	}
+	clock = clock.Add(2 * time.Second)
+	c.entries[key{uuid.New(), "fresh"}] = entry{loadedAt: clock}
+	c.evictExpired()
+	require.Len(t, c.entries, 1, "expired answers are dropped first")
+}
+
+func TestPGatedKinds(t *testing.T) {
+	t.Parallel()
+	for _, k := range PGatedKinds {
+		require.True(t, IsPGated(k))
+	}
+	require.False(t, IsPGated(1))
+	ev := &nostr.Event{Tags: nostr.Tags{{"p", "me"}, {"e", "x"}}}
+	require.True(t, AddressedTo(ev, "me"))
+	require.False(t, AddressedTo(ev, "x"))
+}
