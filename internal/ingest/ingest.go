@@ -86,6 +86,7 @@ type Write struct {
 	pipeline          *Pipeline
 	emitted           []emittedEvent
 	membershipChanged bool
+	afterCommit       []func()
 	// state carries what a handler's Prepare found on to its Apply.
 	state any
 }
@@ -100,6 +101,10 @@ func (w *Write) ActorBytes() []byte {
 	b, _ := nostr.DecodeHex32(w.Actor)
 	return b[:]
 }
+
+// AfterCommit schedules fn to run once the event's transaction committed,
+// and never after a rollback (e.g. handing outbox ids to a local worker).
+func (w *Write) AfterCommit(fn func()) { w.afterCommit = append(w.afterCommit, fn) }
 
 // MembershipChanged marks that read access changed; access caches are
 // dropped after commit.
@@ -247,6 +252,9 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	p.publish(tenant, ev, w.ChannelID)
 	for _, e := range w.emitted {
 		p.publish(tenant, e.ev, e.channel)
+	}
+	for _, fn := range w.afterCommit {
+		fn()
 	}
 	return Stored, nil
 }

@@ -222,3 +222,39 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 		require.Zero(t, live, "round %d: a deleted address came back", round)
 	}
 }
+
+// AfterCommit callbacks run only once the transaction committed: a side row
+// that fails after scheduling one leaves it unrun.
+func TestAfterCommitRunsOnlyOnCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	row, err := db.New(pool).CommunityCreate(ctx, "aftercommit.example")
+	require.NoError(t, err)
+	tenant := community.FromRow(row)
+	p := ingest.New(pool, fanout.NewHub(), time.Minute)
+	var ran []string
+	p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 },
+		Apply: func(ctx context.Context, w *ingest.Write) error {
+			w.AfterCommit(func() { ran = append(ran, w.Event.Content) })
+			if w.Event.Content == "fail" {
+				return fmt.Errorf("side row failed")
+			}
+			return nil
+		},
+	})
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	for _, content := range []string{"ok", "fail"} {
+		ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: content, Tags: nostr.Tags{}}
+		require.NoError(t, ev.Sign(key))
+		_, err := p.Submit(ctx, tenant, ev.PubKey, ev)
+		if content == "fail" {
+			require.Error(t, err)
+		} else {
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, []string{"ok"}, ran)
+}
