@@ -342,6 +342,85 @@ COMMENT ON TABLE public.http_auth_replays IS 'NIP-98 auth event ids already used
 
 
 --
+-- Name: operator_auth_replays; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.operator_auth_replays (
+    event_id bytea NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT operator_auth_replays_event_id_len CHECK ((octet_length(event_id) = 32))
+);
+
+
+--
+-- Name: TABLE operator_auth_replays; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.operator_auth_replays IS 'NIP-98 auth event ids already used on /operator/* (scope operator-management); rows past expires_at may be purged.';
+
+
+--
+-- Name: operator_listener_outbox; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.operator_listener_outbox (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    listener_pubkey bytea NOT NULL,
+    target_pubkey bytea NOT NULL,
+    community_id uuid NOT NULL,
+    event_id bytea NOT NULL,
+    event_kind integer NOT NULL,
+    event_created_at timestamp with time zone NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_until timestamp with time zone,
+    claim_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT operator_listener_outbox_attempts_nonnegative CHECK ((attempts >= 0)),
+    CONSTRAINT operator_listener_outbox_event_id_len CHECK ((octet_length(event_id) = 32)),
+    CONSTRAINT operator_listener_outbox_listener_len CHECK ((octet_length(listener_pubkey) = 32)),
+    CONSTRAINT operator_listener_outbox_sending_is_claimed CHECK (((state = 'pending'::text) OR ((claim_id IS NOT NULL) AND (lease_until IS NOT NULL)))),
+    CONSTRAINT operator_listener_outbox_state_known CHECK ((state = ANY (ARRAY['pending'::text, 'sending'::text]))),
+    CONSTRAINT operator_listener_outbox_target_len CHECK ((octet_length(target_pubkey) = 32))
+);
+
+
+--
+-- Name: TABLE operator_listener_outbox; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.operator_listener_outbox IS 'Pending mention notifications to operator listeners; rows are deleted when delivered, failed or 15 minutes old.';
+
+
+--
+-- Name: COLUMN operator_listener_outbox.community_id; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.operator_listener_outbox.community_id IS 'Provenance only (the community the event was saved in); deliberately no FK.';
+
+
+--
+-- Name: operator_listener_pubkeys; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.operator_listener_pubkeys (
+    listener_pubkey bytea NOT NULL,
+    target_pubkey bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT operator_listener_pubkeys_listener_len CHECK ((octet_length(listener_pubkey) = 32)),
+    CONSTRAINT operator_listener_pubkeys_target_len CHECK ((octet_length(target_pubkey) = 32))
+);
+
+
+--
+-- Name: TABLE operator_listener_pubkeys; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.operator_listener_pubkeys IS 'Target pubkeys each operator listener wants mention notifications for; expire 30 days after created_at.';
+
+
+--
 -- Name: reactions; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -472,6 +551,38 @@ ALTER TABLE ONLY public.http_auth_replays
 
 
 --
+-- Name: operator_auth_replays operator_auth_replays_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operator_auth_replays
+    ADD CONSTRAINT operator_auth_replays_pkey PRIMARY KEY (event_id);
+
+
+--
+-- Name: operator_listener_outbox operator_listener_outbox_once; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operator_listener_outbox
+    ADD CONSTRAINT operator_listener_outbox_once UNIQUE (listener_pubkey, target_pubkey, community_id, event_id);
+
+
+--
+-- Name: operator_listener_outbox operator_listener_outbox_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operator_listener_outbox
+    ADD CONSTRAINT operator_listener_outbox_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: operator_listener_pubkeys operator_listener_pubkeys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operator_listener_pubkeys
+    ADD CONSTRAINT operator_listener_pubkeys_pkey PRIMARY KEY (listener_pubkey, target_pubkey);
+
+
+--
 -- Name: reactions reactions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -592,6 +703,48 @@ CREATE INDEX http_auth_replays_expiry ON public.http_auth_replays USING btree (c
 --
 
 CREATE INDEX idx_channels_id_live ON public.channels USING btree (id) INCLUDE (community_id) WHERE (deleted_at IS NULL);
+
+
+--
+-- Name: operator_auth_replays_expiry; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_auth_replays_expiry ON public.operator_auth_replays USING btree (expires_at);
+
+
+--
+-- Name: operator_listener_outbox_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_listener_outbox_created ON public.operator_listener_outbox USING btree (created_at);
+
+
+--
+-- Name: operator_listener_outbox_due; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_listener_outbox_due ON public.operator_listener_outbox USING btree (next_attempt_at, created_at, id) WHERE (state = 'pending'::text);
+
+
+--
+-- Name: operator_listener_outbox_recovery; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_listener_outbox_recovery ON public.operator_listener_outbox USING btree (lease_until, created_at, id) WHERE (state = 'sending'::text);
+
+
+--
+-- Name: operator_listener_pubkeys_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_listener_pubkeys_created ON public.operator_listener_pubkeys USING btree (created_at);
+
+
+--
+-- Name: operator_listener_pubkeys_target; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operator_listener_pubkeys_target ON public.operator_listener_pubkeys USING btree (target_pubkey, listener_pubkey);
 
 
 --

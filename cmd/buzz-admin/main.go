@@ -5,6 +5,9 @@
 //	buzz-admin communities list
 //	buzz-admin communities archive HOST
 //	buzz-admin communities unarchive HOST
+//	buzz-admin listeners list [LISTENER]
+//	buzz-admin listeners add LISTENER TARGET...
+//	buzz-admin listeners remove LISTENER TARGET...
 package main
 
 import (
@@ -25,6 +28,7 @@ import (
 )
 
 const usage = `usage: buzz-admin communities create HOST | list | archive HOST | unarchive HOST
+       buzz-admin listeners list [LISTENER] | add LISTENER TARGET... | remove LISTENER TARGET...
 BUZZ_DATABASE_URL names the database.`
 
 func main() {
@@ -57,6 +61,9 @@ func toJSON(c db.Community) communityJSON {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	if len(args) >= 2 && args[0] == "listeners" {
+		return runListeners(ctx, args[1], args[2:], getenv, out)
+	}
 	if len(args) < 2 || args[0] != "communities" {
 		return usageError{}
 	}

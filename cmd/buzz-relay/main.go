@@ -30,6 +30,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relay"
 )
@@ -116,6 +117,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
+	// Decision 1: a malformed BUZZ_OPERATOR_LISTENERS stops start-up.
+	listeners, err := outbox.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return fmt.Errorf("operator listeners: %w", err)
+	}
 	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
@@ -143,6 +149,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	srv := relay.New(cfg, pool, log)
+	go outbox.Reapers(ctx, pool)
+	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
+		return fmt.Errorf("operator listeners: %w", err)
+	}
 	listener, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
 		return err

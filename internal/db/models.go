@@ -300,9 +300,40 @@ type HttpAuthReplay struct {
 	ExpiresAt   time.Time
 }
 
+// NIP-98 auth event ids already used on /operator/* (scope operator-management); rows past expires_at may be purged.
+type OperatorAuthReplay struct {
+	EventID   []byte
+	ExpiresAt time.Time
+}
+
 type OperatorGlobalTable struct {
 	TableName string
 	Reason    string
+}
+
+// Pending mention notifications to operator listeners; rows are deleted when delivered, failed or 15 minutes old.
+type OperatorListenerOutbox struct {
+	ID             uuid.UUID
+	ListenerPubkey []byte
+	TargetPubkey   []byte
+	// Provenance only (the community the event was saved in); deliberately no FK.
+	CommunityID    uuid.UUID
+	EventID        []byte
+	EventKind      int32
+	EventCreatedAt time.Time
+	State          string
+	Attempts       int32
+	NextAttemptAt  time.Time
+	LeaseUntil     *time.Time
+	ClaimID        *uuid.UUID
+	CreatedAt      time.Time
+}
+
+// Target pubkeys each operator listener wants mention notifications for; expire 30 days after created_at.
+type OperatorListenerPubkey struct {
+	ListenerPubkey []byte
+	TargetPubkey   []byte
+	CreatedAt      time.Time
 }
 
 type Reaction struct {

@@ -38,10 +38,30 @@ func authFail(format string, args ...any) error {
 }
 
 // checkHTTPAuth verifies the request's NIP-98 Authorization header (spec
-// D.4) except the payload hash, which needs the body (checkPayload), and the
-// replay claim, which comes last (claimHTTPAuth). It returns the verified
-// auth event; failures are *authError.
+// D.4) against the URL the client addressed, except the payload hash, which
+// needs the body (checkPayload), and the replay claim, which comes last
+// (claimHTTPAuth). It returns the verified auth event; failures are
+// *authError.
 func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
+	return s.verifyHTTPAuth(r, requestURL(r))
+}
+
+// verifyOperatorAuth is the operator API's NIP-98 check (outbox
+// registration): the u tag must be expectedURL (built from
+// RELAY_OPERATOR_API_ORIGIN, not from the Host a proxy forwarded), and the
+// payload tag is required.
+func (s *Server) verifyOperatorAuth(r *http.Request, body []byte, expectedURL string) (*nostr.Event, error) {
+	ev, err := s.verifyHTTPAuth(r, expectedURL)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Tags.First("payload") == nil {
+		return nil, authFail("auth event has no payload tag")
+	}
+	return ev, checkPayload(ev, body)
+}
+
+func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Event, error) {
 	header := r.Header.Get("Authorization")
 	if header == "" {
 		return nil, authFail("missing Authorization header; send Authorization: Nostr <base64 kind 27235 event>")
@@ -83,8 +103,8 @@ func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
 	if u == nil {
 		return nil, authFail("auth event has no u tag")
 	}
-	if want := requestURL(r); !sameURL(u[1], want) {
-		return nil, authFail("u tag does not match this URL (%s)", want)
+	if !sameURL(u[1], expectedURL) {
+		return nil, authFail("u tag does not match this URL (%s)", expectedURL)
 	}
 	method := ev.Tags.First("method")
 	if method == nil {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -26,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/trace"
 )
 
@@ -53,6 +55,9 @@ type Server struct {
 	// Tracer observes reads for conformance runs; NoopTracer in production,
 	// which also skips building trace-only inputs. Set it before serving.
 	Tracer trace.Tracer
+
+	outboxWorker atomic.Pointer[outbox.Worker] // nil: this process delivers nothing
+	operatorAPI  atomic.Pointer[http.Handler]
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -85,6 +90,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		},
 	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
+	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
 	s.pipeline.OnFanout = func(st fanout.Stats) {
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))
@@ -105,6 +111,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
+	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }

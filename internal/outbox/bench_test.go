@@ -1,0 +1,154 @@
+package outbox
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchSpacing is the pause between mentions: uniform in [d, 1.6 d], d =
+// BUZZ_OUTBOX_BENCH_SPACING (default 2.5 s, so the idle worker sits at its
+// 2 s poll ceiling, as in the seed's harness). A shorter d gives a quick run.
+func benchSpacing(b *testing.B) func() time.Duration {
+	d := 2500 * time.Millisecond
+	if v := os.Getenv("BUZZ_OUTBOX_BENCH_SPACING"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("BUZZ_OUTBOX_BENCH_SPACING: %v", err)
+		}
+	}
+	return func() time.Duration { return d + time.Duration(rand.Int64N(int64(d)*6/10+1)) }
+}
+
+// latencyPath is one worker with its own listener, on a shared database.
+type latencyPath struct {
+	listener *testListener
+	worker   *Worker
+	offer    bool // hand off (fast path) or leave the row to the poll
+	arrived  chan struct{}
+	target   string
+}
+
+func newLatencyPath(b *testing.B, f *fixture, offer bool) *latencyPath {
+	p := &latencyPath{offer: offer, arrived: make(chan struct{}, 1), target: newPubkey(b)}
+	p.listener = newListener(b, func(http.ResponseWriter, *http.Request) { p.arrived <- struct{}{} })
+	routes := routesOf(p.listener)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(p.listener))
+	p.worker = NewWorker(f.pool, routes, d)
+	f.register(p.listener.pubHex, p.target)
+	return p
+}
+
+// mention saves one mention and returns the time from "committed (and, on
+// the fast path, offered)" to "the listener received the POST".
+func (p *latencyPath) mention(b *testing.B, f *fixture) time.Duration {
+	w := p.worker
+	if !p.offer {
+		w = nil
+	}
+	n := len(p.listener.requests())
+	_, _, committed := f.saveTimed(message(b, 9, p.target), w, true)
+	select {
+	case <-p.arrived:
+	case <-time.After(10 * time.Second):
+		b.Fatal("no delivery within 10 s")
+	}
+	return p.listener.requests()[n].At.Sub(committed)
+}
+
+type latencyStats struct{ median, p90, max time.Duration }
+
+func statsOf(ds []time.Duration) latencyStats {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	rank := func(p float64) time.Duration { return s[int(float64(len(s))*p+0.999999)-1] }
+	return latencyStats{median: rank(0.5), p90: rank(0.9), max: s[len(s)-1]}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkHandoffLatency: 20 mentions, fast path and poll only side by
+// side (separate databases, run concurrently), from commit to the listener
+// receiving the POST. Takes about a minute; for a quick run:
+//
+//	BUZZ_OUTBOX_BENCH_SPACING=100ms go test ./internal/outbox -run '^$' -bench HandoffLatency -benchtime 1x
+func BenchmarkHandoffLatency(b *testing.B) {
+	spacing := benchSpacing(b)
+	for range b.N {
+		f := newFixture(b)
+		// Two relay pods on one database, each routing its own listener:
+		// one hands off, the other only polls. Their mentions alternate, so
+		// each worker idles between its own mentions.
+		fast, poll := newLatencyPath(b, f, true), newLatencyPath(b, f, false)
+		ctx, cancel := context.WithCancel(context.Background())
+		go fast.worker.Run(ctx)
+		go poll.worker.Run(ctx)
+		var fastDs, pollDs []time.Duration
+		for i := range 21 { // the first pair warms up the TLS connections
+			next := time.Now().Add(spacing())
+			fd := fast.mention(b, f)
+			time.Sleep(time.Until(next) * 4 / 10)
+			pd := poll.mention(b, f)
+			if i > 0 {
+				fastDs, pollDs = append(fastDs, fd), append(pollDs, pd)
+			}
+			time.Sleep(time.Until(next))
+		}
+		cancel()
+		for _, r := range []struct {
+			name string
+			ds   []time.Duration
+		}{{"fast", fastDs}, {"poll", pollDs}} {
+			s := statsOf(r.ds)
+			b.ReportMetric(ms(s.median), r.name+"_median_ms")
+			b.ReportMetric(ms(s.p90), r.name+"_p90_ms")
+			b.ReportMetric(ms(s.max), r.name+"_max_ms")
+			b.Logf("%s path: median %.2f ms, p90 %.2f ms, max %.2f ms (n=%d)", r.name, ms(s.median), ms(s.p90), ms(s.max), len(r.ds))
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkBurstDrain: 1,000 mentions saved back to back (each offered)
+// to a listener that answers in 50 ms. At 10 in flight the floor is 5 s.
+func BenchmarkBurstDrain(b *testing.B) {
+	for range b.N {
+		f := newFixture(b)
+		var inFlight, peak atomic.Int32
+		l := newListener(b, func(w http.ResponseWriter, r *http.Request) {
+			n := inFlight.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			time.Sleep(50 * time.Millisecond)
+			inFlight.Add(-1)
+		})
+		routes := routesOf(l)
+		d, m, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+		w := NewWorker(f.pool, routes, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		go w.Run(ctx)
+		target := newPubkey(b)
+		f.register(l.pubHex, target)
+
+		start := time.Now()
+		for range 1000 {
+			f.save(message(b, 9, target), w, true)
+		}
+		saved := time.Since(start)
+		f.waitForEmptyOutbox(time.Minute)
+		drained := time.Since(start)
+		cancel()
+		if got := outcomes(m)[outcomeAccepted]; got != 1000 || peak.Load() > maxInFlight {
+			b.Fatalf("accepted %v, peak in flight %d", got, peak.Load())
+		}
+		b.ReportMetric(drained.Seconds(), "drain_s")
+		b.ReportMetric(float64(peak.Load()), "peak_in_flight")
+		b.Logf("1,000 mentions: saved in %.2f s, all delivered after %.2f s, peak in flight %d", saved.Seconds(), drained.Seconds(), peak.Load())
+	}
+	b.ReportMetric(0, "ns/op")
+}

@@ -1,0 +1,306 @@
+package outbox
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/querytmpl"
+)
+
+// The poll and the by-id claim are separate statements (each gets its own
+// prepared plan) that must share every condition: they may differ only in
+// their name, their one-line purpose comment and the by-id predicate.
+func TestClaimQueriesShareConditions(t *testing.T) {
+	t.Parallel()
+	const tmpl = "../../queries/templates/outbox_claim.sql.tmpl"
+	rendered, err := os.ReadFile(querytmpl.OutputPath(tmpl))
+	require.NoError(t, err)
+	fresh, err := querytmpl.Render(tmpl)
+	require.NoError(t, err)
+	require.Equal(t, string(fresh), string(rendered), "queries/outbox_claim.gen.sql is stale: run make generate")
+
+	queries := map[string]string{}
+	for _, part := range strings.Split(string(rendered), "-- name: ")[1:] {
+		name, body, _ := strings.Cut(part, " :many\n")
+		queries[name] = body
+	}
+	require.Len(t, queries, 2)
+	due, byID := queries["OutboxClaimDue"], queries["OutboxClaimByID"]
+	require.Contains(t, due, "FOR UPDATE OF o SKIP LOCKED")
+	require.Contains(t, due, "AND o.listener_pubkey = ANY(@routable::bytea[])", "the poll is route-filtered too")
+	require.NotContains(t, due, "@ids")
+
+	byIDOnly := regexp.MustCompile(`(?m)^      AND o\.id = ANY\(@ids::uuid\[\]\)\n`)
+	require.Len(t, byIDOnly.FindAllString(byID, -1), 1)
+	purpose := regexp.MustCompile(`\A-- [^\n]*\n`) // the first comment line says which one it is
+	strip := func(q string) string {
+		return strings.TrimSpace(purpose.ReplaceAllString(byIDOnly.ReplaceAllString(q, ""), ""))
+	}
+	require.Equal(t, strip(due), strip(byID), "OutboxClaimDue and OutboxClaimByID drifted apart")
+}
+
+func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	ids := f.enqueue(target)
+	c := f.claimer(Routes{listener: "https://l.example"})
+
+	claims, err := c.claimByID(ctx, ids)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	got := claims[0]
+	require.Equal(t, ids[0], got.row.ID)
+	require.Equal(t, int32(1), got.row.Attempts)
+	require.Equal(t, testHost, got.row.Host)
+	require.Equal(t, f.community, got.row.CommunityID)
+
+	r, _ := f.row(ids[0])
+	require.Equal(t, "sending", r.State)
+	require.Equal(t, got.claimID, *r.ClaimID)
+	require.WithinDuration(t, time.Now().Add(defaultLease), *r.LeaseUntil, 5*time.Second)
+
+	again, err := c.claimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, again, "a leased row is not due")
+	again, err = c.claimByID(ctx, ids)
+	require.NoError(t, err)
+	require.Empty(t, again, "nor claimable by id")
+}
+
+func TestClaimDeliveriesSkipsRowsPastRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, oldTarget, freshTarget := newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(listener, oldTarget, freshTarget)
+	old, fresh := f.enqueue(oldTarget)[0], f.enqueue(freshTarget)[0]
+	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '15 minutes 1 second' WHERE id = $1`, old)
+	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '14 minutes 50 seconds' WHERE id = $1`, fresh)
+	c := f.claimer(Routes{listener: "https://l.example"})
+
+	byID, err := c.claimByID(ctx, []uuid.UUID{old})
+	require.NoError(t, err)
+	require.Empty(t, byID)
+	due, err := c.claimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	require.Equal(t, fresh, due[0].row.ID)
+}
+
+func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, t1, t2 := newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(listener, t1, t2)
+	later, spent := f.enqueue(t1)[0], f.enqueue(t2)[0]
+	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + interval '1 second' WHERE id = $1`, later)
+	f.exec(`UPDATE operator_listener_outbox SET attempts = 9 WHERE id = $1`, spent)
+	c := f.claimer(Routes{listener: "https://l.example"})
+	claims, err := c.claimByID(ctx, []uuid.UUID{later, spent})
+	require.NoError(t, err)
+	require.Empty(t, claims)
+	claims, err = c.claimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, claims)
+}
+
+func TestExpiredClaimIsRecoveredAndOldClaimTokenIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	id := f.enqueue(target)[0]
+	claimAt := func(now time.Time) []db.OutboxClaimDueRow {
+		rows, err := f.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
+			ClaimID: uuid.New(), Now: &now, LeaseMs: defaultLease.Milliseconds(), MaxAttempts: maxAttempts,
+			RetentionMs: retention.Milliseconds(), Routable: [][]byte{mustHex(t, listener)}, MaxRows: 10,
+		})
+		require.NoError(t, err)
+		return rows
+	}
+	now := time.Now()
+	require.Len(t, claimAt(now), 1)
+	first, _ := f.row(id)
+	require.Empty(t, claimAt(now.Add(29*time.Second)), "the lease holds")
+
+	// The first worker stalls past its lease; another claims the row.
+	require.Len(t, claimAt(now.Add(31*time.Second)), 1)
+	second, _ := f.row(id)
+	require.Equal(t, int32(2), second.Attempts)
+	require.NotEqual(t, *first.ClaimID, *second.ClaimID)
+
+	// Every transition under the old token is fenced out.
+	stale := func(q func() (int64, error)) {
+		n, err := q()
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	stale(func() (int64, error) {
+		return f.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: id, ClaimID: *first.ClaimID})
+	})
+	stale(func() (int64, error) {
+		return f.q.OutboxRetry(ctx, db.OutboxRetryParams{ID: id, ClaimID: *first.ClaimID, DelayMs: 1000, MaxAttempts: maxAttempts})
+	})
+	stale(func() (int64, error) {
+		return f.q.OutboxRelease(ctx, db.OutboxReleaseParams{ID: id, ClaimID: *first.ClaimID, DelayMs: 1000})
+	})
+	unchanged, ok := f.row(id)
+	require.True(t, ok)
+	require.Equal(t, second.ClaimID, unchanged.ClaimID)
+	require.Equal(t, "sending", unchanged.State)
+
+	n, err := f.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: id, ClaimID: *second.ClaimID})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	_, ok = f.row(id)
+	require.False(t, ok)
+}
+
+// Seed DB test 3: 4 pollers and 4 by-id claimers race over 200 rows while a
+// fifth claimant holds some rows in an open transaction. Every row is
+// claimed exactly once with attempts = 1, a leased row cannot be claimed by
+// id again, and no claimant ever waits for another's locks.
+//
+// Kills: removing SKIP LOCKED from the claim template (checked: with plain
+// FOR UPDATE OF o the racers queue behind the held rows and hit the 2 s
+// lock_timeout).
+func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 12
+	// A claim never waits for a lock: waiting is a failure here.
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	f := fixtureOn(t, pool)
+
+	listener := newPubkey(t)
+	routes := Routes{listener: "https://l.example"}
+	claims := f.claimer(routes)
+
+	for round := range 5 {
+		f.exec(`DELETE FROM operator_listener_outbox`)
+		f.exec(`DELETE FROM operator_listener_pubkeys`)
+		targets := make([]string, 200)
+		for i := range targets {
+			targets[i] = newPubkey(t)
+		}
+		f.register(listener, targets...)
+		ids := f.enqueue(targets...)
+		require.Len(t, ids, 200)
+
+		// The holder claims 10 rows and keeps its transaction open through
+		// the race: the racers must get past those locks without waiting.
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		held, err := pgClaimer{q: db.New(tx), routable: routes.pubkeys(), lease: defaultLease}.claimDue(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, held, 10)
+
+		var mu sync.Mutex
+		claimedBy := map[uuid.UUID]int{}
+		record := func(cs []claim) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range cs {
+				claimedBy[c.row.ID]++
+				if c.row.Attempts != 1 {
+					t.Errorf("row %s claimed at attempt %d", c.row.ID, c.row.Attempts)
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for {
+					cs, err := claims.claimDue(ctx, 10)
+					if !assertNoError(t, err) {
+						return
+					}
+					if len(cs) == 0 {
+						return
+					}
+					record(cs)
+				}
+			})
+			wg.Go(func() {
+				order := append([]uuid.UUID(nil), ids...)
+				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+				for chunk := range slices.Chunk(order, 10) {
+					cs, err := claims.claimByID(ctx, chunk)
+					if !assertNoError(t, err) {
+						return
+					}
+					record(cs)
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, tx.Commit(ctx))
+		record(held)
+
+		require.Equal(t, 200, len(claimedBy), "round %d: every row claimed", round)
+		for id, n := range claimedBy {
+			require.Equal(t, 1, n, "round %d: row %s claimed %d times", round, id, n)
+		}
+		var sending, attemptsOne int
+		require.NoError(t, pool.QueryRow(ctx, `
+			SELECT count(*) FILTER (WHERE state = 'sending'), count(*) FILTER (WHERE attempts = 1)
+			FROM operator_listener_outbox`).Scan(&sending, &attemptsOne))
+		require.Equal(t, 200, sending)
+		require.Equal(t, 200, attemptsOne)
+		again, err := claims.claimByID(ctx, ids)
+		require.NoError(t, err)
+		require.Empty(t, again, "leased rows cannot be claimed by id again")
+	}
+}
+
+func assertNoError(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Errorf("claim: %v", err)
+		return false
+	}
+	return true
+}
+
+func TestRepeatedRegistrationRenewsCreatedAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := mustHex(t, newPubkey(t)), mustHex(t, newPubkey(t))
+	register := func(at time.Time) {
+		_, err := f.q.ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
+			Listener: listener, Targets: [][]byte{target, target}, Now: &at,
+		})
+		require.NoError(t, err)
+	}
+	first := time.Now().Add(-20 * 24 * time.Hour).Truncate(time.Microsecond)
+	register(first)
+	register(first.Add(10 * 24 * time.Hour))
+	rows, err := f.q.ListenerRegistrationsList(ctx, listener)
+	require.NoError(t, err)
+	require.Len(t, rows, 1, "duplicates in one call and across calls are one registration")
+	require.True(t, first.Add(10*24*time.Hour).Equal(rows[0].CreatedAt))
+}

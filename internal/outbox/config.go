@@ -1,0 +1,155 @@
+package outbox
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Environment variables read by ConfigFromEnv.
+const (
+	EnvListeners = "BUZZ_OPERATOR_LISTENERS"
+	EnvTimeout   = "BUZZ_OPERATOR_LISTENER_TIMEOUT_MS"
+	EnvAPIOrigin = "RELAY_OPERATOR_API_ORIGIN"
+)
+
+// DefaultTimeout bounds one delivery request when EnvTimeout is unset.
+const DefaultTimeout = 5 * time.Second
+
+// Routes maps a listener's lowercase 64-hex pubkey to its delivery URL,
+// exactly as configured (the URL is also the NIP-98 u tag).
+type Routes map[string]string
+
+// pubkeys returns the routed listener keys as bytes, sorted: the claims'
+// route filter.
+func (r Routes) pubkeys() [][]byte {
+	keys := make([]string, 0, len(r))
+	for k := range r {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i], _ = hex.DecodeString(k) // validated by ConfigFromEnv
+	}
+	return out
+}
+
+// Config is the operator-listener configuration (spec A.2).
+type Config struct {
+	// Listeners is empty when delivery is disabled on this pod.
+	Listeners Routes
+	// Timeout is the hard limit of one delivery request.
+	Timeout time.Duration
+	// APIOrigin is the base of the URLs that /operator/* NIP-98 u tags must
+	// name, without a trailing slash; empty when not configured.
+	APIOrigin string
+}
+
+// ConfigFromEnv reads the configuration through getenv (os.Getenv in main).
+// Any malformed value is an error, and start-up must fail on it (spec
+// decision 1); a bad listener entry is named by its position and pubkey.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	c := Config{Timeout: DefaultTimeout}
+	var err error
+	if c.Listeners, err = parseListeners(getenv(EnvListeners)); err != nil {
+		return Config{}, err
+	}
+	if v := strings.TrimSpace(getenv(EnvTimeout)); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil || ms < 100 || ms > 10000 {
+			return Config{}, fmt.Errorf("%s=%q: must be an integer number of milliseconds in 100..10000", EnvTimeout, v)
+		}
+		c.Timeout = time.Duration(ms) * time.Millisecond
+	}
+	if c.APIOrigin, err = parseOrigin(getenv(EnvAPIOrigin)); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// parseListeners parses `<pubkey-hex>:<https-url>` entries separated by ';'.
+func parseListeners(v string) (Routes, error) {
+	routes := Routes{}
+	for i, entry := range strings.Split(v, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		// The first ':' ends the pubkey; the URL keeps its own colons.
+		pub, rawURL, ok := strings.Cut(entry, ":")
+		pub, rawURL = strings.ToLower(strings.TrimSpace(pub)), strings.TrimSpace(rawURL)
+		fail := func(format string, args ...any) error {
+			// Names the entry by position and pubkey, never by its URL text,
+			// which may carry credentials.
+			return fmt.Errorf("%s entry %d (%q): %s", EnvListeners, i+1, pub, fmt.Sprintf(format, args...))
+		}
+		if !ok {
+			return nil, fail("want <64-hex pubkey>:<https URL>")
+		}
+		if b, err := hex.DecodeString(pub); err != nil || len(b) != 32 {
+			return nil, fail("pubkey must be 64 hex characters")
+		}
+		if _, dup := routes[pub]; dup {
+			return nil, fail("duplicate pubkey")
+		}
+		if err := checkListenerURL(rawURL); err != nil {
+			return nil, fail("%v", err)
+		}
+		routes[pub] = rawURL
+	}
+	return routes, nil
+}
+
+func checkListenerURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return errors.New("URL does not parse")
+	case u.Scheme != "https":
+		return errors.New("URL scheme must be https")
+	case u.Host == "" || u.Hostname() == "":
+		return errors.New("URL must have a host")
+	case u.User != nil:
+		return errors.New("URL must not contain credentials")
+	case u.RawQuery != "" || u.ForceQuery:
+		return errors.New("URL must not have a query")
+	case strings.Contains(raw, "#"):
+		return errors.New("URL must not have a fragment")
+	}
+	return nil
+}
+
+// parseOrigin checks an http(s) origin and strips one trailing slash.
+func parseOrigin(v string) (string, error) {
+	v = strings.TrimSuffix(strings.TrimSpace(v), "/")
+	if v == "" {
+		return "", nil
+	}
+	fail := func(why string) (string, error) {
+		return "", fmt.Errorf("%s: %s (want an origin such as https://relay.example)", EnvAPIOrigin, why)
+	}
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		return fail("does not parse")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fail("scheme must be http or https")
+	case u.Host == "" || u.Hostname() == "":
+		return fail("must have a host")
+	case u.User != nil:
+		return fail("must not contain credentials")
+	case u.Path != "" || u.RawPath != "":
+		return fail("must not have a path")
+	case u.RawQuery != "" || u.ForceQuery:
+		return fail("must not have a query")
+	case strings.Contains(v, "#"):
+		return fail("must not have a fragment")
+	}
+	return v, nil
+}

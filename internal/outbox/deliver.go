@@ -1,0 +1,224 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Deliverer sends one claimed row to its listener and records the outcome
+// (spec A.9).
+type Deliverer struct {
+	q       *db.Queries
+	routes  Routes
+	key     *nostr.SecretKey
+	client  *http.Client
+	metrics *Metrics
+	log     *slog.Logger
+}
+
+// DelivererOption adjusts a Deliverer.
+type DelivererOption func(*Deliverer)
+
+// WithRootCAs makes the deliverer trust only pool's certificates, for
+// listeners with a private CA (tests: httptest.NewTLSServer's).
+func WithRootCAs(pool *x509.CertPool) DelivererOption {
+	return func(d *Deliverer) {
+		d.client.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) DelivererOption {
+	return func(d *Deliverer) { d.log = l }
+}
+
+// NewDeliverer returns a deliverer for cfg's listeners that signs its NIP-98
+// headers with the relay key and counts outcomes in m.
+func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metrics, opts ...DelivererOption) *Deliverer {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	// Up to maxInFlight requests may go to one listener: keep that many
+	// connections alive instead of redoing TLS handshakes.
+	transport.MaxIdleConnsPerHost = maxInFlight
+	d := &Deliverer{
+		q:      db.New(pool),
+		routes: cfg.Listeners,
+		key:    key,
+		client: &http.Client{
+			Transport: transport,
+			Timeout:   cfg.Timeout,
+			// A redirect is a terminal failure and its target is never
+			// contacted: the listener URL is the only address we sign for.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		metrics: m,
+		log:     slog.Default(),
+	}
+	for _, opt := range opts {
+		opt(d)
+	}
+	return d
+}
+
+// notification is the POST body; the field order is the wire order. It
+// carries no content: the listener fetches the event itself.
+type notification struct {
+	V              int    `json:"v"`
+	Pubkey         string `json:"pubkey"`
+	CommunityHost  string `json:"community_host"`
+	EventID        string `json:"event_id"`
+	EventKind      int32  `json:"event_kind"`
+	EventCreatedAt int64  `json:"event_created_at"`
+}
+
+func notificationBody(r db.OutboxClaimDueRow) ([]byte, error) {
+	return json.Marshal(notification{
+		V:              1,
+		Pubkey:         hex.EncodeToString(r.TargetPubkey),
+		CommunityHost:  r.Host,
+		EventID:        hex.EncodeToString(r.EventID),
+		EventKind:      r.EventKind,
+		EventCreatedAt: r.EventCreatedAt.Unix(),
+	})
+}
+
+// nip98Header signs a kind-27235 event for a POST of body to url.
+func nip98Header(key *nostr.SecretKey, url string, body []byte, now time.Time) (string, error) {
+	sum := sha256.Sum256(body)
+	ev := nostr.Event{
+		Kind:      nostr.KindHTTPAuth,
+		CreatedAt: now.Unix(),
+		Tags: nostr.Tags{
+			{"u", url},
+			{"method", http.MethodPost},
+			{"payload", hex.EncodeToString(sum[:])},
+			{"nonce", uuid.NewString()},
+		},
+	}
+	if err := ev.Sign(key); err != nil {
+		return "", err
+	}
+	raw, err := ev.MarshalJSON()
+	if err != nil {
+		return "", err
+	}
+	return "Nostr " + base64.StdEncoding.EncodeToString(raw), nil
+}
+
+// deliver runs one delivery. Every database transition is fenced by the
+// claim, so a worker that lost its claim changes nothing.
+func (d *Deliverer) deliver(ctx context.Context, c claim) {
+	listener := hex.EncodeToString(c.row.ListenerPubkey)
+	url, ok := d.routes[listener]
+	if !ok {
+		// Another pod may route it: hand the row back without spending an
+		// attempt. (The claims' route filter makes this rare.)
+		n, err := d.q.OutboxRelease(ctx, db.OutboxReleaseParams{
+			DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID,
+		})
+		d.fenced(c, "release", n, err)
+		d.metrics.deliveries.WithLabelValues(outcomeUnroutable).Inc()
+		return
+	}
+	log := d.log.With("listener", listener, "outbox_id", c.row.ID, "attempt", c.row.Attempts)
+
+	req, err := d.request(url, c.row)
+	if err != nil {
+		d.fail(ctx, c, log, "cannot build request", err)
+		return
+	}
+	resp, err := d.client.Do(req.WithContext(ctx))
+	if err != nil {
+		d.retryOrFail(ctx, c, log, err)
+		return
+	}
+	// Read a little so the connection can be reused, never the whole body.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+
+	switch s := resp.StatusCode; {
+	case s >= 200 && s < 300:
+		n, err := d.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+		d.fenced(c, "complete", n, err)
+		d.metrics.deliveries.WithLabelValues(outcomeAccepted).Inc()
+	case s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500:
+		d.retryOrFail(ctx, c, log, fmt.Errorf("listener answered %d", s))
+	default:
+		d.fail(ctx, c, log, "listener refused the delivery", fmt.Errorf("listener answered %d", s))
+	}
+}
+
+func (d *Deliverer) request(url string, r db.OutboxClaimDueRow) (*http.Request, error) {
+	body, err := notificationBody(r)
+	if err != nil {
+		return nil, err
+	}
+	auth, err := nip98Header(d.key, url, body, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", auth)
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
+}
+
+// retryDelay is 2^(attempt-1) seconds, attempt clamped to 1..8: 1 s to 128 s.
+func retryDelay(attempt int32) time.Duration {
+	return time.Second << min(max(attempt-1, 0), 7)
+}
+
+// retryOrFail reschedules a transient failure, or ends the row when this
+// was the last allowed attempt.
+func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, cause error) {
+	if c.row.Attempts >= maxAttempts {
+		d.fail(ctx, c, log, "retries exhausted", cause)
+		return
+	}
+	delay := retryDelay(c.row.Attempts)
+	n, err := d.q.OutboxRetry(ctx, db.OutboxRetryParams{
+		DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts,
+	})
+	d.fenced(c, "retry", n, err)
+	d.metrics.deliveries.WithLabelValues(outcomeRetry).Inc()
+	log.Info("operator-listener delivery will be retried", "in", delay, "cause", cause)
+}
+
+// fail ends the row: a terminal failure deletes it like a success.
+func (d *Deliverer) fail(ctx context.Context, c claim, log *slog.Logger, why string, cause error) {
+	n, err := d.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+	d.fenced(c, "fail", n, err)
+	d.metrics.deliveries.WithLabelValues(outcomeFailed).Inc()
+	log.Warn("operator-listener delivery failed: "+why, "cause", cause)
+}
+
+// fenced logs a transition that did not apply. Zero rows means the claim is
+// gone (lease expired and the row was claimed again, or it was reaped); an
+// error leaves the row leased, and it is claimed again after the lease.
+func (d *Deliverer) fenced(c claim, action string, rows int64, err error) {
+	switch {
+	case err != nil:
+		d.log.Error("operator-listener outbox transition failed", "action", action, "outbox_id", c.row.ID, "err", err)
+	case rows == 0:
+		d.log.Warn("completion lost its claim", "action", action, "outbox_id", c.row.ID, "claim_id", c.claimID)
+	}
+}

@@ -1,0 +1,227 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+// claimAndDeliver enqueues a mention of a fresh target registered by l,
+// optionally pretends attempts were already spent, claims the row (routed
+// by the claimer for l) and runs one delivery through d.
+func (f *fixture) claimAndDeliver(d *Deliverer, l *testListener, spent int32) (uuid.UUID, claim) {
+	f.t.Helper()
+	target := newPubkey(f.t)
+	f.register(l.pubHex, target)
+	id := f.enqueue(target)[0]
+	f.exec(`UPDATE operator_listener_outbox SET attempts = $2 WHERE id = $1`, id, spent)
+	claims, err := f.claimer(routesOf(l)).claimByID(context.Background(), []uuid.UUID{id})
+	require.NoError(f.t, err)
+	require.Len(f.t, claims, 1)
+	d.deliver(context.Background(), claims[0])
+	return id, claims[0]
+}
+
+func outcomes(m *Metrics) map[string]float64 {
+	out := map[string]float64{}
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable} {
+		out[o] = testutil.ToFloat64(m.deliveries.WithLabelValues(o))
+	}
+	return out
+}
+
+func TestSuccessfulDeliveryPostsSignedPayloadAndCompletesOutbox(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, m, _ := f.deliverer(routesOf(l), 5*time.Second, testCAs(l))
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	ev := message(t, 40002, target)
+	f.save(ev, nil, true)
+	id := f.outboxIDs(ev)[0]
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	require.NoError(t, err)
+	d.deliver(context.Background(), claims[0])
+
+	got := l.requests()
+	require.Len(t, got, 1)
+	require.Equal(t, "/hooks/buzz", got[0].URL)
+	require.Equal(t, "application/json", got[0].Header.Get("Content-Type"))
+	require.Equal(t, fmt.Sprintf(
+		`{"v":1,"pubkey":"%s","community_host":"%s","event_id":"%s","event_kind":40002,"event_created_at":%d}`,
+		target, testHost, ev.ID, ev.CreatedAt), string(got[0].Body), "every field, in wire order")
+
+	auth := got[0].Header.Get("Authorization")
+	require.True(t, strings.HasPrefix(auth, "Nostr "))
+	req := &http.Request{Method: http.MethodPost, Header: http.Header{"Authorization": {auth}}}
+	authEv, err := verifyNIP98(req, got[0].Body, l.url)
+	require.NoError(t, err, "the listener verifies the header against its URL, POST, the time and the raw body")
+	require.Equal(t, d.key.PublicKeyHex(), authEv.PubKey, "signed with the relay key")
+	nonce := authEv.Tags.First("nonce")
+	require.NotNil(t, nonce)
+	_, err = uuid.Parse(nonce[1])
+	require.NoError(t, err)
+
+	_, ok := f.row(id)
+	require.False(t, ok, "a delivered row is deleted")
+	require.Equal(t, map[string]float64{"accepted": 1, "retry": 0, "failed": 0, "unroutable": 0}, outcomes(m))
+}
+
+// hangUp closes the connection without an HTTP response, resetting it.
+func hangUp(w http.ResponseWriter, _ *http.Request) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(err)
+	}
+	if tcp, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		if c, ok := tcp.NetConn().(*net.TCPConn); ok {
+			_ = c.SetLinger(0)
+		}
+	}
+	conn.Close()
+}
+
+func TestTransientResponsesRetryWithPersistedDelay(t *testing.T) {
+	t.Parallel()
+	status := func(code int) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) }
+	}
+	for name, handle := range map[string]http.HandlerFunc{
+		"429":              status(http.StatusTooManyRequests),
+		"503":              status(http.StatusServiceUnavailable),
+		"500":              status(http.StatusInternalServerError),
+		"408":              status(http.StatusRequestTimeout),
+		"connection reset": hangUp,
+		"timeout": func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			l := newListener(t, handle)
+			d, m, _ := f.deliverer(routesOf(l), 300*time.Millisecond, testCAs(l))
+			id, _ := f.claimAndDeliver(d, l, 2) // this is attempt 3
+
+			r, ok := f.row(id)
+			require.True(t, ok)
+			require.Equal(t, "pending", r.State)
+			require.Equal(t, int32(3), r.Attempts)
+			require.Nil(t, r.ClaimID)
+			require.Nil(t, r.LeaseUntil)
+			require.InDelta(t, 4*time.Second, r.DueIn, float64(time.Second), "attempt 3 waits 2^2 s")
+			require.Equal(t, 1.0, outcomes(m)["retry"])
+			require.Len(t, l.requests(), 1)
+		})
+	}
+}
+
+func TestRetryDelayDoublesAndCaps(t *testing.T) {
+	t.Parallel()
+	want := []time.Duration{1, 1, 2, 4, 8, 16, 32, 64, 128, 128}
+	for attempt, w := range want {
+		require.Equal(t, w*time.Second, retryDelay(int32(attempt)), "attempt %d", attempt)
+	}
+}
+
+func TestClientErrorFailsAndRemovesOutboxRow(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{400, 401, 404, 410} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			l := newListener(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) })
+			d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+			id, _ := f.claimAndDeliver(d, l, 0)
+			_, ok := f.row(id)
+			require.False(t, ok, "terminal: the row is deleted, never retried")
+			require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0}, outcomes(m))
+			require.Len(t, l.requests(), 1)
+		})
+	}
+}
+
+func TestRedirectIsTerminalAndTargetIsNotContacted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var targetHits atomic.Int32
+	target := newListener(t, func(http.ResponseWriter, *http.Request) { targetHits.Add(1) })
+	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.url, http.StatusFound)
+	})
+	d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	id, _ := f.claimAndDeliver(d, l, 0)
+
+	_, ok := f.row(id)
+	require.False(t, ok)
+	require.Len(t, l.requests(), 1)
+	require.Zero(t, targetHits.Load(), "the redirect target is never contacted")
+	require.Equal(t, 1.0, outcomes(m)["failed"])
+}
+
+func TestExhaustedAttemptIsTerminal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, hangUp)
+	d, m, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	id, c := f.claimAndDeliver(d, l, 8)
+	require.Equal(t, int32(9), c.row.Attempts)
+	_, ok := f.row(id)
+	require.False(t, ok, "attempt 9 is the last")
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0}, outcomes(m))
+	require.Contains(t, logs.String(), "retries exhausted")
+}
+
+func TestUnroutableDeliveryReleasesClaimWithoutHTTP(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	// The claim routes l (another pod's view); this deliverer does not.
+	d, m, _ := f.deliverer(Routes{}, 2*time.Second, testCAs(l))
+	id, _ := f.claimAndDeliver(d, l, 0)
+
+	r, ok := f.row(id)
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State)
+	require.Zero(t, r.Attempts, "a release does not spend an attempt")
+	require.Nil(t, r.ClaimID)
+	require.Nil(t, r.LeaseUntil)
+	require.InDelta(t, 30*time.Second, r.DueIn, float64(time.Second))
+	require.Empty(t, l.requests())
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 1}, outcomes(m))
+}
+
+func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, _, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	id := f.enqueue(target)[0]
+	stale := claim{claimID: uuid.New()}
+	claims, err := f.claimer(routesOf(l)).claimByID(context.Background(), []uuid.UUID{id})
+	require.NoError(t, err)
+	stale.row = claims[0].row
+
+	d.deliver(context.Background(), stale)
+	require.Len(t, l.requests(), 1)
+	r, ok := f.row(id)
+	require.True(t, ok, "the completion under a foreign claim deleted nothing")
+	require.Equal(t, claims[0].claimID, *r.ClaimID)
+	require.Contains(t, logs.String(), "completion lost its claim")
+	require.Contains(t, logs.String(), stale.claimID.String())
+}

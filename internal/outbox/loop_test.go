@@ -1,0 +1,396 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+// The loop tests drive the production loop (loop.run) with the real claim
+// statements on a real database, a manual clock (a poll fires only when a
+// test advances time past its deadline) and recording deliveries. Each
+// names the mutation of loop.run it kills; every one was checked by
+// applying the mutation, seeing the test fail, and restoring the code:
+//   - no hand-off branch: the `case id := <-handoffC` arm removed;
+//   - poll timer reset every iteration: `poll.Reset(backoff)` at the top of
+//     the for loop (the deadline moves whenever anything happens);
+//   - no free-slot guard: pollC and handoffC enabled even when free == 0.
+
+// manualClock fires timers only from Advance. Every Reset is reported on
+// rearmed, so a test advances time only after the loop re-armed its poll.
+type manualClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	timers  []*manualTimer
+	rearmed chan time.Duration
+}
+
+type manualTimer struct {
+	clock *manualClock
+	ch    chan time.Time
+	at    time.Time
+	armed bool
+}
+
+func (c *manualClock) NewTimer(d time.Duration) timer {
+	t := &manualTimer{clock: c, ch: make(chan time.Time, 1)}
+	c.mu.Lock()
+	c.timers = append(c.timers, t)
+	t.arm(d)
+	c.mu.Unlock()
+	return t
+}
+
+// Advance moves time forward and fires every timer now due.
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for _, t := range c.timers {
+		t.fireIfDue()
+	}
+}
+
+func (t *manualTimer) C() <-chan time.Time { return t.ch }
+
+func (t *manualTimer) Reset(d time.Duration) {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	t.drain()
+	t.arm(d)
+	t.clock.rearmed <- d
+}
+
+func (t *manualTimer) arm(d time.Duration) {
+	t.at, t.armed = t.clock.now.Add(d), true
+	t.fireIfDue()
+}
+
+func (t *manualTimer) Stop() {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	t.drain()
+	t.armed = false
+}
+
+func (t *manualTimer) drain() {
+	select {
+	case <-t.ch:
+	default:
+	}
+}
+
+func (t *manualTimer) fireIfDue() {
+	if t.armed && !t.at.After(t.clock.now) {
+		t.armed = false
+		t.ch <- t.clock.now
+	}
+}
+
+// recordingClaimer wraps the production claimer: it reports every claim,
+// can fail the by-id claim, and checks the in-flight bound. outstanding
+// counts rows claimed and not yet finished by a delivery, a lower bound of
+// the loop's own in-flight count, so a claim made while it is at 10 proves
+// the loop claimed without a free slot.
+type recordingClaimer struct {
+	t        testing.TB
+	inner    claimer
+	polls    chan int         // the limit of each poll
+	byID     chan []uuid.UUID // the ids of each by-id claim
+	failByID atomic.Bool
+
+	outstanding    atomic.Int64
+	maxOutstanding atomic.Int64
+}
+
+func (r *recordingClaimer) checkSlots(kind string, want int) {
+	if out := r.outstanding.Load(); out+int64(want) > maxInFlight || want == 0 {
+		r.t.Errorf("%s claim for %d rows with %d deliveries in flight", kind, want, out)
+	}
+}
+
+func (r *recordingClaimer) claimed(cs []claim) {
+	n := r.outstanding.Add(int64(len(cs)))
+	for {
+		m := r.maxOutstanding.Load()
+		if n <= m || r.maxOutstanding.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (r *recordingClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+	r.checkSlots("poll", limit)
+	cs, err := r.inner.claimDue(ctx, limit)
+	r.claimed(cs)
+	r.polls <- limit
+	return cs, err
+}
+
+func (r *recordingClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
+	r.checkSlots("by-id", len(ids))
+	defer func() { r.byID <- ids }()
+	if r.failByID.Load() {
+		return nil, errors.New("injected by-id claim failure")
+	}
+	cs, err := r.inner.claimByID(ctx, ids)
+	r.claimed(cs)
+	return cs, err
+}
+
+// loopHarness runs loop.run against a fixture.
+type loopHarness struct {
+	f         *fixture
+	clock     *manualClock
+	claims    *recordingClaimer
+	handoff   chan uuid.UUID
+	delivered chan claim // each delivery, when it finishes
+	// hold, when set, is called by a delivery before it finishes.
+	hold     func(c claim)
+	listener string
+}
+
+func startLoop(t *testing.T, configure func(h *loopHarness)) *loopHarness {
+	t.Helper()
+	f := newFixture(t)
+	h := &loopHarness{
+		f:         f,
+		clock:     &manualClock{now: time.Unix(1_000_000, 0), rearmed: make(chan time.Duration, 1000)},
+		handoff:   make(chan uuid.UUID, handoffCapacity),
+		delivered: make(chan claim, 1000),
+		listener:  newPubkey(t),
+	}
+	h.claims = &recordingClaimer{
+		t: t, inner: f.claimer(Routes{h.listener: "https://l.example"}),
+		polls: make(chan int, 1000), byID: make(chan []uuid.UUID, 1000),
+	}
+	if configure != nil {
+		configure(h)
+	}
+	l := &loop{
+		claims: h.claims,
+		deliver: func(_ context.Context, c claim) {
+			if h.hold != nil {
+				h.hold(c)
+			}
+			h.claims.outstanding.Add(-1)
+			h.delivered <- c
+		},
+		clock:   h.clock,
+		handoff: h.handoff,
+		log:     slog.New(slog.DiscardHandler),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		l.run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+	// The first poll runs at start and finds nothing.
+	require.Equal(t, maxInFlight, h.awaitPoll(t, "the first poll"))
+	return h
+}
+
+// awaitPoll waits for a poll and for the loop to re-arm its timer after it,
+// and returns the poll's limit.
+func (h *loopHarness) awaitPoll(t *testing.T, what string) int {
+	t.Helper()
+	limit := wait(t, h.claims.polls, waitLong, what)
+	wait(t, h.clock.rearmed, waitLong, "the poll timer re-armed after "+what)
+	return limit
+}
+
+const waitLong = 5 * time.Second
+
+// row enqueues one mention for the harness listener and returns its id.
+func (h *loopHarness) row() uuid.UUID {
+	target := newPubkey(h.f.t)
+	h.f.register(h.listener, target)
+	return h.f.enqueue(target)[0]
+}
+
+func (h *loopHarness) noPoll(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case <-h.claims.polls:
+		t.Fatal(why)
+	default:
+	}
+}
+
+// Kills: no hand-off branch (checked).
+func TestLoopHandedOffRowIsDeliveredBeforeAnyIdlePoll(t *testing.T) {
+	t.Parallel()
+	h := startLoop(t, nil)
+	id := h.row()
+	h.handoff <- id
+	require.Equal(t, []uuid.UUID{id}, wait(t, h.claims.byID, waitLong, "the by-id claim"))
+	require.Equal(t, id, wait(t, h.delivered, waitLong, "the delivery").row.ID)
+	h.noPoll(t, "delivered through the by-id claim; no idle poll was due")
+}
+
+// Kills: poll timer reset every iteration (checked): the hand-off in the
+// middle of the idle interval would move the deadline past the time the
+// test advances to.
+func TestLoopRowNeverHandedOffIsDeliveredByThePoll(t *testing.T) {
+	t.Parallel()
+	h := startLoop(t, nil)
+	// Idle polls back off 250 ms, 500 ms, 1 s, then sit at the 2 s ceiling.
+	for _, step := range []time.Duration{250, 500, 1000, 2000} {
+		h.clock.Advance(step * time.Millisecond)
+		h.awaitPoll(t, "an idle poll")
+	}
+	quiet := h.row()
+
+	h.clock.Advance(time.Second)
+	h.noPoll(t, "the poll waits out its 2 s ceiling")
+	handed := h.row()
+	h.handoff <- handed
+	require.Equal(t, handed, wait(t, h.delivered, waitLong, "the hand-off's delivery").row.ID)
+
+	h.clock.Advance(time.Second) // the ceiling deadline, fixed before the hand-off
+	h.awaitPoll(t, "the poll at its deadline")
+	require.Equal(t, quiet, wait(t, h.delivered, waitLong, "the poll's delivery").row.ID)
+}
+
+// Kills: no hand-off branch (checked): the by-id claim must be attempted.
+// Its failure must not disturb the poll schedule either.
+func TestLoopPollDeliversWhenTheByIDClaimFails(t *testing.T) {
+	t.Parallel()
+	h := startLoop(t, func(h *loopHarness) { h.claims.failByID.Store(true) })
+	id := h.row()
+	h.handoff <- id
+	require.Equal(t, []uuid.UUID{id}, wait(t, h.claims.byID, waitLong, "the failing by-id claim"))
+	h.noPoll(t, "a failed by-id claim does not trigger a poll")
+
+	h.clock.Advance(idlePollFloor) // the deadline set by the first poll
+	h.awaitPoll(t, "the next poll, unmoved by the failure")
+	require.Equal(t, id, wait(t, h.delivered, waitLong, "the poll's delivery").row.ID)
+}
+
+// Kills: poll timer reset every iteration (checked).
+func TestLoopHandoffsFasterThanThePollDoNotPushItBack(t *testing.T) {
+	t.Parallel()
+	h := startLoop(t, nil)
+	handOff := func() {
+		id := h.row()
+		h.handoff <- id
+		require.Equal(t, id, wait(t, h.delivered, waitLong, "a hand-off's delivery").row.ID)
+	}
+	// The first poll set the deadline at +250 ms; a hand-off every 100 ms
+	// must not move it.
+	for range 2 {
+		h.clock.Advance(100 * time.Millisecond)
+		handOff()
+	}
+	h.noPoll(t, "200 ms: not due yet")
+	h.clock.Advance(100 * time.Millisecond)
+	h.awaitPoll(t, "the poll at 250 ms despite hand-offs every 100 ms")
+
+	// Nor do hand-offs reset the idle backoff: that empty poll (at 300 ms)
+	// armed the next one 500 ms later, at 800 ms.
+	for range 4 {
+		handOff()
+		h.clock.Advance(100 * time.Millisecond)
+	}
+	h.noPoll(t, "700 ms: the backoff kept doubling")
+	h.clock.Advance(100 * time.Millisecond)
+	h.awaitPoll(t, "the poll at 800 ms")
+}
+
+// Kills: no hand-off branch (checked). Also checked against a loop that
+// waits for a whole claimed batch before claiming again: it fails too.
+func TestLoopStalledDeliveryDoesNotHoldUpALaterRow(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var stalled uuid.UUID
+	h := startLoop(t, func(h *loopHarness) {
+		h.hold = func(c claim) {
+			if c.row.ID == stalled {
+				<-release
+			}
+		}
+	})
+	unstall := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unstall) // before the loop stops: it waits for held deliveries
+	stalled = h.row()
+	h.handoff <- stalled
+	wait(t, h.claims.byID, waitLong, "the stalled row's claim")
+
+	later := h.row()
+	h.handoff <- later
+	require.Equal(t, later, wait(t, h.delivered, waitLong, "the later row, while the first is stalled").row.ID)
+	unstall()
+	require.Equal(t, stalled, wait(t, h.delivered, waitLong, "the stalled row, once released").row.ID)
+}
+
+// Kills: no free-slot guard (checked): with 10 deliveries stalled, the
+// hand-off would be read and claimed by id without a slot (and the due poll
+// would run with limit 0).
+func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	started := make(chan struct{}, 100)
+	h := startLoop(t, func(h *loopHarness) {
+		h.hold = func(claim) {
+			started <- struct{}{}
+			<-gate
+		}
+	})
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // before the loop stops: it waits for held deliveries
+	target := func() string {
+		tg := newPubkey(t)
+		h.f.register(h.listener, tg)
+		return tg
+	}
+	var polled []uuid.UUID
+	for range 25 {
+		polled = append(polled, h.f.enqueue(target())...)
+	}
+	h.clock.Advance(idlePollFloor)
+	require.Equal(t, maxInFlight, wait(t, h.claims.polls, waitLong, "the poll"))
+	for range maxInFlight {
+		wait(t, started, waitLong, "a delivery")
+	}
+
+	// Full: a hand-off and a due poll must both wait for a free slot.
+	var handed []uuid.UUID
+	for range 5 {
+		handed = append(handed, h.f.enqueue(target())...)
+	}
+	for _, id := range handed {
+		h.handoff <- id
+	}
+	h.clock.Advance(time.Hour)
+	select {
+	case ids := <-h.claims.byID:
+		t.Fatalf("claimed %d ids by id with no free slot", len(ids))
+	case limit := <-h.claims.polls:
+		t.Fatalf("polled with limit %d and no free slot", limit)
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.Equal(t, int64(maxInFlight), h.claims.outstanding.Load())
+
+	open()
+	seen := map[uuid.UUID]bool{}
+	for range 30 {
+		seen[wait(t, h.delivered, waitLong, "every row").row.ID] = true
+	}
+	require.Len(t, seen, 30)
+	for _, id := range append(polled, handed...) {
+		require.True(t, seen[id])
+	}
+	require.Equal(t, int64(maxInFlight), h.claims.maxOutstanding.Load(), "in flight reached 10 and never more")
+}

@@ -1,0 +1,74 @@
+// Package outbox delivers mention notifications to operator listeners
+// (spec A): deployment-wide HTTPS endpoints that register target pubkeys and
+// are told, with a NIP-98-signed POST, when a stored message mentions one.
+//
+// The event's own transaction inserts the outbox rows (Enqueue). After
+// commit the saving pod hands the new row ids to its Worker (Offer), which
+// claims exactly those rows at once: the fast path. The Worker's poll is the
+// safety net for everything else (rows saved elsewhere, dropped hand-offs,
+// retries, expired leases). Every claim is one FOR UPDATE SKIP LOCKED
+// statement and every later transition is fenced by (id, claim_id, state),
+// so a row is delivered by at most one claimant at a time, across pods.
+// Reapers drop rows past retention and expired registrations;
+// RegistrationHandler serves POST/DELETE /operator/listener/pubkeys.
+package outbox
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The constants of spec A.8.
+const (
+	maxInFlight           = 10 // deliveries running at once per worker
+	handoffCapacity       = 10 // ids a worker's hand-off channel holds; also the ids Enqueue keeps
+	defaultLease          = 30 * time.Second
+	idlePollFloor         = 250 * time.Millisecond
+	idlePollCeiling       = 2 * time.Second
+	claimErrorSleep       = 2 * time.Second
+	maxAttempts           = 9
+	retention             = 15 * time.Minute
+	releaseDelay          = 30 * time.Second
+	outboxReapEvery       = 5 * time.Minute
+	registrationReapEvery = 24 * time.Hour
+	registrationLifetime  = 30 * 24 * time.Hour
+)
+
+// Delivery outcomes, the values of the deliveries counter's outcome label.
+const (
+	outcomeAccepted   = "accepted"
+	outcomeRetry      = "retry"
+	outcomeFailed     = "failed"
+	outcomeUnroutable = "unroutable"
+)
+
+// Metrics are the delivery counters, registered on the relay's registry.
+type Metrics struct {
+	deliveries     *prometheus.CounterVec
+	handoffDropped prometheus.Counter
+}
+
+// NewMetrics creates the counters and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_operator_listener_deliveries_total",
+			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable).",
+		}, []string{"outcome"}),
+		handoffDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_operator_listener_handoff_dropped_total",
+			Help: "Outbox ids not handed to the local worker because its channel was full; the poll delivers them.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.deliveries, m.handoffDropped} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Every outcome series exists from the start, so rate() sees zeros.
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable} {
+		m.deliveries.WithLabelValues(o)
+	}
+	return m, nil
+}

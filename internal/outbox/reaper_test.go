@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestReapersUseTheirExpectedIntervals(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 5*time.Minute, outboxReapEvery)
+	require.Equal(t, 24*time.Hour, registrationReapEvery)
+	require.Equal(t, 15*time.Minute, retention)
+	require.Equal(t, 30*24*time.Hour, registrationLifetime)
+	p := reaperPeriods{outbox: outboxReapEvery, registrations: registrationReapEvery}
+	WithReapPeriods(time.Second, time.Minute)(&p)
+	require.Equal(t, reaperPeriods{outbox: time.Second, registrations: time.Minute}, p)
+}
+
+// seedExpiring adds, per table, one row just past its limit and one just
+// inside it.
+func (f *fixture) seedExpiring() {
+	f.t.Helper()
+	listener := newPubkey(f.t)
+	oldTarget, newTarget := newPubkey(f.t), newPubkey(f.t)
+	f.register(listener, oldTarget, newTarget)
+	old, fresh := f.enqueue(oldTarget)[0], f.enqueue(newTarget)[0]
+	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '15 minutes 5 seconds' WHERE id = $1`, old)
+	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '14 minutes 55 seconds' WHERE id = $1`, fresh)
+	f.exec(`UPDATE operator_listener_pubkeys SET created_at = now() - interval '30 days 5 seconds' WHERE target_pubkey = $1`, mustHex(f.t, oldTarget))
+	f.exec(`UPDATE operator_listener_pubkeys SET created_at = now() - interval '29 days 23 hours' WHERE target_pubkey = $1`, mustHex(f.t, newTarget))
+	f.exec(`INSERT INTO operator_auth_replays VALUES ($1, now() - interval '1 second'), ($2, now() + interval '1 minute')`,
+		mustHex(f.t, newPubkey(f.t)), mustHex(f.t, newPubkey(f.t)))
+}
+
+func (f *fixture) counts() [3]int {
+	f.t.Helper()
+	var c [3]int
+	require.NoError(f.t, f.pool.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM operator_listener_outbox),
+		       (SELECT count(*) FROM operator_listener_pubkeys),
+		       (SELECT count(*) FROM operator_auth_replays)`).Scan(&c[0], &c[1], &c[2]))
+	return c
+}
+
+func runReapers(t *testing.T, f *fixture, opts ...ReaperOption) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { Reapers(ctx, f.pool, opts...) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+}
+
+func TestReapersDeleteExpiredRowsAndPreserveRecentRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seedExpiring()
+	require.Equal(t, [3]int{2, 2, 2}, f.counts())
+
+	// Default periods: both reapers run once at start.
+	runReapers(t, f)
+	require.Eventually(t, func() bool { return f.counts() == [3]int{1, 1, 1} }, waitLong, 10*time.Millisecond)
+}
+
+func TestReapersRunAgainEveryPeriod(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	runReapers(t, f, WithReapPeriods(20*time.Millisecond, 20*time.Millisecond))
+	require.Eventually(t, func() bool { return f.counts() == [3]int{0, 0, 0} }, waitLong, 10*time.Millisecond)
+	f.seedExpiring() // after the first runs
+	require.Eventually(t, func() bool { return f.counts() == [3]int{1, 1, 1} }, waitLong, 10*time.Millisecond)
+}

@@ -1,0 +1,147 @@
+package outbox
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// RegistrationPath is where RegistrationHandler is mounted.
+const RegistrationPath = "/operator/listener/pubkeys"
+
+const (
+	maxRegistrationTargets = 1000
+	// maxRegistrationBody fits 1000 quoted 64-hex keys with generous spacing.
+	maxRegistrationBody = 256 << 10
+	// replayTTL keeps an auth event's claim while it can still pass the
+	// ±60 s created_at check, plus 60 s for clock skew between pods and the
+	// database.
+	replayTTL = 2 * time.Minute
+)
+
+// NIP98Verifier checks a request's NIP-98 Authorization header: a valid
+// kind-27235 event within the relay's time window whose u tag is
+// expectedURL, whose method tag is the request method, and whose payload
+// tag is present and is the SHA-256 of body. It returns the verified auth
+// event, or an error whose text is sent back with 401 after "NIP-98: ".
+// Replay protection is the handler's job.
+type NIP98Verifier func(r *http.Request, body []byte, expectedURL string) (*nostr.Event, error)
+
+// RegistrationHandler serves POST (register) and DELETE (remove) of
+// {"pubkeys": [<64-hex>, ...]} for the signing listener (spec A.4). origin is
+// Config.APIOrigin; routes are the configured listeners, the only keys
+// allowed to register.
+func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier) http.Handler {
+	q := db.New(pool)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost && r.Method != http.MethodDelete {
+			w.Header().Set("Allow", "POST, DELETE")
+			writeError(w, http.StatusMethodNotAllowed, "method must be POST or DELETE")
+			return
+		}
+		if origin == "" {
+			writeError(w, http.StatusInternalServerError, "operator API origin is not configured")
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRegistrationBody))
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			return
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "could not read the request body")
+			return
+		}
+		auth, err := verify(r, body, origin+RegistrationPath)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "NIP-98: "+err.Error())
+			return
+		}
+		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
+			writeError(w, status, msg)
+			return
+		}
+		signer := auth.PubKey
+		if _, ok := routes[signer]; !ok {
+			writeError(w, http.StatusForbidden, "actor not authorized: not a configured operator listener")
+			return
+		}
+		targets, msg := parseTargets(body)
+		if msg != "" {
+			writeError(w, http.StatusBadRequest, msg)
+			return
+		}
+		listener, _ := hex.DecodeString(signer)
+		if r.Method == http.MethodPost {
+			_, err = q.ListenerRegistrationsUpsert(r.Context(), db.ListenerRegistrationsUpsertParams{Listener: listener, Targets: targets})
+		} else {
+			_, err = q.ListenerRegistrationsDelete(r.Context(), db.ListenerRegistrationsDeleteParams{Listener: listener, Targets: targets})
+		}
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "error: could not store the registration")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}")
+	})
+}
+
+// claimAuthEvent marks the verified auth event as used (replay store scope
+// "operator-management"): a second use is refused, and so is every request
+// while the store cannot answer (fail closed). status 0 means claimed.
+func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (status int, msg string) {
+	id := ev.IDBytes()
+	n, err := q.OperatorAuthReplayClaim(ctx, db.OperatorAuthReplayClaimParams{
+		EventID: id[:], ExpiresAt: time.Unix(ev.CreatedAt, 0).Add(replayTTL),
+	})
+	switch {
+	case err != nil:
+		return http.StatusUnauthorized, "NIP-98: replay check unavailable"
+	case n == 0:
+		return http.StatusUnauthorized, "NIP-98: replay detected"
+	}
+	return 0, ""
+}
+
+// parseTargets returns the distinct target keys of a registration body, or
+// the 400 message.
+func parseTargets(body []byte) ([][]byte, string) {
+	var req struct {
+		Pubkeys []string `json:"pubkeys"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, "invalid operator-listener pubkeys JSON: " + err.Error()
+	}
+	if n := len(req.Pubkeys); n < 1 || n > maxRegistrationTargets {
+		return nil, "pubkeys must contain between 1 and 1000 entries"
+	}
+	targets := make([][]byte, 0, len(req.Pubkeys))
+	seen := make(map[string]struct{}, len(req.Pubkeys))
+	for _, p := range req.Pubkeys {
+		b, err := hex.DecodeString(p)
+		if err != nil || len(b) != 32 {
+			return nil, "pubkeys must contain 64-char hex public keys"
+		}
+		if _, dup := seen[string(b)]; !dup {
+			seen[string(b)] = struct{}{}
+			targets = append(targets, b)
+		}
+	}
+	return targets, ""
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}

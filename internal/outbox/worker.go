@@ -1,0 +1,254 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+// claim is one claimed outbox row: what a delivery needs, plus the claim's
+// fencing token.
+type claim struct {
+	claimID uuid.UUID
+	row     db.OutboxClaimDueRow
+}
+
+// claimer takes due rows for the loop: pgClaimer in production, wrapped by
+// tests to observe and fail claims.
+type claimer interface {
+	// claimDue is the poll: any due row this pod routes, at most limit.
+	claimDue(ctx context.Context, limit int) ([]claim, error)
+	// claimByID is the fast path: those of ids that are still due.
+	claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error)
+}
+
+// pgClaimer runs the two claim statements rendered from
+// queries/templates/outbox_claim.sql.tmpl.
+type pgClaimer struct {
+	q        *db.Queries
+	routable [][]byte
+	lease    time.Duration
+}
+
+func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+	claimID := uuid.New()
+	rows, err := c.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
+		ClaimID:     claimID,
+		LeaseMs:     c.lease.Milliseconds(),
+		MaxAttempts: maxAttempts,
+		RetentionMs: retention.Milliseconds(),
+		Routable:    c.routable,
+		MaxRows:     int32(limit),
+	})
+	out := make([]claim, len(rows))
+	for i, r := range rows {
+		out[i] = claim{claimID: claimID, row: r}
+	}
+	return out, err
+}
+
+func (c pgClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
+	claimID := uuid.New()
+	rows, err := c.q.OutboxClaimByID(ctx, db.OutboxClaimByIDParams{
+		ClaimID:     claimID,
+		LeaseMs:     c.lease.Milliseconds(),
+		MaxAttempts: maxAttempts,
+		RetentionMs: retention.Milliseconds(),
+		Routable:    c.routable,
+		Ids:         ids,
+		MaxRows:     int32(len(ids)),
+	})
+	out := make([]claim, len(rows))
+	for i, r := range rows {
+		out[i] = claim{claimID: claimID, row: db.OutboxClaimDueRow(r)}
+	}
+	return out, err
+}
+
+// clock is the loop's time source; tests drive a manual one.
+type clock interface {
+	NewTimer(d time.Duration) timer
+}
+
+type timer interface {
+	C() <-chan time.Time
+	// Reset re-arms the timer to fire d from now, discarding a pending fire.
+	Reset(d time.Duration)
+	Stop()
+}
+
+type realClock struct{}
+
+func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+
+// realTimer relies on Go 1.23+ timers: Reset and Stop discard a fire that
+// was not received.
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time   { return t.t.C }
+func (t realTimer) Reset(d time.Duration) { t.t.Reset(d) }
+func (t realTimer) Stop()                 { t.t.Stop() }
+
+// loop is the delivery state machine of spec A.8, separated from the Worker
+// so tests drive the production loop with their own claimer, deliveries and
+// clock.
+type loop struct {
+	claims  claimer
+	deliver func(ctx context.Context, c claim)
+	clock   clock
+	handoff <-chan uuid.UUID
+	log     *slog.Logger
+}
+
+// run keeps up to maxInFlight deliveries going until ctx ends, then waits
+// for the running ones. Every goroutine it starts is counted in inflight and
+// reports on done, so nothing runs outside that set.
+func (l *loop) run(ctx context.Context) {
+	done := make(chan struct{}, maxInFlight) // never blocks a finishing delivery
+	inflight := 0
+	// Deliveries outlive ctx: on shutdown each finishes (bounded by the
+	// request timeout) and records its outcome instead of leaving its row
+	// leased until the lease expires.
+	deliverCtx := context.WithoutCancel(ctx)
+	start := func(claims []claim) {
+		for _, c := range claims {
+			inflight++
+			go func() {
+				defer func() { done <- struct{}{} }()
+				l.deliver(deliverCtx, c)
+			}()
+		}
+	}
+
+	// The poll timer is armed only by the poll's own outcome, so it holds a
+	// fixed deadline: hand-offs and completions never push the poll back.
+	// Fired while the worker is full, it stays ready until a slot frees.
+	poll := l.clock.NewTimer(0) // the first poll runs at once
+	defer poll.Stop()
+	backoff := idlePollFloor
+
+	for {
+		free := maxInFlight - inflight
+		// Without a free slot, neither the poll nor a hand-off may be
+		// taken: nil channels disable both cases.
+		var pollC <-chan time.Time
+		var handoffC <-chan uuid.UUID
+		if free > 0 {
+			pollC, handoffC = poll.C(), l.handoff
+		}
+		select {
+		case <-ctx.Done():
+			for ; inflight > 0; inflight-- {
+				<-done
+			}
+			return
+
+		case <-done:
+			// One slot is free: claim again now, not when a batch is done.
+			inflight--
+
+		case <-pollC:
+			claims, err := l.claims.claimDue(ctx, free)
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					l.log.Error("operator-listener outbox poll failed", "err", err)
+				}
+				poll.Reset(claimErrorSleep)
+			case len(claims) > 0:
+				start(claims)
+				backoff = idlePollFloor
+				poll.Reset(0) // keep draining while work and slots exist
+			default:
+				poll.Reset(backoff)
+				backoff = min(2*backoff, idlePollCeiling)
+			}
+
+		case id := <-handoffC:
+			ids := drainUpTo(l.handoff, id, free)
+			claims, err := l.claims.claimByID(ctx, ids)
+			if err != nil {
+				// The rows stay due; the poll delivers them.
+				l.log.Debug("operator-listener hand-off claim failed", "ids", len(ids), "err", err)
+			}
+			start(claims)
+		}
+	}
+}
+
+// drainUpTo returns first plus whatever ch holds right now, at most n ids.
+func drainUpTo(ch <-chan uuid.UUID, first uuid.UUID, n int) []uuid.UUID {
+	ids := append(make([]uuid.UUID, 0, handoffCapacity), first)
+	for len(ids) < n {
+		select {
+		case id := <-ch:
+			ids = append(ids, id)
+		default:
+			return ids
+		}
+	}
+	return ids
+}
+
+// Worker delivers this pod's outbox rows: run one per relay process that has
+// listeners configured.
+type Worker struct {
+	loop    loop
+	handoff chan uuid.UUID
+	dropped prometheus.Counter
+}
+
+// WorkerOption adjusts a Worker.
+type WorkerOption func(*pgClaimer)
+
+// WithLease sets how long a claim holds its row before another worker may
+// take it over (default 30 s). Tests shorten it to recover stalled
+// deliveries quickly.
+func WithLease(d time.Duration) WorkerOption {
+	return func(c *pgClaimer) { c.lease = d }
+}
+
+// NewWorker returns a worker that claims rows for the listeners in routes
+// and delivers them through d.
+func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOption) *Worker {
+	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease}
+	for _, opt := range opts {
+		opt(&claims)
+	}
+	w := &Worker{handoff: make(chan uuid.UUID, handoffCapacity), dropped: d.metrics.handoffDropped}
+	w.loop = loop{claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log}
+	return w
+}
+
+// Offer hands committed outbox row ids (from Enqueue) to the worker without
+// blocking: ids that do not fit in its 10-id channel are dropped and
+// counted, and the poll delivers those rows later. Call it only after the
+// event's transaction committed. A nil Worker (no listeners configured on
+// this pod) takes nothing; the poll of a pod that routes the rows finds
+// them.
+func (w *Worker) Offer(ids []uuid.UUID) (dropped int) {
+	if w == nil {
+		return 0
+	}
+	for _, id := range ids {
+		select {
+		case w.handoff <- id:
+		default:
+			dropped++
+		}
+	}
+	if dropped > 0 {
+		w.dropped.Add(float64(dropped))
+	}
+	return dropped
+}
+
+// Run delivers until ctx ends, then returns once in-flight deliveries
+// finish.
+func (w *Worker) Run(ctx context.Context) { w.loop.run(ctx) }

@@ -1,0 +1,221 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+)
+
+// runWorker runs w until the test ends (or stop is called) and waits for it.
+func runWorker(t *testing.T, w *Worker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-done
+	})
+	t.Cleanup(stop)
+	return stop
+}
+
+// deliveryKey names one notification: the mentioned pubkey and the event.
+type deliveryKey struct{ Pubkey, EventID string }
+
+func keyOf(t testing.TB, body []byte) deliveryKey {
+	var n notification
+	require.NoError(t, json.Unmarshal(body, &n))
+	return deliveryKey{n.Pubkey, n.EventID}
+}
+
+func (f *fixture) waitForEmptyOutbox(timeout time.Duration) {
+	f.t.Helper()
+	require.Eventually(f.t, func() bool { return f.outboxCount() == 0 }, timeout, 10*time.Millisecond)
+}
+
+func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	pools := make([]*pgxpool.Pool, 2)
+	for i := range pools {
+		p, err := pgxpool.New(context.Background(), url)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		pools[i] = p
+	}
+	f := fixtureOn(t, pools[0])
+
+	counts := map[deliveryKey]int{}
+	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond) // widen the window for overlap
+	})
+	routes := routesOf(l)
+	workers := make([]*Worker, 2)
+	for i, p := range pools {
+		pf := &fixture{t: t, pool: p, q: db.New(p)}
+		d, _, _ := pf.deliverer(routes, 5*time.Second, testCAs(l))
+		workers[i] = NewWorker(p, routes, d)
+		runWorker(t, workers[i])
+	}
+
+	// 40 mentions of 2 targets each: both workers are offered every id and
+	// both poll.
+	targets := []string{newPubkey(t), newPubkey(t)}
+	f.register(l.pubHex, targets...)
+	for range 40 {
+		ev := message(t, 9, targets...)
+		kept, _ := f.save(ev, workers[0], true)
+		workers[1].Offer(kept)
+	}
+	f.waitForEmptyOutbox(20 * time.Second)
+
+	for _, r := range l.requests() {
+		counts[keyOf(t, r.Body)]++
+	}
+	require.Len(t, counts, 80)
+	for k, n := range counts {
+		require.Equal(t, 1, n, "%v delivered %d times", k, n)
+	}
+}
+
+func TestKilledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	stalled := make(chan struct{})
+	unstall := make(chan struct{})
+	var requests atomic.Int32
+	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 1 {
+			close(stalled)
+			<-unstall // the first worker's request hangs
+		}
+	})
+	release := sync.OnceFunc(func() { close(unstall) })
+	t.Cleanup(release)
+	routes := routesOf(l)
+
+	d1, m1, logs1 := f.deliverer(routes, 10*time.Second, testCAs(l))
+	first := NewWorker(f.pool, routes, d1, WithLease(500*time.Millisecond))
+	stopFirst := runWorker(t, first)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	kept, _ := f.save(message(t, 9, target), first, true)
+	wait(t, stalled, waitLong, "the first delivery to stall")
+
+	// The first worker is told to stop while its delivery hangs; its row
+	// stays leased to it until the lease runs out.
+	firstStopped := make(chan struct{})
+	go func() {
+		stopFirst()
+		close(firstStopped)
+	}()
+	r, _ := f.row(kept[0])
+	require.Equal(t, "sending", r.State)
+	firstClaim := *r.ClaimID
+
+	d2, m2, _ := f.deliverer(routes, 10*time.Second, testCAs(l))
+	runWorker(t, NewWorker(f.pool, routes, d2))
+	f.waitForEmptyOutbox(waitLong)
+	require.Equal(t, 1.0, outcomes(m2)[outcomeAccepted], "the second worker delivered it")
+
+	release()
+	wait(t, firstStopped, waitLong, "the first worker to finish its delivery and stop")
+	require.Contains(t, logs1.String(), "completion lost its claim")
+	require.Contains(t, logs1.String(), firstClaim.String())
+	require.Equal(t, 1.0, outcomes(m1)[outcomeAccepted])
+	require.EqualValues(t, 2, requests.Load())
+	require.Zero(t, f.outboxCount())
+}
+
+// Review finding (A.7): a pod that cannot route a listener must not claim
+// its rows on the fast path, or the pod that can route them waits 30 s.
+func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mine, theirs := newListener(t, nil), newListener(t, nil)
+	target := newPubkey(t)
+	f.register(theirs.pubHex, target)
+
+	// The saving pod routes only its own listener.
+	dA, mA, _ := f.deliverer(routesOf(mine), 5*time.Second, testCAs(mine))
+	saving := NewWorker(f.pool, routesOf(mine), dA)
+	byID := make(chan []uuid.UUID, 10)
+	saving.loop.claims = &observedByID{claimer: saving.loop.claims, byID: byID}
+	runWorker(t, saving)
+	kept, _ := f.save(message(t, 9, target), saving, true)
+	require.Equal(t, kept, wait(t, byID, waitLong, "the saving pod's by-id claim"))
+
+	r, ok := f.row(kept[0])
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State, "the by-id claim skipped a row it cannot route")
+	require.Zero(t, r.Attempts)
+	require.LessOrEqual(t, r.DueIn, time.Duration(0), "still due now, not in 30 s")
+
+	dB, mB, _ := f.deliverer(routesOf(theirs), 5*time.Second, testCAs(theirs))
+	runWorker(t, NewWorker(f.pool, routesOf(theirs), dB))
+	f.waitForEmptyOutbox(waitLong) // its first poll runs at start
+	require.Len(t, theirs.requests(), 1)
+	require.Empty(t, mine.requests())
+	require.Equal(t, 1.0, outcomes(mB)[outcomeAccepted])
+	require.Zero(t, outcomes(mA)[outcomeUnroutable])
+}
+
+// observedByID reports the production by-id claims.
+type observedByID struct {
+	claimer
+	byID chan []uuid.UUID
+}
+
+func (o *observedByID) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
+	cs, err := o.claimer.claimByID(ctx, ids)
+	o.byID <- ids
+	return cs, err
+}
+
+func TestWorkerKeepsAtMostTenDeliveriesInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var inFlight, peak atomic.Int32
+	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		inFlight.Add(-1)
+	})
+	routes := routesOf(l)
+	targets := make([]string, 40)
+	for i := range targets {
+		targets[i] = newPubkey(t)
+	}
+	f.register(l.pubHex, targets...)
+	d, m, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	runWorker(t, w)
+	for _, tg := range targets {
+		f.save(message(t, 9, tg), w, true)
+	}
+	f.waitForEmptyOutbox(20 * time.Second)
+	require.Equal(t, 40.0, outcomes(m)[outcomeAccepted])
+	require.LessOrEqual(t, peak.Load(), int32(maxInFlight))
+	require.Greater(t, peak.Load(), int32(1), "deliveries run concurrently")
+}

@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/outbox"
+)
+
+// Operator-listener mention delivery (seed 000) on the relay: mentions of
+// registered targets become outbox rows in the event's own transaction, and
+// after commit their ids go to this process's worker, which delivers them
+// long before its poll would.
+
+// enqueueMentions is a side row of every stored message that p-tags someone.
+// It runs whether or not this process delivers: another pod's poll may.
+func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
+	kept, _, err := outbox.Enqueue(ctx, w.Q, w.Tenant.ID(), w.Event)
+	if err != nil || len(kept) == 0 {
+		return err
+	}
+	w.AfterCommit(func() {
+		if n := s.outboxWorker.Load().Offer(kept); n > 0 {
+			s.log.Debug("outbox hand-off full; the poll will deliver", "dropped", n)
+		}
+	})
+	return nil
+}
+
+// StartOperatorListeners starts delivery for the listeners in cfg (none
+// configured: enqueueing still happens, delivery is left to pods that route
+// them) and serves the registration API. The relay key of the deployment's
+// own community (home) signs the deliveries' NIP-98 headers. Call it once,
+// before serving; the worker stops with ctx.
+func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, home uuid.UUID, opts ...outbox.DelivererOption) error {
+	m, err := outbox.NewMetrics(s.metrics.Registry)
+	if err != nil {
+		return err
+	}
+	relayKey, err := s.pipeline.RelayKey(ctx, home)
+	if err != nil {
+		return err
+	}
+	api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth)
+	s.operatorAPI.Store(&api)
+	if len(cfg.Listeners) == 0 {
+		s.log.Info("operator-listener mention delivery disabled by BUZZ_OPERATOR_LISTENERS")
+		return nil
+	}
+	if cfg.APIOrigin == "" {
+		s.log.Error("RELAY_OPERATOR_API_ORIGIN is not set: listener registration answers 500 until it is")
+	}
+	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log)}, opts...)...)
+	w := outbox.NewWorker(s.pool, cfg.Listeners, d)
+	s.outboxWorker.Store(w)
+	go w.Run(ctx)
+	s.log.Info("operator-listener mention delivery worker started", "listeners", len(cfg.Listeners))
+	return nil
+}
+
+// serveOperatorListeners is POST/DELETE /operator/listener/pubkeys. It is
+// operator plane, not bound to a community.
+func (s *Server) serveOperatorListeners(w http.ResponseWriter, r *http.Request) {
+	api := s.operatorAPI.Load()
+	if api == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "operator listeners are not enabled on this relay"})
+		return
+	}
+	(*api).ServeHTTP(w, r)
+}

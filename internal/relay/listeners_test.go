@@ -1,0 +1,87 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// End to end, seed 000: a listener registers a target over the NIP-98
+// operator API; a channel message mentioning the target is delivered to the
+// listener's HTTPS endpoint through the post-commit hand-off, signed by the
+// relay key that NIP-11 advertises.
+func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	deliveries := make(chan map[string]any, 4)
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var got map[string]any
+		_ = json.Unmarshal(body, &got)
+		got["authorization"] = req.Header.Get("Authorization")
+		deliveries <- got
+	}))
+	t.Cleanup(listener.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(listener.Certificate())
+
+	listenerKey := relaytest.NewKey(t)
+	cfg := outbox.Config{
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listener.URL + "/wake"},
+		Timeout:   5 * time.Second,
+		APIOrigin: r.HTTPURL,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartOperatorListeners(ctx, cfg, r.CommunityID, outbox.WithRootCAs(roots)))
+
+	agent := relaytest.NewKey(t)
+	body := []byte(`{"pubkeys":["` + agent.PublicKeyHex() + `"]}`)
+	auth := authHeader(nip98(t, listenerKey, "POST", r.HTTPURL+outbox.RegistrationPath, body, nil))
+	register := func() int {
+		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+outbox.RegistrationPath, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, register())
+	require.Equal(t, http.StatusUnauthorized, register(), "a replayed auth event is refused")
+
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "agents", false)
+	msg := c.Sign(9, "hey agent, wake up", nostr.Tags{{"h", ch}, {"p", agent.PublicKeyHex()}}, 0)
+	require.True(t, c.Publish(msg).OK)
+
+	select {
+	case got := <-deliveries:
+		require.Equal(t, msg.ID, got["event_id"])
+		require.Equal(t, agent.PublicKeyHex(), got["pubkey"])
+		require.Equal(t, r.Host, got["community_host"])
+		require.EqualValues(t, 9, got["event_kind"])
+		require.Contains(t, got["authorization"], "Nostr ")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener was not called")
+	}
+
+	// A kind 1 mentioning the agent is not a message kind: nothing is queued.
+	require.True(t, c.Publish(c.Sign(1, "not a message", nostr.Tags{{"p", agent.PublicKeyHex()}}, 0)).OK)
+	var queued int
+	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
+	require.Zero(t, queued, "the delivered row is gone and kind 1 queued nothing")
+}
