@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
 )
@@ -52,11 +49,7 @@ func runListeners(ctx context.Context, verb string, rest []string, getenv func(s
 	default:
 		return usageError{}
 	}
-	url := getenv("BUZZ_DATABASE_URL")
-	if url == "" {
-		return errors.New("BUZZ_DATABASE_URL is not set")
-	}
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := connect(ctx, getenv)
 	if err != nil {
 		return err
 	}

@@ -47,6 +47,15 @@ type usageError struct{}
 
 func (usageError) Error() string { return "usage" }
 
+// connect opens the database named by BUZZ_DATABASE_URL.
+func connect(ctx context.Context, getenv func(string) string) (*pgx.Conn, error) {
+	url := getenv("BUZZ_DATABASE_URL")
+	if url == "" {
+		return nil, errors.New("BUZZ_DATABASE_URL is not set")
+	}
+	return pgx.Connect(ctx, url)
+}
+
 // communityJSON is the stable JSON shape of a community.
 type communityJSON struct {
 	ID            uuid.UUID  `json:"id"`
@@ -72,11 +81,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if (needHost && len(rest) != 1) || (!needHost && len(rest) != 0) {
 		return usageError{}
 	}
-	url := getenv("BUZZ_DATABASE_URL")
-	if url == "" {
-		return errors.New("BUZZ_DATABASE_URL is not set")
-	}
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := connect(ctx, getenv)
 	if err != nil {
 		return err
 	}
