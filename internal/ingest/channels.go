@@ -314,9 +314,20 @@ func applyPutUser(ctx context.Context, w *Write) error {
 		r := assignableRoles[tag[2]]
 		role = &r
 	}
-	if role != nil && (*role == db.MemberRoleOwner || *role == db.MemberRoleAdmin) {
-		if owner, err := w.actorIsOwner(ctx); err != nil || !owner {
-			return errors.Join(err, Reject("restricted", "only channel owners may grant the %s role", *role))
+	current, err := w.roleOf(ctx, targetBytes)
+	if err != nil {
+		return err
+	}
+	grantsPower := role != nil && (*role == db.MemberRoleOwner || *role == db.MemberRoleAdmin)
+	changesPower := role != nil && current != nil && *current != *role &&
+		(*current == db.MemberRoleOwner || *current == db.MemberRoleAdmin)
+	if grantsPower || changesPower {
+		owner, err := w.actorIsOwner(ctx)
+		if err != nil {
+			return err
+		}
+		if !owner {
+			return Reject("restricted", "only channel owners may grant or change the owner and admin roles")
 		}
 	}
 	// The user being added decides who may add them (agents often allow only their owner).
@@ -353,8 +364,12 @@ func applyRemoveUser(ctx context.Context, w *Write) error {
 		return Reject("invalid", "that user is not a member of this channel")
 	}
 	if *role == db.MemberRoleOwner || *role == db.MemberRoleAdmin {
-		if owner, err := w.actorIsOwner(ctx); err != nil || !owner {
-			return errors.Join(err, Reject("restricted", "only channel owners may remove an %s", *role))
+		owner, err := w.actorIsOwner(ctx)
+		if err != nil {
+			return err
+		}
+		if !owner {
+			return Reject("restricted", "only channel owners may remove an %s", *role)
 		}
 	}
 	if _, err := w.Q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{

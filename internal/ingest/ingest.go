@@ -205,6 +205,9 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 				return 0, mapError(err)
 			}
 		}
+		if err := checkChannelTags(w); err != nil {
+			return 0, err
+		}
 		p.publish(tenant, ev, w.ChannelID)
 		return Relayed, nil
 	}
@@ -222,6 +225,9 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 				if err := h.Prepare(ctx, w); err != nil {
 					return err
 				}
+			}
+			if err := checkChannelTags(w); err != nil {
+				return err
 			}
 			if inserted, err = p.insert(ctx, w.Q, w); err != nil || inserted == 0 {
 				return err
@@ -286,6 +292,25 @@ func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uu
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
 	}
+}
+
+// checkChannelTags makes every h tag name the channel the event was bound
+// to (after Prepare authorized it). Otherwise a second h tag, or an h tag on
+// a kind that binds no channel, would make an event look like part of a
+// private channel whose members never let its author in.
+func checkChannelTags(w *Write) error {
+	for _, tag := range w.Event.Tags {
+		if len(tag) < 2 || tag[0] != "h" {
+			continue
+		}
+		if w.ChannelID == nil {
+			return Reject("invalid", "kind %d cannot carry an h tag", w.Event.Kind)
+		}
+		if tag[1] != w.ChannelID.String() {
+			return Reject("invalid", "every h tag must name the event's channel %s", w.ChannelID)
+		}
+	}
+	return nil
 }
 
 // mapError turns constraint violations raised by the schema's own rules

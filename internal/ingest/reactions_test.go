@@ -43,8 +43,10 @@ func (f *fixture) eventChannel(id string) *uuid.UUID {
 	return ch
 }
 
-// A reaction takes its channel from the target event, whatever h tag the
-// client sends; a global target gives a global reaction.
+// A reaction takes its channel from the target event, never from the
+// client's h tag: an h tag naming another channel is refused (it would show
+// the reaction under that channel), and a global target gives a global
+// reaction.
 func TestReactionChannelComesFromTheTarget(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "react-channel.example", 0)
@@ -54,13 +56,18 @@ func TestReactionChannelComesFromTheTarget(t *testing.T) {
 	msg := f.store(f.sign(alice, 9, "hello", nostr.Tags{{"h", ch}}, f.base))
 	note := f.store(f.sign(alice, 1, "global", nil, f.base))
 
+	_, err := f.p.Submit(f.ctx, f.tenant, bob.PublicKeyHex(), f.sign(bob, 7, "", nostr.Tags{{"e", msg.ID}, {"h", decoy}}, 0))
+	require.ErrorContains(t, err, "invalid: every h tag must name the event's channel")
+
 	// The target is the last e tag holding an event id.
-	r := f.store(f.sign(bob, 7, "", nostr.Tags{{"e", note.ID}, {"e", msg.ID}, {"e", "junk"}, {"h", decoy}, {"p", alice.PublicKeyHex()}}, 0))
+	r := f.store(f.sign(bob, 7, "", nostr.Tags{{"e", note.ID}, {"e", msg.ID}, {"e", "junk"}, {"p", alice.PublicKeyHex()}}, 0))
 	require.Equal(t, &chID, f.eventChannel(r.ID))
 	require.Equal(t, []reactionRow{{emoji: "+", reactionEvent: r.ID, channel: &chID}}, f.reactions(msg.ID))
 	require.Empty(t, f.reactions(note.ID))
 
-	g := f.store(f.sign(bob, 7, "🔥", nostr.Tags{{"e", note.ID}, {"h", decoy}}, 0))
+	_, err = f.p.Submit(f.ctx, f.tenant, bob.PublicKeyHex(), f.sign(bob, 7, "🔥", nostr.Tags{{"e", note.ID}, {"h", decoy}}, 0))
+	require.ErrorContains(t, err, "invalid: kind 7 cannot carry an h tag", "a global target binds no channel")
+	g := f.store(f.sign(bob, 7, "🔥", nostr.Tags{{"e", note.ID}}, 0))
 	require.Nil(t, f.eventChannel(g.ID))
 	require.Equal(t, []reactionRow{{emoji: "🔥", reactionEvent: g.ID}}, f.reactions(note.ID))
 }

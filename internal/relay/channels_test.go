@@ -226,3 +226,36 @@ func TestChannelBadInput(t *testing.T) {
 		require.Equal(t, int64(1), c.Expect("COUNT").Count, "%s: connection usable, nothing stored", tc.name)
 	}
 }
+
+// Every h tag must name the channel the event was authorized for: an
+// outsider cannot slip events into a private channel's view with a second h
+// tag or an h tag on a kind that binds no channel. And an admin cannot
+// demote an owner. (Both found in review; these tests failed before.)
+func TestChannelTagsCannotForgeMembershipAndAdminsCannotDemoteOwners(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	open := createChannel(t, owner, "open", false)
+	private := createChannel(t, owner, "private", true)
+
+	requireRejected(t, outsider.Publish(outsider.Sign(9, "sneak", nostr.Tags{{"h", open}, {"h", private}}, 0)), "invalid: every h tag must name")
+	requireRejected(t, outsider.Publish(outsider.Sign(0, `{"name":"x"}`, nostr.Tags{{"h", private}}, 0)), "invalid: kind 0 cannot carry an h tag")
+	requireRejected(t, outsider.Publish(outsider.Sign(5, "", nostr.Tags{{"e", strings.Repeat("a", 64)}, {"h", private}}, 0)), "invalid: kind 5 cannot carry an h tag")
+	requireRejected(t, outsider.Publish(outsider.Sign(20002, "", nostr.Tags{{"h", open}, {"h", private}}, 0)), "invalid: every h tag must name")
+	require.Len(t, owner.Req("private", map[string]any{"#h": []string{private}}), 1, "only the owner's 9007 is in the private channel")
+
+	second := r.Dial(t, "")
+	second.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", open}, {"p", second.Key.PublicKeyHex(), "owner"}}, 0)).OK)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", open}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)).OK)
+	requireRejected(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", open}, {"p", second.Key.PublicKeyHex(), "guest"}}, 0)), "restricted: only channel owners")
+	requireRejected(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", open}, {"p", admin.Key.PublicKeyHex(), "guest"}}, 0)), "restricted: only channel owners")
+	admins := owner.Req("admins", map[string]any{"kinds": []int{39001}, "#d": []string{open}})
+	require.Len(t, admins, 1)
+	require.Len(t, admins[0].Tags.Values("p"), 3, "both owners and the admin keep their roles")
+}
