@@ -72,11 +72,15 @@ type Cache struct {
 
 	mu      sync.Mutex
 	entries map[key]entry
+	// generation counts a community's invalidations: an answer read while
+	// an invalidation happened is not stored, or a membership change
+	// committed during the read could be forgotten for a whole TTL.
+	generation map[uuid.UUID]uint64
 }
 
 // NewCache returns a cache reading through q.
 func NewCache(q *db.Queries, ttl time.Duration) *Cache {
-	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[key]entry{}}
+	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[key]entry{}, generation: map[uuid.UUID]uint64{}}
 }
 
 // Readable returns the channels pubkey (hex) may read in community.
@@ -84,6 +88,7 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 	k := key{community, pubkey}
 	c.mu.Lock()
 	e, ok := c.entries[k]
+	generation := c.generation[community]
 	c.mu.Unlock()
 	if ok && c.now().Sub(e.loadedAt) < c.ttl {
 		return e.channels, nil
@@ -97,12 +102,16 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 	for _, id := range ids {
 		set[id] = struct{}{}
 	}
+	loadedAt := c.now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.generation[community] != generation {
+		return set, nil // fresh enough for this caller; too old to keep
+	}
 	if len(c.entries) >= maxEntries {
 		c.evictExpired()
 	}
-	c.entries[k] = entry{channels: set, loadedAt: c.now()}
-	c.mu.Unlock()
+	c.entries[k] = entry{channels: set, loadedAt: loadedAt}
 	return set, nil
 }
 
@@ -127,6 +136,7 @@ func (c *Cache) evictExpired() {
 func (c *Cache) Invalidate(community uuid.UUID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.generation[community]++
 	for k := range c.entries {
 		if k.community == community {
 			delete(c.entries, k)

@@ -2,6 +2,7 @@ package access
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 func TestCacheStaysBounded(t *testing.T) {
 	t.Parallel()
 	clock := time.Unix(0, 0)
-	c := &Cache{ttl: time.Second, now: func() time.Time { return clock }, entries: map[key]entry{}}
+	c := &Cache{ttl: time.Second, now: func() time.Time { return clock }, entries: map[key]entry{}, generation: map[uuid.UUID]uint64{}}
 	for i := 0; i < maxEntries; i++ {
 		c.entries[key{uuid.New(), "x"}] = entry{loadedAt: clock}
 	}
@@ -80,4 +81,35 @@ func TestPGatedKinds(t *testing.T) {
 	ev := &nostr.Event{Tags: nostr.Tags{{"p", "me"}, {"e", "x"}}}
 	require.True(t, AddressedTo(ev, "me"))
 	require.False(t, AddressedTo(ev, "x"))
+}
+
+// An answer read while the community was invalidated is returned but not
+// kept: the change that caused the invalidation may have committed after
+// the read's snapshot.
+func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	community, err := q.CommunityCreate(ctx, "race.example")
+	require.NoError(t, err)
+	cache := NewCache(q, time.Hour)
+	reader := strings.Repeat("c", 64)
+	// Invalidate between the read's start (generation taken) and its store:
+	// with no cached entry, the now hook first runs after the query.
+	calls := 0
+	cache.now = func() time.Time {
+		calls++
+		if calls == 1 {
+			cache.mu.Lock()
+			cache.generation[community.ID]++
+			cache.mu.Unlock()
+		}
+		return time.Now()
+	}
+	_, err = cache.Readable(ctx, community.ID, reader)
+	require.NoError(t, err)
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	require.Empty(t, cache.entries, "a possibly stale answer must not be cached")
 }

@@ -38,11 +38,18 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 	if !ok {
 		return nil
 	}
+	// Read every row before handing any to fn: fn may block on a slow client,
+	// and a pooled connection must not wait on it. The result is bounded by
+	// the filters' limits.
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
+	type row struct {
+		ev      *nostr.Event
+		channel *uuid.UUID
+	}
+	var found []row
 	var seen map[string]struct{}
 	if len(filters) > 1 {
 		seen = make(map[string]struct{})
@@ -50,6 +57,7 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 	for rows.Next() {
 		ev, channel, err := scanEvent(rows)
 		if err != nil {
+			rows.Close()
 			return err
 		}
 		if seen != nil {
@@ -58,11 +66,18 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 			}
 			seen[ev.ID] = struct{}{}
 		}
-		if err := fn(ev, channel); err != nil {
+		found = append(found, row{ev, channel})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range found {
+		if err := fn(r.ev, r.channel); err != nil {
 			return err
 		}
 	}
-	return rows.Err()
+	return nil
 }
 
 // Count returns how many stored events scope may see match any of filters (NIP-45).

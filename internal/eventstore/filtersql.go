@@ -72,16 +72,22 @@ func (b *sqlBuilder) conditions(f *nostr.Filter) {
 		b.sql.WriteString(" AND tag_index && " + b.arg(keys) + "::text[]")
 	}
 	if f.Since != nil {
-		b.sql.WriteString(" AND created_at >= to_timestamp(" + b.arg(*f.Since) + "::bigint)")
+		b.sql.WriteString(" AND created_at >= to_timestamp(" + b.arg(clampUnix(*f.Since)) + "::bigint)")
 	}
 	if f.Until != nil {
-		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(*f.Until) + "::bigint)")
+		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(clampUnix(*f.Until)) + "::bigint)")
 	}
 	if f.Search != "" {
 		// websearch_to_tsquery accepts any user text without syntax errors.
 		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
 	}
 }
+
+// maxUnix is 9999-12-31T23:59:59Z. Clients may send any int64 for since and
+// until, but to_timestamp fails far beyond it; no stored event is later.
+const maxUnix = 253402300799
+
+func clampUnix(v int64) int64 { return min(v, maxUnix) }
 
 // order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
 func (b *sqlBuilder) order(f *nostr.Filter) {

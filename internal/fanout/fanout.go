@@ -143,40 +143,55 @@ func (h *Hub) Count(community uuid.UUID) int {
 }
 
 // Publish delivers ev, which belongs to channel (nil: community-global), to
-// every matching and allowed subscription of community. The event is encoded
-// once; each delivery only wraps it with its subscription id.
+// every matching and allowed subscription of community. Matching happens
+// under the read lock; authorization (which may consult the database) and
+// delivery happen after it is released, so a slow check never holds up
+// subscribers coming and going. The event is encoded once; each delivery
+// only wraps it with its subscription id.
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
+	matched := h.match(community, ev)
+	var (
+		stats Stats
+		raw   []byte
+	)
+	for _, sub := range matched {
+		if sub.Allow != nil && !sub.Allow(ev, channel) {
+			continue
+		}
+		if raw == nil {
+			raw = ev.AppendJSON(nil)
+		}
+		if sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw)) {
+			stats.Delivered++
+		} else {
+			stats.Dropped++
+		}
+	}
+	return stats
+}
+
+// match returns each subscription with a filter matching ev, once.
+func (h *Hub) match(community uuid.UUID, ev *nostr.Event) []*Subscription {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	idx := h.communities[community]
 	if idx == nil {
-		return Stats{}
+		return nil
 	}
 	var (
-		stats   Stats
-		raw     []byte
-		matched map[*Subscription]struct{}
+		matched []*Subscription
+		seen    map[*Subscription]struct{}
 	)
 	visit := func(b bucket) {
 		for e := range b {
-			if _, done := matched[e.sub]; done || !e.filter.Matches(ev) {
+			if _, done := seen[e.sub]; done || !e.filter.Matches(ev) {
 				continue
 			}
-			if matched == nil {
-				matched = map[*Subscription]struct{}{}
+			if seen == nil {
+				seen = map[*Subscription]struct{}{}
 			}
-			matched[e.sub] = struct{}{}
-			if e.sub.Allow != nil && !e.sub.Allow(ev, channel) {
-				continue
-			}
-			if raw == nil {
-				raw = ev.AppendJSON(nil)
-			}
-			if e.sub.Receiver.Enqueue(nostr.EncodeEventRaw(e.sub.ID, raw)) {
-				stats.Delivered++
-			} else {
-				stats.Dropped++
-			}
+			seen[e.sub] = struct{}{}
+			matched = append(matched, e.sub)
 		}
 	}
 	visit(idx.byID[ev.ID])
@@ -188,7 +203,7 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 		}
 	}
 	visit(idx.any)
-	return stats
+	return matched
 }
 
 // place adds e to (or removes it from) the buckets of the one constraint

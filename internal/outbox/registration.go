@@ -67,13 +67,15 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 			writeError(w, http.StatusUnauthorized, "NIP-98: "+err.Error())
 			return
 		}
-		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
-			writeError(w, status, msg)
-			return
-		}
+		// Only configured listeners get as far as the replay store, so a
+		// stranger's valid signatures cannot fill it.
 		signer := auth.PubKey
 		if _, ok := routes[signer]; !ok {
 			writeError(w, http.StatusForbidden, "actor not authorized: not a configured operator listener")
+			return
+		}
+		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
+			writeError(w, status, msg)
 			return
 		}
 		targets, msg := parseTargets(body)

@@ -175,6 +175,9 @@ func TestLimitAbuseIsCapped(t *testing.T) {
 	}
 	require.Len(t, c.Req("huge", map[string]any{"limit": 1000000000}), 5)
 	require.Len(t, c.Req("none", map[string]any{}), 5, "no limit means the relay's maximum")
+	// Timestamps far beyond any date PostgreSQL can hold are not an error.
+	require.Empty(t, c.Req("far-since", map[string]any{"since": int64(1) << 62}))
+	require.Len(t, c.Req("far-until", map[string]any{"until": int64(1) << 62}), 5)
 }
 
 // Frames beyond the hard cap (4x the advertised maximum) cannot be read

@@ -148,6 +148,7 @@ func (c *conn) writeLoop() {
 					}
 				default:
 					c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
+					c.cancel() // release a reader blocked on a full queue
 					return
 				}
 			}
@@ -323,6 +324,12 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
+	// A REQ reusing an open id replaces that subscription, whatever
+	// becomes of the new one (NIP-01).
+	if _, open := c.subs[subID]; open {
+		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
+		delete(c.subs, subID)
+	}
 	scope, reason, err := c.srv.readScope(ctx, c.tenant, c.pubkey, filters)
 	if reason != "" || err != nil {
 		c.refuse(ctx, subID, reason, err)

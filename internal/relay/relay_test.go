@@ -516,3 +516,22 @@ func TestSlowSubscriberIsDisconnectedWithoutBlockingOthers(t *testing.T) {
 		return testutil.ToFloat64(r.Server.Metrics().Connections) == 2
 	}, 10*time.Second, 20*time.Millisecond, "the slow connection is gone")
 }
+
+// A REQ reusing an open id replaces the old subscription even when the new
+// one is refused: after its CLOSED, nothing arrives under that id.
+func TestRefusedReplacementClosesTheOldSubscription(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	private := createChannel(t, owner, "closed", true)
+	c.Send("REQ", "x", map[string]any{"kinds": []int{1}, "limit": 0})
+	c.Expect("EOSE")
+	c.Send("REQ", "x", map[string]any{"#h": []string{private}})
+	require.Equal(t, "restricted: not a channel member", c.Expect("CLOSED").Msg)
+	require.True(t, owner.Publish(owner.Sign(1, "after the refusal", nil, 0)).OK)
+	_, err := c.TryNext(300 * time.Millisecond)
+	require.Error(t, err, "the replaced subscription must be gone")
+}
