@@ -32,9 +32,13 @@ type conn struct {
 	challenge string
 	pubkey    string // authenticated pubkey (NIP-42), "" before AUTH
 
-	// queue is the bounded outbound queue. It is never closed: writers
-	// stop on ctx instead, so a late fan-out can never panic.
-	queue    chan []byte
+	// live holds fan-out deliveries, replies this client's own requests
+	// (history, EOSE, OK ...). Separate queues keep a large history, which
+	// waits for room, from crowding out live events, whose overflow means a
+	// slow client. Neither is ever closed: writers stop on ctx instead, so a
+	// late fan-out can never panic.
+	live     chan []byte
+	replies  chan []byte
 	ctx      context.Context
 	cancel   context.CancelFunc
 	draining chan struct{} // closed by shutdown: flush the queue, then close 1001
@@ -54,12 +58,12 @@ func newChallenge() string {
 // and resumes with since.
 func (c *conn) Enqueue(msg []byte) bool {
 	select {
-	case c.queue <- msg:
+	case c.live <- msg:
 		return true
 	default:
 		c.slowOnce.Do(func() {
 			c.srv.metrics.SlowClosed.Inc()
-			c.log.Warn("closing slow client: send queue full", "queue", cap(c.queue))
+			c.log.Warn("closing slow client: send queue full", "queue", cap(c.live))
 			go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 		})
 		return false
@@ -69,7 +73,7 @@ func (c *conn) Enqueue(msg []byte) bool {
 // send queues a reply to this client's own request, waiting for room.
 func (c *conn) send(msg []byte) error {
 	select {
-	case c.queue <- msg:
+	case c.replies <- msg:
 		return nil
 	case <-c.ctx.Done():
 		return c.ctx.Err()
@@ -135,14 +139,22 @@ func (c *conn) writeLoop() {
 		select {
 		case <-c.ctx.Done():
 			return
-		case msg := <-c.queue:
+		case msg := <-c.replies:
+			if !write(msg) {
+				return
+			}
+		case msg := <-c.live:
 			if !write(msg) {
 				return
 			}
 		case <-c.draining:
 			for {
 				select {
-				case msg := <-c.queue:
+				case msg := <-c.replies:
+					if !write(msg) {
+						return
+					}
+				case msg := <-c.live:
 					if !write(msg) {
 						return
 					}

@@ -535,3 +535,44 @@ func TestRefusedReplacementClosesTheOldSubscription(t *testing.T) {
 	_, err := c.TryNext(300 * time.Millisecond)
 	require.Error(t, err, "the replaced subscription must be gone")
 }
+
+// A client reading its own large history is not mistaken for a slow
+// consumer when live events arrive meanwhile: history waits for room in its
+// own queue, and the live queue only overflows for clients that stop reading.
+func TestLargeHistoryDoesNotCrowdOutLiveEvents(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 4 })
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	// Enough history (150 x 60 KiB) to fill the socket buffers while the
+	// client is not reading yet.
+	filler := strings.Repeat("h", 60<<10)
+	for i := 0; i < 150; i++ {
+		require.True(t, pub.Publish(pub.Sign(1, fmt.Sprint(i, filler), nil, int64(1_700_000_000+i))).OK)
+	}
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	c.Send("REQ", "live", map[string]any{"kinds": []int{7}, "limit": 0})
+	c.Expect("EOSE")
+	c.Send("REQ", "history", map[string]any{"kinds": []int{1}})
+	time.Sleep(300 * time.Millisecond) // history backs up: the client is not reading yet
+	target := pub.Sign(1, "react to me", nil, 0)
+	require.True(t, pub.Publish(target).OK)
+	for i := 0; i < 3; i++ {
+		require.True(t, pub.Publish(pub.Sign(7, fmt.Sprint("+", i), nostr.Tags{{"e", target.ID}}, 0)).OK)
+	}
+	history, live := 0, 0
+	for history < 151 || live < 3 {
+		msg := c.NextReply()
+		switch {
+		case msg.Verb == "EVENT" && msg.SubID == "history":
+			history++
+		case msg.Verb == "EVENT" && msg.SubID == "live":
+			live++
+		case msg.Verb == "EOSE":
+		default:
+			t.Fatalf("unexpected %+v", msg)
+		}
+	}
+	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().SlowClosed))
+}

@@ -34,6 +34,10 @@ import (
 // Version is reported in NIP-11.
 const Version = "0.1.0"
 
+// replyQueue buffers replies to a client's own requests; a full one only
+// makes the connection's reader wait.
+const replyQueue = 256
+
 // accessTTL bounds how long a reader's channel set is trusted when the
 // membership change that altered it was committed by another relay process.
 const accessTTL = 10 * time.Second
@@ -192,7 +196,8 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		tenant:    tenant,
 		log:       s.log.With("community", tenant.Host(), "remote", r.RemoteAddr),
 		challenge: newChallenge(),
-		queue:     make(chan []byte, s.cfg.SendQueue),
+		live:      make(chan []byte, s.cfg.SendQueue),
+		replies:   make(chan []byte, replyQueue),
 		ctx:       ctx,
 		cancel:    cancel,
 		draining:  make(chan struct{}),
