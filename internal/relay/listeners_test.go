@@ -81,7 +81,10 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 
 	// A kind 1 mentioning the agent is not a message kind: nothing is queued.
 	require.True(t, c.Publish(c.Sign(1, "not a message", nostr.Tags{{"p", agent.PublicKeyHex()}}, 0)).OK)
-	var queued int
-	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
-	require.Zero(t, queued, "the delivered row is gone and kind 1 queued nothing")
+	// The worker deletes the delivered row once the listener has answered.
+	require.Eventually(t, func() bool {
+		var queued int
+		require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
+		return queued == 0
+	}, 5*time.Second, 20*time.Millisecond, "the delivered row is gone and kind 1 queued nothing")
 }
