@@ -86,5 +86,10 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 		var queued int
 		require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
 		return queued == 0
-	}, 5*time.Second, 20*time.Millisecond, "the delivered row is gone and kind 1 queued nothing")
+	}, 5*time.Second, 20*time.Millisecond, "the delivered row is gone")
+	select {
+	case got := <-deliveries:
+		t.Fatalf("kind 1 is not a message kind, yet the listener got %v", got)
+	case <-time.After(300 * time.Millisecond):
+	}
 }
