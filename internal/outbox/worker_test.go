@@ -131,7 +131,7 @@ func TestKilledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t
 	d2, m2, _ := f.deliverer(routes, 10*time.Second, testCAs(l))
 	runWorker(t, NewWorker(f.pool, routes, d2))
 	f.waitForEmptyOutbox(waitLong)
-	require.Equal(t, 1.0, outcomes(m2)[outcomeAccepted], "the second worker delivered it")
+	waitOutcome(t, m2, outcomeAccepted, 1) // the second worker delivered it
 
 	release()
 	wait(t, firstStopped, waitLong, "the first worker to finish its delivery and stop")
@@ -171,7 +171,7 @@ func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T)
 	f.waitForEmptyOutbox(waitLong) // its first poll runs at start
 	require.Len(t, theirs.requests(), 1)
 	require.Empty(t, mine.requests())
-	require.Equal(t, 1.0, outcomes(mB)[outcomeAccepted])
+	waitOutcome(t, mB, outcomeAccepted, 1)
 	require.Zero(t, outcomes(mA)[outcomeUnroutable])
 }
 
@@ -215,7 +215,16 @@ func TestWorkerKeepsAtMostTenDeliveriesInFlight(t *testing.T) {
 		f.save(message(t, 9, tg), w, true)
 	}
 	f.waitForEmptyOutbox(20 * time.Second)
-	require.Equal(t, 40.0, outcomes(m)[outcomeAccepted])
+	waitOutcome(t, m, outcomeAccepted, 40)
 	require.LessOrEqual(t, peak.Load(), int32(maxInFlight))
 	require.Greater(t, peak.Load(), int32(1), "deliveries run concurrently")
+}
+
+// waitOutcome waits for a delivery counter: a worker counts an outcome just
+// after its fenced completion commits, so an emptied outbox can be seen a
+// moment before the count.
+func waitOutcome(t *testing.T, m *Metrics, outcome string, want float64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return outcomes(m)[outcome] == want }, waitLong, 10*time.Millisecond,
+		"%s deliveries: got %v, want %v", outcome, outcomes(m)[outcome], want)
 }
