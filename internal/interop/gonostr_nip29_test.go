@@ -63,21 +63,3 @@ func TestGoNostrNIP29Flow(t *testing.T) {
 	require.Error(t, guest.send(guest.sign(9, "still here?", nostr.Tags{{"h", ch}}, nostr.Now())), "a former member cannot write to a private channel")
 	require.Contains(t, guest.reqClosedReasonFor(nostr.Filter{Kinds: []int{9}, Tags: nostr.TagMap{"h": {ch}}}), "restricted:")
 }
-
-// reqClosedReasonFor sends a REQ the relay must refuse and returns the reason.
-func (c *goClient) reqClosedReasonFor(filter nostr.Filter) string {
-	c.t.Helper()
-	ctx, cancel := c.ctx()
-	defer cancel()
-	sub, err := c.Subscribe(ctx, nostr.Filters{filter})
-	require.NoError(c.t, err)
-	select {
-	case reason := <-sub.ClosedReason:
-		return reason
-	case <-sub.EndOfStoredEvents:
-		c.t.Fatalf("REQ %v was not refused", filter)
-	case <-ctx.Done():
-		c.t.Fatalf("REQ %v: no CLOSED within %s", filter, wait)
-	}
-	return ""
-}

@@ -65,13 +65,19 @@ func (c *goClient) auth(tamper func(*nostr.Event)) error {
 	})
 }
 
-// reqClosedReason sends a REQ that the relay must refuse and returns the
-// CLOSED reason.
+// reqClosedReason sends a REQ that the relay must refuse before AUTH and
+// returns the CLOSED reason.
 func (c *goClient) reqClosedReason() string {
+	c.t.Helper()
+	return c.reqClosedReasonFor(nostr.Filter{Kinds: []int{1}, Limit: 1})
+}
+
+// reqClosedReasonFor sends a REQ the relay must refuse and returns the reason.
+func (c *goClient) reqClosedReasonFor(filter nostr.Filter) string {
 	c.t.Helper()
 	ctx, cancel := c.ctx()
 	defer cancel()
-	sub, err := c.Subscribe(ctx, nostr.Filters{{Kinds: []int{1}, Limit: 1}})
+	sub, err := c.Subscribe(ctx, nostr.Filters{filter})
 	require.NoError(c.t, err)
 	events := sub.Events
 	for {
@@ -79,12 +85,12 @@ func (c *goClient) reqClosedReason() string {
 		case reason := <-sub.ClosedReason:
 			return reason
 		case ev, ok := <-events:
-			require.False(c.t, ok, "REQ before AUTH returned event %v", ev)
+			require.False(c.t, ok, "refused REQ %v returned event %v", filter, ev)
 			events = nil // closed after CLOSED; the reason is on its way
 		case <-sub.EndOfStoredEvents:
-			c.t.Fatal("REQ before AUTH reached EOSE; want CLOSED")
+			c.t.Fatalf("REQ %v reached EOSE; want CLOSED", filter)
 		case <-ctx.Done():
-			c.t.Fatal("REQ before AUTH: no CLOSED within the timeout")
+			c.t.Fatalf("REQ %v: no CLOSED within %s", filter, wait)
 		}
 	}
 }

@@ -205,3 +205,42 @@ func (d *decoder) filters(lim *Limits) (Filters, error) {
 	}
 	return fs, nil
 }
+
+// ParseFilters parses a JSON array of filters ([{...}, ...]) with the same
+// rules and limits as the filters of a REQ or COUNT, for transports other
+// than WebSocket (the HTTP bridge's {"filters": [...]}).
+func ParseFilters(data []byte, lim Limits) (Filters, error) {
+	d := getDecoder(data)
+	defer putDecoder(d)
+	fs, err := d.filterArray(&lim)
+	if err == nil {
+		err = d.end()
+	}
+	return fs, err
+}
+
+func (d *decoder) filterArray(lim *Limits) (Filters, error) {
+	if !d.consume('[') {
+		return nil, errors.New("filters must be a JSON array")
+	}
+	if d.consume(']') {
+		return nil, errors.New("at least one filter is required")
+	}
+	var fs Filters
+	for {
+		if lim.MaxFilters > 0 && len(fs) == lim.MaxFilters {
+			return nil, fmt.Errorf("too many filters (max %d)", lim.MaxFilters)
+		}
+		fs = append(fs, Filter{})
+		if err := d.filter(&fs[len(fs)-1], lim); err != nil {
+			return nil, err
+		}
+		if d.consume(',') {
+			continue
+		}
+		if d.consume(']') {
+			return fs, nil
+		}
+		return nil, d.syntaxErr()
+	}
+}

@@ -272,11 +272,10 @@ func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant co
 }
 
 // parseReadBody decodes {"filters":[...]} with the same strict filter rules
-// and limits as a WebSocket REQ/COUNT: the filters are re-framed as a COUNT
-// message and go through the one client-message parser.
+// and limits as a WebSocket REQ/COUNT.
 func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 	var req struct {
-		Filters []json.RawMessage `json:"filters"`
+		Filters json.RawMessage `json:"filters"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -289,18 +288,7 @@ func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 	if req.Filters == nil {
 		return nil, errors.New(`"filters" is required: {"filters":[{...}]}`)
 	}
-	frame := make([]byte, 0, len(body)+16)
-	frame = append(frame, `["COUNT","http"`...)
-	for _, f := range req.Filters {
-		frame = append(frame, ',')
-		frame = append(frame, f...)
-	}
-	frame = append(frame, ']')
-	msg, err := nostr.ParseClientMessage(frame, lim)
-	if err != nil {
-		return nil, err
-	}
-	return msg.(*nostr.CountMessage).Filters, nil
+	return nostr.ParseFilters(req.Filters, lim)
 }
 
 // readFailed answers a read that failed inside the database: a timeout is
