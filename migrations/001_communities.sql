@@ -2,7 +2,7 @@
 -- not tenant-scoped.
 --
 -- Why: every request is bound to one community from its Host header before any
--- handler runs (spec D.1). Hosts are stored already normalized by the relay
+-- handler runs, so no client input can pick another tenant. Hosts are stored already normalized by the relay
 -- (internal/community.NormalizeHost); the CHECK below refuses the shapes that
 -- normalization removes, so a hand-written psql INSERT cannot create a host the
 -- relay would never resolve.

@@ -10,7 +10,7 @@
 --     events keep only the newest version per slot, ties going to the lowest id
 --     (trigger events_keep_newest_version).
 --
--- Partitioning by month (spec D.3) is not done yet: the primary key already
+-- Partitioning by month (to drop old months cheaply) is not done yet: the primary key already
 -- includes created_at so that a later migration can partition without changing
 -- the key that ON CONFLICT uses.
 -- Lock impact: new table only.

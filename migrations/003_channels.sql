@@ -1,7 +1,7 @@
 -- 003: channels (NIP-29 groups), their members, and user profiles.
 --
 -- Why: a channel is where people and agents talk; its membership decides who
--- may read and write it (spec D.5). Channel ids are chosen by the client that
+-- may read and write it. Channel ids are chosen by the client that
 -- creates the group and are unique only within a community, hence the
 -- (community_id, id) key. Profiles mirror the newest kind 0 per pubkey.
 -- Lock impact: new tables and types only.

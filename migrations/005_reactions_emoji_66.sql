@@ -1,7 +1,7 @@
 -- 005: reactions.emoji widens from 64 to 66 characters.
 --
 -- Why: a custom emoji reaction is stored with its colon wrapper, and a
--- shortcode may be 64 characters, so ":<64 chars>:" is 66 (seed 003). Plain
+-- shortcode may be 64 characters, so ":<64 chars>:" is 66. Plain
 -- reactions stay limited to 64 characters by the relay.
 -- Lock impact: widening a varchar is a catalog-only change in PostgreSQL (no
 -- table rewrite, no index rebuild), but it takes a brief ACCESS EXCLUSIVE lock

@@ -1,5 +1,5 @@
 ---- tern: disable-tx ----
--- 006: idx_channels_id_live, the channel-id lookup index (seed 003).
+-- 006: idx_channels_id_live, the channel-id lookup index.
 --
 -- Why: two lookups deliberately carry no community_id predicate: they report
 -- each channel's true owning community (the tracer's non-interference

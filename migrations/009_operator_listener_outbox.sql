@@ -1,4 +1,4 @@
--- 009: operator-listener mention delivery (spec A.3): listener registrations,
+-- 009: operator-listener mention delivery: listener registrations,
 -- the delivery outbox, and the operator API's NIP-98 replay store.
 --
 -- Why: an operator listener (a deployment-wide HTTPS endpoint, e.g. the

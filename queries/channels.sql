@@ -22,7 +22,7 @@ LEFT JOIN channel_members m
 WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL;
 
 -- name: ChannelsReadable :many
--- The channels a pubkey may read (spec D.5): every open channel and every
+-- The channels a pubkey may read: every open channel and every
 -- channel it is an active member of, never a deleted one.
 SELECT c.id
 FROM channels c
@@ -100,7 +100,7 @@ FROM events
 WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;
 
 -- name: CommunitiesOfChannels :many
--- Deliberately tenant-independent (spec C.1): reports each live channel's true
+-- Deliberately tenant-independent: reports each live channel's true
 -- owning community for the tracer's non-interference check. Served by
 -- idx_channels_id_live. Unknown ids are simply absent.
 SELECT id, community_id FROM channels WHERE id = ANY(@ids::uuid[]) AND deleted_at IS NULL;

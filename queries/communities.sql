@@ -18,7 +18,7 @@ SELECT * FROM communities WHERE lower(host) = lower(@host::text)
 LIMIT 1;
 
 -- name: CommunityResolveServing :one
--- The serving lookup (spec D.1): only active, unarchived, undeleted tenants
+-- The serving lookup: only active, unarchived, undeleted tenants
 -- resolve. The caller passes a host already normalized.
 SELECT *
 FROM communities

@@ -1,4 +1,4 @@
--- Operator-listener mention delivery (spec A). The claims are rendered from
+-- Operator-listener mention delivery. The claims are rendered from
 -- queries/templates/outbox_claim.sql.tmpl; everything after a claim is here.
 
 -- name: OutboxEnqueueMentions :one

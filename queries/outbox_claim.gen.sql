@@ -5,11 +5,9 @@
 -- One statement: lock due rows nobody else holds, then mark them sending
 -- under a new claim_id with attempts + 1 and a lease. A row is claimed by the
 -- fast path, this pod's poll or another pod's poll, never by two of them.
--- Both the poll and the by-id claim only take rows this pod can route
--- (spec A.7: the review finding requires it for the by-id claim; applying it
--- to the poll too is [ASSUMED]): a pod that cannot route a listener leaves its
--- rows due for a pod that can, instead of claiming and releasing them for
--- 30 s. A row no pod routes ages out at the 15-minute retention.
+-- Both the poll and the by-id claim only take rows this pod can route: a
+-- pod that cannot route a listener leaves its rows due for a pod that can,
+-- instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
 -- Returns the attempt number now starting (1-based).
 WITH candidates AS (
     SELECT o.id, o.community_id
@@ -40,11 +38,9 @@ RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
 -- One statement: lock due rows nobody else holds, then mark them sending
 -- under a new claim_id with attempts + 1 and a lease. A row is claimed by the
 -- fast path, this pod's poll or another pod's poll, never by two of them.
--- Both the poll and the by-id claim only take rows this pod can route
--- (spec A.7: the review finding requires it for the by-id claim; applying it
--- to the poll too is [ASSUMED]): a pod that cannot route a listener leaves its
--- rows due for a pod that can, instead of claiming and releasing them for
--- 30 s. A row no pod routes ages out at the 15-minute retention.
+-- Both the poll and the by-id claim only take rows this pod can route: a
+-- pod that cannot route a listener leaves its rows due for a pod that can,
+-- instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
 -- Returns the attempt number now starting (1-based).
 WITH candidates AS (
     SELECT o.id, o.community_id

@@ -117,7 +117,8 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
-	// Decision 1: a malformed BUZZ_OPERATOR_LISTENERS stops start-up.
+	// A malformed BUZZ_OPERATOR_LISTENERS stops start-up: a pod that silently
+	// dropped a listener would leave its mentions undelivered.
 	listeners, err := outbox.ConfigFromEnv(os.Getenv)
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)

@@ -1,4 +1,4 @@
-// Package access answers "which channels may this pubkey read?" (spec D.5):
+// Package access answers "which channels may this pubkey read?":
 // every open channel plus every channel it is an active member of, never a
 // deleted one. Answers are cached per (community, pubkey) for a short TTL and
 // dropped as soon as this process commits a membership change in the

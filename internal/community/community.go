@@ -55,7 +55,7 @@ func Resolve(ctx context.Context, q *db.Queries, rawHost string) (Tenant, error)
 }
 
 // NormalizeHost is the one normalization used both when storing
-// communities.host and when resolving an inbound Host (spec D.1):
+// communities.host and when resolving an inbound Host, so both sides agree:
 // trim and lowercase; drop a :443 or :80 suffix (other ports select a
 // distinct tenant); drop one trailing dot; collapse the loopback literals
 // 127.0.0.1 and [::1] to localhost, keeping any port.

@@ -264,7 +264,7 @@ type ChannelsReadableParams struct {
 	Pubkey      []byte
 }
 
-// The channels a pubkey may read (spec D.5): every open channel and every
+// The channels a pubkey may read: every open channel and every
 // channel it is an active member of, never a deleted one.
 func (q *Queries) ChannelsReadable(ctx context.Context, arg ChannelsReadableParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, channelsReadable, arg.CommunityID, arg.Pubkey)
@@ -295,7 +295,7 @@ type CommunitiesOfChannelsRow struct {
 	CommunityID uuid.UUID
 }
 
-// Deliberately tenant-independent (spec C.1): reports each live channel's true
+// Deliberately tenant-independent: reports each live channel's true
 // owning community for the tracer's non-interference check. Served by
 // idx_channels_id_live. Unknown ids are simply absent.
 func (q *Queries) CommunitiesOfChannels(ctx context.Context, ids []uuid.UUID) ([]CommunitiesOfChannelsRow, error) {

@@ -161,7 +161,7 @@ WHERE lower(host) = lower($1::text)
   AND deletion_state = 'active'
 `
 
-// The serving lookup (spec D.1): only active, unarchived, undeleted tenants
+// The serving lookup: only active, unarchived, undeleted tenants
 // resolve. The caller passes a host already normalized.
 func (q *Queries) CommunityResolveServing(ctx context.Context, host string) (Community, error) {
 	row := q.db.QueryRow(ctx, communityResolveServing, host)

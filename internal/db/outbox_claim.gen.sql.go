@@ -66,11 +66,9 @@ type OutboxClaimByIDRow struct {
 // One statement: lock due rows nobody else holds, then mark them sending
 // under a new claim_id with attempts + 1 and a lease. A row is claimed by the
 // fast path, this pod's poll or another pod's poll, never by two of them.
-// Both the poll and the by-id claim only take rows this pod can route
-// (spec A.7: the review finding requires it for the by-id claim; applying it
-// to the poll too is [ASSUMED]): a pod that cannot route a listener leaves its
-// rows due for a pod that can, instead of claiming and releasing them for
-// 30 s. A row no pod routes ages out at the 15-minute retention.
+// Both the poll and the by-id claim only take rows this pod can route: a
+// pod that cannot route a listener leaves its rows due for a pod that can,
+// instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
 // Returns the attempt number now starting (1-based).
 func (q *Queries) OutboxClaimByID(ctx context.Context, arg OutboxClaimByIDParams) ([]OutboxClaimByIDRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaimByID,
@@ -165,11 +163,9 @@ type OutboxClaimDueRow struct {
 // One statement: lock due rows nobody else holds, then mark them sending
 // under a new claim_id with attempts + 1 and a lease. A row is claimed by the
 // fast path, this pod's poll or another pod's poll, never by two of them.
-// Both the poll and the by-id claim only take rows this pod can route
-// (spec A.7: the review finding requires it for the by-id claim; applying it
-// to the poll too is [ASSUMED]): a pod that cannot route a listener leaves its
-// rows due for a pod that can, instead of claiming and releasing them for
-// 30 s. A row no pod routes ages out at the 15-minute retention.
+// Both the poll and the by-id claim only take rows this pod can route: a
+// pod that cannot route a listener leaves its rows due for a pod that can,
+// instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
 // Returns the attempt number now starting (1-based).
 func (q *Queries) OutboxClaimDue(ctx context.Context, arg OutboxClaimDueParams) ([]OutboxClaimDueRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaimDue,

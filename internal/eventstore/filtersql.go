@@ -98,7 +98,7 @@ func (b *sqlBuilder) order(f *nostr.Filter) {
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
 }
 
-// Scope is what one reader may see (spec D.5). Every read is scoped: rows of
+// Scope is what one reader may see (docs/read-scope.md). Every read is scoped: rows of
 // channels outside Channels never come back, and p-gated kinds (gift wraps,
 // membership notifications) only when addressed to Reader.
 type Scope struct {

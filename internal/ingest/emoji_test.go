@@ -45,8 +45,8 @@ func TestNormalizeShortcode(t *testing.T) {
 	}
 }
 
-// The relay tests of spec D.5 by name, plus the SDK ones that apply to what
-// the relay accepts, at the 64/65/66/67 boundaries.
+// The reaction-emoji rules the relay enforces and the client SDKs expect,
+// at the 64/65/66/67 boundaries.
 func TestReactionEmoji(t *testing.T) {
 	t.Parallel()
 	a := func(n int) string { return strings.Repeat("a", n) }

@@ -10,7 +10,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// profileHandler mirrors kind 0 profiles into users (spec D.4). Malformed
+// profileHandler mirrors kind 0 profiles into users. Malformed
 // content is stored as sent (clients publish all sorts); the users row then
 // records only which event it mirrors. Only the Buzz keys that change who
 // may add the user to channels are validated.

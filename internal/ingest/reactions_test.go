@@ -171,7 +171,7 @@ func TestConcurrentIdenticalReactionsStoreOne(t *testing.T) {
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM reactions`))
 }
 
-// Storage regression (seed 003): a 64-character shortcode reaction is 66
+// Storage regression: a 64-character shortcode reaction is 66
 // characters with its colons, and is stored as sent.
 func TestReactionStoresSixtySixCharacterCustomEmoji(t *testing.T) {
 	t.Parallel()

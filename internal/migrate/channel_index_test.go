@@ -12,7 +12,7 @@ import (
 	"github.com/buzzrelay/buzz/migrations"
 )
 
-// The seed-003 channel-id lookup index: covering, partial, never unique
+// The channel-id lookup index (migration 006): covering, partial, never unique
 // (a channel id may exist in two communities), and built concurrently.
 func TestChannelIDLookupIndexMigration(t *testing.T) {
 	t.Parallel()

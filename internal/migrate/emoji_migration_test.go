@@ -17,7 +17,7 @@ import (
 
 const emojiMigration = "005_reactions_emoji_66.sql"
 
-// Seed 003 (custom emoji): the migration widens reactions.emoji to
+// Custom emoji reactions: the migration widens reactions.emoji to
 // VARCHAR(66), and the desired-state schema sqlc reads declares it so.
 func TestReactionsEmojiMigrationWidensTo66(t *testing.T) {
 	t.Parallel()

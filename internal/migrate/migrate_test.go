@@ -106,7 +106,7 @@ func withoutComments(sql string) string {
 
 // Every table not registered as operator-global is tenant data: it must
 // carry community_id NOT NULL leading its primary key, every unique
-// constraint or index and every foreign key (spec D.2). Checked over the
+// constraint or index and every foreign key, so no query can reach another tenant's rows by key. Checked over the
 // live catalog, so a new migration cannot slip past it.
 func TestTenantKeyRule(t *testing.T) {
 	t.Parallel()

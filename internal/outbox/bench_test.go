@@ -13,7 +13,7 @@ import (
 
 // benchSpacing is the pause between mentions: uniform in [d, 1.6 d], d =
 // BUZZ_OUTBOX_BENCH_SPACING (default 2.5 s, so the idle worker sits at its
-// 2 s poll ceiling, as in the seed's harness). A shorter d gives a quick run.
+// 2 s poll ceiling, the worst case for latency). A shorter d gives a quick run.
 func benchSpacing(b *testing.B) func() time.Duration {
 	d := 2500 * time.Millisecond
 	if v := os.Getenv("BUZZ_OUTBOX_BENCH_SPACING"); v != "" {

@@ -174,7 +174,7 @@ func TestExpiredClaimIsRecoveredAndOldClaimTokenIsFenced(t *testing.T) {
 	require.False(t, ok)
 }
 
-// Seed DB test 3: 4 pollers and 4 by-id claimers race over 200 rows while a
+// 4 pollers and 4 by-id claimers race over 200 rows while a
 // fifth claimant holds some rows in an open transaction. Every row is
 // claimed exactly once with attempts = 1, a leased row cannot be claimed by
 // id again, and no claimant ever waits for another's locks.

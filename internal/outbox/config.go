@@ -40,7 +40,7 @@ func (r Routes) pubkeys() [][]byte {
 	return out
 }
 
-// Config is the operator-listener configuration (spec A.2).
+// Config is the operator-listener configuration.
 type Config struct {
 	// Listeners is empty when delivery is disabled on this pod.
 	Listeners Routes
@@ -52,8 +52,8 @@ type Config struct {
 }
 
 // ConfigFromEnv reads the configuration through getenv (os.Getenv in main).
-// Any malformed value is an error, and start-up must fail on it (spec
-// decision 1); a bad listener entry is named by its position and pubkey.
+// Any malformed value is an error, and start-up must fail on it (a
+// listener silently dropped would never get its mentions); a bad listener entry is named by its position and pubkey.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{Timeout: DefaultTimeout}
 	var err error

@@ -22,8 +22,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// Deliverer sends one claimed row to its listener and records the outcome
-// (spec A.9).
+// Deliverer sends one claimed row to its listener and records the outcome.
 type Deliverer struct {
 	q       *db.Queries
 	routes  Routes

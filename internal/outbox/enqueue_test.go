@@ -172,7 +172,8 @@ func TestEventAndListenerOutboxRollBackTogether(t *testing.T) {
 	require.False(t, exists)
 }
 
-// Seed DB test 1.
+// A committed mention hands off exactly its own outbox ids, and an event
+// without a registered mention hands off nothing.
 func TestCommittedMentionHandsOffExactlyItsOutboxIDs(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -192,7 +193,7 @@ func TestCommittedMentionHandsOffExactlyItsOutboxIDs(t *testing.T) {
 	require.Equal(t, 2, f.outboxCount())
 }
 
-// Seed DB test 2.
+// A rolled-back mention leaves no outbox row and hands off nothing.
 func TestRolledBackMentionHandsOffNothing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -206,7 +207,7 @@ func TestRolledBackMentionHandsOffNothing(t *testing.T) {
 	require.Zero(t, f.outboxCount())
 }
 
-// Review finding: the ids kept for the hand-off are bounded in SQL.
+// The ids kept for the hand-off are bounded in SQL.
 func TestMentionWithFiftyListenersKeepsOnlyTenIDs(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

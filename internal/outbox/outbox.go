@@ -1,5 +1,5 @@
-// Package outbox delivers mention notifications to operator listeners
-// (spec A): deployment-wide HTTPS endpoints that register target pubkeys and
+// Package outbox delivers mention notifications to operator listeners:
+// deployment-wide HTTPS endpoints that register target pubkeys and
 // are told, with a NIP-98-signed POST, when a stored message mentions one.
 //
 // The event's own transaction inserts the outbox rows (Enqueue). After
@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The constants of spec A.8.
+// The delivery constants (docs/listener-delivery.md explains each).
 const (
 	maxInFlight           = 10 // deliveries running at once per worker
 	handoffCapacity       = 10 // ids a worker's hand-off channel holds; also the ids Enqueue keeps

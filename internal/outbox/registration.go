@@ -37,7 +37,7 @@ const (
 type NIP98Verifier func(r *http.Request, body []byte, expectedURL string) (*nostr.Event, error)
 
 // RegistrationHandler serves POST (register) and DELETE (remove) of
-// {"pubkeys": [<64-hex>, ...]} for the signing listener (spec A.4). origin is
+// {"pubkeys": [<64-hex>, ...]} for the signing listener. origin is
 // Config.APIOrigin; routes are the configured listeners, the only keys
 // allowed to register.
 func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier) http.Handler {

@@ -95,7 +95,7 @@ func (t realTimer) C() <-chan time.Time   { return t.t.C }
 func (t realTimer) Reset(d time.Duration) { t.t.Reset(d) }
 func (t realTimer) Stop()                 { t.t.Stop() }
 
-// loop is the delivery state machine of spec A.8, separated from the Worker
+// loop is the delivery state machine (docs/listener-delivery.md), separated from the Worker
 // so tests drive the production loop with their own claimer, deliveries and
 // clock.
 type loop struct {

@@ -142,7 +142,7 @@ func TestKilledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t
 	require.Zero(t, f.outboxCount())
 }
 
-// Review finding (A.7): a pod that cannot route a listener must not claim
+// A pod that cannot route a listener must not claim
 // its rows on the fast path, or the pod that can route them waits 30 s.
 func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T) {
 	t.Parallel()

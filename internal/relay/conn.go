@@ -356,7 +356,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		c.subs[subID] = struct{}{}
 	}
 
-	// Trace inputs are built only when a tracer observes them (seed 003): in
+	// Trace inputs are built only when a tracer observes them: in
 	// production the tenant-independent channel lookup never runs.
 	st := trace.StateForRequest(c.tenant.ID(), c.tenant.Host(), c.pubkey)
 	traced := trace.Active(c.srv.Tracer, &st)
@@ -403,7 +403,7 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 }
 
 // refuse answers a REQ/COUNT with CLOSED: the given reason, or one derived
-// from an internal error (logged; a timeout says so, spec D.6).
+// from an internal error (logged; a timeout says so).
 func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 	if err != nil {
 		if c.ctx.Err() != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// httpBridge serves the NIP-98 HTTP bridge (spec D.6): POST /events submits
+// httpBridge serves the NIP-98 HTTP bridge: POST /events submits
 // one event, POST /query and POST /count read with filters. Every route is
 // bound to the community of its Host (404 before anything else), then
 // authenticated with a NIP-98 Authorization header, then runs the same
@@ -292,7 +292,7 @@ func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 }
 
 // readFailed answers a read that failed inside the database: a timeout is
-// 503 (spec D.6), anything else 500.
+// 503 (the client may retry), anything else 500.
 func (b *httpBridge) readFailed(w http.ResponseWriter, r *http.Request, ctx context.Context, tenant community.Tenant, err error) {
 	var pgErr *pgconn.PgError
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &pgErr) && pgErr.Code == "57014") {

@@ -10,7 +10,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/outbox"
 )
 
-// Operator-listener mention delivery (seed 000) on the relay: mentions of
+// Operator-listener mention delivery on the relay (docs/listener-delivery.md): mentions of
 // registered targets become outbox rows in the event's own transaction, and
 // after commit their ids go to this process's worker, which delivers them
 // long before its poll would.

@@ -18,7 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// End to end, seed 000: a listener registers a target over the NIP-98
+// End to end: a listener registers a target over the NIP-98
 // operator API; a channel message mentioning the target is delivered to the
 // listener's HTTPS endpoint through the post-commit hand-off, signed by the
 // relay key that NIP-11 advertises.

@@ -37,8 +37,8 @@ func authFail(format string, args ...any) error {
 	return &authError{Reason: fmt.Sprintf(format, args...)}
 }
 
-// checkHTTPAuth verifies the request's NIP-98 Authorization header (spec
-// D.4) against the URL the client addressed, except the payload hash, which
+// checkHTTPAuth verifies the request's NIP-98 Authorization header
+// against the URL the client addressed, except the payload hash, which
 // needs the body (checkPayload), and the replay claim, which comes last
 // (claimHTTPAuth). It returns the verified auth event; failures are
 // *authError.

@@ -13,7 +13,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/trace"
 )
 
-// readScope authorizes a REQ/COUNT (spec D.5) and returns what its rows
+// readScope authorizes a REQ/COUNT (docs/read-scope.md) and returns what its rows
 // are limited to. A non-empty reason means the request is refused: a filter
 // pinned (#h) to a channel the caller cannot read, or one asking for p-gated
 // kinds without a #p naming only the caller.

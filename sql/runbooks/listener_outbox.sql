@@ -1,4 +1,4 @@
--- Runbook: operator-listener mention delivery (internal/outbox, spec A).
+-- Runbook: operator-listener mention delivery (internal/outbox, docs/listener-delivery.md).
 --
 --   psql -X -v ON_ERROR_STOP=1 -f sql/runbooks/listener_outbox.sql "$BUZZ_DATABASE_URL"
 --
