@@ -33,6 +33,19 @@ WHERE c.community_id = @community_id::uuid
       WHERE m.community_id = c.community_id AND m.channel_id = c.id
         AND m.pubkey = @pubkey::bytea AND m.removed_at IS NULL));
 
+-- name: ChannelReaders :one
+-- Who may read one channel, for live delivery: everyone when it is open,
+-- else its active members. Asked once per published channel event (and
+-- cached), never once per subscriber. No row: the channel is deleted.
+SELECT c.visibility,
+       coalesce(array_agg(m.pubkey) FILTER (WHERE m.pubkey IS NOT NULL), '{}')::bytea[] AS members
+FROM channels c
+LEFT JOIN channel_members m
+    ON c.visibility = 'private'
+   AND m.community_id = c.community_id AND m.channel_id = c.id AND m.removed_at IS NULL
+WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL
+GROUP BY c.visibility;
+
 -- name: ChannelMemberUpsert :exec
 -- Adds or re-adds a member (clearing a soft removal). An active member keeps
 -- its role unless a role is given.

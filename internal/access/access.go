@@ -8,10 +8,13 @@ package access
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -54,80 +57,145 @@ func (c Channels) IDs() []uuid.UUID {
 	return out
 }
 
-type key struct {
+// Readers is who may read one channel: everyone when it is open, else its
+// active members. The zero value (a deleted or unknown channel) admits
+// nobody.
+type Readers struct {
+	open    bool
+	members map[string]struct{}
+}
+
+// Has reports whether pubkey (hex) may read the channel.
+func (r Readers) Has(pubkey string) bool {
+	if r.open {
+		return true
+	}
+	_, ok := r.members[pubkey]
+	return ok
+}
+
+type readableKey struct {
 	community uuid.UUID
 	pubkey    string
 }
 
-type entry struct {
-	channels Channels
+type readersKey struct {
+	community uuid.UUID
+	channel   uuid.UUID
+}
+
+type cached[V any] struct {
+	value    V
 	loadedAt time.Time
 }
 
-// Cache computes and caches readable channel sets.
+// Cache computes and caches readable channel sets (per reader, for REQ and
+// COUNT) and reader sets (per channel, for live delivery).
 type Cache struct {
 	q   *db.Queries
 	ttl time.Duration
 	now func() time.Time
 
-	mu      sync.Mutex
-	entries map[key]entry
+	mu       sync.Mutex
+	readable map[readableKey]cached[Channels]
+	readers  map[readersKey]cached[Readers]
 	// generation counts a community's invalidations: an answer read while
 	// an invalidation happened is not stored, or a membership change
 	// committed during the read could be forgotten for a whole TTL.
 	generation map[uuid.UUID]uint64
 }
 
-// NewCache returns a cache reading through q.
-func NewCache(q *db.Queries, ttl time.Duration) *Cache {
-	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[key]entry{}, generation: map[uuid.UUID]uint64{}}
+// NewCache returns a cache reading through q; now is the process clock.
+func NewCache(q *db.Queries, ttl time.Duration, now func() time.Time) *Cache {
+	return &Cache{
+		q: q, ttl: ttl, now: now,
+		readable: map[readableKey]cached[Channels]{}, readers: map[readersKey]cached[Readers]{},
+		generation: map[uuid.UUID]uint64{},
+	}
 }
 
 // Readable returns the channels pubkey (hex) may read in community.
 func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string) (Channels, error) {
-	k := key{community, pubkey}
+	return load(c, c.readable, readableKey{community, pubkey}, community, func() (Channels, error) {
+		pk, _ := nostr.DecodeHex32(pubkey)
+		ids, err := c.q.ChannelsReadable(ctx, db.ChannelsReadableParams{CommunityID: community, Pubkey: pk[:]})
+		if err != nil {
+			return nil, err
+		}
+		set := make(Channels, len(ids))
+		for _, id := range ids {
+			set[id] = struct{}{}
+		}
+		return set, nil
+	})
+}
+
+// ChannelReaders returns who may read channel in community. Live delivery
+// asks it once per published channel event and checks every subscriber
+// against the answer, so the cost does not grow with the subscribers.
+func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID) (Readers, error) {
+	return load(c, c.readers, readersKey{community, channel}, community, func() (Readers, error) {
+		row, err := c.q.ChannelReaders(ctx, db.ChannelReadersParams{CommunityID: community, ID: channel})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Readers{}, nil // deleted or unknown: nobody
+		}
+		if err != nil {
+			return Readers{}, err
+		}
+		r := Readers{open: row.Visibility == db.ChannelVisibilityOpen, members: make(map[string]struct{}, len(row.Members))}
+		for _, pk := range row.Members {
+			r.members[hex.EncodeToString(pk)] = struct{}{}
+		}
+		return r, nil
+	})
+}
+
+// MayRead is ChannelReaders in the shape the fan-out hub asks for.
+func (c *Cache) MayRead(ctx context.Context, community, channel uuid.UUID) (func(pubkey string) bool, error) {
+	readers, err := c.ChannelReaders(ctx, community, channel)
+	return readers.Has, err
+}
+
+// load answers k from m while fresh, else through fetch, storing the answer
+// unless community was invalidated meanwhile.
+func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.UUID, fetch func() (V, error)) (V, error) {
 	c.mu.Lock()
-	e, ok := c.entries[k]
+	e, ok := m[k]
 	generation := c.generation[community]
 	c.mu.Unlock()
 	if ok && c.now().Sub(e.loadedAt) < c.ttl {
-		return e.channels, nil
+		return e.value, nil
 	}
-	pk, _ := nostr.DecodeHex32(pubkey)
-	ids, err := c.q.ChannelsReadable(ctx, db.ChannelsReadableParams{CommunityID: community, Pubkey: pk[:]})
+	v, err := fetch()
 	if err != nil {
-		return nil, err
-	}
-	set := make(Channels, len(ids))
-	for _, id := range ids {
-		set[id] = struct{}{}
+		return v, err
 	}
 	loadedAt := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.generation[community] != generation {
-		return set, nil // fresh enough for this caller; too old to keep
+		return v, nil // fresh enough for this caller; too old to keep
 	}
-	if len(c.entries) >= maxEntries {
-		c.evictExpired()
+	if len(m) >= maxEntries {
+		evictExpired(m, c.now(), c.ttl)
 	}
-	c.entries[k] = entry{channels: set, loadedAt: loadedAt}
-	return set, nil
+	m[k] = cached[V]{value: v, loadedAt: loadedAt}
+	return v, nil
 }
 
-// maxEntries bounds the cache: past it, expired answers are dropped, and if
-// every answer is fresh the cache starts over (answers are cheap to reload).
+// maxEntries bounds each of the cache's maps: past it, expired answers are
+// dropped, and if every answer is fresh the map starts over (answers are
+// cheap to reload).
 const maxEntries = 50_000
 
-func (c *Cache) evictExpired() {
-	now := c.now()
-	for k, e := range c.entries {
-		if now.Sub(e.loadedAt) >= c.ttl {
-			delete(c.entries, k)
+func evictExpired[K comparable, V any](m map[K]cached[V], now time.Time, ttl time.Duration) {
+	for k, e := range m {
+		if now.Sub(e.loadedAt) >= ttl {
+			delete(m, k)
 		}
 	}
-	if len(c.entries) >= maxEntries {
-		clear(c.entries)
+	if len(m) >= maxEntries {
+		clear(m)
 	}
 }
 
@@ -137,9 +205,14 @@ func (c *Cache) Invalidate(community uuid.UUID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.generation[community]++
-	for k := range c.entries {
+	for k := range c.readable {
 		if k.community == community {
-			delete(c.entries, k)
+			delete(c.readable, k)
+		}
+	}
+	for k := range c.readers {
+		if k.community == community {
+			delete(c.readers, k)
 		}
 	}
 }

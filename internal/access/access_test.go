@@ -29,7 +29,7 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 	}
 	owner, _ := nostr.DecodeHex32(reader)
 	clock := time.Unix(1_700_000_000, 0)
-	cache := NewCache(q, 10*time.Second)
+	cache := NewCache(q, 10*time.Second, time.Now)
 	cache.now = func() time.Time { return clock }
 
 	open := uuid.New()
@@ -62,14 +62,14 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 func TestCacheStaysBounded(t *testing.T) {
 	t.Parallel()
 	clock := time.Unix(0, 0)
-	c := &Cache{ttl: time.Second, now: func() time.Time { return clock }, entries: map[key]entry{}, generation: map[uuid.UUID]uint64{}}
+	m := map[readableKey]cached[Channels]{}
 	for i := 0; i < maxEntries; i++ {
-		c.entries[key{uuid.New(), "x"}] = entry{loadedAt: clock}
+		m[readableKey{uuid.New(), "x"}] = cached[Channels]{loadedAt: clock}
 	}
 	clock = clock.Add(2 * time.Second)
-	c.entries[key{uuid.New(), "fresh"}] = entry{loadedAt: clock}
-	c.evictExpired()
-	require.Len(t, c.entries, 1, "expired answers are dropped first")
+	m[readableKey{uuid.New(), "fresh"}] = cached[Channels]{loadedAt: clock}
+	evictExpired(m, clock, time.Second)
+	require.Len(t, m, 1, "expired answers are dropped first")
 }
 
 func TestPGatedKinds(t *testing.T) {
@@ -93,7 +93,7 @@ func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
 	q := db.New(pool)
 	community, err := q.CommunityCreate(ctx, "race.example")
 	require.NoError(t, err)
-	cache := NewCache(q, time.Hour)
+	cache := NewCache(q, time.Hour, time.Now)
 	reader := strings.Repeat("c", 64)
 	// Invalidate between the read's start (generation taken) and its store:
 	// with no cached entry, the now hook first runs after the query.
@@ -111,5 +111,5 @@ func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
 	require.NoError(t, err)
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
-	require.Empty(t, cache.entries, "a possibly stale answer must not be cached")
+	require.Empty(t, cache.readable, "a possibly stale answer must not be cached")
 }

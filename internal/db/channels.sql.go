@@ -205,6 +205,37 @@ func (q *Queries) ChannelMembersActive(ctx context.Context, arg ChannelMembersAc
 	return items, nil
 }
 
+const channelReaders = `-- name: ChannelReaders :one
+SELECT c.visibility,
+       coalesce(array_agg(m.pubkey) FILTER (WHERE m.pubkey IS NOT NULL), '{}')::bytea[] AS members
+FROM channels c
+LEFT JOIN channel_members m
+    ON c.visibility = 'private'
+   AND m.community_id = c.community_id AND m.channel_id = c.id AND m.removed_at IS NULL
+WHERE c.community_id = $1::uuid AND c.id = $2::uuid AND c.deleted_at IS NULL
+GROUP BY c.visibility
+`
+
+type ChannelReadersParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+type ChannelReadersRow struct {
+	Visibility ChannelVisibility
+	Members    [][]byte
+}
+
+// Who may read one channel, for live delivery: everyone when it is open,
+// else its active members. Asked once per published channel event (and
+// cached), never once per subscriber. No row: the channel is deleted.
+func (q *Queries) ChannelReaders(ctx context.Context, arg ChannelReadersParams) (ChannelReadersRow, error) {
+	row := q.db.QueryRow(ctx, channelReaders, arg.CommunityID, arg.ID)
+	var i ChannelReadersRow
+	err := row.Scan(&i.Visibility, &i.Members)
+	return i, err
+}
+
 const channelSoftDelete = `-- name: ChannelSoftDelete :exec
 UPDATE channels SET deleted_at = now(), updated_at = now()
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL

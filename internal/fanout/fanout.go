@@ -5,9 +5,11 @@
 package fanout
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -25,11 +27,25 @@ type Subscription struct {
 	Receiver Receiver
 	ID       string
 	Filters  nostr.Filters
-	// Allow, when set, is asked for every matching event before delivery;
-	// it carries the read authorization of the subscriber. channel is the
-	// event's channel (nil for community-global events).
+	// Allow, when set, is asked for every matching event before delivery:
+	// the subscription's own conditions (pinned channels, p-gated kinds),
+	// decided without the database. channel is the event's channel (nil for
+	// community-global events).
 	Allow func(ev *nostr.Event, channel *uuid.UUID) bool
+	// Reader is the subscriber's pubkey (hex). A channel event reaches a
+	// subscription with a Reader only when the hub's ChannelReaders names
+	// it; an empty Reader marks an in-process subscription with no reader
+	// to authorize.
+	Reader string
 }
+
+// ChannelReaders answers who may read one channel: mayRead reports it per
+// pubkey. The hub asks it at most once per published channel event, however
+// many subscriptions match.
+type ChannelReaders func(ctx context.Context, community, channel uuid.UUID) (mayRead func(pubkey string) bool, err error)
+
+// readersTimeout bounds the one readers lookup of a publish.
+const readersTimeout = 2 * time.Second
 
 // Stats are returned by Publish for metrics.
 type Stats struct {
@@ -71,10 +87,16 @@ func newIndex() *index {
 type Hub struct {
 	mu          sync.RWMutex
 	communities map[uuid.UUID]*index
+	readers     ChannelReaders
 }
 
 // NewHub returns an empty hub.
 func NewHub() *Hub { return &Hub{communities: map[uuid.UUID]*index{}} }
+
+// SetChannelReaders installs the live read authorization of channel events;
+// call it before the hub is used. Without it, no subscription with a Reader
+// receives channel events.
+func (h *Hub) SetChannelReaders(r ChannelReaders) { h.readers = r }
 
 // Subscribe registers s in community, replacing a subscription with the same
 // receiver and id (NIP-01: a REQ reusing an id replaces the old one).
@@ -144,19 +166,30 @@ func (h *Hub) Count(community uuid.UUID) int {
 
 // Publish delivers ev, which belongs to channel (nil: community-global), to
 // every matching and allowed subscription of community. Matching happens
-// under the read lock; authorization (which may consult the database) and
-// delivery happen after it is released, so a slow check never holds up
-// subscribers coming and going. The event is encoded once; each delivery
-// only wraps it with its subscription id.
+// under the read lock; authorization and delivery happen after it is
+// released, so a slow check never holds up subscribers coming and going.
+// Who may read the channel is looked up once for the whole publish (and
+// only when a matching subscription needs it), never per subscriber. The
+// event is encoded once; each delivery only wraps it with its subscription
+// id.
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
 	matched := h.match(community, ev)
 	var (
-		stats Stats
-		raw   []byte
+		stats   Stats
+		raw     []byte
+		mayRead func(string) bool
 	)
 	for _, sub := range matched {
 		if sub.Allow != nil && !sub.Allow(ev, channel) {
 			continue
+		}
+		if channel != nil && sub.Reader != "" {
+			if mayRead == nil {
+				mayRead = h.channelReaders(community, *channel)
+			}
+			if !mayRead(sub.Reader) {
+				continue
+			}
 		}
 		if raw == nil {
 			raw = ev.AppendJSON(nil)
@@ -168,6 +201,23 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 		}
 	}
 	return stats
+}
+
+// channelReaders looks up who may read channel; on failure (or without a
+// ChannelReaders) nobody may, so an outage withholds events rather than
+// leaking them.
+func (h *Hub) channelReaders(community, channel uuid.UUID) func(string) bool {
+	nobody := func(string) bool { return false }
+	if h.readers == nil {
+		return nobody
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readersTimeout)
+	defer cancel()
+	mayRead, err := h.readers(ctx, community, channel)
+	if err != nil {
+		return nobody
+	}
+	return mayRead
 }
 
 // match returns each subscription with a filter matching ev, once.

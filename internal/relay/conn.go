@@ -293,10 +293,11 @@ func hasSearch(filters nostr.Filters) bool {
 	return false
 }
 
-// liveAllow is a subscription's read authorization for fan-out: p-gated
+// liveAllow is a subscription's own read conditions for fan-out: p-gated
 // kinds only when addressed to the caller, and a channel event only to a
-// subscription pinned (#h) to that channel that the caller may still read.
-// Global subscriptions never receive channel events.
+// subscription pinned (#h) to that channel. Whether the caller may still
+// read the channel is decided by the hub, once per published event
+// (Subscription.Reader). Global subscriptions never receive channel events.
 func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) bool {
 	pinned := map[uuid.UUID]struct{}{}
 	for i := range filters {
@@ -306,7 +307,7 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 			}
 		}
 	}
-	community, self := c.tenant.ID(), c.pubkey
+	self := c.pubkey
 	return func(ev *nostr.Event, channel *uuid.UUID) bool {
 		if access.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
 			return false
@@ -314,13 +315,8 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 		if channel == nil {
 			return true
 		}
-		if _, ok := pinned[*channel]; !ok {
-			return false
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		readable, err := c.srv.access.Readable(ctx, community, self)
-		return err == nil && readable.Has(*channel)
+		_, ok := pinned[*channel]
+		return ok
 	}
 }
 
@@ -352,7 +348,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	if live {
 		// Register before reading history: an event committed while the query
 		// runs is then delivered live instead of falling between the two.
-		c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters)})
+		c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters), Reader: c.pubkey})
 		c.subs[subID] = struct{}{}
 	}
 

@@ -78,7 +78,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		store:    eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
 		hub:      hub,
-		access:   access.NewCache(db.New(pool), accessTTL),
+		access:   access.NewCache(db.New(pool), accessTTL, time.Now),
 		metrics:  NewMetrics(),
 		log:      log,
 		now:      time.Now,
@@ -94,6 +94,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		},
 	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
+	hub.SetChannelReaders(s.access.MayRead)
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
 	s.pipeline.OnFanout = func(st fanout.Stats) {
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
