@@ -58,14 +58,14 @@ SET role = CASE
         WHEN channel_members.removed_at IS NOT NULL THEN 'member'
         ELSE channel_members.role
     END,
-    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN now() ELSE channel_members.joined_at END,
+    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce(sqlc.narg('now')::timestamptz, now()) ELSE channel_members.joined_at END,
     invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
     removed_at = NULL,
     removed_by = NULL;
 
 -- name: ChannelMemberRemove :execrows
 UPDATE channel_members
-SET removed_at = now(), removed_by = @removed_by::bytea
+SET removed_at = coalesce(sqlc.narg('now')::timestamptz, now()), removed_by = @removed_by::bytea
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND pubkey = @pubkey::bytea AND removed_at IS NULL;
 
@@ -79,16 +79,16 @@ UPDATE channels
 SET name = coalesce(sqlc.narg('name')::text, name),
     description = coalesce(sqlc.narg('description')::text, description),
     visibility = coalesce(sqlc.narg('visibility')::channel_visibility, visibility),
-    updated_at = now()
+    updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND id = @id::uuid;
 
 -- name: ChannelSoftDelete :exec
-UPDATE channels SET deleted_at = now(), updated_at = now()
+UPDATE channels SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now()), updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL;
 
 -- name: EventsDeleteInChannel :execrows
 -- NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
-UPDATE events SET deleted_at = now()
+UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
 
@@ -107,7 +107,7 @@ RETURNING signing_key;
 -- Relay-signed addressable events must strictly advance their slot's
 -- created_at even when two changes land in the same second; otherwise the
 -- lowest-id tie rule could keep the older state.
-SELECT greatest(extract(epoch FROM now())::bigint,
+SELECT greatest(extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()))::bigint,
                 coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
 FROM events
 WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;

@@ -14,7 +14,7 @@ INSERT INTO reactions (community_id, event_created_at, event_id, pubkey, emoji, 
 VALUES (@community_id::uuid, @event_created_at::timestamptz, @event_id::bytea, @pubkey::bytea,
         @emoji::text, sqlc.narg('channel_id')::uuid, @reaction_event_id::bytea)
 ON CONFLICT (community_id, event_created_at, event_id, pubkey, emoji) DO UPDATE
-SET created_at = now(),
+SET created_at = coalesce(sqlc.narg('now')::timestamptz, now()),
     removed_at = NULL,
     reaction_event_id = coalesce(EXCLUDED.reaction_event_id, reactions.reaction_event_id)
 WHERE reactions.removed_at IS NOT NULL;

@@ -5,14 +5,15 @@
 -- agent_owner_pubkey change only when the profile names them.
 INSERT INTO users (
     community_id, pubkey, display_name, about, avatar_url, nip05_handle,
-    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at
+    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at, updated_at
 ) VALUES (
     @community_id::uuid, @pubkey::bytea,
     sqlc.narg('display_name')::text, sqlc.narg('about')::text,
     sqlc.narg('avatar_url')::text, sqlc.narg('nip05_handle')::text,
     coalesce(sqlc.narg('channel_add_policy')::channel_add_policy, 'anyone'),
     sqlc.narg('agent_owner_pubkey')::bytea,
-    @metadata_event_id::bytea, @metadata_created_at::timestamptz
+    @metadata_event_id::bytea, @metadata_created_at::timestamptz,
+    coalesce(sqlc.narg('now')::timestamptz, now())
 )
 ON CONFLICT (community_id, pubkey) DO UPDATE
 SET display_name = EXCLUDED.display_name,
@@ -23,7 +24,7 @@ SET display_name = EXCLUDED.display_name,
     agent_owner_pubkey = coalesce(sqlc.narg('agent_owner_pubkey')::bytea, users.agent_owner_pubkey),
     metadata_event_id = EXCLUDED.metadata_event_id,
     metadata_created_at = EXCLUDED.metadata_created_at,
-    updated_at = now()
+    updated_at = EXCLUDED.updated_at
 WHERE users.metadata_created_at IS NULL
    OR users.metadata_created_at < EXCLUDED.metadata_created_at
    OR (users.metadata_created_at = EXCLUDED.metadata_created_at AND users.metadata_event_id > EXCLUDED.metadata_event_id);

@@ -150,7 +150,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	srv := relay.New(cfg, pool, log)
-	go outbox.Reapers(ctx, pool)
+	go srv.RunReapers(ctx)
 	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}

@@ -107,12 +107,13 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 
 const channelMemberRemove = `-- name: ChannelMemberRemove :execrows
 UPDATE channel_members
-SET removed_at = now(), removed_by = $1::bytea
-WHERE community_id = $2::uuid AND channel_id = $3::uuid
-  AND pubkey = $4::bytea AND removed_at IS NULL
+SET removed_at = coalesce($1::timestamptz, now()), removed_by = $2::bytea
+WHERE community_id = $3::uuid AND channel_id = $4::uuid
+  AND pubkey = $5::bytea AND removed_at IS NULL
 `
 
 type ChannelMemberRemoveParams struct {
+	Now         *time.Time
 	RemovedBy   []byte
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
@@ -121,6 +122,7 @@ type ChannelMemberRemoveParams struct {
 
 func (q *Queries) ChannelMemberRemove(ctx context.Context, arg ChannelMemberRemoveParams) (int64, error) {
 	result, err := q.db.Exec(ctx, channelMemberRemove,
+		arg.Now,
 		arg.RemovedBy,
 		arg.CommunityID,
 		arg.ChannelID,
@@ -142,7 +144,7 @@ SET role = CASE
         WHEN channel_members.removed_at IS NOT NULL THEN 'member'
         ELSE channel_members.role
     END,
-    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN now() ELSE channel_members.joined_at END,
+    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce($6::timestamptz, now()) ELSE channel_members.joined_at END,
     invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
     removed_at = NULL,
     removed_by = NULL
@@ -154,6 +156,7 @@ type ChannelMemberUpsertParams struct {
 	Pubkey      []byte
 	Role        *MemberRole
 	InvitedBy   []byte
+	Now         *time.Time
 }
 
 // Adds or re-adds a member (clearing a soft removal). An active member keeps
@@ -165,6 +168,7 @@ func (q *Queries) ChannelMemberUpsert(ctx context.Context, arg ChannelMemberUpse
 		arg.Pubkey,
 		arg.Role,
 		arg.InvitedBy,
+		arg.Now,
 	)
 	return err
 }
@@ -237,17 +241,18 @@ func (q *Queries) ChannelReaders(ctx context.Context, arg ChannelReadersParams) 
 }
 
 const channelSoftDelete = `-- name: ChannelSoftDelete :exec
-UPDATE channels SET deleted_at = now(), updated_at = now()
-WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
+UPDATE channels SET deleted_at = coalesce($1::timestamptz, now()), updated_at = coalesce($1::timestamptz, now())
+WHERE community_id = $2::uuid AND id = $3::uuid AND deleted_at IS NULL
 `
 
 type ChannelSoftDeleteParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 }
 
 func (q *Queries) ChannelSoftDelete(ctx context.Context, arg ChannelSoftDeleteParams) error {
-	_, err := q.db.Exec(ctx, channelSoftDelete, arg.CommunityID, arg.ID)
+	_, err := q.db.Exec(ctx, channelSoftDelete, arg.Now, arg.CommunityID, arg.ID)
 	return err
 }
 
@@ -256,14 +261,15 @@ UPDATE channels
 SET name = coalesce($1::text, name),
     description = coalesce($2::text, description),
     visibility = coalesce($3::channel_visibility, visibility),
-    updated_at = now()
-WHERE community_id = $4::uuid AND id = $5::uuid
+    updated_at = coalesce($4::timestamptz, now())
+WHERE community_id = $5::uuid AND id = $6::uuid
 `
 
 type ChannelUpdateMetadataParams struct {
 	Name        *string
 	Description *string
 	Visibility  *ChannelVisibility
+	Now         *time.Time
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 }
@@ -273,6 +279,7 @@ func (q *Queries) ChannelUpdateMetadata(ctx context.Context, arg ChannelUpdateMe
 		arg.Name,
 		arg.Description,
 		arg.Visibility,
+		arg.Now,
 		arg.CommunityID,
 		arg.ID,
 	)
@@ -370,13 +377,14 @@ func (q *Queries) CommunitySigningKeyEnsure(ctx context.Context, arg CommunitySi
 }
 
 const eventNextCreatedAt = `-- name: EventNextCreatedAt :one
-SELECT greatest(extract(epoch FROM now())::bigint,
+SELECT greatest(extract(epoch FROM coalesce($1::timestamptz, now()))::bigint,
                 coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
 FROM events
-WHERE community_id = $1::uuid AND pubkey = $2::bytea AND kind = $3::int AND d_tag = $4::text
+WHERE community_id = $2::uuid AND pubkey = $3::bytea AND kind = $4::int AND d_tag = $5::text
 `
 
 type EventNextCreatedAtParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	Pubkey      []byte
 	Kind        int32
@@ -388,6 +396,7 @@ type EventNextCreatedAtParams struct {
 // lowest-id tie rule could keep the older state.
 func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAtParams) (int64, error) {
 	row := q.db.QueryRow(ctx, eventNextCreatedAt,
+		arg.Now,
 		arg.CommunityID,
 		arg.Pubkey,
 		arg.Kind,
@@ -399,12 +408,13 @@ func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAt
 }
 
 const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
-UPDATE events SET deleted_at = now()
-WHERE community_id = $1::uuid AND channel_id = $2::uuid
-  AND id = ANY($3::bytea[]) AND deleted_at IS NULL
+UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
+WHERE community_id = $2::uuid AND channel_id = $3::uuid
+  AND id = ANY($4::bytea[]) AND deleted_at IS NULL
 `
 
 type EventsDeleteInChannelParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	Ids         [][]byte
@@ -412,7 +422,12 @@ type EventsDeleteInChannelParams struct {
 
 // NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
-	result, err := q.db.Exec(ctx, eventsDeleteInChannel, arg.CommunityID, arg.ChannelID, arg.Ids)
+	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
+		arg.Now,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.Ids,
+	)
 	if err != nil {
 		return 0, err
 	}

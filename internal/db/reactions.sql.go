@@ -44,7 +44,7 @@ INSERT INTO reactions (community_id, event_created_at, event_id, pubkey, emoji, 
 VALUES ($1::uuid, $2::timestamptz, $3::bytea, $4::bytea,
         $5::text, $6::uuid, $7::bytea)
 ON CONFLICT (community_id, event_created_at, event_id, pubkey, emoji) DO UPDATE
-SET created_at = now(),
+SET created_at = coalesce($8::timestamptz, now()),
     removed_at = NULL,
     reaction_event_id = coalesce(EXCLUDED.reaction_event_id, reactions.reaction_event_id)
 WHERE reactions.removed_at IS NOT NULL
@@ -58,6 +58,7 @@ type ReactionUpsertParams struct {
 	Emoji           string
 	ChannelID       *uuid.UUID
 	ReactionEventID []byte
+	Now             *time.Time
 }
 
 // Zero rows: the reactor already has this reaction active on the target (the
@@ -71,6 +72,7 @@ func (q *Queries) ReactionUpsert(ctx context.Context, arg ReactionUpsertParams) 
 		arg.Emoji,
 		arg.ChannelID,
 		arg.ReactionEventID,
+		arg.Now,
 	)
 	if err != nil {
 		return 0, err

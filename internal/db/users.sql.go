@@ -15,14 +15,15 @@ import (
 const userProfileSync = `-- name: UserProfileSync :execrows
 INSERT INTO users (
     community_id, pubkey, display_name, about, avatar_url, nip05_handle,
-    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at
+    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at, updated_at
 ) VALUES (
     $1::uuid, $2::bytea,
     $3::text, $4::text,
     $5::text, $6::text,
     coalesce($7::channel_add_policy, 'anyone'),
     $8::bytea,
-    $9::bytea, $10::timestamptz
+    $9::bytea, $10::timestamptz,
+    coalesce($11::timestamptz, now())
 )
 ON CONFLICT (community_id, pubkey) DO UPDATE
 SET display_name = EXCLUDED.display_name,
@@ -33,7 +34,7 @@ SET display_name = EXCLUDED.display_name,
     agent_owner_pubkey = coalesce($8::bytea, users.agent_owner_pubkey),
     metadata_event_id = EXCLUDED.metadata_event_id,
     metadata_created_at = EXCLUDED.metadata_created_at,
-    updated_at = now()
+    updated_at = EXCLUDED.updated_at
 WHERE users.metadata_created_at IS NULL
    OR users.metadata_created_at < EXCLUDED.metadata_created_at
    OR (users.metadata_created_at = EXCLUDED.metadata_created_at AND users.metadata_event_id > EXCLUDED.metadata_event_id)
@@ -50,6 +51,7 @@ type UserProfileSyncParams struct {
 	AgentOwnerPubkey  []byte
 	MetadataEventID   []byte
 	MetadataCreatedAt time.Time
+	Now               *time.Time
 }
 
 // Mirrors a kind 0 profile into users. Only a newer version (ties to the
@@ -68,6 +70,7 @@ func (q *Queries) UserProfileSync(ctx context.Context, arg UserProfileSyncParams
 		arg.AgentOwnerPubkey,
 		arg.MetadataEventID,
 		arg.MetadataCreatedAt,
+		arg.Now,
 	)
 	if err != nil {
 		return 0, err

@@ -170,7 +170,7 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 	}
 	owner := db.MemberRoleOwner
 	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: id, Pubkey: w.ActorBytes(), Role: &owner,
+		CommunityID: w.Tenant.ID(), ChannelID: id, Pubkey: w.ActorBytes(), Role: &owner, Now: w.SQLNow(),
 	}); err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func prepareJoin(ctx context.Context, w *Write) error {
 
 func applyJoin(ctx context.Context, w *Write) error {
 	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(),
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(), Now: w.SQLNow(),
 	}); err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func prepareLeave(ctx context.Context, w *Write) error {
 
 func applyLeave(ctx context.Context, w *Write) error {
 	if _, err := w.Q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(), RemovedBy: w.ActorBytes(),
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(), RemovedBy: w.ActorBytes(), Now: w.SQLNow(),
 	}); err != nil {
 		return err
 	}
@@ -346,7 +346,7 @@ func applyPutUser(ctx context.Context, w *Write) error {
 		}
 	}
 	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, Role: role, InvitedBy: w.ActorBytes(),
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, Role: role, InvitedBy: w.ActorBytes(), Now: w.SQLNow(),
 	}); err != nil {
 		return err
 	}
@@ -373,7 +373,7 @@ func applyRemoveUser(ctx context.Context, w *Write) error {
 		}
 	}
 	if _, err := w.Q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, RemovedBy: w.ActorBytes(),
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, RemovedBy: w.ActorBytes(), Now: w.SQLNow(),
 	}); err != nil {
 		return err
 	}
@@ -394,7 +394,7 @@ func validateEditMetadata(ev *nostr.Event) error {
 }
 
 func applyEditMetadata(ctx context.Context, w *Write) error {
-	params := db.ChannelUpdateMetadataParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID}
+	params := db.ChannelUpdateMetadataParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID, Now: w.SQLNow()}
 	if tag := w.Event.Tags.First("name"); tag != nil {
 		params.Name = &tag[1]
 	}
@@ -431,13 +431,13 @@ func applyDeleteEvent(ctx context.Context, w *Write) error {
 			ids = append(ids, id[:])
 		}
 	}
-	_, err := w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids})
+	_, err := w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, Now: w.SQLNow()})
 	return err
 }
 
 func applyDeleteGroup(ctx context.Context, w *Write) error {
 	w.MembershipChanged()
-	return w.Q.ChannelSoftDelete(ctx, db.ChannelSoftDeleteParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID})
+	return w.Q.ChannelSoftDelete(ctx, db.ChannelSoftDeleteParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID, Now: w.SQLNow()})
 }
 
 // membershipEvents writes what a membership change publishes: the admins
@@ -497,10 +497,10 @@ func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.T
 		return err
 	}
 	pub := key.PublicKey()
-	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.now().Unix()}
+	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.clock.Now().Unix()}
 	if d := ev.DTag(); nostr.IsAddressable(kind) {
 		if ev.CreatedAt, err = w.Q.EventNextCreatedAt(ctx, db.EventNextCreatedAtParams{
-			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
+			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d, Now: w.SQLNow(),
 		}); err != nil {
 			return err
 		}

@@ -35,13 +35,13 @@ func applyDeletion(ctx context.Context, w *Write) error {
 	}
 	if len(ids) > 0 {
 		if _, err := q.EventsDeleteByIDs(ctx, db.EventsDeleteByIDsParams{
-			CommunityID: tenant.ID(), Ids: ids, Author: author[:],
+			CommunityID: tenant.ID(), Ids: ids, Author: author[:], Now: w.SQLNow(),
 		}); err != nil {
 			return err
 		}
 		// A deleted reaction event takes its reaction with it.
 		if _, err := q.ReactionsRemoveByEvents(ctx, db.ReactionsRemoveByEventsParams{
-			CommunityID: tenant.ID(), ReactionEventIds: ids, Author: author[:],
+			CommunityID: tenant.ID(), ReactionEventIds: ids, Author: author[:], Now: w.SQLNow(),
 		}); err != nil {
 			return err
 		}
@@ -52,7 +52,7 @@ func applyDeletion(ctx context.Context, w *Write) error {
 			continue
 		}
 		params := db.EventsDeleteByAddressParams{
-			CommunityID: tenant.ID(), Author: author[:], Kind: int32(kind), Until: ev.CreatedAt,
+			CommunityID: tenant.ID(), Author: author[:], Kind: int32(kind), Until: ev.CreatedAt, Now: w.SQLNow(),
 		}
 		if nostr.IsAddressable(kind) {
 			params.DTag = &d

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/eventstore"
@@ -126,7 +127,7 @@ type Pipeline struct {
 	handlers      map[int]Handler
 	sideRows      []SideRows
 	maxFutureSkew time.Duration
-	now           func() time.Time
+	clock         clock.Clock
 
 	keysMu sync.Mutex
 	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
@@ -138,13 +139,19 @@ type Pipeline struct {
 	OnMembershipChange func(community uuid.UUID)
 }
 
+// SQLNow is the now parameter of the write's queries (see package clock).
+func (w *Write) SQLNow() *time.Time { return w.pipeline.clock.SQL() }
+
+// SetClock makes the pipeline tell time by c (the wall clock by default);
+// call it before the pipeline is used.
+func (p *Pipeline) SetClock(c clock.Clock) { p.clock = c }
+
 // New returns a pipeline with the built-in kind handlers.
 func New(pool *pgxpool.Pool, hub *fanout.Hub, maxFutureSkew time.Duration) *Pipeline {
 	p := &Pipeline{
 		pool:          pool,
 		hub:           hub,
 		maxFutureSkew: maxFutureSkew,
-		now:           time.Now,
 		keys:          map[uuid.UUID]*nostr.SecretKey{},
 		handlers:      map[int]Handler{},
 	}
@@ -341,7 +348,7 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 	if ev.Kind == nostr.KindAuth {
 		return Reject("invalid", "kind 22242 is only accepted in an AUTH message")
 	}
-	if limit := p.now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
+	if limit := p.clock.Now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
 		return Reject("invalid", "created_at is more than %s in the future", p.maxFutureSkew)
 	}
 	// PostgreSQL text and jsonb cannot hold NUL; refuse it rather than fail the insert.

@@ -90,6 +90,7 @@ func applyProfile(ctx context.Context, w *Write) error {
 		AgentOwnerPubkey:  p.agentOwner,
 		MetadataEventID:   id[:],
 		MetadataCreatedAt: time.Unix(w.Event.CreatedAt, 0),
+		Now:               w.SQLNow(),
 	})
 	return err
 }

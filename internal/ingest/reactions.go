@@ -64,7 +64,7 @@ func applyReaction(ctx context.Context, w *Write) error {
 	own := w.Event.IDBytes()
 	n, err := w.Q.ReactionUpsert(ctx, db.ReactionUpsertParams{
 		CommunityID: w.Tenant.ID(), EventCreatedAt: target.CreatedAt, EventID: id[:],
-		Pubkey: w.ActorBytes(), Emoji: emoji, ChannelID: target.ChannelID, ReactionEventID: own[:],
+		Pubkey: w.ActorBytes(), Emoji: emoji, ChannelID: target.ChannelID, ReactionEventID: own[:], Now: w.SQLNow(),
 	})
 	if err != nil {
 		return err

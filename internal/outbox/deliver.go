@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -30,6 +31,7 @@ type Deliverer struct {
 	client  *http.Client
 	metrics *Metrics
 	log     *slog.Logger
+	clock   clock.Clock
 }
 
 // DelivererOption adjusts a Deliverer.
@@ -46,6 +48,12 @@ func WithRootCAs(pool *x509.CertPool) DelivererOption {
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) DelivererOption {
 	return func(d *Deliverer) { d.log = l }
+}
+
+// WithClock sets the time source of the deliverer and of the worker built
+// on it (default: the wall clock).
+func WithClock(c clock.Clock) DelivererOption {
+	return func(d *Deliverer) { d.clock = c }
 }
 
 // NewDeliverer returns a deliverer for cfg's listeners that signs its NIP-98
@@ -129,7 +137,7 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 		// Another pod may route it: hand the row back without spending an
 		// attempt. (The claims' route filter makes this rare.)
 		n, err := d.q.OutboxRelease(ctx, db.OutboxReleaseParams{
-			DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID,
+			DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
 		})
 		d.fenced(c, "release", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeUnroutable).Inc()
@@ -168,7 +176,7 @@ func (d *Deliverer) request(url string, r db.OutboxClaimDueRow) (*http.Request, 
 	if err != nil {
 		return nil, err
 	}
-	auth, err := nip98Header(d.key, url, body, time.Now())
+	auth, err := nip98Header(d.key, url, body, d.clock.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +203,7 @@ func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, 
 	}
 	delay := retryDelay(c.row.Attempts)
 	n, err := d.q.OutboxRetry(ctx, db.OutboxRetryParams{
-		DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts,
+		DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts, Now: d.clock.SQL(),
 	})
 	d.fenced(c, "retry", n, err)
 	d.metrics.deliveries.WithLabelValues(outcomeRetry).Inc()

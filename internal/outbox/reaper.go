@@ -8,21 +8,36 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 )
 
-// reaperPeriods are how often each reaper runs.
-type reaperPeriods struct {
+// reaperConfig is how often each reaper runs, the clock that decides what
+// has expired, and where they log.
+type reaperConfig struct {
 	outbox        time.Duration // outbox rows past retention, expired operator auth replays
 	registrations time.Duration // registrations past their lifetime
+	clock         clock.Clock
+	log           *slog.Logger
 }
 
 // ReaperOption adjusts Reapers.
-type ReaperOption func(*reaperPeriods)
+type ReaperOption func(*reaperConfig)
 
 // WithReapPeriods overrides the periods (default 5 min and 24 h); for tests.
 func WithReapPeriods(outbox, registrations time.Duration) ReaperOption {
-	return func(p *reaperPeriods) { p.outbox, p.registrations = outbox, registrations }
+	return func(c *reaperConfig) { c.outbox, c.registrations = outbox, registrations }
+}
+
+// WithReaperClock sets the clock that decides what has expired (default:
+// the wall clock, i.e. the database's now()).
+func WithReaperClock(c clock.Clock) ReaperOption {
+	return func(rc *reaperConfig) { rc.clock = c }
+}
+
+// WithReaperLogger sets the logger (default slog.Default()).
+func WithReaperLogger(l *slog.Logger) ReaperOption {
+	return func(c *reaperConfig) { c.log = l }
 }
 
 // Reapers deletes outbox rows older than the 15-minute retention (and
@@ -30,26 +45,34 @@ func WithReapPeriods(outbox, registrations time.Duration) ReaperOption {
 // renewed for 30 days every 24 hours. Each runs once at start. Run it on
 // every pod, listeners configured or not; it returns when ctx ends.
 func Reapers(ctx context.Context, pool *pgxpool.Pool, opts ...ReaperOption) {
-	periods := reaperPeriods{outbox: outboxReapEvery, registrations: registrationReapEvery}
+	cfg := reaperConfig{outbox: outboxReapEvery, registrations: registrationReapEvery, log: slog.Default()}
 	for _, opt := range opts {
-		opt(&periods)
+		opt(&cfg)
 	}
 	q := db.New(pool)
+	logReap := func(what string, n int64, err error) {
+		switch {
+		case err != nil && ctx.Err() == nil:
+			cfg.log.Error("reaping "+what+" failed", "err", err)
+		case n > 0:
+			cfg.log.Info("reaped "+what, "rows", n)
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		every(ctx, periods.outbox, func() {
-			n, err := q.OutboxReapExpired(ctx, db.OutboxReapExpiredParams{RetentionMs: retention.Milliseconds()})
-			logReap(ctx, "operator-listener outbox rows past retention", n, err)
-			n, err = q.OperatorAuthReplaysPurge(ctx, nil)
-			logReap(ctx, "expired operator API replay claims", n, err)
+		every(ctx, cfg.outbox, func() {
+			n, err := q.OutboxReapExpired(ctx, db.OutboxReapExpiredParams{RetentionMs: retention.Milliseconds(), Now: cfg.clock.SQL()})
+			logReap("operator-listener outbox rows past retention", n, err)
+			n, err = q.OperatorAuthReplaysPurge(ctx, cfg.clock.SQL())
+			logReap("expired operator API replay claims", n, err)
 		})
 	})
 	wg.Go(func() {
-		every(ctx, periods.registrations, func() {
+		every(ctx, cfg.registrations, func() {
 			n, err := q.ListenerRegistrationsReapExpired(ctx, db.ListenerRegistrationsReapExpiredParams{
-				LifetimeMs: registrationLifetime.Milliseconds(),
+				LifetimeMs: registrationLifetime.Milliseconds(), Now: cfg.clock.SQL(),
 			})
-			logReap(ctx, "expired operator-listener registrations", n, err)
+			logReap("expired operator-listener registrations", n, err)
 		})
 	})
 	wg.Wait()
@@ -66,14 +89,5 @@ func every(ctx context.Context, period time.Duration, f func()) {
 			return
 		case <-t.C:
 		}
-	}
-}
-
-func logReap(ctx context.Context, what string, n int64, err error) {
-	switch {
-	case err != nil && ctx.Err() == nil:
-		slog.Error("reaping "+what+" failed", "err", err)
-	case n > 0:
-		slog.Info("reaped "+what, "rows", n)
 	}
 }

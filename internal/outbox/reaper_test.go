@@ -15,9 +15,9 @@ func TestReapersUseTheirExpectedIntervals(t *testing.T) {
 	require.Equal(t, 24*time.Hour, registrationReapEvery)
 	require.Equal(t, 15*time.Minute, retention)
 	require.Equal(t, 30*24*time.Hour, registrationLifetime)
-	p := reaperPeriods{outbox: outboxReapEvery, registrations: registrationReapEvery}
+	p := reaperConfig{outbox: outboxReapEvery, registrations: registrationReapEvery}
 	WithReapPeriods(time.Second, time.Minute)(&p)
-	require.Equal(t, reaperPeriods{outbox: time.Second, registrations: time.Minute}, p)
+	require.Equal(t, reaperConfig{outbox: time.Second, registrations: time.Minute}, p)
 }
 
 // seedExpiring adds, per table, one row just past its limit and one just

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -39,9 +40,14 @@ type NIP98Verifier func(r *http.Request, body []byte, expectedURL string) (*nost
 // RegistrationHandler serves POST (register) and DELETE (remove) of
 // {"pubkeys": [<64-hex>, ...]} for the signing listener. origin is
 // Config.APIOrigin; routes are the configured listeners, the only keys
-// allowed to register.
-func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier) http.Handler {
+// allowed to register. now (at most one; default the wall clock) dates the
+// registrations.
+func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier, now ...clock.Clock) http.Handler {
 	q := db.New(pool)
+	var registeredAt clock.Clock
+	if len(now) > 0 {
+		registeredAt = now[0]
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost && r.Method != http.MethodDelete {
 			w.Header().Set("Allow", "POST, DELETE")
@@ -85,7 +91,7 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 		}
 		listener, _ := hex.DecodeString(signer)
 		if r.Method == http.MethodPost {
-			_, err = q.ListenerRegistrationsUpsert(r.Context(), db.ListenerRegistrationsUpsertParams{Listener: listener, Targets: targets})
+			_, err = q.ListenerRegistrationsUpsert(r.Context(), db.ListenerRegistrationsUpsertParams{Listener: listener, Targets: targets, Now: registeredAt.SQL()})
 		} else {
 			_, err = q.ListenerRegistrationsDelete(r.Context(), db.ListenerRegistrationsDeleteParams{Listener: listener, Targets: targets})
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 )
 
@@ -34,6 +35,7 @@ type pgClaimer struct {
 	q        *db.Queries
 	routable [][]byte
 	lease    time.Duration
+	clock    clock.Clock
 }
 
 func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
@@ -45,6 +47,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 		RetentionMs: retention.Milliseconds(),
 		Routable:    c.routable,
 		MaxRows:     int32(limit),
+		Now:         c.clock.SQL(),
 	})
 	out := make([]claim, len(rows))
 	for i, r := range rows {
@@ -63,6 +66,7 @@ func (c pgClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, err
 		Routable:    c.routable,
 		Ids:         ids,
 		MaxRows:     int32(len(ids)),
+		Now:         c.clock.SQL(),
 	})
 	out := make([]claim, len(rows))
 	for i, r := range rows {
@@ -71,8 +75,8 @@ func (c pgClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, err
 	return out, err
 }
 
-// clock is the loop's time source; tests drive a manual one.
-type clock interface {
+// timerClock makes the loop's poll timers; tests drive a manual one.
+type timerClock interface {
 	NewTimer(d time.Duration) timer
 }
 
@@ -101,7 +105,7 @@ func (t realTimer) Stop()                 { t.t.Stop() }
 type loop struct {
 	claims  claimer
 	deliver func(ctx context.Context, c claim)
-	clock   clock
+	clock   timerClock
 	handoff <-chan uuid.UUID
 	log     *slog.Logger
 }
@@ -215,9 +219,9 @@ func WithLease(d time.Duration) WorkerOption {
 }
 
 // NewWorker returns a worker that claims rows for the listeners in routes
-// and delivers them through d.
+// and delivers them through d, telling time by d's clock.
 func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOption) *Worker {
-	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease}
+	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock}
 	for _, opt := range opts {
 		opt(&claims)
 	}

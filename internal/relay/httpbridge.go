@@ -136,7 +136,7 @@ func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant
 		return "", nil, false
 	}
 	if b.purger.due(tenant.ID(), s.now()) {
-		if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID()}); err != nil {
+		if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
 			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
 		}
 	}

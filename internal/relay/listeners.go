@@ -44,7 +44,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	if err != nil {
 		return err
 	}
-	api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth)
+	api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth, s.clock)
 	s.operatorAPI.Store(&api)
 	if len(cfg.Listeners) == 0 {
 		s.log.Info("operator-listener mention delivery disabled by BUZZ_OPERATOR_LISTENERS")
@@ -53,12 +53,18 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	if cfg.APIOrigin == "" {
 		s.log.Error("RELAY_OPERATOR_API_ORIGIN is not set: listener registration answers 500 until it is")
 	}
-	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log)}, opts...)...)
+	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log), outbox.WithClock(s.clock)}, opts...)...)
 	w := outbox.NewWorker(s.pool, cfg.Listeners, d)
 	s.outboxWorker.Store(w)
 	go w.Run(ctx)
 	s.log.Info("operator-listener mention delivery worker started", "listeners", len(cfg.Listeners))
 	return nil
+}
+
+// RunReapers runs the outbox and registration reapers (outbox.Reapers) on
+// the relay's clock and logger until ctx ends. Run it on every pod.
+func (s *Server) RunReapers(ctx context.Context) {
+	outbox.Reapers(ctx, s.pool, outbox.WithReaperClock(s.clock), outbox.WithReaperLogger(s.log))
 }
 
 // serveOperatorListeners is POST/DELETE /operator/listener/pubkeys. It is

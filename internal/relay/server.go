@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/buzzrelay/buzz/internal/access"
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
@@ -54,7 +55,8 @@ type Server struct {
 	metrics  *Metrics
 	log      *slog.Logger
 	limits   nostr.Limits
-	now      func() time.Time
+	clock    clock.Clock      // the one time source, handed to every service
+	now      func() time.Time // clock.Now
 
 	// Tracer observes reads for conformance runs; NoopTracer in production,
 	// which also skips building trace-only inputs. Set it before serving.
@@ -68,8 +70,25 @@ type Server struct {
 	closing bool
 }
 
+// Option adjusts a Server.
+type Option func(*options)
+
+type options struct {
+	clock clock.Clock
+}
+
+// WithClock makes the relay and every service it builds tell time by c
+// (default: the wall clock). Tests use it to drive deadlines and cutoffs.
+func WithClock(c clock.Clock) Option {
+	return func(o *options) { o.clock = c }
+}
+
 // New builds a relay over a migrated database.
-func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
+func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option) *Server {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	hub := fanout.NewHub()
 	s := &Server{
 		cfg:      cfg,
@@ -78,10 +97,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		store:    eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
 		hub:      hub,
-		access:   access.NewCache(db.New(pool), accessTTL, time.Now),
+		access:   access.NewCache(db.New(pool), accessTTL, o.clock.Now),
 		metrics:  NewMetrics(),
 		log:      log,
-		now:      time.Now,
+		clock:    o.clock,
+		now:      o.clock.Now,
 		Tracer:   trace.NoopTracer{},
 		conns:    map[*conn]struct{}{},
 		limits: nostr.Limits{
@@ -93,6 +113,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
 	}
+	s.pipeline.SetClock(s.clock)
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	hub.SetChannelReaders(s.access.MayRead)
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
