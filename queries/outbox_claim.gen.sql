@@ -7,7 +7,8 @@
 -- fast path, this pod's poll or another pod's poll, never by two of them.
 -- Both the poll and the by-id claim only take rows this pod can route: a
 -- pod that cannot route a listener leaves its rows due for a pod that can,
--- instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
+-- instead of claiming and releasing them for 30 s. A row no pod routes ages
+-- out at the 15-minute retention.
 -- Returns the attempt number now starting (1-based).
 WITH candidates AS (
     SELECT o.id, o.community_id
@@ -40,7 +41,8 @@ RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
 -- fast path, this pod's poll or another pod's poll, never by two of them.
 -- Both the poll and the by-id claim only take rows this pod can route: a
 -- pod that cannot route a listener leaves its rows due for a pod that can,
--- instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
+-- instead of claiming and releasing them for 30 s. A row no pod routes ages
+-- out at the 15-minute retention.
 -- Returns the attempt number now starting (1-based).
 WITH candidates AS (
     SELECT o.id, o.community_id

@@ -68,7 +68,8 @@ type OutboxClaimByIDRow struct {
 // fast path, this pod's poll or another pod's poll, never by two of them.
 // Both the poll and the by-id claim only take rows this pod can route: a
 // pod that cannot route a listener leaves its rows due for a pod that can,
-// instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
+// instead of claiming and releasing them for 30 s. A row no pod routes ages
+// out at the 15-minute retention.
 // Returns the attempt number now starting (1-based).
 func (q *Queries) OutboxClaimByID(ctx context.Context, arg OutboxClaimByIDParams) ([]OutboxClaimByIDRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaimByID,
@@ -165,7 +166,8 @@ type OutboxClaimDueRow struct {
 // fast path, this pod's poll or another pod's poll, never by two of them.
 // Both the poll and the by-id claim only take rows this pod can route: a
 // pod that cannot route a listener leaves its rows due for a pod that can,
-// instead of claiming and releasing them for 30 s. A row no pod routes ages out at the 15-minute retention.
+// instead of claiming and releasing them for 30 s. A row no pod routes ages
+// out at the 15-minute retention.
 // Returns the attempt number now starting (1-based).
 func (q *Queries) OutboxClaimDue(ctx context.Context, arg OutboxClaimDueParams) ([]OutboxClaimDueRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaimDue,
