@@ -5,7 +5,7 @@ SHELL := bash
 
 GO ?= go
 # Wraps a command in one private PostgreSQL cluster shared by every test package.
-WITH_PG := $(GO) run ./internal/pgcluster/withcluster --
+WITH_PG := $(GO) run ./internal/dbtest/withcluster --
 GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 
 .PHONY: help run test generate verify lint bench build interop-deps

@@ -3,7 +3,7 @@
 // database per test that asks for isolation (dropped when the test ends).
 //
 // `make test` starts the cluster once for every test package (see
-// internal/pgcluster/withcluster) and passes its admin URL in
+// internal/dbtest/withcluster) and passes its admin URL in
 // BUZZ_TEST_PG_URL. A package run on its own by `go test` starts its own
 // cluster from Main instead. Either way no database test ever skips.
 package dbtest

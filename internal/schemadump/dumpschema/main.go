@@ -1,6 +1,6 @@
 // Command dumpschema prints sql/schema.sql's content. It needs the test
 // cluster's admin URL in BUZZ_TEST_PG_URL, so run it under
-// internal/pgcluster/withcluster (make generate does).
+// internal/dbtest/withcluster (make generate does).
 package main
 
 import (
@@ -15,7 +15,7 @@ import (
 func main() {
 	adminURL := os.Getenv(dbtest.AdminURLEnv)
 	if adminURL == "" {
-		fmt.Fprintf(os.Stderr, "dumpschema: %s is not set; run under internal/pgcluster/withcluster\n", dbtest.AdminURLEnv)
+		fmt.Fprintf(os.Stderr, "dumpschema: %s is not set; run under internal/dbtest/withcluster\n", dbtest.AdminURLEnv)
 		os.Exit(1)
 	}
 	dump, err := schemadump.Dump(context.Background(), adminURL)

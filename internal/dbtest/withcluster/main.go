@@ -2,7 +2,7 @@
 // with its admin URL in BUZZ_TEST_PG_URL, then stops the cluster. `make test`
 // wraps `go test ./...` in it so every test package shares one cluster.
 //
-//	go run ./internal/pgcluster/withcluster -- go test ./...
+//	go run ./internal/dbtest/withcluster -- go test ./...
 package main
 
 import (
