@@ -46,34 +46,6 @@ LEFT JOIN channel_members m
 WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL
 GROUP BY c.visibility;
 
--- name: ChannelMemberUpsert :exec
--- Adds or re-adds a member (clearing a soft removal). An active member keeps
--- its role unless a role is given.
-INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
-VALUES (@community_id::uuid, @channel_id::uuid, @pubkey::bytea,
-        coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea)
-ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
-SET role = CASE
-        WHEN sqlc.narg('role')::member_role IS NOT NULL THEN sqlc.narg('role')::member_role
-        WHEN channel_members.removed_at IS NOT NULL THEN 'member'
-        ELSE channel_members.role
-    END,
-    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce(sqlc.narg('now')::timestamptz, now()) ELSE channel_members.joined_at END,
-    invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
-    removed_at = NULL,
-    removed_by = NULL;
-
--- name: ChannelMemberRemove :execrows
-UPDATE channel_members
-SET removed_at = coalesce(sqlc.narg('now')::timestamptz, now()), removed_by = @removed_by::bytea
-WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
-  AND pubkey = @pubkey::bytea AND removed_at IS NULL;
-
--- name: ChannelMembersActive :many
-SELECT pubkey, role FROM channel_members
-WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
-ORDER BY joined_at, pubkey;
-
 -- name: ChannelUpdateMetadata :exec
 UPDATE channels
 SET name = coalesce(sqlc.narg('name')::text, name),
@@ -86,33 +58,7 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid;
 UPDATE channels SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now()), updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL;
 
--- name: EventsDeleteInChannel :execrows
--- NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
-UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
-WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
-  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
-
--- name: UserChannelAddPolicy :one
-SELECT channel_add_policy, agent_owner_pubkey FROM users
-WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea;
-
--- name: CommunitySigningKeyEnsure :one
--- The community's relay key, created once: concurrent first callers agree on
--- the key that won.
-UPDATE communities SET signing_key = coalesce(signing_key, @candidate::bytea)
-WHERE id = @id::uuid
-RETURNING signing_key;
-
--- name: EventNextCreatedAt :one
--- Relay-signed addressable events must strictly advance their slot's
--- created_at even when two changes land in the same second; otherwise the
--- lowest-id tie rule could keep the older state.
-SELECT greatest(extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()))::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;
-
--- name: CommunitiesOfChannels :many
+-- name: ChannelCommunities :many
 -- Deliberately tenant-independent: reports each live channel's true
 -- owning community for the tracer's non-interference check. Served by
 -- idx_channels_id_live. Unknown ids are simply absent.

@@ -45,3 +45,10 @@ UPDATE communities
 SET archived_at = NULL
 WHERE lower(host) = lower(@host::text)
 RETURNING *;
+
+-- name: CommunitySigningKeyEnsure :one
+-- The community's relay key, created once: concurrent first callers agree on
+-- the key that won.
+UPDATE communities SET signing_key = coalesce(signing_key, @candidate::bytea)
+WHERE id = @id::uuid
+RETURNING signing_key;

@@ -41,3 +41,24 @@ WHERE community_id = @community_id::uuid
   AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text
   AND created_at <= to_timestamp(@until::bigint)
   AND deleted_at IS NULL;
+
+-- name: EventsDeleteInChannel :execrows
+-- NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
+
+-- name: EventNextCreatedAt :one
+-- Relay-signed addressable events must strictly advance their slot's
+-- created_at even when two changes land in the same second; otherwise the
+-- lowest-id tie rule could keep the older state.
+SELECT greatest(extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()))::bigint,
+                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
+FROM events
+WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;
+
+-- name: EventReactionTarget :one
+-- The event a reaction names: stored in this community and not deleted.
+SELECT created_at, channel_id FROM events
+WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
+LIMIT 1;

@@ -1,12 +1,6 @@
 -- NIP-25 reactions: one active row per (target, reactor, emoji). The channel
 -- comes from the target event, never from the client.
 
--- name: ReactionTarget :one
--- The event a reaction names: stored in this community and not deleted.
-SELECT created_at, channel_id FROM events
-WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
-LIMIT 1;
-
 -- name: ReactionUpsert :execrows
 -- Zero rows: the reactor already has this reaction active on the target (the
 -- caller rolls back). A removed reaction is brought back by the new event.

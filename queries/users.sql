@@ -28,3 +28,7 @@ SET display_name = EXCLUDED.display_name,
 WHERE users.metadata_created_at IS NULL
    OR users.metadata_created_at < EXCLUDED.metadata_created_at
    OR (users.metadata_created_at = EXCLUDED.metadata_created_at AND users.metadata_event_id > EXCLUDED.metadata_event_id);
+
+-- name: UserChannelAddPolicy :one
+SELECT channel_add_policy, agent_owner_pubkey FROM users
+WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea;

@@ -42,6 +42,38 @@ func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (C
 	return i, err
 }
 
+const channelCommunities = `-- name: ChannelCommunities :many
+SELECT id, community_id FROM channels WHERE id = ANY($1::uuid[]) AND deleted_at IS NULL
+`
+
+type ChannelCommunitiesRow struct {
+	ID          uuid.UUID
+	CommunityID uuid.UUID
+}
+
+// Deliberately tenant-independent: reports each live channel's true
+// owning community for the tracer's non-interference check. Served by
+// idx_channels_id_live. Unknown ids are simply absent.
+func (q *Queries) ChannelCommunities(ctx context.Context, ids []uuid.UUID) ([]ChannelCommunitiesRow, error) {
+	rows, err := q.db.Query(ctx, channelCommunities, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ChannelCommunitiesRow
+	for rows.Next() {
+		var i ChannelCommunitiesRow
+		if err := rows.Scan(&i.ID, &i.CommunityID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const channelCreate = `-- name: ChannelCreate :execrows
 INSERT INTO channels (community_id, id, name, visibility, description, created_by)
 VALUES ($1::uuid, $2::uuid, $3::text, $4::channel_visibility, $5::text, $6::bytea)
@@ -103,110 +135,6 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 		&i.DeletedAt,
 	)
 	return i, err
-}
-
-const channelMemberRemove = `-- name: ChannelMemberRemove :execrows
-UPDATE channel_members
-SET removed_at = coalesce($1::timestamptz, now()), removed_by = $2::bytea
-WHERE community_id = $3::uuid AND channel_id = $4::uuid
-  AND pubkey = $5::bytea AND removed_at IS NULL
-`
-
-type ChannelMemberRemoveParams struct {
-	Now         *time.Time
-	RemovedBy   []byte
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-	Pubkey      []byte
-}
-
-func (q *Queries) ChannelMemberRemove(ctx context.Context, arg ChannelMemberRemoveParams) (int64, error) {
-	result, err := q.db.Exec(ctx, channelMemberRemove,
-		arg.Now,
-		arg.RemovedBy,
-		arg.CommunityID,
-		arg.ChannelID,
-		arg.Pubkey,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const channelMemberUpsert = `-- name: ChannelMemberUpsert :exec
-INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
-VALUES ($1::uuid, $2::uuid, $3::bytea,
-        coalesce($4::member_role, 'member'), $5::bytea)
-ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
-SET role = CASE
-        WHEN $4::member_role IS NOT NULL THEN $4::member_role
-        WHEN channel_members.removed_at IS NOT NULL THEN 'member'
-        ELSE channel_members.role
-    END,
-    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce($6::timestamptz, now()) ELSE channel_members.joined_at END,
-    invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
-    removed_at = NULL,
-    removed_by = NULL
-`
-
-type ChannelMemberUpsertParams struct {
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-	Pubkey      []byte
-	Role        *MemberRole
-	InvitedBy   []byte
-	Now         *time.Time
-}
-
-// Adds or re-adds a member (clearing a soft removal). An active member keeps
-// its role unless a role is given.
-func (q *Queries) ChannelMemberUpsert(ctx context.Context, arg ChannelMemberUpsertParams) error {
-	_, err := q.db.Exec(ctx, channelMemberUpsert,
-		arg.CommunityID,
-		arg.ChannelID,
-		arg.Pubkey,
-		arg.Role,
-		arg.InvitedBy,
-		arg.Now,
-	)
-	return err
-}
-
-const channelMembersActive = `-- name: ChannelMembersActive :many
-SELECT pubkey, role FROM channel_members
-WHERE community_id = $1::uuid AND channel_id = $2::uuid AND removed_at IS NULL
-ORDER BY joined_at, pubkey
-`
-
-type ChannelMembersActiveParams struct {
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-}
-
-type ChannelMembersActiveRow struct {
-	Pubkey []byte
-	Role   MemberRole
-}
-
-func (q *Queries) ChannelMembersActive(ctx context.Context, arg ChannelMembersActiveParams) ([]ChannelMembersActiveRow, error) {
-	rows, err := q.db.Query(ctx, channelMembersActive, arg.CommunityID, arg.ChannelID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []ChannelMembersActiveRow
-	for rows.Next() {
-		var i ChannelMembersActiveRow
-		if err := rows.Scan(&i.Pubkey, &i.Role); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const channelReaders = `-- name: ChannelReaders :one
@@ -322,136 +250,4 @@ func (q *Queries) ChannelsReadable(ctx context.Context, arg ChannelsReadablePara
 		return nil, err
 	}
 	return items, nil
-}
-
-const communitiesOfChannels = `-- name: CommunitiesOfChannels :many
-SELECT id, community_id FROM channels WHERE id = ANY($1::uuid[]) AND deleted_at IS NULL
-`
-
-type CommunitiesOfChannelsRow struct {
-	ID          uuid.UUID
-	CommunityID uuid.UUID
-}
-
-// Deliberately tenant-independent: reports each live channel's true
-// owning community for the tracer's non-interference check. Served by
-// idx_channels_id_live. Unknown ids are simply absent.
-func (q *Queries) CommunitiesOfChannels(ctx context.Context, ids []uuid.UUID) ([]CommunitiesOfChannelsRow, error) {
-	rows, err := q.db.Query(ctx, communitiesOfChannels, ids)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []CommunitiesOfChannelsRow
-	for rows.Next() {
-		var i CommunitiesOfChannelsRow
-		if err := rows.Scan(&i.ID, &i.CommunityID); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const communitySigningKeyEnsure = `-- name: CommunitySigningKeyEnsure :one
-UPDATE communities SET signing_key = coalesce(signing_key, $1::bytea)
-WHERE id = $2::uuid
-RETURNING signing_key
-`
-
-type CommunitySigningKeyEnsureParams struct {
-	Candidate []byte
-	ID        uuid.UUID
-}
-
-// The community's relay key, created once: concurrent first callers agree on
-// the key that won.
-func (q *Queries) CommunitySigningKeyEnsure(ctx context.Context, arg CommunitySigningKeyEnsureParams) ([]byte, error) {
-	row := q.db.QueryRow(ctx, communitySigningKeyEnsure, arg.Candidate, arg.ID)
-	var signing_key []byte
-	err := row.Scan(&signing_key)
-	return signing_key, err
-}
-
-const eventNextCreatedAt = `-- name: EventNextCreatedAt :one
-SELECT greatest(extract(epoch FROM coalesce($1::timestamptz, now()))::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = $2::uuid AND pubkey = $3::bytea AND kind = $4::int AND d_tag = $5::text
-`
-
-type EventNextCreatedAtParams struct {
-	Now         *time.Time
-	CommunityID uuid.UUID
-	Pubkey      []byte
-	Kind        int32
-	DTag        string
-}
-
-// Relay-signed addressable events must strictly advance their slot's
-// created_at even when two changes land in the same second; otherwise the
-// lowest-id tie rule could keep the older state.
-func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAtParams) (int64, error) {
-	row := q.db.QueryRow(ctx, eventNextCreatedAt,
-		arg.Now,
-		arg.CommunityID,
-		arg.Pubkey,
-		arg.Kind,
-		arg.DTag,
-	)
-	var column_1 int64
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
-const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
-UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
-WHERE community_id = $2::uuid AND channel_id = $3::uuid
-  AND id = ANY($4::bytea[]) AND deleted_at IS NULL
-`
-
-type EventsDeleteInChannelParams struct {
-	Now         *time.Time
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-	Ids         [][]byte
-}
-
-// NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
-func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
-	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
-		arg.Now,
-		arg.CommunityID,
-		arg.ChannelID,
-		arg.Ids,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const userChannelAddPolicy = `-- name: UserChannelAddPolicy :one
-SELECT channel_add_policy, agent_owner_pubkey FROM users
-WHERE community_id = $1::uuid AND pubkey = $2::bytea
-`
-
-type UserChannelAddPolicyParams struct {
-	CommunityID uuid.UUID
-	Pubkey      []byte
-}
-
-type UserChannelAddPolicyRow struct {
-	ChannelAddPolicy ChannelAddPolicy
-	AgentOwnerPubkey []byte
-}
-
-func (q *Queries) UserChannelAddPolicy(ctx context.Context, arg UserChannelAddPolicyParams) (UserChannelAddPolicyRow, error) {
-	row := q.db.QueryRow(ctx, userChannelAddPolicy, arg.CommunityID, arg.Pubkey)
-	var i UserChannelAddPolicyRow
-	err := row.Scan(&i.ChannelAddPolicy, &i.AgentOwnerPubkey)
-	return i, err
 }

@@ -178,6 +178,26 @@ func (q *Queries) CommunityResolveServing(ctx context.Context, host string) (Com
 	return i, err
 }
 
+const communitySigningKeyEnsure = `-- name: CommunitySigningKeyEnsure :one
+UPDATE communities SET signing_key = coalesce(signing_key, $1::bytea)
+WHERE id = $2::uuid
+RETURNING signing_key
+`
+
+type CommunitySigningKeyEnsureParams struct {
+	Candidate []byte
+	ID        uuid.UUID
+}
+
+// The community's relay key, created once: concurrent first callers agree on
+// the key that won.
+func (q *Queries) CommunitySigningKeyEnsure(ctx context.Context, arg CommunitySigningKeyEnsureParams) ([]byte, error) {
+	row := q.db.QueryRow(ctx, communitySigningKeyEnsure, arg.Candidate, arg.ID)
+	var signing_key []byte
+	err := row.Scan(&signing_key)
+	return signing_key, err
+}
+
 const communityUnarchive = `-- name: CommunityUnarchive :one
 UPDATE communities
 SET archived_at = NULL

@@ -75,6 +75,61 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 	return result.RowsAffected(), nil
 }
 
+const eventNextCreatedAt = `-- name: EventNextCreatedAt :one
+SELECT greatest(extract(epoch FROM coalesce($1::timestamptz, now()))::bigint,
+                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
+FROM events
+WHERE community_id = $2::uuid AND pubkey = $3::bytea AND kind = $4::int AND d_tag = $5::text
+`
+
+type EventNextCreatedAtParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	Pubkey      []byte
+	Kind        int32
+	DTag        string
+}
+
+// Relay-signed addressable events must strictly advance their slot's
+// created_at even when two changes land in the same second; otherwise the
+// lowest-id tie rule could keep the older state.
+func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAtParams) (int64, error) {
+	row := q.db.QueryRow(ctx, eventNextCreatedAt,
+		arg.Now,
+		arg.CommunityID,
+		arg.Pubkey,
+		arg.Kind,
+		arg.DTag,
+	)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const eventReactionTarget = `-- name: EventReactionTarget :one
+SELECT created_at, channel_id FROM events
+WHERE community_id = $1::uuid AND id = $2::bytea AND deleted_at IS NULL
+LIMIT 1
+`
+
+type EventReactionTargetParams struct {
+	CommunityID uuid.UUID
+	ID          []byte
+}
+
+type EventReactionTargetRow struct {
+	CreatedAt time.Time
+	ChannelID *uuid.UUID
+}
+
+// The event a reaction names: stored in this community and not deleted.
+func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTargetParams) (EventReactionTargetRow, error) {
+	row := q.db.QueryRow(ctx, eventReactionTarget, arg.CommunityID, arg.ID)
+	var i EventReactionTargetRow
+	err := row.Scan(&i.CreatedAt, &i.ChannelID)
+	return i, err
+}
+
 const eventSlotLock = `-- name: EventSlotLock :exec
 SELECT events_lock_slot($1::uuid, $2::bytea, $3::int, $4::text)
 `
@@ -160,6 +215,33 @@ func (q *Queries) EventsDeleteByIDs(ctx context.Context, arg EventsDeleteByIDsPa
 		arg.CommunityID,
 		arg.Ids,
 		arg.Author,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
+UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
+WHERE community_id = $2::uuid AND channel_id = $3::uuid
+  AND id = ANY($4::bytea[]) AND deleted_at IS NULL
+`
+
+type EventsDeleteInChannelParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Ids         [][]byte
+}
+
+// NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
+	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
+		arg.Now,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.Ids,
 	)
 	if err != nil {
 		return 0, err

@@ -12,34 +12,8 @@ import (
 	"github.com/google/uuid"
 )
 
-const reactionTarget = `-- name: ReactionTarget :one
-
-SELECT created_at, channel_id FROM events
-WHERE community_id = $1::uuid AND id = $2::bytea AND deleted_at IS NULL
-LIMIT 1
-`
-
-type ReactionTargetParams struct {
-	CommunityID uuid.UUID
-	ID          []byte
-}
-
-type ReactionTargetRow struct {
-	CreatedAt time.Time
-	ChannelID *uuid.UUID
-}
-
-// NIP-25 reactions: one active row per (target, reactor, emoji). The channel
-// comes from the target event, never from the client.
-// The event a reaction names: stored in this community and not deleted.
-func (q *Queries) ReactionTarget(ctx context.Context, arg ReactionTargetParams) (ReactionTargetRow, error) {
-	row := q.db.QueryRow(ctx, reactionTarget, arg.CommunityID, arg.ID)
-	var i ReactionTargetRow
-	err := row.Scan(&i.CreatedAt, &i.ChannelID)
-	return i, err
-}
-
 const reactionUpsert = `-- name: ReactionUpsert :execrows
+
 INSERT INTO reactions (community_id, event_created_at, event_id, pubkey, emoji, channel_id, reaction_event_id)
 VALUES ($1::uuid, $2::timestamptz, $3::bytea, $4::bytea,
         $5::text, $6::uuid, $7::bytea)
@@ -61,6 +35,8 @@ type ReactionUpsertParams struct {
 	Now             *time.Time
 }
 
+// NIP-25 reactions: one active row per (target, reactor, emoji). The channel
+// comes from the target event, never from the client.
 // Zero rows: the reactor already has this reaction active on the target (the
 // caller rolls back). A removed reaction is brought back by the new event.
 func (q *Queries) ReactionUpsert(ctx context.Context, arg ReactionUpsertParams) (int64, error) {

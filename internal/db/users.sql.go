@@ -12,6 +12,28 @@ import (
 	"github.com/google/uuid"
 )
 
+const userChannelAddPolicy = `-- name: UserChannelAddPolicy :one
+SELECT channel_add_policy, agent_owner_pubkey FROM users
+WHERE community_id = $1::uuid AND pubkey = $2::bytea
+`
+
+type UserChannelAddPolicyParams struct {
+	CommunityID uuid.UUID
+	Pubkey      []byte
+}
+
+type UserChannelAddPolicyRow struct {
+	ChannelAddPolicy ChannelAddPolicy
+	AgentOwnerPubkey []byte
+}
+
+func (q *Queries) UserChannelAddPolicy(ctx context.Context, arg UserChannelAddPolicyParams) (UserChannelAddPolicyRow, error) {
+	row := q.db.QueryRow(ctx, userChannelAddPolicy, arg.CommunityID, arg.Pubkey)
+	var i UserChannelAddPolicyRow
+	err := row.Scan(&i.ChannelAddPolicy, &i.AgentOwnerPubkey)
+	return i, err
+}
+
 const userProfileSync = `-- name: UserProfileSync :execrows
 INSERT INTO users (
     community_id, pubkey, display_name, about, avatar_url, nip05_handle,

@@ -43,7 +43,7 @@ func validateReaction(ev *nostr.Event) error {
 // reactor must be allowed to write.
 func prepareReaction(ctx context.Context, w *Write) error {
 	id, _ := reactionTarget(w.Event)
-	target, err := w.Q.ReactionTarget(ctx, db.ReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:]})
+	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:]})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Reject("invalid", "reaction target event not found")
 	}
@@ -59,7 +59,7 @@ func prepareReaction(ctx context.Context, w *Write) error {
 
 func applyReaction(ctx context.Context, w *Write) error {
 	id, _ := reactionTarget(w.Event)
-	target := w.state.(*db.ReactionTargetRow)
+	target := w.state.(*db.EventReactionTargetRow)
 	emoji, _ := ReactionEmoji(w.Event.Content, w.Event.Tags)
 	own := w.Event.IDBytes()
 	n, err := w.Q.ReactionUpsert(ctx, db.ReactionUpsertParams{

@@ -61,7 +61,7 @@ func (c *conn) traceRead(ctx context.Context, st trace.AbstractState, filters no
 	}
 	lookup := map[uuid.UUID]uuid.UUID{}
 	if len(ids) > 0 {
-		rows, err := c.srv.queries.CommunitiesOfChannels(ctx, ids)
+		rows, err := c.srv.queries.ChannelCommunities(ctx, ids)
 		if err != nil {
 			return err
 		}

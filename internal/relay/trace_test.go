@@ -20,7 +20,7 @@ import (
 type lookupCounter struct{ n atomic.Int64 }
 
 func (l *lookupCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "name: CommunitiesOfChannels") {
+	if strings.Contains(data.SQL, "name: ChannelCommunities") {
 		l.n.Add(1)
 	}
 	return ctx

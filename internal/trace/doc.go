@@ -20,7 +20,7 @@
 // non-nil request state:
 //
 //	if st != nil && tracer.Enabled() {
-//		lookup, err := db.CommunitiesOfChannels(ctx, ids) // trace-only read
+//		lookup, err := db.ChannelCommunities(ctx, ids) // trace-only read
 //		...
 //		trace.RecordReadMessageRows(tracer, *st, filterChannel, rowChannels, resolved, lookup)
 //	}

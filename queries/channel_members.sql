@@ -1,0 +1,27 @@
+-- name: ChannelMemberUpsert :exec
+-- Adds or re-adds a member (clearing a soft removal). An active member keeps
+-- its role unless a role is given.
+INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
+VALUES (@community_id::uuid, @channel_id::uuid, @pubkey::bytea,
+        coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea)
+ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
+SET role = CASE
+        WHEN sqlc.narg('role')::member_role IS NOT NULL THEN sqlc.narg('role')::member_role
+        WHEN channel_members.removed_at IS NOT NULL THEN 'member'
+        ELSE channel_members.role
+    END,
+    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce(sqlc.narg('now')::timestamptz, now()) ELSE channel_members.joined_at END,
+    invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
+    removed_at = NULL,
+    removed_by = NULL;
+
+-- name: ChannelMemberRemove :execrows
+UPDATE channel_members
+SET removed_at = coalesce(sqlc.narg('now')::timestamptz, now()), removed_by = @removed_by::bytea
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+  AND pubkey = @pubkey::bytea AND removed_at IS NULL;
+
+-- name: ChannelMembersActive :many
+SELECT pubkey, role FROM channel_members
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
+ORDER BY joined_at, pubkey;
