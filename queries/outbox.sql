@@ -7,9 +7,11 @@
 -- Returns at most keep new ids (the hand-off capacity) and the total
 -- inserted, so a large fan-out never builds an unbounded list in the relay.
 WITH inserted AS (
-    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at)
+    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
+                                          created_at, next_attempt_at)
     SELECT r.listener_pubkey, r.target_pubkey, @community_id::uuid, @event_id::bytea, @event_kind::int,
-           to_timestamp(@event_created_at::bigint)
+           to_timestamp(@event_created_at::bigint),
+           coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now())
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY(@targets::bytea[])
     ON CONFLICT DO NOTHING

@@ -81,11 +81,13 @@ func (q *Queries) OutboxComplete(ctx context.Context, arg OutboxCompleteParams) 
 const outboxEnqueueMentions = `-- name: OutboxEnqueueMentions :one
 
 WITH inserted AS (
-    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at)
+    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
+                                          created_at, next_attempt_at)
     SELECT r.listener_pubkey, r.target_pubkey, $2::uuid, $3::bytea, $4::int,
-           to_timestamp($5::bigint)
+           to_timestamp($5::bigint),
+           coalesce($6::timestamptz, now()), coalesce($6::timestamptz, now())
     FROM operator_listener_pubkeys r
-    WHERE r.target_pubkey = ANY($6::bytea[])
+    WHERE r.target_pubkey = ANY($7::bytea[])
     ON CONFLICT DO NOTHING
     RETURNING id
 )
@@ -100,6 +102,7 @@ type OutboxEnqueueMentionsParams struct {
 	EventID        []byte
 	EventKind      int32
 	EventCreatedAt int64
+	Now            *time.Time
 	Targets        [][]byte
 }
 
@@ -121,6 +124,7 @@ func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMe
 		arg.EventID,
 		arg.EventKind,
 		arg.EventCreatedAt,
+		arg.Now,
 		arg.Targets,
 	)
 	var i OutboxEnqueueMentionsRow

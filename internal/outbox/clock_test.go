@@ -69,3 +69,27 @@ func TestReapersCutOffByTheInjectedClockAndLogThroughTheInjectedLogger(t *testin
 		return bytes.Contains([]byte(logs.String()), []byte("reaped expired operator-listener registrations"))
 	}, waitLong, 10*time.Millisecond)
 }
+
+// Enqueued rows are dated by the injected clock: their retention and first
+// due time start then. Mutation killed: OutboxEnqueueMentions leaving
+// created_at and next_attempt_at to the column defaults (the database's
+// now()).
+func TestEnqueueDatesRowsByTheInjectedClock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	past := time.Now().Add(-retention - time.Minute).Truncate(time.Microsecond)
+	ev := message(t, 9, target)
+	kept, _, err := Enqueue(context.Background(), f.q, f.community, ev, clock.Stub(func() time.Time { return past }))
+	require.NoError(t, err)
+	require.Len(t, kept, 1)
+	var created, due time.Time
+	require.NoError(t, f.pool.QueryRow(context.Background(),
+		`SELECT created_at, next_attempt_at FROM operator_listener_outbox WHERE id = $1`, kept[0]).Scan(&created, &due))
+	require.True(t, past.Equal(created), "created_at %v, want %v", created, past)
+	require.True(t, past.Equal(due), "next_attempt_at %v, want %v", due, past)
+	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(context.Background(), 10)
+	require.NoError(t, err)
+	require.Empty(t, claims, "a row dated past the retention is never claimed")
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -69,7 +70,9 @@ func mentionTargets(ev *nostr.Event) [][]byte {
 // returns at most 10 of the new row ids, the ones to Offer to the local
 // Worker after a successful commit, and how many rows were inserted in all.
 // Events that are not messages, or mention nobody, cost no query.
-func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event) (kept []uuid.UUID, inserted int64, err error) {
+// now (at most one; default the wall clock) dates the rows: their retention
+// and first due time start then.
+func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event, now ...clock.Clock) (kept []uuid.UUID, inserted int64, err error) {
 	if !isMessageKind(ev.Kind) {
 		return nil, 0, nil
 	}
@@ -78,14 +81,18 @@ func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nost
 		return nil, 0, nil
 	}
 	id := ev.IDBytes()
-	row, err := q.OutboxEnqueueMentions(ctx, db.OutboxEnqueueMentionsParams{
+	params := db.OutboxEnqueueMentionsParams{
 		Keep:           handoffCapacity,
 		CommunityID:    communityID,
 		EventID:        id[:],
 		EventKind:      int32(ev.Kind),
 		EventCreatedAt: ev.CreatedAt,
 		Targets:        targets,
-	})
+	}
+	if len(now) > 0 {
+		params.Now = now[0].SQL()
+	}
+	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {
 		return nil, 0, err
 	}
