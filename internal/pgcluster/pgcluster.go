@@ -44,6 +44,7 @@ type Cluster struct {
 	port     int
 	runAs    *syscall.Credential // non-nil when we are root and must drop to the postgres user
 	tempRoot string              // set by StartTemp: removed on Close
+	adopted  bool                // already running before Start: somebody else's to stop
 }
 
 // FindBinaries returns the directory that holds initdb, pg_ctl and postgres.
@@ -115,6 +116,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if port, running := c.runningPort(); running {
 		c.port = port
+		c.adopted = true
 		return c, nil
 	}
 	if c.port == 0 {
@@ -224,6 +226,10 @@ func (c *Cluster) start(ctx context.Context) error {
 func (c *Cluster) Stop() error {
 	return c.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "fast", "-D", c.dataDir)
 }
+
+// Adopted reports whether the cluster was already running when Start was
+// called. Whoever started it owns it: an adopting process must not stop it.
+func (c *Cluster) Adopted() bool { return c.adopted }
 
 // Port is the TCP port on 127.0.0.1.
 func (c *Cluster) Port() int { return c.port }
