@@ -31,6 +31,8 @@ type Deliverer struct {
 	client  *http.Client
 	metrics *Metrics
 	log     *slog.Logger
+	// idlePoll is cfg.IdlePoll, for the Worker built on this deliverer.
+	idlePoll time.Duration
 }
 
 // DelivererOption adjusts a Deliverer.
@@ -67,8 +69,9 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 			// contacted: the listener URL is the only address we sign for.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		metrics: m,
-		log:     slog.Default(),
+		metrics:  m,
+		log:      slog.Default(),
+		idlePoll: cfg.IdlePoll,
 	}
 	for _, opt := range opts {
 		opt(d)
