@@ -391,8 +391,7 @@ func TestSameEventInTwoCommunitiesAndDuplicatesWithinOne(t *testing.T) {
 	a.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
 	a.Expect("EOSE")
 	require.True(t, b.Publish(b.Sign(1, "b live", nil, 0)).OK)
-	_, err := a.TryNext(300 * time.Millisecond)
-	require.Error(t, err, "community A must not receive B's live event")
+	a.ExpectSilence(300*time.Millisecond, "community A must not receive B's live event")
 }
 
 func TestCountMatchesQuery(t *testing.T) {
@@ -532,8 +531,7 @@ func TestRefusedReplacementClosesTheOldSubscription(t *testing.T) {
 	c.Send("REQ", "x", map[string]any{"#h": []string{private}})
 	require.Equal(t, "restricted: not a channel member", c.Expect("CLOSED").Msg)
 	require.True(t, owner.Publish(owner.Sign(1, "after the refusal", nil, 0)).OK)
-	_, err := c.TryNext(300 * time.Millisecond)
-	require.Error(t, err, "the replaced subscription must be gone")
+	c.ExpectSilence(300*time.Millisecond, "the replaced subscription must be gone")
 }
 
 // A client reading its own large history is not mistaken for a slow
