@@ -205,6 +205,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 type devOptions struct {
 	DataDir string // BUZZ_DEV_DATA_DIR, default .data
 	PGPort  int    // BUZZ_DEV_PG_PORT, default 54329
+	// Listener, when set, is the relay's already bound address (tests bind
+	// port 0 and hand it over, so no other process can take the port
+	// between choosing and binding it); nil binds cfg.ListenAddr.
+	Listener net.Listener
 }
 
 func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
@@ -234,14 +238,22 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
 	}
+	listener := opts.Listener
+	if listener != nil {
+		cfg.ListenAddr = listener.Addr().String()
+	}
 	unlock, err := lockDataDir(opts.DataDir, cfg.ListenAddr)
 	if err != nil {
+		if listener != nil {
+			listener.Close()
+		}
 		return err
 	}
 	defer unlock()
-	listener, err := listen(cfg.ListenAddr)
-	if err != nil {
-		return err
+	if listener == nil {
+		if listener, err = listen(cfg.ListenAddr); err != nil {
+			return err
+		}
 	}
 	defer listener.Close()
 	if cfg.DatabaseURL == "" {

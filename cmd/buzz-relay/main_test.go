@@ -25,11 +25,25 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// freePort picks a port for a private PostgreSQL, which binds it itself.
+// The relay's own port is never picked this way: see listenLoopback.
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// listenLoopback binds a free loopback port for a relay under test. The
+// listener itself is handed to serve or dev: a port chosen, released and
+// bound again later could be taken meanwhile by another test's server,
+// whose /ready would then answer for ours.
+func listenLoopback(t *testing.T) (net.Listener, int) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l, l.Addr().(*net.TCPAddr).Port
 }
 
 func waitReady(t *testing.T, port int) {
@@ -48,18 +62,14 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	t.Parallel()
 	cfg := config.Default()
 	cfg.DatabaseURL = dbtest.EmptyURL(t)
-	port := freePort(t)
-	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	listener, err := listen(cfg.ListenAddr)
-	require.NoError(t, err)
-	err = serve(context.Background(), cfg, quiet, listener)
+	listener, _ := listenLoopback(t)
+	err := serve(context.Background(), cfg, quiet, listener)
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	listener, err = listen(cfg.ListenAddr)
-	require.NoError(t, err)
+	listener, port := listenLoopback(t)
 	go func() { done <- serve(ctx, cfg, quiet, listener) }()
 	waitReady(t, port)
 	cancel()
@@ -76,21 +86,26 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
 	opts := devOptions{DataDir: dataDir, PGPort: freePort(t)}
 
-	port := freePort(t)
+	// Each start listens on a new port; the relay URL, and so the
+	// community's host, stays the first one.
+	_, firstPort := listenLoopback(t)
 	cfg := config.Default()
-	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", firstPort)
+	relay := &relaytest.Relay{Host: fmt.Sprintf("localhost:%d", firstPort)}
 	start := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- dev(ctx, cfg, quiet, opts) }()
+		listener, port := listenLoopback(t)
+		relay.URL = fmt.Sprintf("ws://127.0.0.1:%d", port)
+		go func() {
+			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener})
+		}()
 		waitReady(t, port)
 		return func() {
 			cancel()
 			require.NoError(t, <-done)
 		}
 	}
-	relay := &relaytest.Relay{URL: fmt.Sprintf("ws://127.0.0.1:%d", port), Host: fmt.Sprintf("localhost:%d", port)}
 
 	stop := start()
 	c := relay.Dial(t, "")
@@ -127,14 +142,16 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	t.Parallel()
 	dataDir := newDevDataDir(t)
 	opts := devOptions{DataDir: dataDir, PGPort: freePort(t)}
-	port := freePort(t)
+	listener, port := listenLoopback(t)
 	cfg := config.Default()
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- dev(ctx, cfg, quiet, opts) }()
+	first := opts
+	first.Listener = listener
+	go func() { done <- dev(ctx, cfg, quiet, first) }()
 	defer func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -174,13 +191,12 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	t.Cleanup(func() { _ = cluster.Stop() })
 	require.False(t, cluster.Adopted())
 
-	port := freePort(t)
+	listener, port := listenLoopback(t)
 	cfg := config.Default()
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort}) }()
+	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -192,7 +208,8 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	// Started by the dev relay itself: stopped on exit.
 	require.NoError(t, cluster.Stop())
 	ctx, cancel = context.WithCancel(context.Background())
-	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort}) }()
+	listener, port = listenLoopback(t)
+	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
