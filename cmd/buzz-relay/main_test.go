@@ -25,15 +25,6 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// freePort picks a port for a private PostgreSQL, which binds it itself.
-// The relay's own port is never picked this way: see listenLoopback.
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // listenLoopback binds a free loopback port for a relay under test. The
 // listener itself is handed to serve or dev: a port chosen, released and
 // bound again later could be taken meanwhile by another test's server,
@@ -84,7 +75,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(dataDir, 0o755)) // the postgres user must reach it when we are root
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
-	opts := devOptions{DataDir: dataDir, PGPort: freePort(t)}
+	opts := devOptions{DataDir: dataDir} // PGPort 0: the cluster picks a free port
 
 	// Each start listens on a new port; the relay URL, and so the
 	// community's host, stays the first one.
@@ -141,7 +132,7 @@ func newDevDataDir(t *testing.T) string {
 func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	t.Parallel()
 	dataDir := newDevDataDir(t)
-	opts := devOptions{DataDir: dataDir, PGPort: freePort(t)}
+	opts := devOptions{DataDir: dataDir} // PGPort 0: the cluster picks a free port
 	listener, port := listenLoopback(t)
 	cfg := config.Default()
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
@@ -164,7 +155,7 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 
 	// Another data directory, same port: refused before any cluster exists.
 	otherDir := newDevDataDir(t)
-	err = dev(context.Background(), cfg, quiet, devOptions{DataDir: otherDir, PGPort: freePort(t)})
+	err = dev(context.Background(), cfg, quiet, devOptions{DataDir: otherDir})
 	require.ErrorContains(t, err, "listen on "+cfg.ListenAddr)
 	_, statErr := os.Stat(filepath.Join(otherDir, "postgres"))
 	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the port is taken")
@@ -185,9 +176,9 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	t.Parallel()
 	dataDir := newDevDataDir(t)
-	pgPort := freePort(t)
-	cluster, err := pgcluster.Start(context.Background(), pgcluster.Options{DataDir: filepath.Join(dataDir, "postgres"), Port: pgPort})
+	cluster, err := pgcluster.Start(context.Background(), pgcluster.Options{DataDir: filepath.Join(dataDir, "postgres")})
 	require.NoError(t, err)
+	pgPort := cluster.Port()
 	t.Cleanup(func() { _ = cluster.Stop() })
 	require.False(t, cluster.Adopted())
 

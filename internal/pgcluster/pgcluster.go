@@ -119,15 +119,26 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.adopted = true
 		return c, nil
 	}
-	if c.port == 0 {
-		if c.port, err = freePort(); err != nil {
+	if c.port != 0 {
+		if err := c.start(ctx); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	// A port found free may be taken by another process before the
+	// postmaster binds it (parallel test processes start clusters and
+	// servers all the time): pick another and try again.
+	for attempt := 1; ; attempt++ {
+		if c.port, err = pickPort(); err != nil {
+			return nil, err
+		}
+		if err = c.start(ctx); err == nil {
+			return c, nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
 			return nil, err
 		}
 	}
-	if err := c.start(ctx); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 func postgresUser() (*syscall.Credential, error) {
@@ -256,6 +267,9 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// pickPort is freePort; tests replace it to hand out a taken port.
+var pickPort = freePort
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
