@@ -60,7 +60,10 @@ func main() {
 
 	switch os.Args[1] {
 	case "serve":
-		err = serve(ctx, cfg, log)
+		var listener net.Listener
+		if listener, err = listen(cfg.ListenAddr); err == nil {
+			err = serve(ctx, cfg, log, listener)
+		}
 	case "migrate":
 		err = runMigrate(ctx, cfg, os.Args[2:])
 	case "dev":
@@ -113,7 +116,20 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	return fmt.Errorf("migrate %v: unknown arguments\n%s", args, usage)
 }
 
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+// listen binds the relay's address before anything else starts, so a
+// second relay on a taken port fails at once instead of after it has
+// touched the database.
+func listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (is another relay running there? set BUZZ_LISTEN_ADDR): %w", addr, err)
+	}
+	return l, nil
+}
+
+// serve runs the relay on listener, which it closes on return.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener net.Listener) error {
+	defer listener.Close()
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
@@ -154,10 +170,6 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
-	listener, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return err
-	}
 	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
 	errc := make(chan error, 2)
@@ -194,6 +206,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 type devOptions struct {
 	DataDir string // BUZZ_DEV_DATA_DIR, default .data
 	PGPort  int    // BUZZ_DEV_PG_PORT, default 54329
+	// Listener, when set, is the relay's already bound address (tests bind
+	// port 0 and hand it over, so no other process can take the port
+	// between choosing and binding it); nil binds cfg.ListenAddr.
+	Listener net.Listener
 }
 
 func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
@@ -214,10 +230,33 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 // dev runs the relay for a developer: loopback only (unless BUZZ_LISTEN_ADDR
 // says otherwise), and a private cluster under DataDir/postgres that survives
 // restarts, unless BUZZ_DATABASE_URL names a database.
+//
+// Start-up order matters when a developer runs it twice: the data directory
+// lock and the listen address are taken before the cluster is touched, and
+// the cluster is stopped on exit only if this process started it, so a
+// second instance can never take the first one's database away.
 func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions) error {
 	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
 	}
+	listener := opts.Listener
+	if listener != nil {
+		cfg.ListenAddr = listener.Addr().String()
+	}
+	unlock, err := lockDataDir(opts.DataDir, cfg.ListenAddr)
+	if err != nil {
+		if listener != nil {
+			listener.Close()
+		}
+		return err
+	}
+	defer unlock()
+	if listener == nil {
+		if listener, err = listen(cfg.ListenAddr); err != nil {
+			return err
+		}
+	}
+	defer listener.Close()
 	if cfg.DatabaseURL == "" {
 		pgDir := filepath.Join(opts.DataDir, "postgres")
 		log.Info("starting private PostgreSQL", "dir", pgDir, "port", opts.PGPort)
@@ -225,12 +264,16 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 		if err != nil {
 			return err
 		}
-		defer func() {
-			log.Info("stopping private PostgreSQL")
-			if err := cluster.Stop(); err != nil {
-				log.Warn("stop PostgreSQL", "err", err)
-			}
-		}()
+		if cluster.Adopted() {
+			log.Info("PostgreSQL was already running; leaving it running on exit", "dir", pgDir, "port", cluster.Port())
+		} else {
+			defer func() {
+				log.Info("stopping private PostgreSQL")
+				if err := cluster.Stop(); err != nil {
+					log.Warn("stop PostgreSQL", "err", err)
+				}
+			}()
+		}
 		if err := ensureDatabase(ctx, cluster.URL("postgres"), "buzz"); err != nil {
 			return err
 		}
@@ -239,7 +282,7 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return serve(ctx, cfg, log)
+	return serve(ctx, cfg, log, listener)
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

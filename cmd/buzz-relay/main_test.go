@@ -8,13 +8,16 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -22,11 +25,16 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func freePort(t *testing.T) int {
+// listenLoopback binds a free loopback port for a relay under test. The
+// listener itself is handed to serve or dev: a port chosen, released and
+// bound again later could be taken meanwhile by another test's server,
+// whose /ready would then answer for ours.
+func listenLoopback(t *testing.T) (net.Listener, int) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { l.Close() })
+	return l, l.Addr().(*net.TCPAddr).Port
 }
 
 func waitReady(t *testing.T, port int) {
@@ -45,15 +53,15 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	t.Parallel()
 	cfg := config.Default()
 	cfg.DatabaseURL = dbtest.EmptyURL(t)
-	port := freePort(t)
-	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	err := serve(context.Background(), cfg, quiet)
+	listener, _ := listenLoopback(t)
+	err := serve(context.Background(), cfg, quiet, listener)
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, quiet) }()
+	listener, port := listenLoopback(t)
+	go func() { done <- serve(ctx, cfg, quiet, listener) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -67,23 +75,28 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(dataDir, 0o755)) // the postgres user must reach it when we are root
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
-	opts := devOptions{DataDir: dataDir, PGPort: freePort(t)}
+	opts := devOptions{DataDir: dataDir} // PGPort 0: the cluster picks a free port
 
-	port := freePort(t)
+	// Each start listens on a new port; the relay URL, and so the
+	// community's host, stays the first one.
+	_, firstPort := listenLoopback(t)
 	cfg := config.Default()
-	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", firstPort)
+	relay := &relaytest.Relay{Host: fmt.Sprintf("localhost:%d", firstPort)}
 	start := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- dev(ctx, cfg, quiet, opts) }()
+		listener, port := listenLoopback(t)
+		relay.URL = fmt.Sprintf("ws://127.0.0.1:%d", port)
+		go func() {
+			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener})
+		}()
 		waitReady(t, port)
 		return func() {
 			cancel()
 			require.NoError(t, <-done)
 		}
 	}
-	relay := &relaytest.Relay{URL: fmt.Sprintf("ws://127.0.0.1:%d", port), Host: fmt.Sprintf("localhost:%d", port)}
 
 	stop := start()
 	c := relay.Dial(t, "")
@@ -100,4 +113,97 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	got := c.Req("again", map[string]any{"ids": []string{ev.ID}})
 	require.Len(t, got, 1)
 	require.Equal(t, ev.Content, got[0].Content)
+}
+
+// newDevDataDir is a data directory the postgres user can reach.
+func newDevDataDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "buzz-dev-test-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// A second dev relay, started on the first one's data directory and port,
+// says who is running there and leaves the first relay's database alone.
+// Without the data-directory lock and the listen-first order, the second
+// instance fails to bind only after adopting the cluster, and stops it on
+// its way out: the first relay's /ready turns 503.
+func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
+	t.Parallel()
+	dataDir := newDevDataDir(t)
+	opts := devOptions{DataDir: dataDir} // PGPort 0: the cluster picks a free port
+	listener, port := listenLoopback(t)
+	cfg := config.Default()
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
+	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	first := opts
+	first.Listener = listener
+	go func() { done <- dev(ctx, cfg, quiet, first) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	waitReady(t, port)
+
+	err := dev(context.Background(), cfg, quiet, opts)
+	require.ErrorContains(t, err, "a dev relay is already running on data directory")
+	require.ErrorContains(t, err, fmt.Sprintf("pid %d, listening on %s", os.Getpid(), cfg.ListenAddr))
+
+	// Another data directory, same port: refused before any cluster exists.
+	otherDir := newDevDataDir(t)
+	err = dev(context.Background(), cfg, quiet, devOptions{DataDir: otherDir})
+	require.ErrorContains(t, err, "listen on "+cfg.ListenAddr)
+	_, statErr := os.Stat(filepath.Join(otherDir, "postgres"))
+	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the port is taken")
+
+	// The first relay still has its database.
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	relay := &relaytest.Relay{URL: fmt.Sprintf("ws://127.0.0.1:%d", port), Host: fmt.Sprintf("localhost:%d", port)}
+	c := relay.Dial(t, "")
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "first relay still writes", nil, 0)).OK)
+}
+
+// A dev relay that found its cluster already running (started by someone
+// else) leaves it running when it exits; one it started itself it stops.
+func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
+	t.Parallel()
+	dataDir := newDevDataDir(t)
+	cluster, err := pgcluster.Start(context.Background(), pgcluster.Options{DataDir: filepath.Join(dataDir, "postgres")})
+	require.NoError(t, err)
+	pgPort := cluster.Port()
+	t.Cleanup(func() { _ = cluster.Stop() })
+	require.False(t, cluster.Adopted())
+
+	listener, port := listenLoopback(t)
+	cfg := config.Default()
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
+	waitReady(t, port)
+	cancel()
+	require.NoError(t, <-done)
+
+	conn, err := pgx.Connect(context.Background(), cluster.URL("postgres"))
+	require.NoError(t, err, "the cluster someone else started must still be running")
+	conn.Close(context.Background())
+
+	// Started by the dev relay itself: stopped on exit.
+	require.NoError(t, cluster.Stop())
+	ctx, cancel = context.WithCancel(context.Background())
+	listener, port = listenLoopback(t)
+	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
+	waitReady(t, port)
+	cancel()
+	require.NoError(t, <-done)
+	_, err = pgx.Connect(context.Background(), cluster.URL("postgres"))
+	require.Error(t, err, "the dev relay stops the cluster it started")
 }

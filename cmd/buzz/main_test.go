@@ -392,7 +392,7 @@ func TestStream(t *testing.T) {
 	filter := `{"kinds":[9],"#h":["` + ch.ID + `"]}`
 
 	// --timeout ends a stream normally: the stored events, one per line.
-	o := buzz(t, alice, "", "req", "--stream", "--timeout", "500ms", filter)
+	o := buzz(t, alice, "", "req", "--stream", "--timeout", "5s", filter)
 	require.Equal(t, 0, o.code, o.stderr)
 	lines := strings.Split(strings.TrimSuffix(o.stdout, "\n"), "\n")
 	require.Len(t, lines, 1)

@@ -27,7 +27,8 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 	for len(reader) < 64 {
 		reader += "0"
 	}
-	owner, _ := nostr.DecodeHex32(reader)
+	owner, ok := nostr.DecodeHex32(reader)
+	require.True(t, ok)
 	clock := time.Unix(1_700_000_000, 0)
 	cache := NewCache(q, 10*time.Second, time.Now)
 	cache.now = func() time.Time { return clock }
@@ -43,18 +44,21 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 	later := uuid.New()
 	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: later, Name: "later", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner[:]})
 	require.NoError(t, err)
-	got, _ = cache.Readable(ctx, community.ID, reader)
+	got, err = cache.Readable(ctx, community.ID, reader)
+	require.NoError(t, err)
 	require.False(t, got.Has(later))
 	// ...until a committed change invalidates the community, or the TTL passes.
 	cache.Invalidate(community.ID)
-	got, _ = cache.Readable(ctx, community.ID, reader)
+	got, err = cache.Readable(ctx, community.ID, reader)
+	require.NoError(t, err)
 	require.True(t, got.Has(later))
 
 	private := uuid.New()
 	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: private, Name: "p", Visibility: db.ChannelVisibilityPrivate, CreatedBy: owner[:]})
 	require.NoError(t, err)
 	clock = clock.Add(11 * time.Second)
-	got, _ = cache.Readable(ctx, community.ID, reader)
+	got, err = cache.Readable(ctx, community.ID, reader)
+	require.NoError(t, err)
 	require.False(t, got.Has(private), "a private channel needs membership")
 	require.Len(t, got, 2)
 }

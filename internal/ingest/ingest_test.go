@@ -180,49 +180,6 @@ func TestRollbackHasNoSideEffects(t *testing.T) {
 	require.Equal(t, before, rec.count(), "nothing is fanned out for a rolled-back event")
 }
 
-// An a-coordinate deletion racing a late, older version of the same address
-// must never leave that version visible, whichever commits first. Mutation
-// killed: without the deletion's EventSlotLock, the version's trigger can
-// miss the uncommitted deletion while the deletion's UPDATE misses the
-// uncommitted version, and the old version stays live.
-func TestAddressDeletionRacingALateVersion(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := dbtest.Pool(t)
-	row, err := db.New(pool).CommunityCreate(ctx, "delrace.example")
-	require.NoError(t, err)
-	tenant := community.FromRow(row)
-	p := ingest.New(pool, fanout.NewHub(), time.Minute)
-	key, err := nostr.GenerateSecretKey()
-	require.NoError(t, err)
-	now := time.Now().Unix()
-
-	for round := 0; round < 40; round++ {
-		d := fmt.Sprint("slot-", round)
-		version := &nostr.Event{Kind: 30023, CreatedAt: now - 20, Content: d, Tags: nostr.Tags{{"d", d}}}
-		require.NoError(t, version.Sign(key))
-		deletion := &nostr.Event{Kind: nostr.KindDeletion, CreatedAt: now - 10, Tags: nostr.Tags{{"a", fmt.Sprintf("30023:%s:%s", key.PublicKeyHex(), d)}}}
-		require.NoError(t, deletion.Sign(key))
-
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for _, ev := range []*nostr.Event{version, deletion} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				_, err := p.Submit(ctx, tenant, ev.PubKey, ev)
-				require.NoError(t, err)
-			}()
-		}
-		close(start)
-		wg.Wait()
-		var live int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND d_tag = $2 AND deleted_at IS NULL`, tenant.ID(), d).Scan(&live))
-		require.Zero(t, live, "round %d: a deleted address came back", round)
-	}
-}
-
 // AfterCommit callbacks run only once the transaction committed: a side row
 // that fails after scheduling one leaves it unrun.
 func TestAfterCommitRunsOnlyOnCommit(t *testing.T) {

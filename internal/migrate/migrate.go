@@ -108,12 +108,15 @@ func latestVersion() (int32, error) {
 
 // Hash identifies the embedded migration set; the test harness keys its
 // template databases on it so an edited migration never reuses a stale one.
-func Hash() string {
-	names, _ := fs.Glob(migrations.FS, "*.sql")
+func Hash() string { return hashOf(migrations.FS) }
+
+// hashOf hashes the *.sql files of fsys: names, lengths and bodies.
+func hashOf(fsys fs.FS) string {
+	names, _ := fs.Glob(fsys, "*.sql")
 	sort.Strings(names)
 	h := sha256.New()
 	for _, name := range names {
-		body, _ := fs.ReadFile(migrations.FS, name)
+		body, _ := fs.ReadFile(fsys, name)
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(body))
 		h.Write(body)
 	}

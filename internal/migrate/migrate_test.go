@@ -174,9 +174,3 @@ func tenantKeyViolations(ctx context.Context, conn *pgx.Conn) ([]string, error) 
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
-
-func TestHashIsDeterministic(t *testing.T) {
-	t.Parallel()
-	require.Len(t, migrate.Hash(), 16)
-	require.Equal(t, migrate.Hash(), migrate.Hash())
-}

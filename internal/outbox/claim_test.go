@@ -110,7 +110,7 @@ func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {
 	listener, t1, t2 := newPubkey(t), newPubkey(t), newPubkey(t)
 	f.register(listener, t1, t2)
 	later, spent := f.enqueue(t1)[0], f.enqueue(t2)[0]
-	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + interval '1 second' WHERE id = $1`, later)
+	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + interval '1 hour' WHERE id = $1`, later)
 	f.exec(`UPDATE operator_listener_outbox SET attempts = 9 WHERE id = $1`, spent)
 	c := f.claimer(Routes{listener: "https://l.example"})
 	claims, err := c.claimByID(ctx, []uuid.UUID{later, spent})

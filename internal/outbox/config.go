@@ -16,10 +16,15 @@ const (
 	EnvListeners = "BUZZ_OPERATOR_LISTENERS"
 	EnvTimeout   = "BUZZ_OPERATOR_LISTENER_TIMEOUT_MS"
 	EnvAPIOrigin = "RELAY_OPERATOR_API_ORIGIN"
+	EnvIdlePoll  = "BUZZ_OPERATOR_LISTENER_POLL_MS"
 )
 
 // DefaultTimeout bounds one delivery request when EnvTimeout is unset.
 const DefaultTimeout = 5 * time.Second
+
+// DefaultIdlePoll is the longest wait between two polls of an idle outbox
+// when EnvIdlePoll is unset.
+const DefaultIdlePoll = 2 * time.Second
 
 // Routes maps a listener's lowercase 64-hex pubkey to its delivery URL,
 // exactly as configured (the URL is also the NIP-98 u tag).
@@ -49,13 +54,18 @@ type Config struct {
 	// APIOrigin is the base of the URLs that /operator/* NIP-98 u tags must
 	// name, without a trailing slash; empty when not configured.
 	APIOrigin string
+	// IdlePoll is the longest wait between two polls of an idle outbox: the
+	// poll backs off from an eighth of it up to it. It bounds how late a row
+	// the hand-off missed (saved by another pod, or dropped) is delivered,
+	// and costs one claim query per pod per IdlePoll while nothing is due.
+	IdlePoll time.Duration
 }
 
 // ConfigFromEnv reads the configuration through getenv (os.Getenv in main).
 // Any malformed value is an error, and start-up must fail on it (a
 // listener silently dropped would never get its mentions); a bad listener entry is named by its position and pubkey.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	c := Config{Timeout: DefaultTimeout}
+	c := Config{Timeout: DefaultTimeout, IdlePoll: DefaultIdlePoll}
 	var err error
 	if c.Listeners, err = parseListeners(getenv(EnvListeners)); err != nil {
 		return Config{}, err
@@ -66,6 +76,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("%s=%q: must be an integer number of milliseconds in 100..10000", EnvTimeout, v)
 		}
 		c.Timeout = time.Duration(ms) * time.Millisecond
+	}
+	if v := strings.TrimSpace(getenv(EnvIdlePoll)); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil || ms < 100 || ms > 3_600_000 {
+			return Config{}, fmt.Errorf("%s=%q: must be an integer number of milliseconds in 100..3600000", EnvIdlePoll, v)
+		}
+		c.IdlePoll = time.Duration(ms) * time.Millisecond
 	}
 	if c.APIOrigin, err = parseOrigin(getenv(EnvAPIOrigin)); err != nil {
 		return Config{}, err

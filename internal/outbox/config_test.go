@@ -18,6 +18,7 @@ func TestConfigDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, c.Listeners, "unset means delivery is disabled")
 	require.Equal(t, 5*time.Second, c.Timeout)
+	require.Equal(t, 2*time.Second, c.IdlePoll)
 	require.Empty(t, c.APIOrigin)
 }
 
@@ -82,6 +83,25 @@ func TestConfigTimeout(t *testing.T) {
 		require.ErrorContains(t, err, EnvTimeout, value)
 		require.ErrorContains(t, err, "100..10000", value)
 	}
+}
+
+func TestConfigIdlePoll(t *testing.T) {
+	t.Parallel()
+	for value, want := range map[string]time.Duration{
+		"100": 100 * time.Millisecond, "3600000": time.Hour, " 600000 ": 10 * time.Minute,
+	} {
+		c, err := ConfigFromEnv(envOf(map[string]string{EnvIdlePoll: value}))
+		require.NoError(t, err, value)
+		require.Equal(t, want, c.IdlePoll, value)
+	}
+	for _, value := range []string{"99", "3600001", "0", "-5", "2s", "abc"} {
+		_, err := ConfigFromEnv(envOf(map[string]string{EnvIdlePoll: value}))
+		require.ErrorContains(t, err, EnvIdlePoll, value)
+		require.ErrorContains(t, err, "100..3600000", value)
+	}
+	floor, ceiling := pollBackoff(DefaultIdlePoll)
+	require.Equal(t, 250*time.Millisecond, floor, "the default idle poll starts at 250 ms")
+	require.Equal(t, 2*time.Second, ceiling)
 }
 
 func TestConfigAPIOrigin(t *testing.T) {

@@ -32,6 +32,8 @@ type Deliverer struct {
 	metrics *Metrics
 	log     *slog.Logger
 	clock   clock.Clock
+	// idlePoll is cfg.IdlePoll, for the Worker built on this deliverer.
+	idlePoll time.Duration
 }
 
 // DelivererOption adjusts a Deliverer.
@@ -74,8 +76,9 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 			// contacted: the listener URL is the only address we sign for.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		metrics: m,
-		log:     slog.Default(),
+		metrics:  m,
+		log:      slog.Default(),
+		idlePoll: cfg.IdlePoll,
 	}
 	for _, opt := range opts {
 		opt(d)

@@ -184,6 +184,18 @@ func (f *fixture) row(id uuid.UUID) (r outboxRow, ok bool) {
 	return r, true
 }
 
+// requireDueIn requires that a row rescheduled after since is due want
+// after that moment: its DueIn, read now, lies between want minus the time
+// elapsed since since and want (plus a little clock slack). A fixed
+// tolerance would fail whenever a loaded machine took longer than it
+// between the update and the read.
+func requireDueIn(t *testing.T, want time.Duration, r outboxRow, since time.Time, msgAndArgs ...any) {
+	t.Helper()
+	const slack = 50 * time.Millisecond
+	require.LessOrEqual(t, r.DueIn, want+slack, msgAndArgs...)
+	require.GreaterOrEqual(t, r.DueIn, want-time.Since(since)-slack, msgAndArgs...)
+}
+
 func (f *fixture) outboxCount() int {
 	f.t.Helper()
 	var n int

@@ -187,6 +187,7 @@ func startLoop(t *testing.T, configure func(h *loopHarness)) *loopHarness {
 		handoff: h.handoff,
 		log:     slog.New(slog.DiscardHandler),
 	}
+	l.idleFloor, l.idleCeiling = pollBackoff(DefaultIdlePoll)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
@@ -274,7 +275,7 @@ func TestLoopPollDeliversWhenTheByIDClaimFails(t *testing.T) {
 	require.Equal(t, []uuid.UUID{id}, wait(t, h.claims.byID, waitLong, "the failing by-id claim"))
 	h.noPoll(t, "a failed by-id claim does not trigger a poll")
 
-	h.clock.Advance(idlePollFloor) // the deadline set by the first poll
+	h.clock.Advance(DefaultIdlePoll / 8) // the deadline set by the first poll
 	h.awaitPoll(t, "the next poll, unmoved by the failure")
 	require.Equal(t, id, wait(t, h.delivered, waitLong, "the poll's delivery").row.ID)
 }
@@ -359,7 +360,7 @@ func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
 	for range 25 {
 		polled = append(polled, h.f.enqueue(target())...)
 	}
-	h.clock.Advance(idlePollFloor)
+	h.clock.Advance(DefaultIdlePoll / 8)
 	require.Equal(t, maxInFlight, wait(t, h.claims.polls, waitLong, "the poll"))
 	for range maxInFlight {
 		wait(t, started, waitLong, "a delivery")

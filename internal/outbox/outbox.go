@@ -24,8 +24,6 @@ const (
 	maxInFlight           = 10 // deliveries running at once per worker
 	handoffCapacity       = 10 // ids a worker's hand-off channel holds; also the ids Enqueue keeps
 	defaultLease          = 30 * time.Second
-	idlePollFloor         = 250 * time.Millisecond
-	idlePollCeiling       = 2 * time.Second
 	claimErrorSleep       = 2 * time.Second
 	maxAttempts           = 9
 	retention             = 15 * time.Minute

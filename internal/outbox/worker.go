@@ -108,6 +108,18 @@ type loop struct {
 	clock   timerClock
 	handoff <-chan uuid.UUID
 	log     *slog.Logger
+	// idleFloor and idleCeiling bound the poll's backoff while nothing is
+	// due (pollBackoff).
+	idleFloor, idleCeiling time.Duration
+}
+
+// pollBackoff returns the idle poll's first wait and its ceiling: an idle
+// worker backs off from an eighth of the ceiling up to it.
+func pollBackoff(ceiling time.Duration) (floor, _ time.Duration) {
+	if ceiling <= 0 {
+		ceiling = DefaultIdlePoll
+	}
+	return ceiling / 8, ceiling
 }
 
 // run keeps up to maxInFlight deliveries going until ctx ends, then waits
@@ -135,7 +147,7 @@ func (l *loop) run(ctx context.Context) {
 	// Fired while the worker is full, it stays ready until a slot frees.
 	poll := l.clock.NewTimer(0) // the first poll runs at once
 	defer poll.Stop()
-	backoff := idlePollFloor
+	backoff := l.idleFloor
 
 	for {
 		free := maxInFlight - inflight
@@ -167,11 +179,11 @@ func (l *loop) run(ctx context.Context) {
 				poll.Reset(claimErrorSleep)
 			case len(claims) > 0:
 				start(claims)
-				backoff = idlePollFloor
+				backoff = l.idleFloor
 				poll.Reset(0) // keep draining while work and slots exist
 			default:
 				poll.Reset(backoff)
-				backoff = min(2*backoff, idlePollCeiling)
+				backoff = min(2*backoff, l.idleCeiling)
 			}
 
 		case id := <-handoffC:
@@ -227,6 +239,7 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	}
 	w := &Worker{handoff: make(chan uuid.UUID, handoffCapacity), dropped: d.metrics.handoffDropped}
 	w.loop = loop{claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log}
+	w.loop.idleFloor, w.loop.idleCeiling = pollBackoff(d.idlePoll)
 	return w
 }
 

@@ -44,6 +44,7 @@ type Cluster struct {
 	port     int
 	runAs    *syscall.Credential // non-nil when we are root and must drop to the postgres user
 	tempRoot string              // set by StartTemp: removed on Close
+	adopted  bool                // already running before Start: somebody else's to stop
 }
 
 // FindBinaries returns the directory that holds initdb, pg_ctl and postgres.
@@ -115,17 +116,29 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if port, running := c.runningPort(); running {
 		c.port = port
+		c.adopted = true
 		return c, nil
 	}
-	if c.port == 0 {
-		if c.port, err = freePort(); err != nil {
+	if c.port != 0 {
+		if err := c.start(ctx); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	// A port found free may be taken by another process before the
+	// postmaster binds it (parallel test processes start clusters and
+	// servers all the time): pick another and try again.
+	for attempt := 1; ; attempt++ {
+		if c.port, err = pickPort(); err != nil {
+			return nil, err
+		}
+		if err = c.start(ctx); err == nil {
+			return c, nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
 			return nil, err
 		}
 	}
-	if err := c.start(ctx); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 func postgresUser() (*syscall.Credential, error) {
@@ -225,6 +238,10 @@ func (c *Cluster) Stop() error {
 	return c.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "fast", "-D", c.dataDir)
 }
 
+// Adopted reports whether the cluster was already running when Start was
+// called. Whoever started it owns it: an adopting process must not stop it.
+func (c *Cluster) Adopted() bool { return c.adopted }
+
 // Port is the TCP port on 127.0.0.1.
 func (c *Cluster) Port() int { return c.port }
 
@@ -250,6 +267,9 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// pickPort is freePort; tests replace it to hand out a taken port.
+var pickPort = freePort
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

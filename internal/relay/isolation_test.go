@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -51,6 +52,12 @@ func TestTenantIsolation(t *testing.T) {
 	// Community A: an open channel X and a private channel P.
 	shared := uuid.NewString()
 	require.True(t, inA.Publish(inA.Sign(9007, "", nostr.Tags{{"h", shared}, {"name", "a-only"}}, 0)).OK)
+	// A live subscriber pinned to channel X in A: B's channel X must not
+	// reach it either (a hub keyed by channel id alone would leak here).
+	pinnedWatcher := r.Dial(t, "")
+	pinnedWatcher.Auth(nil)
+	pinnedWatcher.Send("REQ", "pinned-live", map[string]any{"#h": []string{shared}, "limit": 0})
+	pinnedWatcher.Expect("EOSE")
 	aMsg := inA.Sign(9, "hello from A", nostr.Tags{{"h", shared}}, now-100)
 	require.True(t, inA.Publish(aMsg).OK)
 	aProfile := inA.Sign(0, `{"name":"a-profile"}`, nil, now-50)
@@ -138,15 +145,40 @@ func TestTenantIsolation(t *testing.T) {
 	require.Zero(t, threadRows, "B's thread rows landed in A")
 	require.Zero(t, reactionRows, "B's reaction rows landed in A")
 
-	// Live: the catch-all subscriber in A got only A's events (checked last:
-	// a read timeout closes the connection).
-	for {
-		msg, err := watcher.TryNext(300 * time.Millisecond)
-		if err != nil {
-			break
+	// Live: the catch-all subscriber in A (which gets community-global
+	// events) and the one pinned to channel X got A's event and none of B's
+	// (checked last: a read timeout closes the connection).
+	requireLiveOnlyA := func(what string, c *relaytest.Client, want *nostr.Event) {
+		t.Helper()
+		var got []string
+		for {
+			msg, err := c.TryNext(300 * time.Millisecond)
+			if err != nil {
+				require.ErrorIs(t, err, context.DeadlineExceeded, "%s: the connection failed instead of falling silent", what)
+				break
+			}
+			require.NotContains(t, string(msg[len(msg)-1]), "zebra", "%s: B's event reached A", what)
+			if r := decodeEvent(t, msg); r != nil {
+				got = append(got, r.ID)
+			}
 		}
-		require.NotContains(t, string(msg[len(msg)-1]), "zebra", "live: B's event reached A")
+		require.Contains(t, got, want.ID, "%s: the subscriber is live", what)
 	}
+	requireLiveOnlyA("live", watcher, both)
+	requireLiveOnlyA("live pinned to channel X", pinnedWatcher, aMsg)
+}
+
+// decodeEvent returns the event of an EVENT message, nil for other verbs.
+func decodeEvent(t *testing.T, msg []json.RawMessage) *nostr.Event {
+	t.Helper()
+	var verb string
+	require.NoError(t, json.Unmarshal(msg[0], &verb))
+	if verb != "EVENT" || len(msg) < 3 {
+		return nil
+	}
+	ev := new(nostr.Event)
+	require.NoError(t, json.Unmarshal(msg[2], ev))
+	return ev
 }
 
 func idBytes(ev *nostr.Event) []byte {

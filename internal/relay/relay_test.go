@@ -391,8 +391,7 @@ func TestSameEventInTwoCommunitiesAndDuplicatesWithinOne(t *testing.T) {
 	a.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
 	a.Expect("EOSE")
 	require.True(t, b.Publish(b.Sign(1, "b live", nil, 0)).OK)
-	_, err := a.TryNext(300 * time.Millisecond)
-	require.Error(t, err, "community A must not receive B's live event")
+	a.ExpectSilence(300*time.Millisecond, "community A must not receive B's live event")
 }
 
 func TestCountMatchesQuery(t *testing.T) {
@@ -471,7 +470,10 @@ func TestGracefulShutdownClosesWithGoingAway(t *testing.T) {
 // and counted, while the fast subscriber receives every event.
 func TestSlowSubscriberIsDisconnectedWithoutBlockingOthers(t *testing.T) {
 	t.Parallel()
-	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 16; c.WriteTimeout = time.Second })
+	// The write watchdog must not win the race against the queue: on a
+	// loaded machine a short WriteTimeout closed the blocked slow socket
+	// before its 16 slots filled, and nothing was counted as slow.
+	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 16; c.WriteTimeout = time.Minute })
 	slow := r.Dial(t, "")
 	slow.Auth(nil)
 	slow.Send("REQ", "all", map[string]any{"kinds": []int{1}, "limit": 0})
@@ -511,10 +513,12 @@ func TestSlowSubscriberIsDisconnectedWithoutBlockingOthers(t *testing.T) {
 	require.Equal(t, 120, <-received, "the fast subscriber gets every event")
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(r.Server.Metrics().SlowClosed) == 1
-	}, 5*time.Second, 20*time.Millisecond)
+	}, 30*time.Second, 20*time.Millisecond)
+	// The close handshake cannot be written while the slow socket's writer
+	// is blocked: the socket goes when the handshake gives up (5 s).
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(r.Server.Metrics().Connections) == 2
-	}, 10*time.Second, 20*time.Millisecond, "the slow connection is gone")
+	}, 30*time.Second, 20*time.Millisecond, "the slow connection is gone")
 }
 
 // A REQ reusing an open id replaces the old subscription even when the new
@@ -532,8 +536,7 @@ func TestRefusedReplacementClosesTheOldSubscription(t *testing.T) {
 	c.Send("REQ", "x", map[string]any{"#h": []string{private}})
 	require.Equal(t, "restricted: not a channel member", c.Expect("CLOSED").Msg)
 	require.True(t, owner.Publish(owner.Sign(1, "after the refusal", nil, 0)).OK)
-	_, err := c.TryNext(300 * time.Millisecond)
-	require.Error(t, err, "the replaced subscription must be gone")
+	c.ExpectSilence(300*time.Millisecond, "the replaced subscription must be gone")
 }
 
 // A client reading its own large history is not mistaken for a slow

@@ -6,6 +6,7 @@ package relaytest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -172,6 +173,27 @@ func (c *Client) TryNext(wait time.Duration) ([]json.RawMessage, error) {
 		return nil, fmt.Errorf("relay sent a non-array message %q", data)
 	}
 	return parts, nil
+}
+
+// ExpectSilence requires that the relay sends nothing for wait and keeps the
+// connection open meanwhile: a connection the relay closed (or that failed)
+// is not silence. The read's timeout closes the connection from this side
+// (coder/websocket closes on a cancelled read), so a test checks silence
+// last on a client. why says what a frame would have meant.
+func (c *Client) ExpectSilence(wait time.Duration, why string) {
+	c.t.Helper()
+	msg, err := c.TryNext(wait)
+	switch {
+	case err == nil:
+		c.t.Fatalf("%s: got %s", why, joinParts(msg))
+	case !errors.Is(err, context.DeadlineExceeded):
+		c.t.Fatalf("%s: expected %s of silence on an open connection, but the read failed: %v", why, wait, err)
+	}
+}
+
+func joinParts(parts []json.RawMessage) string {
+	b, _ := json.Marshal(parts)
+	return string(b)
 }
 
 // Reply is a decoded relay message.

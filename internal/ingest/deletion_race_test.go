@@ -1,0 +1,106 @@
+package ingest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// An a-coordinate deletion racing a late, older version of the same address
+// must never leave that version visible, whichever transaction reaches the
+// slot first. Each case holds one event's transaction open at its end (a
+// side row that waits), submits the other, waits until the other is blocked
+// on the slot lock (or done), and only then lets the first commit: the
+// interleaving that loses a version without the lock happens every run.
+//
+// Mutation killed: without the deletion's EventSlotLock, in "deletion
+// first" the version's trigger misses the uncommitted deletion, and in
+// "version first" the deletion's UPDATE misses the uncommitted version;
+// either way the old version stays live ("a deleted address came back").
+func TestAddressDeletionRacingALateVersion(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"deletion", "version"} {
+		t.Run(first+" first", func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, "delrace.example", 4)
+			key := f.key()
+			now := time.Now().Unix()
+			version := f.sign(key, 30023, "late version", nostr.Tags{{"d", "slot"}}, now-20)
+			deletion := f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"a", fmt.Sprintf("30023:%s:slot", key.PublicKeyHex())}}, now-10)
+			held, other := deletion, version
+			if first == "version" {
+				held, other = version, deletion
+			}
+
+			reached, release := make(chan struct{}), make(chan struct{})
+			f.p.RegisterSideRows(ingest.SideRows{
+				Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
+				Apply: func(ctx context.Context, _ *ingest.Write) error {
+					close(reached)
+					select {
+					case <-release:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				},
+			})
+			submit := func(ev *nostr.Event) chan error {
+				done := make(chan error, 1)
+				go func() {
+					_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+					done <- err
+				}()
+				return done
+			}
+
+			heldDone := submit(held)
+			select {
+			case <-reached: // everything but COMMIT has run
+			case err := <-heldDone:
+				t.Fatalf("the held event finished before its side row: %v", err)
+			}
+			otherDone := submit(other)
+			waitBlockedOrDone(t, f.pool, otherDone)
+			close(release)
+			require.NoError(t, <-heldDone)
+			require.NoError(t, <-otherDone)
+
+			var live int
+			require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND d_tag = 'slot' AND deleted_at IS NULL`,
+				f.tenant.ID()).Scan(&live))
+			require.Zero(t, live, "a deleted address came back")
+		})
+	}
+}
+
+// waitBlockedOrDone returns once a session of pool's database waits for a
+// lock, or once done has a result (which it puts back).
+func waitBlockedOrDone(t *testing.T, pool *pgxpool.Pool, done chan error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			done <- err
+			return
+		default:
+		}
+		var waiting int
+		require.NoError(t, pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND a.datname = current_database()`).Scan(&waiting))
+		if waiting > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("the second event neither finished nor waited for a lock")
+}

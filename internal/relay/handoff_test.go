@@ -1,0 +1,202 @@
+package relay_test
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// claimWatch records the outbox worker's claim statements as the database
+// sees them: how many polls ran, and every id the post-commit hand-off asked
+// for.
+type claimWatch struct {
+	mu       sync.Mutex
+	polls    int
+	handedIn []uuid.UUID
+}
+
+func (w *claimWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case strings.Contains(data.SQL, "-- name: OutboxClaimDue "):
+		w.polls++
+	case strings.Contains(data.SQL, "-- name: OutboxClaimByID "):
+		for _, arg := range data.Args {
+			if ids, ok := arg.([]uuid.UUID); ok {
+				w.handedIn = append(w.handedIn, ids...)
+			}
+		}
+	}
+	return ctx
+}
+
+func (*claimWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (w *claimWatch) snapshot() (polls int, handedIn []uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.polls, append([]uuid.UUID(nil), w.handedIn...)
+}
+
+// handoffRelay is a relay whose outbox worker polls an idle outbox only every
+// few minutes, so within a test only the post-commit hand-off delivers, with
+// a registered agent and an authenticated client in an open channel.
+type handoffRelay struct {
+	*relaytest.Relay
+	watch      *claimWatch
+	deliveries chan map[string]any
+	agent      *nostr.SecretKey
+	client     *relaytest.Client
+	channel    string
+}
+
+func startHandoffRelay(t *testing.T) *handoffRelay {
+	t.Helper()
+	watch := &claimWatch{}
+	poolCfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	poolCfg.ConnConfig.Tracer = watch
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool)
+
+	h := &handoffRelay{Relay: r, watch: watch, deliveries: make(chan map[string]any, 8), agent: relaytest.NewKey(t)}
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var got map[string]any
+		_ = json.Unmarshal(body, &got)
+		h.deliveries <- got
+	}))
+	t.Cleanup(listener.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(listener.Certificate())
+	listenerKey := relaytest.NewKey(t)
+	cfg := outbox.Config{
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listener.URL + "/wake"},
+		Timeout:   5 * time.Second,
+		APIOrigin: r.HTTPURL,
+		// After its first poll (at start) the worker waits 75 s, then
+		// longer: far past every deadline below.
+		IdlePoll: 10 * time.Minute,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartOperatorListeners(ctx, cfg, r.CommunityID, outbox.WithRootCAs(roots)))
+	// The first poll runs as the worker starts; everything published after
+	// it can only be delivered by a hand-off.
+	require.Eventually(t, func() bool { polls, _ := watch.snapshot(); return polls >= 1 },
+		30*time.Second, 10*time.Millisecond, "the worker's first poll")
+
+	body := []byte(`{"pubkeys":["` + h.agent.PublicKeyHex() + `"]}`)
+	reply := operatorRequest(t, r, http.MethodPost, "", body,
+		nip98(t, listenerKey, "POST", r.HTTPURL+outbox.RegistrationPath, body, nil))
+	require.Equal(t, http.StatusOK, reply.Status, reply.Raw)
+
+	h.client = r.Dial(t, "")
+	h.client.Auth(nil)
+	h.channel = createChannel(t, h.client, "agents", false)
+	return h
+}
+
+// mention publishes a channel message that p-tags the agent.
+func (h *handoffRelay) mention(t *testing.T, content string) (*nostr.Event, relaytest.Reply) {
+	t.Helper()
+	msg := h.client.Sign(9, content, nostr.Tags{{"h", h.channel}, {"p", h.agent.PublicKeyHex()}}, 0)
+	return msg, h.client.Publish(msg)
+}
+
+func (h *handoffRelay) nextDelivery(t *testing.T) map[string]any {
+	t.Helper()
+	select {
+	case got := <-h.deliveries:
+		return got
+	case <-time.After(30 * time.Second):
+		t.Fatal("the listener was not called: only the post-commit hand-off could have delivered in time")
+		return nil
+	}
+}
+
+// A mention saved by this relay reaches the listener through the
+// post-commit hand-off of the relay's own wiring (ingest AfterCommit →
+// Worker.Offer → claim by id), not through the poll, which is minutes away.
+//
+// Mutation killed: removing the hand-off (the AfterCommit in
+// enqueueMentions, or Offer's send) leaves the row to a poll that does not
+// come: "the listener was not called".
+func TestMentionIsDeliveredByTheHandOffNotThePoll(t *testing.T) {
+	t.Parallel()
+	h := startHandoffRelay(t)
+
+	msg, ok := h.mention(t, "wake up")
+	require.True(t, ok.OK, ok.Msg)
+	got := h.nextDelivery(t)
+	require.Equal(t, msg.ID, got["event_id"])
+	polls, handedIn := h.watch.snapshot()
+	require.Equal(t, 1, polls, "only the start-up poll ran: the hand-off delivered")
+	require.Len(t, handedIn, 1, "the saved row's id was handed to the worker")
+}
+
+// An event whose transaction fails at COMMIT (a deferred constraint) hands
+// nothing to the worker and is never delivered; the next mention is.
+//
+// Mutation killed: running the AfterCommit callbacks inside the
+// transaction (before COMMIT), or after a failed commit, hands the doomed
+// row's id to the worker: "only the committed row's id is handed off" sees
+// two ids. (The doomed id reaches the worker before the good one: one
+// connection publishes them in order and the hand-off channel is FIFO.)
+func TestFailedCommitHandsNothingOff(t *testing.T) {
+	t.Parallel()
+	h := startHandoffRelay(t)
+	// A check only COMMIT runs: every statement of the event's transaction
+	// succeeds, the outbox row is written, and then the commit fails.
+	_, err := h.Pool.Exec(context.Background(), `
+		CREATE FUNCTION test_refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT FROM events WHERE id = NEW.event_id AND content = 'refused at commit') THEN
+				RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'P0001';
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER test_refuse_at_commit AFTER INSERT ON operator_listener_outbox
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_refuse_at_commit();`)
+	require.NoError(t, err)
+
+	doomed, refused := h.mention(t, "refused at commit")
+	require.False(t, refused.OK, "the commit failed, yet the relay accepted the event")
+	msg, ok := h.mention(t, "this one commits")
+	require.True(t, ok.OK, ok.Msg)
+
+	got := h.nextDelivery(t)
+	require.Equal(t, msg.ID, got["event_id"])
+	_, handedIn := h.watch.snapshot()
+	require.Len(t, handedIn, 1, "only the committed row's id is handed off")
+
+	var stored int
+	require.NoError(t, h.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE id = $1`, idBytes(doomed)).Scan(&stored))
+	require.Zero(t, stored, "the refused event is not stored")
+	select {
+	case extra := <-h.deliveries:
+		t.Fatalf("a second delivery: %v", extra)
+	default:
+	}
+}
