@@ -1,7 +1,8 @@
-// Package access answers "which channels may this pubkey read?":
-// every open channel plus every channel it is an active member of, never a
-// deleted one. Answers are cached per (community, pubkey) for a short TTL and
-// dropped as soon as this process commits a membership change in the
+// Package access answers "which channels may this pubkey read?" (for REQ and
+// COUNT) and "who may read this channel?" (for live delivery, once per
+// published event): every open channel plus every channel the pubkey is an
+// active member of, never a deleted one. Answers are cached for a short TTL
+// and dropped as soon as this process commits a membership change in the
 // community, so a removed member stops receiving a private channel at once
 // when the change went through this relay (and within the TTL otherwise).
 package access

@@ -18,7 +18,7 @@ import (
 // reader has only the repository, so every comment, migration and document
 // states the reason itself (the design lives in docs/). The patterns are
 // spelled so that this file does not match itself.
-var outsideCitation = regexp.MustCompile(`(?i)\bspec [A-D](\.[0-9]+)?\b|\bseeds?[ -]?[0-9]{3}\b|\[ASSUMED\]|\bdecision [0-9]+\b|review[ ]finding|seed[ ]DB[ ]test|seed's[ ]harness`)
+var outsideCitation = regexp.MustCompile(`(?i)\bspec [A-D](\.[0-9]+)?\b|\bseeds?[ -]?[0-9]{3}\b|\[ASSUMED\]|\bdecision [0-9]+\b|review[ ]finding|\([A-D]\.[0-9]+[):]|seed[ ]DB[ ]test|seed's[ ]harness`)
 
 // skipDirs are not the project's own text: VCS data, installed packages,
 // local runtime data, build output and fuzz corpora.
