@@ -50,6 +50,12 @@ func Start(t testing.TB, adjust ...func(*config.Config)) *Relay {
 // queries, say).
 func StartOn(t testing.TB, pool *pgxpool.Pool, adjust ...func(*config.Config)) *Relay {
 	t.Helper()
+	return StartWith(t, pool, nil, adjust...)
+}
+
+// StartWith is StartOn with relay options (a stubbed clock, say).
+func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...func(*config.Config)) *Relay {
+	t.Helper()
 	cfg := config.Default()
 	for _, f := range adjust {
 		f(&cfg)
@@ -58,7 +64,7 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, adjust ...func(*config.Config)) *
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	srv := relay.New(cfg, pool, log)
+	srv := relay.New(cfg, pool, log, opts...)
 	hs := httptest.NewServer(srv.Handler())
 	r := &Relay{
 		URL:     "ws://" + hs.Listener.Addr().String(),
