@@ -171,16 +171,16 @@ func (p *Pipeline) sideRowsFor(ev *nostr.Event) []SideRows {
 	return out
 }
 
-// handlerFor returns the kind's handler. An event of a kind without one
-// that names a channel (h tag) still gets the channel write check.
-func (p *Pipeline) handlerFor(ev *nostr.Event) (Handler, bool) {
-	if h, ok := p.handlers[ev.Kind]; ok {
-		return h, true
+// handlerFor returns the kind's handler. Every event that names a channel
+// (h tag) is bound to it and authorized, whatever its kind: a kind whose
+// handler has no Prepare of its own (or no handler at all) gets the channel
+// write check, so no kind can place an event in a channel's view unchecked.
+func (p *Pipeline) handlerFor(ev *nostr.Event) Handler {
+	h := p.handlers[ev.Kind]
+	if h.Prepare == nil && ev.Tags.First("h") != nil {
+		h.Prepare = resolveChannelForWrite
 	}
-	if ev.Tags.First("h") != nil {
-		return Handler{Prepare: resolveChannelForWrite}, true
-	}
-	return Handler{}, false
+	return h
 }
 
 // Submit runs one event, submitted by actor, through the write spine. It
@@ -190,7 +190,7 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	if err := p.validate(actor, ev); err != nil {
 		return 0, err
 	}
-	h, hasHandler := p.handlerFor(ev)
+	h := p.handlerFor(ev)
 	if h.Validate != nil {
 		if err := h.Validate(ev); err != nil {
 			return 0, err
@@ -215,9 +215,13 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	var inserted int64
 	var err error
 	sideRows := p.sideRowsFor(ev)
-	if (!hasHandler || (h.Prepare == nil && h.Apply == nil)) && len(sideRows) == 0 {
-		// No side rows: the INSERT alone is the event's transaction.
-		inserted, err = p.insert(ctx, db.New(p.pool), w)
+	if h.Prepare == nil && h.Apply == nil && len(sideRows) == 0 {
+		// Nothing to authorize and no side rows: the INSERT alone is the
+		// event's transaction. handlerFor gave every event with an h tag a
+		// Prepare; checkChannelTags keeps this path honest if that changes.
+		if err = checkChannelTags(w); err == nil {
+			inserted, err = p.insert(ctx, db.New(p.pool), w)
+		}
 	} else {
 		err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 			w.Q = db.New(tx)
