@@ -2,8 +2,6 @@ package ingest
 
 import (
 	"context"
-	"strconv"
-	"strings"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -15,13 +13,35 @@ import (
 // authors' events change nothing (the SQL matches on the author).
 var deletionHandler = Handler{Validate: validateDeletion, Apply: applyDeletion}
 
+// validateDeletion also refuses any a tag not spelled canonically: the
+// database keeps an older version of a deleted slot out by matching the
+// literal coordinate, so a loose spelling would hide the current version
+// and let an older one back in.
 func validateDeletion(ev *nostr.Event) error {
+	targets := false
 	for _, tag := range ev.Tags {
-		if len(tag) >= 2 && (tag[0] == "e" || tag[0] == "a") {
-			return nil
+		if len(tag) < 2 || (tag[0] != "e" && tag[0] != "a") {
+			continue
+		}
+		targets = true
+		if tag[0] == "a" {
+			if _, err := nostr.ParseCoordinate(tag[1]); err != nil {
+				return Reject("invalid", "a tag %q: %v", truncate(tag[1], 80), err)
+			}
 		}
 	}
-	return Reject("invalid", "a deletion request needs at least one e or a tag")
+	if !targets {
+		return Reject("invalid", "a deletion request needs at least one e or a tag")
+	}
+	return nil
+}
+
+// truncate shortens s for an error message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func applyDeletion(ctx context.Context, w *Write) error {
@@ -47,17 +67,15 @@ func applyDeletion(ctx context.Context, w *Write) error {
 		}
 	}
 	for _, v := range ev.Tags.Values("a") {
-		kind, pubkey, d, ok := parseCoordinate(v)
-		if !ok || pubkey != ev.PubKey {
+		c, err := nostr.ParseCoordinate(v)
+		if err != nil || c.PubKey != ev.PubKey {
 			continue
 		}
 		params := db.EventsDeleteByAddressParams{
-			CommunityID: tenant.ID(), Author: author[:], Kind: int32(kind), Until: ev.CreatedAt,
+			CommunityID: tenant.ID(), Author: author[:], Kind: int32(c.Kind), Until: ev.CreatedAt,
 		}
-		if nostr.IsAddressable(kind) {
-			params.DTag = &d
-		} else if !nostr.IsReplaceable(kind) {
-			continue
+		if nostr.IsAddressable(c.Kind) {
+			params.DTag = &c.D
 		}
 		if err := q.EventSlotLock(ctx, db.EventSlotLockParams{
 			CommunityID: tenant.ID(), Pubkey: author[:], Kind: params.Kind, DTag: params.DTag,
@@ -69,18 +87,4 @@ func applyDeletion(ctx context.Context, w *Write) error {
 		}
 	}
 	return nil
-}
-
-// parseCoordinate splits "kind:pubkey:d-tag" (NIP-01 addressable coordinate).
-func parseCoordinate(v string) (kind int, pubkey, d string, ok bool) {
-	kindStr, rest, found := strings.Cut(v, ":")
-	if !found {
-		return 0, "", "", false
-	}
-	pubkey, d, _ = strings.Cut(rest, ":")
-	kind, err := strconv.Atoi(kindStr)
-	if err != nil || kind < 0 || kind > nostr.MaxKind || !nostr.IsHex64(pubkey) {
-		return 0, "", "", false
-	}
-	return kind, pubkey, d, true
 }
