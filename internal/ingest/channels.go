@@ -28,8 +28,8 @@ const (
 	KindGroupMetadata = 39000
 	KindGroupAdmins   = 39001
 	KindGroupMembers  = 39002
-	KindMemberAdded   = 44100
-	KindMemberRemoved = 44101
+	KindMemberAdded   = nostr.KindMemberAdded
+	KindMemberRemoved = nostr.KindMemberRemoved
 )
 
 // RelayOnlyKinds are signed by the community's relay key; clients may not

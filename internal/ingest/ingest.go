@@ -327,10 +327,6 @@ func mapError(err error) error {
 	return err
 }
 
-// giftWrap is NIP-59's kind 1059: signed by a throwaway key, so its author
-// is never the authenticated sender.
-const giftWrap = 1059
-
 // validate holds the rules every event must pass whatever its kind.
 func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 	if err := ev.Verify(); err != nil {
@@ -339,7 +335,7 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 		}
 		return Reject("invalid", "%v", err)
 	}
-	if ev.PubKey != actor && ev.Kind != giftWrap {
+	if ev.PubKey != actor && ev.Kind != nostr.KindGiftWrap {
 		return Reject("restricted", "event pubkey must match the authenticated pubkey")
 	}
 	if ev.Kind == nostr.KindAuth {
