@@ -14,28 +14,38 @@ import (
 
 const reactionTarget = `-- name: ReactionTarget :one
 
-SELECT created_at, channel_id FROM events
-WHERE community_id = $1::uuid AND id = $2::bytea AND deleted_at IS NULL
+SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader
+FROM events
+WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
 LIMIT 1
 `
 
 type ReactionTargetParams struct {
+	ReaderHex   string
 	CommunityID uuid.UUID
 	ID          []byte
 }
 
 type ReactionTargetRow struct {
-	CreatedAt time.Time
-	ChannelID *uuid.UUID
+	CreatedAt         time.Time
+	ChannelID         *uuid.UUID
+	Kind              int32
+	AddressedToReader bool
 }
 
 // NIP-25 reactions: one active row per (target, reactor, emoji). The channel
 // comes from the target event, never from the client.
-// The event a reaction names: stored in this community and not deleted.
+// The event a reaction names: stored in this community and not deleted;
+// addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
 func (q *Queries) ReactionTarget(ctx context.Context, arg ReactionTargetParams) (ReactionTargetRow, error) {
-	row := q.db.QueryRow(ctx, reactionTarget, arg.CommunityID, arg.ID)
+	row := q.db.QueryRow(ctx, reactionTarget, arg.ReaderHex, arg.CommunityID, arg.ID)
 	var i ReactionTargetRow
-	err := row.Scan(&i.CreatedAt, &i.ChannelID)
+	err := row.Scan(
+		&i.CreatedAt,
+		&i.ChannelID,
+		&i.Kind,
+		&i.AddressedToReader,
+	)
 	return i, err
 }
 

@@ -50,6 +50,9 @@ func (o Outcome) Message() string {
 type Rejection struct {
 	Prefix string // invalid, restricted, blocked, rate-limited, duplicate, error ...
 	Reason string
+	// unknownChannel marks the answer shared by unknown and unreadable
+	// channels, so a caller can answer its own "not found" instead.
+	unknownChannel bool
 }
 
 func (r *Rejection) Error() string { return r.Prefix + ": " + r.Reason }

@@ -40,19 +40,35 @@ func validateReaction(ev *nostr.Event) error {
 }
 
 // prepareReaction binds the reaction to its target's channel, where the
-// reactor must be allowed to write.
+// reactor must be allowed to write. A target the reactor cannot read (in a
+// private channel it is not a member of, or a p-gated event such as someone
+// else's gift wrap) is answered exactly like an unknown id, so a reaction
+// cannot probe what exists. p-gated events take no reactions at all: the
+// reaction would be stored where everyone reads it.
 func prepareReaction(ctx context.Context, w *Write) error {
+	notFound := Reject("invalid", "reaction target event not found")
 	id, _ := reactionTarget(w.Event)
-	target, err := w.Q.ReactionTarget(ctx, db.ReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:]})
+	target, err := w.Q.ReactionTarget(ctx, db.ReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:], ReaderHex: w.Actor})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Reject("invalid", "reaction target event not found")
+		return notFound
 	}
 	if err != nil {
 		return err
 	}
+	if nostr.IsPGated(int(target.Kind)) {
+		if !target.AddressedToReader {
+			return notFound
+		}
+		return Reject("invalid", "kind %d events take no reactions", target.Kind)
+	}
 	w.state = &target
 	if target.ChannelID != nil {
-		return bindChannelForWrite(ctx, w, *target.ChannelID)
+		if err := bindChannelForWrite(ctx, w, *target.ChannelID); err != nil {
+			if isUnknownChannel(err) {
+				return notFound
+			}
+			return err
+		}
 	}
 	return nil
 }
