@@ -41,3 +41,22 @@ WHERE community_id = @community_id::uuid
   AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text
   AND created_at <= to_timestamp(@until::bigint)
   AND deleted_at IS NULL;
+
+-- name: EventChannelsByAuthorIDs :many
+-- The channels (NULL: community-global) of the author's own events among
+-- ids that a deletion could hide: a kind 5 is stored where its targets are,
+-- so it tells no one outside a private channel which ids it deleted.
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = @community_id::uuid
+  AND id = ANY(@ids::bytea[])
+  AND pubkey = @author::bytea
+  AND kind <> 5;
+
+-- name: EventChannelsByAddress :many
+-- The channels of the stored versions of the author's slot (the
+-- coordinate's counterpart of EventChannelsByAuthorIDs).
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = @community_id::uuid
+  AND pubkey = @author::bytea
+  AND kind = @kind::int
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;

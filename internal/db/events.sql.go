@@ -13,6 +13,85 @@ import (
 	"github.com/google/uuid"
 )
 
+const eventChannelsByAddress = `-- name: EventChannelsByAddress :many
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = $1::uuid
+  AND pubkey = $2::bytea
+  AND kind = $3::int
+  AND d_tag IS NOT DISTINCT FROM $4::text
+`
+
+type EventChannelsByAddressParams struct {
+	CommunityID uuid.UUID
+	Author      []byte
+	Kind        int32
+	DTag        *string
+}
+
+// The channels of the stored versions of the author's slot (the
+// coordinate's counterpart of EventChannelsByAuthorIDs).
+func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]*uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, eventChannelsByAddress,
+		arg.CommunityID,
+		arg.Author,
+		arg.Kind,
+		arg.DTag,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*uuid.UUID
+	for rows.Next() {
+		var channel_id *uuid.UUID
+		if err := rows.Scan(&channel_id); err != nil {
+			return nil, err
+		}
+		items = append(items, channel_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventChannelsByAuthorIDs = `-- name: EventChannelsByAuthorIDs :many
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = $1::uuid
+  AND id = ANY($2::bytea[])
+  AND pubkey = $3::bytea
+  AND kind <> 5
+`
+
+type EventChannelsByAuthorIDsParams struct {
+	CommunityID uuid.UUID
+	Ids         [][]byte
+	Author      []byte
+}
+
+// The channels (NULL: community-global) of the author's own events among
+// ids that a deletion could hide: a kind 5 is stored where its targets are,
+// so it tells no one outside a private channel which ids it deleted.
+func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]*uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, eventChannelsByAuthorIDs, arg.CommunityID, arg.Ids, arg.Author)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*uuid.UUID
+	for rows.Next() {
+		var channel_id *uuid.UUID
+		if err := rows.Scan(&channel_id); err != nil {
+			return nil, err
+		}
+		items = append(items, channel_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const eventExists = `-- name: EventExists :one
 SELECT EXISTS (
     SELECT FROM events WHERE community_id = $1::uuid AND id = $2::bytea

@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -84,4 +85,47 @@ func TestCoordinateRuleIsTheSameInGoAndSQL(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "want a constraint violation, got %v", err)
 	require.Equal(t, "events_deletion_coordinates_canonical", pgErr.ConstraintName)
+}
+
+// TestDeletionIsAsReadableAsItsTargets: a kind 5 is stored in the channel of
+// the author's events it names (by id or coordinate), global for global
+// targets, and refused when its targets span channels or mix a channel with
+// global events. Mutation killed: storing every deletion community-global
+// (any reader learnt the deleted private ids and their k tags).
+func TestDeletionIsAsReadableAsItsTargets(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deletion-scope.example", 0)
+	alice := f.key()
+	private, other := f.channel(alice, true), f.channel(alice, false)
+	inPrivate := f.store(f.sign(alice, ingest.KindChat, "secret", nostr.Tags{{"h", private}}, 0))
+	inOther := f.store(f.sign(alice, ingest.KindChat, "elsewhere", nostr.Tags{{"h", other}}, 0))
+	global := f.store(f.sign(alice, nostr.KindTextNote, "hello all", nil, 0))
+	set := f.store(f.sign(alice, ingest.KindEmojiSet, "", nostr.Tags{{"d", "s"}, {"h", private}}, 0))
+	setCoord := "30030:" + alice.PublicKeyHex() + ":s"
+
+	for _, tags := range []nostr.Tags{
+		{{"e", inPrivate.ID}, {"e", global.ID}},
+		{{"e", inPrivate.ID}, {"e", inOther.ID}},
+		{{"a", setCoord}, {"e", global.ID}},
+	} {
+		f.rejected(f.sign(alice, nostr.KindDeletion, "", tags, 0),
+			"invalid: a deletion may name events of one channel, or only community-global events: send one deletion per channel")
+	}
+	f.rejected(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", inPrivate.ID}, {"h", other}}, 0),
+		"invalid: the h tag must name the channel of the events being deleted")
+
+	byID := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", inPrivate.ID}, {"k", "9"}}, 0))
+	require.NotNil(t, f.eventChannel(byID.ID))
+	require.Equal(t, private, f.eventChannel(byID.ID).String())
+	byCoord := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"a", setCoord}, {"h", private}}, 0))
+	require.NotNil(t, f.eventChannel(byCoord.ID))
+	require.Equal(t, private, f.eventChannel(byCoord.ID).String())
+	globalDeletion := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", global.ID}, {"e", fmt.Sprintf("%064x", 5)}}, 0))
+	require.Nil(t, f.eventChannel(globalDeletion.ID))
+
+	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
+	for _, gone := range []*nostr.Event{inPrivate, set, global} {
+		require.Zero(t, f.count(live, gone.ID))
+	}
+	require.Equal(t, 1, f.count(live, inOther.ID))
 }
