@@ -90,15 +90,6 @@ UPDATE communities SET signing_key = coalesce(signing_key, @candidate::bytea)
 WHERE id = @id::uuid
 RETURNING signing_key;
 
--- name: EventNextCreatedAt :one
--- Relay-signed addressable events must strictly advance their slot's
--- created_at even when two changes land in the same second; otherwise the
--- lowest-id tie rule could keep the older state.
-SELECT greatest(extract(epoch FROM now())::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;
-
 -- name: CommunitiesOfChannels :many
 -- Deliberately tenant-independent (spec C.1): reports each live channel's true
 -- owning community for the tracer's non-interference check. Served by

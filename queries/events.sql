@@ -42,6 +42,19 @@ WHERE community_id = @community_id::uuid
   AND created_at <= to_timestamp(@until::bigint)
   AND deleted_at IS NULL;
 
+-- name: EventSlotClear :execrows
+-- Removes the stored versions of one slot before the relay stores its own
+-- new version there. Relay-signed events carry the relay's current second,
+-- never a later one; when the previous version has that same second (or,
+-- after a clock step back, a later one) the lowest-id tie rule could keep
+-- the older state, so the newest replaces it outright. The caller holds the
+-- channel's row lock, and the insert that follows takes the slot lock.
+DELETE FROM events
+WHERE community_id = @community_id::uuid
+  AND pubkey = @pubkey::bytea
+  AND kind = @kind::int
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
+
 -- name: EventChannelsByAuthorIDs :many
 -- The channels (NULL: community-global) of the author's own events among
 -- ids that a deletion could hide: a kind 5 is stored where its targets are,

@@ -338,35 +338,6 @@ func (q *Queries) CommunitySigningKeyEnsure(ctx context.Context, arg CommunitySi
 	return signing_key, err
 }
 
-const eventNextCreatedAt = `-- name: EventNextCreatedAt :one
-SELECT greatest(extract(epoch FROM now())::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = $1::uuid AND pubkey = $2::bytea AND kind = $3::int AND d_tag = $4::text
-`
-
-type EventNextCreatedAtParams struct {
-	CommunityID uuid.UUID
-	Pubkey      []byte
-	Kind        int32
-	DTag        string
-}
-
-// Relay-signed addressable events must strictly advance their slot's
-// created_at even when two changes land in the same second; otherwise the
-// lowest-id tie rule could keep the older state.
-func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAtParams) (int64, error) {
-	row := q.db.QueryRow(ctx, eventNextCreatedAt,
-		arg.CommunityID,
-		arg.Pubkey,
-		arg.Kind,
-		arg.DTag,
-	)
-	var column_1 int64
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
 const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
 UPDATE events SET deleted_at = now()
 WHERE community_id = $1::uuid AND channel_id = $2::uuid

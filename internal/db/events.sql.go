@@ -154,6 +154,40 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 	return result.RowsAffected(), nil
 }
 
+const eventSlotClear = `-- name: EventSlotClear :execrows
+DELETE FROM events
+WHERE community_id = $1::uuid
+  AND pubkey = $2::bytea
+  AND kind = $3::int
+  AND d_tag IS NOT DISTINCT FROM $4::text
+`
+
+type EventSlotClearParams struct {
+	CommunityID uuid.UUID
+	Pubkey      []byte
+	Kind        int32
+	DTag        *string
+}
+
+// Removes the stored versions of one slot before the relay stores its own
+// new version there. Relay-signed events carry the relay's current second,
+// never a later one; when the previous version has that same second (or,
+// after a clock step back, a later one) the lowest-id tie rule could keep
+// the older state, so the newest replaces it outright. The caller holds the
+// channel's row lock, and the insert that follows takes the slot lock.
+func (q *Queries) EventSlotClear(ctx context.Context, arg EventSlotClearParams) (int64, error) {
+	result, err := q.db.Exec(ctx, eventSlotClear,
+		arg.CommunityID,
+		arg.Pubkey,
+		arg.Kind,
+		arg.DTag,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const eventSlotLock = `-- name: EventSlotLock :exec
 SELECT events_lock_slot($1::uuid, $2::bytea, $3::int, $4::text)
 `

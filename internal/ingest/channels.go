@@ -495,9 +495,16 @@ func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.T
 		return err
 	}
 	pub := key.PublicKey()
+	// Never dated ahead of the relay's clock, however fast users toggle
+	// membership: a newer state in the same second replaces the stored one.
 	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.now().Unix()}
-	if d := ev.DTag(); nostr.IsAddressable(kind) {
-		if ev.CreatedAt, err = w.Q.EventNextCreatedAt(ctx, db.EventNextCreatedAtParams{
+	if nostr.IsAddressable(kind) || nostr.IsReplaceable(kind) {
+		var d *string
+		if nostr.IsAddressable(kind) {
+			tag := ev.DTag()
+			d = &tag
+		}
+		if _, err := w.Q.EventSlotClear(ctx, db.EventSlotClearParams{
 			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
 		}); err != nil {
 			return err

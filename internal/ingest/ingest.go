@@ -141,13 +141,26 @@ type Pipeline struct {
 	OnMembershipChange func(community uuid.UUID)
 }
 
+// Options are the pipeline's settings.
+type Options struct {
+	// MaxFutureSkew is how far ahead of now an event's created_at may be.
+	MaxFutureSkew time.Duration
+	// Now is the pipeline's clock (nil: time.Now). Validation and the
+	// created_at of relay-signed events read it, so tests can drive time.
+	Now func() time.Time
+}
+
 // New returns a pipeline with the built-in kind handlers.
-func New(pool *pgxpool.Pool, hub *fanout.Hub, maxFutureSkew time.Duration) *Pipeline {
+func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
 	p := &Pipeline{
 		pool:          pool,
 		hub:           hub,
-		maxFutureSkew: maxFutureSkew,
-		now:           time.Now,
+		maxFutureSkew: opts.MaxFutureSkew,
+		now:           now,
 		keys:          map[uuid.UUID]*nostr.SecretKey{},
 		handlers:      map[int]Handler{},
 	}

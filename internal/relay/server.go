@@ -76,7 +76,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		pool:     pool,
 		queries:  db.New(pool),
 		store:    eventstore.New(pool, cfg.MaxLimit),
-		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
+		pipeline: ingest.New(pool, hub, ingest.Options{MaxFutureSkew: cfg.MaxFutureSkew}),
 		hub:      hub,
 		access:   access.NewCache(db.New(pool), accessTTL),
 		metrics:  NewMetrics(),
