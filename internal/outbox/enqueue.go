@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/hex"
 
 	"github.com/google/uuid"
 
@@ -21,25 +20,16 @@ func isMessageKind(kind int) bool {
 	return false
 }
 
-// targetOf returns the pubkey a p tag names, if its value hex-decodes to
-// exactly 32 bytes (either case); other values are skipped silently.
-func targetOf(tag nostr.Tag) (b [32]byte, ok bool) {
-	if len(tag) < 2 || tag[0] != "p" || len(tag[1]) != 64 {
-		return b, false
-	}
-	_, err := hex.Decode(b[:], []byte(tag[1]))
-	return b, err == nil
-}
-
 // Mentions reports whether ev may create outbox rows: a message kind with at
-// least one p tag naming a pubkey. Cheap enough for ingest's SideRows.Needs;
-// whether a listener registered the target is only known to Enqueue.
+// least one p tag naming a pubkey (nostr.MentionedPubkey, the rule mention
+// rows use too). Cheap enough for ingest's SideRows.Needs; whether a
+// listener registered the target is only known to Enqueue.
 func Mentions(ev *nostr.Event) bool {
 	if !isMessageKind(ev.Kind) {
 		return false
 	}
 	for _, tag := range ev.Tags {
-		if _, ok := targetOf(tag); ok {
+		if _, ok := nostr.MentionedPubkey(tag); ok {
 			return true
 		}
 	}
@@ -48,17 +38,11 @@ func Mentions(ev *nostr.Event) bool {
 
 // mentionTargets returns the distinct p-tag pubkeys of ev, first seen first.
 func mentionTargets(ev *nostr.Event) [][]byte {
-	var out [][]byte
-	seen := map[[32]byte]struct{}{}
-	for _, tag := range ev.Tags {
-		b, ok := targetOf(tag)
-		if !ok {
-			continue
-		}
-		if _, dup := seen[b]; !dup {
-			seen[b] = struct{}{}
-			out = append(out, b[:])
-		}
+	pubkeys := nostr.MentionedPubkeys(ev.Tags)
+	out := make([][]byte, 0, len(pubkeys))
+	for _, pk := range pubkeys {
+		b, _ := nostr.DecodeHex32(pk)
+		out = append(out, b[:])
 	}
 	return out
 }
