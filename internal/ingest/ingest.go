@@ -130,6 +130,8 @@ type Pipeline struct {
 	sideRows      []SideRows
 	maxFutureSkew time.Duration
 	now           func() time.Time
+	// maxMentions and maxThreadDepth: see Options.
+	maxMentions, maxThreadDepth int
 
 	keysMu sync.Mutex
 	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
@@ -145,10 +147,25 @@ type Pipeline struct {
 type Options struct {
 	// MaxFutureSkew is how far ahead of now an event's created_at may be.
 	MaxFutureSkew time.Duration
+	// MaxMentions bounds the mention rows one event writes: its first
+	// MaxMentions distinct p-tagged pubkeys (0: DefaultMaxMentions). The
+	// event is stored whole; follow lists legitimately hold thousands of p
+	// tags, and "#p" reads use the tag index, not mention rows.
+	MaxMentions int
+	// MaxThreadDepth bounds a channel reply's depth in its thread (0:
+	// DefaultMaxThreadDepth); a deeper reply is refused with invalid:.
+	// Each reply updates one row per ancestor under the thread's lock.
+	MaxThreadDepth int
 	// Now is the pipeline's clock (nil: time.Now). Validation and the
 	// created_at of relay-signed events read it, so tests can drive time.
 	Now func() time.Time
 }
+
+// Defaults for Options left zero (the relay's configuration sets them).
+const (
+	DefaultMaxMentions    = 100
+	DefaultMaxThreadDepth = 64
+)
 
 // New returns a pipeline with the built-in kind handlers.
 func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
@@ -156,13 +173,21 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 	if now == nil {
 		now = time.Now
 	}
+	if opts.MaxMentions <= 0 {
+		opts.MaxMentions = DefaultMaxMentions
+	}
+	if opts.MaxThreadDepth <= 0 {
+		opts.MaxThreadDepth = DefaultMaxThreadDepth
+	}
 	p := &Pipeline{
-		pool:          pool,
-		hub:           hub,
-		maxFutureSkew: opts.MaxFutureSkew,
-		now:           now,
-		keys:          map[uuid.UUID]*nostr.SecretKey{},
-		handlers:      map[int]Handler{},
+		pool:           pool,
+		hub:            hub,
+		maxMentions:    opts.MaxMentions,
+		maxThreadDepth: opts.MaxThreadDepth,
+		maxFutureSkew:  opts.MaxFutureSkew,
+		now:            now,
+		keys:           map[uuid.UUID]*nostr.SecretKey{},
+		handlers:       map[int]Handler{},
 	}
 	p.handlers[nostr.KindDeletion] = deletionHandler
 	registerChannelHandlers(p.handlers)

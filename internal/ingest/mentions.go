@@ -7,9 +7,6 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// mentionChunk bounds the rows one event_mentions statement inserts.
-const mentionChunk = 5000
-
 // mentionSideRows records an event_mentions row per pubkey the event's p
 // tags name (nostr.MentionedPubkey: lowercase hex, first occurrence).
 var mentionSideRows = SideRows{Needs: hasMention, Apply: applyMentions}
@@ -25,15 +22,13 @@ func hasMention(ev *nostr.Event) bool {
 
 func applyMentions(ctx context.Context, w *Write) error {
 	pubkeys := nostr.MentionedPubkeys(w.Event.Tags)
-	id := w.Event.IDBytes()
-	for start := 0; start < len(pubkeys); start += mentionChunk {
-		chunk := pubkeys[start:min(start+mentionChunk, len(pubkeys))]
-		if _, err := w.Q.EventMentionsInsert(ctx, db.EventMentionsInsertParams{
-			CommunityID: w.Tenant.ID(), EventID: id[:], EventCreatedAt: w.Event.CreatedAt,
-			ChannelID: w.ChannelID, EventKind: int32(w.Event.Kind), Pubkeys: chunk,
-		}); err != nil {
-			return err
-		}
+	if len(pubkeys) > w.pipeline.maxMentions {
+		pubkeys = pubkeys[:w.pipeline.maxMentions]
 	}
-	return nil
+	id := w.Event.IDBytes()
+	_, err := w.Q.EventMentionsInsert(ctx, db.EventMentionsInsertParams{
+		CommunityID: w.Tenant.ID(), EventID: id[:], EventCreatedAt: w.Event.CreatedAt,
+		ChannelID: w.ChannelID, EventKind: int32(w.Event.Kind), Pubkeys: pubkeys,
+	})
+	return err
 }

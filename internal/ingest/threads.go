@@ -92,6 +92,9 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 			return err
 		}
 	}
+	if max := w.pipeline.maxThreadDepth; int(depth) > max {
+		return Reject("invalid", "thread is too deep: replies may sit at most %d levels below the root; reply higher up", max)
+	}
 	if _, err := w.Q.ThreadRootLock(ctx, db.ThreadRootLockParams{
 		CommunityID: community, EventCreatedAt: rootCreatedAt, EventID: rootID,
 	}); err != nil {

@@ -72,18 +72,20 @@ type Server struct {
 func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 	hub := fanout.NewHub()
 	s := &Server{
-		cfg:      cfg,
-		pool:     pool,
-		queries:  db.New(pool),
-		store:    eventstore.New(pool, cfg.MaxLimit),
-		pipeline: ingest.New(pool, hub, ingest.Options{MaxFutureSkew: cfg.MaxFutureSkew}),
-		hub:      hub,
-		access:   access.NewCache(db.New(pool), accessTTL),
-		metrics:  NewMetrics(),
-		log:      log,
-		now:      time.Now,
-		Tracer:   trace.NoopTracer{},
-		conns:    map[*conn]struct{}{},
+		cfg:     cfg,
+		pool:    pool,
+		queries: db.New(pool),
+		store:   eventstore.New(pool, cfg.MaxLimit),
+		pipeline: ingest.New(pool, hub, ingest.Options{
+			MaxFutureSkew: cfg.MaxFutureSkew, MaxMentions: cfg.MaxMentionsPerEvent, MaxThreadDepth: cfg.MaxThreadDepth,
+		}),
+		hub:     hub,
+		access:  access.NewCache(db.New(pool), accessTTL),
+		metrics: NewMetrics(),
+		log:     log,
+		now:     time.Now,
+		Tracer:  trace.NoopTracer{},
+		conns:   map[*conn]struct{}{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
 			MaxSubIDLength:  64,
