@@ -81,7 +81,8 @@ BEGIN
            SELECT FROM channels
            WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
     THEN
-        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id USING ERRCODE = '23514';
+        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
+            USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
     END IF;
     RETURN NEW;
 END
@@ -97,7 +98,8 @@ CREATE FUNCTION public.channels_community_id_immutable() RETURNS trigger
     AS $$
 BEGIN
     IF NEW.community_id <> OLD.community_id THEN
-        RAISE EXCEPTION 'channels.community_id is immutable' USING ERRCODE = '23514';
+        RAISE EXCEPTION 'channels.community_id is immutable'
+            USING ERRCODE = '23514', CONSTRAINT = 'channels_community_id_immutable';
     END IF;
     RETURN NEW;
 END

@@ -7,9 +7,9 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -88,7 +88,7 @@ func isUnknownChannel(err error) bool {
 // member of, are the same rejection.
 func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
 	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
+	if dberr.IsNotFound(err) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
 		return row, errUnknownChannel()
 	}
 	return row, err
@@ -128,7 +128,7 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 		return db.ChannelAccessRow{}, err
 	}
 	if _, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: id}); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
+		if dberr.IsNotFound(err) {
 			return db.ChannelAccessRow{}, errUnknownChannel()
 		}
 		return db.ChannelAccessRow{}, err
@@ -331,7 +331,7 @@ func applyPutUser(ctx context.Context, w *Write) error {
 	// The user being added decides who may add them (agents often allow only their owner).
 	if target != w.Actor {
 		policy, err := w.Q.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: w.Tenant.ID(), Pubkey: targetBytes})
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil && !dberr.IsNotFound(err) {
 			return err
 		}
 		switch policy.ChannelAddPolicy {

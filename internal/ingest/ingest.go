@@ -15,11 +15,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -358,12 +358,22 @@ func checkChannelTags(w *Write) error {
 	return nil
 }
 
-// mapError turns constraint violations raised by the schema's own rules
-// into rejections the client can act on; anything else stays internal.
+// mapError turns what the database refused into rejections the client can
+// act on, with the fixed text of the rule that was broken (never the
+// server's own message); anything else stays internal.
 func mapError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23514" {
-		return Reject("restricted", "%s", pgErr.Message)
+	err = dberr.Interpret(err)
+	if v, ok := dberr.AsViolation(err); ok {
+		switch {
+		case v.Kind == dberr.Unique:
+			return Reject("duplicate", "%s", v.ClientText)
+		case v.Constraint == "channel_members_keep_an_owner":
+			return Reject("restricted", "%s", v.ClientText)
+		}
+		return Reject("invalid", "%s", v.ClientText)
+	}
+	if errors.Is(err, dberr.ErrSerialization) {
+		return Reject("error", "the write collided with a concurrent one; send it again")
 	}
 	return err
 }

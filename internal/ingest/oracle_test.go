@@ -66,3 +66,16 @@ func TestReactionsToGiftWrapsAreRefused(t *testing.T) {
 	f.rejected(f.sign(alice, nostr.KindReaction, "+", nostr.Tags{{"e", wrap.ID}}, 0), "invalid: kind 1059 events take no reactions")
 	require.Zero(t, f.count(`SELECT count(*) FROM reactions`))
 }
+
+// TestDatabaseRulesAnswerWithFixedTexts: a write the schema refuses (the
+// last owner leaving) is answered with the rule's fixed text, never the
+// server's message, which quoted the channel id. Mutation killed: mapError
+// forwarding pgErr.Message for 23514.
+func TestDatabaseRulesAnswerWithFixedTexts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "fixed-texts.example", 0)
+	owner := f.key()
+	ch := f.channel(owner, false)
+	f.rejected(f.sign(owner, ingest.KindLeaveRequest, "", nostr.Tags{{"h", ch}}, 0),
+		"restricted: a channel must keep an owner: make someone else owner first")
+}

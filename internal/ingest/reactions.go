@@ -2,11 +2,9 @@ package ingest
 
 import (
 	"context"
-	"errors"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -49,7 +47,7 @@ func prepareReaction(ctx context.Context, w *Write) error {
 	notFound := Reject("invalid", "reaction target event not found")
 	id, _ := reactionTarget(w.Event)
 	target, err := w.Q.ReactionTarget(ctx, db.ReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:], ReaderHex: w.Actor})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if dberr.IsNotFound(err) {
 		return notFound
 	}
 	if err != nil {

@@ -2,13 +2,11 @@ package ingest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -74,7 +72,7 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 	}
 	community, channel := w.Tenant.ID(), *w.ChannelID
 	parent, err := w.Q.ThreadParentLookup(ctx, db.ThreadParentLookupParams{CommunityID: community, ID: parentID[:], ChannelID: channel})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if dberr.IsNotFound(err) {
 		return notFound
 	}
 	if err != nil {
