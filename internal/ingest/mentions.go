@@ -21,10 +21,7 @@ func hasMention(ev *nostr.Event) bool {
 }
 
 func applyMentions(ctx context.Context, w *Write) error {
-	pubkeys := nostr.MentionedPubkeys(w.Event.Tags)
-	if len(pubkeys) > w.pipeline.maxMentions {
-		pubkeys = pubkeys[:w.pipeline.maxMentions]
-	}
+	pubkeys := nostr.MentionedPubkeys(w.Event.Tags, w.pipeline.maxMentions)
 	id := w.Event.IDBytes()
 	_, err := w.Q.EventMentionsInsert(ctx, db.EventMentionsInsertParams{
 		CommunityID: w.Tenant.ID(), EventID: id[:], EventCreatedAt: w.Event.CreatedAt,

@@ -13,9 +13,11 @@ func MentionedPubkey(tag Tag) (string, bool) {
 	return tag[1], true
 }
 
-// MentionedPubkeys returns the distinct pubkeys ev's p tags name
-// (MentionedPubkey), first seen first.
-func MentionedPubkeys(tags Tags) []string {
+// MentionedPubkeys returns the first max distinct pubkeys the p tags name
+// (MentionedPubkey), first seen first; max <= 0 means all of them. Every
+// consumer of mentions passes the same cap, so no pubkey is a mention for
+// one (say, listener delivery) and not for another (mention rows).
+func MentionedPubkeys(tags Tags, max int) []string {
 	var out []string
 	var seen map[string]struct{}
 	for _, tag := range tags {
@@ -29,6 +31,9 @@ func MentionedPubkeys(tags Tags) []string {
 		if _, dup := seen[pk]; !dup {
 			seen[pk] = struct{}{}
 			out = append(out, pk)
+			if len(out) == max {
+				break
+			}
 		}
 	}
 	return out

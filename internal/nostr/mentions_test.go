@@ -13,7 +13,9 @@ func TestMentionedPubkeysTakesLowercaseHexOnly(t *testing.T) {
 	tags := Tags{
 		{"p", a}, {"p", strings.ToUpper(b)}, {"p", "Ab" + a[2:]}, {"p", b}, {"p", a}, {"p"}, {"e", b}, {"p", a[:62]}, {"p", b, "wss://r", "x"},
 	}
-	require.Equal(t, []string{a, b}, MentionedPubkeys(tags))
+	require.Equal(t, []string{a, b}, MentionedPubkeys(tags, 0))
+	require.Equal(t, []string{a}, MentionedPubkeys(tags, 1))
+	require.Equal(t, []string{a, b}, MentionedPubkeys(tags, 5))
 	_, ok := MentionedPubkey(Tag{"p", strings.ToUpper(a)})
 	require.False(t, ok)
 }

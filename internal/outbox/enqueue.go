@@ -36,9 +36,10 @@ func Mentions(ev *nostr.Event) bool {
 	return false
 }
 
-// mentionTargets returns the distinct p-tag pubkeys of ev, first seen first.
-func mentionTargets(ev *nostr.Event) [][]byte {
-	pubkeys := nostr.MentionedPubkeys(ev.Tags)
+// mentionTargets returns the first maxTargets distinct p-tag pubkeys of ev
+// (all when maxTargets <= 0), first seen first.
+func mentionTargets(ev *nostr.Event, maxTargets int) [][]byte {
+	pubkeys := nostr.MentionedPubkeys(ev.Tags, maxTargets)
 	out := make([][]byte, 0, len(pubkeys))
 	for _, pk := range pubkeys {
 		b, _ := nostr.DecodeHex32(pk)
@@ -52,12 +53,14 @@ func mentionTargets(ev *nostr.Event) [][]byte {
 // event row was newly inserted (a duplicate must enqueue nothing). It
 // returns at most 10 of the new row ids, the ones to Offer to the local
 // Worker after a successful commit, and how many rows were inserted in all.
-// Events that are not messages, or mention nobody, cost no query.
-func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event) (kept []uuid.UUID, inserted int64, err error) {
+// Events that are not messages, or mention nobody, cost no query. Only the
+// first maxTargets mentioned pubkeys count (the relay passes the cap its
+// mention rows use, so a delivered mention always has its mention row).
+func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event, maxTargets int) (kept []uuid.UUID, inserted int64, err error) {
 	if !isMessageKind(ev.Kind) {
 		return nil, 0, nil
 	}
-	targets := mentionTargets(ev)
+	targets := mentionTargets(ev, maxTargets)
 	if len(targets) == 0 {
 		return nil, 0, nil
 	}

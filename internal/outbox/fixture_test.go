@@ -124,7 +124,7 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	n, err := q.EventInsert(ctx, params)
 	require.NoError(f.t, err)
 	if n == 1 {
-		kept, inserted, err = Enqueue(ctx, q, f.community, ev)
+		kept, inserted, err = Enqueue(ctx, q, f.community, ev, 0)
 		require.NoError(f.t, err)
 	}
 	if !commit {
