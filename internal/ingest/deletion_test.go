@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -82,9 +82,9 @@ func TestCoordinateRuleIsTheSameInGoAndSQL(t *testing.T) {
 	params, err := eventstore.InsertParams(f.tenant.ID(), loose, nil)
 	require.NoError(t, err)
 	_, err = db.New(f.pool).EventInsert(f.ctx, params)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "want a constraint violation, got %v", err)
-	require.Equal(t, "events_deletion_coordinates_canonical", pgErr.ConstraintName)
+	v, ok := dberr.AsViolation(err)
+	require.True(t, ok, "want a constraint violation, got %v", err)
+	require.Equal(t, "events_deletion_coordinates_canonical", v.Constraint)
 }
 
 // TestDeletionIsAsReadableAsItsTargets: a kind 5 is stored in the channel of
