@@ -48,17 +48,42 @@ UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
 
--- name: EventNextCreatedAt :one
--- Relay-signed addressable events must strictly advance their slot's
--- created_at even when two changes land in the same second; otherwise the
--- lowest-id tie rule could keep the older state.
-SELECT greatest(extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()))::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea AND kind = @kind::int AND d_tag = @d_tag::text;
-
 -- name: EventReactionTarget :one
--- The event a reaction names: stored in this community and not deleted.
-SELECT created_at, channel_id FROM events
+-- The event a reaction names: stored in this community and not deleted;
+-- addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
+SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader
+FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
 LIMIT 1;
+
+-- name: EventSlotClear :execrows
+-- Removes the stored versions of one slot before the relay stores its own
+-- new version there. Relay-signed events carry the relay's current second,
+-- never a later one; when the previous version has that same second (or,
+-- after a clock step back, a later one) the lowest-id tie rule could keep
+-- the older state, so the newest replaces it outright. The caller holds the
+-- channel's row lock, and the insert that follows takes the slot lock.
+DELETE FROM events
+WHERE community_id = @community_id::uuid
+  AND pubkey = @pubkey::bytea
+  AND kind = @kind::int
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
+
+-- name: EventChannelsByAuthorIDs :many
+-- The channels (NULL: community-global) of the author's own events among
+-- ids that a deletion could hide: a kind 5 is stored where its targets are,
+-- so it tells no one outside a private channel which ids it deleted.
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = @community_id::uuid
+  AND id = ANY(@ids::bytea[])
+  AND pubkey = @author::bytea
+  AND kind <> 5;
+
+-- name: EventChannelsByAddress :many
+-- The channels of the stored versions of the author's slot (the
+-- coordinate's counterpart of EventChannelsByAuthorIDs).
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = @community_id::uuid
+  AND pubkey = @author::bytea
+  AND kind = @kind::int
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;

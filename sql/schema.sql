@@ -81,7 +81,8 @@ BEGIN
            SELECT FROM channels
            WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
     THEN
-        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id USING ERRCODE = '23514';
+        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
+            USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
     END IF;
     RETURN NEW;
 END
@@ -97,10 +98,24 @@ CREATE FUNCTION public.channels_community_id_immutable() RETURNS trigger
     AS $$
 BEGIN
     IF NEW.community_id <> OLD.community_id THEN
-        RAISE EXCEPTION 'channels.community_id is immutable' USING ERRCODE = '23514';
+        RAISE EXCEPTION 'channels.community_id is immutable'
+            USING ERRCODE = '23514', CONSTRAINT = 'channels_community_id_immutable';
     END IF;
     RETURN NEW;
 END
+$$;
+
+
+--
+-- Name: events_deletion_coordinates_canonical(jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.events_deletion_coordinates_canonical(tags jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT coalesce(bool_and(coalesce(nostr_coordinate_is_canonical(tag->>1), false)), true)
+    FROM jsonb_array_elements(tags) AS tag
+    WHERE jsonb_typeof(tag) = 'array' AND jsonb_array_length(tag) >= 2 AND tag->>0 = 'a'
 $$;
 
 
@@ -179,6 +194,32 @@ CREATE FUNCTION public.events_tag_index(tags jsonb) RETURNS text[]
       AND (tag->>0) ~ '^[A-Za-z]$'
       AND octet_length(tag->>1) <= 1024
 $_$;
+
+
+--
+-- Name: nostr_coordinate_is_canonical(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.nostr_coordinate_is_canonical(coordinate text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+    SELECT octet_length(coordinate) <= 1024 AND coalesce(
+        CASE WHEN coordinate ~ '^(0|[1-9][0-9]{0,4}):[0-9a-f]{64}:' THEN
+            CASE
+                WHEN split_part(coordinate, ':', 1)::int IN (0, 3)
+                  OR split_part(coordinate, ':', 1)::int BETWEEN 10000 AND 19999
+                    THEN coordinate ~ '^[0-9]+:[0-9a-f]{64}:$'
+                ELSE split_part(coordinate, ':', 1)::int BETWEEN 30000 AND 39999
+            END
+        END, false)
+$_$;
+
+
+--
+-- Name: FUNCTION nostr_coordinate_is_canonical(coordinate text); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.nostr_coordinate_is_canonical(coordinate text) IS 'The one accepted spelling of an a-tag coordinate: <kind>:<lowercase hex pubkey>:<d>, see migration 010.';
 
 
 SET default_tablespace = '';
@@ -532,6 +573,14 @@ ALTER TABLE ONLY public.communities
 
 ALTER TABLE ONLY public.event_mentions
     ADD CONSTRAINT event_mentions_pkey PRIMARY KEY (community_id, pubkey_hex, event_id);
+
+
+--
+-- Name: events events_deletion_coordinates_canonical; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.events
+    ADD CONSTRAINT events_deletion_coordinates_canonical CHECK (((kind <> 5) OR public.events_deletion_coordinates_canonical(tags))) NOT VALID;
 
 
 --

@@ -21,10 +21,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 const usage = `usage: buzz-admin communities create HOST | list | archive HOST | unarchive HOST
@@ -99,8 +99,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	switch verb {
 	case "create":
 		row, err := q.CommunityCreate(ctx, host)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if v, ok := dberr.AsViolation(err); ok && v.Constraint == "communities_host_key" {
 			return fmt.Errorf("host %q is already taken (hosts of archived and deleted communities stay reserved)", host)
 		}
 		if err != nil {
@@ -124,7 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		} else {
 			row, err = q.CommunityUnarchive(ctx, host)
 		}
-		if errors.Is(err, pgx.ErrNoRows) {
+		if dberr.IsNotFound(err) {
 			return fmt.Errorf("no community has host %q", host)
 		}
 		if err != nil {

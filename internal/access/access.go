@@ -21,15 +21,6 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// PGatedKinds are delivered only to the pubkeys named in their p tags:
-// membership notifications and NIP-59 gift wraps.
-var PGatedKinds = []int{1059, 44100, 44101}
-
-// IsPGated reports whether kind is p-gated.
-func IsPGated(kind int) bool {
-	return kind == 1059 || kind == 44100 || kind == 44101
-}
-
 // AddressedTo reports whether ev names pubkey in a p tag.
 func AddressedTo(ev *nostr.Event, pubkey string) bool {
 	for _, tag := range ev.Tags {

@@ -76,12 +76,8 @@ func TestCacheStaysBounded(t *testing.T) {
 	require.Len(t, m, 1, "expired answers are dropped first")
 }
 
-func TestPGatedKinds(t *testing.T) {
+func TestAddressedTo(t *testing.T) {
 	t.Parallel()
-	for _, k := range PGatedKinds {
-		require.True(t, IsPGated(k))
-	}
-	require.False(t, IsPGated(1))
 	ev := &nostr.Event{Tags: nostr.Tags{{"p", "me"}, {"e", "x"}}}
 	require.True(t, AddressedTo(ev, "me"))
 	require.False(t, AddressedTo(ev, "x"))

@@ -10,9 +10,9 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 // ErrUnknownHost is returned for a host that names no serving community:
@@ -45,7 +45,7 @@ func Resolve(ctx context.Context, q *db.Queries, rawHost string) (Tenant, error)
 		return Tenant{}, ErrUnknownHost
 	}
 	row, err := q.CommunityResolveServing(ctx, host)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if dberr.IsNotFound(err) {
 		return Tenant{}, ErrUnknownHost
 	}
 	if err != nil {

@@ -32,12 +32,18 @@ type Config struct {
 	MaxEventTags     int           // tags per event
 	MaxContentBytes  int           // bytes of content per event
 	MaxFutureSkew    time.Duration // how far ahead of now created_at may be
-	AuthWindow       time.Duration // NIP-42 created_at tolerance
-	SendQueue        int           // queued outbound messages per connection
-	WriteTimeout     time.Duration // a client that cannot take a write this long is dropped
-	PingInterval     time.Duration // WebSocket ping cadence; a missed pong closes the connection
-	QueryTimeout     time.Duration // statement budget for one REQ/COUNT
-	DBMaxConns       int32
+	// MaxMentionsPerEvent bounds the mention rows one event writes (its
+	// first distinct p-tagged pubkeys); the event itself is stored whole.
+	MaxMentionsPerEvent int
+	// MaxThreadDepth bounds how deep a channel reply may sit in its thread:
+	// each reply updates one row per ancestor under the thread's lock.
+	MaxThreadDepth int
+	AuthWindow     time.Duration // NIP-42 created_at tolerance
+	SendQueue      int           // queued outbound messages per connection
+	WriteTimeout   time.Duration // a client that cannot take a write this long is dropped
+	PingInterval   time.Duration // WebSocket ping cadence; a missed pong closes the connection
+	QueryTimeout   time.Duration // statement budget for one REQ/COUNT
+	DBMaxConns     int32
 }
 
 // Default is the configuration with every variable unset.
@@ -55,12 +61,18 @@ func Default() Config {
 		MaxEventTags:     2000,
 		MaxContentBytes:  64 << 10,
 		MaxFutureSkew:    15 * time.Minute,
-		AuthWindow:       60 * time.Second,
-		SendQueue:        1024,
-		WriteTimeout:     10 * time.Second,
-		PingInterval:     30 * time.Second,
-		QueryTimeout:     10 * time.Second,
-		DBMaxConns:       20,
+		// Enough for any real mention list; a 2,000-entry follow list still
+		// stores, with mention rows for its first 100 pubkeys.
+		MaxMentionsPerEvent: 100,
+		// Far deeper than conversations go, small enough that one reply's
+		// ancestor updates stay cheap under the thread's lock.
+		MaxThreadDepth: 64,
+		AuthWindow:     60 * time.Second,
+		SendQueue:      1024,
+		WriteTimeout:   10 * time.Second,
+		PingInterval:   30 * time.Second,
+		QueryTimeout:   10 * time.Second,
+		DBMaxConns:     20,
 	}
 }
 
@@ -82,6 +94,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MAX_LIMIT", &c.MaxLimit)
 	r.positive("BUZZ_MAX_EVENT_TAGS", &c.MaxEventTags)
 	r.positive("BUZZ_MAX_CONTENT_BYTES", &c.MaxContentBytes)
+	r.positive("BUZZ_MAX_MENTIONS_PER_EVENT", &c.MaxMentionsPerEvent)
+	r.positive("BUZZ_MAX_THREAD_DEPTH", &c.MaxThreadDepth)
 	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)

@@ -13,6 +13,85 @@ import (
 	"github.com/google/uuid"
 )
 
+const eventChannelsByAddress = `-- name: EventChannelsByAddress :many
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = $1::uuid
+  AND pubkey = $2::bytea
+  AND kind = $3::int
+  AND d_tag IS NOT DISTINCT FROM $4::text
+`
+
+type EventChannelsByAddressParams struct {
+	CommunityID uuid.UUID
+	Author      []byte
+	Kind        int32
+	DTag        *string
+}
+
+// The channels of the stored versions of the author's slot (the
+// coordinate's counterpart of EventChannelsByAuthorIDs).
+func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]*uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, eventChannelsByAddress,
+		arg.CommunityID,
+		arg.Author,
+		arg.Kind,
+		arg.DTag,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*uuid.UUID
+	for rows.Next() {
+		var channel_id *uuid.UUID
+		if err := rows.Scan(&channel_id); err != nil {
+			return nil, err
+		}
+		items = append(items, channel_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventChannelsByAuthorIDs = `-- name: EventChannelsByAuthorIDs :many
+SELECT DISTINCT channel_id FROM events
+WHERE community_id = $1::uuid
+  AND id = ANY($2::bytea[])
+  AND pubkey = $3::bytea
+  AND kind <> 5
+`
+
+type EventChannelsByAuthorIDsParams struct {
+	CommunityID uuid.UUID
+	Ids         [][]byte
+	Author      []byte
+}
+
+// The channels (NULL: community-global) of the author's own events among
+// ids that a deletion could hide: a kind 5 is stored where its targets are,
+// so it tells no one outside a private channel which ids it deleted.
+func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]*uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, eventChannelsByAuthorIDs, arg.CommunityID, arg.Ids, arg.Author)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*uuid.UUID
+	for rows.Next() {
+		var channel_id *uuid.UUID
+		if err := rows.Scan(&channel_id); err != nil {
+			return nil, err
+		}
+		items = append(items, channel_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const eventExists = `-- name: EventExists :one
 SELECT EXISTS (
     SELECT FROM events WHERE community_id = $1::uuid AND id = $2::bytea
@@ -75,59 +154,72 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 	return result.RowsAffected(), nil
 }
 
-const eventNextCreatedAt = `-- name: EventNextCreatedAt :one
-SELECT greatest(extract(epoch FROM coalesce($1::timestamptz, now()))::bigint,
-                coalesce(max(extract(epoch FROM created_at))::bigint + 1, 0))::bigint
-FROM events
-WHERE community_id = $2::uuid AND pubkey = $3::bytea AND kind = $4::int AND d_tag = $5::text
-`
-
-type EventNextCreatedAtParams struct {
-	Now         *time.Time
-	CommunityID uuid.UUID
-	Pubkey      []byte
-	Kind        int32
-	DTag        string
-}
-
-// Relay-signed addressable events must strictly advance their slot's
-// created_at even when two changes land in the same second; otherwise the
-// lowest-id tie rule could keep the older state.
-func (q *Queries) EventNextCreatedAt(ctx context.Context, arg EventNextCreatedAtParams) (int64, error) {
-	row := q.db.QueryRow(ctx, eventNextCreatedAt,
-		arg.Now,
-		arg.CommunityID,
-		arg.Pubkey,
-		arg.Kind,
-		arg.DTag,
-	)
-	var column_1 int64
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
 const eventReactionTarget = `-- name: EventReactionTarget :one
-SELECT created_at, channel_id FROM events
-WHERE community_id = $1::uuid AND id = $2::bytea AND deleted_at IS NULL
+SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader
+FROM events
+WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
 LIMIT 1
 `
 
 type EventReactionTargetParams struct {
+	ReaderHex   string
 	CommunityID uuid.UUID
 	ID          []byte
 }
 
 type EventReactionTargetRow struct {
-	CreatedAt time.Time
-	ChannelID *uuid.UUID
+	CreatedAt         time.Time
+	ChannelID         *uuid.UUID
+	Kind              int32
+	AddressedToReader bool
 }
 
-// The event a reaction names: stored in this community and not deleted.
+// The event a reaction names: stored in this community and not deleted;
+// addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
 func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTargetParams) (EventReactionTargetRow, error) {
-	row := q.db.QueryRow(ctx, eventReactionTarget, arg.CommunityID, arg.ID)
+	row := q.db.QueryRow(ctx, eventReactionTarget, arg.ReaderHex, arg.CommunityID, arg.ID)
 	var i EventReactionTargetRow
-	err := row.Scan(&i.CreatedAt, &i.ChannelID)
+	err := row.Scan(
+		&i.CreatedAt,
+		&i.ChannelID,
+		&i.Kind,
+		&i.AddressedToReader,
+	)
 	return i, err
+}
+
+const eventSlotClear = `-- name: EventSlotClear :execrows
+DELETE FROM events
+WHERE community_id = $1::uuid
+  AND pubkey = $2::bytea
+  AND kind = $3::int
+  AND d_tag IS NOT DISTINCT FROM $4::text
+`
+
+type EventSlotClearParams struct {
+	CommunityID uuid.UUID
+	Pubkey      []byte
+	Kind        int32
+	DTag        *string
+}
+
+// Removes the stored versions of one slot before the relay stores its own
+// new version there. Relay-signed events carry the relay's current second,
+// never a later one; when the previous version has that same second (or,
+// after a clock step back, a later one) the lowest-id tie rule could keep
+// the older state, so the newest replaces it outright. The caller holds the
+// channel's row lock, and the insert that follows takes the slot lock.
+func (q *Queries) EventSlotClear(ctx context.Context, arg EventSlotClearParams) (int64, error) {
+	result, err := q.db.Exec(ctx, eventSlotClear,
+		arg.CommunityID,
+		arg.Pubkey,
+		arg.Kind,
+		arg.DTag,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const eventSlotLock = `-- name: EventSlotLock :exec

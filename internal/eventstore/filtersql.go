@@ -110,7 +110,7 @@ type Scope struct {
 // from the filter's own conditions so every statement shape carries them.
 func (b *sqlBuilder) scopeConditions(s Scope, channels string) {
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
-	b.sql.WriteString(" AND (kind NOT IN (1059, 44100, 44101) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
+	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
 }
 
 // inList appends a membership test. A single value becomes plain equality:

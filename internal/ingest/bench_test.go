@@ -52,7 +52,7 @@ func benchTenant(b *testing.B) (*ingest.Pipeline, community.Tenant, *db.Queries)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return ingest.New(pool, fanout.NewHub(), time.Minute), community.FromRow(row), db.New(pool)
+	return ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute}), community.FromRow(row), db.New(pool)
 }
 
 // BenchmarkSubmit is the write spine without the WebSocket: verify, insert

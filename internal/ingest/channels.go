@@ -7,9 +7,9 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -28,8 +28,8 @@ const (
 	KindGroupMetadata = 39000
 	KindGroupAdmins   = 39001
 	KindGroupMembers  = 39002
-	KindMemberAdded   = 44100
-	KindMemberRemoved = 44101
+	KindMemberAdded   = nostr.KindMemberAdded
+	KindMemberRemoved = nostr.KindMemberRemoved
 )
 
 // RelayOnlyKinds are signed by the community's relay key; clients may not
@@ -71,12 +71,25 @@ func requireChannelTag(ev *nostr.Event) error {
 	return err
 }
 
-// channelAccess reads the channel and the actor's active role in it; an
-// unknown or deleted channel is a rejection.
+// errUnknownChannel answers alike for a channel that does not exist and one
+// the actor cannot read (private, not a member): the answer must not tell
+// an outsider which private channel ids exist.
+func errUnknownChannel() error {
+	return &Rejection{Prefix: "restricted", Reason: "channel does not exist or is private to its members", unknownChannel: true}
+}
+
+func isUnknownChannel(err error) bool {
+	var rej *Rejection
+	return errors.As(err, &rej) && rej.unknownChannel
+}
+
+// channelAccess reads the channel and the actor's active role in it. An
+// unknown or deleted channel, and a private one the actor is not an active
+// member of, are the same rejection.
 func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
 	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return row, Reject("invalid", "unknown channel %s", id)
+	if dberr.IsNotFound(err) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
+		return row, errUnknownChannel()
 	}
 	return row, err
 }
@@ -102,26 +115,30 @@ func bindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
 	if access.ArchivedAt != nil {
 		return Reject("restricted", "channel is archived")
 	}
-	if access.Visibility == db.ChannelVisibilityPrivate && access.MemberRole == nil {
-		return Reject("restricted", "not a member of this private channel")
-	}
 	w.ChannelID = &id
 	return nil
 }
 
 // lockChannel takes the channel's row lock for a membership or metadata
-// change and binds the event to it.
-func lockChannel(ctx context.Context, w *Write) (db.Channel, error) {
+// change, binds the event to it and returns the actor's access. A private
+// channel the actor is not a member of answers like an unknown one.
+func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	id, err := channelOf(w.Event)
 	if err != nil {
-		return db.Channel{}, err
+		return db.ChannelAccessRow{}, err
 	}
-	ch, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: id})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ch, Reject("invalid", "unknown channel %s", id)
+	if _, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: id}); err != nil {
+		if dberr.IsNotFound(err) {
+			return db.ChannelAccessRow{}, errUnknownChannel()
+		}
+		return db.ChannelAccessRow{}, err
+	}
+	access, err := channelAccess(ctx, w, id)
+	if err != nil {
+		return access, err
 	}
 	w.ChannelID = &id
-	return ch, err
+	return access, nil
 }
 
 func validateCreateGroup(ev *nostr.Event) error {
@@ -179,20 +196,9 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 }
 
 func prepareJoin(ctx context.Context, w *Write) error {
-	ch, err := lockChannel(ctx, w)
-	if err != nil {
-		return err
-	}
-	if ch.Visibility == db.ChannelVisibilityPrivate {
-		access, err := channelAccess(ctx, w, ch.ID)
-		if err != nil {
-			return err
-		}
-		if access.MemberRole == nil {
-			return Reject("restricted", "channel is private; ask an admin to add you")
-		}
-	}
-	return nil
+	// lockChannel refuses a private channel the actor is not a member of.
+	_, err := lockChannel(ctx, w)
+	return err
 }
 
 func applyJoin(ctx context.Context, w *Write) error {
@@ -205,11 +211,7 @@ func applyJoin(ctx context.Context, w *Write) error {
 }
 
 func prepareLeave(ctx context.Context, w *Write) error {
-	ch, err := lockChannel(ctx, w)
-	if err != nil {
-		return err
-	}
-	access, err := channelAccess(ctx, w, ch.ID)
+	access, err := lockChannel(ctx, w)
 	if err != nil {
 		return err
 	}
@@ -265,11 +267,7 @@ func validatePutUser(ev *nostr.Event) error {
 // actorRole locks the channel and returns the actor's active role (nil if
 // not a member).
 func actorRole(ctx context.Context, w *Write) (*db.MemberRole, error) {
-	ch, err := lockChannel(ctx, w)
-	if err != nil {
-		return nil, err
-	}
-	access, err := channelAccess(ctx, w, ch.ID)
+	access, err := lockChannel(ctx, w)
 	return access.MemberRole, err
 }
 
@@ -333,7 +331,7 @@ func applyPutUser(ctx context.Context, w *Write) error {
 	// The user being added decides who may add them (agents often allow only their owner).
 	if target != w.Actor {
 		policy, err := w.Q.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: w.Tenant.ID(), Pubkey: targetBytes})
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil && !dberr.IsNotFound(err) {
 			return err
 		}
 		switch policy.ChannelAddPolicy {
@@ -497,10 +495,17 @@ func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.T
 		return err
 	}
 	pub := key.PublicKey()
+	// Never dated ahead of the relay's clock, however fast users toggle
+	// membership: a newer state in the same second replaces the stored one.
 	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.clock.Now().Unix()}
-	if d := ev.DTag(); nostr.IsAddressable(kind) {
-		if ev.CreatedAt, err = w.Q.EventNextCreatedAt(ctx, db.EventNextCreatedAtParams{
-			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d, Now: w.SQLNow(),
+	if nostr.IsAddressable(kind) || nostr.IsReplaceable(kind) {
+		var d *string
+		if nostr.IsAddressable(kind) {
+			tag := ev.DTag()
+			d = &tag
+		}
+		if _, err := w.Q.EventSlotClear(ctx, db.EventSlotClearParams{
+			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
 		}); err != nil {
 			return err
 		}

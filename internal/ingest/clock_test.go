@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -19,7 +20,7 @@ func TestWriteSpineRecordsTimeFromTheInjectedClock(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "clock.example", 0)
 	at := time.Now().Add(time.Hour).Truncate(time.Second)
-	f.p.SetClock(clock.Stub(func() time.Time { return at }))
+	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(func() time.Time { return at })})
 	owner, member := f.key(), f.key()
 	ch := f.channel(owner, true)
 	f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0))

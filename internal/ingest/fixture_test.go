@@ -46,7 +46,7 @@ func newFixture(t *testing.T, host string, maxConns int32) *fixture {
 	require.NoError(t, err)
 	return &fixture{
 		t: t, ctx: ctx, pool: pool, tenant: community.FromRow(row),
-		p: ingest.New(pool, fanout.NewHub(), time.Minute), base: time.Now().Unix() - 10000,
+		p: ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute}), base: time.Now().Unix() - 10000,
 	}
 }
 

@@ -15,12 +15,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -51,6 +51,9 @@ func (o Outcome) Message() string {
 type Rejection struct {
 	Prefix string // invalid, restricted, blocked, rate-limited, duplicate, error ...
 	Reason string
+	// unknownChannel marks the answer shared by unknown and unreadable
+	// channels, so a caller can answer its own "not found" instead.
+	unknownChannel bool
 }
 
 func (r *Rejection) Error() string { return r.Prefix + ": " + r.Reason }
@@ -128,6 +131,8 @@ type Pipeline struct {
 	sideRows      []SideRows
 	maxFutureSkew time.Duration
 	clock         clock.Clock
+	// maxMentions and maxThreadDepth: see Options.
+	maxMentions, maxThreadDepth int
 
 	keysMu sync.Mutex
 	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
@@ -142,18 +147,48 @@ type Pipeline struct {
 // SQLNow is the now parameter of the write's queries (see package clock).
 func (w *Write) SQLNow() *time.Time { return w.pipeline.clock.SQL() }
 
-// SetClock makes the pipeline tell time by c (the wall clock by default);
-// call it before the pipeline is used.
-func (p *Pipeline) SetClock(c clock.Clock) { p.clock = c }
+// Options are the pipeline's settings.
+type Options struct {
+	// MaxFutureSkew is how far ahead of now an event's created_at may be.
+	MaxFutureSkew time.Duration
+	// MaxMentions bounds the mention rows one event writes: its first
+	// MaxMentions distinct p-tagged pubkeys (0: DefaultMaxMentions). The
+	// event is stored whole; follow lists legitimately hold thousands of p
+	// tags, and "#p" reads use the tag index, not mention rows.
+	MaxMentions int
+	// MaxThreadDepth bounds a channel reply's depth in its thread (0:
+	// DefaultMaxThreadDepth); a deeper reply is refused with invalid:.
+	// Each reply updates one row per ancestor under the thread's lock.
+	MaxThreadDepth int
+	// Clock tells the pipeline's time (zero value: the wall clock):
+	// validation, the created_at of relay-signed events and the now of its
+	// queries, so tests can drive time.
+	Clock clock.Clock
+}
+
+// Defaults for Options left zero (the relay's configuration sets them).
+const (
+	DefaultMaxMentions    = 100
+	DefaultMaxThreadDepth = 64
+)
 
 // New returns a pipeline with the built-in kind handlers.
-func New(pool *pgxpool.Pool, hub *fanout.Hub, maxFutureSkew time.Duration) *Pipeline {
+func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
+	if opts.MaxMentions <= 0 {
+		opts.MaxMentions = DefaultMaxMentions
+	}
+	if opts.MaxThreadDepth <= 0 {
+		opts.MaxThreadDepth = DefaultMaxThreadDepth
+	}
 	p := &Pipeline{
-		pool:          pool,
-		hub:           hub,
-		maxFutureSkew: maxFutureSkew,
-		keys:          map[uuid.UUID]*nostr.SecretKey{},
-		handlers:      map[int]Handler{},
+		pool:           pool,
+		hub:            hub,
+		maxMentions:    opts.MaxMentions,
+		maxThreadDepth: opts.MaxThreadDepth,
+		maxFutureSkew:  opts.MaxFutureSkew,
+		clock:          opts.Clock,
+		keys:           map[uuid.UUID]*nostr.SecretKey{},
+		handlers:       map[int]Handler{},
 	}
 	p.handlers[nostr.KindDeletion] = deletionHandler
 	registerChannelHandlers(p.handlers)
@@ -178,16 +213,16 @@ func (p *Pipeline) sideRowsFor(ev *nostr.Event) []SideRows {
 	return out
 }
 
-// handlerFor returns the kind's handler. An event of a kind without one
-// that names a channel (h tag) still gets the channel write check.
-func (p *Pipeline) handlerFor(ev *nostr.Event) (Handler, bool) {
-	if h, ok := p.handlers[ev.Kind]; ok {
-		return h, true
+// handlerFor returns the kind's handler. Every event that names a channel
+// (h tag) is bound to it and authorized, whatever its kind: a kind whose
+// handler has no Prepare of its own (or no handler at all) gets the channel
+// write check, so no kind can place an event in a channel's view unchecked.
+func (p *Pipeline) handlerFor(ev *nostr.Event) Handler {
+	h := p.handlers[ev.Kind]
+	if h.Prepare == nil && ev.Tags.First("h") != nil {
+		h.Prepare = resolveChannelForWrite
 	}
-	if ev.Tags.First("h") != nil {
-		return Handler{Prepare: resolveChannelForWrite}, true
-	}
-	return Handler{}, false
+	return h
 }
 
 // Submit runs one event, submitted by actor, through the write spine. It
@@ -197,7 +232,7 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	if err := p.validate(actor, ev); err != nil {
 		return 0, err
 	}
-	h, hasHandler := p.handlerFor(ev)
+	h := p.handlerFor(ev)
 	if h.Validate != nil {
 		if err := h.Validate(ev); err != nil {
 			return 0, err
@@ -222,9 +257,13 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	var inserted int64
 	var err error
 	sideRows := p.sideRowsFor(ev)
-	if (!hasHandler || (h.Prepare == nil && h.Apply == nil)) && len(sideRows) == 0 {
-		// No side rows: the INSERT alone is the event's transaction.
-		inserted, err = p.insert(ctx, db.New(p.pool), w)
+	if h.Prepare == nil && h.Apply == nil && len(sideRows) == 0 {
+		// Nothing to authorize and no side rows: the INSERT alone is the
+		// event's transaction. handlerFor gave every event with an h tag a
+		// Prepare; checkChannelTags keeps this path honest if that changes.
+		if err = checkChannelTags(w); err == nil {
+			inserted, err = p.insert(ctx, db.New(p.pool), w)
+		}
 	} else {
 		err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 			w.Q = db.New(tx)
@@ -320,19 +359,25 @@ func checkChannelTags(w *Write) error {
 	return nil
 }
 
-// mapError turns constraint violations raised by the schema's own rules
-// into rejections the client can act on; anything else stays internal.
+// mapError turns what the database refused into rejections the client can
+// act on, with the fixed text of the rule that was broken (never the
+// server's own message); anything else stays internal.
 func mapError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23514" {
-		return Reject("restricted", "%s", pgErr.Message)
+	err = dberr.Interpret(err)
+	if v, ok := dberr.AsViolation(err); ok {
+		switch {
+		case v.Kind == dberr.Unique:
+			return Reject("duplicate", "%s", v.ClientText)
+		case v.Constraint == "channel_members_keep_an_owner":
+			return Reject("restricted", "%s", v.ClientText)
+		}
+		return Reject("invalid", "%s", v.ClientText)
+	}
+	if errors.Is(err, dberr.ErrSerialization) {
+		return Reject("error", "the write collided with a concurrent one; send it again")
 	}
 	return err
 }
-
-// giftWrap is NIP-59's kind 1059: signed by a throwaway key, so its author
-// is never the authenticated sender.
-const giftWrap = 1059
 
 // validate holds the rules every event must pass whatever its kind.
 func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
@@ -342,7 +387,7 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 		}
 		return Reject("invalid", "%v", err)
 	}
-	if ev.PubKey != actor && ev.Kind != giftWrap {
+	if ev.PubKey != actor && ev.Kind != nostr.KindGiftWrap {
 		return Reject("restricted", "event pubkey must match the authenticated pubkey")
 	}
 	if ev.Kind == nostr.KindAuth {

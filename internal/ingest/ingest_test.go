@@ -51,7 +51,7 @@ func TestConcurrentVersionsOfOneSlotKeepExactlyTheNewest(t *testing.T) {
 	require.NoError(t, err)
 	tenant := community.FromRow(row)
 	hub := fanout.NewHub()
-	p := ingest.New(pool, hub, time.Minute)
+	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
 	key, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)
 
@@ -112,7 +112,7 @@ func TestConcurrentDuplicatesAreStoredAndFannedOutOnce(t *testing.T) {
 	hub := fanout.NewHub()
 	rec := &recorder{}
 	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
-	p := ingest.New(pool, hub, time.Minute)
+	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
 	key, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)
 	ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "once", Tags: nostr.Tags{}}
@@ -154,7 +154,7 @@ func TestRollbackHasNoSideEffects(t *testing.T) {
 	hub := fanout.NewHub()
 	rec := &recorder{}
 	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
-	p := ingest.New(pool, hub, time.Minute)
+	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
 	key, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)
 
@@ -189,7 +189,7 @@ func TestAfterCommitRunsOnlyOnCommit(t *testing.T) {
 	row, err := db.New(pool).CommunityCreate(ctx, "aftercommit.example")
 	require.NoError(t, err)
 	tenant := community.FromRow(row)
-	p := ingest.New(pool, fanout.NewHub(), time.Minute)
+	p := ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
 	var ran []string
 	p.RegisterSideRows(ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 },

@@ -2,11 +2,9 @@ package ingest
 
 import (
 	"context"
-	"errors"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -40,19 +38,35 @@ func validateReaction(ev *nostr.Event) error {
 }
 
 // prepareReaction binds the reaction to its target's channel, where the
-// reactor must be allowed to write.
+// reactor must be allowed to write. A target the reactor cannot read (in a
+// private channel it is not a member of, or a p-gated event such as someone
+// else's gift wrap) is answered exactly like an unknown id, so a reaction
+// cannot probe what exists. p-gated events take no reactions at all: the
+// reaction would be stored where everyone reads it.
 func prepareReaction(ctx context.Context, w *Write) error {
+	notFound := Reject("invalid", "reaction target event not found")
 	id, _ := reactionTarget(w.Event)
-	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:]})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Reject("invalid", "reaction target event not found")
+	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:], ReaderHex: w.Actor})
+	if dberr.IsNotFound(err) {
+		return notFound
 	}
 	if err != nil {
 		return err
 	}
+	if nostr.IsPGated(int(target.Kind)) {
+		if !target.AddressedToReader {
+			return notFound
+		}
+		return Reject("invalid", "kind %d events take no reactions", target.Kind)
+	}
 	w.state = &target
 	if target.ChannelID != nil {
-		return bindChannelForWrite(ctx, w, *target.ChannelID)
+		if err := bindChannelForWrite(ctx, w, *target.ChannelID); err != nil {
+			if isUnknownChannel(err) {
+				return notFound
+			}
+			return err
+		}
 	}
 	return nil
 }

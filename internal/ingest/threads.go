@@ -2,13 +2,11 @@ package ingest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -74,7 +72,7 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 	}
 	community, channel := w.Tenant.ID(), *w.ChannelID
 	parent, err := w.Q.ThreadParentLookup(ctx, db.ThreadParentLookupParams{CommunityID: community, ID: parentID[:], ChannelID: channel})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if dberr.IsNotFound(err) {
 		return notFound
 	}
 	if err != nil {
@@ -91,6 +89,9 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 		}); err != nil {
 			return err
 		}
+	}
+	if max := w.pipeline.maxThreadDepth; int(depth) > max {
+		return Reject("invalid", "thread is too deep: replies may sit at most %d levels below the root; reply higher up", max)
 	}
 	if _, err := w.Q.ThreadRootLock(ctx, db.ThreadRootLockParams{
 		CommunityID: community, EventCreatedAt: rootCreatedAt, EventID: rootID,

@@ -11,16 +11,39 @@ const (
 	KindRepost          = 6
 	KindReaction        = 7
 	KindGenericRepost   = 16
+	KindGiftWrap        = 1059
 	KindZapRequest      = 9734
 	KindZap             = 9735
 	KindRelayList       = 10002
 	KindAuth            = 22242
 	KindHTTPAuth        = 27235
 	KindLongFormContent = 30023
+	KindMemberAdded     = 44100 // relay-signed: a user was added to a channel
+	KindMemberRemoved   = 44101 // relay-signed: a user was removed from a channel
 
 	// MaxKind is the largest kind NIP-01 allows.
 	MaxKind = 65535
 )
+
+// pGatedKinds is the one list of p-gated kinds: events stored and delivered
+// only to the pubkeys their p tags name, whoever else can read their channel
+// (gift wraps, whose author is a throwaway key, and the relay's membership
+// notifications, addressed to a user who may no longer read the channel).
+// Ingest, the read scope of stored queries and live fan-out all use it.
+var pGatedKinds = []int{KindGiftWrap, KindMemberAdded, KindMemberRemoved}
+
+// PGatedKinds returns the p-gated kinds (a copy).
+func PGatedKinds() []int { return append([]int(nil), pGatedKinds...) }
+
+// IsPGated reports whether events of kind reach only the pubkeys they p-tag.
+func IsPGated(kind int) bool {
+	for _, k := range pGatedKinds {
+		if k == kind {
+			return true
+		}
+	}
+	return false
+}
 
 // IsReplaceable reports whether only the latest event per (pubkey, kind) is kept.
 func IsReplaceable(kind int) bool {

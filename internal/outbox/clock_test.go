@@ -81,7 +81,7 @@ func TestEnqueueDatesRowsByTheInjectedClock(t *testing.T) {
 	f.register(listener, target)
 	past := time.Now().Add(-retention - time.Minute).Truncate(time.Microsecond)
 	ev := message(t, 9, target)
-	kept, _, err := Enqueue(context.Background(), f.q, f.community, ev, clock.Stub(func() time.Time { return past }))
+	kept, _, err := Enqueue(context.Background(), f.q, f.community, ev, 0, clock.Stub(func() time.Time { return past }))
 	require.NoError(t, err)
 	require.Len(t, kept, 1)
 	var created, due time.Time

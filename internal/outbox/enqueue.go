@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/hex"
 
 	"github.com/google/uuid"
 
@@ -22,44 +21,30 @@ func isMessageKind(kind int) bool {
 	return false
 }
 
-// targetOf returns the pubkey a p tag names, if its value hex-decodes to
-// exactly 32 bytes (either case); other values are skipped silently.
-func targetOf(tag nostr.Tag) (b [32]byte, ok bool) {
-	if len(tag) < 2 || tag[0] != "p" || len(tag[1]) != 64 {
-		return b, false
-	}
-	_, err := hex.Decode(b[:], []byte(tag[1]))
-	return b, err == nil
-}
-
 // Mentions reports whether ev may create outbox rows: a message kind with at
-// least one p tag naming a pubkey. Cheap enough for ingest's SideRows.Needs;
-// whether a listener registered the target is only known to Enqueue.
+// least one p tag naming a pubkey (nostr.MentionedPubkey, the rule mention
+// rows use too). Cheap enough for ingest's SideRows.Needs; whether a
+// listener registered the target is only known to Enqueue.
 func Mentions(ev *nostr.Event) bool {
 	if !isMessageKind(ev.Kind) {
 		return false
 	}
 	for _, tag := range ev.Tags {
-		if _, ok := targetOf(tag); ok {
+		if _, ok := nostr.MentionedPubkey(tag); ok {
 			return true
 		}
 	}
 	return false
 }
 
-// mentionTargets returns the distinct p-tag pubkeys of ev, first seen first.
-func mentionTargets(ev *nostr.Event) [][]byte {
-	var out [][]byte
-	seen := map[[32]byte]struct{}{}
-	for _, tag := range ev.Tags {
-		b, ok := targetOf(tag)
-		if !ok {
-			continue
-		}
-		if _, dup := seen[b]; !dup {
-			seen[b] = struct{}{}
-			out = append(out, b[:])
-		}
+// mentionTargets returns the first maxTargets distinct p-tag pubkeys of ev
+// (all when maxTargets <= 0), first seen first.
+func mentionTargets(ev *nostr.Event, maxTargets int) [][]byte {
+	pubkeys := nostr.MentionedPubkeys(ev.Tags, maxTargets)
+	out := make([][]byte, 0, len(pubkeys))
+	for _, pk := range pubkeys {
+		b, _ := nostr.DecodeHex32(pk)
+		out = append(out, b[:])
 	}
 	return out
 }
@@ -69,14 +54,15 @@ func mentionTargets(ev *nostr.Event) [][]byte {
 // event row was newly inserted (a duplicate must enqueue nothing). It
 // returns at most 10 of the new row ids, the ones to Offer to the local
 // Worker after a successful commit, and how many rows were inserted in all.
-// Events that are not messages, or mention nobody, cost no query.
-// now (at most one; default the wall clock) dates the rows: their retention
-// and first due time start then.
-func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event, now ...clock.Clock) (kept []uuid.UUID, inserted int64, err error) {
+// Events that are not messages, or mention nobody, cost no query. Only the
+// first maxTargets mentioned pubkeys count (the relay passes the cap its
+// mention rows use, so a delivered mention always has its mention row). now
+// dates the rows: their retention and first due time start then.
+func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event, maxTargets int, now clock.Clock) (kept []uuid.UUID, inserted int64, err error) {
 	if !isMessageKind(ev.Kind) {
 		return nil, 0, nil
 	}
-	targets := mentionTargets(ev)
+	targets := mentionTargets(ev, maxTargets)
 	if len(targets) == 0 {
 		return nil, 0, nil
 	}
@@ -88,9 +74,7 @@ func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nost
 		EventKind:      int32(ev.Kind),
 		EventCreatedAt: ev.CreatedAt,
 		Targets:        targets,
-	}
-	if len(now) > 0 {
-		params.Now = now[0].SQL()
+		Now:            now.SQL(),
 	}
 	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -71,7 +72,7 @@ func TestMentionTargetsDecodeDedupeAndKeepOrder(t *testing.T) {
 		{"p", strings.ToUpper(b)},
 		{"p", a},
 	}}
-	got := mentionTargets(ev)
+	got := mentionTargets(ev, 0)
 	require.Equal(t, [][]byte{mustHex(t, b), mustHex(t, a)}, got,
 		"values that hex-decode to 32 bytes, either case, deduplicated in first-seen order")
 	require.True(t, Mentions(ev))
@@ -83,7 +84,7 @@ func TestEnqueueWithoutTargetsRunsNoQuery(t *testing.T) {
 	// A nil DBTX would panic if Enqueue ran a query.
 	q := db.New(nil)
 	for _, ev := range []*nostr.Event{message(t, 9), message(t, 1, newPubkey(t)), message(t, 9, "zz")} {
-		kept, inserted, err := Enqueue(context.Background(), q, uuid.New(), ev)
+		kept, inserted, err := Enqueue(context.Background(), q, uuid.New(), ev, 0, clock.Wall())
 		require.NoError(t, err)
 		require.Empty(t, kept)
 		require.Zero(t, inserted)
@@ -101,7 +102,7 @@ func TestEventInsertEnqueuesRegisteredListenerInSameTransaction(t *testing.T) {
 	tx, err := f.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	kept, inserted, err := Enqueue(ctx, db.New(tx), f.community, ev)
+	kept, inserted, err := Enqueue(ctx, db.New(tx), f.community, ev, 0, clock.Wall())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), inserted)
 	require.Len(t, kept, 1)
@@ -149,7 +150,7 @@ func TestThreadMessageFansOutOnceToMatchingListeners(t *testing.T) {
 	kept, inserted = f.save(ev, nil, true)
 	require.Empty(t, kept)
 	require.Zero(t, inserted)
-	kept, inserted, err := Enqueue(context.Background(), f.q, f.community, ev)
+	kept, inserted, err := Enqueue(context.Background(), f.q, f.community, ev, 0, clock.Wall())
 	require.NoError(t, err)
 	require.Empty(t, kept)
 	require.Zero(t, inserted)

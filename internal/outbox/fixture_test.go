@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
@@ -124,7 +125,7 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	n, err := q.EventInsert(ctx, params)
 	require.NoError(f.t, err)
 	if n == 1 {
-		kept, inserted, err = Enqueue(ctx, q, f.community, ev)
+		kept, inserted, err = Enqueue(ctx, q, f.community, ev, 0, clock.Wall())
 		require.NoError(f.t, err)
 	}
 	if !commit {

@@ -189,7 +189,7 @@ func TestChannelModeration(t *testing.T) {
 	// 9008: only an owner deletes the channel; afterwards it is gone for everyone.
 	requireRejected(t, member.Publish(member.Sign(9008, "", nostr.Tags{{"h", ch}}, 0)), "restricted: ")
 	require.True(t, admin.Publish(admin.Sign(9008, "", nostr.Tags{{"h", ch}}, 0)).OK)
-	requireRejected(t, member.Publish(member.Sign(9, "hello?", nostr.Tags{{"h", ch}}, 0)), "invalid: unknown channel")
+	requireRejected(t, member.Publish(member.Sign(9, "hello?", nostr.Tags{{"h", ch}}, 0)), "restricted: channel does not exist or is private to its members")
 	member.Send("REQ", "dead", map[string]any{"#h": []string{ch}})
 	require.Equal(t, "restricted: not a channel member", member.Expect("CLOSED").Msg)
 }
@@ -209,14 +209,14 @@ func TestChannelBadInput(t *testing.T) {
 		{"chat without h", 9, nil, "invalid: kind 9 needs an h tag"},
 		{"h not a uuid", 9, nostr.Tags{{"h", "general"}}, "invalid: h tag must be a channel id"},
 		{"uppercase uuid", 9, nostr.Tags{{"h", strings.ToUpper(ch)}}, "invalid: h tag must be a channel id"},
-		{"unknown channel", 9, nostr.Tags{{"h", uuid.NewString()}}, "invalid: unknown channel"},
+		{"unknown channel", 9, nostr.Tags{{"h", uuid.NewString()}}, "restricted: channel does not exist or is private to its members"},
 		{"create without name", 9007, nostr.Tags{{"h", uuid.NewString()}}, "invalid: kind 9007 needs a name"},
 		{"create bad visibility", 9007, nostr.Tags{{"h", uuid.NewString()}, {"name", "x"}, {"visibility", "secret"}}, "invalid: visibility"},
 		{"put-user without p", 9000, nostr.Tags{{"h", ch}}, "invalid: kind 9000 needs a p tag"},
 		{"put-user bad role", 9000, nostr.Tags{{"h", ch}, {"p", strings.Repeat("a", 64), "emperor"}}, "invalid: role"},
 		{"remove non-member", 9001, nostr.Tags{{"h", ch}, {"p", strings.Repeat("a", 64)}}, "invalid: that user is not a member"},
 		{"delete-event without e", 9005, nostr.Tags{{"h", ch}}, "invalid: kind 9005 needs e tags"},
-		{"leave when not member", 9022, nostr.Tags{{"h", uuid.NewString()}}, "invalid: unknown channel"},
+		{"leave when not member", 9022, nostr.Tags{{"h", uuid.NewString()}}, "restricted: channel does not exist or is private to its members"},
 		{"empty new name", 9002, nostr.Tags{{"h", ch}, {"name", ""}}, "invalid: name"},
 	}
 	for _, tc := range cases {
@@ -241,8 +241,8 @@ func TestChannelTagsCannotForgeMembershipAndAdminsCannotDemoteOwners(t *testing.
 	private := createChannel(t, owner, "private", true)
 
 	requireRejected(t, outsider.Publish(outsider.Sign(9, "sneak", nostr.Tags{{"h", open}, {"h", private}}, 0)), "invalid: every h tag must name")
-	requireRejected(t, outsider.Publish(outsider.Sign(0, `{"name":"x"}`, nostr.Tags{{"h", private}}, 0)), "invalid: kind 0 cannot carry an h tag")
-	requireRejected(t, outsider.Publish(outsider.Sign(5, "", nostr.Tags{{"e", strings.Repeat("a", 64)}, {"h", private}}, 0)), "invalid: kind 5 cannot carry an h tag")
+	requireRejected(t, outsider.Publish(outsider.Sign(0, `{"name":"x"}`, nostr.Tags{{"h", private}}, 0)), "restricted: channel does not exist or is private to its members")
+	requireRejected(t, outsider.Publish(outsider.Sign(5, "", nostr.Tags{{"e", strings.Repeat("a", 64)}, {"h", private}}, 0)), "restricted: channel does not exist or is private to its members")
 	requireRejected(t, outsider.Publish(outsider.Sign(20002, "", nostr.Tags{{"h", open}, {"h", private}}, 0)), "invalid: every h tag must name")
 	require.Len(t, owner.Req("private", map[string]any{"#h": []string{private}}), 1, "only the owner's 9007 is in the private channel")
 

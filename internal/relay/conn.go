@@ -309,7 +309,7 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 	}
 	self := c.pubkey
 	return func(ev *nostr.Event, channel *uuid.UUID) bool {
-		if access.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
+		if nostr.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
 			return false
 		}
 		if channel == nil {

@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -294,8 +294,7 @@ func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 // readFailed answers a read that failed inside the database: a timeout is
 // 503 (the client may retry), anything else 500.
 func (b *httpBridge) readFailed(w http.ResponseWriter, r *http.Request, ctx context.Context, tenant community.Tenant, err error) {
-	var pgErr *pgconn.PgError
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &pgErr) && pgErr.Code == "57014") {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "query timed out")
 		return

@@ -130,7 +130,7 @@ func TestTenantIsolation(t *testing.T) {
 	// B's private channel id means nothing in A.
 	inA.Send("REQ", "bprivate", map[string]any{"#h": []string{bPrivate}})
 	require.Equal(t, "restricted: not a channel member", inA.Expect("CLOSED").Msg, "pinned REQ to B's private channel id")
-	requireRejected(t, inA.Publish(inA.Sign(9, "sneak", nostr.Tags{{"h", bPrivate}}, 0)), "invalid: unknown channel")
+	requireRejected(t, inA.Publish(inA.Sign(9, "sneak", nostr.Tags{{"h", bPrivate}}, 0)), "restricted: channel does not exist or is private to its members")
 
 	// Storage agrees: every row of B's channel id in A's community is A's own.
 	var foreign int

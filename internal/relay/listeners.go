@@ -18,7 +18,7 @@ import (
 // enqueueMentions is a side row of every stored message that p-tags someone.
 // It runs whether or not this process delivers: another pod's poll may.
 func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
-	kept, _, err := outbox.Enqueue(ctx, w.Q, w.Tenant.ID(), w.Event, s.clock)
+	kept, _, err := outbox.Enqueue(ctx, w.Q, w.Tenant.ID(), w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
 	if err != nil || len(kept) == 0 {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -25,7 +24,7 @@ func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader 
 	for i := range filters {
 		f := &filters[i]
 		for _, kind := range f.Kinds {
-			if access.IsPGated(kind) && !onlySelf(f.Tags["p"], reader) {
+			if nostr.IsPGated(kind) && !onlySelf(f.Tags["p"], reader) {
 				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p filter naming only you", kind), nil
 			}
 		}

@@ -91,19 +91,22 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	}
 	hub := fanout.NewHub()
 	s := &Server{
-		cfg:      cfg,
-		pool:     pool,
-		queries:  db.New(pool),
-		store:    eventstore.New(pool, cfg.MaxLimit),
-		pipeline: ingest.New(pool, hub, cfg.MaxFutureSkew),
-		hub:      hub,
-		access:   access.NewCache(db.New(pool), accessTTL, o.clock.Now),
-		metrics:  NewMetrics(),
-		log:      log,
-		clock:    o.clock,
-		now:      o.clock.Now,
-		Tracer:   trace.NoopTracer{},
-		conns:    map[*conn]struct{}{},
+		cfg:     cfg,
+		pool:    pool,
+		queries: db.New(pool),
+		store:   eventstore.New(pool, cfg.MaxLimit),
+		pipeline: ingest.New(pool, hub, ingest.Options{
+			MaxFutureSkew: cfg.MaxFutureSkew, MaxMentions: cfg.MaxMentionsPerEvent, MaxThreadDepth: cfg.MaxThreadDepth,
+			Clock: o.clock,
+		}),
+		hub:     hub,
+		access:  access.NewCache(db.New(pool), accessTTL, o.clock.Now),
+		metrics: NewMetrics(),
+		log:     log,
+		clock:   o.clock,
+		now:     o.clock.Now,
+		Tracer:  trace.NoopTracer{},
+		conns:   map[*conn]struct{}{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
 			MaxSubIDLength:  64,
@@ -113,7 +116,6 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
 	}
-	s.pipeline.SetClock(s.clock)
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	hub.SetChannelReaders(s.access.MayRead)
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})

@@ -1,0 +1,139 @@
+// Package dberr is the one place that reads PostgreSQL errors. It sits
+// beside the generated internal/db: callers pass whatever a query returned
+// through Interpret and test the result with errors.Is / errors.As against
+// the values here, never against SQLSTATE strings or server messages.
+// Constraint violations are recognized by constraint name, each with a
+// fixed text a client may see; the server's own message never leaves the
+// process (it can quote values and internal names).
+package dberr
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Conditions a caller may act on. Interpret wraps the driver's error, so
+// errors.Is(err, ErrNotFound) holds for the result and the original stays
+// reachable for logs.
+var (
+	// ErrNotFound: a query that returns one row found none.
+	ErrNotFound = errors.New("not found")
+	// ErrSerialization: the transaction lost a serialization conflict or a
+	// deadlock (40001, 40P01); running it again may succeed.
+	ErrSerialization = errors.New("serialization failure")
+	// ErrNotInPrerequisiteState: an object was not in the state the
+	// statement needs (55000), e.g. a fenced row or a lock not available.
+	ErrNotInPrerequisiteState = errors.New("object not in prerequisite state")
+	// ErrInvalidTransactionState: the statement cannot run in this
+	// transaction's state (class 25: aborted, read-only, ...).
+	ErrInvalidTransactionState = errors.New("invalid transaction state")
+	// ErrQueryCanceled: the statement was cancelled, e.g. by
+	// statement_timeout (57014).
+	ErrQueryCanceled = errors.New("query canceled")
+)
+
+// ViolationKind says which sort of constraint a violation broke.
+type ViolationKind int
+
+const (
+	Unique     ViolationKind = iota + 1 // 23505
+	Check                               // 23514, including triggers that raise it
+	ForeignKey                          // 23503
+	NotNull                             // 23502
+	Exclusion                           // 23P01
+)
+
+// Violation is a broken constraint, recognized by name.
+type Violation struct {
+	Kind       ViolationKind
+	Constraint string // the constraint (or the trigger that stands for one)
+	// ClientText is safe to show a client: fixed per constraint.
+	ClientText string
+	err        error
+}
+
+func (v *Violation) Error() string {
+	return fmt.Sprintf("constraint %s violated: %v", v.Constraint, v.err)
+}
+
+func (v *Violation) Unwrap() error { return v.err }
+
+// clientTexts are the client-facing texts of the constraints a client's
+// input can break. A constraint missing here gets a generic text naming it.
+var clientTexts = map[string]string{
+	"channel_members_keep_an_owner":         "a channel must keep an owner: make someone else owner first",
+	"channels_community_id_immutable":       "a channel cannot move to another community",
+	"channels_name_not_blank":               "a channel name must not be blank",
+	"channels_pkey":                         "that channel id is taken",
+	"communities_host_key":                  "that host is already taken",
+	"events_deletion_coordinates_canonical": "an a tag must be a canonical coordinate <kind>:<lowercase hex pubkey>:<d tag>",
+	"events_never_ephemeral":                "ephemeral kinds are never stored",
+	"events_d_tag_iff_addressable":          "only addressable kinds carry a stored d tag",
+	"events_kind_range":                     "kind must be between 0 and 65535",
+}
+
+// ClientText returns the fixed client-facing text for constraint.
+func ClientText(constraint string) string {
+	if text, ok := clientTexts[constraint]; ok {
+		return text
+	}
+	return "the database refused the write (rule " + constraint + ")"
+}
+
+var violationKinds = map[string]ViolationKind{
+	"23505": Unique, "23514": Check, "23503": ForeignKey, "23502": NotNull, "23P01": Exclusion,
+}
+
+// Interpret maps a database error onto this package's values: ErrNotFound
+// for pgx.ErrNoRows, a *Violation for constraint violations, the sentinel
+// errors above for their SQLSTATEs. Anything else comes back unchanged, as
+// does nil.
+func Interpret(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	if kind, ok := violationKinds[pgErr.Code]; ok {
+		return &Violation{Kind: kind, Constraint: pgErr.ConstraintName, ClientText: ClientText(pgErr.ConstraintName), err: err}
+	}
+	var sentinel error
+	switch {
+	case pgErr.Code == "40001" || pgErr.Code == "40P01":
+		sentinel = ErrSerialization
+	case pgErr.Code == "55000" || pgErr.Code == "55P03":
+		sentinel = ErrNotInPrerequisiteState
+	case len(pgErr.Code) == 5 && pgErr.Code[:2] == "25":
+		sentinel = ErrInvalidTransactionState
+	case pgErr.Code == "57014":
+		sentinel = ErrQueryCanceled
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}
+
+// IsNotFound reports whether err means "no row" (before or after Interpret).
+func IsNotFound(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, pgx.ErrNoRows)
+}
+
+// AsViolation returns the constraint violation err holds, if any.
+func AsViolation(err error) (*Violation, bool) {
+	var v *Violation
+	if errors.As(err, &v) {
+		return v, true
+	}
+	if v, ok := Interpret(err).(*Violation); ok {
+		return v, true
+	}
+	return nil, false
+}

@@ -1,0 +1,146 @@
+package dberr_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// TestConstraintViolationsAreRecognizedByName breaks real constraints of the
+// migrated schema, including the rule triggers of migration 011, and checks
+// each comes back as a *Violation with its name, kind and fixed client
+// text, never the server's message. Mutations killed: a violation without
+// a constraint name (the triggers before 011), a raw message reaching the
+// client text.
+func TestConstraintViolationsAreRecognizedByName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	home, err := q.CommunityCreate(ctx, "dberr.example")
+	require.NoError(t, err)
+	owner := bytes.Repeat([]byte{7}, 32)
+	channel := uuid.New()
+	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: home.ID, ID: channel, Name: "room", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner})
+	require.NoError(t, err)
+	role := db.MemberRoleOwner
+	require.NoError(t, q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: channel, Pubkey: owner, Role: &role}))
+
+	for _, tc := range []struct {
+		name       string
+		run        func() error
+		kind       dberr.ViolationKind
+		constraint string
+		text       string
+	}{
+		{"unique", func() error { _, err := q.CommunityCreate(ctx, "dberr.example"); return err },
+			dberr.Unique, "communities_host_key", "that host is already taken"},
+		{"check", func() error {
+			_, err := q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: home.ID, ID: uuid.New(), Name: "  ", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner})
+			return err
+		}, dberr.Check, "channels_name_not_blank", "a channel name must not be blank"},
+		{"trigger raising check_violation", func() error {
+			_, err := q.ChannelMemberRemove(ctx, db.ChannelMemberRemoveParams{CommunityID: home.ID, ChannelID: channel, Pubkey: owner, RemovedBy: owner})
+			return err
+		}, dberr.Check, "channel_members_keep_an_owner", "a channel must keep an owner: make someone else owner first"},
+		{"foreign key", func() error {
+			return q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: uuid.New(), Pubkey: owner})
+		}, dberr.ForeignKey, "channel_members_community_id_channel_id_fkey", "the database refused the write (rule channel_members_community_id_channel_id_fkey)"},
+		{"not null", func() error {
+			_, err := pool.Exec(ctx, `INSERT INTO communities (host) VALUES (NULL)`)
+			return err
+		}, dberr.NotNull, "", "the database refused the write (rule )"},
+	} {
+		err := tc.run()
+		require.Error(t, err, tc.name)
+		v, ok := dberr.AsViolation(err)
+		require.True(t, ok, "%s: want a violation, got %v", tc.name, err)
+		require.Equal(t, tc.kind, v.Kind, tc.name)
+		require.Equal(t, tc.constraint, v.Constraint, tc.name)
+		require.Equal(t, tc.text, v.ClientText, tc.name)
+		var asViolation *dberr.Violation
+		require.ErrorAs(t, dberr.Interpret(err), &asViolation)
+	}
+}
+
+// TestConditionsAreRecognizedBySQLState provokes each condition in a real
+// server and checks the sentinel Interpret maps it to.
+func TestConditionsAreRecognizedBySQLState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+
+	_, err := q.CommunityByHost(ctx, "nobody.example")
+	require.ErrorIs(t, dberr.Interpret(err), dberr.ErrNotFound)
+	require.True(t, dberr.IsNotFound(err))
+
+	require.ErrorIs(t, dberr.Interpret(onOneConn(t, pool, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `CREATE TEMP SEQUENCE s`)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT currval('s')`) // 55000: no nextval yet in this session
+		return err
+	})), dberr.ErrNotInPrerequisiteState)
+
+	require.ErrorIs(t, dberr.Interpret(onOneConn(t, pool, func(c *pgx.Conn) error {
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `CREATE TEMP TABLE t (x int)`) // 25006: read-only transaction
+		return err
+	})), dberr.ErrInvalidTransactionState)
+
+	require.ErrorIs(t, dberr.Interpret(onOneConn(t, pool, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SET statement_timeout = '10ms'`)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT pg_sleep(10)`) // 57014
+		_, resetErr := c.Exec(ctx, `RESET statement_timeout`)
+		require.NoError(t, resetErr)
+		return err
+	})), dberr.ErrQueryCanceled)
+
+	// 40001: two serializable transactions each read what the other writes.
+	_, err = pool.Exec(ctx, `CREATE TABLE skew (id int PRIMARY KEY, on_call bool NOT NULL); INSERT INTO skew VALUES (1, true), (2, true)`)
+	require.NoError(t, err)
+	serializable := pgx.TxOptions{IsoLevel: pgx.Serializable}
+	a, err := pool.BeginTx(ctx, serializable)
+	require.NoError(t, err)
+	defer func() { _ = a.Rollback(ctx) }()
+	b, err := pool.BeginTx(ctx, serializable)
+	require.NoError(t, err)
+	defer func() { _ = b.Rollback(ctx) }()
+	for _, tx := range []pgx.Tx{a, b} {
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM skew WHERE on_call`).Scan(&n))
+	}
+	_, err = a.Exec(ctx, `UPDATE skew SET on_call = false WHERE id = 1`)
+	require.NoError(t, err)
+	_, err = b.Exec(ctx, `UPDATE skew SET on_call = false WHERE id = 2`)
+	require.NoError(t, err)
+	require.NoError(t, a.Commit(ctx))
+	require.ErrorIs(t, dberr.Interpret(b.Commit(ctx)), dberr.ErrSerialization)
+
+	other := errors.New("not a database error")
+	require.Equal(t, other, dberr.Interpret(other))
+	require.NoError(t, dberr.Interpret(nil))
+}
+
+func onOneConn(t *testing.T, pool *pgxpool.Pool, fn func(*pgx.Conn) error) error {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer conn.Release()
+	return fn(conn.Conn())
+}

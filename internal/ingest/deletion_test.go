@@ -1,0 +1,131 @@
+package ingest_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// TestLooselySpelledCoordinatesAreRefused: a kind 5 naming a slot by any
+// spelling but the canonical one is refused, and the slot's current version
+// stays; the canonical spelling deletes it and keeps an older version out.
+// Mutation killed: accepting the loose spellings (they hid the current
+// version while the trigger, matching the literal coordinate, let an older
+// version published afterwards back in).
+func TestLooselySpelledCoordinatesAreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "coordinates.example", 0)
+	key := f.key()
+	pk := key.PublicKeyHex()
+	relays := f.store(f.sign(key, 10002, "", nostr.Tags{{"r", "wss://a.example"}}, f.base+10))
+	article := f.store(f.sign(key, 30023, "v2", nostr.Tags{{"d", "d"}}, f.base+10))
+
+	for _, loose := range []string{
+		"10002:" + pk, "010002:" + pk + ":", "+10002:" + pk + ":", "10002:" + strings.ToUpper(pk) + ":",
+		"030023:" + pk + ":d", "+30023:" + pk + ":d", "30023:" + pk,
+	} {
+		_, err := f.submit(f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"a", loose}}, f.base+20))
+		var rej *ingest.Rejection
+		require.True(t, errors.As(err, &rej), "%s: want a rejection, got %v", loose, err)
+		require.Equal(t, "invalid", rej.Prefix, loose)
+	}
+	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
+	require.Equal(t, 1, f.count(live, relays.ID))
+	require.Equal(t, 1, f.count(live, article.ID))
+
+	f.store(f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"a", "10002:" + pk + ":"}, {"a", "30023:" + pk + ":d"}}, f.base+20))
+	require.Zero(t, f.count(live, relays.ID))
+	require.Zero(t, f.count(live, article.ID))
+	for _, older := range []*nostr.Event{
+		f.sign(key, 10002, "", nostr.Tags{{"r", "wss://old.example"}}, f.base+5),
+		f.sign(key, 30023, "v1", nostr.Tags{{"d", "d"}}, f.base+5),
+	} {
+		out, err := f.submit(older)
+		require.NoError(t, err)
+		require.Equal(t, ingest.Superseded, out, "an older version of a deleted slot stays out")
+	}
+}
+
+// TestCoordinateRuleIsTheSameInGoAndSQL checks nostr.ParseCoordinate against
+// migration 010's nostr_coordinate_is_canonical, and that the events table
+// refuses a kind 5 with a loose coordinate from any writer. Mutations
+// killed: either rule drifting from the other; dropping the constraint.
+func TestCoordinateRuleIsTheSameInGoAndSQL(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "coordinate-sql.example", 0)
+	pk := strings.Repeat("0f", 32)
+	for _, v := range []string{
+		"10002:" + pk + ":", "0:" + pk + ":", "3:" + pk + ":", "30023:" + pk + ":d", "30023:" + pk + ":", "30023:" + pk + ":a:b",
+		"39999:" + pk + ":" + strings.Repeat("x", nostr.MaxCoordinateLen-len("39999:"+pk+":")),
+		"10002:" + pk, "030023:" + pk + ":d", "+30023:" + pk + ":d", "-0:" + pk + ":", " 3:" + pk + ":",
+		"30023:" + strings.ToUpper(pk) + ":d", "30023:" + pk[:62] + ":d", "30023::d", ":" + pk + ":",
+		"10002:" + pk + ":x", "1:" + pk + ":", "20001:" + pk + ":", "65536:" + pk + ":", "99999:" + pk + ":",
+		"100000:" + pk + ":", "30023:" + pk + ":" + strings.Repeat("x", nostr.MaxCoordinateLen), "", "30023",
+	} {
+		_, goErr := nostr.ParseCoordinate(v)
+		var sqlOK bool
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT nostr_coordinate_is_canonical($1)`, v).Scan(&sqlOK))
+		require.Equal(t, goErr == nil, sqlOK, "Go and SQL disagree on %q", v)
+	}
+
+	key := f.key()
+	loose := f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"a", "10002:" + key.PublicKeyHex()}}, 0)
+	params, err := eventstore.InsertParams(f.tenant.ID(), loose, nil)
+	require.NoError(t, err)
+	_, err = db.New(f.pool).EventInsert(f.ctx, params)
+	v, ok := dberr.AsViolation(err)
+	require.True(t, ok, "want a constraint violation, got %v", err)
+	require.Equal(t, "events_deletion_coordinates_canonical", v.Constraint)
+}
+
+// TestDeletionIsAsReadableAsItsTargets: a kind 5 is stored in the channel of
+// the author's events it names (by id or coordinate), global for global
+// targets, and refused when its targets span channels or mix a channel with
+// global events. Mutation killed: storing every deletion community-global
+// (any reader learnt the deleted private ids and their k tags).
+func TestDeletionIsAsReadableAsItsTargets(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deletion-scope.example", 0)
+	alice := f.key()
+	private, other := f.channel(alice, true), f.channel(alice, false)
+	inPrivate := f.store(f.sign(alice, ingest.KindChat, "secret", nostr.Tags{{"h", private}}, 0))
+	inOther := f.store(f.sign(alice, ingest.KindChat, "elsewhere", nostr.Tags{{"h", other}}, 0))
+	global := f.store(f.sign(alice, nostr.KindTextNote, "hello all", nil, 0))
+	set := f.store(f.sign(alice, ingest.KindEmojiSet, "", nostr.Tags{{"d", "s"}, {"h", private}}, 0))
+	setCoord := "30030:" + alice.PublicKeyHex() + ":s"
+
+	for _, tags := range []nostr.Tags{
+		{{"e", inPrivate.ID}, {"e", global.ID}},
+		{{"e", inPrivate.ID}, {"e", inOther.ID}},
+		{{"a", setCoord}, {"e", global.ID}},
+	} {
+		f.rejected(f.sign(alice, nostr.KindDeletion, "", tags, 0),
+			"invalid: a deletion may name events of one channel, or only community-global events: send one deletion per channel")
+	}
+	f.rejected(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", inPrivate.ID}, {"h", other}}, 0),
+		"invalid: the h tag must name the channel of the events being deleted")
+
+	byID := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", inPrivate.ID}, {"k", "9"}}, 0))
+	require.NotNil(t, f.eventChannel(byID.ID))
+	require.Equal(t, private, f.eventChannel(byID.ID).String())
+	byCoord := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"a", setCoord}, {"h", private}}, 0))
+	require.NotNil(t, f.eventChannel(byCoord.ID))
+	require.Equal(t, private, f.eventChannel(byCoord.ID).String())
+	globalDeletion := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", global.ID}, {"e", fmt.Sprintf("%064x", 5)}}, 0))
+	require.Nil(t, f.eventChannel(globalDeletion.ID))
+
+	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
+	for _, gone := range []*nostr.Event{inPrivate, set, global} {
+		require.Zero(t, f.count(live, gone.ID))
+	}
+	require.Equal(t, 1, f.count(live, inOther.ID))
+}

@@ -1,0 +1,14 @@
+package ingest
+
+import "sort"
+
+// RegisteredKinds lists the kinds p has a handler for, sorted, so tests can
+// cover every one of them (and a kind registered later with them).
+func RegisteredKinds(p *Pipeline) []int {
+	kinds := make([]int, 0, len(p.handlers))
+	for kind := range p.handlers {
+		kinds = append(kinds, kind)
+	}
+	sort.Ints(kinds)
+	return kinds
+}
