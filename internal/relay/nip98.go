@@ -116,13 +116,17 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 	return ev, nil
 }
 
-// checkPayload enforces the optional payload tag: when present it must be the
-// hex SHA-256 of the request body. NIP-98 only says SHOULD, so an absent tag
-// is accepted.
+// checkPayload binds the auth event to the request body: whenever there is a
+// body, the payload tag must be present and be its hex SHA-256. Without it a
+// captured header could carry any other body until the replay claim, and an
+// intercepting proxy could swap the body of a signed request.
 func checkPayload(ev *nostr.Event, body []byte) error {
 	tag := ev.Tags.First("payload")
 	if tag == nil {
-		return nil
+		if len(body) == 0 {
+			return nil
+		}
+		return authFail("auth event has no payload tag; a request with a body must sign the body's SHA-256 in it")
 	}
 	sum := sha256.Sum256(body)
 	if !strings.EqualFold(tag[1], hex.EncodeToString(sum[:])) {
