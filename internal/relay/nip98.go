@@ -43,7 +43,7 @@ func authFail(format string, args ...any) error {
 // (claimHTTPAuth). It returns the verified auth event; failures are
 // *authError.
 func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
-	return s.verifyHTTPAuth(r, requestURL(r))
+	return s.verifyHTTPAuth(r, s.requestURL(r))
 }
 
 // verifyOperatorAuth is the operator API's NIP-98 check (outbox
@@ -180,18 +180,15 @@ func (p *replayPurger) due(community uuid.UUID, now time.Time) bool {
 }
 
 // requestURL is the absolute URL the client addressed: the scheme from
-// X-Forwarded-Proto (set by a TLS-terminating proxy) or the connection, the
-// Host header, and the request URI.
-func requestURL(r *http.Request) string {
+// X-Forwarded-Proto when a trusted TLS-terminating proxy set it, else from
+// the connection; the Host header; and the request URI.
+func (s *Server) requestURL(r *http.Request) string {
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	if fwd := r.Header.Get("X-Forwarded-Proto"); fwd != "" {
-		first, _, _ := strings.Cut(fwd, ",")
-		if first = strings.ToLower(strings.TrimSpace(first)); first != "" {
-			scheme = first
-		}
+	if fwd := s.forwardedProto(r); fwd != "" {
+		scheme = fwd
 	}
 	return scheme + "://" + r.Host + r.URL.RequestURI()
 }
