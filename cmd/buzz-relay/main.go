@@ -60,13 +60,13 @@ func main() {
 
 	switch os.Args[1] {
 	case "serve":
-		err = serve(ctx, cfg, log)
+		err = serve(ctx, cfg, log, os.Getenv)
 	case "migrate":
 		err = runMigrate(ctx, cfg, os.Args[2:])
 	case "dev":
 		var opts devOptions
 		if opts, err = devOptionsFromEnv(os.Getenv); err == nil {
-			err = dev(ctx, cfg, log, opts)
+			err = dev(ctx, cfg, log, opts, os.Getenv)
 		}
 	default:
 		fmt.Fprint(os.Stderr, usage)
@@ -113,12 +113,16 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	return fmt.Errorf("migrate %v: unknown arguments\n%s", args, usage)
 }
 
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+// serve runs the relay until ctx ends; getenv supplies the settings that are
+// not part of config.Config (the operator listeners).
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string) error {
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
-	// Decision 1: a malformed BUZZ_OPERATOR_LISTENERS stops start-up.
-	listeners, err := outbox.ConfigFromEnv(os.Getenv)
+	// A malformed BUZZ_OPERATOR_LISTENERS stops start-up: running without
+	// the listeners an operator meant to configure would silently drop
+	// their deliveries.
+	listeners, err := outbox.ConfigFromEnv(getenv)
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
@@ -157,10 +161,19 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	metricsListener, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		listener.Close()
+		return fmt.Errorf("BUZZ_METRICS_ADDR: %w", err)
+	}
+	httpSrv := srv.HTTPServer()
+	metricsSrv := srv.MetricsServer()
+	defer metricsSrv.Close()
 	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
-	errc := make(chan error, 2)
+	log.Info("metrics listening", "addr", metricsListener.Addr().String())
+	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(listener) }()
+	go func() { errc <- metricsSrv.Serve(metricsListener) }()
 	if cfg.PprofAddr != "" {
 		// Profiling stays off the public listener.
 		mux := http.NewServeMux()
@@ -213,7 +226,7 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 // dev runs the relay for a developer: loopback only (unless BUZZ_LISTEN_ADDR
 // says otherwise), and a private cluster under DataDir/postgres that survives
 // restarts, unless BUZZ_DATABASE_URL names a database.
-func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions) error {
+func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions, getenv func(string) string) error {
 	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
 	}
@@ -238,7 +251,7 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return serve(ctx, cfg, log)
+	return serve(ctx, cfg, log, getenv)
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

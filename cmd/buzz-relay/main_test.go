@@ -47,13 +47,14 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	cfg.DatabaseURL = dbtest.EmptyURL(t)
 	port := freePort(t)
 	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	err := serve(context.Background(), cfg, quiet)
+	cfg.MetricsAddr = "127.0.0.1:0"
+	err := serve(context.Background(), cfg, quiet, noEnv)
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, quiet) }()
+	go func() { done <- serve(ctx, cfg, quiet, noEnv) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -73,10 +74,11 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	cfg := config.Default()
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.MetricsAddr = "127.0.0.1:0"
 	start := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- dev(ctx, cfg, quiet, opts) }()
+		go func() { done <- dev(ctx, cfg, quiet, opts, noEnv) }()
 		waitReady(t, port)
 		return func() {
 			cancel()
