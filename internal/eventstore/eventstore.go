@@ -5,10 +5,12 @@
 package eventstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,24 +25,141 @@ type Store struct {
 	pool *pgxpool.Pool
 	// MaxLimit caps every filter's limit (and is the default when none is given).
 	MaxLimit int
+	// PageRows is how many rows one database round trip of Query reads.
+	PageRows int
+	// ObserveQuery, when set, is told how long each hand-built statement took,
+	// by its name (NameEventsQuery ...).
+	ObserveQuery func(name string, seconds float64)
 }
+
+// DefaultPageRows is the PageRows of a new Store.
+const DefaultPageRows = 200
 
 // New returns a Store reading from pool.
 func New(pool *pgxpool.Pool, maxLimit int) *Store {
-	return &Store{pool: pool, MaxLimit: maxLimit}
+	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows}
+}
+
+func (s *Store) observe(name string, start time.Time) {
+	if s.ObserveQuery != nil {
+		s.ObserveQuery(name, time.Since(start).Seconds())
+	}
 }
 
 // Query streams the stored events that match filters and that scope may
 // see, newest first, to fn with each event's channel (nil: community-global).
-// An event matched by several filters is delivered once.
+// An event matched by several filters is delivered once; each filter
+// contributes at most its own limit.
+//
+// Rows are read a page at a time (PageRows), each page on a pooled
+// connection released before any of its rows goes to fn: fn may block on a
+// slow client, and neither a connection nor more than a page of rows is held
+// while it does. The next page continues after the last row sent (created_at,
+// id), so pages neither repeat nor skip rows. A NIP-50 search is ranked by
+// relevance, not time, and is read in one statement bounded by its limits.
 func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+	var branches []pageBranch
+	for i := range filters {
+		f := &filters[i]
+		if f.Search != "" {
+			return s.queryAtOnce(ctx, community, scope, filters, fn)
+		}
+		limit := s.MaxLimit
+		if f.Limit != nil && *f.Limit < limit {
+			limit = *f.Limit
+		}
+		if canMatch(f) && limit > 0 {
+			branches = append(branches, pageBranch{filter: i, remaining: limit})
+		}
+	}
+	// A page must hold more rows than one event can occupy (one per branch),
+	// or a page of one event's duplicates could not advance.
+	pageRows := max(s.PageRows, len(branches)+1)
+	var after *keyset
+	for len(branches) > 0 {
+		page, err := s.readPage(ctx, community, scope, filters, branches, after, pageRows)
+		if err != nil {
+			return err
+		}
+		// A full page may end inside one event's run of duplicates, which
+		// continues on the next page: leave that run to the next page.
+		sent := len(page)
+		if len(page) == pageRows {
+			last := page[len(page)-1].id
+			for sent > 0 && bytes.Equal(page[sent-1].id, last) {
+				sent--
+			}
+			if sent == 0 {
+				sent = len(page)
+			}
+		}
+		remaining := map[int]int{}
+		for _, br := range branches {
+			remaining[br.filter] = br.remaining
+		}
+		for i, r := range page[:sent] {
+			remaining[r.branch]--
+			if i > 0 && bytes.Equal(page[i-1].id, r.id) {
+				continue // the same event from another filter
+			}
+			if err := fn(r.ev, r.channel); err != nil {
+				return err
+			}
+		}
+		if len(page) < pageRows {
+			return nil // every branch is exhausted
+		}
+		after = &keyset{createdUnix: page[sent-1].ev.CreatedAt, id: page[sent-1].id}
+		kept := branches[:0]
+		for _, br := range branches {
+			if br.remaining = remaining[br.filter]; br.remaining > 0 {
+				kept = append(kept, br)
+			}
+		}
+		branches = kept
+	}
+	return nil
+}
+
+type pageRow struct {
+	ev      *nostr.Event
+	channel *uuid.UUID
+	id      []byte
+	branch  int
+}
+
+// readPage runs one page's statement and returns its rows, the connection
+// already back in the pool.
+func (s *Store) readPage(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
+	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	defer s.observe(NameEventsPage, time.Now())
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	page := make([]pageRow, 0, pageRows)
+	for rows.Next() {
+		var r pageRow
+		var branch int32
+		r.ev, r.channel, r.id, err = scanEvent(rows, &branch)
+		if err != nil {
+			return nil, err
+		}
+		r.branch = int(branch)
+		page = append(page, r)
+	}
+	return page, rows.Err()
+}
+
+// queryAtOnce reads every row of filters in one statement, then sends them:
+// the path of ranked (search) reads, bounded by the filters' limits.
+func (s *Store) queryAtOnce(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
 	sql, args, ok := BuildSelect(community, scope, filters, s.MaxLimit)
 	if !ok {
 		return nil
 	}
-	// Read every row before handing any to fn: fn may block on a slow client,
-	// and a pooled connection must not wait on it. The result is bounded by
-	// the filters' limits.
+	start := time.Now()
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return err
@@ -50,25 +169,21 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 		channel *uuid.UUID
 	}
 	var found []row
-	var seen map[string]struct{}
-	if len(filters) > 1 {
-		seen = make(map[string]struct{})
-	}
+	seen := map[string]struct{}{}
 	for rows.Next() {
-		ev, channel, err := scanEvent(rows)
+		ev, channel, _, err := scanEvent(rows)
 		if err != nil {
 			rows.Close()
 			return err
 		}
-		if seen != nil {
-			if _, dup := seen[ev.ID]; dup {
-				continue
-			}
-			seen[ev.ID] = struct{}{}
+		if _, dup := seen[ev.ID]; dup {
+			continue
 		}
+		seen[ev.ID] = struct{}{}
 		found = append(found, row{ev, channel})
 	}
 	rows.Close()
+	s.observe(NameEventsQuery, start)
 	if err := rows.Err(); err != nil {
 		return err
 	}
@@ -86,12 +201,15 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	if !ok {
 		return 0, nil
 	}
+	defer s.observe(NameEventsCount, time.Now())
 	var n int64
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, err
 }
 
-func scanEvent(rows pgx.Rows) (*nostr.Event, *uuid.UUID, error) {
+// scanEvent reads one row of eventColumns, then any extra columns into
+// extra; it also returns the raw id, the keyset's tiebreaker.
+func scanEvent(rows pgx.Rows, extra ...any) (*nostr.Event, *uuid.UUID, []byte, error) {
 	var (
 		id, pubkey, sig []byte
 		tags            []byte
@@ -99,14 +217,15 @@ func scanEvent(rows pgx.Rows) (*nostr.Event, *uuid.UUID, error) {
 		kind            int32
 		channel         *uuid.UUID
 	)
-	if err := rows.Scan(&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel); err != nil {
-		return nil, nil, err
+	dest := append([]any{&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return nil, nil, nil, err
 	}
 	if err := json.Unmarshal(tags, &ev.Tags); err != nil {
-		return nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
+		return nil, nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
 	}
 	ev.ID, ev.PubKey, ev.Sig, ev.Kind = hex.EncodeToString(id), hex.EncodeToString(pubkey), hex.EncodeToString(sig), int(kind)
-	return &ev, channel, nil
+	return &ev, channel, id, nil
 }
 
 // InsertParams maps a verified event to the EventInsert parameters.

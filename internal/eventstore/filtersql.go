@@ -125,6 +125,59 @@ func inList[T any](b *sqlBuilder, column, sqlType string, values []T) {
 	b.sql.WriteString(" AND " + column + " = ANY(" + b.arg(values) + "::" + sqlType + "[])")
 }
 
+// Statement names: every hand-built statement starts with one, like the
+// generated queries' "-- name:" lines, so logs, pg_stat_statements and the
+// per-query timings name it.
+const (
+	NameEventsQuery = "EventsQuery"
+	NameEventsPage  = "EventsQueryPage"
+	NameEventsCount = "EventsCount"
+)
+
+func named(name, sql string) string { return "-- name: " + name + "\n" + sql }
+
+// pageBranch is one filter's part of a paged read: how many more of its
+// rows may still be sent (its limit minus the rows already sent).
+type pageBranch struct {
+	filter    int
+	remaining int
+}
+
+// keyset is the position after the last row sent, newest first.
+type keyset struct {
+	createdUnix int64
+	id          []byte
+}
+
+// buildPage returns the statement for the next page of a time-ordered read:
+// each branch is its filter's newest rows older than after (all rows when
+// after is nil), at most its remaining count, tagged with its index; the
+// union is merged newest first and cut at pageRows. Rows matched by several
+// filters come back once per branch, next to each other.
+func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) (string, []any) {
+	var b sqlBuilder
+	communityArg := b.arg(community)
+	channelsArg := b.arg(scope.Channels)
+	var cursor string
+	if after != nil {
+		cursor = " AND (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)"
+	}
+	b.sql.WriteString("SELECT * FROM (\n")
+	for i, br := range branches {
+		if i > 0 {
+			b.sql.WriteString("\nUNION ALL\n")
+		}
+		f := &filters[br.filter]
+		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+		b.scopeConditions(scope, channelsArg)
+		b.conditions(f)
+		b.sql.WriteString(cursor)
+		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
+	}
+	b.sql.WriteString("\n) matched ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(pageRows)))
+	return named(NameEventsPage, b.sql.String()), b.args
+}
+
 // BuildSelect returns the statement that reads the stored events matching
 // any of filters in one community: each filter newest first (a search
 // filter by relevance) and capped at its own limit (at most maxLimit),
@@ -158,9 +211,9 @@ func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLim
 		return "", nil, false
 	}
 	if n == 1 {
-		return b.sql.String(), b.args, true
+		return named(NameEventsQuery, b.sql.String()), b.args, true
 	}
-	return "SELECT * FROM (\n" + b.sql.String() + "\n) matched ORDER BY created_unix DESC, id DESC", b.args, true
+	return named(NameEventsQuery, "SELECT * FROM (\n"+b.sql.String()+"\n) matched ORDER BY created_unix DESC, id DESC"), b.args, true
 }
 
 // BuildCount returns the statement counting stored events that match any of
@@ -189,7 +242,7 @@ func BuildCount(community uuid.UUID, scope Scope, filters nostr.Filters) (sql st
 	if n == 0 {
 		return "", nil, false
 	}
-	return b.sql.String(), b.args, true
+	return named(NameEventsCount, b.sql.String()), b.args, true
 }
 
 func hexBytes(values []string) [][]byte {

@@ -104,6 +104,10 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
 	}
+	s.store.PageRows = cfg.ReqPageRows
+	s.store.ObserveQuery = func(name string, seconds float64) {
+		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
+	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
 	s.pipeline.OnFanout = func(st fanout.Stats) {
