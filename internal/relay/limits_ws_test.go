@@ -24,7 +24,7 @@ import (
 func dialFrom(t testing.TB, r *relaytest.Relay, local string, header http.Header) (*websocket.Conn, error) {
 	t.Helper()
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: client, HTTPHeader: header})
