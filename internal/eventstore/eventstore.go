@@ -27,6 +27,9 @@ type Store struct {
 	MaxLimit int
 	// PageRows is how many rows one database round trip of Query reads.
 	PageRows int
+	// StatementTimeout, when set, bounds each statement Query runs. Time a
+	// slow client takes to receive one page is not charged to the next.
+	StatementTimeout time.Duration
 	// ObserveQuery, when set, is told how long each hand-built statement took,
 	// by its name (NameEventsQuery ...).
 	ObserveQuery func(name string, seconds float64)
@@ -121,6 +124,13 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 	return nil
 }
 
+func (s *Store) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.StatementTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.StatementTimeout)
+}
+
 type pageRow struct {
 	ev      *nostr.Event
 	channel *uuid.UUID
@@ -132,6 +142,8 @@ type pageRow struct {
 // already back in the pool.
 func (s *Store) readPage(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	ctx, cancel := s.statementContext(ctx)
+	defer cancel()
 	defer s.observe(NameEventsPage, time.Now())
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -159,6 +171,8 @@ func (s *Store) queryAtOnce(ctx context.Context, community uuid.UUID, scope Scop
 	if !ok {
 		return nil
 	}
+	ctx, cancel := s.statementContext(ctx)
+	defer cancel()
 	start := time.Now()
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -116,4 +117,17 @@ func TestPagedQueryMatchesASingleRead(t *testing.T) {
 			require.GreaterOrEqual(t, statements[eventstore.NameEventsPage], len(want)/max(pageRows, len(filters)+1)-1, "one statement per page")
 		}
 	}
+}
+
+// Each statement gets StatementTimeout, and running out of it is reported as
+// a deadline, which the relay answers with "query timed out".
+func TestStatementTimeoutIsADeadline(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	store := eventstore.New(pool, 10)
+	store.StatementTimeout = time.Nanosecond
+	err := store.Query(context.Background(), uuid.New(), eventstore.Scope{}, nostr.Filters{{}}, func(*nostr.Event, *uuid.UUID) error { return nil })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	err = store.Query(context.Background(), uuid.New(), eventstore.Scope{}, nostr.Filters{{Search: "x"}}, func(*nostr.Event, *uuid.UUID) error { return nil })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }

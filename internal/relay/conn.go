@@ -393,14 +393,19 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	st := trace.StateForRequest(c.tenant.ID(), c.tenant.Host(), c.pubkey)
 	traced := trace.Active(c.srv.Tracer, &st)
 	var rowChannels []*uuid.UUID
-	err = c.srv.store.Query(ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
+	// Each page's statement gets QueryTimeout (store.StatementTimeout); the
+	// time this client takes to receive a page is its own, bounded by the
+	// write watchdog, not charged to the next page.
+	err = c.srv.store.Query(c.ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
 		if traced {
 			rowChannels = append(rowChannels, channel)
 		}
 		return c.send(nostr.EncodeEvent(subID, ev))
 	})
 	if err == nil && traced {
-		err = c.traceRead(ctx, st, filters, rowChannels)
+		traceCtx, cancelTrace := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
+		err = c.traceRead(traceCtx, st, filters, rowChannels)
+		cancelTrace()
 	}
 	if err != nil {
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
@@ -442,7 +447,7 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 			return // the connection is going away
 		}
 		reason = "error: query failed"
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
 			reason = "error: query timed out; narrow the filter"
 		}
 		c.log.Error("read failed", "sub", subID, "err", err)

@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -140,4 +142,38 @@ func TestDynamicStatementsAreTimedByName(t *testing.T) {
 	for _, name := range []string{"EventsQueryPage", "EventsCount", "EventsQuery"} {
 		require.Contains(t, string(body), `buzz_db_query_seconds_count{query="`+name+`"} 1`, name)
 	}
+}
+
+// A client that takes longer than the query budget to receive its history
+// still gets all of it: each page's statement has the budget, the client's
+// pace does not count against it.
+func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Second; c.ReqPageRows = 10 })
+	key := relaytest.NewKey(t)
+	q := db.New(r.Pool)
+	big := strings.Repeat("x", 60<<10)
+	const stored = 500 // about 30 MB: more than the reply queue and socket buffers hold
+	for i := range stored {
+		ev := relaytest.SignEvent(t, key, 1, fmt.Sprint(i, big), nil, int64(1_700_000_000+i))
+		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+		require.NoError(t, err)
+		_, err = q.EventInsert(context.Background(), params)
+		require.NoError(t, err)
+	}
+	c := r.Dial(t, "")
+	c.Auth(key)
+	c.Send("REQ", "all", map[string]any{"kinds": []int{1}})
+	require.Equal(t, "EVENT", c.NextReply().Verb)
+	time.Sleep(3 * time.Second) // the reader dawdles past the query budget
+	got := 1
+	for {
+		reply := c.NextReply()
+		if reply.Verb != "EVENT" {
+			require.Equal(t, "EOSE", reply.Verb, "%+v", reply)
+			break
+		}
+		got++
+	}
+	require.Equal(t, stored, got)
 }

@@ -105,6 +105,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 		},
 	}
 	s.store.PageRows = cfg.ReqPageRows
+	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ObserveQuery = func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
