@@ -131,6 +131,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
+	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err

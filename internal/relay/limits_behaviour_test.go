@@ -18,6 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -176,4 +177,28 @@ func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 		got++
 	}
 	require.Equal(t, stored, got)
+}
+
+// With the statement timer on the pool, generated queries are timed by
+// their sqlc name too, and the hand-built ones once each.
+func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = relay.NewStatementTimer()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "timed", nil, 0)).OK)
+	require.Len(t, c.Req("q", map[string]any{"kinds": []int{1}}), 1)
+
+	resp, err := bridgeHTTP.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="CommunityResolveServing"}`)
+	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="EventsQueryPage"} 1`)
 }

@@ -106,8 +106,13 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger) *Server {
 	}
 	s.store.PageRows = cfg.ReqPageRows
 	s.store.StatementTimeout = cfg.QueryTimeout
-	s.store.ObserveQuery = func(name string, seconds float64) {
+	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
+	}
+	if timer, ok := pool.Config().ConnConfig.Tracer.(*StatementTimer); ok {
+		timer.attach(observe) // times every named statement, generated or not
+	} else {
+		s.store.ObserveQuery = observe
 	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
