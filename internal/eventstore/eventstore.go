@@ -52,28 +52,32 @@ func (s *Store) observe(name string, start time.Time) {
 // Query streams the stored events that match filters and that scope may
 // see, newest first, to fn with each event's channel (nil: community-global).
 // An event matched by several filters is delivered once; each filter
-// contributes at most its own limit.
+// contributes at most its own limit. A single NIP-50 search filter comes
+// most relevant first instead.
 //
 // Rows are read a page at a time (PageRows), each page on a pooled
 // connection released before any of its rows goes to fn: fn may block on a
 // slow client, and neither a connection nor more than a page of rows is held
-// while it does. The next page continues after the last row sent (created_at,
-// id), so pages neither repeat nor skip rows. A NIP-50 search is ranked by
-// relevance, not time, and is read in one statement bounded by its limits.
+// while it does. The next page continues after the last row sent (its
+// created_at and id, and for a search its rank), so pages neither repeat nor
+// skip rows.
 func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
 	var branches []pageBranch
 	for i := range filters {
 		f := &filters[i]
-		if f.Search != "" {
-			return s.queryAtOnce(ctx, community, scope, filters, fn)
-		}
 		limit := s.MaxLimit
 		if f.Limit != nil && *f.Limit < limit {
 			limit = *f.Limit
 		}
 		if canMatch(f) && limit > 0 {
-			branches = append(branches, pageBranch{filter: i, remaining: limit})
+			branches = append(branches, pageBranch{filter: i, limit: limit, remaining: limit})
 		}
+	}
+	if len(filters) == 1 && filters[0].Search != "" {
+		if len(branches) == 0 {
+			return nil
+		}
+		return s.querySearch(ctx, community, scope, &filters[0], branches[0].limit, fn)
 	}
 	// A page must hold more rows than one event can occupy (one per branch),
 	// or a page of one event's duplicates could not advance.
@@ -124,6 +128,14 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 	return nil
 }
 
+type pageRow struct {
+	ev      *nostr.Event
+	channel *uuid.UUID
+	id      []byte
+	branch  int
+	rank    float32
+}
+
 func (s *Store) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.StatementTimeout <= 0 {
 		return ctx, func() {}
@@ -131,82 +143,64 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 	return context.WithTimeout(ctx, s.StatementTimeout)
 }
 
-type pageRow struct {
-	ev      *nostr.Event
-	channel *uuid.UUID
-	id      []byte
-	branch  int
-}
-
 // readPage runs one page's statement and returns its rows, the connection
 // already back in the pool.
 func (s *Store) readPage(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	return s.readRows(ctx, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
+		return []any{&r.branch}
+	})
+}
+
+// querySearch streams one search filter's rows, most relevant first, a page
+// at a time.
+func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scope, f *nostr.Filter, limit int, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+	var after *keyset
+	for remaining := limit; remaining > 0; {
+		rows := min(remaining, max(s.PageRows, 1))
+		sql, args := buildSearchPage(community, scope, f, after, rows)
+		page, err := s.readRows(ctx, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
+			return []any{&r.rank}
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range page {
+			if err := fn(r.ev, r.channel); err != nil {
+				return err
+			}
+		}
+		if len(page) < rows {
+			return nil
+		}
+		remaining -= len(page)
+		last := page[len(page)-1]
+		after = &keyset{rank: last.rank, createdUnix: last.ev.CreatedAt, id: last.id}
+	}
+	return nil
+}
+
+// readRows runs one named statement under StatementTimeout and scans its
+// rows (eventColumns, then the columns extra points at).
+func (s *Store) readRows(ctx context.Context, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
 	ctx, cancel := s.statementContext(ctx)
 	defer cancel()
-	defer s.observe(NameEventsPage, time.Now())
+	defer s.observe(name, time.Now())
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	page := make([]pageRow, 0, pageRows)
+	page := make([]pageRow, 0, capacity)
 	for rows.Next() {
 		var r pageRow
-		var branch int32
-		r.ev, r.channel, r.id, err = scanEvent(rows, &branch)
+		r.ev, r.channel, r.id, err = scanEvent(rows, extra(&r)...)
 		if err != nil {
 			return nil, err
 		}
-		r.branch = int(branch)
 		page = append(page, r)
 	}
 	return page, rows.Err()
-}
-
-// queryAtOnce reads every row of filters in one statement, then sends them:
-// the path of ranked (search) reads, bounded by the filters' limits.
-func (s *Store) queryAtOnce(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
-	sql, args, ok := BuildSelect(community, scope, filters, s.MaxLimit)
-	if !ok {
-		return nil
-	}
-	ctx, cancel := s.statementContext(ctx)
-	defer cancel()
-	start := time.Now()
-	rows, err := s.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
-	type row struct {
-		ev      *nostr.Event
-		channel *uuid.UUID
-	}
-	var found []row
-	seen := map[string]struct{}{}
-	for rows.Next() {
-		ev, channel, _, err := scanEvent(rows)
-		if err != nil {
-			rows.Close()
-			return err
-		}
-		if _, dup := seen[ev.ID]; dup {
-			continue
-		}
-		seen[ev.ID] = struct{}{}
-		found = append(found, row{ev, channel})
-	}
-	rows.Close()
-	s.observe(NameEventsQuery, start)
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, r := range found {
-		if err := fn(r.ev, r.channel); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Count returns how many stored events scope may see match any of filters (NIP-45).

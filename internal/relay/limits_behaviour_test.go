@@ -140,7 +140,7 @@ func TestDynamicStatementsAreTimedByName(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	for _, name := range []string{"EventsQueryPage", "EventsCount", "EventsQuery"} {
+	for _, name := range []string{"EventsQueryPage", "EventsCount", "EventsSearchPage"} {
 		require.Contains(t, string(body), `buzz_db_query_seconds_count{query="`+name+`"} 1`, name)
 	}
 }
