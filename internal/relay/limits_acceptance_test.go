@@ -42,28 +42,44 @@ func budgetFilters(values, perFilter int) []any {
 	return filters
 }
 
-// BenchmarkConnectionMemoryAtTheFilterBudget reports the heap one
-// authenticated connection holds with the default limits, its open
-// subscriptions (32) holding the whole filter-value budget.
-func BenchmarkConnectionMemoryAtTheFilterBudget(b *testing.B) {
-	def := config.Default()
-	r := relaytest.Start(b)
-	perSub := def.MaxFilterValues / def.MaxSubscriptions
-	before := heapInUse()
-	conns := 0
-	for range b.N {
-		c := r.Dial(b, "")
-		c.Auth(nil)
-		for s := range def.MaxSubscriptions {
-			parts := append([]any{"REQ", fmt.Sprint("s", s)}, budgetFilters(perSub, perSub/def.MaxFilters+1)...)
-			c.Send(parts...)
-			c.Expect("EOSE")
+// BenchmarkConnectionMemory reports the heap one authenticated connection
+// holds with the default limits: idle, and with its open subscriptions (32)
+// holding the whole filter-value budget. Client and relay share the
+// process, so the figure covers both ends of each socket; the difference
+// between the two cases is what the subscriptions pin on the relay.
+func BenchmarkConnectionMemory(b *testing.B) {
+	for _, subscribed := range []bool{false, true} {
+		name := "idle"
+		if subscribed {
+			name = "filter-budget"
 		}
-		conns++
+		b.Run(name, func(b *testing.B) {
+			def := config.Default()
+			r := relaytest.Start(b)
+			perSub := def.MaxFilterValues / def.MaxSubscriptions
+			open := func() {
+				c := r.Dial(b, "")
+				c.Auth(nil)
+				if !subscribed {
+					return
+				}
+				for s := range def.MaxSubscriptions {
+					parts := append([]any{"REQ", fmt.Sprint("s", s)}, budgetFilters(perSub, perSub/def.MaxFilters+1)...)
+					c.Send(parts...)
+					c.Expect("EOSE")
+				}
+			}
+			open() // first use: key tables, pools and caches are not per connection
+			before := heapInUse()
+			for range b.N {
+				open()
+			}
+			b.ReportMetric(float64(heapInUse()-before)/float64(b.N), "heap-bytes/conn")
+			if subscribed {
+				b.ReportMetric(float64(perSub*def.MaxSubscriptions), "filter-values/conn")
+			}
+		})
 	}
-	after := heapInUse()
-	b.ReportMetric(float64(after-before)/float64(conns), "heap-bytes/conn")
-	b.ReportMetric(float64(perSub*def.MaxSubscriptions), "filter-values/conn")
 }
 
 // raiseFileLimit lifts the soft descriptor limit toward want (each socket
