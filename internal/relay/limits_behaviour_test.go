@@ -35,7 +35,8 @@ func TestMissedPongClosesTheConnection(t *testing.T) {
 // A write the client never takes (it stopped reading and the socket buffers
 // are full) is cut off by the write watchdog.
 func TestWriteWatchdogClosesAStuckWrite(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
 	r := relaytest.Start(t, func(c *config.Config) { c.WriteTimeout = time.Second; c.PingInterval = time.Hour })
 	pub := r.Dial(t, "")
 	pub.Auth(nil)
@@ -57,7 +58,8 @@ func TestWriteWatchdogClosesAStuckWrite(t *testing.T) {
 // A subscriber whose live queue overflows is closed with 1008 (policy
 // violation) after what was queued.
 func TestSlowClientIsClosedWith1008(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
 	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 4; c.WriteTimeout = time.Hour; c.PingInterval = time.Hour })
 	slow := r.Dial(t, "")
 	slow.Auth(nil)
@@ -149,7 +151,8 @@ func TestDynamicStatementsAreTimedByName(t *testing.T) {
 // still gets all of it: each page's statement has the budget, the client's
 // pace does not count against it.
 func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
 	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Second; c.ReqPageRows = 10 })
 	key := relaytest.NewKey(t)
 	q := db.New(r.Pool)
