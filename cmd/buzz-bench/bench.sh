@@ -19,6 +19,10 @@ mkdir -p "$data"
 (
 	cd "$data"
 	export BUZZ_LISTEN_ADDR=$addr BUZZ_RELAY_URL=$url BUZZ_DEV_PG_PORT=54339
+	# A load generator is one address and a few keys publishing flat out:
+	# lift the per-client bounds it would otherwise measure instead.
+	export BUZZ_METRICS_ADDR=127.0.0.1:3301 BUZZ_MAX_CONNECTIONS_PER_ADDRESS=100000 \
+		BUZZ_PUBLISH_PER_MINUTE=100000000 BUZZ_PUBLISH_BURST=1000000
 	exec ../buzz-relay dev
 ) >"$relay_log" 2>&1 &
 relay=$!

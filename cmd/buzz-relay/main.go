@@ -62,14 +62,14 @@ func main() {
 	case "serve":
 		var listener net.Listener
 		if listener, err = listen(cfg.ListenAddr); err == nil {
-			err = serve(ctx, cfg, log, listener)
+			err = serve(ctx, cfg, log, listener, os.Getenv)
 		}
 	case "migrate":
 		err = runMigrate(ctx, cfg, os.Args[2:])
 	case "dev":
 		var opts devOptions
 		if opts, err = devOptionsFromEnv(os.Getenv); err == nil {
-			err = dev(ctx, cfg, log, opts)
+			err = dev(ctx, cfg, log, opts, os.Getenv)
 		}
 	default:
 		fmt.Fprint(os.Stderr, usage)
@@ -127,23 +127,31 @@ func listen(addr string) (net.Listener, error) {
 	return l, nil
 }
 
-// serve runs the relay on listener, which it closes on return.
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener net.Listener) error {
+// serve runs the relay on listener, which it closes on return, until ctx
+// ends; getenv supplies the settings that are not part of config.Config
+// (the operator listeners).
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener net.Listener, getenv func(string) string) error {
 	defer listener.Close()
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
 	// A malformed BUZZ_OPERATOR_LISTENERS stops start-up: a pod that silently
 	// dropped a listener would leave its mentions undelivered.
-	listeners, err := outbox.ConfigFromEnv(os.Getenv)
+	listeners, err := outbox.ConfigFromEnv(getenv)
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
+	metricsListener, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listen on BUZZ_METRICS_ADDR %s: %w", cfg.MetricsAddr, err)
+	}
+	defer metricsListener.Close()
 	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
+	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
@@ -170,10 +178,14 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := srv.HTTPServer()
+	metricsSrv := srv.MetricsServer()
+	defer metricsSrv.Close()
 	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
-	errc := make(chan error, 2)
+	log.Info("metrics listening", "addr", metricsListener.Addr().String())
+	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(listener) }()
+	go func() { errc <- metricsSrv.Serve(metricsListener) }()
 	if cfg.PprofAddr != "" {
 		// Profiling stays off the public listener.
 		mux := http.NewServeMux()
@@ -235,7 +247,7 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 // lock and the listen address are taken before the cluster is touched, and
 // the cluster is stopped on exit only if this process started it, so a
 // second instance can never take the first one's database away.
-func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions) error {
+func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions, getenv func(string) string) error {
 	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
 	}
@@ -282,7 +294,7 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return serve(ctx, cfg, log, listener)
+	return serve(ctx, cfg, log, listener, getenv)
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

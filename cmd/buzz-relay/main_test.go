@@ -52,16 +52,17 @@ func waitReady(t *testing.T, port int) {
 func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	t.Parallel()
 	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
 	cfg.DatabaseURL = dbtest.EmptyURL(t)
 	listener, _ := listenLoopback(t)
-	err := serve(context.Background(), cfg, quiet, listener)
+	err := serve(context.Background(), cfg, quiet, listener, noEnv)
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	listener, port := listenLoopback(t)
-	go func() { done <- serve(ctx, cfg, quiet, listener) }()
+	go func() { done <- serve(ctx, cfg, quiet, listener, noEnv) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -81,6 +82,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	// community's host, stays the first one.
 	_, firstPort := listenLoopback(t)
 	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0"
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", firstPort)
 	relay := &relaytest.Relay{Host: fmt.Sprintf("localhost:%d", firstPort)}
 	start := func() (stop func()) {
@@ -89,7 +91,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 		listener, port := listenLoopback(t)
 		relay.URL = fmt.Sprintf("ws://127.0.0.1:%d", port)
 		go func() {
-			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener})
+			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener}, noEnv)
 		}()
 		waitReady(t, port)
 		return func() {
@@ -135,6 +137,7 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	opts := devOptions{DataDir: dataDir} // PGPort 0: the cluster picks a free port
 	listener, port := listenLoopback(t)
 	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
 
@@ -142,20 +145,20 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	done := make(chan error, 1)
 	first := opts
 	first.Listener = listener
-	go func() { done <- dev(ctx, cfg, quiet, first) }()
+	go func() { done <- dev(ctx, cfg, quiet, first, noEnv) }()
 	defer func() {
 		cancel()
 		require.NoError(t, <-done)
 	}()
 	waitReady(t, port)
 
-	err := dev(context.Background(), cfg, quiet, opts)
+	err := dev(context.Background(), cfg, quiet, opts, noEnv)
 	require.ErrorContains(t, err, "a dev relay is already running on data directory")
 	require.ErrorContains(t, err, fmt.Sprintf("pid %d, listening on %s", os.Getpid(), cfg.ListenAddr))
 
 	// Another data directory, same port: refused before any cluster exists.
 	otherDir := newDevDataDir(t)
-	err = dev(context.Background(), cfg, quiet, devOptions{DataDir: otherDir})
+	err = dev(context.Background(), cfg, quiet, devOptions{DataDir: otherDir}, noEnv)
 	require.ErrorContains(t, err, "listen on "+cfg.ListenAddr)
 	_, statErr := os.Stat(filepath.Join(otherDir, "postgres"))
 	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the port is taken")
@@ -184,10 +187,13 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 
 	listener, port := listenLoopback(t)
 	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
+	go func() {
+		done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+	}()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -200,7 +206,9 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	require.NoError(t, cluster.Stop())
 	ctx, cancel = context.WithCancel(context.Background())
 	listener, port = listenLoopback(t)
-	go func() { done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}) }()
+	go func() {
+		done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+	}()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)

@@ -6,6 +6,7 @@ package config
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,22 @@ type Config struct {
 	PingInterval   time.Duration // WebSocket ping cadence; a missed pong closes the connection
 	QueryTimeout   time.Duration // statement budget for one REQ/COUNT
 	DBMaxConns     int32
+
+	// Per-client bounds: what one client (one address, one pubkey, one
+	// connection) can hold or spend.
+	AuthTimeout           time.Duration  // a connection that has not authenticated by then is closed
+	MaxConnections        int            // open WebSocket connections, all clients together
+	MaxConnectionsPerAddr int            // open WebSocket connections from one client address
+	MaxFilterValues       int            // filter values held by one connection's open subscriptions
+	PublishPerMinute      int            // events one pubkey may publish per minute in one community
+	PublishBurst          int            // events one pubkey may publish at once before the rate applies
+	RateLimitKeys         int            // (community, pubkey) buckets kept in memory; the oldest go first
+	ReqPageRows           int            // rows read per database round trip while streaming a REQ
+	HTTPReadTimeout       time.Duration  // a request's headers and body must arrive within this
+	HTTPWriteTimeout      time.Duration  // a response must be written within this
+	HTTPIdleTimeout       time.Duration  // an idle keep-alive connection is closed after this
+	MetricsAddr           string         // /metrics listens here, apart from the community hosts
+	TrustedProxies        []netip.Prefix // peers whose X-Forwarded-For / -Proto are believed
 }
 
 // Default is the configuration with every variable unset.
@@ -73,6 +90,19 @@ func Default() Config {
 		PingInterval:   30 * time.Second,
 		QueryTimeout:   10 * time.Second,
 		DBMaxConns:     20,
+
+		AuthTimeout:           30 * time.Second,
+		MaxConnections:        10000,
+		MaxConnectionsPerAddr: 50,
+		MaxFilterValues:       2000,
+		PublishPerMinute:      120,
+		PublishBurst:          60,
+		RateLimitKeys:         100000,
+		ReqPageRows:           200,
+		HTTPReadTimeout:       30 * time.Second,
+		HTTPWriteTimeout:      30 * time.Second,
+		HTTPIdleTimeout:       60 * time.Second,
+		MetricsAddr:           "127.0.0.1:9464",
 	}
 }
 
@@ -100,6 +130,19 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)
 	r.duration("BUZZ_QUERY_TIMEOUT", &c.QueryTimeout)
+	r.duration("BUZZ_AUTH_TIMEOUT", &c.AuthTimeout)
+	r.positive("BUZZ_MAX_CONNECTIONS", &c.MaxConnections)
+	r.positive("BUZZ_MAX_CONNECTIONS_PER_ADDRESS", &c.MaxConnectionsPerAddr)
+	r.positive("BUZZ_MAX_FILTER_VALUES", &c.MaxFilterValues)
+	r.positive("BUZZ_PUBLISH_PER_MINUTE", &c.PublishPerMinute)
+	r.positive("BUZZ_PUBLISH_BURST", &c.PublishBurst)
+	r.positive("BUZZ_RATE_LIMIT_KEYS", &c.RateLimitKeys)
+	r.positive("BUZZ_REQ_PAGE_ROWS", &c.ReqPageRows)
+	r.duration("BUZZ_HTTP_READ_TIMEOUT", &c.HTTPReadTimeout)
+	r.duration("BUZZ_HTTP_WRITE_TIMEOUT", &c.HTTPWriteTimeout)
+	r.duration("BUZZ_HTTP_IDLE_TIMEOUT", &c.HTTPIdleTimeout)
+	r.str("BUZZ_METRICS_ADDR", &c.MetricsAddr)
+	r.prefixes("BUZZ_TRUSTED_PROXIES", &c.TrustedProxies)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {
@@ -169,4 +212,29 @@ func (r *reader) level(name string, dst *slog.Level) {
 	if err := dst.UnmarshalText([]byte(v)); err != nil {
 		r.fail(name, v, "debug, info, warn or error")
 	}
+}
+
+// prefixes reads a comma-separated list of IP addresses and CIDR prefixes
+// (a bare address means just that address).
+func (r *reader) prefixes(name string, dst *[]netip.Prefix) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	var out []netip.Prefix
+	for _, item := range strings.Split(v, ",") {
+		item = strings.TrimSpace(item)
+		if p, err := netip.ParsePrefix(item); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		addr, err := netip.ParseAddr(item)
+		if err != nil {
+			r.fail(name, v, "comma-separated IP addresses or CIDR prefixes such as 10.0.0.0/8,192.0.2.7")
+			return
+		}
+		addr = addr.Unmap()
+		out = append(out, netip.PrefixFrom(addr, addr.BitLen()))
+	}
+	*dst = out
 }

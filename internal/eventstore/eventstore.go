@@ -5,10 +5,12 @@
 package eventstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,61 +25,182 @@ type Store struct {
 	pool *pgxpool.Pool
 	// MaxLimit caps every filter's limit (and is the default when none is given).
 	MaxLimit int
+	// PageRows is how many rows one database round trip of Query reads.
+	PageRows int
+	// StatementTimeout, when set, bounds each statement Query runs. Time a
+	// slow client takes to receive one page is not charged to the next.
+	StatementTimeout time.Duration
+	// ObserveQuery, when set, is told how long each hand-built statement took,
+	// by its name (NameEventsQuery ...).
+	ObserveQuery func(name string, seconds float64)
 }
+
+// DefaultPageRows is the PageRows of a new Store.
+const DefaultPageRows = 200
 
 // New returns a Store reading from pool.
 func New(pool *pgxpool.Pool, maxLimit int) *Store {
-	return &Store{pool: pool, MaxLimit: maxLimit}
+	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows}
+}
+
+func (s *Store) observe(name string, start time.Time) {
+	if s.ObserveQuery != nil {
+		s.ObserveQuery(name, time.Since(start).Seconds())
+	}
 }
 
 // Query streams the stored events that match filters and that scope may
 // see, newest first, to fn with each event's channel (nil: community-global).
-// An event matched by several filters is delivered once.
+// An event matched by several filters is delivered once; each filter
+// contributes at most its own limit. A single NIP-50 search filter comes
+// most relevant first instead.
+//
+// Rows are read a page at a time (PageRows), each page on a pooled
+// connection released before any of its rows goes to fn: fn may block on a
+// slow client, and neither a connection nor more than a page of rows is held
+// while it does. The next page continues after the last row sent (its
+// created_at and id, and for a search its rank), so pages neither repeat nor
+// skip rows.
 func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
-	sql, args, ok := BuildSelect(community, scope, filters, s.MaxLimit)
-	if !ok {
-		return nil
+	var branches []pageBranch
+	for i := range filters {
+		f := &filters[i]
+		limit := s.MaxLimit
+		if f.Limit != nil && *f.Limit < limit {
+			limit = *f.Limit
+		}
+		if canMatch(f) && limit > 0 {
+			branches = append(branches, pageBranch{filter: i, limit: limit, remaining: limit})
+		}
 	}
-	// Read every row before handing any to fn: fn may block on a slow client,
-	// and a pooled connection must not wait on it. The result is bounded by
-	// the filters' limits.
-	rows, err := s.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return err
+	if len(filters) == 1 && filters[0].Search != "" {
+		if len(branches) == 0 {
+			return nil
+		}
+		return s.querySearch(ctx, community, scope, &filters[0], branches[0].limit, fn)
 	}
-	type row struct {
-		ev      *nostr.Event
-		channel *uuid.UUID
-	}
-	var found []row
-	var seen map[string]struct{}
-	if len(filters) > 1 {
-		seen = make(map[string]struct{})
-	}
-	for rows.Next() {
-		ev, channel, err := scanEvent(rows)
+	// A page must hold more rows than one event can occupy (one per branch),
+	// or a page of one event's duplicates could not advance.
+	pageRows := max(s.PageRows, len(branches)+1)
+	var after *keyset
+	for len(branches) > 0 {
+		page, err := s.readPage(ctx, community, scope, filters, branches, after, pageRows)
 		if err != nil {
-			rows.Close()
 			return err
 		}
-		if seen != nil {
-			if _, dup := seen[ev.ID]; dup {
-				continue
+		// A full page may end inside one event's run of duplicates, which
+		// continues on the next page: leave that run to the next page.
+		sent := len(page)
+		if len(page) == pageRows {
+			last := page[len(page)-1].id
+			for sent > 0 && bytes.Equal(page[sent-1].id, last) {
+				sent--
 			}
-			seen[ev.ID] = struct{}{}
+			if sent == 0 {
+				sent = len(page)
+			}
 		}
-		found = append(found, row{ev, channel})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, r := range found {
-		if err := fn(r.ev, r.channel); err != nil {
-			return err
+		remaining := map[int]int{}
+		for _, br := range branches {
+			remaining[br.filter] = br.remaining
 		}
+		for i, r := range page[:sent] {
+			remaining[r.branch]--
+			if i > 0 && bytes.Equal(page[i-1].id, r.id) {
+				continue // the same event from another filter
+			}
+			if err := fn(r.ev, r.channel); err != nil {
+				return err
+			}
+		}
+		if len(page) < pageRows {
+			return nil // every branch is exhausted
+		}
+		after = &keyset{createdUnix: page[sent-1].ev.CreatedAt, id: page[sent-1].id}
+		kept := branches[:0]
+		for _, br := range branches {
+			if br.remaining = remaining[br.filter]; br.remaining > 0 {
+				kept = append(kept, br)
+			}
+		}
+		branches = kept
 	}
 	return nil
+}
+
+type pageRow struct {
+	ev      *nostr.Event
+	channel *uuid.UUID
+	id      []byte
+	branch  int
+	rank    float32
+}
+
+func (s *Store) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.StatementTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.StatementTimeout)
+}
+
+// readPage runs one page's statement and returns its rows, the connection
+// already back in the pool.
+func (s *Store) readPage(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
+	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	return s.readRows(ctx, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
+		return []any{&r.branch}
+	})
+}
+
+// querySearch streams one search filter's rows, most relevant first, a page
+// at a time.
+func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scope, f *nostr.Filter, limit int, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+	var after *keyset
+	for remaining := limit; remaining > 0; {
+		rows := min(remaining, max(s.PageRows, 1))
+		sql, args := buildSearchPage(community, scope, f, after, rows)
+		page, err := s.readRows(ctx, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
+			return []any{&r.rank}
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range page {
+			if err := fn(r.ev, r.channel); err != nil {
+				return err
+			}
+		}
+		if len(page) < rows {
+			return nil
+		}
+		remaining -= len(page)
+		last := page[len(page)-1]
+		after = &keyset{rank: last.rank, createdUnix: last.ev.CreatedAt, id: last.id}
+	}
+	return nil
+}
+
+// readRows runs one named statement under StatementTimeout and scans its
+// rows (eventColumns, then the columns extra points at).
+func (s *Store) readRows(ctx context.Context, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
+	ctx, cancel := s.statementContext(ctx)
+	defer cancel()
+	defer s.observe(name, time.Now())
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	page := make([]pageRow, 0, capacity)
+	for rows.Next() {
+		var r pageRow
+		r.ev, r.channel, r.id, err = scanEvent(rows, extra(&r)...)
+		if err != nil {
+			return nil, err
+		}
+		page = append(page, r)
+	}
+	return page, rows.Err()
 }
 
 // Count returns how many stored events scope may see match any of filters (NIP-45).
@@ -86,12 +209,15 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	if !ok {
 		return 0, nil
 	}
+	defer s.observe(NameEventsCount, time.Now())
 	var n int64
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, err
 }
 
-func scanEvent(rows pgx.Rows) (*nostr.Event, *uuid.UUID, error) {
+// scanEvent reads one row of eventColumns, then any extra columns into
+// extra; it also returns the raw id, the keyset's tiebreaker.
+func scanEvent(rows pgx.Rows, extra ...any) (*nostr.Event, *uuid.UUID, []byte, error) {
 	var (
 		id, pubkey, sig []byte
 		tags            []byte
@@ -99,14 +225,15 @@ func scanEvent(rows pgx.Rows) (*nostr.Event, *uuid.UUID, error) {
 		kind            int32
 		channel         *uuid.UUID
 	)
-	if err := rows.Scan(&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel); err != nil {
-		return nil, nil, err
+	dest := append([]any{&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return nil, nil, nil, err
 	}
 	if err := json.Unmarshal(tags, &ev.Tags); err != nil {
-		return nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
+		return nil, nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
 	}
 	ev.ID, ev.PubKey, ev.Sig, ev.Kind = hex.EncodeToString(id), hex.EncodeToString(pubkey), hex.EncodeToString(sig), int(kind)
-	return &ev, channel, nil
+	return &ev, channel, id, nil
 }
 
 // InsertParams maps a verified event to the EventInsert parameters.

@@ -125,6 +125,93 @@ func inList[T any](b *sqlBuilder, column, sqlType string, values []T) {
 	b.sql.WriteString(" AND " + column + " = ANY(" + b.arg(values) + "::" + sqlType + "[])")
 }
 
+// Statement names: every hand-built statement starts with one, like the
+// generated queries' "-- name:" lines, so logs, pg_stat_statements and the
+// per-query timings name it.
+const (
+	NameEventsQuery  = "EventsQuery"
+	NameEventsPage   = "EventsQueryPage"
+	NameEventsSearch = "EventsSearchPage"
+	NameEventsCount  = "EventsCount"
+)
+
+func named(name, sql string) string { return "-- name: " + name + "\n" + sql }
+
+// pageBranch is one filter's part of a paged read: how many more of its
+// rows may still be sent (its limit minus the rows already sent).
+type pageBranch struct {
+	filter    int
+	limit     int // the filter's own limit
+	remaining int
+}
+
+// keyset is the position after the last row sent: newest first, or for a
+// single search filter, most relevant first (rank).
+type keyset struct {
+	rank        float32
+	createdUnix int64
+	id          []byte
+}
+
+// buildPage returns the statement for the next page of a time-ordered read:
+// each branch is its filter's newest rows older than after (all rows when
+// after is nil), at most its remaining count, tagged with its index; the
+// union is merged newest first and cut at pageRows. Rows matched by several
+// filters come back once per branch, next to each other.
+func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) (string, []any) {
+	var b sqlBuilder
+	communityArg := b.arg(community)
+	channelsArg := b.arg(scope.Channels)
+	b.sql.WriteString("SELECT * FROM (\n")
+	for i, br := range branches {
+		if i > 0 {
+			b.sql.WriteString("\nUNION ALL\n")
+		}
+		f := &filters[br.filter]
+		if f.Search != "" {
+			// A search filter's rows are its limit most relevant ones; that
+			// set is then merged by time like any other branch.
+			b.sql.WriteString("(SELECT * FROM (SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+			b.scopeConditions(scope, channelsArg)
+			b.conditions(f)
+			b.order(f)
+			b.sql.WriteString(" LIMIT " + b.arg(int32(br.limit)) + ") ranked WHERE TRUE")
+			if after != nil {
+				b.sql.WriteString(" AND (created_unix, id) < (" + b.arg(after.createdUnix) + "::bigint, " + b.arg(after.id) + "::bytea)")
+			}
+			b.sql.WriteString(" ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
+			continue
+		}
+		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+		b.scopeConditions(scope, channelsArg)
+		b.conditions(f)
+		if after != nil {
+			b.sql.WriteString(" AND (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
+		}
+		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
+	}
+	b.sql.WriteString("\n) matched ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(pageRows)))
+	return named(NameEventsPage, b.sql.String()), b.args
+}
+
+// buildSearchPage returns the next page of a read with one search filter,
+// most relevant first: rows ranked after the keyset, at most rows of them.
+// The rank is selected after eventColumns.
+func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *keyset, rows int) (string, []any) {
+	var b sqlBuilder
+	communityArg := b.arg(community)
+	channelsArg := b.arg(scope.Channels)
+	rank := "ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text))"
+	b.sql.WriteString("SELECT " + eventColumns + ", " + rank + " AS rank FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+	b.scopeConditions(scope, channelsArg)
+	b.conditions(f)
+	if after != nil {
+		b.sql.WriteString(" AND (" + rank + ", created_at, id) < (" + b.arg(after.rank) + "::real, to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
+	}
+	b.sql.WriteString(" ORDER BY " + rank + " DESC, created_at DESC, id DESC LIMIT " + b.arg(int32(rows)))
+	return named(NameEventsSearch, b.sql.String()), b.args
+}
+
 // BuildSelect returns the statement that reads the stored events matching
 // any of filters in one community: each filter newest first (a search
 // filter by relevance) and capped at its own limit (at most maxLimit),
@@ -158,9 +245,9 @@ func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLim
 		return "", nil, false
 	}
 	if n == 1 {
-		return b.sql.String(), b.args, true
+		return named(NameEventsQuery, b.sql.String()), b.args, true
 	}
-	return "SELECT * FROM (\n" + b.sql.String() + "\n) matched ORDER BY created_unix DESC, id DESC", b.args, true
+	return named(NameEventsQuery, "SELECT * FROM (\n"+b.sql.String()+"\n) matched ORDER BY created_unix DESC, id DESC"), b.args, true
 }
 
 // BuildCount returns the statement counting stored events that match any of
@@ -189,7 +276,7 @@ func BuildCount(community uuid.UUID, scope Scope, filters nostr.Filters) (sql st
 	if n == 0 {
 		return "", nil, false
 	}
-	return b.sql.String(), b.args, true
+	return named(NameEventsCount, b.sql.String()), b.args, true
 }
 
 func hexBytes(values []string) [][]byte {

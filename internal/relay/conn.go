@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -30,7 +31,9 @@ type conn struct {
 	tenant    community.Tenant
 	log       *slog.Logger
 	challenge string
-	pubkey    string // authenticated pubkey (NIP-42), "" before AUTH
+	pubkey    string      // authenticated pubkey (NIP-42), "" before AUTH
+	authed    atomic.Bool // pubkey != "", readable off the read goroutine
+	addr      string      // client address the connection caps count it under
 
 	// live holds fan-out deliveries, replies this client's own requests
 	// (history, EOSE, OK ...). Separate queues keep a large history, which
@@ -44,7 +47,9 @@ type conn struct {
 	draining chan struct{} // closed by shutdown: flush the queue, then close 1001
 	drainOne sync.Once
 	slowOnce sync.Once
-	subs     map[string]struct{} // open subscription ids (read goroutine only)
+	// subs maps each open subscription id to the filter values it holds,
+	// which count against MaxFilterValues (read goroutine only).
+	subs map[string]int
 }
 
 func newChallenge() string {
@@ -84,6 +89,15 @@ func (c *conn) run() {
 	defer c.cleanup()
 	go c.writeLoop()
 	go c.pingLoop()
+	// Every socket costs memory and a slot under the connection caps; one
+	// that has not authenticated in time is closed rather than held idle.
+	authDeadline := time.AfterFunc(c.srv.cfg.AuthTimeout, func() {
+		if !c.authed.Load() {
+			c.srv.metrics.AuthTimeouts.Inc()
+			c.ws.Close(websocket.StatusPolicyViolation, fmt.Sprintf("auth-required: no AUTH within %s", c.srv.cfg.AuthTimeout))
+		}
+	})
+	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
 	for {
 		typ, data, err := c.ws.Read(c.ctx)
@@ -250,6 +264,7 @@ func (c *conn) onAuth(ev *nostr.Event) {
 		return
 	}
 	c.pubkey = ev.PubKey
+	c.authed.Store(true)
 	c.log = c.log.With("pubkey", ev.PubKey)
 	_ = c.send(nostr.EncodeOK(ev.ID, true, ""))
 }
@@ -258,6 +273,12 @@ func (c *conn) onEvent(ev *nostr.Event) {
 	if c.pubkey == "" {
 		c.rejected("auth-required")
 		_ = c.send(nostr.EncodeOK(ev.ID, false, "auth-required: authenticate with AUTH before publishing"))
+		return
+	}
+	if ok, retry := c.srv.PublishLimiter.Allow(c.tenant.ID(), c.pubkey, c.srv.now()); !ok {
+		c.rejected("rate-limited")
+		c.srv.metrics.RateLimited.Inc()
+		_ = c.send(nostr.EncodeOK(ev.ID, false, rateLimitedReason(retry)))
 		return
 	}
 	outcome, err := c.srv.pipeline.Submit(c.ctx, c.tenant, c.pubkey, ev)
@@ -329,6 +350,19 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
 		return
 	}
+	// NIP-50 search is one-shot: results, EOSE, and no live subscription.
+	live := !hasSearch(filters)
+	weight := filterValues(filters)
+	if held := c.heldFilterValues(subID); live && held+weight > c.srv.cfg.MaxFilterValues {
+		if _, open := c.subs[subID]; open { // replaced even though refused
+			c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
+			delete(c.subs, subID)
+		}
+		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf(
+			"rate-limited: this subscription's %d filter values would exceed the connection's budget of %d (%d held by open subscriptions); close some first",
+			weight, c.srv.cfg.MaxFilterValues, held)))
+		return
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 	defer cancel()
@@ -343,13 +377,11 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		c.refuse(ctx, subID, reason, err)
 		return
 	}
-	// NIP-50 search is one-shot: results, EOSE, and no live subscription.
-	live := !hasSearch(filters)
 	if live {
 		// Register before reading history: an event committed while the query
 		// runs is then delivered live instead of falling between the two.
 		c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters), Reader: c.pubkey})
-		c.subs[subID] = struct{}{}
+		c.subs[subID] = weight
 	}
 
 	// Trace inputs are built only when a tracer observes them: in
@@ -357,14 +389,19 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	st := trace.StateForRequest(c.tenant.ID(), c.tenant.Host(), c.pubkey)
 	traced := trace.Active(c.srv.Tracer, &st)
 	var rowChannels []*uuid.UUID
-	err = c.srv.store.Query(ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
+	// Each page's statement gets QueryTimeout (store.StatementTimeout); the
+	// time this client takes to receive a page is its own, bounded by the
+	// write watchdog, not charged to the next page.
+	err = c.srv.store.Query(c.ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
 		if traced {
 			rowChannels = append(rowChannels, channel)
 		}
 		return c.send(nostr.EncodeEvent(subID, ev))
 	})
 	if err == nil && traced {
-		err = c.traceRead(ctx, st, filters, rowChannels)
+		traceCtx, cancelTrace := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
+		err = c.traceRead(traceCtx, st, filters, rowChannels)
+		cancelTrace()
 	}
 	if err != nil {
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
@@ -406,7 +443,7 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 			return // the connection is going away
 		}
 		reason = "error: query failed"
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
 			reason = "error: query timed out; narrow the filter"
 		}
 		c.log.Error("read failed", "sub", subID, "err", err)

@@ -154,6 +154,13 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
 		return
 	}
+	if ok, retry := s.PublishLimiter.Allow(tenant.ID(), pubkey, s.now()); !ok {
+		s.metrics.EventsRejected.WithLabelValues("rate-limited").Inc()
+		s.metrics.RateLimited.Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+		writeJSON(w, http.StatusTooManyRequests, submitReply{ID: ev.ID, Accepted: false, Message: rateLimitedReason(retry)})
+		return
+	}
 	outcome, err := s.pipeline.Submit(r.Context(), tenant, pubkey, ev)
 	if err != nil {
 		var rej *ingest.Rejection

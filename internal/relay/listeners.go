@@ -44,14 +44,19 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	if err != nil {
 		return err
 	}
-	api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth, s.clock)
-	s.operatorAPI.Store(&api)
+	// Without an origin no NIP-98 u tag can be checked, so the API is not
+	// served at all: a relay that has not set it up answers 404, like one
+	// that has no operator plane, rather than a 500 that looks like a fault.
+	if cfg.APIOrigin != "" {
+		api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth, s.clock)
+		s.operatorAPI.Store(&api)
+	}
 	if len(cfg.Listeners) == 0 {
 		s.log.Info("operator-listener mention delivery disabled by BUZZ_OPERATOR_LISTENERS")
 		return nil
 	}
 	if cfg.APIOrigin == "" {
-		s.log.Error("RELAY_OPERATOR_API_ORIGIN is not set: listener registration answers 500 until it is")
+		s.log.Warn("RELAY_OPERATOR_API_ORIGIN is not set: listener registration answers 404 until it is")
 	}
 	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log), outbox.WithClock(s.clock)}, opts...)...)
 	w := outbox.NewWorker(s.pool, cfg.Listeners, d)

@@ -16,6 +16,10 @@ type Metrics struct {
 	FanoutDelivered prometheus.Counter
 	FanoutDropped   prometheus.Counter
 	SlowClosed      prometheus.Counter
+	ConnsRefused    *prometheus.CounterVec // reason: total, address
+	AuthTimeouts    prometheus.Counter
+	RateLimited     prometheus.Counter
+	DBQuery         *prometheus.HistogramVec // query: the statement's name
 }
 
 // NewMetrics creates and registers the relay's collectors.
@@ -45,9 +49,23 @@ func NewMetrics() *Metrics {
 		SlowClosed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_slow_clients_closed_total", Help: "Connections closed because they could not keep up.",
 		}),
+		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap, by cap (total, address).",
+		}, []string{"reason"}),
+		AuthTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_auth_timeouts_total", Help: "Connections closed because they did not authenticate in time.",
+		}),
+		RateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_publish_rate_limited_total", Help: "Events refused because their pubkey published too fast.",
+		}),
+		DBQuery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "buzz_db_query_seconds",
+			Help:    "Time spent in one database statement, by the statement's name.",
+			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+		}, []string{"query"}),
 	}
 	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed,
+		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

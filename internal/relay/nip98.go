@@ -43,7 +43,7 @@ func authFail(format string, args ...any) error {
 // (claimHTTPAuth). It returns the verified auth event; failures are
 // *authError.
 func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
-	return s.verifyHTTPAuth(r, requestURL(r))
+	return s.verifyHTTPAuth(r, s.requestURL(r))
 }
 
 // verifyOperatorAuth is the operator API's NIP-98 check (outbox
@@ -116,13 +116,17 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 	return ev, nil
 }
 
-// checkPayload enforces the optional payload tag: when present it must be the
-// hex SHA-256 of the request body. NIP-98 only says SHOULD, so an absent tag
-// is accepted.
+// checkPayload binds the auth event to the request body: whenever there is a
+// body, the payload tag must be present and be its hex SHA-256. Without it a
+// captured header could carry any other body until the replay claim, and an
+// intercepting proxy could swap the body of a signed request.
 func checkPayload(ev *nostr.Event, body []byte) error {
 	tag := ev.Tags.First("payload")
 	if tag == nil {
-		return nil
+		if len(body) == 0 {
+			return nil
+		}
+		return authFail("auth event has no payload tag; a request with a body must sign the body's SHA-256 in it")
 	}
 	sum := sha256.Sum256(body)
 	if !strings.EqualFold(tag[1], hex.EncodeToString(sum[:])) {
@@ -176,18 +180,15 @@ func (p *replayPurger) due(community uuid.UUID, now time.Time) bool {
 }
 
 // requestURL is the absolute URL the client addressed: the scheme from
-// X-Forwarded-Proto (set by a TLS-terminating proxy) or the connection, the
-// Host header, and the request URI.
-func requestURL(r *http.Request) string {
+// X-Forwarded-Proto when a trusted TLS-terminating proxy set it, else from
+// the connection; the Host header; and the request URI.
+func (s *Server) requestURL(r *http.Request) string {
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	if fwd := r.Header.Get("X-Forwarded-Proto"); fwd != "" {
-		first, _, _ := strings.Cut(fwd, ",")
-		if first = strings.ToLower(strings.TrimSpace(first)); first != "" {
-			scheme = first
-		}
+	if fwd := s.forwardedProto(r); fwd != "" {
+		scheme = fwd
 	}
 	return scheme + "://" + r.Host + r.URL.RequestURI()
 }

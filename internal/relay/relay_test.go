@@ -92,7 +92,11 @@ func TestHealthReadyAndMetrics(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
 	for path, want := range map[string]string{"/health": `"ok"`, "/ready": `"ready"`, "/metrics": "buzz_connections"} {
-		resp, err := http.Get(r.HTTPURL + path)
+		base := r.HTTPURL
+		if path == "/metrics" {
+			base = r.MetricsURL // the operator listener, not a community host
+		}
+		resp, err := http.Get(base + path)
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()

@@ -1,5 +1,6 @@
 // Package relay serves Nostr over WebSocket (NIP-01, NIP-42, NIP-45) plus the
-// relay's HTTP surface (NIP-11, health, readiness, metrics). Each connection
+// relay's HTTP surface (NIP-11, health, readiness; metrics on their own
+// listener). Each connection
 // is bound to the community named by its Host before the upgrade.
 package relay
 
@@ -17,7 +18,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -61,6 +61,9 @@ type Server struct {
 	// Tracer observes reads for conformance runs; NoopTracer in production,
 	// which also skips building trace-only inputs. Set it before serving.
 	Tracer trace.Tracer
+	// PublishLimiter bounds how fast one pubkey publishes in one community.
+	// Replace it before serving to share limits between processes.
+	PublishLimiter PublishLimiter
 
 	outboxWorker atomic.Pointer[outbox.Worker] // nil: this process delivers nothing
 	operatorAPI  atomic.Pointer[http.Handler]
@@ -68,6 +71,10 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	closing bool
+	// Admitted WebSocket connections, all together and per client address,
+	// counted from before the upgrade until the connection is forgotten.
+	admitted       int
+	admittedByAddr map[string]int
 }
 
 // Option adjusts a Server.
@@ -106,7 +113,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		clock:   o.clock,
 		now:     o.clock.Now,
 		Tracer:  trace.NoopTracer{},
-		conns:   map[*conn]struct{}{},
+
+		PublishLimiter: NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
+		conns:          map[*conn]struct{}{},
+
+		admittedByAddr: map[string]int{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
 			MaxSubIDLength:  64,
@@ -115,6 +126,16 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxEventTags:    cfg.MaxEventTags,
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
+	}
+	s.store.PageRows = cfg.ReqPageRows
+	s.store.StatementTimeout = cfg.QueryTimeout
+	observe := func(name string, seconds float64) {
+		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
+	}
+	if timer, ok := pool.Config().ConnConfig.Tracer.(*StatementTimer); ok {
+		timer.attach(observe) // times every named statement, generated or not
+	} else {
+		s.store.ObserveQuery = observe
 	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	hub.SetChannelReaders(s.access.MayRead)
@@ -136,7 +157,6 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /ready", s.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
@@ -201,6 +221,11 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay shutting down"})
 		return
 	}
+	addr := s.clientAddr(r)
+	if status, reason := s.admit(addr); status != 0 {
+		writeJSON(w, status, map[string]string{"error": reason})
+		return
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		// Nostr clients connect from any origin; authentication is NIP-42
 		// signatures, never cookies, so there is no CSRF surface to guard.
@@ -208,6 +233,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		CompressionMode:    websocket.CompressionDisabled,
 	})
 	if err != nil {
+		s.release(addr)
 		return // Accept already wrote the HTTP error
 	}
 	// Frames up to 4x the advertised limit are read and answered with a
@@ -218,16 +244,18 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		srv:       s,
 		ws:        ws,
 		tenant:    tenant,
-		log:       s.log.With("community", tenant.Host(), "remote", r.RemoteAddr),
+		log:       s.log.With("community", tenant.Host(), "remote", addr),
+		addr:      addr,
 		challenge: newChallenge(),
 		live:      make(chan []byte, s.cfg.SendQueue),
 		replies:   make(chan []byte, replyQueue),
 		ctx:       ctx,
 		cancel:    cancel,
 		draining:  make(chan struct{}),
-		subs:      map[string]struct{}{},
+		subs:      map[string]int{},
 	}
 	if !s.track(c) {
+		s.release(addr)
 		cancel()
 		ws.Close(websocket.StatusGoingAway, "relay shutting down")
 		return
@@ -252,6 +280,7 @@ func (s *Server) forget(c *conn) {
 	if _, ok := s.conns[c]; ok {
 		delete(s.conns, c)
 		s.metrics.Connections.Dec()
+		s.releaseLocked(c.addr)
 	}
 }
 

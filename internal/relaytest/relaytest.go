@@ -32,6 +32,7 @@ import (
 type Relay struct {
 	URL         string // ws://127.0.0.1:port
 	HTTPURL     string // http://127.0.0.1:port
+	MetricsURL  string // the operator listener serving /metrics
 	Host        string // the home community's host (localhost:port)
 	CommunityID uuid.UUID
 	Server      *relay.Server
@@ -57,6 +58,10 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, adjust ...func(*config.Config)) *
 func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...func(*config.Config)) *Relay {
 	t.Helper()
 	cfg := config.Default()
+	// Tests publish from a few keys as fast as they can and dial from one
+	// address; the tests of those bounds set them back.
+	cfg.PublishPerMinute, cfg.PublishBurst = 1<<30, 1<<20
+	cfg.MaxConnectionsPerAddr = 1 << 20
 	for _, f := range adjust {
 		f(&cfg)
 	}
@@ -65,14 +70,20 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	srv := relay.New(cfg, pool, log, opts...)
-	hs := httptest.NewServer(srv.Handler())
+	// The production server, timeouts included, on a loopback port.
+	hs := httptest.NewUnstartedServer(nil)
+	hs.Config = srv.HTTPServer()
+	hs.Start()
+	metrics := httptest.NewServer(srv.MetricsHandler())
+	t.Cleanup(metrics.Close)
 	r := &Relay{
-		URL:     "ws://" + hs.Listener.Addr().String(),
-		HTTPURL: hs.URL,
-		Host:    community.NormalizeHost(hs.Listener.Addr().String()),
-		Server:  srv,
-		Pool:    pool,
-		http:    hs,
+		URL:        "ws://" + hs.Listener.Addr().String(),
+		HTTPURL:    hs.URL,
+		MetricsURL: metrics.URL,
+		Host:       community.NormalizeHost(hs.Listener.Addr().String()),
+		Server:     srv,
+		Pool:       pool,
+		http:       hs,
 	}
 	r.CommunityID = r.AddCommunity(t, r.Host)
 	t.Cleanup(func() {

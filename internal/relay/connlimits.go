@@ -1,0 +1,45 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// admit reserves a WebSocket connection for a client at addr, or says why
+// not: 503 when the relay holds MaxConnections, 429 when addr alone holds
+// MaxConnectionsPerAddr. Refusing before the upgrade costs the relay no
+// goroutine, buffer or challenge. Every admitted connection is released
+// exactly once (release, or forget once tracked).
+func (s *Server) admit(addr string) (status int, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closing:
+		return http.StatusServiceUnavailable, "relay shutting down"
+	case s.admitted >= s.cfg.MaxConnections:
+		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
+		return http.StatusServiceUnavailable, fmt.Sprintf("relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
+	case s.admittedByAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
+		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
+		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr)
+	}
+	s.admitted++
+	s.admittedByAddr[addr]++
+	return 0, ""
+}
+
+// release returns a connection reserved by admit.
+func (s *Server) release(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseLocked(addr)
+}
+
+func (s *Server) releaseLocked(addr string) {
+	s.admitted--
+	if n := s.admittedByAddr[addr] - 1; n > 0 {
+		s.admittedByAddr[addr] = n
+	} else {
+		delete(s.admittedByAddr, addr)
+	}
+}

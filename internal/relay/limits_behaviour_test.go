@@ -1,0 +1,207 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A client that stops answering pings is closed: it stops reading, so its
+// WebSocket library sends no pong.
+func TestMissedPongClosesTheConnection(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.PingInterval = 200 * time.Millisecond })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	require.Eventually(t, func() bool { return connections(r) == 0 }, 60*time.Second, 20*time.Millisecond)
+}
+
+// A write the client never takes (it stopped reading and the socket buffers
+// are full) is cut off by the write watchdog.
+func TestWriteWatchdogClosesAStuckWrite(t *testing.T) {
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
+	r := relaytest.Start(t, func(c *config.Config) { c.WriteTimeout = time.Second; c.PingInterval = time.Hour })
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	big := strings.Repeat("x", 60<<10)
+	for i := range 50 {
+		require.True(t, pub.Publish(pub.Sign(1, fmt.Sprint(i, big), nil, 0)).OK)
+	}
+	stuck := r.Dial(t, "")
+	stuck.Auth(nil)
+	// About 30 MB of history, well past what loopback socket buffers hold;
+	// the client never reads it.
+	for i := range 10 {
+		stuck.Send("REQ", fmt.Sprint("h", i), map[string]any{"kinds": []int{1}})
+	}
+	require.Eventually(t, func() bool { return connections(r) == 1 }, 60*time.Second, 20*time.Millisecond,
+		"the stuck connection is closed; the publisher's stays")
+}
+
+// A subscriber whose live queue overflows is closed with 1008 (policy
+// violation) after what was queued.
+func TestSlowClientIsClosedWith1008(t *testing.T) {
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
+	r := relaytest.Start(t, func(c *config.Config) { c.SendQueue = 4; c.WriteTimeout = time.Hour; c.PingInterval = time.Hour })
+	slow := r.Dial(t, "")
+	slow.Auth(nil)
+	slow.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
+	slow.Expect("EOSE")
+	pub := r.Dial(t, "")
+	pub.Auth(nil)
+	big := strings.Repeat("x", 60<<10)
+	for i := 0; testutil.ToFloat64(r.Server.Metrics().SlowClosed) == 0; i++ {
+		require.Less(t, i, 2000, "the slow client's queue never overflowed")
+		require.True(t, pub.Publish(pub.Sign(1, fmt.Sprint(i, big), nil, 0)).OK)
+	}
+	err := readUntilClosed(slow.WS, 60*time.Second)
+	require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "got %v", err)
+}
+
+// /ready answers 503 while the database is unreachable and while shutting
+// down; /health stays 200 (the process is alive).
+func TestReadyIs503WithoutDatabaseOrWhileShuttingDown(t *testing.T) {
+	t.Parallel()
+	get := func(r *relaytest.Relay, path string) (int, string) {
+		resp, err := bridgeHTTP.Get(r.HTTPURL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	pool, err := pgxpool.New(context.Background(), dbtest.URL(t))
+	require.NoError(t, err)
+	down := relaytest.StartOn(t, pool)
+	status, _ := get(down, "/ready")
+	require.Equal(t, http.StatusOK, status)
+	pool.Close()
+	status, body := get(down, "/ready")
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Contains(t, body, "database unavailable")
+	status, _ = get(down, "/health")
+	require.Equal(t, http.StatusOK, status)
+
+	closing := relaytest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, closing.Shutdown(ctx))
+	status, body = get(closing, "/ready")
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Contains(t, body, "shutting down")
+}
+
+// A REQ or COUNT that runs out of its query budget is CLOSED with a reason
+// that says so; the connection survives.
+func TestQueryTimeoutAnswersClosed(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Nanosecond })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	for _, verb := range []string{"REQ", "COUNT"} {
+		c.Send(verb, "slow", map[string]any{"kinds": []int{1}})
+		closed := c.Expect("CLOSED")
+		require.Equal(t, "slow", closed.SubID)
+		require.Equal(t, "error: query timed out; narrow the filter", closed.Msg, verb)
+	}
+	require.True(t, c.Publish(c.Sign(1, "still connected", nil, 0)).OK)
+}
+
+// The hand-built REQ and COUNT statements are timed by name.
+func TestDynamicStatementsAreTimedByName(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "timed", nil, 0)).OK)
+	require.Len(t, c.Req("q", map[string]any{"kinds": []int{1}}), 1)
+	c.Send("COUNT", "n", map[string]any{"kinds": []int{1}})
+	require.Equal(t, int64(1), c.Expect("COUNT").Count)
+	c.Send("REQ", "s", map[string]any{"search": "timed"})
+	require.Equal(t, "EVENT", c.NextReply().Verb)
+	c.Expect("EOSE")
+
+	resp, err := bridgeHTTP.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, name := range []string{"EventsQueryPage", "EventsCount", "EventsSearchPage"} {
+		require.Contains(t, string(body), `buzz_db_query_seconds_count{query="`+name+`"} 1`, name)
+	}
+}
+
+// A client that takes longer than the query budget to receive its history
+// still gets all of it: each page's statement has the budget, the client's
+// pace does not count against it.
+func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
+	// Not parallel: it pushes tens of megabytes through loopback, and alone
+	// it does not starve the timing-sensitive tests that run in parallel.
+	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Second; c.ReqPageRows = 10 })
+	key := relaytest.NewKey(t)
+	q := db.New(r.Pool)
+	big := strings.Repeat("x", 60<<10)
+	const stored = 500 // about 30 MB: more than the reply queue and socket buffers hold
+	for i := range stored {
+		ev := relaytest.SignEvent(t, key, 1, fmt.Sprint(i, big), nil, int64(1_700_000_000+i))
+		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+		require.NoError(t, err)
+		_, err = q.EventInsert(context.Background(), params)
+		require.NoError(t, err)
+	}
+	c := r.Dial(t, "")
+	c.Auth(key)
+	c.Send("REQ", "all", map[string]any{"kinds": []int{1}})
+	require.Equal(t, "EVENT", c.NextReply().Verb)
+	time.Sleep(3 * time.Second) // the reader dawdles past the query budget
+	got := 1
+	for {
+		reply := c.NextReply()
+		if reply.Verb != "EVENT" {
+			require.Equal(t, "EOSE", reply.Verb, "%+v", reply)
+			break
+		}
+		got++
+	}
+	require.Equal(t, stored, got)
+}
+
+// With the statement timer on the pool, generated queries are timed by
+// their sqlc name too, and the hand-built ones once each.
+func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = relay.NewStatementTimer()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "timed", nil, 0)).OK)
+	require.Len(t, c.Req("q", map[string]any{"kinds": []int{1}}), 1)
+
+	resp, err := bridgeHTTP.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="CommunityResolveServing"}`)
+	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="EventsQueryPage"} 1`)
+}

@@ -1,0 +1,149 @@
+package relay_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// withoutPayload drops the payload tag from a NIP-98 event before signing.
+func withoutPayload(ev *nostr.Event) {
+	kept := nostr.Tags{}
+	for _, tag := range ev.Tags {
+		if tag[0] != "payload" {
+			kept = append(kept, tag)
+		}
+	}
+	ev.Tags = kept
+}
+
+// A request with a body must sign the body's hash: without the payload tag
+// a captured Authorization header could carry any other body.
+func TestHTTPBridgeRequiresPayloadTagWithABody(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "unbound body", nil, 0)
+	for path, body := range map[string][]byte{
+		"/events": encodeBody(t, ev),
+		"/query":  encodeBody(t, query(map[string]any{"kinds": []int{1}})),
+		"/count":  encodeBody(t, query(map[string]any{"kinds": []int{1}})),
+	} {
+		auth := nip98(t, key, "POST", r.HTTPURL+path, body, withoutPayload)
+		got := send(t, r, "", path, authHeader(auth), body)
+		require.Equal(t, http.StatusUnauthorized, got.Status, "%s: %s", path, got.Raw)
+		require.Contains(t, got.Error, "payload tag", path)
+	}
+	// Nothing was stored by the refused submission.
+	got := post(t, r, key, "/query", query(map[string]any{"ids": []string{ev.ID}}))
+	require.Equal(t, http.StatusOK, got.Status, got.Raw)
+	require.Empty(t, got.Events)
+}
+
+// X-Forwarded-Proto sets the scheme a NIP-98 u tag must name only when the
+// request came through a configured proxy.
+func TestForwardedProtoOnlyFromTrustedProxies(t *testing.T) {
+	t.Parallel()
+	viaProxy := func(r *relaytest.Relay) int {
+		key := relaytest.NewKey(t)
+		body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+		url := r.HTTPURL + "/count"
+		ev := nip98(t, key, "POST", strings.Replace(url, "http://", "https://", 1), body, nil)
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", authHeader(ev))
+		req.Header.Set("X-Forwarded-Proto", "https")
+		resp, err := bridgeHTTP.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusUnauthorized, viaProxy(relaytest.Start(t)), "nobody is trusted by default")
+	trusting := relaytest.Start(t, func(c *config.Config) { c.TrustedProxies = mustPrefixes(t, "127.0.0.0/8,::1") })
+	require.Equal(t, http.StatusOK, viaProxy(trusting))
+}
+
+// One pubkey's publishing is rate limited per community, on WebSocket and
+// the HTTP bridge alike, with rate-limited: and the connection survives;
+// other pubkeys are unaffected.
+func TestPublishRateLimitPerPubkey(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.PublishPerMinute = 1; c.PublishBurst = 3 })
+	c := r.Dial(t, "")
+	key := c.Auth(nil)
+	for i := range 3 {
+		require.True(t, c.Publish(c.Sign(1, fmt.Sprint("burst ", i), nil, 0)).OK)
+	}
+	limited := c.Sign(1, "one too many", nil, 0)
+	ok := c.Publish(limited)
+	require.False(t, ok.OK)
+	require.True(t, strings.HasPrefix(ok.Msg, "rate-limited: "), ok.Msg)
+	require.Empty(t, c.Req("q", map[string]any{"ids": []string{limited.ID}}), "refused, not stored; the connection still serves")
+
+	// The bridge shares the bucket.
+	got := post(t, r, key, "/events", relaytest.SignEvent(t, key, 1, "via http", nil, 0))
+	require.Equal(t, http.StatusTooManyRequests, got.Status, got.Raw)
+	require.True(t, strings.HasPrefix(got.Msg, "rate-limited: "), got.Msg)
+	require.NotEmpty(t, got.Header.Get("Retry-After"))
+
+	other := r.Dial(t, "")
+	other.Auth(nil)
+	require.True(t, other.Publish(other.Sign(1, "someone else", nil, 0)).OK)
+	require.Equal(t, 2.0, testutil.ToFloat64(r.Server.Metrics().RateLimited))
+}
+
+// rawRequest writes a request by hand and returns the connection.
+func rawConn(t *testing.T, r *relaytest.Relay) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.HTTPURL, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// readToEOF reads until the relay closes conn; a read that waits past the
+// generous deadline fails the test.
+func readToEOF(t *testing.T, conn net.Conn) string {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(60*time.Second)))
+	got, err := io.ReadAll(conn)
+	require.NoError(t, err, "the relay kept the connection open")
+	return string(got)
+}
+
+// A body that never finishes arriving is cut off at the read timeout.
+func TestHTTPServerDropsASlowRequestBody(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.HTTPReadTimeout = time.Second })
+	key := relaytest.NewKey(t)
+	body := encodeBody(t, relaytest.SignEvent(t, key, 1, "sent slowly", nil, 0))
+	auth := authHeader(nip98(t, key, "POST", r.HTTPURL+"/events", body, nil))
+	conn := rawConn(t, r)
+	_, err := fmt.Fprintf(conn, "POST /events HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		r.Host, auth, len(body), body[:10])
+	require.NoError(t, err)
+	readToEOF(t, conn) // and nothing more is ever read from this client
+}
+
+// An idle keep-alive connection is closed after the idle timeout, even when
+// the per-request read budget is long.
+func TestHTTPServerClosesIdleKeepAlives(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.HTTPReadTimeout = 10 * time.Minute; c.HTTPIdleTimeout = time.Second })
+	conn := rawConn(t, r)
+	_, err := fmt.Fprintf(conn, "GET /health HTTP/1.1\r\nHost: %s\r\n\r\n", r.Host)
+	require.NoError(t, err)
+	require.Contains(t, readToEOF(t, conn), `"ok"`)
+}

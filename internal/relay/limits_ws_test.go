@@ -1,0 +1,169 @@
+package relay_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// dialFrom opens a WebSocket to r's home community from the loopback
+// address local (any of 127.0.0.0/8), with extra request headers.
+func dialFrom(t testing.TB, r *relaytest.Relay, local string, header http.Header) (*websocket.Conn, error) {
+	t.Helper()
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: client, HTTPHeader: header})
+	if err == nil {
+		t.Cleanup(func() { ws.CloseNow() })
+	}
+	return ws, err
+}
+
+// readUntilClosed reads and discards frames until the relay closes ws, and
+// returns the close error (a deadline error if it never does).
+func readUntilClosed(ws *websocket.Conn, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	for {
+		if _, _, err := ws.Read(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+func connections(r *relaytest.Relay) float64 {
+	return testutil.ToFloat64(r.Server.Metrics().Connections)
+}
+
+// A socket that never authenticates is closed at the AUTH deadline (1008,
+// auth-required); an authenticated one on the same relay is not.
+func TestUnauthenticatedConnectionIsClosedAtTheAuthDeadline(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.AuthTimeout = 3 * time.Second })
+	authed := r.Dial(t, "")
+	authed.Auth(nil)
+	idle := r.Dial(t, "")
+
+	err := readUntilClosed(idle.WS, 60*time.Second)
+	require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "got %v", err)
+	var ce websocket.CloseError
+	require.ErrorAs(t, err, &ce)
+	require.True(t, strings.HasPrefix(ce.Reason, "auth-required: "), ce.Reason)
+	require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().AuthTimeouts))
+
+	// The authenticated connection outlived the deadline and still works.
+	require.True(t, authed.Publish(authed.Sign(1, "still here", nil, 0)).OK)
+}
+
+// Connections are capped per client address (429) and in total (503),
+// before the upgrade; a closed connection frees its slot.
+func TestConnectionCapsPerAddressAndTotal(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnections = 3; c.MaxConnectionsPerAddr = 2 })
+	first, err := dialFrom(t, r, "127.0.0.1", nil)
+	require.NoError(t, err)
+	_, err = dialFrom(t, r, "127.0.0.1", nil)
+	require.NoError(t, err)
+	_, err = dialFrom(t, r, "127.0.0.1", nil)
+	require.ErrorContains(t, err, "429", "a third connection from one address")
+	_, err = dialFrom(t, r, "127.0.0.2", nil)
+	require.NoError(t, err, "another address still gets in")
+	_, err = dialFrom(t, r, "127.0.0.3", nil)
+	require.ErrorContains(t, err, "503", "the relay is full")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().ConnsRefused.WithLabelValues("address")))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().ConnsRefused.WithLabelValues("total")))
+
+	first.CloseNow()
+	require.Eventually(t, func() bool { return connections(r) == 2 }, 30*time.Second, 10*time.Millisecond)
+	_, err = dialFrom(t, r, "127.0.0.1", nil)
+	require.NoError(t, err, "a freed slot is reusable")
+}
+
+// X-Forwarded-For names the client only when the peer is a configured
+// proxy: a direct client cannot dodge the per-address cap with it, and
+// clients behind a trusted proxy are told apart.
+func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
+	t.Parallel()
+	from := func(addr string) http.Header { return http.Header{"X-Forwarded-For": {addr}} }
+
+	direct := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 1 })
+	_, err := dialFrom(t, direct, "127.0.0.1", from("198.51.100.1"))
+	require.NoError(t, err)
+	_, err = dialFrom(t, direct, "127.0.0.1", from("198.51.100.2"))
+	require.ErrorContains(t, err, "429", "an untrusted peer's X-Forwarded-For is ignored")
+
+	proxied := relaytest.Start(t, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	_, err = dialFrom(t, proxied, "127.0.0.1", from("198.51.100.1"))
+	require.NoError(t, err)
+	_, err = dialFrom(t, proxied, "127.0.0.1", from("203.0.113.9, 198.51.100.2"))
+	require.NoError(t, err, "a second client behind the proxy")
+	_, err = dialFrom(t, proxied, "127.0.0.1", from("198.51.100.1"))
+	require.ErrorContains(t, err, "429", "the first client again")
+}
+
+func mustPrefixes(t *testing.T, list string) []netip.Prefix {
+	t.Helper()
+	c, err := config.FromEnv(func(k string) string {
+		if k == "BUZZ_TRUSTED_PROXIES" {
+			return list
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	return c.TrustedProxies
+}
+
+func randomHex(t *testing.T, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		var b [32]byte
+		_, _ = rand.Read(b[:])
+		out[i] = hex.EncodeToString(b[:])
+	}
+	return out
+}
+
+// The filter values held by one connection's open subscriptions are
+// budgeted: a REQ that would exceed the budget is CLOSED with
+// rate-limited (replacing its id even so), and closing a subscription
+// gives its share back.
+func TestFilterValueBudgetPerConnection(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxFilterValues = 100 })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	authors := randomHex(t, 100)
+	req := func(id string, n int) relaytest.Reply {
+		c.Send("REQ", id, map[string]any{"authors": authors[:n], "kinds": []int{1}})
+		return c.NextReply()
+	}
+	require.Equal(t, "EOSE", req("a", 59).Verb) // 59 authors + 1 kind
+	over := req("b", 50)
+	require.Equal(t, "CLOSED", over.Verb)
+	require.True(t, strings.HasPrefix(over.Msg, "rate-limited: "), over.Msg)
+	require.Equal(t, "EOSE", req("b", 39).Verb)
+	// Replacing a with more than the rest of the budget closes a.
+	require.Equal(t, "CLOSED", req("a", 61).Verb)
+	require.Equal(t, "EOSE", req("c", 59).Verb, "a's share came back")
+	c.Send("CLOSE", "b")
+	c.Send("CLOSE", "c")
+	require.Equal(t, "EOSE", req("d", 99).Verb)
+}
