@@ -10,14 +10,13 @@ package access
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -128,7 +127,7 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID) (Readers, error) {
 	return load(c, c.readers, readersKey{community, channel}, community, func() (Readers, error) {
 		row, err := c.q.ChannelReaders(ctx, db.ChannelReadersParams{CommunityID: community, ID: channel})
-		if errors.Is(err, pgx.ErrNoRows) {
+		if dberr.IsNotFound(err) {
 			return Readers{}, nil // deleted or unknown: nobody
 		}
 		if err != nil {

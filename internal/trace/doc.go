@@ -4,8 +4,9 @@
 //
 // Production binds NoopTracer, whose Enabled reports false. Conformance and test
 // runs bind a live tracer (JSONLTracer, MemoryTracer), whose Enabled reports
-// true. A checker replays the recorded steps against the abstract model
-// (Inv_NonInterference and friends).
+// true. Tests read the recorded steps back and check the properties the
+// relay promises, chiefly non-interference: no row owned by one community
+// ever reaches a reader bound to another.
 //
 // # The gating rule
 //
