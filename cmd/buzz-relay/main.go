@@ -60,9 +60,9 @@ func main() {
 
 	switch os.Args[1] {
 	case "serve":
-		var listener net.Listener
-		if listener, err = listen(cfg.ListenAddr); err == nil {
-			err = serve(ctx, cfg, log, listener, os.Getenv)
+		var ls addresses
+		if ls, err = listen(cfg, nil); err == nil {
+			err = serve(ctx, cfg, log, ls, os.Getenv)
 		}
 	case "migrate":
 		err = runMigrate(ctx, cfg, os.Args[2:])
@@ -116,22 +116,43 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	return fmt.Errorf("migrate %v: unknown arguments\n%s", args, usage)
 }
 
-// listen binds the relay's address before anything else starts, so a
-// second relay on a taken port fails at once instead of after it has
-// touched the database.
-func listen(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s (is another relay running there? set BUZZ_LISTEN_ADDR): %w", addr, err)
-	}
-	return l, nil
+// addresses are the relay's bound listeners: the public one every
+// community's host reaches, and the operator-only metrics one.
+type addresses struct {
+	public, metrics net.Listener
 }
 
-// serve runs the relay on listener, which it closes on return, until ctx
-// ends; getenv supplies the settings that are not part of config.Config
-// (the operator listeners).
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener net.Listener, getenv func(string) string) error {
-	defer listener.Close()
+func (a addresses) Close() {
+	for _, l := range []net.Listener{a.public, a.metrics} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// listen binds the relay's addresses before anything else starts, so a
+// second relay on a taken port fails at once instead of after it has
+// touched the database. public, when not nil, is already bound.
+func listen(cfg config.Config, public net.Listener) (addresses, error) {
+	a := addresses{public: public}
+	var err error
+	if a.public == nil {
+		if a.public, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+			return a, fmt.Errorf("listen on %s (is another relay running there? set BUZZ_LISTEN_ADDR): %w", cfg.ListenAddr, err)
+		}
+	}
+	if a.metrics, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+		a.Close()
+		return addresses{}, fmt.Errorf("listen on BUZZ_METRICS_ADDR %s (is another relay running there?): %w", cfg.MetricsAddr, err)
+	}
+	return a, nil
+}
+
+// serve runs the relay on ls, which it closes on return, until ctx ends;
+// getenv supplies the settings that are not part of config.Config (the
+// operator listeners).
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresses, getenv func(string) string) error {
+	defer ls.Close()
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
@@ -141,11 +162,6 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
-	metricsListener, err := net.Listen("tcp", cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("listen on BUZZ_METRICS_ADDR %s: %w", cfg.MetricsAddr, err)
-	}
-	defer metricsListener.Close()
 	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
@@ -181,11 +197,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 	httpSrv := srv.HTTPServer()
 	metricsSrv := srv.MetricsServer()
 	defer metricsSrv.Close()
-	log.Info("relay listening", "addr", listener.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
-	log.Info("metrics listening", "addr", metricsListener.Addr().String())
+	log.Info("relay listening", "addr", ls.public.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
+	log.Info("metrics listening", "addr", ls.metrics.Addr().String())
 	errc := make(chan error, 3)
-	go func() { errc <- httpSrv.Serve(listener) }()
-	go func() { errc <- metricsSrv.Serve(metricsListener) }()
+	go func() { errc <- httpSrv.Serve(ls.public) }()
+	go func() { errc <- metricsSrv.Serve(ls.metrics) }()
 	if cfg.PprofAddr != "" {
 		// Profiling stays off the public listener.
 		mux := http.NewServeMux()
@@ -263,12 +279,11 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 		return err
 	}
 	defer unlock()
-	if listener == nil {
-		if listener, err = listen(cfg.ListenAddr); err != nil {
-			return err
-		}
+	ls, err := listen(cfg, listener)
+	if err != nil {
+		return err
 	}
-	defer listener.Close()
+	defer ls.Close()
 	if cfg.DatabaseURL == "" {
 		pgDir := filepath.Join(opts.DataDir, "postgres")
 		log.Info("starting private PostgreSQL", "dir", pgDir, "port", opts.PGPort)
@@ -294,7 +309,7 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return serve(ctx, cfg, log, listener, getenv)
+	return serve(ctx, cfg, log, ls, getenv)
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

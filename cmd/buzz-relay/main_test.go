@@ -37,6 +37,14 @@ func listenLoopback(t *testing.T) (net.Listener, int) {
 	return l, l.Addr().(*net.TCPAddr).Port
 }
 
+// mustListen binds the metrics address beside an already bound listener.
+func mustListen(t *testing.T, cfg config.Config, public net.Listener) addresses {
+	t.Helper()
+	ls, err := listen(cfg, public)
+	require.NoError(t, err)
+	return ls
+}
+
 func waitReady(t *testing.T, port int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
@@ -55,14 +63,14 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
 	cfg.DatabaseURL = dbtest.EmptyURL(t)
 	listener, _ := listenLoopback(t)
-	err := serve(context.Background(), cfg, quiet, listener, noEnv)
+	err := serve(context.Background(), cfg, quiet, mustListen(t, cfg, listener), noEnv)
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	listener, port := listenLoopback(t)
-	go func() { done <- serve(ctx, cfg, quiet, listener, noEnv) }()
+	go func() { done <- serve(ctx, cfg, quiet, mustListen(t, cfg, listener), noEnv) }()
 	waitReady(t, port)
 	cancel()
 	require.NoError(t, <-done)
@@ -162,6 +170,17 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	require.ErrorContains(t, err, "listen on "+cfg.ListenAddr)
 	_, statErr := os.Stat(filepath.Join(otherDir, "postgres"))
 	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the port is taken")
+
+	// Another data directory and port, but a taken metrics address: also
+	// refused before any cluster exists.
+	taken, _ := listenLoopback(t)
+	other := cfg
+	other.MetricsAddr = taken.Addr().String()
+	otherPublic, _ := listenLoopback(t)
+	err = dev(context.Background(), other, quiet, devOptions{DataDir: otherDir, Listener: otherPublic}, noEnv)
+	require.ErrorContains(t, err, "listen on BUZZ_METRICS_ADDR "+other.MetricsAddr)
+	_, statErr = os.Stat(filepath.Join(otherDir, "postgres"))
+	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the metrics port is taken")
 
 	// The first relay still has its database.
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))

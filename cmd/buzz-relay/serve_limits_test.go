@@ -32,7 +32,7 @@ func TestServeRefusesMalformedOperatorListeners(t *testing.T) {
 		env := map[string]string{"BUZZ_OPERATOR_LISTENERS": value}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		listener, _ := listenLoopback(t)
-		err := serve(ctx, cfg, quiet, listener, func(k string) string { return env[k] })
+		err := serve(ctx, cfg, quiet, mustListen(t, cfg, listener), func(k string) string { return env[k] })
 		cancel()
 		require.ErrorContains(t, err, "operator listeners", value)
 		require.ErrorContains(t, err, "BUZZ_OPERATOR_LISTENERS", value)
@@ -52,7 +52,7 @@ func TestServeKeepsMetricsOffThePublicListener(t *testing.T) {
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, log, listener, noEnv) }()
+	go func() { done <- serve(ctx, cfg, log, mustListen(t, cfg, listener), noEnv) }()
 	defer func() {
 		cancel()
 		require.NoError(t, <-done)
