@@ -316,18 +316,14 @@ func hasSearch(filters nostr.Filters) bool {
 
 // liveAllow is a subscription's own read conditions for fan-out: p-gated
 // kinds only when addressed to the caller, and a channel event only to a
-// subscription pinned (#h) to that channel. Whether the caller may still
-// read the channel is decided by the hub, once per published event
+// subscription pinned (#h) to that channel. A channel's relay-signed lists
+// (39000-39002) name their channel in a d tag, not an h tag, so for them a
+// #d naming the channel pins too. Whether the caller may still read the
+// channel is decided by the hub, once per published event
 // (Subscription.Reader). Global subscriptions never receive channel events.
 func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) bool {
-	pinned := map[uuid.UUID]struct{}{}
-	for i := range filters {
-		for _, h := range filters[i].Tags["h"] {
-			if id, err := uuid.Parse(h); err == nil {
-				pinned[id] = struct{}{}
-			}
-		}
-	}
+	pinned := channelPins(filters, "h")
+	pinnedLists := channelPins(filters, "d")
 	self := c.pubkey
 	return func(ev *nostr.Event, channel *uuid.UUID) bool {
 		if nostr.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
@@ -336,9 +332,25 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 		if channel == nil {
 			return true
 		}
-		_, ok := pinned[*channel]
-		return ok
+		if _, ok := pinned[*channel]; ok {
+			return true
+		}
+		_, ok := pinnedLists[*channel]
+		return ok && ingest.IsChannelList(ev.Kind)
 	}
+}
+
+// channelPins is the set of channel ids the filters name in their #tag.
+func channelPins(filters nostr.Filters, tag string) map[uuid.UUID]struct{} {
+	pins := map[uuid.UUID]struct{}{}
+	for i := range filters {
+		for _, v := range filters[i].Tags[tag] {
+			if id, err := uuid.Parse(v); err == nil {
+				pins[id] = struct{}{}
+			}
+		}
+	}
+	return pins
 }
 
 func (c *conn) onReq(subID string, filters nostr.Filters) {
