@@ -22,6 +22,10 @@ type Metrics struct {
 	DBQuery         *prometheus.HistogramVec // query: the statement's name
 }
 
+// latencyBuckets spans half a millisecond to five seconds, doubling: a
+// request or a statement is timed on the same scale.
+var latencyBuckets = []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5}
+
 // NewMetrics creates and registers the relay's collectors.
 func NewMetrics() *Metrics {
 	m := &Metrics{
@@ -38,7 +42,7 @@ func NewMetrics() *Metrics {
 		ReqDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "buzz_req_duration_seconds",
 			Help:    "Time from REQ/COUNT received to EOSE/COUNT sent.",
-			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+			Buckets: latencyBuckets,
 		}, []string{"verb"}),
 		FanoutDelivered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_fanout_delivered_total", Help: "Live events queued to subscribers.",
@@ -61,7 +65,7 @@ func NewMetrics() *Metrics {
 		DBQuery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "buzz_db_query_seconds",
 			Help:    "Time spent in one database statement, by the statement's name.",
-			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+			Buckets: latencyBuckets,
 		}, []string{"query"}),
 	}
 	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
