@@ -39,7 +39,7 @@ func lockDataDir(dir, listenAddr string) (unlock func(), err error) {
 		raw, _ := os.ReadFile(path)
 		_ = json.Unmarshal(raw, &holder)
 		return nil, fmt.Errorf("a dev relay is already running on data directory %s (pid %d, listening on %s); "+
-			"stop it first, or give this one its own BUZZ_DEV_DATA_DIR, BUZZ_DEV_PG_PORT and BUZZ_LISTEN_ADDR",
+			"stop it first, or give this one its own BUZZ_DEV_DATA_DIR, BUZZ_DEV_PG_PORT, BUZZ_LISTEN_ADDR and BUZZ_METRICS_ADDR",
 			dir, holder.PID, holder.ListenAddr)
 	}
 	holder, _ := json.Marshal(devLockHolder{PID: os.Getpid(), ListenAddr: listenAddr})

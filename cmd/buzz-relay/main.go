@@ -127,11 +127,34 @@ func listen(addr string) (net.Listener, error) {
 	return l, nil
 }
 
+// listenMetrics binds BUZZ_METRICS_ADDR. Like the relay's own address it is
+// bound before anything else starts: a second relay on the same machine
+// meets the taken port at once, not after starting a database.
+func listenMetrics(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on BUZZ_METRICS_ADDR %s (is another relay running? give this one its own BUZZ_METRICS_ADDR): %w", addr, err)
+	}
+	return l, nil
+}
+
 // serve runs the relay on listener, which it closes on return, until ctx
 // ends; getenv supplies the settings that are not part of config.Config
 // (the operator listeners).
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener net.Listener, getenv func(string) string) error {
+	metricsListener, err := listenMetrics(cfg.MetricsAddr)
+	if err != nil {
+		listener.Close()
+		return err
+	}
+	return serveOn(ctx, cfg, log, listener, metricsListener, getenv)
+}
+
+// serveOn is serve with the metrics address already bound; it closes both
+// listeners on return.
+func serveOn(ctx context.Context, cfg config.Config, log *slog.Logger, listener, metricsListener net.Listener, getenv func(string) string) error {
 	defer listener.Close()
+	defer metricsListener.Close()
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
@@ -141,11 +164,6 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
-	metricsListener, err := net.Listen("tcp", cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("listen on BUZZ_METRICS_ADDR %s: %w", cfg.MetricsAddr, err)
-	}
-	defer metricsListener.Close()
 	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
@@ -244,7 +262,7 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 // restarts, unless BUZZ_DATABASE_URL names a database.
 //
 // Start-up order matters when a developer runs it twice: the data directory
-// lock and the listen address are taken before the cluster is touched, and
+// lock and the listen and metrics addresses are taken before the cluster is touched, and
 // the cluster is stopped on exit only if this process started it, so a
 // second instance can never take the first one's database away.
 func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions, getenv func(string) string) error {
@@ -269,6 +287,11 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 		}
 	}
 	defer listener.Close()
+	metricsListener, err := listenMetrics(cfg.MetricsAddr)
+	if err != nil {
+		return err
+	}
+	defer metricsListener.Close()
 	if cfg.DatabaseURL == "" {
 		pgDir := filepath.Join(opts.DataDir, "postgres")
 		log.Info("starting private PostgreSQL", "dir", pgDir, "port", opts.PGPort)
@@ -294,7 +317,7 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return serve(ctx, cfg, log, listener, getenv)
+	return serveOn(ctx, cfg, log, listener, metricsListener, getenv)
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

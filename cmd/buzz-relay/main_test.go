@@ -174,6 +174,23 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	require.True(t, c.Publish(c.Sign(1, "first relay still writes", nil, 0)).OK)
 }
 
+// Two dev relays side by side on their own data directories and ports still
+// meet on BUZZ_METRICS_ADDR (its default is one fixed port): the second
+// must say so before it creates or starts a cluster, as it does for a taken
+// listen address.
+func TestDevRelayWithATakenMetricsAddressStartsNoCluster(t *testing.T) {
+	t.Parallel()
+	taken, _ := listenLoopback(t)
+	listener, _ := listenLoopback(t)
+	cfg := config.Default()
+	cfg.MetricsAddr = taken.Addr().String()
+	dataDir := newDevDataDir(t)
+	err := dev(context.Background(), cfg, quiet, devOptions{DataDir: dataDir, Listener: listener}, noEnv)
+	require.ErrorContains(t, err, "listen on BUZZ_METRICS_ADDR "+cfg.MetricsAddr)
+	_, statErr := os.Stat(filepath.Join(dataDir, "postgres"))
+	require.True(t, os.IsNotExist(statErr), "no cluster may be created when the metrics port is taken")
+}
+
 // A dev relay that found its cluster already running (started by someone
 // else) leaves it running when it exits; one it started itself it stops.
 func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
