@@ -293,5 +293,11 @@ func TestChannelDiscoveryEventsReachLiveSubscribersPinnedByD(t *testing.T) {
 	require.Contains(t, seen, 39002)
 	require.ElementsMatch(t, []string{owner.Key.PublicKeyHex(), newcomer.PublicKeyHex()}, tagValues(seen[39002], "p"))
 
+	// Only the lists: any other channel event still needs an #h pin, even
+	// one whose d tag happens to name the channel.
+	watcher.Send("REQ", "by-d", map[string]any{"#d": []string{ch}, "limit": 0})
+	watcher.Expect("EOSE")
+	require.True(t, owner.Publish(owner.Sign(30078, "app data", nostr.Tags{{"d", ch}, {"h", ch}}, 0)).OK)
+	watcher.ExpectSilence(500*time.Millisecond, "a channel event reached a subscription not pinned with #h")
 	outsider.ExpectSilence(500*time.Millisecond, "a private channel's lists reached a non-member")
 }
