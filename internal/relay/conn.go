@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
@@ -50,6 +51,10 @@ type conn struct {
 	// subs maps each open subscription id to the filter values it holds,
 	// which count against MaxFilterValues (read goroutine only).
 	subs map[string]int
+	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
+	// client that reads its history slowly holds at most that much here,
+	// whatever the size of its events.
+	replyRoom *semaphore.Weighted
 }
 
 func newChallenge() string {
@@ -77,12 +82,31 @@ func (c *conn) Enqueue(msg []byte) bool {
 
 // send queues a reply to this client's own request, waiting for room.
 func (c *conn) send(msg []byte) error {
+	weight := c.replyWeight(msg)
+	if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
+		return err
+	}
+	c.srv.metrics.ReplyQueueBytes.Add(float64(weight))
 	select {
 	case c.replies <- msg:
 		return nil
 	case <-c.ctx.Done():
+		c.replySent(msg)
 		return c.ctx.Err()
 	}
+}
+
+// replyWeight is the room msg takes in the reply queue: its size, or the
+// whole queue for a message larger than that.
+func (c *conn) replyWeight(msg []byte) int64 {
+	return min(int64(len(msg)), int64(c.srv.cfg.ReplyQueueBytes))
+}
+
+// replySent gives back the room a reply took once it left the queue.
+func (c *conn) replySent(msg []byte) {
+	weight := c.replyWeight(msg)
+	c.srv.metrics.ReplyQueueBytes.Sub(float64(weight))
+	c.replyRoom.Release(weight)
 }
 
 func (c *conn) run() {
@@ -154,7 +178,9 @@ func (c *conn) writeLoop() {
 		case <-c.ctx.Done():
 			return
 		case msg := <-c.replies:
-			if !write(msg) {
+			ok := write(msg)
+			c.replySent(msg)
+			if !ok {
 				return
 			}
 		case msg := <-c.live:
@@ -165,7 +191,9 @@ func (c *conn) writeLoop() {
 			for {
 				select {
 				case msg := <-c.replies:
-					if !write(msg) {
+					ok := write(msg)
+					c.replySent(msg)
+					if !ok {
 						return
 					}
 				case msg := <-c.live:

@@ -17,6 +17,7 @@ type Metrics struct {
 	FanoutDropped   prometheus.Counter
 	SlowClosed      prometheus.Counter
 	ConnsRefused    *prometheus.CounterVec // reason: total, address
+	ReplyQueueBytes prometheus.Gauge
 	AuthTimeouts    prometheus.Counter
 	RateLimited     prometheus.Counter
 	DBQuery         *prometheus.HistogramVec // query: the statement's name
@@ -56,6 +57,9 @@ func NewMetrics() *Metrics {
 		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap, by cap (total, address).",
 		}, []string{"reason"}),
+		ReplyQueueBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "buzz_reply_queue_bytes", Help: "Bytes of replies (history, OK ...) queued for clients and not yet written, all connections together.",
+		}),
 		AuthTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_auth_timeouts_total", Help: "Connections closed because they did not authenticate in time.",
 		}),
@@ -69,7 +73,7 @@ func NewMetrics() *Metrics {
 		}, []string{"query"}),
 	}
 	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.AuthTimeouts, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
