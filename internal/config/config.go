@@ -56,6 +56,7 @@ type Config struct {
 	PublishBurst          int            // events one pubkey may publish at once before the rate applies
 	RateLimitKeys         int            // (community, pubkey) buckets kept in memory; the oldest go first
 	ReqPageRows           int            // rows read per database round trip while streaming a REQ
+	ReplyQueueBytes       int            // bytes of replies (history, OK ...) queued for one connection
 	HTTPReadTimeout       time.Duration  // a request's headers and body must arrive within this
 	HTTPWriteTimeout      time.Duration  // a response must be written within this
 	HTTPIdleTimeout       time.Duration  // an idle keep-alive connection is closed after this
@@ -99,6 +100,7 @@ func Default() Config {
 		PublishBurst:          60,
 		RateLimitKeys:         100000,
 		ReqPageRows:           200,
+		ReplyQueueBytes:       1 << 20,
 		HTTPReadTimeout:       30 * time.Second,
 		HTTPWriteTimeout:      30 * time.Second,
 		HTTPIdleTimeout:       60 * time.Second,
@@ -138,6 +140,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_PUBLISH_BURST", &c.PublishBurst)
 	r.positive("BUZZ_RATE_LIMIT_KEYS", &c.RateLimitKeys)
 	r.positive("BUZZ_REQ_PAGE_ROWS", &c.ReqPageRows)
+	r.positive("BUZZ_REPLY_QUEUE_BYTES", &c.ReplyQueueBytes)
 	r.duration("BUZZ_HTTP_READ_TIMEOUT", &c.HTTPReadTimeout)
 	r.duration("BUZZ_HTTP_WRITE_TIMEOUT", &c.HTTPWriteTimeout)
 	r.duration("BUZZ_HTTP_IDLE_TIMEOUT", &c.HTTPIdleTimeout)

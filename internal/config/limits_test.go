@@ -19,6 +19,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 		"BUZZ_PUBLISH_BURST":               "5",
 		"BUZZ_RATE_LIMIT_KEYS":             "1000",
 		"BUZZ_REQ_PAGE_ROWS":               "50",
+		"BUZZ_REPLY_QUEUE_BYTES":           "65536",
 		"BUZZ_HTTP_READ_TIMEOUT":           "7s",
 		"BUZZ_HTTP_WRITE_TIMEOUT":          "8s",
 		"BUZZ_HTTP_IDLE_TIMEOUT":           "9s",
@@ -34,6 +35,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 	require.Equal(t, 5, c.PublishBurst)
 	require.Equal(t, 1000, c.RateLimitKeys)
 	require.Equal(t, 50, c.ReqPageRows)
+	require.Equal(t, 65536, c.ReplyQueueBytes)
 	require.Equal(t, 7*time.Second, c.HTTPReadTimeout)
 	require.Equal(t, 8*time.Second, c.HTTPWriteTimeout)
 	require.Equal(t, 9*time.Second, c.HTTPIdleTimeout)

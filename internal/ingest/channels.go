@@ -36,6 +36,12 @@ const (
 // publish them.
 var RelayOnlyKinds = []int{KindGroupMetadata, KindGroupAdmins, KindGroupMembers, KindMemberAdded, KindMemberRemoved}
 
+// IsChannelList reports whether kind is one of a channel's relay-signed lists
+// (metadata, admins, members): stored in the channel, named by its d tag.
+func IsChannelList(kind int) bool {
+	return kind == KindGroupMetadata || kind == KindGroupAdmins || kind == KindGroupMembers
+}
+
 func registerChannelHandlers(h map[int]Handler) {
 	h[KindChat] = Handler{Validate: requireChannelTag, Prepare: resolveChannelForWrite, Apply: applyThreadReply}
 	h[KindCreateGroup] = Handler{Validate: validateCreateGroup, Prepare: bindNewChannel, Apply: applyCreateGroup}

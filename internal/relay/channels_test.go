@@ -258,3 +258,46 @@ func TestChannelTagsCannotForgeMembershipAndAdminsCannotDemoteOwners(t *testing.
 	require.Len(t, admins, 1)
 	require.Len(t, admins[0].Tags.Values("p"), 3, "both owners and the admin keep their roles")
 }
+
+// A channel's relay-signed lists (39000-39002) carry the channel in their d
+// tag, not an h tag, and NIP-29 clients follow them with #d. They are stored
+// in the channel, so live delivery must count a #d naming the channel as a
+// pin for them (read permission is still the hub's), or no live subscriber
+// ever sees a membership change.
+func TestChannelDiscoveryEventsReachLiveSubscribersPinnedByD(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	newcomer := relaytest.NewKey(t)
+
+	ch := createChannel(t, owner, "secret", true)
+	watcher := r.Dial(t, "")
+	watcher.Auth(owner.Key)
+	lists := map[string]any{"kinds": []int{39000, 39001, 39002}, "#d": []string{ch}, "limit": 0}
+	watcher.Send("REQ", "lists", lists)
+	watcher.Expect("EOSE")
+	outsider.Send("REQ", "lists", lists)
+	outsider.Expect("EOSE")
+
+	add := owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", newcomer.PublicKeyHex(), "member"}}, 0)
+	require.True(t, owner.Publish(add).OK)
+	seen := map[int]*nostr.Event{}
+	for len(seen) < 2 {
+		ev := watcher.Expect("EVENT").Event
+		seen[ev.Kind] = ev
+	}
+	require.Contains(t, seen, 39001)
+	require.Contains(t, seen, 39002)
+	require.ElementsMatch(t, []string{owner.Key.PublicKeyHex(), newcomer.PublicKeyHex()}, tagValues(seen[39002], "p"))
+
+	// Only the lists: any other channel event still needs an #h pin, even
+	// one whose d tag happens to name the channel.
+	watcher.Send("REQ", "by-d", map[string]any{"#d": []string{ch}, "limit": 0})
+	watcher.Expect("EOSE")
+	require.True(t, owner.Publish(owner.Sign(30078, "app data", nostr.Tags{{"d", ch}, {"h", ch}}, 0)).OK)
+	watcher.ExpectSilence(500*time.Millisecond, "a channel event reached a subscription not pinned with #h")
+	outsider.ExpectSilence(500*time.Millisecond, "a private channel's lists reached a non-member")
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
@@ -50,6 +51,10 @@ type conn struct {
 	// subs maps each open subscription id to the filter values it holds,
 	// which count against MaxFilterValues (read goroutine only).
 	subs map[string]int
+	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
+	// client that reads its history slowly holds at most that much here,
+	// whatever the size of its events.
+	replyRoom *semaphore.Weighted
 }
 
 func newChallenge() string {
@@ -77,12 +82,31 @@ func (c *conn) Enqueue(msg []byte) bool {
 
 // send queues a reply to this client's own request, waiting for room.
 func (c *conn) send(msg []byte) error {
+	weight := c.replyWeight(msg)
+	if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
+		return err
+	}
+	c.srv.metrics.ReplyQueueBytes.Add(float64(weight))
 	select {
 	case c.replies <- msg:
 		return nil
 	case <-c.ctx.Done():
+		c.replySent(msg)
 		return c.ctx.Err()
 	}
+}
+
+// replyWeight is the room msg takes in the reply queue: its size, or the
+// whole queue for a message larger than that.
+func (c *conn) replyWeight(msg []byte) int64 {
+	return min(int64(len(msg)), int64(c.srv.cfg.ReplyQueueBytes))
+}
+
+// replySent gives back the room a reply took once it left the queue.
+func (c *conn) replySent(msg []byte) {
+	weight := c.replyWeight(msg)
+	c.srv.metrics.ReplyQueueBytes.Sub(float64(weight))
+	c.replyRoom.Release(weight)
 }
 
 func (c *conn) run() {
@@ -154,7 +178,9 @@ func (c *conn) writeLoop() {
 		case <-c.ctx.Done():
 			return
 		case msg := <-c.replies:
-			if !write(msg) {
+			ok := write(msg)
+			c.replySent(msg)
+			if !ok {
 				return
 			}
 		case msg := <-c.live:
@@ -165,7 +191,9 @@ func (c *conn) writeLoop() {
 			for {
 				select {
 				case msg := <-c.replies:
-					if !write(msg) {
+					ok := write(msg)
+					c.replySent(msg)
+					if !ok {
 						return
 					}
 				case msg := <-c.live:
@@ -316,18 +344,14 @@ func hasSearch(filters nostr.Filters) bool {
 
 // liveAllow is a subscription's own read conditions for fan-out: p-gated
 // kinds only when addressed to the caller, and a channel event only to a
-// subscription pinned (#h) to that channel. Whether the caller may still
-// read the channel is decided by the hub, once per published event
+// subscription pinned (#h) to that channel. A channel's relay-signed lists
+// (39000-39002) name their channel in a d tag, not an h tag, so for them a
+// #d naming the channel pins too. Whether the caller may still read the
+// channel is decided by the hub, once per published event
 // (Subscription.Reader). Global subscriptions never receive channel events.
 func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) bool {
-	pinned := map[uuid.UUID]struct{}{}
-	for i := range filters {
-		for _, h := range filters[i].Tags["h"] {
-			if id, err := uuid.Parse(h); err == nil {
-				pinned[id] = struct{}{}
-			}
-		}
-	}
+	pinned := channelPins(filters, "h")
+	pinnedLists := channelPins(filters, "d")
 	self := c.pubkey
 	return func(ev *nostr.Event, channel *uuid.UUID) bool {
 		if nostr.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
@@ -336,9 +360,25 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 		if channel == nil {
 			return true
 		}
-		_, ok := pinned[*channel]
-		return ok
+		if _, ok := pinned[*channel]; ok {
+			return true
+		}
+		_, ok := pinnedLists[*channel]
+		return ok && ingest.IsChannelList(ev.Kind)
 	}
+}
+
+// channelPins is the set of channel ids the filters name in their #tag.
+func channelPins(filters nostr.Filters, tag string) map[uuid.UUID]struct{} {
+	pins := map[uuid.UUID]struct{}{}
+	for i := range filters {
+		for _, v := range filters[i].Tags[tag] {
+			if id, err := uuid.Parse(v); err == nil {
+				pins[id] = struct{}{}
+			}
+		}
+	}
+	return pins
 }
 
 func (c *conn) onReq(subID string, filters nostr.Filters) {

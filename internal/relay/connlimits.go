@@ -3,6 +3,7 @@ package relay
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 )
 
 // admit reserves a WebSocket connection for a client at addr, or says why
@@ -11,6 +12,7 @@ import (
 // goroutine, buffer or challenge. Every admitted connection is released
 // exactly once (release, or forget once tracked).
 func (s *Server) admit(addr string) (status int, reason string) {
+	addr = addressBucket(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -36,10 +38,24 @@ func (s *Server) release(addr string) {
 }
 
 func (s *Server) releaseLocked(addr string) {
+	addr = addressBucket(addr)
 	s.admitted--
 	if n := s.admittedByAddr[addr] - 1; n > 0 {
 		s.admittedByAddr[addr] = n
 	} else {
 		delete(s.admittedByAddr, addr)
 	}
+}
+
+// addressBucket is what the per-address cap counts: an IPv4 address, or the
+// /64 prefix of an IPv6 one. A single IPv6 subscriber is routinely given a
+// whole /64 and can pick any address in it for each connection, so counting
+// exact IPv6 addresses would not bound one client at all.
+func addressBucket(addr string) string {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil || !ip.Is6() || ip.Is4In6() {
+		return addr
+	}
+	prefix, _ := ip.Prefix(64)
+	return prefix.String()
 }

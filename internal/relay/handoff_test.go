@@ -2,11 +2,7 @@ package relay_test
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -80,18 +76,10 @@ func startHandoffRelay(t *testing.T) *handoffRelay {
 	r := relaytest.StartOn(t, pool)
 
 	h := &handoffRelay{Relay: r, watch: watch, deliveries: make(chan map[string]any, 8), agent: relaytest.NewKey(t)}
-	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		var got map[string]any
-		_ = json.Unmarshal(body, &got)
-		h.deliveries <- got
-	}))
-	t.Cleanup(listener.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(listener.Certificate())
+	listenerURL, roots := startListenerEndpoint(t, h.deliveries)
 	listenerKey := relaytest.NewKey(t)
 	cfg := outbox.Config{
-		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listener.URL + "/wake"},
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listenerURL},
 		Timeout:   5 * time.Second,
 		APIOrigin: r.HTTPURL,
 		// After its first poll (at start) the worker waits 75 s, then

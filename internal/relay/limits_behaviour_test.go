@@ -18,6 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -155,31 +156,14 @@ func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 	// it does not starve the timing-sensitive tests that run in parallel.
 	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Second; c.ReqPageRows = 10 })
 	key := relaytest.NewKey(t)
-	q := db.New(r.Pool)
-	big := strings.Repeat("x", 60<<10)
 	const stored = 500 // about 30 MB: more than the reply queue and socket buffers hold
-	for i := range stored {
-		ev := relaytest.SignEvent(t, key, 1, fmt.Sprint(i, big), nil, int64(1_700_000_000+i))
-		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
-		require.NoError(t, err)
-		_, err = q.EventInsert(context.Background(), params)
-		require.NoError(t, err)
-	}
+	storeLargeEvents(t, r, key, stored)
 	c := r.Dial(t, "")
 	c.Auth(key)
 	c.Send("REQ", "all", map[string]any{"kinds": []int{1}})
 	require.Equal(t, "EVENT", c.NextReply().Verb)
 	time.Sleep(3 * time.Second) // the reader dawdles past the query budget
-	got := 1
-	for {
-		reply := c.NextReply()
-		if reply.Verb != "EVENT" {
-			require.Equal(t, "EOSE", reply.Verb, "%+v", reply)
-			break
-		}
-		got++
-	}
-	require.Equal(t, stored, got)
+	require.Equal(t, stored, 1+historyUntilEOSE(t, c))
 }
 
 // With the statement timer on the pool, generated queries are timed by
@@ -204,4 +188,63 @@ func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="CommunityResolveServing"}`)
 	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="EventsQueryPage"} 1`)
+}
+
+// A client that does not read its history pins at most ReplyQueueBytes of
+// queued replies, however large its events: the connection's reader waits
+// for room instead of queueing a whole reply queue of them (256 events of
+// 60 KB would be 15 MB per connection, 50 connections per address).
+// Mutation killed: queueing replies by count alone.
+func TestStalledReaderPinsAtMostTheReplyQueueBytes(t *testing.T) {
+	// Not parallel: it pushes megabytes through loopback, and alone it does
+	// not starve the timing-sensitive tests that run in parallel.
+	const budget = 64 << 10
+	r := relaytest.Start(t, func(c *config.Config) { c.ReplyQueueBytes = budget })
+	key := relaytest.NewKey(t)
+	const stored = 300 // about 18 MB: more than the socket buffers hold
+	storeLargeEvents(t, r, key, stored)
+	queued := func() float64 { return testutil.ToFloat64(r.Server.Metrics().ReplyQueueBytes) }
+	c := r.Dial(t, "")
+	c.Auth(key)
+	c.Send("REQ", "all", map[string]any{"kinds": []int{1}})
+
+	// The client reads nothing: the relay fills the socket buffers, then
+	// its reply queue, and must stop there.
+	require.Eventually(t, func() bool { return queued() >= budget/2 }, 30*time.Second, 5*time.Millisecond)
+	for range 20 {
+		require.LessOrEqual(t, queued(), float64(budget))
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	require.Equal(t, stored, historyUntilEOSE(t, c), "a bounded queue still delivers the whole history")
+	require.Eventually(t, func() bool { return queued() == 0 }, 30*time.Second, 5*time.Millisecond)
+}
+
+// storeLargeEvents stores n kind-1 events of about 60 KB each by key, one
+// second apart, straight into r's database.
+func storeLargeEvents(t *testing.T, r *relaytest.Relay, key *nostr.SecretKey, n int) {
+	t.Helper()
+	q := db.New(r.Pool)
+	big := strings.Repeat("x", 60<<10)
+	for i := range n {
+		ev := relaytest.SignEvent(t, key, 1, fmt.Sprint(i, big), nil, int64(1_700_000_000+i))
+		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+		require.NoError(t, err)
+		_, err = q.EventInsert(context.Background(), params)
+		require.NoError(t, err)
+	}
+}
+
+// historyUntilEOSE reads c's EVENT replies up to the EOSE and counts them.
+func historyUntilEOSE(t *testing.T, c *relaytest.Client) int {
+	t.Helper()
+	got := 0
+	for {
+		reply := c.NextReply()
+		if reply.Verb != "EVENT" {
+			require.Equal(t, "EOSE", reply.Verb, "%+v", reply)
+			return got
+		}
+		got++
+	}
 }

@@ -119,6 +119,27 @@ func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
 	require.ErrorContains(t, err, "429", "the first client again")
 }
 
+// The per-address cap counts an IPv6 client by its /64: addresses in one
+// subscriber's prefix are free to pick, so each must not be a new client.
+func TestPerAddressCapCountsIPv6ByItsSlash64(t *testing.T) {
+	t.Parallel()
+	from := func(addr string) http.Header { return http.Header{"X-Forwarded-For": {addr}} }
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	_, err := dialFrom(t, r, "127.0.0.1", from("2001:db8:1:2::1"))
+	require.NoError(t, err)
+	_, err = dialFrom(t, r, "127.0.0.1", from("2001:db8:1:2:ffff:ffff:ffff:fffe"))
+	require.ErrorContains(t, err, "429", "another address in the same /64")
+	_, err = dialFrom(t, r, "127.0.0.1", from("2001:db8:1:3::1"))
+	require.NoError(t, err, "the next /64 is another client")
+	_, err = dialFrom(t, r, "127.0.0.1", from("198.51.100.1"))
+	require.NoError(t, err, "IPv4 clients are still told apart by address")
+	_, err = dialFrom(t, r, "127.0.0.1", from("198.51.100.2"))
+	require.NoError(t, err)
+}
+
 func mustPrefixes(t *testing.T, list string) []netip.Prefix {
 	t.Helper()
 	c, err := config.FromEnv(func(k string) string {

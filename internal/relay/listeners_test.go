@@ -26,20 +26,11 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
 	deliveries := make(chan map[string]any, 4)
-	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		var got map[string]any
-		_ = json.Unmarshal(body, &got)
-		got["authorization"] = req.Header.Get("Authorization")
-		deliveries <- got
-	}))
-	t.Cleanup(listener.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(listener.Certificate())
+	listenerURL, roots := startListenerEndpoint(t, deliveries)
 
 	listenerKey := relaytest.NewKey(t)
 	cfg := outbox.Config{
-		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listener.URL + "/wake"},
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listenerURL},
 		Timeout:   5 * time.Second,
 		APIOrigin: r.HTTPURL,
 	}
@@ -92,4 +83,23 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 		t.Fatalf("kind 1 is not a message kind, yet the listener got %v", got)
 	case <-time.After(300 * time.Millisecond):
 	}
+}
+
+// startListenerEndpoint runs an operator listener's HTTPS endpoint that
+// passes every delivery on to deliveries (the JSON body, plus its
+// Authorization header under "authorization"), and returns the URL a
+// listener route names and the root a relay needs to trust it.
+func startListenerEndpoint(t *testing.T, deliveries chan<- map[string]any) (string, *x509.CertPool) {
+	t.Helper()
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var got map[string]any
+		_ = json.Unmarshal(body, &got)
+		got["authorization"] = req.Header.Get("Authorization")
+		deliveries <- got
+	}))
+	t.Cleanup(listener.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(listener.Certificate())
+	return listener.URL + "/wake", roots
 }

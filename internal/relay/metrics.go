@@ -17,10 +17,15 @@ type Metrics struct {
 	FanoutDropped   prometheus.Counter
 	SlowClosed      prometheus.Counter
 	ConnsRefused    *prometheus.CounterVec // reason: total, address
+	ReplyQueueBytes prometheus.Gauge
 	AuthTimeouts    prometheus.Counter
 	RateLimited     prometheus.Counter
 	DBQuery         *prometheus.HistogramVec // query: the statement's name
 }
+
+// latencyBuckets spans half a millisecond to five seconds, doubling: a
+// request or a statement is timed on the same scale.
+var latencyBuckets = []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5}
 
 // NewMetrics creates and registers the relay's collectors.
 func NewMetrics() *Metrics {
@@ -38,7 +43,7 @@ func NewMetrics() *Metrics {
 		ReqDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "buzz_req_duration_seconds",
 			Help:    "Time from REQ/COUNT received to EOSE/COUNT sent.",
-			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+			Buckets: latencyBuckets,
 		}, []string{"verb"}),
 		FanoutDelivered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_fanout_delivered_total", Help: "Live events queued to subscribers.",
@@ -52,6 +57,9 @@ func NewMetrics() *Metrics {
 		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap, by cap (total, address).",
 		}, []string{"reason"}),
+		ReplyQueueBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "buzz_reply_queue_bytes", Help: "Bytes of replies (history, OK ...) queued for clients and not yet written, all connections together.",
+		}),
 		AuthTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_auth_timeouts_total", Help: "Connections closed because they did not authenticate in time.",
 		}),
@@ -61,11 +69,11 @@ func NewMetrics() *Metrics {
 		DBQuery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "buzz_db_query_seconds",
 			Help:    "Time spent in one database statement, by the statement's name.",
-			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5},
+			Buckets: latencyBuckets,
 		}, []string{"query"}),
 	}
 	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.AuthTimeouts, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -249,6 +250,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		challenge: newChallenge(),
 		live:      make(chan []byte, s.cfg.SendQueue),
 		replies:   make(chan []byte, replyQueue),
+		replyRoom: semaphore.NewWeighted(int64(s.cfg.ReplyQueueBytes)),
 		ctx:       ctx,
 		cancel:    cancel,
 		draining:  make(chan struct{}),
