@@ -105,3 +105,13 @@ SELECT status, current_step, execution_trace, error_code, error_message, attempt
        started_at, completed_at, trigger_context
 FROM workflow_runs
 WHERE community_id = @community_id::uuid AND id = @id::uuid;
+
+-- name: WorkflowChannelMemberNames :many
+-- The active members of a channel who have a display name: the only
+-- pubkeys a workflow message may wake by @name.
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = @community_id::uuid AND m.channel_id = @channel_id::uuid AND m.removed_at IS NULL
+  AND u.display_name IS NOT NULL AND u.display_name <> ''
+ORDER BY m.pubkey;

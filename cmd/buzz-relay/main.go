@@ -175,6 +175,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 
 	srv := relay.New(cfg, pool, log)
 	go srv.RunReapers(ctx)
+	srv.StartWorkflows(ctx)
 	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}

@@ -42,6 +42,47 @@ func (q *Queries) WorkflowArchive(ctx context.Context, arg WorkflowArchiveParams
 	return result.RowsAffected(), nil
 }
 
+const workflowChannelMemberNames = `-- name: WorkflowChannelMemberNames :many
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = $1::uuid AND m.channel_id = $2::uuid AND m.removed_at IS NULL
+  AND u.display_name IS NOT NULL AND u.display_name <> ''
+ORDER BY m.pubkey
+`
+
+type WorkflowChannelMemberNamesParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+}
+
+type WorkflowChannelMemberNamesRow struct {
+	Pubkey      []byte
+	DisplayName string
+}
+
+// The active members of a channel who have a display name: the only
+// pubkeys a workflow message may wake by @name.
+func (q *Queries) WorkflowChannelMemberNames(ctx context.Context, arg WorkflowChannelMemberNamesParams) ([]WorkflowChannelMemberNamesRow, error) {
+	rows, err := q.db.Query(ctx, workflowChannelMemberNames, arg.CommunityID, arg.ChannelID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WorkflowChannelMemberNamesRow
+	for rows.Next() {
+		var i WorkflowChannelMemberNamesRow
+		if err := rows.Scan(&i.Pubkey, &i.DisplayName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workflowDefinitionEvent = `-- name: WorkflowDefinitionEvent :one
 SELECT id, pubkey, content, tags
 FROM events

@@ -1,0 +1,26 @@
+package relay
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+// registerWorkflows adds workflow definitions, triggers and the manual
+// command to the write spine. Runs created by an event are offered to this
+// process's worker after commit, once StartWorkflows started one.
+func (s *Server) registerWorkflows() {
+	workflow.Register(s.pipeline, func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) })
+}
+
+// StartWorkflows runs the workflow worker until ctx ends. Every relay
+// process may run one: runs are claimed under a lease, so several workers
+// on one database never execute the same step twice.
+func (s *Server) StartWorkflows(ctx context.Context) {
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Clock: s.clock, Log: s.log})
+	w := workflow.NewWorker(engine, workflow.WorkerOptions{})
+	s.workflowWorker.Store(w)
+	go w.Run(ctx)
+}
