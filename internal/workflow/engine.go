@@ -153,9 +153,9 @@ var errLostClaim = errors.New("workflow run claim lost")
 type stepResult int
 
 const (
-	stepNext    stepResult = iota // step done, run the next one
-	stepParked                    // delayed: the run waits unclaimed
-	stepEnded                     // completed, failed or cancelled
+	stepNext   stepResult = iota // step done, run the next one
+	stepParked                   // delayed: the run waits unclaimed
+	stepEnded                    // completed, failed or cancelled
 )
 
 // traceEntry is one element of workflow_runs.execution_trace.
