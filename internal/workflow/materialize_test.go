@@ -18,14 +18,14 @@ import (
 const greeter = "name: Greeter\ntrigger: {on: message_posted}\nsteps: [{id: greet, action: send_message, text: hello}]"
 
 type wfRow struct {
-	Name        string
-	OwnerHex    string
-	Channel     string
-	EventID     *string
-	Status      string
-	Enabled     bool
-	Secret      string
-	Hash        string
+	Name     string
+	OwnerHex string
+	Channel  string
+	EventID  *string
+	Status   string
+	Enabled  bool
+	Secret   string
+	Hash     string
 }
 
 func (f *fixture) workflow(id string) wfRow {
