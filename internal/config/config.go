@@ -61,6 +61,10 @@ type Config struct {
 	HTTPIdleTimeout       time.Duration  // an idle keep-alive connection is closed after this
 	MetricsAddr           string         // /metrics listens here, apart from the community hosts
 	TrustedProxies        []netip.Prefix // peers whose X-Forwarded-For / -Proto are believed
+
+	WorkflowRunLease time.Duration // how long a worker holds a claimed run before another may resume it
+	WorkflowPoll     time.Duration // how often an idle workflow worker looks for due runs
+	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
 }
 
 // Default is the configuration with every variable unset.
@@ -103,6 +107,10 @@ func Default() Config {
 		HTTPWriteTimeout:      30 * time.Second,
 		HTTPIdleTimeout:       60 * time.Second,
 		MetricsAddr:           "127.0.0.1:9464",
+
+		WorkflowRunLease: 30 * time.Second,
+		WorkflowPoll:     time.Second,
+		WorkflowMaxRuns:  100,
 	}
 }
 
@@ -143,6 +151,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_HTTP_IDLE_TIMEOUT", &c.HTTPIdleTimeout)
 	r.str("BUZZ_METRICS_ADDR", &c.MetricsAddr)
 	r.prefixes("BUZZ_TRUSTED_PROXIES", &c.TrustedProxies)
+	r.duration("BUZZ_WORKFLOW_RUN_LEASE", &c.WorkflowRunLease)
+	r.duration("BUZZ_WORKFLOW_POLL", &c.WorkflowPoll)
+	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

@@ -19,8 +19,8 @@ func (s *Server) registerWorkflows() {
 // process may run one: runs are claimed under a lease, so several workers
 // on one database never execute the same step twice.
 func (s *Server) StartWorkflows(ctx context.Context) {
-	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Clock: s.clock, Log: s.log})
-	w := workflow.NewWorker(engine, workflow.WorkerOptions{})
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log})
+	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	go w.Run(ctx)
 }

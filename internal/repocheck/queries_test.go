@@ -29,6 +29,9 @@ var queryFiles = map[string]struct{ table, noun string }{
 	"reactions.sql":              {"reactions", "Reaction"},
 	"threads.sql":                {"thread_metadata", "Thread"},
 	"users.sql":                  {"users", "User"},
+	"workflows.sql":              {"workflows", "Workflow"},
+	"workflow_runs.sql":          {"workflow_runs", "WorkflowRun"},
+	"workflow_run_claim.gen.sql": {"workflow_runs", "WorkflowRun"},
 }
 
 var (

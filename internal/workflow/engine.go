@@ -359,7 +359,7 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	if !ok || row.ChannelID == nil {
 		return nil, tc, fail(CodeInvalidDefinition, "the run is not pinned to a signed definition; the owner must save the workflow again")
 	}
-	ev, err := q.WorkflowDefinitionEvent(ctx, db.WorkflowDefinitionEventParams{CommunityID: c.Run.CommunityID, ID: pinned[:], ChannelID: *row.ChannelID})
+	ev, err := q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: c.Run.CommunityID, ID: pinned[:], ChannelID: *row.ChannelID})
 	if dberr.IsNotFound(err) {
 		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)")
 	}
@@ -437,7 +437,7 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	if tc.Cause.Kind == CauseWebhook && len(tc.WebhookFields) > 0 {
 		tags = append(tags, nostr.Tag{"workflow-cargo", string(mustJSON(tc.WebhookFields))})
 	}
-	names, err := q.WorkflowChannelMemberNames(ctx, db.WorkflowChannelMemberNamesParams{CommunityID: c.Run.CommunityID, ChannelID: channel})
+	names, err := q.ChannelMemberDisplayNames(ctx, db.ChannelMemberDisplayNamesParams{CommunityID: c.Run.CommunityID, ChannelID: channel})
 	if err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: members unavailable", step.ID)
 	}
