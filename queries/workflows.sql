@@ -46,3 +46,12 @@ FROM workflows
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
 ORDER BY id;
+
+-- name: WorkflowsScheduled :many
+-- Every workflow the scheduler fires, in every community: active, enabled,
+-- pinned to a signed definition, with a schedule trigger.
+SELECT community_id, id, channel_id, definition, definition_event_id
+FROM workflows
+WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
+  AND definition -> 'trigger' ->> 'on' = 'schedule'
+ORDER BY community_id, id;

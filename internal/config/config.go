@@ -65,6 +65,7 @@ type Config struct {
 	WorkflowRunLease time.Duration // how long a worker holds a claimed run before another may resume it
 	WorkflowPoll     time.Duration // how often an idle workflow worker looks for due runs
 	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
+	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
 }
 
 // Default is the configuration with every variable unset.
@@ -111,6 +112,7 @@ func Default() Config {
 		WorkflowRunLease: 30 * time.Second,
 		WorkflowPoll:     time.Second,
 		WorkflowMaxRuns:  100,
+		WorkflowCatchUp:  10 * time.Minute,
 	}
 }
 
@@ -154,6 +156,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_WORKFLOW_RUN_LEASE", &c.WorkflowRunLease)
 	r.duration("BUZZ_WORKFLOW_POLL", &c.WorkflowPoll)
 	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
+	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

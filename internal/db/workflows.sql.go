@@ -132,6 +132,50 @@ func (q *Queries) WorkflowUpsert(ctx context.Context, arg WorkflowUpsertParams) 
 	return id, err
 }
 
+const workflowsScheduled = `-- name: WorkflowsScheduled :many
+SELECT community_id, id, channel_id, definition, definition_event_id
+FROM workflows
+WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
+  AND definition -> 'trigger' ->> 'on' = 'schedule'
+ORDER BY community_id, id
+`
+
+type WorkflowsScheduledRow struct {
+	CommunityID       uuid.UUID
+	ID                uuid.UUID
+	ChannelID         *uuid.UUID
+	Definition        json.RawMessage
+	DefinitionEventID []byte
+}
+
+// Every workflow the scheduler fires, in every community: active, enabled,
+// pinned to a signed definition, with a schedule trigger.
+func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {
+	rows, err := q.db.Query(ctx, workflowsScheduled)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WorkflowsScheduledRow
+	for rows.Next() {
+		var i WorkflowsScheduledRow
+		if err := rows.Scan(
+			&i.CommunityID,
+			&i.ID,
+			&i.ChannelID,
+			&i.Definition,
+			&i.DefinitionEventID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workflowsTriggerable = `-- name: WorkflowsTriggerable :many
 SELECT id, owner_pubkey, definition, definition_event_id
 FROM workflows

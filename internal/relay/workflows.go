@@ -15,12 +15,15 @@ func (s *Server) registerWorkflows() {
 	workflow.Register(s.pipeline, func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) })
 }
 
-// StartWorkflows runs the workflow worker until ctx ends. Every relay
-// process may run one: runs are claimed under a lease, so several workers
-// on one database never execute the same step twice.
+// StartWorkflows runs the workflow worker and the schedule scheduler until
+// ctx ends. Every relay process may run them: runs are claimed under a
+// lease, so several workers on one database never execute the same step
+// twice, and a schedule slot is claimed by one process only.
 func (s *Server) StartWorkflows(ctx context.Context) {
 	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	go w.Run(ctx)
+	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
+	go sched.Run(ctx, s.cfg.WorkflowPoll)
 }
