@@ -51,3 +51,15 @@ SELECT status, current_step, execution_trace, error_code, error_message, attempt
        started_at, completed_at, trigger_context
 FROM workflow_runs
 WHERE community_id = @community_id::uuid AND id = @id::uuid;
+
+-- name: WorkflowRunStepStart :execrows
+-- A step with an effect outside the database (call_webhook) is marked
+-- started, and the lease renewed to cover it, before the effect happens. A
+-- worker resuming the run finds the mark without a result and fails the
+-- step instead of repeating it: such a step runs at most once. Fenced like
+-- WorkflowRunStepDone.
+UPDATE workflow_runs
+SET execution_trace = execution_trace || @trace::jsonb,
+    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;

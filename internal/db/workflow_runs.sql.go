@@ -212,3 +212,42 @@ func (q *Queries) WorkflowRunStepDone(ctx context.Context, arg WorkflowRunStepDo
 	}
 	return result.RowsAffected(), nil
 }
+
+const workflowRunStepStart = `-- name: WorkflowRunStepStart :execrows
+UPDATE workflow_runs
+SET execution_trace = execution_trace || $1::jsonb,
+    lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $3::bigint
+WHERE community_id = $4::uuid AND id = $5::uuid AND claim_id = $6::uuid AND status = 'running'
+  AND current_step = $7::int
+`
+
+type WorkflowRunStepStartParams struct {
+	Trace       json.RawMessage
+	Now         *time.Time
+	LeaseMs     int64
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+	ClaimID     uuid.UUID
+	Step        int32
+}
+
+// A step with an effect outside the database (call_webhook) is marked
+// started, and the lease renewed to cover it, before the effect happens. A
+// worker resuming the run finds the mark without a result and fails the
+// step instead of repeating it: such a step runs at most once. Fenced like
+// WorkflowRunStepDone.
+func (q *Queries) WorkflowRunStepStart(ctx context.Context, arg WorkflowRunStepStartParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunStepStart,
+		arg.Trace,
+		arg.Now,
+		arg.LeaseMs,
+		arg.CommunityID,
+		arg.ID,
+		arg.ClaimID,
+		arg.Step,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}

@@ -534,3 +534,15 @@ func (d *Definition) StepByID(id string) (int, *Step) {
 	}
 	return -1, nil
 }
+
+// ReachesOutside reports whether a step calls out of the relay
+// (call_webhook): such a definition needs an owner or admin of the channel
+// to save it and, at run time, to still be one.
+func (d *Definition) ReachesOutside() bool {
+	for _, s := range d.Steps {
+		if s.Action == ActionCallWebhook {
+			return true
+		}
+	}
+	return false
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow/mention"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 	"github.com/buzzrelay/buzz/internal/workflow/template"
 )
 
@@ -85,6 +86,7 @@ type Engine struct {
 	lease     time.Duration
 	condition ConditionFunc
 	log       *slog.Logger
+	webhooks  *safehttp.Client
 
 	// beforeCommit, when set by tests, runs inside a step's transaction
 	// just before it commits.
@@ -99,6 +101,8 @@ type EngineOptions struct {
 	Clock     clock.Clock
 	Condition ConditionFunc
 	Log       *slog.Logger
+	// Webhooks sends call_webhook requests (nil: the production policy).
+	Webhooks *safehttp.Client
 }
 
 // DefaultLease bounds how long a killed worker's run waits to be resumed.
@@ -115,7 +119,10 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log}
+	if opts.Webhooks == nil {
+		opts.Webhooks = safehttp.New(safehttp.Options{})
+	}
+	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, webhooks: opts.Webhooks}
 }
 
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
@@ -156,6 +163,7 @@ const (
 	stepNext   stepResult = iota // step done, run the next one
 	stepParked                   // delayed: the run waits unclaimed
 	stepEnded                    // completed, failed or cancelled
+	stepCall                     // marked started: make the call, then record it
 )
 
 // traceEntry is one element of workflow_runs.execution_trace.
@@ -165,6 +173,13 @@ type traceEntry struct {
 	Status string         `json:"status"` // completed, skipped, delayed, failed
 	Output map[string]any `json:"output,omitempty"`
 	Error  string         `json:"error,omitempty"`
+}
+
+// pendingCall is a call_webhook step marked started and not yet sent.
+type pendingCall struct {
+	req   safehttp.Request
+	entry traceEntry
+	last  bool
 }
 
 // Execute runs a claimed run's steps, one transaction per step, until it
@@ -181,11 +196,12 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 			result   stepResult
 			emitted  *ingest.Write
 			newTrace traceEntry
+			call     *pendingCall
 		)
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			var err error
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
-			result, newTrace, err = e.runStep(ctx, emitted, c, step, trace)
+			result, newTrace, call, err = e.runStep(ctx, emitted, c, step, trace)
 			if err != nil {
 				return err
 			}
@@ -212,6 +228,12 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{Index: step, Status: "failed", Error: f.message}) == nil
 		}
 		emitted.PublishEmitted()
+		if result == stepCall {
+			trace = append(trace, traceEntry{StepID: call.entry.StepID, Index: step, Status: "started"})
+			if result, newTrace, err = e.finishCall(ctx, c, step, call); err != nil {
+				return !errors.Is(err, errLostClaim)
+			}
+		}
 		if result != stepNext {
 			return true
 		}
@@ -223,17 +245,17 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 // runStep executes step index of the run inside one transaction and makes
 // the matching fenced transition, so a step's effects and the record that
 // it happened commit together or not at all.
-func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index int, trace []traceEntry) (stepResult, traceEntry, error) {
+func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index int, trace []traceEntry) (stepResult, traceEntry, *pendingCall, error) {
 	q := w.Q
 	def, tc, f := e.loadPinned(ctx, q, c)
 	if f != nil && f.code == CodeDatabaseError {
-		return stepEnded, traceEntry{}, f // rolls back; Execute records it afresh
+		return stepEnded, traceEntry{}, nil, f // rolls back; Execute records it afresh
 	}
 	if f != nil {
-		return stepEnded, traceEntry{}, e.finish(ctx, q, c, index, f, traceEntry{Index: index, Status: "failed", Error: f.message})
+		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, f, traceEntry{Index: index, Status: "failed", Error: f.message})
 	}
 	if index >= len(def.Steps) {
-		return stepEnded, traceEntry{}, e.finish(ctx, q, c, index, nil, traceEntry{})
+		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, nil, traceEntry{})
 	}
 	step := def.Steps[index]
 	entry := traceEntry{StepID: step.ID, Index: index, Status: "completed"}
@@ -242,11 +264,11 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 		ok, err := e.condition(ctx, step.If, tctx)
 		if err != nil {
 			f := fail(CodeConditionEvaluationFailed, "step %s: condition: %v", step.ID, err)
-			return stepEnded, entry, e.finish(ctx, q, c, index, f, failed(entry, f))
+			return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
 		}
 		if !ok {
 			entry.Status = "skipped"
-			return stepNext, entry, e.advance(ctx, q, c, index, entry)
+			return stepNext, entry, nil, e.advance(ctx, q, c, index, entry)
 		}
 	}
 	var out map[string]any
@@ -256,6 +278,29 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 		out, sf = e.sendMessage(ctx, w, c, def, &step, tc, tctx)
 	case ActionAddReaction:
 		out, sf = e.addReaction(ctx, w, c, &step, tc, tctx)
+	case ActionCallWebhook:
+		if f := e.ownerMayCall(ctx, q, c, step.ID); f != nil {
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		if startedBefore(trace, index) {
+			// A worker marked this call started and stopped before it
+			// recorded the outcome: the request may have been sent.
+			f := fail(CodeWebhookFailed, "step %s: outcome unknown after a worker stopped; the call is not repeated", step.ID)
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		req, f := renderCall(&step, tctx)
+		if f != nil {
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		started := traceEntry{StepID: step.ID, Index: index, Status: "started"}
+		n, err := q.WorkflowRunStepStart(ctx, db.WorkflowRunStepStartParams{
+			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+		})
+		if err == nil && n == 0 {
+			err = errLostClaim
+		}
+		return stepCall, entry, &pendingCall{req: req, entry: entry, last: index == len(def.Steps)-1}, err
 	case ActionDelay:
 		entry.Status = "delayed"
 		runAt := e.clock.Now().Add(step.DelayDuration())
@@ -266,19 +311,92 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 		if err == nil && n == 0 {
 			err = errLostClaim
 		}
-		return stepParked, entry, err
+		return stepParked, entry, nil, err
 	default:
 		// send_dm, set_channel_topic, and actions this relay does not run yet.
 		sf = fail(CodeActionNotImplemented, "step %s: action %s is not implemented", step.ID, step.Action)
 	}
 	if sf != nil && sf.code == CodeDatabaseError {
-		return stepEnded, entry, sf // the transaction is aborted: roll back
+		return stepEnded, entry, nil, sf // the transaction is aborted: roll back
 	}
 	if sf != nil {
-		return stepEnded, entry, e.finish(ctx, q, c, index, sf, failed(entry, sf))
+		return stepEnded, entry, nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
 	}
 	entry.Output = out
 	if index == len(def.Steps)-1 {
+		return stepEnded, entry, nil, e.finish(ctx, q, c, index, nil, entry)
+	}
+	return stepNext, entry, nil, e.advance(ctx, q, c, index, entry)
+}
+
+func (e *Engine) failStep(ctx context.Context, q *db.Queries, c Claimed, index int, entry traceEntry, f *runFailure) (stepResult, traceEntry, *pendingCall, error) {
+	if f.code == CodeDatabaseError {
+		return stepEnded, entry, nil, f
+	}
+	return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+}
+
+// startedBefore reports whether the trace marks step index started with no
+// outcome recorded after it.
+func startedBefore(trace []traceEntry, index int) bool {
+	return len(trace) > 0 && trace[len(trace)-1].Index == index && trace[len(trace)-1].Status == "started"
+}
+
+// ownerMayCall: a step that reaches outside the relay runs on the owner's
+// authority only while the owner is an owner or admin of the channel.
+func (e *Engine) ownerMayCall(ctx context.Context, q *db.Queries, c Claimed, stepID string) *runFailure {
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
+	if err != nil && !dberr.IsNotFound(err) {
+		return fail(CodeDatabaseError, "step %s: channel unavailable", stepID)
+	}
+	if err != nil || access.MemberRole == nil || (*access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin) {
+		return fail(CodeOwnerUnauthorized, "step %s: call_webhook needs the owner to be an owner or admin of the channel", stepID)
+	}
+	return nil
+}
+
+func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailure) {
+	render := func(field, text string) (string, *runFailure) {
+		out, err := template.Render(text, tctx)
+		if err != nil {
+			return "", fail(CodeTemplateResolutionFailed, "step %s: %s: %v", step.ID, field, err)
+		}
+		return out, nil
+	}
+	req := safehttp.Request{Method: step.Method, Headers: map[string]string{}}
+	var f *runFailure
+	if req.URL, f = render("url", step.URL); f != nil {
+		return req, f
+	}
+	for k, v := range step.Headers {
+		if req.Headers[k], f = render("headers", v); f != nil {
+			return req, f
+		}
+	}
+	body, f := render("body", step.Body)
+	req.Body = []byte(body)
+	return req, f
+}
+
+// finishCall sends a started call_webhook request outside any transaction
+// and records its outcome, fenced like every transition.
+func (e *Engine) finishCall(ctx context.Context, c Claimed, index int, call *pendingCall) (stepResult, traceEntry, error) {
+	resp, err := e.webhooks.Do(ctx, call.req)
+	entry := call.entry
+	var f *runFailure
+	switch {
+	case err != nil:
+		f = fail(CodeWebhookFailed, "step %s: %v", entry.StepID, err)
+	case resp.Status < 200 || resp.Status > 299:
+		f = fail(CodeWebhookFailed, "step %s: the server answered HTTP %d", entry.StepID, resp.Status)
+	default:
+		entry.Output = map[string]any{"status": resp.Status, "body": string(resp.Body)}
+	}
+	q := db.New(e.pool)
+	switch {
+	case f != nil:
+		return stepEnded, entry, e.finish(ctx, q, c, index, f, failed(entry, f))
+	case call.last:
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
 	return stepNext, entry, e.advance(ctx, q, c, index, entry)

@@ -85,6 +85,9 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 	if err != nil {
 		return ingest.Reject("invalid", "workflow YAML parse error: %v", err)
 	}
+	if def.ReachesOutside() && *access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin {
+		return ingest.Reject("restricted", "call_webhook needs the owner or admin role in the channel")
+	}
 	saved := &savedDefinition{workflow: workflowID, name: def.Name}
 	if tag := w.Event.Tags.First("name"); tag != nil && tag[1] != "" {
 		saved.name = tag[1]
