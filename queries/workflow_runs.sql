@@ -63,3 +63,30 @@ SET execution_trace = execution_trace || @trace::jsonb,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
   AND current_step = @step::int;
+
+-- name: WorkflowRunAwaitApproval :execrows
+-- A request_approval step: the run waits, unclaimed, for a decision; a
+-- grant resumes it at next_step. Fenced like WorkflowRunStepDone.
+UPDATE workflow_runs
+SET status = 'waiting_approval',
+    current_step = @next_step::int,
+    execution_trace = execution_trace || @trace::jsonb,
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
+-- name: WorkflowRunApprovalGranted :execrows
+-- A granted approval makes the waiting run due again.
+UPDATE workflow_runs
+SET status = 'pending', run_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
+
+-- name: WorkflowRunApprovalEnded :execrows
+-- A denied (cancelled) or expired (failed) approval ends the waiting run.
+UPDATE workflow_runs
+SET status = @status::workflow_run_status,
+    error_code = @error_code::text,
+    error_message = @error_message::text,
+    completed_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';

@@ -13,6 +13,98 @@ import (
 	"github.com/google/uuid"
 )
 
+const workflowRunApprovalEnded = `-- name: WorkflowRunApprovalEnded :execrows
+UPDATE workflow_runs
+SET status = $1::workflow_run_status,
+    error_code = $2::text,
+    error_message = $3::text,
+    completed_at = coalesce($4::timestamptz, now())
+WHERE community_id = $5::uuid AND id = $6::uuid AND status = 'waiting_approval'
+`
+
+type WorkflowRunApprovalEndedParams struct {
+	Status       WorkflowRunStatus
+	ErrorCode    string
+	ErrorMessage string
+	Now          *time.Time
+	CommunityID  uuid.UUID
+	ID           uuid.UUID
+}
+
+// A denied (cancelled) or expired (failed) approval ends the waiting run.
+func (q *Queries) WorkflowRunApprovalEnded(ctx context.Context, arg WorkflowRunApprovalEndedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunApprovalEnded,
+		arg.Status,
+		arg.ErrorCode,
+		arg.ErrorMessage,
+		arg.Now,
+		arg.CommunityID,
+		arg.ID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const workflowRunApprovalGranted = `-- name: WorkflowRunApprovalGranted :execrows
+UPDATE workflow_runs
+SET status = 'pending', run_at = coalesce($1::timestamptz, now())
+WHERE community_id = $2::uuid AND id = $3::uuid AND status = 'waiting_approval'
+`
+
+type WorkflowRunApprovalGrantedParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// A granted approval makes the waiting run due again.
+func (q *Queries) WorkflowRunApprovalGranted(ctx context.Context, arg WorkflowRunApprovalGrantedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunApprovalGranted, arg.Now, arg.CommunityID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const workflowRunAwaitApproval = `-- name: WorkflowRunAwaitApproval :execrows
+UPDATE workflow_runs
+SET status = 'waiting_approval',
+    current_step = $1::int,
+    execution_trace = execution_trace || $2::jsonb,
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = $3::uuid AND id = $4::uuid AND claim_id = $5::uuid AND status = 'running'
+  AND current_step = $6::int
+`
+
+type WorkflowRunAwaitApprovalParams struct {
+	NextStep    int32
+	Trace       json.RawMessage
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+	ClaimID     uuid.UUID
+	Step        int32
+}
+
+// A request_approval step: the run waits, unclaimed, for a decision; a
+// grant resumes it at next_step. Fenced like WorkflowRunStepDone.
+func (q *Queries) WorkflowRunAwaitApproval(ctx context.Context, arg WorkflowRunAwaitApprovalParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunAwaitApproval,
+		arg.NextStep,
+		arg.Trace,
+		arg.CommunityID,
+		arg.ID,
+		arg.ClaimID,
+		arg.Step,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowRunCreate = `-- name: WorkflowRunCreate :exec
 
 INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, run_at, created_at)

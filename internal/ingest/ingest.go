@@ -157,6 +157,9 @@ type Pipeline struct {
 	OnMembershipChange func(community uuid.UUID)
 }
 
+// Now is the pipeline clock's time (handlers compare expiries with it).
+func (w *Write) Now() time.Time { return w.pipeline.clock.Now() }
+
 // SQLNow is the now parameter of the write's queries (see package clock).
 func (w *Write) SQLNow() *time.Time { return w.pipeline.clock.SQL() }
 

@@ -31,6 +31,7 @@ var queryFiles = map[string]struct{ table, noun string }{
 	"users.sql":                    {"users", "User"},
 	"workflows.sql":                {"workflows", "Workflow"},
 	"scheduled_workflow_fires.sql": {"scheduled_workflow_fires", "ScheduledWorkflowFire"},
+	"workflow_approvals.sql":       {"workflow_approvals", "WorkflowApproval"},
 	"workflow_runs.sql":            {"workflow_runs", "WorkflowRun"},
 	"workflow_run_claim.gen.sql":   {"workflow_runs", "WorkflowRun"},
 }

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -301,6 +302,8 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 			err = errLostClaim
 		}
 		return stepCall, entry, &pendingCall{req: req, entry: entry, last: index == len(def.Steps)-1}, err
+	case ActionRequestApproval:
+		return e.requestApproval(ctx, w, c, index, &step, entry, tctx)
 	case ActionDelay:
 		entry.Status = "delayed"
 		runAt := e.clock.Now().Add(step.DelayDuration())
@@ -601,4 +604,49 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 		return nil, fail(CodeDatabaseError, "step %s: reaction not stored", step.ID)
 	}
 	return map[string]any{"reaction_id": w.LastEmitted().ID}, nil
+}
+
+// requestApproval stores the approval (only the SHA-256 of a fresh random
+// token), tells the channel with a relay-signed kind 46010 naming the
+// approval by that hash, and leaves the run waiting, unclaimed, for a
+// grant (46030), a denial (46031) or the expiry.
+func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
+	q := w.Q
+	message, err := template.Render(step.Message, tctx)
+	if err != nil {
+		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
+	}
+	timeout, _ := time.ParseDuration(step.Timeout)
+	token := sha256.Sum256([]byte(uuid.New().String()))
+	ref := hex.EncodeToString(token[:])
+	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{
+		CommunityID: c.Run.CommunityID, Token: token[:], WorkflowID: c.Run.WorkflowID, RunID: c.Run.ID,
+		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, ExpiresAt: e.clock.Now().Add(timeout), Now: e.clock.SQL(),
+	}); err != nil {
+		return stepEnded, entry, nil, err
+	}
+	channel := *c.Run.ChannelID
+	tags := nostr.Tags{
+		{"workflow-run", c.Run.ID.String()},
+		{"workflow-step", step.ID},
+		{"approval", ref},
+		{"h", channel.String()},
+		{"buzz:workflow", DoorbellMarker},
+	}
+	if _, ok := nostr.DecodeHex32(step.From); ok {
+		tags = append(tags, nostr.Tag{"p", strings.ToLower(step.From)})
+	}
+	if err := w.Emit(ctx, KindApprovalRequested, message, tags, &channel); err != nil {
+		return stepEnded, entry, nil, err
+	}
+	entry.Status = "waiting_approval"
+	entry.Output = map[string]any{"approval_ref": ref}
+	n, err := q.WorkflowRunAwaitApproval(ctx, db.WorkflowRunAwaitApprovalParams{
+		NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}),
+		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+	})
+	if err == nil && n == 0 {
+		err = errLostClaim
+	}
+	return stepParked, entry, nil, err
 }

@@ -48,13 +48,17 @@ func NewScheduler(pool *pgxpool.Pool, clk clock.Clock, catchUp time.Duration, of
 	return &Scheduler{pool: pool, clock: clk, catchUp: catchUp, offer: offer, log: log}
 }
 
-// Run ticks every interval until ctx ends.
+// Run ticks every interval until ctx ends; each tick also expires
+// approvals nobody decided in time.
 func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow schedule tick failed", "err", err)
+		}
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock); err != nil && ctx.Err() == nil {
+			s.log.Error("workflow approval expiry failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
