@@ -90,3 +90,16 @@ SET status = @status::workflow_run_status,
     error_message = @error_message::text,
     completed_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
+
+-- name: WorkflowRunCreateKeyed :many
+-- A webhook run, idempotent on the caller's key: no row back means a run
+-- with this key exists (WorkflowRunByIdempotencyKey finds it).
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_context, idempotency_key, run_at, created_at)
+VALUES (@community_id::uuid, @id::uuid, @workflow_id::uuid, @trigger_context::jsonb, sqlc.narg('idempotency_key')::text,
+        coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()))
+ON CONFLICT (community_id, workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: WorkflowRunByIdempotencyKey :one
+SELECT id FROM workflow_runs
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND idempotency_key = @idempotency_key::text;

@@ -2,7 +2,8 @@
 
 -- name: WorkflowGet :one
 SELECT owner_pubkey, channel_id, status, enabled, definition_event_id,
-       coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret
+       coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret,
+       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on
 FROM workflows
 WHERE community_id = @community_id::uuid AND id = @id::uuid;
 

@@ -663,10 +663,12 @@ CREATE TABLE public.workflow_runs (
     claim_id uuid,
     lease_until timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    idempotency_key text,
     CONSTRAINT workflow_runs_attempts_nonnegative CHECK ((attempts >= 0)),
     CONSTRAINT workflow_runs_current_step_nonnegative CHECK ((current_step >= 0)),
     CONSTRAINT workflow_runs_error_code_known CHECK ((error_code = ANY (ARRAY['invalid_yaml'::text, 'invalid_definition'::text, 'condition_evaluation_failed'::text, 'template_resolution_failed'::text, 'step_timeout'::text, 'webhook_failed'::text, 'capacity_exceeded'::text, 'database_error'::text, 'owner_unauthorized'::text, 'action_not_implemented'::text, 'approval_denied'::text, 'approval_expired'::text, 'workflow_disabled'::text, 'legacy_unclassified'::text]))),
     CONSTRAINT workflow_runs_error_pair CHECK (((error_code IS NULL) = (error_message IS NULL))),
+    CONSTRAINT workflow_runs_idempotency_key_len CHECK (((length(idempotency_key) >= 1) AND (length(idempotency_key) <= 255))),
     CONSTRAINT workflow_runs_running_is_claimed CHECK (((status <> 'running'::public.workflow_run_status) OR ((claim_id IS NOT NULL) AND (lease_until IS NOT NULL)))),
     CONSTRAINT workflow_runs_trigger_event_id_len CHECK ((octet_length(trigger_event_id) = 32))
 );
@@ -1106,6 +1108,13 @@ CREATE INDEX workflow_runs_due ON public.workflow_runs USING btree (run_at, crea
 --
 
 CREATE INDEX workflow_runs_history ON public.workflow_runs USING btree (community_id, workflow_id, created_at DESC, id DESC);
+
+
+--
+-- Name: workflow_runs_idempotency; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX workflow_runs_idempotency ON public.workflow_runs USING btree (community_id, workflow_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 
 
 --

@@ -66,6 +66,7 @@ type Config struct {
 	WorkflowPoll     time.Duration // how often an idle workflow worker looks for due runs
 	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
 	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
+	WebhookMaxBytes  int           // largest POST /hooks/{id} body
 }
 
 // Default is the configuration with every variable unset.
@@ -113,6 +114,7 @@ func Default() Config {
 		WorkflowPoll:     time.Second,
 		WorkflowMaxRuns:  100,
 		WorkflowCatchUp:  10 * time.Minute,
+		WebhookMaxBytes:  61440,
 	}
 }
 
@@ -157,6 +159,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_WORKFLOW_POLL", &c.WorkflowPoll)
 	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
 	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
+	r.positive("BUZZ_WORKFLOW_WEBHOOK_MAX_BYTES", &c.WebhookMaxBytes)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

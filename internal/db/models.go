@@ -606,11 +606,12 @@ type WorkflowRun struct {
 	StartedAt      *time.Time
 	CompletedAt    *time.Time
 	// Stable reason code of a failed or cancelled run; error_message is the diagnostic.
-	ErrorCode    *string
-	ErrorMessage *string
-	RunAt        time.Time
-	Attempts     int32
-	ClaimID      *uuid.UUID
-	LeaseUntil   *time.Time
-	CreatedAt    time.Time
+	ErrorCode      *string
+	ErrorMessage   *string
+	RunAt          time.Time
+	Attempts       int32
+	ClaimID        *uuid.UUID
+	LeaseUntil     *time.Time
+	CreatedAt      time.Time
+	IdempotencyKey *string
 }

@@ -105,6 +105,24 @@ func (q *Queries) WorkflowRunAwaitApproval(ctx context.Context, arg WorkflowRunA
 	return result.RowsAffected(), nil
 }
 
+const workflowRunByIdempotencyKey = `-- name: WorkflowRunByIdempotencyKey :one
+SELECT id FROM workflow_runs
+WHERE community_id = $1::uuid AND workflow_id = $2::uuid AND idempotency_key = $3::text
+`
+
+type WorkflowRunByIdempotencyKeyParams struct {
+	CommunityID    uuid.UUID
+	WorkflowID     uuid.UUID
+	IdempotencyKey string
+}
+
+func (q *Queries) WorkflowRunByIdempotencyKey(ctx context.Context, arg WorkflowRunByIdempotencyKeyParams) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, workflowRunByIdempotencyKey, arg.CommunityID, arg.WorkflowID, arg.IdempotencyKey)
+	var id uuid.UUID
+	err := row.Scan(&id)
+	return id, err
+}
+
 const workflowRunCreate = `-- name: WorkflowRunCreate :exec
 
 INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, run_at, created_at)
@@ -135,6 +153,52 @@ func (q *Queries) WorkflowRunCreate(ctx context.Context, arg WorkflowRunCreatePa
 		arg.Now,
 	)
 	return err
+}
+
+const workflowRunCreateKeyed = `-- name: WorkflowRunCreateKeyed :many
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_context, idempotency_key, run_at, created_at)
+VALUES ($1::uuid, $2::uuid, $3::uuid, $4::jsonb, $5::text,
+        coalesce($6::timestamptz, now()), coalesce($6::timestamptz, now()))
+ON CONFLICT (community_id, workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id
+`
+
+type WorkflowRunCreateKeyedParams struct {
+	CommunityID    uuid.UUID
+	ID             uuid.UUID
+	WorkflowID     uuid.UUID
+	TriggerContext json.RawMessage
+	IdempotencyKey *string
+	Now            *time.Time
+}
+
+// A webhook run, idempotent on the caller's key: no row back means a run
+// with this key exists (WorkflowRunByIdempotencyKey finds it).
+func (q *Queries) WorkflowRunCreateKeyed(ctx context.Context, arg WorkflowRunCreateKeyedParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowRunCreateKeyed,
+		arg.CommunityID,
+		arg.ID,
+		arg.WorkflowID,
+		arg.TriggerContext,
+		arg.IdempotencyKey,
+		arg.Now,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workflowRunFinish = `-- name: WorkflowRunFinish :execrows

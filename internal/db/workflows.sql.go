@@ -45,7 +45,8 @@ func (q *Queries) WorkflowArchive(ctx context.Context, arg WorkflowArchiveParams
 const workflowGet = `-- name: WorkflowGet :one
 
 SELECT owner_pubkey, channel_id, status, enabled, definition_event_id,
-       coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret
+       coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret,
+       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on
 FROM workflows
 WHERE community_id = $1::uuid AND id = $2::uuid
 `
@@ -62,6 +63,7 @@ type WorkflowGetRow struct {
 	Enabled           bool
 	DefinitionEventID []byte
 	WebhookSecret     string
+	TriggerOn         string
 }
 
 // Workflow definitions materialized from kind 30620 events.
@@ -75,6 +77,7 @@ func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (Workf
 		&i.Enabled,
 		&i.DefinitionEventID,
 		&i.WebhookSecret,
+		&i.TriggerOn,
 	)
 	return i, err
 }

@@ -163,6 +163,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
+	mux.HandleFunc("POST /hooks/{id}", s.withTenant(s.serveWorkflowWebhook))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }

@@ -2,9 +2,11 @@ package relay
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/google/uuid"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
@@ -26,4 +28,12 @@ func (s *Server) StartWorkflows(ctx context.Context) {
 	go w.Run(ctx)
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
 	go sched.Run(ctx, s.cfg.WorkflowPoll)
+}
+
+// serveWorkflowWebhook starts a webhook-triggered run (POST /hooks/{id}).
+// It works on every process; the run is offered to this process's worker
+// if it runs one, else another process's poll finds it.
+func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	hooks := workflow.Webhooks{Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer}
+	hooks.Serve(w, r, tenant.ID())
 }
