@@ -29,3 +29,9 @@ UPDATE workflow_approvals
 SET status = 'expired'
 WHERE status = 'pending' AND expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
 RETURNING community_id, run_id;
+
+-- name: WorkflowApprovalsOfRun :many
+SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, approver_pubkey, note, expires_at, created_at
+FROM workflow_approvals
+WHERE community_id = @community_id::uuid AND run_id = @run_id::uuid
+ORDER BY step_index, created_at;

@@ -103,3 +103,19 @@ RETURNING id;
 -- name: WorkflowRunByIdempotencyKey :one
 SELECT id FROM workflow_runs
 WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND idempotency_key = @idempotency_key::text;
+
+-- name: WorkflowRunsPage :many
+-- Run history, newest first, keyset-paged on (created_at, id): the cursor
+-- is the last row's full-precision created_at and id, so rows inserted
+-- while a reader pages are neither repeated nor skipped. Fetch limit + 1 to
+-- know whether another page exists.
+SELECT id, workflow_id, status, current_step, execution_trace, started_at, completed_at, error_code, error_message, created_at
+FROM workflow_runs
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid
+  AND (sqlc.narg('before')::timestamptz IS NULL OR sqlc.narg('before_id')::uuid IS NULL
+       OR (created_at, id) < (sqlc.narg('before')::timestamptz, sqlc.narg('before_id')::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows::int;
+
+-- name: WorkflowRunOf :one
+SELECT workflow_id FROM workflow_runs WHERE community_id = @community_id::uuid AND id = @id::uuid;

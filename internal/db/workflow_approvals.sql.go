@@ -151,3 +151,61 @@ func (q *Queries) WorkflowApprovalsExpire(ctx context.Context, now *time.Time) (
 	}
 	return items, nil
 }
+
+const workflowApprovalsOfRun = `-- name: WorkflowApprovalsOfRun :many
+SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, approver_pubkey, note, expires_at, created_at
+FROM workflow_approvals
+WHERE community_id = $1::uuid AND run_id = $2::uuid
+ORDER BY step_index, created_at
+`
+
+type WorkflowApprovalsOfRunParams struct {
+	CommunityID uuid.UUID
+	RunID       uuid.UUID
+}
+
+type WorkflowApprovalsOfRunRow struct {
+	Token          []byte
+	WorkflowID     uuid.UUID
+	RunID          uuid.UUID
+	StepID         string
+	StepIndex      int32
+	ApproverSpec   string
+	Status         WorkflowApprovalStatus
+	ApproverPubkey []byte
+	Note           *string
+	ExpiresAt      time.Time
+	CreatedAt      time.Time
+}
+
+func (q *Queries) WorkflowApprovalsOfRun(ctx context.Context, arg WorkflowApprovalsOfRunParams) ([]WorkflowApprovalsOfRunRow, error) {
+	rows, err := q.db.Query(ctx, workflowApprovalsOfRun, arg.CommunityID, arg.RunID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WorkflowApprovalsOfRunRow
+	for rows.Next() {
+		var i WorkflowApprovalsOfRunRow
+		if err := rows.Scan(
+			&i.Token,
+			&i.WorkflowID,
+			&i.RunID,
+			&i.StepID,
+			&i.StepIndex,
+			&i.ApproverSpec,
+			&i.Status,
+			&i.ApproverPubkey,
+			&i.Note,
+			&i.ExpiresAt,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -288,6 +288,22 @@ func (q *Queries) WorkflowRunGet(ctx context.Context, arg WorkflowRunGetParams) 
 	return i, err
 }
 
+const workflowRunOf = `-- name: WorkflowRunOf :one
+SELECT workflow_id FROM workflow_runs WHERE community_id = $1::uuid AND id = $2::uuid
+`
+
+type WorkflowRunOfParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+func (q *Queries) WorkflowRunOf(ctx context.Context, arg WorkflowRunOfParams) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, workflowRunOf, arg.CommunityID, arg.ID)
+	var workflow_id uuid.UUID
+	err := row.Scan(&workflow_id)
+	return workflow_id, err
+}
+
 const workflowRunPark = `-- name: WorkflowRunPark :execrows
 UPDATE workflow_runs
 SET status = 'pending',
@@ -406,4 +422,76 @@ func (q *Queries) WorkflowRunStepStart(ctx context.Context, arg WorkflowRunStepS
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const workflowRunsPage = `-- name: WorkflowRunsPage :many
+SELECT id, workflow_id, status, current_step, execution_trace, started_at, completed_at, error_code, error_message, created_at
+FROM workflow_runs
+WHERE community_id = $1::uuid AND workflow_id = $2::uuid
+  AND ($3::timestamptz IS NULL OR $4::uuid IS NULL
+       OR (created_at, id) < ($3::timestamptz, $4::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $5::int
+`
+
+type WorkflowRunsPageParams struct {
+	CommunityID uuid.UUID
+	WorkflowID  uuid.UUID
+	Before      *time.Time
+	BeforeID    *uuid.UUID
+	MaxRows     int32
+}
+
+type WorkflowRunsPageRow struct {
+	ID             uuid.UUID
+	WorkflowID     uuid.UUID
+	Status         WorkflowRunStatus
+	CurrentStep    int32
+	ExecutionTrace json.RawMessage
+	StartedAt      *time.Time
+	CompletedAt    *time.Time
+	ErrorCode      *string
+	ErrorMessage   *string
+	CreatedAt      time.Time
+}
+
+// Run history, newest first, keyset-paged on (created_at, id): the cursor
+// is the last row's full-precision created_at and id, so rows inserted
+// while a reader pages are neither repeated nor skipped. Fetch limit + 1 to
+// know whether another page exists.
+func (q *Queries) WorkflowRunsPage(ctx context.Context, arg WorkflowRunsPageParams) ([]WorkflowRunsPageRow, error) {
+	rows, err := q.db.Query(ctx, workflowRunsPage,
+		arg.CommunityID,
+		arg.WorkflowID,
+		arg.Before,
+		arg.BeforeID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []WorkflowRunsPageRow
+	for rows.Next() {
+		var i WorkflowRunsPageRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.WorkflowID,
+			&i.Status,
+			&i.CurrentStep,
+			&i.ExecutionTrace,
+			&i.StartedAt,
+			&i.CompletedAt,
+			&i.ErrorCode,
+			&i.ErrorMessage,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

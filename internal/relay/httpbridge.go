@@ -43,6 +43,8 @@ func (s *Server) registerHTTPBridge(mux *http.ServeMux) {
 	} {
 		mux.Handle("POST "+route, b.instrument(route, s.withTenant(serve)))
 	}
+	mux.Handle("GET /workflows/{id}/runs", b.instrument("/workflows/runs", s.withTenant(b.serveWorkflowRuns)))
+	mux.Handle("GET /workflows/{id}/runs/{run_id}/approvals", b.instrument("/workflows/approvals", s.withTenant(b.serveWorkflowApprovals)))
 }
 
 // bridgeRequestsCounter registers the bridge's request counter on reg, or

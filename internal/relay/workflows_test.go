@@ -3,7 +3,10 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,3 +147,129 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 	require.Contains(t, bell.Tags, nostr.Tag{"workflow-cause", "webhook", ""})
 	require.Contains(t, bell.Tags, nostr.Tag{"workflow-cargo", `{"env":"prod","n":"3"}`})
 }
+
+// getAuthed sends a NIP-98 signed GET for path on r as key.
+func getAuthed(t *testing.T, r *relaytest.Relay, key *nostr.SecretKey, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.HTTPURL+path, nil)
+	require.NoError(t, err)
+	if key != nil {
+		req.Header.Set("Authorization", authHeader(nip98(t, key, "GET", r.HTTPURL+path, nil, nil)))
+	}
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, raw
+}
+
+// The run-history API pages newest first with a full-precision cursor:
+// while a writer keeps inserting runs, a reader paging through sees every
+// run that existed when it started exactly once, ties in created_at
+// included. Parameter errors come before auth; a caller who cannot read
+// the channel gets 403; approvals never carry a token field.
+//
+// Mutations killed: a cursor in whole seconds (or created_at alone) skips
+// or repeats the rows that share a timestamp; a query that ignores the
+// cursor repeats page one; dropping the channel check lets the outsider in.
+func TestWorkflowRunHistoryPaging(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	ctx := context.Background()
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "private-ops", true)
+	wf := uuid.NewString()
+	ok := owner.Publish(owner.Sign(30620, "name: H\ntrigger: {on: webhook}\nsteps: [{id: a, action: delay, duration: 1s}]",
+		nostr.Tags{{"d", wf}, {"h", ch}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	insert := func(createdAt string) uuid.UUID {
+		id := uuid.New()
+		_, err := r.Pool.Exec(ctx, `INSERT INTO workflow_runs (community_id, id, workflow_id, created_at) VALUES ($1, $2, $3, `+createdAt+`)`,
+			r.CommunityID, id, wf)
+		require.NoError(t, err)
+		return id
+	}
+	existing := map[uuid.UUID]bool{}
+	for i := range 45 {
+		// Groups of five share one timestamp, to the microsecond.
+		existing[insert(`'2026-01-01T00:00:00Z'::timestamptz + interval '1 microsecond' * `+itoa(i/5))] = true
+	}
+	stop := make(chan struct{})
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				insert("now()")
+			}
+		}
+	}()
+	seen := map[uuid.UUID]int{}
+	path := "/workflows/" + wf + "/runs?limit=7"
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 100)
+		status, raw := getAuthed(t, r, owner.Key, path)
+		require.Equal(t, http.StatusOK, status, "%s", raw)
+		var page struct {
+			Runs []struct {
+				ID string `json:"id"`
+			} `json:"runs"`
+			Next *struct {
+				Before   string `json:"before"`
+				BeforeID string `json:"before_id"`
+			} `json:"next"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &page))
+		for _, run := range page.Runs {
+			seen[uuid.MustParse(run.ID)]++
+		}
+		if page.Next == nil {
+			break
+		}
+		path = "/workflows/" + wf + "/runs?limit=7&before=" + url.QueryEscape(page.Next.Before) + "&before_id=" + page.Next.BeforeID
+	}
+	close(stop)
+	<-writerDone
+	for id := range existing {
+		require.Equal(t, 1, seen[id], "run %s seen once", id)
+	}
+	for id, n := range seen {
+		require.Equal(t, 1, n, "run %s seen once", id)
+	}
+
+	for _, c := range []struct {
+		path, msg string
+	}{
+		{"/workflows/" + wf + "/runs?before=2026-01-01T00:00:00Z", "before and before_id must be supplied together"},
+		{"/workflows/" + wf + "/runs?limit=0", "limit must be between 1 and 100"},
+		{"/workflows/" + wf + "/runs?limit=101", "limit must be between 1 and 100"},
+	} {
+		status, raw := getAuthed(t, r, nil, c.path)
+		require.Equal(t, http.StatusBadRequest, status)
+		require.Contains(t, string(raw), c.msg)
+	}
+	outsider := relaytest.NewKey(t)
+	status, raw := getAuthed(t, r, outsider, "/workflows/"+wf+"/runs")
+	require.Equal(t, http.StatusForbidden, status)
+	require.Contains(t, string(raw), "workflow is not accessible")
+	status, _ = getAuthed(t, r, owner.Key, "/workflows/"+uuid.NewString()+"/runs")
+	require.Equal(t, http.StatusNotFound, status)
+
+	run := insert("now()")
+	_, err := r.Pool.Exec(ctx, `INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, expires_at)
+		VALUES ($1, sha256('raw'), $2, $3, 'ask', 0, now() + interval '1 hour')`, r.CommunityID, wf, run)
+	require.NoError(t, err)
+	status, raw = getAuthed(t, r, owner.Key, "/workflows/"+wf+"/runs/"+run.String()+"/approvals")
+	require.Equal(t, http.StatusOK, status, "%s", raw)
+	require.NotContains(t, string(raw), `"token"`)
+	require.Contains(t, string(raw), `"approval_ref":"`)
+	status, _ = getAuthed(t, r, owner.Key, "/workflows/"+wf+"/runs/"+uuid.NewString()+"/approvals")
+	require.Equal(t, http.StatusNotFound, status)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
