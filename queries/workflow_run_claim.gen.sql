@@ -28,7 +28,7 @@ JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
           r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
-          w.status AS workflow_status, w.enabled AS workflow_enabled;
+          w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at;
 
 -- name: WorkflowRunClaimByID :many
 -- The fast path: claims exactly the handed-off runs that are still due.
@@ -59,4 +59,4 @@ JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
           r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
-          w.status AS workflow_status, w.enabled AS workflow_enabled;
+          w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at;

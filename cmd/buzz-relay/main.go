@@ -175,7 +175,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, listener ne
 
 	srv := relay.New(cfg, pool, log)
 	go srv.RunReapers(ctx)
-	srv.StartWorkflows(ctx)
+	if err := srv.StartWorkflows(ctx); err != nil {
+		return err
+	}
 	if err := srv.StartOperatorListeners(ctx, listeners, home.ID); err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}

@@ -21,13 +21,19 @@ func (s *Server) registerWorkflows() {
 // ctx ends. Every relay process may run them: runs are claimed under a
 // lease, so several workers on one database never execute the same step
 // twice, and a schedule slot is claimed by one process only.
-func (s *Server) StartWorkflows(ctx context.Context) {
-	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log})
+func (s *Server) StartWorkflows(ctx context.Context) error {
+	m, err := workflow.NewMetrics(s.metrics.Registry)
+	if err != nil {
+		return err
+	}
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	go w.Run(ctx)
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
+	sched.Metrics = m
 	go sched.Run(ctx, s.cfg.WorkflowPoll)
+	return nil
 }
 
 // serveWorkflowWebhook starts a webhook-triggered run (POST /hooks/{id}).

@@ -30,7 +30,7 @@ func TestWorkflowOverWebSocket(t *testing.T) {
 	r := relaytest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	r.Server.StartWorkflows(ctx)
+	require.NoError(t, r.Server.StartWorkflows(ctx))
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "ops", false)
@@ -56,6 +56,16 @@ func TestWorkflowOverWebSocket(t *testing.T) {
 	require.NoError(t, bell.Verify())
 	require.NotEqual(t, owner.Key.PublicKeyHex(), bell.PubKey, "signed by the relay")
 	require.Contains(t, bell.Tags, nostr.Tag{"buzz:workflow", "doorbell-v1"})
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(r.MetricsURL + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(body), `buzz_workflow_runs_total{error_code="",outcome="completed"} 1`) &&
+			strings.Contains(string(body), "buzz_workflow_run_seconds_count 1")
+	}, 30*time.Second, 50*time.Millisecond, "the ended run is counted")
 
 	ok = owner.Publish(owner.Sign(46020, "", nostr.Tags{{"d", wf}}, 0))
 	require.True(t, ok.OK, ok.Msg)
@@ -75,7 +85,7 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 	r := relaytest.Start(t, func(c *config.Config) { c.WebhookMaxBytes = 1024 })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	r.Server.StartWorkflows(ctx)
+	require.NoError(t, r.Server.StartWorkflows(ctx))
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "hooks", false)

@@ -88,6 +88,7 @@ type Engine struct {
 	condition ConditionFunc
 	log       *slog.Logger
 	webhooks  *safehttp.Client
+	metrics   *Metrics
 
 	// beforeCommit, when set by tests, runs inside a step's transaction
 	// just before it commits.
@@ -104,6 +105,8 @@ type EngineOptions struct {
 	Log       *slog.Logger
 	// Webhooks sends call_webhook requests (nil: the production policy).
 	Webhooks *safehttp.Client
+	// Metrics records ended runs; may be nil.
+	Metrics *Metrics
 }
 
 // DefaultLease bounds how long a killed worker's run waits to be resumed.
@@ -123,7 +126,7 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	if opts.Webhooks == nil {
 		opts.Webhooks = safehttp.New(safehttp.Options{})
 	}
-	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, webhooks: opts.Webhooks}
+	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, webhooks: opts.Webhooks, metrics: opts.Metrics}
 }
 
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
@@ -455,6 +458,11 @@ func (e *Engine) finish(ctx context.Context, q *db.Queries, c Claimed, _ int, f 
 	n, err := q.WorkflowRunFinish(ctx, params)
 	if err == nil && n == 0 {
 		err = errLostClaim
+	}
+	if err == nil {
+		// Counted when the statement succeeded; a rollback afterwards (rare:
+		// the commit itself failing) would count a run that did not end.
+		e.metrics.runEnded(f, e.clock.Now().Sub(c.Run.CreatedAt))
 	}
 	return err
 }

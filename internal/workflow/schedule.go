@@ -34,6 +34,8 @@ type Scheduler struct {
 	catchUp time.Duration
 	offer   func(ids []uuid.UUID)
 	log     *slog.Logger
+	// Metrics records schedule lag; may be nil.
+	Metrics *Metrics
 }
 
 // NewScheduler returns a scheduler; offer (may be nil) receives the ids of
@@ -135,6 +137,7 @@ func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot
 		if err != nil || n == 0 {
 			return err
 		}
+		s.Metrics.slotClaimed(s.clock.Now().Sub(slot))
 		ref := strconv.FormatInt(slot.Unix(), 10)
 		tc := TriggerContext{
 			ChannelID:         row.ChannelID.String(),
