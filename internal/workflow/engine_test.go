@@ -244,3 +244,18 @@ func TestErrorCodesMatchTheDatabase(t *testing.T) {
 		require.NoError(t, err, code)
 	}
 }
+
+// A diff (kind 40008) fires diff_posted workflows and nothing else does.
+// Mutation killed: mapping 40008 to no trigger fails the run count.
+func TestDiffTrigger(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Diff\ntrigger: {on: diff_posted}\nsteps: [{id: a, action: send_message, text: 'diff by {{trigger.author}}'}]")
+	f.store(f.sign(owner, ingest.KindChat, "not a diff", nostr.Tags{{"h", ch}}))
+	require.Empty(t, f.runIDs(id))
+	f.store(f.sign(owner, 40008, "--- a\n+++ b", nostr.Tags{{"h", ch}}))
+	require.Len(t, f.runIDs(id), 1)
+}

@@ -45,7 +45,7 @@ func (c *testClock) Advance(d time.Duration) {
 // fixture is one community on its own database with a pipeline that has
 // workflows registered, and a clock the engine and the pipeline share.
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	tenant community.Tenant
