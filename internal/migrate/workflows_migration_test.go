@@ -11,7 +11,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/migrate"
 )
 
-// Migration 012 on a database with channels and members: the workflow
+// Migrations 012 and 013 on a database with channels and members: the workflow
 // tables apply, the owner-removal trigger disables exactly the removed
 // owner's workflows in that channel, the run table's CHECKs refuse an
 // unknown error code and a code without a message, and the down part
@@ -70,7 +70,18 @@ func TestWorkflowsMigrationOnADatabaseWithMembers(t *testing.T) {
 	require.ErrorContains(t, exec(`INSERT INTO workflow_runs (community_id, id, workflow_id, status) VALUES ($1, gen_random_uuid(), $2, 'running')`,
 		community, theirs), "workflow_runs_running_is_claimed")
 
+	// 013 on the runs above: a key is unique per workflow, runs without
+	// one are unaffected, and the down part drops it.
+	require.NoError(t, migrate.To(ctx, conn, 13))
+	keyed := func() error {
+		return exec(`INSERT INTO workflow_runs (community_id, id, workflow_id, idempotency_key) VALUES ($1, gen_random_uuid(), $2, 'k1')`, community, theirs)
+	}
+	require.NoError(t, keyed())
+	require.ErrorContains(t, keyed(), "workflow_runs_idempotency")
+	require.NoError(t, insertRun("workflow_disabled", "again"), "runs without a key are unaffected")
+	require.NoError(t, migrate.To(ctx, conn, 12))
+
 	require.NoError(t, migrate.To(ctx, conn, 11))
 	require.NoError(t, exec(`UPDATE channel_members SET removed_at = now() WHERE pubkey = decode($1, 'hex')`, other), "rolled back: no trigger left")
-	require.NoError(t, migrate.To(ctx, conn, 12))
+	require.NoError(t, migrate.To(ctx, conn, 13))
 }
