@@ -251,3 +251,11 @@ func TestDialedAddressIsCheckedAtTheSocket(t *testing.T) {
 	require.Error(t, client.checkDialedAddress("tcp4", "garbage", nil))
 	require.NoError(t, client.checkDialedAddress("tcp4", "93.184.215.14:443", nil))
 }
+
+func TestEnvironmentProxyIsIgnored(t *testing.T) {
+	t.Parallel()
+	// A proxy would resolve and dial the host itself, past every check here.
+	transport, ok := New(Options{}).http.Transport.(*http.Transport)
+	require.True(t, ok)
+	require.Nil(t, transport.Proxy)
+}
