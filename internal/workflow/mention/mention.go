@@ -27,7 +27,8 @@ import (
 	"unicode"
 )
 
-// Member is a channel member who may be woken.
+// Member is a channel member who may be woken. Callers pass the members of
+// the workflow's channel only: people outside it are never candidates.
 type Member struct {
 	Pubkey      string
 	DisplayName string
@@ -122,6 +123,9 @@ func leftBoundary(text []rune, at int) bool {
 	return unicode.IsSpace(prev) || prev == '('
 }
 
+// continuesName reports whether r would make the name part of a longer
+// word: a letter (including the vowel signs and other marks that Unicode
+// counts as alphabetic, so "@रामी" is not "@राम"), a number, or "_".
 func continuesName(r rune) bool {
-	return unicode.IsLetter(r) || unicode.IsNumber(r) || r == '_'
+	return unicode.IsLetter(r) || unicode.Is(unicode.Other_Alphabetic, r) || unicode.IsNumber(r) || r == '_'
 }

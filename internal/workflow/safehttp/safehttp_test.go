@@ -65,6 +65,7 @@ func TestLoopbackServerIsRefusedByDefault(t *testing.T) {
 	_, err := client.Do(context.Background(), Request{URL: srv.URL + "/hook?token=s3cret"})
 	e := requireKind(t, err, KindBlockedAddress)
 	require.Equal(t, "127.0.0.1", e.Host)
+	require.Contains(t, e.Detail, "127.0.0.1, which is not a public address", "refused before dialing")
 	require.NotContains(t, err.Error(), "s3cret")
 	require.Zero(t, hits.Load(), "the server must never be contacted")
 }
@@ -74,13 +75,14 @@ func TestHostNameResolvingToBlockedAddressIsRefused(t *testing.T) {
 	var hits atomic.Int32
 	srv, pool := tlsServer(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
 	cases := []struct {
-		name  string
-		addrs []string
+		name    string
+		addrs   []string
+		blocked string
 	}{
-		{"loopback", []string{"127.0.0.1"}},
-		{"metadata", []string{"169.254.169.254"}},
-		{"mapped loopback", []string{"::ffff:127.0.0.1"}},
-		{"one public and one private answer", []string{"93.184.215.14", "127.0.0.1"}},
+		{"loopback", []string{"127.0.0.1"}, "127.0.0.1"},
+		{"metadata", []string{"169.254.169.254"}, "169.254.169.254"},
+		{"mapped loopback", []string{"::ffff:127.0.0.1"}, "127.0.0.1"},
+		{"one public and one private answer", []string{"93.184.215.14", "127.0.0.1"}, "127.0.0.1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,6 +95,9 @@ func TestHostNameResolvingToBlockedAddressIsRefused(t *testing.T) {
 			_, err := client.Do(context.Background(), Request{URL: hostURL(t, srv, "/")})
 			e := requireKind(t, err, KindBlockedAddress)
 			require.Equal(t, "example.com", e.Host)
+			// Refused while checking the answers, so nothing was dialed,
+			// not even the public address.
+			require.Equal(t, "resolves to "+tc.blocked+", which is not a public address", e.Detail)
 		})
 	}
 	require.Zero(t, hits.Load())
@@ -245,4 +250,12 @@ func TestDialedAddressIsCheckedAtTheSocket(t *testing.T) {
 	require.Error(t, client.checkDialedAddress("tcp4", "169.254.169.254:80", nil))
 	require.Error(t, client.checkDialedAddress("tcp4", "garbage", nil))
 	require.NoError(t, client.checkDialedAddress("tcp4", "93.184.215.14:443", nil))
+}
+
+func TestEnvironmentProxyIsIgnored(t *testing.T) {
+	t.Parallel()
+	// A proxy would resolve and dial the host itself, past every check here.
+	transport, ok := New(Options{}).http.Transport.(*http.Transport)
+	require.True(t, ok)
+	require.Nil(t, transport.Proxy)
 }
