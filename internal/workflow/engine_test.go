@@ -259,3 +259,32 @@ func TestDiffTrigger(t *testing.T) {
 	f.store(f.sign(owner, 40008, "--- a\n+++ b", nostr.Tags{{"h", ch}}))
 	require.Len(t, f.runIDs(id), 1)
 }
+
+// A step whose if is false is skipped (recorded, not failed); an if that
+// cannot be evaluated fails the run with condition_evaluation_failed.
+// Mutation killed: treating a false if as a failure (or running the step
+// anyway) fails the skipped-step checks.
+func TestStepConditions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	skip := uuid.NewString()
+	f.save(owner, ch, skip, "name: S\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: never, if: 'str_contains(trigger_text, \"nope\")', action: send_message, text: never}\n"+
+		"  - {id: always, action: send_message, text: always}\n")
+	bad := uuid.NewString()
+	f.save(owner, ch, bad, "name: B\ntrigger: {on: message_posted}\nsteps: [{id: a, if: 'trigger_text > 3', action: send_message, text: x}]")
+	f.store(f.sign(owner, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
+	f.drain(f.engine(time.Minute))
+
+	run := f.runIDs(skip)[0]
+	row := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, row.Status)
+	require.Equal(t, []string{"always"}, contents(f.doorbells(run)))
+	require.Contains(t, string(row.ExecutionTrace), `"status": "skipped"`)
+
+	failed := f.run(f.runIDs(bad)[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, failed.Status)
+	require.Equal(t, "condition_evaluation_failed", *failed.ErrorCode)
+}
