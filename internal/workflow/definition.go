@@ -16,6 +16,9 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
+
+	"github.com/buzzrelay/buzz/internal/workflow/condition"
+	"github.com/buzzrelay/buzz/internal/workflow/template"
 )
 
 // Trigger kinds (the trigger's `on` key).
@@ -214,7 +217,31 @@ func optionalCondition(m map[string]any, key, field string) (string, error) {
 	if err == nil && len(s) > MaxConditionBytes {
 		err = invalidf(field, "expression longer than %d bytes", MaxConditionBytes)
 	}
+	if err == nil && s != "" {
+		if _, cerr := condition.Compile(s); cerr != nil {
+			err = invalidf(field, "%v", cerr)
+		}
+	}
 	return s, err
+}
+
+// checkTemplates refuses a step text whose placeholders cannot render
+// (an unknown filter, a bad filter argument), at save time rather than at
+// the first run.
+func checkTemplates(s *Step, field string) error {
+	for key, text := range map[string]string{
+		"text": s.Text, "channel": s.Channel, "emoji": s.Emoji, "url": s.URL, "body": s.Body, "message": s.Message,
+	} {
+		if err := template.Validate(text); err != nil {
+			return invalidf(field+"."+key, "%v", err)
+		}
+	}
+	for k, v := range s.Headers {
+		if err := template.Validate(v); err != nil {
+			return invalidf(field+".headers", "value of %q: %v", k, err)
+		}
+	}
+	return nil
 }
 
 func parseTrigger(v any) (Trigger, error) {
@@ -378,7 +405,10 @@ func parseStep(v any, field, on string, earlier map[string]bool) (Step, error) {
 	if s.Action, err = requiredString(m, "action", field+".action"); err != nil {
 		return s, err
 	}
-	return s, parseAction(m, &s, field, on)
+	if err := parseAction(m, &s, field, on); err != nil {
+		return s, err
+	}
+	return s, checkTemplates(&s, field)
 }
 
 func positiveInt(v any) (int, bool) {

@@ -143,6 +143,9 @@ func TestParseBadInputCatalogue(t *testing.T) {
 		{"delay duration not a duration", "name: x\n" + trig + "steps: [{id: a, action: delay, duration: later}]", "invalid definition: steps[0].duration: must be a positive duration"},
 		{"delay over 300 s", "name: x\n" + trig + "steps: [{id: a, action: delay, duration: 301s}]", "invalid definition: steps[0].duration: must be at most 5m0s"},
 		{"send_dm to missing", "name: x\n" + trig + "steps: [{id: a, action: send_dm, text: hi}]", "invalid definition: steps[0].to: is required"},
+		{"filter does not compile", "name: x\ntrigger: {on: message_posted, filter: 'trigger_text =='}\n" + step, "invalid definition: trigger.filter: "},
+		{"if does not compile", "name: x\n" + trig + "steps: [{id: a, if: '((', action: delay, duration: 1s}]", "invalid definition: steps[0].if: "},
+		{"text with an unknown filter", "name: x\n" + trig + "steps: [{id: a, action: send_message, text: '{{trigger.text | shout}}'}]", "invalid definition: steps[0].text: "},
 		{"set_channel_topic topic missing", "name: x\n" + trig + "steps: [{id: a, action: set_channel_topic}]", "invalid definition: steps[0].topic: is required"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

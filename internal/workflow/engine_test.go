@@ -274,7 +274,7 @@ func TestStepConditions(t *testing.T) {
 		"  - {id: never, if: 'str_contains(trigger_text, \"nope\")', action: send_message, text: never}\n"+
 		"  - {id: always, action: send_message, text: always}\n")
 	bad := uuid.NewString()
-	f.save(owner, ch, bad, "name: B\ntrigger: {on: message_posted}\nsteps: [{id: a, if: 'trigger_text > 3', action: send_message, text: x}]")
+	f.save(owner, ch, bad, "name: B\ntrigger: {on: message_posted}\nsteps: [{id: a, if: 'str_len(trigger_text) % 0 == 1', action: send_message, text: x}]")
 	f.store(f.sign(owner, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
 	f.drain(f.engine(time.Minute))
 
