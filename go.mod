@@ -5,11 +5,14 @@ go 1.26.0
 require (
 	github.com/btcsuite/btcd/btcec/v2 v2.3.5
 	github.com/coder/websocket v1.8.15
+	github.com/expr-lang/expr v1.17.8
+	github.com/goccy/go-yaml v1.19.2
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jackc/tern/v2 v2.4.3
 	github.com/nbd-wtf/go-nostr v0.52.3
 	github.com/prometheus/client_golang v1.25.0
+	github.com/robfig/cron/v3 v3.0.1
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sync v0.23.0
 )

@@ -25,3 +25,13 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 SELECT pubkey, role FROM channel_members
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
 ORDER BY joined_at, pubkey;
+
+-- name: ChannelMemberDisplayNames :many
+-- The active members of a channel who have a display name: the only
+-- pubkeys a workflow message may wake by @name.
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = @community_id::uuid AND m.channel_id = @channel_id::uuid AND m.removed_at IS NULL
+  AND u.display_name IS NOT NULL AND u.display_name <> ''
+ORDER BY m.pubkey;

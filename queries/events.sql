@@ -87,3 +87,11 @@ WHERE community_id = @community_id::uuid
   AND pubkey = @author::bytea
   AND kind = @kind::int
   AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
+
+-- name: EventWorkflowDefinition :one
+-- The exact signed definition a run is pinned to, in the workflow's
+-- channel, if it is still stored (not deleted).
+SELECT id, pubkey, content, tags
+FROM events
+WHERE community_id = @community_id::uuid AND id = @id::bytea AND kind = 30620
+  AND channel_id = @channel_id::uuid AND deleted_at IS NULL;

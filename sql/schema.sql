@@ -64,6 +64,43 @@ CREATE TYPE public.member_role AS ENUM (
 
 
 --
+-- Name: workflow_approval_status; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.workflow_approval_status AS ENUM (
+    'pending',
+    'granted',
+    'denied',
+    'expired'
+);
+
+
+--
+-- Name: workflow_run_status; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.workflow_run_status AS ENUM (
+    'pending',
+    'running',
+    'waiting_approval',
+    'completed',
+    'failed',
+    'cancelled'
+);
+
+
+--
+-- Name: workflow_status; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.workflow_status AS ENUM (
+    'active',
+    'disabled',
+    'archived'
+);
+
+
+--
 -- Name: channel_members_keep_an_owner(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -220,6 +257,23 @@ $_$;
 --
 
 COMMENT ON FUNCTION public.nostr_coordinate_is_canonical(coordinate text) IS 'The one accepted spelling of an a-tag coordinate: <kind>:<lowercase hex pubkey>:<d>, see migration 010.';
+
+
+--
+-- Name: workflows_disable_on_owner_removal(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.workflows_disable_on_owner_removal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE workflows
+    SET enabled = false, updated_at = now()
+    WHERE community_id = NEW.community_id AND channel_id = NEW.channel_id
+      AND owner_pubkey = NEW.pubkey AND enabled;
+    RETURN NULL;
+END
+$$;
 
 
 SET default_tablespace = '';
@@ -481,6 +535,27 @@ CREATE TABLE public.reactions (
 
 
 --
+-- Name: scheduled_workflow_fires; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.scheduled_workflow_fires (
+    community_id uuid NOT NULL,
+    workflow_id uuid NOT NULL,
+    scheduled_for timestamp with time zone NOT NULL,
+    claimed_at timestamp with time zone DEFAULT now() NOT NULL,
+    workflow_run_id uuid,
+    CONSTRAINT scheduled_workflow_fires_whole_second CHECK ((scheduled_for = date_trunc('second'::text, scheduled_for)))
+);
+
+
+--
+-- Name: TABLE scheduled_workflow_fires; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.scheduled_workflow_fires IS 'Schedule slots claimed; the primary key lets each slot fire at most once across relay processes.';
+
+
+--
 -- Name: schema_version; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -533,6 +608,122 @@ CREATE TABLE public.users (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT users_pubkey_len CHECK ((octet_length(pubkey) = 32))
 );
+
+
+--
+-- Name: workflow_approvals; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workflow_approvals (
+    community_id uuid NOT NULL,
+    token bytea NOT NULL,
+    workflow_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    step_id character varying(64) NOT NULL,
+    step_index integer NOT NULL,
+    approver_spec text DEFAULT ''::text NOT NULL,
+    status public.workflow_approval_status DEFAULT 'pending'::public.workflow_approval_status NOT NULL,
+    approver_pubkey bytea,
+    note text,
+    granted_at timestamp with time zone,
+    denied_at timestamp with time zone,
+    expires_at timestamp with time zone NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_approvals_approver_len CHECK ((octet_length(approver_pubkey) = 32)),
+    CONSTRAINT workflow_approvals_token_len CHECK ((octet_length(token) = 32))
+);
+
+
+--
+-- Name: TABLE workflow_approvals; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.workflow_approvals IS 'Approval requests of runs; token is the SHA-256 of the raw token, never the token itself.';
+
+
+--
+-- Name: workflow_runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workflow_runs (
+    community_id uuid NOT NULL,
+    id uuid NOT NULL,
+    workflow_id uuid NOT NULL,
+    status public.workflow_run_status DEFAULT 'pending'::public.workflow_run_status NOT NULL,
+    trigger_event_id bytea,
+    current_step integer DEFAULT 0 NOT NULL,
+    execution_trace jsonb DEFAULT '[]'::jsonb NOT NULL,
+    trigger_context jsonb,
+    started_at timestamp with time zone,
+    completed_at timestamp with time zone,
+    error_code text,
+    error_message text,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    claim_id uuid,
+    lease_until timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    idempotency_key text,
+    CONSTRAINT workflow_runs_attempts_nonnegative CHECK ((attempts >= 0)),
+    CONSTRAINT workflow_runs_current_step_nonnegative CHECK ((current_step >= 0)),
+    CONSTRAINT workflow_runs_error_code_known CHECK ((error_code = ANY (ARRAY['invalid_yaml'::text, 'invalid_definition'::text, 'condition_evaluation_failed'::text, 'template_resolution_failed'::text, 'step_timeout'::text, 'webhook_failed'::text, 'capacity_exceeded'::text, 'database_error'::text, 'owner_unauthorized'::text, 'action_not_implemented'::text, 'approval_denied'::text, 'approval_expired'::text, 'workflow_disabled'::text, 'legacy_unclassified'::text]))),
+    CONSTRAINT workflow_runs_error_pair CHECK (((error_code IS NULL) = (error_message IS NULL))),
+    CONSTRAINT workflow_runs_idempotency_key_len CHECK (((length(idempotency_key) >= 1) AND (length(idempotency_key) <= 255))),
+    CONSTRAINT workflow_runs_running_is_claimed CHECK (((status <> 'running'::public.workflow_run_status) OR ((claim_id IS NOT NULL) AND (lease_until IS NOT NULL)))),
+    CONSTRAINT workflow_runs_trigger_event_id_len CHECK ((octet_length(trigger_event_id) = 32))
+);
+
+
+--
+-- Name: TABLE workflow_runs; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.workflow_runs IS 'Durable workflow runs; claimed by workers under a lease and fenced by claim_id.';
+
+
+--
+-- Name: COLUMN workflow_runs.error_code; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.workflow_runs.error_code IS 'Stable reason code of a failed or cancelled run; error_message is the diagnostic.';
+
+
+--
+-- Name: workflows; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workflows (
+    community_id uuid NOT NULL,
+    id uuid NOT NULL,
+    name character varying(255) NOT NULL,
+    owner_pubkey bytea NOT NULL,
+    channel_id uuid,
+    definition jsonb NOT NULL,
+    definition_hash bytea NOT NULL,
+    definition_event_id bytea,
+    status public.workflow_status DEFAULT 'active'::public.workflow_status NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflows_definition_event_id_len CHECK ((octet_length(definition_event_id) = 32)),
+    CONSTRAINT workflows_definition_hash_len CHECK ((octet_length(definition_hash) = 32)),
+    CONSTRAINT workflows_name_not_blank CHECK ((btrim((name)::text) <> ''::text)),
+    CONSTRAINT workflows_owner_pubkey_len CHECK ((octet_length(owner_pubkey) = 32))
+);
+
+
+--
+-- Name: TABLE workflows; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.workflows IS 'Materialized kind 30620 workflow definitions; definition_event_id pins the signed event.';
+
+
+--
+-- Name: COLUMN workflows.enabled; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.workflows.enabled IS 'false once the owner left or was removed from the channel, or the definition was deleted.';
 
 
 --
@@ -640,6 +831,14 @@ ALTER TABLE ONLY public.reactions
 
 
 --
+-- Name: scheduled_workflow_fires scheduled_workflow_fires_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.scheduled_workflow_fires
+    ADD CONSTRAINT scheduled_workflow_fires_pkey PRIMARY KEY (community_id, workflow_id, scheduled_for);
+
+
+--
 -- Name: schema_version schema_version_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -661,6 +860,30 @@ ALTER TABLE ONLY public.thread_metadata
 
 ALTER TABLE ONLY public.users
     ADD CONSTRAINT users_pkey PRIMARY KEY (community_id, pubkey);
+
+
+--
+-- Name: workflow_approvals workflow_approvals_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflow_approvals
+    ADD CONSTRAINT workflow_approvals_pkey PRIMARY KEY (community_id, token);
+
+
+--
+-- Name: workflow_runs workflow_runs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflow_runs
+    ADD CONSTRAINT workflow_runs_pkey PRIMARY KEY (community_id, id);
+
+
+--
+-- Name: workflows workflows_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflows
+    ADD CONSTRAINT workflows_pkey PRIMARY KEY (community_id, id);
 
 
 --
@@ -811,6 +1034,13 @@ CREATE INDEX reactions_by_target ON public.reactions USING btree (community_id, 
 
 
 --
+-- Name: scheduled_workflow_fires_claimed; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX scheduled_workflow_fires_claimed ON public.scheduled_workflow_fires USING btree (claimed_at);
+
+
+--
 -- Name: thread_metadata_by_channel; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -839,6 +1069,83 @@ CREATE INDEX thread_metadata_by_root ON public.thread_metadata USING btree (comm
 
 
 --
+-- Name: workflow_approvals_by_run; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_approvals_by_run ON public.workflow_approvals USING btree (community_id, run_id);
+
+
+--
+-- Name: workflow_approvals_by_status; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_approvals_by_status ON public.workflow_approvals USING btree (community_id, status);
+
+
+--
+-- Name: workflow_approvals_by_workflow; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_approvals_by_workflow ON public.workflow_approvals USING btree (community_id, workflow_id);
+
+
+--
+-- Name: workflow_runs_by_status; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_by_status ON public.workflow_runs USING btree (community_id, status);
+
+
+--
+-- Name: workflow_runs_due; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_due ON public.workflow_runs USING btree (run_at, created_at, id) WHERE (status = 'pending'::public.workflow_run_status);
+
+
+--
+-- Name: workflow_runs_history; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_history ON public.workflow_runs USING btree (community_id, workflow_id, created_at DESC, id DESC);
+
+
+--
+-- Name: workflow_runs_idempotency; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX workflow_runs_idempotency ON public.workflow_runs USING btree (community_id, workflow_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+
+--
+-- Name: workflow_runs_recovery; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_recovery ON public.workflow_runs USING btree (lease_until, created_at, id) WHERE (status = 'running'::public.workflow_run_status);
+
+
+--
+-- Name: workflows_by_channel; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflows_by_channel ON public.workflows USING btree (community_id, channel_id, status, enabled);
+
+
+--
+-- Name: workflows_by_owner; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflows_by_owner ON public.workflows USING btree (community_id, channel_id, owner_pubkey);
+
+
+--
+-- Name: workflows_enabled; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflows_enabled ON public.workflows USING btree (enabled, status) WHERE enabled;
+
+
+--
 -- Name: channel_members channel_members_keep_an_owner; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -857,6 +1164,13 @@ CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON 
 --
 
 CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EACH ROW WHEN (((new.kind = ANY (ARRAY[0, 3])) OR ((new.kind >= 10000) AND (new.kind <= 19999)) OR ((new.kind >= 30000) AND (new.kind <= 39999)))) EXECUTE FUNCTION public.events_keep_newest_version();
+
+
+--
+-- Name: channel_members workflows_disable_on_owner_removal; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER workflows_disable_on_owner_removal AFTER UPDATE OF removed_at ON public.channel_members FOR EACH ROW WHEN (((old.removed_at IS NULL) AND (new.removed_at IS NOT NULL))) EXECUTE FUNCTION public.workflows_disable_on_owner_removal();
 
 
 --
@@ -892,6 +1206,22 @@ ALTER TABLE ONLY public.http_auth_replays
 
 
 --
+-- Name: scheduled_workflow_fires scheduled_workflow_fires_community_id_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.scheduled_workflow_fires
+    ADD CONSTRAINT scheduled_workflow_fires_community_id_workflow_id_fkey FOREIGN KEY (community_id, workflow_id) REFERENCES public.workflows(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: scheduled_workflow_fires scheduled_workflow_fires_community_id_workflow_run_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.scheduled_workflow_fires
+    ADD CONSTRAINT scheduled_workflow_fires_community_id_workflow_run_id_fkey FOREIGN KEY (community_id, workflow_run_id) REFERENCES public.workflow_runs(community_id, id);
+
+
+--
 -- Name: thread_metadata thread_metadata_community_id_channel_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -905,6 +1235,46 @@ ALTER TABLE ONLY public.thread_metadata
 
 ALTER TABLE ONLY public.users
     ADD CONSTRAINT users_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: workflow_approvals workflow_approvals_community_id_run_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflow_approvals
+    ADD CONSTRAINT workflow_approvals_community_id_run_id_fkey FOREIGN KEY (community_id, run_id) REFERENCES public.workflow_runs(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: workflow_approvals workflow_approvals_community_id_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflow_approvals
+    ADD CONSTRAINT workflow_approvals_community_id_workflow_id_fkey FOREIGN KEY (community_id, workflow_id) REFERENCES public.workflows(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: workflow_runs workflow_runs_community_id_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflow_runs
+    ADD CONSTRAINT workflow_runs_community_id_workflow_id_fkey FOREIGN KEY (community_id, workflow_id) REFERENCES public.workflows(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: workflows workflows_community_id_channel_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflows
+    ADD CONSTRAINT workflows_community_id_channel_id_fkey FOREIGN KEY (community_id, channel_id) REFERENCES public.channels(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: workflows workflows_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workflows
+    ADD CONSTRAINT workflows_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

@@ -12,6 +12,8 @@
 //	buzz send --json     < {"channel": ..., "content": ..., "tags": [...]}
 //	buzz req FILTER_JSON... [--count | --stream]
 //	buzz req --json      < [FILTER, ...]
+//	buzz workflows list [CHANNEL_ID] | show ID | runs ID | trigger ID
+//	buzz workflows approve|deny APPROVAL_REF
 //	buzz whoami
 //	buzz keygen
 //
@@ -45,6 +47,11 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
   send --json   (stdin: {"channel":...,"content":...,"tags":[[...]],"reply_to":...,"mentions":[...]})
   req FILTER_JSON... [--count | --stream]
   req --json    (stdin: a JSON array of filters, or one filter)
+  workflows list [CHANNEL_ID]
+  workflows show WORKFLOW_ID
+  workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]
+  workflows trigger WORKFLOW_ID      (prints the relay's {"run_id":...})
+  workflows approve|deny APPROVAL_REF
   whoami
   keygen
 env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://)
@@ -226,6 +233,13 @@ var commands = map[string]commandFunc{
 	"req":             req,
 	"whoami":          whoami,
 	"keygen":          keygen,
+
+	"workflows list":    workflowsList,
+	"workflows show":    workflowsShow,
+	"workflows runs":    workflowsRuns,
+	"workflows trigger": workflowsTrigger,
+	"workflows approve": workflowsDecide(kindApprovalGrant, "approve"),
+	"workflows deny":    workflowsDecide(kindApprovalDeny, "deny"),
 }
 
 // dispatch resolves the command (global flags may precede it), applies the
@@ -246,8 +260,9 @@ func dispatch(ctx context.Context, o *options, args []string) (any, error) {
 	if name == "help" {
 		return helpResult(), nil
 	}
-	if name == "channels" {
-		fs := o.flags("buzz channels")
+	if name == "channels" || name == "workflows" {
+		group := name
+		fs := o.flags("buzz " + group)
 		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return helpResult(), nil
@@ -255,9 +270,12 @@ func dispatch(ctx context.Context, o *options, args []string) (any, error) {
 			return nil, usageErr("%v", err)
 		}
 		if fs.NArg() == 0 {
+			if group == "workflows" {
+				return nil, usageErr("missing workflows subcommand: list, show, runs, trigger, approve or deny")
+			}
 			return nil, usageErr("missing channels subcommand: list, create or join")
 		}
-		name, rest = "channels "+fs.Arg(0), fs.Args()[1:]
+		name, rest = group+" "+fs.Arg(0), fs.Args()[1:]
 	}
 	cmd, ok := commands[name]
 	if !ok {

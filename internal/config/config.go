@@ -62,6 +62,12 @@ type Config struct {
 	HTTPIdleTimeout       time.Duration  // an idle keep-alive connection is closed after this
 	MetricsAddr           string         // /metrics listens here, apart from the community hosts
 	TrustedProxies        []netip.Prefix // peers whose X-Forwarded-For / -Proto are believed
+
+	WorkflowRunLease time.Duration // how long a worker holds a claimed run before another may resume it
+	WorkflowPoll     time.Duration // how often an idle workflow worker looks for due runs
+	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
+	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
+	WebhookMaxBytes  int           // largest POST /hooks/{id} body
 }
 
 // Default is the configuration with every variable unset.
@@ -105,6 +111,12 @@ func Default() Config {
 		HTTPWriteTimeout:      30 * time.Second,
 		HTTPIdleTimeout:       60 * time.Second,
 		MetricsAddr:           "127.0.0.1:9464",
+
+		WorkflowRunLease: 30 * time.Second,
+		WorkflowPoll:     time.Second,
+		WorkflowMaxRuns:  100,
+		WorkflowCatchUp:  10 * time.Minute,
+		WebhookMaxBytes:  61440,
 	}
 }
 
@@ -146,6 +158,11 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_HTTP_IDLE_TIMEOUT", &c.HTTPIdleTimeout)
 	r.str("BUZZ_METRICS_ADDR", &c.MetricsAddr)
 	r.prefixes("BUZZ_TRUSTED_PROXIES", &c.TrustedProxies)
+	r.duration("BUZZ_WORKFLOW_RUN_LEASE", &c.WorkflowRunLease)
+	r.duration("BUZZ_WORKFLOW_POLL", &c.WorkflowPoll)
+	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
+	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
+	r.positive("BUZZ_WORKFLOW_WEBHOOK_MAX_BYTES", &c.WebhookMaxBytes)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

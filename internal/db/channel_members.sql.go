@@ -12,6 +12,47 @@ import (
 	"github.com/google/uuid"
 )
 
+const channelMemberDisplayNames = `-- name: ChannelMemberDisplayNames :many
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = $1::uuid AND m.channel_id = $2::uuid AND m.removed_at IS NULL
+  AND u.display_name IS NOT NULL AND u.display_name <> ''
+ORDER BY m.pubkey
+`
+
+type ChannelMemberDisplayNamesParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+}
+
+type ChannelMemberDisplayNamesRow struct {
+	Pubkey      []byte
+	DisplayName string
+}
+
+// The active members of a channel who have a display name: the only
+// pubkeys a workflow message may wake by @name.
+func (q *Queries) ChannelMemberDisplayNames(ctx context.Context, arg ChannelMemberDisplayNamesParams) ([]ChannelMemberDisplayNamesRow, error) {
+	rows, err := q.db.Query(ctx, channelMemberDisplayNames, arg.CommunityID, arg.ChannelID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ChannelMemberDisplayNamesRow
+	for rows.Next() {
+		var i ChannelMemberDisplayNamesRow
+		if err := rows.Scan(&i.Pubkey, &i.DisplayName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const channelMemberRemove = `-- name: ChannelMemberRemove :execrows
 UPDATE channel_members
 SET removed_at = coalesce($1::timestamptz, now()), removed_by = $2::bytea

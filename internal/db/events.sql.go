@@ -245,6 +245,40 @@ func (q *Queries) EventSlotLock(ctx context.Context, arg EventSlotLockParams) er
 	return err
 }
 
+const eventWorkflowDefinition = `-- name: EventWorkflowDefinition :one
+SELECT id, pubkey, content, tags
+FROM events
+WHERE community_id = $1::uuid AND id = $2::bytea AND kind = 30620
+  AND channel_id = $3::uuid AND deleted_at IS NULL
+`
+
+type EventWorkflowDefinitionParams struct {
+	CommunityID uuid.UUID
+	ID          []byte
+	ChannelID   uuid.UUID
+}
+
+type EventWorkflowDefinitionRow struct {
+	ID      []byte
+	Pubkey  []byte
+	Content string
+	Tags    json.RawMessage
+}
+
+// The exact signed definition a run is pinned to, in the workflow's
+// channel, if it is still stored (not deleted).
+func (q *Queries) EventWorkflowDefinition(ctx context.Context, arg EventWorkflowDefinitionParams) (EventWorkflowDefinitionRow, error) {
+	row := q.db.QueryRow(ctx, eventWorkflowDefinition, arg.CommunityID, arg.ID, arg.ChannelID)
+	var i EventWorkflowDefinitionRow
+	err := row.Scan(
+		&i.ID,
+		&i.Pubkey,
+		&i.Content,
+		&i.Tags,
+	)
+	return i, err
+}
+
 const eventsDeleteByAddress = `-- name: EventsDeleteByAddress :execrows
 UPDATE events
 SET deleted_at = coalesce($1::timestamptz, now())

@@ -229,6 +229,173 @@ func (e MemberRole) Valid() bool {
 	return false
 }
 
+type WorkflowApprovalStatus string
+
+const (
+	WorkflowApprovalStatusPending WorkflowApprovalStatus = "pending"
+	WorkflowApprovalStatusGranted WorkflowApprovalStatus = "granted"
+	WorkflowApprovalStatusDenied  WorkflowApprovalStatus = "denied"
+	WorkflowApprovalStatusExpired WorkflowApprovalStatus = "expired"
+)
+
+func (e *WorkflowApprovalStatus) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = WorkflowApprovalStatus(s)
+	case string:
+		*e = WorkflowApprovalStatus(s)
+	default:
+		return fmt.Errorf("unsupported scan type for WorkflowApprovalStatus: %T", src)
+	}
+	return nil
+}
+
+type NullWorkflowApprovalStatus struct {
+	WorkflowApprovalStatus WorkflowApprovalStatus
+	Valid                  bool // Valid is true if WorkflowApprovalStatus is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullWorkflowApprovalStatus) Scan(value interface{}) error {
+	if value == nil {
+		ns.WorkflowApprovalStatus, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.WorkflowApprovalStatus.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullWorkflowApprovalStatus) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.WorkflowApprovalStatus), nil
+}
+
+func (e WorkflowApprovalStatus) Valid() bool {
+	switch e {
+	case WorkflowApprovalStatusPending,
+		WorkflowApprovalStatusGranted,
+		WorkflowApprovalStatusDenied,
+		WorkflowApprovalStatusExpired:
+		return true
+	}
+	return false
+}
+
+type WorkflowRunStatus string
+
+const (
+	WorkflowRunStatusPending         WorkflowRunStatus = "pending"
+	WorkflowRunStatusRunning         WorkflowRunStatus = "running"
+	WorkflowRunStatusWaitingApproval WorkflowRunStatus = "waiting_approval"
+	WorkflowRunStatusCompleted       WorkflowRunStatus = "completed"
+	WorkflowRunStatusFailed          WorkflowRunStatus = "failed"
+	WorkflowRunStatusCancelled       WorkflowRunStatus = "cancelled"
+)
+
+func (e *WorkflowRunStatus) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = WorkflowRunStatus(s)
+	case string:
+		*e = WorkflowRunStatus(s)
+	default:
+		return fmt.Errorf("unsupported scan type for WorkflowRunStatus: %T", src)
+	}
+	return nil
+}
+
+type NullWorkflowRunStatus struct {
+	WorkflowRunStatus WorkflowRunStatus
+	Valid             bool // Valid is true if WorkflowRunStatus is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullWorkflowRunStatus) Scan(value interface{}) error {
+	if value == nil {
+		ns.WorkflowRunStatus, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.WorkflowRunStatus.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullWorkflowRunStatus) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.WorkflowRunStatus), nil
+}
+
+func (e WorkflowRunStatus) Valid() bool {
+	switch e {
+	case WorkflowRunStatusPending,
+		WorkflowRunStatusRunning,
+		WorkflowRunStatusWaitingApproval,
+		WorkflowRunStatusCompleted,
+		WorkflowRunStatusFailed,
+		WorkflowRunStatusCancelled:
+		return true
+	}
+	return false
+}
+
+type WorkflowStatus string
+
+const (
+	WorkflowStatusActive   WorkflowStatus = "active"
+	WorkflowStatusDisabled WorkflowStatus = "disabled"
+	WorkflowStatusArchived WorkflowStatus = "archived"
+)
+
+func (e *WorkflowStatus) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = WorkflowStatus(s)
+	case string:
+		*e = WorkflowStatus(s)
+	default:
+		return fmt.Errorf("unsupported scan type for WorkflowStatus: %T", src)
+	}
+	return nil
+}
+
+type NullWorkflowStatus struct {
+	WorkflowStatus WorkflowStatus
+	Valid          bool // Valid is true if WorkflowStatus is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullWorkflowStatus) Scan(value interface{}) error {
+	if value == nil {
+		ns.WorkflowStatus, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.WorkflowStatus.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullWorkflowStatus) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.WorkflowStatus), nil
+}
+
+func (e WorkflowStatus) Valid() bool {
+	switch e {
+	case WorkflowStatusActive,
+		WorkflowStatusDisabled,
+		WorkflowStatusArchived:
+		return true
+	}
+	return false
+}
+
 type Channel struct {
 	CommunityID uuid.UUID
 	ID          uuid.UUID
@@ -348,6 +515,15 @@ type Reaction struct {
 	RemovedAt       *time.Time
 }
 
+// Schedule slots claimed; the primary key lets each slot fire at most once across relay processes.
+type ScheduledWorkflowFire struct {
+	CommunityID   uuid.UUID
+	WorkflowID    uuid.UUID
+	ScheduledFor  time.Time
+	ClaimedAt     time.Time
+	WorkflowRunID *uuid.UUID
+}
+
 type SchemaVersion struct {
 	Version int32
 }
@@ -380,4 +556,62 @@ type User struct {
 	MetadataCreatedAt *time.Time
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+}
+
+// Materialized kind 30620 workflow definitions; definition_event_id pins the signed event.
+type Workflow struct {
+	CommunityID       uuid.UUID
+	ID                uuid.UUID
+	Name              string
+	OwnerPubkey       []byte
+	ChannelID         *uuid.UUID
+	Definition        json.RawMessage
+	DefinitionHash    []byte
+	DefinitionEventID []byte
+	Status            WorkflowStatus
+	// false once the owner left or was removed from the channel, or the definition was deleted.
+	Enabled   bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Approval requests of runs; token is the SHA-256 of the raw token, never the token itself.
+type WorkflowApproval struct {
+	CommunityID    uuid.UUID
+	Token          []byte
+	WorkflowID     uuid.UUID
+	RunID          uuid.UUID
+	StepID         string
+	StepIndex      int32
+	ApproverSpec   string
+	Status         WorkflowApprovalStatus
+	ApproverPubkey []byte
+	Note           *string
+	GrantedAt      *time.Time
+	DeniedAt       *time.Time
+	ExpiresAt      time.Time
+	CreatedAt      time.Time
+}
+
+// Durable workflow runs; claimed by workers under a lease and fenced by claim_id.
+type WorkflowRun struct {
+	CommunityID    uuid.UUID
+	ID             uuid.UUID
+	WorkflowID     uuid.UUID
+	Status         WorkflowRunStatus
+	TriggerEventID []byte
+	CurrentStep    int32
+	ExecutionTrace json.RawMessage
+	TriggerContext []byte
+	StartedAt      *time.Time
+	CompletedAt    *time.Time
+	// Stable reason code of a failed or cancelled run; error_message is the diagnostic.
+	ErrorCode      *string
+	ErrorMessage   *string
+	RunAt          time.Time
+	Attempts       int32
+	ClaimID        *uuid.UUID
+	LeaseUntil     *time.Time
+	CreatedAt      time.Time
+	IdempotencyKey *string
 }

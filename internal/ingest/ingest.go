@@ -93,7 +93,20 @@ type Write struct {
 	afterCommit       []func()
 	// state carries what a handler's Prepare found on to its Apply.
 	state any
+	// reply is the OK message of a stored event (Reply).
+	reply string
 }
+
+// SetState keeps what a handler's Prepare found for its Apply.
+func (w *Write) SetState(v any) { w.state = v }
+
+// State returns what SetState kept.
+func (w *Write) State() any { return w.state }
+
+// Reply sets the OK message sent when the event is stored (e.g. the
+// "response:" of a command that created something the client needs the id
+// of). It is dropped if the transaction rolls back.
+func (w *Write) Reply(msg string) { w.reply = msg }
 
 type emittedEvent struct {
 	ev      *nostr.Event
@@ -143,6 +156,9 @@ type Pipeline struct {
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
 }
+
+// Now is the pipeline clock's time (handlers compare expiries with it).
+func (w *Write) Now() time.Time { return w.pipeline.clock.Now() }
 
 // SQLNow is the now parameter of the write's queries (see package clock).
 func (w *Write) SQLNow() *time.Time { return w.pipeline.clock.SQL() }
@@ -229,13 +245,28 @@ func (p *Pipeline) handlerFor(ev *nostr.Event) Handler {
 // returns the outcome, a *Rejection for refused events, or another error for
 // internal failures (which the caller reports as "error: ...").
 func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor string, ev *nostr.Event) (Outcome, error) {
+	outcome, _, err := p.SubmitReply(ctx, tenant, actor, ev)
+	return outcome, err
+}
+
+// SubmitReply is Submit that also returns the OK message to send: the
+// handler's Reply for a stored event, else the outcome's Message.
+func (p *Pipeline) SubmitReply(ctx context.Context, tenant community.Tenant, actor string, ev *nostr.Event) (Outcome, string, error) {
+	outcome, reply, err := p.submit(ctx, tenant, actor, ev)
+	if reply == "" {
+		reply = outcome.Message()
+	}
+	return outcome, reply, err
+}
+
+func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor string, ev *nostr.Event) (Outcome, string, error) {
 	if err := p.validate(actor, ev); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	h := p.handlerFor(ev)
 	if h.Validate != nil {
 		if err := h.Validate(ev); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 	}
 	w := &Write{Tenant: tenant, Event: ev, Actor: actor, pipeline: p}
@@ -244,14 +275,14 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 		if h.Prepare != nil {
 			w.Q = db.New(p.pool)
 			if err := h.Prepare(ctx, w); err != nil {
-				return 0, mapError(err)
+				return 0, "", mapError(err)
 			}
 		}
 		if err := checkChannelTags(w); err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		p.publish(tenant, ev, w.ChannelID)
-		return Relayed, nil
+		return Relayed, "", nil
 	}
 
 	var inserted int64
@@ -292,10 +323,11 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 		})
 	}
 	if err != nil {
-		return 0, mapError(err)
+		return 0, "", mapError(err)
 	}
 	if inserted == 0 {
-		return p.notInserted(ctx, tenant, ev)
+		outcome, err := p.notInserted(ctx, tenant, ev)
+		return outcome, "", err
 	}
 	// Committed: only now may anyone see it.
 	if w.membershipChanged && p.OnMembershipChange != nil {
@@ -308,7 +340,7 @@ func (p *Pipeline) Submit(ctx context.Context, tenant community.Tenant, actor st
 	for _, fn := range w.afterCommit {
 		fn()
 	}
-	return Stored, nil
+	return Stored, w.reply, nil
 }
 
 func (p *Pipeline) insert(ctx context.Context, q *db.Queries, w *Write) (int64, error) {

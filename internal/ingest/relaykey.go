@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -43,4 +44,27 @@ func (p *Pipeline) relayKey(ctx context.Context, community uuid.UUID) (*nostr.Se
 	p.keys[community] = key
 	p.keysMu.Unlock()
 	return key, nil
+}
+
+// RelayWrite starts a Write for relay-signed events that no client event
+// caused (a workflow step, say): Emit through it stores them in q's
+// transaction, and PublishEmitted fans them out once that committed.
+func (p *Pipeline) RelayWrite(communityID uuid.UUID, q *db.Queries) *Write {
+	return &Write{Tenant: community.FromRow(db.Community{ID: communityID}), Q: q, pipeline: p}
+}
+
+// PublishEmitted fans out the events emitted through w. Call it only after
+// their transaction committed.
+func (w *Write) PublishEmitted() {
+	for _, e := range w.emitted {
+		w.pipeline.publish(w.Tenant, e.ev, e.channel)
+	}
+}
+
+// LastEmitted is the event the last Emit stored, or nil.
+func (w *Write) LastEmitted() *nostr.Event {
+	if len(w.emitted) == 0 {
+		return nil
+	}
+	return w.emitted[len(w.emitted)-1].ev
 }

@@ -309,7 +309,7 @@ func (c *conn) onEvent(ev *nostr.Event) {
 		_ = c.send(nostr.EncodeOK(ev.ID, false, rateLimitedReason(retry)))
 		return
 	}
-	outcome, err := c.srv.pipeline.Submit(c.ctx, c.tenant, c.pubkey, ev)
+	outcome, reply, err := c.srv.pipeline.SubmitReply(c.ctx, c.tenant, c.pubkey, ev)
 	if err != nil {
 		var rej *ingest.Rejection
 		if errors.As(err, &rej) {
@@ -326,7 +326,7 @@ func (c *conn) onEvent(ev *nostr.Event) {
 		return
 	}
 	c.srv.metrics.EventsAccepted.WithLabelValues(outcomeLabel[outcome]).Inc()
-	_ = c.send(nostr.EncodeOK(ev.ID, true, outcome.Message()))
+	_ = c.send(nostr.EncodeOK(ev.ID, true, reply))
 }
 
 var outcomeLabel = map[ingest.Outcome]string{

@@ -43,6 +43,8 @@ func (s *Server) registerHTTPBridge(mux *http.ServeMux) {
 	} {
 		mux.Handle("POST "+route, b.instrument(route, s.withTenant(serve)))
 	}
+	mux.Handle("GET /workflows/{id}/runs", b.instrument("/workflows/runs", s.withTenant(b.serveWorkflowRuns)))
+	mux.Handle("GET /workflows/{id}/runs/{run_id}/approvals", b.instrument("/workflows/approvals", s.withTenant(b.serveWorkflowApprovals)))
 }
 
 // bridgeRequestsCounter registers the bridge's request counter on reg, or
@@ -161,7 +163,7 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 		writeJSON(w, http.StatusTooManyRequests, submitReply{ID: ev.ID, Accepted: false, Message: rateLimitedReason(retry)})
 		return
 	}
-	outcome, err := s.pipeline.Submit(r.Context(), tenant, pubkey, ev)
+	outcome, reply, err := s.pipeline.SubmitReply(r.Context(), tenant, pubkey, ev)
 	if err != nil {
 		var rej *ingest.Rejection
 		if !errors.As(err, &rej) {
@@ -177,7 +179,7 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 		return
 	}
 	s.metrics.EventsAccepted.WithLabelValues(outcomeLabel[outcome]).Inc()
-	writeJSON(w, http.StatusOK, submitReply{ID: ev.ID, Accepted: true, Message: outcome.Message()})
+	writeJSON(w, http.StatusOK, submitReply{ID: ev.ID, Accepted: true, Message: reply})
 }
 
 type submitReply struct {

@@ -31,6 +31,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/trace"
+	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
 // Version is reported in NIP-11.
@@ -66,8 +67,9 @@ type Server struct {
 	// Replace it before serving to share limits between processes.
 	PublishLimiter PublishLimiter
 
-	outboxWorker atomic.Pointer[outbox.Worker] // nil: this process delivers nothing
-	operatorAPI  atomic.Pointer[http.Handler]
+	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
+	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
+	operatorAPI    atomic.Pointer[http.Handler]
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -141,6 +143,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	hub.SetChannelReaders(s.access.MayRead)
 	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
+	s.registerWorkflows()
 	s.pipeline.OnFanout = func(st fanout.Stats) {
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))
@@ -161,6 +164,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
+	mux.HandleFunc("POST /hooks/{id}", s.withTenant(s.serveWorkflowWebhook))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }

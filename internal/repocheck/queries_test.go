@@ -16,19 +16,24 @@ import (
 // the statements of a table opens one file and finds them all there, named
 // alike. A new query file must be added here.
 var queryFiles = map[string]struct{ table, noun string }{
-	"channels.sql":               {"channels", "Channel"},
-	"channel_members.sql":        {"channel_members", "ChannelMember"},
-	"communities.sql":            {"communities", "Community"},
-	"events.sql":                 {"events", "Event"},
-	"event_mentions.sql":         {"event_mentions", "EventMention"},
-	"http_auth_replays.sql":      {"http_auth_replays", "HTTPAuthReplay"},
-	"listener_registrations.sql": {"operator_listener_pubkeys", "ListenerRegistration"},
-	"operator_auth_replays.sql":  {"operator_auth_replays", "OperatorAuthReplay"},
-	"outbox.sql":                 {"operator_listener_outbox", "Outbox"},
-	"outbox_claim.gen.sql":       {"operator_listener_outbox", "Outbox"},
-	"reactions.sql":              {"reactions", "Reaction"},
-	"threads.sql":                {"thread_metadata", "Thread"},
-	"users.sql":                  {"users", "User"},
+	"channels.sql":                 {"channels", "Channel"},
+	"channel_members.sql":          {"channel_members", "ChannelMember"},
+	"communities.sql":              {"communities", "Community"},
+	"events.sql":                   {"events", "Event"},
+	"event_mentions.sql":           {"event_mentions", "EventMention"},
+	"http_auth_replays.sql":        {"http_auth_replays", "HTTPAuthReplay"},
+	"listener_registrations.sql":   {"operator_listener_pubkeys", "ListenerRegistration"},
+	"operator_auth_replays.sql":    {"operator_auth_replays", "OperatorAuthReplay"},
+	"outbox.sql":                   {"operator_listener_outbox", "Outbox"},
+	"outbox_claim.gen.sql":         {"operator_listener_outbox", "Outbox"},
+	"reactions.sql":                {"reactions", "Reaction"},
+	"threads.sql":                  {"thread_metadata", "Thread"},
+	"users.sql":                    {"users", "User"},
+	"workflows.sql":                {"workflows", "Workflow"},
+	"scheduled_workflow_fires.sql": {"scheduled_workflow_fires", "ScheduledWorkflowFire"},
+	"workflow_approvals.sql":       {"workflow_approvals", "WorkflowApproval"},
+	"workflow_runs.sql":            {"workflow_runs", "WorkflowRun"},
+	"workflow_run_claim.gen.sql":   {"workflow_runs", "WorkflowRun"},
 }
 
 var (

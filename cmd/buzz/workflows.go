@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Workflow kinds used by the CLI.
+const (
+	kindWorkflowDefinition = 30620
+	kindWorkflowTrigger    = 46020
+	kindApprovalGrant      = 46030
+	kindApprovalDeny       = 46031
+)
+
+type workflowJSON struct {
+	ID        string `json:"id"`
+	Channel   string `json:"channel"`
+	Owner     string `json:"owner"`
+	EventID   string `json:"event_id"`
+	CreatedAt int64  `json:"created_at"`
+	YAML      string `json:"yaml,omitempty"`
+}
+
+func workflowID(s string) (string, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return "", invalidErr("workflow id must be a UUID: %q", s)
+	}
+	return id.String(), nil
+}
+
+// readWorkflows reads stored kind 30620 definitions matching filter.
+func readWorkflows(ctx context.Context, o *options, filter map[string]any, withYAML bool) ([]workflowJSON, error) {
+	c, err := o.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	filter["kinds"] = []int{kindWorkflowDefinition}
+	raw, _ := json.Marshal(filter)
+	events, err := c.Query(ctx, []json.RawMessage{raw})
+	if err != nil {
+		return nil, err
+	}
+	out := []workflowJSON{}
+	for _, r := range events {
+		ev := r.Event
+		w := workflowJSON{ID: ev.DTag(), Owner: ev.PubKey, EventID: ev.ID, CreatedAt: ev.CreatedAt}
+		if h := ev.Tags.First("h"); h != nil {
+			w.Channel = h[1]
+		}
+		if withYAML {
+			w.YAML = ev.Content
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// workflowsList: buzz workflows list [CHANNEL_ID].
+func workflowsList(o *options, args []string) (action, error) {
+	pos, err := command(o.flags("buzz workflows list"), args, 0, 1, "workflows list [CHANNEL_ID]")
+	if err != nil {
+		return nil, err
+	}
+	filter := map[string]any{}
+	if len(pos) == 1 {
+		id, err := channelID(pos[0])
+		if err != nil {
+			return nil, err
+		}
+		filter["#h"] = []string{id}
+	}
+	return func(ctx context.Context) (any, error) { return readWorkflows(ctx, o, filter, false) }, nil
+}
+
+// workflowsShow: buzz workflows show WORKFLOW_ID (the signed YAML included).
+func workflowsShow(o *options, args []string) (action, error) {
+	pos, err := command(o.flags("buzz workflows show"), args, 1, 1, "workflows show WORKFLOW_ID")
+	if err != nil {
+		return nil, err
+	}
+	id, err := workflowID(pos[0])
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (any, error) {
+		list, err := readWorkflows(ctx, o, map[string]any{"#d": []string{id}}, true)
+		if err != nil {
+			return nil, err
+		}
+		if len(list) == 0 {
+			return nil, &cliError{code: "not_found", msg: "no stored definition for workflow " + id, exit: 3}
+		}
+		return list[0], nil
+	}, nil
+}
+
+// workflowsTrigger: buzz workflows trigger WORKFLOW_ID prints the run id the
+// relay created.
+func workflowsTrigger(o *options, args []string) (action, error) {
+	pos, err := command(o.flags("buzz workflows trigger"), args, 1, 1, "workflows trigger WORKFLOW_ID")
+	if err != nil {
+		return nil, err
+	}
+	id, err := workflowID(pos[0])
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (any, error) {
+		return publishCommand(ctx, o, kindWorkflowTrigger, nostr.Tags{{"d", id}})
+	}, nil
+}
+
+// workflowsDecide: buzz workflows approve|deny APPROVAL_REF.
+func workflowsDecide(kind int, name string) commandFunc {
+	return func(o *options, args []string) (action, error) {
+		pos, err := command(o.flags("buzz workflows "+name), args, 1, 1, "workflows "+name+" APPROVAL_REF")
+		if err != nil {
+			return nil, err
+		}
+		ref := strings.ToLower(pos[0])
+		if _, ok := nostr.DecodeHex32(ref); !ok {
+			return nil, invalidErr("approval reference must be 64 hex characters")
+		}
+		return func(ctx context.Context) (any, error) {
+			return publishCommand(ctx, o, kind, nostr.Tags{{"d", ref}})
+		}, nil
+	}
+}
+
+// publishCommand publishes a command event and returns the JSON of the
+// relay's "response:" OK message.
+func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) (any, error) {
+	c, err := o.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	ev := &nostr.Event{Kind: kind, Tags: tags, CreatedAt: time.Now().Unix()}
+	if err := c.Sign(ev); err != nil {
+		return nil, err
+	}
+	msg, err := c.Publish(ctx, ev)
+	if err != nil {
+		return nil, err
+	}
+	body, ok := strings.CutPrefix(msg, "response:")
+	if !ok {
+		return nil, &ProtocolError{Msg: "relay accepted the command without a response: " + msg}
+	}
+	return json.RawMessage(body), nil
+}
+
+// workflowsRuns: buzz workflows runs WORKFLOW_ID [--limit N] [--before T
+// --before-id ID] reads the run history over NIP-98 HTTP.
+func workflowsRuns(o *options, args []string) (action, error) {
+	fs := o.flags("buzz workflows runs")
+	limit := fs.Int("limit", 20, "runs per page (1-100)")
+	before := fs.String("before", "", "cursor: created_at of the last run seen")
+	beforeID := fs.String("before-id", "", "cursor: id of the last run seen")
+	pos, err := command(fs, args, 1, 1, "workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]")
+	if err != nil {
+		return nil, err
+	}
+	id, err := workflowID(pos[0])
+	if err != nil {
+		return nil, err
+	}
+	if (*before == "") != (*beforeID == "") {
+		return nil, invalidErr("--before and --before-id go together")
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	if *before != "" {
+		q.Set("before", *before)
+		q.Set("before_id", *beforeID)
+	}
+	return func(ctx context.Context) (any, error) {
+		return httpGetSigned(ctx, o, "/workflows/"+id+"/runs?"+q.Encode())
+	}, nil
+}
+
+// httpGetSigned sends a NIP-98 signed GET to the relay's HTTP side.
+func httpGetSigned(ctx context.Context, o *options, pathAndQuery string) (any, error) {
+	relay, err := o.relayURL()
+	if err != nil {
+		return nil, err
+	}
+	key, err := o.secretKey()
+	if err != nil {
+		return nil, err
+	}
+	base := "http" + strings.TrimPrefix(relay, "ws")
+	target := strings.TrimRight(base, "/") + pathAndQuery
+	auth := &nostr.Event{Kind: nostr.KindHTTPAuth, CreatedAt: time.Now().Unix(),
+		Tags: nostr.Tags{{"u", target}, {"method", "GET"}, {"nonce", uuid.NewString()}}}
+	if err := auth.Sign(key); err != nil {
+		return nil, err
+	}
+	raw, err := auth.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(body, &e)
+		return nil, &cliError{code: "http_" + strconv.Itoa(resp.StatusCode), msg: fmt.Sprintf("relay answered %d: %s", resp.StatusCode, e.Error), exit: 3}
+	}
+	return json.RawMessage(body), nil
+}

@@ -1,0 +1,45 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+// registerWorkflows adds workflow definitions, triggers and the manual
+// command to the write spine. Runs created by an event are offered to this
+// process's worker after commit, once StartWorkflows started one.
+func (s *Server) registerWorkflows() {
+	workflow.Register(s.pipeline, func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) })
+}
+
+// StartWorkflows runs the workflow worker and the schedule scheduler until
+// ctx ends. Every relay process may run them: runs are claimed under a
+// lease, so several workers on one database never execute the same step
+// twice, and a schedule slot is claimed by one process only.
+func (s *Server) StartWorkflows(ctx context.Context) error {
+	m, err := workflow.NewMetrics(s.metrics.Registry)
+	if err != nil {
+		return err
+	}
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m})
+	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
+	s.workflowWorker.Store(w)
+	go w.Run(ctx)
+	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
+	sched.Metrics = m
+	go sched.Run(ctx, s.cfg.WorkflowPoll)
+	return nil
+}
+
+// serveWorkflowWebhook starts a webhook-triggered run (POST /hooks/{id}).
+// It works on every process; the run is offered to this process's worker
+// if it runs one, else another process's poll finds it.
+func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	hooks := workflow.Webhooks{Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer}
+	hooks.Serve(w, r, tenant.ID())
+}

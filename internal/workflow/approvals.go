@@ -1,0 +1,162 @@
+package workflow
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Approval kinds.
+const (
+	KindApprovalRequested = 46010 // relay-signed: a run waits for approval
+	KindApprovalGrant     = 46030
+	KindApprovalDeny      = 46031
+)
+
+// RelayOnlyKinds are the run lifecycle and approval notices only the relay
+// signs (46001-46012); clients may not publish them.
+func relayOnlyKinds() []int {
+	var kinds []int
+	for k := 46001; k <= 46012; k++ {
+		kinds = append(kinds, k)
+	}
+	return kinds
+}
+
+// approvalRef reads the approval's stored hash (hex) from the d tag, else
+// an e tag.
+func approvalRef(ev *nostr.Event) ([32]byte, error) {
+	tag := ev.Tags.First("d")
+	if tag == nil {
+		tag = ev.Tags.First("e")
+	}
+	if tag == nil {
+		return [32]byte{}, ingest.Reject("invalid", "missing d tag (approval reference)")
+	}
+	ref, ok := nostr.DecodeHex32(tag[1])
+	if !ok {
+		return [32]byte{}, ingest.Reject("invalid", "bad approval reference format")
+	}
+	return ref, nil
+}
+
+func validateDecision(ev *nostr.Event) error {
+	_, err := approvalRef(ev)
+	return err
+}
+
+type decision struct {
+	token    [32]byte
+	approval db.WorkflowApprovalGetRow
+}
+
+// ApprovalHandler is the handler of a grant (46030) or deny (46031).
+func (t *Triggers) ApprovalHandler(kind int) ingest.Handler {
+	return ingest.Handler{Validate: validateDecision, Prepare: t.prepareDecision, Apply: func(ctx context.Context, w *ingest.Write) error {
+		return t.applyDecision(ctx, w, kind == KindApprovalGrant)
+	}}
+}
+
+func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
+	token, _ := approvalRef(w.Event)
+	a, err := w.Q.WorkflowApprovalGet(ctx, db.WorkflowApprovalGetParams{CommunityID: w.Tenant.ID(), Token: token[:]})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "approval not found")
+	}
+	if err != nil {
+		return err
+	}
+	switch spec := strings.TrimSpace(a.ApproverSpec); {
+	case spec == "" || spec == "any":
+	case len(spec) == 64 && isHex(spec):
+		if !strings.EqualFold(spec, w.Actor) {
+			return ingest.Reject("restricted", "not the approver of this step")
+		}
+	default:
+		// Roles and @mentions are not resolved yet: fail closed.
+		return ingest.Reject("restricted", "approver spec '%s' is not yet supported", spec)
+	}
+	if a.Status != db.WorkflowApprovalStatusPending {
+		return ingest.Reject("invalid", "approval already %s", a.Status)
+	}
+	if !a.ExpiresAt.After(w.Now()) {
+		return ingest.Reject("invalid", "approval token has expired")
+	}
+	w.ChannelID = a.ChannelID
+	w.SetState(&decision{token: token, approval: a})
+	return nil
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func (t *Triggers) applyDecision(ctx context.Context, w *ingest.Write, grant bool) error {
+	d := w.State().(*decision)
+	status, word := db.WorkflowApprovalStatusDenied, "denied"
+	if grant {
+		status, word = db.WorkflowApprovalStatusGranted, "granted"
+	}
+	n, err := w.Q.WorkflowApprovalDecide(ctx, db.WorkflowApprovalDecideParams{
+		Status: status, Approver: w.ActorBytes(), Now: w.SQLNow(), CommunityID: w.Tenant.ID(), Token: d.token[:],
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ingest.Reject("invalid", "approval already acted on (race)")
+	}
+	run := d.approval.RunID
+	if grant {
+		if _, err := w.Q.WorkflowRunApprovalGranted(ctx, db.WorkflowRunApprovalGrantedParams{CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow()}); err != nil {
+			return err
+		}
+		t.offerAfterCommit(w, []uuid.UUID{run})
+	} else {
+		if _, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			Status: db.WorkflowRunStatusCancelled, ErrorCode: string(CodeApprovalDenied),
+			ErrorMessage: "workflow cancelled: approval denied by " + w.Actor, CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
+		}); err != nil {
+			return err
+		}
+	}
+	body, _ := json.Marshal(map[string]string{"status": word, "run_id": run.String()})
+	w.Reply("response:" + string(body))
+	return nil
+}
+
+// ExpireApprovals marks pending approvals past their expiry expired and
+// fails their waiting runs with approval_expired; it returns how many.
+func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock) (int, error) {
+	expired := 0
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		rows, err := q.WorkflowApprovalsExpire(ctx, clk.SQL())
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			if _, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+				Status: db.WorkflowRunStatusFailed, ErrorCode: string(CodeApprovalExpired),
+				ErrorMessage: "the approval expired before anyone decided", CommunityID: r.CommunityID, ID: r.RunID, Now: clk.SQL(),
+			}); err != nil {
+				return err
+			}
+		}
+		expired = len(rows)
+		return nil
+	})
+	return expired, err
+}

@@ -1,0 +1,100 @@
+package workflow_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+// approvalRun saves a two-step workflow whose first step asks approver
+// (an approver spec) and whose second posts "approved", triggers it and
+// runs it to the approval; it returns the run and the approval reference.
+func (f *fixture) approvalRun(owner *nostr.SecretKey, ch, from string) (uuid.UUID, string) {
+	f.t.Helper()
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: A\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: ask, action: request_approval, from: '"+from+"', message: 'ok to ship?', timeout: 1h}\n"+
+		"  - {id: go, action: send_message, text: approved}\n")
+	f.store(f.sign(owner, ingest.KindChat, "ship "+id, nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	f.drain(f.engine(time.Minute))
+	require.Equal(f.t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+	var ref string
+	require.NoError(f.t, f.pool.QueryRow(f.ctx, `SELECT encode(token, 'hex') FROM workflow_approvals WHERE run_id = $1`, run).Scan(&ref))
+	return run, ref
+}
+
+// request_approval parks the run waiting for a decision and posts a
+// relay-signed 46010 naming the approval by its stored hash; a grant by
+// the named approver resumes the run at the next step, and the OK message
+// carries the run id. Mutations killed: a grant that does not make the run
+// due again leaves it waiting; an approver check that accepts anyone fails
+// the stranger's refusal.
+func TestApprovalGrantResumes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, approver, stranger := f.key(), f.key(), f.key()
+	ch := f.channel(owner, approver, stranger)
+	run, ref := f.approvalRun(owner, ch, pubHex(approver))
+	bells := f.doorbells(run)
+	require.Len(t, bells, 1)
+	require.Equal(t, workflow.KindApprovalRequested, bells[0].Kind)
+	require.Contains(t, bells[0].Tags, nostr.Tag{"approval", ref})
+
+	f.rejected(f.sign(stranger, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}), "restricted: not the approver of this step")
+	reply := f.store(f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}))
+	require.Equal(t, `response:{"run_id":"`+run.String()+`","status":"granted"}`, reply)
+	f.rejected(f.sign(approver, workflow.KindApprovalDeny, "", nostr.Tags{{"d", ref}}), "invalid: approval already granted")
+
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.ElementsMatch(t, []string{"ok to ship?", "approved"}, contents(f.doorbells(run)))
+}
+
+// A denial cancels the run with approval_denied; an unsupported approver
+// spec fails closed; clients cannot publish the relay's lifecycle kinds.
+func TestApprovalDenyAndFailClosed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, member)
+	run, ref := f.approvalRun(owner, ch, "any")
+	reply := f.store(f.sign(member, workflow.KindApprovalDeny, "", nostr.Tags{{"d", ref}}))
+	require.Equal(t, `response:{"run_id":"`+run.String()+`","status":"denied"}`, reply)
+	denied := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCancelled, denied.Status)
+	require.Equal(t, "approval_denied", *denied.ErrorCode)
+	require.Equal(t, "workflow cancelled: approval denied by "+pubHex(member), *denied.ErrorMessage)
+
+	_, ref2 := f.approvalRun(owner, ch, "@leads")
+	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref2}}), "restricted: approver spec '@leads' is not yet supported")
+	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", uuid.NewString()}}), "invalid: bad approval reference format")
+	f.rejected(f.sign(owner, workflow.KindApprovalRequested, "", nostr.Tags{{"h", ch}}), "restricted: only the relay publishes kind 46010")
+}
+
+// An approval nobody decided expires: the run fails with approval_expired
+// and a late grant is refused. Mutation killed: an expiry sweep that does
+// not end the waiting run leaves it waiting_approval.
+func TestApprovalExpires(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	run, ref := f.approvalRun(owner, ch, "")
+	f.clock.Advance(time.Hour)
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	expired := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, expired.Status)
+	require.Equal(t, "approval_expired", *expired.ErrorCode)
+	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}), "invalid: approval already expired")
+}

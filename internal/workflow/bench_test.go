@@ -1,0 +1,92 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/fanout"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+// benchFixture: a pipeline with workflows registered, a worker on the wall
+// clock whose hand-off receives the runs the pipeline creates, and a
+// channel with a two-step workflow (two send_message steps).
+func benchFixture(b *testing.B) (*fixture, *nostr.SecretKey, string) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
+	require.NoError(b, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	row, err := db.New(pool).CommunityCreate(ctx, "bench.example")
+	require.NoError(b, err)
+	f := &fixture{t: b, ctx: ctx, pool: pool, tenant: community.FromRow(row), clock: &testClock{now: time.Now()}}
+	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+	w := workflow.NewWorker(workflow.NewEngine(pool, f.p, workflow.EngineOptions{Clock: clock.Wall()}), workflow.WorkerOptions{Poll: 50 * time.Millisecond})
+	workflow.Register(f.p, w.Offer)
+	runCtx, cancel := context.WithCancel(ctx)
+	b.Cleanup(cancel)
+	go w.Run(runCtx)
+	owner := f.key()
+	ch := f.channel(owner)
+	f.save(owner, ch, uuid.NewString(), twoSteps)
+	return f, owner, ch
+}
+
+// BenchmarkMessageTriggerToFirstStep: from submitting a kind 9 to the
+// workflow's first doorbell being stored (ns/op is that latency; the
+// runs execute one at a time).
+func BenchmarkMessageTriggerToFirstStep(b *testing.B) {
+	f, owner, ch := benchFixture(b)
+	i := 0
+	for b.Loop() {
+		i++
+		ev := &nostr.Event{Kind: ingest.KindChat, Content: "m" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
+		require.NoError(b, ev.Sign(owner))
+		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+		require.NoError(b, err)
+		for {
+			var n int
+			require.NoError(b, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'first'
+				AND tags @> jsonb_build_array(jsonb_build_array('workflow-cause', 'event', $1::text))`, ev.ID).Scan(&n))
+			if n > 0 {
+				break
+			}
+		}
+	}
+}
+
+// BenchmarkTwoStepRunsPerSecond: how many two-step runs one worker
+// completes per second when triggers arrive as fast as they can (runs/s is
+// reported).
+func BenchmarkTwoStepRunsPerSecond(b *testing.B) {
+	f, owner, ch := benchFixture(b)
+	start := time.Now()
+	for i := range b.N {
+		ev := &nostr.Event{Kind: ingest.KindChat, Content: "r" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
+		require.NoError(b, ev.Sign(owner))
+		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+		require.NoError(b, err)
+	}
+	for {
+		var n int
+		require.NoError(b, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'completed'`).Scan(&n))
+		if n >= b.N {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "runs/s")
+}

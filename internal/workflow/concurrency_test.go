@@ -1,0 +1,165 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+const twoSteps = "name: Two\ntrigger: {on: message_posted}\nsteps: [{id: one, action: send_message, text: first}, {id: two, action: send_message, text: second}]"
+
+// Two workers, each with its own engine, poll one database at once while
+// runs arrive: every run completes, each of its two non-idempotent
+// send_message steps is executed exactly once, and no run is claimed twice.
+//
+// Mutation killed: a claim without FOR UPDATE SKIP LOCKED lets both workers
+// claim the same pending run (attempts 2, and a step's message sent by the
+// loser is only saved by the fence); checked by the attempts == 1 and the
+// exactly-two-messages assertions.
+func TestTwoWorkersNeverExecuteAStepTwice(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	done := make(chan struct{}, 2)
+	for range 2 {
+		w := workflow.NewWorker(f.engine(time.Minute), workflow.WorkerOptions{MaxInFlight: 4, Poll: 5 * time.Millisecond})
+		go func() { w.Run(ctx); done <- struct{}{} }()
+	}
+	const runs = 30
+	for i := range runs {
+		f.store(f.sign(owner, ingest.KindChat, "msg "+itoa(int64(i)), nostr.Tags{{"h", ch}}))
+	}
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE status = 'completed'`) == runs
+	}, time.Minute, 10*time.Millisecond)
+	cancel()
+	<-done
+	<-done
+
+	ids := f.runIDs(id)
+	require.Len(t, ids, runs)
+	for _, run := range ids {
+		row := f.run(run)
+		require.Equal(t, int32(1), row.Attempts, "claimed once")
+		bells := f.doorbells(run)
+		require.ElementsMatch(t, []string{"first", "second"}, contents(bells), "each step sent once")
+	}
+}
+
+// A worker that claimed a run and died (no step executed) holds it only
+// for its lease: until then nobody else may claim it; after it another
+// worker resumes and completes the run, and the first worker's late
+// transition is fenced: it changes nothing and sends nothing.
+//
+// Mutations killed: a claim that ignores lease_until (re-claims running
+// runs at once) fails "held until the lease ends"; transitions fenced by id
+// alone (no claim_id, status, current_step) let the late worker record its
+// steps and send its messages, failing "late worker changes nothing"; a
+// fence without claim_id makes the late Execute report success, failing
+// require.False.
+func TestLeaseExpiryResumesAndFencesTheLateWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	const lease = 30 * time.Second
+	dead, alive := f.engine(lease), f.engine(lease)
+	claims, err := dead.ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	stale := claims[0]
+
+	f.clock.Advance(lease - time.Second)
+	none, err := alive.ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, none, "held until the lease ends")
+
+	f.clock.Advance(2 * time.Second)
+	claims, err = alive.ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1, "resumed after the lease")
+	require.NotEqual(t, stale.ClaimID, claims[0].ClaimID)
+	require.Equal(t, int32(2), claims[0].Run.Attempts)
+
+	// The dead worker wakes up while the run is held by the new claim.
+	require.False(t, dead.Execute(f.ctx, stale), "late worker lost its claim")
+	require.Empty(t, f.doorbells(run), "late worker changes nothing")
+	require.Equal(t, db.WorkflowRunStatusRunning, f.run(run).Status)
+	require.Equal(t, int32(0), f.run(run).CurrentStep)
+
+	require.True(t, alive.Execute(f.ctx, claims[0]))
+	final := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, final.Status)
+	require.Len(t, f.doorbells(run), 2)
+
+	// And once the run ended, the stale claim still changes nothing.
+	require.False(t, dead.Execute(f.ctx, stale))
+	require.Len(t, f.doorbells(run), 2)
+}
+
+// A worker killed between two steps (its step 1 transaction never
+// commits) leaves step 0 recorded once; the next worker resumes at step 1
+// after the lease and does not repeat step 0.
+//
+// Mutation killed: resuming from step 0 instead of current_step (a claim
+// that resets current_step, or Execute ignoring it) sends "first" twice.
+func TestResumeAfterCrashContinuesAtCurrentStep(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	const lease = 30 * time.Second
+	crashing := f.engine(lease)
+	// The process dies inside step 1's transaction: a panic unwinds through
+	// pgx.BeginFunc, which rolls the transaction back, as a dropped
+	// connection would.
+	crashing.SetBeforeCommit(func(_ uuid.UUID, step int) {
+		if step == 1 {
+			panic("killed")
+		}
+	})
+	claims, err := crashing.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Panics(t, func() { crashing.Execute(f.ctx, claims[0]) })
+	mid := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusRunning, mid.Status)
+	require.Equal(t, int32(1), mid.CurrentStep)
+	require.Len(t, f.doorbells(run), 1)
+
+	f.clock.Advance(lease + time.Second)
+	f.drain(f.engine(lease))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
+}
+
+func contents(evs []*nostr.Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.Content
+	}
+	return out
+}

@@ -1,0 +1,197 @@
+package condition
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/workflow/template"
+)
+
+func testVars() Vars {
+	return Vars{
+		"trigger_text":            "Deploy the Zoë build",
+		"trigger_author":          "abc123",
+		"trigger_emoji":           "🚀",
+		"steps_fetch_output_code": "200",
+	}
+}
+
+func TestEval(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		expression string
+		want       bool
+	}{
+		{`trigger_text == "Deploy the Zoë build"`, true},
+		{`trigger_text != "x"`, true},
+		{`str_contains(trigger_text, "Zoë")`, true},
+		{`str_contains(trigger_text, "zoë")`, false},
+		{`str_starts_with(trigger_text, "Deploy")`, true},
+		{`str_ends_with(trigger_text, "build")`, true},
+		{`str_len(trigger_text) == 20`, true}, // characters, not bytes
+		{`str_len(trigger_emoji) == 1`, true},
+		{`str_len(trigger_text) > 100`, false},
+		{`trigger_emoji == "🚀" && steps_fetch_output_code == "200"`, true},
+		{`trigger_author == "nobody" || str_contains(trigger_text, "build")`, true},
+		{`!(trigger_text == "")`, true},
+		{`trigger_text == "a" ? false : true`, true},
+		{`trigger_text in ["x", "Deploy the Zoë build"]`, true},
+		{`trigger_text matches "^Deploy"`, true},
+		{`let t = trigger_text; str_contains(t, "Deploy")`, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.expression, func(t *testing.T) {
+			t.Parallel()
+			p, err := Compile(tc.expression)
+			require.NoError(t, err)
+			got, err := p.Eval(context.Background(), testVars())
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestCompileRejects(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, expression, reason string
+	}{
+		{"longer than 4096 bytes", `trigger_text == "` + strings.Repeat("a", 4096) + `"`, "the limit is 4096"},
+		{"empty", "   ", "empty"},
+		{"syntax error", `trigger_text ==`, "syntax error"},
+		{"not a bool", `trigger_text`, "invalid expression"},
+		{"number result", `str_len(trigger_text)`, "invalid expression"},
+		{"variables are strings", `trigger_text + 1 == 2`, "invalid expression"},
+		{"variable without a known prefix", `foo == "x"`, `unknown variable "foo"`},
+		{"env access", `$env["trigger_text"] == "x"`, "unknown variable"},
+		{"builtins are disabled", `len(trigger_text) > 0`, `builtin "len" is not available`},
+		{"iteration builtins are rejected", `all(["a"], {# == "a"})`, `builtin "all" is not available`},
+		{"nested iteration is rejected", `let a = [1, 2, 3]; any(a, {any(a, {# == 1})})`, "is not available"},
+		{"reduce is rejected", `reduce([1], #acc) == 1`, "is not available"},
+		{"repeat is rejected", `repeat(trigger_text, 1000000) == ""`, "is not available"},
+		{"unknown function", `nope(trigger_text)`, "invalid expression"},
+		{"helper with wrong arity", `str_contains(trigger_text)`, "invalid expression"},
+		{"helper with wrong type", `str_len(1) == 1`, "invalid expression"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Compile(tc.expression)
+			var cerr *Error
+			require.ErrorAs(t, err, &cerr)
+			require.Contains(t, cerr.Error(), tc.reason)
+		})
+	}
+}
+
+func TestCompileAcceptsExactly4096Bytes(t *testing.T) {
+	t.Parallel()
+	prefix, suffix := `trigger_text == "`, `"`
+	expression := prefix + strings.Repeat("a", MaxExpressionBytes-len(prefix)-len(suffix)) + suffix
+	require.Len(t, expression, MaxExpressionBytes)
+	_, err := Compile(expression)
+	require.NoError(t, err)
+}
+
+func TestEvalErrors(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, expression, reason string
+		vars                     Vars
+	}{
+		{"unknown variable at evaluation", `trigger_nope == "x"`, `unknown variable "trigger_nope"`, testVars()},
+		{"unknown variable in a branch not taken", `trigger_text == "" && trigger_nope == "x"`, `unknown variable "trigger_nope"`, testVars()},
+		{"range beyond the memory budget", `(1..100000)[0] == 1`, "evaluation failed", testVars()},
+		{"bad regexp", `trigger_text matches trigger_author + "("`, "evaluation failed", testVars()},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := Compile(tc.expression)
+			require.NoError(t, err)
+			_, err = p.Eval(context.Background(), tc.vars)
+			var cerr *Error
+			require.ErrorAs(t, err, &cerr)
+			require.Contains(t, cerr.Error(), tc.reason)
+		})
+	}
+}
+
+func TestEvalStopsAtTheDeadline(t *testing.T) {
+	// Not parallel with the other tests of this file: it swaps the extra
+	// helpers, which Compile reads.
+	release := make(chan struct{})
+	defer close(release)
+	p := compileWithBlockingHelper(t, release)
+
+	_, err := p.Eval(context.Background(), testVars())
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, cerr.Reason, "time budget")
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = p.Eval(canceled, testVars())
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestVarsFrom(t *testing.T) {
+	t.Parallel()
+	ctx := template.Context{
+		Trigger: map[string]string{
+			"text":           "real text",
+			"author":         "abc",
+			"order.id":       "42",
+			"repo":           "buzz",
+			"trigger_text":   "spoofed",
+			"steps_x_output": "spoofed",
+			"message.id":     "from webhook", // would become trigger_message_id
+		},
+		Steps: map[string]map[string]any{
+			"fetch": {"status": float64(200), "ok": true, "none": nil, "body": map[string]any{"a": "b"}},
+		},
+	}
+	require.Equal(t, Vars{
+		"trigger_text":              "real text",
+		"trigger_author":            "abc",
+		"trigger_order_id":          "42",
+		"trigger_repo":              "buzz",
+		"trigger_message_id":        "from webhook",
+		"steps_fetch_output_status": "200",
+		"steps_fetch_output_ok":     "true",
+		"steps_fetch_output_none":   "",
+		"steps_fetch_output_body":   `{"a":"b"}`,
+	}, VarsFrom(ctx))
+
+	ctx.Trigger["message_id"] = "standard"
+	require.Equal(t, "standard", VarsFrom(ctx)["trigger_message_id"], "a standard field overwrites a webhook field")
+}
+
+func FuzzCompile(f *testing.F) {
+	for _, s := range []string{
+		`trigger_text == "x"`, `str_len(trigger_text) > 3`, `1..1000000 == nil`, `let a = 1; a == 1`,
+		`trigger_text matches "(a+)+$"`, `[trigger_text][0] == "x"`, `{"a": trigger_text}.a == ""`,
+		`trigger_text | str_len() > 0`, `steps_a_output_b ?? "x" == "x"`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, expression string) {
+		p, err := Compile(expression)
+		if err != nil {
+			require.True(t, IsError(err))
+			return
+		}
+		vars := Vars{}
+		for _, name := range p.Variables() {
+			vars[name] = expression
+		}
+		_, err = p.Eval(context.Background(), vars)
+		if err != nil {
+			require.True(t, IsError(err))
+		}
+	})
+}

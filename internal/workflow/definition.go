@@ -1,0 +1,578 @@
+// Package workflow holds workflow definitions (the YAML an owner signs in a
+// kind 30620 event), their materialization into the workflows table, run
+// creation from triggering events, and the durable run engine.
+package workflow
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/google/uuid"
+	"github.com/robfig/cron/v3"
+
+	"github.com/buzzrelay/buzz/internal/workflow/condition"
+	"github.com/buzzrelay/buzz/internal/workflow/template"
+)
+
+// Trigger kinds (the trigger's `on` key).
+const (
+	OnMessagePosted = "message_posted"
+	OnReactionAdded = "reaction_added"
+	OnDiffPosted    = "diff_posted"
+	OnSchedule      = "schedule"
+	OnWebhook       = "webhook"
+)
+
+// Step actions (the step's `action` key).
+const (
+	ActionSendMessage     = "send_message"
+	ActionAddReaction     = "add_reaction"
+	ActionCallWebhook     = "call_webhook"
+	ActionRequestApproval = "request_approval"
+	ActionDelay           = "delay"
+	ActionSendDM          = "send_dm"
+	ActionSetChannelTopic = "set_channel_topic"
+)
+
+// Definition limits. They bound what one signed definition may ask the
+// relay to do; they are part of the definition language, not tuning knobs.
+const (
+	MaxStepIDLength      = 64
+	MaxNameLength        = 255 // the workflows.name column
+	MaxConditionBytes    = 4096
+	MaxDelay             = 300 * time.Second
+	MinScheduleInterval  = 60 * time.Second
+	DefaultApprovalLimit = "24h"
+)
+
+// Definition is a validated workflow definition. Its JSON encoding is the
+// canonical form stored in workflows.definition: Parse of that JSON (JSON is
+// YAML) gives the same Definition back.
+type Definition struct {
+	Name        string  `json:"name"`
+	Description string  `json:"description,omitempty"`
+	Enabled     bool    `json:"enabled"`
+	Trigger     Trigger `json:"trigger"`
+	Steps       []Step  `json:"steps"`
+	// WebhookSecret is added by the relay when a webhook-triggered
+	// definition is saved; never part of what the owner signs.
+	WebhookSecret string `json:"_webhook_secret,omitempty"`
+}
+
+// Trigger says what starts a run.
+type Trigger struct {
+	On     string `json:"on"`
+	Filter string `json:"filter,omitempty"`
+	Emoji  string `json:"emoji,omitempty"`
+	// Cron is normalized to seven fields: seconds, minutes, hours, day of
+	// month, month, day of week, year.
+	Cron     string `json:"cron,omitempty"`
+	Interval string `json:"interval,omitempty"`
+}
+
+// Step is one action of a workflow. Only the fields of its Action are set.
+type Step struct {
+	ID          string   `json:"id"`
+	Name        string   `json:"name,omitempty"`
+	If          string   `json:"if,omitempty"`
+	TimeoutSecs int      `json:"timeout_secs,omitempty"`
+	DependsOn   []string `json:"depends_on,omitempty"`
+	Action      string   `json:"action"`
+
+	Text          string            `json:"text,omitempty"`            // send_message, send_dm
+	Channel       string            `json:"channel,omitempty"`         // send_message
+	ReplyInThread bool              `json:"reply_in_thread,omitempty"` // send_message
+	Emoji         string            `json:"emoji,omitempty"`           // add_reaction
+	URL           string            `json:"url,omitempty"`             // call_webhook
+	Method        string            `json:"method,omitempty"`          // call_webhook
+	Headers       map[string]string `json:"headers,omitempty"`         // call_webhook
+	Body          string            `json:"body,omitempty"`            // call_webhook
+	From          string            `json:"from,omitempty"`            // request_approval
+	Message       string            `json:"message,omitempty"`         // request_approval
+	Timeout       string            `json:"timeout,omitempty"`         // request_approval
+	Duration      string            `json:"duration,omitempty"`        // delay
+	To            string            `json:"to,omitempty"`              // send_dm
+	Topic         string            `json:"topic,omitempty"`           // set_channel_topic
+}
+
+// DelayDuration is a delay step's duration (validated by Parse).
+func (s Step) DelayDuration() time.Duration {
+	d, _ := time.ParseDuration(s.Duration)
+	return d
+}
+
+// IntervalDuration is a schedule trigger's interval (zero for cron).
+func (t Trigger) IntervalDuration() time.Duration {
+	d, _ := time.ParseDuration(t.Interval)
+	return d
+}
+
+// ErrInvalid marks every definition error; its text names the field.
+var ErrInvalid = errors.New("invalid workflow definition")
+
+// DefinitionError is a definition Parse refused.
+type DefinitionError struct {
+	// Text is "invalid YAML: ..." or "invalid definition: <field>: ...".
+	Text string
+}
+
+func (e *DefinitionError) Error() string { return e.Text }
+func (e *DefinitionError) Unwrap() error { return ErrInvalid }
+
+func invalidf(field, format string, args ...any) error {
+	return &DefinitionError{Text: "invalid definition: " + field + ": " + fmt.Sprintf(format, args...)}
+}
+
+var stepIDPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+
+// Parse parses and validates a definition's YAML text.
+func Parse(text string) (*Definition, error) {
+	var raw any
+	if err := yaml.Unmarshal([]byte(text), &raw); err != nil {
+		return nil, &DefinitionError{Text: "invalid YAML: " + firstLine(err.Error())}
+	}
+	top, ok := raw.(map[string]any)
+	if !ok {
+		return nil, invalidf("(top level)", "must be a mapping")
+	}
+	def := &Definition{Enabled: true}
+	var err error
+	if def.Name, err = requiredString(top, "name", "name"); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(def.Name) == "" {
+		return nil, invalidf("name", "must not be blank")
+	}
+	if len(def.Name) > MaxNameLength {
+		return nil, invalidf("name", "must be at most %d bytes", MaxNameLength)
+	}
+	if def.Description, err = optionalString(top, "description", "description"); err != nil {
+		return nil, err
+	}
+	if v, present := top["enabled"]; present {
+		b, ok := v.(bool)
+		if !ok {
+			return nil, invalidf("enabled", "must be true or false")
+		}
+		def.Enabled = b
+	}
+	if def.Trigger, err = parseTrigger(top["trigger"]); err != nil {
+		return nil, err
+	}
+	if def.Steps, err = parseSteps(top["steps"], def.Trigger.On); err != nil {
+		return nil, err
+	}
+	return def, nil
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func requiredString(m map[string]any, key, field string) (string, error) {
+	v, present := m[key]
+	if !present || v == nil {
+		return "", invalidf(field, "is required")
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", invalidf(field, "must be a string")
+	}
+	return s, nil
+}
+
+func optionalString(m map[string]any, key, field string) (string, error) {
+	v, present := m[key]
+	if !present || v == nil {
+		return "", nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", invalidf(field, "must be a string")
+	}
+	return s, nil
+}
+
+func nonBlankString(m map[string]any, key, field string) (string, error) {
+	s, err := requiredString(m, key, field)
+	if err == nil && strings.TrimSpace(s) == "" {
+		err = invalidf(field, "must not be blank")
+	}
+	return s, err
+}
+
+func optionalCondition(m map[string]any, key, field string) (string, error) {
+	s, err := optionalString(m, key, field)
+	if err == nil && len(s) > MaxConditionBytes {
+		err = invalidf(field, "expression longer than %d bytes", MaxConditionBytes)
+	}
+	if err == nil && s != "" {
+		if _, cerr := condition.Compile(s); cerr != nil {
+			err = invalidf(field, "%v", cerr)
+		}
+	}
+	return s, err
+}
+
+// checkTemplates refuses a step text whose placeholders cannot render
+// (an unknown filter, a bad filter argument), at save time rather than at
+// the first run.
+func checkTemplates(s *Step, field string) error {
+	for key, text := range map[string]string{
+		"text": s.Text, "channel": s.Channel, "emoji": s.Emoji, "url": s.URL, "body": s.Body, "message": s.Message,
+	} {
+		if err := template.Validate(text); err != nil {
+			return invalidf(field+"."+key, "%v", err)
+		}
+	}
+	for k, v := range s.Headers {
+		if err := template.Validate(v); err != nil {
+			return invalidf(field+".headers", "value of %q: %v", k, err)
+		}
+	}
+	return nil
+}
+
+func parseTrigger(v any) (Trigger, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		if v == nil {
+			return Trigger{}, invalidf("trigger", "is required")
+		}
+		return Trigger{}, invalidf("trigger", "must be a mapping")
+	}
+	var t Trigger
+	var err error
+	if t.On, err = requiredString(m, "on", "trigger.on"); err != nil {
+		return t, err
+	}
+	switch t.On {
+	case OnMessagePosted, OnDiffPosted:
+		t.Filter, err = optionalCondition(m, "filter", "trigger.filter")
+	case OnReactionAdded:
+		if t.Emoji, err = optionalString(m, "emoji", "trigger.emoji"); err != nil {
+			return t, err
+		}
+		t.Filter, err = optionalCondition(m, "filter", "trigger.filter")
+	case OnSchedule:
+		if t.Cron, err = optionalString(m, "cron", "trigger.cron"); err != nil {
+			return t, err
+		}
+		if t.Interval, err = optionalString(m, "interval", "trigger.interval"); err != nil {
+			return t, err
+		}
+		switch {
+		case t.Cron == "" && t.Interval == "":
+			return t, invalidf("trigger", "a schedule needs exactly one of cron or interval, got neither")
+		case t.Cron != "" && t.Interval != "":
+			return t, invalidf("trigger", "a schedule needs exactly one of cron or interval, got both")
+		case t.Cron != "":
+			t.Cron, err = NormalizeCron(t.Cron)
+		default:
+			err = checkInterval(t.Interval)
+		}
+	case OnWebhook:
+	default:
+		return t, invalidf("trigger.on", "unknown trigger %q (want message_posted, reaction_added, diff_posted, schedule or webhook)", t.On)
+	}
+	return t, err
+}
+
+func checkInterval(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return invalidf("trigger.interval", "not a duration like 60s, 30m or 1h")
+	}
+	if d < MinScheduleInterval {
+		return invalidf("trigger.interval", "must be at least %s", MinScheduleInterval)
+	}
+	if d%time.Second != 0 {
+		return invalidf("trigger.interval", "must be a whole number of seconds")
+	}
+	return nil
+}
+
+// cronParser parses the six leading fields (seconds through day of week)
+// of a normalized expression; the cron library has no year field, so
+// NormalizeCron accepts only "*" there.
+var cronParser = cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow)
+
+// NormalizeCron turns a 5-field (minute-based), 6-field (with seconds) or
+// 7-field (with seconds and year) UTC cron expression into its 7-field
+// form and checks that it parses. The year field must be "*".
+func NormalizeCron(expr string) (string, error) {
+	fields := strings.Fields(expr)
+	switch len(fields) {
+	case 5:
+		fields = append(append([]string{"0"}, fields...), "*")
+	case 6:
+		fields = append(fields, "*")
+	case 7:
+	default:
+		return "", invalidf("trigger.cron", "want 5, 6 or 7 fields, got %d", len(fields))
+	}
+	if fields[6] != "*" {
+		return "", invalidf("trigger.cron", "the year field must be *")
+	}
+	if _, err := cronParser.Parse(strings.Join(fields[:6], " ")); err != nil {
+		return "", invalidf("trigger.cron", "%v", err)
+	}
+	return strings.Join(fields, " "), nil
+}
+
+// CronSchedule returns the schedule of a normalized cron expression.
+func CronSchedule(normalized string) (cron.Schedule, error) {
+	fields := strings.Fields(normalized)
+	if len(fields) != 7 {
+		return nil, fmt.Errorf("cron %q is not normalized", normalized)
+	}
+	return cronParser.Parse(strings.Join(fields[:6], " "))
+}
+
+func parseSteps(v any, on string) ([]Step, error) {
+	list, ok := v.([]any)
+	if !ok {
+		if v == nil {
+			return nil, invalidf("steps", "is required")
+		}
+		return nil, invalidf("steps", "must be a list")
+	}
+	if len(list) == 0 {
+		return nil, invalidf("steps", "must not be empty")
+	}
+	seen := map[string]bool{}
+	steps := make([]Step, 0, len(list))
+	for i, item := range list {
+		step, err := parseStep(item, fmt.Sprintf("steps[%d]", i), on, seen)
+		if err != nil {
+			return nil, err
+		}
+		seen[step.ID] = true
+		steps = append(steps, step)
+	}
+	return steps, nil
+}
+
+func parseStep(v any, field, on string, earlier map[string]bool) (Step, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return Step{}, invalidf(field, "must be a mapping")
+	}
+	var s Step
+	var err error
+	if s.ID, err = requiredString(m, "id", field+".id"); err != nil {
+		return s, err
+	}
+	switch {
+	case s.ID == "":
+		return s, invalidf(field+".id", "must not be empty")
+	case len(s.ID) > MaxStepIDLength:
+		return s, invalidf(field+".id", "must be at most %d characters", MaxStepIDLength)
+	case !stepIDPattern.MatchString(s.ID):
+		return s, invalidf(field+".id", "may only contain A-Z, a-z, 0-9 and _")
+	case earlier[s.ID]:
+		return s, invalidf(field+".id", "duplicate step id %q", s.ID)
+	}
+	if s.Name, err = optionalString(m, "name", field+".name"); err != nil {
+		return s, err
+	}
+	if s.If, err = optionalCondition(m, "if", field+".if"); err != nil {
+		return s, err
+	}
+	if t, present := m["timeout_secs"]; present {
+		n, ok := positiveInt(t)
+		if !ok {
+			return s, invalidf(field+".timeout_secs", "must be a positive whole number")
+		}
+		s.TimeoutSecs = n
+	}
+	if d, present := m["depends_on"]; present {
+		if s.DependsOn, err = parseDependsOn(d, field+".depends_on", earlier); err != nil {
+			return s, err
+		}
+	}
+	if s.Action, err = requiredString(m, "action", field+".action"); err != nil {
+		return s, err
+	}
+	if err := parseAction(m, &s, field, on); err != nil {
+		return s, err
+	}
+	return s, checkTemplates(&s, field)
+}
+
+func positiveInt(v any) (int, bool) {
+	switch n := v.(type) {
+	case uint64:
+		if n > 0 && n <= math.MaxInt32 {
+			return int(n), true
+		}
+	case int64:
+		if n > 0 && n <= math.MaxInt32 {
+			return int(n), true
+		}
+	}
+	return 0, false
+}
+
+func parseDependsOn(v any, field string, earlier map[string]bool) ([]string, error) {
+	list, ok := v.([]any)
+	if !ok {
+		return nil, invalidf(field, "must be a list of step ids")
+	}
+	seen := map[string]bool{}
+	var out []string // nil when empty, as the canonical JSON omits it
+	for _, item := range list {
+		id, ok := item.(string)
+		if !ok {
+			return nil, invalidf(field, "must be a list of step ids")
+		}
+		if !earlier[id] {
+			return nil, invalidf(field, "%q is not an earlier step", id)
+		}
+		if seen[id] {
+			return nil, invalidf(field, "%q is listed twice", id)
+		}
+		seen[id] = true
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+var httpMethods = []string{"DELETE", "GET", "PATCH", "POST", "PUT"}
+
+func parseAction(m map[string]any, s *Step, field, on string) error {
+	var err error
+	f := func(key string) string { return field + "." + key }
+	switch s.Action {
+	case ActionSendMessage:
+		if s.Text, err = nonBlankString(m, "text", f("text")); err != nil {
+			return err
+		}
+		if s.Channel, err = optionalString(m, "channel", f("channel")); err != nil {
+			return err
+		}
+		if s.Channel != "" && !strings.Contains(s.Channel, "{{") {
+			id, perr := uuid.Parse(s.Channel)
+			if perr != nil {
+				return invalidf(f("channel"), "must be a channel UUID or a template")
+			}
+			s.Channel = id.String()
+		}
+		if r, present := m["reply_in_thread"]; present {
+			b, ok := r.(bool)
+			if !ok {
+				return invalidf(f("reply_in_thread"), "must be true or false")
+			}
+			if b && on != OnMessagePosted && on != OnReactionAdded && on != OnDiffPosted {
+				return invalidf(f("reply_in_thread"), "needs a message_posted, reaction_added or diff_posted trigger")
+			}
+			s.ReplyInThread = b
+		}
+	case ActionAddReaction:
+		s.Emoji, err = nonBlankString(m, "emoji", f("emoji"))
+	case ActionCallWebhook:
+		if s.URL, err = nonBlankString(m, "url", f("url")); err != nil {
+			return err
+		}
+		if s.Method, err = optionalString(m, "method", f("method")); err != nil {
+			return err
+		}
+		if s.Method == "" {
+			s.Method = "POST"
+		}
+		s.Method = strings.ToUpper(s.Method)
+		if i := sort.SearchStrings(httpMethods, s.Method); i == len(httpMethods) || httpMethods[i] != s.Method {
+			return invalidf(f("method"), "must be one of %s", strings.Join(httpMethods, ", "))
+		}
+		if h, present := m["headers"]; present {
+			hm, ok := h.(map[string]any)
+			if !ok {
+				return invalidf(f("headers"), "must be a mapping of strings")
+			}
+			for k, v := range hm {
+				if s.Headers == nil {
+					s.Headers = map[string]string{}
+				}
+				sv, ok := v.(string)
+				if !ok {
+					return invalidf(f("headers"), "value of %q must be a string", k)
+				}
+				s.Headers[k] = sv
+			}
+		}
+		s.Body, err = optionalString(m, "body", f("body"))
+	case ActionRequestApproval:
+		if s.From, err = optionalString(m, "from", f("from")); err != nil {
+			return err
+		}
+		if s.Message, err = nonBlankString(m, "message", f("message")); err != nil {
+			return err
+		}
+		if s.Timeout, err = optionalString(m, "timeout", f("timeout")); err != nil {
+			return err
+		}
+		if s.Timeout == "" {
+			s.Timeout = DefaultApprovalLimit
+		}
+		if d, perr := time.ParseDuration(s.Timeout); perr != nil || d <= 0 {
+			return invalidf(f("timeout"), "must be a positive duration like 30m or 24h")
+		}
+	case ActionDelay:
+		if s.Duration, err = nonBlankString(m, "duration", f("duration")); err != nil {
+			return err
+		}
+		d, perr := time.ParseDuration(s.Duration)
+		switch {
+		case perr != nil || d <= 0:
+			return invalidf(f("duration"), "must be a positive duration like 30s or 5m")
+		case d > MaxDelay:
+			return invalidf(f("duration"), "must be at most %s", MaxDelay)
+		}
+	case ActionSendDM:
+		if s.To, err = nonBlankString(m, "to", f("to")); err != nil {
+			return err
+		}
+		s.Text, err = nonBlankString(m, "text", f("text"))
+	case ActionSetChannelTopic:
+		s.Topic, err = nonBlankString(m, "topic", f("topic"))
+	default:
+		return invalidf(f("action"), "unknown action %q", s.Action)
+	}
+	return err
+}
+
+// CanonicalJSON is the definition's stored JSON text.
+func (d *Definition) CanonicalJSON() ([]byte, error) { return json.Marshal(d) }
+
+// StepByID returns the step with id, if any.
+func (d *Definition) StepByID(id string) (int, *Step) {
+	for i := range d.Steps {
+		if d.Steps[i].ID == id {
+			return i, &d.Steps[i]
+		}
+	}
+	return -1, nil
+}
+
+// ReachesOutside reports whether a step calls out of the relay
+// (call_webhook): such a definition needs an owner or admin of the channel
+// to save it and, at run time, to still be one.
+func (d *Definition) ReachesOutside() bool {
+	for _, s := range d.Steps {
+		if s.Action == ActionCallWebhook {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,660 @@
+package workflow
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow/mention"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
+	"github.com/buzzrelay/buzz/internal/workflow/template"
+)
+
+// ErrorCode is the stable, machine-readable reason a run failed or was
+// cancelled (workflow_runs.error_code). The diagnostic text is separate
+// (error_message) and never part of the code.
+type ErrorCode string
+
+// Every error code a run can end with. The workflow_runs_error_code_known
+// CHECK in the database lists the same set.
+const (
+	CodeInvalidYAML               ErrorCode = "invalid_yaml"
+	CodeInvalidDefinition         ErrorCode = "invalid_definition"
+	CodeConditionEvaluationFailed ErrorCode = "condition_evaluation_failed"
+	CodeTemplateResolutionFailed  ErrorCode = "template_resolution_failed"
+	CodeStepTimeout               ErrorCode = "step_timeout"
+	CodeWebhookFailed             ErrorCode = "webhook_failed"
+	CodeCapacityExceeded          ErrorCode = "capacity_exceeded"
+	CodeDatabaseError             ErrorCode = "database_error"
+	CodeOwnerUnauthorized         ErrorCode = "owner_unauthorized"
+	CodeActionNotImplemented      ErrorCode = "action_not_implemented"
+	CodeApprovalDenied            ErrorCode = "approval_denied"
+	CodeApprovalExpired           ErrorCode = "approval_expired"
+	CodeWorkflowDisabled          ErrorCode = "workflow_disabled"
+	CodeLegacyUnclassified        ErrorCode = "legacy_unclassified"
+)
+
+// AllErrorCodes lists every code, for tests and documentation.
+var AllErrorCodes = []ErrorCode{
+	CodeInvalidYAML, CodeInvalidDefinition, CodeConditionEvaluationFailed, CodeTemplateResolutionFailed,
+	CodeStepTimeout, CodeWebhookFailed, CodeCapacityExceeded, CodeDatabaseError, CodeOwnerUnauthorized,
+	CodeActionNotImplemented, CodeApprovalDenied, CodeApprovalExpired, CodeWorkflowDisabled, CodeLegacyUnclassified,
+}
+
+// runFailure ends a run with a code and a diagnostic.
+type runFailure struct {
+	code    ErrorCode
+	message string
+}
+
+func (f *runFailure) Error() string { return string(f.code) + ": " + f.message }
+
+func fail(code ErrorCode, format string, args ...any) *runFailure {
+	return &runFailure{code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// DoorbellMarker is the value of the buzz:workflow tag on every message a
+// workflow step sends: it marks a relay-signed doorbell that carries only
+// pointers to signed artifacts, and keeps it from triggering workflows.
+const DoorbellMarker = "doorbell-v1"
+
+// Claimed is a run this worker holds under ClaimID until its lease ends.
+type Claimed struct {
+	ClaimID uuid.UUID
+	Run     db.WorkflowRunClaimDueRow
+}
+
+// Engine claims runs and executes their steps.
+type Engine struct {
+	pool      *pgxpool.Pool
+	pipeline  *ingest.Pipeline
+	clock     clock.Clock
+	lease     time.Duration
+	condition ConditionFunc
+	log       *slog.Logger
+	webhooks  *safehttp.Client
+	metrics   *Metrics
+
+	// beforeCommit, when set by tests, runs inside a step's transaction
+	// just before it commits.
+	beforeCommit func(run uuid.UUID, step int)
+}
+
+// EngineOptions are the engine's settings.
+type EngineOptions struct {
+	// Lease is how long a claim holds a run before another worker may
+	// resume it; every finished step renews it.
+	Lease     time.Duration
+	Clock     clock.Clock
+	Condition ConditionFunc
+	Log       *slog.Logger
+	// Webhooks sends call_webhook requests (nil: the production policy).
+	Webhooks *safehttp.Client
+	// Metrics records ended runs; may be nil.
+	Metrics *Metrics
+}
+
+// DefaultLease bounds how long a killed worker's run waits to be resumed.
+const DefaultLease = 30 * time.Second
+
+// NewEngine returns an engine that emits relay-signed events through p.
+func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engine {
+	if opts.Lease <= 0 {
+		opts.Lease = DefaultLease
+	}
+	if opts.Condition == nil {
+		opts.Condition = EvalCondition
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Webhooks == nil {
+		opts.Webhooks = safehttp.New(safehttp.Options{})
+	}
+	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, webhooks: opts.Webhooks, metrics: opts.Metrics}
+}
+
+// ClaimDue claims up to limit due runs (new, delayed and now due, or
+// abandoned by a worker whose lease expired).
+func (e *Engine) ClaimDue(ctx context.Context, limit int) ([]Claimed, error) {
+	claimID := uuid.New()
+	rows, err := db.New(e.pool).WorkflowRunClaimDue(ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), MaxRows: int32(limit),
+	})
+	out := make([]Claimed, len(rows))
+	for i, r := range rows {
+		out[i] = Claimed{ClaimID: claimID, Run: r}
+	}
+	return out, err
+}
+
+// ClaimByID claims those of ids that are still due.
+func (e *Engine) ClaimByID(ctx context.Context, ids []uuid.UUID) ([]Claimed, error) {
+	claimID := uuid.New()
+	rows, err := db.New(e.pool).WorkflowRunClaimByID(ctx, db.WorkflowRunClaimByIDParams{
+		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Ids: ids, MaxRows: int32(len(ids)),
+	})
+	out := make([]Claimed, len(rows))
+	for i, r := range rows {
+		out[i] = Claimed{ClaimID: claimID, Run: db.WorkflowRunClaimDueRow(r)}
+	}
+	return out, err
+}
+
+// errLostClaim means a fenced transition changed nothing: another worker
+// holds the run now (or it ended). The step's transaction rolls back.
+var errLostClaim = errors.New("workflow run claim lost")
+
+// stepResult is what one step transaction decided.
+type stepResult int
+
+const (
+	stepNext   stepResult = iota // step done, run the next one
+	stepParked                   // delayed: the run waits unclaimed
+	stepEnded                    // completed, failed or cancelled
+	stepCall                     // marked started: make the call, then record it
+)
+
+// traceEntry is one element of workflow_runs.execution_trace.
+type traceEntry struct {
+	StepID string         `json:"step_id"`
+	Index  int            `json:"index"`
+	Status string         `json:"status"` // completed, skipped, delayed, failed
+	Output map[string]any `json:"output,omitempty"`
+	Error  string         `json:"error,omitempty"`
+}
+
+// pendingCall is a call_webhook step marked started and not yet sent.
+type pendingCall struct {
+	req   safehttp.Request
+	entry traceEntry
+	last  bool
+}
+
+// Execute runs a claimed run's steps, one transaction per step, until it
+// ends, parks for a delay, or the claim is lost. It reports whether this
+// worker still held the claim at the end.
+func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
+	step := int(c.Run.CurrentStep)
+	var trace []traceEntry
+	if err := json.Unmarshal(c.Run.ExecutionTrace, &trace); err != nil {
+		trace = nil
+	}
+	for {
+		var (
+			result   stepResult
+			emitted  *ingest.Write
+			newTrace traceEntry
+			call     *pendingCall
+		)
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
+			result, newTrace, call, err = e.runStep(ctx, emitted, c, step, trace)
+			if err != nil {
+				return err
+			}
+			if e.beforeCommit != nil {
+				e.beforeCommit(c.Run.ID, step)
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errLostClaim):
+			return false
+		case err != nil:
+			// A database failure: end the run with database_error in a
+			// fresh transaction (the step's own rolled back).
+			if ctx.Err() != nil {
+				return true // shutting down: the lease lets another worker resume
+			}
+			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "err", err)
+			f := fail(CodeDatabaseError, "step %d could not be recorded", step)
+			var rf *runFailure
+			if errors.As(err, &rf) {
+				f = rf
+			}
+			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{Index: step, Status: "failed", Error: f.message}) == nil
+		}
+		emitted.PublishEmitted()
+		if result == stepCall {
+			trace = append(trace, traceEntry{StepID: call.entry.StepID, Index: step, Status: "started"})
+			if result, newTrace, err = e.finishCall(ctx, c, step, call); err != nil {
+				return !errors.Is(err, errLostClaim)
+			}
+		}
+		if result != stepNext {
+			return true
+		}
+		trace = append(trace, newTrace)
+		step++
+	}
+}
+
+// runStep executes step index of the run inside one transaction and makes
+// the matching fenced transition, so a step's effects and the record that
+// it happened commit together or not at all.
+func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index int, trace []traceEntry) (stepResult, traceEntry, *pendingCall, error) {
+	q := w.Q
+	def, tc, f := e.loadPinned(ctx, q, c)
+	if f != nil && f.code == CodeDatabaseError {
+		return stepEnded, traceEntry{}, nil, f // rolls back; Execute records it afresh
+	}
+	if f != nil {
+		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, f, traceEntry{Index: index, Status: "failed", Error: f.message})
+	}
+	if index >= len(def.Steps) {
+		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, nil, traceEntry{})
+	}
+	step := def.Steps[index]
+	entry := traceEntry{StepID: step.ID, Index: index, Status: "completed"}
+	tctx := tc.Template(stepOutputs(trace))
+	if step.If != "" {
+		ok, err := e.condition(ctx, step.If, tctx)
+		if err != nil {
+			f := fail(CodeConditionEvaluationFailed, "step %s: condition: %v", step.ID, err)
+			return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+		}
+		if !ok {
+			entry.Status = "skipped"
+			return stepNext, entry, nil, e.advance(ctx, q, c, index, entry)
+		}
+	}
+	var out map[string]any
+	var sf *runFailure
+	switch step.Action {
+	case ActionSendMessage:
+		out, sf = e.sendMessage(ctx, w, c, def, &step, tc, tctx)
+	case ActionAddReaction:
+		out, sf = e.addReaction(ctx, w, c, &step, tc, tctx)
+	case ActionCallWebhook:
+		if f := e.ownerMayCall(ctx, q, c, step.ID); f != nil {
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		if startedBefore(trace, index) {
+			// A worker marked this call started and stopped before it
+			// recorded the outcome: the request may have been sent.
+			f := fail(CodeWebhookFailed, "step %s: outcome unknown after a worker stopped; the call is not repeated", step.ID)
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		req, f := renderCall(&step, tctx)
+		if f != nil {
+			return e.failStep(ctx, q, c, index, entry, f)
+		}
+		started := traceEntry{StepID: step.ID, Index: index, Status: "started"}
+		n, err := q.WorkflowRunStepStart(ctx, db.WorkflowRunStepStartParams{
+			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+		})
+		if err == nil && n == 0 {
+			err = errLostClaim
+		}
+		return stepCall, entry, &pendingCall{req: req, entry: entry, last: index == len(def.Steps)-1}, err
+	case ActionRequestApproval:
+		return e.requestApproval(ctx, w, c, index, &step, entry, tctx)
+	case ActionDelay:
+		entry.Status = "delayed"
+		runAt := e.clock.Now().Add(step.DelayDuration())
+		n, err := q.WorkflowRunPark(ctx, db.WorkflowRunParkParams{
+			NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}), RunAt: runAt,
+			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+		})
+		if err == nil && n == 0 {
+			err = errLostClaim
+		}
+		return stepParked, entry, nil, err
+	default:
+		// send_dm, set_channel_topic, and actions this relay does not run yet.
+		sf = fail(CodeActionNotImplemented, "step %s: action %s is not implemented", step.ID, step.Action)
+	}
+	if sf != nil && sf.code == CodeDatabaseError {
+		return stepEnded, entry, nil, sf // the transaction is aborted: roll back
+	}
+	if sf != nil {
+		return stepEnded, entry, nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
+	}
+	entry.Output = out
+	if index == len(def.Steps)-1 {
+		return stepEnded, entry, nil, e.finish(ctx, q, c, index, nil, entry)
+	}
+	return stepNext, entry, nil, e.advance(ctx, q, c, index, entry)
+}
+
+func (e *Engine) failStep(ctx context.Context, q *db.Queries, c Claimed, index int, entry traceEntry, f *runFailure) (stepResult, traceEntry, *pendingCall, error) {
+	if f.code == CodeDatabaseError {
+		return stepEnded, entry, nil, f
+	}
+	return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+}
+
+// startedBefore reports whether the trace marks step index started with no
+// outcome recorded after it.
+func startedBefore(trace []traceEntry, index int) bool {
+	return len(trace) > 0 && trace[len(trace)-1].Index == index && trace[len(trace)-1].Status == "started"
+}
+
+// ownerMayCall: a step that reaches outside the relay runs on the owner's
+// authority only while the owner is an owner or admin of the channel.
+func (e *Engine) ownerMayCall(ctx context.Context, q *db.Queries, c Claimed, stepID string) *runFailure {
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
+	if err != nil && !dberr.IsNotFound(err) {
+		return fail(CodeDatabaseError, "step %s: channel unavailable", stepID)
+	}
+	if err != nil || access.MemberRole == nil || (*access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin) {
+		return fail(CodeOwnerUnauthorized, "step %s: call_webhook needs the owner to be an owner or admin of the channel", stepID)
+	}
+	return nil
+}
+
+func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailure) {
+	render := func(field, text string) (string, *runFailure) {
+		out, err := template.Render(text, tctx)
+		if err != nil {
+			return "", fail(CodeTemplateResolutionFailed, "step %s: %s: %v", step.ID, field, err)
+		}
+		return out, nil
+	}
+	req := safehttp.Request{Method: step.Method, Headers: map[string]string{}}
+	var f *runFailure
+	if req.URL, f = render("url", step.URL); f != nil {
+		return req, f
+	}
+	for k, v := range step.Headers {
+		if req.Headers[k], f = render("headers", v); f != nil {
+			return req, f
+		}
+	}
+	body, f := render("body", step.Body)
+	req.Body = []byte(body)
+	return req, f
+}
+
+// finishCall sends a started call_webhook request outside any transaction
+// and records its outcome, fenced like every transition.
+func (e *Engine) finishCall(ctx context.Context, c Claimed, index int, call *pendingCall) (stepResult, traceEntry, error) {
+	resp, err := e.webhooks.Do(ctx, call.req)
+	entry := call.entry
+	var f *runFailure
+	switch {
+	case err != nil:
+		f = fail(CodeWebhookFailed, "step %s: %v", entry.StepID, err)
+	case resp.Status < 200 || resp.Status > 299:
+		f = fail(CodeWebhookFailed, "step %s: the server answered HTTP %d", entry.StepID, resp.Status)
+	default:
+		entry.Output = map[string]any{"status": resp.Status, "body": string(resp.Body)}
+	}
+	q := db.New(e.pool)
+	switch {
+	case f != nil:
+		return stepEnded, entry, e.finish(ctx, q, c, index, f, failed(entry, f))
+	case call.last:
+		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
+	}
+	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+}
+
+func failed(entry traceEntry, f *runFailure) traceEntry {
+	entry.Status, entry.Error = "failed", f.message
+	return entry
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func stepOutputs(trace []traceEntry) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for _, t := range trace {
+		if t.Output != nil {
+			out[t.StepID] = t.Output
+		}
+	}
+	return out
+}
+
+func (e *Engine) advance(ctx context.Context, q *db.Queries, c Claimed, index int, entry traceEntry) error {
+	n, err := q.WorkflowRunStepDone(ctx, db.WorkflowRunStepDoneParams{
+		NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}), Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+	})
+	if err == nil && n == 0 {
+		err = errLostClaim
+	}
+	return err
+}
+
+// finish ends the run: completed when f is nil, else failed with f's code.
+func (e *Engine) finish(ctx context.Context, q *db.Queries, c Claimed, _ int, f *runFailure, entry traceEntry) error {
+	params := db.WorkflowRunFinishParams{
+		Status: db.WorkflowRunStatusCompleted, Trace: []byte("[]"), Now: e.clock.SQL(),
+		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID,
+	}
+	if entry.Status != "" {
+		params.Trace = mustJSON([]traceEntry{entry})
+	}
+	if f != nil {
+		code, msg := string(f.code), f.message
+		params.Status, params.ErrorCode, params.ErrorMessage = db.WorkflowRunStatusFailed, &code, &msg
+	}
+	n, err := q.WorkflowRunFinish(ctx, params)
+	if err == nil && n == 0 {
+		err = errLostClaim
+	}
+	if err == nil {
+		// Counted when the statement succeeded; a rollback afterwards (rare:
+		// the commit itself failing) would count a run that did not end.
+		e.metrics.runEnded(f, e.clock.Now().Sub(c.Run.CreatedAt))
+	}
+	return err
+}
+
+// loadPinned re-reads the workflow row and the exact signed definition
+// event the run is pinned to. Any doubt fails closed: a disabled or
+// archived workflow, a run without a pinned event, an event that is gone
+// (deleted, or replaced by a newer save), not signed by the owner, or no
+// longer valid.
+func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Definition, TriggerContext, *runFailure) {
+	var tc TriggerContext
+	if err := json.Unmarshal(c.Run.TriggerContext, &tc); err != nil {
+		return nil, tc, fail(CodeInvalidDefinition, "run has no readable trigger context")
+	}
+	row, err := q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
+	if err != nil {
+		return nil, tc, fail(CodeDatabaseError, "workflow row unavailable")
+	}
+	if !row.Enabled || row.Status != db.WorkflowStatusActive {
+		return nil, tc, fail(CodeWorkflowDisabled, "workflow is %s", disabledState(row))
+	}
+	pinned, ok := nostr.DecodeHex32(tc.DefinitionEventID)
+	if !ok || row.ChannelID == nil {
+		return nil, tc, fail(CodeInvalidDefinition, "the run is not pinned to a signed definition; the owner must save the workflow again")
+	}
+	ev, err := q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: c.Run.CommunityID, ID: pinned[:], ChannelID: *row.ChannelID})
+	if dberr.IsNotFound(err) {
+		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)")
+	}
+	if err != nil {
+		return nil, tc, fail(CodeDatabaseError, "definition event unavailable")
+	}
+	if string(ev.Pubkey) != string(row.OwnerPubkey) {
+		return nil, tc, fail(CodeOwnerUnauthorized, "the pinned definition is not signed by the workflow owner")
+	}
+	def, err := Parse(ev.Content)
+	if err != nil {
+		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition no longer parses")
+	}
+	if !def.Enabled {
+		return nil, tc, fail(CodeWorkflowDisabled, "the definition sets enabled: false")
+	}
+	return def, tc, nil
+}
+
+func disabledState(row db.WorkflowGetRow) string {
+	if row.Status != db.WorkflowStatusActive {
+		return string(row.Status)
+	}
+	return "disabled"
+}
+
+// sendMessage posts the step's relay-signed doorbell message: the rendered
+// text for people, and tags that point at the signed definition and the
+// cause, so an agent verifies the owner's signed step instead of trusting
+// relay prose. Wake targets come only from the unrendered, owner-signed
+// template.
+func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, def *Definition, step *Step, tc TriggerContext, tctx template.Context) (map[string]any, *runFailure) {
+	text, err := template.Render(step.Text, tctx)
+	if err != nil {
+		return nil, fail(CodeTemplateResolutionFailed, "step %s: text: %v", step.ID, err)
+	}
+	if strings.TrimSpace(text) == "" {
+		return nil, fail(CodeTemplateResolutionFailed, "step %s: empty message content", step.ID)
+	}
+	channel := *c.Run.ChannelID
+	if step.Channel != "" {
+		rendered, err := template.Render(step.Channel, tctx)
+		if err != nil {
+			return nil, fail(CodeTemplateResolutionFailed, "step %s: channel: %v", step.ID, err)
+		}
+		if channel, err = uuid.Parse(strings.TrimSpace(rendered)); err != nil {
+			return nil, fail(CodeTemplateResolutionFailed, "step %s: channel is not a channel id", step.ID)
+		}
+	}
+	q := w.Q
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
+	if dberr.IsNotFound(err) {
+		return nil, fail(CodeWebhookFailed, "step %s: channel not found", step.ID)
+	}
+	if err != nil {
+		return nil, fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
+	}
+	if access.ArchivedAt != nil {
+		return nil, fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
+	}
+	if access.MemberRole == nil && access.Visibility != db.ChannelVisibilityOpen {
+		return nil, fail(CodeOwnerUnauthorized, "step %s: the owner is not a member of the channel", step.ID)
+	}
+	owner := hex.EncodeToString(c.Run.OwnerPubkey)
+	tags := nostr.Tags{
+		{"workflow-run", c.Run.ID.String()},
+		{"workflow-step", step.ID},
+		{"workflow-owner", owner},
+		{"workflow-definition", tc.DefinitionEventID, step.ID},
+		{"workflow-cause", tc.Cause.Kind, tc.Cause.Ref},
+		{"p", owner},
+		{"h", channel.String()},
+		{"buzz:workflow", DoorbellMarker},
+	}
+	if tc.Cause.Kind == CauseWebhook && len(tc.WebhookFields) > 0 {
+		tags = append(tags, nostr.Tag{"workflow-cargo", string(mustJSON(tc.WebhookFields))})
+	}
+	names, err := q.ChannelMemberDisplayNames(ctx, db.ChannelMemberDisplayNamesParams{CommunityID: c.Run.CommunityID, ChannelID: channel})
+	if err != nil {
+		return nil, fail(CodeDatabaseError, "step %s: members unavailable", step.ID)
+	}
+	members := make([]mention.Member, len(names))
+	for i, n := range names {
+		members[i] = mention.Member{Pubkey: hex.EncodeToString(n.Pubkey), DisplayName: n.DisplayName}
+	}
+	for _, pk := range mention.Resolve(step.Text, members, owner) {
+		tags = append(tags, nostr.Tag{"p", pk})
+	}
+	if step.ReplyInThread && tc.MessageID != "" {
+		root := tc.RootMessageID
+		if root == "" || root == tc.MessageID {
+			tags = append(tags, nostr.Tag{"e", tc.MessageID, "", "reply"})
+		} else {
+			tags = append(tags, nostr.Tag{"e", root, "", "root"}, nostr.Tag{"e", tc.MessageID, "", "reply"})
+		}
+	}
+	if err := w.Emit(ctx, kindChat, text, tags, &channel); err != nil {
+		return nil, fail(CodeDatabaseError, "step %s: message not stored", step.ID)
+	}
+	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
+}
+
+// addReaction reacts, as the relay, to the message that triggered the run.
+func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, step *Step, tc TriggerContext, tctx template.Context) (map[string]any, *runFailure) {
+	if tc.MessageID == "" {
+		return nil, fail(CodeWebhookFailed, "step %s: the run has no message to react to", step.ID)
+	}
+	emoji, err := template.Render(step.Emoji, tctx)
+	if err != nil {
+		return nil, fail(CodeTemplateResolutionFailed, "step %s: emoji: %v", step.ID, err)
+	}
+	channel := *c.Run.ChannelID
+	tags := nostr.Tags{
+		{"e", tc.MessageID},
+		{"h", channel.String()},
+		{"workflow-run", c.Run.ID.String()},
+		{"workflow-step", step.ID},
+		{"buzz:workflow", DoorbellMarker},
+	}
+	if err := w.Emit(ctx, kindReaction, emoji, tags, &channel); err != nil {
+		return nil, fail(CodeDatabaseError, "step %s: reaction not stored", step.ID)
+	}
+	return map[string]any{"reaction_id": w.LastEmitted().ID}, nil
+}
+
+// requestApproval stores the approval (only the SHA-256 of a fresh random
+// token), tells the channel with a relay-signed kind 46010 naming the
+// approval by that hash, and leaves the run waiting, unclaimed, for a
+// grant (46030), a denial (46031) or the expiry.
+func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
+	q := w.Q
+	message, err := template.Render(step.Message, tctx)
+	if err != nil {
+		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
+	}
+	timeout, _ := time.ParseDuration(step.Timeout)
+	token := sha256.Sum256([]byte(uuid.New().String()))
+	ref := hex.EncodeToString(token[:])
+	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{
+		CommunityID: c.Run.CommunityID, Token: token[:], WorkflowID: c.Run.WorkflowID, RunID: c.Run.ID,
+		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, ExpiresAt: e.clock.Now().Add(timeout), Now: e.clock.SQL(),
+	}); err != nil {
+		return stepEnded, entry, nil, err
+	}
+	channel := *c.Run.ChannelID
+	tags := nostr.Tags{
+		{"workflow-run", c.Run.ID.String()},
+		{"workflow-step", step.ID},
+		{"approval", ref},
+		{"h", channel.String()},
+		{"buzz:workflow", DoorbellMarker},
+	}
+	if _, ok := nostr.DecodeHex32(step.From); ok {
+		tags = append(tags, nostr.Tag{"p", strings.ToLower(step.From)})
+	}
+	if err := w.Emit(ctx, KindApprovalRequested, message, tags, &channel); err != nil {
+		return stepEnded, entry, nil, err
+	}
+	entry.Status = "waiting_approval"
+	entry.Output = map[string]any{"approval_ref": ref}
+	n, err := q.WorkflowRunAwaitApproval(ctx, db.WorkflowRunAwaitApprovalParams{
+		NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}),
+		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
+	})
+	if err == nil && n == 0 {
+		err = errLostClaim
+	}
+	return stepParked, entry, nil, err
+}

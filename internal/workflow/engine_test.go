@@ -1,0 +1,290 @@
+package workflow_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+// doorbells returns the relay-signed workflow messages of a run, oldest first.
+func (f *fixture) doorbells(run uuid.UUID) []*nostr.Event {
+	f.t.Helper()
+	rows, err := f.pool.Query(f.ctx, `
+		SELECT encode(id, 'hex'), encode(pubkey, 'hex'), kind, content, tags, extract(epoch FROM created_at)::bigint
+		FROM events WHERE community_id = $1 AND tags @> jsonb_build_array(jsonb_build_array('workflow-run', $2::text))
+		ORDER BY created_at, id`, f.tenant.ID(), run.String())
+	require.NoError(f.t, err)
+	defer rows.Close()
+	var out []*nostr.Event
+	for rows.Next() {
+		ev := &nostr.Event{}
+		var tags []byte
+		require.NoError(f.t, rows.Scan(&ev.ID, &ev.PubKey, &ev.Kind, &ev.Content, &tags, &ev.CreatedAt))
+		require.NoError(f.t, json.Unmarshal(tags, &ev.Tags))
+		out = append(out, ev)
+	}
+	require.NoError(f.t, rows.Err())
+	return out
+}
+
+// A message in the channel creates one run in its own transaction, with
+// the trigger context, the pinned definition event and the cause; the run's
+// send_message emits a relay-signed doorbell with the exact tag order, the
+// owner first, and wake targets only from the owner-signed template. The
+// doorbell itself triggers nothing.
+//
+// Mutations killed: dropping the buzz:workflow tag or reordering tags fails
+// the exact tag list; scanning the rendered text for mentions wakes Eve and
+// fails it too; creating runs from relay-signed events (side rows on Emit)
+// fails "the doorbell triggers nothing"; a filter ignored fails "filtered
+// out".
+func TestMessageTriggerRunsDoorbell(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, robby, eve, poster := f.key(), f.key(), f.key(), f.key()
+	ch := f.channel(owner, robby, eve, poster)
+	f.profile(robby, "Robby")
+	f.profile(eve, "Eve")
+	id := uuid.NewString()
+	def, _ := f.save(owner, ch, id, `
+name: Doorbell
+trigger: {on: message_posted, filter: 'str_contains(trigger_text, "deploy")'}
+steps:
+  - id: ping
+    action: send_message
+    text: "@Robby please look: {{trigger.text}}"
+    reply_in_thread: true
+`)
+	f.store(f.sign(poster, ingest.KindChat, "just chatting", nostr.Tags{{"h", ch}}))
+	require.Empty(t, f.runIDs(id), "filtered out")
+	msg := f.sign(poster, ingest.KindChat, "deploy now @Eve", nostr.Tags{{"h", ch}})
+	f.store(msg)
+	runs := f.runIDs(id)
+	require.Len(t, runs, 1)
+	require.Equal(t, []uuid.UUID{runs[0]}, <-f.offers, "offered to the worker after commit")
+
+	run := f.run(runs[0])
+	require.Equal(t, db.WorkflowRunStatusPending, run.Status)
+	var tc workflow.TriggerContext
+	require.NoError(t, json.Unmarshal(run.TriggerContext, &tc))
+	require.Equal(t, workflow.TriggerContext{
+		Text: "deploy now @Eve", Author: pubHex(poster), ChannelID: ch, Timestamp: itoa(msg.CreatedAt),
+		MessageID: msg.ID, WebhookFields: map[string]string{}, DefinitionEventID: def.ID,
+		Cause: workflow.Cause{Kind: workflow.CauseEvent, Ref: msg.ID},
+	}, tc)
+
+	f.drain(f.engine(time.Minute))
+	run = f.run(runs[0])
+	require.Equal(t, db.WorkflowRunStatusCompleted, run.Status, "error: %v", run.ErrorMessage)
+	require.Nil(t, run.ErrorCode)
+	bells := f.doorbells(runs[0])
+	require.Len(t, bells, 1)
+	bell := bells[0]
+	relayKey, err := f.p.RelayKey(f.ctx, f.tenant.ID())
+	require.NoError(t, err)
+	require.Equal(t, pubHex(relayKey), bell.PubKey)
+	require.Equal(t, ingest.KindChat, bell.Kind)
+	require.Equal(t, "@Robby please look: deploy now @Eve", bell.Content)
+	ownerHex := pubHex(owner)
+	require.Equal(t, nostr.Tags{
+		{"workflow-run", runs[0].String()},
+		{"workflow-step", "ping"},
+		{"workflow-owner", ownerHex},
+		{"workflow-definition", def.ID, "ping"},
+		{"workflow-cause", "event", msg.ID},
+		{"p", ownerHex},
+		{"h", ch},
+		{"buzz:workflow", "doorbell-v1"},
+		{"p", pubHex(robby)},
+		{"e", msg.ID, "", "reply"},
+	}, bell.Tags)
+	require.Len(t, f.runIDs(id), 1, "the doorbell triggers nothing")
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A reaction fires a reaction_added workflow only with the exact emoji,
+// and add_reaction reacts to the triggering message. Mutation killed:
+// comparing emoji loosely (prefix/case) fails "exact emoji".
+func TestReactionTriggerExactEmoji(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, poster := f.key(), f.key()
+	ch := f.channel(owner, poster)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: R\ntrigger: {on: reaction_added, emoji: \"🚀\"}\nsteps: [{id: ack, action: add_reaction, emoji: \"👀\"}]")
+	msg := f.store(f.sign(poster, ingest.KindChat, "ship it", nostr.Tags{{"h", ch}}))
+	_ = msg
+	target := f.sign(poster, ingest.KindChat, "target", nostr.Tags{{"h", ch}})
+	f.store(target)
+	f.store(f.sign(poster, nostr.KindReaction, "🚀🚀", nostr.Tags{{"e", target.ID}}))
+	require.Empty(t, f.runIDs(id), "exact emoji")
+	f.store(f.sign(poster, nostr.KindReaction, "🚀", nostr.Tags{{"e", target.ID}}))
+	runs := f.runIDs(id)
+	require.Len(t, runs, 1)
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(runs[0]).Status)
+	bells := f.doorbells(runs[0])
+	require.Len(t, bells, 1)
+	require.Equal(t, nostr.KindReaction, bells[0].Kind)
+	require.Equal(t, "👀", bells[0].Content)
+	require.Equal(t, nostr.Tag{"e", target.ID}, bells[0].Tags[0])
+}
+
+// Kind 46020 by the owner creates a run in the command's transaction and
+// returns its id in the OK message; anyone else is refused. Mutation
+// killed: dropping the owner check fails the refusal.
+func TestManualTrigger(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, member)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Cron-ish\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: send_message, text: tick}]")
+	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", id}}), "restricted: not authorized to trigger this workflow")
+	f.rejected(f.sign(owner, workflow.KindManualTrigger, "", nostr.Tags{{"d", uuid.NewString()}}), "invalid: workflow not found")
+	f.rejected(f.sign(owner, workflow.KindManualTrigger, "", nostr.Tags{{"d", "x"}}), "invalid: bad workflow_id format")
+	cmd := f.sign(owner, workflow.KindManualTrigger, "", nostr.Tags{{"d", id}})
+	reply := f.store(cmd)
+	runs := f.runIDs(id)
+	require.Len(t, runs, 1)
+	require.Equal(t, `response:{"run_id":"`+runs[0].String()+`"}`, reply)
+	f.drain(f.engine(time.Minute))
+	bells := f.doorbells(runs[0])
+	require.Len(t, bells, 1)
+	require.Contains(t, bells[0].Tags, nostr.Tag{"workflow-cause", "command", cmd.ID})
+}
+
+// A delay parks the run: pending, due at now + duration, no claim held;
+// the poll does not take it before then, and after it the run completes.
+// Mutation killed: a delay executed by sleeping in the worker (or parked
+// without releasing the claim) fails the parked-state checks.
+func TestDelayIsDurable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: D\ntrigger: {on: message_posted}\nsteps: [{id: wait, action: delay, duration: 120s}, {id: say, action: send_message, text: done}]")
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	e := f.engine(time.Minute)
+	f.drain(e)
+	parked := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusPending, parked.Status)
+	require.Nil(t, parked.ClaimID)
+	require.Equal(t, int32(1), parked.CurrentStep)
+	require.Equal(t, f.clock.Now().Add(120*time.Second), parked.RunAt.UTC().In(f.clock.Now().Location()))
+	f.clock.Advance(119 * time.Second)
+	f.drain(e)
+	require.Equal(t, db.WorkflowRunStatusPending, f.run(run).Status, "not due yet")
+	f.clock.Advance(time.Second)
+	f.drain(e)
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.Len(t, f.doorbells(run), 1)
+}
+
+// Runs fail closed with stable codes: a row without a pinned definition
+// event fires nothing; a run whose pinned event was deleted fails with
+// invalid_definition and sends nothing; an unimplemented action fails
+// with action_not_implemented. Mutation killed: falling back to the row's
+// current definition when the pinned event is gone fails the second case.
+func TestRunsFailClosed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+
+	legacy := uuid.NewString()
+	f.save(owner, ch, legacy, greeter)
+	_, err := f.pool.Exec(f.ctx, `UPDATE workflows SET definition_event_id = NULL WHERE id = $1`, legacy)
+	require.NoError(t, err)
+
+	pinned := uuid.NewString()
+	def, _ := f.save(owner, ch, pinned, "name: P\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: hi}]")
+	dm := uuid.NewString()
+	f.save(owner, ch, dm, "name: DM\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_dm, to: x, text: hi}]")
+
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	require.Empty(t, f.runIDs(legacy), "a row without a pinned event fires nothing")
+	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", def.ID}}))
+	f.drain(f.engine(time.Minute))
+
+	for wf, code := range map[string]workflow.ErrorCode{pinned: workflow.CodeInvalidDefinition, dm: workflow.CodeActionNotImplemented} {
+		runs := f.runIDs(wf)
+		require.Len(t, runs, 1)
+		run := f.run(runs[0])
+		require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
+		require.Equal(t, string(code), *run.ErrorCode)
+		require.NotContains(t, *run.ErrorMessage, string(code), "the diagnostic is separate from the code")
+		require.Empty(t, f.doorbells(runs[0]))
+	}
+}
+
+// Every code the engine can write is accepted by the database CHECK.
+func TestErrorCodesMatchTheDatabase(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, greeter)
+	for _, code := range workflow.AllErrorCodes {
+		_, err := f.pool.Exec(f.ctx, `INSERT INTO workflow_runs (community_id, id, workflow_id, status, error_code, error_message)
+			VALUES ($1, gen_random_uuid(), $2, 'failed', $3, 'x')`, f.tenant.ID(), id, string(code))
+		require.NoError(t, err, code)
+	}
+}
+
+// A diff (kind 40008) fires diff_posted workflows and nothing else does.
+// Mutation killed: mapping 40008 to no trigger fails the run count.
+func TestDiffTrigger(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Diff\ntrigger: {on: diff_posted}\nsteps: [{id: a, action: send_message, text: 'diff by {{trigger.author}}'}]")
+	f.store(f.sign(owner, ingest.KindChat, "not a diff", nostr.Tags{{"h", ch}}))
+	require.Empty(t, f.runIDs(id))
+	f.store(f.sign(owner, 40008, "--- a\n+++ b", nostr.Tags{{"h", ch}}))
+	require.Len(t, f.runIDs(id), 1)
+}
+
+// A step whose if is false is skipped (recorded, not failed); an if that
+// cannot be evaluated fails the run with condition_evaluation_failed.
+// Mutation killed: treating a false if as a failure (or running the step
+// anyway) fails the skipped-step checks.
+func TestStepConditions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	skip := uuid.NewString()
+	f.save(owner, ch, skip, "name: S\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: never, if: 'str_contains(trigger_text, \"nope\")', action: send_message, text: never}\n"+
+		"  - {id: always, action: send_message, text: always}\n")
+	bad := uuid.NewString()
+	f.save(owner, ch, bad, "name: B\ntrigger: {on: message_posted}\nsteps: [{id: a, if: 'str_len(trigger_text) % 0 == 1', action: send_message, text: x}]")
+	f.store(f.sign(owner, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
+	f.drain(f.engine(time.Minute))
+
+	run := f.runIDs(skip)[0]
+	row := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, row.Status)
+	require.Equal(t, []string{"always"}, contents(f.doorbells(run)))
+	require.Contains(t, string(row.ExecutionTrace), `"status": "skipped"`)
+
+	failed := f.run(f.runIDs(bad)[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, failed.Status)
+	require.Equal(t, "condition_evaluation_failed", *failed.ErrorCode)
+}

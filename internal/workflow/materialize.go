@@ -1,0 +1,184 @@
+package workflow
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Kinds of the workflow protocol.
+const (
+	KindDefinition    = 30620 // owner-signed definition, d = workflow UUID
+	KindManualTrigger = 46020 // owner-signed command: run a workflow now
+)
+
+// DefinitionHandler is the ingest handler of kind 30620: the event is
+// stored like any addressable event, and in the same transaction its
+// workflows row is created or updated, pinned to this event's id.
+var DefinitionHandler = ingest.Handler{
+	Validate: validateDefinitionTags,
+	Prepare:  prepareDefinition,
+	Apply:    applyDefinition,
+}
+
+// definitionTags reads the channel (h) and workflow (d) ids.
+func definitionTags(ev *nostr.Event) (channel, workflow uuid.UUID, err error) {
+	h := ev.Tags.First("h")
+	if h == nil {
+		return channel, workflow, ingest.Reject("invalid", "missing h tag (channel_id)")
+	}
+	if channel, err = uuid.Parse(h[1]); err != nil {
+		return channel, workflow, ingest.Reject("invalid", "bad channel_id format")
+	}
+	d := ev.Tags.First("d")
+	if d == nil {
+		return channel, workflow, ingest.Reject("invalid", "missing d tag (workflow_id)")
+	}
+	if workflow, err = uuid.Parse(d[1]); err != nil {
+		return channel, workflow, ingest.Reject("invalid", "bad workflow_id format")
+	}
+	return channel, workflow, nil
+}
+
+func validateDefinitionTags(ev *nostr.Event) error {
+	_, _, err := definitionTags(ev)
+	return err
+}
+
+// savedDefinition is what prepareDefinition decided, for applyDefinition.
+type savedDefinition struct {
+	workflow  uuid.UUID
+	name      string
+	json      []byte
+	hash      [32]byte
+	newSecret string // set only when this save generated the webhook secret
+}
+
+func prepareDefinition(ctx context.Context, w *ingest.Write) error {
+	channel, workflowID, err := definitionTags(w.Event)
+	if err != nil {
+		return err
+	}
+	// The signer must be an active member of a live, unarchived channel.
+	// An unknown channel gets the same answer, so a non-member cannot
+	// probe which private channel ids exist.
+	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: channel, Pubkey: w.ActorBytes()})
+	if dberr.IsNotFound(err) || (err == nil && access.MemberRole == nil) {
+		return ingest.Reject("restricted", "not a member of this channel")
+	}
+	if err != nil {
+		return err
+	}
+	if access.ArchivedAt != nil {
+		return ingest.Reject("restricted", "channel is archived")
+	}
+	def, err := Parse(w.Event.Content)
+	if err != nil {
+		return ingest.Reject("invalid", "workflow YAML parse error: %v", err)
+	}
+	if def.ReachesOutside() && *access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin {
+		return ingest.Reject("restricted", "call_webhook needs the owner or admin role in the channel")
+	}
+	saved := &savedDefinition{workflow: workflowID, name: def.Name}
+	if tag := w.Event.Tags.First("name"); tag != nil && tag[1] != "" {
+		saved.name = tag[1]
+	}
+	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
+	switch {
+	case dberr.IsNotFound(err):
+	case err != nil:
+		return err
+	case string(existing.OwnerPubkey) != string(w.ActorBytes()) || existing.ChannelID == nil || *existing.ChannelID != channel:
+		return ingest.Reject("restricted", "workflow belongs to a different owner or channel")
+	}
+	if def.Trigger.On == OnWebhook {
+		// A re-save keeps the secret callers already hold.
+		if existing.WebhookSecret != "" {
+			def.WebhookSecret = existing.WebhookSecret
+		} else {
+			def.WebhookSecret = uuid.New().String()
+			saved.newSecret = def.WebhookSecret
+		}
+	}
+	if saved.json, err = def.CanonicalJSON(); err != nil {
+		return err
+	}
+	saved.hash = sha256.Sum256(saved.json)
+	w.ChannelID = &channel
+	w.SetState(saved)
+	return nil
+}
+
+func applyDefinition(ctx context.Context, w *ingest.Write) error {
+	saved := w.State().(*savedDefinition)
+	id := w.Event.IDBytes()
+	_, err := w.Q.WorkflowUpsert(ctx, db.WorkflowUpsertParams{
+		CommunityID:       w.Tenant.ID(),
+		ID:                saved.workflow,
+		Name:              saved.name,
+		OwnerPubkey:       w.ActorBytes(),
+		ChannelID:         w.ChannelID,
+		Definition:        saved.json,
+		DefinitionHash:    saved.hash[:],
+		DefinitionEventID: id[:],
+		Now:               w.SQLNow(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another owner or channel won a race since prepareDefinition read
+		// the row: the upsert's WHERE refused to take it over.
+		return ingest.Reject("restricted", "workflow belongs to a different owner or channel")
+	}
+	if err != nil {
+		return err
+	}
+	reply := struct {
+		WorkflowID    string `json:"workflow_id"`
+		WebhookSecret string `json:"webhook_secret,omitempty"`
+	}{saved.workflow.String(), saved.newSecret}
+	body, _ := json.Marshal(reply)
+	w.Reply("response:" + string(body))
+	return nil
+}
+
+// DefinitionDeletion archives the workflows whose definitions a kind 5
+// deletes by coordinate (30620:<owner>:<workflow id>): register it as side
+// rows. Only the owner's own coordinates count, as for the events.
+var DefinitionDeletion = ingest.SideRows{Needs: deletesDefinitions, Apply: archiveDeleted}
+
+func deletedWorkflows(ev *nostr.Event) []uuid.UUID {
+	var out []uuid.UUID
+	for _, v := range ev.Tags.Values("a") {
+		c, err := nostr.ParseCoordinate(v)
+		if err != nil || c.Kind != KindDefinition || c.PubKey != ev.PubKey {
+			continue
+		}
+		if id, err := uuid.Parse(c.D); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func deletesDefinitions(ev *nostr.Event) bool {
+	return ev.Kind == nostr.KindDeletion && len(deletedWorkflows(ev)) > 0
+}
+
+func archiveDeleted(ctx context.Context, w *ingest.Write) error {
+	for _, id := range deletedWorkflows(w.Event) {
+		if _, err := w.Q.WorkflowArchive(ctx, db.WorkflowArchiveParams{
+			CommunityID: w.Tenant.ID(), ID: id, OwnerPubkey: w.ActorBytes(), Now: w.SQLNow(),
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+// Package mention finds which channel members a workflow message wakes.
+//
+// A relay-signed workflow message may only wake agents the workflow's owner
+// named in the signed, unrendered template text. Values filled in at run time
+// (message text, webhook data, step output) are never scanned, so a stranger
+// cannot make the relay wake another agent by writing "@Name" into them.
+//
+// Matching rules, chosen so that a mention is unambiguous and hard to trip
+// by accident:
+//   - candidates are the members with a non-empty display name;
+//   - a mention is "@" at the start of the text or after whitespace or "(",
+//     so "mail@Robby" and "@Sam@Robby" (second "@") wake nobody extra;
+//   - comparison is case-insensitive; both sides are lowercased one
+//     character at a time, which keeps offsets in the original text even
+//     where full-string lowercasing would change the length ("İ");
+//   - longer names are tried first and a match consumes its span, so
+//     "@Sam Smith" wakes Sam Smith and not Sam;
+//   - the name must not run on into a letter, digit or "_", so member "Rob"
+//     is not woken by "@Robby";
+//   - a name that two different pubkeys share wakes nobody: the owner could
+//     not have meant both, and guessing would wake the wrong agent;
+//   - results are unique, in order of first appearance, without the owner.
+package mention
+
+import (
+	"slices"
+	"unicode"
+)
+
+// Member is a channel member who may be woken. Callers pass the members of
+// the workflow's channel only: people outside it are never candidates.
+type Member struct {
+	Pubkey      string
+	DisplayName string
+}
+
+// candidate is a display name that belongs to exactly one pubkey.
+type candidate struct {
+	folded []rune
+	pubkey string
+}
+
+// Resolve returns the pubkeys of the members mentioned in template, owner
+// excluded.
+func Resolve(template string, members []Member, owner string) []string {
+	candidates := uniqueNames(members)
+	if len(candidates) == 0 {
+		return nil
+	}
+	text := []rune(template)
+	folded := foldRunes(text)
+
+	var woken []string
+	for i := 0; i < len(text); i++ {
+		if text[i] != '@' || !leftBoundary(text, i) {
+			continue
+		}
+		start := i + 1
+		for _, c := range candidates {
+			end := start + len(c.folded)
+			if end > len(folded) || !slices.Equal(folded[start:end], c.folded) {
+				continue
+			}
+			if end < len(text) && continuesName(text[end]) {
+				continue
+			}
+			if c.pubkey != owner && !slices.Contains(woken, c.pubkey) {
+				woken = append(woken, c.pubkey)
+			}
+			i = end - 1 // the loop's i++ resumes right after the name
+			break
+		}
+	}
+	return woken
+}
+
+// uniqueNames folds every display name, drops names shared by different
+// pubkeys, and orders the rest longest first (ties by name, for a stable
+// order).
+func uniqueNames(members []Member) []candidate {
+	owners := map[string]string{} // folded name -> pubkey, "" when ambiguous
+	for _, m := range members {
+		if m.DisplayName == "" {
+			continue
+		}
+		name := string(foldRunes([]rune(m.DisplayName)))
+		if prev, seen := owners[name]; seen && prev != m.Pubkey {
+			owners[name] = ""
+			continue
+		}
+		owners[name] = m.Pubkey
+	}
+	var out []candidate
+	for name, pubkey := range owners {
+		if pubkey != "" {
+			out = append(out, candidate{folded: []rune(name), pubkey: pubkey})
+		}
+	}
+	slices.SortFunc(out, func(a, b candidate) int {
+		if len(a.folded) != len(b.folded) {
+			return len(b.folded) - len(a.folded)
+		}
+		return slices.Compare(a.folded, b.folded)
+	})
+	return out
+}
+
+// foldRunes lowercases each character on its own, so the result has exactly
+// as many characters as the input.
+func foldRunes(rs []rune) []rune {
+	out := make([]rune, len(rs))
+	for i, r := range rs {
+		out[i] = unicode.ToLower(r)
+	}
+	return out
+}
+
+func leftBoundary(text []rune, at int) bool {
+	if at == 0 {
+		return true
+	}
+	prev := text[at-1]
+	return unicode.IsSpace(prev) || prev == '('
+}
+
+// continuesName reports whether r would make the name part of a longer
+// word: a letter (including the vowel signs and other marks that Unicode
+// counts as alphabetic, so "@रामी" is not "@राम"), a number, or "_".
+func continuesName(r rune) bool {
+	return unicode.IsLetter(r) || unicode.Is(unicode.Other_Alphabetic, r) || unicode.IsNumber(r) || r == '_'
+}

@@ -1,0 +1,69 @@
+package workflow
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the workflow engine's and scheduler's collectors.
+type Metrics struct {
+	runs        *prometheus.CounterVec
+	runSeconds  prometheus.Histogram
+	scheduleLag prometheus.Histogram
+}
+
+// NewMetrics registers the workflow collectors on reg (or reuses the ones
+// already there, when a relay builds its handlers more than once).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_workflow_runs_total",
+			Help: "Workflow runs ended by a worker, by outcome (completed, failed) and error_code (empty when completed).",
+		}, []string{"outcome", "error_code"}),
+		runSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "buzz_workflow_run_seconds",
+			Help:    "Time from a run's creation to its end, delays and approvals included.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 12),
+		}),
+		scheduleLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "buzz_workflow_schedule_lag_seconds",
+			Help:    "How long after its slot a schedule slot was claimed.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}),
+	}
+	cs := []prometheus.Collector{m.runs, m.runSeconds, m.scheduleLag}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return nil, err
+			}
+			cs[i] = already.ExistingCollector
+		}
+	}
+	m.runs = cs[0].(*prometheus.CounterVec)
+	m.runSeconds = cs[1].(prometheus.Histogram)
+	m.scheduleLag = cs[2].(prometheus.Histogram)
+	m.runs.WithLabelValues("completed", "")
+	return m, nil
+}
+
+func (m *Metrics) runEnded(f *runFailure, took time.Duration) {
+	if m == nil {
+		return
+	}
+	if f == nil {
+		m.runs.WithLabelValues("completed", "").Inc()
+	} else {
+		m.runs.WithLabelValues("failed", string(f.code)).Inc()
+	}
+	m.runSeconds.Observe(took.Seconds())
+}
+
+func (m *Metrics) slotClaimed(lag time.Duration) {
+	if m != nil {
+		m.scheduleLag.Observe(lag.Seconds())
+	}
+}

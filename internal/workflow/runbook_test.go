@@ -1,0 +1,77 @@
+package workflow_test
+
+import (
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+func psqlPath(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("psql"); err == nil {
+		return p
+	}
+	dir, err := pgcluster.FindBinaries()
+	require.NoError(t, err)
+	p := filepath.Join(dir, "psql")
+	_, err = os.Stat(p)
+	require.NoError(t, err)
+	return p
+}
+
+// The operator runbook runs as written under psql and shows a failed run
+// by its code, an expired lease, a pending approval and claimed schedule
+// slots.
+func TestWorkflowsRunbook(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	dm := uuid.NewString()
+	f.save(owner, ch, dm, "name: DM\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_dm, to: x, text: hi}]")
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	f.drain(f.engine(time.Minute))
+	_, _ = f.approvalRun(owner, ch, "any")
+	f.store(f.sign(owner, ingest.KindChat, "again", nostr.Tags{{"h", ch}}))
+	claims, err := f.engine(time.Second).ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.NotEmpty(t, claims)
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_runs SET lease_until = now() - interval '1 minute' WHERE status = 'running'`)
+	require.NoError(t, err)
+	tick := uuid.NewString()
+	f.save(owner, ch, tick, "name: T\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: delay, duration: 1s}]")
+	f.clock.now = time.Now().Truncate(time.Second)
+	_, err = workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 3*time.Minute, nil, nil).Tick(f.ctx)
+	require.NoError(t, err)
+
+	dbURL := f.pool.Config().ConnString()
+	pu, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := pu.Query()
+	tz := q.Get("timezone")
+	q.Del("timezone")
+	pu.RawQuery = q.Encode()
+	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/workflows.sql", pu.String())
+	cmd.Env = append(os.Environ(), "PGTZ="+tz)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	text := string(out)
+	require.Regexp(t, regexp.MustCompile(`failed\s*\|\s*action_not_implemented\s*\|\s*\d+\s*\|`), text)
+	require.Regexp(t, regexp.MustCompile(`waiting_approval\s*\|\s*-\s*\|\s*1\s*\|`), text)
+	require.Regexp(t, regexp.MustCompile(`\|\s*00:01:00\s*\n`), text, "the expired leases")
+	require.Regexp(t, regexp.MustCompile(`\|\s*any\s*\|`), text)
+	require.Regexp(t, regexp.MustCompile(tick+`\s*\|\s*60s\s*\|\s*\|\s*3\s*\|\s*3\s*\|`), text)
+}

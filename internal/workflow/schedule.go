@@ -1,0 +1,167 @@
+package workflow
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+// DefaultCatchUp is how far back a tick looks for schedule slots: a slot
+// missed because every relay process was down for less than this still
+// fires once when one comes back.
+const DefaultCatchUp = 10 * time.Minute
+
+// Scheduler fires schedule-triggered workflows. Slots are whole Unix
+// seconds: an interval fires at every multiple of its length since the
+// epoch, a cron expression at each of its occurrences (UTC). Every slot is
+// claimed in scheduled_workflow_fires before its run is created, in one
+// transaction, so across any number of relay processes a slot fires at
+// most once; and since each tick looks back over the catch-up window, it
+// fires at least once while some process is up within that window.
+type Scheduler struct {
+	pool    *pgxpool.Pool
+	clock   clock.Clock
+	catchUp time.Duration
+	offer   func(ids []uuid.UUID)
+	log     *slog.Logger
+	// Metrics records schedule lag; may be nil.
+	Metrics *Metrics
+}
+
+// NewScheduler returns a scheduler; offer (may be nil) receives the ids of
+// the runs a tick created, after commit.
+func NewScheduler(pool *pgxpool.Pool, clk clock.Clock, catchUp time.Duration, offer func([]uuid.UUID), log *slog.Logger) *Scheduler {
+	if catchUp <= 0 {
+		catchUp = DefaultCatchUp
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Scheduler{pool: pool, clock: clk, catchUp: catchUp, offer: offer, log: log}
+}
+
+// Run ticks every interval until ctx ends; each tick also expires
+// approvals nobody decided in time.
+func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("workflow schedule tick failed", "err", err)
+		}
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock); err != nil && ctx.Err() == nil {
+			s.log.Error("workflow approval expiry failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Slots returns the slots of a schedule trigger in (after, until], oldest
+// first.
+func Slots(t Trigger, after, until time.Time) []time.Time {
+	var out []time.Time
+	if t.Cron != "" {
+		sched, err := CronSchedule(t.Cron)
+		if err != nil {
+			return nil
+		}
+		for next := sched.Next(after.UTC()); !next.After(until); next = sched.Next(next) {
+			out = append(out, next)
+		}
+		return out
+	}
+	step := int64(t.IntervalDuration() / time.Second)
+	if step <= 0 {
+		return nil
+	}
+	first := (after.Unix()/step + 1) * step
+	for slot := first; slot <= until.Unix(); slot += step {
+		out = append(out, time.Unix(slot, 0).UTC())
+	}
+	return out
+}
+
+// Tick claims and fires every due slot in the catch-up window and returns
+// how many runs it created.
+func (s *Scheduler) Tick(ctx context.Context) (int, error) {
+	now := s.clock.Now().Truncate(time.Second)
+	rows, err := db.New(s.pool).WorkflowsScheduled(ctx)
+	if err != nil {
+		return 0, err
+	}
+	created := 0
+	for _, row := range rows {
+		var def Definition
+		if json.Unmarshal(row.Definition, &def) != nil || !def.Enabled || row.ChannelID == nil {
+			continue
+		}
+		for _, slot := range Slots(def.Trigger, now.Add(-s.catchUp), now) {
+			id, err := s.fire(ctx, row, slot)
+			if err != nil {
+				return created, err
+			}
+			if id != uuid.Nil {
+				created++
+				if s.offer != nil {
+					s.offer([]uuid.UUID{id})
+				}
+			}
+		}
+	}
+	return created, nil
+}
+
+// fire claims one slot and creates its run in the same transaction; it
+// returns uuid.Nil when the slot was already claimed.
+func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot time.Time) (uuid.UUID, error) {
+	runID := uuid.Nil
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		n, err := q.ScheduledWorkflowFireClaim(ctx, db.ScheduledWorkflowFireClaimParams{
+			CommunityID: row.CommunityID, WorkflowID: row.ID, ScheduledFor: slot, Now: s.clock.SQL(),
+		})
+		if err != nil || n == 0 {
+			return err
+		}
+		s.Metrics.slotClaimed(s.clock.Now().Sub(slot))
+		ref := strconv.FormatInt(slot.Unix(), 10)
+		tc := TriggerContext{
+			ChannelID:         row.ChannelID.String(),
+			Timestamp:         ref,
+			WebhookFields:     map[string]string{},
+			DefinitionEventID: hex.EncodeToString(row.DefinitionEventID),
+			Cause:             Cause{Kind: CauseSchedule, Ref: ref},
+		}
+		id := uuid.New()
+		if err := q.WorkflowRunCreate(ctx, db.WorkflowRunCreateParams{
+			CommunityID: row.CommunityID, ID: id, WorkflowID: row.ID, TriggerContext: mustJSON(tc), Now: s.clock.SQL(),
+		}); err != nil {
+			return err
+		}
+		if err := q.ScheduledWorkflowFireLink(ctx, db.ScheduledWorkflowFireLinkParams{
+			RunID: id, CommunityID: row.CommunityID, WorkflowID: row.ID, ScheduledFor: slot,
+		}); err != nil {
+			return err
+		}
+		runID = id
+		return nil
+	})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return runID, nil
+}

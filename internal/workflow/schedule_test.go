@@ -1,0 +1,70 @@
+package workflow_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/workflow"
+)
+
+func TestScheduleSlots(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) time.Time { return time.Unix(s, 0).UTC() }
+	every := workflow.Trigger{On: workflow.OnSchedule, Interval: "90s"}
+	require.Equal(t, []time.Time{at(180), at(270), at(360)}, workflow.Slots(every, at(100), at(400)), "epoch-aligned, window end included")
+	require.Equal(t, []time.Time{at(270)}, workflow.Slots(every, at(180), at(359)), "window start excluded")
+	cron := workflow.Trigger{On: workflow.OnSchedule, Cron: "0 */2 * * * * *"}
+	require.Equal(t, []time.Time{at(120), at(240)}, workflow.Slots(cron, at(60), at(300)))
+}
+
+// Three relay processes' schedulers tick at once on one database: every
+// slot in the window gets exactly one run, linked from its claim row, with
+// the slot as its cause. Later ticks fire nothing more.
+//
+// Mutation killed: creating the run without checking the claim (n == 0
+// ignored) gives three runs per slot; checked by "one run per slot".
+func TestScheduleSlotFiresOnceAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+
+	const window = 5 * time.Minute
+	var wg sync.WaitGroup
+	for range 3 {
+		s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Tick(f.ctx)
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	slots := workflow.Slots(workflow.Trigger{Interval: "60s"}, f.clock.Now().Truncate(time.Second).Add(-window), f.clock.Now())
+	require.Len(t, slots, 5)
+	require.Equal(t, len(slots), f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, id), "one run per slot")
+	require.Equal(t, len(slots), f.count(`SELECT count(*) FROM scheduled_workflow_fires f JOIN workflow_runs r ON r.id = f.workflow_run_id
+		WHERE f.workflow_id = $1 AND r.trigger_context -> 'cause' ->> 'ref' = extract(epoch FROM f.scheduled_for)::bigint::text
+		  AND r.trigger_context -> 'cause' ->> 'kind' = 'schedule'`, id))
+
+	n, err := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil).Tick(f.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a fired slot never fires again")
+
+	// Every process was down for three minutes: the missed slots fire
+	// once when one comes back; nothing older than the window does.
+	f.clock.Advance(3 * time.Minute)
+	n, err = workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil).Tick(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, 8, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'completed'`, id))
+}

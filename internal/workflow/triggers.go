@@ -1,0 +1,310 @@
+package workflow
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow/template"
+)
+
+// Kinds that trigger workflows, besides the manual command.
+const (
+	kindChat     = 9
+	kindReaction = 7
+	kindDiff     = 40008
+)
+
+// Cause kinds: what started a run.
+const (
+	CauseEvent    = "event"
+	CauseCommand  = "command"
+	CauseSchedule = "schedule"
+	CauseWebhook  = "webhook"
+)
+
+// Cause is the one typed reason a run exists. Ref is the trigger event id
+// (hex) for event and command causes, the slot's Unix second for a
+// schedule, and empty for a webhook.
+type Cause struct {
+	Kind string `json:"kind"`
+	Ref  string `json:"ref"`
+}
+
+// TriggerContext is stored with a run (workflow_runs.trigger_context): the
+// values templates and conditions see, the definition event the run is
+// pinned to, and its cause.
+type TriggerContext struct {
+	Text              string            `json:"text"`
+	Author            string            `json:"author"`
+	ChannelID         string            `json:"channel_id"`
+	Timestamp         string            `json:"timestamp"`
+	Emoji             string            `json:"emoji,omitempty"`
+	MessageID         string            `json:"message_id,omitempty"`
+	RootMessageID     string            `json:"root_message_id,omitempty"`
+	ParentMessageID   string            `json:"parent_message_id,omitempty"`
+	WebhookFields     map[string]string `json:"webhook_fields"`
+	DefinitionEventID string            `json:"definition_event_id"`
+	Cause             Cause             `json:"cause"`
+}
+
+// Template is the template and condition view of the context plus the
+// outputs of the steps done so far.
+func (tc TriggerContext) Template(steps map[string]map[string]any) template.Context {
+	trigger := map[string]string{}
+	// Webhook fields first, so the standard fields win a name clash.
+	for k, v := range tc.WebhookFields {
+		trigger[k] = v
+	}
+	for k, v := range map[string]string{
+		"text": tc.Text, "author": tc.Author, "channel_id": tc.ChannelID, "timestamp": tc.Timestamp,
+		"emoji": tc.Emoji, "message_id": tc.MessageID, "root_message_id": tc.RootMessageID,
+		"parent_message_id": tc.ParentMessageID,
+	} {
+		trigger[k] = v
+	}
+	if steps == nil {
+		steps = map[string]map[string]any{}
+	}
+	return template.Context{Trigger: trigger, Steps: steps}
+}
+
+// ConditionFunc evaluates a filter or if expression against a context.
+type ConditionFunc func(ctx context.Context, expr string, tc template.Context) (bool, error)
+
+// Triggers creates runs for the events that fire workflows, in the
+// triggering event's transaction, and hands their ids to a worker after
+// commit.
+type Triggers struct {
+	// Condition evaluates trigger filters; an error skips the workflow.
+	Condition ConditionFunc
+	// Offer receives the ids of runs created by a committed event (a
+	// Worker's Offer); nil leaves them to the worker's poll.
+	Offer func(ids []uuid.UUID)
+}
+
+// triggerKind maps an event kind to the trigger it fires.
+func triggerKind(kind int) string {
+	switch kind {
+	case kindChat:
+		return OnMessagePosted
+	case kindReaction:
+		return OnReactionAdded
+	case kindDiff:
+		return OnDiffPosted
+	}
+	return ""
+}
+
+// firesWorkflows is the side rows' cheap test. Only messages, reactions
+// and diffs fire workflows: lifecycle kinds (46001-46012), gift wraps and
+// commands never do. Relay-signed events (a workflow's own messages, which
+// carry a buzz:workflow tag) never reach side rows at all, so a workflow
+// cannot trigger itself.
+func firesWorkflows(ev *nostr.Event) bool { return triggerKind(ev.Kind) != "" }
+
+// SideRows returns the run-creating side rows to register on the pipeline.
+func (t *Triggers) SideRows() ingest.SideRows {
+	return ingest.SideRows{Needs: firesWorkflows, Apply: t.createRuns}
+}
+
+func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
+	if w.ChannelID == nil {
+		return nil
+	}
+	on := triggerKind(w.Event.Kind)
+	rows, err := w.Q.WorkflowsTriggerable(ctx, db.WorkflowsTriggerableParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID})
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	base := eventContext(w.Event, *w.ChannelID)
+	var created []uuid.UUID
+	for _, row := range rows {
+		var def Definition
+		if err := json.Unmarshal(row.Definition, &def); err != nil {
+			continue // a row that no longer decodes fires nothing
+		}
+		if !def.Enabled || def.Trigger.On != on {
+			continue
+		}
+		if on == OnReactionAdded && def.Trigger.Emoji != "" && def.Trigger.Emoji != w.Event.Content {
+			continue
+		}
+		tc := base
+		tc.DefinitionEventID = hex.EncodeToString(row.DefinitionEventID)
+		if def.Trigger.Filter != "" {
+			ok, err := t.condition(ctx, def.Trigger.Filter, tc.Template(nil))
+			if err != nil || !ok {
+				continue
+			}
+		}
+		id, err := createRun(ctx, w, row.ID, tc)
+		if err != nil {
+			return err
+		}
+		created = append(created, id)
+	}
+	t.offerAfterCommit(w, created)
+	return nil
+}
+
+func (t *Triggers) condition(ctx context.Context, expr string, tc template.Context) (bool, error) {
+	if t.Condition == nil {
+		return false, errNoConditions
+	}
+	return t.Condition(ctx, expr, tc)
+}
+
+func (t *Triggers) offerAfterCommit(w *ingest.Write, ids []uuid.UUID) {
+	if len(ids) > 0 && t.Offer != nil {
+		w.AfterCommit(func() { t.Offer(ids) })
+	}
+}
+
+func createRun(ctx context.Context, w *ingest.Write, workflowID uuid.UUID, tc TriggerContext) (uuid.UUID, error) {
+	body, err := json.Marshal(tc)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	id := uuid.New()
+	eventID := w.Event.IDBytes()
+	return id, w.Q.WorkflowRunCreate(ctx, db.WorkflowRunCreateParams{
+		CommunityID: w.Tenant.ID(), ID: id, WorkflowID: workflowID, TriggerEventID: eventID[:],
+		TriggerContext: body, Now: w.SQLNow(),
+	})
+}
+
+// eventContext is the trigger context of a message, reaction or diff.
+func eventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
+	tc := TriggerContext{
+		Text:          ev.Content,
+		Author:        ev.PubKey,
+		ChannelID:     channel.String(),
+		Timestamp:     strconv.FormatInt(ev.CreatedAt, 10),
+		MessageID:     ev.ID,
+		WebhookFields: map[string]string{},
+		Cause:         Cause{Kind: CauseEvent, Ref: ev.ID},
+	}
+	if actor := ev.Tags.First("actor"); actor != nil {
+		tc.Author = actor[1]
+	}
+	if ev.Kind == kindReaction {
+		tc.Emoji = ev.Content
+		for i := len(ev.Tags) - 1; i >= 0; i-- {
+			if tag := ev.Tags[i]; len(tag) >= 2 && tag[0] == "e" {
+				if _, ok := nostr.DecodeHex32(tag[1]); ok {
+					tc.MessageID = tag[1]
+					break
+				}
+			}
+		}
+	}
+	tc.RootMessageID, tc.ParentMessageID = threadOf(ev)
+	return tc
+}
+
+// threadOf reads NIP-10 marked e tags: the thread root and the direct
+// parent (one "reply" tag alone names both).
+func threadOf(ev *nostr.Event) (root, parent string) {
+	if ev.Kind == kindReaction {
+		return "", ""
+	}
+	for _, tag := range ev.Tags {
+		if len(tag) < 4 || tag[0] != "e" {
+			continue
+		}
+		switch tag[3] {
+		case "root":
+			root = tag[1]
+		case "reply":
+			parent = tag[1]
+		}
+	}
+	if root == "" {
+		root = parent
+	}
+	if parent == "" {
+		parent = root
+	}
+	return root, parent
+}
+
+// ManualTrigger is the handler of kind 46020: the workflow's owner runs it
+// now. The command is stored in the workflow's channel and the run is
+// created in the same transaction; the OK message carries its id as
+// response:{"run_id":"<uuid>"}.
+func (t *Triggers) ManualTrigger() ingest.Handler {
+	return ingest.Handler{Validate: validateManual, Prepare: prepareManual, Apply: t.applyManual}
+}
+
+// manualTarget reads the workflow id from the d tag, else an e tag.
+func manualTarget(ev *nostr.Event) (uuid.UUID, error) {
+	tag := ev.Tags.First("d")
+	if tag == nil {
+		tag = ev.Tags.First("e")
+	}
+	if tag == nil {
+		return uuid.Nil, ingest.Reject("invalid", "missing d tag (workflow_id)")
+	}
+	id, err := uuid.Parse(tag[1])
+	if err != nil {
+		return uuid.Nil, ingest.Reject("invalid", "bad workflow_id format")
+	}
+	return id, nil
+}
+
+func validateManual(ev *nostr.Event) error {
+	_, err := manualTarget(ev)
+	return err
+}
+
+type manualRun struct {
+	workflow          uuid.UUID
+	definitionEventID []byte
+}
+
+func prepareManual(ctx context.Context, w *ingest.Write) error {
+	id, _ := manualTarget(w.Event)
+	row, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: id})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "workflow not found")
+	}
+	if err != nil {
+		return err
+	}
+	if string(row.OwnerPubkey) != string(w.ActorBytes()) {
+		return ingest.Reject("restricted", "not authorized to trigger this workflow")
+	}
+	if row.ChannelID == nil {
+		return ingest.Reject("invalid", "workflow is not channel-scoped")
+	}
+	w.ChannelID = row.ChannelID
+	w.SetState(&manualRun{workflow: id, definitionEventID: row.DefinitionEventID})
+	return nil
+}
+
+func (t *Triggers) applyManual(ctx context.Context, w *ingest.Write) error {
+	m := w.State().(*manualRun)
+	tc := TriggerContext{
+		Author:            w.Event.PubKey,
+		ChannelID:         w.ChannelID.String(),
+		Timestamp:         strconv.FormatInt(w.Event.CreatedAt, 10),
+		WebhookFields:     map[string]string{},
+		DefinitionEventID: hex.EncodeToString(m.definitionEventID),
+		Cause:             Cause{Kind: CauseCommand, Ref: w.Event.ID},
+	}
+	id, err := createRun(ctx, w, m.workflow, tc)
+	if err != nil {
+		return err
+	}
+	w.Reply(`response:{"run_id":"` + id.String() + `"}`)
+	t.offerAfterCommit(w, []uuid.UUID{id})
+	return nil
+}

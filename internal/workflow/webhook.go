@@ -1,0 +1,157 @@
+package workflow
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+)
+
+// DefaultWebhookMaxBytes caps a webhook body. Its fields travel to agents
+// as one compact JSON tag, so the cap keeps that tag bounded too.
+const DefaultWebhookMaxBytes = 61440
+
+// Webhooks serves POST /hooks/{id}: a caller holding the workflow's secret
+// starts a run whose trigger context carries the body's top-level fields
+// (untrusted cargo, never prose the relay vouches for).
+type Webhooks struct {
+	Pool     *pgxpool.Pool
+	Clock    clock.Clock
+	MaxBytes int64
+	// Offer receives the new run's id after commit; may be nil.
+	Offer func(ids []uuid.UUID)
+}
+
+type webhookReply struct {
+	RunID      string `json:"run_id"`
+	WorkflowID string `json:"workflow_id"`
+	Status     string `json:"status"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func webhookError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// Serve handles one webhook call for the community the request's host
+// resolved to.
+func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uuid.UUID) {
+	workflowID, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		webhookError(w, http.StatusBadRequest, "invalid workflow UUID")
+		return
+	}
+	limit := h.MaxBytes
+	if limit <= 0 {
+		limit = DefaultWebhookMaxBytes
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		webhookError(w, http.StatusRequestEntityTooLarge, "body larger than "+strconv.FormatInt(limit, 10)+" bytes")
+		return
+	}
+	if err != nil {
+		webhookError(w, http.StatusBadRequest, "could not read the body")
+		return
+	}
+	q := db.New(h.Pool)
+	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID})
+	if err != nil && !dberr.IsNotFound(err) {
+		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		return
+	}
+	// An unknown workflow answers like a wrong secret: a caller without the
+	// secret learns nothing about which workflows exist.
+	secret := r.Header.Get("X-Webhook-Secret")
+	if secret == "" {
+		secret = r.URL.Query().Get("secret")
+	}
+	if err != nil || row.WebhookSecret == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(row.WebhookSecret)) != 1 {
+		webhookError(w, http.StatusUnauthorized, "authentication failed")
+		return
+	}
+	if row.TriggerOn != OnWebhook || !row.Enabled || row.Status != db.WorkflowStatusActive || row.DefinitionEventID == nil || row.ChannelID == nil {
+		webhookError(w, http.StatusConflict, "workflow is not accepting webhook calls")
+		return
+	}
+	fields, msg := webhookFields(body)
+	if msg != "" {
+		webhookError(w, http.StatusBadRequest, "invalid JSON body: "+msg)
+		return
+	}
+	tc := TriggerContext{
+		ChannelID:         row.ChannelID.String(),
+		Timestamp:         strconv.FormatInt(h.Clock.Now().Unix(), 10),
+		WebhookFields:     fields,
+		DefinitionEventID: hex.EncodeToString(row.DefinitionEventID),
+		Cause:             Cause{Kind: CauseWebhook},
+	}
+	var key *string
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		if len(k) > 255 {
+			webhookError(w, http.StatusBadRequest, "Idempotency-Key longer than 255 bytes")
+			return
+		}
+		key = &k
+	}
+	ids, err := q.WorkflowRunCreateKeyed(r.Context(), db.WorkflowRunCreateKeyedParams{
+		CommunityID: communityID, ID: uuid.New(), WorkflowID: workflowID, TriggerContext: mustJSON(tc), IdempotencyKey: key, Now: h.Clock.SQL(),
+	})
+	if err == nil && len(ids) == 0 && key != nil {
+		var existing uuid.UUID
+		existing, err = q.WorkflowRunByIdempotencyKey(r.Context(), db.WorkflowRunByIdempotencyKeyParams{
+			CommunityID: communityID, WorkflowID: workflowID, IdempotencyKey: *key,
+		})
+		ids = []uuid.UUID{existing}
+	} else if err == nil && len(ids) == 1 && h.Offer != nil {
+		h.Offer(ids)
+	}
+	if err != nil || len(ids) != 1 {
+		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		return
+	}
+	writeJSON(w, http.StatusAccepted, webhookReply{RunID: ids[0].String(), WorkflowID: workflowID.String(), Status: "pending"})
+}
+
+// webhookFields turns an optional JSON object body into string fields: a
+// string as-is, anything else as its JSON text.
+func webhookFields(body []byte) (map[string]string, string) {
+	fields := map[string]string{}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return fields, ""
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return nil, "must be a JSON object"
+	}
+	for k, raw := range obj {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			fields[k] = s
+			continue
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, raw); err != nil {
+			return nil, "must be a JSON object"
+		}
+		fields[k] = compact.String()
+	}
+	return fields, ""
+}

@@ -1,0 +1,105 @@
+package workflow_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
+)
+
+// hookServer is an HTTPS server on loopback that counts calls, with an
+// engine whose webhook client may reach it.
+func (f *fixture) hookServer(status int) (*httptest.Server, *atomic.Int32, *workflow.Engine) {
+	var calls atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("got " + string(body)))
+	}))
+	f.t.Cleanup(srv.Close)
+	client := safehttp.New(safehttp.Options{
+		AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() },
+		RootCAs:   srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+	})
+	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+	return srv, &calls, e
+}
+
+// call_webhook sends the rendered request once and its output feeds the
+// next step; a non-2xx answer fails the run with webhook_failed and a
+// diagnostic that is not the code. Saving it needs the owner or admin
+// role. Mutation killed: skipping the role check at save fails the
+// refusal; not recording the output fails the second step's text.
+func TestCallWebhookStep(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, member)
+	srv, calls, e := f.hookServer(200)
+	def := "name: Hook\ntrigger: {on: message_posted}\nsteps:\n" +
+		"  - {id: hook, action: call_webhook, url: '" + srv.URL + "/x', body: '{{trigger.text}}'}\n" +
+		"  - {id: say, action: send_message, text: 'answer {{steps.hook.output.status}} {{steps.hook.output.body}}'}\n"
+	f.rejected(f.sign(member, workflow.KindDefinition, def, nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}),
+		"restricted: call_webhook needs the owner or admin role in the channel")
+	id := uuid.NewString()
+	f.save(owner, ch, id, def)
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.runIDs(id)[0]
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, []string{"answer 200 got ping"}, contents(f.doorbells(run)))
+
+	failing, _, e2 := f.hookServer(500)
+	id2 := uuid.NewString()
+	f.save(owner, ch, id2, "name: Bad\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+failing.URL+"'}]")
+	f.store(f.sign(owner, ingest.KindChat, "again", nostr.Tags{{"h", ch}}))
+	f.drain(e2)
+	bad := f.run(f.runIDs(id2)[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, bad.Status)
+	require.Equal(t, "webhook_failed", *bad.ErrorCode)
+	require.Contains(t, *bad.ErrorMessage, "HTTP 500")
+}
+
+// A worker that marked a call started and stopped before recording the
+// outcome may have sent it: the run that resumes fails with
+// webhook_failed and never calls again. Mutation killed: ignoring the
+// started mark (retrying the call) makes the server see a call.
+func TestCallWebhookIsNotRepeatedAfterACrash(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServer(200)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"'}]")
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	// What a worker leaves behind when it dies between marking the call
+	// and recording its outcome.
+	claims, err := e.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_runs SET execution_trace = '[{"step_id":"hook","index":0,"status":"started"}]' WHERE id = $1`, run)
+	require.NoError(t, err)
+	_ = claims
+	f.clock.Advance(2 * time.Minute)
+	f.drain(e)
+	final := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, final.Status)
+	require.Equal(t, "webhook_failed", *final.ErrorCode)
+	require.Zero(t, calls.Load(), "never repeated")
+}

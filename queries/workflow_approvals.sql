@@ -1,0 +1,37 @@
+-- Approval requests of workflow runs. token is the SHA-256 of the raw
+-- approval token; clients name an approval by its hex.
+
+-- name: WorkflowApprovalCreate :exec
+INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, approver_spec, expires_at, created_at)
+VALUES (@community_id::uuid, @token::bytea, @workflow_id::uuid, @run_id::uuid, @step_id::text, @step_index::int,
+        @approver_spec::text, @expires_at::timestamptz, coalesce(sqlc.narg('now')::timestamptz, now()));
+
+-- name: WorkflowApprovalGet :one
+SELECT a.workflow_id, a.run_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+FROM workflow_approvals a
+JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
+WHERE a.community_id = @community_id::uuid AND a.token = @token::bytea;
+
+-- name: WorkflowApprovalDecide :execrows
+-- Grants or denies a pending, unexpired approval. Zero rows: someone else
+-- decided it first, or it expired meanwhile.
+UPDATE workflow_approvals
+SET status = @status::workflow_approval_status,
+    approver_pubkey = @approver::bytea,
+    granted_at = CASE WHEN @status::workflow_approval_status = 'granted' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+    denied_at = CASE WHEN @status::workflow_approval_status = 'denied' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END
+WHERE community_id = @community_id::uuid AND token = @token::bytea AND status = 'pending'
+  AND expires_at > coalesce(sqlc.narg('now')::timestamptz, now());
+
+-- name: WorkflowApprovalsExpire :many
+-- Pending approvals past their expiry become expired; returns their runs.
+UPDATE workflow_approvals
+SET status = 'expired'
+WHERE status = 'pending' AND expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+RETURNING community_id, run_id;
+
+-- name: WorkflowApprovalsOfRun :many
+SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, approver_pubkey, note, expires_at, created_at
+FROM workflow_approvals
+WHERE community_id = @community_id::uuid AND run_id = @run_id::uuid
+ORDER BY step_index, created_at;

@@ -1,0 +1,121 @@
+-- Workflow runs after creation: the claims are rendered from
+-- queries/templates/workflow_run_claim.sql.tmpl; every transition here is
+-- fenced by (id, claim_id, status = 'running').
+
+-- name: WorkflowRunCreate :exec
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, run_at, created_at)
+VALUES (@community_id::uuid, @id::uuid, @workflow_id::uuid, sqlc.narg('trigger_event_id')::bytea,
+        @trigger_context::jsonb, coalesce(sqlc.narg('now')::timestamptz, now()),
+        coalesce(sqlc.narg('now')::timestamptz, now()));
+
+-- name: WorkflowRunStepDone :execrows
+-- One step finished (or was skipped): record it and move to the next,
+-- renewing the lease. Fenced: zero rows means this worker lost its claim,
+-- and the caller rolls back whatever the step wrote in the same
+-- transaction.
+UPDATE workflow_runs
+SET current_step = @next_step::int,
+    execution_trace = execution_trace || @trace::jsonb,
+    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
+-- name: WorkflowRunPark :execrows
+-- A delay step: the run is pending again, due at run_at, with no claim, so
+-- no worker holds it while it waits. Fenced like WorkflowRunStepDone.
+UPDATE workflow_runs
+SET status = 'pending',
+    current_step = @next_step::int,
+    execution_trace = execution_trace || @trace::jsonb,
+    run_at = @run_at::timestamptz,
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
+-- name: WorkflowRunFinish :execrows
+-- The run ends: completed (no code), failed or cancelled (code and
+-- diagnostic together). Fenced like WorkflowRunStepDone.
+UPDATE workflow_runs
+SET status = @status::workflow_run_status,
+    execution_trace = execution_trace || @trace::jsonb,
+    error_code = sqlc.narg('error_code')::text,
+    error_message = sqlc.narg('error_message')::text,
+    completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running';
+
+-- name: WorkflowRunGet :one
+SELECT status, current_step, execution_trace, error_code, error_message, attempts, claim_id, run_at,
+       started_at, completed_at, trigger_context
+FROM workflow_runs
+WHERE community_id = @community_id::uuid AND id = @id::uuid;
+
+-- name: WorkflowRunStepStart :execrows
+-- A step with an effect outside the database (call_webhook) is marked
+-- started, and the lease renewed to cover it, before the effect happens. A
+-- worker resuming the run finds the mark without a result and fails the
+-- step instead of repeating it: such a step runs at most once. Fenced like
+-- WorkflowRunStepDone.
+UPDATE workflow_runs
+SET execution_trace = execution_trace || @trace::jsonb,
+    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
+-- name: WorkflowRunAwaitApproval :execrows
+-- A request_approval step: the run waits, unclaimed, for a decision; a
+-- grant resumes it at next_step. Fenced like WorkflowRunStepDone.
+UPDATE workflow_runs
+SET status = 'waiting_approval',
+    current_step = @next_step::int,
+    execution_trace = execution_trace || @trace::jsonb,
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
+-- name: WorkflowRunApprovalGranted :execrows
+-- A granted approval makes the waiting run due again.
+UPDATE workflow_runs
+SET status = 'pending', run_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
+
+-- name: WorkflowRunApprovalEnded :execrows
+-- A denied (cancelled) or expired (failed) approval ends the waiting run.
+UPDATE workflow_runs
+SET status = @status::workflow_run_status,
+    error_code = @error_code::text,
+    error_message = @error_message::text,
+    completed_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
+
+-- name: WorkflowRunCreateKeyed :many
+-- A webhook run, idempotent on the caller's key: no row back means a run
+-- with this key exists (WorkflowRunByIdempotencyKey finds it).
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_context, idempotency_key, run_at, created_at)
+VALUES (@community_id::uuid, @id::uuid, @workflow_id::uuid, @trigger_context::jsonb, sqlc.narg('idempotency_key')::text,
+        coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()))
+ON CONFLICT (community_id, workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: WorkflowRunByIdempotencyKey :one
+SELECT id FROM workflow_runs
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND idempotency_key = @idempotency_key::text;
+
+-- name: WorkflowRunsPage :many
+-- Run history, newest first, keyset-paged on (created_at, id): the cursor
+-- is the last row's full-precision created_at and id, so rows inserted
+-- while a reader pages are neither repeated nor skipped. Fetch limit + 1 to
+-- know whether another page exists.
+SELECT id, workflow_id, status, current_step, execution_trace, started_at, completed_at, error_code, error_message, created_at
+FROM workflow_runs
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid
+  AND (sqlc.narg('before')::timestamptz IS NULL OR sqlc.narg('before_id')::uuid IS NULL
+       OR (created_at, id) < (sqlc.narg('before')::timestamptz, sqlc.narg('before_id')::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT @max_rows::int;
+
+-- name: WorkflowRunOf :one
+SELECT workflow_id FROM workflow_runs WHERE community_id = @community_id::uuid AND id = @id::uuid;

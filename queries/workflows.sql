@@ -1,0 +1,58 @@
+-- Workflow definitions materialized from kind 30620 events.
+
+-- name: WorkflowGet :one
+SELECT owner_pubkey, channel_id, status, enabled, definition_event_id,
+       coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret,
+       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on
+FROM workflows
+WHERE community_id = @community_id::uuid AND id = @id::uuid;
+
+-- name: WorkflowUpsert :one
+-- Materializes a kind 30620 definition. A re-save updates the row only when
+-- the same owner saves it for the same channel: the WHERE makes a racing
+-- save by someone else return no row (refused), whatever the earlier read
+-- saw. A re-save enables the workflow again (the signer is a channel member
+-- at save time) and pins the new event.
+INSERT INTO workflows (community_id, id, name, owner_pubkey, channel_id, definition, definition_hash,
+                       definition_event_id, status, enabled, created_at, updated_at)
+VALUES (@community_id::uuid, @id::uuid, @name::text, @owner_pubkey::bytea, sqlc.narg('channel_id')::uuid,
+        @definition::jsonb, @definition_hash::bytea, @definition_event_id::bytea, 'active', true,
+        coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()))
+ON CONFLICT (community_id, id) DO UPDATE
+SET name = EXCLUDED.name,
+    definition = EXCLUDED.definition,
+    definition_hash = EXCLUDED.definition_hash,
+    definition_event_id = EXCLUDED.definition_event_id,
+    status = 'active',
+    enabled = true,
+    updated_at = EXCLUDED.updated_at
+WHERE workflows.owner_pubkey = EXCLUDED.owner_pubkey
+  AND workflows.channel_id IS NOT DISTINCT FROM EXCLUDED.channel_id
+RETURNING id;
+
+-- name: WorkflowArchive :execrows
+-- A kind 5 deletion of the definition's coordinate by its owner: the
+-- workflow stops firing. The row stays for its run history.
+UPDATE workflows
+SET status = 'archived', enabled = false, updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND owner_pubkey = @owner_pubkey::bytea
+  AND status <> 'archived';
+
+-- name: WorkflowsTriggerable :many
+-- The workflows an event in a channel may trigger: active, enabled, and
+-- pinned to a signed definition event (a row without one fires nothing
+-- until its owner saves it again).
+SELECT id, owner_pubkey, definition, definition_event_id
+FROM workflows
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+  AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
+ORDER BY id;
+
+-- name: WorkflowsScheduled :many
+-- Every workflow the scheduler fires, in every community: active, enabled,
+-- pinned to a signed definition, with a schedule trigger.
+SELECT community_id, id, channel_id, definition, definition_event_id
+FROM workflows
+WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
+  AND definition -> 'trigger' ->> 'on' = 'schedule'
+ORDER BY community_id, id;
