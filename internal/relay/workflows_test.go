@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -283,3 +284,51 @@ func TestWorkflowRunHistoryPaging(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// Each event and schedule trigger over a real WebSocket, one workflow per
+// kind in one channel: a reaction with the named emoji (and not another), a
+// diff (kind 40008), and a schedule firing from the relay's own scheduler.
+// Each run ends with its doorbell in the channel, readable by a member's
+// REQ. Mutation killed: a trigger kind whose side row is not registered
+// (say, diffs dropped from the trigger sources) leaves its doorbell missing.
+func TestEveryTriggerKindOverWebSocket(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.WorkflowPoll = 100 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartWorkflows(ctx))
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "triggers", false)
+	save := func(yaml string) {
+		t.Helper()
+		ok := owner.Publish(owner.Sign(30620, yaml, nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	save("name: R\ntrigger: {on: reaction_added, emoji: \"🚀\"}\nsteps: [{id: a, action: send_message, text: 'reacted {{trigger.emoji}}'}]")
+	save("name: D\ntrigger: {on: diff_posted}\nsteps: [{id: a, action: send_message, text: 'diff {{trigger.text}}'}]")
+	save("name: S\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: scheduled}]")
+
+	target := owner.Sign(9, "ship it", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(target).OK)
+	for _, emoji := range []string{"👀", "🚀"} {
+		ok := owner.Publish(owner.Sign(7, emoji, nostr.Tags{{"e", target.ID}, {"h", ch}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	ok := owner.Publish(owner.Sign(40008, "+one line", nostr.Tags{{"h", ch}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+
+	want := []string{"reacted 🚀", "diff +one line", "scheduled"}
+	var contents []string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		contents = contents[:0]
+		for _, ev := range owner.Req("bells", map[string]any{"kinds": []int{9}, "#h": []string{ch}}) {
+			contents = append(contents, ev.Content)
+		}
+		if !slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(contents, w) }) {
+			break
+		}
+	}
+	require.Subset(t, contents, want)
+	require.NotContains(t, contents, "reacted 👀", "a reaction with another emoji starts nothing")
+}
