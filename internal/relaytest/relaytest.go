@@ -120,6 +120,11 @@ type Client struct {
 	Challenge string
 	Key       *nostr.SecretKey
 	relayURL  string
+	// closed holds the wire ids of subscriptions Req has closed. NIP-01 has
+	// no acknowledgement of CLOSE, so a live event the relay sent before it
+	// read the CLOSE may still arrive; it is dropped, not mistaken for a
+	// reply to whatever the test sends next.
+	closed map[string]bool
 }
 
 // Dial connects to the relay as host ("" = the home community) and reads the
@@ -181,15 +186,28 @@ func (c *Client) Next() []json.RawMessage {
 func (c *Client) TryNext(wait time.Duration) ([]json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	_, data, err := c.WS.Read(ctx)
-	if err != nil {
-		return nil, err
+	for {
+		_, data, err := c.WS.Read(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var parts []json.RawMessage
+		if err := json.Unmarshal(data, &parts); err != nil || len(parts) == 0 {
+			return nil, fmt.Errorf("relay sent a non-array message %q", data)
+		}
+		if !c.lateEvent(parts) {
+			return parts, nil
+		}
 	}
-	var parts []json.RawMessage
-	if err := json.Unmarshal(data, &parts); err != nil || len(parts) == 0 {
-		return nil, fmt.Errorf("relay sent a non-array message %q", data)
+}
+
+// lateEvent reports whether parts is an EVENT for a subscription Req closed.
+func (c *Client) lateEvent(parts []json.RawMessage) bool {
+	if len(c.closed) == 0 || len(parts) < 2 || string(parts[0]) != `"EVENT"` {
+		return false
 	}
-	return parts, nil
+	var subID string
+	return json.Unmarshal(parts[1], &subID) == nil && c.closed[subID]
 }
 
 // ExpectSilence requires that the relay sends nothing for wait and keeps the
@@ -316,6 +334,12 @@ func (c *Client) Sign(kind int, content string, tags nostr.Tags, createdAt int64
 // to EOSE, then closes the subscription.
 func (c *Client) Req(subID string, filters ...map[string]any) []*nostr.Event {
 	c.t.Helper()
+	// Each call gets its own wire id, so a late live event of an earlier
+	// call with the same subID cannot land in this one's history.
+	if c.closed == nil {
+		c.closed = map[string]bool{}
+	}
+	subID = fmt.Sprintf("%s.%d", subID, len(c.closed))
 	parts := []any{"REQ", subID}
 	for _, f := range filters {
 		parts = append(parts, f)
@@ -331,6 +355,7 @@ func (c *Client) Req(subID string, filters ...map[string]any) []*nostr.Event {
 		case "EOSE":
 			require.Equal(c.t, subID, r.SubID)
 			c.Send("CLOSE", subID)
+			c.closed[subID] = true
 			return events
 		default:
 			c.t.Fatalf("REQ %s: unexpected %+v", subID, r)
