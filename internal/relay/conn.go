@@ -34,12 +34,12 @@ type conn struct {
 	log       *slog.Logger
 	challenge string
 	pubkey    string      // authenticated pubkey (NIP-42), "" before AUTH
+	authed    atomic.Bool // pubkey != "", readable off the read goroutine
+	addr      string      // client address the connection caps count it under
 	// owner is the authenticated agent's verified owner: attested by the
 	// auth tag on its AUTH event and the one on record. "" without a tag,
 	// or when a different owner is already recorded.
 	owner string
-	authed    atomic.Bool // pubkey != "", readable off the read goroutine
-	addr      string      // client address the connection caps count it under
 
 	// live holds fan-out deliveries, replies this client's own requests
 	// (history, EOSE, OK ...). Separate queues keep a large history, which
