@@ -212,3 +212,17 @@ func FuzzParse(f *testing.F) {
 		_ = a.Allows(1, 0)
 	})
 }
+
+// BenchmarkVerifyFor is the cost an attestation adds to one AUTH or HTTP
+// request: parse the header and verify the owner's signature.
+func BenchmarkVerifyFor(b *testing.B) {
+	for b.Loop() {
+		a, err := nipoa.ParseHeader(vectorTagJSON)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.VerifyFor(vectorAgent, 1713956400); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

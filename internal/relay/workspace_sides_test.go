@@ -177,7 +177,6 @@ func TestWorkspaceSidesBadInput(t *testing.T) {
 		{"reply to parent in another channel", c.Sign(9, "re", nostr.Tags{{"h", ch}, {"e", elsewhere.ID, "", "reply"}}, 0), "invalid: reply parent not found"},
 		{"malformed channel_add_policy", c.Sign(0, `{"name":"x","channel_add_policy":"sometimes"}`, nil, 0),
 			"invalid: channel_add_policy must be anyone, owner_only or nobody"},
-		{"malformed agent_owner", c.Sign(0, `{"agent_owner":"me"}`, nil, 0), "invalid: agent_owner must be a 64-hex lowercase pubkey"},
 	}
 	for _, tc := range cases {
 		ok := c.Publish(tc.ev)
