@@ -1,17 +1,17 @@
 -- name: UserProfileSync :execrows
 -- Mirrors a kind 0 profile into users. Only a newer version (ties to the
 -- lowest id, like the replaceable-slot trigger) changes the row. Profile
--- fields follow the event (absent means NULL); channel_add_policy and
--- agent_owner_pubkey change only when the profile names them.
+-- fields follow the event (absent means NULL); channel_add_policy changes
+-- only when the profile names it. A profile never sets agent_owner_pubkey:
+-- that is proven by the owner's signature (UserAgentOwnerRecord).
 INSERT INTO users (
     community_id, pubkey, display_name, about, avatar_url, nip05_handle,
-    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at, updated_at
+    channel_add_policy, metadata_event_id, metadata_created_at, updated_at
 ) VALUES (
     @community_id::uuid, @pubkey::bytea,
     sqlc.narg('display_name')::text, sqlc.narg('about')::text,
     sqlc.narg('avatar_url')::text, sqlc.narg('nip05_handle')::text,
     coalesce(sqlc.narg('channel_add_policy')::channel_add_policy, 'anyone'),
-    sqlc.narg('agent_owner_pubkey')::bytea,
     @metadata_event_id::bytea, @metadata_created_at::timestamptz,
     coalesce(sqlc.narg('now')::timestamptz, now())
 )
@@ -21,7 +21,6 @@ SET display_name = EXCLUDED.display_name,
     avatar_url = EXCLUDED.avatar_url,
     nip05_handle = EXCLUDED.nip05_handle,
     channel_add_policy = coalesce(sqlc.narg('channel_add_policy')::channel_add_policy, users.channel_add_policy),
-    agent_owner_pubkey = coalesce(sqlc.narg('agent_owner_pubkey')::bytea, users.agent_owner_pubkey),
     metadata_event_id = EXCLUDED.metadata_event_id,
     metadata_created_at = EXCLUDED.metadata_created_at,
     updated_at = EXCLUDED.updated_at
@@ -32,3 +31,22 @@ WHERE users.metadata_created_at IS NULL
 -- name: UserChannelAddPolicy :one
 SELECT channel_add_policy, agent_owner_pubkey FROM users
 WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea;
+
+-- name: UserAgentOwnerRecord :one
+-- Records owner as agent's verified owner, first wins, in one statement:
+-- both users rows are created if missing (the owner's for the foreign key),
+-- and an agent that already has an owner keeps it. ON CONFLICT DO UPDATE
+-- locks the agent's row and sees its latest committed version, so of two
+-- racing attestations exactly one owner is recorded, and each caller gets
+-- back the owner now on record: equal to owner means recorded (or already
+-- so), different means a conflict.
+WITH owner_row AS (
+    INSERT INTO users (community_id, pubkey, updated_at)
+    VALUES (@community_id::uuid, @owner::bytea, coalesce(sqlc.narg('now')::timestamptz, now()))
+    ON CONFLICT (community_id, pubkey) DO NOTHING
+)
+INSERT INTO users (community_id, pubkey, agent_owner_pubkey, updated_at)
+VALUES (@community_id::uuid, @agent::bytea, @owner::bytea, coalesce(sqlc.narg('now')::timestamptz, now()))
+ON CONFLICT (community_id, pubkey) DO UPDATE
+SET agent_owner_pubkey = coalesce(users.agent_owner_pubkey, EXCLUDED.agent_owner_pubkey)
+RETURNING agent_owner_pubkey::bytea AS recorded_owner;

@@ -260,6 +260,24 @@ COMMENT ON FUNCTION public.nostr_coordinate_is_canonical(coordinate text) IS 'Th
 
 
 --
+-- Name: users_agent_owner_first_wins(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.users_agent_owner_first_wins() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF OLD.agent_owner_pubkey IS NOT NULL AND NEW.agent_owner_pubkey IS NOT NULL
+       AND NEW.agent_owner_pubkey <> OLD.agent_owner_pubkey THEN
+        RAISE EXCEPTION 'agent % already has a recorded owner; it is never replaced', encode(OLD.pubkey, 'hex')
+            USING ERRCODE = '23514', CONSTRAINT = 'users_agent_owner_first_wins';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: workflows_disable_on_owner_removal(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -606,6 +624,7 @@ CREATE TABLE public.users (
     metadata_created_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT users_agent_owner_not_self CHECK ((agent_owner_pubkey <> pubkey)),
     CONSTRAINT users_pubkey_len CHECK ((octet_length(pubkey) = 32))
 );
 
@@ -1069,6 +1088,13 @@ CREATE INDEX thread_metadata_by_root ON public.thread_metadata USING btree (comm
 
 
 --
+-- Name: users_agent_owner; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX users_agent_owner ON public.users USING btree (community_id, agent_owner_pubkey) WHERE (agent_owner_pubkey IS NOT NULL);
+
+
+--
 -- Name: workflow_approvals_by_run; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1167,6 +1193,13 @@ CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EAC
 
 
 --
+-- Name: users users_agent_owner_first_wins; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER users_agent_owner_first_wins BEFORE UPDATE OF agent_owner_pubkey ON public.users FOR EACH ROW EXECUTE FUNCTION public.users_agent_owner_first_wins();
+
+
+--
 -- Name: channel_members workflows_disable_on_owner_removal; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1227,6 +1260,14 @@ ALTER TABLE ONLY public.scheduled_workflow_fires
 
 ALTER TABLE ONLY public.thread_metadata
     ADD CONSTRAINT thread_metadata_community_id_channel_id_fkey FOREIGN KEY (community_id, channel_id) REFERENCES public.channels(community_id, id) ON DELETE CASCADE;
+
+
+--
+-- Name: users users_agent_owner_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.users
+    ADD CONSTRAINT users_agent_owner_fkey FOREIGN KEY (community_id, agent_owner_pubkey) REFERENCES public.users(community_id, pubkey) ON DELETE SET NULL (agent_owner_pubkey);
 
 
 --

@@ -12,6 +12,45 @@ import (
 	"github.com/google/uuid"
 )
 
+const userAgentOwnerRecord = `-- name: UserAgentOwnerRecord :one
+WITH owner_row AS (
+    INSERT INTO users (community_id, pubkey, updated_at)
+    VALUES ($1::uuid, $3::bytea, coalesce($4::timestamptz, now()))
+    ON CONFLICT (community_id, pubkey) DO NOTHING
+)
+INSERT INTO users (community_id, pubkey, agent_owner_pubkey, updated_at)
+VALUES ($1::uuid, $2::bytea, $3::bytea, coalesce($4::timestamptz, now()))
+ON CONFLICT (community_id, pubkey) DO UPDATE
+SET agent_owner_pubkey = coalesce(users.agent_owner_pubkey, EXCLUDED.agent_owner_pubkey)
+RETURNING agent_owner_pubkey::bytea AS recorded_owner
+`
+
+type UserAgentOwnerRecordParams struct {
+	CommunityID uuid.UUID
+	Agent       []byte
+	Owner       []byte
+	Now         *time.Time
+}
+
+// Records owner as agent's verified owner, first wins, in one statement:
+// both users rows are created if missing (the owner's for the foreign key),
+// and an agent that already has an owner keeps it. ON CONFLICT DO UPDATE
+// locks the agent's row and sees its latest committed version, so of two
+// racing attestations exactly one owner is recorded, and each caller gets
+// back the owner now on record: equal to owner means recorded (or already
+// so), different means a conflict.
+func (q *Queries) UserAgentOwnerRecord(ctx context.Context, arg UserAgentOwnerRecordParams) ([]byte, error) {
+	row := q.db.QueryRow(ctx, userAgentOwnerRecord,
+		arg.CommunityID,
+		arg.Agent,
+		arg.Owner,
+		arg.Now,
+	)
+	var recorded_owner []byte
+	err := row.Scan(&recorded_owner)
+	return recorded_owner, err
+}
+
 const userChannelAddPolicy = `-- name: UserChannelAddPolicy :one
 SELECT channel_add_policy, agent_owner_pubkey FROM users
 WHERE community_id = $1::uuid AND pubkey = $2::bytea
@@ -37,15 +76,14 @@ func (q *Queries) UserChannelAddPolicy(ctx context.Context, arg UserChannelAddPo
 const userProfileSync = `-- name: UserProfileSync :execrows
 INSERT INTO users (
     community_id, pubkey, display_name, about, avatar_url, nip05_handle,
-    channel_add_policy, agent_owner_pubkey, metadata_event_id, metadata_created_at, updated_at
+    channel_add_policy, metadata_event_id, metadata_created_at, updated_at
 ) VALUES (
     $1::uuid, $2::bytea,
     $3::text, $4::text,
     $5::text, $6::text,
     coalesce($7::channel_add_policy, 'anyone'),
-    $8::bytea,
-    $9::bytea, $10::timestamptz,
-    coalesce($11::timestamptz, now())
+    $8::bytea, $9::timestamptz,
+    coalesce($10::timestamptz, now())
 )
 ON CONFLICT (community_id, pubkey) DO UPDATE
 SET display_name = EXCLUDED.display_name,
@@ -53,7 +91,6 @@ SET display_name = EXCLUDED.display_name,
     avatar_url = EXCLUDED.avatar_url,
     nip05_handle = EXCLUDED.nip05_handle,
     channel_add_policy = coalesce($7::channel_add_policy, users.channel_add_policy),
-    agent_owner_pubkey = coalesce($8::bytea, users.agent_owner_pubkey),
     metadata_event_id = EXCLUDED.metadata_event_id,
     metadata_created_at = EXCLUDED.metadata_created_at,
     updated_at = EXCLUDED.updated_at
@@ -70,7 +107,6 @@ type UserProfileSyncParams struct {
 	AvatarUrl         *string
 	Nip05Handle       *string
 	ChannelAddPolicy  *ChannelAddPolicy
-	AgentOwnerPubkey  []byte
 	MetadataEventID   []byte
 	MetadataCreatedAt time.Time
 	Now               *time.Time
@@ -78,8 +114,9 @@ type UserProfileSyncParams struct {
 
 // Mirrors a kind 0 profile into users. Only a newer version (ties to the
 // lowest id, like the replaceable-slot trigger) changes the row. Profile
-// fields follow the event (absent means NULL); channel_add_policy and
-// agent_owner_pubkey change only when the profile names them.
+// fields follow the event (absent means NULL); channel_add_policy changes
+// only when the profile names it. A profile never sets agent_owner_pubkey:
+// that is proven by the owner's signature (UserAgentOwnerRecord).
 func (q *Queries) UserProfileSync(ctx context.Context, arg UserProfileSyncParams) (int64, error) {
 	result, err := q.db.Exec(ctx, userProfileSync,
 		arg.CommunityID,
@@ -89,7 +126,6 @@ func (q *Queries) UserProfileSync(ctx context.Context, arg UserProfileSyncParams
 		arg.AvatarUrl,
 		arg.Nip05Handle,
 		arg.ChannelAddPolicy,
-		arg.AgentOwnerPubkey,
 		arg.MetadataEventID,
 		arg.MetadataCreatedAt,
 		arg.Now,

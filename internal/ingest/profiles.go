@@ -12,15 +12,17 @@ import (
 
 // profileHandler mirrors kind 0 profiles into users. Malformed
 // content is stored as sent (clients publish all sorts); the users row then
-// records only which event it mirrors. Only the Buzz keys that change who
-// may add the user to channels are validated.
+// records only which event it mirrors. Only channel_add_policy, which
+// changes who may add the user to channels, is validated. An "agent_owner"
+// field is content like any other: an agent's owner is recorded only from
+// the owner's signed attestation (internal/nipoa), never from what the agent
+// says about itself.
 var profileHandler = Handler{Validate: validateProfile, Apply: applyProfile}
 
 // profile is the part of a kind 0 content the relay reads.
 type profile struct {
 	fields           map[string]json.RawMessage // nil: content is not a JSON object
 	channelAddPolicy *db.ChannelAddPolicy
-	agentOwner       []byte
 }
 
 func parseProfile(content string) (profile, error) {
@@ -38,17 +40,6 @@ func parseProfile(content string) (profile, error) {
 			return p, Reject("invalid", "channel_add_policy must be anyone, owner_only or nobody")
 		}
 		p.channelAddPolicy = &policy
-	}
-	if raw, ok := p.fields["agent_owner"]; ok {
-		var s string
-		owner, valid := [32]byte{}, false
-		if json.Unmarshal(raw, &s) == nil {
-			owner, valid = nostr.DecodeHex32(s)
-		}
-		if !valid {
-			return p, Reject("invalid", "agent_owner must be a 64-hex lowercase pubkey")
-		}
-		p.agentOwner = owner[:]
 	}
 	return p, nil
 }
@@ -87,7 +78,6 @@ func applyProfile(ctx context.Context, w *Write) error {
 		AvatarUrl:         p.text("picture"),
 		Nip05Handle:       nip05,
 		ChannelAddPolicy:  p.channelAddPolicy,
-		AgentOwnerPubkey:  p.agentOwner,
 		MetadataEventID:   id[:],
 		MetadataCreatedAt: time.Unix(w.Event.CreatedAt, 0),
 		Now:               w.SQLNow(),

@@ -1,7 +1,6 @@
 package ingest_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -46,15 +45,17 @@ func TestProfileSyncsIntoUsers(t *testing.T) {
 		"channel_add_policy":"owner_only","agent_owner":"`+owner.PublicKeyHex()+`"}`, nil, f.base))
 	u, ok := f.user(agent)
 	require.True(t, ok)
+	// A self-declared agent_owner is content, not an owner: only the owner's
+	// signed attestation records one.
 	require.Equal(t, userRow{DisplayName: ptr("honey"), About: ptr("bee"), Avatar: ptr("https://x.example/h.png"),
-		Nip05: ptr("Honey@Profiles.Example:443"), Policy: "owner_only", Owner: owner.PublicKeyHex(),
+		Nip05: ptr("Honey@Profiles.Example:443"), Policy: "owner_only",
 		EventID: v1.ID, CreatedAt: time.Unix(f.base, 0)}, u)
 
 	// display_name wins over name; an off-domain NIP-05 is cleared; the
-	// policy and owner stay when a newer profile does not name them.
+	// policy stays when a newer profile does not name it.
 	v2 := f.store(f.sign(agent, 0, `{"name":"n","display_name":"Honey Bee","nip05":"honey@elsewhere.example"}`, nil, f.base+10))
 	u, _ = f.user(agent)
-	require.Equal(t, userRow{DisplayName: ptr("Honey Bee"), Policy: "owner_only", Owner: owner.PublicKeyHex(),
+	require.Equal(t, userRow{DisplayName: ptr("Honey Bee"), Policy: "owner_only",
 		EventID: v2.ID, CreatedAt: time.Unix(f.base+10, 0)}, u)
 
 	// An older version changes nothing (the slot keeps the newest).
@@ -67,7 +68,7 @@ func TestProfileSyncsIntoUsers(t *testing.T) {
 	// Malformed content is accepted; the row keeps only which event it mirrors.
 	v3 := f.store(f.sign(agent, 0, `{not json`, nil, f.base+20))
 	u, _ = f.user(agent)
-	require.Equal(t, userRow{Policy: "owner_only", Owner: owner.PublicKeyHex(), EventID: v3.ID, CreatedAt: time.Unix(f.base+20, 0)}, u)
+	require.Equal(t, userRow{Policy: "owner_only", EventID: v3.ID, CreatedAt: time.Unix(f.base+20, 0)}, u)
 	f.store(f.sign(agent, 0, `{"name":"nul\u0000inside","about":42,"channel_add_policy":"nobody"}`, nil, f.base+30))
 	u, _ = f.user(agent)
 	require.Nil(t, u.DisplayName, "values PostgreSQL text cannot hold are dropped")
@@ -97,14 +98,6 @@ func TestProfileRejectsBadBuzzKeys(t *testing.T) {
 		`{"channel_add_policy":1}`,
 	} {
 		f.rejected(f.sign(key, 0, content, nil, 0), policyErr)
-	}
-	const ownerErr = "invalid: agent_owner must be a 64-hex lowercase pubkey"
-	for _, content := range []string{
-		`{"agent_owner":"abc"}`,
-		`{"agent_owner":"` + strings.Repeat("AB", 32) + `"}`,
-		`{"agent_owner":7}`,
-	} {
-		f.rejected(f.sign(key, 0, content, nil, 0), ownerErr)
 	}
 	_, ok := f.user(key)
 	require.False(t, ok)

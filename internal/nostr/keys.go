@@ -1,8 +1,10 @@
 package nostr
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcec/v2/schnorr"
@@ -58,3 +60,37 @@ func (k *SecretKey) PublicKey() [32]byte { return k.pub }
 
 // PublicKeyHex returns the x-only public key as 64 lowercase hex characters.
 func (k *SecretKey) PublicKeyHex() string { return hex.EncodeToString(k.pub[:]) }
+
+// SignDigest returns the BIP-340 signature of a 32-byte message digest (for
+// signatures over something other than an event, such as an owner
+// attestation), with fresh auxiliary randomness.
+func (k *SecretKey) SignDigest(digest [32]byte) ([64]byte, error) {
+	var aux [32]byte
+	if _, err := rand.Read(aux[:]); err != nil {
+		return [64]byte{}, err
+	}
+	sig, err := schnorr.Sign(k.priv, digest[:], schnorr.CustomNonce(aux))
+	if err != nil {
+		return [64]byte{}, err
+	}
+	var out [64]byte
+	copy(out[:], sig.Serialize())
+	return out, nil
+}
+
+// VerifyDigest checks a BIP-340 signature by the x-only public key pub over
+// a 32-byte message digest. Errors wrap ErrBadSignature.
+func VerifyDigest(pub [32]byte, digest [32]byte, sig [64]byte) error {
+	key, err := parsedKeys.parse(pub)
+	if err != nil {
+		return fmt.Errorf("%w: pubkey is not a valid secp256k1 point", ErrBadSignature)
+	}
+	s, err := schnorr.ParseSignature(sig[:])
+	if err != nil {
+		return fmt.Errorf("%w: malformed signature", ErrBadSignature)
+	}
+	if !s.Verify(digest[:], key) {
+		return fmt.Errorf("%w: verification failed", ErrBadSignature)
+	}
+	return nil
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/trace"
 )
@@ -35,6 +36,10 @@ type conn struct {
 	pubkey    string      // authenticated pubkey (NIP-42), "" before AUTH
 	authed    atomic.Bool // pubkey != "", readable off the read goroutine
 	addr      string      // client address the connection caps count it under
+	// owner is the authenticated agent's verified owner: attested by the
+	// auth tag on its AUTH event and the one on record. "" without a tag,
+	// or when a different owner is already recorded.
+	owner string
 
 	// live holds fan-out deliveries, replies this client's own requests
 	// (history, EOSE, OK ...). Separate queues keep a large history, which
@@ -291,10 +296,39 @@ func (c *conn) onAuth(ev *nostr.Event) {
 		_ = c.send(nostr.EncodeOK(ev.ID, false, err.Error()))
 		return
 	}
+	// An auth tag that does not verify fails the AUTH, rather than
+	// authenticating without an owner: the agent learns at once that its
+	// attestation is wrong, and may AUTH again, with or without one.
+	attestation, err := nipoa.Find(ev.Tags)
+	if err == nil && attestation != nil {
+		err = attestation.VerifyFor(ev.PubKey, ev.CreatedAt)
+	}
+	if err != nil {
+		c.srv.metrics.OwnerAttestations.WithLabelValues(ownerInvalid).Inc()
+		_ = c.send(nostr.EncodeOK(ev.ID, false, "invalid: "+err.Error()))
+		return
+	}
+	owner := ""
+	if attestation != nil {
+		if owner, err = c.srv.recordOwner(c.ctx, c.tenant, ev.PubKey, attestation); err != nil {
+			if c.ctx.Err() == nil {
+				c.log.Error("record owner attestation", "agent", ev.PubKey, "err", err)
+			}
+			_ = c.send(nostr.EncodeOK(ev.ID, false, "error: could not record the owner attestation; try again"))
+			return
+		}
+	}
 	c.pubkey = ev.PubKey
+	c.owner = owner
 	c.authed.Store(true)
 	c.log = c.log.With("pubkey", ev.PubKey)
-	_ = c.send(nostr.EncodeOK(ev.ID, true, ""))
+	note := ""
+	if attestation != nil && owner == "" {
+		// Authenticated all the same: the key is proven; only the owner
+		// claim is refused, and the agent is told why.
+		note = ownerConflictNote
+	}
+	_ = c.send(nostr.EncodeOK(ev.ID, true, note))
 }
 
 func (c *conn) onEvent(ev *nostr.Event) {

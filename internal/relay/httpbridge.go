@@ -18,6 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -102,6 +103,27 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // authenticate runs NIP-98 and reads the body. It returns the authenticated
 // pubkey and the body; ok false means it has already answered.
 func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (pubkey string, body []byte, ok bool) {
+	who, body, ok := b.authenticatePrincipal(w, r, tenant)
+	return who.Pubkey, body, ok
+}
+
+// principal is who an authenticated HTTP request speaks for.
+type principal struct {
+	Pubkey string
+	// Owner is the agent's verified owner: attested by the request's
+	// x-auth-tag header and the one on record; "" without the header, or
+	// when a different owner is already recorded.
+	Owner string
+}
+
+// authHeaderTag carries an agent's owner attestation on HTTP requests: the
+// auth tag as a raw JSON array.
+const authHeaderTag = "X-Auth-Tag"
+
+// authenticatePrincipal is authenticate, plus the owner attestation of the
+// x-auth-tag header: a malformed one is 400, one that does not authorize the
+// NIP-98 signer is 401, both before the auth event is claimed.
+func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (who principal, body []byte, ok bool) {
 	s := b.s
 	unauthorized := func(err error) {
 		var ae *authError
@@ -116,7 +138,16 @@ func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant
 	ev, err := s.checkHTTPAuth(r)
 	if err != nil {
 		unauthorized(err)
-		return "", nil, false
+		return principal{}, nil, false
+	}
+	attestation, status, err := headerAttestation(r, ev)
+	if err != nil {
+		s.metrics.OwnerAttestations.WithLabelValues(ownerInvalid).Inc()
+		if status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", "Nostr")
+		}
+		writeError(w, status, "x-auth-tag header: "+err.Error())
+		return principal{}, nil, false
 	}
 	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
 	if err != nil {
@@ -126,23 +157,56 @@ func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant
 		} else {
 			writeError(w, http.StatusBadRequest, "could not read the request body")
 		}
-		return "", nil, false
+		return principal{}, nil, false
 	}
 	if err := checkPayload(ev, body); err != nil {
 		unauthorized(err)
-		return "", nil, false
+		return principal{}, nil, false
 	}
 	// Claimed last: a request refused above leaves its auth event unused.
 	if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
 		unauthorized(err)
-		return "", nil, false
+		return principal{}, nil, false
 	}
 	if b.purger.due(tenant.ID(), s.now()) {
 		if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
 			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
 		}
 	}
-	return ev.PubKey, body, true
+	who = principal{Pubkey: ev.PubKey}
+	if attestation != nil {
+		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation); err != nil {
+			if r.Context().Err() == nil {
+				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
+			}
+			writeError(w, http.StatusInternalServerError, "could not record the owner attestation; try again")
+			return principal{}, nil, false
+		}
+	}
+	return who, body, true
+}
+
+// headerAttestation reads and verifies the x-auth-tag header against the
+// NIP-98 event ev: nil when absent; on error, the HTTP status to answer
+// (400 malformed, 401 not authorizing this agent).
+func headerAttestation(r *http.Request, ev *nostr.Event) (*nipoa.Attestation, int, error) {
+	values := r.Header.Values(authHeaderTag)
+	switch len(values) {
+	case 0:
+		return nil, 0, nil
+	case 1:
+	default:
+		// Like an event with two auth tags: no valid attestation.
+		return nil, http.StatusBadRequest, fmt.Errorf("send at most one, this request has %d", len(values))
+	}
+	a, err := nipoa.ParseHeader(values[0])
+	if err != nil {
+		return nil, http.StatusBadRequest, err
+	}
+	if err := a.VerifyFor(ev.PubKey, ev.CreatedAt); err != nil {
+		return nil, http.StatusUnauthorized, err
+	}
+	return a, 0, nil
 }
 
 func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

@@ -21,6 +21,9 @@ type Metrics struct {
 	AuthTimeouts    prometheus.Counter
 	RateLimited     prometheus.Counter
 	DBQuery         *prometheus.HistogramVec // query: the statement's name
+	// OwnerAttestations counts owner attestations presented on AUTH or in
+	// x-auth-tag, by result: recorded, conflict, invalid.
+	OwnerAttestations *prometheus.CounterVec
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -71,8 +74,12 @@ func NewMetrics() *Metrics {
 			Help:    "Time spent in one database statement, by the statement's name.",
 			Buckets: latencyBuckets,
 		}, []string{"query"}),
+		OwnerAttestations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_owner_attestations_total",
+			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid.",
+		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -34,7 +34,7 @@ func putUser(c *relaytest.Client, ch string, user *nostr.SecretKey) relaytest.Re
 
 // A user's profile decides who may add it to channels (agents usually allow
 // only their owner): "nobody" refuses every 9000 put-user, "owner_only"
-// accepts only the agent_owner the profile names.
+// accepts only the agent's verified owner.
 func TestProfileChannelAddPolicyGatesPutUser(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -53,11 +53,13 @@ func TestProfileChannelAddPolicyGatesPutUser(t *testing.T) {
 	// The user may still join on their own.
 	require.True(t, hermit.Publish(hermit.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)).OK)
 
-	profile := fmt.Sprintf(`{"name":"honey","channel_add_policy":"owner_only","agent_owner":%q}`, bob.Key.PublicKeyHex())
-	require.True(t, agent.Publish(agent.Sign(0, profile, nil, 0)).OK)
+	// The agent's owner is proven by bob's signed attestation on its AUTH.
+	ok := authWith(t, agent, agent.Key, attest(t, bob.Key, agent.Key.PublicKeyHex(), ""))
+	require.True(t, ok.OK, ok.Msg)
+	require.True(t, agent.Publish(agent.Sign(0, `{"name":"honey","channel_add_policy":"owner_only"}`, nil, 0)).OK)
 	requirePrefix(t, putUser(alice, ch, agent.Key), "blocked: ")
 	// Bob, the owner, becomes an admin (his policy is the default) and adds it.
-	ok := alice.Publish(alice.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", bob.Key.PublicKeyHex(), "admin"}}, 0))
+	ok = alice.Publish(alice.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", bob.Key.PublicKeyHex(), "admin"}}, 0))
 	require.True(t, ok.OK, ok.Msg)
 	ok = putUser(bob, ch, agent.Key)
 	require.True(t, ok.OK, ok.Msg)
@@ -175,7 +177,6 @@ func TestWorkspaceSidesBadInput(t *testing.T) {
 		{"reply to parent in another channel", c.Sign(9, "re", nostr.Tags{{"h", ch}, {"e", elsewhere.ID, "", "reply"}}, 0), "invalid: reply parent not found"},
 		{"malformed channel_add_policy", c.Sign(0, `{"name":"x","channel_add_policy":"sometimes"}`, nil, 0),
 			"invalid: channel_add_policy must be anyone, owner_only or nobody"},
-		{"malformed agent_owner", c.Sign(0, `{"agent_owner":"me"}`, nil, 0), "invalid: agent_owner must be a 64-hex lowercase pubkey"},
 	}
 	for _, tc := range cases {
 		ok := c.Publish(tc.ev)

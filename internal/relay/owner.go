@@ -1,0 +1,58 @@
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/nipoa"
+)
+
+// Results of recordOwner, also the labels of the owner attestation counter.
+const (
+	ownerRecorded = "recorded" // the attested owner is (now) the agent's owner
+	ownerConflict = "conflict" // the agent already has a different owner
+	ownerInvalid  = "invalid"  // the attestation did not verify (counted by callers)
+)
+
+// ownerConflictNote accompanies a successful AUTH whose attestation names an
+// owner other than the one on record.
+const ownerConflictNote = "owner attestation not applied: this agent already has a different recorded owner, which is never replaced; this session has no owner"
+
+// recordOwner records a verified attestation's owner as agent's owner in
+// tenant, first wins. It returns the owner the session may rely on: the
+// attested one when it is the one on record, "" when the agent already has
+// a different owner (which is never replaced: a second owner's attestation
+// gives the session no owner at all).
+func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent string, a *nipoa.Attestation) (string, error) {
+	agentKey, err := hex.DecodeString(agent)
+	if err != nil {
+		return "", err
+	}
+	// Most attestations repeat the owner already on record (an agent sends
+	// its tag on every connection and request): a read settles those
+	// without writing the row. The write below is the authority on a race.
+	current, err := s.queries.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: tenant.ID(), Pubkey: agentKey})
+	if err != nil && !dberr.IsNotFound(err) {
+		return "", err
+	}
+	recorded := current.AgentOwnerPubkey
+	if recorded == nil {
+		ownerKey, _ := hex.DecodeString(a.Owner)
+		if recorded, err = s.queries.UserAgentOwnerRecord(ctx, db.UserAgentOwnerRecordParams{
+			CommunityID: tenant.ID(), Owner: ownerKey, Agent: agentKey, Now: s.clock.SQL(),
+		}); err != nil {
+			return "", err
+		}
+	}
+	if hex.EncodeToString(recorded) != a.Owner {
+		s.metrics.OwnerAttestations.WithLabelValues(ownerConflict).Inc()
+		s.log.Warn("owner attestation conflicts with the recorded owner; session has no owner",
+			"community", tenant.Host(), "agent", agent, "attested", a.Owner, "recorded", hex.EncodeToString(recorded))
+		return "", nil
+	}
+	s.metrics.OwnerAttestations.WithLabelValues(ownerRecorded).Inc()
+	return a.Owner, nil
+}
