@@ -226,12 +226,11 @@ func TestRelayReactionCountsLikeAUsers(t *testing.T) {
 	for _, id := range []string{first, second} {
 		runID := f.runIDs(id)[0]
 		run := f.run(runID)
-		require.Equal(t, db.WorkflowRunStatusCompleted, run.Status, "error: %v", run.ErrorMessage)
+		require.Equal(t, db.WorkflowRunStatusCompleted, run.Status, "run of workflow %s", id)
 		var out string
 		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT execution_trace->0->'output'->>'reaction_id' FROM workflow_runs WHERE id = $1`, runID).Scan(&out))
 		reactionIDs = append(reactionIDs, out)
 	}
-	require.Equal(t, reactionIDs[0], reactionIDs[1], "both runs name the relay's one reaction")
 
 	type row struct {
 		reactor, emoji, reactionEvent string
@@ -254,6 +253,7 @@ func TestRelayReactionCountsLikeAUsers(t *testing.T) {
 	relayRow := got[1]
 	require.Equal(t, row{reactor: pubHex(relayKey), emoji: "👀", reactionEvent: reactionIDs[0], channel: &chID}, relayRow)
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = 7 AND pubkey = $1`, hexBytes(t, pubHex(relayKey))), "reacted once")
+	require.Equal(t, reactionIDs[0], reactionIDs[1], "both runs name the relay's one reaction")
 }
 
 func hexBytes(t *testing.T, s string) []byte {
