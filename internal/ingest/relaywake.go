@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 
 	"github.com/google/uuid"
 
@@ -25,12 +26,27 @@ import (
 // the admins list and the member added/removed notifications (44100/44101)
 // describe state that clients read by kind, and nobody should be paged by
 // them.
+//
+// A channel message (kind 9) that replies (NIP-10 e tags) also gets its
+// thread metadata, so thread views count and show it like a user's reply.
+// Where a user's reply would be refused (the parent is not a live event of
+// the channel, or the thread is too deep), the relay's message is stored
+// without thread metadata instead: its tags still point at its cause, and a
+// workflow's notice must not be lost to the shape of a thread.
 func (w *Write) EmitWaking(ctx context.Context, kind int, content string, tags nostr.Tags, channel *uuid.UUID) error {
 	if err := w.Emit(ctx, kind, content, tags, channel); err != nil {
 		return err
 	}
 	ev := w.LastEmitted()
 	woken := &Write{Tenant: w.Tenant, Event: ev, Actor: ev.PubKey, Q: w.Q, ChannelID: channel, pipeline: w.pipeline}
+	if kind == KindChat && channel != nil {
+		// A refusal is decided before any statement fails, so the
+		// transaction is still good after one.
+		var rej *Rejection
+		if err := applyThreadReply(ctx, woken); err != nil && !errors.As(err, &rej) {
+			return err
+		}
+	}
 	for _, s := range w.pipeline.sideRows {
 		if s.Wakes && s.Needs(ev) {
 			if err := s.Apply(ctx, woken); err != nil {

@@ -262,3 +262,40 @@ func hexBytes(t *testing.T, s string) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// A doorbell that replies in the thread of its trigger joins that thread
+// like a user's reply: a thread_metadata row under the trigger message, and
+// the reply counted on it. A doorbell posted to another channel (the
+// step's channel override) keeps its e tags but cannot join a thread
+// there: it is stored without thread metadata and the run completes.
+//
+// Mutations killed: a doorbell stored without thread metadata fails the
+// row; refusing it like a user's cross-channel reply fails the second run.
+func TestDoorbellReplyJoinsTheThread(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, poster := f.key(), f.key()
+	ch, elsewhere := f.channel(owner, poster), f.channel(owner)
+	here, there := uuid.NewString(), uuid.NewString()
+	f.save(owner, ch, here, "name: Here\ntrigger: {on: message_posted}\nsteps: [{id: ping, action: send_message, text: seen, reply_in_thread: true}]")
+	f.save(owner, ch, there, "name: There\ntrigger: {on: message_posted}\nsteps: [{id: ping, action: send_message, text: relayed, channel: '"+elsewhere+"', reply_in_thread: true}]")
+	msg := f.sign(poster, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}})
+	f.store(msg)
+	f.drain(f.engine(time.Minute))
+
+	for _, id := range []string{here, there} {
+		require.Equal(t, db.WorkflowRunStatusCompleted, f.run(f.runIDs(id)[0]).Status, "run of workflow %s", id)
+	}
+	bell := f.doorbells(f.runIDs(here)[0])[0]
+	require.Contains(t, bell.Tags, nostr.Tag{"e", msg.ID, "", "reply"})
+	var parent string
+	var depth int
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT encode(parent_event_id, 'hex'), depth FROM thread_metadata WHERE encode(event_id, 'hex') = $1`, bell.ID).Scan(&parent, &depth))
+	require.Equal(t, msg.ID, parent)
+	require.Equal(t, 1, depth)
+	require.Equal(t, 1, f.count(`SELECT reply_count FROM thread_metadata WHERE encode(event_id, 'hex') = $1`, msg.ID), "counted on the trigger message")
+
+	away := f.doorbells(f.runIDs(there)[0])[0]
+	require.Contains(t, away.Tags, nostr.Tag{"e", msg.ID, "", "reply"})
+	require.Zero(t, f.count(`SELECT count(*) FROM thread_metadata WHERE encode(event_id, 'hex') = $1`, away.ID))
+}
