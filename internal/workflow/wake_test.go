@@ -299,3 +299,28 @@ func TestDoorbellReplyJoinsTheThread(t *testing.T) {
 	require.Contains(t, away.Tags, nostr.Tag{"e", msg.ID, "", "reply"})
 	require.Zero(t, f.count(`SELECT count(*) FROM thread_metadata WHERE encode(event_id, 'hex') = $1`, away.ID))
 }
+
+// add_reaction follows a user's rules for the target: a trigger message
+// deleted before the step runs takes no reaction, and the run fails with
+// webhook_failed instead of storing a reaction to nothing. Mutation
+// killed: skipping the target lookup stores a kind 7 (and a reactions row)
+// for a deleted message.
+func TestRelayReactionToADeletedMessageFails(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, poster := f.key(), f.key()
+	ch := f.channel(owner, poster)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Ack\ntrigger: {on: message_posted}\nsteps: [{id: ack, action: add_reaction, emoji: \"👀\"}]")
+	msg := f.sign(poster, ingest.KindChat, "oops", nostr.Tags{{"h", ch}})
+	f.store(msg)
+	f.store(f.sign(poster, nostr.KindDeletion, "", nostr.Tags{{"e", msg.ID}}))
+	f.drain(f.engine(time.Minute))
+
+	run := f.run(f.runIDs(id)[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
+	require.Equal(t, "webhook_failed", *run.ErrorCode)
+	require.Equal(t, "step ack: reaction target event not found", *run.ErrorMessage)
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE kind = 7`))
+	require.Zero(t, f.count(`SELECT count(*) FROM reactions`))
+}
