@@ -13,6 +13,14 @@ SET created_at = coalesce(sqlc.narg('now')::timestamptz, now()),
     reaction_event_id = coalesce(EXCLUDED.reaction_event_id, reactions.reaction_event_id)
 WHERE reactions.removed_at IS NOT NULL;
 
+-- name: ReactionActiveEventID :one
+-- The event of the reactor's active reaction with this emoji on the target
+-- (NULL for a row written before reactions kept their event).
+SELECT reaction_event_id FROM reactions
+WHERE community_id = @community_id::uuid AND event_created_at = @event_created_at::timestamptz
+  AND event_id = @event_id::bytea AND pubkey = @pubkey::bytea AND emoji = @emoji::text
+  AND removed_at IS NULL;
+
 -- name: ReactionsRemoveByEvents :execrows
 -- NIP-09: a deletion by the reactor removes the reactions its e tags name.
 UPDATE reactions

@@ -7,7 +7,7 @@ VALUES (@community_id::uuid, @token::bytea, @workflow_id::uuid, @run_id::uuid, @
         @approver_spec::text, @expires_at::timestamptz, coalesce(sqlc.narg('now')::timestamptz, now()));
 
 -- name: WorkflowApprovalGet :one
-SELECT a.workflow_id, a.run_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
 FROM workflow_approvals a
 JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
 WHERE a.community_id = @community_id::uuid AND a.token = @token::bytea;

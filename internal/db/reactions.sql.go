@@ -12,6 +12,36 @@ import (
 	"github.com/google/uuid"
 )
 
+const reactionActiveEventID = `-- name: ReactionActiveEventID :one
+SELECT reaction_event_id FROM reactions
+WHERE community_id = $1::uuid AND event_created_at = $2::timestamptz
+  AND event_id = $3::bytea AND pubkey = $4::bytea AND emoji = $5::text
+  AND removed_at IS NULL
+`
+
+type ReactionActiveEventIDParams struct {
+	CommunityID    uuid.UUID
+	EventCreatedAt time.Time
+	EventID        []byte
+	Pubkey         []byte
+	Emoji          string
+}
+
+// The event of the reactor's active reaction with this emoji on the target
+// (NULL for a row written before reactions kept their event).
+func (q *Queries) ReactionActiveEventID(ctx context.Context, arg ReactionActiveEventIDParams) ([]byte, error) {
+	row := q.db.QueryRow(ctx, reactionActiveEventID,
+		arg.CommunityID,
+		arg.EventCreatedAt,
+		arg.EventID,
+		arg.Pubkey,
+		arg.Emoji,
+	)
+	var reaction_event_id []byte
+	err := row.Scan(&reaction_event_id)
+	return reaction_event_id, err
+}
+
 const reactionUpsert = `-- name: ReactionUpsert :execrows
 
 INSERT INTO reactions (community_id, event_created_at, event_id, pubkey, emoji, channel_id, reaction_event_id)

@@ -83,7 +83,7 @@ func (q *Queries) WorkflowApprovalDecide(ctx context.Context, arg WorkflowApprov
 }
 
 const workflowApprovalGet = `-- name: WorkflowApprovalGet :one
-SELECT a.workflow_id, a.run_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
 FROM workflow_approvals a
 JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
 WHERE a.community_id = $1::uuid AND a.token = $2::bytea
@@ -97,6 +97,7 @@ type WorkflowApprovalGetParams struct {
 type WorkflowApprovalGetRow struct {
 	WorkflowID   uuid.UUID
 	RunID        uuid.UUID
+	StepID       string
 	StepIndex    int32
 	ApproverSpec string
 	Status       WorkflowApprovalStatus
@@ -110,6 +111,7 @@ func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalG
 	err := row.Scan(
 		&i.WorkflowID,
 		&i.RunID,
+		&i.StepID,
 		&i.StepIndex,
 		&i.ApproverSpec,
 		&i.Status,

@@ -494,11 +494,23 @@ func (w *Write) emitDiscovery(ctx context.Context, channel uuid.UUID, kinds ...i
 }
 
 // Emit signs an event with the community's relay key, stores it in this
-// transaction and fans it out after commit.
+// transaction and fans it out after commit. It writes no side rows: see
+// EmitWaking for the events meant to wake the pubkeys they p-tag.
 func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.Tags, channel *uuid.UUID) error {
-	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	ev, err := w.relaySign(ctx, kind, content, tags)
 	if err != nil {
 		return err
+	}
+	return w.storeEmitted(ctx, ev, channel)
+}
+
+// relaySign builds and signs a relay-signed event dated by the pipeline's
+// clock. For a replaceable or addressable kind it first clears the slot it
+// is about to take.
+func (w *Write) relaySign(ctx context.Context, kind int, content string, tags nostr.Tags) (*nostr.Event, error) {
+	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	if err != nil {
+		return nil, err
 	}
 	pub := key.PublicKey()
 	// Never dated ahead of the relay's clock, however fast users toggle
@@ -513,18 +525,24 @@ func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.T
 		if _, err := w.Q.EventSlotClear(ctx, db.EventSlotClearParams{
 			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
 		}); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := ev.Sign(key); err != nil {
-		return err
+		return nil, err
 	}
+	return ev, nil
+}
+
+// storeEmitted inserts a relay-signed event in this transaction and keeps
+// it for the fan-out after commit.
+func (w *Write) storeEmitted(ctx context.Context, ev *nostr.Event, channel *uuid.UUID) error {
 	params, err := eventstore.InsertParams(w.Tenant.ID(), ev, channel)
 	if err != nil {
 		return err
 	}
 	if _, err := w.Q.EventInsert(ctx, params); err != nil {
-		return fmt.Errorf("store relay-signed kind %d: %w", kind, err)
+		return fmt.Errorf("store relay-signed kind %d: %w", ev.Kind, err)
 	}
 	w.emitted = append(w.emitted, emittedEvent{ev: ev, channel: channel})
 	return nil

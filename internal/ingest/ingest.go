@@ -130,10 +130,17 @@ func (w *Write) MembershipChanged() { w.membershipChanged = true }
 // SideRows are written for every stored event that Needs them, whatever its
 // kind, in the event's transaction after the kind's own Apply. Needs must be
 // cheap: an event no SideRows need keeps the single-INSERT fast path.
-// Relay-signed events (Write.Emit) do not get them.
+// Relay-signed events stored with Write.Emit do not get them; those stored
+// with Write.EmitWaking get the ones marked Wakes.
 type SideRows struct {
 	Needs func(ev *nostr.Event) bool
 	Apply func(ctx context.Context, w *Write) error
+	// Wakes marks side rows that tell the pubkeys an event p-tags about it
+	// (mention rows, operator-listener outbox rows), so that a relay-signed
+	// event meant to wake people reaches them by every path a user's
+	// message would. Side rows that react to what an event says (workflow
+	// triggers, say) stay unmarked: a relay-signed event must never fire them.
+	Wakes bool
 }
 
 // Pipeline runs the write spine.

@@ -8,8 +8,10 @@ import (
 )
 
 // mentionSideRows records an event_mentions row per pubkey the event's p
-// tags name (nostr.MentionedPubkey: lowercase hex, first occurrence).
-var mentionSideRows = SideRows{Needs: hasMention, Apply: applyMentions}
+// tags name (nostr.MentionedPubkey: lowercase hex, first occurrence), up to
+// the pipeline's mention cap. It wakes: a relay-signed event stored with
+// EmitWaking gets its mention rows too.
+var mentionSideRows = SideRows{Needs: hasMention, Apply: applyMentions, Wakes: true}
 
 func hasMention(ev *nostr.Event) bool {
 	for _, tag := range ev.Tags {

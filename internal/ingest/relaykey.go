@@ -47,17 +47,24 @@ func (p *Pipeline) relayKey(ctx context.Context, community uuid.UUID) (*nostr.Se
 }
 
 // RelayWrite starts a Write for relay-signed events that no client event
-// caused (a workflow step, say): Emit through it stores them in q's
-// transaction, and PublishEmitted fans them out once that committed.
+// caused (a workflow step, say): Emit, EmitWaking and EmitReaction through
+// it store them in q's transaction, and PublishEmitted fans them out once
+// that committed.
 func (p *Pipeline) RelayWrite(communityID uuid.UUID, q *db.Queries) *Write {
 	return &Write{Tenant: community.FromRow(db.Community{ID: communityID}), Q: q, pipeline: p}
 }
 
-// PublishEmitted fans out the events emitted through w. Call it only after
-// their transaction committed.
+// PublishEmitted fans out the events emitted through w, then runs the
+// write's after-commit work (such as handing EmitWaking's outbox rows to
+// this process's listener worker), in the order a client event's commit
+// runs them. Call it only after their transaction committed, and never
+// after a rollback.
 func (w *Write) PublishEmitted() {
 	for _, e := range w.emitted {
 		w.pipeline.publish(w.Tenant, e.ev, e.channel)
+	}
+	for _, fn := range w.afterCommit {
+		fn()
 	}
 }
 

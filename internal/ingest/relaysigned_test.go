@@ -64,3 +64,20 @@ func TestRelaySignedListsNeverRunAheadOfTheClock(t *testing.T) {
 	f.store(f.sign(user, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, start.Unix()))
 	requireOneList(ingest.KindGroupMembers, start.Unix()+1, 2)
 }
+
+// The relay's channel lists and membership notices p-tag members as data,
+// not to wake them: joining a channel stores a members list (39002) naming
+// every member and a notice (44100) naming the new one, and neither writes
+// a mention row. Only EmitWaking (a workflow's doorbell) wakes. Mutation
+// killed: Emit writing the waking side rows gives the list's members
+// mention rows, which for a large channel means thousands per change.
+func TestRelayListsAndNoticesWakeNobody(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "relay-nowake.example", 0)
+	owner, user := f.key(), f.key()
+	ch := f.channel(owner, false)
+	f.store(f.sign(user, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindGroupMembers, user.PublicKeyHex()))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindMemberAdded, user.PublicKeyHex()))
+	require.Zero(t, f.count(`SELECT count(*) FROM event_mentions`))
+}

@@ -11,11 +11,14 @@ import (
 )
 
 // isMessageKind reports whether events of kind notify listeners: stream
-// message (9), stream message v2 (40002), forum post (45001) and forum
-// comment (45003). Text notes and edits (40003) do not.
+// message (9), stream message v2 (40002), forum post (45001), forum
+// comment (45003), and a workflow's approval request (46010), which names
+// the approver who must act before the run goes on. Only the relay signs
+// 46010 (clients' are refused before any side row), so no user can page a
+// listener with it. Text notes and edits (40003) do not notify.
 func isMessageKind(kind int) bool {
 	switch kind {
-	case 9, 40002, 45001, 45003:
+	case 9, 40002, 45001, 45003, 46010:
 		return true
 	}
 	return false

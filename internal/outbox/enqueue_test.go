@@ -42,7 +42,7 @@ func TestOnlyMessageKindsAreListenerMentions(t *testing.T) {
 	listener, target := newPubkey(t), newPubkey(t)
 	f.register(listener, target)
 
-	for kind, want := range map[int]bool{9: true, 40002: true, 45001: true, 45003: true, 1: false, 40003: false, 7: false, 42: false} {
+	for kind, want := range map[int]bool{9: true, 40002: true, 45001: true, 45003: true, 46010: true, 1: false, 40003: false, 7: false, 42: false, 46011: false} {
 		ev := message(t, kind, target)
 		require.Equal(t, want, Mentions(ev), "kind %d", kind)
 		kept, inserted := f.save(ev, nil, true)

@@ -60,8 +60,10 @@ type handoffRelay struct {
 	watch      *claimWatch
 	deliveries chan map[string]any
 	agent      *nostr.SecretKey
-	client     *relaytest.Client
-	channel    string
+	// listenerKey is the listener's own key, which signs its registrations.
+	listenerKey *nostr.SecretKey
+	client      *relaytest.Client
+	channel     string
 }
 
 func startHandoffRelay(t *testing.T) *handoffRelay {
@@ -78,6 +80,7 @@ func startHandoffRelay(t *testing.T) *handoffRelay {
 	h := &handoffRelay{Relay: r, watch: watch, deliveries: make(chan map[string]any, 8), agent: relaytest.NewKey(t)}
 	listenerURL, roots := startListenerEndpoint(t, h.deliveries)
 	listenerKey := relaytest.NewKey(t)
+	h.listenerKey = listenerKey
 	cfg := outbox.Config{
 		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listenerURL},
 		Timeout:   5 * time.Second,

@@ -142,7 +142,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	}
 	s.pipeline.OnMembershipChange = s.access.Invalidate
 	hub.SetChannelReaders(s.access.MayRead)
-	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions})
+	// Wakes: a workflow's relay-signed doorbell reaches listeners like a
+	// user's message (ingest.Write.EmitWaking).
+	s.pipeline.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Apply: s.enqueueMentions, Wakes: true})
 	s.registerWorkflows()
 	s.pipeline.OnFanout = func(st fanout.Stats) {
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))

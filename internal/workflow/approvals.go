@@ -20,6 +20,8 @@ import (
 // Approval kinds.
 const (
 	KindApprovalRequested = 46010 // relay-signed: a run waits for approval
+	KindApprovalGranted   = 46011 // relay-signed: the approval was granted
+	KindApprovalDenied    = 46012 // relay-signed: the approval was denied
 	KindApprovalGrant     = 46030
 	KindApprovalDeny      = 46031
 )
@@ -132,9 +134,38 @@ func (t *Triggers) applyDecision(ctx context.Context, w *ingest.Write, grant boo
 			return err
 		}
 	}
+	if err := emitDecision(ctx, w, d, grant); err != nil {
+		return err
+	}
 	body, _ := json.Marshal(map[string]string{"status": word, "run_id": run.String()})
 	w.Reply("response:" + string(body))
 	return nil
+}
+
+// emitDecision tells the channel, in the decision's transaction, that the
+// approval its 46010 asked for was granted (46011) or denied (46012): a
+// relay-signed event that names the approval by the same hash, the run and
+// step, and the approver's signed decision event (e), which is the
+// evidence; the relay's notice is never authority on its own. It p-tags
+// nobody and wakes nobody: the approver acted, and the run itself goes on
+// (or ends) without anyone being paged.
+func emitDecision(ctx context.Context, w *ingest.Write, d *decision, grant bool) error {
+	if w.ChannelID == nil {
+		return nil // a workflow without a channel has no one to tell
+	}
+	kind := KindApprovalDenied
+	if grant {
+		kind = KindApprovalGranted
+	}
+	tags := nostr.Tags{
+		{"workflow-run", d.approval.RunID.String()},
+		{"workflow-step", d.approval.StepID},
+		{"approval", hex.EncodeToString(d.token[:])},
+		{"e", w.Event.ID},
+		{"h", w.ChannelID.String()},
+		{"buzz:workflow", DoorbellMarker},
+	}
+	return w.Emit(ctx, kind, "", tags, w.ChannelID)
 }
 
 // ExpireApprovals marks pending approvals past their expiry expired and

@@ -56,7 +56,47 @@ func TestApprovalGrantResumes(t *testing.T) {
 
 	f.drain(f.engine(time.Minute))
 	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
-	require.ElementsMatch(t, []string{"ok to ship?", "approved"}, contents(f.doorbells(run)))
+	require.ElementsMatch(t, []string{"ok to ship?", "", "approved"}, contents(f.doorbells(run)), "request, granted notice, next step")
+}
+
+// A decision is announced in the channel, in the decision's transaction:
+// a relay-signed 46011 (granted) or 46012 (denied) naming the approval by
+// its hash, the run and step, and the approver's signed decision as
+// evidence; it p-tags nobody, so it wakes nobody. Mutations killed: not
+// emitting the notice fails "kind 46011"; emitting the grant's kind for a
+// denial fails "kind 46012".
+func TestApprovalDecisionIsAnnounced(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, approver := f.key(), f.key()
+	ch := f.channel(owner, approver)
+	relayKey, err := f.p.RelayKey(f.ctx, f.tenant.ID())
+	require.NoError(t, err)
+	for _, c := range []struct {
+		decide, notice int
+	}{{workflow.KindApprovalGrant, workflow.KindApprovalGranted}, {workflow.KindApprovalDeny, workflow.KindApprovalDenied}} {
+		run, ref := f.approvalRun(owner, ch, pubHex(approver))
+		decision := f.sign(approver, c.decide, "", nostr.Tags{{"d", ref}})
+		f.store(decision)
+		var notices []*nostr.Event
+		for _, ev := range f.doorbells(run) {
+			if ev.Kind == c.notice {
+				notices = append(notices, ev)
+			}
+		}
+		require.Len(t, notices, 1, "kind %d", c.notice)
+		require.Equal(t, pubHex(relayKey), notices[0].PubKey)
+		require.Equal(t, nostr.Tags{
+			{"workflow-run", run.String()},
+			{"workflow-step", "ask"},
+			{"approval", ref},
+			{"e", decision.ID},
+			{"h", ch},
+			{"buzz:workflow", "doorbell-v1"},
+		}, notices[0].Tags)
+		require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND channel_id = $2`, notices[0].ID, uuid.MustParse(ch)),
+			"stored in the workflow's channel")
+	}
 }
 
 // A denial cancels the run with approval_denied; an unsupported approver

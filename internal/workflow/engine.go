@@ -585,7 +585,11 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 			tags = append(tags, nostr.Tag{"e", root, "", "root"}, nostr.Tag{"e", tc.MessageID, "", "reply"})
 		}
 	}
-	if err := w.Emit(ctx, kindChat, text, tags, &channel); err != nil {
+	// EmitWaking: the owner and the mentioned members get their mention
+	// rows and listener outbox rows in this step's transaction, so an agent
+	// served by an operator listener hears the doorbell too, and a step
+	// fenced out by a lost claim wakes nobody.
+	if err := w.EmitWaking(ctx, kindChat, text, tags, &channel); err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
@@ -608,10 +612,17 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 		{"workflow-step", step.ID},
 		{"buzz:workflow", DoorbellMarker},
 	}
-	if err := w.Emit(ctx, kindReaction, emoji, tags, &channel); err != nil {
+	// EmitReaction writes the reactions row a user's reaction gets, so the
+	// relay's reaction counts like any other.
+	id, err := w.EmitReaction(ctx, emoji, tags)
+	var rej *ingest.Rejection
+	if errors.As(err, &rej) {
+		return nil, fail(CodeWebhookFailed, "step %s: %s", step.ID, rej.Reason)
+	}
+	if err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: reaction not stored", step.ID)
 	}
-	return map[string]any{"reaction_id": w.LastEmitted().ID}, nil
+	return map[string]any{"reaction_id": id}, nil
 }
 
 // requestApproval stores the approval (only the SHA-256 of a fresh random
@@ -644,7 +655,9 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	if _, ok := nostr.DecodeHex32(step.From); ok {
 		tags = append(tags, nostr.Tag{"p", strings.ToLower(step.From)})
 	}
-	if err := w.Emit(ctx, KindApprovalRequested, message, tags, &channel); err != nil {
+	// EmitWaking: an approver named by pubkey gets a mention row and
+	// listener outbox rows, so an agent approver is woken to act.
+	if err := w.EmitWaking(ctx, KindApprovalRequested, message, tags, &channel); err != nil {
 		return stepEnded, entry, nil, err
 	}
 	entry.Status = "waiting_approval"
