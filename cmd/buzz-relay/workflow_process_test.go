@@ -282,43 +282,50 @@ func TestKilledRelayProcessRunIsCompletedByAnother(t *testing.T) {
 
 	rowGateTx, err := rowGate.Begin(ctx)
 	require.NoError(t, err)
-	var claimA uuid.UUID
-	require.NoError(t, rowGateTx.QueryRow(ctx, `SELECT claim_id FROM workflow_runs WHERE id = $1 FOR UPDATE`, run).Scan(&claimA))
+	_, err = rowGateTx.Exec(ctx, `SELECT FROM workflow_runs WHERE id = $1 FOR UPDATE`, run)
+	require.NoError(t, err)
 	require.NoError(t, stepGateTx.Rollback(ctx))
 
-	// A's step transaction: waiting on the run row, holding the doorbell.
+	// A's step transaction waits on the run row to record the step, with
+	// the doorbell already stored in it (a row lock on events).
+	var backend int
 	require.Eventually(t, func() bool {
-		var blocked bool
-		err := pool.QueryRow(ctx, `
-			SELECT EXISTS (
-			    SELECT FROM pg_stat_activity a
-			    WHERE a.datname = current_database() AND a.application_name = 'relay-a'
-			      AND a.wait_event_type = 'Lock' AND a.query LIKE '%UPDATE workflow_runs%'
-			      AND EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.granted
-			                  AND l.relation = 'events'::regclass AND l.mode = 'RowExclusiveLock'))`).Scan(&blocked)
-		return err == nil && blocked
-	}, 60*time.Second, 20*time.Millisecond, "A stores the doorbell in the step's transaction and waits to record it")
+		return pool.QueryRow(ctx, `
+			SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'relay-a'
+			  AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workflow_runs%'`).Scan(&backend) == nil
+	}, 60*time.Second, 20*time.Millisecond, "A waits to record the send_message step")
+	var holdsDoorbell bool
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND granted
+		               AND relation = 'events'::regclass AND mode = 'RowExclusiveLock')`, backend).Scan(&holdsDoorbell))
+	require.True(t, holdsDoorbell, "the doorbell is stored in the step's transaction, not committed before it")
 
 	a.kill()
 	require.NoError(t, rowGateTx.Rollback(ctx))
 	b := startRelayProcess(t, bin, "relay-b", env("relay-b"))
 
+	type traceEntry struct {
+		StepID string `json:"step_id"`
+		Status string `json:"status"`
+	}
 	type runRow struct {
 		status    string
 		errorCode *string
-		claim     uuid.UUID
 		attempts  int
+		trace     []traceEntry
 	}
 	var final runRow
 	require.Eventually(t, func() bool {
-		err := pool.QueryRow(ctx, `SELECT status, error_code, claim_id, attempts FROM workflow_runs WHERE id = $1`, run).
-			Scan(&final.status, &final.errorCode, &final.claim, &final.attempts)
+		err := pool.QueryRow(ctx, `SELECT status, error_code, attempts, execution_trace FROM workflow_runs WHERE id = $1`, run).
+			Scan(&final.status, &final.errorCode, &final.attempts, &final.trace)
 		return err == nil && final.status != "running" && final.status != "pending"
 	}, 60*time.Second, 20*time.Millisecond, "B resumes the run after A's lease")
 	require.Equal(t, "completed", final.status, "error_code %v", final.errorCode)
 	require.Nil(t, final.errorCode)
-	require.NotEqual(t, claimA, final.claim, "completed under B's claim")
-	require.Equal(t, 2, final.attempts, "claimed by A, then by B")
+	require.Equal(t, 2, final.attempts, "claimed by A, then by B after A's lease")
+	require.Equal(t, []traceEntry{{"hook", "started"}, {"hook", "completed"}, {"say", "completed"}}, final.trace,
+		"the webhook started once, its outcome recorded before the kill, the doorbell step once")
 	require.EqualValues(t, 1, calls.Load(), "the webhook is called once")
 
 	var doorbells []*nostr.Event
