@@ -286,14 +286,15 @@ func TestKilledRelayProcessRunIsCompletedByAnother(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, stepGateTx.Rollback(ctx))
 
-	// A's step transaction waits on the run row to record the step, with
-	// the doorbell already stored in it (a row lock on events).
+	// A's step transaction waits on the run row to record the step (the
+	// run's last, so the statement is WorkflowRunFinish, named in its text),
+	// with the doorbell already stored in it (a row lock on events).
 	var backend int
 	require.Eventually(t, func() bool {
 		return pool.QueryRow(ctx, `
 			SELECT pid FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'relay-a'
-			  AND wait_event_type = 'Lock' AND query LIKE '%UPDATE workflow_runs%'`).Scan(&backend) == nil
+			  AND wait_event_type = 'Lock' AND query LIKE '%WorkflowRunFinish%'`).Scan(&backend) == nil
 	}, 60*time.Second, 20*time.Millisecond, "A waits to record the send_message step")
 	var holdsDoorbell bool
 	require.NoError(t, pool.QueryRow(ctx, `
@@ -357,7 +358,7 @@ func TestScheduleSlotFiresOnceAcrossRelayProcesses(t *testing.T) {
 		return map[string]string{
 			"BUZZ_DATABASE_URL":               withAppName(t, databaseURL, name),
 			"BUZZ_WORKFLOW_POLL":              "100ms",
-			"BUZZ_WORKFLOW_SCHEDULE_CATCH_UP": "5s",
+			"BUZZ_WORKFLOW_SCHEDULE_CATCH_UP": "10s",
 		}
 	}
 	var relays []*relayProcess
