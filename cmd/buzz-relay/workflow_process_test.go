@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -249,11 +250,9 @@ func TestKilledRelayProcessRunIsCompletedByAnother(t *testing.T) {
 		_, _ = io.WriteString(w, "pong")
 	}))
 	t.Cleanup(hook.Close)
-	// The relay trusts the server's certificate through SSL_CERT_FILE, as
-	// Go reads it on Linux, and may reach loopback because the operator
-	// listed it.
-	certFile := filepath.Join(t.TempDir(), "webhook-ca.pem")
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hook.Certificate().Raw}), 0o600))
+	// The relay trusts the server's certificate and may reach loopback
+	// because the operator listed it.
+	certFile := writeCertFile(t, hook)
 	env := func(name string) map[string]string {
 		return map[string]string{
 			"BUZZ_DATABASE_URL":                  withAppName(t, databaseURL, name),
@@ -413,4 +412,87 @@ func TestScheduleSlotFiresOnceAcrossRelayProcesses(t *testing.T) {
 		WHERE f.workflow_id = $1`, wf).Scan(&unlinked, &claims))
 	require.Zero(t, unlinked, "every claimed slot links its run")
 	require.Equal(t, len(runsPerSlot), claims, "one claim per slot with a run")
+}
+
+// writeCertFile stores srv's certificate where a relay process trusts it
+// through SSL_CERT_FILE, which Go reads on Linux.
+func writeCertFile(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "webhook-ca.pem")
+	require.NoError(t, os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600))
+	return file
+}
+
+// The call_webhook client's settings, read from the environment of a real
+// relay process: a trusted network is reached and no other private
+// address; a longer response than BUZZ_WORKFLOW_WEBHOOK_RESPONSE_BYTES and
+// a server slower than BUZZ_WORKFLOW_WEBHOOK_TIMEOUT fail the step with
+// webhook_failed. Mutations killed: leaving any of the three out of the
+// client the relay builds (the defaults refuse loopback, keep 1 MiB and
+// wait 10 s).
+func TestWebhookClientSettingsReachTheRelayProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool, err := pgxpool.New(ctx, databaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/slow":
+			<-r.Context().Done() // answers only when the client gives up
+		case "/long":
+			_, _ = io.WriteString(w, "12345")
+		default:
+			_, _ = io.WriteString(w, "1234")
+		}
+	}))
+	t.Cleanup(hook.Close)
+	relay := startRelayProcess(t, bin, "relay", map[string]string{
+		"BUZZ_DATABASE_URL":                    databaseURL,
+		"BUZZ_WORKFLOW_POLL":                   "100ms",
+		"BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS":   "127.0.0.1/32",
+		"BUZZ_WORKFLOW_WEBHOOK_TIMEOUT":        "500ms",
+		"BUZZ_WORKFLOW_WEBHOOK_RESPONSE_BYTES": "4",
+		"SSL_CERT_FILE":                        writeCertFile(t, hook),
+	})
+	owner := relay.client(t, nil)
+	channel := newChannel(t, owner, "hooks")
+	untrusted := strings.Replace(hook.URL, "127.0.0.1", "127.0.0.2", 1)
+	workflows := map[string]uuid.UUID{}
+	for name, url := range map[string]string{
+		"fits": hook.URL + "/fits", "long": hook.URL + "/long", "slow": hook.URL + "/slow", "untrusted": untrusted + "/fits",
+	} {
+		workflows[name] = saveWorkflow(t, owner, channel, "name: "+name+"\ntrigger: {on: message_posted}\n"+
+			"steps: [{id: hook, action: call_webhook, url: '"+url+"'}]\n")
+	}
+	ok := owner.Publish(owner.Sign(9, "go", nostr.Tags{{"h", channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+
+	type outcome struct {
+		status       string
+		code, detail *string
+	}
+	ended := func(wf uuid.UUID) outcome {
+		t.Helper()
+		var o outcome
+		require.Eventually(t, func() bool {
+			err := pool.QueryRow(ctx, `SELECT status, error_code, error_message FROM workflow_runs WHERE workflow_id = $1`, wf).
+				Scan(&o.status, &o.code, &o.detail)
+			return err == nil && o.status != "pending" && o.status != "running"
+		}, 60*time.Second, 20*time.Millisecond, "the run of workflow %s ends", wf)
+		return o
+	}
+	require.Equal(t, outcome{status: "completed"}, ended(workflows["fits"]))
+	for name, want := range map[string]string{
+		"long":      "response body exceeds 4 bytes",
+		"slow":      "no complete response within 500ms",
+		"untrusted": "resolves to 127.0.0.2, which is not a public address",
+	} {
+		o := ended(workflows[name])
+		require.Equal(t, "failed", o.status, name)
+		require.Equal(t, "webhook_failed", *o.code, name)
+		require.Contains(t, *o.detail, want, name)
+	}
 }
