@@ -91,6 +91,7 @@ func startRelayProcess(t *testing.T, bin, name string, env map[string]string) *r
 		p.cmd.Env = append(p.cmd.Env, k+"="+v)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	killWithParent(p.cmd)
 	require.NoError(t, p.cmd.Start())
 	go func() {
 		_ = p.cmd.Wait()
@@ -212,10 +213,10 @@ func saveWorkflow(t *testing.T, c *relaytest.Client, channel, yaml string) uuid.
 //     doorbell is written but not committed.
 //
 // Mutations killed: a claim that restarts an abandoned run from its first
-// step calls the webhook a second time; a step whose effect commits apart
-// from its fenced transition (the doorbell stored outside the step's
-// transaction) leaves A's doorbell behind, so it exists twice; a claim
-// that ignores expired leases never lets B resume the run.
+// step calls the webhook a second time; a step whose statements are not one
+// transaction (the doorbell committed on its own before the fenced
+// transition) is caught with no uncommitted doorbell when A is killed; a
+// claim that ignores expired leases never lets B resume the run.
 func TestKilledRelayProcessRunIsCompletedByAnother(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
