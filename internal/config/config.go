@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
 // Config is the relay's configuration.
@@ -68,6 +69,11 @@ type Config struct {
 	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
 	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
 	WebhookMaxBytes  int           // largest POST /hooks/{id} body
+
+	// The call_webhook step's HTTPS client.
+	WorkflowWebhookTimeout       time.Duration  // one call, from dial to the last response byte
+	WorkflowWebhookResponseBytes int            // largest response body kept; a longer one fails the step
+	WorkflowWebhookAllowedNets   []netip.Prefix // non-public networks a webhook may reach anyway
 }
 
 // Default is the configuration with every variable unset.
@@ -117,6 +123,9 @@ func Default() Config {
 		WorkflowMaxRuns:  100,
 		WorkflowCatchUp:  10 * time.Minute,
 		WebhookMaxBytes:  61440,
+
+		WorkflowWebhookTimeout:       safehttp.DefaultTimeout,
+		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
 	}
 }
 
@@ -163,6 +172,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
 	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
 	r.positive("BUZZ_WORKFLOW_WEBHOOK_MAX_BYTES", &c.WebhookMaxBytes)
+	r.duration("BUZZ_WORKFLOW_WEBHOOK_TIMEOUT", &c.WorkflowWebhookTimeout)
+	r.positive("BUZZ_WORKFLOW_WEBHOOK_RESPONSE_BYTES", &c.WorkflowWebhookResponseBytes)
+	r.prefixes("BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS", &c.WorkflowWebhookAllowedNets)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/workflow"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
 // registerWorkflows adds workflow definitions, triggers and the manual
@@ -26,7 +27,12 @@ func (s *Server) StartWorkflows(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m})
+	webhooks := safehttp.New(safehttp.Options{
+		Timeout:          s.cfg.WorkflowWebhookTimeout,
+		MaxResponseBytes: int64(s.cfg.WorkflowWebhookResponseBytes),
+		AllowedNets:      s.cfg.WorkflowWebhookAllowedNets,
+	})
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m, Webhooks: webhooks})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	go w.Run(ctx)

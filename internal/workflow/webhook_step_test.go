@@ -32,8 +32,8 @@ func (f *fixture) hookServer(status int) (*httptest.Server, *atomic.Int32, *work
 	}))
 	f.t.Cleanup(srv.Close)
 	client := safehttp.New(safehttp.Options{
-		AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() },
-		RootCAs:   srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
 	})
 	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
 	return srv, &calls, e

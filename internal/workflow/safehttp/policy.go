@@ -64,3 +64,59 @@ func PublicAddr(addr netip.Addr) bool {
 	}
 	return true
 }
+
+// metadataAddrs are the cloud instance metadata services: they answer with
+// credentials to anyone on the host, so a webhook must never reach them,
+// even when the operator trusts a network that contains one.
+var metadataAddrs = []netip.Addr{
+	netip.MustParseAddr("169.254.169.254"), // AWS, GCP, Azure, OpenStack, DigitalOcean ...
+	netip.MustParseAddr("169.254.170.2"),   // AWS ECS task credentials
+	netip.MustParseAddr("169.254.170.23"),  // AWS EKS pod identity
+	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+	netip.MustParseAddr("fd00:ec2::254"),   // AWS over IPv6
+	netip.MustParseAddr("fd00:ec2::23"),    // AWS EKS pod identity over IPv6
+}
+
+// Allowed reports whether a webhook may be sent to addr: a public unicast
+// address, or one inside a trusted network. A cloud metadata address is
+// allowed only when a trusted entry is exactly that address (a /32 or
+// /128): trusting 169.254.0.0/16 for a link-local service, or 0.0.0.0/0,
+// never opens the metadata endpoint by accident.
+func Allowed(addr netip.Addr, trusted []netip.Prefix) bool {
+	if !addr.IsValid() {
+		return false
+	}
+	addr = addr.Unmap().WithZone("")
+	for _, m := range metadataAddrs {
+		if addr == m {
+			for _, p := range trusted {
+				if p.IsSingleIP() && p.Addr() == addr {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	if PublicAddr(addr) {
+		return true
+	}
+	for _, p := range trusted {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalizePrefixes unmaps IPv4-mapped prefixes (::ffff:10.0.0.0/104 is
+// 10.0.0.0/8), since addresses are unmapped before they are checked.
+func normalizePrefixes(in []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}

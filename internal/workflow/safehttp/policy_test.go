@@ -68,3 +68,52 @@ func TestPublicAddr(t *testing.T) {
 	}
 	require.False(t, PublicAddr(netip.Addr{}), "the zero address is not public")
 }
+
+// Networks the operator trusts admit their addresses and nothing else; a
+// cloud metadata address needs an entry naming exactly it. Mutations
+// killed: dropping the metadata rule lets 169.254.169.254 through a trusted
+// 169.254.0.0/16 or 0.0.0.0/0; matching trusted nets before unmapping
+// misses ::ffff:10.0.0.1.
+func TestAllowedWithTrustedNets(t *testing.T) {
+	t.Parallel()
+	nets := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return normalizePrefixes(out)
+	}
+	cases := []struct {
+		trusted []netip.Prefix
+		addr    string
+		allowed bool
+	}{
+		{nil, "8.8.8.8", true},
+		{nil, "127.0.0.1", false},
+		{nets("10.1.0.0/16"), "10.1.2.3", true},
+		{nets("10.1.0.0/16"), "::ffff:10.1.2.3", true},
+		{nets("10.1.0.0/16"), "10.2.0.1", false},
+		{nets("10.1.0.0/16"), "127.0.0.1", false},
+		{nets("10.1.0.0/16"), "8.8.8.8", true}, // public stays allowed
+		{nets("::ffff:10.0.0.0/104"), "10.0.0.1", true},
+		{nets("127.0.0.1/32"), "127.0.0.1", true},
+		{nets("127.0.0.1/32"), "127.0.0.2", false},
+		{nets("fd00::/8"), "fd12::1", true},
+		{nets("169.254.0.0/16"), "169.254.1.1", true},
+		{nets("169.254.0.0/16"), "169.254.169.254", false},
+		{nets("0.0.0.0/0"), "169.254.169.254", false},
+		{nets("0.0.0.0/0"), "::ffff:169.254.169.254", false},
+		{nets("0.0.0.0/0"), "100.100.100.200", false},
+		{nets("::/0"), "fd00:ec2::254", false},
+		{nets("169.254.169.254/32"), "169.254.169.254", true},
+		{nets("169.254.169.254/32"), "169.254.170.2", false},
+		{nets("fd00:ec2::254/128"), "fd00:ec2::254", true},
+	}
+	for _, tc := range cases {
+		require.Equal(t, tc.allowed, Allowed(netip.MustParseAddr(tc.addr), tc.trusted), "%s with trusted %v", tc.addr, tc.trusted)
+	}
+	require.False(t, Allowed(netip.Addr{}, nets("0.0.0.0/0")), "the zero address is never allowed")
+	client := New(Options{AllowedNets: nets("10.1.0.0/16")})
+	require.NoError(t, client.checkDialedAddress("tcp4", "10.1.0.9:443", nil))
+	require.Error(t, client.checkDialedAddress("tcp4", "10.2.0.9:443", nil))
+}

@@ -6,9 +6,10 @@
 //   - HTTPS only, so the request cannot be read or changed on the way;
 //   - the client resolves the host itself and refuses the request when any
 //     resolved address is not public unicast (loopback, private, link-local
-//     and cloud metadata, carrier-grade NAT, multicast, ...), then dials
-//     exactly the address it checked, and checks the dialed address again
-//     at the socket, so a second DNS answer (rebinding) cannot slip in;
+//     and cloud metadata, carrier-grade NAT, multicast, ...) or inside a
+//     network the operator trusts, then dials exactly the address it
+//     checked, and checks the dialed address again at the socket, so a
+//     second DNS answer (rebinding) cannot slip in;
 //   - proxies from the environment are ignored, since the proxy would do
 //     its own resolution;
 //   - redirects are never followed: a 3xx is the result, because following
@@ -50,9 +51,11 @@ type Options struct {
 	// MaxResponseBytes caps the response body; 0 means
 	// DefaultMaxResponseBytes. A longer body is an error.
 	MaxResponseBytes int64
-	// AllowAddr decides which resolved addresses may be dialed; nil means
-	// PublicAddr. Only tests replace it, to reach a server on loopback.
-	AllowAddr func(netip.Addr) bool
+	// AllowedNets are networks the operator trusts although they are not
+	// public (an internal service on a private address, say): addresses in
+	// them may be dialed too. Cloud metadata addresses stay refused unless
+	// an entry names exactly that address (see Allowed).
+	AllowedNets []netip.Prefix
 	// Resolver resolves host names; nil means net.DefaultResolver.
 	Resolver Resolver
 	// RootCAs verifies servers; nil means the system roots.
@@ -111,7 +114,7 @@ func (e *Error) Error() string {
 type Client struct {
 	timeout  time.Duration
 	maxBytes int64
-	allow    func(netip.Addr) bool
+	trusted  []netip.Prefix
 	resolver Resolver
 	http     *http.Client
 }
@@ -121,7 +124,7 @@ func New(opts Options) *Client {
 	c := &Client{
 		timeout:  opts.Timeout,
 		maxBytes: opts.MaxResponseBytes,
-		allow:    opts.AllowAddr,
+		trusted:  normalizePrefixes(opts.AllowedNets),
 		resolver: opts.Resolver,
 	}
 	if c.timeout <= 0 {
@@ -129,9 +132,6 @@ func New(opts Options) *Client {
 	}
 	if c.maxBytes <= 0 {
 		c.maxBytes = DefaultMaxResponseBytes
-	}
-	if c.allow == nil {
-		c.allow = PublicAddr
 	}
 	if c.resolver == nil {
 		c.resolver = net.DefaultResolver
@@ -172,7 +172,7 @@ func (c *Client) dial(ctx context.Context, network, address string) (net.Conn, e
 		}
 	}
 	for _, a := range addrs {
-		if !c.allow(a) {
+		if !Allowed(a, c.trusted) {
 			return nil, &Error{Kind: KindBlockedAddress, Host: host, Detail: fmt.Sprintf("resolves to %s, which is not a public address", a.Unmap())}
 		}
 	}
@@ -192,7 +192,7 @@ func (c *Client) dial(ctx context.Context, network, address string) (net.Conn, e
 // here, only an allowed address is ever dialed.
 func (c *Client) checkDialedAddress(_, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
-	if err != nil || !c.allow(ap.Addr()) {
+	if err != nil || !Allowed(ap.Addr(), c.trusted) {
 		return &Error{Kind: KindBlockedAddress, Detail: "refused to dial " + address}
 	}
 	return nil

@@ -28,7 +28,8 @@ func (r *fakeResolver) LookupNetIP(context.Context, string, string) ([]netip.Add
 	return r.addrs, nil
 }
 
-func allowLoopback(a netip.Addr) bool { return a.Unmap().IsLoopback() || PublicAddr(a) }
+// loopback lets tests reach their own server on 127.0.0.1.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
 func tlsServer(t *testing.T, handler http.HandlerFunc) (*httptest.Server, *x509.CertPool) {
 	t.Helper()
@@ -117,7 +118,7 @@ func TestDialsTheResolvedAddressAndSendsTheRequest(t *testing.T) {
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	})
 	res := &fakeResolver{addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}
-	client := New(Options{RootCAs: pool, Resolver: res, AllowAddr: allowLoopback})
+	client := New(Options{RootCAs: pool, Resolver: res, AllowedNets: loopback})
 
 	resp, err := client.Do(context.Background(), Request{
 		URL:     hostURL(t, srv, "/hook?x=1"),
@@ -147,7 +148,7 @@ func TestRedirectIsReturnedNotFollowed(t *testing.T) {
 		}
 		http.Redirect(w, r, "/inner", http.StatusFound)
 	})
-	client := New(Options{RootCAs: pool, AllowAddr: allowLoopback})
+	client := New(Options{RootCAs: pool, AllowedNets: loopback})
 	for _, method := range []string{"GET", "POST"} {
 		resp, err := client.Do(context.Background(), Request{Method: method, URL: srv.URL + "/start"})
 		require.NoError(t, err)
@@ -165,7 +166,7 @@ func TestResponseBodyCap(t *testing.T) {
 		}
 		_, _ = w.Write(make([]byte, size))
 	})
-	client := New(Options{RootCAs: pool, AllowAddr: allowLoopback})
+	client := New(Options{RootCAs: pool, AllowedNets: loopback})
 
 	resp, err := client.Do(context.Background(), Request{Method: "GET", URL: srv.URL + "/exact"})
 	require.NoError(t, err)
@@ -180,7 +181,7 @@ func TestTimeout(t *testing.T) {
 	srv, pool := tlsServer(t, func(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done() // answers only when the client gives up
 	})
-	client := New(Options{RootCAs: pool, AllowAddr: allowLoopback, Timeout: 200 * time.Millisecond})
+	client := New(Options{RootCAs: pool, AllowedNets: loopback, Timeout: 200 * time.Millisecond})
 	_, err := client.Do(context.Background(), Request{URL: srv.URL})
 	requireKind(t, err, KindTimeout)
 }
@@ -188,7 +189,7 @@ func TestTimeout(t *testing.T) {
 func TestUntrustedCertificateFails(t *testing.T) {
 	t.Parallel()
 	srv, _ := tlsServer(t, func(http.ResponseWriter, *http.Request) {})
-	client := New(Options{AllowAddr: allowLoopback})
+	client := New(Options{AllowedNets: loopback})
 	_, err := client.Do(context.Background(), Request{URL: srv.URL + "/?token=s3cret"})
 	requireKind(t, err, KindTransport)
 	require.NotContains(t, err.Error(), "s3cret")
@@ -200,7 +201,7 @@ func TestConnectFailureHidesTheURL(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // nothing listens there now
-	client := New(Options{AllowAddr: allowLoopback})
+	client := New(Options{AllowedNets: loopback})
 	_, err = client.Do(context.Background(), Request{URL: "https://" + addr + "/p?token=s3cret"})
 	requireKind(t, err, KindConnect)
 	require.NotContains(t, err.Error(), "s3cret")

@@ -1,0 +1,8 @@
+//go:build race
+
+package main
+
+// raceEnabled: the relay binaries the process tests build are
+// race-instrumented too, so they reuse the packages this test binary was
+// compiled from.
+const raceEnabled = true
