@@ -68,6 +68,9 @@ type Config struct {
 	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
 	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
 	WebhookMaxBytes  int           // largest POST /hooks/{id} body
+
+	WorkflowMaxUnfinishedRuns int           // unfinished runs one workflow may have; a trigger beyond fails its run with capacity_exceeded
+	WorkflowStepTimeout       time.Duration // deadline of a step without timeout_secs
 }
 
 // Default is the configuration with every variable unset.
@@ -117,6 +120,9 @@ func Default() Config {
 		WorkflowMaxRuns:  100,
 		WorkflowCatchUp:  10 * time.Minute,
 		WebhookMaxBytes:  61440,
+
+		WorkflowMaxUnfinishedRuns: 1000,
+		WorkflowStepTimeout:       300 * time.Second,
 	}
 }
 
@@ -163,6 +169,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
 	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
 	r.positive("BUZZ_WORKFLOW_WEBHOOK_MAX_BYTES", &c.WebhookMaxBytes)
+	r.positive("BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS", &c.WorkflowMaxUnfinishedRuns)
+	r.duration("BUZZ_WORKFLOW_STEP_TIMEOUT", &c.WorkflowStepTimeout)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -125,11 +126,16 @@ func (t *Triggers) applyDecision(ctx context.Context, w *ingest.Write, grant boo
 		}
 		t.offerAfterCommit(w, []uuid.UUID{run})
 	} else {
-		if _, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 			Status: db.WorkflowRunStatusCancelled, ErrorCode: string(CodeApprovalDenied),
 			ErrorMessage: "workflow cancelled: approval denied by " + w.Actor, CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
-		}); err != nil {
+		})
+		if err != nil {
 			return err
+		}
+		for _, created := range ended {
+			took := w.Now().Sub(created)
+			w.AfterCommit(func() { t.Metrics.runOver(string(db.WorkflowRunStatusCancelled), CodeApprovalDenied, took) })
 		}
 	}
 	body, _ := json.Marshal(map[string]string{"status": word, "run_id": run.String()})
@@ -138,25 +144,38 @@ func (t *Triggers) applyDecision(ctx context.Context, w *ingest.Write, grant boo
 }
 
 // ExpireApprovals marks pending approvals past their expiry expired and
-// fails their waiting runs with approval_expired; it returns how many.
-func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock) (int, error) {
-	expired := 0
+// fails their waiting runs with approval_expired, counted in m (may be
+// nil) once committed; it returns how many approvals expired.
+func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics) (int, error) {
+	var expired int
+	var took []time.Duration
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		rows, err := q.WorkflowApprovalsExpire(ctx, clk.SQL())
 		if err != nil {
 			return err
 		}
+		took = took[:0]
 		for _, r := range rows {
-			if _, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			ended, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 				Status: db.WorkflowRunStatusFailed, ErrorCode: string(CodeApprovalExpired),
 				ErrorMessage: "the approval expired before anyone decided", CommunityID: r.CommunityID, ID: r.RunID, Now: clk.SQL(),
-			}); err != nil {
+			})
+			if err != nil {
 				return err
+			}
+			for _, created := range ended {
+				took = append(took, clk.Now().Sub(created))
 			}
 		}
 		expired = len(rows)
 		return nil
 	})
-	return expired, err
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range took {
+		m.runOver(string(db.WorkflowRunStatusFailed), CodeApprovalExpired, d)
+	}
+	return expired, nil
 }

@@ -90,7 +90,7 @@ func TestApprovalExpires(t *testing.T) {
 	ch := f.channel(owner)
 	run, ref := f.approvalRun(owner, ch, "")
 	f.clock.Advance(time.Hour)
-	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now))
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	expired := f.run(run)
