@@ -59,8 +59,11 @@ func TestApprovalGrantResumes(t *testing.T) {
 	require.ElementsMatch(t, []string{"ok to ship?", "approved"}, contents(f.doorbells(run)))
 }
 
-// A denial cancels the run with approval_denied; an unsupported approver
-// spec fails closed; clients cannot publish the relay's lifecycle kinds.
+// A denial cancels the run with approval_denied, counted in
+// buzz_workflow_runs_total; an unsupported approver spec fails closed;
+// clients cannot publish the relay's lifecycle kinds. Mutation killed: not
+// counting the denial (it ends in the decision's transaction, not in a
+// worker) fails the metric check.
 func TestApprovalDenyAndFailClosed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -73,6 +76,7 @@ func TestApprovalDenyAndFailClosed(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusCancelled, denied.Status)
 	require.Equal(t, "approval_denied", *denied.ErrorCode)
 	require.Equal(t, "workflow cancelled: approval denied by "+pubHex(member), *denied.ErrorMessage)
+	require.Equal(t, 1.0, f.runsTotal("cancelled", "approval_denied"), "a denied run is counted")
 
 	_, ref2 := f.approvalRun(owner, ch, "@leads")
 	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref2}}), "restricted: approver spec '@leads' is not yet supported")
@@ -81,8 +85,9 @@ func TestApprovalDenyAndFailClosed(t *testing.T) {
 }
 
 // An approval nobody decided expires: the run fails with approval_expired
-// and a late grant is refused. Mutation killed: an expiry sweep that does
-// not end the waiting run leaves it waiting_approval.
+// and a late grant is refused. Mutations killed: an expiry sweep that does
+// not end the waiting run leaves it waiting_approval; one that does not
+// count it fails the metric check.
 func TestApprovalExpires(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -96,5 +101,6 @@ func TestApprovalExpires(t *testing.T) {
 	expired := f.run(run)
 	require.Equal(t, db.WorkflowRunStatusFailed, expired.Status)
 	require.Equal(t, "approval_expired", *expired.ErrorCode)
+	require.Equal(t, 1.0, f.runsTotal("failed", "approval_expired"), "an expired run is counted")
 	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}), "invalid: approval already expired")
 }

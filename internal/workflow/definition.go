@@ -44,16 +44,16 @@ const (
 // Definition limits. They bound what one signed definition may ask the
 // relay to do; they are part of the definition language, not tuning knobs.
 const (
-	MaxStepIDLength      = 64
-	MaxNameLength        = 255 // the workflows.name column
-	MaxConditionBytes    = 4096
-	MaxDelay             = 300 * time.Second
+	MaxStepIDLength   = 64
+	MaxNameLength     = 255 // the workflows.name column
+	MaxConditionBytes = 4096
+	MaxDelay          = 300 * time.Second
 	// MaxStepTimeoutSecs caps a step's timeout_secs. A step holds a worker
 	// slot, and a call_webhook its run's lease, for up to its timeout; a
 	// worker that dies mid-call leaves its run waiting that long before
 	// another fails it. Ten minutes is twice the default and far above what
 	// a step's database work or one HTTP call should need.
-	MaxStepTimeoutSecs = 600
+	MaxStepTimeoutSecs   = 600
 	MinScheduleInterval  = 60 * time.Second
 	DefaultApprovalLimit = "24h"
 )

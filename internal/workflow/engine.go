@@ -528,7 +528,14 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	}
 	def, err := Parse(ev.Content)
 	if err != nil {
-		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition no longer parses")
+		// Saving refuses what does not parse, so this is a definition
+		// stored under an earlier, more lenient parser.
+		code := CodeInvalidDefinition
+		var de *DefinitionError
+		if errors.As(err, &de) && strings.HasPrefix(de.Text, "invalid YAML") {
+			code = CodeInvalidYAML
+		}
+		return nil, tc, fail(code, "the pinned definition no longer parses (%v); the owner must save it again", err)
 	}
 	if !def.Enabled {
 		return nil, tc, fail(CodeWorkflowDisabled, "the definition sets enabled: false")
