@@ -72,7 +72,7 @@ func (f *fixture) slowHookServer() (*httptest.Server, *atomic.Int32, *workflow.E
 	client := safehttp.New(safehttp.Options{
 		AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() },
 		RootCAs:   srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-		Timeout:   15 * time.Second, // the step's deadline must be what ends the call
+		Timeout:   time.Hour, // the step's deadline must be what ends the call
 	})
 	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client, Metrics: f.metrics})
 	return srv, &calls, e
@@ -82,9 +82,13 @@ func (f *fixture) slowHookServer() (*httptest.Server, *atomic.Int32, *workflow.E
 // timeout_secs fails the run with step_timeout, naming the step and the
 // limit; the call was made once and the next step never runs.
 //
+// The run executes in the background, watched with a generous deadline,
+// so a call the step's deadline does not cut fails the test instead of
+// hanging it.
+//
 // Mutation killed: sending the request under the run's context instead of
-// the step's deadline leaves the call to the client's own (15 s)
-// timeout, which then fails with webhook_failed, not step_timeout.
+// the step's deadline leaves the call to the client's own (one hour)
+// timeout, and the run does not end within the test's minute.
 func TestStepTimeoutEndsASlowWebhookCall(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -97,7 +101,13 @@ func TestStepTimeoutEndsASlowWebhookCall(t *testing.T) {
 		"  - {id: after, action: send_message, text: never}\n")
 	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
 	run := f.runIDs(id)[0]
-	f.drain(e)
+	claims, err := e.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	done := make(chan bool, 1)
+	go func() { done <- e.Execute(f.ctx, claims[0]) }()
+	require.Eventually(t, func() bool { return f.run(run).Status == db.WorkflowRunStatusFailed }, time.Minute, 20*time.Millisecond)
+	require.True(t, <-done)
 	f.failedWith(run, workflow.CodeStepTimeout, "step hook", "timeout of 1s")
 	require.Equal(t, int32(1), calls.Load())
 	require.Empty(t, f.doorbells(run), "the next step never ran")
