@@ -319,11 +319,13 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 			return e.failStep(ctx, q, c, index, entry, f)
 		}
 		started := traceEntry{StepID: step.ID, Index: index, Status: "started"}
-		// The lease covers the whole call: a worker that dies during it
-		// leaves the run to be failed ("outcome unknown") only after the
-		// call could no longer be in flight.
+		// The lease covers the whole call (ended by the step's deadline or
+		// the client's timeout, whichever comes first): a worker that dies
+		// during it leaves the run to be failed ("outcome unknown") only
+		// once the call can no longer be in flight.
+		callLease := e.lease + min(deadline.remaining(), e.webhooks.Timeout())
 		n, err := q.WorkflowRunStepStart(ctx, db.WorkflowRunStepStartParams{
-			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: (e.lease + deadline.remaining()).Milliseconds(),
+			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: callLease.Milliseconds(),
 			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
 		})
 		if err == nil && n == 0 {

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,27 +56,75 @@ func (f *fixture) lockEvents() func() {
 	return release
 }
 
-// slowHookServer is an HTTPS server on loopback that never answers until
-// the test ends (or the client gives up), with an engine that may reach it.
-func (f *fixture) slowHookServer() (*httptest.Server, *atomic.Int32, *workflow.Engine) {
+// slowHookServer is an HTTPS server on loopback that does not answer until
+// release is called (or the test ends, or the client gives up), with an
+// engine whose client may reach it and gives up after clientTimeout.
+func (f *fixture) slowHookServer(clientTimeout time.Duration) (*httptest.Server, *atomic.Int32, *workflow.Engine, func()) {
 	var calls atomic.Int32
-	release := make(chan struct{})
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		select {
 		case <-r.Context().Done():
-		case <-release:
+		case <-gate:
 		}
 	}))
 	f.t.Cleanup(srv.Close)
-	f.t.Cleanup(func() { close(release) }) // runs before srv.Close
+	f.t.Cleanup(release) // runs before srv.Close
 	client := safehttp.New(safehttp.Options{
 		AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() },
 		RootCAs:   srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-		Timeout:   time.Hour, // the step's deadline must be what ends the call
+		Timeout:   clientTimeout,
 	})
 	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client, Metrics: f.metrics})
-	return srv, &calls, e
+	return srv, &calls, e, release
+}
+
+// While a call is in flight its run's lease covers the call: the step's
+// remaining deadline or the client's timeout, whichever is shorter, plus
+// the engine's lease, so no other worker declares the outcome unknown
+// while the call may still be answered. Once answered, the run completes.
+//
+// Mutation killed: marking the call started with the plain lease (one
+// minute) fails both lower bounds.
+func TestCallLeaseCoversTheCall(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name          string
+		timeoutSecs   string
+		clientTimeout time.Duration
+		covers        time.Duration
+	}{
+		{"step deadline shorter", "30", time.Hour, 30 * time.Second},
+		{"client timeout shorter", "600", 20 * time.Second, 20 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			owner := f.key()
+			ch := f.channel(owner)
+			srv, calls, e, release := f.slowHookServer(c.clientTimeout)
+			id := uuid.NewString()
+			f.save(owner, ch, id, "name: Slow\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"', timeout_secs: "+c.timeoutSecs+"}]")
+			f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+			run := f.runIDs(id)[0]
+			claims, err := e.ClaimDue(f.ctx, 1)
+			require.NoError(t, err)
+			done := make(chan bool, 1)
+			go func() { done <- e.Execute(f.ctx, claims[0]) }()
+			require.Eventually(t, func() bool { return calls.Load() == 1 }, time.Minute, 10*time.Millisecond)
+			var lease time.Duration
+			require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT (extract(epoch FROM lease_until - $2::timestamptz) * 1e6)::bigint * interval '1 microsecond' FROM workflow_runs WHERE id = $1`,
+				run, f.clock.Now()).Scan(&lease))
+			require.Greater(t, lease, time.Minute+c.covers-10*time.Second, "covers the call")
+			require.LessOrEqual(t, lease, time.Minute+c.covers)
+			release()
+			require.True(t, <-done)
+			require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+		})
+	}
 }
 
 // A call_webhook whose server does not answer within the step's
@@ -94,7 +143,7 @@ func TestStepTimeoutEndsASlowWebhookCall(t *testing.T) {
 	f := newFixture(t)
 	owner := f.key()
 	ch := f.channel(owner)
-	srv, calls, e := f.slowHookServer()
+	srv, calls, e, _ := f.slowHookServer(time.Hour)
 	id := uuid.NewString()
 	f.save(owner, ch, id, "name: Slow\ntrigger: {on: message_posted}\nsteps:\n"+
 		"  - {id: hook, action: call_webhook, url: '"+srv.URL+"', timeout_secs: 1}\n"+
