@@ -134,6 +134,8 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = DefaultStepTimeout
 	}
+	// A default may not exceed what a definition may ask for.
+	opts.StepTimeout = min(opts.StepTimeout, MaxStepTimeoutSecs*time.Second)
 	return &Engine{
 		pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log,
 		webhooks: opts.Webhooks, metrics: opts.Metrics, stepTimeout: opts.StepTimeout,
