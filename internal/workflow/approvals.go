@@ -155,7 +155,6 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 		if err != nil {
 			return err
 		}
-		took = took[:0]
 		for _, r := range rows {
 			ended, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 				Status: db.WorkflowRunStatusFailed, ErrorCode: string(CodeApprovalExpired),
