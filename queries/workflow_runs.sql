@@ -2,11 +2,33 @@
 -- queries/templates/workflow_run_claim.sql.tmpl; every transition here is
 -- fenced by (id, claim_id, status = 'running').
 
--- name: WorkflowRunCreate :exec
-INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, run_at, created_at)
-VALUES (@community_id::uuid, @id::uuid, @workflow_id::uuid, sqlc.narg('trigger_event_id')::bytea,
-        @trigger_context::jsonb, coalesce(sqlc.narg('now')::timestamptz, now()),
-        coalesce(sqlc.narg('now')::timestamptz, now()));
+-- name: WorkflowRunCreate :one
+-- A trigger's run, admitted against the workflow's bound on unfinished
+-- runs. The caller holds WorkflowLockForRuns, so the count below sees every
+-- run a concurrent trigger of the same workflow created: under the bound
+-- the run is queued (pending, due now); at the bound it is recorded failed
+-- at once with the capacity code and diagnostic, so it shows in run history
+-- and metrics instead of growing the queue. A refused run keeps no
+-- idempotency key: the caller may retry with the same key later.
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, idempotency_key,
+                           status, error_code, error_message, completed_at, run_at, created_at)
+SELECT @community_id::uuid, @id::uuid, @workflow_id::uuid, sqlc.narg('trigger_event_id')::bytea, @trigger_context::jsonb,
+       CASE WHEN a.at_capacity THEN NULL ELSE sqlc.narg('idempotency_key')::text END,
+       CASE WHEN a.at_capacity THEN 'failed' ELSE 'pending' END::workflow_run_status,
+       CASE WHEN a.at_capacity THEN @capacity_code::text END,
+       CASE WHEN a.at_capacity THEN @capacity_message::text END,
+       CASE WHEN a.at_capacity THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+       coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now())
+FROM (
+    SELECT count(*) >= @max_unfinished::int AS at_capacity
+    FROM (
+        SELECT 1 FROM workflow_runs u
+        WHERE u.community_id = @community_id::uuid AND u.workflow_id = @workflow_id::uuid
+          AND u.status IN ('pending', 'running', 'waiting_approval')
+        LIMIT @max_unfinished::int
+    ) unfinished
+) a
+RETURNING status, created_at;
 
 -- name: WorkflowRunStepDone :execrows
 -- One step finished (or was skipped): record it and move to the next,
@@ -82,23 +104,16 @@ UPDATE workflow_runs
 SET status = 'pending', run_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
 
--- name: WorkflowRunApprovalEnded :execrows
--- A denied (cancelled) or expired (failed) approval ends the waiting run.
+-- name: WorkflowRunApprovalEnded :many
+-- A denied (cancelled) or expired (failed) approval ends the waiting run;
+-- the row back (none if the run was not waiting) times the run.
 UPDATE workflow_runs
 SET status = @status::workflow_run_status,
     error_code = @error_code::text,
     error_message = @error_message::text,
     completed_at = coalesce(sqlc.narg('now')::timestamptz, now())
-WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval';
-
--- name: WorkflowRunCreateKeyed :many
--- A webhook run, idempotent on the caller's key: no row back means a run
--- with this key exists (WorkflowRunByIdempotencyKey finds it).
-INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_context, idempotency_key, run_at, created_at)
-VALUES (@community_id::uuid, @id::uuid, @workflow_id::uuid, @trigger_context::jsonb, sqlc.narg('idempotency_key')::text,
-        coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()))
-ON CONFLICT (community_id, workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id;
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND status = 'waiting_approval'
+RETURNING created_at;
 
 -- name: WorkflowRunByIdempotencyKey :one
 SELECT id FROM workflow_runs

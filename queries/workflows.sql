@@ -56,3 +56,14 @@ FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
 ORDER BY community_id, id;
+
+-- name: WorkflowLockForRuns :execrows
+-- Serializes run creation per workflow until the caller's transaction
+-- ends, so that the unfinished-run count in WorkflowRunCreate cannot be
+-- raced past the bound. FOR NO KEY UPDATE does not conflict with the
+-- FOR KEY SHARE that foreign keys to the row take (runs, approvals and
+-- slot claims inserted meanwhile), nor with readers. Zero rows: the
+-- workflow is gone.
+SELECT 1 FROM workflows
+WHERE community_id = @community_id::uuid AND id = @id::uuid
+FOR NO KEY UPDATE;

@@ -1151,6 +1151,13 @@ CREATE INDEX workflow_runs_recovery ON public.workflow_runs USING btree (lease_u
 
 
 --
+-- Name: workflow_runs_unfinished; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_unfinished ON public.workflow_runs USING btree (community_id, workflow_id) WHERE (status = ANY (ARRAY['pending'::public.workflow_run_status, 'running'::public.workflow_run_status, 'waiting_approval'::public.workflow_run_status]));
+
+
+--
 -- Name: workflows_by_channel; Type: INDEX; Schema: public; Owner: -
 --
 

@@ -74,6 +74,8 @@ type Config struct {
 	WorkflowWebhookTimeout       time.Duration  // one call, from dial to the last response byte
 	WorkflowWebhookResponseBytes int            // largest response body kept; a longer one fails the step
 	WorkflowWebhookAllowedNets   []netip.Prefix // non-public networks a webhook may reach anyway
+	WorkflowMaxUnfinishedRuns    int            // unfinished runs one workflow may have; a trigger beyond fails its run with capacity_exceeded
+	WorkflowStepTimeout          time.Duration  // deadline of a step without timeout_secs
 }
 
 // Default is the configuration with every variable unset.
@@ -126,6 +128,8 @@ func Default() Config {
 
 		WorkflowWebhookTimeout:       safehttp.DefaultTimeout,
 		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
+		WorkflowMaxUnfinishedRuns:    1000,
+		WorkflowStepTimeout:          300 * time.Second,
 	}
 }
 
@@ -175,6 +179,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_WORKFLOW_WEBHOOK_TIMEOUT", &c.WorkflowWebhookTimeout)
 	r.positive("BUZZ_WORKFLOW_WEBHOOK_RESPONSE_BYTES", &c.WorkflowWebhookResponseBytes)
 	r.prefixes("BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS", &c.WorkflowWebhookAllowedNets)
+	r.positive("BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS", &c.WorkflowMaxUnfinishedRuns)
+	r.duration("BUZZ_WORKFLOW_STEP_TIMEOUT", &c.WorkflowStepTimeout)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

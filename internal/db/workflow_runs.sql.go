@@ -13,13 +13,14 @@ import (
 	"github.com/google/uuid"
 )
 
-const workflowRunApprovalEnded = `-- name: WorkflowRunApprovalEnded :execrows
+const workflowRunApprovalEnded = `-- name: WorkflowRunApprovalEnded :many
 UPDATE workflow_runs
 SET status = $1::workflow_run_status,
     error_code = $2::text,
     error_message = $3::text,
     completed_at = coalesce($4::timestamptz, now())
 WHERE community_id = $5::uuid AND id = $6::uuid AND status = 'waiting_approval'
+RETURNING created_at
 `
 
 type WorkflowRunApprovalEndedParams struct {
@@ -31,9 +32,10 @@ type WorkflowRunApprovalEndedParams struct {
 	ID           uuid.UUID
 }
 
-// A denied (cancelled) or expired (failed) approval ends the waiting run.
-func (q *Queries) WorkflowRunApprovalEnded(ctx context.Context, arg WorkflowRunApprovalEndedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, workflowRunApprovalEnded,
+// A denied (cancelled) or expired (failed) approval ends the waiting run;
+// the row back (none if the run was not waiting) times the run.
+func (q *Queries) WorkflowRunApprovalEnded(ctx context.Context, arg WorkflowRunApprovalEndedParams) ([]time.Time, error) {
+	rows, err := q.db.Query(ctx, workflowRunApprovalEnded,
 		arg.Status,
 		arg.ErrorCode,
 		arg.ErrorMessage,
@@ -42,9 +44,21 @@ func (q *Queries) WorkflowRunApprovalEnded(ctx context.Context, arg WorkflowRunA
 		arg.ID,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []time.Time
+	for rows.Next() {
+		var created_at time.Time
+		if err := rows.Scan(&created_at); err != nil {
+			return nil, err
+		}
+		items = append(items, created_at)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workflowRunApprovalGranted = `-- name: WorkflowRunApprovalGranted :execrows
@@ -123,82 +137,73 @@ func (q *Queries) WorkflowRunByIdempotencyKey(ctx context.Context, arg WorkflowR
 	return id, err
 }
 
-const workflowRunCreate = `-- name: WorkflowRunCreate :exec
+const workflowRunCreate = `-- name: WorkflowRunCreate :one
 
-INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, run_at, created_at)
-VALUES ($1::uuid, $2::uuid, $3::uuid, $4::bytea,
-        $5::jsonb, coalesce($6::timestamptz, now()),
-        coalesce($6::timestamptz, now()))
+INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_event_id, trigger_context, idempotency_key,
+                           status, error_code, error_message, completed_at, run_at, created_at)
+SELECT $1::uuid, $2::uuid, $3::uuid, $4::bytea, $5::jsonb,
+       CASE WHEN a.at_capacity THEN NULL ELSE $6::text END,
+       CASE WHEN a.at_capacity THEN 'failed' ELSE 'pending' END::workflow_run_status,
+       CASE WHEN a.at_capacity THEN $7::text END,
+       CASE WHEN a.at_capacity THEN $8::text END,
+       CASE WHEN a.at_capacity THEN coalesce($9::timestamptz, now()) END,
+       coalesce($9::timestamptz, now()), coalesce($9::timestamptz, now())
+FROM (
+    SELECT count(*) >= $10::int AS at_capacity
+    FROM (
+        SELECT 1 FROM workflow_runs u
+        WHERE u.community_id = $1::uuid AND u.workflow_id = $3::uuid
+          AND u.status IN ('pending', 'running', 'waiting_approval')
+        LIMIT $10::int
+    ) unfinished
+) a
+RETURNING status, created_at
 `
 
 type WorkflowRunCreateParams struct {
-	CommunityID    uuid.UUID
-	ID             uuid.UUID
-	WorkflowID     uuid.UUID
-	TriggerEventID []byte
-	TriggerContext json.RawMessage
-	Now            *time.Time
+	CommunityID     uuid.UUID
+	ID              uuid.UUID
+	WorkflowID      uuid.UUID
+	TriggerEventID  []byte
+	TriggerContext  json.RawMessage
+	IdempotencyKey  *string
+	CapacityCode    string
+	CapacityMessage string
+	Now             *time.Time
+	MaxUnfinished   int32
+}
+
+type WorkflowRunCreateRow struct {
+	Status    WorkflowRunStatus
+	CreatedAt time.Time
 }
 
 // Workflow runs after creation: the claims are rendered from
 // queries/templates/workflow_run_claim.sql.tmpl; every transition here is
 // fenced by (id, claim_id, status = 'running').
-func (q *Queries) WorkflowRunCreate(ctx context.Context, arg WorkflowRunCreateParams) error {
-	_, err := q.db.Exec(ctx, workflowRunCreate,
+// A trigger's run, admitted against the workflow's bound on unfinished
+// runs. The caller holds WorkflowLockForRuns, so the count below sees every
+// run a concurrent trigger of the same workflow created: under the bound
+// the run is queued (pending, due now); at the bound it is recorded failed
+// at once with the capacity code and diagnostic, so it shows in run history
+// and metrics instead of growing the queue. A refused run keeps no
+// idempotency key: the caller may retry with the same key later.
+func (q *Queries) WorkflowRunCreate(ctx context.Context, arg WorkflowRunCreateParams) (WorkflowRunCreateRow, error) {
+	row := q.db.QueryRow(ctx, workflowRunCreate,
 		arg.CommunityID,
 		arg.ID,
 		arg.WorkflowID,
 		arg.TriggerEventID,
 		arg.TriggerContext,
-		arg.Now,
-	)
-	return err
-}
-
-const workflowRunCreateKeyed = `-- name: WorkflowRunCreateKeyed :many
-INSERT INTO workflow_runs (community_id, id, workflow_id, trigger_context, idempotency_key, run_at, created_at)
-VALUES ($1::uuid, $2::uuid, $3::uuid, $4::jsonb, $5::text,
-        coalesce($6::timestamptz, now()), coalesce($6::timestamptz, now()))
-ON CONFLICT (community_id, workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id
-`
-
-type WorkflowRunCreateKeyedParams struct {
-	CommunityID    uuid.UUID
-	ID             uuid.UUID
-	WorkflowID     uuid.UUID
-	TriggerContext json.RawMessage
-	IdempotencyKey *string
-	Now            *time.Time
-}
-
-// A webhook run, idempotent on the caller's key: no row back means a run
-// with this key exists (WorkflowRunByIdempotencyKey finds it).
-func (q *Queries) WorkflowRunCreateKeyed(ctx context.Context, arg WorkflowRunCreateKeyedParams) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, workflowRunCreateKeyed,
-		arg.CommunityID,
-		arg.ID,
-		arg.WorkflowID,
-		arg.TriggerContext,
 		arg.IdempotencyKey,
+		arg.CapacityCode,
+		arg.CapacityMessage,
 		arg.Now,
+		arg.MaxUnfinished,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	var i WorkflowRunCreateRow
+	err := row.Scan(&i.Status, &i.CreatedAt)
+	return i, err
 }
 
 const workflowRunFinish = `-- name: WorkflowRunFinish :execrows

@@ -82,6 +82,31 @@ func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (Workf
 	return i, err
 }
 
+const workflowLockForRuns = `-- name: WorkflowLockForRuns :execrows
+SELECT 1 FROM workflows
+WHERE community_id = $1::uuid AND id = $2::uuid
+FOR NO KEY UPDATE
+`
+
+type WorkflowLockForRunsParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Serializes run creation per workflow until the caller's transaction
+// ends, so that the unfinished-run count in WorkflowRunCreate cannot be
+// raced past the bound. FOR NO KEY UPDATE does not conflict with the
+// FOR KEY SHARE that foreign keys to the row take (runs, approvals and
+// slot claims inserted meanwhile), nor with readers. Zero rows: the
+// workflow is gone.
+func (q *Queries) WorkflowLockForRuns(ctx context.Context, arg WorkflowLockForRunsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowLockForRuns, arg.CommunityID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowUpsert = `-- name: WorkflowUpsert :one
 INSERT INTO workflows (community_id, id, name, owner_pubkey, channel_id, definition, definition_hash,
                        definition_event_id, status, enabled, created_at, updated_at)

@@ -69,6 +69,7 @@ type Server struct {
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
+	workflowStats  *workflow.Metrics               // set once by registerWorkflows, before serving
 	operatorAPI    atomic.Pointer[http.Handler]
 
 	mu      sync.Mutex

@@ -15,7 +15,18 @@ import (
 // command to the write spine. Runs created by an event are offered to this
 // process's worker after commit, once StartWorkflows started one.
 func (s *Server) registerWorkflows() {
-	workflow.Register(s.pipeline, func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) })
+	m, err := workflow.NewMetrics(s.metrics.Registry)
+	if err != nil {
+		// Only a collector of the same name with other labels causes this:
+		// a programming error every relay test would catch.
+		panic(err)
+	}
+	s.workflowStats = m
+	workflow.RegisterTriggers(s.pipeline, &workflow.Triggers{
+		Offer:             func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) },
+		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns,
+		Metrics:           m,
+	})
 }
 
 // StartWorkflows runs the workflow worker and the schedule scheduler until
@@ -23,21 +34,21 @@ func (s *Server) registerWorkflows() {
 // lease, so several workers on one database never execute the same step
 // twice, and a schedule slot is claimed by one process only.
 func (s *Server) StartWorkflows(ctx context.Context) error {
-	m, err := workflow.NewMetrics(s.metrics.Registry)
-	if err != nil {
-		return err
-	}
+	m := s.workflowStats
 	webhooks := safehttp.New(safehttp.Options{
 		Timeout:          s.cfg.WorkflowWebhookTimeout,
 		MaxResponseBytes: int64(s.cfg.WorkflowWebhookResponseBytes),
 		AllowedNets:      s.cfg.WorkflowWebhookAllowedNets,
 	})
-	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m, Webhooks: webhooks})
+	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{
+		Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m, Webhooks: webhooks, StepTimeout: s.cfg.WorkflowStepTimeout,
+	})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	go w.Run(ctx)
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
 	sched.Metrics = m
+	sched.MaxUnfinishedRuns = s.cfg.WorkflowMaxUnfinishedRuns
 	go sched.Run(ctx, s.cfg.WorkflowPoll)
 	return nil
 }
@@ -46,6 +57,9 @@ func (s *Server) StartWorkflows(ctx context.Context) error {
 // It works on every process; the run is offered to this process's worker
 // if it runs one, else another process's poll finds it.
 func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	hooks := workflow.Webhooks{Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer}
+	hooks := workflow.Webhooks{
+		Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer,
+		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns, Metrics: s.workflowStats,
+	}
 	hooks.Serve(w, r, tenant.ID())
 }

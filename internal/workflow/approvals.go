@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -127,11 +128,16 @@ func (t *Triggers) applyDecision(ctx context.Context, w *ingest.Write, grant boo
 		}
 		t.offerAfterCommit(w, []uuid.UUID{run})
 	} else {
-		if _, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 			Status: db.WorkflowRunStatusCancelled, ErrorCode: string(CodeApprovalDenied),
 			ErrorMessage: "workflow cancelled: approval denied by " + w.Actor, CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
-		}); err != nil {
+		})
+		if err != nil {
 			return err
+		}
+		for _, created := range ended {
+			took := w.Now().Sub(created)
+			w.AfterCommit(func() { t.Metrics.runOver(string(db.WorkflowRunStatusCancelled), CodeApprovalDenied, took) })
 		}
 	}
 	if err := emitDecision(ctx, w, d, grant); err != nil {
@@ -169,9 +175,11 @@ func emitDecision(ctx context.Context, w *ingest.Write, d *decision, grant bool)
 }
 
 // ExpireApprovals marks pending approvals past their expiry expired and
-// fails their waiting runs with approval_expired; it returns how many.
-func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock) (int, error) {
-	expired := 0
+// fails their waiting runs with approval_expired, counted in m (may be
+// nil) once committed; it returns how many approvals expired.
+func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics) (int, error) {
+	var expired int
+	var took []time.Duration
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		rows, err := q.WorkflowApprovalsExpire(ctx, clk.SQL())
@@ -179,15 +187,25 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock) (
 			return err
 		}
 		for _, r := range rows {
-			if _, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			ended, err := q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 				Status: db.WorkflowRunStatusFailed, ErrorCode: string(CodeApprovalExpired),
 				ErrorMessage: "the approval expired before anyone decided", CommunityID: r.CommunityID, ID: r.RunID, Now: clk.SQL(),
-			}); err != nil {
+			})
+			if err != nil {
 				return err
+			}
+			for _, created := range ended {
+				took = append(took, clk.Now().Sub(created))
 			}
 		}
 		expired = len(rows)
 		return nil
 	})
-	return expired, err
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range took {
+		m.runOver(string(db.WorkflowRunStatusFailed), CodeApprovalExpired, d)
+	}
+	return expired, nil
 }

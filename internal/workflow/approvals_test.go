@@ -99,8 +99,11 @@ func TestApprovalDecisionIsAnnounced(t *testing.T) {
 	}
 }
 
-// A denial cancels the run with approval_denied; an unsupported approver
-// spec fails closed; clients cannot publish the relay's lifecycle kinds.
+// A denial cancels the run with approval_denied, counted in
+// buzz_workflow_runs_total; an unsupported approver spec fails closed;
+// clients cannot publish the relay's lifecycle kinds. Mutation killed: not
+// counting the denial (it ends in the decision's transaction, not in a
+// worker) fails the metric check.
 func TestApprovalDenyAndFailClosed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -113,6 +116,7 @@ func TestApprovalDenyAndFailClosed(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusCancelled, denied.Status)
 	require.Equal(t, "approval_denied", *denied.ErrorCode)
 	require.Equal(t, "workflow cancelled: approval denied by "+pubHex(member), *denied.ErrorMessage)
+	require.Equal(t, 1.0, f.runsTotal("cancelled", "approval_denied"), "a denied run is counted")
 
 	_, ref2 := f.approvalRun(owner, ch, "@leads")
 	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref2}}), "restricted: approver spec '@leads' is not yet supported")
@@ -121,8 +125,9 @@ func TestApprovalDenyAndFailClosed(t *testing.T) {
 }
 
 // An approval nobody decided expires: the run fails with approval_expired
-// and a late grant is refused. Mutation killed: an expiry sweep that does
-// not end the waiting run leaves it waiting_approval.
+// and a late grant is refused. Mutations killed: an expiry sweep that does
+// not end the waiting run leaves it waiting_approval; one that does not
+// count it fails the metric check.
 func TestApprovalExpires(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -130,11 +135,12 @@ func TestApprovalExpires(t *testing.T) {
 	ch := f.channel(owner)
 	run, ref := f.approvalRun(owner, ch, "")
 	f.clock.Advance(time.Hour)
-	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now))
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	expired := f.run(run)
 	require.Equal(t, db.WorkflowRunStatusFailed, expired.Status)
 	require.Equal(t, "approval_expired", *expired.ErrorCode)
+	require.Equal(t, 1.0, f.runsTotal("failed", "approval_expired"), "an expired run is counted")
 	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}), "invalid: approval already expired")
 }

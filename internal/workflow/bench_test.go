@@ -2,6 +2,8 @@ package workflow_test
 
 import (
 	"context"
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,7 +37,9 @@ func benchFixture(b *testing.B) (*fixture, *nostr.SecretKey, string) {
 	f := &fixture{t: b, ctx: ctx, pool: pool, tenant: community.FromRow(row), clock: &testClock{now: time.Now()}}
 	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
 	w := workflow.NewWorker(workflow.NewEngine(pool, f.p, workflow.EngineOptions{Clock: clock.Wall()}), workflow.WorkerOptions{Poll: 50 * time.Millisecond})
-	workflow.Register(f.p, w.Offer)
+	// Unbounded queue: the benchmarks measure execution, and a refused
+	// run would never complete.
+	workflow.RegisterTriggers(f.p, &workflow.Triggers{Offer: w.Offer, MaxUnfinishedRuns: math.MaxInt32})
 	runCtx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	go w.Run(runCtx)
@@ -89,4 +93,44 @@ func BenchmarkTwoStepRunsPerSecond(b *testing.B) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "runs/s")
+}
+
+// BenchmarkParallelTriggersOneWorkflow: messages posted concurrently into
+// one channel whose one workflow they all trigger (no worker: the runs
+// queue). Admission locks the workflow row for the tail of each event's
+// transaction, so this is the cost of the exact bound where it is highest
+// (events/s is reported).
+func BenchmarkParallelTriggersOneWorkflow(b *testing.B) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
+	require.NoError(b, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	row, err := db.New(pool).CommunityCreate(ctx, "bench.example")
+	require.NoError(b, err)
+	f := &fixture{t: b, ctx: ctx, pool: pool, tenant: community.FromRow(row), clock: &testClock{now: time.Now()}}
+	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+	workflow.RegisterTriggers(f.p, &workflow.Triggers{MaxUnfinishedRuns: math.MaxInt32})
+	owner := f.key()
+	ch := f.channel(owner)
+	f.save(owner, ch, uuid.NewString(), twoSteps)
+	var seq atomic.Int64
+	start := time.Now()
+	b.SetParallelism(4)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			ev := &nostr.Event{Kind: ingest.KindChat, Content: "p" + itoa(seq.Add(1)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
+			if err := ev.Sign(owner); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := f.p.Submit(ctx, f.tenant, ev.PubKey, ev); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
 }

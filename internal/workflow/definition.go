@@ -44,10 +44,16 @@ const (
 // Definition limits. They bound what one signed definition may ask the
 // relay to do; they are part of the definition language, not tuning knobs.
 const (
-	MaxStepIDLength      = 64
-	MaxNameLength        = 255 // the workflows.name column
-	MaxConditionBytes    = 4096
-	MaxDelay             = 300 * time.Second
+	MaxStepIDLength   = 64
+	MaxNameLength     = 255 // the workflows.name column
+	MaxConditionBytes = 4096
+	MaxDelay          = 300 * time.Second
+	// MaxStepTimeoutSecs caps a step's timeout_secs. A step holds a worker
+	// slot, and a call_webhook its run's lease, for up to its timeout; a
+	// worker that dies mid-call leaves its run waiting that long before
+	// another fails it. Ten minutes is twice the default and far above what
+	// a step's database work or one HTTP call should need.
+	MaxStepTimeoutSecs   = 600
 	MinScheduleInterval  = 60 * time.Second
 	DefaultApprovalLimit = "24h"
 )
@@ -392,8 +398,8 @@ func parseStep(v any, field, on string, earlier map[string]bool) (Step, error) {
 	}
 	if t, present := m["timeout_secs"]; present {
 		n, ok := positiveInt(t)
-		if !ok {
-			return s, invalidf(field+".timeout_secs", "must be a positive whole number")
+		if !ok || n > MaxStepTimeoutSecs {
+			return s, invalidf(field+".timeout_secs", "must be a whole number of seconds from 1 to %d", MaxStepTimeoutSecs)
 		}
 		s.TimeoutSecs = n
 	}

@@ -89,6 +89,8 @@ type Engine struct {
 	log       *slog.Logger
 	webhooks  *safehttp.Client
 	metrics   *Metrics
+	// stepTimeout bounds a step without its own timeout_secs.
+	stepTimeout time.Duration
 
 	// beforeCommit, when set by tests, runs inside a step's transaction
 	// just before it commits.
@@ -107,6 +109,9 @@ type EngineOptions struct {
 	Webhooks *safehttp.Client
 	// Metrics records ended runs; may be nil.
 	Metrics *Metrics
+	// StepTimeout is the deadline of a step whose definition sets no
+	// timeout_secs (0: DefaultStepTimeout).
+	StepTimeout time.Duration
 }
 
 // DefaultLease bounds how long a killed worker's run waits to be resumed.
@@ -126,7 +131,15 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	if opts.Webhooks == nil {
 		opts.Webhooks = safehttp.New(safehttp.Options{})
 	}
-	return &Engine{pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, webhooks: opts.Webhooks, metrics: opts.Metrics}
+	if opts.StepTimeout <= 0 {
+		opts.StepTimeout = DefaultStepTimeout
+	}
+	// A default may not exceed what a definition may ask for.
+	opts.StepTimeout = min(opts.StepTimeout, MaxStepTimeoutSecs*time.Second)
+	return &Engine{
+		pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log,
+		webhooks: opts.Webhooks, metrics: opts.Metrics, stepTimeout: opts.StepTimeout,
+	}
 }
 
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
@@ -202,10 +215,11 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 			newTrace traceEntry
 			call     *pendingCall
 		)
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		deadline := startStep(ctx)
+		err := pgx.BeginFunc(deadline.ctx, e.pool, func(tx pgx.Tx) error {
 			var err error
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
-			result, newTrace, call, err = e.runStep(ctx, emitted, c, step, trace)
+			result, newTrace, call, err = e.runStep(deadline, emitted, c, step, trace)
 			if err != nil {
 				return err
 			}
@@ -216,27 +230,35 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 		})
 		switch {
 		case errors.Is(err, errLostClaim):
+			deadline.stop()
 			return false
 		case err != nil:
-			// A database failure: end the run with database_error in a
-			// fresh transaction (the step's own rolled back).
+			// The step's transaction rolled back: end the run in a fresh
+			// one, with step_timeout if the step's deadline cut it short,
+			// else database_error (or the step's own failure).
+			deadline.stop()
 			if ctx.Err() != nil {
 				return true // shutting down: the lease lets another worker resume
 			}
-			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "err", err)
 			f := fail(CodeDatabaseError, "step %d could not be recorded", step)
 			var rf *runFailure
-			if errors.As(err, &rf) {
+			switch {
+			case deadline.expired():
+				f = deadline.failure()
+			case errors.As(err, &rf):
 				f = rf
 			}
-			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{Index: step, Status: "failed", Error: f.message}) == nil
+			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
+			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{StepID: deadline.stepID, Index: step, Status: "failed", Error: f.message}) == nil
 		}
 		emitted.PublishEmitted()
 		if result == stepCall {
 			trace = append(trace, traceEntry{StepID: call.entry.StepID, Index: step, Status: "started"})
-			if result, newTrace, err = e.finishCall(ctx, c, step, call); err != nil {
-				return !errors.Is(err, errLostClaim)
-			}
+			result, newTrace, err = e.finishCall(ctx, deadline, c, step, call)
+		}
+		deadline.stop()
+		if err != nil {
+			return !errors.Is(err, errLostClaim)
 		}
 		if result != stepNext {
 			return true
@@ -249,7 +271,8 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 // runStep executes step index of the run inside one transaction and makes
 // the matching fenced transition, so a step's effects and the record that
 // it happened commit together or not at all.
-func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index int, trace []traceEntry) (stepResult, traceEntry, *pendingCall, error) {
+func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, index int, trace []traceEntry) (stepResult, traceEntry, *pendingCall, error) {
+	ctx := deadline.ctx
 	q := w.Q
 	def, tc, f := e.loadPinned(ctx, q, c)
 	if f != nil && f.code == CodeDatabaseError {
@@ -262,6 +285,7 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, nil, traceEntry{})
 	}
 	step := def.Steps[index]
+	deadline.arm(step.ID, e.timeoutOf(&step))
 	entry := traceEntry{StepID: step.ID, Index: index, Status: "completed"}
 	tctx := tc.Template(stepOutputs(trace))
 	if step.If != "" {
@@ -297,8 +321,13 @@ func (e *Engine) runStep(ctx context.Context, w *ingest.Write, c Claimed, index 
 			return e.failStep(ctx, q, c, index, entry, f)
 		}
 		started := traceEntry{StepID: step.ID, Index: index, Status: "started"}
+		// The lease covers the whole call (ended by the step's deadline or
+		// the client's timeout, whichever comes first): a worker that dies
+		// during it leaves the run to be failed ("outcome unknown") only
+		// once the call can no longer be in flight.
+		callLease := e.lease + min(deadline.remaining(), e.webhooks.Timeout())
 		n, err := q.WorkflowRunStepStart(ctx, db.WorkflowRunStepStartParams{
-			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+			Trace: mustJSON([]traceEntry{started}), Now: e.clock.SQL(), LeaseMs: callLease.Milliseconds(),
 			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
 		})
 		if err == nil && n == 0 {
@@ -384,13 +413,16 @@ func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailur
 	return req, f
 }
 
-// finishCall sends a started call_webhook request outside any transaction
-// and records its outcome, fenced like every transition.
-func (e *Engine) finishCall(ctx context.Context, c Claimed, index int, call *pendingCall) (stepResult, traceEntry, error) {
-	resp, err := e.webhooks.Do(ctx, call.req)
+// finishCall sends a started call_webhook request outside any transaction,
+// under the step's deadline, and records its outcome, fenced like every
+// transition (in ctx: the record is made even when the deadline passed).
+func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claimed, index int, call *pendingCall) (stepResult, traceEntry, error) {
+	resp, err := e.webhooks.Do(deadline.ctx, call.req)
 	entry := call.entry
 	var f *runFailure
 	switch {
+	case err != nil && deadline.expired():
+		f = deadline.failure()
 	case err != nil:
 		f = fail(CodeWebhookFailed, "step %s: %v", entry.StepID, err)
 	case resp.Status < 200 || resp.Status > 299:
@@ -500,7 +532,14 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	}
 	def, err := Parse(ev.Content)
 	if err != nil {
-		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition no longer parses")
+		// Saving refuses what does not parse, so this is a definition
+		// stored under an earlier, more lenient parser.
+		code := CodeInvalidDefinition
+		var de *DefinitionError
+		if errors.As(err, &de) && strings.HasPrefix(de.Text, "invalid YAML") {
+			code = CodeInvalidYAML
+		}
+		return nil, tc, fail(code, "the pinned definition no longer parses (%v); the owner must save it again", err)
 	}
 	if !def.Enabled {
 		return nil, tc, fail(CodeWorkflowDisabled, "the definition sets enabled: false")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -52,9 +53,17 @@ type fixture struct {
 	p      *ingest.Pipeline
 	clock  *testClock
 	offers chan []uuid.UUID
+	// reg holds the workflow metrics that the fixture's triggers and
+	// engines record.
+	reg     *prometheus.Registry
+	metrics *workflow.Metrics
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureMax(t, 0) }
+
+// newFixtureMax is newFixture with a bound on each workflow's unfinished
+// runs (0: the default).
+func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
@@ -68,12 +77,17 @@ func newFixture(t *testing.T) *fixture {
 	tc := &testClock{now: time.Now().Truncate(time.Second)}
 	f := &fixture{t: t, ctx: ctx, pool: pool, tenant: community.FromRow(row), clock: tc, offers: make(chan []uuid.UUID, 100)}
 	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(tc.Now)})
-	workflow.Register(f.p, func(ids []uuid.UUID) { f.offers <- ids })
+	f.reg = prometheus.NewRegistry()
+	f.metrics, err = workflow.NewMetrics(f.reg)
+	require.NoError(t, err)
+	workflow.RegisterTriggers(f.p, &workflow.Triggers{
+		Offer: func(ids []uuid.UUID) { f.offers <- ids }, MaxUnfinishedRuns: maxUnfinished, Metrics: f.metrics,
+	})
 	return f
 }
 
 func (f *fixture) engine(lease time.Duration) *workflow.Engine {
-	return workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: lease, Clock: clock.Stub(f.clock.Now)})
+	return workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: lease, Clock: clock.Stub(f.clock.Now), Metrics: f.metrics})
 }
 
 func (f *fixture) key() *nostr.SecretKey {

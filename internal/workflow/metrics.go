@@ -20,7 +20,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_workflow_runs_total",
-			Help: "Workflow runs ended by a worker, by outcome (completed, failed) and error_code (empty when completed).",
+			Help: "Workflow runs that ended, by outcome (completed, failed, cancelled) and error_code (empty when completed): by a worker, an approval denied or expired, or refused at creation (capacity_exceeded).",
 		}, []string{"outcome", "error_code"}),
 		runSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "buzz_workflow_run_seconds",
@@ -51,15 +51,29 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) runEnded(f *runFailure, took time.Duration) {
+	if f == nil {
+		m.runOver("completed", "", took)
+	} else {
+		m.runOver("failed", f.code, took)
+	}
+}
+
+// runOver counts a run that ended with outcome (a terminal status) and
+// code, took after its creation.
+func (m *Metrics) runOver(outcome string, code ErrorCode, took time.Duration) {
 	if m == nil {
 		return
 	}
-	if f == nil {
-		m.runs.WithLabelValues("completed", "").Inc()
-	} else {
-		m.runs.WithLabelValues("failed", string(f.code)).Inc()
-	}
+	m.runs.WithLabelValues(outcome, string(code)).Inc()
 	m.runSeconds.Observe(took.Seconds())
+}
+
+// refusedAtCapacity counts a run recorded failed at creation because its
+// workflow had too many unfinished runs. It never ran, so it is not timed.
+func (m *Metrics) refusedAtCapacity() {
+	if m != nil {
+		m.runs.WithLabelValues("failed", string(CodeCapacityExceeded)).Inc()
+	}
 }
 
 func (m *Metrics) slotClaimed(lag time.Duration) {

@@ -13,7 +13,16 @@ import (
 // refusal of relay-only lifecycle kinds from clients. offer receives the ids of runs a
 // committed event created (a Worker's Offer); nil leaves them to the poll.
 func Register(p *ingest.Pipeline, offer func(ids []uuid.UUID)) {
-	t := &Triggers{Condition: EvalCondition, Offer: offer}
+	RegisterTriggers(p, &Triggers{Offer: offer})
+}
+
+// RegisterTriggers is Register with every trigger setting (the bound on
+// unfinished runs, metrics); a nil Condition evaluates conditions with
+// EvalCondition.
+func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
+	if t.Condition == nil {
+		t.Condition = EvalCondition
+	}
 	p.Register(KindDefinition, DefinitionHandler)
 	p.Register(KindManualTrigger, t.ManualTrigger())
 	p.Register(KindApprovalGrant, t.ApprovalHandler(KindApprovalGrant))

@@ -34,8 +34,13 @@ type Scheduler struct {
 	catchUp time.Duration
 	offer   func(ids []uuid.UUID)
 	log     *slog.Logger
-	// Metrics records schedule lag; may be nil.
+	// Metrics records schedule lag and runs that end at the scheduler
+	// (refused at capacity, approvals expired); may be nil.
 	Metrics *Metrics
+	// MaxUnfinishedRuns bounds each workflow's unfinished runs; a slot
+	// beyond it records its run failed with capacity_exceeded (0: the
+	// default).
+	MaxUnfinishedRuns int
 }
 
 // NewScheduler returns a scheduler; offer (may be nil) receives the ids of
@@ -59,7 +64,7 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow schedule tick failed", "err", err)
 		}
-		if _, err := ExpireApprovals(ctx, s.pool, s.clock); err != nil && ctx.Err() == nil {
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow approval expiry failed", "err", err)
 		}
 		select {
@@ -126,9 +131,12 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 }
 
 // fire claims one slot and creates its run in the same transaction; it
-// returns uuid.Nil when the slot was already claimed.
+// returns uuid.Nil when the slot was already claimed or its run was refused
+// at capacity (recorded failed, and the slot stays claimed: a refused slot
+// is not fired again).
 func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot time.Time) (uuid.UUID, error) {
 	runID := uuid.Nil
+	claimed, queued := false, false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		n, err := q.ScheduledWorkflowFireClaim(ctx, db.ScheduledWorkflowFireClaimParams{
@@ -137,7 +145,6 @@ func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot
 		if err != nil || n == 0 {
 			return err
 		}
-		s.Metrics.slotClaimed(s.clock.Now().Sub(slot))
 		ref := strconv.FormatInt(slot.Unix(), 10)
 		tc := TriggerContext{
 			ChannelID:         row.ChannelID.String(),
@@ -146,10 +153,8 @@ func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot
 			DefinitionEventID: hex.EncodeToString(row.DefinitionEventID),
 			Cause:             Cause{Kind: CauseSchedule, Ref: ref},
 		}
-		id := uuid.New()
-		if err := q.WorkflowRunCreate(ctx, db.WorkflowRunCreateParams{
-			CommunityID: row.CommunityID, ID: id, WorkflowID: row.ID, TriggerContext: mustJSON(tc), Now: s.clock.SQL(),
-		}); err != nil {
+		id, ok, err := admitRun(ctx, q, newRun{CommunityID: row.CommunityID, WorkflowID: row.ID, Context: tc, Now: s.clock.SQL()}, s.MaxUnfinishedRuns)
+		if err != nil {
 			return err
 		}
 		if err := q.ScheduledWorkflowFireLink(ctx, db.ScheduledWorkflowFireLinkParams{
@@ -157,11 +162,22 @@ func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot
 		}); err != nil {
 			return err
 		}
-		runID = id
+		claimed, queued = true, ok
+		if ok {
+			runID = id
+		}
 		return nil
 	})
 	if err != nil {
 		return uuid.Nil, err
+	}
+	if claimed {
+		// Observed once committed: a rolled-back claim fires later, and is
+		// measured then.
+		s.Metrics.slotClaimed(s.clock.Now().Sub(slot))
+		if !queued {
+			s.Metrics.refusedAtCapacity()
+		}
 	}
 	return runID, nil
 }

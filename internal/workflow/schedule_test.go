@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -67,4 +69,50 @@ func TestScheduleSlotFiresOnceAcrossProcesses(t *testing.T) {
 	require.Equal(t, 3, n)
 	f.drain(f.engine(time.Minute))
 	require.Equal(t, 8, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'completed'`, id))
+}
+
+// Every slot a tick fires is observed in buzz_workflow_schedule_lag_seconds
+// on the engine's registry, with its lag: how long after the slot the
+// claim committed (the clock is the test's, so the sum is exact). A slot
+// already fired is not observed again.
+//
+// Mutation killed: dropping the observation (or observing before the
+// claim is known to have won) fails the count.
+func TestScheduleLagIsObserved(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+	const window = 3 * time.Minute
+	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
+	s.Metrics = f.metrics
+	now := f.clock.Now().Truncate(time.Second)
+	slots := workflow.Slots(workflow.Trigger{Interval: "60s"}, now.Add(-window), now)
+	require.Len(t, slots, 3)
+	var wantSum float64
+	for _, slot := range slots {
+		wantSum += f.clock.Now().Sub(slot).Seconds()
+	}
+	n, err := s.Tick(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(slots), n)
+	n, err = s.Tick(f.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	count, err := testutil.GatherAndCount(f.reg, "buzz_workflow_schedule_lag_seconds")
+	require.NoError(t, err)
+	require.Equal(t, 1, count, "one series")
+	families, err := f.reg.Gather()
+	require.NoError(t, err)
+	var h *dto.Histogram
+	for _, fam := range families {
+		if fam.GetName() == "buzz_workflow_schedule_lag_seconds" {
+			h = fam.GetMetric()[0].GetHistogram()
+		}
+	}
+	require.NotNil(t, h)
+	require.Equal(t, uint64(len(slots)), h.GetSampleCount(), "each fired slot once")
+	require.InDelta(t, wantSum, h.GetSampleSum(), 1e-9)
 }

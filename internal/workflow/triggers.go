@@ -88,6 +88,13 @@ type Triggers struct {
 	// Offer receives the ids of runs created by a committed event (a
 	// Worker's Offer); nil leaves them to the worker's poll.
 	Offer func(ids []uuid.UUID)
+	// MaxUnfinishedRuns bounds each workflow's unfinished runs; a trigger
+	// beyond it records its run failed with capacity_exceeded (0: the
+	// default).
+	MaxUnfinishedRuns int
+	// Metrics counts runs that end inside a trigger's transaction (refused
+	// at capacity, denied); may be nil.
+	Metrics *Metrics
 }
 
 // triggerKind maps an event kind to the trigger it fires.
@@ -145,11 +152,13 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 				continue
 			}
 		}
-		id, err := createRun(ctx, w, row.ID, tc)
+		id, queued, err := t.createRun(ctx, w, row.ID, tc)
 		if err != nil {
 			return err
 		}
-		created = append(created, id)
+		if queued {
+			created = append(created, id)
+		}
 	}
 	t.offerAfterCommit(w, created)
 	return nil
@@ -168,17 +177,18 @@ func (t *Triggers) offerAfterCommit(w *ingest.Write, ids []uuid.UUID) {
 	}
 }
 
-func createRun(ctx context.Context, w *ingest.Write, workflowID uuid.UUID, tc TriggerContext) (uuid.UUID, error) {
-	body, err := json.Marshal(tc)
-	if err != nil {
-		return uuid.Nil, err
-	}
-	id := uuid.New()
+// createRun admits a run of the triggering event in its transaction and
+// reports whether it was queued; a run refused at capacity is counted once
+// the event commits.
+func (t *Triggers) createRun(ctx context.Context, w *ingest.Write, workflowID uuid.UUID, tc TriggerContext) (uuid.UUID, bool, error) {
 	eventID := w.Event.IDBytes()
-	return id, w.Q.WorkflowRunCreate(ctx, db.WorkflowRunCreateParams{
-		CommunityID: w.Tenant.ID(), ID: id, WorkflowID: workflowID, TriggerEventID: eventID[:],
-		TriggerContext: body, Now: w.SQLNow(),
-	})
+	id, queued, err := admitRun(ctx, w.Q, newRun{
+		CommunityID: w.Tenant.ID(), WorkflowID: workflowID, TriggerEventID: eventID[:], Context: tc, Now: w.SQLNow(),
+	}, t.MaxUnfinishedRuns)
+	if err == nil && !queued {
+		w.AfterCommit(t.Metrics.refusedAtCapacity)
+	}
+	return id, queued, err
 }
 
 // eventContext is the trigger context of a message, reaction or diff.
@@ -300,9 +310,15 @@ func (t *Triggers) applyManual(ctx context.Context, w *ingest.Write) error {
 		DefinitionEventID: hex.EncodeToString(m.definitionEventID),
 		Cause:             Cause{Kind: CauseCommand, Ref: w.Event.ID},
 	}
-	id, err := createRun(ctx, w, m.workflow, tc)
+	id, queued, err := t.createRun(ctx, w, m.workflow, tc)
 	if err != nil {
 		return err
+	}
+	if !queued {
+		// The command is stored and its run recorded failed: the owner
+		// sees why in the reply and in the run history.
+		w.Reply(`response:{"run_id":"` + id.String() + `","status":"failed","error_code":"` + string(CodeCapacityExceeded) + `"}`)
+		return nil
 	}
 	w.Reply(`response:{"run_id":"` + id.String() + `"}`)
 	t.offerAfterCommit(w, []uuid.UUID{id})

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -31,12 +33,19 @@ type Webhooks struct {
 	MaxBytes int64
 	// Offer receives the new run's id after commit; may be nil.
 	Offer func(ids []uuid.UUID)
+	// MaxUnfinishedRuns bounds each workflow's unfinished runs; a call
+	// beyond it records its run failed with capacity_exceeded and answers
+	// 429 (0: the default).
+	MaxUnfinishedRuns int
+	// Metrics counts runs refused at capacity; may be nil.
+	Metrics *Metrics
 }
 
 type webhookReply struct {
 	RunID      string `json:"run_id"`
 	WorkflowID string `json:"workflow_id"`
 	Status     string `json:"status"`
+	ErrorCode  string `json:"error_code,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -111,23 +120,59 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		}
 		key = &k
 	}
-	ids, err := q.WorkflowRunCreateKeyed(r.Context(), db.WorkflowRunCreateKeyedParams{
-		CommunityID: communityID, ID: uuid.New(), WorkflowID: workflowID, TriggerContext: mustJSON(tc), IdempotencyKey: key, Now: h.Clock.SQL(),
+	var (
+		runID  uuid.UUID
+		queued bool
+	)
+	err = pgx.BeginFunc(r.Context(), h.Pool, func(tx pgx.Tx) error {
+		var err error
+		runID, queued, err = h.admit(r.Context(), db.New(tx), communityID, workflowID, tc, key)
+		return err
 	})
-	if err == nil && len(ids) == 0 && key != nil {
-		var existing uuid.UUID
-		existing, err = q.WorkflowRunByIdempotencyKey(r.Context(), db.WorkflowRunByIdempotencyKeyParams{
-			CommunityID: communityID, WorkflowID: workflowID, IdempotencyKey: *key,
-		})
-		ids = []uuid.UUID{existing}
-	} else if err == nil && len(ids) == 1 && h.Offer != nil {
-		h.Offer(ids)
-	}
-	if err != nil || len(ids) != 1 {
+	if err != nil {
 		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
 		return
 	}
-	writeJSON(w, http.StatusAccepted, webhookReply{RunID: ids[0].String(), WorkflowID: workflowID.String(), Status: "pending"})
+	reply := webhookReply{RunID: runID.String(), WorkflowID: workflowID.String(), Status: "pending"}
+	if !queued {
+		h.Metrics.refusedAtCapacity()
+		reply.Status, reply.ErrorCode = "failed", string(CodeCapacityExceeded)
+		writeJSON(w, http.StatusTooManyRequests, reply)
+		return
+	}
+	if h.Offer != nil {
+		h.Offer([]uuid.UUID{runID})
+	}
+	writeJSON(w, http.StatusAccepted, reply)
+}
+
+// admit returns the run an earlier call with the same idempotency key
+// created, else admits a new one (which may be refused at capacity). The
+// workflow row lock admitRun takes also orders concurrent calls with one
+// key, so they see each other's run. It reports whether a new run was
+// queued or an existing one found (queued is false only for a refusal).
+func (h *Webhooks) admit(ctx context.Context, q *db.Queries, communityID, workflowID uuid.UUID, tc TriggerContext, key *string) (uuid.UUID, bool, error) {
+	run := newRun{CommunityID: communityID, WorkflowID: workflowID, Context: tc, IdempotencyKey: key, Now: h.Clock.SQL()}
+	if key == nil {
+		return admitRun(ctx, q, run, h.MaxUnfinishedRuns)
+	}
+	n, err := q.WorkflowLockForRuns(ctx, db.WorkflowLockForRunsParams{CommunityID: communityID, ID: workflowID})
+	if err == nil && n == 0 {
+		err = errWorkflowGone
+	}
+	if err != nil {
+		return uuid.Nil, false, err
+	}
+	existing, err := q.WorkflowRunByIdempotencyKey(ctx, db.WorkflowRunByIdempotencyKeyParams{
+		CommunityID: communityID, WorkflowID: workflowID, IdempotencyKey: *key,
+	})
+	if err == nil {
+		return existing, true, nil
+	}
+	if !dberr.IsNotFound(err) {
+		return uuid.Nil, false, err
+	}
+	return admitRun(ctx, q, run, h.MaxUnfinishedRuns)
 }
 
 // webhookFields turns an optional JSON object body into string fields: a

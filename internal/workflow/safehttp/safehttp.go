@@ -332,3 +332,6 @@ func validHeaderName(name string) bool {
 	}
 	return true
 }
+
+// Timeout is the longest one request may take (dial to last body byte).
+func (c *Client) Timeout() time.Duration { return c.timeout }

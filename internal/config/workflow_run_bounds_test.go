@@ -1,0 +1,33 @@
+package config
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The workflow run bounds are read, default to the engine's documented
+// values, and a bad value names its variable.
+func TestWorkflowRunBounds(t *testing.T) {
+	t.Parallel()
+	d := Default()
+	require.Equal(t, 1000, d.WorkflowMaxUnfinishedRuns)
+	require.Equal(t, 300*time.Second, d.WorkflowStepTimeout)
+
+	c, err := FromEnv(env(map[string]string{
+		"BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS": "25",
+		"BUZZ_WORKFLOW_STEP_TIMEOUT":        "90s",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, 25, c.WorkflowMaxUnfinishedRuns)
+	require.Equal(t, 90*time.Second, c.WorkflowStepTimeout)
+
+	for name, value := range map[string]string{
+		"BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS": "0",
+		"BUZZ_WORKFLOW_STEP_TIMEOUT":        "-1s",
+	} {
+		_, err := FromEnv(env(map[string]string{name: value}))
+		require.ErrorContains(t, err, name, "%s=%q", name, value)
+	}
+}
