@@ -50,8 +50,9 @@ ORDER BY id;
 
 -- name: WorkflowsScheduled :many
 -- Every workflow the scheduler fires, in every community: active, enabled,
--- pinned to a signed definition, with a schedule trigger.
-SELECT community_id, id, channel_id, definition, definition_event_id
+-- pinned to a signed definition, with a schedule trigger. updated_at is when
+-- the definition was last saved: no slot before it fires.
+SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'

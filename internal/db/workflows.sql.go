@@ -161,7 +161,7 @@ func (q *Queries) WorkflowUpsert(ctx context.Context, arg WorkflowUpsertParams) 
 }
 
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
-SELECT community_id, id, channel_id, definition, definition_event_id
+SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
@@ -174,10 +174,12 @@ type WorkflowsScheduledRow struct {
 	ChannelID         *uuid.UUID
 	Definition        json.RawMessage
 	DefinitionEventID []byte
+	UpdatedAt         time.Time
 }
 
 // Every workflow the scheduler fires, in every community: active, enabled,
-// pinned to a signed definition, with a schedule trigger.
+// pinned to a signed definition, with a schedule trigger. updated_at is when
+// the definition was last saved: no slot before it fires.
 func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {
 	rows, err := q.db.Query(ctx, workflowsScheduled)
 	if err != nil {
@@ -193,6 +195,7 @@ func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledR
 			&i.ChannelID,
 			&i.Definition,
 			&i.DefinitionEventID,
+			&i.UpdatedAt,
 		); err != nil {
 			return nil, err
 		}

@@ -51,7 +51,10 @@ func TestWorkflowsRunbook(t *testing.T) {
 	require.NotEmpty(t, claims)
 	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_runs SET lease_until = now() - interval '1 minute' WHERE status = 'running'`)
 	require.NoError(t, err)
+	// The schedule was saved three minutes ago, by the wall clock psql's
+	// now() reads: three slots are due since.
 	tick := uuid.NewString()
+	f.clock.now = time.Now().Truncate(time.Minute).Add(-3 * time.Minute)
 	f.save(owner, ch, tick, "name: T\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: delay, duration: 1s}]")
 	f.clock.now = time.Now().Truncate(time.Second)
 	_, err = workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 3*time.Minute, nil, nil).Tick(f.ctx)

@@ -114,7 +114,14 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 		if json.Unmarshal(row.Definition, &def) != nil || !def.Enabled || row.ChannelID == nil {
 			continue
 		}
-		for _, slot := range Slots(def.Trigger, now.Add(-s.catchUp), now) {
+		// A slot before the definition was saved belongs to no schedule the
+		// owner signed: a new every-minute schedule must not fire the whole
+		// catch-up window at once, nor a re-saved one its old cadence.
+		after := now.Add(-s.catchUp)
+		if row.UpdatedAt.After(after) {
+			after = row.UpdatedAt
+		}
+		for _, slot := range Slots(def.Trigger, after, now) {
 			id, err := s.fire(ctx, row, slot)
 			if err != nil {
 				return created, err

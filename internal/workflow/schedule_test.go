@@ -39,6 +39,7 @@ func TestScheduleSlotFiresOnceAcrossProcesses(t *testing.T) {
 	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
 
 	const window = 5 * time.Minute
+	f.clock.Advance(window) // every process was down since the save
 	var wg sync.WaitGroup
 	for range 3 {
 		s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
@@ -86,6 +87,7 @@ func TestScheduleLagIsObserved(t *testing.T) {
 	id := uuid.NewString()
 	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
 	const window = 3 * time.Minute
+	f.clock.Advance(window)
 	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
 	s.Metrics = f.metrics
 	now := f.clock.Now().Truncate(time.Second)
@@ -115,4 +117,34 @@ func TestScheduleLagIsObserved(t *testing.T) {
 	require.NotNil(t, h)
 	require.Equal(t, uint64(len(slots)), h.GetSampleCount(), "each fired slot once")
 	require.InDelta(t, wantSum, h.GetSampleSum(), 1e-9)
+}
+
+// A schedule fires only slots after its definition was saved: saving an
+// every-minute schedule fires nothing from the catch-up window before it,
+// and a re-save starts again from the re-save.
+//
+// Mutation killed: ticking over the whole catch-up window (ignoring
+// updated_at) fires ten slots on the first tick.
+func TestScheduleFiresNoSlotBeforeItsSave(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	const window = 10 * time.Minute
+	tick := func() int {
+		n, err := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil).Tick(f.ctx)
+		require.NoError(t, err)
+		return n
+	}
+	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+	require.Zero(t, tick(), "no slot before the save")
+	f.clock.Advance(2 * time.Minute)
+	require.Equal(t, 2, tick())
+
+	f.clock.Advance(3 * time.Minute) // three slots missed, then a re-save
+	f.save(owner, ch, id, "name: Tock\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tock}]")
+	require.Zero(t, tick(), "the slots missed before the re-save are not fired")
+	f.clock.Advance(time.Minute)
+	require.Equal(t, 1, tick())
 }
