@@ -32,3 +32,16 @@ WHERE users.metadata_created_at IS NULL
 -- name: UserChannelAddPolicy :one
 SELECT channel_add_policy, agent_owner_pubkey FROM users
 WHERE community_id = @community_id::uuid AND pubkey = @pubkey::bytea;
+
+-- name: UserRecordedOwner :one
+-- The agent owner recorded for a pubkey in one community, with the owner's
+-- display name from the same community (NULL when the owner has no profile
+-- there). No row when the pubkey has no recorded owner.
+SELECT u.agent_owner_pubkey::bytea AS agent_owner_pubkey,
+       o.display_name AS owner_display_name,
+       u.channel_add_policy
+FROM users u
+LEFT JOIN users o ON o.community_id = u.community_id AND o.pubkey = u.agent_owner_pubkey
+WHERE u.community_id = @community_id::uuid
+  AND u.pubkey = @pubkey::bytea
+  AND u.agent_owner_pubkey IS NOT NULL;
