@@ -50,3 +50,16 @@ VALUES (@community_id::uuid, @agent::bytea, @owner::bytea, coalesce(sqlc.narg('n
 ON CONFLICT (community_id, pubkey) DO UPDATE
 SET agent_owner_pubkey = coalesce(users.agent_owner_pubkey, EXCLUDED.agent_owner_pubkey)
 RETURNING agent_owner_pubkey::bytea AS recorded_owner;
+
+-- name: UserRecordedOwner :one
+-- The agent owner recorded for a pubkey in one community, with the owner's
+-- display name from the same community (NULL when the owner has no profile
+-- there). No row when the pubkey has no recorded owner.
+SELECT u.agent_owner_pubkey::bytea AS agent_owner_pubkey,
+       o.display_name AS owner_display_name,
+       u.channel_add_policy
+FROM users u
+LEFT JOIN users o ON o.community_id = u.community_id AND o.pubkey = u.agent_owner_pubkey
+WHERE u.community_id = @community_id::uuid
+  AND u.pubkey = @pubkey::bytea
+  AND u.agent_owner_pubkey IS NOT NULL;

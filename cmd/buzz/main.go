@@ -14,6 +14,7 @@
 //	buzz req --json      < [FILTER, ...]
 //	buzz workflows list [CHANNEL_ID] | show ID | runs ID | trigger ID
 //	buzz workflows approve|deny APPROVAL_REF
+//	buzz users get [--pubkey P]... | [--name TEXT] [--owner me|HEX|NPUB]
 //	buzz whoami
 //	buzz keygen
 //
@@ -52,9 +53,13 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
   workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]
   workflows trigger WORKFLOW_ID      (prints the relay's {"run_id":...})
   workflows approve|deny APPROVAL_REF
+  users get [--pubkey HEX|NPUB]... | [--name TEXT] [--owner me|HEX|NPUB] [--format compact|json]
+      --owner  Filter agents by verified owner (` + "`me`" + `, 64-char hex, or npub); "my Honey" is
+               users get --name Honey --owner me. Nothing owned matching prints [].
   whoami
   keygen
-env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://)
+env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://),
+     BUZZ_AUTH_TAG (an agent's NIP-OA auth tag, JSON: then "me" is its owner)
 exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix)`
 
 const defaultTimeout = 10 * time.Second
@@ -240,6 +245,8 @@ var commands = map[string]commandFunc{
 	"workflows trigger": workflowsTrigger,
 	"workflows approve": workflowsDecide(kindApprovalGrant, "approve"),
 	"workflows deny":    workflowsDecide(kindApprovalDeny, "deny"),
+
+	"users get": usersGet,
 }
 
 // dispatch resolves the command (global flags may precede it), applies the
@@ -260,7 +267,7 @@ func dispatch(ctx context.Context, o *options, args []string) (any, error) {
 	if name == "help" {
 		return helpResult(), nil
 	}
-	if name == "channels" || name == "workflows" {
+	if name == "channels" || name == "workflows" || name == "users" {
 		group := name
 		fs := o.flags("buzz " + group)
 		if err := fs.Parse(rest); err != nil {
@@ -272,6 +279,9 @@ func dispatch(ctx context.Context, o *options, args []string) (any, error) {
 		if fs.NArg() == 0 {
 			if group == "workflows" {
 				return nil, usageErr("missing workflows subcommand: list, show, runs, trigger, approve or deny")
+			}
+			if group == "users" {
+				return nil, usageErr("missing users subcommand: get")
 			}
 			return nil, usageErr("missing channels subcommand: list, create or join")
 		}

@@ -193,47 +193,62 @@ func workflowsRuns(o *options, args []string) (action, error) {
 	}, nil
 }
 
-// httpGetSigned sends a NIP-98 signed GET to the relay's HTTP side.
+// httpGetSigned sends a NIP-98 signed GET to the relay's HTTP side and
+// returns its JSON body; any status but 200 is the relay refusing.
 func httpGetSigned(ctx context.Context, o *options, pathAndQuery string) (any, error) {
-	relay, err := o.relayURL()
+	status, body, err := signedGet(ctx, o, pathAndQuery)
 	if err != nil {
 		return nil, err
 	}
+	if status != http.StatusOK {
+		return nil, httpRefusal(status, body)
+	}
+	return json.RawMessage(body), nil
+}
+
+// signedGet sends a NIP-98 signed GET and returns the status and body.
+func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byte, error) {
+	relay, err := o.relayURL()
+	if err != nil {
+		return 0, nil, err
+	}
 	key, err := o.secretKey()
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	base := "http" + strings.TrimPrefix(relay, "ws")
 	target := strings.TrimRight(base, "/") + pathAndQuery
 	auth := &nostr.Event{Kind: nostr.KindHTTPAuth, CreatedAt: time.Now().Unix(),
 		Tags: nostr.Tags{{"u", target}, {"method", "GET"}, {"nonce", uuid.NewString()}}}
 	if err := auth.Sign(key); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	raw, err := auth.MarshalJSON()
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(body, &e)
-		return nil, &cliError{code: "http_" + strconv.Itoa(resp.StatusCode), msg: fmt.Sprintf("relay answered %d: %s", resp.StatusCode, e.Error), exit: 3}
+	return resp.StatusCode, body, nil
+}
+
+// httpRefusal is the CLI error for a relay's non-200 JSON answer.
+func httpRefusal(status int, body []byte) error {
+	var e struct {
+		Error string `json:"error"`
 	}
-	return json.RawMessage(body), nil
+	_ = json.Unmarshal(body, &e)
+	return &cliError{code: "http_" + strconv.Itoa(status), msg: fmt.Sprintf("relay answered %d: %s", status, e.Error), exit: 3}
 }

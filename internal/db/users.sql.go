@@ -135,3 +135,35 @@ func (q *Queries) UserProfileSync(ctx context.Context, arg UserProfileSyncParams
 	}
 	return result.RowsAffected(), nil
 }
+
+const userRecordedOwner = `-- name: UserRecordedOwner :one
+SELECT u.agent_owner_pubkey::bytea AS agent_owner_pubkey,
+       o.display_name AS owner_display_name,
+       u.channel_add_policy
+FROM users u
+LEFT JOIN users o ON o.community_id = u.community_id AND o.pubkey = u.agent_owner_pubkey
+WHERE u.community_id = $1::uuid
+  AND u.pubkey = $2::bytea
+  AND u.agent_owner_pubkey IS NOT NULL
+`
+
+type UserRecordedOwnerParams struct {
+	CommunityID uuid.UUID
+	Pubkey      []byte
+}
+
+type UserRecordedOwnerRow struct {
+	AgentOwnerPubkey []byte
+	OwnerDisplayName *string
+	ChannelAddPolicy ChannelAddPolicy
+}
+
+// The agent owner recorded for a pubkey in one community, with the owner's
+// display name from the same community (NULL when the owner has no profile
+// there). No row when the pubkey has no recorded owner.
+func (q *Queries) UserRecordedOwner(ctx context.Context, arg UserRecordedOwnerParams) (UserRecordedOwnerRow, error) {
+	row := q.db.QueryRow(ctx, userRecordedOwner, arg.CommunityID, arg.Pubkey)
+	var i UserRecordedOwnerRow
+	err := row.Scan(&i.AgentOwnerPubkey, &i.OwnerDisplayName, &i.ChannelAddPolicy)
+	return i, err
+}

@@ -45,8 +45,9 @@ func canMatch(f *nostr.Filter) bool {
 	return true
 }
 
-// conditions appends " AND ..." for every constraint of f.
-func (b *sqlBuilder) conditions(f *nostr.Filter) {
+// conditions appends " AND ..." for every constraint of f. communityArg is
+// the statement's community parameter, which the owner constraint reuses.
+func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 	if f.IDs != nil {
 		inList(b, "id", "bytea", hexBytes(f.IDs))
 	}
@@ -80,6 +81,13 @@ func (b *sqlBuilder) conditions(f *nostr.Filter) {
 	if f.Search != "" {
 		// websearch_to_tsquery accepts any user text without syntax errors.
 		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
+	}
+	if f.AgentOwner != "" {
+		// In the WHERE clause, so the owner narrows the rows before the
+		// limit counts them: the owned match is never crowded out by other
+		// owners' same-name agents. Owners are this community's own.
+		owner, _ := hex.DecodeString(f.AgentOwner)
+		b.sql.WriteString(" AND pubkey IN (SELECT u.pubkey FROM users u WHERE u.community_id = " + communityArg + " AND u.agent_owner_pubkey = " + b.arg(owner) + "::bytea)")
 	}
 }
 
@@ -173,7 +181,7 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 			// set is then merged by time like any other branch.
 			b.sql.WriteString("(SELECT * FROM (SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 			b.scopeConditions(scope, channelsArg)
-			b.conditions(f)
+			b.conditions(f, communityArg)
 			b.order(f)
 			b.sql.WriteString(" LIMIT " + b.arg(int32(br.limit)) + ") ranked WHERE TRUE")
 			if after != nil {
@@ -184,7 +192,7 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 		b.scopeConditions(scope, channelsArg)
-		b.conditions(f)
+		b.conditions(f, communityArg)
 		if after != nil {
 			b.sql.WriteString(" AND (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 		}
@@ -204,7 +212,7 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 	rank := "ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text))"
 	b.sql.WriteString("SELECT " + eventColumns + ", " + rank + " AS rank FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg)
-	b.conditions(f)
+	b.conditions(f, communityArg)
 	if after != nil {
 		b.sql.WriteString(" AND (" + rank + ", created_at, id) < (" + b.arg(after.rank) + "::real, to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 	}
@@ -237,7 +245,7 @@ func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLim
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + " FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 		b.scopeConditions(scope, channelsArg)
-		b.conditions(f)
+		b.conditions(f, communityArg)
 		b.order(f)
 		b.sql.WriteString(" LIMIT " + b.arg(int32(limit)) + ")")
 	}
@@ -269,7 +277,7 @@ func BuildCount(community uuid.UUID, scope Scope, filters nostr.Filters) (sql st
 		}
 		n++
 		b.sql.WriteString("(TRUE")
-		b.conditions(f)
+		b.conditions(f, communityArg)
 		b.sql.WriteString(")")
 	}
 	b.sql.WriteString(")")

@@ -19,14 +19,24 @@ type Filter struct {
 	Until   *int64
 	Limit   *int // nil = not given
 	Search  string
+	// AgentOwner ("agent_owner", 64-char lowercase hex; "" = absent, as is
+	// JSON null) keeps only events whose author's recorded agent owner in
+	// the community is this pubkey. The owner is a database relationship,
+	// so only stored-event reads can apply it (see Matches).
+	AgentOwner string
 }
 
 // Filters is the filter list of a REQ or COUNT; an event matches if any filter does.
 type Filters []Filter
 
 // Matches reports whether e satisfies every condition of f. Limit and Search
-// are ignored: they only make sense for stored-event queries.
+// are ignored: they only make sense for stored-event queries. A filter with
+// AgentOwner never matches: the event alone cannot say who owns its author,
+// and matching without that condition would deliver other owners' events.
 func (f *Filter) Matches(e *Event) bool {
+	if f.AgentOwner != "" {
+		return false
+	}
 	// Cheapest and most selective checks first.
 	if f.Kinds != nil && !slices.Contains(f.Kinds, e.Kind) {
 		return false
@@ -150,6 +160,10 @@ func (f *Filter) AppendJSON(dst []byte) []byte {
 		field(`"search":`)
 		dst = appendQuoted(dst, f.Search)
 	}
+	if f.AgentOwner != "" {
+		field(`"agent_owner":`)
+		dst = appendQuoted(dst, f.AgentOwner)
+	}
 	return append(dst, '}')
 }
 
@@ -185,6 +199,32 @@ var (
 	errSearch       = errors.New("search must be a string")
 )
 
+// FilterFieldError is a filter refused because of one field's value, with
+// the position of the filter in its list so a client can find it.
+type FilterFieldError struct {
+	Filter int // index in the REQ/COUNT or HTTP filter list; -1 for a lone filter
+	Field  string
+	Reason string
+}
+
+func (e *FilterFieldError) Error() string {
+	if e.Filter < 0 {
+		return e.Field + " " + e.Reason
+	}
+	return fmt.Sprintf("filter %d: %s %s", e.Filter, e.Field, e.Reason)
+}
+
+// atFilter records which filter of a list err belongs to, when it names a field.
+func atFilter(err error, index int) error {
+	var fe *FilterFieldError
+	if errors.As(err, &fe) {
+		fe.Filter = index
+	}
+	return err
+}
+
+const agentOwnerReason = "must be a 64-char lowercase hex pubkey (or null for no owner constraint)"
+
 const (
 	filterIDs = 1 << iota
 	filterAuthors
@@ -193,6 +233,7 @@ const (
 	filterUntil
 	filterLimit
 	filterSearch
+	filterAgentOwner
 )
 
 // filter decodes one filter object into f. Unlike events, the first error
@@ -235,6 +276,8 @@ func (d *decoder) filter(f *Filter, lim *Limits) error {
 			bit = filterLimit
 		case "search":
 			bit = filterSearch
+		case "agent_owner":
+			bit = filterAgentOwner
 		default:
 			if len(k) == 0 || k[0] != '#' {
 				return fmt.Errorf("unknown filter field %q", truncate(k, 32))
@@ -274,6 +317,8 @@ func (d *decoder) filter(f *Filter, lim *Limits) error {
 				return d.wrongType(errSearch)
 			}
 			f.Search, err = d.string()
+		case filterAgentOwner:
+			f.AgentOwner, err = d.agentOwner(count)
 		default:
 			name := string(k[1:])
 			if _, dup := f.Tags[name]; dup {
@@ -299,6 +344,34 @@ func (d *decoder) filter(f *Filter, lim *Limits) error {
 		}
 		return d.syntaxErr()
 	}
+}
+
+// agentOwner reads the agent_owner value: null (no constraint) or one
+// pubkey, which weighs one value like an author. Anything else is refused,
+// never dropped: silently ignoring it would widen the read to every owner.
+func (d *decoder) agentOwner(count func() error) (string, error) {
+	bad := &FilterFieldError{Filter: -1, Field: "agent_owner", Reason: agentOwnerReason}
+	if d.peek() == 'n' {
+		if err := d.literal("null"); err != nil {
+			return "", err
+		}
+		return "", nil
+	}
+	if d.peek() != '"' {
+		return "", d.wrongType(bad)
+	}
+	b, err := d.appendStr(d.scratch[:0])
+	d.scratch = b[:0]
+	if err != nil {
+		return "", err
+	}
+	if !isLowerHex(b, 64) {
+		return "", bad
+	}
+	if err := count(); err != nil {
+		return "", err
+	}
+	return string(b), nil
 }
 
 func isASCIILetter(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,8 @@ var fuzzMessageSeeds = []string{
 	`["EVENT",` + evJSON(fID, fPubKey, fCreated, fKind, `"tags":[["\u00e9","\ud83e\udd19"]]`, `"content":"\"\\\/\b\f\n\r\t\u0000"`, fSig, `"x":[{}]`) + `]`,
 	`["REQ","s",{"ids":["` + hexA + `"],"authors":[],"kinds":[1,7],"#e":["x"],"since":1,"until":2,"limit":10,"search":"q"}]`,
 	`["REQ","s",{},{"#t":["a","b"]}]`,
+	`["REQ","s",{"kinds":[0]},{"agent_owner":"` + hexA + `","authors":["` + hexB + `"]}]`,
+	`["COUNT","c",{"agent_owner":"xyz"}]`,
 	`["COUNT","c",{"kinds":[3]}]`,
 	`["CLOSE","s"]`,
 	`["EVENT",{"id":1}]`,
@@ -33,6 +36,10 @@ var fuzzFilterSeeds = []string{
 	`{"kinds":[1e3]}`,
 	`{"#ab":["x"]}`,
 	`{"limit":-1}`,
+	`{"kinds":[0],"search":"Honey","agent_owner":"` + hexA + `"}`,
+	`{"authors":["` + hexB + `"],"agent_owner":null}`,
+	`{"agent_owner":"` + strings.ToUpper(hexA) + `"}`,
+	`{"agent_owner":["` + hexA + `"]}`,
 }
 
 func FuzzParseClientMessage(f *testing.F) {
@@ -147,8 +154,10 @@ func FuzzFilterUnmarshal(f *testing.F) {
 				n++
 			}
 		}
-		if _, ok := obj["search"]; ok {
-			n++
+		for _, key := range []string{"search", "agent_owner"} {
+			if _, ok := obj[key]; ok {
+				n++
+			}
 		}
 		require.Equal(t, len(obj), n, "every key was understood exactly once")
 

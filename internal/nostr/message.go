@@ -197,7 +197,7 @@ func (d *decoder) filters(lim *Limits) (Filters, error) {
 		}
 		fs = append(fs, Filter{})
 		if err := d.filter(&fs[len(fs)-1], lim); err != nil {
-			return nil, err
+			return nil, atFilter(err, len(fs)-1)
 		}
 	}
 	if len(fs) == 0 && d.peek() == ']' {
@@ -233,7 +233,7 @@ func (d *decoder) filterArray(lim *Limits) (Filters, error) {
 		}
 		fs = append(fs, Filter{})
 		if err := d.filter(&fs[len(fs)-1], lim); err != nil {
-			return nil, err
+			return nil, atFilter(err, len(fs)-1)
 		}
 		if d.consume(',') {
 			continue

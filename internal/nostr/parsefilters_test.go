@@ -36,7 +36,7 @@ func TestParseFilters(t *testing.T) {
 // FuzzParseFilters: never panics, and whatever it accepts respects the
 // limits and survives a marshal/parse round trip unchanged.
 func FuzzParseFilters(f *testing.F) {
-	for _, seed := range []string{`[{}]`, `[{"kinds":[1]},{"#e":["a"]}]`, `[`, `[{"limit":-1}]`, `[{},]`, `{"filters":[]}`} {
+	for _, seed := range []string{`[{}]`, `[{"kinds":[0]},{"agent_owner":"` + hexA + `"}]`, `[{"agent_owner":null}]`, `[{"kinds":[1]},{"#e":["a"]}]`, `[`, `[{"limit":-1}]`, `[{},]`, `{"filters":[]}`} {
 		f.Add([]byte(seed))
 	}
 	lim := Limits{MaxFilters: 3, MaxFilterValues: 50}

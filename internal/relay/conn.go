@@ -367,9 +367,15 @@ var outcomeLabel = map[ingest.Outcome]string{
 	ingest.Stored: "stored", ingest.Duplicate: "duplicate", ingest.Superseded: "superseded", ingest.Relayed: "relayed",
 }
 
-func hasSearch(filters nostr.Filters) bool {
+// oneShot reports whether a REQ gets stored events and EOSE only, never a
+// live subscription. A NIP-50 search ranks a finished result set. An
+// agent_owner constraint is a database relationship that fan-out cannot
+// check from the event alone, and an agent's owner may be recorded after the
+// subscription opens; rather than a database lookup per published event on
+// the fan-out path, the owner lookup is a lookup: ask again to refresh.
+func oneShot(filters nostr.Filters) bool {
 	for i := range filters {
-		if filters[i].Search != "" {
+		if filters[i].Search != "" || filters[i].AgentOwner != "" {
 			return true
 		}
 	}
@@ -424,8 +430,9 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
 		return
 	}
-	// NIP-50 search is one-shot: results, EOSE, and no live subscription.
-	live := !hasSearch(filters)
+	// NIP-50 search and agent_owner are one-shot: results, EOSE, and no
+	// live subscription.
+	live := !oneShot(filters)
 	weight := filterValues(filters)
 	if held := c.heldFilterValues(subID); live && held+weight > c.srv.cfg.MaxFilterValues {
 		if _, open := c.subs[subID]; open { // replaced even though refused

@@ -4,7 +4,7 @@ import "github.com/buzzrelay/buzz/internal/nostr"
 
 // filterValues is what a subscription's filters weigh against the
 // per-connection budget: every id, author, kind and tag value it holds (and
-// a search term counts as one). The live index keeps all of them for as long
+// a search term and an agent_owner count as one). The live index keeps all of them for as long
 // as the subscription is open.
 func filterValues(filters nostr.Filters) int {
 	n := 0
@@ -15,6 +15,9 @@ func filterValues(filters nostr.Filters) int {
 			n += len(vals)
 		}
 		if f.Search != "" {
+			n++
+		}
+		if f.AgentOwner != "" {
 			n++
 		}
 	}

@@ -46,6 +46,7 @@ func (s *Server) registerHTTPBridge(mux *http.ServeMux) {
 	}
 	mux.Handle("GET /workflows/{id}/runs", b.instrument("/workflows/runs", s.withTenant(b.serveWorkflowRuns)))
 	mux.Handle("GET /workflows/{id}/runs/{run_id}/approvals", b.instrument("/workflows/approvals", s.withTenant(b.serveWorkflowApprovals)))
+	mux.Handle("GET /v1/users/{pubkey}/recorded-owner", b.instrument("/v1/users/recorded-owner", s.withTenant(b.serveRecordedOwner)))
 }
 
 // bridgeRequestsCounter registers the bridge's request counter on reg, or
@@ -337,11 +338,25 @@ func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant co
 	}
 	filters, err := parseReadBody(body, b.s.limits)
 	if err != nil {
+		var fe *nostr.FilterFieldError
+		if errors.As(err, &fe) {
+			// Name the filter and field as data too, so a client can point
+			// at the value it sent.
+			writeJSON(w, http.StatusBadRequest, filterFieldReply{Error: "invalid: " + err.Error(), Filter: fe.Filter, Field: fe.Field})
+			return nil, "", nil, nil, false
+		}
 		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
 		return nil, "", nil, nil, false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), b.s.cfg.QueryTimeout)
 	return filters, pubkey, ctx, cancel, true
+}
+
+// filterFieldReply is the 400 body of a read refused for one filter field.
+type filterFieldReply struct {
+	Error  string `json:"error"`
+	Filter int    `json:"filter"` // index in "filters"
+	Field  string `json:"field"`
 }
 
 // parseReadBody decodes {"filters":[...]} with the same strict filter rules

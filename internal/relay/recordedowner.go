@@ -1,0 +1,54 @@
+package relay
+
+import (
+	"encoding/hex"
+	"net/http"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// recordedOwnerWire answers GET /v1/users/{pubkey}/recorded-owner.
+type recordedOwnerWire struct {
+	Pubkey           string  `json:"pubkey"`
+	AgentOwnerPubkey string  `json:"agent_owner_pubkey"`
+	OwnerDisplayName *string `json:"owner_display_name"`
+	ChannelAddPolicy string  `json:"channel_add_policy"`
+}
+
+// serveRecordedOwner tells an authenticated caller (NIP-98) which owner the
+// relay recorded for an agent in this community, and that owner's display
+// name here. Clients show it beside profiles so two agents with the same
+// name can be told apart; 404 when no owner is recorded.
+func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	s := b.s
+	if _, _, ok := b.authenticate(w, r, tenant); !ok {
+		return
+	}
+	pubkey := r.PathValue("pubkey")
+	key, ok := nostr.DecodeHex32(pubkey)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "invalid: pubkey must be 64-char lowercase hex")
+		return
+	}
+	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:]})
+	if dberr.IsNotFound(err) {
+		writeError(w, http.StatusNotFound, "no recorded owner for "+pubkey)
+		return
+	}
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.log.Error("recorded owner lookup failed", "community", tenant.Host(), "err", err)
+		}
+		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		return
+	}
+	writeJSON(w, http.StatusOK, recordedOwnerWire{
+		Pubkey:           pubkey,
+		AgentOwnerPubkey: hex.EncodeToString(row.AgentOwnerPubkey),
+		OwnerDisplayName: row.OwnerDisplayName,
+		ChannelAddPolicy: string(row.ChannelAddPolicy),
+	})
+}
