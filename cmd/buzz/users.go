@@ -2,14 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
-
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -179,48 +178,20 @@ func resolveMe(o *options, self string) (string, error) {
 	return owner, nil
 }
 
-// authTagOwner checks an owner attestation ["auth", owner, conditions, sig]
-// for agent and returns the owner: the owner's BIP-340 signature over
-// SHA-256("nostr:agent-auth:" + agent + ":" + conditions). The relay checks
-// the conditions against each request; here only the signer matters.
+// authTagOwner returns the owner an attestation (the NIP-OA auth tag, as a
+// JSON array) names for agent, once its signature verifies for agent. The
+// relay checks its conditions against each request; here only the signer
+// matters.
 func authTagOwner(raw, agent string) (string, error) {
-	var tag []string
-	if err := json.Unmarshal([]byte(raw), &tag); err != nil {
-		return "", errAuthTag("must be a JSON array of strings")
-	}
-	if len(tag) != 4 || tag[0] != "auth" {
-		return "", errAuthTag(`must be ["auth", owner, conditions, signature]`)
-	}
-	owner, conditions, sigHex := tag[1], tag[2], tag[3]
-	ownerKey, ok := nostr.DecodeHex32(owner)
-	if !ok {
-		return "", errAuthTag("owner must be 64-char lowercase hex")
-	}
-	if owner == agent {
-		return "", errAuthTag("names this key as its own owner")
-	}
-	sigBytes, err := hex.DecodeString(sigHex)
-	if err != nil || len(sigBytes) != 64 || sigHex != strings.ToLower(sigHex) {
-		return "", errAuthTag("signature must be 128-char lowercase hex")
-	}
-	pub, err := schnorr.ParsePubKey(ownerKey[:])
+	att, err := nipoa.ParseHeader(raw)
 	if err != nil {
-		return "", errAuthTag("owner is not a valid public key")
+		return "", err
 	}
-	sig, err := schnorr.ParseSignature(sigBytes)
-	if err != nil {
-		return "", errAuthTag("signature is malformed")
+	if err := att.VerifyFor(agent, time.Now().Unix()); err != nil {
+		return "", err
 	}
-	msg := sha256.Sum256([]byte("nostr:agent-auth:" + agent + ":" + conditions))
-	if !sig.Verify(msg[:], pub) {
-		return "", errAuthTag("signature does not verify for this key")
-	}
-	return owner, nil
+	return att.Owner, nil
 }
-
-type errAuthTag string
-
-func (e errAuthTag) Error() string { return string(e) }
 
 // recordedOwner fills u's owner fields from the relay's recorded owner
 // (404: none recorded).

@@ -2,20 +2,17 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/btcsuite/btcd/btcec/v2"
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
-	"github.com/buzzrelay/buzz/internal/workflow/template"
 )
 
 // person is one CLI user with a published profile.
@@ -47,13 +44,14 @@ func setOwner(t *testing.T, r *relaytest.Relay, agent, owner string) {
 // authTag signs the NIP-OA attestation "owner vouches for agent".
 func authTag(t *testing.T, ownerSecret, ownerPub, agentPub string) string {
 	t.Helper()
-	b, err := hex.DecodeString(ownerSecret)
+	key, err := nostr.SecretKeyFromHex(ownerSecret)
 	require.NoError(t, err)
-	priv, _ := btcec.PrivKeyFromBytes(b)
-	msg := sha256.Sum256([]byte("nostr:agent-auth:" + agentPub + ":kind=0"))
-	sig, err := schnorr.Sign(priv, msg[:])
+	require.Equal(t, ownerPub, key.PublicKeyHex())
+	att, err := nipoa.Sign(key, agentPub, "kind=0")
 	require.NoError(t, err)
-	return fmt.Sprintf(`["auth","%s","kind=0","%x"]`, ownerPub, sig.Serialize())
+	raw, err := json.Marshal(att.Tag())
+	require.NoError(t, err)
+	return string(raw)
 }
 
 // Two agents both named Honey, owned by Alice and by Bob: "my Honey" is
@@ -95,7 +93,7 @@ func TestUsersGetOwnerMeFindsMyHoney(t *testing.T) {
 
 	theirs := userJSON{Pubkey: bobHoney.kp.PubKey, DisplayName: str("Honey"), OwnerPubkey: str(bob.kp.PubKey), OwnerDisplayName: bobName}
 	bobKey, _ := hex.DecodeString(bob.kp.PubKey)
-	for _, owner := range []string{bob.kp.PubKey, strings.ToUpper(bob.kp.PubKey), template.EncodeNpub(bobKey)} {
+	for _, owner := range []string{bob.kp.PubKey, strings.ToUpper(bob.kp.PubKey), nostr.EncodeNpub(bobKey)} {
 		buzz(t, alice.env, "", "users", "get", "--name", "Honey", "--owner", owner).ok(t, &got)
 		require.Equal(t, []userJSON{theirs}, got, owner)
 	}
@@ -133,7 +131,7 @@ func TestUsersGetOwnerMeFindsMyHoney(t *testing.T) {
 	agentEnv["BUZZ_AUTH_TAG"] = strings.Replace(authTag(t, bob.kp.SecretKey, bob.kp.PubKey, aliceHoney.kp.PubKey), bob.kp.PubKey, alice.kp.PubKey, 1)
 	e := buzz(t, agentEnv, "", "users", "get", "--name", "Honey", "--owner", "me").fail(t, 2)
 	require.Equal(t, "config", e.Code)
-	require.Contains(t, e.Error, "BUZZ_AUTH_TAG: signature does not verify")
+	require.Contains(t, e.Error, "BUZZ_AUTH_TAG: auth tag rejected")
 }
 
 // Bad arguments are usage errors before any query runs: without a relay

@@ -5,8 +5,9 @@ import (
 	"strings"
 )
 
-// NIP-19 npub decoding (bech32, BIP-173), for clients that take a pubkey as
-// a person would paste it. The relay itself speaks hex only.
+// NIP-19 npub encoding and decoding (bech32, BIP-173): for clients that take
+// a pubkey as a person would paste it, and for the workflow template filter
+// that shows one. The wire protocol speaks hex only.
 
 const bech32Charset = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 
@@ -24,14 +25,7 @@ func DecodeNpub(s string) ([32]byte, error) {
 	if !ok || hrp != "npub" || len(data) < 6 || len(s) > 90 {
 		return key, errNpub
 	}
-	values := make([]byte, 0, 2*len(hrp)+1+len(data))
-	for i := 0; i < len(hrp); i++ {
-		values = append(values, hrp[i]>>5)
-	}
-	values = append(values, 0)
-	for i := 0; i < len(hrp); i++ {
-		values = append(values, hrp[i]&31)
-	}
+	values := hrpExpand(hrp, len(data))
 	for i := 0; i < len(data); i++ {
 		v := strings.IndexByte(bech32Charset, data[i])
 		if v < 0 {
@@ -76,4 +70,47 @@ func bech32Polymod(values []byte) uint32 {
 		}
 	}
 	return chk
+}
+
+// EncodeNpub returns the NIP-19 npub form of a 32-byte public key.
+func EncodeNpub(key []byte) string {
+	const hrp = "npub"
+	var groups []byte
+	acc, bits := 0, 0
+	for _, b := range key {
+		acc = acc<<8 | int(b)
+		bits += 8
+		for bits >= 5 {
+			bits -= 5
+			groups = append(groups, byte(acc>>bits&31))
+		}
+	}
+	if bits > 0 {
+		groups = append(groups, byte(acc<<(5-bits)&31))
+	}
+	values := append(hrpExpand(hrp, len(groups)+6), groups...)
+	mod := bech32Polymod(append(values, 0, 0, 0, 0, 0, 0)) ^ 1
+	out := make([]byte, 0, len(hrp)+1+len(groups)+6)
+	out = append(out, hrp...)
+	out = append(out, '1')
+	for _, g := range groups {
+		out = append(out, bech32Charset[g])
+	}
+	for i := range 6 {
+		out = append(out, bech32Charset[mod>>(5*(5-i))&31])
+	}
+	return string(out)
+}
+
+// hrpExpand is the checksum's prefix for hrp, with room for n more values.
+func hrpExpand(hrp string, n int) []byte {
+	values := make([]byte, 0, 2*len(hrp)+1+n)
+	for i := 0; i < len(hrp); i++ {
+		values = append(values, hrp[i]>>5)
+	}
+	values = append(values, 0)
+	for i := 0; i < len(hrp); i++ {
+		values = append(values, hrp[i]&31)
+	}
+	return values
 }

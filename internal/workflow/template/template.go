@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // Context holds the values a template can reach.
@@ -215,7 +217,7 @@ func npubOrSame(s string) string {
 	if err != nil {
 		return s
 	}
-	return EncodeNpub(key)
+	return nostr.EncodeNpub(key)
 }
 
 func jsonString(s string) string {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 const alicePubkey = "7e7e9c42a91bfef19fa929e5fda1b72e0ebc1a4c1141673e2794234d86addf4e"
@@ -142,7 +144,7 @@ func TestEncodeNpubVectors(t *testing.T) {
 	for _, tc := range cases {
 		key, err := hex.DecodeString(tc.hex)
 		require.NoError(t, err)
-		require.Equal(t, tc.npub, EncodeNpub(key))
+		require.Equal(t, tc.npub, nostr.EncodeNpub(key))
 		upper, err := Render("{{trigger.k|npub}}", Context{Trigger: map[string]string{"k": strings.ToUpper(tc.hex)}})
 		require.NoError(t, err)
 		require.Equal(t, tc.npub, upper, "upper-case hex is a pubkey too")
