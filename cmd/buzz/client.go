@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -23,7 +24,8 @@ type Client struct {
 	ws         *websocket.Conn
 	relayURL   string
 	key        *nostr.SecretKey
-	lastNotice string // the most recent NOTICE, reported if a reply never comes
+	att        *nipoa.Attestation // sent on AUTH when not nil
+	lastNotice string             // the most recent NOTICE, reported if a reply never comes
 }
 
 // RelayError is a refusal by the relay (OK false, CLOSED, or a refused
@@ -62,14 +64,15 @@ type Received struct {
 }
 
 // Dial connects to relayURL, waits for the relay's AUTH challenge and
-// authenticates as key (NIP-42). The relay accepts nothing before AUTH.
-func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey) (*Client, error) {
+// authenticates as key (NIP-42), with the owner attestation att when not
+// nil. The relay accepts nothing before AUTH.
+func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa.Attestation) (*Client, error) {
 	ws, _, err := websocket.Dial(ctx, relayURL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
 	}
 	ws.SetReadLimit(16 << 20)
-	c := &Client{ws: ws, relayURL: relayURL, key: key}
+	c := &Client{ws: ws, relayURL: relayURL, key: key, att: att}
 	if err := c.auth(ctx); err != nil {
 		ws.CloseNow()
 		return nil, err
@@ -103,6 +106,9 @@ func (c *Client) auth(ctx context.Context) error {
 		Kind:      nostr.KindAuth,
 		CreatedAt: time.Now().Unix(),
 		Tags:      nostr.Tags{{"relay", c.relayURL}, {"challenge", challenge}},
+	}
+	if c.att != nil {
+		ev.Tags = append(ev.Tags, c.att.Tag())
 	}
 	if err := ev.Sign(c.key); err != nil {
 		return err

@@ -37,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -59,7 +60,8 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
   whoami
   keygen
 env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://),
-     BUZZ_AUTH_TAG (an agent's NIP-OA auth tag, JSON: then "me" is its owner)
+     BUZZ_AUTH_TAG (an agent's NIP-OA auth tag, JSON: sent on AUTH and as X-Auth-Tag,
+     so the relay records the owner; "me" is then that owner)
 exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix)`
 
 const defaultTimeout = 10 * time.Second
@@ -367,5 +369,25 @@ func (o *options) connect(ctx context.Context) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Dial(ctx, relay, key)
+	tag, err := o.authTag()
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, relay, key, tag)
+}
+
+// authTag is the agent's owner attestation from BUZZ_AUTH_TAG (a NIP-OA
+// auth tag as a JSON array), or nil when unset. It rides on AUTH and, as
+// X-Auth-Tag, on signed HTTP requests, so the relay records the owner
+// whichever the CLI talks to first. A malformed value stops the command.
+func (o *options) authTag() (*nipoa.Attestation, error) {
+	raw := strings.TrimSpace(o.env("BUZZ_AUTH_TAG"))
+	if raw == "" {
+		return nil, nil
+	}
+	att, err := nipoa.ParseHeader(raw)
+	if err != nil {
+		return nil, configErr("BUZZ_AUTH_TAG: %v", err)
+	}
+	return att, nil
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -167,28 +166,12 @@ func pubkeyArg(flag, v string) (string, error) {
 // as an agent, so an agent asking for "my Honey" means its owner's; else
 // the CLI's own pubkey.
 func resolveMe(o *options, self string) (string, error) {
-	raw := strings.TrimSpace(o.env("BUZZ_AUTH_TAG"))
-	if raw == "" {
-		return self, nil
+	att, err := o.authTag()
+	if err != nil || att == nil {
+		return self, err
 	}
-	owner, err := authTagOwner(raw, self)
-	if err != nil {
+	if err := att.VerifyFor(self, time.Now().Unix()); err != nil {
 		return "", configErr("BUZZ_AUTH_TAG: %v", err)
-	}
-	return owner, nil
-}
-
-// authTagOwner returns the owner an attestation (the NIP-OA auth tag, as a
-// JSON array) names for agent, once its signature verifies for agent. The
-// relay checks its conditions against each request; here only the signer
-// matters.
-func authTagOwner(raw, agent string) (string, error) {
-	att, err := nipoa.ParseHeader(raw)
-	if err != nil {
-		return "", err
-	}
-	if err := att.VerifyFor(agent, time.Now().Unix()); err != nil {
-		return "", err
 	}
 	return att.Owner, nil
 }

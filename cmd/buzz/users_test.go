@@ -168,3 +168,41 @@ func TestUsersGetRefusesBadArguments(t *testing.T) {
 	buzz(t, nil, "", "users", "get", "--help").ok(t, &help)
 	require.Contains(t, help["usage"], "--owner  Filter agents by verified owner (`me`, 64-char hex, or npub)")
 }
+
+// An agent running the CLI with BUZZ_AUTH_TAG proves its owner to the relay
+// on whichever side it talks to: on AUTH over the WebSocket and as
+// X-Auth-Tag on signed HTTP requests, so the relay records the owner and
+// "my Honey" lookups by the owner find it. Mutations killed: AUTH without
+// the auth tag leaves the first agent unowned; a signed GET without the
+// header leaves the second one unowned.
+func TestAgentCLIProvesItsOwner(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	now := time.Now().Unix()
+	alice := newPerson(t, r, `{"name":"alice"}`, now-100)
+	recorded := func(agent string) string {
+		t.Helper()
+		a, _ := hex.DecodeString(agent)
+		var owner []byte
+		err := r.Pool.QueryRow(context.Background(), `SELECT agent_owner_pubkey FROM users WHERE community_id = $1 AND pubkey = $2`, r.CommunityID, a).Scan(&owner)
+		require.NoError(t, err)
+		return hex.EncodeToString(owner)
+	}
+	asAgent := func(p person) map[string]string {
+		env := map[string]string{}
+		for k, v := range p.env {
+			env[k] = v
+		}
+		env["BUZZ_AUTH_TAG"] = authTag(t, alice.kp.SecretKey, alice.kp.PubKey, p.kp.PubKey)
+		return env
+	}
+
+	overWebSocket := newPerson(t, r, `{"name":"Honey"}`, now-50)
+	var channels []map[string]any
+	buzz(t, asAgent(overWebSocket), "", "channels", "list").ok(t, &channels)
+	require.Equal(t, alice.kp.PubKey, recorded(overWebSocket.kp.PubKey), "recorded from the AUTH event")
+
+	overHTTP := newPerson(t, r, `{"name":"Bumble"}`, now-50)
+	buzz(t, asAgent(overHTTP), "", "workflows", "runs", "00000000-0000-4000-8000-000000000000").fail(t, 3)
+	require.Equal(t, alice.kp.PubKey, recorded(overHTTP.kp.PubKey), "recorded from the X-Auth-Tag header")
+}

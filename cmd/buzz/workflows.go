@@ -232,6 +232,17 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
+	att, err := o.authTag()
+	if err != nil {
+		return 0, nil, err
+	}
+	if att != nil {
+		tag, err := json.Marshal(att.Tag())
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("X-Auth-Tag", string(tag))
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err
