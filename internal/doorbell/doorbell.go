@@ -27,8 +27,11 @@ type Wake struct {
 	ChannelID    string // the h tag (UUID)
 	Owner        string // hex pubkey: the author of the signed definition
 	DefinitionID string // hex id of the signed 30620 event
+	WorkflowID   string // the definition's d tag (UUID)
 	Cause        Cause
-	Prompt       string // rendered locally; untrusted webhook cargo is fenced and labelled
+	// Prompt is rendered locally from the signed step text; webhook cargo
+	// appears only in a fenced block labelled untrusted external input.
+	Prompt string
 	// ReplyTo is the event id an answer replies to in its thread, or "".
 	ReplyTo string
 	Message *nostr.Event // the doorbell itself
