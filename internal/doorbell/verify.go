@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/google/uuid"
 
@@ -227,7 +228,7 @@ func (v *Verifier) mayWake(ctx context.Context, env *envelope, step *workflow.St
 	if v.opts.AgentPubkey == env.owner {
 		return nil
 	}
-	members, d := v.members(ctx, env.channel)
+	members, d := v.members(ctx, env.channel, step.Text)
 	if d != nil {
 		return d
 	}
@@ -240,8 +241,12 @@ func (v *Verifier) mayWake(ctx context.Context, env *envelope, step *workflow.St
 }
 
 // members reads the channel's relay-signed member list (kind 39002) and
-// each member's newest signed profile (kind 0) for their display name.
-func (v *Verifier) members(ctx context.Context, channel uuid.UUID) ([]mention.Member, *Drop) {
+// each member's newest profile (kind 0) for their display name. Only the
+// profiles whose name occurs in the template (case-folded as the mention
+// rules fold it) can take part in a mention, so only theirs need their
+// signature checked; an unchecked or forged profile counts as absent,
+// which the relay could achieve anyway by leaving it out.
+func (v *Verifier) members(ctx context.Context, channel uuid.UUID, text string) ([]mention.Member, *Drop) {
 	lists, err := v.opts.Query.Query(ctx, map[string]any{
 		"kinds": []int{ingest.KindGroupMembers}, "authors": []string{v.opts.RelayPubkey}, "#d": []string{channel.String()}, "limit": 1,
 	})
@@ -276,7 +281,7 @@ func (v *Verifier) members(ctx context.Context, channel uuid.UUID) ([]mention.Me
 			return nil, drop(ReasonUnavailable, "fetching profiles: "+err.Error())
 		}
 		for _, p := range profiles {
-			if p == nil || p.Kind != 0 || !isMember[p.PubKey] || p.Verify() != nil {
+			if p == nil || p.Kind != 0 || !isMember[p.PubKey] {
 				continue
 			}
 			if prev := newest[p.PubKey]; prev == nil || p.CreatedAt > prev.CreatedAt {
@@ -284,14 +289,24 @@ func (v *Verifier) members(ctx context.Context, channel uuid.UUID) ([]mention.Me
 			}
 		}
 	}
+	folded := fold(text)
 	members := make([]mention.Member, 0, len(newest))
 	for _, pk := range pubkeys {
-		if p := newest[pk]; p != nil {
-			members = append(members, mention.Member{Pubkey: pk, DisplayName: ingest.ProfileDisplayName(p.Content)})
+		p := newest[pk]
+		if p == nil {
+			continue
 		}
+		name := ingest.ProfileDisplayName(p.Content)
+		if name == "" || !strings.Contains(folded, fold(name)) || p.Verify() != nil {
+			continue
+		}
+		members = append(members, mention.Member{Pubkey: pk, DisplayName: name})
 	}
 	return members, nil
 }
+
+// fold lowercases one character at a time, as the mention rules compare.
+func fold(s string) string { return strings.Map(unicode.ToLower, s) }
 
 // profileBatch is how many authors one profile query names; it stays well
 // under a relay's per-filter limit.
