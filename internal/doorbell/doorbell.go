@@ -50,4 +50,9 @@ type Drop struct {
 	Detail string
 }
 
+// Temporary reports whether the drop says nothing about the doorbell
+// itself: the relay could not be asked, so the same doorbell may be
+// verified again later (a drop never records it as seen).
+func (d *Drop) Temporary() bool { return d.Reason == ReasonUnavailable }
+
 func (d *Drop) Error() string { return "doorbell dropped (" + d.Reason + "): " + d.Detail }

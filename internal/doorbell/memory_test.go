@@ -249,3 +249,90 @@ func FuzzVerifyEnvelope(f *testing.F) {
 		require.Contains(t, doorbell.AllReasons, d.Reason)
 	})
 }
+
+// Many deliveries of one doorbell at once (several subscriptions, a relay
+// replaying while the first is verified) wake the agent exactly once: the
+// replay memory records a cause atomically after the checks.
+// Kills: recording the cause without checking it was already recorded.
+func TestConcurrentDeliveriesWakeOnce(t *testing.T) {
+	t.Parallel()
+	w := newMemWorld(t, 0)
+	v := doorbell.NewVerifier(doorbell.Options{RelayPubkey: w.relay.PublicKeyHex(), AgentPubkey: w.owner.PublicKeyHex(), Query: w.q})
+	const deliveries = 16
+	errs := make(chan error, deliveries)
+	start := make(chan struct{})
+	for range deliveries {
+		go func() {
+			<-start
+			_, err := v.Verify(context.Background(), w.bell)
+			errs <- err
+		}()
+	}
+	close(start)
+	woken := 0
+	for range deliveries {
+		if err := <-errs; err == nil {
+			woken++
+		} else {
+			requireDrop(t, err, "duplicate")
+		}
+	}
+	require.Equal(t, 1, woken)
+}
+
+// Any workflow pointer or marker makes an event doorbell-shaped, whoever
+// signed it and whatever its kind, so it is verified or dropped, never
+// read as an ordinary message. Kills: a shape test limited to the marker,
+// to kind 9, or to relay-signed events.
+func TestIsDoorbellShaped(t *testing.T) {
+	t.Parallel()
+	w := newMemWorld(t, 0)
+	require.True(t, doorbell.IsDoorbellShaped(w.bell))
+	for _, tag := range []nostr.Tag{
+		{"workflow-run", uuid.NewString()}, {"workflow-definition", "x"}, {"workflow-cause", "event", "x"},
+		{"workflow-cargo", "{}"}, {"buzz:workflow", "message-v1"}, {"workflow-owner", w.owner.PublicKeyHex()},
+	} {
+		for _, kind := range []int{9, 1, 46010} {
+			ev := relaytest.SignEvent(t, w.agent, kind, "hi", nostr.Tags{{"h", uuid.NewString()}, tag}, 0)
+			require.True(t, doorbell.IsDoorbellShaped(ev), "%v on kind %d", tag, kind)
+		}
+	}
+	plain := relaytest.SignEvent(t, w.agent, 9, "hi @Robby", nostr.Tags{{"h", uuid.NewString()}, {"p", w.owner.PublicKeyHex()}}, 0)
+	require.False(t, doorbell.IsDoorbellShaped(plain))
+	_, err := w.verifier(w.owner).Verify(context.Background(), relaytest.SignEvent(t, w.agent, 9, "hi", nostr.Tags{{"workflow-run", uuid.NewString()}}, 0))
+	requireDrop(t, err, "not_relay")
+}
+
+// failingQuerier stands for a relay connection that is down.
+type failingQuerier struct{}
+
+func (failingQuerier) Query(context.Context, map[string]any) ([]*nostr.Event, error) {
+	return nil, errors.New("connection reset")
+}
+
+// A doorbell that could not be checked because the relay could not be
+// asked is dropped as temporary and not remembered: verified again once
+// the relay answers, it wakes the agent.
+// Kills: treating a failed query as an empty answer (definition_missing),
+// or remembering the cause of a doorbell that was not verified.
+func TestUnavailableRelayIsTemporary(t *testing.T) {
+	t.Parallel()
+	w := newMemWorld(t, 0)
+	q := &switchQuerier{}
+	v := doorbell.NewVerifier(doorbell.Options{RelayPubkey: w.relay.PublicKeyHex(), AgentPubkey: w.owner.PublicKeyHex(), Query: q})
+	q.q = failingQuerier{}
+	_, err := v.Verify(context.Background(), w.bell)
+	requireDrop(t, err, "unavailable")
+	var d *doorbell.Drop
+	require.ErrorAs(t, err, &d)
+	require.True(t, d.Temporary())
+	q.q = w.q
+	_, err = v.Verify(context.Background(), w.bell)
+	require.NoError(t, err)
+}
+
+type switchQuerier struct{ q doorbell.Querier }
+
+func (s *switchQuerier) Query(ctx context.Context, f map[string]any) ([]*nostr.Event, error) {
+	return s.q.Query(ctx, f)
+}
