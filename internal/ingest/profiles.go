@@ -58,6 +58,18 @@ func (p profile) text(keys ...string) *string {
 	return nil
 }
 
+// ProfileDisplayName is the display name a kind 0 content gives its author
+// in the users table ("display_name", else "name", trimmed), or "". A
+// workflow message's @Name mentions are matched against it, so an agent
+// checking who a doorbell may wake reads profiles the same way.
+func ProfileDisplayName(content string) string {
+	p, _ := parseProfile(content)
+	if s := p.text("display_name", "name"); s != nil {
+		return *s
+	}
+	return ""
+}
+
 func validateProfile(ev *nostr.Event) error {
 	_, err := parseProfile(ev.Content)
 	return err

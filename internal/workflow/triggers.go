@@ -126,31 +126,21 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 	if w.ChannelID == nil {
 		return nil
 	}
-	on := triggerKind(w.Event.Kind)
 	rows, err := w.Q.WorkflowsTriggerable(ctx, db.WorkflowsTriggerableParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID})
 	if err != nil || len(rows) == 0 {
 		return err
 	}
-	base := eventContext(w.Event, *w.ChannelID)
+	base := EventContext(w.Event, *w.ChannelID)
 	var created []uuid.UUID
 	for _, row := range rows {
 		var def Definition
 		if err := json.Unmarshal(row.Definition, &def); err != nil {
 			continue // a row that no longer decodes fires nothing
 		}
-		if !def.Enabled || def.Trigger.On != on {
-			continue
-		}
-		if on == OnReactionAdded && def.Trigger.Emoji != "" && def.Trigger.Emoji != w.Event.Content {
-			continue
-		}
 		tc := base
 		tc.DefinitionEventID = hex.EncodeToString(row.DefinitionEventID)
-		if def.Trigger.Filter != "" {
-			ok, err := t.condition(ctx, def.Trigger.Filter, tc.Template(nil))
-			if err != nil || !ok {
-				continue
-			}
+		if !Fires(ctx, &def, w.Event.Kind, tc, t.condition) {
+			continue
 		}
 		id, queued, err := t.createRun(ctx, w, row.ID, tc)
 		if err != nil {
@@ -162,6 +152,28 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 	}
 	t.offerAfterCommit(w, created)
 	return nil
+}
+
+// Fires reports whether def's trigger fires for an event of kind whose
+// trigger context is tc: the definition is enabled, its trigger is the
+// event's kind, a reaction carries exactly its emoji, and its filter
+// evaluates true (an evaluation error does not fire). An agent verifying a
+// doorbell asks the same question of the event it refetched.
+func Fires(ctx context.Context, def *Definition, kind int, tc TriggerContext, cond ConditionFunc) bool {
+	on := triggerKind(kind)
+	if on == "" || !def.Enabled || def.Trigger.On != on {
+		return false
+	}
+	if on == OnReactionAdded && def.Trigger.Emoji != "" && def.Trigger.Emoji != tc.Emoji {
+		return false
+	}
+	if def.Trigger.Filter != "" {
+		ok, err := cond(ctx, def.Trigger.Filter, tc.Template(nil))
+		if err != nil || !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *Triggers) condition(ctx context.Context, expr string, tc template.Context) (bool, error) {
@@ -191,8 +203,9 @@ func (t *Triggers) createRun(ctx context.Context, w *ingest.Write, workflowID uu
 	return id, queued, err
 }
 
-// eventContext is the trigger context of a message, reaction or diff.
-func eventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
+// EventContext is the trigger context of a message, reaction or diff in
+// channel (without the pinned definition, which the run adds).
+func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 	tc := TriggerContext{
 		Text:          ev.Content,
 		Author:        ev.PubKey,

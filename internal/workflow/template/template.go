@@ -66,6 +66,24 @@ func Render(text string, ctx Context) (string, error) {
 	})
 }
 
+// Expand is Render with the caller choosing what replaces each
+// placeholder: place receives the placeholder's path and, when the variable
+// exists (found), its value after the filters, and returns the text to put
+// in its stead. It lets a reader of a signed template see every placeholder
+// it declares, and treat some values differently (fence untrusted ones,
+// refuse unresolved ones), while parsing and filtering exactly as Render.
+func Expand(text string, ctx Context, place func(path, value string, found bool) string) (string, error) {
+	return walk(text, func(p placeholder) (string, bool, error) {
+		value, found := lookup(p.path, ctx)
+		if found {
+			for _, f := range p.filters {
+				value = f.apply(value)
+			}
+		}
+		return place(p.path, value, found), true, nil
+	})
+}
+
 // Validate reports the first placeholder whose filters are unknown or
 // malformed. Variables are not checked: an unknown one renders literally.
 func Validate(text string) error {

@@ -175,3 +175,31 @@ func TestValueString(t *testing.T) {
 		})
 	}
 }
+
+// Expand hands every well-formed placeholder to the caller with its
+// filtered value, or found=false for a variable that does not exist, and
+// parses exactly as Render: an unclosed "{{" is text, a bad filter an
+// error.
+func TestExpand(t *testing.T) {
+	t.Parallel()
+	type call struct {
+		path, value string
+		found       bool
+	}
+	var calls []call
+	out, err := Expand("a {{trigger.text | truncate(5)}} b {{ trigger.nope }} c {{steps.call.output.status}} {{ open", testContext(),
+		func(path, value string, found bool) string {
+			calls = append(calls, call{path, value, found})
+			return "<" + path + ">"
+		})
+	require.NoError(t, err)
+	require.Equal(t, "a <trigger.text> b <trigger.nope> c <steps.call.output.status> {{ open", out)
+	require.Equal(t, []call{
+		{"trigger.text", "hello", true},
+		{"trigger.nope", "", false},
+		{"steps.call.output.status", "200", true},
+	}, calls)
+	_, err = Expand("{{trigger.text | shout}}", testContext(), func(string, string, bool) string { return "" })
+	var te *Error
+	require.ErrorAs(t, err, &te)
+}
