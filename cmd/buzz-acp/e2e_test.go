@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -38,9 +40,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the stub agent: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	defer os.RemoveAll(dir)
+	dbtest.Main(m)
 }
 
 const waitLong = 60 * time.Second
@@ -62,15 +63,16 @@ type world struct {
 	received sync.Map // event id -> time buzz-acp read it
 	stop     context.CancelFunc
 	stopped  chan error
+	adjust   []func(*settings)
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	t.Helper()
 	r := relaytest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))
-	w := &world{t: t, r: r}
+	w := &world{t: t, r: r, adjust: adjust}
 	w.proxy = startProxy(t, strings.TrimPrefix(r.URL, "ws://"))
 	w.host = community.NormalizeHost(w.proxy.addr())
 	r.AddCommunity(t, w.host)
@@ -115,6 +117,9 @@ func (w *world) start() {
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      128,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
+	}
+	for _, f := range w.adjust {
+		f(&cfg)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
@@ -342,6 +347,26 @@ func TestReconnectsAndCatchesUp(t *testing.T) {
 	w.proxy.cut()
 	w.waitConnected(2)
 	w.answerTo(w.ring().ID)
+}
+
+// With BUZZ_AUTH_TAG, buzz-acp carries the owner's attestation on its AUTH
+// event, and the relay records the owner. Mutation killed: not appending
+// the tag to the AUTH event: no owner recorded.
+func TestAuthTagRecordsTheOwner(t *testing.T) {
+	t.Parallel()
+	ownerKey := relaytest.NewKey(t)
+	var agentHex string
+	w := newWorld(t, func(cfg *settings) {
+		agentHex = cfg.Key.PublicKeyHex()
+		att, err := nipoa.Sign(ownerKey, agentHex, "")
+		require.NoError(t, err)
+		cfg.AuthTag = att.Tag()
+	})
+	var recorded string
+	require.NoError(t, w.r.Pool.QueryRow(context.Background(),
+		`SELECT coalesce(encode(u.agent_owner_pubkey, 'hex'), '') FROM users u JOIN communities c ON c.id = u.community_id
+		  WHERE c.host = $1 AND u.pubkey = decode($2, 'hex')`, w.host, agentHex).Scan(&recorded))
+	require.Equal(t, ownerKey.PublicKeyHex(), recorded)
 }
 
 // SIGINT/SIGTERM cancel serve's context: it stops and says so, and the

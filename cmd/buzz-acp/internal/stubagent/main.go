@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -45,6 +47,7 @@ func main() {
 		s.log = f
 	}
 	s.conn = acp.NewAgentSideConnection(s, os.Stdout, os.Stdin)
+	s.conn.SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	<-s.conn.Done()
 }
 
