@@ -31,6 +31,9 @@ type settings struct {
 	PromptTimeout     time.Duration
 	ShutdownGrace     time.Duration
 	SessionQueue      int // waiting prompts per session before new ones are refused
+	IncomingQueue     int // messages waiting for verification before new ones are refused
+	// Verifier, when set, replaces newVerifier (tests use stand-ins).
+	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
 	// Received, when set, is told when a message that will become a prompt
 	// was read off the socket (tests measure the path to the agent with it).
 	Received func(eventID string, at time.Time)
@@ -57,6 +60,18 @@ type bridge struct {
 	sessMu   sync.Mutex
 	sessions map[string]*session // channel or channel/thread root -> session
 	work     sync.WaitGroup
+
+	// incoming holds messages read off the subscription until handle gets
+	// to them. The connection's reader never waits for verification: a
+	// verifier reads from the relay over the same connection, so a reader
+	// blocked on a full subscription would starve the verifier's queries.
+	incoming chan incoming
+}
+
+type incoming struct {
+	ev       *nostr.Event
+	at       time.Time
+	channels map[string]bool // the memberships when it arrived (never mutated)
 }
 
 // job is one verified prompt for one session.
@@ -82,6 +97,7 @@ func newBridge(cfg settings, agent *localAgent, log *slog.Logger, st *status) *b
 		connected: make(chan struct{}),
 		seen:      newSeenSet(10000),
 		sessions:  map[string]*session{},
+		incoming:  make(chan incoming, cfg.IncomingQueue),
 	}
 }
 
@@ -119,6 +135,8 @@ var _ doorbell.Querier = (*bridge)(nil)
 
 // run connects, serves and reconnects until ctx ends or the agent exits.
 func (b *bridge) run(ctx context.Context) error {
+	b.work.Add(1)
+	go b.handleIncoming(ctx)
 	since := time.Now().Unix()
 	backoff := b.cfg.BackoffMin
 	for {
@@ -161,7 +179,11 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 		b.relayPubkey = pk
-		b.verify = newVerifier(pk, b.pubkey, b)
+		build := newVerifier
+		if b.cfg.Verifier != nil {
+			build = b.cfg.Verifier
+		}
+		b.verify = build(pk, b.pubkey, b)
 	}
 	conn, err := dialRelay(dialCtx, b.cfg.RelayURL, b.cfg.Key, b.cfg.AuthTag)
 	if err != nil {
@@ -219,7 +241,12 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				if f.event.CreatedAt > *since {
 					*since = f.event.CreatedAt
 				}
-				b.handle(ctx, f.event, f.at, channels)
+				select {
+				case b.incoming <- incoming{ev: f.event, at: f.at, channels: channels}:
+				default:
+					b.status.dropped("overloaded")
+					b.log.Warn("message dropped: too many waiting for verification", "event", f.event.ID, "queue", cap(b.incoming))
+				}
 			case "CLOSED":
 				return true, &relayRefusal{Msg: f.msg}
 			}
@@ -265,6 +292,19 @@ func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[st
 	return conn.subscribe(ctx, "wake", map[string]any{
 		"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}, "since": since,
 	})
+}
+
+// handleIncoming handles messages one at a time, in arrival order.
+func (b *bridge) handleIncoming(ctx context.Context) {
+	defer b.work.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case in := <-b.incoming:
+			b.handle(ctx, in.ev, in.at, in.channels)
+		}
+	}
 }
 
 // handle turns one message naming the agent into a job, or drops it.

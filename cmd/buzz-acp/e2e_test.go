@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/doorbell"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -116,6 +118,7 @@ func (w *world) start() {
 		PromptTimeout:     waitLong,
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      128,
+		IncomingQueue:     128,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -347,6 +350,63 @@ func TestReconnectsAndCatchesUp(t *testing.T) {
 	w.proxy.cut()
 	w.waitConnected(2)
 	w.answerTo(w.ring().ID)
+}
+
+// queryingVerifier stands in for a verifier that refetches what a doorbell
+// names (the definition, the cause, the members): it reads the relay
+// several times per doorbell over buzz-acp's own connection, then refuses.
+type queryingVerifier struct {
+	q       doorbell.Querier
+	agent   string
+	gate    chan struct{} // Verify waits until it is closed
+	queried atomic.Int64
+}
+
+func (v *queryingVerifier) Verify(ctx context.Context, ev *nostr.Event) (*doorbell.Wake, error) {
+	<-v.gate
+	for range 4 {
+		if _, err := v.q.Query(ctx, map[string]any{"kinds": []int{39002}, "#p": []string{v.agent}}); err != nil {
+			return nil, &doorbell.Drop{Reason: "query_failed", Detail: err.Error()}
+		}
+	}
+	v.queried.Add(1)
+	return nil, &doorbell.Drop{Reason: "test_refused", Detail: "stand-in"}
+}
+
+// A flood of doorbell-shaped messages, each verified with reads from the
+// relay over the same connection, arrives while the verifier is busy (held
+// until the whole flood is stored, far more than a subscription buffers):
+// the reader never waits for verification, so the verifier's reads are
+// answered and the mention after the flood is answered too.
+//
+// Mutation killed: handling each message inline in the connection loop (the
+// reader then blocks on the full subscription while the verifier waits for
+// its own query's reply): nothing after the flood is ever answered.
+func TestVerifierReadsWhileMessagesFlood(t *testing.T) {
+	t.Parallel()
+	var v *queryingVerifier
+	gate := make(chan struct{})
+	w := newWorld(t, func(cfg *settings) {
+		cfg.IncomingQueue = 2048
+		cfg.Verifier = func(_, agent string, q doorbell.Querier) verifier {
+			v = &queryingVerifier{q: q, agent: agent, gate: gate}
+			return v
+		}
+	})
+	const flood = 600
+	for i := range flood {
+		w.owner.Send("EVENT", w.owner.Sign(9, fmt.Sprintf("fake %d", i), nostr.Tags{
+			{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, {"buzz:workflow", "doorbell-v1"},
+		}, 0))
+	}
+	for range flood {
+		ok := w.owner.Expect("OK")
+		require.True(t, ok.OK, ok.Msg)
+	}
+	close(gate)
+	w.answerTo(w.mention("@Robby still there?").ID)
+	require.EqualValues(t, flood, v.queried.Load())
+	require.EqualValues(t, flood, w.status.snapshot().Dropped["test_refused"])
 }
 
 // With BUZZ_AUTH_TAG, buzz-acp carries the owner's attestation on its AUTH

@@ -49,7 +49,8 @@ env (flags override):
   BUZZ_ACP_BACKOFF_MAX           longest reconnect delay (30s)
   BUZZ_ACP_PROMPT_TIMEOUT        longest agent turn (10m)
   BUZZ_ACP_SHUTDOWN_GRACE        time turns in progress get at shutdown (10s)
-  BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)`
+  BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)
+  BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -111,6 +112,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		PromptTimeout:     10 * time.Minute,
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      32,
+		IncomingQueue:     1024,
 	}
 	keyFile := env("BUZZ_PRIVATE_KEY_FILE")
 	authTag := env("BUZZ_AUTH_TAG")
@@ -142,12 +144,20 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 			*d.dst = parsed
 		}
 	}
-	if v := env("BUZZ_ACP_SESSION_QUEUE"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return cfg, "", fmt.Errorf("BUZZ_ACP_SESSION_QUEUE: want a positive whole number, got %q", v)
+	for _, q := range []struct {
+		name string
+		dst  *int
+	}{
+		{"BUZZ_ACP_SESSION_QUEUE", &cfg.SessionQueue},
+		{"BUZZ_ACP_INCOMING_QUEUE", &cfg.IncomingQueue},
+	} {
+		if v := env(q.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, "", fmt.Errorf("%s: want a positive whole number, got %q", q.name, v)
+			}
+			*q.dst = n
 		}
-		cfg.SessionQueue = n
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
 		return cfg, "", errors.New("BUZZ_ACP_BACKOFF_MAX is shorter than BUZZ_ACP_BACKOFF_MIN")

@@ -52,6 +52,7 @@ func TestSettingsAreChecked(t *testing.T) {
 		{"bad duration", map[string]string{"BUZZ_ACP_BACKOFF_MIN": "soon"}, nil, "BUZZ_ACP_BACKOFF_MIN"},
 		{"backoff upside down", map[string]string{"BUZZ_ACP_BACKOFF_MAX": "1ms"}, nil, "BUZZ_ACP_BACKOFF_MAX"},
 		{"bad queue", map[string]string{"BUZZ_ACP_SESSION_QUEUE": "0"}, nil, "BUZZ_ACP_SESSION_QUEUE"},
+		{"bad incoming queue", map[string]string{"BUZZ_ACP_INCOMING_QUEUE": "x"}, nil, "BUZZ_ACP_INCOMING_QUEUE"},
 		{"bad relay pubkey", map[string]string{"BUZZ_RELAY_PUBKEY": "abc"}, nil, "BUZZ_RELAY_PUBKEY"},
 		{"unknown flag", nil, []string{"--nope"}, "flag provided but not defined"},
 	} {
