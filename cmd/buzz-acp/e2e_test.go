@@ -156,9 +156,12 @@ func (w *world) waitConnected(reconnects int) {
 // ring fires the workflow once and returns the doorbell it posted.
 func (w *world) ring() *nostr.Event {
 	w.t.Helper()
-	cmd := w.owner.Sign(46020, "", nostr.Tags{{"d", w.workflow}}, 0)
+	// A fresh content each time: two identical commands in one second would
+	// be one event, and the second a duplicate that starts no run.
+	cmd := w.owner.Sign(46020, uuid.NewString(), nostr.Tags{{"d", w.workflow}}, 0)
 	ok := w.owner.Publish(cmd)
 	require.True(w.t, ok.OK, ok.Msg)
+	require.True(w.t, strings.HasPrefix(ok.Msg, `response:{"run_id":"`), ok.Msg)
 	var bell *nostr.Event
 	require.Eventually(w.t, func() bool {
 		// The doorbell names the command in its workflow-cause tag.
