@@ -210,6 +210,15 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	for {
 		select {
 		case <-ctx.Done():
+			// Stop hearing, but keep the connection while the turns in
+			// progress finish, so their answers are still posted.
+			if subID != "" {
+				conn.unsubscribe(subID)
+			}
+			b.status.setState("stopping", nil)
+			if !b.wait(b.cfg.ShutdownGrace) {
+				b.log.Warn("turns still in progress at the end of the shutdown grace", "grace", b.cfg.ShutdownGrace)
+			}
 			return true, nil
 		case <-b.agent.Exited():
 			return true, nil

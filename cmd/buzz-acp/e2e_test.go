@@ -61,6 +61,7 @@ type world struct {
 	channel  string
 	workflow string
 	stubLog  string
+	holdFile string // the stub answers "[hold]" prompts once it exists
 	status   *status
 	received sync.Map // event id -> time buzz-acp read it
 	stop     context.CancelFunc
@@ -101,6 +102,7 @@ func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	require.True(t, ok.OK, ok.Msg)
 
 	w.stubLog = filepath.Join(t.TempDir(), "prompts.jsonl")
+	w.holdFile = filepath.Join(t.TempDir(), "release")
 	w.start()
 	return w
 }
@@ -110,7 +112,7 @@ func (w *world) start() {
 	cfg := settings{
 		RelayURL:          "ws://" + w.proxy.addr(),
 		Key:               w.agentKey,
-		AgentCommand:      []string{stubPath, "-log", w.stubLog},
+		AgentCommand:      []string{stubPath, "-log", w.stubLog, "-hold", w.holdFile},
 		AgentCwd:          w.t.TempDir(),
 		MembershipRefresh: 200 * time.Millisecond,
 		BackoffMin:        20 * time.Millisecond,
@@ -432,13 +434,28 @@ func TestAuthTagRecordsTheOwner(t *testing.T) {
 	require.Equal(t, ownerKey.PublicKeyHex(), recorded)
 }
 
-// SIGINT/SIGTERM cancel serve's context: it stops and says so, and the
-// agent process is gone.
+// SIGINT/SIGTERM cancel serve's context: it stops hearing, lets the turn in
+// progress finish and post its answer over the still open connection, then
+// stops the agent and says so.
+//
+// Mutation killed: closing the relay connection as soon as the context ends:
+// the held turn's answer is never posted.
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	w.answerTo(w.ring().ID)
+	m := w.mention("@Robby [hold] take your time")
+	require.Eventually(t, func() bool {
+		for _, p := range w.prompts() {
+			if p.EventID == m.ID {
+				return true
+			}
+		}
+		return false
+	}, waitLong, 10*time.Millisecond, "the stub is in the middle of the turn")
 	w.stop()
+	require.Eventually(t, func() bool { return w.status.snapshot().State == "stopping" }, waitLong, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
+	w.answerTo(m.ID)
 	select {
 	case err := <-w.stopped:
 		require.NoError(t, err)

@@ -91,11 +91,9 @@ func serve(ctx context.Context, cfg settings, st *status, log *slog.Logger) erro
 		return err
 	}
 	b := newBridge(cfg, agent, log, st)
-	runErr := b.run(ctx)
+	runErr := b.run(ctx) // at shutdown it returns once the turns in progress ended (or the grace did)
 	st.setState("stopping", nil)
-	if !b.wait(cfg.ShutdownGrace) {
-		log.Warn("turns still in progress at the end of the shutdown grace", "grace", cfg.ShutdownGrace)
-	}
+	b.wait(cfg.ShutdownGrace) // when it returned while disconnected
 	agent.stop(cfg.ShutdownGrace)
 	st.setState("stopped", nil)
 	return runErr

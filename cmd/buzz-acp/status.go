@@ -9,7 +9,8 @@ import (
 )
 
 // status is what a supervisor reads: one JSON line on stdout at every
-// change of connection state, and the same object from GET /health.
+// change of state (connected, disconnected, stopping, stopped), and the
+// same object from GET /health.
 type status struct {
 	mu  sync.Mutex
 	out io.Writer // nil = no status lines
@@ -54,22 +55,21 @@ func (st *status) snapshot() statusLine {
 
 func (st *status) setState(state string, change func(*statusLine)) {
 	st.mu.Lock()
-	wasConnected := st.s.State == "connected"
+	defer st.mu.Unlock()
 	if change != nil {
 		change(&st.s)
 	}
-	if state != "" && state != st.s.State {
-		if state == "connected" && st.s.State == "disconnected" {
-			st.s.Reconnects++
-		}
-		st.s.State, st.s.Since = state, st.now()
+	if state == "" || state == st.s.State {
+		return
 	}
-	changed := (st.s.State == "connected") != wasConnected || state == "stopping" || state == "stopped"
-	if changed && st.out != nil {
+	if state == "connected" && st.s.State == "disconnected" {
+		st.s.Reconnects++
+	}
+	st.s.State, st.s.Since = state, st.now()
+	if st.out != nil {
 		b, _ := json.Marshal(st.s)
 		_, _ = st.out.Write(append(b, '\n'))
 	}
-	st.mu.Unlock()
 }
 
 func (st *status) connected(channels int) {

@@ -1,7 +1,9 @@
 // Command stubagent is a minimal agent speaking the Agent Client Protocol on
 // stdin and stdout, for buzz-acp's end-to-end tests. Each prompt is appended
 // as one JSON line to the file named by -log (with the moment it arrived), and answered with "ack <event id> in <session>" so a test can
-// match each answer to the message that caused it.
+// match each answer to the message that caused it. A prompt containing
+// "[hold]" is answered only once the file named by -hold exists, so a test
+// can stop buzz-acp in the middle of a turn.
 package main
 
 import (
@@ -31,13 +33,15 @@ type stub struct {
 	conn *acp.AgentSideConnection
 	mu   sync.Mutex
 	log  *os.File
+	hold string
 	next int
 }
 
 func main() {
 	logPath := flag.String("log", "", "append each prompt to this file as a JSON line")
+	holdPath := flag.String("hold", "", "answer a [hold] prompt only once this file exists")
 	flag.Parse()
-	s := &stub{}
+	s := &stub{hold: *holdPath}
 	if path := *logPath; path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		if err != nil {
@@ -83,6 +87,18 @@ func (s *stub) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 		s.mu.Lock()
 		_, _ = s.log.Write(append(line, '\n'))
 		s.mu.Unlock()
+	}
+	if s.hold != "" && strings.Contains(text.String(), "[hold]") {
+		for {
+			if _, err := os.Stat(s.hold); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 	}
 	// The answer comes in two chunks, as a streaming agent's would.
 	for _, part := range []string{"ack " + eventID, " in " + string(p.SessionId)} {
