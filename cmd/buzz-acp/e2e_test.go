@@ -288,6 +288,40 @@ func TestDoorbellReachesTheAgentAndTheAnswerTheChannel(t *testing.T) {
 	require.EqualValues(t, 3, s.Answers)
 }
 
+// A doorbell posted in a thread (reply_in_thread) is answered in that
+// thread, in the thread's own session.
+//
+// Mutation killed: ignoring the verified doorbell's ReplyTo (answering at
+// channel level): the answer has no root e tag.
+func TestDoorbellInAThreadIsAnsweredInTheThread(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.answerTo(w.ring().ID) // opens the channel's session first
+	ok := w.owner.Publish(w.owner.Sign(30620,
+		"name: Triage\ntrigger: {on: message_posted, filter: 'str_contains(trigger_text, \"deploy failed\")'}\n"+
+			"steps: [{id: look, action: send_message, text: '@Robby look into it', reply_in_thread: true}]",
+		nostr.Tags{{"d", uuid.NewString()}, {"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	trigger := w.owner.Sign(9, "deploy failed on eu-1", nostr.Tags{{"h", w.channel}}, 0)
+	ok = w.owner.Publish(trigger)
+	require.True(t, ok.OK, ok.Msg)
+
+	var bell *nostr.Event
+	require.Eventually(t, func() bool {
+		for _, ev := range w.owner.Req("bells", map[string]any{"kinds": []int{9}, "#h": []string{w.channel}, "#e": []string{trigger.ID}}) {
+			if ev.Tags.First("workflow-cause") != nil {
+				bell = ev
+				return true
+			}
+		}
+		return false
+	}, waitLong, 20*time.Millisecond, "the workflow posts its doorbell in the thread")
+	answer := w.answerTo(bell.ID)
+	require.Contains(t, answer.Tags, nostr.Tag{"e", trigger.ID, "", "root"}, "the answer goes into the thread")
+	first := w.prompts()[0]
+	require.NotEqual(t, first.Session, w.promptFor(bell.ID).Session, "the thread has its own session")
+}
+
 // A doorbell-shaped message that fails verification (here a member's own
 // kind 9 carrying the doorbell's tags, not signed by the relay) is dropped
 // with a reason counted, and never reaches the agent, not even as an
