@@ -27,6 +27,9 @@ type localAgent struct {
 	mu      sync.Mutex
 	answers map[acp.SessionId]*strings.Builder // the text of each session's turn in progress
 	exited  chan struct{}
+	// canClose: the agent offers session/close, so an idle session's state
+	// can be released on its side too.
+	canClose bool
 }
 
 // startAgent runs argv and completes the ACP handshake.
@@ -59,14 +62,29 @@ func startAgent(ctx context.Context, argv []string, cwd string, log *slog.Logger
 	defer cancel()
 	// The bridge offers no file system or terminal: the agent works from
 	// the prompt it is given, and anything else it has is its own.
-	if _, err := a.conn.Initialize(initCtx, acp.InitializeRequest{
+	init, err := a.conn.Initialize(initCtx, acp.InitializeRequest{
 		ProtocolVersion:    acp.ProtocolVersionNumber,
 		ClientCapabilities: acp.ClientCapabilities{},
-	}); err != nil {
+	})
+	if err != nil {
 		a.stop(time.Second)
 		return nil, fmt.Errorf("ACP initialize: %w", err)
 	}
+	a.canClose = init.AgentCapabilities.SessionCapabilities.Close != nil
 	return a, nil
+}
+
+// closeSession releases an idle session on the agent's side, when it
+// offers that; otherwise the bridge only forgets it.
+func (a *localAgent) closeSession(session acp.SessionId) {
+	if !a.canClose || session == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.conn.CloseSession(ctx, acp.CloseSessionRequest{SessionId: session}); err != nil {
+		a.log.Warn("ACP session/close", "session", session, "err", err)
+	}
 }
 
 // Exited is closed when the agent process ends.

@@ -30,8 +30,9 @@ type settings struct {
 	BackoffMax        time.Duration
 	PromptTimeout     time.Duration
 	ShutdownGrace     time.Duration
-	SessionQueue      int // waiting prompts per session before new ones are refused
-	IncomingQueue     int // messages waiting for verification before new ones are refused
+	SessionQueue      int           // waiting prompts per session before new ones are refused
+	IncomingQueue     int           // messages waiting for verification before new ones are refused
+	SessionIdle       time.Duration // a session without prompts for this long is closed
 	// Verifier, when set, replaces newVerifier (tests use stand-ins).
 	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
 	// Received, when set, is told when a message that will become a prompt
@@ -380,36 +381,61 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	if j.root != "" {
 		j.key += "/" + j.root
 	}
+	// The hand-over happens under sessMu, where an idle worker also decides
+	// to quit, so a job never lands in the queue of a worker that left.
 	b.sessMu.Lock()
 	s := b.sessions[j.key]
 	if s == nil {
 		s = &session{queue: make(chan job, b.cfg.SessionQueue)}
 		b.sessions[j.key] = s
 		b.work.Add(1)
-		go b.serveSession(ctx, s)
+		go b.serveSession(ctx, j.key, s)
 		b.status.sessions(len(b.sessions))
 	}
-	b.sessMu.Unlock()
+	queued := false
 	select {
 	case s.queue <- j:
-		if b.cfg.Received != nil {
-			b.cfg.Received(j.eventID, at)
-		}
+		queued = true
 	default:
+	}
+	b.sessMu.Unlock()
+	if !queued {
 		b.status.dropped("session_busy")
 		b.log.Warn("prompt refused: the session's queue is full", "session", j.key, "event", j.eventID)
+		return
+	}
+	if b.cfg.Received != nil {
+		b.cfg.Received(j.eventID, at)
 	}
 }
 
-// serveSession runs a session's prompts until shutdown.
-func (b *bridge) serveSession(ctx context.Context, s *session) {
+// serveSession runs a session's prompts until shutdown, or until it has
+// been idle for SessionIdle: then it closes the ACP session and leaves, and
+// the next prompt for the channel or thread opens a new one.
+func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
 	defer b.work.Done()
+	idle := time.NewTimer(b.cfg.SessionIdle)
+	defer idle.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case j := <-s.queue:
 			b.runJob(s, j)
+			idle.Reset(b.cfg.SessionIdle)
+		case <-idle.C:
+			b.sessMu.Lock()
+			if len(s.queue) > 0 {
+				b.sessMu.Unlock()
+				idle.Reset(b.cfg.SessionIdle)
+				continue
+			}
+			delete(b.sessions, key)
+			b.status.sessions(len(b.sessions))
+			b.sessMu.Unlock()
+			b.agent.closeSession(s.id)
+			b.log.Info("idle session closed", "session", key)
+			return
 		}
 	}
 }

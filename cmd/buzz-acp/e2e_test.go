@@ -121,6 +121,7 @@ func (w *world) start() {
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      128,
 		IncomingQueue:     128,
+		SessionIdle:       waitLong,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -320,6 +321,21 @@ func TestDoorbellInAThreadIsAnsweredInTheThread(t *testing.T) {
 	require.Contains(t, answer.Tags, nostr.Tag{"e", trigger.ID, "", "root"}, "the answer goes into the thread")
 	first := w.prompts()[0]
 	require.NotEqual(t, first.Session, w.promptFor(bell.ID).Session, "the thread has its own session")
+}
+
+// A session idle for BUZZ_ACP_SESSION_IDLE is closed; the next prompt in
+// that channel opens a new one.
+//
+// Mutation killed: sessions that never end: the count never drops to zero.
+func TestIdleSessionsAreClosed(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, func(cfg *settings) { cfg.SessionIdle = 100 * time.Millisecond })
+	first := w.mention("@Robby one")
+	w.answerTo(first.ID)
+	require.Eventually(t, func() bool { return w.status.snapshot().Sessions == 0 }, waitLong, 10*time.Millisecond)
+	second := w.mention("@Robby two")
+	w.answerTo(second.ID)
+	require.NotEqual(t, w.promptFor(first.ID).Session, w.promptFor(second.ID).Session)
 }
 
 // A doorbell-shaped message that fails verification (here a member's own

@@ -50,7 +50,8 @@ env (flags override):
   BUZZ_ACP_PROMPT_TIMEOUT        longest agent turn (10m)
   BUZZ_ACP_SHUTDOWN_GRACE        time turns in progress get at shutdown (10s)
   BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)
-  BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)`
+  BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)
+  BUZZ_ACP_SESSION_IDLE          a channel's or thread's session without prompts this long is closed (1h)`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -111,6 +112,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      32,
 		IncomingQueue:     1024,
+		SessionIdle:       time.Hour,
 	}
 	keyFile := env("BUZZ_PRIVATE_KEY_FILE")
 	authTag := env("BUZZ_AUTH_TAG")
@@ -133,6 +135,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		{"BUZZ_ACP_BACKOFF_MAX", &cfg.BackoffMax},
 		{"BUZZ_ACP_PROMPT_TIMEOUT", &cfg.PromptTimeout},
 		{"BUZZ_ACP_SHUTDOWN_GRACE", &cfg.ShutdownGrace},
+		{"BUZZ_ACP_SESSION_IDLE", &cfg.SessionIdle},
 	} {
 		if v := env(d.name); v != "" {
 			parsed, err := time.ParseDuration(v)
