@@ -204,6 +204,10 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	if err != nil {
 		return false, err
 	}
+	// A subscription first replays what was stored since *since (held in
+	// history until EOSE), then goes live.
+	var history []incoming
+	caughtUp := false
 	b.status.connected(len(channels))
 	b.log.Info("connected", "relay", b.cfg.RelayURL, "channels", len(channels))
 	refresh := time.NewTicker(b.cfg.MembershipRefresh)
@@ -240,6 +244,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			if subID, frames, err = b.subscribe(ctx, conn, channels, *since); err != nil {
 				return true, err
 			}
+			history, caughtUp = nil, false
 			b.status.connected(len(channels))
 			b.log.Info("channel membership changed", "channels", len(channels))
 		case f, ok := <-frames:
@@ -251,16 +256,41 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				if f.event.CreatedAt > *since {
 					*since = f.event.CreatedAt
 				}
-				select {
-				case b.incoming <- incoming{ev: f.event, at: f.at, channels: channels}:
-				default:
-					b.status.dropped("overloaded")
-					b.log.Warn("message dropped: too many waiting for verification", "event", f.event.ID, "queue", cap(b.incoming))
+				in := incoming{ev: f.event, at: f.at, channels: channels}
+				if caughtUp {
+					b.push(in)
+				} else {
+					history = append(history, in)
 				}
+			case "EOSE":
+				// Stored events come newest first; the agent hears them in
+				// the order they were written.
+				sort.SliceStable(history, func(i, j int) bool {
+					a, c := history[i].ev, history[j].ev
+					if a.CreatedAt != c.CreatedAt {
+						return a.CreatedAt < c.CreatedAt
+					}
+					return a.ID < c.ID
+				})
+				for _, in := range history {
+					b.push(in)
+				}
+				history, caughtUp = nil, true
 			case "CLOSED":
 				return true, &relayRefusal{Msg: f.msg}
 			}
 		}
+	}
+}
+
+// push hands a message to handleIncoming without ever waiting: when too
+// many are waiting it is dropped and counted.
+func (b *bridge) push(in incoming) {
+	select {
+	case b.incoming <- in:
+	default:
+		b.status.dropped("overloaded")
+		b.log.Warn("message dropped: too many waiting for verification", "event", in.ev.ID, "queue", cap(b.incoming))
 	}
 }
 
@@ -298,7 +328,11 @@ func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[st
 	}
 	sort.Strings(ids)
 	// since is inclusive: events of the last second seen are delivered again
-	// and skipped by the seen set, so none of that second is lost.
+	// and skipped by the seen set, so none of that second is lost. It never
+	// lies ahead of the clock: a since in the future (after a message dated
+	// ahead, which the relay accepts within its skew) would also hide the
+	// live messages dated now.
+	since = min(since, time.Now().Unix())
 	return conn.subscribe(ctx, "wake", map[string]any{
 		"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}, "since": since,
 	})

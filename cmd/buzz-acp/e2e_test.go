@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -387,7 +388,9 @@ func TestForgedDoorbellNeverReachesTheAgent(t *testing.T) {
 // Mutations killed: no reconnect loop (run returns on the first error): the
 // status never reconnects; subscribing with since = now on reconnect
 // instead of the last event seen: the doorbell rung meanwhile is never
-// answered.
+// answered; handing the replay on newest first: the thread's prompts come
+// in reverse; resubscribing from a since ahead of the clock (the thread's
+// messages are dated ahead): the doorbell after the last drop is missed.
 func TestReconnectsAndCatchesUp(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -396,10 +399,32 @@ func TestReconnectsAndCatchesUp(t *testing.T) {
 	w.proxy.pause()
 	require.Eventually(t, func() bool { return w.status.snapshot().State == "disconnected" }, waitLong, 10*time.Millisecond)
 	bell := w.ring() // nobody is listening now
+	// Three messages in one thread meanwhile, a second apart: the relay
+	// replays stored events newest first, the agent must hear them in order.
+	var asked []string
+	now := time.Now().Unix()
+	for i := range 3 {
+		ev := w.owner.Sign(9, fmt.Sprintf("@Robby step %d", i+1), nostr.Tags{
+			{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, {"e", bell.ID, "", "root"},
+		}, now+int64(i)+1)
+		ok := w.owner.Publish(ev)
+		require.True(t, ok.OK, ok.Msg)
+		asked = append(asked, ev.ID)
+	}
 	w.proxy.resume()
 	w.waitConnected(1)
 	w.answerTo(bell.ID)
-	require.Len(t, w.prompts(), 2, "each doorbell prompted once")
+	for _, id := range asked {
+		w.answerTo(id)
+	}
+	var heard []string
+	for _, p := range w.prompts() {
+		if slices.Contains(asked, p.EventID) {
+			heard = append(heard, p.EventID)
+		}
+	}
+	require.Equal(t, asked, heard, "the thread's messages reach the agent in the order they were written")
+	require.Len(t, w.prompts(), 5, "each message prompted once")
 
 	// A drop while connected and idle: the next doorbell is answered too.
 	w.proxy.cut()
