@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -381,10 +381,10 @@ func fetchRelayPubkey(ctx context.Context, relayURL string) (string, error) {
 	var info struct {
 		Self string `json:"self"`
 	}
-	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&info); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info); err != nil {
 		return "", fmt.Errorf("relay information document: %w", err)
 	}
-	if !nostr.IsHex64(strings.ToLower(info.Self)) || info.Self != strings.ToLower(info.Self) {
+	if !nostr.IsHex64(info.Self) {
 		return "", fmt.Errorf("relay information document has no relay key (self); set BUZZ_RELAY_PUBKEY")
 	}
 	return info.Self, nil
