@@ -378,6 +378,14 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 				reason = d.Reason
 			}
 			b.status.dropped(reason)
+			var temp interface{ Temporary() bool }
+			if errors.As(err, &temp) && temp.Temporary() {
+				// The relay could not be asked: nothing was learnt about this
+				// doorbell, so the replay after the reconnection tries again.
+				b.seen.forget(ev.ID)
+				b.log.Warn("doorbell not verified yet; it is verified again when the relay sends it again", "event", ev.ID, "reason", reason, "err", err)
+				return
+			}
 			b.log.Warn("doorbell dropped", "event", ev.ID, "reason", reason, "err", err)
 			return
 		}
@@ -586,6 +594,13 @@ type seenSet struct {
 }
 
 func newSeenSet(max int) *seenSet { return &seenSet{max: max, ids: map[string]struct{}{}} }
+
+// forget removes id, so it is handled when it comes again.
+func (s *seenSet) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id) // its place in order is skipped when it falls out
+}
 
 // add reports whether id is new.
 func (s *seenSet) add(id string) bool {

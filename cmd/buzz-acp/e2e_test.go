@@ -489,6 +489,48 @@ func TestVerifierReadsWhileMessagesFlood(t *testing.T) {
 	require.EqualValues(t, flood, w.status.snapshot().Dropped["test_refused"])
 }
 
+// temporaryDrop is a verifier's answer when it could not ask the relay.
+type temporaryDrop struct{ doorbell.Drop }
+
+func (*temporaryDrop) Temporary() bool { return true }
+
+// flakyVerifier cannot reach the relay for a doorbell the first time, and
+// wakes the agent with the doorbell's own text the second time.
+type flakyVerifier struct {
+	mu    sync.Mutex
+	tries map[string]int
+}
+
+func (v *flakyVerifier) Verify(_ context.Context, ev *nostr.Event) (*doorbell.Wake, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.tries[ev.ID]++
+	if v.tries[ev.ID] == 1 {
+		return nil, &temporaryDrop{doorbell.Drop{Reason: "unavailable", Detail: "the relay could not be asked"}}
+	}
+	return &doorbell.Wake{ChannelID: tagValue(ev, "h"), Prompt: ev.Content, Message: ev}, nil
+}
+
+// A doorbell whose verification failed only because the relay could not be
+// asked (a temporary drop) is verified again when the relay sends it again,
+// after the reconnection, and then reaches the agent.
+//
+// Mutation killed: remembering a temporarily dropped doorbell as handled:
+// the replay skips it and it is never answered.
+func TestTemporaryDropIsRetriedAfterReconnecting(t *testing.T) {
+	t.Parallel()
+	v := &flakyVerifier{tries: map[string]int{}}
+	w := newWorld(t, func(cfg *settings) {
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
+	})
+	bell := w.ring()
+	require.Eventually(t, func() bool { return len(w.status.snapshot().Dropped) == 1 }, waitLong, 5*time.Millisecond, "the first try is counted as a drop")
+	w.proxy.cut()
+	w.waitConnected(1)
+	w.answerTo(bell.ID)
+	require.EqualValues(t, 1, w.status.snapshot().DoorbellsVerified)
+}
+
 // With BUZZ_AUTH_TAG, buzz-acp carries the owner's attestation on its AUTH
 // event, and the relay records the owner. Mutation killed: not appending
 // the tag to the AUTH event: no owner recorded.
