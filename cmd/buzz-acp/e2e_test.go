@@ -473,7 +473,7 @@ func TestVerifierReadsWhileMessagesFlood(t *testing.T) {
 			return v
 		}
 	})
-	const flood = 600
+	const flood = 400
 	for i := range flood {
 		w.owner.Send("EVENT", w.owner.Sign(9, fmt.Sprintf("fake %d", i), nostr.Tags{
 			{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, {"buzz:workflow", "doorbell-v1"},
