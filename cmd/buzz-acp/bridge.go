@@ -1,0 +1,619 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/doorbell"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// settings configure the runtime; see main.go for their env vars and flags.
+type settings struct {
+	RelayURL          string
+	Key               *nostr.SecretKey
+	AuthTag           nostr.Tag // the owner's NIP-OA attestation, or nil
+	RelayPubkey       string    // "" = read from the relay's NIP-11 document
+	AgentCommand      []string
+	AgentCwd          string
+	MembershipRefresh time.Duration
+	BackoffMin        time.Duration
+	BackoffMax        time.Duration
+	PromptTimeout     time.Duration
+	ShutdownGrace     time.Duration
+	SessionQueue      int           // waiting prompts per session before new ones are refused
+	IncomingQueue     int           // messages waiting for verification before new ones are refused
+	SessionIdle       time.Duration // a session without prompts for this long is closed
+	// Verifier, when set, replaces newVerifier (tests use stand-ins).
+	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
+	// Received, when set, is told when a message that will become a prompt
+	// was read off the socket (tests measure the path to the agent with it).
+	Received func(eventID string, at time.Time)
+}
+
+// bridge is the runtime: one relay connection at a time (reconnected with
+// backoff), one agent process, one ACP session per channel or thread.
+type bridge struct {
+	cfg    settings
+	log    *slog.Logger
+	agent  *localAgent
+	pubkey string // the agent's own, hex
+	status *status
+
+	relayPubkey string
+	verify      verifier
+
+	connMu    sync.Mutex
+	conn      *relayConn    // nil while disconnected
+	connected chan struct{} // closed when conn is set; replaced when it goes
+
+	seen *seenSet
+
+	sessMu   sync.Mutex
+	sessions map[string]*session // channel or channel/thread root -> session
+	work     sync.WaitGroup
+
+	// incoming holds messages read off the subscription until handle gets
+	// to them. The connection's reader never waits for verification: a
+	// verifier reads from the relay over the same connection, so a reader
+	// blocked on a full subscription would starve the verifier's queries.
+	incoming chan incoming
+}
+
+type incoming struct {
+	ev       *nostr.Event
+	at       time.Time
+	channels map[string]bool // the memberships when it arrived (never mutated)
+}
+
+// job is one verified prompt for one session.
+type job struct {
+	key      string // session key
+	channel  string
+	prompt   string
+	eventID  string
+	root     string // thread root the answer goes into, or ""
+	parent   string // the event the answer replies to, or ""
+	doorbell bool
+}
+
+type session struct {
+	id    acp.SessionId // "" until the first prompt opens it
+	queue chan job
+}
+
+func newBridge(cfg settings, agent *localAgent, log *slog.Logger, st *status) *bridge {
+	return &bridge{
+		cfg: cfg, log: log, agent: agent, status: st,
+		pubkey:    cfg.Key.PublicKeyHex(),
+		connected: make(chan struct{}),
+		seen:      newSeenSet(10000),
+		sessions:  map[string]*session{},
+		incoming:  make(chan incoming, cfg.IncomingQueue),
+	}
+}
+
+// currentConn is the live relay connection, or nil.
+func (b *bridge) currentConn() (*relayConn, <-chan struct{}) {
+	b.connMu.Lock()
+	defer b.connMu.Unlock()
+	return b.conn, b.connected
+}
+
+func (b *bridge) setConn(c *relayConn) {
+	b.connMu.Lock()
+	defer b.connMu.Unlock()
+	if c != nil {
+		b.conn = c
+		close(b.connected)
+		return
+	}
+	if b.conn != nil {
+		b.conn = nil
+		b.connected = make(chan struct{})
+	}
+}
+
+// Query implements doorbell.Querier over whichever connection is live.
+func (b *bridge) Query(ctx context.Context, filter map[string]any) ([]*nostr.Event, error) {
+	c, _ := b.currentConn()
+	if c == nil {
+		return nil, errConnClosed
+	}
+	return c.Query(ctx, filter)
+}
+
+var _ doorbell.Querier = (*bridge)(nil)
+
+// run connects, serves and reconnects until ctx ends or the agent exits.
+func (b *bridge) run(ctx context.Context) error {
+	b.work.Add(1)
+	go b.handleIncoming(ctx)
+	since := time.Now().Unix()
+	backoff := b.cfg.BackoffMin
+	for {
+		served, err := b.connectAndServe(ctx, &since)
+		b.setConn(nil)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-b.agent.Exited():
+			return errors.New("the agent process exited")
+		default:
+		}
+		if served {
+			backoff = b.cfg.BackoffMin
+		}
+		b.status.disconnected(err)
+		b.log.Warn("relay connection lost; reconnecting", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-b.agent.Exited():
+			return errors.New("the agent process exited")
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, b.cfg.BackoffMax)
+	}
+}
+
+// connectAndServe runs one connection. served reports whether it got as far
+// as subscribing (which resets the backoff). since is the created_at from
+// which a new subscription catches up on what it missed.
+func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool, err error) {
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if b.relayPubkey == "" {
+		pk := b.cfg.RelayPubkey
+		if pk == "" {
+			if pk, err = fetchRelayPubkey(dialCtx, b.cfg.RelayURL); err != nil {
+				return false, err
+			}
+		}
+		b.relayPubkey = pk
+		build := newVerifier
+		if b.cfg.Verifier != nil {
+			build = b.cfg.Verifier
+		}
+		b.verify = build(pk, b.pubkey, b)
+	}
+	conn, err := dialRelay(dialCtx, b.cfg.RelayURL, b.cfg.Key, b.cfg.AuthTag)
+	if err != nil {
+		return false, err
+	}
+	defer conn.close()
+	if conn.note != "" {
+		b.log.Warn("relay note on AUTH", "msg", conn.note)
+	}
+	b.setConn(conn)
+
+	channels, err := b.memberChannels(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	subID, frames, err := b.subscribe(ctx, conn, channels, *since)
+	if err != nil {
+		return false, err
+	}
+	// A subscription first replays what was stored since *since (held in
+	// history until EOSE), then goes live.
+	var history []incoming
+	caughtUp := false
+	b.status.connected(len(channels))
+	b.log.Info("connected", "relay", b.cfg.RelayURL, "channels", len(channels))
+	refresh := time.NewTicker(b.cfg.MembershipRefresh)
+	defer refresh.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Stop hearing, but keep the connection while the turns in
+			// progress finish, so their answers are still posted.
+			if subID != "" {
+				conn.unsubscribe(subID)
+			}
+			b.status.setState("stopping", nil)
+			if !b.wait(b.cfg.ShutdownGrace) {
+				b.log.Warn("turns still in progress at the end of the shutdown grace", "grace", b.cfg.ShutdownGrace)
+			}
+			return true, nil
+		case <-b.agent.Exited():
+			return true, nil
+		case <-conn.Done():
+			return true, conn.Err()
+		case <-refresh.C:
+			now, err := b.memberChannels(ctx, conn)
+			if err != nil {
+				return true, err
+			}
+			if sameSet(now, channels) {
+				continue
+			}
+			if subID != "" {
+				conn.unsubscribe(subID)
+			}
+			channels = now
+			if subID, frames, err = b.subscribe(ctx, conn, channels, *since); err != nil {
+				return true, err
+			}
+			history, caughtUp = nil, false
+			b.status.connected(len(channels))
+			b.log.Info("channel membership changed", "channels", len(channels))
+		case f, ok := <-frames:
+			if !ok {
+				return true, conn.Err()
+			}
+			switch f.verb {
+			case "EVENT":
+				if f.event.CreatedAt > *since {
+					*since = f.event.CreatedAt
+				}
+				in := incoming{ev: f.event, at: f.at, channels: channels}
+				if caughtUp {
+					b.push(in)
+				} else {
+					history = append(history, in)
+				}
+			case "EOSE":
+				// Stored events come newest first; the agent hears them in
+				// the order they were written.
+				sort.SliceStable(history, func(i, j int) bool {
+					a, c := history[i].ev, history[j].ev
+					if a.CreatedAt != c.CreatedAt {
+						return a.CreatedAt < c.CreatedAt
+					}
+					return a.ID < c.ID
+				})
+				for _, in := range history {
+					b.push(in)
+				}
+				history, caughtUp = nil, true
+			case "CLOSED":
+				return true, &relayRefusal{Msg: f.msg}
+			}
+		}
+	}
+}
+
+// push hands a message to handleIncoming without ever waiting: when too
+// many are waiting it is dropped and counted.
+func (b *bridge) push(in incoming) {
+	select {
+	case b.incoming <- in:
+	default:
+		b.status.dropped("overloaded")
+		b.log.Warn("message dropped: too many waiting for verification", "event", in.ev.ID, "queue", cap(b.incoming))
+	}
+}
+
+// memberChannels lists the channels this agent is an active member of: the
+// relay-signed member lists (kind 39002) that name it.
+func (b *bridge) memberChannels(ctx context.Context, conn *relayConn) (map[string]bool, error) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	lists, err := conn.Query(qctx, map[string]any{"kinds": []int{39002}, "#p": []string{b.pubkey}})
+	if err != nil {
+		return nil, fmt.Errorf("read channel memberships: %w", err)
+	}
+	out := map[string]bool{}
+	for _, ev := range lists {
+		if ev.PubKey != b.relayPubkey || ev.Verify() != nil || !hasTag(ev, "p", b.pubkey) {
+			continue
+		}
+		if id := tagValue(ev, "d"); uuid.Validate(id) == nil {
+			out[id] = true
+		}
+	}
+	return out, nil
+}
+
+// subscribe asks for the messages naming this agent in its channels. A
+// channel message reaches a live subscription only when the subscription
+// names the channel (#h), hence the membership list.
+func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[string]bool, since int64) (string, <-chan frame, error) {
+	if len(channels) == 0 {
+		return "", nil, nil // nothing to hear until a refresh finds a channel
+	}
+	ids := make([]string, 0, len(channels))
+	for id := range channels {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	// since is inclusive: events of the last second seen are delivered again
+	// and skipped by the seen set, so none of that second is lost. It never
+	// lies ahead of the clock: a since in the future (after a message dated
+	// ahead, which the relay accepts within its skew) would also hide the
+	// live messages dated now.
+	since = min(since, time.Now().Unix())
+	return conn.subscribe(ctx, "wake", map[string]any{
+		"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}, "since": since,
+	})
+}
+
+// handleIncoming handles messages one at a time, in arrival order.
+func (b *bridge) handleIncoming(ctx context.Context) {
+	defer b.work.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case in := <-b.incoming:
+			b.handle(ctx, in.ev, in.at, in.channels)
+		}
+	}
+}
+
+// handle turns one message naming the agent into a job, or drops it.
+func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, channels map[string]bool) {
+	if !b.seen.add(ev.ID) || ev.PubKey == b.pubkey {
+		return
+	}
+	if err := ev.Verify(); err != nil {
+		b.status.dropped("bad_event")
+		b.log.Warn("message dropped: bad id or signature", "event", ev.ID, "err", err)
+		return
+	}
+	channel := tagValue(ev, "h")
+	if !channels[channel] || !hasTag(ev, "p", b.pubkey) {
+		return // not for this agent after all
+	}
+	// Anything claiming to be a doorbell, and anything the relay signed, is
+	// a doorbell or nothing: never downgraded to an ordinary mention.
+	if doorbell.IsDoorbellShaped(ev) || ev.PubKey == b.relayPubkey {
+		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		wake, err := b.verify.Verify(vctx, ev)
+		cancel()
+		if err != nil {
+			var d *doorbell.Drop
+			reason := "unverifiable"
+			if errors.As(err, &d) {
+				reason = d.Reason
+			}
+			b.status.dropped(reason)
+			var temp interface{ Temporary() bool }
+			if errors.As(err, &temp) && temp.Temporary() {
+				// The relay could not be asked: nothing was learnt about this
+				// doorbell, so the replay after the reconnection tries again.
+				b.seen.forget(ev.ID)
+				b.log.Warn("doorbell not verified yet; it is verified again when the relay sends it again", "event", ev.ID, "reason", reason, "err", err)
+				return
+			}
+			b.log.Warn("doorbell dropped", "event", ev.ID, "reason", reason, "err", err)
+			return
+		}
+		b.status.verified()
+		j := job{channel: wake.ChannelID, prompt: wake.Prompt, eventID: ev.ID, doorbell: true}
+		if wake.ReplyTo != "" {
+			root, _ := threadOf(ev)
+			if root == "" {
+				root = wake.ReplyTo
+			}
+			j.root, j.parent = root, wake.ReplyTo
+		}
+		b.enqueue(ctx, j, at)
+		return
+	}
+	b.status.mentioned()
+	j := job{channel: channel, eventID: ev.ID, prompt: mentionPrompt(ev)}
+	if root, _ := threadOf(ev); root != "" {
+		j.root, j.parent = root, ev.ID
+	}
+	b.enqueue(ctx, j, at)
+}
+
+// mentionPrompt attributes a member's message: who wrote it, where, and its
+// text exactly as they signed it.
+func mentionPrompt(ev *nostr.Event) string {
+	return fmt.Sprintf("Message from %s in channel %s (event %s), which mentions you:\n\n%s",
+		ev.PubKey, tagValue(ev, "h"), ev.ID, ev.Content)
+}
+
+// enqueue hands the job to its session, starting the session's worker on
+// first use. Prompts of one session run one after another, in order.
+func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
+	j.key = j.channel
+	if j.root != "" {
+		j.key += "/" + j.root
+	}
+	// The hand-over happens under sessMu, where an idle worker also decides
+	// to quit, so a job never lands in the queue of a worker that left.
+	b.sessMu.Lock()
+	s := b.sessions[j.key]
+	if s == nil {
+		s = &session{queue: make(chan job, b.cfg.SessionQueue)}
+		b.sessions[j.key] = s
+		b.work.Add(1)
+		go b.serveSession(ctx, j.key, s)
+		b.status.sessions(len(b.sessions))
+	}
+	queued := false
+	select {
+	case s.queue <- j:
+		queued = true
+	default:
+	}
+	b.sessMu.Unlock()
+	if !queued {
+		b.status.dropped("session_busy")
+		b.log.Warn("prompt refused: the session's queue is full", "session", j.key, "event", j.eventID)
+		return
+	}
+	if b.cfg.Received != nil {
+		b.cfg.Received(j.eventID, at)
+	}
+}
+
+// serveSession runs a session's prompts until shutdown, or until it has
+// been idle for SessionIdle: then it closes the ACP session and leaves, and
+// the next prompt for the channel or thread opens a new one.
+func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
+	defer b.work.Done()
+	idle := time.NewTimer(b.cfg.SessionIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-s.queue:
+			b.runJob(s, j)
+			idle.Reset(b.cfg.SessionIdle)
+		case <-idle.C:
+			b.sessMu.Lock()
+			if len(s.queue) > 0 {
+				b.sessMu.Unlock()
+				idle.Reset(b.cfg.SessionIdle)
+				continue
+			}
+			delete(b.sessions, key)
+			b.status.sessions(len(b.sessions))
+			b.sessMu.Unlock()
+			b.agent.closeSession(s.id)
+			b.log.Info("idle session closed", "session", key)
+			return
+		}
+	}
+}
+
+// runJob prompts the agent and posts its answer. It does not stop at
+// shutdown: a turn in progress gets ShutdownGrace to finish (see main).
+func (b *bridge) runJob(s *session, j job) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.PromptTimeout)
+	defer cancel()
+	if s.id == "" {
+		id, err := b.agent.newSession(ctx)
+		if err != nil {
+			b.status.failed()
+			b.log.Error("could not open an ACP session", "session", j.key, "err", err)
+			return
+		}
+		s.id = id
+	}
+	answer, stop, err := b.agent.prompt(ctx, s.id, j.prompt, map[string]any{
+		"buzz": map[string]any{"event_id": j.eventID, "channel": j.channel, "doorbell": j.doorbell},
+	})
+	if err != nil {
+		b.status.failed()
+		b.log.Error("prompt failed", "session", j.key, "event", j.eventID, "err", err)
+		return
+	}
+	b.status.prompted()
+	answer = strings.TrimSpace(answer)
+	if answer == "" {
+		b.log.Info("the agent gave no answer", "session", j.key, "event", j.eventID, "stop_reason", stop)
+		return
+	}
+	tags := nostr.Tags{{"h", j.channel}}
+	if j.root != "" {
+		tags = append(tags, nostr.Tag{"e", j.root, "", "root"})
+		if j.parent != "" && j.parent != j.root {
+			tags = append(tags, nostr.Tag{"e", j.parent, "", "reply"})
+		}
+	}
+	reply := &nostr.Event{Kind: 9, Content: answer, Tags: tags, CreatedAt: time.Now().Unix()}
+	if err := reply.Sign(b.cfg.Key); err != nil {
+		b.log.Error("sign answer", "err", err)
+		return
+	}
+	if err := b.publish(ctx, reply); err != nil {
+		b.status.failed()
+		b.log.Error("answer not posted", "session", j.key, "event", j.eventID, "err", err)
+		return
+	}
+	b.status.answered()
+}
+
+// publish posts ev, waiting for a connection while the relay is away;
+// the answer is the same signed event whichever connection carries it.
+func (b *bridge) publish(ctx context.Context, ev *nostr.Event) error {
+	for {
+		conn, up := b.currentConn()
+		if conn == nil {
+			select {
+			case <-up:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		err := conn.Publish(ctx, ev)
+		var refused *relayRefusal
+		if err == nil || errors.As(err, &refused) || ctx.Err() != nil {
+			return err
+		}
+		// The connection broke under us: wait for the next one.
+		select {
+		case <-conn.Done():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// wait lets the prompts in progress finish, up to grace.
+func (b *bridge) wait(grace time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		b.work.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(grace):
+		return false
+	}
+}
+
+func sameSet(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// seenSet remembers the last max event ids handled, so a catch-up after a
+// reconnect does not prompt twice for one message.
+type seenSet struct {
+	mu    sync.Mutex
+	max   int
+	ids   map[string]struct{}
+	order []string
+}
+
+func newSeenSet(max int) *seenSet { return &seenSet{max: max, ids: map[string]struct{}{}} }
+
+// forget removes id, so it is handled when it comes again.
+func (s *seenSet) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id) // its place in order is skipped when it falls out
+}
+
+// add reports whether id is new.
+func (s *seenSet) add(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.ids[id]; ok {
+		return false
+	}
+	s.ids[id] = struct{}{}
+	s.order = append(s.order, id)
+	if len(s.order) > s.max {
+		delete(s.ids, s.order[0])
+		s.order = s.order[1:]
+	}
+	return true
+}

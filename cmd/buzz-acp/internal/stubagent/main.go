@@ -1,0 +1,132 @@
+// Command stubagent is a minimal agent speaking the Agent Client Protocol on
+// stdin and stdout, for buzz-acp's end-to-end tests. Each prompt is appended
+// as one JSON line to the file named by -log (with the moment it arrived), and answered with "ack <event id> in <session>" so a test can
+// match each answer to the message that caused it. A prompt containing
+// "[hold]" is answered only once the file named by -hold exists, so a test
+// can stop buzz-acp in the middle of a turn.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+)
+
+// Logged is one prompt as the stub received it.
+type Logged struct {
+	Session    string `json:"session"`
+	EventID    string `json:"event_id"`
+	Text       string `json:"text"`
+	ReceivedNS int64  `json:"received_unix_nano"`
+}
+
+type stub struct {
+	conn *acp.AgentSideConnection
+	mu   sync.Mutex
+	log  *os.File
+	hold string
+	next int
+}
+
+func main() {
+	logPath := flag.String("log", "", "append each prompt to this file as a JSON line")
+	holdPath := flag.String("hold", "", "answer a [hold] prompt only once this file exists")
+	flag.Parse()
+	s := &stub{hold: *holdPath}
+	if path := *logPath; path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "stubagent:", err)
+			os.Exit(1)
+		}
+		s.log = f
+	}
+	s.conn = acp.NewAgentSideConnection(s, os.Stdout, os.Stdin)
+	s.conn.SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	<-s.conn.Done()
+}
+
+func (s *stub) Initialize(context.Context, acp.InitializeRequest) (acp.InitializeResponse, error) {
+	return acp.InitializeResponse{ProtocolVersion: acp.ProtocolVersionNumber}, nil
+}
+
+func (s *stub) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+	return acp.AuthenticateResponse{}, nil
+}
+
+func (s *stub) NewSession(context.Context, acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	return acp.NewSessionResponse{SessionId: acp.SessionId(fmt.Sprintf("stub-%d", s.next))}, nil
+}
+
+func (s *stub) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+	at := time.Now().UnixNano()
+	var text strings.Builder
+	for _, block := range p.Prompt {
+		if block.Text != nil {
+			text.WriteString(block.Text.Text)
+		}
+	}
+	eventID := ""
+	if buzz, ok := p.Meta["buzz"].(map[string]any); ok {
+		eventID, _ = buzz["event_id"].(string)
+	}
+	if s.log != nil {
+		line, _ := json.Marshal(Logged{Session: string(p.SessionId), EventID: eventID, Text: text.String(), ReceivedNS: at})
+		s.mu.Lock()
+		_, _ = s.log.Write(append(line, '\n'))
+		s.mu.Unlock()
+	}
+	if s.hold != "" && strings.Contains(text.String(), "[hold]") {
+		for {
+			if _, err := os.Stat(s.hold); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	// The answer comes in two chunks, as a streaming agent's would.
+	for _, part := range []string{"ack " + eventID, " in " + string(p.SessionId)} {
+		if err := s.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: p.SessionId, Update: acp.UpdateAgentMessageText(part)}); err != nil {
+			return acp.PromptResponse{}, err
+		}
+	}
+	return acp.PromptResponse{StopReason: acp.StopReasonEndTurn}, nil
+}
+
+func (s *stub) Cancel(context.Context, acp.CancelNotification) error { return nil }
+
+func (s *stub) CloseSession(context.Context, acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
+	return acp.CloseSessionResponse{}, nil
+}
+
+func (s *stub) ListSessions(context.Context, acp.ListSessionsRequest) (acp.ListSessionsResponse, error) {
+	return acp.ListSessionsResponse{}, nil
+}
+
+func (s *stub) ResumeSession(context.Context, acp.ResumeSessionRequest) (acp.ResumeSessionResponse, error) {
+	return acp.ResumeSessionResponse{}, nil
+}
+
+func (s *stub) SetSessionConfigOption(context.Context, acp.SetSessionConfigOptionRequest) (acp.SetSessionConfigOptionResponse, error) {
+	return acp.SetSessionConfigOptionResponse{}, nil
+}
+
+func (s *stub) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
+	return acp.SetSessionModeResponse{}, nil
+}
