@@ -118,12 +118,15 @@ func (s *FSStore) Delete(ctx context.Context, key string) error {
 // List walks the directory the prefix names (prefixes used here always end
 // at a slash) and returns the keys of its files, temporary ones excluded.
 func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
-	dir, err := s.path(strings.TrimSuffix(prefix, "/"))
-	if err != nil {
-		return nil, err
+	dir := s.root
+	if prefix != "" {
+		var err error
+		if dir, err = s.path(strings.TrimSuffix(prefix, "/")); err != nil {
+			return nil, err
+		}
 	}
 	var keys []string
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
