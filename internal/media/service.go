@@ -71,6 +71,10 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 	return &Service{store: store, limits: limits, now: now}
 }
 
+// UseClock makes the service tell upload times by now (the relay's one
+// clock); call it before serving.
+func (s *Service) UseClock(now func() time.Time) { s.now = now }
+
 // Limits reports the service's upload bounds.
 func (s *Service) Limits() Limits { return s.limits }
 

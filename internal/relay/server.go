@@ -136,6 +136,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		},
 	}
 	s.store.PageRows = cfg.ReqPageRows
+	if s.media != nil {
+		s.media.UseClock(s.now)
+	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
