@@ -12,7 +12,9 @@ import (
 )
 
 // FSStore keeps objects as files under a directory; a key's slashes are
-// subdirectories.
+// subdirectories. Partial writes live in tmpDir, outside every key's
+// directory, so a crash mid-write leaves nothing under a community's
+// prefixes.
 type FSStore struct {
 	root string
 }
@@ -34,8 +36,12 @@ func (s *FSStore) path(key string) (string, error) {
 	return filepath.Join(s.root, filepath.FromSlash(key)), nil
 }
 
-// Put writes to a temporary file beside the target and renames it into
-// place, so a reader sees the old object or the whole new one.
+// tmpDir holds partial writes, on the store's filesystem so the final
+// rename is atomic; no key starts with a dot.
+const tmpDir = ".tmp"
+
+// Put writes to a temporary file and renames it into place, so a reader
+// sees the old object or the whole new one.
 func (s *FSStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
 	p, err := s.path(key)
 	if err != nil {
@@ -44,7 +50,11 @@ func (s *FSStore) Put(ctx context.Context, key string, body io.Reader, size int6
 	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".put-*")
+	tmpDir := filepath.Join(s.root, tmpDir)
+	if err := os.MkdirAll(tmpDir, 0o750); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(tmpDir, "put-*")
 	if err != nil {
 		return err
 	}
@@ -133,7 +143,10 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 			}
 			return err
 		}
-		if d.IsDir() || strings.HasPrefix(d.Name(), ".put-") {
+		if d.IsDir() {
+			if p == filepath.Join(s.root, tmpDir) {
+				return filepath.SkipDir
+			}
 			return nil
 		}
 		rel, err := filepath.Rel(s.root, p)
@@ -161,7 +174,7 @@ func (s *FSStore) Children(ctx context.Context, prefix string) ([]string, error)
 	}
 	var names []string
 	for _, e := range entries {
-		if e.IsDir() {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
 			names = append(names, e.Name())
 		}
 	}

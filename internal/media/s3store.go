@@ -49,9 +49,16 @@ func notFound(err error) bool {
 	return resp.StatusCode == http.StatusNotFound || resp.Code == "NoSuchKey"
 }
 
-// Put uploads the object; S3 makes it visible only when complete.
+// Put uploads the object; S3 makes it visible only when complete. The
+// payload is not streamed with chunk signatures (aws-chunked): the relay
+// hashed the bytes itself before they reach the store, and servers differ
+// in which requests they accept that encoding on (some take it on a single
+// PUT but store the chunk framing of multipart parts as data).
 func (s *S3Store) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
-	_, err := s.client.PutObject(ctx, s.bucket, key, body, size, minio.PutObjectOptions{ContentType: contentType})
+	_, err := s.client.PutObject(ctx, s.bucket, key, body, size, minio.PutObjectOptions{
+		ContentType:          contentType,
+		DisableContentSha256: true,
+	})
 	return err
 }
 
