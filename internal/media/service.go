@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"mime"
 	"net/http"
@@ -57,10 +56,18 @@ type Service struct {
 	store  Store
 	limits Limits
 	now    func() time.Time
-	// Uploads and deletes of one hash serialize on one of these, so this
+	// Uploads and deletes of one hash serialize on its lock, so this
 	// process never deletes a blob between another upload's check that it
-	// exists and the write of that upload's sidecar.
-	locks [64]sync.Mutex
+	// exists and the write of that upload's sidecar. Different hashes never
+	// wait for each other, however long a blob takes to store.
+	locksMu sync.Mutex
+	locks   map[string]*hashLock
+}
+
+// hashLock is one hash's lock and how many requests hold or await it.
+type hashLock struct {
+	sync.Mutex
+	users int
 }
 
 // NewService serves blobs from store; now is the relay's clock.
@@ -68,7 +75,7 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{store: store, limits: limits, now: now}
+	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}}
 }
 
 // UseClock makes the service tell upload times by now (the relay's one
@@ -78,12 +85,26 @@ func (s *Service) UseClock(now func() time.Time) { s.now = now }
 // Limits reports the service's upload bounds.
 func (s *Service) Limits() Limits { return s.limits }
 
+// lock takes sha's lock and returns its release; the entry lives only
+// while someone holds or awaits it.
 func (s *Service) lock(sha string) func() {
-	h := fnv.New32a()
-	h.Write([]byte(sha))
-	m := &s.locks[h.Sum32()%uint32(len(s.locks))]
-	m.Lock()
-	return m.Unlock
+	s.locksMu.Lock()
+	l := s.locks[sha]
+	if l == nil {
+		l = &hashLock{}
+		s.locks[sha] = l
+	}
+	l.users++
+	s.locksMu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		s.locksMu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, sha)
+		}
+		s.locksMu.Unlock()
+	}
 }
 
 // sniffLen is how much of a blob http.DetectContentType looks at.
