@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -28,6 +29,7 @@ func WithMedia(svc *media.Service) Option {
 
 func (s *Server) registerMedia(mux *http.ServeMux) {
 	mux.HandleFunc("PUT /media/upload", s.withTenant(s.serveMediaUpload))
+	mux.HandleFunc("HEAD /media/upload", s.withTenant(s.serveMediaUploadCheck))
 	mux.HandleFunc("GET /media/{name}", s.withTenant(s.serveMediaGet)) // HEAD too
 	mux.HandleFunc("DELETE /media/{name}", s.withTenant(s.serveMediaDelete))
 }
@@ -229,6 +231,50 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
+}
+
+// serveMediaUploadCheck is the upload preflight (BUD-06): the client
+// describes the blob in X-SHA-256, X-Content-Length and X-Content-Type and
+// learns, before sending a byte, whether an upload with the same
+// Authorization would be refused for its size, its declared type or its
+// auth. The type is checked again, sniffed from the bytes, on upload.
+func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	if s.media == nil {
+		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		return
+	}
+	ev, err := s.mediaAuth(r, "upload")
+	if err != nil {
+		s.mediaUnauthorized(w, tenant, err)
+		return
+	}
+	limits := s.media.Limits()
+	if v := r.Header.Get("X-Content-Length"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			mediaError(w, http.StatusBadRequest, "invalid: X-Content-Length must be a byte count")
+			return
+		}
+		if n > limits.MaxBytes {
+			mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", n, limits.MaxBytes))
+			return
+		}
+	}
+	if v := r.Header.Get("X-Content-Type"); v != "" {
+		mediaType, _, err := mime.ParseMediaType(v)
+		if err != nil || !slices.Contains(limits.AllowedTypes, mediaType) {
+			mediaError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("invalid: media type not allowed: %s; allowed: %s", v, strings.Join(limits.AllowedTypes, ", ")))
+			return
+		}
+	}
+	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
+	if sha != "" && ev.Kind == kindBlossomAuth {
+		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
+			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
+			return
+		}
+	}
+	w.WriteHeader(http.StatusOK)
 }
 
 func (s *Server) descriptor(r *http.Request, d media.Descriptor) blobDescriptor {

@@ -109,7 +109,7 @@ func mediaDo(t *testing.T, r *relaytest.Relay, method, host, path, authorization
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	out := mediaReply{Status: resp.StatusCode, Header: resp.Header, Body: raw}
-	if resp.Header.Get("Content-Type") == "application/json" {
+	if resp.Header.Get("Content-Type") == "application/json" && len(raw) > 0 {
 		require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
 	}
 	return out
@@ -378,4 +378,33 @@ func TestMediaNIP98UploadAndBadPaths(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+// The upload preflight (HEAD /media/upload) answers what the upload would:
+// 200 for an acceptable description, 413, 415 and 401 with X-Reason
+// otherwise, before any byte is sent.
+// Mutations killed: the route missing (HEAD falls to GET /media/{name}:
+// 400); X-Content-Length or X-Content-Type not checked; auth not checked.
+func TestMediaUploadPreflight(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	key := relaytest.NewKey(t)
+	sha := hexSHA([]byte("anything"))
+	for _, c := range []struct {
+		name   string
+		auth   string
+		header map[string]string
+		status int
+		reason string
+	}{
+		{"acceptable", blossomAuth(t, key, "upload", []string{sha}, nil), map[string]string{"X-SHA-256": sha, "X-Content-Length": "1000", "X-Content-Type": "image/png"}, http.StatusOK, ""},
+		{"too large", blossomAuth(t, key, "upload", nil, nil), map[string]string{"X-Content-Length": strconv.Itoa(testMediaMaxBytes + 1)}, http.StatusRequestEntityTooLarge, "blob too large"},
+		{"type", blossomAuth(t, key, "upload", nil, nil), map[string]string{"X-Content-Type": "text/html"}, http.StatusUnsupportedMediaType, "media type not allowed: text/html"},
+		{"other hash", blossomAuth(t, key, "upload", []string{sha}, nil), map[string]string{"X-SHA-256": hexSHA([]byte("else"))}, http.StatusUnauthorized, "x tags do not name"},
+		{"no auth", "", nil, http.StatusUnauthorized, "missing Authorization"},
+	} {
+		got := mediaDo(t, r, http.MethodHead, "", "/media/upload", c.auth, nil, c.header)
+		require.Equal(t, c.status, got.Status, c.name)
+		require.Contains(t, got.Header.Get("X-Reason"), c.reason, c.name)
+	}
 }
