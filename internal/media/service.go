@@ -26,6 +26,7 @@ var (
 	ErrTypeNotAllowed = errors.New("media type not allowed")
 	ErrHashMismatch   = errors.New("blob hash mismatch")
 	ErrNotUploader    = errors.New("not the uploader")
+	ErrEmpty          = errors.New("empty blob")
 )
 
 // Limits bound what an upload may be.
@@ -122,6 +123,9 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		return Descriptor{}, fmt.Errorf("read upload: %w", err)
 	}
 	head = head[:n]
+	if n == 0 {
+		return Descriptor{}, fmt.Errorf("%w: the request has no body", ErrEmpty)
+	}
 	if int64(n) > s.limits.MaxBytes {
 		return Descriptor{}, fmt.Errorf("%w: the limit is %d bytes", ErrTooLarge, s.limits.MaxBytes)
 	}

@@ -294,7 +294,7 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		mediaError(w, http.StatusRequestEntityTooLarge, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrTypeNotAllowed):
 		mediaError(w, http.StatusUnsupportedMediaType, "invalid: "+err.Error())
-	case errors.Is(err, media.ErrHashMismatch):
+	case errors.Is(err, media.ErrHashMismatch), errors.Is(err, media.ErrEmpty):
 		mediaError(w, http.StatusBadRequest, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrNotFound):
 		mediaError(w, http.StatusNotFound, "not found: this community has no such blob")

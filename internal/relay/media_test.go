@@ -249,7 +249,7 @@ func pick(keys []string, prefix string) string {
 // Mutations killed (one per case): no size check (413); the size checked
 // only from Content-Length (chunked 413); no type allow-list (415); the x
 // tag, X-SHA-256 or NIP-98 payload not compared with the body's hash
-// (400); expiration not checked, the t tag not checked, the signature not
+// (400); an empty body stored as a blob (400); expiration not checked, the t tag not checked, the signature not
 // verified, a missing header accepted (401).
 func TestMediaUploadRefusals(t *testing.T) {
 	t.Parallel()
@@ -298,6 +298,7 @@ func TestMediaUploadRefusals(t *testing.T) {
 				{"wrong signer", wrongSigner, bytes.NewReader(blob), nil, http.StatusUnauthorized, "signature"},
 				{"other server", blossomAuth(t, key, "upload", []string{sha}, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"server", "cdn.example"}) }), bytes.NewReader(blob), nil, http.StatusUnauthorized, "server tags"},
 				{"no auth", "", bytes.NewReader(blob), nil, http.StatusUnauthorized, "missing Authorization"},
+				{"empty", blossomAuth(t, key, "upload", nil, nil), bytes.NewReader(nil), nil, http.StatusBadRequest, "empty blob"},
 			} {
 				got := mediaDo(t, r, http.MethodPut, "", "/media/upload", c.auth, c.body, c.header)
 				require.Equal(t, c.status, got.Status, "%s: %s", c.name, got.Body)
