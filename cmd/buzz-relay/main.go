@@ -29,6 +29,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/migrate"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
@@ -189,7 +190,16 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 		return fmt.Errorf("seed community %q: %w", cfg.RelayHost(), err)
 	}
 
-	srv := relay.New(cfg, pool, log)
+	mediaSvc, err := newMediaService(cfg)
+	if err != nil {
+		return err
+	}
+	var relayOpts []relay.Option
+	if mediaSvc != nil {
+		relayOpts = append(relayOpts, relay.WithMedia(mediaSvc))
+		log.Info("media enabled", "store", cfg.MediaStore, "dir", cfg.MediaDir, "bucket", cfg.MediaS3Bucket)
+	}
+	srv := relay.New(cfg, pool, log, relayOpts...)
 	go srv.RunReapers(ctx)
 	if err := srv.StartWorkflows(ctx); err != nil {
 		return err
@@ -233,6 +243,35 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	return nil
 }
 
+// newMediaService builds the Blossom media service the settings describe;
+// nil when media is off (the filesystem store without a directory).
+func newMediaService(cfg config.Config) (*media.Service, error) {
+	var store media.Store
+	switch cfg.MediaStore {
+	case "s3":
+		s3, err := media.NewS3Store(media.S3Config{
+			Endpoint: cfg.MediaS3Endpoint, Bucket: cfg.MediaS3Bucket,
+			AccessKey: cfg.MediaS3AccessKey, SecretKey: cfg.MediaS3SecretKey,
+			Region: cfg.MediaS3Region, UseTLS: cfg.MediaS3TLS,
+		})
+		if err != nil {
+			return nil, err
+		}
+		store = s3
+	default:
+		if cfg.MediaDir == "" {
+			return nil, nil
+		}
+		fs, err := media.NewFSStore(cfg.MediaDir)
+		if err != nil {
+			return nil, err
+		}
+		store = fs
+	}
+	limits := media.Limits{MaxBytes: int64(cfg.MediaMaxBytes), AllowedTypes: cfg.MediaAllowedTypes, TempDir: cfg.MediaTempDir}
+	return media.NewService(store, limits, nil), nil
+}
+
 // devOptions locate the dev relay's private cluster.
 type devOptions struct {
 	DataDir string // BUZZ_DEV_DATA_DIR, default .data
@@ -269,6 +308,9 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptions, getenv func(string) string) error {
 	if cfg.ListenAddr == config.Default().ListenAddr {
 		cfg.ListenAddr = "127.0.0.1:3000"
+	}
+	if cfg.MediaStore == "fs" && cfg.MediaDir == "" {
+		cfg.MediaDir = filepath.Join(opts.DataDir, "media")
 	}
 	listener := opts.Listener
 	if listener != nil {

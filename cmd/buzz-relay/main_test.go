@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -17,6 +22,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -77,7 +83,10 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 }
 
 // The dev relay keeps its private cluster across restarts: an event
-// published before a stop is still there after the next start.
+// published before a stop is still there after the next start, and so is
+// a blob uploaded to its media store under the data directory.
+// Mutation killed (media): dev not defaulting BUZZ_MEDIA_DIR to
+// <data dir>/media (the upload answers 404).
 func TestDevRelaySurvivesRestart(t *testing.T) {
 	t.Parallel()
 	dataDir, err := os.MkdirTemp("", "buzz-dev-test-")
@@ -98,6 +107,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 		done := make(chan error, 1)
 		listener, port := listenLoopback(t)
 		relay.URL = fmt.Sprintf("ws://127.0.0.1:%d", port)
+		relay.HTTPURL = fmt.Sprintf("http://127.0.0.1:%d", port)
 		go func() {
 			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener}, noEnv)
 		}()
@@ -114,6 +124,16 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	ev := c.Sign(1, "still here after a restart", nil, 0)
 	require.True(t, c.Publish(ev).OK)
 	c.WS.CloseNow()
+	blob := []byte("a dev upload survives a restart")
+	sum := sha256.Sum256(blob)
+	sha := hex.EncodeToString(sum[:])
+	auth := relaytest.SignEvent(t, relaytest.NewKey(t), 24242, "upload", nostr.Tags{
+		{"t", "upload"}, {"x", sha}, {"expiration", strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)},
+	}, 0)
+	status, _ := devMedia(t, relay, http.MethodPut, "/media/upload", auth, blob)
+	require.Equal(t, http.StatusOK, status)
+	_, err = os.Stat(filepath.Join(dataDir, "media", sha+".txt"))
+	require.NoError(t, err, "the blob is under the data directory")
 	stop()
 
 	stop = start()
@@ -123,6 +143,28 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	got := c.Req("again", map[string]any{"ids": []string{ev.ID}})
 	require.Len(t, got, 1)
 	require.Equal(t, ev.Content, got[0].Content)
+	status, body := devMedia(t, relay, http.MethodGet, "/media/"+sha, nil, nil)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, blob, body)
+}
+
+// devMedia sends one media request to the dev relay's community.
+func devMedia(t *testing.T, relay *relaytest.Relay, method, path string, auth *nostr.Event, body []byte) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, relay.HTTPURL+path, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Host = relay.Host
+	if auth != nil {
+		raw, err := auth.MarshalJSON()
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, out
 }
 
 // newDevDataDir is a data directory the postgres user can reach.

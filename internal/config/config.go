@@ -76,6 +76,28 @@ type Config struct {
 	WorkflowWebhookAllowedNets   []netip.Prefix // non-public networks a webhook may reach anyway
 	WorkflowMaxUnfinishedRuns    int            // unfinished runs one workflow may have; a trigger beyond fails its run with capacity_exceeded
 	WorkflowStepTimeout          time.Duration  // deadline of a step without timeout_secs
+
+	// Blossom media (PUT /media/upload, GET|HEAD|DELETE /media/{sha256}).
+	MediaStore        string   // "fs" (files under MediaDir) or "s3"
+	MediaDir          string   // the fs store's directory; "" with the fs store turns media off (dev: .data/media)
+	MediaMaxBytes     int      // largest blob accepted
+	MediaAllowedTypes []string // media types accepted, as sniffed from the blob's first bytes
+	MediaTempDir      string   // where uploads are spooled while hashed; "" = the system's
+	MediaS3Endpoint   string   // host:port of the S3-compatible server
+	MediaS3Bucket     string
+	MediaS3AccessKey  string
+	MediaS3SecretKey  string
+	MediaS3Region     string
+	MediaS3TLS        bool // https to the S3 endpoint
+}
+
+// DefaultMediaTypes are the blob types accepted unless
+// BUZZ_MEDIA_ALLOWED_TYPES says otherwise: images, audio, video, PDF and
+// plain text; nothing a browser would run as a page or script.
+var DefaultMediaTypes = []string{
+	"image/png", "image/jpeg", "image/gif", "image/webp",
+	"video/mp4", "video/webm", "audio/mpeg", "audio/ogg", "audio/wave",
+	"application/ogg", "application/pdf", "text/plain",
 }
 
 // Default is the configuration with every variable unset.
@@ -130,6 +152,12 @@ func Default() Config {
 		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
 		WorkflowMaxUnfinishedRuns:    1000,
 		WorkflowStepTimeout:          300 * time.Second,
+
+		MediaStore:        "fs",
+		MediaMaxBytes:     100 << 20,
+		MediaAllowedTypes: DefaultMediaTypes,
+		MediaS3Region:     "us-east-1",
+		MediaS3TLS:        true,
 	}
 }
 
@@ -181,6 +209,17 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.prefixes("BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS", &c.WorkflowWebhookAllowedNets)
 	r.positive("BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS", &c.WorkflowMaxUnfinishedRuns)
 	r.duration("BUZZ_WORKFLOW_STEP_TIMEOUT", &c.WorkflowStepTimeout)
+	r.str("BUZZ_MEDIA_STORE", &c.MediaStore)
+	r.str("BUZZ_MEDIA_DIR", &c.MediaDir)
+	r.positive("BUZZ_MEDIA_MAX_BYTES", &c.MediaMaxBytes)
+	r.list("BUZZ_MEDIA_ALLOWED_TYPES", &c.MediaAllowedTypes)
+	r.str("BUZZ_MEDIA_TEMP_DIR", &c.MediaTempDir)
+	r.str("BUZZ_MEDIA_S3_ENDPOINT", &c.MediaS3Endpoint)
+	r.str("BUZZ_MEDIA_S3_BUCKET", &c.MediaS3Bucket)
+	r.str("BUZZ_MEDIA_S3_ACCESS_KEY", &c.MediaS3AccessKey)
+	r.str("BUZZ_MEDIA_S3_SECRET_KEY", &c.MediaS3SecretKey)
+	r.str("BUZZ_MEDIA_S3_REGION", &c.MediaS3Region)
+	r.boolean("BUZZ_MEDIA_S3_TLS", &c.MediaS3TLS)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {
@@ -188,6 +227,15 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	if r.err != nil {
 		return Config{}, r.err
+	}
+	switch c.MediaStore {
+	case "fs":
+	case "s3":
+		if c.MediaS3Endpoint == "" || c.MediaS3Bucket == "" {
+			return Config{}, fmt.Errorf("BUZZ_MEDIA_STORE=s3 needs BUZZ_MEDIA_S3_ENDPOINT and BUZZ_MEDIA_S3_BUCKET")
+		}
+	default:
+		return Config{}, fmt.Errorf("BUZZ_MEDIA_STORE=%q: want fs or s3", c.MediaStore)
 	}
 	if community.RelayURLAuthority(c.RelayURL) == "" {
 		return Config{}, fmt.Errorf("BUZZ_RELAY_URL=%q: want a URL with a host, such as wss://relay.example.com", c.RelayURL)
@@ -250,6 +298,36 @@ func (r *reader) level(name string, dst *slog.Level) {
 	if err := dst.UnmarshalText([]byte(v)); err != nil {
 		r.fail(name, v, "debug, info, warn or error")
 	}
+}
+
+// list reads a comma-separated list of non-empty items.
+func (r *reader) list(name string, dst *[]string) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	var out []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			r.fail(name, v, "a comma-separated list without empty items")
+			return
+		}
+		out = append(out, strings.ToLower(item))
+	}
+	*dst = out
+}
+
+func (r *reader) boolean(name string, dst *bool) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.fail(name, v, "true or false")
+		return
+	}
+	*dst = b
 }
 
 // prefixes reads a comma-separated list of IP addresses and CIDR prefixes

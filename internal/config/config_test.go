@@ -64,3 +64,52 @@ func TestMalformedValuesNameTheVariable(t *testing.T) {
 		require.ErrorContains(t, err, name, "%s=%q", name, value)
 	}
 }
+
+// Media settings: defaults, values read, and a store that cannot work
+// refused at start-up.
+// Mutations killed: a BUZZ_MEDIA_* setting not wired into FromEnv; the s3
+// store accepted without an endpoint or bucket; an unknown store accepted.
+func TestMediaSettings(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "fs", c.MediaStore)
+	require.Empty(t, c.MediaDir, "media is off unless a directory is named")
+	require.Equal(t, 100<<20, c.MediaMaxBytes)
+	require.Equal(t, DefaultMediaTypes, c.MediaAllowedTypes)
+	require.True(t, c.MediaS3TLS)
+
+	c, err = FromEnv(env(map[string]string{
+		"BUZZ_MEDIA_STORE":         "s3",
+		"BUZZ_MEDIA_MAX_BYTES":     "1024",
+		"BUZZ_MEDIA_ALLOWED_TYPES": "image/png, Image/JPEG",
+		"BUZZ_MEDIA_S3_ENDPOINT":   "127.0.0.1:9000",
+		"BUZZ_MEDIA_S3_BUCKET":     "media",
+		"BUZZ_MEDIA_S3_ACCESS_KEY": "ak",
+		"BUZZ_MEDIA_S3_SECRET_KEY": "sk",
+		"BUZZ_MEDIA_S3_REGION":     "eu-west-1",
+		"BUZZ_MEDIA_S3_TLS":        "false",
+		"BUZZ_MEDIA_TEMP_DIR":      "/var/tmp",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, 1024, c.MediaMaxBytes)
+	require.Equal(t, []string{"image/png", "image/jpeg"}, c.MediaAllowedTypes)
+	require.Equal(t, "127.0.0.1:9000", c.MediaS3Endpoint)
+	require.Equal(t, "media", c.MediaS3Bucket)
+	require.Equal(t, "ak", c.MediaS3AccessKey)
+	require.Equal(t, "sk", c.MediaS3SecretKey)
+	require.Equal(t, "eu-west-1", c.MediaS3Region)
+	require.False(t, c.MediaS3TLS)
+	require.Equal(t, "/var/tmp", c.MediaTempDir)
+
+	for name, vars := range map[string]map[string]string{
+		"BUZZ_MEDIA_S3_ENDPOINT":   {"BUZZ_MEDIA_STORE": "s3", "BUZZ_MEDIA_S3_BUCKET": "b"},
+		"BUZZ_MEDIA_STORE":         {"BUZZ_MEDIA_STORE": "ftp"},
+		"BUZZ_MEDIA_S3_TLS":        {"BUZZ_MEDIA_S3_TLS": "maybe"},
+		"BUZZ_MEDIA_MAX_BYTES":     {"BUZZ_MEDIA_MAX_BYTES": "0"},
+		"BUZZ_MEDIA_ALLOWED_TYPES": {"BUZZ_MEDIA_ALLOWED_TYPES": "image/png,,"},
+	} {
+		_, err := FromEnv(env(vars))
+		require.ErrorContains(t, err, name)
+	}
+}

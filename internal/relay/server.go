@@ -28,6 +28,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/trace"
@@ -71,6 +72,7 @@ type Server struct {
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
 	workflowStats  *workflow.Metrics               // set once by registerWorkflows, before serving
 	operatorAPI    atomic.Pointer[http.Handler]
+	media          *media.Service // nil: the media routes answer 404
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -86,6 +88,7 @@ type Option func(*options)
 
 type options struct {
 	clock clock.Clock
+	media *media.Service
 }
 
 // WithClock makes the relay and every service it builds tell time by c
@@ -117,6 +120,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		clock:   o.clock,
 		now:     o.clock.Now,
 		Tracer:  trace.NoopTracer{},
+		media:   o.media,
 
 		PublishLimiter: NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
 		conns:          map[*conn]struct{}{},
@@ -132,6 +136,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		},
 	}
 	s.store.PageRows = cfg.ReqPageRows
+	if s.media != nil {
+		s.media.UseClock(s.now)
+	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
@@ -166,6 +173,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /ready", s.serveReady)
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
+	s.registerMedia(mux)      // Blossom: PUT /media/upload, GET|HEAD|DELETE /media/{sha256}
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
 	mux.HandleFunc("POST /hooks/{id}", s.withTenant(s.serveWorkflowWebhook))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))

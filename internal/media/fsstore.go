@@ -1,0 +1,182 @@
+package media
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// FSStore keeps objects as files under a directory; a key's slashes are
+// subdirectories. Partial writes live in tmpDir, outside every key's
+// directory, so a crash mid-write leaves nothing under a community's
+// prefixes.
+type FSStore struct {
+	root string
+}
+
+// NewFSStore uses dir (created if missing) as the store's root.
+func NewFSStore(dir string) (*FSStore, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("media directory %s: %w", dir, err)
+	}
+	return &FSStore{root: dir}, nil
+}
+
+// path maps a key to its file; keys are built by this package, but a key
+// that could leave the root is refused anyway.
+func (s *FSStore) path(key string) (string, error) {
+	if key == "" || !filepath.IsLocal(filepath.FromSlash(key)) {
+		return "", fmt.Errorf("media: key %q is not a local path", key)
+	}
+	return filepath.Join(s.root, filepath.FromSlash(key)), nil
+}
+
+// tmpDir holds partial writes, on the store's filesystem so the final
+// rename is atomic; no key starts with a dot.
+const tmpDir = ".tmp"
+
+// Put writes to a temporary file and renames it into place, so a reader
+// sees the old object or the whole new one.
+func (s *FSStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+		return err
+	}
+	tmpDir := filepath.Join(s.root, tmpDir)
+	if err := os.MkdirAll(tmpDir, 0o750); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(tmpDir, "put-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename there is nothing to remove
+	n, err := io.Copy(tmp, body)
+	if err == nil && n != size {
+		err = fmt.Errorf("media: wrote %d bytes of %s, want %d", n, key, size)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), p)
+}
+
+// Open opens the file for reading.
+func (s *FSStore) Open(ctx context.Context, key string) (Object, Info, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, Info{}, ErrNotFound
+	}
+	if err != nil {
+		return nil, Info{}, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, Info{}, err
+	}
+	return f, Info{Size: st.Size(), ModTime: st.ModTime()}, nil
+}
+
+// Stat describes the file.
+func (s *FSStore) Stat(ctx context.Context, key string) (Info, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	st, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Info{}, ErrNotFound
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	return Info{Size: st.Size(), ModTime: st.ModTime()}, nil
+}
+
+// Delete removes the file; directories it leaves empty stay (they cost
+// nothing and removing them would race a concurrent Put into them).
+func (s *FSStore) Delete(ctx context.Context, key string) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// List walks the directory the prefix names (prefixes used here always end
+// at a slash) and returns the keys of its files, temporary ones excluded.
+func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
+	dir := s.root
+	if prefix != "" {
+		var err error
+		if dir, err = s.path(strings.TrimSuffix(prefix, "/")); err != nil {
+			return nil, err
+		}
+	}
+	var keys []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			if p == filepath.Join(s.root, tmpDir) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, err := filepath.Rel(s.root, p)
+		if err != nil {
+			return err
+		}
+		keys = append(keys, filepath.ToSlash(rel))
+		return nil
+	})
+	return keys, err
+}
+
+// Children lists the subdirectories of the prefix's directory.
+func (s *FSStore) Children(ctx context.Context, prefix string) ([]string, error) {
+	dir, err := s.path(strings.TrimSuffix(prefix, "/"))
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}

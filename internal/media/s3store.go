@@ -1,0 +1,128 @@
+package media
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3Config locates an S3-compatible bucket.
+type S3Config struct {
+	Endpoint  string // host:port, no scheme
+	Bucket    string
+	AccessKey string
+	SecretKey string
+	Region    string
+	UseTLS    bool
+}
+
+// S3Store keeps objects in an S3-compatible bucket.
+type S3Store struct {
+	client *minio.Client
+	bucket string
+}
+
+// NewS3Store builds the client; it does not contact the server (the first
+// request does), so a relay starts while the store is briefly unreachable.
+func NewS3Store(cfg S3Config) (*S3Store, error) {
+	client, err := minio.New(cfg.Endpoint, &minio.Options{
+		Creds:  credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
+		Secure: cfg.UseTLS,
+		Region: cfg.Region,
+		// Path-style addressing works with every S3-compatible server;
+		// virtual-host style needs DNS for each bucket.
+		BucketLookup: minio.BucketLookupPath,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("media S3 endpoint %q: %w", cfg.Endpoint, err)
+	}
+	return &S3Store{client: client, bucket: cfg.Bucket}, nil
+}
+
+func notFound(err error) bool {
+	resp := minio.ToErrorResponse(err)
+	return resp.StatusCode == http.StatusNotFound || resp.Code == "NoSuchKey"
+}
+
+// Put uploads the object; S3 makes it visible only when complete. The
+// payload is not streamed with chunk signatures (aws-chunked): the relay
+// hashed the bytes itself before they reach the store, and servers differ
+// in which requests they accept that encoding on (some take it on a single
+// PUT but store the chunk framing of multipart parts as data).
+func (s *S3Store) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	_, err := s.client.PutObject(ctx, s.bucket, key, body, size, minio.PutObjectOptions{
+		ContentType:          contentType,
+		DisableContentSha256: true,
+	})
+	return err
+}
+
+// Open stats the object, then returns a lazy reader: each Seek followed by
+// a Read issues a ranged GET, so a ranged response never fetches the
+// whole blob.
+func (s *S3Store) Open(ctx context.Context, key string) (Object, Info, error) {
+	info, err := s.Stat(ctx, key)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		if notFound(err) {
+			return nil, Info{}, ErrNotFound
+		}
+		return nil, Info{}, err
+	}
+	return obj, info, nil
+}
+
+// Stat heads the object.
+func (s *S3Store) Stat(ctx context.Context, key string) (Info, error) {
+	st, err := s.client.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
+	if err != nil {
+		if notFound(err) {
+			return Info{}, ErrNotFound
+		}
+		return Info{}, err
+	}
+	return Info{Size: st.Size, ModTime: st.LastModified}, nil
+}
+
+// Delete removes the object; S3 answers success for an absent key.
+func (s *S3Store) Delete(ctx context.Context, key string) error {
+	err := s.client.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{})
+	if err != nil && notFound(err) {
+		return nil
+	}
+	return err
+}
+
+// List pages through every key under prefix.
+func (s *S3Store) List(ctx context.Context, prefix string) ([]string, error) {
+	var keys []string
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			return nil, obj.Err
+		}
+		keys = append(keys, obj.Key)
+	}
+	return keys, nil
+}
+
+// Children lists the common prefixes one level under prefix.
+func (s *S3Store) Children(ctx context.Context, prefix string) ([]string, error) {
+	var names []string
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: false}) {
+		if obj.Err != nil {
+			return nil, obj.Err
+		}
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(obj.Key, prefix), "/"); ok && name != "" {
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}

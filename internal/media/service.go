@@ -1,0 +1,337 @@
+package media
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Refusals a client can cause; the HTTP layer maps each to its status.
+var (
+	ErrTooLarge       = errors.New("blob too large")
+	ErrTypeNotAllowed = errors.New("media type not allowed")
+	ErrHashMismatch   = errors.New("blob hash mismatch")
+	ErrNotUploader    = errors.New("not the uploader")
+	ErrEmpty          = errors.New("empty blob")
+)
+
+// Limits bound what an upload may be.
+type Limits struct {
+	MaxBytes     int64    // largest blob accepted
+	AllowedTypes []string // media types (no parameters) accepted
+	TempDir      string   // where an upload is spooled while it is hashed; "" = os.TempDir()
+}
+
+// Descriptor is what the relay knows of one community's blob.
+type Descriptor struct {
+	SHA256   string `json:"sha256"`
+	Size     int64  `json:"size"`
+	Type     string `json:"type"`
+	Uploaded int64  `json:"uploaded"`
+	Blob     string `json:"blob"` // the shared blob's key
+}
+
+// uploadRecord attributes one upload of a blob in one community.
+type uploadRecord struct {
+	Pubkey   string `json:"pubkey"`
+	SHA256   string `json:"sha256"`
+	Uploaded int64  `json:"uploaded"`
+}
+
+// Service stores and serves blobs per community over one Store.
+type Service struct {
+	store  Store
+	limits Limits
+	now    func() time.Time
+	// Uploads and deletes of one hash serialize on its lock, so this
+	// process never deletes a blob between another upload's check that it
+	// exists and the write of that upload's sidecar. Different hashes never
+	// wait for each other, however long a blob takes to store.
+	locksMu sync.Mutex
+	locks   map[string]*hashLock
+}
+
+// hashLock is one hash's lock and how many requests hold or await it.
+type hashLock struct {
+	sync.Mutex
+	users int
+}
+
+// NewService serves blobs from store; now is the relay's clock.
+func NewService(store Store, limits Limits, now func() time.Time) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}}
+}
+
+// UseClock makes the service tell upload times by now (the relay's one
+// clock); call it before serving.
+func (s *Service) UseClock(now func() time.Time) { s.now = now }
+
+// Limits reports the service's upload bounds.
+func (s *Service) Limits() Limits { return s.limits }
+
+// lock takes sha's lock and returns its release; the entry lives only
+// while someone holds or awaits it.
+func (s *Service) lock(sha string) func() {
+	s.locksMu.Lock()
+	l := s.locks[sha]
+	if l == nil {
+		l = &hashLock{}
+		s.locks[sha] = l
+	}
+	l.users++
+	s.locksMu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		s.locksMu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, sha)
+		}
+		s.locksMu.Unlock()
+	}
+}
+
+// sniffLen is how much of a blob http.DetectContentType looks at.
+const sniffLen = 512
+
+// Upload spools body to a temporary file while hashing it, refuses it if
+// it exceeds the size limit or its sniffed type is not allowed, asks
+// accept (nil = accept all) whether the request may store these bytes,
+// then stores the blob (once for all communities), this community's
+// sidecar, and an upload record for uploader.
+func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader string, body io.Reader, accept func(sha string) error) (Descriptor, error) {
+	head := make([]byte, sniffLen)
+	n, err := io.ReadFull(body, head)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return Descriptor{}, fmt.Errorf("read upload: %w", err)
+	}
+	head = head[:n]
+	if n == 0 {
+		return Descriptor{}, fmt.Errorf("%w: the request has no body", ErrEmpty)
+	}
+	if int64(n) > s.limits.MaxBytes {
+		return Descriptor{}, fmt.Errorf("%w: the limit is %d bytes", ErrTooLarge, s.limits.MaxBytes)
+	}
+	mediaType := sniffType(head)
+	if !slices.Contains(s.limits.AllowedTypes, mediaType) {
+		return Descriptor{}, fmt.Errorf("%w: the content is %s; allowed: %s", ErrTypeNotAllowed, mediaType, strings.Join(s.limits.AllowedTypes, ", "))
+	}
+
+	tmp, err := os.CreateTemp(s.limits.TempDir, "buzz-upload-*")
+	if err != nil {
+		return Descriptor{}, fmt.Errorf("spool upload: %w", err)
+	}
+	defer func() {
+		tmp.Close()
+		os.Remove(tmp.Name())
+	}()
+	hash := sha256.New()
+	sink := io.MultiWriter(tmp, hash)
+	if _, err := sink.Write(head); err != nil {
+		return Descriptor{}, fmt.Errorf("spool upload: %w", err)
+	}
+	// One byte past the limit tells an oversized body from one exactly at it.
+	rest, err := io.Copy(sink, io.LimitReader(body, s.limits.MaxBytes-int64(n)+1))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return Descriptor{}, fmt.Errorf("%w: the limit is %d bytes", ErrTooLarge, s.limits.MaxBytes)
+		}
+		return Descriptor{}, fmt.Errorf("read upload: %w", err)
+	}
+	size := int64(n) + rest
+	if size > s.limits.MaxBytes {
+		return Descriptor{}, fmt.Errorf("%w: the limit is %d bytes", ErrTooLarge, s.limits.MaxBytes)
+	}
+	sha := hex.EncodeToString(hash.Sum(nil))
+	if accept != nil {
+		if err := accept(sha); err != nil {
+			return Descriptor{}, err
+		}
+	}
+
+	now := s.now()
+	unlock := s.lock(sha)
+	defer unlock()
+	d, err := s.readSidecar(ctx, community, sha)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		d = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}
+	case err != nil:
+		return Descriptor{}, err
+	}
+	// The blob is written unless already there: same hash, same bytes. An
+	// upload also restores a blob a delete on another relay process
+	// removed while this community still had its sidecar.
+	if _, err := s.store.Stat(ctx, d.Blob); errors.Is(err, ErrNotFound) {
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return Descriptor{}, err
+		}
+		if err := s.store.Put(ctx, d.Blob, tmp, size, mediaType); err != nil {
+			return Descriptor{}, fmt.Errorf("store blob: %w", err)
+		}
+	} else if err != nil {
+		return Descriptor{}, fmt.Errorf("stat blob: %w", err)
+	}
+	if err := s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
+		return Descriptor{}, fmt.Errorf("store sidecar: %w", err)
+	}
+	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
+	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
+		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
+	}
+	return d, nil
+}
+
+// sniffType is the media type of a blob's first bytes, without parameters.
+func sniffType(head []byte) string {
+	t, _, err := mime.ParseMediaType(http.DetectContentType(head))
+	if err != nil {
+		return "application/octet-stream"
+	}
+	return t
+}
+
+// Open returns community's descriptor of sha and its bytes; ErrNotFound
+// when the community has no such blob (even if another community has).
+func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (Descriptor, Object, error) {
+	d, err := s.readSidecar(ctx, community, sha)
+	if err != nil {
+		return Descriptor{}, nil, err
+	}
+	obj, _, err := s.store.Open(ctx, d.Blob)
+	if err != nil {
+		return Descriptor{}, nil, err
+	}
+	return d, obj, nil
+}
+
+// Delete removes uploader's upload records of sha in community. When no
+// other member's record remains, the community's sidecar goes too; when
+// no community has a sidecar left, the blob goes. ErrNotFound: the
+// community has no such blob; ErrNotUploader: it has, but uploader never
+// uploaded it here.
+func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
+	unlock := s.lock(sha)
+	defer unlock()
+	d, err := s.readSidecar(ctx, community, sha)
+	if err != nil {
+		return err
+	}
+	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
+	if err != nil {
+		return fmt.Errorf("list upload records: %w", err)
+	}
+	var mine, others []string
+	for _, key := range keys {
+		var rec uploadRecord
+		if err := s.readJSON(ctx, key, &rec); err != nil {
+			return fmt.Errorf("read upload record: %w", err)
+		}
+		if rec.Pubkey == uploader {
+			mine = append(mine, key)
+		} else {
+			others = append(others, key)
+		}
+	}
+	if len(mine) == 0 {
+		return fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+	}
+	for _, key := range mine {
+		if err := s.store.Delete(ctx, key); err != nil {
+			return fmt.Errorf("delete upload record: %w", err)
+		}
+	}
+	if len(others) > 0 {
+		return nil
+	}
+	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
+		return fmt.Errorf("delete sidecar: %w", err)
+	}
+	referenced, err := s.referenced(ctx, sha)
+	if err != nil || referenced {
+		// An unreferenced blob left behind is only space; a referenced
+		// one deleted would break another community.
+		return err
+	}
+	if err := s.store.Delete(ctx, d.Blob); err != nil {
+		return fmt.Errorf("delete blob: %w", err)
+	}
+	return nil
+}
+
+// referenced reports whether any community still has a sidecar for sha.
+// It costs one listing plus one stat per community with media, paid only
+// by a delete that removes a community's last reference.
+func (s *Service) referenced(ctx context.Context, sha string) (bool, error) {
+	communities, err := s.store.Children(ctx, "_meta/")
+	if err != nil {
+		return false, fmt.Errorf("list communities with media: %w", err)
+	}
+	for _, name := range communities {
+		id, err := uuid.Parse(name)
+		if err != nil {
+			continue // not a community's prefix
+		}
+		_, err = s.store.Stat(ctx, sidecarKey(id, sha))
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return false, fmt.Errorf("stat sidecar: %w", err)
+		}
+	}
+	return false, nil
+}
+
+func (s *Service) readSidecar(ctx context.Context, community uuid.UUID, sha string) (Descriptor, error) {
+	var d Descriptor
+	if err := s.readJSON(ctx, sidecarKey(community, sha), &d); err != nil {
+		return Descriptor{}, err
+	}
+	return d, nil
+}
+
+// maxRecordBytes bounds a sidecar or upload record read back.
+const maxRecordBytes = 64 << 10
+
+func (s *Service) readJSON(ctx context.Context, key string, v any) error {
+	obj, _, err := s.store.Open(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer obj.Close()
+	raw, err := io.ReadAll(io.LimitReader(obj, maxRecordBytes))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Service) putJSON(ctx context.Context, key string, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.store.Put(ctx, key, bytes.NewReader(raw), int64(len(raw)), "application/json")
+}

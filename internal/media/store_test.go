@@ -1,0 +1,82 @@
+package media_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/media/s3test"
+)
+
+// stores are the Store implementations every store test runs against.
+var stores = map[string]func(t testing.TB) media.Store{
+	"fs": func(t testing.TB) media.Store {
+		s, err := media.NewFSStore(t.TempDir())
+		require.NoError(t, err)
+		return s
+	},
+	"s3": func(t testing.TB) media.Store { return s3test.Store(t) },
+}
+
+// The Store contract on both stores: put, open, seek, stat, list, children,
+// delete, and ErrNotFound for absent keys.
+// Mutations killed: Open or Stat returning a raw not-found error instead of
+// ErrNotFound; Delete failing on an absent key; Children returning keys
+// rather than directory names; List missing nested keys.
+func TestStoreContract(t *testing.T) {
+	t.Parallel()
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := open(t)
+			body := bytes.Repeat([]byte("0123456789"), 100)
+			require.NoError(t, s.Put(ctx, "blob.bin", bytes.NewReader(body), int64(len(body)), "application/octet-stream"))
+			require.NoError(t, s.Put(ctx, "_meta/c1/a.json", bytes.NewReader([]byte("{}")), 2, "application/json"))
+			require.NoError(t, s.Put(ctx, "_meta/c2/a.json", bytes.NewReader([]byte("{}")), 2, "application/json"))
+			require.NoError(t, s.Put(ctx, "_uploads/c1/a/X.json", bytes.NewReader([]byte("{}")), 2, "application/json"))
+
+			obj, info, err := s.Open(ctx, "blob.bin")
+			require.NoError(t, err)
+			require.EqualValues(t, len(body), info.Size)
+			_, err = obj.Seek(995, io.SeekStart)
+			require.NoError(t, err)
+			tail, err := io.ReadAll(obj)
+			require.NoError(t, err)
+			require.Equal(t, "56789", string(tail))
+			require.NoError(t, obj.Close())
+
+			st, err := s.Stat(ctx, "blob.bin")
+			require.NoError(t, err)
+			require.EqualValues(t, len(body), st.Size)
+
+			_, err = s.Stat(ctx, "missing.bin")
+			require.ErrorIs(t, err, media.ErrNotFound)
+			_, _, err = s.Open(ctx, "missing.bin")
+			require.ErrorIs(t, err, media.ErrNotFound)
+
+			keys, err := s.List(ctx, "_meta/")
+			require.NoError(t, err)
+			slices.Sort(keys)
+			require.Equal(t, []string{"_meta/c1/a.json", "_meta/c2/a.json"}, keys)
+			all, err := s.List(ctx, "")
+			require.NoError(t, err)
+			require.Len(t, all, 4)
+
+			children, err := s.Children(ctx, "_meta/")
+			require.NoError(t, err)
+			slices.Sort(children)
+			require.Equal(t, []string{"c1", "c2"}, children)
+
+			require.NoError(t, s.Delete(ctx, "blob.bin"))
+			require.NoError(t, s.Delete(ctx, "blob.bin"), "deleting an absent key is not an error")
+			_, err = s.Stat(ctx, "blob.bin")
+			require.ErrorIs(t, err, media.ErrNotFound)
+		})
+	}
+}

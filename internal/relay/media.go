@@ -1,0 +1,370 @@
+package relay
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// kindBlossomAuth is the Blossom authorization event (BUD-01).
+const kindBlossomAuth = 24242
+
+// WithMedia serves Blossom media from svc under /media/; without it the
+// media routes answer 404.
+func WithMedia(svc *media.Service) Option {
+	return func(o *options) { o.media = svc }
+}
+
+func (s *Server) registerMedia(mux *http.ServeMux) {
+	mux.HandleFunc("PUT /media/upload", s.withTenant(s.serveMediaUpload))
+	mux.HandleFunc("HEAD /media/upload", s.withTenant(s.serveMediaUploadCheck))
+	mux.HandleFunc("GET /media/{name}", s.withTenant(s.serveMediaGet)) // HEAD too
+	mux.HandleFunc("DELETE /media/{name}", s.withTenant(s.serveMediaDelete))
+}
+
+// mediaError answers a refusal as JSON, with the reason also in X-Reason,
+// where Blossom clients look for it.
+func mediaError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("X-Reason", msg)
+	writeError(w, status, msg)
+}
+
+// blobDescriptor is the BUD-02 blob descriptor.
+type blobDescriptor struct {
+	URL      string `json:"url"`
+	SHA256   string `json:"sha256"`
+	Size     int64  `json:"size"`
+	Type     string `json:"type"`
+	Uploaded int64  `json:"uploaded"`
+}
+
+// mediaAuth checks the Authorization header for action ("upload" or
+// "delete"): either a NIP-98 event bound to this URL and method, or a
+// Blossom kind 24242 event whose t tag is action, that has not expired
+// and, when it names servers, names this host. It returns the event;
+// failures are *authError.
+func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error) {
+	kind, err := authHeaderKind(r.Header.Get("Authorization"))
+	if err != nil || kind == nostr.KindHTTPAuth {
+		// The NIP-98 check gives the precise refusal for a malformed header.
+		return s.checkHTTPAuth(r)
+	}
+	if kind != kindBlossomAuth {
+		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", kindBlossomAuth, nostr.KindHTTPAuth)
+	}
+	_, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	raw, _ := decodeAuthToken(token) // authHeaderKind decoded it already
+	ev, err := nostr.ParseEvent(raw, s.limits)
+	if err != nil {
+		return nil, authFail("auth event: %v", err)
+	}
+	if err := ev.Verify(); err != nil {
+		if errors.Is(err, nostr.ErrBadID) {
+			return nil, authFail("auth event id does not match its content")
+		}
+		return nil, authFail("auth event: %v", err)
+	}
+	now := s.now().Unix()
+	if ev.CreatedAt > now+int64(s.cfg.AuthWindow.Seconds()) {
+		return nil, authFail("auth event created_at is in the future")
+	}
+	exp := ev.Tags.First("expiration")
+	if exp == nil {
+		return nil, authFail("auth event has no expiration tag")
+	}
+	until, err := strconv.ParseInt(exp[1], 10, 64)
+	if err != nil {
+		return nil, authFail("auth event expiration is not a unix time")
+	}
+	if until <= now {
+		return nil, authFail("auth event expired at %d", until)
+	}
+	if t := ev.Tags.First("t"); t == nil || t[1] != action {
+		return nil, authFail("auth event t tag must be %q for this request", action)
+	}
+	var servers []string
+	for _, tag := range ev.Tags {
+		if len(tag) >= 2 && tag[0] == "server" {
+			servers = append(servers, tag[1])
+		}
+	}
+	if len(servers) > 0 && !slices.ContainsFunc(servers, func(v string) bool { return sameServer(v, r.Host) }) {
+		return nil, authFail("auth event server tags do not name this host (%s)", r.Host)
+	}
+	return ev, nil
+}
+
+// authHeaderKind peeks at the kind of the event in a Nostr Authorization
+// header.
+func authHeaderKind(header string) (int, error) {
+	scheme, token, _ := strings.Cut(strings.TrimSpace(header), " ")
+	if !strings.EqualFold(scheme, "Nostr") {
+		return 0, errors.New("not a Nostr authorization")
+	}
+	raw, err := decodeAuthToken(token)
+	if err != nil {
+		return 0, err
+	}
+	var probe struct {
+		Kind int `json:"kind"`
+	}
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return 0, err
+	}
+	return probe.Kind, nil
+}
+
+func decodeAuthToken(token string) ([]byte, error) {
+	token = strings.TrimSpace(token)
+	raw, err := base64.StdEncoding.DecodeString(token)
+	if err != nil {
+		return base64.RawStdEncoding.DecodeString(token)
+	}
+	return raw, nil
+}
+
+// sameServer compares a Blossom server tag (a bare domain or a URL) with
+// the request's Host.
+func sameServer(tag, host string) bool {
+	tag = strings.TrimSpace(tag)
+	if strings.Contains(tag, "://") {
+		u, err := url.Parse(tag)
+		if err != nil {
+			return false
+		}
+		tag = u.Host
+	}
+	tag, _, _ = strings.Cut(tag, "/")
+	return community.NormalizeHost(tag) == community.NormalizeHost(host) ||
+		community.NormalizeHost(tag) == hostOnly(community.NormalizeHost(host))
+}
+
+// hostOnly drops the port of a normalized host: a server tag usually names
+// the domain alone.
+func hostOnly(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') {
+		return host[:i]
+	}
+	return host
+}
+
+// hashTags are the x tag values of a Blossom event, lowercased.
+func hashTags(ev *nostr.Event) []string {
+	var out []string
+	for _, tag := range ev.Tags {
+		if len(tag) >= 2 && tag[0] == "x" {
+			out = append(out, strings.ToLower(tag[1]))
+		}
+	}
+	return out
+}
+
+func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenant, err error) {
+	var ae *authError
+	if !errors.As(err, &ae) {
+		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
+		mediaError(w, http.StatusInternalServerError, "could not check authorization; try again")
+		return
+	}
+	w.Header().Set("WWW-Authenticate", "Nostr")
+	mediaError(w, http.StatusUnauthorized, ae.Reason)
+}
+
+func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	if s.media == nil {
+		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		return
+	}
+	ev, err := s.mediaAuth(r, "upload")
+	if err != nil {
+		s.mediaUnauthorized(w, tenant, err)
+		return
+	}
+	limits := s.media.Limits()
+	if r.ContentLength > limits.MaxBytes {
+		mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", r.ContentLength, limits.MaxBytes))
+		return
+	}
+	if ok, retry := s.PublishLimiter.Allow(tenant.ID(), ev.PubKey, s.now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+		mediaError(w, http.StatusTooManyRequests, rateLimitedReason(retry))
+		return
+	}
+	declared := strings.ToLower(strings.TrimSpace(r.Header.Get("X-SHA-256")))
+	// The bytes must be the ones the client signed or declared: a NIP-98
+	// payload tag, a Blossom event's x tags, the X-SHA-256 header.
+	accept := func(sha string) error {
+		if declared != "" && declared != sha {
+			return fmt.Errorf("%w: the body's SHA-256 is %s, X-SHA-256 names %s", media.ErrHashMismatch, sha, declared)
+		}
+		if ev.Kind == nostr.KindHTTPAuth {
+			payload := ev.Tags.First("payload")
+			if payload == nil {
+				return authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
+			}
+			if !strings.EqualFold(payload[1], sha) {
+				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
+			}
+			// Claimed only for bytes it signed, before anything is stored.
+			return s.claimHTTPAuth(r.Context(), tenant, ev)
+		}
+		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
+			return fmt.Errorf("%w: the body's SHA-256 is %s, the auth event's x tag names another", media.ErrHashMismatch, sha)
+		}
+		return nil
+	}
+	d, err := s.media.Upload(r.Context(), tenant.ID(), ev.PubKey, r.Body, accept)
+	if err != nil {
+		s.mediaFailed(w, r, tenant, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.descriptor(r, d))
+}
+
+// serveMediaUploadCheck is the upload preflight (BUD-06): the client
+// describes the blob in X-SHA-256, X-Content-Length and X-Content-Type and
+// learns, before sending a byte, whether an upload with the same
+// Authorization would be refused for its size, its declared type or its
+// auth. The type is checked again, sniffed from the bytes, on upload.
+func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	if s.media == nil {
+		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		return
+	}
+	ev, err := s.mediaAuth(r, "upload")
+	if err != nil {
+		s.mediaUnauthorized(w, tenant, err)
+		return
+	}
+	limits := s.media.Limits()
+	if v := r.Header.Get("X-Content-Length"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			mediaError(w, http.StatusBadRequest, "invalid: X-Content-Length must be a byte count")
+			return
+		}
+		if n > limits.MaxBytes {
+			mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", n, limits.MaxBytes))
+			return
+		}
+	}
+	if v := r.Header.Get("X-Content-Type"); v != "" {
+		mediaType, _, err := mime.ParseMediaType(v)
+		if err != nil || !slices.Contains(limits.AllowedTypes, mediaType) {
+			mediaError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("invalid: media type not allowed: %s; allowed: %s", v, strings.Join(limits.AllowedTypes, ", ")))
+			return
+		}
+	}
+	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
+	if sha != "" && ev.Kind == kindBlossomAuth {
+		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
+			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
+			return
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) descriptor(r *http.Request, d media.Descriptor) blobDescriptor {
+	base := s.requestURL(r)
+	base = base[:len(base)-len(r.URL.RequestURI())]
+	_, ext, _ := strings.Cut(d.Blob, ".")
+	return blobDescriptor{URL: base + "/media/" + d.SHA256 + "." + ext, SHA256: d.SHA256, Size: d.Size, Type: d.Type, Uploaded: d.Uploaded}
+}
+
+// mediaFailed answers a media.Service error.
+func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
+	var ae *authError
+	switch {
+	case errors.As(err, &ae):
+		s.mediaUnauthorized(w, tenant, err)
+	case errors.Is(err, media.ErrTooLarge):
+		mediaError(w, http.StatusRequestEntityTooLarge, "invalid: "+err.Error())
+	case errors.Is(err, media.ErrTypeNotAllowed):
+		mediaError(w, http.StatusUnsupportedMediaType, "invalid: "+err.Error())
+	case errors.Is(err, media.ErrHashMismatch), errors.Is(err, media.ErrEmpty):
+		mediaError(w, http.StatusBadRequest, "invalid: "+err.Error())
+	case errors.Is(err, media.ErrNotFound):
+		mediaError(w, http.StatusNotFound, "not found: this community has no such blob")
+	case errors.Is(err, media.ErrNotUploader):
+		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
+	default:
+		if r.Context().Err() == nil {
+			s.log.Error("media request failed", "community", tenant.Host(), "method", r.Method, "err", err)
+		}
+		mediaError(w, http.StatusInternalServerError, "error: could not reach the media store; try again")
+	}
+}
+
+// serveMediaGet serves a blob, whole or by Range, to anyone who names its
+// hash at a community that has it (Blossom reads are capability URLs: the
+// hash is the secret). HEAD answers the same headers without the body.
+func (s *Server) serveMediaGet(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	if s.media == nil {
+		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		return
+	}
+	sha, _, ok := media.ParseBlobName(r.PathValue("name"))
+	if !ok {
+		mediaError(w, http.StatusBadRequest, "invalid: want /media/<sha256>[.ext] with a 64-digit hex hash")
+		return
+	}
+	d, obj, err := s.media.Open(r.Context(), tenant.ID(), sha)
+	if err != nil {
+		s.mediaFailed(w, r, tenant, err)
+		return
+	}
+	defer obj.Close()
+	h := w.Header()
+	h.Set("Content-Type", d.Type)
+	h.Set("ETag", `"`+d.SHA256+`"`)
+	h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	h.Set("X-Content-Type-Options", "nosniff")
+	// ServeContent answers Range, If-Range, If-None-Match and HEAD, and sets
+	// Content-Length.
+	http.ServeContent(w, r, "", time.Unix(d.Uploaded, 0), obj)
+}
+
+func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	if s.media == nil {
+		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		return
+	}
+	sha, _, ok := media.ParseBlobName(r.PathValue("name"))
+	if !ok {
+		mediaError(w, http.StatusBadRequest, "invalid: want /media/<sha256>[.ext] with a 64-digit hex hash")
+		return
+	}
+	ev, err := s.mediaAuth(r, "delete")
+	if err != nil {
+		s.mediaUnauthorized(w, tenant, err)
+		return
+	}
+	if ev.Kind == kindBlossomAuth {
+		// A delete token names the blobs it may delete.
+		if !slices.Contains(hashTags(ev), sha) {
+			s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+			return
+		}
+	} else if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
+		s.mediaUnauthorized(w, tenant, err)
+		return
+	}
+	if err := s.media.Delete(r.Context(), tenant.ID(), sha, ev.PubKey); err != nil {
+		s.mediaFailed(w, r, tenant, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"deleted": sha})
+}

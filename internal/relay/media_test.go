@@ -1,0 +1,411 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/media/s3test"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// mediaStores are the stores every media acceptance test runs on: files
+// in a temporary directory, and a real S3-protocol server on loopback.
+var mediaStores = map[string]func(t testing.TB) media.Store{
+	"fs": func(t testing.TB) media.Store {
+		s, err := media.NewFSStore(t.TempDir())
+		require.NoError(t, err)
+		return s
+	},
+	"s3": func(t testing.TB) media.Store { return s3test.Store(t) },
+}
+
+// testMediaMaxBytes keeps the oversize tests small.
+const testMediaMaxBytes = 64 << 10
+
+// mediaRelay is a relay serving media from store.
+func mediaRelay(t *testing.T, store media.Store) *relaytest.Relay {
+	t.Helper()
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	return relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+}
+
+// pngBlob is a distinct PNG-sniffed blob of n bytes.
+func pngBlob(t *testing.T, n int) []byte {
+	t.Helper()
+	b := append([]byte("\x89PNG\r\n\x1a\n"), []byte(uuid.NewString())...)
+	for len(b) < n {
+		b = append(b, byte(len(b)*7))
+	}
+	return b[:n]
+}
+
+func hexSHA(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// blossomAuth is a Blossom kind 24242 Authorization header for action,
+// valid for a minute unless mutate changes it.
+func blossomAuth(t *testing.T, key *nostr.SecretKey, action string, hashes []string, mutate func(*nostr.Event)) string {
+	t.Helper()
+	tags := nostr.Tags{{"t", action}, {"expiration", strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)}}
+	for _, h := range hashes {
+		tags = append(tags, nostr.Tag{"x", h})
+	}
+	ev := &nostr.Event{Kind: 24242, CreatedAt: time.Now().Unix(), Content: action + " blob", Tags: tags}
+	if mutate != nil {
+		mutate(ev)
+	}
+	require.NoError(t, ev.Sign(key))
+	return authHeader(ev)
+}
+
+type mediaReply struct {
+	Status int
+	Header http.Header
+	Body   []byte
+	Error  string `json:"error"`
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+	Type   string `json:"type"`
+}
+
+// mediaDo sends one media request to host ("" = the home community).
+func mediaDo(t *testing.T, r *relaytest.Relay, method, host, path, authorization string, body io.Reader, header map[string]string) mediaReply {
+	t.Helper()
+	req, err := http.NewRequest(method, r.HTTPURL+path, body)
+	require.NoError(t, err)
+	if host != "" {
+		req.Host = host
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := mediaReply{Status: resp.StatusCode, Header: resp.Header, Body: raw}
+	if resp.Header.Get("Content-Type") == "application/json" && len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
+	}
+	return out
+}
+
+func upload(t *testing.T, r *relaytest.Relay, host string, key *nostr.SecretKey, blob []byte) mediaReply {
+	t.Helper()
+	return mediaDo(t, r, http.MethodPut, host, "/media/upload", blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil), bytes.NewReader(blob), nil)
+}
+
+func storeKeys(t *testing.T, s media.Store) []string {
+	t.Helper()
+	keys, err := s.List(context.Background(), "")
+	require.NoError(t, err)
+	slices.Sort(keys)
+	return keys
+}
+
+// Upload, GET (whole, with an extension, ranged, conditional), HEAD and
+// delete through the relay on both stores; afterwards nothing of the blob
+// is left.
+// Mutations killed: GET without Range support (206 expected); a wrong or
+// missing Content-Type, Content-Length or ETag; HEAD sending a body;
+// delete leaving the blob, the sidecar or the upload record behind.
+func TestMediaRoundTrip(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range mediaStores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := newStore(t)
+			r := mediaRelay(t, store)
+			key := relaytest.NewKey(t)
+			blob := pngBlob(t, 10_000)
+			sha := hexSHA(blob)
+
+			up := upload(t, r, "", key, blob)
+			require.Equal(t, http.StatusOK, up.Status, "%s", up.Body)
+			require.Equal(t, sha, up.SHA256)
+			require.EqualValues(t, len(blob), up.Size)
+			require.Equal(t, "image/png", up.Type)
+			require.Equal(t, r.HTTPURL+"/media/"+sha+".png", up.URL)
+
+			for _, path := range []string{"/media/" + sha, "/media/" + sha + ".png", "/media/" + sha + ".jpg"} {
+				got := mediaDo(t, r, http.MethodGet, "", path, "", nil, nil)
+				require.Equal(t, http.StatusOK, got.Status, path)
+				require.Equal(t, blob, got.Body, path)
+				require.Equal(t, "image/png", got.Header.Get("Content-Type"), path)
+				require.Equal(t, strconv.Itoa(len(blob)), got.Header.Get("Content-Length"), path)
+				require.Equal(t, `"`+sha+`"`, got.Header.Get("ETag"), path)
+			}
+
+			head := mediaDo(t, r, http.MethodHead, "", "/media/"+sha, "", nil, nil)
+			require.Equal(t, http.StatusOK, head.Status)
+			require.Empty(t, head.Body)
+			require.Equal(t, strconv.Itoa(len(blob)), head.Header.Get("Content-Length"))
+			require.Equal(t, "image/png", head.Header.Get("Content-Type"))
+
+			ranged := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": "bytes=1000-1999"})
+			require.Equal(t, http.StatusPartialContent, ranged.Status)
+			require.Equal(t, blob[1000:2000], ranged.Body)
+			require.Equal(t, fmt.Sprintf("bytes 1000-1999/%d", len(blob)), ranged.Header.Get("Content-Range"))
+
+			cached := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"If-None-Match": `"` + sha + `"`})
+			require.Equal(t, http.StatusNotModified, cached.Status)
+
+			del := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, key, "delete", []string{sha}, nil), nil, nil)
+			require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+			gone := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil)
+			require.Equal(t, http.StatusNotFound, gone.Status)
+			require.Contains(t, gone.Error, "not found")
+			require.Empty(t, storeKeys(t, store), "blob, sidecar and upload record are all gone")
+		})
+	}
+}
+
+// The same bytes uploaded in two communities are one blob with two
+// sidecars and two upload records; deleting in one community keeps the
+// blob for the other, and the last delete removes it.
+// Mutations killed: blob keys per community (two blobs); sidecars or
+// upload records outside _meta/<community>/ and _uploads/<community>/;
+// delete removing the blob while another community references it; delete
+// leaving an unreferenced blob.
+func TestMediaSharedBlobAcrossCommunities(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range mediaStores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := newStore(t)
+			r := mediaRelay(t, store)
+			otherHost := "other.example"
+			other := r.AddCommunity(t, otherHost)
+			alice, bob := relaytest.NewKey(t), relaytest.NewKey(t)
+			blob := pngBlob(t, 3000)
+			sha := hexSHA(blob)
+
+			require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
+			require.Equal(t, http.StatusOK, upload(t, r, otherHost, bob, blob).Status)
+
+			keys := storeKeys(t, store)
+			require.Len(t, keys, 5, "%v", keys)
+			require.Equal(t, sha+".png", pick(keys, sha), "one shared blob")
+			require.Equal(t, "_meta/"+r.CommunityID.String()+"/"+sha+".json", pick(keys, "_meta/"+r.CommunityID.String()+"/"))
+			require.Equal(t, "_meta/"+other.String()+"/"+sha+".json", pick(keys, "_meta/"+other.String()+"/"))
+			require.Regexp(t, `^_uploads/`+r.CommunityID.String()+`/`+sha+`/[0-9A-HJKMNP-TV-Z]{26}\.json$`, pick(keys, "_uploads/"+r.CommunityID.String()+"/"))
+			require.Regexp(t, `^_uploads/`+other.String()+`/`+sha+`/[0-9A-HJKMNP-TV-Z]{26}\.json$`, pick(keys, "_uploads/"+other.String()+"/"))
+
+			del := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, alice, "delete", []string{sha}, nil), nil, nil)
+			require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+			require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status)
+			still := mediaDo(t, r, http.MethodGet, otherHost, "/media/"+sha, "", nil, nil)
+			require.Equal(t, http.StatusOK, still.Status)
+			require.Equal(t, blob, still.Body)
+
+			del = mediaDo(t, r, http.MethodDelete, otherHost, "/media/"+sha, blossomAuth(t, bob, "delete", []string{sha}, nil), nil, nil)
+			require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+			require.Empty(t, storeKeys(t, store))
+		})
+	}
+}
+
+// pick is the one key with prefix.
+func pick(keys []string, prefix string) string {
+	var found []string
+	for _, k := range keys {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			found = append(found, k)
+		}
+	}
+	if len(found) != 1 {
+		return fmt.Sprintf("%d keys under %s: %v", len(found), prefix, found)
+	}
+	return found[0]
+}
+
+// Every refused upload answers a clear status and JSON reason and stores
+// nothing.
+// Mutations killed (one per case): no size check (413); the size checked
+// only from Content-Length (chunked 413); no type allow-list (415); the x
+// tag, X-SHA-256 or NIP-98 payload not compared with the body's hash
+// (400); an empty body stored as a blob (400); expiration not checked, the t tag not checked, the signature not
+// verified, a missing header accepted (401).
+func TestMediaUploadRefusals(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range mediaStores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := newStore(t)
+			r := mediaRelay(t, store)
+			key, other := relaytest.NewKey(t), relaytest.NewKey(t)
+			blob := pngBlob(t, 1000)
+			sha := hexSHA(blob)
+			big := pngBlob(t, testMediaMaxBytes+1)
+			html := []byte("<!DOCTYPE html><html><script>alert(1)</script></html>")
+			expired := func(ev *nostr.Event) {
+				ev.Tags[1] = nostr.Tag{"expiration", strconv.FormatInt(time.Now().Add(-time.Second).Unix(), 10)}
+			}
+			noExpiration := func(ev *nostr.Event) { ev.Tags = ev.Tags[:1] }
+			payloadOf := func(b []byte) func(*nostr.Event) {
+				return func(ev *nostr.Event) { ev.Tags[2] = nostr.Tag{"payload", hexSHA(b)} }
+			}
+			wrongSigner := func() string {
+				ev := &nostr.Event{Kind: 24242, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"t", "upload"}, {"expiration", strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)}}}
+				require.NoError(t, ev.Sign(key))
+				ev.PubKey = other.PublicKeyHex()
+				id := ev.ComputeID()
+				ev.ID = hex.EncodeToString(id[:])
+				return authHeader(ev)
+			}()
+			for _, c := range []struct {
+				name   string
+				auth   string
+				body   io.Reader
+				header map[string]string
+				status int
+				reason string
+			}{
+				{"oversize", blossomAuth(t, key, "upload", nil, nil), bytes.NewReader(big), nil, http.StatusRequestEntityTooLarge, "blob too large"},
+				{"oversize chunked", blossomAuth(t, key, "upload", nil, nil), io.MultiReader(bytes.NewReader(big)), nil, http.StatusRequestEntityTooLarge, "blob too large"},
+				{"type not allowed", blossomAuth(t, key, "upload", nil, nil), bytes.NewReader(html), nil, http.StatusUnsupportedMediaType, "media type not allowed: the content is text/html"},
+				{"x tag names another hash", blossomAuth(t, key, "upload", []string{hexSHA(html)}, nil), bytes.NewReader(blob), nil, http.StatusBadRequest, "blob hash mismatch"},
+				{"X-SHA-256 names another hash", blossomAuth(t, key, "upload", nil, nil), bytes.NewReader(blob), map[string]string{"X-SHA-256": hexSHA(html)}, http.StatusBadRequest, "X-SHA-256 names"},
+				{"NIP-98 payload names another hash", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", nil, payloadOf(html))), bytes.NewReader(blob), nil, http.StatusBadRequest, "payload tag names"},
+				{"expired", blossomAuth(t, key, "upload", []string{sha}, expired), bytes.NewReader(blob), nil, http.StatusUnauthorized, "auth event expired"},
+				{"no expiration", blossomAuth(t, key, "upload", []string{sha}, noExpiration), bytes.NewReader(blob), nil, http.StatusUnauthorized, "no expiration tag"},
+				{"wrong t", blossomAuth(t, key, "delete", []string{sha}, nil), bytes.NewReader(blob), nil, http.StatusUnauthorized, `t tag must be "upload"`},
+				{"wrong signer", wrongSigner, bytes.NewReader(blob), nil, http.StatusUnauthorized, "signature"},
+				{"other server", blossomAuth(t, key, "upload", []string{sha}, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"server", "cdn.example"}) }), bytes.NewReader(blob), nil, http.StatusUnauthorized, "server tags"},
+				{"no auth", "", bytes.NewReader(blob), nil, http.StatusUnauthorized, "missing Authorization"},
+				{"empty", blossomAuth(t, key, "upload", nil, nil), bytes.NewReader(nil), nil, http.StatusBadRequest, "empty blob"},
+			} {
+				got := mediaDo(t, r, http.MethodPut, "", "/media/upload", c.auth, c.body, c.header)
+				require.Equal(t, c.status, got.Status, "%s: %s", c.name, got.Body)
+				require.Contains(t, got.Error, c.reason, c.name)
+				require.Equal(t, got.Error, got.Header.Get("X-Reason"), c.name)
+			}
+			require.Empty(t, storeKeys(t, store), "no refused upload stored anything")
+		})
+	}
+}
+
+// Only an uploader deletes, and only in the community they uploaded to.
+// Mutations killed: delete without checking the upload records (foreign
+// delete succeeds); a Blossom delete token without an x tag for this hash
+// accepted; a NIP-98 delete replayable.
+func TestMediaForeignDeleteRefused(t *testing.T) {
+	t.Parallel()
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
+	otherHost := "foreign.example"
+	r.AddCommunity(t, otherHost)
+	owner, stranger := relaytest.NewKey(t), relaytest.NewKey(t)
+	blob := pngBlob(t, 2000)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", owner, blob).Status)
+
+	got := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, stranger, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusForbidden, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "restricted: not the uploader")
+
+	got = mediaDo(t, r, http.MethodDelete, otherHost, "/media/"+sha, blossomAuth(t, owner, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusNotFound, got.Status, "another community has no such blob: %s", got.Body)
+
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, owner, "delete", []string{hexSHA([]byte("x"))}, nil), nil, nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "no x tag naming")
+
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status, "refused deletes kept the blob")
+
+	auth := authHeader(nip98(t, owner, "DELETE", r.HTTPURL+"/media/"+sha, nil, nil))
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, auth, nil, nil)
+	require.Equal(t, http.StatusOK, got.Status, "the uploader deletes with NIP-98: %s", got.Body)
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, auth, nil, nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "already used")
+}
+
+// A NIP-98 upload signs the body's hash in its payload tag and cannot be
+// replayed; a GET with a malformed name is 400, and a relay without media
+// answers 404.
+// Mutations killed: the NIP-98 claim skipped (replay stored twice);
+// ParseBlobName bypassed (400 expected); routes served without a store.
+func TestMediaNIP98UploadAndBadPaths(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 500)
+	auth := authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", blob, nil))
+	got := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
+	require.Equal(t, hexSHA(blob), got.SHA256)
+	got = mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "already used")
+
+	for _, path := range []string{"/media/abc", "/media/" + hexSHA(blob) + ".p/g", "/media/" + hexSHA(blob) + ".."} {
+		got = mediaDo(t, r, http.MethodGet, "", path, "", nil, nil)
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusNotFound}, got.Status, path)
+	}
+	got = mediaDo(t, r, http.MethodGet, "", "/media/abc", "", nil, nil)
+	require.Equal(t, http.StatusBadRequest, got.Status)
+	require.Contains(t, got.Error, "64-digit hex hash")
+
+	plain := relaytest.Start(t)
+	req, err := http.NewRequest(http.MethodGet, plain.HTTPURL+"/media/"+hexSHA(blob), nil)
+	require.NoError(t, err)
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+// The upload preflight (HEAD /media/upload) answers what the upload would:
+// 200 for an acceptable description, 413, 415 and 401 with X-Reason
+// otherwise, before any byte is sent.
+// Mutations killed: the route missing (HEAD falls to GET /media/{name}:
+// 400); X-Content-Length or X-Content-Type not checked; auth not checked.
+func TestMediaUploadPreflight(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	key := relaytest.NewKey(t)
+	sha := hexSHA([]byte("anything"))
+	for _, c := range []struct {
+		name   string
+		auth   string
+		header map[string]string
+		status int
+		reason string
+	}{
+		{"acceptable", blossomAuth(t, key, "upload", []string{sha}, nil), map[string]string{"X-SHA-256": sha, "X-Content-Length": "1000", "X-Content-Type": "image/png"}, http.StatusOK, ""},
+		{"too large", blossomAuth(t, key, "upload", nil, nil), map[string]string{"X-Content-Length": strconv.Itoa(testMediaMaxBytes + 1)}, http.StatusRequestEntityTooLarge, "blob too large"},
+		{"type", blossomAuth(t, key, "upload", nil, nil), map[string]string{"X-Content-Type": "text/html"}, http.StatusUnsupportedMediaType, "media type not allowed: text/html"},
+		{"other hash", blossomAuth(t, key, "upload", []string{sha}, nil), map[string]string{"X-SHA-256": hexSHA([]byte("else"))}, http.StatusUnauthorized, "x tags do not name"},
+		{"no auth", "", nil, http.StatusUnauthorized, "missing Authorization"},
+	} {
+		got := mediaDo(t, r, http.MethodHead, "", "/media/upload", c.auth, nil, c.header)
+		require.Equal(t, c.status, got.Status, c.name)
+		require.Contains(t, got.Header.Get("X-Reason"), c.reason, c.name)
+	}
+}
