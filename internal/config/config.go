@@ -76,6 +76,10 @@ type Config struct {
 	WorkflowWebhookAllowedNets   []netip.Prefix // non-public networks a webhook may reach anyway
 	WorkflowMaxUnfinishedRuns    int            // unfinished runs one workflow may have; a trigger beyond fails its run with capacity_exceeded
 	WorkflowStepTimeout          time.Duration  // deadline of a step without timeout_secs
+
+	// Several relay processes as one (docs/multi-relay.md).
+	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
+	RedisPublishQueue int    // events waiting to go to Redis; past it they are dropped and counted
 }
 
 // Default is the configuration with every variable unset.
@@ -130,6 +134,8 @@ func Default() Config {
 		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
 		WorkflowMaxUnfinishedRuns:    1000,
 		WorkflowStepTimeout:          300 * time.Second,
+
+		RedisPublishQueue: 10000,
 	}
 }
 
@@ -181,6 +187,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.prefixes("BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS", &c.WorkflowWebhookAllowedNets)
 	r.positive("BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS", &c.WorkflowMaxUnfinishedRuns)
 	r.duration("BUZZ_WORKFLOW_STEP_TIMEOUT", &c.WorkflowStepTimeout)
+	r.str("BUZZ_REDIS_URL", &c.RedisURL)
+	r.positive("BUZZ_REDIS_PUBLISH_QUEUE", &c.RedisPublishQueue)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {
