@@ -119,8 +119,10 @@ func TestCrossRelayDeliveryOnceAndInOrder(t *testing.T) {
 // A member removed through relay A stops receiving the private channel's
 // live events on relay B as soon as B has heard of anything A committed
 // after the removal: the invalidation travels ahead of A's later events.
-// Mutation killed: not broadcasting the invalidation (B trusts its cached
-// reader set for its whole TTL and delivers to the removed member).
+// Mutations killed: not broadcasting the invalidation (B trusts its cached
+// reader set for its whole TTL and delivers to the removed member);
+// handing a remote event to the hub without its channel (the outsider's
+// unpinned subscription receives the private channel).
 func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 	t.Parallel()
 	url := dbtest.RedisURL(t)
@@ -141,6 +143,12 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
 		m.Expect("EOSE")
 	}
+	// An outsider's unpinned subscription never receives channel events,
+	// from this relay or another.
+	outsider := b.Dial(t, a.Host)
+	outsider.Auth(nil)
+	outsider.Send("REQ", "everything", map[string]any{"kinds": []int{9}, "limit": 0})
+	outsider.Expect("EOSE")
 	staying.Send("REQ", "owner-notes", map[string]any{"kinds": []int{1}, "authors": []string{owner.Key.PublicKeyHex()}, "limit": 0})
 	staying.Expect("EOSE")
 
@@ -163,7 +171,11 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 	staying.Send("EVENT", after)
 	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
 	require.True(t, staying.Expect("OK").OK)
+	fromA := owner.Sign(9, "after, from A", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(fromA).OK)
+	require.Equal(t, fromA.ID, staying.Expect("EVENT").Event.ID, "a member on B receives the channel's events committed on A")
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel on B")
+	outsider.ExpectSilence(300*time.Millisecond, "an outsider never receives a private channel's events")
 }
 
 // Redis goes away mid-test: each relay keeps delivering to its own
@@ -171,10 +183,7 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 // buzz_redis_connected, and cross-relay delivery resumes when Redis is back.
 // What was published meanwhile is not replayed live, but stays queryable.
 // Mutations killed: a relay that never resubscribes (A never reports
-// connected again, or never gets the event after Redis returns); /ready
-// answering 503 while degraded; publishing to Redis synchronously on the
-// write path with the client's retries (the OK during the outage waits
-// past the test's 5 s read).
+// connected again); /ready answering 503 while degraded.
 func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
