@@ -242,3 +242,32 @@ func TestSingleRelayHasNoRedis(t *testing.T) {
 	require.Empty(t, readyRedis(t, r))
 	require.Empty(t, metric(t, r, "buzz_redis_connected"))
 }
+
+// A publisher spread over two relays gets the publish limit once: its
+// burst is counted in one bucket in Redis, not one per process.
+// Mutation killed: leaving each process's in-process limiter in place (B
+// accepts the fourth event: its own bucket is still full).
+func TestCrossRelayPublishLimitIsShared(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	limit := func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 3, 1 }
+	a := relaytest.StartOn(t, pool, withRedis(url), limit)
+	b := relaytest.StartOn(t, pool, withRedis(url), limit)
+	waitRedis(t, "connected", a, b)
+
+	onA := a.Dial(t, a.Host)
+	key := onA.Auth(nil)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(key)
+	require.True(t, onA.Publish(onA.Sign(1, "one", nil, 0)).OK)
+	require.True(t, onA.Publish(onA.Sign(1, "two", nil, 0)).OK)
+	require.True(t, onB.Publish(onB.Sign(1, "three", nil, 0)).OK)
+	over := onB.Publish(onB.Sign(1, "four", nil, 0))
+	require.False(t, over.OK)
+	require.True(t, strings.HasPrefix(over.Msg, "rate-limited: "), over.Msg)
+	// Another publisher has a bucket of its own.
+	other := b.Dial(t, a.Host)
+	other.Auth(nil)
+	require.True(t, other.Publish(other.Sign(1, "mine", nil, 0)).OK)
+}

@@ -232,6 +232,8 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Every process counts a publisher's events in one shared bucket.
+	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	s.crossRelay.Store(bus)
 	go bus.Run(ctx)
 	return nil
