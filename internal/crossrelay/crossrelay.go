@@ -76,6 +76,9 @@ type Metrics struct {
 	Published prometheus.Counter
 	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error
 	Received  prometheus.Counter
+	// Pending counts messages queued or being published: 0 means every
+	// message so far was published or dropped.
+	Pending prometheus.Gauge
 }
 
 // NewMetrics registers the bus's collectors on reg.
@@ -94,7 +97,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "buzz_redis_received_total", Help: "Events and invalidations received from the other relays.",
 		}),
 	}
-	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received)
+	m.Pending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_redis_publish_pending", Help: "Events and invalidations queued for, or being published to, the other relays.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending)
 	return m
 }
 
@@ -177,6 +183,7 @@ func (b *Bus) enqueue(community uuid.UUID, m message) {
 	}
 	select {
 	case b.queue <- outgoing{channel: ChannelName(community), payload: payload}:
+		b.metrics.Pending.Inc()
 	default:
 		b.metrics.Dropped.WithLabelValues("queue_full").Inc()
 	}
@@ -211,6 +218,7 @@ func (b *Bus) send(ctx context.Context) {
 		}
 		_, err := pipe.Exec(pctx)
 		cancel()
+		b.metrics.Pending.Sub(float64(len(batch)))
 		if err != nil {
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(len(batch)))
 			if !failing && ctx.Err() == nil {

@@ -51,6 +51,14 @@ func waitRedis(t *testing.T, want string, relays ...*relaytest.Relay) {
 	}
 }
 
+// waitPublished waits until the relay has published, or given up on,
+// everything it queued for Redis.
+func waitPublished(t *testing.T, r *relaytest.Relay) {
+	t.Helper()
+	require.Eventually(t, func() bool { return metric(t, r, "buzz_redis_publish_pending") == "0" },
+		30*time.Second, 20*time.Millisecond, "relay %s never finished publishing", r.HTTPURL)
+}
+
 func metric(t *testing.T, r *relaytest.Relay, name string) string {
 	t.Helper()
 	resp, err := http.Get(r.MetricsURL + "/metrics")
@@ -217,9 +225,8 @@ func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 	require.Equal(t, during.ID, onB.Expect("EVENT").Event.ID, "local delivery goes on without Redis")
 	// B gives up on publishing it (a Redis back within the publish timeout
 	// would still carry it); only then does Redis return.
-	require.Eventually(t, func() bool {
-		return metric(t, b, `buzz_redis_publish_dropped_total{reason="redis_error"}`) == "1"
-	}, 30*time.Second, 20*time.Millisecond, "B counts the event it could not publish")
+	waitPublished(t, b)
+	require.Equal(t, "1", metric(t, b, `buzz_redis_publish_dropped_total{reason="redis_error"}`), "B counts the event it could not publish")
 
 	require.NoError(t, redis.Restart(t.Context()))
 	waitRedis(t, "connected", a, b)
@@ -270,4 +277,51 @@ func TestCrossRelayPublishLimitIsShared(t *testing.T) {
 	other := b.Dial(t, a.Host)
 	other.Auth(nil)
 	require.True(t, other.Publish(other.Sign(1, "mine", nil, 0)).OK)
+}
+
+// An invalidation published while a relay was cut off from Redis is lost;
+// the relay makes up for it by forgetting every cached access answer when
+// it subscribes again, so a member removed during the outage is cut off as
+// soon as Redis is back, not when the cached answer expires.
+// Mutation killed: no resync on resubscription (B keeps delivering the
+// channel to the removed member from its cached reader set).
+func TestCrossRelayResubscribeForgetsCachedAccess(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	leaving := b.Dial(t, a.Host)
+	leaving.Auth(nil)
+	staying := b.Dial(t, a.Host)
+	staying.Auth(nil)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	// B caches the channel's readers while delivering this.
+	before := owner.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(before).OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	// A gives up on publishing the invalidation (a Redis back within the
+	// publish timeout would still carry it); only then does Redis return.
+	waitPublished(t, a)
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+
+	after := owner.Sign(9, "after", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(after).OK)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID)
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed while B was cut off must not receive the channel once B is back")
 }
