@@ -30,7 +30,7 @@ func withRedis(url string) func(*config.Config) {
 
 // readyRedis returns the redis field of the relay's /ready answer, which
 // must be 200 whatever Redis does.
-func readyRedis(t *testing.T, r *relaytest.Relay) string {
+func readyRedis(t testing.TB, r *relaytest.Relay) string {
 	t.Helper()
 	resp, err := http.Get(r.HTTPURL + "/ready")
 	require.NoError(t, err)
@@ -43,7 +43,7 @@ func readyRedis(t *testing.T, r *relaytest.Relay) string {
 
 // waitRedis waits (generously: the machine may be loaded) until every relay
 // reports want in /ready.
-func waitRedis(t *testing.T, want string, relays ...*relaytest.Relay) {
+func waitRedis(t testing.TB, want string, relays ...*relaytest.Relay) {
 	t.Helper()
 	for _, r := range relays {
 		require.Eventually(t, func() bool { return readyRedis(t, r) == want }, 30*time.Second, 20*time.Millisecond,
@@ -59,7 +59,7 @@ func waitPublished(t *testing.T, r *relaytest.Relay) {
 		30*time.Second, 20*time.Millisecond, "relay %s never finished publishing", r.HTTPURL)
 }
 
-func metric(t *testing.T, r *relaytest.Relay, name string) string {
+func metric(t testing.TB, r *relaytest.Relay, name string) string {
 	t.Helper()
 	resp, err := http.Get(r.MetricsURL + "/metrics")
 	require.NoError(t, err)
