@@ -181,10 +181,11 @@ func (b *Bus) enqueue(community uuid.UUID, m message) {
 		b.metrics.Dropped.WithLabelValues("encode").Inc()
 		return
 	}
+	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
 	select {
 	case b.queue <- outgoing{channel: ChannelName(community), payload: payload}:
-		b.metrics.Pending.Inc()
 	default:
+		b.metrics.Pending.Dec()
 		b.metrics.Dropped.WithLabelValues("queue_full").Inc()
 	}
 }

@@ -55,6 +55,7 @@ return {ok, wait}
 // a client spread over several relay processes gets the limit once, not
 // once per process.
 type SharedLimiter struct {
+	bus      *Bus
 	client   *redis.Client
 	perMilli float64
 	burst    float64
@@ -67,7 +68,7 @@ type SharedLimiter struct {
 // Limiter returns a SharedLimiter allowing burst events at once and
 // perMinute sustained, on this bus's Redis.
 func (b *Bus) Limiter(perMinute, burst int, fallback PublishLimiter) *SharedLimiter {
-	return &SharedLimiter{client: b.client, perMilli: float64(perMinute) / 60000, burst: float64(burst), fallback: fallback}
+	return &SharedLimiter{bus: b, client: b.client, perMilli: float64(perMinute) / 60000, burst: float64(burst), fallback: fallback}
 }
 
 // RateKey is the Redis key of one publisher's bucket.
@@ -77,6 +78,11 @@ func RateKey(community uuid.UUID, pubkey string) string {
 
 // Allow takes one token from the shared bucket of (community, pubkey).
 func (l *SharedLimiter) Allow(community uuid.UUID, pubkey string, now time.Time) (bool, time.Duration) {
+	if !l.bus.Connected() {
+		// Known to be unreachable: decide at once rather than make every
+		// publish wait out the timeout.
+		return l.fallback.Allow(community, pubkey, now)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), limiterTimeout)
 	defer cancel()
 	res, err := takeToken.Run(ctx, l.client, []string{RateKey(community, pubkey)},
