@@ -201,6 +201,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	srv := relay.New(cfg, pool, log, relayOpts...)
 	go srv.RunReapers(ctx)
+	if err := srv.StartCrossRelay(ctx); err != nil {
+		return err
+	}
 	if err := srv.StartWorkflows(ctx); err != nil {
 		return err
 	}

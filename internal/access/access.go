@@ -94,6 +94,8 @@ type Cache struct {
 	// an invalidation happened is not stored, or a membership change
 	// committed during the read could be forgotten for a whole TTL.
 	generation map[uuid.UUID]uint64
+	// epoch counts InvalidateAll calls, for the same reason.
+	epoch uint64
 }
 
 // NewCache returns a cache reading through q; now is the process clock.
@@ -152,7 +154,7 @@ func (c *Cache) MayRead(ctx context.Context, community, channel uuid.UUID) (func
 func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.UUID, fetch func() (V, error)) (V, error) {
 	c.mu.Lock()
 	e, ok := m[k]
-	generation := c.generation[community]
+	generation, epoch := c.generation[community], c.epoch
 	c.mu.Unlock()
 	if ok && c.now().Sub(e.loadedAt) < c.ttl {
 		return e.value, nil
@@ -164,7 +166,7 @@ func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.
 	loadedAt := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.generation[community] != generation {
+	if c.generation[community] != generation || c.epoch != epoch {
 		return v, nil // fresh enough for this caller; too old to keep
 	}
 	if len(m) >= maxEntries {
@@ -206,4 +208,15 @@ func (c *Cache) Invalidate(community uuid.UUID) {
 			delete(c.readers, k)
 		}
 	}
+}
+
+// InvalidateAll drops every cached answer of every community: after a
+// stretch in which invalidations from other relay processes may have been
+// missed.
+func (c *Cache) InvalidateAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	clear(c.readable)
+	clear(c.readers)
 }

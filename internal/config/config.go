@@ -89,6 +89,10 @@ type Config struct {
 	MediaS3SecretKey  string
 	MediaS3Region     string
 	MediaS3TLS        bool // https to the S3 endpoint
+
+	// Several relay processes as one (docs/multi-relay.md).
+	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
+	RedisPublishQueue int    // events waiting to go to Redis; past it they are dropped and counted
 }
 
 // DefaultMediaTypes are the blob types accepted unless
@@ -158,6 +162,7 @@ func Default() Config {
 		MediaAllowedTypes: DefaultMediaTypes,
 		MediaS3Region:     "us-east-1",
 		MediaS3TLS:        true,
+		RedisPublishQueue: 10000,
 	}
 }
 
@@ -220,6 +225,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.str("BUZZ_MEDIA_S3_SECRET_KEY", &c.MediaS3SecretKey)
 	r.str("BUZZ_MEDIA_S3_REGION", &c.MediaS3Region)
 	r.boolean("BUZZ_MEDIA_S3_TLS", &c.MediaS3TLS)
+	r.str("BUZZ_REDIS_URL", &c.RedisURL)
+	r.positive("BUZZ_REDIS_PUBLISH_QUEUE", &c.RedisPublishQueue)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

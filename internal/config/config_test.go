@@ -113,3 +113,16 @@ func TestMediaSettings(t *testing.T) {
 		require.ErrorContains(t, err, name)
 	}
 }
+
+func TestRedisSettings(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(nil))
+	require.NoError(t, err)
+	require.Empty(t, c.RedisURL, "without BUZZ_REDIS_URL a process is the only relay")
+	c, err = FromEnv(env(map[string]string{"BUZZ_REDIS_URL": "redis://10.0.0.5:6379/0", "BUZZ_REDIS_PUBLISH_QUEUE": "50"}))
+	require.NoError(t, err)
+	require.Equal(t, "redis://10.0.0.5:6379/0", c.RedisURL)
+	require.Equal(t, 50, c.RedisPublishQueue)
+	_, err = FromEnv(env(map[string]string{"BUZZ_REDIS_PUBLISH_QUEUE": "0"}))
+	require.ErrorContains(t, err, "BUZZ_REDIS_PUBLISH_QUEUE")
+}

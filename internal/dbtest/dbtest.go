@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/migrate"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/redisserver"
 )
 
 // AdminURLEnv names the variable holding the test cluster's admin URL.
@@ -36,6 +38,15 @@ const TimeZone = "America/St_Johns"
 var ClusterSettings = map[string]string{"timezone": "'" + TimeZone + "'"}
 
 var adminURL string
+
+// RedisURLEnv names the variable holding the test redis-server's URL.
+const RedisURLEnv = "BUZZ_TEST_REDIS_URL"
+
+var (
+	redisMu      sync.Mutex
+	redisURL     string
+	redisPrivate *redisserver.Server // started by this process: stopped when Main returns
+)
 
 // Main runs a test package's tests against the shared cluster, starting a
 // private one for this process when none was given. Call it from TestMain.
@@ -54,7 +65,45 @@ func run(m *testing.M) int {
 		defer cluster.Close()
 		adminURL = cluster.URL("postgres")
 	}
+	defer func() {
+		if redisPrivate != nil {
+			redisPrivate.Close()
+		}
+	}()
 	return m.Run()
+}
+
+// RedisURL is the URL of the test run's redis-server: the one the wrapper
+// (withcluster) started, else one this test process starts on first use.
+// A test that needs Redis fails, never skips, when there is none: the
+// multi-relay paths must not go quietly untested.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	redisMu.Lock()
+	defer redisMu.Unlock()
+	if redisURL == "" {
+		redisURL = os.Getenv(RedisURLEnv)
+	}
+	if redisURL == "" {
+		srv, err := redisserver.Start(context.Background())
+		if err != nil {
+			t.Fatalf("dbtest: %s is unset and no private redis-server could start: %v", RedisURLEnv, err)
+		}
+		redisPrivate, redisURL = srv, srv.URL()
+	}
+	return redisURL
+}
+
+// RedisServer starts a redis-server of the test's own, stopped when the
+// test ends: for tests that kill it and bring it back.
+func RedisServer(t testing.TB) *redisserver.Server {
+	t.Helper()
+	srv, err := redisserver.Start(context.Background())
+	if err != nil {
+		t.Fatalf("dbtest: start redis-server: %v", err)
+	}
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // AdminURL is the test cluster's superuser URL (valid inside tests run

@@ -162,6 +162,10 @@ type Pipeline struct {
 	// OnMembershipChange is called after a commit that changed who may read
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
+	// OnPublish is called after the local fan-out of every committed (or
+	// relayed ephemeral) event, in commit order: the hook that carries it
+	// to the other relay processes. May be nil.
+	OnPublish func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID)
 }
 
 // Now is the pipeline clock's time (handlers compare expiries with it).
@@ -376,6 +380,9 @@ func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uu
 	stats := p.hub.Publish(tenant.ID(), ev, channel)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
+	}
+	if p.OnPublish != nil {
+		p.OnPublish(tenant.ID(), ev, channel)
 	}
 }
 

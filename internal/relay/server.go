@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/semaphore"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
@@ -72,7 +74,8 @@ type Server struct {
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
 	workflowStats  *workflow.Metrics               // set once by registerWorkflows, before serving
 	operatorAPI    atomic.Pointer[http.Handler]
-	media          *media.Service // nil: the media routes answer 404
+	media          *media.Service                 // nil: the media routes answer 404
+	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -148,7 +151,17 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	} else {
 		s.store.ObserveQuery = observe
 	}
-	s.pipeline.OnMembershipChange = s.access.Invalidate
+	s.pipeline.OnMembershipChange = func(community uuid.UUID) {
+		s.access.Invalidate(community)
+		if bus := s.crossRelay.Load(); bus != nil {
+			bus.PublishInvalidation(community)
+		}
+	}
+	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+		if bus := s.crossRelay.Load(); bus != nil {
+			bus.PublishEvent(community, ev, channel)
+		}
+	}
 	hub.SetChannelReaders(s.access.MayRead)
 	// Wakes: a workflow's relay-signed doorbell reaches listeners like a
 	// user's message (ingest.Write.EmitWaking).
@@ -194,7 +207,44 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	ready := map[string]string{"status": "ready"}
+	// Without Redis this relay still stores, answers reads and delivers to
+	// its own subscribers: it stays ready (taking every pod out of a load
+	// balancer at once would turn a partial outage into a total one) and
+	// says what it lacks.
+	if bus := s.crossRelay.Load(); bus != nil {
+		ready["redis"] = "connected"
+		if !bus.Connected() {
+			ready["redis"] = "degraded"
+		}
+	}
+	writeJSON(w, http.StatusOK, ready)
+}
+
+// StartCrossRelay joins this process to the other relay processes through
+// the Redis at BUZZ_REDIS_URL (unset: a no-op, this process is the only
+// relay). Call it once, before serving; it runs until ctx ends.
+func (s *Server) StartCrossRelay(ctx context.Context) error {
+	if s.cfg.RedisURL == "" {
+		return nil
+	}
+	bus, err := crossrelay.New(s.cfg.RedisURL, s.cfg.RedisPublishQueue, crossrelay.Handlers{
+		Deliver: func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+			st := s.hub.Publish(community, ev, channel)
+			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
+			s.metrics.FanoutDropped.Add(float64(st.Dropped))
+		},
+		Invalidate: s.access.Invalidate,
+		Resync:     s.access.InvalidateAll,
+	}, s.log, crossrelay.NewMetrics(s.metrics.Registry))
+	if err != nil {
+		return err
+	}
+	// Every process counts a publisher's events in one shared bucket.
+	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
+	s.crossRelay.Store(bus)
+	go bus.Run(ctx)
+	return nil
 }
 
 // withTenant resolves the community from Host; unknown hosts get 404 before

@@ -86,7 +86,11 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 		http:       hs,
 	}
 	r.CommunityID = r.AddCommunity(t, r.Host)
+	// With BUZZ_REDIS_URL set the relay joins the others on that Redis.
+	busCtx, stopBus := context.WithCancel(context.Background())
+	require.NoError(t, srv.StartCrossRelay(busCtx))
 	t.Cleanup(func() {
+		defer stopBus()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)

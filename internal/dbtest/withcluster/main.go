@@ -1,6 +1,7 @@
-// Command withcluster starts one private PostgreSQL cluster, runs a command
-// with its admin URL in BUZZ_TEST_PG_URL, then stops the cluster. `make test`
-// wraps `go test ./...` in it so every test package shares one cluster.
+// Command withcluster starts one private PostgreSQL cluster and one private
+// redis-server, runs a command with their URLs in BUZZ_TEST_PG_URL and
+// BUZZ_TEST_REDIS_URL, then stops both. `make test` wraps `go test ./...` in
+// it so every test package shares them.
 //
 //	go run ./internal/dbtest/withcluster -- go test ./...
 package main
@@ -16,6 +17,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/redisserver"
 )
 
 func main() {
@@ -37,12 +39,21 @@ func run(args []string) int {
 		return 1
 	}
 	defer cluster.Close()
+	env := append(os.Environ(), dbtest.AdminURLEnv+"="+cluster.URL("postgres"))
+	// Without redis-server the command still runs (make generate needs only
+	// PostgreSQL); a test that needs Redis then fails, naming the package.
+	if redis, err := redisserver.Start(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "withcluster: no redis-server for the tests that need one:", err)
+	} else {
+		defer redis.Close()
+		env = append(env, dbtest.RedisURLEnv+"="+redis.URL())
+	}
 
 	// The child gets the terminal's signals itself; we only wait for it.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), dbtest.AdminURLEnv+"="+cluster.URL("postgres"))
+	cmd.Env = env
 	if err := cmd.Run(); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {

@@ -1,0 +1,348 @@
+// Package crossrelay joins several relay processes serving one database into
+// one relay for live delivery, through Redis publish/subscribe: each process
+// publishes what it committed (and the ephemeral events it relayed) and
+// every membership change, and hands what the others published to its own
+// fan-out. The database stays the only source of truth; Redis only carries
+// "this just happened", so losing it costs live delivery across processes,
+// never a stored event (docs/multi-relay.md).
+package crossrelay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Every key and channel of a community lives under buzz:<community id>:.
+// One channel per community carries both events and invalidations, so a
+// process's invalidation reaches every other process before the events it
+// published after it.
+const (
+	channelSuffix = ":fanout"
+	channelPrefix = "buzz:"
+	// subscribePattern matches every community's channel.
+	subscribePattern = channelPrefix + "*" + channelSuffix
+)
+
+// ChannelName is the Redis channel of one community's live traffic.
+func ChannelName(community uuid.UUID) string {
+	return channelPrefix + community.String() + channelSuffix
+}
+
+// Timing of the connection to Redis. Not settings: they only bound how fast
+// an outage is noticed and how hard a returning Redis is knocked on.
+const (
+	// healthInterval: a subscription silent this long is pinged; a dead
+	// connection is noticed within about twice this.
+	healthInterval = 2 * time.Second
+	minBackoff     = 100 * time.Millisecond
+	maxBackoff     = 2 * time.Second
+	// publishTimeout bounds one batch of publishes; a batch that fails is
+	// dropped (counted), never retried, so nothing is delivered twice.
+	publishTimeout = 2 * time.Second
+	maxBatch       = 256
+)
+
+// Handlers receive what the other processes published. They are called
+// from one goroutine, in the order Redis delivered the messages.
+type Handlers struct {
+	// Deliver hands a remote event to the local fan-out.
+	Deliver func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID)
+	// Invalidate drops a community's cached access answers.
+	Invalidate func(community uuid.UUID)
+	// Resync runs on every (re)subscription: invalidations published while
+	// this process was not listening are lost, so every cached access
+	// answer must go.
+	Resync func()
+}
+
+// Metrics of the bus.
+type Metrics struct {
+	Connected prometheus.Gauge
+	Published prometheus.Counter
+	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error
+	Received  prometheus.Counter
+	// Pending counts messages queued or being published: 0 means every
+	// message so far was published or dropped.
+	Pending prometheus.Gauge
+}
+
+// NewMetrics registers the bus's collectors on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "buzz_redis_connected", Help: "1 while this relay is subscribed to the other relays' live traffic through Redis, else 0 (degraded: local delivery only).",
+		}),
+		Published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_redis_published_total", Help: "Events and invalidations published to the other relays.",
+		}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_redis_publish_dropped_total", Help: "Events and invalidations not published to the other relays, by reason.",
+		}, []string{"reason"}),
+		Received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_redis_received_total", Help: "Events and invalidations received from the other relays.",
+		}),
+	}
+	m.Pending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_redis_publish_pending", Help: "Events and invalidations queued for, or being published to, the other relays.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending)
+	return m
+}
+
+// message is what travels on a community channel.
+type message struct {
+	Origin  string          `json:"o"`           // the publishing process: its own messages are skipped
+	Event   json.RawMessage `json:"e,omitempty"` // absent: an access invalidation
+	Channel *uuid.UUID      `json:"c,omitempty"` // the event's channel (nil: community-global)
+}
+
+type outgoing struct {
+	channel string
+	payload []byte
+}
+
+// Bus is one process's connection to the others.
+type Bus struct {
+	client    *redis.Client
+	origin    string
+	handlers  Handlers
+	log       *slog.Logger
+	metrics   *Metrics
+	queue     chan outgoing
+	connected atomic.Bool
+}
+
+// New connects lazily to the Redis at url; nothing is sent before Run.
+// queue bounds the messages waiting to be published.
+func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("BUZZ_REDIS_URL: %w", err)
+	}
+	// A retried pipeline could publish a message twice; a failed batch is
+	// dropped instead (at most once, like any live delivery).
+	opts.MaxRetries = -1
+	opts.DialTimeout = publishTimeout
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &Bus{
+		client:   redis.NewClient(opts),
+		origin:   hex.EncodeToString(id[:]),
+		handlers: h,
+		log:      log,
+		metrics:  m,
+		queue:    make(chan outgoing, queue),
+	}, nil
+}
+
+// Connected reports whether the bus is subscribed to the other processes.
+func (b *Bus) Connected() bool { return b.connected.Load() }
+
+// Run publishes and subscribes until ctx ends, then closes the client.
+func (b *Bus) Run(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { b.send(ctx); close(done) }()
+	b.subscribe(ctx)
+	<-done
+	_ = b.client.Close()
+}
+
+// PublishEvent queues ev (of channel, nil: community-global) for the other
+// processes. It never blocks: with the queue full the event is dropped and
+// counted; local subscribers have it already.
+func (b *Bus) PublishEvent(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+	b.enqueue(community, message{Origin: b.origin, Event: ev.AppendJSON(nil), Channel: channel})
+}
+
+// PublishInvalidation tells the other processes that who may read what in
+// community changed.
+func (b *Bus) PublishInvalidation(community uuid.UUID) {
+	b.enqueue(community, message{Origin: b.origin})
+}
+
+func (b *Bus) enqueue(community uuid.UUID, m message) {
+	payload, err := json.Marshal(m)
+	if err != nil {
+		b.metrics.Dropped.WithLabelValues("encode").Inc()
+		return
+	}
+	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
+	select {
+	case b.queue <- outgoing{channel: ChannelName(community), payload: payload}:
+	default:
+		b.metrics.Pending.Dec()
+		b.metrics.Dropped.WithLabelValues("queue_full").Inc()
+	}
+}
+
+// send publishes the queue in order on one connection: a batch is one
+// pipeline, so a process's messages reach Redis, and so every subscriber, in
+// the order they were queued.
+func (b *Bus) send(ctx context.Context) {
+	batch := make([]outgoing, 0, maxBatch)
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-b.queue:
+			batch = append(batch[:0], m)
+		}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case m := <-b.queue:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		pipe := b.client.Pipeline()
+		for _, m := range batch {
+			pipe.Publish(pctx, m.channel, m.payload)
+		}
+		_, err := pipe.Exec(pctx)
+		cancel()
+		b.metrics.Pending.Sub(float64(len(batch)))
+		if err != nil {
+			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(len(batch)))
+			if !failing && ctx.Err() == nil {
+				b.log.Warn("redis: publishing to the other relays failed; their subscribers miss these live events (stored events stay queryable)", "err", err, "dropped", len(batch))
+			}
+			failing = true
+			continue
+		}
+		if failing {
+			b.log.Info("redis: publishing to the other relays again")
+			failing = false
+		}
+		b.metrics.Published.Add(float64(len(batch)))
+	}
+}
+
+// subscribe keeps one pattern subscription to every community channel,
+// resubscribing with backoff after a failure.
+func (b *Bus) subscribe(ctx context.Context) {
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		ps := b.client.PSubscribe(ctx, subscribePattern)
+		cctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		_, err := ps.Receive(cctx) // the subscription's confirmation
+		cancel()
+		if err == nil {
+			backoff = minBackoff
+			b.setConnected(true, nil)
+			if b.handlers.Resync != nil {
+				b.handlers.Resync()
+			}
+			err = b.receive(ctx, ps)
+		}
+		_ = ps.Close()
+		if ctx.Err() != nil {
+			break
+		}
+		b.setConnected(false, err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+	b.setConnected(false, nil)
+}
+
+func (b *Bus) setConnected(up bool, err error) {
+	was := b.connected.Swap(up)
+	if up {
+		b.metrics.Connected.Set(1)
+	} else {
+		b.metrics.Connected.Set(0)
+	}
+	switch {
+	case up && !was:
+		b.log.Info("redis: subscribed to the other relays' live traffic")
+	case !up && was && err != nil:
+		b.log.Warn("redis: lost the other relays' live traffic; serving local subscribers only, resubscribing", "err", err)
+	}
+}
+
+// receive hands messages to the handlers until the subscription fails.
+func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, healthInterval)
+		if err != nil {
+			var netErr net.Error
+			if ctx.Err() == nil && errors.As(err, &netErr) && netErr.Timeout() {
+				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+				err = ps.Ping(pctx)
+				cancel()
+				if err == nil {
+					continue
+				}
+			}
+			return err
+		}
+		if m, ok := msg.(*redis.Message); ok {
+			b.handle(m)
+		}
+	}
+}
+
+func (b *Bus) handle(m *redis.Message) {
+	community, ok := communityOf(m.Channel)
+	if !ok {
+		return
+	}
+	var in message
+	if err := json.Unmarshal([]byte(m.Payload), &in); err != nil {
+		b.log.Warn("redis: undecodable message", "channel", m.Channel, "err", err)
+		return
+	}
+	if in.Origin == b.origin {
+		return // delivered locally when it was committed
+	}
+	b.metrics.Received.Inc()
+	if in.Event == nil {
+		if b.handlers.Invalidate != nil {
+			b.handlers.Invalidate(community)
+		}
+		return
+	}
+	var ev nostr.Event
+	if err := json.Unmarshal(in.Event, &ev); err != nil {
+		b.log.Warn("redis: undecodable event", "channel", m.Channel, "err", err)
+		return
+	}
+	if b.handlers.Deliver != nil {
+		b.handlers.Deliver(community, &ev, in.Channel)
+	}
+}
+
+func communityOf(channel string) (uuid.UUID, bool) {
+	rest, ok := strings.CutPrefix(channel, channelPrefix)
+	if !ok {
+		return uuid.UUID{}, false
+	}
+	rest, ok = strings.CutSuffix(rest, channelSuffix)
+	if !ok {
+		return uuid.UUID{}, false
+	}
+	id, err := uuid.Parse(rest)
+	return id, err == nil
+}

@@ -1,0 +1,327 @@
+package relay_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// Several relays on one database and one Redis, as several pods behind a
+// load balancer would be. Every relaytest relay creates a community of its
+// own host; the clients below all speak to the first relay's community,
+// whichever relay they are connected to. Communities are fresh per test,
+// and every Redis channel is under buzz:<community id>:, so tests sharing
+// the run's redis-server do not see each other's traffic.
+
+func withRedis(url string) func(*config.Config) {
+	return func(c *config.Config) { c.RedisURL = url }
+}
+
+// readyRedis returns the redis field of the relay's /ready answer, which
+// must be 200 whatever Redis does.
+func readyRedis(t testing.TB, r *relaytest.Relay) string {
+	t.Helper()
+	resp, err := http.Get(r.HTTPURL + "/ready")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a relay without Redis still serves: it stays ready")
+	var body map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return body["redis"]
+}
+
+// waitRedis waits (generously: the machine may be loaded) until every relay
+// reports want in /ready.
+func waitRedis(t testing.TB, want string, relays ...*relaytest.Relay) {
+	t.Helper()
+	for _, r := range relays {
+		require.Eventually(t, func() bool { return readyRedis(t, r) == want }, 30*time.Second, 20*time.Millisecond,
+			"relay %s never reported redis %q in /ready", r.HTTPURL, want)
+	}
+}
+
+// waitPublished waits until the relay has published, or given up on,
+// everything it queued for Redis.
+func waitPublished(t *testing.T, r *relaytest.Relay) {
+	t.Helper()
+	require.Eventually(t, func() bool { return metric(t, r, "buzz_redis_publish_pending") == "0" },
+		30*time.Second, 20*time.Millisecond, "relay %s never finished publishing", r.HTTPURL)
+}
+
+func metric(t testing.TB, r *relaytest.Relay, name string) string {
+	t.Helper()
+	resp, err := http.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if value, ok := strings.CutPrefix(line, name+" "); ok {
+			return value
+		}
+	}
+	return ""
+}
+
+// A subscriber on A receives what is published on B exactly once and in
+// the publisher's order; a subscriber on B (the publisher's own relay) gets
+// each event once too, not a second time back from Redis; an ephemeral event
+// crosses as well.
+// Mutations killed: not publishing to Redis after commit (A gets nothing);
+// dropping the origin check (B's subscriber gets every event twice);
+// delivering remote events without the hub's read path is caught by the
+// private-channel test below.
+func TestCrossRelayDeliveryOnceAndInOrder(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(url))
+	b := relaytest.StartOn(t, pool, withRedis(url))
+	waitRedis(t, "connected", a, b)
+
+	onA := a.Dial(t, a.Host)
+	onA.Auth(nil)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(nil)
+	publisher := b.Dial(t, a.Host)
+	author := publisher.Auth(nil)
+	filter := map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0}
+	for _, c := range []*relaytest.Client{onA, onB} {
+		c.Send("REQ", "live", filter)
+		c.Expect("EOSE")
+	}
+
+	const n = 50
+	var want []string
+	for i := range n {
+		ev := publisher.Sign(1, fmt.Sprintf("note %d", i), nil, 0)
+		require.True(t, publisher.Publish(ev).OK)
+		want = append(want, ev.ID)
+	}
+	typing := publisher.Sign(20002, "typing", nil, 0)
+	require.True(t, publisher.Publish(typing).OK)
+	want = append(want, typing.ID)
+
+	for name, c := range map[string]*relaytest.Client{"subscriber on A": onA, "subscriber on B": onB} {
+		var got []string
+		for range want {
+			got = append(got, c.Expect("EVENT").Event.ID)
+		}
+		require.Equal(t, want, got, "%s: every event once, in the publisher's order", name)
+	}
+	onA.ExpectSilence(300*time.Millisecond, "no duplicate arrives on A")
+	onB.ExpectSilence(300*time.Millisecond, "no echo from Redis arrives on B")
+}
+
+// A member removed through relay A stops receiving the private channel's
+// live events on relay B as soon as B has heard of anything A committed
+// after the removal: the invalidation travels ahead of A's later events.
+// Mutations killed: not broadcasting the invalidation (B trusts its cached
+// reader set for its whole TTL and delivers to the removed member);
+// handing a remote event to the hub without its channel (the outsider's
+// unpinned subscription receives the private channel).
+func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(url))
+	b := relaytest.StartOn(t, pool, withRedis(url))
+	waitRedis(t, "connected", a, b)
+
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	leaving := b.Dial(t, a.Host)
+	leaving.Auth(nil)
+	staying := b.Dial(t, a.Host)
+	staying.Auth(nil)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	// An outsider's unpinned subscription never receives channel events,
+	// from this relay or another.
+	outsider := b.Dial(t, a.Host)
+	outsider.Auth(nil)
+	outsider.Send("REQ", "everything", map[string]any{"kinds": []int{9}, "limit": 0})
+	outsider.Expect("EOSE")
+	staying.Send("REQ", "owner-notes", map[string]any{"kinds": []int{1}, "authors": []string{owner.Key.PublicKeyHex()}, "limit": 0})
+	staying.Expect("EOSE")
+
+	// B delivers a channel message to both members: its reader set for the
+	// channel is now cached.
+	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", before)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+
+	// A removes the member, then publishes a public note; once B has
+	// delivered the note, B has processed everything A sent before it.
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	marker := owner.Sign(1, "after the removal", nil, 0)
+	require.True(t, owner.Publish(marker).OK)
+	require.Equal(t, marker.ID, staying.Expect("EVENT").Event.ID)
+
+	after := staying.Sign(9, "after", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", after)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
+	require.True(t, staying.Expect("OK").OK)
+	fromA := owner.Sign(9, "after, from A", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(fromA).OK)
+	require.Equal(t, fromA.ID, staying.Expect("EVENT").Event.ID, "a member on B receives the channel's events committed on A")
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel on B")
+	outsider.ExpectSilence(300*time.Millisecond, "an outsider never receives a private channel's events")
+}
+
+// Redis goes away mid-test: each relay keeps delivering to its own
+// subscribers and storing, reports degraded in /ready (still 200) and in
+// buzz_redis_connected, and cross-relay delivery resumes when Redis is back.
+// What was published meanwhile is not replayed live, but stays queryable.
+// Mutations killed: a relay that never resubscribes (A never reports
+// connected again); /ready answering 503 while degraded.
+func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+	require.Equal(t, "1", metric(t, a, "buzz_redis_connected"))
+
+	onA := a.Dial(t, a.Host)
+	onA.Auth(nil)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(nil)
+	publisher := b.Dial(t, a.Host)
+	author := publisher.Auth(nil)
+	filter := map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0}
+	for _, c := range []*relaytest.Client{onA, onB} {
+		c.Send("REQ", "live", filter)
+		c.Expect("EOSE")
+	}
+	first := publisher.Sign(1, "before the outage", nil, 0)
+	require.True(t, publisher.Publish(first).OK)
+	require.Equal(t, first.ID, onA.Expect("EVENT").Event.ID)
+	require.Equal(t, first.ID, onB.Expect("EVENT").Event.ID)
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	require.Equal(t, "0", metric(t, a, "buzz_redis_connected"))
+	during := publisher.Sign(1, "during the outage", nil, 0)
+	require.True(t, publisher.Publish(during).OK, "writes go on without Redis")
+	require.Equal(t, during.ID, onB.Expect("EVENT").Event.ID, "local delivery goes on without Redis")
+	// B gives up on publishing it (a Redis back within the publish timeout
+	// would still carry it); only then does Redis return.
+	waitPublished(t, b)
+	require.Equal(t, "1", metric(t, b, `buzz_redis_publish_dropped_total{reason="redis_error"}`), "B counts the event it could not publish")
+
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+	after := publisher.Sign(1, "after the outage", nil, 0)
+	require.True(t, publisher.Publish(after).OK)
+	require.Equal(t, after.ID, onB.Expect("EVENT").Event.ID)
+	require.Equal(t, after.ID, onA.Expect("EVENT").Event.ID, "cross-relay delivery resumes (the outage's event is not replayed live)")
+
+	reader := a.Dial(t, a.Host)
+	reader.Auth(nil)
+	got := reader.Req("history", map[string]any{"authors": []string{author.PublicKeyHex()}})
+	require.ElementsMatch(t, []string{first.ID, during.ID, after.ID}, ids(got), "everything stored stays queryable on every relay")
+}
+
+// Without BUZZ_REDIS_URL a relay is the only one: /ready says nothing about
+// Redis and no Redis collector is registered.
+func TestSingleRelayHasNoRedis(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	require.Empty(t, readyRedis(t, r))
+	require.Empty(t, metric(t, r, "buzz_redis_connected"))
+}
+
+// A publisher spread over two relays gets the publish limit once: its
+// burst is counted in one bucket in Redis, not one per process.
+// Mutation killed: leaving each process's in-process limiter in place (B
+// accepts the fourth event: its own bucket is still full).
+func TestCrossRelayPublishLimitIsShared(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	limit := func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 3, 1 }
+	a := relaytest.StartOn(t, pool, withRedis(url), limit)
+	b := relaytest.StartOn(t, pool, withRedis(url), limit)
+	waitRedis(t, "connected", a, b)
+
+	onA := a.Dial(t, a.Host)
+	key := onA.Auth(nil)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(key)
+	require.True(t, onA.Publish(onA.Sign(1, "one", nil, 0)).OK)
+	require.True(t, onA.Publish(onA.Sign(1, "two", nil, 0)).OK)
+	require.True(t, onB.Publish(onB.Sign(1, "three", nil, 0)).OK)
+	over := onB.Publish(onB.Sign(1, "four", nil, 0))
+	require.False(t, over.OK)
+	require.True(t, strings.HasPrefix(over.Msg, "rate-limited: "), over.Msg)
+	// Another publisher has a bucket of its own.
+	other := b.Dial(t, a.Host)
+	other.Auth(nil)
+	require.True(t, other.Publish(other.Sign(1, "mine", nil, 0)).OK)
+}
+
+// An invalidation published while a relay was cut off from Redis is lost;
+// the relay makes up for it by forgetting every cached access answer when
+// it subscribes again, so a member removed during the outage is cut off as
+// soon as Redis is back, not when the cached answer expires.
+// Mutation killed: no resync on resubscription (B keeps delivering the
+// channel to the removed member from its cached reader set).
+func TestCrossRelayResubscribeForgetsCachedAccess(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	leaving := b.Dial(t, a.Host)
+	leaving.Auth(nil)
+	staying := b.Dial(t, a.Host)
+	staying.Auth(nil)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	// B caches the channel's readers while delivering this.
+	before := owner.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(before).OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	// A gives up on publishing the invalidation (a Redis back within the
+	// publish timeout would still carry it); only then does Redis return.
+	waitPublished(t, a)
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+
+	after := owner.Sign(9, "after", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(after).OK)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID)
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed while B was cut off must not receive the channel once B is back")
+}
