@@ -284,6 +284,9 @@ func TestDoorbellReachesTheAgentAndTheAnswerTheChannel(t *testing.T) {
 	require.Contains(t, answer.Tags, nostr.Tag{"e", m.ID, "", "root"}, "the answer goes into the thread")
 	require.Contains(t, answer.Tags, nostr.Tag{"e", th.ID, "", "reply"}, "replying to the message that asked")
 
+	// The relay may deliver an answer to this test before buzz-acp has
+	// read its OK and counted it.
+	require.Eventually(t, func() bool { return w.status.snapshot().Answers == 3 }, 10*time.Second, 10*time.Millisecond)
 	s := w.status.snapshot()
 	require.EqualValues(t, 1, s.DoorbellsVerified)
 	require.EqualValues(t, 2, s.Mentions)
@@ -371,12 +374,17 @@ func TestForgedDoorbellNeverReachesTheAgent(t *testing.T) {
 		require.NotEqual(t, forged.ID, p.EventID, "the forged doorbell reached the agent")
 		require.NotContains(t, p.Text, "rm -rf", "the forged doorbell reached the agent")
 	}
-	s := w.status.snapshot()
-	var dropped int64
-	for _, n := range s.Dropped {
-		dropped += n
+	// Verification runs beside the mention's handling, so the drop may be
+	// counted just after the mention's answer arrives.
+	dropped := func() (n int64) {
+		for _, d := range w.status.snapshot().Dropped {
+			n += d
+		}
+		return n
 	}
-	require.EqualValues(t, 1, dropped, "one drop counted: %v", s.Dropped)
+	require.Eventually(t, func() bool { return dropped() >= 1 }, waitLong, 5*time.Millisecond)
+	require.EqualValues(t, 1, dropped(), "one drop counted: %v", w.status.snapshot().Dropped)
+	s := w.status.snapshot()
 	require.Zero(t, s.DoorbellsVerified)
 	require.EqualValues(t, 1, s.Mentions, "only the real mention")
 }
@@ -486,7 +494,7 @@ func TestVerifierReadsWhileMessagesFlood(t *testing.T) {
 	close(gate)
 	w.answerTo(w.mention("@Robby still there?").ID)
 	require.EqualValues(t, flood, v.queried.Load())
-	require.EqualValues(t, flood, w.status.snapshot().Dropped["test_refused"])
+	require.Eventually(t, func() bool { return w.status.snapshot().Dropped["test_refused"] == flood }, waitLong, 5*time.Millisecond)
 }
 
 // temporaryDrop is a verifier's answer when it could not ask the relay.
