@@ -73,15 +73,21 @@ func TestPresenceIsKeptForLaterSubscribersUntilItExpires(t *testing.T) {
 }
 
 // Presence accepted by relay C is seen by a later subscriber on relay A:
-// the announcement is kept in Redis, not in C's memory.
-// Mutation killed: keeping presence in each process only (A answers from
-// its own, empty, memory).
+// the announcement is kept in Redis, not in C's memory, with the same rules
+// as in one process (newer created_at wins, gone after the TTL).
+// Mutations killed: keeping presence in each process only (A answers from
+// its own, empty, memory); the Redis script letting an older announcement
+// replace a newer one; reading Redis without the expiry check.
 func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	opts := []relay.Option{relay.WithClock(clock.Stub(now))}
 	url := dbtest.RedisURL(t)
 	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(url))
-	c := relaytest.StartOn(t, pool, withRedis(url))
+	a := relaytest.StartWith(t, pool, opts, withRedis(url))
+	c := relaytest.StartWith(t, pool, opts, withRedis(url))
 	waitRedis(t, "connected", a, c)
 
 	owner := c.Dial(t, a.Host)
@@ -91,7 +97,12 @@ func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 	member.Auth(nil)
 	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
 
-	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	base := now().Unix()
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)
 	require.True(t, owner.Publish(here).OK)
+	require.True(t, owner.Publish(owner.Sign(20001, "away", nostr.Tags{{"h", ch}}, base-30)).OK)
 	require.Equal(t, []string{here.ID}, ids(member.Req("later", presenceFilter(ch, nil))))
+
+	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
+	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)))
 }
