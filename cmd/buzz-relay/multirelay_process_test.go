@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -32,9 +34,11 @@ func (p *relayProcess) waitRedisConnected(t *testing.T) {
 // Three `buzz-relay serve` processes on one database and one redis-server,
 // as three pods behind a load balancer: a subscriber on A and one on C get
 // what is published on B, once each and in order; B is SIGKILLed, and A and
-// C keep serving each other with nothing stored lost.
-// Mutation killed: serve not calling StartCrossRelay (BUZZ_REDIS_URL
-// ignored: /ready never says connected, nothing crosses).
+// C keep serving each other with nothing stored lost. Presence announced on
+// C is seen by a later subscriber on A.
+// Mutations killed: serve not calling StartCrossRelay (BUZZ_REDIS_URL
+// ignored: /ready never says connected, nothing crosses); presence kept in
+// each process only (A's later subscriber sees nobody).
 func TestThreeRelayProcessesServeAsOne(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
@@ -74,6 +78,18 @@ func TestThreeRelayProcessesServeAsOne(t *testing.T) {
 		}
 		require.Equal(t, want, got, "subscriber on %s: each event of B once, in order", name)
 	}
+
+	// Presence announced on C is seen by a later subscriber on A.
+	present := c.client(t, nil)
+	channel := uuid.NewString()
+	require.True(t, present.Publish(present.Sign(9007, "", nostr.Tags{{"h", channel}, {"name", "presence"}, {"visibility", "private"}}, 0)).OK)
+	reader := a.client(t, nil)
+	require.True(t, present.Publish(present.Sign(9000, "", nostr.Tags{{"h", channel}, {"p", reader.Key.PublicKeyHex()}}, 0)).OK)
+	here := present.Sign(20001, "online", nostr.Tags{{"h", channel}}, 0)
+	require.True(t, present.Publish(here).OK)
+	got := reader.Req("present", map[string]any{"kinds": []int{20001}, "#h": []string{channel}})
+	require.Len(t, got, 1, "presence set on C is seen on A")
+	require.Equal(t, here.ID, got[0].ID)
 
 	b.kill()
 	fromC := c.client(t, publisher.Key)

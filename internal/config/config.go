@@ -93,6 +93,12 @@ type Config struct {
 	// Several relay processes as one (docs/multi-relay.md).
 	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
 	RedisPublishQueue int    // events waiting to go to Redis; past it they are dropped and counted
+
+	// Presence (kind 20001): how long an announcement keeps its author
+	// present in a channel for later subscribers, and how many
+	// announcements one process holds when there is no Redis.
+	PresenceTTL        time.Duration
+	PresenceMaxEntries int
 }
 
 // DefaultMediaTypes are the blob types accepted unless
@@ -163,6 +169,9 @@ func Default() Config {
 		MediaS3Region:     "us-east-1",
 		MediaS3TLS:        true,
 		RedisPublishQueue: 10000,
+
+		PresenceTTL:        60 * time.Second,
+		PresenceMaxEntries: 100000,
 	}
 }
 
@@ -227,6 +236,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.boolean("BUZZ_MEDIA_S3_TLS", &c.MediaS3TLS)
 	r.str("BUZZ_REDIS_URL", &c.RedisURL)
 	r.positive("BUZZ_REDIS_PUBLISH_QUEUE", &c.RedisPublishQueue)
+	r.duration("BUZZ_PRESENCE_TTL", &c.PresenceTTL)
+	r.positive("BUZZ_PRESENCE_MAX_ENTRIES", &c.PresenceMaxEntries)
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {

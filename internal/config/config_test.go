@@ -126,3 +126,18 @@ func TestRedisSettings(t *testing.T) {
 	_, err = FromEnv(env(map[string]string{"BUZZ_REDIS_PUBLISH_QUEUE": "0"}))
 	require.ErrorContains(t, err, "BUZZ_REDIS_PUBLISH_QUEUE")
 }
+
+// Mutation killed: the presence settings not read from the environment.
+func TestPresenceSettings(t *testing.T) {
+	t.Parallel()
+	c, err := FromEnv(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, c.PresenceTTL)
+	require.Equal(t, 100000, c.PresenceMaxEntries)
+	c, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "15s", "BUZZ_PRESENCE_MAX_ENTRIES": "10"}))
+	require.NoError(t, err)
+	require.Equal(t, 15*time.Second, c.PresenceTTL)
+	require.Equal(t, 10, c.PresenceMaxEntries)
+	_, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "0s"}))
+	require.ErrorContains(t, err, "BUZZ_PRESENCE_TTL")
+}

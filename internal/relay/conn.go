@@ -479,6 +479,9 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		}
 		return c.send(nostr.EncodeEvent(subID, ev))
 	})
+	if err == nil {
+		err = c.sendPresence(ctx, subID, filters)
+	}
 	if err == nil && traced {
 		traceCtx, cancelTrace := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
 		err = c.traceRead(traceCtx, st, filters, rowChannels)

@@ -33,6 +33,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
+	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/trace"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
@@ -76,6 +77,9 @@ type Server struct {
 	operatorAPI    atomic.Pointer[http.Handler]
 	media          *media.Service                 // nil: the media routes answer 404
 	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
+	// presence is who is present in each channel (kind 20001), kept for
+	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
+	presence atomic.Pointer[presenceStore]
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -157,7 +161,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			bus.PublishInvalidation(community)
 		}
 	}
+	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries)})
 	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+		if ev.Kind == presence.Kind && channel != nil {
+			s.presence.Load().Remember(community, *channel, ev, s.now())
+		}
 		if bus := s.crossRelay.Load(); bus != nil {
 			bus.PublishEvent(community, ev, channel)
 		}
@@ -242,6 +250,8 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	}
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
+	// Presence accepted by any process is seen by a REQ on every other.
+	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.presence.Load().Store)})
 	s.crossRelay.Store(bus)
 	go bus.Run(ctx)
 	return nil

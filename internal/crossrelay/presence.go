@@ -1,0 +1,119 @@
+package crossrelay
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
+)
+
+// presenceTimeout bounds one presence read or write; past it (or on any
+// Redis error) the process uses its own memory.
+const presenceTimeout = 500 * time.Millisecond
+
+// rememberPresence keeps one channel's presence in one Redis hash, pubkey ->
+// "<created_at>:<expires ms>:<event JSON>", so a REQ reads a channel in one
+// HGETALL and filters expiry itself (exact, by the relay clock, where a
+// per-key EXPIRE would be rounded by Redis and blind to a stubbed clock).
+// ARGV: pubkey, created_at, expires ms, value, now ms, key lifetime ms.
+// A held, unexpired announcement with a newer created_at wins; every
+// expired field is dropped on the way, and the hash lives for a while past
+// its last write, so idle channels cost nothing.
+var rememberPresence = redis.NewScript(`
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local created, expires = string.match(old, '^(%d+):(%d+):')
+  if tonumber(expires) > tonumber(ARGV[5]) and tonumber(created) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local expires = string.match(all[i+1], '^%d+:(%d+):')
+  if tonumber(expires) <= tonumber(ARGV[5]) then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return 1
+`)
+
+// PresenceKey is the Redis hash of one channel's presence.
+func PresenceKey(community, channel uuid.UUID) string {
+	return channelPrefix + community.String() + ":presence:" + channel.String()
+}
+
+// SharedPresence keeps presence in Redis, so an announcement accepted by
+// any process is seen by a REQ on any other.
+type SharedPresence struct {
+	bus    *Bus
+	client *redis.Client
+	ttl    time.Duration
+	// fallback answers while Redis cannot: each process then knows the
+	// presence it accepted itself, as without Redis.
+	fallback presence.Store
+}
+
+// Presence returns a presence store on this bus's Redis keeping
+// announcements for ttl.
+func (b *Bus) Presence(ttl time.Duration, fallback presence.Store) *SharedPresence {
+	return &SharedPresence{bus: b, client: b.client, ttl: ttl, fallback: fallback}
+}
+
+// Remember implements presence.Store.
+func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
+	p.fallback.Remember(community, channel, ev, now)
+	if !p.bus.Connected() {
+		return
+	}
+	expires := now.Add(p.ttl).UnixMilli()
+	value := strconv.FormatInt(ev.CreatedAt, 10) + ":" + strconv.FormatInt(expires, 10) + ":" + string(ev.AppendJSON(nil))
+	ctx, cancel := context.WithTimeout(context.Background(), presenceTimeout)
+	defer cancel()
+	// The hash outlives its newest field by a TTL: a reader whose clock
+	// runs a little behind the writer's still finds it.
+	lifetime := (2 * p.ttl).Milliseconds()
+	_ = rememberPresence.Run(ctx, p.client, []string{PresenceKey(community, channel)},
+		ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime).Err()
+}
+
+// Current implements presence.Store.
+func (p *SharedPresence) Current(ctx context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event {
+	if !p.bus.Connected() {
+		return p.fallback.Current(ctx, community, channel, now)
+	}
+	ctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	fields, err := p.client.HGetAll(ctx, PresenceKey(community, channel)).Result()
+	if err != nil {
+		return p.fallback.Current(ctx, community, channel, now)
+	}
+	var out []*nostr.Event
+	for _, value := range fields {
+		_, rest, ok := strings.Cut(value, ":")
+		if !ok {
+			continue
+		}
+		expiresText, eventJSON, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		expires, err := strconv.ParseInt(expiresText, 10, 64)
+		if err != nil || expires <= now.UnixMilli() {
+			continue
+		}
+		var ev nostr.Event
+		if json.Unmarshal([]byte(eventJSON), &ev) == nil {
+			out = append(out, &ev)
+		}
+	}
+	return out
+}

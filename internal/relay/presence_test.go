@@ -1,0 +1,108 @@
+package relay_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+func presenceFilter(ch string, more map[string]any) map[string]any {
+	f := map[string]any{"kinds": []int{20001, 20002}, "#h": []string{ch}}
+	for k, v := range more {
+		f[k] = v
+	}
+	return f
+}
+
+// A member who subscribes after an announcement still learns who is
+// present, before EOSE, until the announcement's TTL runs out on the
+// relay's clock; an older announcement does not replace a newer one; the
+// filter's authors and limit hold; typing is not replayed; a non-member is
+// refused as for any #h read.
+// Mutations killed: not sending presence before EOSE (the later subscriber
+// gets nothing); no expiry check (still present after the TTL); letting an
+// older created_at replace a newer one; ignoring the filter's limit or
+// authors; remembering typing too.
+func TestPresenceIsKeptForLaterSubscribersUntilItExpires(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(now))},
+		func(c *config.Config) { c.PresenceTTL = time.Minute })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	ch := createChannel(t, owner, "present", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+
+	base := now().Unix()
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)
+	require.True(t, owner.Publish(here).OK)
+	stale := owner.Sign(20001, "away", nostr.Tags{{"h", ch}}, base-30)
+	require.True(t, owner.Publish(stale).OK)
+	require.True(t, owner.Publish(owner.Sign(20002, "typing", nostr.Tags{{"h", ch}}, base)).OK)
+
+	require.Equal(t, []string{here.ID}, ids(member.Req("later", presenceFilter(ch, nil))),
+		"the newest announcement, not the older one that came after it, and no typing")
+	require.Empty(t, member.Req("none", presenceFilter(ch, map[string]any{"limit": 0})))
+	require.Empty(t, member.Req("others", presenceFilter(ch, map[string]any{"authors": []string{member.Key.PublicKeyHex()}})))
+
+	mine := member.Sign(20001, "online", nostr.Tags{{"h", ch}}, base+1)
+	require.True(t, member.Publish(mine).OK)
+	require.Equal(t, []string{mine.ID, here.ID}, ids(member.Req("both", presenceFilter(ch, nil))), "newest first")
+	require.Equal(t, []string{mine.ID}, ids(member.Req("newest", presenceFilter(ch, map[string]any{"limit": 1}))))
+
+	outsider.Send("REQ", "snoop", presenceFilter(ch, nil))
+	require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+
+	at.Add(int64(time.Minute + time.Second))
+	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)), "presence expires with its TTL unless re-announced")
+}
+
+// Presence accepted by relay C is seen by a later subscriber on relay A:
+// the announcement is kept in Redis, not in C's memory, with the same rules
+// as in one process (newer created_at wins, gone after the TTL).
+// Mutations killed: keeping presence in each process only (A answers from
+// its own, empty, memory); the Redis script letting an older announcement
+// replace a newer one; reading Redis without the expiry check.
+func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	opts := []relay.Option{relay.WithClock(clock.Stub(now))}
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartWith(t, pool, opts, withRedis(url))
+	c := relaytest.StartWith(t, pool, opts, withRedis(url))
+	waitRedis(t, "connected", a, c)
+
+	owner := c.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "everywhere", true)
+	member := a.Dial(t, a.Host)
+	member.Auth(nil)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+
+	base := now().Unix()
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)
+	require.True(t, owner.Publish(here).OK)
+	require.True(t, owner.Publish(owner.Sign(20001, "away", nostr.Tags{{"h", ch}}, base-30)).OK)
+	require.Equal(t, []string{here.ID}, ids(member.Req("later", presenceFilter(ch, nil))))
+
+	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
+	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)))
+}
