@@ -392,7 +392,7 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 		b.status.verified()
 		j := job{channel: wake.ChannelID, prompt: wake.Prompt, eventID: ev.ID, doorbell: true}
 		if wake.ReplyTo != "" {
-			root, _ := threadOf(ev)
+			root, _ := nostr.ThreadRefs(ev.Tags)
 			if root == "" {
 				root = wake.ReplyTo
 			}
@@ -403,7 +403,7 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 	}
 	b.status.mentioned()
 	j := job{channel: channel, eventID: ev.ID, prompt: mentionPrompt(ev)}
-	if root, _ := threadOf(ev); root != "" {
+	if root, _ := nostr.ThreadRefs(ev.Tags); root != "" {
 		j.root, j.parent = root, ev.ID
 	}
 	b.enqueue(ctx, j, at)

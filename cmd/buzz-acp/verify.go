@@ -38,26 +38,3 @@ func tagValue(ev *nostr.Event, name string) string {
 	}
 	return ""
 }
-
-// threadOf reads NIP-10 marked e tags: the thread root and the direct
-// parent; one of them alone names both.
-func threadOf(ev *nostr.Event) (root, parent string) {
-	for _, tag := range ev.Tags {
-		if len(tag) < 4 || tag[0] != "e" || !nostr.IsHex64(tag[1]) {
-			continue
-		}
-		switch tag[3] {
-		case "root":
-			root = tag[1]
-		case "reply":
-			parent = tag[1]
-		}
-	}
-	if root == "" {
-		root = parent
-	}
-	if parent == "" {
-		parent = root
-	}
-	return root, parent
-}

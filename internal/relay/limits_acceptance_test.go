@@ -99,9 +99,6 @@ func raiseFileLimit(t *testing.T, want uint64) uint64 {
 // cap refuses most before the upgrade, the AUTH deadline closes the rest,
 // and an authenticated client is served throughout.
 func TestTwoThousandIdleUnauthenticatedSockets(t *testing.T) {
-	if testing.Short() {
-		t.Skip("opens 2,000 sockets")
-	}
 	const sockets = 2000
 	fds := raiseFileLimit(t, 3*sockets+512)
 	require.GreaterOrEqual(t, fds, uint64(2*sockets+256), "descriptor limit too low for this test")

@@ -229,34 +229,10 @@ func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 			}
 		}
 	}
-	tc.RootMessageID, tc.ParentMessageID = threadOf(ev)
+	if ev.Kind != kindReaction {
+		tc.RootMessageID, tc.ParentMessageID = nostr.ThreadRefs(ev.Tags)
+	}
 	return tc
-}
-
-// threadOf reads NIP-10 marked e tags: the thread root and the direct
-// parent (one "reply" tag alone names both).
-func threadOf(ev *nostr.Event) (root, parent string) {
-	if ev.Kind == kindReaction {
-		return "", ""
-	}
-	for _, tag := range ev.Tags {
-		if len(tag) < 4 || tag[0] != "e" {
-			continue
-		}
-		switch tag[3] {
-		case "root":
-			root = tag[1]
-		case "reply":
-			parent = tag[1]
-		}
-	}
-	if root == "" {
-		root = parent
-	}
-	if parent == "" {
-		parent = root
-	}
-	return root, parent
 }
 
 // ManualTrigger is the handler of kind 46020: the workflow's owner runs it
