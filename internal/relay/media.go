@@ -182,14 +182,24 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	mediaError(w, http.StatusUnauthorized, ae.Reason)
 }
 
-func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+// mediaUploader is who may upload here, or false once the client was
+// answered (media off, or no valid upload authorization).
+func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (*nostr.Event, bool) {
 	if s.media == nil {
 		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
-		return
+		return nil, false
 	}
 	ev, err := s.mediaAuth(r, "upload")
 	if err != nil {
 		s.mediaUnauthorized(w, tenant, err)
+		return nil, false
+	}
+	return ev, true
+}
+
+func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
+	ev, ok := s.mediaUploader(w, r, tenant)
+	if !ok {
 		return
 	}
 	limits := s.media.Limits()
@@ -239,13 +249,8 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 // Authorization would be refused for its size, its declared type or its
 // auth. The type is checked again, sniffed from the bytes, on upload.
 func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	if s.media == nil {
-		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
-		return
-	}
-	ev, err := s.mediaAuth(r, "upload")
-	if err != nil {
-		s.mediaUnauthorized(w, tenant, err)
+	ev, ok := s.mediaUploader(w, r, tenant)
+	if !ok {
 		return
 	}
 	limits := s.media.Limits()
