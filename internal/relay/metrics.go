@@ -24,6 +24,8 @@ type Metrics struct {
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid.
 	OwnerAttestations *prometheus.CounterVec
+	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
+	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -78,8 +80,14 @@ func NewMetrics() *Metrics {
 			Name: "buzz_owner_attestations_total",
 			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid.",
 		}, []string{"result"}),
+		MediaRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_requests_total", Help: "Blossom media requests, by operation and HTTP status.",
+		}, []string{"op", "status"}),
+		MediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
+		}, []string{"direction"}),
 	}
-	m.Registry.MustRegister(m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

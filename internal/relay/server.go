@@ -226,6 +226,14 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 			ready["redis"] = "degraded"
 		}
 	}
+	// The same holds for media: events flow without it.
+	if s.media != nil {
+		ready["media"] = "ok"
+		if err := s.media.Check(ctx); err != nil {
+			ready["media"] = "unavailable"
+			s.log.Warn("media store unavailable", "err", err)
+		}
+	}
 	writeJSON(w, http.StatusOK, ready)
 }
 
