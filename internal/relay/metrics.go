@@ -26,6 +26,9 @@ type Metrics struct {
 	OwnerAttestations *prometheus.CounterVec
 	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
 	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
+	// CommunityClosedConns counts connections closed because their
+	// community was deleted.
+	CommunityClosedConns prometheus.Counter
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -86,8 +89,11 @@ func NewMetrics() *Metrics {
 		MediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
 		}, []string{"direction"}),
+		CommunityClosedConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_connections_closed_community_deleted_total", Help: "WebSocket connections closed with 1008 because their community was deleted.",
+		}),
 	}
-	m.Registry.MustRegister(m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -89,8 +89,13 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 	// With BUZZ_REDIS_URL set the relay joins the others on that Redis.
 	busCtx, stopBus := context.WithCancel(context.Background())
 	require.NoError(t, srv.StartCrossRelay(busCtx))
+	watching := make(chan struct{})
+	go func() { srv.WatchCommunityClosures(busCtx); close(watching) }()
 	t.Cleanup(func() {
-		defer stopBus()
+		defer func() {
+			stopBus()
+			<-watching // its own database session is closed before the database is dropped
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
