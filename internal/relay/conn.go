@@ -41,18 +41,21 @@ type conn struct {
 	// or when a different owner is already recorded.
 	owner string
 
-	// live holds fan-out deliveries, replies this client's own requests
-	// (history, EOSE, OK ...). Separate queues keep a large history, which
-	// waits for room, from crowding out live events, whose overflow means a
-	// slow client. Neither is ever closed: writers stop on ctx instead, so a
-	// late fan-out can never panic.
-	live     chan []byte
-	replies  chan []byte
-	ctx      context.Context
-	cancel   context.CancelFunc
-	draining chan struct{} // closed by shutdown: flush the queue, then close 1001
-	drainOne sync.Once
-	slowOnce sync.Once
+	// out holds fan-out deliveries and replies to this client's own
+	// requests (history, EOSE, OK ...) in order. Live deliveries are
+	// bounded by count (overflow means a slow client), replies by bytes
+	// (a large history waits for room), so a history being read never
+	// crowds out live events.
+	out    sendQueue
+	pinger *time.Timer // runs ping every PingInterval
+	// writeWatchdog closes the socket under a write that outlives
+	// WriteTimeout: one timer per connection instead of a context per
+	// message (an allocation plus a registration with the connection's
+	// context, a measurable share of fan-out to 1,000 subscribers).
+	writeWatchdog *time.Timer
+	ctx           context.Context
+	cancel        context.CancelFunc
+	slowOnce      sync.Once
 	// closedForDeletion is set once the connection is being closed because
 	// its community was deleted.
 	closedForDeletion atomic.Bool
@@ -75,17 +78,19 @@ func newChallenge() string {
 // is full is closed rather than silently missing live events; it reconnects
 // and resumes with since.
 func (c *conn) Enqueue(msg []byte) bool {
-	select {
-	case c.live <- msg:
-		return true
-	default:
-		c.slowOnce.Do(func() {
-			c.srv.metrics.SlowClosed.Inc()
-			c.log.Warn("closing slow client: send queue full", "queue", cap(c.live))
-			go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
-		})
-		return false
+	ok, startWriter := c.out.pushLive(msg, c.srv.cfg.SendQueue)
+	if startWriter {
+		go c.writeQueued()
 	}
+	if ok {
+		return true
+	}
+	c.slowOnce.Do(func() {
+		c.srv.metrics.SlowClosed.Inc()
+		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue)
+		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
+	})
+	return false
 }
 
 // send queues a reply to this client's own request, waiting for room.
@@ -95,13 +100,15 @@ func (c *conn) send(msg []byte) error {
 		return err
 	}
 	c.srv.metrics.ReplyQueueBytes.Add(float64(weight))
-	select {
-	case c.replies <- msg:
-		return nil
-	case <-c.ctx.Done():
+	ok, startWriter := c.out.pushReply(msg)
+	if !ok {
 		c.replySent(msg)
-		return c.ctx.Err()
+		return context.Canceled
 	}
+	if startWriter {
+		go c.writeQueued()
+	}
+	return nil
 }
 
 // replyWeight is the room msg takes in the reply queue: its size, or the
@@ -119,8 +126,10 @@ func (c *conn) replySent(msg []byte) {
 
 func (c *conn) run() {
 	defer c.cleanup()
-	go c.writeLoop()
-	go c.pingLoop()
+	c.pinger = time.AfterFunc(time.Hour, c.ping)
+	c.pinger.Stop()
+	c.pinger.Reset(c.srv.cfg.PingInterval)
+	defer c.pinger.Stop()
 	// Every socket costs memory and a slot under the connection caps; one
 	// that has not authenticated in time is closed rather than held idle.
 	authDeadline := time.AfterFunc(c.srv.cfg.AuthTimeout, func() {
@@ -155,92 +164,95 @@ func (c *conn) cleanup() {
 	c.srv.hub.UnsubscribeAll(c.tenant.ID(), c)
 	c.cancel()
 	c.ws.CloseNow()
+	// Nothing queued keeps holding reply budget, and nothing more is queued.
+	for _, q := range c.out.close() {
+		c.sent(q)
+	}
 	c.srv.forget(c)
 }
 
-func (c *conn) writeLoop() {
-	// One watchdog per connection instead of a context per message: a
-	// per-write context.WithTimeout (allocation plus registration with the
-	// connection's context) was a measurable share of fan-out to 1,000
-	// subscribers. A write that outlives WriteTimeout closes the socket,
-	// which makes the blocked Write return.
-	watchdog := time.AfterFunc(time.Hour, func() {
+// armWriteWatchdog creates the write watchdog, stopped; before the
+// connection is tracked, since a shutdown may start a writer at once.
+func (c *conn) armWriteWatchdog() {
+	c.writeWatchdog = time.AfterFunc(time.Hour, func() {
 		c.log.Debug("write timed out; closing", "timeout", c.srv.cfg.WriteTimeout)
 		c.ws.CloseNow()
 	})
-	watchdog.Stop()
-	defer watchdog.Stop()
-	write := func(msg []byte) bool {
-		watchdog.Reset(c.srv.cfg.WriteTimeout)
-		err := c.ws.Write(c.ctx, websocket.MessageText, msg)
-		watchdog.Stop()
-		if err != nil {
-			c.log.Debug("write failed; closing", "err", err)
-			c.cancel()
-			return false
-		}
-		return true
-	}
+	c.writeWatchdog.Stop()
+}
+
+// writeQueued writes everything queued, in order, then returns; the next
+// message queued starts it again. On a failed write it gives back what the
+// rest of its batch held and ends the connection.
+func (c *conn) writeQueued() {
+	var batch []queued
 	for {
-		select {
-		case <-c.ctx.Done():
+		var done, draining bool
+		batch, done, draining = c.out.take(batch)
+		if done {
+			if draining {
+				c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
+				c.cancel() // release a reader waiting for reply room
+			}
 			return
-		case msg := <-c.replies:
-			ok := write(msg)
-			c.replySent(msg)
+		}
+		for i, q := range batch {
+			ok := c.write(q.msg)
+			c.sent(q)
 			if !ok {
-				return
-			}
-		case msg := <-c.live:
-			if !write(msg) {
-				return
-			}
-		case <-c.draining:
-			for {
-				select {
-				case msg := <-c.replies:
-					ok := write(msg)
-					c.replySent(msg)
-					if !ok {
-						return
-					}
-				case msg := <-c.live:
-					if !write(msg) {
-						return
-					}
-				default:
-					c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
-					c.cancel() // release a reader blocked on a full queue
-					return
+				for _, rest := range batch[i+1:] {
+					c.sent(rest)
 				}
+				return
 			}
 		}
 	}
 }
 
-func (c *conn) pingLoop() {
-	t := time.NewTicker(c.srv.cfg.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.PingInterval)
-			err := c.ws.Ping(ctx)
-			cancel()
-			if err != nil {
-				c.log.Debug("ping failed; closing", "err", err)
-				c.ws.CloseNow()
-				return
-			}
-		}
+func (c *conn) write(msg []byte) bool {
+	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
+	err := c.ws.Write(c.ctx, websocket.MessageText, msg)
+	c.writeWatchdog.Stop()
+	if err != nil {
+		c.log.Debug("write failed; closing", "err", err)
+		c.cancel()
+		return false
 	}
+	return true
+}
+
+// sent accounts for one message having left the queue, written or not.
+func (c *conn) sent(q queued) {
+	if q.reply {
+		c.replySent(q.msg)
+	} else {
+		c.out.written()
+	}
+}
+
+// ping checks the client is still there, from a timer rather than a
+// goroutine of its own: a parked goroutine per connection costs its stack
+// for the connection's whole life. A missed pong closes the connection.
+func (c *conn) ping() {
+	if c.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.PingInterval)
+	err := c.ws.Ping(ctx)
+	cancel()
+	if err != nil {
+		c.log.Debug("ping failed; closing", "err", err)
+		c.ws.CloseNow()
+		return
+	}
+	c.pinger.Reset(c.srv.cfg.PingInterval)
 }
 
 // shutdown flushes what is queued and closes with 1001 (going away).
 func (c *conn) shutdown() {
-	c.drainOne.Do(func() { close(c.draining) })
+	if c.out.drain() {
+		go c.writeQueued()
+	}
 }
 
 func (c *conn) handle(data []byte) {

@@ -41,10 +41,6 @@ import (
 // Version is reported in NIP-11.
 const Version = "0.1.0"
 
-// replyQueue buffers replies to a client's own requests; a full one only
-// makes the connection's reader wait.
-const replyQueue = 256
-
 // accessTTL bounds how long a reader's channel set is trusted when the
 // membership change that altered it was committed by another relay process.
 const accessTTL = 10 * time.Second
@@ -337,14 +333,12 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		log:       s.log.With("community", tenant.Host(), "remote", addr),
 		addr:      addr,
 		challenge: newChallenge(),
-		live:      make(chan []byte, s.cfg.SendQueue),
-		replies:   make(chan []byte, replyQueue),
 		replyRoom: semaphore.NewWeighted(int64(s.cfg.ReplyQueueBytes)),
 		ctx:       ctx,
 		cancel:    cancel,
-		draining:  make(chan struct{}),
 		subs:      map[string]int{},
 	}
+	c.armWriteWatchdog()
 	if status, reason := s.track(c); status != 0 {
 		s.release(addr)
 		cancel()

@@ -1,0 +1,121 @@
+package relay
+
+import "sync"
+
+// sendQueue holds a connection's outgoing messages in the order they were
+// queued: live deliveries and replies to the client's own requests.
+//
+// Two costs it avoids, both paid by every idle connection before: channels
+// sized for the worst case (1,024 live and 256 reply slots, about 30 KB
+// allocated up front) and a writer goroutine parked for the connection's
+// whole life (its stack). The slice grows with use, and a writer runs only
+// while there is something to write.
+type sendQueue struct {
+	mu      sync.Mutex
+	pending []queued
+	// live counts the live deliveries queued and not yet written: the
+	// slow-client bound applies to them only, so a long history being
+	// read never counts against it.
+	live int
+	// writing is set while a writer goroutine runs; draining once the
+	// relay shuts down (the writer then flushes and closes 1001); closed
+	// when the connection ended (nothing is queued any more).
+	writing, draining, closed bool
+	// spare is an emptied batch kept for reuse, so a busy connection does
+	// not allocate a slice per batch.
+	spare []queued
+}
+
+type queued struct {
+	msg   []byte
+	reply bool // a reply: its bytes count against the reply budget
+}
+
+// keepSpare is the largest batch capacity kept for reuse; a larger batch,
+// after a burst, is left to the collector.
+const keepSpare = 64
+
+// pushLive queues a live delivery unless limit live deliveries are
+// already waiting; startWriter reports whether the caller must start the
+// writer. A delivery to a connection that ended is dropped as if written.
+func (q *sendQueue) pushLive(msg []byte, limit int) (ok, startWriter bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return true, false
+	}
+	if q.live >= limit {
+		return false, false
+	}
+	q.live++
+	q.pending = append(q.pending, queued{msg: msg})
+	return true, q.claimWriter()
+}
+
+// pushReply queues a reply whose bytes the caller reserved; ok is false
+// when the connection ended (the caller gives the bytes back).
+func (q *sendQueue) pushReply(msg []byte) (ok, startWriter bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false, false
+	}
+	q.pending = append(q.pending, queued{msg: msg, reply: true})
+	return true, q.claimWriter()
+}
+
+// drain marks the queue draining; startWriter as for the pushes.
+func (q *sendQueue) drain() (startWriter bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.draining {
+		return false
+	}
+	q.draining = true
+	return q.claimWriter()
+}
+
+// claimWriter makes the caller responsible for starting the writer when
+// none runs (q.mu held).
+func (q *sendQueue) claimWriter() bool {
+	if q.writing {
+		return false
+	}
+	q.writing = true
+	return true
+}
+
+// take hands the writer everything queued, in order, and takes back the
+// previous batch for reuse. With nothing queued it ends the writer's run
+// (done), telling it whether the relay is draining.
+func (q *sendQueue) take(prev []queued) (batch []queued, done, draining bool) {
+	clear(prev) // the messages are written; do not keep them reachable
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if cap(prev) <= keepSpare && cap(prev) > cap(q.spare) {
+		q.spare = prev[:0]
+	}
+	if len(q.pending) == 0 || q.closed {
+		q.writing = false
+		return nil, true, q.draining && !q.closed
+	}
+	batch, q.pending, q.spare = q.pending, q.spare, nil
+	return batch, false, false
+}
+
+// written records that a live delivery left the queue.
+func (q *sendQueue) written() {
+	q.mu.Lock()
+	q.live--
+	q.mu.Unlock()
+}
+
+// close stops queueing and returns what was never taken.
+func (q *sendQueue) close() []queued {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	left := q.pending
+	q.pending, q.spare = nil, nil
+	return left
+}
