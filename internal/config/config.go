@@ -61,6 +61,7 @@ type Config struct {
 	PublishBurst          int            // events one pubkey may publish at once before the rate applies
 	RateLimitKeys         int            // (community, pubkey) buckets kept in memory; the oldest go first
 	ReqPageRows           int            // rows read per database round trip while streaming a REQ
+	SearchCandidates      int            // newest matches a NIP-50 search ranks by relevance
 	ReplyQueueBytes       int            // bytes of replies (history, OK ...) queued for one connection
 	HTTPReadTimeout       time.Duration  // a request's headers and body must arrive within this
 	HTTPWriteTimeout      time.Duration  // a response must be written within this
@@ -153,6 +154,7 @@ func Default() Config {
 		PublishBurst:          60,
 		RateLimitKeys:         100000,
 		ReqPageRows:           200,
+		SearchCandidates:      1000,
 		ReplyQueueBytes:       1 << 20,
 		HTTPReadTimeout:       30 * time.Second,
 		HTTPWriteTimeout:      30 * time.Second,
@@ -215,6 +217,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_PUBLISH_BURST", &c.PublishBurst)
 	r.positive("BUZZ_RATE_LIMIT_KEYS", &c.RateLimitKeys)
 	r.positive("BUZZ_REQ_PAGE_ROWS", &c.ReqPageRows)
+	r.positive("BUZZ_SEARCH_CANDIDATES", &c.SearchCandidates)
 	r.positive("BUZZ_REPLY_QUEUE_BYTES", &c.ReplyQueueBytes)
 	r.duration("BUZZ_HTTP_READ_TIMEOUT", &c.HTTPReadTimeout)
 	r.duration("BUZZ_HTTP_WRITE_TIMEOUT", &c.HTTPWriteTimeout)

@@ -30,6 +30,9 @@ type Store struct {
 	// StatementTimeout, when set, bounds each statement Query runs. Time a
 	// slow client takes to receive one page is not charged to the next.
 	StatementTimeout time.Duration
+	// SearchCandidates is how many of the newest matches a NIP-50 search
+	// ranks by relevance (at least the filter's limit).
+	SearchCandidates int
 	// ObserveQuery, when set, is told how long each hand-built statement took,
 	// by its name (NameEventsQuery ...).
 	ObserveQuery func(name string, seconds float64)
@@ -38,9 +41,12 @@ type Store struct {
 // DefaultPageRows is the PageRows of a new Store.
 const DefaultPageRows = 200
 
+// DefaultSearchCandidates is the SearchCandidates of a new Store.
+const DefaultSearchCandidates = 1000
+
 // New returns a Store reading from pool.
 func New(pool *pgxpool.Pool, maxLimit int) *Store {
-	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows}
+	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows, SearchCandidates: DefaultSearchCandidates}
 }
 
 func (s *Store) observe(name string, start time.Time) {
@@ -158,7 +164,7 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 	var after *keyset
 	for remaining := limit; remaining > 0; {
 		rows := min(remaining, max(s.PageRows, 1))
-		sql, args := buildSearchPage(community, scope, f, after, rows)
+		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
 		page, err := s.readRows(ctx, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
 			return []any{&r.rank}
 		})

@@ -202,21 +202,27 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 	return named(NameEventsPage, b.sql.String()), b.args
 }
 
-// buildSearchPage returns the next page of a read with one search filter,
-// most relevant first: rows ranked after the keyset, at most rows of them.
-// The rank is selected after eventColumns.
-func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *keyset, rows int) (string, []any) {
+// buildSearchPage returns the next page of a read with one search filter:
+// the newest candidates matches, ranked by relevance, rows of them after
+// the keyset. Ranking every match would make a common word cost the whole
+// table (a ts_rank per matching row, hundreds of thousands at a million
+// events); ranking the newest matches keeps the cost bounded whatever the
+// word, and in chat the newest matches are the ones a reader wants. The
+// rank is selected after eventColumns.
+func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *keyset, rows, candidates int) (string, []any) {
 	var b sqlBuilder
 	communityArg := b.arg(community)
 	channelsArg := b.arg(scope.Channels)
-	rank := "ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text))"
-	b.sql.WriteString("SELECT " + eventColumns + ", " + rank + " AS rank FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
+	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM (SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
+		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg)
 	b.conditions(f, communityArg)
+	b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(candidates)) + ") recent) ranked")
 	if after != nil {
-		b.sql.WriteString(" AND (" + rank + ", created_at, id) < (" + b.arg(after.rank) + "::real, to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
+		b.sql.WriteString(" WHERE (rank, created_at, id) < (" + b.arg(after.rank) + "::real, to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 	}
-	b.sql.WriteString(" ORDER BY " + rank + " DESC, created_at DESC, id DESC LIMIT " + b.arg(int32(rows)))
+	b.sql.WriteString(" ORDER BY rank DESC, created_at DESC, id DESC LIMIT " + b.arg(int32(rows)))
 	return named(NameEventsSearch, b.sql.String()), b.args
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -49,4 +50,32 @@ func TestSearchIsOneShotRankedAndAccessFiltered(t *testing.T) {
 	}
 	require.True(t, alice.Publish(alice.Sign(1, "postgres again", nil, 0)).OK)
 	bob.ExpectSilence(300*time.Millisecond, "a search subscription must not receive live events")
+}
+
+// A search ranks only its newest BUZZ_SEARCH_CANDIDATES matches (at least
+// its limit), so a common word costs no more than a rare one: the most
+// relevant match beyond them is not reached; within them, relevance wins
+// over recency; a limit above the setting widens the candidates.
+// Mutations killed: ranking every match (the old, strongest match comes
+// first); ranking the candidates by recency only (weak before strong);
+// candidates not widened to the limit (the fourth match is missing).
+func TestSearchRanksTheNewestCandidates(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.SearchCandidates = 3 })
+	alice := r.Dial(t, "")
+	alice.Auth(nil)
+	now := time.Now().Unix()
+	oldStrongest := alice.Sign(1, "honey honey honey honey", nil, now-100)
+	older := alice.Sign(1, "honey and other things said at length", nil, now-40)
+	strong := alice.Sign(1, "honey honey", nil, now-30)
+	weak := alice.Sign(1, "a long note that mentions honey only once among many words", nil, now-20)
+	newest := alice.Sign(1, "honey bees and other things", nil, now-10)
+	for _, ev := range []*nostr.Event{oldStrongest, older, strong, weak, newest} {
+		require.True(t, alice.Publish(ev).OK)
+	}
+	got := ids(alice.Req("s", map[string]any{"search": "honey", "limit": 3}))
+	require.ElementsMatch(t, []string{strong.ID, weak.ID, newest.ID}, got, "the three newest matches; an older one is not reached")
+	require.Equal(t, strong.ID, got[0], "ranked by relevance among them")
+	require.ElementsMatch(t, []string{strong.ID, weak.ID, newest.ID, older.ID}, ids(alice.Req("s2", map[string]any{"search": "honey", "limit": 4})),
+		"a larger limit widens the candidates")
 }

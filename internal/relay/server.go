@@ -144,6 +144,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		},
 	}
 	s.store.PageRows = cfg.ReqPageRows
+	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
 	}
