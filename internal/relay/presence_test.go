@@ -101,6 +101,14 @@ func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)
 	require.True(t, owner.Publish(here).OK)
 	require.True(t, owner.Publish(owner.Sign(20001, "away", nostr.Tags{{"h", ch}}, base-30)).OK)
+	// The announcements also cross to A live; a REQ they overtake would get
+	// them as live events. Wait until A has passed them on: the owner's
+	// next event arrives after them.
+	member.Send("REQ", "marker", map[string]any{"kinds": []int{1}, "authors": []string{owner.Key.PublicKeyHex()}, "limit": 0})
+	member.Expect("EOSE")
+	marker := owner.Sign(1, "after the announcements", nil, 0)
+	require.True(t, owner.Publish(marker).OK)
+	require.Equal(t, marker.ID, member.Expect("EVENT").Event.ID)
 	require.Equal(t, []string{here.ID}, ids(member.Req("later", presenceFilter(ch, nil))))
 
 	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
