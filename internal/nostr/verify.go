@@ -35,6 +35,11 @@ func verifyPureGo(pub *[32]byte, digest *[32]byte, sig *[64]byte) error {
 	if err != nil {
 		return errPubKeyNotOnCurve
 	}
+	// btcec v2.3.5 range-checks r but reduces s modulo n without a word;
+	// BIP-340 requires s < n, so both bounds are checked here first.
+	if !sigScalarsInRange(sig) {
+		return errSigMalformed
+	}
 	s, err := schnorr.ParseSignature(sig[:])
 	if err != nil {
 		return errSigMalformed
@@ -58,9 +63,9 @@ var (
 	}
 )
 
-// sigScalarsInRange reports whether r < p and s < n. The native library
-// folds an out-of-range scalar into a plain "invalid", so the native
-// verifier asks this after a failure to name the cause the way btcec does.
+// sigScalarsInRange reports whether r < p and s < n, as BIP-340 requires.
+// The native library folds an out-of-range scalar into a plain "invalid", so
+// the native verifier asks this only after a failure, to name the cause.
 func sigScalarsInRange(sig *[64]byte) bool {
 	return bytes.Compare(sig[:32], fieldPrime[:]) < 0 && bytes.Compare(sig[32:], groupOrder[:]) < 0
 }
