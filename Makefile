@@ -15,7 +15,7 @@ GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 # running the slower verifier; `make GOTAGS= run` (or build, test) selects
 # the pure-Go verifier. GOFLAGS carries the tag to every go command below,
 # including the ones the test wrapper and bench.sh start.
-GOTAGS ?= libsecp256k1
+GOTAGS ?= system_libsecp256k1
 export GOFLAGS := $(strip $(GOFLAGS) $(if $(GOTAGS),-tags=$(GOTAGS)))
 
 .PHONY: help run test generate verify lint bench build interop-deps

@@ -127,7 +127,7 @@ func BenchmarkFilterMatches(b *testing.B) {
 
 // BenchmarkSchnorrVerifiers times each compiled-in verifier on one digest
 // (the pubkey cache warm, as for a returning author): run with
-// -tags libsecp256k1 to see the native one beside btcec.
+// -tags system_libsecp256k1 to see the native one beside btcec.
 func BenchmarkSchnorrVerifiers(b *testing.B) {
 	sk, err := SecretKeyFromHex(testSK1)
 	if err != nil {

@@ -24,7 +24,7 @@ func VerifyDigest(pub [32]byte, digest [32]byte, sig [64]byte) error {
 }
 
 // SignatureVerifier names the BIP-340 verifier this binary was built with:
-// "libsecp256k1" (cgo, build tag libsecp256k1) or "pure-go".
+// "libsecp256k1" (cgo, build tag system_libsecp256k1) or "pure-go".
 func SignatureVerifier() string { return signatureVerifierName }
 
 // verifyPureGo is the btcec verifier. It is compiled into every build: it is

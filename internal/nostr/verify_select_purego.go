@@ -1,8 +1,8 @@
-//go:build !(libsecp256k1 && cgo)
+//go:build !(system_libsecp256k1 && cgo)
 
 package nostr
 
-// Built without cgo or without the libsecp256k1 tag: btcec verifies.
+// Built without cgo or without the system_libsecp256k1 tag: btcec verifies.
 const signatureVerifierName = "pure-go"
 
 func verifySchnorr(pub *[32]byte, digest *[32]byte, sig *[64]byte) error {

@@ -14,7 +14,7 @@ type schnorrVerifierFunc func(pub *[32]byte, digest *[32]byte, sig *[64]byte) er
 
 // verifiersUnderTest holds every verifier compiled into this test binary:
 // btcec always, libsecp256k1 when built with the tag (see
-// verify_libsecp256k1_test.go). Each test below holds them all to the same
+// verify_system_libsecp256k1_test.go). Each test below holds them all to the same
 // answers.
 var verifiersUnderTest = map[string]schnorrVerifierFunc{"pure-go": verifyPureGo}
 
