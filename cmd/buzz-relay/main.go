@@ -31,6 +31,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relay"
@@ -214,7 +215,8 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	httpSrv := srv.HTTPServer()
 	metricsSrv := srv.MetricsServer()
 	defer metricsSrv.Close()
-	log.Info("relay listening", "addr", ls.public.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host)
+	log.Info("relay listening", "addr", ls.public.Addr().String(), "relay_url", cfg.RelayURL, "community", home.Host,
+		"signature_verifier", nostr.SignatureVerifier())
 	log.Info("metrics listening", "addr", ls.metrics.Addr().String())
 	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(ls.public) }()

@@ -124,3 +124,25 @@ func BenchmarkFilterMatches(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSchnorrVerifiers times each compiled-in verifier on one digest
+// (the pubkey cache warm, as for a returning author): run with
+// -tags system_libsecp256k1 to see the native one beside btcec.
+func BenchmarkSchnorrVerifiers(b *testing.B) {
+	sk, err := SecretKeyFromHex(testSK1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, digest := sk.PublicKey(), [32]byte{1, 2, 3}
+	sig := signDeterministic(b, sk, digest)
+	for name, verify := range verifiersUnderTest {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := verify(&pub, &digest, &sig); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -149,18 +149,7 @@ func (e *Event) verifySig(id [32]byte) error {
 	if !decodeLowerHex(sb[:], e.Sig) {
 		return fmt.Errorf("%w: sig must be 128-char lowercase hex", ErrBadSignature)
 	}
-	pub, err := parsedKeys.parse(pk)
-	if err != nil {
-		return fmt.Errorf("%w: pubkey is not a valid secp256k1 point", ErrBadSignature)
-	}
-	sig, err := schnorr.ParseSignature(sb[:])
-	if err != nil {
-		return fmt.Errorf("%w: malformed signature", ErrBadSignature)
-	}
-	if !sig.Verify(id[:], pub) {
-		return fmt.Errorf("%w: verification failed", ErrBadSignature)
-	}
-	return nil
+	return verifySchnorr(&pk, &id, &sb)
 }
 
 // Sign sets PubKey, ID and Sig using sk. A nil Tags becomes empty so the

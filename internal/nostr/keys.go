@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcec/v2/schnorr"
@@ -76,21 +75,4 @@ func (k *SecretKey) SignDigest(digest [32]byte) ([64]byte, error) {
 	var out [64]byte
 	copy(out[:], sig.Serialize())
 	return out, nil
-}
-
-// VerifyDigest checks a BIP-340 signature by the x-only public key pub over
-// a 32-byte message digest. Errors wrap ErrBadSignature.
-func VerifyDigest(pub [32]byte, digest [32]byte, sig [64]byte) error {
-	key, err := parsedKeys.parse(pub)
-	if err != nil {
-		return fmt.Errorf("%w: pubkey is not a valid secp256k1 point", ErrBadSignature)
-	}
-	s, err := schnorr.ParseSignature(sig[:])
-	if err != nil {
-		return fmt.Errorf("%w: malformed signature", ErrBadSignature)
-	}
-	if !s.Verify(digest[:], key) {
-		return fmt.Errorf("%w: verification failed", ErrBadSignature)
-	}
-	return nil
 }

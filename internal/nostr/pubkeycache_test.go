@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,7 +27,7 @@ func TestPubKeyCacheKeepsVerificationExact(t *testing.T) {
 	}
 	wg.Wait()
 
-	small := pubKeyCache{max: 2}
+	small := pubKeyCache[*btcec.PublicKey]{max: 2, lift: schnorrParsePubKey}
 	for i := 0; i < 5; i++ {
 		k, err := GenerateSecretKey()
 		require.NoError(t, err)
