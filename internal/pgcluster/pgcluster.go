@@ -310,3 +310,82 @@ func (c *Cluster) Close() error {
 	}
 	return err
 }
+
+// StartStandby makes a streaming hot standby of primary (a cluster on
+// 127.0.0.1 that allows replication connections, as initdb's defaults do
+// on loopback): pg_basebackup -R copies it into a new temporary directory
+// with the settings to follow it, and the standby starts on a port of its
+// own. settings are extra postgresql.conf lines. Close stops it and
+// removes its files.
+func StartStandby(ctx context.Context, primary *Cluster, settings map[string]string) (*Cluster, error) {
+	return StartStandbyOf(ctx, primary.port, settings)
+}
+
+// StartStandbyOf is StartStandby for a primary known only by its port.
+func StartStandbyOf(ctx context.Context, primaryPort int, settings map[string]string) (*Cluster, error) {
+	binDir, err := FindBinaries()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "buzz-pg-standby-")
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Cluster, error) {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// MkdirTemp makes it 0700; the postgres user must traverse it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fail(err)
+	}
+	c := &Cluster{binDir: binDir, dataDir: filepath.Join(dir, "data"), tempRoot: dir}
+	if os.Geteuid() == 0 {
+		if c.runAs, err = postgresUser(); err != nil {
+			return fail(err)
+		}
+		if err := c.chown(dir); err != nil {
+			return fail(err)
+		}
+	}
+	if err := c.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(primaryPort), "-U", "postgres",
+		"-D", c.dataDir, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
+		return fail(err)
+	}
+	var conf bytes.Buffer
+	conf.WriteString("\n# standby settings written by internal/pgcluster\nhot_standby = on\n")
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = %s\n", k, settings[k])
+	}
+	f, err := os.OpenFile(filepath.Join(c.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fail(err)
+	}
+	_, err = f.Write(conf.Bytes())
+	f.Close()
+	if err != nil {
+		return fail(err)
+	}
+	for attempt := 1; ; attempt++ {
+		if c.port, err = pickPort(); err != nil {
+			return fail(err)
+		}
+		if err = c.start(ctx); err == nil {
+			return c, nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
+			return fail(err)
+		}
+	}
+}
+
+// Kill stops the cluster at once (immediate mode: no shutdown checkpoint,
+// sessions cut), as a crash or a lost host would.
+func (c *Cluster) Kill() error {
+	return c.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "immediate", "-D", c.dataDir)
+}

@@ -40,6 +40,15 @@ func run(args []string) int {
 	}
 	defer cluster.Close()
 	env := append(os.Environ(), dbtest.AdminURLEnv+"="+cluster.URL("postgres"))
+	// One streaming standby of it, shared like the cluster: the replica
+	// routing tests read their databases from it.
+	standby, err := pgcluster.StartStandby(context.Background(), cluster, dbtest.StandbySettings)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "withcluster: start the standby:", err)
+		return 1
+	}
+	defer standby.Close()
+	env = append(env, dbtest.StandbyURLEnv+"="+standby.URL("postgres"))
 	// Without redis-server the command still runs (make generate needs only
 	// PostgreSQL); a test that needs Redis then fails, naming the package.
 	if redis, err := redisserver.Start(context.Background()); err != nil {
