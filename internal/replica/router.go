@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -257,4 +258,26 @@ func failureReason(budget context.Context) string {
 		return ReasonAcquireTimeout
 	}
 	return ReasonValidationError
+}
+
+// ArmFloor makes every connection of a writer pool check the created_at
+// floor (the setting the floor trigger reads).
+func ArmFloor(cfg *pgxpool.Config, floor time.Duration) {
+	cfg.ConnConfig.RuntimeParams[FloorSetting] = strconv.FormatInt(int64(floor/time.Second), 10)
+}
+
+// ReaderPoolConfig configures a pool on the reader: lazy (nothing dials
+// until a routed read asks), each statement bounded by statementTimeout
+// and a transaction left idle ended after idleInTransaction, so neither a
+// blackholed reader nor an abandoned snapshot holds a connection for long.
+func ReaderPoolConfig(url string, maxConns int32, statementTimeout, idleInTransaction time.Duration) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	cfg.MinConns = 0
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idleInTransaction.Milliseconds(), 10)
+	return cfg, nil
 }
