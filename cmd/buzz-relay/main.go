@@ -34,6 +34,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/replica"
 )
 
 const usage = `usage: buzz-relay <command>
@@ -169,6 +170,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
+	if cfg.ReadDatabaseURL != "" {
+		// Routed reads rely on every writer session refusing channel
+		// events dated before the floor.
+		replica.ArmFloor(poolCfg, cfg.CreatedAtFloor)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
@@ -202,6 +208,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	srv := relay.New(cfg, pool, log, relayOpts...)
 	go srv.RunReapers(ctx)
 	if err := srv.StartCrossRelay(ctx); err != nil {
+		return err
+	}
+	if err := srv.StartReadReplica(ctx); err != nil {
 		return err
 	}
 	if err := srv.StartWorkflows(ctx); err != nil {

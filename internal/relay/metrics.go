@@ -24,6 +24,9 @@ type Metrics struct {
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid.
 	OwnerAttestations *prometheus.CounterVec
+	// RouteDecision counts routed reads by path, decision (replica,
+	// writer) and reason (docs/replica.md).
+	RouteDecision *prometheus.CounterVec
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -79,7 +82,11 @@ func NewMetrics() *Metrics {
 			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid.",
 		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.RouteDecision = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_db_route_decision",
+		Help: "Reads that could be served by the read replica, by path, where they went (replica, writer) and why.",
+	}, []string{"path", "decision", "reason"})
+	m.Registry.MustRegister(m.RouteDecision, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -65,6 +65,9 @@ type Ring struct {
 	mu      sync.Mutex
 	entries []Entry
 	epoch   uuid.UUID
+	// last is the latest entry's CommittedAt, kept when the ring is
+	// cleared: the heartbeat age goes on growing while the probe fails.
+	last time.Time
 }
 
 // NewRing returns an empty (closed) ring.
@@ -97,6 +100,7 @@ func (r *Ring) Adopt(e Entry) {
 }
 
 func (r *Ring) push(e Entry) {
+	r.last = e.CommittedAt
 	if len(r.entries) == RingCapacity {
 		copy(r.entries, r.entries[1:])
 		r.entries = r.entries[:RingCapacity-1]
@@ -125,14 +129,15 @@ func (r *Ring) Newest(now time.Time) (Entry, bool) {
 	return e, true
 }
 
-// HeartbeatAge is the age of the latest entry however old (for metrics).
+// HeartbeatAge is the age of the latest token ever recorded, however old
+// and even after the ring closed (for metrics); false before the first.
 func (r *Ring) HeartbeatAge(now time.Time) (time.Duration, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.entries) == 0 {
+	if r.last.IsZero() {
 		return 0, false
 	}
-	return now.Sub(r.entries[len(r.entries)-1].CommittedAt), true
+	return now.Sub(r.last), true
 }
 
 // Resolve returns the entry a reader that observed (token, epoch) proves:

@@ -1,0 +1,82 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+	"github.com/buzzrelay/buzz/internal/replica"
+)
+
+func readyReader(t *testing.T, r *relaytest.Relay) string {
+	t.Helper()
+	resp, err := http.Get(r.HTTPURL + "/ready")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var body map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return body["reader"]
+}
+
+// A relay with a standby configured routes REQs and COUNTs there once the
+// probe's tokens reach it, says so in /ready and in its metrics, and its
+// writer refuses channel events dated before the created_at floor with a
+// clear reason.
+func TestRelayRoutesReadsToItsStandby(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
+		c.ReplicaReadMaxAge = 10 * time.Second
+		c.ReplicaProbeInterval = 20 * time.Millisecond
+	})
+	c := r.Dial(t, "")
+	key := c.Auth(nil)
+	ch := createChannel(t, c, "routed", false)
+	ok := c.Publish(relaytest.SignEvent(t, key, 9, "hello standby", nostr.Tags{{"h", ch}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	old := c.Publish(relaytest.SignEvent(t, key, 9, "from long ago", nostr.Tags{{"h", ch}}, time.Now().Add(-time.Hour).Unix()))
+	require.False(t, old.OK)
+	require.True(t, strings.HasPrefix(old.Msg, "invalid: a channel event's created_at is too far in the past"), old.Msg)
+
+	require.Eventually(t, func() bool { return readyReader(t, r) == "streaming" }, 30*time.Second, 20*time.Millisecond)
+	// Fresh reads may lag the writer by the budget: wait for the message.
+	require.Eventually(t, func() bool {
+		got := c.Req("fresh", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
+		return len(got) == 1 && got[0].Content == "hello standby"
+	}, 30*time.Second, 20*time.Millisecond)
+	require.NotEqual(t, "", metric(t, r, `buzz_db_route_decision{decision="replica",path="req_historical",reason="fresh"}`))
+	hourAgo := time.Now().Add(-time.Hour).Unix()
+	require.Empty(t, c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo}))
+	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`))
+	age := metric(t, r, "buzz_db_replica_heartbeat_age_seconds")
+	require.NotEmpty(t, age)
+}
+
+// Without a reader nothing is routed and /ready says nothing of one.
+func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	c.Req("any", map[string]any{"kinds": []int{1}})
+	require.Equal(t, "", readyReader(t, r))
+	require.Equal(t, "", metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+}
