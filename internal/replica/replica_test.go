@@ -85,6 +85,25 @@ func TestCreatedAtFloorGuard(t *testing.T) {
 	_, ok = dberr.AsViolation(err)
 	require.True(t, ok, "%v", err)
 
+	// The floor is measured at commit, not at the transaction's start: a
+	// row that was fresh when inserted but committed after the floor passed
+	// is refused. (Mutation killed: now() in place of clock_timestamp().)
+	slow, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer slow.Close(ctx)
+	_, err = slow.Exec(ctx, "SET buzz.created_at_floor = '1'")
+	require.NoError(t, err)
+	err = pgx.BeginFunc(ctx, slow, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, ins, community, "slow", time.Now(), channel); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(1.5)")
+		return err
+	})
+	v, ok = dberr.AsViolation(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, "events_created_at_floor", v.Constraint)
+
 	// A session without the setting (a restore, a backfill) is not checked.
 	unarmed, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
