@@ -218,3 +218,43 @@ func TestRoutedReadFinishesOnTheWriterWhenTheReaderFails(t *testing.T) {
 	require.Less(t, time.Since(start), 2*replica.DefaultAcquireTimeout-50*time.Millisecond)
 	require.Equal(t, []string{"channel_history writer/reader_acquire_timeout"}, routes.take())
 }
+
+// Every page of a routed read comes from the one snapshot the proof
+// fixed: a row committed on the reader between two pages does not appear
+// in the later page.
+// Mutation killed: proving per page (a new reader transaction for each
+// page) lets the late row into the second page.
+func TestRoutedReadHoldsOneSnapshotAcrossPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer, reader := dbtest.Pool(t), dbtest.Pool(t)
+	community, channel := uuid.New(), uuid.New()
+	for _, pool := range []*pgxpool.Pool{writer, reader} {
+		_, err := pool.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example')", community)
+		require.NoError(t, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	for i := 0; i < 4; i++ {
+		storeEvent(t, reader, community, &channel, string(rune('d'-i)), old.Add(time.Duration(10-i)*time.Minute))
+	}
+	var epoch uuid.UUID
+	require.NoError(t, reader.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&epoch))
+	ring := replica.NewRing()
+	ring.Record(replica.Entry{Token: 0, Epoch: epoch, CommittedAt: time.Now().Add(time.Hour), Wall: time.Now().Add(-20 * time.Minute)})
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	store.PageRows = 2
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe})
+	hour := time.Now().Add(-time.Hour).Unix()
+	var got []string
+	require.NoError(t, store.Query(ctx, community, eventstore.Scope{Channels: []uuid.UUID{channel}},
+		nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}},
+		func(ev *nostr.Event, _ *uuid.UUID) error {
+			if got = append(got, ev.Content); len(got) == 1 {
+				storeEvent(t, reader, community, &channel, "late", old) // older: it would sort into a later page
+			}
+			return nil
+		}))
+	require.Equal(t, []string{"d", "c", "b", "a"}, got)
+	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
+}
