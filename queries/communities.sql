@@ -52,3 +52,11 @@ RETURNING *;
 UPDATE communities SET signing_key = coalesce(signing_key, @candidate::bytea)
 WHERE id = @id::uuid
 RETURNING signing_key;
+
+-- name: CommunityClosedAmong :many
+-- Of the given communities, those whose deletion has fenced them: their
+-- live connections must close.
+SELECT id
+FROM communities
+WHERE id = ANY(@ids::uuid[])
+  AND deletion_state IN ('fenced', 'tombstone');

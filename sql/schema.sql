@@ -144,6 +144,27 @@ $$;
 
 
 --
+-- Name: communities_announce_closed(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.communities_announce_closed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('buzz_community_closed', NEW.id::text);
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION communities_announce_closed(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.communities_announce_closed() IS 'Tells every relay listening on buzz_community_closed to close the community''s live connections.';
+
+
+--
 -- Name: events_created_at_floor_guard(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1242,6 +1263,13 @@ CREATE TRIGGER channel_members_keep_an_owner BEFORE UPDATE OF role, removed_at O
 --
 
 CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON public.channels FOR EACH ROW EXECUTE FUNCTION public.channels_community_id_immutable();
+
+
+--
+-- Name: communities communities_announce_closed; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER communities_announce_closed AFTER UPDATE OF deletion_state ON public.communities FOR EACH ROW WHEN (((new.deletion_state = ANY (ARRAY['fenced'::text, 'tombstone'::text])) AND (old.deletion_state IS DISTINCT FROM new.deletion_state))) EXECUTE FUNCTION public.communities_announce_closed();
 
 
 --

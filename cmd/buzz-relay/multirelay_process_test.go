@@ -33,13 +33,19 @@ func (p *relayProcess) waitRedisConnected(t *testing.T) {
 
 // Three `buzz-relay serve` processes on one database and one redis-server,
 // as three pods behind a load balancer: a subscriber on A and one on C get
-// what is published on B, once each and in order; B is SIGKILLed, and A and
-// C keep serving each other with nothing stored lost. Presence announced on
-// C is seen by a later subscriber on A.
+// what is published on B, once each and in order; presence announced on C
+// is seen by a later subscriber on A; a member removed through A stops
+// receiving the private channel on B at once; one publisher's burst is
+// spent across all three; B is SIGKILLed, and A and C keep serving each
+// other with nothing stored lost.
 // Mutations killed: serve not calling StartCrossRelay (BUZZ_REDIS_URL
 // ignored: /ready never says connected, nothing crosses); presence kept in
-// each process only (A's later subscriber sees nobody).
+// each process only (A's later subscriber sees nobody); serve building a
+// process-local publish limiter when Redis is configured (the 31st event
+// is accepted); no invalidation broadcast (B keeps delivering to the
+// removed member from its cached reader set).
 func TestThreeRelayProcessesServeAsOne(t *testing.T) {
+	const publishBurst = 30
 	t.Parallel()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
@@ -49,6 +55,10 @@ func TestThreeRelayProcessesServeAsOne(t *testing.T) {
 		procs[i] = startRelayProcess(t, bin, name, map[string]string{
 			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name),
 			"BUZZ_REDIS_URL":    redisURL,
+			// Enough for the test's own publishers; the limit part spends
+			// the whole burst of one key across the three processes.
+			"BUZZ_PUBLISH_BURST":      fmt.Sprint(publishBurst),
+			"BUZZ_PUBLISH_PER_MINUTE": "1",
 		})
 	}
 	for _, p := range procs {
@@ -90,6 +100,39 @@ func TestThreeRelayProcessesServeAsOne(t *testing.T) {
 	got := reader.Req("present", map[string]any{"kinds": []int{20001}, "#h": []string{channel}})
 	require.Len(t, got, 1, "presence set on C is seen on A")
 	require.Equal(t, here.ID, got[0].ID)
+
+	// A member removed through A stops receiving the channel on B: B has
+	// delivered to them from a cached reader set before the removal.
+	owner := a.client(t, present.Key)
+	leaving, staying := b.client(t, nil), b.client(t, reader.Key)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", channel}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{channel}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	before := owner.Sign(9, "before", nostr.Tags{{"h", channel}}, 0)
+	require.True(t, owner.Publish(before).OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", channel}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	after := owner.Sign(9, "after", nostr.Tags{{"h", channel}}, 0)
+	require.True(t, owner.Publish(after).OK)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member on B still receives the channel")
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel on B")
+
+	// One key's burst is shared: spent a third on each process, the next
+	// event is refused wherever it arrives.
+	spender := []*relaytest.Client{a.client(t, nil)}
+	spender = append(spender, b.client(t, spender[0].Key), c.client(t, spender[0].Key))
+	for i := range publishBurst {
+		on := spender[i%3]
+		require.True(t, on.Publish(on.Sign(1, fmt.Sprintf("spend %d", i), nil, 0)).OK, "event %d of the burst", i)
+	}
+	for name, on := range map[string]*relaytest.Client{"A": spender[0], "B": spender[1], "C": spender[2]} {
+		over := on.Publish(on.Sign(1, "over the limit", nil, 0))
+		require.False(t, over.OK, "relay %s accepted an event over the shared burst", name)
+		require.True(t, strings.HasPrefix(over.Msg, "rate-limited: "), over.Msg)
+	}
 
 	b.kill()
 	fromC := c.client(t, publisher.Key)

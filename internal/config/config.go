@@ -44,8 +44,12 @@ type Config struct {
 	SendQueue      int           // queued outbound messages per connection
 	WriteTimeout   time.Duration // a client that cannot take a write this long is dropped
 	PingInterval   time.Duration // WebSocket ping cadence; a missed pong closes the connection
-	QueryTimeout   time.Duration // statement budget for one REQ/COUNT
-	DBMaxConns     int32
+	// ClosedCommunitySweep is how often a relay re-checks that the
+	// communities it holds connections for are still serving, in case a
+	// closing announcement was lost.
+	ClosedCommunitySweep time.Duration
+	QueryTimeout         time.Duration // statement budget for one REQ/COUNT
+	DBMaxConns           int32
 
 	// Per-client bounds: what one client (one address, one pubkey, one
 	// connection) can hold or spend.
@@ -149,8 +153,11 @@ func Default() Config {
 		SendQueue:      1024,
 		WriteTimeout:   10 * time.Second,
 		PingInterval:   30 * time.Second,
-		QueryTimeout:   10 * time.Second,
-		DBMaxConns:     20,
+		// The announcement closes connections at once; the sweep only
+		// bounds how long a lost announcement leaves them open.
+		ClosedCommunitySweep: 30 * time.Second,
+		QueryTimeout:         10 * time.Second,
+		DBMaxConns:           20,
 
 		AuthTimeout:           30 * time.Second,
 		MaxConnections:        10000,
@@ -220,6 +227,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)
+	r.duration("BUZZ_CLOSED_COMMUNITY_SWEEP", &c.ClosedCommunitySweep)
 	r.duration("BUZZ_QUERY_TIMEOUT", &c.QueryTimeout)
 	r.duration("BUZZ_AUTH_TIMEOUT", &c.AuthTimeout)
 	r.positive("BUZZ_MAX_CONNECTIONS", &c.MaxConnections)

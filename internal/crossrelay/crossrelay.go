@@ -36,11 +36,30 @@ const (
 	channelPrefix = "buzz:"
 	// subscribePattern matches every community's channel.
 	subscribePattern = channelPrefix + "*" + channelSuffix
+	// controlSuffix names the channel operators use to act on a
+	// community's connections on every relay (buzz-admin deletions).
+	controlSuffix  = ":conn-control"
+	controlPattern = channelPrefix + "*" + controlSuffix
 )
 
 // ChannelName is the Redis channel of one community's live traffic.
 func ChannelName(community uuid.UUID) string {
 	return channelPrefix + community.String() + channelSuffix
+}
+
+// ControlChannel is the Redis channel that carries operator commands for
+// one community's connections.
+func ControlChannel(community uuid.UUID) string {
+	return channelPrefix + community.String() + controlSuffix
+}
+
+// DisconnectCommunity is the ControlChannel payload that closes every
+// connection of the community on every relay.
+const DisconnectCommunity = `{"op":"DisconnectCommunity"}`
+
+// control is a ControlChannel message.
+type control struct {
+	Op string `json:"op"`
 }
 
 // Timing of the connection to Redis. Not settings: they only bound how fast
@@ -68,6 +87,8 @@ type Handlers struct {
 	// this process was not listening are lost, so every cached access
 	// answer must go.
 	Resync func()
+	// CloseCommunity closes every local connection of a deleted community.
+	CloseCommunity func(community uuid.UUID)
 }
 
 // Metrics of the bus.
@@ -241,9 +262,12 @@ func (b *Bus) send(ctx context.Context) {
 func (b *Bus) subscribe(ctx context.Context) {
 	backoff := minBackoff
 	for ctx.Err() == nil {
-		ps := b.client.PSubscribe(ctx, subscribePattern)
+		ps := b.client.PSubscribe(ctx, subscribePattern, controlPattern)
 		cctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		_, err := ps.Receive(cctx) // the subscription's confirmation
+		_, err := ps.Receive(cctx) // the two subscriptions' confirmations
+		if err == nil {
+			_, err = ps.Receive(cctx)
+		}
 		cancel()
 		if err == nil {
 			backoff = minBackoff
@@ -305,7 +329,18 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
 }
 
 func (b *Bus) handle(m *redis.Message) {
-	community, ok := communityOf(m.Channel)
+	if community, ok := communityOf(m.Channel, controlSuffix); ok {
+		var in control
+		if err := json.Unmarshal([]byte(m.Payload), &in); err != nil || in.Op != "DisconnectCommunity" {
+			b.log.Warn("redis: unknown connection control message", "channel", m.Channel, "payload", m.Payload)
+			return
+		}
+		if b.handlers.CloseCommunity != nil {
+			b.handlers.CloseCommunity(community)
+		}
+		return
+	}
+	community, ok := communityOf(m.Channel, channelSuffix)
 	if !ok {
 		return
 	}
@@ -334,12 +369,12 @@ func (b *Bus) handle(m *redis.Message) {
 	}
 }
 
-func communityOf(channel string) (uuid.UUID, bool) {
+func communityOf(channel, suffix string) (uuid.UUID, bool) {
 	rest, ok := strings.CutPrefix(channel, channelPrefix)
 	if !ok {
 		return uuid.UUID{}, false
 	}
-	rest, ok = strings.CutSuffix(rest, channelSuffix)
+	rest, ok = strings.CutSuffix(rest, suffix)
 	if !ok {
 		return uuid.UUID{}, false
 	}

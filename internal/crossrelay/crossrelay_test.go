@@ -21,11 +21,14 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func TestCommunityOfChannelName(t *testing.T) {
 	t.Parallel()
 	id := uuid.New()
-	got, ok := communityOf(ChannelName(id))
+	got, ok := communityOf(ChannelName(id), channelSuffix)
 	require.True(t, ok)
 	require.Equal(t, id, got)
-	for _, bad := range []string{"buzz:not-a-uuid:fanout", "other:" + id.String() + ":fanout", "buzz:" + id.String() + ":rate"} {
-		_, ok := communityOf(bad)
+	got, ok = communityOf(ControlChannel(id), controlSuffix)
+	require.True(t, ok)
+	require.Equal(t, id, got)
+	for _, bad := range []string{"buzz:not-a-uuid:fanout", "other:" + id.String() + ":fanout", "buzz:" + id.String() + ":rate", ControlChannel(id)} {
+		_, ok := communityOf(bad, channelSuffix)
 		require.False(t, ok, bad)
 	}
 }

@@ -59,6 +59,35 @@ func (q *Queries) CommunityByHost(ctx context.Context, host string) (Community, 
 	return i, err
 }
 
+const communityClosedAmong = `-- name: CommunityClosedAmong :many
+SELECT id
+FROM communities
+WHERE id = ANY($1::uuid[])
+  AND deletion_state IN ('fenced', 'tombstone')
+`
+
+// Of the given communities, those whose deletion has fenced them: their
+// live connections must close.
+func (q *Queries) CommunityClosedAmong(ctx context.Context, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, communityClosedAmong, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const communityCreate = `-- name: CommunityCreate :one
 INSERT INTO communities (host)
 VALUES ($1::text)

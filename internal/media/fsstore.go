@@ -27,6 +27,18 @@ func NewFSStore(dir string) (*FSStore, error) {
 	return &FSStore{root: dir}, nil
 }
 
+// Check reports whether the root is still a directory.
+func (s *FSStore) Check(context.Context) error {
+	info, err := os.Stat(s.root)
+	if err != nil {
+		return fmt.Errorf("media directory: %w", err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("media directory %s is not a directory", s.root)
+	}
+	return nil
+}
+
 // path maps a key to its file; keys are built by this package, but a key
 // that could leave the root is refused anyway.
 func (s *FSStore) path(key string) (string, error) {

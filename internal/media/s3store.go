@@ -44,6 +44,20 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 	return &S3Store{client: client, bucket: cfg.Bucket}, nil
 }
 
+// Check asks the server whether the bucket exists: a missing bucket and a
+// missing key both answer 404 to an object request, so probing a key would
+// call a wrongly named bucket ready.
+func (s *S3Store) Check(ctx context.Context) error {
+	exists, err := s.client.BucketExists(ctx, s.bucket)
+	if err != nil {
+		return fmt.Errorf("media S3 bucket %q: %w", s.bucket, err)
+	}
+	if !exists {
+		return fmt.Errorf("media S3 bucket %q does not exist", s.bucket)
+	}
+	return nil
+}
+
 func notFound(err error) bool {
 	resp := minio.ToErrorResponse(err)
 	return resp.StatusCode == http.StatusNotFound || resp.Code == "NoSuchKey"

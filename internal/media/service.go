@@ -111,6 +111,9 @@ func (s *Service) lock(sha string) func() {
 // sniffLen is how much of a blob http.DetectContentType looks at.
 const sniffLen = 512
 
+// Check reports whether the store can serve.
+func (s *Service) Check(ctx context.Context) error { return s.store.Check(ctx) }
+
 // Upload spools body to a temporary file while hashing it, refuses it if
 // it exceeds the size limit or its sniffed type is not allowed, asks
 // accept (nil = accept all) whether the request may store these bytes,

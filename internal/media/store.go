@@ -49,4 +49,7 @@ type Store interface {
 	// prefix (which ends with a slash): for "_meta/" the community IDs
 	// that have at least one sidecar.
 	Children(ctx context.Context, prefix string) ([]string, error)
+	// Check reports whether the store can serve: its directory or bucket
+	// exists and answers.
+	Check(ctx context.Context) error
 }

@@ -17,6 +17,7 @@ const (
 	EnvTimeout   = "BUZZ_OPERATOR_LISTENER_TIMEOUT_MS"
 	EnvAPIOrigin = "RELAY_OPERATOR_API_ORIGIN"
 	EnvIdlePoll  = "BUZZ_OPERATOR_LISTENER_POLL_MS"
+	EnvKeepWarm  = "BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS"
 )
 
 // DefaultTimeout bounds one delivery request when EnvTimeout is unset.
@@ -25,6 +26,12 @@ const DefaultTimeout = 5 * time.Second
 // DefaultIdlePoll is the longest wait between two polls of an idle outbox
 // when EnvIdlePoll is unset.
 const DefaultIdlePoll = 2 * time.Second
+
+// DefaultKeepWarm is how long a listener's connection may sit unused
+// before the deliverer sends it a HEAD when EnvKeepWarm is unset: shorter
+// than the idle timeouts common servers and proxies apply (60 s and up),
+// so a mention after a quiet spell does not pay a new TLS handshake.
+const DefaultKeepWarm = 20 * time.Second
 
 // Routes maps a listener's lowercase 64-hex pubkey to its delivery URL,
 // exactly as configured (the URL is also the NIP-98 u tag).
@@ -59,13 +66,18 @@ type Config struct {
 	// the hand-off missed (saved by another pod, or dropped) is delivered,
 	// and costs one claim query per pod per IdlePoll while nothing is due.
 	IdlePoll time.Duration
+	// KeepWarm: a listener whose connection carried nothing for this long
+	// gets an unsigned HEAD of its URL, so its connection stays open (0:
+	// never). The first is sent at start-up, so even the first mention
+	// finds a connection ready.
+	KeepWarm time.Duration
 }
 
 // ConfigFromEnv reads the configuration through getenv (os.Getenv in main).
 // Any malformed value is an error, and start-up must fail on it (a
 // listener silently dropped would never get its mentions); a bad listener entry is named by its position and pubkey.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	c := Config{Timeout: DefaultTimeout, IdlePoll: DefaultIdlePoll}
+	c := Config{Timeout: DefaultTimeout, IdlePoll: DefaultIdlePoll, KeepWarm: DefaultKeepWarm}
 	var err error
 	if c.Listeners, err = parseListeners(getenv(EnvListeners)); err != nil {
 		return Config{}, err
@@ -83,6 +95,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("%s=%q: must be an integer number of milliseconds in 100..3600000", EnvIdlePoll, v)
 		}
 		c.IdlePoll = time.Duration(ms) * time.Millisecond
+	}
+	if v := strings.TrimSpace(getenv(EnvKeepWarm)); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil || (ms != 0 && (ms < 1000 || ms > 3_600_000)) {
+			return Config{}, fmt.Errorf("%s=%q: must be 0 (off) or an integer number of milliseconds in 1000..3600000", EnvKeepWarm, v)
+		}
+		c.KeepWarm = time.Duration(ms) * time.Millisecond
 	}
 	if c.APIOrigin, err = parseOrigin(getenv(EnvAPIOrigin)); err != nil {
 		return Config{}, err

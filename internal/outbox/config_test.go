@@ -85,6 +85,22 @@ func TestConfigTimeout(t *testing.T) {
 	}
 }
 
+func TestConfigKeepWarm(t *testing.T) {
+	t.Parallel()
+	c, err := ConfigFromEnv(envOf(nil))
+	require.NoError(t, err)
+	require.Equal(t, DefaultKeepWarm, c.KeepWarm)
+	for value, want := range map[string]time.Duration{"0": 0, "1000": time.Second, "3600000": time.Hour} {
+		c, err := ConfigFromEnv(envOf(map[string]string{EnvKeepWarm: value}))
+		require.NoError(t, err, value)
+		require.Equal(t, want, c.KeepWarm, value)
+	}
+	for _, value := range []string{"999", "3600001", "-1", "20s"} {
+		_, err := ConfigFromEnv(envOf(map[string]string{EnvKeepWarm: value}))
+		require.ErrorContains(t, err, EnvKeepWarm, value)
+	}
+}
+
 func TestConfigIdlePoll(t *testing.T) {
 	t.Parallel()
 	for value, want := range map[string]time.Duration{

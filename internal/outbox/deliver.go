@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,7 +35,24 @@ type Deliverer struct {
 	clock   clock.Clock
 	// idlePoll is cfg.IdlePoll, for the Worker built on this deliverer.
 	idlePoll time.Duration
+	// keepWarm is cfg.KeepWarm; lastUsed holds, per listener URL, when a
+	// request last went out on its connection (unix nanoseconds).
+	keepWarm time.Duration
+	lastUsed map[string]*atomic.Int64
 }
+
+// listenerIdleConnTimeout is how long an unused connection to a listener
+// is kept by this side: far beyond the keep-warm interval, so the only
+// thing that closes a warm connection is the listener.
+const listenerIdleConnTimeout = 15 * time.Minute
+
+// HTTP/2 listeners get a PING after this much silence, which keeps the
+// connection open through NATs and proves it alive before a delivery needs
+// it; one not answered within listenerPingTimeout is dropped.
+const (
+	listenerPingAfter   = 15 * time.Second
+	listenerPingTimeout = 5 * time.Second
+)
 
 // DelivererOption adjusts a Deliverer.
 type DelivererOption func(*Deliverer)
@@ -65,6 +83,12 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 	// Up to maxInFlight requests may go to one listener: keep that many
 	// connections alive instead of redoing TLS handshakes.
 	transport.MaxIdleConnsPerHost = maxInFlight
+	transport.IdleConnTimeout = listenerIdleConnTimeout
+	transport.HTTP2 = &http.HTTP2Config{SendPingTimeout: listenerPingAfter, PingTimeout: listenerPingTimeout}
+	lastUsed := make(map[string]*atomic.Int64, len(cfg.Listeners))
+	for _, url := range cfg.Listeners {
+		lastUsed[url] = new(atomic.Int64)
+	}
 	d := &Deliverer{
 		q:      db.New(pool),
 		routes: cfg.Listeners,
@@ -79,6 +103,8 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 		metrics:  m,
 		log:      slog.Default(),
 		idlePoll: cfg.IdlePoll,
+		keepWarm: cfg.KeepWarm,
+		lastUsed: lastUsed,
 	}
 	for _, opt := range opts {
 		opt(d)
@@ -153,6 +179,7 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 		d.fail(ctx, c, log, "cannot build request", err)
 		return
 	}
+	d.lastUsed[url].Store(time.Now().UnixNano())
 	resp, err := d.client.Do(req.WithContext(ctx))
 	if err != nil {
 		d.retryOrFail(ctx, c, log, err)
@@ -231,4 +258,49 @@ func (d *Deliverer) fenced(c claim, action string, rows int64, err error) {
 	case rows == 0:
 		d.log.Warn("completion lost its claim", "action", action, "outbox_id", c.row.ID, "claim_id", c.claimID)
 	}
+}
+
+// KeepWarm keeps a connection open to every listener until ctx ends: at
+// start, and whenever a listener's connection has carried nothing for
+// cfg.KeepWarm, it sends an unsigned HEAD of the listener's URL. The answer
+// is ignored (a listener may well refuse it); what matters is the open
+// connection the next delivery reuses, so neither the first mention nor
+// one after a quiet spell pays a TCP and TLS handshake.
+func (d *Deliverer) KeepWarm(ctx context.Context) {
+	if d.keepWarm <= 0 || len(d.lastUsed) == 0 {
+		return
+	}
+	tick := time.NewTicker(d.keepWarm / 4)
+	defer tick.Stop()
+	for {
+		for url, last := range d.lastUsed {
+			if time.Since(time.Unix(0, last.Load())) >= d.keepWarm {
+				d.warm(ctx, url, last)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (d *Deliverer) warm(ctx context.Context, url string, last *atomic.Int64) {
+	last.Store(time.Now().UnixNano())
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
+	if err != nil {
+		return // the URL was validated at start-up
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.metrics.keepWarm.WithLabelValues("error").Inc()
+			d.log.Debug("operator listener keep-alive failed", "err", err)
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	d.metrics.keepWarm.WithLabelValues("answered").Inc()
 }

@@ -45,6 +45,7 @@ const (
 type Metrics struct {
 	deliveries     *prometheus.CounterVec
 	handoffDropped prometheus.Counter
+	keepWarm       *prometheus.CounterVec
 }
 
 // NewMetrics creates the counters and registers them on reg.
@@ -58,8 +59,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "buzz_operator_listener_handoff_dropped_total",
 			Help: "Outbox ids not handed to the local worker because its channel was full; the poll delivers them.",
 		}),
+		keepWarm: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_operator_listener_keepalive_total",
+			Help: "HEAD requests sent to keep an idle listener's connection open, by result (answered, error).",
+		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.handoffDropped} {
+	for _, c := range []prometheus.Collector{m.deliveries, m.handoffDropped, m.keepWarm} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -53,6 +53,9 @@ type conn struct {
 	draining chan struct{} // closed by shutdown: flush the queue, then close 1001
 	drainOne sync.Once
 	slowOnce sync.Once
+	// closedForDeletion is set once the connection is being closed because
+	// its community was deleted.
+	closedForDeletion atomic.Bool
 	// subs maps each open subscription id to the filter values it holds,
 	// which count against MaxFilterValues (read goroutine only).
 	subs map[string]int

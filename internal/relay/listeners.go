@@ -62,6 +62,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	w := outbox.NewWorker(s.pool, cfg.Listeners, d)
 	s.outboxWorker.Store(w)
 	go w.Run(ctx)
+	go d.KeepWarm(ctx)
 	s.log.Info("operator-listener mention delivery worker started", "listeners", len(cfg.Listeners))
 	return nil
 }

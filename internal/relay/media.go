@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"net/url"
@@ -28,11 +29,67 @@ func WithMedia(svc *media.Service) Option {
 }
 
 func (s *Server) registerMedia(mux *http.ServeMux) {
-	mux.HandleFunc("PUT /media/upload", s.withTenant(s.serveMediaUpload))
-	mux.HandleFunc("HEAD /media/upload", s.withTenant(s.serveMediaUploadCheck))
-	mux.HandleFunc("GET /media/{name}", s.withTenant(s.serveMediaGet)) // HEAD too
-	mux.HandleFunc("DELETE /media/{name}", s.withTenant(s.serveMediaDelete))
+	mux.HandleFunc("PUT /media/upload", s.countMedia("upload", s.withTenant(s.serveMediaUpload)))
+	mux.HandleFunc("HEAD /media/upload", s.countMedia("upload_check", s.withTenant(s.serveMediaUploadCheck)))
+	mux.HandleFunc("GET /media/{name}", s.countMedia("get", s.withTenant(s.serveMediaGet))) // HEAD too
+	mux.HandleFunc("DELETE /media/{name}", s.countMedia("delete", s.withTenant(s.serveMediaDelete)))
 }
+
+// countMedia counts a media request by operation and status, and the bytes
+// it read and wrote.
+func (s *Server) countMedia(op string, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		label := op
+		if op == "get" && r.Method == http.MethodHead {
+			label = "head"
+		}
+		body := &countingReader{ReadCloser: r.Body}
+		r.Body = body
+		rec := &countingWriter{ResponseWriter: w, status: http.StatusOK}
+		next(rec, r)
+		s.metrics.MediaRequests.WithLabelValues(label, strconv.Itoa(rec.status)).Inc()
+		s.metrics.MediaBytes.WithLabelValues("in").Add(float64(body.n))
+		s.metrics.MediaBytes.WithLabelValues("out").Add(float64(rec.n))
+	}
+}
+
+type countingReader struct {
+	io.ReadCloser
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// countingWriter records the status and counts body bytes. ReadFrom is
+// left to io.Copy's generic path on purpose: http.ServeContent's sendfile
+// fast path would bypass the count.
+type countingWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+	n           int64
+}
+
+func (c *countingWriter) WriteHeader(status int) {
+	if !c.wroteHeader {
+		c.status, c.wroteHeader = status, true
+	}
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.wroteHeader = true
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Unwrap keeps http.ResponseController working through the wrapper.
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // mediaError answers a refusal as JSON, with the reason also in X-Reason,
 // where Blossom clients look for it.

@@ -409,3 +409,43 @@ func TestMediaUploadPreflight(t *testing.T) {
 		require.Contains(t, got.Header.Get("X-Reason"), c.reason, c.name)
 	}
 }
+
+// Every media request is counted by operation and status, with the bytes
+// read and written; /ready names the media store's state and stays 200
+// when the store is gone (events flow without media).
+// Mutations killed: a route registered without countMedia (its counter
+// stays absent); HEAD counted as get; bytes not counted; a store Check that
+// probes an object key (a wrongly named bucket reads as ready).
+func TestMediaMetricsAndReadiness(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 10_000)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	require.Equal(t, http.StatusPartialContent, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": "bytes=0-999"}).Status)
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodHead, "", "/media/"+sha, "", nil, nil).Status)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA([]byte("absent")), "", nil, nil).Status)
+	require.Equal(t, http.StatusUnauthorized, mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, "", nil, nil).Status)
+	for series, want := range map[string]string{
+		`buzz_media_requests_total{op="upload",status="200"}`: "1",
+		`buzz_media_requests_total{op="get",status="206"}`:    "1",
+		`buzz_media_requests_total{op="head",status="200"}`:   "1",
+		`buzz_media_requests_total{op="get",status="404"}`:    "1",
+		`buzz_media_requests_total{op="delete",status="401"}`: "1",
+		`buzz_media_bytes_total{direction="in"}`:              "10000",
+	} {
+		require.Equal(t, want, metric(t, r, series), series)
+	}
+	out, err := strconv.Atoi(metric(t, r, `buzz_media_bytes_total{direction="out"}`))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, out, 1000, "the ranged body at least")
+	require.Equal(t, "ok", readyField(t, r, "media"))
+
+	s3 := s3test.Start(t)
+	s3.Bucket = "no-such-bucket"
+	missing, err := media.NewS3Store(s3)
+	require.NoError(t, err)
+	require.Equal(t, "unavailable", readyField(t, mediaRelay(t, missing), "media"))
+	require.Equal(t, "ok", readyField(t, mediaRelay(t, s3test.Store(t)), "media"))
+}

@@ -24,6 +24,11 @@ type Metrics struct {
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid.
 	OwnerAttestations *prometheus.CounterVec
+	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
+	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
+	// CommunityClosedConns counts connections closed because their
+	// community was deleted.
+	CommunityClosedConns prometheus.Counter
 	// RouteDecision counts routed reads by path, decision (replica,
 	// writer) and reason (docs/replica.md).
 	RouteDecision *prometheus.CounterVec
@@ -81,12 +86,21 @@ func NewMetrics() *Metrics {
 			Name: "buzz_owner_attestations_total",
 			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid.",
 		}, []string{"result"}),
+		MediaRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_requests_total", Help: "Blossom media requests, by operation and HTTP status.",
+		}, []string{"op", "status"}),
+		MediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
+		}, []string{"direction"}),
+		CommunityClosedConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_connections_closed_community_deleted_total", Help: "WebSocket connections closed with 1008 because their community was deleted.",
+		}),
 	}
 	m.RouteDecision = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_db_route_decision",
 		Help: "Reads that could be served by the read replica, by path, where they went (replica, writer) and why.",
 	}, []string{"path", "decision", "reason"})
-	m.Registry.MustRegister(m.RouteDecision, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -32,13 +32,20 @@ func withRedis(url string) func(*config.Config) {
 // must be 200 whatever Redis does.
 func readyRedis(t testing.TB, r *relaytest.Relay) string {
 	t.Helper()
+	return readyField(t, r, "redis")
+}
+
+// readyField returns one field of the relay's /ready answer, which must be
+// 200 whatever an optional dependency (Redis, media) does.
+func readyField(t testing.TB, r *relaytest.Relay, field string) string {
+	t.Helper()
 	resp, err := http.Get(r.HTTPURL + "/ready")
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode, "a relay without Redis still serves: it stays ready")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a relay without Redis or media still serves: it stays ready")
 	var body map[string]string
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-	return body["redis"]
+	return body[field]
 }
 
 // waitRedis waits (generously: the machine may be loaded) until every relay

@@ -85,6 +85,10 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	closing bool
+	// closedCommunities were announced closed by their deletion: their
+	// connections are closed and new ones refused. A closed community
+	// never serves again, so the set only grows (by one id per deletion).
+	closedCommunities map[uuid.UUID]struct{}
 	// Admitted WebSocket connections, all together and per client address,
 	// counted from before the upgrade until the connection is forgotten.
 	admitted       int
@@ -130,8 +134,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		Tracer:  trace.NoopTracer{},
 		media:   o.media,
 
-		PublishLimiter: NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
-		conns:          map[*conn]struct{}{},
+		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
+		conns:             map[*conn]struct{}{},
+		closedCommunities: map[uuid.UUID]struct{}{},
 
 		admittedByAddr: map[string]int{},
 		limits: nostr.Limits{
@@ -227,6 +232,15 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 			ready["redis"] = "degraded"
 		}
 	}
+	// The same holds for media: events flow without it.
+	if s.media != nil {
+		ready["media"] = "ok"
+		if err := s.media.Check(ctx); err != nil {
+			ready["media"] = "unavailable"
+			s.log.Warn("media store unavailable", "err", err)
+		}
+	}
+	// And for the read replica: the writer answers every read.
 	if state, ok := s.readerState(ctx); ok {
 		ready["reader"] = state
 	}
@@ -246,8 +260,9 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 			s.metrics.FanoutDropped.Add(float64(st.Dropped))
 		},
-		Invalidate: s.access.Invalidate,
-		Resync:     s.access.InvalidateAll,
+		Invalidate:     s.access.Invalidate,
+		Resync:         s.access.InvalidateAll,
+		CloseCommunity: s.closeCommunity,
 	}, s.log, crossrelay.NewMetrics(s.metrics.Registry))
 	if err != nil {
 		return err
@@ -335,24 +350,30 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		draining:  make(chan struct{}),
 		subs:      map[string]int{},
 	}
-	if !s.track(c) {
+	if status, reason := s.track(c); status != 0 {
 		s.release(addr)
 		cancel()
-		ws.Close(websocket.StatusGoingAway, "relay shutting down")
+		ws.Close(status, reason)
 		return
 	}
 	c.run()
 }
 
-func (s *Server) track(c *conn) bool {
+// track registers the connection, or says why it must close at once: the
+// relay is shutting down, or the community was closed between resolving
+// its host and now.
+func (s *Server) track(c *conn) (websocket.StatusCode, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
-		return false
+		return websocket.StatusGoingAway, "relay shutting down"
+	}
+	if _, closed := s.closedCommunities[c.tenant.ID()]; closed {
+		return websocket.StatusPolicyViolation, closeReasonCommunityDeleted
 	}
 	s.conns[c] = struct{}{}
 	s.metrics.Connections.Inc()
-	return true
+	return 0, ""
 }
 
 func (s *Server) forget(c *conn) {

@@ -91,8 +91,13 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 	require.NoError(t, srv.StartCrossRelay(busCtx))
 	// With BUZZ_READ_DATABASE_URL set reads may route to that standby.
 	require.NoError(t, srv.StartReadReplica(busCtx))
+	watching := make(chan struct{})
+	go func() { srv.WatchCommunityClosures(busCtx); close(watching) }()
 	t.Cleanup(func() {
-		defer stopBus()
+		defer func() {
+			stopBus()
+			<-watching // its own database session is closed before the database is dropped
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)

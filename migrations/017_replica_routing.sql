@@ -1,4 +1,4 @@
--- 016: what a read replica must prove before it serves a read.
+-- 017: what a read replica must prove before it serves a read.
 --
 -- Why: some reads may be served by a streaming standby, but only when the
 -- standby session can prove it holds every row the answer needs. Two

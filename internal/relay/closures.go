@@ -1,0 +1,134 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/google/uuid"
+)
+
+// communityClosedChannel is where the database announces that a
+// community's deletion fenced it (a trigger on communities): every relay
+// on the database listens, so every relay closes that community's
+// connections, with or without Redis.
+const communityClosedChannel = "buzz_community_closed"
+
+// closeReasonCommunityDeleted is the WebSocket close reason (with 1008) a
+// deleted community's clients receive.
+const closeReasonCommunityDeleted = "community deleted"
+
+// Reconnection backoff of the announcement listener.
+const (
+	closuresMinBackoff = 100 * time.Millisecond
+	closuresMaxBackoff = 5 * time.Second
+)
+
+// WatchCommunityClosures closes the live connections of every community
+// the database announces closed, for as long as ctx lasts. After each
+// (re)connection, and every BUZZ_CLOSED_COMMUNITY_SWEEP, it also asks the
+// database which of the communities it holds connections for are closed:
+// an announcement sent while the listener was reconnecting is lost, and a
+// connection can slip in between a host lookup and the announcement.
+func (s *Server) WatchCommunityClosures(ctx context.Context) {
+	backoff := closuresMinBackoff
+	for ctx.Err() == nil {
+		listening, err := s.listenForClosures(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if listening {
+			backoff = closuresMinBackoff
+		}
+		s.log.Warn("community closing announcements interrupted; sweeping and listening again", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, closuresMaxBackoff)
+	}
+}
+
+// listenForClosures listens on one dedicated connection until it fails;
+// listening reports whether it got as far as listening.
+func (s *Server) listenForClosures(ctx context.Context) (listening bool, err error) {
+	pooled, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	// A listening session must never go back to the pool.
+	conn := pooled.Hijack()
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+communityClosedChannel); err != nil {
+		return false, err
+	}
+	for {
+		// Listening first, then sweeping: a closing committed in between
+		// is seen by one or the other.
+		if err := s.sweepClosedCommunities(ctx); err != nil {
+			return true, err
+		}
+		wait, cancel := context.WithTimeout(ctx, s.cfg.ClosedCommunitySweep)
+		for {
+			n, err := conn.WaitForNotification(wait)
+			if err != nil {
+				cancel()
+				if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+					return true, err
+				}
+				break // time to sweep
+			}
+			if id, err := uuid.Parse(n.Payload); err == nil {
+				s.closeCommunity(id)
+			} else {
+				s.log.Warn("undecodable community closing announcement", "payload", n.Payload)
+			}
+		}
+	}
+}
+
+// sweepClosedCommunities closes the connections of every community this
+// relay holds connections for that the database says is closed.
+func (s *Server) sweepClosedCommunities(ctx context.Context) error {
+	s.mu.Lock()
+	seen := map[uuid.UUID]struct{}{}
+	for c := range s.conns {
+		seen[c.tenant.ID()] = struct{}{}
+	}
+	s.mu.Unlock()
+	if len(seen) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	closed, err := s.queries.CommunityClosedAmong(ctx, ids)
+	if err != nil {
+		return err
+	}
+	for _, id := range closed {
+		s.closeCommunity(id)
+	}
+	return nil
+}
+
+// closeCommunity closes every connection of the community with 1008
+// "community deleted" and refuses its new ones; other communities'
+// connections are untouched. Repeated announcements are harmless.
+func (s *Server) closeCommunity(id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, already := s.closedCommunities[id]; !already {
+		s.log.Info("community closed: closing its connections", "community", id)
+	}
+	s.closedCommunities[id] = struct{}{}
+	for c := range s.conns {
+		if c.tenant.ID() == id && c.closedForDeletion.CompareAndSwap(false, true) {
+			s.metrics.CommunityClosedConns.Inc()
+			go c.ws.Close(websocket.StatusPolicyViolation, closeReasonCommunityDeleted)
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package relay_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/crossrelay"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// closeCommunity moves the community to the state its deletion fences it
+// in, as the deletion executor does.
+func closeCommunity(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `UPDATE communities SET deletion_state = 'fenced' WHERE id = $1`, id)
+	require.NoError(t, err)
+}
+
+// requireClosedForDeletion waits for the socket to be closed with 1008
+// "community deleted".
+func requireClosedForDeletion(t *testing.T, c *relaytest.Client) {
+	t.Helper()
+	err := readUntilClosed(c.WS, 60*time.Second)
+	require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "got %v", err)
+	var ce websocket.CloseError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "community deleted", ce.Reason)
+}
+
+// hostStatus is the HTTP status a plain GET of / on host gets.
+func hostStatus(t *testing.T, r *relaytest.Relay, host string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.HTTPURL+"/", nil)
+	require.NoError(t, err)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A community whose deletion fences it loses its live connections on every
+// relay of the database at once (no Redis involved), with 1008 "community
+// deleted"; another community's connections on the same relays stay up and
+// keep working, and a reconnect to the deleted community gets HTTP 404.
+// Mutations killed: no trigger announcing the closing (nothing closes
+// before the 30 s sweep; the test waits on the announcement only);
+// closeCommunity closing every connection of the relay (the other
+// community's clients are cut off); a relay not listening (B's client
+// stays open).
+func TestDeletedCommunityIsClosedOnEveryRelay(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	slowSweep := func(c *config.Config) { c.ClosedCommunitySweep = time.Hour }
+	a := relaytest.StartOn(t, pool, slowSweep)
+	b := relaytest.StartOn(t, pool, slowSweep)
+	const otherHost = "other.example"
+	a.AddCommunity(t, otherHost)
+
+	var deleted, kept []*relaytest.Client
+	for _, r := range []*relaytest.Relay{a, b} {
+		d := r.Dial(t, a.Host)
+		d.Auth(nil)
+		k := r.Dial(t, otherHost)
+		k.Auth(nil)
+		for _, c := range []*relaytest.Client{d, k} {
+			c.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
+			c.Expect("EOSE")
+		}
+		deleted, kept = append(deleted, d), append(kept, k)
+	}
+	closeCommunity(t, pool, a.CommunityID)
+	for _, c := range deleted {
+		requireClosedForDeletion(t, c)
+	}
+	for _, r := range []*relaytest.Relay{a, b} {
+		require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().CommunityClosedConns))
+		require.Equal(t, http.StatusNotFound, hostStatus(t, r, a.Host), "a deleted community's host is not served")
+	}
+	for _, k := range kept {
+		ev := k.Sign(1, "still here", nil, 0)
+		k.Send("EVENT", ev)
+		require.Equal(t, ev.ID, k.Expect("EVENT").Event.ID, "the other community keeps its live delivery")
+		require.True(t, k.Expect("OK").OK, "the other community keeps working")
+	}
+}
+
+// An announcement that never arrives (the trigger disabled, as if the
+// listener was reconnecting when it was sent) is made up for by the sweep.
+// Mutation killed: no periodic sweep (the connection stays open).
+func TestClosedCommunitySweepCatchesALostAnnouncement(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ClosedCommunitySweep = 200 * time.Millisecond })
+	c := r.Dial(t, r.Host)
+	c.Auth(nil)
+	_, err := pool.Exec(context.Background(), `ALTER TABLE communities DISABLE TRIGGER communities_announce_closed`)
+	require.NoError(t, err)
+	closeCommunity(t, pool, r.CommunityID)
+	requireClosedForDeletion(t, c)
+}
+
+// With Redis, an operator's DisconnectCommunity on the community's control
+// channel closes its connections on every relay, and a connection that
+// resolved the community before the command is refused by the relay that
+// heard it.
+// Mutations killed: the bus not subscribed to the control channels (the
+// sockets stay open); track not consulting the closed set (the new socket
+// stays open, since the database still says active).
+func TestDisconnectCommunityOverRedis(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	slowSweep := func(c *config.Config) { c.ClosedCommunitySweep = time.Hour }
+	a := relaytest.StartOn(t, pool, withRedis(url), slowSweep)
+	b := relaytest.StartOn(t, pool, withRedis(url), slowSweep)
+	waitRedis(t, "connected", a, b)
+	onA, onB := a.Dial(t, a.Host), b.Dial(t, a.Host)
+	onA.Auth(nil)
+	onB.Auth(nil)
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	require.NoError(t, rdb.Publish(context.Background(), crossrelay.ControlChannel(a.CommunityID), crossrelay.DisconnectCommunity).Err())
+	requireClosedForDeletion(t, onA)
+	requireClosedForDeletion(t, onB)
+	late, err := b.TryDial(a.Host)
+	require.NoError(t, err, "the database still says active: the host resolves")
+	requireClosedForDeletion(t, late)
+}
