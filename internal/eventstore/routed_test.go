@@ -98,7 +98,9 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	pinned := map[string][]string{"h": {channel.String()}}
 
 	// Budget 0: only covered history routes.
-	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, Log: slog.New(slog.DiscardHandler)})
+	// The acquire budget is not under test here: a generous one keeps a
+	// cold connection on a loaded machine from sending a read to the writer.
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, Log: slog.New(slog.DiscardHandler), AcquireTimeout: time.Minute})
 	require.Equal(t, []string{"reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &hour}}))
 	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
 	require.Equal(t, []string{"writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned}}))
@@ -117,7 +119,7 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 
 	// A fresh budget: every filter read and COUNT may route, still confined
 	// to the requested community and the reader's scope.
-	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{MaxAge: 2 * time.Hour, Observe: routes.observe})
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{MaxAge: 2 * time.Hour, Observe: routes.observe, AcquireTimeout: time.Minute})
 	require.Equal(t, []string{"reader-a-global", "reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{}}))
 	require.Equal(t, []string{"req_historical replica/fresh"}, routes.take())
 	require.Equal(t, []string{"reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &now}}))
@@ -174,7 +176,9 @@ func TestRoutedReadFinishesOnTheWriterWhenTheReaderFails(t *testing.T) {
 	routes := &routeLog{}
 	store := eventstore.New(writer, 100)
 	store.PageRows = 2
-	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe})
+	// Until the last step the budget is not under test: a generous one
+	// keeps a slow connection health check from sending a read to the writer.
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, AcquireTimeout: time.Minute})
 	scope := eventstore.Scope{Channels: []uuid.UUID{channel}}
 	hour := time.Now().Add(-time.Hour).Unix()
 	filters := nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}}
@@ -213,6 +217,7 @@ func TestRoutedReadFinishesOnTheWriterWhenTheReaderFails(t *testing.T) {
 	require.Equal(t, want, got)
 	require.Equal(t, []string{"channel_history writer/replica_error"}, routes.take())
 
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe})
 	start := time.Now()
 	require.Equal(t, want, contents(t, store, community, scope, filters))
 	require.Less(t, time.Since(start), 2*replica.DefaultAcquireTimeout-50*time.Millisecond)
@@ -244,7 +249,7 @@ func TestRoutedReadHoldsOneSnapshotAcrossPages(t *testing.T) {
 	routes := &routeLog{}
 	store := eventstore.New(writer, 100)
 	store.PageRows = 2
-	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe})
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, AcquireTimeout: time.Minute})
 	hour := time.Now().Add(-time.Hour).Unix()
 	var got []string
 	require.NoError(t, store.Query(ctx, community, eventstore.Scope{Channels: []uuid.UUID{channel}},
