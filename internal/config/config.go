@@ -115,6 +115,11 @@ type Config struct {
 	CreatedAtFloor          time.Duration // how far before commit a channel event may be dated while routing is on
 }
 
+// MinReplicaProbeInterval keeps the probe's 120 remembered tokens
+// spanning the 30 s a token stays usable: a faster probe would forget the
+// token a lagging reader still proves.
+const MinReplicaProbeInterval = 250 * time.Millisecond
+
 // MaxReplicaReadMaxAge caps BUZZ_REPLICA_READ_MAX_AGE_MS: a fresher ring
 // entry than the probe keeps cannot be asked for.
 const MaxReplicaReadMaxAge = 30 * time.Second
@@ -278,6 +283,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.millis("BUZZ_REPLICA_STATEMENT_TIMEOUT_MS", &c.ReplicaStatementTimeout, false)
 	r.millis("BUZZ_REPLICA_IDLE_IN_TRANSACTION_TIMEOUT_MS", &c.ReplicaIdleInTxTimeout, false)
 	r.millis("BUZZ_REPLICA_PROBE_INTERVAL_MS", &c.ReplicaProbeInterval, false)
+	if c.ReplicaProbeInterval < MinReplicaProbeInterval && r.err == nil {
+		r.fail("BUZZ_REPLICA_PROBE_INTERVAL_MS", r.getenv("BUZZ_REPLICA_PROBE_INTERVAL_MS"), "at least 250 milliseconds")
+	}
 	var floorSecs int
 	r.positive("BUZZ_REPLICA_CREATED_AT_FLOOR_SECS", &floorSecs)
 	if floorSecs > 0 {

@@ -13,13 +13,13 @@ func TestReplicaSettings(t *testing.T) {
 		"BUZZ_READ_DATABASE_URL":         " postgres://standby/buzz ",
 		"BUZZ_DB_READ_POOL_SIZE":         "8",
 		"BUZZ_REPLICA_READ_MAX_AGE_MS":   "250",
-		"BUZZ_REPLICA_PROBE_INTERVAL_MS": "100",
+		"BUZZ_REPLICA_PROBE_INTERVAL_MS": "300",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, "postgres://standby/buzz", c.ReadDatabaseURL)
 	require.EqualValues(t, 8, c.ReadPoolSize)
 	require.Equal(t, 250*time.Millisecond, c.ReplicaReadMaxAge)
-	require.Equal(t, 100*time.Millisecond, c.ReplicaProbeInterval)
+	require.Equal(t, 300*time.Millisecond, c.ReplicaProbeInterval)
 	require.Equal(t, 150*time.Millisecond, c.ReplicaAcquireTimeout, "the documented budget")
 	require.Equal(t, 960*time.Second, c.CreatedAtFloor)
 

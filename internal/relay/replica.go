@@ -66,6 +66,12 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 			return age.Seconds()
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_read_pool_max", Help: "The reader pool's connection limit (BUZZ_DB_READ_POOL_SIZE).",
+		}, func() float64 { return float64(pool.Config().MaxConns) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_read_pool_active", Help: "Reader connections in use by routed reads.",
+		}, func() float64 { return float64(pool.Stat().AcquiredConns()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "buzz_db_replica_fence_open",
 			Help: "1 while the probe's tokens are fresh enough for any read to route to the replica, else 0.",
 		}, func() float64 {

@@ -46,6 +46,7 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 		c.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
 		c.ReplicaReadMaxAge = 10 * time.Second
 		c.ReplicaProbeInterval = 20 * time.Millisecond
+		c.ReadPoolSize = 3
 	})
 	c := r.Dial(t, "")
 	key := c.Auth(nil)
@@ -70,8 +71,8 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 		return len(c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})) == 0 &&
 			metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`) != ""
 	}, 30*time.Second, 20*time.Millisecond)
-	age := metric(t, r, "buzz_db_replica_heartbeat_age_seconds")
-	require.NotEmpty(t, age)
+	require.NotEmpty(t, metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+	require.Equal(t, "3", metric(t, r, "buzz_db_read_pool_max"), "the reader's own limit, not the writer's")
 }
 
 // Without a reader nothing is routed and /ready says nothing of one.
