@@ -18,13 +18,16 @@ GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 GOTAGS ?= system_libsecp256k1
 export GOFLAGS := $(strip $(GOFLAGS) $(if $(GOTAGS),-tags=$(GOTAGS)))
 
-.PHONY: help run test generate verify lint bench build interop-deps
+.PHONY: help run run-replica test generate verify lint bench build interop-deps
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 run: ## run the relay with a private PostgreSQL under .data/ (or BUZZ_DATABASE_URL)
 	$(GO) run ./cmd/buzz-relay dev
+
+run-replica: ## like run, plus a streaming standby of the private PostgreSQL that reads route to (BUZZ_DEV_REPLICA=1)
+	BUZZ_DEV_REPLICA=1 $(GO) run ./cmd/buzz-relay dev
 
 build: ## build every command into bin/
 	$(GO) build -o bin/ ./cmd/...

@@ -165,6 +165,31 @@ COMMENT ON FUNCTION public.communities_announce_closed() IS 'Tells every relay l
 
 
 --
+-- Name: events_created_at_floor_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.events_created_at_floor_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    setting    text := current_setting('buzz.created_at_floor', true);
+    floor_secs bigint;
+BEGIN
+    -- Blank, unset or malformed: the session is not armed.
+    IF NEW.channel_id IS NULL OR setting IS NULL OR setting !~ '^[0-9]{1,9}$' THEN
+        RETURN NULL;
+    END IF;
+    floor_secs := setting::bigint;
+    IF floor_secs > 0 AND NEW.created_at < clock_timestamp() - make_interval(secs => floor_secs) THEN
+        RAISE EXCEPTION 'channel event created_at % is more than % seconds before commit time', NEW.created_at, floor_secs
+            USING ERRCODE = '23514', CONSTRAINT = 'events_created_at_floor';
+    END IF;
+    RETURN NULL;
+END
+$_$;
+
+
+--
 -- Name: events_deletion_coordinates_canonical(jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -574,6 +599,25 @@ CREATE TABLE public.reactions (
 
 
 --
+-- Name: replica_heartbeat; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.replica_heartbeat (
+    id smallint NOT NULL,
+    epoch uuid DEFAULT gen_random_uuid() NOT NULL,
+    token bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT replica_heartbeat_single_row CHECK ((id = 1))
+);
+
+
+--
+-- Name: TABLE replica_heartbeat; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.replica_heartbeat IS 'The freshness token the relay writes and read replicas prove against; one row.';
+
+
+--
 -- Name: scheduled_workflow_fires; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -868,6 +912,14 @@ ALTER TABLE ONLY public.operator_listener_pubkeys
 
 ALTER TABLE ONLY public.reactions
     ADD CONSTRAINT reactions_pkey PRIMARY KEY (community_id, event_created_at, event_id, pubkey, emoji);
+
+
+--
+-- Name: replica_heartbeat replica_heartbeat_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.replica_heartbeat
+    ADD CONSTRAINT replica_heartbeat_pkey PRIMARY KEY (id);
 
 
 --
@@ -1218,6 +1270,13 @@ CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON 
 --
 
 CREATE TRIGGER communities_announce_closed AFTER UPDATE OF deletion_state ON public.communities FOR EACH ROW WHEN (((new.deletion_state = ANY (ARRAY['fenced'::text, 'tombstone'::text])) AND (old.deletion_state IS DISTINCT FROM new.deletion_state))) EXECUTE FUNCTION public.communities_announce_closed();
+
+
+--
+-- Name: events events_created_at_floor; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER events_created_at_floor AFTER INSERT OR UPDATE OF created_at, channel_id ON public.events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.events_created_at_floor_guard();
 
 
 --

@@ -35,6 +35,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/replica"
 )
 
 const usage = `usage: buzz-relay <command>
@@ -170,6 +171,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
+	if cfg.ReadDatabaseURL != "" {
+		// Routed reads rely on every writer session refusing channel
+		// events dated before the floor.
+		replica.ArmFloor(poolCfg, cfg.CreatedAtFloor)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
@@ -204,6 +210,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	go srv.RunReapers(ctx)
 	go srv.WatchCommunityClosures(ctx)
 	if err := srv.StartCrossRelay(ctx); err != nil {
+		return err
+	}
+	if err := srv.StartReadReplica(ctx); err != nil {
 		return err
 	}
 	if err := srv.StartWorkflows(ctx); err != nil {
@@ -282,6 +291,11 @@ func newMediaService(cfg config.Config) (*media.Service, error) {
 type devOptions struct {
 	DataDir string // BUZZ_DEV_DATA_DIR, default .data
 	PGPort  int    // BUZZ_DEV_PG_PORT, default 54329
+	// Replica (BUZZ_DEV_REPLICA=1) adds a streaming standby of the private
+	// cluster under DataDir/postgres-replica, on ReplicaPort
+	// (BUZZ_DEV_REPLICA_PORT, default 54330), and routes reads to it.
+	Replica     bool
+	ReplicaPort int
 	// Listener, when set, is the relay's already bound address (tests bind
 	// port 0 and hand it over, so no other process can take the port
 	// between choosing and binding it); nil binds cfg.ListenAddr.
@@ -289,7 +303,7 @@ type devOptions struct {
 }
 
 func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
-	opts := devOptions{DataDir: ".data", PGPort: 54329}
+	opts := devOptions{DataDir: ".data", PGPort: 54329, ReplicaPort: 54330}
 	if v := getenv("BUZZ_DEV_DATA_DIR"); v != "" {
 		opts.DataDir = v
 	}
@@ -299,6 +313,20 @@ func devOptionsFromEnv(getenv func(string) string) (devOptions, error) {
 			return opts, fmt.Errorf("BUZZ_DEV_PG_PORT=%q: want a port number", v)
 		}
 		opts.PGPort = port
+	}
+	if v := getenv("BUZZ_DEV_REPLICA"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return opts, fmt.Errorf("BUZZ_DEV_REPLICA=%q: want 1 or 0", v)
+		}
+		opts.Replica = on
+	}
+	if v := getenv("BUZZ_DEV_REPLICA_PORT"); v != "" {
+		port, err := strconv.Atoi(v)
+		if err != nil || port <= 0 || port > 65535 {
+			return opts, fmt.Errorf("BUZZ_DEV_REPLICA_PORT=%q: want a port number", v)
+		}
+		opts.ReplicaPort = port
 	}
 	return opts, nil
 }
@@ -356,11 +384,43 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 			return err
 		}
 		cfg.DatabaseURL = cluster.URL("buzz")
+		if opts.Replica && cfg.ReadDatabaseURL == "" {
+			standby, stop, err := devReplica(ctx, log, opts, cluster.Port())
+			if err != nil {
+				return err
+			}
+			defer stop()
+			cfg.ReadDatabaseURL = standby.URL("buzz")
+			if cfg.ReplicaReadMaxAge == 0 {
+				// Let recent reads route too, so routing shows at once.
+				cfg.ReplicaReadMaxAge = time.Second
+			}
+		}
 	}
 	if err := runMigrate(ctx, cfg, nil); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return serve(ctx, cfg, log, ls, getenv)
+}
+
+// devReplica starts (or adopts) the dev cluster's streaming standby: made
+// once by pg_basebackup from the primary, kept under DataDir like it.
+func devReplica(ctx context.Context, log *slog.Logger, opts devOptions, primaryPort int) (*pgcluster.Cluster, func(), error) {
+	dir := filepath.Join(opts.DataDir, "postgres-replica")
+	log.Info("starting private PostgreSQL standby", "dir", dir, "port", opts.ReplicaPort)
+	standby, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: dir, Port: opts.ReplicaPort, StandbyOf: primaryPort})
+	if err != nil {
+		return nil, nil, fmt.Errorf("dev standby: %w", err)
+	}
+	if standby.Adopted() {
+		return standby, func() {}, nil
+	}
+	return standby, func() {
+		log.Info("stopping private PostgreSQL standby")
+		if err := standby.Stop(); err != nil {
+			log.Warn("stop PostgreSQL standby", "err", err)
+		}
+	}, nil
 }
 
 func ensureDatabase(ctx context.Context, adminURL, name string) error {

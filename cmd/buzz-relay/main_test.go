@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -275,4 +276,40 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	require.NoError(t, <-done)
 	_, err = pgx.Connect(context.Background(), cluster.URL("postgres"))
 	require.Error(t, err, "the dev relay stops the cluster it started")
+}
+
+// BUZZ_DEV_REPLICA=1 gives the dev relay a streaming standby of its
+// private cluster, and reads route to it: /ready reports the reader
+// streaming.
+func TestDevRelayWithAStandby(t *testing.T) {
+	t.Parallel()
+	dataDir := newDevDataDir(t)
+	opts, err := devOptionsFromEnv(func(k string) string {
+		return map[string]string{"BUZZ_DEV_REPLICA": "1"}[k]
+	})
+	require.NoError(t, err)
+	require.True(t, opts.Replica)
+	opts.DataDir, opts.PGPort, opts.ReplicaPort = dataDir, 0, 0
+	listener, port := listenLoopback(t)
+	opts.Listener = listener
+	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dev(ctx, cfg, quiet, opts, noEnv) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	waitReady(t, port)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body map[string]string
+		return json.NewDecoder(resp.Body).Decode(&body) == nil && body["reader"] == "streaming"
+	}, time.Minute, 50*time.Millisecond)
 }

@@ -104,7 +104,26 @@ type Config struct {
 	// announcements one process holds when there is no Redis.
 	PresenceTTL        time.Duration
 	PresenceMaxEntries int
+
+	// Read-replica routing (docs/replica.md).
+	ReadDatabaseURL         string        // BUZZ_READ_DATABASE_URL: a streaming standby; empty: every read on the writer
+	ReadPoolSize            int32         // reader connections; 0: as many as the writer's
+	ReplicaReadMaxAge       time.Duration // how old a proved token may be for a fresh read; 0 turns fresh routing off
+	ReplicaAcquireTimeout   time.Duration // the one budget for a proved reader transaction before falling back
+	ReplicaStatementTimeout time.Duration // statement_timeout of reader sessions
+	ReplicaIdleInTxTimeout  time.Duration // idle_in_transaction_session_timeout of reader sessions
+	ReplicaProbeInterval    time.Duration // how often the writer-side probe writes a heartbeat token
+	CreatedAtFloor          time.Duration // how far before commit a channel event may be dated while routing is on
 }
+
+// MinReplicaProbeInterval keeps the probe's 120 remembered tokens
+// spanning the 30 s a token stays usable: a faster probe would forget the
+// token a lagging reader still proves.
+const MinReplicaProbeInterval = 250 * time.Millisecond
+
+// MaxReplicaReadMaxAge caps BUZZ_REPLICA_READ_MAX_AGE_MS: a fresher ring
+// entry than the probe keeps cannot be asked for.
+const MaxReplicaReadMaxAge = 30 * time.Second
 
 // DefaultMediaTypes are the blob types accepted unless
 // BUZZ_MEDIA_ALLOWED_TYPES says otherwise: images, audio, video, PDF and
@@ -181,6 +200,14 @@ func Default() Config {
 
 		PresenceTTL:        60 * time.Second,
 		PresenceMaxEntries: 100000,
+
+		ReplicaAcquireTimeout:   150 * time.Millisecond,
+		ReplicaStatementTimeout: 5 * time.Second,
+		ReplicaIdleInTxTimeout:  10 * time.Second,
+		ReplicaProbeInterval:    500 * time.Millisecond,
+		// Fifteen minutes (how far ahead ingest accepts created_at) and a
+		// minute of slack.
+		CreatedAtFloor: 960 * time.Second,
 	}
 }
 
@@ -249,11 +276,35 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_REDIS_PUBLISH_QUEUE", &c.RedisPublishQueue)
 	r.duration("BUZZ_PRESENCE_TTL", &c.PresenceTTL)
 	r.positive("BUZZ_PRESENCE_MAX_ENTRIES", &c.PresenceMaxEntries)
+	r.str("BUZZ_READ_DATABASE_URL", &c.ReadDatabaseURL)
+	var readPool int
+	r.positive("BUZZ_DB_READ_POOL_SIZE", &readPool)
+	c.ReadPoolSize = int32(readPool)
+	r.millis("BUZZ_REPLICA_READ_MAX_AGE_MS", &c.ReplicaReadMaxAge, true)
+	c.ReplicaReadMaxAge = min(c.ReplicaReadMaxAge, MaxReplicaReadMaxAge)
+	r.millis("BUZZ_REPLICA_ACQUIRE_TIMEOUT_MS", &c.ReplicaAcquireTimeout, false)
+	r.millis("BUZZ_REPLICA_STATEMENT_TIMEOUT_MS", &c.ReplicaStatementTimeout, false)
+	r.millis("BUZZ_REPLICA_IDLE_IN_TRANSACTION_TIMEOUT_MS", &c.ReplicaIdleInTxTimeout, false)
+	r.millis("BUZZ_REPLICA_PROBE_INTERVAL_MS", &c.ReplicaProbeInterval, false)
+	if c.ReplicaProbeInterval < MinReplicaProbeInterval && r.err == nil {
+		r.fail("BUZZ_REPLICA_PROBE_INTERVAL_MS", r.getenv("BUZZ_REPLICA_PROBE_INTERVAL_MS"), "at least 250 milliseconds")
+	}
+	var floorSecs int
+	r.positive("BUZZ_REPLICA_CREATED_AT_FLOOR_SECS", &floorSecs)
+	if floorSecs > 0 {
+		c.CreatedAtFloor = time.Duration(floorSecs) * time.Second
+	}
+	// The old setting counted seconds and gated fewer reads; a deployment
+	// still setting it would silently get different routing.
+	if v := r.getenv("BUZZ_REPLICA_HEAD_MAX_AGE_SECS"); v != "" && r.err == nil {
+		r.err = fmt.Errorf("BUZZ_REPLICA_HEAD_MAX_AGE_SECS is no longer read: set BUZZ_REPLICA_READ_MAX_AGE_MS (milliseconds, 0 = off) instead and remove it")
+	}
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)
 	if maxConns > 0 {
 		c.DBMaxConns = int32(maxConns)
 	}
+
 	if r.err != nil {
 		return Config{}, r.err
 	}
@@ -304,6 +355,25 @@ func (r *reader) positive(name string, dst *int) {
 		return
 	}
 	*dst = n
+}
+
+// millis reads a whole number of milliseconds; zero is allowed only when
+// zeroOK (it then means off).
+func (r *reader) millis(name string, dst *time.Duration, zeroOK bool) {
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		return
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || (n == 0 && !zeroOK) || n > 1<<31 {
+		if zeroOK {
+			r.fail(name, v, "a non-negative whole number of milliseconds (0 = off)")
+		} else {
+			r.fail(name, v, "a positive whole number of milliseconds")
+		}
+		return
+	}
+	*dst = time.Duration(n) * time.Millisecond
 }
 
 func (r *reader) duration(name string, dst *time.Duration) {

@@ -515,6 +515,13 @@ type Reaction struct {
 	RemovedAt       *time.Time
 }
 
+// The freshness token the relay writes and read replicas prove against; one row.
+type ReplicaHeartbeat struct {
+	ID    int16
+	Epoch uuid.UUID
+	Token int64
+}
+
 // Schedule slots claimed; the primary key lets each slot fire at most once across relay processes.
 type ScheduledWorkflowFire struct {
 	CommunityID   uuid.UUID

@@ -69,6 +69,7 @@ var clientTexts = map[string]string{
 	"channels_name_not_blank":               "a channel name must not be blank",
 	"channels_pkey":                         "that channel id is taken",
 	"communities_host_key":                  "that host is already taken",
+	"events_created_at_floor":               "a channel event's created_at is too far in the past to store; sign it again with the current time",
 	"events_deletion_coordinates_canonical": "an a tag must be a canonical coordinate <kind>:<lowercase hex pubkey>:<d tag>",
 	"events_never_ephemeral":                "ephemeral kinds are never stored",
 	"events_d_tag_iff_addressable":          "only addressable kinds carry a stored d tag",

@@ -65,6 +65,7 @@ func run(m *testing.M) int {
 		defer cluster.Close()
 		adminURL = cluster.URL("postgres")
 	}
+	defer stopPrivateStandby()
 	defer func() {
 		if redisPrivate != nil {
 			redisPrivate.Close()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/replica"
 )
 
 // Store serves filter reads from the pool it was given.
@@ -36,6 +37,29 @@ type Store struct {
 	// ObserveQuery, when set, is told how long each hand-built statement took,
 	// by its name (NameEventsQuery ...).
 	ObserveQuery func(name string, seconds float64)
+	// Router, when set, may serve Query and Count from a read replica that
+	// proves it holds what they need (internal/replica); nil reads the
+	// writer (pool) only.
+	Router *replica.Router
+}
+
+// Route paths: the path label of buzz_db_route_decision for each read shape.
+const (
+	// PathChannelHistory: a read whose every filter is pinned to one channel
+	// (#h) with an until: covered when the reader's wall reaches until,
+	// else fresh.
+	PathChannelHistory = "channel_history"
+	// PathHistory: any other REQ or HTTP query: fresh only.
+	PathHistory = "req_historical"
+	// PathCount: COUNT is never covered (a count cannot show which rows
+	// are missing): fresh only.
+	PathCount = "count"
+)
+
+// querier runs statements: the writer pool or a reader transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // DefaultPageRows is the PageRows of a new Store.
@@ -85,12 +109,23 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 		}
 		return s.querySearch(ctx, community, scope, &filters[0], branches[0].limit, fn)
 	}
+	if len(branches) == 0 {
+		return nil
+	}
+	// One routed session for the whole read: every page comes from one
+	// reader snapshot, or, once the reader fails, from the writer.
+	session := s.routeQuery(ctx, filters)
+	defer func() {
+		if session != nil {
+			session.Abandon()
+		}
+	}()
 	// A page must hold more rows than one event can occupy (one per branch),
 	// or a page of one event's duplicates could not advance.
 	pageRows := max(s.PageRows, len(branches)+1)
 	var after *keyset
 	for len(branches) > 0 {
-		page, err := s.readPage(ctx, community, scope, filters, branches, after, pageRows)
+		page, err := s.readPage(ctx, &session, community, scope, filters, branches, after, pageRows)
 		if err != nil {
 			return err
 		}
@@ -120,7 +155,7 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 			}
 		}
 		if len(page) < pageRows {
-			return nil // every branch is exhausted
+			break // every branch is exhausted
 		}
 		after = &keyset{createdUnix: page[sent-1].ev.CreatedAt, id: page[sent-1].id}
 		kept := branches[:0]
@@ -131,7 +166,57 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 		}
 		branches = kept
 	}
+	if session != nil {
+		session.Served()
+		session = nil
+	}
 	return nil
+}
+
+// routeQuery picks the reader session for a filter read, or nil for the
+// writer. A NIP-50 search never routes: its ranking reads the full-text
+// index, which a lagging reader would rank from stale rows, and it is not
+// fenced like the other reads.
+func (s *Store) routeQuery(ctx context.Context, filters nostr.Filters) *replica.Session {
+	if s.Router == nil {
+		return nil
+	}
+	var upper int64
+	for i := range filters {
+		f := &filters[i]
+		if f.Search != "" {
+			return nil
+		}
+		if !canMatch(f) {
+			continue
+		}
+		// Covered needs every branch to return channel rows only (a pinned
+		// channel bound in the statement) and to be bounded above.
+		if _, pinned := pinnedChannel(f); !pinned || f.Until == nil {
+			return s.Router.Begin(ctx, PathHistory, replica.Bounded())
+		}
+		upper = max(upper, clampUnix(*f.Until))
+	}
+	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)))
+}
+
+// onSession runs read on the session's reader transaction when there is
+// one, else on the writer. A reader failure ends the session (recorded
+// writer/replica_error) and the same read runs again on the writer, so a
+// caller never gets a partial page from a reader that died under it.
+func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q querier) error) error {
+	if *session != nil {
+		err := read((*session).Tx())
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err // the caller went away; the writer would not help
+		}
+		(*session).Failed(err)
+		*session = nil
+	}
+	return read(s.pool)
 }
 
 type pageRow struct {
@@ -151,11 +236,17 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 
 // readPage runs one page's statement and returns its rows, the connection
 // already back in the pool.
-func (s *Store) readPage(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
+func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
-	return s.readRows(ctx, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
-		return []any{&r.branch}
+	var page []pageRow
+	err := s.onSession(ctx, session, func(q querier) error {
+		var err error
+		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
+			return []any{&r.branch}
+		})
+		return err
 	})
+	return page, err
 }
 
 // querySearch streams one search filter's rows, most relevant first, a page
@@ -165,7 +256,7 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 	for remaining := limit; remaining > 0; {
 		rows := min(remaining, max(s.PageRows, 1))
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
-		page, err := s.readRows(ctx, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
+		page, err := s.readRows(ctx, s.pool, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
 			return []any{&r.rank}
 		})
 		if err != nil {
@@ -188,11 +279,11 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 
 // readRows runs one named statement under StatementTimeout and scans its
 // rows (eventColumns, then the columns extra points at).
-func (s *Store) readRows(ctx context.Context, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
+func (s *Store) readRows(ctx context.Context, q querier, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
 	ctx, cancel := s.statementContext(ctx)
 	defer cancel()
 	defer s.observe(name, time.Now())
-	rows, err := s.pool.Query(ctx, sql, args...)
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -216,8 +307,21 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		return 0, nil
 	}
 	defer s.observe(NameEventsCount, time.Now())
+	var session *replica.Session
+	if s.Router != nil {
+		session = s.Router.Begin(ctx, PathCount, replica.Bounded())
+	}
 	var n int64
-	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
+	err := s.onSession(ctx, &session, func(q querier) error {
+		return q.QueryRow(ctx, sql, args...).Scan(&n)
+	})
+	if session != nil {
+		if err == nil {
+			session.Served()
+		} else {
+			session.Abandon()
+		}
+	}
 	return n, err
 }
 

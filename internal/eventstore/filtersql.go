@@ -48,6 +48,12 @@ func canMatch(f *nostr.Filter) bool {
 // conditions appends " AND ..." for every constraint of f. communityArg is
 // the statement's community parameter, which the owner constraint reuses.
 func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
+	if ch, ok := pinnedChannel(f); ok {
+		// The same rows the #h test selects (every h tag names its event's
+		// channel), bound as the column: the statement can then return
+		// channel rows only, which lets a replica prove it holds them all.
+		b.sql.WriteString(" AND channel_id = " + b.arg(ch.id) + "::uuid")
+	}
 	if f.IDs != nil {
 		inList(b, "id", "bytea", hexBytes(f.IDs))
 	}
@@ -89,6 +95,26 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 		owner, _ := hex.DecodeString(f.AgentOwner)
 		b.sql.WriteString(" AND pubkey IN (SELECT u.pubkey FROM users u WHERE u.community_id = " + communityArg + " AND u.agent_owner_pubkey = " + b.arg(owner) + "::bytea)")
 	}
+}
+
+// channelProof is the evidence that a statement returns channel rows
+// only: a channel id bound unconditionally as channel_id. Only
+// pinnedChannel makes one; a list of readable channels is no such proof
+// (the scope keeps channel-less rows).
+type channelProof struct{ id uuid.UUID }
+
+// pinnedChannel is the one channel a filter's #h names, when it names
+// exactly one.
+func pinnedChannel(f *nostr.Filter) (channelProof, bool) {
+	h := f.Tags["h"]
+	if len(h) != 1 {
+		return channelProof{}, false
+	}
+	id, err := uuid.Parse(h[0])
+	if err != nil {
+		return channelProof{}, false
+	}
+	return channelProof{id: id}, true
 }
 
 // maxUnix is 9999-12-31T23:59:59Z. Clients may send any int64 for since and

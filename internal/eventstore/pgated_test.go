@@ -56,7 +56,7 @@ func TestStoredReadsHonourEveryPGatedKind(t *testing.T) {
 	}
 }
 
-func newKey(t *testing.T) *nostr.SecretKey {
+func newKey(t testing.TB) *nostr.SecretKey {
 	t.Helper()
 	k, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)

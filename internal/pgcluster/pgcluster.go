@@ -35,6 +35,10 @@ type Options struct {
 	Ephemeral bool
 	// Settings are extra postgresql.conf lines, written once at initdb time.
 	Settings map[string]string
+	// StandbyOf, when set, is the 127.0.0.1 port of a primary: an empty
+	// DataDir becomes a streaming hot standby of it (pg_basebackup -R)
+	// instead of a new cluster.
+	StandbyOf int
 }
 
 // Cluster is a running private cluster.
@@ -110,7 +114,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
-		if err := c.initdb(ctx, opts); err != nil {
+		if opts.StandbyOf != 0 {
+			err = c.basebackup(ctx, opts)
+		} else {
+			err = c.initdb(ctx, opts)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -309,4 +318,65 @@ func (c *Cluster) Close() error {
 		}
 	}
 	return err
+}
+
+// basebackup copies the primary at opts.StandbyOf into the empty data
+// directory with the settings to follow it (-R), then appends opts.Settings.
+func (c *Cluster) basebackup(ctx context.Context, opts Options) error {
+	if err := c.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(opts.StandbyOf), "-U", "postgres",
+		"-D", c.dataDir, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
+		return err
+	}
+	var conf bytes.Buffer
+	conf.WriteString("\n# standby settings written by internal/pgcluster\nhot_standby = on\n")
+	keys := make([]string, 0, len(opts.Settings))
+	for k := range opts.Settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = %s\n", k, opts.Settings[k])
+	}
+	f, err := os.OpenFile(filepath.Join(c.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.Write(conf.Bytes())
+	return err
+}
+
+// StartStandby starts a throwaway streaming hot standby of primary (a
+// cluster on 127.0.0.1 that allows replication connections, as initdb's
+// defaults do on loopback) in a new temporary directory, on a port of its
+// own. settings are extra postgresql.conf lines. Close stops it and
+// removes its files.
+func StartStandby(ctx context.Context, primary *Cluster, settings map[string]string) (*Cluster, error) {
+	return StartStandbyOf(ctx, primary.port, settings)
+}
+
+// StartStandbyOf is StartStandby for a primary known only by its port.
+func StartStandbyOf(ctx context.Context, primaryPort int, settings map[string]string) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "buzz-pg-standby-")
+	if err != nil {
+		return nil, err
+	}
+	// MkdirTemp makes it 0700 for root; the postgres user must traverse it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c, err := Start(ctx, Options{DataDir: filepath.Join(dir, "data"), Settings: settings, StandbyOf: primaryPort})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c.tempRoot = dir
+	return c, nil
+}
+
+// Kill stops the cluster at once (immediate mode: no shutdown checkpoint,
+// sessions cut), as a crash or a lost host would.
+func (c *Cluster) Kill() error {
+	return c.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "immediate", "-D", c.dataDir)
 }

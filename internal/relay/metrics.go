@@ -29,6 +29,9 @@ type Metrics struct {
 	// CommunityClosedConns counts connections closed because their
 	// community was deleted.
 	CommunityClosedConns prometheus.Counter
+	// RouteDecision counts routed reads by path, decision (replica,
+	// writer) and reason (docs/replica.md).
+	RouteDecision *prometheus.CounterVec
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -93,7 +96,11 @@ func NewMetrics() *Metrics {
 			Name: "buzz_connections_closed_community_deleted_total", Help: "WebSocket connections closed with 1008 because their community was deleted.",
 		}),
 	}
-	m.Registry.MustRegister(m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.RouteDecision = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_db_route_decision",
+		Help: "Reads that could be served by the read replica, by path, where they went (replica, writer) and why.",
+	}, []string{"path", "decision", "reason"})
+	m.Registry.MustRegister(m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

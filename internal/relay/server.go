@@ -76,6 +76,7 @@ type Server struct {
 	// presence is who is present in each channel (kind 20001), kept for
 	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
 	presence atomic.Pointer[presenceStore]
+	replica  atomic.Pointer[readReplica] // nil: every read on the writer
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -235,6 +236,10 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 			ready["media"] = "unavailable"
 			s.log.Warn("media store unavailable", "err", err)
 		}
+	}
+	// And for the read replica: the writer answers every read.
+	if state, ok := s.readerState(ctx); ok {
+		ready["reader"] = state
 	}
 	writeJSON(w, http.StatusOK, ready)
 }

@@ -89,6 +89,8 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 	// With BUZZ_REDIS_URL set the relay joins the others on that Redis.
 	busCtx, stopBus := context.WithCancel(context.Background())
 	require.NoError(t, srv.StartCrossRelay(busCtx))
+	// With BUZZ_READ_DATABASE_URL set reads may route to that standby.
+	require.NoError(t, srv.StartReadReplica(busCtx))
 	watching := make(chan struct{})
 	go func() { srv.WatchCommunityClosures(busCtx); close(watching) }()
 	t.Cleanup(func() {

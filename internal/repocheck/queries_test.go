@@ -27,6 +27,7 @@ var queryFiles = map[string]struct{ table, noun string }{
 	"outbox.sql":                   {"operator_listener_outbox", "Outbox"},
 	"outbox_claim.gen.sql":         {"operator_listener_outbox", "Outbox"},
 	"reactions.sql":                {"reactions", "Reaction"},
+	"replica_heartbeat.sql":        {"replica_heartbeat", "ReplicaHeartbeat"},
 	"threads.sql":                  {"thread_metadata", "Thread"},
 	"users.sql":                    {"users", "User"},
 	"workflows.sql":                {"workflows", "Workflow"},

@@ -1,6 +1,7 @@
-// Command withcluster starts one private PostgreSQL cluster and one private
-// redis-server, runs a command with their URLs in BUZZ_TEST_PG_URL and
-// BUZZ_TEST_REDIS_URL, then stops both. `make test` wraps `go test ./...` in
+// Command withcluster starts one private PostgreSQL cluster, a streaming
+// standby of it and one private redis-server, runs a command with their
+// URLs in BUZZ_TEST_PG_URL, BUZZ_TEST_PG_STANDBY_URL and
+// BUZZ_TEST_REDIS_URL, then stops them. `make test` wraps `go test ./...` in
 // it so every test package shares them.
 //
 //	go run ./internal/dbtest/withcluster -- go test ./...
@@ -40,6 +41,16 @@ func run(args []string) int {
 	}
 	defer cluster.Close()
 	env := append(os.Environ(), dbtest.AdminURLEnv+"="+cluster.URL("postgres"))
+	// One streaming standby of it, shared like the cluster: the replica
+	// routing tests read their databases from it.
+	// Without it the command still runs (make generate needs none); a
+	// test that needs a standby then tries to make its own, and fails.
+	if standby, err := pgcluster.StartStandby(context.Background(), cluster, dbtest.StandbySettings); err != nil {
+		fmt.Fprintln(os.Stderr, "withcluster: no streaming standby for the tests that need one:", err)
+	} else {
+		defer standby.Close()
+		env = append(env, dbtest.StandbyURLEnv+"="+standby.URL("postgres"))
+	}
 	// Without redis-server the command still runs (make generate needs only
 	// PostgreSQL); a test that needs Redis then fails, naming the package.
 	if redis, err := redisserver.Start(context.Background()); err != nil {

@@ -1,0 +1,265 @@
+package eventstore_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/replica"
+)
+
+type routeLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *routeLog) observe(path, decision, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, path+" "+decision+"/"+reason)
+}
+
+func (l *routeLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	got := l.got
+	l.got = nil
+	return got
+}
+
+// storeEvent stores a kind-9 event dated at, in channel (nil: global).
+func storeEvent(t *testing.T, pool *pgxpool.Pool, community uuid.UUID, channel *uuid.UUID, content string, at time.Time) {
+	t.Helper()
+	ev := &nostr.Event{Kind: 9, CreatedAt: at.Unix(), Content: content}
+	if channel != nil {
+		ev.Tags = nostr.Tags{{"h", channel.String()}}
+	}
+	require.NoError(t, ev.Sign(newKey(t)))
+	params, err := eventstore.InsertParams(community, ev, channel)
+	require.NoError(t, err)
+	n, err := db.New(pool).EventInsert(context.Background(), params)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+func contents(t *testing.T, store *eventstore.Store, community uuid.UUID, scope eventstore.Scope, filters nostr.Filters) []string {
+	t.Helper()
+	var got []string
+	require.NoError(t, store.Query(context.Background(), community, scope, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
+		got = append(got, ev.Content)
+		return nil
+	}))
+	return got
+}
+
+// The writer and the "reader" are two databases holding different rows,
+// in two communities that share a channel id. Each routed seam must answer
+// from the reader only what its predicate lets the reader prove, and only
+// the requested community's rows; everything else comes from the writer.
+// Mutations killed: dropping the community predicate from a routed
+// statement returns reader-B rows; routing a read that is not pinned to a
+// channel as covered (or COUNT as covered) returns reader rows at budget 0.
+func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer, reader := dbtest.Pool(t), dbtest.Pool(t)
+	a, b, channel := uuid.New(), uuid.New(), uuid.New()
+	for _, pool := range []*pgxpool.Pool{writer, reader} {
+		_, err := pool.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example'), ($2, 'b.example')", a, b)
+		require.NoError(t, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	storeEvent(t, reader, a, &channel, "reader-a-channel", old)
+	storeEvent(t, reader, a, nil, "reader-a-global", old.Add(time.Second))
+	storeEvent(t, reader, b, &channel, "reader-b-channel", old.Add(2*time.Second))
+	storeEvent(t, writer, a, &channel, "writer-a-channel", old)
+	storeEvent(t, writer, a, nil, "writer-a-global", old.Add(time.Second))
+
+	// The reader proves token 0 of its own epoch; the wall is 20 minutes ago.
+	var epoch uuid.UUID
+	require.NoError(t, reader.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&epoch))
+	ring := replica.NewRing()
+	ring.Record(replica.Entry{Token: 0, Epoch: epoch, CommittedAt: time.Now().Add(time.Hour), Wall: time.Now().Add(-20 * time.Minute)})
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	scope := eventstore.Scope{Channels: []uuid.UUID{channel}}
+	hour := time.Now().Add(-time.Hour).Unix()
+	now := time.Now().Unix()
+	pinned := map[string][]string{"h": {channel.String()}}
+
+	// Budget 0: only covered history routes.
+	// The acquire budget is not under test here: a generous one keeps a
+	// cold connection on a loaded machine from sending a read to the writer.
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, Log: slog.New(slog.DiscardHandler), AcquireTimeout: time.Minute})
+	require.Equal(t, []string{"reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &hour}}))
+	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
+	require.Equal(t, []string{"writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned}}))
+	require.Equal(t, []string{"req_historical writer/disabled"}, routes.take())
+	require.Equal(t, []string{"writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &now}}))
+	require.Equal(t, []string{"channel_history writer/stale"}, routes.take(), "until after the wall is not covered")
+	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Until: &hour}}),
+		"a read that can return channel-less rows is never covered")
+	require.Equal(t, []string{"req_historical writer/disabled"}, routes.take())
+	n, err := store.Count(ctx, a, scope, nostr.Filters{{Tags: pinned, Until: &hour}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []string{"count writer/disabled"}, routes.take(), "COUNT is never covered")
+	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Search: "writer"}, {Tags: pinned, Until: &hour}}))
+	require.Empty(t, routes.take(), "a read with a search filter stays on the writer")
+
+	// A fresh budget: every filter read and COUNT may route, still confined
+	// to the requested community and the reader's scope.
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{MaxAge: 2 * time.Hour, Observe: routes.observe, AcquireTimeout: time.Minute})
+	require.Equal(t, []string{"reader-a-global", "reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{}}))
+	require.Equal(t, []string{"req_historical replica/fresh"}, routes.take())
+	require.Equal(t, []string{"reader-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &now}}))
+	require.Equal(t, []string{"channel_history replica/fresh"}, routes.take())
+	require.Equal(t, []string{"reader-a-global"}, contents(t, store, a, eventstore.Scope{}, nostr.Filters{{}}), "an unreadable channel stays hidden")
+	routes.take()
+	require.Equal(t, []string{"reader-b-channel"}, contents(t, store, b, scope, nostr.Filters{{}}))
+	routes.take()
+	n, err = store.Count(ctx, a, scope, nostr.Filters{{}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.Equal(t, []string{"count replica/fresh"}, routes.take())
+	n, err = store.Count(ctx, b, scope, nostr.Filters{{}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	routes.take()
+}
+
+// On a standby of its own: a routed read whose reader transaction is
+// cancelled by a recovery conflict between pages, and one whose standby is
+// killed between pages, both finish on the writer with the complete
+// answer (never a partial page); afterwards a dead standby costs one
+// acquire budget.
+// Mutation killed: returning the reader's error instead of re-running the
+// page on the writer (onSession) fails both reads.
+func TestRoutedReadFinishesOnTheWriterWhenTheReaderFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := dbtest.PrivatePair(t)
+	writer, err := pgxpool.New(ctx, pair.WriterURL)
+	require.NoError(t, err)
+	defer writer.Close()
+	community, channel := uuid.New(), uuid.New()
+	_, err = writer.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example')", community)
+	require.NoError(t, err)
+	old := time.Now().Add(-2 * time.Hour)
+	var want []string
+	for i := 0; i < 6; i++ {
+		storeEvent(t, writer, community, &channel, string(rune('f'-i)), old.Add(time.Duration(6-i)*time.Second))
+		want = append(want, string(rune('f'-i)))
+	}
+	storeEvent(t, writer, community, nil, "doomed", old) // outside the read, deleted mid-read
+	dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
+
+	ring := replica.NewRing()
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go replica.NewProbe(writer, ring, replica.DefaultFloor, 20*time.Millisecond, time.Now, slog.New(slog.DiscardHandler)).Run(probeCtx)
+	cfg, err := replica.ReaderPoolConfig(pair.ReaderURL, 2, 5*time.Second, 10*time.Second)
+	require.NoError(t, err)
+	reader, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer reader.Close()
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	store.PageRows = 2
+	// Until the last step the budget is not under test: a generous one
+	// keeps a slow connection health check from sending a read to the writer.
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, AcquireTimeout: time.Minute})
+	scope := eventstore.Scope{Channels: []uuid.UUID{channel}}
+	hour := time.Now().Add(-time.Hour).Unix()
+	filters := nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}}
+	require.Eventually(t, func() bool {
+		contents(t, store, community, scope, filters)
+		got := routes.take()
+		return len(got) == 1 && got[0] == "channel_history replica/covered"
+	}, 30*time.Second, 20*time.Millisecond)
+
+	readWith := func(between func()) []string {
+		var got []string
+		require.NoError(t, store.Query(ctx, community, scope, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
+			got = append(got, ev.Content)
+			if len(got) == 2 {
+				between()
+			}
+			return nil
+		}))
+		return got
+	}
+
+	// Vacuum on the writer removes a row the reader's snapshot can still
+	// see: replaying it conflicts with the snapshot, which the standby
+	// cancels (after 100 ms) to go on replaying.
+	got := readWith(func() {
+		_, err := writer.Exec(ctx, "DELETE FROM events WHERE content = 'doomed'")
+		require.NoError(t, err)
+		_, err = writer.Exec(ctx, "VACUUM events")
+		require.NoError(t, err)
+		dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
+	})
+	require.Equal(t, want, got)
+	require.Equal(t, []string{"channel_history writer/replica_error"}, routes.take())
+
+	got = readWith(func() { require.NoError(t, pair.Standby.Kill()) })
+	require.Equal(t, want, got)
+	require.Equal(t, []string{"channel_history writer/replica_error"}, routes.take())
+
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe})
+	start := time.Now()
+	require.Equal(t, want, contents(t, store, community, scope, filters))
+	require.Less(t, time.Since(start), 2*replica.DefaultAcquireTimeout-50*time.Millisecond)
+	require.Equal(t, []string{"channel_history writer/reader_acquire_timeout"}, routes.take())
+}
+
+// Every page of a routed read comes from the one snapshot the proof
+// fixed: a row committed on the reader between two pages does not appear
+// in the later page.
+// Mutation killed: proving per page (a new reader transaction for each
+// page) lets the late row into the second page.
+func TestRoutedReadHoldsOneSnapshotAcrossPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer, reader := dbtest.Pool(t), dbtest.Pool(t)
+	community, channel := uuid.New(), uuid.New()
+	for _, pool := range []*pgxpool.Pool{writer, reader} {
+		_, err := pool.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example')", community)
+		require.NoError(t, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	for i := 0; i < 4; i++ {
+		storeEvent(t, reader, community, &channel, string(rune('d'-i)), old.Add(time.Duration(10-i)*time.Minute))
+	}
+	var epoch uuid.UUID
+	require.NoError(t, reader.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&epoch))
+	ring := replica.NewRing()
+	ring.Record(replica.Entry{Token: 0, Epoch: epoch, CommittedAt: time.Now().Add(time.Hour), Wall: time.Now().Add(-20 * time.Minute)})
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	store.PageRows = 2
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, AcquireTimeout: time.Minute})
+	hour := time.Now().Add(-time.Hour).Unix()
+	var got []string
+	require.NoError(t, store.Query(ctx, community, eventstore.Scope{Channels: []uuid.UUID{channel}},
+		nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}},
+		func(ev *nostr.Event, _ *uuid.UUID) error {
+			if got = append(got, ev.Content); len(got) == 1 {
+				storeEvent(t, reader, community, &channel, "late", old) // older: it would sort into a later page
+			}
+			return nil
+		}))
+	require.Equal(t, []string{"d", "c", "b", "a"}, got)
+	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
+}

@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/buzzrelay/buzz/internal/replica"
+)
+
+// readReplica is this process's read routing: the lazy reader pool, the
+// probe's token ring, and the router the event store asks.
+type readReplica struct {
+	pool   *pgxpool.Pool
+	ring   *replica.Ring
+	router *replica.Router
+}
+
+// StartReadReplica routes eligible reads to the standby at
+// BUZZ_READ_DATABASE_URL (unset: a no-op, every read on the writer) and
+// runs the heartbeat probe on the writer until ctx ends. The writer pool
+// must have been armed with the created_at floor (replica.ArmFloor). A
+// reader that is down does not stop start-up: reads fall back to the
+// writer until it answers. Call it once, before serving.
+func (s *Server) StartReadReplica(ctx context.Context) error {
+	if s.cfg.ReadDatabaseURL == "" {
+		return nil
+	}
+	size := s.cfg.ReadPoolSize
+	if size == 0 {
+		size = s.cfg.DBMaxConns
+	}
+	cfg, err := replica.ReaderPoolConfig(s.cfg.ReadDatabaseURL, size, s.cfg.ReplicaStatementTimeout, s.cfg.ReplicaIdleInTxTimeout)
+	if err != nil {
+		return fmt.Errorf("BUZZ_READ_DATABASE_URL: %w", err)
+	}
+	// Reader statements are timed by name like the writer's.
+	timer := NewStatementTimer()
+	timer.attach(func(name string, seconds float64) { s.metrics.DBQuery.WithLabelValues(name).Observe(seconds) })
+	cfg.ConnConfig.Tracer = timer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // lazy: dials on the first routed read
+	if err != nil {
+		return fmt.Errorf("reader pool: %w", err)
+	}
+	go func() { <-ctx.Done(); pool.Close() }()
+	ring := replica.NewRing()
+	r := &readReplica{pool: pool, ring: ring}
+	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
+		MaxAge: s.cfg.ReplicaReadMaxAge, AcquireTimeout: s.cfg.ReplicaAcquireTimeout, Now: s.now, Log: s.log,
+		Observe: func(path, decision, reason string) {
+			s.metrics.RouteDecision.WithLabelValues(path, decision, reason).Inc()
+		},
+	})
+	s.metrics.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_replica_heartbeat_age_seconds",
+			Help: "Age of the newest heartbeat token this process's probe committed (grows while the probe fails).",
+		}, func() float64 {
+			age, ok := ring.HeartbeatAge(s.now())
+			if !ok {
+				return 0
+			}
+			return age.Seconds()
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_read_pool_max", Help: "The reader pool's connection limit (BUZZ_DB_READ_POOL_SIZE).",
+		}, func() float64 { return float64(pool.Config().MaxConns) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_read_pool_active", Help: "Reader connections in use by routed reads.",
+		}, func() float64 { return float64(pool.Stat().AcquiredConns()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_replica_fence_open",
+			Help: "1 while the probe's tokens are fresh enough for any read to route to the replica, else 0.",
+		}, func() float64 {
+			if _, ok := ring.Newest(s.now()); ok {
+				return 1
+			}
+			return 0
+		}),
+	)
+	s.store.Router = r.router
+	s.replica.Store(r)
+	probe := replica.NewProbe(s.pool, ring, s.cfg.CreatedAtFloor, s.cfg.ReplicaProbeInterval, s.now, s.log)
+	go probe.Run(ctx)
+	go s.pingReader(ctx, pool)
+	return nil
+}
+
+// pingReader says once, in the log, whether the reader answers and is a
+// standby: a reader URL that points at the writer routes nothing useful.
+func (s *Server) pingReader(ctx context.Context, pool *pgxpool.Pool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var inRecovery bool
+	if err := pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		s.log.Warn("read replica unreachable; reads go to the writer until it answers", "err", err)
+		return
+	}
+	if !inRecovery {
+		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
+		return
+	}
+	s.log.Info("read replica reachable")
+}
+
+// readerState is what /ready reports about the reader: "streaming" (a
+// standby answering, the probe's tokens fresh), "not_a_standby",
+// "unreachable", or "closed" (the probe's tokens are stale: every read
+// goes to the writer). The relay stays ready in every case: the writer
+// answers every read.
+func (s *Server) readerState(ctx context.Context) (string, bool) {
+	r := s.replica.Load()
+	if r == nil {
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
+	defer cancel()
+	var inRecovery bool
+	if err := r.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return "unreachable", true
+	}
+	if !inRecovery {
+		return "not_a_standby", true
+	}
+	if _, ok := r.ring.Newest(s.now()); !ok {
+		return "closed", true
+	}
+	return "streaming", true
+}

@@ -1,0 +1,99 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+	"github.com/buzzrelay/buzz/internal/replica"
+)
+
+func readyReader(t *testing.T, r *relaytest.Relay) string {
+	t.Helper()
+	resp, err := http.Get(r.HTTPURL + "/ready")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var body map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return body["reader"]
+}
+
+// A relay with a standby configured routes REQs and COUNTs there once the
+// probe's tokens reach it, says so in /ready and in its metrics, and its
+// writer refuses channel events dated before the created_at floor with a
+// clear reason.
+func TestRelayRoutesReadsToItsStandby(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
+		c.ReplicaReadMaxAge = 10 * time.Second
+		c.ReplicaProbeInterval = 20 * time.Millisecond
+		c.ReadPoolSize = 3
+	})
+	c := r.Dial(t, "")
+	key := c.Auth(nil)
+	ch := createChannel(t, c, "routed", false)
+	ok := c.Publish(relaytest.SignEvent(t, key, 9, "hello standby", nostr.Tags{{"h", ch}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	old := c.Publish(relaytest.SignEvent(t, key, 9, "from long ago", nostr.Tags{{"h", ch}}, time.Now().Add(-time.Hour).Unix()))
+	require.False(t, old.OK)
+	require.True(t, strings.HasPrefix(old.Msg, "invalid: a channel event's created_at is too far in the past"), old.Msg)
+
+	require.Eventually(t, func() bool { return readyReader(t, r) == "streaming" }, 30*time.Second, 20*time.Millisecond)
+	// Fresh reads may lag the writer by the budget, and a first reader
+	// connection may take longer than the acquire budget on a loaded
+	// machine (the writer then answers): wait for a read the standby served.
+	require.Eventually(t, func() bool {
+		got := c.Req("fresh", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
+		return len(got) == 1 && got[0].Content == "hello standby" &&
+			metric(t, r, `buzz_db_route_decision{decision="replica",path="req_historical",reason="fresh"}`) != ""
+	}, 30*time.Second, 20*time.Millisecond)
+	hourAgo := time.Now().Add(-time.Hour).Unix()
+	require.Eventually(t, func() bool {
+		return len(c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})) == 0 &&
+			metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`) != ""
+	}, 30*time.Second, 20*time.Millisecond)
+	require.NotEmpty(t, metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+	require.Equal(t, "3", metric(t, r, "buzz_db_read_pool_max"), "the reader's own limit, not the writer's")
+}
+
+// Without a reader nothing is routed and /ready says nothing of one.
+func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	c.Req("any", map[string]any{"kinds": []int{1}})
+	require.Equal(t, "", readyReader(t, r))
+	require.Equal(t, "", metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+}
+
+// A reader URL that names a server not in recovery (the writer itself, a
+// common slip) is reported in /ready.
+func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	pool, err := pgxpool.New(context.Background(), writer)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
+	require.Equal(t, "not_a_standby", readyReader(t, r))
+}

@@ -1,0 +1,150 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+// DefaultProbeInterval is how often the probe writes a token.
+const DefaultProbeInterval = 500 * time.Millisecond
+
+// DefaultFloor is the created_at floor the writer sessions are armed with.
+// It exceeds how far in the future ingest accepts an event (15 minutes)
+// by a minute of slack.
+const DefaultFloor = 960 * time.Second
+
+// ClockMargin is subtracted from every wall for clock differences between
+// the relay, the writer and the clients' created_at.
+const ClockMargin = 5 * time.Second
+
+// FloorSetting is the session setting the created_at floor trigger reads.
+const FloorSetting = "buzz.created_at_floor"
+
+// ErrMaskedActivity: the probe's role cannot see every other session's
+// transaction start, so it cannot bound what is still in flight. Grant it
+// pg_monitor (or pg_read_all_stats).
+var ErrMaskedActivity = errors.New("the probe cannot see other sessions' transactions (grant its role pg_read_all_stats or pg_monitor)")
+
+// NameProbeOpenTransactions names the probe's activity scan.
+const NameProbeOpenTransactions = "ReplicaProbeOpenTransactions"
+
+// openTransactionsSQL reads the oldest start of any open transaction of
+// any other backend (prepared ones included) and how many backends hide
+// theirs. Every backend type counts: being conservative only delays the wall.
+const openTransactionsSQL = "-- name: " + NameProbeOpenTransactions + `
+SELECT least(
+         (SELECT min(xact_start) FROM pg_stat_activity WHERE pid <> pg_backend_pid()),
+         (SELECT min(prepared) FROM pg_prepared_xacts)) AS oldest,
+       (SELECT count(*) FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid()
+           AND (backend_type IS NULL
+                OR (backend_type = 'client backend'
+                    AND (state IS NULL OR (state <> 'idle' AND xact_start IS NULL))))) AS masked`
+
+// Probe writes heartbeat tokens on the writer and records them in a Ring.
+// Run one per relay process, and only when a reader is configured.
+type Probe struct {
+	pool     *pgxpool.Pool
+	ring     *Ring
+	floor    time.Duration
+	interval time.Duration
+	now      func() time.Time
+	log      *slog.Logger
+	// OnError, when set, is told of each failed tick (after the ring closed).
+	OnError func(error)
+}
+
+// NewProbe returns a probe writing through pool (the writer). floor is
+// the created_at floor the writer sessions are armed with.
+func NewProbe(pool *pgxpool.Pool, ring *Ring, floor, interval time.Duration, now func() time.Time, log *slog.Logger) *Probe {
+	if interval <= 0 {
+		interval = DefaultProbeInterval
+	}
+	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log}
+}
+
+// Run ticks until ctx ends. A tick that fails closes the ring: reads go to
+// the writer until a later tick succeeds.
+func (p *Probe) Run(ctx context.Context) {
+	t := time.NewTicker(p.interval)
+	defer t.Stop()
+	for {
+		if _, err := p.Tick(ctx); err != nil && ctx.Err() == nil {
+			p.log.Warn("replica heartbeat probe failed; reads go to the writer", "err", err)
+			if p.OnError != nil {
+				p.OnError(err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Tick writes one token and records it. In one transaction, each statement
+// awaited before the next (their order is the proof): the writer's clock S,
+// then the open transactions, then the token.
+func (p *Probe) Tick(ctx context.Context) (Entry, error) {
+	e, err := p.tick(ctx)
+	if err != nil {
+		p.ring.Clear()
+		return Entry{}, err
+	}
+	if p.ring.Record(e) {
+		return e, nil
+	}
+	// The token went backwards within the epoch: the writer's data is not
+	// the timeline the readers were proved against. Start a new one.
+	rotated, err := db.New(p.pool).ReplicaHeartbeatRotateEpoch(ctx)
+	if err != nil {
+		return Entry{}, fmt.Errorf("rotate replica epoch after a token regression: %w", err)
+	}
+	e.Token, e.Epoch = rotated.Token, rotated.Epoch
+	p.ring.Adopt(e)
+	p.log.Warn("replica heartbeat token went backwards; rotated the epoch", "epoch", e.Epoch, "token", e.Token)
+	return e, nil
+}
+
+func (p *Probe) tick(ctx context.Context) (Entry, error) {
+	var e Entry
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		var sampled time.Time
+		if err := tx.QueryRow(ctx, "-- name: ReplicaProbeClock\nSELECT clock_timestamp()").Scan(&sampled); err != nil {
+			return err
+		}
+		var oldest *time.Time
+		var masked int64
+		if err := tx.QueryRow(ctx, openTransactionsSQL).Scan(&oldest, &masked); err != nil {
+			return err
+		}
+		if masked > 0 {
+			return fmt.Errorf("%w: %d sessions", ErrMaskedActivity, masked)
+		}
+		bound := sampled
+		if oldest != nil && oldest.Before(bound) {
+			bound = *oldest
+		}
+		e.Wall = bound.Add(-p.floor - ClockMargin)
+		e.CommittedAt = p.now()
+		row, err := db.New(tx).ReplicaHeartbeatAdvance(ctx)
+		if err != nil {
+			return err
+		}
+		e.Token, e.Epoch = row.Token, row.Epoch
+		return nil
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Entry{}, errors.New("replica_heartbeat has no row 1 (run the migrations)")
+	}
+	return e, err
+}

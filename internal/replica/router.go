@@ -1,0 +1,283 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/buzzrelay/buzz/internal/db"
+)
+
+// DefaultAcquireTimeout is the one budget a routed read spends getting a
+// proved reader transaction (connection, BEGIN and the proof together)
+// before it falls back to the writer.
+const DefaultAcquireTimeout = 150 * time.Millisecond
+
+// Route decisions and reasons: the labels of buzz_db_route_decision.
+const (
+	DecisionReplica = "replica"
+	DecisionWriter  = "writer"
+
+	ReasonDisabled        = "disabled"      // no reader, or the predicate is off (budget 0)
+	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness
+	ReasonStale           = "stale"         // the proved token is too old for this read
+	ReasonAcquireTimeout  = "reader_acquire_timeout"
+	ReasonValidationError = "reader_validation_error"
+	ReasonTokenBehind     = "reader_token_behind"
+	ReasonReplicaError    = "replica_error" // the reader failed mid-read; the writer answered
+	ReasonCovered         = "covered"
+	ReasonFresh           = "fresh"
+)
+
+// Predicate is what a read needs proved before a reader may serve it.
+type Predicate struct {
+	covered bool
+	upper   time.Time
+	bounded bool
+}
+
+// Bounded asks that the proved token be at most the read-max-age old
+// (fresh). Sound for any read; off while the budget is zero.
+func Bounded() Predicate { return Predicate{bounded: true} }
+
+// Covered asks that every channel row dated at or before upper be in the
+// reader's snapshot. Sound only for statements that can return nothing
+// but channel rows (the caller holds the proof of that).
+func Covered(upper time.Time) Predicate { return Predicate{covered: true, upper: upper} }
+
+// CoveredOrBounded tries Covered first, then Bounded.
+func CoveredOrBounded(upper time.Time) Predicate {
+	return Predicate{covered: true, upper: upper, bounded: true}
+}
+
+// Observer is told each routed read's one decision.
+type Observer func(path, decision, reason string)
+
+// Router hands out proved reader transactions. A nil *Router routes
+// nothing (every read records writer/disabled).
+type Router struct {
+	reader         *pgxpool.Pool // nil: no reader configured
+	ring           *Ring
+	maxAge         time.Duration // the fresh budget; 0 turns Bounded off
+	acquireTimeout time.Duration
+	now            func() time.Time
+	log            *slog.Logger
+	observe        Observer
+}
+
+// RouterOptions configure a Router.
+type RouterOptions struct {
+	MaxAge         time.Duration // 0: Bounded never routes
+	AcquireTimeout time.Duration // 0: DefaultAcquireTimeout
+	Now            func() time.Time
+	Log            *slog.Logger
+	Observe        Observer
+}
+
+// NewRouter routes to reader (nil: no reader) by the tokens in ring.
+func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
+	if o.AcquireTimeout <= 0 {
+		o.AcquireTimeout = DefaultAcquireTimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Observe == nil {
+		o.Observe = func(string, string, string) {}
+	}
+	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe}
+}
+
+// Enabled reports whether a reader is configured.
+func (r *Router) Enabled() bool { return r != nil && r.reader != nil }
+
+// Ring is the router's token ring (nil for a nil router).
+func (r *Router) Ring() *Ring {
+	if r == nil {
+		return nil
+	}
+	return r.ring
+}
+
+// Session is one routed read on a proved reader transaction: every
+// statement of the read runs on it, so they all see one snapshot.
+type Session struct {
+	router *Router
+	conn   *pgxpool.Conn
+	tx     pgx.Tx
+	path   string
+	reason string
+	Proved Entry
+	done   bool
+}
+
+// Tx is the reader transaction.
+func (s *Session) Tx() pgx.Tx { return s.tx }
+
+// Served records replica/<reason> once the read was answered from the
+// reader, and ends the session.
+func (s *Session) Served() {
+	if s.done {
+		return
+	}
+	s.router.observe(s.path, DecisionReplica, s.reason)
+	s.close()
+}
+
+// Failed records writer/replica_error: the reader failed mid-read and the
+// caller answers from the writer instead. It ends the session.
+func (s *Session) Failed(err error) {
+	if s.done {
+		return
+	}
+	s.router.log.Warn("routed read failed on the reader; the writer answers", "path", s.path, "err", err)
+	s.router.observe(s.path, DecisionWriter, ReasonReplicaError)
+	s.close()
+}
+
+// Abandon ends the session without recording anything (the read itself
+// failed for a reason of its own, such as the client going away).
+func (s *Session) Abandon() { s.close() }
+
+func (s *Session) close() {
+	s.done = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := s.tx.Rollback(ctx); err != nil {
+		// A connection whose rollback failed must not go back to the pool.
+		_ = s.conn.Conn().Close(ctx)
+	}
+	s.conn.Release()
+}
+
+// Writer records writer/<reason> for a read the caller sends to the writer
+// without asking (a read shape that is never routed).
+func (r *Router) Writer(path, reason string) {
+	if r != nil {
+		r.observe(path, DecisionWriter, reason)
+	}
+}
+
+// Begin returns a proved reader session for a read of path that needs
+// pred, or nil after recording why the writer must answer. It spends at
+// most one AcquireTimeout on the reader.
+func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Session {
+	if !r.Enabled() {
+		r.Writer(path, ReasonDisabled)
+		return nil
+	}
+	newest, ok := r.ring.Newest(r.now())
+	if !ok {
+		r.Writer(path, ReasonUninitialized)
+		return nil
+	}
+	if reason, ok := r.check(pred, newest); !ok {
+		r.Writer(path, reason)
+		return nil
+	}
+	s, reason := r.prove(ctx, path)
+	if s == nil {
+		r.Writer(path, reason)
+		return nil
+	}
+	// The proved entry may be older than the newest: check again.
+	if s.reason, ok = r.check(pred, s.Proved); !ok {
+		s.close()
+		r.Writer(path, s.reason)
+		return nil
+	}
+	r.log.Debug("routed read proved", "path", path, "token", s.Proved.Token, "reason", s.reason)
+	return s
+}
+
+// check evaluates pred against entry: the replica reason when it holds,
+// else the writer reason.
+func (r *Router) check(pred Predicate, e Entry) (string, bool) {
+	if pred.covered && !pred.upper.After(e.Wall) {
+		return ReasonCovered, true
+	}
+	if pred.bounded {
+		if r.maxAge <= 0 {
+			if pred.covered {
+				return ReasonStale, false
+			}
+			return ReasonDisabled, false
+		}
+		if r.now().Sub(e.CommittedAt) <= r.maxAge {
+			return ReasonFresh, true
+		}
+	}
+	return ReasonStale, false
+}
+
+// prove takes one reader connection, opens the read-only snapshot and
+// reads the token it holds, all within one AcquireTimeout.
+func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
+	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
+	defer cancel()
+	conn, err := r.reader.Acquire(budget)
+	if err != nil {
+		// Timeouts and failed dials alike: the reader could not be had in time.
+		return nil, ReasonAcquireTimeout
+	}
+	tx, err := conn.BeginTx(budget, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		conn.Release()
+		return nil, failureReason(budget)
+	}
+	s := &Session{router: r, conn: conn, tx: tx, path: path}
+	row, err := db.New(tx).ReplicaHeartbeatProve(budget)
+	if err != nil {
+		reason := failureReason(budget)
+		s.close()
+		return nil, reason
+	}
+	entry, err := r.ring.Resolve(row.Token, row.Epoch)
+	if err != nil {
+		s.close()
+		if errors.Is(err, ErrTokenBehind) {
+			return nil, ReasonTokenBehind
+		}
+		return nil, ReasonValidationError
+	}
+	s.Proved = entry
+	r.log.Debug("reader proved", "path", path, "token", row.Token, "backend", row.Backend)
+	return s, ""
+}
+
+func failureReason(budget context.Context) string {
+	if budget.Err() != nil {
+		return ReasonAcquireTimeout
+	}
+	return ReasonValidationError
+}
+
+// ArmFloor makes every connection of a writer pool check the created_at
+// floor (the setting the floor trigger reads).
+func ArmFloor(cfg *pgxpool.Config, floor time.Duration) {
+	cfg.ConnConfig.RuntimeParams[FloorSetting] = strconv.FormatInt(int64(floor/time.Second), 10)
+}
+
+// ReaderPoolConfig configures a pool on the reader: lazy (nothing dials
+// until a routed read asks), each statement bounded by statementTimeout
+// and a transaction left idle ended after idleInTransaction, so neither a
+// blackholed reader nor an abandoned snapshot holds a connection for long.
+func ReaderPoolConfig(url string, maxConns int32, statementTimeout, idleInTransaction time.Duration) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	cfg.MinConns = 0
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idleInTransaction.Milliseconds(), 10)
+	return cfg, nil
+}

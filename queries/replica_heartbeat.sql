@@ -1,0 +1,20 @@
+-- name: ReplicaHeartbeatAdvance :one
+-- The probe's token write: run last in its transaction, after the open
+-- transactions were sampled.
+UPDATE replica_heartbeat SET token = token + 1 WHERE id = 1
+RETURNING token, epoch;
+
+-- name: ReplicaHeartbeatRotateEpoch :one
+-- A new timeline after the token went backwards (a restore or re-seed):
+-- readers still on the old one then fail the epoch check.
+UPDATE replica_heartbeat SET epoch = gen_random_uuid(), token = token + 1 WHERE id = 1
+RETURNING token, epoch;
+
+-- name: ReplicaHeartbeatProve :one
+-- The first statement of a routed read's transaction on a reader: it fixes
+-- the snapshot and reports the token that snapshot holds. The backend is
+-- evidence for logs only.
+SELECT token, epoch,
+       coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local')
+           || ' pid=' || pg_backend_pid()::text AS backend
+FROM replica_heartbeat WHERE id = 1;

@@ -1,0 +1,65 @@
+-- Runbook: read-replica routing (internal/replica, docs/replica.md).
+--
+--   psql -X -v ON_ERROR_STOP=1 -f sql/runbooks/replica.sql "$BUZZ_DATABASE_URL"
+--   psql -X -v ON_ERROR_STOP=1 -f sql/runbooks/replica.sql "$BUZZ_READ_DATABASE_URL"
+--
+-- Read-only; run it on the writer and on each reader (it tells which it is
+-- on). In short: every relay process with a reader configured writes a
+-- heartbeat token on the writer twice a second (replica_heartbeat.token + 1)
+-- after sampling the open transactions. A routed read opens a read-only
+-- snapshot on the reader whose first statement reads the token; the relay
+-- serves the read there only if that token proves what the read needs,
+-- else the writer answers. The relay's own view is the metric
+-- buzz_db_route_decision{path,decision,reason}.
+--
+-- Healthy: on the writer, the token grows and every standby streams with a
+-- replay lag well under a second; on a reader, the token is a little behind
+-- the writer's and its replay age is small. A reader whose epoch differs
+-- from the writer's proves nothing (it follows an older timeline).
+
+SELECT pg_is_in_recovery() AS on_reader,
+       EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_stat_statements') AS has_pg_stat_statements
+\gset
+
+\echo '== 1. Heartbeat: epoch and token here'
+-- On the writer this is what the probe last committed; on a reader, what
+-- its replay has reached. Compare the two epochs: they must match.
+SELECT epoch, token FROM replica_heartbeat WHERE id = 1;
+
+\if :on_reader
+\echo '== 2. This reader: replay position and age'
+-- replay_age is how old the last transaction this standby replayed is:
+-- the heartbeat age of this reader (the probe commits twice a second, so
+-- a healthy reader stays under a second). paused means someone ran
+-- pg_wal_replay_pause(): fresh reads then go to the writer as stale.
+SELECT pg_last_wal_receive_lsn() AS received_lsn,
+       pg_last_wal_replay_lsn() AS replayed_lsn,
+       date_trunc('milliseconds', now() - pg_last_xact_replay_timestamp()) AS replay_age,
+       pg_is_wal_replay_paused() AS paused;
+\else
+\echo '== 2. Readers streaming from this writer: lag per reader'
+-- One row per standby. replay_lag is the heartbeat age as that reader sees
+-- it; bytes_behind is WAL not yet replayed there. No row: no standby is
+-- connected, and every routed read records writer/... reasons.
+SELECT application_name, client_addr, state, sync_state,
+       replay_lag, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) AS bytes_behind
+FROM pg_stat_replication
+ORDER BY application_name, client_addr;
+\endif
+
+\echo '== 3. Heartbeat statements by name (pg_stat_statements)'
+\if :has_pg_stat_statements
+-- On the writer: ReplicaHeartbeatAdvance counts probe ticks,
+-- ReplicaHeartbeatRotateEpoch counts epoch rotations (each one a token that
+-- went backwards: a restore or re-seed). On a reader:
+-- ReplicaHeartbeatProve counts routed reads that reached the proof; the
+-- relay's buzz_db_route_decision splits them by reason.
+SELECT substring(query FROM '-- name: (\w+)') AS statement, sum(calls) AS calls,
+       round(sum(total_exec_time)::numeric / greatest(sum(calls), 1), 3) AS mean_ms
+FROM pg_stat_statements
+WHERE query LIKE '%-- name: Replica%'
+GROUP BY 1
+ORDER BY 1;
+\else
+\echo 'pg_stat_statements is not installed here: see buzz_db_route_decision on the relay instead.'
+\endif
