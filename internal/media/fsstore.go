@@ -159,6 +159,64 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, err
 }
 
+// Walk visits the prefix's directory tree in lexical order: every key
+// shape under a community prefix has fixed-length components, so lexical
+// path order is ascending key order.
+func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+	dir, err := s.path(strings.TrimSuffix(prefix, "/"))
+	if err != nil {
+		return err
+	}
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") && p != dir {
+				return filepath.SkipDir
+			}
+			return ctx.Err()
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // deleted while walking
+		}
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(s.root, p)
+		if err != nil {
+			return err
+		}
+		return fn(filepath.ToSlash(rel), info.Size())
+	})
+}
+
+// DeleteKeys removes each file, telling removed from already absent.
+func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error) {
+	for _, key := range keys {
+		if err := ctx.Err(); err != nil {
+			return deleted, missing, err
+		}
+		p, err := s.path(key)
+		if err != nil {
+			return deleted, missing, err
+		}
+		switch err := os.Remove(p); {
+		case err == nil:
+			deleted++
+		case errors.Is(err, fs.ErrNotExist):
+			missing++
+		default:
+			return deleted, missing, err
+		}
+	}
+	return deleted, missing, nil
+}
+
 // Children lists the subdirectories of the prefix's directory.
 func (s *FSStore) Children(ctx context.Context, prefix string) ([]string, error) {
 	dir, err := s.path(strings.TrimSuffix(prefix, "/"))

@@ -49,4 +49,14 @@ type Store interface {
 	// prefix (which ends with a slash): for "_meta/" the community IDs
 	// that have at least one sidecar.
 	Children(ctx context.Context, prefix string) ([]string, error)
+	// Walk calls fn for every key under prefix (which ends with a slash),
+	// in ascending key order, with its size, holding at most one listing
+	// page in memory whatever the prefix holds. An error from fn stops the
+	// walk and is returned.
+	Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error
+	// DeleteKeys removes keys in as few requests as the store allows.
+	// deleted counts keys removed now; missing counts keys already absent
+	// (a store that cannot tell them apart counts every key as deleted).
+	// A key that could not be deleted is an error.
+	DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error)
 }
