@@ -163,9 +163,12 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 // shape under a community prefix has fixed-length components, so lexical
 // path order is ascending key order.
 func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
-	dir, err := s.path(strings.TrimSuffix(prefix, "/"))
-	if err != nil {
-		return err
+	dir := s.root // the whole store
+	if prefix != "" {
+		var err error
+		if dir, err = s.path(strings.TrimSuffix(prefix, "/")); err != nil {
+			return err
+		}
 	}
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -49,7 +49,8 @@ type Store interface {
 	// prefix (which ends with a slash): for "_meta/" the community IDs
 	// that have at least one sidecar.
 	Children(ctx context.Context, prefix string) ([]string, error)
-	// Walk calls fn for every key under prefix (which ends with a slash),
+	// Walk calls fn for every key under prefix (which ends with a slash;
+	// "" is the whole store),
 	// in ascending key order, with its size, holding at most one listing
 	// page in memory whatever the prefix holds. An error from fn stops the
 	// walk and is returned.
