@@ -2,6 +2,8 @@ package deletion_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/deletion"
+	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
 // Every table with a community_id column carries the fence, found from the
@@ -388,4 +391,31 @@ func TestUnfencedTableFailsReadinessAndBlocksClaim(t *testing.T) {
 	_, err = f.pool.Exec(f.ctx, `SELECT attach_community_write_fence('late_feature')`)
 	require.NoError(t, err)
 	require.NoError(t, deletion.CheckReady(f.ctx, f.pool))
+}
+
+// The relay's /ready answers 503 naming an unfenced community-scoped
+// table, and 200 once it is fenced. Kills: a readiness probe that skips
+// the catalog check.
+func TestRelayReadinessNamesAnUnfencedTable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	relay := relaytest.StartOn(t, f.pool)
+	get := func() (int, string) {
+		resp, err := http.Get(relay.HTTPURL + "/ready")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	status, _ := get()
+	require.Equal(t, http.StatusOK, status)
+	_, err := f.pool.Exec(f.ctx, `CREATE TABLE unfenced_feature (community_id uuid NOT NULL PRIMARY KEY)`)
+	require.NoError(t, err)
+	status, body := get()
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Contains(t, body, "unfenced_feature")
+	_, err = f.pool.Exec(f.ctx, `SELECT attach_community_write_fence('unfenced_feature')`)
+	require.NoError(t, err)
+	status, _ = get()
+	require.Equal(t, http.StatusOK, status)
 }
