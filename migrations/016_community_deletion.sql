@@ -600,7 +600,7 @@ $$;
 -- The lease check every executor step runs first: this owner, this
 -- generation, unexpired, not blocked, at the expected stage, and still
 -- approved for its exact inventory.
-CREATE FUNCTION community_deletion_verify_lease(request uuid, owner text, generation bigint, expected_stage text)
+CREATE FUNCTION community_deletion_requests_verify_lease(request uuid, owner text, generation bigint, expected_stage text)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -621,14 +621,14 @@ $$;
 
 -- Verifies the lease and the fence, then presents the executor's identity
 -- to the fence triggers for the rest of this transaction only.
-CREATE FUNCTION community_deletion_enter_executor(request uuid, owner text, generation bigint, expected_stage text)
+CREATE FUNCTION community_deletion_requests_enter_executor(request uuid, owner text, generation bigint, expected_stage text)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, expected_stage);
+    r := community_deletion_requests_verify_lease(request, owner, generation, expected_stage);
     IF r.fence_generation IS NULL OR NOT EXISTS (
         SELECT FROM communities c WHERE c.id = r.community_id AND c.deletion_state IN ('fenced', 'tombstone')
           AND c.deletion_fence_generation = r.fence_generation) THEN
@@ -642,7 +642,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_deletion_checkpoint(request uuid, stage text, unit_key text, status text,
+CREATE FUNCTION community_deletion_checkpoints_upsert(request uuid, stage text, unit_key text, status text,
                                               generation bigint, detail jsonb, error text)
     RETURNS void
     LANGUAGE sql
@@ -660,7 +660,7 @@ $$;
 -- exact inventory is never claimable, whatever its stage column says. When
 -- the catalog is unsafe the request is blocked instead, naming the tables,
 -- and returned unleased.
-CREATE FUNCTION community_deletion_claim(request uuid, owner text, lease_seconds double precision)
+CREATE FUNCTION community_deletion_requests_claim(request uuid, owner text, lease_seconds double precision)
     RETURNS SETOF community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -683,7 +683,7 @@ BEGIN
     END IF;
     SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
     IF problems IS NOT NULL THEN
-        PERFORM community_deletion_checkpoint(r.id, r.stage, 'claim:catalog_validation', 'failed', r.lease_generation,
+        PERFORM community_deletion_checkpoints_upsert(r.id, r.stage, 'claim:catalog_validation', 'failed', r.lease_generation,
                                               jsonb_build_object('problems', problems), 'catalog drift: ' || problems);
         UPDATE community_deletion_requests
         SET blocked_at = now(), blocked_reason = 'catalog drift: ' || problems,
@@ -704,7 +704,7 @@ $$;
 
 -- Extends the lease and records the executor's liveness. Raises when the
 -- lease was lost (expired and maybe taken over, blocked, or finished).
-CREATE FUNCTION community_deletion_heartbeat(request uuid, owner text, generation bigint, mode text,
+CREATE FUNCTION community_deletion_requests_heartbeat(request uuid, owner text, generation bigint, mode text,
                                              draining boolean, lease_seconds double precision)
     RETURNS timestamptz
     LANGUAGE plpgsql
@@ -722,12 +722,12 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM community_deletion_raise_stale(request, generation, 'heartbeat');
     END IF;
-    PERFORM community_deletion_executor_beat(owner, mode, request, generation, r.stage, draining, false);
+    PERFORM community_deletion_executor_heartbeats_beat(owner, mode, request, generation, r.stage, draining, false);
     RETURN r.lease_until;
 END
 $$;
 
-CREATE FUNCTION community_deletion_executor_beat(executor text, mode text, request uuid, generation bigint,
+CREATE FUNCTION community_deletion_executor_heartbeats_beat(executor text, mode text, request uuid, generation bigint,
                                                  stage text, draining boolean, stopped boolean)
     RETURNS void
     LANGUAGE sql
@@ -742,7 +742,7 @@ $$;
 
 -- Gives the lease back (shutdown, end of a run) only while this owner and
 -- generation still hold it: a successor's lease is never cleared.
-CREATE FUNCTION community_deletion_release(request uuid, owner text, generation bigint) RETURNS boolean
+CREATE FUNCTION community_deletion_requests_release(request uuid, owner text, generation bigint) RETURNS boolean
     LANGUAGE sql
     AS $$
     WITH released AS (
@@ -756,7 +756,7 @@ $$;
 
 -- Moves the request exactly one stage forward under its lease. Any
 -- successful step resets the failure streak.
-CREATE FUNCTION community_deletion_advance(request uuid, owner text, generation bigint, from_stage text,
+CREATE FUNCTION community_deletion_requests_advance(request uuid, owner text, generation bigint, from_stage text,
                                            new_fence_generation bigint)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
@@ -787,7 +787,7 @@ $$;
 -- until an operator unblocks it; otherwise the next attempt waits an
 -- exponentially growing delay (capped at an hour). The lease is released
 -- either way.
-CREATE FUNCTION community_deletion_record_failure(request uuid, owner text, generation bigint, failed_stage text,
+CREATE FUNCTION community_deletion_requests_record_failure(request uuid, owner text, generation bigint, failed_stage text,
                                                   message text, permanent boolean,
                                                   base_delay_seconds double precision, max_streak integer)
     RETURNS community_deletion_requests
@@ -805,7 +805,7 @@ BEGIN
     END IF;
     streak := CASE WHEN r.retry_stage = failed_stage THEN r.retry_count + 1 ELSE 1 END;
     blocks := permanent OR streak >= max_streak;
-    PERFORM community_deletion_checkpoint(request, failed_stage, 'stage', 'failed', generation,
+    PERFORM community_deletion_checkpoints_upsert(request, failed_stage, 'stage', 'failed', generation,
                                           jsonb_build_object('permanent', permanent, 'streak', streak), message);
     UPDATE community_deletion_requests
     SET retry_count = streak, retry_stage = failed_stage, last_error = message, last_error_at = now(),
@@ -825,7 +825,7 @@ $$;
 -- The audited way out of a block: who and why are recorded as a
 -- checkpoint next to the block they cleared; stage, approval, digest and
 -- fence generation are untouched.
-CREATE FUNCTION community_deletion_unblock(request uuid, unblocked_by text, reason text)
+CREATE FUNCTION community_deletion_requests_unblock(request uuid, unblocked_by text, reason text)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -845,7 +845,7 @@ BEGIN
     IF r.lease_until >= now() THEN
         RAISE EXCEPTION 'deletion request % is leased by %', request, r.lease_owner USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_checkpoint(request, r.stage, 'operator_unblock:' || gen_random_uuid(), 'completed',
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'operator_unblock:' || gen_random_uuid(), 'completed',
         r.lease_generation,
         jsonb_build_object('unblocked_by', left(unblocked_by, 512), 'reason', left(reason, 4096),
                            'previous_block', r.blocked_reason, 'previous_retry_count', r.retry_count), NULL);
@@ -860,7 +860,7 @@ $$;
 
 -- Opens a request for an active community. Retrying the same submit
 -- returns the request it already made.
-CREATE FUNCTION community_deletion_submit(target_host text, requester text, why text)
+CREATE FUNCTION community_deletion_requests_submit(target_host text, requester text, why text)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -887,7 +887,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_deletion_freeze_inventory(request uuid, manifest jsonb, digest bytea)
+CREATE FUNCTION community_deletion_requests_freeze_inventory(request uuid, manifest jsonb, digest bytea)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -908,7 +908,7 @@ $$;
 -- Approval of one exact inventory: the caller recomputed the digest from
 -- the stored manifest; it must equal the stored digest, and the approval
 -- row's foreign key binds the two for good.
-CREATE FUNCTION community_deletion_approve(request uuid, approver text, approval_note text, recomputed_digest bytea)
+CREATE FUNCTION community_deletion_requests_approve(request uuid, approver text, approval_note text, recomputed_digest bytea)
     RETURNS community_deletion_requests
     LANGUAGE plpgsql
     AS $$
@@ -933,16 +933,16 @@ $$;
 
 -- The point of no return: no new serving-write leases, no plain writes.
 -- Exclusive on the community's lock, so it waits for every open writer.
-CREATE FUNCTION community_deletion_begin_quiescing(request uuid, owner text, generation bigint) RETURNS void
+CREATE FUNCTION community_deletion_requests_begin_quiescing(request uuid, owner text, generation bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
     c communities;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     SELECT * INTO c FROM communities WHERE id = r.community_id FOR UPDATE;
     IF c.deletion_state = 'quiescing' THEN
         RETURN;
@@ -955,14 +955,14 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % cannot start quiescing from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_checkpoint(request, 'approved', 'quiesce_serving_writes', 'completed', generation, '{}', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'quiesce_serving_writes', 'completed', generation, '{}', NULL);
 END
 $$;
 
 -- Fences the community: generation + 1, state fenced, request stage
 -- fenced, all in one transaction under the exclusive community lock.
 -- Refuses (for a later retry) while serving-write leases are live.
-CREATE FUNCTION community_deletion_fence(request uuid, owner text, generation bigint) RETURNS bigint
+CREATE FUNCTION community_deletion_requests_fence(request uuid, owner text, generation bigint) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -972,9 +972,9 @@ DECLARE
     operations text;
     new_generation bigint;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     SELECT count(*), string_agg(DISTINCT operation, ',') INTO live, operations
     FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
     IF live > 0 THEN
@@ -990,8 +990,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % cannot be fenced from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'approved', new_generation);
-    PERFORM community_deletion_checkpoint(request, 'approved', 'activate_fence', 'completed', generation,
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'approved', new_generation);
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'activate_fence', 'completed', generation,
                                           jsonb_build_object('fence_generation', new_generation), NULL);
     RETURN new_generation;
 END
@@ -1000,13 +1000,13 @@ $$;
 -- Freezes the post-fence object manifest (per-prefix counts and digests,
 -- checked by the caller against the stored chunks). An identical retry
 -- succeeds; a different manifest fails closed.
-CREATE FUNCTION community_deletion_freeze_objects(request uuid, owner text, generation bigint, manifest jsonb) RETURNS void
+CREATE FUNCTION community_deletion_requests_freeze_objects(request uuid, owner text, generation bigint, manifest jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'fenced');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
     SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
     IF r.destructive_frozen_at IS NOT NULL THEN
         IF r.destructive_manifest <> manifest THEN
@@ -1018,14 +1018,14 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_deletion_mark_drained(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+CREATE FUNCTION community_deletion_requests_mark_drained(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
     live bigint;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'fenced');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
     SELECT count(*) INTO live FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
     IF live > 0 THEN
         RAISE EXCEPTION 'serving writes have not drained: % live leases', live USING ERRCODE = 'BZ003';
@@ -1033,23 +1033,23 @@ BEGIN
     IF r.destructive_frozen_at IS NULL THEN
         RAISE EXCEPTION 'deletion request %: object manifest not frozen', request USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'fenced', NULL);
-    PERFORM community_deletion_checkpoint(request, 'fenced', 'serving_writes_drained', 'completed', generation, detail, NULL);
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'fenced', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'fenced', 'serving_writes_drained', 'completed', generation, detail, NULL);
 END
 $$;
 
 -- Stamps one chunk's objects as gone, exactly once.
-CREATE FUNCTION community_deletion_stamp_chunk(request uuid, owner text, generation bigint, chunk bigint, detail jsonb) RETURNS void
+CREATE FUNCTION community_deletion_manifest_keys_stamp(request uuid, owner text, generation bigint, chunk bigint, detail jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM community_deletion_enter_executor(request, owner, generation, 'drained');
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'drained');
     UPDATE community_deletion_manifest_keys SET deleted_at = now()
     WHERE request_id = request AND chunk_no = chunk AND deleted_at IS NULL;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'deletion request %: chunk % is missing or already stamped', request, chunk USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_checkpoint(request, 'drained', 'chunk:' || chunk, 'completed', generation, detail, NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'drained', 'chunk:' || chunk, 'completed', generation, detail, NULL);
 END
 $$;
 
@@ -1081,13 +1081,13 @@ $$;
 -- Once every scoped table is empty for the community: the community row
 -- becomes a tombstone (state, deleted_at, signing key gone), in the same
 -- transaction as the final absence check.
-CREATE FUNCTION community_deletion_tombstone(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+CREATE FUNCTION community_deletion_requests_tombstone(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'bindings_removed');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'bindings_removed');
     PERFORM community_deletion_assert_postgres_absent(r.community_id);
     UPDATE communities SET deletion_state = 'tombstone', deleted_at = coalesce(deleted_at, now()),
                            archived_at = coalesce(archived_at, now()), signing_key = NULL
@@ -1095,19 +1095,19 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % is not fenced at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'bindings_removed', NULL);
-    PERFORM community_deletion_checkpoint(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'bindings_removed', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
                                           generation, detail, NULL);
 END
 $$;
 
-CREATE FUNCTION community_deletion_verify_postgres(request uuid, owner text, generation bigint) RETURNS void
+CREATE FUNCTION community_deletion_requests_verify_postgres(request uuid, owner text, generation bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'cache_purged');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
     IF NOT EXISTS (SELECT FROM communities WHERE id = r.community_id AND deletion_state = 'tombstone'
                    AND deleted_at IS NOT NULL AND deletion_fence_generation = r.fence_generation) THEN
         RAISE EXCEPTION 'community % is not a tombstone at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
@@ -1116,13 +1116,13 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_deletion_mark_verified(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+CREATE FUNCTION community_deletion_requests_mark_verified(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM community_deletion_enter_executor(request, owner, generation, 'cache_purged');
-    PERFORM community_deletion_advance(request, owner, generation, 'cache_purged', NULL);
-    PERFORM community_deletion_checkpoint(request, 'cache_purged', 'verify_cross_store_absence', 'completed', generation, detail, NULL);
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'cache_purged', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'cache_purged', 'verify_cross_store_absence', 'completed', generation, detail, NULL);
     -- The keys were only needed until absence was proven; the per-prefix
     -- counts and digests stay in the frozen manifest.
     DELETE FROM community_deletion_manifest_keys WHERE request_id = request;
@@ -1132,7 +1132,7 @@ $$;
 -- Leases for serving-side external effects (object uploads, Redis
 -- writes). Acquired only while the community is active; renewable while
 -- quiescing so an admitted operation can finish; the fence waits for them.
-CREATE FUNCTION community_serving_lease_acquire(community uuid, op text, lease_owner text, lease_seconds double precision)
+CREATE FUNCTION community_serving_write_leases_acquire(community uuid, op text, lease_owner text, lease_seconds double precision)
     RETURNS uuid
     LANGUAGE plpgsql
     AS $$
@@ -1151,7 +1151,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_serving_lease_renew(lease uuid, lease_seconds double precision) RETURNS boolean
+CREATE FUNCTION community_serving_write_leases_renew(lease uuid, lease_seconds double precision) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1172,7 +1172,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION community_serving_lease_release(lease uuid) RETURNS boolean
+CREATE FUNCTION community_serving_write_leases_release(lease uuid) RETURNS boolean
     LANGUAGE sql
     AS $$
     WITH gone AS (DELETE FROM community_serving_write_leases WHERE id = lease RETURNING 1)
@@ -1181,7 +1181,7 @@ $$;
 
 -- For the database step of a leased operation: re-verifies the lease and
 -- lets this transaction's writes through while the community quiesces.
-CREATE FUNCTION community_serving_lease_guard(lease uuid) RETURNS void
+CREATE FUNCTION community_serving_write_leases_guard(lease uuid) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1203,7 +1203,7 @@ $$;
 
 -- Deletes up to max_rows expired leases, of any community (tombstones
 -- included), without waiting on rows another reaper holds.
-CREATE FUNCTION community_serving_leases_reap(max_rows integer) RETURNS bigint
+CREATE FUNCTION community_serving_write_leases_reap(max_rows integer) RETURNS bigint
     LANGUAGE sql
     AS $$
     WITH expired AS (
@@ -1250,33 +1250,33 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION community_serving_leases_reap(integer);
-DROP FUNCTION community_serving_lease_guard(uuid);
-DROP FUNCTION community_serving_lease_release(uuid);
-DROP FUNCTION community_serving_lease_renew(uuid, double precision);
-DROP FUNCTION community_serving_lease_acquire(uuid, text, text, double precision);
-DROP FUNCTION community_deletion_mark_verified(uuid, text, bigint, jsonb);
-DROP FUNCTION community_deletion_verify_postgres(uuid, text, bigint);
-DROP FUNCTION community_deletion_tombstone(uuid, text, bigint, jsonb);
+DROP FUNCTION community_serving_write_leases_reap(integer);
+DROP FUNCTION community_serving_write_leases_guard(uuid);
+DROP FUNCTION community_serving_write_leases_release(uuid);
+DROP FUNCTION community_serving_write_leases_renew(uuid, double precision);
+DROP FUNCTION community_serving_write_leases_acquire(uuid, text, text, double precision);
+DROP FUNCTION community_deletion_requests_mark_verified(uuid, text, bigint, jsonb);
+DROP FUNCTION community_deletion_requests_verify_postgres(uuid, text, bigint);
+DROP FUNCTION community_deletion_requests_tombstone(uuid, text, bigint, jsonb);
 DROP FUNCTION community_deletion_assert_postgres_absent(uuid);
-DROP FUNCTION community_deletion_stamp_chunk(uuid, text, bigint, bigint, jsonb);
-DROP FUNCTION community_deletion_mark_drained(uuid, text, bigint, jsonb);
-DROP FUNCTION community_deletion_freeze_objects(uuid, text, bigint, jsonb);
-DROP FUNCTION community_deletion_fence(uuid, text, bigint);
-DROP FUNCTION community_deletion_begin_quiescing(uuid, text, bigint);
-DROP FUNCTION community_deletion_approve(uuid, text, text, bytea);
-DROP FUNCTION community_deletion_freeze_inventory(uuid, jsonb, bytea);
-DROP FUNCTION community_deletion_submit(text, text, text);
-DROP FUNCTION community_deletion_unblock(uuid, text, text);
-DROP FUNCTION community_deletion_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer);
-DROP FUNCTION community_deletion_advance(uuid, text, bigint, text, bigint);
-DROP FUNCTION community_deletion_release(uuid, text, bigint);
-DROP FUNCTION community_deletion_heartbeat(uuid, text, bigint, text, boolean, double precision);
-DROP FUNCTION community_deletion_executor_beat(text, text, uuid, bigint, text, boolean, boolean);
-DROP FUNCTION community_deletion_claim(uuid, text, double precision);
-DROP FUNCTION community_deletion_checkpoint(uuid, text, text, text, bigint, jsonb, text);
-DROP FUNCTION community_deletion_enter_executor(uuid, text, bigint, text);
-DROP FUNCTION community_deletion_verify_lease(uuid, text, bigint, text);
+DROP FUNCTION community_deletion_manifest_keys_stamp(uuid, text, bigint, bigint, jsonb);
+DROP FUNCTION community_deletion_requests_mark_drained(uuid, text, bigint, jsonb);
+DROP FUNCTION community_deletion_requests_freeze_objects(uuid, text, bigint, jsonb);
+DROP FUNCTION community_deletion_requests_fence(uuid, text, bigint);
+DROP FUNCTION community_deletion_requests_begin_quiescing(uuid, text, bigint);
+DROP FUNCTION community_deletion_requests_approve(uuid, text, text, bytea);
+DROP FUNCTION community_deletion_requests_freeze_inventory(uuid, jsonb, bytea);
+DROP FUNCTION community_deletion_requests_submit(text, text, text);
+DROP FUNCTION community_deletion_requests_unblock(uuid, text, text);
+DROP FUNCTION community_deletion_requests_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer);
+DROP FUNCTION community_deletion_requests_advance(uuid, text, bigint, text, bigint);
+DROP FUNCTION community_deletion_requests_release(uuid, text, bigint);
+DROP FUNCTION community_deletion_requests_heartbeat(uuid, text, bigint, text, boolean, double precision);
+DROP FUNCTION community_deletion_executor_heartbeats_beat(text, text, uuid, bigint, text, boolean, boolean);
+DROP FUNCTION community_deletion_requests_claim(uuid, text, double precision);
+DROP FUNCTION community_deletion_checkpoints_upsert(uuid, text, text, text, bigint, jsonb, text);
+DROP FUNCTION community_deletion_requests_enter_executor(uuid, text, bigint, text);
+DROP FUNCTION community_deletion_requests_verify_lease(uuid, text, bigint, text);
 DROP FUNCTION community_deletion_raise_stale(uuid, bigint, text);
 DROP FUNCTION community_deletion_catalog_problems();
 DROP FUNCTION community_schema_destruction_lock_key();

@@ -52,3 +52,6 @@ RETURNING *;
 UPDATE communities SET signing_key = coalesce(signing_key, @candidate::bytea)
 WHERE id = @id::uuid
 RETURNING signing_key;
+
+-- name: CommunityByID :one
+SELECT * FROM communities WHERE id = @id::uuid;

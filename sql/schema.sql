@@ -278,6 +278,196 @@ END
 $_$;
 
 
+--
+-- Name: community_deletion_approvals_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_approvals_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'approval evidence is immutable' USING ERRCODE = '23000';
+END
+$$;
+
+
+--
+-- Name: community_deletion_assert_postgres_absent(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_assert_postgres_absent(community uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    t text;
+    problems text;
+    present boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(community_schema_destruction_lock_key());
+    SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
+    IF problems IS NOT NULL THEN
+        RAISE EXCEPTION 'catalog drift: %', problems USING ERRCODE = 'BZ002';
+    END IF;
+    FOR t IN SELECT community_scoped_tables() LOOP
+        EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE community_id = $1)', t) INTO present USING community;
+        IF present THEN
+            RAISE EXCEPTION 'community % still has rows in %', community, t USING ERRCODE = 'BZ002';
+        END IF;
+    END LOOP;
+END
+$_$;
+
+
+--
+-- Name: community_deletion_catalog_problems(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_catalog_problems() RETURNS TABLE(table_name text, problem text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT s, 'community-scoped table has no enabled write fence (call attach_community_write_fence)'
+    FROM community_scoped_tables() s
+    WHERE s NOT IN (SELECT community_fenced_tables())
+    UNION ALL
+    SELECT 'communities', 'tombstone guard trigger is missing or disabled'
+    WHERE NOT EXISTS (SELECT FROM pg_trigger t
+                      WHERE t.tgrelid = 'communities'::regclass AND t.tgname = 'communities_tombstone_guard'
+                        AND t.tgenabled = 'O')
+    ORDER BY 1
+$$;
+
+
+--
+-- Name: community_deletion_checkpoints_upsert(uuid, text, text, text, bigint, jsonb, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_checkpoints_upsert(request uuid, stage text, unit_key text, status text, generation bigint, detail jsonb, error text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO community_deletion_checkpoints AS k (request_id, stage, unit_key, status, lease_generation, detail, error, completed_at)
+    VALUES (request, stage, unit_key, status, greatest(generation, 1), coalesce(detail, '{}'), error,
+            CASE WHEN status = 'completed' THEN now() END)
+    ON CONFLICT (request_id, stage, unit_key) DO UPDATE
+    SET status = EXCLUDED.status, lease_generation = EXCLUDED.lease_generation, detail = EXCLUDED.detail,
+        error = EXCLUDED.error, completed_at = EXCLUDED.completed_at, attempts = k.attempts + 1
+$$;
+
+
+--
+-- Name: community_deletion_executor_heartbeats_beat(text, text, uuid, bigint, text, boolean, boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_executor_heartbeats_beat(executor text, mode text, request uuid, generation bigint, stage text, draining boolean, stopped boolean) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO community_deletion_executor_heartbeats AS h
+        (executor_id, mode, request_id, lease_generation, stage, draining, stopped_at)
+    VALUES (executor, mode, request, generation, stage, draining, CASE WHEN stopped THEN now() END)
+    ON CONFLICT (executor_id) DO UPDATE
+    SET mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, lease_generation = EXCLUDED.lease_generation,
+        stage = EXCLUDED.stage, heartbeat_at = now(), draining = EXCLUDED.draining, stopped_at = EXCLUDED.stopped_at
+$$;
+
+
+--
+-- Name: community_deletion_lock_key(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_lock_key(community uuid) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT hashtextextended('buzz-community-deletion:' || community::text, 0) $$;
+
+
+--
+-- Name: community_deletion_manifest_keys_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_manifest_keys_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req record;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.deleted_at IS NOT NULL OR NEW.deleted_at IS NULL
+           OR NEW.request_id <> OLD.request_id OR NEW.chunk_no <> OLD.chunk_no OR NEW.prefix <> OLD.prefix
+           OR NEW.key_class <> OLD.key_class OR NEW.keys <> OLD.keys THEN
+            RAISE EXCEPTION 'manifest chunk %/%: only the one-way deleted stamp may change', OLD.request_id, OLD.chunk_no
+                USING ERRCODE = '23000';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = NEW.request_id FOR UPDATE;
+        IF NOT FOUND OR req.stage <> 'fenced' OR req.destructive_frozen_at IS NOT NULL THEN
+            RAISE EXCEPTION 'manifest chunk %/%: chunks are written only between the fence and the manifest freeze', NEW.request_id, NEW.chunk_no
+                USING ERRCODE = '23000';
+        END IF;
+        RETURN NEW;
+    END IF;
+    SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = OLD.request_id FOR UPDATE;
+    IF NOT FOUND OR req.destructive_frozen_at IS NULL OR req.stage IN ('logically_verified', 'retention_pending') THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'manifest chunk %/% cannot be removed mid-execution', OLD.request_id, OLD.chunk_no USING ERRCODE = '23000';
+END
+$$;
+
+
+--
+-- Name: community_deletion_manifest_keys_stamp(uuid, text, bigint, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_manifest_keys_stamp(request uuid, owner text, generation bigint, chunk bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'drained');
+    UPDATE community_deletion_manifest_keys SET deleted_at = now()
+    WHERE request_id = request AND chunk_no = chunk AND deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'deletion request %: chunk % is missing or already stamped', request, chunk USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, 'drained', 'chunk:' || chunk, 'completed', generation, detail, NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_next_stage(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_next_stage(stage text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE stage
+        WHEN 'submitted' THEN 'inventoried'
+        WHEN 'inventoried' THEN 'approved'
+        WHEN 'approved' THEN 'fenced'
+        WHEN 'fenced' THEN 'drained'
+        WHEN 'drained' THEN 'bindings_removed'
+        WHEN 'bindings_removed' THEN 'postgres_purged'
+        WHEN 'postgres_purged' THEN 'cache_purged'
+        WHEN 'cache_purged' THEN 'logically_verified'
+        WHEN 'logically_verified' THEN 'retention_pending'
+    END
+$$;
+
+
+--
+-- Name: community_deletion_raise_stale(uuid, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_raise_stale(request uuid, generation bigint, stage text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'stale deletion lease: request % generation % no longer owns stage %', request, generation, stage
+        USING ERRCODE = 'BZ001';
+END
+$$;
+
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -333,10 +523,10 @@ COMMENT ON TABLE public.community_deletion_requests IS 'Whole-community deletion
 
 
 --
--- Name: community_deletion_advance(uuid, text, bigint, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_advance(uuid, text, bigint, text, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_advance(request uuid, owner text, generation bigint, from_stage text, new_fence_generation bigint) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_advance(request uuid, owner text, generation bigint, from_stage text, new_fence_generation bigint) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -362,23 +552,10 @@ $$;
 
 
 --
--- Name: community_deletion_approvals_guard(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_approve(uuid, text, text, bytea); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_approvals_guard() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    RAISE EXCEPTION 'approval evidence is immutable' USING ERRCODE = '23000';
-END
-$$;
-
-
---
--- Name: community_deletion_approve(uuid, text, text, bytea); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_approve(request uuid, approver text, approval_note text, recomputed_digest bytea) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_approve(request uuid, approver text, approval_note text, recomputed_digest bytea) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -402,46 +579,19 @@ $$;
 
 
 --
--- Name: community_deletion_assert_postgres_absent(uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_begin_quiescing(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_assert_postgres_absent(community uuid) RETURNS void
-    LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    t text;
-    problems text;
-    present boolean;
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(community_schema_destruction_lock_key());
-    SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
-    IF problems IS NOT NULL THEN
-        RAISE EXCEPTION 'catalog drift: %', problems USING ERRCODE = 'BZ002';
-    END IF;
-    FOR t IN SELECT community_scoped_tables() LOOP
-        EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE community_id = $1)', t) INTO present USING community;
-        IF present THEN
-            RAISE EXCEPTION 'community % still has rows in %', community, t USING ERRCODE = 'BZ002';
-        END IF;
-    END LOOP;
-END
-$_$;
-
-
---
--- Name: community_deletion_begin_quiescing(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_begin_quiescing(request uuid, owner text, generation bigint) RETURNS void
+CREATE FUNCTION public.community_deletion_requests_begin_quiescing(request uuid, owner text, generation bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
     c communities;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     SELECT * INTO c FROM communities WHERE id = r.community_id FOR UPDATE;
     IF c.deletion_state = 'quiescing' THEN
         RETURN;
@@ -454,51 +604,16 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % cannot start quiescing from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_checkpoint(request, 'approved', 'quiesce_serving_writes', 'completed', generation, '{}', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'quiesce_serving_writes', 'completed', generation, '{}', NULL);
 END
 $$;
 
 
 --
--- Name: community_deletion_catalog_problems(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_claim(uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_catalog_problems() RETURNS TABLE(table_name text, problem text)
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT s, 'community-scoped table has no enabled write fence (call attach_community_write_fence)'
-    FROM community_scoped_tables() s
-    WHERE s NOT IN (SELECT community_fenced_tables())
-    UNION ALL
-    SELECT 'communities', 'tombstone guard trigger is missing or disabled'
-    WHERE NOT EXISTS (SELECT FROM pg_trigger t
-                      WHERE t.tgrelid = 'communities'::regclass AND t.tgname = 'communities_tombstone_guard'
-                        AND t.tgenabled = 'O')
-    ORDER BY 1
-$$;
-
-
---
--- Name: community_deletion_checkpoint(uuid, text, text, text, bigint, jsonb, text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_checkpoint(request uuid, stage text, unit_key text, status text, generation bigint, detail jsonb, error text) RETURNS void
-    LANGUAGE sql
-    AS $$
-    INSERT INTO community_deletion_checkpoints AS k (request_id, stage, unit_key, status, lease_generation, detail, error, completed_at)
-    VALUES (request, stage, unit_key, status, greatest(generation, 1), coalesce(detail, '{}'), error,
-            CASE WHEN status = 'completed' THEN now() END)
-    ON CONFLICT (request_id, stage, unit_key) DO UPDATE
-    SET status = EXCLUDED.status, lease_generation = EXCLUDED.lease_generation, detail = EXCLUDED.detail,
-        error = EXCLUDED.error, completed_at = EXCLUDED.completed_at, attempts = k.attempts + 1
-$$;
-
-
---
--- Name: community_deletion_claim(uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_claim(request uuid, owner text, lease_seconds double precision) RETURNS SETOF public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_claim(request uuid, owner text, lease_seconds double precision) RETURNS SETOF public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -520,7 +635,7 @@ BEGIN
     END IF;
     SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
     IF problems IS NOT NULL THEN
-        PERFORM community_deletion_checkpoint(r.id, r.stage, 'claim:catalog_validation', 'failed', r.lease_generation,
+        PERFORM community_deletion_checkpoints_upsert(r.id, r.stage, 'claim:catalog_validation', 'failed', r.lease_generation,
                                               jsonb_build_object('problems', problems), 'catalog drift: ' || problems);
         UPDATE community_deletion_requests
         SET blocked_at = now(), blocked_reason = 'catalog drift: ' || problems,
@@ -541,16 +656,16 @@ $$;
 
 
 --
--- Name: community_deletion_enter_executor(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_enter_executor(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_enter_executor(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_enter_executor(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, expected_stage);
+    r := community_deletion_requests_verify_lease(request, owner, generation, expected_stage);
     IF r.fence_generation IS NULL OR NOT EXISTS (
         SELECT FROM communities c WHERE c.id = r.community_id AND c.deletion_state IN ('fenced', 'tombstone')
           AND c.deletion_fence_generation = r.fence_generation) THEN
@@ -566,26 +681,10 @@ $$;
 
 
 --
--- Name: community_deletion_executor_beat(text, text, uuid, bigint, text, boolean, boolean); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_fence(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_executor_beat(executor text, mode text, request uuid, generation bigint, stage text, draining boolean, stopped boolean) RETURNS void
-    LANGUAGE sql
-    AS $$
-    INSERT INTO community_deletion_executor_heartbeats AS h
-        (executor_id, mode, request_id, lease_generation, stage, draining, stopped_at)
-    VALUES (executor, mode, request, generation, stage, draining, CASE WHEN stopped THEN now() END)
-    ON CONFLICT (executor_id) DO UPDATE
-    SET mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, lease_generation = EXCLUDED.lease_generation,
-        stage = EXCLUDED.stage, heartbeat_at = now(), draining = EXCLUDED.draining, stopped_at = EXCLUDED.stopped_at
-$$;
-
-
---
--- Name: community_deletion_fence(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_fence(request uuid, owner text, generation bigint) RETURNS bigint
+CREATE FUNCTION public.community_deletion_requests_fence(request uuid, owner text, generation bigint) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -595,9 +694,9 @@ DECLARE
     operations text;
     new_generation bigint;
 BEGIN
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
-    r := community_deletion_verify_lease(request, owner, generation, 'approved');
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
     SELECT count(*), string_agg(DISTINCT operation, ',') INTO live, operations
     FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
     IF live > 0 THEN
@@ -613,8 +712,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % cannot be fenced from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'approved', new_generation);
-    PERFORM community_deletion_checkpoint(request, 'approved', 'activate_fence', 'completed', generation,
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'approved', new_generation);
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'activate_fence', 'completed', generation,
                                           jsonb_build_object('fence_generation', new_generation), NULL);
     RETURN new_generation;
 END
@@ -622,10 +721,10 @@ $$;
 
 
 --
--- Name: community_deletion_freeze_inventory(uuid, jsonb, bytea); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_freeze_inventory(uuid, jsonb, bytea); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_freeze_inventory(request uuid, manifest jsonb, digest bytea) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_freeze_inventory(request uuid, manifest jsonb, digest bytea) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -644,16 +743,16 @@ $$;
 
 
 --
--- Name: community_deletion_freeze_objects(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_freeze_objects(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_freeze_objects(request uuid, owner text, generation bigint, manifest jsonb) RETURNS void
+CREATE FUNCTION public.community_deletion_requests_freeze_objects(request uuid, owner text, generation bigint, manifest jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'fenced');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
     SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
     IF r.destructive_frozen_at IS NOT NULL THEN
         IF r.destructive_manifest <> manifest THEN
@@ -663,209 +762,6 @@ BEGIN
     END IF;
     UPDATE community_deletion_requests SET destructive_manifest = manifest, destructive_frozen_at = now() WHERE id = request;
 END
-$$;
-
-
---
--- Name: community_deletion_heartbeat(uuid, text, bigint, text, boolean, double precision); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_heartbeat(request uuid, owner text, generation bigint, mode text, draining boolean, lease_seconds double precision) RETURNS timestamp with time zone
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    r community_deletion_requests;
-BEGIN
-    UPDATE community_deletion_requests q
-    SET lease_until = now() + make_interval(secs => lease_seconds)
-    WHERE q.id = request AND q.lease_owner = owner AND q.lease_generation = generation
-      AND q.lease_until >= now() AND q.blocked_at IS NULL AND community_deletion_runnable_stage(q.stage)
-      AND EXISTS (SELECT FROM community_deletion_approvals a
-                  WHERE a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest)
-    RETURNING q.* INTO r;
-    IF NOT FOUND THEN
-        PERFORM community_deletion_raise_stale(request, generation, 'heartbeat');
-    END IF;
-    PERFORM community_deletion_executor_beat(owner, mode, request, generation, r.stage, draining, false);
-    RETURN r.lease_until;
-END
-$$;
-
-
---
--- Name: community_deletion_lock_key(uuid); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_lock_key(community uuid) RETURNS bigint
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    AS $$ SELECT hashtextextended('buzz-community-deletion:' || community::text, 0) $$;
-
-
---
--- Name: community_deletion_manifest_keys_guard(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_manifest_keys_guard() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    req record;
-BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        IF OLD.deleted_at IS NOT NULL OR NEW.deleted_at IS NULL
-           OR NEW.request_id <> OLD.request_id OR NEW.chunk_no <> OLD.chunk_no OR NEW.prefix <> OLD.prefix
-           OR NEW.key_class <> OLD.key_class OR NEW.keys <> OLD.keys THEN
-            RAISE EXCEPTION 'manifest chunk %/%: only the one-way deleted stamp may change', OLD.request_id, OLD.chunk_no
-                USING ERRCODE = '23000';
-        END IF;
-        RETURN NEW;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = NEW.request_id FOR UPDATE;
-        IF NOT FOUND OR req.stage <> 'fenced' OR req.destructive_frozen_at IS NOT NULL THEN
-            RAISE EXCEPTION 'manifest chunk %/%: chunks are written only between the fence and the manifest freeze', NEW.request_id, NEW.chunk_no
-                USING ERRCODE = '23000';
-        END IF;
-        RETURN NEW;
-    END IF;
-    SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = OLD.request_id FOR UPDATE;
-    IF NOT FOUND OR req.destructive_frozen_at IS NULL OR req.stage IN ('logically_verified', 'retention_pending') THEN
-        RETURN OLD;
-    END IF;
-    RAISE EXCEPTION 'manifest chunk %/% cannot be removed mid-execution', OLD.request_id, OLD.chunk_no USING ERRCODE = '23000';
-END
-$$;
-
-
---
--- Name: community_deletion_mark_drained(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_mark_drained(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    r community_deletion_requests;
-    live bigint;
-BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'fenced');
-    SELECT count(*) INTO live FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
-    IF live > 0 THEN
-        RAISE EXCEPTION 'serving writes have not drained: % live leases', live USING ERRCODE = 'BZ003';
-    END IF;
-    IF r.destructive_frozen_at IS NULL THEN
-        RAISE EXCEPTION 'deletion request %: object manifest not frozen', request USING ERRCODE = 'BZ002';
-    END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'fenced', NULL);
-    PERFORM community_deletion_checkpoint(request, 'fenced', 'serving_writes_drained', 'completed', generation, detail, NULL);
-END
-$$;
-
-
---
--- Name: community_deletion_mark_verified(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_mark_verified(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM community_deletion_enter_executor(request, owner, generation, 'cache_purged');
-    PERFORM community_deletion_advance(request, owner, generation, 'cache_purged', NULL);
-    PERFORM community_deletion_checkpoint(request, 'cache_purged', 'verify_cross_store_absence', 'completed', generation, detail, NULL);
-    -- The keys were only needed until absence was proven; the per-prefix
-    -- counts and digests stay in the frozen manifest.
-    DELETE FROM community_deletion_manifest_keys WHERE request_id = request;
-END
-$$;
-
-
---
--- Name: community_deletion_next_stage(text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_next_stage(stage text) RETURNS text
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT CASE stage
-        WHEN 'submitted' THEN 'inventoried'
-        WHEN 'inventoried' THEN 'approved'
-        WHEN 'approved' THEN 'fenced'
-        WHEN 'fenced' THEN 'drained'
-        WHEN 'drained' THEN 'bindings_removed'
-        WHEN 'bindings_removed' THEN 'postgres_purged'
-        WHEN 'postgres_purged' THEN 'cache_purged'
-        WHEN 'cache_purged' THEN 'logically_verified'
-        WHEN 'logically_verified' THEN 'retention_pending'
-    END
-$$;
-
-
---
--- Name: community_deletion_raise_stale(uuid, bigint, text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_raise_stale(request uuid, generation bigint, stage text) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    RAISE EXCEPTION 'stale deletion lease: request % generation % no longer owns stage %', request, generation, stage
-        USING ERRCODE = 'BZ001';
-END
-$$;
-
-
---
--- Name: community_deletion_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_record_failure(request uuid, owner text, generation bigint, failed_stage text, message text, permanent boolean, base_delay_seconds double precision, max_streak integer) RETURNS public.community_deletion_requests
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    r community_deletion_requests;
-    streak integer;
-    blocks boolean;
-BEGIN
-    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
-    IF NOT FOUND OR r.lease_owner IS DISTINCT FROM owner OR r.lease_generation <> generation
-       OR r.lease_until < now() OR r.stage <> failed_stage THEN
-        PERFORM community_deletion_raise_stale(request, generation, failed_stage);
-    END IF;
-    streak := CASE WHEN r.retry_stage = failed_stage THEN r.retry_count + 1 ELSE 1 END;
-    blocks := permanent OR streak >= max_streak;
-    PERFORM community_deletion_checkpoint(request, failed_stage, 'stage', 'failed', generation,
-                                          jsonb_build_object('permanent', permanent, 'streak', streak), message);
-    UPDATE community_deletion_requests
-    SET retry_count = streak, retry_stage = failed_stage, last_error = message, last_error_at = now(),
-        blocked_at = CASE WHEN blocks THEN now() END,
-        blocked_reason = CASE
-            WHEN permanent THEN message
-            WHEN blocks THEN format('%s consecutive failures at stage %s: %s', streak, failed_stage, message) END,
-        next_attempt_at = CASE WHEN blocks THEN next_attempt_at
-            ELSE now() + make_interval(secs => least(base_delay_seconds * power(2, streak - 1), 3600)) END,
-        lease_owner = NULL, lease_until = NULL
-    WHERE id = request
-    RETURNING * INTO r;
-    RETURN r;
-END
-$$;
-
-
---
--- Name: community_deletion_release(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_release(request uuid, owner text, generation bigint) RETURNS boolean
-    LANGUAGE sql
-    AS $$
-    WITH released AS (
-        UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL
-        WHERE id = request AND lease_owner = owner AND lease_generation = generation
-          AND stage <> 'retention_pending'
-        RETURNING 1
-    )
-    SELECT EXISTS (SELECT FROM released)
 $$;
 
 
@@ -934,38 +830,133 @@ $$;
 
 
 --
--- Name: community_deletion_runnable_stage(text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_heartbeat(uuid, text, bigint, text, boolean, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_runnable_stage(stage text) RETURNS boolean
-    LANGUAGE sql IMMUTABLE
-    AS $$ SELECT stage IN ('approved', 'fenced', 'drained', 'bindings_removed', 'postgres_purged', 'cache_purged', 'logically_verified') $$;
-
-
---
--- Name: community_deletion_stamp_chunk(uuid, text, bigint, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_deletion_stamp_chunk(request uuid, owner text, generation bigint, chunk bigint, detail jsonb) RETURNS void
+CREATE FUNCTION public.community_deletion_requests_heartbeat(request uuid, owner text, generation bigint, mode text, draining boolean, lease_seconds double precision) RETURNS timestamp with time zone
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    r community_deletion_requests;
 BEGIN
-    PERFORM community_deletion_enter_executor(request, owner, generation, 'drained');
-    UPDATE community_deletion_manifest_keys SET deleted_at = now()
-    WHERE request_id = request AND chunk_no = chunk AND deleted_at IS NULL;
+    UPDATE community_deletion_requests q
+    SET lease_until = now() + make_interval(secs => lease_seconds)
+    WHERE q.id = request AND q.lease_owner = owner AND q.lease_generation = generation
+      AND q.lease_until >= now() AND q.blocked_at IS NULL AND community_deletion_runnable_stage(q.stage)
+      AND EXISTS (SELECT FROM community_deletion_approvals a
+                  WHERE a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest)
+    RETURNING q.* INTO r;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'deletion request %: chunk % is missing or already stamped', request, chunk USING ERRCODE = 'BZ002';
+        PERFORM community_deletion_raise_stale(request, generation, 'heartbeat');
     END IF;
-    PERFORM community_deletion_checkpoint(request, 'drained', 'chunk:' || chunk, 'completed', generation, detail, NULL);
+    PERFORM community_deletion_executor_heartbeats_beat(owner, mode, request, generation, r.stage, draining, false);
+    RETURN r.lease_until;
 END
 $$;
 
 
 --
--- Name: community_deletion_submit(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_mark_drained(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_submit(target_host text, requester text, why text) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_mark_drained(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    live bigint;
+BEGIN
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
+    SELECT count(*) INTO live FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
+    IF live > 0 THEN
+        RAISE EXCEPTION 'serving writes have not drained: % live leases', live USING ERRCODE = 'BZ003';
+    END IF;
+    IF r.destructive_frozen_at IS NULL THEN
+        RAISE EXCEPTION 'deletion request %: object manifest not frozen', request USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'fenced', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'fenced', 'serving_writes_drained', 'completed', generation, detail, NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_mark_verified(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_mark_verified(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'cache_purged', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'cache_purged', 'verify_cross_store_absence', 'completed', generation, detail, NULL);
+    -- The keys were only needed until absence was proven; the per-prefix
+    -- counts and digests stay in the frozen manifest.
+    DELETE FROM community_deletion_manifest_keys WHERE request_id = request;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_record_failure(request uuid, owner text, generation bigint, failed_stage text, message text, permanent boolean, base_delay_seconds double precision, max_streak integer) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    streak integer;
+    blocks boolean;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.lease_owner IS DISTINCT FROM owner OR r.lease_generation <> generation
+       OR r.lease_until < now() OR r.stage <> failed_stage THEN
+        PERFORM community_deletion_raise_stale(request, generation, failed_stage);
+    END IF;
+    streak := CASE WHEN r.retry_stage = failed_stage THEN r.retry_count + 1 ELSE 1 END;
+    blocks := permanent OR streak >= max_streak;
+    PERFORM community_deletion_checkpoints_upsert(request, failed_stage, 'stage', 'failed', generation,
+                                          jsonb_build_object('permanent', permanent, 'streak', streak), message);
+    UPDATE community_deletion_requests
+    SET retry_count = streak, retry_stage = failed_stage, last_error = message, last_error_at = now(),
+        blocked_at = CASE WHEN blocks THEN now() END,
+        blocked_reason = CASE
+            WHEN permanent THEN message
+            WHEN blocks THEN format('%s consecutive failures at stage %s: %s', streak, failed_stage, message) END,
+        next_attempt_at = CASE WHEN blocks THEN next_attempt_at
+            ELSE now() + make_interval(secs => least(base_delay_seconds * power(2, streak - 1), 3600)) END,
+        lease_owner = NULL, lease_until = NULL
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_release(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_release(request uuid, owner text, generation bigint) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    WITH released AS (
+        UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL
+        WHERE id = request AND lease_owner = owner AND lease_generation = generation
+          AND stage <> 'retention_pending'
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT FROM released)
+$$;
+
+
+--
+-- Name: community_deletion_requests_submit(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_submit(target_host text, requester text, why text) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -993,16 +984,16 @@ $$;
 
 
 --
--- Name: community_deletion_tombstone(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_tombstone(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_tombstone(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+CREATE FUNCTION public.community_deletion_requests_tombstone(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'bindings_removed');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'bindings_removed');
     PERFORM community_deletion_assert_postgres_absent(r.community_id);
     UPDATE communities SET deletion_state = 'tombstone', deleted_at = coalesce(deleted_at, now()),
                            archived_at = coalesce(archived_at, now()), signing_key = NULL
@@ -1010,18 +1001,18 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % is not fenced at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_advance(request, owner, generation, 'bindings_removed', NULL);
-    PERFORM community_deletion_checkpoint(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'bindings_removed', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
                                           generation, detail, NULL);
 END
 $$;
 
 
 --
--- Name: community_deletion_unblock(uuid, text, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_unblock(uuid, text, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_unblock(request uuid, unblocked_by text, reason text) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_unblock(request uuid, unblocked_by text, reason text) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1040,7 +1031,7 @@ BEGIN
     IF r.lease_until >= now() THEN
         RAISE EXCEPTION 'deletion request % is leased by %', request, r.lease_owner USING ERRCODE = 'BZ002';
     END IF;
-    PERFORM community_deletion_checkpoint(request, r.stage, 'operator_unblock:' || gen_random_uuid(), 'completed',
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'operator_unblock:' || gen_random_uuid(), 'completed',
         r.lease_generation,
         jsonb_build_object('unblocked_by', left(unblocked_by, 512), 'reason', left(reason, 4096),
                            'previous_block', r.blocked_reason, 'previous_retry_count', r.retry_count), NULL);
@@ -1055,10 +1046,10 @@ $$;
 
 
 --
--- Name: community_deletion_verify_lease(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_verify_lease(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_verify_lease(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
+CREATE FUNCTION public.community_deletion_requests_verify_lease(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1078,16 +1069,16 @@ $$;
 
 
 --
--- Name: community_deletion_verify_postgres(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_deletion_requests_verify_postgres(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_deletion_verify_postgres(request uuid, owner text, generation bigint) RETURNS void
+CREATE FUNCTION public.community_deletion_requests_verify_postgres(request uuid, owner text, generation bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     r community_deletion_requests;
 BEGIN
-    r := community_deletion_enter_executor(request, owner, generation, 'cache_purged');
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
     IF NOT EXISTS (SELECT FROM communities WHERE id = r.community_id AND deletion_state = 'tombstone'
                    AND deleted_at IS NOT NULL AND deletion_fence_generation = r.fence_generation) THEN
         RAISE EXCEPTION 'community % is not a tombstone at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
@@ -1095,6 +1086,15 @@ BEGIN
     PERFORM community_deletion_assert_postgres_absent(r.community_id);
 END
 $$;
+
+
+--
+-- Name: community_deletion_runnable_stage(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_runnable_stage(stage text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT stage IN ('approved', 'fenced', 'drained', 'bindings_removed', 'postgres_purged', 'cache_purged', 'logically_verified') $$;
 
 
 --
@@ -1160,10 +1160,10 @@ $$;
 
 
 --
--- Name: community_serving_lease_acquire(uuid, text, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_serving_write_leases_acquire(uuid, text, text, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_serving_lease_acquire(community uuid, op text, lease_owner text, lease_seconds double precision) RETURNS uuid
+CREATE FUNCTION public.community_serving_write_leases_acquire(community uuid, op text, lease_owner text, lease_seconds double precision) RETURNS uuid
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1183,10 +1183,10 @@ $$;
 
 
 --
--- Name: community_serving_lease_guard(uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_serving_write_leases_guard(uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_serving_lease_guard(lease uuid) RETURNS void
+CREATE FUNCTION public.community_serving_write_leases_guard(lease uuid) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1208,10 +1208,30 @@ $$;
 
 
 --
--- Name: community_serving_lease_release(uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_serving_write_leases_reap(integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_serving_lease_release(lease uuid) RETURNS boolean
+CREATE FUNCTION public.community_serving_write_leases_reap(max_rows integer) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    WITH expired AS (
+        SELECT id FROM community_serving_write_leases
+        WHERE lease_until < now()
+        ORDER BY lease_until
+        LIMIT greatest(1, least(max_rows, 10000))
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM community_serving_write_leases l USING expired e WHERE l.id = e.id RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+
+
+--
+-- Name: community_serving_write_leases_release(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_release(lease uuid) RETURNS boolean
     LANGUAGE sql
     AS $$
     WITH gone AS (DELETE FROM community_serving_write_leases WHERE id = lease RETURNING 1)
@@ -1220,10 +1240,10 @@ $$;
 
 
 --
--- Name: community_serving_lease_renew(uuid, double precision); Type: FUNCTION; Schema: public; Owner: -
+-- Name: community_serving_write_leases_renew(uuid, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.community_serving_lease_renew(lease uuid, lease_seconds double precision) RETURNS boolean
+CREATE FUNCTION public.community_serving_write_leases_renew(lease uuid, lease_seconds double precision) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -1242,26 +1262,6 @@ BEGIN
       AND c.deletion_fence_generation = l.fence_generation;
     RETURN FOUND;
 END
-$$;
-
-
---
--- Name: community_serving_leases_reap(integer); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.community_serving_leases_reap(max_rows integer) RETURNS bigint
-    LANGUAGE sql
-    AS $$
-    WITH expired AS (
-        SELECT id FROM community_serving_write_leases
-        WHERE lease_until < now()
-        ORDER BY lease_until
-        LIMIT greatest(1, least(max_rows, 10000))
-        FOR UPDATE SKIP LOCKED
-    ), gone AS (
-        DELETE FROM community_serving_write_leases l USING expired e WHERE l.id = e.id RETURNING 1
-    )
-    SELECT count(*) FROM gone
 $$;
 
 

@@ -244,7 +244,7 @@ func inspect(ctx context.Context, q *db.Queries, id uuid.UUID, enc *json.Encoder
 	} else if !dberr.IsNotFound(err) {
 		return err
 	}
-	cps, err := q.DeletionCheckpoints(ctx, id)
+	cps, err := q.DeletionCheckpointsOfRequest(ctx, id)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,26 @@ func (q *Queries) CommunityByHost(ctx context.Context, host string) (Community, 
 	return i, err
 }
 
+const communityByID = `-- name: CommunityByID :one
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities WHERE id = $1::uuid
+`
+
+func (q *Queries) CommunityByID(ctx context.Context, id uuid.UUID) (Community, error) {
+	row := q.db.QueryRow(ctx, communityByID, id)
+	var i Community
+	err := row.Scan(
+		&i.ID,
+		&i.Host,
+		&i.SigningKey,
+		&i.CreatedAt,
+		&i.ArchivedAt,
+		&i.DeletedAt,
+		&i.DeletionState,
+		&i.DeletionFenceGeneration,
+	)
+	return i, err
+}
+
 const communityCreate = `-- name: CommunityCreate :one
 INSERT INTO communities (host)
 VALUES ($1::text)

@@ -13,478 +13,8 @@ import (
 	"github.com/google/uuid"
 )
 
-const communityByID = `-- name: CommunityByID :one
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities WHERE id = $1::uuid
-`
-
-func (q *Queries) CommunityByID(ctx context.Context, id uuid.UUID) (Community, error) {
-	row := q.db.QueryRow(ctx, communityByID, id)
-	var i Community
-	err := row.Scan(
-		&i.ID,
-		&i.Host,
-		&i.SigningKey,
-		&i.CreatedAt,
-		&i.ArchivedAt,
-		&i.DeletedAt,
-		&i.DeletionState,
-		&i.DeletionFenceGeneration,
-	)
-	return i, err
-}
-
-const deletionApprovalGet = `-- name: DeletionApprovalGet :one
-SELECT request_id, community_id, inventory_digest, approved_by, note, approved_at FROM community_deletion_approvals WHERE request_id = $1::uuid
-`
-
-func (q *Queries) DeletionApprovalGet(ctx context.Context, requestID uuid.UUID) (CommunityDeletionApproval, error) {
-	row := q.db.QueryRow(ctx, deletionApprovalGet, requestID)
-	var i CommunityDeletionApproval
-	err := row.Scan(
-		&i.RequestID,
-		&i.CommunityID,
-		&i.InventoryDigest,
-		&i.ApprovedBy,
-		&i.Note,
-		&i.ApprovedAt,
-	)
-	return i, err
-}
-
-const deletionBeginQuiescing = `-- name: DeletionBeginQuiescing :exec
-SELECT community_deletion_begin_quiescing($1::uuid, $2::text, $3::bigint)
-`
-
-type DeletionBeginQuiescingParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-}
-
-func (q *Queries) DeletionBeginQuiescing(ctx context.Context, arg DeletionBeginQuiescingParams) error {
-	_, err := q.db.Exec(ctx, deletionBeginQuiescing, arg.ID, arg.Owner, arg.Generation)
-	return err
-}
-
-const deletionCatalogProblems = `-- name: DeletionCatalogProblems :many
-SELECT p.table_name::text AS table_name, p.problem::text AS problem FROM community_deletion_catalog_problems() p
-`
-
-type DeletionCatalogProblemsRow struct {
-	TableName string
-	Problem   string
-}
-
-func (q *Queries) DeletionCatalogProblems(ctx context.Context) ([]DeletionCatalogProblemsRow, error) {
-	rows, err := q.db.Query(ctx, deletionCatalogProblems)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []DeletionCatalogProblemsRow
-	for rows.Next() {
-		var i DeletionCatalogProblemsRow
-		if err := rows.Scan(&i.TableName, &i.Problem); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionCheckpoint = `-- name: DeletionCheckpoint :exec
-SELECT community_deletion_checkpoint($1::uuid, $2::text, $3::text, $4::text,
-    $5::bigint, $6::jsonb, $7::text)
-`
-
-type DeletionCheckpointParams struct {
-	RequestID  uuid.UUID
-	Stage      string
-	UnitKey    string
-	Status     string
-	Generation int64
-	Detail     json.RawMessage
-	Error      *string
-}
-
-func (q *Queries) DeletionCheckpoint(ctx context.Context, arg DeletionCheckpointParams) error {
-	_, err := q.db.Exec(ctx, deletionCheckpoint,
-		arg.RequestID,
-		arg.Stage,
-		arg.UnitKey,
-		arg.Status,
-		arg.Generation,
-		arg.Detail,
-		arg.Error,
-	)
-	return err
-}
-
-const deletionCheckpoints = `-- name: DeletionCheckpoints :many
-SELECT request_id, sequence, stage, unit_key, status, lease_generation, attempts, detail, error, started_at, completed_at FROM community_deletion_checkpoints WHERE request_id = $1::uuid ORDER BY sequence
-`
-
-func (q *Queries) DeletionCheckpoints(ctx context.Context, requestID uuid.UUID) ([]CommunityDeletionCheckpoint, error) {
-	rows, err := q.db.Query(ctx, deletionCheckpoints, requestID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []CommunityDeletionCheckpoint
-	for rows.Next() {
-		var i CommunityDeletionCheckpoint
-		if err := rows.Scan(
-			&i.RequestID,
-			&i.Sequence,
-			&i.Stage,
-			&i.UnitKey,
-			&i.Status,
-			&i.LeaseGeneration,
-			&i.Attempts,
-			&i.Detail,
-			&i.Error,
-			&i.StartedAt,
-			&i.CompletedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionEnterExecutor = `-- name: DeletionEnterExecutor :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_enter_executor($1::uuid, $2::text, $3::bigint, $4::text)
-`
-
-type DeletionEnterExecutorParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	Stage      string
-}
-
-// Verifies lease and fence and admits this transaction's writes to the
-// fenced community.
-func (q *Queries) DeletionEnterExecutor(ctx context.Context, arg DeletionEnterExecutorParams) (CommunityDeletionRequest, error) {
-	row := q.db.QueryRow(ctx, deletionEnterExecutor,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.Stage,
-	)
-	var i CommunityDeletionRequest
-	err := row.Scan(
-		&i.ID,
-		&i.CommunityID,
-		&i.CommunityHost,
-		&i.Stage,
-		&i.RequestedBy,
-		&i.Reason,
-		&i.InventoryManifest,
-		&i.InventoryDigest,
-		&i.InventoryFrozenAt,
-		&i.DestructiveManifest,
-		&i.DestructiveFrozenAt,
-		&i.FenceGeneration,
-		&i.LeaseOwner,
-		&i.LeaseGeneration,
-		&i.LeaseUntil,
-		&i.Attempts,
-		&i.RetryCount,
-		&i.RetryStage,
-		&i.NextAttemptAt,
-		&i.LastError,
-		&i.LastErrorAt,
-		&i.BlockedAt,
-		&i.BlockedReason,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
-	)
-	return i, err
-}
-
-const deletionExecutorBeat = `-- name: DeletionExecutorBeat :exec
-SELECT community_deletion_executor_beat($1::text, $2::text, $3::uuid,
-    $4::bigint, $5::text, $6::boolean, $7::boolean)
-`
-
-type DeletionExecutorBeatParams struct {
-	ExecutorID string
-	Mode       string
-	RequestID  *uuid.UUID
-	Generation *int64
-	Stage      *string
-	Draining   bool
-	Stopped    bool
-}
-
-func (q *Queries) DeletionExecutorBeat(ctx context.Context, arg DeletionExecutorBeatParams) error {
-	_, err := q.db.Exec(ctx, deletionExecutorBeat,
-		arg.ExecutorID,
-		arg.Mode,
-		arg.RequestID,
-		arg.Generation,
-		arg.Stage,
-		arg.Draining,
-		arg.Stopped,
-	)
-	return err
-}
-
-const deletionExecutorHeartbeats = `-- name: DeletionExecutorHeartbeats :many
-SELECT executor_id, mode, request_id, lease_generation, stage, started_at, heartbeat_at, draining, stopped_at FROM community_deletion_executor_heartbeats ORDER BY heartbeat_at DESC
-`
-
-func (q *Queries) DeletionExecutorHeartbeats(ctx context.Context) ([]CommunityDeletionExecutorHeartbeat, error) {
-	rows, err := q.db.Query(ctx, deletionExecutorHeartbeats)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []CommunityDeletionExecutorHeartbeat
-	for rows.Next() {
-		var i CommunityDeletionExecutorHeartbeat
-		if err := rows.Scan(
-			&i.ExecutorID,
-			&i.Mode,
-			&i.RequestID,
-			&i.LeaseGeneration,
-			&i.Stage,
-			&i.StartedAt,
-			&i.HeartbeatAt,
-			&i.Draining,
-			&i.StoppedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionFence = `-- name: DeletionFence :one
-SELECT community_deletion_fence($1::uuid, $2::text, $3::bigint)::bigint AS fence_generation
-`
-
-type DeletionFenceParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-}
-
-func (q *Queries) DeletionFence(ctx context.Context, arg DeletionFenceParams) (int64, error) {
-	row := q.db.QueryRow(ctx, deletionFence, arg.ID, arg.Owner, arg.Generation)
-	var fence_generation int64
-	err := row.Scan(&fence_generation)
-	return fence_generation, err
-}
-
-const deletionFencedTables = `-- name: DeletionFencedTables :many
-SELECT t::text AS table_name FROM community_fenced_tables() t
-`
-
-func (q *Queries) DeletionFencedTables(ctx context.Context) ([]string, error) {
-	rows, err := q.db.Query(ctx, deletionFencedTables)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var table_name string
-		if err := rows.Scan(&table_name); err != nil {
-			return nil, err
-		}
-		items = append(items, table_name)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionFreezeObjects = `-- name: DeletionFreezeObjects :exec
-SELECT community_deletion_freeze_objects($1::uuid, $2::text, $3::bigint, $4::jsonb)
-`
-
-type DeletionFreezeObjectsParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	Manifest   json.RawMessage
-}
-
-func (q *Queries) DeletionFreezeObjects(ctx context.Context, arg DeletionFreezeObjectsParams) error {
-	_, err := q.db.Exec(ctx, deletionFreezeObjects,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.Manifest,
-	)
-	return err
-}
-
-const deletionManifestChunk = `-- name: DeletionManifestChunk :one
-SELECT request_id, chunk_no, prefix, key_class, keys, deleted_at FROM community_deletion_manifest_keys WHERE request_id = $1::uuid AND chunk_no = $2::bigint
-`
-
-type DeletionManifestChunkParams struct {
-	RequestID uuid.UUID
-	ChunkNo   int64
-}
-
-func (q *Queries) DeletionManifestChunk(ctx context.Context, arg DeletionManifestChunkParams) (CommunityDeletionManifestKey, error) {
-	row := q.db.QueryRow(ctx, deletionManifestChunk, arg.RequestID, arg.ChunkNo)
-	var i CommunityDeletionManifestKey
-	err := row.Scan(
-		&i.RequestID,
-		&i.ChunkNo,
-		&i.Prefix,
-		&i.KeyClass,
-		&i.Keys,
-		&i.DeletedAt,
-	)
-	return i, err
-}
-
-const deletionManifestChunkInsert = `-- name: DeletionManifestChunkInsert :exec
-INSERT INTO community_deletion_manifest_keys (request_id, chunk_no, prefix, key_class, keys)
-VALUES ($1::uuid, $2::bigint, $3::text, $4::text, $5::jsonb)
-`
-
-type DeletionManifestChunkInsertParams struct {
-	RequestID uuid.UUID
-	ChunkNo   int64
-	Prefix    string
-	KeyClass  string
-	Keys      json.RawMessage
-}
-
-func (q *Queries) DeletionManifestChunkInsert(ctx context.Context, arg DeletionManifestChunkInsertParams) error {
-	_, err := q.db.Exec(ctx, deletionManifestChunkInsert,
-		arg.RequestID,
-		arg.ChunkNo,
-		arg.Prefix,
-		arg.KeyClass,
-		arg.Keys,
-	)
-	return err
-}
-
-const deletionManifestChunksClear = `-- name: DeletionManifestChunksClear :execrows
-DELETE FROM community_deletion_manifest_keys WHERE request_id = $1::uuid
-`
-
-// Leftovers of an interrupted manifest build (allowed only before the freeze).
-func (q *Queries) DeletionManifestChunksClear(ctx context.Context, requestID uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, deletionManifestChunksClear, requestID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const deletionManifestNextUndeleted = `-- name: DeletionManifestNextUndeleted :one
-SELECT request_id, chunk_no, prefix, key_class, keys, deleted_at FROM community_deletion_manifest_keys
-WHERE request_id = $1::uuid AND deleted_at IS NULL
-ORDER BY chunk_no LIMIT 1
-`
-
-func (q *Queries) DeletionManifestNextUndeleted(ctx context.Context, requestID uuid.UUID) (CommunityDeletionManifestKey, error) {
-	row := q.db.QueryRow(ctx, deletionManifestNextUndeleted, requestID)
-	var i CommunityDeletionManifestKey
-	err := row.Scan(
-		&i.RequestID,
-		&i.ChunkNo,
-		&i.Prefix,
-		&i.KeyClass,
-		&i.Keys,
-		&i.DeletedAt,
-	)
-	return i, err
-}
-
-const deletionManifestProgress = `-- name: DeletionManifestProgress :one
-SELECT count(*)::bigint AS chunks, count(deleted_at)::bigint AS deleted_chunks,
-       coalesce(sum(jsonb_array_length(keys)), 0)::bigint AS keys,
-       coalesce(sum(jsonb_array_length(keys)) FILTER (WHERE deleted_at IS NOT NULL), 0)::bigint AS deleted_keys
-FROM community_deletion_manifest_keys WHERE request_id = $1::uuid
-`
-
-type DeletionManifestProgressRow struct {
-	Chunks        int64
-	DeletedChunks int64
-	Keys          int64
-	DeletedKeys   int64
-}
-
-func (q *Queries) DeletionManifestProgress(ctx context.Context, requestID uuid.UUID) (DeletionManifestProgressRow, error) {
-	row := q.db.QueryRow(ctx, deletionManifestProgress, requestID)
-	var i DeletionManifestProgressRow
-	err := row.Scan(
-		&i.Chunks,
-		&i.DeletedChunks,
-		&i.Keys,
-		&i.DeletedKeys,
-	)
-	return i, err
-}
-
-const deletionMarkDrained = `-- name: DeletionMarkDrained :exec
-SELECT community_deletion_mark_drained($1::uuid, $2::text, $3::bigint, $4::jsonb)
-`
-
-type DeletionMarkDrainedParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	Detail     json.RawMessage
-}
-
-func (q *Queries) DeletionMarkDrained(ctx context.Context, arg DeletionMarkDrainedParams) error {
-	_, err := q.db.Exec(ctx, deletionMarkDrained,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.Detail,
-	)
-	return err
-}
-
-const deletionMarkVerified = `-- name: DeletionMarkVerified :exec
-SELECT community_deletion_mark_verified($1::uuid, $2::text, $3::bigint, $4::jsonb)
-`
-
-type DeletionMarkVerifiedParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	Detail     json.RawMessage
-}
-
-func (q *Queries) DeletionMarkVerified(ctx context.Context, arg DeletionMarkVerifiedParams) error {
-	_, err := q.db.Exec(ctx, deletionMarkVerified,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.Detail,
-	)
-	return err
-}
-
 const deletionRequestAdvance = `-- name: DeletionRequestAdvance :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_advance($1::uuid, $2::text, $3::bigint, $4::text, $5::bigint)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_advance($1::uuid, $2::text, $3::bigint, $4::text, $5::bigint)
 `
 
 type DeletionRequestAdvanceParams struct {
@@ -536,7 +66,7 @@ func (q *Queries) DeletionRequestAdvance(ctx context.Context, arg DeletionReques
 }
 
 const deletionRequestApprove = `-- name: DeletionRequestApprove :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_approve($1::uuid, $2::text, $3::text, $4::bytea)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_approve($1::uuid, $2::text, $3::text, $4::bytea)
 `
 
 type DeletionRequestApproveParams struct {
@@ -585,8 +115,23 @@ func (q *Queries) DeletionRequestApprove(ctx context.Context, arg DeletionReques
 	return i, err
 }
 
+const deletionRequestBeginQuiescing = `-- name: DeletionRequestBeginQuiescing :exec
+SELECT community_deletion_requests_begin_quiescing($1::uuid, $2::text, $3::bigint)
+`
+
+type DeletionRequestBeginQuiescingParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+}
+
+func (q *Queries) DeletionRequestBeginQuiescing(ctx context.Context, arg DeletionRequestBeginQuiescingParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestBeginQuiescing, arg.ID, arg.Owner, arg.Generation)
+	return err
+}
+
 const deletionRequestClaim = `-- name: DeletionRequestClaim :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_claim($1::uuid, $2::text, $3::float8)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_claim($1::uuid, $2::text, $3::float8)
 `
 
 type DeletionRequestClaimParams struct {
@@ -632,8 +177,77 @@ func (q *Queries) DeletionRequestClaim(ctx context.Context, arg DeletionRequestC
 	return i, err
 }
 
+const deletionRequestEnterExecutor = `-- name: DeletionRequestEnterExecutor :one
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_enter_executor($1::uuid, $2::text, $3::bigint, $4::text)
+`
+
+type DeletionRequestEnterExecutorParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+	Stage      string
+}
+
+// Verifies lease and fence and admits this transaction's writes to the
+// fenced community.
+func (q *Queries) DeletionRequestEnterExecutor(ctx context.Context, arg DeletionRequestEnterExecutorParams) (CommunityDeletionRequest, error) {
+	row := q.db.QueryRow(ctx, deletionRequestEnterExecutor,
+		arg.ID,
+		arg.Owner,
+		arg.Generation,
+		arg.Stage,
+	)
+	var i CommunityDeletionRequest
+	err := row.Scan(
+		&i.ID,
+		&i.CommunityID,
+		&i.CommunityHost,
+		&i.Stage,
+		&i.RequestedBy,
+		&i.Reason,
+		&i.InventoryManifest,
+		&i.InventoryDigest,
+		&i.InventoryFrozenAt,
+		&i.DestructiveManifest,
+		&i.DestructiveFrozenAt,
+		&i.FenceGeneration,
+		&i.LeaseOwner,
+		&i.LeaseGeneration,
+		&i.LeaseUntil,
+		&i.Attempts,
+		&i.RetryCount,
+		&i.RetryStage,
+		&i.NextAttemptAt,
+		&i.LastError,
+		&i.LastErrorAt,
+		&i.BlockedAt,
+		&i.BlockedReason,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+	)
+	return i, err
+}
+
+const deletionRequestFence = `-- name: DeletionRequestFence :one
+SELECT community_deletion_requests_fence($1::uuid, $2::text, $3::bigint)::bigint AS fence_generation
+`
+
+type DeletionRequestFenceParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+}
+
+func (q *Queries) DeletionRequestFence(ctx context.Context, arg DeletionRequestFenceParams) (int64, error) {
+	row := q.db.QueryRow(ctx, deletionRequestFence, arg.ID, arg.Owner, arg.Generation)
+	var fence_generation int64
+	err := row.Scan(&fence_generation)
+	return fence_generation, err
+}
+
 const deletionRequestFreezeInventory = `-- name: DeletionRequestFreezeInventory :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_freeze_inventory($1::uuid, $2::jsonb, $3::bytea)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_freeze_inventory($1::uuid, $2::jsonb, $3::bytea)
 `
 
 type DeletionRequestFreezeInventoryParams struct {
@@ -676,6 +290,27 @@ func (q *Queries) DeletionRequestFreezeInventory(ctx context.Context, arg Deleti
 	return i, err
 }
 
+const deletionRequestFreezeObjects = `-- name: DeletionRequestFreezeObjects :exec
+SELECT community_deletion_requests_freeze_objects($1::uuid, $2::text, $3::bigint, $4::jsonb)
+`
+
+type DeletionRequestFreezeObjectsParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+	Manifest   json.RawMessage
+}
+
+func (q *Queries) DeletionRequestFreezeObjects(ctx context.Context, arg DeletionRequestFreezeObjectsParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestFreezeObjects,
+		arg.ID,
+		arg.Owner,
+		arg.Generation,
+		arg.Manifest,
+	)
+	return err
+}
+
 const deletionRequestGet = `-- name: DeletionRequestGet :one
 SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests WHERE id = $1::uuid
 `
@@ -715,7 +350,7 @@ func (q *Queries) DeletionRequestGet(ctx context.Context, id uuid.UUID) (Communi
 }
 
 const deletionRequestHeartbeat = `-- name: DeletionRequestHeartbeat :one
-SELECT community_deletion_heartbeat($1::uuid, $2::text, $3::bigint, $4::text, $5::boolean, $6::float8)::timestamptz AS lease_until
+SELECT community_deletion_requests_heartbeat($1::uuid, $2::text, $3::bigint, $4::text, $5::boolean, $6::float8)::timestamptz AS lease_until
 `
 
 type DeletionRequestHeartbeatParams struct {
@@ -792,8 +427,50 @@ func (q *Queries) DeletionRequestList(ctx context.Context, maxRows int32) ([]Com
 	return items, nil
 }
 
+const deletionRequestMarkDrained = `-- name: DeletionRequestMarkDrained :exec
+SELECT community_deletion_requests_mark_drained($1::uuid, $2::text, $3::bigint, $4::jsonb)
+`
+
+type DeletionRequestMarkDrainedParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+	Detail     json.RawMessage
+}
+
+func (q *Queries) DeletionRequestMarkDrained(ctx context.Context, arg DeletionRequestMarkDrainedParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestMarkDrained,
+		arg.ID,
+		arg.Owner,
+		arg.Generation,
+		arg.Detail,
+	)
+	return err
+}
+
+const deletionRequestMarkVerified = `-- name: DeletionRequestMarkVerified :exec
+SELECT community_deletion_requests_mark_verified($1::uuid, $2::text, $3::bigint, $4::jsonb)
+`
+
+type DeletionRequestMarkVerifiedParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+	Detail     json.RawMessage
+}
+
+func (q *Queries) DeletionRequestMarkVerified(ctx context.Context, arg DeletionRequestMarkVerifiedParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestMarkVerified,
+		arg.ID,
+		arg.Owner,
+		arg.Generation,
+		arg.Detail,
+	)
+	return err
+}
+
 const deletionRequestRecordFailure = `-- name: DeletionRequestRecordFailure :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_record_failure($1::uuid, $2::text, $3::bigint, $4::text,
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_record_failure($1::uuid, $2::text, $3::bigint, $4::text,
     $5::text, $6::boolean, $7::float8, $8::int)
 `
 
@@ -852,7 +529,7 @@ func (q *Queries) DeletionRequestRecordFailure(ctx context.Context, arg Deletion
 }
 
 const deletionRequestRelease = `-- name: DeletionRequestRelease :one
-SELECT community_deletion_release($1::uuid, $2::text, $3::bigint)::boolean AS released
+SELECT community_deletion_requests_release($1::uuid, $2::text, $3::bigint)::boolean AS released
 `
 
 type DeletionRequestReleaseParams struct {
@@ -869,7 +546,7 @@ func (q *Queries) DeletionRequestRelease(ctx context.Context, arg DeletionReques
 }
 
 const deletionRequestSubmit = `-- name: DeletionRequestSubmit :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_submit($1::text, $2::text, $3::text)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_submit($1::text, $2::text, $3::text)
 `
 
 type DeletionRequestSubmitParams struct {
@@ -914,8 +591,29 @@ func (q *Queries) DeletionRequestSubmit(ctx context.Context, arg DeletionRequest
 	return i, err
 }
 
+const deletionRequestTombstone = `-- name: DeletionRequestTombstone :exec
+SELECT community_deletion_requests_tombstone($1::uuid, $2::text, $3::bigint, $4::jsonb)
+`
+
+type DeletionRequestTombstoneParams struct {
+	ID         uuid.UUID
+	Owner      string
+	Generation int64
+	Detail     json.RawMessage
+}
+
+func (q *Queries) DeletionRequestTombstone(ctx context.Context, arg DeletionRequestTombstoneParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestTombstone,
+		arg.ID,
+		arg.Owner,
+		arg.Generation,
+		arg.Detail,
+	)
+	return err
+}
+
 const deletionRequestUnblock = `-- name: DeletionRequestUnblock :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_unblock($1::uuid, $2::text, $3::text)
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_unblock($1::uuid, $2::text, $3::text)
 `
 
 type DeletionRequestUnblockParams struct {
@@ -958,125 +656,19 @@ func (q *Queries) DeletionRequestUnblock(ctx context.Context, arg DeletionReques
 	return i, err
 }
 
-const deletionSchemaLockShared = `-- name: DeletionSchemaLockShared :exec
-SELECT pg_advisory_xact_lock_shared(community_schema_destruction_lock_key())
+const deletionRequestVerifyLease = `-- name: DeletionRequestVerifyLease :one
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_verify_lease($1::uuid, $2::text, $3::bigint, $4::text)
 `
 
-func (q *Queries) DeletionSchemaLockShared(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, deletionSchemaLockShared)
-	return err
-}
-
-const deletionScopedForeignKeys = `-- name: DeletionScopedForeignKeys :many
-SELECT f.child::text AS child, f.parent::text AS parent FROM community_scoped_foreign_keys() f
-`
-
-type DeletionScopedForeignKeysRow struct {
-	Child  string
-	Parent string
-}
-
-func (q *Queries) DeletionScopedForeignKeys(ctx context.Context) ([]DeletionScopedForeignKeysRow, error) {
-	rows, err := q.db.Query(ctx, deletionScopedForeignKeys)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []DeletionScopedForeignKeysRow
-	for rows.Next() {
-		var i DeletionScopedForeignKeysRow
-		if err := rows.Scan(&i.Child, &i.Parent); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionScopedTables = `-- name: DeletionScopedTables :many
-SELECT t::text AS table_name FROM community_scoped_tables() t
-`
-
-func (q *Queries) DeletionScopedTables(ctx context.Context) ([]string, error) {
-	rows, err := q.db.Query(ctx, deletionScopedTables)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var table_name string
-		if err := rows.Scan(&table_name); err != nil {
-			return nil, err
-		}
-		items = append(items, table_name)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const deletionStampChunk = `-- name: DeletionStampChunk :exec
-SELECT community_deletion_stamp_chunk($1::uuid, $2::text, $3::bigint, $4::bigint, $5::jsonb)
-`
-
-type DeletionStampChunkParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	ChunkNo    int64
-	Detail     json.RawMessage
-}
-
-func (q *Queries) DeletionStampChunk(ctx context.Context, arg DeletionStampChunkParams) error {
-	_, err := q.db.Exec(ctx, deletionStampChunk,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.ChunkNo,
-		arg.Detail,
-	)
-	return err
-}
-
-const deletionTombstone = `-- name: DeletionTombstone :exec
-SELECT community_deletion_tombstone($1::uuid, $2::text, $3::bigint, $4::jsonb)
-`
-
-type DeletionTombstoneParams struct {
-	ID         uuid.UUID
-	Owner      string
-	Generation int64
-	Detail     json.RawMessage
-}
-
-func (q *Queries) DeletionTombstone(ctx context.Context, arg DeletionTombstoneParams) error {
-	_, err := q.db.Exec(ctx, deletionTombstone,
-		arg.ID,
-		arg.Owner,
-		arg.Generation,
-		arg.Detail,
-	)
-	return err
-}
-
-const deletionVerifyLease = `-- name: DeletionVerifyLease :one
-SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_verify_lease($1::uuid, $2::text, $3::bigint, $4::text)
-`
-
-type DeletionVerifyLeaseParams struct {
+type DeletionRequestVerifyLeaseParams struct {
 	ID         uuid.UUID
 	Owner      string
 	Generation int64
 	Stage      string
 }
 
-func (q *Queries) DeletionVerifyLease(ctx context.Context, arg DeletionVerifyLeaseParams) (CommunityDeletionRequest, error) {
-	row := q.db.QueryRow(ctx, deletionVerifyLease,
+func (q *Queries) DeletionRequestVerifyLease(ctx context.Context, arg DeletionRequestVerifyLeaseParams) (CommunityDeletionRequest, error) {
+	row := q.db.QueryRow(ctx, deletionRequestVerifyLease,
 		arg.ID,
 		arg.Owner,
 		arg.Generation,
@@ -1114,120 +706,17 @@ func (q *Queries) DeletionVerifyLease(ctx context.Context, arg DeletionVerifyLea
 	return i, err
 }
 
-const deletionVerifyPostgres = `-- name: DeletionVerifyPostgres :exec
-SELECT community_deletion_verify_postgres($1::uuid, $2::text, $3::bigint)
+const deletionRequestVerifyPostgres = `-- name: DeletionRequestVerifyPostgres :exec
+SELECT community_deletion_requests_verify_postgres($1::uuid, $2::text, $3::bigint)
 `
 
-type DeletionVerifyPostgresParams struct {
+type DeletionRequestVerifyPostgresParams struct {
 	ID         uuid.UUID
 	Owner      string
 	Generation int64
 }
 
-func (q *Queries) DeletionVerifyPostgres(ctx context.Context, arg DeletionVerifyPostgresParams) error {
-	_, err := q.db.Exec(ctx, deletionVerifyPostgres, arg.ID, arg.Owner, arg.Generation)
+func (q *Queries) DeletionRequestVerifyPostgres(ctx context.Context, arg DeletionRequestVerifyPostgresParams) error {
+	_, err := q.db.Exec(ctx, deletionRequestVerifyPostgres, arg.ID, arg.Owner, arg.Generation)
 	return err
-}
-
-const servingLeaseAcquire = `-- name: ServingLeaseAcquire :one
-SELECT community_serving_lease_acquire($1::uuid, $2::text, $3::text, $4::float8)::uuid AS lease_id
-`
-
-type ServingLeaseAcquireParams struct {
-	CommunityID  uuid.UUID
-	Operation    string
-	Owner        string
-	LeaseSeconds float64
-}
-
-func (q *Queries) ServingLeaseAcquire(ctx context.Context, arg ServingLeaseAcquireParams) (uuid.UUID, error) {
-	row := q.db.QueryRow(ctx, servingLeaseAcquire,
-		arg.CommunityID,
-		arg.Operation,
-		arg.Owner,
-		arg.LeaseSeconds,
-	)
-	var lease_id uuid.UUID
-	err := row.Scan(&lease_id)
-	return lease_id, err
-}
-
-const servingLeaseGuard = `-- name: ServingLeaseGuard :exec
-SELECT community_serving_lease_guard($1::uuid)
-`
-
-func (q *Queries) ServingLeaseGuard(ctx context.Context, id uuid.UUID) error {
-	_, err := q.db.Exec(ctx, servingLeaseGuard, id)
-	return err
-}
-
-const servingLeaseRelease = `-- name: ServingLeaseRelease :one
-SELECT community_serving_lease_release($1::uuid)::boolean AS released
-`
-
-func (q *Queries) ServingLeaseRelease(ctx context.Context, id uuid.UUID) (bool, error) {
-	row := q.db.QueryRow(ctx, servingLeaseRelease, id)
-	var released bool
-	err := row.Scan(&released)
-	return released, err
-}
-
-const servingLeaseRenew = `-- name: ServingLeaseRenew :one
-SELECT community_serving_lease_renew($1::uuid, $2::float8)::boolean AS renewed
-`
-
-type ServingLeaseRenewParams struct {
-	ID           uuid.UUID
-	LeaseSeconds float64
-}
-
-func (q *Queries) ServingLeaseRenew(ctx context.Context, arg ServingLeaseRenewParams) (bool, error) {
-	row := q.db.QueryRow(ctx, servingLeaseRenew, arg.ID, arg.LeaseSeconds)
-	var renewed bool
-	err := row.Scan(&renewed)
-	return renewed, err
-}
-
-const servingLeasesReap = `-- name: ServingLeasesReap :one
-SELECT community_serving_leases_reap($1::int)::bigint AS reaped
-`
-
-func (q *Queries) ServingLeasesReap(ctx context.Context, maxRows int32) (int64, error) {
-	row := q.db.QueryRow(ctx, servingLeasesReap, maxRows)
-	var reaped int64
-	err := row.Scan(&reaped)
-	return reaped, err
-}
-
-const storageTaxonomySweepInsert = `-- name: StorageTaxonomySweepInsert :one
-INSERT INTO storage_taxonomy_sweeps (started_at, listed_objects, unknown_object_count, unknown_key_sample)
-SELECT least($1::timestamptz, clock_timestamp()), $2::bigint, $3::bigint, $4::jsonb
-WHERE $1::timestamptz <= clock_timestamp() + interval '5 minutes'
-RETURNING id, started_at, completed_at, listed_objects, unknown_object_count, unknown_key_sample
-`
-
-type StorageTaxonomySweepInsertParams struct {
-	StartedAt          time.Time
-	ListedObjects      int64
-	UnknownObjectCount int64
-	UnknownKeySample   json.RawMessage
-}
-
-func (q *Queries) StorageTaxonomySweepInsert(ctx context.Context, arg StorageTaxonomySweepInsertParams) (StorageTaxonomySweep, error) {
-	row := q.db.QueryRow(ctx, storageTaxonomySweepInsert,
-		arg.StartedAt,
-		arg.ListedObjects,
-		arg.UnknownObjectCount,
-		arg.UnknownKeySample,
-	)
-	var i StorageTaxonomySweep
-	err := row.Scan(
-		&i.ID,
-		&i.StartedAt,
-		&i.CompletedAt,
-		&i.ListedObjects,
-		&i.UnknownObjectCount,
-		&i.UnknownKeySample,
-	)
-	return i, err
 }

@@ -313,21 +313,21 @@ func (e *Executor) runStage(ctx context.Context, l lease, row db.CommunityDeleti
 // serving writes), then fence once serving writes drained.
 func (e *Executor) fence(ctx context.Context, l lease, inv Inventory) error {
 	q := db.New(e.pool)
-	scoped, err := q.DeletionScopedTables(ctx)
+	scoped, err := ScopedTables(ctx, e.pool)
 	if err != nil {
 		return err
 	}
-	fenced, err := q.DeletionFencedTables(ctx)
+	fenced, err := FencedTables(ctx, e.pool)
 	if err != nil {
 		return err
 	}
 	if !slices.Equal(sortedCopy(scoped), inv.Schema.ScopedTables) || !slices.Equal(sortedCopy(fenced), inv.Schema.FencedTables) {
 		return permanent("the community-scoped catalog changed since the inventory was approved (now scoped %v, fenced %v)", scoped, fenced)
 	}
-	if err := q.DeletionBeginQuiescing(ctx, db.DeletionBeginQuiescingParams{ID: l.id, Owner: l.owner, Generation: l.gen}); err != nil {
+	if err := q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: l.id, Owner: l.owner, Generation: l.gen}); err != nil {
 		return err
 	}
-	_, err = q.DeletionFence(ctx, db.DeletionFenceParams{ID: l.id, Owner: l.owner, Generation: l.gen})
+	_, err = q.DeletionRequestFence(ctx, db.DeletionRequestFenceParams{ID: l.id, Owner: l.owner, Generation: l.gen})
 	return err
 }
 
@@ -335,7 +335,7 @@ func (e *Executor) fence(ctx context.Context, l lease, inv Inventory) error {
 // build and freeze the post-fence object manifest.
 func (e *Executor) drain(ctx context.Context, l lease, row db.CommunityDeletionRequest) error {
 	err := e.inTx(ctx, func(q *db.Queries, tx pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageFenced}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageFenced}); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "-- name: DeletionNotifyClosed\nSELECT pg_notify($1, $2)", ClosedNotifyChannel, l.community.String())
@@ -358,7 +358,7 @@ func (e *Executor) drain(ctx context.Context, l lease, row db.CommunityDeletionR
 		if err != nil {
 			return err
 		}
-		if err := db.New(e.pool).DeletionFreezeObjects(ctx, db.DeletionFreezeObjectsParams{ID: l.id, Owner: l.owner, Generation: l.gen, Manifest: raw}); err != nil {
+		if err := db.New(e.pool).DeletionRequestFreezeObjects(ctx, db.DeletionRequestFreezeObjectsParams{ID: l.id, Owner: l.owner, Generation: l.gen, Manifest: raw}); err != nil {
 			return err
 		}
 	} else if err := json.Unmarshal(row.DestructiveManifest, &summary); err != nil {
@@ -372,5 +372,5 @@ func (e *Executor) drain(ctx context.Context, l lease, row db.CommunityDeletionR
 		objects += p.ObjectCount
 	}
 	detail, _ := json.Marshal(map[string]any{"objects": objects, "disconnect_notified": true, "redis_published": e.redis != nil})
-	return db.New(e.pool).DeletionMarkDrained(ctx, db.DeletionMarkDrainedParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
+	return db.New(e.pool).DeletionRequestMarkDrained(ctx, db.DeletionRequestMarkDrainedParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
 }

@@ -34,7 +34,7 @@ func testConfig() deletion.Config {
 // JSON, in a stable order.
 func snapshotRows(t *testing.T, f *fixture, community uuid.UUID) map[string]string {
 	t.Helper()
-	tables, err := f.q.DeletionScopedTables(f.ctx)
+	tables, err := deletion.ScopedTables(f.ctx, f.pool)
 	require.NoError(t, err)
 	out := map[string]string{}
 	for _, table := range tables {
@@ -213,7 +213,7 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 			relay.Dial(t, bystanderHost)
 
 			// Evidence stays; a finished request runs no more.
-			cps, err := f.q.DeletionCheckpoints(f.ctx, req.ID)
+			cps, err := f.q.DeletionCheckpointsOfRequest(f.ctx, req.ID)
 			require.NoError(t, err)
 			units := map[string]bool{}
 			for _, c := range cps {
@@ -266,7 +266,7 @@ func TestDeadOwnerLeaseIsTakenOver(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, final.LeaseGeneration)
 
-	_, err = f.q.DeletionEnterExecutor(f.ctx, db.DeletionEnterExecutorParams{ID: req.ID, Owner: "dead-executor", Generation: 1, Stage: deletion.StageFenced})
+	_, err = f.q.DeletionRequestEnterExecutor(f.ctx, db.DeletionRequestEnterExecutorParams{ID: req.ID, Owner: "dead-executor", Generation: 1, Stage: deletion.StageFenced})
 	require.Equal(t, "BZ001", sqlState(err))
 	_, err = f.q.DeletionRequestHeartbeat(f.ctx, db.DeletionRequestHeartbeatParams{ID: req.ID, Owner: "dead-executor", Generation: 1, Mode: "run", LeaseSeconds: 60})
 	require.Equal(t, "BZ001", sqlState(err))
@@ -316,7 +316,7 @@ func TestRetryExhaustionBlocksAndUnblockIsAudited(t *testing.T) {
 	require.Zero(t, u.RetryCount)
 	require.Equal(t, deletion.StageApproved, u.Stage)
 	require.Equal(t, req.InventoryDigest, u.InventoryDigest)
-	cps, err := f.q.DeletionCheckpoints(f.ctx, req.ID)
+	cps, err := f.q.DeletionCheckpointsOfRequest(f.ctx, req.ID)
 	require.NoError(t, err)
 	last := cps[len(cps)-1]
 	require.True(t, strings.HasPrefix(last.UnitKey, "operator_unblock:"))

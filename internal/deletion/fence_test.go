@@ -27,9 +27,9 @@ import (
 func TestFenceCoversEveryCommunityScopedTable(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	scoped, err := f.q.DeletionScopedTables(f.ctx)
+	scoped, err := deletion.ScopedTables(f.ctx, f.pool)
 	require.NoError(t, err)
-	fenced, err := f.q.DeletionFencedTables(f.ctx)
+	fenced, err := deletion.FencedTables(f.ctx, f.pool)
 	require.NoError(t, err)
 	require.Contains(t, scoped, "events")
 	require.Contains(t, scoped, "operator_listener_outbox")
@@ -129,7 +129,7 @@ func TestFenceWaitsForOpenWriterAndRejectsTheNextOne(t *testing.T) {
 
 	quiesced := make(chan error, 1)
 	go func() {
-		quiesced <- f.q.DeletionBeginQuiescing(f.ctx, db.DeletionBeginQuiescingParams{ID: row2.ID, Owner: "tester", Generation: row2.LeaseGeneration})
+		quiesced <- f.q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: row2.ID, Owner: "tester", Generation: row2.LeaseGeneration})
 	}()
 	waitForAdvisoryWaiters(t, f, 1)
 
@@ -308,7 +308,7 @@ func TestServingLeasesDrainBeforeTheFence(t *testing.T) {
 	require.NoError(t, err)
 	req := f.submitAndApprove("lease.example", nil)
 	row := f.claim(req.ID, "tester", 3600e9)
-	require.NoError(t, f.q.DeletionBeginQuiescing(f.ctx, db.DeletionBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
+	require.NoError(t, f.q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
 
 	_, err = f.q.ServingLeaseAcquire(f.ctx, db.ServingLeaseAcquireParams{CommunityID: c, Operation: "media_upload", Owner: "relay-2", LeaseSeconds: 60})
 	require.Equal(t, "55000", sqlState(err), "no new lease while quiescing")
@@ -326,13 +326,13 @@ func TestServingLeasesDrainBeforeTheFence(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	_, err = f.q.DeletionFence(f.ctx, db.DeletionFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
+	_, err = f.q.DeletionRequestFence(f.ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
 	require.Equal(t, "BZ003", sqlState(err), "%v", err)
 	require.Contains(t, err.Error(), "1 live leases (media_upload)")
 	released, err := f.q.ServingLeaseRelease(f.ctx, lease)
 	require.NoError(t, err)
 	require.True(t, released)
-	gen, err := f.q.DeletionFence(f.ctx, db.DeletionFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
+	gen, err := f.q.DeletionRequestFence(f.ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, gen)
 }
@@ -360,9 +360,9 @@ func TestLeaseAcquisitionsCannotStarveQuiescing(t *testing.T) {
 			_, _ = f.q.ServingLeaseRelease(f.ctx, id)
 		}()
 	}
-	require.NoError(t, f.q.DeletionBeginQuiescing(f.ctx, db.DeletionBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
+	require.NoError(t, f.q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
 	wg.Wait()
-	_, err := f.q.DeletionFence(f.ctx, db.DeletionFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
+	_, err := f.q.DeletionRequestFence(f.ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
 	require.NoError(t, err, "every admitted lease was released; none was admitted after quiescing")
 }
 

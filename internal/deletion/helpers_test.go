@@ -115,8 +115,8 @@ func (f *fixture) fence(host string) db.CommunityDeletionRequest {
 	f.t.Helper()
 	req := f.submitAndApprove(host, nil)
 	row := f.claim(req.ID, "tester", time.Hour)
-	require.NoError(f.t, f.q.DeletionBeginQuiescing(f.ctx, db.DeletionBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
-	gen, err := f.q.DeletionFence(f.ctx, db.DeletionFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
+	require.NoError(f.t, f.q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration}))
+	gen, err := f.q.DeletionRequestFence(f.ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "tester", Generation: row.LeaseGeneration})
 	require.NoError(f.t, err)
 	require.EqualValues(f.t, 1, gen)
 	return row

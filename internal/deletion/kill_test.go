@@ -139,7 +139,7 @@ func TestKilledExecutorResumesUnderTheNextGeneration(t *testing.T) {
 	left, err = store.List(f.ctx, "_uploads/"+c.String()+"/")
 	require.NoError(t, err)
 	require.Empty(t, left)
-	cps, err := f.q.DeletionCheckpoints(f.ctx, req.ID)
+	cps, err := f.q.DeletionCheckpointsOfRequest(f.ctx, req.ID)
 	require.NoError(t, err)
 	var chunkDetails []string
 	for _, cp := range cps {

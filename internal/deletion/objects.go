@@ -54,7 +54,7 @@ func (w *chunkWriter) flush() error {
 		return err
 	}
 	err = w.e.inTx(w.ctx, func(q *db.Queries, _ pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(w.ctx, db.DeletionEnterExecutorParams{ID: w.l.id, Owner: w.l.owner, Generation: w.l.gen, Stage: StageFenced}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(w.ctx, db.DeletionRequestEnterExecutorParams{ID: w.l.id, Owner: w.l.owner, Generation: w.l.gen, Stage: StageFenced}); err != nil {
 			return err
 		}
 		return q.DeletionManifestChunkInsert(w.ctx, db.DeletionManifestChunkInsertParams{
@@ -76,7 +76,7 @@ func (w *chunkWriter) flush() error {
 // read back and must hash exactly to the summary returned.
 func (e *Executor) buildManifest(ctx context.Context, l lease) (StorageManifest, error) {
 	if err := e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageFenced}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageFenced}); err != nil {
 			return err
 		}
 		_, err := q.DeletionManifestChunksClear(ctx, l.id)
@@ -226,7 +226,7 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 				return permanent("manifest chunk %d holds key %q outside its prefix", c.ChunkNo, key)
 			}
 		}
-		if _, err := q.DeletionVerifyLease(ctx, db.DeletionVerifyLeaseParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageDrained}); err != nil {
+		if _, err := q.DeletionRequestVerifyLease(ctx, db.DeletionRequestVerifyLeaseParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageDrained}); err != nil {
 			return err
 		}
 		del, miss, keep, err := e.deleteChunk(ctx, l, c.KeyClass, keys)
@@ -244,7 +244,7 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 		}
 		detail, _ := json.Marshal(map[string]any{"prefix": c.Prefix, "class": c.KeyClass, "keys": len(keys),
 			"deleted": del, "already_missing": miss, "kept_shared": keep})
-		if err := q.DeletionStampChunk(ctx, db.DeletionStampChunkParams{ID: l.id, Owner: l.owner, Generation: l.gen, ChunkNo: c.ChunkNo, Detail: detail}); err != nil {
+		if err := q.DeletionManifestChunkStamp(ctx, db.DeletionManifestChunkStampParams{ID: l.id, Owner: l.owner, Generation: l.gen, ChunkNo: c.ChunkNo, Detail: detail}); err != nil {
 			return err
 		}
 		deletedNow += del
@@ -258,13 +258,13 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 	detail, _ := json.Marshal(map[string]any{"deleted_keys": progress.Keys, "removed_now": deletedNow,
 		"already_missing": missing, "kept_shared": kept, "chunks": progress.Chunks})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageDrained}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageDrained}); err != nil {
 			return err
 		}
 		if _, err := q.DeletionRequestAdvance(ctx, db.DeletionRequestAdvanceParams{ID: l.id, Owner: l.owner, Generation: l.gen, FromStage: StageDrained}); err != nil {
 			return err
 		}
-		return q.DeletionCheckpoint(ctx, db.DeletionCheckpointParams{RequestID: l.id, Stage: StageDrained, UnitKey: "remove_storage_bindings",
+		return q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageDrained, UnitKey: "remove_storage_bindings",
 			Status: "completed", Generation: l.gen, Detail: detail})
 	})
 }

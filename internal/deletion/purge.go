@@ -17,12 +17,12 @@ import (
 // purgeOrder sorts the community-scoped tables so that a table comes
 // before every table it references: deleting in this order never trips a
 // foreign key, whatever its ON DELETE action.
-func purgeOrder(ctx context.Context, q *db.Queries) ([]string, error) {
-	tables, err := q.DeletionScopedTables(ctx)
+func purgeOrder(ctx context.Context, conn db.DBTX) ([]string, error) {
+	tables, err := ScopedTables(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
-	edges, err := q.DeletionScopedForeignKeys(ctx)
+	edges, err := scopedForeignKeys(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func purgeOrder(ctx context.Context, q *db.Queries) ([]string, error) {
 // community row into its tombstone.
 func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) error {
 	q := db.New(e.pool)
-	order, err := purgeOrder(ctx, q)
+	order, err := purgeOrder(ctx, e.pool)
 	if err != nil {
 		return err
 	}
@@ -86,10 +86,10 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 		for {
 			var n int64
 			err := e.inTx(ctx, func(q *db.Queries, tx pgx.Tx) error {
-				if err := q.DeletionSchemaLockShared(ctx); err != nil {
+				if err := lockSchemaShared(ctx, tx); err != nil {
 					return err
 				}
-				if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageBindingsRemoved}); err != nil {
+				if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageBindingsRemoved}); err != nil {
 					return err
 				}
 				tag, err := tx.Exec(ctx, sql, l.community, e.cfg.PurgeBatchRows)
@@ -108,14 +108,14 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 			}
 		}
 		detail, _ := json.Marshal(map[string]any{"rows": counts[table]})
-		if err := q.DeletionCheckpoint(ctx, db.DeletionCheckpointParams{RequestID: l.id, Stage: StageBindingsRemoved,
+		if err := q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
 			UnitKey: "purge:" + table, Status: "completed", Generation: l.gen, Detail: detail}); err != nil {
 			return err
 		}
 	}
 	detail, _ := json.Marshal(map[string]any{"rows": counts, "total_rows": deleted})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		return q.DeletionTombstone(ctx, db.DeletionTombstoneParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
+		return q.DeletionRequestTombstone(ctx, db.DeletionRequestTombstoneParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
 	})
 }
 
@@ -144,13 +144,13 @@ func (e *Executor) purgeCache(ctx context.Context, l lease) error {
 	}
 	detail, _ := json.Marshal(map[string]any{"deleted_keys": removed, "redis_configured": e.redis != nil})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StagePostgresPurged}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StagePostgresPurged}); err != nil {
 			return err
 		}
 		if _, err := q.DeletionRequestAdvance(ctx, db.DeletionRequestAdvanceParams{ID: l.id, Owner: l.owner, Generation: l.gen, FromStage: StagePostgresPurged}); err != nil {
 			return err
 		}
-		return q.DeletionCheckpoint(ctx, db.DeletionCheckpointParams{RequestID: l.id, Stage: StagePostgresPurged,
+		return q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StagePostgresPurged,
 			UnitKey: "purge_cache_namespace", Status: "completed", Generation: l.gen, Detail: detail})
 	})
 }
@@ -163,7 +163,7 @@ var errLateObject = errors.New("late object")
 // that deleted: a crash after it repeats the whole proof.
 func (e *Executor) verify(ctx context.Context, l lease, row db.CommunityDeletionRequest) error {
 	if err := e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		return q.DeletionVerifyPostgres(ctx, db.DeletionVerifyPostgresParams{ID: l.id, Owner: l.owner, Generation: l.gen})
+		return q.DeletionRequestVerifyPostgres(ctx, db.DeletionRequestVerifyPostgresParams{ID: l.id, Owner: l.owner, Generation: l.gen})
 	}); err != nil {
 		return err
 	}
@@ -205,7 +205,7 @@ func (e *Executor) verify(ctx context.Context, l lease, row db.CommunityDeletion
 	}
 	detail, _ := json.Marshal(map[string]any{"postgres": true, "object_store": objectProof, "redis": redisProof})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		return q.DeletionMarkVerified(ctx, db.DeletionMarkVerifiedParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
+		return q.DeletionRequestMarkVerified(ctx, db.DeletionRequestMarkVerifiedParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
 	})
 }
 
@@ -253,10 +253,10 @@ func (e *Executor) finish(ctx context.Context, l lease) error {
 			"the communities tombstone row (keeps the host reserved)", "deletion control-plane evidence rows"},
 	})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
-		if _, err := q.DeletionEnterExecutor(ctx, db.DeletionEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageLogicallyVerified}); err != nil {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageLogicallyVerified}); err != nil {
 			return err
 		}
-		if err := q.DeletionCheckpoint(ctx, db.DeletionCheckpointParams{RequestID: l.id, Stage: StageLogicallyVerified,
+		if err := q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageLogicallyVerified,
 			UnitKey: "retention_physical_expiry_pending", Status: "completed", Generation: l.gen, Detail: detail}); err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 // tombstone guard missing. The relay's readiness probe calls it: a relay
 // that could let writes through a fence must not take traffic.
 func CheckReady(ctx context.Context, conn db.DBTX) error {
-	problems, err := db.New(conn).DeletionCatalogProblems(ctx)
+	problems, err := catalogProblems(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("community deletion catalog check: %w", err)
 	}
@@ -22,7 +22,7 @@ func CheckReady(ctx context.Context, conn db.DBTX) error {
 	}
 	parts := make([]string, 0, len(problems))
 	for _, p := range problems {
-		parts = append(parts, p.TableName+": "+p.Problem)
+		parts = append(parts, p.Table+": "+p.Problem)
 	}
 	return fmt.Errorf("community deletion catalog is unsafe: %s", strings.Join(parts, "; "))
 }

@@ -49,12 +49,11 @@ func Submit(ctx context.Context, pool *pgxpool.Pool, store media.Store, host, re
 // BuildInventory reads the live catalog, the community's row counts and a
 // summary of its object keys.
 func BuildInventory(ctx context.Context, pool *pgxpool.Pool, store media.Store, community uuid.UUID) (Inventory, error) {
-	q := db.New(pool)
-	scoped, err := q.DeletionScopedTables(ctx)
+	scoped, err := ScopedTables(ctx, pool)
 	if err != nil {
 		return Inventory{}, err
 	}
-	fenced, err := q.DeletionFencedTables(ctx)
+	fenced, err := FencedTables(ctx, pool)
 	if err != nil {
 		return Inventory{}, err
 	}
