@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -159,9 +160,11 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, err
 }
 
-// Walk visits the prefix's directory tree in lexical order: every key
-// shape under a community prefix has fixed-length components, so lexical
-// path order is ascending key order.
+// Walk visits the prefix's directory tree depth first, each directory's
+// names in sorted order: every key shape under a community prefix has
+// fixed-length components, so this is ascending key order. A directory's
+// names are the only listing held in memory (as bare strings: a
+// community's upload directory holds one entry per blob).
 func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
 	dir := s.root // the whole store
 	if prefix != "" {
@@ -170,32 +173,54 @@ func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, s
 			return err
 		}
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
+	return s.walkDir(ctx, dir, fn)
+}
+
+func (s *FSStore) walkDir(ctx context.Context, dir string, fn func(key string, size int64) error) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for i, name := range names {
+		names[i] = "" // let the walked part of a huge listing go
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if d.IsDir() {
-			if strings.HasPrefix(d.Name(), ".") && p != dir {
-				return filepath.SkipDir
-			}
-			return ctx.Err()
-		}
-		info, err := d.Info()
+		p := filepath.Join(dir, name)
+		info, err := os.Lstat(p)
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil // deleted while walking
+			continue // deleted while walking
 		}
 		if err != nil {
 			return err
+		}
+		if info.IsDir() {
+			if strings.HasPrefix(name, ".") {
+				continue // partial writes
+			}
+			if err := s.walkDir(ctx, p, fn); err != nil {
+				return err
+			}
+			continue
 		}
 		rel, err := filepath.Rel(s.root, p)
 		if err != nil {
 			return err
 		}
-		return fn(filepath.ToSlash(rel), info.Size())
-	})
+		if err := fn(filepath.ToSlash(rel), info.Size()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DeleteKeys removes each file, telling removed from already absent.
