@@ -419,3 +419,36 @@ func TestRelayReadinessNamesAnUnfencedTable(t *testing.T) {
 	status, _ = get()
 	require.Equal(t, http.StatusOK, status)
 }
+
+// Statements that sweep many communities skip a fenced one instead of
+// failing for every community: the outbox claim claims the bystander's
+// row, and the reaper reaps the bystander's old row, while the fenced
+// community's rows stay for its deletion. Kills: dropping
+// community_write_allowed from the outbox claim or the reaper (the whole
+// statement then fails with 55000).
+func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	doomed := f.community("fleet-doomed.test")
+	bystander := f.community("fleet-bystander.test")
+	listener := randomBytes(32)
+	for _, c := range []uuid.UUID{doomed, bystander} {
+		for _, age := range []string{"0", "1 hour"} {
+			_, err := f.pool.Exec(f.ctx, `INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, created_at)
+				VALUES ($1, $2, $3, $4, 9, now(), now() - $5::interval)`, listener, randomBytes(32), c, randomBytes(32), age)
+			require.NoError(t, err)
+		}
+	}
+	f.fence("fleet-doomed.test")
+	claimed, err := f.q.OutboxClaimDue(f.ctx, db.OutboxClaimDueParams{ClaimID: uuid.New(), LeaseMs: 60000, MaxAttempts: 10,
+		RetentionMs: 15 * 60 * 1000, Routable: [][]byte{listener}, MaxRows: 10})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, bystander, claimed[0].CommunityID)
+	reaped, err := f.q.OutboxReapExpired(f.ctx, db.OutboxReapExpiredParams{RetentionMs: 15 * 60 * 1000})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, reaped, "only the bystander's old row")
+	var left int
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM operator_listener_outbox WHERE community_id = $1`, doomed).Scan(&left))
+	require.Equal(t, 2, left)
+}
