@@ -452,3 +452,38 @@ func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM operator_listener_outbox WHERE community_id = $1`, doomed).Scan(&left))
 	require.Equal(t, 2, left)
 }
+
+// The serving-lease reaper deletes expired leases of every community,
+// tombstoned ones included, a bounded number per call. Kills: a reaper
+// without its bound, or one that skips non-active communities.
+func TestServingLeaseReaperIsBoundedAndGlobal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	live := f.community("reap-live.test")
+	gone := f.community("reap-gone.test")
+	for _, c := range []uuid.UUID{live, live, gone} {
+		_, err := f.q.ServingLeaseAcquire(f.ctx, db.ServingLeaseAcquireParams{CommunityID: c, Operation: "op", Owner: "r", LeaseSeconds: 0.001})
+		require.NoError(t, err)
+	}
+	keep, err := f.q.ServingLeaseAcquire(f.ctx, db.ServingLeaseAcquireParams{CommunityID: live, Operation: "op", Owner: "r", LeaseSeconds: 3600})
+	require.NoError(t, err)
+	out, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, Config: deletion.DefaultConfig()}).Run(f.ctx, f.submitAndApprove("reap-gone.test", nil).ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageRetentionPending, out.Stage, "expired leases do not hold the fence")
+	eventually(t, func() bool {
+		var expired int
+		return f.pool.QueryRow(f.ctx, `SELECT count(*) FROM community_serving_write_leases WHERE lease_until < now()`).Scan(&expired) == nil && expired == 3
+	}, "leases to expire")
+	n, err := f.q.ServingLeasesReap(f.ctx, 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "bounded")
+	n, err = f.q.ServingLeasesReap(f.ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	var left []uuid.UUID
+	rows, err := f.pool.Query(f.ctx, `SELECT id FROM community_serving_write_leases`)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{keep}, left)
+}

@@ -63,4 +63,32 @@ func TestRunbookShowsStagesLeasesBlocksAndChunks(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`midway.test\s*\|\s*2\s*\|\s*0\s*\|\s*3\s*\|`), text, "chunk progress")
 	require.Contains(t, text, "bucket permission denied", "blocked and why")
 	require.Regexp(t, regexp.MustCompile(`midway.test\s*\|\s*fenced\s*\|\s*1\s*\|`), text, "the community is fenced")
+
+	// While the manifest is frozen and execution runs, its chunks only take
+	// the one-way deleted stamp: no new chunk, no rewrite, no removal, and
+	// the frozen summary never changes.
+	for _, stmt := range []string{
+		`INSERT INTO community_deletion_manifest_keys (request_id, chunk_no, prefix, key_class, keys) VALUES ($1, 9, '_meta/x/', 'binding', '["k"]')`,
+		`UPDATE community_deletion_manifest_keys SET keys = '["other"]' WHERE request_id = $1 AND chunk_no = 0`,
+		`DELETE FROM community_deletion_manifest_keys WHERE request_id = $1`,
+		`UPDATE community_deletion_requests SET destructive_manifest = '{}' WHERE id = $1`,
+	} {
+		_, err := f.pool.Exec(f.ctx, stmt, midway.ID)
+		require.Equal(t, "23000", sqlState(err), "%s: %v", stmt, err)
+	}
+	_, err = f.pool.Exec(f.ctx, `UPDATE community_deletion_manifest_keys SET deleted_at = now() WHERE request_id = $1 AND chunk_no = 1`, midway.ID)
+	require.NoError(t, err, "the stamp")
+	_, err = f.pool.Exec(f.ctx, `UPDATE community_deletion_manifest_keys SET deleted_at = NULL WHERE request_id = $1 AND chunk_no = 1`, midway.ID)
+	require.Equal(t, "23000", sqlState(err), "the stamp is one-way")
+
+	// A shutdown mid-stage hands the request back: no lease, no failure
+	// counted.
+	cancel()
+	require.NoError(t, <-done)
+	done <- nil
+	after, err := f.q.DeletionRequestGet(f.ctx, midway.ID)
+	require.NoError(t, err)
+	require.Nil(t, after.LeaseOwner)
+	require.Zero(t, after.RetryCount)
+	require.Nil(t, after.LastError)
 }
