@@ -858,6 +858,31 @@ BEGIN
 END
 $$;
 
+-- Blocks a request whose executor could not even start (the object store
+-- or Redis could not be reached or configured), so the failure is on
+-- record without any lease; repeated attempts count up on one checkpoint.
+CREATE FUNCTION community_deletion_requests_block_preclaim(request uuid, message text)
+    RETURNS community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.stage = 'retention_pending' OR r.lease_until >= now() THEN
+        RAISE EXCEPTION 'deletion request % is missing, finished or leased', request USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'pre_claim:service_setup', 'failed', r.lease_generation,
+                                                  jsonb_build_object('error', message), message);
+    UPDATE community_deletion_requests
+    SET blocked_at = coalesce(blocked_at, now()), blocked_reason = coalesce(blocked_reason, message),
+        last_error = message, last_error_at = now()
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
 -- Opens a request for an active community. Retrying the same submit
 -- returns the request it already made.
 CREATE FUNCTION community_deletion_requests_submit(target_host text, requester text, why text)
@@ -1267,6 +1292,7 @@ DROP FUNCTION community_deletion_requests_begin_quiescing(uuid, text, bigint);
 DROP FUNCTION community_deletion_requests_approve(uuid, text, text, bytea);
 DROP FUNCTION community_deletion_requests_freeze_inventory(uuid, jsonb, bytea);
 DROP FUNCTION community_deletion_requests_submit(text, text, text);
+DROP FUNCTION community_deletion_requests_block_preclaim(uuid, text);
 DROP FUNCTION community_deletion_requests_unblock(uuid, text, text);
 DROP FUNCTION community_deletion_requests_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer);
 DROP FUNCTION community_deletion_requests_advance(uuid, text, bigint, text, bigint);

@@ -65,3 +65,6 @@ SELECT community_deletion_requests_verify_postgres(@id::uuid, @owner::text, @gen
 
 -- name: DeletionRequestMarkVerified :exec
 SELECT community_deletion_requests_mark_verified(@id::uuid, @owner::text, @generation::bigint, @detail::jsonb);
+
+-- name: DeletionRequestBlockPreclaim :one
+SELECT * FROM community_deletion_requests_block_preclaim(@id::uuid, @message::text);

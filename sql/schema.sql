@@ -610,6 +610,32 @@ $$;
 
 
 --
+-- Name: community_deletion_requests_block_preclaim(uuid, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_block_preclaim(request uuid, message text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.stage = 'retention_pending' OR r.lease_until >= now() THEN
+        RAISE EXCEPTION 'deletion request % is missing, finished or leased', request USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'pre_claim:service_setup', 'failed', r.lease_generation,
+                                                  jsonb_build_object('error', message), message);
+    UPDATE community_deletion_requests
+    SET blocked_at = coalesce(blocked_at, now()), blocked_reason = coalesce(blocked_reason, message),
+        last_error = message, last_error_at = now()
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
 -- Name: community_deletion_requests_claim(uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 

@@ -314,7 +314,15 @@ func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID stri
 	}
 	svc, err := services(ctx, getenv, true)
 	if err != nil {
-		return fmt.Errorf("deletion services: %w", err)
+		err = fmt.Errorf("deletion services: %w", err)
+		if verb == "run" {
+			// On record, without a lease: the operator fixes the setting
+			// and unblocks.
+			if _, berr := db.New(pool).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: id, Message: err.Error()}); berr != nil {
+				err = errors.Join(err, berr)
+			}
+		}
+		return exitError{code: exitRunFailed, err: err}
 	}
 	defer svc.close()
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)

@@ -111,3 +111,53 @@ func TestDeletionsCommands(t *testing.T) {
 	require.Equal(t, exitRunFailed, exit.code, "an unknown key makes the sweep exit 1")
 	require.Contains(t, out, "stray/file.txt")
 }
+
+// A run that cannot reach its services blocks the request on record,
+// without taking a lease; repeated attempts count up on one checkpoint,
+// and unblock clears it. Kills: a run that fails without recording why.
+func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := map[string]string{"BUZZ_DATABASE_URL": url, "BUZZ_REDIS_URL": "redis://127.0.0.1:1/0"}
+	getenv := func(k string) string { return env[k] }
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, args, getenv, &out)
+		return out.String(), err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = db.New(pool).CommunityCreate(ctx, "cli-nosvc.test")
+	require.NoError(t, err)
+	out, err := cmd("deletions", "submit", "--host", "cli-nosvc.test", "--requested-by", "ops")
+	require.NoError(t, err)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	_, err = cmd("deletions", "approve", req.ID.String(), "--approved-by", "lead")
+	require.NoError(t, err)
+	for i := 0; i < 2; i++ {
+		_, err = cmd("deletions", "run", req.ID.String())
+		var exit exitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, exitRunFailed, exit.code)
+		require.ErrorContains(t, err, "redis")
+	}
+	out, err = cmd("deletions", "inspect", req.ID.String())
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.NotNil(t, req.BlockedReason)
+	require.Contains(t, *req.BlockedReason, "redis")
+	require.Nil(t, req.LeaseOwner)
+	var setup *checkpointRow
+	for i := range req.Checkpoints {
+		if req.Checkpoints[i].UnitKey == "pre_claim:service_setup" {
+			setup = &req.Checkpoints[i]
+		}
+	}
+	require.NotNil(t, setup)
+	require.EqualValues(t, 2, setup.Attempts)
+	_, err = cmd("deletions", "unblock", req.ID.String(), "--unblocked-by", "oncall", "--reason", "redis is back")
+	require.NoError(t, err)
+}

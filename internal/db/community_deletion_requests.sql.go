@@ -130,6 +130,49 @@ func (q *Queries) DeletionRequestBeginQuiescing(ctx context.Context, arg Deletio
 	return err
 }
 
+const deletionRequestBlockPreclaim = `-- name: DeletionRequestBlockPreclaim :one
+SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_block_preclaim($1::uuid, $2::text)
+`
+
+type DeletionRequestBlockPreclaimParams struct {
+	ID      uuid.UUID
+	Message string
+}
+
+func (q *Queries) DeletionRequestBlockPreclaim(ctx context.Context, arg DeletionRequestBlockPreclaimParams) (CommunityDeletionRequest, error) {
+	row := q.db.QueryRow(ctx, deletionRequestBlockPreclaim, arg.ID, arg.Message)
+	var i CommunityDeletionRequest
+	err := row.Scan(
+		&i.ID,
+		&i.CommunityID,
+		&i.CommunityHost,
+		&i.Stage,
+		&i.RequestedBy,
+		&i.Reason,
+		&i.InventoryManifest,
+		&i.InventoryDigest,
+		&i.InventoryFrozenAt,
+		&i.DestructiveManifest,
+		&i.DestructiveFrozenAt,
+		&i.FenceGeneration,
+		&i.LeaseOwner,
+		&i.LeaseGeneration,
+		&i.LeaseUntil,
+		&i.Attempts,
+		&i.RetryCount,
+		&i.RetryStage,
+		&i.NextAttemptAt,
+		&i.LastError,
+		&i.LastErrorAt,
+		&i.BlockedAt,
+		&i.BlockedReason,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+	)
+	return i, err
+}
+
 const deletionRequestClaim = `-- name: DeletionRequestClaim :one
 SELECT id, community_id, community_host, stage, requested_by, reason, inventory_manifest, inventory_digest, inventory_frozen_at, destructive_manifest, destructive_frozen_at, fence_generation, lease_owner, lease_generation, lease_until, attempts, retry_count, retry_stage, next_attempt_at, last_error, last_error_at, blocked_at, blocked_reason, created_at, updated_at, completed_at FROM community_deletion_requests_claim($1::uuid, $2::text, $3::float8)
 `
