@@ -72,11 +72,12 @@ func insertEvents(b *testing.B, pool *pgxpool.Pool, community uuid.UUID, n int) 
 	}
 }
 
-// Deleting a community of 10,001 objects and 1,000,000 events, and one of
-// 100,001 objects and no events (peak heap should not grow with objects).
+// Deleting a community of 10,001 objects and 1,000,000 events, and ones of
+// 10,001 and 100,001 objects without events (to compare peak heap against
+// the object count).
 // Run: go run ./internal/dbtest/withcluster -- go test -run '^$' -bench BenchmarkDeleteCommunity -benchtime 1x ./internal/deletion/
 func BenchmarkDeleteCommunity(b *testing.B) {
-	for _, size := range []struct{ objects, events int }{{10001, 1000000}, {100001, 0}} {
+	for _, size := range []struct{ objects, events int }{{10001, 1000000}, {10001, 0}, {100001, 0}} {
 		b.Run(fmt.Sprintf("objects=%d/events=%d", size.objects, size.events), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
