@@ -8,9 +8,10 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 )
 
-// Statements over the catalog functions of migration 016. They read the
-// live catalog, no table of their own, so they live here rather than in a
-// per-table query file; each carries its name like a generated query.
+// Statements over the catalog functions of the community_deletion
+// migration. They read the live catalog, no table of their own, so they
+// live here rather than in a per-table query file; each carries its name
+// like a generated query.
 
 // ScopedTables are the community-scoped tables the catalog holds now.
 func ScopedTables(ctx context.Context, conn db.DBTX) ([]string, error) {

@@ -4,9 +4,10 @@
 // references), and its Redis keys, leaving the communities row as a
 // permanent tombstone that keeps the host reserved.
 //
-// The safety rules live in SQL (migration 016): the write fence on every
-// community-scoped table, the stage machine, approvals bound to an exact
-// inventory digest, executor leases with generations. This package runs
+// The safety rules live in SQL (the community_deletion migration): the
+// write fence on every community-scoped table, the stage machine,
+// approvals bound to an exact inventory digest, executor leases with
+// generations. This package runs
 // the stages an operator starts with `buzz-admin deletions run|drain`.
 package deletion
 
