@@ -60,3 +60,6 @@ SELECT id
 FROM communities
 WHERE id = ANY(@ids::uuid[])
   AND deletion_state IN ('fenced', 'tombstone');
+
+-- name: CommunityByID :one
+SELECT * FROM communities WHERE id = @id::uuid;

@@ -55,7 +55,9 @@ WHERE id = @id::uuid AND claim_id = @claim_id::uuid AND state = 'sending';
 -- them (including a row whose worker is still sending: its completion is
 -- then fenced out).
 DELETE FROM operator_listener_outbox
-WHERE created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint;
+WHERE created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint
+  -- A community being deleted is skipped (its deletion removes the rows).
+  AND community_write_allowed(community_id);
 
 -- name: OutboxBacklogByListener :many
 -- Undelivered rows per listener, for buzz-admin (all listeners when

@@ -19,6 +19,8 @@ WITH candidates AS (
       AND (o.state = 'pending'
            OR (o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
       AND o.listener_pubkey = ANY(@routable::bytea[])
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(o.community_id)
     ORDER BY o.next_attempt_at, o.created_at, o.id
     LIMIT @max_rows::int
     FOR UPDATE OF o SKIP LOCKED
@@ -53,6 +55,8 @@ WITH candidates AS (
       AND (o.state = 'pending'
            OR (o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
       AND o.listener_pubkey = ANY(@routable::bytea[])
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(o.community_id)
       AND o.id = ANY(@ids::uuid[])
     ORDER BY o.next_attempt_at, o.created_at, o.id
     LIMIT @max_rows::int

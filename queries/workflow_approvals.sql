@@ -28,6 +28,8 @@ WHERE community_id = @community_id::uuid AND token = @token::bytea AND status = 
 UPDATE workflow_approvals
 SET status = 'expired'
 WHERE status = 'pending' AND expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+  -- A community being deleted is skipped (its deletion removes the rows).
+  AND community_write_allowed(community_id)
 RETURNING community_id, run_id;
 
 -- name: WorkflowApprovalsOfRun :many

@@ -13,6 +13,8 @@ WITH candidates AS (
     FROM workflow_runs r
     WHERE ((r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now()))
            OR (r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
@@ -43,6 +45,8 @@ WITH candidates AS (
     FROM workflow_runs r
     WHERE ((r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now()))
            OR (r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
       AND r.id = ANY(@ids::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int

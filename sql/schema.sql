@@ -101,6 +101,103 @@ CREATE TYPE public.workflow_status AS ENUM (
 
 
 --
+-- Name: assert_community_write_allowed(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.assert_community_write_allowed(community uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    state text;
+    generation bigint;
+    executor_community text;
+    executor_generation text;
+    executor_lease text;
+    lease_id text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'community writes require READ COMMITTED isolation (this transaction is %)',
+            current_setting('transaction_isolation') USING ERRCODE = '25000';
+    END IF;
+    IF community IS NULL THEN
+        RETURN;
+    END IF;
+    -- Shared: writers do not wait for each other, only for a fence in
+    -- progress; each statement below reads state committed after the wait.
+    PERFORM pg_advisory_xact_lock_shared(community_deletion_lock_key(community));
+    SELECT c.deletion_state, c.deletion_fence_generation INTO state, generation
+    FROM communities c WHERE c.id = community;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'community write rejected: community % is missing', community USING ERRCODE = '55000';
+    END IF;
+    IF state = 'active' THEN
+        RETURN;
+    END IF;
+    -- The deletion executor, presenting the current fence generation and a
+    -- live lease of its request: a dead executor's late write carries an
+    -- old lease generation and fails here.
+    executor_community := current_setting('buzz.deletion_executor_community', true);
+    executor_generation := current_setting('buzz.deletion_fence_generation', true);
+    executor_lease := current_setting('buzz.deletion_lease_generation', true);
+    IF executor_community = community::text
+       AND executor_generation ~ '^[0-9]{1,18}$' AND executor_generation::bigint = generation
+       AND executor_lease ~ '^[0-9]{1,18}$'
+       AND EXISTS (SELECT FROM community_deletion_requests r
+                   WHERE r.community_id = community
+                     AND r.lease_generation = executor_lease::bigint
+                     AND r.lease_until >= now()
+                     AND r.blocked_at IS NULL) THEN
+        RETURN;
+    END IF;
+    -- A serving write admitted before quiescing may finish its database
+    -- step under its still-valid lease.
+    IF state = 'quiescing' THEN
+        lease_id := current_setting('buzz.serving_write_lease_id', true);
+        IF lease_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+           AND EXISTS (SELECT FROM community_serving_write_leases l
+                       WHERE l.id = lease_id::uuid AND l.community_id = community
+                         AND l.fence_generation = generation AND l.lease_until >= now()) THEN
+            RETURN;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'community write fenced: community % is % (generation %)', community, state, generation
+        USING ERRCODE = '55000';
+END
+$_$;
+
+
+--
+-- Name: attach_community_write_fence(regclass); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.attach_community_write_fence(target regclass) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    rel record;
+BEGIN
+    SELECT c.relname, c.relkind, c.relispartition, n.nspname INTO rel
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = target;
+    IF rel.relkind NOT IN ('r', 'p') OR rel.relispartition OR rel.nspname <> current_schema() THEN
+        RAISE EXCEPTION 'community write fence: % is not a table (or partitioned parent) in schema %', target, current_schema()
+            USING ERRCODE = '42809';
+    END IF;
+    IF community_write_fence_excluded_table(rel.relname) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = target AND a.attname = 'community_id' AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'community write fence: % has no community_id column', target USING ERRCODE = '42703';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = target AND t.tgname = '_community_write_fence') THEN
+        EXECUTE format('CREATE TRIGGER _community_write_fence BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION enforce_community_write_fence()', target);
+    END IF;
+END
+$$;
+
+
+--
 -- Name: channel_members_keep_an_owner(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -162,6 +259,1125 @@ $$;
 --
 
 COMMENT ON FUNCTION public.communities_announce_closed() IS 'Tells every relay listening on buzz_community_closed to close the community''s live connections.';
+
+
+--
+-- Name: communities_tombstone_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.communities_tombstone_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    executor_community text := current_setting('buzz.deletion_executor_community', true);
+    executor_generation text := current_setting('buzz.deletion_fence_generation', true);
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.deletion_state = 'active' AND OLD.deleted_at IS NULL THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'tombstones are permanent: community % is %', OLD.id, OLD.deletion_state USING ERRCODE = '55000';
+    END IF;
+    IF executor_community = OLD.id::text AND executor_generation ~ '^[0-9]{1,18}$'
+       AND executor_generation::bigint = greatest(NEW.deletion_fence_generation, OLD.deletion_fence_generation)
+       AND current_setting('buzz.deletion_lease_generation', true) ~ '^[0-9]{1,18}$'
+       AND EXISTS (SELECT FROM community_deletion_requests r
+                   WHERE r.community_id = OLD.id
+                     AND r.lease_generation = current_setting('buzz.deletion_lease_generation', true)::bigint
+                     AND r.lease_until >= now() AND r.blocked_at IS NULL) THEN
+        RETURN NEW;
+    END IF;
+    IF OLD.deletion_state <> 'active'
+       OR NEW.deletion_state IS DISTINCT FROM OLD.deletion_state
+       OR NEW.deletion_fence_generation IS DISTINCT FROM OLD.deletion_fence_generation
+       OR NEW.deleted_at IS DISTINCT FROM OLD.deleted_at THEN
+        RAISE EXCEPTION 'community % is % and only its deletion executor may change its lifecycle', OLD.id, OLD.deletion_state
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN NEW;
+END
+$_$;
+
+
+--
+-- Name: community_deletion_approvals_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_approvals_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'approval evidence is immutable' USING ERRCODE = '23000';
+END
+$$;
+
+
+--
+-- Name: community_deletion_assert_postgres_absent(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_assert_postgres_absent(community uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    t text;
+    problems text;
+    present boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(community_schema_destruction_lock_key());
+    SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
+    IF problems IS NOT NULL THEN
+        RAISE EXCEPTION 'catalog drift: %', problems USING ERRCODE = 'BZ002';
+    END IF;
+    FOR t IN SELECT community_scoped_tables() LOOP
+        EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE community_id = $1)', t) INTO present USING community;
+        IF present THEN
+            RAISE EXCEPTION 'community % still has rows in %', community, t USING ERRCODE = 'BZ002';
+        END IF;
+    END LOOP;
+END
+$_$;
+
+
+--
+-- Name: community_deletion_catalog_problems(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_catalog_problems() RETURNS TABLE(table_name text, problem text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT s, 'community-scoped table has no enabled write fence (call attach_community_write_fence)'
+    FROM community_scoped_tables() s
+    WHERE s NOT IN (SELECT community_fenced_tables())
+    UNION ALL
+    SELECT 'communities', 'tombstone guard trigger is missing or disabled'
+    WHERE NOT EXISTS (SELECT FROM pg_trigger t
+                      WHERE t.tgrelid = 'communities'::regclass AND t.tgname = 'communities_tombstone_guard'
+                        AND t.tgenabled = 'O')
+    ORDER BY 1
+$$;
+
+
+--
+-- Name: community_deletion_checkpoints_upsert(uuid, text, text, text, bigint, jsonb, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_checkpoints_upsert(request uuid, stage text, unit_key text, status text, generation bigint, detail jsonb, error text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO community_deletion_checkpoints AS k (request_id, stage, unit_key, status, lease_generation, detail, error, completed_at)
+    VALUES (request, stage, unit_key, status, greatest(generation, 1), coalesce(detail, '{}'), error,
+            CASE WHEN status = 'completed' THEN now() END)
+    ON CONFLICT (request_id, stage, unit_key) DO UPDATE
+    SET status = EXCLUDED.status, lease_generation = EXCLUDED.lease_generation, detail = EXCLUDED.detail,
+        error = EXCLUDED.error, completed_at = EXCLUDED.completed_at, attempts = k.attempts + 1
+$$;
+
+
+--
+-- Name: community_deletion_executor_heartbeats_beat(text, text, uuid, bigint, text, boolean, boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_executor_heartbeats_beat(executor text, mode text, request uuid, generation bigint, stage text, draining boolean, stopped boolean) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO community_deletion_executor_heartbeats AS h
+        (executor_id, mode, request_id, lease_generation, stage, draining, stopped_at)
+    VALUES (executor, mode, request, generation, stage, draining, CASE WHEN stopped THEN now() END)
+    ON CONFLICT (executor_id) DO UPDATE
+    SET mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, lease_generation = EXCLUDED.lease_generation,
+        stage = EXCLUDED.stage, heartbeat_at = now(), draining = EXCLUDED.draining, stopped_at = EXCLUDED.stopped_at
+$$;
+
+
+--
+-- Name: community_deletion_lock_key(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_lock_key(community uuid) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT hashtextextended('buzz-community-deletion:' || community::text, 0) $$;
+
+
+--
+-- Name: community_deletion_manifest_keys_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_manifest_keys_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req record;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.deleted_at IS NOT NULL OR NEW.deleted_at IS NULL
+           OR NEW.request_id <> OLD.request_id OR NEW.chunk_no <> OLD.chunk_no OR NEW.prefix <> OLD.prefix
+           OR NEW.key_class <> OLD.key_class OR NEW.keys <> OLD.keys THEN
+            RAISE EXCEPTION 'manifest chunk %/%: only the one-way deleted stamp may change', OLD.request_id, OLD.chunk_no
+                USING ERRCODE = '23000';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = NEW.request_id FOR UPDATE;
+        IF NOT FOUND OR req.stage <> 'fenced' OR req.destructive_frozen_at IS NOT NULL THEN
+            RAISE EXCEPTION 'manifest chunk %/%: chunks are written only between the fence and the manifest freeze', NEW.request_id, NEW.chunk_no
+                USING ERRCODE = '23000';
+        END IF;
+        RETURN NEW;
+    END IF;
+    SELECT stage, destructive_frozen_at INTO req FROM community_deletion_requests WHERE id = OLD.request_id FOR UPDATE;
+    IF NOT FOUND OR req.destructive_frozen_at IS NULL OR req.stage IN ('logically_verified', 'retention_pending') THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'manifest chunk %/% cannot be removed mid-execution', OLD.request_id, OLD.chunk_no USING ERRCODE = '23000';
+END
+$$;
+
+
+--
+-- Name: community_deletion_manifest_keys_stamp(uuid, text, bigint, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_manifest_keys_stamp(request uuid, owner text, generation bigint, chunk bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'drained');
+    UPDATE community_deletion_manifest_keys SET deleted_at = now()
+    WHERE request_id = request AND chunk_no = chunk AND deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'deletion request %: chunk % is missing or already stamped', request, chunk USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, 'drained', 'chunk:' || chunk, 'completed', generation, detail, NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_next_stage(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_next_stage(stage text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE stage
+        WHEN 'submitted' THEN 'inventoried'
+        WHEN 'inventoried' THEN 'approved'
+        WHEN 'approved' THEN 'fenced'
+        WHEN 'fenced' THEN 'drained'
+        WHEN 'drained' THEN 'bindings_removed'
+        WHEN 'bindings_removed' THEN 'postgres_purged'
+        WHEN 'postgres_purged' THEN 'cache_purged'
+        WHEN 'cache_purged' THEN 'logically_verified'
+        WHEN 'logically_verified' THEN 'retention_pending'
+    END
+$$;
+
+
+--
+-- Name: community_deletion_raise_stale(uuid, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_raise_stale(request uuid, generation bigint, stage text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'stale deletion lease: request % generation % no longer owns stage %', request, generation, stage
+        USING ERRCODE = 'BZ001';
+END
+$$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: community_deletion_requests; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_deletion_requests (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    community_id uuid NOT NULL,
+    community_host text NOT NULL,
+    stage text DEFAULT 'submitted'::text NOT NULL,
+    requested_by text NOT NULL,
+    reason text,
+    inventory_manifest jsonb,
+    inventory_digest bytea,
+    inventory_frozen_at timestamp with time zone,
+    destructive_manifest jsonb,
+    destructive_frozen_at timestamp with time zone,
+    fence_generation bigint,
+    lease_owner text,
+    lease_generation bigint DEFAULT 0 NOT NULL,
+    lease_until timestamp with time zone,
+    attempts integer DEFAULT 0 NOT NULL,
+    retry_count integer DEFAULT 0 NOT NULL,
+    retry_stage text,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_error text,
+    last_error_at timestamp with time zone,
+    blocked_at timestamp with time zone,
+    blocked_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    CONSTRAINT community_deletion_requests_blocked_shape CHECK (((blocked_at IS NULL) = (blocked_reason IS NULL))),
+    CONSTRAINT community_deletion_requests_destructive_frozen CHECK (((destructive_frozen_at IS NULL) = (destructive_manifest IS NULL))),
+    CONSTRAINT community_deletion_requests_digest_len CHECK ((octet_length(inventory_digest) = 32)),
+    CONSTRAINT community_deletion_requests_fence_generation_positive CHECK ((fence_generation > 0)),
+    CONSTRAINT community_deletion_requests_inventory_frozen CHECK ((((inventory_frozen_at IS NULL) = (inventory_digest IS NULL)) AND ((inventory_frozen_at IS NULL) = (inventory_manifest IS NULL)))),
+    CONSTRAINT community_deletion_requests_lease_generation_nonnegative CHECK ((lease_generation >= 0)),
+    CONSTRAINT community_deletion_requests_lease_shape CHECK (((lease_owner IS NULL) = (lease_until IS NULL))),
+    CONSTRAINT community_deletion_requests_requested_by_set CHECK ((btrim(requested_by) <> ''::text)),
+    CONSTRAINT community_deletion_requests_stage_known CHECK ((stage = ANY (ARRAY['submitted'::text, 'inventoried'::text, 'approved'::text, 'fenced'::text, 'drained'::text, 'bindings_removed'::text, 'postgres_purged'::text, 'cache_purged'::text, 'logically_verified'::text, 'retention_pending'::text])))
+);
+
+
+--
+-- Name: TABLE community_deletion_requests; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.community_deletion_requests IS 'Whole-community deletions, one per community; rows are never deleted (evidence).';
+
+
+--
+-- Name: community_deletion_requests_advance(uuid, text, bigint, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_advance(request uuid, owner text, generation bigint, from_stage text, new_fence_generation bigint) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    to_stage text := community_deletion_next_stage(from_stage);
+BEGIN
+    UPDATE community_deletion_requests
+    SET stage = to_stage,
+        fence_generation = coalesce(fence_generation, new_fence_generation),
+        retry_count = 0, retry_stage = NULL, last_error = NULL, last_error_at = NULL,
+        completed_at = CASE WHEN to_stage = 'retention_pending' THEN now() END,
+        lease_owner = CASE WHEN to_stage = 'retention_pending' THEN NULL ELSE lease_owner END,
+        lease_until = CASE WHEN to_stage = 'retention_pending' THEN NULL ELSE lease_until END
+    WHERE id = request AND stage = from_stage AND lease_owner = owner AND lease_generation = generation
+      AND lease_until >= now() AND blocked_at IS NULL
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM community_deletion_raise_stale(request, generation, from_stage);
+    END IF;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_approve(uuid, text, text, bytea); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_approve(request uuid, approver text, approval_note text, recomputed_digest bytea) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.stage <> 'inventoried' OR r.blocked_at IS NOT NULL THEN
+        RAISE EXCEPTION 'deletion request % is not waiting for approval', request USING ERRCODE = 'BZ002';
+    END IF;
+    IF r.inventory_digest <> recomputed_digest THEN
+        RAISE EXCEPTION 'deletion request %: the inventory does not hash to its stored digest', request USING ERRCODE = 'BZ002';
+    END IF;
+    INSERT INTO community_deletion_approvals (request_id, community_id, inventory_digest, approved_by, note)
+    VALUES (r.id, r.community_id, r.inventory_digest, approver, approval_note);
+    UPDATE community_deletion_requests SET stage = 'approved', next_attempt_at = now()
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_begin_quiescing(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_begin_quiescing(request uuid, owner text, generation bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    c communities;
+BEGIN
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
+    PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
+    SELECT * INTO c FROM communities WHERE id = r.community_id FOR UPDATE;
+    IF c.deletion_state = 'quiescing' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('buzz.deletion_executor_community', c.id::text, true);
+    PERFORM set_config('buzz.deletion_fence_generation', c.deletion_fence_generation::text, true);
+    PERFORM set_config('buzz.deletion_lease_generation', generation::text, true);
+    UPDATE communities SET deletion_state = 'quiescing'
+    WHERE id = c.id AND deletion_state = 'active' AND deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'community % cannot start quiescing from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'quiesce_serving_writes', 'completed', generation, '{}', NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_block_preclaim(uuid, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_block_preclaim(request uuid, message text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.stage = 'retention_pending' OR r.lease_until >= now() THEN
+        RAISE EXCEPTION 'deletion request % is missing, finished or leased', request USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'pre_claim:service_setup', 'failed', r.lease_generation,
+                                                  jsonb_build_object('error', message), message);
+    UPDATE community_deletion_requests
+    SET blocked_at = coalesce(blocked_at, now()), blocked_reason = coalesce(blocked_reason, message),
+        last_error = message, last_error_at = now()
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_claim(uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_claim(request uuid, owner text, lease_seconds double precision) RETURNS SETOF public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    problems text;
+BEGIN
+    SELECT q.* INTO r FROM community_deletion_requests q
+    JOIN community_deletion_approvals a
+      ON a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest
+    WHERE (request IS NULL OR q.id = request)
+      AND community_deletion_runnable_stage(q.stage) AND q.blocked_at IS NULL
+      AND q.next_attempt_at <= now()
+      AND (q.lease_until IS NULL OR q.lease_until < now())
+    ORDER BY q.next_attempt_at, q.created_at, q.id
+    LIMIT 1
+    FOR UPDATE OF q SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT string_agg(p.table_name || ': ' || p.problem, '; ') INTO problems FROM community_deletion_catalog_problems() p;
+    IF problems IS NOT NULL THEN
+        PERFORM community_deletion_checkpoints_upsert(r.id, r.stage, 'claim:catalog_validation', 'failed', r.lease_generation,
+                                              jsonb_build_object('problems', problems), 'catalog drift: ' || problems);
+        UPDATE community_deletion_requests
+        SET blocked_at = now(), blocked_reason = 'catalog drift: ' || problems,
+            last_error = 'catalog drift: ' || problems, last_error_at = now(), lease_owner = NULL, lease_until = NULL
+        WHERE id = r.id
+        RETURNING * INTO r;
+        RETURN NEXT r;
+        RETURN;
+    END IF;
+    UPDATE community_deletion_requests
+    SET lease_owner = owner, lease_generation = lease_generation + 1,
+        lease_until = now() + make_interval(secs => lease_seconds), attempts = attempts + 1
+    WHERE id = r.id
+    RETURNING * INTO r;
+    RETURN NEXT r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_enter_executor(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_enter_executor(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    r := community_deletion_requests_verify_lease(request, owner, generation, expected_stage);
+    IF r.fence_generation IS NULL OR NOT EXISTS (
+        SELECT FROM communities c WHERE c.id = r.community_id AND c.deletion_state IN ('fenced', 'tombstone')
+          AND c.deletion_fence_generation = r.fence_generation) THEN
+        RAISE EXCEPTION 'stale lease or fencing generation for deletion % (stage %)', request, expected_stage
+            USING ERRCODE = 'BZ001';
+    END IF;
+    PERFORM set_config('buzz.deletion_executor_community', r.community_id::text, true);
+    PERFORM set_config('buzz.deletion_fence_generation', r.fence_generation::text, true);
+    PERFORM set_config('buzz.deletion_lease_generation', generation::text, true);
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_fence(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_fence(request uuid, owner text, generation bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    c communities;
+    live bigint;
+    operations text;
+    new_generation bigint;
+BEGIN
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
+    PERFORM pg_advisory_xact_lock(community_deletion_lock_key(r.community_id));
+    r := community_deletion_requests_verify_lease(request, owner, generation, 'approved');
+    SELECT count(*), string_agg(DISTINCT operation, ',') INTO live, operations
+    FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
+    IF live > 0 THEN
+        RAISE EXCEPTION 'serving writes have not drained: % live leases (%)', live, operations USING ERRCODE = 'BZ003';
+    END IF;
+    SELECT * INTO c FROM communities WHERE id = r.community_id FOR UPDATE;
+    new_generation := c.deletion_fence_generation + 1;
+    PERFORM set_config('buzz.deletion_executor_community', c.id::text, true);
+    PERFORM set_config('buzz.deletion_fence_generation', new_generation::text, true);
+    PERFORM set_config('buzz.deletion_lease_generation', generation::text, true);
+    UPDATE communities SET deletion_state = 'fenced', deletion_fence_generation = new_generation
+    WHERE id = c.id AND deletion_state = 'quiescing';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'community % cannot be fenced from state %', c.id, c.deletion_state USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'approved', new_generation);
+    PERFORM community_deletion_checkpoints_upsert(request, 'approved', 'activate_fence', 'completed', generation,
+                                          jsonb_build_object('fence_generation', new_generation), NULL);
+    RETURN new_generation;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_freeze_inventory(uuid, jsonb, bytea); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_freeze_inventory(request uuid, manifest jsonb, digest bytea) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    UPDATE community_deletion_requests
+    SET inventory_manifest = manifest, inventory_digest = digest, inventory_frozen_at = now(), stage = 'inventoried'
+    WHERE id = request AND stage = 'submitted' AND blocked_at IS NULL
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'deletion request % is not waiting for its inventory', request USING ERRCODE = 'BZ002';
+    END IF;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_freeze_objects(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_freeze_objects(request uuid, owner text, generation bigint, manifest jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF r.destructive_frozen_at IS NOT NULL THEN
+        IF r.destructive_manifest <> manifest THEN
+            RAISE EXCEPTION 'deletion request %: object manifest drifted after its freeze', request USING ERRCODE = 'BZ002';
+        END IF;
+        RETURN;
+    END IF;
+    UPDATE community_deletion_requests SET destructive_manifest = manifest, destructive_frozen_at = now() WHERE id = request;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_guard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'deletion requests are evidence and are never deleted' USING ERRCODE = '23000';
+    END IF;
+    IF OLD.stage = 'retention_pending' THEN
+        RAISE EXCEPTION 'deletion request % is finished and cannot change', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF NEW.id <> OLD.id OR NEW.community_id <> OLD.community_id OR NEW.community_host <> OLD.community_host
+       OR NEW.requested_by <> OLD.requested_by OR NEW.created_at <> OLD.created_at THEN
+        RAISE EXCEPTION 'deletion request % cannot be retargeted', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF OLD.inventory_frozen_at IS NOT NULL
+       AND (NEW.inventory_manifest IS DISTINCT FROM OLD.inventory_manifest
+            OR NEW.inventory_digest IS DISTINCT FROM OLD.inventory_digest
+            OR NEW.inventory_frozen_at IS DISTINCT FROM OLD.inventory_frozen_at) THEN
+        RAISE EXCEPTION 'deletion request %: the frozen inventory is immutable', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF OLD.destructive_frozen_at IS NOT NULL
+       AND (NEW.destructive_manifest IS DISTINCT FROM OLD.destructive_manifest
+            OR NEW.destructive_frozen_at IS DISTINCT FROM OLD.destructive_frozen_at) THEN
+        RAISE EXCEPTION 'deletion request %: the frozen object manifest is immutable', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF OLD.fence_generation IS NOT NULL AND NEW.fence_generation IS DISTINCT FROM OLD.fence_generation THEN
+        RAISE EXCEPTION 'deletion request %: the fence generation is immutable', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF NEW.lease_generation < OLD.lease_generation THEN
+        RAISE EXCEPTION 'deletion request %: lease generations only grow', OLD.id USING ERRCODE = '23000';
+    END IF;
+    IF NEW.stage <> OLD.stage THEN
+        IF NEW.stage IS DISTINCT FROM community_deletion_next_stage(OLD.stage) THEN
+            RAISE EXCEPTION 'deletion request %: illegal stage transition % -> %', OLD.id, OLD.stage, NEW.stage USING ERRCODE = '23000';
+        END IF;
+        IF OLD.blocked_at IS NOT NULL OR NEW.blocked_at IS NOT NULL THEN
+            RAISE EXCEPTION 'deletion request % is blocked and cannot advance', OLD.id USING ERRCODE = '23000';
+        END IF;
+        IF NEW.stage = 'inventoried' AND NEW.inventory_frozen_at IS NULL THEN
+            RAISE EXCEPTION 'deletion request %: no frozen inventory', OLD.id USING ERRCODE = '23000';
+        END IF;
+        IF NEW.stage = 'approved' AND NOT EXISTS (
+            SELECT FROM community_deletion_approvals a
+            WHERE a.request_id = NEW.id AND a.community_id = NEW.community_id AND a.inventory_digest = NEW.inventory_digest) THEN
+            RAISE EXCEPTION 'deletion request %: no approval of this exact inventory', OLD.id USING ERRCODE = '23000';
+        END IF;
+        IF NEW.stage = 'fenced' AND NEW.fence_generation IS NULL THEN
+            RAISE EXCEPTION 'deletion request %: fenced without a fence generation', OLD.id USING ERRCODE = '23000';
+        END IF;
+        IF NEW.stage = 'bindings_removed' AND EXISTS (
+            SELECT FROM community_deletion_manifest_keys k WHERE k.request_id = NEW.id AND k.deleted_at IS NULL) THEN
+            RAISE EXCEPTION 'deletion request %: manifest chunks remain undeleted', OLD.id USING ERRCODE = '23000';
+        END IF;
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_heartbeat(uuid, text, bigint, text, boolean, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_heartbeat(request uuid, owner text, generation bigint, mode text, draining boolean, lease_seconds double precision) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    UPDATE community_deletion_requests q
+    SET lease_until = now() + make_interval(secs => lease_seconds)
+    WHERE q.id = request AND q.lease_owner = owner AND q.lease_generation = generation
+      AND q.lease_until >= now() AND q.blocked_at IS NULL AND community_deletion_runnable_stage(q.stage)
+      AND EXISTS (SELECT FROM community_deletion_approvals a
+                  WHERE a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest)
+    RETURNING q.* INTO r;
+    IF NOT FOUND THEN
+        PERFORM community_deletion_raise_stale(request, generation, 'heartbeat');
+    END IF;
+    PERFORM community_deletion_executor_heartbeats_beat(owner, mode, request, generation, r.stage, draining, false);
+    RETURN r.lease_until;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_mark_drained(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_mark_drained(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    live bigint;
+BEGIN
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'fenced');
+    SELECT count(*) INTO live FROM community_serving_write_leases WHERE community_id = r.community_id AND lease_until >= now();
+    IF live > 0 THEN
+        RAISE EXCEPTION 'serving writes have not drained: % live leases', live USING ERRCODE = 'BZ003';
+    END IF;
+    IF r.destructive_frozen_at IS NULL THEN
+        RAISE EXCEPTION 'deletion request %: object manifest not frozen', request USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'fenced', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'fenced', 'serving_writes_drained', 'completed', generation, detail, NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_mark_verified(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_mark_verified(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'cache_purged', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'cache_purged', 'verify_cross_store_absence', 'completed', generation, detail, NULL);
+    -- The keys were only needed until absence was proven; the per-prefix
+    -- counts and digests stay in the frozen manifest.
+    DELETE FROM community_deletion_manifest_keys WHERE request_id = request;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_record_failure(uuid, text, bigint, text, text, boolean, double precision, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_record_failure(request uuid, owner text, generation bigint, failed_stage text, message text, permanent boolean, base_delay_seconds double precision, max_streak integer) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+    streak integer;
+    blocks boolean;
+BEGIN
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND OR r.lease_owner IS DISTINCT FROM owner OR r.lease_generation <> generation
+       OR r.lease_until < now() OR r.stage <> failed_stage THEN
+        PERFORM community_deletion_raise_stale(request, generation, failed_stage);
+    END IF;
+    streak := CASE WHEN r.retry_stage = failed_stage THEN r.retry_count + 1 ELSE 1 END;
+    blocks := permanent OR streak >= max_streak;
+    PERFORM community_deletion_checkpoints_upsert(request, failed_stage, 'stage', 'failed', generation,
+                                          jsonb_build_object('permanent', permanent, 'streak', streak), message);
+    UPDATE community_deletion_requests
+    SET retry_count = streak, retry_stage = failed_stage, last_error = message, last_error_at = now(),
+        blocked_at = CASE WHEN blocks THEN now() END,
+        blocked_reason = CASE
+            WHEN permanent THEN message
+            WHEN blocks THEN format('%s consecutive failures at stage %s: %s', streak, failed_stage, message) END,
+        next_attempt_at = CASE WHEN blocks THEN next_attempt_at
+            ELSE now() + make_interval(secs => least(base_delay_seconds * power(2, streak - 1), 3600)) END,
+        lease_owner = NULL, lease_until = NULL
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_release(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_release(request uuid, owner text, generation bigint) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    WITH released AS (
+        UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL
+        WHERE id = request AND lease_owner = owner AND lease_generation = generation
+          AND stage <> 'retention_pending'
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT FROM released)
+$$;
+
+
+--
+-- Name: community_deletion_requests_submit(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_submit(target_host text, requester text, why text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c communities;
+    r community_deletion_requests;
+BEGIN
+    SELECT * INTO c FROM communities WHERE lower(host) = lower(target_host);
+    IF FOUND AND c.deletion_state = 'active' AND c.deleted_at IS NULL THEN
+        INSERT INTO community_deletion_requests (community_id, community_host, requested_by, reason)
+        VALUES (c.id, c.host, requester, why)
+        ON CONFLICT (community_id) DO NOTHING
+        RETURNING * INTO r;
+        IF FOUND THEN
+            RETURN r;
+        END IF;
+        SELECT * INTO r FROM community_deletion_requests
+        WHERE community_id = c.id AND stage IN ('submitted', 'inventoried') AND requested_by = requester;
+        IF FOUND THEN
+            RETURN r;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'community % is missing, already requested, fenced, or tombstoned', target_host USING ERRCODE = 'BZ002';
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_tombstone(uuid, text, bigint, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_tombstone(request uuid, owner text, generation bigint, detail jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'bindings_removed');
+    PERFORM community_deletion_assert_postgres_absent(r.community_id);
+    UPDATE communities SET deletion_state = 'tombstone', deleted_at = coalesce(deleted_at, now()),
+                           archived_at = coalesce(archived_at, now()), signing_key = NULL
+    WHERE id = r.community_id AND deletion_state = 'fenced' AND deletion_fence_generation = r.fence_generation;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'community % is not fenced at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_requests_advance(request, owner, generation, 'bindings_removed', NULL);
+    PERFORM community_deletion_checkpoints_upsert(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
+                                          generation, detail, NULL);
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_unblock(uuid, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_unblock(request uuid, unblocked_by text, reason text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    IF btrim(coalesce(unblocked_by, '')) = '' OR btrim(coalesce(reason, '')) = '' THEN
+        RAISE EXCEPTION 'unblock needs who and why' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO r FROM community_deletion_requests WHERE id = request FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no deletion request %', request USING ERRCODE = 'BZ002';
+    END IF;
+    IF r.blocked_at IS NULL OR r.stage = 'retention_pending' THEN
+        RAISE EXCEPTION 'deletion request % is not blocked', request USING ERRCODE = 'BZ002';
+    END IF;
+    IF r.lease_until >= now() THEN
+        RAISE EXCEPTION 'deletion request % is leased by %', request, r.lease_owner USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_checkpoints_upsert(request, r.stage, 'operator_unblock:' || gen_random_uuid(), 'completed',
+        r.lease_generation,
+        jsonb_build_object('unblocked_by', left(unblocked_by, 512), 'reason', left(reason, 4096),
+                           'previous_block', r.blocked_reason, 'previous_retry_count', r.retry_count), NULL);
+    UPDATE community_deletion_requests
+    SET blocked_at = NULL, blocked_reason = NULL, retry_count = 0, retry_stage = NULL,
+        last_error = NULL, last_error_at = NULL, next_attempt_at = now(), lease_owner = NULL, lease_until = NULL
+    WHERE id = request
+    RETURNING * INTO r;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_verify_lease(uuid, text, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_verify_lease(request uuid, owner text, generation bigint, expected_stage text) RETURNS public.community_deletion_requests
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    SELECT q.* INTO r FROM community_deletion_requests q
+    JOIN community_deletion_approvals a
+      ON a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest
+    WHERE q.id = request AND q.lease_owner = owner AND q.lease_generation = generation
+      AND q.lease_until >= now() AND q.blocked_at IS NULL AND q.stage = expected_stage;
+    IF NOT FOUND THEN
+        PERFORM community_deletion_raise_stale(request, generation, expected_stage);
+    END IF;
+    RETURN r;
+END
+$$;
+
+
+--
+-- Name: community_deletion_requests_verify_postgres(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_requests_verify_postgres(request uuid, owner text, generation bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r community_deletion_requests;
+BEGIN
+    r := community_deletion_requests_enter_executor(request, owner, generation, 'cache_purged');
+    IF NOT EXISTS (SELECT FROM communities WHERE id = r.community_id AND deletion_state = 'tombstone'
+                   AND deleted_at IS NOT NULL AND deletion_fence_generation = r.fence_generation) THEN
+        RAISE EXCEPTION 'community % is not a tombstone at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
+    END IF;
+    PERFORM community_deletion_assert_postgres_absent(r.community_id);
+END
+$$;
+
+
+--
+-- Name: community_deletion_runnable_stage(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_runnable_stage(stage text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT stage IN ('approved', 'fenced', 'drained', 'bindings_removed', 'postgres_purged', 'cache_purged', 'logically_verified') $$;
+
+
+--
+-- Name: community_fenced_tables(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_fenced_tables() RETURNS SETOF text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT DISTINCT c.relname::text
+    FROM pg_trigger t
+    JOIN pg_class c ON c.oid = t.tgrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = current_schema() AND NOT t.tgisinternal AND t.tgenabled = 'O'
+      AND t.tgfoid = 'enforce_community_write_fence'::regproc
+      AND (t.tgtype::int & 31) = 31
+    ORDER BY 1
+$$;
+
+
+--
+-- Name: community_schema_destruction_lock_key(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_schema_destruction_lock_key() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 7094711454081051697::bigint $$;
+
+
+--
+-- Name: community_scoped_foreign_keys(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_scoped_foreign_keys() RETURNS TABLE(child text, parent text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT DISTINCT ch.relname::text, pa.relname::text
+    FROM pg_constraint k
+    JOIN pg_class ch ON ch.oid = k.conrelid
+    JOIN pg_class pa ON pa.oid = k.confrelid
+    WHERE k.contype = 'f' AND k.conrelid <> k.confrelid
+      AND ch.relname::text IN (SELECT community_scoped_tables())
+      AND pa.relname::text IN (SELECT community_scoped_tables())
+    ORDER BY 1, 2
+$$;
+
+
+--
+-- Name: community_scoped_tables(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_scoped_tables() RETURNS SETOF text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT c.relname::text
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+      AND NOT community_write_fence_excluded_table(c.relname)
+      AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'community_id' AND NOT a.attisdropped)
+    ORDER BY 1
+$$;
+
+
+--
+-- Name: community_serving_write_leases_acquire(uuid, text, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_acquire(community uuid, op text, lease_owner text, lease_seconds double precision) RETURNS uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lease uuid;
+BEGIN
+    PERFORM assert_community_write_allowed(community);
+    INSERT INTO community_serving_write_leases (community_id, operation, owner, fence_generation, lease_until)
+    SELECT c.id, op, lease_owner, c.deletion_fence_generation, now() + make_interval(secs => lease_seconds)
+    FROM communities c WHERE c.id = community AND c.deletion_state = 'active' AND c.deleted_at IS NULL
+    RETURNING id INTO lease;
+    IF lease IS NULL THEN
+        RAISE EXCEPTION 'community write fenced: community % accepts no new serving writes', community USING ERRCODE = '55000';
+    END IF;
+    RETURN lease;
+END
+$$;
+
+
+--
+-- Name: community_serving_write_leases_guard(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_guard(lease uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    community uuid;
+BEGIN
+    SELECT community_id INTO community FROM community_serving_write_leases WHERE id = lease;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(community_deletion_lock_key(community));
+    END IF;
+    IF NOT FOUND OR NOT EXISTS (
+        SELECT FROM community_serving_write_leases l JOIN communities c ON c.id = l.community_id
+        WHERE l.id = lease AND l.lease_until >= now() AND c.deletion_state IN ('active', 'quiescing')
+          AND c.deleted_at IS NULL AND c.deletion_fence_generation = l.fence_generation) THEN
+        RAISE EXCEPTION 'community write fenced: stale serving write lease %', lease USING ERRCODE = '55000';
+    END IF;
+    PERFORM set_config('buzz.serving_write_lease_id', lease::text, true);
+END
+$$;
+
+
+--
+-- Name: community_serving_write_leases_reap(integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_reap(max_rows integer) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    WITH expired AS (
+        SELECT id FROM community_serving_write_leases
+        WHERE lease_until < now()
+        ORDER BY lease_until
+        LIMIT greatest(1, least(max_rows, 10000))
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM community_serving_write_leases l USING expired e WHERE l.id = e.id RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+
+
+--
+-- Name: community_serving_write_leases_release(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_release(lease uuid) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    WITH gone AS (DELETE FROM community_serving_write_leases WHERE id = lease RETURNING 1)
+    SELECT EXISTS (SELECT FROM gone)
+$$;
+
+
+--
+-- Name: community_serving_write_leases_renew(uuid, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_serving_write_leases_renew(lease uuid, lease_seconds double precision) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    community uuid;
+BEGIN
+    SELECT community_id INTO community FROM community_serving_write_leases WHERE id = lease;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(community_deletion_lock_key(community));
+    UPDATE community_serving_write_leases l
+    SET lease_until = now() + make_interval(secs => lease_seconds), heartbeat_at = now()
+    FROM communities c
+    WHERE l.id = lease AND c.id = l.community_id AND l.lease_until >= now()
+      AND c.deletion_state IN ('active', 'quiescing') AND c.deleted_at IS NULL
+      AND c.deletion_fence_generation = l.fence_generation;
+    RETURN FOUND;
+END
+$$;
+
+
+--
+-- Name: community_write_allowed(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_write_allowed(community uuid) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    state text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'community writes require READ COMMITTED isolation (this transaction is %)',
+            current_setting('transaction_isolation') USING ERRCODE = '25000';
+    END IF;
+    IF community IS NULL THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(community_deletion_lock_key(community));
+    SELECT c.deletion_state INTO state FROM communities c WHERE c.id = community;
+    RETURN state = 'active';
+END
+$$;
+
+
+--
+-- Name: community_write_fence_excluded_table(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_write_fence_excluded_table(table_name text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT table_name IN ('community_deletion_requests', 'community_deletion_approvals',
+                                 'community_deletion_checkpoints', 'community_deletion_manifest_keys',
+                                 'community_serving_write_leases', 'community_deletion_executor_heartbeats',
+                                 'storage_taxonomy_sweeps') $$;
+
+
+--
+-- Name: enforce_community_write_fence(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.enforce_community_write_fence() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM assert_community_write_allowed(NEW.community_id);
+        RETURN NEW;
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM assert_community_write_allowed(OLD.community_id);
+        RETURN OLD;
+    END IF;
+    IF NEW.community_id IS NOT DISTINCT FROM OLD.community_id OR NEW.community_id IS NULL THEN
+        PERFORM assert_community_write_allowed(OLD.community_id);
+    ELSIF OLD.community_id IS NULL THEN
+        PERFORM assert_community_write_allowed(NEW.community_id);
+    ELSIF OLD.community_id < NEW.community_id THEN
+        -- Both, in ascending order, so two movers cannot deadlock.
+        PERFORM assert_community_write_allowed(OLD.community_id);
+        PERFORM assert_community_write_allowed(NEW.community_id);
+    ELSE
+        PERFORM assert_community_write_allowed(NEW.community_id);
+        PERFORM assert_community_write_allowed(OLD.community_id);
+    END IF;
+    RETURN NEW;
+END
+$$;
 
 
 --
@@ -340,10 +1556,6 @@ END
 $$;
 
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
 --
 -- Name: _operator_global_tables; Type: TABLE; Schema: public; Owner: -
 --
@@ -405,6 +1617,8 @@ CREATE TABLE public.communities (
     archived_at timestamp with time zone,
     deleted_at timestamp with time zone,
     deletion_state text DEFAULT 'active'::text NOT NULL,
+    deletion_fence_generation bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT communities_deletion_fence_generation_nonnegative CHECK ((deletion_fence_generation >= 0)),
     CONSTRAINT communities_deletion_state_known CHECK ((deletion_state = ANY (ARRAY['active'::text, 'quiescing'::text, 'fenced'::text, 'tombstone'::text]))),
     CONSTRAINT communities_host_normalized CHECK ((((host)::text <> ''::text) AND ((host)::text = lower(btrim((host)::text))) AND ((host)::text !~ ':(80|443)$'::text) AND ((host)::text !~ '\.$'::text) AND ((host)::text !~ '^(127\.0\.0\.1|\[::1\])(:|$)'::text))),
     CONSTRAINT communities_id_not_nil CHECK ((id <> '00000000-0000-0000-0000-000000000000'::uuid)),
@@ -424,6 +1638,119 @@ COMMENT ON TABLE public.communities IS 'Tenants. A connection is bound to exactl
 --
 
 COMMENT ON COLUMN public.communities.signing_key IS 'Secret key the relay signs community events with (NIP-29 discovery); NULL until first needed.';
+
+
+--
+-- Name: COLUMN communities.deletion_fence_generation; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.communities.deletion_fence_generation IS 'Bumped when a deletion fences the community; only the executor presenting this generation may write to a fenced community.';
+
+
+--
+-- Name: community_deletion_approvals; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_deletion_approvals (
+    request_id uuid NOT NULL,
+    community_id uuid NOT NULL,
+    inventory_digest bytea NOT NULL,
+    approved_by text NOT NULL,
+    note text,
+    approved_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT community_deletion_approvals_approved_by_set CHECK ((btrim(approved_by) <> ''::text)),
+    CONSTRAINT community_deletion_approvals_digest_len CHECK ((octet_length(inventory_digest) = 32))
+);
+
+
+--
+-- Name: community_deletion_checkpoints; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_deletion_checkpoints (
+    request_id uuid NOT NULL,
+    sequence bigint NOT NULL,
+    stage text NOT NULL,
+    unit_key text NOT NULL,
+    status text NOT NULL,
+    lease_generation bigint NOT NULL,
+    attempts integer DEFAULT 1 NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    error text,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    CONSTRAINT community_deletion_checkpoints_attempts_positive CHECK ((attempts > 0)),
+    CONSTRAINT community_deletion_checkpoints_completed_shape CHECK (((status = 'completed'::text) = (completed_at IS NOT NULL))),
+    CONSTRAINT community_deletion_checkpoints_failed_shape CHECK (((status = 'failed'::text) = (error IS NOT NULL))),
+    CONSTRAINT community_deletion_checkpoints_generation_positive CHECK ((lease_generation > 0)),
+    CONSTRAINT community_deletion_checkpoints_status_known CHECK ((status = ANY (ARRAY['started'::text, 'completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: community_deletion_checkpoints_sequence_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.community_deletion_checkpoints ALTER COLUMN sequence ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.community_deletion_checkpoints_sequence_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: community_deletion_executor_heartbeats; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_deletion_executor_heartbeats (
+    executor_id text NOT NULL,
+    mode text NOT NULL,
+    request_id uuid,
+    lease_generation bigint,
+    stage text,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    draining boolean DEFAULT false NOT NULL,
+    stopped_at timestamp with time zone,
+    CONSTRAINT community_deletion_executor_heartbeats_mode CHECK ((mode = ANY (ARRAY['run'::text, 'drain'::text])))
+);
+
+
+--
+-- Name: community_deletion_manifest_keys; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_deletion_manifest_keys (
+    request_id uuid NOT NULL,
+    chunk_no bigint NOT NULL,
+    prefix text NOT NULL,
+    key_class text NOT NULL,
+    keys jsonb NOT NULL,
+    deleted_at timestamp with time zone,
+    CONSTRAINT community_deletion_manifest_keys_array CHECK (((jsonb_typeof(keys) = 'array'::text) AND (jsonb_array_length(keys) > 0))),
+    CONSTRAINT community_deletion_manifest_keys_chunk_no CHECK ((chunk_no >= 0)),
+    CONSTRAINT community_deletion_manifest_keys_class CHECK ((key_class = ANY (ARRAY['binding'::text, 'shared_blob'::text])))
+);
+
+
+--
+-- Name: community_serving_write_leases; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.community_serving_write_leases (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    community_id uuid NOT NULL,
+    operation text NOT NULL,
+    owner text NOT NULL,
+    fence_generation bigint NOT NULL,
+    lease_until timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT community_serving_write_leases_generation CHECK ((fence_generation >= 0))
+);
 
 
 --
@@ -648,6 +1975,23 @@ CREATE TABLE public.schema_version (
 
 
 --
+-- Name: storage_taxonomy_sweeps; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.storage_taxonomy_sweeps (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    completed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    listed_objects bigint NOT NULL,
+    unknown_object_count bigint NOT NULL,
+    unknown_key_sample jsonb DEFAULT '[]'::jsonb NOT NULL,
+    CONSTRAINT storage_taxonomy_sweeps_listed_objects_check CHECK ((listed_objects >= 0)),
+    CONSTRAINT storage_taxonomy_sweeps_order CHECK ((completed_at >= started_at)),
+    CONSTRAINT storage_taxonomy_sweeps_unknown_object_count_check CHECK ((unknown_object_count >= 0))
+);
+
+
+--
 -- Name: thread_metadata; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -843,6 +2187,78 @@ ALTER TABLE ONLY public.communities
 
 
 --
+-- Name: community_deletion_approvals community_deletion_approvals_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_approvals
+    ADD CONSTRAINT community_deletion_approvals_pkey PRIMARY KEY (request_id);
+
+
+--
+-- Name: community_deletion_checkpoints community_deletion_checkpoints_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_checkpoints
+    ADD CONSTRAINT community_deletion_checkpoints_pkey PRIMARY KEY (request_id, sequence);
+
+
+--
+-- Name: community_deletion_checkpoints community_deletion_checkpoints_unit; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_checkpoints
+    ADD CONSTRAINT community_deletion_checkpoints_unit UNIQUE (request_id, stage, unit_key);
+
+
+--
+-- Name: community_deletion_executor_heartbeats community_deletion_executor_heartbeats_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_executor_heartbeats
+    ADD CONSTRAINT community_deletion_executor_heartbeats_pkey PRIMARY KEY (executor_id);
+
+
+--
+-- Name: community_deletion_manifest_keys community_deletion_manifest_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_manifest_keys
+    ADD CONSTRAINT community_deletion_manifest_keys_pkey PRIMARY KEY (request_id, chunk_no);
+
+
+--
+-- Name: community_deletion_requests community_deletion_requests_community_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_requests
+    ADD CONSTRAINT community_deletion_requests_community_id_key UNIQUE (community_id);
+
+
+--
+-- Name: community_deletion_requests community_deletion_requests_digest_binding; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_requests
+    ADD CONSTRAINT community_deletion_requests_digest_binding UNIQUE (id, community_id, inventory_digest);
+
+
+--
+-- Name: community_deletion_requests community_deletion_requests_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_requests
+    ADD CONSTRAINT community_deletion_requests_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: community_serving_write_leases community_serving_write_leases_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_serving_write_leases
+    ADD CONSTRAINT community_serving_write_leases_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: event_mentions event_mentions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -939,6 +2355,14 @@ ALTER TABLE ONLY public.schema_version
 
 
 --
+-- Name: storage_taxonomy_sweeps storage_taxonomy_sweeps_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.storage_taxonomy_sweeps
+    ADD CONSTRAINT storage_taxonomy_sweeps_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: thread_metadata thread_metadata_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -997,6 +2421,27 @@ CREATE INDEX channels_by_visibility ON public.channels USING btree (community_id
 --
 
 CREATE UNIQUE INDEX communities_host_key ON public.communities USING btree (lower((host)::text));
+
+
+--
+-- Name: community_deletion_requests_leased; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX community_deletion_requests_leased ON public.community_deletion_requests USING btree (lease_until) WHERE (lease_owner IS NOT NULL);
+
+
+--
+-- Name: community_deletion_requests_runnable; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX community_deletion_requests_runnable ON public.community_deletion_requests USING btree (next_attempt_at, created_at) WHERE ((blocked_at IS NULL) AND (stage = ANY (ARRAY['approved'::text, 'fenced'::text, 'drained'::text, 'bindings_removed'::text, 'postgres_purged'::text, 'cache_purged'::text, 'logically_verified'::text])));
+
+
+--
+-- Name: community_serving_write_leases_by_community; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX community_serving_write_leases_by_community ON public.community_serving_write_leases USING btree (community_id, lease_until);
 
 
 --
@@ -1252,6 +2697,97 @@ CREATE INDEX workflows_enabled ON public.workflows USING btree (enabled, status)
 
 
 --
+-- Name: channel_members _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.channel_members FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: channels _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.channels FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: event_mentions _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.event_mentions FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: events _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.events FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: http_auth_replays _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.http_auth_replays FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: operator_listener_outbox _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.operator_listener_outbox FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: reactions _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.reactions FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: scheduled_workflow_fires _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.scheduled_workflow_fires FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: thread_metadata _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.thread_metadata FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: users _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.users FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: workflow_approvals _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.workflow_approvals FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: workflow_runs _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.workflow_runs FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: workflows _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.workflows FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
 -- Name: channel_members channel_members_keep_an_owner; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1270,6 +2806,34 @@ CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON 
 --
 
 CREATE TRIGGER communities_announce_closed AFTER UPDATE OF deletion_state ON public.communities FOR EACH ROW WHEN (((new.deletion_state = ANY (ARRAY['fenced'::text, 'tombstone'::text])) AND (old.deletion_state IS DISTINCT FROM new.deletion_state))) EXECUTE FUNCTION public.communities_announce_closed();
+
+
+--
+-- Name: communities communities_tombstone_guard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER communities_tombstone_guard BEFORE DELETE OR UPDATE ON public.communities FOR EACH ROW EXECUTE FUNCTION public.communities_tombstone_guard();
+
+
+--
+-- Name: community_deletion_approvals community_deletion_approvals_guard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER community_deletion_approvals_guard BEFORE DELETE OR UPDATE ON public.community_deletion_approvals FOR EACH ROW EXECUTE FUNCTION public.community_deletion_approvals_guard();
+
+
+--
+-- Name: community_deletion_manifest_keys community_deletion_manifest_keys_guard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER community_deletion_manifest_keys_guard BEFORE INSERT OR DELETE OR UPDATE ON public.community_deletion_manifest_keys FOR EACH ROW EXECUTE FUNCTION public.community_deletion_manifest_keys_guard();
+
+
+--
+-- Name: community_deletion_requests community_deletion_requests_guard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER community_deletion_requests_guard BEFORE DELETE OR UPDATE ON public.community_deletion_requests FOR EACH ROW EXECUTE FUNCTION public.community_deletion_requests_guard();
 
 
 --
@@ -1314,6 +2878,54 @@ ALTER TABLE ONLY public.channel_members
 
 ALTER TABLE ONLY public.channels
     ADD CONSTRAINT channels_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: community_deletion_approvals community_deletion_approvals_binding; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_approvals
+    ADD CONSTRAINT community_deletion_approvals_binding FOREIGN KEY (request_id, community_id, inventory_digest) REFERENCES public.community_deletion_requests(id, community_id, inventory_digest) ON DELETE RESTRICT;
+
+
+--
+-- Name: community_deletion_checkpoints community_deletion_checkpoints_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_checkpoints
+    ADD CONSTRAINT community_deletion_checkpoints_request_id_fkey FOREIGN KEY (request_id) REFERENCES public.community_deletion_requests(id) ON DELETE RESTRICT;
+
+
+--
+-- Name: community_deletion_executor_heartbeats community_deletion_executor_heartbeats_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_executor_heartbeats
+    ADD CONSTRAINT community_deletion_executor_heartbeats_request_id_fkey FOREIGN KEY (request_id) REFERENCES public.community_deletion_requests(id) ON DELETE SET NULL;
+
+
+--
+-- Name: community_deletion_manifest_keys community_deletion_manifest_keys_request_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_manifest_keys
+    ADD CONSTRAINT community_deletion_manifest_keys_request_id_fkey FOREIGN KEY (request_id) REFERENCES public.community_deletion_requests(id) ON DELETE CASCADE;
+
+
+--
+-- Name: community_deletion_requests community_deletion_requests_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_deletion_requests
+    ADD CONSTRAINT community_deletion_requests_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: community_serving_write_leases community_serving_write_leases_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.community_serving_write_leases
+    ADD CONSTRAINT community_serving_write_leases_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

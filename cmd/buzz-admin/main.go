@@ -8,6 +8,7 @@
 //	buzz-admin listeners list [LISTENER]
 //	buzz-admin listeners add LISTENER TARGET...
 //	buzz-admin listeners remove LISTENER TARGET...
+//	buzz-admin deletions sweep|submit|list|inspect|approve|unblock|run|drain
 package main
 
 import (
@@ -29,7 +30,9 @@ import (
 
 const usage = `usage: buzz-admin communities create HOST | list | archive HOST | unarchive HOST
        buzz-admin listeners list [LISTENER] | add LISTENER TARGET... | remove LISTENER TARGET...
-BUZZ_DATABASE_URL names the database.`
+` + deletionsUsage + `
+BUZZ_DATABASE_URL names the database; deletions also read the media store and
+BUZZ_REDIS_URL settings of the relay.`
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
@@ -38,8 +41,16 @@ func main() {
 			fmt.Fprintln(os.Stderr, usage)
 			os.Exit(2)
 		}
-		_ = json.NewEncoder(os.Stderr).Encode(map[string]string{"error": err.Error()})
-		os.Exit(1)
+		code := 1
+		var exit exitError
+		if errors.As(err, &exit) {
+			code = exit.code
+			err = exit.err
+		}
+		if err != nil {
+			_ = json.NewEncoder(os.Stderr).Encode(map[string]string{"error": err.Error()})
+		}
+		os.Exit(code)
 	}
 }
 
@@ -70,6 +81,9 @@ func toJSON(c db.Community) communityJSON {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	if len(args) >= 2 && args[0] == "deletions" {
+		return runDeletions(ctx, args[1], args[2:], getenv, out)
+	}
 	if len(args) >= 2 && args[0] == "listeners" {
 		return runListeners(ctx, args[1], args[2:], getenv, out)
 	}

@@ -15,6 +15,11 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
+// ClosedChannel is the PostgreSQL NOTIFY channel on which the database
+// announces (with the community's id as payload) that a community's
+// deletion fenced it; every relay listens and closes its connections.
+const ClosedChannel = "buzz_community_closed"
+
 // ErrUnknownHost is returned for a host that names no serving community:
 // unknown, archived, being deleted or deleted. Callers answer 404.
 var ErrUnknownHost = errors.New("no community serves this host")

@@ -16,7 +16,7 @@ const communityArchive = `-- name: CommunityArchive :one
 UPDATE communities
 SET archived_at = coalesce(archived_at, coalesce($1::timestamptz, now()))
 WHERE lower(host) = lower($2::text)
-RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state
+RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation
 `
 
 type CommunityArchiveParams struct {
@@ -35,12 +35,13 @@ func (q *Queries) CommunityArchive(ctx context.Context, arg CommunityArchivePara
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }
 
 const communityByHost = `-- name: CommunityByHost :one
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state FROM communities WHERE lower(host) = lower($1::text)
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities WHERE lower(host) = lower($1::text)
 `
 
 // The operator-plane lookup: ignores lifecycle, so a tombstone still shows.
@@ -55,6 +56,27 @@ func (q *Queries) CommunityByHost(ctx context.Context, host string) (Community, 
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
+	)
+	return i, err
+}
+
+const communityByID = `-- name: CommunityByID :one
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities WHERE id = $1::uuid
+`
+
+func (q *Queries) CommunityByID(ctx context.Context, id uuid.UUID) (Community, error) {
+	row := q.db.QueryRow(ctx, communityByID, id)
+	var i Community
+	err := row.Scan(
+		&i.ID,
+		&i.Host,
+		&i.SigningKey,
+		&i.CreatedAt,
+		&i.ArchivedAt,
+		&i.DeletedAt,
+		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }
@@ -91,7 +113,7 @@ func (q *Queries) CommunityClosedAmong(ctx context.Context, ids []uuid.UUID) ([]
 const communityCreate = `-- name: CommunityCreate :one
 INSERT INTO communities (host)
 VALUES ($1::text)
-RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state
+RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation
 `
 
 func (q *Queries) CommunityCreate(ctx context.Context, host string) (Community, error) {
@@ -105,6 +127,7 @@ func (q *Queries) CommunityCreate(ctx context.Context, host string) (Community, 
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }
@@ -114,22 +137,23 @@ WITH inserted AS (
     INSERT INTO communities (host)
     VALUES ($1::text)
     ON CONFLICT (lower(host)) DO NOTHING
-    RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state
+    RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation
 )
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state FROM inserted
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM inserted
 UNION ALL
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state FROM communities WHERE lower(host) = lower($1::text)
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities WHERE lower(host) = lower($1::text)
 LIMIT 1
 `
 
 type CommunityEnsureRow struct {
-	ID            uuid.UUID
-	Host          string
-	SigningKey    []byte
-	CreatedAt     time.Time
-	ArchivedAt    *time.Time
-	DeletedAt     *time.Time
-	DeletionState string
+	ID                      uuid.UUID
+	Host                    string
+	SigningKey              []byte
+	CreatedAt               time.Time
+	ArchivedAt              *time.Time
+	DeletedAt               *time.Time
+	DeletionState           string
+	DeletionFenceGeneration int64
 }
 
 // Idempotent create for start-up seeding: returns the existing row when the
@@ -145,12 +169,13 @@ func (q *Queries) CommunityEnsure(ctx context.Context, host string) (CommunityEn
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }
 
 const communityList = `-- name: CommunityList :many
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state FROM communities ORDER BY created_at, host
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation FROM communities ORDER BY created_at, host
 `
 
 func (q *Queries) CommunityList(ctx context.Context) ([]Community, error) {
@@ -170,6 +195,7 @@ func (q *Queries) CommunityList(ctx context.Context) ([]Community, error) {
 			&i.ArchivedAt,
 			&i.DeletedAt,
 			&i.DeletionState,
+			&i.DeletionFenceGeneration,
 		); err != nil {
 			return nil, err
 		}
@@ -182,7 +208,7 @@ func (q *Queries) CommunityList(ctx context.Context) ([]Community, error) {
 }
 
 const communityResolveServing = `-- name: CommunityResolveServing :one
-SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state
+SELECT id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation
 FROM communities
 WHERE lower(host) = lower($1::text)
   AND archived_at IS NULL
@@ -203,6 +229,7 @@ func (q *Queries) CommunityResolveServing(ctx context.Context, host string) (Com
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }
@@ -231,7 +258,7 @@ const communityUnarchive = `-- name: CommunityUnarchive :one
 UPDATE communities
 SET archived_at = NULL
 WHERE lower(host) = lower($1::text)
-RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state
+RETURNING id, host, signing_key, created_at, archived_at, deleted_at, deletion_state, deletion_fence_generation
 `
 
 func (q *Queries) CommunityUnarchive(ctx context.Context, host string) (Community, error) {
@@ -245,6 +272,7 @@ func (q *Queries) CommunityUnarchive(ctx context.Context, host string) (Communit
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.DeletionState,
+		&i.DeletionFenceGeneration,
 	)
 	return i, err
 }

@@ -431,6 +431,93 @@ type Community struct {
 	ArchivedAt    *time.Time
 	DeletedAt     *time.Time
 	DeletionState string
+	// Bumped when a deletion fences the community; only the executor presenting this generation may write to a fenced community.
+	DeletionFenceGeneration int64
+}
+
+type CommunityDeletionApproval struct {
+	RequestID       uuid.UUID
+	CommunityID     uuid.UUID
+	InventoryDigest []byte
+	ApprovedBy      string
+	Note            *string
+	ApprovedAt      time.Time
+}
+
+type CommunityDeletionCheckpoint struct {
+	RequestID       uuid.UUID
+	Sequence        int64
+	Stage           string
+	UnitKey         string
+	Status          string
+	LeaseGeneration int64
+	Attempts        int32
+	Detail          json.RawMessage
+	Error           *string
+	StartedAt       time.Time
+	CompletedAt     *time.Time
+}
+
+type CommunityDeletionExecutorHeartbeat struct {
+	ExecutorID      string
+	Mode            string
+	RequestID       *uuid.UUID
+	LeaseGeneration *int64
+	Stage           *string
+	StartedAt       time.Time
+	HeartbeatAt     time.Time
+	Draining        bool
+	StoppedAt       *time.Time
+}
+
+type CommunityDeletionManifestKey struct {
+	RequestID uuid.UUID
+	ChunkNo   int64
+	Prefix    string
+	KeyClass  string
+	Keys      json.RawMessage
+	DeletedAt *time.Time
+}
+
+// Whole-community deletions, one per community; rows are never deleted (evidence).
+type CommunityDeletionRequest struct {
+	ID                  uuid.UUID
+	CommunityID         uuid.UUID
+	CommunityHost       string
+	Stage               string
+	RequestedBy         string
+	Reason              *string
+	InventoryManifest   []byte
+	InventoryDigest     []byte
+	InventoryFrozenAt   *time.Time
+	DestructiveManifest []byte
+	DestructiveFrozenAt *time.Time
+	FenceGeneration     *int64
+	LeaseOwner          *string
+	LeaseGeneration     int64
+	LeaseUntil          *time.Time
+	Attempts            int32
+	RetryCount          int32
+	RetryStage          *string
+	NextAttemptAt       time.Time
+	LastError           *string
+	LastErrorAt         *time.Time
+	BlockedAt           *time.Time
+	BlockedReason       *string
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+	CompletedAt         *time.Time
+}
+
+type CommunityServingWriteLease struct {
+	ID              uuid.UUID
+	CommunityID     uuid.UUID
+	Operation       string
+	Owner           string
+	FenceGeneration int64
+	LeaseUntil      time.Time
+	HeartbeatAt     time.Time
+	CreatedAt       time.Time
 }
 
 // Accepted Nostr events, one row per (community, event). Ephemeral kinds never land here.
@@ -533,6 +620,15 @@ type ScheduledWorkflowFire struct {
 
 type SchemaVersion struct {
 	Version int32
+}
+
+type StorageTaxonomySweep struct {
+	ID                 uuid.UUID
+	StartedAt          time.Time
+	CompletedAt        time.Time
+	ListedObjects      int64
+	UnknownObjectCount int64
+	UnknownKeySample   json.RawMessage
 }
 
 type ThreadMetadatum struct {

@@ -135,6 +135,8 @@ func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMe
 const outboxReapExpired = `-- name: OutboxReapExpired :execrows
 DELETE FROM operator_listener_outbox
 WHERE created_at < coalesce($1::timestamptz, now()) - interval '1 millisecond' * $2::bigint
+  -- A community being deleted is skipped (its deletion removes the rows).
+  AND community_write_allowed(community_id)
 `
 
 type OutboxReapExpiredParams struct {

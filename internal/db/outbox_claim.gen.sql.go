@@ -22,6 +22,8 @@ WITH candidates AS (
       AND (o.state = 'pending'
            OR (o.state = 'sending' AND o.lease_until < coalesce($2::timestamptz, now())))
       AND o.listener_pubkey = ANY($6::bytea[])
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(o.community_id)
       AND o.id = ANY($7::uuid[])
     ORDER BY o.next_attempt_at, o.created_at, o.id
     LIMIT $8::int
@@ -121,6 +123,8 @@ WITH candidates AS (
       AND (o.state = 'pending'
            OR (o.state = 'sending' AND o.lease_until < coalesce($2::timestamptz, now())))
       AND o.listener_pubkey = ANY($6::bytea[])
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(o.community_id)
     ORDER BY o.next_attempt_at, o.created_at, o.id
     LIMIT $7::int
     FOR UPDATE OF o SKIP LOCKED

@@ -125,6 +125,8 @@ const workflowApprovalsExpire = `-- name: WorkflowApprovalsExpire :many
 UPDATE workflow_approvals
 SET status = 'expired'
 WHERE status = 'pending' AND expires_at <= coalesce($1::timestamptz, now())
+  -- A community being deleted is skipped (its deletion removes the rows).
+  AND community_write_allowed(community_id)
 RETURNING community_id, run_id
 `
 

@@ -19,6 +19,8 @@ WITH candidates AS (
     FROM workflow_runs r
     WHERE ((r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now()))
            OR (r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())))
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
       AND r.id = ANY($4::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT $5::int
@@ -118,6 +120,8 @@ WITH candidates AS (
     FROM workflow_runs r
     WHERE ((r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now()))
            OR (r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())))
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT $4::int
     FOR UPDATE OF r SKIP LOCKED

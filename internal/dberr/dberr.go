@@ -33,6 +33,15 @@ var (
 	// ErrQueryCanceled: the statement was cancelled, e.g. by
 	// statement_timeout (57014).
 	ErrQueryCanceled = errors.New("query canceled")
+	// ErrDeletionLeaseLost: a community deletion step ran under a lease
+	// this executor no longer holds (BZ001); its successor owns the request.
+	ErrDeletionLeaseLost = errors.New("deletion lease lost")
+	// ErrDeletionSafety: a community deletion rule refused the step (BZ002,
+	// or 23000 from the deletion guards); retrying cannot help.
+	ErrDeletionSafety = errors.New("deletion safety rule")
+	// ErrServingWritesNotDrained: a deletion waits for live serving-write
+	// leases of the community (BZ003); a later attempt may pass.
+	ErrServingWritesNotDrained = errors.New("serving writes not drained")
 )
 
 // ViolationKind says which sort of constraint a violation broke.
@@ -116,6 +125,12 @@ func Interpret(err error) error {
 		sentinel = ErrInvalidTransactionState
 	case pgErr.Code == "57014":
 		sentinel = ErrQueryCanceled
+	case pgErr.Code == "BZ001":
+		sentinel = ErrDeletionLeaseLost
+	case pgErr.Code == "BZ002" || pgErr.Code == "23000":
+		sentinel = ErrDeletionSafety
+	case pgErr.Code == "BZ003":
+		sentinel = ErrServingWritesNotDrained
 	default:
 		return err
 	}

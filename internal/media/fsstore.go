@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -169,6 +170,91 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 		return nil
 	})
 	return keys, err
+}
+
+// Walk visits the prefix's directory tree depth first, each directory's
+// names in sorted order: every key shape under a community prefix has
+// fixed-length components, so this is ascending key order. A directory's
+// names are the only listing held in memory (as bare strings: a
+// community's upload directory holds one entry per blob).
+func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+	dir := s.root // the whole store
+	if prefix != "" {
+		var err error
+		if dir, err = s.path(strings.TrimSuffix(prefix, "/")); err != nil {
+			return err
+		}
+	}
+	return s.walkDir(ctx, dir, fn)
+}
+
+func (s *FSStore) walkDir(ctx context.Context, dir string, fn func(key string, size int64) error) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for i, name := range names {
+		names[i] = "" // let the walked part of a huge listing go
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p := filepath.Join(dir, name)
+		info, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // deleted while walking
+		}
+		if err != nil {
+			return err
+		}
+		if info.IsDir() {
+			if strings.HasPrefix(name, ".") {
+				continue // partial writes
+			}
+			if err := s.walkDir(ctx, p, fn); err != nil {
+				return err
+			}
+			continue
+		}
+		rel, err := filepath.Rel(s.root, p)
+		if err != nil {
+			return err
+		}
+		if err := fn(filepath.ToSlash(rel), info.Size()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteKeys removes each file, telling removed from already absent.
+func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error) {
+	for _, key := range keys {
+		if err := ctx.Err(); err != nil {
+			return deleted, missing, err
+		}
+		p, err := s.path(key)
+		if err != nil {
+			return deleted, missing, err
+		}
+		switch err := os.Remove(p); {
+		case err == nil:
+			deleted++
+		case errors.Is(err, fs.ErrNotExist):
+			missing++
+		default:
+			return deleted, missing, err
+		}
+	}
+	return deleted, missing, nil
 }
 
 // Children lists the subdirectories of the prefix's directory.

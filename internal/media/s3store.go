@@ -127,6 +127,42 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, nil
 }
 
+// Walk pages through the listing (S3 returns keys in ascending order, a
+// thousand per page), so memory holds one page whatever the prefix holds.
+func (s *S3Store) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the lister when fn fails
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			return obj.Err
+		}
+		if err := fn(obj.Key, obj.Size); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// DeleteKeys uses multi-object delete (up to a thousand keys a request).
+// S3 answers success for an absent key, so every key counts as deleted.
+func (s *S3Store) DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error) {
+	objects := make(chan minio.ObjectInfo, len(keys))
+	for _, key := range keys {
+		objects <- minio.ObjectInfo{Key: key}
+	}
+	close(objects)
+	var failed []string
+	for res := range s.client.RemoveObjects(ctx, s.bucket, objects, minio.RemoveObjectsOptions{}) {
+		if res.Err != nil && !notFound(res.Err) {
+			failed = append(failed, res.ObjectName+": "+res.Err.Error())
+		}
+	}
+	if len(failed) > 0 {
+		return 0, 0, fmt.Errorf("media: %d of %d keys not deleted, first: %s", len(failed), len(keys), failed[0])
+	}
+	return len(keys), 0, ctx.Err()
+}
+
 // Children lists the common prefixes one level under prefix.
 func (s *S3Store) Children(ctx context.Context, prefix string) ([]string, error) {
 	var names []string

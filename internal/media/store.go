@@ -52,4 +52,15 @@ type Store interface {
 	// Check reports whether the store can serve: its directory or bucket
 	// exists and answers.
 	Check(ctx context.Context) error
+	// Walk calls fn for every key under prefix (which ends with a slash;
+	// "" is the whole store),
+	// in ascending key order, with its size, holding at most one listing
+	// page in memory whatever the prefix holds. An error from fn stops the
+	// walk and is returned.
+	Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error
+	// DeleteKeys removes keys in as few requests as the store allows.
+	// deleted counts keys removed now; missing counts keys already absent
+	// (a store that cannot tell them apart counts every key as deleted).
+	// A key that could not be deleted is an error.
+	DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error)
 }

@@ -3,8 +3,10 @@ package media_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -77,6 +79,49 @@ func TestStoreContract(t *testing.T) {
 			require.NoError(t, s.Delete(ctx, "blob.bin"), "deleting an absent key is not an error")
 			_, err = s.Stat(ctx, "blob.bin")
 			require.ErrorIs(t, err, media.ErrNotFound)
+		})
+	}
+}
+
+// Walk streams a prefix's keys in ascending order with their sizes, and
+// DeleteKeys removes a batch, on both stores. Kills: a filesystem walk in
+// directory order (unsorted), a walk that leaks into a sibling prefix, a
+// bulk delete that stops at an absent key.
+func TestStoreWalkAndDeleteKeys(t *testing.T) {
+	t.Parallel()
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := open(t)
+			keys := []string{"_uploads/c/b/2.json", "_uploads/c/a/1.json", "_uploads/c/a/0.json", "_uploads/c/c/9.json", "_uploads/d/a/0.json", "top.bin"}
+			for i, k := range keys {
+				body := strings.Repeat("x", i+1)
+				require.NoError(t, s.Put(ctx, k, strings.NewReader(body), int64(len(body)), "application/json"))
+			}
+			var walked []string
+			var sizes []int64
+			require.NoError(t, s.Walk(ctx, "_uploads/c/", func(key string, size int64) error {
+				walked = append(walked, key)
+				sizes = append(sizes, size)
+				return nil
+			}))
+			require.Equal(t, []string{"_uploads/c/a/0.json", "_uploads/c/a/1.json", "_uploads/c/b/2.json", "_uploads/c/c/9.json"}, walked)
+			require.Equal(t, []int64{3, 2, 1, 4}, sizes)
+			var all int
+			require.NoError(t, s.Walk(ctx, "", func(string, int64) error { all++; return nil }))
+			require.Equal(t, len(keys), all, "the whole store")
+			require.NoError(t, s.Walk(ctx, "_nothing/", func(string, int64) error { return errors.New("called") }))
+
+			deleted, missing, err := s.DeleteKeys(ctx, []string{"_uploads/c/a/0.json", "_uploads/c/a/gone.json", "_uploads/c/b/2.json"})
+			require.NoError(t, err)
+			require.Equal(t, 3, deleted+missing)
+			if name == "fs" {
+				require.Equal(t, 1, missing, "the filesystem tells an absent key apart")
+			}
+			left, err := s.List(ctx, "_uploads/")
+			require.NoError(t, err)
+			require.ElementsMatch(t, []string{"_uploads/c/a/1.json", "_uploads/c/c/9.json", "_uploads/d/a/0.json"}, left)
 		})
 	}
 }

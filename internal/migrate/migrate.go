@@ -48,18 +48,37 @@ func newMigrator(ctx context.Context, conn *pgx.Conn) (*migrate.Migrator, error)
 
 // Up applies every pending migration.
 func Up(ctx context.Context, conn *pgx.Conn) error {
+	return To(ctx, conn, -1)
+}
+
+// SchemaDestructionLockKey is the advisory lock a migration run holds
+// exclusively and a community deletion's destructive steps hold shared:
+// a migration adding a community-scoped table cannot commit between a
+// deletion's catalog check and its purge. It spells "buzzdel1"; the SQL
+// function community_schema_destruction_lock_key returns the same number.
+const SchemaDestructionLockKey int64 = 0x62757a7a64656c31
+
+// To migrates up or down to version (0 drops everything, -1 is the latest).
+func To(ctx context.Context, conn *pgx.Conn, version int32) (err error) {
 	m, err := newMigrator(ctx, conn)
 	if err != nil {
 		return err
 	}
-	return m.Migrate(ctx)
-}
-
-// To migrates up or down to version (0 drops everything).
-func To(ctx context.Context, conn *pgx.Conn, version int32) error {
-	m, err := newMigrator(ctx, conn)
-	if err != nil {
+	// A deletion purging right now holds the lock shared; wait for it
+	// however long it takes, rather than the session's lock timeout.
+	if _, err := conn.Exec(ctx, "SET lock_timeout = 0"); err != nil {
 		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", SchemaDestructionLockKey); err != nil {
+		return fmt.Errorf("schema destruction lock: %w", err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", SchemaDestructionLockKey); err == nil {
+			err = uerr
+		}
+	}()
+	if version < 0 {
+		return m.Migrate(ctx)
 	}
 	return m.MigrateTo(ctx, version)
 }

@@ -7,13 +7,9 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
-)
 
-// communityClosedChannel is where the database announces that a
-// community's deletion fenced it (a trigger on communities): every relay
-// on the database listens, so every relay closes that community's
-// connections, with or without Redis.
-const communityClosedChannel = "buzz_community_closed"
+	"github.com/buzzrelay/buzz/internal/community"
+)
 
 // closeReasonCommunityDeleted is the WebSocket close reason (with 1008) a
 // deleted community's clients receive.
@@ -26,7 +22,10 @@ const (
 )
 
 // WatchCommunityClosures closes the live connections of every community
-// the database announces closed, for as long as ctx lasts. After each
+// the database announces closed (a trigger on communities notifies
+// community.ClosedChannel when a deletion fences one), for as long as ctx
+// lasts. Every relay on the database listens, so every relay closes them,
+// with or without Redis. After each
 // (re)connection, and every BUZZ_CLOSED_COMMUNITY_SWEEP, it also asks the
 // database which of the communities it holds connections for are closed:
 // an announcement sent while the listener was reconnecting is lost, and a
@@ -61,7 +60,7 @@ func (s *Server) listenForClosures(ctx context.Context) (listening bool, err err
 	// A listening session must never go back to the pool.
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+communityClosedChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+community.ClosedChannel); err != nil {
 		return false, err
 	}
 	for {

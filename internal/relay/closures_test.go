@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
@@ -15,15 +14,26 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// closeCommunity moves the community to the state its deletion fences it
-// in, as the deletion executor does.
-func closeCommunity(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
+// fenceCommunity takes the community at host through its deletion up to
+// the fence, with the SQL steps the deletion executor runs.
+func fenceCommunity(t *testing.T, pool *pgxpool.Pool, host string) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), `UPDATE communities SET deletion_state = 'fenced' WHERE id = $1`, id)
+	ctx := context.Background()
+	req, err := deletion.Submit(ctx, pool, nil, host, "ops@example", "test")
+	require.NoError(t, err)
+	req, err = deletion.Approve(ctx, pool, req.ID, "lead@example", "test")
+	require.NoError(t, err)
+	q := db.New(pool)
+	row, err := q.DeletionRequestClaim(ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
+	require.NoError(t, err)
+	require.NoError(t, q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration}))
+	_, err = q.DeletionRequestFence(ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration})
 	require.NoError(t, err)
 }
 
@@ -80,7 +90,7 @@ func TestDeletedCommunityIsClosedOnEveryRelay(t *testing.T) {
 		}
 		deleted, kept = append(deleted, d), append(kept, k)
 	}
-	closeCommunity(t, pool, a.CommunityID)
+	fenceCommunity(t, pool, a.Host)
 	for _, c := range deleted {
 		requireClosedForDeletion(t, c)
 	}
@@ -107,7 +117,7 @@ func TestClosedCommunitySweepCatchesALostAnnouncement(t *testing.T) {
 	c.Auth(nil)
 	_, err := pool.Exec(context.Background(), `ALTER TABLE communities DISABLE TRIGGER communities_announce_closed`)
 	require.NoError(t, err)
-	closeCommunity(t, pool, r.CommunityID)
+	fenceCommunity(t, pool, r.Host)
 	requireClosedForDeletion(t, c)
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -254,6 +256,17 @@ func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant co
 	return ev, true
 }
 
+// mediaFenced answers a media write the community's deletion refused
+// (503: the community accepts no writes) or a lease that could not be
+// taken for another reason.
+func (s *Server) mediaFenced(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
+	if errors.Is(err, dberr.ErrNotInPrerequisiteState) {
+		mediaError(w, http.StatusServiceUnavailable, "error: community writes are fenced")
+		return
+	}
+	s.mediaFailed(w, r, tenant, err)
+}
+
 func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	ev, ok := s.mediaUploader(w, r, tenant)
 	if !ok {
@@ -292,7 +305,17 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		}
 		return nil
 	}
-	d, err := s.media.Upload(r.Context(), tenant.ID(), ev.PubKey, r.Body, accept)
+	// The upload writes objects outside the database: it holds a
+	// serving-write lease, so a community deletion waits for it before
+	// listing what to delete, and an upload cannot start once the
+	// deletion began.
+	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_upload")
+	if err != nil {
+		s.mediaFenced(w, r, tenant, err)
+		return
+	}
+	defer lease.Release(r.Context())
+	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, r.Body, accept)
 	if err != nil {
 		s.mediaFailed(w, r, tenant, err)
 		return
@@ -424,7 +447,13 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		s.mediaUnauthorized(w, tenant, err)
 		return
 	}
-	if err := s.media.Delete(r.Context(), tenant.ID(), sha, ev.PubKey); err != nil {
+	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_delete")
+	if err != nil {
+		s.mediaFenced(w, r, tenant, err)
+		return
+	}
+	defer lease.Release(r.Context())
+	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
 		s.mediaFailed(w, r, tenant, err)
 		return
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
@@ -216,6 +217,12 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := s.pool.Ping(ctx); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+		return
+	}
+	// A community-scoped table without its write fence would let writes
+	// land in a community being deleted: not ready until it is fixed.
+	if err := deletion.CheckReady(ctx, s.pool); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "community write fence incomplete", "detail": err.Error()})
 		return
 	}
 	ready := map[string]string{"status": "ready"}

@@ -1,0 +1,376 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/term"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/deletion"
+	"github.com/buzzrelay/buzz/internal/media"
+)
+
+// exitError ends the process with code after err (if any) was printed.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e exitError) Unwrap() error { return e.err }
+
+// Exit codes of `deletions`: a request that could not be claimed (blocked,
+// leased by another executor, finished) is 5, a run that ended blocked or
+// failed is 1.
+const (
+	exitRunFailed   = 1
+	exitNotRunnable = 5
+)
+
+// requestJSON is the stable JSON shape of a deletion request.
+type requestJSON struct {
+	ID                  uuid.UUID       `json:"id"`
+	CommunityID         uuid.UUID       `json:"community_id"`
+	Host                string          `json:"host"`
+	Stage               string          `json:"stage"`
+	RequestedBy         string          `json:"requested_by"`
+	Reason              *string         `json:"reason"`
+	InventoryDigest     string          `json:"inventory_digest"`
+	Inventory           json.RawMessage `json:"inventory,omitempty"`
+	ObjectManifest      json.RawMessage `json:"object_manifest,omitempty"`
+	FenceGeneration     *int64          `json:"fence_generation"`
+	LeaseOwner          *string         `json:"lease_owner"`
+	LeaseGeneration     int64           `json:"lease_generation"`
+	LeaseUntil          *time.Time      `json:"lease_until"`
+	Attempts            int32           `json:"attempts"`
+	RetryCount          int32           `json:"retry_count"`
+	NextAttemptAt       time.Time       `json:"next_attempt_at"`
+	LastError           *string         `json:"last_error"`
+	BlockedAt           *time.Time      `json:"blocked_at"`
+	BlockedReason       *string         `json:"blocked_reason"`
+	CreatedAt           time.Time       `json:"created_at"`
+	UpdatedAt           time.Time       `json:"updated_at"`
+	CompletedAt         *time.Time      `json:"completed_at"`
+	Approval            *approvalJSON   `json:"approval,omitempty"`
+	Checkpoints         []checkpointRow `json:"checkpoints,omitempty"`
+	includeFullManifest bool
+}
+
+type approvalJSON struct {
+	ApprovedBy      string    `json:"approved_by"`
+	Note            *string   `json:"note"`
+	InventoryDigest string    `json:"inventory_digest"`
+	ApprovedAt      time.Time `json:"approved_at"`
+}
+
+type checkpointRow struct {
+	Sequence        int64           `json:"sequence"`
+	Stage           string          `json:"stage"`
+	UnitKey         string          `json:"unit_key"`
+	Status          string          `json:"status"`
+	LeaseGeneration int64           `json:"lease_generation"`
+	Attempts        int32           `json:"attempts"`
+	Detail          json.RawMessage `json:"detail"`
+	Error           *string         `json:"error"`
+	StartedAt       time.Time       `json:"started_at"`
+	CompletedAt     *time.Time      `json:"completed_at"`
+}
+
+func toRequestJSON(r db.CommunityDeletionRequest, full bool) requestJSON {
+	out := requestJSON{ID: r.ID, CommunityID: r.CommunityID, Host: r.CommunityHost, Stage: r.Stage, RequestedBy: r.RequestedBy,
+		Reason: r.Reason, InventoryDigest: hex.EncodeToString(r.InventoryDigest), FenceGeneration: r.FenceGeneration,
+		LeaseOwner: r.LeaseOwner, LeaseGeneration: r.LeaseGeneration, LeaseUntil: r.LeaseUntil, Attempts: r.Attempts,
+		RetryCount: r.RetryCount, NextAttemptAt: r.NextAttemptAt, LastError: r.LastError, BlockedAt: r.BlockedAt,
+		BlockedReason: r.BlockedReason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt}
+	if full {
+		out.Inventory = r.InventoryManifest
+		out.ObjectManifest = r.DestructiveManifest
+	}
+	return out
+}
+
+const deletionsUsage = `usage: buzz-admin deletions sweep
+       buzz-admin deletions submit [--host HOST] --requested-by WHO [--reason WHY]
+       buzz-admin deletions list [--limit N]
+       buzz-admin deletions inspect ID
+       buzz-admin deletions approve ID --approved-by WHO [--note NOTE]
+       buzz-admin deletions unblock ID --unblocked-by WHO --reason WHY
+       buzz-admin deletions run ID [--executor-id ID]
+       buzz-admin deletions drain [--executor-id ID]`
+
+func runDeletions(ctx context.Context, verb string, args []string, getenv func(string) string, out io.Writer) error {
+	switch verb {
+	case "sweep", "submit", "list", "inspect", "approve", "unblock", "run", "drain":
+	default:
+		// Deliberately no continuous worker: deletion runs only when an
+		// operator starts it.
+		return usageError{}
+	}
+	fs := flag.NewFlagSet("deletions "+verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	host := fs.String("host", "", "community host (default: the host of BUZZ_RELAY_URL)")
+	requestedBy := fs.String("requested-by", "", "who asks for the deletion")
+	reason := fs.String("reason", "", "why")
+	limit := fs.Int("limit", 100, "requests to list (1..1000)")
+	approvedBy := fs.String("approved-by", "", "who approves")
+	note := fs.String("note", "", "approval note")
+	unblockedBy := fs.String("unblocked-by", "", "who unblocks")
+	executorID := fs.String("executor-id", "", "executor name in leases (default {hostname}:{pid})")
+	// The request id comes first, flags after it.
+	var positional []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		positional, args = append(positional, args[0]), args[1:]
+	}
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return usageError{}
+	}
+	needID := verb == "inspect" || verb == "approve" || verb == "unblock" || verb == "run"
+	if (needID && len(positional) != 1) || (!needID && len(positional) != 0) {
+		return usageError{}
+	}
+	var id uuid.UUID
+	if needID {
+		var err error
+		if id, err = uuid.Parse(positional[0]); err != nil {
+			return fmt.Errorf("%q is not a request id", positional[0])
+		}
+	}
+
+	url := getenv("BUZZ_DATABASE_URL")
+	if url == "" {
+		return errors.New("BUZZ_DATABASE_URL is not set")
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := db.New(pool)
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+
+	switch verb {
+	case "submit":
+		if strings.TrimSpace(*requestedBy) == "" {
+			return errors.New("--requested-by is required")
+		}
+		target := community.NormalizeHost(*host)
+		if *host == "" {
+			target = community.RelayURLAuthority(getenv("BUZZ_RELAY_URL"))
+		}
+		if target == "" {
+			return errors.New("pass --host or set BUZZ_RELAY_URL")
+		}
+		svc, err := services(ctx, getenv, false)
+		if err != nil {
+			return err
+		}
+		defer svc.close()
+		req, err := deletion.Submit(ctx, pool, svc.store, target, *requestedBy, *reason)
+		if err != nil {
+			return err
+		}
+		return enc.Encode(toRequestJSON(req, true))
+	case "list":
+		if *limit < 1 || *limit > 1000 {
+			return errors.New("--limit must be from 1 to 1000")
+		}
+		rows, err := q.DeletionRequestList(ctx, int32(*limit))
+		if err != nil {
+			return err
+		}
+		list := make([]requestJSON, 0, len(rows))
+		for _, r := range rows {
+			list = append(list, toRequestJSON(r, false))
+		}
+		return enc.Encode(list)
+	case "inspect":
+		return inspect(ctx, q, id, enc)
+	case "approve":
+		if strings.TrimSpace(*approvedBy) == "" {
+			return errors.New("--approved-by is required")
+		}
+		if _, err := deletion.Approve(ctx, pool, id, *approvedBy, *note); err != nil {
+			return err
+		}
+		return inspect(ctx, q, id, enc)
+	case "unblock":
+		if _, err := deletion.Unblock(ctx, pool, id, *unblockedBy, *reason); err != nil {
+			return err
+		}
+		return inspect(ctx, q, id, enc)
+	case "run", "drain":
+		return runExecutor(ctx, verb, id, *executorID, pool, getenv, out)
+	case "sweep":
+		return sweep(ctx, q, getenv, enc)
+	}
+	return usageError{}
+}
+
+func inspect(ctx context.Context, q *db.Queries, id uuid.UUID, enc *json.Encoder) error {
+	r, err := q.DeletionRequestGet(ctx, id)
+	if dberr.IsNotFound(err) {
+		return fmt.Errorf("no deletion request %s", id)
+	}
+	if err != nil {
+		return err
+	}
+	out := toRequestJSON(r, true)
+	if a, err := q.DeletionApprovalGet(ctx, id); err == nil {
+		out.Approval = &approvalJSON{ApprovedBy: a.ApprovedBy, Note: a.Note, InventoryDigest: hex.EncodeToString(a.InventoryDigest), ApprovedAt: a.ApprovedAt}
+	} else if !dberr.IsNotFound(err) {
+		return err
+	}
+	cps, err := q.DeletionCheckpointsOfRequest(ctx, id)
+	if err != nil {
+		return err
+	}
+	out.Checkpoints = []checkpointRow{}
+	for _, c := range cps {
+		out.Checkpoints = append(out.Checkpoints, checkpointRow{Sequence: c.Sequence, Stage: c.Stage, UnitKey: c.UnitKey, Status: c.Status,
+			LeaseGeneration: c.LeaseGeneration, Attempts: c.Attempts, Detail: c.Detail, Error: c.Error, StartedAt: c.StartedAt, CompletedAt: c.CompletedAt})
+	}
+	return enc.Encode(out)
+}
+
+// serviceSet is the media store and Redis client the settings name.
+type serviceSet struct {
+	store media.Store
+	redis *redis.Client
+}
+
+func (s serviceSet) close() {
+	if s.redis != nil {
+		s.redis.Close()
+	}
+}
+
+// services builds the object store (the relay's media settings) and, when
+// BUZZ_REDIS_URL is set, a Redis client.
+func services(ctx context.Context, getenv func(string) string, withRedis bool) (serviceSet, error) {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return serviceSet{}, err
+	}
+	var s serviceSet
+	switch cfg.MediaStore {
+	case "s3":
+		st, err := media.NewS3Store(media.S3Config{Endpoint: cfg.MediaS3Endpoint, Bucket: cfg.MediaS3Bucket,
+			AccessKey: cfg.MediaS3AccessKey, SecretKey: cfg.MediaS3SecretKey, Region: cfg.MediaS3Region, UseTLS: cfg.MediaS3TLS})
+		if err != nil {
+			return s, err
+		}
+		s.store = st
+	default:
+		if cfg.MediaDir != "" {
+			st, err := media.NewFSStore(cfg.MediaDir)
+			if err != nil {
+				return s, err
+			}
+			s.store = st
+		}
+	}
+	if withRedis && cfg.RedisURL != "" {
+		opts, err := redis.ParseURL(cfg.RedisURL)
+		if err != nil {
+			return s, fmt.Errorf("BUZZ_REDIS_URL: %w", err)
+		}
+		s.redis = redis.NewClient(opts)
+		if err := s.redis.Ping(ctx).Err(); err != nil {
+			s.redis.Close()
+			return serviceSet{}, fmt.Errorf("redis: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID string, pool *pgxpool.Pool, getenv func(string) string, out io.Writer) error {
+	cfg, err := deletion.ConfigFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	svc, err := services(ctx, getenv, true)
+	if err != nil {
+		err = fmt.Errorf("deletion services: %w", err)
+		if verb == "run" {
+			// On record, without a lease: the operator fixes the setting
+			// and unblocks.
+			if _, berr := db.New(pool).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: id, Message: err.Error()}); berr != nil {
+				err = errors.Join(err, berr)
+			}
+		}
+		return exitError{code: exitRunFailed, err: err}
+	}
+	defer svc.close()
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	display := newProgressDisplay(out)
+	exec := deletion.NewExecutor(deletion.Options{Pool: pool, Store: svc.store, Redis: svc.redis, ID: executorID, Mode: verb,
+		Config: cfg, Progress: display.update})
+	var outcomes []deletion.Outcome
+	if verb == "run" {
+		o, err := exec.Run(ctx, id)
+		if errors.Is(err, deletion.ErrNotRunnable) {
+			display.finish()
+			return exitError{code: exitNotRunnable, err: err}
+		}
+		if err != nil {
+			display.finish()
+			return exitError{code: exitRunFailed, err: err}
+		}
+		outcomes = append(outcomes, o)
+	} else if outcomes, err = exec.Drain(ctx); err != nil {
+		display.finish()
+		return exitError{code: exitRunFailed, err: err}
+	}
+	display.finish()
+	if outcomes == nil {
+		outcomes = []deletion.Outcome{}
+	}
+	if display.jsonLines {
+		if err := json.NewEncoder(out).Encode(map[string]any{"outcomes": outcomes}); err != nil {
+			return err
+		}
+	} else {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(outcomes); err != nil {
+			return err
+		}
+	}
+	for _, o := range outcomes {
+		if o.Failed() {
+			return exitError{code: exitRunFailed}
+		}
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/deletion"
+)
+
+// The operator's whole path through the CLI: submit, approve, run (JSON
+// progress lines when stdout is not a terminal), a rerun of the finished
+// request exits 5, list and inspect show the evidence, and there is no
+// continuous worker command. Kills: a run that exits 0 on a request it
+// could not claim.
+func TestDeletionsCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	mediaDir := t.TempDir()
+	env := map[string]string{"BUZZ_DATABASE_URL": url, "BUZZ_MEDIA_DIR": mediaDir, "BUZZ_REDIS_URL": dbtest.RedisURL(t)}
+	getenv := func(k string) string { return env[k] }
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, args, getenv, &out)
+		return out.String(), err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = db.New(pool).CommunityCreate(ctx, "cli-doomed.test")
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(filepath.Join(mediaDir, "stray"), 0o750))
+	require.NoError(t, os.WriteFile(filepath.Join(mediaDir, "stray", "file.txt"), []byte("?"), 0o600))
+
+	_, err = cmd("deletions", "submit", "--host", "cli-doomed.test")
+	require.ErrorContains(t, err, "--requested-by")
+	out, err := cmd("deletions", "submit", "--host", "CLI-Doomed.test", "--requested-by", "ops", "--reason", "customer left")
+	require.NoError(t, err)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.Equal(t, deletion.StageInventoried, req.Stage)
+	require.Len(t, req.InventoryDigest, 64)
+
+	_, err = cmd("deletions", "run", req.ID.String())
+	var exit exitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, exitNotRunnable, exit.code, "not approved yet")
+
+	out, err = cmd("deletions", "approve", req.ID.String(), "--approved-by", "lead", "--note", "ticket 42")
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.Equal(t, deletion.StageApproved, req.Stage)
+	require.Equal(t, req.InventoryDigest, req.Approval.InventoryDigest)
+
+	out, err = cmd("deletions", "run", req.ID.String(), "--executor-id", "cli-test")
+	require.NoError(t, err, out)
+	var progressLines int
+	var last map[string]json.RawMessage
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		last = nil
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &last), "every line is JSON: %s", sc.Text())
+		if _, ok := last["progress"]; ok {
+			progressLines++
+		}
+	}
+	require.Positive(t, progressLines)
+	var outcomes []deletion.Outcome
+	require.NoError(t, json.Unmarshal(last["outcomes"], &outcomes))
+	require.Len(t, outcomes, 1)
+	require.Equal(t, deletion.StageRetentionPending, outcomes[0].Stage)
+
+	_, err = cmd("deletions", "run", req.ID.String())
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, exitNotRunnable, exit.code, "a finished request is not rerun")
+	out, err = cmd("deletions", "drain")
+	require.NoError(t, err, "nothing to drain is success")
+	require.Contains(t, out, `"outcomes":[]`)
+
+	out, err = cmd("deletions", "list", "--limit", "5")
+	require.NoError(t, err)
+	var list []requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list, 1)
+	out, err = cmd("deletions", "inspect", req.ID.String())
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.NotEmpty(t, req.Checkpoints)
+	require.Nil(t, req.LeaseOwner, "a finished request holds no lease")
+	beats, err := db.New(pool).DeletionExecutorHeartbeats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "cli-test", beats[0].ExecutorID)
+	require.NotNil(t, beats[0].StoppedAt)
+
+	_, err = cmd("deletions", "worker")
+	require.ErrorAs(t, err, &usageError{}, "no continuous worker")
+
+	out, err = cmd("deletions", "sweep")
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, exitRunFailed, exit.code, "an unknown key makes the sweep exit 1")
+	require.Contains(t, out, "stray/file.txt")
+}
+
+// A run that cannot reach its services blocks the request on record,
+// without taking a lease; repeated attempts count up on one checkpoint,
+// and unblock clears it. Kills: a run that fails without recording why.
+func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := map[string]string{"BUZZ_DATABASE_URL": url, "BUZZ_REDIS_URL": "redis://127.0.0.1:1/0"}
+	getenv := func(k string) string { return env[k] }
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, args, getenv, &out)
+		return out.String(), err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = db.New(pool).CommunityCreate(ctx, "cli-nosvc.test")
+	require.NoError(t, err)
+	out, err := cmd("deletions", "submit", "--host", "cli-nosvc.test", "--requested-by", "ops")
+	require.NoError(t, err)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	_, err = cmd("deletions", "approve", req.ID.String(), "--approved-by", "lead")
+	require.NoError(t, err)
+	for i := 0; i < 2; i++ {
+		_, err = cmd("deletions", "run", req.ID.String())
+		var exit exitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, exitRunFailed, exit.code)
+		require.ErrorContains(t, err, "redis")
+	}
+	out, err = cmd("deletions", "inspect", req.ID.String())
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.NotNil(t, req.BlockedReason)
+	require.Contains(t, *req.BlockedReason, "redis")
+	require.Nil(t, req.LeaseOwner)
+	var setup *checkpointRow
+	for i := range req.Checkpoints {
+		if req.Checkpoints[i].UnitKey == "pre_claim:service_setup" {
+			setup = &req.Checkpoints[i]
+		}
+	}
+	require.NotNil(t, setup)
+	require.EqualValues(t, 2, setup.Attempts)
+	_, err = cmd("deletions", "unblock", req.ID.String(), "--unblocked-by", "oncall", "--reason", "redis is back")
+	require.NoError(t, err)
+}
