@@ -39,6 +39,14 @@ type Options struct {
 	// DataDir becomes a streaming hot standby of it (pg_basebackup -R)
 	// instead of a new cluster.
 	StandbyOf int
+	// StandbySlot, with StandbyOf, names a physical replication slot the
+	// copy creates on the primary, so the primary keeps every WAL segment
+	// until the standby has it: without one a standby that falls behind a
+	// busy primary (a test run creates and drops hundreds of databases) finds
+	// the segment it needs recycled and stops replaying for good. A slot
+	// whose standby is gone keeps WAL forever, so only throwaway primaries
+	// get one.
+	StandbySlot string
 }
 
 // Cluster is a running private cluster.
@@ -323,8 +331,12 @@ func (c *Cluster) Close() error {
 // basebackup copies the primary at opts.StandbyOf into the empty data
 // directory with the settings to follow it (-R), then appends opts.Settings.
 func (c *Cluster) basebackup(ctx context.Context, opts Options) error {
-	if err := c.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(opts.StandbyOf), "-U", "postgres",
-		"-D", c.dataDir, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
+	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(opts.StandbyOf), "-U", "postgres",
+		"-D", c.dataDir, "-R", "-X", "stream", "--no-sync", "-c", "fast"}
+	if opts.StandbySlot != "" {
+		args = append(args, "-C", "-S", opts.StandbySlot)
+	}
+	if err := c.run(ctx, "pg_basebackup", args...); err != nil {
 		return err
 	}
 	var conf bytes.Buffer
@@ -366,7 +378,9 @@ func StartStandbyOf(ctx context.Context, primaryPort int, settings map[string]st
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	c, err := Start(ctx, Options{DataDir: filepath.Join(dir, "data"), Settings: settings, StandbyOf: primaryPort})
+	// The directory's random suffix names the slot: unique on the primary.
+	slot := "buzz_standby_" + strings.ToLower(strings.TrimPrefix(filepath.Base(dir), "buzz-pg-standby-"))
+	c, err := Start(ctx, Options{DataDir: filepath.Join(dir, "data"), Settings: settings, StandbyOf: primaryPort, StandbySlot: slot})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
