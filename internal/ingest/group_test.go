@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -218,4 +220,219 @@ func requireRejection(t *testing.T, err error, want string) {
 	var rej *ingest.Rejection
 	require.True(t, errors.As(err, &rej), "want rejection %q, got %v", want, err)
 	require.Equal(t, want, rej.Error())
+}
+
+// An event's answer waits for the commit of the group that holds it. Event
+// a is first in a group whose second event, b, holds the group open until a
+// has answered (or a second has passed): a must be readable from another
+// session the moment it is answered.
+//
+// Mutation killed: answering the group's events before COMMIT (closing
+// their done channels ahead of it): a is answered while b holds the group
+// open, and is not yet visible.
+func TestGroupAnswersOnlyAfterCommit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-commit-first.example", 0)
+	f.grouped(ingest.Options{})
+	key := f.key()
+	a := f.sign(key, 1111, "first in the group", nil, 0)
+	b := f.sign(key, 1, "holds the group open", nostr.Tags{{"t", "hold"}}, 0)
+	aAnswered := make(chan struct{})
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == b.ID },
+		Apply: func(context.Context, *ingest.Write) error {
+			select {
+			case <-aAnswered:
+			case <-time.After(time.Second):
+			}
+			return nil
+		},
+	})
+
+	g := f.holdWriter()
+	aResult := f.submitTogether([]*nostr.Event{a})[0]
+	waitQueued(t, f.p, 1)
+	bResult := f.submitTogether([]*nostr.Event{b})[0]
+	waitQueued(t, f.p, 2)
+	g.open(t)
+
+	r := <-aResult
+	visible := f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, a.ID)
+	close(aAnswered)
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Equal(t, 1, visible, "an answered event is committed")
+	require.NoError(t, (<-bResult).err)
+}
+
+// An event that waits for a lock another session holds leaves its group
+// after the group's lock timeout and runs in its own transaction: the rest
+// of the group commits meanwhile, and the event's after-commit steps run
+// once, from the attempt that committed.
+//
+// Mutations killed: no lock_timeout in the group's transaction (the plain
+// notes wait behind the lock: "the group did not wait for the locked
+// event"); keeping the after-commit steps of the rolled-back attempt (not
+// resetting the Write when its savepoint rolls back: the hook runs twice).
+func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-lock-wait.example", 0)
+	f.grouped(ingest.Options{GroupLockTimeout: 50 * time.Millisecond})
+	owner := f.key()
+	channel := uuid.MustParse(f.channel(owner, false))
+	locked := f.sign(owner, 1, "needs the channel row", nostr.Tags{{"t", "locked"}}, 0)
+	var hooks atomic.Int32
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
+		Apply: func(_ context.Context, w *ingest.Write) error {
+			w.AfterCommit(func() { hooks.Add(1) })
+			return nil
+		},
+	})
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
+		Apply: func(ctx context.Context, w *ingest.Write) error {
+			_, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: channel})
+			return err
+		},
+	})
+
+	holder, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(f.ctx) }()
+	_, err = db.New(holder).ChannelLockForUpdate(f.ctx, db.ChannelLockForUpdateParams{CommunityID: f.tenant.ID(), ID: channel})
+	require.NoError(t, err)
+
+	g := f.holdWriter()
+	var plain []*nostr.Event
+	for i := range 4 {
+		plain = append(plain, f.sign(owner, 1111, fmt.Sprint("plain ", i), nil, 0))
+	}
+	batch := append([]*nostr.Event{locked}, plain...)
+	results := f.submitTogether(batch)
+	waitQueued(t, f.p, len(batch))
+	g.open(t)
+
+	for i := 1; i < len(batch); i++ {
+		select {
+		case r := <-results[i]:
+			require.NoError(t, r.err)
+			require.Equal(t, ingest.Stored, r.outcome)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the group did not wait for the locked event, yet nothing was answered")
+		}
+	}
+	select {
+	case r := <-results[0]:
+		t.Fatalf("the locked event was answered while the lock is held: %+v", r)
+	default:
+	}
+	require.NoError(t, holder.Commit(f.ctx))
+	r := <-results[0]
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Equal(t, int32(1), hooks.Load(), "the stored event's after-commit steps ran once")
+}
+
+// A full queue refuses at once with rate-limited: instead of making the
+// publisher wait without bound.
+//
+// Mutation killed: a blocking send on the queue (the second event waits
+// for the gate instead of being refused).
+func TestGroupQueueFullIsRateLimited(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-queue-full.example", 0)
+	f.grouped(ingest.Options{GroupQueue: 1})
+	key := f.key()
+	queued := f.sign(key, 1111, "queued", nil, 0)
+	refused := f.sign(key, 1111, "refused", nil, 0)
+
+	g := f.holdWriter()
+	queuedResult := f.submitTogether([]*nostr.Event{queued})[0]
+	waitQueued(t, f.p, 1)
+	refusedResult := f.submitTogether([]*nostr.Event{refused})[0]
+	select {
+	case r := <-refusedResult:
+		var rej *ingest.Rejection
+		require.True(t, errors.As(r.err, &rej), "want a refusal, got %+v", r)
+		require.Equal(t, "rate-limited", rej.Prefix)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a full queue made the publisher wait")
+	}
+	g.open(t)
+	r := <-queuedResult
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, refused.ID))
+}
+
+// Versions of one replaceable slot (plain inserts) and of one profile (a
+// kind with its own Apply) race inside one group, in a known order, with a
+// copy of one version: each gets the answer its place in the order gives it
+// and exactly the newest version of each slot stays.
+//
+// Mutation killed: reading a run's insert results one place off (an event
+// answered with its neighbour's outcome).
+func TestGroupSlotRaceInsideOneGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-slots.example", 0)
+	f.grouped(ingest.Options{GroupMax: 64})
+	key := f.key()
+	// created_at per position; ties go to the lowest id.
+	ages := []int64{5, 9, 3, 9, 12, 1, 12, 7}
+	var batch []*nostr.Event
+	for _, kind := range []int{10002, 0} {
+		for i, age := range ages {
+			batch = append(batch, f.sign(key, kind, fmt.Sprintf(`{"name":"v%d"}`, i), nil, f.base+age))
+		}
+	}
+	newest := batch[4] // of kind 10002: created_at +12, like batch[6]
+	if batch[6].ID < newest.ID {
+		newest = batch[6]
+	}
+	batch = append(batch, batch[2], newest) // copies: one replaced since, one the newest
+	// Expected answers from the order alone.
+	want := make([]ingest.Outcome, len(batch))
+	heads := map[int]*nostr.Event{}
+	seen := map[string]bool{}
+	for i, ev := range batch {
+		head := heads[ev.Kind]
+		switch {
+		case seen[ev.ID] && head == ev:
+			want[i] = ingest.Duplicate
+		case seen[ev.ID]: // replaced since: its row is gone
+			want[i] = ingest.Superseded
+		case head == nil || ev.CreatedAt > head.CreatedAt || (ev.CreatedAt == head.CreatedAt && ev.ID < head.ID):
+			want[i] = ingest.Stored
+			heads[ev.Kind] = ev
+		default:
+			want[i] = ingest.Superseded
+		}
+		seen[ev.ID] = true
+	}
+
+	g := f.holdWriter()
+	results := make([]chan result, len(batch))
+	for i, ev := range batch {
+		results[i] = f.submitTogether([]*nostr.Event{ev})[0]
+		waitQueued(t, f.p, i+1)
+	}
+	g.open(t)
+	for i := range batch {
+		r := <-results[i]
+		require.NoError(t, r.err)
+		require.Equal(t, want[i], r.outcome, "event %d (kind %d, created_at +%d)", i, batch[i].Kind, batch[i].CreatedAt-f.base)
+	}
+	for kind, head := range heads {
+		var live []string
+		rows, err := f.pool.Query(f.ctx, `SELECT encode(id, 'hex') FROM events WHERE community_id = $1 AND kind = $2 AND deleted_at IS NULL`, f.tenant.ID(), kind)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			live = append(live, id)
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []string{head.ID}, live, "kind %d keeps exactly its newest version", kind)
+	}
 }
