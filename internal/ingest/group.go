@@ -141,12 +141,69 @@ func (g *groupWriter) run() {
 // duplicate (it is stored), never as stored twice nor as lost.
 func (g *groupWriter) commit(group []*groupJob) {
 	ctx := context.Background()
-	if err := g.commitGroup(ctx, group); err != nil {
+	commit := g.commitGroup
+	if allPlain(group) {
+		commit = g.commitPlain
+	}
+	if err := commit(ctx, group); err != nil {
 		for _, j := range group {
 			j.reset()
 			j.alone = true
 		}
 	}
+}
+
+func allPlain(group []*groupJob) bool {
+	for _, j := range group {
+		if !j.fast {
+			return false
+		}
+	}
+	return true
+}
+
+// commitPlain writes a group of plain events (the INSERT is all of each,
+// the common case: notes without channel or mentions) in one round trip: a
+// pipeline of inserts with one Sync, which PostgreSQL runs as one implicit
+// transaction. If any insert fails, none of them committed, and the caller
+// runs each event alone, so only the failing one is refused.
+func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {
+	var b pgx.Batch
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting())
+	queued := make([]*groupJob, 0, len(group))
+	for _, j := range group {
+		if j.err = checkChannelTags(j.w); j.err != nil {
+			continue
+		}
+		params, err := eventstore.InsertParams(j.w.Tenant.ID(), j.w.Event, j.w.ChannelID)
+		if err != nil {
+			j.err = err
+			continue
+		}
+		db.QueueEventInsert(&b, params)
+		queued = append(queued, j)
+	}
+	if len(queued) == 0 {
+		return nil
+	}
+	results := g.p.pool.SendBatch(ctx, &b)
+	_, err := results.Exec()
+	for _, j := range queued {
+		if err != nil {
+			break
+		}
+		var tag pgconn.CommandTag
+		tag, err = results.Exec()
+		j.inserted = tag.RowsAffected()
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	return err
+}
+
+func (g *groupWriter) lockTimeoutSetting() string {
+	return fmt.Sprintf("%dms", g.lockTimeout.Milliseconds())
 }
 
 func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error {
@@ -157,7 +214,7 @@ func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error 
 	defer func() { _ = tx.Rollback(ctx) }()
 	// A group must not stall behind one event's lock wait (a row another
 	// process holds): that event gives up its savepoint and runs alone.
-	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", g.lockTimeout.Milliseconds())); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting()); err != nil {
 		return err
 	}
 	for i := 0; i < len(group); {

@@ -439,3 +439,56 @@ func TestGroupSlotRaceInsideOneGroup(t *testing.T) {
 		require.Equal(t, []string{head.ID}, live, "kind %d keeps exactly its newest version", kind)
 	}
 }
+
+// A group of plain events (the INSERT is all of each) is one round trip and
+// one transaction. If one of them fails, none of the group committed: each
+// then runs alone and gets its own answer, stored and not "duplicate".
+//
+// Mutations killed: sending the inserts with a Sync each, or in separate
+// transactions (the group is not one transaction; with the poison, the
+// inserts before it commit and their retry answers "duplicate"); reporting
+// the group's failure to every event instead of running each alone.
+func TestGroupOfPlainEventsIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	for _, poisoned := range []bool{false, true} {
+		t.Run(fmt.Sprint("poisoned=", poisoned), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, "group-plain.example", 0)
+			f.grouped(ingest.Options{})
+			_, err := f.pool.Exec(f.ctx, `ALTER TABLE events ADD CONSTRAINT test_no_poison CHECK (content <> 'poison')`)
+			require.NoError(t, err)
+			f.recordTransactions()
+			key := f.key()
+			var plain []*nostr.Event
+			for i := range 5 {
+				plain = append(plain, f.sign(key, 1111, fmt.Sprint("plain ", i), nil, 0))
+			}
+			poison := f.sign(key, 1111, "poison", nil, 0)
+			batch := append([]*nostr.Event{}, plain[:3]...)
+			if poisoned {
+				batch = append(batch, poison)
+			}
+			batch = append(batch, plain[3:]...)
+
+			g := f.holdWriter()
+			results := f.submitTogether(batch)
+			waitQueued(t, f.p, len(batch))
+			g.open(t)
+			for i, ev := range batch {
+				r := <-results[i]
+				if ev == poison {
+					var rej *ingest.Rejection
+					require.True(t, errors.As(r.err, &rej), "the poison is refused, got %+v", r)
+					require.Equal(t, "invalid", rej.Prefix)
+					continue
+				}
+				require.NoError(t, r.err)
+				require.Equal(t, ingest.Stored, r.outcome, "event %d", i)
+			}
+			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, poison.ID))
+			if !poisoned {
+				require.Equal(t, 1, f.transactions(plain...), "the group commits in one transaction")
+			}
+		})
+	}
+}
