@@ -40,10 +40,19 @@ type Config struct {
 	// MaxThreadDepth bounds how deep a channel reply may sit in its thread:
 	// each reply updates one row per ancestor under the thread's lock.
 	MaxThreadDepth int
-	AuthWindow     time.Duration // NIP-42 created_at tolerance
-	SendQueue      int           // queued outbound messages per connection
-	WriteTimeout   time.Duration // a client that cannot take a write this long is dropped
-	PingInterval   time.Duration // WebSocket ping cadence; a missed pong closes the connection
+	// Group commit of concurrent events (see docs/write-spine.md):
+	// IngestGroupMax events at most per transaction (1: each alone),
+	// IngestGroupWriters groups written at once, IngestQueue events waiting
+	// before new ones are refused, IngestGroupLockTimeout how long an event
+	// in a group may wait for a lock before it runs alone.
+	IngestGroupMax         int
+	IngestGroupWriters     int
+	IngestQueue            int
+	IngestGroupLockTimeout time.Duration
+	AuthWindow             time.Duration // NIP-42 created_at tolerance
+	SendQueue              int           // queued outbound messages per connection
+	WriteTimeout           time.Duration // a client that cannot take a write this long is dropped
+	PingInterval           time.Duration // WebSocket ping cadence; a missed pong closes the connection
 	// ClosedCommunitySweep is how often a relay re-checks that the
 	// communities it holds connections for are still serving, in case a
 	// closing announcement was lost.
@@ -155,10 +164,16 @@ func Default() Config {
 		// Far deeper than conversations go, small enough that one reply's
 		// ancestor updates stay cheap under the thread's lock.
 		MaxThreadDepth: 64,
-		AuthWindow:     60 * time.Second,
-		SendQueue:      1024,
-		WriteTimeout:   10 * time.Second,
-		PingInterval:   30 * time.Second,
+		// Below 64 so a group's savepoints stay in PostgreSQL's per-backend
+		// subtransaction cache (beyond it every snapshot gets slower).
+		IngestGroupMax:         32,
+		IngestGroupWriters:     2,
+		IngestQueue:            1024,
+		IngestGroupLockTimeout: 250 * time.Millisecond,
+		AuthWindow:             60 * time.Second,
+		SendQueue:              1024,
+		WriteTimeout:           10 * time.Second,
+		PingInterval:           30 * time.Second,
 		// The announcement closes connections at once; the sweep only
 		// bounds how long a lost announcement leaves them open.
 		ClosedCommunitySweep: 30 * time.Second,
@@ -231,6 +246,10 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MAX_CONTENT_BYTES", &c.MaxContentBytes)
 	r.positive("BUZZ_MAX_MENTIONS_PER_EVENT", &c.MaxMentionsPerEvent)
 	r.positive("BUZZ_MAX_THREAD_DEPTH", &c.MaxThreadDepth)
+	r.positive("BUZZ_INGEST_GROUP_MAX", &c.IngestGroupMax)
+	r.positive("BUZZ_INGEST_GROUP_WRITERS", &c.IngestGroupWriters)
+	r.positive("BUZZ_INGEST_QUEUE", &c.IngestQueue)
+	r.duration("BUZZ_INGEST_GROUP_LOCK_TIMEOUT", &c.IngestGroupLockTimeout)
 	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)

@@ -23,16 +23,20 @@ func TestDefaultsWhenUnset(t *testing.T) {
 func TestValuesAreRead(t *testing.T) {
 	t.Parallel()
 	c, err := FromEnv(env(map[string]string{
-		"BUZZ_DATABASE_URL":           "postgres://x",
-		"BUZZ_RELAY_URL":              "wss://Relay.Example.com",
-		"BUZZ_LOG_LEVEL":              "debug",
-		"BUZZ_MAX_LIMIT":              " 50 ",
-		"BUZZ_WRITE_TIMEOUT":          "3s",
-		"BUZZ_DB_MAX_CONNS":           "7",
-		"BUZZ_PPROF_ADDR":             "127.0.0.1:6060",
-		"BUZZ_MAX_SUBSCRIPTIONS":      "5",
-		"BUZZ_MAX_MENTIONS_PER_EVENT": "12",
-		"BUZZ_MAX_THREAD_DEPTH":       "9",
+		"BUZZ_DATABASE_URL":              "postgres://x",
+		"BUZZ_RELAY_URL":                 "wss://Relay.Example.com",
+		"BUZZ_LOG_LEVEL":                 "debug",
+		"BUZZ_MAX_LIMIT":                 " 50 ",
+		"BUZZ_WRITE_TIMEOUT":             "3s",
+		"BUZZ_DB_MAX_CONNS":              "7",
+		"BUZZ_PPROF_ADDR":                "127.0.0.1:6060",
+		"BUZZ_MAX_SUBSCRIPTIONS":         "5",
+		"BUZZ_MAX_MENTIONS_PER_EVENT":    "12",
+		"BUZZ_MAX_THREAD_DEPTH":          "9",
+		"BUZZ_INGEST_GROUP_MAX":          "1",
+		"BUZZ_INGEST_GROUP_WRITERS":      "3",
+		"BUZZ_INGEST_QUEUE":              "10",
+		"BUZZ_INGEST_GROUP_LOCK_TIMEOUT": "40ms",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, "postgres://x", c.DatabaseURL)
@@ -45,6 +49,10 @@ func TestValuesAreRead(t *testing.T) {
 	require.Equal(t, 5, c.MaxSubscriptions)
 	require.Equal(t, 12, c.MaxMentionsPerEvent)
 	require.Equal(t, 9, c.MaxThreadDepth)
+	require.Equal(t, 1, c.IngestGroupMax)
+	require.Equal(t, 3, c.IngestGroupWriters)
+	require.Equal(t, 10, c.IngestQueue)
+	require.Equal(t, 40*time.Millisecond, c.IngestGroupLockTimeout)
 }
 
 // A malformed value stops start-up with an error naming the variable.

@@ -12,3 +12,11 @@ func RegisteredKinds(p *Pipeline) []int {
 	sort.Ints(kinds)
 	return kinds
 }
+
+// QueuedEvents is how many events wait for a group writer.
+func QueuedEvents(p *Pipeline) int {
+	if p.groups == nil {
+		return 0
+	}
+	return len(p.groups.queue)
+}

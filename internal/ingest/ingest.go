@@ -154,6 +154,9 @@ type Pipeline struct {
 	// maxMentions and maxThreadDepth: see Options.
 	maxMentions, maxThreadDepth int
 
+	// groups commits concurrent events together; nil: each alone.
+	groups *groupWriter
+
 	keysMu sync.Mutex
 	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
 
@@ -187,6 +190,15 @@ type Options struct {
 	// DefaultMaxThreadDepth); a deeper reply is refused with invalid:.
 	// Each reply updates one row per ancestor under the thread's lock.
 	MaxThreadDepth int
+	// GroupMax bounds how many concurrent events commit in one transaction
+	// (0: DefaultGroupMax; 1: every event in its own transaction, no group
+	// writer). GroupWriters is how many groups are written at once,
+	// GroupQueue how many events may wait for a group before new ones are
+	// refused (rate-limited:), and GroupLockTimeout how long an event in a
+	// group may wait for a lock before it gives up its place and runs in
+	// its own transaction. Zero values take the defaults.
+	GroupMax, GroupWriters, GroupQueue int
+	GroupLockTimeout                   time.Duration
 	// Clock tells the pipeline's time (zero value: the wall clock):
 	// validation, the created_at of relay-signed events and the now of its
 	// queries, so tests can drive time.
@@ -217,6 +229,7 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 		keys:           map[uuid.UUID]*nostr.SecretKey{},
 		handlers:       map[int]Handler{},
 	}
+	p.groups = newGroupWriter(p, opts)
 	p.handlers[nostr.KindDeletion] = deletionHandler
 	registerChannelHandlers(p.handlers)
 	registerSocialHandlers(p)
@@ -296,57 +309,96 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		return Relayed, "", nil
 	}
 
-	var inserted int64
-	var err error
-	sideRows := p.sideRowsFor(ev)
-	if h.Prepare == nil && h.Apply == nil && len(sideRows) == 0 {
+	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev)}
+	j.fast = h.Prepare == nil && h.Apply == nil && len(j.sideRows) == 0
+	if p.groups != nil {
+		if err := p.groups.submit(j); err != nil {
+			return 0, "", err
+		}
+		if j.alone {
+			// The group could not settle this event (a lock wait, a
+			// deadlock with another group, or the group failed as a
+			// whole): it runs in its own transaction, as if never grouped.
+			j.reset()
+			j.inserted, j.err = p.runAlone(ctx, j)
+		}
+	} else {
+		j.inserted, j.err = p.runAlone(ctx, j)
+	}
+	return p.finish(ctx, j)
+}
+
+// runAlone writes one event in its own transaction; the single INSERT alone
+// when nothing needs a transaction around it.
+func (p *Pipeline) runAlone(ctx context.Context, j *groupJob) (int64, error) {
+	w := j.w
+	if j.fast {
 		// Nothing to authorize and no side rows: the INSERT alone is the
 		// event's transaction. handlerFor gave every event with an h tag a
 		// Prepare; checkChannelTags keeps this path honest if that changes.
-		if err = checkChannelTags(w); err == nil {
-			inserted, err = p.insert(ctx, db.New(p.pool), w)
+		if err := checkChannelTags(w); err != nil {
+			return 0, err
 		}
-	} else {
-		err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-			w.Q = db.New(tx)
-			if h.Prepare != nil {
-				if err := h.Prepare(ctx, w); err != nil {
-					return err
-				}
-			}
-			if err := checkChannelTags(w); err != nil {
-				return err
-			}
-			if inserted, err = p.insert(ctx, w.Q, w); err != nil || inserted == 0 {
-				return err
-			}
-			if h.Apply != nil {
-				if err := h.Apply(ctx, w); err != nil {
-					return err
-				}
-			}
-			for _, s := range sideRows {
-				if err := s.Apply(ctx, w); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		return p.insert(ctx, db.New(p.pool), w)
 	}
-	if err != nil {
-		return 0, "", mapError(err)
+	var inserted int64
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		var err error
+		inserted, err = p.writeBody(ctx, db.New(tx), j)
+		return err
+	})
+	return inserted, err
+}
+
+// writeBody is an event's part of a transaction: authorize, insert, then
+// the kind's side rows. It returns the rows inserted (0 for a duplicate or
+// a superseded version).
+func (p *Pipeline) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (int64, error) {
+	w, h := j.w, j.h
+	w.Q = q
+	if h.Prepare != nil {
+		if err := h.Prepare(ctx, w); err != nil {
+			return 0, err
+		}
 	}
-	if inserted == 0 {
-		outcome, err := p.notInserted(ctx, tenant, ev)
+	if err := checkChannelTags(w); err != nil {
+		return 0, err
+	}
+	inserted, err := p.insert(ctx, w.Q, w)
+	if err != nil || inserted == 0 {
+		return inserted, err
+	}
+	if h.Apply != nil {
+		if err := h.Apply(ctx, w); err != nil {
+			return 0, err
+		}
+	}
+	for _, s := range j.sideRows {
+		if err := s.Apply(ctx, w); err != nil {
+			return 0, err
+		}
+	}
+	return inserted, nil
+}
+
+// finish answers an event once the transaction that held it is over, and
+// runs its after-commit steps only if it was stored.
+func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, error) {
+	if j.err != nil {
+		return 0, "", mapError(j.err)
+	}
+	w := j.w
+	if j.inserted == 0 {
+		outcome, err := p.notInserted(ctx, w.Tenant, w.Event)
 		return outcome, "", err
 	}
 	// Committed: only now may anyone see it.
 	if w.membershipChanged && p.OnMembershipChange != nil {
-		p.OnMembershipChange(tenant.ID())
+		p.OnMembershipChange(w.Tenant.ID())
 	}
-	p.publish(tenant, ev, w.ChannelID)
+	p.publish(w.Tenant, w.Event, w.ChannelID)
 	for _, e := range w.emitted {
-		p.publish(tenant, e.ev, e.channel)
+		p.publish(w.Tenant, e.ev, e.channel)
 	}
 	for _, fn := range w.afterCommit {
 		fn()

@@ -120,6 +120,8 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		store:   eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, ingest.Options{
 			MaxFutureSkew: cfg.MaxFutureSkew, MaxMentions: cfg.MaxMentionsPerEvent, MaxThreadDepth: cfg.MaxThreadDepth,
+			GroupMax: cfg.IngestGroupMax, GroupWriters: cfg.IngestGroupWriters,
+			GroupQueue: cfg.IngestQueue, GroupLockTimeout: cfg.IngestGroupLockTimeout,
 			Clock: o.clock,
 		}),
 		hub:     hub,

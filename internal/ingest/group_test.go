@@ -1,0 +1,494 @@
+package ingest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/fanout"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Group commit: concurrent events share one transaction, each under its own
+// savepoint. These tests line events up into one group deterministically:
+// a "gate" event holds the only writer inside its group (a side row that
+// waits), the events under test queue behind it, and once all are queued
+// the gate opens and the writer takes them as the next group.
+
+// grouped gives f a pipeline with one group writer and opts.
+func (f *fixture) grouped(opts ingest.Options) {
+	opts.MaxFutureSkew = time.Minute
+	if opts.GroupWriters == 0 {
+		opts.GroupWriters = 1
+	}
+	f.p = ingest.New(f.pool, fanout.NewHub(), opts)
+}
+
+type gate struct {
+	release chan struct{}
+	once    sync.Once
+	done    chan error
+}
+
+// holdWriter submits an event whose side row waits for the gate to open,
+// and returns once the writer is held inside that event's group.
+func (f *fixture) holdWriter() *gate {
+	f.t.Helper()
+	ev := f.sign(f.key(), 1, "gate", nostr.Tags{{"t", "gate"}}, 0)
+	g := &gate{release: make(chan struct{}), done: make(chan error, 1)}
+	reached := make(chan struct{})
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(e *nostr.Event) bool { return e.ID == ev.ID },
+		Apply: func(context.Context, *ingest.Write) error {
+			close(reached)
+			<-g.release
+			return nil
+		},
+	})
+	go func() { _, err := f.submit(ev); g.done <- err }()
+	// A failing test must not leave the writer (and its connection) held.
+	f.t.Cleanup(func() { g.once.Do(func() { close(g.release) }) })
+	select {
+	case <-reached:
+	case err := <-g.done:
+		f.t.Fatalf("the gate event finished before its side row: %v", err)
+	}
+	return g
+}
+
+func (g *gate) open(t *testing.T) {
+	g.once.Do(func() { close(g.release) })
+	require.NoError(t, <-g.done)
+}
+
+// waitQueued waits until n events wait for a group writer.
+func waitQueued(t *testing.T, p *ingest.Pipeline, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return ingest.QueuedEvents(p) == n },
+		30*time.Second, 2*time.Millisecond, "events never queued behind the gate")
+}
+
+type result struct {
+	outcome ingest.Outcome
+	err     error
+}
+
+// submitTogether submits every event concurrently and returns a channel per event.
+func (f *fixture) submitTogether(events []*nostr.Event) []chan result {
+	out := make([]chan result, len(events))
+	for i, ev := range events {
+		out[i] = make(chan result, 1)
+		go func() {
+			o, err := f.submit(ev)
+			out[i] <- result{o, err}
+		}()
+	}
+	return out
+}
+
+// recordTransactions makes the test database note, for every event row
+// written, the top-level transaction that wrote it (a row written under a
+// savepoint carries the subtransaction's id in xmin, so xmin cannot tell).
+func (f *fixture) recordTransactions() {
+	f.t.Helper()
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE TABLE test_event_tx (id bytea, tx bigint);
+		CREATE FUNCTION test_note_tx() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO test_event_tx VALUES (NEW.id, txid_current()); RETURN NEW; END $$;
+		CREATE TRIGGER test_note_tx AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION test_note_tx();`)
+	require.NoError(f.t, err)
+}
+
+// transactions reports how many committed transactions stored the events.
+func (f *fixture) transactions(events ...*nostr.Event) int {
+	ids := make([]string, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	return f.count(`SELECT count(DISTINCT tx) FROM test_event_tx WHERE encode(id, 'hex') = ANY($1)`, ids)
+}
+
+// One group holds stored notes, a duplicate pair, an event refused by its
+// side row after its row was written, an event refused by the database
+// inside a run of plain inserts, and a channel event refused by Prepare.
+// Each gets its own answer; the stored ones commit in one transaction and
+// only the stored ones run their after-commit steps.
+//
+// Mutations killed: skipping ROLLBACK TO SAVEPOINT for a refused event (its
+// row commits although the client was refused: "a refused event is not
+// stored"); running after-commit steps for a refused event (the hook count);
+// a plain-insert run that fails as a whole instead of per event (the poison
+// takes the stored notes with it: they run alone, and the "one transaction"
+// assertion fails).
+func TestGroupRefusalsStayWithTheirEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-refusals.example", 0)
+	f.grouped(ingest.Options{})
+	_, err := f.pool.Exec(f.ctx, `ALTER TABLE events ADD CONSTRAINT test_no_poison CHECK (content <> 'poison')`)
+	require.NoError(t, err)
+	f.recordTransactions()
+
+	key := f.key()
+	var notes []*nostr.Event
+	for i := range 6 {
+		notes = append(notes, f.sign(key, 1, fmt.Sprint("note ", i), nil, 0))
+	}
+	sideRefused := f.sign(key, 1, "refused by a side row", nostr.Tags{{"t", "refuse"}}, 0)
+	unknownChannel := f.sign(key, 9, "into nowhere", nostr.Tags{{"h", "00000000-0000-4000-8000-000000000000"}}, 0)
+
+	var afterCommit sync.Map
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 && ev.Content != "gate" },
+		Apply: func(_ context.Context, w *ingest.Write) error {
+			id := w.Event.ID
+			w.AfterCommit(func() {
+				n, _ := afterCommit.LoadOrStore(id, new(atomic.Int32))
+				n.(*atomic.Int32).Add(1)
+			})
+			if w.Event.Tags.First("t") != nil && w.Event.Tags.First("t")[1] == "refuse" {
+				return ingest.Reject("invalid", "refused by a side row")
+			}
+			return nil
+		},
+	})
+
+	g := f.holdWriter()
+	// The kind-1 notes have a side row, so each takes a savepoint of its
+	// own; the kind-1111 events are plain inserts sent as one run.
+	var plain []*nostr.Event
+	for i := range 4 {
+		plain = append(plain, f.sign(key, 1111, fmt.Sprint("plain ", i), nil, 0))
+	}
+	plainPoison := f.sign(key, 1111, "poison", nil, 0)
+	batch := append([]*nostr.Event{}, notes...)
+	batch = append(batch, notes[0], sideRefused, plain[0], plain[1], plainPoison, plain[2], plain[3], unknownChannel)
+	results := f.submitTogether(batch)
+	waitQueued(t, f.p, len(batch))
+	g.open(t)
+
+	got := make([]result, len(batch))
+	for i := range batch {
+		got[i] = <-results[i]
+	}
+	stored := append(append([]*nostr.Event{}, notes...), plain...)
+	for i, ev := range batch {
+		switch {
+		case ev == sideRefused:
+			requireRejection(t, got[i].err, "invalid: refused by a side row")
+		case ev == plainPoison:
+			var rej *ingest.Rejection
+			require.True(t, errors.As(got[i].err, &rej), "the poison is refused, got %v", got[i].err)
+			require.Equal(t, "invalid", rej.Prefix)
+		case ev == unknownChannel:
+			requireRejection(t, got[i].err, "restricted: channel does not exist or is private to its members")
+		default:
+			require.NoError(t, got[i].err, "event %d", i)
+			require.Contains(t, []ingest.Outcome{ingest.Stored, ingest.Duplicate}, got[i].outcome)
+		}
+	}
+	for _, ev := range []*nostr.Event{sideRefused, plainPoison, unknownChannel} {
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, ev.ID), "a refused event is not stored")
+	}
+	for _, ev := range stored {
+		require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, ev.ID))
+	}
+	require.Equal(t, 1, f.transactions(stored...), "the group commits in one transaction")
+	dupes := 0
+	for i, ev := range batch {
+		if ev == notes[0] && got[i].outcome == ingest.Duplicate {
+			dupes++
+		}
+	}
+	require.Equal(t, 1, dupes, "one of the two copies is the duplicate")
+	for _, ev := range notes {
+		n, ok := afterCommit.Load(ev.ID)
+		require.True(t, ok)
+		require.Equal(t, int32(1), n.(*atomic.Int32).Load(), "after-commit steps run once per stored event")
+	}
+	_, ran := afterCommit.Load(sideRefused.ID)
+	require.False(t, ran, "a refused event runs no after-commit step")
+}
+
+func requireRejection(t *testing.T, err error, want string) {
+	t.Helper()
+	var rej *ingest.Rejection
+	require.True(t, errors.As(err, &rej), "want rejection %q, got %v", want, err)
+	require.Equal(t, want, rej.Error())
+}
+
+// An event's answer waits for the commit of the group that holds it. Event
+// a is first in a group whose second event, b, holds the group open until a
+// has answered (or a second has passed): a must be readable from another
+// session the moment it is answered.
+//
+// Mutation killed: answering the group's events before COMMIT (closing
+// their done channels ahead of it): a is answered while b holds the group
+// open, and is not yet visible.
+func TestGroupAnswersOnlyAfterCommit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-commit-first.example", 0)
+	f.grouped(ingest.Options{})
+	key := f.key()
+	a := f.sign(key, 1111, "first in the group", nil, 0)
+	b := f.sign(key, 1, "holds the group open", nostr.Tags{{"t", "hold"}}, 0)
+	aAnswered := make(chan struct{})
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == b.ID },
+		Apply: func(context.Context, *ingest.Write) error {
+			select {
+			case <-aAnswered:
+			case <-time.After(time.Second):
+			}
+			return nil
+		},
+	})
+
+	g := f.holdWriter()
+	aResult := f.submitTogether([]*nostr.Event{a})[0]
+	waitQueued(t, f.p, 1)
+	bResult := f.submitTogether([]*nostr.Event{b})[0]
+	waitQueued(t, f.p, 2)
+	g.open(t)
+
+	r := <-aResult
+	visible := f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, a.ID)
+	close(aAnswered)
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Equal(t, 1, visible, "an answered event is committed")
+	require.NoError(t, (<-bResult).err)
+}
+
+// An event that waits for a lock another session holds leaves its group
+// after the group's lock timeout and runs in its own transaction: the rest
+// of the group commits meanwhile, and the event's after-commit steps run
+// once, from the attempt that committed.
+//
+// Mutations killed: no lock_timeout in the group's transaction (the plain
+// notes wait behind the lock); keeping the after-commit steps of the
+// rolled-back attempt (neither the savepoint rollback nor the retry resets
+// the Write: the hook runs twice).
+func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-lock-wait.example", 0)
+	f.grouped(ingest.Options{GroupLockTimeout: 50 * time.Millisecond})
+	owner := f.key()
+	channel := uuid.MustParse(f.channel(owner, false))
+	locked := f.sign(owner, 1, "needs the channel row", nostr.Tags{{"t", "locked"}}, 0)
+	var hooks atomic.Int32
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
+		Apply: func(_ context.Context, w *ingest.Write) error {
+			w.AfterCommit(func() { hooks.Add(1) })
+			return nil
+		},
+	})
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
+		Apply: func(ctx context.Context, w *ingest.Write) error {
+			_, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: channel})
+			return err
+		},
+	})
+
+	holder, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(f.ctx) }()
+	_, err = db.New(holder).ChannelLockForUpdate(f.ctx, db.ChannelLockForUpdateParams{CommunityID: f.tenant.ID(), ID: channel})
+	require.NoError(t, err)
+
+	g := f.holdWriter()
+	var plain []*nostr.Event
+	for i := range 4 {
+		plain = append(plain, f.sign(owner, 1111, fmt.Sprint("plain ", i), nil, 0))
+	}
+	batch := append([]*nostr.Event{locked}, plain...)
+	results := f.submitTogether(batch)
+	waitQueued(t, f.p, len(batch))
+	g.open(t)
+
+	for i := 1; i < len(batch); i++ {
+		select {
+		case r := <-results[i]:
+			require.NoError(t, r.err)
+			require.Equal(t, ingest.Stored, r.outcome)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the rest of the group waited behind the locked event")
+		}
+	}
+	select {
+	case r := <-results[0]:
+		t.Fatalf("the locked event was answered while the lock is held: %+v", r)
+	default:
+	}
+	require.NoError(t, holder.Commit(f.ctx))
+	r := <-results[0]
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Equal(t, int32(1), hooks.Load(), "the stored event's after-commit steps ran once")
+}
+
+// A full queue refuses at once with rate-limited: instead of making the
+// publisher wait without bound.
+//
+// Mutation killed: a blocking send on the queue (the second event waits
+// for the gate instead of being refused).
+func TestGroupQueueFullIsRateLimited(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-queue-full.example", 0)
+	f.grouped(ingest.Options{GroupQueue: 1})
+	key := f.key()
+	queued := f.sign(key, 1111, "queued", nil, 0)
+	refused := f.sign(key, 1111, "refused", nil, 0)
+
+	g := f.holdWriter()
+	queuedResult := f.submitTogether([]*nostr.Event{queued})[0]
+	waitQueued(t, f.p, 1)
+	refusedResult := f.submitTogether([]*nostr.Event{refused})[0]
+	select {
+	case r := <-refusedResult:
+		var rej *ingest.Rejection
+		require.True(t, errors.As(r.err, &rej), "want a refusal, got %+v", r)
+		require.Equal(t, "rate-limited", rej.Prefix)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a full queue made the publisher wait")
+	}
+	g.open(t)
+	r := <-queuedResult
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome)
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, refused.ID))
+}
+
+// Versions of one replaceable slot (plain inserts) and of one profile (a
+// kind with its own Apply) race inside one group, in a known order, with a
+// copy of one version: each gets the answer its place in the order gives it
+// and exactly the newest version of each slot stays.
+//
+// Mutation killed: reading a run's insert results one place off (an event
+// answered with its neighbour's outcome).
+func TestGroupSlotRaceInsideOneGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-slots.example", 0)
+	f.grouped(ingest.Options{GroupMax: 64})
+	key := f.key()
+	// created_at per position; ties go to the lowest id.
+	ages := []int64{5, 9, 3, 9, 12, 1, 12, 7}
+	var batch []*nostr.Event
+	for _, kind := range []int{10002, 0} {
+		for i, age := range ages {
+			batch = append(batch, f.sign(key, kind, fmt.Sprintf(`{"name":"v%d"}`, i), nil, f.base+age))
+		}
+	}
+	newest := batch[4] // of kind 10002: created_at +12, like batch[6]
+	if batch[6].ID < newest.ID {
+		newest = batch[6]
+	}
+	batch = append(batch, batch[2], newest) // copies: one replaced since, one the newest
+	// Expected answers from the order alone.
+	want := make([]ingest.Outcome, len(batch))
+	heads := map[int]*nostr.Event{}
+	seen := map[string]bool{}
+	for i, ev := range batch {
+		head := heads[ev.Kind]
+		switch {
+		case seen[ev.ID] && head == ev:
+			want[i] = ingest.Duplicate
+		case seen[ev.ID]: // replaced since: its row is gone
+			want[i] = ingest.Superseded
+		case head == nil || ev.CreatedAt > head.CreatedAt || (ev.CreatedAt == head.CreatedAt && ev.ID < head.ID):
+			want[i] = ingest.Stored
+			heads[ev.Kind] = ev
+		default:
+			want[i] = ingest.Superseded
+		}
+		seen[ev.ID] = true
+	}
+
+	g := f.holdWriter()
+	results := make([]chan result, len(batch))
+	for i, ev := range batch {
+		results[i] = f.submitTogether([]*nostr.Event{ev})[0]
+		waitQueued(t, f.p, i+1)
+	}
+	g.open(t)
+	for i := range batch {
+		r := <-results[i]
+		require.NoError(t, r.err)
+		require.Equal(t, want[i], r.outcome, "event %d (kind %d, created_at +%d)", i, batch[i].Kind, batch[i].CreatedAt-f.base)
+	}
+	for kind, head := range heads {
+		var live []string
+		rows, err := f.pool.Query(f.ctx, `SELECT encode(id, 'hex') FROM events WHERE community_id = $1 AND kind = $2 AND deleted_at IS NULL`, f.tenant.ID(), kind)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			live = append(live, id)
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []string{head.ID}, live, "kind %d keeps exactly its newest version", kind)
+	}
+}
+
+// A group of plain events (the INSERT is all of each) is one round trip and
+// one transaction. If one of them fails, none of the group committed: each
+// then runs alone and gets its own answer, stored and not "duplicate".
+//
+// Mutations killed: sending the inserts with a Sync each, or in separate
+// transactions (the group is not one transaction; with the poison, the
+// inserts before it commit and their retry answers "duplicate"); reporting
+// the group's failure to every event instead of running each alone.
+func TestGroupOfPlainEventsIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	for _, poisoned := range []bool{false, true} {
+		t.Run(fmt.Sprint("poisoned=", poisoned), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, "group-plain.example", 0)
+			f.grouped(ingest.Options{})
+			_, err := f.pool.Exec(f.ctx, `ALTER TABLE events ADD CONSTRAINT test_no_poison CHECK (content <> 'poison')`)
+			require.NoError(t, err)
+			f.recordTransactions()
+			key := f.key()
+			var plain []*nostr.Event
+			for i := range 5 {
+				plain = append(plain, f.sign(key, 1111, fmt.Sprint("plain ", i), nil, 0))
+			}
+			poison := f.sign(key, 1111, "poison", nil, 0)
+			batch := append([]*nostr.Event{}, plain[:3]...)
+			if poisoned {
+				batch = append(batch, poison)
+			}
+			batch = append(batch, plain[3:]...)
+
+			g := f.holdWriter()
+			results := f.submitTogether(batch)
+			waitQueued(t, f.p, len(batch))
+			g.open(t)
+			for i, ev := range batch {
+				r := <-results[i]
+				if ev == poison {
+					var rej *ingest.Rejection
+					require.True(t, errors.As(r.err, &rej), "the poison is refused, got %+v", r)
+					require.Equal(t, "invalid", rej.Prefix)
+					continue
+				}
+				require.NoError(t, r.err)
+				require.Equal(t, ingest.Stored, r.outcome, "event %d", i)
+			}
+			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, poison.ID))
+			if !poisoned {
+				require.Equal(t, 1, f.transactions(plain...), "the group commits in one transaction")
+			}
+		})
+	}
+}
