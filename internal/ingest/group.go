@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -305,7 +306,7 @@ func (g *groupWriter) one(ctx context.Context, tx pgx.Tx, j *groupJob) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT buzz_event"); err != nil {
 		return err
 	}
-	inserted, err := g.p.writeBody(context.WithoutCancel(j.ctx), db.New(tx), j)
+	inserted, err := g.writeBody(context.WithoutCancel(j.ctx), db.New(tx), j)
 	if err == nil {
 		j.inserted = inserted
 		_, err := tx.Exec(ctx, "RELEASE SAVEPOINT buzz_event")
@@ -323,6 +324,19 @@ func (g *groupWriter) one(ctx context.Context, tx pgx.Tx, j *groupJob) error {
 		j.err = err
 	}
 	return nil
+}
+
+// writeBody runs the event's handlers and side rows. A panic in one becomes
+// that event's failure: on a connection's own goroutine net/http contained
+// it, and a writer goroutine must not take the process (and every other
+// event of the group) down with it.
+func (g *groupWriter) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (inserted int64, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("ingest: kind %d handler panicked: %v\n%s", j.w.Event.Kind, r, debug.Stack())
+		}
+	}()
+	return g.p.writeBody(ctx, q, j)
 }
 
 // statementFailed reports whether err is the server refusing a statement

@@ -492,3 +492,43 @@ func TestGroupOfPlainEventsIsOneTransaction(t *testing.T) {
 		})
 	}
 }
+
+// A handler that panics inside a group fails its own event only: the
+// process lives on, the group's other event is stored, and the writer keeps
+// writing.
+// Mutation killed: writeBody without the recover (the panic in the writer
+// goroutine ends the test binary).
+func TestGroupHandlerPanicFailsOnlyItsEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-panic.example", 0)
+	f.grouped(ingest.Options{})
+	key := f.key()
+	boom := f.sign(key, 1, "boom", nil, 0)
+	fine := f.sign(key, 1, "fine", nil, 0)
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 },
+		Apply: func(_ context.Context, w *ingest.Write) error {
+			if w.Event.Content == "boom" {
+				panic("a handler bug")
+			}
+			return nil
+		},
+	})
+	g := f.holdWriter()
+	results := f.submitTogether([]*nostr.Event{boom, fine})
+	waitQueued(t, f.p, 2)
+	g.open(t)
+	require.Error(t, (<-results[0]).err, "the panicking event fails")
+	r := <-results[1]
+	require.NoError(t, r.err)
+	require.Equal(t, ingest.Stored, r.outcome, "its group's other event is stored")
+	require.Equal(t, ingest.Stored, must(f.submit(f.sign(key, 1, "after", nil, 0))), "the writer keeps writing")
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE content = 'boom'`))
+}
+
+func must(o ingest.Outcome, err error) ingest.Outcome {
+	if err != nil {
+		panic(err)
+	}
+	return o
+}
