@@ -42,8 +42,8 @@ DECLARE
     setting    text := current_setting('buzz.created_at_floor', true);
     floor_secs bigint;
 BEGIN
-    -- Blank, unset or malformed: the session is not armed.
-    IF NEW.channel_id IS NULL OR setting IS NULL OR setting !~ '^[0-9]{1,9}$' THEN
+    -- Malformed: the session is not armed.
+    IF setting !~ '^[0-9]{1,9}$' THEN
         RETURN NULL;
     END IF;
     floor_secs := setting::bigint;
@@ -58,7 +58,12 @@ $$;
 CREATE CONSTRAINT TRIGGER events_created_at_floor
     AFTER INSERT OR UPDATE OF created_at, channel_id ON events
     DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW EXECUTE FUNCTION events_created_at_floor_guard();
+    FOR EACH ROW
+    -- Evaluated when the row is written: channel-less rows and rows of
+    -- unarmed sessions (no reader configured, restores, backfills) queue
+    -- no commit-time check at all.
+    WHEN (NEW.channel_id IS NOT NULL AND coalesce(current_setting('buzz.created_at_floor', true), '') <> '')
+    EXECUTE FUNCTION events_created_at_floor_guard();
 
 CREATE TABLE replica_heartbeat (
     id    smallint PRIMARY KEY CONSTRAINT replica_heartbeat_single_row CHECK (id = 1),

@@ -1391,8 +1391,8 @@ DECLARE
     setting    text := current_setting('buzz.created_at_floor', true);
     floor_secs bigint;
 BEGIN
-    -- Blank, unset or malformed: the session is not armed.
-    IF NEW.channel_id IS NULL OR setting IS NULL OR setting !~ '^[0-9]{1,9}$' THEN
+    -- Malformed: the session is not armed.
+    IF setting !~ '^[0-9]{1,9}$' THEN
         RETURN NULL;
     END IF;
     floor_secs := setting::bigint;
@@ -2840,7 +2840,7 @@ CREATE TRIGGER community_deletion_requests_guard BEFORE DELETE OR UPDATE ON publ
 -- Name: events events_created_at_floor; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE CONSTRAINT TRIGGER events_created_at_floor AFTER INSERT OR UPDATE OF created_at, channel_id ON public.events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.events_created_at_floor_guard();
+CREATE CONSTRAINT TRIGGER events_created_at_floor AFTER INSERT OR UPDATE OF created_at, channel_id ON public.events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.channel_id IS NOT NULL) AND (COALESCE(current_setting('buzz.created_at_floor'::text, true), ''::text) <> ''::text))) EXECUTE FUNCTION public.events_created_at_floor_guard();
 
 
 --

@@ -276,22 +276,8 @@ func services(ctx context.Context, getenv func(string) string, withRedis bool) (
 		return serviceSet{}, err
 	}
 	var s serviceSet
-	switch cfg.MediaStore {
-	case "s3":
-		st, err := media.NewS3Store(media.S3Config{Endpoint: cfg.MediaS3Endpoint, Bucket: cfg.MediaS3Bucket,
-			AccessKey: cfg.MediaS3AccessKey, SecretKey: cfg.MediaS3SecretKey, Region: cfg.MediaS3Region, UseTLS: cfg.MediaS3TLS})
-		if err != nil {
-			return s, err
-		}
-		s.store = st
-	default:
-		if cfg.MediaDir != "" {
-			st, err := media.NewFSStore(cfg.MediaDir)
-			if err != nil {
-				return s, err
-			}
-			s.store = st
-		}
+	if s.store, err = media.OpenStore(cfg); err != nil {
+		return s, err
 	}
 	if withRedis && cfg.RedisURL != "" {
 		opts, err := redis.ParseURL(cfg.RedisURL)

@@ -261,27 +261,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 // newMediaService builds the Blossom media service the settings describe;
 // nil when media is off (the filesystem store without a directory).
 func newMediaService(cfg config.Config) (*media.Service, error) {
-	var store media.Store
-	switch cfg.MediaStore {
-	case "s3":
-		s3, err := media.NewS3Store(media.S3Config{
-			Endpoint: cfg.MediaS3Endpoint, Bucket: cfg.MediaS3Bucket,
-			AccessKey: cfg.MediaS3AccessKey, SecretKey: cfg.MediaS3SecretKey,
-			Region: cfg.MediaS3Region, UseTLS: cfg.MediaS3TLS,
-		})
-		if err != nil {
-			return nil, err
-		}
-		store = s3
-	default:
-		if cfg.MediaDir == "" {
-			return nil, nil
-		}
-		fs, err := media.NewFSStore(cfg.MediaDir)
-		if err != nil {
-			return nil, err
-		}
-		store = fs
+	store, err := media.OpenStore(cfg)
+	if err != nil || store == nil {
+		return nil, err
 	}
 	limits := media.Limits{MaxBytes: int64(cfg.MediaMaxBytes), AllowedTypes: cfg.MediaAllowedTypes, TempDir: cfg.MediaTempDir}
 	return media.NewService(store, limits, nil), nil

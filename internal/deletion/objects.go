@@ -270,7 +270,8 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 }
 
 // deleteChunk deletes a chunk's keys. A shared blob is deleted only when
-// no other community has a sidecar for it, checked just before.
+// no other community has a sidecar for it, checked just before (the
+// communities with media listed once per chunk, not once per blob).
 func (e *Executor) deleteChunk(ctx context.Context, l lease, class string, keys []string) (deleted, missing, kept int64, err error) {
 	if e.store == nil {
 		return 0, 0, 0, permanent("the manifest lists objects but no object store is configured")
@@ -279,9 +280,13 @@ func (e *Executor) deleteChunk(ctx context.Context, l lease, class string, keys 
 		d, m, err := e.store.DeleteKeys(ctx, keys)
 		return int64(d), int64(m), 0, err
 	}
+	communities, err := media.CommunitiesWithMedia(ctx, e.store)
+	if err != nil {
+		return 0, 0, 0, err
+	}
 	var doomed []string
 	for _, key := range keys {
-		referenced, err := media.BlobReferencedByOthers(ctx, e.store, key, l.community)
+		referenced, err := media.BlobReferenced(ctx, e.store, key, communities, l.community)
 		if err != nil {
 			return 0, 0, 0, err
 		}

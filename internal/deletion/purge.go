@@ -213,6 +213,10 @@ func (e *Executor) verify(ctx context.Context, l lease, row db.CommunityDeletion
 // community.
 func (e *Executor) verifySharedBlobs(ctx context.Context, l lease) error {
 	q := db.New(e.pool)
+	communities, err := media.CommunitiesWithMedia(ctx, e.store)
+	if err != nil {
+		return err
+	}
 	for n := int64(0); ; n++ {
 		c, err := q.DeletionManifestChunk(ctx, db.DeletionManifestChunkParams{RequestID: l.id, ChunkNo: n})
 		if dberr.IsNotFound(err) {
@@ -234,7 +238,7 @@ func (e *Executor) verifySharedBlobs(ctx context.Context, l lease) error {
 			} else if err != nil {
 				return err
 			}
-			referenced, err := media.BlobReferencedByOthers(ctx, e.store, key, l.community)
+			referenced, err := media.BlobReferenced(ctx, e.store, key, communities, l.community)
 			if err != nil {
 				return err
 			}
@@ -250,7 +254,8 @@ func (e *Executor) verifySharedBlobs(ctx context.Context, l lease) error {
 func (e *Executor) finish(ctx context.Context, l lease) error {
 	detail, _ := json.Marshal(map[string]any{
 		"not_erased": []string{"database backups and WAL archives", "object store provider retention and versions",
-			"the communities tombstone row (keeps the host reserved)", "deletion control-plane evidence rows"},
+			"the communities tombstone row (keeps the host reserved)", "deletion control-plane evidence rows",
+			"members' data in other communities", "shared blobs another community still references"},
 	})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
 		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageLogicallyVerified}); err != nil {

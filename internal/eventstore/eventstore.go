@@ -56,12 +56,6 @@ const (
 	PathCount = "count"
 )
 
-// querier runs statements: the writer pool or a reader transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // DefaultPageRows is the PageRows of a new Store.
 const DefaultPageRows = 200
 
@@ -204,7 +198,7 @@ func (s *Store) routeQuery(ctx context.Context, filters nostr.Filters) *replica.
 // one, else on the writer. A reader failure ends the session (recorded
 // writer/replica_error) and the same read runs again on the writer, so a
 // caller never gets a partial page from a reader that died under it.
-func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q querier) error) error {
+func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q db.DBTX) error) error {
 	if *session != nil {
 		err := read((*session).Tx())
 		if err == nil {
@@ -239,7 +233,7 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
 	var page []pageRow
-	err := s.onSession(ctx, session, func(q querier) error {
+	err := s.onSession(ctx, session, func(q db.DBTX) error {
 		var err error
 		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
 			return []any{&r.branch}
@@ -279,7 +273,7 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 
 // readRows runs one named statement under StatementTimeout and scans its
 // rows (eventColumns, then the columns extra points at).
-func (s *Store) readRows(ctx context.Context, q querier, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
+func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
 	ctx, cancel := s.statementContext(ctx)
 	defer cancel()
 	defer s.observe(name, time.Now())
@@ -312,7 +306,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded())
 	}
 	var n int64
-	err := s.onSession(ctx, &session, func(q querier) error {
+	err := s.onSession(ctx, &session, func(q db.DBTX) error {
 		return q.QueryRow(ctx, sql, args...).Scan(&n)
 	})
 	if session != nil {

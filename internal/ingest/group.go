@@ -171,19 +171,7 @@ func allPlain(group []*groupJob) bool {
 func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {
 	var b pgx.Batch
 	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting())
-	queued := make([]*groupJob, 0, len(group))
-	for _, j := range group {
-		if j.err = checkChannelTags(j.w); j.err != nil {
-			continue
-		}
-		params, err := eventstore.InsertParams(j.w.Tenant.ID(), j.w.Event, j.w.ChannelID)
-		if err != nil {
-			j.err = err
-			continue
-		}
-		db.QueueEventInsert(&b, params)
-		queued = append(queued, j)
-	}
+	queued := queueInserts(&b, group)
 	if len(queued) == 0 {
 		return nil
 	}
@@ -201,6 +189,26 @@ func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error 
 		err = closeErr
 	}
 	return err
+}
+
+// queueInserts queues the INSERT of every plain event in jobs that passes
+// its checks (the others get their refusal in err) and returns the queued
+// ones, in batch order.
+func queueInserts(b *pgx.Batch, jobs []*groupJob) []*groupJob {
+	queued := make([]*groupJob, 0, len(jobs))
+	for _, j := range jobs {
+		if j.err = checkChannelTags(j.w); j.err != nil {
+			continue
+		}
+		params, err := eventstore.InsertParams(j.w.Tenant.ID(), j.w.Event, j.w.ChannelID)
+		if err != nil {
+			j.err = err
+			continue
+		}
+		db.QueueEventInsert(b, params)
+		queued = append(queued, j)
+	}
+	return queued
 }
 
 func (g *groupWriter) lockTimeoutSetting() string {
@@ -244,19 +252,7 @@ func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error 
 func (g *groupWriter) inserts(ctx context.Context, tx pgx.Tx, run []*groupJob) error {
 	var b pgx.Batch
 	b.Queue("SAVEPOINT buzz_run")
-	queued := make([]*groupJob, 0, len(run))
-	for _, j := range run {
-		if j.err = checkChannelTags(j.w); j.err != nil {
-			continue
-		}
-		params, err := eventstore.InsertParams(j.w.Tenant.ID(), j.w.Event, j.w.ChannelID)
-		if err != nil {
-			j.err = err
-			continue
-		}
-		db.QueueEventInsert(&b, params)
-		queued = append(queued, j)
-	}
+	queued := queueInserts(&b, run)
 	b.Queue("RELEASE SAVEPOINT buzz_run")
 	results := tx.SendBatch(ctx, &b)
 	_, err := results.Exec()

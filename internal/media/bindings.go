@@ -90,20 +90,32 @@ func SidecarBlob(ctx context.Context, store Store, key string) (string, error) {
 	return d.Blob, nil
 }
 
-// BlobReferencedByOthers reports whether any community other than except
-// has a sidecar for the blob at blobKey.
-func BlobReferencedByOthers(ctx context.Context, store Store, blobKey string, except uuid.UUID) (bool, error) {
-	sha, _, _ := strings.Cut(blobKey, ".")
-	communities, err := store.Children(ctx, "_meta/")
+// CommunitiesWithMedia lists the communities that have at least one
+// sidecar: the only ones that can reference a blob.
+func CommunitiesWithMedia(ctx context.Context, store Store) ([]uuid.UUID, error) {
+	names, err := store.Children(ctx, "_meta/")
 	if err != nil {
-		return false, fmt.Errorf("list communities with media: %w", err)
+		return nil, fmt.Errorf("list communities with media: %w", err)
 	}
-	for _, name := range communities {
-		id, err := uuid.Parse(name)
-		if err != nil || id == except {
+	ids := make([]uuid.UUID, 0, len(names))
+	for _, name := range names {
+		if id, err := uuid.Parse(name); err == nil {
+			ids = append(ids, id) // anything else is not a community's prefix
+		}
+	}
+	return ids, nil
+}
+
+// BlobReferenced reports whether any of communities other than except (Nil:
+// none excepted) has a sidecar for the blob at blobKey (or of hash blobKey).
+// It costs one stat per community.
+func BlobReferenced(ctx context.Context, store Store, blobKey string, communities []uuid.UUID, except uuid.UUID) (bool, error) {
+	sha, _, _ := strings.Cut(blobKey, ".")
+	for _, id := range communities {
+		if id == except {
 			continue
 		}
-		_, err = store.Stat(ctx, sidecarKey(id, sha))
+		_, err := store.Stat(ctx, sidecarKey(id, sha))
 		if err == nil {
 			return true, nil
 		}

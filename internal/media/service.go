@@ -284,24 +284,11 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 // It costs one listing plus one stat per community with media, paid only
 // by a delete that removes a community's last reference.
 func (s *Service) referenced(ctx context.Context, sha string) (bool, error) {
-	communities, err := s.store.Children(ctx, "_meta/")
+	communities, err := CommunitiesWithMedia(ctx, s.store)
 	if err != nil {
-		return false, fmt.Errorf("list communities with media: %w", err)
+		return false, err
 	}
-	for _, name := range communities {
-		id, err := uuid.Parse(name)
-		if err != nil {
-			continue // not a community's prefix
-		}
-		_, err = s.store.Stat(ctx, sidecarKey(id, sha))
-		if err == nil {
-			return true, nil
-		}
-		if !errors.Is(err, ErrNotFound) {
-			return false, fmt.Errorf("stat sidecar: %w", err)
-		}
-	}
-	return false, nil
+	return BlobReferenced(ctx, s.store, sha, communities, uuid.Nil)
 }
 
 func (s *Service) readSidecar(ctx context.Context, community uuid.UUID, sha string) (Descriptor, error) {

@@ -126,6 +126,8 @@ func (c *conn) replySent(msg []byte) {
 
 func (c *conn) run() {
 	defer c.cleanup()
+	// Created stopped, then armed: ping reads c.pinger, which must be set
+	// before the timer can first fire.
 	c.pinger = time.AfterFunc(time.Hour, c.ping)
 	c.pinger.Stop()
 	c.pinger.Reset(c.srv.cfg.PingInterval)
@@ -171,9 +173,9 @@ func (c *conn) cleanup() {
 	c.srv.forget(c)
 }
 
-// armWriteWatchdog creates the write watchdog, stopped; before the
+// initWriteWatchdog creates the write watchdog, stopped, before the
 // connection is tracked, since a shutdown may start a writer at once.
-func (c *conn) armWriteWatchdog() {
+func (c *conn) initWriteWatchdog() {
 	c.writeWatchdog = time.AfterFunc(time.Hour, func() {
 		c.log.Debug("write timed out; closing", "timeout", c.srv.cfg.WriteTimeout)
 		c.ws.CloseNow()

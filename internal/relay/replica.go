@@ -85,25 +85,21 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	s.replica.Store(r)
 	probe := replica.NewProbe(s.pool, ring, s.cfg.CreatedAtFloor, s.cfg.ReplicaProbeInterval, s.now, s.log)
 	go probe.Run(ctx)
-	go s.pingReader(ctx, pool)
+	go s.pingReader(ctx)
 	return nil
 }
 
 // pingReader says once, in the log, whether the reader answers and is a
 // standby: a reader URL that points at the writer routes nothing useful.
-func (s *Server) pingReader(ctx context.Context, pool *pgxpool.Pool) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	var inRecovery bool
-	if err := pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
-		s.log.Warn("read replica unreachable; reads go to the writer until it answers", "err", err)
-		return
-	}
-	if !inRecovery {
+func (s *Server) pingReader(ctx context.Context) {
+	switch state, _ := s.readerState(ctx); state {
+	case "unreachable":
+		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
+	case "not_a_standby":
 		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
-		return
+	default:
+		s.log.Info("read replica reachable")
 	}
-	s.log.Info("read replica reachable")
 }
 
 // readerState is what /ready reports about the reader: "streaming" (a

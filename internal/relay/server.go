@@ -353,7 +353,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		cancel:    cancel,
 		subs:      map[string]int{},
 	}
-	c.armWriteWatchdog()
+	c.initWriteWatchdog()
 	if status, reason := s.track(c); status != 0 {
 		s.release(addr)
 		cancel()

@@ -145,10 +145,10 @@ func (r *Ring) HeartbeatAge(now time.Time) (time.Duration, bool) {
 func (r *Ring) Resolve(token int64, epoch uuid.UUID) (Entry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.entries) == 0 || epoch != r.epoch {
-		if len(r.entries) == 0 {
-			return Entry{}, ErrTokenBehind
-		}
+	if len(r.entries) == 0 {
+		return Entry{}, ErrTokenBehind
+	}
+	if epoch != r.epoch {
 		return Entry{}, ErrEpochMismatch
 	}
 	for i := len(r.entries) - 1; i >= 0; i-- {
@@ -157,11 +157,4 @@ func (r *Ring) Resolve(token int64, epoch uuid.UUID) (Entry, error) {
 		}
 	}
 	return Entry{}, ErrTokenBehind
-}
-
-// Epoch is the epoch the ring currently follows.
-func (r *Ring) Epoch() uuid.UUID {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.epoch
 }

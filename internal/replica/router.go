@@ -59,7 +59,7 @@ func CoveredOrBounded(upper time.Time) Predicate {
 type Observer func(path, decision, reason string)
 
 // Router hands out proved reader transactions. A nil *Router routes
-// nothing (every read records writer/disabled).
+// nothing and records nothing: every read goes to the writer.
 type Router struct {
 	reader         *pgxpool.Pool // nil: no reader configured
 	ring           *Ring
@@ -98,14 +98,6 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 
 // Enabled reports whether a reader is configured.
 func (r *Router) Enabled() bool { return r != nil && r.reader != nil }
-
-// Ring is the router's token ring (nil for a nil router).
-func (r *Router) Ring() *Ring {
-	if r == nil {
-		return nil
-	}
-	return r.ring
-}
 
 // Session is one routed read on a proved reader transaction: every
 // statement of the read runs on it, so they all see one snapshot.
