@@ -304,3 +304,50 @@ func TestRepeatedRegistrationRenewsCreatedAt(t *testing.T) {
 	require.Len(t, rows, 1, "duplicates in one call and across calls are one registration")
 	require.True(t, first.Add(10*24*time.Hour).Equal(rows[0].CreatedAt))
 }
+
+// Both claims commit without waiting for the WAL flush: the setting they
+// leave in their transaction is what the commit reads. Run inside a
+// transaction that asked for durable commits, each claim must have turned
+// them off by the time the transaction ends.
+func TestClaimsCommitWithoutWaitingForTheFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	routable := [][]byte{mustHex(t, listener)}
+
+	claims := map[string]func(q *db.Queries, ids []uuid.UUID) (int, error){
+		"by id": func(q *db.Queries, ids []uuid.UUID) (int, error) {
+			rows, err := q.OutboxClaimByID(ctx, db.OutboxClaimByIDParams{
+				ClaimID: uuid.New(), LeaseMs: 30_000, MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),
+				Routable: routable, Ids: ids, MaxRows: int32(len(ids)),
+			})
+			return len(rows), err
+		},
+		"due": func(q *db.Queries, _ []uuid.UUID) (int, error) {
+			rows, err := q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
+				ClaimID: uuid.New(), LeaseMs: 30_000, MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),
+				Routable: routable, MaxRows: 10,
+			})
+			return len(rows), err
+		},
+	}
+	for name, claim := range claims {
+		t.Run(name, func(t *testing.T) {
+			ids := f.enqueue(target)
+			tx, err := f.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
+			require.NoError(t, err)
+			n, err := claim(db.New(tx), ids)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			var setting string
+			require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&setting))
+			require.Equal(t, "off", setting, "the claim commits waiting for the flush")
+			require.NoError(t, tx.Commit(ctx))
+		})
+	}
+}
