@@ -14,6 +14,10 @@ const reqLimit = 100
 // maxReqDials bounds reconnects when the REQ connection keeps failing.
 const maxReqDials = 4
 
+// seedTopics is how many t values seeded events spread over, so a #t
+// filter matches one event in seedTopics.
+const seedTopics = 8
+
 // topUpTimeout bounds seeding, which runs before the timed part.
 const topUpTimeout = 5 * time.Minute
 
@@ -90,6 +94,7 @@ func topUp(ctx context.Context, o options, need int, errs *tally) (int, error) {
 		return 0, err
 	}
 	for i := range specs {
+		specs[i].topics = seedTopics
 		share := need / n
 		if i < need%n {
 			share++
