@@ -27,6 +27,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -43,6 +45,7 @@ type options struct {
 	reqSeed           int
 	reqIterations     int
 	contentBytes      int
+	shapes            string
 	shapesAuthor      string
 	shapesTag         string
 	shapesID          string
@@ -71,6 +74,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.reqSeed, "req-seed", 25000, "req: stored kind-1 events to ensure before timing")
 	fs.IntVar(&o.reqIterations, "req-iterations", 500, "req: sequential REQs timed")
 	fs.IntVar(&o.contentBytes, "content-bytes", 200, "bytes of content per event")
+	fs.StringVar(&o.shapes, "shapes", "", "shapes: comma-separated names of the shapes to time (default: all of "+strings.Join(shapeNames, ",")+")")
 	fs.StringVar(&o.shapesAuthor, "shapes-author", "", "shapes: hex pubkey of the author shape (default: the most frequent among the newest kind-1 events)")
 	fs.StringVar(&o.shapesTag, "shapes-tag", "", "shapes: t value of the #t shape (default: the most frequent among the newest kind-1 events)")
 	fs.StringVar(&o.shapesID, "shapes-id", "", "shapes: event id of the id shape (default: one of the newest kind-1 events)")
@@ -102,6 +106,11 @@ func (o options) validate() error {
 	default:
 		return fmt.Errorf("-scenario %q: want publish, req, shapes, after-burst, fanout or all", o.scenario)
 	}
+	for _, name := range o.shapeList() {
+		if !slices.Contains(shapeNames, name) {
+			return fmt.Errorf("-shapes: unknown shape %q, want some of %s", name, strings.Join(shapeNames, ","))
+		}
+	}
 	if o.shapeBudget <= 0 || o.afterBurstEvents <= 0 || o.afterBurstFor <= 0 || o.afterBurstWindow <= 0 || o.afterBurstPace <= 0 || o.sinceWindow <= 0 {
 		return errors.New("-shape-budget, -since-window and -after-burst-* must be positive")
 	}
@@ -113,6 +122,14 @@ func (o options) validate() error {
 		return errors.New("-subscribers, -req-seed and -content-bytes must not be negative")
 	}
 	return nil
+}
+
+// shapeList returns the shapes -shapes selects, nil for all.
+func (o options) shapeList() []string {
+	if o.shapes == "" {
+		return nil
+	}
+	return strings.Split(o.shapes, ",")
 }
 
 // runs reports whether scenario name is selected: all runs every scenario

@@ -90,8 +90,10 @@ func mostFrequent(counts map[string]int) string {
 	return keys[0]
 }
 
-// reqShape is one named filter; expect is the number of events a full
-// answer has (the limit, or 1 for an id).
+// shapeNames are the shapes in the order they run.
+var shapeNames = []string{"kinds", "author", "id", "tag", "since", "search-common", "search-rare"}
+
+// reqShape is one named filter.
 type reqShape struct {
 	name    string
 	filter  map[string]any
@@ -159,9 +161,13 @@ func runShapes(ctx context.Context, o options) *shapesReport {
 		return rep
 	}
 	rep.Sample = summarizeSample(sample)
+	selected := o.shapeList()
 	for _, shape := range buildShapes(o, rep.Sample) {
 		if ctx.Err() != nil {
 			break
+		}
+		if selected != nil && !slices.Contains(selected, shape.name) {
+			continue
 		}
 		res := shapeResult{Name: shape.name, Filter: shape.filter, Skipped: shape.skipped}
 		if shape.skipped == "" {

@@ -34,8 +34,11 @@ func TestBuildShapes(t *testing.T) {
 		}
 		return m
 	}
-	shapes := byName(buildShapes(o, sample))
-	require.Len(t, shapes, 7)
+	all := buildShapes(o, sample)
+	for i, s := range all {
+		require.Equal(t, shapeNames[i], s.name)
+	}
+	shapes := byName(all)
 	require.Equal(t, map[string]any{"authors": []string{"alice"}, "kinds": []int{1}, "limit": 100}, shapes["author"].filter)
 	require.Equal(t, map[string]any{"ids": []string{"e2"}}, shapes["id"].filter)
 	require.Equal(t, map[string]any{"#t": []string{"go"}, "limit": 100}, shapes["tag"].filter)
@@ -129,4 +132,9 @@ func TestParseFlagsValidatesTheNewScenarios(t *testing.T) {
 	require.False(t, o.runs("req"), "all leaves out req: the kinds shape repeats it")
 	_, err = parseFlags([]string{"-after-burst-window", "0s"})
 	require.Error(t, err)
+	o, err = parseFlags([]string{"-shapes", "kinds,id"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"kinds", "id"}, o.shapeList())
+	_, err = parseFlags([]string{"-shapes", "kinds,ids"})
+	require.ErrorContains(t, err, `unknown shape "ids"`)
 }
