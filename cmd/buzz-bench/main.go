@@ -13,6 +13,9 @@
 //
 // Errors are counted in the report; the exit status is 1 only when a
 // scenario could not run at all.
+//
+// `buzz-bench table REPORT.json` prints a report as a table of measures,
+// targets and pass/miss (see table.go).
 package main
 
 import (
@@ -28,6 +31,7 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +42,9 @@ type options struct {
 	url               string
 	scenario          string
 	duration          time.Duration
-	publishers        int
+	publishers        int   // the level being run
+	publisherLevels   []int // -publishers
+	relayPID          int
 	subscribers       int
 	fanoutSubscribers int
 	fanoutEvents      int
@@ -67,7 +73,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.url, "url", "ws://localhost:3000", "relay URL; also the relay tag of AUTH events")
 	fs.StringVar(&o.scenario, "scenario", "all", "publish, req, shapes, after-burst, fanout or all (all but req)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of the timed publish scenario")
-	fs.IntVar(&o.publishers, "publishers", 16, "publish: concurrent publisher connections")
+	levels := fs.String("publishers", "16", "publish: concurrent publisher connections; a comma-separated list runs the scenario once per count")
+	fs.IntVar(&o.relayPID, "relay-pid", 0, "fanout: process id of the relay, on this machine, whose resident memory per subscriber is reported")
 	fs.IntVar(&o.subscribers, "subscribers", 0, "publish: live subscribers measuring delivery latency")
 	fs.IntVar(&o.fanoutSubscribers, "fanout-subscribers", 1000, "fanout: subscriber connections")
 	fs.IntVar(&o.fanoutEvents, "fanout-events", 200, "fanout: events published, 20 ms apart")
@@ -93,7 +100,25 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	var err error
+	if o.publisherLevels, err = parseLevels(*levels); err != nil {
+		return o, fmt.Errorf("-publishers: %w", err)
+	}
+	o.publishers = o.publisherLevels[0]
 	return o, o.validate()
+}
+
+// parseLevels reads a comma-separated list of positive counts.
+func parseLevels(s string) ([]int, error) {
+	var levels []int
+	for field := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive count", field)
+		}
+		levels = append(levels, n)
+	}
+	return levels, nil
 }
 
 func (o options) validate() error {
@@ -118,8 +143,8 @@ func (o options) validate() error {
 		o.reqIterations <= 0 || o.presignRate <= 0 {
 		return errors.New("-duration, -publishers, -fanout-*, -req-iterations and -presign-rate must be positive")
 	}
-	if o.subscribers < 0 || o.reqSeed < 0 || o.contentBytes < 0 {
-		return errors.New("-subscribers, -req-seed and -content-bytes must not be negative")
+	if o.subscribers < 0 || o.reqSeed < 0 || o.contentBytes < 0 || o.relayPID < 0 {
+		return errors.New("-subscribers, -req-seed, -content-bytes and -relay-pid must not be negative")
 	}
 	return nil
 }
@@ -145,7 +170,7 @@ type report struct {
 	StartedAt  time.Time `json:"started_at"`
 	GoMaxProcs int       `json:"go_maxprocs"`
 	Scenarios  struct {
-		Publish    *publishReport    `json:"publish,omitempty"`
+		Publish    []*publishReport  `json:"publish,omitempty"` // one per -publishers count
 		AfterBurst *afterBurstReport `json:"after_burst,omitempty"`
 		Shapes     *shapesReport     `json:"shapes,omitempty"`
 		Req        *reqReport        `json:"req,omitempty"`
@@ -156,14 +181,25 @@ type report struct {
 // failed reports whether some scenario could not run at all.
 func (r *report) failed() bool {
 	s := r.Scenarios
-	return (s.Publish != nil && s.Publish.Error != "") ||
-		(s.Req != nil && s.Req.Error != "") ||
+	for _, p := range s.Publish {
+		if p.Error != "" {
+			return true
+		}
+	}
+	return (s.Req != nil && s.Req.Error != "") ||
 		(s.AfterBurst != nil && s.AfterBurst.Error != "") ||
 		(s.Shapes != nil && s.Shapes.Error != "") ||
 		(s.Fanout != nil && s.Fanout.Error != "")
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "table" {
+		if err := runTable(os.Args[2:], os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "buzz-bench table:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -203,8 +239,15 @@ func run(ctx context.Context, o options) *report {
 	if o.runs("shapes") && ctx.Err() == nil {
 		rep.Scenarios.Shapes = runShapes(ctx, o)
 	}
-	if o.runs("publish") && ctx.Err() == nil {
-		rep.Scenarios.Publish = runPublish(ctx, o)
+	if o.runs("publish") {
+		for _, n := range o.publisherLevels {
+			if ctx.Err() != nil {
+				break
+			}
+			level := o
+			level.publishers = n
+			rep.Scenarios.Publish = append(rep.Scenarios.Publish, runPublish(ctx, level))
+		}
 	}
 	if o.runs("req") && ctx.Err() == nil {
 		rep.Scenarios.Req = runReq(ctx, o)

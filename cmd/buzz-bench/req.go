@@ -18,6 +18,9 @@ const maxReqDials = 4
 // filter matches one event in seedTopics.
 const seedTopics = 8
 
+// seedPublishers is how many connections publish seed events.
+const seedPublishers = 16
+
 // topUpTimeout bounds seeding, which runs before the timed part.
 const topUpTimeout = 5 * time.Minute
 
@@ -87,7 +90,7 @@ func ensureSeed(ctx context.Context, o options, rep *reqReport, errs *tally) err
 func topUp(ctx context.Context, o options, need int, errs *tally) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, topUpTimeout)
 	defer cancel()
-	n := min(o.publishers, need)
+	n := min(seedPublishers, need)
 	perPub := (need + n - 1) / n
 	specs, err := eventSpecs(o, n, perPub, perPub)
 	if err != nil {
