@@ -232,15 +232,32 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 // already back in the pool.
 func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	capacity := pageCapacity(filters, branches, pageRows)
 	var page []pageRow
 	err := s.onSession(ctx, session, func(q db.DBTX) error {
 		var err error
-		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
+		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, func(r *pageRow) []any {
 			return []any{&r.branch}
 		})
 		return err
 	})
 	return page, err
+}
+
+// pageCapacity is how many rows a page can hold at most: pageRows, or fewer
+// when the branches' remaining limits (and, for a filter by ids, its ids)
+// add up to fewer. A REQ for one id or a small limit then allocates for
+// what it can get, not for a whole page.
+func pageCapacity(filters nostr.Filters, branches []pageBranch, pageRows int) int {
+	n := 0
+	for _, br := range branches {
+		rows := br.remaining
+		if ids := filters[br.filter].IDs; len(ids) > 0 {
+			rows = min(rows, len(ids))
+		}
+		n += rows
+	}
+	return min(n, pageRows)
 }
 
 // querySearch streams one search filter's rows, most relevant first, a page
