@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -195,4 +196,15 @@ func TestParseLevels(t *testing.T) {
 	o, err := parseFlags([]string{"-publishers", "1,16,64"})
 	require.NoError(t, err)
 	require.Equal(t, []int{1, 16, 64}, o.publisherLevels)
+}
+
+func TestPlanPublishCapsOnePublisher(t *testing.T) {
+	t.Parallel()
+	o := options{presignRate: 4000, duration: 10 * time.Second}
+	o.publishers = 16
+	require.Equal(t, publishPlan{publishers: 16, prefill: 2501, budget: 10004}, planPublish(o))
+	// A lone closed-loop publisher cannot send 4,000 events/s: signing
+	// 40,000 events for it only delayed the run.
+	o.publishers = 1
+	require.Equal(t, publishPlan{publishers: 1, prefill: 20001, budget: 80004}, planPublish(o))
 }
