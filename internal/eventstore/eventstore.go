@@ -346,7 +346,9 @@ func scanEvent(rows pgx.Rows, extra ...any) (*nostr.Event, *uuid.UUID, []byte, e
 		kind            int32
 		channel         *uuid.UUID
 	)
-	dest := append([]any{&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel}, extra...)
+	dest := make([]any, 0, 8+len(extra)) // one allocation, where appending extra to a literal made two
+	dest = append(dest, &id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel)
+	dest = append(dest, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return nil, nil, nil, err
 	}
