@@ -18,5 +18,5 @@ func QueuedEvents(p *Pipeline) int {
 	if p.groups == nil {
 		return 0
 	}
-	return len(p.groups.queue)
+	return p.groups.waitingEvents()
 }

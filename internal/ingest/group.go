@@ -17,11 +17,19 @@ import (
 
 // Group commit. PostgreSQL spends most of a single-row autocommit INSERT on
 // the transaction around it (and the WAL flush at its commit), so the
-// pipeline commits concurrent events together: writers take whatever is
-// queued (never waiting for a group to fill), run each event inside the
-// group's transaction under its own savepoint, commit once, and only then
-// hand every event its outcome. An event whose savepoint was rolled back
+// pipeline commits concurrent events together: a group takes whatever is
+// waiting (never waiting for a group to fill), runs each event inside the
+// group's transaction under its own savepoint, commits once, and only then
+// hands every event its outcome. An event whose savepoint was rolled back
 // gets its own refusal and nothing else; the others do not notice.
+//
+// The group writer has no goroutines of its own. An event that finds fewer
+// than `writers` groups being written writes its group itself, on its
+// caller's goroutine: a lone publisher's event goes straight to the
+// database, with no hand-off to another goroutine and back. Events that
+// arrive while every writer is busy wait in a queue; a writer that has
+// committed hands the queue's head the next group to write (everything
+// waiting, up to max) and returns to its own caller.
 
 // Defaults for the group writer (the relay's configuration sets them).
 const (
@@ -40,14 +48,19 @@ type groupJob struct {
 	// fast: no Prepare, Apply or side rows, the INSERT is all of it.
 	fast bool
 
-	// Set by the writer before done is closed.
+	// Set by the writer before wake is closed (or, for the writer's own
+	// event, before write returns).
 	inserted int64
 	err      error // the event's own refusal or failure
 	// alone: the group could not settle the event (lock timeout, deadlock,
 	// serialization failure, or the group failed as a whole); it must run
 	// in its own transaction. Nothing of it committed.
 	alone bool
-	done  chan struct{}
+
+	// wake is closed when the waiting event's group is over, or when the
+	// event is to write the next group itself (lead is set then).
+	wake chan struct{}
+	lead []*groupJob
 }
 
 // reset forgets what an attempt that rolled back left on the Write, so a
@@ -59,14 +72,17 @@ func (j *groupJob) reset() {
 	j.inserted, j.err = 0, nil
 }
 
-// groupWriter gathers queued events into groups and commits them.
+// groupWriter gathers concurrent events into groups and commits them.
 type groupWriter struct {
 	p           *Pipeline
-	queue       chan *groupJob
 	max         int
 	writers     int
+	queueCap    int
 	lockTimeout time.Duration
-	start       sync.Once
+
+	mu      sync.Mutex
+	waiting []*groupJob // in arrival order; non-empty only while every writer is busy
+	writing int         // groups being written now, at most writers
 }
 
 func newGroupWriter(p *Pipeline, opts Options) *groupWriter {
@@ -86,51 +102,83 @@ func newGroupWriter(p *Pipeline, opts Options) *groupWriter {
 		opts.GroupLockTimeout = DefaultGroupLockTimeout
 	}
 	return &groupWriter{
-		p: p, queue: make(chan *groupJob, opts.GroupQueue),
-		max: opts.GroupMax, writers: opts.GroupWriters, lockTimeout: opts.GroupLockTimeout,
+		p: p, max: opts.GroupMax, writers: opts.GroupWriters, queueCap: opts.GroupQueue,
+		lockTimeout: opts.GroupLockTimeout,
 	}
 }
 
-// submit queues j and waits until the group holding it is over (committed
-// or rolled back). It does not give up when the caller's context ends: the
-// answer must say what happened to the event.
+// submit writes j's group, or queues j and waits until the group holding
+// it is over (committed or rolled back). It does not give up when the
+// caller's context ends: the answer must say what happened to the event.
 func (g *groupWriter) submit(j *groupJob) error {
-	g.start.Do(func() {
-		for range g.writers {
-			go g.run()
-		}
-	})
-	j.done = make(chan struct{})
-	select {
-	case g.queue <- j:
-	default:
+	g.mu.Lock()
+	if g.writing < g.writers {
+		// A free writer means nothing waits (a writer that finishes takes
+		// the waiting events first): j is a group of one, written now.
+		g.writing++
+		g.mu.Unlock()
+		g.write([]*groupJob{j})
+		return nil
+	}
+	if len(g.waiting) >= g.queueCap {
+		g.mu.Unlock()
 		return Reject("rate-limited", "the relay is storing as many events as it can; send it again shortly")
 	}
-	<-j.done
+	j.wake = make(chan struct{})
+	g.waiting = append(g.waiting, j)
+	g.mu.Unlock()
+	<-j.wake
+	if j.lead != nil {
+		g.write(j.lead)
+	}
 	return nil
 }
 
-// run takes whatever is queued, up to max events, as one group: a lone
-// event is written at once, and while one group commits the next gathers.
-// Writers live as long as the process (they hold no connection while idle).
-func (g *groupWriter) run() {
-	group := make([]*groupJob, 0, g.max)
-	for {
-		group = append(group[:0], <-g.queue)
-	gather:
-		for len(group) < g.max {
-			select {
-			case j := <-g.queue:
-				group = append(group, j)
-			default:
-				break gather
+// write commits group on the calling goroutine (group[0] is the caller's
+// own event), then hands the next group to the head of the queue, or frees
+// the writer, and wakes the group's other events. If writing panics, every
+// event of the group runs alone instead (nothing of it is known to have
+// committed), where the panic recurs on its own caller's goroutine.
+func (g *groupWriter) write(group []*groupJob) {
+	defer func() {
+		if r := recover(); r != nil {
+			for _, j := range group {
+				j.reset()
+				j.alone = true
 			}
 		}
-		g.commit(group)
-		for _, j := range group {
-			close(j.done)
+		g.handOff()
+		for _, j := range group[1:] {
+			close(j.wake)
 		}
+	}()
+	g.commit(group)
+}
+
+// handOff gives everything waiting (up to max) to the first waiting event
+// to write as the next group, or frees the writer when nothing waits.
+func (g *groupWriter) handOff() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.waiting) == 0 {
+		g.writing--
+		return
 	}
+	n := min(len(g.waiting), g.max)
+	next := make([]*groupJob, n)
+	copy(next, g.waiting)
+	rest := copy(g.waiting, g.waiting[n:])
+	clear(g.waiting[rest:])
+	g.waiting = g.waiting[:rest]
+	next[0].lead = next
+	close(next[0].wake)
+}
+
+// waitingEvents is how many events wait for a writer.
+func (g *groupWriter) waitingEvents() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.waiting)
 }
 
 // commit writes group in one transaction. If the group fails as a whole
@@ -164,26 +212,23 @@ func allPlain(group []*groupJob) bool {
 }
 
 // commitPlain writes a group of plain events (the INSERT is all of each,
-// the common case: notes without channel or mentions) in one round trip: a
-// pipeline of inserts with one Sync, which PostgreSQL runs as one implicit
-// transaction. If any insert fails, none of them committed, and the caller
-// runs each event alone, so only the failing one is refused.
+// the common case: notes without channel or mentions) in one round trip and
+// one statement: the lock timeout and one multi-row INSERT, pipelined with
+// one Sync, which PostgreSQL runs as one implicit transaction. If the
+// insert fails, none of the group committed, and the caller runs each event
+// alone, so only the failing one is refused.
 func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {
 	var b pgx.Batch
 	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting())
-	queued := queueInserts(&b, group)
+	rows, queued := insertBatch(group)
 	if len(queued) == 0 {
 		return nil
 	}
+	rows.Queue(&b)
 	results := g.p.pool.SendBatch(ctx, &b)
 	_, err := results.Exec()
-	for _, j := range queued {
-		if err != nil {
-			break
-		}
-		var tag pgconn.CommandTag
-		tag, err = results.Exec()
-		j.inserted = tag.RowsAffected()
+	if err == nil {
+		err = readStored(results, rows, queued)
 	}
 	if closeErr := results.Close(); err == nil {
 		err = closeErr
@@ -191,10 +236,11 @@ func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error 
 	return err
 }
 
-// queueInserts queues the INSERT of every plain event in jobs that passes
-// its checks (the others get their refusal in err) and returns the queued
-// ones, in batch order.
-func queueInserts(b *pgx.Batch, jobs []*groupJob) []*groupJob {
+// insertBatch puts the row of every plain event in jobs that passes its
+// checks into one multi-row insert (the others get their refusal in err)
+// and returns the jobs it holds, in row order.
+func insertBatch(jobs []*groupJob) (*eventstore.InsertBatch, []*groupJob) {
+	rows := &eventstore.InsertBatch{}
 	queued := make([]*groupJob, 0, len(jobs))
 	for _, j := range jobs {
 		if j.err = checkChannelTags(j.w); j.err != nil {
@@ -205,10 +251,25 @@ func queueInserts(b *pgx.Batch, jobs []*groupJob) []*groupJob {
 			j.err = err
 			continue
 		}
-		db.QueueEventInsert(b, params)
+		rows.Add(params)
 		queued = append(queued, j)
 	}
-	return queued
+	return rows, queued
+}
+
+// readStored reads the multi-row insert's result into its jobs.
+func readStored(results pgx.BatchResults, rows *eventstore.InsertBatch, queued []*groupJob) error {
+	stored, err := rows.ReadStored(results)
+	if err != nil {
+		return err
+	}
+	for i, j := range queued {
+		j.inserted = 0
+		if stored[i] {
+			j.inserted = 1
+		}
+	}
+	return nil
 }
 
 func (g *groupWriter) lockTimeoutSetting() string {
@@ -247,12 +308,17 @@ func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error 
 }
 
 // inserts writes a run of plain events (the INSERT is all of each) in one
-// round trip under one savepoint. If any fails, the savepoint is rolled back
-// and each runs under its own, so that only the failing one is refused.
+// round trip and one statement under one savepoint. If it fails, the
+// savepoint is rolled back and each runs under its own, so that only the
+// failing one is refused.
 func (g *groupWriter) inserts(ctx context.Context, tx pgx.Tx, run []*groupJob) error {
+	rows, queued := insertBatch(run)
+	if len(queued) == 0 {
+		return nil
+	}
 	var b pgx.Batch
 	b.Queue("SAVEPOINT buzz_run")
-	queued := queueInserts(&b, run)
+	rows.Queue(&b)
 	b.Queue("RELEASE SAVEPOINT buzz_run")
 	results := tx.SendBatch(ctx, &b)
 	_, err := results.Exec()
@@ -260,15 +326,7 @@ func (g *groupWriter) inserts(ctx context.Context, tx pgx.Tx, run []*groupJob) e
 		_ = results.Close()
 		return err
 	}
-	var failed error
-	for _, j := range queued {
-		tag, err := results.Exec()
-		if err != nil {
-			failed = err
-			break
-		}
-		j.inserted = tag.RowsAffected()
-	}
+	failed := readStored(results, rows, queued)
 	if failed == nil {
 		_, failed = results.Exec() // RELEASE
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
@@ -531,4 +534,130 @@ func must(o ingest.Outcome, err error) ingest.Outcome {
 		panic(err)
 	}
 	return o
+}
+
+// goroutineID is the running goroutine's number, read from its stack header
+// ("goroutine 123 [running]: ...").
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	return strings.Fields(string(buf))[1]
+}
+
+// A lone event is written at once on its submitter's own goroutine: no
+// hand-off to a writer goroutine and back (each a wake-up that a busy
+// machine makes the publisher wait for), and no wait for a group to fill.
+// Each is its own group, so each commits in its own transaction.
+//
+// Mutation killed: handing every event to another goroutine to write, as
+// the dedicated writer goroutines did (the side row runs elsewhere).
+func TestLoneEventIsWrittenByItsSubmitter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-lone.example", 0)
+	f.grouped(ingest.Options{GroupWriters: 2})
+	f.recordTransactions()
+	ranOn := make(chan string, 1)
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 },
+		Apply: func(context.Context, *ingest.Write) error {
+			ranOn <- goroutineID()
+			return nil
+		},
+	})
+	key := f.key()
+	var events []*nostr.Event
+	for i := range 3 {
+		ev := f.sign(key, 1, fmt.Sprint("alone ", i), nil, 0)
+		submitter := goroutineID()
+		f.store(ev)
+		require.Equal(t, submitter, <-ranOn, "event %d was written by its submitter's goroutine", i)
+		events = append(events, ev)
+	}
+	plain := f.store(f.sign(key, 1111, "plain and alone", nil, 0))
+	require.Equal(t, 4, f.transactions(append(events, plain)...), "each lone event is its own group")
+	require.Zero(t, ingest.QueuedEvents(f.p))
+}
+
+// While every writer is busy, new events wait; the writer that finishes
+// first hands everything waiting (up to the group size) to the head of the
+// queue, which writes it as one group on its own goroutine.
+//
+// Mutations killed: no bound on the writers (every event writes its own
+// group at once: nothing queues behind the two busy writers); handing the
+// waiting events on one at a time (five transactions instead of one).
+func TestBusyWritersQueueAndTheHeadWritesTheNextGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-handoff.example", 0)
+	f.grouped(ingest.Options{GroupWriters: 2})
+	f.recordTransactions()
+	first, second := f.holdWriter(), f.holdWriter()
+	key := f.key()
+	var batch []*nostr.Event
+	for i := range 5 {
+		batch = append(batch, f.sign(key, 1111, fmt.Sprint("waits ", i), nil, 0))
+	}
+	results := f.submitTogether(batch)
+	waitQueued(t, f.p, len(batch))
+	first.open(t)
+	for i := range batch {
+		r := <-results[i]
+		require.NoError(t, r.err)
+		require.Equal(t, ingest.Stored, r.outcome, "event %d", i)
+	}
+	require.Equal(t, 1, f.transactions(batch...), "the waiting events are one group")
+	second.open(t)
+	require.Equal(t, ingest.Stored, must(f.submit(f.sign(key, 1111, "after", nil, 0))), "the writers are free again")
+	require.Zero(t, ingest.QueuedEvents(f.p))
+}
+
+// A group of plain events is one INSERT statement, whatever its size, with
+// the events of two communities and two copies of one event in it: each
+// event still gets its own answer (the same event is stored once in each
+// community; of the two copies in one community, one is the duplicate).
+//
+// Mutations killed: one INSERT per event (the statement count); matching
+// the returned rows by event id alone (the second community's copy is
+// answered as a duplicate); marking every copy of a returned row stored
+// (two answers "stored" for one row).
+func TestPlainGroupIsOneStatement(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-one-statement.example", 0)
+	f.grouped(ingest.Options{})
+	other := f.community("group-one-statement-other.example")
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE TABLE test_event_statements (n int);
+		CREATE FUNCTION test_note_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO test_event_statements VALUES (1); RETURN NULL; END $$;
+		CREATE TRIGGER test_note_statement AFTER INSERT ON events FOR EACH STATEMENT EXECUTE FUNCTION test_note_statement();`)
+	require.NoError(t, err)
+	key := f.key()
+	var plain []*nostr.Event
+	for i := range 4 {
+		plain = append(plain, f.sign(key, 1111, fmt.Sprint("plain ", i), nil, 0))
+	}
+	g := f.holdWriter()
+	type submission struct {
+		tenant community.Tenant
+		ev     *nostr.Event
+	}
+	subs := []submission{{f.tenant, plain[0]}, {other, plain[0]}, {f.tenant, plain[1]}, {f.tenant, plain[0]}, {f.tenant, plain[2]}, {other, plain[3]}}
+	results := make([]chan result, len(subs))
+	for i, s := range subs {
+		results[i] = make(chan result, 1)
+		go func() {
+			o, err := f.p.Submit(f.ctx, s.tenant, s.ev.PubKey, s.ev)
+			results[i] <- result{o, err}
+		}()
+		waitQueued(t, f.p, i+1) // in this order
+	}
+	g.open(t)
+	want := []ingest.Outcome{ingest.Stored, ingest.Stored, ingest.Stored, ingest.Duplicate, ingest.Stored, ingest.Stored}
+	for i := range subs {
+		r := <-results[i]
+		require.NoError(t, r.err)
+		require.Equal(t, want[i], r.outcome, "submission %d", i)
+	}
+	// Two statements: the gate's own INSERT and the group's.
+	require.Equal(t, 2, f.count(`SELECT count(*) FROM test_event_statements`), "one INSERT for the whole group")
+	require.Equal(t, 2, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, plain[0].ID), "stored once in each community")
 }
