@@ -22,6 +22,15 @@ type Receiver interface {
 	Enqueue(msg []byte) bool
 }
 
+// EventReceiver is a Receiver that wraps each event in its EVENT envelope
+// itself, at write time, in a buffer it reuses: fan-out to many
+// subscribers then allocates nothing per delivery. rawEvent is shared by
+// every delivery of the event and must not be modified.
+type EventReceiver interface {
+	Receiver
+	EnqueueEvent(subID string, rawEvent []byte) bool
+}
+
 // Subscription is one live REQ.
 type Subscription struct {
 	Receiver Receiver
@@ -171,7 +180,7 @@ func (h *Hub) Count(community uuid.UUID) int {
 // Who may read the channel is looked up once for the whole publish (and
 // only when a matching subscription needs it), never per subscriber. The
 // event is encoded once; each delivery only wraps it with its subscription
-// id.
+// id (by the receiver, when it is an EventReceiver).
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
 	matched := h.match(community, ev)
 	var (
@@ -194,7 +203,13 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 		if raw == nil {
 			raw = ev.AppendJSON(nil)
 		}
-		if sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw)) {
+		var queued bool
+		if er, ok := sub.Receiver.(EventReceiver); ok {
+			queued = er.EnqueueEvent(sub.ID, raw)
+		} else {
+			queued = sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw))
+		}
+		if queued {
 			stats.Delivered++
 		} else {
 			stats.Dropped++
