@@ -22,6 +22,15 @@ type Receiver interface {
 	Enqueue(msg []byte) bool
 }
 
+// EventReceiver is a Receiver that wraps each event in its EVENT envelope
+// itself, at write time, in a buffer it reuses: fan-out to many
+// subscribers then allocates nothing per delivery. rawEvent is shared by
+// every delivery of the event and must not be modified.
+type EventReceiver interface {
+	Receiver
+	EnqueueEvent(subID string, rawEvent []byte) bool
+}
+
 // Subscription is one live REQ.
 type Subscription struct {
 	Receiver Receiver
@@ -62,6 +71,12 @@ type key struct {
 type entry struct {
 	sub    *Subscription
 	filter *nostr.Filter
+	// repeats is set when one event can reach this subscription more than
+	// once: through several filters, or through several values of the one
+	// constraint the filter is indexed under (two tags of one name). Only
+	// such entries need the per-publish set of subscriptions already
+	// matched; fan-out to many one-filter subscriptions builds none.
+	repeats bool
 }
 
 type bucket map[*entry]struct{}
@@ -113,7 +128,8 @@ func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
 	entries := make([]*entry, 0, len(s.Filters))
 	for i := range s.Filters {
 		e := &entry{sub: s, filter: &s.Filters[i]}
-		idx.place(e, true)
+		underSeveralTags := idx.place(e, true)
+		e.repeats = underSeveralTags || len(s.Filters) > 1
 		entries = append(entries, e)
 	}
 	idx.subs[k] = entries
@@ -171,7 +187,7 @@ func (h *Hub) Count(community uuid.UUID) int {
 // Who may read the channel is looked up once for the whole publish (and
 // only when a matching subscription needs it), never per subscriber. The
 // event is encoded once; each delivery only wraps it with its subscription
-// id.
+// id (by the receiver, when it is an EventReceiver).
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
 	matched := h.match(community, ev)
 	var (
@@ -194,7 +210,13 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 		if raw == nil {
 			raw = ev.AppendJSON(nil)
 		}
-		if sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw)) {
+		var queued bool
+		if er, ok := sub.Receiver.(EventReceiver); ok {
+			queued = er.EnqueueEvent(sub.ID, raw)
+		} else {
+			queued = sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw))
+		}
+		if queued {
 			stats.Delivered++
 		} else {
 			stats.Dropped++
@@ -234,13 +256,21 @@ func (h *Hub) match(community uuid.UUID, ev *nostr.Event) []*Subscription {
 	)
 	visit := func(b bucket) {
 		for e := range b {
-			if _, done := seen[e.sub]; done || !e.filter.Matches(ev) {
+			if !e.filter.Matches(ev) {
 				continue
 			}
-			if seen == nil {
-				seen = map[*Subscription]struct{}{}
+			if e.repeats {
+				if _, done := seen[e.sub]; done {
+					continue
+				}
+				if seen == nil {
+					seen = map[*Subscription]struct{}{}
+				}
+				seen[e.sub] = struct{}{}
 			}
-			seen[e.sub] = struct{}{}
+			if matched == nil {
+				matched = make([]*Subscription, 0, len(b))
+			}
 			matched = append(matched, e.sub)
 		}
 	}
@@ -258,8 +288,10 @@ func (h *Hub) match(community uuid.UUID, ev *nostr.Event) []*Subscription {
 
 // place adds e to (or removes it from) the buckets of the one constraint
 // chosen for its filter, most selective first. A filter with a present but
-// empty list can match nothing and ends up in no bucket.
-func (idx *index) place(e *entry, add bool) {
+// empty list can match nothing and ends up in no bucket. It reports whether
+// the filter sits under several tag values: an event has one id, author
+// and kind, but may carry several of those tags.
+func (idx *index) place(e *entry, add bool) (underSeveralTags bool) {
 	f := e.filter
 	switch {
 	case f.IDs != nil:
@@ -273,6 +305,7 @@ func (idx *index) place(e *entry, add bool) {
 			keys[i] = name + ":" + v
 		}
 		update(idx.byTag, keys, e, add)
+		return len(keys) > 1
 	case f.Kinds != nil:
 		update(idx.byKind, f.Kinds, e, add)
 	case add:
@@ -280,6 +313,7 @@ func (idx *index) place(e *entry, add bool) {
 	default:
 		delete(idx.any, e)
 	}
+	return false
 }
 
 // update adds or removes e under keys, dropping buckets that become empty so

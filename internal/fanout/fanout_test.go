@@ -65,7 +65,11 @@ func randomFilter(rng *rand.Rand) nostr.Filter {
 		f.Authors = []string{hexKeys[rng.IntN(len(hexKeys))]}
 	}
 	if rng.IntN(3) == 0 {
-		f.Tags = map[string][]string{[]string{"e", "p", "t"}[rng.IntN(3)]: {[]string{"a", "b", "c"}[rng.IntN(3)]}}
+		values := []string{[]string{"a", "b", "c"}[rng.IntN(3)]}
+		if rng.IntN(2) == 0 { // an event carrying both can reach it twice
+			values = append(values, []string{"a", "b", "c"}[rng.IntN(3)])
+		}
+		f.Tags = map[string][]string{[]string{"e", "p", "t"}[rng.IntN(3)]: values}
 	}
 	if rng.IntN(5) == 0 {
 		f.IDs = []string{fmt.Sprintf("%064x", rng.IntN(50))}
@@ -196,3 +200,61 @@ func BenchmarkPublish1000Subscribers(b *testing.B) {
 type discard struct{}
 
 func (discard) Enqueue([]byte) bool { return true }
+
+// eventInbox records what an EventReceiver is handed.
+type eventInbox struct {
+	inbox
+	subIDs []string
+	raws   [][]byte
+}
+
+func (b *eventInbox) EnqueueEvent(subID string, raw []byte) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.subIDs = append(b.subIDs, subID)
+	b.raws = append(b.raws, raw)
+	return true
+}
+
+// An EventReceiver is handed the event's JSON, encoded once and shared by
+// every delivery, with its subscription id, and wraps it itself; a plain
+// Receiver still gets the whole envelope. Both count as delivered.
+// Mutations killed: Publish wrapping the event per subscriber for an
+// EventReceiver (an allocation per delivery: EnqueueEvent is never called);
+// encoding the event per subscriber (the JSON is not shared).
+func TestEventReceiverSharesTheEncodedEvent(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	receivers := []*eventInbox{{}, {}, {}}
+	for i, r := range receivers {
+		hub.Subscribe(c, &fanout.Subscription{Receiver: r, ID: fmt.Sprint("sub-", i), Filters: nostr.Filters{{Kinds: []int{1}}}})
+	}
+	plain := &inbox{}
+	hub.Subscribe(c, &fanout.Subscription{Receiver: plain, ID: "plain", Filters: nostr.Filters{{Kinds: []int{1}}}})
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Content: "hello"}
+	require.Equal(t, 4, hub.Publish(c, ev, nil).Delivered)
+	want := ev.AppendJSON(nil)
+	for i, r := range receivers {
+		require.Equal(t, []string{fmt.Sprint("sub-", i)}, r.subIDs)
+		require.Len(t, r.raws, 1)
+		require.Equal(t, string(want), string(r.raws[0]))
+		require.Same(t, &receivers[0].raws[0][0], &r.raws[0][0], "one encoding shared by every delivery")
+		require.Empty(t, r.take())
+	}
+	require.Equal(t, []string{string(nostr.EncodeEventRaw("plain", want))}, plain.take())
+}
+
+// A filter indexed under two values of one tag, and an event carrying both:
+// one delivery, not two.
+// Mutation killed: deduplicating only subscriptions with several filters.
+func TestOneFilterUnderTwoTagValuesDeliversOnce(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	box := &inbox{}
+	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Tags: map[string][]string{"t": {"a", "b"}}}}})
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{{"t", "a"}, {"t", "b"}}}
+	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
+	require.Len(t, box.take(), 1)
+}

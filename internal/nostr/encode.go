@@ -178,12 +178,17 @@ func EncodeEvent(subID string, ev *Event) []byte {
 // MarshalJSON/AppendJSON, so fan-out encodes each event once. rawEvent is
 // trusted to be a valid JSON object.
 func EncodeEventRaw(subID string, rawEvent []byte) []byte {
-	b := make([]byte, 0, 16+len(subID)+len(rawEvent))
-	b = append(b, `["EVENT",`...)
-	b = appendQuoted(b, subID)
-	b = append(b, ',')
-	b = append(b, rawEvent...)
-	return append(b, ']')
+	return AppendEventRaw(make([]byte, 0, 16+len(subID)+len(rawEvent)), subID, rawEvent)
+}
+
+// AppendEventRaw appends what EncodeEventRaw returns to dst, so a writer
+// can build each delivery in a buffer it reuses.
+func AppendEventRaw(dst []byte, subID string, rawEvent []byte) []byte {
+	dst = append(dst, `["EVENT",`...)
+	dst = appendQuoted(dst, subID)
+	dst = append(dst, ',')
+	dst = append(dst, rawEvent...)
+	return append(dst, ']')
 }
 
 // EncodeCount returns ["COUNT",<sub id>,{"count":<n>}] (NIP-45).

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ import (
 type conn struct {
 	srv       *Server
 	ws        *websocket.Conn
+	sock      *corkConn // ws's socket, corked while a batch is written
 	tenant    community.Tenant
 	log       *slog.Logger
 	challenge string
@@ -78,7 +80,17 @@ func newChallenge() string {
 // is full is closed rather than silently missing live events; it reconnects
 // and resumes with since.
 func (c *conn) Enqueue(msg []byte) bool {
-	ok, startWriter := c.out.pushLive(msg, c.srv.cfg.SendQueue)
+	return c.enqueueLive(queued{msg: msg})
+}
+
+// EnqueueEvent implements fanout.EventReceiver: the event is queued as the
+// JSON every subscriber shares, and wrapped for subID when written.
+func (c *conn) EnqueueEvent(subID string, rawEvent []byte) bool {
+	return c.enqueueLive(queued{msg: rawEvent, subID: subID})
+}
+
+func (c *conn) enqueueLive(m queued) bool {
+	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue)
 	if startWriter {
 		go c.writeQueued()
 	}
@@ -158,7 +170,34 @@ func (c *conn) run() {
 			_ = c.send(nostr.EncodeNotice(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", len(data), c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
+		c.handleAside(data)
+	}
+}
+
+// handleAside handles one message on a goroutine of its own and waits for
+// it, so messages are still handled one at a time, in order. The reading
+// goroutine lives as long as the connection and its stack is held all that
+// time at the deepest size it ever grew to (the runtime shrinks stacks
+// only slowly); handling a message (decoding, verifying, a database
+// round trip) needs a deep stack, reading the next one a shallow stack.
+// The handler's stack returns to the runtime when it is done.
+func (c *conn) handleAside(data []byte) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer c.containPanic()
 		c.handle(data)
+	}()
+	<-done
+}
+
+// containPanic ends the connection on a panic in its own code rather than
+// the whole process, as net/http does for a handler: the connection runs on
+// goroutines of its own, outside net/http's.
+func (c *conn) containPanic() {
+	if p := recover(); p != nil {
+		c.log.Error("connection panicked; closing it", "panic", p, "stack", string(debug.Stack()))
+		c.ws.CloseNow()
 	}
 }
 
@@ -187,6 +226,7 @@ func (c *conn) initWriteWatchdog() {
 // message queued starts it again. On a failed write it gives back what the
 // rest of its batch held and ends the connection.
 func (c *conn) writeQueued() {
+	defer c.containPanic()
 	var batch []queued
 	for {
 		var done, draining bool
@@ -198,23 +238,49 @@ func (c *conn) writeQueued() {
 			}
 			return
 		}
-		for i, q := range batch {
-			ok := c.write(q.msg)
+		ok := c.writeBatch(batch)
+		for _, q := range batch {
 			c.sent(q)
-			if !ok {
-				for _, rest := range batch[i+1:] {
-					c.sent(rest)
-				}
-				return
-			}
+		}
+		if !ok {
+			return
 		}
 	}
 }
 
-func (c *conn) write(msg []byte) bool {
+// envelopes lend writers the buffer each live event is wrapped in.
+var envelopes = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// writeBatch writes a batch as one socket write (several for a batch
+// larger than corkFlushBytes): each message is framed into the corked
+// socket, which sends them together at the end. Its messages count as
+// sent only then, so the slow-client bound still counts every message
+// that has not reached the socket. The write watchdog bounds the whole
+// batch; a write takes no context, which would cost a registration with
+// it per message.
+func (c *conn) writeBatch(batch []queued) bool {
 	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
-	err := c.ws.Write(c.ctx, websocket.MessageText, msg)
-	c.writeWatchdog.Stop()
+	defer c.writeWatchdog.Stop()
+	envelope := envelopes.Get().(*[]byte)
+	defer envelopes.Put(envelope)
+	c.sock.cork()
+	var err error
+	for _, q := range batch {
+		msg := q.msg
+		if q.subID != "" {
+			*envelope = nostr.AppendEventRaw((*envelope)[:0], q.subID, q.msg)
+			msg = *envelope
+		}
+		if err = c.ws.Write(context.Background(), websocket.MessageText, msg); err != nil {
+			break
+		}
+	}
+	if uncorkErr := c.sock.uncork(); err == nil && uncorkErr != nil {
+		// The library did not see this write fail: close the socket so the
+		// reader ends too.
+		err = uncorkErr
+		c.ws.CloseNow()
+	}
 	if err != nil {
 		c.log.Debug("write failed; closing", "err", err)
 		c.cancel()

@@ -27,7 +27,11 @@ type sendQueue struct {
 }
 
 type queued struct {
+	// msg is the message, or, for a live event delivered under subID, the
+	// event's JSON shared by every subscriber: the writer wraps it in its
+	// envelope only when writing.
 	msg   []byte
+	subID string
 	reply bool // a reply: its bytes count against the reply budget
 }
 
@@ -38,7 +42,7 @@ const keepSpare = 64
 // pushLive queues a live delivery unless limit live deliveries are
 // already waiting; startWriter reports whether the caller must start the
 // writer. A delivery to a connection that ended is dropped as if written.
-func (q *sendQueue) pushLive(msg []byte, limit int) (ok, startWriter bool) {
+func (q *sendQueue) pushLive(m queued, limit int) (ok, startWriter bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -48,7 +52,7 @@ func (q *sendQueue) pushLive(msg []byte, limit int) (ok, startWriter bool) {
 		return false, false
 	}
 	q.live++
-	q.pending = append(q.pending, queued{msg: msg})
+	q.pending = append(q.pending, m)
 	return true, q.claimWriter()
 }
 

@@ -60,7 +60,7 @@ func TestSendQueueOneWriterNothingStranded(t *testing.T) {
 					_, start = q.pushReply(msg)
 				} else {
 					var ok bool
-					ok, start = q.pushLive(msg, pushers*each)
+					ok, start = q.pushLive(queued{msg: msg}, pushers*each)
 					require.True(t, ok)
 				}
 				if start {

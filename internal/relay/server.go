@@ -327,7 +327,8 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		writeJSON(w, status, map[string]string{"error": reason})
 		return
 	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	hw := &hijackWriter{ResponseWriter: w}
+	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 		// Nostr clients connect from any origin; authentication is NIP-42
 		// signatures, never cookies, so there is no CSRF surface to guard.
 		InsecureSkipVerify: true,
@@ -344,6 +345,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	c := &conn{
 		srv:       s,
 		ws:        ws,
+		sock:      hw.conn,
 		tenant:    tenant,
 		log:       s.log.With("community", tenant.Host(), "remote", addr),
 		addr:      addr,
@@ -360,7 +362,13 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		ws.Close(status, reason)
 		return
 	}
-	c.run()
+	// The connection runs on a goroutine of its own and this handler
+	// returns: net/http's goroutine, its stack and its per-connection state
+	// would otherwise be held for the connection's whole life.
+	go func() {
+		defer c.containPanic()
+		c.run()
+	}()
 }
 
 // track registers the connection, or says why it must close at once: the

@@ -1,0 +1,201 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// acceptTestConn serves one WebSocket connection the way the relay does
+// (hijackWriter, corked socket) and returns the relay's side, not yet
+// reading, and a client.
+func acceptTestConn(t *testing.T) (*conn, *websocket.Conn) {
+	t.Helper()
+	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	accepted := make(chan *conn, 1)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hw := &hijackWriter{ResponseWriter: w}
+		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		c := &conn{
+			srv: srv, ws: ws, sock: hw.conn, log: srv.log, ctx: ctx, cancel: cancel,
+			replyRoom: semaphore.NewWeighted(int64(srv.cfg.ReplyQueueBytes)), subs: map[string]int{},
+		}
+		c.initWriteWatchdog()
+		accepted <- c
+	}))
+	t.Cleanup(hs.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	require.NoError(t, err)
+	client.SetReadLimit(1 << 20)
+	c := <-accepted
+	t.Cleanup(func() {
+		client.CloseNow()
+		c.ws.CloseNow()
+		c.cancel()
+	})
+	return c, client
+}
+
+func readMessages(t *testing.T, client *websocket.Conn, n int) [][]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make([][]byte, 0, n)
+	for range n {
+		typ, data, err := client.Read(ctx)
+		require.NoError(t, err)
+		require.Equal(t, websocket.MessageText, typ)
+		got = append(got, data)
+	}
+	return got
+}
+
+// Messages queued while the writer is not running leave as one batch in one
+// socket write, each intact, in order, live events wrapped for their own
+// subscription and replies as queued; the queue's accounting is settled.
+// Mutations killed: flushing the socket per message (n writes); an event
+// written without its envelope; the batch's live count and reply room not
+// given back.
+func TestQueuedMessagesLeaveInOneWriteIntactAndInOrder(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	const n = 200
+	var want [][]byte
+	for i := range n {
+		switch i % 3 {
+		case 0:
+			ev := fmt.Appendf(nil, `{"id":"%064d","content":"event %d"}`, i, i)
+			subID := fmt.Sprintf("sub-%d", i%7)
+			ok, _ := c.out.pushLive(queued{msg: ev, subID: subID}, n)
+			require.True(t, ok)
+			want = append(want, nostr.EncodeEventRaw(subID, ev))
+		case 1:
+			msg := nostr.EncodeNotice(fmt.Sprintf("live message %d", i))
+			ok, _ := c.out.pushLive(queued{msg: msg}, n)
+			require.True(t, ok)
+			want = append(want, msg)
+		case 2:
+			msg := nostr.EncodeEOSE(fmt.Sprintf("reply-%d", i))
+			require.NoError(t, c.replyRoom.Acquire(context.Background(), c.replyWeight(msg)))
+			ok, _ := c.out.pushReply(msg)
+			require.True(t, ok)
+			want = append(want, msg)
+		}
+	}
+	before := c.sock.socketWrites()
+	c.writeQueued()
+	require.Equal(t, 1, c.sock.socketWrites()-before, "one socket write for the whole batch")
+	got := readMessages(t, client, n)
+	for i := range want {
+		require.Equal(t, string(want[i]), string(got[i]), "message %d", i)
+	}
+	c.out.mu.Lock()
+	defer c.out.mu.Unlock()
+	require.Zero(t, c.out.live, "every live delivery accounted for")
+	require.True(t, c.replyRoom.TryAcquire(int64(c.srv.cfg.ReplyQueueBytes)), "all reply room given back")
+}
+
+// A batch larger than the corked socket gathers leaves in several writes,
+// every byte once, in order.
+// Mutations killed: a flush that does not empty the gathered bytes
+// (repeated bytes corrupt the stream); gathering without bound (one write).
+func TestLargeBatchLeavesInChunksIntact(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	const n = 6
+	var want [][]byte
+	for i := range n {
+		msg := nostr.EncodeNotice(fmt.Sprintf("%d:%s", i, bytes.Repeat([]byte{'a' + byte(i)}, corkFlushBytes/2)))
+		ok, _ := c.out.pushLive(queued{msg: msg}, n)
+		require.True(t, ok)
+		want = append(want, msg)
+	}
+	before := c.sock.socketWrites()
+	c.writeQueued()
+	writes := c.sock.socketWrites() - before
+	require.Greater(t, writes, 1)
+	require.Less(t, writes, n)
+	got := readMessages(t, client, n)
+	for i := range want {
+		require.Equal(t, string(want[i]), string(got[i]), "message %d", i)
+	}
+}
+
+// A control frame written while a batch is being gathered (a ping from the
+// timer, a pong, a close) reaches the client whole, not inside a message.
+// Mutation killed: the corked socket gathering without its mutex (the
+// writer and the pinger append to one buffer at once).
+func TestControlFramesWhileCorkedStayWhole(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	// The client must read for the relay's pings to be answered; the
+	// relay's side reads for the pongs.
+	go func() {
+		for {
+			if _, _, err := c.ws.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	const rounds, perRound = 50, 20
+	received := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		for i := range rounds * perRound {
+			_, data, err := client.Read(ctx)
+			if err == nil && string(data) != string(nostr.EncodeNotice(fmt.Sprint(i))) {
+				err = fmt.Errorf("message %d: got %q", i, data)
+			}
+			if err != nil {
+				received <- err
+				return
+			}
+		}
+		received <- nil
+		// Keep answering the remaining pings until the test ends.
+		_, _, _ = client.Read(ctx)
+	}()
+	pings := make(chan error, 1)
+	go func() {
+		for range rounds {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := c.ws.Ping(ctx)
+			cancel()
+			if err != nil {
+				pings <- err
+				return
+			}
+		}
+		pings <- nil
+	}()
+	for r := range rounds {
+		for i := range perRound {
+			ok, _ := c.out.pushLive(queued{msg: nostr.EncodeNotice(fmt.Sprint(r*perRound + i))}, rounds*perRound)
+			require.True(t, ok)
+		}
+		c.writeQueued()
+	}
+	require.NoError(t, <-received)
+	require.NoError(t, <-pings)
+}
