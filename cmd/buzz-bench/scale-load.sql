@@ -54,7 +54,7 @@ SELECT c.id,
          || 'common' || (i % 20) || ' rare' || (i % 1000) || ' '
          || (SELECT string_agg(sw.words[1 + (('x' || substr(md5(i::text || ':' || k), 1, 8))::bit(32)::int & 63)], ' ')
              FROM generate_series(1, 4) AS k)
-         || ' consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua',
+         || ' consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua ut enim ad minim veniam quis nostrud',
        decode(md5('sig' || i) || md5('sig2' || i) || md5('sig3' || i) || md5('sig4' || i), 'hex')
 FROM generate_series(1, :n) AS i, communities c, scale_words sw
 WHERE c.host = :'host';

@@ -534,8 +534,6 @@ type Event struct {
 	ChannelID   *uuid.UUID
 	DeletedAt   *time.Time
 	DTag        *string
-	TagIndex    []string
-	SearchTsv   interface{}
 }
 
 type EventMention struct {
