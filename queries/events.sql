@@ -51,7 +51,7 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 -- name: EventReactionTarget :one
 -- The event a reaction names: stored in this community and not deleted;
 -- addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
-SELECT created_at, channel_id, kind, (events_tag_index(tags) && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader
+SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader
 FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
 LIMIT 1;

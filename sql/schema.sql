@@ -1434,7 +1434,7 @@ BEGIN
     IF EXISTS (
         SELECT FROM events
         WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = 5
-          AND events_tag_index(tags) && ARRAY['a:' || NEW.kind::text || ':' || encode(NEW.pubkey, 'hex') || ':' || coalesce(NEW.d_tag, '')]
+          AND tag_index && ARRAY['a:' || NEW.kind::text || ':' || encode(NEW.pubkey, 'hex') || ':' || coalesce(NEW.d_tag, '')]
           AND created_at >= NEW.created_at
           AND deleted_at IS NULL
     ) THEN
@@ -1785,6 +1785,12 @@ CREATE TABLE public.events (
     channel_id uuid,
     deleted_at timestamp with time zone,
     d_tag text,
+    tag_index text[] GENERATED ALWAYS AS (public.events_tag_index(tags)) STORED NOT NULL,
+    search_tsv tsvector GENERATED ALWAYS AS (
+CASE
+    WHEN (kind = ANY (ARRAY[1059, 30300, 30622, 44100, 44101])) THEN NULL::tsvector
+    ELSE to_tsvector('simple'::regconfig, content)
+END) STORED,
     CONSTRAINT events_d_tag_iff_addressable CHECK (((d_tag IS NOT NULL) = ((kind >= 30000) AND (kind <= 39999)))),
     CONSTRAINT events_id_len CHECK ((octet_length(id) = 32)),
     CONSTRAINT events_kind_range CHECK (((kind >= 0) AND (kind <= 65535))),
@@ -2274,7 +2280,7 @@ ALTER TABLE public.events
 --
 
 ALTER TABLE ONLY public.events
-    ADD CONSTRAINT events_pkey PRIMARY KEY (community_id, created_at, id) WITH (fillfactor='100');
+    ADD CONSTRAINT events_pkey PRIMARY KEY (community_id, created_at, id);
 
 
 --
@@ -2482,17 +2488,17 @@ CREATE INDEX events_by_kind_time ON public.events USING btree (community_id, kin
 
 
 --
--- Name: events_by_tag_values; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_tag; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_tag_values ON public.events USING gin (public.events_tag_index(tags)) WITH (fastupdate=off);
+CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
 
 
 --
--- Name: events_search_content; Type: INDEX; Schema: public; Owner: -
+-- Name: events_search; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_search_content ON public.events USING gin (to_tsvector('simple'::regconfig, content)) WHERE (kind <> ALL (ARRAY[1059, 30300, 30622, 44100, 44101]));
+CREATE INDEX events_search ON public.events USING gin (search_tsv);
 
 
 --

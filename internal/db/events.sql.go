@@ -155,7 +155,7 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 }
 
 const eventReactionTarget = `-- name: EventReactionTarget :one
-SELECT created_at, channel_id, kind, (events_tag_index(tags) && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader
+SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader
 FROM events
 WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
 LIMIT 1

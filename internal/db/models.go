@@ -534,6 +534,8 @@ type Event struct {
 	ChannelID   *uuid.UUID
 	DeletedAt   *time.Time
 	DTag        *string
+	TagIndex    []string
+	SearchTsv   interface{}
 }
 
 type EventMention struct {

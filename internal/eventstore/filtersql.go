@@ -2,7 +2,6 @@ package eventstore
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"maps"
 	"slices"
 	"strconv"
@@ -18,21 +17,6 @@ const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS crea
 
 // tiedColumns are eventColumns as named by a subquery that selected them.
 const tiedColumns = "id, pubkey, created_unix, kind, tags, content, sig, channel_id"
-
-// The index expressions of migration 019, spelled exactly as the indexes
-// are: the planner uses an expression index only for the same expression,
-// and a partial index only when the statement repeats its predicate.
-const (
-	// tagValues is an event's single-letter tags as 'name:value' strings
-	// (events_by_tag_values).
-	tagValues = "events_tag_index(tags)"
-	// searchVector is the full-text vector of an event's content
-	// (events_search_content).
-	searchVector = "to_tsvector('simple'::regconfig, content)"
-	// searchable leaves out the kinds whose content is never searched
-	// (encrypted or meaningless): the search index's predicate.
-	searchable = "kind NOT IN (1059, 30300, 30622, 44100, 44101)"
-)
 
 // sqlBuilder accumulates one statement's text and its bound arguments. Filter
 // values are never spliced into the SQL: every one is a parameter.
@@ -92,19 +76,10 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 	for _, name := range slices.Sorted(maps.Keys(f.Tags)) {
 		vals := f.Tags[name]
 		keys := make([]string, len(vals))
-		shapes := make([]string, len(vals))
 		for i, v := range vals {
 			keys[i] = name + ":" + v
-			shape, _ := json.Marshal([][]string{{name, v}})
-			shapes[i] = string(shape)
 		}
-		// The tag array is computed, not stored: a plan that tests rows one
-		// by one (newest first, stopping at the limit) would build it for
-		// every row it passes. The jsonb containment test first is cheap
-		// and necessary (a tag ["t","v",...] contains both strings), so the
-		// exact test runs only on the few rows that pass it; the planner
-		// evaluates the cheaper condition first.
-		b.sql.WriteString(" AND tags @> ANY(" + b.arg(shapes) + "::jsonb[]) AND " + tagValues + " && " + b.arg(keys) + "::text[]")
+		b.sql.WriteString(" AND tag_index && " + b.arg(keys) + "::text[]")
 	}
 	if f.Since != nil {
 		b.sql.WriteString(" AND created_at >= to_timestamp(" + b.arg(clampUnix(*f.Since)) + "::bigint)")
@@ -114,7 +89,7 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 	}
 	if f.Search != "" {
 		// websearch_to_tsquery accepts any user text without syntax errors.
-		b.sql.WriteString(" AND " + searchable + " AND " + searchVector + " @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
+		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
 	}
 	if f.AgentOwner != "" {
 		// In the WHERE clause, so the owner narrows the rows before the
@@ -154,7 +129,7 @@ func clampUnix(v int64) int64 { return min(v, maxUnix) }
 // order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
 func (b *sqlBuilder) order(f *nostr.Filter) {
 	if f.Search != "" {
-		b.sql.WriteString(" ORDER BY ts_rank(" + searchVector + ", websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)) DESC, created_at DESC, id DESC")
+		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)) DESC, created_at DESC, id DESC")
 		return
 	}
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
@@ -172,7 +147,7 @@ type Scope struct {
 // from the filter's own conditions so every statement shape carries them.
 func (b *sqlBuilder) scopeConditions(s Scope, channels string) {
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
-	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR " + tagValues + " && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
+	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
 }
 
 // inList appends a membership test. A single value becomes plain equality:
@@ -276,10 +251,8 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 	communityArg := b.arg(community)
 	channelsArg := b.arg(scope.Channels)
 	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
-	// The vector is computed for the candidates only, outside the inner
-	// LIMIT: computed inside, a sorting plan would compute it for every match.
-	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM (SELECT *, ts_rank(" + searchVector + ", " + query + ") AS rank FROM (" +
-		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM (SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
+		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg)
 	b.conditions(f, communityArg)
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(candidates)) + ") recent) ranked")

@@ -70,7 +70,7 @@ func TestEveryKindWithAnHTagIsBoundAndAuthorized(t *testing.T) {
 	// may no longer read the channel: they alone stay global (p-gated).
 	var strays []int
 	rows, err := f.pool.Query(f.ctx, `SELECT kind FROM events WHERE channel_id IS NULL AND kind <> ALL($1::int[])
-		AND events_tag_index(tags) && ARRAY(SELECT 'h:' || id::text FROM channels)`, ingest.RelayOnlyKinds)
+		AND tag_index && ARRAY(SELECT 'h:' || id::text FROM channels)`, ingest.RelayOnlyKinds)
 	require.NoError(t, err)
 	for rows.Next() {
 		var k int

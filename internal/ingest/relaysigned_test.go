@@ -77,7 +77,7 @@ func TestRelayListsAndNoticesWakeNobody(t *testing.T) {
 	owner, user := f.key(), f.key()
 	ch := f.channel(owner, false)
 	f.store(f.sign(user, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
-	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND events_tag_index(tags) && ARRAY['p:' || $2]`, ingest.KindGroupMembers, user.PublicKeyHex()))
-	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND events_tag_index(tags) && ARRAY['p:' || $2]`, ingest.KindMemberAdded, user.PublicKeyHex()))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindGroupMembers, user.PublicKeyHex()))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindMemberAdded, user.PublicKeyHex()))
 	require.Zero(t, f.count(`SELECT count(*) FROM event_mentions`))
 }
