@@ -65,7 +65,7 @@ interop-deps: ## install the npm client used by the interop tests (nostr-tools)
 	@if [ ! -d internal/interop/js/node_modules/nostr-tools ]; then \
 		cd internal/interop/js && npm ci --no-audit --no-fund --loglevel=error; fi
 
-bench: ## run buzz-bench for ~30 s against a dev relay, plus the Go benchmarks
+bench: ## one table of every speed measure and its target, ~6 min (cmd/buzz-bench/bench.sh)
 	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
 	GO='$(GO)' bash cmd/buzz-bench/bench.sh $(BENCH_FLAGS)
 

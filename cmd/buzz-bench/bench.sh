@@ -1,31 +1,56 @@
 #!/usr/bin/env bash
-# Runs buzz-bench against a throwaway dev relay, then the Go benchmarks; run
-# by `make bench` from the repository root after building bin/buzz-relay and
-# bin/buzz-bench. Arguments are passed on to buzz-bench.
+# Runs every measure of `make bench` and prints one table (measure, result,
+# target, pass/miss); run from the repository root after building
+# bin/buzz-relay and bin/buzz-bench. Arguments are passed on to buzz-bench.
 #
-# The relay runs from bin/bench-data, so its private PostgreSQL lives in
-# bin/bench-data/.data/postgres: two servers cannot share the `make run`
-# cluster in .data/postgres.
+# In order, on one machine, about 6 minutes:
+#   1. a throwaway dev relay on a FRESH private PostgreSQL (bin/bench-data is
+#      wiped: the after-burst measure needs a table that never had rows);
+#   2. pgbench single-row INSERTs on that same cluster, the reference rate;
+#   3. buzz-bench: a burst, then REQ kinds in 5 s windows; the REQ shapes;
+#      publish at 1, 16 and 64 publishers; fan-out to 1,000 subscribers with
+#      the relay's resident memory;
+#   4. with the relay stopped, mention -> operator listener delivery
+#      (BenchmarkWarmListenerDelivery in internal/outbox, on its own cluster);
+#   5. the table, built from bin/bench.json (kept for machines),
+#      bin/bench-pgbench.txt and bin/bench-listener.txt.
+#
+# Environment:
+#   BENCH_LISTENER_IDLE  silence before the last mention (default 2m; 0s
+#                        skips the wait, and the after-idle number means nothing)
+#   BENCH_LISTENER=0     skip the listener measure
+#   BENCH_MICRO=1        also run the Go micro-benchmarks of internal/nostr
+#                        and internal/fanout (not in the table)
 set -euo pipefail
 
 addr=127.0.0.1:3300
 url=ws://localhost:3300
+pg_port=54339
 data=bin/bench-data
 relay_log=bin/bench-relay.log
 report=bin/bench.json
+pgbench_out=bin/bench-pgbench.txt
+listener_out=bin/bench-listener.txt
 GO=${GO:-go}
 
+# Everything compiled before anything is timed.
+if [[ ${BENCH_LISTENER:-1} != 0 ]]; then
+	"$GO" test -c -o bin/outbox.test ./internal/outbox/
+	"$GO" build -o bin/withcluster ./internal/dbtest/withcluster
+fi
+
+rm -rf "$data" "$report" "$pgbench_out" "$listener_out"
 mkdir -p "$data"
 (
 	cd "$data"
-	export BUZZ_LISTEN_ADDR=$addr BUZZ_RELAY_URL=$url BUZZ_DEV_PG_PORT=54339
+	export BUZZ_LISTEN_ADDR=$addr BUZZ_RELAY_URL=$url BUZZ_DEV_PG_PORT=$pg_port
 	# A load generator is one address and a few keys publishing flat out:
 	# lift the per-client bounds it would otherwise measure instead.
 	export BUZZ_METRICS_ADDR=127.0.0.1:3301 BUZZ_MAX_CONNECTIONS_PER_ADDRESS=100000 \
 		BUZZ_PUBLISH_PER_MINUTE=100000000 BUZZ_PUBLISH_BURST=1000000
 	exec ../buzz-relay dev
 ) >"$relay_log" 2>&1 &
-relay=$!
+relay=$! # the subshell execs the relay: this is its process id
 
 # SIGTERM makes the dev relay drain its connections and stop its PostgreSQL.
 stop_relay() {
@@ -39,7 +64,7 @@ trap 'exit 130' INT TERM
 
 echo "bench: starting the relay on $addr (log: $relay_log)" >&2
 healthy=false
-for _ in $(seq 240); do # up to 2 minutes: the first run creates the cluster
+for _ in $(seq 240); do # up to 2 minutes
 	if curl -fsS "http://$addr/health" >/dev/null 2>&1; then
 		healthy=true
 		break
@@ -55,22 +80,46 @@ if ! $healthy; then
 	exit 1
 fi
 
-# About 30 s of load: publish for 20 s, then req and fanout.
+# pgbench: 16 clients inserting one row per transaction into a one-column
+# table, on the relay's own cluster, fsync and synchronous_commit as the
+# relay has them.
+pgbin=$(dirname "$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | tail -n 1 || echo /nonexistent/pgbench)")
+pg_url="postgres://postgres@127.0.0.1:$pg_port/buzz?sslmode=disable"
+if [[ -x $pgbin/pgbench && -x $pgbin/psql ]]; then
+	echo "bench: pgbench single-row INSERT, 16 clients, 10 s" >&2
+	"$pgbin/psql" -X -q "$pg_url" -c "CREATE TABLE bench_pgbench_insert (x int)"
+	script=$(mktemp)
+	echo "INSERT INTO bench_pgbench_insert (x) VALUES (1);" >"$script"
+	"$pgbin/pgbench" -n -c 16 -j 2 -T 10 -f "$script" "$pg_url" >"$pgbench_out" 2>&1 || cat "$pgbench_out" >&2
+	rm -f "$script"
+	"$pgbin/psql" -X -q "$pg_url" -c "DROP TABLE bench_pgbench_insert"
+else
+	echo "bench: no pgbench/psql found; the table has no reference rate" >&2
+fi
+
 status=0
-bin/buzz-bench -url "$url" -scenario all -duration 20s "$@" >"$report" || status=$?
-cat "$report"
+bin/buzz-bench -url "$url" -scenario all -publishers 1,16,64 -duration 10s \
+	-after-burst-for 60s -shape-budget 3s -relay-pid "$relay" "$@" >"$report" || status=$?
 stop_relay
 
-# Go micro-benchmarks, after the relay is gone so they have the CPU.
-packages=()
-for dir in internal/nostr internal/fanout; do
-	if grep -qs '^func Benchmark' "$dir"/*_test.go; then
-		packages+=("./$dir/")
-	fi
-done
-if ((${#packages[@]} > 0)); then
-	"$GO" test -run '^$' -bench . -benchtime 2s "${packages[@]}"
-else
-	echo "bench: no Go benchmarks in internal/nostr or internal/fanout" >&2
+if [[ ${BENCH_LISTENER:-1} != 0 ]]; then
+	idle=${BENCH_LISTENER_IDLE:-2m}
+	echo "bench: mention -> listener, 20 spaced mentions, then one after $idle idle" >&2
+	(
+		cd internal/outbox
+		BUZZ_OUTBOX_BENCH_IDLE=$idle ../../bin/withcluster -- ../../bin/outbox.test \
+			-test.run '^$' -test.bench '^BenchmarkWarmListenerDelivery$' -test.benchtime 1x
+	) >"$listener_out" 2>&1 || {
+		echo "bench: the listener benchmark failed; see $listener_out" >&2
+		status=1
+	}
 fi
+
+if [[ ${BENCH_MICRO:-0} == 1 ]]; then
+	"$GO" test -run '^$' -bench . -benchtime 2s ./internal/nostr/ ./internal/fanout/
+fi
+
+echo >&2
+bin/buzz-bench table -pgbench "$pgbench_out" -listener "$listener_out" "$report" | tee bin/bench-table.txt
+echo "bench: JSON report in $report, table in bin/bench-table.txt" >&2
 exit "$status"

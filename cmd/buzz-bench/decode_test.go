@@ -67,7 +67,7 @@ func TestEventFields(t *testing.T) {
 
 func TestMarkerRoundTrip(t *testing.T) {
 	c := content("r1", 12, 3456, 200)
-	if len(c) != 200 || !strings.HasPrefix(c, "r1/12/3456 x") {
+	if len(c) != 200 || !strings.HasPrefix(c, "r1/12/3456 lorem ipsum") {
 		t.Fatalf("content = %q (%d bytes)", c, len(c))
 	}
 	if s, q, ok := parseMarker([]byte(c), "r1"); !ok || s != 12 || q != 3456 {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -49,7 +50,21 @@ func (s *signer) sign(ev *nostr.Event) error {
 // Event content starts with a marker "<run id>/<stream>/<seq> " naming who
 // sent it, so a subscriber can look up its send time without a shared map.
 
-// content returns the marker padded with 'x' to size bytes.
+// The padding after the marker is words, so NIP-50 search has something to
+// find: every event long enough holds loremText's words, one in rareEvery
+// also rareWord. Streams start at different offsets (rareStride apart), so
+// many short streams still hold their share of rare events.
+const (
+	loremText  = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua "
+	rareWord   = "quokka"
+	rareEvery  = 1000
+	rareStride = 389
+)
+
+// isRare reports whether event seq of stream carries rareWord.
+func isRare(stream, seq int) bool { return (stream*rareStride+seq)%rareEvery == 0 }
+
+// content returns the marker padded with words to size bytes.
 func content(runID string, stream, seq, size int) string {
 	b := make([]byte, 0, max(size, len(runID)+24))
 	b = append(b, runID...)
@@ -58,8 +73,11 @@ func content(runID string, stream, seq, size int) string {
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(seq), 10)
 	b = append(b, ' ')
-	for len(b) < size {
-		b = append(b, 'x')
+	if isRare(stream, seq) && len(b)+len(rareWord)+1 <= size {
+		b = append(b, rareWord+" "...)
+	}
+	for i := 0; len(b) < size; i++ {
+		b = append(b, loremText[i%len(loremText)])
 	}
 	return string(b)
 }
@@ -138,6 +156,7 @@ type eventSpec struct {
 	stream       int // the publisher's index, part of the marker
 	contentBytes int
 	tags         nostr.Tags
+	topics       int // if > 0, each event also gets a t tag "topic-<seq mod topics>"
 	prefill      int // signed before the clock starts
 	budget       int // signed at most, prefill included
 }
@@ -148,6 +167,9 @@ func (sp *eventSpec) build(seq int) (signedEvent, error) {
 		CreatedAt: time.Now().Unix(),
 		Tags:      sp.tags,
 		Content:   content(sp.runID, sp.stream, seq, sp.contentBytes),
+	}
+	if sp.topics > 0 {
+		ev.Tags = append(slices.Clip(sp.tags), nostr.Tag{"t", "topic-" + strconv.Itoa(seq%sp.topics)})
 	}
 	if err := sp.signer.sign(&ev); err != nil {
 		return signedEvent{}, err

@@ -23,6 +23,7 @@ type fanoutReport struct {
 	Missing              int          `json:"missing"`
 	Latency              latencyStats `json:"delivery_latency"` // publisher send to subscriber receive
 	PublishOKLatency     latencyStats `json:"publish_ok_latency"`
+	RelayRSS             *rssReport   `json:"relay_rss,omitempty"` // with -relay-pid
 	Rejected             tallyReport  `json:"rejected"`
 	Errors               tallyReport  `json:"errors"`
 	Error                string       `json:"error,omitempty"`
@@ -41,6 +42,11 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	}
 	defer pub.conn.close()
 
+	var rss rssReport
+	sampler := startRSS(ctx, o.relayPID, &rss)
+	if o.relayPID != 0 {
+		rep.RelayRSS = &rss
+	}
 	logf("fanout: connecting %d subscribers", o.fanoutSubscribers)
 	start := time.Now()
 	filter := map[string]any{"kinds": []int{1}, "#t": []string{topic}, "limit": 0}
@@ -60,7 +66,7 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	rep.PublishOKLatency = summarize(pub.latencies)
 
 	rep.Expected = rep.EventsAccepted * len(subs.subs)
-	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace)
+	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() { sampler.finish(&rss, len(subs.subs)) })
 	rep.Received = len(deliveries)
 	rep.Missing = max(rep.Expected-rep.Received, 0)
 	rep.Latency = summarize(deliveries)

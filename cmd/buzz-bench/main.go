@@ -5,10 +5,17 @@
 //	publish  closed-loop publishers, each with its own key; accepted events/s
 //	         and OK latency, plus optional live subscribers' delivery latency
 //	req      sequential REQs for 100 kind-1 events over a seeded store
+//	shapes   sequential REQs of each filter shape (kinds, author, id, #t,
+//	         since window, NIP-50 search) over a seeded or loaded store
+//	after-burst  a burst of publishes into a fresh store, then the kinds
+//	         shape timed in short windows
 //	fanout   many subscribers on one tag, one paced publisher; delivery latency
 //
 // Errors are counted in the report; the exit status is 1 only when a
 // scenario could not run at all.
+//
+// `buzz-bench table REPORT.json` prints a report as a table of measures,
+// targets and pass/miss (see table.go).
 package main
 
 import (
@@ -23,6 +30,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -32,13 +42,27 @@ type options struct {
 	url               string
 	scenario          string
 	duration          time.Duration
-	publishers        int
+	publishers        int   // the level being run
+	publisherLevels   []int // -publishers
+	relayPID          int
 	subscribers       int
 	fanoutSubscribers int
 	fanoutEvents      int
 	reqSeed           int
 	reqIterations     int
 	contentBytes      int
+	shapes            string
+	shapesAuthor      string
+	shapesTag         string
+	shapesID          string
+	searchCommon      string
+	searchRare        string
+	sinceWindow       time.Duration
+	shapeBudget       time.Duration
+	afterBurstEvents  int
+	afterBurstFor     time.Duration
+	afterBurstWindow  time.Duration
+	afterBurstPace    time.Duration
 	presignRate       int
 	runID             string // marks this run's events; not a flag
 }
@@ -47,15 +71,28 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("buzz-bench", flag.ContinueOnError)
 	fs.StringVar(&o.url, "url", "ws://localhost:3000", "relay URL; also the relay tag of AUTH events")
-	fs.StringVar(&o.scenario, "scenario", "all", "publish, req, fanout or all")
+	fs.StringVar(&o.scenario, "scenario", "all", "publish, req, shapes, after-burst, fanout or all (all but req)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of the timed publish scenario")
-	fs.IntVar(&o.publishers, "publishers", 16, "publish: concurrent publisher connections")
+	levels := fs.String("publishers", "16", "publish: concurrent publisher connections; a comma-separated list runs the scenario once per count")
+	fs.IntVar(&o.relayPID, "relay-pid", 0, "fanout: process id of the relay, on this machine, whose resident memory per subscriber is reported")
 	fs.IntVar(&o.subscribers, "subscribers", 0, "publish: live subscribers measuring delivery latency")
 	fs.IntVar(&o.fanoutSubscribers, "fanout-subscribers", 1000, "fanout: subscriber connections")
 	fs.IntVar(&o.fanoutEvents, "fanout-events", 200, "fanout: events published, 20 ms apart")
 	fs.IntVar(&o.reqSeed, "req-seed", 25000, "req: stored kind-1 events to ensure before timing")
 	fs.IntVar(&o.reqIterations, "req-iterations", 500, "req: sequential REQs timed")
 	fs.IntVar(&o.contentBytes, "content-bytes", 200, "bytes of content per event")
+	fs.StringVar(&o.shapes, "shapes", "", "shapes: comma-separated names of the shapes to time (default: all of "+strings.Join(shapeNames, ",")+")")
+	fs.StringVar(&o.shapesAuthor, "shapes-author", "", "shapes: hex pubkey of the author shape (default: the most frequent among the newest kind-1 events)")
+	fs.StringVar(&o.shapesTag, "shapes-tag", "", "shapes: t value of the #t shape (default: the most frequent among the newest kind-1 events)")
+	fs.StringVar(&o.shapesID, "shapes-id", "", "shapes: event id of the id shape (default: one of the newest kind-1 events)")
+	fs.StringVar(&o.searchCommon, "search-common", "lorem", "shapes: a NIP-50 search term most events contain (every bench event does)")
+	fs.StringVar(&o.searchRare, "search-rare", rareWord, "shapes: a NIP-50 search term few events contain (one bench event in a thousand)")
+	fs.DurationVar(&o.sinceWindow, "since-window", 10*time.Minute, "shapes: the since shape asks for events this much older than the newest stored one, or newer")
+	fs.DurationVar(&o.shapeBudget, "shape-budget", 5*time.Second, "shapes: stop a shape after this long even before -req-iterations (it gets at least 20 REQs)")
+	fs.IntVar(&o.afterBurstEvents, "after-burst-events", 25000, "after-burst: events published in the burst")
+	fs.DurationVar(&o.afterBurstFor, "after-burst-for", 90*time.Second, "after-burst: how long the kinds shape is timed after the burst")
+	fs.DurationVar(&o.afterBurstWindow, "after-burst-window", 5*time.Second, "after-burst: length of each reported window")
+	fs.DurationVar(&o.afterBurstPace, "after-burst-pace", 10*time.Millisecond, "after-burst: at most one REQ started per this interval")
 	fs.IntVar(&o.presignRate, "presign-rate", 4000, "publish: events/s to sign before the clock starts; more are signed in the background if needed")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -63,7 +100,25 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	var err error
+	if o.publisherLevels, err = parseLevels(*levels); err != nil {
+		return o, fmt.Errorf("-publishers: %w", err)
+	}
+	o.publishers = o.publisherLevels[0]
 	return o, o.validate()
+}
+
+// parseLevels reads a comma-separated list of positive counts.
+func parseLevels(s string) ([]int, error) {
+	var levels []int
+	for field := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive count", field)
+		}
+		levels = append(levels, n)
+	}
+	return levels, nil
 }
 
 func (o options) validate() error {
@@ -72,21 +127,41 @@ func (o options) validate() error {
 		return fmt.Errorf("-url %q: want ws://host[:port] or wss://host[:port]", o.url)
 	}
 	switch o.scenario {
-	case "publish", "req", "fanout", "all":
+	case "publish", "req", "shapes", "after-burst", "fanout", "all":
 	default:
-		return fmt.Errorf("-scenario %q: want publish, req, fanout or all", o.scenario)
+		return fmt.Errorf("-scenario %q: want publish, req, shapes, after-burst, fanout or all", o.scenario)
+	}
+	for _, name := range o.shapeList() {
+		if !slices.Contains(shapeNames, name) {
+			return fmt.Errorf("-shapes: unknown shape %q, want some of %s", name, strings.Join(shapeNames, ","))
+		}
+	}
+	if o.shapeBudget <= 0 || o.afterBurstEvents <= 0 || o.afterBurstFor <= 0 || o.afterBurstWindow <= 0 || o.afterBurstPace <= 0 || o.sinceWindow <= 0 {
+		return errors.New("-shape-budget, -since-window and -after-burst-* must be positive")
 	}
 	if o.duration <= 0 || o.publishers <= 0 || o.fanoutSubscribers <= 0 || o.fanoutEvents <= 0 ||
 		o.reqIterations <= 0 || o.presignRate <= 0 {
 		return errors.New("-duration, -publishers, -fanout-*, -req-iterations and -presign-rate must be positive")
 	}
-	if o.subscribers < 0 || o.reqSeed < 0 || o.contentBytes < 0 {
-		return errors.New("-subscribers, -req-seed and -content-bytes must not be negative")
+	if o.subscribers < 0 || o.reqSeed < 0 || o.contentBytes < 0 || o.relayPID < 0 {
+		return errors.New("-subscribers, -req-seed, -content-bytes and -relay-pid must not be negative")
 	}
 	return nil
 }
 
-func (o options) runs(name string) bool { return o.scenario == "all" || o.scenario == name }
+// shapeList returns the shapes -shapes selects, nil for all.
+func (o options) shapeList() []string {
+	if o.shapes == "" {
+		return nil
+	}
+	return strings.Split(o.shapes, ",")
+}
+
+// runs reports whether scenario name is selected: all runs every scenario
+// but req, which the kinds shape repeats.
+func (o options) runs(name string) bool {
+	return o.scenario == name || (o.scenario == "all" && name != "req")
+}
 
 // report is the JSON document printed on stdout.
 type report struct {
@@ -95,21 +170,36 @@ type report struct {
 	StartedAt  time.Time `json:"started_at"`
 	GoMaxProcs int       `json:"go_maxprocs"`
 	Scenarios  struct {
-		Publish *publishReport `json:"publish,omitempty"`
-		Req     *reqReport     `json:"req,omitempty"`
-		Fanout  *fanoutReport  `json:"fanout,omitempty"`
+		Publish    []*publishReport  `json:"publish,omitempty"` // one per -publishers count
+		AfterBurst *afterBurstReport `json:"after_burst,omitempty"`
+		Shapes     *shapesReport     `json:"shapes,omitempty"`
+		Req        *reqReport        `json:"req,omitempty"`
+		Fanout     *fanoutReport     `json:"fanout,omitempty"`
 	} `json:"scenarios"`
 }
 
 // failed reports whether some scenario could not run at all.
 func (r *report) failed() bool {
 	s := r.Scenarios
-	return (s.Publish != nil && s.Publish.Error != "") ||
-		(s.Req != nil && s.Req.Error != "") ||
+	for _, p := range s.Publish {
+		if p.Error != "" {
+			return true
+		}
+	}
+	return (s.Req != nil && s.Req.Error != "") ||
+		(s.AfterBurst != nil && s.AfterBurst.Error != "") ||
+		(s.Shapes != nil && s.Shapes.Error != "") ||
 		(s.Fanout != nil && s.Fanout.Error != "")
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "table" {
+		if err := runTable(os.Args[2:], os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "buzz-bench table:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -138,12 +228,26 @@ func main() {
 	}
 }
 
-// run executes the selected scenarios in order: publish first so that its
+// run executes the selected scenarios in order: the burst first, as it
+// needs a fresh store, and its events seed the shapes; then publish, whose
 // events usually cover the req scenario's seed.
 func run(ctx context.Context, o options) *report {
 	rep := &report{URL: o.url, RunID: o.runID, StartedAt: time.Now().UTC(), GoMaxProcs: runtime.GOMAXPROCS(0)}
-	if o.runs("publish") && ctx.Err() == nil {
-		rep.Scenarios.Publish = runPublish(ctx, o)
+	if o.runs("after-burst") && ctx.Err() == nil {
+		rep.Scenarios.AfterBurst = runAfterBurst(ctx, o)
+	}
+	if o.runs("shapes") && ctx.Err() == nil {
+		rep.Scenarios.Shapes = runShapes(ctx, o)
+	}
+	if o.runs("publish") {
+		for _, n := range o.publisherLevels {
+			if ctx.Err() != nil {
+				break
+			}
+			level := o
+			level.publishers = n
+			rep.Scenarios.Publish = append(rep.Scenarios.Publish, runPublish(ctx, level))
+		}
 	}
 	if o.runs("req") && ctx.Err() == nil {
 		rep.Scenarios.Req = runReq(ctx, o)

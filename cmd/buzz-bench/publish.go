@@ -46,10 +46,15 @@ type publishPlan struct {
 	budget     int // per publisher
 }
 
+// maxPublisherRate bounds what one closed-loop publisher can send: each
+// event waits for the previous OK, which takes at least half a millisecond.
+const maxPublisherRate = 2000
+
 // planPublish sizes each publisher's supply: enough for presignRate events/s
-// over the whole duration, and at most four times that if the relay is faster.
+// over the whole duration (but no more than one publisher can send), and at
+// most four times that if the relay is faster.
 func planPublish(o options) publishPlan {
-	perPub := int(float64(o.presignRate)*o.duration.Seconds())/o.publishers + 1
+	perPub := int(float64(min(o.presignRate/o.publishers, maxPublisherRate))*o.duration.Seconds()) + 1
 	return publishPlan{publishers: o.publishers, prefill: perPub, budget: 4 * perPub}
 }
 

@@ -14,6 +14,13 @@ const reqLimit = 100
 // maxReqDials bounds reconnects when the REQ connection keeps failing.
 const maxReqDials = 4
 
+// seedTopics is how many t values seeded events spread over, so a #t
+// filter matches one event in seedTopics.
+const seedTopics = 8
+
+// seedPublishers is how many connections publish seed events.
+const seedPublishers = 16
+
 // topUpTimeout bounds seeding, which runs before the timed part.
 const topUpTimeout = 5 * time.Minute
 
@@ -83,13 +90,14 @@ func ensureSeed(ctx context.Context, o options, rep *reqReport, errs *tally) err
 func topUp(ctx context.Context, o options, need int, errs *tally) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, topUpTimeout)
 	defer cancel()
-	n := min(o.publishers, need)
+	n := min(seedPublishers, need)
 	perPub := (need + n - 1) / n
 	specs, err := eventSpecs(o, n, perPub, perPub)
 	if err != nil {
 		return 0, err
 	}
 	for i := range specs {
+		specs[i].topics = seedTopics
 		share := need / n
 		if i < need%n {
 			share++

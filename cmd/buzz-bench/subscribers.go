@@ -124,11 +124,15 @@ func (g *subscriberGroup) received() int {
 	return n
 }
 
-// finish waits up to grace for expected deliveries, stops the readers,
-// closes the connections and returns every latency sample.
-func (g *subscriberGroup) finish(ctx context.Context, expected int, grace time.Duration) []time.Duration {
+// finish waits up to grace for expected deliveries, calls each of before
+// (while every connection is still open), stops the readers, closes the
+// connections and returns every latency sample.
+func (g *subscriberGroup) finish(ctx context.Context, expected int, grace time.Duration, before ...func()) []time.Duration {
 	for until := time.Now().Add(grace); g.received() < expected && time.Now().Before(until) && ctx.Err() == nil; {
 		time.Sleep(10 * time.Millisecond)
+	}
+	for _, f := range before {
+		f()
 	}
 	if g.stop != nil {
 		g.stop() // ends each reader's pending read, which closes its connection

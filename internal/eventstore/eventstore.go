@@ -232,15 +232,32 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 // already back in the pool.
 func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	capacity := pageCapacity(filters, branches, pageRows)
 	var page []pageRow
 	err := s.onSession(ctx, session, func(q db.DBTX) error {
 		var err error
-		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, pageRows, func(r *pageRow) []any {
+		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, func(r *pageRow) []any {
 			return []any{&r.branch}
 		})
 		return err
 	})
 	return page, err
+}
+
+// pageCapacity is how many rows a page can hold at most: pageRows, or fewer
+// when the branches' remaining limits (and, for a filter by ids, its ids)
+// add up to fewer. A REQ for one id or a small limit then allocates for
+// what it can get, not for a whole page.
+func pageCapacity(filters nostr.Filters, branches []pageBranch, pageRows int) int {
+	n := 0
+	for _, br := range branches {
+		rows := br.remaining
+		if ids := filters[br.filter].IDs; len(ids) > 0 {
+			rows = min(rows, len(ids))
+		}
+		n += rows
+	}
+	return min(n, pageRows)
 }
 
 // querySearch streams one search filter's rows, most relevant first, a page
@@ -329,15 +346,36 @@ func scanEvent(rows pgx.Rows, extra ...any) (*nostr.Event, *uuid.UUID, []byte, e
 		kind            int32
 		channel         *uuid.UUID
 	)
-	dest := append([]any{&id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel}, extra...)
+	dest := make([]any, 0, 8+len(extra)) // one allocation, where appending extra to a literal made two
+	dest = append(dest, &id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel)
+	dest = append(dest, extra...)
 	if err := rows.Scan(dest...); err != nil {
 		return nil, nil, nil, err
 	}
-	if err := json.Unmarshal(tags, &ev.Tags); err != nil {
-		return nil, nil, nil, fmt.Errorf("stored tags of %x: %w", id, err)
+	var err error
+	if ev.Tags, err = nostr.ParseTags(tags); err != nil {
+		// Every row the relay stored passed the same rules on the way in;
+		// one written by other means may be laxer JSON.
+		if jsonErr := json.Unmarshal(tags, &ev.Tags); jsonErr != nil {
+			return nil, nil, nil, fmt.Errorf("stored tags of %x: %w", id, jsonErr)
+		}
 	}
-	ev.ID, ev.PubKey, ev.Sig, ev.Kind = hex.EncodeToString(id), hex.EncodeToString(pubkey), hex.EncodeToString(sig), int(kind)
+	ev.ID, ev.PubKey, ev.Sig = hexStrings(id, pubkey, sig)
+	ev.Kind = int(kind)
 	return &ev, channel, id, nil
+}
+
+// hexStrings hex-encodes the id, pubkey and signature of a row into one
+// string (one allocation where three EncodeToString calls make three) and
+// returns its three parts.
+func hexStrings(id, pubkey, sig []byte) (string, string, string) {
+	var buf [2 * (32 + 32 + 64)]byte
+	b := hex.AppendEncode(buf[:0], id)
+	b = hex.AppendEncode(b, pubkey)
+	b = hex.AppendEncode(b, sig)
+	all := string(b)
+	i, p := 2*len(id), 2*(len(id)+len(pubkey))
+	return all[:i], all[i:p], all[p:]
 }
 
 // InsertParams maps a verified event to the EventInsert parameters.

@@ -254,3 +254,39 @@ func TestScopeHidesUnreadableChannelsAndOthersPGatedEvents(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(len(want)), n)
 }
+
+// TestStoredTagsReadBackExactly: tags come back from the jsonb column as
+// they were signed, whatever needs escaping, so a client recomputing the id
+// from a REQ's answer gets the signed one.
+func TestStoredTagsReadBackExactly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	home, err := q.CommunityCreate(ctx, "home.example")
+	require.NoError(t, err)
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	ev := &nostr.Event{Kind: 1, CreatedAt: 1_700_000_000, Content: "tricky tags", Tags: nostr.Tags{
+		{"t", "go"},
+		{"subject", "quote \" backslash \\ newline \n tab \t unit separator \x1f"},
+		{"emoji", "café 🐝 \u2028 <b>&amp;</b>"},
+		{"p", strings.Repeat("ab", 32), "wss://relay.example", "mention"},
+	}}
+	require.NoError(t, ev.Sign(key))
+	params, err := eventstore.InsertParams(home.ID, ev, nil)
+	require.NoError(t, err)
+	_, err = q.EventInsert(ctx, params)
+	require.NoError(t, err)
+
+	var got []*nostr.Event
+	err = eventstore.New(pool, 10).Query(ctx, home.ID, eventstore.Scope{}, nostr.Filters{{IDs: []string{ev.ID}}}, func(e *nostr.Event, _ *uuid.UUID) error {
+		got = append(got, e)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, ev.Tags, got[0].Tags)
+	require.Equal(t, string(nostr.EncodeEvent("s", ev)), string(nostr.EncodeEvent("s", got[0])))
+	require.NoError(t, got[0].Verify())
+}

@@ -194,18 +194,52 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 		Content:   sub(ctSpan),
 		Sig:       sub(sigSpan),
 	}
+	ev.Tags = d.decodedTags(all)
+	return ev, ev.ID, nil
+}
+
+// decodedTags builds the tags decoded by d.tags as substrings of all, the
+// string made of d.str.
+func (d *decoder) decodedTags(all string) Tags {
 	vals := make([]string, len(d.tagVals))
 	for i, s := range d.tagVals {
-		vals[i] = sub(s)
+		vals[i] = all[s.off:s.end]
 	}
-	ev.Tags = make(Tags, len(d.tagLens))
+	tags := make(Tags, len(d.tagLens))
 	o := 0
 	for i, n := range d.tagLens {
 		// Cap capacity so appending to one tag cannot overwrite the next.
-		ev.Tags[i] = Tag(vals[o : o+n : o+n])
+		tags[i] = Tag(vals[o : o+n : o+n])
 		o += n
 	}
-	return ev, ev.ID, nil
+	return tags
+}
+
+// ParseTags decodes a tags array on its own, such as the stored tags of an
+// event, with the same rules as ParseEvent (non-empty arrays of strings,
+// valid UTF-8) and the same economy: every value is a substring of one
+// string, where encoding/json allocates one string per value.
+func ParseTags(data []byte) (Tags, error) {
+	d := getDecoder(data)
+	defer putDecoder(d)
+	d.str, d.tagVals, d.tagLens = d.str[:0], d.tagVals[:0], d.tagLens[:0]
+	var firstErr error
+	fail := func(e error) {
+		if firstErr == nil {
+			firstErr = e
+		}
+	}
+	mismatch := func(e error) error { return e }
+	if err := d.tags(&Limits{}, fail, mismatch); err != nil {
+		return nil, err
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return d.decodedTags(string(d.str)), nil
 }
 
 func firstOr(first, err error) error {

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const pgbenchOutput = `pgbench (15.18 (Debian 15.18-0+deb12u1))
+transaction type: /tmp/tmp.R05QEWGAsK
+number of clients: 16
+latency average = 1.766 ms
+initial connection time = 12.345 ms
+tps = 9086.298163 (without initial connection time)
+`
+
+const listenerOutput = `goos: linux
+BenchmarkWarmListenerDelivery-2   	       1	         0.8246 after_idle_ms	         9.017 first_ms	         9.017 max_ms	         0.9718 median_ms	         1.607 p90_ms
+--- BENCH: BenchmarkWarmListenerDelivery-2
+    bench_test.go:184: warm fast path: median 0.97 ms, p90 1.61 ms, max 9.02 ms (n=21)
+PASS
+`
+
+func TestPgbenchTPS(t *testing.T) {
+	t.Parallel()
+	tps, err := pgbenchTPS([]byte(pgbenchOutput))
+	require.NoError(t, err)
+	require.InDelta(t, 9086.298163, tps, 1e-9)
+	_, err = pgbenchTPS([]byte("pgbench: error: connection refused\n"))
+	require.Error(t, err)
+}
+
+func TestBenchMetrics(t *testing.T) {
+	t.Parallel()
+	m, err := benchMetrics([]byte(listenerOutput), listenerBenchmark)
+	require.NoError(t, err)
+	require.Equal(t, listenerStats{"after_idle_ms": 0.8246, "first_ms": 9.017, "max_ms": 9.017, "median_ms": 0.9718, "p90_ms": 1.607}, m)
+	// Without -N suffix (GOMAXPROCS=1) the line still counts; a failed run
+	// has no result line, only the "--- FAIL" one.
+	m, err = benchMetrics([]byte("BenchmarkWarmListenerDelivery 1 2.5 median_ms\n"), listenerBenchmark)
+	require.NoError(t, err)
+	require.Equal(t, 2.5, m["median_ms"])
+	_, err = benchMetrics([]byte("--- FAIL: BenchmarkWarmListenerDelivery-2\n    no delivery within 10 s\n"), listenerBenchmark)
+	require.Error(t, err)
+	_, err = benchMetrics([]byte("BenchmarkWarmListenerDeliveryOther-2 1 2.5 median_ms\n"), listenerBenchmark)
+	require.Error(t, err, "another benchmark's line")
+}
+
+// sampleReport is a report as a whole run leaves it.
+func sampleReport() *report {
+	rep := &report{}
+	sc := &rep.Scenarios
+	for _, p := range []struct {
+		n     int
+		rate  float64
+		p99   float64
+		error string
+	}{{1, 600, 2.5, ""}, {16, 4600, 19.5, ""}, {64, 4800, 40, ""}} {
+		sc.Publish = append(sc.Publish, &publishReport{Publishers: p.n, AcceptedPerSec: p.rate, OKLatency: latencyStats{P50: 1, P99: p.p99}, Error: p.error})
+	}
+	sc.AfterBurst = &afterBurstReport{Fresh: true, BurstEvents: 25000, BurstSeconds: 12.5, WindowSeconds: 5,
+		Windows: []windowLatency{{StartSeconds: 0, Latency: latencyStats{Count: 9, P50: 3.9}}, {StartSeconds: 5, Latency: latencyStats{Count: 9, P50: 1.1}}}}
+	sc.AfterBurst.Worst = worstWindow(sc.AfterBurst.Windows)
+	sc.Shapes = &shapesReport{Shapes: []shapeResult{
+		{Name: "kinds", Completed: 500, EventsMax: 100, Latency: latencyStats{P50: 1.3, P99: 3}},
+		{Name: "author", Completed: 500, EventsMax: 100, Latency: latencyStats{P50: 1.5, P99: 3}},
+		{Name: "id", Completed: 500, EventsMax: 1, Latency: latencyStats{P50: 0.29, P99: 1}},
+		{Name: "tag", Skipped: "no t tag"},
+		{Name: "search-common", Completed: 80, EventsMax: 10, Latency: latencyStats{P50: 30, P99: 51}},
+		{Name: "search-rare", Completed: 500, EventsMax: 3, Latency: latencyStats{P50: 1, P99: 2}},
+	}}
+	sc.Fanout = &fanoutReport{SubscribersRequested: 1000, SubscribersConnected: 1000, Expected: 200000, Received: 200000,
+		Latency:  latencyStats{P50: 5, P99: 18},
+		RelayRSS: &rssReport{BaseKB: 44 * 1024, PeakKB: 84 * 1024, Connections: 1000, PerConnBytes: perConnBytes(44*1024, 84*1024, 1000)}}
+	return rep
+}
+
+func statusOf(t *testing.T, rows []tableRow, measure string) string {
+	t.Helper()
+	for _, r := range rows {
+		if r.measure == measure {
+			return r.status
+		}
+	}
+	t.Fatalf("no row %q in %v", measure, rows)
+	return ""
+}
+
+func TestBuildTableJudgesEveryTarget(t *testing.T) {
+	t.Parallel()
+	listener := listenerStats{"median_ms": 0.9, "p90_ms": 2.1, "max_ms": 7.9, "first_ms": 7.9, "after_idle_ms": 1}
+	rows := buildTable(sampleReport(), 9000, listener)
+	want := map[string]string{
+		"pgbench single-row INSERT, 16 clients":         statusNone,
+		"publish, 1 publishers":                         statusNone,
+		"publish, 16 publishers: ratio to pgbench":      statusPass, // 4600 / 9000 = 0.51
+		"publish, 16 publishers: OK p99":                statusPass,
+		"publish, 64 publishers":                        statusNone,
+		"REQ kinds after a burst, worst 5 s window p50": statusPass, // 3.9 ms
+		"REQ kinds p50":                                 statusMiss, // 1.3 ms
+		"REQ author":                                    statusNone,
+		"REQ id p50":                                    statusPass,
+		"REQ tag":                                       statusNA,
+		"REQ search-common p99":                         statusMiss,
+		"REQ search-rare p99":                           statusPass,
+		"fan-out 1→1000, delivery p99":                  statusPass,
+		"relay RSS per subscribed connection":           statusMiss, // 41 KB
+		"mention → listener median":                     statusPass,
+		"mention → listener p90":                        statusMiss,
+		"mention → listener max":                        statusPass,
+	}
+	require.Len(t, rows, len(want))
+	for measure, status := range want {
+		require.Equal(t, status, statusOf(t, rows, measure), measure)
+	}
+}
+
+func TestBuildTableWithoutReferences(t *testing.T) {
+	t.Parallel()
+	rep := sampleReport()
+	rep.Scenarios.AfterBurst.Fresh = false
+	rep.Scenarios.Fanout.Received-- // one delivery lost fails the row however fast the rest
+	rows := buildTable(rep, 0, nil)
+	require.Equal(t, statusNA, statusOf(t, rows, "pgbench single-row INSERT"))
+	require.Equal(t, statusNA, statusOf(t, rows, "publish, 16 publishers: ratio to pgbench"))
+	require.Equal(t, statusNA, statusOf(t, rows, "REQ kinds after a burst, worst 5 s window p50"), "a store that had rows says nothing about fresh statistics")
+	require.Equal(t, statusNA, statusOf(t, rows, "mention → listener"))
+	rep.Scenarios.Fanout.Missing = 1
+	require.Equal(t, statusMiss, statusOf(t, buildTable(rep, 0, nil), "fan-out 1→1000, delivery p99"))
+}
+
+func TestFormatTableAligns(t *testing.T) {
+	t.Parallel()
+	out := formatTable([]tableRow{{"a → b", "1 ms", "≤ 2 ms", statusPass}, {"longer measure", "10 ms", "-", statusMiss}})
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 4)
+	require.True(t, strings.HasPrefix(lines[0], "measure        | result | target | status"), lines[0])
+	// Columns line up in runes, whatever the bytes of → and ≤.
+	require.Equal(t, strings.Index(lines[3], "|"), len("longer measure "))
+	require.Equal(t, len([]rune(lines[2][:strings.Index(lines[2], "|")])), len([]rune("longer measure ")))
+}
+
+func TestRunTableEndToEnd(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	raw, err := json.Marshal(sampleReport())
+	require.NoError(t, err)
+	reportFile, pgFile, listenerFile := filepath.Join(dir, "r.json"), filepath.Join(dir, "pg.txt"), filepath.Join(dir, "l.txt")
+	require.NoError(t, os.WriteFile(reportFile, raw, 0o600))
+	require.NoError(t, os.WriteFile(pgFile, []byte(pgbenchOutput), 0o600))
+	require.NoError(t, os.WriteFile(listenerFile, []byte(listenerOutput), 0o600))
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, runTable([]string{"-pgbench", pgFile, "-listener", listenerFile, reportFile}, &stdout, &stderr))
+	require.Contains(t, stdout.String(), "9086 tps")
+	require.Contains(t, stdout.String(), "0.51 of pgbench")
+	require.Contains(t, stdout.String(), "9.02 ms (first 9.02 ms, after idle 0.82 ms)")
+	require.Empty(t, stderr.String())
+
+	// A missing listener file: the rows say so, the table still prints.
+	stdout.Reset()
+	require.NoError(t, runTable([]string{"-listener", filepath.Join(dir, "absent"), reportFile}, &stdout, &stderr))
+	require.Contains(t, stdout.String(), "mention → listener")
+	require.Contains(t, stderr.String(), "listener:")
+	require.Error(t, runTable(nil, &stdout, &stderr))
+}
+
+func TestVMRSS(t *testing.T) {
+	t.Parallel()
+	kb, err := vmRSS([]byte("Name:\tbuzz-relay\nVmPeak:\t  999 kB\nVmRSS:\t   45124 kB\nThreads:\t9\n"))
+	require.NoError(t, err)
+	require.Equal(t, int64(45124), kb)
+	_, err = vmRSS([]byte("Name:\tx\n"))
+	require.Error(t, err)
+	own, err := readRSS(os.Getpid())
+	require.NoError(t, err)
+	require.Positive(t, own)
+	require.InDelta(t, 40*1024*1024/1000.0, perConnBytes(44*1024, 84*1024, 1000), 1e-9, "40 MB over 1,000 connections")
+	require.Zero(t, perConnBytes(1, 2, 0))
+}
+
+func TestParseLevels(t *testing.T) {
+	t.Parallel()
+	levels, err := parseLevels("1, 16,64")
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 16, 64}, levels)
+	for _, bad := range []string{"", "0", "1,,2", "x", "-4"} {
+		_, err := parseLevels(bad)
+		require.Error(t, err, bad)
+	}
+	o, err := parseFlags([]string{"-publishers", "1,16,64"})
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 16, 64}, o.publisherLevels)
+}
+
+func TestPlanPublishCapsOnePublisher(t *testing.T) {
+	t.Parallel()
+	o := options{presignRate: 4000, duration: 10 * time.Second}
+	o.publishers = 16
+	require.Equal(t, publishPlan{publishers: 16, prefill: 2501, budget: 10004}, planPublish(o))
+	// A lone closed-loop publisher cannot send 4,000 events/s: signing
+	// 40,000 events for it only delayed the run.
+	o.publishers = 1
+	require.Equal(t, publishPlan{publishers: 1, prefill: 20001, budget: 80004}, planPublish(o))
+}
