@@ -117,17 +117,17 @@ table() {
 	local stage=$1 f
 	for f in "$out/shapes-$stage.json" "$out/search-$stage.json"; do
 		[[ -s $f ]] || continue
-		jq -r --arg stage "$stage" --arg file "$(basename "$f")" '
-			(.shapes // .scenarios.shapes.shapes // [])[]?
-			| [$stage, (if ($file | startswith("search")) and (.name | startswith("search")) then .name + "(" + (.filter.search // "") + ")" else .name + (if .filter.search then "(" + .filter.search + ")" else "" end) end),
-			   (.latency.p50_ms // .latency.p50 // "-"), (.latency.p99_ms // .latency.p99 // "-"), .completed, (.skipped // "")]
+		jq -r --arg stage "$stage" '
+			.scenarios.shapes.shapes[]?
+			| [$stage, .name + (if .filter.search then "(" + .filter.search + ")" else "" end),
+			   .latency.p50_ms, .latency.p99_ms, .latency.max_ms, .completed, (.skipped // "")]
 			| @tsv' "$f" 2>/dev/null || true
 	done
 }
 {
 	echo
 	echo "read shapes through the relay ($events synthetic events), ms"
-	printf 'stage\tshape\tp50\tp99\tREQs\tnote\n'
+	printf 'stage\tshape\tp50\tp99\tmax\tREQs\tnote\n'
 	table after-load
 	table analyzed
 } | column -t -s $'\t'
