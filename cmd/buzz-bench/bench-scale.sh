@@ -38,6 +38,13 @@ locked() {
 	fi
 }
 
+for taken in "$addr" "127.0.0.1:$pg_port"; do
+	if (exec 3<>"/dev/tcp/${taken%:*}/${taken##*:}") 2>/dev/null; then
+		echo "bench-scale: $taken is already in use; stop what listens there or set BENCH_SCALE_ADDR / BENCH_SCALE_PG_PORT" >&2
+		exit 1
+	fi
+done
+
 # A throwaway store: the previous run's cluster is removed first.
 rm -rf "$data" "$out"
 mkdir -p "$data" "$out"
@@ -77,7 +84,7 @@ psql_q() { psql "$pg_url" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
 echo "bench-scale: loading $events SYNTHETIC events by INSERT ... SELECT generate_series (signatures not valid; cmd/buzz-bench/scale-load.sql)" >&2
 start=$(date +%s.%N)
-locked psql_q -v host="$host" -v n="$events" -f cmd/buzz-bench/scale-load.sql
+locked psql "$pg_url" -X -q -v ON_ERROR_STOP=1 -v host="$host" -v n="$events" -f cmd/buzz-bench/scale-load.sql
 load_s=$(echo "$(date +%s.%N) - $start" | bc)
 
 # shapes STAGE: time every read shape through the relay with buzz-bench

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -153,4 +154,46 @@ var burstAuthor = hex.EncodeToString(append(md5Bytes("pk7"), md5Bytes("pk27")...
 func md5Bytes(s string) []byte {
 	sum := md5.Sum([]byte(s))
 	return sum[:]
+}
+
+// TestAnalyzeWhenStaleAfterBurst: a burst into a never-analyzed table is
+// analyzed by the relay's own check, without waiting for autovacuum's
+// launcher (switched off here), and the author shape then reads its index;
+// once analyzed, the same table is left alone until it doubles.
+// Mutation killed: a check that never fires leaves the table without
+// statistics (the Eventually below times out).
+func TestAnalyzeWhenStaleAfterBurst(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	c, err := db.New(pool).CommunityCreate(ctx, "analyze.example")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ALTER TABLE events SET (autovacuum_enabled = off)")
+	require.NoError(t, err)
+	store := New(pool, 500)
+	analyzed, err := store.AnalyzeWhenStale(ctx, 1000)
+	require.NoError(t, err)
+	require.False(t, analyzed, "an empty table is not analyzed")
+
+	burst(t, pool, c.ID, 20_000)
+	// The burst's row counts reach pg_stat_user_tables when its session
+	// flushes them (within a second or so).
+	require.Eventually(t, func() bool {
+		analyzed, err := store.AnalyzeWhenStale(ctx, 1000)
+		require.NoError(t, err)
+		return analyzed
+	}, 30*time.Second, 50*time.Millisecond)
+	var stats int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_stats WHERE tablename = 'events'").Scan(&stats))
+	require.Positive(t, stats)
+
+	limit := 100
+	filters := nostr.Filters{{Authors: []string{burstAuthor}, Kinds: []int{1}, Limit: &limit}}
+	sql, args := buildPage(c.ID, Scope{Reader: burstAuthor}, filters, []pageBranch{{filter: 0, limit: limit, remaining: limit}}, nil, DefaultPageRows)
+	nodes, indexes := planSummary(explain(t, pool, sql, args))
+	require.Contains(t, indexes, "events_by_author_time", "nodes %v", nodes)
+
+	analyzed, err = store.AnalyzeWhenStale(ctx, 1000)
+	require.NoError(t, err)
+	require.False(t, analyzed, "fresh statistics are left alone")
 }
