@@ -18,7 +18,7 @@ GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 GOTAGS ?= system_libsecp256k1
 export GOFLAGS := $(strip $(GOFLAGS) $(if $(GOTAGS),-tags=$(GOTAGS)))
 
-.PHONY: help run run-replica test generate verify lint bench build interop-deps
+.PHONY: help run run-replica test generate verify lint bench bench-scale build interop-deps
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -68,3 +68,7 @@ interop-deps: ## install the npm client used by the interop tests (nostr-tools)
 bench: ## one table of every speed measure and its target, ~6 min (cmd/buzz-bench/bench.sh)
 	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
 	GO='$(GO)' bash cmd/buzz-bench/bench.sh $(BENCH_FLAGS)
+
+bench-scale: ## load 1,000,000 synthetic events by SQL into a throwaway dev relay; bytes per event and read shapes (cmd/buzz-bench/bench-scale.sh)
+	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
+	bash cmd/buzz-bench/bench-scale.sh

@@ -1798,7 +1798,8 @@ END) STORED,
     CONSTRAINT events_pubkey_len CHECK ((octet_length(pubkey) = 32)),
     CONSTRAINT events_sig_len CHECK ((octet_length(sig) = 64)),
     CONSTRAINT events_tags_array CHECK ((jsonb_typeof(tags) = 'array'::text))
-);
+)
+WITH (autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='500');
 
 
 --
@@ -2459,31 +2460,31 @@ CREATE INDEX events_by_address ON public.events USING btree (community_id, pubke
 
 
 --
--- Name: events_by_author_kind; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_author_time; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_author_kind ON public.events USING btree (community_id, pubkey, kind, created_at DESC, id DESC);
-
-
---
--- Name: events_by_channel; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX events_by_channel ON public.events USING btree (community_id, channel_id, created_at DESC, id DESC);
+CREATE INDEX events_by_author_time ON public.events USING btree (community_id, pubkey, kind, created_at);
 
 
 --
--- Name: events_by_id; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_channel_time; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_id ON public.events USING btree (community_id, id);
+CREATE INDEX events_by_channel_time ON public.events USING btree (community_id, channel_id, created_at) WHERE (channel_id IS NOT NULL);
 
 
 --
--- Name: events_by_kind; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_id_hash; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_kind ON public.events USING btree (community_id, kind, created_at DESC, id DESC);
+CREATE INDEX events_by_id_hash ON public.events USING hash (id) WITH (fillfactor='100');
+
+
+--
+-- Name: events_by_kind_time; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX events_by_kind_time ON public.events USING btree (community_id, kind, created_at);
 
 
 --

@@ -58,7 +58,13 @@ type Config struct {
 	// closing announcement was lost.
 	ClosedCommunitySweep time.Duration
 	QueryTimeout         time.Duration // statement budget for one REQ/COUNT
-	DBMaxConns           int32
+	// EventsAnalyzeInterval is how often the relay checks whether the
+	// events table outgrew its planner statistics (0 = never: autovacuum
+	// alone); EventsAnalyzeMinRows is the fewest changed rows that can
+	// trigger an ANALYZE.
+	EventsAnalyzeInterval time.Duration
+	EventsAnalyzeMinRows  int
+	DBMaxConns            int32
 
 	// Per-client bounds: what one client (one address, one pubkey, one
 	// connection) can hold or spend.
@@ -176,9 +182,11 @@ func Default() Config {
 		PingInterval:           30 * time.Second,
 		// The announcement closes connections at once; the sweep only
 		// bounds how long a lost announcement leaves them open.
-		ClosedCommunitySweep: 30 * time.Second,
-		QueryTimeout:         10 * time.Second,
-		DBMaxConns:           20,
+		ClosedCommunitySweep:  30 * time.Second,
+		QueryTimeout:          10 * time.Second,
+		EventsAnalyzeInterval: time.Second,
+		EventsAnalyzeMinRows:  1000,
+		DBMaxConns:            20,
 
 		AuthTimeout:           30 * time.Second,
 		MaxConnections:        10000,
@@ -255,6 +263,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)
 	r.duration("BUZZ_CLOSED_COMMUNITY_SWEEP", &c.ClosedCommunitySweep)
 	r.duration("BUZZ_QUERY_TIMEOUT", &c.QueryTimeout)
+	r.millis("BUZZ_EVENTS_ANALYZE_INTERVAL_MS", &c.EventsAnalyzeInterval, true)
+	r.positive("BUZZ_EVENTS_ANALYZE_MIN_ROWS", &c.EventsAnalyzeMinRows)
 	r.duration("BUZZ_AUTH_TIMEOUT", &c.AuthTimeout)
 	r.positive("BUZZ_MAX_CONNECTIONS", &c.MaxConnections)
 	r.positive("BUZZ_MAX_CONNECTIONS_PER_ADDRESS", &c.MaxConnectionsPerAddr)

@@ -88,9 +88,47 @@ func TestDisableTxMigrationsAreIdempotent(t *testing.T) {
 			require.NotContains(t, strings.ToUpper(withoutComments(up)), "CONCURRENTLY", "%s: CONCURRENTLY needs tern's disable-tx mode", name)
 			continue
 		}
-		_, err = conn.Exec(ctx, up)
-		require.NoError(t, err, "%s: re-running the up part of a disable-tx migration must be a no-op", name)
+		// One statement at a time, as tern runs them: several statements
+		// in one Exec would form one implicit transaction.
+		for _, statement := range splitStatements(up) {
+			_, err = conn.Exec(ctx, statement)
+			require.NoError(t, err, "%s: re-running the up part of a disable-tx migration must be a no-op:\n%s", name, statement)
+		}
 	}
+}
+
+// splitStatements cuts SQL at top-level semicolons, skipping those inside
+// quotes, dollar-quoted bodies and -- comments.
+func splitStatements(sql string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(sql); i++ {
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			if j := strings.IndexByte(sql[i:], '\n'); j >= 0 {
+				i += j
+			} else {
+				i = len(sql)
+			}
+		case sql[i] == '\'':
+			if j := strings.IndexByte(sql[i+1:], '\''); j >= 0 {
+				i += j + 1
+			}
+		case strings.HasPrefix(sql[i:], "$$"):
+			if j := strings.Index(sql[i+2:], "$$"); j >= 0 {
+				i += j + 3
+			}
+		case sql[i] == ';':
+			if s := strings.TrimSpace(sql[start : i+1]); withoutComments(s) != ";" {
+				out = append(out, s)
+			}
+			start = i + 1
+		}
+	}
+	if s := strings.TrimSpace(withoutComments(sql[start:])); s != "" {
+		out = append(out, sql[start:])
+	}
+	return out
 }
 
 // withoutComments drops -- comment lines, which may mention any keyword.

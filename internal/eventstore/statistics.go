@@ -1,0 +1,61 @@
+package eventstore
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Statement names of the statistics keeper (see AnalyzeWhenStale).
+const (
+	NameEventsStatisticsStale = "EventsStatisticsStale"
+	NameEventsAnalyze         = "EventsAnalyze"
+)
+
+// eventsStatisticsStale is true when at least $1 rows of events changed
+// since its statistics were taken and those changes are at least as many
+// as the rows the statistics describe: the table was never analyzed, or it
+// has at least doubled since. reltuples is -1 before the first ANALYZE.
+const eventsStatisticsStale = `SELECT coalesce(s.n_mod_since_analyze >= greatest($1::bigint, c.reltuples::bigint), false)
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = 'events'::regclass`
+
+// AnalyzeWhenStale runs ANALYZE on events when its statistics describe a
+// table less than half its size (or none at all), and at least minRows rows
+// changed since. Autovacuum re-analyzes the table itself once 2% of it
+// changed (migration 019), but only when its launcher wakes, once a minute
+// by default: a burst into a fresh or small table leaves the planner with
+// no idea how many rows a kind or an author has for up to that minute, and
+// it then sorts every match of a newest-first read instead of reading an
+// index in order. A few rows changing never trigger it; a doubling is rare
+// once the table is large, so the cost (ANALYZE samples at most 30,000
+// rows) stays small. Several relays may analyze at once: harmless.
+func (s *Store) AnalyzeWhenStale(ctx context.Context, minRows int64) (bool, error) {
+	var stale bool
+	if err := s.pool.QueryRow(ctx, named(NameEventsStatisticsStale, eventsStatisticsStale), minRows).Scan(&stale); err != nil || !stale {
+		return false, err
+	}
+	_, err := s.pool.Exec(ctx, named(NameEventsAnalyze, "ANALYZE events"))
+	return err == nil, err
+}
+
+// KeepStatistics calls AnalyzeWhenStale every interval until ctx ends.
+func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minRows int64, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		analyzed, err := s.AnalyzeWhenStale(ctx, minRows)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("events statistics check", "err", err)
+		case analyzed:
+			log.Info("analyzed events after a burst", "took", time.Since(start))
+		}
+	}
+}
