@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -43,16 +44,7 @@ func openSubscribers(t *testing.T, r *relaytest.Relay, n int) {
 // (its reader, writer or message handler), and those of net/http serving a
 // connection.
 func connectionGoroutines() (relayConn, httpServe int) {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
+	for g := range bytes.SplitSeq(allStacks(), []byte("\n\n")) {
 		if bytes.Contains(g, []byte("internal/relay.(*conn)")) {
 			relayConn++
 		}
@@ -80,4 +72,55 @@ func TestIdleConnectionHoldsOneGoroutine(t *testing.T) {
 		relayConn, httpServe := connectionGoroutines()
 		return relayConn == n+1 && httpServe == 0 // the publisher counts too
 	}, 30*time.Second, 10*time.Millisecond, "want one goroutine per connection (%d) and none of net/http's", n+1)
+}
+
+// A message is handled on a goroutine of its own, never on the goroutine
+// that reads the connection, so that goroutine's stack stays as shallow as
+// reading needs. Caught in the act: a REQ blocked on a locked table.
+// Mutation killed: handling messages on the reading goroutine.
+func TestMessageHandledOffTheReadingGoroutine(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ctx := t.Context()
+	tx, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	c.Send("REQ", "blocked", map[string]any{"kinds": []int{1}})
+	var handling [][]byte
+	require.Eventually(t, func() bool {
+		handling = goroutinesRunning("internal/relay.(*conn).onReq")
+		return len(handling) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the REQ never reached its handler")
+	for _, g := range handling {
+		require.NotContains(t, string(g), "internal/relay.(*conn).run(", "handled on the reading goroutine")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	c.Expect("EOSE")
+}
+
+// goroutinesRunning returns the stacks of the goroutines whose stack
+// names fn.
+func goroutinesRunning(fn string) [][]byte {
+	var found [][]byte
+	for g := range bytes.SplitSeq(allStacks(), []byte("\n\n")) {
+		if bytes.Contains(g, []byte(fn)) {
+			found = append(found, g)
+		}
+	}
+	return found
+}
+
+func allStacks() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
