@@ -44,7 +44,8 @@
 -- 409 and 874 -> 352; the heap, 1,171 and 911, is unchanged). Applied to
 -- a table already holding its rows, the concurrent builds pack the new
 -- indexes tighter than a load through them does. At a million events the
--- cost per event is the same (the words load: 1,580 at 200,000).
+-- cost per event does not grow: the words load is 1,564 bytes per event
+-- (indexes 393) against 1,580 at 200,000.
 -- Reads still order by (created_at, id): each branch asks for its rows by
 -- created_at alone with FETCH FIRST n ROWS WITH TIES, then orders those
 -- few by (created_at, id) (internal/eventstore/filtersql.go).
