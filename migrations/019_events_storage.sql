@@ -5,7 +5,8 @@
 -- Why: the time-ordered indexes were built newest-first (DESC). New events
 -- arrive newest, so every insert landed at the left end of its key run,
 -- where PostgreSQL splits a page in halves and the left half is never filled
--- again (only a split of the rightmost page packs it). They also ended in
+-- again (only a split of the rightmost page packs it; with several kinds or
+-- authors interleaved only the last run gains). The author index ended in
 -- the 32-byte id, which makes every key unique, so PostgreSQL could never
 -- store one key for many rows. An index on channel_id held every
 -- channel-less row, and a (community_id, id) btree repeated the id next to
@@ -26,28 +27,31 @@
 --     the community is tested on the row. Not unique: the primary key
 --     refuses duplicates.                               100 -> 30, 100 -> 30
 --   events_by_kind (community_id, kind, created_at DESC, id DESC) ->
---     events_by_kind_time (community_id, kind, created_at): "kinds",
---     newest first by a backward scan. One key per kind and second,
---     deduplicated.                                     172 -> 44, 173 -> 15
+--     events_by_kind_time (same columns ascending): "kinds", newest first
+--     by a backward scan that returns (created_at, id) order exactly, so a
+--     limit stops it. It keeps the id: without it (44 and 15 bytes) a limit
+--     must read every row of the last second, and a burst puts thousands of
+--     events in one second (5,685 rows read for limit 100, 18-25 ms).
+--                                                    172 -> 157, 173 -> 157
 --   events_by_author_kind (community_id, pubkey, kind, created_at DESC, id DESC)
 --     -> events_by_author_time (community_id, pubkey, kind, created_at):
 --     "authors" (+ "kinds"), the replaceable-slot trigger's head lookup.
---                                                      229 -> 145, 232 -> 104
+--     Without the id, one author's events of one kind and second share a
+--     key and are stored once; the planner orders that one second's rows
+--     by id (incremental sort).                        229 -> 145, 232 -> 104
 --   events_by_channel (community_id, channel_id, created_at DESC, id DESC) ->
---     events_by_channel_time (community_id, channel_id, created_at)
+--     events_by_channel_time (same columns ascending)
 --     WHERE channel_id IS NOT NULL: one channel's timeline ("#h" naming one
 --     channel), channel deletions. Channel-less rows are never read
 --     through it.                                         173 -> 0, 167 -> 0
 --   events_by_tag, events_search, events_by_address: unchanged (30, 73, 0;
 --     27, 91, 0).
--- Total: 2,033 -> 1,580 and 1,785 -> 1,262 bytes per event (indexes 862 ->
--- 409 and 874 -> 352; the heap, 1,171 and 911, is unchanged). Applied to
+-- Total: 2,033 -> 1,693 and 1,785 -> 1,405 bytes per event (indexes 862 ->
+-- 522 and 874 -> 494; the heap, 1,171 and 911, is unchanged). Applied to
 -- a table already holding its rows, the concurrent builds pack the new
 -- indexes tighter than a load through them does. At a million events the
--- cost per event is the same (the words load: 1,580 at 200,000).
--- Reads still order by (created_at, id): each branch asks for its rows by
--- created_at alone with FETCH FIRST n ROWS WITH TIES, then orders those
--- few by (created_at, id) (internal/eventstore/filtersql.go).
+-- cost per event does not grow: 1,677 bytes per event at 1,000,000
+-- (indexes 506) against 1,693 at 200,000.
 --
 -- Statistics after a burst: in a database that was never analyzed the
 -- planner guesses that "community_id = $1 AND kind = 1" matches one row.
@@ -58,9 +62,12 @@
 --             -> Bitmap Index Scan on events_by_kind
 --           20,800 rows read and sorted, 38.8 ms
 --   after:  Limit -> Index Scan Backward using events_by_kind_time
---           (under the branch's sort of the limit plus one second's ties)
---           100 rows read, 0.3 ms
--- TestPlansWithoutStatistics (internal/eventstore) pins it. Autovacuum's
+--           100 rows read, 0.27 ms
+-- TestPlansWithoutStatistics (internal/eventstore) pins it. It is still a
+-- cost comparison on a guess: through the relay, with its real scope
+-- parameters, the guess fell the other way (41-99 ms at 20,000 events), so
+-- the relay also runs ANALYZE itself when the table was never analyzed or
+-- has doubled since (eventstore.AnalyzeWhenStale, every second). Autovacuum's
 -- first ANALYZE comes when its launcher wakes (autovacuum_naptime, a server
 -- setting, one minute by default); after that, this table is re-analyzed
 -- once 2% of it (plus 500 rows) changed instead of 10%: every 20,500 new
@@ -81,11 +88,11 @@
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_id_hash ON events USING hash (id) WITH (fillfactor = 100);
 
-CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_kind_time ON events (community_id, kind, created_at);
+CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_kind_time ON events (community_id, kind, created_at, id);
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_author_time ON events (community_id, pubkey, kind, created_at);
 
-CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_channel_time ON events (community_id, channel_id, created_at)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_channel_time ON events (community_id, channel_id, created_at, id)
     WHERE channel_id IS NOT NULL;
 
 DROP INDEX CONCURRENTLY IF EXISTS events_by_id;

@@ -2470,7 +2470,7 @@ CREATE INDEX events_by_author_time ON public.events USING btree (community_id, p
 -- Name: events_by_channel_time; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_channel_time ON public.events USING btree (community_id, channel_id, created_at) WHERE (channel_id IS NOT NULL);
+CREATE INDEX events_by_channel_time ON public.events USING btree (community_id, channel_id, created_at, id) WHERE (channel_id IS NOT NULL);
 
 
 --
@@ -2484,7 +2484,7 @@ CREATE INDEX events_by_id_hash ON public.events USING hash (id) WITH (fillfactor
 -- Name: events_by_kind_time; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_kind_time ON public.events USING btree (community_id, kind, created_at);
+CREATE INDEX events_by_kind_time ON public.events USING btree (community_id, kind, created_at, id);
 
 
 --

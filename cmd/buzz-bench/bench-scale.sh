@@ -111,6 +111,9 @@ analyzed() {
 
 echo "== right after the load ($load_s s; events analyzed: $(analyzed))"
 sizes | tee "$out/sizes-after-load.txt"
+# The relay analyzes a table that outgrew its statistics by itself within
+# about a second (BUZZ_EVENTS_ANALYZE_INTERVAL_MS); say whether it has.
+echo "(events analyzed when the timed shapes start: $(analyzed))"
 shapes after-load
 
 echo "bench-scale: VACUUM ANALYZE events (what autovacuum does on its own within a minute or so)" >&2
@@ -131,9 +134,9 @@ table() {
 			| @tsv' "$f" 2>/dev/null || true
 	done
 }
+echo
+echo "read shapes through the relay, REQ to EOSE ($events synthetic events), ms"
 {
-	echo
-	echo "read shapes through the relay ($events synthetic events), ms"
 	printf 'stage\tshape\tp50\tp99\tmax\tREQs\tnote\n'
 	table after-load
 	table analyzed

@@ -15,9 +15,6 @@ import (
 // The columns every event read selects, in scanEvent's order.
 const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS created_unix, kind, tags, content, sig, channel_id"
 
-// tiedColumns are eventColumns as named by a subquery that selected them.
-const tiedColumns = "id, pubkey, created_unix, kind, tags, content, sig, channel_id"
-
 // sqlBuilder accumulates one statement's text and its bound arguments. Filter
 // values are never spliced into the SQL: every one is a parameter.
 type sqlBuilder struct {
@@ -219,21 +216,13 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 			b.sql.WriteString(" ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
 			continue
 		}
-		// Newest first by created_at alone, with every row tied with the
-		// last one, then cut by (created_at, id): the time-ordered indexes
-		// end at created_at (no id, so one second's rows share one key),
-		// and this shape lets the planner read them backward and stop
-		// after the limit, with or without statistics, instead of
-		// collecting and sorting every match. The second ORDER BY sorts at
-		// most the limit plus one second's ties.
-		rows := b.arg(int32(min(br.remaining, pageRows)))
-		b.sql.WriteString("(SELECT " + tiedColumns + ", branch FROM (SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 		b.scopeConditions(scope, channelsArg)
 		b.conditions(f, communityArg)
 		if after != nil {
 			b.sql.WriteString(" AND (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 		}
-		b.sql.WriteString(" ORDER BY created_at DESC FETCH FIRST " + rows + " ROWS WITH TIES) tied ORDER BY created_unix DESC, id DESC LIMIT " + rows + ")")
+		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
 	}
 	b.sql.WriteString("\n) matched ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(pageRows)))
 	return named(NameEventsPage, b.sql.String()), b.args

@@ -23,13 +23,13 @@ import (
 // hands every event its outcome. An event whose savepoint was rolled back
 // gets its own refusal and nothing else; the others do not notice.
 //
-// The group writer has no goroutines of its own. An event that finds fewer
-// than `writers` groups being written writes its group itself, on its
-// caller's goroutine: a lone publisher's event goes straight to the
-// database, with no hand-off to another goroutine and back. Events that
-// arrive while every writer is busy wait in a queue; a writer that has
-// committed hands the queue's head the next group to write (everything
-// waiting, up to max) and returns to its own caller.
+// A lone event is written on its submitter's own goroutine: an event that
+// finds fewer than `writers` groups being written writes its group at once,
+// with no hand-off to another goroutine and back. Events that arrive while
+// every writer is busy wait in a queue. A submitter that has written its
+// group and finds events waiting starts a writer goroutine in its place,
+// which writes group after group (everything waiting, up to max) for as long
+// as events wait, without a wake-up between groups, and then ends.
 
 // Defaults for the group writer (the relay's configuration sets them).
 const (
@@ -57,10 +57,8 @@ type groupJob struct {
 	// in its own transaction. Nothing of it committed.
 	alone bool
 
-	// wake is closed when the waiting event's group is over, or when the
-	// event is to write the next group itself (lead is set then).
+	// wake is closed when the waiting event's group is over.
 	wake chan struct{}
-	lead []*groupJob
 }
 
 // reset forgets what an attempt that rolled back left on the Write, so a
@@ -113,11 +111,15 @@ func newGroupWriter(p *Pipeline, opts Options) *groupWriter {
 func (g *groupWriter) submit(j *groupJob) error {
 	g.mu.Lock()
 	if g.writing < g.writers {
-		// A free writer means nothing waits (a writer that finishes takes
-		// the waiting events first): j is a group of one, written now.
+		// A free writer means nothing waits (a busy writer takes the
+		// waiting events before it frees itself): j is a group of one,
+		// written now.
 		g.writing++
 		g.mu.Unlock()
 		g.write([]*groupJob{j})
+		if next := g.next(); next != nil {
+			go g.drain(next)
+		}
 		return nil
 	}
 	if len(g.waiting) >= g.queueCap {
@@ -128,17 +130,23 @@ func (g *groupWriter) submit(j *groupJob) error {
 	g.waiting = append(g.waiting, j)
 	g.mu.Unlock()
 	<-j.wake
-	if j.lead != nil {
-		g.write(j.lead)
-	}
 	return nil
 }
 
-// write commits group on the calling goroutine (group[0] is the caller's
-// own event), then hands the next group to the head of the queue, or frees
-// the writer, and wakes the group's other events. If writing panics, every
-// event of the group runs alone instead (nothing of it is known to have
-// committed), where the panic recurs on its own caller's goroutine.
+// drain writes group, then every group that has gathered meanwhile, for as
+// long as events wait, and wakes each group's events after its commit.
+func (g *groupWriter) drain(group []*groupJob) {
+	for ; group != nil; group = g.next() {
+		g.write(group)
+		for _, j := range group {
+			close(j.wake)
+		}
+	}
+}
+
+// write commits group. If writing panics, every event of the group runs
+// alone instead (nothing of it is known to have committed), where the
+// panic recurs on its own submitter's goroutine.
 func (g *groupWriter) write(group []*groupJob) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -147,31 +155,26 @@ func (g *groupWriter) write(group []*groupJob) {
 				j.alone = true
 			}
 		}
-		g.handOff()
-		for _, j := range group[1:] {
-			close(j.wake)
-		}
 	}()
 	g.commit(group)
 }
 
-// handOff gives everything waiting (up to max) to the first waiting event
-// to write as the next group, or frees the writer when nothing waits.
-func (g *groupWriter) handOff() {
+// next takes everything waiting (up to max) as the next group for the
+// calling writer, or frees the writer when nothing waits (nil).
+func (g *groupWriter) next() []*groupJob {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.waiting) == 0 {
 		g.writing--
-		return
+		return nil
 	}
 	n := min(len(g.waiting), g.max)
-	next := make([]*groupJob, n)
-	copy(next, g.waiting)
+	group := make([]*groupJob, n)
+	copy(group, g.waiting)
 	rest := copy(g.waiting, g.waiting[n:])
 	clear(g.waiting[rest:])
 	g.waiting = g.waiting[:rest]
-	next[0].lead = next
-	close(next[0].wake)
+	return group
 }
 
 // waitingEvents is how many events wait for a writer.

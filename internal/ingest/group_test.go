@@ -579,13 +579,12 @@ func TestLoneEventIsWrittenByItsSubmitter(t *testing.T) {
 }
 
 // While every writer is busy, new events wait; the writer that finishes
-// first hands everything waiting (up to the group size) to the head of the
-// queue, which writes it as one group on its own goroutine.
+// first writes everything waiting (up to the group size) as the next group.
 //
 // Mutations killed: no bound on the writers (every event writes its own
 // group at once: nothing queues behind the two busy writers); handing the
 // waiting events on one at a time (five transactions instead of one).
-func TestBusyWritersQueueAndTheHeadWritesTheNextGroup(t *testing.T) {
+func TestBusyWritersQueueAndTheNextGroupTakesAllWaiting(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "group-handoff.example", 0)
 	f.grouped(ingest.Options{GroupWriters: 2})
