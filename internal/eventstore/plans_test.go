@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +197,47 @@ func TestAnalyzeWhenStaleAfterBurst(t *testing.T) {
 	analyzed, err = store.AnalyzeWhenStale(ctx, 1000)
 	require.NoError(t, err)
 	require.False(t, analyzed, "fresh statistics are left alone")
+}
+
+// A role that may not ANALYZE events (PostgreSQL only warns and skips the
+// table) is told so once, instead of finding the statistics stale and
+// "analyzing" them every interval forever.
+func TestAnalyzeWhenStaleNeedsARoleThatMayAnalyze(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	admin, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer admin.Close()
+	c, err := db.New(admin).CommunityCreate(ctx, "analyze-role.example")
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "ALTER TABLE events SET (autovacuum_enabled = off)")
+	require.NoError(t, err)
+
+	role := fmt.Sprintf("analyze_reader_%d", time.Now().UnixNano()%1_000_000_000)
+	_, err = admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE IF EXISTS "+role) })
+	_, err = admin.Exec(ctx, "GRANT SELECT ON events TO "+role)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	reader, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer reader.Close()
+
+	burst(t, admin, c.ID, 2_000)
+	owner := New(admin, 500)
+	require.Eventually(t, func() bool {
+		// Stale for everyone once the burst's counts are flushed.
+		var stale bool
+		require.NoError(t, admin.QueryRow(ctx, eventsStatisticsStale, 1000).Scan(&stale))
+		return stale
+	}, 30*time.Second, 50*time.Millisecond)
+	_, err = New(reader, 500).AnalyzeWhenStale(ctx, 1000)
+	require.ErrorIs(t, err, ErrCannotAnalyze)
+	analyzed, err := owner.AnalyzeWhenStale(ctx, 1000)
+	require.NoError(t, err)
+	require.True(t, analyzed, "the owner analyzes the stale table")
 }

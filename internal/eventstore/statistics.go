@@ -2,6 +2,7 @@ package eventstore
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -10,6 +11,7 @@ import (
 const (
 	NameEventsStatisticsStale = "EventsStatisticsStale"
 	NameEventsAnalyze         = "EventsAnalyze"
+	NameEventsAnalyzeAllowed  = "EventsAnalyzeAllowed"
 )
 
 // eventsStatisticsStale is true when at least $1 rows of events changed
@@ -19,6 +21,20 @@ const (
 const eventsStatisticsStale = `SELECT coalesce(s.n_mod_since_analyze >= greatest($1::bigint, c.reltuples::bigint), false)
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'events'::regclass`
+
+// eventsAnalyzeAllowed is whether this session's role may ANALYZE events:
+// its owner (or a member of the owner role), the database's owner, or a
+// superuser. For anyone else ANALYZE only warns and skips the table, so a
+// keeper would find the statistics stale, and "analyze" them, forever.
+const eventsAnalyzeAllowed = `SELECT pg_has_role(c.relowner, 'USAGE')
+    OR pg_has_role(d.datdba, 'USAGE')
+    OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+FROM pg_class c, pg_database d
+WHERE c.oid = 'events'::regclass AND d.datname = current_database()`
+
+// ErrCannotAnalyze is returned by AnalyzeWhenStale when the relay's role
+// may not ANALYZE events; autovacuum keeps the statistics then.
+var ErrCannotAnalyze = errors.New("the relay's database role may not ANALYZE events (only its owner, the database owner or a superuser may); statistics are left to autovacuum")
 
 // AnalyzeWhenStale runs ANALYZE on events when its statistics describe a
 // table less than half its size (or none at all), and at least minRows rows
@@ -34,6 +50,13 @@ func (s *Store) AnalyzeWhenStale(ctx context.Context, minRows int64) (bool, erro
 	var stale bool
 	if err := s.pool.QueryRow(ctx, named(NameEventsStatisticsStale, eventsStatisticsStale), minRows).Scan(&stale); err != nil || !stale {
 		return false, err
+	}
+	var allowed bool
+	if err := s.pool.QueryRow(ctx, named(NameEventsAnalyzeAllowed, eventsAnalyzeAllowed)).Scan(&allowed); err != nil {
+		return false, err
+	}
+	if !allowed {
+		return false, ErrCannotAnalyze
 	}
 	_, err := s.pool.Exec(ctx, named(NameEventsAnalyze, "ANALYZE events"))
 	return err == nil, err
@@ -52,6 +75,9 @@ func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minR
 		start := time.Now()
 		analyzed, err := s.AnalyzeWhenStale(ctx, minRows)
 		switch {
+		case errors.Is(err, ErrCannotAnalyze):
+			log.Warn("events statistics keeper off", "err", err)
+			return
 		case err != nil && ctx.Err() == nil:
 			log.Warn("events statistics check", "err", err)
 		case analyzed:
