@@ -12,7 +12,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// The columns every event read selects, in scanEvent's order.
+// The columns every event read selects, in decodeRow's order (rowFormats).
 const eventColumns = "id, pubkey, extract(epoch FROM created_at)::bigint AS created_unix, kind, tags, content, sig, channel_id"
 
 // sqlBuilder accumulates one statement's text and its bound arguments. Filter
@@ -142,9 +142,28 @@ type Scope struct {
 
 // scopeConditions appends the reader's visibility predicates. Kept apart
 // from the filter's own conditions so every statement shape carries them.
-func (b *sqlBuilder) scopeConditions(s Scope, channels string) {
+// f is the one filter the statement reads, nil when it reads several.
+func (b *sqlBuilder) scopeConditions(s Scope, channels string, f *nostr.Filter) {
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
+	if f != nil && excludesPGated(f) {
+		// Every row the filter can return passes the p-gate: leaving it out
+		// spares the planner and every row a test that cannot fail.
+		return
+	}
 	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
+}
+
+// excludesPGated reports whether f names its kinds and none is p-gated.
+func excludesPGated(f *nostr.Filter) bool {
+	if f.Kinds == nil {
+		return false
+	}
+	for _, k := range f.Kinds {
+		if nostr.IsPGated(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // inList appends a membership test. A single value becomes plain equality:
@@ -196,7 +215,12 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 	var b sqlBuilder
 	communityArg := b.arg(community)
 	channelsArg := b.arg(scope.Channels)
-	b.sql.WriteString("SELECT * FROM (\n")
+	// One branch is already its page, newest first: merging it would only
+	// cost a plan node and a sort of rows already in order.
+	merged := len(branches) > 1
+	if merged {
+		b.sql.WriteString("SELECT * FROM (\n")
+	}
 	for i, br := range branches {
 		if i > 0 {
 			b.sql.WriteString("\nUNION ALL\n")
@@ -206,7 +230,7 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 			// A search filter's rows are its limit most relevant ones; that
 			// set is then merged by time like any other branch.
 			b.sql.WriteString("(SELECT * FROM (SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-			b.scopeConditions(scope, channelsArg)
+			b.scopeConditions(scope, channelsArg, f)
 			b.conditions(f, communityArg)
 			b.order(f)
 			b.sql.WriteString(" LIMIT " + b.arg(int32(br.limit)) + ") ranked WHERE TRUE")
@@ -217,14 +241,16 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 			continue
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-		b.scopeConditions(scope, channelsArg)
+		b.scopeConditions(scope, channelsArg, f)
 		b.conditions(f, communityArg)
 		if after != nil {
 			b.sql.WriteString(" AND (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 		}
 		b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
 	}
-	b.sql.WriteString("\n) matched ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(pageRows)))
+	if merged {
+		b.sql.WriteString("\n) matched ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(pageRows)))
+	}
 	return named(NameEventsPage, b.sql.String()), b.args
 }
 
@@ -242,7 +268,7 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
 	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM (SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
 		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-	b.scopeConditions(scope, channelsArg)
+	b.scopeConditions(scope, channelsArg, f)
 	b.conditions(f, communityArg)
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(candidates)) + ") recent) ranked")
 	if after != nil {
@@ -276,7 +302,7 @@ func BuildSelect(community uuid.UUID, scope Scope, filters nostr.Filters, maxLim
 			limit = *f.Limit
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + " FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-		b.scopeConditions(scope, channelsArg)
+		b.scopeConditions(scope, channelsArg, f)
 		b.conditions(f, communityArg)
 		b.order(f)
 		b.sql.WriteString(" LIMIT " + b.arg(int32(limit)) + ")")
@@ -296,7 +322,7 @@ func BuildCount(community uuid.UUID, scope Scope, filters nostr.Filters) (sql st
 	var b sqlBuilder
 	communityArg := b.arg(community)
 	b.sql.WriteString("SELECT count(*) FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-	b.scopeConditions(scope, b.arg(scope.Channels))
+	b.scopeConditions(scope, b.arg(scope.Channels), nil)
 	b.sql.WriteString(" AND (")
 	n := 0
 	for i := range filters {
