@@ -5,11 +5,11 @@
 package eventstore
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -73,8 +73,22 @@ func (s *Store) observe(name string, start time.Time) {
 	}
 }
 
-// Query streams the stored events that match filters and that scope may
-// see, newest first, to fn with each event's channel (nil: community-global).
+// Query is QueryJSON with each event decoded, for callers that look
+// inside the events rather than pass them on.
+func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+	return s.QueryJSON(ctx, community, scope, filters, func(event []byte, channel *uuid.UUID) error {
+		ev, err := nostr.ParseEvent(event, nostr.Limits{})
+		if err != nil {
+			return fmt.Errorf("stored event: %w", err)
+		}
+		return fn(ev, channel)
+	})
+}
+
+// QueryJSON streams the stored events that match filters and that scope
+// may see, newest first, to fn as their NIP-01 JSON objects (exactly the
+// bytes nostr's AppendJSON makes), with each event's channel (nil:
+// community-global). fn owns the bytes it is given.
 // An event matched by several filters is delivered once; each filter
 // contributes at most its own limit. A single NIP-50 search filter comes
 // most relevant first instead.
@@ -85,7 +99,7 @@ func (s *Store) observe(name string, start time.Time) {
 // while it does. The next page continues after the last row sent (its
 // created_at and id, and for a search its rank), so pages neither repeat nor
 // skip rows.
-func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(event []byte, channel *uuid.UUID) error) error {
 	var branches []pageBranch
 	for i := range filters {
 		f := &filters[i]
@@ -128,7 +142,7 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 		sent := len(page)
 		if len(page) == pageRows {
 			last := page[len(page)-1].id
-			for sent > 0 && bytes.Equal(page[sent-1].id, last) {
+			for sent > 0 && page[sent-1].id == last {
 				sent--
 			}
 			if sent == 0 {
@@ -141,17 +155,17 @@ func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, fil
 		}
 		for i, r := range page[:sent] {
 			remaining[r.branch]--
-			if i > 0 && bytes.Equal(page[i-1].id, r.id) {
+			if i > 0 && page[i-1].id == r.id {
 				continue // the same event from another filter
 			}
-			if err := fn(r.ev, r.channel); err != nil {
+			if err := fn(r.event, r.channel); err != nil {
 				return err
 			}
 		}
 		if len(page) < pageRows {
 			break // every branch is exhausted
 		}
-		after = &keyset{createdUnix: page[sent-1].ev.CreatedAt, id: page[sent-1].id}
+		after = &keyset{createdUnix: page[sent-1].createdUnix, id: page[sent-1].id[:]}
 		kept := branches[:0]
 		for _, br := range branches {
 			if br.remaining = remaining[br.filter]; br.remaining > 0 {
@@ -213,12 +227,14 @@ func (s *Store) onSession(ctx context.Context, session **replica.Session, read f
 	return read(s.pool)
 }
 
+// pageRow is one stored event as a read sends it, and what paging needs.
 type pageRow struct {
-	ev      *nostr.Event
-	channel *uuid.UUID
-	id      []byte
-	branch  int
-	rank    float32
+	event       []byte // the event's JSON object
+	id          [32]byte
+	createdUnix int64
+	channel     *uuid.UUID
+	branch      int     // buildPage's rows: the filter that matched
+	rank        float32 // buildSearchPage's rows: the relevance
 }
 
 func (s *Store) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -236,9 +252,7 @@ func (s *Store) readPage(ctx context.Context, session **replica.Session, communi
 	var page []pageRow
 	err := s.onSession(ctx, session, func(q db.DBTX) error {
 		var err error
-		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, func(r *pageRow) []any {
-			return []any{&r.branch}
-		})
+		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, extraBranch)
 		return err
 	})
 	return page, err
@@ -262,19 +276,17 @@ func pageCapacity(filters nostr.Filters, branches []pageBranch, pageRows int) in
 
 // querySearch streams one search filter's rows, most relevant first, a page
 // at a time.
-func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scope, f *nostr.Filter, limit int, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
+func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scope, f *nostr.Filter, limit int, fn func(event []byte, channel *uuid.UUID) error) error {
 	var after *keyset
 	for remaining := limit; remaining > 0; {
 		rows := min(remaining, max(s.PageRows, 1))
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
-		page, err := s.readRows(ctx, s.pool, NameEventsSearch, sql, args, rows, func(r *pageRow) []any {
-			return []any{&r.rank}
-		})
+		page, err := s.readRows(ctx, s.pool, NameEventsSearch, sql, args, rows, extraRank)
 		if err != nil {
 			return err
 		}
 		for _, r := range page {
-			if err := fn(r.ev, r.channel); err != nil {
+			if err := fn(r.event, r.channel); err != nil {
 				return err
 			}
 		}
@@ -283,18 +295,18 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 		}
 		remaining -= len(page)
 		last := page[len(page)-1]
-		after = &keyset{rank: last.rank, createdUnix: last.ev.CreatedAt, id: last.id}
+		after = &keyset{rank: last.rank, createdUnix: last.createdUnix, id: last.id[:]}
 	}
 	return nil
 }
 
-// readRows runs one named statement under StatementTimeout and scans its
-// rows (eventColumns, then the columns extra points at).
-func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args []any, capacity int, extra func(*pageRow) []any) ([]pageRow, error) {
+// readRows runs one named statement under StatementTimeout and decodes
+// its rows (eventColumns, then the one extra column).
+func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args []any, capacity int, extra extraColumn) ([]pageRow, error) {
 	ctx, cancel := s.statementContext(ctx)
 	defer cancel()
 	defer s.observe(name, time.Now())
-	rows, err := q.Query(ctx, sql, args...)
+	rows, err := q.Query(ctx, sql, append([]any{rowFormats}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -302,13 +314,65 @@ func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args 
 	page := make([]pageRow, 0, capacity)
 	for rows.Next() {
 		var r pageRow
-		r.ev, r.channel, r.id, err = scanEvent(rows, extra(&r)...)
-		if err != nil {
+		if err := decodeRow(&r, rows.RawValues(), extra); err != nil {
 			return nil, err
 		}
 		page = append(page, r)
 	}
 	return page, rows.Err()
+}
+
+// rowFormats asks for every column of a read in the format decodeRow
+// reads straight into JSON: bytea, integers, uuid and real in binary, the
+// jsonb tags as JSON text and the content as its text.
+var rowFormats = pgx.QueryResultFormats{
+	pgx.BinaryFormatCode, // id
+	pgx.BinaryFormatCode, // pubkey
+	pgx.BinaryFormatCode, // created_unix (bigint)
+	pgx.BinaryFormatCode, // kind (integer)
+	pgx.TextFormatCode,   // tags (jsonb)
+	pgx.TextFormatCode,   // content
+	pgx.BinaryFormatCode, // sig
+	pgx.BinaryFormatCode, // channel_id (uuid)
+	pgx.BinaryFormatCode, // the extra column: branch (integer) or rank (real)
+}
+
+// extraColumn is the column a statement selects after eventColumns.
+type extraColumn int
+
+const (
+	extraBranch extraColumn = iota // integer
+	extraRank                      // real
+)
+
+// decodeRow fills r from one row's raw values in rowFormats: the event's
+// JSON is built from the row's own bytes, the only allocation a row needs
+// (two for a channel event).
+func decodeRow(r *pageRow, raw [][]byte, extra extraColumn) error {
+	if len(raw) != 9 {
+		return fmt.Errorf("stored event row: %d columns, want 9", len(raw))
+	}
+	id, pubkey, created, kind, tags, content, sig, channel, x := raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8]
+	if len(id) != 32 || len(pubkey) != 32 || len(sig) != 64 || len(created) != 8 || len(kind) != 4 || len(x) != 4 || tags == nil || content == nil ||
+		(channel != nil && len(channel) != 16) {
+		return fmt.Errorf("stored event row %x: unexpected column sizes", id)
+	}
+	r.id = [32]byte(id)
+	r.createdUnix = int64(binary.BigEndian.Uint64(created))
+	if channel != nil {
+		ch := uuid.UUID(channel)
+		r.channel = &ch
+	}
+	switch extra {
+	case extraBranch:
+		r.branch = int(int32(binary.BigEndian.Uint32(x)))
+	case extraRank:
+		r.rank = math.Float32frombits(binary.BigEndian.Uint32(x))
+	}
+	// Room for the hex fields, the keys and a few escapes.
+	r.event = make([]byte, 0, 400+len(tags)+len(content)+len(content)/16)
+	r.event = nostr.AppendStoredJSON(r.event, id, pubkey, r.createdUnix, int(int32(binary.BigEndian.Uint32(kind))), tags, content, sig)
+	return nil
 }
 
 // Count returns how many stored events scope may see match any of filters (NIP-45).
@@ -334,48 +398,6 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		}
 	}
 	return n, err
-}
-
-// scanEvent reads one row of eventColumns, then any extra columns into
-// extra; it also returns the raw id, the keyset's tiebreaker.
-func scanEvent(rows pgx.Rows, extra ...any) (*nostr.Event, *uuid.UUID, []byte, error) {
-	var (
-		id, pubkey, sig []byte
-		tags            []byte
-		ev              nostr.Event
-		kind            int32
-		channel         *uuid.UUID
-	)
-	dest := make([]any, 0, 8+len(extra)) // one allocation, where appending extra to a literal made two
-	dest = append(dest, &id, &pubkey, &ev.CreatedAt, &kind, &tags, &ev.Content, &sig, &channel)
-	dest = append(dest, extra...)
-	if err := rows.Scan(dest...); err != nil {
-		return nil, nil, nil, err
-	}
-	var err error
-	if ev.Tags, err = nostr.ParseTags(tags); err != nil {
-		// Every row the relay stored passed the same rules on the way in;
-		// one written by other means may be laxer JSON.
-		if jsonErr := json.Unmarshal(tags, &ev.Tags); jsonErr != nil {
-			return nil, nil, nil, fmt.Errorf("stored tags of %x: %w", id, jsonErr)
-		}
-	}
-	ev.ID, ev.PubKey, ev.Sig = hexStrings(id, pubkey, sig)
-	ev.Kind = int(kind)
-	return &ev, channel, id, nil
-}
-
-// hexStrings hex-encodes the id, pubkey and signature of a row into one
-// string (one allocation where three EncodeToString calls make three) and
-// returns its three parts.
-func hexStrings(id, pubkey, sig []byte) (string, string, string) {
-	var buf [2 * (32 + 32 + 64)]byte
-	b := hex.AppendEncode(buf[:0], id)
-	b = hex.AppendEncode(b, pubkey)
-	b = hex.AppendEncode(b, sig)
-	all := string(b)
-	i, p := 2*len(id), 2*(len(id)+len(pubkey))
-	return all[:i], all[i:p], all[p:]
 }
 
 // InsertParams maps a verified event to the EventInsert parameters.

@@ -257,7 +257,11 @@ func TestScopeHidesUnreadableChannelsAndOthersPGatedEvents(t *testing.T) {
 
 // TestStoredTagsReadBackExactly: tags come back from the jsonb column as
 // they were signed, whatever needs escaping, so a client recomputing the id
-// from a REQ's answer gets the signed one.
+// from a REQ's answer gets the signed one. The JSON a read sends, built
+// from the row's bytes, is the event's own encoding byte for byte.
+// Mutations killed: dropping spaces inside strings, or keeping jsonb's
+// between elements; an escape jsonb prints differently from the encoder;
+// columns decoded in the wrong order.
 func TestStoredTagsReadBackExactly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -267,10 +271,11 @@ func TestStoredTagsReadBackExactly(t *testing.T) {
 	require.NoError(t, err)
 	key, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)
-	ev := &nostr.Event{Kind: 1, CreatedAt: 1_700_000_000, Content: "tricky tags", Tags: nostr.Tags{
+	ev := &nostr.Event{Kind: 1, CreatedAt: 1_700_000_000, Content: "tricky \"content\", [\"a\", \"b\"] \\ \x7f\x01 \r\n 🐝", Tags: nostr.Tags{
 		{"t", "go"},
 		{"subject", "quote \" backslash \\ newline \n tab \t unit separator \x1f"},
 		{"emoji", "café 🐝 \u2028 <b>&amp;</b>"},
+		{"spaces", "  a, b  ", "\\\"", "", "\", \"", "[\"x\", \"y\"]"},
 		{"p", strings.Repeat("ab", 32), "wss://relay.example", "mention"},
 	}}
 	require.NoError(t, ev.Sign(key))
@@ -289,4 +294,13 @@ func TestStoredTagsReadBackExactly(t *testing.T) {
 	require.Equal(t, ev.Tags, got[0].Tags)
 	require.Equal(t, string(nostr.EncodeEvent("s", ev)), string(nostr.EncodeEvent("s", got[0])))
 	require.NoError(t, got[0].Verify())
+
+	var raw [][]byte
+	err = eventstore.New(pool, 10).QueryJSON(ctx, home.ID, eventstore.Scope{}, nostr.Filters{{Kinds: []int{1}}}, func(event []byte, _ *uuid.UUID) error {
+		raw = append(raw, event)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, raw, 1)
+	require.Equal(t, string(ev.AppendJSON(nil)), string(raw[0]))
 }

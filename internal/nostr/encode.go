@@ -1,13 +1,16 @@
 package nostr
 
-import "strconv"
+import (
+	"encoding/hex"
+	"strconv"
+)
 
 // appendQuoted appends s as a JSON string using the NIP-01 escaping rules:
 // only '"', '\\' and control characters are escaped (\b \t \n \f \r by name,
 // the rest as \u00xx). Everything else, including '<', '>', '&', U+2028 and
 // non-ASCII UTF-8, is copied verbatim. The same rules serve both the id
 // preimage and outgoing JSON so that what we send hashes to what we stored.
-func appendQuoted(dst []byte, s string) []byte {
+func appendQuoted[S string | []byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
 	for {
 		n, _ := plainPrefix(s)
@@ -105,6 +108,58 @@ func (e *Event) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `,"sig":`...)
 	dst = appendQuoted(dst, e.Sig)
 	return append(dst, '}')
+}
+
+// AppendStoredJSON appends what AppendJSON would for an event read back
+// from storage, built from the row's own bytes: id, pubkey and sig raw,
+// tags as PostgreSQL prints a jsonb array, content as stored. No Event,
+// tag slice or hex string is made on the way: a stored read sends rows, it
+// does not inspect them.
+//
+// jsonb prints strings with the escapes appendQuoted uses (the names for
+// \b \t \n \f \r, \u00xx for other control characters, '"' and '\\',
+// nothing else) and separates elements with ", ": dropping the spaces
+// outside strings gives AppendJSON's bytes.
+func AppendStoredJSON(dst, id, pubkey []byte, createdAt int64, kind int, tagsJSONB, content, sig []byte) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = hex.AppendEncode(dst, id)
+	dst = append(dst, `","pubkey":"`...)
+	dst = hex.AppendEncode(dst, pubkey)
+	dst = append(dst, `","created_at":`...)
+	dst = strconv.AppendInt(dst, createdAt, 10)
+	dst = append(dst, `,"kind":`...)
+	dst = strconv.AppendInt(dst, int64(kind), 10)
+	dst = append(dst, `,"tags":`...)
+	dst = appendCompactJSON(dst, tagsJSONB)
+	dst = append(dst, `,"content":`...)
+	dst = appendQuoted(dst, content)
+	dst = append(dst, `,"sig":"`...)
+	dst = hex.AppendEncode(dst, sig)
+	return append(dst, `"}`...)
+}
+
+// appendCompactJSON appends JSON text without the whitespace between its
+// tokens; strings are copied as they are.
+func appendCompactJSON(dst, src []byte) []byte {
+	for i := 0; i < len(src); i++ {
+		switch c := src[i]; c {
+		case ' ', '\t', '\n', '\r':
+		case '"':
+			end := i + 1
+			for end < len(src) && src[end] != '"' {
+				if src[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			end = min(end+1, len(src))
+			dst = append(dst, src[i:end]...)
+			i = end - 1
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
 }
 
 // MarshalJSON returns the compact JSON object for e. Note that json.Marshal

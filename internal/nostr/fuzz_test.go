@@ -166,3 +166,34 @@ func FuzzFilterUnmarshal(f *testing.F) {
 		fl.Matches(&Event{Tags: Tags{{"e"}, {"e", "x"}}})
 	})
 }
+
+// FuzzCompactStoredTags: tags printed the way PostgreSQL prints a jsonb
+// array (", " between elements, appendQuoted's escapes inside strings)
+// compact to exactly what appendTags makes, whatever the strings hold; any
+// other input, however broken, is copied without a panic.
+func FuzzCompactStoredTags(f *testing.F) {
+	f.Add("t", "go", "  a, b  ")
+	f.Add(`"`, `\`, "\x1f\n\t")
+	f.Add(`", "`, `\", \"`, "[\"x\", \"y\"]")
+	f.Add("café 🐝", "\u2028", "")
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		appendCompactJSON(nil, []byte(a+b+c))
+		tags := Tags{{a, b}, {c}, {a, c, b}}
+		printed := []byte{'['}
+		for i, tag := range tags {
+			if i > 0 {
+				printed = append(printed, ", "...)
+			}
+			printed = append(printed, '[')
+			for j, v := range tag {
+				if j > 0 {
+					printed = append(printed, ", "...)
+				}
+				printed = appendQuoted(printed, v)
+			}
+			printed = append(printed, ']')
+		}
+		printed = append(printed, ']')
+		require.Equal(t, string(appendTags(nil, tags)), string(appendCompactJSON(nil, printed)))
+	})
+}

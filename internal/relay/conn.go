@@ -107,20 +107,62 @@ func (c *conn) enqueueLive(m queued) bool {
 
 // send queues a reply to this client's own request, waiting for room.
 func (c *conn) send(msg []byte) error {
-	weight := c.replyWeight(msg)
-	if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
-		return err
-	}
-	c.srv.metrics.ReplyQueueBytes.Add(float64(weight))
-	ok, startWriter := c.out.pushReply(msg)
-	if !ok {
-		c.replySent(msg)
-		return context.Canceled
-	}
-	if startWriter {
-		go c.writeQueued()
+	return c.sendAll([]queued{{msg: msg}})
+}
+
+// sendAll queues replies in order, waiting for room, and starts the writer
+// once, after the last of them: a REQ's stored events and its EOSE then
+// leave in one corked write, instead of racing a writer that would send
+// them a few at a time. When the reply budget runs out first, the writer
+// starts at once, since only it gives room back.
+func (c *conn) sendAll(replies []queued) error {
+	startWriter := false
+	defer func() {
+		if startWriter {
+			go c.writeQueued()
+		}
+	}()
+	for _, m := range replies {
+		weight := c.replyWeight(m.msg)
+		if !c.replyRoom.TryAcquire(weight) {
+			if startWriter {
+				startWriter = false
+				go c.writeQueued()
+			}
+			if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
+				return err
+			}
+		}
+		c.srv.metrics.ReplyQueueBytes.Add(float64(weight))
+		ok, claimed := c.out.pushReply(m)
+		if !ok {
+			c.replySent(m.msg)
+			return context.Canceled
+		}
+		startWriter = startWriter || claimed
 	}
 	return nil
+}
+
+// replyBatch gathers a REQ's replies until they fill a corked write.
+type replyBatch struct {
+	replies []queued
+	bytes   int
+}
+
+// add appends a reply (for a stored event, its JSON and the subscription
+// the writer wraps it for) and reports whether the batch is full.
+func (r *replyBatch) add(m queued) (full bool) {
+	r.replies = append(r.replies, m)
+	r.bytes += len(m.msg)
+	return r.bytes >= corkFlushBytes
+}
+
+// take returns the batch and starts an empty one.
+func (r *replyBatch) take() []queued {
+	replies := r.replies
+	r.replies, r.bytes = nil, 0
+	return replies
 }
 
 // replyWeight is the room msg takes in the reply queue: its size, or the
@@ -553,17 +595,25 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	st := trace.StateForRequest(c.tenant.ID(), c.tenant.Host(), c.pubkey)
 	traced := trace.Active(c.srv.Tracer, &st)
 	var rowChannels []*uuid.UUID
+	// Replies are queued a corked write's worth at a time, the last batch
+	// with the EOSE, so a small REQ's answer leaves in one write.
+	var held replyBatch
 	// Each page's statement gets QueryTimeout (store.StatementTimeout); the
 	// time this client takes to receive a page is its own, bounded by the
 	// write watchdog, not charged to the next page.
-	err = c.srv.store.Query(c.ctx, c.tenant.ID(), scope, filters, func(ev *nostr.Event, channel *uuid.UUID) error {
+	err = c.srv.store.QueryJSON(c.ctx, c.tenant.ID(), scope, filters, func(event []byte, channel *uuid.UUID) error {
 		if traced {
 			rowChannels = append(rowChannels, channel)
 		}
-		return c.send(nostr.EncodeEvent(subID, ev))
+		if held.add(queued{msg: event, subID: subID}) {
+			return c.sendAll(held.take())
+		}
+		return nil
 	})
 	if err == nil {
-		err = c.sendPresence(ctx, subID, filters)
+		for _, ev := range c.presenceEvents(ctx, filters) {
+			held.add(queued{msg: nostr.EncodeEvent(subID, ev)})
+		}
 	}
 	if err == nil && traced {
 		traceCtx, cancelTrace := context.WithTimeout(c.ctx, c.srv.cfg.QueryTimeout)
@@ -571,12 +621,14 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		cancelTrace()
 	}
 	if err != nil {
+		_ = c.sendAll(held.take()) // the rows read before the failure, then CLOSED
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
 		delete(c.subs, subID)
 		c.refuse(ctx, subID, "", err)
 		return
 	}
-	_ = c.send(nostr.EncodeEOSE(subID))
+	held.add(queued{msg: nostr.EncodeEOSE(subID)})
+	_ = c.sendAll(held.take())
 	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
 }
 

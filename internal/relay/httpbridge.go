@@ -284,12 +284,12 @@ func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant c
 	out := []byte(`{"events":[`)
 	n := 0
 	if err == nil {
-		err = s.store.Query(ctx, tenant.ID(), scope, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
+		err = s.store.QueryJSON(ctx, tenant.ID(), scope, filters, func(event []byte, _ *uuid.UUID) error {
 			if n > 0 {
 				out = append(out, ',')
 			}
 			n++
-			out = ev.AppendJSON(out)
+			out = append(out, event...)
 			return nil
 		})
 	}

@@ -27,9 +27,9 @@ type sendQueue struct {
 }
 
 type queued struct {
-	// msg is the message, or, for a live event delivered under subID, the
-	// event's JSON shared by every subscriber: the writer wraps it in its
-	// envelope only when writing.
+	// msg is the message, or, for an event sent under subID, the event's
+	// JSON (a live event's shared by every subscriber): the writer wraps it
+	// in its envelope only when writing.
 	msg   []byte
 	subID string
 	reply bool // a reply: its bytes count against the reply budget
@@ -58,13 +58,14 @@ func (q *sendQueue) pushLive(m queued, limit int) (ok, startWriter bool) {
 
 // pushReply queues a reply whose bytes the caller reserved; ok is false
 // when the connection ended (the caller gives the bytes back).
-func (q *sendQueue) pushReply(msg []byte) (ok, startWriter bool) {
+func (q *sendQueue) pushReply(m queued) (ok, startWriter bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return false, false
 	}
-	q.pending = append(q.pending, queued{msg: msg, reply: true})
+	m.reply = true
+	q.pending = append(q.pending, m)
 	return true, q.claimWriter()
 }
 

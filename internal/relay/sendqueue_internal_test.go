@@ -57,7 +57,7 @@ func TestSendQueueOneWriterNothingStranded(t *testing.T) {
 				msg := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, uint32(p)), uint32(i))
 				var start bool
 				if i%2 == 0 {
-					_, start = q.pushReply(msg)
+					_, start = q.pushReply(queued{msg: msg})
 				} else {
 					var ok bool
 					ok, start = q.pushLive(queued{msg: msg}, pushers*each)

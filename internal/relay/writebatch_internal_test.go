@@ -97,7 +97,7 @@ func TestQueuedMessagesLeaveInOneWriteIntactAndInOrder(t *testing.T) {
 		case 2:
 			msg := nostr.EncodeEOSE(fmt.Sprintf("reply-%d", i))
 			require.NoError(t, c.replyRoom.Acquire(context.Background(), c.replyWeight(msg)))
-			ok, _ := c.out.pushReply(msg)
+			ok, _ := c.out.pushReply(queued{msg: msg})
 			require.True(t, ok)
 			want = append(want, msg)
 		}
@@ -113,6 +113,53 @@ func TestQueuedMessagesLeaveInOneWriteIntactAndInOrder(t *testing.T) {
 	defer c.out.mu.Unlock()
 	require.Zero(t, c.out.live, "every live delivery accounted for")
 	require.True(t, c.replyRoom.TryAcquire(int64(c.srv.cfg.ReplyQueueBytes)), "all reply room given back")
+}
+
+// A REQ's replies, queued together by sendAll, leave in one socket write
+// however the writer goroutine is scheduled, intact and in order; a batch
+// larger than the whole reply budget still goes out, because the writer
+// starts as soon as room runs out.
+// Mutations killed: starting the writer at the first reply (it races the
+// rest and sends them a few at a time: more writes in some round); never
+// starting it before the last reply (sendAll waits for room forever).
+func TestRepliesQueuedTogetherLeaveInOneWrite(t *testing.T) {
+	t.Parallel()
+	batch := func(n int) ([]queued, [][]byte) {
+		var replies []queued
+		var want [][]byte
+		for i := range n {
+			ev := fmt.Appendf(nil, `{"i":%d}`, i)
+			replies = append(replies, queued{msg: ev, subID: "s"})
+			want = append(want, nostr.EncodeEventRaw("s", ev))
+		}
+		eose := nostr.EncodeEOSE("s")
+		return append(replies, queued{msg: eose}), append(want, eose)
+	}
+	c, client := acceptTestConn(t)
+	for round := range 5 {
+		// Enough replies that queueing them takes far longer than starting
+		// a goroutine, and few enough bytes for one corked write.
+		replies, want := batch(2000)
+		before := c.sock.socketWrites()
+		require.NoError(t, c.sendAll(replies))
+		got := readMessages(t, client, len(want))
+		for i := range want {
+			require.Equal(t, string(want[i]), string(got[i]), "round %d, message %d", round, i)
+		}
+		require.Equal(t, 1, c.sock.socketWrites()-before, "round %d: one write for the REQ's replies", round)
+	}
+
+	small, smallClient := acceptTestConn(t)
+	small.srv.cfg.ReplyQueueBytes = 1000
+	small.replyRoom = semaphore.NewWeighted(1000)
+	replies, want := batch(100) // about 2.5 KB
+	sent := make(chan error, 1)
+	go func() { sent <- small.sendAll(replies) }()
+	got := readMessages(t, smallClient, len(want))
+	for i := range want {
+		require.Equal(t, string(want[i]), string(got[i]), "message %d", i)
+	}
+	require.NoError(t, <-sent)
 }
 
 // A batch larger than the corked socket gathers leaves in several writes,
