@@ -25,6 +25,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
 // exitError ends the process with code after err (if any) was printed.
@@ -163,7 +164,12 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	if url == "" {
 		return errors.New("BUZZ_DATABASE_URL is not set")
 	}
-	pool, err := pgxpool.New(ctx, url)
+	poolCfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
+	}
+	poolCfg.AfterConnect = pguuid.AfterConnect
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
 	}

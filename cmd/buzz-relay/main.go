@@ -34,6 +34,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/pguuid"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
@@ -171,6 +172,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
+	poolCfg.AfterConnect = pguuid.AfterConnect
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/migrate"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/pguuid"
 	"github.com/buzzrelay/buzz/internal/redisserver"
 )
 
@@ -153,7 +154,12 @@ func URL(t testing.TB) string {
 // Pool returns a pool on a fresh migrated database for this test.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), URL(t))
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("dbtest: pool: %v", err)
+	}
+	cfg.AfterConnect = pguuid.AfterConnect // as the relay's pools
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("dbtest: pool: %v", err)
 	}

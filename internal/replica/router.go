@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
 // DefaultAcquireTimeout is the one budget a routed read spends getting a
@@ -269,6 +270,7 @@ func ReaderPoolConfig(url string, maxConns int32, statementTimeout, idleInTransa
 	}
 	cfg.MaxConns = maxConns
 	cfg.MinConns = 0
+	cfg.AfterConnect = pguuid.AfterConnect
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
 	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idleInTransaction.Milliseconds(), 10)
 	return cfg, nil
