@@ -376,3 +376,37 @@ func TestRowsThisPodRoutesAreClaimedAtInsert(t *testing.T) {
 	require.Equal(t, c.row.ID, recovered[0].row.ID)
 	require.Equal(t, int32(2), recovered[0].row.Attempts)
 }
+
+// Enqueue claims no more rows than the hand-off has room for: a busy
+// worker's rows are left pending for its poll, rather than claimed, dropped
+// by Offer and released again.
+//
+// Kills: Enqueue claiming up to the channel's capacity whatever it holds
+// (checked with ClaimMax = handoffCapacity): the last two are dropped.
+func TestEnqueueClaimsOnlyWhatTheHandOffHasRoomFor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	w := f.idleWorker(routesOf(l))
+	var pending []uuid.UUID
+	for i := range handoffCapacity + 2 {
+		target := newPubkey(t)
+		f.register(l.pubHex, target)
+		ev := message(t, 9, target)
+		kept, inserted := f.save(ev, w, true)
+		require.Equal(t, int64(1), inserted)
+		if i < handoffCapacity {
+			require.Len(t, kept, 1, "mention %d: room in the hand-off", i)
+			continue
+		}
+		require.Empty(t, kept, "mention %d: the hand-off is full", i)
+		pending = append(pending, f.outboxIDs(ev)...)
+	}
+	require.Zero(t, testutil.ToFloat64(w.dropped), "nothing claimed had to be dropped")
+	require.Len(t, handedOff(w), handoffCapacity)
+	for _, id := range pending {
+		r, _ := f.row(id)
+		require.Equal(t, "pending", r.State)
+		require.Zero(t, r.Attempts)
+	}
+}
