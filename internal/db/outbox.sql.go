@@ -135,7 +135,7 @@ type OutboxEnqueueMentionsRow struct {
 	Inserted         int64
 }
 
-// Operator-listener mention delivery. The claims are rendered from
+// Operator-listener mention delivery. The poll's claim is rendered from
 // queries/templates/outbox_claim.sql.tmpl; everything after a claim is here.
 // Runs in the event's transaction, only when the event row was newly
 // inserted: one outbox row per (registered listener, mentioned target).
