@@ -256,8 +256,11 @@ func (w *Worker) Offer(h Handoff) (dropped int) {
 	if len(lost) > 0 {
 		w.dropped.Add(float64(len(lost)))
 		go func() {
+			// Past the lease a release is moot: the rows are due again anyway.
+			ctx, cancel := context.WithTimeout(context.Background(), w.lease)
+			defer cancel()
 			for _, c := range lost {
-				w.releaseNow(context.Background(), c)
+				w.releaseNow(ctx, c)
 			}
 		}()
 	}
