@@ -1,25 +1,57 @@
--- Operator-listener mention delivery. The claims are rendered from
+-- Operator-listener mention delivery. The poll's claim is rendered from
 -- queries/templates/outbox_claim.sql.tmpl; everything after a claim is here.
 
 -- name: OutboxEnqueueMentions :one
 -- Runs in the event's transaction, only when the event row was newly
 -- inserted: one outbox row per (registered listener, mentioned target).
--- Returns at most keep new ids (the hand-off capacity) and the total
--- inserted, so a large fan-out never builds an unbounded list in the relay.
-WITH inserted AS (
-    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
-                                          created_at, next_attempt_at)
-    SELECT r.listener_pubkey, r.target_pubkey, @community_id::uuid, @event_id::bytea, @event_kind::int,
-           to_timestamp(@event_created_at::bigint),
-           coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now())
+--
+-- Rows for listeners this pod routes (@routable), at most @claim_max of
+-- them, are inserted already claimed for this pod's worker: 'sending' under
+-- @claim_id, attempt 1, leased for @lease_ms, exactly as OutboxClaimDue
+-- would leave them (a new row is trivially due: pending, due now, within
+-- retention, no attempt spent, and its community takes writes or the event
+-- insert would have failed). The worker then POSTs right after the commit
+-- with no claim round trip between. Every claim guarantee holds: nobody
+-- else can claim a row under a live lease, and a hand-off that never
+-- happens (rollback: the row never existed; a crash before the hand-off)
+-- leaves the row to any pod's poll once the lease expires. The other rows
+-- are pending, for the poll of a pod that routes them.
+--
+-- Returns the claimed rows (as parallel arrays, at most @claim_max) and
+-- the total inserted, so a large fan-out never builds an unbounded list in
+-- the relay.
+WITH registered AS (
+    SELECT r.listener_pubkey, r.target_pubkey,
+           r.listener_pubkey = ANY(@routable::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY(@targets::bytea[])
+),
+ranked AS (
+    SELECT listener_pubkey, target_pubkey,
+           routable AND row_number() OVER (PARTITION BY routable ORDER BY listener_pubkey, target_pubkey)
+                        <= @claim_max::int AS claimed
+    FROM registered
+),
+inserted AS (
+    INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
+                                          created_at, next_attempt_at, state, claim_id, lease_until, attempts)
+    SELECT c.listener_pubkey, c.target_pubkey, @community_id::uuid, @event_id::bytea, @event_kind::int,
+           to_timestamp(@event_created_at::bigint),
+           coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()),
+           CASE WHEN c.claimed THEN 'sending' ELSE 'pending' END,
+           CASE WHEN c.claimed THEN @claim_id::uuid END,
+           CASE WHEN c.claimed THEN coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint END,
+           CASE WHEN c.claimed THEN 1 ELSE 0 END
+    FROM ranked c
     ON CONFLICT DO NOTHING
-    RETURNING id
+    RETURNING id, listener_pubkey, target_pubkey, state
 )
-SELECT coalesce((array_agg(id))[1:sqlc.arg('keep')::int], '{}')::uuid[] AS kept_ids,
+SELECT coalesce(array_agg(i.id ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::uuid[] AS claimed_ids,
+       coalesce(array_agg(i.listener_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_listeners,
+       coalesce(array_agg(i.target_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_targets,
+       coalesce((SELECT k.host FROM communities k WHERE k.id = @community_id::uuid), '')::text AS host,
        count(*) AS inserted
-FROM inserted;
+FROM inserted i;
 
 -- name: OutboxComplete :execrows
 -- A delivered or terminally failed row is deleted. Fenced: zero rows means

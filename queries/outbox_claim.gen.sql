@@ -4,8 +4,8 @@
 -- The poll: the safety net that finds every due row, whoever saved it.
 -- One statement: lock due rows nobody else holds, then mark them sending
 -- under a new claim_id with attempts + 1 and a lease. A row is claimed by the
--- fast path, this pod's poll or another pod's poll, never by two of them.
--- Both the poll and the by-id claim only take rows this pod can route: a
+-- saving pod at insert, this pod's poll or another pod's poll, never by two
+-- of them. The poll only takes rows this pod can route: a
 -- pod that cannot route a listener leaves its rows due for a pod that can,
 -- instead of claiming and releasing them for 30 s. A row no pod routes ages
 -- out at the 15-minute retention.
@@ -30,53 +30,6 @@ candidates AS (
       AND o.listener_pubkey = ANY(@routable::bytea[])
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(o.community_id)
-    ORDER BY o.next_attempt_at, o.created_at, o.id
-    LIMIT @max_rows::int
-    FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE operator_listener_outbox o
-SET state = 'sending',
-    claim_id = @claim_id::uuid,
-    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint,
-    attempts = o.attempts + 1
-FROM candidates c
-JOIN communities k ON k.id = c.community_id
-CROSS JOIN claim_commits_async
-WHERE o.id = c.id
-RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
-          o.event_id, o.event_kind, o.event_created_at, o.attempts;
-
--- name: OutboxClaimByID :many
--- The fast path: claims exactly the handed-off rows that are still due.
--- One statement: lock due rows nobody else holds, then mark them sending
--- under a new claim_id with attempts + 1 and a lease. A row is claimed by the
--- fast path, this pod's poll or another pod's poll, never by two of them.
--- Both the poll and the by-id claim only take rows this pod can route: a
--- pod that cannot route a listener leaves its rows due for a pod that can,
--- instead of claiming and releasing them for 30 s. A row no pod routes ages
--- out at the 15-minute retention.
--- Returns the attempt number now starting (1-based).
---
--- The claim commits without waiting for its WAL flush (one disk flush, 1-2 ms
--- on this kind of disk, sat between an event's OK and its POST). Losing a
--- claim in a server crash only leaves its row due again with one attempt
--- uncounted, which at-least-once delivery already allows: a crash between
--- the POST and its completion redelivers too. Completions stay durable.
-WITH claim_commits_async AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-),
-candidates AS (
-    SELECT o.id, o.community_id
-    FROM operator_listener_outbox o
-    WHERE o.attempts < @max_attempts::int
-      AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-      AND o.created_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint
-      AND (o.state = 'pending'
-           OR (o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
-      AND o.listener_pubkey = ANY(@routable::bytea[])
-      -- A community being deleted is skipped, not an error for the batch.
-      AND community_write_allowed(o.community_id)
-      AND o.id = ANY(@ids::uuid[])
     ORDER BY o.next_attempt_at, o.created_at, o.id
     LIMIT @max_rows::int
     FOR UPDATE OF o SKIP LOCKED

@@ -12,116 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const outboxClaimByID = `-- name: OutboxClaimByID :many
-WITH claim_commits_async AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-),
-candidates AS (
-    SELECT o.id, o.community_id
-    FROM operator_listener_outbox o
-    WHERE o.attempts < $4::int
-      AND o.next_attempt_at <= coalesce($2::timestamptz, now())
-      AND o.created_at >= coalesce($2::timestamptz, now()) - interval '1 millisecond' * $5::bigint
-      AND (o.state = 'pending'
-           OR (o.state = 'sending' AND o.lease_until < coalesce($2::timestamptz, now())))
-      AND o.listener_pubkey = ANY($6::bytea[])
-      -- A community being deleted is skipped, not an error for the batch.
-      AND community_write_allowed(o.community_id)
-      AND o.id = ANY($7::uuid[])
-    ORDER BY o.next_attempt_at, o.created_at, o.id
-    LIMIT $8::int
-    FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE operator_listener_outbox o
-SET state = 'sending',
-    claim_id = $1::uuid,
-    lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $3::bigint,
-    attempts = o.attempts + 1
-FROM candidates c
-JOIN communities k ON k.id = c.community_id
-CROSS JOIN claim_commits_async
-WHERE o.id = c.id
-RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
-          o.event_id, o.event_kind, o.event_created_at, o.attempts
-`
-
-type OutboxClaimByIDParams struct {
-	ClaimID     uuid.UUID
-	Now         *time.Time
-	LeaseMs     int64
-	MaxAttempts int32
-	RetentionMs int64
-	Routable    [][]byte
-	Ids         []uuid.UUID
-	MaxRows     int32
-}
-
-type OutboxClaimByIDRow struct {
-	ID             uuid.UUID
-	ListenerPubkey []byte
-	TargetPubkey   []byte
-	CommunityID    uuid.UUID
-	Host           string
-	EventID        []byte
-	EventKind      int32
-	EventCreatedAt time.Time
-	Attempts       int32
-}
-
-// The fast path: claims exactly the handed-off rows that are still due.
-// One statement: lock due rows nobody else holds, then mark them sending
-// under a new claim_id with attempts + 1 and a lease. A row is claimed by the
-// fast path, this pod's poll or another pod's poll, never by two of them.
-// Both the poll and the by-id claim only take rows this pod can route: a
-// pod that cannot route a listener leaves its rows due for a pod that can,
-// instead of claiming and releasing them for 30 s. A row no pod routes ages
-// out at the 15-minute retention.
-// Returns the attempt number now starting (1-based).
-//
-// The claim commits without waiting for its WAL flush (one disk flush, 1-2 ms
-// on this kind of disk, sat between an event's OK and its POST). Losing a
-// claim in a server crash only leaves its row due again with one attempt
-// uncounted, which at-least-once delivery already allows: a crash between
-// the POST and its completion redelivers too. Completions stay durable.
-func (q *Queries) OutboxClaimByID(ctx context.Context, arg OutboxClaimByIDParams) ([]OutboxClaimByIDRow, error) {
-	rows, err := q.db.Query(ctx, outboxClaimByID,
-		arg.ClaimID,
-		arg.Now,
-		arg.LeaseMs,
-		arg.MaxAttempts,
-		arg.RetentionMs,
-		arg.Routable,
-		arg.Ids,
-		arg.MaxRows,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []OutboxClaimByIDRow
-	for rows.Next() {
-		var i OutboxClaimByIDRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.ListenerPubkey,
-			&i.TargetPubkey,
-			&i.CommunityID,
-			&i.Host,
-			&i.EventID,
-			&i.EventKind,
-			&i.EventCreatedAt,
-			&i.Attempts,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const outboxClaimDue = `-- name: OutboxClaimDue :many
 
 WITH claim_commits_async AS MATERIALIZED (
@@ -181,8 +71,8 @@ type OutboxClaimDueRow struct {
 // The poll: the safety net that finds every due row, whoever saved it.
 // One statement: lock due rows nobody else holds, then mark them sending
 // under a new claim_id with attempts + 1 and a lease. A row is claimed by the
-// fast path, this pod's poll or another pod's poll, never by two of them.
-// Both the poll and the by-id claim only take rows this pod can route: a
+// saving pod at insert, this pod's poll or another pod's poll, never by two
+// of them. The poll only takes rows this pod can route: a
 // pod that cannot route a listener leaves its rows due for a pod that can,
 // instead of claiming and releasing them for 30 s. A row no pod routes ages
 // out at the 15-minute retention.

@@ -4,12 +4,9 @@
 package nostr
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 )
 
 // Event is a NIP-01 event. ID, PubKey and Sig are lowercase hex strings as on
@@ -162,18 +159,13 @@ func (e *Event) Sign(sk *SecretKey) error {
 	e.PubKey = string(appendHex(pub[:0], sk.pub[:]))
 	id := e.ComputeID()
 
-	// BIP-340 recommends fresh auxiliary randomness mixed into the nonce.
-	var aux [32]byte
-	if _, err := rand.Read(aux[:]); err != nil {
-		return err
-	}
-	sig, err := schnorr.Sign(sk.priv, id[:], schnorr.CustomNonce(aux))
+	sig, err := sk.sign(id)
 	if err != nil {
 		return err
 	}
 	var buf [128]byte
 	e.ID = string(appendHex(buf[:0], id[:]))
-	e.Sig = string(appendHex(buf[:0], sig.Serialize()))
+	e.Sig = string(appendHex(buf[:0], sig[:]))
 	return nil
 }
 

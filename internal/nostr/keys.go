@@ -13,12 +13,41 @@ import (
 type SecretKey struct {
 	priv *btcec.PrivateKey
 	pub  [32]byte // x-only public key, cached: signing needs it every time
+	// native is the key prepared once for the native signer, in builds that
+	// have one (signSchnorr); empty otherwise.
+	native nativeSigningKey
 }
 
 func newSecretKey(priv *btcec.PrivateKey) *SecretKey {
 	k := &SecretKey{priv: priv}
 	copy(k.pub[:], schnorr.SerializePubKey(priv.PubKey()))
+	k.native = newNativeSigningKey(priv)
 	return k
+}
+
+// signPureGo is the btcec BIP-340 signer, compiled into every build: the
+// signer without cgo or the library, and the reference the native signer is
+// tested against. aux is the auxiliary randomness mixed into the nonce, so
+// both signers give the same signature for the same inputs.
+func signPureGo(k *SecretKey, digest *[32]byte, aux *[32]byte) ([64]byte, error) {
+	sig, err := schnorr.Sign(k.priv, digest[:], schnorr.CustomNonce(*aux))
+	if err != nil {
+		return [64]byte{}, err
+	}
+	var out [64]byte
+	copy(out[:], sig.Serialize())
+	return out, nil
+}
+
+// sign returns the BIP-340 signature of digest with fresh auxiliary
+// randomness, through whichever signer the build selected.
+func (k *SecretKey) sign(digest [32]byte) ([64]byte, error) {
+	// BIP-340 recommends fresh auxiliary randomness mixed into the nonce.
+	var aux [32]byte
+	if _, err := rand.Read(aux[:]); err != nil {
+		return [64]byte{}, err
+	}
+	return signSchnorr(k, &digest, &aux)
 }
 
 // GenerateSecretKey returns a new random key from crypto/rand.
@@ -64,15 +93,5 @@ func (k *SecretKey) PublicKeyHex() string { return hex.EncodeToString(k.pub[:]) 
 // signatures over something other than an event, such as an owner
 // attestation), with fresh auxiliary randomness.
 func (k *SecretKey) SignDigest(digest [32]byte) ([64]byte, error) {
-	var aux [32]byte
-	if _, err := rand.Read(aux[:]); err != nil {
-		return [64]byte{}, err
-	}
-	sig, err := schnorr.Sign(k.priv, digest[:], schnorr.CustomNonce(aux))
-	if err != nil {
-		return [64]byte{}, err
-	}
-	var out [64]byte
-	copy(out[:], sig.Serialize())
-	return out, nil
+	return k.sign(digest)
 }

@@ -9,7 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func init() { verifiersUnderTest["libsecp256k1"] = verifyNative }
+func init() {
+	verifiersUnderTest["libsecp256k1"] = verifyNative
+	signersUnderTest["libsecp256k1"] = signSchnorr
+}
 
 func TestLibsecp256k1IsTheActiveVerifier(t *testing.T) {
 	t.Parallel()
@@ -23,6 +26,7 @@ func TestLibsecp256k1IsTheActiveVerifier(t *testing.T) {
 	ev := &Event{Kind: 1, CreatedAt: 1700000000, Content: "native", Tags: Tags{}}
 	sk, err := SecretKeyFromHex(testSK1)
 	require.NoError(t, err)
+	require.True(t, sk.native.ok, "the native signer must have prepared the key")
 	require.NoError(t, ev.Sign(sk))
 	require.NoError(t, ev.Verify())
 	ev.Content = "tampered"

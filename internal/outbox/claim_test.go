@@ -2,12 +2,10 @@ package outbox
 
 import (
 	"context"
-	"math/rand/v2"
 	"os"
-	"regexp"
-	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +18,9 @@ import (
 	"github.com/buzzrelay/buzz/internal/querytmpl"
 )
 
-// The poll and the by-id claim are separate statements (each gets its own
-// prepared plan) that must share every condition: they may differ only in
-// their name, their one-line purpose comment and the by-id predicate.
-func TestClaimQueriesShareConditions(t *testing.T) {
+// The poll's claim is rendered from its template (the generated file is
+// fresh), skips locked rows and takes only rows this pod routes.
+func TestClaimQueryIsFreshAndRouteFiltered(t *testing.T) {
 	t.Parallel()
 	const tmpl = "../../queries/templates/outbox_claim.sql.tmpl"
 	rendered, err := os.ReadFile(querytmpl.OutputPath(tmpl))
@@ -31,25 +28,10 @@ func TestClaimQueriesShareConditions(t *testing.T) {
 	fresh, err := querytmpl.Render(tmpl)
 	require.NoError(t, err)
 	require.Equal(t, string(fresh), string(rendered), "queries/outbox_claim.gen.sql is stale: run make generate")
-
-	queries := map[string]string{}
-	for _, part := range strings.Split(string(rendered), "-- name: ")[1:] {
-		name, body, _ := strings.Cut(part, " :many\n")
-		queries[name] = body
-	}
-	require.Len(t, queries, 2)
-	due, byID := queries["OutboxClaimDue"], queries["OutboxClaimByID"]
-	require.Contains(t, due, "FOR UPDATE OF o SKIP LOCKED")
-	require.Contains(t, due, "AND o.listener_pubkey = ANY(@routable::bytea[])", "the poll is route-filtered too")
-	require.NotContains(t, due, "@ids")
-
-	byIDOnly := regexp.MustCompile(`(?m)^      AND o\.id = ANY\(@ids::uuid\[\]\)\n`)
-	require.Len(t, byIDOnly.FindAllString(byID, -1), 1)
-	purpose := regexp.MustCompile(`\A-- [^\n]*\n`) // the first comment line says which one it is
-	strip := func(q string) string {
-		return strings.TrimSpace(purpose.ReplaceAllString(byIDOnly.ReplaceAllString(q, ""), ""))
-	}
-	require.Equal(t, strip(due), strip(byID), "OutboxClaimDue and OutboxClaimByID drifted apart")
+	require.Equal(t, 1, strings.Count(string(rendered), "-- name: "))
+	require.Contains(t, string(rendered), "-- name: OutboxClaimDue :many")
+	require.Contains(t, string(rendered), "FOR UPDATE OF o SKIP LOCKED")
+	require.Contains(t, string(rendered), "AND o.listener_pubkey = ANY(@routable::bytea[])", "the poll is route-filtered")
 }
 
 func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
@@ -61,7 +43,7 @@ func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
 	ids := f.enqueue(target)
 	c := f.claimer(Routes{listener: "https://l.example"})
 
-	claims, err := c.claimByID(ctx, ids)
+	claims, err := c.claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	got := claims[0]
@@ -78,9 +60,6 @@ func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
 	again, err := c.claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, again, "a leased row is not due")
-	again, err = c.claimByID(ctx, ids)
-	require.NoError(t, err)
-	require.Empty(t, again, "nor claimable by id")
 }
 
 func TestClaimDeliveriesSkipsRowsPastRetention(t *testing.T) {
@@ -94,9 +73,6 @@ func TestClaimDeliveriesSkipsRowsPastRetention(t *testing.T) {
 	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '14 minutes 50 seconds' WHERE id = $1`, fresh)
 	c := f.claimer(Routes{listener: "https://l.example"})
 
-	byID, err := c.claimByID(ctx, []uuid.UUID{old})
-	require.NoError(t, err)
-	require.Empty(t, byID)
 	due, err := c.claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
@@ -113,10 +89,7 @@ func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {
 	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + interval '1 hour' WHERE id = $1`, later)
 	f.exec(`UPDATE operator_listener_outbox SET attempts = 9 WHERE id = $1`, spent)
 	c := f.claimer(Routes{listener: "https://l.example"})
-	claims, err := c.claimByID(ctx, []uuid.UUID{later, spent})
-	require.NoError(t, err)
-	require.Empty(t, claims)
-	claims, err = c.claimDue(ctx, 10)
+	claims, err := c.claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, claims)
 }
@@ -174,14 +147,18 @@ func TestExpiredClaimIsRecoveredAndOldClaimTokenIsFenced(t *testing.T) {
 	require.False(t, ok)
 }
 
-// 4 pollers and 4 by-id claimers race over 200 rows while a
-// fifth claimant holds some rows in an open transaction. Every row is
-// claimed exactly once with attempts = 1, a leased row cannot be claimed by
-// id again, and no claimant ever waits for another's locks.
+// 4 pollers race over 200 pending rows while 4 saving pods insert 200
+// more mentions, each making one row claimed at insert (for the listener the
+// savers route) and one pending row (for a listener only the pollers
+// route), and a fifth claimant holds some rows in an open transaction.
+// Every row is claimed exactly once with attempts = 1, and no claimant ever
+// waits for another's locks.
 //
 // Kills: removing SKIP LOCKED from the claim template (checked: with plain
 // FOR UPDATE OF o the racers queue behind the held rows and hit the 2 s
-// lock_timeout).
+// lock_timeout). Kills: rows claimed at insert without a live lease
+// (checked with lease_until = now - lease in OutboxEnqueueMentions): the
+// pollers claim them a second time.
 func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -195,9 +172,9 @@ func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 	t.Cleanup(pool.Close)
 	f := fixtureOn(t, pool)
 
-	listener := newPubkey(t)
-	routes := Routes{listener: "https://l.example"}
-	claims := f.claimer(routes)
+	// The savers route saved; the pollers route saved and polled.
+	saved, polled := newPubkey(t), newPubkey(t)
+	claims := f.claimer(Routes{saved: "https://saved.example", polled: "https://polled.example"})
 
 	for round := range 5 {
 		f.exec(`DELETE FROM operator_listener_outbox`)
@@ -206,15 +183,21 @@ func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 		for i := range targets {
 			targets[i] = newPubkey(t)
 		}
-		f.register(listener, targets...)
+		f.register(polled, targets...)
 		ids := f.enqueue(targets...)
 		require.Len(t, ids, 200)
+		mentioned := make([]string, 200) // each saved message mentions one, registered by both listeners
+		for i := range mentioned {
+			mentioned[i] = newPubkey(t)
+		}
+		f.register(saved, mentioned...)
+		f.register(polled, mentioned...)
 
 		// The holder claims 10 rows and keeps its transaction open through
 		// the race: the racers must get past those locks without waiting.
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		held, err := pgClaimer{q: db.New(tx), routable: routes.pubkeys(), lease: defaultLease}.claimDue(ctx, 10)
+		held, err := pgClaimer{q: db.New(tx), routable: Routes{polled: ""}.pubkeys(), lease: defaultLease}.claimDue(ctx, 10)
 		require.NoError(t, err)
 		require.Len(t, held, 10)
 
@@ -230,49 +213,49 @@ func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 				}
 			}
 		}
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
+		var savers, pollers sync.WaitGroup
+		var saving atomic.Bool
+		saving.Store(true)
+		for s := range 4 {
+			savers.Go(func() {
+				w := f.idleWorker(Routes{saved: "https://saved.example"})
+				for _, tg := range mentioned[s*50 : (s+1)*50] {
+					f.save(message(t, 9, tg), w, true)
+					record(handedOff(w))
+				}
+			})
+			pollers.Go(func() {
 				for {
+					stillSaving := saving.Load()
 					cs, err := claims.claimDue(ctx, 10)
 					if !assertNoError(t, err) {
 						return
 					}
-					if len(cs) == 0 {
-						return
-					}
-					record(cs)
-				}
-			})
-			wg.Go(func() {
-				order := append([]uuid.UUID(nil), ids...)
-				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-				for chunk := range slices.Chunk(order, 10) {
-					cs, err := claims.claimByID(ctx, chunk)
-					if !assertNoError(t, err) {
+					if len(cs) == 0 && !stillSaving {
 						return
 					}
 					record(cs)
 				}
 			})
 		}
-		wg.Wait()
+		savers.Wait()
+		saving.Store(false)
+		pollers.Wait()
 		require.NoError(t, tx.Commit(ctx))
 		record(held)
 
-		require.Equal(t, 200, len(claimedBy), "round %d: every row claimed", round)
+		require.Equal(t, 600, len(claimedBy), "round %d: every row claimed", round)
 		for id, n := range claimedBy {
 			require.Equal(t, 1, n, "round %d: row %s claimed %d times", round, id, n)
 		}
-		var sending, attemptsOne int
+		var sending, attemptsOne, savedRows int
 		require.NoError(t, pool.QueryRow(ctx, `
-			SELECT count(*) FILTER (WHERE state = 'sending'), count(*) FILTER (WHERE attempts = 1)
-			FROM operator_listener_outbox`).Scan(&sending, &attemptsOne))
-		require.Equal(t, 200, sending)
-		require.Equal(t, 200, attemptsOne)
-		again, err := claims.claimByID(ctx, ids)
-		require.NoError(t, err)
-		require.Empty(t, again, "leased rows cannot be claimed by id again")
+			SELECT count(*) FILTER (WHERE state = 'sending'), count(*) FILTER (WHERE attempts = 1),
+			       count(*) FILTER (WHERE listener_pubkey = $1)
+			FROM operator_listener_outbox`, mustHex(t, saved)).Scan(&sending, &attemptsOne, &savedRows))
+		require.Equal(t, 600, sending)
+		require.Equal(t, 600, attemptsOne)
+		require.Equal(t, 200, savedRows)
 	}
 }
 
@@ -318,13 +301,6 @@ func TestClaimsCommitWithoutWaitingForTheFlush(t *testing.T) {
 	routable := [][]byte{mustHex(t, listener)}
 
 	claims := map[string]func(q *db.Queries, ids []uuid.UUID) (int, error){
-		"by id": func(q *db.Queries, ids []uuid.UUID) (int, error) {
-			rows, err := q.OutboxClaimByID(ctx, db.OutboxClaimByIDParams{
-				ClaimID: uuid.New(), LeaseMs: 30_000, MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),
-				Routable: routable, Ids: ids, MaxRows: int32(len(ids)),
-			})
-			return len(rows), err
-		},
 		"due": func(q *db.Queries, _ []uuid.UUID) (int, error) {
 			rows, err := q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
 				ClaimID: uuid.New(), LeaseMs: 30_000, MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),

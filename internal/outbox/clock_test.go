@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -33,9 +32,10 @@ func TestLeaseExpiryIsDecidedByTheInjectedClock(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	first, err := at(0).claimByID(ctx, []uuid.UUID{id})
+	first, err := at(0).claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, first, 1)
+	require.Equal(t, id, first[0].row.ID)
 	held, err := at(defaultLease-time.Second).claimDue(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, held, "the lease still holds 29 s later")
@@ -81,8 +81,9 @@ func TestEnqueueDatesRowsByTheInjectedClock(t *testing.T) {
 	f.register(listener, target)
 	past := time.Now().Add(-retention - time.Minute).Truncate(time.Microsecond)
 	ev := message(t, 9, target)
-	kept, _, err := Enqueue(context.Background(), f.q, f.community, ev, 0, clock.Stub(func() time.Time { return past }))
+	_, _, err := Enqueue(context.Background(), f.q, nil, f.community, ev, 0, clock.Stub(func() time.Time { return past }))
 	require.NoError(t, err)
+	kept := f.outboxIDs(ev)
 	require.Len(t, kept, 1)
 	var created, due time.Time
 	require.NoError(t, f.pool.QueryRow(context.Background(),

@@ -219,6 +219,16 @@ func (d *Deliverer) request(url string, r db.OutboxClaimDueRow) (*http.Request, 
 	return req, nil
 }
 
+// releaseNow hands a claimed row back to the poll, due at once and its
+// attempt not spent: for rows claimed at insert that the hand-off could not
+// take. Fenced like every transition.
+func (d *Deliverer) releaseNow(ctx context.Context, c claim) {
+	n, err := d.q.OutboxRelease(ctx, db.OutboxReleaseParams{
+		DelayMs: 0, ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
+	})
+	d.fenced(c, "release", n, err)
+}
+
 // retryDelay is 2^(attempt-1) seconds, attempt clamped to 1..8: 1 s to 128 s.
 func retryDelay(attempt int32) time.Duration {
 	return time.Second << min(max(attempt-1, 0), 7)

@@ -15,20 +15,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// claimAndDeliver enqueues a mention of a fresh target registered by l,
-// optionally pretends attempts were already spent, claims the row (routed
-// by the claimer for l) and runs one delivery through d.
+// claimAndDeliver saves a mention of a fresh target registered by l, its
+// row claimed at insert for a worker routing l, optionally pretends
+// attempts were already spent, and runs one delivery through d.
 func (f *fixture) claimAndDeliver(d *Deliverer, l *testListener, spent int32) (uuid.UUID, claim) {
 	f.t.Helper()
-	target := newPubkey(f.t)
-	f.register(l.pubHex, target)
-	id := f.enqueue(target)[0]
-	f.exec(`UPDATE operator_listener_outbox SET attempts = $2 WHERE id = $1`, id, spent)
-	claims, err := f.claimer(routesOf(l)).claimByID(context.Background(), []uuid.UUID{id})
-	require.NoError(f.t, err)
-	require.Len(f.t, claims, 1)
-	d.deliver(context.Background(), claims[0])
-	return id, claims[0]
+	c := f.claimedMention(l)
+	c.row.Attempts = spent + 1
+	f.exec(`UPDATE operator_listener_outbox SET attempts = $2 WHERE id = $1`, c.row.ID, c.row.Attempts)
+	d.deliver(context.Background(), c)
+	return c.row.ID, c
 }
 
 func outcomes(m *Metrics) map[string]float64 {
@@ -213,19 +209,15 @@ func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
 	f := newFixture(t)
 	l := newListener(t, nil)
 	d, _, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
-	target := newPubkey(t)
-	f.register(l.pubHex, target)
-	id := f.enqueue(target)[0]
-	stale := claim{claimID: uuid.New()}
-	claims, err := f.claimer(routesOf(l)).claimByID(context.Background(), []uuid.UUID{id})
-	require.NoError(t, err)
-	stale.row = claims[0].row
+	held := f.claimedMention(l)
+	id := held.row.ID
+	stale := claim{claimID: uuid.New(), row: held.row}
 
 	d.deliver(context.Background(), stale)
 	require.Len(t, l.requests(), 1)
 	r, ok := f.row(id)
 	require.True(t, ok, "the completion under a foreign claim deleted nothing")
-	require.Equal(t, claims[0].claimID, *r.ClaimID)
+	require.Equal(t, held.claimID, *r.ClaimID)
 	require.Contains(t, logs.String(), "completion lost its claim")
 	require.Contains(t, logs.String(), stale.claimID.String())
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -52,36 +53,74 @@ func mentionTargets(ev *nostr.Event, maxTargets int) [][]byte {
 	return out
 }
 
+// Handoff holds the outbox rows Enqueue claimed for the local worker, for
+// Offer after the event's transaction commits.
+type Handoff struct{ claims []claim }
+
+// Len is the number of claimed rows.
+func (h Handoff) Len() int { return len(h.claims) }
+
+// IDs are the claimed rows' ids.
+func (h Handoff) IDs() []uuid.UUID {
+	ids := make([]uuid.UUID, len(h.claims))
+	for i, c := range h.claims {
+		ids[i] = c.row.ID
+	}
+	return ids
+}
+
 // Enqueue inserts one outbox row per (registered listener, mentioned target)
 // of ev, through q: call it in the event's transaction, and only when the
-// event row was newly inserted (a duplicate must enqueue nothing). It
-// returns at most 10 of the new row ids, the ones to Offer to the local
-// Worker after a successful commit, and how many rows were inserted in all.
-// Events that are not messages, or mention nobody, cost no query. Only the
-// first maxTargets mentioned pubkeys count (the relay passes the cap its
+// event row was newly inserted (a duplicate must enqueue nothing). The rows
+// of listeners w routes, as many as w's hand-off channel has room for (10
+// at most), are inserted already claimed for w: Offer the returned Handoff
+// to w once the transaction committed, and w delivers them without a claim
+// round trip. A nil w (no listeners on this pod) claims nothing; the other
+// rows wait for the poll of a pod that routes them. inserted counts every
+// row. Events that are not messages, or mention nobody, cost no query. Only
+// the first maxTargets mentioned pubkeys count (the relay passes the cap its
 // mention rows use, so a delivered mention always has its mention row). now
-// dates the rows: their retention and first due time start then.
-func Enqueue(ctx context.Context, q *db.Queries, communityID uuid.UUID, ev *nostr.Event, maxTargets int, now clock.Clock) (kept []uuid.UUID, inserted int64, err error) {
+// dates the rows: their retention, first due time and lease start then.
+func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUID, ev *nostr.Event, maxTargets int, now clock.Clock) (h Handoff, inserted int64, err error) {
 	if !isMessageKind(ev.Kind) {
-		return nil, 0, nil
+		return Handoff{}, 0, nil
 	}
 	targets := mentionTargets(ev, maxTargets)
 	if len(targets) == 0 {
-		return nil, 0, nil
+		return Handoff{}, 0, nil
 	}
 	id := ev.IDBytes()
+	claimID := uuid.New()
 	params := db.OutboxEnqueueMentionsParams{
-		Keep:           handoffCapacity,
 		CommunityID:    communityID,
 		EventID:        id[:],
 		EventKind:      int32(ev.Kind),
 		EventCreatedAt: ev.CreatedAt,
 		Targets:        targets,
+		Routable:       [][]byte{},
+		ClaimID:        claimID,
 		Now:            now.SQL(),
+	}
+	if w != nil {
+		params.Routable, params.ClaimMax, params.LeaseMs = w.routable, int32(w.handoffRoom()), w.lease.Milliseconds()
 	}
 	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {
-		return nil, 0, err
+		return Handoff{}, 0, err
 	}
-	return row.KeptIds, row.Inserted, nil
+	h.claims = make([]claim, len(row.ClaimedIds))
+	for i, rowID := range row.ClaimedIds {
+		h.claims[i] = claim{claimID: claimID, row: db.OutboxClaimDueRow{
+			ID:             rowID,
+			ListenerPubkey: row.ClaimedListeners[i],
+			TargetPubkey:   row.ClaimedTargets[i],
+			CommunityID:    communityID,
+			Host:           row.Host,
+			EventID:        id[:],
+			EventKind:      int32(ev.Kind),
+			EventCreatedAt: time.Unix(ev.CreatedAt, 0),
+			Attempts:       1,
+		}}
+	}
+	return h, row.Inserted, nil
 }

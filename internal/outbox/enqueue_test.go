@@ -17,16 +17,37 @@ import (
 )
 
 // handedOff returns what w's hand-off channel holds now.
-func handedOff(w *Worker) []uuid.UUID {
-	var ids []uuid.UUID
+func handedOff(w *Worker) []claim {
+	var claims []claim
 	for {
 		select {
-		case id := <-w.handoff:
-			ids = append(ids, id)
+		case c := <-w.handoff:
+			claims = append(claims, c)
 		default:
-			return ids
+			return claims
 		}
 	}
+}
+
+func idsOf(claims []claim) []uuid.UUID {
+	ids := make([]uuid.UUID, len(claims))
+	for i, c := range claims {
+		ids[i] = c.row.ID
+	}
+	return ids
+}
+
+// claimedMention saves a mention of a fresh target registered by l through
+// an idle worker routing l, and returns the row claimed at insert for it.
+func (f *fixture) claimedMention(l *testListener) claim {
+	f.t.Helper()
+	target := newPubkey(f.t)
+	f.register(l.pubHex, target)
+	w := f.idleWorker(routesOf(l))
+	f.save(message(f.t, 9, target), w, true)
+	claims := handedOff(w)
+	require.Len(f.t, claims, 1)
+	return claims[0]
 }
 
 // idleWorker is a worker that is never run: its hand-off channel is
@@ -45,13 +66,12 @@ func TestOnlyMessageKindsAreListenerMentions(t *testing.T) {
 	for kind, want := range map[int]bool{9: true, 40002: true, 45001: true, 45003: true, 46010: true, 1: false, 40003: false, 7: false, 42: false, 46011: false} {
 		ev := message(t, kind, target)
 		require.Equal(t, want, Mentions(ev), "kind %d", kind)
-		kept, inserted := f.save(ev, nil, true)
+		_, inserted := f.save(ev, nil, true)
 		if want {
-			require.Len(t, kept, 1, "kind %d", kind)
-			require.Equal(t, int64(1), inserted)
-			require.Equal(t, kept, f.outboxIDs(ev))
+			require.Equal(t, int64(1), inserted, "kind %d", kind)
+			require.Len(t, f.outboxIDs(ev), 1, "kind %d", kind)
 		} else {
-			require.Empty(t, kept, "kind %d", kind)
+			require.Zero(t, inserted, "kind %d", kind)
 			require.Empty(t, f.outboxIDs(ev), "kind %d", kind)
 		}
 	}
@@ -83,10 +103,11 @@ func TestEnqueueWithoutTargetsRunsNoQuery(t *testing.T) {
 	t.Parallel()
 	// A nil DBTX would panic if Enqueue ran a query.
 	q := db.New(nil)
+	f0 := newFixture(t)
 	for _, ev := range []*nostr.Event{message(t, 9), message(t, 1, newPubkey(t)), message(t, 9, "zz")} {
-		kept, inserted, err := Enqueue(context.Background(), q, uuid.New(), ev, 0, clock.Wall())
+		claimed, inserted, err := Enqueue(context.Background(), q, f0.idleWorker(Routes{}), uuid.New(), ev, 0, clock.Wall())
 		require.NoError(t, err)
-		require.Empty(t, kept)
+		require.Zero(t, claimed.Len())
 		require.Zero(t, inserted)
 	}
 }
@@ -102,12 +123,16 @@ func TestEventInsertEnqueuesRegisteredListenerInSameTransaction(t *testing.T) {
 	tx, err := f.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	kept, inserted, err := Enqueue(ctx, db.New(tx), f.community, ev, 0, clock.Wall())
+	// No worker on this pod: the row is left to the poll of a pod that
+	// routes its listener.
+	claimed, inserted, err := Enqueue(ctx, db.New(tx), nil, f.community, ev, 0, clock.Wall())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), inserted)
-	require.Len(t, kept, 1)
+	require.Zero(t, claimed.Len())
 	require.Zero(t, f.outboxCount(), "the row is invisible until the event's transaction commits")
 	require.NoError(t, tx.Commit(ctx))
+	kept := f.outboxIDs(ev)
+	require.Len(t, kept, 1)
 
 	r, ok := f.row(kept[0])
 	require.True(t, ok)
@@ -141,18 +166,17 @@ func TestThreadMessageFansOutOnceToMatchingListeners(t *testing.T) {
 	f.register(l3, other)
 
 	ev := message(t, 9, target)
-	kept, inserted := f.save(ev, nil, true)
+	_, inserted := f.save(ev, nil, true)
 	require.Equal(t, int64(2), inserted, "one row per listener registered for the target")
-	require.ElementsMatch(t, f.outboxIDs(ev), kept)
+	require.Len(t, f.outboxIDs(ev), 2)
 
 	// A duplicate event insert enqueues nothing: save skips Enqueue, and
 	// even a second Enqueue of the same event inserts nothing.
-	kept, inserted = f.save(ev, nil, true)
-	require.Empty(t, kept)
+	_, inserted = f.save(ev, nil, true)
 	require.Zero(t, inserted)
-	kept, inserted, err := Enqueue(context.Background(), f.q, f.community, ev, 0, clock.Wall())
+	claimed, inserted, err := Enqueue(context.Background(), f.q, nil, f.community, ev, 0, clock.Wall())
 	require.NoError(t, err)
-	require.Empty(t, kept)
+	require.Zero(t, claimed.Len())
 	require.Zero(t, inserted)
 	require.Len(t, f.outboxIDs(ev), 2)
 }
@@ -163,9 +187,8 @@ func TestEventAndListenerOutboxRollBackTogether(t *testing.T) {
 	listener, target := newPubkey(t), newPubkey(t)
 	f.register(listener, target)
 	ev := message(t, 9, target)
-	kept, inserted := f.save(ev, nil, false)
-	require.Len(t, kept, 1, "enqueued inside the transaction")
-	require.Equal(t, int64(1), inserted)
+	_, inserted := f.save(ev, nil, false)
+	require.Equal(t, int64(1), inserted, "enqueued inside the transaction")
 
 	require.Zero(t, f.outboxCount())
 	exists, err := f.q.EventExists(context.Background(), db.EventExistsParams{CommunityID: f.community, ID: mustHex(t, ev.ID)})
@@ -185,7 +208,7 @@ func TestCommittedMentionHandsOffExactlyItsOutboxIDs(t *testing.T) {
 
 	ev := message(t, 9, target)
 	f.save(ev, w, true)
-	require.ElementsMatch(t, f.outboxIDs(ev), handedOff(w))
+	require.ElementsMatch(t, f.outboxIDs(ev), idsOf(handedOff(w)))
 
 	f.save(message(t, 9, newPubkey(t)), w, true) // mentions nobody registered
 	f.save(message(t, 1, target), w, true)       // not a message kind
@@ -208,8 +231,9 @@ func TestRolledBackMentionHandsOffNothing(t *testing.T) {
 	require.Zero(t, f.outboxCount())
 }
 
-// The ids kept for the hand-off are bounded in SQL.
-func TestMentionWithFiftyListenersKeepsOnlyTenIDs(t *testing.T) {
+// The rows claimed for the hand-off are bounded in SQL: ten are claimed,
+// the other forty are left to the poll.
+func TestMentionWithFiftyListenersClaimsOnlyTen(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	target := newPubkey(t)
@@ -227,8 +251,15 @@ func TestMentionWithFiftyListenersKeepsOnlyTenIDs(t *testing.T) {
 	all := f.outboxIDs(ev)
 	require.Len(t, all, 50)
 	require.Subset(t, all, kept)
-	require.ElementsMatch(t, kept, handedOff(w))
+	require.ElementsMatch(t, kept, idsOf(handedOff(w)))
 	require.Equal(t, 10, len(uniq(kept)))
+	sending := 0
+	for _, id := range all {
+		if r, _ := f.row(id); r.State == "sending" {
+			sending++
+		}
+	}
+	require.Equal(t, 10, sending, "only the handed-off rows are claimed")
 }
 
 func uniq(ids []uuid.UUID) map[uuid.UUID]bool {
@@ -239,17 +270,143 @@ func uniq(ids []uuid.UUID) map[uuid.UUID]bool {
 	return m
 }
 
-func TestOfferIsBoundedAndNilSafe(t *testing.T) {
+// Offer never blocks: what does not fit in the 10-row channel is counted
+// and handed back to the poll (pending, due at once, the attempt not
+// spent) instead of waiting out its lease.
+//
+// Kills: Offer dropping claimed rows without releasing them (checked): they
+// stay 'sending' until their 30 s lease expires.
+func TestOfferIsBoundedReleasesWhatDoesNotFitAndIsNilSafe(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	w := f.idleWorker(Routes{})
-	ids := make([]uuid.UUID, 14)
-	for i := range ids {
-		ids[i] = uuid.New()
+	l := newListener(t, nil)
+	saving := f.idleWorker(routesOf(l))
+	var claims []claim
+	for range 14 {
+		target := newPubkey(t)
+		f.register(l.pubHex, target)
+		f.save(message(t, 9, target), saving, true)
+		claims = append(claims, handedOff(saving)...)
 	}
-	require.Equal(t, 4, w.Offer(ids), "a full channel drops the rest; the poll covers them")
+	require.Len(t, claims, 14)
+
+	w := f.idleWorker(routesOf(l))
+	require.Equal(t, 4, w.Offer(Handoff{claims: claims}), "a full channel drops the rest; the poll covers them")
 	require.Equal(t, 4.0, testutil.ToFloat64(w.dropped))
-	require.Equal(t, ids[:10], handedOff(w))
+	require.Equal(t, claims[:10], handedOff(w))
+	for _, c := range claims[10:] {
+		require.Eventually(t, func() bool {
+			r, ok := f.row(c.row.ID)
+			return ok && r.State == "pending" && r.Attempts == 0 && r.DueIn <= 0
+		}, waitLong, 10*time.Millisecond, "a dropped row is handed back to the poll at once")
+	}
+	for _, c := range claims[:10] {
+		r, _ := f.row(c.row.ID)
+		require.Equal(t, "sending", r.State, "a handed-off row stays claimed")
+		require.Equal(t, c.claimID, *r.ClaimID)
+	}
+
 	var none *Worker
-	require.Zero(t, none.Offer(ids), "no worker on this pod: nothing to hand off to")
+	require.Zero(t, none.Offer(Handoff{claims: claims}), "no worker on this pod: nothing to hand off to")
+}
+
+// A row claimed at insert looks exactly like one the poll claimed: sending
+// under the hand-off's claim id, attempt 1, leased for the worker's lease
+// from the injected clock; and the hand-off carries what the delivery needs.
+//
+// Kills: claiming at insert without the lease or the attempt (checked with
+// lease_until = now and attempts = 0 in OutboxEnqueueMentions); claiming
+// rows of a listener this pod does not route (checked with "claimed" not
+// requiring routable).
+func TestRowsThisPodRoutesAreClaimedAtInsert(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	mine, theirs, target := newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(mine, target)
+	f.register(theirs, target)
+	d, _, _ := f.deliverer(Routes{mine: "https://mine.example"}, time.Second, nil)
+	w := NewWorker(f.pool, Routes{mine: "https://mine.example"}, d, WithLease(42*time.Second))
+	at := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	ev := message(t, 45003, target)
+
+	ctx := context.Background()
+	claimed, inserted, err := Enqueue(ctx, f.q, w, f.community, ev, 0, clock.Stub(func() time.Time { return at }))
+	require.NoError(t, err)
+	require.Equal(t, int64(2), inserted)
+	require.Equal(t, 1, claimed.Len(), "only the row of the listener this pod routes")
+	c := claimed.claims[0]
+	require.Equal(t, mine, hex.EncodeToString(c.row.ListenerPubkey))
+	require.Equal(t, target, hex.EncodeToString(c.row.TargetPubkey))
+	require.Equal(t, testHost, c.row.Host)
+	require.Equal(t, f.community, c.row.CommunityID)
+	require.Equal(t, ev.ID, hex.EncodeToString(c.row.EventID))
+	require.Equal(t, int32(45003), c.row.EventKind)
+	require.Equal(t, ev.CreatedAt, c.row.EventCreatedAt.Unix())
+	require.Equal(t, int32(1), c.row.Attempts)
+
+	for _, id := range f.outboxIDs(ev) {
+		r, _ := f.row(id)
+		if id != c.row.ID {
+			require.Equal(t, "pending", r.State, "the other pod's row waits for its poll")
+			require.Equal(t, theirs, r.ListenerHex)
+			require.Zero(t, r.Attempts)
+			require.Nil(t, r.ClaimID)
+			continue
+		}
+		require.Equal(t, "sending", r.State)
+		require.Equal(t, c.claimID, *r.ClaimID)
+		require.Equal(t, int32(1), r.Attempts)
+		require.True(t, at.Add(42*time.Second).Equal(*r.LeaseUntil), "lease_until %v", r.LeaseUntil)
+	}
+
+	// The poll sees the claimed row as claimed: not due while the lease
+	// holds, due once it expired (a hand-off that never happened).
+	poll := func(now time.Time) []claim {
+		p := f.claimer(Routes{mine: "", theirs: ""})
+		p.clock = clock.Stub(func() time.Time { return now })
+		cs, err := p.claimDue(ctx, 10)
+		require.NoError(t, err)
+		return cs
+	}
+	due := poll(at.Add(41 * time.Second))
+	require.Len(t, due, 1, "the lease holds: only the pending row is due")
+	require.NotEqual(t, c.row.ID, due[0].row.ID)
+	recovered := poll(at.Add(43 * time.Second))
+	require.Len(t, recovered, 1, "the lease expired: the row is due again")
+	require.Equal(t, c.row.ID, recovered[0].row.ID)
+	require.Equal(t, int32(2), recovered[0].row.Attempts)
+}
+
+// Enqueue claims no more rows than the hand-off has room for: a busy
+// worker's rows are left pending for its poll, rather than claimed, dropped
+// by Offer and released again.
+//
+// Kills: Enqueue claiming up to the channel's capacity whatever it holds
+// (checked with ClaimMax = handoffCapacity): the last two are dropped.
+func TestEnqueueClaimsOnlyWhatTheHandOffHasRoomFor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	w := f.idleWorker(routesOf(l))
+	var pending []uuid.UUID
+	for i := range handoffCapacity + 2 {
+		target := newPubkey(t)
+		f.register(l.pubHex, target)
+		ev := message(t, 9, target)
+		kept, inserted := f.save(ev, w, true)
+		require.Equal(t, int64(1), inserted)
+		if i < handoffCapacity {
+			require.Len(t, kept, 1, "mention %d: room in the hand-off", i)
+			continue
+		}
+		require.Empty(t, kept, "mention %d: the hand-off is full", i)
+		pending = append(pending, f.outboxIDs(ev)...)
+	}
+	require.Zero(t, testutil.ToFloat64(w.dropped), "nothing claimed had to be dropped")
+	require.Len(t, handedOff(w), handoffCapacity)
+	for _, id := range pending {
+		r, _ := f.row(id)
+		require.Equal(t, "pending", r.State)
+		require.Zero(t, r.Attempts)
+	}
 }

@@ -103,8 +103,9 @@ func message(t testing.TB, kind int, targets ...string) *nostr.Event {
 }
 
 // save runs the write spine's part the relay wires up: in one transaction
-// insert the event and, only if it was new, Enqueue; then, only after a
-// successful commit, Offer the kept ids to w (which may be nil).
+// insert the event and, only if it was new, Enqueue for w (which may be
+// nil); then, only after a successful commit, Offer what it claimed to w.
+// kept are the ids of the rows claimed for w.
 func (f *fixture) save(ev *nostr.Event, w *Worker, commit bool) (kept []uuid.UUID, inserted int64) {
 	f.t.Helper()
 	kept, inserted, _ = f.saveTimed(ev, w, commit)
@@ -124,18 +125,19 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	require.NoError(f.t, err)
 	n, err := q.EventInsert(ctx, params)
 	require.NoError(f.t, err)
+	var claimed Handoff
 	if n == 1 {
-		kept, inserted, err = Enqueue(ctx, q, f.community, ev, 0, clock.Wall())
+		claimed, inserted, err = Enqueue(ctx, q, w, f.community, ev, 0, clock.Wall())
 		require.NoError(f.t, err)
 	}
 	if !commit {
 		require.NoError(f.t, tx.Rollback(ctx))
-		return kept, inserted, time.Time{}
+		return claimed.IDs(), inserted, time.Time{}
 	}
 	require.NoError(f.t, tx.Commit(ctx))
 	committed = time.Now()
-	w.Offer(kept)
-	return kept, inserted, committed
+	w.Offer(claimed)
+	return claimed.IDs(), inserted, committed
 }
 
 // enqueue saves a kind-9 message mentioning targets and returns the new

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 // test advances time past its deadline) and recording deliveries. Each
 // names the mutation of loop.run it kills; every one was checked by
 // applying the mutation, seeing the test fail, and restoring the code:
-//   - no hand-off branch: the `case id := <-handoffC` arm removed;
+//   - no hand-off branch: the `case c := <-handoffC` arm removed;
 //   - poll timer reset every iteration: `poll.Reset(backoff)` at the top of
 //     the for loop (the deadline moves whenever anything happens);
 //   - no free-slot guard: pollC and handoffC enabled even when free == 0.
@@ -94,17 +93,16 @@ func (t *manualTimer) fireIfDue() {
 	}
 }
 
-// recordingClaimer wraps the production claimer: it reports every claim,
-// can fail the by-id claim, and checks the in-flight bound. outstanding
-// counts rows claimed and not yet finished by a delivery, a lower bound of
-// the loop's own in-flight count, so a claim made while it is at 10 proves
-// the loop claimed without a free slot.
+// recordingClaimer wraps the production poll claim: it reports every poll
+// and checks the in-flight bound. outstanding counts rows the loop took
+// (polled, or handed off and started) and not yet finished by a delivery, a
+// lower bound of the loop's own in-flight count, so a poll made while it is
+// at 10 proves the loop polled without a free slot.
 type recordingClaimer struct {
-	t        testing.TB
-	inner    claimer
-	polls    chan int         // the limit of each poll
-	byID     chan []uuid.UUID // the ids of each by-id claim
-	failByID atomic.Bool
+	t      testing.TB
+	inner  claimer
+	polls  chan int // the limit of each poll
+	polled sync.Map // ids of polled rows whose delivery has not started
 
 	outstanding    atomic.Int64
 	maxOutstanding atomic.Int64
@@ -129,20 +127,20 @@ func (r *recordingClaimer) claimed(cs []claim) {
 func (r *recordingClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 	r.checkSlots("poll", limit)
 	cs, err := r.inner.claimDue(ctx, limit)
+	for _, c := range cs {
+		r.polled.Store(c.row.ID, true)
+	}
 	r.claimed(cs)
 	r.polls <- limit
 	return cs, err
 }
 
-func (r *recordingClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
-	r.checkSlots("by-id", len(ids))
-	defer func() { r.byID <- ids }()
-	if r.failByID.Load() {
-		return nil, errors.New("injected by-id claim failure")
+// started counts a handed-off row once its delivery starts (a polled row
+// was counted when it was claimed).
+func (r *recordingClaimer) started(c claim) {
+	if _, polled := r.polled.LoadAndDelete(c.row.ID); !polled {
+		r.claimed([]claim{c})
 	}
-	cs, err := r.inner.claimByID(ctx, ids)
-	r.claimed(cs)
-	return cs, err
 }
 
 // loopHarness runs loop.run against a fixture.
@@ -150,8 +148,11 @@ type loopHarness struct {
 	f         *fixture
 	clock     *manualClock
 	claims    *recordingClaimer
-	handoff   chan uuid.UUID
+	handoff   chan claim
 	delivered chan claim // each delivery, when it finishes
+	// saver is an idle worker routing the listener, which the harness saves
+	// mentions through to get rows claimed at insert (handed).
+	saver *Worker
 	// hold, when set, is called by a delivery before it finishes.
 	hold     func(c claim)
 	listener string
@@ -163,20 +164,22 @@ func startLoop(t *testing.T, configure func(h *loopHarness)) *loopHarness {
 	h := &loopHarness{
 		f:         f,
 		clock:     &manualClock{now: time.Unix(1_000_000, 0), rearmed: make(chan time.Duration, 1000)},
-		handoff:   make(chan uuid.UUID, handoffCapacity),
+		handoff:   make(chan claim, handoffCapacity),
 		delivered: make(chan claim, 1000),
 		listener:  newPubkey(t),
 	}
 	h.claims = &recordingClaimer{
 		t: t, inner: f.claimer(Routes{h.listener: "https://l.example"}),
-		polls: make(chan int, 1000), byID: make(chan []uuid.UUID, 1000),
+		polls: make(chan int, 1000),
 	}
+	h.saver = f.idleWorker(Routes{h.listener: "https://l.example"})
 	if configure != nil {
 		configure(h)
 	}
 	l := &loop{
 		claims: h.claims,
 		deliver: func(_ context.Context, c claim) {
+			h.claims.started(c)
 			if h.hold != nil {
 				h.hold(c)
 			}
@@ -221,6 +224,17 @@ func (h *loopHarness) row() uuid.UUID {
 	return h.f.enqueue(target)[0]
 }
 
+// handed saves one mention for the harness listener through the saver and
+// returns its row, claimed at insert: what the relay hands off.
+func (h *loopHarness) handed() claim {
+	target := newPubkey(h.f.t)
+	h.f.register(h.listener, target)
+	h.f.save(message(h.f.t, 9, target), h.saver, true)
+	claims := handedOff(h.saver)
+	require.Len(h.f.t, claims, 1)
+	return claims[0]
+}
+
 func (h *loopHarness) noPoll(t *testing.T, why string) {
 	t.Helper()
 	select {
@@ -234,11 +248,10 @@ func (h *loopHarness) noPoll(t *testing.T, why string) {
 func TestLoopHandedOffRowIsDeliveredBeforeAnyIdlePoll(t *testing.T) {
 	t.Parallel()
 	h := startLoop(t, nil)
-	id := h.row()
-	h.handoff <- id
-	require.Equal(t, []uuid.UUID{id}, wait(t, h.claims.byID, waitLong, "the by-id claim"))
-	require.Equal(t, id, wait(t, h.delivered, waitLong, "the delivery").row.ID)
-	h.noPoll(t, "delivered through the by-id claim; no idle poll was due")
+	c := h.handed()
+	h.handoff <- c
+	require.Equal(t, c, wait(t, h.delivered, waitLong, "the delivery"))
+	h.noPoll(t, "delivered as handed off, claimed at insert; no idle poll was due")
 }
 
 // Kills: poll timer reset every iteration (checked): the hand-off in the
@@ -256,28 +269,13 @@ func TestLoopRowNeverHandedOffIsDeliveredByThePoll(t *testing.T) {
 
 	h.clock.Advance(time.Second)
 	h.noPoll(t, "the poll waits out its 2 s ceiling")
-	handed := h.row()
+	handed := h.handed()
 	h.handoff <- handed
-	require.Equal(t, handed, wait(t, h.delivered, waitLong, "the hand-off's delivery").row.ID)
+	require.Equal(t, handed, wait(t, h.delivered, waitLong, "the hand-off's delivery"))
 
 	h.clock.Advance(time.Second) // the ceiling deadline, fixed before the hand-off
 	h.awaitPoll(t, "the poll at its deadline")
 	require.Equal(t, quiet, wait(t, h.delivered, waitLong, "the poll's delivery").row.ID)
-}
-
-// Kills: no hand-off branch (checked): the by-id claim must be attempted.
-// Its failure must not disturb the poll schedule either.
-func TestLoopPollDeliversWhenTheByIDClaimFails(t *testing.T) {
-	t.Parallel()
-	h := startLoop(t, func(h *loopHarness) { h.claims.failByID.Store(true) })
-	id := h.row()
-	h.handoff <- id
-	require.Equal(t, []uuid.UUID{id}, wait(t, h.claims.byID, waitLong, "the failing by-id claim"))
-	h.noPoll(t, "a failed by-id claim does not trigger a poll")
-
-	h.clock.Advance(DefaultIdlePoll / 8) // the deadline set by the first poll
-	h.awaitPoll(t, "the next poll, unmoved by the failure")
-	require.Equal(t, id, wait(t, h.delivered, waitLong, "the poll's delivery").row.ID)
 }
 
 // Kills: poll timer reset every iteration (checked).
@@ -285,9 +283,9 @@ func TestLoopHandoffsFasterThanThePollDoNotPushItBack(t *testing.T) {
 	t.Parallel()
 	h := startLoop(t, nil)
 	handOff := func() {
-		id := h.row()
-		h.handoff <- id
-		require.Equal(t, id, wait(t, h.delivered, waitLong, "a hand-off's delivery").row.ID)
+		c := h.handed()
+		h.handoff <- c
+		require.Equal(t, c, wait(t, h.delivered, waitLong, "a hand-off's delivery"))
 	}
 	// The first poll set the deadline at +250 ms; a hand-off every 100 ms
 	// must not move it.
@@ -315,29 +313,31 @@ func TestLoopHandoffsFasterThanThePollDoNotPushItBack(t *testing.T) {
 func TestLoopStalledDeliveryDoesNotHoldUpALaterRow(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	var stalled uuid.UUID
+	stalledStarted := make(chan struct{}, 1)
+	var stalled claim
 	h := startLoop(t, func(h *loopHarness) {
 		h.hold = func(c claim) {
-			if c.row.ID == stalled {
+			if c.row.ID == stalled.row.ID {
+				stalledStarted <- struct{}{}
 				<-release
 			}
 		}
 	})
 	unstall := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(unstall) // before the loop stops: it waits for held deliveries
-	stalled = h.row()
+	stalled = h.handed()
 	h.handoff <- stalled
-	wait(t, h.claims.byID, waitLong, "the stalled row's claim")
+	wait(t, stalledStarted, waitLong, "the stalled row's delivery to start")
 
-	later := h.row()
+	later := h.handed()
 	h.handoff <- later
-	require.Equal(t, later, wait(t, h.delivered, waitLong, "the later row, while the first is stalled").row.ID)
+	require.Equal(t, later, wait(t, h.delivered, waitLong, "the later row, while the first is stalled"))
 	unstall()
-	require.Equal(t, stalled, wait(t, h.delivered, waitLong, "the stalled row, once released").row.ID)
+	require.Equal(t, stalled, wait(t, h.delivered, waitLong, "the stalled row, once released"))
 }
 
 // Kills: no free-slot guard (checked): with 10 deliveries stalled, the
-// hand-off would be read and claimed by id without a slot (and the due poll
+// hand-off would be read and started without a slot (and the due poll
 // would run with limit 0).
 func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
 	t.Parallel()
@@ -369,15 +369,14 @@ func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
 	// Full: a hand-off and a due poll must both wait for a free slot.
 	var handed []uuid.UUID
 	for range 5 {
-		handed = append(handed, h.f.enqueue(target())...)
-	}
-	for _, id := range handed {
-		h.handoff <- id
+		c := h.handed()
+		handed = append(handed, c.row.ID)
+		h.handoff <- c
 	}
 	h.clock.Advance(time.Hour)
 	select {
-	case ids := <-h.claims.byID:
-		t.Fatalf("claimed %d ids by id with no free slot", len(ids))
+	case <-started:
+		t.Fatal("started a handed-off delivery with no free slot")
 	case limit := <-h.claims.polls:
 		t.Fatalf("polled with limit %d and no free slot", limit)
 	case <-time.After(200 * time.Millisecond):

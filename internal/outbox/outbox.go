@@ -2,13 +2,14 @@
 // deployment-wide HTTPS endpoints that register target pubkeys and
 // are told, with a NIP-98-signed POST, when a stored message mentions one.
 //
-// The event's own transaction inserts the outbox rows (Enqueue). After
-// commit the saving pod hands the new row ids to its Worker (Offer), which
-// claims exactly those rows at once: the fast path. The Worker's poll is the
-// safety net for everything else (rows saved elsewhere, dropped hand-offs,
-// retries, expired leases). Every claim is one FOR UPDATE SKIP LOCKED
-// statement and every later transition is fenced by (id, claim_id, state),
-// so a row is delivered by at most one claimant at a time, across pods.
+// The event's own transaction inserts the outbox rows (Enqueue), those the
+// saving pod routes already claimed for its Worker. After commit it hands
+// them to the Worker (Offer), which POSTs them at once: the fast path. The
+// Worker's poll is the safety net for everything else (rows saved
+// elsewhere, dropped hand-offs, retries, expired leases). A claim is made
+// at insert or by one FOR UPDATE SKIP LOCKED statement, always under a
+// lease, and every later transition is fenced by (id, claim_id, state), so
+// a row is delivered by at most one claimant at a time, across pods.
 // Reapers drop rows past retention and expired registrations;
 // RegistrationHandler serves POST/DELETE /operator/listener/pubkeys.
 package outbox

@@ -20,16 +20,14 @@ type claim struct {
 	row     db.OutboxClaimDueRow
 }
 
-// claimer takes due rows for the loop: pgClaimer in production, wrapped by
-// tests to observe and fail claims.
+// claimer takes due rows for the loop's poll: pgClaimer in production,
+// wrapped by tests to observe claims.
 type claimer interface {
 	// claimDue is the poll: any due row this pod routes, at most limit.
 	claimDue(ctx context.Context, limit int) ([]claim, error)
-	// claimByID is the fast path: those of ids that are still due.
-	claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error)
 }
 
-// pgClaimer runs the two claim statements rendered from
+// pgClaimer runs the poll's claim statement, rendered from
 // queries/templates/outbox_claim.sql.tmpl.
 type pgClaimer struct {
 	q        *db.Queries
@@ -52,25 +50,6 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 	out := make([]claim, len(rows))
 	for i, r := range rows {
 		out[i] = claim{claimID: claimID, row: r}
-	}
-	return out, err
-}
-
-func (c pgClaimer) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
-	claimID := uuid.New()
-	rows, err := c.q.OutboxClaimByID(ctx, db.OutboxClaimByIDParams{
-		ClaimID:     claimID,
-		LeaseMs:     c.lease.Milliseconds(),
-		MaxAttempts: maxAttempts,
-		RetentionMs: retention.Milliseconds(),
-		Routable:    c.routable,
-		Ids:         ids,
-		MaxRows:     int32(len(ids)),
-		Now:         c.clock.SQL(),
-	})
-	out := make([]claim, len(rows))
-	for i, r := range rows {
-		out[i] = claim{claimID: claimID, row: db.OutboxClaimDueRow(r)}
 	}
 	return out, err
 }
@@ -106,7 +85,7 @@ type loop struct {
 	claims  claimer
 	deliver func(ctx context.Context, c claim)
 	clock   timerClock
-	handoff <-chan uuid.UUID
+	handoff <-chan claim
 	log     *slog.Logger
 	// idleFloor and idleCeiling bound the poll's backoff while nothing is
 	// due (pollBackoff).
@@ -154,7 +133,7 @@ func (l *loop) run(ctx context.Context) {
 		// Without a free slot, neither the poll nor a hand-off may be
 		// taken: nil channels disable both cases.
 		var pollC <-chan time.Time
-		var handoffC <-chan uuid.UUID
+		var handoffC <-chan claim
 		if free > 0 {
 			pollC, handoffC = poll.C(), l.handoff
 		}
@@ -186,38 +165,41 @@ func (l *loop) run(ctx context.Context) {
 				backoff = min(2*backoff, l.idleCeiling)
 			}
 
-		case id := <-handoffC:
-			ids := drainUpTo(l.handoff, id, free)
-			claims, err := l.claims.claimByID(ctx, ids)
-			if err != nil {
-				// The rows stay due; the poll delivers them.
-				l.log.Debug("operator-listener hand-off claim failed", "ids", len(ids), "err", err)
-			}
-			start(claims)
+		case c := <-handoffC:
+			// Handed-off rows were claimed as they were inserted: they go
+			// out at once, with no claim round trip.
+			start(drainUpTo(l.handoff, c, free))
 		}
 	}
 }
 
-// drainUpTo returns first plus whatever ch holds right now, at most n ids.
-func drainUpTo(ch <-chan uuid.UUID, first uuid.UUID, n int) []uuid.UUID {
-	ids := append(make([]uuid.UUID, 0, handoffCapacity), first)
-	for len(ids) < n {
+// drainUpTo returns first plus whatever ch holds right now, at most n.
+func drainUpTo(ch <-chan claim, first claim, n int) []claim {
+	claims := append(make([]claim, 0, handoffCapacity), first)
+	for len(claims) < n {
 		select {
-		case id := <-ch:
-			ids = append(ids, id)
+		case c := <-ch:
+			claims = append(claims, c)
 		default:
-			return ids
+			return claims
 		}
 	}
-	return ids
+	return claims
 }
 
 // Worker delivers this pod's outbox rows: run one per relay process that has
 // listeners configured.
 type Worker struct {
 	loop    loop
-	handoff chan uuid.UUID
+	handoff chan claim
 	dropped prometheus.Counter
+	// routable and lease are what Enqueue needs to claim rows for this
+	// worker as it inserts them.
+	routable [][]byte
+	lease    time.Duration
+	// releaseNow hands a claimed row that did not fit in the hand-off back
+	// to the poll (Deliverer.releaseNow in production).
+	releaseNow func(ctx context.Context, c claim)
 }
 
 // WorkerOption adjusts a Worker.
@@ -237,33 +219,52 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	for _, opt := range opts {
 		opt(&claims)
 	}
-	w := &Worker{handoff: make(chan uuid.UUID, handoffCapacity), dropped: d.metrics.handoffDropped}
+	w := &Worker{
+		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
+		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow,
+	}
 	w.loop = loop{claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log}
 	w.loop.idleFloor, w.loop.idleCeiling = pollBackoff(d.idlePoll)
 	return w
 }
 
-// Offer hands committed outbox row ids (from Enqueue) to the worker without
-// blocking: ids that do not fit in its 10-id channel are dropped and
-// counted, and the poll delivers those rows later. Call it only after the
-// event's transaction committed. A nil Worker (no listeners configured on
-// this pod) takes nothing; the poll of a pod that routes the rows finds
-// them.
-func (w *Worker) Offer(ids []uuid.UUID) (dropped int) {
+// handoffRoom is how many claimed rows the hand-off channel can take now
+// (Enqueue claims no more than that). It is a hint: rows saved concurrently
+// may take the room first, and Offer hands the rest back.
+func (w *Worker) handoffRoom() int {
+	return cap(w.handoff) - len(w.handoff)
+}
+
+// Offer hands the rows Enqueue claimed to the worker, without blocking: call
+// it only after the event's transaction committed. Rows that do not fit in
+// its 10-row channel are counted as dropped and handed back to the poll in
+// the background (released, due at once, the attempt not spent); should
+// that fail too, their lease expires and the poll takes them then. A nil
+// Worker (no listeners configured on this pod) is never given claimed rows.
+func (w *Worker) Offer(h Handoff) (dropped int) {
 	if w == nil {
 		return 0
 	}
-	for _, id := range ids {
+	var lost []claim
+	for _, c := range h.claims {
 		select {
-		case w.handoff <- id:
+		case w.handoff <- c:
 		default:
-			dropped++
+			lost = append(lost, c)
 		}
 	}
-	if dropped > 0 {
-		w.dropped.Add(float64(dropped))
+	if len(lost) > 0 {
+		w.dropped.Add(float64(len(lost)))
+		go func() {
+			// Past the lease a release is moot: the rows are due again anyway.
+			ctx, cancel := context.WithTimeout(context.Background(), w.lease)
+			defer cancel()
+			for _, c := range lost {
+				w.releaseNow(ctx, c)
+			}
+		}()
 	}
-	return dropped
+	return len(lost)
 }
 
 // Run delivers until ctx ends, then returns once in-flight deliveries

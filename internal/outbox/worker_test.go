@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -73,14 +72,13 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 		runWorker(t, workers[i])
 	}
 
-	// 40 mentions of 2 targets each: both workers are offered every id and
-	// both poll.
+	// 40 mentions of 2 targets each, saved back to back through either
+	// pod: each claims what its hand-off has room for as it inserts, the
+	// rest is polled by both (the hand-off fills up).
 	targets := []string{newPubkey(t), newPubkey(t)}
 	f.register(l.pubHex, targets...)
-	for range 40 {
-		ev := message(t, 9, targets...)
-		kept, _ := f.save(ev, workers[0], true)
-		workers[1].Offer(kept)
+	for i := range 40 {
+		f.save(message(t, 9, targets...), workers[i%2], true)
 	}
 	f.waitForEmptyOutbox(20 * time.Second)
 
@@ -142,9 +140,9 @@ func TestKilledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t
 	require.Zero(t, f.outboxCount())
 }
 
-// A pod that cannot route a listener must not claim
-// its rows on the fast path, or the pod that can route them waits 30 s.
-func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T) {
+// A pod that cannot route a listener must not claim its rows as it inserts
+// them, or the pod that can route them waits 30 s.
+func TestUnroutableMentionLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	mine, theirs := newListener(t, nil), newListener(t, nil)
@@ -154,15 +152,15 @@ func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T)
 	// The saving pod routes only its own listener.
 	dA, mA, _ := f.deliverer(routesOf(mine), 5*time.Second, testCAs(mine))
 	saving := NewWorker(f.pool, routesOf(mine), dA)
-	byID := make(chan []uuid.UUID, 10)
-	saving.loop.claims = &observedByID{claimer: saving.loop.claims, byID: byID}
 	runWorker(t, saving)
-	kept, _ := f.save(message(t, 9, target), saving, true)
-	require.Equal(t, kept, wait(t, byID, waitLong, "the saving pod's by-id claim"))
+	ev := message(t, 9, target)
+	kept, inserted := f.save(ev, saving, true)
+	require.Equal(t, int64(1), inserted)
+	require.Empty(t, kept, "nothing claimed for the saving pod")
 
-	r, ok := f.row(kept[0])
+	r, ok := f.row(f.outboxIDs(ev)[0])
 	require.True(t, ok)
-	require.Equal(t, "pending", r.State, "the by-id claim skipped a row it cannot route")
+	require.Equal(t, "pending", r.State, "the insert did not claim a row this pod cannot route")
 	require.Zero(t, r.Attempts)
 	require.LessOrEqual(t, r.DueIn, time.Duration(0), "still due now, not in 30 s")
 
@@ -173,18 +171,6 @@ func TestUnroutableHandoffLeavesRowClaimableAtOnceByARoutingWorker(t *testing.T)
 	require.Empty(t, mine.requests())
 	waitOutcome(t, mB, outcomeAccepted, 1)
 	require.Zero(t, outcomes(mA)[outcomeUnroutable])
-}
-
-// observedByID reports the production by-id claims.
-type observedByID struct {
-	claimer
-	byID chan []uuid.UUID
-}
-
-func (o *observedByID) claimByID(ctx context.Context, ids []uuid.UUID) ([]claim, error) {
-	cs, err := o.claimer.claimByID(ctx, ids)
-	o.byID <- ids
-	return cs, err
 }
 
 func TestWorkerKeepsAtMostTenDeliveriesInFlight(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package querytmpl renders queries/templates/*.sql.tmpl into
 // queries/*.gen.sql, which sqlc then compiles. Queries that must share
-// conditions (the outbox's poll claim and by-id claim) are written once in a
+// conditions (the workflow runs' poll claim and by-id claim) are written once in a
 // template and rendered into several named queries, so they cannot drift.
 package querytmpl
 

@@ -71,9 +71,10 @@ func TestDoorbellReachesOperatorListenersAndLiveSubscribers(t *testing.T) {
 	bellID := delivered[ownerHex]
 	require.NotEmpty(t, bellID, "the owner is woken")
 	require.Equal(t, bellID, delivered[agentHex], "the mentioned member is woken by the same doorbell")
-	polls, handedIn := h.watch.snapshot()
+	require.Eventually(t, func() bool { _, done := h.watch.snapshot(); return len(done) == 2 },
+		30*time.Second, 10*time.Millisecond, "both outbox rows were handed to the listener worker and completed")
+	polls, _ := h.watch.snapshot()
 	require.Equal(t, 1, polls, "only the start-up poll ran: the hand-off delivered")
-	require.Len(t, handedIn, 2, "both outbox rows were handed to the listener worker")
 
 	live := agent.Expect("EVENT")
 	require.Equal(t, "woken", live.SubID)

@@ -19,13 +19,13 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// claimWatch records the outbox worker's claim statements as the database
-// sees them: how many polls ran, and every id the post-commit hand-off asked
-// for.
+// claimWatch records the outbox worker's statements as the database sees
+// them: how many polls ran, and the ids of the rows whose delivery was
+// completed.
 type claimWatch struct {
-	mu       sync.Mutex
-	polls    int
-	handedIn []uuid.UUID
+	mu        sync.Mutex
+	polls     int
+	completed []uuid.UUID
 }
 
 func (w *claimWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
@@ -34,10 +34,10 @@ func (w *claimWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 	switch {
 	case strings.Contains(data.SQL, "-- name: OutboxClaimDue "):
 		w.polls++
-	case strings.Contains(data.SQL, "-- name: OutboxClaimByID "):
-		for _, arg := range data.Args {
-			if ids, ok := arg.([]uuid.UUID); ok {
-				w.handedIn = append(w.handedIn, ids...)
+	case strings.Contains(data.SQL, "-- name: OutboxComplete "):
+		for _, arg := range data.Args[:1] {
+			if id, ok := arg.(uuid.UUID); ok {
+				w.completed = append(w.completed, id)
 			}
 		}
 	}
@@ -46,10 +46,10 @@ func (w *claimWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 
 func (*claimWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (w *claimWatch) snapshot() (polls int, handedIn []uuid.UUID) {
+func (w *claimWatch) snapshot() (polls int, completed []uuid.UUID) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.polls, append([]uuid.UUID(nil), w.handedIn...)
+	return w.polls, append([]uuid.UUID(nil), w.completed...)
 }
 
 // handoffRelay is a relay whose outbox worker polls an idle outbox only every
@@ -127,8 +127,9 @@ func (h *handoffRelay) nextDelivery(t *testing.T) map[string]any {
 }
 
 // A mention saved by this relay reaches the listener through the
-// post-commit hand-off of the relay's own wiring (ingest AfterCommit →
-// Worker.Offer → claim by id), not through the poll, which is minutes away.
+// post-commit hand-off of the relay's own wiring (the row claimed at insert
+// for this relay's worker → ingest AfterCommit → Worker.Offer), not through
+// the poll, which is minutes away.
 //
 // Mutation killed: removing the hand-off (the AfterCommit in
 // enqueueMentions, or Offer's send) leaves the row to a poll that does not
@@ -141,9 +142,10 @@ func TestMentionIsDeliveredByTheHandOffNotThePoll(t *testing.T) {
 	require.True(t, ok.OK, ok.Msg)
 	got := h.nextDelivery(t)
 	require.Equal(t, msg.ID, got["event_id"])
-	polls, handedIn := h.watch.snapshot()
+	require.Eventually(t, func() bool { _, done := h.watch.snapshot(); return len(done) == 1 },
+		30*time.Second, 10*time.Millisecond, "the handed-off row's delivery is completed")
+	polls, _ := h.watch.snapshot()
 	require.Equal(t, 1, polls, "only the start-up poll ran: the hand-off delivered")
-	require.Len(t, handedIn, 1, "the saved row's id was handed to the worker")
 }
 
 // An event whose transaction fails at COMMIT (a deferred constraint) hands
@@ -151,9 +153,10 @@ func TestMentionIsDeliveredByTheHandOffNotThePoll(t *testing.T) {
 //
 // Mutation killed: running the AfterCommit callbacks inside the
 // transaction (before COMMIT), or after a failed commit, hands the doomed
-// row's id to the worker: "only the committed row's id is handed off" sees
-// two ids. (The doomed id reaches the worker before the good one: one
-// connection publishes them in order and the hand-off channel is FIFO.)
+// row to the worker, which delivers it first: the first delivery names the
+// refused event. (The doomed row reaches the worker before the good one:
+// one connection publishes them in order and the hand-off channel is
+// FIFO.)
 func TestFailedCommitHandsNothingOff(t *testing.T) {
 	t.Parallel()
 	h := startHandoffRelay(t)
@@ -177,9 +180,9 @@ func TestFailedCommitHandsNothingOff(t *testing.T) {
 	require.True(t, ok.OK, ok.Msg)
 
 	got := h.nextDelivery(t)
-	require.Equal(t, msg.ID, got["event_id"])
-	_, handedIn := h.watch.snapshot()
-	require.Len(t, handedIn, 1, "only the committed row's id is handed off")
+	require.Equal(t, msg.ID, got["event_id"], "only the committed row is handed off")
+	require.Eventually(t, func() bool { _, done := h.watch.snapshot(); return len(done) == 1 },
+		30*time.Second, 10*time.Millisecond, "the committed row's delivery is completed")
 
 	var stored int
 	require.NoError(t, h.Pool.QueryRow(context.Background(),

@@ -11,19 +11,20 @@ import (
 )
 
 // Operator-listener mention delivery on the relay (docs/listener-delivery.md): mentions of
-// registered targets become outbox rows in the event's own transaction, and
-// after commit their ids go to this process's worker, which delivers them
-// long before its poll would.
+// registered targets become outbox rows in the event's own transaction, the
+// ones this process delivers already claimed for its worker, which gets them
+// right after commit and delivers them long before its poll would.
 
 // enqueueMentions is a side row of every stored message that p-tags someone.
 // It runs whether or not this process delivers: another pod's poll may.
 func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
-	kept, _, err := outbox.Enqueue(ctx, w.Q, w.Tenant.ID(), w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
-	if err != nil || len(kept) == 0 {
+	worker := s.outboxWorker.Load()
+	claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
+	if err != nil || claimed.Len() == 0 {
 		return err
 	}
 	w.AfterCommit(func() {
-		if n := s.outboxWorker.Load().Offer(kept); n > 0 {
+		if n := worker.Offer(claimed); n > 0 {
 			s.log.Debug("outbox hand-off full; the poll will deliver", "dropped", n)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -29,20 +30,27 @@ func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKe
 	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, MaxMentions: maxMentions, Clock: clock.Stub(f.clock.Now)})
 	workflow.Register(f.p, func(ids []uuid.UUID) { f.offers <- ids })
 	handedOff := make(chan []uuid.UUID, 100)
+	listenerKey := f.key()
+	listener := listenerKey.PublicKey()
+	// A worker that routes the listener (never run): Enqueue claims its rows
+	// for it, and those are what the relay would hand off.
+	routes := outbox.Routes{listenerKey.PublicKeyHex(): "https://listener.example"}
+	m, err := outbox.NewMetrics(prometheus.NewRegistry())
+	require.NoError(f.t, err)
+	worker := outbox.NewWorker(f.pool, routes, outbox.NewDeliverer(f.pool, outbox.Config{Listeners: routes}, listenerKey, m))
 	f.p.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Wakes: true, Apply: func(ctx context.Context, w *ingest.Write) error {
-		kept, _, err := outbox.Enqueue(ctx, w.Q, w.Tenant.ID(), w.Event, maxMentions, clock.Stub(f.clock.Now))
-		if err == nil && len(kept) > 0 {
-			w.AfterCommit(func() { handedOff <- kept })
+		claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.Event, maxMentions, clock.Stub(f.clock.Now))
+		if err == nil && claimed.Len() > 0 {
+			w.AfterCommit(func() { handedOff <- claimed.IDs() })
 		}
 		return err
 	}})
-	listener := f.key().PublicKey()
 	pubkeys := make([][]byte, len(targets))
 	for i, k := range targets {
 		pk := k.PublicKey()
 		pubkeys[i] = pk[:]
 	}
-	_, err := db.New(f.pool).ListenerRegistrationsUpsert(f.ctx, db.ListenerRegistrationsUpsertParams{Listener: listener[:], Targets: pubkeys})
+	_, err = db.New(f.pool).ListenerRegistrationsUpsert(f.ctx, db.ListenerRegistrationsUpsertParams{Listener: listener[:], Targets: pubkeys})
 	require.NoError(f.t, err)
 	return handedOff
 }
