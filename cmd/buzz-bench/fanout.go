@@ -21,6 +21,7 @@ type fanoutReport struct {
 	Expected             int          `json:"deliveries_expected"`
 	Received             int          `json:"deliveries_received"`
 	Missing              int          `json:"missing"`
+	Duplicates           int          `json:"duplicates"`       // deliveries of an event the subscriber already had
 	Latency              latencyStats `json:"delivery_latency"` // publisher send to subscriber receive
 	PublishOKLatency     latencyStats `json:"publish_ok_latency"`
 	RelayRSS             *rssReport   `json:"relay_rss,omitempty"` // with -relay-pid
@@ -68,6 +69,7 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	rep.Expected = rep.EventsAccepted * len(subs.subs)
 	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() { sampler.finish(&rss, len(subs.subs)) })
 	rep.Received = len(deliveries)
+	rep.Duplicates = subs.duplicates()
 	rep.Missing = max(rep.Expected-rep.Received, 0)
 	rep.Latency = summarize(deliveries)
 	return rep

@@ -134,7 +134,7 @@ func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []table
 			add(measure, "error: "+f.Error, "", statusNA)
 		} else {
 			status := atMost(f.Latency.P99, targetFanoutP99)
-			if f.Missing > 0 || f.SubscribersConnected < f.SubscribersRequested {
+			if f.Missing > 0 || f.Duplicates > 0 || f.SubscribersConnected < f.SubscribersRequested {
 				status = statusMiss
 			}
 			add(measure, fmt.Sprintf("%s (p50 %s), %d of %d delivered to %d subscribers", ms(f.Latency.P99), ms(f.Latency.P50), f.Received, f.Expected, f.SubscribersConnected),
