@@ -90,6 +90,7 @@ func (c *conn) EnqueueEvent(subID string, rawEvent []byte) bool {
 }
 
 func (c *conn) enqueueLive(m queued) bool {
+	m.queuedAt = monoNow()
 	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue)
 	if startWriter {
 		go c.writeQueued()
@@ -286,7 +287,21 @@ func (c *conn) writeBatch(batch []queued) bool {
 		c.cancel()
 		return false
 	}
+	c.observeWriteDelay(batch)
 	return true
+}
+
+// observeWriteDelay records, for each live delivery of a batch that just
+// reached the socket, how long it waited since it was queued: the relay's
+// own share of fan-out latency (the queue, the scheduler, the write),
+// apart from the commit before it and the network after it.
+func (c *conn) observeWriteDelay(batch []queued) {
+	now := monoNow()
+	for _, q := range batch {
+		if !q.reply {
+			c.srv.metrics.FanoutWriteDelay.Observe(float64(now-q.queuedAt) / float64(time.Second))
+		}
+	}
 }
 
 // sent accounts for one message having left the queue, written or not.
