@@ -76,9 +76,9 @@ func dialSubscriber(ctx context.Context, url string, filter any, expect int) (*l
 // without a context: a cancellable one costs the WebSocket library a
 // registration with it per message, for a thousand readers at once on the
 // load generator's side of the measure; closing the connection ends the
-// read instead.
+// read instead. Used where the subscribers cannot be polled together
+// (TLS, or not Linux).
 func (s *liveSubscriber) read(runID string, clock *sendClock, stopping *atomic.Bool, errs *tally) {
-	s.deliveries = newDeliveryLog(len(clock.at), clock.perStream(), s.expect)
 	for {
 		msg, err := s.conn.next(context.Background())
 		if err != nil {
@@ -87,26 +87,30 @@ func (s *liveSubscriber) read(runID string, clock *sendClock, stopping *atomic.B
 			}
 			return
 		}
-		if msg.Verb != verbEvent || string(msg.SubID) != liveSubID {
-			continue
-		}
-		now := monoNow()
-		_, body, err := eventFields(msg.Event)
-		if err != nil {
-			errs.addErr("subscriber decode", err)
-			continue
-		}
-		stream, seq, ok := parseMarker(body, runID)
-		if !ok {
-			continue // another client's or another run's event
-		}
-		if lat, ok := clock.since(stream, seq, now); ok && s.deliveries.add(stream, seq, lat) {
-			s.received.Add(1)
-		}
+		s.handle(msg, monoNow(), runID, clock, errs)
 	}
 }
 
-// subscriberGroup runs one reader goroutine per subscriber.
+// handle records msg, received at now, if it is a live event of this run.
+func (s *liveSubscriber) handle(msg relayMsg, now int64, runID string, clock *sendClock, errs *tally) {
+	if msg.Verb != verbEvent || string(msg.SubID) != liveSubID {
+		return
+	}
+	_, body, err := eventFields(msg.Event)
+	if err != nil {
+		errs.addErr("subscriber decode", err)
+		return
+	}
+	stream, seq, ok := parseMarker(body, runID)
+	if !ok {
+		return // another client's or another run's event
+	}
+	if lat, ok := clock.since(stream, seq, now); ok && s.deliveries.add(stream, seq, lat) {
+		s.received.Add(1)
+	}
+}
+
+// subscriberGroup reads its subscribers' live events.
 type subscriberGroup struct {
 	subs []*liveSubscriber
 	wg   sync.WaitGroup
@@ -115,6 +119,7 @@ type subscriberGroup struct {
 	stopping atomic.Bool
 	// unwatch ends the watch on the scenario's context.
 	unwatch func() bool
+	pollers []*poller
 }
 
 // connectSubscribers opens n subscribers, at most concurrency at a time so
@@ -150,15 +155,24 @@ func connectSubscribers(ctx context.Context, url string, n, concurrency int, fil
 	return g
 }
 
-// start launches the readers; they run until finish or ctx ends.
+// start launches the readers; they run until finish or ctx ends. Over
+// plain WebSocket on Linux a few pollers read every subscriber (see
+// startPollers); otherwise each subscriber has a reader goroutine.
 func (g *subscriberGroup) start(ctx context.Context, runID string, clock *sendClock, errs *tally) {
+	for _, s := range g.subs {
+		s.deliveries = newDeliveryLog(len(clock.at), clock.perStream(), s.expect)
+	}
 	g.unwatch = context.AfterFunc(ctx, g.closeAll)
+	if g.startPollers(runID, clock, errs) {
+		return
+	}
 	for _, s := range g.subs {
 		g.wg.Go(func() { s.read(runID, clock, &g.stopping, errs) })
 	}
 }
 
-// closeAll ends every reader by closing its connection.
+// closeAll ends every reader: goroutine readers by closing their
+// connections, pollers by the stopping flag they check.
 func (g *subscriberGroup) closeAll() {
 	g.stopping.Store(true)
 	for _, s := range g.subs {
@@ -199,6 +213,9 @@ func (g *subscriberGroup) finish(ctx context.Context, expected int, grace time.D
 	}
 	g.closeAll() // ends each reader's pending read
 	g.wg.Wait()
+	for _, p := range g.pollers {
+		p.close()
+	}
 	all := make([]time.Duration, 0, g.received())
 	for _, s := range g.subs {
 		all = append(all, s.deliveries.latencies...)
