@@ -25,9 +25,11 @@ type fanoutReport struct {
 	Latency              latencyStats `json:"delivery_latency"` // publisher send to subscriber receive
 	PublishOKLatency     latencyStats `json:"publish_ok_latency"`
 	RelayRSS             *rssReport   `json:"relay_rss,omitempty"` // with -relay-pid
-	Rejected             tallyReport  `json:"rejected"`
-	Errors               tallyReport  `json:"errors"`
-	Error                string       `json:"error,omitempty"`
+	// CPU is measured from the first publish to the last delivery.
+	CPU      *cpuReport  `json:"cpu_per_delivery,omitempty"`
+	Rejected tallyReport `json:"rejected"`
+	Errors   tallyReport `json:"errors"`
+	Error    string      `json:"error,omitempty"`
 }
 
 func runFanout(ctx context.Context, o options) *fanoutReport {
@@ -62,12 +64,18 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	subs.start(ctx, o.runID, clock, &errs)
 
 	logf("fanout: publishing %d events to %d subscribers", o.fanoutEvents, len(subs.subs))
+	cpu := startCPU(o.relayPID)
 	pub.paced(ctx, clock, &rejected, &errs)
 	rep.EventsAccepted = pub.accepted
 	rep.PublishOKLatency = summarize(pub.latencies)
 
 	rep.Expected = rep.EventsAccepted * len(subs.subs)
-	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() { sampler.finish(&rss, len(subs.subs)) })
+	var cpuRep cpuReport
+	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() {
+		cpuRep = cpu.finish(subs.received())
+		sampler.finish(&rss, len(subs.subs))
+	})
+	rep.CPU = &cpuRep
 	rep.Received = len(deliveries)
 	rep.Duplicates = subs.duplicates()
 	rep.Missing = max(rep.Expected-rep.Received, 0)
