@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"time"
 
 	"github.com/coder/websocket"
@@ -27,19 +29,45 @@ type relayConn struct {
 	ws     *websocket.Conn
 	signer *signer
 	buf    bytes.Buffer
+	// tcp is the plain (ws://) connection under ws, for a subscriber to
+	// take over once subscribed; nil over TLS.
+	tcp *net.TCPConn
 }
+
+// dialedConn receives the connection a dial opened.
+type dialedConn struct{ conn net.Conn }
+
+type dialedConnKey struct{}
+
+// wsHTTPClient dials like the default client and hands the connection it
+// opened to a dialedConn in the request's context.
+var wsHTTPClient = &http.Client{Transport: func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	var d net.Dialer
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if into, ok := ctx.Value(dialedConnKey{}).(*dialedConn); ok && err == nil {
+			into.conn = c
+		}
+		return c, err
+	}
+	return t
+}()}
 
 // dialAuthed connects to url and authenticates as s: the relay sends its
 // challenge first, and every EVENT/REQ/COUNT needs AUTH before it.
 func dialAuthed(ctx context.Context, url string, s *signer) (*relayConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	var dialed dialedConn
+	ws, _, err := websocket.Dial(context.WithValue(ctx, dialedConnKey{}, &dialed), url,
+		&websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, HTTPClient: wsHTTPClient})
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
 	ws.SetReadLimit(maxFrame)
 	c := &relayConn{ws: ws, signer: s}
+	c.tcp, _ = dialed.conn.(*net.TCPConn)
 	if err := c.auth(ctx, url); err != nil {
 		c.close()
 		return nil, err

@@ -123,6 +123,14 @@ func newSendClock(streams, perStream int) *sendClock {
 	return c
 }
 
+// perStream is how many events each stream may send.
+func (c *sendClock) perStream() int {
+	if len(c.at) == 0 {
+		return 0
+	}
+	return len(c.at[0])
+}
+
 // mark records that (stream, seq) is being sent now and returns the time.
 func (c *sendClock) mark(stream, seq int) int64 {
 	now := monoNow()

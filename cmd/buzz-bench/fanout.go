@@ -21,12 +21,15 @@ type fanoutReport struct {
 	Expected             int          `json:"deliveries_expected"`
 	Received             int          `json:"deliveries_received"`
 	Missing              int          `json:"missing"`
+	Duplicates           int          `json:"duplicates"`       // deliveries of an event the subscriber already had
 	Latency              latencyStats `json:"delivery_latency"` // publisher send to subscriber receive
 	PublishOKLatency     latencyStats `json:"publish_ok_latency"`
 	RelayRSS             *rssReport   `json:"relay_rss,omitempty"` // with -relay-pid
-	Rejected             tallyReport  `json:"rejected"`
-	Errors               tallyReport  `json:"errors"`
-	Error                string       `json:"error,omitempty"`
+	// CPU is measured from the first publish to the last delivery.
+	CPU      *cpuReport  `json:"cpu_per_delivery,omitempty"`
+	Rejected tallyReport `json:"rejected"`
+	Errors   tallyReport `json:"errors"`
+	Error    string      `json:"error,omitempty"`
 }
 
 func runFanout(ctx context.Context, o options) *fanoutReport {
@@ -61,13 +64,20 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	subs.start(ctx, o.runID, clock, &errs)
 
 	logf("fanout: publishing %d events to %d subscribers", o.fanoutEvents, len(subs.subs))
+	cpu := startCPU(o.relayPID)
 	pub.paced(ctx, clock, &rejected, &errs)
 	rep.EventsAccepted = pub.accepted
 	rep.PublishOKLatency = summarize(pub.latencies)
 
 	rep.Expected = rep.EventsAccepted * len(subs.subs)
-	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() { sampler.finish(&rss, len(subs.subs)) })
+	var cpuRep cpuReport
+	deliveries := subs.finish(ctx, rep.Expected, deliveryGrace, func() {
+		cpuRep = cpu.finish(subs.received())
+		sampler.finish(&rss, len(subs.subs))
+	})
+	rep.CPU = &cpuRep
 	rep.Received = len(deliveries)
+	rep.Duplicates = subs.duplicates()
 	rep.Missing = max(rep.Expected-rep.Received, 0)
 	rep.Latency = summarize(deliveries)
 	return rep

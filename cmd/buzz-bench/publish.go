@@ -26,11 +26,13 @@ type publishReport struct {
 
 // subscriberReport describes live subscribers counting delivery latency.
 type subscriberReport struct {
-	Requested int          `json:"requested"`
-	Connected int          `json:"connected"`
-	Expected  int          `json:"deliveries_expected"`
-	Received  int          `json:"deliveries_received"`
-	Latency   latencyStats `json:"delivery_latency"`
+	Requested int `json:"requested"`
+	Connected int `json:"connected"`
+	Expected  int `json:"deliveries_expected"`
+	Received  int `json:"deliveries_received"`
+	// Duplicates are deliveries of an event the subscriber already had.
+	Duplicates int          `json:"duplicates"`
+	Latency    latencyStats `json:"delivery_latency"`
 }
 
 // deliveryGrace is how long subscribers may lag behind the last OK.
@@ -198,7 +200,7 @@ func runPublish(ctx context.Context, o options) *publishReport {
 	if o.subscribers > 0 {
 		rep.Subscribers = &subscriberReport{
 			Requested: o.subscribers, Connected: len(subs.subs), Expected: expected,
-			Received: len(deliveries), Latency: summarize(deliveries),
+			Received: len(deliveries), Duplicates: subs.duplicates(), Latency: summarize(deliveries),
 		}
 	}
 	return rep

@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestPercentile(t *testing.T) {
@@ -62,4 +64,15 @@ func TestTallyKeepsFirstDistinctSamples(t *testing.T) {
 	if r.Count != 20 || len(r.First) != maxTallySamples || r.First[0] != "same" || r.First[1] != "a" {
 		t.Errorf("report = %+v", r)
 	}
+}
+
+func TestDeliveryLogCountsEachEventOnce(t *testing.T) {
+	t.Parallel()
+	l := newDeliveryLog(2, 100, 4)
+	require.True(t, l.add(0, 5, time.Millisecond))
+	require.True(t, l.add(1, 5, 2*time.Millisecond), "the same seq on another stream is another event")
+	require.True(t, l.add(1, 99, 3*time.Millisecond))
+	require.False(t, l.add(0, 5, 4*time.Millisecond), "a second delivery of an event")
+	require.Equal(t, 1, l.duplicates)
+	require.Equal(t, []time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond}, l.latencies)
 }

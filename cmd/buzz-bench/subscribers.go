@@ -14,9 +14,43 @@ const liveSubID = "live"
 // liveSubscriber reads live events on one connection and records the
 // delivery latency of this run's events.
 type liveSubscriber struct {
-	conn      *relayConn
-	latencies []time.Duration
-	received  atomic.Int64 // len(latencies), readable while the reader runs
+	conn       *relayConn
+	expect     int // deliveries expected, to size the log
+	deliveries deliveryLog
+	received   atomic.Int64 // len(deliveries.latencies), readable while the reader runs
+}
+
+// deliveryLog records the first delivery of each event to one subscriber.
+// A second delivery of the same event is counted as a duplicate and gives
+// no latency sample, so "all delivered" means every event arrived, not
+// that the count of arrivals reached the count expected.
+type deliveryLog struct {
+	perStream  int
+	seen       []uint64 // one bit per (stream, seq)
+	latencies  []time.Duration
+	duplicates int
+}
+
+func newDeliveryLog(streams, perStream, expect int) deliveryLog {
+	return deliveryLog{
+		perStream: perStream,
+		seen:      make([]uint64, (streams*perStream+63)/64),
+		latencies: make([]time.Duration, 0, expect),
+	}
+}
+
+// add records a delivery of (stream, seq), which the send clock knows;
+// it reports whether it was the first.
+func (l *deliveryLog) add(stream, seq int, latency time.Duration) bool {
+	bit := stream*l.perStream + seq
+	word, mask := bit/64, uint64(1)<<(bit%64)
+	if l.seen[word]&mask != 0 {
+		l.duplicates++
+		return false
+	}
+	l.seen[word] |= mask
+	l.latencies = append(l.latencies, latency)
+	return true
 }
 
 // dialSubscriber connects, authenticates with a fresh key and subscribes,
@@ -34,45 +68,58 @@ func dialSubscriber(ctx context.Context, url string, filter any, expect int) (*l
 		conn.close()
 		return nil, err
 	}
-	return &liveSubscriber{conn: conn, latencies: make([]time.Duration, 0, expect)}, nil
+	return &liveSubscriber{conn: conn, expect: expect}, nil
 }
 
-// read records delivery latencies until ctx ends. It is the connection's
-// only reader.
-func (s *liveSubscriber) read(ctx context.Context, runID string, clock *sendClock, errs *tally) {
+// read records delivery latencies until its connection is closed (by
+// finish, or when ctx ends). It is the connection's only reader. It reads
+// without a context: a cancellable one costs the WebSocket library a
+// registration with it per message, for a thousand readers at once on the
+// load generator's side of the measure; closing the connection ends the
+// read instead. Used where the subscribers cannot be polled together
+// (TLS, or not Linux).
+func (s *liveSubscriber) read(runID string, clock *sendClock, stopping *atomic.Bool, errs *tally) {
 	for {
-		msg, err := s.conn.next(ctx)
+		msg, err := s.conn.next(context.Background())
 		if err != nil {
-			if ctx.Err() == nil {
+			if !stopping.Load() {
 				errs.addErr("subscriber read", err)
 			}
 			return
 		}
-		if msg.Verb != verbEvent || string(msg.SubID) != liveSubID {
-			continue
-		}
-		now := monoNow()
-		_, body, err := eventFields(msg.Event)
-		if err != nil {
-			errs.addErr("subscriber decode", err)
-			continue
-		}
-		stream, seq, ok := parseMarker(body, runID)
-		if !ok {
-			continue // another client's or another run's event
-		}
-		if lat, ok := clock.since(stream, seq, now); ok {
-			s.latencies = append(s.latencies, lat)
-			s.received.Add(1)
-		}
+		s.handle(msg, monoNow(), runID, clock, errs)
 	}
 }
 
-// subscriberGroup runs one reader goroutine per subscriber.
+// handle records msg, received at now, if it is a live event of this run.
+func (s *liveSubscriber) handle(msg relayMsg, now int64, runID string, clock *sendClock, errs *tally) {
+	if msg.Verb != verbEvent || string(msg.SubID) != liveSubID {
+		return
+	}
+	_, body, err := eventFields(msg.Event)
+	if err != nil {
+		errs.addErr("subscriber decode", err)
+		return
+	}
+	stream, seq, ok := parseMarker(body, runID)
+	if !ok {
+		return // another client's or another run's event
+	}
+	if lat, ok := clock.since(stream, seq, now); ok && s.deliveries.add(stream, seq, lat) {
+		s.received.Add(1)
+	}
+}
+
+// subscriberGroup reads its subscribers' live events.
 type subscriberGroup struct {
 	subs []*liveSubscriber
 	wg   sync.WaitGroup
-	stop context.CancelFunc
+	// stopping is set before the readers' connections are closed, so the
+	// errors that ends their reads are not tallied.
+	stopping atomic.Bool
+	// unwatch ends the watch on the scenario's context.
+	unwatch func() bool
+	pollers []*poller
 }
 
 // connectSubscribers opens n subscribers, at most concurrency at a time so
@@ -108,12 +155,39 @@ func connectSubscribers(ctx context.Context, url string, n, concurrency int, fil
 	return g
 }
 
-// start launches the readers; they run until finish or ctx ends.
+// start launches the readers; they run until finish or ctx ends. Over
+// plain WebSocket on Linux a few pollers read every subscriber (see
+// startPollers); otherwise each subscriber has a reader goroutine.
 func (g *subscriberGroup) start(ctx context.Context, runID string, clock *sendClock, errs *tally) {
-	ctx, g.stop = context.WithCancel(ctx)
 	for _, s := range g.subs {
-		g.wg.Go(func() { s.read(ctx, runID, clock, errs) })
+		s.deliveries = newDeliveryLog(len(clock.at), clock.perStream(), s.expect)
 	}
+	g.unwatch = context.AfterFunc(ctx, g.closeAll)
+	if g.startPollers(runID, clock, errs) {
+		return
+	}
+	for _, s := range g.subs {
+		g.wg.Go(func() { s.read(runID, clock, &g.stopping, errs) })
+	}
+}
+
+// closeAll ends every reader: goroutine readers by closing their
+// connections, pollers by the stopping flag they check.
+func (g *subscriberGroup) closeAll() {
+	g.stopping.Store(true)
+	for _, s := range g.subs {
+		s.conn.close()
+	}
+}
+
+// duplicates is how many deliveries repeated an event the subscriber
+// already had; valid once finish returned.
+func (g *subscriberGroup) duplicates() int {
+	n := 0
+	for _, s := range g.subs {
+		n += s.deliveries.duplicates
+	}
+	return n
 }
 
 func (g *subscriberGroup) received() int {
@@ -134,14 +208,17 @@ func (g *subscriberGroup) finish(ctx context.Context, expected int, grace time.D
 	for _, f := range before {
 		f()
 	}
-	if g.stop != nil {
-		g.stop() // ends each reader's pending read, which closes its connection
+	if g.unwatch != nil {
+		g.unwatch()
 	}
+	g.closeAll() // ends each reader's pending read
 	g.wg.Wait()
+	for _, p := range g.pollers {
+		p.close()
+	}
 	all := make([]time.Duration, 0, g.received())
 	for _, s := range g.subs {
-		all = append(all, s.latencies...)
-		s.conn.close()
+		all = append(all, s.deliveries.latencies...)
 	}
 	return all
 }

@@ -134,11 +134,18 @@ func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []table
 			add(measure, "error: "+f.Error, "", statusNA)
 		} else {
 			status := atMost(f.Latency.P99, targetFanoutP99)
-			if f.Missing > 0 || f.SubscribersConnected < f.SubscribersRequested {
+			if f.Missing > 0 || f.Duplicates > 0 || f.SubscribersConnected < f.SubscribersRequested {
 				status = statusMiss
 			}
 			add(measure, fmt.Sprintf("%s (p50 %s), %d of %d delivered to %d subscribers", ms(f.Latency.P99), ms(f.Latency.P50), f.Received, f.Expected, f.SubscribersConnected),
 				"≤ "+ms(targetFanoutP99)+", all delivered", status)
+		}
+		if c := f.CPU; c != nil && c.BenchUSPerDelivery > 0 {
+			relay := "?"
+			if c.RelayUSPerDelivery > 0 {
+				relay = fmt.Sprintf("%.1f", c.RelayUSPerDelivery)
+			}
+			add("fan-out CPU per delivery, relay / buzz-bench", fmt.Sprintf("%s / %.1f µs", relay, c.BenchUSPerDelivery), "", statusNone)
 		}
 		if r := f.RelayRSS; r != nil {
 			if r.Error != "" && r.Connections == 0 {

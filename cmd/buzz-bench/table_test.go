@@ -77,6 +77,7 @@ func sampleReport() *report {
 	}}
 	sc.Fanout = &fanoutReport{SubscribersRequested: 1000, SubscribersConnected: 1000, Expected: 200000, Received: 200000,
 		Latency:  latencyStats{P50: 5, P99: 18},
+		CPU:      &cpuReport{RelayUSPerDelivery: 7.5, BenchUSPerDelivery: 9.1},
 		RelayRSS: &rssReport{BaseKB: 44 * 1024, PeakKB: 84 * 1024, Connections: 1000, PerConnBytes: perConnBytes(44*1024, 84*1024, 1000)}}
 	return rep
 }
@@ -110,6 +111,7 @@ func TestBuildTableJudgesEveryTarget(t *testing.T) {
 		"REQ search-common p99":                         statusMiss,
 		"REQ search-rare p99":                           statusPass,
 		"fan-out 1→1000, delivery p99":                  statusPass,
+		"fan-out CPU per delivery, relay / buzz-bench":  statusNone,
 		"relay RSS per subscribed connection":           statusMiss, // 41 KB
 		"mention → listener median":                     statusPass,
 		"mention → listener p90":                        statusMiss,
@@ -119,6 +121,17 @@ func TestBuildTableJudgesEveryTarget(t *testing.T) {
 	for measure, status := range want {
 		require.Equal(t, status, statusOf(t, rows, measure), measure)
 	}
+}
+
+// A duplicate delivery fails the fan-out row even when every event
+// arrived: "all delivered" means once each.
+// Mutation killed: duplicates not looked at by the table.
+func TestBuildTableMissesOnDuplicateDeliveries(t *testing.T) {
+	t.Parallel()
+	rep := sampleReport()
+	rep.Scenarios.Fanout.Duplicates = 1
+	rows := buildTable(rep, 9000, nil)
+	require.Equal(t, statusMiss, statusOf(t, rows, "fan-out 1→1000, delivery p99"))
 }
 
 func TestBuildTableWithoutReferences(t *testing.T) {

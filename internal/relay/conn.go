@@ -54,7 +54,8 @@ type conn struct {
 	// WriteTimeout: one timer per connection instead of a context per
 	// message (an allocation plus a registration with the connection's
 	// context, a measurable share of fan-out to 1,000 subscribers).
-	writeWatchdog *time.Timer
+	writeWatchdog writeWatch
+	writeTimer    *time.Timer // the watchdog's
 	ctx           context.Context
 	cancel        context.CancelFunc
 	slowOnce      sync.Once
@@ -90,6 +91,7 @@ func (c *conn) EnqueueEvent(subID string, rawEvent []byte) bool {
 }
 
 func (c *conn) enqueueLive(m queued) bool {
+	m.queuedAt = monoNow()
 	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue)
 	if startWriter {
 		go c.writeQueued()
@@ -247,6 +249,9 @@ func (c *conn) cleanup() {
 	c.srv.hub.UnsubscribeAll(c.tenant.ID(), c)
 	c.cancel()
 	c.ws.CloseNow()
+	// A pending watchdog would keep the connection reachable until it
+	// fires; the closed socket ends any write still running.
+	c.writeTimer.Stop()
 	// Nothing queued keeps holding reply budget, and nothing more is queued.
 	for _, q := range c.out.close() {
 		c.sent(q)
@@ -257,11 +262,15 @@ func (c *conn) cleanup() {
 // initWriteWatchdog creates the write watchdog, stopped, before the
 // connection is tracked, since a shutdown may start a writer at once.
 func (c *conn) initWriteWatchdog() {
-	c.writeWatchdog = time.AfterFunc(time.Hour, func() {
+	w := &c.writeWatchdog
+	w.timeout, w.now = c.srv.cfg.WriteTimeout, monoNow
+	w.expire = func() {
 		c.log.Debug("write timed out; closing", "timeout", c.srv.cfg.WriteTimeout)
 		c.ws.CloseNow()
-	})
-	c.writeWatchdog.Stop()
+	}
+	c.writeTimer = time.AfterFunc(time.Hour, w.fire)
+	c.writeTimer.Stop()
+	w.arm = func(d time.Duration) { c.writeTimer.Reset(d) }
 }
 
 // writeQueued writes everything queued, in order, then returns; the next
@@ -301,8 +310,8 @@ var envelopes = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return 
 // batch; a write takes no context, which would cost a registration with
 // it per message.
 func (c *conn) writeBatch(batch []queued) bool {
-	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
-	defer c.writeWatchdog.Stop()
+	c.writeWatchdog.begin()
+	defer c.writeWatchdog.end()
 	envelope := envelopes.Get().(*[]byte)
 	defer envelopes.Put(envelope)
 	c.sock.cork()
@@ -328,7 +337,21 @@ func (c *conn) writeBatch(batch []queued) bool {
 		c.cancel()
 		return false
 	}
+	c.observeWriteDelay(batch)
 	return true
+}
+
+// observeWriteDelay records, for each live delivery of a batch that just
+// reached the socket, how long it waited since it was queued: the relay's
+// own share of fan-out latency (the queue, the scheduler, the write),
+// apart from the commit before it and the network after it.
+func (c *conn) observeWriteDelay(batch []queued) {
+	now := monoNow()
+	for _, q := range batch {
+		if !q.reply {
+			c.srv.metrics.FanoutWriteDelay.Observe(float64(now-q.queuedAt) / float64(time.Second))
+		}
+	}
 }
 
 // sent accounts for one message having left the queue, written or not.

@@ -15,12 +15,15 @@ type Metrics struct {
 	ReqDuration     *prometheus.HistogramVec
 	FanoutDelivered prometheus.Counter
 	FanoutDropped   prometheus.Counter
-	SlowClosed      prometheus.Counter
-	ConnsRefused    *prometheus.CounterVec // reason: total, address
-	ReplyQueueBytes prometheus.Gauge
-	AuthTimeouts    prometheus.Counter
-	RateLimited     prometheus.Counter
-	DBQuery         *prometheus.HistogramVec // query: the statement's name
+	// FanoutWriteDelay is the time from a live event queued for a
+	// subscriber to its socket write.
+	FanoutWriteDelay prometheus.Histogram
+	SlowClosed       prometheus.Counter
+	ConnsRefused     *prometheus.CounterVec // reason: total, address
+	ReplyQueueBytes  prometheus.Gauge
+	AuthTimeouts     prometheus.Counter
+	RateLimited      prometheus.Counter
+	DBQuery          *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid.
 	OwnerAttestations *prometheus.CounterVec
@@ -37,6 +40,11 @@ type Metrics struct {
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
 // request or a statement is timed on the same scale.
 var latencyBuckets = []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2, 5}
+
+// fanoutBuckets span a tenth of a millisecond to a second: a delivery to an
+// idle connection leaves in microseconds, one behind a thousand others in
+// milliseconds, and one to a slow client waits up to the write timeout.
+var fanoutBuckets = []float64{.0001, .00025, .0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1}
 
 // NewMetrics creates and registers the relay's collectors.
 func NewMetrics() *Metrics {
@@ -61,6 +69,11 @@ func NewMetrics() *Metrics {
 		}),
 		FanoutDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_fanout_dropped_total", Help: "Live events not queued because the subscriber's send queue was full.",
+		}),
+		FanoutWriteDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "buzz_fanout_write_delay_seconds",
+			Help:    "Time from a live event queued for a subscriber to its write to the subscriber's socket.",
+			Buckets: fanoutBuckets,
 		}),
 		SlowClosed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_slow_clients_closed_total", Help: "Connections closed because they could not keep up.",
@@ -101,7 +114,7 @@ func NewMetrics() *Metrics {
 		Help: "Reads that could be served by the read replica, by path, where they went (replica, writer) and why.",
 	}, []string{"path", "decision", "reason"})
 	m.Registry.MustRegister(m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

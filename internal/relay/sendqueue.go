@@ -1,6 +1,9 @@
 package relay
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // sendQueue holds a connection's outgoing messages in the order they were
 // queued: live deliveries and replies to the client's own requests.
@@ -33,7 +36,17 @@ type queued struct {
 	msg   []byte
 	subID string
 	reply bool // a reply: its bytes count against the reply budget
+	// queuedAt is when a live delivery was queued (monoNow), for the
+	// queue-to-socket histogram.
+	queuedAt int64
 }
+
+// monoEpoch anchors monoNow.
+var monoEpoch = time.Now()
+
+// monoNow is a monotonic clock reading in nanoseconds: cheaper to keep per
+// queued message than a time.Time.
+func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 
 // keepSpare is the largest batch capacity kept for reuse; a larger batch,
 // after a burst, is left to the collector.

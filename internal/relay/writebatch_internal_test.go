@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/semaphore"
 
@@ -245,4 +247,61 @@ func TestControlFramesWhileCorkedStayWhole(t *testing.T) {
 	}
 	require.NoError(t, <-received)
 	require.NoError(t, <-pings)
+}
+
+// The fan-out write delay histogram gets one sample per live delivery that
+// reached the socket, measured from when it was queued, and none for
+// replies. Mutations killed: no observation; replies observed too; the
+// delay measured from the start of the write instead of the queueing.
+func TestWriteDelayIsObservedPerLiveDeliveryFromQueueing(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	const live, replies = 5, 3
+	const waited = 50 * time.Millisecond
+	queuedAt := monoNow() - int64(waited)
+	for i := range live {
+		ok, _ := c.out.pushLive(queued{msg: []byte(`{"id":"x"}`), subID: "s", queuedAt: queuedAt}, live)
+		require.True(t, ok)
+		if i < replies {
+			msg := nostr.EncodeEOSE("r")
+			require.NoError(t, c.replyRoom.Acquire(context.Background(), c.replyWeight(msg)))
+			ok, _ := c.out.pushReply(msg)
+			require.True(t, ok)
+		}
+	}
+	c.writeQueued()
+	readMessages(t, client, live+replies)
+	count, sum := histogramCountSum(t, c.srv.metrics.FanoutWriteDelay)
+	require.Equal(t, uint64(live), count, "one sample per live delivery, none per reply")
+	require.GreaterOrEqual(t, sum, live*waited.Seconds(), "measured from when each was queued")
+}
+
+// A live delivery is stamped when it is queued: its observed delay is
+// within the time the test spent around queueing and reading it.
+// Mutation killed: enqueueLive not stamping the delivery (the delay would
+// then count from the clock's origin).
+func TestEnqueuedDeliveryIsStampedWhenQueued(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	before := monoNow()
+	require.True(t, c.EnqueueEvent("s", []byte(`{"id":"y"}`)))
+	readMessages(t, client, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if count, _ := histogramCountSum(t, c.srv.metrics.FanoutWriteDelay); count == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Duration(monoNow() - before)
+	count, sum := histogramCountSum(t, c.srv.metrics.FanoutWriteDelay)
+	require.Equal(t, uint64(1), count)
+	require.LessOrEqual(t, sum, elapsed.Seconds())
+}
+
+func histogramCountSum(t *testing.T, h prometheus.Histogram) (uint64, float64) {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, h.Write(&m))
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }

@@ -1,0 +1,96 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/require"
+)
+
+// dialPlain connects a relayConn to url the way dialAuthed does, without
+// AUTH.
+func dialPlain(t *testing.T, url string) *relayConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var dialed dialedConn
+	ws, _, err := websocket.Dial(context.WithValue(ctx, dialedConnKey{}, &dialed), url,
+		&websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, HTTPClient: wsHTTPClient})
+	require.NoError(t, err)
+	c := &relayConn{ws: ws}
+	c.tcp, _ = dialed.conn.(*net.TCPConn)
+	require.NotNil(t, c.tcp, "the plain connection is kept for the poller")
+	return c
+}
+
+// Polled subscribers read every live event the server sends, small and
+// larger than their buffer, once each, however the server repeats one;
+// they answer the server's pings; other subscriptions' events and other
+// messages are ignored.
+// Mutations killed: no pong (the server's Ping fails); a frame larger than
+// the buffer lost or cut; a second copy of an event counted; the poller
+// not started (nothing received).
+func TestPolledSubscribersReadEveryEventOnceAndAnswerPings(t *testing.T) {
+	t.Parallel()
+	const subscribers, events, runID = 3, 40, "pollrun"
+	clock := newSendClock(1, events)
+	pinged := make(chan error, subscribers)
+	// The server sends nothing until the subscribers are polled, as the
+	// relay sends nothing between EOSE and the first live event.
+	polled := make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := ws.CloseRead(context.Background()) // reads the pongs
+		send := func(msg string) bool { return ws.Write(ctx, websocket.MessageText, []byte(msg)) == nil }
+		<-polled
+		for seq := range events {
+			if seq == events/2 {
+				pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				pinged <- ws.Ping(pingCtx)
+				cancel()
+			}
+			content := fmt.Sprintf("%s/0/%d lorem", runID, seq)
+			if seq%7 == 0 {
+				content += " " + strings.Repeat("x", 3*initialPollBuffer) // larger than the buffer
+			}
+			clock.mark(0, seq)
+			ev := fmt.Sprintf(`["EVENT","%s",{"id":"%064d","content":"%s"}]`, liveSubID, seq, content)
+			if !send(ev) || (seq%5 == 0 && !send(ev)) || // a repeated delivery
+				!send(`["EVENT","other",{"id":"1","content":"`+content+`"}]`) || !send(`["NOTICE","hello"]`) {
+				return
+			}
+		}
+		<-ctx.Done()
+	}))
+	t.Cleanup(hs.Close)
+
+	g := &subscriberGroup{}
+	for range subscribers {
+		g.subs = append(g.subs, &liveSubscriber{conn: dialPlain(t, "ws"+strings.TrimPrefix(hs.URL, "http")), expect: events})
+	}
+	var errs tally
+	g.start(context.Background(), runID, clock, &errs)
+	require.NotEmpty(t, g.pollers, "the subscribers are polled")
+	close(polled)
+	got := g.finish(context.Background(), subscribers*events, 30*time.Second)
+	for range subscribers {
+		require.NoError(t, <-pinged, "the server's ping was answered")
+	}
+	require.Len(t, got, subscribers*events, "every event, once, to every subscriber")
+	require.Equal(t, subscribers*((events+4)/5), g.duplicates())
+	rep := errs.report()
+	require.Zero(t, rep.Count, "no read or decode error: %v", rep.First)
+}
