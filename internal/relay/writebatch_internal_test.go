@@ -265,7 +265,7 @@ func TestWriteDelayIsObservedPerLiveDeliveryFromQueueing(t *testing.T) {
 		if i < replies {
 			msg := nostr.EncodeEOSE("r")
 			require.NoError(t, c.replyRoom.Acquire(context.Background(), c.replyWeight(msg)))
-			ok, _ := c.out.pushReply(msg)
+			ok, _ := c.out.pushReply(queued{msg: msg})
 			require.True(t, ok)
 		}
 	}
