@@ -242,8 +242,12 @@ func TestPublishQueryAndLiveDelivery(t *testing.T) {
 	require.Equal(t, live.ID, ev.Event.ID)
 	require.NoError(t, ev.Event.Verify(), "delivered events keep a valid signature")
 
-	// CLOSE stops delivery.
+	// CLOSE stops delivery. A connection's messages are handled in order,
+	// so once the COUNT sent after the CLOSE is answered, the CLOSE has
+	// taken effect; publishing before that raced the relay's handling of it.
 	sub.Send("CLOSE", "live")
+	sub.Send("COUNT", "closed", map[string]any{"#t": []string{"live"}})
+	require.Equal(t, int64(1), sub.Expect("COUNT").Count)
 	require.True(t, pub.Publish(pub.Sign(1, "after close", nostr.Tags{{"t", "live"}}, 0)).OK)
 	sub.Send("COUNT", "probe", map[string]any{"#t": []string{"live"}})
 	count := sub.Expect("COUNT")
