@@ -91,10 +91,6 @@ load_s=$(echo "$(date +%s.%N) - $start" | bc)
 # (common/rare and mid/absent search terms in two runs).
 shapes() {
 	local stage=$1
-	if ! bin/buzz-bench -h 2>&1 | grep -q -- '-search-common'; then
-		echo "bench-scale: this buzz-bench has no shapes scenario; read shapes skipped" >&2
-		return 0
-	fi
 	locked bin/buzz-bench -url "$url" -scenario shapes -req-seed 0 -req-iterations 200 \
 		-search-common lorem -search-rare rare42 >"$out/shapes-$stage.json" || true
 	locked bin/buzz-bench -url "$url" -scenario shapes -req-seed 0 -req-iterations 200 -shapes search-common,search-rare \
