@@ -54,8 +54,7 @@ type conn struct {
 	// WriteTimeout: one timer per connection instead of a context per
 	// message (an allocation plus a registration with the connection's
 	// context, a measurable share of fan-out to 1,000 subscribers).
-	writeWatchdog writeWatch
-	writeTimer    *time.Timer // the watchdog's
+	writeWatchdog *time.Timer
 	ctx           context.Context
 	cancel        context.CancelFunc
 	slowOnce      sync.Once
@@ -249,9 +248,6 @@ func (c *conn) cleanup() {
 	c.srv.hub.UnsubscribeAll(c.tenant.ID(), c)
 	c.cancel()
 	c.ws.CloseNow()
-	// A pending watchdog would keep the connection reachable until it
-	// fires; the closed socket ends any write still running.
-	c.writeTimer.Stop()
 	// Nothing queued keeps holding reply budget, and nothing more is queued.
 	for _, q := range c.out.close() {
 		c.sent(q)
@@ -262,15 +258,11 @@ func (c *conn) cleanup() {
 // initWriteWatchdog creates the write watchdog, stopped, before the
 // connection is tracked, since a shutdown may start a writer at once.
 func (c *conn) initWriteWatchdog() {
-	w := &c.writeWatchdog
-	w.timeout, w.now = c.srv.cfg.WriteTimeout, monoNow
-	w.expire = func() {
+	c.writeWatchdog = time.AfterFunc(time.Hour, func() {
 		c.log.Debug("write timed out; closing", "timeout", c.srv.cfg.WriteTimeout)
 		c.ws.CloseNow()
-	}
-	c.writeTimer = time.AfterFunc(time.Hour, w.fire)
-	c.writeTimer.Stop()
-	w.arm = func(d time.Duration) { c.writeTimer.Reset(d) }
+	})
+	c.writeWatchdog.Stop()
 }
 
 // writeQueued writes everything queued, in order, then returns; the next
@@ -310,8 +302,8 @@ var envelopes = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return 
 // batch; a write takes no context, which would cost a registration with
 // it per message.
 func (c *conn) writeBatch(batch []queued) bool {
-	c.writeWatchdog.begin()
-	defer c.writeWatchdog.end()
+	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
+	defer c.writeWatchdog.Stop()
 	envelope := envelopes.Get().(*[]byte)
 	defer envelopes.Put(envelope)
 	c.sock.cork()
