@@ -159,7 +159,7 @@ func (e *Event) Sign(sk *SecretKey) error {
 	e.PubKey = string(appendHex(pub[:0], sk.pub[:]))
 	id := e.ComputeID()
 
-	sig, err := sk.sign(id)
+	sig, err := sk.SignDigest(id)
 	if err != nil {
 		return err
 	}

@@ -39,17 +39,6 @@ func signPureGo(k *SecretKey, digest *[32]byte, aux *[32]byte) ([64]byte, error)
 	return out, nil
 }
 
-// sign returns the BIP-340 signature of digest with fresh auxiliary
-// randomness, through whichever signer the build selected.
-func (k *SecretKey) sign(digest [32]byte) ([64]byte, error) {
-	// BIP-340 recommends fresh auxiliary randomness mixed into the nonce.
-	var aux [32]byte
-	if _, err := rand.Read(aux[:]); err != nil {
-		return [64]byte{}, err
-	}
-	return signSchnorr(k, &digest, &aux)
-}
-
 // GenerateSecretKey returns a new random key from crypto/rand.
 func GenerateSecretKey() (*SecretKey, error) {
 	priv, err := btcec.NewPrivateKey()
@@ -93,5 +82,10 @@ func (k *SecretKey) PublicKeyHex() string { return hex.EncodeToString(k.pub[:]) 
 // signatures over something other than an event, such as an owner
 // attestation), with fresh auxiliary randomness.
 func (k *SecretKey) SignDigest(digest [32]byte) ([64]byte, error) {
-	return k.sign(digest)
+	// BIP-340 recommends fresh auxiliary randomness mixed into the nonce.
+	var aux [32]byte
+	if _, err := rand.Read(aux[:]); err != nil {
+		return [64]byte{}, err
+	}
+	return signSchnorr(k, &digest, &aux)
 }
