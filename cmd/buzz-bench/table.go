@@ -88,6 +88,10 @@ func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []table
 		if pgbenchTPS > 0 {
 			result += fmt.Sprintf(", %.2f of pgbench", p.AcceptedPerSec/pgbenchTPS)
 		}
+		if p.SignedDuringRun > 0 {
+			// The load generator's signing shares the cores with the relay.
+			result += fmt.Sprintf(", %d signed while timed (raise -presign-rate)", p.SignedDuringRun)
+		}
 		if p.Publishers != pgbenchClients {
 			add(measure, result, "reported", statusNone)
 			continue

@@ -221,3 +221,21 @@ func TestPlanPublishCapsOnePublisher(t *testing.T) {
 	o.publishers = 1
 	require.Equal(t, publishPlan{publishers: 1, prefill: 20001, budget: 80004}, planPublish(o))
 }
+
+// A publish row whose load generator had to sign while the clock ran says
+// so: those signatures took the relay's cores, and the row's numbers are
+// not the relay's alone.
+// Mutation killed: the late-signing count left out of the row.
+func TestPublishRowSaysWhatWasSignedWhileTimed(t *testing.T) {
+	t.Parallel()
+	rep := sampleReport()
+	rep.Scenarios.Publish[1].SignedDuringRun = 1234
+	rows := buildTable(rep, 9000, nil)
+	for _, r := range rows {
+		if r.measure == "publish, 16 publishers: ratio to pgbench" {
+			require.Contains(t, r.result, "1234 signed while timed")
+			return
+		}
+	}
+	t.Fatal("no 16-publisher row")
+}
