@@ -164,11 +164,10 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	if url == "" {
 		return errors.New("BUZZ_DATABASE_URL is not set")
 	}
-	poolCfg, err := pgxpool.ParseConfig(url)
+	poolCfg, err := pguuid.ParsePoolConfig(url)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
-	poolCfg.AfterConnect = pguuid.AfterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err

@@ -166,13 +166,12 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err != nil {
 		return fmt.Errorf("operator listeners: %w", err)
 	}
-	poolCfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	poolCfg, err := pguuid.ParsePoolConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
-	poolCfg.AfterConnect = pguuid.AfterConnect
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.

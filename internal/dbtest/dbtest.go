@@ -154,11 +154,10 @@ func URL(t testing.TB) string {
 // Pool returns a pool on a fresh migrated database for this test.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(URL(t))
+	cfg, err := pguuid.ParsePoolConfig(URL(t)) // as the relay's pools
 	if err != nil {
 		t.Fatalf("dbtest: pool: %v", err)
 	}
-	cfg.AfterConnect = pguuid.AfterConnect // as the relay's pools
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("dbtest: pool: %v", err)

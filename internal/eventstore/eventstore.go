@@ -73,18 +73,6 @@ func (s *Store) observe(name string, start time.Time) {
 	}
 }
 
-// Query is QueryJSON with each event decoded, for callers that look
-// inside the events rather than pass them on.
-func (s *Store) Query(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters, fn func(ev *nostr.Event, channel *uuid.UUID) error) error {
-	return s.QueryJSON(ctx, community, scope, filters, func(event []byte, channel *uuid.UUID) error {
-		ev, err := nostr.ParseEvent(event, nostr.Limits{})
-		if err != nil {
-			return fmt.Errorf("stored event: %w", err)
-		}
-		return fn(ev, channel)
-	})
-}
-
 // QueryJSON streams the stored events that match filters and that scope
 // may see, newest first, to fn as their NIP-01 JSON objects (exactly the
 // bytes nostr's AppendJSON makes), with each event's channel (nil:

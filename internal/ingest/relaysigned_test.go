@@ -36,10 +36,11 @@ func TestRelaySignedListsNeverRunAheadOfTheClock(t *testing.T) {
 		t.Helper()
 		store := eventstore.New(f.pool, 100)
 		var got []*nostr.Event
-		require.NoError(t, store.Query(f.ctx, f.tenant.ID(), eventstore.Scope{Channels: []uuid.UUID{uuid.MustParse(ch)}},
-			nostr.Filters{{Kinds: []int{kind}, Tags: map[string][]string{"d": {ch}}}}, func(ev *nostr.Event, _ *uuid.UUID) error {
+		require.NoError(t, store.QueryJSON(f.ctx, f.tenant.ID(), eventstore.Scope{Channels: []uuid.UUID{uuid.MustParse(ch)}},
+			nostr.Filters{{Kinds: []int{kind}, Tags: map[string][]string{"d": {ch}}}}, func(raw []byte, _ *uuid.UUID) error {
+				ev, err := nostr.ParseEvent(raw, nostr.Limits{})
 				got = append(got, ev)
-				return nil
+				return err
 			}))
 		require.Len(t, got, 1, "kind %d", kind)
 		require.Equal(t, wantCreatedAt, got[0].CreatedAt, "kind %d", kind)

@@ -17,7 +17,19 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// ParsePoolConfig is pgxpool.ParseConfig with the codec registered on
+// every connection: what every pool of the relay and its tools starts from.
+func ParsePoolConfig(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AfterConnect = AfterConnect
+	return cfg, nil
+}
 
 // AfterConnect registers the codec on a new connection (pgxpool.Config.AfterConnect).
 func AfterConnect(_ context.Context, conn *pgx.Conn) error {

@@ -264,13 +264,12 @@ func ArmFloor(cfg *pgxpool.Config, floor time.Duration) {
 // and a transaction left idle ended after idleInTransaction, so neither a
 // blackholed reader nor an abandoned snapshot holds a connection for long.
 func ReaderPoolConfig(url string, maxConns int32, statementTimeout, idleInTransaction time.Duration) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pguuid.ParsePoolConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
 	cfg.MinConns = 0
-	cfg.AfterConnect = pguuid.AfterConnect
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
 	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idleInTransaction.Milliseconds(), 10)
 	return cfg, nil
