@@ -1410,11 +1410,13 @@ $_$;
 --
 
 CREATE FUNCTION public.events_deletion_coordinates_canonical(tags jsonb) RETURNS boolean
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
-    SELECT coalesce(bool_and(coalesce(nostr_coordinate_is_canonical(tag->>1), false)), true)
-    FROM jsonb_array_elements(tags) AS tag
-    WHERE jsonb_typeof(tag) = 'array' AND jsonb_array_length(tag) >= 2 AND tag->>0 = 'a'
+BEGIN
+    RETURN (SELECT coalesce(bool_and(coalesce(nostr_coordinate_is_canonical(tag->>1), false)), true)
+            FROM jsonb_array_elements(tags) AS tag
+            WHERE jsonb_typeof(tag) = 'array' AND jsonb_array_length(tag) >= 2 AND tag->>0 = 'a');
+END
 $$;
 
 
@@ -1485,13 +1487,41 @@ $$;
 --
 
 CREATE FUNCTION public.events_tag_index(tags jsonb) RETURNS text[]
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     AS $_$
-    SELECT coalesce(array_agg(DISTINCT (tag->>0) || ':' || (tag->>1)), '{}')
-    FROM jsonb_array_elements(tags) AS tag
-    WHERE jsonb_typeof(tag) = 'array'
-      AND (tag->>0) ~ '^[A-Za-z]$'
-      AND octet_length(tag->>1) <= 1024
+DECLARE
+    tag     jsonb;
+    entry   text;
+    entries text[] := '{}';
+    n       int;
+    pos     int;
+BEGIN
+    IF jsonb_typeof(tags) <> 'array' THEN
+        RETURN '{}'; -- for CHECK events_tags_array to refuse by name
+    END IF;
+    n := jsonb_array_length(tags);
+    IF n > 16 THEN
+        RETURN (SELECT coalesce(array_agg(DISTINCT (t->>0) || ':' || (t->>1)), '{}')
+                FROM jsonb_array_elements(tags) AS t
+                WHERE jsonb_typeof(t) = 'array'
+                  AND (t->>0) ~ '^[A-Za-z]$'
+                  AND octet_length(t->>1) <= 1024);
+    END IF;
+    FOR i IN 0 .. n - 1 LOOP
+        tag := tags -> i;
+        CONTINUE WHEN jsonb_typeof(tag) <> 'array';
+        CONTINUE WHEN NOT coalesce((tag->>0) ~ '^[A-Za-z]$' AND octet_length(tag->>1) <= 1024, false);
+        entry := (tag->>0) || ':' || (tag->>1);
+        CONTINUE WHEN entry = ANY (entries);
+        -- Keep the array sorted as it goes, the order array_agg(DISTINCT) gives.
+        pos := coalesce(array_length(entries, 1), 0) + 1;
+        WHILE pos > 1 AND entries[pos - 1] > entry LOOP
+            pos := pos - 1;
+        END LOOP;
+        entries := entries[1:pos - 1] || entry || entries[pos:];
+    END LOOP;
+    RETURN entries;
+END
 $_$;
 
 
