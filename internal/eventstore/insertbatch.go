@@ -13,8 +13,8 @@ const NameEventInsertBatch = "EventInsertBatch"
 // insertBatchSQL is EventInsert for many events in one statement. PostgreSQL
 // pays a large part of an events INSERT once per statement, whatever the
 // number of rows: it opens and locks the table and its indexes, rebuilds the
-// generated columns' and check constraints' expressions from the catalog,
-// and plans the tag-index function afresh. One statement per group of events
+// generated columns' and check constraints' expressions from the catalog.
+// One statement per group of events
 // pays that once. Rows are inserted in the given order (the ORDER BY), so the
 // row triggers (the replaceable-slot rule, the write fence) see them exactly
 // as they would see one INSERT per event in that order, and ON CONFLICT DO
