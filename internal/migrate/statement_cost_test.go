@@ -147,7 +147,7 @@ func TestEventsRowFunctionsAnswerAsTheirSQLBodies(t *testing.T) {
 // PostgreSQL prepares CHECK constraints, generated columns, index
 // expressions and trigger conditions once per statement, and a LANGUAGE
 // sql function in one of them is parsed each time (to try inlining it, and
-// again to run it when that fails): 70-80 us per INSERT statement for each
+// again to run it when that fails): 50-80 us per INSERT statement for each
 // such function on the dev box. None may come back. Kills: migration 020
 // left out or undone for either function.
 func TestNoSQLFunctionIsPreparedPerStatement(t *testing.T) {
