@@ -25,9 +25,10 @@
 -- 'name:value' strings, sorted), so rows stored before keep matching and
 -- nothing is rewritten. For tags that are not an array, where the SQL
 -- function failed with "cannot extract elements from an object", it returns
--- no entries, so the CHECK events_tags_array refuses the row by its name. A short tag list (the usual event) is walked in a
--- loop of plain expressions; a long one is sorted by the query the SQL
--- function ran, so an event with thousands of tags costs n log n, not n^2.
+-- no entries, so the CHECK events_tags_array refuses the row by its name.
+-- A short tag list (the usual event) is walked in a loop of plain
+-- expressions; a long one is sorted by the query the SQL function ran, so
+-- an event with thousands of tags costs n log n, not n^2.
 -- internal/migrate checks both against the old SQL on generated tag lists,
 -- and that no CHECK, generated column, index or trigger condition calls a
 -- LANGUAGE sql function again.
