@@ -14,13 +14,13 @@ const NameEventInsertBatch = "EventInsertBatch"
 // pays a large part of an events INSERT once per statement, whatever the
 // number of rows: it opens and locks the table and its indexes, rebuilds the
 // generated columns' and check constraints' expressions from the catalog.
-// One statement per group of events
-// pays that once. Rows are inserted in the given order (the ORDER BY), so the
-// row triggers (the replaceable-slot rule, the write fence) see them exactly
-// as they would see one INSERT per event in that order, and ON CONFLICT DO
-// NOTHING skips a second copy inside the batch as it skips a stored one.
-// RETURNING names the rows that were stored. Written here rather than in
-// queries/ because sqlc cannot type a many-array unnest.
+// One statement per group of events pays that once. Rows are inserted in
+// the given order (the ORDER BY), so the row triggers (the replaceable-slot
+// rule, the write fence) see them exactly as they would see one INSERT per
+// event in that order, and ON CONFLICT DO NOTHING skips a second copy
+// inside the batch as it skips a stored one. RETURNING names the rows that
+// were stored. Written here rather than in queries/ because sqlc cannot type
+// a many-array unnest.
 var insertBatchSQL = named(NameEventInsertBatch, `
 INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
 SELECT e.community_id, e.id, e.pubkey, to_timestamp(e.created_at), e.kind, e.tags::jsonb, e.content, e.sig, e.channel_id, e.d_tag
