@@ -439,10 +439,15 @@ func TestWebhookClientSettingsReachTheRelayProcess(t *testing.T) {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	// The slow endpoint never answers while the test runs. It used to
+	// answer once its request's context ended, meant as "when the client
+	// gives up"; in one loaded fresh-clone run the relay got that answer,
+	// a 200, before its own timeout, and the step completed.
+	release := make(chan struct{})
 	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/slow":
-			<-r.Context().Done() // answers only when the client gives up
+			<-release
 		case "/long":
 			_, _ = io.WriteString(w, "12345")
 		default:
@@ -450,6 +455,7 @@ func TestWebhookClientSettingsReachTheRelayProcess(t *testing.T) {
 		}
 	}))
 	t.Cleanup(hook.Close)
+	t.Cleanup(func() { close(release) }) // first: Close waits for handlers
 	relay := startRelayProcess(t, bin, "relay", map[string]string{
 		"BUZZ_DATABASE_URL":                    databaseURL,
 		"BUZZ_WORKFLOW_POLL":                   "100ms",
