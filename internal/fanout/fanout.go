@@ -7,6 +7,7 @@ package fanout
 import (
 	"context"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -17,7 +18,8 @@ import (
 )
 
 // Receiver is a connection's outbound queue. Enqueue must not block: it
-// returns false when the message could not be queued.
+// returns false when the message could not be queued. It may write the
+// message to the socket itself when that needs no waiting.
 type Receiver interface {
 	Enqueue(msg []byte) bool
 }
@@ -188,33 +190,89 @@ func (h *Hub) Count(community uuid.UUID) int {
 // only when a matching subscription needs it), never per subscriber. The
 // event is encoded once; each delivery only wraps it with its subscription
 // id (by the receiver, when it is an EventReceiver).
+//
+// A delivery may be a socket write (see Receiver), so a large publish is
+// split among up to one goroutine per processor (the caller's among them),
+// each delivering its share in order. Publish returns when every share is
+// delivered, so one publisher's events still reach each subscriber in the
+// order published.
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
 	matched := h.match(community, ev)
+	if len(matched) == 0 {
+		return Stats{}
+	}
+	p := &publication{ev: ev, channel: channel, raw: ev.AppendJSON(nil)}
+	p.mayRead = sync.OnceValue(func() func(string) bool {
+		return h.channelReaders(community, *channel)
+	})
+	shares := min(runtime.GOMAXPROCS(0), len(matched)/minDeliveriesPerShare)
+	if shares <= 1 {
+		return p.deliver(matched)
+	}
 	var (
-		stats   Stats
-		raw     []byte
-		mayRead func(string) bool
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		total    Stats
+		panicked any
 	)
-	for _, sub := range matched {
-		if sub.Allow != nil && !sub.Allow(ev, channel) {
+	add := func(st Stats) {
+		mu.Lock()
+		defer mu.Unlock()
+		total.Delivered += st.Delivered
+		total.Dropped += st.Dropped
+	}
+	size := (len(matched) + shares - 1) / shares
+	for start := size; start < len(matched); start += size {
+		share := matched[start:min(start+size, len(matched))]
+		wg.Go(func() {
+			// A panic is raised again on the caller's goroutine, whose
+			// own recovery (a connection's) then applies.
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					panicked = r
+					mu.Unlock()
+				}
+			}()
+			add(p.deliver(share))
+		})
+	}
+	add(p.deliver(matched[:size]))
+	wg.Wait()
+	if panicked != nil {
+		panic(panicked)
+	}
+	return total
+}
+
+// minDeliveriesPerShare is the fewest deliveries worth a goroutine of their
+// own: a delivery that writes to its socket costs several microseconds,
+// starting a goroutine about one.
+const minDeliveriesPerShare = 32
+
+// publication is one event being published: what every delivery shares.
+type publication struct {
+	ev      *nostr.Event
+	channel *uuid.UUID
+	raw     []byte                          // the event's JSON
+	mayRead func() func(pubkey string) bool // the channel's readers, looked up once
+}
+
+// deliver hands the event to each of subs its own conditions allow.
+func (p *publication) deliver(subs []*Subscription) Stats {
+	var stats Stats
+	for _, sub := range subs {
+		if sub.Allow != nil && !sub.Allow(p.ev, p.channel) {
 			continue
 		}
-		if channel != nil && sub.Reader != "" {
-			if mayRead == nil {
-				mayRead = h.channelReaders(community, *channel)
-			}
-			if !mayRead(sub.Reader) {
-				continue
-			}
-		}
-		if raw == nil {
-			raw = ev.AppendJSON(nil)
+		if p.channel != nil && sub.Reader != "" && !p.mayRead()(sub.Reader) {
+			continue
 		}
 		var queued bool
 		if er, ok := sub.Receiver.(EventReceiver); ok {
-			queued = er.EnqueueEvent(sub.ID, raw)
+			queued = er.EnqueueEvent(sub.ID, p.raw)
 		} else {
-			queued = sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, raw))
+			queued = sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, p.raw))
 		}
 		if queued {
 			stats.Delivered++

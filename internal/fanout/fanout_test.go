@@ -258,3 +258,62 @@ func TestOneFilterUnderTwoTagValuesDeliversOnce(t *testing.T) {
 	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
 	require.Len(t, box.take(), 1)
 }
+
+// A publish to many subscriptions is split among goroutines: every
+// subscription still gets each event once, and one publisher's events in
+// the order published, and Publish returns only once all are delivered.
+// Mutations killed: a share left out (the last chunk dropped), Publish
+// returning before its shares are delivered (counts short when checked),
+// stats of one share only.
+func TestLargePublishReachesEverySubscriptionOnceInOrder(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	const subscribers, events = 1001, 30 // not a multiple of the share size
+	boxes := make([]*inbox, subscribers)
+	for i := range boxes {
+		boxes[i] = &inbox{}
+		hub.Subscribe(c, &fanout.Subscription{Receiver: boxes[i], ID: fmt.Sprint("s", i), Filters: nostr.Filters{{Kinds: []int{1}}}})
+	}
+	for n := range events {
+		ev := &nostr.Event{ID: fmt.Sprintf("%064x", n), PubKey: hexKeys[0], Kind: 1, Content: fmt.Sprint(n)}
+		require.Equal(t, fanout.Stats{Delivered: subscribers}, hub.Publish(c, ev, nil))
+		for i, b := range boxes {
+			b.mu.Lock()
+			got := len(b.msgs)
+			b.mu.Unlock()
+			require.Equal(t, n+1, got, "subscription %d after event %d", i, n)
+		}
+	}
+	for i, b := range boxes {
+		for n, msg := range b.take() {
+			require.Contains(t, msg, fmt.Sprintf(`"content":"%d"`, n), "subscription %d, event %d", i, n)
+		}
+	}
+}
+
+type panicking struct{ inbox }
+
+func (p *panicking) Enqueue([]byte) bool { panic("receiver bug") }
+
+// A panic while delivering a share on another goroutine is raised on the
+// publishing goroutine, where the connection's own recovery applies,
+// rather than ending the process.
+// Mutation killed: shares delivered without recovering (the test binary
+// dies).
+func TestPanicInAShareReachesThePublisher(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	const subscribers = 200
+	for i := range subscribers - 1 {
+		hub.Subscribe(c, &fanout.Subscription{Receiver: &inbox{}, ID: fmt.Sprint("s", i), Filters: nostr.Filters{{Kinds: []int{1}}}})
+	}
+	// Subscriptions are matched in map order: the panicking one lands in
+	// either share; run enough publishes that it is in another goroutine's.
+	hub.Subscribe(c, &fanout.Subscription{Receiver: &panicking{}, ID: "bad", Filters: nostr.Filters{{Kinds: []int{1}}}})
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1}
+	for range 20 {
+		require.PanicsWithValue(t, "receiver bug", func() { hub.Publish(c, ev, nil) })
+	}
+}

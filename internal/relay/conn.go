@@ -92,7 +92,7 @@ func (c *conn) EnqueueEvent(subID string, rawEvent []byte) bool {
 func (c *conn) enqueueLive(m queued) bool {
 	m.queuedAt = monoNow()
 	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue)
-	if startWriter {
+	if startWriter && !c.writeLiveNow(m) {
 		go c.writeQueued()
 	}
 	if ok {
@@ -104,6 +104,26 @@ func (c *conn) enqueueLive(m queued) bool {
 		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 	})
 	return false
+}
+
+// writeLiveNow writes m, the only message queued, on the caller's goroutine
+// when the socket takes it without waiting; false leaves it queued for a
+// writer goroutine. The caller holds the writer role (pushLive said to
+// start the writer), so nothing else writes a data frame meanwhile.
+func (c *conn) writeLiveNow(m queued) bool {
+	frame := frames.Get().(*[]byte)
+	defer putFrame(frame)
+	var start int
+	*frame, start = textFrame(*frame, m)
+	taken, finished := c.sock.writeNoWait((*frame)[start:])
+	if !taken {
+		return false
+	}
+	c.srv.metrics.FanoutWriteDelay.Observe(float64(monoNow()-m.queuedAt) / float64(time.Second))
+	if c.out.wroteFirst(finished) {
+		go c.writeQueued()
+	}
+	return true
 }
 
 // send queues a reply to this client's own request, waiting for room.
@@ -270,6 +290,9 @@ func (c *conn) initWriteWatchdog() {
 // rest of its batch held and ends the connection.
 func (c *conn) writeQueued() {
 	defer c.containPanic()
+	if !c.writeUnsent() {
+		return
+	}
 	var batch []queued
 	for {
 		var done, draining bool
@@ -289,6 +312,23 @@ func (c *conn) writeQueued() {
 			return
 		}
 	}
+}
+
+// writeUnsent writes the tail of a frame the socket took only part of
+// (writeLiveNow) before anything queued after it, even when nothing is.
+func (c *conn) writeUnsent() bool {
+	if !c.sock.hasUnsent() {
+		return true
+	}
+	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
+	defer c.writeWatchdog.Stop()
+	if err := c.sock.flushUnsent(); err != nil {
+		c.log.Debug("write failed; closing", "err", err)
+		c.ws.CloseNow()
+		c.cancel()
+		return false
+	}
+	return true
 }
 
 // envelopes lend writers the buffer each live event is wrapped in.

@@ -121,6 +121,29 @@ func (q *sendQueue) take(prev []queued) (batch []queued, done, draining bool) {
 	return batch, false, false
 }
 
+// wroteFirst records that the first message queued, a live delivery, was
+// written by the goroutine that queued it (finished: all of it; else the
+// socket holds back its tail). keepWriting tells it to start the writer:
+// more was queued meanwhile, the tail waits, or the relay is draining.
+// A queue closed meanwhile already counted the message as left.
+func (q *sendQueue) wroteFirst(finished bool) (keepWriting bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		q.writing = false
+		return false
+	}
+	q.live--
+	n := copy(q.pending, q.pending[1:])
+	q.pending[n] = queued{}
+	q.pending = q.pending[:n]
+	if n > 0 || !finished || q.draining {
+		return true
+	}
+	q.writing = false
+	return false
+}
+
 // written records that a live delivery left the queue.
 func (q *sendQueue) written() {
 	q.mu.Lock()

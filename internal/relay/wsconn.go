@@ -2,9 +2,14 @@ package relay
 
 import (
 	"bufio"
+	"encoding/binary"
+	"errors"
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // The WebSocket library writes each message through a bufio.Writer and
@@ -15,6 +20,14 @@ import (
 // the writer goroutine corks while it writes a batch of queued messages,
 // so the batch leaves in one write. The room it gathers them in is
 // borrowed from a pool shared by every connection, only while writing.
+//
+// A live event for a connection with nothing queued, the usual case of a
+// fan-out to many subscribers, skips the writer goroutine altogether: the
+// publishing goroutine frames it itself and writes it to the socket if the
+// socket takes it without waiting (writeNoWait), else queues it as before.
+// Starting a goroutine per subscriber per event, the library's two locks
+// and the write watchdog's timer were a third of the relay's CPU per
+// delivery.
 
 const (
 	// wsReadBuffer holds one typical client message (a signed event is
@@ -43,16 +56,39 @@ var corkBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); retur
 // batch, nor land inside a frame half gathered.
 type corkConn struct {
 	net.Conn
+	// raw writes to the socket without waiting (writeNoWait); nil when the
+	// connection has no descriptor of its own (TLS).
+	raw     syscall.RawConn
 	mu      sync.Mutex
 	pending *[]byte // non-nil while corked
-	// writes counts socket writes, for the tests of coalescing.
-	writes int
+	// unsent is the tail of a frame writeNoWait could not finish: it goes
+	// out before anything else.
+	unsent []byte
+	// closeSent is set once the library wrote a close frame: no data frame
+	// may follow it.
+	closeSent bool
+	// writes counts socket writes, for the tests of coalescing; of them,
+	// noWaitWrites were writeNoWait's, partialWrites left a tail.
+	writes, noWaitWrites, partialWrites int
 }
+
+// opcodeClose is the first byte of a WebSocket close frame (FIN and opcode
+// 8). The library writes a close frame, at most 127 bytes, through its
+// 128-byte buffer in one flush, so it starts a Write call.
+const opcodeClose = 0x88
 
 func (c *corkConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(p) > 0 && p[0] == opcodeClose {
+		// A data frame's later pieces may start with this byte too; taking
+		// one for a close frame only stops writeNoWait on this socket.
+		c.closeSent = true
+	}
 	if c.pending == nil {
+		if err := c.writeUnsentLocked(); err != nil {
+			return 0, err
+		}
 		c.writes++
 		return c.Conn.Write(p)
 	}
@@ -71,7 +107,72 @@ func (c *corkConn) cork() {
 	defer c.mu.Unlock()
 	if c.pending == nil {
 		c.pending = corkBuffers.Get().(*[]byte)
+		*c.pending = append(*c.pending, c.unsent...)
+		c.unsent = nil
 	}
+}
+
+// writeUnsentLocked writes, waiting if it must, what writeNoWait left.
+func (c *corkConn) writeUnsentLocked() error {
+	if len(c.unsent) == 0 {
+		return nil
+	}
+	c.writes++
+	_, err := c.Conn.Write(c.unsent)
+	c.unsent = nil
+	return err
+}
+
+// hasUnsent reports whether writeNoWait left part of a frame.
+func (c *corkConn) hasUnsent() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.unsent) > 0
+}
+
+// flushUnsent writes what writeNoWait left, waiting if it must.
+func (c *corkConn) flushUnsent() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writeUnsentLocked()
+}
+
+// writeNoWait writes frame, a whole WebSocket frame, to the socket if that
+// needs no waiting: nothing else is being written, nothing is left over,
+// no close frame went out, and the socket's buffer takes at least part of
+// it. taken reports that the frame is the socket's now; when the buffer
+// took only part, the rest is kept (unsent) and finished is false: a
+// writer that may wait must send it before anything else.
+func (c *corkConn) writeNoWait(frame []byte) (taken, finished bool) {
+	if c.raw == nil || !c.mu.TryLock() {
+		return false, false
+	}
+	defer c.mu.Unlock()
+	if c.pending != nil || c.unsent != nil || c.closeSent {
+		return false, false
+	}
+	var n int
+	var werr error
+	err := c.raw.Write(func(fd uintptr) bool {
+		for {
+			n, werr = syscall.Write(int(fd), frame)
+			if !errors.Is(werr, syscall.EINTR) {
+				return true // never wait for room
+			}
+		}
+	})
+	if err != nil || werr != nil || n <= 0 {
+		// Full, or failing: a writer that waits finds out which.
+		return false, false
+	}
+	c.writes++
+	c.noWaitWrites++
+	if n < len(frame) {
+		c.partialWrites++
+		c.unsent = append([]byte(nil), frame[n:]...)
+		return true, false
+	}
+	return true, true
 }
 
 // uncork writes what was gathered in one call and returns the buffer.
@@ -101,6 +202,14 @@ func (c *corkConn) flushLocked() error {
 	return err
 }
 
+// noWaitCounts returns writeNoWait's writes so far, and how many of them
+// left a tail.
+func (c *corkConn) noWaitCounts() (writes, partial int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.noWaitWrites, c.partialWrites
+}
+
 // socketWrites is the number of writes that reached the socket.
 func (c *corkConn) socketWrites() int {
 	c.mu.Lock()
@@ -123,6 +232,11 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	w.conn = &corkConn{Conn: conn}
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			w.conn.raw = raw
+		}
+	}
 	r := brw.Reader
 	// A client may send its first frames right behind the handshake; they
 	// sit in net/http's reader, which is then kept rather than lose them.
@@ -134,3 +248,51 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// frames lend writeLiveNow the buffer it builds a frame in.
+var frames = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// putFrame returns a frame buffer to the pool, unless one large event grew
+// it: that room is left to the collector rather than held.
+func putFrame(b *[]byte) {
+	if cap(*b) <= corkFlushBytes {
+		frames.Put(b)
+	}
+}
+
+// maxFrameHeader is the longest header of an unmasked frame (server to
+// client): 2 bytes and an 8-byte length.
+const maxFrameHeader = 10
+
+// textFrame builds m as one unmasked text frame in buf: the header the
+// library would write, then the message (wrapped in its EVENT envelope when
+// it has a subscription id). The message goes after room for the longest
+// header, which is then written right before it: the frame is
+// buf[start:], and buf is returned for reuse.
+func textFrame(buf []byte, m queued) (_ []byte, start int) {
+	dst := append(buf[:0], make([]byte, maxFrameHeader)...)
+	if m.subID != "" {
+		dst = nostr.AppendEventRaw(dst, m.subID, m.msg)
+	} else {
+		dst = append(dst, m.msg...)
+	}
+	n := len(dst) - maxFrameHeader
+	var hdr [maxFrameHeader]byte
+	hdr[0] = 0x81 // FIN, text
+	h := 2
+	switch {
+	case n < 126:
+		hdr[1] = byte(n)
+	case n <= 0xffff:
+		hdr[1] = 126
+		binary.BigEndian.PutUint16(hdr[2:], uint16(n))
+		h = 4
+	default:
+		hdr[1] = 127
+		binary.BigEndian.PutUint64(hdr[2:], uint64(n))
+		h = 10
+	}
+	start = maxFrameHeader - h
+	copy(dst[start:], hdr[:h])
+	return dst, start
+}
