@@ -111,8 +111,8 @@ func (c *conn) enqueueLive(m queued) bool {
 // writer goroutine. The caller holds the writer role (pushLive said to
 // start the writer), so nothing else writes a data frame meanwhile.
 func (c *conn) writeLiveNow(m queued) bool {
-	frame := frames.Get().(*[]byte)
-	defer putFrame(frame)
+	frame := envelopes.Get().(*[]byte)
+	defer putEnvelope(frame)
 	var start int
 	*frame, start = textFrame(*frame, m)
 	taken, finished := c.sock.writeNoWait((*frame)[start:])
@@ -331,8 +331,17 @@ func (c *conn) writeUnsent() bool {
 	return true
 }
 
-// envelopes lend writers the buffer each live event is wrapped in.
+// envelopes lend the buffer a live event is wrapped in: by the writer, or
+// framed whole by writeLiveNow.
 var envelopes = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// putEnvelope returns a buffer to the pool, unless one large event grew it:
+// that room is left to the collector rather than held.
+func putEnvelope(b *[]byte) {
+	if cap(*b) <= corkFlushBytes {
+		envelopes.Put(b)
+	}
+}
 
 // writeBatch writes a batch as one socket write (several for a batch
 // larger than corkFlushBytes): each message is framed into the corked
@@ -345,7 +354,7 @@ func (c *conn) writeBatch(batch []queued) bool {
 	c.writeWatchdog.Reset(c.srv.cfg.WriteTimeout)
 	defer c.writeWatchdog.Stop()
 	envelope := envelopes.Get().(*[]byte)
-	defer envelopes.Put(envelope)
+	defer putEnvelope(envelope)
 	c.sock.cork()
 	var err error
 	for _, q := range batch {

@@ -249,17 +249,6 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *hijackWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// frames lend writeLiveNow the buffer it builds a frame in.
-var frames = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
-
-// putFrame returns a frame buffer to the pool, unless one large event grew
-// it: that room is left to the collector rather than held.
-func putFrame(b *[]byte) {
-	if cap(*b) <= corkFlushBytes {
-		frames.Put(b)
-	}
-}
-
 // maxFrameHeader is the longest header of an unmasked frame (server to
 // client): 2 bytes and an 8-byte length.
 const maxFrameHeader = 10
