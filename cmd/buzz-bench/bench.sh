@@ -99,7 +99,7 @@ fi
 
 status=0
 bin/buzz-bench -url "$url" -scenario all -publishers 1,16,64 -duration 10s \
-	-after-burst-for 60s -shape-budget 3s -relay-pid "$relay" "$@" >"$report" || status=$?
+	-after-burst-for 60s -shape-budget 3s -relay-pid "$relay" -metrics-url http://127.0.0.1:3301/metrics "$@" >"$report" || status=$?
 stop_relay
 
 if [[ ${BENCH_LISTENER:-1} != 0 ]]; then

@@ -45,6 +45,7 @@ type options struct {
 	publishers        int   // the level being run
 	publisherLevels   []int // -publishers
 	relayPID          int
+	metricsURL        string
 	subscribers       int
 	fanoutSubscribers int
 	fanoutEvents      int
@@ -75,6 +76,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of the timed publish scenario")
 	levels := fs.String("publishers", "16", "publish: concurrent publisher connections; a comma-separated list runs the scenario once per count")
 	fs.IntVar(&o.relayPID, "relay-pid", 0, "fanout: process id of the relay, on this machine, whose resident memory per subscriber is reported")
+	fs.StringVar(&o.metricsURL, "metrics-url", "", "publish: the relay's Prometheus endpoint (http://host:port/metrics); when set, how many events the relay committed per group in each timed run is reported")
 	fs.IntVar(&o.subscribers, "subscribers", 0, "publish: live subscribers measuring delivery latency")
 	fs.IntVar(&o.fanoutSubscribers, "fanout-subscribers", 1000, "fanout: subscriber connections")
 	fs.IntVar(&o.fanoutEvents, "fanout-events", 200, "fanout: events published, 20 ms apart")

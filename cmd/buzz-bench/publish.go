@@ -21,6 +21,7 @@ type publishReport struct {
 	Rejected        tallyReport       `json:"rejected"`
 	Errors          tallyReport       `json:"errors"`
 	Subscribers     *subscriberReport `json:"subscribers,omitempty"`
+	Groups          *groupReport      `json:"groups,omitempty"` // with -metrics-url
 	Error           string            `json:"error,omitempty"`
 }
 
@@ -177,6 +178,11 @@ func runPublish(ctx context.Context, o options) *publishReport {
 	subs := connectSubscribers(ctx, o.url, o.subscribers, connectConcurrency, filter, rep.Presigned, &errs)
 	subs.start(ctx, o.runID, clock, &errs)
 
+	var groupsBefore groupCounters
+	var groupsErr error
+	if o.metricsURL != "" {
+		groupsBefore, groupsErr = scrapeGroups(ctx, o.metricsURL)
+	}
 	logf("publish: %d publishers for %s", len(pubs), o.duration)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -190,6 +196,18 @@ func runPublish(ctx context.Context, o options) *publishReport {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cancel() // stops the refill goroutines
+	if o.metricsURL != "" {
+		var groupsAfter groupCounters
+		if groupsErr == nil {
+			groupsAfter, groupsErr = scrapeGroups(ctx, o.metricsURL)
+		}
+		rep.Groups = &groupReport{}
+		if groupsErr != nil {
+			rep.Groups.Error = groupsErr.Error()
+		} else {
+			rep.Groups = groupsBetween(groupsBefore, groupsAfter)
+		}
+	}
 
 	rep.OKLatency = summarize(collectPublishers(pubs, rep))
 	rep.Seconds = roundSeconds(elapsed)

@@ -88,6 +88,9 @@ func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []table
 		if pgbenchTPS > 0 {
 			result += fmt.Sprintf(", %.2f of pgbench", p.AcceptedPerSec/pgbenchTPS)
 		}
+		if g := p.Groups; g != nil && g.Error == "" && g.Groups > 0 {
+			result += fmt.Sprintf(", %.1f events per commit", g.EventsPerGroup)
+		}
 		if p.SignedDuringRun > 0 {
 			// The load generator's signing shares the cores with the relay.
 			result += fmt.Sprintf(", %d signed while timed (raise -presign-rate)", p.SignedDuringRun)

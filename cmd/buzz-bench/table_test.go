@@ -239,3 +239,21 @@ func TestPublishRowSaysWhatWasSignedWhileTimed(t *testing.T) {
 	}
 	t.Fatal("no 16-publisher row")
 }
+
+// With -metrics-url, a publish row says how many events the relay committed
+// per transaction: the number that explains its ratio to pgbench. A scrape
+// that failed says nothing rather than a wrong number.
+// Mutation killed: the group report left out of the row.
+func TestPublishRowSaysEventsPerCommit(t *testing.T) {
+	t.Parallel()
+	rep := sampleReport()
+	rep.Scenarios.Publish[1].Groups = &groupReport{Groups: 100, EventsPerGroup: 4.25}
+	rep.Scenarios.Publish[2].Groups = &groupReport{Error: "connection refused"}
+	results := map[string]string{}
+	for _, r := range buildTable(rep, 9000, nil) {
+		results[r.measure] = r.result
+	}
+	require.Contains(t, results["publish, 16 publishers: ratio to pgbench"], ", 4.2 events per commit")
+	require.Contains(t, results, "publish, 64 publishers")
+	require.NotContains(t, results["publish, 64 publishers"], "per commit")
+}

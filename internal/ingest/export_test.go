@@ -12,11 +12,3 @@ func RegisteredKinds(p *Pipeline) []int {
 	sort.Ints(kinds)
 	return kinds
 }
-
-// QueuedEvents is how many events wait for a group writer.
-func QueuedEvents(p *Pipeline) int {
-	if p.groups == nil {
-		return 0
-	}
-	return p.groups.waitingEvents()
-}

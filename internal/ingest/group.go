@@ -59,6 +59,9 @@ type groupJob struct {
 
 	// wake is closed when the waiting event's group is over.
 	wake chan struct{}
+	// queued is when the event began to wait for a writer (zero for an
+	// event its submitter wrote at once).
+	queued time.Time
 }
 
 // reset forgets what an attempt that rolled back left on the Write, so a
@@ -68,6 +71,20 @@ func (j *groupJob) reset() {
 	w.Q, w.ChannelID, w.state, w.reply = nil, nil, nil, ""
 	w.emitted, w.afterCommit, w.membershipChanged = nil, nil, false
 	j.inserted, j.err = 0, nil
+}
+
+// GroupStats describes one group a writer took, for metrics.
+type GroupStats struct {
+	// Events is how many events the group held.
+	Events int
+	// Waited is how long the group's oldest event waited for a writer
+	// (zero for an event its submitter wrote at once).
+	Waited time.Duration
+	// Took is the time from taking the group to its commit or failure.
+	Took time.Duration
+	// Failed: the group failed as a whole (nothing of it committed) and
+	// each of its events runs in its own transaction.
+	Failed bool
 }
 
 // groupWriter gathers concurrent events into groups and commits them.
@@ -127,6 +144,7 @@ func (g *groupWriter) submit(j *groupJob) error {
 		return Reject("rate-limited", "the relay is storing as many events as it can; send it again shortly")
 	}
 	j.wake = make(chan struct{})
+	j.queued = time.Now()
 	g.waiting = append(g.waiting, j)
 	g.mu.Unlock()
 	<-j.wake
@@ -148,15 +166,25 @@ func (g *groupWriter) drain(group []*groupJob) {
 // alone instead (nothing of it is known to have committed), where the
 // panic recurs on its own submitter's goroutine.
 func (g *groupWriter) write(group []*groupJob) {
+	start := time.Now()
+	stats := GroupStats{Events: len(group)}
+	if first := group[0]; !first.queued.IsZero() {
+		stats.Waited = start.Sub(first.queued) // the group is in arrival order
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			for _, j := range group {
 				j.reset()
 				j.alone = true
 			}
+			stats.Failed = true
+		}
+		stats.Took = time.Since(start)
+		if g.p.OnGroup != nil {
+			g.p.OnGroup(stats)
 		}
 	}()
-	g.commit(group)
+	stats.Failed = !g.commit(group)
 }
 
 // next takes everything waiting (up to max) as the next group for the
@@ -191,7 +219,9 @@ func (g *groupWriter) waitingEvents() int {
 // A lost connection during COMMIT leaves it unknown whether the group
 // committed; running alone then answers an event that did commit as a
 // duplicate (it is stored), never as stored twice nor as lost.
-func (g *groupWriter) commit(group []*groupJob) {
+//
+// It reports whether the group settled its events (false: they run alone).
+func (g *groupWriter) commit(group []*groupJob) bool {
 	ctx := context.Background()
 	commit := g.commitGroup
 	if allPlain(group) {
@@ -202,7 +232,9 @@ func (g *groupWriter) commit(group []*groupJob) {
 			j.reset()
 			j.alone = true
 		}
+		return false
 	}
+	return true
 }
 
 func allPlain(group []*groupJob) bool {

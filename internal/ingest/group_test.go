@@ -76,7 +76,7 @@ func (g *gate) open(t *testing.T) {
 // waitQueued waits until n events wait for a group writer.
 func waitQueued(t *testing.T, p *ingest.Pipeline, n int) {
 	t.Helper()
-	require.Eventually(t, func() bool { return ingest.QueuedEvents(p) == n },
+	require.Eventually(t, func() bool { return p.WaitingEvents() == n },
 		30*time.Second, 2*time.Millisecond, "events never queued behind the gate")
 }
 
@@ -575,7 +575,7 @@ func TestLoneEventIsWrittenByItsSubmitter(t *testing.T) {
 	}
 	plain := f.store(f.sign(key, 1111, "plain and alone", nil, 0))
 	require.Equal(t, 4, f.transactions(append(events, plain)...), "each lone event is its own group")
-	require.Zero(t, ingest.QueuedEvents(f.p))
+	require.Zero(t, f.p.WaitingEvents())
 }
 
 // While every writer is busy, new events wait; the writer that finishes
@@ -606,7 +606,7 @@ func TestBusyWritersQueueAndTheNextGroupTakesAllWaiting(t *testing.T) {
 	require.Equal(t, 1, f.transactions(batch...), "the waiting events are one group")
 	second.open(t)
 	require.Equal(t, ingest.Stored, must(f.submit(f.sign(key, 1111, "after", nil, 0))), "the writers are free again")
-	require.Zero(t, ingest.QueuedEvents(f.p))
+	require.Zero(t, f.p.WaitingEvents())
 }
 
 // A group of plain events is one INSERT statement, whatever its size, with
@@ -659,4 +659,64 @@ func TestPlainGroupIsOneStatement(t *testing.T) {
 	// Two statements: the gate's own INSERT and the group's.
 	require.Equal(t, 2, f.count(`SELECT count(*) FROM test_event_statements`), "one INSERT for the whole group")
 	require.Equal(t, 2, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, plain[0].ID), "stored once in each community")
+}
+
+// OnGroup sees every group a writer takes: a lone event as a group of one
+// that waited for nobody, and the events that queued behind a busy writer
+// as one group, with how long its oldest waited. A group whose commit fails
+// (here a deferred trigger refuses one event at COMMIT) is reported failed;
+// its events then run alone, where only the poisoned one is refused.
+//
+// Mutations killed: OnGroup not called for a lone event (one group seen,
+// not two); Failed never set; Waited left zero, or taken from the submit
+// rather than the queue; Took not measured (the held gate's group took at
+// least the hold).
+func TestGroupStatsDescribeEveryGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-stats.example", 0)
+	f.grouped(ingest.Options{GroupWriters: 1})
+	var mu sync.Mutex
+	var groups []ingest.GroupStats
+	f.p.OnGroup = func(st ingest.GroupStats) {
+		mu.Lock()
+		defer mu.Unlock()
+		groups = append(groups, st)
+	}
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE FUNCTION test_poison_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'poisoned at commit'; END $$;
+		CREATE CONSTRAINT TRIGGER test_poison_at_commit AFTER INSERT ON events
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.content = 'poison')
+		EXECUTE FUNCTION test_poison_at_commit();`)
+	require.NoError(t, err)
+
+	const hold = 30 * time.Millisecond
+	gate := f.holdWriter()
+	key := f.key()
+	batch := []*nostr.Event{f.sign(key, 1111, "poison", nil, 0)}
+	for i := range 4 {
+		batch = append(batch, f.sign(key, 1111, fmt.Sprint("queued ", i), nil, 0))
+	}
+	results := f.submitTogether(batch)
+	waitQueued(t, f.p, len(batch))
+	time.Sleep(hold) // every event of batch now waits at least this long
+	gate.open(t)
+	require.Error(t, (<-results[0]).err, "the poisoned event is refused when it runs alone")
+	for i := 1; i < len(batch); i++ {
+		r := <-results[i]
+		require.NoError(t, r.err)
+		require.Equal(t, ingest.Stored, r.outcome, "event %d", i)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, groups, 2, "the gate's group and the queued events' group; events run alone are not groups")
+	lone, queued := groups[0], groups[1]
+	require.Equal(t, 1, lone.Events)
+	require.Zero(t, lone.Waited, "the gate was written by its submitter at once")
+	require.GreaterOrEqual(t, lone.Took, hold, "the gate's group was held open")
+	require.False(t, lone.Failed)
+	require.Equal(t, len(batch), queued.Events)
+	require.GreaterOrEqual(t, queued.Waited, hold, "the oldest queued event waited behind the gate")
+	require.True(t, queued.Failed, "the poisoned COMMIT failed the whole group")
 }

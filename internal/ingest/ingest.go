@@ -162,6 +162,10 @@ type Pipeline struct {
 
 	// OnFanout observes every fan-out (metrics); may be nil.
 	OnFanout func(fanout.Stats)
+	// OnGroup observes every group of events written together (metrics);
+	// may be nil. It runs on the writing goroutine, before the group's
+	// events get their answers: it must not block.
+	OnGroup func(GroupStats)
 	// OnMembershipChange is called after a commit that changed who may read
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
@@ -234,6 +238,14 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 	registerChannelHandlers(p.handlers)
 	registerSocialHandlers(p)
 	return p
+}
+
+// WaitingEvents is how many events wait for a group writer now.
+func (p *Pipeline) WaitingEvents() int {
+	if p.groups == nil {
+		return 0
+	}
+	return p.groups.waitingEvents()
 }
 
 // Register adds or replaces the handler of a kind.

@@ -35,6 +35,13 @@ type Metrics struct {
 	// RouteDecision counts routed reads by path, decision (replica,
 	// writer) and reason (docs/replica.md).
 	RouteDecision *prometheus.CounterVec
+	// Group commit: events per group written, how long a group's oldest
+	// event waited for a writer, how long a group took to commit, and
+	// groups that failed whole (their events then ran alone).
+	IngestGroupEvents  prometheus.Histogram
+	IngestGroupWait    prometheus.Histogram
+	IngestGroupSeconds prometheus.Histogram
+	IngestGroupsFailed prometheus.Counter
 }
 
 // latencyBuckets spans half a millisecond to five seconds, doubling: a
@@ -45,6 +52,10 @@ var latencyBuckets = []float64{.0005, .001, .002, .004, .008, .016, .032, .064, 
 // idle connection leaves in microseconds, one behind a thousand others in
 // milliseconds, and one to a slow client waits up to the write timeout.
 var fanoutBuckets = []float64{.0001, .00025, .0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1}
+
+// groupSizeBuckets count events per group, doubling up to BUZZ_INGEST_GROUP_MAX's
+// usual range.
+var groupSizeBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128}
 
 // NewMetrics creates and registers the relay's collectors.
 func NewMetrics() *Metrics {
@@ -113,8 +124,37 @@ func NewMetrics() *Metrics {
 		Name: "buzz_db_route_decision",
 		Help: "Reads that could be served by the read replica, by path, where they went (replica, writer) and why.",
 	}, []string{"path", "decision", "reason"})
+	m.IngestGroupEvents = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "buzz_ingest_group_events",
+		Help:    "Events per group committed together (group commit); a lone event is a group of one.",
+		Buckets: groupSizeBuckets,
+	})
+	m.IngestGroupWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "buzz_ingest_group_wait_seconds",
+		Help:    "How long the oldest event of a group waited for a group writer (zero for an event written at once).",
+		Buckets: fanoutBuckets,
+	})
+	m.IngestGroupSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "buzz_ingest_group_seconds",
+		Help:    "Time to write and commit one group of events, round trips and commit included.",
+		Buckets: fanoutBuckets,
+	})
+	m.IngestGroupsFailed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_ingest_groups_failed_total",
+		Help: "Groups that failed as a whole (a lost connection, say); each of their events was then written alone.",
+	})
+	m.Registry.MustRegister(m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed)
 	m.Registry.MustRegister(m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// watchIngestQueue registers the gauge of events waiting for a group
+// writer, read from waiting at each scrape.
+func (m *Metrics) watchIngestQueue(waiting func() int) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "buzz_ingest_waiting_events",
+		Help: "Events waiting for a group writer now (BUZZ_INGEST_QUEUE caps it).",
+	}, func() float64 { return float64(waiting()) }))
 }

@@ -587,3 +587,38 @@ func TestLargeHistoryDoesNotCrowdOutLiveEvents(t *testing.T) {
 	}
 	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().SlowClosed))
 }
+
+// Every stored event is counted in exactly one group of the group-commit
+// histogram, and the waiting-events gauge is served. Events published one
+// after another are each written at once by their submitter: groups of one.
+//
+// Mutation killed: the pipeline's OnGroup not wired to the collectors.
+func TestIngestGroupMetrics(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	c := r.Dial(t, "")
+	c.Auth(key)
+	const published = 3
+	for i := range published {
+		require.True(t, c.Publish(relaytest.SignEvent(t, key, 1, fmt.Sprint("counted ", i), nil, 0)).OK)
+	}
+	resp, err := http.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var served []string
+	for line := range strings.Lines(string(body)) {
+		if strings.HasPrefix(line, "buzz_ingest_") {
+			served = append(served, strings.TrimSpace(line))
+		}
+	}
+	require.Subset(t, served, []string{
+		fmt.Sprintf("buzz_ingest_group_events_sum %d", published),
+		fmt.Sprintf("buzz_ingest_group_events_count %d", published),
+		fmt.Sprintf(`buzz_ingest_group_events_bucket{le="1"} %d`, published),
+		fmt.Sprintf("buzz_ingest_group_seconds_count %d", published),
+		"buzz_ingest_groups_failed_total 0",
+		"buzz_ingest_waiting_events 0",
+	})
+}

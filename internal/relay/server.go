@@ -185,6 +185,15 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))
 	}
+	s.pipeline.OnGroup = func(st ingest.GroupStats) {
+		s.metrics.IngestGroupEvents.Observe(float64(st.Events))
+		s.metrics.IngestGroupWait.Observe(st.Waited.Seconds())
+		s.metrics.IngestGroupSeconds.Observe(st.Took.Seconds())
+		if st.Failed {
+			s.metrics.IngestGroupsFailed.Inc()
+		}
+	}
+	s.metrics.watchIngestQueue(s.pipeline.WaitingEvents)
 	return s
 }
 
