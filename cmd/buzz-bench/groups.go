@@ -13,10 +13,10 @@ import (
 // groupReport is how the relay grouped the timed publish run's events into
 // transactions (group commit), from its Prometheus endpoint (-metrics-url).
 type groupReport struct {
-	Groups         int     `json:"groups"`
-	EventsPerGroup float64 `json:"events_per_group"`
-	Failed         int     `json:"failed_groups"`
-	Error          string  `json:"error,omitempty"`
+	Groups         int     `json:"groups,omitempty"`
+	EventsPerGroup float64 `json:"events_per_group,omitempty"`
+	Failed         int     `json:"failed_groups,omitempty"`
+	Error          string  `json:"error,omitempty"` // the scrape failed: no counts
 }
 
 // groupCounters are the relay's group-commit counters at one moment.
