@@ -201,9 +201,8 @@ func runPublish(ctx context.Context, o options) *publishReport {
 		if groupsErr == nil {
 			groupsAfter, groupsErr = scrapeGroups(ctx, o.metricsURL)
 		}
-		rep.Groups = &groupReport{}
 		if groupsErr != nil {
-			rep.Groups.Error = groupsErr.Error()
+			rep.Groups = &groupReport{Error: groupsErr.Error()}
 		} else {
 			rep.Groups = groupsBetween(groupsBefore, groupsAfter)
 		}
