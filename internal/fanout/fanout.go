@@ -209,40 +209,35 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 	if shares <= 1 {
 		return p.deliver(matched)
 	}
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		total    Stats
-		panicked any
-	)
-	add := func(st Stats) {
-		mu.Lock()
-		defer mu.Unlock()
-		total.Delivered += st.Delivered
-		total.Dropped += st.Dropped
-	}
+	// Each share reports into its own slot; a panic is raised again on the
+	// caller's goroutine, whose own recovery (a connection's) then applies.
 	size := (len(matched) + shares - 1) / shares
-	for start := size; start < len(matched); start += size {
-		share := matched[start:min(start+size, len(matched))]
+	results := make([]shareResult, shares)
+	var wg sync.WaitGroup
+	for i := 1; i*size < len(matched); i++ {
+		share, r := matched[i*size:min((i+1)*size, len(matched))], &results[i]
 		wg.Go(func() {
-			// A panic is raised again on the caller's goroutine, whose
-			// own recovery (a connection's) then applies.
-			defer func() {
-				if r := recover(); r != nil {
-					mu.Lock()
-					panicked = r
-					mu.Unlock()
-				}
-			}()
-			add(p.deliver(share))
+			defer func() { r.panicked = recover() }()
+			r.stats = p.deliver(share)
 		})
 	}
-	add(p.deliver(matched[:size]))
+	results[0].stats = p.deliver(matched[:size])
 	wg.Wait()
-	if panicked != nil {
-		panic(panicked)
+	var total Stats
+	for _, r := range results {
+		if r.panicked != nil {
+			panic(r.panicked)
+		}
+		total.Delivered += r.stats.Delivered
+		total.Dropped += r.stats.Dropped
 	}
 	return total
+}
+
+// shareResult is what delivering one share of a publish came to.
+type shareResult struct {
+	stats    Stats
+	panicked any
 }
 
 // minDeliveriesPerShare is the fewest deliveries worth a goroutine of their

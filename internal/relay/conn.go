@@ -119,7 +119,7 @@ func (c *conn) writeLiveNow(m queued) bool {
 	if !taken {
 		return false
 	}
-	c.srv.metrics.FanoutWriteDelay.Observe(float64(monoNow()-m.queuedAt) / float64(time.Second))
+	c.observeLiveWrite(m, monoNow())
 	if c.out.wroteFirst(finished) {
 		go c.writeQueued()
 	}
@@ -390,9 +390,15 @@ func (c *conn) observeWriteDelay(batch []queued) {
 	now := monoNow()
 	for _, q := range batch {
 		if !q.reply {
-			c.srv.metrics.FanoutWriteDelay.Observe(float64(now-q.queuedAt) / float64(time.Second))
+			c.observeLiveWrite(q, now)
 		}
 	}
+}
+
+// observeLiveWrite records how long live delivery q waited, queued, until
+// now, when it reached the socket.
+func (c *conn) observeLiveWrite(q queued, now int64) {
+	c.srv.metrics.FanoutWriteDelay.Observe(float64(now-q.queuedAt) / float64(time.Second))
 }
 
 // sent accounts for one message having left the queue, written or not.
