@@ -72,6 +72,17 @@ func readMessages(t *testing.T, client *websocket.Conn, n int) [][]byte {
 	return got
 }
 
+// writerEnds waits for the writer goroutine to finish with every delivery
+// counted, so what is queued next starts a run of its own.
+func writerEnds(t *testing.T, c *conn) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		c.out.mu.Lock()
+		defer c.out.mu.Unlock()
+		return !c.out.writing && c.out.live == 0
+	}, 10*time.Second, time.Millisecond, "the writer ended with every delivery counted")
+}
+
 // Messages queued while the writer is not running leave as one batch in one
 // socket write, each intact, in order, live events wrapped for their own
 // subscription and replies as queued; the queue's accounting is settled.
@@ -149,6 +160,7 @@ func TestRepliesQueuedTogetherLeaveInOneWrite(t *testing.T) {
 			require.Equal(t, string(want[i]), string(got[i]), "round %d, message %d", round, i)
 		}
 		require.Equal(t, 1, c.sock.socketWrites()-before, "round %d: one write for the REQ's replies", round)
+		writerEnds(t, c) // else the next round's first replies may join this writer's run
 	}
 
 	small, smallClient := acceptTestConn(t)

@@ -96,12 +96,13 @@ func TestFrameTheSocketTookInPartFinishesFirst(t *testing.T) {
 
 	// Alone: nothing queued behind it brings the writer back.
 	require.True(t, c.EnqueueEvent("big", big))
-	require.True(t, c.sock.hasUnsent(), "the socket took only part of a 600 KB frame")
+	tookPart(t, c, 1)
 	require.Equal(t, nostr.EncodeEventRaw("big", big), readMessages(t, client, 1)[0])
+	writerEnds(t, c)
 
 	// Followed by messages queued while its tail waits.
 	require.True(t, c.EnqueueEvent("big", big))
-	require.True(t, c.sock.hasUnsent())
+	tookPart(t, c, 2)
 	want := [][]byte{nostr.EncodeEventRaw("big", big)}
 	for i := range 5 {
 		ev := fmt.Appendf(nil, `{"id":"%064d"}`, i)
@@ -112,11 +113,18 @@ func TestFrameTheSocketTookInPartFinishesFirst(t *testing.T) {
 	for i := range want {
 		require.Equal(t, want[i], got[i], "message %d", i)
 	}
-	require.Eventually(t, func() bool {
-		c.out.mu.Lock()
-		defer c.out.mu.Unlock()
-		return !c.out.writing && c.out.live == 0
-	}, 10*time.Second, time.Millisecond, "the writer ended with every delivery counted")
+	writerEnds(t, c)
+}
+
+// tookPart checks that all n live writes so far went out at once and each
+// left a tail. It reads counters, not the tail: the writer goroutine starts
+// sending the tail at once, holding the socket's mutex until the client
+// reads.
+func tookPart(t *testing.T, c *conn, n int) {
+	t.Helper()
+	writes, partial := c.sock.noWaitCounts()
+	require.Equal(t, n, writes, "written at once")
+	require.Equal(t, n, partial, "the socket took only part of a 600 KB frame")
 }
 
 // Live deliveries from several publishing goroutines race replies to the

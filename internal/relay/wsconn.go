@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -68,8 +69,10 @@ type corkConn struct {
 	// may follow it.
 	closeSent bool
 	// writes counts socket writes, for the tests of coalescing; of them,
-	// noWaitWrites were writeNoWait's, partialWrites left a tail.
-	writes, noWaitWrites, partialWrites int
+	// noWaitWrites were writeNoWait's, partialWrites left a tail. They are
+	// atomic so a test can read them while a write holds mu, waiting for
+	// the client to read.
+	writes, noWaitWrites, partialWrites atomic.Int64
 }
 
 // opcodeClose is the first byte of a WebSocket close frame (FIN and opcode
@@ -89,7 +92,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		if err := c.writeUnsentLocked(); err != nil {
 			return 0, err
 		}
-		c.writes++
+		c.writes.Add(1)
 		return c.Conn.Write(p)
 	}
 	*c.pending = append(*c.pending, p...)
@@ -117,7 +120,7 @@ func (c *corkConn) writeUnsentLocked() error {
 	if len(c.unsent) == 0 {
 		return nil
 	}
-	c.writes++
+	c.writes.Add(1)
 	_, err := c.Conn.Write(c.unsent)
 	c.unsent = nil
 	return err
@@ -165,10 +168,10 @@ func (c *corkConn) writeNoWait(frame []byte) (taken, finished bool) {
 		// Full, or failing: a writer that waits finds out which.
 		return false, false
 	}
-	c.writes++
-	c.noWaitWrites++
+	c.writes.Add(1)
+	c.noWaitWrites.Add(1)
 	if n < len(frame) {
-		c.partialWrites++
+		c.partialWrites.Add(1)
 		c.unsent = append([]byte(nil), frame[n:]...)
 		return true, false
 	}
@@ -196,7 +199,7 @@ func (c *corkConn) flushLocked() error {
 	if len(*c.pending) == 0 {
 		return nil
 	}
-	c.writes++
+	c.writes.Add(1)
 	_, err := c.Conn.Write(*c.pending)
 	*c.pending = (*c.pending)[:0]
 	return err
@@ -205,16 +208,12 @@ func (c *corkConn) flushLocked() error {
 // noWaitCounts returns writeNoWait's writes so far, and how many of them
 // left a tail.
 func (c *corkConn) noWaitCounts() (writes, partial int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.noWaitWrites, c.partialWrites
+	return int(c.noWaitWrites.Load()), int(c.partialWrites.Load())
 }
 
 // socketWrites is the number of writes that reached the socket.
 func (c *corkConn) socketWrites() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.writes
+	return int(c.writes.Load())
 }
 
 // hijackWriter hands the WebSocket library a corkConn and small buffers of
