@@ -34,17 +34,24 @@ import (
 var stubPath string
 
 func TestMain(m *testing.M) {
+	os.Exit(runWithStub(m))
+}
+
+// runWithStub builds the stub agent into a directory of its own, runs the
+// tests and removes the directory (os.Exit would skip the removal).
+func runWithStub(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "buzz-acp-stub")
 	if err != nil {
-		panic(err)
+		fmt.Fprintln(os.Stderr, "stub agent directory:", err)
+		return 1
 	}
+	defer os.RemoveAll(dir)
 	stubPath = filepath.Join(dir, "stubagent")
 	if out, err := exec.Command("go", "build", "-o", stubPath, "./internal/stubagent").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the stub agent: %v\n%s", err, out)
-		os.Exit(1)
+		return 1
 	}
-	defer os.RemoveAll(dir)
-	dbtest.Main(m)
+	return dbtest.Run(m)
 }
 
 const waitLong = 60 * time.Second

@@ -52,10 +52,12 @@ var (
 // Main runs a test package's tests against the shared cluster, starting a
 // private one for this process when none was given. Call it from TestMain.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(Run(m))
 }
 
-func run(m *testing.M) int {
+// Run is Main for a TestMain with clean-up of its own after the tests: it
+// returns the exit code instead of exiting.
+func Run(m *testing.M) int {
 	adminURL = os.Getenv(AdminURLEnv)
 	if adminURL == "" {
 		cluster, err := pgcluster.StartTemp(context.Background(), ClusterSettings)
