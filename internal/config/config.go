@@ -42,7 +42,8 @@ type Config struct {
 	MaxThreadDepth int
 	// Group commit of concurrent events (see docs/write-spine.md):
 	// IngestGroupMax events at most per transaction (1: each alone),
-	// IngestGroupWriters groups written at once, IngestQueue events waiting
+	// IngestGroupWriters groups written at once at most (the second only
+	// when a whole group waits), IngestQueue events waiting
 	// before new ones are refused, IngestGroupLockTimeout how long an event
 	// in a group may wait for a lock before it runs alone.
 	IngestGroupMax         int

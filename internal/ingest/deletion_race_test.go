@@ -3,12 +3,14 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -19,6 +21,9 @@ import (
 // side row that waits), submits the other, waits until the other is blocked
 // on the slot lock (or done), and only then lets the first commit: the
 // interleaving that loses a version without the lock happens every run.
+// The other event goes through a second pipeline, as from a second relay
+// process: one pipeline writes an event that arrives while a group is being
+// written after that group, not beside it.
 //
 // Mutation killed: without the deletion's EventSlotLock, in "deletion
 // first" the version's trigger misses the uncommitted deletion, and in
@@ -40,6 +45,9 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 			}
 
 			reached, release := make(chan struct{}), make(chan struct{})
+			var releaseOnce sync.Once
+			// A failing test must not leave the held transaction open.
+			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 			f.p.RegisterSideRows(ingest.SideRows{
 				Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
 				Apply: func(ctx context.Context, _ *ingest.Write) error {
@@ -52,24 +60,25 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 					}
 				},
 			})
-			submit := func(ev *nostr.Event) chan error {
+			secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+			submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
 				done := make(chan error, 1)
 				go func() {
-					_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+					_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
 					done <- err
 				}()
 				return done
 			}
 
-			heldDone := submit(held)
+			heldDone := submit(f.p, held)
 			select {
 			case <-reached: // everything but COMMIT has run
 			case err := <-heldDone:
 				t.Fatalf("the held event finished before its side row: %v", err)
 			}
-			otherDone := submit(other)
+			otherDone := submit(secondProcess, other)
 			waitBlockedOrDone(t, f.pool, otherDone)
-			close(release)
+			releaseOnce.Do(func() { close(release) })
 			require.NoError(t, <-heldDone)
 			require.NoError(t, <-otherDone)
 

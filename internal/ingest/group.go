@@ -24,12 +24,17 @@ import (
 // gets its own refusal and nothing else; the others do not notice.
 //
 // A lone event is written on its submitter's own goroutine: an event that
-// finds fewer than `writers` groups being written writes its group at once,
-// with no hand-off to another goroutine and back. Events that arrive while
-// every writer is busy wait in a queue. A submitter that has written its
-// group and finds events waiting starts a writer goroutine in its place,
-// which writes group after group (everything waiting, up to max) for as long
-// as events wait, without a wake-up between groups, and then ends.
+// finds no group being written writes its group at once, with no hand-off to
+// another goroutine and back. Events that arrive while a group is being
+// written wait in a queue. A submitter that has written its group and finds
+// events waiting starts a writer goroutine in its place, which writes group
+// after group (everything waiting, up to max) for as long as events wait,
+// without a wake-up between groups, and then ends.
+//
+// Another writer (up to `writers`) starts only once a whole group (max
+// events) waits. A second group written beside a busy one would split the
+// waiting events between two commits, and an event pays PostgreSQL's cost
+// per statement and per commit more than it waits for the flush.
 
 // Defaults for the group writer (the relay's configuration sets them).
 const (
@@ -96,7 +101,7 @@ type groupWriter struct {
 	lockTimeout time.Duration
 
 	mu      sync.Mutex
-	waiting []*groupJob // in arrival order; non-empty only while every writer is busy
+	waiting []*groupJob // in arrival order; non-empty only while a writer is busy
 	writing int         // groups being written now, at most writers
 }
 
@@ -127,8 +132,8 @@ func newGroupWriter(p *Pipeline, opts Options) *groupWriter {
 // caller's context ends: the answer must say what happened to the event.
 func (g *groupWriter) submit(j *groupJob) error {
 	g.mu.Lock()
-	if g.writing < g.writers {
-		// A free writer means nothing waits (a busy writer takes the
+	if g.writing == 0 {
+		// Nothing is being written, so nothing waits (a writer takes the
 		// waiting events before it frees itself): j is a group of one,
 		// written now.
 		g.writing++
@@ -146,7 +151,17 @@ func (g *groupWriter) submit(j *groupJob) error {
 	j.wake = make(chan struct{})
 	j.queued = time.Now()
 	g.waiting = append(g.waiting, j)
+	var extra []*groupJob
+	if len(g.waiting) >= g.max && g.writing < g.writers {
+		// The busy writers' next groups cannot take all of it: a whole
+		// group starts now instead of waiting a group longer.
+		g.writing++
+		extra = g.takeLocked()
+	}
 	g.mu.Unlock()
+	if extra != nil {
+		go g.drain(extra)
+	}
 	<-j.wake
 	return nil
 }
@@ -196,6 +211,12 @@ func (g *groupWriter) next() []*groupJob {
 		g.writing--
 		return nil
 	}
+	return g.takeLocked()
+}
+
+// takeLocked takes the oldest waiting events, up to max, as a group. g.mu
+// is held.
+func (g *groupWriter) takeLocked() []*groupJob {
 	n := min(len(g.waiting), g.max)
 	group := make([]*groupJob, n)
 	copy(group, g.waiting)

@@ -578,33 +578,57 @@ func TestLoneEventIsWrittenByItsSubmitter(t *testing.T) {
 	require.Zero(t, f.p.WaitingEvents())
 }
 
-// While every writer is busy, new events wait; the writer that finishes
-// first writes everything waiting (up to the group size) as the next group.
+// While a group is being written, new events wait, even with a second
+// writer free: the writer takes everything waiting (up to the group size)
+// as its next group. A second writer starts only when a whole group waits,
+// and writes that group while the first is still busy.
 //
-// Mutations killed: no bound on the writers (every event writes its own
-// group at once: nothing queues behind the two busy writers); handing the
-// waiting events on one at a time (five transactions instead of one).
-func TestBusyWritersQueueAndTheNextGroupTakesAllWaiting(t *testing.T) {
+// Mutations killed: a free writer writing an event alone while another
+// writer is busy, as before (one of the first three is answered at once
+// instead of waiting); no second writer at all (the whole group waits for
+// the held one); the second writer taking the group one event at a time
+// (four transactions instead of one).
+func TestASecondWriterStartsOnlyForAWholeGroup(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, "group-handoff.example", 0)
-	f.grouped(ingest.Options{GroupWriters: 2})
+	f := newFixture(t, "group-second-writer.example", 0)
+	const groupMax = 4
+	f.grouped(ingest.Options{GroupWriters: 2, GroupMax: groupMax})
 	f.recordTransactions()
-	first, second := f.holdWriter(), f.holdWriter()
+	held := f.holdWriter()
 	key := f.key()
 	var batch []*nostr.Event
-	for i := range 5 {
+	for i := range groupMax {
 		batch = append(batch, f.sign(key, 1111, fmt.Sprint("waits ", i), nil, 0))
 	}
-	results := f.submitTogether(batch)
-	waitQueued(t, f.p, len(batch))
-	first.open(t)
-	for i := range batch {
-		r := <-results[i]
-		require.NoError(t, r.err)
-		require.Equal(t, ingest.Stored, r.outcome, "event %d", i)
+
+	results := f.submitTogether(batch[:groupMax-1])
+	waitQueued(t, f.p, groupMax-1)
+	for i, r := range results {
+		select {
+		case got := <-r:
+			t.Fatalf("event %d was answered (%v, %v) while a group was being written and less than a group waited", i, got.outcome, got.err)
+		default:
+		}
 	}
-	require.Equal(t, 1, f.transactions(batch...), "the waiting events are one group")
-	second.open(t)
+
+	results = append(results, f.submitTogether(batch[groupMax-1:])...)
+	for i, r := range results {
+		select {
+		case got := <-r:
+			require.NoError(t, got.err)
+			require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %d still waits: no second writer took the whole group", i)
+		}
+	}
+	require.Equal(t, 1, f.transactions(batch...), "the second writer wrote the waiting events as one group")
+	select {
+	case err := <-held.done:
+		t.Fatalf("the held group finished first (%v): the group was not written beside it", err)
+	default:
+	}
+
+	held.open(t)
 	require.Equal(t, ingest.Stored, must(f.submit(f.sign(key, 1111, "after", nil, 0))), "the writers are free again")
 	require.Zero(t, f.p.WaitingEvents())
 }

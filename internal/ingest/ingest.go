@@ -196,8 +196,8 @@ type Options struct {
 	MaxThreadDepth int
 	// GroupMax bounds how many concurrent events commit in one transaction
 	// (0: DefaultGroupMax; 1: every event in its own transaction, no group
-	// writer). GroupWriters is how many groups are written at once,
-	// GroupQueue how many events may wait for a group before new ones are
+	// writer). GroupWriters is how many groups may be written at once (a
+	// second starts only when a whole group waits), GroupQueue how many events may wait for a group before new ones are
 	// refused (rate-limited:), and GroupLockTimeout how long an event in a
 	// group may wait for a lock before it gives up its place and runs in
 	// its own transaction. Zero values take the defaults.
