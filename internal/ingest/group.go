@@ -153,8 +153,8 @@ func (g *groupWriter) submit(j *groupJob) error {
 	g.waiting = append(g.waiting, j)
 	var extra []*groupJob
 	if len(g.waiting) >= g.max && g.writing < g.writers {
-		// The busy writers' next groups cannot take all of it: a whole
-		// group starts now instead of waiting a group longer.
+		// A whole group waits, more than a busy writer's next group
+		// takes: it starts now instead of waiting a group longer.
 		g.writing++
 		extra = g.takeLocked()
 	}
