@@ -43,7 +43,7 @@ type Config struct {
 	// Group commit of concurrent events (see docs/write-spine.md):
 	// IngestGroupMax events at most per transaction (1: each alone),
 	// IngestGroupWriters groups written at once at most (the second only
-	// when a whole group waits), IngestQueue events waiting
+	// while a whole group waits), IngestQueue events waiting
 	// before new ones are refused, IngestGroupLockTimeout how long an event
 	// in a group may wait for a lock before it runs alone.
 	IngestGroupMax         int

@@ -32,9 +32,11 @@ import (
 // without a wake-up between groups, and then ends.
 //
 // Another writer (up to `writers`) starts only once a whole group (max
-// events) waits. A second group written beside a busy one would split the
-// waiting events between two commits, and an event pays PostgreSQL's cost
-// per statement and per commit more than it waits for the flush.
+// events) waits, and a writer that finds less than a whole group waiting
+// while another is busy ends, leaving it to that one. A second group
+// written beside a busy one would split the waiting events between two
+// commits, and an event pays PostgreSQL's cost per statement and per commit
+// more than it waits for the flush.
 
 // Defaults for the group writer (the relay's configuration sets them).
 const (
@@ -122,7 +124,10 @@ func newGroupWriter(p *Pipeline, opts Options) *groupWriter {
 		opts.GroupLockTimeout = DefaultGroupLockTimeout
 	}
 	return &groupWriter{
-		p: p, max: opts.GroupMax, writers: opts.GroupWriters, queueCap: opts.GroupQueue,
+		// A group is taken from the queue, so it is never larger than the
+		// queue; a whole group (which starts a second writer) is then a
+		// full queue.
+		p: p, max: min(opts.GroupMax, opts.GroupQueue), writers: opts.GroupWriters, queueCap: opts.GroupQueue,
 		lockTimeout: opts.GroupLockTimeout,
 	}
 }
@@ -138,10 +143,15 @@ func (g *groupWriter) submit(j *groupJob) error {
 		// written now.
 		g.writing++
 		g.mu.Unlock()
+		// Deferred so that a panic out of write (a panicking OnGroup) still
+		// frees this writer or hands what waits to another: otherwise the
+		// events queued behind it would wait for a writer that never comes.
+		defer func() {
+			if next := g.next(); next != nil {
+				go g.drain(next)
+			}
+		}()
 		g.write([]*groupJob{j})
-		if next := g.next(); next != nil {
-			go g.drain(next)
-		}
 		return nil
 	}
 	if len(g.waiting) >= g.queueCap {
@@ -203,11 +213,13 @@ func (g *groupWriter) write(group []*groupJob) {
 }
 
 // next takes everything waiting (up to max) as the next group for the
-// calling writer, or frees the writer when nothing waits (nil).
+// calling writer, or frees the writer (nil) when nothing waits, or when less
+// than a whole group waits and another writer is busy: that one takes it
+// next, as one group rather than two.
 func (g *groupWriter) next() []*groupJob {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.waiting) == 0 {
+	if len(g.waiting) == 0 || g.writing > 1 && len(g.waiting) < g.max {
 		g.writing--
 		return nil
 	}

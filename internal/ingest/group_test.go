@@ -40,32 +40,49 @@ type gate struct {
 	release chan struct{}
 	once    sync.Once
 	done    chan error
+	reached chan struct{}
 }
 
 // holdWriter submits an event whose side row waits for the gate to open,
 // and returns once the writer is held inside that event's group.
 func (f *fixture) holdWriter() *gate {
 	f.t.Helper()
+	ev, g := f.gateEvent()
+	go func() { _, err := f.submit(ev); g.done <- err }()
+	g.waitReached(f.t)
+	return g
+}
+
+// gateEvent signs an event whose side row, when its group writes it, waits
+// for the returned gate to open. The caller submits it and sends the
+// submission's error to g.done.
+func (f *fixture) gateEvent() (*nostr.Event, *gate) {
+	f.t.Helper()
 	ev := f.sign(f.key(), 1, "gate", nostr.Tags{{"t", "gate"}}, 0)
-	g := &gate{release: make(chan struct{}), done: make(chan error, 1)}
-	reached := make(chan struct{})
+	g := &gate{release: make(chan struct{}), done: make(chan error, 1), reached: make(chan struct{})}
 	f.p.RegisterSideRows(ingest.SideRows{
 		Needs: func(e *nostr.Event) bool { return e.ID == ev.ID },
 		Apply: func(context.Context, *ingest.Write) error {
-			close(reached)
+			close(g.reached)
 			<-g.release
 			return nil
 		},
 	})
-	go func() { _, err := f.submit(ev); g.done <- err }()
 	// A failing test must not leave the writer (and its connection) held.
 	f.t.Cleanup(func() { g.once.Do(func() { close(g.release) }) })
+	return ev, g
+}
+
+// waitReached returns once a writer is held inside the gate event's group.
+func (g *gate) waitReached(t *testing.T) {
+	t.Helper()
 	select {
-	case <-reached:
+	case <-g.reached:
 	case err := <-g.done:
-		f.t.Fatalf("the gate event finished before its side row: %v", err)
+		t.Fatalf("the gate event finished before its side row: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no writer reached the gate event")
 	}
-	return g
 }
 
 func (g *gate) open(t *testing.T) {
@@ -630,6 +647,128 @@ func TestASecondWriterStartsOnlyForAWholeGroup(t *testing.T) {
 
 	held.open(t)
 	require.Equal(t, ingest.Stored, must(f.submit(f.sign(key, 1111, "after", nil, 0))), "the writers are free again")
+	require.Zero(t, f.p.WaitingEvents())
+}
+
+// A second writer that has written its whole group does not go on with less
+// than a whole group while the first writer is still busy: it ends, and the
+// busy writer takes what waits as its next group, so the two do not split
+// the waiting events between two commits for as long as the load lasts.
+//
+// Mutation killed: the second writer taking whatever waits after its group
+// (the old rule: the two later events are written at once, beside the held
+// group, instead of waiting for it).
+func TestASecondWriterEndsAfterItsWholeGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-second-writer-ends.example", 0)
+	const groupMax = 4
+	f.grouped(ingest.Options{GroupWriters: 2, GroupMax: groupMax})
+	f.recordTransactions()
+	first := f.holdWriter()
+
+	// A whole group, its first event a second gate: the second writer
+	// starts for it and is held inside it.
+	secondGate, second := f.gateEvent()
+	go func() { _, err := f.submit(secondGate); second.done <- err }()
+	waitQueued(t, f.p, 1)
+	key := f.key()
+	var whole []*nostr.Event
+	for i := range groupMax - 1 {
+		whole = append(whole, f.sign(key, 1111, fmt.Sprint("whole group ", i), nil, 0))
+	}
+	wholeResults := f.submitTogether(whole)
+	second.waitReached(t)
+
+	later := []*nostr.Event{f.sign(key, 1111, "later 0", nil, 0), f.sign(key, 1111, "later 1", nil, 0)}
+	laterResults := f.submitTogether(later)
+	waitQueued(t, f.p, len(later))
+
+	second.open(t)
+	for i, r := range wholeResults {
+		got := <-r
+		require.NoError(t, got.err)
+		require.Equal(t, ingest.Stored, got.outcome, "whole-group event %d", i)
+	}
+	require.Never(t, func() bool { return f.p.WaitingEvents() != len(later) }, 300*time.Millisecond, 5*time.Millisecond,
+		"the second writer took less than a whole group while the first was busy")
+	for i, r := range laterResults {
+		select {
+		case got := <-r:
+			t.Fatalf("later event %d was answered (%v, %v) before the busy writer was free", i, got.outcome, got.err)
+		default:
+		}
+	}
+
+	first.open(t)
+	for i, r := range laterResults {
+		got := <-r
+		require.NoError(t, got.err)
+		require.Equal(t, ingest.Stored, got.outcome, "later event %d", i)
+	}
+	require.Equal(t, 1, f.transactions(later...), "the first writer took the later events as one group")
+	require.Zero(t, f.p.WaitingEvents())
+}
+
+// A queue shorter than a group makes a full queue a whole group: the second
+// writer starts for it rather than never.
+//
+// Mutation killed: a group's size not bounded by the queue (the full queue
+// waits for the held writer: times out).
+func TestASecondWriterStartsForAFullQueue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-full-queue.example", 0)
+	f.grouped(ingest.Options{GroupWriters: 2, GroupMax: 4, GroupQueue: 2})
+	f.recordTransactions()
+	held := f.holdWriter()
+	key := f.key()
+	full := []*nostr.Event{f.sign(key, 1111, "full 0", nil, 0), f.sign(key, 1111, "full 1", nil, 0)}
+	for i, r := range f.submitTogether(full) {
+		select {
+		case got := <-r:
+			require.NoError(t, got.err)
+			require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %d still waits: the full queue started no second writer", i)
+		}
+	}
+	require.Equal(t, 1, f.transactions(full...))
+	held.open(t)
+}
+
+// A panicking OnGroup on a submitter's goroutine reaches that submitter
+// (as any panic there does), but the writer it held is freed: the next
+// event is written, not queued behind a writer that never comes.
+//
+// Mutation killed: the submitter's writer freed only after write returns
+// (the next event waits forever: times out).
+func TestAPanickingGroupHookFreesItsWriter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "group-hook-panic.example", 0)
+	f.grouped(ingest.Options{})
+	var panics atomic.Int32
+	panics.Store(1)
+	f.p.OnGroup = func(ingest.GroupStats) {
+		if panics.Add(-1) == 0 {
+			panic("hook")
+		}
+	}
+	key := f.key()
+	func() {
+		defer func() { require.Equal(t, "hook", recover()) }()
+		_, _ = f.submit(f.sign(key, 1111, "hook panics", nil, 0))
+	}()
+	done := make(chan result, 1)
+	go func() {
+		o, err := f.submit(f.sign(key, 1111, "after the panic", nil, 0))
+		done <- result{o, err}
+	}()
+	select {
+	case got := <-done:
+		require.NoError(t, got.err)
+		require.Equal(t, ingest.Stored, got.outcome)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the next event still waits: the panicking hook left its writer counted")
+	}
 	require.Zero(t, f.p.WaitingEvents())
 }
 

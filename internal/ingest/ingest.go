@@ -197,10 +197,12 @@ type Options struct {
 	// GroupMax bounds how many concurrent events commit in one transaction
 	// (0: DefaultGroupMax; 1: every event in its own transaction, no group
 	// writer). GroupWriters is how many groups may be written at once (a
-	// second starts only when a whole group waits), GroupQueue how many events may wait for a group before new ones are
-	// refused (rate-limited:), and GroupLockTimeout how long an event in a
-	// group may wait for a lock before it gives up its place and runs in
-	// its own transaction. Zero values take the defaults.
+	// second starts only when a whole group waits, and ends when less
+	// than a whole group waits for it). GroupQueue is how many events may
+	// wait for a group before new ones are refused (rate-limited:); a group
+	// is never larger than the queue. GroupLockTimeout is how long an event
+	// in a group may wait for a lock before it gives up its place and runs
+	// in its own transaction. Zero values take the defaults.
 	GroupMax, GroupWriters, GroupQueue int
 	GroupLockTimeout                   time.Duration
 	// Clock tells the pipeline's time (zero value: the wall clock):
