@@ -194,6 +194,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		}
 	}
 	s.metrics.watchIngestQueue(s.pipeline.WaitingEvents)
+	s.metrics.Registry.MustRegister(newPoolCollector(pool))
 	return s
 }
 
