@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -37,6 +38,11 @@ type Store struct {
 	// ObserveQuery, when set, is told how long each hand-built statement took,
 	// by its name (NameEventsQuery ...).
 	ObserveQuery func(name string, seconds float64)
+	// ReadSlots, when set, bounds how many of Query's and Count's
+	// statements run on the writer pool at once: the rest of the pool stays
+	// free for writes, which a storm of reads would otherwise keep waiting
+	// for a connection. Reads beyond it wait for a slot.
+	ReadSlots *semaphore.Weighted
 	// Router, when set, may serve Query and Count from a read replica that
 	// proves it holds what they need (internal/replica); nil reads the
 	// writer (pool) only.
@@ -212,6 +218,18 @@ func (s *Store) onSession(ctx context.Context, session **replica.Session, read f
 		(*session).Failed(err)
 		*session = nil
 	}
+	return s.onWriter(ctx, read)
+}
+
+// onWriter runs read on the writer pool, holding one of its read slots
+// while it does.
+func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error {
+	if s.ReadSlots != nil {
+		if err := s.ReadSlots.Acquire(ctx, 1); err != nil {
+			return err
+		}
+		defer s.ReadSlots.Release(1)
+	}
 	return read(s.pool)
 }
 
@@ -269,7 +287,12 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 	for remaining := limit; remaining > 0; {
 		rows := min(remaining, max(s.PageRows, 1))
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
-		page, err := s.readRows(ctx, s.pool, NameEventsSearch, sql, args, rows, extraRank)
+		var page []pageRow
+		err := s.onWriter(ctx, func(q db.DBTX) error {
+			var err error
+			page, err = s.readRows(ctx, q, NameEventsSearch, sql, args, rows, extraRank)
+			return err
+		})
 		if err != nil {
 			return err
 		}

@@ -153,6 +153,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		s.media.UseClock(s.now)
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
+	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(cfg)))
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
@@ -196,6 +197,15 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.metrics.watchIngestQueue(s.pipeline.WaitingEvents)
 	s.metrics.Registry.MustRegister(newPoolCollector(pool))
 	return s
+}
+
+// eventReadSlots is how many REQ, search and COUNT statements may run on the
+// writer pool at once: all but a connection per group writer and two more,
+// which stay free for writes and the relay's own short statements. Without
+// it a storm of reads held every connection and publishes waited in the
+// pool behind them.
+func eventReadSlots(cfg config.Config) int {
+	return max(1, int(cfg.DBMaxConns)-cfg.IngestGroupWriters-2)
 }
 
 // Metrics exposes the relay's collectors (for tests and embedding).

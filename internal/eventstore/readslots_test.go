@@ -1,0 +1,57 @@
+package eventstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Every read statement on the writer pool holds a read slot: with every slot
+// taken, a REQ page, a search and a COUNT each wait (here until their
+// context ends) instead of taking a connection, and run once one is free.
+//
+// Mutation killed: any of the three read paths not taking a slot (it runs
+// while every slot is held).
+func TestWriterReadsWaitForASlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	community, err := db.New(pool).CommunityEnsure(ctx, "read-slots.example")
+	require.NoError(t, err)
+	store := eventstore.New(pool, 10)
+	store.ReadSlots = semaphore.NewWeighted(1)
+	discard := func([]byte, *uuid.UUID) error { return nil }
+	reads := map[string]func(context.Context) error{
+		"page": func(ctx context.Context) error {
+			return store.QueryJSON(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Kinds: []int{1}}}, discard)
+		},
+		"search": func(ctx context.Context) error {
+			return store.QueryJSON(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Search: "slots"}}, discard)
+		},
+		"count": func(ctx context.Context) error {
+			_, err := store.Count(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Kinds: []int{1}}})
+			return err
+		},
+	}
+
+	require.NoError(t, store.ReadSlots.Acquire(ctx, 1))
+	for name, read := range reads {
+		waiting, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		err := read(waiting)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the %s read ran while every read slot was held", name)
+	}
+	store.ReadSlots.Release(1)
+	for name, read := range reads {
+		require.NoError(t, read(ctx), name)
+	}
+}
