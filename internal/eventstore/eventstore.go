@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -41,7 +42,8 @@ type Store struct {
 	// ReadSlots, when set, bounds how many of Query's and Count's
 	// statements run on the writer pool at once: the rest of the pool stays
 	// free for writes, which a storm of reads would otherwise keep waiting
-	// for a connection. Reads beyond it wait for a slot.
+	// for a connection. Reads beyond it wait for a slot, at most
+	// StatementTimeout (then ErrReadSlotsBusy).
 	ReadSlots *semaphore.Weighted
 	// Router, when set, may serve Query and Count from a read replica that
 	// proves it holds what they need (internal/replica); nil reads the
@@ -221,12 +223,22 @@ func (s *Store) onSession(ctx context.Context, session **replica.Session, read f
 	return s.onWriter(ctx, read)
 }
 
+// ErrReadSlotsBusy: every read slot stayed taken for StatementTimeout; the
+// read did not run.
+var ErrReadSlotsBusy = errors.New("eventstore: every read slot stayed busy")
+
 // onWriter runs read on the writer pool, holding one of its read slots
-// while it does.
+// while it does. The wait for a slot is bounded like a statement.
 func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error {
 	if s.ReadSlots != nil {
-		if err := s.ReadSlots.Acquire(ctx, 1); err != nil {
-			return err
+		wait, cancel := s.statementContext(ctx)
+		err := s.ReadSlots.Acquire(wait, 1)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return ErrReadSlotsBusy
 		}
 		defer s.ReadSlots.Release(1)
 	}

@@ -16,11 +16,13 @@ import (
 )
 
 // Every read statement on the writer pool holds a read slot: with every slot
-// taken, a REQ page, a search and a COUNT each wait (here until their
-// context ends) instead of taking a connection, and run once one is free.
+// taken, a REQ page, a search and a COUNT each wait (until their context
+// ends, or StatementTimeout, then ErrReadSlotsBusy) instead of taking a
+// connection, and run once one is free.
 //
-// Mutation killed: any of the three read paths not taking a slot (it runs
-// while every slot is held).
+// Mutations killed: any of the three read paths not taking a slot (it runs
+// while every slot is held); the wait not bounded by StatementTimeout (the
+// caller's 30 s context ends it instead: DeadlineExceeded).
 func TestWriterReadsWaitForASlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -49,6 +51,14 @@ func TestWriterReadsWaitForASlot(t *testing.T) {
 		err := read(waiting)
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded, "the %s read ran while every read slot was held", name)
+	}
+	// The wait is bounded like a statement, whatever the caller's context.
+	store.StatementTimeout = 50 * time.Millisecond
+	for name, read := range reads {
+		safety, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := read(safety)
+		cancel()
+		require.ErrorIs(t, err, eventstore.ErrReadSlotsBusy, "the %s read", name)
 	}
 	store.ReadSlots.Release(1)
 	for name, read := range reads {

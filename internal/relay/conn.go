@@ -18,6 +18,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/access"
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
@@ -732,7 +733,10 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 			return // the connection is going away
 		}
 		reason = "error: query failed"
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case errors.Is(err, eventstore.ErrReadSlotsBusy):
+			reason = "error: the relay is busy reading; send the request again shortly"
+		case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 			reason = "error: query timed out; narrow the filter"
 		}
 		c.log.Error("read failed", "sub", subID, "err", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -382,6 +383,11 @@ func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 // readFailed answers a read that failed inside the database: a timeout is
 // 503 (the client may retry), anything else 500.
 func (b *httpBridge) readFailed(w http.ResponseWriter, r *http.Request, ctx context.Context, tenant community.Tenant, err error) {
+	if errors.Is(err, eventstore.ErrReadSlotsBusy) {
+		b.s.log.Warn("http read found every read slot busy", "community", tenant.Host(), "path", r.URL.Path)
+		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+		return
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "query timed out")

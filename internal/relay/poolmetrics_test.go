@@ -21,7 +21,7 @@ import (
 //
 // Mutations killed: the collector not registered (no series); the acquired
 // and idle gauges swapped; the wait count read from another stat (no wait
-// counted); the wait time not reported (less than the hold).
+// counted); the wait time not reported (less than half the hold).
 func TestWriterPoolMetricsShowAnAcquireWait(t *testing.T) {
 	t.Parallel()
 	const maxConns = 3
@@ -61,7 +61,7 @@ func TestWriterPoolMetricsShowAnAcquireWait(t *testing.T) {
 	require.Equal(t, strconv.Itoa(maxConns), metric(t, r, `buzz_db_pool_conns{state="acquired"}`))
 	require.Equal(t, "0", metric(t, r, `buzz_db_pool_conns{state="idle"}`))
 
-	const hold = 100 * time.Millisecond
+	const hold = 200 * time.Millisecond
 	ok := make(chan bool, 1)
 	go func() { ok <- c.Publish(relaytest.SignEvent(t, key, 1, "waits for a connection", nostr.Tags{}, 0)).OK }()
 	time.Sleep(hold)
@@ -69,7 +69,9 @@ func TestWriterPoolMetricsShowAnAcquireWait(t *testing.T) {
 	require.True(t, <-ok)
 
 	require.Greater(t, count("buzz_db_pool_acquire_waits_total"), waitsBefore, "the publish waited for a connection")
-	require.GreaterOrEqual(t, count("buzz_db_pool_acquire_wait_seconds_total")-waitedBefore, hold.Seconds(),
-		"the wait lasted at least as long as every connection was held")
+	// The relay asks for a connection only once it has read and verified
+	// the event, a little after the hold began: half the hold is a floor.
+	require.GreaterOrEqual(t, count("buzz_db_pool_acquire_wait_seconds_total")-waitedBefore, (hold / 2).Seconds(),
+		"the wait lasted about as long as every connection was held")
 	require.Positive(t, count("buzz_db_pool_new_conns_total"))
 }

@@ -153,7 +153,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		s.media.UseClock(s.now)
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
-	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(cfg)))
+	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
@@ -201,11 +201,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 
 // eventReadSlots is how many REQ, search and COUNT statements may run on the
 // writer pool at once: all but a connection per group writer and two more,
-// which stay free for writes and the relay's own short statements. Without
-// it a storm of reads held every connection and publishes waited in the
-// pool behind them.
-func eventReadSlots(cfg config.Config) int {
-	return max(1, int(cfg.DBMaxConns)-cfg.IngestGroupWriters-2)
+// which stay free for writes and the relay's own short statements (at least
+// one, for a pool too small to spare any). Without it a storm of reads held
+// every connection and publishes waited in the pool behind them.
+func eventReadSlots(poolMax int32, groupWriters int) int {
+	return max(1, int(poolMax)-groupWriters-2)
 }
 
 // Metrics exposes the relay's collectors (for tests and embedding).
