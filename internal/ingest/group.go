@@ -256,11 +256,22 @@ func (g *groupWriter) waitingEvents() int {
 // It reports whether the group settled its events (false: they run alone).
 func (g *groupWriter) commit(group []*groupJob) bool {
 	ctx := context.Background()
-	commit := g.commitGroup
+	var err error
 	if allPlain(group) {
-		commit = g.commitPlain
+		err = g.commitPlain(ctx, group)
+		if statementFailed(err) && !retryAlone(err) {
+			// One event's refusal failed the group's one statement: write
+			// the group again in a transaction with savepoints, where only
+			// that event is refused, rather than every event alone.
+			for _, j := range group {
+				j.reset()
+			}
+			err = g.commitGroup(ctx, group)
+		}
+	} else {
+		err = g.commitGroup(ctx, group)
 	}
-	if err := commit(ctx, group); err != nil {
+	if err != nil {
 		for _, j := range group {
 			j.reset()
 			j.alone = true
@@ -283,8 +294,10 @@ func allPlain(group []*groupJob) bool {
 // the common case: notes without channel or mentions) in one round trip and
 // one statement: the lock timeout and one multi-row INSERT, pipelined with
 // one Sync, which PostgreSQL runs as one implicit transaction. If the
-// insert fails, none of the group committed, and the caller runs each event
-// alone, so only the failing one is refused.
+// insert fails, none of the group committed: the caller writes the group
+// again with a savepoint per event when an event was refused, else runs
+// each event alone (a lock wait, deadlock or serialization failure would
+// only recur), so only the failing one is refused.
 func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {
 	var b pgx.Batch
 	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting())

@@ -141,7 +141,7 @@ func NewMetrics() *Metrics {
 	})
 	m.IngestGroupsFailed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_ingest_groups_failed_total",
-		Help: "Groups that failed as a whole (a lost connection, a deferred constraint at COMMIT, or one refusal in a group of plain events, which is one statement); each of their events was then written alone.",
+		Help: "Groups that failed as a whole (a lost connection, a deferred constraint at COMMIT, or a lock wait, deadlock or serialization failure in a group of plain events, which is one statement); each of their events was then written alone.",
 	})
 	m.Registry.MustRegister(m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
