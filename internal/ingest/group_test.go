@@ -829,12 +829,13 @@ func TestPlainGroupIsOneStatement(t *testing.T) {
 // that waited for nobody, and the events that queued behind a busy writer
 // as one group, with how long its oldest waited. A group whose commit fails
 // (here a deferred trigger refuses one event at COMMIT) is reported failed;
-// its events then run alone, where only the poisoned one is refused.
+// its events then run alone, where only the poisoned one is refused, and
+// each of those transactions is seen as a group of one.
 //
 // Mutations killed: OnGroup not called for a lone event (one group seen,
 // not two); Failed never set; Waited left zero, or taken from the submit
 // rather than the queue; Took not measured (the held gate's group took at
-// least the hold).
+// least the hold); events run alone not observed (two groups, not seven).
 func TestGroupStatsDescribeEveryGroup(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "group-stats.example", 0)
@@ -874,8 +875,12 @@ func TestGroupStatsDescribeEveryGroup(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, groups, 2, "the gate's group and the queued events' group; events run alone are not groups")
+	require.Len(t, groups, 2+len(batch), "the gate's group, the queued events' group, and each of its events run alone")
 	lone, queued := groups[0], groups[1]
+	for _, alone := range groups[2:] {
+		require.Equal(t, ingest.GroupStats{Events: 1, Took: alone.Took}, alone, "an event run alone is a group of one that waited for no writer")
+		require.Positive(t, alone.Took)
+	}
 	require.Equal(t, 1, lone.Events)
 	require.Zero(t, lone.Waited, "the gate was written by its submitter at once")
 	require.GreaterOrEqual(t, lone.Took, hold, "the gate's group was held open")

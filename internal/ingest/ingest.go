@@ -162,8 +162,8 @@ type Pipeline struct {
 
 	// OnFanout observes every fan-out (metrics); may be nil.
 	OnFanout func(fanout.Stats)
-	// OnGroup observes every group of events written together (metrics);
-	// may be nil. It runs on the writing goroutine, before the group's
+	// OnGroup observes every group of events written together, and every
+	// event written alone as a group of one (metrics); may be nil. It runs on the writing goroutine, before the group's
 	// events get their answers: it must not block.
 	OnGroup func(GroupStats)
 	// OnMembershipChange is called after a commit that changed who may read
@@ -334,12 +334,23 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 			// deadlock with another group, or the group failed as a
 			// whole): it runs in its own transaction, as if never grouped.
 			j.reset()
-			j.inserted, j.err = p.runAlone(ctx, j)
+			p.writeAlone(ctx, j)
 		}
 	} else {
-		j.inserted, j.err = p.runAlone(ctx, j)
+		p.writeAlone(ctx, j)
 	}
 	return p.finish(ctx, j)
+}
+
+// writeAlone runs j in its own transaction and reports that to OnGroup as a
+// group of one, so the groups observed are every transaction events commit
+// in.
+func (p *Pipeline) writeAlone(ctx context.Context, j *groupJob) {
+	start := time.Now()
+	j.inserted, j.err = p.runAlone(ctx, j)
+	if p.OnGroup != nil {
+		p.OnGroup(GroupStats{Events: 1, Took: time.Since(start)})
+	}
 }
 
 // runAlone writes one event in its own transaction; the single INSERT alone
