@@ -82,7 +82,10 @@ func (j *groupJob) reset() {
 
 // GroupStats describes one group a writer took, for metrics.
 type GroupStats struct {
-	// Events is how many events the group held.
+	// Events is how many events the group settled: stored, duplicate or
+	// refused in its transaction. Events it handed on to run alone are not
+	// counted (each is observed again, as a group of one), so a group that
+	// failed as a whole settled none.
 	Events int
 	// Waited is how long the group's oldest event waited for a writer
 	// (zero for an event its submitter wrote at once).
@@ -192,7 +195,7 @@ func (g *groupWriter) drain(group []*groupJob) {
 // panic recurs on its own submitter's goroutine.
 func (g *groupWriter) write(group []*groupJob) {
 	start := time.Now()
-	stats := GroupStats{Events: len(group)}
+	var stats GroupStats
 	if first := group[0]; !first.queued.IsZero() {
 		stats.Waited = start.Sub(first.queued) // the group is in arrival order
 	}
@@ -205,6 +208,11 @@ func (g *groupWriter) write(group []*groupJob) {
 			stats.Failed = true
 		}
 		stats.Took = time.Since(start)
+		for _, j := range group {
+			if !j.alone {
+				stats.Events++
+			}
+		}
 		if g.p.OnGroup != nil {
 			g.p.OnGroup(stats)
 		}
@@ -295,7 +303,7 @@ func allPlain(group []*groupJob) bool {
 // one statement: the lock timeout and one multi-row INSERT, pipelined with
 // one Sync, which PostgreSQL runs as one implicit transaction. If the
 // insert fails, none of the group committed: the caller writes the group
-// again with a savepoint per event when an event was refused, else runs
+// again under savepoints (see inserts) when an event was refused, else runs
 // each event alone (a lock wait, deadlock or serialization failure would
 // only recur), so only the failing one is refused.
 func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {

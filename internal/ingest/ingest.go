@@ -163,8 +163,9 @@ type Pipeline struct {
 	// OnFanout observes every fan-out (metrics); may be nil.
 	OnFanout func(fanout.Stats)
 	// OnGroup observes every group of events written together, and every
-	// event written alone as a group of one (metrics); may be nil. It runs on the writing goroutine, before the group's
-	// events get their answers: it must not block.
+	// event written alone as a group of one (metrics); may be nil. It runs
+	// on the writing goroutine, before the group's events get their
+	// answers, possibly on several goroutines at once: it must not block.
 	OnGroup func(GroupStats)
 	// OnMembershipChange is called after a commit that changed who may read
 	// what in a community; may be nil.

@@ -126,7 +126,7 @@ func NewMetrics() *Metrics {
 	}, []string{"path", "decision", "reason"})
 	m.IngestGroupEvents = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "buzz_ingest_group_events",
-		Help:    "Events per group committed together (group commit); a lone event is a group of one.",
+		Help:    "Events per group committed together (group commit); a lone event, or one written alone after its group could not settle it, is a group of one. Groups that failed whole are not observed here.",
 		Buckets: groupSizeBuckets,
 	})
 	m.IngestGroupWait = prometheus.NewHistogram(prometheus.HistogramOpts{

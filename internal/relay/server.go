@@ -187,7 +187,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))
 	}
 	s.pipeline.OnGroup = func(st ingest.GroupStats) {
-		s.metrics.IngestGroupEvents.Observe(float64(st.Events))
+		if st.Events > 0 { // a group that failed whole committed nothing
+			s.metrics.IngestGroupEvents.Observe(float64(st.Events))
+		}
 		s.metrics.IngestGroupWait.Observe(st.Waited.Seconds())
 		s.metrics.IngestGroupSeconds.Observe(st.Took.Seconds())
 		if st.Failed {
