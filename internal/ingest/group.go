@@ -80,7 +80,8 @@ func (j *groupJob) reset() {
 	j.inserted, j.err = 0, nil
 }
 
-// GroupStats describes one group a writer took, for metrics.
+// GroupStats describes one group a writer took, or one event written alone
+// (a group of one), for metrics.
 type GroupStats struct {
 	// Events is how many events the group settled: stored, duplicate or
 	// refused in its transaction. Events it handed on to run alone are not

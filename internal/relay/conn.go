@@ -732,14 +732,18 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 		if c.ctx.Err() != nil {
 			return // the connection is going away
 		}
-		reason = "error: query failed"
 		switch {
 		case errors.Is(err, eventstore.ErrReadSlotsBusy):
+			// Load, not a fault: a storm of these must not read as errors.
 			reason = "error: the relay is busy reading; send the request again shortly"
+			c.log.Warn("read found every read slot busy", "sub", subID)
 		case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 			reason = "error: query timed out; narrow the filter"
+			c.log.Error("read failed", "sub", subID, "err", err)
+		default:
+			reason = "error: query failed"
+			c.log.Error("read failed", "sub", subID, "err", err)
 		}
-		c.log.Error("read failed", "sub", subID, "err", err)
 	}
 	_ = c.send(nostr.EncodeClosed(subID, reason))
 }
