@@ -1,0 +1,76 @@
+package relay_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pguuid"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// With one read slot (a 3-connection pool, one group writer) and every
+// events statement held up by a lock, the first REQ holds the slot until its
+// statement times out, the second waits for it and times out the same way,
+// and the third, still waiting when its own budget ends, is told the relay
+// is busy. Once the lock goes, REQs are answered again.
+//
+// Mutations killed: the relay not sizing the read slots from its pool (with
+// more than one slot the third REQ runs and times out); the busy refusal
+// answered with the timeout's text.
+func TestAREQWaitingForABusyReadSlotIsToldSo(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+	cfg, err := pguuid.ParsePoolConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	const budget = time.Second
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.QueryTimeout = budget
+		c.IngestGroupWriters = 1
+	})
+	key := relaytest.NewKey(t)
+	clients := make([]*relaytest.Client, 3)
+	for i := range clients {
+		clients[i] = r.Dial(t, "")
+		clients[i].Auth(key)
+	}
+
+	locker, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
+	tx, err := locker.Begin(context.Background())
+	require.NoError(t, err)
+	_, err = tx.Exec(context.Background(), "LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+
+	// A fifth of the budget apart: the second gets the slot when the first
+	// times out, at 1 budget, and holds it to 2; the third gives up at 1.4.
+	for _, c := range clients {
+		c.Send("REQ", "s", map[string]any{"kinds": []int{1}})
+		time.Sleep(budget / 5)
+	}
+	want := []string{
+		"error: query timed out; narrow the filter",
+		"error: query timed out; narrow the filter",
+		"error: the relay is busy reading; send the request again shortly",
+	}
+	for i, c := range clients {
+		reply := c.Expect("CLOSED")
+		require.Equal(t, want[i], reply.Msg, "REQ %d", i)
+	}
+
+	require.NoError(t, tx.Rollback(context.Background()))
+	require.True(t, clients[2].Publish(clients[2].Sign(1, "after the lock", nil, 0)).OK)
+	require.Len(t, clients[2].Req("after", map[string]any{"kinds": []int{1}}), 1, "answered once the lock is gone")
+}
