@@ -156,9 +156,19 @@ func URL(t testing.TB) string {
 // Pool returns a pool on a fresh migrated database for this test.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pguuid.ParsePoolConfig(URL(t)) // as the relay's pools
+	return PoolOn(t, URL(t), 0)
+}
+
+// PoolOn returns a pool on the database at url (from URL), configured as
+// the relay's pools, of at most maxConns connections (0: pgx's default).
+func PoolOn(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pguuid.ParsePoolConfig(url) // as the relay's pools
 	if err != nil {
 		t.Fatalf("dbtest: pool: %v", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -33,15 +33,7 @@ type fixture struct {
 func newFixture(t *testing.T, host string, maxConns int32) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	pool := dbtest.Pool(t)
-	if maxConns > 0 {
-		cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-		require.NoError(t, err)
-		cfg.MaxConns = maxConns
-		pool, err = pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-	}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), maxConns)
 	row, err := db.New(pool).CommunityCreate(ctx, host)
 	require.NoError(t, err)
 	return &fixture{

@@ -115,6 +115,33 @@ func (f *fixture) submitTogether(events []*nostr.Event) []chan result {
 	return out
 }
 
+// requireUnanswered fails if any of results has its answer already.
+func requireUnanswered(t *testing.T, results []chan result, while string) {
+	t.Helper()
+	for i, r := range results {
+		select {
+		case got := <-r:
+			t.Fatalf("event %d was answered (%v, %v) %s", i, got.outcome, got.err, while)
+		default:
+		}
+	}
+}
+
+// requireStored waits for every one of results and requires it stored;
+// stillWaits says what a result that never comes means.
+func requireStored(t *testing.T, results []chan result, stillWaits string) {
+	t.Helper()
+	for i, r := range results {
+		select {
+		case got := <-r:
+			require.NoError(t, got.err, "event %d", i)
+			require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("event %d still waits: %s", i, stillWaits)
+		}
+	}
+}
+
 // recordTransactions makes the test database note, for every event row
 // written, the top-level transaction that wrote it (a row written under a
 // savepoint carries the subtransaction's id in xmin, so xmin cannot tell).
@@ -621,24 +648,10 @@ func TestASecondWriterStartsOnlyForAWholeGroup(t *testing.T) {
 
 	results := f.submitTogether(batch[:groupMax-1])
 	waitQueued(t, f.p, groupMax-1)
-	for i, r := range results {
-		select {
-		case got := <-r:
-			t.Fatalf("event %d was answered (%v, %v) while a group was being written and less than a group waited", i, got.outcome, got.err)
-		default:
-		}
-	}
+	requireUnanswered(t, results, "while a group was being written and less than a group waited")
 
 	results = append(results, f.submitTogether(batch[groupMax-1:])...)
-	for i, r := range results {
-		select {
-		case got := <-r:
-			require.NoError(t, got.err)
-			require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("event %d still waits: no second writer took the whole group", i)
-		}
-	}
+	requireStored(t, results, "no second writer took the whole group")
 	require.Equal(t, 1, f.transactions(batch...), "the second writer wrote the waiting events as one group")
 	select {
 	case err := <-held.done:
@@ -685,27 +698,13 @@ func TestASecondWriterEndsAfterItsWholeGroup(t *testing.T) {
 	waitQueued(t, f.p, len(later))
 
 	second.open(t)
-	for i, r := range wholeResults {
-		got := <-r
-		require.NoError(t, got.err)
-		require.Equal(t, ingest.Stored, got.outcome, "whole-group event %d", i)
-	}
+	requireStored(t, wholeResults, "the second writer never wrote its whole group")
 	require.Never(t, func() bool { return f.p.WaitingEvents() != len(later) }, 300*time.Millisecond, 5*time.Millisecond,
 		"the second writer took less than a whole group while the first was busy")
-	for i, r := range laterResults {
-		select {
-		case got := <-r:
-			t.Fatalf("later event %d was answered (%v, %v) before the busy writer was free", i, got.outcome, got.err)
-		default:
-		}
-	}
+	requireUnanswered(t, laterResults, "before the busy writer was free")
 
 	first.open(t)
-	for i, r := range laterResults {
-		got := <-r
-		require.NoError(t, got.err)
-		require.Equal(t, ingest.Stored, got.outcome, "later event %d", i)
-	}
+	requireStored(t, laterResults, "the first writer never took the later events")
 	require.Equal(t, 1, f.transactions(later...), "the first writer took the later events as one group")
 	require.Zero(t, f.p.WaitingEvents())
 }
@@ -723,15 +722,7 @@ func TestASecondWriterStartsForAFullQueue(t *testing.T) {
 	held := f.holdWriter()
 	key := f.key()
 	full := []*nostr.Event{f.sign(key, 1111, "full 0", nil, 0), f.sign(key, 1111, "full 1", nil, 0)}
-	for i, r := range f.submitTogether(full) {
-		select {
-		case got := <-r:
-			require.NoError(t, got.err)
-			require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("event %d still waits: the full queue started no second writer", i)
-		}
-	}
+	requireStored(t, f.submitTogether(full), "the full queue started no second writer")
 	require.Equal(t, 1, f.transactions(full...))
 	held.open(t)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
-	"github.com/buzzrelay/buzz/internal/pguuid"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -25,12 +24,7 @@ import (
 func TestWriterPoolMetricsShowAnAcquireWait(t *testing.T) {
 	t.Parallel()
 	const maxConns = 3
-	cfg, err := pguuid.ParsePoolConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), maxConns)
 	r := relaytest.StartOn(t, pool)
 	key := relaytest.NewKey(t)
 	c := r.Dial(t, "")

@@ -6,12 +6,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
-	"github.com/buzzrelay/buzz/internal/pguuid"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -27,12 +25,7 @@ import (
 func TestAREQWaitingForABusyReadSlotIsToldSo(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
-	cfg, err := pguuid.ParsePoolConfig(url)
-	require.NoError(t, err)
-	cfg.MaxConns = 3
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, url, 3)
 	const budget = time.Second
 	r := relaytest.StartOn(t, pool, func(c *config.Config) {
 		c.QueryTimeout = budget
