@@ -39,6 +39,10 @@ const NameProbeOpenTransactions = "ReplicaProbeOpenTransactions"
 // openTransactionsSQL reads the oldest start of any open transaction of
 // any other backend (prepared ones included) and how many backends hide
 // theirs. Every backend type counts: being conservative only delays the wall.
+// A row the role may not see has no backend_type. A busy client backend
+// with no xact_start hides it too (track_activities off). A visible client
+// backend with no state is still starting up: it has run no query, so like
+// an idle one it holds nothing back.
 const openTransactionsSQL = "-- name: " + NameProbeOpenTransactions + `
 SELECT least(
          (SELECT min(xact_start) FROM pg_stat_activity WHERE pid <> pg_backend_pid()),
@@ -47,7 +51,7 @@ SELECT least(
          WHERE pid <> pg_backend_pid()
            AND (backend_type IS NULL
                 OR (backend_type = 'client backend'
-                    AND (state IS NULL OR (state <> 'idle' AND xact_start IS NULL))))) AS masked`
+                    AND state IS NOT NULL AND state <> 'idle' AND xact_start IS NULL))) AS masked`
 
 // Probe writes heartbeat tokens on the writer and records them in a Ring.
 // Run one per relay process, and only when a reader is configured.

@@ -2,6 +2,7 @@ package replica_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,4 +112,36 @@ func TestProbeFailsClosedOnMaskedActivity(t *testing.T) {
 	require.ErrorIs(t, err, replica.ErrMaskedActivity)
 	_, ok := ring.Newest(time.Now())
 	require.False(t, ok, "a failed tick closes the ring")
+}
+
+// A session still starting up (authenticated, not yet ready for its first
+// query) shows no state and no transaction even to a superuser. It cannot
+// have an event in flight, so it must not fail the tick as if hidden.
+// Mutation killed: counting a visible backend with no state as masked (the
+// tick fails while other clients connect).
+func TestProbeIgnoresSessionsStillStartingUp(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := dbtest.URL(t)
+	probe := replica.NewProbe(writerPool(t, url), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
+
+	var connecting sync.WaitGroup
+	for range 4 {
+		connecting.Add(1)
+		go func() {
+			defer connecting.Done()
+			for ctx.Err() == nil {
+				if conn, err := pgx.Connect(ctx, url); err == nil {
+					_ = conn.Close(context.Background())
+				}
+			}
+		}()
+	}
+	defer connecting.Wait()
+	defer cancel()
+	for range 300 {
+		_, err := probe.Tick(ctx)
+		require.NoError(t, err)
+	}
 }
