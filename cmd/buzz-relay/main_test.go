@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,16 +53,57 @@ func mustListen(t *testing.T, cfg config.Config, public net.Listener) addresses 
 	return ls
 }
 
-func waitReady(t *testing.T, port int) {
+// runRelay runs a relay (run calls serve or dev) until the returned stop
+// is called or the test ends, and returns once the relay on port answers
+// /ready. A relay that exits first fails the test at once with its error,
+// and the log passed to run is shown whenever the test fails.
+func runRelay(t *testing.T, port int, run func(ctx context.Context, log *slog.Logger) error) (stop func()) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
-		if err != nil {
-			return false
+	var logged lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, log) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err, "the relay's exit")
+			case <-time.After(time.Minute):
+				t.Error("the relay did not stop within a minute of its cancel")
+			}
+		})
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("the relay's log:\n%s", logged.String())
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 60*time.Second, 20*time.Millisecond)
+	})
+
+	deadline := time.After(time.Minute)
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case err := <-done:
+			done <- err // for stop
+			t.Fatalf("the relay exited before it was ready: %v", err)
+		case <-deadline:
+			t.Fatalf("the relay on port %d was not ready within a minute", port)
+		case <-poll.C:
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
+			if err != nil {
+				continue
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return stop
+			}
+		}
+	}
 }
 
 func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
@@ -74,13 +116,9 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	require.ErrorContains(t, err, "run `buzz-relay migrate` first")
 
 	require.NoError(t, runMigrate(context.Background(), cfg, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	listener, port := listenLoopback(t)
-	go func() { done <- serve(ctx, cfg, quiet, mustListen(t, cfg, listener), noEnv) }()
-	waitReady(t, port)
-	cancel()
-	require.NoError(t, <-done)
+	addrs := mustListen(t, cfg, listener)
+	runRelay(t, port, func(ctx context.Context, log *slog.Logger) error { return serve(ctx, cfg, log, addrs, noEnv) })()
 }
 
 // The dev relay keeps its private cluster across restarts: an event
@@ -104,19 +142,12 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", firstPort)
 	relay := &relaytest.Relay{Host: fmt.Sprintf("localhost:%d", firstPort)}
 	start := func() (stop func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
 		listener, port := listenLoopback(t)
 		relay.URL = fmt.Sprintf("ws://127.0.0.1:%d", port)
 		relay.HTTPURL = fmt.Sprintf("http://127.0.0.1:%d", port)
-		go func() {
-			done <- dev(ctx, cfg, quiet, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener}, noEnv)
-		}()
-		waitReady(t, port)
-		return func() {
-			cancel()
-			require.NoError(t, <-done)
-		}
+		return runRelay(t, port, func(ctx context.Context, log *slog.Logger) error {
+			return dev(ctx, cfg, log, devOptions{DataDir: opts.DataDir, PGPort: opts.PGPort, Listener: listener}, noEnv)
+		})
 	}
 
 	stop := start()
@@ -137,8 +168,7 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	require.NoError(t, err, "the blob is under the data directory")
 	stop()
 
-	stop = start()
-	defer stop()
+	start()
 	c = relay.Dial(t, "")
 	c.Auth(nil)
 	got := c.Req("again", map[string]any{"ids": []string{ev.ID}})
@@ -192,16 +222,9 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	cfg.ListenAddr = fmt.Sprintf("127.0.0.1:%d", port)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	first := opts
 	first.Listener = listener
-	go func() { done <- dev(ctx, cfg, quiet, first, noEnv) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-	waitReady(t, port)
+	runRelay(t, port, func(ctx context.Context, log *slog.Logger) error { return dev(ctx, cfg, log, first, noEnv) })
 
 	err := dev(context.Background(), cfg, quiet, opts, noEnv)
 	require.ErrorContains(t, err, "a dev relay is already running on data directory")
@@ -251,14 +274,12 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	cfg := config.Default()
 	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
-	}()
-	waitReady(t, port)
-	cancel()
-	require.NoError(t, <-done)
+	runDev := func(listener net.Listener, port int) {
+		runRelay(t, port, func(ctx context.Context, log *slog.Logger) error {
+			return dev(ctx, cfg, log, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+		})()
+	}
+	runDev(listener, port)
 
 	conn, err := pgx.Connect(context.Background(), cluster.URL("postgres"))
 	require.NoError(t, err, "the cluster someone else started must still be running")
@@ -266,14 +287,7 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 
 	// Started by the dev relay itself: stopped on exit.
 	require.NoError(t, cluster.Stop())
-	ctx, cancel = context.WithCancel(context.Background())
-	listener, port = listenLoopback(t)
-	go func() {
-		done <- dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
-	}()
-	waitReady(t, port)
-	cancel()
-	require.NoError(t, <-done)
+	runDev(listenLoopback(t))
 	_, err = pgx.Connect(context.Background(), cluster.URL("postgres"))
 	require.Error(t, err, "the dev relay stops the cluster it started")
 }
@@ -295,14 +309,7 @@ func TestDevRelayWithAStandby(t *testing.T) {
 	cfg := config.Default()
 	cfg.MetricsAddr = "127.0.0.1:0"
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- dev(ctx, cfg, quiet, opts, noEnv) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-	waitReady(t, port)
+	runRelay(t, port, func(ctx context.Context, log *slog.Logger) error { return dev(ctx, cfg, log, opts, noEnv) })
 	require.Eventually(t, func() bool {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/ready", port))
 		if err != nil {

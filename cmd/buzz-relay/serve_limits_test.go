@@ -49,15 +49,10 @@ func TestServeKeepsMetricsOffThePublicListener(t *testing.T) {
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	cfg.MetricsAddr = "127.0.0.1:0"
 	var logs lockedBuffer
-	log := slog.New(slog.NewJSONHandler(&logs, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, log, mustListen(t, cfg, listener), noEnv) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-	waitReady(t, port)
+	addrs := mustListen(t, cfg, listener)
+	runRelay(t, port, func(ctx context.Context, _ *slog.Logger) error {
+		return serve(ctx, cfg, slog.New(slog.NewJSONHandler(&logs, nil)), addrs, noEnv)
+	})
 	metricsAddr := logs.attr(t, "metrics listening", "addr")
 
 	get := func(url string) (int, string) {

@@ -303,6 +303,11 @@ func (f *fixture) deliverer(routes Routes, timeout time.Duration, ca *x509.CertP
 	require.NoError(f.t, err)
 	relayKey, _ := newKey(f.t)
 	logs := &logBuffer{}
+	f.t.Cleanup(func() {
+		if f.t.Failed() {
+			f.t.Logf("the deliverer's log:\n%s", logs.String())
+		}
+	})
 	opts := []DelivererOption{WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}
 	if ca != nil {
 		opts = append(opts, WithRootCAs(ca))
