@@ -37,21 +37,25 @@ var ErrMaskedActivity = errors.New("the probe cannot see other sessions' transac
 const NameProbeOpenTransactions = "ReplicaProbeOpenTransactions"
 
 // openTransactionsSQL reads the oldest start of any open transaction of
-// any other backend (prepared ones included) and how many backends hide
-// theirs. Every backend type counts: being conservative only delays the wall.
-// A row the role may not see has no backend_type. A busy client backend
-// with no xact_start hides it too (track_activities off). A visible client
-// backend with no state is still starting up: it has run no query, so like
-// an idle one it holds nothing back.
+// any other backend in this database (prepared ones included) and how many
+// of them hide theirs. Only this database's sessions can write its events,
+// so a busy neighbour on the same cluster holds nothing back. Every backend
+// type counts: being conservative only delays the wall. A row the role may
+// not see has no backend_type; a backend that tracks no activity
+// (track_activities off) shows state 'disabled' and no xact_start. Any
+// other backend without xact_start holds no transaction: it is starting up,
+// idle, or busy between transactions (its state turns active before its
+// next transaction begins, and its start is cleared only after its last
+// commit became visible), and a transaction it begins later commits after
+// the probe's sample, where the floor guard checks it.
 const openTransactionsSQL = "-- name: " + NameProbeOpenTransactions + `
 SELECT least(
-         (SELECT min(xact_start) FROM pg_stat_activity WHERE pid <> pg_backend_pid()),
-         (SELECT min(prepared) FROM pg_prepared_xacts)) AS oldest,
+         (SELECT min(xact_start) FROM pg_stat_activity
+           WHERE datname = current_database() AND pid <> pg_backend_pid()),
+         (SELECT min(prepared) FROM pg_prepared_xacts WHERE database = current_database())) AS oldest,
        (SELECT count(*) FROM pg_stat_activity
-         WHERE pid <> pg_backend_pid()
-           AND (backend_type IS NULL
-                OR (backend_type = 'client backend'
-                    AND state IS NOT NULL AND state <> 'idle' AND xact_start IS NULL))) AS masked`
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND (backend_type IS NULL OR state = 'disabled')) AS masked`
 
 // Probe writes heartbeat tokens on the writer and records them in a Ring.
 // Run one per relay process, and only when a reader is configured.

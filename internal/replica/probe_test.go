@@ -51,6 +51,31 @@ func TestProbeWallIsBoundedByOpenTransactions(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 }
 
+// Only sessions of the probe's own database can write its events: an open
+// transaction in another database on the same cluster does not hold the
+// wall back.
+// Mutation killed: scanning every database's sessions bounds the wall by
+// the other database's transaction.
+func TestProbeWallIgnoresOtherDatabases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	probe := replica.NewProbe(writerPool(t, dbtest.URL(t)), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
+
+	other, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var started time.Time
+	require.NoError(t, tx.QueryRow(ctx, "SELECT now()").Scan(&started))
+
+	e, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	require.True(t, e.Wall.After(started.Add(-replica.DefaultFloor-replica.ClockMargin)),
+		"wall %s must not be bounded by another database's transaction started at %s", e.Wall, started)
+}
+
 // A restored writer whose token went backwards gets a new epoch, and a
 // reader still showing the old one cannot prove anything.
 // Mutation killed: recording a regressed token without rotating (Record's
@@ -114,31 +139,71 @@ func TestProbeFailsClosedOnMaskedActivity(t *testing.T) {
 	require.False(t, ok, "a failed tick closes the ring")
 }
 
-// A session still starting up (authenticated, not yet ready for its first
-// query) shows no state and no transaction even to a superuser. It cannot
-// have an event in flight, so it must not fail the tick as if hidden.
-// Mutation killed: counting a visible backend with no state as masked (the
-// tick fails while other clients connect).
-func TestProbeIgnoresSessionsStillStartingUp(t *testing.T) {
+// A session that tracks no activity (track_activities off, which a
+// superuser may set for itself) shows no transaction start even while one
+// is open, so the tick fails closed.
+// Mutation killed: dropping the 'disabled' state from the masked count lets
+// the tick succeed past the open transaction.
+func TestProbeFailsClosedOnUntrackedSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	probe := replica.NewProbe(writerPool(t, url), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
+
+	untracked, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer untracked.Close(ctx)
+	_, err = untracked.Exec(ctx, "SET track_activities = off")
+	require.NoError(t, err)
+	tx, err := untracked.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+
+	_, err = probe.Tick(ctx)
+	require.ErrorIs(t, err, replica.ErrMaskedActivity)
+}
+
+// Sessions that hold no transaction are no hazard, so they must not fail
+// the tick as if hidden: one still starting up (no state, no transaction,
+// even to a superuser), and one busy between transactions (state active
+// while its next transaction has not begun, or after its last one
+// committed: its start is cleared only once the commit is visible).
+// Mutations killed: counting a visible backend with no state as masked
+// (the connecting sessions fail the tick), or counting an active one with
+// no xact_start as masked (the querying sessions fail it).
+func TestProbeIgnoresSessionsWithoutTransactions(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	url := dbtest.URL(t)
 	probe := replica.NewProbe(writerPool(t, url), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
 
-	var connecting sync.WaitGroup
-	for range 4 {
-		connecting.Add(1)
+	var clients sync.WaitGroup
+	for range 3 {
+		clients.Add(2)
 		go func() {
-			defer connecting.Done()
+			defer clients.Done()
 			for ctx.Err() == nil {
 				if conn, err := pgx.Connect(ctx, url); err == nil {
 					_ = conn.Close(context.Background())
 				}
 			}
 		}()
+		go func() {
+			defer clients.Done()
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				return
+			}
+			defer conn.Close(context.Background())
+			for ctx.Err() == nil {
+				_, _ = conn.Exec(ctx, "SELECT 1")
+			}
+		}()
 	}
-	defer connecting.Wait()
+	defer clients.Wait()
 	defer cancel()
 	for range 300 {
 		_, err := probe.Tick(ctx)
