@@ -68,6 +68,10 @@ func (f *fixture) slowHookServer(clientTimeout time.Duration) (*httptest.Server,
 		calls.Add(1)
 		select {
 		case <-r.Context().Done():
+			// The client gave up (its TLS close ends this context):
+			// returning would still answer 200, which the client can
+			// read as a success. Never answer.
+			panic(http.ErrAbortHandler)
 		case <-gate:
 		}
 	}))
