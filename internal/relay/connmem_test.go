@@ -63,8 +63,10 @@ func connectionGoroutines() (relayConn, httpServe int) {
 // (two per connection); a message handler that does not end; running the
 // connection inside net/http's handler, as before (a serving goroutine per
 // connection).
+//
+// Not parallel: it counts the process's goroutines, so another test's
+// connections would be counted as this one's.
 func TestIdleConnectionHoldsOneGoroutine(t *testing.T) {
-	t.Parallel()
 	r := relaytest.Start(t)
 	const n = 20
 	openSubscribers(t, r, n)
