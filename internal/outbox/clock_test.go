@@ -24,9 +24,9 @@ func TestLeaseExpiryIsDecidedByTheInjectedClock(t *testing.T) {
 	f.register(listener, target)
 	id := f.enqueue(target)[0]
 	routes := Routes{listener: "https://l.example"}
+	start := time.Now() // once: every claimant's offset is from the same instant
 	at := func(offset time.Duration) pgClaimer {
 		c := f.claimer(routes)
-		start := time.Now()
 		c.clock = clock.Stub(func() time.Time { return start.Add(offset) })
 		return c
 	}
