@@ -105,7 +105,10 @@ func TestTwoThousandIdleUnauthenticatedSockets(t *testing.T) {
 	def := config.Default()
 	r := relaytest.Start(t, func(c *config.Config) {
 		c.MaxConnectionsPerAddr = def.MaxConnectionsPerAddr
-		c.AuthTimeout = 3 * time.Second
+		// Longer than the dial loop below takes on a loaded machine (over
+		// 3 s seen): a socket closed mid-loop would free a slot and let one
+		// more in than the cap.
+		c.AuthTimeout = 10 * time.Second
 	})
 	authed := r.Dial(t, "")
 	authed.Auth(nil)
