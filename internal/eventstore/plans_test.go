@@ -210,7 +210,7 @@ func TestAnalyzeWhenStaleNeedsARoleThatMayAnalyze(t *testing.T) {
 	url := dbtest.URL(t)
 	admin, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
-	defer admin.Close()
+	t.Cleanup(admin.Close) // after the role's cleanup below, which needs it: roles outlive the test database
 	c, err := db.New(admin).CommunityCreate(ctx, "analyze-role.example")
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, "ALTER TABLE events SET (autovacuum_enabled = off)")
