@@ -79,17 +79,16 @@ func (b *httpBridge) workflowReadable(w http.ResponseWriter, r *http.Request, te
 		writeError(w, http.StatusServiceUnavailable, "database unavailable")
 		return false
 	}
-	if row.ChannelID == nil {
-		writeError(w, http.StatusForbidden, "workflow is not channel-scoped")
-		return false
-	}
 	readable, err := s.access.Readable(r.Context(), tenant.ID(), pubkey)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "database unavailable")
 		return false
 	}
-	if !readable.Has(*row.ChannelID) {
-		writeError(w, http.StatusForbidden, "workflow is not accessible")
+	// A workflow the caller cannot read answers as an unknown one, so the
+	// answer does not tell whether a private channel's workflow exists.
+	// One without a channel is readable by nobody.
+	if row.ChannelID == nil || !readable.Has(*row.ChannelID) {
+		writeError(w, http.StatusNotFound, "workflow not found")
 		return false
 	}
 	return true

@@ -264,18 +264,27 @@ func TestWorkflowRunHistoryPaging(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, status)
 		require.Contains(t, string(raw), c.msg)
 	}
+	// Someone who cannot read the private channel gets exactly what an
+	// unknown workflow id gets, so the answer does not confirm that it
+	// exists. Mutation killed: a 403 for an unreadable workflow.
 	outsider := relaytest.NewKey(t)
-	status, raw := getAuthed(t, r, outsider, "/workflows/"+wf+"/runs")
-	require.Equal(t, http.StatusForbidden, status)
-	require.Contains(t, string(raw), "workflow is not accessible")
-	status, _ = getAuthed(t, r, owner.Key, "/workflows/"+uuid.NewString()+"/runs")
+	unknown := uuid.NewString()
+	for _, suffix := range []string{"/runs", "/runs/" + uuid.NewString() + "/approvals"} {
+		status, raw := getAuthed(t, r, outsider, "/workflows/"+wf+suffix)
+		require.Equal(t, http.StatusNotFound, status, "%s", raw)
+		unknownStatus, unknownRaw := getAuthed(t, r, outsider, "/workflows/"+unknown+suffix)
+		require.Equal(t, unknownStatus, status)
+		require.Equal(t, string(unknownRaw), string(raw))
+		require.Contains(t, string(raw), "workflow not found")
+	}
+	status, _ := getAuthed(t, r, owner.Key, "/workflows/"+uuid.NewString()+"/runs")
 	require.Equal(t, http.StatusNotFound, status)
 
 	run := insert("now()")
 	_, err := r.Pool.Exec(ctx, `INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, expires_at)
 		VALUES ($1, sha256('raw'), $2, $3, 'ask', 0, now() + interval '1 hour')`, r.CommunityID, wf, run)
 	require.NoError(t, err)
-	status, raw = getAuthed(t, r, owner.Key, "/workflows/"+wf+"/runs/"+run.String()+"/approvals")
+	status, raw := getAuthed(t, r, owner.Key, "/workflows/"+wf+"/runs/"+run.String()+"/approvals")
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	require.NotContains(t, string(raw), `"token"`)
 	require.Contains(t, string(raw), `"approval_ref":"`)

@@ -579,17 +579,17 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	}
 	q := w.Q
 	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
-	if dberr.IsNotFound(err) {
-		return nil, fail(CodeWebhookFailed, "step %s: channel not found", step.ID)
+	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
+		// One answer for both: every reader of the workflow's channel sees
+		// the run's error, and it must not tell which private channel ids
+		// exist.
+		return nil, fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
 	}
 	if err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
 	}
 	if access.ArchivedAt != nil {
 		return nil, fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
-	}
-	if access.MemberRole == nil && access.Visibility != db.ChannelVisibilityOpen {
-		return nil, fail(CodeOwnerUnauthorized, "step %s: the owner is not a member of the channel", step.ID)
 	}
 	owner := hex.EncodeToString(c.Run.OwnerPubkey)
 	tags := nostr.Tags{

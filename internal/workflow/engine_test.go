@@ -164,6 +164,29 @@ func TestManualTrigger(t *testing.T) {
 	require.Contains(t, bells[0].Tags, nostr.Tag{"workflow-cause", "command", cmd.ID})
 }
 
+// A manual trigger from someone who cannot read the workflow's private
+// channel is answered as an unknown workflow id is, so the refusal does
+// not confirm that the workflow exists; a reader of the channel who is not
+// the owner is refused as unauthorized.
+//
+// Mutation killed: refusing every non-owner as "not authorized" tells an
+// outsider which ids are workflows.
+func TestManualTriggerOfAnUnreadableWorkflow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member, outsider := f.key(), f.key(), f.key()
+	ch := uuid.NewString()
+	f.store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", ch}, {"name", "secret"}, {"visibility", "private"}}))
+	f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(member)}}))
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Private\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: send_message, text: tick}]")
+
+	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", id}}), "restricted: not authorized to trigger this workflow")
+	f.rejected(f.sign(outsider, workflow.KindManualTrigger, "", nostr.Tags{{"d", uuid.NewString()}}), "invalid: workflow not found")
+	f.rejected(f.sign(outsider, workflow.KindManualTrigger, "", nostr.Tags{{"d", id}}), "invalid: workflow not found")
+	require.Empty(t, f.runIDs(id))
+}
+
 // A delay parks the run: pending, due at now + duration, no claim held;
 // the poll does not take it before then, and after it the run completes.
 // Mutation killed: a delay executed by sleeping in the worker (or parked

@@ -271,24 +271,57 @@ func TestWorkflowDisabledBeforeTheRunExecutes(t *testing.T) {
 
 // A send_message into a private channel the owner is not a member of
 // fails with owner_unauthorized: a workflow never speaks, even as the
-// relay, where its owner may not.
+// relay, where its owner may not. The run's error is readable by everyone
+// in the workflow's channel, so it must not tell a private channel (live
+// or archived) from an id that names no channel; only a channel the owner
+// can read may be reported as archived.
 //
-// Mutation killed: dropping the membership check posts into the private
-// channel.
+// Mutations killed: dropping the membership check posts into the private
+// channel; answering a missing channel or an archived private one with
+// its own code or text fails the comparison; checking archived before
+// readability reports the archived private channel as archived.
 func TestOwnerUnauthorizedForAPrivateChannel(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	owner, other := f.key(), f.key()
 	ch := f.channel(owner)
-	private := uuid.NewString()
-	f.store(f.sign(other, ingest.KindCreateGroup, "", nostr.Tags{{"h", private}, {"name", "secret"}, {"visibility", "private"}}))
-	id := uuid.NewString()
-	f.save(owner, ch, id, "name: Leak\ntrigger: {on: message_posted}\nsteps: [{id: leak, action: send_message, channel: '"+private+"', text: psst}]")
+	privateChannel := func() string {
+		id := uuid.NewString()
+		f.store(f.sign(other, ingest.KindCreateGroup, "", nostr.Tags{{"h", id}, {"name", "secret"}, {"visibility", "private"}}))
+		return id
+	}
+	archive := func(channel string) string {
+		_, err := f.pool.Exec(f.ctx, `UPDATE channels SET archived_at = now() WHERE community_id = $1 AND id = $2`, f.tenant.ID(), channel)
+		require.NoError(t, err)
+		return channel
+	}
+	targets := map[string]string{
+		"private":          privateChannel(),
+		"archived private": archive(privateChannel()),
+		"missing":          uuid.NewString(),
+		"archived open":    archive(f.channel(other)),
+	}
+	workflows := map[string]string{}
+	for name, target := range targets {
+		workflows[name] = uuid.NewString()
+		f.save(owner, ch, workflows[name], "name: Leak\ntrigger: {on: message_posted}\nsteps: [{id: leak, action: send_message, channel: '"+target+"', text: psst}]")
+	}
 	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	runs := map[string]uuid.UUID{}
+	for name, id := range workflows {
+		runs[name] = f.runIDs(id)[0]
+	}
 	f.drain(f.engine(time.Minute))
-	f.failedWith(run, workflow.CodeOwnerUnauthorized, "step leak", "not a member")
-	require.Empty(t, f.doorbells(run))
+
+	private := f.failedWith(runs["private"], workflow.CodeOwnerUnauthorized, "step leak", "does not exist or is private")
+	for _, name := range []string{"archived private", "missing"} {
+		row := f.failedWith(runs[name], workflow.CodeOwnerUnauthorized)
+		require.Equal(t, *private.ErrorMessage, *row.ErrorMessage, "%s answers like a private channel", name)
+	}
+	f.failedWith(runs["archived open"], workflow.CodeWebhookFailed, "step leak", "archived")
+	for _, run := range runs {
+		require.Empty(t, f.doorbells(run))
+	}
 }
 
 // A pinned definition the parser no longer accepts (stored under an

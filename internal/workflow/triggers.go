@@ -279,6 +279,15 @@ func prepareManual(ctx context.Context, w *ingest.Write) error {
 		return err
 	}
 	if string(row.OwnerPubkey) != string(w.ActorBytes()) {
+		// Whoever cannot read the workflow's channel is told what an
+		// unknown id gets, so a refusal does not confirm that it exists.
+		readable, err := channelReadable(ctx, w, row.ChannelID)
+		if err != nil {
+			return err
+		}
+		if !readable {
+			return ingest.Reject("invalid", "workflow not found")
+		}
 		return ingest.Reject("restricted", "not authorized to trigger this workflow")
 	}
 	if row.ChannelID == nil {
@@ -312,4 +321,26 @@ func (t *Triggers) applyManual(ctx context.Context, w *ingest.Write) error {
 	w.Reply(`response:{"run_id":"` + id.String() + `"}`)
 	t.offerAfterCommit(w, []uuid.UUID{id})
 	return nil
+}
+
+// channelReadable reports whether the write's actor may read channel (nil:
+// no channel, readable by nobody).
+func channelReadable(ctx context.Context, w *ingest.Write, channel *uuid.UUID) (bool, error) {
+	if channel == nil {
+		return false, nil
+	}
+	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
+	if dberr.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return canRead(access), nil
+}
+
+// canRead reports whether a channel's access row lets its pubkey read it:
+// open to all, or private and the pubkey an active member.
+func canRead(access db.ChannelAccessRow) bool {
+	return access.MemberRole != nil || access.Visibility == db.ChannelVisibilityOpen
 }
