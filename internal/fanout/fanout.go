@@ -330,13 +330,26 @@ func (h *Hub) match(community uuid.UUID, ev *nostr.Event) []*Subscription {
 	visit(idx.byID[ev.ID])
 	visit(idx.byAuthor[ev.PubKey])
 	visit(idx.byKind[ev.Kind])
-	for _, tag := range ev.Tags {
-		if len(tag) >= 2 && len(tag[0]) == 1 {
-			visit(idx.byTag[tag[0]+":"+tag[1]])
-		}
+	var keys [8]string // most events carry fewer tags: no allocation
+	for _, k := range appendTagKeys(keys[:0], ev) {
+		visit(idx.byTag[k])
 	}
 	visit(idx.any)
 	return matched
+}
+
+// appendTagKeys appends the distinct index keys ("name:value") of ev's
+// single-letter tags to keys. Distinct: an event may repeat a tag, and a
+// filter placed under that tag alone is not deduplicated by match, so
+// visiting its bucket twice would deliver the event to it twice.
+func appendTagKeys(keys []string, ev *nostr.Event) []string {
+	for _, tag := range ev.Tags {
+		if len(tag) >= 2 && len(tag[0]) == 1 {
+			keys = append(keys, tag[0]+":"+tag[1])
+		}
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
 }
 
 // place adds e to (or removes it from) the buckets of the one constraint

@@ -50,6 +50,9 @@ func randomEvent(rng *rand.Rand, i int) *nostr.Event {
 	for j := rng.IntN(3); j > 0; j-- {
 		tags = append(tags, nostr.Tag{[]string{"e", "p", "t"}[rng.IntN(3)], []string{"a", "b", "c"}[rng.IntN(3)]})
 	}
+	if len(tags) > 0 && rng.IntN(3) == 0 {
+		tags = append(tags, tags[0]) // nothing refuses a repeated tag
+	}
 	return &nostr.Event{
 		ID: fmt.Sprintf("%064x", i), PubKey: hexKeys[rng.IntN(len(hexKeys))],
 		Kind: []int{1, 7, 9}[rng.IntN(3)], CreatedAt: int64(100 + rng.IntN(10)), Tags: tags,
@@ -255,6 +258,25 @@ func TestOneFilterUnderTwoTagValuesDeliversOnce(t *testing.T) {
 	box := &inbox{}
 	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Tags: map[string][]string{"t": {"a", "b"}}}}})
 	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{{"t", "a"}, {"t", "b"}}}
+	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
+	require.Len(t, box.take(), 1)
+}
+
+// An event repeating a tag reaches a filter placed under that tag alone
+// once, not once per copy (a subscriber's send queue would otherwise fill
+// with copies of one event and close it as a slow consumer).
+// Mutation killed: visiting the tag buckets once per tag of the event.
+func TestRepeatedTagDeliversOnce(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	box := &inbox{}
+	hub.Subscribe(c, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Tags: map[string][]string{"p": {hexKeys[2]}}}}})
+	tags := nostr.Tags{{"t", "x"}}
+	for range 50 {
+		tags = append(tags, nostr.Tag{"p", hexKeys[2]})
+	}
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: tags}
 	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
 	require.Len(t, box.take(), 1)
 }
