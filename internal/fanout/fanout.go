@@ -90,13 +90,16 @@ type index struct {
 	byTag    map[string]bucket // "name:value"
 	byKind   map[int]bucket
 	any      bucket
-	subs     map[key][]*entry
+	// subs holds each receiver's subscriptions by id, so a closing
+	// connection removes its own without scanning its neighbours'.
+	subs  map[Receiver]map[string][]*entry
+	count int // subscriptions in subs
 }
 
 func newIndex() *index {
 	return &index{
 		byID: map[string]bucket{}, byAuthor: map[string]bucket{}, byTag: map[string]bucket{},
-		byKind: map[int]bucket{}, any: bucket{}, subs: map[key][]*entry{},
+		byKind: map[int]bucket{}, any: bucket{}, subs: map[Receiver]map[string][]*entry{},
 	}
 }
 
@@ -134,7 +137,13 @@ func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
 		e.repeats = underSeveralTags || len(s.Filters) > 1
 		entries = append(entries, e)
 	}
-	idx.subs[k] = entries
+	own := idx.subs[s.Receiver]
+	if own == nil {
+		own = map[string][]*entry{}
+		idx.subs[s.Receiver] = own
+	}
+	own[s.ID] = entries
+	idx.count++
 }
 
 // Unsubscribe removes one subscription; it reports whether it existed.
@@ -158,10 +167,8 @@ func (h *Hub) UnsubscribeAll(community uuid.UUID, r Receiver) {
 	if idx == nil {
 		return
 	}
-	for k := range idx.subs {
-		if k.receiver == r {
-			idx.remove(k)
-		}
+	for id := range idx.subs[r] {
+		idx.remove(key{r, id})
 	}
 	h.dropIfEmpty(community, idx)
 }
@@ -177,7 +184,7 @@ func (h *Hub) Count(community uuid.UUID) int {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if idx := h.communities[community]; idx != nil {
-		return len(idx.subs)
+		return idx.count
 	}
 	return 0
 }
@@ -403,13 +410,18 @@ func update[K comparable](m map[K]bucket, keys []K, e *entry, add bool) {
 }
 
 func (idx *index) remove(k key) bool {
-	entries, ok := idx.subs[k]
+	own := idx.subs[k.receiver]
+	entries, ok := own[k.id]
 	if !ok {
 		return false
 	}
 	for _, e := range entries {
 		idx.place(e, false)
 	}
-	delete(idx.subs, k)
+	delete(own, k.id)
+	if len(own) == 0 {
+		delete(idx.subs, k.receiver)
+	}
+	idx.count--
 	return true
 }

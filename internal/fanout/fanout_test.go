@@ -281,6 +281,52 @@ func TestRepeatedTagDeliversOnce(t *testing.T) {
 	require.Len(t, box.take(), 1)
 }
 
+// Closing one connection removes its subscriptions and no one else's.
+// Mutation killed: removing a receiver's subscriptions from the wrong
+// receiver's set (the other box stops receiving, or the count drifts).
+func TestUnsubscribeAllLeavesOtherReceivers(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	closing, staying := &inbox{}, &inbox{}
+	for _, id := range []string{"a", "b", "c"} {
+		hub.Subscribe(c, &fanout.Subscription{Receiver: closing, ID: id, Filters: nostr.Filters{{Kinds: []int{1}}}})
+		hub.Subscribe(c, &fanout.Subscription{Receiver: staying, ID: id, Filters: nostr.Filters{{Kinds: []int{1}}}})
+	}
+	hub.UnsubscribeAll(c, closing)
+	require.Equal(t, 3, hub.Count(c))
+	require.False(t, hub.Unsubscribe(c, closing, "a"))
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1}
+	require.Equal(t, 3, hub.Publish(c, ev, nil).Delivered)
+	require.Empty(t, closing.take())
+	require.Len(t, staying.take(), 3)
+	hub.UnsubscribeAll(c, staying)
+	require.Zero(t, hub.Count(c))
+}
+
+// BenchmarkCloseAmongManySubscriptions: one connection with 8
+// subscriptions closes in a community holding 10,000 other connections'
+// 80,000. The hub's write lock is held for the whole of it, stopping every
+// publish and REQ of the community meanwhile.
+func BenchmarkCloseAmongManySubscriptions(b *testing.B) {
+	hub := fanout.NewHub()
+	c := uuid.New()
+	subscribe := func(r fanout.Receiver) {
+		for i := range 8 {
+			hub.Subscribe(c, &fanout.Subscription{Receiver: r, ID: fmt.Sprint(i), Filters: nostr.Filters{{Kinds: []int{i}}}})
+		}
+	}
+	for range 10_000 {
+		subscribe(&inbox{})
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		r := &inbox{}
+		subscribe(r)
+		hub.UnsubscribeAll(c, r)
+	}
+}
+
 // A publish to many subscriptions is split among goroutines: every
 // subscription still gets each event once, and one publisher's events in
 // the order published, and Publish returns only once all are delivered.
