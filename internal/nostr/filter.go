@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Filter is a NIP-01 subscription filter (with the NIP-50 search field).
@@ -197,6 +198,7 @@ var (
 	errUntil        = errors.New("until must be a non-negative integer")
 	errLimit        = errors.New("limit must be a non-negative integer")
 	errSearch       = errors.New("search must be a string")
+	errSearchNUL    = errors.New("search must not contain NUL characters")
 )
 
 // FilterFieldError is a filter refused because of one field's value, with
@@ -317,6 +319,9 @@ func (d *decoder) filter(f *Filter, lim *Limits) error {
 				return d.wrongType(errSearch)
 			}
 			f.Search, err = d.string()
+			if err == nil && strings.IndexByte(f.Search, 0) >= 0 {
+				err = errSearchNUL
+			}
 		case filterAgentOwner:
 			f.AgentOwner, err = d.agentOwner(count)
 		default:
@@ -478,6 +483,11 @@ func (d *decoder) tagValues(name string, lim *Limits, count func() error) ([]str
 		}
 		if lim.MaxTagValueLen > 0 && len(s) > lim.MaxTagValueLen {
 			return nil, fmt.Errorf("#%s value too long (max %d bytes)", name, lim.MaxTagValueLen)
+		}
+		if strings.IndexByte(s, 0) >= 0 {
+			// No stored tag holds NUL (PostgreSQL text cannot), and the
+			// query would fail on it rather than match nothing.
+			return nil, fmt.Errorf("#%s values must not contain NUL characters", name)
 		}
 		if err := count(); err != nil {
 			return nil, err

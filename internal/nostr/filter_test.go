@@ -120,6 +120,8 @@ func TestFilterLimits(t *testing.T) {
 	require.ErrorContains(t, parse(`{"kinds":[1,2],"#e":["a","b"]}`), "too many values in filter (max 3)")
 	require.ErrorContains(t, parse(`{"ids":["`+hexA+`","`+hexA+`","`+hexA+`","`+hexA+`"]}`), "too many values in filter (max 3)")
 	require.ErrorContains(t, parse(`{"#e":["abcde"]}`), "#e value too long (max 4 bytes)")
+	require.ErrorContains(t, parse(`{"#t":["a\u0000b"]}`), "#t values must not contain NUL characters")
+	require.ErrorContains(t, parse(`{"search":"a\u0000b"}`), "search must not contain NUL characters")
 	// The budget is per filter.
 	require.NoError(t, parse(`{"kinds":[1,2,3]},{"kinds":[1,2,3]}`))
 }
