@@ -51,6 +51,11 @@ type conn struct {
 	// crowds out live events.
 	out    sendQueue
 	pinger *time.Timer // runs ping every PingInterval
+	// started counts the messages whose handling began, and handling is
+	// set while one is handled: meanwhile the read loop, the only reader
+	// of pongs, waits for the handler, so a missed pong proves nothing.
+	started  atomic.Uint64
+	handling atomic.Bool
 	// writeWatchdog closes the socket under a write that outlives
 	// WriteTimeout: one timer per connection instead of a context per
 	// message (an allocation plus a registration with the connection's
@@ -246,6 +251,9 @@ func (c *conn) run() {
 // round trip) needs a deep stack, reading the next one a shallow stack.
 // The handler's stack returns to the runtime when it is done.
 func (c *conn) handleAside(data []byte) {
+	c.started.Add(1)
+	c.handling.Store(true)
+	defer c.handling.Store(false)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -413,14 +421,22 @@ func (c *conn) sent(q queued) {
 
 // ping checks the client is still there, from a timer rather than a
 // goroutine of its own: a parked goroutine per connection costs its stack
-// for the connection's whole life. A missed pong closes the connection.
+// for the connection's whole life. A missed pong closes the connection,
+// unless the client sent a message meanwhile or one is being handled: a
+// pong is read only by the read loop, which waits while a REQ streams a
+// long history to a slow reader. A client gone during such a handler
+// stops taking writes, and the write timeout closes it instead.
 func (c *conn) ping() {
 	if c.ctx.Err() != nil {
 		return
 	}
+	started := c.started.Load()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.PingInterval)
 	err := c.ws.Ping(ctx)
 	cancel()
+	if err != nil && c.ctx.Err() == nil && (c.handling.Load() || c.started.Load() != started) {
+		err = nil
+	}
 	if err != nil {
 		c.log.Debug("ping failed; closing", "err", err)
 		c.ws.CloseNow()

@@ -33,6 +33,38 @@ func TestMissedPongClosesTheConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return connections(r) == 0 }, 60*time.Second, 20*time.Millisecond)
 }
 
+// A connection whose REQ is being handled is not closed for missed pongs:
+// the relay reads pongs only in its read loop, which waits for the
+// handler, so a REQ that takes several ping intervals (here it waits for a
+// lock on events; a long history streamed to a slow reader does the same)
+// would otherwise cut off a client that answers every ping. Once the REQ
+// is answered, pings count again: the client stops reading and is closed.
+//
+// Mutations killed: closing on every missed pong (the EOSE never comes);
+// leaving the handling flag set after the handler (never closed after).
+func TestPingSparesAConnectionWhileItsRequestIsHandled(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.PingInterval = 200 * time.Millisecond })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ctx := context.Background()
+	lock, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE events IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	c.Send("REQ", "waits", map[string]any{"kinds": []int{1}})
+	go func() {
+		time.Sleep(2 * time.Second) // ten ping intervals
+		_ = lock.Rollback(ctx)
+	}()
+	msg, err := c.TryNext(30 * time.Second) // reads, so the client answers every ping
+	require.NoError(t, err, "the connection was closed while its REQ waited")
+	require.JSONEq(t, `"EOSE"`, string(msg[0]))
+	require.Eventually(t, func() bool { return connections(r) == 0 }, 60*time.Second, 20*time.Millisecond,
+		"a client that stops reading after its answer misses pongs and is closed")
+}
+
 // A write the client never takes (it stopped reading and the socket buffers
 // are full) is cut off by the write watchdog.
 func TestWriteWatchdogClosesAStuckWrite(t *testing.T) {
