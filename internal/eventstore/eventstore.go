@@ -265,7 +265,7 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 // readPage runs one page's statement and returns its rows, the connection
 // already back in the pool.
 func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
-	sql, args := buildPage(community, scope, filters, branches, after, pageRows)
+	sql, args := buildPage(community, scope, filters, branches, after, pageRows, s.SearchCandidates)
 	capacity := pageCapacity(filters, branches, pageRows)
 	var page []pageRow
 	err := s.onSession(ctx, session, func(q db.DBTX) error {

@@ -211,7 +211,7 @@ type keyset struct {
 // after is nil), at most its remaining count, tagged with its index; the
 // union is merged newest first and cut at pageRows. Rows matched by several
 // filters come back once per branch, next to each other.
-func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) (string, []any) {
+func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows, searchCandidates int) (string, []any) {
 	var b sqlBuilder
 	communityArg := b.arg(community)
 	channelsArg := b.arg(scope.Channels)
@@ -227,17 +227,16 @@ func buildPage(community uuid.UUID, scope Scope, filters nostr.Filters, branches
 		}
 		f := &filters[br.filter]
 		if f.Search != "" {
-			// A search filter's rows are its limit most relevant ones; that
-			// set is then merged by time like any other branch.
-			b.sql.WriteString("(SELECT * FROM (SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-			b.scopeConditions(scope, channelsArg, f)
-			b.conditions(f, communityArg)
-			b.order(f)
-			b.sql.WriteString(" LIMIT " + b.arg(int32(br.limit)) + ") ranked WHERE TRUE")
+			// A search filter's rows are its limit most relevant among its
+			// newest candidates, as for a lone search; that set is then
+			// merged by time like any other branch.
+			b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM (SELECT * FROM ")
+			b.rankedCandidates(scope, communityArg, channelsArg, f, max(searchCandidates, br.limit))
+			b.sql.WriteString(" ranked ORDER BY rank DESC, created_at DESC, id DESC LIMIT " + b.arg(int32(br.limit)) + ") top")
 			if after != nil {
-				b.sql.WriteString(" AND (created_unix, id) < (" + b.arg(after.createdUnix) + "::bigint, " + b.arg(after.id) + "::bytea)")
+				b.sql.WriteString(" WHERE (created_at, id) < (to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 			}
-			b.sql.WriteString(" ORDER BY created_unix DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
+			b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(min(br.remaining, pageRows))) + ")")
 			continue
 		}
 		b.sql.WriteString("(SELECT " + eventColumns + ", " + strconv.Itoa(br.filter) + " AS branch FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
@@ -265,17 +264,25 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 	var b sqlBuilder
 	communityArg := b.arg(community)
 	channelsArg := b.arg(scope.Channels)
-	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
-	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM (SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
-		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
-	b.scopeConditions(scope, channelsArg, f)
-	b.conditions(f, communityArg)
-	b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(candidates)) + ") recent) ranked")
+	b.sql.WriteString("SELECT " + eventColumns + ", rank FROM ")
+	b.rankedCandidates(scope, communityArg, channelsArg, f, candidates)
+	b.sql.WriteString(" ranked")
 	if after != nil {
 		b.sql.WriteString(" WHERE (rank, created_at, id) < (" + b.arg(after.rank) + "::real, to_timestamp(" + b.arg(after.createdUnix) + "::bigint), " + b.arg(after.id) + "::bytea)")
 	}
 	b.sql.WriteString(" ORDER BY rank DESC, created_at DESC, id DESC LIMIT " + b.arg(int32(rows)))
 	return named(NameEventsSearch, b.sql.String()), b.args
+}
+
+// rankedCandidates appends a parenthesized subquery: search filter f's
+// newest candidates matches that scope may see, each with its rank.
+func (b *sqlBuilder) rankedCandidates(scope Scope, communityArg, channelsArg string, f *nostr.Filter, candidates int) {
+	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
+	b.sql.WriteString("(SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
+		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
+	b.scopeConditions(scope, channelsArg, f)
+	b.conditions(f, communityArg)
+	b.sql.WriteString(" ORDER BY created_at DESC, id DESC LIMIT " + b.arg(int32(candidates)) + ") recent)")
 }
 
 // BuildSelect returns the statement that reads the stored events matching

@@ -107,7 +107,7 @@ func TestPlansWithoutStatistics(t *testing.T) {
 		{"kinds", nostr.Filter{Kinds: []int{1}, Limit: &limit}, "events_by_kind_time"},
 	} {
 		filters := nostr.Filters{tc.filter}
-		sql, args := buildPage(c.ID, Scope{Reader: burstAuthor}, filters, []pageBranch{{filter: 0, limit: limit, remaining: limit}}, nil, DefaultPageRows)
+		sql, args := buildPage(c.ID, Scope{Reader: burstAuthor}, filters, []pageBranch{{filter: 0, limit: limit, remaining: limit}}, nil, DefaultPageRows, DefaultSearchCandidates)
 		nodes, indexes := planSummary(explain(t, pool, sql, args))
 		require.Contains(t, indexes, tc.index, "%s: nodes %v", tc.name, nodes)
 		require.NotContains(t, nodes, "Bitmap Heap Scan", "%s: a bitmap scan reads every match before the limit applies", tc.name)
@@ -192,7 +192,7 @@ func TestAnalyzeWhenStaleAfterBurst(t *testing.T) {
 
 	limit := 100
 	filters := nostr.Filters{{Authors: []string{burstAuthor}, Kinds: []int{1}, Limit: &limit}}
-	sql, args := buildPage(c.ID, Scope{Reader: burstAuthor}, filters, []pageBranch{{filter: 0, limit: limit, remaining: limit}}, nil, DefaultPageRows)
+	sql, args := buildPage(c.ID, Scope{Reader: burstAuthor}, filters, []pageBranch{{filter: 0, limit: limit, remaining: limit}}, nil, DefaultPageRows, DefaultSearchCandidates)
 	nodes, indexes := planSummary(explain(t, pool, sql, args))
 	require.Contains(t, indexes, "events_by_author_time", "nodes %v", nodes)
 

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -78,4 +79,9 @@ func TestSearchRanksTheNewestCandidates(t *testing.T) {
 	require.Equal(t, strong.ID, got[0], "ranked by relevance among them")
 	require.ElementsMatch(t, []string{strong.ID, weak.ID, newest.ID, older.ID}, ids(alice.Req("s2", map[string]any{"search": "honey", "limit": 4})),
 		"a larger limit widens the candidates")
+	// Next to another filter, a search is bounded alike.
+	// Mutation killed: ranking every match of a search that is not alone.
+	other := map[string]any{"ids": []string{strings.Repeat("0", 64)}}
+	require.Equal(t, []string{strong.ID}, ids(alice.Req("s3", map[string]any{"search": "honey", "limit": 1}, other)),
+		"the most relevant of the newest matches, not of every match")
 }
