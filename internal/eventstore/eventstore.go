@@ -30,6 +30,11 @@ type Store struct {
 	MaxLimit int
 	// PageRows is how many rows one database round trip of Query reads.
 	PageRows int
+	// PageBytes ends a page early once the events it holds reach this many
+	// bytes (after the rows it needs to advance): a page is held while a
+	// slow client takes its rows, and PageRows events of the largest size
+	// a relay accepts would be tens of megabytes per connection.
+	PageBytes int
 	// StatementTimeout, when set, bounds each statement Query runs. Time a
 	// slow client takes to receive one page is not charged to the next.
 	StatementTimeout time.Duration
@@ -67,12 +72,16 @@ const (
 // DefaultPageRows is the PageRows of a new Store.
 const DefaultPageRows = 200
 
+// DefaultPageBytes is the PageBytes of a new Store: a page of 200 events of
+// a usual size (a kilobyte or less) is well within it.
+const DefaultPageBytes = 256 << 10
+
 // DefaultSearchCandidates is the SearchCandidates of a new Store.
 const DefaultSearchCandidates = 1000
 
 // New returns a Store reading from pool.
 func New(pool *pgxpool.Pool, maxLimit int) *Store {
-	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows, SearchCandidates: DefaultSearchCandidates}
+	return &Store{pool: pool, MaxLimit: maxLimit, PageRows: DefaultPageRows, PageBytes: DefaultPageBytes, SearchCandidates: DefaultSearchCandidates}
 }
 
 func (s *Store) observe(name string, start time.Time) {
@@ -129,14 +138,15 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	pageRows := max(s.PageRows, len(branches)+1)
 	var after *keyset
 	for len(branches) > 0 {
-		page, err := s.readPage(ctx, &session, community, scope, filters, branches, after, pageRows)
+		page, cut, err := s.readPage(ctx, &session, community, scope, filters, branches, after, pageRows)
 		if err != nil {
 			return err
 		}
+		full := cut || len(page) == pageRows
 		// A full page may end inside one event's run of duplicates, which
 		// continues on the next page: leave that run to the next page.
 		sent := len(page)
-		if len(page) == pageRows {
+		if full {
 			last := page[len(page)-1].id
 			for sent > 0 && page[sent-1].id == last {
 				sent--
@@ -158,7 +168,7 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 				return err
 			}
 		}
-		if len(page) < pageRows {
+		if !full {
 			break // every branch is exhausted
 		}
 		after = &keyset{createdUnix: page[sent-1].createdUnix, id: page[sent-1].id[:]}
@@ -263,17 +273,18 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 }
 
 // readPage runs one page's statement and returns its rows, the connection
-// already back in the pool.
-func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) ([]pageRow, error) {
+// already back in the pool. cut reports a page ended by PageBytes.
+func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) (page []pageRow, cut bool, err error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows, s.SearchCandidates)
 	capacity := pageCapacity(filters, branches, pageRows)
-	var page []pageRow
-	err := s.onSession(ctx, session, func(q db.DBTX) error {
+	err = s.onSession(ctx, session, func(q db.DBTX) error {
 		var err error
-		page, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, extraBranch)
+		// One row per branch plus one: a page cut short must still hold
+		// more than one event's duplicates, or it could not advance.
+		page, cut, err = s.readRows(ctx, q, NameEventsPage, sql, args, capacity, len(branches)+1, extraBranch)
 		return err
 	})
-	return page, err
+	return page, cut, err
 }
 
 // pageCapacity is how many rows a page can hold at most: pageRows, or fewer
@@ -300,9 +311,10 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 		rows := min(remaining, max(s.PageRows, 1))
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
 		var page []pageRow
+		var cut bool
 		err := s.onWriter(ctx, func(q db.DBTX) error {
 			var err error
-			page, err = s.readRows(ctx, q, NameEventsSearch, sql, args, rows, extraRank)
+			page, cut, err = s.readRows(ctx, q, NameEventsSearch, sql, args, rows, 1, extraRank)
 			return err
 		})
 		if err != nil {
@@ -313,7 +325,7 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 				return err
 			}
 		}
-		if len(page) < rows {
+		if !cut && len(page) < rows {
 			return nil
 		}
 		remaining -= len(page)
@@ -324,25 +336,35 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 }
 
 // readRows runs one named statement under StatementTimeout and decodes
-// its rows (eventColumns, then the one extra column).
-func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args []any, capacity int, extra extraColumn) ([]pageRow, error) {
+// its rows (eventColumns, then the one extra column). Once it holds
+// minRows rows and their events reach PageBytes it stops (cut): the rest
+// of the statement's rows are read off the connection and dropped, and
+// the next page starts after the last row kept.
+func (s *Store) readRows(ctx context.Context, q db.DBTX, name, sql string, args []any, capacity, minRows int, extra extraColumn) (page []pageRow, cut bool, err error) {
 	ctx, cancel := s.statementContext(ctx)
 	defer cancel()
 	defer s.observe(name, time.Now())
 	rows, err := q.Query(ctx, sql, append([]any{rowFormats}, args...)...)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer rows.Close()
-	page := make([]pageRow, 0, capacity)
+	page = make([]pageRow, 0, capacity)
+	bytes := 0
 	for rows.Next() {
+		if s.PageBytes > 0 && bytes >= s.PageBytes && len(page) >= minRows {
+			cut = true
+			break
+		}
 		var r pageRow
 		if err := decodeRow(&r, rows.RawValues(), extra); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		page = append(page, r)
+		bytes += len(r.event)
 	}
-	return page, rows.Err()
+	rows.Close()
+	return page, cut, rows.Err()
 }
 
 // rowFormats asks for every column of a read in the format decodeRow

@@ -50,7 +50,10 @@ func (c *statementCounter) drain() map[string]int {
 // Reading in small pages returns exactly what one big page returns (order,
 // per-filter limits, one copy of an event several filters match), with one
 // statement per page, each finished (its connection released) before fn
-// sees its rows.
+// sees its rows. Pages cut short by PageBytes do too.
+// Mutations killed (PageBytes): a cut page taken as the last one (rows
+// missing), a cut page that keeps one event's duplicates split across it
+// (an event sent twice or a filter's limit miscounted).
 func TestPagedQueryMatchesASingleRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -89,9 +92,9 @@ func TestPagedQueryMatchesASingleRead(t *testing.T) {
 	}
 	limit := func(n int) *int { return &n }
 	scope := eventstore.Scope{Reader: keys[0].PublicKeyHex()}
-	read := func(pageRows int, filters nostr.Filters) ([]string, map[string]int) {
+	read := func(pageRows, pageBytes int, filters nostr.Filters) ([]string, map[string]int) {
 		store := eventstore.New(pool, 100)
-		store.PageRows = pageRows
+		store.PageRows, store.PageBytes = pageRows, pageBytes
 		counter.drain()
 		var got []string
 		first := true
@@ -115,12 +118,19 @@ func TestPagedQueryMatchesASingleRead(t *testing.T) {
 		{{Search: "hive honey", Kinds: []int{1}, Limit: limit(33)}},
 		{{Search: "honey", Limit: limit(20)}, {Kinds: []int{7}, Limit: limit(25)}, {Search: "hive", Limit: limit(15)}},
 	} {
-		want, _ := read(10000, filters)
+		want, _ := read(10000, 0, filters)
 		require.NotEmpty(t, want)
 		for _, pageRows := range []int{1, 4, 7, 50} {
-			got, statements := read(pageRows, filters)
+			got, statements := read(pageRows, 0, filters)
 			require.Equal(t, want, got, "pages of %d, filters %+v", pageRows, filters)
 			require.GreaterOrEqual(t, statements[eventstore.NameEventsPage]+statements[eventstore.NameEventsSearch], len(want)/max(pageRows, len(filters)+1)-1, "one statement per page")
+		}
+		// Each event's JSON is about 350 bytes: a page of 1 byte holds only
+		// the rows it needs to advance, one of 1,000 a few events.
+		for _, pageBytes := range []int{1, 1000} {
+			got, statements := read(10000, pageBytes, filters)
+			require.Equal(t, want, got, "pages of %d bytes, filters %+v", pageBytes, filters)
+			require.GreaterOrEqual(t, statements[eventstore.NameEventsPage]+statements[eventstore.NameEventsSearch], len(want)/(len(filters)+4), "pages cut by bytes")
 		}
 	}
 }
