@@ -50,14 +50,19 @@ func TestPingSparesAConnectionWhileItsRequestIsHandled(t *testing.T) {
 	ctx := context.Background()
 	lock, err := r.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
 	_, err = lock.Exec(ctx, `LOCK TABLE events IN ACCESS EXCLUSIVE MODE`)
-	require.NoError(t, err)
-	c.Send("REQ", "waits", map[string]any{"kinds": []int{1}})
+	if err != nil {
+		_ = lock.Rollback(ctx)
+		require.NoError(t, err)
+	}
+	released := make(chan struct{})
 	go func() {
+		defer close(released)
 		time.Sleep(2 * time.Second) // ten ping intervals
 		_ = lock.Rollback(ctx)
 	}()
+	defer func() { <-released }()
+	c.Send("REQ", "waits", map[string]any{"kinds": []int{1}})
 	msg, err := c.TryNext(30 * time.Second) // reads, so the client answers every ping
 	require.NoError(t, err, "the connection was closed while its REQ waited")
 	require.JSONEq(t, `"EOSE"`, string(msg[0]))
