@@ -271,46 +271,46 @@ func rejectionStatus(prefix string) int {
 
 func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	s := b.s
-	filters, pubkey, ctx, cancel, ok := b.startRead(w, r, tenant)
+	filters, pubkey, ok := b.startRead(w, r, tenant)
 	if !ok {
 		return
 	}
-	defer cancel()
+	// The query timeout bounds the read until its answer streams; from then
+	// on each statement keeps its own timeout and the HTTP write timeout
+	// bounds the client's download, as for a REQ's history.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	deadline := time.AfterFunc(s.cfg.QueryTimeout, func() { cancel(context.DeadlineExceeded) })
+	defer deadline.Stop()
 	start := time.Now()
 	scope, reason, err := s.readScope(ctx, tenant, pubkey, filters)
 	if reason != "" {
 		writeError(w, http.StatusForbidden, reason)
 		return
 	}
-	out := []byte(`{"events":[`)
-	n := 0
+	answer := newQueryAnswer(w, queryStreamAfter, func() { deadline.Stop() })
 	if err == nil {
 		err = s.store.QueryJSON(ctx, tenant.ID(), scope, filters, func(event []byte, _ *uuid.UUID) error {
-			if n > 0 {
-				out = append(out, ',')
-			}
-			n++
-			out = append(out, event...)
-			return nil
+			return answer.add(event)
 		})
 	}
 	if err != nil {
-		b.readFailed(w, r, ctx, tenant, err)
+		status, msg := b.readFailure(r, ctx, tenant, err)
+		answer.abortIfStreaming()
+		writeError(w, status, msg)
 		return
 	}
-	out = append(out, "]}\n"...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(out)
+	answer.finish()
 	s.metrics.ReqDuration.WithLabelValues("HTTP_QUERY").Observe(time.Since(start).Seconds())
 }
 
 func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	s := b.s
-	filters, pubkey, ctx, cancel, ok := b.startRead(w, r, tenant)
+	filters, pubkey, ok := b.startRead(w, r, tenant)
 	if !ok {
 		return
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.QueryTimeout)
 	defer cancel()
 	start := time.Now()
 	scope, reason, err := s.readScope(ctx, tenant, pubkey, filters)
@@ -323,19 +323,20 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 		n, err = s.store.Count(ctx, tenant.ID(), scope, filters)
 	}
 	if err != nil {
-		b.readFailed(w, r, ctx, tenant, err)
+		status, msg := b.readFailure(r, ctx, tenant, err)
+		writeError(w, status, msg)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"count": n})
 	s.metrics.ReqDuration.WithLabelValues("HTTP_COUNT").Observe(time.Since(start).Seconds())
 }
 
-// startRead authenticates a read and parses its body into filters; the
-// returned context carries the query timeout. ok false means it answered.
-func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (nostr.Filters, string, context.Context, context.CancelFunc, bool) {
+// startRead authenticates a read and parses its body into filters. ok
+// false means it answered.
+func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (nostr.Filters, string, bool) {
 	pubkey, body, ok := b.authenticate(w, r, tenant)
 	if !ok {
-		return nil, "", nil, nil, false
+		return nil, "", false
 	}
 	filters, err := parseReadBody(body, b.s.limits)
 	if err != nil {
@@ -344,13 +345,12 @@ func (b *httpBridge) startRead(w http.ResponseWriter, r *http.Request, tenant co
 			// Name the filter and field as data too, so a client can point
 			// at the value it sent.
 			writeJSON(w, http.StatusBadRequest, filterFieldReply{Error: "invalid: " + err.Error(), Filter: fe.Filter, Field: fe.Field})
-			return nil, "", nil, nil, false
+			return nil, "", false
 		}
 		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
-		return nil, "", nil, nil, false
+		return nil, "", false
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), b.s.cfg.QueryTimeout)
-	return filters, pubkey, ctx, cancel, true
+	return filters, pubkey, true
 }
 
 // filterFieldReply is the 400 body of a read refused for one filter field.
@@ -380,21 +380,19 @@ func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
 	return nostr.ParseFilters(req.Filters, lim)
 }
 
-// readFailed answers a read that failed inside the database: a timeout is
-// 503 (the client may retry), anything else 500.
-func (b *httpBridge) readFailed(w http.ResponseWriter, r *http.Request, ctx context.Context, tenant community.Tenant, err error) {
+// readFailure logs a read that failed inside the database and returns its
+// answer: a timeout is 503 (the client may retry), anything else 500.
+func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant community.Tenant, err error) (status int, msg string) {
 	if errors.Is(err, eventstore.ErrReadSlotsBusy) {
 		b.s.log.Warn("http read found every read slot busy", "community", tenant.Host(), "path", r.URL.Path)
-		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
-		return
+		return http.StatusServiceUnavailable, "relay busy reading; retry shortly"
 	}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
+	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "query timed out")
-		return
+		return http.StatusServiceUnavailable, "query timed out"
 	}
 	if r.Context().Err() == nil {
 		b.s.log.Error("http read failed", "community", tenant.Host(), "path", r.URL.Path, "err", err)
 	}
-	writeError(w, http.StatusInternalServerError, "query failed")
+	return http.StatusInternalServerError, "query failed"
 }

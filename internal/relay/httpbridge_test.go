@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -108,6 +109,29 @@ func encodeBody(t *testing.T, body any) []byte {
 }
 
 func query(filters ...map[string]any) map[string]any { return map[string]any{"filters": filters} }
+
+// An answer larger than the part /query holds before streaming arrives
+// whole and well-formed through a real HTTP client: newest first, every
+// event once.
+func TestHTTPQueryStreamsALargeAnswer(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	ws := r.Dial(t, "")
+	ws.Auth(key)
+	big := strings.Repeat("x", 60<<10)
+	var want []string
+	now := time.Now().Unix()
+	for i := range 24 { // about 1.5 MB of answer
+		ev := ws.Sign(1, fmt.Sprint(i, big), nil, now-100+int64(i))
+		require.True(t, ws.Publish(ev).OK)
+		want = append([]string{ev.ID}, want...)
+	}
+	got := post(t, r, key, "/query", query(map[string]any{"kinds": []int{1}}))
+	require.Equal(t, http.StatusOK, got.Status)
+	require.Greater(t, len(got.Raw), 1<<20)
+	require.Equal(t, want, ids(got.Events))
+}
 
 func TestHTTPBridgeRoundTrip(t *testing.T) {
 	t.Parallel()
