@@ -27,6 +27,9 @@ var (
 	ErrHashMismatch   = errors.New("blob hash mismatch")
 	ErrNotUploader    = errors.New("not the uploader")
 	ErrEmpty          = errors.New("empty blob")
+	// ErrBodyUnreadable: the request body failed before its end (the client
+	// went away, or its read timed out); the store is not at fault.
+	ErrBodyUnreadable = errors.New("the upload body could not be read")
 )
 
 // Limits bound what an upload may be.
@@ -119,11 +122,12 @@ func (s *Service) Check(ctx context.Context) error { return s.store.Check(ctx) }
 // accept (nil = accept all) whether the request may store these bytes,
 // then stores the blob (once for all communities), this community's
 // sidecar, and an upload record for uploader.
-func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader string, body io.Reader, accept func(sha string) error) (Descriptor, error) {
+func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader string, requestBody io.Reader, accept func(sha string) error) (Descriptor, error) {
+	body := &bodyReader{r: requestBody}
 	head := make([]byte, sniffLen)
 	n, err := io.ReadFull(body, head)
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return Descriptor{}, fmt.Errorf("read upload: %w", err)
+		return Descriptor{}, body.failed(err)
 	}
 	head = head[:n]
 	if n == 0 {
@@ -157,7 +161,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		if errors.As(err, &tooLarge) {
 			return Descriptor{}, fmt.Errorf("%w: the limit is %d bytes", ErrTooLarge, s.limits.MaxBytes)
 		}
-		return Descriptor{}, fmt.Errorf("read upload: %w", err)
+		return Descriptor{}, body.failed(err)
 	}
 	size := int64(n) + rest
 	if size > s.limits.MaxBytes {
@@ -324,4 +328,27 @@ func (s *Service) putJSON(ctx context.Context, key string, v any) error {
 		return err
 	}
 	return s.store.Put(ctx, key, bytes.NewReader(raw), int64(len(raw)), "application/json")
+}
+
+// bodyReader remembers the request body's own failure, so that a failed
+// copy can blame the client's body rather than the spool it was written to.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+// failed classifies err, which ended reading or spooling the upload.
+func (b *bodyReader) failed(err error) error {
+	if b.err != nil {
+		return fmt.Errorf("%w: %w", ErrBodyUnreadable, b.err)
+	}
+	return fmt.Errorf("spool upload: %w", err)
 }

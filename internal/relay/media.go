@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -329,7 +330,11 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 // Authorization would be refused for its size, its declared type or its
 // auth. The type is checked again, sniffed from the bytes, on upload.
 func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	ev, ok := s.mediaUploader(w, r, tenant)
+	// Checked as the upload it describes: a NIP-98 header signs the PUT's
+	// method. Nothing is claimed here, so the same header still uploads.
+	asUpload := r.Clone(r.Context())
+	asUpload.Method = http.MethodPut
+	ev, ok := s.mediaUploader(w, asUpload, tenant)
 	if !ok {
 		return
 	}
@@ -353,6 +358,12 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 		}
 	}
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
+	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
+		if payload := ev.Tags.First("payload"); payload == nil || !strings.EqualFold(payload[1], sha) {
+			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
+			return
+		}
+	}
 	if sha != "" && ev.Kind == kindBlossomAuth {
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
 			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
@@ -380,6 +391,10 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 	case errors.Is(err, media.ErrTypeNotAllowed):
 		mediaError(w, http.StatusUnsupportedMediaType, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrHashMismatch), errors.Is(err, media.ErrEmpty):
+		mediaError(w, http.StatusBadRequest, "invalid: "+err.Error())
+	case errors.Is(err, media.ErrBodyUnreadable) && errors.Is(err, os.ErrDeadlineExceeded):
+		mediaError(w, http.StatusRequestTimeout, fmt.Sprintf("invalid: the upload body did not arrive within %s", s.cfg.HTTPReadTimeout))
+	case errors.Is(err, media.ErrBodyUnreadable):
 		mediaError(w, http.StatusBadRequest, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrNotFound):
 		mediaError(w, http.StatusNotFound, "not found: this community has no such blob")
@@ -417,6 +432,14 @@ func (s *Server) serveMediaGet(w http.ResponseWriter, r *http.Request, tenant co
 	h.Set("ETag", `"`+d.SHA256+`"`)
 	h.Set("Cache-Control", "public, max-age=31536000, immutable")
 	h.Set("X-Content-Type-Options", "nosniff")
+	if strings.Contains(r.Header.Get("Range"), ",") {
+		// One range at most. ServeContent seeks once per range, and on S3
+		// each seek is a GET of its own, streaming to the end of the blob:
+		// one anonymous request naming thousands of one-byte ranges would
+		// cost thousands of store requests. A server may ignore Range; such
+		// a request gets the whole blob, read once.
+		r.Header.Del("Range")
+	}
 	// ServeContent answers Range, If-Range, If-None-Match and HEAD, and sets
 	// Content-Length.
 	http.ServeContent(w, r, "", time.Unix(d.Uploaded, 0), obj)

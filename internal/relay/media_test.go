@@ -171,6 +171,12 @@ func TestMediaRoundTrip(t *testing.T) {
 			require.Equal(t, http.StatusPartialContent, ranged.Status)
 			require.Equal(t, blob[1000:2000], ranged.Body)
 			require.Equal(t, fmt.Sprintf("bytes 1000-1999/%d", len(blob)), ranged.Header.Get("Content-Range"))
+			// Several ranges would cost a store read each (a GET each on S3):
+			// the whole blob, read once, instead.
+			// Mutation killed: serving multi-range requests (206 multipart).
+			multi := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": "bytes=0-0,20-20,40-40"})
+			require.Equal(t, http.StatusOK, multi.Status)
+			require.Equal(t, blob, multi.Body)
 
 			cached := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"If-None-Match": `"` + sha + `"`})
 			require.Equal(t, http.StatusNotModified, cached.Status)
@@ -403,11 +409,49 @@ func TestMediaUploadPreflight(t *testing.T) {
 		{"type", blossomAuth(t, key, "upload", nil, nil), map[string]string{"X-Content-Type": "text/html"}, http.StatusUnsupportedMediaType, "media type not allowed: text/html"},
 		{"other hash", blossomAuth(t, key, "upload", []string{sha}, nil), map[string]string{"X-SHA-256": hexSHA([]byte("else"))}, http.StatusUnauthorized, "x tags do not name"},
 		{"no auth", "", nil, http.StatusUnauthorized, "missing Authorization"},
+		// A NIP-98 header signs the upload it describes: the PUT, and its body.
+		{"NIP-98", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", []byte("anything"), nil)), map[string]string{"X-SHA-256": sha}, http.StatusOK, ""},
+		{"NIP-98 other hash", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", []byte("anything"), nil)), map[string]string{"X-SHA-256": hexSHA([]byte("else"))}, http.StatusUnauthorized, "payload tag does not name"},
 	} {
 		got := mediaDo(t, r, http.MethodHead, "", "/media/upload", c.auth, nil, c.header)
 		require.Equal(t, c.status, got.Status, c.name)
 		require.Contains(t, got.Header.Get("X-Reason"), c.reason, c.name)
 	}
+	// The preflight claims nothing: the header it approved still uploads.
+	// Mutation killed: checking a NIP-98 preflight against HEAD (401).
+	blob := pngBlob(t, 500)
+	auth := authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", blob, nil))
+	got := mediaDo(t, r, http.MethodHead, "", "/media/upload", auth, nil, map[string]string{"X-SHA-256": hexSHA(blob)})
+	require.Equal(t, http.StatusOK, got.Status, got.Header.Get("X-Reason"))
+	got = mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
+}
+
+// An upload whose body stops arriving is the client's failure, not the
+// store's: 408 after BUZZ_HTTP_READ_TIMEOUT, not 500.
+// Mutation killed: a body read failure answered as the store's (500).
+func TestMediaSlowUploadBlamesTheBody(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.HTTPReadTimeout = time.Second })
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 4000)
+	body, send := io.Pipe()
+	go func() {
+		_, _ = send.Write(blob[:1000])
+		time.Sleep(2500 * time.Millisecond) // past the read timeout
+		_, _ = send.Write(blob[1000:])
+		_ = send.Close()
+	}()
+	req, err := http.NewRequest(http.MethodPut, r.HTTPURL+"/media/upload", body)
+	require.NoError(t, err)
+	req.ContentLength = int64(len(blob))
+	req.Header.Set("Authorization", blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil))
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode, resp.Header.Get("X-Reason"))
+	require.Contains(t, resp.Header.Get("X-Reason"), "did not arrive within 1s")
 }
 
 // Every media request is counted by operation and status, with the bytes
