@@ -1,14 +1,18 @@
 package relay_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
@@ -113,4 +117,51 @@ func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 
 	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
 	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)))
+}
+
+// With Redis, a channel keeps at most BUZZ_PRESENCE_MAX_ENTRIES
+// announcements, as in one process, and a write drops the expired ones
+// through the expiry index, without reading the others.
+// Mutations killed: no cap in the script (five kept); expired fields not
+// dropped (the channel stays full after the TTL and the newcomer is not
+// kept); the expiry index not written (nothing is ever dropped).
+func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	url := dbtest.RedisURL(t)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(now))}, withRedis(url),
+		func(c *config.Config) { c.PresenceMaxEntries = 3 })
+	waitRedis(t, "connected", r)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "crowded", false)
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	key := crossrelay.PresenceKey(r.CommunityID, uuid.MustParse(ch))
+
+	announce := func() string {
+		c := r.Dial(t, "")
+		c.Auth(nil)
+		ev := c.Sign(20001, "here", nostr.Tags{{"h", ch}}, now().Unix())
+		require.True(t, c.Publish(ev).OK)
+		return ev.ID
+	}
+	var kept []string
+	for i := range 5 {
+		id := announce()
+		if i < 3 {
+			kept = append(kept, id)
+		}
+	}
+	require.ElementsMatch(t, kept, ids(owner.Req("full", presenceFilter(ch, nil))), "the first three are kept, the rest only delivered live")
+	require.EqualValues(t, 3, rdb.HLen(context.Background(), key).Val())
+
+	at.Add(int64(time.Minute + time.Second)) // past the 60 s TTL
+	newcomer := announce()
+	require.Equal(t, []string{newcomer}, ids(owner.Req("after", presenceFilter(ch, nil))))
+	require.EqualValues(t, 1, rdb.HLen(context.Background(), key).Val(), "the expired announcements are gone from the hash")
 }

@@ -298,7 +298,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	// Presence accepted by any process is seen by a REQ on every other.
-	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.presence.Load().Store)})
+	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.presence.Load().Store)})
 	s.crossRelay.Store(bus)
 	go bus.Run(ctx)
 	return nil
