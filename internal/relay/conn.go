@@ -533,7 +533,9 @@ func (c *conn) onAuth(ev *nostr.Event) {
 	c.pubkey = ev.PubKey
 	c.owner = owner
 	c.authed.Store(true)
-	c.log = c.log.With("pubkey", ev.PubKey)
+	// From the connection's own logger, not the last one: a client may
+	// AUTH again and again, and each With would keep every earlier pubkey.
+	c.log = c.srv.connLog(c.tenant, c.addr).With("pubkey", ev.PubKey)
 	note := ""
 	if attestation != nil && owner == "" {
 		// Authenticated all the same: the key is proven; only the owner

@@ -369,7 +369,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		ws:        ws,
 		sock:      hw.conn,
 		tenant:    tenant,
-		log:       s.log.With("community", tenant.Host(), "remote", addr),
+		log:       s.connLog(tenant, addr),
 		addr:      addr,
 		challenge: newChallenge(),
 		replyRoom: semaphore.NewWeighted(int64(s.cfg.ReplyQueueBytes)),
@@ -470,6 +470,11 @@ func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.
 		return ingest.Reject("invalid", "AUTH created_at must be within %s of now", s.cfg.AuthWindow)
 	}
 	return nil
+}
+
+// connLog is the logger of a connection from addr to tenant.
+func (s *Server) connLog(tenant community.Tenant, addr string) *slog.Logger {
+	return s.log.With("community", tenant.Host(), "remote", addr)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
