@@ -136,13 +136,15 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	// A page must hold more rows than one event can occupy (one per branch),
 	// or a page of one event's duplicates could not advance.
 	pageRows := max(s.PageRows, len(branches)+1)
+	rows := pageRows // asked of the next page
 	var after *keyset
 	for len(branches) > 0 {
-		page, cut, err := s.readPage(ctx, &session, community, scope, filters, branches, after, pageRows)
+		page, cut, err := s.readPage(ctx, &session, community, scope, filters, branches, after, rows)
 		if err != nil {
 			return err
 		}
-		full := cut || len(page) == pageRows
+		full := cut || len(page) == rows
+		rows = nextPageRows(rows, len(page), cut, len(branches)+1, pageRows)
 		// A full page may end inside one event's run of duplicates, which
 		// continues on the next page: leave that run to the next page.
 		sent := len(page)
@@ -307,8 +309,9 @@ func pageCapacity(filters nostr.Filters, branches []pageBranch, pageRows int) in
 // at a time.
 func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scope, f *nostr.Filter, limit int, fn func(event []byte, channel *uuid.UUID) error) error {
 	var after *keyset
+	pageRows := max(s.PageRows, 1)
 	for remaining := limit; remaining > 0; {
-		rows := min(remaining, max(s.PageRows, 1))
+		rows := min(remaining, pageRows)
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
 		var page []pageRow
 		var cut bool
@@ -328,11 +331,25 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 		if !cut && len(page) < rows {
 			return nil
 		}
+		pageRows = nextPageRows(rows, len(page), cut, 1, max(s.PageRows, 1))
 		remaining -= len(page)
 		last := page[len(page)-1]
 		after = &keyset{rank: last.rank, createdUnix: last.createdUnix, id: last.id[:]}
 	}
 	return nil
+}
+
+// nextPageRows is how many rows to ask of the next page, after a page
+// asked for asked rows returned got, cut by PageBytes or not. A page cut
+// short still read all its rows off the connection: asking as many again
+// would read and drop the same large events page after page, so the next
+// asks for what fitted (at least least); a page that came back whole
+// doubles that again, up to most.
+func nextPageRows(asked, got int, cut bool, least, most int) int {
+	if cut {
+		return max(least, got)
+	}
+	return min(most, max(least, asked*2))
 }
 
 // readRows runs one named statement under StatementTimeout and decodes

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,8 +20,12 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// statementCounter counts the statements a pool runs, by their name line.
-type statementCounter struct{ names chan string }
+// statementCounter counts the statements a pool runs, by their name line,
+// and the rows they return.
+type statementCounter struct {
+	names chan string
+	rows  atomic.Int64
+}
 
 func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	if name, ok := strings.CutPrefix(data.SQL, "-- name: "); ok {
@@ -33,7 +38,11 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, dat
 	return ctx
 }
 
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *statementCounter) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if strings.HasPrefix(data.CommandTag.String(), "SELECT") {
+		c.rows.Add(data.CommandTag.RowsAffected())
+	}
+}
 
 func (c *statementCounter) drain() map[string]int {
 	out := map[string]int{}
@@ -96,6 +105,7 @@ func TestPagedQueryMatchesASingleRead(t *testing.T) {
 		store := eventstore.New(pool, 100)
 		store.PageRows, store.PageBytes = pageRows, pageBytes
 		counter.drain()
+		counter.rows.Store(0)
 		var got []string
 		first := true
 		require.NoError(t, store.Query(ctx, home.ID, scope, filters, func(ev *nostr.Event, _ *uuid.UUID) error {
@@ -127,10 +137,15 @@ func TestPagedQueryMatchesASingleRead(t *testing.T) {
 		}
 		// Each event's JSON is about 350 bytes: a page of 1 byte holds only
 		// the rows it needs to advance, one of 1,000 a few events.
+		// A page cut by bytes still read its other rows off the connection;
+		// the next one asks for about as many rows as fitted, so the rows
+		// read stay a small multiple of the rows sent, not one page of
+		// 10,000 rows per few events sent.
 		for _, pageBytes := range []int{1, 1000} {
 			got, statements := read(10000, pageBytes, filters)
 			require.Equal(t, want, got, "pages of %d bytes, filters %+v", pageBytes, filters)
 			require.GreaterOrEqual(t, statements[eventstore.NameEventsPage]+statements[eventstore.NameEventsSearch], len(want)/(len(filters)+4), "pages cut by bytes")
+			require.LessOrEqual(t, counter.rows.Load(), int64(4*len(filters)*len(want)+200), "rows read for %d sent, pages of %d bytes, filters %+v", len(want), pageBytes, filters)
 		}
 	}
 }
