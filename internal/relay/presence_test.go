@@ -143,16 +143,21 @@ func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	key := crossrelay.PresenceKey(r.CommunityID, uuid.MustParse(ch))
 
-	announce := func() string {
-		c := r.Dial(t, "")
-		c.Auth(nil)
+	// Every client authenticates before the clock moves: AUTH is checked
+	// against the relay's clock.
+	clients := make([]*relaytest.Client, 6)
+	for i := range clients {
+		clients[i] = r.Dial(t, "")
+		clients[i].Auth(nil)
+	}
+	announce := func(c *relaytest.Client) string {
 		ev := c.Sign(20001, "here", nostr.Tags{{"h", ch}}, now().Unix())
 		require.True(t, c.Publish(ev).OK)
 		return ev.ID
 	}
 	var kept []string
 	for i := range 5 {
-		id := announce()
+		id := announce(clients[i])
 		if i < 3 {
 			kept = append(kept, id)
 		}
@@ -161,7 +166,7 @@ func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
 	require.EqualValues(t, 3, rdb.HLen(context.Background(), key).Val())
 
 	at.Add(int64(time.Minute + time.Second)) // past the 60 s TTL
-	newcomer := announce()
+	newcomer := announce(clients[5])
 	require.Equal(t, []string{newcomer}, ids(owner.Req("after", presenceFilter(ch, nil))))
 	require.EqualValues(t, 1, rdb.HLen(context.Background(), key).Val(), "the expired announcements are gone from the hash")
 }
