@@ -337,21 +337,23 @@ func (h *Hub) match(community uuid.UUID, ev *nostr.Event) []*Subscription {
 	visit(idx.byID[ev.ID])
 	visit(idx.byAuthor[ev.PubKey])
 	visit(idx.byKind[ev.Kind])
-	var keys [8]string // most events carry fewer tags: no allocation
-	for _, k := range appendTagKeys(keys[:0], ev) {
+	var keys [8]string
+	for _, k := range idx.appendTagKeys(keys[:0], ev) {
 		visit(idx.byTag[k])
 	}
 	visit(idx.any)
 	return matched
 }
 
-// appendTagKeys appends the distinct index keys ("name:value") of ev's
-// single-letter tags to keys. Distinct: an event may repeat a tag, and a
-// filter placed under that tag alone is not deduplicated by match, so
-// visiting its bucket twice would deliver the event to it twice.
-func appendTagKeys(keys []string, ev *nostr.Event) []string {
+// appendTagKeys appends to keys the distinct index keys ("name:value") of
+// ev's single-letter tags that some subscription is placed under.
+// Distinct: an event may repeat a tag, and a filter placed under that tag
+// alone is not deduplicated by match, so visiting its bucket twice would
+// deliver the event to it twice. Only keys with a bucket are built: the
+// lookup itself allocates nothing, so a tag nobody follows costs no string.
+func (idx *index) appendTagKeys(keys []string, ev *nostr.Event) []string {
 	for _, tag := range ev.Tags {
-		if len(tag) >= 2 && len(tag[0]) == 1 {
+		if len(tag) >= 2 && len(tag[0]) == 1 && idx.byTag[tag[0]+":"+tag[1]] != nil {
 			keys = append(keys, tag[0]+":"+tag[1])
 		}
 	}
