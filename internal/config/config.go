@@ -137,6 +137,16 @@ type Config struct {
 // token a lagging reader still proves.
 const MinReplicaProbeInterval = 250 * time.Millisecond
 
+// MaxReplicaProbeInterval keeps a few ticks inside the 30 s after which
+// the ring counts as closed: a slower probe would close routing for good,
+// silently.
+const MaxReplicaProbeInterval = 10 * time.Second
+
+// MaxCreatedAtFloorSecs is the largest floor the writer's trigger reads
+// (nine digits): a longer one would leave it disarmed while the probe
+// still counted on it.
+const MaxCreatedAtFloorSecs = 999_999_999
+
 // MaxReplicaReadMaxAge caps BUZZ_REPLICA_READ_MAX_AGE_MS: a fresher ring
 // entry than the probe keeps cannot be asked for.
 const MaxReplicaReadMaxAge = 30 * time.Second
@@ -316,12 +326,14 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.millis("BUZZ_REPLICA_STATEMENT_TIMEOUT_MS", &c.ReplicaStatementTimeout, false)
 	r.millis("BUZZ_REPLICA_IDLE_IN_TRANSACTION_TIMEOUT_MS", &c.ReplicaIdleInTxTimeout, false)
 	r.millis("BUZZ_REPLICA_PROBE_INTERVAL_MS", &c.ReplicaProbeInterval, false)
-	if c.ReplicaProbeInterval < MinReplicaProbeInterval && r.err == nil {
-		r.fail("BUZZ_REPLICA_PROBE_INTERVAL_MS", r.getenv("BUZZ_REPLICA_PROBE_INTERVAL_MS"), "at least 250 milliseconds")
+	if (c.ReplicaProbeInterval < MinReplicaProbeInterval || c.ReplicaProbeInterval > MaxReplicaProbeInterval) && r.err == nil {
+		r.fail("BUZZ_REPLICA_PROBE_INTERVAL_MS", r.getenv("BUZZ_REPLICA_PROBE_INTERVAL_MS"), "between 250 and 10000 milliseconds")
 	}
 	var floorSecs int
 	r.positive("BUZZ_REPLICA_CREATED_AT_FLOOR_SECS", &floorSecs)
-	if floorSecs > 0 {
+	if floorSecs > MaxCreatedAtFloorSecs {
+		r.fail("BUZZ_REPLICA_CREATED_AT_FLOOR_SECS", r.getenv("BUZZ_REPLICA_CREATED_AT_FLOOR_SECS"), "at most 999999999 seconds")
+	} else if floorSecs > 0 {
 		c.CreatedAtFloor = time.Duration(floorSecs) * time.Second
 	}
 	// The old setting counted seconds and gated fewer reads; a deployment

@@ -34,6 +34,10 @@ func TestReplicaSettings(t *testing.T) {
 		"BUZZ_REPLICA_READ_MAX_AGE_MS":    "-1",
 		"BUZZ_REPLICA_ACQUIRE_TIMEOUT_MS": "0",
 		"BUZZ_DB_READ_POOL_SIZE":          "many",
+		"BUZZ_REPLICA_PROBE_INTERVAL_MS":  "30000",
+		// Ten digits: the trigger would read it as unset while the
+		// probe's wall trusted it (and 10^10 s overflows a Duration).
+		"BUZZ_REPLICA_CREATED_AT_FLOOR_SECS": "10000000000",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))
 		require.ErrorContains(t, err, name)

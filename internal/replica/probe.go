@@ -66,6 +66,7 @@ type Probe struct {
 	interval time.Duration
 	now      func() time.Time
 	log      *slog.Logger
+	started  bool // a tick has started this process's epoch
 	// OnError, when set, is told of each failed tick (after the ring closed).
 	OnError func(error)
 }
@@ -101,25 +102,35 @@ func (p *Probe) Run(ctx context.Context) {
 
 // Tick writes one token and records it. In one transaction, each statement
 // awaited before the next (their order is the proof): the writer's clock S,
-// then the open transactions, then the token.
+// then the open transactions, then the token. Not safe for concurrent use.
+//
+// The first successful tick of a process starts a new epoch: the process
+// cannot know which timeline the writer was on before it started (a
+// restore while no probe ran would otherwise go unnoticed, and a standby
+// frozen on the old timeline, its token ahead, would prove reads).
 func (p *Probe) Tick(ctx context.Context) (Entry, error) {
 	e, err := p.tick(ctx)
 	if err != nil {
 		p.ring.Clear()
 		return Entry{}, err
 	}
-	if p.ring.Record(e) {
+	if p.started && p.ring.Record(e) {
 		return e, nil
 	}
-	// The token went backwards within the epoch: the writer's data is not
-	// the timeline the readers were proved against. Start a new one.
 	rotated, err := db.New(p.pool).ReplicaHeartbeatRotateEpoch(ctx)
 	if err != nil {
-		return Entry{}, fmt.Errorf("rotate replica epoch after a token regression: %w", err)
+		return Entry{}, fmt.Errorf("rotate the replica epoch: %w", err)
 	}
 	e.Token, e.Epoch = rotated.Token, rotated.Epoch
 	p.ring.Adopt(e)
-	p.log.Warn("replica heartbeat token went backwards; rotated the epoch", "epoch", e.Epoch, "token", e.Token)
+	if p.started {
+		// The token went backwards within the epoch: the writer's data is
+		// not the timeline the readers were proved against.
+		p.log.Warn("replica heartbeat token went backwards; rotated the epoch", "epoch", e.Epoch, "token", e.Token)
+	} else {
+		p.started = true
+		p.log.Info("replica heartbeat probe started a new epoch", "epoch", e.Epoch, "token", e.Token)
+	}
 	return e, nil
 }
 

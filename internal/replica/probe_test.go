@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -103,6 +104,49 @@ func TestProbeRotatesTheEpochAfterATokenRegression(t *testing.T) {
 	e, err := ring.Resolve(after.Token, after.Epoch)
 	require.NoError(t, err)
 	require.Equal(t, after.Token, e.Token)
+}
+
+// A restore can happen while no tick succeeds (the writer is down for it)
+// or while no probe runs at all. Either way the restored writer's lower
+// token must not be accepted in the old epoch: a standby frozen on the old
+// timeline holds a higher token and would prove any read.
+// Mutations killed: comparing only against the entries a failed tick
+// cleared (the regression passes unnoticed); not rotating on a process's
+// first tick (the second probe keeps the old epoch).
+func TestProbeRotatesTheEpochAfterARestoreItDidNotSee(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := writerPool(t, dbtest.URL(t))
+	var initial uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&initial))
+	ring := replica.NewRing()
+	probe := replica.NewProbe(pool, ring, replica.DefaultFloor, time.Second, time.Now, quiet)
+	first, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, initial, first.Epoch, "a process's first tick starts a new epoch")
+	for range 3 {
+		_, err = probe.Tick(ctx)
+		require.NoError(t, err)
+	}
+
+	down, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = probe.Tick(down) // the writer is down for the restore
+	require.Error(t, err)
+	_, err = pool.Exec(ctx, "UPDATE replica_heartbeat SET token = 1") // restored from an older backup
+	require.NoError(t, err)
+	after, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, first.Epoch, after.Epoch, "a regression after a failed tick rotates the epoch")
+	_, err = ring.Resolve(first.Token+3, first.Epoch)
+	require.ErrorIs(t, err, replica.ErrEpochMismatch, "a standby still on the old timeline proves nothing")
+
+	_, err = pool.Exec(ctx, "UPDATE replica_heartbeat SET token = 1") // and again, with no probe running
+	require.NoError(t, err)
+	restarted := replica.NewProbe(pool, replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
+	again, err := restarted.Tick(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, after.Epoch, again.Epoch, "a process started after a restore starts a new epoch")
 }
 
 // A probe role that cannot see other sessions' transactions fails closed.

@@ -65,6 +65,10 @@ type Ring struct {
 	mu      sync.Mutex
 	entries []Entry
 	epoch   uuid.UUID
+	// high is the highest token recorded in epoch, kept when the ring is
+	// cleared: a writer restored while the probe was failing comes back
+	// with a lower token, and that must still read as a regression.
+	high int64
 	// last is the latest entry's CommittedAt, kept when the ring is
 	// cleared: the heartbeat age goes on growing while the probe fails.
 	last time.Time
@@ -82,7 +86,7 @@ func (r *Ring) Record(e Entry) bool {
 	defer r.mu.Unlock()
 	if e.Epoch != r.epoch {
 		r.entries, r.epoch = r.entries[:0], e.Epoch
-	} else if n := len(r.entries); n > 0 && e.Token <= r.entries[n-1].Token {
+	} else if e.Token <= r.high {
 		r.entries = r.entries[:0]
 		return false
 	}
@@ -100,7 +104,7 @@ func (r *Ring) Adopt(e Entry) {
 }
 
 func (r *Ring) push(e Entry) {
-	r.last = e.CommittedAt
+	r.last, r.high = e.CommittedAt, e.Token
 	if len(r.entries) == RingCapacity {
 		copy(r.entries, r.entries[1:])
 		r.entries = r.entries[:RingCapacity-1]

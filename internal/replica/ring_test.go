@@ -54,6 +54,10 @@ func TestRingEpochChangeResetsAndRegressionClears(t *testing.T) {
 	require.False(t, r.Record(replica.Entry{Token: 1, Epoch: b}), "the same token again is a regression")
 	_, ok := r.Newest(time.Time{})
 	require.False(t, ok, "a regression closes the ring")
+
+	require.True(t, r.Record(replica.Entry{Token: 9, Epoch: b}))
+	r.Clear() // a failed tick
+	require.False(t, r.Record(replica.Entry{Token: 3, Epoch: b}), "a cleared ring still remembers the highest token")
 }
 
 func TestRingEvictsTheOldest(t *testing.T) {

@@ -2,6 +2,7 @@ package replica_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -50,7 +51,7 @@ func TestReplicaRunbook(t *testing.T) {
 
 	out := runRunbook(t, writer)
 	require.Contains(t, out, e.Epoch.String())
-	require.Regexp(t, regexp.MustCompile(`\|\s*1\s*\n`), out, "the token")
+	require.Regexp(t, regexp.MustCompile(fmt.Sprintf(`\|\s*%d\s*\n`, e.Token)), out, "the token")
 	require.Contains(t, out, "Readers streaming from this writer")
 	require.Regexp(t, regexp.MustCompile(`\|\s*streaming\s*\|`), out, "the shared standby streams from the test cluster")
 
