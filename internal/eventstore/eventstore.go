@@ -127,7 +127,7 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	}
 	// One routed session for the whole read: every page comes from one
 	// reader snapshot, or, once the reader fails, from the writer.
-	session := s.routeQuery(ctx, filters)
+	session := s.routeQuery(ctx, scope, filters)
 	defer func() {
 		if session != nil {
 			session.Abandon()
@@ -192,15 +192,17 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 // routeQuery picks the reader session for a filter read, or nil for the
 // writer. A NIP-50 search never routes: its ranking reads the full-text
 // index, which a lagging reader would rank from stale rows, and it is not
-// fenced like the other reads.
-func (s *Store) routeQuery(ctx context.Context, filters nostr.Filters) *replica.Session {
+// fenced like the other reads. Nor does agent_owner: it reads who owns
+// which agent, rows no proof covers. A read with a live subscription after
+// it (scope.Live) routes only when covered.
+func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filters) *replica.Session {
 	if s.Router == nil {
 		return nil
 	}
 	var upper int64
 	for i := range filters {
 		f := &filters[i]
-		if f.Search != "" {
+		if f.Search != "" || f.AgentOwner != "" {
 			return nil
 		}
 		if !canMatch(f) {
@@ -209,9 +211,15 @@ func (s *Store) routeQuery(ctx context.Context, filters nostr.Filters) *replica.
 		// Covered needs every branch to return channel rows only (a pinned
 		// channel bound in the statement) and to be bounded above.
 		if _, pinned := pinnedChannel(f); !pinned || f.Until == nil {
+			if scope.Live {
+				return nil
+			}
 			return s.Router.Begin(ctx, PathHistory, replica.Bounded())
 		}
 		upper = max(upper, clampUnix(*f.Until))
+	}
+	if scope.Live {
+		return s.Router.Begin(ctx, PathChannelHistory, replica.Covered(time.Unix(upper, 0)))
 	}
 	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)))
 }

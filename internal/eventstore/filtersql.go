@@ -138,6 +138,11 @@ func (b *sqlBuilder) order(f *nostr.Filter) {
 type Scope struct {
 	Channels []uuid.UUID // readable channels
 	Reader   string      // the reader's hex pubkey
+	// Live: a live subscription, registered before this read, carries on
+	// after it. Only a covered proof may send such a read to a standby: an
+	// event fanned out before the subscription and not yet replayed by a
+	// fresh-enough standby would never reach the client at all.
+	Live bool
 }
 
 // scopeConditions appends the reader's visibility predicates. Kept apart

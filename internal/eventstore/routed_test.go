@@ -3,6 +3,7 @@ package eventstore_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,7 +69,9 @@ func contents(t *testing.T, store *eventstore.Store, community uuid.UUID, scope 
 // the requested community's rows; everything else comes from the writer.
 // Mutations killed: dropping the community predicate from a routed
 // statement returns reader-B rows; routing a read that is not pinned to a
-// channel as covered (or COUNT as covered) returns reader rows at budget 0.
+// channel as covered (or COUNT as covered) returns reader rows at budget 0;
+// routing an agent_owner read, or a live read by freshness, records a
+// routed decision.
 func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -116,6 +119,8 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	require.Equal(t, []string{"count writer/disabled"}, routes.take(), "COUNT is never covered")
 	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{Search: "writer"}, {Tags: pinned, Until: &hour}}))
 	require.Empty(t, routes.take(), "a read with a search filter stays on the writer")
+	contents(t, store, a, scope, nostr.Filters{{Tags: pinned, Until: &hour, AgentOwner: strings.Repeat("ab", 32)}})
+	require.Empty(t, routes.take(), "agent_owner reads who owns which agent, rows no proof covers")
 
 	// A fresh budget: every filter read and COUNT may route, still confined
 	// to the requested community and the reader's scope.
@@ -128,6 +133,18 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	routes.take()
 	require.Equal(t, []string{"reader-b-channel"}, contents(t, store, b, scope, nostr.Filters{{}}))
 	routes.take()
+
+	// A read a live subscription carries on from routes only when covered:
+	// an event fanned out before the subscription and missing from a fresh
+	// reader would never reach the client.
+	live := eventstore.Scope{Channels: scope.Channels, Live: true}
+	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, live, nostr.Filters{{}}))
+	require.Empty(t, routes.take(), "a live read that cannot be covered stays on the writer")
+	require.Equal(t, []string{"writer-a-channel"}, contents(t, store, a, live, nostr.Filters{{Tags: pinned, Until: &now}}))
+	require.Equal(t, []string{"channel_history writer/stale"}, routes.take(), "not fresh, however fresh the reader")
+	require.Equal(t, []string{"reader-a-channel"}, contents(t, store, a, live, nostr.Filters{{Tags: pinned, Until: &hour}}))
+	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
+
 	n, err = store.Count(ctx, a, scope, nostr.Filters{{}})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)

@@ -672,6 +672,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		c.refuse(ctx, subID, reason, err)
 		return
 	}
+	scope.Live = live
 	if live {
 		// Register before reading history: an event committed while the query
 		// runs is then delivered live instead of falling between the two.

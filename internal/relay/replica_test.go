@@ -65,11 +65,18 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 	// Fresh reads may lag the writer by the budget, and a first reader
 	// connection may take longer than the acquire budget on a loaded
 	// machine (the writer then answers): wait for a read the standby served.
+	const freshDecisions = `buzz_db_route_decision{decision="replica",path="req_historical",reason="fresh"}`
 	require.Eventually(t, func() bool {
-		got := c.Req("fresh", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
-		return len(got) == 1 && got[0].Content == "hello standby" &&
-			metric(t, r, `buzz_db_route_decision{decision="replica",path="req_historical",reason="fresh"}`) != ""
+		got := post(t, r, key, "/query", query(map[string]any{"kinds": []int{9}, "#h": []string{ch}}))
+		return got.Status == http.StatusOK && len(got.Events) == 1 && got.Events[0].Content == "hello standby" &&
+			metric(t, r, freshDecisions) != ""
 	}, 90*time.Second, 20*time.Millisecond)
+	// A REQ carries on live, so it never routes by freshness: an event
+	// fanned out before its subscription must be in the history it reads.
+	// Mutation killed: a REQ not marked live routes fresh on this standby.
+	fresh := metric(t, r, freshDecisions)
+	require.Len(t, c.Req("live", map[string]any{"kinds": []int{9}, "#h": []string{ch}}), 1)
+	require.Equal(t, fresh, metric(t, r, freshDecisions), "a live REQ is not answered by freshness")
 	hourAgo := time.Now().Add(-time.Hour).Unix()
 	require.Eventually(t, func() bool {
 		return len(c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})) == 0 &&

@@ -194,7 +194,10 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 // check evaluates pred against entry: the replica reason when it holds,
 // else the writer reason.
 func (r *Router) check(pred Predicate, e Entry) (string, bool) {
-	if pred.covered && !pred.upper.After(e.Wall) {
+	// Covered proves insertions only: a deletion (an update) committed
+	// after the proved token is missing from the reader. Bounding the
+	// token's age bounds how long a deleted row can still be served.
+	if pred.covered && !pred.upper.After(e.Wall) && r.now().Sub(e.CommittedAt) <= Staleness {
 		return ReasonCovered, true
 	}
 	if pred.bounded {

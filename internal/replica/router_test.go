@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -252,4 +253,39 @@ func TestReplayPauseMovesFreshReadsToTheWriter(t *testing.T) {
 	_, err = standby.Exec(ctx, "SELECT pg_wal_replay_resume()")
 	require.NoError(t, err)
 	eventually(t, "fresh reads route again", func() bool { return r.route(ctx, replica.Bounded()) == "test replica/fresh" })
+}
+
+// A covered page proves insertions only: a deletion committed after the
+// proved token is missing from the reader. So the proved token, not only
+// the ring's newest, must be at most Staleness old: a reader lagging
+// further proves an older entry and must not serve a deleted row longer.
+// Mutation killed: dropping the age test routes the page proved by a
+// token 40 s old.
+func TestCoveredReadsProveATokenNoOlderThanStaleness(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := writerPool(t, dbtest.URL(t)) // any database with the heartbeat serves as the reader
+	var token int64
+	var epoch uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, "SELECT token, epoch FROM replica_heartbeat").Scan(&token, &epoch))
+	clock := time.Now()
+	wall := clock.Add(-time.Hour)
+	for _, tc := range []struct {
+		provedAge time.Duration
+		want      string
+	}{
+		{replica.Staleness - time.Second, "test replica/covered"},
+		{replica.Staleness + 10*time.Second, "test writer/stale"},
+	} {
+		ring := replica.NewRing()
+		// The reader holds token; the probe has written token+1 since.
+		require.True(t, ring.Record(replica.Entry{Token: token, Epoch: epoch, CommittedAt: clock.Add(-tc.provedAge), Wall: wall}))
+		require.True(t, ring.Record(replica.Entry{Token: token + 1, Epoch: epoch, CommittedAt: clock, Wall: wall}))
+		seen := &decisions{}
+		router := replica.NewRouter(pool, ring, replica.RouterOptions{Now: func() time.Time { return clock }, Observe: seen.observe, Log: quiet, AcquireTimeout: time.Minute})
+		if s := router.Begin(ctx, "test", replica.Covered(wall.Add(-time.Hour))); s != nil {
+			s.Served()
+		}
+		require.Equal(t, tc.want, seen.last(), "proved token %s old", tc.provedAge)
+	}
 }
