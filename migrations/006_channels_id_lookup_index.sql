@@ -14,8 +14,8 @@
 -- Lock impact: built CONCURRENTLY (no write lock on channels), so this
 -- migration runs outside a transaction; IF NOT EXISTS makes a re-run after an
 -- interrupted build, or an index an operator pre-built, a no-op. An
--- interrupted CONCURRENTLY build can leave an INVALID index: drop it and
--- re-run `buzz-relay migrate`.
+-- interrupted CONCURRENTLY build can leave an INVALID index: migrate then
+-- refuses to start, naming it; drop it and re-run `buzz-relay migrate`.
 -- Roll back: the down part drops it, also concurrently.
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_channels_id_live

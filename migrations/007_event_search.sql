@@ -7,8 +7,9 @@
 -- content is encrypted or meaningless), nor are workflow kinds 30300/30622.
 -- Lock impact: adding a STORED generated column rewrites events under an
 -- ACCESS EXCLUSIVE lock, and the GIN index is built in the same transaction.
--- On a large table, schedule this migration in a maintenance window (or
--- pre-create the column and build the index CONCURRENTLY by hand).
+-- On a large table, schedule this migration in a maintenance window: on
+-- PostgreSQL 15 adding a stored generated column always rewrites the table,
+-- by hand or not.
 -- Roll back: the down part drops the index and the column.
 
 ALTER TABLE events ADD COLUMN search_tsv tsvector GENERATED ALWAYS AS (

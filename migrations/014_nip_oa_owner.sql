@@ -26,12 +26,12 @@
 --     deliberately, then lets the agent authenticate again.
 --   users_agent_owner: partial index for "which agents does this owner
 --     have", NULLs (everyone who is not an agent) left out.
--- Lock impact: the UPDATE locks only rows that had a value. ADD CONSTRAINT
--- FOREIGN KEY and CREATE INDEX take SHARE ROW EXCLUSIVE and SHARE locks on
--- users for one scan of the table, blocking profile writes (not reads)
--- meanwhile; users has one row per person per community, and every
--- agent_owner_pubkey is NULL by then, so the check and the index build are
--- short. On a very large users table, run this at a quiet time.
+-- Lock impact: the UPDATE locks only rows that had a value. The ALTER TABLE
+-- adds a CHECK, which takes ACCESS EXCLUSIVE on users (reads wait too) and
+-- holds it, with the foreign key's scan and the index build, until the
+-- migration commits; users has one row per person per community, and every
+-- agent_owner_pubkey is NULL by then, so the scans are short. On a very
+-- large users table, run this at a quiet time.
 -- Roll back: the down part drops the index, trigger, function and
 -- constraints. Cleared self-declared values do not come back.
 

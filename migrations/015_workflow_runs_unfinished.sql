@@ -1,4 +1,4 @@
--- 014: count a workflow's unfinished runs cheaply.
+-- 015: count a workflow's unfinished runs cheaply.
 --
 -- Why: run creation is bounded per workflow (BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS):
 -- before a trigger queues a run, it counts the workflow's runs that have

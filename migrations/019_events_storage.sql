@@ -79,8 +79,12 @@
 -- scans the table twice and waits for transactions older than it), so this
 -- migration runs outside a transaction (tern's disable-tx runs it one
 -- statement at a time), and every statement is idempotent: after an
--- interruption run `buzz-relay migrate` again; a build interrupted half-way
--- leaves an INVALID index, drop it first. Until the old indexes are
+-- interruption run `buzz-relay migrate` again. A build interrupted half-way
+-- leaves an INVALID index, which IF NOT EXISTS would keep: migrate refuses
+-- to start while one exists and names the DROP INDEX CONCURRENTLY to run.
+-- A manual ANALYZE events during a build deadlocks with it (PostgreSQL
+-- cancels one); the relay's own statistics keeper gives up at once
+-- instead of waiting for the lock. Until the old indexes are
 -- dropped, inserts maintain both sets. ALTER TABLE ... SET (autovacuum ...)
 -- takes SHARE UPDATE EXCLUSIVE for a moment. Nothing is rewritten.
 -- Roll back: the down part rebuilds the old indexes concurrently, then

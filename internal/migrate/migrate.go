@@ -15,7 +15,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -58,29 +60,100 @@ func Up(ctx context.Context, conn *pgx.Conn) error {
 // function community_schema_destruction_lock_key returns the same number.
 const SchemaDestructionLockKey int64 = 0x62757a7a64656c31
 
-// To migrates up or down to version (0 drops everything, -1 is the latest).
-func To(ctx context.Context, conn *pgx.Conn, version int32) (err error) {
+// disableTx is tern's marker for a migration that runs outside a
+// transaction: concurrent index builds and drops, never a new table.
+var disableTx = regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
+
+// To migrates up or down to version (0 drops everything, -1 is the latest),
+// one migration at a time.
+func To(ctx context.Context, conn *pgx.Conn, version int32) error {
 	m, err := newMigrator(ctx, conn)
 	if err != nil {
 		return err
 	}
-	// A deletion purging right now holds the lock shared; wait for it
-	// however long it takes, rather than the session's lock timeout.
-	if _, err := conn.Exec(ctx, "SET lock_timeout = 0"); err != nil {
+	latest := int32(len(m.Migrations))
+	if version < 0 {
+		version = latest
+	}
+	if version > latest {
+		return fmt.Errorf("no migration %d: the latest is %d", version, latest)
+	}
+	current, err := m.GetCurrentVersion(ctx)
+	if err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", SchemaDestructionLockKey); err != nil {
-		return fmt.Errorf("schema destruction lock: %w", err)
-	}
-	defer func() {
-		if _, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", SchemaDestructionLockKey); err == nil {
-			err = uerr
+	if current != version {
+		if err := refuseInvalidIndexes(ctx, conn); err != nil {
+			return err
 		}
-	}()
-	if version < 0 {
-		return m.Migrate(ctx)
+	}
+	for current != version {
+		next, body := current+1, ""
+		if current < version {
+			body = m.Migrations[current].UpSQL
+		} else {
+			next, body = current-1, m.Migrations[current-1].DownSQL
+		}
+		if err := step(ctx, conn, m, next, !disableTx.MatchString(body)); err != nil {
+			return err
+		}
+		current = next
+	}
+	return nil
+}
+
+// step applies the one migration that leads to version. A transactional
+// migration holds the schema destruction lock, so a community-scoped table
+// cannot appear between a deletion's catalog check and its purge. A
+// disable-tx one must not: a concurrent index build waits for every older
+// snapshot, including a purge's that queued for the lock behind it, and
+// the two deadlock (the build is then cancelled, its index left INVALID).
+func step(ctx context.Context, conn *pgx.Conn, m *migrate.Migrator, version int32, lock bool) (err error) {
+	if lock {
+		// A deletion purging right now holds the lock shared: wait for it
+		// however long it takes. Only this wait is unbounded; the migration
+		// itself runs under the session's own lock_timeout.
+		if _, err := conn.Exec(ctx, "SET lock_timeout = 0"); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", SchemaDestructionLockKey); err != nil {
+			return fmt.Errorf("schema destruction lock: %w", err)
+		}
+		defer func() {
+			if _, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", SchemaDestructionLockKey); err == nil {
+				err = uerr
+			}
+		}()
+		if _, err := conn.Exec(ctx, "RESET lock_timeout"); err != nil {
+			return err
+		}
 	}
 	return m.MigrateTo(ctx, version)
+}
+
+// refuseInvalidIndexes stops a run while an index of the schema is
+// INVALID: an interrupted CREATE INDEX CONCURRENTLY leaves one behind, a
+// re-run's IF NOT EXISTS would keep it, and a later statement could drop
+// the index it was to replace, leaving reads with neither.
+func refuseInvalidIndexes(ctx context.Context, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, `
+		SELECT format('%I', c.relname)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE NOT i.indisvalid AND c.relnamespace = current_schema()::regnamespace
+		ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("look for invalid indexes: %w", err)
+	}
+	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("look for invalid indexes: %w", err)
+	}
+	if len(invalid) == 0 {
+		return nil
+	}
+	return fmt.Errorf("index %s is INVALID (a CREATE INDEX CONCURRENTLY was interrupted or is running now); "+
+		"once no build is running, drop it with DROP INDEX CONCURRENTLY %s and run migrate again",
+		strings.Join(invalid, ", "), strings.Join(invalid, ", "))
 }
 
 // CurrentStatus reads the applied version without changing anything. A

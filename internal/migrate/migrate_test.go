@@ -88,6 +88,8 @@ func TestDisableTxMigrationsAreIdempotent(t *testing.T) {
 			require.NotContains(t, strings.ToUpper(withoutComments(up)), "CONCURRENTLY", "%s: CONCURRENTLY needs tern's disable-tx mode", name)
 			continue
 		}
+		// They run without the schema destruction lock (migrate.step).
+		require.NotContains(t, strings.ToUpper(withoutComments(up)), "CREATE TABLE", "%s: a new table needs a transactional migration", name)
 		// One statement at a time, as tern runs them: several statements
 		// in one Exec would form one implicit transaction.
 		for _, statement := range splitStatements(up) {

@@ -1,0 +1,157 @@
+package migrate_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/migrate"
+)
+
+// An interrupted CREATE INDEX CONCURRENTLY leaves an INVALID index. A
+// re-run's IF NOT EXISTS would keep it, and 019 would then drop the old
+// index it replaces, leaving kinds reads with no usable index: migrate
+// refuses to start instead, naming the index, and goes on once it is
+// dropped.
+// Mutation killed: without the check the run succeeds and the index stays
+// INVALID while events_by_kind is gone.
+func TestMigrateRefusesToRunOverAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.EmptyURL(t))
+	exec := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, migrate.To(ctx, conn, 18))
+	// What a cancelled concurrent build of 019's first kinds index leaves.
+	exec("CREATE INDEX events_by_kind_time ON events (community_id, kind, created_at, id)")
+	exec("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'events_by_kind_time'::regclass")
+
+	err := migrate.To(ctx, conn, 19)
+	require.ErrorContains(t, err, "index events_by_kind_time is INVALID")
+	require.ErrorContains(t, err, "DROP INDEX CONCURRENTLY events_by_kind_time")
+	st, err := migrate.CurrentStatus(ctx, conn)
+	require.NoError(t, err)
+	require.EqualValues(t, 18, st.Current)
+	var oldIndex bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT to_regclass('events_by_kind') IS NOT NULL").Scan(&oldIndex))
+	require.True(t, oldIndex, "the index 019 replaces is still there")
+
+	exec("DROP INDEX CONCURRENTLY events_by_kind_time")
+	require.NoError(t, migrate.To(ctx, conn, 19))
+	var valid bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'events_by_kind_time'::regclass").Scan(&valid))
+	require.True(t, valid)
+}
+
+// A community deletion's purge takes the schema destruction lock shared at
+// the start of its transaction. A migration that builds indexes
+// concurrently waits for every older snapshot; had it held the lock
+// exclusively, a purge queued behind it would hold a snapshot while waiting
+// for the lock, and the two deadlock (PostgreSQL cancels the build and
+// leaves its index INVALID). Disable-tx migrations therefore run without
+// the lock.
+// Mutation killed: holding the lock for 019 too fails with "deadlock
+// detected".
+func TestConcurrentIndexBuildDoesNotDeadlockAQueuedPurge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.EmptyURL(t)
+	conn := connect(t, url)
+	require.NoError(t, migrate.To(ctx, conn, 18))
+
+	// A purge holding the lock shared while the migration starts.
+	holder := connect(t, url)
+	held, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = held.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", migrate.SchemaDestructionLockKey)
+	require.NoError(t, err)
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrate.To(ctx, conn, 19) }()
+	time.Sleep(300 * time.Millisecond) // the migration is under way (or, holding the lock, waits for it)
+
+	// A second purge asks for the lock with its snapshot taken.
+	queued := connect(t, url)
+	purge, err := queued.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = purge.Exec(ctx, "SELECT count(*) FROM events")
+	require.NoError(t, err)
+	locked := make(chan error, 1)
+	go func() {
+		_, err := purge.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", migrate.SchemaDestructionLockKey)
+		locked <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, held.Commit(ctx))
+
+	select {
+	case err := <-locked:
+		require.NoError(t, err)
+	case err := <-migrated:
+		require.NoError(t, err, "the migration failed while a purge waited")
+		require.NoError(t, <-locked)
+	}
+	require.NoError(t, purge.Commit(ctx))
+	require.NoError(t, <-migrated)
+	var invalid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_index WHERE NOT indisvalid").Scan(&invalid))
+	require.Zero(t, invalid)
+}
+
+// The wait for the schema destruction lock is unbounded on purpose, but
+// the migration after it runs under the session's own lock_timeout: one
+// that cannot have its table lock fails instead of queueing every query
+// on the table behind a long transaction.
+// Mutation killed: without RESET lock_timeout after the advisory lock, 010
+// waits behind the reader until the test's deadline.
+func TestMigrationKeepsTheSessionLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	url := dbtest.EmptyURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.RuntimeParams["lock_timeout"] = "300"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	require.NoError(t, migrate.To(ctx, conn, 9))
+
+	reader := connect(t, url)
+	long, err := reader.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(context.Background()) }()
+	_, err = long.Exec(ctx, "SELECT count(*) FROM events")
+	require.NoError(t, err)
+
+	err = migrate.To(ctx, conn, 10) // ALTER TABLE events: ACCESS EXCLUSIVE
+	require.ErrorContains(t, err, "lock timeout")
+	require.NoError(t, ctx.Err())
+}
+
+// 013's documented way on a large table: add the column and build the
+// index concurrently by hand, then migrate; the migration keeps both.
+// Mutation killed: without IF NOT EXISTS, 013 fails on the column.
+func TestWebhookIdempotencyPrebuiltByHand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.EmptyURL(t))
+	require.NoError(t, migrate.To(ctx, conn, 12))
+	for _, sql := range []string{
+		`ALTER TABLE workflow_runs ADD COLUMN idempotency_key text NULL
+		    CONSTRAINT workflow_runs_idempotency_key_len CHECK (length(idempotency_key) BETWEEN 1 AND 255)`,
+		`CREATE UNIQUE INDEX CONCURRENTLY workflow_runs_idempotency ON workflow_runs (community_id, workflow_id, idempotency_key)
+		    WHERE idempotency_key IS NOT NULL`,
+	} {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, migrate.To(ctx, conn, 13))
+}
