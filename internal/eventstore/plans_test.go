@@ -182,6 +182,29 @@ func TestAnalyzeWhenStaleAfterBurst(t *testing.T) {
 	// The burst's row counts reach pg_stat_user_tables when its session
 	// flushes them (within a second or so).
 	require.Eventually(t, func() bool {
+		var stale bool
+		require.NoError(t, pool.QueryRow(ctx, eventsStatisticsStale, 1000).Scan(&stale))
+		return stale
+	}, 30*time.Second, 50*time.Millisecond)
+
+	// While an index build holds its lock the keeper does not queue for
+	// the table: waiting would deadlock the build, which waits for the
+	// keeper's snapshot. It tries again on a later tick.
+	// Mutation killed: without the keeper's lock_timeout the call waits for
+	// the lock until its deadline.
+	building, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = building.Rollback(context.Background()) }) // before the pool closes
+	_, err = building.Exec(ctx, "LOCK TABLE events IN SHARE UPDATE EXCLUSIVE MODE")
+	require.NoError(t, err)
+	busy, cancel := context.WithTimeout(ctx, 10*time.Second)
+	analyzed, err = store.AnalyzeWhenStale(busy, 1000)
+	cancel()
+	require.NoError(t, err)
+	require.False(t, analyzed, "left for a later tick while the table's lock is taken")
+	require.NoError(t, building.Rollback(ctx))
+
+	require.Eventually(t, func() bool {
 		analyzed, err := store.AnalyzeWhenStale(ctx, 1000)
 		require.NoError(t, err)
 		return analyzed

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Statement names of the statistics keeper (see AnalyzeWhenStale).
@@ -58,7 +61,19 @@ func (s *Store) AnalyzeWhenStale(ctx context.Context, minRows int64) (bool, erro
 	if !allowed {
 		return false, ErrCannotAnalyze
 	}
-	_, err := s.pool.Exec(ctx, named(NameEventsAnalyze, "ANALYZE events"))
+	// A lock it cannot have at once (an index build, DDL, another ANALYZE)
+	// is left for a later tick: waiting would deadlock a concurrent index
+	// build, which waits for this transaction's snapshot.
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '100ms'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, named(NameEventsAnalyze, "ANALYZE events"))
+		return err
+	})
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return false, nil
+	}
 	return err == nil, err
 }
 

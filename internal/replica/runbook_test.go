@@ -47,9 +47,15 @@ func TestReplicaRunbook(t *testing.T) {
 	pool := writerPool(t, writer)
 	e, err := replica.NewProbe(pool, replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet).Tick(ctx)
 	require.NoError(t, err)
+	// Created without being preloaded, pg_stat_statements raises an error
+	// when read: the runbook must skip it, not stop.
+	// Mutation killed: testing only pg_extension aborts the runbook.
+	_, err = pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+	require.NoError(t, err)
 	reader := dbtest.ReaderURL(t, writer)
 
 	out := runRunbook(t, writer)
+	require.Contains(t, out, "pg_stat_statements is not installed and preloaded here")
 	require.Contains(t, out, e.Epoch.String())
 	require.Regexp(t, regexp.MustCompile(fmt.Sprintf(`\|\s*%d\s*\n`, e.Token)), out, "the token")
 	require.Contains(t, out, "Readers streaming from this writer")

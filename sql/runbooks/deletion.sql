@@ -13,6 +13,12 @@
 -- heartbeat is old (a dead executor: the next run takes it over after the
 -- lease), no fenced or quiescing community without a request moving.
 
+-- Read-only in fact, not only by intent, and never stuck behind a lock.
+\set QUIET on
+SET default_transaction_read_only = on;
+SET statement_timeout = '30s';
+\set QUIET off
+
 \echo '== 1. Requests by stage'
 SELECT stage, count(*) AS requests,
        count(*) FILTER (WHERE blocked_at IS NOT NULL) AS blocked,

@@ -17,6 +17,12 @@
 --   buzz_operator_listener_deliveries_total{outcome="accepted|retry|failed|unroutable"}
 --   buzz_operator_listener_handoff_dropped_total (the poll covers these)
 
+-- Read-only in fact, not only by intent, and never stuck behind a lock.
+\set QUIET on
+SET default_transaction_read_only = on;
+SET statement_timeout = '30s';
+\set QUIET off
+
 \echo '== 1. Backlog per listener (pending = waiting or retrying, sending = leased to a worker)'
 -- A growing pending count with due_now > 0 means no worker claims this
 -- listener's rows: check that some relay pod lists the listener in

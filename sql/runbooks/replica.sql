@@ -17,8 +17,16 @@
 -- the writer's and its replay age is small. A reader whose epoch differs
 -- from the writer's proves nothing (it follows an older timeline).
 
+-- Read-only in fact, not only by intent, and never stuck behind a lock.
+\set QUIET on
+SET default_transaction_read_only = on;
+SET statement_timeout = '30s';
+\set QUIET off
+
 SELECT pg_is_in_recovery() AS on_reader,
-       EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_stat_statements') AS has_pg_stat_statements
+       -- Created but not preloaded, the view raises an error instead of answering.
+       EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_stat_statements')
+         AND current_setting('shared_preload_libraries') ~ 'pg_stat_statements' AS has_pg_stat_statements
 \gset
 
 \echo '== 1. Heartbeat: epoch and token here'
@@ -50,8 +58,9 @@ ORDER BY application_name, client_addr;
 \echo '== 3. Heartbeat statements by name (pg_stat_statements)'
 \if :has_pg_stat_statements
 -- On the writer: ReplicaHeartbeatAdvance counts probe ticks,
--- ReplicaHeartbeatRotateEpoch counts epoch rotations (each one a token that
--- went backwards: a restore or re-seed). On a reader:
+-- ReplicaHeartbeatRotateEpoch counts epoch rotations (one per relay process
+-- start, and one per token that went backwards: a restore or re-seed). On a
+-- reader:
 -- ReplicaHeartbeatProve counts routed reads that reached the proof; the
 -- relay's buzz_db_route_decision splits them by reason.
 SELECT substring(query FROM '-- name: (\w+)') AS statement, sum(calls) AS calls,
@@ -61,5 +70,5 @@ WHERE query LIKE '%-- name: Replica%'
 GROUP BY 1
 ORDER BY 1;
 \else
-\echo 'pg_stat_statements is not installed here: see buzz_db_route_decision on the relay instead.'
+\echo 'pg_stat_statements is not installed and preloaded here: see buzz_db_route_decision on the relay instead.'
 \endif

@@ -13,6 +13,12 @@
 -- Healthy: nothing pending with run_at in the past for more than a few
 -- seconds, no expired leases for long, failures explained by error_code.
 
+-- Read-only in fact, not only by intent, and never stuck behind a lock.
+\set QUIET on
+SET default_transaction_read_only = on;
+SET statement_timeout = '30s';
+\set QUIET off
+
 \echo '== 1. Runs by status and error_code'
 SELECT status, coalesce(error_code, '-') AS error_code, count(*) AS runs,
        max(created_at) AS newest
