@@ -154,10 +154,8 @@ func validateCreateGroup(ev *nostr.Event) error {
 	if name := ev.Tags.First("name"); name == nil || name[1] == "" || len(name[1]) > 255 {
 		return Reject("invalid", "kind 9007 needs a name tag of 1 to 255 bytes")
 	}
-	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
-		return Reject("invalid", "visibility must be open or private")
-	}
-	return nil
+	_, _, err := requestedVisibility(ev)
+	return err
 }
 
 // bindNewChannel scopes a 9007 event to the channel it creates, so a private
@@ -168,11 +166,37 @@ func bindNewChannel(_ context.Context, w *Write) error {
 	return err
 }
 
-func visibilityOf(ev *nostr.Event) db.ChannelVisibility {
-	if v := ev.Tags.First("visibility"); (v != nil && v[1] == "private") || ev.Tags.First("private") != nil {
-		return db.ChannelVisibilityPrivate
+// requestedVisibility reads the visibility a 9007 or 9002 asks for, named
+// is false when it asks for none. The NIP-29 flags are bare tags, ["private"]
+// and ["public"], as the relay's own 39000 writes them; ["visibility",
+// "private"|"open"] says the same. An event asking for both is refused: the
+// relay must not guess which one a private channel's creator meant. The
+// closed/open flags are not read: a private channel is joined only by
+// invitation, an open one by anyone.
+func requestedVisibility(ev *nostr.Event) (v db.ChannelVisibility, named bool, err error) {
+	private, public := ev.Tags.Has("private"), ev.Tags.Has("public")
+	for _, tag := range ev.Tags {
+		if len(tag) == 0 || tag[0] != "visibility" {
+			continue
+		}
+		switch {
+		case len(tag) >= 2 && tag[1] == "private":
+			private = true
+		case len(tag) >= 2 && tag[1] == "open":
+			public = true
+		default:
+			return "", false, Reject("invalid", "visibility must be open or private")
+		}
 	}
-	return db.ChannelVisibilityOpen
+	switch {
+	case private && public:
+		return "", false, Reject("invalid", "conflicting visibility: the event asks for both a private and a public channel")
+	case private:
+		return db.ChannelVisibilityPrivate, true, nil
+	case public:
+		return db.ChannelVisibilityOpen, true, nil
+	}
+	return db.ChannelVisibilityOpen, false, nil
 }
 
 func applyCreateGroup(ctx context.Context, w *Write) error {
@@ -181,9 +205,10 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 	if tag := w.Event.Tags.First("about"); tag != nil {
 		about = tag[1]
 	}
+	visibility, _, _ := requestedVisibility(w.Event) // open unless asked: validated
 	created, err := w.Q.ChannelCreate(ctx, db.ChannelCreateParams{
 		CommunityID: w.Tenant.ID(), ID: id, Name: w.Event.Tags.First("name")[1],
-		Visibility: visibilityOf(w.Event), Description: about, CreatedBy: w.ActorBytes(),
+		Visibility: visibility, Description: about, CreatedBy: w.ActorBytes(),
 	})
 	if err != nil {
 		return err
@@ -391,10 +416,8 @@ func validateEditMetadata(ev *nostr.Event) error {
 	if name := ev.Tags.First("name"); name != nil && (name[1] == "" || len(name[1]) > 255) {
 		return Reject("invalid", "name must be 1 to 255 bytes")
 	}
-	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
-		return Reject("invalid", "visibility must be open or private")
-	}
-	return nil
+	_, _, err := requestedVisibility(ev)
+	return err
 }
 
 func applyEditMetadata(ctx context.Context, w *Write) error {
@@ -405,8 +428,7 @@ func applyEditMetadata(ctx context.Context, w *Write) error {
 	if tag := w.Event.Tags.First("about"); tag != nil {
 		params.Description = &tag[1]
 	}
-	if w.Event.Tags.First("visibility") != nil || w.Event.Tags.First("private") != nil || w.Event.Tags.First("public") != nil {
-		v := visibilityOf(w.Event)
+	if v, named, _ := requestedVisibility(w.Event); named { // validated
 		params.Visibility = &v
 		w.MembershipChanged() // who may read changes with visibility
 	}

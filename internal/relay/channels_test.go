@@ -301,3 +301,60 @@ func TestChannelDiscoveryEventsReachLiveSubscribersPinnedByD(t *testing.T) {
 	watcher.ExpectSilence(500*time.Millisecond, "a channel event reached a subscription not pinned with #h")
 	outsider.ExpectSilence(500*time.Millisecond, "a private channel's lists reached a non-member")
 }
+
+// NIP-29 clients mark a private channel with a bare ["private"] tag, as the
+// relay's own 39000 does; a reader of only ["visibility", "private"] created
+// such a channel open, readable by everyone, and answered OK to a 9002 that
+// asked to close one without closing it. Conflicting flags are refused.
+// Mutations killed: Tags.Has matching only tags with a value (like First)
+// lets the outsider read the first channel; dropping the conflict check
+// creates the first conflicting channel.
+func TestBareNIP29PrivateFlagMakesAChannelPrivate(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	requireUnreadable := func(ch, secretID string) {
+		t.Helper()
+		require.Empty(t, outsider.Req("any", map[string]any{"kinds": []int{9}}), "an outsider reads no message of a private channel")
+		outsider.Send("REQ", "pinned", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
+		require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+		require.Len(t, owner.Req("own", map[string]any{"ids": []string{secretID}}), 1, "members still read it")
+		meta := owner.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+		require.Len(t, meta, 1)
+		require.True(t, hasFlag(meta[0], "private"))
+		require.False(t, hasFlag(meta[0], "public"))
+	}
+
+	created := uuid.NewString()
+	ok := owner.Publish(owner.Sign(9007, "", nostr.Tags{{"h", created}, {"name", "secret"}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	secret := owner.Sign(9, "the secret", nostr.Tags{{"h", created}}, 0)
+	require.True(t, owner.Publish(secret).OK)
+	requireUnreadable(created, secret.ID)
+
+	// A 9002 with a bare ["private"] closes an open channel.
+	edited := createChannel(t, owner, "soon private", false)
+	later := owner.Sign(9, "said before closing", nostr.Tags{{"h", edited}}, 0)
+	require.True(t, owner.Publish(later).OK)
+	require.Len(t, outsider.Req("open", map[string]any{"kinds": []int{9}, "#h": []string{edited}}), 1, "open until the edit")
+	ok = owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", edited}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	requireUnreadable(edited, later.ID)
+
+	// Both at once is refused, the channel left as it was.
+	open := createChannel(t, owner, "open", false)
+	for _, tags := range []nostr.Tags{
+		{{"private"}, {"public"}},
+		{{"visibility", "open"}, {"private"}},
+		{{"visibility", "private"}, {"visibility", "open"}},
+	} {
+		requireRejected(t, owner.Publish(owner.Sign(9007, "", append(nostr.Tags{{"h", uuid.NewString()}, {"name", "x"}}, tags...), 0)), "invalid: conflicting visibility")
+		requireRejected(t, owner.Publish(owner.Sign(9002, "", append(nostr.Tags{{"h", open}}, tags...), 0)), "invalid: conflicting visibility")
+	}
+	meta := outsider.Req("open-meta", map[string]any{"kinds": []int{39000}, "#d": []string{open}})
+	require.Len(t, meta, 1)
+	require.True(t, hasFlag(meta[0], "public"))
+}
