@@ -429,8 +429,20 @@ func applyEditMetadata(ctx context.Context, w *Write) error {
 		params.Description = &tag[1]
 	}
 	if v, named, _ := requestedVisibility(w.Event); named { // validated
-		params.Visibility = &v
-		w.MembershipChanged() // who may read changes with visibility
+		access, err := channelAccess(ctx, w, *w.ChannelID)
+		if err != nil {
+			return err
+		}
+		// Opening a private channel publishes its whole history; like granting
+		// the admin role, that is the owner's call. Restating the current
+		// visibility, as clients sending full metadata do, changes nothing.
+		if v != access.Visibility {
+			if access.MemberRole == nil || *access.MemberRole != db.MemberRoleOwner {
+				return Reject("restricted", "only channel owners may change a channel between private and open")
+			}
+			params.Visibility = &v
+			w.MembershipChanged() // who may read changes with visibility
+		}
 	}
 	if err := w.Q.ChannelUpdateMetadata(ctx, params); err != nil {
 		return err

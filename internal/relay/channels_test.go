@@ -358,3 +358,45 @@ func TestBareNIP29PrivateFlagMakesAChannelPrivate(t *testing.T) {
 	require.Len(t, meta, 1)
 	require.True(t, hasFlag(meta[0], "public"))
 }
+
+// Opening a private channel shows its whole history to the community, so
+// only an owner may change visibility, either way; an admin still edits the
+// rest and may restate the current visibility.
+// Mutation killed: without the owner check the admin's 9002 that opens the
+// private channel is accepted.
+func TestOnlyOwnersChangeChannelVisibility(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	private := createChannel(t, owner, "secret", true)
+	open := createChannel(t, owner, "open", false)
+	for _, ch := range []string{private, open} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)).OK)
+	}
+	secret := owner.Sign(9, "the secret", nostr.Tags{{"h", private}}, 0)
+	require.True(t, owner.Publish(secret).OK)
+
+	for _, flags := range []nostr.Tags{{{"public"}}, {{"visibility", "open"}}} {
+		ok := admin.Publish(admin.Sign(9002, "", append(nostr.Tags{{"h", private}, {"name", "opened"}}, flags...), 0))
+		requireRejected(t, ok, "restricted: only channel owners may change a channel between private and open")
+	}
+	requireRejected(t, admin.Publish(admin.Sign(9002, "", nostr.Tags{{"h", open}, {"private"}}, 0)), "restricted: only channel owners")
+	require.Empty(t, outsider.Req("secret", map[string]any{"ids": []string{secret.ID}}), "still private")
+	require.Len(t, outsider.Req("open", map[string]any{"kinds": []int{39000}, "#d": []string{open}}), 1, "still open")
+
+	// Other edits, and restating the current visibility, stay the admins'.
+	ok := admin.Publish(admin.Sign(9002, "", nostr.Tags{{"h", private}, {"name", "renamed"}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	meta := admin.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{private}})
+	require.Equal(t, []string{"renamed"}, tagValues(meta[0], "name"))
+	require.True(t, hasFlag(meta[0], "private"))
+
+	// The owner opens it.
+	require.True(t, owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", private}, {"public"}}, 0)).OK)
+	require.Equal(t, []string{secret.ID}, ids(outsider.Req("opened", map[string]any{"ids": []string{secret.ID}})))
+}
