@@ -43,10 +43,24 @@ WHERE community_id = @community_id::uuid
   AND deleted_at IS NULL;
 
 -- name: EventsDeleteInChannel :execrows
--- NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+-- NIP-29 9005: a channel admin hides events of that channel, whoever wrote
+-- them, except the relay-signed ones (the channel's lists) and moderation
+-- records (9000-9009): those are the channel's account of who did what,
+-- which no admin may rewrite (EventsInChannelKeptFromModeration).
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
-  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
+  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
+  AND pubkey <> @relay_pubkey::bytea AND kind NOT BETWEEN 9000 AND 9009;
+
+-- name: EventsInChannelKeptFromModeration :one
+-- Whether a 9005 names a live event of the channel that EventsDeleteInChannel
+-- never hides, so the request is refused rather than half done.
+SELECT EXISTS (
+    SELECT FROM events
+    WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+      AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
+      AND (pubkey = @relay_pubkey::bytea OR kind BETWEEN 9000 AND 9009)
+);
 
 -- name: EventReactionTarget :one
 -- The event a reaction names: stored in this community and not deleted;

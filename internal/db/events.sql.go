@@ -352,6 +352,7 @@ const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
 UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
 WHERE community_id = $2::uuid AND channel_id = $3::uuid
   AND id = ANY($4::bytea[]) AND deleted_at IS NULL
+  AND pubkey <> $5::bytea AND kind NOT BETWEEN 9000 AND 9009
 `
 
 type EventsDeleteInChannelParams struct {
@@ -359,18 +360,53 @@ type EventsDeleteInChannelParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	Ids         [][]byte
+	RelayPubkey []byte
 }
 
-// NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+// NIP-29 9005: a channel admin hides events of that channel, whoever wrote
+// them, except the relay-signed ones (the channel's lists) and moderation
+// records (9000-9009): those are the channel's account of who did what,
+// which no admin may rewrite (EventsInChannelKeptFromModeration).
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
 		arg.Now,
 		arg.CommunityID,
 		arg.ChannelID,
 		arg.Ids,
+		arg.RelayPubkey,
 	)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const eventsInChannelKeptFromModeration = `-- name: EventsInChannelKeptFromModeration :one
+SELECT EXISTS (
+    SELECT FROM events
+    WHERE community_id = $1::uuid AND channel_id = $2::uuid
+      AND id = ANY($3::bytea[]) AND deleted_at IS NULL
+      AND (pubkey = $4::bytea OR kind BETWEEN 9000 AND 9009)
+)
+`
+
+type EventsInChannelKeptFromModerationParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Ids         [][]byte
+	RelayPubkey []byte
+}
+
+// Whether a 9005 names a live event of the channel that EventsDeleteInChannel
+// never hides, so the request is refused rather than half done.
+func (q *Queries) EventsInChannelKeptFromModeration(ctx context.Context, arg EventsInChannelKeptFromModerationParams) (bool, error) {
+	row := q.db.QueryRow(ctx, eventsInChannelKeptFromModeration,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.Ids,
+		arg.RelayPubkey,
+	)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
 }

@@ -462,6 +462,10 @@ func validateDeleteEvent(ev *nostr.Event) error {
 	return Reject("invalid", "kind 9005 needs e tags naming the events to delete")
 }
 
+// applyDeleteEvent hides the named events of the channel. The relay's
+// lists and the moderation records (9000-9009) stay: they tell members who
+// did what, and an admin must not erase an owner's acts or the relay's
+// account of membership. A request naming one is refused whole.
 func applyDeleteEvent(ctx context.Context, w *Write) error {
 	var ids [][]byte
 	for _, v := range w.Event.Tags.Values("e") {
@@ -469,7 +473,23 @@ func applyDeleteEvent(ctx context.Context, w *Write) error {
 			ids = append(ids, id[:])
 		}
 	}
-	_, err := w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, Now: w.SQLNow()})
+	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	if err != nil {
+		return err
+	}
+	relayPubkey := key.PublicKey()
+	kept, err := w.Q.EventsInChannelKeptFromModeration(ctx, db.EventsInChannelKeptFromModerationParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:],
+	})
+	if err != nil {
+		return err
+	}
+	if kept {
+		return Reject("restricted", "kind 9005 cannot hide relay-signed events or moderation events (kinds 9000-9009)")
+	}
+	_, err = w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:], Now: w.SQLNow(),
+	})
 	return err
 }
 

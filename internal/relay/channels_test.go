@@ -400,3 +400,46 @@ func TestOnlyOwnersChangeChannelVisibility(t *testing.T) {
 	require.True(t, owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", private}, {"public"}}, 0)).OK)
 	require.Equal(t, []string{secret.ID}, ids(outsider.Req("opened", map[string]any{"ids": []string{secret.ID}})))
 }
+
+// A 9005 hides members' events, never the relay-signed lists nor the
+// moderation records (9000-9009): an admin could otherwise erase the
+// channel's account of membership and the owners' acts. A request naming
+// one is refused whole, whoever sends it.
+// Mutation killed: without the EventsInChannelKeptFromModeration refusal the
+// admin's 9005 naming the members list is accepted.
+func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	ch := createChannel(t, owner, "mod", true)
+	grant := owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)
+	require.True(t, owner.Publish(grant).OK)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	edit := owner.Sign(9002, "", nostr.Tags{{"h", ch}, {"about", "rules"}}, 0)
+	require.True(t, owner.Publish(edit).OK)
+	lists := admin.Req("lists", map[string]any{"kinds": []int{39000, 39001, 39002}, "#d": []string{ch}})
+	require.Len(t, lists, 3)
+	spam := member.Sign(9, "spam", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(spam).OK)
+
+	kept := []string{grant.ID, edit.ID}
+	for _, ev := range lists {
+		kept = append(kept, ev.ID)
+	}
+	for _, id := range kept {
+		for _, mod := range []*relaytest.Client{admin, owner} {
+			requireRejected(t, mod.Publish(mod.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", id}}, 0)),
+				"restricted: kind 9005 cannot hide relay-signed events or moderation events")
+		}
+	}
+	requireRejected(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}, {"e", lists[0].ID}}, 0)), "restricted: kind 9005")
+	require.ElementsMatch(t, append(kept, spam.ID), ids(member.Req("all", map[string]any{"ids": append(kept, spam.ID)})), "nothing was hidden")
+
+	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)).OK)
+	require.Empty(t, member.Req("spam", map[string]any{"ids": []string{spam.ID}}))
+}
