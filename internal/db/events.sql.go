@@ -14,24 +14,34 @@ import (
 )
 
 const eventChannelsByAddress = `-- name: EventChannelsByAddress :many
-SELECT DISTINCT channel_id FROM events
-WHERE community_id = $1::uuid
-  AND pubkey = $2::bytea
-  AND kind = $3::int
-  AND d_tag IS NOT DISTINCT FROM $4::text
+SELECT channel_id, bool_or(deleted_at IS NULL AND created_at <= to_timestamp($1::bigint))::boolean AS has_live
+FROM events
+WHERE community_id = $2::uuid
+  AND pubkey = $3::bytea
+  AND kind = $4::int
+  AND d_tag IS NOT DISTINCT FROM $5::text
+GROUP BY channel_id
 `
 
 type EventChannelsByAddressParams struct {
+	Until       int64
 	CommunityID uuid.UUID
 	Author      []byte
 	Kind        int32
 	DTag        *string
 }
 
+type EventChannelsByAddressRow struct {
+	ChannelID *uuid.UUID
+	HasLive   bool
+}
+
 // The channels of the stored versions of the author's slot (the
-// coordinate's counterpart of EventChannelsByAuthorIDs).
-func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]*uuid.UUID, error) {
+// coordinate's counterpart of EventChannelsByAuthorIDs); has_live counts
+// only the versions a deletion dated until would hide.
+func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]EventChannelsByAddressRow, error) {
 	rows, err := q.db.Query(ctx, eventChannelsByAddress,
+		arg.Until,
 		arg.CommunityID,
 		arg.Author,
 		arg.Kind,
@@ -41,13 +51,13 @@ func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsB
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*uuid.UUID
+	var items []EventChannelsByAddressRow
 	for rows.Next() {
-		var channel_id *uuid.UUID
-		if err := rows.Scan(&channel_id); err != nil {
+		var i EventChannelsByAddressRow
+		if err := rows.Scan(&i.ChannelID, &i.HasLive); err != nil {
 			return nil, err
 		}
-		items = append(items, channel_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -56,11 +66,12 @@ func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsB
 }
 
 const eventChannelsByAuthorIDs = `-- name: EventChannelsByAuthorIDs :many
-SELECT DISTINCT channel_id FROM events
+SELECT channel_id, bool_or(deleted_at IS NULL)::boolean AS has_live FROM events
 WHERE community_id = $1::uuid
   AND id = ANY($2::bytea[])
   AND pubkey = $3::bytea
   AND kind <> 5
+GROUP BY channel_id
 `
 
 type EventChannelsByAuthorIDsParams struct {
@@ -69,22 +80,29 @@ type EventChannelsByAuthorIDsParams struct {
 	Author      []byte
 }
 
+type EventChannelsByAuthorIDsRow struct {
+	ChannelID *uuid.UUID
+	HasLive   bool
+}
+
 // The channels (NULL: community-global) of the author's own events among
 // ids that a deletion could hide: a kind 5 is stored where its targets are,
 // so it tells no one outside a private channel which ids it deleted.
-func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]*uuid.UUID, error) {
+// has_live says whether one of them there is not deleted yet: an author who
+// can no longer write in the channel may delete only what is still there.
+func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]EventChannelsByAuthorIDsRow, error) {
 	rows, err := q.db.Query(ctx, eventChannelsByAuthorIDs, arg.CommunityID, arg.Ids, arg.Author)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*uuid.UUID
+	var items []EventChannelsByAuthorIDsRow
 	for rows.Next() {
-		var channel_id *uuid.UUID
-		if err := rows.Scan(&channel_id); err != nil {
+		var i EventChannelsByAuthorIDsRow
+		if err := rows.Scan(&i.ChannelID, &i.HasLive); err != nil {
 			return nil, err
 		}
-		items = append(items, channel_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -443,3 +443,62 @@ func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
 	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)).OK)
 	require.Empty(t, member.Req("spam", map[string]any{"ids": []string{spam.ID}}))
 }
+
+// A member removed from a private channel may still delete what they wrote
+// there, but not go on posting through deletions: the deletion is stored in
+// the channel for its members, so it must hide a live event of theirs and
+// carry nothing but its targets. A member who may write is unaffected.
+// Mutations killed: without checkDeletionByFormerWriter the removed member's
+// deletion with content is accepted; without its live-target rule the
+// second deletion of the same, already deleted, message is.
+func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	first := member.Sign(9, "first", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(first).OK)
+	second := member.Sign(9, "second", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(second).OK)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	deletionsBy := func(c *relaytest.Client) []*nostr.Event {
+		t.Helper()
+		return owner.Req("deletions", map[string]any{"kinds": []int{5}, "authors": []string{c.Key.PublicKeyHex()}})
+	}
+
+	requireRejected(t, member.Publish(member.Sign(5, "still here, read me", nostr.Tags{{"e", first.ID}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must have empty content")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"alt", "read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID, "read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	require.Empty(t, deletionsBy(member))
+	require.Len(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}), 1, "nothing was deleted")
+
+	deletion := member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"k", "9"}}, 0)
+	ok := member.Publish(deletion)
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}))
+	require.Equal(t, []string{deletion.ID}, ids(deletionsBy(member)), "stored where its target was, for the members")
+
+	// The same, now deleted, message again: nothing left to hide.
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must name an event of yours that is not yet deleted")
+	require.Equal(t, []string{deletion.ID}, ids(deletionsBy(member)), "the refused deletion is not stored")
+	ok = member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"e", second.ID}}, 0))
+	require.True(t, ok.OK, "one live target is enough: %s", ok.Msg)
+	require.Empty(t, owner.Req("second", map[string]any{"ids": []string{second.ID}}))
+
+	// The owner, who may write, deletes with a reason, even what is gone.
+	own := owner.Sign(9, "typo", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(own).OK)
+	for _, reason := range []string{"typo", "typo, again"} {
+		ok = owner.Publish(owner.Sign(5, reason, nostr.Tags{{"e", own.ID}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	require.Len(t, deletionsBy(owner), 2)
+}
