@@ -110,6 +110,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			add(row.ChannelID, row.HasLive)
 		}
 	}
+	liveSlots := map[string]bool{} // a tag values naming a slot with a version to hide
 	for _, c := range ownCoordinates(w.Event) {
 		rows, err := w.Q.EventChannelsByAddress(ctx, db.EventChannelsByAddressParams{
 			CommunityID: w.Tenant.ID(), Author: author, Kind: int32(c.Kind), DTag: slotDTag(c), Until: w.Event.CreatedAt,
@@ -119,6 +120,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 		}
 		for _, row := range rows {
 			add(row.ChannelID, row.HasLive)
+			liveSlots[c.String()] = liveSlots[c.String()] || row.HasLive
 		}
 	}
 	if len(scopes) > 1 {
@@ -145,7 +147,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			return err // nil: the author may write there, so the deletion is like any event
 		}
 		w.ChannelID = &scope
-		return checkDeletionByFormerWriter(w.Event, hasLive)
+		return checkDeletionByFormerWriter(w.Event, hasLive, liveSlots)
 	}
 	return nil
 }
@@ -156,8 +158,9 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 // rules a removed member could go on posting there: naming an old, already
 // deleted message again and again, with any text in the content or in tags.
 // Such a deletion must hide something still live, and carries nothing but
-// its targets.
-func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool) error {
+// its targets; an a tag must name a slot of the author's with a version to
+// hide, since a coordinate's d part is free text.
+func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, liveSlots map[string]bool) error {
 	const cannotWrite = "you can no longer write in this channel, so a deletion there"
 	if !hasLive {
 		return Reject("restricted", "%s must name an event of yours that is not yet deleted", cannotWrite)
@@ -166,22 +169,22 @@ func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool) error {
 		return Reject("restricted", "%s must have empty content", cannotWrite)
 	}
 	for _, tag := range ev.Tags {
-		if len(tag) != 2 || !isDeletionTargetTag(tag) {
-			return Reject("restricted", "%s may carry only e, a and k tags, each with one value", cannotWrite)
+		if len(tag) != 2 || !isDeletionTargetTag(tag, liveSlots) {
+			return Reject("restricted", "%s may carry only e, a and k tags, each with one value, an a tag naming a live slot of yours", cannotWrite)
 		}
 	}
 	return nil
 }
 
 // isDeletionTargetTag reports whether tag names a deletion target by its
-// canonical spelling: an event id, a coordinate (validateDeletion checked
-// its spelling) or a kind number.
-func isDeletionTargetTag(tag nostr.Tag) bool {
+// canonical spelling: an event id, a live slot of the author's (liveSlots)
+// or a kind number.
+func isDeletionTargetTag(tag nostr.Tag, liveSlots map[string]bool) bool {
 	switch tag[0] {
 	case "e":
 		return nostr.IsHex64(tag[1])
 	case "a":
-		return true
+		return liveSlots[tag[1]]
 	case "k":
 		n, err := strconv.Atoi(tag[1])
 		return err == nil && n >= 0 && n <= 65535 && strconv.Itoa(n) == tag[1]

@@ -450,7 +450,8 @@ func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
 // carry nothing but its targets. A member who may write is unaffected.
 // Mutations killed: without checkDeletionByFormerWriter the removed member's
 // deletion with content is accepted; without its live-target rule the
-// second deletion of the same, already deleted, message is.
+// second deletion of the same, already deleted, message is; accepting any
+// canonical a tag lets a made-up coordinate carry text.
 func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -464,6 +465,8 @@ func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	require.True(t, member.Publish(first).OK)
 	second := member.Sign(9, "second", nostr.Tags{{"h", ch}}, 0)
 	require.True(t, member.Publish(second).OK)
+	require.True(t, member.Publish(member.Sign(30030, "", nostr.Tags{{"d", "s"}, {"h", ch}}, 0)).OK)
+	emojiSet := "30030:" + member.Key.PublicKeyHex() + ":s"
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
 	deletionsBy := func(c *relaytest.Client) []*nostr.Event {
 		t.Helper()
@@ -475,6 +478,8 @@ func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"alt", "read me"}}, 0)),
 		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
 	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID, "read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"a", "30023:" + member.Key.PublicKeyHex() + ":read me"}}, 0)),
 		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
 	require.Empty(t, deletionsBy(member))
 	require.Len(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}), 1, "nothing was deleted")
@@ -492,6 +497,13 @@ func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	ok = member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"e", second.ID}}, 0))
 	require.True(t, ok.OK, "one live target is enough: %s", ok.Msg)
 	require.Empty(t, owner.Req("second", map[string]any{"ids": []string{second.ID}}))
+
+	// By coordinate alike: a slot with a live version, once.
+	ok = member.Publish(member.Sign(5, "", nostr.Tags{{"a", emojiSet}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, owner.Req("set", map[string]any{"kinds": []int{30030}, "authors": []string{member.Key.PublicKeyHex()}}))
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"a", emojiSet}, {"k", "30030"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must name an event of yours that is not yet deleted")
 
 	// The owner, who may write, deletes with a reason, even what is gone.
 	own := owner.Sign(9, "typo", nostr.Tags{{"h", ch}}, 0)
