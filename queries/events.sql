@@ -46,7 +46,7 @@ WHERE community_id = @community_id::uuid
 -- NIP-29 9005: a channel admin hides events of that channel, whoever wrote
 -- them, except the relay-signed ones (the channel's lists) and moderation
 -- records (9000-9009): those are the channel's account of who did what,
--- which no admin may rewrite (EventsInChannelKeptFromModeration).
+-- which no moderator may rewrite (EventsInChannelKeptFromModeration).
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL

@@ -384,7 +384,7 @@ type EventsDeleteInChannelParams struct {
 // NIP-29 9005: a channel admin hides events of that channel, whoever wrote
 // them, except the relay-signed ones (the channel's lists) and moderation
 // records (9000-9009): those are the channel's account of who did what,
-// which no admin may rewrite (EventsInChannelKeptFromModeration).
+// which no moderator may rewrite (EventsInChannelKeptFromModeration).
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
 		arg.Now,
