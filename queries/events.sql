@@ -43,10 +43,24 @@ WHERE community_id = @community_id::uuid
   AND deleted_at IS NULL;
 
 -- name: EventsDeleteInChannel :execrows
--- NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+-- NIP-29 9005: a channel admin hides events of that channel, whoever wrote
+-- them, except the relay-signed ones (the channel's lists) and moderation
+-- records (9000-9009): those are the channel's account of who did what,
+-- which no moderator may rewrite (EventsInChannelKeptFromModeration).
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
-  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL;
+  AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
+  AND pubkey <> @relay_pubkey::bytea AND kind NOT BETWEEN 9000 AND 9009;
+
+-- name: EventsInChannelKeptFromModeration :one
+-- Whether a 9005 names a live event of the channel that EventsDeleteInChannel
+-- never hides, so the request is refused rather than half done.
+SELECT EXISTS (
+    SELECT FROM events
+    WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+      AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
+      AND (pubkey = @relay_pubkey::bytea OR kind BETWEEN 9000 AND 9009)
+);
 
 -- name: EventReactionTarget :one
 -- The event a reaction names: stored in this community and not deleted;
@@ -73,20 +87,26 @@ WHERE community_id = @community_id::uuid
 -- The channels (NULL: community-global) of the author's own events among
 -- ids that a deletion could hide: a kind 5 is stored where its targets are,
 -- so it tells no one outside a private channel which ids it deleted.
-SELECT DISTINCT channel_id FROM events
+-- has_live says whether one of them there is not deleted yet: an author who
+-- can no longer write in the channel may delete only what is still there.
+SELECT channel_id, bool_or(deleted_at IS NULL)::boolean AS has_live FROM events
 WHERE community_id = @community_id::uuid
   AND id = ANY(@ids::bytea[])
   AND pubkey = @author::bytea
-  AND kind <> 5;
+  AND kind <> 5
+GROUP BY channel_id;
 
 -- name: EventChannelsByAddress :many
 -- The channels of the stored versions of the author's slot (the
--- coordinate's counterpart of EventChannelsByAuthorIDs).
-SELECT DISTINCT channel_id FROM events
+-- coordinate's counterpart of EventChannelsByAuthorIDs); has_live counts
+-- only the versions a deletion dated until would hide.
+SELECT channel_id, bool_or(deleted_at IS NULL AND created_at <= to_timestamp(@until::bigint))::boolean AS has_live
+FROM events
 WHERE community_id = @community_id::uuid
   AND pubkey = @author::bytea
   AND kind = @kind::int
-  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
+  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text
+GROUP BY channel_id;
 
 -- name: EventWorkflowDefinition :one
 -- The exact signed definition a run is pinned to, in the workflow's

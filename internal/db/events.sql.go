@@ -14,24 +14,34 @@ import (
 )
 
 const eventChannelsByAddress = `-- name: EventChannelsByAddress :many
-SELECT DISTINCT channel_id FROM events
-WHERE community_id = $1::uuid
-  AND pubkey = $2::bytea
-  AND kind = $3::int
-  AND d_tag IS NOT DISTINCT FROM $4::text
+SELECT channel_id, bool_or(deleted_at IS NULL AND created_at <= to_timestamp($1::bigint))::boolean AS has_live
+FROM events
+WHERE community_id = $2::uuid
+  AND pubkey = $3::bytea
+  AND kind = $4::int
+  AND d_tag IS NOT DISTINCT FROM $5::text
+GROUP BY channel_id
 `
 
 type EventChannelsByAddressParams struct {
+	Until       int64
 	CommunityID uuid.UUID
 	Author      []byte
 	Kind        int32
 	DTag        *string
 }
 
+type EventChannelsByAddressRow struct {
+	ChannelID *uuid.UUID
+	HasLive   bool
+}
+
 // The channels of the stored versions of the author's slot (the
-// coordinate's counterpart of EventChannelsByAuthorIDs).
-func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]*uuid.UUID, error) {
+// coordinate's counterpart of EventChannelsByAuthorIDs); has_live counts
+// only the versions a deletion dated until would hide.
+func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsByAddressParams) ([]EventChannelsByAddressRow, error) {
 	rows, err := q.db.Query(ctx, eventChannelsByAddress,
+		arg.Until,
 		arg.CommunityID,
 		arg.Author,
 		arg.Kind,
@@ -41,13 +51,13 @@ func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsB
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*uuid.UUID
+	var items []EventChannelsByAddressRow
 	for rows.Next() {
-		var channel_id *uuid.UUID
-		if err := rows.Scan(&channel_id); err != nil {
+		var i EventChannelsByAddressRow
+		if err := rows.Scan(&i.ChannelID, &i.HasLive); err != nil {
 			return nil, err
 		}
-		items = append(items, channel_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -56,11 +66,12 @@ func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsB
 }
 
 const eventChannelsByAuthorIDs = `-- name: EventChannelsByAuthorIDs :many
-SELECT DISTINCT channel_id FROM events
+SELECT channel_id, bool_or(deleted_at IS NULL)::boolean AS has_live FROM events
 WHERE community_id = $1::uuid
   AND id = ANY($2::bytea[])
   AND pubkey = $3::bytea
   AND kind <> 5
+GROUP BY channel_id
 `
 
 type EventChannelsByAuthorIDsParams struct {
@@ -69,22 +80,29 @@ type EventChannelsByAuthorIDsParams struct {
 	Author      []byte
 }
 
+type EventChannelsByAuthorIDsRow struct {
+	ChannelID *uuid.UUID
+	HasLive   bool
+}
+
 // The channels (NULL: community-global) of the author's own events among
 // ids that a deletion could hide: a kind 5 is stored where its targets are,
 // so it tells no one outside a private channel which ids it deleted.
-func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]*uuid.UUID, error) {
+// has_live says whether one of them there is not deleted yet: an author who
+// can no longer write in the channel may delete only what is still there.
+func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]EventChannelsByAuthorIDsRow, error) {
 	rows, err := q.db.Query(ctx, eventChannelsByAuthorIDs, arg.CommunityID, arg.Ids, arg.Author)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*uuid.UUID
+	var items []EventChannelsByAuthorIDsRow
 	for rows.Next() {
-		var channel_id *uuid.UUID
-		if err := rows.Scan(&channel_id); err != nil {
+		var i EventChannelsByAuthorIDsRow
+		if err := rows.Scan(&i.ChannelID, &i.HasLive); err != nil {
 			return nil, err
 		}
-		items = append(items, channel_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -352,6 +370,7 @@ const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
 UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
 WHERE community_id = $2::uuid AND channel_id = $3::uuid
   AND id = ANY($4::bytea[]) AND deleted_at IS NULL
+  AND pubkey <> $5::bytea AND kind NOT BETWEEN 9000 AND 9009
 `
 
 type EventsDeleteInChannelParams struct {
@@ -359,18 +378,53 @@ type EventsDeleteInChannelParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	Ids         [][]byte
+	RelayPubkey []byte
 }
 
-// NIP-29 9005: a channel admin hides events of that channel, whoever wrote them.
+// NIP-29 9005: a channel admin hides events of that channel, whoever wrote
+// them, except the relay-signed ones (the channel's lists) and moderation
+// records (9000-9009): those are the channel's account of who did what,
+// which no moderator may rewrite (EventsInChannelKeptFromModeration).
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
 		arg.Now,
 		arg.CommunityID,
 		arg.ChannelID,
 		arg.Ids,
+		arg.RelayPubkey,
 	)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const eventsInChannelKeptFromModeration = `-- name: EventsInChannelKeptFromModeration :one
+SELECT EXISTS (
+    SELECT FROM events
+    WHERE community_id = $1::uuid AND channel_id = $2::uuid
+      AND id = ANY($3::bytea[]) AND deleted_at IS NULL
+      AND (pubkey = $4::bytea OR kind BETWEEN 9000 AND 9009)
+)
+`
+
+type EventsInChannelKeptFromModerationParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Ids         [][]byte
+	RelayPubkey []byte
+}
+
+// Whether a 9005 names a live event of the channel that EventsDeleteInChannel
+// never hides, so the request is refused rather than half done.
+func (q *Queries) EventsInChannelKeptFromModeration(ctx context.Context, arg EventsInChannelKeptFromModerationParams) (bool, error) {
+	row := q.db.QueryRow(ctx, eventsInChannelKeptFromModeration,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.Ids,
+		arg.RelayPubkey,
+	)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
 }

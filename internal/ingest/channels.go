@@ -154,10 +154,8 @@ func validateCreateGroup(ev *nostr.Event) error {
 	if name := ev.Tags.First("name"); name == nil || name[1] == "" || len(name[1]) > 255 {
 		return Reject("invalid", "kind 9007 needs a name tag of 1 to 255 bytes")
 	}
-	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
-		return Reject("invalid", "visibility must be open or private")
-	}
-	return nil
+	_, _, err := requestedVisibility(ev)
+	return err
 }
 
 // bindNewChannel scopes a 9007 event to the channel it creates, so a private
@@ -168,11 +166,37 @@ func bindNewChannel(_ context.Context, w *Write) error {
 	return err
 }
 
-func visibilityOf(ev *nostr.Event) db.ChannelVisibility {
-	if v := ev.Tags.First("visibility"); (v != nil && v[1] == "private") || ev.Tags.First("private") != nil {
-		return db.ChannelVisibilityPrivate
+// requestedVisibility reads the visibility a 9007 or 9002 asks for, named
+// is false when it asks for none. The NIP-29 flags are bare tags, ["private"]
+// and ["public"], as the relay's own 39000 writes them; ["visibility",
+// "private"|"open"] says the same. An event asking for both is refused: the
+// relay must not guess which one a private channel's creator meant. The
+// closed/open flags are not read: a private channel is joined only by
+// invitation, an open one by anyone.
+func requestedVisibility(ev *nostr.Event) (v db.ChannelVisibility, named bool, err error) {
+	private, public := ev.Tags.Has("private"), ev.Tags.Has("public")
+	for _, tag := range ev.Tags {
+		if len(tag) == 0 || tag[0] != "visibility" {
+			continue
+		}
+		switch {
+		case len(tag) >= 2 && tag[1] == "private":
+			private = true
+		case len(tag) >= 2 && tag[1] == "open":
+			public = true
+		default:
+			return "", false, Reject("invalid", "visibility must be open or private")
+		}
 	}
-	return db.ChannelVisibilityOpen
+	switch {
+	case private && public:
+		return "", false, Reject("invalid", "conflicting visibility: the event asks for both a private and a public channel")
+	case private:
+		return db.ChannelVisibilityPrivate, true, nil
+	case public:
+		return db.ChannelVisibilityOpen, true, nil
+	}
+	return db.ChannelVisibilityOpen, false, nil
 }
 
 func applyCreateGroup(ctx context.Context, w *Write) error {
@@ -181,9 +205,10 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 	if tag := w.Event.Tags.First("about"); tag != nil {
 		about = tag[1]
 	}
+	visibility, _, _ := requestedVisibility(w.Event) // open unless asked: validated
 	created, err := w.Q.ChannelCreate(ctx, db.ChannelCreateParams{
 		CommunityID: w.Tenant.ID(), ID: id, Name: w.Event.Tags.First("name")[1],
-		Visibility: visibilityOf(w.Event), Description: about, CreatedBy: w.ActorBytes(),
+		Visibility: visibility, Description: about, CreatedBy: w.ActorBytes(),
 	})
 	if err != nil {
 		return err
@@ -391,10 +416,8 @@ func validateEditMetadata(ev *nostr.Event) error {
 	if name := ev.Tags.First("name"); name != nil && (name[1] == "" || len(name[1]) > 255) {
 		return Reject("invalid", "name must be 1 to 255 bytes")
 	}
-	if v := ev.Tags.First("visibility"); v != nil && v[1] != "open" && v[1] != "private" {
-		return Reject("invalid", "visibility must be open or private")
-	}
-	return nil
+	_, _, err := requestedVisibility(ev)
+	return err
 }
 
 func applyEditMetadata(ctx context.Context, w *Write) error {
@@ -405,10 +428,21 @@ func applyEditMetadata(ctx context.Context, w *Write) error {
 	if tag := w.Event.Tags.First("about"); tag != nil {
 		params.Description = &tag[1]
 	}
-	if w.Event.Tags.First("visibility") != nil || w.Event.Tags.First("private") != nil || w.Event.Tags.First("public") != nil {
-		v := visibilityOf(w.Event)
-		params.Visibility = &v
-		w.MembershipChanged() // who may read changes with visibility
+	if v, named, _ := requestedVisibility(w.Event); named { // validated
+		access, err := channelAccess(ctx, w, *w.ChannelID)
+		if err != nil {
+			return err
+		}
+		// Opening a private channel publishes its whole history; like granting
+		// the admin role, that is the owner's call. Restating the current
+		// visibility, as clients sending full metadata do, changes nothing.
+		if v != access.Visibility {
+			if access.MemberRole == nil || *access.MemberRole != db.MemberRoleOwner {
+				return Reject("restricted", "only channel owners may change a channel between private and open")
+			}
+			params.Visibility = &v
+			w.MembershipChanged() // who may read changes with visibility
+		}
 	}
 	if err := w.Q.ChannelUpdateMetadata(ctx, params); err != nil {
 		return err
@@ -428,6 +462,10 @@ func validateDeleteEvent(ev *nostr.Event) error {
 	return Reject("invalid", "kind 9005 needs e tags naming the events to delete")
 }
 
+// applyDeleteEvent hides the named events of the channel. The relay's
+// lists and the moderation records (9000-9009) stay: they tell members who
+// did what, and an admin must not erase an owner's acts or the relay's
+// account of membership. A request naming one is refused whole.
 func applyDeleteEvent(ctx context.Context, w *Write) error {
 	var ids [][]byte
 	for _, v := range w.Event.Tags.Values("e") {
@@ -435,7 +473,23 @@ func applyDeleteEvent(ctx context.Context, w *Write) error {
 			ids = append(ids, id[:])
 		}
 	}
-	_, err := w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, Now: w.SQLNow()})
+	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	if err != nil {
+		return err
+	}
+	relayPubkey := key.PublicKey()
+	kept, err := w.Q.EventsInChannelKeptFromModeration(ctx, db.EventsInChannelKeptFromModerationParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:],
+	})
+	if err != nil {
+		return err
+	}
+	if kept {
+		return Reject("restricted", "kind 9005 cannot hide relay-signed events or moderation events (kinds 9000-9009)")
+	}
+	_, err = w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:], Now: w.SQLNow(),
+	})
 	return err
 }
 

@@ -2,6 +2,8 @@ package ingest
 
 import (
 	"context"
+	"errors"
+	"strconv"
 
 	"github.com/google/uuid"
 
@@ -87,34 +89,39 @@ func slotDTag(c nostr.Coordinate) *string {
 // in (see deletionHandler). An h tag, if any, must name that channel and
 // passes the usual write check; without one the deletion follows its
 // targets, so an author removed from a private channel can still delete
-// what they wrote there, visible to its members only.
+// what they wrote there, visible to its members only (see
+// checkDeletionByFormerWriter for what such a deletion may carry).
 func prepareDeletion(ctx context.Context, w *Write) error {
 	author := w.ActorBytes()
-	scopes := map[uuid.UUID]bool{} // uuid.Nil: community-global
-	add := func(channels []*uuid.UUID) {
-		for _, ch := range channels {
-			if ch == nil {
-				scopes[uuid.Nil] = true
-			} else {
-				scopes[*ch] = true
-			}
+	scopes := map[uuid.UUID]bool{} // uuid.Nil: community-global; true: a target there is live
+	add := func(channel *uuid.UUID, hasLive bool) {
+		scope := uuid.Nil
+		if channel != nil {
+			scope = *channel
 		}
+		scopes[scope] = scopes[scope] || hasLive
 	}
 	if ids := deletionTargetIDs(w.Event); len(ids) > 0 {
-		channels, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: author})
+		rows, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: author})
 		if err != nil {
 			return err
 		}
-		add(channels)
+		for _, row := range rows {
+			add(row.ChannelID, row.HasLive)
+		}
 	}
+	liveSlots := map[string]bool{} // a tag values naming a slot with a version to hide
 	for _, c := range ownCoordinates(w.Event) {
-		channels, err := w.Q.EventChannelsByAddress(ctx, db.EventChannelsByAddressParams{
-			CommunityID: w.Tenant.ID(), Author: author, Kind: int32(c.Kind), DTag: slotDTag(c),
+		rows, err := w.Q.EventChannelsByAddress(ctx, db.EventChannelsByAddressParams{
+			CommunityID: w.Tenant.ID(), Author: author, Kind: int32(c.Kind), DTag: slotDTag(c), Until: w.Event.CreatedAt,
 		})
 		if err != nil {
 			return err
 		}
-		add(channels)
+		for _, row := range rows {
+			add(row.ChannelID, row.HasLive)
+			liveSlots[c.String()] = liveSlots[c.String()] || row.HasLive
+		}
 	}
 	if len(scopes) > 1 {
 		return Reject("invalid", "a deletion may name events of one channel, or only community-global events: send one deletion per channel")
@@ -130,12 +137,59 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 		}
 		return nil
 	}
-	for scope := range scopes {
-		if scope != uuid.Nil {
-			w.ChannelID = &scope
+	for scope, hasLive := range scopes {
+		if scope == uuid.Nil {
+			continue
+		}
+		err := bindChannelForWrite(ctx, w, scope)
+		var rej *Rejection
+		if !errors.As(err, &rej) {
+			return err // nil: the author may write there, so the deletion is like any event
+		}
+		w.ChannelID = &scope
+		return checkDeletionByFormerWriter(w.Event, hasLive, liveSlots)
+	}
+	return nil
+}
+
+// checkDeletionByFormerWriter bounds what a deletion stores in a channel its
+// author can no longer write in (removed from it, or it is archived or
+// deleted). The deletion is kept for the channel's members, so without these
+// rules a removed member could go on posting there: naming an old, already
+// deleted message again and again, with any text in the content or in tags.
+// Such a deletion must hide something still live, and carries nothing but
+// its targets; an a tag must name a slot of the author's with a version to
+// hide, since a coordinate's d part is free text.
+func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, liveSlots map[string]bool) error {
+	const cannotWrite = "you can no longer write in this channel, so a deletion there"
+	if !hasLive {
+		return Reject("restricted", "%s must name an event of yours that is not yet deleted", cannotWrite)
+	}
+	if ev.Content != "" {
+		return Reject("restricted", "%s must have empty content", cannotWrite)
+	}
+	for _, tag := range ev.Tags {
+		if len(tag) != 2 || !isDeletionTargetTag(tag, liveSlots) {
+			return Reject("restricted", "%s may carry only e, a and k tags, each with one value, an a tag naming a live slot of yours", cannotWrite)
 		}
 	}
 	return nil
+}
+
+// isDeletionTargetTag reports whether tag names a deletion target by its
+// canonical spelling: an event id, a live slot of the author's (liveSlots)
+// or a kind number.
+func isDeletionTargetTag(tag nostr.Tag, liveSlots map[string]bool) bool {
+	switch tag[0] {
+	case "e":
+		return nostr.IsHex64(tag[1])
+	case "a":
+		return liveSlots[tag[1]]
+	case "k":
+		n, err := strconv.Atoi(tag[1])
+		return err == nil && n >= 0 && n <= 65535 && strconv.Itoa(n) == tag[1]
+	}
+	return false
 }
 
 func applyDeletion(ctx context.Context, w *Write) error {

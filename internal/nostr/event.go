@@ -37,6 +37,17 @@ func (t Tags) First(name string) Tag {
 	return nil
 }
 
+// Has reports whether some tag is named name, with or without values: flags
+// such as NIP-29's bare ["private"] carry none, so First does not see them.
+func (t Tags) Has(name string) bool {
+	for _, tag := range t {
+		if len(tag) >= 1 && tag[0] == name {
+			return true
+		}
+	}
+	return false
+}
+
 // Values returns the first value of every tag named name.
 func (t Tags) Values(name string) []string {
 	var vals []string

@@ -211,6 +211,11 @@ func TestTagsHelpers(t *testing.T) {
 	require.Nil(t, tags.First("x"))
 	require.Equal(t, []string{"1", "2"}, tags.Values("e"))
 	require.Nil(t, tags.Values("x"))
+	// Has sees a flag with no value, such as NIP-29's bare ["private"].
+	require.True(t, Tags{{"private"}}.Has("private"))
+	require.True(t, tags.Has("p"))
+	require.False(t, tags.Has("x"))
+	require.False(t, Tags{{}}.Has(""), "an empty tag has no name")
 
 	require.Equal(t, "ident", (&Event{Tags: tags}).DTag())
 	require.Equal(t, "", (&Event{Tags: Tags{{"d"}}}).DTag())

@@ -301,3 +301,216 @@ func TestChannelDiscoveryEventsReachLiveSubscribersPinnedByD(t *testing.T) {
 	watcher.ExpectSilence(500*time.Millisecond, "a channel event reached a subscription not pinned with #h")
 	outsider.ExpectSilence(500*time.Millisecond, "a private channel's lists reached a non-member")
 }
+
+// NIP-29 clients mark a private channel with a bare ["private"] tag, as the
+// relay's own 39000 does; a reader of only ["visibility", "private"] created
+// such a channel open, readable by everyone, and answered OK to a 9002 that
+// asked to close one without closing it. Conflicting flags are refused.
+// Mutations killed: Tags.Has matching only tags with a value (like First)
+// lets the outsider read the first channel; dropping the conflict check
+// creates the first conflicting channel.
+func TestBareNIP29PrivateFlagMakesAChannelPrivate(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	requireUnreadable := func(ch, secretID string) {
+		t.Helper()
+		require.Empty(t, outsider.Req("any", map[string]any{"kinds": []int{9}}), "an outsider reads no message of a private channel")
+		outsider.Send("REQ", "pinned", map[string]any{"kinds": []int{9}, "#h": []string{ch}})
+		require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+		require.Len(t, owner.Req("own", map[string]any{"ids": []string{secretID}}), 1, "members still read it")
+		meta := owner.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+		require.Len(t, meta, 1)
+		require.True(t, hasFlag(meta[0], "private"))
+		require.False(t, hasFlag(meta[0], "public"))
+	}
+
+	created := uuid.NewString()
+	ok := owner.Publish(owner.Sign(9007, "", nostr.Tags{{"h", created}, {"name", "secret"}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	secret := owner.Sign(9, "the secret", nostr.Tags{{"h", created}}, 0)
+	require.True(t, owner.Publish(secret).OK)
+	requireUnreadable(created, secret.ID)
+
+	// A 9002 with a bare ["private"] closes an open channel.
+	edited := createChannel(t, owner, "soon private", false)
+	later := owner.Sign(9, "said before closing", nostr.Tags{{"h", edited}}, 0)
+	require.True(t, owner.Publish(later).OK)
+	require.Len(t, outsider.Req("open", map[string]any{"kinds": []int{9}, "#h": []string{edited}}), 1, "open until the edit")
+	ok = owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", edited}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	requireUnreadable(edited, later.ID)
+
+	// Both at once is refused, the channel left as it was.
+	open := createChannel(t, owner, "open", false)
+	for _, tags := range []nostr.Tags{
+		{{"private"}, {"public"}},
+		{{"visibility", "open"}, {"private"}},
+		{{"visibility", "private"}, {"visibility", "open"}},
+	} {
+		requireRejected(t, owner.Publish(owner.Sign(9007, "", append(nostr.Tags{{"h", uuid.NewString()}, {"name", "x"}}, tags...), 0)), "invalid: conflicting visibility")
+		requireRejected(t, owner.Publish(owner.Sign(9002, "", append(nostr.Tags{{"h", open}}, tags...), 0)), "invalid: conflicting visibility")
+	}
+	meta := outsider.Req("open-meta", map[string]any{"kinds": []int{39000}, "#d": []string{open}})
+	require.Len(t, meta, 1)
+	require.True(t, hasFlag(meta[0], "public"))
+}
+
+// Opening a private channel shows its whole history to the community, so
+// only an owner may change visibility, either way; an admin still edits the
+// rest and may restate the current visibility.
+// Mutation killed: without the owner check the admin's 9002 that opens the
+// private channel is accepted.
+func TestOnlyOwnersChangeChannelVisibility(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	private := createChannel(t, owner, "secret", true)
+	open := createChannel(t, owner, "open", false)
+	for _, ch := range []string{private, open} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)).OK)
+	}
+	secret := owner.Sign(9, "the secret", nostr.Tags{{"h", private}}, 0)
+	require.True(t, owner.Publish(secret).OK)
+
+	for _, flags := range []nostr.Tags{{{"public"}}, {{"visibility", "open"}}} {
+		ok := admin.Publish(admin.Sign(9002, "", append(nostr.Tags{{"h", private}, {"name", "opened"}}, flags...), 0))
+		requireRejected(t, ok, "restricted: only channel owners may change a channel between private and open")
+	}
+	requireRejected(t, admin.Publish(admin.Sign(9002, "", nostr.Tags{{"h", open}, {"private"}}, 0)), "restricted: only channel owners")
+	require.Empty(t, outsider.Req("secret", map[string]any{"ids": []string{secret.ID}}), "still private")
+	require.Len(t, outsider.Req("open", map[string]any{"kinds": []int{39000}, "#d": []string{open}}), 1, "still open")
+
+	// Other edits, and restating the current visibility, stay the admins'.
+	ok := admin.Publish(admin.Sign(9002, "", nostr.Tags{{"h", private}, {"name", "renamed"}, {"private"}, {"closed"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	meta := admin.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{private}})
+	require.Equal(t, []string{"renamed"}, tagValues(meta[0], "name"))
+	require.True(t, hasFlag(meta[0], "private"))
+
+	// The owner opens it.
+	require.True(t, owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", private}, {"public"}}, 0)).OK)
+	require.Equal(t, []string{secret.ID}, ids(outsider.Req("opened", map[string]any{"ids": []string{secret.ID}})))
+}
+
+// A 9005 hides members' events, never the relay-signed lists nor the
+// moderation records (9000-9009): an admin could otherwise erase the
+// channel's account of membership and the owners' acts. A request naming
+// one is refused whole, whoever sends it.
+// Mutation killed: without the EventsInChannelKeptFromModeration refusal the
+// admin's 9005 naming the members list is accepted.
+func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	ch := createChannel(t, owner, "mod", true)
+	grant := owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)
+	require.True(t, owner.Publish(grant).OK)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	edit := owner.Sign(9002, "", nostr.Tags{{"h", ch}, {"about", "rules"}}, 0)
+	require.True(t, owner.Publish(edit).OK)
+	lists := admin.Req("lists", map[string]any{"kinds": []int{39000, 39001, 39002}, "#d": []string{ch}})
+	require.Len(t, lists, 3)
+	spam := member.Sign(9, "spam", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(spam).OK)
+
+	kept := []string{grant.ID, edit.ID}
+	for _, ev := range lists {
+		kept = append(kept, ev.ID)
+	}
+	for _, id := range kept {
+		for _, mod := range []*relaytest.Client{admin, owner} {
+			requireRejected(t, mod.Publish(mod.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", id}}, 0)),
+				"restricted: kind 9005 cannot hide relay-signed events or moderation events")
+		}
+	}
+	requireRejected(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}, {"e", lists[0].ID}}, 0)), "restricted: kind 9005")
+	require.ElementsMatch(t, append(kept, spam.ID), ids(member.Req("all", map[string]any{"ids": append(kept, spam.ID)})), "nothing was hidden")
+
+	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)).OK)
+	require.Empty(t, member.Req("spam", map[string]any{"ids": []string{spam.ID}}))
+}
+
+// A member removed from a private channel may still delete what they wrote
+// there, but not go on posting through deletions: the deletion is stored in
+// the channel for its members, so it must hide a live event of theirs and
+// carry nothing but its targets. A member who may write is unaffected.
+// Mutations killed: without checkDeletionByFormerWriter the removed member's
+// deletion with content is accepted; without its live-target rule the
+// second deletion of the same, already deleted, message is; accepting any
+// canonical a tag lets a made-up coordinate carry text.
+func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	first := member.Sign(9, "first", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(first).OK)
+	second := member.Sign(9, "second", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(second).OK)
+	require.True(t, member.Publish(member.Sign(30030, "", nostr.Tags{{"d", "s"}, {"h", ch}}, 0)).OK)
+	emojiSet := "30030:" + member.Key.PublicKeyHex() + ":s"
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	deletionsBy := func(c *relaytest.Client) []*nostr.Event {
+		t.Helper()
+		return owner.Req("deletions", map[string]any{"kinds": []int{5}, "authors": []string{c.Key.PublicKeyHex()}})
+	}
+
+	requireRejected(t, member.Publish(member.Sign(5, "still here, read me", nostr.Tags{{"e", first.ID}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must have empty content")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"alt", "read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID, "read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"a", "30023:" + member.Key.PublicKeyHex() + ":read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	require.Empty(t, deletionsBy(member))
+	require.Len(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}), 1, "nothing was deleted")
+
+	deletion := member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"k", "9"}}, 0)
+	ok := member.Publish(deletion)
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}))
+	require.Equal(t, []string{deletion.ID}, ids(deletionsBy(member)), "stored where its target was, for the members")
+
+	// The same, now deleted, message again: nothing left to hide.
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must name an event of yours that is not yet deleted")
+	require.Equal(t, []string{deletion.ID}, ids(deletionsBy(member)), "the refused deletion is not stored")
+	ok = member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"e", second.ID}}, 0))
+	require.True(t, ok.OK, "one live target is enough: %s", ok.Msg)
+	require.Empty(t, owner.Req("second", map[string]any{"ids": []string{second.ID}}))
+
+	// By coordinate alike: a slot with a live version, once.
+	ok = member.Publish(member.Sign(5, "", nostr.Tags{{"a", emojiSet}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, owner.Req("set", map[string]any{"kinds": []int{30030}, "authors": []string{member.Key.PublicKeyHex()}}))
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"a", emojiSet}, {"k", "30030"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there must name an event of yours that is not yet deleted")
+
+	// The owner, who may write, deletes with a reason, even what is gone.
+	own := owner.Sign(9, "typo", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(own).OK)
+	for _, reason := range []string{"typo", "typo, again"} {
+		ok = owner.Publish(owner.Sign(5, reason, nostr.Tags{{"e", own.ID}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	require.Len(t, deletionsBy(owner), 2)
+}
