@@ -331,8 +331,14 @@ func NormalizeCron(expr string) (string, error) {
 	if fields[6] != "*" {
 		return "", invalidf("trigger.cron", "the year field must be *")
 	}
-	if _, err := cronParser.Parse(strings.Join(fields[:6], " ")); err != nil {
+	sched, err := cronParser.Parse(strings.Join(fields[:6], " "))
+	if err != nil {
 		return "", invalidf("trigger.cron", "%v", err)
+	}
+	// The cron library gives up after five years and answers the zero
+	// time; an expression naming no real date (30 February) never fires.
+	if sched.Next(time.Now().UTC()).IsZero() {
+		return "", invalidf("trigger.cron", "names no date that occurs (the next five years have none)")
 	}
 	return strings.Join(fields, " "), nil
 }

@@ -104,6 +104,8 @@ func TestParseBadInputCatalogue(t *testing.T) {
 		{"cron field count", "name: x\ntrigger: {on: schedule, cron: '* * *'}\n" + step, "invalid definition: trigger.cron: want 5, 6 or 7 fields, got 3"},
 		{"cron bad field", "name: x\ntrigger: {on: schedule, cron: '61 * * * *'}\n" + step, "invalid definition: trigger.cron: "},
 		{"cron year", "name: x\ntrigger: {on: schedule, cron: '0 0 0 1 1 * 2030'}\n" + step, "invalid definition: trigger.cron: the year field must be *"},
+		{"cron on 30 February", "name: x\ntrigger: {on: schedule, cron: '0 0 0 30 2 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
+		{"cron on 31 April", "name: x\ntrigger: {on: schedule, cron: '0 0 31 4 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
 		{"interval not a duration", "name: x\ntrigger: {on: schedule, interval: often}\n" + step, "invalid definition: trigger.interval: not a duration"},
 		{"interval below 60 s", "name: x\ntrigger: {on: schedule, interval: 59s}\n" + step, "invalid definition: trigger.interval: must be at least 1m0s"},
 		{"interval fractional seconds", "name: x\ntrigger: {on: schedule, interval: 60500ms}\n" + step, "invalid definition: trigger.interval: must be a whole number of seconds"},
