@@ -356,3 +356,23 @@ func TestManualTriggerNeedsChannelWrite(t *testing.T) {
 	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", mine}}), "invalid: workflow is disabled")
 	require.Empty(t, f.runIDs(mine))
 }
+
+// The trigger author is the event's signer. An `actor` tag is only the
+// poster's claim: a stranger's message naming the owner does not meet
+// `trigger_author == "<owner>"`; the owner's own message does.
+//
+// Mutation killed: taking the author from the actor tag (as before) runs
+// the workflow for the stranger's message.
+func TestTriggerAuthorIsTheSigner(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, stranger := f.key(), f.key()
+	ch := f.channel(owner, stranger)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Boss only\ntrigger: {on: message_posted, filter: 'trigger_author == \""+pubHex(owner)+"\"'}\n"+
+		"steps: [{id: a, action: send_message, text: deploying}]")
+	f.store(f.sign(stranger, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}, {"actor", pubHex(owner)}}))
+	require.Empty(t, f.runIDs(id), "the actor tag does not make the stranger the author")
+	f.store(f.sign(owner, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}}))
+	require.Len(t, f.runIDs(id), 1)
+}

@@ -205,7 +205,9 @@ func (t *Triggers) createRun(ctx context.Context, w *ingest.Write, workflowID uu
 }
 
 // EventContext is the trigger context of a message, reaction or diff in
-// channel (without the pinned definition, which the run adds).
+// channel (without the pinned definition, which the run adds). The author
+// is the signer: only client-signed events trigger, and any tag naming
+// someone else is the poster's word, not proof.
 func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 	tc := TriggerContext{
 		Text:          ev.Content,
@@ -215,9 +217,6 @@ func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 		MessageID:     ev.ID,
 		WebhookFields: map[string]string{},
 		Cause:         Cause{Kind: CauseEvent, Ref: ev.ID},
-	}
-	if actor := ev.Tags.First("actor"); actor != nil {
-		tc.Author = actor[1]
 	}
 	if ev.Kind == kindReaction {
 		tc.Emoji = ev.Content
