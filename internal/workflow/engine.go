@@ -258,7 +258,18 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 		}
 		deadline.stop()
 		if err != nil {
-			return !errors.Is(err, errLostClaim)
+			if errors.Is(err, errLostClaim) {
+				return false
+			}
+			if ctx.Err() != nil {
+				return true // shutting down: the run resumes as "outcome unknown"
+			}
+			// The call was made but its outcome could not be recorded: end
+			// the run now rather than leave it running until its lease
+			// expires and it is misreported as a stopped worker's.
+			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID)
+			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
+			return e.finish(ctx, db.New(e.pool), c, step, f, failed(call.entry, f)) == nil
 		}
 		if result != stepNext {
 			return true
@@ -428,7 +439,7 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	case resp.Status < 200 || resp.Status > 299:
 		f = fail(CodeWebhookFailed, "step %s: the server answered HTTP %d", entry.StepID, resp.Status)
 	default:
-		entry.Output = map[string]any{"status": resp.Status, "body": string(resp.Body)}
+		entry.Output = map[string]any{"status": resp.Status, "body": jsonbText(resp.Body)}
 	}
 	q := db.New(e.pool)
 	switch {
@@ -438,6 +449,13 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
 	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+}
+
+// jsonbText is b as text a jsonb value can hold: PostgreSQL refuses the
+// NUL character in jsonb, and invalid UTF-8 would not survive as JSON
+// text; both become U+FFFD.
+func jsonbText(b []byte) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func failed(entry traceEntry, f *runFailure) traceEntry {
