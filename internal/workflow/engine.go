@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -439,7 +440,12 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	case resp.Status < 200 || resp.Status > 299:
 		f = fail(CodeWebhookFailed, "step %s: the server answered HTTP %d", entry.StepID, resp.Status)
 	default:
-		entry.Output = map[string]any{"status": resp.Status, "body": jsonbText(resp.Body)}
+		entry.Output = map[string]any{"status": resp.Status}
+		body, cut := traceBody(resp.Body)
+		entry.Output["body"] = body
+		if cut {
+			entry.Output["body_truncated"] = true
+		}
 	}
 	q := db.New(e.pool)
 	switch {
@@ -449,6 +455,26 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
 	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+}
+
+// MaxTraceBodyBytes bounds the webhook answer a call_webhook step keeps in
+// its run's trace (and hands to later steps as its body output): the trace
+// is rewritten with every step and read with every claim, so a run of
+// several calls must not carry megabytes through each.
+const MaxTraceBodyBytes = 64 << 10
+
+// traceBody is a webhook answer as its step's body output: jsonb-safe, cut
+// to at most MaxTraceBodyBytes on a character boundary (cut reports it).
+func traceBody(b []byte) (body string, cut bool) {
+	body = jsonbText(b)
+	if len(body) <= MaxTraceBodyBytes {
+		return body, false
+	}
+	end := MaxTraceBodyBytes
+	for end > 0 && !utf8.RuneStart(body[end]) {
+		end--
+	}
+	return body[:end], true
 }
 
 // jsonbText is b as text a jsonb value can hold: PostgreSQL refuses the

@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -165,4 +167,34 @@ func TestCallWebhookUnrecordableOutcomeEndsTheRun(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
 	require.Equal(t, "database_error", *run.ErrorCode)
 	require.Equal(t, "step hook: the call was made but its outcome could not be recorded", *run.ErrorMessage)
+}
+
+// A webhook answer longer than MaxTraceBodyBytes is kept in the trace cut
+// to that size on a character boundary, marked body_truncated.
+//
+// Mutation killed: storing the whole answer keeps all 100,000 bytes and
+// no mark.
+func TestCallWebhookAnswerIsCutInTheTrace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	long := "a" + strings.Repeat("é", 50_000) // 100,001 bytes; a cut at 64 KiB splits an é
+	srv, _, e := f.hookServerAnswering(200, func([]byte) []byte { return []byte(long) })
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"'}]")
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.runIDs(id)[0]
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	var body string
+	var truncated *bool
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT s -> 'output' ->> 'body', (s -> 'output' ->> 'body_truncated')::boolean
+		FROM workflow_runs, jsonb_array_elements(execution_trace) s
+		WHERE id = $1 AND s ->> 'step_id' = 'hook' AND s ->> 'status' = 'completed'`, run).Scan(&body, &truncated))
+	require.Equal(t, workflow.MaxTraceBodyBytes-1, len(body), "cut before the é that straddles the bound")
+	require.True(t, utf8.ValidString(body))
+	require.Equal(t, long[:len(body)], body)
+	require.NotNil(t, truncated)
+	require.True(t, *truncated)
 }
