@@ -80,6 +80,15 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 	if err != nil {
 		return err
 	}
+	// The decision is stored in the run's channel: the decider must be
+	// allowed to write there like any event with an h tag ("any" approver
+	// means any such writer). One who may not is told what an unknown
+	// reference gets, before anything about the approval is revealed.
+	if a.ChannelID != nil {
+		if err := bindWriteOrHide(ctx, w, *a.ChannelID, "approval not found"); err != nil {
+			return err
+		}
+	}
 	switch spec := strings.TrimSpace(a.ApproverSpec); {
 	case spec == "" || spec == "any":
 	case len(spec) == 64 && isHex(spec):
@@ -96,7 +105,6 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 	if !a.ExpiresAt.After(w.Now()) {
 		return ingest.Reject("invalid", "approval token has expired")
 	}
-	w.ChannelID = a.ChannelID
 	w.SetState(&decision{token: token, approval: a})
 	return nil
 }

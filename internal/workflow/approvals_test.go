@@ -144,3 +144,44 @@ func TestApprovalExpires(t *testing.T) {
 	require.Equal(t, 1.0, f.runsTotal("failed", "approval_expired"), "an expired run is counted")
 	f.rejected(f.sign(owner, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}), "invalid: approval already expired")
 }
+
+// A grant or denial is stored in the run's channel, so the decider must
+// pass the channel write check every event with an h tag passes; "any"
+// approver means any member who may write there. An outsider and a member
+// removed from the private channel are answered as for an unknown
+// reference, even when the spec names them, nothing is stored and the run
+// keeps waiting; a current member's decision still works.
+//
+// Mutation killed: binding the decision to the channel without the write
+// check lets the outsider's grant (arbitrary content and p tags) into the
+// private channel and resumes the run.
+func TestApprovalDecisionNeedsChannelWrite(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member, removed, outsider, victim := f.key(), f.key(), f.key(), f.key(), f.key()
+	ch := uuid.NewString()
+	f.store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", ch}, {"name", "secret"}, {"visibility", "private"}}))
+	for _, k := range []*nostr.SecretKey{member, removed} {
+		f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(k)}}))
+	}
+	run, ref := f.approvalRun(owner, ch, "any")
+	named, namedRef := f.approvalRun(owner, ch, pubHex(removed))
+	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(removed)}}))
+
+	for _, c := range []struct {
+		key *nostr.SecretKey
+		ref string
+	}{{outsider, ref}, {removed, ref}, {removed, namedRef}} {
+		for _, kind := range []int{workflow.KindApprovalGrant, workflow.KindApprovalDeny} {
+			ev := f.sign(c.key, kind, "injected", nostr.Tags{{"d", c.ref}, {"p", pubHex(victim)}})
+			f.rejected(ev, "invalid: approval not found")
+			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, ev.ID))
+		}
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM event_mentions WHERE pubkey_hex = $1`, pubHex(victim)))
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(named).Status)
+
+	reply := f.store(f.sign(member, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}))
+	require.Equal(t, `response:{"run_id":"`+run.String()+`","status":"granted"}`, reply)
+}

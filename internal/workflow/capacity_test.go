@@ -169,3 +169,40 @@ func TestCapacityOnEveryTrigger(t *testing.T) {
 	require.NotEqual(t, refused["run_id"], retried["run_id"])
 	require.Equal(t, 3.0, f.runsTotal("failed", "capacity_exceeded"))
 }
+
+// A webhook body whose field name or text holds NUL (which the jsonb
+// trigger context cannot hold) is refused with 400 and a JSON error
+// naming it; no run is created. A NUL escape inside a non-string value
+// stays JSON text and is accepted.
+//
+// Mutation killed: without the check, the run insert fails and the call
+// is answered 503 "database unavailable".
+func TestWebhookBodyWithNULIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	hook := uuid.NewString()
+	_, reply := f.save(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
+	var saved struct {
+		Secret string `json:"webhook_secret"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now)}
+	call := func(body string) (int, string) {
+		req := httptest.NewRequest(http.MethodPost, "/hooks/"+hook, strings.NewReader(body))
+		req.SetPathValue("id", hook)
+		req.Header.Set("X-Webhook-Secret", saved.Secret)
+		rec := httptest.NewRecorder()
+		hooks.Serve(rec, req, f.tenant.ID())
+		return rec.Code, rec.Body.String()
+	}
+	for _, body := range []string{`{"a":"x\u0000y"}`, `{"a\u0000":"b"}`, `{"a\u0000":1}`} {
+		code, answer := call(body)
+		require.Equal(t, http.StatusBadRequest, code, body)
+		require.JSONEq(t, `{"error":"invalid JSON body: fields must not contain NUL characters (\\u0000)"}`, answer, body)
+	}
+	require.Empty(t, f.runIDs(hook))
+	code, answer := call(`{"a":["x\u0000y"]}`)
+	require.Equal(t, http.StatusAccepted, code, answer)
+}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/lexer"
+	"github.com/goccy/go-yaml/token"
 	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
 
@@ -56,6 +58,14 @@ const (
 	MaxStepTimeoutSecs   = 600
 	MinScheduleInterval  = 60 * time.Second
 	DefaultApprovalLimit = "24h"
+	// MaxNesting bounds how deeply the YAML text nests collections. The
+	// YAML parser's time grows faster than linearly with nesting (64 KiB
+	// of "[" took it 26 s), and a definition is parsed while its event
+	// is being stored; a real definition nests fewer than ten levels.
+	MaxNesting = 32
+	// MaxSteps bounds a definition's steps: each may make the relay sign
+	// and store an event, once per run.
+	MaxSteps = 50
 )
 
 // Definition is a validated workflow definition. Its JSON encoding is the
@@ -140,6 +150,9 @@ var stepIDPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
 // Parse parses and validates a definition's YAML text.
 func Parse(text string) (*Definition, error) {
+	if err := checkNesting(text); err != nil {
+		return nil, err
+	}
 	var raw any
 	if err := yaml.Unmarshal([]byte(text), &raw); err != nil {
 		return nil, &DefinitionError{Text: "invalid YAML: " + firstLine(err.Error())}
@@ -176,6 +189,46 @@ func Parse(text string) (*Definition, error) {
 		return nil, err
 	}
 	return def, nil
+}
+
+// checkNesting refuses text that nests collections deeper than MaxNesting,
+// before the YAML parser sees it. It reads the tokens of the parser's own
+// lexer (linear in the text), so a bracket inside a quoted string is not
+// counted and a bracket the parser would see always is. The depth it
+// measures is an upper bound of the parser's: open flow collections ([ {),
+// plus the block levels of the line (one per indentation level the line
+// is under, one per "-" or "?" entry on the line), so "- - - x" counts.
+func checkNesting(text string) error {
+	var indents []int // columns of the lines the current line is indented under
+	flow, line, entries := 0, 0, 0
+	for _, tk := range lexer.Tokenize(text) {
+		if tk.Type == token.CommentType || tk.Position == nil {
+			continue
+		}
+		if flow == 0 && tk.Position.Line != line {
+			line, entries = tk.Position.Line, 0
+			for len(indents) > 0 && indents[len(indents)-1] >= tk.Position.Column {
+				indents = indents[:len(indents)-1]
+			}
+			indents = append(indents, tk.Position.Column)
+		}
+		switch tk.Type {
+		case token.SequenceStartType, token.MappingStartType:
+			flow++
+		case token.SequenceEndType, token.MappingEndType:
+			if flow > 0 {
+				flow--
+			}
+		case token.SequenceEntryType, token.MappingKeyType:
+			if flow == 0 {
+				entries++
+			}
+		}
+		if len(indents)+entries+flow > MaxNesting {
+			return &DefinitionError{Text: fmt.Sprintf("invalid YAML: nested deeper than %d levels (line %d)", MaxNesting, tk.Position.Line)}
+		}
+	}
+	return nil
 }
 
 func firstLine(s string) string {
@@ -331,8 +384,14 @@ func NormalizeCron(expr string) (string, error) {
 	if fields[6] != "*" {
 		return "", invalidf("trigger.cron", "the year field must be *")
 	}
-	if _, err := cronParser.Parse(strings.Join(fields[:6], " ")); err != nil {
+	sched, err := cronParser.Parse(strings.Join(fields[:6], " "))
+	if err != nil {
 		return "", invalidf("trigger.cron", "%v", err)
+	}
+	// The cron library gives up after five years and answers the zero
+	// time; an expression naming no real date (30 February) never fires.
+	if sched.Next(time.Now().UTC()).IsZero() {
+		return "", invalidf("trigger.cron", "names no date that occurs (the next five years have none)")
 	}
 	return strings.Join(fields, " "), nil
 }
@@ -356,6 +415,9 @@ func parseSteps(v any, on string) ([]Step, error) {
 	}
 	if len(list) == 0 {
 		return nil, invalidf("steps", "must not be empty")
+	}
+	if len(list) > MaxSteps {
+		return nil, invalidf("steps", "at most %d steps, got %d", MaxSteps, len(list))
 	}
 	seen := map[string]bool{}
 	steps := make([]Step, 0, len(list))

@@ -104,12 +104,15 @@ func TestParseBadInputCatalogue(t *testing.T) {
 		{"cron field count", "name: x\ntrigger: {on: schedule, cron: '* * *'}\n" + step, "invalid definition: trigger.cron: want 5, 6 or 7 fields, got 3"},
 		{"cron bad field", "name: x\ntrigger: {on: schedule, cron: '61 * * * *'}\n" + step, "invalid definition: trigger.cron: "},
 		{"cron year", "name: x\ntrigger: {on: schedule, cron: '0 0 0 1 1 * 2030'}\n" + step, "invalid definition: trigger.cron: the year field must be *"},
+		{"cron on 30 February", "name: x\ntrigger: {on: schedule, cron: '0 0 0 30 2 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
+		{"cron on 31 April", "name: x\ntrigger: {on: schedule, cron: '0 0 31 4 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
 		{"interval not a duration", "name: x\ntrigger: {on: schedule, interval: often}\n" + step, "invalid definition: trigger.interval: not a duration"},
 		{"interval below 60 s", "name: x\ntrigger: {on: schedule, interval: 59s}\n" + step, "invalid definition: trigger.interval: must be at least 1m0s"},
 		{"interval fractional seconds", "name: x\ntrigger: {on: schedule, interval: 60500ms}\n" + step, "invalid definition: trigger.interval: must be a whole number of seconds"},
 		{"steps missing", "name: x\n" + trig, "invalid definition: steps: is required"},
 		{"steps not a list", "name: x\n" + trig + "steps: {a: 1}", "invalid definition: steps: must be a list"},
 		{"steps empty", "name: x\n" + trig + "steps: []", "invalid definition: steps: must not be empty"},
+		{"more than 50 steps", "name: x\n" + trig + "steps:\n" + strings.Repeat("  - {id: a, action: delay, duration: 1s}\n", 51), "invalid definition: steps: at most 50 steps, got 51"},
 		{"step not a mapping", "name: x\n" + trig + "steps: [3]", "invalid definition: steps[0]: must be a mapping"},
 		{"step id missing", "name: x\n" + trig + "steps: [{action: delay, duration: 1s}]", "invalid definition: steps[0].id: is required"},
 		{"step id empty", "name: x\n" + trig + "steps: [{id: '', action: delay, duration: 1s}]", "invalid definition: steps[0].id: must not be empty"},
@@ -161,4 +164,57 @@ func TestParseBadInputCatalogue(t *testing.T) {
 			require.True(t, strings.HasPrefix(err.Error(), "invalid definition: ") || strings.HasPrefix(err.Error(), "invalid YAML: "), err.Error())
 		})
 	}
+}
+
+// Collections nested deeper than MaxNesting are refused before the YAML
+// parser sees them: its time grows faster than linearly with nesting, and
+// 64 KiB of "[" held it for 26 s inside the shared write transaction. The
+// depth is counted on the parser's own tokens, so brackets inside quoted
+// strings do not count, and block levels ("- - - x", indentation) do.
+//
+// Mutation killed: without the pre-scan in Parse, every deep case gets
+// the parser's own verdict (a YAML error or "must be a string") instead
+// of the nesting refusal; the 64 KiB case takes the parser 26 s and 8 GB.
+func TestParseRefusesDeepNesting(t *testing.T) {
+	t.Parallel()
+	const step = "\ntrigger: {on: webhook}\nsteps: [{id: a, action: delay, duration: 1s}]"
+	nest := func(open, close string, n int) string {
+		return strings.Repeat(open, n) + "x" + strings.Repeat(close, n)
+	}
+	for name, text := range map[string]string{
+		"64 KiB of [":               "name: " + strings.Repeat("[", 65000),
+		"32k [ then 32k ]":          "name: " + strings.Repeat("[", 32000) + strings.Repeat("]", 32000),
+		"33 balanced [":             "name: x\ndescription: " + nest("[", "]", 33) + step,
+		"33 balanced {":             "name: x\ndescription: " + nest("{a: ", "}", 33) + step,
+		"block entries on one line": "name: x\ndescription:\n" + strings.Repeat("- ", 40) + "x" + step,
+		"indentation":               "name: x\ndescription:\n" + indented(40) + step,
+		"fake closers in strings":   "name: x\ndescription: " + strings.Repeat(`['] ',`, 40) + step,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := workflow.Parse(text)
+			require.ErrorIs(t, err, workflow.ErrInvalid)
+			require.Contains(t, err.Error(), "invalid YAML: nested deeper than 32 levels")
+		})
+	}
+	// Brackets in quoted and block scalars are text, however many; and
+	// nesting just under the bound parses (an unknown key is ignored).
+	for _, text := range []string{
+		"name: x\ndescription: '" + strings.Repeat("[", 1000) + "'" + step,
+		"name: x\ndescription: \"" + strings.Repeat("{[", 1000) + "\"" + step,
+		"name: x\ndescription: |\n  " + strings.Repeat("[", 1000) + step,
+		"name: x\nnotes: " + nest("[", "]", 30) + step,
+	} {
+		_, err := workflow.Parse(text)
+		require.NoError(t, err, text[:60])
+	}
+}
+
+// indented is n block mappings, each nested under the one before.
+func indented(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(strings.Repeat(" ", i) + "k:\n")
+	}
+	return b.String() + strings.Repeat(" ", n) + "v"
 }

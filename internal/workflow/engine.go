@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -258,7 +259,18 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 		}
 		deadline.stop()
 		if err != nil {
-			return !errors.Is(err, errLostClaim)
+			if errors.Is(err, errLostClaim) {
+				return false
+			}
+			if ctx.Err() != nil {
+				return true // shutting down: the run resumes as "outcome unknown"
+			}
+			// The call was made but its outcome could not be recorded: end
+			// the run now rather than leave it running until its lease
+			// expires and it is misreported as a stopped worker's.
+			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID)
+			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
+			return e.finish(ctx, db.New(e.pool), c, step, f, failed(call.entry, f)) == nil
 		}
 		if result != stepNext {
 			return true
@@ -428,7 +440,12 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	case resp.Status < 200 || resp.Status > 299:
 		f = fail(CodeWebhookFailed, "step %s: the server answered HTTP %d", entry.StepID, resp.Status)
 	default:
-		entry.Output = map[string]any{"status": resp.Status, "body": string(resp.Body)}
+		entry.Output = map[string]any{"status": resp.Status}
+		body, cut := traceBody(resp.Body)
+		entry.Output["body"] = body
+		if cut {
+			entry.Output["body_truncated"] = true
+		}
 	}
 	q := db.New(e.pool)
 	switch {
@@ -438,6 +455,33 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
 	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+}
+
+// MaxTraceBodyBytes bounds the webhook answer a call_webhook step keeps in
+// its run's trace (and hands to later steps as its body output): the trace
+// is rewritten with every step and read with every claim, so a run of
+// several calls must not carry megabytes through each.
+const MaxTraceBodyBytes = 64 << 10
+
+// traceBody is a webhook answer as its step's body output: jsonb-safe, cut
+// to at most MaxTraceBodyBytes on a character boundary (cut reports it).
+func traceBody(b []byte) (body string, cut bool) {
+	body = jsonbText(b)
+	if len(body) <= MaxTraceBodyBytes {
+		return body, false
+	}
+	end := MaxTraceBodyBytes
+	for end > 0 && !utf8.RuneStart(body[end]) {
+		end--
+	}
+	return body[:end], true
+}
+
+// jsonbText is b as text a jsonb value can hold: PostgreSQL refuses the
+// NUL character in jsonb, and invalid UTF-8 would not survive as JSON
+// text; both become U+FFFD.
+func jsonbText(b []byte) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func failed(entry traceEntry, f *runFailure) traceEntry {

@@ -311,3 +311,68 @@ func TestStepConditions(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusFailed, failed.Status)
 	require.Equal(t, "condition_evaluation_failed", *failed.ErrorCode)
 }
+
+// The manual command is stored in the workflow's channel, so it passes
+// the channel write check every event with an h tag passes: an owner
+// removed from the private channel is answered as for an unknown id, and
+// nothing is stored, even if the workflow were enabled again. A disabled
+// workflow is refused up front instead of creating a run that fails.
+//
+// Mutation killed: binding the command to the channel without the write
+// check stores the removed owner's command (with its p tags) in the
+// private channel and creates a run once the workflow is enabled; dropping
+// the disabled check creates a run of the disabled workflow.
+func TestManualTriggerNeedsChannelWrite(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member, victim := f.key(), f.key(), f.key()
+	ch := uuid.NewString()
+	f.store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", ch}, {"name", "secret"}, {"visibility", "private"}}))
+	f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(member)}}))
+	id := uuid.NewString()
+	f.save(member, ch, id, "name: Mine\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: send_message, text: tick}]")
+	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(member)}}))
+
+	// Removal disabled the workflow; enable it again by hand so only the
+	// write check stands between the removed owner and the channel.
+	for _, enabled := range []bool{false, true} {
+		if enabled {
+			_, err := f.pool.Exec(f.ctx, `UPDATE workflows SET enabled = true, status = 'active' WHERE id = $1`, id)
+			require.NoError(t, err)
+		}
+		cmd := f.sign(member, workflow.KindManualTrigger, "injected", nostr.Tags{{"d", id}, {"p", pubHex(victim)}})
+		f.rejected(cmd, "invalid: workflow not found")
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, cmd.ID), "enabled=%v: nothing stored", enabled)
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM event_mentions WHERE pubkey_hex = $1`, pubHex(victim)))
+	require.Empty(t, f.runIDs(id))
+
+	// An owner who left an open channel may still write there, but
+	// leaving disabled the workflow: the command is refused, no run.
+	open := f.channel(owner, member)
+	mine := uuid.NewString()
+	f.save(member, open, mine, "name: Left\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: send_message, text: tick}]")
+	f.store(f.sign(member, ingest.KindLeaveRequest, "", nostr.Tags{{"h", open}}))
+	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", mine}}), "invalid: workflow is disabled")
+	require.Empty(t, f.runIDs(mine))
+}
+
+// The trigger author is the event's signer. An `actor` tag is only the
+// poster's claim: a stranger's message naming the owner does not meet
+// `trigger_author == "<owner>"`; the owner's own message does.
+//
+// Mutation killed: taking the author from the actor tag (as before) runs
+// the workflow for the stranger's message.
+func TestTriggerAuthorIsTheSigner(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, stranger := f.key(), f.key()
+	ch := f.channel(owner, stranger)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Boss only\ntrigger: {on: message_posted, filter: 'trigger_author == \""+pubHex(owner)+"\"'}\n"+
+		"steps: [{id: a, action: send_message, text: deploying}]")
+	f.store(f.sign(stranger, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}, {"actor", pubHex(owner)}}))
+	require.Empty(t, f.runIDs(id), "the actor tag does not make the stranger the author")
+	f.store(f.sign(owner, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}}))
+	require.Len(t, f.runIDs(id), 1)
+}

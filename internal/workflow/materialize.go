@@ -25,7 +25,7 @@ const (
 // stored like any addressable event, and in the same transaction its
 // workflows row is created or updated, pinned to this event's id.
 var DefinitionHandler = ingest.Handler{
-	Validate: validateDefinitionTags,
+	Validate: validateDefinition,
 	Prepare:  prepareDefinition,
 	Apply:    applyDefinition,
 }
@@ -49,9 +49,22 @@ func definitionTags(ev *nostr.Event) (channel, workflow uuid.UUID, err error) {
 	return channel, workflow, nil
 }
 
-func validateDefinitionTags(ev *nostr.Event) error {
-	_, _, err := definitionTags(ev)
-	return err
+// validateDefinition refuses bad tags and an invalid definition before
+// the event joins a group-commit transaction, so parsing never holds the
+// transaction other writers share. Prepare parses again (cheap: the text
+// is bounded in size and nesting) to get the definition it stores.
+func validateDefinition(ev *nostr.Event) error {
+	if _, _, err := definitionTags(ev); err != nil {
+		return err
+	}
+	if _, err := Parse(ev.Content); err != nil {
+		return parseRejection(err)
+	}
+	return nil
+}
+
+func parseRejection(err error) error {
+	return ingest.Reject("invalid", "workflow YAML parse error: %v", err)
 }
 
 // savedDefinition is what prepareDefinition decided, for applyDefinition.
@@ -83,7 +96,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 	}
 	def, err := Parse(w.Event.Content)
 	if err != nil {
-		return ingest.Reject("invalid", "workflow YAML parse error: %v", err)
+		return parseRejection(err)
 	}
 	if def.ReachesOutside() && *access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin {
 		return ingest.Reject("restricted", "call_webhook needs the owner or admin role in the channel")

@@ -104,6 +104,9 @@ func TestDefinitionWebhookSecretGeneratedOnce(t *testing.T) {
 
 // Every refusal of a definition event, in materialization order; none
 // stores the event or a row.
+//
+// Mutation killed: parsing only in Prepare (not in Validate) answers the
+// non-member's too-deep text "restricted: not a member of this channel".
 func TestDefinitionRefusals(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -126,10 +129,13 @@ func TestDefinitionRefusals(t *testing.T) {
 		{"bad h", sign(owner, greeter, nostr.Tags{d, {"h", "general"}}), "invalid: bad channel_id format"},
 		{"missing d", sign(owner, greeter, nostr.Tags{h}), "invalid: missing d tag (workflow_id)"},
 		{"bad d", sign(owner, greeter, nostr.Tags{{"d", "wf-1"}, h}), "invalid: bad workflow_id format"},
-		{"not a member", sign(stranger, greeter, nostr.Tags{d, h}), "restricted: not a member of this channel"},
-		{"unknown channel", sign(owner, greeter, nostr.Tags{d, {"h", uuid.NewString()}}), "restricted: not a member of this channel"},
 		{"bad YAML", sign(owner, "name: [", nostr.Tags{d, h}), "invalid: workflow YAML parse error: invalid YAML: "},
 		{"invalid definition", sign(owner, "name: x\ntrigger: {on: webhook}\nsteps: []", nostr.Tags{d, h}), "invalid: workflow YAML parse error: invalid definition: steps: must not be empty"},
+		// Parsed before the write transaction, so even a non-member's
+		// text is refused for itself (no channel is looked up).
+		{"nested too deep", sign(stranger, "name: "+strings.Repeat("[", 65000), nostr.Tags{d, h}), "invalid: workflow YAML parse error: invalid YAML: nested deeper than 32 levels"},
+		{"not a member", sign(stranger, greeter, nostr.Tags{d, h}), "restricted: not a member of this channel"},
+		{"unknown channel", sign(owner, greeter, nostr.Tags{d, {"h", uuid.NewString()}}), "restricted: not a member of this channel"},
 		{"another owner", sign(member, greeter, nostr.Tags{{"d", taken}, h}), "restricted: workflow belongs to a different owner or channel"},
 		{"another channel", sign(owner, greeter, nostr.Tags{{"d", taken}, {"h", other}}), "restricted: workflow belongs to a different owner or channel"},
 	} {

@@ -41,7 +41,16 @@ type Scheduler struct {
 	// beyond it records its run failed with capacity_exceeded (0: the
 	// default).
 	MaxUnfinishedRuns int
+
+	// handled is, per workflow, the latest slot this scheduler claimed or
+	// found claimed: later ticks start after it, so a slot is inserted
+	// once per process, not once per tick for as long as it stays in the
+	// catch-up window. Only Tick touches it (one goroutine).
+	handled map[scheduledWorkflow]time.Time
 }
+
+// scheduledWorkflow is a workflow's key: its community and id.
+type scheduledWorkflow struct{ community, id uuid.UUID }
 
 // NewScheduler returns a scheduler; offer (may be nil) receives the ids of
 // the runs a tick created, after commit.
@@ -75,8 +84,13 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// MaxSlotsPerTick bounds the slots one tick fires for one workflow, so a
+// long catch-up window over a frequent schedule costs a bounded amount of
+// work per tick; the slots beyond it fire on the next ticks.
+const MaxSlotsPerTick = 100
+
 // Slots returns the slots of a schedule trigger in (after, until], oldest
-// first.
+// first, at most MaxSlotsPerTick of them.
 func Slots(t Trigger, after, until time.Time) []time.Time {
 	var out []time.Time
 	if t.Cron != "" {
@@ -84,7 +98,9 @@ func Slots(t Trigger, after, until time.Time) []time.Time {
 		if err != nil {
 			return nil
 		}
-		for next := sched.Next(after.UTC()); !next.After(until); next = sched.Next(next) {
+		// Next answers the zero time when no date matches within five
+		// years: the schedule has no more slots.
+		for next := sched.Next(after.UTC()); !next.IsZero() && !next.After(until) && len(out) < MaxSlotsPerTick; next = sched.Next(next) {
 			out = append(out, next)
 		}
 		return out
@@ -94,7 +110,7 @@ func Slots(t Trigger, after, until time.Time) []time.Time {
 		return nil
 	}
 	first := (after.Unix()/step + 1) * step
-	for slot := first; slot <= until.Unix(); slot += step {
+	for slot := first; slot <= until.Unix() && len(out) < MaxSlotsPerTick; slot += step {
 		out = append(out, time.Unix(slot, 0).UTC())
 	}
 	return out
@@ -109,6 +125,8 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	created := 0
+	handled := make(map[scheduledWorkflow]time.Time, len(rows))
+	defer func() { s.handled = handled }()
 	for _, row := range rows {
 		var def Definition
 		if json.Unmarshal(row.Definition, &def) != nil || !def.Enabled || row.ChannelID == nil {
@@ -121,11 +139,25 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 		if row.UpdatedAt.After(after) {
 			after = row.UpdatedAt
 		}
+		key := scheduledWorkflow{row.CommunityID, row.ID}
+		if last, ok := s.handled[key]; ok {
+			handled[key] = last
+			if last.After(after) {
+				after = last
+			}
+		}
 		for _, slot := range Slots(def.Trigger, after, now) {
 			id, err := s.fire(ctx, row, slot)
 			if err != nil {
-				return created, err
+				if ctx.Err() != nil {
+					return created, err
+				}
+				// One workflow's failure must not stop every other
+				// schedule; its unclaimed slot is tried again next tick.
+				s.log.Error("workflow schedule slot failed", "workflow_id", row.ID, "slot", slot, "err", err)
+				break
 			}
+			handled[key] = slot
 			if id != uuid.Nil {
 				created++
 				if s.offer != nil {

@@ -148,3 +148,89 @@ func TestScheduleFiresNoSlotBeforeItsSave(t *testing.T) {
 	f.clock.Advance(time.Minute)
 	require.Equal(t, 1, tick())
 }
+
+// A cron expression that names no real date has no slots: the cron
+// library answers the zero time after five years of searching, which is
+// not a slot. A window holding more slots than MaxSlotsPerTick yields
+// only that many, oldest first.
+//
+// Mutation killed: dropping the zero-time stop in Slots returns
+// MaxSlotsPerTick zero times (and, without the cap, never returns);
+// dropping the cap returns a day's worth of per-second slots.
+func TestScheduleSlotsStopAtNoFiringAndAtTheCap(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) time.Time { return time.Unix(s, 0).UTC() }
+	for _, never := range []string{"0 0 0 30 2 * *", "0 0 0 31 4 * *"} {
+		require.Zero(t, len(workflow.Slots(workflow.Trigger{On: workflow.OnSchedule, Cron: never}, at(0), at(400*86400))), never)
+	}
+	everySecond := workflow.Trigger{On: workflow.OnSchedule, Cron: "* * * * * * *"}
+	slots := workflow.Slots(everySecond, at(1000), at(1000+86400))
+	require.Equal(t, workflow.MaxSlotsPerTick, len(slots))
+	require.Equal(t, at(1001), slots[0], "oldest first")
+	everyMinute := workflow.Trigger{On: workflow.OnSchedule, Interval: "60s"}
+	require.Equal(t, workflow.MaxSlotsPerTick, len(workflow.Slots(everyMinute, at(0), at(365*86400))))
+}
+
+// One workflow whose slot cannot be recorded does not stop the tick: the
+// other workflows' slots still fire, and the tick reports no error.
+//
+// Mutation killed: returning the first fire error from Tick (as before)
+// leaves the second workflow without its runs.
+func TestScheduleTickSurvivesOneFailingWorkflow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	// Ticks visit workflows in id order: the failing one comes first.
+	failing, healthy := "00000000-0000-4000-8000-000000000001", "ffffffff-ffff-4fff-bfff-ffffffffffff"
+	for _, id := range []string{failing, healthy} {
+		f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+	}
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE FUNCTION test_refuse_fire() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused by test'; END $$;
+		CREATE TRIGGER test_refuse_fire BEFORE INSERT ON scheduled_workflow_fires FOR EACH ROW
+		WHEN (NEW.workflow_id = '`+failing+`') EXECUTE FUNCTION test_refuse_fire();`)
+	require.NoError(t, err)
+	f.clock.Advance(3 * time.Minute)
+	n, err := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 10*time.Minute, nil, nil).Tick(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, healthy))
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, failing))
+}
+
+// A scheduler does not claim again the slots it already handled: a
+// window of more than MaxSlotsPerTick slots (a per-second cron, a long
+// catch-up) fires in chunks over
+// successive ticks, each tick starting after the last slot it handled,
+// and a tick with nothing new inserts nothing.
+//
+// Mutation killed: ignoring the handled mark makes the second tick claim
+// the first chunk again and fire nothing (the newer slots starve), and
+// the idle tick insert every slot of the window again.
+func TestScheduleTickResumesAfterTheLastHandledSlot(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]")
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE TABLE test_fire_attempts (n int);
+		CREATE FUNCTION test_count_fire() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO test_fire_attempts VALUES (1); RETURN NEW; END $$;
+		CREATE TRIGGER test_count_fire BEFORE INSERT ON scheduled_workflow_fires FOR EACH ROW EXECUTE FUNCTION test_count_fire();`)
+	require.NoError(t, err)
+	const window = 10 * time.Minute
+	f.clock.Advance(250 * time.Second)
+	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
+	var fired []int
+	for range 4 {
+		n, err := s.Tick(f.ctx)
+		require.NoError(t, err)
+		fired = append(fired, n)
+	}
+	require.Equal(t, []int{100, 100, 50, 0}, fired)
+	require.Equal(t, 250, f.count(`SELECT count(*) FROM test_fire_attempts`), "each slot inserted once")
+}

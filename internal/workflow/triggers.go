@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -204,7 +205,9 @@ func (t *Triggers) createRun(ctx context.Context, w *ingest.Write, workflowID uu
 }
 
 // EventContext is the trigger context of a message, reaction or diff in
-// channel (without the pinned definition, which the run adds).
+// channel (without the pinned definition, which the run adds). The author
+// is the signer: only client-signed events trigger, and any tag naming
+// someone else is the poster's word, not proof.
 func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 	tc := TriggerContext{
 		Text:          ev.Content,
@@ -214,9 +217,6 @@ func EventContext(ev *nostr.Event, channel uuid.UUID) TriggerContext {
 		MessageID:     ev.ID,
 		WebhookFields: map[string]string{},
 		Cause:         Cause{Kind: CauseEvent, Ref: ev.ID},
-	}
-	if actor := ev.Tags.First("actor"); actor != nil {
-		tc.Author = actor[1]
 	}
 	if ev.Kind == kindReaction {
 		tc.Emoji = ev.Content
@@ -293,9 +293,37 @@ func prepareManual(ctx context.Context, w *ingest.Write) error {
 	if row.ChannelID == nil {
 		return ingest.Reject("invalid", "workflow is not channel-scoped")
 	}
-	w.ChannelID = row.ChannelID
+	// The command is stored in the workflow's channel, so its owner must
+	// still be allowed to write there like any event with an h tag; an
+	// owner who is not (removed from a private channel) is told what an
+	// unknown id gets.
+	if err := bindWriteOrHide(ctx, w, *row.ChannelID, "workflow not found"); err != nil {
+		return err
+	}
+	if row.Status != db.WorkflowStatusActive || !row.Enabled {
+		return ingest.Reject("invalid", "workflow is %s", workflowState(row))
+	}
 	w.SetState(&manualRun{workflow: id, definitionEventID: row.DefinitionEventID})
 	return nil
+}
+
+func workflowState(row db.WorkflowGetRow) string {
+	if row.Status == db.WorkflowStatusActive {
+		return "disabled"
+	}
+	return string(row.Status)
+}
+
+// bindWriteOrHide binds the write to channel if its actor may write there;
+// one who may not gets "invalid: <notFound>", the answer for an unknown
+// workflow or approval, so the refusal does not confirm that it exists.
+func bindWriteOrHide(ctx context.Context, w *ingest.Write, channel uuid.UUID, notFound string) error {
+	err := ingest.BindChannelForWrite(ctx, w, channel)
+	var rej *ingest.Rejection
+	if errors.As(err, &rej) {
+		return ingest.Reject("invalid", "%s", notFound)
+	}
+	return err
 }
 
 func (t *Triggers) applyManual(ctx context.Context, w *ingest.Write) error {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -189,8 +190,15 @@ func webhookFields(body []byte) (map[string]string, string) {
 	for k, raw := range obj {
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
+			// The fields are stored in jsonb, which cannot hold NUL.
+			if strings.ContainsRune(k, 0) || strings.ContainsRune(s, 0) {
+				return nil, "fields must not contain NUL characters (\\u0000)"
+			}
 			fields[k] = s
 			continue
+		}
+		if strings.ContainsRune(k, 0) {
+			return nil, "fields must not contain NUL characters (\\u0000)"
 		}
 		var compact bytes.Buffer
 		if err := json.Compact(&compact, raw); err != nil {

@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -23,12 +25,18 @@ import (
 // hookServer is an HTTPS server on loopback that counts calls, with an
 // engine whose webhook client may reach it.
 func (f *fixture) hookServer(status int) (*httptest.Server, *atomic.Int32, *workflow.Engine) {
+	return f.hookServerAnswering(status, func(body []byte) []byte { return append([]byte("got "), body...) })
+}
+
+// hookServerAnswering is hookServer with the answer's body made from the
+// request's.
+func (f *fixture) hookServerAnswering(status int, answer func(body []byte) []byte) (*httptest.Server, *atomic.Int32, *workflow.Engine) {
 	var calls atomic.Int32
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		body, _ := io.ReadAll(r.Body)
 		w.WriteHeader(status)
-		_, _ = w.Write([]byte("got " + string(body)))
+		_, _ = w.Write(answer(body))
 	}))
 	f.t.Cleanup(srv.Close)
 	client := safehttp.New(safehttp.Options{
@@ -102,4 +110,91 @@ func TestCallWebhookIsNotRepeatedAfterACrash(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusFailed, final.Status)
 	require.Equal(t, "webhook_failed", *final.ErrorCode)
 	require.Zero(t, calls.Load(), "never repeated")
+}
+
+// A 2xx answer whose body holds NUL or invalid UTF-8 (which jsonb cannot
+// hold) is recorded with U+FFFD in their place, and the run goes on.
+//
+// Mutation killed: storing the body as received fails the recording; the
+// run then ends with database_error instead of completing (and before
+// the recording failure was handled, stayed running until its lease
+// expired).
+func TestCallWebhookAnswerWithNULIsRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServerAnswering(200, func([]byte) []byte { return []byte("ok\x00 \xff done") })
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: hook, action: call_webhook, url: '"+srv.URL+"'}\n"+
+		"  - {id: say, action: send_message, text: 'answer {{steps.hook.output.body}}'}\n")
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.runIDs(id)[0]
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, []string{"answer ok\uFFFD \uFFFD done"}, contents(f.doorbells(run)))
+}
+
+// A call whose outcome cannot be recorded (here a trigger refuses the
+// update) ends its run at once with database_error and a diagnostic that
+// says the call was made, instead of leaving it running until its lease
+// expires and then reporting a stopped worker.
+//
+// Mutation killed: returning on the recording error without ending the
+// run (as before) leaves the run running.
+func TestCallWebhookUnrecordableOutcomeEndsTheRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServer(200)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: hook, action: call_webhook, url: '"+srv.URL+"'}\n"+
+		"  - {id: say, action: send_message, text: done}\n")
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE FUNCTION test_refuse_output() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused by test'; END $$;
+		CREATE TRIGGER test_refuse_output BEFORE UPDATE ON workflow_runs FOR EACH ROW
+		WHEN (NEW.execution_trace::text LIKE '%"output"%') EXECUTE FUNCTION test_refuse_output();`)
+	require.NoError(t, err)
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.run(f.runIDs(id)[0])
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
+	require.Equal(t, "database_error", *run.ErrorCode)
+	require.Equal(t, "step hook: the call was made but its outcome could not be recorded", *run.ErrorMessage)
+}
+
+// A webhook answer longer than MaxTraceBodyBytes is kept in the trace cut
+// to that size on a character boundary, marked body_truncated.
+//
+// Mutation killed: storing the whole answer keeps all 100,000 bytes and
+// no mark.
+func TestCallWebhookAnswerIsCutInTheTrace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	long := "a" + strings.Repeat("é", 50_000) // 100,001 bytes; a cut at 64 KiB splits an é
+	srv, _, e := f.hookServerAnswering(200, func([]byte) []byte { return []byte(long) })
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"'}]")
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.runIDs(id)[0]
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	var body string
+	var truncated *bool
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT s -> 'output' ->> 'body', (s -> 'output' ->> 'body_truncated')::boolean
+		FROM workflow_runs, jsonb_array_elements(execution_trace) s
+		WHERE id = $1 AND s ->> 'step_id' = 'hook' AND s ->> 'status' = 'completed'`, run).Scan(&body, &truncated))
+	require.Equal(t, workflow.MaxTraceBodyBytes-1, len(body), "cut before the é that straddles the bound")
+	require.True(t, utf8.ValidString(body))
+	require.Equal(t, long[:len(body)], body)
+	require.NotNil(t, truncated)
+	require.True(t, *truncated)
 }
