@@ -45,12 +45,13 @@ WHERE community_id = @community_id::uuid
 -- name: EventsDeleteInChannel :execrows
 -- NIP-29 9005: a channel admin hides events of that channel, whoever wrote
 -- them, except the relay-signed ones (the channel's lists) and moderation
--- records (9000-9009): those are the channel's account of who did what,
+-- records (the kinds only owners and admins may send, and 9007's creator):
+-- those are the channel's account of who did what,
 -- which no moderator may rewrite (EventsInChannelKeptFromModeration).
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
-  AND pubkey <> @relay_pubkey::bytea AND kind NOT BETWEEN 9000 AND 9009;
+  AND pubkey <> @relay_pubkey::bytea AND kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008);
 
 -- name: EventsInChannelKeptFromModeration :one
 -- Whether a 9005 names a live event of the channel that EventsDeleteInChannel
@@ -59,7 +60,7 @@ SELECT EXISTS (
     SELECT FROM events
     WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
       AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
-      AND (pubkey = @relay_pubkey::bytea OR kind BETWEEN 9000 AND 9009)
+      AND (pubkey = @relay_pubkey::bytea OR kind IN (9000, 9001, 9002, 9005, 9007, 9008))
 );
 
 -- name: EventReactionTarget :one

@@ -370,7 +370,7 @@ const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
 UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
 WHERE community_id = $2::uuid AND channel_id = $3::uuid
   AND id = ANY($4::bytea[]) AND deleted_at IS NULL
-  AND pubkey <> $5::bytea AND kind NOT BETWEEN 9000 AND 9009
+  AND pubkey <> $5::bytea AND kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008)
 `
 
 type EventsDeleteInChannelParams struct {
@@ -383,7 +383,8 @@ type EventsDeleteInChannelParams struct {
 
 // NIP-29 9005: a channel admin hides events of that channel, whoever wrote
 // them, except the relay-signed ones (the channel's lists) and moderation
-// records (9000-9009): those are the channel's account of who did what,
+// records (the kinds only owners and admins may send, and 9007's creator):
+// those are the channel's account of who did what,
 // which no moderator may rewrite (EventsInChannelKeptFromModeration).
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
@@ -404,7 +405,7 @@ SELECT EXISTS (
     SELECT FROM events
     WHERE community_id = $1::uuid AND channel_id = $2::uuid
       AND id = ANY($3::bytea[]) AND deleted_at IS NULL
-      AND (pubkey = $4::bytea OR kind BETWEEN 9000 AND 9009)
+      AND (pubkey = $4::bytea OR kind IN (9000, 9001, 9002, 9005, 9007, 9008))
 )
 `
 

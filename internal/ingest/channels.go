@@ -463,7 +463,8 @@ func validateDeleteEvent(ev *nostr.Event) error {
 }
 
 // applyDeleteEvent hides the named events of the channel. The relay's
-// lists and the moderation records (9000-9009) stay: they tell members who
+// lists and the moderation records (9000-9002, 9005, 9007, 9008: the kinds
+// only owners, admins or the creator send) stay: they tell members who
 // did what, and an admin must not erase an owner's acts or the relay's
 // account of membership. A request naming one is refused whole.
 func applyDeleteEvent(ctx context.Context, w *Write) error {
@@ -485,7 +486,7 @@ func applyDeleteEvent(ctx context.Context, w *Write) error {
 		return err
 	}
 	if kept {
-		return Reject("restricted", "kind 9005 cannot hide relay-signed events or moderation events (kinds 9000-9009)")
+		return Reject("restricted", "kind 9005 cannot hide relay-signed events or moderation events (kinds 9000-9002, 9005, 9007, 9008)")
 	}
 	_, err = w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{
 		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:], Now: w.SQLNow(),

@@ -402,7 +402,7 @@ func TestOnlyOwnersChangeChannelVisibility(t *testing.T) {
 }
 
 // A 9005 hides members' events, never the relay-signed lists nor the
-// moderation records (9000-9009): an admin could otherwise erase the
+// moderation records (9000-9002, 9005, 9007, 9008): an admin could otherwise erase the
 // channel's account of membership and the owners' acts. A request naming
 // one is refused whole, whoever sends it.
 // Mutation killed: without the EventsInChannelKeptFromModeration refusal the
@@ -442,6 +442,14 @@ func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
 
 	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}}, 0)).OK)
 	require.Empty(t, member.Req("spam", map[string]any{"ids": []string{spam.ID}}))
+
+	// A kind in 9000-9009 any member may store (no moderation meaning here)
+	// is no record: it stays hideable, or it would be spam no one can hide.
+	// Mutation killed: protecting all of 9000-9009 refuses this 9005.
+	invite := member.Sign(9009, "buy now", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, member.Publish(invite).OK)
+	require.True(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", invite.ID}}, 0)).OK)
+	require.Empty(t, member.Req("invite", map[string]any{"ids": []string{invite.ID}}))
 }
 
 // A member removed from a private channel may still delete what they wrote
