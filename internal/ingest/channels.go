@@ -107,13 +107,14 @@ func resolveChannelForWrite(ctx context.Context, w *Write) error {
 	if err != nil {
 		return err
 	}
-	return bindChannelForWrite(ctx, w, id)
+	return BindChannelForWrite(ctx, w, id)
 }
 
-// bindChannelForWrite binds the event to channel id if the actor may write
+// BindChannelForWrite binds the event to channel id if the actor may write
 // there (the rules of resolveChannelForWrite, for a channel found another
-// way, e.g. a reaction's target).
-func bindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
+// way: a reaction's target, a deletion's, a workflow's or an approval's).
+// A refusal is a *Rejection.
+func BindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
 	access, err := channelAccess(ctx, w, id)
 	if err != nil {
 		return err

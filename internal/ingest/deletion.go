@@ -141,7 +141,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 		if scope == uuid.Nil {
 			continue
 		}
-		err := bindChannelForWrite(ctx, w, scope)
+		err := BindChannelForWrite(ctx, w, scope)
 		var rej *Rejection
 		if !errors.As(err, &rej) {
 			return err // nil: the author may write there, so the deletion is like any event

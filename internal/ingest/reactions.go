@@ -61,7 +61,7 @@ func prepareReaction(ctx context.Context, w *Write) error {
 	}
 	w.state = &target
 	if target.ChannelID != nil {
-		if err := bindChannelForWrite(ctx, w, *target.ChannelID); err != nil {
+		if err := BindChannelForWrite(ctx, w, *target.ChannelID); err != nil {
 			if isUnknownChannel(err) {
 				return notFound
 			}
