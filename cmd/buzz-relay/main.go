@@ -3,7 +3,7 @@
 //	buzz-relay serve            serve with BUZZ_DATABASE_URL (refuses a database that is behind)
 //	buzz-relay migrate          apply pending migrations (the only migrator)
 //	buzz-relay migrate status   print the applied and latest versions as JSON
-//	buzz-relay migrate to N     migrate up or down to version N
+//	buzz-relay migrate to N     migrate up to version N, or down with --destroy-data
 //	buzz-relay dev              private PostgreSQL under $BUZZ_DEV_DATA_DIR (default .data/) unless
 //	                            BUZZ_DATABASE_URL is set; migrate, seed, serve on loopback
 package main
@@ -44,7 +44,8 @@ const usage = `usage: buzz-relay <command>
   serve            serve the relay (BUZZ_DATABASE_URL required)
   migrate          apply pending migrations
   migrate status   print {"current":N,"latest":M}
-  migrate to N     migrate up or down to version N
+  migrate to N [--destroy-data]
+                   migrate up to version N; down (dropping data) only with --destroy-data
   dev              run with a private PostgreSQL under .data/ (loopback only)
 `
 
@@ -110,10 +111,18 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(st)
-	case args[0] == "to" && len(args) == 2:
+	case args[0] == "to" && (len(args) == 2 || len(args) == 3 && args[2] == "--destroy-data"):
 		v, err := strconv.ParseInt(args[1], 10, 32)
 		if err != nil {
 			return fmt.Errorf("migrate to %q: want a version number", args[1])
+		}
+		st, err := migrate.CurrentStatus(ctx, conn)
+		if err != nil {
+			return err
+		}
+		// A typo (1 for 18) must not drop events.
+		if int32(v) < st.Current && len(args) == 2 {
+			return fmt.Errorf("migrate to %d runs the down parts of migrations %d to %d, which drop their tables and columns with the data in them; add --destroy-data to do that", v, v+1, st.Current)
 		}
 		return migrate.To(ctx, conn, int32(v))
 	}

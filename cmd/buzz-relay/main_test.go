@@ -24,6 +24,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/migrate"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -119,6 +120,30 @@ func TestServeRefusesADatabaseThatIsBehind(t *testing.T) {
 	listener, port := listenLoopback(t)
 	addrs := mustListen(t, cfg, listener)
 	runRelay(t, port, func(ctx context.Context, log *slog.Logger) error { return serve(ctx, cfg, log, addrs, noEnv) })()
+}
+
+// Going down drops tables with their rows: migrate to a lower version
+// only with --destroy-data, so a typo cannot drop events.
+// Mutation killed: without the check, "to 1" drops events.
+func TestMigrateDownNeedsDestroyData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := config.Default()
+	cfg.DatabaseURL = dbtest.EmptyURL(t)
+	require.NoError(t, runMigrate(ctx, cfg, []string{"to", "18"}))
+	require.NoError(t, runMigrate(ctx, cfg, []string{"to", "19"}), "up needs no flag")
+	err := runMigrate(ctx, cfg, []string{"to", "1"})
+	require.ErrorContains(t, err, "add --destroy-data")
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	st, err := migrate.CurrentStatus(ctx, conn)
+	require.NoError(t, err)
+	require.EqualValues(t, 19, st.Current)
+	require.NoError(t, runMigrate(ctx, cfg, []string{"to", "18", "--destroy-data"}))
+	st, err = migrate.CurrentStatus(ctx, conn)
+	require.NoError(t, err)
+	require.EqualValues(t, 18, st.Current)
 }
 
 // The dev relay keeps its private cluster across restarts: an event
