@@ -5,8 +5,10 @@ UPDATE replica_heartbeat SET token = token + 1 WHERE id = 1
 RETURNING token, epoch;
 
 -- name: ReplicaHeartbeatRotateEpoch :one
--- A new timeline after the token went backwards (a restore or re-seed):
--- readers still on the old one then fail the epoch check.
+-- A new epoch at each relay process's first probe tick and after the token
+-- went backwards (a restore or re-seed): readers still on the old timeline
+-- then fail the epoch check. The token still grows, so on one timeline
+-- tokens only increase, across epochs too.
 UPDATE replica_heartbeat SET epoch = gen_random_uuid(), token = token + 1 WHERE id = 1
 RETURNING token, epoch;
 

@@ -63,8 +63,10 @@ type ReplicaHeartbeatRotateEpochRow struct {
 	Epoch uuid.UUID
 }
 
-// A new timeline after the token went backwards (a restore or re-seed):
-// readers still on the old one then fail the epoch check.
+// A new epoch at each relay process's first probe tick and after the token
+// went backwards (a restore or re-seed): readers still on the old timeline
+// then fail the epoch check. The token still grows, so on one timeline
+// tokens only increase, across epochs too.
 func (q *Queries) ReplicaHeartbeatRotateEpoch(ctx context.Context) (ReplicaHeartbeatRotateEpochRow, error) {
 	row := q.db.QueryRow(ctx, replicaHeartbeatRotateEpoch)
 	var i ReplicaHeartbeatRotateEpochRow

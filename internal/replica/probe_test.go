@@ -111,8 +111,9 @@ func TestProbeRotatesTheEpochAfterATokenRegression(t *testing.T) {
 // token must not be accepted in the old epoch: a standby frozen on the old
 // timeline holds a higher token and would prove any read.
 // Mutations killed: comparing only against the entries a failed tick
-// cleared (the regression passes unnoticed); not rotating on a process's
-// first tick (the second probe keeps the old epoch).
+// cleared (the regression passes unnoticed); comparing only within one
+// epoch (the older epoch is adopted); not rotating on a process's first
+// tick (the second probe keeps the old epoch).
 func TestProbeRotatesTheEpochAfterARestoreItDidNotSee(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -141,12 +142,21 @@ func TestProbeRotatesTheEpochAfterARestoreItDidNotSee(t *testing.T) {
 	_, err = ring.Resolve(first.Token+3, first.Epoch)
 	require.ErrorIs(t, err, replica.ErrEpochMismatch, "a standby still on the old timeline proves nothing")
 
+	// Restored to a backup from before the first rotation: an older epoch.
+	_, err = pool.Exec(ctx, "UPDATE replica_heartbeat SET token = 1, epoch = $1", initial)
+	require.NoError(t, err)
+	older, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, initial, older.Epoch, "a lower token in an older epoch is a regression too")
+	_, err = ring.Resolve(first.Token+3, initial)
+	require.ErrorIs(t, err, replica.ErrEpochMismatch)
+
 	_, err = pool.Exec(ctx, "UPDATE replica_heartbeat SET token = 1") // and again, with no probe running
 	require.NoError(t, err)
 	restarted := replica.NewProbe(pool, replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
 	again, err := restarted.Tick(ctx)
 	require.NoError(t, err)
-	require.NotEqual(t, after.Epoch, again.Epoch, "a process started after a restore starts a new epoch")
+	require.NotEqual(t, older.Epoch, again.Epoch, "a process started after a restore starts a new epoch")
 }
 
 // A probe role that cannot see other sessions' transactions fails closed.

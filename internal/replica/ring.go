@@ -65,9 +65,11 @@ type Ring struct {
 	mu      sync.Mutex
 	entries []Entry
 	epoch   uuid.UUID
-	// high is the highest token recorded in epoch, kept when the ring is
-	// cleared: a writer restored while the probe was failing comes back
-	// with a lower token, and that must still read as a regression.
+	// high is the highest token recorded, kept when the ring is cleared or
+	// the epoch changes: a writer restored while the probe was failing comes
+	// back with a lower token, and that must still read as a regression. A
+	// rotation adds one to the token, so on one timeline tokens only grow,
+	// across epochs too, and a backup taken in an older epoch is caught.
 	high int64
 	// last is the latest entry's CommittedAt, kept when the ring is
 	// cleared: the heartbeat age goes on growing while the probe fails.
@@ -78,17 +80,18 @@ type Ring struct {
 func NewRing() *Ring { return &Ring{} }
 
 // Record adds a committed token. It returns false, and clears the ring,
-// when the token did not advance within the same epoch: the writer's
-// heartbeat went backwards, and the caller must rotate the epoch before
-// anything is proved again (Adopt the rotated entry).
+// when the token did not advance: the writer's heartbeat went backwards,
+// and the caller must rotate the epoch before anything is proved again
+// (Adopt the rotated entry).
 func (r *Ring) Record(e Entry) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e.Epoch != r.epoch {
-		r.entries, r.epoch = r.entries[:0], e.Epoch
-	} else if e.Token <= r.high {
+	if e.Token <= r.high {
 		r.entries = r.entries[:0]
 		return false
+	}
+	if e.Epoch != r.epoch {
+		r.entries, r.epoch = r.entries[:0], e.Epoch
 	}
 	r.push(e)
 	return true

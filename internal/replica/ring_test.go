@@ -48,16 +48,18 @@ func TestRingEpochChangeResetsAndRegressionClears(t *testing.T) {
 	r := replica.NewRing()
 	a, b := uuid.New(), uuid.New()
 	require.True(t, r.Record(replica.Entry{Token: 5, Epoch: a}))
-	require.True(t, r.Record(replica.Entry{Token: 1, Epoch: b}), "another epoch is adopted, not a regression")
+	require.True(t, r.Record(replica.Entry{Token: 6, Epoch: b}), "another epoch with a higher token is adopted")
 	_, err := r.Resolve(5, a)
 	require.ErrorIs(t, err, replica.ErrEpochMismatch)
-	require.False(t, r.Record(replica.Entry{Token: 1, Epoch: b}), "the same token again is a regression")
+	require.False(t, r.Record(replica.Entry{Token: 6, Epoch: b}), "the same token again is a regression")
 	_, ok := r.Newest(time.Time{})
 	require.False(t, ok, "a regression closes the ring")
 
 	require.True(t, r.Record(replica.Entry{Token: 9, Epoch: b}))
 	r.Clear() // a failed tick
 	require.False(t, r.Record(replica.Entry{Token: 3, Epoch: b}), "a cleared ring still remembers the highest token")
+	r.Adopt(replica.Entry{Token: 4, Epoch: b})
+	require.False(t, r.Record(replica.Entry{Token: 2, Epoch: a}), "a lower token in another epoch (a backup from before a rotation) is a regression too")
 }
 
 func TestRingEvictsTheOldest(t *testing.T) {
