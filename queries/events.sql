@@ -44,23 +44,23 @@ WHERE community_id = @community_id::uuid
 
 -- name: EventsDeleteInChannel :execrows
 -- NIP-29 9005: a channel admin hides events of that channel, whoever wrote
--- them, except the relay-signed ones (the channel's lists) and moderation
--- records (the kinds only owners and admins may send, and 9007's creator):
--- those are the channel's account of who did what,
--- which no moderator may rewrite (EventsInChannelKeptFromModeration).
+-- them, except kept_kinds (the channel's lists and moderation records, its
+-- account of who did what, which no moderator may rewrite; see
+-- EventsInChannelKeptFromModeration).
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
-  AND pubkey <> @relay_pubkey::bytea AND kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008);
+  AND kind <> ALL(@kept_kinds::int[]);
 
 -- name: EventsInChannelKeptFromModeration :one
--- Whether a 9005 names a live event of the channel that EventsDeleteInChannel
--- never hides, so the request is refused rather than half done.
+-- Whether a 9005 names a live event of the channel of kept_kinds, which
+-- EventsDeleteInChannel never hides, so the request is refused rather than
+-- half done.
 SELECT EXISTS (
     SELECT FROM events
     WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
       AND id = ANY(@ids::bytea[]) AND deleted_at IS NULL
-      AND (pubkey = @relay_pubkey::bytea OR kind IN (9000, 9001, 9002, 9005, 9007, 9008))
+      AND kind = ANY(@kept_kinds::int[])
 );
 
 -- name: EventReactionTarget :one

@@ -370,7 +370,7 @@ const eventsDeleteInChannel = `-- name: EventsDeleteInChannel :execrows
 UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
 WHERE community_id = $2::uuid AND channel_id = $3::uuid
   AND id = ANY($4::bytea[]) AND deleted_at IS NULL
-  AND pubkey <> $5::bytea AND kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008)
+  AND kind <> ALL($5::int[])
 `
 
 type EventsDeleteInChannelParams struct {
@@ -378,21 +378,20 @@ type EventsDeleteInChannelParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	Ids         [][]byte
-	RelayPubkey []byte
+	KeptKinds   []int32
 }
 
 // NIP-29 9005: a channel admin hides events of that channel, whoever wrote
-// them, except the relay-signed ones (the channel's lists) and moderation
-// records (the kinds only owners and admins may send, and 9007's creator):
-// those are the channel's account of who did what,
-// which no moderator may rewrite (EventsInChannelKeptFromModeration).
+// them, except kept_kinds (the channel's lists and moderation records, its
+// account of who did what, which no moderator may rewrite; see
+// EventsInChannelKeptFromModeration).
 func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInChannelParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteInChannel,
 		arg.Now,
 		arg.CommunityID,
 		arg.ChannelID,
 		arg.Ids,
-		arg.RelayPubkey,
+		arg.KeptKinds,
 	)
 	if err != nil {
 		return 0, err
@@ -405,7 +404,7 @@ SELECT EXISTS (
     SELECT FROM events
     WHERE community_id = $1::uuid AND channel_id = $2::uuid
       AND id = ANY($3::bytea[]) AND deleted_at IS NULL
-      AND (pubkey = $4::bytea OR kind IN (9000, 9001, 9002, 9005, 9007, 9008))
+      AND kind = ANY($4::int[])
 )
 `
 
@@ -413,17 +412,18 @@ type EventsInChannelKeptFromModerationParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	Ids         [][]byte
-	RelayPubkey []byte
+	KeptKinds   []int32
 }
 
-// Whether a 9005 names a live event of the channel that EventsDeleteInChannel
-// never hides, so the request is refused rather than half done.
+// Whether a 9005 names a live event of the channel of kept_kinds, which
+// EventsDeleteInChannel never hides, so the request is refused rather than
+// half done.
 func (q *Queries) EventsInChannelKeptFromModeration(ctx context.Context, arg EventsInChannelKeptFromModerationParams) (bool, error) {
 	row := q.db.QueryRow(ctx, eventsInChannelKeptFromModeration,
 		arg.CommunityID,
 		arg.ChannelID,
 		arg.Ids,
-		arg.RelayPubkey,
+		arg.KeptKinds,
 	)
 	var exists bool
 	err := row.Scan(&exists)

@@ -42,6 +42,15 @@ func IsChannelList(kind int) bool {
 	return kind == KindGroupMetadata || kind == KindGroupAdmins || kind == KindGroupMembers
 }
 
+// KindsKeptFromModeration are the channel's account of who did what, which
+// no 9005 hides: the relay's lists and the moderation kinds only owners,
+// admins or a channel's creator can store. A member's other 9000-9009
+// kinds, and the relay's workflow posts, are ordinary messages.
+var KindsKeptFromModeration = []int32{
+	KindPutUser, KindRemoveUser, KindEditMetadata, KindDeleteEvent, KindCreateGroup, KindDeleteGroup,
+	KindGroupMetadata, KindGroupAdmins, KindGroupMembers,
+}
+
 func registerChannelHandlers(h map[int]Handler) {
 	h[KindChat] = Handler{Validate: requireChannelTag, Prepare: resolveChannelForWrite, Apply: applyThreadReply}
 	h[KindCreateGroup] = Handler{Validate: validateCreateGroup, Prepare: bindNewChannel, Apply: applyCreateGroup}
@@ -463,11 +472,9 @@ func validateDeleteEvent(ev *nostr.Event) error {
 	return Reject("invalid", "kind 9005 needs e tags naming the events to delete")
 }
 
-// applyDeleteEvent hides the named events of the channel. The relay's
-// lists and the moderation records (9000-9002, 9005, 9007, 9008: the kinds
-// only owners, admins or the creator send) stay: they tell members who
-// did what, and an admin must not erase an owner's acts or the relay's
-// account of membership. A request naming one is refused whole.
+// applyDeleteEvent hides the named events of the channel, except
+// KindsKeptFromModeration: an admin must not erase an owner's acts or the
+// relay's account of membership. A request naming one is refused whole.
 func applyDeleteEvent(ctx context.Context, w *Write) error {
 	var ids [][]byte
 	for _, v := range w.Event.Tags.Values("e") {
@@ -475,22 +482,17 @@ func applyDeleteEvent(ctx context.Context, w *Write) error {
 			ids = append(ids, id[:])
 		}
 	}
-	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
-	if err != nil {
-		return err
-	}
-	relayPubkey := key.PublicKey()
 	kept, err := w.Q.EventsInChannelKeptFromModeration(ctx, db.EventsInChannelKeptFromModerationParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:],
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, KeptKinds: KindsKeptFromModeration,
 	})
 	if err != nil {
 		return err
 	}
 	if kept {
-		return Reject("restricted", "kind 9005 cannot hide relay-signed events or moderation events (kinds 9000-9002, 9005, 9007, 9008)")
+		return Reject("restricted", "kind 9005 cannot hide the channel's lists (39000-39002) or moderation events (9000-9002, 9005, 9007, 9008)")
 	}
 	_, err = w.Q.EventsDeleteInChannel(ctx, db.EventsDeleteInChannelParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, RelayPubkey: relayPubkey[:], Now: w.SQLNow(),
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, KeptKinds: KindsKeptFromModeration, Now: w.SQLNow(),
 	})
 	return err
 }

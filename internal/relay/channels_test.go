@@ -401,7 +401,7 @@ func TestOnlyOwnersChangeChannelVisibility(t *testing.T) {
 	require.Equal(t, []string{secret.ID}, ids(outsider.Req("opened", map[string]any{"ids": []string{secret.ID}})))
 }
 
-// A 9005 hides members' events, never the relay-signed lists nor the
+// A 9005 hides members' events, never the channel's lists nor the
 // moderation records (9000-9002, 9005, 9007, 9008): an admin could otherwise erase the
 // channel's account of membership and the owners' acts. A request naming
 // one is refused whole, whoever sends it.
@@ -434,7 +434,7 @@ func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
 	for _, id := range kept {
 		for _, mod := range []*relaytest.Client{admin, owner} {
 			requireRejected(t, mod.Publish(mod.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", id}}, 0)),
-				"restricted: kind 9005 cannot hide relay-signed events or moderation events")
+				"restricted: kind 9005 cannot hide the channel's lists (39000-39002) or moderation events")
 		}
 	}
 	requireRejected(t, admin.Publish(admin.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", spam.ID}, {"e", lists[0].ID}}, 0)), "restricted: kind 9005")

@@ -71,6 +71,13 @@ func TestWorkflowOverWebSocket(t *testing.T) {
 	ok = owner.Publish(owner.Sign(46020, "", nostr.Tags{{"d", wf}}, 0))
 	require.True(t, ok.OK, ok.Msg)
 	require.True(t, strings.HasPrefix(ok.Msg, `response:{"run_id":"`), ok.Msg)
+
+	// A workflow's message is relay-signed but no moderation record: any
+	// member's workflow can post, so moderators must be able to hide it.
+	// Mutation killed: keeping every relay-signed event from 9005 refuses it.
+	ok = owner.Publish(owner.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", bell.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, owner.Req("hidden", map[string]any{"ids": []string{bell.ID}}))
 }
 
 // POST /hooks/{id} over real HTTP: the bad-input catalogue (bad UUID, no or
