@@ -85,17 +85,17 @@ WHERE community_id = @community_id::uuid
   AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
 
 -- name: EventChannelsByAuthorIDs :many
--- The channels (NULL: community-global) of the author's own events among
--- ids that a deletion could hide: a kind 5 is stored where its targets are,
--- so it tells no one outside a private channel which ids it deleted.
--- has_live says whether one of them there is not deleted yet: an author who
--- can no longer write in the channel may delete only what is still there.
-SELECT channel_id, bool_or(deleted_at IS NULL)::boolean AS has_live FROM events
+-- The author's own events among ids that a deletion could hide, with their
+-- channels (NULL: community-global): a kind 5 is stored where its targets
+-- are, so it tells no one outside a private channel which ids it deleted.
+-- live says whether one is not deleted yet: an author who can no longer
+-- write in the channel may delete only what is still there, and name
+-- nothing else.
+SELECT id, channel_id, kind, (deleted_at IS NULL)::boolean AS live FROM events
 WHERE community_id = @community_id::uuid
   AND id = ANY(@ids::bytea[])
   AND pubkey = @author::bytea
-  AND kind <> 5
-GROUP BY channel_id;
+  AND kind <> 5;
 
 -- name: EventChannelsByAddress :many
 -- The channels of the stored versions of the author's slot (the

@@ -66,12 +66,11 @@ func (q *Queries) EventChannelsByAddress(ctx context.Context, arg EventChannelsB
 }
 
 const eventChannelsByAuthorIDs = `-- name: EventChannelsByAuthorIDs :many
-SELECT channel_id, bool_or(deleted_at IS NULL)::boolean AS has_live FROM events
+SELECT id, channel_id, kind, (deleted_at IS NULL)::boolean AS live FROM events
 WHERE community_id = $1::uuid
   AND id = ANY($2::bytea[])
   AND pubkey = $3::bytea
   AND kind <> 5
-GROUP BY channel_id
 `
 
 type EventChannelsByAuthorIDsParams struct {
@@ -81,15 +80,18 @@ type EventChannelsByAuthorIDsParams struct {
 }
 
 type EventChannelsByAuthorIDsRow struct {
+	ID        []byte
 	ChannelID *uuid.UUID
-	HasLive   bool
+	Kind      int32
+	Live      bool
 }
 
-// The channels (NULL: community-global) of the author's own events among
-// ids that a deletion could hide: a kind 5 is stored where its targets are,
-// so it tells no one outside a private channel which ids it deleted.
-// has_live says whether one of them there is not deleted yet: an author who
-// can no longer write in the channel may delete only what is still there.
+// The author's own events among ids that a deletion could hide, with their
+// channels (NULL: community-global): a kind 5 is stored where its targets
+// are, so it tells no one outside a private channel which ids it deleted.
+// live says whether one is not deleted yet: an author who can no longer
+// write in the channel may delete only what is still there, and name
+// nothing else.
 func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannelsByAuthorIDsParams) ([]EventChannelsByAuthorIDsRow, error) {
 	rows, err := q.db.Query(ctx, eventChannelsByAuthorIDs, arg.CommunityID, arg.Ids, arg.Author)
 	if err != nil {
@@ -99,7 +101,12 @@ func (q *Queries) EventChannelsByAuthorIDs(ctx context.Context, arg EventChannel
 	var items []EventChannelsByAuthorIDsRow
 	for rows.Next() {
 		var i EventChannelsByAuthorIDsRow
-		if err := rows.Scan(&i.ChannelID, &i.HasLive); err != nil {
+		if err := rows.Scan(
+			&i.ID,
+			&i.ChannelID,
+			&i.Kind,
+			&i.Live,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"strconv"
 
@@ -94,12 +95,14 @@ func slotDTag(c nostr.Coordinate) *string {
 func prepareDeletion(ctx context.Context, w *Write) error {
 	author := w.ActorBytes()
 	scopes := map[uuid.UUID]bool{} // uuid.Nil: community-global; true: a target there is live
-	add := func(channel *uuid.UUID, hasLive bool) {
+	named := deletionTargets{ids: map[string]bool{}, slots: map[string]bool{}, kinds: map[string]bool{}}
+	add := func(channel *uuid.UUID, live bool, kind int32) {
 		scope := uuid.Nil
 		if channel != nil {
 			scope = *channel
 		}
-		scopes[scope] = scopes[scope] || hasLive
+		scopes[scope] = scopes[scope] || live
+		named.kinds[strconv.Itoa(int(kind))] = true
 	}
 	if ids := deletionTargetIDs(w.Event); len(ids) > 0 {
 		rows, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: author})
@@ -107,10 +110,10 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			return err
 		}
 		for _, row := range rows {
-			add(row.ChannelID, row.HasLive)
+			add(row.ChannelID, row.Live, row.Kind)
+			named.ids[hex.EncodeToString(row.ID)] = true
 		}
 	}
-	liveSlots := map[string]bool{} // a tag values naming a slot with a version to hide
 	for _, c := range ownCoordinates(w.Event) {
 		rows, err := w.Q.EventChannelsByAddress(ctx, db.EventChannelsByAddressParams{
 			CommunityID: w.Tenant.ID(), Author: author, Kind: int32(c.Kind), DTag: slotDTag(c), Until: w.Event.CreatedAt,
@@ -119,8 +122,8 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			return err
 		}
 		for _, row := range rows {
-			add(row.ChannelID, row.HasLive)
-			liveSlots[c.String()] = liveSlots[c.String()] || row.HasLive
+			add(row.ChannelID, row.HasLive, int32(c.Kind))
+			named.slots[c.String()] = named.slots[c.String()] || row.HasLive
 		}
 	}
 	if len(scopes) > 1 {
@@ -147,10 +150,15 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			return err // nil: the author may write there, so the deletion is like any event
 		}
 		w.ChannelID = &scope
-		return checkDeletionByFormerWriter(w.Event, hasLive, liveSlots)
+		return checkDeletionByFormerWriter(w.Event, hasLive, named)
 	}
 	return nil
 }
+
+// deletionTargets are what a deletion names that exists: the author's event
+// ids (hex), their slots with a version to hide (a tag values) and the
+// kinds of both (k tag values).
+type deletionTargets struct{ ids, slots, kinds map[string]bool }
 
 // checkDeletionByFormerWriter bounds what a deletion stores in a channel its
 // author can no longer write in (removed from it, or it is archived or
@@ -158,9 +166,9 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 // rules a removed member could go on posting there: naming an old, already
 // deleted message again and again, with any text in the content or in tags.
 // Such a deletion must hide something still live, and carries nothing but
-// its targets; an a tag must name a slot of the author's with a version to
-// hide, since a coordinate's d part is free text.
-func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, liveSlots map[string]bool) error {
+// its targets: every e, a and k tag names one of the author's events, live
+// slots or their kinds, since a made-up id or coordinate carries text too.
+func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, named deletionTargets) error {
 	const cannotWrite = "you can no longer write in this channel, so a deletion there"
 	if !hasLive {
 		return Reject("restricted", "%s must name an event of yours that is not yet deleted", cannotWrite)
@@ -169,25 +177,22 @@ func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, liveSlots map[st
 		return Reject("restricted", "%s must have empty content", cannotWrite)
 	}
 	for _, tag := range ev.Tags {
-		if len(tag) != 2 || !isDeletionTargetTag(tag, liveSlots) {
-			return Reject("restricted", "%s may carry only e, a and k tags, each with one value, an a tag naming a live slot of yours", cannotWrite)
+		if len(tag) != 2 || !named.has(tag) {
+			return Reject("restricted", "%s may carry only e, a and k tags with one value each, naming your events there, their live slots and their kinds", cannotWrite)
 		}
 	}
 	return nil
 }
 
-// isDeletionTargetTag reports whether tag names a deletion target by its
-// canonical spelling: an event id, a live slot of the author's (liveSlots)
-// or a kind number.
-func isDeletionTargetTag(tag nostr.Tag, liveSlots map[string]bool) bool {
+// has reports whether tag names one of the targets.
+func (t deletionTargets) has(tag nostr.Tag) bool {
 	switch tag[0] {
 	case "e":
-		return nostr.IsHex64(tag[1])
+		return t.ids[tag[1]]
 	case "a":
-		return liveSlots[tag[1]]
+		return t.slots[tag[1]]
 	case "k":
-		n, err := strconv.Atoi(tag[1])
-		return err == nil && n >= 0 && n <= 65535 && strconv.Itoa(n) == tag[1]
+		return t.kinds[tag[1]]
 	}
 	return false
 }

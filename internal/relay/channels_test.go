@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -459,7 +460,8 @@ func TestModerationDeleteKeepsRelayListsAndModerationRecords(t *testing.T) {
 // Mutations killed: without checkDeletionByFormerWriter the removed member's
 // deletion with content is accepted; without its live-target rule the
 // second deletion of the same, already deleted, message is; accepting any
-// canonical a tag lets a made-up coordinate carry text.
+// canonical a tag lets a made-up coordinate carry text, any hex e tag a
+// made-up id, any k tag a made-up kind.
 func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -488,6 +490,11 @@ func TestRemovedMemberDeletesOnlyLiveEventsWithoutContent(t *testing.T) {
 	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID, "read me"}}, 0)),
 		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
 	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"a", "30023:" + member.Key.PublicKeyHex() + ":read me"}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	madeUp := hex.EncodeToString([]byte("read me, read me, read me, 32 by")) // 64 hex digits
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"e", madeUp}}, 0)),
+		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
+	requireRejected(t, member.Publish(member.Sign(5, "", nostr.Tags{{"e", first.ID}, {"k", "30023"}}, 0)),
 		"restricted: you can no longer write in this channel, so a deletion there may carry only e, a and k tags")
 	require.Empty(t, deletionsBy(member))
 	require.Len(t, owner.Req("first", map[string]any{"ids": []string{first.ID}}), 1, "nothing was deleted")
