@@ -93,7 +93,9 @@ func errUnknownChannel() error {
 	return &Rejection{Prefix: "restricted", Reason: "channel does not exist or is private to its members", unknownChannel: true}
 }
 
-func isUnknownChannel(err error) bool {
+// IsUnknownChannel reports whether err is the refusal that an unknown
+// channel and a private one the actor is not a member of share.
+func IsUnknownChannel(err error) bool {
 	var rej *Rejection
 	return errors.As(err, &rej) && rej.unknownChannel
 }

@@ -62,7 +62,7 @@ func prepareReaction(ctx context.Context, w *Write) error {
 	w.state = &target
 	if target.ChannelID != nil {
 		if err := BindChannelForWrite(ctx, w, *target.ChannelID); err != nil {
-			if isUnknownChannel(err) {
+			if IsUnknownChannel(err) {
 				return notFound
 			}
 			return err

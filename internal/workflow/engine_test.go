@@ -355,6 +355,16 @@ func TestManualTriggerNeedsChannelWrite(t *testing.T) {
 	f.store(f.sign(member, ingest.KindLeaveRequest, "", nostr.Tags{{"h", open}}))
 	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", mine}}), "invalid: workflow is disabled")
 	require.Empty(t, f.runIDs(mine))
+
+	// An archived channel its reader knows of is said to be archived: only
+	// a channel the actor cannot see hides the workflow.
+	// Mutation killed: hiding every refusal answers "workflow not found".
+	shelved := f.channel(owner, member)
+	kept := uuid.NewString()
+	f.save(member, shelved, kept, "name: Kept\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: send_message, text: tick}]")
+	_, err := f.pool.Exec(f.ctx, `UPDATE channels SET archived_at = now() WHERE id = $1`, uuid.MustParse(shelved))
+	require.NoError(t, err)
+	f.rejected(f.sign(member, workflow.KindManualTrigger, "", nostr.Tags{{"d", kept}}), "restricted: channel is archived")
 }
 
 // The trigger author is the event's signer. An `actor` tag is only the

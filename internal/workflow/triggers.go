@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -314,13 +313,14 @@ func workflowState(row db.WorkflowGetRow) string {
 	return string(row.Status)
 }
 
-// bindWriteOrHide binds the write to channel if its actor may write there;
-// one who may not gets "invalid: <notFound>", the answer for an unknown
-// workflow or approval, so the refusal does not confirm that it exists.
+// bindWriteOrHide binds the write to channel if its actor may write there.
+// One to whom the channel is unknown (a private channel they are not in)
+// gets "invalid: <notFound>", the answer for an unknown workflow or
+// approval, so the refusal does not confirm that it exists; any other
+// refusal (an archived channel its reader knows of) is passed on.
 func bindWriteOrHide(ctx context.Context, w *ingest.Write, channel uuid.UUID, notFound string) error {
 	err := ingest.BindChannelForWrite(ctx, w, channel)
-	var rej *ingest.Rejection
-	if errors.As(err, &rej) {
+	if ingest.IsUnknownChannel(err) {
 		return ingest.Reject("invalid", "%s", notFound)
 	}
 	return err
