@@ -8,9 +8,10 @@
 -- takes ACCESS EXCLUSIVE on workflow_runs for one scan of the table (every
 -- value is NULL, so nothing fails). The unique index is built without
 -- CONCURRENTLY: workflow_runs is new in 012, so it is small wherever 013
--- runs right after it. On a large table, add the column and build the
--- index CONCURRENTLY by hand first; IF NOT EXISTS makes this migration
--- keep both.
+-- runs right after it. On a large table, add the column with its CHECK
+-- (exactly as below: IF NOT EXISTS skips the whole definition of a column
+-- that exists) and build the index CONCURRENTLY by hand first; this
+-- migration then keeps both.
 -- Roll back: the down part drops the index and the column (keys are lost;
 -- retried webhook calls then create new runs).
 

@@ -113,8 +113,8 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 		return json.NewEncoder(os.Stdout).Encode(st)
 	case args[0] == "to" && (len(args) == 2 || len(args) == 3 && args[2] == "--destroy-data"):
 		v, err := strconv.ParseInt(args[1], 10, 32)
-		if err != nil {
-			return fmt.Errorf("migrate to %q: want a version number", args[1])
+		if err != nil || v < 0 {
+			return fmt.Errorf("migrate to %q: want a version number (0 or more)", args[1])
 		}
 		st, err := migrate.CurrentStatus(ctx, conn)
 		if err != nil {

@@ -134,6 +134,7 @@ func TestMigrateDownNeedsDestroyData(t *testing.T) {
 	require.NoError(t, runMigrate(ctx, cfg, []string{"to", "19"}), "up needs no flag")
 	err := runMigrate(ctx, cfg, []string{"to", "1"})
 	require.ErrorContains(t, err, "add --destroy-data")
+	require.ErrorContains(t, runMigrate(ctx, cfg, []string{"to", "-5", "--destroy-data"}), "want a version number (0 or more)")
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	require.NoError(t, err)
 	defer conn.Close(ctx)

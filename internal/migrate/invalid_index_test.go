@@ -34,8 +34,8 @@ func TestMigrateRefusesToRunOverAnInvalidIndex(t *testing.T) {
 	exec("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'events_by_kind_time'::regclass")
 
 	err := migrate.To(ctx, conn, 19)
-	require.ErrorContains(t, err, "index events_by_kind_time is INVALID")
-	require.ErrorContains(t, err, "DROP INDEX CONCURRENTLY events_by_kind_time")
+	require.ErrorContains(t, err, "index public.events_by_kind_time is INVALID")
+	require.ErrorContains(t, err, "run DROP INDEX CONCURRENTLY public.events_by_kind_time; then")
 	st, err := migrate.CurrentStatus(ctx, conn)
 	require.NoError(t, err)
 	require.EqualValues(t, 18, st.Current)

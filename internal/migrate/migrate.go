@@ -137,9 +137,9 @@ func step(ctx context.Context, conn *pgx.Conn, m *migrate.Migrator, version int3
 // the index it was to replace, leaving reads with neither.
 func refuseInvalidIndexes(ctx context.Context, conn *pgx.Conn) error {
 	rows, err := conn.Query(ctx, `
-		SELECT format('%I', c.relname)
-		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-		WHERE NOT i.indisvalid AND c.relnamespace = current_schema()::regnamespace
+		SELECT format('%I.%I', n.nspname, c.relname)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE NOT i.indisvalid AND n.nspname = current_schema()
 		ORDER BY 1`)
 	if err != nil {
 		return fmt.Errorf("look for invalid indexes: %w", err)
@@ -151,9 +151,14 @@ func refuseInvalidIndexes(ctx context.Context, conn *pgx.Conn) error {
 	if len(invalid) == 0 {
 		return nil
 	}
+	// CONCURRENTLY drops one index per statement.
+	drops := make([]string, len(invalid))
+	for i, name := range invalid {
+		drops[i] = "DROP INDEX CONCURRENTLY " + name + ";"
+	}
 	return fmt.Errorf("index %s is INVALID (a CREATE INDEX CONCURRENTLY was interrupted or is running now); "+
-		"once no build is running, drop it with DROP INDEX CONCURRENTLY %s and run migrate again",
-		strings.Join(invalid, ", "), strings.Join(invalid, ", "))
+		"once no build is running, run %s then migrate again",
+		strings.Join(invalid, ", "), strings.Join(drops, " "))
 }
 
 // CurrentStatus reads the applied version without changing anything. A
