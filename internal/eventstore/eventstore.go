@@ -212,6 +212,7 @@ func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filte
 		// channel bound in the statement) and to be bounded above.
 		if _, pinned := pinnedChannel(f); !pinned || f.Until == nil {
 			if scope.Live {
+				s.Router.Writer(PathHistory, replica.ReasonLive)
 				return nil
 			}
 			return s.Router.Begin(ctx, PathHistory, replica.Bounded())

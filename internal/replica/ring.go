@@ -76,8 +76,8 @@ type Ring struct {
 	last time.Time
 }
 
-// NewRing returns an empty (closed) ring.
-func NewRing() *Ring { return &Ring{} }
+// NewRing returns an empty (closed) ring. Any first token is accepted.
+func NewRing() *Ring { return &Ring{high: -1} }
 
 // Record adds a committed token. It returns false, and clears the ring,
 // when the token did not advance: the writer's heartbeat went backwards,

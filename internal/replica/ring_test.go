@@ -16,6 +16,7 @@ func TestRingOpensOnRecordAndClosesWhenStale(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	_, ok := r.Newest(now)
 	require.False(t, ok, "a new ring is closed")
+	require.True(t, replica.NewRing().Record(replica.Entry{Token: 0, Epoch: uuid.New()}), "a new ring takes any first token, 0 too")
 	epoch := uuid.New()
 	require.True(t, r.Record(replica.Entry{Token: 1, Epoch: epoch, CommittedAt: now}))
 	_, ok = r.Newest(now.Add(replica.Staleness))

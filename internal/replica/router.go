@@ -27,6 +27,7 @@ const (
 	ReasonDisabled        = "disabled"      // no reader, or the predicate is off (budget 0)
 	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness
 	ReasonStale           = "stale"         // the proved token is too old for this read
+	ReasonLive            = "live"          // a REQ that carries on live and is not covered
 	ReasonAcquireTimeout  = "reader_acquire_timeout"
 	ReasonValidationError = "reader_validation_error"
 	ReasonTokenBehind     = "reader_token_behind"
