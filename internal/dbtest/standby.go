@@ -99,7 +99,10 @@ func readerURLOn(t testing.TB, standbyAdmin, writerURL string) string {
 }
 
 // WaitReplayed waits (a generous minute) until the standby behind reader
-// has replayed everything the writer had written when it was called.
+// has replayed everything the writer had inserted into its WAL when it was
+// called. The insert position, not the write position: a transaction
+// committed without waiting for its flush (synchronous_commit off) may not
+// be written out yet, and the standby must still replay it.
 func WaitReplayed(t testing.TB, writer, reader string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -110,7 +113,7 @@ func WaitReplayed(t testing.TB, writer, reader string) {
 	}
 	defer wc.Close(context.Background())
 	var lsn string
-	if err := wc.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+	if err := wc.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
 		t.Fatalf("dbtest: writer lsn: %v", err)
 	}
 	for {
