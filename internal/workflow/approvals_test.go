@@ -159,11 +159,7 @@ func TestApprovalDecisionNeedsChannelWrite(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	owner, member, removed, outsider, victim := f.key(), f.key(), f.key(), f.key(), f.key()
-	ch := uuid.NewString()
-	f.store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", ch}, {"name", "secret"}, {"visibility", "private"}}))
-	for _, k := range []*nostr.SecretKey{member, removed} {
-		f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(k)}}))
-	}
+	ch := f.privateChannel(owner, member, removed)
 	run, ref := f.approvalRun(owner, ch, "any")
 	named, namedRef := f.approvalRun(owner, ch, pubHex(removed))
 	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(removed)}}))

@@ -139,6 +139,17 @@ func (f *fixture) channel(owner *nostr.SecretKey, members ...*nostr.SecretKey) s
 	return id
 }
 
+// privateChannel creates a private channel of owner's and puts members in.
+func (f *fixture) privateChannel(owner *nostr.SecretKey, members ...*nostr.SecretKey) string {
+	f.t.Helper()
+	id := uuid.NewString()
+	f.store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", id}, {"name", "secret"}, {"visibility", "private"}}))
+	for _, m := range members {
+		f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", id}, {"p", pubHex(m)}}))
+	}
+	return id
+}
+
 // profile gives key a display name.
 func (f *fixture) profile(key *nostr.SecretKey, name string) {
 	f.t.Helper()

@@ -187,18 +187,19 @@ func webhookFields(body []byte) (map[string]string, string) {
 	if err := json.Unmarshal(body, &obj); err != nil {
 		return nil, "must be a JSON object"
 	}
+	// The fields are stored in jsonb, which cannot hold NUL.
+	const hasNUL = "fields must not contain NUL characters (\\u0000)"
 	for k, raw := range obj {
+		if strings.ContainsRune(k, 0) {
+			return nil, hasNUL
+		}
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
-			// The fields are stored in jsonb, which cannot hold NUL.
-			if strings.ContainsRune(k, 0) || strings.ContainsRune(s, 0) {
-				return nil, "fields must not contain NUL characters (\\u0000)"
+			if strings.ContainsRune(s, 0) {
+				return nil, hasNUL
 			}
 			fields[k] = s
 			continue
-		}
-		if strings.ContainsRune(k, 0) {
-			return nil, "fields must not contain NUL characters (\\u0000)"
 		}
 		var compact bytes.Buffer
 		if err := json.Compact(&compact, raw); err != nil {
