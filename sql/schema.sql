@@ -2455,6 +2455,13 @@ CREATE UNIQUE INDEX communities_host_key ON public.communities USING btree (lowe
 
 
 --
+-- Name: community_deletion_executor_heartbeats_by_request; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX community_deletion_executor_heartbeats_by_request ON public.community_deletion_executor_heartbeats USING btree (request_id) WHERE (request_id IS NOT NULL);
+
+
+--
 -- Name: community_deletion_requests_leased; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2599,6 +2606,13 @@ CREATE UNIQUE INDEX reactions_by_reaction_event ON public.reactions USING btree 
 --
 
 CREATE INDEX reactions_by_target ON public.reactions USING btree (community_id, event_id) WHERE (removed_at IS NULL);
+
+
+--
+-- Name: scheduled_workflow_fires_by_run; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX scheduled_workflow_fires_by_run ON public.scheduled_workflow_fires USING btree (community_id, workflow_run_id) WHERE (workflow_run_id IS NOT NULL);
 
 
 --

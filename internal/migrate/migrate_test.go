@@ -214,3 +214,48 @@ func tenantKeyViolations(ctx context.Context, conn *pgx.Conn) ([]string, error) 
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// A foreign key whose referencing columns lead no index makes every delete
+// or key update of a referenced row scan the whole referencing table (the
+// check runs once per row): a purge of a community's workflow runs was
+// quadratic in its schedule claims.
+func TestEveryForeignKeyIsIndexed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.URL(t))
+	missing, err := unindexedForeignKeys(ctx, conn)
+	require.NoError(t, err)
+	require.Empty(t, missing)
+
+	// The check has teeth: a reference to channels without an index of its own.
+	_, err = conn.Exec(ctx, `CREATE TABLE fk_probe (community_id uuid NOT NULL, id bigint, channel_id uuid,
+		PRIMARY KEY (community_id, id), FOREIGN KEY (community_id, channel_id) REFERENCES channels (community_id, id))`)
+	require.NoError(t, err)
+	missing, err = unindexedForeignKeys(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fk_probe: fk_probe_community_id_channel_id_fkey"}, missing)
+}
+
+// unindexedForeignKeys names each foreign key that no valid index can serve:
+// one whose first columns are the key's columns in any order, or a unique
+// one whose columns are all among the key's (at most one row to check).
+// A partial index counts; those here exclude only NULL keys, which the
+// check's equality never looks up.
+func unindexedForeignKeys(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, `
+		SELECT format('%s: %s', k.conrelid::regclass, k.conname)
+		FROM pg_constraint k
+		JOIN pg_namespace n ON n.oid = k.connamespace
+		WHERE k.contype = 'f' AND n.nspname = 'public'
+		  AND NOT EXISTS (
+			SELECT FROM pg_index i
+			WHERE i.indrelid = k.conrelid AND i.indisvalid
+			  AND (((i.indkey::int2[])[0:cardinality(k.conkey) - 1] @> k.conkey
+			        AND (i.indkey::int2[])[0:cardinality(k.conkey) - 1] <@ k.conkey)
+			       OR (i.indisunique AND (i.indkey::int2[])[0:i.indnkeyatts - 1] <@ k.conkey)))
+		ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
