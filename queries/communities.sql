@@ -54,12 +54,13 @@ WHERE id = @id::uuid
 RETURNING signing_key;
 
 -- name: CommunityClosedAmong :many
--- Of the given communities, those whose deletion has fenced them: their
--- live connections must close.
-SELECT id
+-- Of the given communities, those no longer served: being deleted (from
+-- quiescing on, for good) or archived (until unarchived). Their live
+-- connections must close.
+SELECT id, deletion_state <> 'active' AS deleting
 FROM communities
 WHERE id = ANY(@ids::uuid[])
-  AND deletion_state IN ('fenced', 'tombstone');
+  AND (deletion_state <> 'active' OR archived_at IS NOT NULL);
 
 -- name: CommunityByID :one
 SELECT * FROM communities WHERE id = @id::uuid;

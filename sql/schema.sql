@@ -241,6 +241,27 @@ $$;
 
 
 --
+-- Name: communities_announce_archived(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.communities_announce_archived() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('buzz_community_closed', 'archived:' || NEW.id::text);
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION communities_announce_archived(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.communities_announce_archived() IS 'Tells every relay listening on buzz_community_closed to close an archived community''s live connections.';
+
+
+--
 -- Name: communities_announce_closed(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2847,10 +2868,17 @@ CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON 
 
 
 --
+-- Name: communities communities_announce_archived; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER communities_announce_archived AFTER UPDATE OF archived_at ON public.communities FOR EACH ROW WHEN (((old.archived_at IS NULL) AND (new.archived_at IS NOT NULL))) EXECUTE FUNCTION public.communities_announce_archived();
+
+
+--
 -- Name: communities communities_announce_closed; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER communities_announce_closed AFTER UPDATE OF deletion_state ON public.communities FOR EACH ROW WHEN (((new.deletion_state = ANY (ARRAY['fenced'::text, 'tombstone'::text])) AND (old.deletion_state IS DISTINCT FROM new.deletion_state))) EXECUTE FUNCTION public.communities_announce_closed();
+CREATE TRIGGER communities_announce_closed AFTER UPDATE OF deletion_state ON public.communities FOR EACH ROW WHEN (((new.deletion_state = ANY (ARRAY['quiescing'::text, 'fenced'::text, 'tombstone'::text])) AND (old.deletion_state IS DISTINCT FROM new.deletion_state))) EXECUTE FUNCTION public.communities_announce_closed();
 
 
 --

@@ -82,27 +82,33 @@ func (q *Queries) CommunityByID(ctx context.Context, id uuid.UUID) (Community, e
 }
 
 const communityClosedAmong = `-- name: CommunityClosedAmong :many
-SELECT id
+SELECT id, deletion_state <> 'active' AS deleting
 FROM communities
 WHERE id = ANY($1::uuid[])
-  AND deletion_state IN ('fenced', 'tombstone')
+  AND (deletion_state <> 'active' OR archived_at IS NOT NULL)
 `
 
-// Of the given communities, those whose deletion has fenced them: their
-// live connections must close.
-func (q *Queries) CommunityClosedAmong(ctx context.Context, ids []uuid.UUID) ([]uuid.UUID, error) {
+type CommunityClosedAmongRow struct {
+	ID       uuid.UUID
+	Deleting bool
+}
+
+// Of the given communities, those no longer served: being deleted (from
+// quiescing on, for good) or archived (until unarchived). Their live
+// connections must close.
+func (q *Queries) CommunityClosedAmong(ctx context.Context, ids []uuid.UUID) ([]CommunityClosedAmongRow, error) {
 	rows, err := q.db.Query(ctx, communityClosedAmong, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []uuid.UUID
+	var items []CommunityClosedAmongRow
 	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
+		var i CommunityClosedAmongRow
+		if err := rows.Scan(&i.ID, &i.Deleting); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

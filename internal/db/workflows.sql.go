@@ -165,8 +165,10 @@ SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
-  -- A community being deleted fires nothing (its writes are refused).
-  AND EXISTS (SELECT FROM communities c WHERE c.id = workflows.community_id AND c.deletion_state = 'active')
+  -- A community being deleted (its writes are refused) or archived (not
+  -- served) fires nothing.
+  AND EXISTS (SELECT FROM communities c WHERE c.id = workflows.community_id
+              AND c.deletion_state = 'active' AND c.archived_at IS NULL)
 ORDER BY community_id, id
 `
 

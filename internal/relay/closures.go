@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -11,9 +12,26 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 )
 
-// closeReasonCommunityDeleted is the WebSocket close reason (with 1008) a
-// deleted community's clients receive.
-const closeReasonCommunityDeleted = "community deleted"
+// closing is why a community's connections close: the WebSocket close
+// reason they get (with 1008), and whether its later connections are
+// refused too.
+type closing struct {
+	reason string
+	// forGood: a deletion is never undone, so a connection that resolved
+	// the community just before it closed is refused as well. An archive
+	// can be undone; its host stops resolving, and the sweep closes a
+	// connection that slipped in meanwhile.
+	forGood bool
+}
+
+var (
+	closingDeleted  = closing{reason: "community deleted", forGood: true}
+	closingArchived = closing{reason: "community archived"}
+)
+
+// archivedPrefix marks an archive's announcement; a deletion's payload is
+// the bare id.
+const archivedPrefix = "archived:"
 
 // Reconnection backoff of the announcement listener.
 const (
@@ -22,8 +40,9 @@ const (
 )
 
 // WatchCommunityClosures closes the live connections of every community
-// the database announces closed (a trigger on communities notifies
-// community.ClosedChannel when a deletion fences one), for as long as ctx
+// the database announces closed (triggers on communities notify
+// community.ClosedChannel when a deletion starts quiescing it or an
+// operator archives it), for as long as ctx
 // lasts. Every relay on the database listens, so every relay closes them,
 // with or without Redis. After each
 // (re)connection, and every BUZZ_CLOSED_COMMUNITY_SWEEP, it also asks the
@@ -79,8 +98,12 @@ func (s *Server) listenForClosures(ctx context.Context) (listening bool, err err
 				}
 				break // time to sweep
 			}
-			if id, err := uuid.Parse(n.Payload); err == nil {
-				s.closeCommunity(id)
+			why, payload := closingDeleted, n.Payload
+			if rest, archived := strings.CutPrefix(payload, archivedPrefix); archived {
+				why, payload = closingArchived, rest
+			}
+			if id, err := uuid.Parse(payload); err == nil {
+				s.closeCommunity(id, why)
 			} else {
 				s.log.Warn("undecodable community closing announcement", "payload", n.Payload)
 			}
@@ -108,26 +131,33 @@ func (s *Server) sweepClosedCommunities(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, id := range closed {
-		s.closeCommunity(id)
+	for _, row := range closed {
+		why := closingArchived
+		if row.Deleting {
+			why = closingDeleted
+		}
+		s.closeCommunity(row.ID, why)
 	}
 	return nil
 }
 
-// closeCommunity closes every connection of the community with 1008
-// "community deleted" and refuses its new ones; other communities'
-// connections are untouched. Repeated announcements are harmless.
-func (s *Server) closeCommunity(id uuid.UUID) {
+// closeCommunity closes every connection of the community with 1008 and
+// the reason, and refuses its new ones when it closed for good; other
+// communities' connections are untouched. Repeated announcements are
+// harmless.
+func (s *Server) closeCommunity(id uuid.UUID, why closing) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, already := s.closedCommunities[id]; !already {
-		s.log.Info("community closed: closing its connections", "community", id)
+		s.log.Info("community closed: closing its connections", "community", id, "reason", why.reason)
 	}
-	s.closedCommunities[id] = struct{}{}
+	if why.forGood {
+		s.closedCommunities[id] = struct{}{}
+	}
 	for c := range s.conns {
-		if c.tenant.ID() == id && c.closedForDeletion.CompareAndSwap(false, true) {
-			s.metrics.CommunityClosedConns.Inc()
-			go c.ws.Close(websocket.StatusPolicyViolation, closeReasonCommunityDeleted)
+		if c.tenant.ID() == id && c.closedForCommunity.CompareAndSwap(false, true) {
+			s.metrics.CommunityClosedConns.WithLabelValues(why.reason).Inc()
+			go c.ws.Close(websocket.StatusPolicyViolation, why.reason)
 		}
 	}
 }

@@ -41,11 +41,7 @@ func fenceCommunity(t *testing.T, pool *pgxpool.Pool, host string) {
 // "community deleted".
 func requireClosedForDeletion(t *testing.T, c *relaytest.Client) {
 	t.Helper()
-	err := readUntilClosed(c.WS, 60*time.Second)
-	require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "got %v", err)
-	var ce websocket.CloseError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "community deleted", ce.Reason)
+	requireClosedWith(t, c, "community deleted")
 }
 
 // hostStatus is the HTTP status a plain GET of / on host gets.
@@ -95,7 +91,7 @@ func TestDeletedCommunityIsClosedOnEveryRelay(t *testing.T) {
 		requireClosedForDeletion(t, c)
 	}
 	for _, r := range []*relaytest.Relay{a, b} {
-		require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().CommunityClosedConns))
+		require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().CommunityClosedConns.WithLabelValues("community deleted")))
 		require.Equal(t, http.StatusNotFound, hostStatus(t, r, a.Host), "a deleted community's host is not served")
 	}
 	for _, k := range kept {
@@ -150,4 +146,94 @@ func TestDisconnectCommunityOverRedis(t *testing.T) {
 	late, err := b.TryDial(a.Host)
 	require.NoError(t, err, "the database still says active: the host resolves")
 	requireClosedForDeletion(t, late)
+}
+
+// requireClosedWith waits for the socket to be closed with 1008 and reason.
+func requireClosedWith(t *testing.T, c *relaytest.Client, reason string) {
+	t.Helper()
+	err := readUntilClosed(c.WS, 60*time.Second)
+	require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "got %v", err)
+	var ce websocket.CloseError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, reason, ce.Reason)
+}
+
+// Archiving a community closes its open sockets on every relay with 1008
+// "community archived" (before, they went on storing and reading events
+// for as long as they stayed connected); unarchived, it serves again.
+// Mutations killed: no archive trigger (the sockets stay open: the sweep
+// is an hour away); an archive refusing the community's later connections
+// for good (the socket after unarchive is refused).
+func TestArchivedCommunityIsClosedUntilUnarchived(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	slowSweep := func(c *config.Config) { c.ClosedCommunitySweep = time.Hour }
+	a := relaytest.StartOn(t, pool, slowSweep)
+	b := relaytest.StartOn(t, pool, slowSweep)
+	var open []*relaytest.Client
+	for _, r := range []*relaytest.Relay{a, b} {
+		c := r.Dial(t, a.Host)
+		c.Auth(nil)
+		c.Send("REQ", "live", map[string]any{"kinds": []int{1}, "limit": 0})
+		c.Expect("EOSE")
+		open = append(open, c)
+	}
+	q := db.New(pool)
+	_, err := q.CommunityArchive(ctx, db.CommunityArchiveParams{Host: a.Host})
+	require.NoError(t, err)
+	for _, c := range open {
+		requireClosedWith(t, c, "community archived")
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(a.Server.Metrics().CommunityClosedConns.WithLabelValues("community archived")))
+	require.Equal(t, http.StatusNotFound, hostStatus(t, a, a.Host))
+
+	_, err = q.CommunityUnarchive(ctx, a.Host)
+	require.NoError(t, err)
+	for _, r := range []*relaytest.Relay{a, b} {
+		c := r.Dial(t, a.Host)
+		c.Auth(nil)
+		ev := c.Sign(1, "back again", nil, 0)
+		c.Send("EVENT", ev)
+		require.True(t, c.Expect("OK").OK, "an unarchived community serves again")
+	}
+}
+
+// A deletion closes the community's sockets when it starts quiescing, not
+// only at the fence: from then on their stored writes are refused, and
+// their ephemeral events (which never reach the database's fence) went on
+// reaching other members until the fence, however long that took.
+// Mutation killed: the closing trigger firing from fenced on only.
+func TestQuiescingCommunityIsClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ClosedCommunitySweep = time.Hour })
+	c := r.Dial(t, r.Host)
+	c.Auth(nil)
+	req, err := deletion.Submit(ctx, pool, nil, r.Host, "ops@example", "test")
+	require.NoError(t, err)
+	req, err = deletion.Approve(ctx, pool, req.ID, "lead@example", "test")
+	require.NoError(t, err)
+	q := db.New(pool)
+	row, err := q.DeletionRequestClaim(ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
+	require.NoError(t, err)
+	require.NoError(t, q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration}))
+	requireClosedForDeletion(t, c)
+}
+
+// The sweep also finds an archive whose announcement was lost.
+// Mutation killed: the sweep's query asking for deletions only.
+func TestClosedCommunitySweepCatchesALostArchive(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ClosedCommunitySweep = 200 * time.Millisecond })
+	c := r.Dial(t, r.Host)
+	c.Auth(nil)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `ALTER TABLE communities DISABLE TRIGGER communities_announce_archived`)
+	require.NoError(t, err)
+	_, err = db.New(pool).CommunityArchive(ctx, db.CommunityArchiveParams{Host: r.Host})
+	require.NoError(t, err)
+	requireClosedWith(t, c, "community archived")
 }

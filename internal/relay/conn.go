@@ -64,9 +64,9 @@ type conn struct {
 	ctx           context.Context
 	cancel        context.CancelFunc
 	slowOnce      sync.Once
-	// closedForDeletion is set once the connection is being closed because
-	// its community was deleted.
-	closedForDeletion atomic.Bool
+	// closedForCommunity is set once the connection is being closed because
+	// its community was deleted or archived.
+	closedForCommunity atomic.Bool
 	// subs maps each open subscription id to the filter values it holds,
 	// which count against MaxFilterValues (read goroutine only).
 	subs map[string]int

@@ -30,8 +30,8 @@ type Metrics struct {
 	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
 	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
 	// CommunityClosedConns counts connections closed because their
-	// community was deleted.
-	CommunityClosedConns prometheus.Counter
+	// community was deleted or archived, by close reason.
+	CommunityClosedConns *prometheus.CounterVec
 	// RouteDecision counts routed reads by path, decision (replica,
 	// writer) and reason (docs/replica.md).
 	RouteDecision *prometheus.CounterVec
@@ -116,9 +116,9 @@ func NewMetrics() *Metrics {
 		MediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
 		}, []string{"direction"}),
-		CommunityClosedConns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "buzz_connections_closed_community_deleted_total", Help: "WebSocket connections closed with 1008 because their community was deleted.",
-		}),
+		CommunityClosedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_connections_closed_community_total", Help: "WebSocket connections closed with 1008 because their community was deleted or archived, by close reason.",
+		}, []string{"reason"}),
 	}
 	m.RouteDecision = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "buzz_db_route_decision",

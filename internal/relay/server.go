@@ -82,9 +82,10 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	closing bool
-	// closedCommunities were announced closed by their deletion: their
-	// connections are closed and new ones refused. A closed community
-	// never serves again, so the set only grows (by one id per deletion).
+	// closedCommunities were announced closed by their deletion (not by an
+	// archive, which can be undone): their connections are closed and new
+	// ones refused. A deleted community never serves again, so the set
+	// only grows (by one id per deletion).
 	closedCommunities map[uuid.UUID]struct{}
 	// Admitted WebSocket connections, all together and per client address,
 	// counted from before the upgrade until the connection is forgotten.
@@ -290,7 +291,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 		},
 		Invalidate:     s.access.Invalidate,
 		Resync:         s.access.InvalidateAll,
-		CloseCommunity: s.closeCommunity,
+		CloseCommunity: func(id uuid.UUID) { s.closeCommunity(id, closingDeleted) },
 	}, s.log, crossrelay.NewMetrics(s.metrics.Registry))
 	if err != nil {
 		return err
@@ -403,7 +404,7 @@ func (s *Server) track(c *conn) (websocket.StatusCode, string) {
 		return websocket.StatusGoingAway, "relay shutting down"
 	}
 	if _, closed := s.closedCommunities[c.tenant.ID()]; closed {
-		return websocket.StatusPolicyViolation, closeReasonCommunityDeleted
+		return websocket.StatusPolicyViolation, closingDeleted.reason
 	}
 	s.conns[c] = struct{}{}
 	s.metrics.Connections.Inc()

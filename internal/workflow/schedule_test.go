@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
@@ -233,4 +235,45 @@ func TestScheduleTickResumesAfterTheLastHandledSlot(t *testing.T) {
 	}
 	require.Equal(t, []int{100, 100, 50, 0}, fired)
 	require.Equal(t, 250, f.count(`SELECT count(*) FROM test_fire_attempts`), "each slot inserted once")
+}
+
+// An archived community's schedules do not fire (it is not served), and
+// fire again once it is unarchived; a community whose deletion has begun
+// fires nothing.
+//
+// Mutations killed: the scheduler's query ignoring archived_at (the
+// archived tick fires), or ignoring deletion_state (the quiescing tick
+// fires).
+func TestScheduleSkipsArchivedAndDeletingCommunities(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	f.save(owner, ch, uuid.NewString(), "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+	tick := func() int {
+		n, err := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), time.Minute, nil, nil).Tick(f.ctx)
+		require.NoError(t, err)
+		return n
+	}
+	community := func(set string) {
+		_, err := f.pool.Exec(f.ctx, `UPDATE communities SET `+set+` WHERE id = $1`, f.tenant.ID())
+		require.NoError(t, err)
+	}
+
+	community(`archived_at = now()`)
+	f.clock.Advance(time.Minute)
+	require.Zero(t, tick(), "an archived community fires nothing")
+	community(`archived_at = NULL`)
+	f.clock.Advance(time.Minute)
+	require.Equal(t, 1, tick(), "unarchived, it fires again")
+	req, err := deletion.Submit(f.ctx, f.pool, nil, f.tenant.Host(), "ops@example", "test")
+	require.NoError(t, err)
+	req, err = deletion.Approve(f.ctx, f.pool, req.ID, "lead@example", "test")
+	require.NoError(t, err)
+	q := db.New(f.pool)
+	claim, err := q.DeletionRequestClaim(f.ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
+	require.NoError(t, err)
+	require.NoError(t, q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: claim.ID, Owner: "test", Generation: claim.LeaseGeneration}))
+	f.clock.Advance(time.Minute)
+	require.Zero(t, tick(), "a community being deleted fires nothing")
 }
