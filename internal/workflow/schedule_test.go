@@ -241,9 +241,9 @@ func TestScheduleTickResumesAfterTheLastHandledSlot(t *testing.T) {
 // fire again once it is unarchived; a community whose deletion has begun
 // fires nothing.
 //
-// Mutations killed: the scheduler's query ignoring archived_at (the
-// archived tick fires), or ignoring deletion_state (the quiescing tick
-// fires).
+// Mutation killed: the scheduler's query ignoring archived_at (the
+// archived tick fires). Without its deletion_state test the quiescing tick
+// still fires nothing: the write fence refuses the slot's claim.
 func TestScheduleSkipsArchivedAndDeletingCommunities(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
