@@ -410,10 +410,14 @@ func (p *Pipeline) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (i
 // finish answers an event once the transaction that held it is over, and
 // runs its after-commit steps only if it was stored.
 func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, error) {
-	if j.err != nil {
-		return 0, "", mapError(j.err)
-	}
 	w := j.w
+	if j.err != nil {
+		err := mapError(j.err)
+		if p.refusedButStored(ctx, w, err) {
+			return Duplicate, "", nil
+		}
+		return 0, "", err
+	}
 	if j.inserted == 0 {
 		outcome, err := p.notInserted(ctx, w.Tenant, w.Event)
 		return outcome, "", err
@@ -438,6 +442,23 @@ func (p *Pipeline) insert(ctx context.Context, q *db.Queries, w *Write) (int64, 
 		return 0, err
 	}
 	return q.EventInsert(ctx, params)
+}
+
+// refusedButStored reports whether an event refused by its checks is
+// already stored: it committed earlier (a re-send, or the retry of a group
+// whose COMMIT answer was lost) and its own write, or a group mate's,
+// changed what the checks see (a leave whose member is gone, a message
+// whose author a removal in the same group took out). Such an event is a
+// duplicate, as NIP-01 answers a stored event sent again. Only the author
+// learns this about their own event, and only a refusal pays the lookup.
+func (p *Pipeline) refusedButStored(ctx context.Context, w *Write, err error) bool {
+	var refused *Rejection
+	if !errors.As(err, &refused) || refused.Prefix == "duplicate" || w.Event.PubKey != w.Actor {
+		return false
+	}
+	id := w.Event.IDBytes()
+	exists, lookupErr := db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: w.Tenant.ID(), ID: id[:]})
+	return lookupErr == nil && exists
 }
 
 // notInserted tells a duplicate from an event the replaceable-slot trigger
