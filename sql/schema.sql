@@ -1459,7 +1459,6 @@ BEGIN
         WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = 5
           AND tag_index && ARRAY['a:' || NEW.kind::text || ':' || encode(NEW.pubkey, 'hex') || ':' || coalesce(NEW.d_tag, '')]
           AND created_at >= NEW.created_at
-          AND deleted_at IS NULL
     ) THEN
         RETURN NULL;
     END IF;

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -128,4 +129,32 @@ func TestDeletionIsAsReadableAsItsTargets(t *testing.T) {
 		require.Zero(t, f.count(live, gone.ID))
 	}
 	require.Equal(t, 1, f.count(live, inOther.ID))
+}
+
+// A moderator hiding a member's address deletion (a 9005 naming the kind
+// 5, which moderation may hide: its text is the member's) hides the
+// deletion event, not its effect: an older version of the deleted address
+// stays out, as it did before the 9005.
+// Mutation killed: the slot trigger counting only deletions not hidden
+// (deleted_at IS NULL), as before migration 023: v0b is stored and live.
+func TestHiddenDeletionKeepsItsAddressDeleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "hidden-deletion.example", 0)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, false)
+	f.store(f.sign(member, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+	now := time.Now().Unix()
+	f.store(f.sign(member, 30023, "v1", nostr.Tags{{"d", "slot"}, {"h", ch}}, now-100))
+	deletion := f.store(f.sign(member, nostr.KindDeletion, "", nostr.Tags{{"a", "30023:" + member.PublicKeyHex() + ":slot"}}, now-50))
+	older := func(content string, createdAt int64) ingest.Outcome {
+		out, err := f.submit(f.sign(member, 30023, content, nostr.Tags{{"d", "slot"}, {"h", ch}}, createdAt))
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, ingest.Superseded, older("v0", now-90))
+
+	f.store(f.sign(owner, ingest.KindDeleteEvent, "", nostr.Tags{{"h", ch}, {"e", deletion.ID}}, 0))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NOT NULL`, deletion.ID), "the deletion is hidden")
+	require.Equal(t, ingest.Superseded, older("v0b", now-80), "the address stays deleted")
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND deleted_at IS NULL`, f.tenant.ID()))
 }
