@@ -1590,6 +1590,29 @@ $$;
 
 
 --
+-- Name: users_forget_hidden_profile(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.users_forget_hidden_profile() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE users
+    SET display_name = NULL, about = NULL, avatar_url = NULL, nip05_handle = NULL, updated_at = now()
+    WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND metadata_event_id = NEW.id;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION users_forget_hidden_profile(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.users_forget_hidden_profile() IS 'Clears the users profile fields mirrored from a kind 0 event once that event is hidden (deleted_at set).';
+
+
+--
 -- Name: workflows_disable_on_owner_removal(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2927,6 +2950,13 @@ CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EAC
 --
 
 CREATE TRIGGER users_agent_owner_first_wins BEFORE UPDATE OF agent_owner_pubkey ON public.users FOR EACH ROW EXECUTE FUNCTION public.users_agent_owner_first_wins();
+
+
+--
+-- Name: events users_forget_hidden_profile; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER users_forget_hidden_profile AFTER UPDATE OF deleted_at ON public.events FOR EACH ROW WHEN (((new.kind = 0) AND (old.deleted_at IS NULL) AND (new.deleted_at IS NOT NULL))) EXECUTE FUNCTION public.users_forget_hidden_profile();
 
 
 --

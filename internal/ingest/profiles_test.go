@@ -125,3 +125,39 @@ func TestNip05HostMatching(t *testing.T) {
 		}
 	}
 }
+
+// A profile its author deletes (NIP-09, by id or by its 0:<pubkey>:
+// address) leaves users with no display name, about, picture or NIP-05:
+// the deleted name no longer answers owner lookups or wakes its member
+// by @name. The member's add policy stays; a newer profile fills the row
+// again. Another member's profile is untouched.
+// Mutation killed: no users_forget_hidden_profile trigger (the deleted
+// display name stays).
+func TestDeletedProfileLeavesUsers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deleted-profile.example", 0)
+	byID, byAddress, bystander := f.key(), f.key(), f.key()
+	profile := func(key *nostr.SecretKey, name string, at int64) *nostr.Event {
+		return f.store(f.sign(key, 0, `{"name":"`+name+`","about":"a","picture":"https://x.example/p.png","channel_add_policy":"nobody"}`, nil, at))
+	}
+	v1 := profile(byID, "first", f.base)
+	profile(byAddress, "second", f.base)
+	profile(bystander, "third", f.base)
+
+	f.store(f.sign(byID, nostr.KindDeletion, "", nostr.Tags{{"e", v1.ID}}, f.base+1))
+	f.store(f.sign(byAddress, nostr.KindDeletion, "", nostr.Tags{{"a", "0:" + byAddress.PublicKeyHex() + ":"}}, f.base+1))
+	for _, key := range []*nostr.SecretKey{byID, byAddress} {
+		u, ok := f.user(key)
+		require.True(t, ok, "the row stays")
+		require.Nil(t, u.DisplayName, "the deleted display name is gone")
+		require.Nil(t, u.About)
+		require.Nil(t, u.Avatar)
+		require.Equal(t, "nobody", u.Policy, "the member's add policy is not profile text")
+	}
+	u, _ := f.user(bystander)
+	require.Equal(t, ptr("third"), u.DisplayName, "another member's profile is untouched")
+
+	profile(byID, "again", f.base+2)
+	u, _ = f.user(byID)
+	require.Equal(t, ptr("again"), u.DisplayName, "a newer profile fills the row again")
+}
