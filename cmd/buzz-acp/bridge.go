@@ -168,7 +168,7 @@ func (b *bridge) run(ctx context.Context) error {
 
 // connectAndServe runs one connection. served reports whether it got as far
 // as subscribing (which resets the backoff). since is the created_at from
-// which a new subscription catches up on what it missed.
+// which a new subscription catches up on what it missed (see catchUpPoint).
 func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool, err error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -253,9 +253,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 			switch f.verb {
 			case "EVENT":
-				if f.event.CreatedAt > *since {
-					*since = f.event.CreatedAt
-				}
+				*since = max(*since, catchUpPoint(f.event, f.at))
 				in := incoming{ev: f.event, at: f.at, channels: channels}
 				if caughtUp {
 					b.push(in)
@@ -281,6 +279,15 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 	}
+}
+
+// catchUpPoint is how far a message read at `at` moves the catch-up: to
+// its created_at, but never past the moment it was read. A created_at is
+// the sender's word, and the relay accepts one up to 15 minutes ahead by
+// default: a member (or a fast clock) would otherwise move the catch-up
+// past everything posted between a drop and the reconnection.
+func catchUpPoint(ev *nostr.Event, at time.Time) int64 {
+	return min(ev.CreatedAt, at.Unix())
 }
 
 // push hands a message to handleIncoming without ever waiting: when too
@@ -328,10 +335,9 @@ func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[st
 	}
 	sort.Strings(ids)
 	// since is inclusive: events of the last second seen are delivered again
-	// and skipped by the seen set, so none of that second is lost. It never
-	// lies ahead of the clock: a since in the future (after a message dated
-	// ahead, which the relay accepts within its skew) would also hide the
-	// live messages dated now.
+	// and skipped by the seen set, so none of that second is lost. It is
+	// never ahead of the clock (catchUpPoint caps it at when a message was
+	// read); the min keeps that true if the clock is stepped back.
 	since = min(since, time.Now().Unix())
 	return conn.subscribe(ctx, "wake", map[string]any{
 		"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}, "since": since,

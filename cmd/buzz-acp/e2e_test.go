@@ -405,7 +405,9 @@ func TestForgedDoorbellNeverReachesTheAgent(t *testing.T) {
 // instead of the last event seen: the doorbell rung meanwhile is never
 // answered; handing the replay on newest first: the thread's prompts come
 // in reverse; resubscribing from a since ahead of the clock (the thread's
-// messages are dated ahead): the doorbell after the last drop is missed.
+// messages are dated ahead; the catch-up point neither capped at when a
+// message was read nor at now on subscribing): the doorbell after the
+// last drop is missed.
 func TestReconnectsAndCatchesUp(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -445,6 +447,48 @@ func TestReconnectsAndCatchesUp(t *testing.T) {
 	w.proxy.cut()
 	w.waitConnected(2)
 	w.answerTo(w.ring().ID)
+}
+
+// A member's mention dated ten minutes ahead (the relay accepts up to
+// fifteen) does not move the catch-up point past the moment it was read:
+// a doorbell rung while the connection is down is still answered after
+// the reconnection, and the future-dated mention, replayed again because
+// its date lies after the catch-up point, prompts the agent once.
+//
+// Mutations killed: advancing the catch-up point to the created_at of each
+// message seen, uncapped: the resubscription starts at the reconnection
+// (the since is capped at now), after the doorbell, which is never
+// answered; not skipping messages already handled: the replayed mention
+// prompts twice.
+func TestFutureDatedMentionDoesNotHideAnOutage(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ahead := w.owner.Sign(9, "@Robby from the future", nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}, time.Now().Add(10*time.Minute).Unix())
+	ok := w.owner.Publish(ahead)
+	require.True(t, ok.OK, ok.Msg)
+	w.answerTo(ahead.ID)
+
+	w.proxy.pause()
+	require.Eventually(t, func() bool { return w.status.snapshot().State == "disconnected" }, waitLong, 10*time.Millisecond)
+	bell := w.ring() // nobody is listening now
+	// The reconnection happens in a later second than the doorbell's, so a
+	// catch-up starting at the reconnection would miss it.
+	time.Sleep(1100 * time.Millisecond)
+	w.proxy.resume()
+	w.waitConnected(1)
+	w.answerTo(bell.ID)
+
+	// A live doorbell in the same channel session queues behind any second
+	// prompt for the replayed mention, so once it is answered that prompt
+	// would be there.
+	w.answerTo(w.ring().ID)
+	prompted := 0
+	for _, p := range w.prompts() {
+		if p.EventID == ahead.ID {
+			prompted++
+		}
+	}
+	require.Equal(t, 1, prompted, "the replayed future-dated mention prompts once")
 }
 
 // queryingVerifier stands in for a verifier that refetches what a doorbell

@@ -250,6 +250,48 @@ func FuzzVerifyEnvelope(f *testing.F) {
 	})
 }
 
+// A run whose workflow has two send_message steps posts two genuine
+// doorbells with the same cause; each wakes the agent once, and the same
+// step's doorbell delivered again (in this run or another) is still a
+// replay.
+// Mutation killed: a replay key without the step (the second step of the
+// run dropped as "duplicate"); one with the run too (the other run's
+// doorbell for the same step wakes again).
+func TestEachSendMessageStepOfARunWakesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newMemWorld(t, 0)
+	def := relaytest.SignEvent(t, w.owner, 30620, `name: Two steps
+trigger: {on: message_posted}
+steps:
+  - {id: first, action: send_message, text: "starting on {{trigger.text}}"}
+  - {id: second, action: send_message, text: "now finish {{trigger.text}}"}
+`, nostr.Tags{{"d", uuid.NewString()}, w.bell.Tags.First("h")}, 1_900_000_000)
+	w.q.events = append(w.q.events, def)
+	cause := w.bell.Tags.First("workflow-cause")
+	bell := func(run, step string) *nostr.Event {
+		return relaytest.SignEvent(t, w.relay, 9, "relay prose, never read", nostr.Tags{
+			{"workflow-run", run}, {"workflow-step", step}, {"workflow-owner", w.owner.PublicKeyHex()},
+			{"workflow-definition", def.ID, step}, cause, {"p", w.owner.PublicKeyHex()}, w.bell.Tags.First("h"),
+			{"buzz:workflow", "doorbell-v1"},
+		}, 1_900_000_001)
+	}
+	v := doorbell.NewVerifier(doorbell.Options{RelayPubkey: w.relay.PublicKeyHex(), AgentPubkey: w.owner.PublicKeyHex(), Query: w.q})
+	run := uuid.NewString()
+
+	first, err := v.Verify(ctx, bell(run, "first"))
+	require.NoError(t, err)
+	require.Equal(t, "starting on deploy failed on prod", first.Prompt)
+	second, err := v.Verify(ctx, bell(run, "second"))
+	require.NoError(t, err, "the run's second send_message step is not a replay of its first")
+	require.Equal(t, "now finish deploy failed on prod", second.Prompt)
+
+	_, err = v.Verify(ctx, bell(run, "second"))
+	requireDrop(t, err, "duplicate")
+	_, err = v.Verify(ctx, bell(uuid.NewString(), "first"))
+	requireDrop(t, err, "duplicate")
+}
+
 // Many deliveries of one doorbell at once (several subscriptions, a relay
 // replaying while the first is verified) wake the agent exactly once: the
 // replay memory records a cause atomically after the checks.

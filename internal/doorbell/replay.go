@@ -7,9 +7,9 @@ import (
 )
 
 // seenCauses remembers the signed causes already verified, keyed on
-// (definition event id, cause type, cause value), so that a relay replaying
-// a doorbell, or issuing a second one for the same cause, wakes the agent
-// once. It lives in memory for the life of the process: a restart may let
+// (definition event id, cause type, cause value, step), so that a relay
+// replaying a doorbell, or issuing a second one for the same cause and
+// step, wakes the agent once. It lives in memory for the life of the process: a restart may let
 // one replay through. It is bounded both ways: at most max entries (the
 // least recently seen goes first) and each for at most ttl.
 type seenCauses struct {

@@ -27,7 +27,8 @@ const (
 	DefaultWebhookBurst  = 5
 	DefaultWebhookRefill = 12 * time.Second
 	// DefaultDedupeEntries and DefaultDedupeTTL bound the memory of causes
-	// already verified: at about 200 bytes each, 65536 entries are ~13 MB.
+	// already verified: at about 200 bytes each (260 with a step id of the
+	// longest, 64 characters), 65536 entries are ~13 MB (at most ~17 MB).
 	DefaultDedupeEntries = 65536
 	DefaultDedupeTTL     = 7 * 24 * time.Hour
 )
@@ -104,9 +105,9 @@ func (v *Verifier) verify(ctx context.Context, ev *nostr.Event) (*Wake, *Drop) {
 	// recorded only once the doorbell has passed every check.
 	replayKey := ""
 	if env.cause.Kind != workflow.CauseWebhook {
-		replayKey = env.definitionID + "\x00" + env.cause.Kind + "\x00" + env.cause.Value
+		replayKey = replayKeyOf(env)
 		if v.seen.has(replayKey, v.opts.Now()) {
-			return nil, drop(ReasonDuplicate, env.cause.Kind+" "+env.cause.Value+" already woke this agent for this definition")
+			return nil, dropDuplicate(env)
 		}
 	}
 	defEv, def, step, d := v.definition(ctx, env)
@@ -128,7 +129,7 @@ func (v *Verifier) verify(ctx context.Context, ev *nostr.Event) (*Wake, *Drop) {
 	}
 	now := v.opts.Now()
 	if replayKey != "" && !v.seen.add(replayKey, now) {
-		return nil, drop(ReasonDuplicate, env.cause.Kind+" "+env.cause.Value+" already woke this agent for this definition")
+		return nil, dropDuplicate(env)
 	}
 	if env.cause.Kind == workflow.CauseWebhook {
 		coordinate := "30620:" + defEv.PubKey + ":" + workflowID
@@ -151,6 +152,20 @@ func (v *Verifier) verify(ctx context.Context, ev *nostr.Event) (*Wake, *Drop) {
 		wake.ReplyTo = tc.MessageID
 	}
 	return wake, nil
+}
+
+// replayKeyOf names what one genuine doorbell proves: this step of this
+// definition for this cause. Every send_message step of a run rings once
+// for the run's one cause, so the step is part of it; the run is not, so a
+// second run for the same cause is still a replay. The step goes last: the
+// fields before it are hex, an enum and a number, none containing NUL, so
+// no two envelopes share a key.
+func replayKeyOf(env *envelope) string {
+	return env.definitionID + "\x00" + env.cause.Kind + "\x00" + env.cause.Value + "\x00" + env.step
+}
+
+func dropDuplicate(env *envelope) *Drop {
+	return drop(ReasonDuplicate, env.cause.Kind+" "+env.cause.Value+" already woke this agent for step "+env.step+" of this definition")
 }
 
 // fetchByID asks the relay for the one event with id. Anything but exactly

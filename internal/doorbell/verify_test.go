@@ -68,7 +68,7 @@ steps:
 	})
 	t.Run("duplicate cause: another run for the same definition and cause is dropped", func(t *testing.T) {
 		// Kills: a replay key that includes the run id (or the doorbell id)
-		// instead of (definition, cause type, cause value).
+		// instead of (definition, cause type, cause value, step).
 		v, _ := f.verifier(f.agent, true)
 		first := f.resign(bell, nil)
 		second := f.resign(bell, func(ev *nostr.Event) { setTag(ev, "workflow-run", uuid.NewString()) })
