@@ -253,9 +253,13 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 			switch f.verb {
 			case "EVENT":
-				*since = max(*since, catchUpPoint(f.event, f.at))
+				// The catch-up point moves only with what is handed on: a
+				// stored event held for EOSE is dropped with its connection,
+				// and the older ones of its batch (they come newest first)
+				// would then never be replayed.
 				in := incoming{ev: f.event, at: f.at, channels: channels}
 				if caughtUp {
+					*since = max(*since, catchUpPoint(in.ev, in.at))
 					b.push(in)
 				} else {
 					history = append(history, in)
@@ -271,6 +275,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 					return a.ID < c.ID
 				})
 				for _, in := range history {
+					*since = max(*since, catchUpPoint(in.ev, in.at))
 					b.push(in)
 				}
 				history, caughtUp = nil, true

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -491,6 +492,34 @@ func TestFutureDatedMentionDoesNotHideAnOutage(t *testing.T) {
 	require.Equal(t, 1, prompted, "the replayed future-dated mention prompts once")
 }
 
+// A connection that drops in the middle of a catch-up, after the relay
+// sent the newest stored doorbell but before EOSE, loses nothing: the
+// older doorbell of that catch-up is replayed on the next connection and
+// answered.
+//
+// Mutation killed: moving the catch-up point with every stored event as it
+// arrives (not as it is handed on at EOSE): the next subscription starts
+// at the newest doorbell's second, and the older one is never answered.
+func TestDropMidCatchUpLosesNothing(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.answerTo(w.ring().ID)
+
+	w.proxy.pause()
+	require.Eventually(t, func() bool { return w.status.snapshot().State == "disconnected" }, waitLong, 10*time.Millisecond)
+	older := w.ring()
+	// The newer doorbell in a later second: since is inclusive, so a
+	// catch-up from the newer one's second would still replay both if
+	// they shared one.
+	time.Sleep(1100 * time.Millisecond)
+	newer := w.ring()
+	w.proxy.cutNextAfter(`["EVENT","wake`)
+	w.proxy.resume()
+	w.waitConnected(2)
+	w.answerTo(newer.ID)
+	w.answerTo(older.ID)
+}
+
 // queryingVerifier stands in for a verifier that refetches what a doorbell
 // names (the definition, the cause, the members): it reads the relay
 // several times per doorbell over buzz-acp's own connection, then refuses.
@@ -680,6 +709,9 @@ type proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	paused bool
+	// cutAfter, when set, makes the next connection end right after the
+	// first WebSocket frame from the relay that contains it.
+	cutAfter []byte
 }
 
 func startProxy(t *testing.T, target string) *proxy {
@@ -713,9 +745,63 @@ func (p *proxy) accept() {
 		}
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
+		cutAfter := p.cutAfter
+		p.cutAfter = nil
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-		go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		if cutAfter != nil {
+			go func() { forwardUntilFrame(c, up, cutAfter); _ = c.Close(); _ = up.Close() }()
+		} else {
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}
+}
+
+// forwardUntilFrame copies the relay's side (the HTTP upgrade answer, then
+// unmasked, uncompressed WebSocket frames) until it has passed on the first
+// frame whose payload contains pattern, and stops there, mid-stream.
+func forwardUntilFrame(client io.Writer, relay io.Reader, pattern []byte) {
+	r := bufio.NewReader(relay)
+	header, err := r.ReadBytes('\n')
+	for ; err == nil && string(header) != "\r\n"; header, err = r.ReadBytes('\n') {
+		if _, err := client.Write(header); err != nil {
+			return
+		}
+	}
+	if err != nil {
+		return
+	}
+	if _, err := client.Write(header); err != nil {
+		return
+	}
+	for {
+		frame := make([]byte, 2, 14)
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return
+		}
+		size := uint64(frame[1] & 0x7f)
+		switch size {
+		case 126, 127:
+			extended := make([]byte, map[uint64]int{126: 2, 127: 8}[size])
+			if _, err := io.ReadFull(r, extended); err != nil {
+				return
+			}
+			frame = append(frame, extended...)
+			size = 0
+			for _, b := range extended {
+				size = size<<8 | uint64(b)
+			}
+		}
+		payload := make([]byte, size)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return
+		}
+		if _, err := client.Write(append(frame, payload...)); err != nil {
+			return
+		}
+		if bytes.Contains(payload, pattern) {
+			return
+		}
 	}
 }
 
@@ -736,6 +822,14 @@ func (p *proxy) pause() {
 	p.paused = true
 	p.mu.Unlock()
 	p.cut()
+}
+
+// cutNextAfter makes the next connection end right after the first frame
+// from the relay that contains pattern.
+func (p *proxy) cutNextAfter(pattern string) {
+	p.mu.Lock()
+	p.cutAfter = []byte(pattern)
+	p.mu.Unlock()
 }
 
 func (p *proxy) resume() {
