@@ -219,6 +219,9 @@ func (g *groupWriter) write(group []*groupJob) {
 		}
 	}()
 	stats.Failed = !g.commit(group)
+	if !stats.Failed {
+		g.p.announceMembershipChanges(group)
+	}
 }
 
 // next takes everything waiting (up to max) as the next group for the

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -405,6 +406,28 @@ func (p *Pipeline) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (i
 		}
 	}
 	return inserted, nil
+}
+
+// announceMembershipChanges runs OnMembershipChange for every community
+// whose membership a committed group changed, once each, before any event
+// of the group is answered and fanned out: each event is fanned out on its
+// own goroutine, so a message committed after a removal in the same group
+// could otherwise reach the removed member through readers cached before
+// it (and miss a member the group added). finish then has nothing left to
+// announce for these events.
+func (p *Pipeline) announceMembershipChanges(group []*groupJob) {
+	var announced []uuid.UUID
+	for _, j := range group {
+		w := j.w
+		if !w.membershipChanged || j.alone || j.err != nil || j.inserted == 0 {
+			continue
+		}
+		w.membershipChanged = false
+		if id := w.Tenant.ID(); p.OnMembershipChange != nil && !slices.Contains(announced, id) {
+			announced = append(announced, id)
+			p.OnMembershipChange(id)
+		}
+	}
 }
 
 // finish answers an event once the transaction that held it is over, and
