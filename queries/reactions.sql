@@ -21,11 +21,6 @@ WHERE community_id = @community_id::uuid AND event_created_at = @event_created_a
   AND event_id = @event_id::bytea AND pubkey = @pubkey::bytea AND emoji = @emoji::text
   AND removed_at IS NULL;
 
--- name: ReactionsRemoveByEvents :execrows
--- NIP-09: a deletion by the reactor removes the reactions its e tags name.
-UPDATE reactions
-SET removed_at = coalesce(sqlc.narg('now')::timestamptz, now())
-WHERE community_id = @community_id::uuid
-  AND reaction_event_id = ANY(@reaction_event_ids::bytea[])
-  AND pubkey = @author::bytea
-  AND removed_at IS NULL;
+-- A hidden reaction event (NIP-09 by its author, or a moderator's 9005)
+-- takes its row with it: the trigger reactions_remove_hidden (migration 025)
+-- removes it in the statement that hides the event.

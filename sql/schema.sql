@@ -1572,6 +1572,30 @@ COMMENT ON FUNCTION public.nostr_coordinate_is_canonical(coordinate text) IS 'Th
 
 
 --
+-- Name: reactions_remove_hidden(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.reactions_remove_hidden() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE reactions
+    SET removed_at = NEW.deleted_at
+    WHERE community_id = NEW.community_id AND reaction_event_id = NEW.id
+      AND pubkey = NEW.pubkey AND removed_at IS NULL;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION reactions_remove_hidden(); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.reactions_remove_hidden() IS 'Removes the reactions row made by a kind 7 event once that event is hidden (deleted_at set), whoever hid it.';
+
+
+--
 -- Name: users_agent_owner_first_wins(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2943,6 +2967,13 @@ CREATE CONSTRAINT TRIGGER events_created_at_floor AFTER INSERT OR UPDATE OF crea
 --
 
 CREATE TRIGGER events_keep_newest_version BEFORE INSERT ON public.events FOR EACH ROW WHEN (((new.kind = ANY (ARRAY[0, 3])) OR ((new.kind >= 10000) AND (new.kind <= 19999)) OR ((new.kind >= 30000) AND (new.kind <= 39999)))) EXECUTE FUNCTION public.events_keep_newest_version();
+
+
+--
+-- Name: events reactions_remove_hidden; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER reactions_remove_hidden AFTER UPDATE OF deleted_at ON public.events FOR EACH ROW WHEN (((new.kind = 7) AND (old.deleted_at IS NULL) AND (new.deleted_at IS NOT NULL))) EXECUTE FUNCTION public.reactions_remove_hidden();
 
 
 --

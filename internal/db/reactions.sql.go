@@ -85,33 +85,3 @@ func (q *Queries) ReactionUpsert(ctx context.Context, arg ReactionUpsertParams) 
 	}
 	return result.RowsAffected(), nil
 }
-
-const reactionsRemoveByEvents = `-- name: ReactionsRemoveByEvents :execrows
-UPDATE reactions
-SET removed_at = coalesce($1::timestamptz, now())
-WHERE community_id = $2::uuid
-  AND reaction_event_id = ANY($3::bytea[])
-  AND pubkey = $4::bytea
-  AND removed_at IS NULL
-`
-
-type ReactionsRemoveByEventsParams struct {
-	Now              *time.Time
-	CommunityID      uuid.UUID
-	ReactionEventIds [][]byte
-	Author           []byte
-}
-
-// NIP-09: a deletion by the reactor removes the reactions its e tags name.
-func (q *Queries) ReactionsRemoveByEvents(ctx context.Context, arg ReactionsRemoveByEventsParams) (int64, error) {
-	result, err := q.db.Exec(ctx, reactionsRemoveByEvents,
-		arg.Now,
-		arg.CommunityID,
-		arg.ReactionEventIds,
-		arg.Author,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}

@@ -206,12 +206,8 @@ func applyDeletion(ctx context.Context, w *Write) error {
 		}); err != nil {
 			return err
 		}
-		// A deleted reaction event takes its reaction with it.
-		if _, err := q.ReactionsRemoveByEvents(ctx, db.ReactionsRemoveByEventsParams{
-			CommunityID: tenant.ID(), ReactionEventIds: ids, Author: author[:], Now: w.SQLNow(),
-		}); err != nil {
-			return err
-		}
+		// A deleted reaction event takes its reaction row with it (trigger
+		// reactions_remove_hidden, for every statement that hides a kind 7).
 	}
 	for _, c := range ownCoordinates(ev) {
 		params := db.EventsDeleteByAddressParams{

@@ -134,6 +134,29 @@ func TestReactionDuplicatesAndDeletion(t *testing.T) {
 	require.Equal(t, 3, f.count(`SELECT count(*) FROM reactions`))
 }
 
+// A moderator's 9005 hiding a member's reaction removes its row as the
+// author's own kind 5 does: the hidden reaction no longer counts, and the
+// member's next identical reaction is stored (it would otherwise be refused
+// as a duplicate of a reaction nobody can see, and fire no workflow).
+// Mutation killed: dropping the trigger reactions_remove_hidden (migration
+// 025) leaves the hidden reaction's row active, which then refuses the new
+// reaction as "duplicate: reaction already exists"; it also fails
+// TestReactionDuplicatesAndDeletion, whose kind 5 relies on the same trigger.
+func TestModeratorHidingAReactionRemovesItsRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "react-9005.example", 0)
+	owner, bob := f.key(), f.key()
+	ch := f.channel(owner, false)
+	msg := f.store(f.sign(owner, 9, "hello", nostr.Tags{{"h", ch}}, f.base))
+	hidden := f.store(f.sign(bob, 7, "+", nostr.Tags{{"e", msg.ID}}, f.base+1))
+	f.store(f.sign(owner, ingest.KindDeleteEvent, "", nostr.Tags{{"h", ch}, {"e", hidden.ID}}, f.base+2))
+	require.Zero(t, f.count(`SELECT count(*) FROM reactions WHERE removed_at IS NULL`), "the hidden reaction no longer counts")
+
+	again := f.store(f.sign(bob, 7, "+", nostr.Tags{{"e", msg.ID}}, f.base+3))
+	chID := uuid.MustParse(ch)
+	require.Equal(t, []reactionRow{{emoji: "+", reactionEvent: again.ID, channel: &chID}}, f.reactions(msg.ID))
+}
+
 // Identical reactions racing: exactly one is stored, the rest are refused as
 // duplicates and leave no event row. Mutation killed (tried): dropping the
 // upsert's "WHERE reactions.removed_at IS NOT NULL" stores all twelve.
