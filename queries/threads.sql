@@ -6,8 +6,10 @@
 -- name: ThreadParentLookup :one
 -- The parent a reply names: a live event of the same community and channel,
 -- with its thread row when it has one (NULL depth: a top-level message that
--- nobody answered yet).
-SELECT e.created_at, t.depth, t.root_event_id, t.root_created_at
+-- nobody answered yet); addressed_to_reader says whether a p tag names the
+-- replier (p-gated kinds, as EventReactionTarget).
+SELECT e.created_at, e.kind, (e.tag_index && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader,
+       t.depth, t.root_event_id, t.root_created_at
 FROM events e
 LEFT JOIN thread_metadata t
     ON t.community_id = e.community_id AND t.event_created_at = e.created_at AND t.event_id = e.id

@@ -60,28 +60,32 @@ func (q *Queries) ThreadAncestorsCountReply(ctx context.Context, arg ThreadAnces
 
 const threadParentLookup = `-- name: ThreadParentLookup :one
 
-SELECT e.created_at, t.depth, t.root_event_id, t.root_created_at
+SELECT e.created_at, e.kind, (e.tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader,
+       t.depth, t.root_event_id, t.root_created_at
 FROM events e
 LEFT JOIN thread_metadata t
     ON t.community_id = e.community_id AND t.event_created_at = e.created_at AND t.event_id = e.id
-WHERE e.community_id = $1::uuid
-  AND e.id = $2::bytea
-  AND e.channel_id = $3::uuid
+WHERE e.community_id = $2::uuid
+  AND e.id = $3::bytea
+  AND e.channel_id = $4::uuid
   AND e.deleted_at IS NULL
 LIMIT 1
 `
 
 type ThreadParentLookupParams struct {
+	ReaderHex   string
 	CommunityID uuid.UUID
 	ID          []byte
 	ChannelID   uuid.UUID
 }
 
 type ThreadParentLookupRow struct {
-	CreatedAt     time.Time
-	Depth         *int32
-	RootEventID   []byte
-	RootCreatedAt *time.Time
+	CreatedAt         time.Time
+	Kind              int32
+	AddressedToReader bool
+	Depth             *int32
+	RootEventID       []byte
+	RootCreatedAt     *time.Time
 }
 
 // NIP-10 reply trees inside channels (thread_metadata). Every reply's row is
@@ -90,12 +94,20 @@ type ThreadParentLookupRow struct {
 // replies of a thread serialize and always lock in the same order.
 // The parent a reply names: a live event of the same community and channel,
 // with its thread row when it has one (NULL depth: a top-level message that
-// nobody answered yet).
+// nobody answered yet); addressed_to_reader says whether a p tag names the
+// replier (p-gated kinds, as EventReactionTarget).
 func (q *Queries) ThreadParentLookup(ctx context.Context, arg ThreadParentLookupParams) (ThreadParentLookupRow, error) {
-	row := q.db.QueryRow(ctx, threadParentLookup, arg.CommunityID, arg.ID, arg.ChannelID)
+	row := q.db.QueryRow(ctx, threadParentLookup,
+		arg.ReaderHex,
+		arg.CommunityID,
+		arg.ID,
+		arg.ChannelID,
+	)
 	var i ThreadParentLookupRow
 	err := row.Scan(
 		&i.CreatedAt,
+		&i.Kind,
+		&i.AddressedToReader,
 		&i.Depth,
 		&i.RootEventID,
 		&i.RootCreatedAt,

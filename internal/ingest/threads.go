@@ -59,6 +59,9 @@ func replyParent(ev *nostr.Event) (id [32]byte, ok, valid bool) {
 
 // applyThreadReply writes a channel reply's thread_metadata row and counts
 // it on its ancestors. The parent must be a live event of the same channel.
+// A p-gated parent (someone else's gift wrap) is answered like an unknown
+// id, as a reaction to it is, and takes no replies even from its
+// recipient: the reply is read by the whole channel.
 // Every reply of a thread locks the thread's root row first, so replies of
 // one thread serialize (counters still move by relative increments).
 func applyThreadReply(ctx context.Context, w *Write) error {
@@ -71,12 +74,20 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 		return notFound
 	}
 	community, channel := w.Tenant.ID(), *w.ChannelID
-	parent, err := w.Q.ThreadParentLookup(ctx, db.ThreadParentLookupParams{CommunityID: community, ID: parentID[:], ChannelID: channel})
+	parent, err := w.Q.ThreadParentLookup(ctx, db.ThreadParentLookupParams{
+		CommunityID: community, ID: parentID[:], ChannelID: channel, ReaderHex: w.Actor,
+	})
 	if dberr.IsNotFound(err) {
 		return notFound
 	}
 	if err != nil {
 		return err
+	}
+	if nostr.IsPGated(int(parent.Kind)) {
+		if !parent.AddressedToReader {
+			return notFound
+		}
+		return Reject("invalid", "kind %d events take no replies", parent.Kind)
 	}
 
 	// The root is the parent's root, or the parent itself when it is top-level.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -215,4 +216,28 @@ func TestThreadReplyParentMustExistInTheSameChannel(t *testing.T) {
 	row, _ := f.thread(ok.ID)
 	require.Equal(t, msg.ID, row.parent)
 	require.Equal(t, 2, f.count(`SELECT count(*) FROM thread_metadata`))
+}
+
+// A reply to a p-gated event of the channel (a gift wrap) is answered as a
+// reaction to it is: "reply parent not found" to a member it is not
+// addressed to, so a reply cannot probe what exists, and a refusal even from
+// its recipient, whose reply the whole channel would read. Neither leaves
+// a thread row on the wrap. Mutations killed: dropping the p-gate check in
+// applyThreadReply stores both replies and counts them on the wrap; dropping
+// only its addressed_to_reader test tells the outsider the wrap exists.
+func TestThreadReplyToPGatedParentIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "parents-pgated.example", 0)
+	owner, carol, alice, bob, throwaway := f.key(), f.key(), f.key(), f.key(), f.key()
+	ch := f.channel(owner, false)
+	wrap := f.sign(throwaway, 1059, "ciphertext", nostr.Tags{{"p", alice.PublicKeyHex()}, {"h", ch}}, f.base)
+	out, err := f.p.Submit(f.ctx, f.tenant, carol.PublicKeyHex(), wrap)
+	require.NoError(t, err)
+	require.Equal(t, ingest.Stored, out)
+	require.NotNil(t, f.eventChannel(wrap.ID), "the wrap lies in the channel, where a reply could name it")
+
+	f.rejected(f.sign(bob, 7, "+", nostr.Tags{{"e", wrap.ID}}, 0), "invalid: reaction target event not found")
+	f.rejected(f.sign(bob, 9, "re", nostr.Tags{{"h", ch}, {"e", wrap.ID, "", "root"}}, 0), "invalid: reply parent not found")
+	f.rejected(f.sign(alice, 9, "re", nostr.Tags{{"h", ch}, {"e", wrap.ID, "", "reply"}}, 0), "invalid: kind 1059 events take no replies")
+	require.Zero(t, f.count(`SELECT count(*) FROM thread_metadata`))
 }
