@@ -71,18 +71,28 @@ FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
 LIMIT 1;
 
--- name: EventSlotClear :execrows
+-- name: EventSlotClear :one
 -- Removes the stored versions of one slot before the relay stores its own
--- new version there. Relay-signed events carry the relay's current second,
--- never a later one; when the previous version has that same second (or,
--- after a clock step back, a later one) the lowest-id tie rule could keep
--- the older state, so the newest replaces it outright. The caller holds the
--- channel's row lock, and the insert that follows takes the slot lock.
-DELETE FROM events
-WHERE community_id = @community_id::uuid
-  AND pubkey = @pubkey::bytea
-  AND kind = @kind::int
-  AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text;
+-- new version there, and returns the new version's created_at: the relay's
+-- second now, or one second after the newest version removed when that is
+-- later, so every version is strictly newer than the one it replaces and a
+-- client applying the lowest-id tie rule, or holding every version it was
+-- sent, keeps the newest. Never later than latest (the relay's future limit
+-- for clients): under changes sustained faster than one a second the lists
+-- stop there and share a second again, the stored one still the newest
+-- because it replaces the others outright. The caller holds the slot lock
+-- (EventSlotLock), so the versions it reads are the ones it replaces.
+WITH cleared AS (
+    DELETE FROM events
+    WHERE community_id = @community_id::uuid
+      AND pubkey = @pubkey::bytea
+      AND kind = @kind::int
+      AND d_tag IS NOT DISTINCT FROM sqlc.narg('d_tag')::text
+    RETURNING created_at
+)
+SELECT greatest(@now::bigint,
+                least(coalesce(max(extract(epoch FROM created_at))::bigint + 1, @now::bigint), @latest::bigint))::bigint AS created_at
+FROM cleared;
 
 -- name: EventChannelsByAuthorIDs :many
 -- The author's own events among ids that a deletion could hide, with their

@@ -213,15 +213,23 @@ func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTarg
 	return i, err
 }
 
-const eventSlotClear = `-- name: EventSlotClear :execrows
-DELETE FROM events
-WHERE community_id = $1::uuid
-  AND pubkey = $2::bytea
-  AND kind = $3::int
-  AND d_tag IS NOT DISTINCT FROM $4::text
+const eventSlotClear = `-- name: EventSlotClear :one
+WITH cleared AS (
+    DELETE FROM events
+    WHERE community_id = $3::uuid
+      AND pubkey = $4::bytea
+      AND kind = $5::int
+      AND d_tag IS NOT DISTINCT FROM $6::text
+    RETURNING created_at
+)
+SELECT greatest($1::bigint,
+                least(coalesce(max(extract(epoch FROM created_at))::bigint + 1, $1::bigint), $2::bigint))::bigint AS created_at
+FROM cleared
 `
 
 type EventSlotClearParams struct {
+	Now         int64
+	Latest      int64
 	CommunityID uuid.UUID
 	Pubkey      []byte
 	Kind        int32
@@ -229,22 +237,27 @@ type EventSlotClearParams struct {
 }
 
 // Removes the stored versions of one slot before the relay stores its own
-// new version there. Relay-signed events carry the relay's current second,
-// never a later one; when the previous version has that same second (or,
-// after a clock step back, a later one) the lowest-id tie rule could keep
-// the older state, so the newest replaces it outright. The caller holds the
-// channel's row lock, and the insert that follows takes the slot lock.
+// new version there, and returns the new version's created_at: the relay's
+// second now, or one second after the newest version removed when that is
+// later, so every version is strictly newer than the one it replaces and a
+// client applying the lowest-id tie rule, or holding every version it was
+// sent, keeps the newest. Never later than latest (the relay's future limit
+// for clients): under changes sustained faster than one a second the lists
+// stop there and share a second again, the stored one still the newest
+// because it replaces the others outright. The caller holds the slot lock
+// (EventSlotLock), so the versions it reads are the ones it replaces.
 func (q *Queries) EventSlotClear(ctx context.Context, arg EventSlotClearParams) (int64, error) {
-	result, err := q.db.Exec(ctx, eventSlotClear,
+	row := q.db.QueryRow(ctx, eventSlotClear,
+		arg.Now,
+		arg.Latest,
 		arg.CommunityID,
 		arg.Pubkey,
 		arg.Kind,
 		arg.DTag,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var created_at int64
+	err := row.Scan(&created_at)
+	return created_at, err
 }
 
 const eventSlotLock = `-- name: EventSlotLock :exec

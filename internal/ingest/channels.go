@@ -565,25 +565,31 @@ func (w *Write) Emit(ctx context.Context, kind int, content string, tags nostr.T
 }
 
 // relaySign builds and signs a relay-signed event dated by the pipeline's
-// clock. For a replaceable or addressable kind it first clears the slot it
-// is about to take.
+// clock. For a replaceable or addressable kind it first takes the slot's
+// lock and clears the slot, and dates the event strictly after the version
+// it replaces (EventSlotClear), at most the future limit ahead.
 func (w *Write) relaySign(ctx context.Context, kind int, content string, tags nostr.Tags) (*nostr.Event, error) {
 	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
 	if err != nil {
 		return nil, err
 	}
 	pub := key.PublicKey()
-	// Never dated ahead of the relay's clock, however fast users toggle
-	// membership: a newer state in the same second replaces the stored one.
-	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: w.pipeline.clock.Now().Unix()}
+	now := w.pipeline.clock.Now()
+	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: now.Unix()}
 	if nostr.IsAddressable(kind) || nostr.IsReplaceable(kind) {
 		var d *string
 		if nostr.IsAddressable(kind) {
 			tag := ev.DTag()
 			d = &tag
 		}
-		if _, err := w.Q.EventSlotClear(ctx, db.EventSlotClearParams{
+		if err := w.Q.EventSlotLock(ctx, db.EventSlotLockParams{
 			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
+		}); err != nil {
+			return nil, err
+		}
+		if ev.CreatedAt, err = w.Q.EventSlotClear(ctx, db.EventSlotClearParams{
+			CommunityID: w.Tenant.ID(), Pubkey: pub[:], Kind: int32(kind), DTag: d,
+			Now: now.Unix(), Latest: now.Add(w.pipeline.maxFutureSkew).Unix(),
 		}); err != nil {
 			return nil, err
 		}

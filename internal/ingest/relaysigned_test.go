@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,55 +16,111 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// TestRelaySignedListsNeverRunAheadOfTheClock toggles a user's membership
-// twenty times within one second of the pipeline's clock: every relay-signed
-// list carries that second, never a later one, and a REQ for each list's slot
-// returns exactly one event, the one describing the final membership. One
-// second later the next change is dated one second later. Mutation killed:
-// dating each list one second after the previous (the lists ran 40 s ahead
-// after 20 toggles, and past the future limit under sustained toggling).
-func TestRelaySignedListsNeverRunAheadOfTheClock(t *testing.T) {
+// listClock is a pipeline whose clock the test sets, recording every
+// relay-signed list of kind it publishes, in order.
+type listClock struct {
+	now   atomic.Int64
+	mu    sync.Mutex
+	lists []*nostr.Event
+}
+
+func (f *fixture) listClock(kind int, start int64, maxFutureSkew time.Duration) *listClock {
+	c := &listClock{}
+	c.now.Store(start)
+	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: maxFutureSkew, Clock: clock.Stub(func() time.Time { return time.Unix(c.now.Load(), 0) })})
+	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID) {
+		if ev.Kind == kind {
+			c.mu.Lock()
+			c.lists = append(c.lists, ev)
+			c.mu.Unlock()
+		}
+	}
+	return c
+}
+
+// requireOneList asserts that a REQ for the channel's list of kind returns
+// exactly one event, dated wantCreatedAt and naming wantMembers pubkeys.
+func (f *fixture) requireOneList(ch string, kind int, wantCreatedAt int64, wantMembers int) {
+	f.t.Helper()
+	store := eventstore.New(f.pool, 100)
+	var got []*nostr.Event
+	require.NoError(f.t, store.QueryJSON(f.ctx, f.tenant.ID(), eventstore.Scope{Channels: []uuid.UUID{uuid.MustParse(ch)}},
+		nostr.Filters{{Kinds: []int{kind}, Tags: map[string][]string{"d": {ch}}}}, func(raw []byte, _ *uuid.UUID) error {
+			ev, err := nostr.ParseEvent(raw, nostr.Limits{})
+			got = append(got, ev)
+			return err
+		}))
+	require.Len(f.t, got, 1, "kind %d", kind)
+	require.Equal(f.t, wantCreatedAt, got[0].CreatedAt, "kind %d", kind)
+	require.Len(f.t, got[0].Tags.Values("p"), wantMembers, "kind %d", kind)
+}
+
+// TestRelaySignedListsAdvanceOneSecondPerVersion toggles a user's
+// membership ten times within one second of the pipeline's clock: each new
+// members list is dated one second after the one it replaces, so a client
+// that kept every list it was sent live and applies NIP-01 (newest
+// created_at, then lowest id) keeps the current one, and a REQ returns
+// exactly that one. Once the clock passes the lists' dates, the next list
+// carries the clock's second again. Mutations killed: dating every list
+// with the clock's second (the client keeps whichever list of that second
+// has the lowest id: 2 members where the current list has 1); dating every
+// list one second after the previous even when the clock is later (the
+// list after the pause is dated in the past).
+func TestRelaySignedListsAdvanceOneSecondPerVersion(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "relay-clock.example", 0)
-	start := time.Unix(time.Now().Unix(), 0)
-	var now atomic.Int64
-	now.Store(start.Unix())
-	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })})
-
+	start := time.Now().Unix()
+	c := f.listClock(ingest.KindGroupMembers, start, time.Minute)
 	owner, user := f.key(), f.key()
 	ch := f.channel(owner, false)
-	requireOneList := func(kind int, wantCreatedAt int64, wantMembers int) {
-		t.Helper()
-		store := eventstore.New(f.pool, 100)
-		var got []*nostr.Event
-		require.NoError(t, store.QueryJSON(f.ctx, f.tenant.ID(), eventstore.Scope{Channels: []uuid.UUID{uuid.MustParse(ch)}},
-			nostr.Filters{{Kinds: []int{kind}, Tags: map[string][]string{"d": {ch}}}}, func(raw []byte, _ *uuid.UUID) error {
-				ev, err := nostr.ParseEvent(raw, nostr.Limits{})
-				got = append(got, ev)
-				return err
-			}))
-		require.Len(t, got, 1, "kind %d", kind)
-		require.Equal(t, wantCreatedAt, got[0].CreatedAt, "kind %d", kind)
-		require.Len(t, got[0].Tags.Values("p"), wantMembers, "kind %d", kind)
-	}
-	// After every toggle the one stored members list is the current one.
-	for i := 0; i < 20; i++ {
+	for i := 0; i < 10; i++ {
 		kind, members := ingest.KindJoinRequest, 2
 		if i%2 == 1 {
 			kind, members = ingest.KindLeaveRequest, 1
 		}
-		f.store(f.sign(user, kind, "", nostr.Tags{{"h", ch}}, start.Unix()-int64(20-i)))
-		requireOneList(ingest.KindGroupMembers, start.Unix(), members)
+		f.store(f.sign(user, kind, "", nostr.Tags{{"h", ch}}, start-int64(20-i)))
+		// The channel's creation published the first list, dated start.
+		f.requireOneList(ch, ingest.KindGroupMembers, start+int64(i)+1, members)
 	}
-	requireOneList(ingest.KindGroupMembers, start.Unix(), 1)
-	requireOneList(ingest.KindGroupAdmins, start.Unix(), 1)
-	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE kind = ANY($1::int[]) AND created_at > $2`, ingest.RelayOnlyKinds, start),
-		"no relay-signed event is dated after the clock")
-	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1`, ingest.KindGroupMembers))
+	f.requireOneList(ch, ingest.KindGroupAdmins, start+10, 1)
+	kept := c.lists[0]
+	for _, l := range c.lists[1:] {
+		if l.CreatedAt > kept.CreatedAt || (l.CreatedAt == kept.CreatedAt && l.ID < kept.ID) {
+			kept = l
+		}
+	}
+	current := c.lists[len(c.lists)-1]
+	require.Equal(t, current.ID, kept.ID, "a NIP-01 client keeps a list of %d members; the current one has %d",
+		len(kept.Tags.Values("p")), len(current.Tags.Values("p")))
 
-	now.Add(1)
-	f.store(f.sign(user, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, start.Unix()))
-	requireOneList(ingest.KindGroupMembers, start.Unix()+1, 2)
+	c.now.Store(start + 30)
+	f.store(f.sign(user, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, start))
+	f.requireOneList(ch, ingest.KindGroupMembers, start+30, 2)
+}
+
+// Changes sustained faster than one a second advance a list at most the
+// future limit ahead of the clock (what the relay accepts from a client);
+// there the lists share a second again, and the stored one is still the
+// newest. Mutation killed: no limit (the tenth list is dated 10 s ahead
+// with a 3 s limit, and under sustained toggling it would run away).
+func TestRelaySignedListsStopAtTheFutureLimit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "relay-clock-limit.example", 0)
+	start := time.Now().Unix()
+	f.listClock(ingest.KindGroupMembers, start, 3*time.Second)
+	owner, user := f.key(), f.key()
+	ch := f.channel(owner, false)
+	for i := 0; i < 10; i++ {
+		kind, members := ingest.KindJoinRequest, 2
+		if i%2 == 1 {
+			kind, members = ingest.KindLeaveRequest, 1
+		}
+		f.store(f.sign(user, kind, "", nostr.Tags{{"h", ch}}, start-int64(20-i)))
+		f.requireOneList(ch, ingest.KindGroupMembers, start+min(int64(i)+1, 3), members)
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE kind = ANY($1::int[]) AND created_at > to_timestamp($2)`, ingest.RelayOnlyKinds, start+3),
+		"no relay-signed event is dated past the future limit")
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1`, ingest.KindGroupMembers))
 }
 
 // The relay's channel lists and membership notices p-tag members as data,
