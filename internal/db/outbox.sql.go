@@ -85,22 +85,30 @@ WITH registered AS (
            r.listener_pubkey = ANY($2::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY($3::bytea[])
+      AND ($4::uuid IS NULL OR EXISTS (
+          SELECT FROM channels c
+          WHERE c.community_id = $1::uuid AND c.id = $4::uuid
+            AND c.deleted_at IS NULL
+            AND (c.visibility = 'open' OR EXISTS (
+                SELECT FROM channel_members m
+                WHERE m.community_id = c.community_id AND m.channel_id = c.id
+                  AND m.pubkey = r.target_pubkey AND m.removed_at IS NULL))))
 ),
 ranked AS (
     SELECT listener_pubkey, target_pubkey,
            routable AND row_number() OVER (PARTITION BY routable ORDER BY listener_pubkey, target_pubkey)
-                        <= $4::int AS claimed
+                        <= $5::int AS claimed
     FROM registered
 ),
 inserted AS (
     INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
                                           created_at, next_attempt_at, state, claim_id, lease_until, attempts)
-    SELECT c.listener_pubkey, c.target_pubkey, $1::uuid, $5::bytea, $6::int,
-           to_timestamp($7::bigint),
-           coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
+    SELECT c.listener_pubkey, c.target_pubkey, $1::uuid, $6::bytea, $7::int,
+           to_timestamp($8::bigint),
+           coalesce($9::timestamptz, now()), coalesce($9::timestamptz, now()),
            CASE WHEN c.claimed THEN 'sending' ELSE 'pending' END,
-           CASE WHEN c.claimed THEN $9::uuid END,
-           CASE WHEN c.claimed THEN coalesce($8::timestamptz, now()) + interval '1 millisecond' * $10::bigint END,
+           CASE WHEN c.claimed THEN $10::uuid END,
+           CASE WHEN c.claimed THEN coalesce($9::timestamptz, now()) + interval '1 millisecond' * $11::bigint END,
            CASE WHEN c.claimed THEN 1 ELSE 0 END
     FROM ranked c
     ON CONFLICT DO NOTHING
@@ -118,6 +126,7 @@ type OutboxEnqueueMentionsParams struct {
 	CommunityID    uuid.UUID
 	Routable       [][]byte
 	Targets        [][]byte
+	ChannelID      *uuid.UUID
 	ClaimMax       int32
 	EventID        []byte
 	EventKind      int32
@@ -152,6 +161,12 @@ type OutboxEnqueueMentionsRow struct {
 // leaves the row to any pod's poll once the lease expires. The other rows
 // are pending, for the poll of a pod that routes them.
 //
+// A target is paged only about an event it may read: one in @channel_id
+// (NULL: no channel, everyone) when that channel is open or the target is
+// an active member, the rule of ChannelsReadable, read in the event's own
+// transaction. Otherwise any user could make a private channel page an
+// outsider's listener with the event's id, kind and time.
+//
 // Returns the claimed rows (as parallel arrays, at most @claim_max) and
 // the total inserted, so a large fan-out never builds an unbounded list in
 // the relay.
@@ -160,6 +175,7 @@ func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMe
 		arg.CommunityID,
 		arg.Routable,
 		arg.Targets,
+		arg.ChannelID,
 		arg.ClaimMax,
 		arg.EventID,
 		arg.EventKind,
