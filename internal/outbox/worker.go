@@ -130,6 +130,17 @@ func (l *loop) run(ctx context.Context) {
 
 	for {
 		free := maxInFlight - inflight
+		// Hand-offs take a free slot before the poll does: their lease has
+		// been running since they were inserted, and a select between two
+		// ready cases would leave them waiting behind the poll at random.
+		if free > 0 && ctx.Err() == nil {
+			select {
+			case c := <-l.handoff:
+				start(drainUpTo(l.handoff, c, free))
+				continue
+			default:
+			}
+		}
 		// Without a free slot, neither the poll nor a hand-off may be
 		// taken: nil channels disable both cases.
 		var pollC <-chan time.Time
