@@ -107,6 +107,7 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 	if w != nil {
 		params.Routable, params.ClaimMax, params.LeaseMs = w.routable, int32(w.handoffRoom()), w.lease.Milliseconds()
 	}
+	sent := now.Now()
 	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {
 		return Handoff{}, 0, err
@@ -123,7 +124,8 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 			EventKind:      int32(ev.Kind),
 			EventCreatedAt: time.Unix(ev.CreatedAt, 0),
 			Attempts:       1,
-		}}
+			LeaseLeftMs:    row.LeaseLeftMs,
+		}, leaseEnds: leaseEndsAfter(sent, row.LeaseLeftMs)}
 	}
 	return h, row.Inserted, nil
 }

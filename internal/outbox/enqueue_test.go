@@ -469,3 +469,38 @@ func TestEnqueueClaimsOnlyWhatTheHandOffHasRoomFor(t *testing.T) {
 		require.Zero(t, r.Attempts)
 	}
 }
+
+// A row claimed at insert is leased from its transaction's start, so a
+// long transaction leaves the hand-off less of the lease than the worker's
+// lease: the claim's leaseEnds, on this process's clock, must be no later
+// than the lease's end on the database's. Mutation killed: leaseEnds taken
+// as the time of the Enqueue call plus the worker's lease (ignoring the
+// lease_left_ms the statement reports).
+func TestClaimAtInsertLeaseEndsNoLaterThanInTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	w := f.idleWorker(Routes{listener: "https://l.example"})
+
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT pg_sleep(0.5)`) // the event's transaction takes a while
+	require.NoError(t, err)
+	claimed, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, message(t, 9, target), 0, clock.Wall())
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Len(t, claimed.claims, 1)
+	c := claimed.claims[0]
+
+	var dbLeftMs float64
+	require.NoError(t, f.pool.QueryRow(ctx,
+		`SELECT extract(epoch FROM lease_until - clock_timestamp()) * 1000 FROM operator_listener_outbox WHERE id = $1`,
+		c.row.ID).Scan(&dbLeftMs))
+	localLeft := time.Until(c.leaseEnds) // read after the database's: it must be the smaller
+	require.LessOrEqual(t, localLeft, time.Duration(dbLeftMs*float64(time.Millisecond)),
+		"the worker would count on a lease the database already ended")
+	require.Greater(t, localLeft, defaultLease-5*time.Second, "the lease is not lost either")
+}
