@@ -17,14 +17,30 @@
 -- leaves the row to any pod's poll once the lease expires. The other rows
 -- are pending, for the poll of a pod that routes them.
 --
+-- A target is paged only about an event it may read: one in @channel_id
+-- (NULL: no channel, everyone) when that channel is open or the target is
+-- an active member, the rule of ChannelsReadable, read in the event's own
+-- transaction. Otherwise any user could make a private channel page an
+-- outsider's listener with the event's id, kind and time.
+--
 -- Returns the claimed rows (as parallel arrays, at most @claim_max) and
 -- the total inserted, so a large fan-out never builds an unbounded list in
--- the relay.
+-- the relay; and, like OutboxClaimDue, how much of their lease is left as
+-- the statement ends (the lease started with the transaction, which may be
+-- old by now).
 WITH registered AS (
     SELECT r.listener_pubkey, r.target_pubkey,
            r.listener_pubkey = ANY(@routable::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY(@targets::bytea[])
+      AND (sqlc.narg('channel_id')::uuid IS NULL OR EXISTS (
+          SELECT FROM channels c
+          WHERE c.community_id = @community_id::uuid AND c.id = sqlc.narg('channel_id')::uuid
+            AND c.deleted_at IS NULL
+            AND (c.visibility = 'open' OR EXISTS (
+                SELECT FROM channel_members m
+                WHERE m.community_id = c.community_id AND m.channel_id = c.id
+                  AND m.pubkey = r.target_pubkey AND m.removed_at IS NULL))))
 ),
 ranked AS (
     SELECT listener_pubkey, target_pubkey,
@@ -44,13 +60,14 @@ inserted AS (
            CASE WHEN c.claimed THEN 1 ELSE 0 END
     FROM ranked c
     ON CONFLICT DO NOTHING
-    RETURNING id, listener_pubkey, target_pubkey, state
+    RETURNING id, listener_pubkey, target_pubkey, state, lease_until
 )
 SELECT coalesce(array_agg(i.id ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::uuid[] AS claimed_ids,
        coalesce(array_agg(i.listener_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_listeners,
        coalesce(array_agg(i.target_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_targets,
        coalesce((SELECT k.host FROM communities k WHERE k.id = @community_id::uuid), '')::text AS host,
-       count(*) AS inserted
+       count(*) AS inserted,
+       coalesce(floor(extract(epoch FROM min(i.lease_until) - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000), 0)::bigint AS lease_left_ms
 FROM inserted i;
 
 -- name: OutboxComplete :execrows

@@ -9,7 +9,10 @@
 -- pod that cannot route a listener leaves its rows due for a pod that can,
 -- instead of claiming and releasing them for 30 s. A row no pod routes ages
 -- out at the 15-minute retention.
--- Returns the attempt number now starting (1-based).
+-- Returns the attempt number now starting (1-based), and lease_left_ms:
+-- how much of the lease is left as the statement ends, by the database's
+-- clock, so the worker can place the lease's end on its own clock without
+-- comparing the two (see claim.leaseEnds).
 --
 -- The claim commits without waiting for its WAL flush (one disk flush, 1-2 ms
 -- on this kind of disk, sat between an event's OK and its POST). Losing a
@@ -44,4 +47,5 @@ JOIN communities k ON k.id = c.community_id
 CROSS JOIN claim_commits_async
 WHERE o.id = c.id
 RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
-          o.event_id, o.event_kind, o.event_created_at, o.attempts;
+          o.event_id, o.event_kind, o.event_created_at, o.attempts,
+          floor(extract(epoch FROM o.lease_until - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000)::bigint AS lease_left_ms;

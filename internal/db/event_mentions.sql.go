@@ -30,6 +30,9 @@ type EventMentionsInsertParams struct {
 
 // One row per mentioned pubkey (the caller passes distinct lowercase 64-hex
 // values, at most 5,000 per statement), in the event's transaction.
+// Every p tag gets a row, readable by the mentioned pubkey or not (the
+// event's channel is kept): a read of a pubkey's mentions must filter them
+// by the channels it may read at read time, as REQ does.
 func (q *Queries) EventMentionsInsert(ctx context.Context, arg EventMentionsInsertParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventMentionsInsert,
 		arg.CommunityID,

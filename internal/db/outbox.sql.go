@@ -82,47 +82,57 @@ const outboxEnqueueMentions = `-- name: OutboxEnqueueMentions :one
 
 WITH registered AS (
     SELECT r.listener_pubkey, r.target_pubkey,
-           r.listener_pubkey = ANY($2::bytea[]) AS routable
+           r.listener_pubkey = ANY($3::bytea[]) AS routable
     FROM operator_listener_pubkeys r
-    WHERE r.target_pubkey = ANY($3::bytea[])
+    WHERE r.target_pubkey = ANY($4::bytea[])
+      AND ($5::uuid IS NULL OR EXISTS (
+          SELECT FROM channels c
+          WHERE c.community_id = $1::uuid AND c.id = $5::uuid
+            AND c.deleted_at IS NULL
+            AND (c.visibility = 'open' OR EXISTS (
+                SELECT FROM channel_members m
+                WHERE m.community_id = c.community_id AND m.channel_id = c.id
+                  AND m.pubkey = r.target_pubkey AND m.removed_at IS NULL))))
 ),
 ranked AS (
     SELECT listener_pubkey, target_pubkey,
            routable AND row_number() OVER (PARTITION BY routable ORDER BY listener_pubkey, target_pubkey)
-                        <= $4::int AS claimed
+                        <= $6::int AS claimed
     FROM registered
 ),
 inserted AS (
     INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at,
                                           created_at, next_attempt_at, state, claim_id, lease_until, attempts)
-    SELECT c.listener_pubkey, c.target_pubkey, $1::uuid, $5::bytea, $6::int,
-           to_timestamp($7::bigint),
-           coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
+    SELECT c.listener_pubkey, c.target_pubkey, $1::uuid, $7::bytea, $8::int,
+           to_timestamp($9::bigint),
+           coalesce($2::timestamptz, now()), coalesce($2::timestamptz, now()),
            CASE WHEN c.claimed THEN 'sending' ELSE 'pending' END,
-           CASE WHEN c.claimed THEN $9::uuid END,
-           CASE WHEN c.claimed THEN coalesce($8::timestamptz, now()) + interval '1 millisecond' * $10::bigint END,
+           CASE WHEN c.claimed THEN $10::uuid END,
+           CASE WHEN c.claimed THEN coalesce($2::timestamptz, now()) + interval '1 millisecond' * $11::bigint END,
            CASE WHEN c.claimed THEN 1 ELSE 0 END
     FROM ranked c
     ON CONFLICT DO NOTHING
-    RETURNING id, listener_pubkey, target_pubkey, state
+    RETURNING id, listener_pubkey, target_pubkey, state, lease_until
 )
 SELECT coalesce(array_agg(i.id ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::uuid[] AS claimed_ids,
        coalesce(array_agg(i.listener_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_listeners,
        coalesce(array_agg(i.target_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_targets,
        coalesce((SELECT k.host FROM communities k WHERE k.id = $1::uuid), '')::text AS host,
-       count(*) AS inserted
+       count(*) AS inserted,
+       coalesce(floor(extract(epoch FROM min(i.lease_until) - coalesce($2::timestamptz, clock_timestamp())) * 1000), 0)::bigint AS lease_left_ms
 FROM inserted i
 `
 
 type OutboxEnqueueMentionsParams struct {
 	CommunityID    uuid.UUID
+	Now            *time.Time
 	Routable       [][]byte
 	Targets        [][]byte
+	ChannelID      *uuid.UUID
 	ClaimMax       int32
 	EventID        []byte
 	EventKind      int32
 	EventCreatedAt int64
-	Now            *time.Time
 	ClaimID        uuid.UUID
 	LeaseMs        int64
 }
@@ -133,6 +143,7 @@ type OutboxEnqueueMentionsRow struct {
 	ClaimedTargets   [][]byte
 	Host             string
 	Inserted         int64
+	LeaseLeftMs      int64
 }
 
 // Operator-listener mention delivery. The poll's claim is rendered from
@@ -152,19 +163,28 @@ type OutboxEnqueueMentionsRow struct {
 // leaves the row to any pod's poll once the lease expires. The other rows
 // are pending, for the poll of a pod that routes them.
 //
+// A target is paged only about an event it may read: one in @channel_id
+// (NULL: no channel, everyone) when that channel is open or the target is
+// an active member, the rule of ChannelsReadable, read in the event's own
+// transaction. Otherwise any user could make a private channel page an
+// outsider's listener with the event's id, kind and time.
+//
 // Returns the claimed rows (as parallel arrays, at most @claim_max) and
 // the total inserted, so a large fan-out never builds an unbounded list in
-// the relay.
+// the relay; and, like OutboxClaimDue, how much of their lease is left as
+// the statement ends (the lease started with the transaction, which may be
+// old by now).
 func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMentionsParams) (OutboxEnqueueMentionsRow, error) {
 	row := q.db.QueryRow(ctx, outboxEnqueueMentions,
 		arg.CommunityID,
+		arg.Now,
 		arg.Routable,
 		arg.Targets,
+		arg.ChannelID,
 		arg.ClaimMax,
 		arg.EventID,
 		arg.EventKind,
 		arg.EventCreatedAt,
-		arg.Now,
 		arg.ClaimID,
 		arg.LeaseMs,
 	)
@@ -175,6 +195,7 @@ func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMe
 		&i.ClaimedTargets,
 		&i.Host,
 		&i.Inserted,
+		&i.LeaseLeftMs,
 	)
 	return i, err
 }

@@ -81,7 +81,7 @@ func TestEnqueueDatesRowsByTheInjectedClock(t *testing.T) {
 	f.register(listener, target)
 	past := time.Now().Add(-retention - time.Minute).Truncate(time.Microsecond)
 	ev := message(t, 9, target)
-	_, _, err := Enqueue(context.Background(), f.q, nil, f.community, ev, 0, clock.Stub(func() time.Time { return past }))
+	_, _, err := Enqueue(context.Background(), f.q, nil, f.community, nil, ev, 0, clock.Stub(func() time.Time { return past }))
 	require.NoError(t, err)
 	kept := f.outboxIDs(ev)
 	require.Len(t, kept, 1)

@@ -179,6 +179,17 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 		d.fail(ctx, c, log, "cannot build request", err)
 		return
 	}
+	// Past its lease the row may be claimed and POSTed by another pod's
+	// poll, so a POST must end, even at the request timeout, before the
+	// lease does. A claim too old for that (a hand-off that waited for a
+	// slot) goes back to the poll unsent, due at once, its attempt not
+	// spent; the poll's fresh claim has the whole lease.
+	if !d.clock.Now().Add(d.client.Timeout + leaseMargin).Before(c.leaseEnds) {
+		d.releaseNow(ctx, c)
+		d.metrics.deliveries.WithLabelValues(outcomeStale).Inc()
+		log.Info("operator-listener delivery left to the poll: its lease would end before the request", "lease_ends", c.leaseEnds)
+		return
+	}
 	d.lastUsed[url].Store(time.Now().UnixNano())
 	resp, err := d.client.Do(req.WithContext(ctx))
 	if err != nil {

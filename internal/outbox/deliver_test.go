@@ -29,7 +29,7 @@ func (f *fixture) claimAndDeliver(d *Deliverer, l *testListener, spent int32) (u
 
 func outcomes(m *Metrics) map[string]float64 {
 	out := map[string]float64{}
-	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable} {
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale} {
 		out[o] = testutil.ToFloat64(m.deliveries.WithLabelValues(o))
 	}
 	return out
@@ -70,7 +70,7 @@ func TestSuccessfulDeliveryPostsSignedPayloadAndCompletesOutbox(t *testing.T) {
 
 	_, ok := f.row(id)
 	require.False(t, ok, "a delivered row is deleted")
-	require.Equal(t, map[string]float64{"accepted": 1, "retry": 0, "failed": 0, "unroutable": 0}, outcomes(m))
+	require.Equal(t, map[string]float64{"accepted": 1, "retry": 0, "failed": 0, "unroutable": 0, "stale": 0}, outcomes(m))
 }
 
 // hangUp closes the connection without an HTTP response, resetting it.
@@ -151,7 +151,7 @@ func TestClientErrorFailsAndRemovesOutboxRow(t *testing.T) {
 			id, _ := f.claimAndDeliver(d, l, 0)
 			_, ok := f.row(id)
 			require.False(t, ok, "terminal: the row is deleted, never retried")
-			require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0}, outcomes(m))
+			require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0, "stale": 0}, outcomes(m))
 			require.Len(t, l.requests(), 1)
 		})
 	}
@@ -184,7 +184,7 @@ func TestExhaustedAttemptIsTerminal(t *testing.T) {
 	require.Equal(t, int32(9), c.row.Attempts)
 	_, ok := f.row(id)
 	require.False(t, ok, "attempt 9 is the last")
-	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0}, outcomes(m))
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 1, "unroutable": 0, "stale": 0}, outcomes(m))
 	require.Contains(t, logs.String(), "retries exhausted")
 }
 
@@ -205,7 +205,7 @@ func TestUnroutableDeliveryReleasesClaimWithoutHTTP(t *testing.T) {
 	require.Nil(t, r.LeaseUntil)
 	requireDueIn(t, 30*time.Second, r, before, "a release waits 30 s")
 	require.Empty(t, l.requests())
-	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 1}, outcomes(m))
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 1, "stale": 0}, outcomes(m))
 }
 
 func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
@@ -215,7 +215,7 @@ func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
 	d, _, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
 	held := f.claimedMention(l)
 	id := held.row.ID
-	stale := claim{claimID: uuid.New(), row: held.row}
+	stale := claim{claimID: uuid.New(), row: held.row, leaseEnds: held.leaseEnds}
 
 	d.deliver(context.Background(), stale)
 	require.Len(t, l.requests(), 1)
@@ -224,4 +224,39 @@ func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
 	require.Equal(t, held.claimID, *r.ClaimID)
 	require.Contains(t, logs.String(), "completion lost its claim")
 	require.Contains(t, logs.String(), stale.claimID.String())
+}
+
+// A claim whose lease would end before its request could (a hand-off that
+// waited too long for a slot) is not POSTed, since past the lease another
+// pod's poll may claim and POST the row too: it goes back to the poll, due
+// at once, its attempt not spent, counted as stale; the poll's fresh claim
+// then delivers it. Mutations killed: no lease check before the POST (the
+// listener gets it under the old claim); a check that ignores the request
+// timeout (this lease has not ended yet, but would during the request).
+func TestClaimWhoseLeaseEndsBeforeItsRequestCouldIsReleasedUnsent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	c := f.claimedMention(l)
+	c.leaseEnds = time.Now().Add(time.Second)
+
+	before := time.Now()
+	d.deliver(context.Background(), c)
+	require.Zero(t, len(l.requests()), "POSTed under a lease that could end mid-request")
+	r, ok := f.row(c.row.ID)
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State)
+	require.Zero(t, r.Attempts, "the release does not spend an attempt")
+	require.Nil(t, r.ClaimID)
+	requireDueIn(t, 0, r, before, "due again at once")
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 0, "stale": 1}, outcomes(m))
+
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	d.deliver(context.Background(), claims[0])
+	require.Len(t, l.requests(), 1)
+	require.Equal(t, 1.0, outcomes(m)[outcomeAccepted])
+	require.Zero(t, f.outboxCount())
 }

@@ -79,9 +79,11 @@ func (h Handoff) IDs() []uuid.UUID {
 // rows wait for the poll of a pod that routes them. inserted counts every
 // row. Events that are not messages, or mention nobody, cost no query. Only
 // the first maxTargets mentioned pubkeys count (the relay passes the cap its
-// mention rows use, so a delivered mention always has its mention row). now
-// dates the rows: their retention, first due time and lease start then.
-func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUID, ev *nostr.Event, maxTargets int, now clock.Clock) (h Handoff, inserted int64, err error) {
+// mention rows use, so a delivered mention always has its mention row).
+// channelID is the event's channel (nil: none); a target that may not read
+// it gets no row. now dates the rows: their retention, first due time and
+// lease start then.
+func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUID, channelID *uuid.UUID, ev *nostr.Event, maxTargets int, now clock.Clock) (h Handoff, inserted int64, err error) {
 	if !isMessageKind(ev.Kind) {
 		return Handoff{}, 0, nil
 	}
@@ -93,6 +95,7 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 	claimID := uuid.New()
 	params := db.OutboxEnqueueMentionsParams{
 		CommunityID:    communityID,
+		ChannelID:      channelID,
 		EventID:        id[:],
 		EventKind:      int32(ev.Kind),
 		EventCreatedAt: ev.CreatedAt,
@@ -104,6 +107,7 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 	if w != nil {
 		params.Routable, params.ClaimMax, params.LeaseMs = w.routable, int32(w.handoffRoom()), w.lease.Milliseconds()
 	}
+	sent := now.Now()
 	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {
 		return Handoff{}, 0, err
@@ -120,7 +124,8 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 			EventKind:      int32(ev.Kind),
 			EventCreatedAt: time.Unix(ev.CreatedAt, 0),
 			Attempts:       1,
-		}}
+			LeaseLeftMs:    row.LeaseLeftMs,
+		}, leaseEnds: leaseEndsAfter(sent, row.LeaseLeftMs)}
 	}
 	return h, row.Inserted, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -105,7 +106,7 @@ func TestEnqueueWithoutTargetsRunsNoQuery(t *testing.T) {
 	q := db.New(nil)
 	f0 := newFixture(t)
 	for _, ev := range []*nostr.Event{message(t, 9), message(t, 1, newPubkey(t)), message(t, 9, "zz")} {
-		claimed, inserted, err := Enqueue(context.Background(), q, f0.idleWorker(Routes{}), uuid.New(), ev, 0, clock.Wall())
+		claimed, inserted, err := Enqueue(context.Background(), q, f0.idleWorker(Routes{}), uuid.New(), nil, ev, 0, clock.Wall())
 		require.NoError(t, err)
 		require.Zero(t, claimed.Len())
 		require.Zero(t, inserted)
@@ -125,7 +126,7 @@ func TestEventInsertEnqueuesRegisteredListenerInSameTransaction(t *testing.T) {
 	defer tx.Rollback(ctx)
 	// No worker on this pod: the row is left to the poll of a pod that
 	// routes its listener.
-	claimed, inserted, err := Enqueue(ctx, db.New(tx), nil, f.community, ev, 0, clock.Wall())
+	claimed, inserted, err := Enqueue(ctx, db.New(tx), nil, f.community, nil, ev, 0, clock.Wall())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), inserted)
 	require.Zero(t, claimed.Len())
@@ -174,11 +175,69 @@ func TestThreadMessageFansOutOnceToMatchingListeners(t *testing.T) {
 	// even a second Enqueue of the same event inserts nothing.
 	_, inserted = f.save(ev, nil, true)
 	require.Zero(t, inserted)
-	claimed, inserted, err := Enqueue(context.Background(), f.q, nil, f.community, ev, 0, clock.Wall())
+	claimed, inserted, err := Enqueue(context.Background(), f.q, nil, f.community, nil, ev, 0, clock.Wall())
 	require.NoError(t, err)
 	require.Zero(t, claimed.Len())
 	require.Zero(t, inserted)
 	require.Len(t, f.outboxIDs(ev), 2)
+}
+
+// channel creates a channel of visibility in f's community with members
+// (removed lists members whose membership was removed) and returns its id.
+func (f *fixture) channel(visibility string, members, removed []string) uuid.UUID {
+	f.t.Helper()
+	ctx := context.Background()
+	id := uuid.New()
+	_, err := f.pool.Exec(ctx, `INSERT INTO channels (community_id, id, name, visibility, created_by)
+		VALUES ($1, $2, 'c', $3::channel_visibility, $4)`, f.community, id, visibility, mustHex(f.t, newPubkey(f.t)))
+	require.NoError(f.t, err)
+	for _, pk := range append(members, removed...) {
+		_, err = f.pool.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, $3)`,
+			f.community, id, mustHex(f.t, pk))
+		require.NoError(f.t, err)
+	}
+	for _, pk := range removed {
+		_, err = f.pool.Exec(ctx, `UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`,
+			f.community, id, mustHex(f.t, pk))
+		require.NoError(f.t, err)
+	}
+	return id
+}
+
+// A mention pages a target's listener only when the target may read the
+// event: a private channel's active member yes; an outsider or a removed
+// member no (the POST would tell them the channel's event id, kind and
+// time); anyone for an open channel or an event without a channel.
+// Mutations killed: no read check in OutboxEnqueueMentions (the outsider
+// and the removed member of the private channel get rows); the check
+// ignoring removed_at (the removed member gets one); the check ignoring
+// visibility = 'open' (the open channel's outsider gets none); a NULL
+// channel treated as unreadable (the channel-less mention gets none).
+func TestMentionIsEnqueuedOnlyForTargetsThatMayReadItsChannel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	listener := newPubkey(t)
+	member, removed, outsider := newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(listener, member, removed, outsider)
+	private := f.channel("private", []string{member}, []string{removed})
+	open := f.channel("open", nil, nil)
+
+	enqueued := func(channel *uuid.UUID) []string {
+		t.Helper()
+		ev := message(t, 9, member, removed, outsider)
+		_, _, err := Enqueue(context.Background(), f.q, nil, f.community, channel, ev, 0, clock.Wall())
+		require.NoError(t, err)
+		id := ev.IDBytes()
+		rows, err := f.pool.Query(context.Background(),
+			`SELECT encode(target_pubkey, 'hex') FROM operator_listener_outbox WHERE event_id = $1`, id[:])
+		require.NoError(t, err)
+		targets, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return targets
+	}
+	require.ElementsMatch(t, []string{member}, enqueued(&private), "private channel: only its active member")
+	require.ElementsMatch(t, []string{member, removed, outsider}, enqueued(&open), "open channel: everyone")
+	require.ElementsMatch(t, []string{member, removed, outsider}, enqueued(nil), "no channel: everyone")
 }
 
 func TestEventAndListenerOutboxRollBackTogether(t *testing.T) {
@@ -330,7 +389,7 @@ func TestRowsThisPodRoutesAreClaimedAtInsert(t *testing.T) {
 	ev := message(t, 45003, target)
 
 	ctx := context.Background()
-	claimed, inserted, err := Enqueue(ctx, f.q, w, f.community, ev, 0, clock.Stub(func() time.Time { return at }))
+	claimed, inserted, err := Enqueue(ctx, f.q, w, f.community, nil, ev, 0, clock.Stub(func() time.Time { return at }))
 	require.NoError(t, err)
 	require.Equal(t, int64(2), inserted)
 	require.Equal(t, 1, claimed.Len(), "only the row of the listener this pod routes")
@@ -409,4 +468,39 @@ func TestEnqueueClaimsOnlyWhatTheHandOffHasRoomFor(t *testing.T) {
 		require.Equal(t, "pending", r.State)
 		require.Zero(t, r.Attempts)
 	}
+}
+
+// A row claimed at insert is leased from its transaction's start, so a
+// long transaction leaves the hand-off less of the lease than the worker's
+// lease: the claim's leaseEnds, on this process's clock, must be no later
+// than the lease's end on the database's. Mutation killed: leaseEnds taken
+// as the time of the Enqueue call plus the worker's lease (ignoring the
+// lease_left_ms the statement reports).
+func TestClaimAtInsertLeaseEndsNoLaterThanInTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, target := newPubkey(t), newPubkey(t)
+	f.register(listener, target)
+	w := f.idleWorker(Routes{listener: "https://l.example"})
+
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT pg_sleep(0.5)`) // the event's transaction takes a while
+	require.NoError(t, err)
+	claimed, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, message(t, 9, target), 0, clock.Wall())
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Len(t, claimed.claims, 1)
+	c := claimed.claims[0]
+
+	var dbLeftMs float64
+	require.NoError(t, f.pool.QueryRow(ctx,
+		`SELECT extract(epoch FROM lease_until - clock_timestamp()) * 1000 FROM operator_listener_outbox WHERE id = $1`,
+		c.row.ID).Scan(&dbLeftMs))
+	localLeft := time.Until(c.leaseEnds) // read after the database's: it must be the smaller
+	require.LessOrEqual(t, localLeft, time.Duration(dbLeftMs*float64(time.Millisecond)),
+		"the worker would count on a lease the database already ended")
+	require.Greater(t, localLeft, defaultLease-5*time.Second, "the lease is not lost either")
 }

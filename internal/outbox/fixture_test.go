@@ -127,7 +127,7 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	require.NoError(f.t, err)
 	var claimed Handoff
 	if n == 1 {
-		claimed, inserted, err = Enqueue(ctx, q, w, f.community, ev, 0, clock.Wall())
+		claimed, inserted, err = Enqueue(ctx, q, w, f.community, nil, ev, 0, clock.Wall())
 		require.NoError(f.t, err)
 	}
 	if !commit {

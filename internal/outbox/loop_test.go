@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
 )
 
 // The loop tests drive the production loop (loop.run) with the real claim
@@ -393,4 +395,68 @@ func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
 		require.True(t, seen[id])
 	}
 	require.Equal(t, int64(maxInFlight), h.claims.maxOutstanding.Load(), "in flight reached 10 and never more")
+}
+
+// backlogClaimer is a poll that always finds as many due rows as it may
+// take, like the poll of a pod with a backlog of retries.
+type backlogClaimer struct{}
+
+func (backlogClaimer) claimDue(_ context.Context, limit int) ([]claim, error) {
+	out := make([]claim, limit)
+	for i := range out {
+		out[i] = claim{claimID: uuid.New(), row: db.OutboxClaimDueRow{ID: uuid.New()}}
+	}
+	return out, nil
+}
+
+// With every slot busy and a poll that always finds work, a freed slot goes
+// to the waiting hand-off, 20 times in a row: a handed-off row's lease has
+// been running since its insert, so it must not wait behind the poll.
+// Mutation killed: no hand-off preference, the hand-off and the poll
+// competing in one select (each round then goes to the poll half the time).
+func TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll(t *testing.T) {
+	t.Parallel()
+	handoff := make(chan claim, handoffCapacity)
+	started := make(chan claim, 2*maxInFlight)
+	finish := make(chan struct{})
+	l := &loop{
+		claims: backlogClaimer{},
+		deliver: func(_ context.Context, c claim) {
+			started <- c
+			<-finish
+		},
+		clock: realClock{}, handoff: handoff, log: slog.New(slog.DiscardHandler),
+	}
+	l.idleFloor, l.idleCeiling = pollBackoff(DefaultIdlePoll)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		l.run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		close(finish) // every delivery still running ends
+		<-stopped
+	})
+	next := func(what string) claim {
+		t.Helper()
+		select {
+		case c := <-started:
+			return c
+		case <-time.After(waitLong):
+			t.Fatalf("no delivery started: %s", what)
+			return claim{}
+		}
+	}
+	for range maxInFlight {
+		next("the poll filling every slot")
+	}
+	for round := range 20 {
+		handed := claim{claimID: uuid.New(), row: db.OutboxClaimDueRow{ID: uuid.New()}}
+		handoff <- handed
+		finish <- struct{}{} // one delivery ends: one slot is free
+		got := next("the freed slot taken")
+		require.Equal(t, handed.row.ID, got.row.ID, "round %d: the poll took the freed slot while a hand-off waited", round)
+	}
 }

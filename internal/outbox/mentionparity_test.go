@@ -33,7 +33,7 @@ func TestDeliveredMentionsAreExactlyTheMentionRows(t *testing.T) {
 	const maxMentions = 2
 	p := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, MaxMentions: maxMentions})
 	p.RegisterSideRows(ingest.SideRows{Needs: Mentions, Apply: func(ctx context.Context, w *ingest.Write) error {
-		_, _, err := Enqueue(ctx, w.Q, nil, w.Tenant.ID(), w.Event, maxMentions, clock.Wall())
+		_, _, err := Enqueue(ctx, w.Q, nil, w.Tenant.ID(), w.ChannelID, w.Event, maxMentions, clock.Wall())
 		return err
 	}})
 	row, err := f.q.CommunityByHost(ctx, testHost)

@@ -9,7 +9,8 @@
 // elsewhere, dropped hand-offs, retries, expired leases). A claim is made
 // at insert or by one FOR UPDATE SKIP LOCKED statement, always under a
 // lease, and every later transition is fenced by (id, claim_id, state), so
-// a row is delivered by at most one claimant at a time, across pods.
+// a row is delivered by at most one claimant at a time, across pods: no
+// POST starts unless it ends, even at the request timeout, before its lease.
 // Reapers drop rows past retention and expired registrations;
 // RegistrationHandler serves POST/DELETE /operator/listener/pubkeys.
 package outbox
@@ -25,6 +26,7 @@ const (
 	maxInFlight           = 10 // deliveries running at once per worker
 	handoffCapacity       = 10 // ids a worker's hand-off channel holds; also the ids Enqueue keeps
 	defaultLease          = 30 * time.Second
+	leaseMargin           = 100 * time.Millisecond // a POST must end this long before its lease
 	claimErrorSleep       = 2 * time.Second
 	maxAttempts           = 9
 	retention             = 15 * time.Minute
@@ -40,6 +42,7 @@ const (
 	outcomeRetry      = "retry"
 	outcomeFailed     = "failed"
 	outcomeUnroutable = "unroutable"
+	outcomeStale      = "stale" // lease too short for the request: released unsent
 )
 
 // Metrics are the delivery counters, registered on the relay's registry.
@@ -54,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_deliveries_total",
-			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable).",
+			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable, stale).",
 		}, []string{"outcome"}),
 		handoffDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_handoff_dropped_total",
@@ -71,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	// Every outcome series exists from the start, so rate() sees zeros.
-	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable} {
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale} {
 		m.deliveries.WithLabelValues(o)
 	}
 	return m, nil

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -14,10 +15,20 @@ import (
 )
 
 // claim is one claimed outbox row: what a delivery needs, plus the claim's
-// fencing token.
+// fencing token and when its lease ends.
 type claim struct {
 	claimID uuid.UUID
 	row     db.OutboxClaimDueRow
+	// leaseEnds is on this pod's clock, no later than the lease's end on the
+	// database's: the time just before the claim statement was sent plus the
+	// lease it reported left as it ended. deliver POSTs only before it.
+	leaseEnds time.Time
+}
+
+// leaseEndsAfter places a claim's lease end on this pod's clock: sent is
+// when the claim statement was sent, leftMs the lease it reported left.
+func leaseEndsAfter(sent time.Time, leftMs int64) time.Time {
+	return sent.Add(time.Duration(leftMs) * time.Millisecond)
 }
 
 // claimer takes due rows for the loop's poll: pgClaimer in production,
@@ -38,6 +49,7 @@ type pgClaimer struct {
 
 func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 	claimID := uuid.New()
+	sent := c.clock.Now()
 	rows, err := c.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
 		ClaimID:     claimID,
 		LeaseMs:     c.lease.Milliseconds(),
@@ -49,7 +61,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 	})
 	out := make([]claim, len(rows))
 	for i, r := range rows {
-		out[i] = claim{claimID: claimID, row: r}
+		out[i] = claim{claimID: claimID, row: r, leaseEnds: leaseEndsAfter(sent, r.LeaseLeftMs)}
 	}
 	return out, err
 }
@@ -130,6 +142,17 @@ func (l *loop) run(ctx context.Context) {
 
 	for {
 		free := maxInFlight - inflight
+		// Hand-offs take a free slot before the poll does: their lease has
+		// been running since they were inserted, and a select between two
+		// ready cases would leave them waiting behind the poll at random.
+		if free > 0 && ctx.Err() == nil {
+			select {
+			case c := <-l.handoff:
+				start(drainUpTo(l.handoff, c, free))
+				continue
+			default:
+			}
+		}
 		// Without a free slot, neither the poll nor a hand-off may be
 		// taken: nil channels disable both cases.
 		var pollC <-chan time.Time
@@ -218,6 +241,11 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock}
 	for _, opt := range opts {
 		opt(&claims)
+	}
+	if claims.lease <= d.client.Timeout+leaseMargin {
+		// deliver would release every claim unsent, and the poll take it
+		// again at once.
+		panic(fmt.Sprintf("outbox: lease %s must exceed the request timeout %s plus %s", claims.lease, d.client.Timeout, leaseMargin))
 	}
 	w := &Worker{
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,

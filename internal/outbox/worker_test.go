@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,32 +92,57 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 	}
 }
 
-func TestKilledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t *testing.T) {
+// stallAfterPost stands for a worker that froze (a long GC pause, a
+// suspended VM) after its POST reached the listener and was answered, until
+// unstall: deliver checked its lease before the POST, so only a stall after
+// it can outlast the lease.
+type stallAfterPost struct {
+	inner            http.RoundTripper
+	stalled, unstall chan struct{}
+	once             sync.Once
+}
+
+func (s *stallAfterPost) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.inner.RoundTrip(r)
+	if r.Method == http.MethodPost {
+		s.once.Do(func() {
+			close(s.stalled)
+			<-s.unstall
+		})
+	}
+	return resp, err
+}
+
+// A worker stalls after its POST, past its lease, and is told to stop:
+// another worker's poll claims the row once the lease expired and delivers
+// it, and the first worker's late completion is fenced out and logged.
+// (It stalled before the POST in an earlier version, which deliver now
+// refuses: a request outliving its lease.) Mutation killed: the poll not
+// taking over a sending row whose lease expired (the row is never
+// redelivered).
+func TestStalledWorkerRowIsRedeliveredAfterTheLeaseAndItsLateCompletionIsFenced(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	stalled := make(chan struct{})
-	unstall := make(chan struct{})
 	var requests atomic.Int32
-	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
-		if requests.Add(1) == 1 {
-			close(stalled)
-			<-unstall // the first worker's request hangs
-		}
-	})
-	release := sync.OnceFunc(func() { close(unstall) })
-	t.Cleanup(release)
+	l := newListener(t, func(http.ResponseWriter, *http.Request) { requests.Add(1) })
 	routes := routesOf(l)
 
-	d1, m1, logs1 := f.deliverer(routes, 10*time.Second, testCAs(l))
-	first := NewWorker(f.pool, routes, d1, WithLease(500*time.Millisecond))
+	d1, m1, logs1 := f.deliverer(routes, 300*time.Millisecond, testCAs(l))
+	stall := &stallAfterPost{inner: d1.client.Transport, stalled: make(chan struct{}), unstall: make(chan struct{})}
+	d1.client.Transport = stall
+	first := NewWorker(f.pool, routes, d1, WithLease(time.Second))
 	stopFirst := runWorker(t, first)
+	// Registered after runWorker's cleanup, so it runs first: a failing
+	// test must not wait forever for the stalled worker to stop.
+	release := sync.OnceFunc(func() { close(stall.unstall) })
+	t.Cleanup(release)
 	target := newPubkey(t)
 	f.register(l.pubHex, target)
 	kept, _ := f.save(message(t, 9, target), first, true)
-	wait(t, stalled, waitLong, "the first delivery to stall")
+	wait(t, stall.stalled, waitLong, "the first worker to POST and stall")
 
-	// The first worker is told to stop while its delivery hangs; its row
-	// stays leased to it until the lease runs out.
+	// The first worker is told to stop while it is stalled; its row stays
+	// leased to it until the lease runs out.
 	firstStopped := make(chan struct{})
 	go func() {
 		stopFirst()
@@ -213,4 +239,86 @@ func waitOutcome(t *testing.T, m *Metrics, outcome string, want float64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return outcomes(m)[outcome] == want }, waitLong, 10*time.Millisecond,
 		"%s deliveries: got %v, want %v", outcome, outcomes(m)[outcome], want)
+}
+
+// claimKey carries the claim a delivery runs under into its request's
+// context, for leaseCheckingTransport.
+type claimKey struct{}
+
+// leaseCheckingTransport checks, as each POST is about to be sent, that the
+// claim it is sent under still holds its row under a live lease, and
+// records a POST that does not: its row may be POSTed by another claimant.
+type leaseCheckingTransport struct {
+	inner http.RoundTripper
+	pool  *pgxpool.Pool
+	mu    sync.Mutex
+	dead  []string // why each such POST's claim was dead
+}
+
+func (lc *leaseCheckingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c, ok := r.Context().Value(claimKey{}).(claim); ok {
+		var live *bool
+		err := lc.pool.QueryRow(context.Background(), `
+			SELECT bool_or(lease_until > clock_timestamp()) FROM operator_listener_outbox
+			WHERE id = $1 AND claim_id = $2 AND state = 'sending'`, c.row.ID, c.claimID).Scan(&live)
+		if err == nil && (live == nil || !*live) {
+			why := "lease expired"
+			if live == nil {
+				why = "claim gone"
+			}
+			lc.mu.Lock()
+			lc.dead = append(lc.dead, why)
+			lc.mu.Unlock()
+		}
+	}
+	return lc.inner.RoundTrip(r)
+}
+
+// End to end on the real worker and database, at the production ratio of
+// lease to the longest request timeout (30 s to 10 s): a listener that
+// hangs until the timeout, a backlog the poll keeps finding, and a steady
+// stream of mentions handed off as they are saved. No POST may be sent
+// under a claim that has lost its row or whose lease expired: the row may
+// then be claimed and POSTed by another pod's poll at the same time.
+// A guard by chance, not a deterministic kill: with both the lease check
+// before the POST and the hand-off preference removed it failed 1 run in 3
+// (2 in 4 at 5 s); TestClaimWhoseLeaseEndsBeforeItsRequestCouldIsReleasedUnsent
+// and TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll kill each
+// mutation every time. Mutation killed (sometimes): no lease check and no
+// hand-off preference (the review measured 12 POSTs under expired leases
+// in 8 s).
+func TestHangingListenerUnderBacklogIsNeverPostedAfterTheLease(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	f := newFixture(t)
+	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // hang: the relay's timeout ends the request
+	})
+	routes := routesOf(l)
+	d, m, logs := f.deliverer(routes, timeout, testCAs(l))
+	check := &leaseCheckingTransport{inner: d.client.Transport, pool: f.pool}
+	d.client.Transport = check
+	w := NewWorker(f.pool, routes, d, WithLease(3*timeout))
+	w.loop.deliver = func(ctx context.Context, c claim) { d.deliver(context.WithValue(ctx, claimKey{}, c), c) }
+
+	targets := make([]string, 20)
+	for i := range targets {
+		targets[i] = newPubkey(t)
+	}
+	f.register(l.pubHex, targets...)
+	for i := range 200 { // saved elsewhere, or not handed off: the poll's
+		f.save(message(t, 9, targets[i%len(targets)]), nil, true)
+	}
+	stop := runWorker(t, w)
+	handed := 0
+	for i, deadline := 0, time.Now().Add(3*time.Second); time.Now().Before(deadline); i++ {
+		kept, _ := f.save(message(t, 9, targets[i%len(targets)]), w, true)
+		handed += len(kept)
+		time.Sleep(timeout / 10)
+	}
+	stop()
+	t.Logf("POSTs: %d, handed off: %d, released as stale: %.0f, lost claims: %d", len(l.requests()), handed,
+		outcomes(m)[outcomeStale], strings.Count(logs.String(), "completion lost its claim"))
+	check.mu.Lock()
+	defer check.mu.Unlock()
+	require.Empty(t, check.dead, "POSTs sent under a claim that no longer held its row under a live lease")
 }

@@ -19,7 +19,7 @@ import (
 // It runs whether or not this process delivers: another pod's poll may.
 func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
 	worker := s.outboxWorker.Load()
-	claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
+	claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.ChannelID, w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
 	if err != nil || claimed.Len() == 0 {
 		return err
 	}

@@ -103,3 +103,61 @@ func startListenerEndpoint(t *testing.T, deliveries chan<- map[string]any) (stri
 	roots.AddCert(listener.Certificate())
 	return listener.URL + "/wake", roots
 }
+
+// A private channel's owner mentions a registered member and a registered
+// outsider in one message: only the member's listener is paged. The
+// outsider can read neither the message nor its #p, and a POST would tell
+// its listener the message's id, kind, time and community anyway.
+// Mutation killed: the relay enqueueing without the event's channel
+// (Enqueue given nil, so every registered target counts as a reader).
+func TestPrivateChannelMentionPagesOnlyTargetsThatAreMembers(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	deliveries := make(chan map[string]any, 4)
+	listenerURL, roots := startListenerEndpoint(t, deliveries)
+	listenerKey := relaytest.NewKey(t)
+	cfg := outbox.Config{Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listenerURL}, Timeout: 5 * time.Second, APIOrigin: r.HTTPURL}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartOperatorListeners(ctx, cfg, r.CommunityID, outbox.WithRootCAs(roots)))
+
+	member, outsider := relaytest.NewKey(t), relaytest.NewKey(t)
+	for _, target := range []*nostr.SecretKey{member, outsider} {
+		_, err := r.Pool.Exec(ctx, `INSERT INTO operator_listener_pubkeys (listener_pubkey, target_pubkey) VALUES (decode($1, 'hex'), decode($2, 'hex'))`,
+			listenerKey.PublicKeyHex(), target.PublicKeyHex())
+		require.NoError(t, err)
+	}
+
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)).OK)
+	msg := owner.Sign(9, "plans about the outsider", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}, {"p", outsider.PublicKeyHex()}}, 0)
+	require.True(t, owner.Publish(msg).OK)
+
+	o := r.Dial(t, "")
+	o.Auth(outsider)
+	require.Empty(t, o.Req("ids", map[string]any{"ids": []string{msg.ID}}), "the outsider reads the private message")
+	require.Empty(t, o.Req("p", map[string]any{"#p": []string{outsider.PublicKeyHex()}}), "the outsider reads it by #p")
+
+	paged := map[string]bool{}
+	select {
+	case got := <-deliveries:
+		require.Equal(t, msg.ID, got["event_id"])
+		paged[got["pubkey"].(string)] = true
+	case <-time.After(10 * time.Second):
+		t.Fatal("no listener was called")
+	}
+	// A row is deleted only after its POST was answered, and the endpoint
+	// passes a POST on before answering it: once the outbox is empty, every
+	// POST of the message is in deliveries.
+	require.Eventually(t, func() bool {
+		var queued int
+		require.NoError(t, r.Pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
+		return queued == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	for len(deliveries) > 0 {
+		paged[(<-deliveries)["pubkey"].(string)] = true
+	}
+	require.Equal(t, map[string]bool{member.PublicKeyHex(): true}, paged, "only the member is paged, never the outsider")
+}

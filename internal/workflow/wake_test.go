@@ -39,7 +39,7 @@ func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKe
 	require.NoError(f.t, err)
 	worker := outbox.NewWorker(f.pool, routes, outbox.NewDeliverer(f.pool, outbox.Config{Listeners: routes}, listenerKey, m))
 	f.p.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Wakes: true, Apply: func(ctx context.Context, w *ingest.Write) error {
-		claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.Event, maxMentions, clock.Stub(f.clock.Now))
+		claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.ChannelID, w.Event, maxMentions, clock.Stub(f.clock.Now))
 		if err == nil && claimed.Len() > 0 {
 			w.AfterCommit(func() { handedOff <- claimed.IDs() })
 		}
