@@ -8,7 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/coder/websocket"
@@ -67,8 +70,11 @@ type Received struct {
 // authenticates as key (NIP-42), with the owner attestation att when not
 // nil. The relay accepts nothing before AUTH.
 func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa.Attestation) (*Client, error) {
-	ws, _, err := websocket.Dial(ctx, relayURL, nil)
+	ws, resp, err := websocket.Dial(ctx, relayURL, nil)
 	if err != nil {
+		if refusal := upgradeRefusal(resp); refusal != nil {
+			return nil, refusal
+		}
 		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
 	}
 	ws.SetReadLimit(16 << 20)
@@ -78,6 +84,34 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 		return nil, err
 	}
 	return c, nil
+}
+
+// upgradeRefusal is the relay's answer when it refused the WebSocket
+// upgrade with an HTTP status (429 rate-limited, 503 at its connection
+// limit, 404 unknown community), or nil when the dial failed without one.
+// The relay words the reason as {"error": "prefix: message"}; its prefix is
+// the code, else http_STATUS as for the HTTP commands.
+func upgradeRefusal(resp *http.Response) *RelayError {
+	if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	if resp.Body != nil {
+		// The library keeps at most the first 1024 bytes of a refused body.
+		raw, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(raw, &body)
+	}
+	msg := fmt.Sprintf("relay refused the connection (%d %s)", resp.StatusCode, http.StatusText(resp.StatusCode))
+	if body.Error != "" {
+		msg += ": " + body.Error
+	}
+	prefix := "http_" + strconv.Itoa(resp.StatusCode)
+	if m := prefixRE.FindStringSubmatch(body.Error); m != nil {
+		prefix = m[1]
+	}
+	return &RelayError{Prefix: prefix, Msg: msg}
 }
 
 // Close ends the connection with a normal closure.

@@ -2,8 +2,9 @@
 // prints exactly one JSON document on stdout, or a JSON error object
 // {"error": ..., "code": ...} on stderr with a non-zero exit status:
 // 2 for usage errors and invalid input (nothing was sent), 1 for network,
-// timeout and protocol errors, 3 when the relay refused (OK false, CLOSED);
-// code is then the relay's NIP-01 prefix, such as "restricted".
+// timeout and protocol errors, 3 when the relay refused (OK false, CLOSED,
+// or an HTTP status instead of the WebSocket upgrade); code is then the
+// relay's NIP-01 prefix, such as "restricted", or http_STATUS without one.
 //
 //	buzz channels list
 //	buzz channels create NAME [--private] [--about TEXT]

@@ -297,9 +297,10 @@ func TestBadFilterNeverReachesRelay(t *testing.T) {
 	}
 	require.Zero(t, hits.Load(), "no invalid filter may reach the relay")
 
-	// A valid filter does reach it (and fails as a network error).
-	e := buzz(t, env, "", "req", `{"kinds":[1]}`).fail(t, 1)
-	require.Equal(t, "network", e.Code)
+	// A valid filter does reach it (and the teapot's answer to the upgrade
+	// is a refusal).
+	e := buzz(t, env, "", "req", `{"kinds":[1]}`).fail(t, 3)
+	require.Equal(t, "http_418", e.Code)
 	require.EqualValues(t, 1, hits.Load())
 }
 
