@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/coder/websocket"
@@ -104,4 +105,71 @@ func TestUpgradeRefusalIsReportedAsRefusal(t *testing.T) {
 		require.Equal(t, tc.wantCode, e.Code, e.Error)
 		require.Contains(t, e.Error, tc.wantMsg)
 	}
+}
+
+// A relay that answers "duplicate:" to the first dupes EVENTs it sees and
+// OK to the rest; it returns the events it received, in order.
+func duplicatingRelay(t *testing.T, dupes int) (wsURL string, received func() []nostr.Event) {
+	t.Helper()
+	var mu sync.Mutex
+	var events []nostr.Event
+	relay := scriptedRelay(t, func(ctx context.Context, ws *websocket.Conn, verb string, parts []json.RawMessage) {
+		if verb != "EVENT" {
+			return
+		}
+		var ev nostr.Event
+		require.NoError(t, json.Unmarshal(parts[1], &ev))
+		mu.Lock()
+		events = append(events, ev)
+		n := len(events)
+		mu.Unlock()
+		if n <= dupes {
+			writeOK(ctx, ws, parts[1], true, "duplicate: already have this event")
+			return
+		}
+		writeOK(ctx, ws, parts[1], true, "")
+	}, nil)
+	return relay, func() []nostr.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]nostr.Event(nil), events...)
+	}
+}
+
+// A send the relay answers "duplicate:" (the same text sent in the same
+// second before) is signed again one second later, so the agent's second
+// message is stored rather than merged into the first. Mutation killed:
+// publish returning the relay's duplicate answer as success prints the
+// first message's id and the second message is lost.
+func TestSendResignsADuplicate(t *testing.T) {
+	t.Parallel()
+	relay, received := duplicatingRelay(t, 1)
+	var sent sentJSON
+	buzz(t, fakeRelayEnv(t, relay), "", "send", "00000000-0000-0000-0000-000000000001", "ok").ok(t, &sent)
+	events := received()
+	require.Len(t, events, 2)
+	require.Equal(t, events[0].CreatedAt+1, events[1].CreatedAt)
+	require.Equal(t, events[1].ID, sent.ID)
+	require.Equal(t, events[1].CreatedAt, sent.CreatedAt)
+	require.False(t, sent.Duplicate)
+}
+
+// When re-signing never gets past the relay's duplicate answer, or the
+// command is one that is not re-signed (a join), the output says so with
+// the relay's message. Mutation killed: dropping the duplicate field makes
+// a merged message look like a stored one.
+func TestDuplicateIsReported(t *testing.T) {
+	t.Parallel()
+	relay, received := duplicatingRelay(t, 1000)
+	var sent sentJSON
+	buzz(t, fakeRelayEnv(t, relay), "", "send", "00000000-0000-0000-0000-000000000001", "ok").ok(t, &sent)
+	require.Len(t, received(), maxResigns+1)
+	require.True(t, sent.Duplicate)
+	require.Equal(t, "duplicate: already have this event", sent.Message)
+
+	var joined joinedJSON
+	buzz(t, fakeRelayEnv(t, relay), "", "channels", "join", "00000000-0000-0000-0000-000000000001").ok(t, &joined)
+	require.True(t, joined.Duplicate)
+	require.Equal(t, "duplicate: already have this event", joined.Message)
+	require.Len(t, received(), maxResigns+2, "a join is not re-signed")
 }

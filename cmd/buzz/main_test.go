@@ -463,3 +463,29 @@ func TestTimeout(t *testing.T) {
 	require.NoError(t, json.Unmarshal(errOut.Bytes(), &te))
 	require.Equal(t, "timeout", te.Code)
 }
+
+// startOfNextSecond sleeps until a new second begins, so the commands that
+// follow share their created_at second.
+func startOfNextSecond() {
+	now := time.Now()
+	time.Sleep(now.Truncate(time.Second).Add(time.Second).Sub(now))
+}
+
+// The same text sent twice within one second is two messages: the relay
+// holds both and the CLI prints two ids. Mutation killed: publish without
+// re-signing a duplicate prints the first id twice and stores one event.
+func TestSameTextTwiceInOneSecondIsTwoMessages(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	alice, _ := newUser(t, r)
+	ch := createChannel(t, alice, "echo")
+	var first, second sentJSON
+	startOfNextSecond()
+	buzz(t, alice, "", "send", ch.ID, "ok").ok(t, &first)
+	buzz(t, alice, "", "send", ch.ID, "ok").ok(t, &second)
+	require.NotEqual(t, first.ID, second.ID)
+	require.False(t, second.Duplicate)
+	var raws []json.RawMessage
+	buzz(t, alice, "", "req", `{"kinds":[9],"#h":["`+ch.ID+`"]}`).ok(t, &raws)
+	require.Len(t, verified(t, raws), 2)
+}

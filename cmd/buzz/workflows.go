@@ -143,24 +143,19 @@ func workflowsDecide(kind int, name string) commandFunc {
 }
 
 // publishCommand publishes a command event and returns the JSON of the
-// relay's "response:" OK message.
+// relay's "response:" OK message. Each call is a new command (see
+// publish), so a trigger repeated within one second starts a second run.
 func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) (any, error) {
-	c, err := o.connect(ctx)
+	p, err := publish(ctx, o, kind, "", tags, true)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	ev := &nostr.Event{Kind: kind, Tags: tags, CreatedAt: time.Now().Unix()}
-	if err := c.Sign(ev); err != nil {
-		return nil, err
+	if p.duplicate {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s only as a duplicate, %d times: %s", p.ev.ID, maxResigns+1, p.msg)}
 	}
-	msg, err := c.Publish(ctx, ev)
-	if err != nil {
-		return nil, err
-	}
-	body, ok := strings.CutPrefix(msg, "response:")
+	body, ok := strings.CutPrefix(p.msg, "response:")
 	if !ok {
-		return nil, &ProtocolError{Msg: "relay accepted the command without a response: " + msg}
+		return nil, &ProtocolError{Msg: "relay accepted the command without a response: " + p.msg}
 	}
 	return json.RawMessage(body), nil
 }
