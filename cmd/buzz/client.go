@@ -192,27 +192,83 @@ func (c *Client) awaitOK(ctx context.Context, id, what string) (string, error) {
 	}
 }
 
+// Bounds on what one-shot queries and streams keep in memory, so a relay
+// that floods (never sending EOSE, or ignoring the limit) cannot grow the
+// CLI without bound, whatever --timeout says.
+const (
+	// queryEventsPerFilter stands in for a filter's missing limit; the
+	// relay's own per-filter cap (BUZZ_MAX_LIMIT) defaults to 500.
+	queryEventsPerFilter = 10000
+	// queryMaxBytes bounds the events one query holds (the relay's
+	// default event is at most 256 KiB, so this is hundreds of them).
+	queryMaxBytes = 64 << 20
+	// streamSeenWindow is how many recent ids a stream remembers to drop
+	// a relay's repeats; older ids are forgotten.
+	streamSeenWindow = 4096
+)
+
+// errQueryFull ends a one-shot query that holds every event its filters'
+// limits allow.
+var errQueryFull = errors.New("query holds every event its limits allow")
+
 // Query runs a one-shot REQ: the stored events up to EOSE, then CLOSE.
 // Events are returned in the relay's order (newest first), without
-// duplicates.
+// duplicates. Once the filters' limits are met it stops without waiting
+// for EOSE; more events than queryEventsPerFilter per unlimited filter, or
+// more than queryMaxBytes in all, is a protocol error.
 func (c *Client) Query(ctx context.Context, filters []json.RawMessage) ([]Received, error) {
+	maxEvents, limited := queryEventBound(filters)
 	events := []Received{}
+	size := 0
 	err := c.Subscribe(ctx, filters, func(r Received) error {
+		if len(events) == maxEvents {
+			if limited {
+				return errQueryFull
+			}
+			return &ProtocolError{Msg: fmt.Sprintf("relay sent more than %d events for a query without a limit; add a limit", maxEvents)}
+		}
+		if size += len(r.Raw); size > queryMaxBytes {
+			return &ProtocolError{Msg: fmt.Sprintf("relay sent more than %d MiB of events for one query; narrow the filter or lower its limit", queryMaxBytes>>20)}
+		}
 		events = append(events, r)
+		if limited && len(events) == maxEvents {
+			return errQueryFull
+		}
 		return nil
 	}, true)
+	if errors.Is(err, errQueryFull) {
+		return events, nil
+	}
 	return events, err
+}
+
+// queryEventBound is the most events filters can ask for: the sum of
+// their limits, with queryEventsPerFilter for a filter without one
+// (limited is then false).
+func queryEventBound(filters []json.RawMessage) (maxEvents int, limited bool) {
+	limited = true
+	for _, raw := range filters {
+		var f nostr.Filter
+		if f.UnmarshalJSON(raw) != nil || f.Limit == nil || *f.Limit > queryEventsPerFilter {
+			maxEvents += queryEventsPerFilter
+			limited = false
+			continue
+		}
+		maxEvents += *f.Limit
+	}
+	return maxEvents, limited
 }
 
 // Subscribe sends a REQ and calls fn for every event. With oneShot it stops
 // at EOSE and closes the subscription; otherwise it runs until ctx ends
-// (returning ctx's error) or the relay closes the subscription.
+// (returning ctx's error) or the relay closes the subscription. An error
+// from fn ends the subscription with a CLOSE and is returned.
 func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn func(Received) error, oneShot bool) error {
 	sub := newSubID()
 	if err := c.write(ctx, reqMessage("REQ", sub, filters)...); err != nil {
 		return err
 	}
-	seen := map[string]bool{}
+	seen := newIDWindow(streamSeenWindow)
 	for {
 		verb, parts, err := c.next(ctx, "events for subscription "+sub)
 		if err != nil {
@@ -230,11 +286,11 @@ func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn fu
 			if err != nil {
 				return err
 			}
-			if seen[r.Event.ID] {
+			if !seen.add(r.Event.ID) {
 				continue
 			}
-			seen[r.Event.ID] = true
 			if err := fn(r); err != nil {
+				_ = c.write(ctx, "CLOSE", sub)
 				return err
 			}
 		case "EOSE":
@@ -245,6 +301,30 @@ func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn fu
 			return relayError(stringAt(parts, 2))
 		}
 	}
+}
+
+// idWindow remembers the most recent ids it was given, up to a fixed
+// number, so a long stream's duplicate check stays the same size.
+type idWindow struct {
+	ids  map[string]bool
+	ring []string
+	next int
+}
+
+func newIDWindow(size int) *idWindow {
+	return &idWindow{ids: make(map[string]bool, size), ring: make([]string, size)}
+}
+
+// add records id and reports whether it was new within the window.
+func (w *idWindow) add(id string) bool {
+	if w.ids[id] {
+		return false
+	}
+	delete(w.ids, w.ring[w.next])
+	w.ring[w.next] = id
+	w.next = (w.next + 1) % len(w.ring)
+	w.ids[id] = true
+	return true
 }
 
 // Count sends a NIP-45 COUNT and returns the relay's count.

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
@@ -172,4 +174,72 @@ func TestDuplicateIsReported(t *testing.T) {
 	require.True(t, joined.Duplicate)
 	require.Equal(t, "duplicate: already have this event", joined.Message)
 	require.Len(t, received(), maxResigns+2, "a join is not re-signed")
+}
+
+// floodingRelay answers every REQ with an endless run of distinct, validly
+// signed events of contentBytes each, and never sends EOSE.
+func floodingRelay(t *testing.T, contentBytes int) string {
+	t.Helper()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	padding := strings.Repeat("x", contentBytes)
+	return scriptedRelay(t, func(ctx context.Context, ws *websocket.Conn, verb string, parts []json.RawMessage) {
+		if verb != "REQ" {
+			return
+		}
+		var sub string
+		_ = json.Unmarshal(parts[1], &sub)
+		for i := 0; ctx.Err() == nil; i++ {
+			ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: strconv.Itoa(i) + padding, Tags: nostr.Tags{}}
+			if ev.Sign(key) != nil {
+				return
+			}
+			msg, _ := json.Marshal([]any{"EVENT", sub, ev})
+			if ws.Write(ctx, websocket.MessageText, msg) != nil {
+				return
+			}
+		}
+	}, nil)
+}
+
+// A one-shot req stops once it holds the events its limit asked for, even
+// from a relay that ignores the limit and never sends EOSE. Mutation
+// killed: Query waiting for EOSE regardless of the limit runs to the
+// timeout (and holds every event meanwhile).
+func TestReqStopsAtItsLimit(t *testing.T) {
+	t.Parallel()
+	relay := floodingRelay(t, 10)
+	var raws []json.RawMessage
+	buzz(t, fakeRelayEnv(t, relay), "", "req", "--timeout", "20s", `{"kinds":[1],"limit":3}`, `{"kinds":[2],"limit":2}`).ok(t, &raws)
+	require.Len(t, verified(t, raws), 5)
+}
+
+// Without a limit a flood ends as a protocol error once the query holds
+// queryEventsPerFilter events, or queryMaxBytes of them, instead of growing
+// the CLI's memory until --timeout (or forever with --timeout 0).
+// Mutation killed: dropping either bound in Query lets the flood run on.
+func TestReqBoundsAFlood(t *testing.T) {
+	t.Parallel()
+	e := buzz(t, fakeRelayEnv(t, floodingRelay(t, 0)), "", "req", "--timeout", "0", `{"kinds":[1]}`).fail(t, 1)
+	require.Equal(t, "protocol", e.Code, e.Error)
+	require.Contains(t, e.Error, strconv.Itoa(queryEventsPerFilter)+" events")
+
+	e = buzz(t, fakeRelayEnv(t, floodingRelay(t, 1<<20)), "", "req", "--timeout", "0", `{"kinds":[1],"limit":500}`).fail(t, 1)
+	require.Equal(t, "protocol", e.Code, e.Error)
+	require.Contains(t, e.Error, "MiB")
+}
+
+// A stream's duplicate check remembers a fixed number of recent ids.
+// Mutation killed: an idWindow that never forgets grows with the stream.
+func TestStreamSeenIDsAreAFixedWindow(t *testing.T) {
+	t.Parallel()
+	w := newIDWindow(3)
+	for _, id := range []string{"a", "b", "c"} {
+		require.True(t, w.add(id))
+	}
+	require.False(t, w.add("a"), "a repeat within the window is dropped")
+	require.True(t, w.add("d"))
+	require.Len(t, w.ids, 3)
+	require.True(t, w.add("a"), "the oldest id was forgotten")
+	require.False(t, w.add("d"))
 }
