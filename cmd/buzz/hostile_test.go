@@ -243,3 +243,40 @@ func TestStreamSeenIDsAreAFixedWindow(t *testing.T) {
 	require.True(t, w.add("a"), "the oldest id was forgotten")
 	require.False(t, w.add("d"))
 }
+
+// A workflow command the relay accepted (OK true) with a response that is
+// not JSON is a protocol error saying the command took effect, never a
+// "network" error a script would retry into a second run. Mutation
+// killed: publishCommand passing the response through unchecked fails
+// while printing it, as code "network".
+func TestAcceptedCommandWithBadResponseIsProtocol(t *testing.T) {
+	t.Parallel()
+	relay := scriptedRelay(t, func(ctx context.Context, ws *websocket.Conn, verb string, parts []json.RawMessage) {
+		if verb == "EVENT" {
+			writeOK(ctx, ws, parts[1], true, "response:{not json")
+		}
+	}, nil)
+	e := buzz(t, fakeRelayEnv(t, relay), "", "workflows", "trigger", "00000000-0000-0000-0000-000000000001").fail(t, 1)
+	require.Equal(t, "protocol", e.Code, e.Error)
+	require.Contains(t, e.Error, "accepted")
+	require.Contains(t, e.Error, "do not retry")
+}
+
+// An HTTP answer of 200 that is not JSON (a proxy's page) or is longer
+// than maxHTTPBody is a protocol error that says which. Mutation killed:
+// httpGetSigned passing the body through unchecked reports code "network";
+// signedGet cutting an oversized body at the bound calls it "not JSON".
+func TestHTTPAnswerThatIsNotJSONIsProtocol(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		"<html>bad gateway</html>":                              "not JSON",
+		`{"runs":["` + strings.Repeat("a", maxHTTPBody) + `"]}`: "over 8 MiB",
+	} {
+		relay := scriptedRelay(t, func(context.Context, *websocket.Conn, string, []json.RawMessage) {}, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte(body))
+		})
+		e := buzz(t, fakeRelayEnv(t, relay), "", "workflows", "runs", "00000000-0000-0000-0000-000000000001").fail(t, 1)
+		require.Equal(t, "protocol", e.Code, e.Error)
+		require.Contains(t, e.Error, want)
+	}
+}

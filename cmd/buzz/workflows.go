@@ -153,9 +153,14 @@ func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) 
 	if p.duplicate {
 		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s only as a duplicate, %d times: %s", p.ev.ID, maxResigns+1, p.msg)}
 	}
+	// The command has taken effect from here on: say so, so that a script
+	// does not retry it (a second trigger is a second run).
 	body, ok := strings.CutPrefix(p.msg, "response:")
 	if !ok {
-		return nil, &ProtocolError{Msg: "relay accepted the command without a response: " + p.msg}
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s (do not retry it) without a response: %s", p.ev.ID, p.msg)}
+	}
+	if !json.Valid([]byte(body)) {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s (do not retry it) but its response is not JSON: %.200q", p.ev.ID, body)}
 	}
 	return json.RawMessage(body), nil
 }
@@ -198,8 +203,15 @@ func httpGetSigned(ctx context.Context, o *options, pathAndQuery string) (any, e
 	if status != http.StatusOK {
 		return nil, httpRefusal(status, body)
 	}
+	if !json.Valid(body) {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay answered 200 with a body that is not JSON: %.200q", body)}
+	}
 	return json.RawMessage(body), nil
 }
+
+// maxHTTPBody bounds a relay's HTTP answer; a longer one is refused whole
+// rather than cut into invalid JSON.
+const maxHTTPBody = 8 << 20
 
 // signedGet sends a NIP-98 signed GET and returns the status and body.
 func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byte, error) {
@@ -243,9 +255,12 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxHTTPBody+1))
 	if err != nil {
 		return 0, nil, err
+	}
+	if len(body) > maxHTTPBody {
+		return 0, nil, &ProtocolError{Msg: fmt.Sprintf("relay answered %d with a body over %d MiB", resp.StatusCode, maxHTTPBody>>20)}
 	}
 	return resp.StatusCode, body, nil
 }
