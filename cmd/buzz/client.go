@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 // the matching reply, so replies never need to be routed.
 type Client struct {
 	ws         *websocket.Conn
+	raw        net.Conn // under ws; nil if the dial went another way
 	relayURL   string
 	key        *nostr.SecretKey
 	att        *nipoa.Attestation // sent on AUTH when not nil
@@ -70,7 +72,17 @@ type Received struct {
 // authenticates as key (NIP-42), with the owner attestation att when not
 // nil. The relay accepts nothing before AUTH.
 func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa.Attestation) (*Client, error) {
-	ws, resp, err := websocket.Dial(ctx, relayURL, nil)
+	// The raw connection is kept so that Close can cut a closing handshake
+	// the relay never answers (the library would wait 5 s or more).
+	var raw net.Conn
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		raw = conn
+		return conn, err
+	}
+	ws, resp, err := websocket.Dial(ctx, relayURL, &websocket.DialOptions{HTTPClient: &http.Client{Transport: transport}})
 	if err != nil {
 		if refusal := upgradeRefusal(resp); refusal != nil {
 			return nil, refusal
@@ -78,7 +90,7 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
 	}
 	ws.SetReadLimit(16 << 20)
-	c := &Client{ws: ws, relayURL: relayURL, key: key, att: att}
+	c := &Client{ws: ws, raw: raw, relayURL: relayURL, key: key, att: att}
 	if err := c.auth(ctx); err != nil {
 		ws.CloseNow()
 		return nil, err
@@ -114,9 +126,34 @@ func upgradeRefusal(resp *http.Response) *RelayError {
 	return &RelayError{Prefix: prefix, Msg: msg}
 }
 
-// Close ends the connection with a normal closure.
-func (c *Client) Close() {
-	_ = c.ws.Close(websocket.StatusNormalClosure, "")
+// closeGrace is how long Close waits for the relay to answer the closing
+// handshake; a live relay answers in milliseconds.
+const closeGrace = 500 * time.Millisecond
+
+// Close ends the connection with a normal closure, waiting for the relay's
+// answer at most closeGrace and never past ctx (the command's --timeout);
+// then it drops the connection.
+func (c *Client) Close(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		_ = c.ws.Close(websocket.StatusNormalClosure, "")
+		close(done)
+	}()
+	grace := time.NewTimer(closeGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	if c.raw != nil {
+		_ = c.raw.Close()
+	}
+	select {
+	case <-done:
+	case <-time.After(100 * time.Millisecond): // the library's own waits; the process ends anyway
+	}
 }
 
 func (c *Client) auth(ctx context.Context) error {

@@ -45,7 +45,7 @@ func listChannels(ctx context.Context, o *options) ([]channelJSON, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	events, err := c.Query(ctx, []json.RawMessage{json.RawMessage(`{"kinds":[39000]}`)})
 	if err != nil {
 		return nil, err
@@ -326,7 +326,7 @@ func query(ctx context.Context, o *options, filters []json.RawMessage, count, st
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	switch {
 	case count:
 		n, err := c.Count(ctx, filters)
@@ -445,7 +445,7 @@ func publish(ctx context.Context, o *options, kind int, content string, tags nos
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: time.Now().Unix()}
 	for resigns := 0; ; resigns++ {
 		if err := c.Sign(ev); err != nil {

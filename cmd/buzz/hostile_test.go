@@ -280,3 +280,21 @@ func TestHTTPAnswerThatIsNotJSONIsProtocol(t *testing.T) {
 		require.Contains(t, e.Error, want)
 	}
 }
+
+// --timeout bounds the whole command, the closing handshake included: a
+// relay that acknowledges the event and then ignores the close frame does
+// not hold the command past it. Mutation killed: Close waiting on the
+// library's closing handshake alone takes 5 s or more.
+func TestTimeoutBoundsTheClosingHandshake(t *testing.T) {
+	t.Parallel()
+	relay := scriptedRelay(t, func(ctx context.Context, ws *websocket.Conn, verb string, parts []json.RawMessage) {
+		if verb == "EVENT" {
+			writeOK(ctx, ws, parts[1], true, "")
+			<-ctx.Done() // never reads the client's close frame
+		}
+	}, nil)
+	start := time.Now()
+	var sent sentJSON
+	buzz(t, fakeRelayEnv(t, relay), "", "send", "--timeout", "1s", "00000000-0000-0000-0000-000000000001", "hi").ok(t, &sent)
+	require.Less(t, time.Since(start), 2*time.Second)
+}

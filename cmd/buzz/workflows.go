@@ -48,7 +48,7 @@ func readWorkflows(ctx context.Context, o *options, filter map[string]any, withY
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	filter["kinds"] = []int{kindWorkflowDefinition}
 	raw, _ := json.Marshal(filter)
 	events, err := c.Query(ctx, []json.RawMessage{raw})
