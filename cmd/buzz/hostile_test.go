@@ -298,3 +298,19 @@ func TestTimeoutBoundsTheClosingHandshake(t *testing.T) {
 	buzz(t, fakeRelayEnv(t, relay), "", "send", "--timeout", "1s", "00000000-0000-0000-0000-000000000001", "hi").ok(t, &sent)
 	require.Less(t, time.Since(start), 2*time.Second)
 }
+
+// An upper-case scheme (WS://) is accepted and means ws:// everywhere, the
+// HTTP commands included. Mutation killed: relayURL returning the URL as
+// written makes the HTTP commands request "httpWS://...".
+func TestUpperCaseSchemeWorksOverHTTP(t *testing.T) {
+	t.Parallel()
+	relay := scriptedRelay(t, func(context.Context, *websocket.Conn, string, []json.RawMessage) {}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"runs":[]}`))
+	})
+	var page struct {
+		Runs []json.RawMessage `json:"runs"`
+	}
+	buzz(t, fakeRelayEnv(t, "WS"+strings.TrimPrefix(relay, "ws")), "", "workflows", "runs", "00000000-0000-0000-0000-000000000001").ok(t, &page)
+	require.Empty(t, page.Runs)
+}

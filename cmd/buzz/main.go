@@ -343,7 +343,8 @@ func (o *options) secretKey() (*nostr.SecretKey, error) {
 	return key, nil
 }
 
-// relayURL reads --relay or BUZZ_RELAY_URL and checks it is a WebSocket URL.
+// relayURL reads --relay or BUZZ_RELAY_URL, checks it is a WebSocket URL
+// and returns it with a lower-case scheme.
 func (o *options) relayURL() (string, error) {
 	raw := o.relay
 	if raw == "" {
@@ -357,7 +358,10 @@ func (o *options) relayURL() (string, error) {
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return "", configErr("relay URL %q must be ws://HOST[:PORT] or wss://HOST[:PORT]", raw)
 	}
-	return raw, nil
+	// url.Parse lowercased the scheme; the rest is kept as written. Every
+	// use (the AUTH relay tag, the http(s) URL of the HTTP commands) then
+	// sees one spelling.
+	return u.Scheme + raw[len(u.Scheme):], nil
 }
 
 // connect reads the configuration, dials and authenticates.
