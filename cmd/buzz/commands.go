@@ -335,8 +335,16 @@ func query(ctx context.Context, o *options, filters []json.RawMessage, count, st
 		}
 		return map[string]int64{"count": n}, nil
 	case stream:
+		var line bytes.Buffer
 		err := c.Subscribe(ctx, filters, func(r Received) error {
-			_, err := o.stdout.Write(append(bytes.Clone(r.Raw), '\n'))
+			// Compacted as the one-shot output is: the relay's whitespace,
+			// newlines included, must not split an event across lines.
+			line.Reset()
+			if err := json.Compact(&line, r.Raw); err != nil {
+				return &ProtocolError{Msg: "relay sent an event that is not JSON: " + err.Error()}
+			}
+			line.WriteByte('\n')
+			_, err := o.stdout.Write(line.Bytes())
 			return err
 		}, false)
 		if ctx.Err() != nil {

@@ -314,3 +314,31 @@ func TestUpperCaseSchemeWorksOverHTTP(t *testing.T) {
 	buzz(t, fakeRelayEnv(t, "WS"+strings.TrimPrefix(relay, "ws")), "", "workflows", "runs", "00000000-0000-0000-0000-000000000001").ok(t, &page)
 	require.Empty(t, page.Runs)
 }
+
+// req --stream prints one event per line whatever whitespace the relay's
+// JSON carries. Mutation killed: writing the relay's raw bytes splits an
+// indented event over many lines.
+func TestStreamIsOneEventPerLine(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	relay := scriptedRelay(t, func(ctx context.Context, ws *websocket.Conn, verb string, parts []json.RawMessage) {
+		if verb != "REQ" {
+			return
+		}
+		var sub string
+		_ = json.Unmarshal(parts[1], &sub)
+		for _, content := range []string{"one", "two\nlines"} {
+			ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"t", "x"}}, Content: content}
+			require.NoError(t, ev.Sign(key))
+			msg, _ := json.MarshalIndent([]any{"EVENT", sub, ev}, "", "  ")
+			_ = ws.Write(ctx, websocket.MessageText, msg)
+		}
+	}, nil)
+	o := buzz(t, fakeRelayEnv(t, relay), "", "req", "--stream", "--timeout", "500ms", `{"kinds":[1]}`)
+	require.Equal(t, 0, o.code, o.stderr)
+	lines := strings.Split(strings.TrimSuffix(o.stdout, "\n"), "\n")
+	require.Len(t, lines, 2, o.stdout)
+	events := verified(t, []json.RawMessage{json.RawMessage(lines[0]), json.RawMessage(lines[1])})
+	require.Equal(t, "two\nlines", events[1].Content)
+}
