@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/signal"
@@ -52,7 +53,8 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
   req --json    (stdin: a JSON array of filters, or one filter)
   workflows list [CHANNEL_ID]
   workflows show WORKFLOW_ID
-  workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]
+  workflows runs WORKFLOW_ID [--limit 1-100] [--before T --before-id ID]
+      --before, --before-id  The previous page's next.before (RFC3339) and next.before_id.
   workflows trigger WORKFLOW_ID      (prints the relay's {"run_id":...})
   workflows approve|deny APPROVAL_REF
   users get [--pubkey HEX|NPUB]... | [--name TEXT] [--owner me|HEX|NPUB] [--format compact|json]
@@ -326,11 +328,19 @@ func helpResult() any { return map[string]string{"usage": usageText} }
 func (o *options) secretKey() (*nostr.SecretKey, error) {
 	src, hexKey := "BUZZ_PRIVATE_KEY", o.env("BUZZ_PRIVATE_KEY")
 	if o.keyFile != "" {
+		// The path is never echoed: a key pasted where its path belongs
+		// would otherwise end up in the error JSON (and the agent's logs).
 		b, err := os.ReadFile(o.keyFile)
-		if err != nil {
-			return nil, configErr("read --key-file: %v", err)
+		var pathErr *fs.PathError
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, configErr("--key-file: key file not found (give the path of a file holding the key, not the key)")
+		case errors.As(err, &pathErr):
+			return nil, configErr("--key-file: cannot read the key file: %v", pathErr.Err)
+		case err != nil:
+			return nil, configErr("--key-file: cannot read the key file")
 		}
-		src, hexKey = "--key-file "+o.keyFile, string(b)
+		src, hexKey = "--key-file", string(b)
 	}
 	hexKey = strings.TrimSpace(hexKey)
 	if hexKey == "" {

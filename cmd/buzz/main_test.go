@@ -489,3 +489,43 @@ func TestSameTextTwiceInOneSecondIsTwoMessages(t *testing.T) {
 	buzz(t, alice, "", "req", `{"kinds":[9],"#h":["`+ch.ID+`"]}`).ok(t, &raws)
 	require.Len(t, verified(t, raws), 2)
 }
+
+// workflows runs checks --limit and the cursor locally (exit 2, nothing
+// sent), as its help promises. Mutation killed: dropping the --limit range
+// check sends --limit 0 to the relay, a network error here.
+func TestWorkflowsRunsRefusesBadPagingLocally(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	env := map[string]string{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": "ws://127.0.0.1:1"}
+	wf := "00000000-0000-0000-0000-000000000001"
+	for _, args := range [][]string{
+		{"--limit", "0"},
+		{"--limit", "101"},
+		{"--before", "1700000000", "--before-id", wf},
+		{"--before", "2026-01-02T03:04:05Z", "--before-id", "last"},
+	} {
+		e := buzz(t, env, "", append([]string{"workflows", "runs", wf}, args...)...).fail(t, 2)
+		require.Equal(t, "invalid", e.Code, "%q: %s", args, e.Error)
+	}
+}
+
+// A --key-file value that is not a file (often the key itself, pasted in
+// the wrong place) is never echoed. Mutation killed: quoting the path or
+// the read error (which names the path) prints the secret on stderr.
+func TestKeyFileErrorNeverEchoesTheValue(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	o := buzz(t, nil, "", "--key-file", key.Hex(), "whoami")
+	e := o.fail(t, 2)
+	require.Equal(t, "config", e.Code)
+	require.Contains(t, e.Error, "key file not found")
+	require.NotContains(t, o.stderr, key.Hex())
+
+	bad := filepath.Join(t.TempDir(), key.Hex()[:32])
+	require.NoError(t, os.WriteFile(bad, []byte("not a key"), 0o600))
+	o = buzz(t, nil, "", "--key-file", bad, "whoami")
+	o.fail(t, 2)
+	require.NotContains(t, o.stderr, key.Hex()[:32])
+}

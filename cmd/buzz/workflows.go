@@ -170,9 +170,9 @@ func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) 
 func workflowsRuns(o *options, args []string) (action, error) {
 	fs := o.flags("buzz workflows runs")
 	limit := fs.Int("limit", 20, "runs per page (1-100)")
-	before := fs.String("before", "", "cursor: created_at of the last run seen")
-	beforeID := fs.String("before-id", "", "cursor: id of the last run seen")
-	pos, err := command(fs, args, 1, 1, "workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]")
+	before := fs.String("before", "", "cursor: the previous page's next.before (RFC3339)")
+	beforeID := fs.String("before-id", "", "cursor: the previous page's next.before_id")
+	pos, err := command(fs, args, 1, 1, "workflows runs WORKFLOW_ID [--limit 1-100] [--before T --before-id ID]")
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +180,19 @@ func workflowsRuns(o *options, args []string) (action, error) {
 	if err != nil {
 		return nil, err
 	}
+	if *limit < 1 || *limit > 100 {
+		return nil, invalidErr("--limit must be 1 to 100")
+	}
 	if (*before == "") != (*beforeID == "") {
 		return nil, invalidErr("--before and --before-id go together")
+	}
+	if *before != "" {
+		if _, err := time.Parse(time.RFC3339Nano, *before); err != nil {
+			return nil, invalidErr("--before must be RFC3339, as the previous page's next.before")
+		}
+		if _, err := uuid.Parse(*beforeID); err != nil {
+			return nil, invalidErr("--before-id must be a run id (UUID), as the previous page's next.before_id")
+		}
 	}
 	q := url.Values{"limit": {strconv.Itoa(*limit)}}
 	if *before != "" {
