@@ -65,7 +65,7 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
 env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://),
      BUZZ_AUTH_TAG (an agent's NIP-OA auth tag, JSON: sent on AUTH and as X-Auth-Tag,
      so the relay records the owner; "me" is then that owner)
-exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix)`
+exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix, else http_STATUS)`
 
 const defaultTimeout = 10 * time.Second
 
