@@ -8,7 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/coder/websocket"
@@ -22,6 +26,7 @@ import (
 // the matching reply, so replies never need to be routed.
 type Client struct {
 	ws         *websocket.Conn
+	raw        net.Conn // under ws; nil if the dial went another way
 	relayURL   string
 	key        *nostr.SecretKey
 	att        *nipoa.Attestation // sent on AUTH when not nil
@@ -67,12 +72,25 @@ type Received struct {
 // authenticates as key (NIP-42), with the owner attestation att when not
 // nil. The relay accepts nothing before AUTH.
 func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa.Attestation) (*Client, error) {
-	ws, _, err := websocket.Dial(ctx, relayURL, nil)
+	// The raw connection is kept so that Close can cut a closing handshake
+	// the relay never answers (the library would wait 5 s or more).
+	var raw net.Conn
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		raw = conn
+		return conn, err
+	}
+	ws, resp, err := websocket.Dial(ctx, relayURL, &websocket.DialOptions{HTTPClient: &http.Client{Transport: transport}})
 	if err != nil {
+		if refusal := upgradeRefusal(resp); refusal != nil {
+			return nil, refusal
+		}
 		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
 	}
 	ws.SetReadLimit(16 << 20)
-	c := &Client{ws: ws, relayURL: relayURL, key: key, att: att}
+	c := &Client{ws: ws, raw: raw, relayURL: relayURL, key: key, att: att}
 	if err := c.auth(ctx); err != nil {
 		ws.CloseNow()
 		return nil, err
@@ -80,9 +98,62 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 	return c, nil
 }
 
-// Close ends the connection with a normal closure.
-func (c *Client) Close() {
-	_ = c.ws.Close(websocket.StatusNormalClosure, "")
+// upgradeRefusal is the relay's answer when it refused the WebSocket
+// upgrade with an HTTP status (429 rate-limited, 503 at its connection
+// limit, 404 unknown community), or nil when the dial failed without one.
+// The relay words the reason as {"error": "prefix: message"}; its prefix is
+// the code, else http_STATUS as for the HTTP commands.
+func upgradeRefusal(resp *http.Response) *RelayError {
+	if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	if resp.Body != nil {
+		// The library keeps at most the first 1024 bytes of a refused body.
+		raw, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(raw, &body)
+	}
+	msg := fmt.Sprintf("relay refused the connection (%d %s)", resp.StatusCode, http.StatusText(resp.StatusCode))
+	if body.Error != "" {
+		msg += ": " + body.Error
+	}
+	prefix := "http_" + strconv.Itoa(resp.StatusCode)
+	if m := prefixRE.FindStringSubmatch(body.Error); m != nil {
+		prefix = m[1]
+	}
+	return &RelayError{Prefix: prefix, Msg: msg}
+}
+
+// closeGrace is how long Close waits for the relay to answer the closing
+// handshake; a live relay answers in milliseconds.
+const closeGrace = 500 * time.Millisecond
+
+// Close ends the connection with a normal closure, waiting for the relay's
+// answer at most closeGrace and never past ctx (the command's --timeout);
+// then it drops the connection.
+func (c *Client) Close(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		_ = c.ws.Close(websocket.StatusNormalClosure, "")
+		close(done)
+	}()
+	grace := time.NewTimer(closeGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	if c.raw != nil {
+		_ = c.raw.Close()
+	}
+	select {
+	case <-done:
+	case <-time.After(100 * time.Millisecond): // the library's own waits; the process ends anyway
+	}
 }
 
 func (c *Client) auth(ctx context.Context) error {
@@ -158,27 +229,83 @@ func (c *Client) awaitOK(ctx context.Context, id, what string) (string, error) {
 	}
 }
 
+// Bounds on what one-shot queries and streams keep in memory, so a relay
+// that floods (never sending EOSE, or ignoring the limit) cannot grow the
+// CLI without bound, whatever --timeout says.
+const (
+	// queryEventsPerFilter stands in for a filter's missing limit; the
+	// relay's own per-filter cap (BUZZ_MAX_LIMIT) defaults to 500.
+	queryEventsPerFilter = 10000
+	// queryMaxBytes bounds the events one query holds (the relay's
+	// default event is at most 256 KiB, so this is hundreds of them).
+	queryMaxBytes = 64 << 20
+	// streamSeenWindow is how many recent ids a stream remembers to drop
+	// a relay's repeats; older ids are forgotten.
+	streamSeenWindow = 4096
+)
+
+// errQueryFull ends a one-shot query that holds every event its filters'
+// limits allow.
+var errQueryFull = errors.New("query holds every event its limits allow")
+
 // Query runs a one-shot REQ: the stored events up to EOSE, then CLOSE.
 // Events are returned in the relay's order (newest first), without
-// duplicates.
+// duplicates. Once the filters' limits are met it stops without waiting
+// for EOSE; more events than queryEventsPerFilter per unlimited filter, or
+// more than queryMaxBytes in all, is a protocol error.
 func (c *Client) Query(ctx context.Context, filters []json.RawMessage) ([]Received, error) {
+	maxEvents, limited := queryEventBound(filters)
 	events := []Received{}
+	size := 0
 	err := c.Subscribe(ctx, filters, func(r Received) error {
+		if len(events) == maxEvents {
+			if limited {
+				return errQueryFull
+			}
+			return &ProtocolError{Msg: fmt.Sprintf("relay sent more than %d events for a query without a limit; add a limit", maxEvents)}
+		}
+		if size += len(r.Raw); size > queryMaxBytes {
+			return &ProtocolError{Msg: fmt.Sprintf("relay sent more than %d MiB of events for one query; narrow the filter or lower its limit", queryMaxBytes>>20)}
+		}
 		events = append(events, r)
+		if limited && len(events) == maxEvents {
+			return errQueryFull
+		}
 		return nil
 	}, true)
+	if errors.Is(err, errQueryFull) {
+		return events, nil
+	}
 	return events, err
+}
+
+// queryEventBound is the most events filters can ask for: the sum of
+// their limits, with queryEventsPerFilter for a filter without one
+// (limited is then false).
+func queryEventBound(filters []json.RawMessage) (maxEvents int, limited bool) {
+	limited = true
+	for _, raw := range filters {
+		var f nostr.Filter
+		if f.UnmarshalJSON(raw) != nil || f.Limit == nil || *f.Limit > queryEventsPerFilter {
+			maxEvents += queryEventsPerFilter
+			limited = false
+			continue
+		}
+		maxEvents += *f.Limit
+	}
+	return maxEvents, limited
 }
 
 // Subscribe sends a REQ and calls fn for every event. With oneShot it stops
 // at EOSE and closes the subscription; otherwise it runs until ctx ends
-// (returning ctx's error) or the relay closes the subscription.
+// (returning ctx's error) or the relay closes the subscription. An error
+// from fn ends the subscription with a CLOSE and is returned.
 func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn func(Received) error, oneShot bool) error {
 	sub := newSubID()
 	if err := c.write(ctx, reqMessage("REQ", sub, filters)...); err != nil {
 		return err
 	}
-	seen := map[string]bool{}
+	seen := newIDWindow(streamSeenWindow)
 	for {
 		verb, parts, err := c.next(ctx, "events for subscription "+sub)
 		if err != nil {
@@ -196,11 +323,11 @@ func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn fu
 			if err != nil {
 				return err
 			}
-			if seen[r.Event.ID] {
+			if !seen.add(r.Event.ID) {
 				continue
 			}
-			seen[r.Event.ID] = true
 			if err := fn(r); err != nil {
+				_ = c.write(ctx, "CLOSE", sub)
 				return err
 			}
 		case "EOSE":
@@ -211,6 +338,30 @@ func (c *Client) Subscribe(ctx context.Context, filters []json.RawMessage, fn fu
 			return relayError(stringAt(parts, 2))
 		}
 	}
+}
+
+// idWindow remembers the most recent ids it was given, up to a fixed
+// number, so a long stream's duplicate check stays the same size.
+type idWindow struct {
+	ids  map[string]bool
+	ring []string
+	next int
+}
+
+func newIDWindow(size int) *idWindow {
+	return &idWindow{ids: make(map[string]bool, size), ring: make([]string, size)}
+}
+
+// add records id and reports whether it was new within the window.
+func (w *idWindow) add(id string) bool {
+	if w.ids[id] {
+		return false
+	}
+	delete(w.ids, w.ring[w.next])
+	w.ring[w.next] = id
+	w.next = (w.next + 1) % len(w.ring)
+	w.ids[id] = true
+	return true
 }
 
 // Count sends a NIP-45 COUNT and returns the relay's count.

@@ -45,7 +45,7 @@ func listChannels(ctx context.Context, o *options) ([]channelJSON, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	events, err := c.Query(ctx, []json.RawMessage{json.RawMessage(`{"kinds":[39000]}`)})
 	if err != nil {
 		return nil, err
@@ -119,7 +119,7 @@ func channelsCreate(o *options, args []string) (action, error) {
 	}
 	tags = append(tags, nostr.Tag{"visibility", visibility})
 	return func(ctx context.Context) (any, error) {
-		ev, err := publish(ctx, o, kindCreateGroup, "", tags)
+		p, err := publish(ctx, o, kindCreateGroup, "", tags, false)
 		if err != nil {
 			return nil, err
 		}
@@ -128,7 +128,7 @@ func channelsCreate(o *options, args []string) (action, error) {
 			Name       string `json:"name"`
 			Visibility string `json:"visibility"`
 			EventID    string `json:"event_id"`
-		}{id, name, visibility, ev.ID}, nil
+		}{id, name, visibility, p.ev.ID}, nil
 	}, nil
 }
 
@@ -143,14 +143,13 @@ func channelsJoin(o *options, args []string) (action, error) {
 		return nil, err
 	}
 	return func(ctx context.Context) (any, error) {
-		ev, err := publish(ctx, o, kindJoinRequest, "", nostr.Tags{{"h", id}})
+		// A join repeated within a second asks for the same thing; the
+		// relay's duplicate answer is reported rather than signed around.
+		p, err := publish(ctx, o, kindJoinRequest, "", nostr.Tags{{"h", id}}, false)
 		if err != nil {
 			return nil, err
 		}
-		return struct {
-			Channel string `json:"channel"`
-			EventID string `json:"event_id"`
-		}{id, ev.ID}, nil
+		return joinedJSON{Channel: id, EventID: p.ev.ID, Duplicate: p.duplicate, Message: duplicateMessage(p)}, nil
 	}, nil
 }
 
@@ -164,10 +163,31 @@ type sendInput struct {
 	Mentions []string   `json:"mentions"`
 }
 
+// sentJSON is what send prints. Duplicate (with the relay's Message) is
+// set only when the relay stored nothing new, which a send avoids by
+// re-signing (see publish), so an agent never loses a message silently.
 type sentJSON struct {
 	ID        string `json:"id"`
 	Channel   string `json:"channel"`
 	CreatedAt int64  `json:"created_at"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Message   string `json:"message,omitempty"`
+}
+
+// joinedJSON is what channels join prints.
+type joinedJSON struct {
+	Channel   string `json:"channel"`
+	EventID   string `json:"event_id"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Message   string `json:"message,omitempty"`
+}
+
+// duplicateMessage is the relay's OK message when it reported a duplicate.
+func duplicateMessage(p *published) string {
+	if p.duplicate {
+		return p.msg
+	}
+	return ""
 }
 
 // send publishes a kind 9 chat message to a channel.
@@ -245,11 +265,11 @@ func sendMessage(ctx context.Context, o *options, in sendInput, replyTo string, 
 		}
 		tags = append(tags, nostr.Tag(t))
 	}
-	ev, err := publish(ctx, o, kindChat, in.Content, tags)
+	p, err := publish(ctx, o, kindChat, in.Content, tags, true)
 	if err != nil {
 		return nil, err
 	}
-	return sentJSON{ID: ev.ID, Channel: channel, CreatedAt: ev.CreatedAt}, nil
+	return sentJSON{ID: p.ev.ID, Channel: channel, CreatedAt: p.ev.CreatedAt, Duplicate: p.duplicate, Message: duplicateMessage(p)}, nil
 }
 
 // req queries the relay: stored events up to EOSE (printed as one array),
@@ -306,7 +326,7 @@ func query(ctx context.Context, o *options, filters []json.RawMessage, count, st
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	switch {
 	case count:
 		n, err := c.Count(ctx, filters)
@@ -315,8 +335,16 @@ func query(ctx context.Context, o *options, filters []json.RawMessage, count, st
 		}
 		return map[string]int64{"count": n}, nil
 	case stream:
+		var line bytes.Buffer
 		err := c.Subscribe(ctx, filters, func(r Received) error {
-			_, err := o.stdout.Write(append(bytes.Clone(r.Raw), '\n'))
+			// Compacted as the one-shot output is: the relay's whitespace,
+			// newlines included, must not split an event across lines.
+			line.Reset()
+			if err := json.Compact(&line, r.Raw); err != nil {
+				return &ProtocolError{Msg: "relay sent an event that is not JSON: " + err.Error()}
+			}
+			line.WriteByte('\n')
+			_, err := o.stdout.Write(line.Bytes())
 			return err
 		}, false)
 		if ctx.Err() != nil {
@@ -401,22 +429,46 @@ func done(v any) action {
 	return func(context.Context) (any, error) { return v, nil }
 }
 
+// maxResigns bounds how often a distinct publish moves created_at forward.
+// Each step is one second, well inside the relay's future skew.
+const maxResigns = 8
+
+// published is an event the relay accepted: msg is its OK message, and
+// duplicate says the relay already held this very event (and stored
+// nothing new).
+type published struct {
+	ev        *nostr.Event
+	msg       string
+	duplicate bool
+}
+
 // publish connects, signs an event of kind with the configured key and
-// waits for the relay's OK.
-func publish(ctx context.Context, o *options, kind int, content string, tags nostr.Tags) (*nostr.Event, error) {
+// waits for the relay's OK. With distinct, every call is a new event: the
+// same kind, content and tags signed within one second have the same id,
+// so when the relay answers "duplicate:" the event moves one second
+// forward and is signed again (at most maxResigns times; then it is
+// reported as a duplicate). Without distinct a duplicate is reported as is.
+func publish(ctx context.Context, o *options, kind int, content string, tags nostr.Tags, distinct bool) (*published, error) {
 	c, err := o.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	ev := &nostr.Event{Kind: kind, Content: content, Tags: tags, CreatedAt: time.Now().Unix()}
-	if err := c.Sign(ev); err != nil {
-		return nil, err
+	for resigns := 0; ; resigns++ {
+		if err := c.Sign(ev); err != nil {
+			return nil, err
+		}
+		msg, err := c.Publish(ctx, ev)
+		if err != nil {
+			return nil, err
+		}
+		duplicate := strings.HasPrefix(msg, "duplicate:")
+		if !duplicate || !distinct || resigns == maxResigns {
+			return &published{ev: ev, msg: msg, duplicate: duplicate}, nil
+		}
+		ev.CreatedAt++
 	}
-	if _, err := c.Publish(ctx, ev); err != nil {
-		return nil, err
-	}
-	return ev, nil
 }
 
 // channelID checks a channel id and returns its canonical lowercase form,

@@ -2,8 +2,9 @@
 // prints exactly one JSON document on stdout, or a JSON error object
 // {"error": ..., "code": ...} on stderr with a non-zero exit status:
 // 2 for usage errors and invalid input (nothing was sent), 1 for network,
-// timeout and protocol errors, 3 when the relay refused (OK false, CLOSED);
-// code is then the relay's NIP-01 prefix, such as "restricted".
+// timeout and protocol errors, 3 when the relay refused (OK false, CLOSED,
+// or an HTTP status instead of the WebSocket upgrade); code is then the
+// relay's NIP-01 prefix, such as "restricted", or http_STATUS without one.
 //
 //	buzz channels list
 //	buzz channels create NAME [--private] [--about TEXT]
@@ -29,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/signal"
@@ -51,7 +53,8 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
   req --json    (stdin: a JSON array of filters, or one filter)
   workflows list [CHANNEL_ID]
   workflows show WORKFLOW_ID
-  workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]
+  workflows runs WORKFLOW_ID [--limit 1-100] [--before T --before-id ID]
+      --before, --before-id  The previous page's next.before (RFC3339) and next.before_id.
   workflows trigger WORKFLOW_ID      (prints the relay's {"run_id":...})
   workflows approve|deny APPROVAL_REF
   users get [--pubkey HEX|NPUB]... | [--name TEXT] [--owner me|HEX|NPUB] [--format compact|json]
@@ -62,7 +65,7 @@ const usageText = `buzz [--relay URL] [--key-file PATH] [--timeout 10s] COMMAND
 env: BUZZ_PRIVATE_KEY (64-hex secret key), BUZZ_RELAY_URL (ws:// or wss://),
      BUZZ_AUTH_TAG (an agent's NIP-OA auth tag, JSON: sent on AUTH and as X-Auth-Tag,
      so the relay records the owner; "me" is then that owner)
-exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix)`
+exit: 0 ok, 1 network/timeout/protocol error, 2 usage or invalid input, 3 refused by the relay (code = its prefix, else http_STATUS)`
 
 const defaultTimeout = 10 * time.Second
 
@@ -325,11 +328,19 @@ func helpResult() any { return map[string]string{"usage": usageText} }
 func (o *options) secretKey() (*nostr.SecretKey, error) {
 	src, hexKey := "BUZZ_PRIVATE_KEY", o.env("BUZZ_PRIVATE_KEY")
 	if o.keyFile != "" {
+		// The path is never echoed: a key pasted where its path belongs
+		// would otherwise end up in the error JSON (and the agent's logs).
 		b, err := os.ReadFile(o.keyFile)
-		if err != nil {
-			return nil, configErr("read --key-file: %v", err)
+		var pathErr *fs.PathError
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, configErr("--key-file: key file not found (give the path of a file holding the key, not the key)")
+		case errors.As(err, &pathErr):
+			return nil, configErr("--key-file: cannot read the key file: %v", pathErr.Err)
+		case err != nil:
+			return nil, configErr("--key-file: cannot read the key file")
 		}
-		src, hexKey = "--key-file "+o.keyFile, string(b)
+		src, hexKey = "--key-file", string(b)
 	}
 	hexKey = strings.TrimSpace(hexKey)
 	if hexKey == "" {
@@ -342,7 +353,8 @@ func (o *options) secretKey() (*nostr.SecretKey, error) {
 	return key, nil
 }
 
-// relayURL reads --relay or BUZZ_RELAY_URL and checks it is a WebSocket URL.
+// relayURL reads --relay or BUZZ_RELAY_URL, checks it is a WebSocket URL
+// and returns it with a lower-case scheme.
 func (o *options) relayURL() (string, error) {
 	raw := o.relay
 	if raw == "" {
@@ -356,7 +368,10 @@ func (o *options) relayURL() (string, error) {
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return "", configErr("relay URL %q must be ws://HOST[:PORT] or wss://HOST[:PORT]", raw)
 	}
-	return raw, nil
+	// url.Parse lowercased the scheme; the rest is kept as written. Every
+	// use (the AUTH relay tag, the http(s) URL of the HTTP commands) then
+	// sees one spelling.
+	return u.Scheme + raw[len(u.Scheme):], nil
 }
 
 // connect reads the configuration, dials and authenticates.

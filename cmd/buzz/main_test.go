@@ -297,9 +297,10 @@ func TestBadFilterNeverReachesRelay(t *testing.T) {
 	}
 	require.Zero(t, hits.Load(), "no invalid filter may reach the relay")
 
-	// A valid filter does reach it (and fails as a network error).
-	e := buzz(t, env, "", "req", `{"kinds":[1]}`).fail(t, 1)
-	require.Equal(t, "network", e.Code)
+	// A valid filter does reach it (and the teapot's answer to the upgrade
+	// is a refusal).
+	e := buzz(t, env, "", "req", `{"kinds":[1]}`).fail(t, 3)
+	require.Equal(t, "http_418", e.Code)
 	require.EqualValues(t, 1, hits.Load())
 }
 
@@ -461,4 +462,70 @@ func TestTimeout(t *testing.T) {
 	var te errorJSON
 	require.NoError(t, json.Unmarshal(errOut.Bytes(), &te))
 	require.Equal(t, "timeout", te.Code)
+}
+
+// startOfNextSecond sleeps until a new second begins, so the commands that
+// follow share their created_at second.
+func startOfNextSecond() {
+	now := time.Now()
+	time.Sleep(now.Truncate(time.Second).Add(time.Second).Sub(now))
+}
+
+// The same text sent twice within one second is two messages: the relay
+// holds both and the CLI prints two ids. Mutation killed: publish without
+// re-signing a duplicate prints the first id twice and stores one event.
+func TestSameTextTwiceInOneSecondIsTwoMessages(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	alice, _ := newUser(t, r)
+	ch := createChannel(t, alice, "echo")
+	var first, second sentJSON
+	startOfNextSecond()
+	buzz(t, alice, "", "send", ch.ID, "ok").ok(t, &first)
+	buzz(t, alice, "", "send", ch.ID, "ok").ok(t, &second)
+	require.NotEqual(t, first.ID, second.ID)
+	require.False(t, second.Duplicate)
+	var raws []json.RawMessage
+	buzz(t, alice, "", "req", `{"kinds":[9],"#h":["`+ch.ID+`"]}`).ok(t, &raws)
+	require.Len(t, verified(t, raws), 2)
+}
+
+// workflows runs checks --limit and the cursor locally (exit 2, nothing
+// sent), as its help promises. Mutation killed: dropping the --limit range
+// check sends --limit 0 to the relay, a network error here.
+func TestWorkflowsRunsRefusesBadPagingLocally(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	env := map[string]string{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": "ws://127.0.0.1:1"}
+	wf := "00000000-0000-0000-0000-000000000001"
+	for _, args := range [][]string{
+		{"--limit", "0"},
+		{"--limit", "101"},
+		{"--before", "1700000000", "--before-id", wf},
+		{"--before", "2026-01-02T03:04:05Z", "--before-id", "last"},
+	} {
+		e := buzz(t, env, "", append([]string{"workflows", "runs", wf}, args...)...).fail(t, 2)
+		require.Equal(t, "invalid", e.Code, "%q: %s", args, e.Error)
+	}
+}
+
+// A --key-file value that is not a file (often the key itself, pasted in
+// the wrong place) is never echoed. Mutation killed: quoting the path or
+// the read error (which names the path) prints the secret on stderr.
+func TestKeyFileErrorNeverEchoesTheValue(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	o := buzz(t, nil, "", "--key-file", key.Hex(), "whoami")
+	e := o.fail(t, 2)
+	require.Equal(t, "config", e.Code)
+	require.Contains(t, e.Error, "key file not found")
+	require.NotContains(t, o.stderr, key.Hex())
+
+	bad := filepath.Join(t.TempDir(), key.Hex()[:32])
+	require.NoError(t, os.WriteFile(bad, []byte("not a key"), 0o600))
+	o = buzz(t, nil, "", "--key-file", bad, "whoami")
+	o.fail(t, 2)
+	require.NotContains(t, o.stderr, key.Hex()[:32])
 }

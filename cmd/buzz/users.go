@@ -114,7 +114,7 @@ func usersGet(o *options, args []string) (action, error) {
 			return nil, err
 		}
 		events, err := c.Query(ctx, []json.RawMessage{raw})
-		c.Close()
+		c.Close(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -48,7 +48,7 @@ func readWorkflows(ctx context.Context, o *options, filter map[string]any, withY
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	filter["kinds"] = []int{kindWorkflowDefinition}
 	raw, _ := json.Marshal(filter)
 	events, err := c.Query(ctx, []json.RawMessage{raw})
@@ -143,24 +143,24 @@ func workflowsDecide(kind int, name string) commandFunc {
 }
 
 // publishCommand publishes a command event and returns the JSON of the
-// relay's "response:" OK message.
+// relay's "response:" OK message. Each call is a new command (see
+// publish), so a trigger repeated within one second starts a second run.
 func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) (any, error) {
-	c, err := o.connect(ctx)
+	p, err := publish(ctx, o, kind, "", tags, true)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	ev := &nostr.Event{Kind: kind, Tags: tags, CreatedAt: time.Now().Unix()}
-	if err := c.Sign(ev); err != nil {
-		return nil, err
+	if p.duplicate {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s only as a duplicate, %d times: %s", p.ev.ID, maxResigns+1, p.msg)}
 	}
-	msg, err := c.Publish(ctx, ev)
-	if err != nil {
-		return nil, err
-	}
-	body, ok := strings.CutPrefix(msg, "response:")
+	// The command has taken effect from here on: say so, so that a script
+	// does not retry it (a second trigger is a second run).
+	body, ok := strings.CutPrefix(p.msg, "response:")
 	if !ok {
-		return nil, &ProtocolError{Msg: "relay accepted the command without a response: " + msg}
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s (do not retry it) without a response: %s", p.ev.ID, p.msg)}
+	}
+	if !json.Valid([]byte(body)) {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay accepted command %s (do not retry it) but its response is not JSON: %.200q", p.ev.ID, body)}
 	}
 	return json.RawMessage(body), nil
 }
@@ -170,9 +170,9 @@ func publishCommand(ctx context.Context, o *options, kind int, tags nostr.Tags) 
 func workflowsRuns(o *options, args []string) (action, error) {
 	fs := o.flags("buzz workflows runs")
 	limit := fs.Int("limit", 20, "runs per page (1-100)")
-	before := fs.String("before", "", "cursor: created_at of the last run seen")
-	beforeID := fs.String("before-id", "", "cursor: id of the last run seen")
-	pos, err := command(fs, args, 1, 1, "workflows runs WORKFLOW_ID [--limit N] [--before T --before-id ID]")
+	before := fs.String("before", "", "cursor: the previous page's next.before (RFC3339)")
+	beforeID := fs.String("before-id", "", "cursor: the previous page's next.before_id")
+	pos, err := command(fs, args, 1, 1, "workflows runs WORKFLOW_ID [--limit 1-100] [--before T --before-id ID]")
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +180,19 @@ func workflowsRuns(o *options, args []string) (action, error) {
 	if err != nil {
 		return nil, err
 	}
+	if *limit < 1 || *limit > 100 {
+		return nil, invalidErr("--limit must be 1 to 100")
+	}
 	if (*before == "") != (*beforeID == "") {
 		return nil, invalidErr("--before and --before-id go together")
+	}
+	if *before != "" {
+		if _, err := time.Parse(time.RFC3339Nano, *before); err != nil {
+			return nil, invalidErr("--before must be RFC3339, as the previous page's next.before")
+		}
+		if _, err := uuid.Parse(*beforeID); err != nil {
+			return nil, invalidErr("--before-id must be a run id (UUID), as the previous page's next.before_id")
+		}
 	}
 	q := url.Values{"limit": {strconv.Itoa(*limit)}}
 	if *before != "" {
@@ -203,8 +214,15 @@ func httpGetSigned(ctx context.Context, o *options, pathAndQuery string) (any, e
 	if status != http.StatusOK {
 		return nil, httpRefusal(status, body)
 	}
+	if !json.Valid(body) {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("relay answered 200 with a body that is not JSON: %.200q", body)}
+	}
 	return json.RawMessage(body), nil
 }
+
+// maxHTTPBody bounds a relay's HTTP answer; a longer one is refused whole
+// rather than cut into invalid JSON.
+const maxHTTPBody = 8 << 20
 
 // signedGet sends a NIP-98 signed GET and returns the status and body.
 func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byte, error) {
@@ -248,9 +266,12 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxHTTPBody+1))
 	if err != nil {
 		return 0, nil, err
+	}
+	if len(body) > maxHTTPBody {
+		return 0, nil, &ProtocolError{Msg: fmt.Sprintf("relay answered %d with a body over %d MiB", resp.StatusCode, maxHTTPBody>>20)}
 	}
 	return resp.StatusCode, body, nil
 }

@@ -16,7 +16,8 @@ import (
 // buzz workflows list, show, trigger, runs, approve and deny against a real
 // relay running its workflow worker. Mutation killed: a trigger that does
 // not print the relay's response (or a runs command signing the wrong URL)
-// fails the run-id comparison.
+// fails the run-id comparison; a trigger not re-signed when the relay
+// answers duplicate fails the second trigger within one second.
 func TestWorkflowsCommands(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -81,4 +82,15 @@ func TestWorkflowsCommands(t *testing.T) {
 	e := buzz(t, env, "", "workflows", "deny", ref).fail(t, 3)
 	require.Equal(t, "invalid", e.Code)
 	buzz(t, env, "", "workflows", "trigger", "not-a-uuid").fail(t, 2)
+
+	// A trigger repeated within one second is a second run, not the
+	// relay's duplicate answer "without a response".
+	var again, twice struct {
+		RunID string `json:"run_id"`
+	}
+	startOfNextSecond()
+	buzz(t, env, "", "workflows", "trigger", wf).ok(t, &again)
+	buzz(t, env, "", "workflows", "trigger", wf).ok(t, &twice)
+	require.Len(t, twice.RunID, 36)
+	require.NotEqual(t, again.RunID, twice.RunID)
 }

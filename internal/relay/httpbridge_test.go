@@ -47,6 +47,10 @@ func nip98(t *testing.T, key *nostr.SecretKey, method, url string, body []byte, 
 	return ev
 }
 
+// authEventUsed is the relay's answer to a replayed NIP-98 auth event.
+const authEventUsed = "auth event already used; sign a new one for every request " +
+	"(identical requests signed in the same second are one event: add a nonce tag or vary created_at)"
+
 func authHeader(ev *nostr.Event) string {
 	b, _ := ev.MarshalJSON()
 	return "Nostr " + base64.StdEncoding.EncodeToString(b)
@@ -252,7 +256,7 @@ func TestHTTPBridgeAuthFailures(t *testing.T) {
 	require.Equal(t, http.StatusOK, first.Status, first.Raw)
 	replay := send(t, r, "", "/count", header, body)
 	require.Equal(t, http.StatusUnauthorized, replay.Status, replay.Raw)
-	require.Equal(t, "auth event already used; sign a new one for every request", replay.Error)
+	require.Equal(t, authEventUsed, replay.Error)
 	require.Equal(t, "Nostr", replay.Header.Get("WWW-Authenticate"))
 
 	// A refused request does not burn its auth event: the payload check runs
@@ -287,6 +291,36 @@ func TestHTTPBridgeAuthFailures(t *testing.T) {
 		SELECT count(*) FROM http_auth_replays
 		WHERE community_id = $1 AND expires_at > now() + interval '90 seconds'`, r.CommunityID).Scan(&rows))
 	require.Equal(t, 5, rows)
+}
+
+// Two identical requests signed without a nonce in the same second are one
+// auth event: the second is a replay, and the refusal says how to make the
+// next one differ; a nonce tag does. Mutation killed: the replay answer
+// without the nonce/created_at advice leaves a client re-signing the same
+// event forever.
+func TestHTTPBridgeReplayAdviceNamesTheNonce(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}, "limit": 1}))
+	now := time.Now().Unix()
+	sign := func(nonce string) string {
+		return authHeader(nip98(t, key, "POST", r.HTTPURL+"/count", body, func(ev *nostr.Event) {
+			ev.Tags = ev.Tags[:3] // u, method, payload
+			if nonce != "" {
+				ev.Tags = append(ev.Tags, nostr.Tag{"nonce", nonce})
+			}
+			ev.CreatedAt = now
+		}))
+	}
+	first := send(t, r, "", "/count", sign(""), body)
+	require.Equal(t, http.StatusOK, first.Status, first.Raw)
+	second := send(t, r, "", "/count", sign(""), body)
+	require.Equal(t, http.StatusUnauthorized, second.Status, second.Raw)
+	require.Equal(t, authEventUsed, second.Error)
+	require.Contains(t, second.Error, "nonce")
+	withNonce := send(t, r, "", "/count", sign(uuid.NewString()), body)
+	require.Equal(t, http.StatusOK, withNonce.Status, withNonce.Raw)
 }
 
 func TestHTTPBridgeUnknownHostIs404BeforeAuth(t *testing.T) {
@@ -416,7 +450,7 @@ func TestHTTPBridgeAuthIsBoundToItsCommunity(t *testing.T) {
 	got = send(t, r, "b.example", "/events", authHeader(forB), noteBody)
 	require.Equal(t, http.StatusOK, got.Status, got.Raw)
 	got = send(t, r, "b.example", "/events", authHeader(forB), noteBody)
-	require.Equal(t, "auth event already used; sign a new one for every request", got.Error)
+	require.Equal(t, authEventUsed, got.Error)
 
 	inA := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
 	require.Zero(t, inA.Count)

@@ -135,6 +135,12 @@ func checkPayload(ev *nostr.Event, body []byte) error {
 	return nil
 }
 
+// errAuthEventUsed says how to sign anew: two identical requests signed in
+// the same second are the same event (same id), so re-signing alone does
+// not help; the event must differ.
+const errAuthEventUsed = "auth event already used; sign a new one for every request " +
+	"(identical requests signed in the same second are one event: add a nonce tag or vary created_at)"
+
 // claimHTTPAuth records the auth event as used in this community; a second
 // use is a replay. The row lives until the event could no longer pass the
 // created_at check, plus slack.
@@ -149,7 +155,7 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 		return err
 	}
 	if n == 0 {
-		return authFail("auth event already used; sign a new one for every request")
+		return authFail(errAuthEventUsed)
 	}
 	return nil
 }
