@@ -116,7 +116,8 @@ func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (status
 	case err != nil:
 		return http.StatusUnauthorized, "NIP-98: replay check unavailable"
 	case n == 0:
-		return http.StatusUnauthorized, "NIP-98: replay detected"
+		// Identical requests signed in one second are one event (one id).
+		return http.StatusUnauthorized, "NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)"
 	}
 	return 0, ""
 }

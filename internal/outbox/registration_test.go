@@ -139,7 +139,7 @@ func TestRegistrationRefusesReplays(t *testing.T) {
 		return registrationCall{rec.Code, strings.TrimSpace(rec.Body.String())}
 	}
 	require.Equal(t, registrationCall{200, "{}"}, send())
-	require.Equal(t, registrationCall{401, errorBody("NIP-98: replay detected")}, send())
+	require.Equal(t, registrationCall{401, errorBody("NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)")}, send())
 
 	var expiresIn float64
 	require.NoError(t, f.pool.QueryRow(context.Background(),
