@@ -409,11 +409,15 @@ func (backlogClaimer) claimDue(_ context.Context, limit int) ([]claim, error) {
 	return out, nil
 }
 
-// With every slot busy and a poll that always finds work, a freed slot goes
-// to the waiting hand-off, 20 times in a row: a handed-off row's lease has
-// been running since its insert, so it must not wait behind the poll.
-// Mutation killed: no hand-off preference, the hand-off and the poll
-// competing in one select (each round then goes to the poll half the time).
+// With every slot busy and a poll that always finds work, a waiting
+// hand-off is started within two freed slots, 20 rounds in a row (its lease
+// has been running since its insert, so it must not wait behind the poll),
+// and the poll still gets slots (it alone carries retries, other pods' rows
+// and released claims).
+// Mutations killed: no hand-off preference, the hand-off and the poll
+// competing in one select (a hand-off then loses two slots in a row in
+// about one round in four); strict hand-off priority (the poll never gets a
+// slot while hand-offs keep coming: it got 0 of 3,869 in a reviewer's run).
 func TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll(t *testing.T) {
 	t.Parallel()
 	handoff := make(chan claim, handoffCapacity)
@@ -452,11 +456,17 @@ func TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll(t *testing.T) {
 	for range maxInFlight {
 		next("the poll filling every slot")
 	}
+	polled := 0
 	for round := range 20 {
 		handed := claim{claimID: uuid.New(), row: db.OutboxClaimDueRow{ID: uuid.New()}}
 		handoff <- handed
 		finish <- struct{}{} // one delivery ends: one slot is free
-		got := next("the freed slot taken")
-		require.Equal(t, handed.row.ID, got.row.ID, "round %d: the poll took the freed slot while a hand-off waited", round)
+		if got := next("the freed slot taken"); got.row.ID != handed.row.ID {
+			polled++
+			finish <- struct{}{} // the poll took it: the next slot is the hand-off's
+			got = next("the second freed slot taken")
+			require.Equal(t, handed.row.ID, got.row.ID, "round %d: the poll took two freed slots while a hand-off waited", round)
+		}
 	}
+	require.GreaterOrEqual(t, polled, 5, "the poll got a slot in %d of 20 rounds while hand-offs kept coming", polled)
 }

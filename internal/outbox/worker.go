@@ -139,16 +139,49 @@ func (l *loop) run(ctx context.Context) {
 	poll := l.clock.NewTimer(0) // the first poll runs at once
 	defer poll.Stop()
 	backoff := l.idleFloor
+	runPoll := func(free int) {
+		claims, err := l.claims.claimDue(ctx, free)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				l.log.Error("operator-listener outbox poll failed", "err", err)
+			}
+			poll.Reset(claimErrorSleep)
+		case len(claims) > 0:
+			start(claims)
+			backoff = l.idleFloor
+			poll.Reset(0) // keep draining while work and slots exist
+		default:
+			poll.Reset(backoff)
+			backoff = min(2*backoff, l.idleCeiling)
+		}
+	}
+	// pollOwed: the poll was due when hand-offs last took free slots ahead
+	// of it, so it takes the next free slot.
+	pollOwed := false
 
 	for {
 		free := maxInFlight - inflight
-		// Hand-offs take a free slot before the poll does: their lease has
-		// been running since they were inserted, and a select between two
-		// ready cases would leave them waiting behind the poll at random.
+		// A waiting hand-off takes a free slot before the poll does (its
+		// lease has been running since its insert; in one select it would
+		// wait behind the poll at random), but never twice in a row while
+		// the poll is due: the poll is the only path for retries, other
+		// pods' rows and released claims, and hand-offs arriving as fast as
+		// deliveries end would otherwise shut it out for good.
 		if free > 0 && ctx.Err() == nil {
+			if pollOwed {
+				pollOwed = false
+				runPoll(free)
+				continue
+			}
 			select {
 			case c := <-l.handoff:
 				start(drainUpTo(l.handoff, c, free))
+				select {
+				case <-poll.C():
+					pollOwed = true
+				default:
+				}
 				continue
 			default:
 			}
@@ -172,21 +205,7 @@ func (l *loop) run(ctx context.Context) {
 			inflight--
 
 		case <-pollC:
-			claims, err := l.claims.claimDue(ctx, free)
-			switch {
-			case err != nil:
-				if ctx.Err() == nil {
-					l.log.Error("operator-listener outbox poll failed", "err", err)
-				}
-				poll.Reset(claimErrorSleep)
-			case len(claims) > 0:
-				start(claims)
-				backoff = l.idleFloor
-				poll.Reset(0) // keep draining while work and slots exist
-			default:
-				poll.Reset(backoff)
-				backoff = min(2*backoff, l.idleCeiling)
-			}
+			runPoll(free)
 
 		case c := <-handoffC:
 			// Handed-off rows were claimed as they were inserted: they go
