@@ -11,16 +11,20 @@
 -- from quiescing on; an archive can be undone, so it is announced with the
 -- payload 'archived:<id>', which relays close without refusing the
 -- community's later connections (unarchived, its host resolves again).
--- Lock impact: DROP and CREATE TRIGGER take a SHARE ROW EXCLUSIVE lock on
--- communities for an instant; communities is small and rarely written.
+-- Lock impact: CREATE (OR REPLACE) TRIGGER takes SHARE ROW EXCLUSIVE on
+-- communities until the migration commits: reads (every host lookup) go
+-- on, writes to communities wait; it is small and rarely written.
+-- lock_timeout bounds the wait behind a long transaction, so a busy table
+-- fails the migration instead of queueing the relay's writes behind it.
 -- Roll back: the down part restores 016's trigger and drops the archive
--- one; relays then close archived communities' connections on their
--- periodic sweep only (it asks for archived ones too), and quiescing ones'
--- at the fence.
+-- one (DROP TRIGGER takes ACCESS EXCLUSIVE on communities, blocking host
+-- lookups for that instant, under the same lock_timeout); relays then
+-- close archived communities' connections on their periodic sweep only
+-- (it asks for archived ones too), and quiescing ones' at the fence.
 
-DROP TRIGGER communities_announce_closed ON communities;
+SET LOCAL lock_timeout = '5s';
 
-CREATE TRIGGER communities_announce_closed
+CREATE OR REPLACE TRIGGER communities_announce_closed
     AFTER UPDATE OF deletion_state ON communities
     FOR EACH ROW
     WHEN (NEW.deletion_state IN ('quiescing', 'fenced', 'tombstone') AND OLD.deletion_state IS DISTINCT FROM NEW.deletion_state)
@@ -45,12 +49,12 @@ CREATE TRIGGER communities_announce_archived
 
 ---- create above / drop below ----
 
+SET LOCAL lock_timeout = '5s';
+
 DROP TRIGGER communities_announce_archived ON communities;
 DROP FUNCTION communities_announce_archived();
 
-DROP TRIGGER communities_announce_closed ON communities;
-
-CREATE TRIGGER communities_announce_closed
+CREATE OR REPLACE TRIGGER communities_announce_closed
     AFTER UPDATE OF deletion_state ON communities
     FOR EACH ROW
     WHEN (NEW.deletion_state IN ('fenced', 'tombstone') AND OLD.deletion_state IS DISTINCT FROM NEW.deletion_state)

@@ -10,12 +10,18 @@
 -- a proven agent owner are not profile text. metadata_event_id keeps
 -- naming the hidden version, so an older version still cannot take its
 -- place (the slot trigger refuses it anyway).
--- Lock impact: CREATE TRIGGER takes SHARE ROW EXCLUSIVE on events: it waits
--- for transactions writing events to finish and holds new writes for that
--- instant (the migration's own lock_timeout bounds the wait). Nothing is
+-- Lock impact: CREATE TRIGGER takes SHARE ROW EXCLUSIVE on events until
+-- the migration commits (nothing else follows it): it waits for
+-- transactions writing events to finish, and writes wait for it; reads go
+-- on. lock_timeout bounds the wait, so a long transaction fails the
+-- migration instead of queueing every event write behind it. Nothing is
 -- scanned or rewritten; rows hidden before keep their mirror (clear them
 -- with the UPDATE in the function below if that matters).
--- Roll back: the down part drops the trigger and its function.
+-- Roll back: the down part drops the trigger (ACCESS EXCLUSIVE on events
+-- for that instant, reads too, under the same lock_timeout) and its
+-- function.
+
+SET LOCAL lock_timeout = '5s';
 
 CREATE FUNCTION users_forget_hidden_profile() RETURNS trigger
     LANGUAGE plpgsql
@@ -38,6 +44,8 @@ CREATE TRIGGER users_forget_hidden_profile
     EXECUTE FUNCTION users_forget_hidden_profile();
 
 ---- create above / drop below ----
+
+SET LOCAL lock_timeout = '5s';
 
 DROP TRIGGER users_forget_hidden_profile ON events;
 DROP FUNCTION users_forget_hidden_profile();

@@ -11,15 +11,18 @@
 -- hiding time, so no path can forget it. Only a row still naming that
 -- event is touched: a row revived by a newer reaction event names the new
 -- one.
--- Lock impact: CREATE TRIGGER takes SHARE ROW EXCLUSIVE on events: it waits
--- for transactions writing events to finish and holds new writes for that
--- instant (the migration's own lock_timeout bounds the wait). The UPDATE
--- below then removes the rows of reactions hidden before this migration:
--- one pass over the active reactions (an index probe into events each),
--- locking only the rows it changes. Communities being deleted are left
--- alone (their write fence would refuse it; their rows go with them).
--- Roll back: the down part drops the trigger and its function; the rows
--- removed stay removed (they count hidden events, which is what they were).
+-- Lock impact: CREATE TRIGGER takes SHARE ROW EXCLUSIVE on events until
+-- the migration commits (nothing else follows it): it waits for
+-- transactions writing events to finish, and writes wait for it; reads go
+-- on. lock_timeout bounds the wait, so a long transaction fails the
+-- migration instead of queueing every event write behind it. The rows of
+-- reactions hidden before this migration are removed by 026, in its own
+-- transaction, so that pass never holds this lock.
+-- Roll back: the down part drops the trigger (ACCESS EXCLUSIVE on events
+-- for that instant, reads too, under the same lock_timeout) and its
+-- function.
+
+SET LOCAL lock_timeout = '5s';
 
 CREATE FUNCTION reactions_remove_hidden() RETURNS trigger
     LANGUAGE plpgsql
@@ -42,15 +45,9 @@ CREATE TRIGGER reactions_remove_hidden
     WHEN (NEW.kind = 7 AND OLD.deleted_at IS NULL AND NEW.deleted_at IS NOT NULL)
     EXECUTE FUNCTION reactions_remove_hidden();
 
-UPDATE reactions r
-SET removed_at = e.deleted_at
-FROM events e
-WHERE r.removed_at IS NULL AND r.reaction_event_id IS NOT NULL
-  AND e.community_id = r.community_id AND e.id = r.reaction_event_id
-  AND e.pubkey = r.pubkey AND e.kind = 7 AND e.deleted_at IS NOT NULL
-  AND r.community_id IN (SELECT id FROM communities WHERE deletion_state = 'active');
-
 ---- create above / drop below ----
+
+SET LOCAL lock_timeout = '5s';
 
 DROP TRIGGER reactions_remove_hidden ON events;
 DROP FUNCTION reactions_remove_hidden();
