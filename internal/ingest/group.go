@@ -191,10 +191,19 @@ func (g *groupWriter) drain(group []*groupJob) {
 	}
 }
 
-// write commits group. If writing panics, every event of the group runs
-// alone instead (nothing of it is known to have committed), where the
-// panic recurs on its own submitter's goroutine.
+// write commits group, then announces its membership changes. The
+// announcement runs outside writeGroup's recover: a panic there must not
+// send events that did commit to run again alone.
 func (g *groupWriter) write(group []*groupJob) {
+	if g.writeGroup(group) {
+		g.p.announceMembershipChanges(group)
+	}
+}
+
+// writeGroup commits group and reports whether it did. If writing panics,
+// every event of the group runs alone instead (nothing of it is known to
+// have committed), where the panic recurs on its own submitter's goroutine.
+func (g *groupWriter) writeGroup(group []*groupJob) (committed bool) {
 	start := time.Now()
 	var stats GroupStats
 	if first := group[0]; !first.queued.IsZero() {
@@ -219,9 +228,7 @@ func (g *groupWriter) write(group []*groupJob) {
 		}
 	}()
 	stats.Failed = !g.commit(group)
-	if !stats.Failed {
-		g.p.announceMembershipChanges(group)
-	}
+	return !stats.Failed
 }
 
 // next takes everything waiting (up to max) as the next group for the

@@ -234,13 +234,26 @@ func TestEveryForeignKeyIsIndexed(t *testing.T) {
 	missing, err = unindexedForeignKeys(ctx, conn)
 	require.NoError(t, err)
 	require.Equal(t, []string{"fk_probe: fk_probe_community_id_channel_id_fkey"}, missing)
+
+	// A partial index that leaves out more than NULL keys does not serve it;
+	// one that leaves out only NULL channels does.
+	_, err = conn.Exec(ctx, `CREATE INDEX fk_probe_some ON fk_probe (community_id, channel_id) WHERE id > 0`)
+	require.NoError(t, err)
+	missing, err = unindexedForeignKeys(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fk_probe: fk_probe_community_id_channel_id_fkey"}, missing)
+	_, err = conn.Exec(ctx, `CREATE INDEX fk_probe_channel ON fk_probe (community_id, channel_id) WHERE channel_id IS NOT NULL`)
+	require.NoError(t, err)
+	missing, err = unindexedForeignKeys(ctx, conn)
+	require.NoError(t, err)
+	require.Empty(t, missing)
 }
 
 // unindexedForeignKeys names each foreign key that no valid index can serve:
 // one whose first columns are the key's columns in any order, or a unique
 // one whose columns are all among the key's (at most one row to check).
-// A partial index counts; those here exclude only NULL keys, which the
-// check's equality never looks up.
+// A partial index counts only when it leaves out nothing but NULLs of a
+// key column, which the check's equality never looks up.
 func unindexedForeignKeys(ctx context.Context, conn *pgx.Conn) ([]string, error) {
 	rows, err := conn.Query(ctx, `
 		SELECT format('%s: %s', k.conrelid::regclass, k.conname)
@@ -250,6 +263,9 @@ func unindexedForeignKeys(ctx context.Context, conn *pgx.Conn) ([]string, error)
 		  AND NOT EXISTS (
 			SELECT FROM pg_index i
 			WHERE i.indrelid = k.conrelid AND i.indisvalid
+			  AND (i.indpred IS NULL OR pg_get_expr(i.indpred, i.indrelid) IN (
+				SELECT format('(%I IS NOT NULL)', a.attname) FROM pg_attribute a
+				WHERE a.attrelid = k.conrelid AND a.attnum = ANY(k.conkey)))
 			  AND (((i.indkey::int2[])[0:cardinality(k.conkey) - 1] @> k.conkey
 			        AND (i.indkey::int2[])[0:cardinality(k.conkey) - 1] <@ k.conkey)
 			       OR (i.indisunique AND (i.indkey::int2[])[0:i.indnkeyatts - 1] <@ k.conkey)))
