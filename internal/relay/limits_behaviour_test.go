@@ -45,16 +45,19 @@ func TestMissedPongClosesTheConnection(t *testing.T) {
 func TestPingSparesAConnectionWhileItsRequestIsHandled(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) { c.PingInterval = 200 * time.Millisecond })
-	c := r.Dial(t, "")
-	c.Auth(nil)
 	ctx := context.Background()
 	lock, err := r.Pool.Begin(ctx)
 	require.NoError(t, err)
+	// Locked before the client connects: taking the lock can wait (for the
+	// relay's own ANALYZE, say) longer than two ping intervals, and a client
+	// that does not read meanwhile rightly misses its pongs.
 	_, err = lock.Exec(ctx, `LOCK TABLE events IN ACCESS EXCLUSIVE MODE`)
 	if err != nil {
 		_ = lock.Rollback(ctx)
 		require.NoError(t, err)
 	}
+	c := r.Dial(t, "")
+	c.Auth(nil)
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
