@@ -479,16 +479,20 @@ func (p *Pipeline) refusedButStored(ctx context.Context, w *Write, err error) bo
 	if !errors.As(err, &refused) || refused.Prefix == "duplicate" || w.Event.PubKey != w.Actor {
 		return false
 	}
-	id := w.Event.IDBytes()
-	exists, lookupErr := db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: w.Tenant.ID(), ID: id[:]})
-	return lookupErr == nil && exists
+	stored, lookupErr := p.stored(ctx, w.Tenant, w.Event)
+	return lookupErr == nil && stored
+}
+
+// stored reports whether ev is stored in tenant's community, hidden or not.
+func (p *Pipeline) stored(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (bool, error) {
+	id := ev.IDBytes()
+	return db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: tenant.ID(), ID: id[:]})
 }
 
 // notInserted tells a duplicate from an event the replaceable-slot trigger
 // refused because a newer version (or a deletion) is stored.
 func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, error) {
-	id := ev.IDBytes()
-	exists, err := db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: tenant.ID(), ID: id[:]})
+	exists, err := p.stored(ctx, tenant, ev)
 	if err != nil {
 		return 0, err
 	}

@@ -192,17 +192,7 @@ func startLoop(t *testing.T, configure func(h *loopHarness)) *loopHarness {
 		handoff: h.handoff,
 		log:     slog.New(slog.DiscardHandler),
 	}
-	l.idleFloor, l.idleCeiling = pollBackoff(DefaultIdlePoll)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		l.run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-stopped
-	})
+	runLoop(t, l, nil)
 	// The first poll runs at start and finds nothing.
 	require.Equal(t, maxInFlight, h.awaitPoll(t, "the first poll"))
 	return h
@@ -397,6 +387,27 @@ func TestLoopKeepsTenInFlightAndNeverClaimsWithoutAFreeSlot(t *testing.T) {
 	require.Equal(t, int64(maxInFlight), h.claims.maxOutstanding.Load(), "in flight reached 10 and never more")
 }
 
+// runLoop runs l, with the default poll backoff, until the test ends;
+// afterCancel (may be nil) runs once its context is cancelled, before
+// waiting for it to return.
+func runLoop(t *testing.T, l *loop, afterCancel func()) {
+	t.Helper()
+	l.idleFloor, l.idleCeiling = pollBackoff(DefaultIdlePoll)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		l.run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if afterCancel != nil {
+			afterCancel()
+		}
+		<-stopped
+	})
+}
+
 // backlogClaimer is a poll that always finds as many due rows as it may
 // take, like the poll of a pod with a backlog of retries.
 type backlogClaimer struct{}
@@ -431,18 +442,7 @@ func TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll(t *testing.T) {
 		},
 		clock: realClock{}, handoff: handoff, log: slog.New(slog.DiscardHandler),
 	}
-	l.idleFloor, l.idleCeiling = pollBackoff(DefaultIdlePoll)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		l.run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		close(finish) // every delivery still running ends
-		<-stopped
-	})
+	runLoop(t, l, func() { close(finish) }) // every delivery still running ends
 	next := func(what string) claim {
 		t.Helper()
 		select {

@@ -20,9 +20,10 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// fenceCommunity takes the community at host through its deletion up to
-// the fence, with the SQL steps the deletion executor runs.
-func fenceCommunity(t *testing.T, pool *pgxpool.Pool, host string) {
+// quiesceCommunity takes the community at host through its deletion up to
+// quiescing, with the SQL steps the deletion executor runs, and returns the
+// claimed request.
+func quiesceCommunity(t *testing.T, pool *pgxpool.Pool, host string) db.CommunityDeletionRequest {
 	t.Helper()
 	ctx := context.Background()
 	req, err := deletion.Submit(ctx, pool, nil, host, "ops@example", "test")
@@ -33,7 +34,15 @@ func fenceCommunity(t *testing.T, pool *pgxpool.Pool, host string) {
 	row, err := q.DeletionRequestClaim(ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
 	require.NoError(t, err)
 	require.NoError(t, q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration}))
-	_, err = q.DeletionRequestFence(ctx, db.DeletionRequestFenceParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration})
+	return row
+}
+
+// fenceCommunity takes the community at host through its deletion up to
+// the fence.
+func fenceCommunity(t *testing.T, pool *pgxpool.Pool, host string) {
+	t.Helper()
+	row := quiesceCommunity(t, pool, host)
+	_, err := db.New(pool).DeletionRequestFence(context.Background(), db.DeletionRequestFenceParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration})
 	require.NoError(t, err)
 }
 
@@ -206,19 +215,11 @@ func TestArchivedCommunityIsClosedUntilUnarchived(t *testing.T) {
 // Mutation killed: the closing trigger firing from fenced on only.
 func TestQuiescingCommunityIsClosed(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	pool := dbtest.Pool(t)
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ClosedCommunitySweep = time.Hour })
 	c := r.Dial(t, r.Host)
 	c.Auth(nil)
-	req, err := deletion.Submit(ctx, pool, nil, r.Host, "ops@example", "test")
-	require.NoError(t, err)
-	req, err = deletion.Approve(ctx, pool, req.ID, "lead@example", "test")
-	require.NoError(t, err)
-	q := db.New(pool)
-	row, err := q.DeletionRequestClaim(ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
-	require.NoError(t, err)
-	require.NoError(t, q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: row.ID, Owner: "test", Generation: row.LeaseGeneration}))
+	quiesceCommunity(t, pool, r.Host)
 	requireClosedForDeletion(t, c)
 }
 
