@@ -530,6 +530,9 @@ func (c *conn) onAuth(ev *nostr.Event) {
 			return
 		}
 	}
+	if c.pubkey != "" && c.pubkey != ev.PubKey {
+		c.closeSubsOnNewReader()
+	}
 	c.pubkey = ev.PubKey
 	c.owner = owner
 	c.authed.Store(true)
@@ -543,6 +546,19 @@ func (c *conn) onAuth(ev *nostr.Event) {
 		note = ownerConflictNote
 	}
 	_ = c.send(nostr.EncodeOK(ev.ID, true, note))
+}
+
+// closeSubsOnNewReader ends every live subscription when the connection
+// authenticates as another pubkey: each was authorized for, and is filtered
+// by, the previous one, so it would keep delivering what only that pubkey
+// may read (its private channels, its gift wraps) to a connection now
+// reading as someone else. The client is told, and may subscribe again.
+func (c *conn) closeSubsOnNewReader() {
+	for id := range c.subs {
+		c.srv.hub.Unsubscribe(c.tenant.ID(), c, id)
+		delete(c.subs, id)
+		_ = c.send(nostr.EncodeClosed(id, "restricted: authenticated as another pubkey; subscribe again"))
+	}
 }
 
 func (c *conn) onEvent(ev *nostr.Event) {
