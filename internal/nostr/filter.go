@@ -319,7 +319,14 @@ func (d *decoder) filter(f *Filter, lim *Limits) error {
 				return d.wrongType(errSearch)
 			}
 			f.Search, err = d.string()
-			if err == nil && strings.IndexByte(f.Search, 0) >= 0 {
+			switch {
+			case err != nil:
+			case lim.MaxSearchBytes > 0 && len(f.Search) > lim.MaxSearchBytes:
+				// Each word is a node of the tsquery, which PostgreSQL
+				// walks recursively: tens of thousands of words exceed
+				// its stack depth and fail the statement.
+				err = fmt.Errorf("search too long (max %d bytes)", lim.MaxSearchBytes)
+			case strings.IndexByte(f.Search, 0) >= 0:
 				err = errSearchNUL
 			}
 		case filterAgentOwner:

@@ -111,7 +111,7 @@ func TestFilterUnmarshalInvalid(t *testing.T) {
 }
 
 func TestFilterLimits(t *testing.T) {
-	lim := Limits{MaxFilterValues: 3, MaxTagValueLen: 4}
+	lim := Limits{MaxFilterValues: 3, MaxTagValueLen: 4, MaxSearchBytes: 5}
 	parse := func(s string) error {
 		_, err := ParseClientMessage([]byte(`["REQ","s",`+s+`]`), lim)
 		return err
@@ -122,6 +122,8 @@ func TestFilterLimits(t *testing.T) {
 	require.ErrorContains(t, parse(`{"#e":["abcde"]}`), "#e value too long (max 4 bytes)")
 	require.ErrorContains(t, parse(`{"#t":["a\u0000b"]}`), "#t values must not contain NUL characters")
 	require.ErrorContains(t, parse(`{"search":"a\u0000b"}`), "search must not contain NUL characters")
+	require.NoError(t, parse(`{"search":"a b c"}`))
+	require.ErrorContains(t, parse(`{"search":"a b cd"}`), "search too long (max 5 bytes)")
 	// The budget is per filter.
 	require.NoError(t, parse(`{"kinds":[1,2,3]},{"kinds":[1,2,3]}`))
 }

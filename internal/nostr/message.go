@@ -12,6 +12,7 @@ type Limits struct {
 	MaxSubIDLength  int // bytes in a subscription id
 	MaxFilterValues int // ids+authors+kinds+tag values in one filter
 	MaxTagValueLen  int // bytes in one "#x" filter value
+	MaxSearchBytes  int // bytes in one NIP-50 search string
 	MaxEventTags    int // tags in one event
 	MaxContentBytes int // bytes of event content
 }
@@ -23,6 +24,7 @@ func DefaultLimits() Limits {
 		MaxSubIDLength:  64, // NIP-01's recommended maximum
 		MaxFilterValues: 1000,
 		MaxTagValueLen:  1024,
+		MaxSearchBytes:  1024,
 		MaxEventTags:    2000,
 		MaxContentBytes: 64 << 10,
 	}

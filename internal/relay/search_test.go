@@ -85,3 +85,27 @@ func TestSearchRanksTheNewestCandidates(t *testing.T) {
 	require.Equal(t, []string{strong.ID}, ids(alice.Req("s3", map[string]any{"search": "honey", "limit": 1}, other)),
 		"the most relevant of the newest matches, not of every match")
 }
+
+// A search string is bounded: every word becomes a node of the tsquery,
+// which PostgreSQL walks recursively, and some 20,000 words (40 KB, well
+// inside a frame) exceeded its stack depth, failing the statement as
+// "error: query failed" and logging an error for each such request.
+// Mutation killed: no bound on the search (COUNT answers "error: query
+// failed"; a search just over the bound is run).
+func TestSearchLengthIsBounded(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "a b c", nil, 0)).OK)
+
+	c.Send("COUNT", "deep", map[string]any{"search": strings.Repeat("a ", 20000)})
+	closed := c.Expect("CLOSED")
+	require.Equal(t, "invalid: search too long (max 1024 bytes)", closed.Msg)
+	c.Send("REQ", "long", map[string]any{"search": strings.Repeat("b", 1025)})
+	closed = c.Expect("CLOSED")
+	require.Equal(t, "invalid: search too long (max 1024 bytes)", closed.Msg)
+
+	c.Send("COUNT", "max", map[string]any{"search": strings.Repeat("a ", 512)})
+	require.Equal(t, int64(1), c.Expect("COUNT").Count)
+}

@@ -144,6 +144,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxSubIDLength:  64,
 			MaxFilterValues: 1000,
 			MaxTagValueLen:  1024,
+			MaxSearchBytes:  1024,
 			MaxEventTags:    cfg.MaxEventTags,
 			MaxContentBytes: cfg.MaxContentBytes,
 		},
