@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -108,4 +109,9 @@ func TestSearchLengthIsBounded(t *testing.T) {
 
 	c.Send("COUNT", "max", map[string]any{"search": strings.Repeat("a ", 512)})
 	require.Equal(t, int64(1), c.Expect("COUNT").Count)
+
+	// The HTTP bridge parses filters alike.
+	got := post(t, r, c.Key, "/count", query(map[string]any{"search": strings.Repeat("a ", 20000)}))
+	require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
+	require.Contains(t, got.Error, "search too long (max 1024 bytes)")
 }
