@@ -8,16 +8,36 @@
 -- (its worker died mid-step; the run resumes at current_step). A run is
 -- claimed by one worker at a time; every later transition is fenced by
 -- (id, claim_id, status = 'running').
-WITH candidates AS (
-    SELECT r.community_id, r.id, r.workflow_id
+-- Due runs are found by two ordered index scans, pending runs in run_at
+-- order (workflow_runs_due) and running runs whose lease expired
+-- (workflow_runs_recovery), each stopping at max_rows, then merged. One
+-- scan with "pending OR expired" could use neither partial index: it read
+-- and sorted every due run, a whole backlog per poll.
+WITH pending AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
     FROM workflow_runs r
-    WHERE ((r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now()))
-           OR (r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
+    WHERE r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
+),
+expired AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
+    FROM workflow_runs r
+    WHERE r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
+    ORDER BY r.lease_until, r.created_at, r.id
+    LIMIT @max_rows::int
+    FOR UPDATE OF r SKIP LOCKED
+),
+candidates AS (
+    SELECT c.community_id, c.id, c.workflow_id
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+    ORDER BY c.run_at, c.created_at, c.id
+    LIMIT @max_rows::int
 )
 UPDATE workflow_runs r
 SET status = 'running',
@@ -40,17 +60,38 @@ RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace
 -- (its worker died mid-step; the run resumes at current_step). A run is
 -- claimed by one worker at a time; every later transition is fenced by
 -- (id, claim_id, status = 'running').
-WITH candidates AS (
-    SELECT r.community_id, r.id, r.workflow_id
+-- Due runs are found by two ordered index scans, pending runs in run_at
+-- order (workflow_runs_due) and running runs whose lease expired
+-- (workflow_runs_recovery), each stopping at max_rows, then merged. One
+-- scan with "pending OR expired" could use neither partial index: it read
+-- and sorted every due run, a whole backlog per poll.
+WITH pending AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
     FROM workflow_runs r
-    WHERE ((r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now()))
-           OR (r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())))
+    WHERE r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
       AND r.id = ANY(@ids::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
+),
+expired AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
+    FROM workflow_runs r
+    WHERE r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
+      AND r.id = ANY(@ids::uuid[])
+    ORDER BY r.lease_until, r.created_at, r.id
+    LIMIT @max_rows::int
+    FOR UPDATE OF r SKIP LOCKED
+),
+candidates AS (
+    SELECT c.community_id, c.id, c.workflow_id
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+    ORDER BY c.run_at, c.created_at, c.id
+    LIMIT @max_rows::int
 )
 UPDATE workflow_runs r
 SET status = 'running',

@@ -14,17 +14,33 @@ import (
 )
 
 const workflowRunClaimByID = `-- name: WorkflowRunClaimByID :many
-WITH candidates AS (
-    SELECT r.community_id, r.id, r.workflow_id
+WITH pending AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
     FROM workflow_runs r
-    WHERE ((r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now()))
-           OR (r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())))
+    WHERE r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
       AND r.id = ANY($4::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT $5::int
     FOR UPDATE OF r SKIP LOCKED
+),
+expired AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
+    FROM workflow_runs r
+    WHERE r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
+      AND r.id = ANY($4::uuid[])
+    ORDER BY r.lease_until, r.created_at, r.id
+    LIMIT $5::int
+    FOR UPDATE OF r SKIP LOCKED
+),
+candidates AS (
+    SELECT c.community_id, c.id, c.workflow_id
+    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
+    ORDER BY c.run_at, c.created_at, c.id
+    LIMIT $5::int
 )
 UPDATE workflow_runs r
 SET status = 'running',
@@ -72,6 +88,11 @@ type WorkflowRunClaimByIDRow struct {
 // (its worker died mid-step; the run resumes at current_step). A run is
 // claimed by one worker at a time; every later transition is fenced by
 // (id, claim_id, status = 'running').
+// Due runs are found by two ordered index scans, pending runs in run_at
+// order (workflow_runs_due) and running runs whose lease expired
+// (workflow_runs_recovery), each stopping at max_rows, then merged. One
+// scan with "pending OR expired" could use neither partial index: it read
+// and sorted every due run, a whole backlog per poll.
 func (q *Queries) WorkflowRunClaimByID(ctx context.Context, arg WorkflowRunClaimByIDParams) ([]WorkflowRunClaimByIDRow, error) {
 	rows, err := q.db.Query(ctx, workflowRunClaimByID,
 		arg.ClaimID,
@@ -115,16 +136,31 @@ func (q *Queries) WorkflowRunClaimByID(ctx context.Context, arg WorkflowRunClaim
 
 const workflowRunClaimDue = `-- name: WorkflowRunClaimDue :many
 
-WITH candidates AS (
-    SELECT r.community_id, r.id, r.workflow_id
+WITH pending AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
     FROM workflow_runs r
-    WHERE ((r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now()))
-           OR (r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())))
+    WHERE r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT $4::int
     FOR UPDATE OF r SKIP LOCKED
+),
+expired AS (
+    SELECT r.community_id, r.id, r.workflow_id, r.run_at, r.created_at
+    FROM workflow_runs r
+    WHERE r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())
+      -- A community being deleted is skipped, not an error for the batch.
+      AND community_write_allowed(r.community_id)
+    ORDER BY r.lease_until, r.created_at, r.id
+    LIMIT $4::int
+    FOR UPDATE OF r SKIP LOCKED
+),
+candidates AS (
+    SELECT c.community_id, c.id, c.workflow_id
+    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
+    ORDER BY c.run_at, c.created_at, c.id
+    LIMIT $4::int
 )
 UPDATE workflow_runs r
 SET status = 'running',
@@ -172,6 +208,11 @@ type WorkflowRunClaimDueRow struct {
 // (its worker died mid-step; the run resumes at current_step). A run is
 // claimed by one worker at a time; every later transition is fenced by
 // (id, claim_id, status = 'running').
+// Due runs are found by two ordered index scans, pending runs in run_at
+// order (workflow_runs_due) and running runs whose lease expired
+// (workflow_runs_recovery), each stopping at max_rows, then merged. One
+// scan with "pending OR expired" could use neither partial index: it read
+// and sorted every due run, a whole backlog per poll.
 func (q *Queries) WorkflowRunClaimDue(ctx context.Context, arg WorkflowRunClaimDueParams) ([]WorkflowRunClaimDueRow, error) {
 	rows, err := q.db.Query(ctx, workflowRunClaimDue,
 		arg.ClaimID,

@@ -267,3 +267,21 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// RowsRead is how many rows of table the session behind tx read (by
+// sequential scans, plus rows fetched through indexes) and has not yet
+// reported. PostgreSQL reports a session's counts only between
+// transactions, so the difference of two calls in one transaction is what
+// that transaction read in between: a test bounds a statement's reads with
+// it, where a plan or a wall-clock time would be fragile.
+func RowsRead(t testing.TB, tx pgx.Tx, table string) int64 {
+	t.Helper()
+	var n int64
+	err := tx.QueryRow(context.Background(), `
+		SELECT coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)::bigint
+		FROM pg_stat_xact_user_tables WHERE relid = $1::regclass`, table).Scan(&n)
+	if err != nil {
+		t.Fatalf("rows read of %s: %v", table, err)
+	}
+	return n
+}

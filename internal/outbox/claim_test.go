@@ -327,3 +327,51 @@ func TestClaimsCommitWithoutWaitingForTheFlush(t *testing.T) {
 		})
 	}
 }
+
+// The poll reads about as many rows as it claims, however large the due
+// backlog (a listener back after an outage, a burst of mentions): it must
+// not read and sort the whole backlog on every tick. It still takes the
+// oldest due rows first, expired leases among them. Rows read are counted
+// by PostgreSQL for the claim's own transaction (pg_stat_xact_user_tables).
+//
+// Mutation killed: the candidates as one scan with "pending OR expired"
+// (the claim before): it reads all 20,000 due rows.
+func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener := mustHex(t, newPubkey(t))
+	const backlog = 20000
+	f.exec(`INSERT INTO operator_listener_outbox
+	            (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, next_attempt_at)
+	        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, decode(md5('e' || i) || md5('f' || i), 'hex'),
+	               9, now(), now() - interval '1 minute' + i * interval '1 millisecond'
+	        FROM generate_series(1, $3::int) AS i`, listener, f.community, backlog)
+	// Three rows whose worker died holding them, due before any pending row.
+	f.exec(`UPDATE operator_listener_outbox
+	        SET state = 'sending', claim_id = gen_random_uuid(), lease_until = now() - interval '1 second',
+	            attempts = 1, next_attempt_at = now() - interval '2 minutes'
+	        WHERE id IN (SELECT id FROM operator_listener_outbox ORDER BY next_attempt_at DESC LIMIT 3)`)
+	f.exec(`ANALYZE operator_listener_outbox`)
+
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	before := dbtest.RowsRead(t, tx, "operator_listener_outbox")
+	claimed, err := db.New(tx).OutboxClaimDue(ctx, db.OutboxClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: defaultLease.Milliseconds(), MaxAttempts: maxAttempts,
+		RetentionMs: retention.Milliseconds(), Routable: [][]byte{listener}, MaxRows: 10,
+	})
+	require.NoError(t, err)
+	require.Len(t, claimed, 10)
+	recovered := 0
+	for _, r := range claimed {
+		if r.Attempts == 2 {
+			recovered++
+		}
+	}
+	require.Equal(t, 3, recovered, "the expired leases are the oldest due rows")
+
+	read := dbtest.RowsRead(t, tx, "operator_listener_outbox") - before
+	require.Less(t, read, int64(100), "rows the claim read, of a %d-row backlog", backlog)
+}

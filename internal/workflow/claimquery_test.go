@@ -4,8 +4,13 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 )
 
 // The poll and the by-id claim come from one template and differ only in
@@ -31,5 +36,56 @@ func TestRunClaimsDifferOnlyInTheByIDLine(t *testing.T) {
 	require.True(t, strings.HasPrefix(parts[1], "WorkflowRunClaimDue "))
 	require.True(t, strings.HasPrefix(parts[2], "WorkflowRunClaimByID "))
 	require.Contains(t, due, "FOR UPDATE OF r SKIP LOCKED")
-	require.Equal(t, strings.TrimSpace(due), strings.TrimSpace(strings.Replace(byID, "      AND r.id = ANY(@ids::uuid[])\n", "", 1)))
+	require.Equal(t, strings.TrimSpace(due), strings.TrimSpace(strings.ReplaceAll(byID, "      AND r.id = ANY(@ids::uuid[])\n", "")))
+}
+
+// The poll reads about as many runs as it claims, however many are due (a
+// burst of triggers, a worker pool back after an outage): it must not read
+// and sort every due run on every tick. It still takes the oldest due runs
+// first, runs whose worker died among them. Rows read are counted by
+// PostgreSQL for the claim's own transaction (pg_stat_xact_user_tables).
+//
+// Mutation killed: the candidates as one scan with "pending OR expired"
+// (the claim before): it reads all 20,000 due runs.
+func TestRunClaimReadsItsRunsNotTheBacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	workflowID := uuid.NewString()
+	f.save(owner, f.channel(owner), workflowID, twoSteps)
+	const backlog = 20000
+	_, err := f.pool.Exec(f.ctx, `
+		INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
+		SELECT $1, gen_random_uuid(), $2, now() - interval '1 minute' + i * interval '1 millisecond'
+		FROM generate_series(1, $3::int) AS i`, f.tenant.ID(), workflowID, backlog)
+	require.NoError(t, err)
+	// Three runs whose worker died mid-step, due before any pending run.
+	_, err = f.pool.Exec(f.ctx, `
+		UPDATE workflow_runs
+		SET status = 'running', claim_id = gen_random_uuid(), lease_until = now() - interval '1 second',
+		    attempts = 1, run_at = now() - interval '2 minutes'
+		WHERE id IN (SELECT id FROM workflow_runs ORDER BY run_at DESC LIMIT 3)`)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `ANALYZE workflow_runs`)
+	require.NoError(t, err)
+
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	before := dbtest.RowsRead(t, tx, "workflow_runs")
+	claimed, err := db.New(tx).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10,
+	})
+	require.NoError(t, err)
+	require.Len(t, claimed, 10)
+	resumed := 0
+	for _, r := range claimed {
+		if r.Attempts == 2 {
+			resumed++
+		}
+	}
+	require.Equal(t, 3, resumed, "the runs with expired leases are the oldest due")
+
+	read := dbtest.RowsRead(t, tx, "workflow_runs") - before
+	require.Less(t, read, int64(100), "rows the claim read, of a %d-run backlog", backlog)
 }
