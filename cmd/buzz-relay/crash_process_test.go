@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// sentEvent is one event a publisher sent to a relay that was then killed,
+// and the answer it got, if any.
+type sentEvent struct {
+	ev       *nostr.Event
+	answered bool
+	ok       bool
+	msg      string
+}
+
+// publishUntilDead sends events from c, one at a time, each after the
+// previous one's OK, until the connection fails; it records every event
+// sent and its answer.
+func publishUntilDead(c *relaytest.Client, next func(i int) *nostr.Event) []*sentEvent {
+	var sent []*sentEvent
+	for i := 0; ; i++ {
+		ev := next(i)
+		s := &sentEvent{ev: ev}
+		frame, _ := json.Marshal([]any{"EVENT", ev})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.WS.Write(ctx, websocket.MessageText, frame)
+		cancel()
+		if err != nil {
+			return sent
+		}
+		sent = append(sent, s)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, data, err := c.WS.Read(ctx)
+			cancel()
+			if err != nil {
+				return sent
+			}
+			var parts []json.RawMessage
+			if json.Unmarshal(data, &parts) != nil || len(parts) < 4 || string(parts[0]) != `"OK"` {
+				continue
+			}
+			var id string
+			_ = json.Unmarshal(parts[1], &id)
+			if id != ev.ID {
+				continue
+			}
+			s.answered = true
+			_ = json.Unmarshal(parts[2], &s.ok)
+			_ = json.Unmarshal(parts[3], &s.msg)
+			break
+		}
+	}
+}
+
+// Relay processes are SIGKILLed while many publishers write through group
+// commits (plain notes, channel messages under savepoints, joins). After
+// each kill, on a fresh process: every event answered OK true is stored,
+// and every event sent is answered OK true when sent again, as a
+// duplicate exactly when it was stored, whether or not the dead process
+// answered it.
+func TestKilledRelayMidGroupCommitKeepsEveryAcknowledgedEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL":       withAppName(t, databaseURL, name),
+			"BUZZ_PUBLISH_BURST":      "100000",
+			"BUZZ_PUBLISH_PER_MINUTE": "100000",
+		}
+	}
+	const publishers = 24
+	keys := make([]*nostr.SecretKey, publishers)
+	for i := range keys {
+		keys[i] = relaytest.NewKey(t)
+	}
+	first := startRelayProcess(t, bin, "setup", env("setup"))
+	owner := first.client(t, nil)
+	channel := newChannel(t, owner, "crash")
+	first.stop(t)
+
+	var all []*sentEvent
+	for round := range 6 {
+		p := startRelayProcess(t, bin, fmt.Sprintf("round%d", round), env(fmt.Sprintf("round%d", round)))
+		clients := make([]*relaytest.Client, publishers)
+		for i := range clients {
+			clients[i] = p.client(t, keys[i])
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, c := range clients {
+			wg.Go(func() {
+				sent := publishUntilDead(c, func(n int) *nostr.Event {
+					ev := &nostr.Event{CreatedAt: time.Now().Unix(), Tags: nostr.Tags{}}
+					switch {
+					case round == 0 && n == 0:
+						ev.Kind, ev.Tags = 9021, nostr.Tags{{"h", channel}}
+					case n%3 == 0:
+						ev.Kind, ev.Content = 1, fmt.Sprintf("note %d/%d/%d", round, i, n)
+					case n%3 == 1:
+						ev.Kind, ev.Content, ev.Tags = 9, fmt.Sprintf("msg %d/%d/%d", round, i, n), nostr.Tags{{"h", channel}, {"p", owner.Key.PublicKeyHex()}}
+					default:
+						ev.Kind, ev.Content, ev.Tags = 1, fmt.Sprintf("mention %d/%d/%d", round, i, n), nostr.Tags{{"p", owner.Key.PublicKeyHex()}}
+					}
+					if err := ev.Sign(keys[i]); err != nil {
+						panic(err)
+					}
+					return ev
+				})
+				mu.Lock()
+				all = append(all, sent...)
+				mu.Unlock()
+			})
+		}
+		time.Sleep(time.Duration(300+round*97) * time.Millisecond)
+		p.kill()
+		wg.Wait()
+	}
+
+	ids := make([][]byte, len(all))
+	for i, s := range all {
+		ids[i], _ = hex.DecodeString(s.ev.ID)
+	}
+	rows, err := pool.Query(ctx, "SELECT encode(id, 'hex') FROM events WHERE id = ANY($1)", ids)
+	require.NoError(t, err)
+	stored := map[string]bool{}
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		stored[id] = true
+	}
+	require.NoError(t, rows.Err())
+
+	var acked, unanswered, storedUnanswered int
+	for _, s := range all {
+		if s.answered && s.ok {
+			acked++
+			require.True(t, stored[s.ev.ID], "event %s (kind %d) was answered OK %q but is not stored", s.ev.ID, s.ev.Kind, s.msg)
+		}
+		if s.answered && !s.ok {
+			t.Errorf("event %s (kind %d) refused before the kill: %s", s.ev.ID, s.ev.Kind, s.msg)
+		}
+		if !s.answered {
+			unanswered++
+			if stored[s.ev.ID] {
+				storedUnanswered++
+			}
+		}
+	}
+	t.Logf("%d events sent, %d acknowledged, %d unanswered (%d of them stored)", len(all), acked, unanswered, storedUnanswered)
+
+	last := startRelayProcess(t, bin, "last", env("last"))
+	clients := map[string]*relaytest.Client{}
+	for _, k := range keys {
+		clients[k.PublicKeyHex()] = last.client(t, k)
+	}
+	for _, s := range all {
+		r := clients[s.ev.PubKey].Publish(s.ev)
+		require.True(t, r.OK, "event %s (kind %d, stored %v, answered %v) resent: %s", s.ev.ID, s.ev.Kind, stored[s.ev.ID], s.answered, r.Msg)
+		require.Equal(t, stored[s.ev.ID], strings.HasPrefix(r.Msg, "duplicate:"), "event %s (kind %d, stored %v) resent: %q", s.ev.ID, s.ev.Kind, stored[s.ev.ID], r.Msg)
+	}
+}
+
+// A running relay process outlives a PostgreSQL restart: a publish while
+// the database is down is answered (not left hanging), and once it is back
+// the same connection publishes again, a live subscriber receives it, new
+// connections are served, and the community-closing listener is listening
+// again (an archive after the restart closes the sockets at once, though
+// the sweep is an hour away).
+func TestRelayProcessRecoversAfterPostgresRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	cluster, err := pgcluster.StartTemp(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Close() })
+	admin, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE buzz")
+	require.NoError(t, err)
+	admin.Close(ctx)
+	databaseURL := cluster.URL("buzz")
+	migrateCmd := exec.Command(bin, "migrate")
+	migrateCmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BUZZ_DATABASE_URL=" + databaseURL}
+	out, err := migrateCmd.CombinedOutput()
+	require.NoError(t, err, "migrate: %s", out)
+
+	p := startRelayProcess(t, bin, "survivor", map[string]string{
+		"BUZZ_DATABASE_URL":           withAppName(t, databaseURL, "survivor"),
+		"BUZZ_CLOSED_COMMUNITY_SWEEP": "1h",
+	})
+	pub, sub := p.client(t, nil), p.client(t, nil)
+	sub.Send("REQ", "live", map[string]any{"authors": []string{pub.Key.PublicKeyHex()}, "limit": 0})
+	sub.Expect("EOSE")
+	before := pub.Sign(1, "before the restart", nil, 0)
+	require.True(t, pub.Publish(before).OK)
+	require.Equal(t, before.ID, sub.Expect("EVENT").Event.ID)
+
+	require.NoError(t, cluster.Stop())
+	down := pub.Sign(1, "while the database is down", nil, 0)
+	pub.Send("EVENT", down)
+	r := pub.Expect("OK")
+	require.False(t, r.OK, "a publish while the database is down: %s", r.Msg)
+	t.Logf("answer while down: %s", r.Msg)
+
+	restarted, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: cluster.DataDir(), Port: cluster.Port()})
+	require.NoError(t, err)
+	require.False(t, restarted.Adopted())
+
+	var after *nostr.Event
+	require.Eventually(t, func() bool {
+		after = pub.Sign(1, "after the restart", nil, 0)
+		r := pub.Publish(after)
+		if !r.OK {
+			t.Logf("publish after restart: %s", r.Msg)
+		}
+		return r.OK
+	}, 30*time.Second, 200*time.Millisecond, "the relay never wrote again after PostgreSQL came back")
+	require.Equal(t, after.ID, sub.Expect("EVENT").Event.ID)
+	fresh := p.client(t, nil)
+	require.True(t, fresh.Publish(fresh.Sign(1, "new connection", nil, 0)).OK)
+
+	pool, err := pgxpool.New(ctx, databaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'survivor' AND query ILIKE 'LISTEN%'`).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 100*time.Millisecond, "the closing listener never listened again")
+	_, err = db.New(pool).CommunityArchive(ctx, db.CommunityArchiveParams{Host: processHost})
+	require.NoError(t, err)
+	for _, c := range []*relaytest.Client{pub, sub, fresh} {
+		_, err := c.TryNext(5 * time.Second)
+		require.Error(t, err)
+		require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "%v", err)
+	}
+}
