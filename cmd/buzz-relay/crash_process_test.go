@@ -5,10 +5,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,4 +264,92 @@ func TestRelayProcessRecoversAfterPostgresRestart(t *testing.T) {
 		require.Error(t, err)
 		require.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "%v", err)
 	}
+}
+
+// Two relay processes deliver one listener's mentions. Process A claims a
+// mention as it stores it and is SIGKILLed while its POST is in flight
+// (the listener never answers it); B, which routes the same listener,
+// delivers the row once A's lease has expired, and the row is then gone:
+// the listener answered exactly one delivery.
+func TestKilledRelayProcessMentionIsDeliveredByAnotherAfterTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var posts atomic.Int32
+	firstArrived, release := make(chan struct{}), make(chan struct{})
+	answered := make(chan string, 4)
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		if posts.Add(1) == 1 {
+			close(firstArrived)
+			<-release // A dies with this request open
+			return
+		}
+		answered <- string(body)
+	}))
+	t.Cleanup(listener.Close)
+	t.Cleanup(func() { close(release) })
+	listenerKey := relaytest.NewKey(t)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, name),
+			"BUZZ_OPERATOR_LISTENERS":             listenerKey.PublicKeyHex() + ":" + listener.URL + "/wake",
+			"BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS": "0",
+			"BUZZ_OPERATOR_LISTENER_POLL_MS":      "500",
+			"SSL_CERT_FILE":                       writeCertFile(t, listener),
+		}
+	}
+	a := startRelayProcess(t, bin, "a", env("a"))
+	b := startRelayProcess(t, bin, "b", env("b"))
+	target := relaytest.NewKey(t)
+	_, err = db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
+		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
+	})
+	require.NoError(t, err)
+
+	author := a.client(t, nil)
+	channel := newChannel(t, author, "paged")
+	msg := author.Sign(9, "wake up", nostr.Tags{{"h", channel}, {"p", target.PublicKeyHex()}}, 0)
+	require.True(t, author.Publish(msg).OK)
+	select {
+	case <-firstArrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("A never posted the mention")
+	}
+	a.kill()
+	killed := time.Now()
+
+	select {
+	case body := <-answered:
+		require.Contains(t, body, msg.ID)
+		t.Logf("B delivered %s after A was killed", time.Since(killed).Round(time.Second))
+	case <-time.After(60 * time.Second):
+		t.Fatal("the mention A held was never delivered by B")
+	}
+	require.Eventually(t, func() bool {
+		var n int
+		return pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&n) == nil && n == 0
+	}, 10*time.Second, 50*time.Millisecond, "the delivered row is removed")
+	select {
+	case body := <-answered:
+		t.Fatalf("a second delivery: %s", body)
+	case <-time.After(2 * time.Second):
+	}
+	require.EqualValues(t, 2, posts.Load(), "one POST cut off by the kill, one answered")
+	_ = b
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(t, err)
+	return b
 }
