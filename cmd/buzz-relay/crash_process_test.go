@@ -193,8 +193,8 @@ func TestKilledRelayMidGroupCommitKeepsEveryAcknowledgedEvent(t *testing.T) {
 // A running relay process outlives a PostgreSQL restart: a publish while
 // the database is down is answered (not left hanging), and once it is back
 // the same connection publishes again, a live subscriber receives it, new
-// connections are served, and the community-closing listener is listening
-// again (an archive after the restart closes the sockets at once, though
+// connections are served, the workflow worker runs runs again, and the
+// community-closing listener is listening again (an archive after the restart closes the sockets at once, though
 // the sweep is an hour away).
 func TestRelayProcessRecoversAfterPostgresRestart(t *testing.T) {
 	t.Parallel()
@@ -224,6 +224,9 @@ func TestRelayProcessRecoversAfterPostgresRestart(t *testing.T) {
 	before := pub.Sign(1, "before the restart", nil, 0)
 	require.True(t, pub.Publish(before).OK)
 	require.Equal(t, before.ID, sub.Expect("EVENT").Event.ID)
+	channel := newChannel(t, pub, "echo")
+	saveWorkflow(t, pub, channel, "name: Echo\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: say, action: send_message, text: 'echo {{trigger.text}}'}\n")
 
 	require.NoError(t, cluster.Stop())
 	down := pub.Sign(1, "while the database is down", nil, 0)
@@ -252,6 +255,13 @@ func TestRelayProcessRecoversAfterPostgresRestart(t *testing.T) {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	// The workflow worker runs again: a message after the restart is echoed.
+	require.True(t, pub.Publish(pub.Sign(9, "after", nostr.Tags{{"h", channel}}, 0)).OK)
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'echo after'`).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 100*time.Millisecond, "the workflow worker never ran a run after the restart")
 	require.Eventually(t, func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'survivor' AND query ILIKE 'LISTEN%'`).Scan(&n)
