@@ -363,3 +363,60 @@ func mustHex(t *testing.T, s string) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// SIGTERM while a mention's POST is in flight: the process waits for the
+// listener's answer and records the delivery before it exits, so the row
+// is gone and nobody posts it again after the lease. Before, serve
+// returned once the WebSockets had closed and the process exited with the
+// delivery unrecorded, its row leased for 30 s and then delivered again.
+// Mutation killed: serve not waiting for the workers (WaitForWorkers).
+func TestStoppedRelayProcessRecordsTheDeliveryInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var posts atomic.Int32
+	arrived := make(chan struct{}, 1)
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		posts.Add(1)
+		arrived <- struct{}{}
+		time.Sleep(time.Second) // answered after the relay was told to stop
+	}))
+	t.Cleanup(listener.Close)
+	listenerKey := relaytest.NewKey(t)
+	p := startRelayProcess(t, bin, "stopping", map[string]string{
+		"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, "stopping"),
+		"BUZZ_OPERATOR_LISTENERS":             listenerKey.PublicKeyHex() + ":" + listener.URL + "/wake",
+		"BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS": "0",
+		"SSL_CERT_FILE":                       writeCertFile(t, listener),
+	})
+	target := relaytest.NewKey(t)
+	_, err = db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
+		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
+	})
+	require.NoError(t, err)
+	author := p.client(t, nil)
+	channel := newChannel(t, author, "paged")
+	require.True(t, author.Publish(author.Sign(9, "wake up", nostr.Tags{{"h", channel}, {"p", target.PublicKeyHex()}}, 0)).OK)
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay never posted the mention")
+	}
+	author.WS.CloseNow() // nothing else holds the shutdown up
+	stopping := time.Now()
+	p.stop(t)
+	t.Logf("stopped in %s", time.Since(stopping).Round(time.Millisecond))
+
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&left))
+	require.Zero(t, left, "the delivery answered during shutdown was not recorded:\n%s", p.logs.String())
+	require.EqualValues(t, 1, posts.Load())
+}

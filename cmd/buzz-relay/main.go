@@ -266,6 +266,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		log.Warn("connections did not drain in time", "err", err)
 	}
+	// The workers saw ctx end with the signal and are finishing what is in
+	// flight (a delivery within its request timeout, a workflow step).
+	if err := srv.WaitForWorkers(shutdownCtx); err != nil {
+		log.Warn("deliveries or workflow steps in flight did not finish in time", "err", err)
+	}
 	return nil
 }
 
