@@ -420,3 +420,47 @@ func TestStoppedRelayProcessRecordsTheDeliveryInFlight(t *testing.T) {
 	require.Zero(t, left, "the delivery answered during shutdown was not recorded:\n%s", p.logs.String())
 	require.EqualValues(t, 1, posts.Load())
 }
+
+// SIGTERM while a workflow's webhook call is in flight: the process waits
+// for the answer and records the step, so the run is completed rather than
+// resumed after the lease with the call's outcome unknown.
+// Mutation killed: the workflow worker started outside the workers serve
+// waits for.
+func TestStoppedRelayProcessFinishesTheWorkflowStepInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	arrived := make(chan struct{}, 1)
+	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		time.Sleep(time.Second) // answered after the relay was told to stop
+		_, _ = io.WriteString(w, "pong")
+	}))
+	t.Cleanup(hook.Close)
+	p := startRelayProcess(t, bin, "stopping", map[string]string{
+		"BUZZ_DATABASE_URL":                  withAppName(t, databaseURL, "stopping"),
+		"BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS": "127.0.0.1/32",
+		"SSL_CERT_FILE":                      writeCertFile(t, hook),
+	})
+	owner := p.client(t, nil)
+	channel := newChannel(t, owner, "deploys")
+	wf := saveWorkflow(t, owner, channel, "name: Deploy\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: hook, action: call_webhook, url: '"+hook.URL+"/deploy', body: 'x'}\n")
+	require.True(t, owner.Publish(owner.Sign(9, "ship it", nostr.Tags{{"h", channel}}, 0)).OK)
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay never called the webhook")
+	}
+	owner.WS.CloseNow() // nothing else holds the shutdown up
+	p.stop(t)
+
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE workflow_id = $1`, wf).Scan(&status))
+	require.Equal(t, "completed", status, "the step in flight at SIGTERM was not recorded:\n%s", p.logs.String())
+}
