@@ -5,7 +5,9 @@ RETURNING *;
 
 -- name: CommunityEnsure :one
 -- Idempotent create for start-up seeding: returns the existing row when the
--- host is taken (whatever its lifecycle state).
+-- host is taken (whatever its lifecycle state). Returns no row when another
+-- transaction inserted the host while this statement ran (its snapshot
+-- predates that commit): call it through community.Ensure, which asks again.
 WITH inserted AS (
     INSERT INTO communities (host)
     VALUES (@host::text)

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/media"
@@ -222,7 +223,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 		return err
 	}
 	// The deployment's own community (BUZZ_RELAY_URL) always exists.
-	home, err := db.New(pool).CommunityEnsure(ctx, cfg.RelayHost())
+	home, err := community.Ensure(ctx, db.New(pool), cfg.RelayHost())
 	if err != nil {
 		return fmt.Errorf("seed community %q: %w", cfg.RelayHost(), err)
 	}

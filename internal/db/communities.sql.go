@@ -163,7 +163,9 @@ type CommunityEnsureRow struct {
 }
 
 // Idempotent create for start-up seeding: returns the existing row when the
-// host is taken (whatever its lifecycle state).
+// host is taken (whatever its lifecycle state). Returns no row when another
+// transaction inserted the host while this statement ran (its snapshot
+// predates that commit): call it through community.Ensure, which asks again.
 func (q *Queries) CommunityEnsure(ctx context.Context, host string) (CommunityEnsureRow, error) {
 	row := q.db.QueryRow(ctx, communityEnsure, host)
 	var i CommunityEnsureRow
