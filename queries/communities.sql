@@ -48,6 +48,11 @@ SET archived_at = NULL
 WHERE lower(host) = lower(@host::text)
 RETURNING *;
 
+-- name: CommunitySigningKey :one
+-- The community's relay key if it has one: a read, so it works whatever the
+-- community's lifecycle (the guard refuses any UPDATE from quiescing on).
+SELECT signing_key FROM communities WHERE id = @id::uuid;
+
 -- name: CommunitySigningKeyEnsure :one
 -- The community's relay key, created once: concurrent first callers agree on
 -- the key that won.

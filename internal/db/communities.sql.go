@@ -242,6 +242,19 @@ func (q *Queries) CommunityResolveServing(ctx context.Context, host string) (Com
 	return i, err
 }
 
+const communitySigningKey = `-- name: CommunitySigningKey :one
+SELECT signing_key FROM communities WHERE id = $1::uuid
+`
+
+// The community's relay key if it has one: a read, so it works whatever the
+// community's lifecycle (the guard refuses any UPDATE from quiescing on).
+func (q *Queries) CommunitySigningKey(ctx context.Context, id uuid.UUID) ([]byte, error) {
+	row := q.db.QueryRow(ctx, communitySigningKey, id)
+	var signing_key []byte
+	err := row.Scan(&signing_key)
+	return signing_key, err
+}
+
 const communitySigningKeyEnsure = `-- name: CommunitySigningKeyEnsure :one
 UPDATE communities SET signing_key = coalesce(signing_key, $1::bytea)
 WHERE id = $2::uuid
