@@ -5,7 +5,9 @@ RETURNING *;
 
 -- name: CommunityEnsure :one
 -- Idempotent create for start-up seeding: returns the existing row when the
--- host is taken (whatever its lifecycle state).
+-- host is taken (whatever its lifecycle state). Returns no row when another
+-- transaction inserted the host while this statement ran (its snapshot
+-- predates that commit): call it through community.Ensure, which asks again.
 WITH inserted AS (
     INSERT INTO communities (host)
     VALUES (@host::text)
@@ -45,6 +47,11 @@ UPDATE communities
 SET archived_at = NULL
 WHERE lower(host) = lower(@host::text)
 RETURNING *;
+
+-- name: CommunitySigningKey :one
+-- The community's relay key if it has one: a read, so it works whatever the
+-- community's lifecycle (the guard refuses any UPDATE from quiescing on).
+SELECT signing_key FROM communities WHERE id = @id::uuid;
 
 -- name: CommunitySigningKeyEnsure :one
 -- The community's relay key, created once: concurrent first callers agree on

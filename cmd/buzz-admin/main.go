@@ -92,7 +92,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	}
 	verb, rest := args[1], args[2:]
 	needHost := verb == "create" || verb == "archive" || verb == "unarchive"
-	if (needHost && len(rest) != 1) || (!needHost && len(rest) != 0) {
+	// A mistyped verb is a usage error before any connection is tried.
+	if (needHost && len(rest) != 1) || (!needHost && (verb != "list" || len(rest) != 0)) {
 		return usageError{}
 	}
 	conn, err := connect(ctx, getenv)

@@ -55,5 +55,7 @@ func TestCommunitiesCommands(t *testing.T) {
 
 	require.ErrorContains(t, runJSON(&archived, "communities", "archive", "missing.example"), "no community has host")
 	require.ErrorAs(t, run(ctx, []string{"communities", "create"}, env, &bytes.Buffer{}), &usageError{})
+	// A mistyped verb is a usage error (exit 2), not a database error (exit 1).
+	require.ErrorAs(t, run(ctx, []string{"communities", "lsit"}, func(string) string { return "" }, &bytes.Buffer{}), &usageError{})
 	require.ErrorContains(t, run(ctx, []string{"communities", "list"}, func(string) string { return "" }, &bytes.Buffer{}), "BUZZ_DATABASE_URL")
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/media"
@@ -80,6 +81,11 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
+	var u usageError
+	if errors.As(err, &u) {
+		fmt.Fprintf(os.Stderr, "buzz-relay: %s\n%s", u.msg, usage)
+		os.Exit(2)
+	}
 	if err != nil {
 		log.Error("buzz-relay failed", "err", err)
 		os.Exit(1)
@@ -93,7 +99,28 @@ func requireDatabaseURL(cfg config.Config) error {
 	return nil
 }
 
+// usageError is a command line that names no command: main prints it with
+// the usage and exits 2, as for an unknown command.
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
 func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
+	// The arguments are checked before connecting: a typo is a usage error
+	// whether or not the database is reachable.
+	version, destroy := int64(-1), false
+	switch {
+	case len(args) == 0 || len(args) == 1 && args[0] == "up":
+	case len(args) == 1 && args[0] == "status":
+	case args[0] == "to" && (len(args) == 2 || len(args) == 3 && args[2] == "--destroy-data"):
+		v, err := strconv.ParseInt(args[1], 10, 32)
+		if err != nil || v < 0 {
+			return usageError{fmt.Sprintf("migrate to %q: want a version number (0 or more)", args[1])}
+		}
+		version, destroy = v, len(args) == 3
+	default:
+		return usageError{fmt.Sprintf("migrate %v: unknown arguments", args)}
+	}
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
@@ -103,30 +130,24 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	}
 	defer conn.Close(context.Background())
 	switch {
-	case len(args) == 0 || args[0] == "up":
-		return migrate.Up(ctx, conn)
-	case args[0] == "status":
+	case len(args) > 0 && args[0] == "status":
 		st, err := migrate.CurrentStatus(ctx, conn)
 		if err != nil {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(st)
-	case args[0] == "to" && (len(args) == 2 || len(args) == 3 && args[2] == "--destroy-data"):
-		v, err := strconv.ParseInt(args[1], 10, 32)
-		if err != nil || v < 0 {
-			return fmt.Errorf("migrate to %q: want a version number (0 or more)", args[1])
-		}
-		st, err := migrate.CurrentStatus(ctx, conn)
-		if err != nil {
-			return err
-		}
-		// A typo (1 for 18) must not drop events.
-		if int32(v) < st.Current && len(args) == 2 {
-			return fmt.Errorf("migrate to %d runs the down parts of migrations %d to %d, which drop their tables and columns with the data in them; add --destroy-data to do that", v, v+1, st.Current)
-		}
-		return migrate.To(ctx, conn, int32(v))
+	case version < 0:
+		return migrate.Up(ctx, conn)
 	}
-	return fmt.Errorf("migrate %v: unknown arguments\n%s", args, usage)
+	st, err := migrate.CurrentStatus(ctx, conn)
+	if err != nil {
+		return err
+	}
+	// A typo (1 for 18) must not drop events.
+	if int32(version) < st.Current && !destroy {
+		return fmt.Errorf("migrate to %d runs the down parts of migrations %d to %d, which drop their tables and columns with the data in them; add --destroy-data to do that", version, version+1, st.Current)
+	}
+	return migrate.To(ctx, conn, int32(version))
 }
 
 // addresses are the relay's bound listeners: the public one every
@@ -202,7 +223,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 		return err
 	}
 	// The deployment's own community (BUZZ_RELAY_URL) always exists.
-	home, err := db.New(pool).CommunityEnsure(ctx, cfg.RelayHost())
+	home, err := community.Ensure(ctx, db.New(pool), cfg.RelayHost())
 	if err != nil {
 		return fmt.Errorf("seed community %q: %w", cfg.RelayHost(), err)
 	}
@@ -265,6 +286,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	_ = httpSrv.Shutdown(shutdownCtx) // stop accepting; hijacked WebSockets are ours to close
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		log.Warn("connections did not drain in time", "err", err)
+	}
+	// The workers saw ctx end with the signal and are finishing what is in
+	// flight (a delivery within its request timeout, a workflow step).
+	if err := srv.WaitForWorkers(shutdownCtx); err != nil {
+		log.Warn("deliveries or workflow steps in flight did not finish in time", "err", err)
 	}
 	return nil
 }

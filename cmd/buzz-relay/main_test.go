@@ -147,6 +147,23 @@ func TestMigrateDownNeedsDestroyData(t *testing.T) {
 	require.EqualValues(t, 18, st.Current)
 }
 
+// A mistyped migrate command line is a usage error (exit 2), checked
+// before connecting: it is not reported as a database error, and it never
+// runs a migration (before, "migrate up now" and "migrate status x" ran
+// up and status).
+// Mutation killed: the arguments checked after connecting (the
+// unreachable database's error is returned instead).
+func TestMigrateArgumentsAreCheckedFirst(t *testing.T) {
+	t.Parallel()
+	cfg := config.Default()
+	cfg.DatabaseURL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	for _, args := range [][]string{{"bogus"}, {"up", "now"}, {"status", "x"}, {"to"}, {"to", "abc"}, {"to", "-1"}, {"to", "5", "--force"}} {
+		var u usageError
+		require.ErrorAs(t, runMigrate(context.Background(), cfg, args), &u, "migrate %v", args)
+	}
+	require.NotErrorAs(t, runMigrate(context.Background(), cfg, []string{"status"}), new(usageError))
+}
+
 // The dev relay keeps its private cluster across restarts: an event
 // published before a stop is still there after the next start, and so is
 // a blob uploaded to its media store under the data directory.

@@ -59,6 +59,19 @@ func Resolve(ctx context.Context, q *db.Queries, rawHost string) (Tenant, error)
 	return FromRow(row), nil
 }
 
+// Ensure returns the community at host, creating it if needed (start-up
+// seeding). When another process inserts the same host at the same moment,
+// CommunityEnsure waits for that insert, does nothing, and its select, on
+// the statement's older snapshot, finds nothing; a second statement sees
+// the committed row.
+func Ensure(ctx context.Context, q *db.Queries, host string) (db.CommunityEnsureRow, error) {
+	row, err := q.CommunityEnsure(ctx, host)
+	if dberr.IsNotFound(err) {
+		row, err = q.CommunityEnsure(ctx, host)
+	}
+	return row, err
+}
+
 // NormalizeHost is the one normalization used both when storing
 // communities.host and when resolving an inbound Host, so both sides agree:
 // trim and lowercase; drop a :443 or :80 suffix (other ports select a

@@ -139,3 +139,39 @@ func TestCommunityEnsureIsIdempotent(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 }
+
+// Two relay processes start at once on a fresh database and both seed
+// their community: the one whose insert waits for the other's must still
+// get the row. Before, its statement's snapshot predated the other's
+// commit, the insert did nothing and the select saw nothing, and serve
+// failed with "seed community: no rows in result set".
+// Mutation killed: Ensure without its second statement.
+func TestCommunityEnsureRacingAnotherStart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := dbtest.Pool(t)
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(context.Background()) }()
+	first, err := db.New(other).CommunityEnsure(ctx, "race.example")
+	require.NoError(t, err)
+
+	type result struct {
+		row db.CommunityEnsureRow
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		row, err := Ensure(ctx, db.New(pool), "race.example")
+		done <- result{row, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%CommunityEnsure%')`).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 10*time.Millisecond, "the second start waits for the first one's insert")
+	require.NoError(t, other.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, first.ID, r.row.ID)
+}

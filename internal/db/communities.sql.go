@@ -163,7 +163,9 @@ type CommunityEnsureRow struct {
 }
 
 // Idempotent create for start-up seeding: returns the existing row when the
-// host is taken (whatever its lifecycle state).
+// host is taken (whatever its lifecycle state). Returns no row when another
+// transaction inserted the host while this statement ran (its snapshot
+// predates that commit): call it through community.Ensure, which asks again.
 func (q *Queries) CommunityEnsure(ctx context.Context, host string) (CommunityEnsureRow, error) {
 	row := q.db.QueryRow(ctx, communityEnsure, host)
 	var i CommunityEnsureRow
@@ -238,6 +240,19 @@ func (q *Queries) CommunityResolveServing(ctx context.Context, host string) (Com
 		&i.DeletionFenceGeneration,
 	)
 	return i, err
+}
+
+const communitySigningKey = `-- name: CommunitySigningKey :one
+SELECT signing_key FROM communities WHERE id = $1::uuid
+`
+
+// The community's relay key if it has one: a read, so it works whatever the
+// community's lifecycle (the guard refuses any UPDATE from quiescing on).
+func (q *Queries) CommunitySigningKey(ctx context.Context, id uuid.UUID) ([]byte, error) {
+	row := q.db.QueryRow(ctx, communitySigningKey, id)
+	var signing_key []byte
+	err := row.Scan(&signing_key)
+	return signing_key, err
 }
 
 const communitySigningKeyEnsure = `-- name: CommunitySigningKeyEnsure :one

@@ -24,6 +24,15 @@ func (p *Pipeline) relayKey(ctx context.Context, community uuid.UUID) (*nostr.Se
 	if key != nil {
 		return key, nil
 	}
+	// Read first: once the key exists, nothing is written, so a relay
+	// starting while the community is being deleted still gets it.
+	stored, err := db.New(p.pool).CommunitySigningKey(ctx, community)
+	if err != nil {
+		return nil, err
+	}
+	if len(stored) > 0 {
+		return p.cacheKey(community, stored)
+	}
 	candidate, err := nostr.GenerateSecretKey()
 	if err != nil {
 		return nil, err
@@ -33,11 +42,16 @@ func (p *Pipeline) relayKey(ctx context.Context, community uuid.UUID) (*nostr.Se
 		return nil, err
 	}
 	// On the pool, not the event's transaction: the key outlives any one event.
-	stored, err := db.New(p.pool).CommunitySigningKeyEnsure(ctx, db.CommunitySigningKeyEnsureParams{ID: community, Candidate: raw})
+	stored, err = db.New(p.pool).CommunitySigningKeyEnsure(ctx, db.CommunitySigningKeyEnsureParams{ID: community, Candidate: raw})
 	if err != nil {
 		return nil, err
 	}
-	if key, err = nostr.SecretKeyFromHex(hex.EncodeToString(stored)); err != nil {
+	return p.cacheKey(community, stored)
+}
+
+func (p *Pipeline) cacheKey(community uuid.UUID, stored []byte) (*nostr.SecretKey, error) {
+	key, err := nostr.SecretKeyFromHex(hex.EncodeToString(stored))
+	if err != nil {
 		return nil, err
 	}
 	p.keysMu.Lock()

@@ -155,3 +155,38 @@ func TestWebhookIdempotencyPrebuiltByHand(t *testing.T) {
 	}
 	require.NoError(t, migrate.To(ctx, conn, 13))
 }
+
+// Two deploys each run `buzz-relay migrate` on an empty database at once.
+// They queue: every run succeeds and no index is left INVALID. Before, a
+// run waited for tern's lock inside a statement while the other built an
+// index concurrently; the build waited for the waiter's snapshot, PostgreSQL
+// broke the deadlock by cancelling one of them, and a cancelled build left
+// an INVALID index that the next run's IF NOT EXISTS recorded as migrated.
+// Mutation killed: without lockMigrator the runs fail with "deadlock
+// detected" (and may leave idx_channels_id_live INVALID at version 26).
+func TestConcurrentMigrationRunsQueue(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url := dbtest.EmptyURL(t)
+	const runs = 4
+	conns := make([]*pgx.Conn, runs)
+	for i := range conns {
+		conns[i] = connect(t, url)
+	}
+	errs := make(chan error, runs)
+	for _, conn := range conns {
+		go func() { errs <- migrate.Up(ctx, conn) }()
+	}
+	for range runs {
+		require.NoError(t, <-errs)
+	}
+	st, err := migrate.CurrentStatus(ctx, conns[0])
+	require.NoError(t, err)
+	require.False(t, st.Behind())
+	rows, err := conns[0].Query(ctx, "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid")
+	require.NoError(t, err)
+	invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, invalid)
+}

@@ -6,7 +6,8 @@
 // migrate serialize on tern's advisory lock, and a migration that runs
 // CREATE INDEX CONCURRENTLY (tern's disable-tx mode) waits for every other
 // transaction touching the table, including the waiting migrators' own
-// sessions, which deadlocks the rollout.
+// sessions, which deadlocks the rollout. Several `buzz-relay migrate` runs
+// at once queue on lockMigrator instead.
 package migrate
 
 import (
@@ -18,6 +19,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -64,9 +66,44 @@ const SchemaDestructionLockKey int64 = 0x62757a7a64656c31
 // transaction: concurrent index builds and drops, never a new table.
 var disableTx = regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
 
+// migratorLockKey serializes whole migration runs; it spells "buzzmig1".
+const migratorLockKey int64 = 0x62757a7a6d696731
+
+// lockMigrator waits until no other migration run is in progress. It polls
+// pg_try_advisory_lock rather than waiting in pg_advisory_lock (as tern's own
+// lock does): a session waiting inside a statement holds a snapshot, a
+// concurrent index build in the other run waits for that snapshot while the
+// waiter waits for the build's run, and PostgreSQL breaks the deadlock by
+// cancelling one of them, which can leave an INVALID index that the next
+// run's IF NOT EXISTS then records as migrated.
+func lockMigrator(ctx context.Context, conn *pgx.Conn) (unlock func(), err error) {
+	for {
+		var locked bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", migratorLockKey).Scan(&locked); err != nil {
+			return nil, fmt.Errorf("migrator lock: %w", err)
+		}
+		if locked {
+			return func() {
+				_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migratorLockKey)
+			}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // To migrates up or down to version (0 drops everything, -1 is the latest),
-// one migration at a time.
+// one migration at a time. Concurrent runs queue, each starting once the
+// one before it has finished.
 func To(ctx context.Context, conn *pgx.Conn, version int32) error {
+	unlock, err := lockMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	m, err := newMigrator(ctx, conn)
 	if err != nil {
 		return err

@@ -62,7 +62,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log), outbox.WithClock(s.clock)}, opts...)...)
 	w := outbox.NewWorker(s.pool, cfg.Listeners, d)
 	s.outboxWorker.Store(w)
-	go w.Run(ctx)
+	s.workers.Go(func() { w.Run(ctx) })
 	go d.KeepWarm(ctx)
 	s.log.Info("operator-listener mention delivery worker started", "listeners", len(cfg.Listeners))
 	return nil

@@ -70,10 +70,13 @@ type Server struct {
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
-	workflowStats  *workflow.Metrics               // set once by registerWorkflows, before serving
-	operatorAPI    atomic.Pointer[http.Handler]
-	media          *media.Service                 // nil: the media routes answer 404
-	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
+	// workers counts the outbox and workflow loops started here, so the
+	// process can wait for their in-flight work before it exits.
+	workers       sync.WaitGroup
+	workflowStats *workflow.Metrics // set once by registerWorkflows, before serving
+	operatorAPI   atomic.Pointer[http.Handler]
+	media         *media.Service                 // nil: the media routes answer 404
+	crossRelay    atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
 	// presence is who is present in each channel (kind 20001), kept for
 	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
 	presence atomic.Pointer[presenceStore]
@@ -450,6 +453,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 		}
+	}
+}
+
+// WaitForWorkers waits until the outbox worker, the workflow worker and the
+// schedule scheduler have returned, or ctx ends. Call it once the context
+// they were started with has ended: they then finish the deliveries and
+// steps in flight and record them. A process that exits without waiting
+// leaves those rows leased, to be delivered again (or a call's outcome
+// reported unknown) after the lease.
+func (s *Server) WaitForWorkers(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.workers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -45,11 +45,11 @@ func (s *Server) StartWorkflows(ctx context.Context) error {
 	})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
-	go w.Run(ctx)
+	s.workers.Go(func() { w.Run(ctx) })
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
 	sched.Metrics = m
 	sched.MaxUnfinishedRuns = s.cfg.WorkflowMaxUnfinishedRuns
-	go sched.Run(ctx, s.cfg.WorkflowPoll)
+	s.workers.Go(func() { sched.Run(ctx, s.cfg.WorkflowPoll) })
 	return nil
 }
 
