@@ -47,10 +47,11 @@ func TestListenerOutboxRunbook(t *testing.T) {
 	}
 	f.register(listener, targets...)
 	ids := f.enqueue(targets...)
-	// The poll claims in id order among rows enqueued together: ids[0] and ids[1].
+	// The poll claims in id order among rows enqueued together: ids[0] and
+	// ids[1] (RETURNING lists them in no particular order).
 	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 2)
 	require.NoError(t, err)
-	require.Equal(t, ids[:2], idsOf(claims))
+	require.ElementsMatch(t, ids[:2], idsOf(claims))
 	expiredClaim, _ := f.row(ids[0])
 	f.exec(`UPDATE operator_listener_outbox SET lease_until = now() - interval '1 minute' WHERE id = $1`, ids[0])
 	f.exec(`UPDATE operator_listener_outbox SET attempts = 3, next_attempt_at = now() + interval '4 seconds' WHERE id = $1`, ids[2])
