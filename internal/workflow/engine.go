@@ -204,6 +204,13 @@ type pendingCall struct {
 // ends, parks for a delay, or the claim is lost. It reports whether this
 // worker still held the claim at the end.
 func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
+	return e.execute(ctx, nil, c)
+}
+
+// execute is Execute that starts no further step once stop is closed (the
+// worker is shutting down): the step in flight finishes and is recorded,
+// and the run resumes at its next step once the lease expires.
+func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) bool {
 	step := int(c.Run.CurrentStep)
 	var trace []traceEntry
 	if err := json.Unmarshal(c.Run.ExecutionTrace, &trace); err != nil {
@@ -277,6 +284,11 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 		}
 		trace = append(trace, newTrace)
 		step++
+		select {
+		case <-stop:
+			return true
+		default:
+		}
 	}
 }
 

@@ -76,7 +76,7 @@ func (w *Worker) Run(ctx context.Context) {
 			inflight++
 			go func() {
 				defer func() { done <- struct{}{} }()
-				w.engine.Execute(execCtx, c)
+				w.engine.execute(execCtx, ctx.Done(), c)
 			}()
 		}
 	}
