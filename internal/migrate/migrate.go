@@ -99,6 +99,24 @@ func lockMigrator(ctx context.Context, conn *pgx.Conn) (unlock func(), err error
 // one migration at a time. Concurrent runs queue, each starting once the
 // one before it has finished.
 func To(ctx context.Context, conn *pgx.Conn, version int32) error {
+	return to(ctx, conn, version, true)
+}
+
+// DestroysDataError is ToKeepingData refusing a run that would go down.
+type DestroysDataError struct{ Version, Current int32 }
+
+func (e *DestroysDataError) Error() string {
+	return fmt.Sprintf("migrate to %d runs the down parts of migrations %d to %d, which drop their tables and columns with the data in them; add --destroy-data to do that", e.Version, e.Version+1, e.Current)
+}
+
+// ToKeepingData is To that refuses to go down, deciding from the version
+// found once the run holds the migrator lock: a run queued behind another
+// must not undo what that one applied.
+func ToKeepingData(ctx context.Context, conn *pgx.Conn, version int32) error {
+	return to(ctx, conn, version, false)
+}
+
+func to(ctx context.Context, conn *pgx.Conn, version int32, allowDown bool) error {
 	unlock, err := lockMigrator(ctx, conn)
 	if err != nil {
 		return err
@@ -118,6 +136,9 @@ func To(ctx context.Context, conn *pgx.Conn, version int32) error {
 	current, err := m.GetCurrentVersion(ctx)
 	if err != nil {
 		return err
+	}
+	if version < current && !allowDown {
+		return &DestroysDataError{Version: version, Current: current}
 	}
 	if current != version {
 		if err := refuseInvalidIndexes(ctx, conn); err != nil {
