@@ -150,6 +150,15 @@ func TestKilledRelayMidGroupCommitKeepsEveryAcknowledgedEvent(t *testing.T) {
 		wg.Wait()
 	}
 
+	// A killed process's backends may still be finishing a COMMIT they had
+	// received (PostgreSQL notices the dead client only afterwards): read
+	// what is stored once they are gone, or a late commit makes an event
+	// "not stored" here and a duplicate when resent.
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'round%'`).Scan(&n)
+		return err == nil && n == 0
+	}, 30*time.Second, 20*time.Millisecond, "the killed processes' backends never ended")
 	ids := make([][]byte, len(all))
 	for i, s := range all {
 		ids[i], _ = hex.DecodeString(s.ev.ID)
