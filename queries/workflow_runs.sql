@@ -55,6 +55,18 @@ SET status = 'pending',
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
   AND current_step = @step::int;
 
+-- name: WorkflowRunRelease :execrows
+-- A stopping worker hands a run back between steps: pending, due now, with
+-- no claim, so another worker resumes it at current_step at once rather
+-- than after the lease. Fenced like WorkflowRunStepDone.
+UPDATE workflow_runs
+SET status = 'pending',
+    run_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
 -- name: WorkflowRunFinish :execrows
 -- The run ends: completed (no code), failed or cancelled (code and
 -- diagnostic together). Fenced like WorkflowRunStepDone.

@@ -349,6 +349,41 @@ func (q *Queries) WorkflowRunPark(ctx context.Context, arg WorkflowRunParkParams
 	return result.RowsAffected(), nil
 }
 
+const workflowRunRelease = `-- name: WorkflowRunRelease :execrows
+UPDATE workflow_runs
+SET status = 'pending',
+    run_at = coalesce($1::timestamptz, now()),
+    claim_id = NULL,
+    lease_until = NULL
+WHERE community_id = $2::uuid AND id = $3::uuid AND claim_id = $4::uuid AND status = 'running'
+  AND current_step = $5::int
+`
+
+type WorkflowRunReleaseParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+	ClaimID     uuid.UUID
+	Step        int32
+}
+
+// A stopping worker hands a run back between steps: pending, due now, with
+// no claim, so another worker resumes it at current_step at once rather
+// than after the lease. Fenced like WorkflowRunStepDone.
+func (q *Queries) WorkflowRunRelease(ctx context.Context, arg WorkflowRunReleaseParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunRelease,
+		arg.Now,
+		arg.CommunityID,
+		arg.ID,
+		arg.ClaimID,
+		arg.Step,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowRunStepDone = `-- name: WorkflowRunStepDone :execrows
 UPDATE workflow_runs
 SET current_step = $1::int,

@@ -209,7 +209,8 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 
 // execute is Execute that starts no further step once stop is closed (the
 // worker is shutting down): the step in flight finishes and is recorded,
-// and the run resumes at its next step once the lease expires.
+// and the run is handed back (release) for another worker to resume at its
+// next step.
 func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) bool {
 	step := int(c.Run.CurrentStep)
 	var trace []traceEntry
@@ -286,10 +287,30 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 		step++
 		select {
 		case <-stop:
-			return true
+			return e.release(ctx, c, step)
 		default:
 		}
 	}
+}
+
+// releaseTimeout bounds handing a run back on shutdown; if it fails, the
+// run waits for its lease to expire instead.
+const releaseTimeout = 2 * time.Second
+
+// release hands a claimed run back between steps, due at once, so a
+// stopping worker does not leave it to wait out its lease. It reports
+// whether this worker still held the claim.
+func (e *Engine) release(ctx context.Context, c Claimed, step int) bool {
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	n, err := db.New(e.pool).WorkflowRunRelease(ctx, db.WorkflowRunReleaseParams{
+		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(step), Now: e.clock.SQL(),
+	})
+	if err != nil {
+		e.log.Warn("workflow run not handed back on shutdown; it resumes after its lease", "run", c.Run.ID, "err", err)
+		return true
+	}
+	return n == 1
 }
 
 // runStep executes step index of the run inside one transaction and makes

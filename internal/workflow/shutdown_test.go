@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
@@ -24,8 +25,11 @@ import (
 // records it, but starts no further step of that run: `buzz-relay serve`
 // waits for its workers within a 15 s budget, and a step started after the
 // signal (here a second webhook call) can be cut off by that budget with
-// its outcome unknown. The run resumes at its next step after the lease.
-// Mutation killed: Execute running the rest of the run after the stop.
+// its outcome unknown. The run is handed back, due at once, so another
+// worker resumes it at its next step without waiting out the lease.
+// Mutations killed: Execute running the rest of the run after the stop
+// (two calls); returning without the hand-back (the run stays running,
+// claimed, until its lease ends).
 func TestStoppedWorkerStartsNoFurtherStep(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -71,6 +75,16 @@ func TestStoppedWorkerStartsNoFurtherStep(t *testing.T) {
 		t.Fatal("the worker did not return")
 	}
 	require.EqualValues(t, 1, calls.Load(), "a step was started after the worker was told to stop")
-	run := f.run(f.runIDs(id)[0])
+	runID := f.runIDs(id)[0]
+	run := f.run(runID)
 	require.EqualValues(t, 1, run.CurrentStep, "step one is recorded")
+	require.Equal(t, db.WorkflowRunStatusPending, run.Status, "handed back")
+
+	// Another worker resumes it now, at step two, on the clock that has
+	// not moved: no lease to wait out.
+	claims, err := f.engine(time.Minute).ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	require.Equal(t, runID, claims[0].Run.ID)
+	require.EqualValues(t, 1, claims[0].Run.CurrentStep)
 }
