@@ -88,9 +88,7 @@ func TestKilledRelayMidGroupCommitKeepsEveryAcknowledgedEvent(t *testing.T) {
 	ctx := context.Background()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := observerPool(t, databaseURL)
 	env := func(name string) map[string]string {
 		return map[string]string{
 			"BUZZ_DATABASE_URL":       withAppName(t, databaseURL, name),
@@ -299,9 +297,7 @@ func TestKilledRelayProcessMentionIsDeliveredByAnotherAfterTheLease(t *testing.T
 	ctx := context.Background()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := observerPool(t, databaseURL)
 
 	var posts atomic.Int32
 	firstArrived, release := make(chan struct{}), make(chan struct{})
@@ -333,7 +329,7 @@ func TestKilledRelayProcessMentionIsDeliveredByAnotherAfterTheLease(t *testing.T
 	a := startRelayProcess(t, bin, "a", env("a"))
 	b := startRelayProcess(t, bin, "b", env("b"))
 	target := relaytest.NewKey(t)
-	_, err = db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
+	_, err := db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
 		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
 	})
 	require.NoError(t, err)
@@ -388,9 +384,7 @@ func TestStoppedRelayProcessRecordsTheDeliveryInFlight(t *testing.T) {
 	ctx := context.Background()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := observerPool(t, databaseURL)
 
 	var posts atomic.Int32
 	arrived := make(chan struct{}, 1)
@@ -414,7 +408,7 @@ func TestStoppedRelayProcessRecordsTheDeliveryInFlight(t *testing.T) {
 		"SSL_CERT_FILE":                       writeCertFile(t, listener),
 	})
 	target := relaytest.NewKey(t)
-	_, err = db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
+	_, err := db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
 		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
 	})
 	require.NoError(t, err)
@@ -447,9 +441,7 @@ func TestStoppedRelayProcessFinishesTheWorkflowStepInFlight(t *testing.T) {
 	ctx := context.Background()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := observerPool(t, databaseURL)
 
 	arrived := make(chan struct{}, 1)
 	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -73,6 +73,16 @@ func withAppName(t *testing.T, databaseURL, name string) string {
 	return u.String()
 }
 
+// observerPool is the test's own pool on the relays' database, named so a
+// test can tell its sessions from the relays' in pg_stat_activity.
+func observerPool(t *testing.T, databaseURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), withAppName(t, databaseURL, "test-observer"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // startRelayProcess runs bin serve with env (on top of loopback listeners
 // on free ports and the shared relay URL) and waits until it is ready. The
 // process is killed when the test ends, and its log is shown if the test
@@ -222,9 +232,7 @@ func TestKilledRelayProcessRunIsCompletedByAnother(t *testing.T) {
 	ctx := context.Background()
 	bin := buildRelay(t)
 	databaseURL := dbtest.URL(t)
-	pool, err := pgxpool.New(ctx, withAppName(t, databaseURL, "test-observer"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := observerPool(t, databaseURL)
 	gateConn := func() *pgx.Conn {
 		conn, err := pgx.Connect(ctx, withAppName(t, databaseURL, "test-gate"))
 		require.NoError(t, err)
