@@ -10,7 +10,8 @@ FROM unnest(@targets::bytea[]) AS t (target_pubkey)
 ON CONFLICT (listener_pubkey, target_pubkey) DO UPDATE SET created_at = EXCLUDED.created_at;
 
 -- name: ListenerRegistrationsDelete :execrows
--- Idempotent: targets that are not registered are ignored.
+-- Idempotent: targets that are not registered are ignored. Run through
+-- outbox.RemoveTargets, which drops the targets' queued rows with it.
 DELETE FROM operator_listener_pubkeys
 WHERE listener_pubkey = @listener::bytea AND target_pubkey = ANY(@targets::bytea[]);
 

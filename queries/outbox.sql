@@ -119,3 +119,12 @@ FROM operator_listener_outbox
 WHERE sqlc.narg('listener')::bytea IS NULL OR listener_pubkey = sqlc.narg('listener')::bytea
 GROUP BY listener_pubkey
 ORDER BY listener_pubkey;
+
+-- name: OutboxDeleteUnsentForTargets :execrows
+-- A listener removed these targets: its queued notifications about them go
+-- (due now or waiting to retry), except rows a worker is sending now, which
+-- a claim holds (a pending row being claimed is re-read as sending and
+-- kept) and which finish as claimed.
+DELETE FROM operator_listener_outbox
+WHERE listener_pubkey = @listener::bytea AND target_pubkey = ANY(@targets::bytea[])
+  AND state = 'pending';

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/outbox"
 )
 
 // listenerJSON is the stable JSON shape of one operator listener in
@@ -66,7 +67,7 @@ func runListeners(ctx context.Context, verb string, rest []string, getenv func(s
 		}
 		return enc.Encode(map[string]any{"listener": hex.EncodeToString(keys[0]), "registered": n})
 	case "remove":
-		n, err := q.ListenerRegistrationsDelete(ctx, db.ListenerRegistrationsDeleteParams{Listener: keys[0], Targets: keys[1:]})
+		n, err := outbox.RemoveTargets(ctx, conn, keys[0], keys[1:])
 		if err != nil {
 			return err
 		}

@@ -20,7 +20,8 @@ type ListenerRegistrationsDeleteParams struct {
 	Targets  [][]byte
 }
 
-// Idempotent: targets that are not registered are ignored.
+// Idempotent: targets that are not registered are ignored. Run through
+// outbox.RemoveTargets, which drops the targets' queued rows with it.
 func (q *Queries) ListenerRegistrationsDelete(ctx context.Context, arg ListenerRegistrationsDeleteParams) (int64, error) {
 	result, err := q.db.Exec(ctx, listenerRegistrationsDelete, arg.Listener, arg.Targets)
 	if err != nil {

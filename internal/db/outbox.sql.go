@@ -78,6 +78,29 @@ func (q *Queries) OutboxComplete(ctx context.Context, arg OutboxCompleteParams) 
 	return result.RowsAffected(), nil
 }
 
+const outboxDeleteUnsentForTargets = `-- name: OutboxDeleteUnsentForTargets :execrows
+DELETE FROM operator_listener_outbox
+WHERE listener_pubkey = $1::bytea AND target_pubkey = ANY($2::bytea[])
+  AND state = 'pending'
+`
+
+type OutboxDeleteUnsentForTargetsParams struct {
+	Listener []byte
+	Targets  [][]byte
+}
+
+// A listener removed these targets: its queued notifications about them go
+// (due now or waiting to retry), except rows a worker is sending now, which
+// a claim holds (a pending row being claimed is re-read as sending and
+// kept) and which finish as claimed.
+func (q *Queries) OutboxDeleteUnsentForTargets(ctx context.Context, arg OutboxDeleteUnsentForTargetsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, outboxDeleteUnsentForTargets, arg.Listener, arg.Targets)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const outboxEnqueueMentions = `-- name: OutboxEnqueueMentions :one
 
 WITH registered AS (

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -93,7 +94,7 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 		if r.Method == http.MethodPost {
 			_, err = q.ListenerRegistrationsUpsert(r.Context(), db.ListenerRegistrationsUpsertParams{Listener: listener, Targets: targets, Now: registeredAt.SQL()})
 		} else {
-			_, err = q.ListenerRegistrationsDelete(r.Context(), db.ListenerRegistrationsDeleteParams{Listener: listener, Targets: targets})
+			_, err = RemoveTargets(r.Context(), pool, listener, targets)
 		}
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, "error: could not store the registration")
@@ -102,6 +103,25 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, "{}")
 	})
+}
+
+// RemoveTargets removes listener's registrations of targets and, in the
+// same transaction, its queued notifications about them: the listener asked
+// not to be told any more. A row a worker is sending now is held by its
+// claim and finishes as claimed. It returns how many registrations it
+// removed. The registration API and buzz-admin both remove through it.
+func RemoveTargets(ctx context.Context, conn interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, listener []byte, targets [][]byte) (removed int64, err error) {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.OutboxDeleteUnsentForTargets(ctx, db.OutboxDeleteUnsentForTargetsParams{Listener: listener, Targets: targets}); err != nil {
+			return err
+		}
+		removed, err = q.ListenerRegistrationsDelete(ctx, db.ListenerRegistrationsDeleteParams{Listener: listener, Targets: targets})
+		return err
+	})
+	return removed, err
 }
 
 // claimAuthEvent marks the verified auth event as used (replay store scope

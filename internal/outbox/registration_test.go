@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -173,4 +174,55 @@ func TestRegistrationVerifierSeesTheExpectedURLAndBody(t *testing.T) {
 	require.Equal(t, registrationCall{401, errorBody("NIP-98: nope")}, got)
 	require.Equal(t, "http://127.0.0.1:3000/operator/listener/pubkeys", sawURL)
 	require.Equal(t, `{"pubkeys":[]}`, sawBody)
+}
+
+// Removing a target also drops the listener's notifications about it that
+// are still queued (due now or waiting to retry), but not a row a worker is
+// sending, nor rows of other targets or other listeners.
+// Mutation killed: the removal leaving the outbox alone (the queued row of
+// the removed target is still there to be delivered).
+func TestRemovingATargetDropsItsQueuedNotifications(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	key, listener := newKey(t)
+	_, otherListener := newKey(t)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	removed, kept := newPubkey(t), newPubkey(t)
+	f.register(listener, removed, kept)
+	f.register(otherListener, removed)
+
+	// Two notifications about the removed target (one row per listener
+	// each) and one about the kept target.
+	first, second := f.enqueue(removed), f.enqueue(removed)
+	keptRow := f.enqueue(kept)[0]
+	mine := func(ids []uuid.UUID) (own, other uuid.UUID) {
+		require.Len(t, ids, 2)
+		if r, _ := f.row(ids[0]); r.ListenerHex == listener {
+			return ids[0], ids[1]
+		}
+		return ids[1], ids[0]
+	}
+	sending, othersFirst := mine(first)
+	retrying, othersSecond := mine(second)
+	claims, err := f.claimer(Routes{listener: "https://l.example/hook"}).claimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 3)
+	// sending stays claimed; the others are pending again, retrying due later.
+	f.exec(`UPDATE operator_listener_outbox SET state = 'pending', claim_id = NULL, lease_until = NULL,
+	            next_attempt_at = now() + interval '1 minute' WHERE id = $1`, retrying)
+	f.exec(`UPDATE operator_listener_outbox SET state = 'pending', claim_id = NULL, lease_until = NULL WHERE id = $1`, keptRow)
+
+	got := call(t, h, http.MethodDelete, key, pubkeysBody(removed), "")
+	require.Equal(t, registrationCall{200, "{}"}, got)
+
+	_, ok := f.row(retrying)
+	require.False(t, ok, "the removed target's queued row is dropped")
+	r, ok := f.row(sending)
+	require.True(t, ok, "a row being sent finishes as claimed")
+	require.Equal(t, "sending", r.State)
+	for _, id := range []uuid.UUID{keptRow, othersFirst, othersSecond} {
+		_, ok := f.row(id)
+		require.True(t, ok, "rows of another target or another listener stay")
+	}
 }
