@@ -125,6 +125,9 @@ ORDER BY listener_pubkey;
 -- (due now or waiting to retry), except rows a worker is sending now, which
 -- a claim holds (a pending row being claimed is re-read as sending and
 -- kept) and which finish as claimed.
+-- Rows of a community being deleted are skipped (its deletion purges them),
+-- not an error that would keep the listener from removing the target.
 DELETE FROM operator_listener_outbox
 WHERE listener_pubkey = @listener::bytea AND target_pubkey = ANY(@targets::bytea[])
-  AND state = 'pending';
+  AND state = 'pending'
+  AND community_write_allowed(community_id);

@@ -82,6 +82,7 @@ const outboxDeleteUnsentForTargets = `-- name: OutboxDeleteUnsentForTargets :exe
 DELETE FROM operator_listener_outbox
 WHERE listener_pubkey = $1::bytea AND target_pubkey = ANY($2::bytea[])
   AND state = 'pending'
+  AND community_write_allowed(community_id)
 `
 
 type OutboxDeleteUnsentForTargetsParams struct {
@@ -93,6 +94,8 @@ type OutboxDeleteUnsentForTargetsParams struct {
 // (due now or waiting to retry), except rows a worker is sending now, which
 // a claim holds (a pending row being claimed is re-read as sending and
 // kept) and which finish as claimed.
+// Rows of a community being deleted are skipped (its deletion purges them),
+// not an error that would keep the listener from removing the target.
 func (q *Queries) OutboxDeleteUnsentForTargets(ctx context.Context, arg OutboxDeleteUnsentForTargetsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, outboxDeleteUnsentForTargets, arg.Listener, arg.Targets)
 	if err != nil {

@@ -421,11 +421,12 @@ func TestRelayReadinessNamesAnUnfencedTable(t *testing.T) {
 }
 
 // Statements that sweep many communities skip a fenced one instead of
-// failing for every community: the outbox claim claims the bystander's
-// row, and the reaper reaps the bystander's old row, while the fenced
-// community's rows stay for its deletion. Kills: dropping
-// community_write_allowed from the outbox claim or the reaper (the whole
-// statement then fails with 55000).
+// failing for every community: a listener's removal of a target drops the
+// bystander's queued row, the outbox claim claims the bystander's row, and
+// the reaper reaps the bystander's old row, while the fenced community's
+// rows stay for its deletion. Kills: dropping community_write_allowed from
+// the removal, the outbox claim or the reaper (the whole statement then
+// fails with 55000).
 func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -439,7 +440,16 @@ func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+	removedTarget := randomBytes(32)
+	for _, c := range []uuid.UUID{doomed, bystander} {
+		_, err := f.pool.Exec(f.ctx, `INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at)
+			VALUES ($1, $2, $3, $4, 9, now())`, listener, removedTarget, c, randomBytes(32))
+		require.NoError(t, err)
+	}
 	f.fence("fleet-doomed.test")
+	dropped, err := f.q.OutboxDeleteUnsentForTargets(f.ctx, db.OutboxDeleteUnsentForTargetsParams{Listener: listener, Targets: [][]byte{removedTarget}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, dropped, "only the bystander's queued row")
 	claimed, err := f.q.OutboxClaimDue(f.ctx, db.OutboxClaimDueParams{ClaimID: uuid.New(), LeaseMs: 60000, MaxAttempts: 10,
 		RetentionMs: 15 * 60 * 1000, Routable: [][]byte{listener}, MaxRows: 10})
 	require.NoError(t, err)
@@ -450,7 +460,7 @@ func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 	require.EqualValues(t, 1, reaped, "only the bystander's old row")
 	var left int
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM operator_listener_outbox WHERE community_id = $1`, doomed).Scan(&left))
-	require.Equal(t, 2, left)
+	require.Equal(t, 3, left)
 }
 
 // The serving-lease reaper deletes expired leases of every community,
