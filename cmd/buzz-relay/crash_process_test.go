@@ -318,21 +318,13 @@ func TestKilledRelayProcessMentionIsDeliveredByAnotherAfterTheLease(t *testing.T
 	t.Cleanup(func() { close(release) })
 	listenerKey := relaytest.NewKey(t)
 	env := func(name string) map[string]string {
-		return map[string]string{
-			"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, name),
-			"BUZZ_OPERATOR_LISTENERS":             listenerKey.PublicKeyHex() + ":" + listener.URL + "/wake",
-			"BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS": "0",
-			"BUZZ_OPERATOR_LISTENER_POLL_MS":      "500",
-			"SSL_CERT_FILE":                       writeCertFile(t, listener),
-		}
+		e := listenerEnv(t, databaseURL, name, listenerKey, listener)
+		e["BUZZ_OPERATOR_LISTENER_POLL_MS"] = "500"
+		return e
 	}
 	a := startRelayProcess(t, bin, "a", env("a"))
 	b := startRelayProcess(t, bin, "b", env("b"))
-	target := relaytest.NewKey(t)
-	_, err := db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
-		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
-	})
-	require.NoError(t, err)
+	target := registerTarget(t, pool, listenerKey)
 
 	author := a.client(t, nil)
 	channel := newChannel(t, author, "paged")
@@ -401,17 +393,8 @@ func TestStoppedRelayProcessRecordsTheDeliveryInFlight(t *testing.T) {
 	}))
 	t.Cleanup(listener.Close)
 	listenerKey := relaytest.NewKey(t)
-	p := startRelayProcess(t, bin, "stopping", map[string]string{
-		"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, "stopping"),
-		"BUZZ_OPERATOR_LISTENERS":             listenerKey.PublicKeyHex() + ":" + listener.URL + "/wake",
-		"BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS": "0",
-		"SSL_CERT_FILE":                       writeCertFile(t, listener),
-	})
-	target := relaytest.NewKey(t)
-	_, err := db.New(pool).ListenerRegistrationsUpsert(ctx, db.ListenerRegistrationsUpsertParams{
-		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
-	})
-	require.NoError(t, err)
+	p := startRelayProcess(t, bin, "stopping", listenerEnv(t, databaseURL, "stopping", listenerKey, listener))
+	target := registerTarget(t, pool, listenerKey)
 	author := p.client(t, nil)
 	channel := newChannel(t, author, "paged")
 	require.True(t, author.Publish(author.Sign(9, "wake up", nostr.Tags{{"h", channel}, {"p", target.PublicKeyHex()}}, 0)).OK)
@@ -474,4 +457,27 @@ func TestStoppedRelayProcessFinishesTheWorkflowStepInFlight(t *testing.T) {
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE workflow_id = $1`, wf).Scan(&status))
 	require.Equal(t, "completed", status, "the step in flight at SIGTERM was not recorded:\n%s", p.logs.String())
+}
+
+// listenerEnv is a relay process's environment on databaseURL that
+// delivers mentions to listener, a test HTTPS server, as key.
+func listenerEnv(t *testing.T, databaseURL, name string, key *nostr.SecretKey, listener *httptest.Server) map[string]string {
+	return map[string]string{
+		"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, name),
+		"BUZZ_OPERATOR_LISTENERS":             key.PublicKeyHex() + ":" + listener.URL + "/wake",
+		"BUZZ_OPERATOR_LISTENER_KEEPALIVE_MS": "0",
+		"SSL_CERT_FILE":                       writeCertFile(t, listener),
+	}
+}
+
+// registerTarget registers a new key as a target of the listener signing
+// as listenerKey, and returns it.
+func registerTarget(t *testing.T, pool *pgxpool.Pool, listenerKey *nostr.SecretKey) *nostr.SecretKey {
+	t.Helper()
+	target := relaytest.NewKey(t)
+	_, err := db.New(pool).ListenerRegistrationsUpsert(context.Background(), db.ListenerRegistrationsUpsertParams{
+		Listener: mustHex(t, listenerKey.PublicKeyHex()), Targets: [][]byte{mustHex(t, target.PublicKeyHex())},
+	})
+	require.NoError(t, err)
+	return target
 }
