@@ -19,9 +19,10 @@
 --
 -- A target is paged only about an event it may read: one in @channel_id
 -- (NULL: no channel, everyone) when that channel is open or the target is
--- an active member, the rule of ChannelsReadable, read in the event's own
--- transaction. Otherwise any user could make a private channel page an
--- outsider's listener with the event's id, kind and time.
+-- an active member (channel_readable_by, the rule of ChannelsReadable),
+-- read in the event's own transaction. Otherwise any user could make a
+-- private channel page an outsider's listener with the event's id, kind
+-- and time. OutboxClaimDue asks again before every later attempt.
 --
 -- Returns the claimed rows (as parallel arrays, at most @claim_max) and
 -- the total inserted, so a large fan-out never builds an unbounded list in
@@ -33,14 +34,7 @@ WITH registered AS (
            r.listener_pubkey = ANY(@routable::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY(@targets::bytea[])
-      AND (sqlc.narg('channel_id')::uuid IS NULL OR EXISTS (
-          SELECT FROM channels c
-          WHERE c.community_id = @community_id::uuid AND c.id = sqlc.narg('channel_id')::uuid
-            AND c.deleted_at IS NULL
-            AND (c.visibility = 'open' OR EXISTS (
-                SELECT FROM channel_members m
-                WHERE m.community_id = c.community_id AND m.channel_id = c.id
-                  AND m.pubkey = r.target_pubkey AND m.removed_at IS NULL))))
+      AND channel_readable_by(@community_id::uuid, sqlc.narg('channel_id')::uuid, r.target_pubkey)
 ),
 ranked AS (
     SELECT listener_pubkey, target_pubkey,

@@ -29,7 +29,7 @@ WITH claim_commits_async AS MATERIALIZED (
 -- index: it read and sorted every due row, a whole backlog per poll (about
 -- 1 s at 200,000 rows where this reads max_rows).
 pending AS (
-    SELECT o.id, o.community_id, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'pending'
       AND o.attempts < @max_attempts::int
@@ -43,7 +43,7 @@ pending AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 expired AS (
-    SELECT o.id, o.community_id, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
       AND o.attempts < @max_attempts::int
@@ -57,10 +57,32 @@ expired AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 candidates AS (
-    SELECT c.id, c.community_id
+    SELECT c.id, c.community_id,
+           -- The target may still read the mention: it is not hidden (by its
+           -- author or a moderator), and its channel is not deleted nor
+           -- closed to the target since (channel_readable_by, the rule the
+           -- row was queued under). A row that waited out a retry or a
+           -- listener's outage is checked here, not when its event is
+           -- hidden or its channel changes, so the outbox needs no index by
+           -- event or channel.
+           EXISTS (
+               SELECT FROM events e
+               WHERE e.community_id = c.community_id AND e.created_at = c.event_created_at
+                 AND e.id = c.event_id AND e.deleted_at IS NULL
+                 AND channel_readable_by(e.community_id, e.channel_id, c.target_pubkey)
+           ) AS readable
     FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT @max_rows::int
+),
+-- A notification of a message its target may no longer read is withdrawn,
+-- not sent: the POST would wake the listener for nothing, or tell it about
+-- a private channel its target has left. Rows disjoint from the UPDATE's
+-- (readable is false here, true there).
+withdrawn AS (
+    DELETE FROM operator_listener_outbox o
+    USING candidates c
+    WHERE o.id = c.id AND NOT c.readable
 )
 UPDATE operator_listener_outbox o
 SET state = 'sending',
@@ -70,7 +92,7 @@ SET state = 'sending',
 FROM candidates c
 JOIN communities k ON k.id = c.community_id
 CROSS JOIN claim_commits_async
-WHERE o.id = c.id
+WHERE o.id = c.id AND c.readable
 RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
           o.event_id, o.event_kind, o.event_created_at, o.attempts,
           floor(extract(epoch FROM o.lease_until - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000)::bigint AS lease_left_ms;

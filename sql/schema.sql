@@ -224,6 +224,30 @@ $$;
 
 
 --
+-- Name: channel_readable_by(uuid, uuid, bytea); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channel_readable_by(community uuid, channel uuid, reader bytea) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT channel IS NULL OR EXISTS (
+        SELECT FROM channels c
+        WHERE c.community_id = community AND c.id = channel AND c.deleted_at IS NULL
+          AND (c.visibility = 'open' OR EXISTS (
+              SELECT FROM channel_members m
+              WHERE m.community_id = c.community_id AND m.channel_id = c.id
+                AND m.pubkey = reader AND m.removed_at IS NULL)))
+$$;
+
+
+--
+-- Name: FUNCTION channel_readable_by(community uuid, channel uuid, reader bytea); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.channel_readable_by(community uuid, channel uuid, reader bytea) IS 'Whether reader may read channel of community now: NULL (no channel) or a live channel that is open or has reader as an active member.';
+
+
+--
 -- Name: channels_community_id_immutable(); Type: FUNCTION; Schema: public; Owner: -
 --
 

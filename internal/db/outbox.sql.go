@@ -111,14 +111,7 @@ WITH registered AS (
            r.listener_pubkey = ANY($3::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY($4::bytea[])
-      AND ($5::uuid IS NULL OR EXISTS (
-          SELECT FROM channels c
-          WHERE c.community_id = $1::uuid AND c.id = $5::uuid
-            AND c.deleted_at IS NULL
-            AND (c.visibility = 'open' OR EXISTS (
-                SELECT FROM channel_members m
-                WHERE m.community_id = c.community_id AND m.channel_id = c.id
-                  AND m.pubkey = r.target_pubkey AND m.removed_at IS NULL))))
+      AND channel_readable_by($1::uuid, $5::uuid, r.target_pubkey)
 ),
 ranked AS (
     SELECT listener_pubkey, target_pubkey,
@@ -191,9 +184,10 @@ type OutboxEnqueueMentionsRow struct {
 //
 // A target is paged only about an event it may read: one in @channel_id
 // (NULL: no channel, everyone) when that channel is open or the target is
-// an active member, the rule of ChannelsReadable, read in the event's own
-// transaction. Otherwise any user could make a private channel page an
-// outsider's listener with the event's id, kind and time.
+// an active member (channel_readable_by, the rule of ChannelsReadable),
+// read in the event's own transaction. Otherwise any user could make a
+// private channel page an outsider's listener with the event's id, kind
+// and time. OutboxClaimDue asks again before every later attempt.
 //
 // Returns the claimed rows (as parallel arrays, at most @claim_max) and
 // the total inserted, so a large fan-out never builds an unbounded list in

@@ -18,7 +18,7 @@ WITH claim_commits_async AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ),
 pending AS (
-    SELECT o.id, o.community_id, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'pending'
       AND o.attempts < $4::int
@@ -32,7 +32,7 @@ pending AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 expired AS (
-    SELECT o.id, o.community_id, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce($2::timestamptz, now())
       AND o.attempts < $4::int
@@ -46,10 +46,28 @@ expired AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 candidates AS (
-    SELECT c.id, c.community_id
-    FROM (SELECT id, community_id, next_attempt_at, created_at FROM pending UNION ALL SELECT id, community_id, next_attempt_at, created_at FROM expired) c
+    SELECT c.id, c.community_id,
+           -- The target may still read the mention: it is not hidden (by its
+           -- author or a moderator), and its channel is not deleted nor
+           -- closed to the target since (channel_readable_by, the rule the
+           -- row was queued under). A row that waited out a retry or a
+           -- listener's outage is checked here, not when its event is
+           -- hidden or its channel changes, so the outbox needs no index by
+           -- event or channel.
+           EXISTS (
+               SELECT FROM events e
+               WHERE e.community_id = c.community_id AND e.created_at = c.event_created_at
+                 AND e.id = c.event_id AND e.deleted_at IS NULL
+                 AND channel_readable_by(e.community_id, e.channel_id, c.target_pubkey)
+           ) AS readable
+    FROM (SELECT id, community_id, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM pending UNION ALL SELECT id, community_id, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM expired) c
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT $7::int
+),
+withdrawn AS (
+    DELETE FROM operator_listener_outbox o
+    USING candidates c
+    WHERE o.id = c.id AND NOT c.readable
 )
 UPDATE operator_listener_outbox o
 SET state = 'sending',
@@ -59,7 +77,7 @@ SET state = 'sending',
 FROM candidates c
 JOIN communities k ON k.id = c.community_id
 CROSS JOIN claim_commits_async
-WHERE o.id = c.id
+WHERE o.id = c.id AND c.readable
 RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
           o.event_id, o.event_kind, o.event_created_at, o.attempts,
           floor(extract(epoch FROM o.lease_until - coalesce($2::timestamptz, clock_timestamp())) * 1000)::bigint AS lease_left_ms
@@ -113,6 +131,10 @@ type OutboxClaimDueRow struct {
 // merged. One scan with "pending OR expired" could use neither partial
 // index: it read and sorted every due row, a whole backlog per poll (about
 // 1 s at 200,000 rows where this reads max_rows).
+// A notification of a message its target may no longer read is withdrawn,
+// not sent: the POST would wake the listener for nothing, or tell it about
+// a private channel its target has left. Rows disjoint from the UPDATE's
+// (readable is false here, true there).
 func (q *Queries) OutboxClaimDue(ctx context.Context, arg OutboxClaimDueParams) ([]OutboxClaimDueRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaimDue,
 		arg.ClaimID,

@@ -435,16 +435,12 @@ func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 	listener := randomBytes(32)
 	for _, c := range []uuid.UUID{doomed, bystander} {
 		for _, age := range []string{"0", "1 hour"} {
-			_, err := f.pool.Exec(f.ctx, `INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, created_at)
-				VALUES ($1, $2, $3, $4, 9, now(), now() - $5::interval)`, listener, randomBytes(32), c, randomBytes(32), age)
-			require.NoError(t, err)
+			f.queueMention(listener, randomBytes(32), c, age)
 		}
 	}
 	removedTarget := randomBytes(32)
 	for _, c := range []uuid.UUID{doomed, bystander} {
-		_, err := f.pool.Exec(f.ctx, `INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at)
-			VALUES ($1, $2, $3, $4, 9, now())`, listener, removedTarget, c, randomBytes(32))
-		require.NoError(t, err)
+		f.queueMention(listener, removedTarget, c, "0")
 	}
 	f.fence("fleet-doomed.test")
 	dropped, err := f.q.OutboxDeleteUnsentForTargets(f.ctx, db.OutboxDeleteUnsentForTargetsParams{Listener: listener, Targets: [][]byte{removedTarget}})
@@ -461,6 +457,21 @@ func TestFleetWideWritersSkipAFencedCommunity(t *testing.T) {
 	var left int
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM operator_listener_outbox WHERE community_id = $1`, doomed).Scan(&left))
 	require.Equal(t, 3, left)
+}
+
+// queueMention stores a message of community and queues its notification
+// of target for listener, the row created age ago.
+func (f *fixture) queueMention(listener, target []byte, community uuid.UUID, age string) {
+	f.t.Helper()
+	_, err := f.pool.Exec(f.ctx, `
+		WITH e AS (
+		    INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig)
+		    VALUES ($3, $4, $5, date_trunc('second', now()), 9, '[]', 'hello', $6)
+		    RETURNING id, created_at)
+		INSERT INTO operator_listener_outbox (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, created_at)
+		SELECT $1, $2, $3, e.id, 9, e.created_at, now() - $7::interval FROM e`,
+		listener, target, community, randomBytes(32), randomBytes(32), randomBytes(64), age)
+	require.NoError(f.t, err)
 }
 
 // The serving-lease reaper deletes expired leases of every community,

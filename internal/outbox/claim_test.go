@@ -15,6 +15,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/querytmpl"
 )
 
@@ -77,6 +78,65 @@ func TestClaimDeliveriesSkipsRowsPastRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	require.Equal(t, fresh, due[0].row.ID)
+}
+
+// A notification whose target may no longer read its mention, because the
+// mention was hidden or is gone, its channel was deleted or the target was
+// removed from the private channel while the row waited (for a listener
+// that was down), is withdrawn by the poll instead of sent: its row is
+// deleted. Mentions the target may still read are claimed as usual. Both
+// kinds of due row are checked, pending ones and one whose lease expired.
+//
+// Mutations killed: the claim without its readable condition (every row is
+// claimed and would be POSTed); readable checking only that the event is
+// live (the deleted channel's and the removed member's rows are claimed).
+func TestClaimWithdrawsMentionsItsTargetMayNoLongerRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener := newPubkey(t)
+	hiddenTo, goneTo, deletedChannelTo, removedTo, memberTo, everyoneTo := newPubkey(t), newPubkey(t), newPubkey(t), newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(listener, hiddenTo, goneTo, deletedChannelTo, removedTo, memberTo, everyoneTo)
+	private := f.channel("private", []string{removedTo, memberTo}, nil)
+	doomed := f.channel("open", nil, nil)
+
+	queue := func(target string, channel *uuid.UUID) (*nostr.Event, uuid.UUID) {
+		t.Helper()
+		ev := message(t, 9, target)
+		f.saveIn(ev, channel)
+		ids := f.outboxIDs(ev)
+		require.Len(t, ids, 1)
+		return ev, ids[0]
+	}
+	hidden, hiddenRow := queue(hiddenTo, nil)
+	gone, goneRow := queue(goneTo, nil)
+	_, deletedChannelRow := queue(deletedChannelTo, &doomed)
+	_, removedRow := queue(removedTo, &private)
+	_, memberRow := queue(memberTo, &private)
+	_, everyoneRow := queue(everyoneTo, nil)
+
+	hiddenID, goneID := hidden.IDBytes(), gone.IDBytes()
+	f.exec(`UPDATE events SET deleted_at = now() WHERE community_id = $1 AND id = $2`, f.community, hiddenID[:])
+	// This row's worker died holding it; its event is gone outright.
+	f.exec(`UPDATE operator_listener_outbox
+	        SET state = 'sending', claim_id = gen_random_uuid(), lease_until = now() - interval '1 second', attempts = 1
+	        WHERE id = $1`, goneRow)
+	f.exec(`DELETE FROM events WHERE community_id = $1 AND id = $2`, f.community, goneID[:])
+	f.exec(`UPDATE channels SET deleted_at = now() WHERE community_id = $1 AND id = $2`, f.community, doomed)
+	f.exec(`UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`,
+		f.community, private, mustHex(t, removedTo))
+
+	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 10)
+	require.NoError(t, err)
+	var claimed []uuid.UUID
+	for _, c := range claims {
+		claimed = append(claimed, c.row.ID)
+	}
+	require.ElementsMatch(t, []uuid.UUID{memberRow, everyoneRow}, claimed, "only mentions their targets may still read")
+	for _, id := range []uuid.UUID{hiddenRow, goneRow, deletedChannelRow, removedRow} {
+		_, ok := f.row(id)
+		require.False(t, ok, "the withdrawn notification's row is deleted")
+	}
 }
 
 func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {
@@ -342,11 +402,15 @@ func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
 	f := newFixture(t)
 	listener := mustHex(t, newPubkey(t))
 	const backlog = 20000
+	// One stored message mentioning 20,000 targets: the claim reads each
+	// claimed row's event.
+	mention := message(t, 9)
+	f.save(mention, nil, true)
 	f.exec(`INSERT INTO operator_listener_outbox
 	            (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, next_attempt_at)
-	        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, decode(md5('e' || i) || md5('f' || i), 'hex'),
-	               9, now(), now() - interval '1 minute' + i * interval '1 millisecond'
-	        FROM generate_series(1, $3::int) AS i`, listener, f.community, backlog)
+	        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, $4,
+	               9, to_timestamp($5), now() - interval '1 minute' + i * interval '1 millisecond'
+	        FROM generate_series(1, $3::int) AS i`, listener, f.community, backlog, mustHex(t, mention.ID), mention.CreatedAt)
 	// Three rows whose worker died holding them, due before any pending row.
 	f.exec(`UPDATE operator_listener_outbox
 	        SET state = 'sending', claim_id = gen_random_uuid(), lease_until = now() - interval '1 second',

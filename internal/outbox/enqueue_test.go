@@ -14,6 +14,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -387,6 +388,10 @@ func TestRowsThisPodRoutesAreClaimedAtInsert(t *testing.T) {
 	w := NewWorker(f.pool, Routes{mine: "https://mine.example"}, d, WithLease(42*time.Second))
 	at := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
 	ev := message(t, 45003, target)
+	params, err := eventstore.InsertParams(f.community, ev, nil)
+	require.NoError(t, err)
+	_, err = f.q.EventInsert(context.Background(), params)
+	require.NoError(t, err)
 
 	ctx := context.Background()
 	claimed, inserted, err := Enqueue(ctx, f.q, w, f.community, nil, ev, 0, clock.Stub(func() time.Time { return at }))

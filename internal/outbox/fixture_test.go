@@ -140,6 +140,23 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	return claimed.IDs(), inserted, committed
 }
 
+// saveIn stores ev in channel (nil: none) and queues its mentions, none
+// claimed at insert.
+func (f *fixture) saveIn(ev *nostr.Event, channel *uuid.UUID) {
+	f.t.Helper()
+	ctx := context.Background()
+	params, err := eventstore.InsertParams(f.community, ev, channel)
+	require.NoError(f.t, err)
+	require.NoError(f.t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.EventInsert(ctx, params); err != nil {
+			return err
+		}
+		_, _, err := Enqueue(ctx, q, nil, f.community, channel, ev, 0, clock.Wall())
+		return err
+	}))
+}
+
 // enqueue saves a kind-9 message mentioning targets and returns the new
 // outbox ids (all of them, from the database).
 func (f *fixture) enqueue(targets ...string) []uuid.UUID {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,15 +89,23 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 // startListenerEndpoint runs an operator listener's HTTPS endpoint that
 // passes every delivery on to deliveries (the JSON body, plus its
 // Authorization header under "authorization"), and returns the URL a
-// listener route names and the root a relay needs to trust it.
-func startListenerEndpoint(t *testing.T, deliveries chan<- map[string]any) (string, *x509.CertPool) {
+// listener route names and the root a relay needs to trust it. It answers
+// the first deliveries with statuses, in order, and the rest with 200.
+func startListenerEndpoint(t *testing.T, deliveries chan<- map[string]any, statuses ...int) (string, *x509.CertPool) {
 	t.Helper()
+	var mu sync.Mutex
 	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		var got map[string]any
 		_ = json.Unmarshal(body, &got)
 		got["authorization"] = req.Header.Get("Authorization")
 		deliveries <- got
+		mu.Lock()
+		defer mu.Unlock()
+		if len(statuses) > 0 {
+			w.WriteHeader(statuses[0])
+			statuses = statuses[1:]
+		}
 	}))
 	t.Cleanup(listener.Close)
 	roots := x509.NewCertPool()
@@ -160,4 +169,52 @@ func TestPrivateChannelMentionPagesOnlyTargetsThatAreMembers(t *testing.T) {
 		paged[(<-deliveries)["pubkey"].(string)] = true
 	}
 	require.Equal(t, map[string]bool{member.PublicKeyHex(): true}, paged, "only the member is paged, never the outsider")
+}
+
+// A message its author deletes while its notification waits for a retry
+// (the listener answered 503) is not delivered again: the next poll
+// withdraws the row instead of sending it.
+// Mutation killed: the outbox claim without its check that the event is
+// still live (the retry POSTs the deleted message's notification).
+func TestDeletedMentionIsNotRedeliveredAfterARetry(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	deliveries := make(chan map[string]any, 4)
+	listenerURL, roots := startListenerEndpoint(t, deliveries, http.StatusServiceUnavailable)
+	listenerKey, agent := relaytest.NewKey(t), relaytest.NewKey(t)
+	cfg := outbox.Config{
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listenerURL},
+		Timeout:   5 * time.Second, IdlePoll: 200 * time.Millisecond, APIOrigin: r.HTTPURL,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartOperatorListeners(ctx, cfg, r.CommunityID, outbox.WithRootCAs(roots)))
+	_, err := r.Pool.Exec(ctx, `INSERT INTO operator_listener_pubkeys (listener_pubkey, target_pubkey) VALUES (decode($1, 'hex'), decode($2, 'hex'))`,
+		listenerKey.PublicKeyHex(), agent.PublicKeyHex())
+	require.NoError(t, err)
+
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "agents", false)
+	msg := c.Sign(9, "hey agent, ignore this", nostr.Tags{{"h", ch}, {"p", agent.PublicKeyHex()}}, 0)
+	require.True(t, c.Publish(msg).OK)
+	select {
+	case got := <-deliveries:
+		require.Equal(t, msg.ID, got["event_id"], "the first attempt, refused by the listener")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener was not called")
+	}
+	require.True(t, c.Publish(c.Sign(5, "", nostr.Tags{{"e", msg.ID}}, 0)).OK)
+
+	// The retry is due a second after the 503; the poll runs every 200 ms.
+	require.Eventually(t, func() bool {
+		var queued int
+		require.NoError(t, r.Pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
+		return queued == 0
+	}, 10*time.Second, 20*time.Millisecond, "the retry is withdrawn")
+	select {
+	case got := <-deliveries:
+		t.Fatalf("the deleted message's notification was sent again: %v", got)
+	default:
+	}
 }
