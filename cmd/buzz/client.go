@@ -84,8 +84,8 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 	}
 	ws, resp, err := websocket.Dial(ctx, relayURL, &websocket.DialOptions{HTTPClient: &http.Client{Transport: transport}})
 	if err != nil {
-		if refusal := upgradeRefusal(resp); refusal != nil {
-			return nil, refusal
+		if failure := upgradeFailure(relayURL, resp); failure != nil {
+			return nil, failure
 		}
 		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
 	}
@@ -98,14 +98,21 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 	return c, nil
 }
 
-// upgradeRefusal is the relay's answer when it refused the WebSocket
-// upgrade with an HTTP status (429 rate-limited, 503 at its connection
-// limit, 404 unknown community), or nil when the dial failed without one.
-// The relay words the reason as {"error": "prefix: message"}; its prefix is
-// the code, else http_STATUS as for the HTTP commands.
-func upgradeRefusal(resp *http.Response) *RelayError {
+// upgradeFailure is what an HTTP answer other than the WebSocket upgrade
+// means, or nil when the dial failed without one. An error status is the
+// relay refusing (429 rate-limited, 503 at its connection limit, 404
+// unknown community): a RelayError. The relay words the reason as
+// {"error": "prefix: message"}; its prefix is the code, else http_STATUS as
+// for the HTTP commands. Any other answer (a web page's 200, a redirect the
+// client does not follow) comes from something that is not a relay: a
+// ProtocolError, not a refusal a script might retry.
+func upgradeFailure(relayURL string, resp *http.Response) error {
 	if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil
+	}
+	if resp.StatusCode < http.StatusBadRequest {
+		return &ProtocolError{Msg: fmt.Sprintf("no relay at %s: it answered the WebSocket upgrade with %d %s",
+			relayURL, resp.StatusCode, http.StatusText(resp.StatusCode))}
 	}
 	var body struct {
 		Error string `json:"error"`

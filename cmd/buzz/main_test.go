@@ -304,6 +304,27 @@ func TestBadFilterNeverReachesRelay(t *testing.T) {
 	require.EqualValues(t, 1, hits.Load())
 }
 
+// A URL that answers the upgrade with a web page is not a relay refusing
+// (exit 3, which a script may treat as final or retry on its code) but no
+// relay at all: exit 1, code protocol, saying what answered.
+// Mutation killed: every non-101 answer taken for a refusal (exit 3,
+// code http_200).
+func TestWebPageIsNoRelay(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "<html>welcome</html>")
+	}))
+	t.Cleanup(srv.Close)
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	relayURL := "ws" + strings.TrimPrefix(srv.URL, "http")
+	env := map[string]string{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": relayURL}
+
+	e := buzz(t, env, "", "req", `{"kinds":[1]}`).fail(t, 1)
+	require.Equal(t, "protocol", e.Code)
+	require.Equal(t, "no relay at "+relayURL+": it answered the WebSocket upgrade with 200 OK", e.Error)
+}
+
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	key, err := nostr.GenerateSecretKey()
