@@ -130,6 +130,12 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	if err != nil {
 		return nil, authFail("auth event: %v", err)
 	}
+	// The peek above decodes case-insensitively and the event parser
+	// ignores unknown members: {"kind":1,...,"KIND":24242} peeks as Blossom
+	// but is a signed kind 1. Only the parsed, signed kind counts.
+	if ev.Kind != kindBlossomAuth {
+		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", kindBlossomAuth, nostr.KindHTTPAuth)
+	}
 	if err := ev.Verify(); err != nil {
 		if errors.Is(err, nostr.ErrBadID) {
 			return nil, authFail("auth event id does not match its content")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -492,4 +493,46 @@ func TestMediaMetricsAndReadiness(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "unavailable", readyField(t, mediaRelay(t, missing), "media"))
 	require.Equal(t, "ok", readyField(t, mediaRelay(t, s3test.Store(t)), "media"))
+}
+
+// smuggleKind is the Authorization header of ev with a second, differently
+// cased "KIND" member: a case-insensitive JSON decoder reads that one, the
+// event parser ignores it as an unknown field and keeps the signed kind.
+func smuggleKind(t *testing.T, ev *nostr.Event, kind int) string {
+	t.Helper()
+	raw, err := ev.MarshalJSON()
+	require.NoError(t, err)
+	raw = append(raw[:len(raw)-1], []byte(`,"KIND":`+strconv.Itoa(kind)+`}`)...)
+	return "Nostr " + base64.StdEncoding.EncodeToString(raw)
+}
+
+// A Blossom authorization is a kind 24242 event; any other signed event
+// carrying the same tags authorizes nothing, however its JSON is spelled.
+// Mutation killed: the Blossom branch trusting the kind it peeked at with
+// a case-insensitive decoder instead of the parsed event's (a kind 1 note
+// with t, x and expiration tags deleted its author's blob).
+func TestMediaBlossomAuthMustBeKind24242(t *testing.T) {
+	t.Parallel()
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	sha := hexSHA(blob)
+	note := func(action string) *nostr.Event {
+		ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "a note", Tags: nostr.Tags{
+			{"t", action}, {"x", sha}, {"expiration", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)}}}
+		require.NoError(t, ev.Sign(key))
+		return ev
+	}
+
+	got := mediaDo(t, r, http.MethodPut, "", "/media/upload", smuggleKind(t, note("upload"), 24242), bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "kind")
+	require.Empty(t, storeKeys(t, store))
+
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, smuggleKind(t, note("delete"), 24242), nil, nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "kind")
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status, "the blob is still served")
 }
