@@ -263,6 +263,18 @@ func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant co
 	return ev, true
 }
 
+// mediaRateLimited takes one token of pubkey's publish bucket for a media
+// write (uploads and deletes share it with events), or answers 429 and
+// reports true.
+func (s *Server) mediaRateLimited(w http.ResponseWriter, tenant community.Tenant, pubkey string) bool {
+	ok, retry := s.PublishLimiter.Allow(tenant.ID(), pubkey, s.now())
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+		mediaError(w, http.StatusTooManyRequests, rateLimitedReason(retry))
+	}
+	return !ok
+}
+
 // mediaFenced answers a media write the community's deletion refused
 // (503: the community accepts no writes) or a lease that could not be
 // taken for another reason.
@@ -284,9 +296,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", r.ContentLength, limits.MaxBytes))
 		return
 	}
-	if ok, retry := s.PublishLimiter.Allow(tenant.ID(), ev.PubKey, s.now()); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
-		mediaError(w, http.StatusTooManyRequests, rateLimitedReason(retry))
+	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
 	declared := strings.ToLower(strings.TrimSpace(r.Header.Get("X-SHA-256")))
@@ -466,15 +476,21 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		s.mediaUnauthorized(w, tenant, err)
 		return
 	}
-	if ev.Kind == kindBlossomAuth {
-		// A delete token names the blobs it may delete.
-		if !slices.Contains(hashTags(ev), sha) {
-			s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+	// A delete token names the blobs it may delete.
+	if ev.Kind == kindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
+		s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+		return
+	}
+	// Before the claim, the lease and the store reads: a Blossom token is
+	// reusable until it expires, and each delete costs database writes.
+	if s.mediaRateLimited(w, tenant, ev.PubKey) {
+		return
+	}
+	if ev.Kind == nostr.KindHTTPAuth {
+		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
+			s.mediaUnauthorized(w, tenant, err)
 			return
 		}
-	} else if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
-		s.mediaUnauthorized(w, tenant, err)
-		return
 	}
 	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_delete")
 	if err != nil {

@@ -536,3 +536,35 @@ func TestMediaBlossomAuthMustBeKind24242(t *testing.T) {
 	require.Contains(t, got.Error, "kind")
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status, "the blob is still served")
 }
+
+// A delete is a write: it counts against its signer's publish rate limit
+// like an upload, before it costs a replay claim, a serving-write lease
+// (database rows) or store reads. A Blossom delete token is reusable until
+// it expires, so without the limit one signed token drove unbounded
+// database writes and store listings.
+// Mutation killed: serveMediaDelete without the publish limiter (the
+// fourth delete answers 403 instead of 429).
+func TestMediaDeleteIsRateLimited(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.PublishPerMinute, c.PublishBurst = 1, 3 })
+	owner, stranger := relaytest.NewKey(t), relaytest.NewKey(t)
+	blob := pngBlob(t, 800)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", owner, blob).Status)
+
+	token := blossomAuth(t, stranger, "delete", []string{sha}, nil)
+	for i := range 3 {
+		got := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, token, nil, nil)
+		require.Equal(t, http.StatusForbidden, got.Status, "delete %d: %s", i, got.Body)
+	}
+	got := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, token, nil, nil)
+	require.Equal(t, http.StatusTooManyRequests, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "rate-limited")
+	require.Equal(t, got.Error, got.Header.Get("X-Reason"))
+	require.NotEmpty(t, got.Header.Get("Retry-After"))
+
+	// The owner's own bucket is untouched by the stranger's refusals.
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, owner, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
+}
