@@ -568,3 +568,43 @@ func TestMediaDeleteIsRateLimited(t *testing.T) {
 	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, owner, "delete", []string{sha}, nil), nil, nil)
 	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
 }
+
+// A ranged GET reads from S3 about what it serves, not the rest of the
+// blob: each anonymous request for one byte of a large blob used to open
+// a GET streaming to the end of the object, and the S3 server pushed
+// megabytes into the socket before the relay hung up (about 6 MB per
+// one-byte request for a 16 MiB blob on loopback): cheap requests, costly
+// egress. Whole and window-spanning reads still arrive intact.
+// Mutation killed: S3Store.Open returning minio's open-ended object reader
+// (hundreds of KiB to MiB per one-byte request instead of at most 32 KiB).
+func TestMediaS3RangeReadsWhatItServes(t *testing.T) {
+	t.Parallel()
+	cfg, traffic := s3test.StartCounted(t)
+	store, err := media.NewS3Store(cfg)
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: 8 << 20, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	blob := pngBlob(t, 4<<20)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", relaytest.NewKey(t), blob).Status)
+
+	waitFor(t, traffic.Idle)
+	traffic.BytesOut.Store(0)
+	const requests = 10
+	for i := range requests {
+		at := 1000 + i*300_000
+		got := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": fmt.Sprintf("bytes=%d-%d", at, at)})
+		require.Equal(t, http.StatusPartialContent, got.Status)
+		require.Equal(t, blob[at:at+1], got.Body)
+	}
+	waitFor(t, traffic.Idle) // an abandoned response counts in full
+	perRequest := traffic.BytesOut.Load() / requests
+	require.Less(t, perRequest, int64(40<<10), "S3 sent %d bytes per one-byte range (sidecar included)", perRequest)
+
+	whole := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil)
+	require.Equal(t, http.StatusOK, whole.Status)
+	require.True(t, bytes.Equal(blob, whole.Body), "whole blob intact")
+	span := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": "bytes=30000-3000000"})
+	require.Equal(t, http.StatusPartialContent, span.Status)
+	require.True(t, bytes.Equal(blob[30000:3000001], span.Body), "a range spanning reads intact")
+}
