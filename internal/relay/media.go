@@ -36,6 +36,20 @@ func (s *Server) registerMedia(mux *http.ServeMux) {
 	mux.HandleFunc("HEAD /media/upload", s.countMedia("upload_check", s.withTenant(s.serveMediaUploadCheck)))
 	mux.HandleFunc("GET /media/{name}", s.countMedia("get", s.withTenant(s.serveMediaGet))) // HEAD too
 	mux.HandleFunc("DELETE /media/{name}", s.countMedia("delete", s.withTenant(s.serveMediaDelete)))
+	mux.HandleFunc("OPTIONS /media/{name}", s.countMedia("preflight", s.withTenant(serveMediaPreflight)))
+}
+
+// serveMediaPreflight answers a browser's CORS preflight as BUD-01 asks:
+// Blossom clients are web apps on other origins, and an upload or delete
+// sends Authorization, which only an explicit allowance lets through
+// (a bare * in Access-Control-Allow-Headers does not cover it). No cookie
+// or ambient credential authorizes anything here, so any origin may ask.
+func serveMediaPreflight(w http.ResponseWriter, _ *http.Request, _ community.Tenant) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Headers", "Authorization, *")
+	h.Set("Access-Control-Allow-Methods", "GET, HEAD, PUT, DELETE")
+	h.Set("Access-Control-Max-Age", "86400")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // countMedia counts a media request by operation and status, and the bytes
@@ -46,6 +60,10 @@ func (s *Server) countMedia(op string, next http.HandlerFunc) http.HandlerFunc {
 		if op == "get" && r.Method == http.MethodHead {
 			label = "head"
 		}
+		// Every media answer, refusals included, is readable by a page on
+		// any origin (BUD-01), the refusal's reason with it.
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		w.Header().Set("Access-Control-Expose-Headers", "X-Reason, Content-Range, ETag")
 		body := &countingReader{ReadCloser: r.Body}
 		r.Body = body
 		rec := &countingWriter{ResponseWriter: w, status: http.StatusOK}

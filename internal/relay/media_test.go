@@ -608,3 +608,38 @@ func TestMediaS3RangeReadsWhatItServes(t *testing.T) {
 	require.Equal(t, http.StatusPartialContent, span.Status)
 	require.True(t, bytes.Equal(blob[30000:3000001], span.Body), "a range spanning reads intact")
 }
+
+// Blossom clients are mostly web apps on other origins: BUD-01 has every
+// response carry Access-Control-Allow-Origin: * and a preflight allow the
+// Authorization header and the four methods. Without them a browser
+// refuses every upload and delete (the preflight fails) and hides every
+// answer, refusal reasons included, from the page.
+// Mutations killed: the preflight route missing (405 from the mux); the
+// origin header missing from blobs or refusals; X-Reason not exposed.
+func TestMediaCrossOrigin(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	blob := pngBlob(t, 600)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", relaytest.NewKey(t), blob).Status)
+
+	for _, path := range []string{"/media/upload", "/media/" + sha} {
+		pre := mediaDo(t, r, http.MethodOptions, "", path, "", nil, map[string]string{
+			"Origin": "https://client.example", "Access-Control-Request-Method": "PUT", "Access-Control-Request-Headers": "authorization,x-sha-256"})
+		require.Equal(t, http.StatusNoContent, pre.Status, path)
+		require.Equal(t, "*", pre.Header.Get("Access-Control-Allow-Origin"), path)
+		require.Contains(t, pre.Header.Get("Access-Control-Allow-Headers"), "Authorization", path)
+		for _, m := range []string{"GET", "HEAD", "PUT", "DELETE"} {
+			require.Contains(t, pre.Header.Get("Access-Control-Allow-Methods"), m, path)
+		}
+	}
+	origin := map[string]string{"Origin": "https://client.example"}
+	for name, got := range map[string]mediaReply{
+		"get":     mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, origin),
+		"missing": mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA([]byte("absent")), "", nil, origin),
+		"refused": mediaDo(t, r, http.MethodPut, "", "/media/upload", "", bytes.NewReader(blob), origin),
+	} {
+		require.Equal(t, "*", got.Header.Get("Access-Control-Allow-Origin"), name)
+		require.Contains(t, got.Header.Get("Access-Control-Expose-Headers"), "X-Reason", name)
+	}
+}
