@@ -76,22 +76,122 @@ func (s *S3Store) Put(ctx context.Context, key string, body io.Reader, size int6
 	return err
 }
 
-// Open stats the object, then returns a lazy reader: each Seek followed by
-// a Read issues a ranged GET, so a ranged response never fetches the
-// whole blob.
+// Open stats the object, then returns a lazy reader that fetches it in
+// bounded ranged GETs (see s3Object).
 func (s *S3Store) Open(ctx context.Context, key string) (Object, Info, error) {
 	info, err := s.Stat(ctx, key)
 	if err != nil {
 		return nil, Info{}, err
 	}
-	obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
+	return &s3Object{ctx: ctx, core: minio.Core{Client: s.client}, bucket: s.bucket, key: key, size: info.Size}, info, nil
+}
+
+// The first GET after a seek asks for what the read wants, at least
+// s3FirstWindow bytes; each further GET of a sequential read asks for four
+// times more, up to s3MaxWindow.
+const (
+	s3FirstWindow = 32 << 10
+	s3MaxWindow   = 16 << 20
+)
+
+// s3Object reads an object through ranged GETs of growing size. A GET
+// left open to the end of the object (minio's reader) makes the server
+// push as much as the socket takes, megabytes, before the reader hangs up:
+// an anonymous request for one byte of a large blob cost the store that
+// much egress. Here a read fetches at most four times what was read
+// before it (at least s3FirstWindow), so a ranged or abandoned download
+// costs about what it served, and a whole one a handful of GETs.
+type s3Object struct {
+	ctx    context.Context
+	core   minio.Core
+	bucket string
+	key    string
+	size   int64
+
+	pos    int64         // the next byte Read returns
+	body   io.ReadCloser // the open GET, serving [pos, end)
+	end    int64
+	window int64 // the size of the next GET; 0 after a seek
+}
+
+func (o *s3Object) Read(p []byte) (int, error) {
+	if o.pos >= o.size {
+		return 0, io.EOF
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if o.body == nil || o.pos >= o.end {
+		if err := o.fetch(int64(len(p))); err != nil {
+			return 0, err
+		}
+	}
+	if int64(len(p)) > o.end-o.pos {
+		p = p[:o.end-o.pos]
+	}
+	n, err := o.body.Read(p)
+	o.pos += int64(n)
+	if err == io.EOF {
+		err = nil
+		if o.pos < o.end {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	return n, err
+}
+
+// fetch opens the next GET at pos, for at least want bytes.
+func (o *s3Object) fetch(want int64) error {
+	o.closeBody()
+	n := max(o.window, want, s3FirstWindow)
+	o.window = min(4*n, s3MaxWindow)
+	end := min(o.pos+n, o.size)
+	opts := minio.GetObjectOptions{}
+	if err := opts.SetRange(o.pos, end-1); err != nil {
+		return err
+	}
+	body, _, _, err := o.core.GetObject(o.ctx, o.bucket, o.key, opts)
 	if err != nil {
 		if notFound(err) {
-			return nil, Info{}, ErrNotFound
+			return ErrNotFound
 		}
-		return nil, Info{}, err
+		return err
 	}
-	return obj, info, nil
+	o.body, o.end = body, end
+	return nil
+}
+
+func (o *s3Object) Seek(offset int64, whence int) (int64, error) {
+	pos := offset
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		pos += o.pos
+	case io.SeekEnd:
+		pos += o.size
+	default:
+		return o.pos, fmt.Errorf("media: seek whence %d", whence)
+	}
+	if pos < 0 {
+		return o.pos, fmt.Errorf("media: seek to %d, before the start", pos)
+	}
+	if pos != o.pos {
+		o.closeBody()
+		o.pos, o.window = pos, 0
+	}
+	return pos, nil
+}
+
+func (o *s3Object) closeBody() {
+	if o.body != nil {
+		o.body.Close()
+		o.body = nil
+	}
+}
+
+func (o *s3Object) Close() error {
+	o.closeBody()
+	return nil
 }
 
 // Stat heads the object.

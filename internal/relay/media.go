@@ -36,6 +36,20 @@ func (s *Server) registerMedia(mux *http.ServeMux) {
 	mux.HandleFunc("HEAD /media/upload", s.countMedia("upload_check", s.withTenant(s.serveMediaUploadCheck)))
 	mux.HandleFunc("GET /media/{name}", s.countMedia("get", s.withTenant(s.serveMediaGet))) // HEAD too
 	mux.HandleFunc("DELETE /media/{name}", s.countMedia("delete", s.withTenant(s.serveMediaDelete)))
+	mux.HandleFunc("OPTIONS /media/{name}", s.countMedia("preflight", s.withTenant(serveMediaPreflight)))
+}
+
+// serveMediaPreflight answers a browser's CORS preflight as BUD-01 asks:
+// Blossom clients are web apps on other origins, and an upload or delete
+// sends Authorization, which only an explicit allowance lets through
+// (a bare * in Access-Control-Allow-Headers does not cover it). No cookie
+// or ambient credential authorizes anything here, so any origin may ask.
+func serveMediaPreflight(w http.ResponseWriter, _ *http.Request, _ community.Tenant) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Headers", "Authorization, *")
+	h.Set("Access-Control-Allow-Methods", "GET, HEAD, PUT, DELETE")
+	h.Set("Access-Control-Max-Age", "86400")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // countMedia counts a media request by operation and status, and the bytes
@@ -46,6 +60,10 @@ func (s *Server) countMedia(op string, next http.HandlerFunc) http.HandlerFunc {
 		if op == "get" && r.Method == http.MethodHead {
 			label = "head"
 		}
+		// Every media answer, refusals included, is readable by a page on
+		// any origin (BUD-01), the refusal's reason with it.
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		w.Header().Set("Access-Control-Expose-Headers", "X-Reason, Content-Range, ETag")
 		body := &countingReader{ReadCloser: r.Body}
 		r.Body = body
 		rec := &countingWriter{ResponseWriter: w, status: http.StatusOK}
@@ -129,6 +147,12 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	ev, err := nostr.ParseEvent(raw, s.limits)
 	if err != nil {
 		return nil, authFail("auth event: %v", err)
+	}
+	// The peek above decodes case-insensitively and the event parser
+	// ignores unknown members: {"kind":1,...,"KIND":24242} peeks as Blossom
+	// but is a signed kind 1. Only the parsed, signed kind counts.
+	if ev.Kind != kindBlossomAuth {
+		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", kindBlossomAuth, nostr.KindHTTPAuth)
 	}
 	if err := ev.Verify(); err != nil {
 		if errors.Is(err, nostr.ErrBadID) {
@@ -257,6 +281,18 @@ func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant co
 	return ev, true
 }
 
+// mediaRateLimited takes one token of pubkey's publish bucket for a media
+// write (uploads and deletes share it with events), or answers 429 and
+// reports true.
+func (s *Server) mediaRateLimited(w http.ResponseWriter, tenant community.Tenant, pubkey string) bool {
+	ok, retry := s.PublishLimiter.Allow(tenant.ID(), pubkey, s.now())
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
+		mediaError(w, http.StatusTooManyRequests, rateLimitedReason(retry))
+	}
+	return !ok
+}
+
 // mediaFenced answers a media write the community's deletion refused
 // (503: the community accepts no writes) or a lease that could not be
 // taken for another reason.
@@ -278,9 +314,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", r.ContentLength, limits.MaxBytes))
 		return
 	}
-	if ok, retry := s.PublishLimiter.Allow(tenant.ID(), ev.PubKey, s.now()); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(retry.Seconds())))
-		mediaError(w, http.StatusTooManyRequests, rateLimitedReason(retry))
+	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
 	declared := strings.ToLower(strings.TrimSpace(r.Header.Get("X-SHA-256")))
@@ -460,15 +494,21 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		s.mediaUnauthorized(w, tenant, err)
 		return
 	}
-	if ev.Kind == kindBlossomAuth {
-		// A delete token names the blobs it may delete.
-		if !slices.Contains(hashTags(ev), sha) {
-			s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+	// A delete token names the blobs it may delete.
+	if ev.Kind == kindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
+		s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+		return
+	}
+	// Before the claim, the lease and the store reads: a Blossom token is
+	// reusable until it expires, and each delete costs database writes.
+	if s.mediaRateLimited(w, tenant, ev.PubKey) {
+		return
+	}
+	if ev.Kind == nostr.KindHTTPAuth {
+		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
+			s.mediaUnauthorized(w, tenant, err)
 			return
 		}
-	} else if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
-		s.mediaUnauthorized(w, tenant, err)
-		return
 	}
 	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_delete")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -492,4 +493,153 @@ func TestMediaMetricsAndReadiness(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "unavailable", readyField(t, mediaRelay(t, missing), "media"))
 	require.Equal(t, "ok", readyField(t, mediaRelay(t, s3test.Store(t)), "media"))
+}
+
+// smuggleKind is the Authorization header of ev with a second, differently
+// cased "KIND" member: a case-insensitive JSON decoder reads that one, the
+// event parser ignores it as an unknown field and keeps the signed kind.
+func smuggleKind(t *testing.T, ev *nostr.Event, kind int) string {
+	t.Helper()
+	raw, err := ev.MarshalJSON()
+	require.NoError(t, err)
+	raw = append(raw[:len(raw)-1], []byte(`,"KIND":`+strconv.Itoa(kind)+`}`)...)
+	return "Nostr " + base64.StdEncoding.EncodeToString(raw)
+}
+
+// A Blossom authorization is a kind 24242 event; any other signed event
+// carrying the same tags authorizes nothing, however its JSON is spelled.
+// Mutation killed: the Blossom branch trusting the kind it peeked at with
+// a case-insensitive decoder instead of the parsed event's (a kind 1 note
+// with t, x and expiration tags deleted its author's blob).
+func TestMediaBlossomAuthMustBeKind24242(t *testing.T) {
+	t.Parallel()
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	sha := hexSHA(blob)
+	note := func(action string) *nostr.Event {
+		ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "a note", Tags: nostr.Tags{
+			{"t", action}, {"x", sha}, {"expiration", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)}}}
+		require.NoError(t, ev.Sign(key))
+		return ev
+	}
+
+	got := mediaDo(t, r, http.MethodPut, "", "/media/upload", smuggleKind(t, note("upload"), 24242), bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "kind")
+	require.Empty(t, storeKeys(t, store))
+
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, smuggleKind(t, note("delete"), 24242), nil, nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "kind")
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status, "the blob is still served")
+}
+
+// A delete is a write: it counts against its signer's publish rate limit
+// like an upload, before it costs a replay claim, a serving-write lease
+// (database rows) or store reads. A Blossom delete token is reusable until
+// it expires, so without the limit one signed token drove unbounded
+// database writes and store listings.
+// Mutation killed: serveMediaDelete without the publish limiter (the
+// fourth delete answers 403 instead of 429).
+func TestMediaDeleteIsRateLimited(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.PublishPerMinute, c.PublishBurst = 1, 3 })
+	owner, stranger := relaytest.NewKey(t), relaytest.NewKey(t)
+	blob := pngBlob(t, 800)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", owner, blob).Status)
+
+	token := blossomAuth(t, stranger, "delete", []string{sha}, nil)
+	for i := range 3 {
+		got := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, token, nil, nil)
+		require.Equal(t, http.StatusForbidden, got.Status, "delete %d: %s", i, got.Body)
+	}
+	got := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, token, nil, nil)
+	require.Equal(t, http.StatusTooManyRequests, got.Status, "%s", got.Body)
+	require.Contains(t, got.Error, "rate-limited")
+	require.Equal(t, got.Error, got.Header.Get("X-Reason"))
+	require.NotEmpty(t, got.Header.Get("Retry-After"))
+
+	// The owner's own bucket is untouched by the stranger's refusals.
+	got = mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, owner, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
+}
+
+// A ranged GET reads from S3 about what it serves, not the rest of the
+// blob: each anonymous request for one byte of a large blob used to open
+// a GET streaming to the end of the object, and the S3 server pushed
+// megabytes into the socket before the relay hung up (about 6 MB per
+// one-byte request for a 16 MiB blob on loopback): cheap requests, costly
+// egress. Whole and window-spanning reads still arrive intact.
+// Mutation killed: S3Store.Open returning minio's open-ended object reader
+// (hundreds of KiB to MiB per one-byte request instead of at most 32 KiB).
+func TestMediaS3RangeReadsWhatItServes(t *testing.T) {
+	t.Parallel()
+	cfg, traffic := s3test.StartCounted(t)
+	store, err := media.NewS3Store(cfg)
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: 8 << 20, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	blob := pngBlob(t, 4<<20)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", relaytest.NewKey(t), blob).Status)
+
+	waitFor(t, traffic.Idle)
+	traffic.BytesOut.Store(0)
+	const requests = 10
+	for i := range requests {
+		at := 1000 + i*300_000
+		got := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": fmt.Sprintf("bytes=%d-%d", at, at)})
+		require.Equal(t, http.StatusPartialContent, got.Status)
+		require.Equal(t, blob[at:at+1], got.Body)
+	}
+	waitFor(t, traffic.Idle) // an abandoned response counts in full
+	perRequest := traffic.BytesOut.Load() / requests
+	require.Less(t, perRequest, int64(40<<10), "S3 sent %d bytes per one-byte range (sidecar included)", perRequest)
+
+	whole := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil)
+	require.Equal(t, http.StatusOK, whole.Status)
+	require.True(t, bytes.Equal(blob, whole.Body), "whole blob intact")
+	span := mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, map[string]string{"Range": "bytes=30000-3000000"})
+	require.Equal(t, http.StatusPartialContent, span.Status)
+	require.True(t, bytes.Equal(blob[30000:3000001], span.Body), "a range spanning reads intact")
+}
+
+// Blossom clients are mostly web apps on other origins: BUD-01 has every
+// response carry Access-Control-Allow-Origin: * and a preflight allow the
+// Authorization header and the four methods. Without them a browser
+// refuses every upload and delete (the preflight fails) and hides every
+// answer, refusal reasons included, from the page.
+// Mutations killed: the preflight route missing (405 from the mux); the
+// origin header missing from blobs or refusals; X-Reason not exposed.
+func TestMediaCrossOrigin(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	blob := pngBlob(t, 600)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", relaytest.NewKey(t), blob).Status)
+
+	for _, path := range []string{"/media/upload", "/media/" + sha} {
+		pre := mediaDo(t, r, http.MethodOptions, "", path, "", nil, map[string]string{
+			"Origin": "https://client.example", "Access-Control-Request-Method": "PUT", "Access-Control-Request-Headers": "authorization,x-sha-256"})
+		require.Equal(t, http.StatusNoContent, pre.Status, path)
+		require.Equal(t, "*", pre.Header.Get("Access-Control-Allow-Origin"), path)
+		require.Contains(t, pre.Header.Get("Access-Control-Allow-Headers"), "Authorization", path)
+		for _, m := range []string{"GET", "HEAD", "PUT", "DELETE"} {
+			require.Contains(t, pre.Header.Get("Access-Control-Allow-Methods"), m, path)
+		}
+	}
+	origin := map[string]string{"Origin": "https://client.example"}
+	for name, got := range map[string]mediaReply{
+		"get":     mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, origin),
+		"missing": mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA([]byte("absent")), "", nil, origin),
+		"refused": mediaDo(t, r, http.MethodPut, "", "/media/upload", "", bytes.NewReader(blob), origin),
+	} {
+		require.Equal(t, "*", got.Header.Get("Access-Control-Allow-Origin"), name)
+		require.Contains(t, got.Header.Get("Access-Control-Expose-Headers"), "X-Reason", name)
+	}
 }

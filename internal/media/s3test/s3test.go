@@ -6,8 +6,10 @@
 package s3test
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/johannesboyne/gofakes3"
@@ -23,10 +25,38 @@ const Bucket = "buzz-media"
 // Start serves a fresh, empty S3 server with one bucket until the test
 // ends and returns how to reach it.
 func Start(t testing.TB) media.S3Config {
+	cfg, _ := StartCounted(t)
+	return cfg
+}
+
+// Traffic counts what the server sent for GET requests: requests and body
+// bytes, the store's egress a relay pays for.
+type Traffic struct {
+	GETs     atomic.Int64
+	BytesOut atomic.Int64
+	active   atomic.Int64
+}
+
+// Idle reports whether no request is being answered: a response the
+// client abandoned is counted in full only once its handler gave up.
+func (t *Traffic) Idle() bool { return t.active.Load() == 0 }
+
+// StartCounted is Start, also counting the server's GET traffic.
+func StartCounted(t testing.TB) (media.S3Config, *Traffic) {
 	t.Helper()
 	backend := s3mem.New()
 	require.NoError(t, backend.CreateBucket(Bucket))
-	srv := httptest.NewServer(gofakes3.New(backend).Server())
+	traffic := &Traffic{}
+	s3 := gofakes3.New(backend).Server()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		traffic.active.Add(1)
+		defer traffic.active.Add(-1)
+		if r.Method == http.MethodGet {
+			traffic.GETs.Add(1)
+			w = countingWriter{w, &traffic.BytesOut}
+		}
+		s3.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	return media.S3Config{
 		Endpoint:  strings.TrimPrefix(srv.URL, "http://"),
@@ -34,7 +64,18 @@ func Start(t testing.TB) media.S3Config {
 		AccessKey: "test-access-key",
 		SecretKey: "test-secret-key",
 		Region:    "us-east-1",
-	}
+	}, traffic
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // Store is an S3Store on a fresh server.
