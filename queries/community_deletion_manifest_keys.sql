@@ -10,9 +10,14 @@ DELETE FROM community_deletion_manifest_keys WHERE request_id = @request_id::uui
 SELECT * FROM community_deletion_manifest_keys WHERE request_id = @request_id::uuid AND chunk_no = @chunk_no::bigint;
 
 -- name: DeletionManifestNextUndeleted :one
+-- The community's own keys (sidecars, upload records) before its shared
+-- blob candidates: a blob is kept while another community has a sidecar
+-- for it, and that community, releasing it at the same time, keeps it
+-- while ours exists. Dropping ours first means whichever side checks last
+-- finds no reference and deletes the blob.
 SELECT * FROM community_deletion_manifest_keys
 WHERE request_id = @request_id::uuid AND deleted_at IS NULL
-ORDER BY chunk_no LIMIT 1;
+ORDER BY key_class = 'shared_blob', chunk_no LIMIT 1;
 
 -- name: DeletionManifestProgress :one
 SELECT count(*)::bigint AS chunks, count(deleted_at)::bigint AS deleted_chunks,

@@ -98,9 +98,14 @@ func (q *Queries) DeletionManifestChunksClear(ctx context.Context, requestID uui
 const deletionManifestNextUndeleted = `-- name: DeletionManifestNextUndeleted :one
 SELECT request_id, chunk_no, prefix, key_class, keys, deleted_at FROM community_deletion_manifest_keys
 WHERE request_id = $1::uuid AND deleted_at IS NULL
-ORDER BY chunk_no LIMIT 1
+ORDER BY key_class = 'shared_blob', chunk_no LIMIT 1
 `
 
+// The community's own keys (sidecars, upload records) before its shared
+// blob candidates: a blob is kept while another community has a sidecar
+// for it, and that community, releasing it at the same time, keeps it
+// while ours exists. Dropping ours first means whichever side checks last
+// finds no reference and deletes the blob.
 func (q *Queries) DeletionManifestNextUndeleted(ctx context.Context, requestID uuid.UUID) (CommunityDeletionManifestKey, error) {
 	row := q.db.QueryRow(ctx, deletionManifestNextUndeleted, requestID)
 	var i CommunityDeletionManifestKey

@@ -142,6 +142,13 @@ func IsNotFound(err error) bool {
 	return errors.Is(err, ErrNotFound) || errors.Is(err, pgx.ErrNoRows)
 }
 
+// IsLockTimeout reports whether err is a lock wait cut short by
+// lock_timeout (55P03), before or after Interpret.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // AsViolation returns the constraint violation err holds, if any.
 func AsViolation(err error) (*Violation, bool) {
 	var v *Violation

@@ -314,7 +314,6 @@ func (e *Executor) runStage(ctx context.Context, l lease, row db.CommunityDeleti
 // fence: the catalog still has the approved shape, then quiesce (no new
 // serving writes), then fence once serving writes drained.
 func (e *Executor) fence(ctx context.Context, l lease, inv Inventory) error {
-	q := db.New(e.pool)
 	scoped, err := ScopedTables(ctx, e.pool)
 	if err != nil {
 		return err
@@ -326,10 +325,42 @@ func (e *Executor) fence(ctx context.Context, l lease, inv Inventory) error {
 	if !slices.Equal(sortedCopy(scoped), inv.Schema.ScopedTables) || !slices.Equal(sortedCopy(fenced), inv.Schema.FencedTables) {
 		return permanent("the community-scoped catalog changed since the inventory was approved (now scoped %v, fenced %v)", scoped, fenced)
 	}
-	if err := q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: l.id, Owner: l.owner, Generation: l.gen}); err != nil {
+	if err := e.underFenceLockWait(ctx, l, func(q *db.Queries) error {
+		return q.DeletionRequestBeginQuiescing(ctx, db.DeletionRequestBeginQuiescingParams{ID: l.id, Owner: l.owner, Generation: l.gen})
+	}); err != nil {
 		return err
 	}
-	_, err = q.DeletionRequestFence(ctx, db.DeletionRequestFenceParams{ID: l.id, Owner: l.owner, Generation: l.gen})
+	return e.underFenceLockWait(ctx, l, func(q *db.Queries) error {
+		_, err := q.DeletionRequestFence(ctx, db.DeletionRequestFenceParams{ID: l.id, Owner: l.owner, Generation: l.gen})
+		return err
+	})
+}
+
+// fenceLockWait bounds how long quiescing and the fence wait for the
+// community's lock. While they wait, every session asking for that lock,
+// even shared, queues behind them: the community's writers, and also the
+// statements that read many communities' rows at once (the outbox and
+// workflow-run claims, the reapers) as soon as they meet one of its rows,
+// which stalls them for every community. A writer that never finishes (an
+// idle open transaction, a relay cut off mid-commit) would make that
+// stall last as long as it does; past the bound the step fails and is
+// retried later, naming the cause.
+const fenceLockWait = 5 * time.Second
+
+// underFenceLockWait runs fn in one transaction whose lock waits end after
+// fenceLockWait.
+func (e *Executor) underFenceLockWait(ctx context.Context, l lease, fn func(q *db.Queries) error) error {
+	err := e.inTx(ctx, func(q *db.Queries, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "-- name: DeletionFenceLockTimeout\nSELECT set_config('lock_timeout', $1, true)",
+			fmt.Sprintf("%dms", fenceLockWait.Milliseconds())); err != nil {
+			return err
+		}
+		return fn(q)
+	})
+	if dberr.IsLockTimeout(err) {
+		return fmt.Errorf("community %s: a transaction writing to it held its lock for over %s; the fence retries later: %w",
+			l.community, fenceLockWait, err)
+	}
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -507,4 +508,67 @@ func TestServingLeaseReaperIsBoundedAndGlobal(t *testing.T) {
 	left, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{keep}, left)
+}
+
+// A writer of the doomed community that never finishes (an open psql
+// transaction, a relay cut off between its INSERT and COMMIT) must not
+// hold up other communities: while the fence waits for the community's
+// lock, every session asking for it queues behind the fence, and the
+// outbox claim asks for it as soon as it meets one of the community's
+// rows, so every community's deliveries stopped for as long as the
+// writer stayed open. The fence now gives up after a bound, the claim
+// goes on, and the request records why it did not fence.
+// Mutation killed: no lock_timeout around quiescing (the fence waits for
+// the writer, the bystander's claim waits behind it until its deadline).
+func TestFenceGivesUpOnAStuckWriterInsteadOfStallingOtherCommunities(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const doomedHost = "stuck-doomed.test"
+	doomed := f.community(doomedHost)
+	bystander := f.community("stuck-bystander.test")
+	listener := randomBytes(32)
+	f.queueMention(listener, randomBytes(32), doomed, "0")
+	f.queueMention(listener, randomBytes(32), bystander, "0")
+
+	stuck, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer stuck.Rollback(context.Background())
+	require.NoError(t, insertUser(f.ctx, stuck, doomed))
+
+	req := f.submitAndApprove(doomedHost, nil)
+	exec := deletion.NewExecutor(deletion.Options{Pool: f.pool, ID: "exec-stuck", Config: testConfig()})
+	type result struct {
+		out deletion.Outcome
+		err error
+	}
+	ran := make(chan result, 1)
+	go func() {
+		out, err := exec.Run(f.ctx, req.ID)
+		ran <- result{out, err}
+	}()
+	waitForAdvisoryWaiters(t, f, 1)
+
+	// The deadline only turns a hang into a failure.
+	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer cancel()
+	claimed, err := f.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{ClaimID: uuid.New(), LeaseMs: 60000, MaxAttempts: 10,
+		RetentionMs: 15 * 60 * 1000, Routable: [][]byte{listener}, MaxRows: 10})
+	require.NoError(t, err, "the claim for every community waited behind the fence")
+	require.Len(t, claimed, 2, "the doomed community was still active")
+
+	var r result
+	select {
+	case r = <-ran:
+	case <-ctx.Done():
+		t.Fatal("the fence is still waiting for the stuck writer")
+	}
+	require.NoError(t, r.err)
+	require.Equal(t, deletion.StageApproved, r.out.Stage)
+	require.NotNil(t, r.out.LastError)
+	require.Contains(t, *r.out.LastError, "held its lock")
+	require.Nil(t, r.out.BlockedReason, "a transient failure, retried later")
+	row, err := f.q.CommunityByHost(f.ctx, doomedHost)
+	require.NoError(t, err)
+	require.Equal(t, "active", row.DeletionState, "quiescing never committed")
+	require.NoError(t, stuck.Commit(f.ctx), "the stuck writer was admitted before the deletion began")
 }

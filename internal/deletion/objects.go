@@ -199,9 +199,10 @@ func ownedBy(l lease, class, prefix, key string) bool {
 }
 
 // removeBindings deletes the manifest's objects chunk by chunk, stamping
-// each chunk after its objects are gone. A crash between the deletion and
-// the stamp is safe: the next owner deletes the chunk again, and keys
-// already gone count as missing.
+// each chunk after its objects are gone: the community's own keys first,
+// its shared-blob candidates last (DeletionManifestNextUndeleted says why).
+// A crash between the deletion and the stamp is safe: the next owner
+// deletes the chunk again, and keys already gone count as missing.
 func (e *Executor) removeBindings(ctx context.Context, l lease, row db.CommunityDeletionRequest) error {
 	q := db.New(e.pool)
 	progress, err := q.DeletionManifestProgress(ctx, l.id)
