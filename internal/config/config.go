@@ -104,12 +104,16 @@ type Config struct {
 	MediaMaxBytes     int      // largest blob accepted
 	MediaAllowedTypes []string // media types accepted, as sniffed from the blob's first bytes
 	MediaTempDir      string   // where uploads are spooled while hashed; "" = the system's
-	MediaS3Endpoint   string   // host:port of the S3-compatible server
-	MediaS3Bucket     string
-	MediaS3AccessKey  string
-	MediaS3SecretKey  string
-	MediaS3Region     string
-	MediaS3TLS        bool // https to the S3 endpoint
+	// Uploads received at once, all clients together and from one client
+	// address: each spools up to MediaMaxBytes to MediaTempDir.
+	MediaMaxUploads        int
+	MediaMaxUploadsPerAddr int
+	MediaS3Endpoint        string // host:port of the S3-compatible server
+	MediaS3Bucket          string
+	MediaS3AccessKey       string
+	MediaS3SecretKey       string
+	MediaS3Region          string
+	MediaS3TLS             bool // https to the S3 endpoint
 
 	// Several relay processes as one (docs/multi-relay.md).
 	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
@@ -225,12 +229,14 @@ func Default() Config {
 		WorkflowMaxUnfinishedRuns:    1000,
 		WorkflowStepTimeout:          300 * time.Second,
 
-		MediaStore:        "fs",
-		MediaMaxBytes:     100 << 20,
-		MediaAllowedTypes: DefaultMediaTypes,
-		MediaS3Region:     "us-east-1",
-		MediaS3TLS:        true,
-		RedisPublishQueue: 10000,
+		MediaStore:             "fs",
+		MediaMaxBytes:          100 << 20,
+		MediaMaxUploads:        16,
+		MediaMaxUploadsPerAddr: 4,
+		MediaAllowedTypes:      DefaultMediaTypes,
+		MediaS3Region:          "us-east-1",
+		MediaS3TLS:             true,
+		RedisPublishQueue:      10000,
 
 		PresenceTTL:        60 * time.Second,
 		PresenceMaxEntries: 100000,
@@ -306,6 +312,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MEDIA_MAX_BYTES", &c.MediaMaxBytes)
 	r.list("BUZZ_MEDIA_ALLOWED_TYPES", &c.MediaAllowedTypes)
 	r.str("BUZZ_MEDIA_TEMP_DIR", &c.MediaTempDir)
+	r.positive("BUZZ_MEDIA_MAX_UPLOADS", &c.MediaMaxUploads)
+	r.positive("BUZZ_MEDIA_MAX_UPLOADS_PER_ADDRESS", &c.MediaMaxUploadsPerAddr)
 	r.str("BUZZ_MEDIA_S3_ENDPOINT", &c.MediaS3Endpoint)
 	r.str("BUZZ_MEDIA_S3_BUCKET", &c.MediaS3Bucket)
 	r.str("BUZZ_MEDIA_S3_ACCESS_KEY", &c.MediaS3AccessKey)

@@ -84,20 +84,24 @@ func TestMediaSettings(t *testing.T) {
 	require.Equal(t, "fs", c.MediaStore)
 	require.Empty(t, c.MediaDir, "media is off unless a directory is named")
 	require.Equal(t, 100<<20, c.MediaMaxBytes)
+	require.Equal(t, 16, c.MediaMaxUploads)
+	require.Equal(t, 4, c.MediaMaxUploadsPerAddr)
 	require.Equal(t, DefaultMediaTypes, c.MediaAllowedTypes)
 	require.True(t, c.MediaS3TLS)
 
 	c, err = FromEnv(env(map[string]string{
-		"BUZZ_MEDIA_STORE":         "s3",
-		"BUZZ_MEDIA_MAX_BYTES":     "1024",
-		"BUZZ_MEDIA_ALLOWED_TYPES": "image/png, Image/JPEG",
-		"BUZZ_MEDIA_S3_ENDPOINT":   "127.0.0.1:9000",
-		"BUZZ_MEDIA_S3_BUCKET":     "media",
-		"BUZZ_MEDIA_S3_ACCESS_KEY": "ak",
-		"BUZZ_MEDIA_S3_SECRET_KEY": "sk",
-		"BUZZ_MEDIA_S3_REGION":     "eu-west-1",
-		"BUZZ_MEDIA_S3_TLS":        "false",
-		"BUZZ_MEDIA_TEMP_DIR":      "/var/tmp",
+		"BUZZ_MEDIA_STORE":                   "s3",
+		"BUZZ_MEDIA_MAX_BYTES":               "1024",
+		"BUZZ_MEDIA_ALLOWED_TYPES":           "image/png, Image/JPEG",
+		"BUZZ_MEDIA_S3_ENDPOINT":             "127.0.0.1:9000",
+		"BUZZ_MEDIA_S3_BUCKET":               "media",
+		"BUZZ_MEDIA_S3_ACCESS_KEY":           "ak",
+		"BUZZ_MEDIA_S3_SECRET_KEY":           "sk",
+		"BUZZ_MEDIA_S3_REGION":               "eu-west-1",
+		"BUZZ_MEDIA_S3_TLS":                  "false",
+		"BUZZ_MEDIA_TEMP_DIR":                "/var/tmp",
+		"BUZZ_MEDIA_MAX_UPLOADS":             "40",
+		"BUZZ_MEDIA_MAX_UPLOADS_PER_ADDRESS": "2",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, 1024, c.MediaMaxBytes)
@@ -109,6 +113,8 @@ func TestMediaSettings(t *testing.T) {
 	require.Equal(t, "eu-west-1", c.MediaS3Region)
 	require.False(t, c.MediaS3TLS)
 	require.Equal(t, "/var/tmp", c.MediaTempDir)
+	require.Equal(t, 40, c.MediaMaxUploads)
+	require.Equal(t, 2, c.MediaMaxUploadsPerAddr)
 
 	for name, vars := range map[string]map[string]string{
 		"BUZZ_MEDIA_S3_ENDPOINT":   {"BUZZ_MEDIA_STORE": "s3", "BUZZ_MEDIA_S3_BUCKET": "b"},

@@ -47,6 +47,37 @@ func (s *Server) releaseLocked(addr string) {
 	}
 }
 
+// admitUpload reserves one of the uploads the relay receives at once for a
+// client at addr, or says why not: 503 when MediaMaxUploads are being
+// received, 429 when addr alone sends MediaMaxUploadsPerAddr. Each upload
+// spools up to MediaMaxBytes to disk while it is hashed, and the publish
+// rate limit counts requests, not bytes or time: without this bound, keys
+// that cost nothing could fill the spool directory in parallel. The caller
+// calls the release it gets exactly once.
+func (s *Server) admitUpload(addr string) (release func(), status int, reason string) {
+	addr = addressBucket(addr)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.uploading >= s.cfg.MediaMaxUploads:
+		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is receiving its limit of %d uploads; try again shortly", s.cfg.MediaMaxUploads)
+	case s.uploadingByAddr[addr] >= s.cfg.MediaMaxUploadsPerAddr:
+		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d uploads at once per client address; wait for one to finish", s.cfg.MediaMaxUploadsPerAddr)
+	}
+	s.uploading++
+	s.uploadingByAddr[addr]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.uploading--
+		if n := s.uploadingByAddr[addr] - 1; n > 0 {
+			s.uploadingByAddr[addr] = n
+		} else {
+			delete(s.uploadingByAddr, addr)
+		}
+	}, 0, ""
+}
+
 // addressBucket is what the per-address cap counts: an IPv4 address, or the
 // /64 prefix of an IPv6 one. A single IPv6 subscriber is routinely given a
 // whole /64 and can pick any address in it for each connection, so counting

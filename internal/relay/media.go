@@ -314,6 +314,13 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		mediaError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: blob too large: %d bytes, the limit is %d", r.ContentLength, limits.MaxBytes))
 		return
 	}
+	release, status, reason := s.admitUpload(s.clientAddr(r))
+	if release == nil {
+		w.Header().Set("Retry-After", "1")
+		mediaError(w, status, reason)
+		return
+	}
+	defer release()
 	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -642,4 +643,79 @@ func TestMediaCrossOrigin(t *testing.T) {
 		require.Equal(t, "*", got.Header.Get("Access-Control-Allow-Origin"), name)
 		require.Contains(t, got.Header.Get("Access-Control-Expose-Headers"), "X-Reason", name)
 	}
+}
+
+// The uploads a relay receives at once are bounded, per client address
+// (429) and in all (503), so free keys cannot fill the spool directory in
+// parallel; a finished upload gives its place back.
+// Mutations killed: no admitUpload (the second upload from one address is
+// taken); its release never called (the address's next upload, after both
+// finished, is refused).
+func TestMediaUploadsAtOnceAreBounded(t *testing.T) {
+	t.Parallel()
+	spool := t.TempDir()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: spool}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) {
+		c.MediaMaxUploads, c.MediaMaxUploadsPerAddr = 2, 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.0/8,::1") // the test names each client's address
+	})
+	key := relaytest.NewKey(t)
+	uploadFrom := func(addr string) mediaReply {
+		blob := pngBlob(t, 800)
+		return mediaDo(t, r, http.MethodPut, "", "/media/upload", blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil),
+			bytes.NewReader(blob), map[string]string{"X-Forwarded-For": addr})
+	}
+	// spooling counts uploads the relay is receiving: each spools its body
+	// to a file of its own, after it took its place.
+	spooling := func() int {
+		entries, err := os.ReadDir(spool)
+		require.NoError(t, err)
+		return len(entries)
+	}
+	// hold starts an upload from addr whose body stops halfway until finish.
+	hold := func(addr string) (finish func() int) {
+		blob := pngBlob(t, 4000)
+		body, send := io.Pipe()
+		req, err := http.NewRequest(http.MethodPut, r.HTTPURL+"/media/upload", body)
+		require.NoError(t, err)
+		req.ContentLength = int64(len(blob))
+		req.Header.Set("Authorization", blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil))
+		req.Header.Set("X-Forwarded-For", addr)
+		status := make(chan int, 1)
+		go func() {
+			resp, err := bridgeHTTP.Do(req)
+			if err != nil {
+				status <- 0
+				return
+			}
+			resp.Body.Close()
+			status <- resp.StatusCode
+		}()
+		_, err = send.Write(blob[:2000])
+		require.NoError(t, err)
+		return func() int {
+			_, err := send.Write(blob[2000:])
+			require.NoError(t, err)
+			require.NoError(t, send.Close())
+			return <-status
+		}
+	}
+
+	first := hold("203.0.113.1")
+	require.Eventually(t, func() bool { return spooling() == 1 }, 10*time.Second, 10*time.Millisecond)
+	got := uploadFrom("203.0.113.1")
+	require.Equal(t, http.StatusTooManyRequests, got.Status, "%s", got.Body)
+	require.Equal(t, "rate-limited: at most 1 uploads at once per client address; wait for one to finish", got.Error)
+	require.NotEmpty(t, got.Header.Get("Retry-After"))
+
+	second := hold("203.0.113.2")
+	require.Eventually(t, func() bool { return spooling() == 2 }, 10*time.Second, 10*time.Millisecond)
+	got = uploadFrom("203.0.113.3")
+	require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s", got.Body)
+	require.Equal(t, "error: the relay is receiving its limit of 2 uploads; try again shortly", got.Error)
+
+	require.Equal(t, http.StatusOK, first())
+	require.Equal(t, http.StatusOK, second())
+	got = uploadFrom("203.0.113.1")
+	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
 }

@@ -94,6 +94,9 @@ type Server struct {
 	// counted from before the upgrade until the connection is forgotten.
 	admitted       int
 	admittedByAddr map[string]int
+	// Uploads being received, all together and per client address.
+	uploading       int
+	uploadingByAddr map[string]int
 }
 
 // Option adjusts a Server.
@@ -141,7 +144,8 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
-		admittedByAddr: map[string]int{},
+		admittedByAddr:  map[string]int{},
+		uploadingByAddr: map[string]int{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
 			MaxSubIDLength:  64,
