@@ -114,7 +114,7 @@ func toRequestJSON(r db.CommunityDeletionRequest, full bool) requestJSON {
 }
 
 const deletionsUsage = `usage: buzz-admin deletions sweep
-       buzz-admin deletions submit [--host HOST] --requested-by WHO [--reason WHY]
+       buzz-admin deletions submit [--host HOST] --requested-by WHO [--reason WHY] [--without-media]
        buzz-admin deletions list [--limit N]
        buzz-admin deletions inspect ID
        buzz-admin deletions approve ID --approved-by WHO [--note NOTE]
@@ -135,6 +135,7 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	host := fs.String("host", "", "community host (default: the host of BUZZ_RELAY_URL)")
 	requestedBy := fs.String("requested-by", "", "who asks for the deletion")
 	reason := fs.String("reason", "", "why")
+	withoutMedia := fs.Bool("without-media", false, "submit with no media store configured (the deployment stores no media)")
 	limit := fs.Int("limit", 100, "requests to list (1..1000)")
 	approvedBy := fs.String("approved-by", "", "who approves")
 	note := fs.String("note", "", "approval note")
@@ -194,6 +195,11 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 			return err
 		}
 		defer svc.close()
+		if svc.store == nil && !*withoutMedia {
+			// Else the community's media would outlive a deletion that
+			// reports itself complete.
+			return errors.New("no media store is configured (BUZZ_MEDIA_STORE, BUZZ_MEDIA_DIR or BUZZ_MEDIA_S3_*): set them as the relays have them, or pass --without-media if this deployment stores no media")
+		}
 		req, err := deletion.Submit(ctx, pool, svc.store, target, *requestedBy, *reason)
 		if err != nil {
 			return err

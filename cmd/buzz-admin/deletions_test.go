@@ -131,10 +131,17 @@ func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
 	t.Cleanup(pool.Close)
 	_, err = db.New(pool).CommunityCreate(ctx, "cli-nosvc.test")
 	require.NoError(t, err)
-	out, err := cmd("deletions", "submit", "--host", "cli-nosvc.test", "--requested-by", "ops")
+	// Without BUZZ_MEDIA_* a submit is refused unless the operator says
+	// the deployment stores no media: the deletion would leave the media
+	// behind and report itself complete. Kills: submit without that check.
+	_, err = cmd("deletions", "submit", "--host", "cli-nosvc.test", "--requested-by", "ops")
+	require.ErrorContains(t, err, "no media store is configured")
+	require.ErrorContains(t, err, "--without-media")
+	out, err := cmd("deletions", "submit", "--host", "cli-nosvc.test", "--requested-by", "ops", "--without-media")
 	require.NoError(t, err)
 	var req requestJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.Contains(t, string(req.Inventory), `"media_store": "none"`, "the approver sees the inventory listed no media")
 	_, err = cmd("deletions", "approve", req.ID.String(), "--approved-by", "lead")
 	require.NoError(t, err)
 	for i := 0; i < 2; i++ {

@@ -282,6 +282,13 @@ func (e *Executor) runStage(ctx context.Context, l lease, row db.CommunityDeleti
 	if !slices.Equal(digest, row.InventoryDigest) {
 		return permanent("the frozen inventory no longer hashes to its approved digest")
 	}
+	if listed := inv.Storage.MediaStore; listed != "" && listed != mediaStoreState(e.store) {
+		// Blocked until an operator runs it with the settings the
+		// inventory was taken with: without the store, the media would be
+		// left behind as if deleted.
+		return permanent("the approved inventory was taken with media store %q, this executor has %q: run it with the relays' BUZZ_MEDIA_* settings",
+			listed, mediaStoreState(e.store))
+	}
 	want := media.CommunityPrefixes(row.CommunityID)
 	if len(inv.Storage.Prefixes) != len(want) {
 		return permanent("the inventory does not cover exactly the community's prefixes")

@@ -380,3 +380,40 @@ func TestApprovalBindsTheExactInventory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, deletion.StageRetentionPending, out.Stage)
 }
+
+// An executor run without the media store the inventory listed (buzz-admin
+// started without BUZZ_MEDIA_*) blocks on record instead of finishing with
+// every media object left behind, and so does one run with a store an
+// inventory taken without one never counted. Nothing is fenced meanwhile.
+// Mutation killed: runStage without the media-store check (the run without
+// a store reaches retention_pending and the upload record survives).
+func TestExecutorRefusesAMediaStoreOtherThanTheInventorys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	listed := f.community("listed-media.test")
+	upload(t, svc, listed, "kept until a run with the store")
+	for _, tc := range []struct {
+		host               string
+		inventory, running media.Store
+		want               string
+	}{
+		{"listed-media.test", store, nil, `the approved inventory was taken with media store "listed", this executor has "none"`},
+		{"unlisted-media.test", nil, store, `the approved inventory was taken with media store "none", this executor has "listed"`},
+	} {
+		if tc.host != "listed-media.test" {
+			f.community(tc.host)
+		}
+		req := f.submitAndApprove(tc.host, tc.inventory)
+		out, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, Store: tc.running, Config: testConfig()}).Run(f.ctx, req.ID)
+		require.NoError(t, err)
+		require.NotNil(t, out.BlockedReason, tc.host)
+		require.Contains(t, *out.BlockedReason, tc.want)
+		require.Equal(t, deletion.StageApproved, out.Stage, "nothing was fenced")
+	}
+	var records int
+	require.NoError(t, store.Walk(f.ctx, "_uploads/"+listed.String()+"/", func(string, int64) error { records++; return nil }))
+	require.Equal(t, 1, records, "the upload record is still there to delete")
+}

@@ -43,6 +43,25 @@ const StorageManifestVersion = 4
 type StorageManifest struct {
 	Version  int              `json:"version"`
 	Prefixes []PrefixManifest `json:"prefixes"`
+	// MediaStore says whether the inventory listed a media store
+	// (MediaStoreListed) or was taken without one (MediaStoreNone); empty in
+	// inventories from before it was recorded. An executor must run with
+	// the same, or the approved counts would not describe what it deletes.
+	MediaStore string `json:"media_store,omitempty"`
+}
+
+// Values of StorageManifest.MediaStore.
+const (
+	MediaStoreListed = "listed"
+	MediaStoreNone   = "none"
+)
+
+// mediaStoreState is the MediaStore value for store.
+func mediaStoreState(store media.Store) string {
+	if store == nil {
+		return MediaStoreNone
+	}
+	return MediaStoreListed
 }
 
 // Key classes of a manifest prefix.

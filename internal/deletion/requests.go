@@ -71,7 +71,7 @@ func BuildInventory(ctx context.Context, pool *pgxpool.Pool, store media.Store, 
 	if err != nil {
 		return Inventory{}, err
 	}
-	inv.Storage = StorageManifest{Version: StorageManifestVersion, Prefixes: prefixes}
+	inv.Storage = StorageManifest{Version: StorageManifestVersion, Prefixes: prefixes, MediaStore: mediaStoreState(store)}
 	return inv, nil
 }
 
