@@ -631,6 +631,9 @@ BEGIN
     IF NOT FOUND OR r.stage <> 'inventoried' OR r.blocked_at IS NOT NULL THEN
         RAISE EXCEPTION 'deletion request % is not waiting for approval', request USING ERRCODE = 'BZ002';
     END IF;
+    IF lower(btrim(approver)) = lower(btrim(r.requested_by)) THEN
+        RAISE EXCEPTION 'deletion request %: approved by % who requested it; a second person approves', request, approver USING ERRCODE = 'BZ002';
+    END IF;
     IF r.inventory_digest <> recomputed_digest THEN
         RAISE EXCEPTION 'deletion request %: the inventory does not hash to its stored digest', request USING ERRCODE = 'BZ002';
     END IF;

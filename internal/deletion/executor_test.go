@@ -18,6 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
@@ -416,4 +417,21 @@ func TestExecutorRefusesAMediaStoreOtherThanTheInventorys(t *testing.T) {
 	var records int
 	require.NoError(t, store.Walk(f.ctx, "_uploads/"+listed.String()+"/", func(string, int64) error { records++; return nil }))
 	require.Equal(t, 1, records, "the upload record is still there to delete")
+}
+
+// The requester cannot approve their own deletion, however they type their
+// name; a second person can. Mutation killed: the approval function
+// without its requester check (the self-approval is taken).
+func TestRequesterCannotApproveTheirOwnDeletion(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.community("self-approved.test")
+	req, err := deletion.Submit(f.ctx, f.pool, nil, "self-approved.test", "ops@example", "")
+	require.NoError(t, err)
+	_, err = deletion.Approve(f.ctx, f.pool, req.ID, " OPS@example ", "")
+	require.ErrorIs(t, err, dberr.ErrDeletionSafety)
+	require.ErrorContains(t, err, "who requested it; a second person approves")
+	approved, err := deletion.Approve(f.ctx, f.pool, req.ID, "lead@example", "")
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageApproved, approved.Stage)
 }
