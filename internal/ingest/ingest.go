@@ -562,8 +562,13 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 	if ev.PubKey != actor && ev.Kind != nostr.KindGiftWrap {
 		return Reject("restricted", "event pubkey must match the authenticated pubkey")
 	}
-	if ev.Kind == nostr.KindAuth {
+	switch ev.Kind {
+	case nostr.KindAuth:
 		return Reject("invalid", "kind 22242 is only accepted in an AUTH message")
+	case nostr.KindBlossomAuth, nostr.KindHTTPAuth:
+		// A credential, ephemeral by kind: relayed, it would hand every live
+		// subscriber a token for the author's blobs or HTTP calls.
+		return Reject("invalid", "kind %d is an HTTP authorization: send it in an Authorization header, never as an event", ev.Kind)
 	}
 	if limit := p.clock.Now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
 		return Reject("invalid", "created_at is more than %s in the future", p.maxFutureSkew)

@@ -16,6 +16,7 @@ const (
 	KindZap             = 9735
 	KindRelayList       = 10002
 	KindAuth            = 22242
+	KindBlossomAuth     = 24242 // Blossom (BUD-01) HTTP authorization
 	KindHTTPAuth        = 27235
 	KindLongFormContent = 30023
 	KindMemberAdded     = 44100 // relay-signed: a user was added to a channel

@@ -111,6 +111,10 @@ func TestBadInputCatalogue(t *testing.T) {
 		{"NUL in content", resigned(1, "nul\x00byte", nil, 0), "OK", "invalid: content must not contain NUL"},
 		{"NUL in tag", resigned(1, "tag nul", nostr.Tags{{"t", "a\x00b"}}, 0), "OK", "invalid: tags must not contain NUL"},
 		{"AUTH kind via EVENT", resigned(nostr.KindAuth, "", nostr.Tags{{"challenge", c.Challenge}}, 0), "OK", "invalid: kind 22242"},
+		// Credentials, ephemeral by kind: relaying one would hand it to
+		// every live subscriber. Kills: validate without the case.
+		{"Blossom auth via EVENT", resigned(nostr.KindBlossomAuth, "upload", nostr.Tags{{"t", "upload"}, {"expiration", "4102444800"}}, 0), "OK", "invalid: kind 24242 is an HTTP authorization"},
+		{"NIP-98 auth via EVENT", resigned(nostr.KindHTTPAuth, "", nostr.Tags{{"u", "https://x.example/"}, {"method", "GET"}}, 0), "OK", "invalid: kind 27235 is an HTTP authorization"},
 		{"REQ without subid", `["REQ"]`, "NOTICE", "invalid: "},
 		{"REQ without filters", `["REQ","s"]`, "CLOSED", "invalid: "},
 		{"REQ numeric subid", `["REQ",5,{}]`, "NOTICE", "invalid: "},

@@ -22,9 +22,6 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
-// kindBlossomAuth is the Blossom authorization event (BUD-01).
-const kindBlossomAuth = 24242
-
 // WithMedia serves Blossom media from svc under /media/; without it the
 // media routes answer 404.
 func WithMedia(svc *media.Service) Option {
@@ -139,8 +136,8 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 		// The NIP-98 check gives the precise refusal for a malformed header.
 		return s.checkHTTPAuth(r)
 	}
-	if kind != kindBlossomAuth {
-		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", kindBlossomAuth, nostr.KindHTTPAuth)
+	if kind != nostr.KindBlossomAuth {
+		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", nostr.KindBlossomAuth, nostr.KindHTTPAuth)
 	}
 	_, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
 	raw, _ := decodeAuthToken(token) // authHeaderKind decoded it already
@@ -151,8 +148,8 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	// The peek above decodes case-insensitively and the event parser
 	// ignores unknown members: {"kind":1,...,"KIND":24242} peeks as Blossom
 	// but is a signed kind 1. Only the parsed, signed kind counts.
-	if ev.Kind != kindBlossomAuth {
-		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", kindBlossomAuth, nostr.KindHTTPAuth)
+	if ev.Kind != nostr.KindBlossomAuth {
+		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", nostr.KindBlossomAuth, nostr.KindHTTPAuth)
 	}
 	if err := ev.Verify(); err != nil {
 		if errors.Is(err, nostr.ErrBadID) {
@@ -405,7 +402,7 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 			return
 		}
 	}
-	if sha != "" && ev.Kind == kindBlossomAuth {
+	if sha != "" && ev.Kind == nostr.KindBlossomAuth {
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
 			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
 			return
@@ -502,7 +499,7 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		return
 	}
 	// A delete token names the blobs it may delete.
-	if ev.Kind == kindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
+	if ev.Kind == nostr.KindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
 		s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
 		return
 	}
