@@ -101,11 +101,7 @@ func TestDoorbellReachesOperatorListenersAndLiveSubscribers(t *testing.T) {
 
 	// Exactly once: both rows are deleted once delivered, so nothing is left
 	// that could be delivered again.
-	require.Eventually(t, func() bool {
-		var queued int
-		require.NoError(t, r.Pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
-		return queued == 0
-	}, 30*time.Second, 20*time.Millisecond, "the delivered rows are gone")
+	waitForEmptyOutbox(t, r, 30*time.Second, "the delivered rows are gone")
 	select {
 	case extra := <-h.deliveries:
 		t.Fatalf("a third delivery: %v", extra)

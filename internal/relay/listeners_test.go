@@ -74,16 +74,23 @@ func TestOperatorListenerDeliveryEndToEnd(t *testing.T) {
 	// A kind 1 mentioning the agent is not a message kind: nothing is queued.
 	require.True(t, c.Publish(c.Sign(1, "not a message", nostr.Tags{{"p", agent.PublicKeyHex()}}, 0)).OK)
 	// The worker deletes the delivered row once the listener has answered.
-	require.Eventually(t, func() bool {
-		var queued int
-		require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
-		return queued == 0
-	}, 5*time.Second, 20*time.Millisecond, "the delivered row is gone")
+	waitForEmptyOutbox(t, r, 5*time.Second, "the delivered row is gone")
 	select {
 	case got := <-deliveries:
 		t.Fatalf("kind 1 is not a message kind, yet the listener got %v", got)
 	case <-time.After(300 * time.Millisecond):
 	}
+}
+
+// waitForEmptyOutbox waits until r's outbox holds no row: every row was
+// delivered, failed or withdrawn.
+func waitForEmptyOutbox(t *testing.T, r *relaytest.Relay, within time.Duration, why string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var queued int
+		require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
+		return queued == 0
+	}, within, 20*time.Millisecond, why)
 }
 
 // startListenerEndpoint runs an operator listener's HTTPS endpoint that
@@ -160,11 +167,7 @@ func TestPrivateChannelMentionPagesOnlyTargetsThatAreMembers(t *testing.T) {
 	// A row is deleted only after its POST was answered, and the endpoint
 	// passes a POST on before answering it: once the outbox is empty, every
 	// POST of the message is in deliveries.
-	require.Eventually(t, func() bool {
-		var queued int
-		require.NoError(t, r.Pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
-		return queued == 0
-	}, 10*time.Second, 20*time.Millisecond)
+	waitForEmptyOutbox(t, r, 10*time.Second, "the outbox is empty")
 	for len(deliveries) > 0 {
 		paged[(<-deliveries)["pubkey"].(string)] = true
 	}
@@ -207,11 +210,7 @@ func TestDeletedMentionIsNotRedeliveredAfterARetry(t *testing.T) {
 	require.True(t, c.Publish(c.Sign(5, "", nostr.Tags{{"e", msg.ID}}, 0)).OK)
 
 	// The retry is due a second after the 503; the poll runs every 200 ms.
-	require.Eventually(t, func() bool {
-		var queued int
-		require.NoError(t, r.Pool.QueryRow(ctx, "SELECT count(*) FROM operator_listener_outbox").Scan(&queued))
-		return queued == 0
-	}, 10*time.Second, 20*time.Millisecond, "the retry is withdrawn")
+	waitForEmptyOutbox(t, r, 10*time.Second, "the retry is withdrawn")
 	select {
 	case got := <-deliveries:
 		t.Fatalf("the deleted message's notification was sent again: %v", got)
