@@ -121,9 +121,11 @@ type Config struct {
 
 	// Presence (kind 20001): how long an announcement keeps its author
 	// present in a channel for later subscribers, and how many
-	// announcements one process holds when there is no Redis.
+	// announcements one process holds when there is no Redis, and how many
+	// bytes of them.
 	PresenceTTL        time.Duration
 	PresenceMaxEntries int
+	PresenceMaxBytes   int
 
 	// Read-replica routing (docs/replica.md).
 	ReadDatabaseURL         string        // BUZZ_READ_DATABASE_URL: a streaming standby; empty: every read on the writer
@@ -240,6 +242,7 @@ func Default() Config {
 
 		PresenceTTL:        60 * time.Second,
 		PresenceMaxEntries: 100000,
+		PresenceMaxBytes:   64 << 20,
 
 		ReplicaAcquireTimeout:   150 * time.Millisecond,
 		ReplicaStatementTimeout: 5 * time.Second,
@@ -324,6 +327,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_REDIS_PUBLISH_QUEUE", &c.RedisPublishQueue)
 	r.duration("BUZZ_PRESENCE_TTL", &c.PresenceTTL)
 	r.positive("BUZZ_PRESENCE_MAX_ENTRIES", &c.PresenceMaxEntries)
+	r.positive("BUZZ_PRESENCE_MAX_BYTES", &c.PresenceMaxBytes)
 	r.str("BUZZ_READ_DATABASE_URL", &c.ReadDatabaseURL)
 	var readPool int
 	r.positive("BUZZ_DB_READ_POOL_SIZE", &readPool)

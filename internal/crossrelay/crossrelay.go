@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -135,6 +136,9 @@ type message struct {
 type outgoing struct {
 	channel string
 	payload []byte
+	// invalidates is the community an access invalidation is about (nil
+	// for an event).
+	invalidates *uuid.UUID
 }
 
 // Bus is one process's connection to the others.
@@ -146,6 +150,17 @@ type Bus struct {
 	metrics   *Metrics
 	queue     chan outgoing
 	connected atomic.Bool
+
+	// unsent holds the communities whose invalidation found the queue full
+	// or failed to publish. An invalidation must not be lost while the
+	// events queued after it get through: the other processes would go on
+	// delivering a private channel to a member removed before those events,
+	// for as long as their cached answer lives. Unlike an event, an
+	// invalidation is harmless twice, so it is sent again, ahead of the
+	// next batch. wake starts the sender when nothing else is queued.
+	unsentMu sync.Mutex
+	unsent   map[uuid.UUID]struct{}
+	wake     chan struct{}
 }
 
 // New connects lazily to the Redis at url; nothing is sent before Run.
@@ -168,6 +183,8 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 		log:      log,
 		metrics:  m,
 		queue:    make(chan outgoing, queue),
+		unsent:   map[uuid.UUID]struct{}{},
+		wake:     make(chan struct{}, 1),
 	}, nil
 }
 
@@ -193,22 +210,69 @@ func (b *Bus) PublishEvent(community uuid.UUID, ev *nostr.Event, channel *uuid.U
 // PublishInvalidation tells the other processes that who may read what in
 // community changed.
 func (b *Bus) PublishInvalidation(community uuid.UUID) {
-	b.enqueue(community, message{Origin: b.origin})
+	if !b.enqueue(community, message{Origin: b.origin}) {
+		b.keepUnsent(community, true)
+	}
 }
 
-func (b *Bus) enqueue(community uuid.UUID, m message) {
+// enqueue queues m for community's channel; false when the queue is full.
+func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	payload, err := json.Marshal(m)
 	if err != nil {
 		b.metrics.Dropped.WithLabelValues("encode").Inc()
-		return
+		return true
+	}
+	out := outgoing{channel: ChannelName(community), payload: payload}
+	if m.Event == nil {
+		out.invalidates = &community
 	}
 	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
 	select {
-	case b.queue <- outgoing{channel: ChannelName(community), payload: payload}:
+	case b.queue <- out:
+		return true
 	default:
 		b.metrics.Pending.Dec()
-		b.metrics.Dropped.WithLabelValues("queue_full").Inc()
+		if m.Event != nil {
+			b.metrics.Dropped.WithLabelValues("queue_full").Inc()
+		}
+		return false
 	}
+}
+
+// keepUnsent remembers an invalidation for the sender's next batch, and
+// starts the sender when wake is set (not after a failed publish: it would
+// retry at once, again and again, while Redis is down; the next event
+// carries it, ahead of itself).
+func (b *Bus) keepUnsent(community uuid.UUID, wake bool) {
+	b.unsentMu.Lock()
+	b.unsent[community] = struct{}{}
+	b.unsentMu.Unlock()
+	if !wake {
+		return
+	}
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeUnsent returns the invalidations kept for sending again, to go
+// ahead of batch. Called after batch was taken from the queue, so every
+// event queued after an invalidation was kept follows it.
+func (b *Bus) takeUnsent(batch []outgoing) []outgoing {
+	b.unsentMu.Lock()
+	defer b.unsentMu.Unlock()
+	if len(b.unsent) == 0 {
+		return batch
+	}
+	payload, _ := json.Marshal(message{Origin: b.origin})
+	first := make([]outgoing, 0, len(b.unsent)+len(batch))
+	for community := range b.unsent {
+		first = append(first, outgoing{channel: ChannelName(community), payload: payload, invalidates: &community})
+		b.metrics.Pending.Inc() // counted down with the batch
+	}
+	clear(b.unsent)
+	return append(first, batch...)
 }
 
 // send publishes the queue in order on one connection: a batch is one
@@ -223,6 +287,8 @@ func (b *Bus) send(ctx context.Context) {
 			return
 		case m := <-b.queue:
 			batch = append(batch[:0], m)
+		case <-b.wake:
+			batch = batch[:0]
 		}
 	fill:
 		for len(batch) < maxBatch {
@@ -233,6 +299,10 @@ func (b *Bus) send(ctx context.Context) {
 				break fill
 			}
 		}
+		batch = b.takeUnsent(batch)
+		if len(batch) == 0 {
+			continue
+		}
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		pipe := b.client.Pipeline()
 		for _, m := range batch {
@@ -242,6 +312,11 @@ func (b *Bus) send(ctx context.Context) {
 		cancel()
 		b.metrics.Pending.Sub(float64(len(batch)))
 		if err != nil {
+			for _, m := range batch {
+				if m.invalidates != nil {
+					b.keepUnsent(*m.invalidates, false)
+				}
+			}
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(len(batch)))
 			if !failing && ctx.Err() == nil {
 				b.log.Warn("redis: publishing to the other relays failed; their subscribers miss these live events (stored events stay queryable)", "err", err, "dropped", len(batch))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -110,4 +111,118 @@ func TestBusSkipsGarbageAndDeliversTheRest(t *testing.T) {
 		t.Fatal("the invalidation never arrived")
 	}
 	require.True(t, bus.Connected(), "garbage does not cost the subscription")
+}
+
+// recorder runs a bus that notes, in order, what reaches it for one
+// community: "invalidate" or the event's id.
+func recorder(t *testing.T, url string, community uuid.UUID) (*Bus, <-chan string) {
+	t.Helper()
+	seen := make(chan string, 64)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(url, 16, Handlers{
+		Deliver: func(c uuid.UUID, ev *nostr.Event, _ *uuid.UUID) {
+			if c == community {
+				seen <- ev.ID
+			}
+		},
+		Invalidate: func(c uuid.UUID) {
+			if c == community {
+				seen <- "invalidate"
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	return bus, seen
+}
+
+func run(t *testing.T, bus *Bus) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { bus.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func signed(t *testing.T, content string) *nostr.Event {
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	ev := &nostr.Event{Kind: 9, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{}, Content: content}
+	require.NoError(t, ev.Sign(key))
+	return ev
+}
+
+// next is what the recorder saw next.
+func next(t *testing.T, seen <-chan string) string {
+	t.Helper()
+	select {
+	case got := <-seen:
+		return got
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing arrived")
+		return ""
+	}
+}
+
+// An invalidation that finds the publish queue full is not dropped: the
+// events queued after it would reach the other processes while their
+// cached answer still lets a member removed before those events read the
+// channel. It goes out ahead of the next batch.
+// Mutation killed: dropping the invalidation when the queue is full (the
+// other process sees the later event with no invalidation before it).
+func TestInvalidationFindingTheQueueFullIsSentAheadOfLaterEvents(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	community := uuid.New()
+	_, seen := recorder(t, url, community)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	publisher, err := New(url, 1, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	// Not running yet: the queue of one holds the first event, and the
+	// invalidation finds it full.
+	before := signed(t, "before the change")
+	publisher.PublishEvent(community, before, nil)
+	publisher.PublishInvalidation(community)
+	run(t, publisher)
+
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != before.ID {
+		got = append(got, next(t, seen))
+	}
+	// The queue has room again: the sender took the first event.
+	after := signed(t, "after the change")
+	publisher.PublishEvent(community, after, nil)
+	for got[len(got)-1] != after.ID {
+		got = append(got, next(t, seen))
+	}
+	require.Contains(t, got, "invalidate", "the invalidation reaches the other process before the event published after it")
+}
+
+// An invalidation whose publish failed is sent again ahead of the next
+// event once Redis answers, where a failed event is not (it could arrive
+// twice; an invalidation twice is harmless).
+// Mutation killed: not keeping the invalidations of a failed batch (the
+// event published after Redis returns arrives with no invalidation before
+// it).
+func TestInvalidationThatFailedToPublishIsSentAheadOfLaterEvents(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	publisher, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	srv.Kill()
+	run(t, publisher)
+	publisher.PublishInvalidation(community)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(publisher.metrics.Dropped.WithLabelValues("redis_error")) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the invalidation's publish fails while Redis is down")
+
+	require.NoError(t, srv.Restart(context.Background()))
+	_, seen := recorder(t, srv.URL(), community)
+	after := signed(t, "after Redis returned")
+	publisher.PublishEvent(community, after, nil)
+	require.Equal(t, "invalidate", next(t, seen))
+	require.Equal(t, after.ID, next(t, seen))
 }

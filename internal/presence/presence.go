@@ -31,55 +31,95 @@ type Store interface {
 }
 
 type entry struct {
-	ev      *nostr.Event
-	expires time.Time
+	// raw is the event's JSON, decoded again when asked for: a parsed
+	// event of many short tags takes several times its size in memory,
+	// and the byte bound must hold for what is actually held.
+	raw       []byte
+	createdAt int64
+	expires   time.Time
 }
 
 type channelKey struct{ community, channel uuid.UUID }
 
 // Memory is a Store in this process, for a relay that is the only one.
-// It holds at most max announcements: when full, expired ones are swept,
-// and if none has expired a new pubkey's announcement is not kept (it was
-// still delivered live).
+// It holds at most max announcements and maxBytes bytes of them: when
+// either is reached, expired ones are swept, and if that frees too little
+// the announcement is not kept (it was still delivered live). Bytes are
+// bounded as well as entries because an announcement may be as large as
+// any event (256 KB), and expired ones are only swept when the store is
+// full: by count alone, one client announcing under fresh keys could make
+// every process hold 100,000 of them.
 type Memory struct {
-	ttl time.Duration
-	max int
+	ttl      time.Duration
+	max      int
+	maxBytes int
 
-	mu       sync.Mutex
-	channels map[channelKey]map[string]entry
-	held     int
+	mu        sync.Mutex
+	channels  map[channelKey]map[string]entry
+	held      int
+	heldBytes int
 }
 
-// NewMemory keeps announcements for ttl, at most max at once.
-func NewMemory(ttl time.Duration, max int) *Memory {
-	return &Memory{ttl: ttl, max: max, channels: map[channelKey]map[string]entry{}}
+// NewMemory keeps announcements for ttl, at most max of them and maxBytes
+// of their JSON at once.
+func NewMemory(ttl time.Duration, max, maxBytes int) *Memory {
+	return &Memory{ttl: ttl, max: max, maxBytes: maxBytes, channels: map[channelKey]map[string]entry{}}
 }
 
 // Remember implements Store.
 func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
 	key := channelKey{community, channel}
+	raw := ev.AppendJSON(nil)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	byPubkey := m.channels[key]
-	old, had := byPubkey[ev.PubKey]
-	if had && old.expires.After(now) && old.ev.CreatedAt > ev.CreatedAt {
+	old, had := m.channels[key][ev.PubKey]
+	if had && old.expires.After(now) && old.createdAt > ev.CreatedAt {
 		return // an older announcement arriving late
 	}
-	if !had && m.held >= m.max {
+	if !m.fits(key, ev.PubKey, len(raw)) {
 		m.sweep(now)
-		byPubkey = m.channels[key]
-		if m.held >= m.max {
+		if !m.fits(key, ev.PubKey, len(raw)) {
+			// Not kept. A held announcement of the same pubkey goes too:
+			// this one replaced it, and it no longer says what is true.
+			m.drop(key, ev.PubKey)
 			return
 		}
 	}
+	m.drop(key, ev.PubKey)
+	byPubkey := m.channels[key]
 	if byPubkey == nil {
 		byPubkey = map[string]entry{}
 		m.channels[key] = byPubkey
 	}
-	if !had {
-		m.held++
+	byPubkey[ev.PubKey] = entry{raw: raw, createdAt: ev.CreatedAt, expires: now.Add(m.ttl)}
+	m.held++
+	m.heldBytes += len(raw)
+}
+
+// fits reports whether an announcement of size bytes by pubkey can be kept
+// in place of the one held for pubkey, if any; m.mu is held.
+func (m *Memory) fits(key channelKey, pubkey string, size int) bool {
+	held, heldBytes := m.held, m.heldBytes
+	if old, had := m.channels[key][pubkey]; had {
+		held--
+		heldBytes -= len(old.raw)
 	}
-	byPubkey[ev.PubKey] = entry{ev: ev, expires: now.Add(m.ttl)}
+	return held < m.max && heldBytes+size <= m.maxBytes
+}
+
+// drop forgets pubkey's announcement in the channel, if held; m.mu is held.
+func (m *Memory) drop(key channelKey, pubkey string) {
+	byPubkey := m.channels[key]
+	old, had := byPubkey[pubkey]
+	if !had {
+		return
+	}
+	delete(byPubkey, pubkey)
+	m.held--
+	m.heldBytes -= len(old.raw)
+	if len(byPubkey) == 0 {
+		delete(m.channels, key)
+	}
 }
 
 // sweep drops every expired announcement; m.mu is held.
@@ -87,24 +127,26 @@ func (m *Memory) sweep(now time.Time) {
 	for key, byPubkey := range m.channels {
 		for pubkey, e := range byPubkey {
 			if !e.expires.After(now) {
-				delete(byPubkey, pubkey)
-				m.held--
+				m.drop(key, pubkey)
 			}
-		}
-		if len(byPubkey) == 0 {
-			delete(m.channels, key)
 		}
 	}
 }
 
 // Current implements Store.
 func (m *Memory) Current(_ context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event {
+	var raws [][]byte
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []*nostr.Event
 	for _, e := range m.channels[channelKey{community, channel}] {
 		if e.expires.After(now) {
-			out = append(out, e.ev)
+			raws = append(raws, e.raw)
+		}
+	}
+	m.mu.Unlock()
+	out := make([]*nostr.Event, 0, len(raws))
+	for _, raw := range raws {
+		if ev, err := nostr.ParseEvent(raw, nostr.Limits{}); err == nil {
+			out = append(out, ev)
 		}
 	}
 	return out

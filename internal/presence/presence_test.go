@@ -2,6 +2,8 @@ package presence_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,11 +21,11 @@ import (
 // pubkey after expiry is refused).
 func TestMemoryIsBounded(t *testing.T) {
 	t.Parallel()
-	m := presence.NewMemory(time.Minute, 2)
+	m := presence.NewMemory(time.Minute, 2, 1<<20)
 	community, channel := uuid.New(), uuid.New()
 	now := time.Unix(1_000_000, 0)
 	announce := func(pubkey string, at time.Time) {
-		m.Remember(community, channel, &nostr.Event{ID: pubkey + "@" + at.String(), PubKey: pubkey, Kind: presence.Kind, CreatedAt: at.Unix()}, at)
+		m.Remember(community, channel, fakeEvent(pubkey, at, 0), at)
 	}
 	announce("a", now)
 	announce("b", now)
@@ -36,5 +38,56 @@ func TestMemoryIsBounded(t *testing.T) {
 	announce("c", later)
 	got := m.Current(context.Background(), community, channel, later)
 	require.Len(t, got, 1)
-	require.Equal(t, "c", got[0].PubKey, "expired announcements were swept to make room")
+	require.Equal(t, hexKey("c"), got[0].PubKey, "expired announcements were swept to make room")
+}
+
+// The in-process store also holds at most its bytes: an announcement may be
+// as large as any event, so a count alone bounds nothing. Bytes are those
+// of the event's JSON. Past the bound a new announcement is not kept unless
+// sweeping expired ones makes room; a re-announcement that no longer fits
+// is not kept either, and takes the one it replaces with it.
+// Mutations killed: no byte bound (the third announcement is kept); the
+// replaced announcement's bytes not given back (the re-announcement does
+// not fit); no sweep by bytes (the late announcement is refused); keeping
+// the replaced announcement when its successor does not fit.
+func TestMemoryIsBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	community, channel := uuid.New(), uuid.New()
+	now := time.Unix(1_000_000, 0)
+	sized := fakeEvent
+	one := len(sized("a", now, 1000).AppendJSON(nil))
+	m := presence.NewMemory(time.Minute, 100, 2*one)
+	current := func(at time.Time) []string {
+		var pubkeys []string
+		for _, ev := range m.Current(context.Background(), community, channel, at) {
+			pubkeys = append(pubkeys, ev.PubKey[:1])
+		}
+		return pubkeys
+	}
+	m.Remember(community, channel, sized("a", now, 1000), now)
+	m.Remember(community, channel, sized("b", now, 1000), now)
+	m.Remember(community, channel, sized("c", now, 1000), now)
+	require.ElementsMatch(t, []string{"a", "b"}, current(now), "the third announcement is past the byte bound")
+
+	next := now.Add(time.Second)
+	m.Remember(community, channel, sized("a", next, 1000), next)
+	require.ElementsMatch(t, []string{"a", "b"}, current(next), "a re-announcement of the same size fits in place of the old one")
+	m.Remember(community, channel, sized("a", next.Add(time.Second), 5000), next.Add(time.Second))
+	require.Equal(t, []string{"b"}, current(next.Add(time.Second)), "a re-announcement past the bound is not kept, nor is the one it replaced")
+
+	later := now.Add(time.Minute + 30*time.Second) // b expired
+	m.Remember(community, channel, sized("c", later, 1500), later)
+	require.Equal(t, []string{"c"}, current(later), "expired announcements were swept to make room")
+}
+
+// hexKey is a well-formed pubkey named by one hex digit.
+func hexKey(digit string) string { return strings.Repeat(digit, 64) }
+
+// fakeEvent is a presence event of the right shape (the store hands back
+// what it parses), unsigned: the store does not verify.
+func fakeEvent(digit string, at time.Time, content int) *nostr.Event {
+	return &nostr.Event{
+		ID: fmt.Sprintf("%064x", at.UnixNano()+int64(content)+int64(digit[0])), PubKey: hexKey(digit), Kind: presence.Kind,
+		CreatedAt: at.Unix(), Tags: nostr.Tags{}, Content: strings.Repeat("x", content), Sig: strings.Repeat("0", 128),
+	}
 }

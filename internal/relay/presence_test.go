@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,4 +170,36 @@ func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
 	newcomer := announce(clients[5])
 	require.Equal(t, []string{newcomer}, ids(owner.Req("after", presenceFilter(ch, nil))))
 	require.EqualValues(t, 1, rdb.HLen(context.Background(), key).Val(), "the expired announcements are gone from the hash")
+}
+
+// A presence announcement may be as large as any event, and a client may
+// announce under as many fresh keys as it likes: the presence a process
+// keeps is bounded in bytes, not only in announcements, and what does not
+// fit is still delivered live. Without the byte bound the 100,000
+// announcements kept by default could each be 256 KB, held until the
+// store fills, since expired ones are only swept then.
+// Mutation killed: no byte bound in the in-process store (the third
+// announcement is kept).
+func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	content := strings.Repeat("x", 4000)
+	size := len(relaytest.SignEvent(t, relaytest.NewKey(t), 20001, content, nostr.Tags{{"h", uuid.NewString()}}, time.Now().Unix()).AppendJSON(nil))
+	r := relaytest.StartWith(t, dbtest.Pool(t), nil, func(c *config.Config) { c.PresenceMaxBytes = 2*size + size/2 })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "large", false)
+	owner.Send("REQ", "live", presenceFilter(ch, map[string]any{"limit": 0}))
+	owner.Expect("EOSE")
+
+	var announced []string
+	for range 3 {
+		c := r.Dial(t, "")
+		c.Auth(nil)
+		ev := c.Sign(20001, content, nostr.Tags{{"h", ch}}, time.Now().Unix())
+		require.Len(t, ev.AppendJSON(nil), size)
+		require.True(t, c.Publish(ev).OK)
+		require.Equal(t, ev.ID, owner.Expect("EVENT").Event.ID, "delivered live, kept or not")
+		announced = append(announced, ev.ID)
+	}
+	require.ElementsMatch(t, announced[:2], ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is not kept")
 }

@@ -177,7 +177,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			bus.PublishInvalidation(community)
 		}
 	}
-	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries)})
+	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes)})
 	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
 		if ev.Kind == presence.Kind && channel != nil {
 			s.presence.Load().Remember(community, *channel, ev, s.now())
