@@ -25,6 +25,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
 )
 
 // Outcome says what happened to an event that was not rejected.
@@ -569,6 +570,11 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 		// A credential, ephemeral by kind: relayed, it would hand every live
 		// subscriber a token for the author's blobs or HTTP calls.
 		return Reject("invalid", "kind %d is an HTTP authorization: send it in an Authorization header, never as an event", ev.Kind)
+	}
+	if ev.Kind == presence.Kind {
+		if size := len(ev.AppendJSON(nil)); size > presence.MaxAnnouncementBytes {
+			return Reject("invalid", "a presence announcement is at most %d bytes; this one is %d", presence.MaxAnnouncementBytes, size)
+		}
 	}
 	if limit := p.clock.Now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
 		return Reject("invalid", "created_at is more than %s in the future", p.maxFutureSkew)

@@ -21,6 +21,14 @@ import (
 // Kind is the presence event kind.
 const Kind = 20001
 
+// MaxAnnouncementBytes is the largest presence announcement (its JSON) a
+// relay accepts. An announcement says who is here and a short status; it
+// is kept for every reader of its channel, in this process and in Redis,
+// where a presence REQ reads a channel's whole set at once, so its size,
+// not only the count of them, bounds what an anonymous key can make the
+// relays hold.
+const MaxAnnouncementBytes = 4 << 10
+
 // Store remembers presence announcements and answers who is present.
 type Store interface {
 	// Remember keeps ev as its author's presence in channel until now+TTL,

@@ -114,6 +114,9 @@ func TestBadInputCatalogue(t *testing.T) {
 		// Credentials, ephemeral by kind: relaying one would hand it to
 		// every live subscriber. Kills: validate without the case.
 		{"Blossom auth via EVENT", resigned(nostr.KindBlossomAuth, "upload", nostr.Tags{{"t", "upload"}, {"expiration", "4102444800"}}, 0), "OK", "invalid: kind 24242 is an HTTP authorization"},
+		// Kept for every reader, in memory and Redis: bounded in size.
+		// Kills: validate without the presence size check.
+		{"oversized presence", resigned(20001, "here", nostr.Tags{{"h", hex64[:36]}, {"status", strings.Repeat("x", 4200)}}, 0), "OK", "invalid: a presence announcement is at most 4096 bytes"},
 		{"NIP-98 auth via EVENT", resigned(nostr.KindHTTPAuth, "", nostr.Tags{{"u", "https://x.example/"}, {"method", "GET"}}, 0), "OK", "invalid: kind 27235 is an HTTP authorization"},
 		{"REQ without subid", `["REQ"]`, "NOTICE", "invalid: "},
 		{"REQ without filters", `["REQ","s"]`, "CLOSED", "invalid: "},

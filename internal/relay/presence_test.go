@@ -182,7 +182,7 @@ func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
 // announcement is kept).
 func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	t.Parallel()
-	content := strings.Repeat("x", 4000)
+	content := strings.Repeat("x", 3000) // under presence.MaxAnnouncementBytes
 	size := len(relaytest.SignEvent(t, relaytest.NewKey(t), 20001, content, nostr.Tags{{"h", uuid.NewString()}}, time.Now().Unix()).AppendJSON(nil))
 	r := relaytest.StartWith(t, dbtest.Pool(t), nil, func(c *config.Config) { c.PresenceMaxBytes = 2*size + size/2 })
 	owner := r.Dial(t, "")
