@@ -10,11 +10,15 @@
 //   - all of expr's builtins are disabled, and the iterating ones (all, any,
 //     filter, map, reduce, ...), which expr keeps even then, are rejected at
 //     compile time; without them the bytecode has no backward jump, so every
-//     instruction runs at most once and evaluation takes time proportional
-//     to the expression size times the size of the values;
+//     instruction runs at most once;
 //   - an expression is at most 4096 bytes and its syntax tree is capped, and
-//     the range operator ("1..n", the only way left to build a large value)
-//     is bounded by the VM's memory budget;
+//     the range operator ("1..n") is bounded by the VM's memory budget;
+//   - "+" between two strings builds at most MaxBuiltBytes per evaluation:
+//     a let binding used twice doubles a string, so 30 bindings of a short
+//     message ask for a terabyte, which the VM's budget does not count and
+//     the process dies of. A "+" whose operands' types are not known when
+//     it is compiled (a list element) would be the library's unbounded one
+//     and is refused;
 //   - evaluation still runs under a 100 ms deadline: it runs on its own
 //     goroutine and Eval returns when the deadline passes, even if the
 //     (bounded) work has not finished, so one slow condition cannot stall a
@@ -27,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -52,7 +57,30 @@ const (
 	// memoryBudget caps the elements that range expressions may allocate in
 	// one evaluation.
 	memoryBudget = 10000
+	// MaxBuiltBytes bounds the text one evaluation may build with "+". A
+	// filter compares text; it never needs more than a few copies of the
+	// largest value (a message, a webhook field, a response body).
+	MaxBuiltBytes = 1 << 20
 )
+
+// concatFunc is the environment function "+" between two strings compiles
+// to. Eval puts in a fresh one per evaluation, which counts what it builds.
+const concatFunc = "__buzz_concat"
+
+// errBuiltTooMuch ends an evaluation whose "+" built more than MaxBuiltBytes.
+var errBuiltTooMuch = fmt.Errorf("the expression builds more than %d bytes of text", MaxBuiltBytes)
+
+// concatBudget is one evaluation's allowance for "+" between strings.
+type concatBudget struct{ left int }
+
+func (b *concatBudget) concat(x, y string) string {
+	n := len(x) + len(y)
+	if n > b.left {
+		panic(errBuiltTooMuch) // the VM turns a panic into the run's error
+	}
+	b.left -= n
+	return x + y
+}
 
 // Error is an expression that cannot be compiled or evaluated.
 type Error struct {
@@ -131,15 +159,51 @@ func Compile(expression string) (*Program, error) {
 		variables = append(variables, name)
 	}
 	sort.Strings(variables)
+	env[concatFunc] = (&concatBudget{}).concat // its type; Eval supplies the budget
 
-	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes)}
+	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes),
+		expr.Operator("+", concatFunc)}
 	opts = append(opts, functions...)
 	opts = append(opts, extraFunctions...)
 	program, err := expr.Compile(expression, opts...)
 	if err != nil {
 		return nil, &Error{Reason: "invalid expression", Err: err}
 	}
+	if err := unboundedPlus(program.Node()); err != nil {
+		return nil, err
+	}
 	return &Program{program: program, variables: variables}, nil
+}
+
+// unboundedPlus refuses a "+" left to the library after the string ones
+// became concatFunc calls: unless both operands are numbers, it may join
+// strings at run time without the budget.
+func unboundedPlus(root ast.Node) error {
+	var found bool
+	ast.Find(root, func(n ast.Node) bool {
+		b, ok := n.(*ast.BinaryNode)
+		if ok && b.Operator == "+" && (!isNumber(b.Left.Type()) || !isNumber(b.Right.Type())) {
+			found = true
+		}
+		return found
+	})
+	if found {
+		return &Error{Reason: "+ must join two strings or add two numbers; an operand's type is not known before evaluation"}
+	}
+	return nil
+}
+
+func isNumber(t reflect.Type) bool {
+	if t == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return true
+	}
+	return false
 }
 
 // identifierCollector records the names an expression reads, the names it
@@ -194,6 +258,7 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		}
 		env[name] = v
 	}
+	env[concatFunc] = (&concatBudget{left: MaxBuiltBytes}).concat
 	ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
