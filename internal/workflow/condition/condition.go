@@ -18,7 +18,8 @@
 //     message ask for a terabyte, which the VM's budget does not count and
 //     the process dies of. A "+" whose operands' types are not known when
 //     it is compiled (a list element) would be the library's unbounded one
-//     and is refused;
+//     and is refused; "matches" likewise does at most MaxMatchWork of
+//     regular expression work, which no deadline could stop;
 //   - evaluation still runs under a 100 ms deadline: it runs on its own
 //     goroutine and Eval returns when the deadline passes, even if the
 //     (bounded) work has not finished, so one slow condition cannot stall a
@@ -32,6 +33,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
+	"regexp/syntax"
 	"slices"
 	"sort"
 	"strings"
@@ -63,23 +66,76 @@ const (
 	MaxBuiltBytes = 1 << 20
 )
 
-// concatFunc is the environment function "+" between two strings compiles
-// to. Eval puts in a fresh one per evaluation, which counts what it builds.
-const concatFunc = "__buzz_concat"
+// MaxMatchWork bounds the regular expression work of one evaluation, counted
+// as text bytes times compiled instructions per match: Go's regexp steps
+// through every instruction for every byte, and a match cannot be stopped,
+// so a pattern like (?:a?){500}a{500} on a 64 KiB message took half a second
+// of CPU after Eval had given up on it. This allows a 256-instruction
+// pattern over the largest message.
+const MaxMatchWork = 1 << 24
 
-// errBuiltTooMuch ends an evaluation whose "+" built more than MaxBuiltBytes.
-var errBuiltTooMuch = fmt.Errorf("the expression builds more than %d bytes of text", MaxBuiltBytes)
+// The environment functions "+" between two strings and "matches" compile
+// to. Eval puts in fresh ones per evaluation, which count their work.
+const (
+	concatFunc  = "__buzz_concat"
+	matchesFunc = "__buzz_matches"
+)
 
-// concatBudget is one evaluation's allowance for "+" between strings.
-type concatBudget struct{ left int }
+var (
+	errBuiltTooMuch   = fmt.Errorf("the expression builds more than %d bytes of text", MaxBuiltBytes)
+	errPatternTooLong = fmt.Errorf("a regular expression is longer than %d bytes", MaxExpressionBytes)
+	errMatchesTooMuch = fmt.Errorf("the expression needs more than %d units of regular expression work (text bytes times pattern instructions)", MaxMatchWork)
+)
 
-func (b *concatBudget) concat(x, y string) string {
+// evalBudget is one evaluation's allowance; its methods panic when it runs
+// out, which the VM turns into the evaluation's error.
+type evalBudget struct{ text, match int }
+
+func newBudget() *evalBudget { return &evalBudget{text: MaxBuiltBytes, match: MaxMatchWork} }
+
+func (b *evalBudget) concat(x, y string) string {
 	n := len(x) + len(y)
-	if n > b.left {
-		panic(errBuiltTooMuch) // the VM turns a panic into the run's error
+	if n > b.text {
+		panic(errBuiltTooMuch)
 	}
-	b.left -= n
+	b.text -= n
 	return x + y
+}
+
+func (b *evalBudget) matches(text, pattern string) bool {
+	// Charged first at the pattern's length, before parsing it (which
+	// costs about that much and, for a pattern as long as a message, more
+	// than the deadline), then at its compiled size, which repetition can
+	// make far larger.
+	if len(pattern) > MaxExpressionBytes {
+		panic(errPatternTooLong) // no written pattern is longer
+	}
+	b.charge(len(text)+1, len(pattern))
+	parsed, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		panic(err)
+	}
+	prog, err := syntax.Compile(parsed.Simplify())
+	if err != nil {
+		panic(err)
+	}
+	if extra := len(prog.Inst) - len(pattern); extra > 0 {
+		b.charge(len(text)+1, extra)
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		panic(err)
+	}
+	return re.MatchString(text)
+}
+
+// charge takes n times m units of regular expression work.
+func (b *evalBudget) charge(n, m int) {
+	// Divided rather than multiplied, so huge operands cannot overflow.
+	if m > 0 && n > b.match/m {
+		panic(errMatchesTooMuch)
+	}
+	b.match -= n * m
 }
 
 // Error is an expression that cannot be compiled or evaluated.
@@ -159,38 +215,69 @@ func Compile(expression string) (*Program, error) {
 		variables = append(variables, name)
 	}
 	sort.Strings(variables)
-	env[concatFunc] = (&concatBudget{}).concat // its type; Eval supplies the budget
+	// Their types; Eval supplies the budget.
+	env[concatFunc], env[matchesFunc] = newBudget().concat, newBudget().matches
 
 	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes),
-		expr.Operator("+", concatFunc)}
+		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc)}
 	opts = append(opts, functions...)
 	opts = append(opts, extraFunctions...)
 	program, err := expr.Compile(expression, opts...)
 	if err != nil {
 		return nil, &Error{Reason: "invalid expression", Err: err}
 	}
-	if err := unboundedPlus(program.Node()); err != nil {
+	if err := unbudgeted(program.Node()); err != nil {
 		return nil, err
 	}
 	return &Program{program: program, variables: variables}, nil
 }
 
-// unboundedPlus refuses a "+" left to the library after the string ones
-// became concatFunc calls: unless both operands are numbers, it may join
-// strings at run time without the budget.
-func unboundedPlus(root ast.Node) error {
-	var found bool
+// unbudgeted refuses a "+" or "matches" left to the library after the
+// string ones became budgeted calls: its operands' types are not known
+// before evaluation, and the library's own would join or match strings
+// without a budget ("+" of two numbers is fine).
+func unbudgeted(root ast.Node) error {
+	var reason string
 	ast.Find(root, func(n ast.Node) bool {
-		b, ok := n.(*ast.BinaryNode)
-		if ok && b.Operator == "+" && (!isNumber(b.Left.Type()) || !isNumber(b.Right.Type())) {
-			found = true
+		if pattern, ok := constantPattern(n); ok {
+			// The library checked a constant pattern when it compiled
+			// "matches"; the budgeted call is checked only when it runs.
+			if _, err := regexp.Compile(pattern); err != nil {
+				reason = "invalid expression: " + err.Error()
+			}
+			return reason != ""
 		}
-		return found
+		b, ok := n.(*ast.BinaryNode)
+		switch {
+		case !ok:
+		case b.Operator == "+" && (!isNumber(b.Left.Type()) || !isNumber(b.Right.Type())):
+			reason = "+ must join two strings or add two numbers; an operand's type is not known before evaluation"
+		case b.Operator == "matches":
+			reason = "matches needs two strings; an operand's type is not known before evaluation"
+		}
+		return reason != ""
 	})
-	if found {
-		return &Error{Reason: "+ must join two strings or add two numbers; an operand's type is not known before evaluation"}
+	if reason != "" {
+		return &Error{Reason: reason}
 	}
 	return nil
+}
+
+// constantPattern is the pattern of a budgeted matches whose pattern is a
+// string literal.
+func constantPattern(n ast.Node) (string, bool) {
+	call, ok := n.(*ast.CallNode)
+	if !ok || len(call.Arguments) != 2 {
+		return "", false
+	}
+	if callee, ok := call.Callee.(*ast.IdentifierNode); !ok || callee.Value != matchesFunc {
+		return "", false
+	}
+	pattern, ok := call.Arguments[1].(*ast.StringNode)
+	if !ok {
+		return "", false
+	}
+	return pattern.Value, true
 }
 
 func isNumber(t reflect.Type) bool {
@@ -258,7 +345,8 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		}
 		env[name] = v
 	}
-	env[concatFunc] = (&concatBudget{left: MaxBuiltBytes}).concat
+	budget := newBudget()
+	env[concatFunc], env[matchesFunc] = budget.concat, budget.matches
 	ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
 	defer cancel()
 	if err := ctx.Err(); err != nil {

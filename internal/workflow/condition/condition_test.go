@@ -255,3 +255,47 @@ func TestPlusNeedsOperandsOfKnownType(t *testing.T) {
 		require.True(t, ok, expression)
 	}
 }
+
+// costlyPattern compiles to a few thousand instructions, and Go's regexp
+// steps through each of them for every byte of the text: on a 64 KiB
+// message one match took half a second of CPU, which no deadline stops.
+const costlyPattern = `(?:a?){500}a{500}b`
+
+func TestRegexpWorkIsBounded(t *testing.T) {
+	t.Parallel()
+	long := Vars{"trigger_text": strings.Repeat("a", 64<<10)}
+	for _, expression := range []string{
+		`trigger_text matches "` + costlyPattern + `"`,
+		`trigger_text matches trigger_text`, // a dynamic pattern pays too
+	} {
+		p, err := Compile(expression)
+		require.NoError(t, err)
+		_, err = p.Eval(context.Background(), long)
+		var cerr *Error
+		require.ErrorAs(t, err, &cerr, expression)
+		require.Contains(t, cerr.Error(), "regular expression", expression)
+	}
+
+	// A short text, or a simple pattern on the long one, is fine.
+	p, err := Compile(`trigger_text matches "` + costlyPattern + `"`)
+	require.NoError(t, err)
+	ok, err := p.Eval(context.Background(), Vars{"trigger_text": strings.Repeat("a", 600) + "b"})
+	require.NoError(t, err)
+	require.True(t, ok)
+	p, err = Compile(`trigger_text matches "^a+$"`)
+	require.NoError(t, err)
+	ok, err = p.Eval(context.Background(), long)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// A matches the overload cannot take (an operand of unknown type) would
+	// run the library's own, unbounded one: refused when saved.
+	_, err = Compile(`[trigger_text, 1][0] matches "a"`)
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "matches needs two strings")
+	// A constant pattern is still checked when saved.
+	_, err = Compile(`trigger_text matches "("`)
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "missing closing )")
+}
