@@ -2,7 +2,9 @@ package workflow_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -381,4 +383,51 @@ func TestTriggerAuthorIsTheSigner(t *testing.T) {
 	require.Empty(t, f.runIDs(id), "the actor tag does not make the stranger the author")
 	f.store(f.sign(owner, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}}))
 	require.Len(t, f.runIDs(id), 1)
+}
+
+// doublingFilter binds the message text and doubles it n times with let:
+// a few hundred bytes of expression that build 2^n copies of the text.
+func doublingFilter(n int) string {
+	var b strings.Builder
+	b.WriteString("let s0 = trigger_text;")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, " let s%d = s%d + s%d;", i, i-1, i-1)
+	}
+	fmt.Fprintf(&b, " str_len(s%d) > 0", n)
+	return b.String()
+}
+
+// A channel member (no role needed) may save a filter or an if that
+// doubles a string with each let binding. With 30 bindings it asks for a
+// terabyte: the process dies of it while the message's transaction is
+// open, and a step's if does it again in every process that resumes the
+// run. Here 12 doublings of 1 KiB (4 MiB) stand in for that: the
+// evaluation must stop at its budget, so the filter fires nothing and the
+// if fails the run, and the message is still stored.
+//
+// Mutation killed: without the budget on "+" the filter is true (a run is
+// created) and the step's if is true (the doorbell is sent).
+func TestConditionsCannotBuildUnboundedText(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, member)
+	filtered, guarded := uuid.NewString(), uuid.NewString()
+	f.save(member, ch, filtered, "name: F\ntrigger: {on: message_posted, filter: '"+doublingFilter(12)+"'}\n"+
+		"steps: [{id: a, action: send_message, text: fired}]")
+	f.save(member, ch, guarded, "name: G\ntrigger: {on: message_posted}\n"+
+		"steps: [{id: a, if: '"+doublingFilter(12)+"', action: send_message, text: guarded}]")
+
+	msg := f.sign(member, ingest.KindChat, strings.Repeat("x", 1024), nostr.Tags{{"h", ch}})
+	f.store(msg)
+	f.drain(f.engine(time.Minute))
+
+	require.Empty(t, f.runIDs(filtered), "a filter over its budget fires nothing")
+	runs := f.runIDs(guarded)
+	require.Len(t, runs, 1)
+	row := f.run(runs[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, row.Status)
+	require.Equal(t, "condition_evaluation_failed", *row.ErrorCode)
+	require.Contains(t, *row.ErrorMessage, "builds more than")
+	require.Empty(t, f.doorbells(runs[0]))
 }

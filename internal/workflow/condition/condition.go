@@ -10,11 +10,16 @@
 //   - all of expr's builtins are disabled, and the iterating ones (all, any,
 //     filter, map, reduce, ...), which expr keeps even then, are rejected at
 //     compile time; without them the bytecode has no backward jump, so every
-//     instruction runs at most once and evaluation takes time proportional
-//     to the expression size times the size of the values;
+//     instruction runs at most once;
 //   - an expression is at most 4096 bytes and its syntax tree is capped, and
-//     the range operator ("1..n", the only way left to build a large value)
-//     is bounded by the VM's memory budget;
+//     the range operator ("1..n") is bounded by the VM's memory budget;
+//   - "+" between two strings builds at most MaxBuiltBytes per evaluation:
+//     a let binding used twice doubles a string, so 30 bindings of a short
+//     message ask for a terabyte, which the VM's budget does not count and
+//     the process dies of. A "+" whose operands' types are not known when
+//     it is compiled (a list element) would be the library's unbounded one
+//     and is refused; "matches" likewise does at most MaxMatchWork of
+//     regular expression work, which no deadline could stop;
 //   - evaluation still runs under a 100 ms deadline: it runs on its own
 //     goroutine and Eval returns when the deadline passes, even if the
 //     (bounded) work has not finished, so one slow condition cannot stall a
@@ -27,6 +32,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"regexp"
+	"regexp/syntax"
 	"slices"
 	"sort"
 	"strings"
@@ -52,7 +60,83 @@ const (
 	// memoryBudget caps the elements that range expressions may allocate in
 	// one evaluation.
 	memoryBudget = 10000
+	// MaxBuiltBytes bounds the text one evaluation may build with "+". A
+	// filter compares text; it never needs more than a few copies of the
+	// largest value (a message, a webhook field, a response body).
+	MaxBuiltBytes = 1 << 20
 )
+
+// MaxMatchWork bounds the regular expression work of one evaluation, counted
+// as text bytes times compiled instructions per match: Go's regexp steps
+// through every instruction for every byte, and a match cannot be stopped,
+// so a pattern like (?:a?){500}a{500} on a 64 KiB message took half a second
+// of CPU after Eval had given up on it. This allows a 256-instruction
+// pattern over the largest message.
+const MaxMatchWork = 1 << 24
+
+// The environment functions "+" between two strings and "matches" compile
+// to. Eval puts in fresh ones per evaluation, which count their work.
+const (
+	concatFunc  = "__buzz_concat"
+	matchesFunc = "__buzz_matches"
+)
+
+var (
+	errBuiltTooMuch   = fmt.Errorf("the expression builds more than %d bytes of text", MaxBuiltBytes)
+	errPatternTooLong = fmt.Errorf("a regular expression is longer than %d bytes", MaxExpressionBytes)
+	errMatchesTooMuch = fmt.Errorf("the expression needs more than %d units of regular expression work (text bytes times pattern instructions)", MaxMatchWork)
+)
+
+// evalBudget is one evaluation's allowance; its methods panic when it runs
+// out, which the VM turns into the evaluation's error.
+type evalBudget struct{ text, match int }
+
+func newBudget() *evalBudget { return &evalBudget{text: MaxBuiltBytes, match: MaxMatchWork} }
+
+func (b *evalBudget) concat(x, y string) string {
+	n := len(x) + len(y)
+	if n > b.text {
+		panic(errBuiltTooMuch)
+	}
+	b.text -= n
+	return x + y
+}
+
+func (b *evalBudget) matches(text, pattern string) bool {
+	// Charged first at the pattern's length, before parsing it (which
+	// costs about that much and, for a pattern as long as a message, more
+	// than the deadline), then at its compiled size, which repetition can
+	// make far larger.
+	if len(pattern) > MaxExpressionBytes {
+		panic(errPatternTooLong) // no written pattern is longer
+	}
+	b.charge(len(text)+1, len(pattern))
+	parsed, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		panic(err)
+	}
+	prog, err := syntax.Compile(parsed.Simplify())
+	if err != nil {
+		panic(err)
+	}
+	if extra := len(prog.Inst) - len(pattern); extra > 0 {
+		b.charge(len(text)+1, extra)
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		panic(err)
+	}
+	return re.MatchString(text)
+}
+
+// charge takes n times m units of regular expression work.
+func (b *evalBudget) charge(n, m int) {
+	// Divided rather than multiplied, so huge operands cannot overflow.
+	if m > 0 && n > b.match/m {
+		panic(errMatchesTooMuch)
+	}
+	b.match -= n * m
+}
 
 // Error is an expression that cannot be compiled or evaluated.
 type Error struct {
@@ -131,15 +215,82 @@ func Compile(expression string) (*Program, error) {
 		variables = append(variables, name)
 	}
 	sort.Strings(variables)
+	// Their types; Eval supplies the budget.
+	env[concatFunc], env[matchesFunc] = newBudget().concat, newBudget().matches
 
-	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes)}
+	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes),
+		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc)}
 	opts = append(opts, functions...)
 	opts = append(opts, extraFunctions...)
 	program, err := expr.Compile(expression, opts...)
 	if err != nil {
 		return nil, &Error{Reason: "invalid expression", Err: err}
 	}
+	if err := unbudgeted(program.Node()); err != nil {
+		return nil, err
+	}
 	return &Program{program: program, variables: variables}, nil
+}
+
+// unbudgeted refuses a "+" or "matches" left to the library after the
+// string ones became budgeted calls: its operands' types are not known
+// before evaluation, and the library's own would join or match strings
+// without a budget ("+" of two numbers is fine).
+func unbudgeted(root ast.Node) error {
+	var reason string
+	ast.Find(root, func(n ast.Node) bool {
+		if pattern, ok := constantPattern(n); ok {
+			// The library checked a constant pattern when it compiled
+			// "matches"; the budgeted call is checked only when it runs.
+			if _, err := regexp.Compile(pattern); err != nil {
+				reason = "invalid expression: " + err.Error()
+			}
+			return reason != ""
+		}
+		b, ok := n.(*ast.BinaryNode)
+		switch {
+		case !ok:
+		case b.Operator == "+" && (!isNumber(b.Left.Type()) || !isNumber(b.Right.Type())):
+			reason = "+ must join two strings or add two numbers; an operand's type is not known before evaluation"
+		case b.Operator == "matches":
+			reason = "matches needs two strings; an operand's type is not known before evaluation"
+		}
+		return reason != ""
+	})
+	if reason != "" {
+		return &Error{Reason: reason}
+	}
+	return nil
+}
+
+// constantPattern is the pattern of a budgeted matches whose pattern is a
+// string literal.
+func constantPattern(n ast.Node) (string, bool) {
+	call, ok := n.(*ast.CallNode)
+	if !ok || len(call.Arguments) != 2 {
+		return "", false
+	}
+	if callee, ok := call.Callee.(*ast.IdentifierNode); !ok || callee.Value != matchesFunc {
+		return "", false
+	}
+	pattern, ok := call.Arguments[1].(*ast.StringNode)
+	if !ok {
+		return "", false
+	}
+	return pattern.Value, true
+}
+
+func isNumber(t reflect.Type) bool {
+	if t == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return true
+	}
+	return false
 }
 
 // identifierCollector records the names an expression reads, the names it
@@ -194,6 +345,8 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		}
 		env[name] = v
 	}
+	budget := newBudget()
+	env[concatFunc], env[matchesFunc] = budget.concat, budget.matches
 	ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
 	defer cancel()
 	if err := ctx.Err(); err != nil {

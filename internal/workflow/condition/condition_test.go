@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -194,4 +195,107 @@ func FuzzCompile(f *testing.F) {
 			require.True(t, IsError(err))
 		}
 	})
+}
+
+// doublingExpression binds a string and doubles it n times with let, each
+// binding used twice: the text it builds grows as 2^n times the variable,
+// from a few bytes of expression.
+func doublingExpression(n int) string {
+	var b strings.Builder
+	b.WriteString("let s0 = trigger_text;")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, " let s%d = s%d + s%d;", i, i-1, i-1)
+	}
+	fmt.Fprintf(&b, " str_len(s%d) > 0", n)
+	return b.String()
+}
+
+func TestStringsBuiltByAnEvaluationAreBounded(t *testing.T) {
+	t.Parallel()
+	vars := Vars{"trigger_text": strings.Repeat("x", 1024)}
+
+	// 1 KiB doubled 8 times is 256 KiB: within the budget.
+	p, err := Compile(doublingExpression(8))
+	require.NoError(t, err)
+	ok, err := p.Eval(context.Background(), vars)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// Doubled 12 times it would be 4 MiB (and 30 times, a terabyte: the
+	// process dies of it): the evaluation fails instead.
+	p, err = Compile(doublingExpression(12))
+	require.NoError(t, err)
+	_, err = p.Eval(context.Background(), vars)
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Error(), "builds more than")
+}
+
+func TestPlusNeedsOperandsOfKnownType(t *testing.T) {
+	t.Parallel()
+	// An element of a mixed list, or a branch of a mixed conditional, has
+	// no static type, so its + could only be the library's own, unbounded
+	// one: refused when saved.
+	for _, expression := range []string{
+		`let a = [trigger_text, 1][0]; let b = a + a; str_len(b) > 0`,
+		`(trigger_text == "" ? trigger_text : 1) + trigger_text == ""`,
+	} {
+		_, err := Compile(expression)
+		var cerr *Error
+		require.ErrorAs(t, err, &cerr, expression)
+		require.Contains(t, cerr.Reason, "join two strings or add two numbers", expression)
+	}
+	for _, expression := range []string{
+		`trigger_text + "!" == "hello!"`, `1 + 2 == 3`, `1.5 + 1 > 2`, `let a = [trigger_text][0]; a + a == "hellohello"`,
+	} {
+		p, err := Compile(expression)
+		require.NoError(t, err, expression)
+		ok, err := p.Eval(context.Background(), Vars{"trigger_text": "hello"})
+		require.NoError(t, err, expression)
+		require.True(t, ok, expression)
+	}
+}
+
+// costlyPattern compiles to a few thousand instructions, and Go's regexp
+// steps through each of them for every byte of the text: on a 64 KiB
+// message one match took half a second of CPU, which no deadline stops.
+const costlyPattern = `(?:a?){500}a{500}b`
+
+func TestRegexpWorkIsBounded(t *testing.T) {
+	t.Parallel()
+	long := Vars{"trigger_text": strings.Repeat("a", 64<<10)}
+	for _, expression := range []string{
+		`trigger_text matches "` + costlyPattern + `"`,
+		`trigger_text matches trigger_text`, // a dynamic pattern pays too
+	} {
+		p, err := Compile(expression)
+		require.NoError(t, err)
+		_, err = p.Eval(context.Background(), long)
+		var cerr *Error
+		require.ErrorAs(t, err, &cerr, expression)
+		require.Contains(t, cerr.Error(), "regular expression", expression)
+	}
+
+	// A short text, or a simple pattern on the long one, is fine.
+	p, err := Compile(`trigger_text matches "` + costlyPattern + `"`)
+	require.NoError(t, err)
+	ok, err := p.Eval(context.Background(), Vars{"trigger_text": strings.Repeat("a", 600) + "b"})
+	require.NoError(t, err)
+	require.True(t, ok)
+	p, err = Compile(`trigger_text matches "^a+$"`)
+	require.NoError(t, err)
+	ok, err = p.Eval(context.Background(), long)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// A matches the overload cannot take (an operand of unknown type) would
+	// run the library's own, unbounded one: refused when saved.
+	_, err = Compile(`[trigger_text, 1][0] matches "a"`)
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "matches needs two strings")
+	// A constant pattern is still checked when saved.
+	_, err = Compile(`trigger_text matches "("`)
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "missing closing )")
 }
