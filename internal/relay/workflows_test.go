@@ -88,6 +88,29 @@ func TestWorkflowOverWebSocket(t *testing.T) {
 //
 // Mutations killed: skipping the secret comparison lets "wrong secret" in;
 // ignoring the Idempotency-Key gives a second run id.
+// A name tag overrides the YAML's name and is held to its rule: too long
+// or blank is invalid, not a database failure answered "try again".
+// Mutation killed: prepareDefinition without checkName on the tag.
+func TestWorkflowNameTagIsChecked(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "ops", false)
+	save := func(name string) relaytest.Reply {
+		return owner.Publish(owner.Sign(30620, "name: Ping\ntrigger: {on: message_posted}\nsteps: [{id: ping, action: send_message, text: 'x'}]",
+			nostr.Tags{{"d", uuid.NewString()}, {"h", ch}, {"name", name}}, 0))
+	}
+	got := save(strings.Repeat("n", 256))
+	require.False(t, got.OK)
+	require.Equal(t, "invalid: invalid definition: name tag: must be at most 255 bytes", got.Msg)
+	got = save("   ")
+	require.False(t, got.OK)
+	require.Equal(t, "invalid: invalid definition: name tag: must not be blank", got.Msg)
+	got = save(strings.Repeat("n", 255))
+	require.True(t, got.OK, got.Msg)
+}
+
 func TestWorkflowWebhookEndpoint(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) { c.WebhookMaxBytes = 1024 })

@@ -146,6 +146,18 @@ func invalidf(field, format string, args ...any) error {
 	return &DefinitionError{Text: "invalid definition: " + field + ": " + fmt.Sprintf(format, args...)}
 }
 
+// checkName is the rule of a workflow's name (the column's): not blank, at
+// most MaxNameLength bytes. field names where it came from.
+func checkName(name, field string) error {
+	if strings.TrimSpace(name) == "" {
+		return invalidf(field, "must not be blank")
+	}
+	if len(name) > MaxNameLength {
+		return invalidf(field, "must be at most %d bytes", MaxNameLength)
+	}
+	return nil
+}
+
 var stepIDPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
 // Parse parses and validates a definition's YAML text.
@@ -166,11 +178,8 @@ func Parse(text string) (*Definition, error) {
 	if def.Name, err = requiredString(top, "name", "name"); err != nil {
 		return nil, err
 	}
-	if strings.TrimSpace(def.Name) == "" {
-		return nil, invalidf("name", "must not be blank")
-	}
-	if len(def.Name) > MaxNameLength {
-		return nil, invalidf("name", "must be at most %d bytes", MaxNameLength)
+	if err := checkName(def.Name, "name"); err != nil {
+		return nil, err
 	}
 	if def.Description, err = optionalString(top, "description", "description"); err != nil {
 		return nil, err

@@ -103,6 +103,11 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 	}
 	saved := &savedDefinition{workflow: workflowID, name: def.Name}
 	if tag := w.Event.Tags.First("name"); tag != nil && tag[1] != "" {
+		// The tag overrides the YAML's name and must pass its rule, or the
+		// database refuses the row with an answer that says "try again".
+		if err := checkName(tag[1], "name tag"); err != nil {
+			return ingest.Reject("invalid", "%v", err)
+		}
 		saved.name = tag[1]
 	}
 	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
