@@ -80,14 +80,6 @@ func TestWorkflowOverWebSocket(t *testing.T) {
 	require.Empty(t, owner.Req("hidden", map[string]any{"ids": []string{bell.ID}}))
 }
 
-// POST /hooks/{id} over real HTTP: the bad-input catalogue (bad UUID, no or
-// wrong secret, unknown workflow, malformed JSON, oversize body) answers
-// with a status and JSON error and creates nothing; a good call answers 202
-// with the run id, the same Idempotency-Key returns the same run, and the
-// doorbell carries the fields only in its workflow-cargo tag.
-//
-// Mutations killed: skipping the secret comparison lets "wrong secret" in;
-// ignoring the Idempotency-Key gives a second run id.
 // A name tag overrides the YAML's name and is held to its rule: too long
 // or blank is invalid, not a database failure answered "try again".
 // Mutation killed: prepareDefinition without checkName on the tag.
@@ -111,6 +103,14 @@ func TestWorkflowNameTagIsChecked(t *testing.T) {
 	require.True(t, got.OK, got.Msg)
 }
 
+// POST /hooks/{id} over real HTTP: the bad-input catalogue (bad UUID, no or
+// wrong secret, unknown workflow, malformed JSON, oversize body) answers
+// with a status and JSON error and creates nothing; a good call answers 202
+// with the run id, the same Idempotency-Key returns the same run, and the
+// doorbell carries the fields only in its workflow-cargo tag.
+//
+// Mutations killed: skipping the secret comparison lets "wrong secret" in;
+// ignoring the Idempotency-Key gives a second run id.
 func TestWorkflowWebhookEndpoint(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) { c.WebhookMaxBytes = 1024 })
