@@ -67,10 +67,11 @@ const (
 )
 
 // MaxMatchWork bounds the regular expression work of one evaluation, counted
-// as text bytes times compiled instructions per match: Go's regexp steps
+// as text bytes times compiled instructions per match, plus compileWork per
+// instruction a pattern may compile to: Go's regexp steps
 // through every instruction for every byte, and a match cannot be stopped,
 // so a pattern like (?:a?){500}a{500} on a 64 KiB message took half a second
-// of CPU after Eval had given up on it. This allows a 256-instruction
+// of CPU after Eval had given up on it. This allows a 250-instruction
 // pattern over the largest message.
 const MaxMatchWork = 1 << 24
 
@@ -115,6 +116,10 @@ func (b *evalBudget) matches(text, pattern string) bool {
 	if err != nil {
 		panic(err)
 	}
+	// Compiling is charged too, before it is done: a short text makes
+	// matching cheap, but a 4 KiB pattern of counted repetitions expands
+	// to over half a million instructions, more than a second of CPU.
+	b.charge(compileWork, compiledSizeBound(parsed))
 	prog, err := syntax.Compile(parsed.Simplify())
 	if err != nil {
 		panic(err)
@@ -127,6 +132,51 @@ func (b *evalBudget) matches(text, pattern string) bool {
 		panic(err)
 	}
 	return re.MatchString(text)
+}
+
+// compileWork is the regular expression work charged per instruction a
+// pattern may compile to (compiledSizeBound): compiling one, twice as
+// matches does, costs about as much CPU as stepping a few hundred
+// instructions over a byte.
+const compileWork = 512
+
+// compiledSizeBound is about the number of instructions re compiles to,
+// never far below it, computed from the parsed pattern before its counted
+// repetitions are expanded (which is where compiling spends its time).
+func compiledSizeBound(re *syntax.Regexp) int {
+	n := 1
+	for _, sub := range re.Sub {
+		n += compiledSizeBound(sub)
+	}
+	switch re.Op {
+	case syntax.OpLiteral:
+		n += len(re.Rune)
+	case syntax.OpCapture, syntax.OpAlternate:
+		n += 2 + len(re.Sub)
+	case syntax.OpRepeat:
+		count := re.Max
+		if count < 0 {
+			count = re.Min
+		}
+		// The parser keeps the product of nested counts at most 1000, so
+		// this cannot overflow.
+		n = max(count, 1)*n + 1
+	}
+	return n + 2
+}
+
+// checkPattern is the save-time check of a written pattern: it parses, and
+// compiling it would fit in one evaluation's budget. It does not compile
+// it: the expression is compiled again for every evaluation.
+func checkPattern(pattern string) error {
+	parsed, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return err
+	}
+	if size := compiledSizeBound(parsed); size > MaxMatchWork/compileWork {
+		return fmt.Errorf("the regular expression %.40q... would compile to about %d instructions, more than one evaluation may (%d)", pattern, size, MaxMatchWork/compileWork)
+	}
+	return nil
 }
 
 // charge takes n times m units of regular expression work.
@@ -242,7 +292,7 @@ func unbudgeted(root ast.Node) error {
 		if pattern, ok := constantPattern(n); ok {
 			// The library checked a constant pattern when it compiled
 			// "matches"; the budgeted call is checked only when it runs.
-			if _, err := regexp.Compile(pattern); err != nil {
+			if err := checkPattern(pattern); err != nil {
 				reason = "invalid expression: " + err.Error()
 			}
 			return reason != ""

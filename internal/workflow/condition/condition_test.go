@@ -3,6 +3,7 @@ package condition
 import (
 	"context"
 	"fmt"
+	"regexp/syntax"
 	"strings"
 	"testing"
 
@@ -278,11 +279,11 @@ func TestRegexpWorkIsBounded(t *testing.T) {
 
 	// A repetitive pattern on a short text, or a simple one on the long
 	// text, is fine. (Kept far below the evaluation deadline: under the race
-	// detector on a busy machine the costly pattern itself on 600 bytes
-	// came near it.)
+	// detector this pattern on 600 bytes took 9 ms, with spikes of 60 ms on
+	// an idle machine, near the 100 ms deadline on a busy one.)
 	p, err := Compile(`trigger_text matches "(?:a?){50}a{50}b"`)
 	require.NoError(t, err)
-	ok, err := p.Eval(context.Background(), Vars{"trigger_text": strings.Repeat("a", 600) + "b"})
+	ok, err := p.Eval(context.Background(), Vars{"trigger_text": strings.Repeat("a", 100) + "b"})
 	require.NoError(t, err)
 	require.True(t, ok)
 	p, err = Compile(`trigger_text matches "^a+$"`)
@@ -301,4 +302,50 @@ func TestRegexpWorkIsBounded(t *testing.T) {
 	_, err = Compile(`trigger_text matches "("`)
 	require.ErrorAs(t, err, &cerr)
 	require.Contains(t, cerr.Reason, "missing closing )")
+}
+
+// hugeProgram is a 4,095-byte pattern that Go's regexp expands to 585,002
+// instructions: compiling it took over a second of CPU (twice that per
+// match, which compiled it twice), charged as 585,002 units against
+// MaxMatchWork's 16.7 million when the text is short, so one evaluation
+// could compile it 28 times after Eval had given up. The pattern's
+// expanded size is charged before it is compiled.
+var hugeProgram = strings.Repeat("a{1000}", 585)
+
+// Mutation killed: matches charging only the compiled program's size
+// times the text (the evaluation runs into its deadline, or past it,
+// instead of being refused at once).
+func TestRegexpCompileWorkIsBounded(t *testing.T) {
+	t.Parallel()
+	p, err := Compile(`"" matches trigger_text`)
+	require.NoError(t, err)
+	_, err = p.Eval(context.Background(), Vars{"trigger_text": hugeProgram})
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Error(), "units of regular expression work")
+
+	// A written pattern that could never be compiled within the budget is
+	// refused when saved, without compiling it: every evaluation compiles
+	// the expression again, on the writer's path.
+	// Mutation killed: the save-time check compiling the constant pattern.
+	_, err = Compile(`trigger_text matches "` + hugeProgram[:4060] + `"`)
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "regular expression")
+}
+
+// The bound charged for compiling is never below what the pattern
+// compiles to.
+func TestCompiledSizeBoundIsABound(t *testing.T) {
+	t.Parallel()
+	for _, pattern := range []string{
+		"", "a", "^a+$", "(a|b|c)*", "(a*)*", "(?:)*", "(?i)hello world", `\bword\b|other`, "x{0}", "x{0,}", "x{2,5}",
+		costlyPattern, "((a{10}){10}){10}", "[a-z]{3,999}", "(x{2,}){3,500}", `\pL{1000}`, "(?s).*foo.*",
+	} {
+		parsed, err := syntax.Parse(pattern, syntax.Perl)
+		require.NoError(t, err, pattern)
+		bound := compiledSizeBound(parsed)
+		prog, err := syntax.Compile(parsed.Simplify())
+		require.NoError(t, err, pattern)
+		require.GreaterOrEqual(t, bound, len(prog.Inst), pattern)
+	}
 }
