@@ -78,21 +78,33 @@ candidates AS (
 -- A notification of a message its target may no longer read is withdrawn,
 -- not sent: the POST would wake the listener for nothing, or tell it about
 -- a private channel its target has left. Rows disjoint from the UPDATE's
--- (readable is false here, true there).
+-- (readable is false here, true there). They are returned too (withdrawn),
+-- so a poll that only withdrew rows is not taken for an idle one.
 withdrawn AS (
     DELETE FROM operator_listener_outbox o
     USING candidates c
     WHERE o.id = c.id AND NOT c.readable
+    RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, o.event_id, o.event_kind,
+              o.event_created_at, o.attempts
+),
+claimed AS (
+    UPDATE operator_listener_outbox o
+    SET state = 'sending',
+        claim_id = @claim_id::uuid,
+        lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint,
+        attempts = o.attempts + 1
+    FROM candidates c
+    JOIN communities k ON k.id = c.community_id
+    CROSS JOIN claim_commits_async
+    WHERE o.id = c.id AND c.readable
+    RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
+              o.event_id, o.event_kind, o.event_created_at, o.attempts,
+              floor(extract(epoch FROM o.lease_until - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000)::bigint AS lease_left_ms
 )
-UPDATE operator_listener_outbox o
-SET state = 'sending',
-    claim_id = @claim_id::uuid,
-    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint,
-    attempts = o.attempts + 1
-FROM candidates c
-JOIN communities k ON k.id = c.community_id
-CROSS JOIN claim_commits_async
-WHERE o.id = c.id AND c.readable
-RETURNING o.id, o.listener_pubkey, o.target_pubkey, o.community_id, k.host,
-          o.event_id, o.event_kind, o.event_created_at, o.attempts,
-          floor(extract(epoch FROM o.lease_until - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000)::bigint AS lease_left_ms;
+SELECT c.id, c.listener_pubkey, c.target_pubkey, c.community_id, c.host, c.event_id, c.event_kind,
+       c.event_created_at, c.attempts, c.lease_left_ms, false AS withdrawn
+FROM claimed c
+UNION ALL
+SELECT w.id, w.listener_pubkey, w.target_pubkey, w.community_id, ''::text, w.event_id, w.event_kind,
+       w.event_created_at, w.attempts, 0::bigint, true
+FROM withdrawn w;

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -137,6 +139,40 @@ func TestClaimWithdrawsMentionsItsTargetMayNoLongerRead(t *testing.T) {
 		_, ok := f.row(id)
 		require.False(t, ok, "the withdrawn notification's row is deleted")
 	}
+}
+
+// A poll whose first pass only withdraws rows is not an idle poll: the
+// rows of hidden mentions ahead of a readable one are withdrawn, pass after
+// pass, and the readable one is claimed in the same call, so the loop does
+// not back off while it is due. Each withdrawn row is counted.
+// Mutation killed: claimDue returning after one pass (no claim: the loop
+// would back off for up to IdlePoll per ten withdrawn rows).
+func TestClaimDrainsWithdrawnRowsAheadOfAReadableOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener, hiddenTo, readableTo := newPubkey(t), newPubkey(t), newPubkey(t)
+	f.register(listener, hiddenTo, readableTo)
+	const hidden = 25
+	for range hidden {
+		ev := message(t, 9, hiddenTo)
+		f.save(ev, nil, true)
+		id := ev.IDBytes()
+		f.exec(`UPDATE events SET deleted_at = now() WHERE community_id = $1 AND id = $2`, f.community, id[:])
+	}
+	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() - interval '1 minute'`) // due first
+	readable := f.enqueue(readableTo)[0]
+
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	c := f.claimer(Routes{listener: "https://l.example"})
+	c.metrics = m
+	claims, err := c.claimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	require.Equal(t, readable, claims[0].row.ID)
+	require.Equal(t, float64(hidden), testutil.ToFloat64(m.deliveries.WithLabelValues(outcomeWithdrawn)))
+	require.Equal(t, 1, f.outboxCount(), "only the claimed row is left")
 }
 
 func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {

@@ -43,6 +43,9 @@ const (
 	outcomeFailed     = "failed"
 	outcomeUnroutable = "unroutable"
 	outcomeStale      = "stale" // lease too short for the request: released unsent
+	// withdrawn: the poll deleted the row unsent, its target may no
+	// longer read the mention (hidden, channel deleted, target removed).
+	outcomeWithdrawn = "withdrawn"
 )
 
 // Metrics are the delivery counters, registered on the relay's registry.
@@ -57,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_deliveries_total",
-			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable, stale).",
+			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable, stale), and notifications withdrawn unsent (withdrawn).",
 		}, []string{"outcome"}),
 		handoffDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_handoff_dropped_total",
@@ -74,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	// Every outcome series exists from the start, so rate() sees zeros.
-	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale} {
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale, outcomeWithdrawn} {
 		m.deliveries.WithLabelValues(o)
 	}
 	return m, nil

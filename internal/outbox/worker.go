@@ -45,9 +45,29 @@ type pgClaimer struct {
 	routable [][]byte
 	lease    time.Duration
 	clock    clock.Clock
+	metrics  *Metrics // counts withdrawn rows; nil in some tests
 }
 
+// claimDue claims up to limit due rows. The statement also withdraws due
+// rows whose target may no longer read the mention; while a pass withdrew
+// rows and claimed none, it runs again (each pass deletes what it
+// withdrew, so this ends): a run of withdrawn rows ahead of deliverable
+// ones must not look like an idle outbox, which the loop would back off
+// from.
 func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+	for {
+		claims, withdrawn, err := c.claimPass(ctx, limit)
+		if c.metrics != nil && withdrawn > 0 {
+			c.metrics.deliveries.WithLabelValues(outcomeWithdrawn).Add(float64(withdrawn))
+		}
+		if err != nil || len(claims) > 0 || withdrawn == 0 {
+			return claims, err
+		}
+	}
+}
+
+// claimPass runs the claim statement once.
+func (c pgClaimer) claimPass(ctx context.Context, limit int) (claims []claim, withdrawn int, err error) {
 	claimID := uuid.New()
 	sent := c.clock.Now()
 	rows, err := c.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
@@ -59,11 +79,15 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 		MaxRows:     int32(limit),
 		Now:         c.clock.SQL(),
 	})
-	out := make([]claim, len(rows))
-	for i, r := range rows {
-		out[i] = claim{claimID: claimID, row: r, leaseEnds: leaseEndsAfter(sent, r.LeaseLeftMs)}
+	claims = make([]claim, 0, len(rows))
+	for _, r := range rows {
+		if r.Withdrawn {
+			withdrawn++
+			continue
+		}
+		claims = append(claims, claim{claimID: claimID, row: r, leaseEnds: leaseEndsAfter(sent, r.LeaseLeftMs)})
 	}
-	return out, err
+	return claims, withdrawn, err
 }
 
 // timerClock makes the loop's poll timers; tests drive a manual one.
@@ -257,7 +281,7 @@ func WithLease(d time.Duration) WorkerOption {
 // NewWorker returns a worker that claims rows for the listeners in routes
 // and delivers them through d, telling time by d's clock.
 func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOption) *Worker {
-	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock}
+	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock, metrics: d.metrics}
 	for _, opt := range opts {
 		opt(&claims)
 	}
