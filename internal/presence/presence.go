@@ -53,10 +53,11 @@ type channelKey struct{ community, channel uuid.UUID }
 // It holds at most max announcements and maxBytes bytes of them: when
 // either is reached, expired ones are swept, and if that frees too little
 // the announcement is not kept (it was still delivered live). Bytes are
-// bounded as well as entries because an announcement may be as large as
-// any event (256 KB), and expired ones are only swept when the store is
-// full: by count alone, one client announcing under fresh keys could make
-// every process hold 100,000 of them.
+// bounded as well as entries because expired ones are only swept when the
+// store is full: by count alone, one client announcing under fresh keys
+// could make every process hold 100,000 of them (each up to
+// MaxAnnouncementBytes, which ingest enforces; the store does not rely on
+// it).
 type Memory struct {
 	ttl      time.Duration
 	max      int
