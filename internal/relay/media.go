@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -131,31 +129,18 @@ type blobDescriptor struct {
 // and, when it names servers, names this host. It returns the event;
 // failures are *authError.
 func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error) {
-	kind, err := authHeaderKind(r.Header.Get("Authorization"))
-	if err != nil || kind == nostr.KindHTTPAuth {
-		// The NIP-98 check gives the precise refusal for a malformed header.
-		return s.checkHTTPAuth(r)
-	}
-	if kind != nostr.KindBlossomAuth {
-		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", nostr.KindBlossomAuth, nostr.KindHTTPAuth)
-	}
-	_, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-	raw, _ := decodeAuthToken(token) // authHeaderKind decoded it already
-	ev, err := nostr.ParseEvent(raw, s.limits)
+	ev, err := s.authHeaderEvent(r.Header.Get("Authorization"))
 	if err != nil {
-		return nil, authFail("auth event: %v", err)
+		return nil, err
 	}
-	// The peek above decodes case-insensitively and the event parser
-	// ignores unknown members: {"kind":1,...,"KIND":24242} peeks as Blossom
-	// but is a signed kind 1. Only the parsed, signed kind counts.
-	if ev.Kind != nostr.KindBlossomAuth {
+	// The signed, parsed kind decides: a peek at the raw JSON could read
+	// another member than the parser does ({"kind":1,...,"KIND":24242}).
+	switch ev.Kind {
+	case nostr.KindHTTPAuth:
+		return s.bindHTTPAuth(ev, r, s.requestURL(r))
+	case nostr.KindBlossomAuth:
+	default:
 		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", nostr.KindBlossomAuth, nostr.KindHTTPAuth)
-	}
-	if err := ev.Verify(); err != nil {
-		if errors.Is(err, nostr.ErrBadID) {
-			return nil, authFail("auth event id does not match its content")
-		}
-		return nil, authFail("auth event: %v", err)
 	}
 	now := s.now().Unix()
 	if ev.CreatedAt > now+int64(s.cfg.AuthWindow.Seconds()) {
@@ -185,35 +170,6 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 		return nil, authFail("auth event server tags do not name this host (%s)", r.Host)
 	}
 	return ev, nil
-}
-
-// authHeaderKind peeks at the kind of the event in a Nostr Authorization
-// header.
-func authHeaderKind(header string) (int, error) {
-	scheme, token, _ := strings.Cut(strings.TrimSpace(header), " ")
-	if !strings.EqualFold(scheme, "Nostr") {
-		return 0, errors.New("not a Nostr authorization")
-	}
-	raw, err := decodeAuthToken(token)
-	if err != nil {
-		return 0, err
-	}
-	var probe struct {
-		Kind int `json:"kind"`
-	}
-	if err := json.Unmarshal(raw, &probe); err != nil {
-		return 0, err
-	}
-	return probe.Kind, nil
-}
-
-func decodeAuthToken(token string) ([]byte, error) {
-	token = strings.TrimSpace(token)
-	raw, err := base64.StdEncoding.DecodeString(token)
-	if err != nil {
-		return base64.RawStdEncoding.DecodeString(token)
-	}
-	return raw, nil
 }
 
 // sameServer compares a Blossom server tag (a bare domain or a URL) with

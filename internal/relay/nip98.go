@@ -62,7 +62,17 @@ func (s *Server) verifyOperatorAuth(r *http.Request, body []byte, expectedURL st
 }
 
 func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Event, error) {
-	header := r.Header.Get("Authorization")
+	ev, err := s.authHeaderEvent(r.Header.Get("Authorization"))
+	if err != nil {
+		return nil, err
+	}
+	return s.bindHTTPAuth(ev, r, expectedURL)
+}
+
+// authHeaderEvent decodes, parses and verifies the signed event of a
+// "Nostr <base64 event>" Authorization header, whatever its kind (NIP-98
+// and Blossom share the form).
+func (s *Server) authHeaderEvent(header string) (*nostr.Event, error) {
 	if header == "" {
 		return nil, authFail("missing Authorization header; send Authorization: Nostr <base64 kind 27235 event>")
 	}
@@ -88,6 +98,13 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 		}
 		return nil, authFail("auth event: %v", err)
 	}
+	return ev, nil
+}
+
+// bindHTTPAuth checks that ev, a verified auth event, is a NIP-98 event
+// for this request: its kind, its time window, its u tag (expectedURL) and
+// its method.
+func (s *Server) bindHTTPAuth(ev *nostr.Event, r *http.Request, expectedURL string) (*nostr.Event, error) {
 	if ev.Kind != nostr.KindHTTPAuth {
 		return nil, authFail("auth event must be kind %d", nostr.KindHTTPAuth)
 	}
