@@ -18,15 +18,14 @@ func (s *Server) admit(addr string) (status int, reason string) {
 	switch {
 	case s.closing:
 		return http.StatusServiceUnavailable, "relay shutting down"
-	case s.admitted >= s.cfg.MaxConnections:
+	case s.admitted.total >= s.cfg.MaxConnections:
 		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
 		return http.StatusServiceUnavailable, fmt.Sprintf("relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
-	case s.admittedByAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
+	case s.admitted.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
 		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
 		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr)
 	}
-	s.admitted++
-	s.admittedByAddr[addr]++
+	s.admitted.add(addr)
 	return 0, ""
 }
 
@@ -38,13 +37,7 @@ func (s *Server) release(addr string) {
 }
 
 func (s *Server) releaseLocked(addr string) {
-	addr = addressBucket(addr)
-	s.admitted--
-	if n := s.admittedByAddr[addr] - 1; n > 0 {
-		s.admittedByAddr[addr] = n
-	} else {
-		delete(s.admittedByAddr, addr)
-	}
+	s.admitted.remove(addressBucket(addr))
 }
 
 // admitUpload reserves one of the uploads the relay receives at once for a
@@ -59,23 +52,43 @@ func (s *Server) admitUpload(addr string) (release func(), status int, reason st
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.uploading >= s.cfg.MediaMaxUploads:
+	case s.uploading.total >= s.cfg.MediaMaxUploads:
 		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is receiving its limit of %d uploads; try again shortly", s.cfg.MediaMaxUploads)
-	case s.uploadingByAddr[addr] >= s.cfg.MediaMaxUploadsPerAddr:
+	case s.uploading.byAddr[addr] >= s.cfg.MediaMaxUploadsPerAddr:
 		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d uploads at once per client address; wait for one to finish", s.cfg.MediaMaxUploadsPerAddr)
 	}
-	s.uploading++
-	s.uploadingByAddr[addr]++
+	s.uploading.add(addr)
 	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.uploading--
-		if n := s.uploadingByAddr[addr] - 1; n > 0 {
-			s.uploadingByAddr[addr] = n
-		} else {
-			delete(s.uploadingByAddr, addr)
-		}
+		s.uploading.remove(addr)
 	}, 0, ""
+}
+
+// addressCounts counts things held (connections, uploads) in all and per
+// address bucket; the Server's mu guards it.
+type addressCounts struct {
+	total  int
+	byAddr map[string]int
+}
+
+func (c *addressCounts) add(addr string) {
+	if c.byAddr == nil {
+		c.byAddr = map[string]int{}
+	}
+	c.total++
+	c.byAddr[addr]++
+}
+
+// remove drops addr's entry at zero, so a long-lived relay does not keep
+// every address it ever saw.
+func (c *addressCounts) remove(addr string) {
+	c.total--
+	if n := c.byAddr[addr] - 1; n > 0 {
+		c.byAddr[addr] = n
+	} else {
+		delete(c.byAddr, addr)
+	}
 }
 
 // addressBucket is what the per-address cap counts: an IPv4 address, or the

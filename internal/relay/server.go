@@ -92,11 +92,9 @@ type Server struct {
 	closedCommunities map[uuid.UUID]struct{}
 	// Admitted WebSocket connections, all together and per client address,
 	// counted from before the upgrade until the connection is forgotten.
-	admitted       int
-	admittedByAddr map[string]int
+	admitted addressCounts
 	// Uploads being received, all together and per client address.
-	uploading       int
-	uploadingByAddr map[string]int
+	uploading addressCounts
 }
 
 // Option adjusts a Server.
@@ -144,8 +142,6 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
-		admittedByAddr:  map[string]int{},
-		uploadingByAddr: map[string]int{},
 		limits: nostr.Limits{
 			MaxFilters:      cfg.MaxFilters,
 			MaxSubIDLength:  64,
