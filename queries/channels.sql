@@ -11,6 +11,16 @@ SELECT * FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR UPDATE;
 
+-- name: ChannelLockForWorkflows :execrows
+-- Serializes the saves that may add an active workflow to one channel, so
+-- that WorkflowsActiveInChannel, counted after it, cannot be raced past the
+-- per-channel bound. FOR NO KEY UPDATE conflicts with ChannelLockForUpdate
+-- (membership changes wait, briefly) but not with the FOR KEY SHARE that
+-- foreign keys from events and members take. Zero rows: no live channel.
+SELECT 1 FROM channels
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
+FOR NO KEY UPDATE;
+
 -- name: ChannelAccess :one
 -- What a pubkey may do in a channel: the channel's state and the caller's
 -- active role (NULL when not an active member).

@@ -48,6 +48,14 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
 ORDER BY id;
 
+-- name: WorkflowsActiveInChannel :one
+-- The channel's workflows that fire, other than the one being saved: what
+-- the per-channel bound counts. Run it after ChannelLockForWorkflows.
+SELECT count(*)::int
+FROM workflows
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+  AND status = 'active' AND enabled AND id <> @except_id::uuid;
+
 -- name: WorkflowsScheduled :many
 -- Every workflow the scheduler fires, in every community: active, enabled,
 -- pinned to a signed definition, with a schedule trigger. updated_at is when

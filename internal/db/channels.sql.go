@@ -137,6 +137,30 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 	return i, err
 }
 
+const channelLockForWorkflows = `-- name: ChannelLockForWorkflows :execrows
+SELECT 1 FROM channels
+WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
+FOR NO KEY UPDATE
+`
+
+type ChannelLockForWorkflowsParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Serializes the saves that may add an active workflow to one channel, so
+// that WorkflowsActiveInChannel, counted after it, cannot be raced past the
+// per-channel bound. FOR NO KEY UPDATE conflicts with ChannelLockForUpdate
+// (membership changes wait, briefly) but not with the FOR KEY SHARE that
+// foreign keys from events and members take. Zero rows: no live channel.
+func (q *Queries) ChannelLockForWorkflows(ctx context.Context, arg ChannelLockForWorkflowsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, channelLockForWorkflows, arg.CommunityID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const channelReaders = `-- name: ChannelReaders :one
 SELECT c.visibility,
        coalesce(array_agg(m.pubkey) FILTER (WHERE m.pubkey IS NOT NULL), '{}')::bytea[] AS members

@@ -160,6 +160,28 @@ func (q *Queries) WorkflowUpsert(ctx context.Context, arg WorkflowUpsertParams) 
 	return id, err
 }
 
+const workflowsActiveInChannel = `-- name: WorkflowsActiveInChannel :one
+SELECT count(*)::int
+FROM workflows
+WHERE community_id = $1::uuid AND channel_id = $2::uuid
+  AND status = 'active' AND enabled AND id <> $3::uuid
+`
+
+type WorkflowsActiveInChannelParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	ExceptID    uuid.UUID
+}
+
+// The channel's workflows that fire, other than the one being saved: what
+// the per-channel bound counts. Run it after ChannelLockForWorkflows.
+func (q *Queries) WorkflowsActiveInChannel(ctx context.Context, arg WorkflowsActiveInChannelParams) (int32, error) {
+	row := q.db.QueryRow(ctx, workflowsActiveInChannel, arg.CommunityID, arg.ChannelID, arg.ExceptID)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
 SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
 FROM workflows

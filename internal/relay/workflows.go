@@ -25,6 +25,7 @@ func (s *Server) registerWorkflows() {
 	workflow.RegisterTriggers(s.pipeline, &workflow.Triggers{
 		Offer:             func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) },
 		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns,
+		MaxPerChannel:     s.cfg.WorkflowMaxPerChannel,
 		Metrics:           m,
 	})
 }

@@ -64,6 +64,12 @@ func newFixture(t *testing.T) *fixture { return newFixtureMax(t, 0) }
 // newFixtureMax is newFixture with a bound on each workflow's unfinished
 // runs (0: the default).
 func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
+	return newFixtureWith(t, ingest.Options{}, workflow.Triggers{MaxUnfinishedRuns: maxUnfinished})
+}
+
+// newFixtureWith builds the fixture's pipeline with opts and its triggers
+// with the settings of triggers (Offer and Metrics are the fixture's).
+func newFixtureWith(t *testing.T, opts ingest.Options, triggers workflow.Triggers) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
@@ -76,13 +82,14 @@ func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
 	require.NoError(t, err)
 	tc := &testClock{now: time.Now().Truncate(time.Second)}
 	f := &fixture{t: t, ctx: ctx, pool: pool, tenant: community.FromRow(row), clock: tc, offers: make(chan []uuid.UUID, 100)}
-	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(tc.Now)})
+	opts.MaxFutureSkew, opts.Clock = time.Minute, clock.Stub(tc.Now)
+	f.p = ingest.New(pool, fanout.NewHub(), opts)
 	f.reg = prometheus.NewRegistry()
 	f.metrics, err = workflow.NewMetrics(f.reg)
 	require.NoError(t, err)
-	workflow.RegisterTriggers(f.p, &workflow.Triggers{
-		Offer: func(ids []uuid.UUID) { f.offers <- ids }, MaxUnfinishedRuns: maxUnfinished, Metrics: f.metrics,
-	})
+	triggers.Offer = func(ids []uuid.UUID) { f.offers <- ids }
+	triggers.Metrics = f.metrics
+	workflow.RegisterTriggers(f.p, &triggers)
 	return f
 }
 

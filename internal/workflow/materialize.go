@@ -21,13 +21,28 @@ const (
 	KindManualTrigger = 46020 // owner-signed command: run a workflow now
 )
 
+// DefaultMaxPerChannel bounds the workflows that fire in one channel. Every
+// message, reaction and diff in the channel evaluates each one's trigger
+// inside its write transaction, and any member may save workflows, so the
+// bound is what keeps one event's trigger work bounded.
+const DefaultMaxPerChannel = 20
+
 // DefinitionHandler is the ingest handler of kind 30620: the event is
 // stored like any addressable event, and in the same transaction its
-// workflows row is created or updated, pinned to this event's id.
-var DefinitionHandler = ingest.Handler{
-	Validate: validateDefinition,
-	Prepare:  prepareDefinition,
-	Apply:    applyDefinition,
+// workflows row is created or updated, pinned to this event's id. A save
+// that would make more than maxPerChannel workflows fire in the channel is
+// refused (0: DefaultMaxPerChannel).
+func DefinitionHandler(maxPerChannel int) ingest.Handler {
+	if maxPerChannel <= 0 {
+		maxPerChannel = DefaultMaxPerChannel
+	}
+	return ingest.Handler{
+		Validate: validateDefinition,
+		Prepare: func(ctx context.Context, w *ingest.Write) error {
+			return prepareDefinition(ctx, w, maxPerChannel)
+		},
+		Apply: applyDefinition,
+	}
 }
 
 // definitionTags reads the channel (h) and workflow (d) ids.
@@ -76,7 +91,7 @@ type savedDefinition struct {
 	newSecret string // set only when this save generated the webhook secret
 }
 
-func prepareDefinition(ctx context.Context, w *ingest.Write) error {
+func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) error {
 	channel, workflowID, err := definitionTags(w.Event)
 	if err != nil {
 		return err
@@ -110,6 +125,11 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 		}
 		saved.name = tag[1]
 	}
+	// Locked before the row is read, so that whether this save adds a
+	// firing workflow to the channel is decided on what the count sees.
+	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
+		return err
+	}
 	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
 	switch {
 	case dberr.IsNotFound(err):
@@ -117,6 +137,11 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 		return err
 	case string(existing.OwnerPubkey) != string(w.ActorBytes()) || existing.ChannelID == nil || *existing.ChannelID != channel:
 		return ingest.Reject("restricted", "workflow belongs to a different owner or channel")
+	}
+	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled; !alreadyFires {
+		if err := admitToChannel(ctx, w, channel, workflowID, maxPerChannel); err != nil {
+			return err
+		}
 	}
 	if def.Trigger.On == OnWebhook {
 		// A re-save keeps the secret callers already hold.
@@ -133,6 +158,36 @@ func prepareDefinition(ctx context.Context, w *ingest.Write) error {
 	saved.hash = sha256.Sum256(saved.json)
 	w.ChannelID = &channel
 	w.SetState(saved)
+	return nil
+}
+
+// lockChannelForWorkflows serializes the saves of one channel's workflows
+// to the end of the transaction, so that concurrent saves count the
+// channel's firing workflows one after the other.
+func lockChannelForWorkflows(ctx context.Context, w *ingest.Write, channel uuid.UUID) error {
+	locked, err := w.Q.ChannelLockForWorkflows(ctx, db.ChannelLockForWorkflowsParams{CommunityID: w.Tenant.ID(), ID: channel})
+	if err == nil && locked == 0 {
+		// Deleted since ChannelAccess read it: the unknown channel's answer.
+		return ingest.Reject("restricted", "not a member of this channel")
+	}
+	return err
+}
+
+// admitToChannel refuses a save that would make more than maxPerChannel
+// workflows fire in the channel: a new workflow, or one archived or
+// disabled (its owner was removed) that the save enables again. A re-save
+// of a workflow that already fires adds nothing and is never refused, even
+// after the bound was lowered.
+func admitToChannel(ctx context.Context, w *ingest.Write, channel, workflowID uuid.UUID, maxPerChannel int) error {
+	active, err := w.Q.WorkflowsActiveInChannel(ctx, db.WorkflowsActiveInChannelParams{
+		CommunityID: w.Tenant.ID(), ChannelID: channel, ExceptID: workflowID,
+	})
+	if err != nil {
+		return err
+	}
+	if int(active) >= maxPerChannel {
+		return ingest.Reject("restricted", "the channel has its limit of %d active workflows; archive one first", maxPerChannel)
+	}
 	return nil
 }
 

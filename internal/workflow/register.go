@@ -23,7 +23,7 @@ func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
 	if t.Condition == nil {
 		t.Condition = EvalCondition
 	}
-	p.Register(KindDefinition, DefinitionHandler)
+	p.Register(KindDefinition, DefinitionHandler(t.MaxPerChannel))
 	p.Register(KindManualTrigger, t.ManualTrigger())
 	p.Register(KindApprovalGrant, t.ApprovalHandler(KindApprovalGrant))
 	p.Register(KindApprovalDeny, t.ApprovalHandler(KindApprovalDeny))

@@ -12,6 +12,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow/condition"
 	"github.com/buzzrelay/buzz/internal/workflow/template"
 )
 
@@ -92,6 +93,9 @@ type Triggers struct {
 	// beyond it records its run failed with capacity_exceeded (0: the
 	// default).
 	MaxUnfinishedRuns int
+	// MaxPerChannel bounds the workflows that fire in one channel; a save
+	// beyond it is refused (0: DefaultMaxPerChannel).
+	MaxPerChannel int
 	// Metrics counts runs that end inside a trigger's transaction (refused
 	// at capacity, denied); may be nil.
 	Metrics *Metrics
@@ -131,6 +135,9 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 		return err
 	}
 	base := EventContext(w.Event, *w.ChannelID)
+	// Every filter here runs inside the event's write transaction, which
+	// other events share: together they get one evaluation's limits.
+	ctx = condition.WithShare(ctx, len(rows))
 	var created []uuid.UUID
 	for _, row := range rows {
 		var def Definition

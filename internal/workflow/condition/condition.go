@@ -94,6 +94,29 @@ type evalBudget struct{ text, match int }
 
 func newBudget() *evalBudget { return &evalBudget{text: MaxBuiltBytes, match: MaxMatchWork} }
 
+type shareKey struct{}
+
+// WithShare makes every evaluation under ctx one of n evaluations that
+// share one evaluation's limits: each may build MaxBuiltBytes/n of text, do
+// MaxMatchWork/n of regular expression work and take EvalTimeout/n. An
+// event's trigger filters, all evaluated inside its write transaction, then
+// cost together at most what one evaluation may, however many workflows its
+// channel has, and no filter can spend its neighbours' part.
+func WithShare(ctx context.Context, n int) context.Context {
+	if n <= 1 {
+		return ctx
+	}
+	return context.WithValue(ctx, shareKey{}, n)
+}
+
+// shareOf is the n of WithShare, 1 when ctx has none.
+func shareOf(ctx context.Context) int {
+	if n, ok := ctx.Value(shareKey{}).(int); ok {
+		return n
+	}
+	return 1
+}
+
 func (b *evalBudget) concat(x, y string) string {
 	n := len(x) + len(y)
 	if n > b.text {
@@ -385,7 +408,7 @@ type evalResult struct {
 }
 
 // Eval runs the expression against vars within EvalTimeout (or ctx's
-// earlier deadline).
+// earlier deadline) and the work limits, or its share of them (WithShare).
 func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 	env := make(map[string]any, len(p.variables))
 	for _, name := range p.variables {
@@ -395,9 +418,10 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		}
 		env[name] = v
 	}
-	budget := newBudget()
+	share := shareOf(ctx)
+	budget := &evalBudget{text: MaxBuiltBytes / share, match: MaxMatchWork / share}
 	env[concatFunc], env[matchesFunc] = budget.concat, budget.matches
-	ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
+	ctx, cancel := context.WithTimeout(ctx, EvalTimeout/time.Duration(share))
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return false, &Error{Reason: "evaluation not started", Err: err}

@@ -349,3 +349,20 @@ func TestCompiledSizeBoundIsABound(t *testing.T) {
 		require.GreaterOrEqual(t, bound, len(prog.Inst), pattern)
 	}
 }
+
+// Evaluations that share one evaluation's limits (an event's trigger
+// filters) each get an equal part: text one evaluation may build alone is
+// refused to each of two. (Regular expression work is split the same way;
+// a case near its limit would take near the deadline under the race
+// detector.) Mutation killed: Eval ignoring the share.
+func TestSharedEvaluationsSplitTheLimits(t *testing.T) {
+	t.Parallel()
+	p, err := Compile(`str_len(trigger_text + trigger_text) > 0`)
+	require.NoError(t, err)
+	vars := Vars{"trigger_text": strings.Repeat("a", 300_000)} // 600,000 bytes built, against 1 MiB
+	ok, err := p.Eval(context.Background(), vars)
+	require.NoError(t, err, "alone, the evaluation is within the limits")
+	require.True(t, ok)
+	_, err = p.Eval(WithShare(context.Background(), 2), vars)
+	require.ErrorContains(t, err, "builds more than", "one of two evaluations gets half")
+}
