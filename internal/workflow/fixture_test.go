@@ -69,7 +69,7 @@ func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
 
 // newFixtureWith builds the fixture's pipeline with opts and its triggers
 // with the settings of triggers (Offer and Metrics are the fixture's).
-func newFixtureWith(t *testing.T, opts ingest.Options, triggers workflow.Triggers) *fixture {
+func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Triggers) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
