@@ -500,7 +500,7 @@ func TestWebhookClientSettingsReachTheRelayProcess(t *testing.T) {
 	for name, want := range map[string]string{
 		"long":      "response body exceeds 4 bytes",
 		"slow":      "no complete response within 5s",
-		"untrusted": "resolves to 127.0.0.2, which is not a public address",
+		"untrusted": "127.0.0.2 is not a public address",
 	} {
 		o := ended(workflows[name])
 		require.Equal(t, "failed", o.status, name)

@@ -163,7 +163,9 @@ func (c *Client) dial(ctx context.Context, network, address string) (net.Conn, e
 		return nil, &Error{Kind: KindInvalidRequest, Detail: "bad address"}
 	}
 	var addrs []netip.Addr
-	if literal, err := netip.ParseAddr(host); err == nil {
+	literal, err := netip.ParseAddr(host)
+	named := err != nil
+	if !named {
 		addrs = []netip.Addr{literal}
 	} else {
 		addrs, err = c.resolver.LookupNetIP(ctx, "ip", host)
@@ -173,7 +175,7 @@ func (c *Client) dial(ctx context.Context, network, address string) (net.Conn, e
 	}
 	for _, a := range addrs {
 		if !Allowed(a, c.trusted) {
-			return nil, &Error{Kind: KindBlockedAddress, Host: host, Detail: fmt.Sprintf("resolves to %s, which is not a public address", a.Unmap())}
+			return nil, &Error{Kind: KindBlockedAddress, Host: host, Detail: blockedDetail(named, a)}
 		}
 	}
 	dialer := &net.Dialer{Control: c.checkDialedAddress}
@@ -186,6 +188,18 @@ func (c *Client) dial(ctx context.Context, network, address string) (net.Conn, e
 		lastErr = err
 	}
 	return nil, lastErr
+}
+
+// blockedDetail says why a host was refused. The address a name resolved
+// to stays out of it: the detail is stored in the run, which channel
+// members read, and the relay's resolver may be a private network's, so
+// naming the answer would make call_webhook a lookup service for internal
+// host names. An address the URL itself named is no secret.
+func blockedDetail(named bool, a netip.Addr) string {
+	if named {
+		return "resolves to an address that is not public (loopback, private, link-local or the like)"
+	}
+	return fmt.Sprintf("%s is not a public address", a.Unmap())
 }
 
 // checkDialedAddress runs on the socket about to connect: whatever path led

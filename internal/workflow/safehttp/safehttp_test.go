@@ -66,7 +66,7 @@ func TestLoopbackServerIsRefusedByDefault(t *testing.T) {
 	_, err := client.Do(context.Background(), Request{URL: srv.URL + "/hook?token=s3cret"})
 	e := requireKind(t, err, KindBlockedAddress)
 	require.Equal(t, "127.0.0.1", e.Host)
-	require.Contains(t, e.Detail, "127.0.0.1, which is not a public address", "refused before dialing")
+	require.Equal(t, "127.0.0.1 is not a public address", e.Detail, "refused before dialing")
 	require.NotContains(t, err.Error(), "s3cret")
 	require.Zero(t, hits.Load(), "the server must never be contacted")
 }
@@ -97,8 +97,10 @@ func TestHostNameResolvingToBlockedAddressIsRefused(t *testing.T) {
 			e := requireKind(t, err, KindBlockedAddress)
 			require.Equal(t, "example.com", e.Host)
 			// Refused while checking the answers, so nothing was dialed,
-			// not even the public address.
-			require.Equal(t, "resolves to "+tc.blocked+", which is not a public address", e.Detail)
+			// not even the public address. The answer is not told: the
+			// relay's resolver may know a private network's names.
+			require.Equal(t, "resolves to an address that is not public (loopback, private, link-local or the like)", e.Detail)
+			require.NotContains(t, err.Error(), tc.blocked)
 		})
 	}
 	require.Zero(t, hits.Load())
