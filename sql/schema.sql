@@ -1953,6 +1953,25 @@ COMMENT ON TABLE public.http_auth_replays IS 'NIP-98 auth event ids already used
 
 
 --
+-- Name: media_usage; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.media_usage (
+    community_id uuid NOT NULL,
+    bytes bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT media_usage_bytes_nonnegative CHECK ((bytes >= 0))
+);
+
+
+--
+-- Name: TABLE media_usage; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.media_usage IS 'Bytes of media each community stores, reserved before a blob is stored and released when its last reference goes (BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES).';
+
+
+--
 -- Name: operator_auth_replays; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -2416,6 +2435,14 @@ ALTER TABLE ONLY public.http_auth_replays
 
 
 --
+-- Name: media_usage media_usage_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.media_usage
+    ADD CONSTRAINT media_usage_pkey PRIMARY KEY (community_id);
+
+
+--
 -- Name: operator_auth_replays operator_auth_replays_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2871,6 +2898,13 @@ CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON publi
 
 
 --
+-- Name: media_usage _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.media_usage FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
 -- Name: operator_listener_outbox _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3102,6 +3136,14 @@ ALTER TABLE ONLY public.events
 
 ALTER TABLE ONLY public.http_auth_replays
     ADD CONSTRAINT http_auth_replays_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: media_usage media_usage_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.media_usage
+    ADD CONSTRAINT media_usage_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

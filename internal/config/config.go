@@ -109,12 +109,15 @@ type Config struct {
 	// address: each spools up to MediaMaxBytes to MediaTempDir.
 	MediaMaxUploads        int
 	MediaMaxUploadsPerAddr int
-	MediaS3Endpoint        string // host:port of the S3-compatible server
-	MediaS3Bucket          string
-	MediaS3AccessKey       string
-	MediaS3SecretKey       string
-	MediaS3Region          string
-	MediaS3TLS             bool // https to the S3 endpoint
+	// MediaCommunityQuotaBytes bounds the bytes of media one community
+	// stores; an upload past it gets 507.
+	MediaCommunityQuotaBytes int
+	MediaS3Endpoint          string // host:port of the S3-compatible server
+	MediaS3Bucket            string
+	MediaS3AccessKey         string
+	MediaS3SecretKey         string
+	MediaS3Region            string
+	MediaS3TLS               bool // https to the S3 endpoint
 
 	// Several relay processes as one (docs/multi-relay.md).
 	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
@@ -233,14 +236,15 @@ func Default() Config {
 		WorkflowMaxPerChannel:        20,
 		WorkflowStepTimeout:          300 * time.Second,
 
-		MediaStore:             "fs",
-		MediaMaxBytes:          100 << 20,
-		MediaMaxUploads:        16,
-		MediaMaxUploadsPerAddr: 4,
-		MediaAllowedTypes:      DefaultMediaTypes,
-		MediaS3Region:          "us-east-1",
-		MediaS3TLS:             true,
-		RedisPublishQueue:      10000,
+		MediaStore:               "fs",
+		MediaMaxBytes:            100 << 20,
+		MediaMaxUploads:          16,
+		MediaMaxUploadsPerAddr:   4,
+		MediaCommunityQuotaBytes: 10 << 30,
+		MediaAllowedTypes:        DefaultMediaTypes,
+		MediaS3Region:            "us-east-1",
+		MediaS3TLS:               true,
+		RedisPublishQueue:        10000,
 
 		PresenceTTL:        60 * time.Second,
 		PresenceMaxEntries: 100000,
@@ -320,6 +324,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.str("BUZZ_MEDIA_TEMP_DIR", &c.MediaTempDir)
 	r.positive("BUZZ_MEDIA_MAX_UPLOADS", &c.MediaMaxUploads)
 	r.positive("BUZZ_MEDIA_MAX_UPLOADS_PER_ADDRESS", &c.MediaMaxUploadsPerAddr)
+	r.positive("BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES", &c.MediaCommunityQuotaBytes)
 	r.str("BUZZ_MEDIA_S3_ENDPOINT", &c.MediaS3Endpoint)
 	r.str("BUZZ_MEDIA_S3_BUCKET", &c.MediaS3Bucket)
 	r.str("BUZZ_MEDIA_S3_ACCESS_KEY", &c.MediaS3AccessKey)

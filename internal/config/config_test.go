@@ -86,6 +86,7 @@ func TestMediaSettings(t *testing.T) {
 	require.Equal(t, 100<<20, c.MediaMaxBytes)
 	require.Equal(t, 16, c.MediaMaxUploads)
 	require.Equal(t, 4, c.MediaMaxUploadsPerAddr)
+	require.Equal(t, 10<<30, c.MediaCommunityQuotaBytes)
 	require.Equal(t, DefaultMediaTypes, c.MediaAllowedTypes)
 	require.True(t, c.MediaS3TLS)
 
@@ -102,6 +103,7 @@ func TestMediaSettings(t *testing.T) {
 		"BUZZ_MEDIA_TEMP_DIR":                "/var/tmp",
 		"BUZZ_MEDIA_MAX_UPLOADS":             "40",
 		"BUZZ_MEDIA_MAX_UPLOADS_PER_ADDRESS": "2",
+		"BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES":   "1048576",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, 1024, c.MediaMaxBytes)
@@ -115,6 +117,7 @@ func TestMediaSettings(t *testing.T) {
 	require.Equal(t, "/var/tmp", c.MediaTempDir)
 	require.Equal(t, 40, c.MediaMaxUploads)
 	require.Equal(t, 2, c.MediaMaxUploadsPerAddr)
+	require.Equal(t, 1<<20, c.MediaCommunityQuotaBytes)
 
 	for name, vars := range map[string]map[string]string{
 		"BUZZ_MEDIA_S3_ENDPOINT":   {"BUZZ_MEDIA_STORE": "s3", "BUZZ_MEDIA_S3_BUCKET": "b"},

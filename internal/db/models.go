@@ -554,6 +554,13 @@ type HttpAuthReplay struct {
 	ExpiresAt   time.Time
 }
 
+// Bytes of media each community stores, reserved before a blob is stored and released when its last reference goes (BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES).
+type MediaUsage struct {
+	CommunityID uuid.UUID
+	Bytes       int64
+	UpdatedAt   time.Time
+}
+
 // NIP-98 auth event ids already used on /operator/* (scope operator-management); rows past expires_at may be purged.
 type OperatorAuthReplay struct {
 	EventID   []byte

@@ -60,6 +60,7 @@ type Service struct {
 	store  Store
 	limits Limits
 	now    func() time.Time
+	quota  Quota // nil: no quota
 	// Uploads and deletes of one hash serialize on its lock, so this
 	// process never deletes a blob between another upload's check that it
 	// exists and the write of that upload's sidecar. Different hashes never
@@ -85,6 +86,10 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 // UseClock makes the service tell upload times by now (the relay's one
 // clock); call it before serving.
 func (s *Service) UseClock(now func() time.Time) { s.now = now }
+
+// UseQuota makes uploads reserve their bytes with q and deletes release
+// them; call it before serving.
+func (s *Service) UseQuota(q Quota) { s.quota = q }
 
 // Limits reports the service's upload bounds.
 func (s *Service) Limits() Limits { return s.limits }
@@ -122,7 +127,7 @@ func (s *Service) Check(ctx context.Context) error { return s.store.Check(ctx) }
 // accept (nil = accept all) whether the request may store these bytes,
 // then stores the blob (once for all communities), this community's
 // sidecar, and an upload record for uploader.
-func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader string, requestBody io.Reader, accept func(sha string) error) (Descriptor, error) {
+func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader string, requestBody io.Reader, accept func(sha string) error) (_ Descriptor, failed error) {
 	body := &bodyReader{r: requestBody}
 	head := make([]byte, sniffLen)
 	n, err := io.ReadFull(body, head)
@@ -180,7 +185,20 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	d, err := s.readSidecar(ctx, community, sha)
 	switch {
 	case errors.Is(err, ErrNotFound):
+		// The community's first reference to the blob: its bytes count
+		// against the community from now on, or until this upload fails.
 		d = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}
+		if s.quota != nil {
+			if err := s.quota.Reserve(ctx, community, size); err != nil {
+				return Descriptor{}, err
+			}
+			defer func() {
+				if failed != nil {
+					// The client may be gone: give the bytes back anyway.
+					_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
+				}
+			}()
+		}
 	case err != nil:
 		return Descriptor{}, err
 	}
@@ -271,6 +289,11 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 	}
 	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
 		return fmt.Errorf("delete sidecar: %w", err)
+	}
+	if s.quota != nil {
+		if err := s.quota.Release(context.WithoutCancel(ctx), community, d.Size); err != nil {
+			return fmt.Errorf("release the blob's bytes from the community's media quota: %w", err)
+		}
 	}
 	referenced, err := s.referenced(ctx, sha)
 	if err != nil || referenced {

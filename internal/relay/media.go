@@ -392,6 +392,8 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		mediaError(w, http.StatusBadRequest, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrNotFound):
 		mediaError(w, http.StatusNotFound, "not found: this community has no such blob")
+	case errors.Is(err, media.ErrQuotaExceeded):
+		mediaError(w, http.StatusInsufficientStorage, "blocked: "+err.Error())
 	case errors.Is(err, media.ErrNotUploader):
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
 	default:

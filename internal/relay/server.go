@@ -156,6 +156,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
+		s.media.UseQuota(media.CommunityQuota{Q: db.New(pool), Limit: int64(cfg.MediaCommunityQuotaBytes)})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))

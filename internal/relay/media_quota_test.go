@@ -1,0 +1,112 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+func mediaUsage(t *testing.T, q *db.Queries, community uuid.UUID) int64 {
+	t.Helper()
+	used, err := q.MediaUsageGet(context.Background(), community)
+	require.NoError(t, err)
+	return used
+}
+
+// A community's media is bounded in bytes, not only per upload: a blob
+// counts once per community however many members upload it, an upload past
+// the quota is refused with 507 and leaves nothing, another community has
+// its own quota, and deleting the community's last reference to a blob
+// makes room again (a member's delete of a blob another member also
+// uploaded does not). Mutations killed: no reservation (the third blob is
+// stored); every upload charged (the second member's upload of the same
+// blob fills the quota early); no release on delete (the refused blob is
+// still refused after the delete).
+func TestMediaCommunityQuota(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	q := db.New(r.Pool)
+	alice, bob := relaytest.NewKey(t), relaytest.NewKey(t)
+	first, second, third := pngBlob(t, 800), pngBlob(t, 800), pngBlob(t, 800)
+
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, first).Status)
+	require.Equal(t, http.StatusOK, upload(t, r, "", bob, first).Status, "the same blob again")
+	require.Equal(t, http.StatusOK, upload(t, r, "", bob, second).Status)
+	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+
+	full := upload(t, r, "", alice, third)
+	require.Equal(t, http.StatusInsufficientStorage, full.Status, "%s", full.Body)
+	require.Equal(t, "blocked: the community's media storage is full: it stores 1600 of its 2000 bytes and this blob is 800; delete blobs to make room", full.Error)
+	require.Equal(t, full.Error, full.Header.Get("X-Reason"))
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(third), "", nil, nil).Status)
+
+	otherHost := "quota-other.example"
+	other := r.AddCommunity(t, otherHost)
+	require.Equal(t, http.StatusOK, upload(t, r, otherHost, alice, third).Status, "another community has its own quota")
+	require.EqualValues(t, 800, mediaUsage(t, q, other))
+
+	// Bob's delete of the blob Alice uploaded too keeps it, and its bytes.
+	del := mediaDo(t, r, http.MethodDelete, "", "/media/"+hexSHA(first), blossomAuth(t, bob, "delete", []string{hexSHA(first)}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, http.StatusInsufficientStorage, upload(t, r, "", alice, third).Status)
+	// Alice's delete removes the community's last reference.
+	del = mediaDo(t, r, http.MethodDelete, "", "/media/"+hexSHA(first), blossomAuth(t, alice, "delete", []string{hexSHA(first)}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+	require.EqualValues(t, 800, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, third).Status)
+	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+}
+
+// Uploads racing for the last of a quota, as on several relay processes
+// sharing one database (one service each), store exactly what fits. The
+// services share the store but not their in-process hash locks. Mutation
+// killed: the reservation's quota condition dropped (every upload is
+// stored).
+func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
+	t.Parallel()
+	const blobSize, fits, uploads = 1000, 5, 12
+	pool := dbtest.Pool(t)
+	row, err := db.New(pool).CommunityCreate(context.Background(), "quota-race-"+uuid.NewString()[:8]+".example")
+	require.NoError(t, err)
+	store := mediaStores["fs"](t)
+	quota := media.CommunityQuota{Q: db.New(pool), Limit: fits * blobSize}
+	var stored, refused int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range uploads {
+		wg.Go(func() {
+			svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+			svc.UseQuota(quota)
+			_, err := svc.Upload(context.Background(), row.ID, "uploader", bytes.NewReader(pngBlob(t, blobSize)), nil)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				stored++
+			case errors.Is(err, media.ErrQuotaExceeded):
+				refused++
+			default:
+				t.Errorf("upload: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, fits, stored)
+	require.Equal(t, uploads-fits, refused)
+	require.EqualValues(t, fits*blobSize, mediaUsage(t, db.New(pool), row.ID))
+}
