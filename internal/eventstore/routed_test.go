@@ -153,6 +153,20 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	routes.take()
+	// A search or agent_owner filter keeps the whole read on the writer,
+	// wherever it stands among the filters, and so does a COUNT with one,
+	// however fresh the reader.
+	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{}, {Search: "reader"}}))
+	require.Empty(t, routes.take(), "a search after an unpinned filter stays on the writer")
+	contents(t, store, a, scope, nostr.Filters{{}, {AgentOwner: strings.Repeat("ab", 32)}})
+	require.Empty(t, routes.take(), "an agent_owner filter after an unpinned one stays on the writer")
+	n, err = store.Count(ctx, a, scope, nostr.Filters{{}, {Search: "writer"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "the writer's rows")
+	require.Empty(t, routes.take(), "a COUNT with a search filter stays on the writer")
+	_, err = store.Count(ctx, a, scope, nostr.Filters{{AgentOwner: strings.Repeat("ab", 32)}})
+	require.NoError(t, err)
+	require.Empty(t, routes.take(), "a COUNT with an agent_owner filter stays on the writer")
 }
 
 // On a standby of its own: a routed read whose reader transaction is
