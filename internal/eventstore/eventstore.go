@@ -241,8 +241,14 @@ func readsUnprovenRows(filters nostr.Filters) bool {
 // onSession runs read on the session's reader transaction when there is
 // one, else on the writer. A reader failure ends the session (recorded
 // writer/replica_error) and the same read runs again on the writer, so a
-// caller never gets a partial page from a reader that died under it.
+// caller never gets a partial page from a reader that died under it. A
+// session whose proof no longer holds (a slow client kept its snapshot
+// open past it) ends before the statement, recorded writer/stale, and the
+// writer reads it.
 func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q db.DBTX) error) error {
+	if *session != nil && !(*session).Holds() {
+		*session = nil // the proof went stale between pages: the writer finishes
+	}
 	if *session != nil {
 		err := read((*session).Tx())
 		if err == nil {
