@@ -199,12 +199,12 @@ func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filte
 	if s.Router == nil {
 		return nil
 	}
+	if readsUnprovenRows(filters) {
+		return nil
+	}
 	var upper int64
 	for i := range filters {
 		f := &filters[i]
-		if f.Search != "" || f.AgentOwner != "" {
-			return nil
-		}
 		if !canMatch(f) {
 			continue
 		}
@@ -225,11 +225,30 @@ func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filte
 	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)))
 }
 
+// readsUnprovenRows reports whether a read must stay on the writer
+// whatever the proof: a NIP-50 search (the full-text index is not fenced
+// like the other reads) or an agent_owner filter (it reads who owns which
+// agent, rows no proof covers). A COUNT is such a read too.
+func readsUnprovenRows(filters nostr.Filters) bool {
+	for i := range filters {
+		if filters[i].Search != "" || filters[i].AgentOwner != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // onSession runs read on the session's reader transaction when there is
 // one, else on the writer. A reader failure ends the session (recorded
 // writer/replica_error) and the same read runs again on the writer, so a
-// caller never gets a partial page from a reader that died under it.
+// caller never gets a partial page from a reader that died under it. A
+// session whose proof no longer holds (a slow client kept its snapshot
+// open past it) ends before the statement, recorded writer/stale, and the
+// writer reads it.
 func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q db.DBTX) error) error {
+	if *session != nil && !(*session).Holds() {
+		*session = nil // the proof went stale between pages: the writer finishes
+	}
 	if *session != nil {
 		err := read((*session).Tx())
 		if err == nil {
@@ -454,7 +473,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	}
 	defer s.observe(NameEventsCount, time.Now())
 	var session *replica.Session
-	if s.Router != nil {
+	if s.Router != nil && !readsUnprovenRows(filters) {
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded())
 	}
 	var n int64

@@ -153,6 +153,20 @@ func TestRoutedSeamsAnswerOnlyWhatTheReaderMayProve(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	routes.take()
+	// A search or agent_owner filter keeps the whole read on the writer,
+	// wherever it stands among the filters, and so does a COUNT with one,
+	// however fresh the reader.
+	require.Equal(t, []string{"writer-a-global", "writer-a-channel"}, contents(t, store, a, scope, nostr.Filters{{}, {Search: "reader"}}))
+	require.Empty(t, routes.take(), "a search after an unpinned filter stays on the writer")
+	contents(t, store, a, scope, nostr.Filters{{}, {AgentOwner: strings.Repeat("ab", 32)}})
+	require.Empty(t, routes.take(), "an agent_owner filter after an unpinned one stays on the writer")
+	n, err = store.Count(ctx, a, scope, nostr.Filters{{}, {Search: "writer"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "the writer's rows")
+	require.Empty(t, routes.take(), "a COUNT with a search filter stays on the writer")
+	_, err = store.Count(ctx, a, scope, nostr.Filters{{AgentOwner: strings.Repeat("ab", 32)}})
+	require.NoError(t, err)
+	require.Empty(t, routes.take(), "a COUNT with an agent_owner filter stays on the writer")
 }
 
 // On a standby of its own: a routed read whose reader transaction is
@@ -291,4 +305,54 @@ func TestRoutedReadHoldsOneSnapshotAcrossPages(t *testing.T) {
 		}))
 	require.Equal(t, []string{"d", "c", "b", "a"}, got)
 	require.Equal(t, []string{"channel_history replica/covered"}, routes.take())
+}
+
+// A routed read whose proof goes stale while a slow client drains its
+// pages finishes on the writer: covered proves insertions only, so a row
+// deleted after the proof would otherwise be served for as long as the
+// client keeps reading, past the 30 s docs/replica.md promises.
+// Mutation killed: dropping the Holds check in onSession (the reader
+// serves every page, recorded replica/covered).
+func TestRoutedReadLeavesAProofThatWentStale(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer, reader := dbtest.Pool(t), dbtest.Pool(t)
+	community, channel := uuid.New(), uuid.New()
+	for _, pool := range []*pgxpool.Pool{writer, reader} {
+		_, err := pool.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example')", community)
+		require.NoError(t, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	for i := 0; i < 4; i++ {
+		storeEvent(t, reader, community, &channel, string(rune('d'-i)), old.Add(time.Duration(10-i)*time.Minute))
+	}
+	// The writer no longer holds b and a (deleted since the proof); it holds
+	// rows of its own below the first page.
+	storeEvent(t, writer, community, &channel, "writer-later", old.Add(9*time.Minute+30*time.Second))
+	storeEvent(t, writer, community, &channel, "writer-older", old.Add(5*time.Minute))
+	var epoch uuid.UUID
+	require.NoError(t, reader.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&epoch))
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	ring := replica.NewRing()
+	ring.Record(replica.Entry{Token: 0, Epoch: epoch, CommittedAt: clock, Wall: clock.Add(-20 * time.Minute)})
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	store.PageRows = 2
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{Observe: routes.observe, AcquireTimeout: time.Minute, Now: now})
+	hour := time.Now().Add(-time.Hour).Unix()
+	var got []string
+	require.NoError(t, store.Query(ctx, community, eventstore.Scope{Channels: []uuid.UUID{channel}},
+		nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}},
+		func(ev *nostr.Event, _ *uuid.UUID) error {
+			if got = append(got, ev.Content); len(got) == 2 {
+				mu.Lock()
+				clock = clock.Add(replica.Staleness + time.Second) // the client took its time
+				mu.Unlock()
+			}
+			return nil
+		}))
+	require.Equal(t, []string{"d", "c", "writer-older"}, got, "the first page from the reader, the rest from the writer")
+	require.Equal(t, []string{"channel_history writer/stale"}, routes.take())
 }

@@ -168,6 +168,11 @@ func (m *Memory) Current(_ context.Context, community, channel uuid.UUID, now ti
 // channel.
 func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int) []*nostr.Event {
 	seen := map[string]struct{}{}
+	// Each channel's set is read once per REQ, however often its filters
+	// name it: a filter may repeat one channel id up to the filter-value
+	// limit, and reading (and parsing) the whole set for every repeat made
+	// one REQ hold the set a thousand times over.
+	current := map[uuid.UUID][]*nostr.Event{}
 	var out []*nostr.Event
 	for i := range filters {
 		f := &filters[i]
@@ -179,12 +184,22 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 			limit = *f.Limit
 		}
 		var matched []*nostr.Event
+		named := map[uuid.UUID]struct{}{}
 		for _, h := range f.Tags["h"] {
 			channel, err := uuid.Parse(h)
 			if err != nil {
 				continue
 			}
-			for _, ev := range s.Current(ctx, community, channel, now) {
+			if _, dup := named[channel]; dup {
+				continue
+			}
+			named[channel] = struct{}{}
+			present, ok := current[channel]
+			if !ok {
+				present = s.Current(ctx, community, channel, now)
+				current[channel] = present
+			}
+			for _, ev := range present {
 				if f.Matches(ev) {
 					matched = append(matched, ev)
 				}

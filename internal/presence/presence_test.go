@@ -91,3 +91,47 @@ func fakeEvent(digit string, at time.Time, content int) *nostr.Event {
 		CreatedAt: at.Unix(), Tags: nostr.Tags{}, Content: strings.Repeat("x", content), Sig: strings.Repeat("0", 128),
 	}
 }
+
+// countingStore counts the reads of a channel's set.
+type countingStore struct {
+	presence.Store
+	reads int
+}
+
+func (c *countingStore) Current(ctx context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event {
+	c.reads++
+	return c.Store.Current(ctx, community, channel, now)
+}
+
+// A REQ reads each channel's set once, however often its filters name the
+// channel: a filter repeating one channel id 999 times (within the
+// filter-value limit) read and parsed the whole set 999 times and held
+// every copy until the limit cut it, so a few hundred announcements made one
+// REQ allocate most of a gigabyte.
+// Mutation killed: reading the set for every #h value (reads = 999 + 999).
+func TestSelectReadsEachChannelOnce(t *testing.T) {
+	t.Parallel()
+	m := presence.NewMemory(time.Minute, 100, 1<<20)
+	community, channel := uuid.New(), uuid.New()
+	now := time.Unix(1_000_000, 0)
+	for _, digit := range []string{"a", "b", "c"} {
+		ev := fakeEvent(digit, now, 10)
+		ev.Tags = nostr.Tags{{"h", channel.String()}}
+		m.Remember(community, channel, ev, now)
+	}
+	repeated := make([]string, 999)
+	for i := range repeated {
+		repeated[i] = channel.String()
+	}
+	repeated[1] = strings.ToUpper(channel.String()) // the same channel, spelled otherwise
+	filters := nostr.Filters{
+		{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": repeated}},
+		{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": repeated}, Limit: ptr(1)},
+	}
+	store := &countingStore{Store: m}
+	got := presence.Select(context.Background(), store, community, filters, now, 500)
+	require.Len(t, got, 3, "each announcement once")
+	require.Equal(t, 1, store.reads, "one read of the channel for the whole REQ")
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -12,7 +12,9 @@ func filterValues(filters nostr.Filters) int {
 		f := &filters[i]
 		n += len(f.IDs) + len(f.Authors) + len(f.Kinds)
 		for _, vals := range f.Tags {
-			n += len(vals)
+			for _, v := range vals {
+				n += tagValueWeight(v)
+			}
 		}
 		if f.Search != "" {
 			n++
@@ -22,6 +24,17 @@ func filterValues(filters nostr.Filters) int {
 		}
 	}
 	return n
+}
+
+// tagValueBytes is how many bytes of one #x value weigh as one value: a
+// 64-hex id or pubkey, a hashtag or an a coordinate weighs one, a longer
+// value one more for each further tagValueBytes. Counted by number alone,
+// the budget let a connection hold 2,000 values of 1,024 bytes, over 2 MiB,
+// where the budget is meant to keep it under 1 MB.
+const tagValueBytes = 128
+
+func tagValueWeight(v string) int {
+	return max(1, (len(v)+tagValueBytes-1)/tagValueBytes)
 }
 
 // heldFilterValues sums the values of this connection's open subscriptions,

@@ -21,3 +21,15 @@ func TestFilterValuesCountsEveryValue(t *testing.T) {
 		{Tags: map[string][]string{"t": {"x"}}, Search: "honey"},
 	}))
 }
+
+// A long #x value weighs one value per started 128 bytes: counted by number
+// alone, 2,000 values of 1,024 bytes pinned over 2 MiB on one connection.
+// Mutation killed: weighing every tag value as one (the 1,024-byte value
+// weighs 1, not 8).
+func TestFilterValuesWeighLongTagValuesByTheirSize(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 1, filterValues(nostr.Filters{{Tags: map[string][]string{"t": {""}}}}))
+	require.Equal(t, 1, filterValues(nostr.Filters{{Tags: map[string][]string{"a": {strings.Repeat("x", 128)}}}}))
+	require.Equal(t, 2, filterValues(nostr.Filters{{Tags: map[string][]string{"a": {strings.Repeat("x", 129)}}}}))
+	require.Equal(t, 9, filterValues(nostr.Filters{{Tags: map[string][]string{"t": {strings.Repeat("x", 1024), "short"}}}}))
+}

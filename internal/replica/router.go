@@ -108,6 +108,7 @@ type Session struct {
 	conn   *pgxpool.Conn
 	tx     pgx.Tx
 	path   string
+	pred   Predicate
 	reason string
 	Proved Entry
 	done   bool
@@ -135,6 +136,26 @@ func (s *Session) Failed(err error) {
 	s.router.log.Warn("routed read failed on the reader; the writer answers", "path", s.path, "err", err)
 	s.router.observe(s.path, DecisionWriter, ReasonReplicaError)
 	s.close()
+}
+
+// Holds reports whether the proof still answers the read now: the
+// predicate checked again against the proved entry, before each statement
+// after the first. Every page of a read runs on the one snapshot, and a
+// slow client draining each page keeps it open for as long as it reads;
+// covered proves insertions only, so without this a row deleted after the
+// proof could be served long past Staleness (and a fresh read long past
+// the fresh budget). When the proof no longer holds the session records
+// writer/stale and ends; the caller finishes the read on the writer.
+func (s *Session) Holds() bool {
+	if s.done {
+		return false
+	}
+	if _, ok := s.router.check(s.pred, s.Proved); ok {
+		return true
+	}
+	s.router.observe(s.path, DecisionWriter, ReasonStale)
+	s.close()
+	return false
 }
 
 // Abandon ends the session without recording anything (the read itself
@@ -183,6 +204,7 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 		return nil
 	}
 	// The proved entry may be older than the newest: check again.
+	s.pred = pred
 	if s.reason, ok = r.check(pred, s.Proved); !ok {
 		s.close()
 		r.Writer(path, s.reason)
