@@ -358,6 +358,25 @@ $$;
 
 
 --
+-- Name: community_deletion_approvals_not_requester(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_approvals_not_requester() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT FROM community_deletion_requests r
+               WHERE r.id = NEW.request_id
+                 AND lower(btrim(r.requested_by)) = lower(btrim(NEW.approved_by))) THEN
+        RAISE EXCEPTION 'deletion request %: approved by % who requested it; a second person approves', NEW.request_id, NEW.approved_by
+            USING ERRCODE = 'BZ002';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: community_deletion_assert_postgres_absent(uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2966,6 +2985,13 @@ CREATE TRIGGER communities_tombstone_guard BEFORE DELETE OR UPDATE ON public.com
 --
 
 CREATE TRIGGER community_deletion_approvals_guard BEFORE DELETE OR UPDATE ON public.community_deletion_approvals FOR EACH ROW EXECUTE FUNCTION public.community_deletion_approvals_guard();
+
+
+--
+-- Name: community_deletion_approvals community_deletion_approvals_not_requester; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER community_deletion_approvals_not_requester BEFORE INSERT ON public.community_deletion_approvals FOR EACH ROW EXECUTE FUNCTION public.community_deletion_approvals_not_requester();
 
 
 --

@@ -435,3 +435,24 @@ func TestRequesterCannotApproveTheirOwnDeletion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, deletion.StageApproved, approved.Stage)
 }
+
+// The same rule holds for a psql session that skips the approval function:
+// it inserts the requester's approval row itself and moves the stage.
+// Mutation killed: migration 029 without its trigger (the row is taken, the
+// request reaches 'approved' and an executor could claim it).
+func TestRequesterCannotApproveTheirOwnDeletionByHand(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.community("self-approved-by-hand.test")
+	req, err := deletion.Submit(f.ctx, f.pool, nil, "self-approved-by-hand.test", "ops@example", "")
+	require.NoError(t, err)
+	conn := f.plainConn()
+	_, err = conn.Exec(f.ctx, `INSERT INTO community_deletion_approvals (request_id, community_id, inventory_digest, approved_by)
+		SELECT id, community_id, inventory_digest, ' Ops@Example' FROM community_deletion_requests WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "who requested it; a second person approves")
+	_, err = conn.Exec(f.ctx, `UPDATE community_deletion_requests SET stage = 'approved' WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "no approval of this exact inventory")
+	row, err := f.q.DeletionRequestGet(f.ctx, req.ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageInventoried, row.Stage)
+}
