@@ -2792,6 +2792,13 @@ CREATE INDEX workflow_approvals_by_workflow ON public.workflow_approvals USING b
 
 
 --
+-- Name: workflow_approvals_pending_expiry; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_approvals_pending_expiry ON public.workflow_approvals USING btree (expires_at) WHERE (status = 'pending'::public.workflow_approval_status);
+
+
+--
 -- Name: workflow_runs_by_status; Type: INDEX; Schema: public; Owner: -
 --
 
