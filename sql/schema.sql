@@ -206,17 +206,23 @@ CREATE FUNCTION public.channel_members_keep_an_owner() RETURNS trigger
     AS $$
 BEGIN
     IF OLD.role = 'owner' AND OLD.removed_at IS NULL
-       AND (NEW.role <> 'owner' OR NEW.removed_at IS NOT NULL)
-       AND NOT EXISTS (
-           SELECT FROM channel_members
-           WHERE community_id = OLD.community_id AND channel_id = OLD.channel_id
-             AND pubkey <> OLD.pubkey AND role = 'owner' AND removed_at IS NULL)
-       AND EXISTS (
-           SELECT FROM channels
-           WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
-    THEN
-        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
-            USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
+       AND (NEW.role <> 'owner' OR NEW.removed_at IS NOT NULL) THEN
+        -- Serializes owner changes of one channel; each statement below
+        -- reads what the transactions before this one committed.
+        PERFORM FROM channels
+        WHERE community_id = OLD.community_id AND id = OLD.channel_id
+        FOR NO KEY UPDATE;
+        IF NOT EXISTS (
+               SELECT FROM channel_members
+               WHERE community_id = OLD.community_id AND channel_id = OLD.channel_id
+                 AND pubkey <> OLD.pubkey AND role = 'owner' AND removed_at IS NULL)
+           AND EXISTS (
+               SELECT FROM channels
+               WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
+        THEN
+            RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
+                USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
+        END IF;
     END IF;
     RETURN NEW;
 END
