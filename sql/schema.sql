@@ -106,6 +106,7 @@ CREATE TYPE public.workflow_status AS ENUM (
 
 CREATE FUNCTION public.assert_community_write_allowed(community uuid) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $_$
 DECLARE
     state text;
@@ -318,6 +319,7 @@ COMMENT ON FUNCTION public.communities_announce_closed() IS 'Tells every relay l
 
 CREATE FUNCTION public.communities_tombstone_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $_$
 DECLARE
     executor_community text := current_setting('buzz.deletion_executor_community', true);
@@ -1391,6 +1393,7 @@ $$;
 
 CREATE FUNCTION public.community_write_allowed(community uuid) RETURNS boolean
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     state text;

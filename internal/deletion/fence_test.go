@@ -297,6 +297,42 @@ func TestCommunityLifecycleOnlyMovesUnderTheExecutor(t *testing.T) {
 	require.Equal(t, "55000", sqlState(err))
 }
 
+// A session cannot fool the fence or the tombstone guard with temporary
+// tables of the names they read (pg_temp is searched first unless the
+// search_path says otherwise, and TEMP is granted to everyone). Mutation
+// killed: migration 032 without its search_path settings (the shadowed
+// write lands in the fenced community, the tombstone guard lets the forged
+// executor make the community active again).
+func TestTemporaryTablesCannotShadowTheFence(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.community("shadow.example")
+	f.fence("shadow.example")
+	conn := f.plainConn()
+	_, err := conn.Exec(f.ctx, `CREATE TEMP TABLE communities AS
+		SELECT id, 'active'::text AS deletion_state, deletion_fence_generation FROM public.communities`)
+	require.NoError(t, err)
+	err = insertUser(f.ctx, conn, c)
+	require.Equal(t, "55000", sqlState(err), "a write into the fenced community: %v", err)
+	var allowed bool
+	require.NoError(t, conn.QueryRow(f.ctx, `SELECT community_write_allowed($1)`, c).Scan(&allowed))
+	require.False(t, allowed)
+
+	_, err = conn.Exec(f.ctx, `CREATE TEMP TABLE community_deletion_requests AS
+		SELECT $1::uuid AS community_id, 999::bigint AS lease_generation,
+		       now() + interval '1 hour' AS lease_until, NULL::timestamptz AS blocked_at`, c)
+	require.NoError(t, err)
+	tx, err := conn.Begin(f.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(f.ctx)
+	_, err = tx.Exec(f.ctx, `SELECT set_config('buzz.deletion_executor_community', $1, true),
+		set_config('buzz.deletion_fence_generation', '1', true),
+		set_config('buzz.deletion_lease_generation', '999', true)`, c.String())
+	require.NoError(t, err)
+	_, err = tx.Exec(f.ctx, `UPDATE public.communities SET deletion_state = 'active' WHERE id = $1`, c)
+	require.Equal(t, "55000", sqlState(err), "a forged executor with a made-up lease: %v", err)
+}
+
 // Serving-write leases: quiescing refuses new leases but renews an
 // admitted one, whose transaction may still write; the fence waits until
 // it is released. Kills: acquisition that ignores the state, or a fence
