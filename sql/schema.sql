@@ -371,6 +371,7 @@ $$;
 
 CREATE FUNCTION public.community_deletion_approvals_not_requester() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     IF EXISTS (SELECT FROM community_deletion_requests r
@@ -477,6 +478,7 @@ CREATE FUNCTION public.community_deletion_lock_key(community uuid) RETURNS bigin
 
 CREATE FUNCTION public.community_deletion_manifest_keys_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     req record;
@@ -893,6 +895,7 @@ $$;
 
 CREATE FUNCTION public.community_deletion_requests_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
