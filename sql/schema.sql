@@ -106,6 +106,7 @@ CREATE TYPE public.workflow_status AS ENUM (
 
 CREATE FUNCTION public.assert_community_write_allowed(community uuid) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $_$
 DECLARE
     state text;
@@ -206,17 +207,23 @@ CREATE FUNCTION public.channel_members_keep_an_owner() RETURNS trigger
     AS $$
 BEGIN
     IF OLD.role = 'owner' AND OLD.removed_at IS NULL
-       AND (NEW.role <> 'owner' OR NEW.removed_at IS NOT NULL)
-       AND NOT EXISTS (
-           SELECT FROM channel_members
-           WHERE community_id = OLD.community_id AND channel_id = OLD.channel_id
-             AND pubkey <> OLD.pubkey AND role = 'owner' AND removed_at IS NULL)
-       AND EXISTS (
-           SELECT FROM channels
-           WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
-    THEN
-        RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
-            USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
+       AND (NEW.role <> 'owner' OR NEW.removed_at IS NOT NULL) THEN
+        -- Serializes owner changes of one channel; each statement below
+        -- reads what the transactions before this one committed.
+        PERFORM FROM channels
+        WHERE community_id = OLD.community_id AND id = OLD.channel_id
+        FOR NO KEY UPDATE;
+        IF NOT EXISTS (
+               SELECT FROM channel_members
+               WHERE community_id = OLD.community_id AND channel_id = OLD.channel_id
+                 AND pubkey <> OLD.pubkey AND role = 'owner' AND removed_at IS NULL)
+           AND EXISTS (
+               SELECT FROM channels
+               WHERE community_id = OLD.community_id AND id = OLD.channel_id AND deleted_at IS NULL)
+        THEN
+            RAISE EXCEPTION 'channel % would have no owner', OLD.channel_id
+                USING ERRCODE = '23514', CONSTRAINT = 'channel_members_keep_an_owner';
+        END IF;
     END IF;
     RETURN NEW;
 END
@@ -312,6 +319,7 @@ COMMENT ON FUNCTION public.communities_announce_closed() IS 'Tells every relay l
 
 CREATE FUNCTION public.communities_tombstone_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $_$
 DECLARE
     executor_community text := current_setting('buzz.deletion_executor_community', true);
@@ -353,6 +361,26 @@ CREATE FUNCTION public.community_deletion_approvals_guard() RETURNS trigger
     AS $$
 BEGIN
     RAISE EXCEPTION 'approval evidence is immutable' USING ERRCODE = '23000';
+END
+$$;
+
+
+--
+-- Name: community_deletion_approvals_not_requester(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.community_deletion_approvals_not_requester() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT FROM community_deletion_requests r
+               WHERE r.id = NEW.request_id
+                 AND lower(btrim(r.requested_by)) = lower(btrim(NEW.approved_by))) THEN
+        RAISE EXCEPTION 'deletion request %: approved by % who requested it; a second person approves', NEW.request_id, NEW.approved_by
+            USING ERRCODE = 'BZ002';
+    END IF;
+    RETURN NEW;
 END
 $$;
 
@@ -450,6 +478,7 @@ CREATE FUNCTION public.community_deletion_lock_key(community uuid) RETURNS bigin
 
 CREATE FUNCTION public.community_deletion_manifest_keys_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     req record;
@@ -866,6 +895,7 @@ $$;
 
 CREATE FUNCTION public.community_deletion_requests_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -1366,6 +1396,7 @@ $$;
 
 CREATE FUNCTION public.community_write_allowed(community uuid) RETURNS boolean
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     state text;
@@ -2800,6 +2831,13 @@ CREATE INDEX workflow_approvals_by_workflow ON public.workflow_approvals USING b
 
 
 --
+-- Name: workflow_approvals_pending_expiry; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_approvals_pending_expiry ON public.workflow_approvals USING btree (expires_at) WHERE (status = 'pending'::public.workflow_approval_status);
+
+
+--
 -- Name: workflow_runs_by_status; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -3000,6 +3038,13 @@ CREATE TRIGGER communities_tombstone_guard BEFORE DELETE OR UPDATE ON public.com
 --
 
 CREATE TRIGGER community_deletion_approvals_guard BEFORE DELETE OR UPDATE ON public.community_deletion_approvals FOR EACH ROW EXECUTE FUNCTION public.community_deletion_approvals_guard();
+
+
+--
+-- Name: community_deletion_approvals community_deletion_approvals_not_requester; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER community_deletion_approvals_not_requester BEFORE INSERT ON public.community_deletion_approvals FOR EACH ROW EXECUTE FUNCTION public.community_deletion_approvals_not_requester();
 
 
 --

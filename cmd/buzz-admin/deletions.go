@@ -312,11 +312,16 @@ func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID stri
 	svc, err := services(ctx, getenv, true)
 	if err != nil {
 		err = fmt.Errorf("deletion services: %w", err)
+		// On record, without a lease: the operator fixes the setting and
+		// unblocks. Only a request an executor could claim: blocking one
+		// still waiting for its approval would make the approver's
+		// `approve` fail ("not waiting for approval") over a setting of
+		// this shell.
 		if verb == "run" {
-			// On record, without a lease: the operator fixes the setting
-			// and unblocks.
-			if _, berr := db.New(pool).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: id, Message: err.Error()}); berr != nil {
-				err = errors.Join(err, berr)
+			if req, gerr := db.New(pool).DeletionRequestGet(ctx, id); gerr == nil && deletion.Runnable(req.Stage) {
+				if _, berr := db.New(pool).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: id, Message: err.Error()}); berr != nil {
+					err = errors.Join(err, berr)
+				}
 			}
 		}
 		return exitError{code: exitRunFailed, err: err}

@@ -142,6 +142,11 @@ func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
 	var req requestJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &req))
 	require.Contains(t, string(req.Inventory), `"media_store": "none"`, "the approver sees the inventory listed no media")
+	// A run started before the approval, from this shell, fails on its
+	// settings but leaves the request waiting for its approver. Kills: a
+	// pre-claim block of an unapproved request ("not waiting for approval").
+	_, err = cmd("deletions", "run", req.ID.String())
+	require.ErrorContains(t, err, "redis")
 	_, err = cmd("deletions", "approve", req.ID.String(), "--approved-by", "lead")
 	require.NoError(t, err)
 	for i := 0; i < 2; i++ {

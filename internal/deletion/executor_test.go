@@ -435,3 +435,45 @@ func TestRequesterCannotApproveTheirOwnDeletion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, deletion.StageApproved, approved.Stage)
 }
+
+// An approval that cannot be taken says what to do: a mistyped id is named
+// as missing, a blocked request asks to be unblocked first. Mutation
+// killed: Approve without those checks ("not found: no rows in result set",
+// and the database's "is not waiting for approval").
+func TestApproveTellsTheOperatorWhy(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.community("approve-why.test")
+	missing := uuid.New()
+	_, err := deletion.Approve(f.ctx, f.pool, missing, "lead@example", "")
+	require.EqualError(t, err, "no deletion request "+missing.String())
+	req, err := deletion.Submit(f.ctx, f.pool, nil, "approve-why.test", "ops@example", "")
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `UPDATE community_deletion_requests SET blocked_at = now(), blocked_reason = 'redis down' WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	_, err = deletion.Approve(f.ctx, f.pool, req.ID, "lead@example", "")
+	require.ErrorIs(t, err, dberr.ErrDeletionSafety)
+	require.ErrorContains(t, err, "is blocked (redis down)")
+	require.ErrorContains(t, err, "deletions unblock")
+}
+
+// The same rule holds for a psql session that skips the approval function:
+// it inserts the requester's approval row itself and moves the stage.
+// Mutation killed: migration 029 without its trigger (the row is taken, the
+// request reaches 'approved' and an executor could claim it).
+func TestRequesterCannotApproveTheirOwnDeletionByHand(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.community("self-approved-by-hand.test")
+	req, err := deletion.Submit(f.ctx, f.pool, nil, "self-approved-by-hand.test", "ops@example", "")
+	require.NoError(t, err)
+	conn := f.plainConn()
+	_, err = conn.Exec(f.ctx, `INSERT INTO community_deletion_approvals (request_id, community_id, inventory_digest, approved_by)
+		SELECT id, community_id, inventory_digest, ' Ops@Example' FROM community_deletion_requests WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "who requested it; a second person approves")
+	_, err = conn.Exec(f.ctx, `UPDATE community_deletion_requests SET stage = 'approved' WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "no approval of this exact inventory")
+	row, err := f.q.DeletionRequestGet(f.ctx, req.ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageInventoried, row.Stage)
+}

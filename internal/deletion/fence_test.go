@@ -297,6 +297,73 @@ func TestCommunityLifecycleOnlyMovesUnderTheExecutor(t *testing.T) {
 	require.Equal(t, "55000", sqlState(err))
 }
 
+// A session cannot fool the fence or the tombstone guard with temporary
+// tables of the names they read (pg_temp is searched first unless the
+// search_path says otherwise, and TEMP is granted to everyone). Mutation
+// killed: migration 032 without its search_path settings (the shadowed
+// write lands in the fenced community, the tombstone guard lets the forged
+// executor make the community active again).
+func TestTemporaryTablesCannotShadowTheFence(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.community("shadow.example")
+	f.fence("shadow.example")
+	conn := f.plainConn()
+	_, err := conn.Exec(f.ctx, `CREATE TEMP TABLE communities AS
+		SELECT id, 'active'::text AS deletion_state, deletion_fence_generation FROM public.communities`)
+	require.NoError(t, err)
+	err = insertUser(f.ctx, conn, c)
+	require.Equal(t, "55000", sqlState(err), "a write into the fenced community: %v", err)
+	var allowed bool
+	require.NoError(t, conn.QueryRow(f.ctx, `SELECT community_write_allowed($1)`, c).Scan(&allowed))
+	require.False(t, allowed)
+
+	_, err = conn.Exec(f.ctx, `CREATE TEMP TABLE community_deletion_requests AS
+		SELECT $1::uuid AS community_id, 999::bigint AS lease_generation,
+		       now() + interval '1 hour' AS lease_until, NULL::timestamptz AS blocked_at`, c)
+	require.NoError(t, err)
+	tx, err := conn.Begin(f.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(f.ctx)
+	_, err = tx.Exec(f.ctx, `SELECT set_config('buzz.deletion_executor_community', $1, true),
+		set_config('buzz.deletion_fence_generation', '1', true),
+		set_config('buzz.deletion_lease_generation', '999', true)`, c.String())
+	require.NoError(t, err)
+	_, err = tx.Exec(f.ctx, `UPDATE public.communities SET deletion_state = 'active' WHERE id = $1`, c)
+	require.Equal(t, "55000", sqlState(err), "a forged executor with a made-up lease: %v", err)
+}
+
+// The deletion request's guards are not fooled by temporary tables either:
+// a made-up approval does not move a request to 'approved' (which would
+// wedge it: unclaimable, and no real approval can follow), and a made-up
+// request does not let its requester approve it. Mutation killed:
+// migration 032 without the community_deletion_requests_guard line (the
+// stage moves) or without the community_deletion_approvals_not_requester
+// line (the self-approval is inserted).
+func TestTemporaryTablesCannotShadowTheDeletionGuards(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.community("shadow-guards.example")
+	req, err := deletion.Submit(f.ctx, f.pool, nil, "shadow-guards.example", "ops@example", "")
+	require.NoError(t, err)
+	conn := f.plainConn()
+	_, err = conn.Exec(f.ctx, `CREATE TEMP TABLE community_deletion_approvals AS
+		SELECT id AS request_id, community_id, inventory_digest FROM public.community_deletion_requests WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	_, err = conn.Exec(f.ctx, `UPDATE public.community_deletion_requests SET stage = 'approved' WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "no approval of this exact inventory")
+
+	_, err = conn.Exec(f.ctx, `CREATE TEMP TABLE community_deletion_requests AS
+		SELECT $1::uuid AS id, 'someone-else'::text AS requested_by`, req.ID)
+	require.NoError(t, err)
+	_, err = conn.Exec(f.ctx, `INSERT INTO public.community_deletion_approvals (request_id, community_id, inventory_digest, approved_by)
+		SELECT id, community_id, inventory_digest, 'ops@example' FROM public.community_deletion_requests WHERE id = $1`, req.ID)
+	require.ErrorContains(t, err, "who requested it; a second person approves")
+	row, err := f.q.DeletionRequestGet(f.ctx, req.ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageInventoried, row.Stage)
+}
+
 // Serving-write leases: quiescing refuses new leases but renews an
 // admitted one, whose transaction may still write; the fence waits until
 // it is released. Kills: acquisition that ignores the state, or a fence

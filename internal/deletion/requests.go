@@ -80,11 +80,18 @@ func BuildInventory(ctx context.Context, pool *pgxpool.Pool, store media.Store, 
 func Approve(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, approvedBy, note string) (db.CommunityDeletionRequest, error) {
 	q := db.New(pool)
 	req, err := q.DeletionRequestGet(ctx, id)
+	if dberr.IsNotFound(err) {
+		return req, fmt.Errorf("no deletion request %s", id)
+	}
 	if err != nil {
 		return req, dberr.Interpret(err)
 	}
 	if req.Stage != StageInventoried {
 		return req, fmt.Errorf("%w: deletion request %s is at stage %s, not waiting for approval", dberr.ErrDeletionSafety, id, req.Stage)
+	}
+	if req.BlockedReason != nil {
+		return req, fmt.Errorf("%w: deletion request %s is blocked (%s): fix that, then `buzz-admin deletions unblock` it before approving",
+			dberr.ErrDeletionSafety, id, *req.BlockedReason)
 	}
 	inv, err := DecodeInventory(req.InventoryManifest)
 	if err != nil {

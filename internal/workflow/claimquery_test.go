@@ -89,3 +89,54 @@ func TestRunClaimReadsItsRunsNotTheBacklog(t *testing.T) {
 	read := dbtest.RowsRead(t, tx, "workflow_runs") - before
 	require.Less(t, read, int64(100), "rows the claim read, of a %d-run backlog", backlog)
 }
+
+// The approval expirer runs on every scheduler tick (each
+// BUZZ_WORKFLOW_POLL, on every relay process) across all communities, and
+// decided approvals are kept for good: it must read the pending ones, not
+// an index of every approval ever made. Buffers are PostgreSQL's count for
+// the statement (EXPLAIN ANALYZE, rolled back).
+//
+// Mutation killed: without migration 030's partial index the statement
+// walks workflow_approvals_by_status whole (about 140 buffers here, 22
+// with it).
+func TestApprovalExpiryReadsPendingApprovalsOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	workflowID := uuid.NewString()
+	f.save(owner, f.channel(owner), workflowID, twoSteps)
+	_, err := f.pool.Exec(f.ctx, `
+		WITH run AS (
+			INSERT INTO workflow_runs (community_id, id, workflow_id) VALUES ($1, gen_random_uuid(), $2) RETURNING id
+		)
+		INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, status, expires_at)
+		SELECT $1, sha256(i::text::bytea), $2, run.id, 'approve', 0,
+		       CASE WHEN i <= 3 THEN 'pending' WHEN i % 2 = 0 THEN 'granted' ELSE 'denied' END::workflow_approval_status,
+		       now() + CASE WHEN i = 1 THEN interval '-1 minute' ELSE interval '1 hour' END
+		FROM run, generate_series(1, 150000) AS i`, f.tenant.ID(), workflowID)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `ANALYZE workflow_approvals`)
+	require.NoError(t, err)
+
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	raw, err := os.ReadFile("../../queries/workflow_approvals.sql")
+	require.NoError(t, err)
+	_, expire, ok := strings.Cut(string(raw), "-- name: WorkflowApprovalsExpire :many\n")
+	require.True(t, ok)
+	var statement []string
+	for _, line := range strings.Split(expire, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			statement = append(statement, line)
+		}
+	}
+	expire, _, _ = strings.Cut(strings.Join(statement, "\n"), ";")
+	expire = strings.ReplaceAll(expire, "sqlc.narg('now')", "NULL")
+	var plan []map[string]any
+	require.NoError(t, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+expire).Scan(&plan))
+	top := plan[0]["Plan"].(map[string]any)
+	require.EqualValues(t, 1, top["Actual Rows"], "the one pending approval past its expiry")
+	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+	require.Less(t, buffers, float64(60), "buffers the expirer touched, of 150,000 approvals (3 pending)")
+}
