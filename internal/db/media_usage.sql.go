@@ -35,7 +35,7 @@ type MediaUsageReleaseParams struct {
 
 // Gives back a blob's size: its upload failed after the reservation, or
 // the community's last reference to it was deleted. Never below zero: a
-// blob uploaded before migration 029 was never counted.
+// blob uploaded before migration 033 was never counted.
 func (q *Queries) MediaUsageRelease(ctx context.Context, arg MediaUsageReleaseParams) error {
 	_, err := q.db.Exec(ctx, mediaUsageRelease, arg.Size, arg.CommunityID)
 	return err
@@ -57,7 +57,7 @@ type MediaUsageReserveParams struct {
 	Quota       int64
 }
 
-// Bytes of media each community stores (migration 029).
+// Bytes of media each community stores (migration 033).
 // Adds a blob's size to the community's usage unless that would pass the
 // quota. Zero rows: refused, nothing changed. The upsert locks the row, so
 // concurrent reservations (on any relay process) add one after the other
