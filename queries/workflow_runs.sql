@@ -146,3 +146,22 @@ LIMIT @max_rows::int;
 
 -- name: WorkflowRunOf :one
 SELECT workflow_id FROM workflow_runs WHERE community_id = @community_id::uuid AND id = @id::uuid;
+
+-- name: WorkflowRunsDeleteEnded :execrows
+-- History retention: deletes up to @batch runs that ended before @before,
+-- oldest first; their approvals go with them (ON DELETE CASCADE). A run a
+-- slot claim still names waits for ScheduledWorkflowFiresDeleteOld to take
+-- the claim, and a community being deleted is skipped (its deletion removes
+-- its rows). SKIP LOCKED: processes sweeping at once take different rows.
+DELETE FROM workflow_runs r
+USING (
+    SELECT e.community_id, e.id FROM workflow_runs e
+    WHERE e.status IN ('completed', 'failed', 'cancelled') AND e.completed_at < @before::timestamptz
+      AND NOT EXISTS (SELECT FROM scheduled_workflow_fires f
+                      WHERE f.community_id = e.community_id AND f.workflow_run_id = e.id)
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.completed_at
+    LIMIT @batch::int
+    FOR UPDATE SKIP LOCKED
+) old
+WHERE r.community_id = old.community_id AND r.id = old.id;

@@ -2852,6 +2852,13 @@ CREATE INDEX workflow_runs_due ON public.workflow_runs USING btree (run_at, crea
 
 
 --
+-- Name: workflow_runs_ended; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_ended ON public.workflow_runs USING btree (completed_at) WHERE (status = ANY (ARRAY['completed'::public.workflow_run_status, 'failed'::public.workflow_run_status, 'cancelled'::public.workflow_run_status]));
+
+
+--
 -- Name: workflow_runs_history; Type: INDEX; Schema: public; Owner: -
 --
 

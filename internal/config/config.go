@@ -89,7 +89,10 @@ type Config struct {
 	WorkflowPoll     time.Duration // how often an idle workflow worker looks for due runs
 	WorkflowMaxRuns  int           // workflow runs one relay process executes at once
 	WorkflowCatchUp  time.Duration // how far back the scheduler fires missed schedule slots
-	WebhookMaxBytes  int           // largest POST /hooks/{id} body
+	// WorkflowRunRetention is how long ended runs (with their approvals)
+	// and schedule slot claims are kept; older ones are deleted.
+	WorkflowRunRetention time.Duration
+	WebhookMaxBytes      int // largest POST /hooks/{id} body
 
 	// The call_webhook step's HTTPS client.
 	WorkflowWebhookTimeout       time.Duration  // one call, from dial to the last response byte
@@ -224,11 +227,12 @@ func Default() Config {
 		HTTPIdleTimeout:       60 * time.Second,
 		MetricsAddr:           "127.0.0.1:9464",
 
-		WorkflowRunLease: 30 * time.Second,
-		WorkflowPoll:     time.Second,
-		WorkflowMaxRuns:  100,
-		WorkflowCatchUp:  10 * time.Minute,
-		WebhookMaxBytes:  61440,
+		WorkflowRunLease:     30 * time.Second,
+		WorkflowPoll:         time.Second,
+		WorkflowMaxRuns:      100,
+		WorkflowCatchUp:      10 * time.Minute,
+		WorkflowRunRetention: 30 * 24 * time.Hour,
+		WebhookMaxBytes:      61440,
 
 		WorkflowWebhookTimeout:       safehttp.DefaultTimeout,
 		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
@@ -310,6 +314,11 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_WORKFLOW_POLL", &c.WorkflowPoll)
 	r.positive("BUZZ_WORKFLOW_MAX_RUNS", &c.WorkflowMaxRuns)
 	r.duration("BUZZ_WORKFLOW_SCHEDULE_CATCH_UP", &c.WorkflowCatchUp)
+	r.duration("BUZZ_WORKFLOW_RUN_RETENTION", &c.WorkflowRunRetention)
+	if c.WorkflowRunRetention <= c.WorkflowCatchUp && r.err == nil {
+		// A slot claim deleted inside the catch-up window would fire again.
+		r.fail("BUZZ_WORKFLOW_RUN_RETENTION", c.WorkflowRunRetention.String(), "a duration longer than BUZZ_WORKFLOW_SCHEDULE_CATCH_UP ("+c.WorkflowCatchUp.String()+")")
+	}
 	r.positive("BUZZ_WORKFLOW_WEBHOOK_MAX_BYTES", &c.WebhookMaxBytes)
 	r.duration("BUZZ_WORKFLOW_WEBHOOK_TIMEOUT", &c.WorkflowWebhookTimeout)
 	r.positive("BUZZ_WORKFLOW_WEBHOOK_RESPONSE_BYTES", &c.WorkflowWebhookResponseBytes)

@@ -66,3 +66,32 @@ func (q *Queries) ScheduledWorkflowFireLink(ctx context.Context, arg ScheduledWo
 	)
 	return err
 }
+
+const scheduledWorkflowFiresDeleteOld = `-- name: ScheduledWorkflowFiresDeleteOld :execrows
+DELETE FROM scheduled_workflow_fires f
+USING (
+    SELECT o.community_id, o.workflow_id, o.scheduled_for FROM scheduled_workflow_fires o
+    WHERE o.claimed_at < $1::timestamptz AND community_write_allowed(o.community_id)
+    ORDER BY o.claimed_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+) old
+WHERE f.community_id = old.community_id AND f.workflow_id = old.workflow_id AND f.scheduled_for = old.scheduled_for
+`
+
+type ScheduledWorkflowFiresDeleteOldParams struct {
+	Before time.Time
+	Batch  int32
+}
+
+// History retention: deletes up to @batch slot claims made before @before,
+// oldest first. A slot that old is far outside the catch-up window, so no
+// tick would fire it again; its run (which ended no earlier than the claim)
+// may then go too. A community being deleted is skipped.
+func (q *Queries) ScheduledWorkflowFiresDeleteOld(ctx context.Context, arg ScheduledWorkflowFiresDeleteOldParams) (int64, error) {
+	result, err := q.db.Exec(ctx, scheduledWorkflowFiresDeleteOld, arg.Before, arg.Batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}

@@ -464,6 +464,39 @@ func (q *Queries) WorkflowRunStepStart(ctx context.Context, arg WorkflowRunStepS
 	return result.RowsAffected(), nil
 }
 
+const workflowRunsDeleteEnded = `-- name: WorkflowRunsDeleteEnded :execrows
+DELETE FROM workflow_runs r
+USING (
+    SELECT e.community_id, e.id FROM workflow_runs e
+    WHERE e.status IN ('completed', 'failed', 'cancelled') AND e.completed_at < $1::timestamptz
+      AND NOT EXISTS (SELECT FROM scheduled_workflow_fires f
+                      WHERE f.community_id = e.community_id AND f.workflow_run_id = e.id)
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.completed_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+) old
+WHERE r.community_id = old.community_id AND r.id = old.id
+`
+
+type WorkflowRunsDeleteEndedParams struct {
+	Before time.Time
+	Batch  int32
+}
+
+// History retention: deletes up to @batch runs that ended before @before,
+// oldest first; their approvals go with them (ON DELETE CASCADE). A run a
+// slot claim still names waits for ScheduledWorkflowFiresDeleteOld to take
+// the claim, and a community being deleted is skipped (its deletion removes
+// its rows). SKIP LOCKED: processes sweeping at once take different rows.
+func (q *Queries) WorkflowRunsDeleteEnded(ctx context.Context, arg WorkflowRunsDeleteEndedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunsDeleteEnded, arg.Before, arg.Batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowRunsPage = `-- name: WorkflowRunsPage :many
 SELECT id, workflow_id, status, current_step, execution_trace, started_at, completed_at, error_code, error_message, created_at
 FROM workflow_runs

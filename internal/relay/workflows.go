@@ -50,6 +50,7 @@ func (s *Server) StartWorkflows(ctx context.Context) error {
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
 	sched.Metrics = m
 	sched.MaxUnfinishedRuns = s.cfg.WorkflowMaxUnfinishedRuns
+	sched.RunRetention = s.cfg.WorkflowRunRetention
 	s.workers.Go(func() { sched.Run(ctx, s.cfg.WorkflowPoll) })
 	return nil
 }

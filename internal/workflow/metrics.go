@@ -12,6 +12,7 @@ type Metrics struct {
 	runs        *prometheus.CounterVec
 	runSeconds  prometheus.Histogram
 	scheduleLag prometheus.Histogram
+	history     *prometheus.CounterVec
 }
 
 // NewMetrics registers the workflow collectors on reg (or reuses the ones
@@ -32,8 +33,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "How long after its slot a schedule slot was claimed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}),
+		history: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_workflow_history_deleted_total",
+			Help: "Rows deleted by workflow history retention (BUZZ_WORKFLOW_RUN_RETENTION), by table: workflow_runs (their approvals go with them) and scheduled_workflow_fires.",
+		}, []string{"table"}),
 	}
-	cs := []prometheus.Collector{m.runs, m.runSeconds, m.scheduleLag}
+	cs := []prometheus.Collector{m.runs, m.runSeconds, m.scheduleLag, m.history}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
@@ -46,6 +51,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.runs = cs[0].(*prometheus.CounterVec)
 	m.runSeconds = cs[1].(prometheus.Histogram)
 	m.scheduleLag = cs[2].(prometheus.Histogram)
+	m.history = cs[3].(*prometheus.CounterVec)
 	m.runs.WithLabelValues("completed", "")
 	return m, nil
 }
@@ -73,6 +79,12 @@ func (m *Metrics) runOver(outcome string, code ErrorCode, took time.Duration) {
 func (m *Metrics) refusedAtCapacity() {
 	if m != nil {
 		m.runs.WithLabelValues("failed", string(CodeCapacityExceeded)).Inc()
+	}
+}
+
+func (m *Metrics) historyDeleted(table string, rows int64) {
+	if m != nil && rows > 0 {
+		m.history.WithLabelValues(table).Add(float64(rows))
 	}
 }
 

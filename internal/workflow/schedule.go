@@ -41,6 +41,9 @@ type Scheduler struct {
 	// beyond it records its run failed with capacity_exceeded (0: the
 	// default).
 	MaxUnfinishedRuns int
+	// RunRetention is how long ended runs and slot claims are kept; each
+	// tick deletes a batch of older ones (0: DefaultRunRetention).
+	RunRetention time.Duration
 
 	// handled is, per workflow, the latest slot this scheduler claimed or
 	// found claimed: later ticks start after it, so a slot is inserted
@@ -65,7 +68,8 @@ func NewScheduler(pool *pgxpool.Pool, clk clock.Clock, catchUp time.Duration, of
 }
 
 // Run ticks every interval until ctx ends; each tick also expires
-// approvals nobody decided in time.
+// approvals nobody decided in time and deletes a batch of history older
+// than RunRetention.
 func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -76,12 +80,22 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow approval expiry failed", "err", err)
 		}
+		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil {
+			s.log.Error("workflow history retention failed", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+func (s *Scheduler) runRetention() time.Duration {
+	if s.RunRetention > 0 {
+		return s.RunRetention
+	}
+	return DefaultRunRetention
 }
 
 // MaxSlotsPerTick bounds the slots one tick fires for one workflow, so a
