@@ -33,6 +33,7 @@ type settings struct {
 	SessionQueue      int           // waiting prompts per session before new ones are refused
 	IncomingQueue     int           // messages waiting for verification before new ones are refused
 	SessionIdle       time.Duration // a session without prompts for this long is closed
+	MaxSessions       int           // open sessions (so turns at once) before new ones are refused
 	// Verifier, when set, replaces newVerifier (tests use stand-ins).
 	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
 	// Received, when set, is told when a message that will become a prompt
@@ -89,6 +90,11 @@ type job struct {
 type session struct {
 	id    acp.SessionId // "" until the first prompt opens it
 	queue chan job
+	// Guarded by bridge.sessMu: jobs queued or running, when the last was
+	// queued, and closed when the session is evicted to make room.
+	pending int
+	last    time.Time
+	evicted chan struct{}
 }
 
 func newBridge(cfg settings, agent *localAgent, log *slog.Logger, st *status) *bridge {
@@ -457,8 +463,14 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	// to quit, so a job never lands in the queue of a worker that left.
 	b.sessMu.Lock()
 	s := b.sessions[j.key]
+	if s == nil && len(b.sessions) >= b.cfg.MaxSessions && !b.evictIdleLocked() {
+		b.sessMu.Unlock()
+		b.status.dropped("sessions_full")
+		b.log.Warn("prompt refused: every session is busy", "session", j.key, "event", j.eventID, "max", b.cfg.MaxSessions)
+		return
+	}
 	if s == nil {
-		s = &session{queue: make(chan job, b.cfg.SessionQueue)}
+		s = &session{queue: make(chan job, b.cfg.SessionQueue), evicted: make(chan struct{})}
 		b.sessions[j.key] = s
 		b.work.Add(1)
 		go b.serveSession(ctx, j.key, s)
@@ -468,6 +480,8 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	select {
 	case s.queue <- j:
 		queued = true
+		s.pending++
+		s.last = time.Now()
 	default:
 	}
 	b.sessMu.Unlock()
@@ -494,7 +508,15 @@ func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
 			return
 		case j := <-s.queue:
 			b.runJob(s, j)
+			b.sessMu.Lock()
+			s.pending--
+			b.sessMu.Unlock()
 			idle.Reset(b.cfg.SessionIdle)
+		case <-s.evicted:
+			// enqueue took it out of sessions, with nothing pending.
+			b.agent.closeSession(s.id)
+			b.log.Info("idle session closed to make room", "session", key)
+			return
 		case <-idle.C:
 			b.sessMu.Lock()
 			if len(s.queue) > 0 {
@@ -502,14 +524,37 @@ func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
 				idle.Reset(b.cfg.SessionIdle)
 				continue
 			}
-			delete(b.sessions, key)
-			b.status.sessions(len(b.sessions))
+			if b.sessions[key] == s { // else evicted, and a new one may hold the key
+				delete(b.sessions, key)
+				b.status.sessions(len(b.sessions))
+			}
 			b.sessMu.Unlock()
 			b.agent.closeSession(s.id)
 			b.log.Info("idle session closed", "session", key)
 			return
 		}
 	}
+}
+
+// evictIdleLocked makes room for a new session by closing the least recently
+// prompted one that has nothing queued or running; false when every session
+// is busy. Without a cap, every thread a member starts (and a mention may
+// name any root it likes) would open a session and run a turn at once.
+// b.sessMu is held.
+func (b *bridge) evictIdleLocked() bool {
+	var victim *session
+	var victimKey string
+	for key, s := range b.sessions {
+		if s.pending == 0 && (victim == nil || s.last.Before(victim.last)) {
+			victim, victimKey = s, key
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	delete(b.sessions, victimKey)
+	close(victim.evicted)
+	return true
 }
 
 // runJob prompts the agent and posts its answer. It does not stop at

@@ -131,6 +131,7 @@ func (w *world) start() {
 		SessionQueue:      128,
 		IncomingQueue:     128,
 		SessionIdle:       waitLong,
+		MaxSessions:       64,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -348,6 +349,42 @@ func TestIdleSessionsAreClosed(t *testing.T) {
 	second := w.mention("@Robby two")
 	w.answerTo(second.ID)
 	require.NotEqual(t, w.promptFor(first.ID).Session, w.promptFor(second.ID).Session)
+}
+
+// A member cannot open sessions, and so agent turns at once, without bound:
+// each thread is a session, and a mention may name any root it likes. At
+// BUZZ_ACP_MAX_SESSIONS, a new thread's prompt closes the least recently
+// prompted idle session, or is refused while every session is busy.
+//
+// Mutation killed: no cap (the check in enqueue removed): the third thread
+// is answered while two turns hold, and nothing is dropped.
+func TestSessionsAreCapped(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, func(cfg *settings) { cfg.MaxSessions = 2 })
+	root := func() nostr.Tag { return nostr.Tag{"e", strings.Repeat(uuid.NewString()[:8], 8), "", "root"} }
+	parent := w.mention("@Robby a thread starts here")
+	w.answerTo(parent.ID)
+	reply := nostr.Tag{"e", parent.ID, "", "reply"}
+
+	// Two threads whose turns hold; the relay keeps the reply parent and
+	// buzz-acp keys the session by the claimed root.
+	a := w.mention("@Robby [hold] a", reply, root())
+	b := w.mention("@Robby [hold] b", reply, root())
+	require.Eventually(t, func() bool { return len(w.prompts()) == 3 }, waitLong, 10*time.Millisecond, "both held turns start")
+	c := w.mention("@Robby c", reply, root())
+	require.Eventually(t, func() bool { return w.status.snapshot().Dropped["sessions_full"] == 1 }, waitLong, 10*time.Millisecond,
+		"a third session while two are busy is refused")
+
+	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
+	w.answerTo(a.ID)
+	w.answerTo(b.ID)
+	// Both idle now: the least recently prompted makes room.
+	d := w.mention("@Robby d", reply, root())
+	w.answerTo(d.ID)
+	for _, p := range w.prompts() {
+		require.NotEqual(t, c.ID, p.EventID, "the refused prompt reached the agent")
+	}
+	require.LessOrEqual(t, w.status.snapshot().Sessions, 2)
 }
 
 // A doorbell-shaped message that fails verification (here a member's own
