@@ -313,25 +313,90 @@ func (b *bridge) push(in incoming) {
 	}
 }
 
+// Membership paging: a page of member lists asked for at once (the relay may
+// answer fewer, at most its BUZZ_MAX_LIMIT), at most so many pages per read,
+// and at most so many channels heard (the #h values one filter may carry).
+const (
+	membershipPage  = 500
+	membershipPages = 20
+	maxChannels     = 1000
+)
+
 // memberChannels lists the channels this agent is an active member of: the
-// relay-signed member lists (kind 39002) that name it.
+// relay-signed member lists (kind 39002) that name it. It pages back with
+// until: one answer holds at most the relay's limit of lists, the newest,
+// and anyone may add an agent whose channel_add_policy is anyone to fresh
+// channels of their own, whose lists are then the newest; reading one page
+// would let them push the agent's own channels out of its subscription.
+// Beyond maxChannels it keeps those whose lists are oldest: a list is
+// re-signed when its channel's membership changes, so fresh channels made
+// to crowd the agent out come last.
 func (b *bridge) memberChannels(ctx context.Context, conn *relayConn) (map[string]bool, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	lists, err := conn.Query(qctx, map[string]any{"kinds": []int{39002}, "#p": []string{b.pubkey}})
-	if err != nil {
-		return nil, fmt.Errorf("read channel memberships: %w", err)
-	}
-	out := map[string]bool{}
-	for _, ev := range lists {
-		if ev.PubKey != b.relayPubkey || ev.Verify() != nil || !hasTag(ev, "p", b.pubkey) {
-			continue
+	found := map[string]int64{} // channel -> its list's created_at
+	until := int64(-1)
+	for page := 0; page < membershipPages; page++ {
+		filter := map[string]any{"kinds": []int{39002}, "#p": []string{b.pubkey}, "limit": membershipPage}
+		if until >= 0 {
+			filter["until"] = until
 		}
-		if id := tagValue(ev, "d"); uuid.Validate(id) == nil {
-			out[id] = true
+		lists, err := conn.Query(qctx, filter)
+		if err != nil {
+			return nil, fmt.Errorf("read channel memberships: %w", err)
+		}
+		added, oldest := 0, int64(-1)
+		for _, ev := range lists {
+			if oldest < 0 || ev.CreatedAt < oldest {
+				oldest = ev.CreatedAt
+			}
+			if ev.PubKey != b.relayPubkey || ev.Verify() != nil || !hasTag(ev, "p", b.pubkey) {
+				continue
+			}
+			id := tagValue(ev, "d")
+			if _, dup := found[id]; uuid.Validate(id) == nil && !dup {
+				found[id] = ev.CreatedAt
+				added++
+			}
+		}
+		switch {
+		case oldest < 0:
+			page = membershipPages // nothing older
+		case added == 0:
+			// A page of one second's lists already seen: step past that
+			// second rather than ask for it again.
+			until = oldest - 1
+		default:
+			// until is inclusive: that second's other lists come again, and
+			// the ones already seen are skipped.
+			until = oldest
 		}
 	}
-	return out, nil
+	if len(found) > maxChannels {
+		b.log.Warn("member of more channels than one subscription carries; hearing those whose membership changed longest ago",
+			"channels", len(found), "heard", maxChannels)
+	}
+	return oldestChannels(found, maxChannels), nil
+}
+
+// oldestChannels keeps the n channels whose member lists are oldest (by
+// created_at, then id).
+func oldestChannels(found map[string]int64, n int) map[string]bool {
+	ids := make([]string, 0, len(found))
+	for id := range found {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		if found[ids[i]] != found[ids[j]] {
+			return found[ids[i]] < found[ids[j]]
+		}
+		return ids[i] < ids[j]
+	})
+	out := make(map[string]bool, min(len(ids), n))
+	for _, id := range ids[:min(len(ids), n)] {
+		out[id] = true
+	}
+	return out
 }
 
 // subscribe asks for the messages naming this agent in its channels. A

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/doorbell"
 	"github.com/buzzrelay/buzz/internal/nipoa"
@@ -80,7 +81,13 @@ type world struct {
 
 func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	t.Helper()
-	r := relaytest.Start(t)
+	return newWorldOn(t, nil, adjust...)
+}
+
+// newWorldOn is newWorld on a relay with relayAdjust applied to its settings.
+func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
+	r := relaytest.Start(t, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))
@@ -385,6 +392,37 @@ func TestSessionsAreCapped(t *testing.T) {
 		require.NotEqual(t, c.ID, p.EventID, "the refused prompt reached the agent")
 	}
 	require.LessOrEqual(t, w.status.snapshot().Sessions, 2)
+}
+
+// Anyone may add an agent whose policy is anyone to channels of their own,
+// whose member lists are then the newest; one read of the lists (at most
+// the relay's limit, newest first) would then leave the agent's own channel
+// out of its subscription, and it would stop hearing it. Here the relay's
+// limit is 3 and a stranger adds the agent to 4 fresh channels.
+//
+// Mutation killed: reading one page of member lists (as before): the
+// mention in the agent's own channel is never answered.
+func TestChannelsCrowdingDoNotDeafenTheAgent(t *testing.T) {
+	t.Parallel()
+	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.MaxLimit = 3 }})
+	before := w.mention("@Robby before")
+	w.answerTo(before.ID)
+	stranger := w.r.Dial(t, w.host)
+	stranger.Auth(nil)
+	time.Sleep(1100 * time.Millisecond) // the strangers' lists are strictly newer
+	for i := 0; i < 4; i++ {
+		ch := uuid.NewString()
+		ok := stranger.Publish(stranger.Sign(9007, "", nostr.Tags{{"h", ch}, {"name", "crowd"}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+		ok = stranger.Publish(stranger.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", w.agentKey.PublicKeyHex()}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	// The lists of one second beyond a full page are skipped (here the
+	// fourth crowding list may be), never the older ones behind them.
+	require.Eventually(t, func() bool { return w.status.snapshot().Channels >= 4 }, waitLong, 10*time.Millisecond,
+		"the crowding channels are heard beside the agent's own")
+	after := w.mention("@Robby after")
+	w.answerTo(after.ID)
 }
 
 // A doorbell-shaped message that fails verification (here a member's own

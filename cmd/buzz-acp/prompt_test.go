@@ -85,3 +85,13 @@ func TestDoorbellPromptNamesTheWorkflowAuthor(t *testing.T) {
 	require.Equal(t, fence, lines[len(lines)-1])
 	require.Equal(t, text, strings.Join(lines[open+1:len(lines)-1], "\n"))
 }
+
+// Beyond the channels one subscription carries, the agent hears those
+// whose member lists are oldest: fresh channels made to crowd it out last.
+// Mutation killed: keeping the newest: the crowding channels win.
+func TestOldestChannelsAreKept(t *testing.T) {
+	t.Parallel()
+	found := map[string]int64{"own-a": 100, "own-b": 150, "crowd-1": 900, "crowd-2": 901, "crowd-3": 902}
+	require.Equal(t, map[string]bool{"own-a": true, "own-b": true}, oldestChannels(found, 2))
+	require.Len(t, oldestChannels(found, 10), 5)
+}
