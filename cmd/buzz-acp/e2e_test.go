@@ -425,6 +425,28 @@ func TestChannelsCrowdingDoNotDeafenTheAgent(t *testing.T) {
 	w.answerTo(after.ID)
 }
 
+// Any member may save a workflow that rings the agent on every message in
+// the channel. The agent's own answer is such a message: its doorbell must
+// not wake the agent again, or one message sets off turns without end.
+//
+// Mutation killed: accepting a cause event signed by the agent (the check in
+// eventCause removed): the agent answers its own answers, over and over.
+func TestAgentsOwnAnswerDoesNotRingItAgain(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ok := w.owner.Publish(w.owner.Sign(30620,
+		"name: Echo\ntrigger: {on: message_posted}\nsteps: [{id: echo, action: send_message, text: '@Robby {{trigger.text}}'}]",
+		nostr.Tags{{"d", uuid.NewString()}, {"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	ok = w.owner.Publish(w.owner.Sign(9, "go", nostr.Tags{{"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Eventually(t, func() bool { return w.status.snapshot().Answers >= 1 }, waitLong, 10*time.Millisecond)
+	time.Sleep(3 * time.Second)
+	require.EqualValues(t, 1, w.status.snapshot().Answers, "the agent answered its own answer")
+	// The answer's own doorbell was rung, and dropped.
+	require.EqualValues(t, 1, w.status.snapshot().Dropped["self_caused"], "the doorbell the agent's answer caused")
+}
+
 // A doorbell-shaped message that fails verification (here a member's own
 // kind 9 carrying the doorbell's tags, not signed by the relay) is dropped
 // with a reason counted, and never reaches the agent, not even as an
