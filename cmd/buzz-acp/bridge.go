@@ -315,11 +315,13 @@ func (b *bridge) push(in incoming) {
 
 // Membership paging: a page of member lists asked for at once (the relay may
 // answer fewer, at most its BUZZ_MAX_LIMIT), at most so many pages per read,
-// and at most so many channels heard (the #h values one filter may carry).
+// and at most so many channels heard: the wake filter's #h values, which
+// with its one kind and one #p must stay within the relay's 1,000 values per
+// filter, or the relay refuses the subscription and the agent hears nothing.
 const (
 	membershipPage  = 500
 	membershipPages = 20
-	maxChannels     = 1000
+	maxChannels     = 998
 )
 
 // memberChannels lists the channels this agent is an active member of: the

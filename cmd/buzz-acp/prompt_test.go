@@ -94,4 +94,7 @@ func TestOldestChannelsAreKept(t *testing.T) {
 	found := map[string]int64{"own-a": 100, "own-b": 150, "crowd-1": 900, "crowd-2": 901, "crowd-3": 902}
 	require.Equal(t, map[string]bool{"own-a": true, "own-b": true}, oldestChannels(found, 2))
 	require.Len(t, oldestChannels(found, 10), 5)
+	// The wake filter (one kind, the channels, one #p) fits the relay's
+	// per-filter value limit.
+	require.LessOrEqual(t, maxChannels+2, nostr.DefaultLimits().MaxFilterValues)
 }
