@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/doorbell"
 	"github.com/buzzrelay/buzz/internal/nipoa"
@@ -80,7 +81,13 @@ type world struct {
 
 func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	t.Helper()
-	r := relaytest.Start(t)
+	return newWorldOn(t, nil, adjust...)
+}
+
+// newWorldOn is newWorld on a relay with relayAdjust applied to its settings.
+func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
+	r := relaytest.Start(t, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))
@@ -131,6 +138,7 @@ func (w *world) start() {
 		SessionQueue:      128,
 		IncomingQueue:     128,
 		SessionIdle:       waitLong,
+		MaxSessions:       64,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -348,6 +356,95 @@ func TestIdleSessionsAreClosed(t *testing.T) {
 	second := w.mention("@Robby two")
 	w.answerTo(second.ID)
 	require.NotEqual(t, w.promptFor(first.ID).Session, w.promptFor(second.ID).Session)
+}
+
+// A member cannot open sessions, and so agent turns at once, without bound:
+// each thread is a session, and a mention may name any root it likes. At
+// BUZZ_ACP_MAX_SESSIONS, a new thread's prompt closes the least recently
+// prompted idle session, or is refused while every session is busy.
+//
+// Mutation killed: no cap (the check in enqueue removed): the third thread
+// is answered while two turns hold, and nothing is dropped.
+func TestSessionsAreCapped(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, func(cfg *settings) { cfg.MaxSessions = 2 })
+	root := func() nostr.Tag { return nostr.Tag{"e", strings.Repeat(uuid.NewString()[:8], 8), "", "root"} }
+	parent := w.mention("@Robby a thread starts here")
+	w.answerTo(parent.ID)
+	reply := nostr.Tag{"e", parent.ID, "", "reply"}
+
+	// Two threads whose turns hold; the relay keeps the reply parent and
+	// buzz-acp keys the session by the claimed root.
+	a := w.mention("@Robby [hold] a", reply, root())
+	b := w.mention("@Robby [hold] b", reply, root())
+	require.Eventually(t, func() bool { return len(w.prompts()) == 3 }, waitLong, 10*time.Millisecond, "both held turns start")
+	c := w.mention("@Robby c", reply, root())
+	require.Eventually(t, func() bool { return w.status.snapshot().Dropped["sessions_full"] == 1 }, waitLong, 10*time.Millisecond,
+		"a third session while two are busy is refused")
+
+	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
+	w.answerTo(a.ID)
+	w.answerTo(b.ID)
+	// Both idle now: the least recently prompted makes room.
+	d := w.mention("@Robby d", reply, root())
+	w.answerTo(d.ID)
+	for _, p := range w.prompts() {
+		require.NotEqual(t, c.ID, p.EventID, "the refused prompt reached the agent")
+	}
+	require.LessOrEqual(t, w.status.snapshot().Sessions, 2)
+}
+
+// Anyone may add an agent whose policy is anyone to channels of their own,
+// whose member lists are then the newest; one read of the lists (at most
+// the relay's limit, newest first) would then leave the agent's own channel
+// out of its subscription, and it would stop hearing it. Here the relay's
+// limit is 3 and a stranger adds the agent to 4 fresh channels.
+//
+// Mutation killed: reading one page of member lists (as before): the
+// mention in the agent's own channel is never answered.
+func TestChannelsCrowdingDoNotDeafenTheAgent(t *testing.T) {
+	t.Parallel()
+	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.MaxLimit = 3 }})
+	before := w.mention("@Robby before")
+	w.answerTo(before.ID)
+	stranger := w.r.Dial(t, w.host)
+	stranger.Auth(nil)
+	time.Sleep(1100 * time.Millisecond) // the strangers' lists are strictly newer
+	for i := 0; i < 4; i++ {
+		ch := uuid.NewString()
+		ok := stranger.Publish(stranger.Sign(9007, "", nostr.Tags{{"h", ch}, {"name", "crowd"}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+		ok = stranger.Publish(stranger.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", w.agentKey.PublicKeyHex()}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	// The lists of one second beyond a full page are skipped (here the
+	// fourth crowding list may be), never the older ones behind them.
+	require.Eventually(t, func() bool { return w.status.snapshot().Channels >= 4 }, waitLong, 10*time.Millisecond,
+		"the crowding channels are heard beside the agent's own")
+	after := w.mention("@Robby after")
+	w.answerTo(after.ID)
+}
+
+// Any member may save a workflow that rings the agent on every message in
+// the channel. The agent's own answer is such a message: its doorbell must
+// not wake the agent again, or one message sets off turns without end.
+//
+// Mutation killed: accepting a cause event signed by the agent (the check in
+// eventCause removed): the agent answers its own answers, over and over.
+func TestAgentsOwnAnswerDoesNotRingItAgain(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ok := w.owner.Publish(w.owner.Sign(30620,
+		"name: Echo\ntrigger: {on: message_posted}\nsteps: [{id: echo, action: send_message, text: '@Robby {{trigger.text}}'}]",
+		nostr.Tags{{"d", uuid.NewString()}, {"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	ok = w.owner.Publish(w.owner.Sign(9, "go", nostr.Tags{{"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Eventually(t, func() bool { return w.status.snapshot().Answers >= 1 }, waitLong, 10*time.Millisecond)
+	time.Sleep(3 * time.Second)
+	require.EqualValues(t, 1, w.status.snapshot().Answers, "the agent answered its own answer")
+	// The answer's own doorbell was rung, and dropped.
+	require.EqualValues(t, 1, w.status.snapshot().Dropped["self_caused"], "the doorbell the agent's answer caused")
 }
 
 // A doorbell-shaped message that fails verification (here a member's own

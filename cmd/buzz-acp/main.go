@@ -51,7 +51,8 @@ env (flags override):
   BUZZ_ACP_SHUTDOWN_GRACE        time turns in progress get at shutdown (10s)
   BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)
   BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)
-  BUZZ_ACP_SESSION_IDLE          a channel's or thread's session without prompts this long is closed (1h)`
+  BUZZ_ACP_SESSION_IDLE          a channel's or thread's session without prompts this long is closed (1h)
+  BUZZ_ACP_MAX_SESSIONS          sessions open at once, so turns at once; an idle one is closed to make room (16)`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -113,6 +114,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		SessionQueue:      32,
 		IncomingQueue:     1024,
 		SessionIdle:       time.Hour,
+		MaxSessions:       16,
 	}
 	keyFile := env("BUZZ_PRIVATE_KEY_FILE")
 	authTag := env("BUZZ_AUTH_TAG")
@@ -151,6 +153,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 	}{
 		{"BUZZ_ACP_SESSION_QUEUE", &cfg.SessionQueue},
 		{"BUZZ_ACP_INCOMING_QUEUE", &cfg.IncomingQueue},
+		{"BUZZ_ACP_MAX_SESSIONS", &cfg.MaxSessions},
 	} {
 		if v := env(q.name); v != "" {
 			n, err := strconv.Atoi(v)

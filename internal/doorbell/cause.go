@@ -71,6 +71,12 @@ func (v *Verifier) eventCause(ctx context.Context, env *envelope, def *workflow.
 		// The relay's own events never fire workflows.
 		return tc, drop(ReasonCauseMismatch, "the cause event is relay-signed")
 	}
+	if src.PubKey == v.opts.AgentPubkey {
+		// The agent's own answers are messages in the channel too: a
+		// workflow that rings it on every message would otherwise have it
+		// answer its answers without end.
+		return tc, drop(ReasonSelfCaused, "the cause event is this agent's own")
+	}
 	if h, err := uuid.Parse(tagValue(src, "h")); err != nil || h != env.channel {
 		return tc, drop(ReasonCauseMismatch, "the cause event is not in the message's channel")
 	}

@@ -64,7 +64,9 @@ steps: [{id: ask, action: send_message, text: "@Robby please look at {{trigger.t
 `, nostr.Tags{{"d", wf}, {"h", ch}})
 	hookDef := add(w.owner, 30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: tell, action: send_message, text: \"deploy of {{trigger.env}}: {{trigger.note}}\"}]\n",
 		nostr.Tags{{"d", hookWF}, {"h", ch}})
-	list := nostr.Tags{{"d", ch}, {"p", w.owner.PublicKeyHex()}, {"p", w.agent.PublicKeyHex()}}
+	// The message is a third member's: a verifier never wakes for its own.
+	poster := relaytest.NewKey(tb)
+	list := nostr.Tags{{"d", ch}, {"p", w.owner.PublicKeyHex()}, {"p", w.agent.PublicKeyHex()}, {"p", poster.PublicKeyHex()}}
 	add(w.owner, 0, `{"name":"Olive"}`, nil)
 	add(w.agent, 0, `{"display_name":"Robby"}`, nil)
 	for i := range members {
@@ -73,7 +75,7 @@ steps: [{id: ask, action: send_message, text: "@Robby please look at {{trigger.t
 		add(k, 0, `{"name":"Member `+strconv.Itoa(i)+`"}`, nil)
 	}
 	add(w.relay, 39002, "", list)
-	msg := add(w.owner, 9, "deploy failed on prod", nostr.Tags{{"h", ch}})
+	msg := add(poster, 9, "deploy failed on prod", nostr.Tags{{"h", ch}})
 	bell := func(def *nostr.Event, step string, cause nostr.Tag, extra ...nostr.Tag) *nostr.Event {
 		tags := nostr.Tags{
 			{"workflow-run", uuid.NewString()}, {"workflow-step", step}, {"workflow-owner", w.owner.PublicKeyHex()},

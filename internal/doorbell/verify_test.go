@@ -92,10 +92,20 @@ steps:
 	})
 	t.Run("mention target not in the template: another member is not woken", func(t *testing.T) {
 		// Kills: accepting any p-tagged agent (mayWake returning nil).
+		// The cause is the owner's message: Sam's own would be self_caused.
+		v, _ := f.verifier(f.sam, true)
+		byOwner := f.bell(def.ID, "event", f.post(f.owner, "deploy failed again").ID)
+		tampered := f.resign(byOwner, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"p", f.sam.Key.PublicKeyHex()}) })
+		_, err := v.Verify(ctx, tampered)
+		requireDrop(t, err, "not_mentioned")
+	})
+	t.Run("self caused: the cause is the woken agent's own message", func(t *testing.T) {
+		// Kills: accepting a cause signed by the agent (its answers would
+		// ring it again without end).
 		v, _ := f.verifier(f.sam, true)
 		tampered := f.resign(bell, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"p", f.sam.Key.PublicKeyHex()}) })
 		_, err := v.Verify(ctx, tampered)
-		requireDrop(t, err, "not_mentioned")
+		requireDrop(t, err, "self_caused")
 	})
 	t.Run("not addressed: an agent not p-tagged", func(t *testing.T) {
 		// Kills: skipping the p-tag check (Sam is not named either, so the
