@@ -40,8 +40,12 @@ func WithReaperLogger(l *slog.Logger) ReaperOption {
 	return func(c *reaperConfig) { c.log = l }
 }
 
+// servingLeaseReapBatch bounds one reap of serving-write leases; a larger
+// backlog is taken over the next runs.
+const servingLeaseReapBatch = 10000
+
 // Reapers deletes outbox rows older than the 15-minute retention (and
-// expired operator API replay claims) every 5 minutes, and registrations not
+// expired operator API replay claims and serving-write leases) every 5 minutes, and registrations not
 // renewed for 30 days every 24 hours. Each runs once at start. Run it on
 // every pod, listeners configured or not; it returns when ctx ends.
 func Reapers(ctx context.Context, pool *pgxpool.Pool, opts ...ReaperOption) {
@@ -65,6 +69,11 @@ func Reapers(ctx context.Context, pool *pgxpool.Pool, opts ...ReaperOption) {
 			logReap("operator-listener outbox rows past retention", n, err)
 			n, err = q.OperatorAuthReplaysPurge(ctx, cfg.clock.SQL())
 			logReap("expired operator API replay claims", n, err)
+			// A media upload or delete holds a serving-write lease and
+			// deletes it when done; a process that died (or lost the
+			// database) mid-operation leaves its expired lease behind.
+			n, err = q.ServingLeasesReap(ctx, servingLeaseReapBatch)
+			logReap("expired serving-write leases", n, err)
 		})
 	})
 	wg.Go(func() {

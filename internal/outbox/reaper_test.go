@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/db"
 )
 
 func TestReapersUseTheirExpectedIntervals(t *testing.T) {
@@ -74,4 +76,27 @@ func TestReapersRunAgainEveryPeriod(t *testing.T) {
 	require.Eventually(t, func() bool { return f.counts() == [3]int{0, 0, 0} }, waitLong, 10*time.Millisecond)
 	f.seedExpiring() // after the first runs
 	require.Eventually(t, func() bool { return f.counts() == [3]int{1, 1, 1} }, waitLong, 10*time.Millisecond)
+}
+
+// A serving-write lease left behind by a process that died mid-upload is
+// reaped once expired; a live one stays. Mutation killed: Reapers without
+// the lease reap (the expired lease stays).
+func TestReapersDeleteExpiredServingLeases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, seconds := range []float64{0.001, 3600} {
+		_, err := f.q.ServingLeaseAcquire(context.Background(), db.ServingLeaseAcquireParams{
+			CommunityID: f.community, Operation: "media_upload", Owner: "crashed", LeaseSeconds: seconds,
+		})
+		require.NoError(t, err)
+	}
+	leases := func(cond string) int {
+		var n int
+		require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases WHERE `+cond).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return leases("lease_until < now()") == 1 }, waitLong, 10*time.Millisecond)
+	runReapers(t, f)
+	require.Eventually(t, func() bool { return leases("true") == 1 }, waitLong, 10*time.Millisecond)
+	require.Equal(t, 1, leases("lease_until > now()"), "the live lease stays")
 }
