@@ -36,8 +36,13 @@ type CommunityQuota struct {
 
 func (q CommunityQuota) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
 	n, err := q.Q.MediaUsageReserve(ctx, db.MediaUsageReserveParams{CommunityID: community, Size: size, Quota: q.Limit})
-	if err != nil || n == 1 {
-		return err
+	if err != nil {
+		// The community's deletion may have fenced it since the upload
+		// began: dberr.ErrNotInPrerequisiteState.
+		return dberr.Interpret(err)
+	}
+	if n == 1 {
+		return nil
 	}
 	used, err := q.Q.MediaUsageGet(ctx, community)
 	if err != nil && !dberr.IsNotFound(err) {
@@ -48,5 +53,5 @@ func (q CommunityQuota) Reserve(ctx context.Context, community uuid.UUID, size i
 }
 
 func (q CommunityQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
-	return q.Q.MediaUsageRelease(ctx, db.MediaUsageReleaseParams{CommunityID: community, Size: size})
+	return dberr.Interpret(q.Q.MediaUsageRelease(ctx, db.MediaUsageReleaseParams{CommunityID: community, Size: size}))
 }

@@ -312,7 +312,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	defer lease.Release(r.Context())
 	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, r.Body, accept)
 	if err != nil {
-		s.mediaFailed(w, r, tenant, err)
+		s.mediaFenced(w, r, tenant, err) // the quota's row is fenced once the deletion quiesces
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
@@ -479,7 +479,7 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
-		s.mediaFailed(w, r, tenant, err)
+		s.mediaFenced(w, r, tenant, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": sha})

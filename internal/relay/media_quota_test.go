@@ -13,6 +13,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/relay"
@@ -109,4 +110,20 @@ func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
 	require.Equal(t, fits, stored)
 	require.Equal(t, uploads-fits, refused)
 	require.EqualValues(t, fits*blobSize, mediaUsage(t, db.New(pool), row.ID))
+}
+
+// An upload admitted before its community's deletion began, reserving
+// after the deletion quiesced the community, is refused by the fence on
+// media_usage as a fenced write (503), not as a store failure (500).
+// Mutation killed: Reserve returning the database error uninterpreted.
+func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	host := "quota-fenced-" + uuid.NewString()[:8] + ".example"
+	row, err := db.New(pool).CommunityCreate(context.Background(), host)
+	require.NoError(t, err)
+	quiesceCommunity(t, pool, host)
+	quota := media.CommunityQuota{Q: db.New(pool), Limit: 1 << 20}
+	err = quota.Reserve(context.Background(), row.ID, 100)
+	require.ErrorIs(t, err, dberr.ErrNotInPrerequisiteState)
 }
