@@ -133,6 +133,9 @@ type Config struct {
 	PresenceTTL        time.Duration
 	PresenceMaxEntries int
 	PresenceMaxBytes   int
+	// PresenceMaxChannelBytes bounds one channel's presence (in process
+	// and in Redis), which a presence REQ reads whole.
+	PresenceMaxChannelBytes int
 
 	// Read-replica routing (docs/replica.md).
 	ReadDatabaseURL         string        // BUZZ_READ_DATABASE_URL: a streaming standby; empty: every read on the writer
@@ -250,9 +253,10 @@ func Default() Config {
 		MediaS3TLS:               true,
 		RedisPublishQueue:        10000,
 
-		PresenceTTL:        60 * time.Second,
-		PresenceMaxEntries: 100000,
-		PresenceMaxBytes:   64 << 20,
+		PresenceTTL:             60 * time.Second,
+		PresenceMaxEntries:      100000,
+		PresenceMaxBytes:        64 << 20,
+		PresenceMaxChannelBytes: 4 << 20,
 
 		ReplicaAcquireTimeout:   150 * time.Millisecond,
 		ReplicaStatementTimeout: 5 * time.Second,
@@ -345,6 +349,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_PRESENCE_TTL", &c.PresenceTTL)
 	r.positive("BUZZ_PRESENCE_MAX_ENTRIES", &c.PresenceMaxEntries)
 	r.positive("BUZZ_PRESENCE_MAX_BYTES", &c.PresenceMaxBytes)
+	r.positive("BUZZ_PRESENCE_MAX_CHANNEL_BYTES", &c.PresenceMaxChannelBytes)
 	r.str("BUZZ_READ_DATABASE_URL", &c.ReadDatabaseURL)
 	var readPool int
 	r.positive("BUZZ_DB_READ_POOL_SIZE", &readPool)

@@ -152,11 +152,14 @@ func TestPresenceSettings(t *testing.T) {
 	require.Equal(t, time.Minute, c.PresenceTTL)
 	require.Equal(t, 100000, c.PresenceMaxEntries)
 	require.Equal(t, 64<<20, c.PresenceMaxBytes)
-	c, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "15s", "BUZZ_PRESENCE_MAX_ENTRIES": "10", "BUZZ_PRESENCE_MAX_BYTES": "4096"}))
+	require.Equal(t, 4<<20, c.PresenceMaxChannelBytes)
+	c, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "15s", "BUZZ_PRESENCE_MAX_ENTRIES": "10", "BUZZ_PRESENCE_MAX_BYTES": "4096",
+		"BUZZ_PRESENCE_MAX_CHANNEL_BYTES": "2048"}))
 	require.NoError(t, err)
 	require.Equal(t, 15*time.Second, c.PresenceTTL)
 	require.Equal(t, 10, c.PresenceMaxEntries)
 	require.Equal(t, 4096, c.PresenceMaxBytes)
+	require.Equal(t, 2048, c.PresenceMaxChannelBytes)
 	_, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "0s"}))
 	require.ErrorContains(t, err, "BUZZ_PRESENCE_TTL")
 }

@@ -26,12 +26,19 @@ const presenceTimeout = 500 * time.Millisecond
 // the expired fields without reading the others: a script scanning the
 // whole hash on every write held the single-threaded Redis for a time that
 // grew with the channel (272 ms a write at 2,000 announcements).
-// KEYS: the hash, the expiry set. ARGV: pubkey, created_at, expires ms,
-// value, now ms, key lifetime ms, most announcements kept.
+// A third key counts the bytes of the hash's values: a presence REQ reads
+// a channel's whole hash (HGETALL), which holds the single-threaded Redis
+// for as long as it takes, so a channel keeps at most a bounded number of
+// bytes however many announcements that is.
+// KEYS: the hash, the expiry set, the byte count. ARGV: pubkey, created_at,
+// expires ms, value, now ms, key lifetime ms, most announcements kept, most
+// bytes kept.
 // A held, unexpired announcement with a newer created_at wins. A channel
 // holding the most announcements keeps no new pubkey's (it was still
-// delivered live), as the in-process store does. Both keys live for a
-// while past the last write, so idle channels cost nothing.
+// delivered live), as the in-process store does; one holding the most
+// bytes keeps no announcement that would pass them, and forgets the
+// pubkey's held one, which it replaced. All three keys live for a while
+// past the last write, so idle channels cost nothing.
 var rememberPresence = redis.NewScript(`
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
@@ -42,16 +49,32 @@ if old then
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5])
 for _, pubkey in ipairs(expired) do
-  redis.call('HDEL', KEYS[1], pubkey)
+  local size = redis.call('HSTRLEN', KEYS[1], pubkey)
+  if size > 0 then
+    redis.call('DECRBY', KEYS[3], size)
+    redis.call('HDEL', KEYS[1], pubkey)
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[5])
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
+local held = redis.call('HSTRLEN', KEYS[1], ARGV[1])
+if held == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
+  return 0
+end
+local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
+if bytes - held + #ARGV[4] > tonumber(ARGV[8]) then
+  if held > 0 then
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('DECRBY', KEYS[3], held)
+  end
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('INCRBY', KEYS[3], #ARGV[4] - held)
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
 return 1
 `)
 
@@ -66,6 +89,11 @@ func presenceExpiryKey(community, channel uuid.UUID) string {
 	return PresenceKey(community, channel) + ":expires"
 }
 
+// presenceBytesKey counts the bytes of one channel's presence hash values.
+func presenceBytesKey(community, channel uuid.UUID) string {
+	return PresenceKey(community, channel) + ":bytes"
+}
+
 // SharedPresence keeps presence in Redis, so an announcement accepted by
 // any process is seen by a REQ on any other.
 type SharedPresence struct {
@@ -73,15 +101,17 @@ type SharedPresence struct {
 	client *redis.Client
 	ttl    time.Duration
 	max    int // announcements kept per channel
+	// maxBytes bounds the bytes of one channel's hash values.
+	maxBytes int
 	// fallback answers while Redis cannot: each process then knows the
 	// presence it accepted itself, as without Redis.
 	fallback presence.Store
 }
 
 // Presence returns a presence store on this bus's Redis keeping
-// announcements for ttl, at most max per channel.
-func (b *Bus) Presence(ttl time.Duration, max int, fallback presence.Store) *SharedPresence {
-	return &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, fallback: fallback}
+// announcements for ttl, at most max and maxBytes of them per channel.
+func (b *Bus) Presence(ttl time.Duration, max, maxBytes int, fallback presence.Store) *SharedPresence {
+	return &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, maxBytes: maxBytes, fallback: fallback}
 }
 
 // Remember implements presence.Store.
@@ -97,8 +127,8 @@ func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event,
 	// The hash outlives its newest field by a TTL: a reader whose clock
 	// runs a little behind the writer's still finds it.
 	lifetime := (2 * p.ttl).Milliseconds()
-	_ = rememberPresence.Run(ctx, p.client, []string{PresenceKey(community, channel), presenceExpiryKey(community, channel)},
-		ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime, p.max).Err()
+	keys := []string{PresenceKey(community, channel), presenceExpiryKey(community, channel), presenceBytesKey(community, channel)}
+	_ = rememberPresence.Run(ctx, p.client, keys, ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime, p.max, p.maxBytes).Err()
 }
 
 // Current implements presence.Store.

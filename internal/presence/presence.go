@@ -59,20 +59,26 @@ type channelKey struct{ community, channel uuid.UUID }
 // MaxAnnouncementBytes, which ingest enforces; the store does not rely on
 // it).
 type Memory struct {
-	ttl      time.Duration
-	max      int
-	maxBytes int
+	ttl             time.Duration
+	max             int
+	maxBytes        int
+	maxChannelBytes int
 
 	mu        sync.Mutex
 	channels  map[channelKey]map[string]entry
 	held      int
 	heldBytes int
+	// channelBytes is the bytes held per channel: a presence REQ parses
+	// its channel's whole set, so one channel may hold at most
+	// maxChannelBytes of it, however much the store as a whole may.
+	channelBytes map[channelKey]int
 }
 
 // NewMemory keeps announcements for ttl, at most max of them and maxBytes
-// of their JSON at once.
-func NewMemory(ttl time.Duration, max, maxBytes int) *Memory {
-	return &Memory{ttl: ttl, max: max, maxBytes: maxBytes, channels: map[channelKey]map[string]entry{}}
+// of their JSON at once, and at most maxChannelBytes in one channel.
+func NewMemory(ttl time.Duration, max, maxBytes, maxChannelBytes int) *Memory {
+	return &Memory{ttl: ttl, max: max, maxBytes: maxBytes, maxChannelBytes: maxChannelBytes,
+		channels: map[channelKey]map[string]entry{}, channelBytes: map[channelKey]int{}}
 }
 
 // Remember implements Store.
@@ -103,17 +109,19 @@ func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now tim
 	byPubkey[ev.PubKey] = entry{raw: raw, createdAt: ev.CreatedAt, expires: now.Add(m.ttl)}
 	m.held++
 	m.heldBytes += len(raw)
+	m.channelBytes[key] += len(raw)
 }
 
 // fits reports whether an announcement of size bytes by pubkey can be kept
 // in place of the one held for pubkey, if any; m.mu is held.
 func (m *Memory) fits(key channelKey, pubkey string, size int) bool {
-	held, heldBytes := m.held, m.heldBytes
+	held, heldBytes, channelBytes := m.held, m.heldBytes, m.channelBytes[key]
 	if old, had := m.channels[key][pubkey]; had {
 		held--
 		heldBytes -= len(old.raw)
+		channelBytes -= len(old.raw)
 	}
-	return held < m.max && heldBytes+size <= m.maxBytes
+	return held < m.max && heldBytes+size <= m.maxBytes && channelBytes+size <= m.maxChannelBytes
 }
 
 // drop forgets pubkey's announcement in the channel, if held; m.mu is held.
@@ -126,8 +134,10 @@ func (m *Memory) drop(key channelKey, pubkey string) {
 	delete(byPubkey, pubkey)
 	m.held--
 	m.heldBytes -= len(old.raw)
+	m.channelBytes[key] -= len(old.raw)
 	if len(byPubkey) == 0 {
 		delete(m.channels, key)
+		delete(m.channelBytes, key)
 	}
 }
 

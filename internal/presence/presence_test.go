@@ -21,7 +21,7 @@ import (
 // pubkey after expiry is refused).
 func TestMemoryIsBounded(t *testing.T) {
 	t.Parallel()
-	m := presence.NewMemory(time.Minute, 2, 1<<20)
+	m := presence.NewMemory(time.Minute, 2, 1<<20, 1<<20)
 	community, channel := uuid.New(), uuid.New()
 	now := time.Unix(1_000_000, 0)
 	announce := func(pubkey string, at time.Time) {
@@ -56,7 +56,7 @@ func TestMemoryIsBoundedInBytes(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	sized := fakeEvent
 	one := len(sized("a", now, 1000).AppendJSON(nil))
-	m := presence.NewMemory(time.Minute, 100, 2*one)
+	m := presence.NewMemory(time.Minute, 100, 2*one, 1<<20)
 	current := func(at time.Time) []string {
 		var pubkeys []string
 		for _, ev := range m.Current(context.Background(), community, channel, at) {
@@ -78,6 +78,40 @@ func TestMemoryIsBoundedInBytes(t *testing.T) {
 	later := now.Add(time.Minute + 30*time.Second) // b expired
 	m.Remember(community, channel, sized("c", later, 1500), later)
 	require.Equal(t, []string{"c"}, current(later), "expired announcements were swept to make room")
+}
+
+// One channel holds at most its own byte bound, which a presence REQ
+// parses whole, however much room the store has; another channel is not
+// charged for it, and a channel's bytes come back as its announcements
+// go. Mutation killed: no per-channel bound (the third announcement in
+// the first channel is kept).
+func TestMemoryIsBoundedInBytesPerChannel(t *testing.T) {
+	t.Parallel()
+	community, crowded, quiet := uuid.New(), uuid.New(), uuid.New()
+	now := time.Unix(1_000_000, 0)
+	one := len(fakeEvent("a", now, 1000).AppendJSON(nil))
+	m := presence.NewMemory(time.Minute, 100, 100*one, 2*one)
+	in := func(channel uuid.UUID) []string {
+		var pubkeys []string
+		for _, ev := range m.Current(context.Background(), community, channel, now) {
+			pubkeys = append(pubkeys, ev.PubKey[:1])
+		}
+		return pubkeys
+	}
+	for _, digit := range []string{"a", "b", "c"} {
+		m.Remember(community, crowded, fakeEvent(digit, now, 1000), now)
+	}
+	require.ElementsMatch(t, []string{"a", "b"}, in(crowded))
+	for _, digit := range []string{"a", "b"} {
+		m.Remember(community, quiet, fakeEvent(digit, now, 1000), now)
+	}
+	require.ElementsMatch(t, []string{"a", "b"}, in(quiet), "each channel has its own bound")
+
+	later := now.Add(time.Minute + time.Second)
+	m.Remember(community, crowded, fakeEvent("c", later, 1000), later)
+	m.Remember(community, crowded, fakeEvent("d", later, 1000), later)
+	now = later
+	require.ElementsMatch(t, []string{"c", "d"}, in(crowded), "expired announcements gave their bytes back")
 }
 
 // hexKey is a well-formed pubkey named by one hex digit.
@@ -111,7 +145,7 @@ func (c *countingStore) Current(ctx context.Context, community, channel uuid.UUI
 // Mutation killed: reading the set for every #h value (reads = 999 + 999).
 func TestSelectReadsEachChannelOnce(t *testing.T) {
 	t.Parallel()
-	m := presence.NewMemory(time.Minute, 100, 1<<20)
+	m := presence.NewMemory(time.Minute, 100, 1<<20, 1<<20)
 	community, channel := uuid.New(), uuid.New()
 	now := time.Unix(1_000_000, 0)
 	for _, digit := range []string{"a", "b", "c"} {

@@ -172,6 +172,68 @@ func TestPresenceInRedisIsBoundedPerChannel(t *testing.T) {
 	require.EqualValues(t, 1, rdb.HLen(context.Background(), key).Val(), "the expired announcements are gone from the hash")
 }
 
+// A channel's presence hash in Redis is bounded in bytes too: a presence
+// REQ reads the whole hash at once (HGETALL holds the single-threaded
+// Redis), and 100,000 announcements of 4 KiB made 400 MB. What does not fit
+// is still delivered live; a re-announcement that does not fit forgets the
+// one it replaced; the byte count follows expiry. Mutation killed: the
+// script without the byte check (the third announcement is kept).
+func TestPresenceInRedisIsBoundedPerChannelInBytes(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	content := strings.Repeat("x", 3000)
+	size := len(relaytest.SignEvent(t, relaytest.NewKey(t), 20001, content, nostr.Tags{{"h", uuid.NewString()}}, time.Now().Unix()).AppendJSON(nil))
+	url := dbtest.RedisURL(t)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(now))}, withRedis(url),
+		func(c *config.Config) { c.PresenceMaxChannelBytes = 2*size + 300 }) // two, with Redis's 25-byte prefix each
+	waitRedis(t, "connected", r)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "heavy", false)
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	key := crossrelay.PresenceKey(r.CommunityID, uuid.MustParse(ch))
+	hashBytes := func() int64 {
+		var sum int64
+		for _, v := range rdb.HGetAll(context.Background(), key).Val() {
+			sum += int64(len(v))
+		}
+		return sum
+	}
+	counted := func() int64 { n, _ := rdb.Get(context.Background(), key+":bytes").Int64(); return n }
+
+	clients := make([]*relaytest.Client, 4)
+	for i := range clients {
+		clients[i] = r.Dial(t, "")
+		clients[i].Auth(nil)
+	}
+	var kept []string
+	for i := range 3 {
+		ev := clients[i].Sign(20001, content, nostr.Tags{{"h", ch}}, now().Unix())
+		require.True(t, clients[i].Publish(ev).OK)
+		if i < 2 {
+			kept = append(kept, ev.ID)
+		}
+	}
+	require.ElementsMatch(t, kept, ids(owner.Req("full", presenceFilter(ch, nil))), "two fit the channel's bytes")
+	require.Equal(t, hashBytes(), counted(), "the count is the hash's bytes")
+
+	bigger := clients[0].Sign(20001, content+strings.Repeat("y", 500), nostr.Tags{{"h", ch}}, now().Unix()+1)
+	require.True(t, clients[0].Publish(bigger).OK)
+	require.ElementsMatch(t, kept[1:], ids(owner.Req("replaced", presenceFilter(ch, nil))), "not kept, nor the one it replaced")
+	require.Equal(t, hashBytes(), counted())
+
+	at.Add(int64(time.Minute + time.Second)) // past the 60 s TTL
+	newcomer := clients[3].Sign(20001, content, nostr.Tags{{"h", ch}}, now().Unix())
+	require.True(t, clients[3].Publish(newcomer).OK)
+	require.Equal(t, []string{newcomer.ID}, ids(owner.Req("after", presenceFilter(ch, nil))))
+	require.Equal(t, hashBytes(), counted(), "expired announcements gave their bytes back")
+}
+
 // A presence announcement may be as large as any event, and a client may
 // announce under as many fresh keys as it likes: the presence a process
 // keeps is bounded in bytes, not only in announcements, and what does not

@@ -174,7 +174,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			bus.PublishInvalidation(community)
 		}
 	}
-	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes)})
+	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes, cfg.PresenceMaxChannelBytes)})
 	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
 		if ev.Kind == presence.Kind && channel != nil {
 			s.presence.Load().Remember(community, *channel, ev, s.now())
@@ -304,7 +304,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	// Presence accepted by any process is seen by a REQ on every other.
-	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.presence.Load().Store)})
+	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.presence.Load().Store)})
 	s.crossRelay.Store(bus)
 	go bus.Run(ctx)
 	return nil
