@@ -86,6 +86,9 @@ type job struct {
 	root     string // thread root the answer goes into, or ""
 	parent   string // the event the answer replies to, or ""
 	doorbell bool
+	// workflow is the coordinate of the workflow whose doorbell this
+	// answers ("" for a mention): the answer says so (doorbell.TagAnswers).
+	workflow string
 }
 
 type session struct {
@@ -475,7 +478,7 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 			return
 		}
 		b.status.verified()
-		j := job{channel: wake.ChannelID, prompt: doorbellPrompt(wake, ev.ID), eventID: ev.ID, author: wake.Owner, doorbell: true}
+		j := job{channel: wake.ChannelID, prompt: doorbellPrompt(wake, ev.ID), eventID: ev.ID, author: wake.Owner, doorbell: true, workflow: wake.Coordinate()}
 		if wake.ReplyTo != "" {
 			root, _ := nostr.ThreadRefs(ev.Tags)
 			if root == "" {
@@ -667,6 +670,9 @@ func (b *bridge) runJob(s *session, j job) {
 		return
 	}
 	tags := nostr.Tags{{"h", j.channel}}
+	if j.workflow != "" {
+		tags = append(tags, nostr.Tag{doorbell.TagAnswers, j.workflow})
+	}
 	if j.root != "" {
 		tags = append(tags, nostr.Tag{"e", j.root, "", "root"})
 		if j.parent != "" && j.parent != j.root {

@@ -284,9 +284,15 @@ func TestDoorbellReachesTheAgentAndTheAnswerTheChannel(t *testing.T) {
 	p := w.promptFor(bell.ID)
 	require.Contains(t, p.Text, "please look at the deploy", "the prompt is the step's text")
 	require.Equal(t, "ack "+bell.ID+" in "+p.Session, answer.Content)
+	// Another agent's verifier drops this workflow's doorbells that this
+	// answer causes (doorbell.ReasonWorkflowLoop). Mutation killed: the
+	// answer without the tag.
+	require.Equal(t, []string{doorbell.WorkflowCoordinate(w.owner.Key.PublicKeyHex(), w.workflow)}, answer.Tags.Values(doorbell.TagAnswers),
+		"the answer names the workflow whose doorbell it answers")
 
 	m := w.mention("@Robby what broke?")
 	answer = w.answerTo(m.ID)
+	require.Empty(t, answer.Tags.Values(doorbell.TagAnswers), "a mention's answer answers no workflow")
 	mp := w.promptFor(m.ID)
 	require.Contains(t, mp.Text, w.owner.Key.PublicKeyHex(), "the prompt names the author")
 	require.Contains(t, mp.Text, "@Robby what broke?", "the prompt carries the text as signed")

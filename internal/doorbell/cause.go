@@ -2,6 +2,7 @@ package doorbell
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"time"
 
@@ -22,7 +23,7 @@ func (v *Verifier) cause(ctx context.Context, env *envelope, defEv *nostr.Event,
 	}
 	switch env.cause.Kind {
 	case workflow.CauseEvent:
-		return v.eventCause(ctx, env, def, tc)
+		return v.eventCause(ctx, env, WorkflowCoordinate(defEv.PubKey, defEv.DTag()), def, tc)
 	case workflow.CauseCommand:
 		return v.commandCause(ctx, env, defEv, tc)
 	case workflow.CauseSchedule:
@@ -55,8 +56,9 @@ func (v *Verifier) cause(ctx context.Context, env *envelope, defEv *nostr.Event,
 }
 
 // eventCause: the message, reaction or diff that fired the run, in this
-// channel, of the trigger's kind, matching its emoji and filter.
-func (v *Verifier) eventCause(ctx context.Context, env *envelope, def *workflow.Definition, tc workflow.TriggerContext) (workflow.TriggerContext, *Drop) {
+// channel, of the trigger's kind, matching its emoji and filter, and not an
+// agent's answer to a doorbell of the same workflow (coordinate).
+func (v *Verifier) eventCause(ctx context.Context, env *envelope, coordinate string, def *workflow.Definition, tc workflow.TriggerContext) (workflow.TriggerContext, *Drop) {
 	src, d := v.fetchByID(ctx, env.cause.Value)
 	if d != nil {
 		return tc, d
@@ -76,6 +78,12 @@ func (v *Verifier) eventCause(ctx context.Context, env *envelope, def *workflow.
 		// workflow that rings it on every message would otherwise have it
 		// answer its answers without end.
 		return tc, drop(ReasonSelfCaused, "the cause event is this agent's own")
+	}
+	if slices.Contains(src.Tags.Values(TagAnswers), coordinate) {
+		// Another agent's answer to this workflow's doorbell: two agents
+		// a workflow rings on every message would otherwise answer each
+		// other's answers without end.
+		return tc, drop(ReasonWorkflowLoop, "the cause event answers a doorbell of "+coordinate)
 	}
 	if h, err := uuid.Parse(tagValue(src, "h")); err != nil || h != env.channel {
 		return tc, drop(ReasonCauseMismatch, "the cause event is not in the message's channel")

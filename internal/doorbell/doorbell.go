@@ -37,6 +37,21 @@ type Wake struct {
 	Message *nostr.Event // the doorbell itself
 }
 
+// TagAnswers marks an agent's answer to a doorbell: ["workflow-answers",
+// <the workflow's coordinate>]. A doorbell of that workflow whose cause is
+// such an answer wakes nobody (ReasonWorkflowLoop): with two agents a
+// workflow rings on every message, each would otherwise answer the other's
+// answers without end. Agents add it; the relay does not check it.
+const TagAnswers = "workflow-answers"
+
+// WorkflowCoordinate is a workflow's address, 30620:<owner>:<workflow id>.
+func WorkflowCoordinate(owner, workflowID string) string {
+	return "30620:" + owner + ":" + workflowID
+}
+
+// Coordinate is the address of the workflow that rang.
+func (w *Wake) Coordinate() string { return WorkflowCoordinate(w.Owner, w.WorkflowID) }
+
 // Cause is the doorbell's one typed cause.
 type Cause struct {
 	Kind  string // "event", "command", "schedule" or "webhook"

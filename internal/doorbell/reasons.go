@@ -21,6 +21,7 @@ const (
 	ReasonCauseMismatch      = "cause_mismatch"      // the cause does not belong to this workflow's trigger or channel
 	ReasonCauseUnauthorized  = "cause_unauthorized"  // a command signed by someone other than the owner
 	ReasonSelfCaused         = "self_caused"         // the cause event is this agent's own (its answer, say)
+	ReasonWorkflowLoop       = "workflow_loop"       // the cause event is an agent's answer to a doorbell of the same workflow
 	ReasonTriggerNotMatched  = "trigger_not_matched" // the trigger's emoji or filter does not match the rebuilt context
 	ReasonOffSlot            = "off_slot"            // a schedule slot that is no occurrence of the signed schedule
 	ReasonStepsReference     = "steps_reference"     // the template or condition reads earlier steps' outputs
@@ -41,7 +42,7 @@ var AllReasons = []string{
 	ReasonBadSignature, ReasonNotRelay, ReasonWrongKind, ReasonMalformed, ReasonNotAddressed, ReasonUnavailable,
 	ReasonDefinitionMissing, ReasonDefinitionForged, ReasonDefinitionMismatch, ReasonDefinitionInvalid,
 	ReasonStepMismatch, ReasonChannelMismatch, ReasonCauseMissing, ReasonCauseForged, ReasonCauseMismatch,
-	ReasonCauseUnauthorized, ReasonSelfCaused, ReasonTriggerNotMatched, ReasonOffSlot, ReasonStepsReference, ReasonUnresolved,
+	ReasonCauseUnauthorized, ReasonSelfCaused, ReasonWorkflowLoop, ReasonTriggerNotMatched, ReasonOffSlot, ReasonStepsReference, ReasonUnresolved,
 	ReasonTemplateError, ReasonConditionFalse, ReasonCargoOversize, ReasonCargoMalformed, ReasonUndeclaredCargo,
 	ReasonDuplicate, ReasonRateLimited, ReasonMembersUnverified, ReasonNotMentioned,
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/doorbell"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -106,6 +107,18 @@ steps:
 		tampered := f.resign(bell, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"p", f.sam.Key.PublicKeyHex()}) })
 		_, err := v.Verify(ctx, tampered)
 		requireDrop(t, err, "self_caused")
+	})
+	t.Run("workflow loop: the cause answers a doorbell of this workflow", func(t *testing.T) {
+		// Kills: no answers check (two agents this workflow rings on every
+		// message would answer each other's answers without end).
+		v, _ := f.verifier(f.agent, false)
+		owner := f.owner.Key.PublicKeyHex()
+		answer := f.post(f.sam, "deploy failed: the fix is in", nostr.Tag{doorbell.TagAnswers, doorbell.WorkflowCoordinate(owner, wf)})
+		_, err := v.Verify(ctx, f.bell(def.ID, "event", answer.ID))
+		requireDrop(t, err, "workflow_loop")
+		other := f.post(f.sam, "deploy failed: answered elsewhere", nostr.Tag{doorbell.TagAnswers, doorbell.WorkflowCoordinate(owner, uuid.NewString())})
+		_, err = v.Verify(ctx, f.bell(def.ID, "event", other.ID))
+		require.NoError(t, err, "an answer to another workflow's doorbell rings this one")
 	})
 	t.Run("not addressed: an agent not p-tagged", func(t *testing.T) {
 		// Kills: skipping the p-tag check (Sam is not named either, so the
