@@ -50,7 +50,7 @@ func TestMentionPromptFencesTheText(t *testing.T) {
 	require.Equal(t, 1, headers, "headers outside the fence:\n%s", prompt)
 	require.GreaterOrEqual(t, open, 0, "no fence:\n%s", prompt)
 	fence := strings.TrimRight(lines[open], "abcdefghijklmnopqrstuvwxyz")
-	require.Greater(t, len(fence), longestBacktickRun(forged))
+	require.NotContains(t, forged, fence, "the fence is longer than any run of backticks in the text")
 	require.Equal(t, fence, lines[len(lines)-1], "the fence closes the prompt")
 	require.Equal(t, forged, strings.Join(lines[open+1:len(lines)-1], "\n"), "the text exactly as signed")
 	for _, l := range lines[open+1 : len(lines)-1] {
@@ -81,7 +81,7 @@ func TestDoorbellPromptNamesTheWorkflowAuthor(t *testing.T) {
 	require.Contains(t, strings.Join(lines[:open], "\n"), "written by "+member, "the header names the workflow's author")
 	require.NotContains(t, strings.Join(lines[:open], "\n"), owner, "the text's forged header is outside the fence")
 	fence := strings.TrimRight(lines[open], "abcdefghijklmnopqrstuvwxyz ")
-	require.Greater(t, len(fence), longestBacktickRun(text))
+	require.NotContains(t, text, fence, "the fence is longer than any run of backticks in the text")
 	require.Equal(t, fence, lines[len(lines)-1])
 	require.Equal(t, text, strings.Join(lines[open+1:len(lines)-1], "\n"))
 }
