@@ -365,6 +365,7 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		if f != nil {
 			return e.failStep(ctx, q, c, index, entry, f)
 		}
+		req.Depth = tc.Depth + 1
 		started := traceEntry{StepID: step.ID, Index: index, Status: "started"}
 		// The lease covers the whole call (ended by the step's deadline or
 		// the client's timeout, whichever comes first): a worker that dies

@@ -54,6 +54,9 @@ type TriggerContext struct {
 	WebhookFields     map[string]string `json:"webhook_fields"`
 	DefinitionEventID string            `json:"definition_event_id"`
 	Cause             Cause             `json:"cause"`
+	// Depth is how many workflows' call_webhook steps led to this run
+	// through webhook triggers (0: none); see MaxWebhookDepth.
+	Depth int `json:"depth,omitempty"`
 }
 
 // Template is the template and condition view of the context plus the

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
 // DefaultWebhookMaxBytes caps a webhook body. Its fields travel to agents
@@ -61,6 +63,30 @@ func webhookError(w http.ResponseWriter, status int, msg string) {
 
 // Serve handles one webhook call for the community the request's host
 // resolved to.
+// MaxWebhookDepth bounds a chain of workflows started by each other's
+// call_webhook steps through webhook triggers. A workflow whose step calls
+// its own webhook (by mistake, or through a relay's public address) would
+// otherwise start runs without end; each call carries its depth
+// (safehttp.DepthHeader) and a webhook refuses one past the bound.
+const MaxWebhookDepth = 4
+
+// webhookDepth reads a call's depth header: 0 when absent (a caller that
+// is no workflow), else the run it starts is that deep; past
+// MaxWebhookDepth the call is refused with 508 Loop Detected.
+func webhookDepth(header string) (int, int, string) {
+	if header == "" {
+		return 0, 0, ""
+	}
+	depth, err := strconv.Atoi(header)
+	if err != nil || depth < 1 {
+		return 0, http.StatusBadRequest, safehttp.DepthHeader + " must be a positive integer"
+	}
+	if depth > MaxWebhookDepth {
+		return 0, http.StatusLoopDetected, fmt.Sprintf("a chain of %d workflow webhook calls is longer than %d: a workflow's call_webhook step reaches its own (or a calling workflow's) webhook", depth, MaxWebhookDepth)
+	}
+	return depth, 0, ""
+}
+
 func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uuid.UUID) {
 	workflowID, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
@@ -106,7 +132,13 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		webhookError(w, http.StatusBadRequest, "invalid JSON body: "+msg)
 		return
 	}
+	depth, status, msg := webhookDepth(r.Header.Get(safehttp.DepthHeader))
+	if msg != "" {
+		webhookError(w, status, msg)
+		return
+	}
 	tc := TriggerContext{
+		Depth:             depth,
 		ChannelID:         row.ChannelID.String(),
 		Timestamp:         strconv.FormatInt(h.Clock.Now().Unix(), 10),
 		WebhookFields:     fields,

@@ -1,6 +1,7 @@
 package workflow_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -197,4 +198,79 @@ func TestCallWebhookAnswerIsCutInTheTrace(t *testing.T) {
 	require.Equal(t, long[:len(body)], body)
 	require.NotNil(t, truncated)
 	require.True(t, *truncated)
+}
+
+// A workflow whose call_webhook step calls its own webhook trigger (here
+// the relay's hook endpoint served over TLS on loopback) starts a chain of
+// runs; each call carries its depth, and the hook refuses the call past
+// workflow.MaxWebhookDepth with 508, which fails that run's step. Without
+// the bound the chain never ends. Mutation killed: Serve ignoring the
+// depth (the chain outlives the test's 20 rounds); the engine not sending
+// it (likewise).
+func TestCallWebhookToItsOwnHookStopsAtTheDepthBound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
+	srv := httptest.NewTLSServer(mux)
+	t.Cleanup(srv.Close)
+	client := safehttp.New(safehttp.Options{
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+	})
+	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+
+	id := uuid.NewString()
+	_, reply := f.save(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
+	var saved struct {
+		Secret string `json:"webhook_secret"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	f.clock.Advance(time.Second) // the re-save replaces the definition
+	f.save(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: again, action: call_webhook, url: '"+
+		srv.URL+"/hooks/"+id+"?secret="+saved.Secret+"', body: '{}'}]")
+
+	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+saved.Secret, "application/json", strings.NewReader("{}"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	for round := 0; ; round++ {
+		require.Less(t, round, 20, "the chain of runs does not end")
+		claims, err := e.ClaimDue(f.ctx, 10)
+		require.NoError(t, err)
+		if len(claims) == 0 {
+			break
+		}
+		for _, c := range claims {
+			e.Execute(f.ctx, c)
+		}
+	}
+	runs := f.runIDs(id)
+	require.Len(t, runs, workflow.MaxWebhookDepth+1, "the first run and one per call within the bound")
+	// The runs share a created_at (the test's clock stands still): tell
+	// them apart by the depth each was started at.
+	byDepth := map[int]db.WorkflowRunGetRow{}
+	for _, run := range runs {
+		r := f.run(run)
+		var tc workflow.TriggerContext
+		require.NoError(t, json.Unmarshal(r.TriggerContext, &tc))
+		byDepth[tc.Depth] = r
+	}
+	for depth := range workflow.MaxWebhookDepth {
+		require.Equal(t, db.WorkflowRunStatusCompleted, byDepth[depth].Status, "depth %d: %s", depth, deref(byDepth[depth].ErrorMessage))
+	}
+	last := byDepth[workflow.MaxWebhookDepth]
+	require.Equal(t, db.WorkflowRunStatusFailed, last.Status)
+	require.Equal(t, "webhook_failed", *last.ErrorCode)
+	require.Contains(t, *last.ErrorMessage, "HTTP 508")
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

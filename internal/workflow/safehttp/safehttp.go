@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -73,7 +74,16 @@ type Request struct {
 	URL     string
 	Headers map[string]string
 	Body    []byte
+	// Depth is sent as DepthHeader: how many webhook calls of workflows
+	// led to this one, counting it (1 for a run no webhook started).
+	Depth int
 }
+
+// DepthHeader carries a call's Request.Depth, so that a workflow webhook
+// reached by a workflow's call (its own, say) knows how deep the chain is
+// and can refuse to start one more run past a bound. Definitions cannot
+// set it.
+const DepthHeader = "X-Buzz-Workflow-Depth"
 
 // Response is what the server answered, redirects included.
 type Response struct {
@@ -218,6 +228,7 @@ var forbiddenHeaders = map[string]bool{
 	"Host": true, "Content-Length": true, "Connection": true, "Keep-Alive": true,
 	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Proxy-Connection": true,
 	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	DepthHeader: true,
 }
 
 var allowedMethods = map[string]bool{
@@ -298,6 +309,9 @@ func (c *Client) build(ctx context.Context, req Request) (*http.Request, string,
 	}
 	if httpReq.Header.Get("User-Agent") == "" {
 		httpReq.Header.Set("User-Agent", "buzz-relay-webhook")
+	}
+	if req.Depth > 0 {
+		httpReq.Header.Set(DepthHeader, strconv.Itoa(req.Depth))
 	}
 	return httpReq, host, nil
 }
