@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -41,6 +42,7 @@ func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid
 	}
 	opCtx, cancel := context.WithCancel(ctx)
 	l := &ServingLease{id: id, pool: pool, cancel: cancel, done: make(chan struct{})}
+	opCtx = context.WithValue(opCtx, leaseKey{}, l)
 	go func() {
 		defer close(l.done)
 		t := time.NewTicker(servingLeaseRenew)
@@ -59,6 +61,27 @@ func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid
 		}
 	}()
 	return l, opCtx, nil
+}
+
+type leaseKey struct{}
+
+// UnderLease runs fn in one transaction on pool. When ctx is an operation's
+// context from AcquireServingLease, the transaction first presents the
+// lease (community_serving_write_leases_guard), so its writes pass the
+// community's fence while the community quiesces: an operation admitted
+// before a deletion began may finish its database writes, and the
+// deletion's fence waits for it. Without a lease, the writes are fenced as
+// any other.
+func UnderLease(ctx context.Context, pool *pgxpool.Pool, fn func(q *db.Queries) error) error {
+	return dberr.Interpret(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if l, ok := ctx.Value(leaseKey{}).(*ServingLease); ok {
+			if err := q.ServingLeaseGuard(ctx, l.id); err != nil {
+				return err
+			}
+		}
+		return fn(q)
+	}))
 }
 
 // Release stops renewing and deletes the lease.

@@ -30,28 +30,36 @@ type Quota interface {
 // relay process sharing the database shares them: a reservation is one
 // conditional upsert, exact under concurrent uploads anywhere.
 type CommunityQuota struct {
-	Q     *db.Queries
 	Limit int64 // bytes one community may store
+	// Run runs the statements in a transaction: the relay's runs them under
+	// the operation's serving-write lease (deletion.UnderLease), whose
+	// guard lets them through the fence of a community whose deletion
+	// began after the upload was admitted.
+	Run func(ctx context.Context, fn func(q *db.Queries) error) error
 }
 
 func (q CommunityQuota) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
-	n, err := q.Q.MediaUsageReserve(ctx, db.MediaUsageReserveParams{CommunityID: community, Size: size, Quota: q.Limit})
-	if err != nil {
-		// The community's deletion may have fenced it since the upload
-		// began: dberr.ErrNotInPrerequisiteState.
-		return dberr.Interpret(err)
-	}
-	if n == 1 {
-		return nil
-	}
-	used, err := q.Q.MediaUsageGet(ctx, community)
-	if err != nil && !dberr.IsNotFound(err) {
+	var reserved, used int64
+	err := q.Run(ctx, func(dbq *db.Queries) error {
+		var err error
+		if reserved, err = dbq.MediaUsageReserve(ctx, db.MediaUsageReserveParams{CommunityID: community, Size: size, Quota: q.Limit}); err != nil || reserved == 1 {
+			return err
+		}
+		if used, err = dbq.MediaUsageGet(ctx, community); dberr.IsNotFound(err) {
+			err = nil
+		}
 		return err
+	})
+	if err != nil || reserved == 1 {
+		// A fence (the community's deletion) is dberr.ErrNotInPrerequisiteState.
+		return dberr.Interpret(err)
 	}
 	return fmt.Errorf("%w: it stores %d of its %d bytes and this blob is %d; delete blobs to make room",
 		ErrQuotaExceeded, used, q.Limit, size)
 }
 
 func (q CommunityQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
-	return dberr.Interpret(q.Q.MediaUsageRelease(ctx, db.MediaUsageReleaseParams{CommunityID: community, Size: size}))
+	return dberr.Interpret(q.Run(ctx, func(dbq *db.Queries) error {
+		return dbq.MediaUsageRelease(ctx, db.MediaUsageReleaseParams{CommunityID: community, Size: size})
+	}))
 }

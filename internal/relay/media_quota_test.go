@@ -9,16 +9,25 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
+
+// quotaOn is the relay's quota on pool, outside any serving-write lease.
+func quotaOn(pool *pgxpool.Pool, limit int64) media.CommunityQuota {
+	return media.CommunityQuota{Limit: limit, Run: func(ctx context.Context, fn func(*db.Queries) error) error {
+		return deletion.UnderLease(ctx, pool, fn)
+	}}
+}
 
 func mediaUsage(t *testing.T, q *db.Queries, community uuid.UUID) int64 {
 	t.Helper()
@@ -85,7 +94,7 @@ func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
 	row, err := db.New(pool).CommunityCreate(context.Background(), "quota-race-"+uuid.NewString()[:8]+".example")
 	require.NoError(t, err)
 	store := mediaStores["fs"](t)
-	quota := media.CommunityQuota{Q: db.New(pool), Limit: fits * blobSize}
+	quota := quotaOn(pool, fits*blobSize)
 	var stored, refused int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -123,7 +132,7 @@ func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	row, err := db.New(pool).CommunityCreate(context.Background(), host)
 	require.NoError(t, err)
 	quiesceCommunity(t, pool, host)
-	quota := media.CommunityQuota{Q: db.New(pool), Limit: 1 << 20}
+	quota := quotaOn(pool, 1<<20)
 	err = quota.Reserve(context.Background(), row.ID, 100)
 	require.ErrorIs(t, err, dberr.ErrNotInPrerequisiteState)
 }

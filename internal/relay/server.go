@@ -156,7 +156,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
-		s.media.UseQuota(media.CommunityQuota{Q: db.New(pool), Limit: int64(cfg.MediaCommunityQuotaBytes)})
+		s.media.UseQuota(media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
+			return deletion.UnderLease(ctx, pool, fn)
+		}})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
