@@ -158,3 +158,24 @@ func TestHiddenDeletionKeepsItsAddressDeleted(t *testing.T) {
 	require.Equal(t, ingest.Superseded, older("v0b", now-80), "the address stays deleted")
 	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND deleted_at IS NULL`, f.tenant.ID()))
 }
+
+// TestDeletionCoordinatesAreBounded: a kind 5 naming more than
+// MaxDeletionCoordinates a tags is refused before it reaches the database;
+// each coordinate took a slot lock held until the group committed, and a
+// group of deletions naming 2,000 made-up slots each filled PostgreSQL's
+// lock table ("out of shared memory") for every session. Mutation killed:
+// validateDeletion without the bound (the 17-coordinate deletion is stored).
+func TestDeletionCoordinatesAreBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "coordinate-bound.example", 0)
+	key := f.key()
+	pk := key.PublicKeyHex()
+	tags := nostr.Tags{}
+	for i := 0; i < ingest.MaxDeletionCoordinates; i++ {
+		tags = append(tags, nostr.Tag{"a", fmt.Sprintf("30023:%s:d%d", pk, i)})
+	}
+	f.store(f.sign(key, nostr.KindDeletion, "", tags, f.base+10))
+	over := append(tags, nostr.Tag{"a", "30023:" + pk + ":one-more"}, nostr.Tag{"e", strings.Repeat("a", 64)})
+	f.rejected(f.sign(key, nostr.KindDeletion, "", over, f.base+11),
+		fmt.Sprintf("invalid: a deletion may name at most %d coordinates (a tags); send several deletions", ingest.MaxDeletionCoordinates))
+}
