@@ -287,17 +287,29 @@ func targetOf(ev *nostr.Event) (string, error) {
 	return tag[1], nil
 }
 
+// validateTargetUser requires exactly one p tag: the relay acts on one
+// user, and the stored event is the channel's lasting account of the act
+// (no 9005 hides it), so it must not name users or roles it was not
+// applied to.
 func validateTargetUser(ev *nostr.Event) error {
 	if _, err := channelOf(ev); err != nil {
 		return err
 	}
-	_, err := targetOf(ev)
-	return err
+	if _, err := targetOf(ev); err != nil {
+		return err
+	}
+	if len(ev.Tags.Values("p")) > 1 {
+		return Reject("invalid", "kind %d names one user: send one event per p tag", ev.Kind)
+	}
+	return nil
 }
 
 func validatePutUser(ev *nostr.Event) error {
 	if err := validateTargetUser(ev); err != nil {
 		return err
+	}
+	if tag := ev.Tags.First("p"); len(tag) > 3 {
+		return Reject("invalid", "kind 9000 gives one role: the p tag is [\"p\", <pubkey>, <role>]")
 	}
 	if tag := ev.Tags.First("p"); len(tag) > 2 {
 		if _, ok := assignableRoles[tag[2]]; !ok {

@@ -24,18 +24,30 @@ import (
 // tell every reader which private-channel events were deleted.
 var deletionHandler = Handler{Validate: validateDeletion, Prepare: prepareDeletion, Apply: applyDeletion}
 
+// MaxDeletionCoordinates bounds the a tags of one deletion. Each coordinate
+// costs round trips and holds a slot lock (an advisory lock, one entry in
+// PostgreSQL's shared lock table) until the event's group commits: a
+// deletion naming 2,000 made-up slots of its author held a group writer for
+// a third of a second, and a group of them filled the lock table ("out of
+// shared memory") for every session of the cluster. A group of
+// ingest.DefaultGroupMax deletions at this bound holds 512 slot locks.
+const MaxDeletionCoordinates = 16
+
 // validateDeletion also refuses any a tag not spelled canonically: the
 // database keeps an older version of a deleted slot out by matching the
 // literal coordinate, so a loose spelling would hide the current version
 // and let an older one back in.
 func validateDeletion(ev *nostr.Event) error {
-	targets := false
+	targets, coordinates := false, 0
 	for _, tag := range ev.Tags {
 		if len(tag) < 2 || (tag[0] != "e" && tag[0] != "a") {
 			continue
 		}
 		targets = true
 		if tag[0] == "a" {
+			if coordinates++; coordinates > MaxDeletionCoordinates {
+				return Reject("invalid", "a deletion may name at most %d coordinates (a tags); send several deletions", MaxDeletionCoordinates)
+			}
 			if _, err := nostr.ParseCoordinate(tag[1]); err != nil {
 				return Reject("invalid", "a tag %q: %v", truncate(tag[1], 80), err)
 			}

@@ -1,6 +1,8 @@
 package ingest_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -157,4 +159,55 @@ func TestHiddenDeletionKeepsItsAddressDeleted(t *testing.T) {
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NOT NULL`, deletion.ID), "the deletion is hidden")
 	require.Equal(t, ingest.Superseded, older("v0b", now-80), "the address stays deleted")
 	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND deleted_at IS NULL`, f.tenant.ID()))
+}
+
+// TestDeletionCoordinatesAreBounded: a kind 5 naming more than
+// MaxDeletionCoordinates a tags is refused before it reaches the database;
+// each coordinate took a slot lock held until the group committed, and a
+// group of deletions naming 2,000 made-up slots each filled PostgreSQL's
+// lock table ("out of shared memory") for every session. Mutation killed:
+// validateDeletion without the bound (the 17-coordinate deletion is stored).
+func TestDeletionCoordinatesAreBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "coordinate-bound.example", 0)
+	key := f.key()
+	pk := key.PublicKeyHex()
+	tags := nostr.Tags{}
+	for i := 0; i < ingest.MaxDeletionCoordinates; i++ {
+		tags = append(tags, nostr.Tag{"a", fmt.Sprintf("30023:%s:d%d", pk, i)})
+	}
+	f.store(f.sign(key, nostr.KindDeletion, "", tags, f.base+10))
+	over := append(tags, nostr.Tag{"a", "30023:" + pk + ":one-more"}, nostr.Tag{"e", strings.Repeat("a", 64)})
+	f.rejected(f.sign(key, nostr.KindDeletion, "", over, f.base+11),
+		fmt.Sprintf("invalid: a deletion may name at most %d coordinates (a tags); send several deletions", ingest.MaxDeletionCoordinates))
+}
+
+// TestAddressableDTagFitsItsCoordinate: an addressable event whose
+// coordinate (<kind>:<pubkey>:<d>) is longer than nostr.MaxCoordinateLen
+// is refused with invalid:. Such a slot could not be deleted by
+// coordinate (a deletion's a tag is bounded), and a d tag beyond about
+// 2,700 bytes failed the address index: an internal error the client was
+// told to retry. Mutation killed: validate without the check (the 954-byte
+// d tag is stored, the 2,800-byte one answers an internal error).
+func TestAddressableDTagFitsItsCoordinate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "long-d.example", 0)
+	key := f.key()
+	pk := key.PublicKeyHex()
+	longest := strings.Repeat("d", nostr.MaxCoordinateLen-len("30023:"+pk+":"))
+	article := f.store(f.sign(key, 30023, "fits", nostr.Tags{{"d", longest}}, f.base+10))
+	f.store(f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"a", "30023:" + pk + ":" + longest}}, f.base+20))
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, article.ID),
+		"the longest d tag accepted can be deleted by its coordinate")
+
+	want := "invalid: d tag too long: the event's coordinate <kind>:<pubkey>:<d> must be at most 1024 bytes, so that a deletion can name it"
+	// Incompressible, so that PostgreSQL cannot squeeze it into the index.
+	var noise strings.Builder
+	for i := 0; noise.Len() < 2800; i++ {
+		sum := sha256.Sum256([]byte(fmt.Sprint(i)))
+		noise.WriteString(hex.EncodeToString(sum[:]))
+	}
+	for _, d := range []string{longest + "d", noise.String()} {
+		f.rejected(f.sign(key, 30023, "too long", nostr.Tags{{"d", d}}, f.base+30), want)
+	}
 }

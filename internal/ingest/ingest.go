@@ -576,6 +576,15 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 			return Reject("invalid", "a presence announcement is at most %d bytes; this one is %d", presence.MaxAnnouncementBytes, size)
 		}
 	}
+	// A deletion names a slot by its coordinate, which is bounded (the tag
+	// index holds it); a longer d tag made a slot no deletion could name,
+	// and beyond about 2,700 bytes the address index refused the row, an
+	// internal error the client was told to retry.
+	if nostr.IsAddressable(ev.Kind) {
+		if c := (nostr.Coordinate{Kind: ev.Kind, PubKey: ev.PubKey, D: ev.DTag()}); len(c.String()) > nostr.MaxCoordinateLen {
+			return Reject("invalid", "d tag too long: the event's coordinate <kind>:<pubkey>:<d> must be at most %d bytes, so that a deletion can name it", nostr.MaxCoordinateLen)
+		}
+	}
 	if limit := p.clock.Now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
 		return Reject("invalid", "created_at is more than %s in the future", p.maxFutureSkew)
 	}

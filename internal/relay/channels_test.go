@@ -260,6 +260,35 @@ func TestChannelTagsCannotForgeMembershipAndAdminsCannotDemoteOwners(t *testing.
 	require.Len(t, admins[0].Tags.Values("p"), 3, "both owners and the admin keep their roles")
 }
 
+// A put-user or remove-user acts on the first p tag only, and its event is
+// the channel's lasting account of the act (no 9005 hides it). An admin
+// must not store a 9000 whose extra p tags or roles claim grants that never
+// happened: one here named the admin owner, which the relay never applied
+// and no owner could hide. Mutation killed: validateTargetUser without the
+// one-p-tag check, and validatePutUser without the one-role check (both
+// events are stored).
+func TestModerationEventsNameOneUserAndOneRole(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	admin := r.Dial(t, "")
+	admin.Auth(nil)
+	member := relaytest.NewKey(t).PublicKeyHex()
+	ch := createChannel(t, owner, "room", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0)).OK)
+
+	requireRejected(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member}, {"p", admin.Key.PublicKeyHex(), "owner"}}, 0)),
+		"invalid: kind 9000 names one user")
+	requireRejected(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member, "member", "owner"}}, 0)),
+		"invalid: kind 9000 gives one role")
+	requireRejected(t, admin.Publish(admin.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member}, {"p", owner.Key.PublicKeyHex()}}, 0)),
+		"invalid: kind 9001 names one user")
+	require.True(t, admin.Publish(admin.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member, "member"}}, 0)).OK)
+	require.Len(t, owner.Req("acts", map[string]any{"kinds": []int{9000, 9001}, "#h": []string{ch}}), 2,
+		"only the owner's grant and the admin's one-user, one-role put-user are stored")
+}
+
 // A channel's relay-signed lists (39000-39002) carry the channel in their d
 // tag, not an h tag, and NIP-29 clients follow them with #d. They are stored
 // in the channel, so live delivery must count a #d naming the channel as a

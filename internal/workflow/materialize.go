@@ -96,6 +96,15 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 	if err != nil {
 		return err
 	}
+	// Locked before anything is read: whether this save adds a firing
+	// workflow to the channel is decided on what the count sees, and the
+	// signer's membership is read after a removal holding the channel
+	// (ChannelLockForUpdate) committed. Read before, a save racing its
+	// signer's removal stored an enabled workflow the removal's trigger
+	// (workflows_disable_on_owner_removal) never saw.
+	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
+		return err
+	}
 	// The signer must be an active member of a live, unarchived channel.
 	// An unknown channel gets the same answer, so a non-member cannot
 	// probe which private channel ids exist.
@@ -124,11 +133,6 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 			return ingest.Reject("invalid", "%v", err)
 		}
 		saved.name = tag[1]
-	}
-	// Locked before the row is read, so that whether this save adds a
-	// firing workflow to the channel is decided on what the count sees.
-	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
-		return err
 	}
 	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
 	switch {
@@ -163,7 +167,8 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 
 // lockChannelForWorkflows serializes the saves of one channel's workflows
 // to the end of the transaction, so that concurrent saves count the
-// channel's firing workflows one after the other.
+// channel's firing workflows one after the other, and a save reads its
+// signer's membership after any membership change of the channel.
 func lockChannelForWorkflows(ctx context.Context, w *ingest.Write, channel uuid.UUID) error {
 	locked, err := w.Q.ChannelLockForWorkflows(ctx, db.ChannelLockForWorkflowsParams{CommunityID: w.Tenant.ID(), ID: channel})
 	if err == nil && locked == 0 {

@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -176,3 +178,48 @@ func TestDefinitionDeletionAndOwnerLeaving(t *testing.T) {
 }
 
 func pubHex(k *nostr.SecretKey) string { pk := k.PublicKey(); return hex.EncodeToString(pk[:]) }
+
+// A save racing the removal of its signer must not leave the removed
+// member a firing workflow in the channel: the removal's trigger disables
+// only the workflows that exist when it runs. The save reads the signer's
+// membership after taking the channel's workflow lock, which waits for the
+// removal (holding the channel's row lock) to commit. Mutation killed:
+// ChannelAccess read before lockChannelForWorkflows, as it was: the save
+// saw the membership the uncommitted removal was ending, waited for the
+// lock, and stored an enabled workflow for a member no longer in the
+// channel.
+func TestDefinitionSaveRacingOwnerRemoval(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.privateChannel(owner, member)
+
+	// The removal as 9001 takes it: the channel's row lock, then the row.
+	removal, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = removal.Rollback(f.ctx) }()
+	_, err = removal.Exec(f.ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR UPDATE`, f.tenant.ID(), ch)
+	require.NoError(t, err)
+	_, err = removal.Exec(f.ctx, `UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = decode($3, 'hex')`,
+		f.tenant.ID(), ch, pubHex(member))
+	require.NoError(t, err)
+
+	wf := uuid.NewString()
+	saved := make(chan error, 1)
+	go func() {
+		_, err := f.submit(f.sign(member, workflow.KindDefinition, greeter, nostr.Tags{{"d", wf}, {"h", ch}}))
+		saved <- err
+	}()
+	// Wait until the save waits for the channel (alone, after its group's
+	// lock timeout), then let the removal commit.
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'`) > 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, removal.Commit(f.ctx))
+
+	err = <-saved
+	var rej *ingest.Rejection
+	require.True(t, errors.As(err, &rej), "want a refusal, got %v", err)
+	require.Equal(t, "restricted: not a member of this channel", rej.Error())
+	require.Zero(t, f.count(`SELECT count(*) FROM workflows WHERE community_id = $1 AND enabled`, f.tenant.ID()))
+}
