@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -480,4 +481,51 @@ func registerTarget(t *testing.T, pool *pgxpool.Pool, listenerKey *nostr.SecretK
 	})
 	require.NoError(t, err)
 	return target
+}
+
+// stopBackends SIGSTOPs every PostgreSQL backend of application app (a
+// stalled server: its sockets stay open and nothing answers) and resumes
+// them when the test ends.
+func stopBackends(t *testing.T, pool *pgxpool.Pool, app string) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.NotEmpty(t, pids)
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT)
+		}
+	})
+	for _, pid := range pids {
+		require.NoError(t, syscall.Kill(int(pid), syscall.SIGSTOP))
+	}
+}
+
+// SIGTERM while PostgreSQL is stalled under a publish: the process still
+// exits. The publish's statement never returns (a stopped backend's socket
+// stays open, so not even TCP gives up), and closing the pool waited for
+// that connection forever after the shutdown budget had run out.
+// Mutation killed: serve closing the pool with a plain deferred
+// pool.Close() again.
+func TestStoppedRelayProcessExitsWhileTheDatabaseStalls(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalled", map[string]string{
+		"BUZZ_DATABASE_URL": withAppName(t, databaseURL, "stalled"),
+	})
+	pub := p.client(t, nil)
+	require.True(t, pub.Publish(pub.Sign(1, "before the stall", nil, 0)).OK)
+
+	stopBackends(t, pool, "stalled")
+	pub.Send("EVENT", pub.Sign(1, "during the stall", nil, 0))
+	_, err := pub.TryNext(2 * time.Second)
+	require.Error(t, err, "the publish was answered although every backend of the relay is stopped")
+
+	p.stop(t)
+	_, warned := p.logs.find("database connections still in use at exit; leaving them to the server", "msg")
+	require.True(t, warned, "%s", p.logs.String())
 }
