@@ -529,3 +529,52 @@ func TestStoppedRelayProcessExitsWhileTheDatabaseStalls(t *testing.T) {
 	_, warned := p.logs.find("database connections still in use at exit; leaving them to the server", "msg")
 	require.True(t, warned, "%s", p.logs.String())
 }
+
+// A publish while PostgreSQL is stalled is answered: the group writer's
+// transaction is bounded (BUZZ_INGEST_WRITE_TIMEOUT), so the event runs
+// alone, under the same bound, and gets an answer; once a fresh connection
+// is made (the postmaster still answers), publishing works again without a
+// restart. Before, the group writer waited on the stopped backend forever:
+// the publish was never answered, and every later event of a lightly loaded
+// relay queued behind it (a second writer starts only for a whole group).
+// Mutation killed: the group's transaction under context.Background()
+// again (no answer to the publish).
+func TestRelayProcessAnswersPublishesWhileTheDatabaseStalls(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalling", map[string]string{
+		"BUZZ_DATABASE_URL":         withAppName(t, databaseURL, "stalling"),
+		"BUZZ_INGEST_WRITE_TIMEOUT": "1s",
+	})
+	pub := p.client(t, nil)
+	require.True(t, pub.Publish(pub.Sign(1, "before the stall", nil, 0)).OK)
+
+	stopBackends(t, pool, "stalling")
+	during := pub.Sign(1, "during the stall", nil, 0)
+	pub.Send("EVENT", during)
+	var answer []json.RawMessage
+	for {
+		msg, err := pub.TryNext(20 * time.Second)
+		require.NoError(t, err, "a publish while PostgreSQL is stalled was never answered")
+		if string(msg[0]) == `"OK"` && len(msg) == 4 {
+			answer = msg
+			break
+		}
+	}
+	var id, text string
+	var ok bool
+	require.NoError(t, json.Unmarshal(answer[1], &id))
+	require.NoError(t, json.Unmarshal(answer[2], &ok))
+	require.NoError(t, json.Unmarshal(answer[3], &text))
+	require.Equal(t, during.ID, id)
+	t.Logf("answer while stalled: %v %q", ok, text)
+	if !ok {
+		require.True(t, strings.HasPrefix(text, "error:"), "%q", text)
+	}
+
+	require.Eventually(t, func() bool {
+		return pub.Publish(pub.Sign(1, "after the stall", nil, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+}
