@@ -578,3 +578,41 @@ func TestRelayProcessAnswersPublishesWhileTheDatabaseStalls(t *testing.T) {
 		return pub.Publish(pub.Sign(1, "after the stall", nil, 0)).OK
 	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
 }
+
+// The workflow worker outlives a stalled PostgreSQL: its poll's claim is
+// bounded by the run lease, so a claim stuck on a stopped backend gives
+// up and the worker claims and runs new runs on a fresh connection. Before,
+// the worker's loop waited for that claim forever and this process ran no
+// run again until it was restarted (hand-offs included: the loop no longer
+// read them).
+// Mutation killed: claimContext returning ctx without the lease's deadline
+// (the message is stored, its echo never is).
+func TestRelayProcessWorkflowWorkerOutlivesAStalledDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalled-worker", map[string]string{
+		"BUZZ_DATABASE_URL":         withAppName(t, databaseURL, "stalled-worker"),
+		"BUZZ_INGEST_WRITE_TIMEOUT": "1s",
+		"BUZZ_WORKFLOW_RUN_LEASE":   "3s",
+	})
+	pub := p.client(t, nil)
+	channel := newChannel(t, pub, "echo")
+	saveWorkflow(t, pub, channel, "name: Echo\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: say, action: send_message, text: 'echo {{trigger.text}}'}\n")
+	time.Sleep(2 * time.Second) // the pool's connections go idle; the worker polls every second
+
+	stopBackends(t, pool, "stalled-worker")
+	time.Sleep(2 * time.Second) // the worker's poll is waiting on a stopped backend
+	require.Eventually(t, func() bool {
+		return pub.Publish(pub.Sign(9, "after the stall", nostr.Tags{{"h", channel}}, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'echo after the stall'`).Scan(&n)
+		return err == nil && n >= 1
+	}, 60*time.Second, 200*time.Millisecond, "the workflow worker never ran a run after the stall")
+}
+
