@@ -616,3 +616,39 @@ func TestRelayProcessWorkflowWorkerOutlivesAStalledDatabase(t *testing.T) {
 	}, 60*time.Second, 200*time.Millisecond, "the workflow worker never ran a run after the stall")
 }
 
+// The operator-listener worker outlives a stalled PostgreSQL: its poll's
+// claim is bounded by the 30 s lease, so a claim stuck on a stopped backend
+// gives up, and a mention saved afterwards on a fresh connection is
+// delivered. Before, the worker's loop waited for that claim forever and
+// the pod delivered nothing again, hand-offs included, until restarted.
+// Mutation killed: claimDue without the lease's deadline (no POST).
+func TestRelayProcessListenerWorkerOutlivesAStalledDatabase(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	var posts atomic.Int32
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+	}))
+	t.Cleanup(listener.Close)
+	listenerKey := relaytest.NewKey(t)
+	env := listenerEnv(t, databaseURL, "stalled-listener", listenerKey, listener)
+	env["BUZZ_INGEST_WRITE_TIMEOUT"] = "1s"
+	env["BUZZ_OPERATOR_LISTENER_POLL_MS"] = "200"
+	p := startRelayProcess(t, bin, "stalled-listener", env)
+	target := registerTarget(t, pool, listenerKey)
+	author := p.client(t, nil)
+	channel := newChannel(t, author, "paged")
+	time.Sleep(2 * time.Second) // the pool's connections go idle; the worker polls every 200 ms
+
+	stopBackends(t, pool, "stalled-listener")
+	time.Sleep(time.Second) // the worker's poll is waiting on a stopped backend
+	require.Eventually(t, func() bool {
+		return author.Publish(author.Sign(9, "wake up", nostr.Tags{{"h", channel}, {"p", target.PublicKeyHex()}}, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+	require.Eventually(t, func() bool { return posts.Load() > 0 },
+		120*time.Second, 100*time.Millisecond, "the listener worker never delivered after the stall")
+}
