@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -480,4 +481,174 @@ func registerTarget(t *testing.T, pool *pgxpool.Pool, listenerKey *nostr.SecretK
 	})
 	require.NoError(t, err)
 	return target
+}
+
+// stopBackends SIGSTOPs every PostgreSQL backend of application app (a
+// stalled server: its sockets stay open and nothing answers) and resumes
+// them when the test ends.
+func stopBackends(t *testing.T, pool *pgxpool.Pool, app string) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.NotEmpty(t, pids)
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT)
+		}
+	})
+	for _, pid := range pids {
+		require.NoError(t, syscall.Kill(int(pid), syscall.SIGSTOP))
+	}
+}
+
+// SIGTERM while PostgreSQL is stalled under a publish: the process still
+// exits. The publish's statement never returns (a stopped backend's socket
+// stays open, so not even TCP gives up), and closing the pool waited for
+// that connection forever after the shutdown budget had run out.
+// Mutation killed: serve closing the pool with a plain deferred
+// pool.Close() again.
+func TestStoppedRelayProcessExitsWhileTheDatabaseStalls(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalled", map[string]string{
+		"BUZZ_DATABASE_URL": withAppName(t, databaseURL, "stalled"),
+	})
+	pub := p.client(t, nil)
+	require.True(t, pub.Publish(pub.Sign(1, "before the stall", nil, 0)).OK)
+
+	stopBackends(t, pool, "stalled")
+	pub.Send("EVENT", pub.Sign(1, "during the stall", nil, 0))
+	_, err := pub.TryNext(2 * time.Second)
+	require.Error(t, err, "the publish was answered although every backend of the relay is stopped")
+
+	p.stop(t)
+	_, warned := p.logs.find("database connections still in use at exit; leaving them to the server", "msg")
+	require.True(t, warned, "%s", p.logs.String())
+}
+
+// A publish while PostgreSQL is stalled is answered: the group writer's
+// transaction is bounded (BUZZ_INGEST_WRITE_TIMEOUT), so the event runs
+// alone, under the same bound, and gets an answer; once a fresh connection
+// is made (the postmaster still answers), publishing works again without a
+// restart. Before, the group writer waited on the stopped backend forever:
+// the publish was never answered, and every later event of a lightly loaded
+// relay queued behind it (a second writer starts only for a whole group).
+// Mutation killed: the group's transaction under context.Background()
+// again (no answer to the publish).
+func TestRelayProcessAnswersPublishesWhileTheDatabaseStalls(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalling", map[string]string{
+		"BUZZ_DATABASE_URL":         withAppName(t, databaseURL, "stalling"),
+		"BUZZ_INGEST_WRITE_TIMEOUT": "1s",
+	})
+	pub := p.client(t, nil)
+	require.True(t, pub.Publish(pub.Sign(1, "before the stall", nil, 0)).OK)
+
+	stopBackends(t, pool, "stalling")
+	during := pub.Sign(1, "during the stall", nil, 0)
+	pub.Send("EVENT", during)
+	var answer []json.RawMessage
+	for {
+		msg, err := pub.TryNext(20 * time.Second)
+		require.NoError(t, err, "a publish while PostgreSQL is stalled was never answered")
+		if string(msg[0]) == `"OK"` && len(msg) == 4 {
+			answer = msg
+			break
+		}
+	}
+	var id, text string
+	var ok bool
+	require.NoError(t, json.Unmarshal(answer[1], &id))
+	require.NoError(t, json.Unmarshal(answer[2], &ok))
+	require.NoError(t, json.Unmarshal(answer[3], &text))
+	require.Equal(t, during.ID, id)
+	t.Logf("answer while stalled: %v %q", ok, text)
+	if !ok {
+		require.True(t, strings.HasPrefix(text, "error:"), "%q", text)
+	}
+
+	require.Eventually(t, func() bool {
+		return pub.Publish(pub.Sign(1, "after the stall", nil, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+}
+
+// The workflow worker outlives a stalled PostgreSQL: its poll's claim is
+// bounded by the run lease, so a claim stuck on a stopped backend gives
+// up and the worker claims and runs new runs on a fresh connection. Before,
+// the worker's loop waited for that claim forever and this process ran no
+// run again until it was restarted (hand-offs included: the loop no longer
+// read them).
+// Mutation killed: claimContext returning ctx without the lease's deadline
+// (the message is stored, its echo never is).
+func TestRelayProcessWorkflowWorkerOutlivesAStalledDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	p := startRelayProcess(t, bin, "stalled-worker", map[string]string{
+		"BUZZ_DATABASE_URL":         withAppName(t, databaseURL, "stalled-worker"),
+		"BUZZ_INGEST_WRITE_TIMEOUT": "1s",
+		"BUZZ_WORKFLOW_RUN_LEASE":   "3s",
+	})
+	pub := p.client(t, nil)
+	channel := newChannel(t, pub, "echo")
+	saveWorkflow(t, pub, channel, "name: Echo\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: say, action: send_message, text: 'echo {{trigger.text}}'}\n")
+	time.Sleep(2 * time.Second) // the pool's connections go idle; the worker polls every second
+
+	stopBackends(t, pool, "stalled-worker")
+	time.Sleep(2 * time.Second) // the worker's poll is waiting on a stopped backend
+	require.Eventually(t, func() bool {
+		return pub.Publish(pub.Sign(9, "after the stall", nostr.Tags{{"h", channel}}, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'echo after the stall'`).Scan(&n)
+		return err == nil && n >= 1
+	}, 60*time.Second, 200*time.Millisecond, "the workflow worker never ran a run after the stall")
+}
+
+// The operator-listener worker outlives a stalled PostgreSQL: its poll's
+// claim is bounded by the 30 s lease, so a claim stuck on a stopped backend
+// gives up, and a mention saved afterwards on a fresh connection is
+// delivered. Before, the worker's loop waited for that claim forever and
+// the pod delivered nothing again, hand-offs included, until restarted.
+// Mutation killed: claimDue without the lease's deadline (no POST).
+func TestRelayProcessListenerWorkerOutlivesAStalledDatabase(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	var posts atomic.Int32
+	listener := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+	}))
+	t.Cleanup(listener.Close)
+	listenerKey := relaytest.NewKey(t)
+	env := listenerEnv(t, databaseURL, "stalled-listener", listenerKey, listener)
+	env["BUZZ_INGEST_WRITE_TIMEOUT"] = "1s"
+	env["BUZZ_OPERATOR_LISTENER_POLL_MS"] = "200"
+	p := startRelayProcess(t, bin, "stalled-listener", env)
+	target := registerTarget(t, pool, listenerKey)
+	author := p.client(t, nil)
+	channel := newChannel(t, author, "paged")
+	time.Sleep(2 * time.Second) // the pool's connections go idle; the worker polls every 200 ms
+
+	stopBackends(t, pool, "stalled-listener")
+	time.Sleep(time.Second) // the worker's poll is waiting on a stopped backend
+	require.Eventually(t, func() bool {
+		return author.Publish(author.Sign(9, "wake up", nostr.Tags{{"h", channel}, {"p", target.PublicKeyHex()}}, 0)).OK
+	}, 60*time.Second, 100*time.Millisecond, "the relay never wrote again on a fresh connection")
+	require.Eventually(t, func() bool { return posts.Load() > 0 },
+		120*time.Second, 100*time.Millisecond, "the listener worker never delivered after the stall")
 }

@@ -208,7 +208,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	// Closing the pool waits for every connection in use, and a statement
+	// on a stalled server (a stopped backend, a partitioned network) never
+	// returns: bound that wait, so SIGTERM still ends the process.
+	defer closePool(log, pool, poolCloseWait)
 
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -278,7 +281,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: closing connections")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownBudget)
 	defer cancel()
 	_ = httpSrv.Shutdown(shutdownCtx) // stop accepting; hijacked WebSockets are ours to close
 	if err := srv.Shutdown(shutdownCtx); err != nil {
@@ -290,6 +293,32 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 		log.Warn("deliveries or workflow steps in flight did not finish in time", "err", err)
 	}
 	return nil
+}
+
+const (
+	// shutdownBudget bounds draining connections and the workers' steps and
+	// deliveries in flight after SIGTERM.
+	shutdownBudget = 15 * time.Second
+	// poolCloseWait is how long, past that budget, closing the database
+	// pool may wait for connections still in use before the process exits
+	// without them.
+	poolCloseWait = 5 * time.Second
+)
+
+// closePool closes pool, waiting at most wait for the connections still in
+// use (a statement on a stalled server holds its connection for as long as
+// the TCP connection lives, which for a stopped backend is forever).
+func closePool(log *slog.Logger, pool *pgxpool.Pool, wait time.Duration) {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		log.Warn("database connections still in use at exit; leaving them to the server", "in_use", pool.Stat().AcquiredConns())
+	}
 }
 
 // newMediaService builds the Blossom media service the settings describe;

@@ -50,6 +50,7 @@ type Config struct {
 	IngestGroupWriters     int
 	IngestQueue            int
 	IngestGroupLockTimeout time.Duration
+	IngestWriteTimeout     time.Duration // bounds one transaction writing events
 	AuthWindow             time.Duration // NIP-42 created_at tolerance
 	SendQueue              int           // queued outbound messages per connection
 	WriteTimeout           time.Duration // a client that cannot take a write this long is dropped
@@ -203,6 +204,7 @@ func Default() Config {
 		IngestGroupWriters:     2,
 		IngestQueue:            1024,
 		IngestGroupLockTimeout: 250 * time.Millisecond,
+		IngestWriteTimeout:     30 * time.Second,
 		AuthWindow:             60 * time.Second,
 		SendQueue:              1024,
 		WriteTimeout:           10 * time.Second,
@@ -292,6 +294,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_INGEST_GROUP_WRITERS", &c.IngestGroupWriters)
 	r.positive("BUZZ_INGEST_QUEUE", &c.IngestQueue)
 	r.duration("BUZZ_INGEST_GROUP_LOCK_TIMEOUT", &c.IngestGroupLockTimeout)
+	r.duration("BUZZ_INGEST_WRITE_TIMEOUT", &c.IngestWriteTimeout)
 	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)

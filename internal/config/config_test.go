@@ -37,6 +37,7 @@ func TestValuesAreRead(t *testing.T) {
 		"BUZZ_INGEST_GROUP_WRITERS":      "3",
 		"BUZZ_INGEST_QUEUE":              "10",
 		"BUZZ_INGEST_GROUP_LOCK_TIMEOUT": "40ms",
+		"BUZZ_INGEST_WRITE_TIMEOUT":      "7s",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, "postgres://x", c.DatabaseURL)
@@ -53,6 +54,7 @@ func TestValuesAreRead(t *testing.T) {
 	require.Equal(t, 3, c.IngestGroupWriters)
 	require.Equal(t, 10, c.IngestQueue)
 	require.Equal(t, 40*time.Millisecond, c.IngestGroupLockTimeout)
+	require.Equal(t, 7*time.Second, c.IngestWriteTimeout)
 }
 
 // A malformed value stops start-up with an error naming the variable.

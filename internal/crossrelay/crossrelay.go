@@ -382,21 +382,29 @@ func (b *Bus) setConnected(up bool, err error) {
 }
 
 // receive hands messages to the handlers until the subscription fails.
+// A quiet subscription is pinged; one that stays silent for another
+// health interval after the ping has failed too: a stalled Redis (stopped,
+// or cut off without a reset) takes the ping into its socket buffer
+// without a word, and the subscription would otherwise count as connected
+// for good, keeping every publish waiting on the shared rate limiter.
 func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
+	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, healthInterval)
 		if err != nil {
 			var netErr net.Error
-			if ctx.Err() == nil && errors.As(err, &netErr) && netErr.Timeout() {
+			if !pinged && ctx.Err() == nil && errors.As(err, &netErr) && netErr.Timeout() {
 				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 				err = ps.Ping(pctx)
 				cancel()
 				if err == nil {
+					pinged = true
 					continue
 				}
 			}
 			return err
 		}
+		pinged = false
 		if m, ok := msg.(*redis.Message); ok {
 			b.handle(m)
 		}

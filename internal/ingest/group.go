@@ -274,7 +274,11 @@ func (g *groupWriter) waitingEvents() int {
 //
 // It reports whether the group settled its events (false: they run alone).
 func (g *groupWriter) commit(group []*groupJob) bool {
-	ctx := context.Background()
+	// Bounded: a group stuck on a stalled server would hold up every event
+	// queued behind it. Past the bound the group fails whole (its
+	// connection is closed) and its events run alone.
+	ctx, cancel := context.WithTimeout(context.Background(), g.p.writeTimeout)
+	defer cancel()
 	var err error
 	if allPlain(group) {
 		err = g.commitPlain(ctx, group)
@@ -460,7 +464,15 @@ func (g *groupWriter) one(ctx context.Context, tx pgx.Tx, j *groupJob) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT buzz_event"); err != nil {
 		return err
 	}
-	inserted, err := g.writeBody(context.WithoutCancel(j.ctx), db.New(tx), j)
+	// The client's values without its cancellation (a client gone must
+	// not abort its group), under the group's deadline.
+	bodyCtx := context.WithoutCancel(j.ctx)
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		bodyCtx, cancel = context.WithDeadline(bodyCtx, deadline)
+		defer cancel()
+	}
+	inserted, err := g.writeBody(bodyCtx, db.New(tx), j)
 	if err == nil {
 		j.inserted = inserted
 		_, err := tx.Exec(ctx, "RELEASE SAVEPOINT buzz_event")

@@ -155,6 +155,8 @@ type Pipeline struct {
 	clock         clock.Clock
 	// maxMentions and maxThreadDepth: see Options.
 	maxMentions, maxThreadDepth int
+	// writeTimeout bounds one transaction of events: see Options.
+	writeTimeout time.Duration
 
 	// groups commits concurrent events together; nil: each alone.
 	groups *groupWriter
@@ -208,6 +210,12 @@ type Options struct {
 	// in its own transaction. Zero values take the defaults.
 	GroupMax, GroupWriters, GroupQueue int
 	GroupLockTimeout                   time.Duration
+	// WriteTimeout bounds one transaction that writes events, a group's or
+	// an event's own (0: DefaultWriteTimeout). A statement on a stalled
+	// server (a stopped backend, a connection a firewall dropped without a
+	// word) otherwise never returns, and a group writer stuck on one holds
+	// up every event queued behind it.
+	WriteTimeout time.Duration
 	// Clock tells the pipeline's time (zero value: the wall clock):
 	// validation, the created_at of relay-signed events and the now of its
 	// queries, so tests can drive time.
@@ -218,6 +226,7 @@ type Options struct {
 const (
 	DefaultMaxMentions    = 100
 	DefaultMaxThreadDepth = 64
+	DefaultWriteTimeout   = 30 * time.Second
 )
 
 // New returns a pipeline with the built-in kind handlers.
@@ -228,11 +237,15 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 	if opts.MaxThreadDepth <= 0 {
 		opts.MaxThreadDepth = DefaultMaxThreadDepth
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
 	p := &Pipeline{
 		pool:           pool,
 		hub:            hub,
 		maxMentions:    opts.MaxMentions,
 		maxThreadDepth: opts.MaxThreadDepth,
+		writeTimeout:   opts.WriteTimeout,
 		maxFutureSkew:  opts.MaxFutureSkew,
 		clock:          opts.Clock,
 		keys:           map[uuid.UUID]*nostr.SecretKey{},
@@ -350,7 +363,9 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 // in.
 func (p *Pipeline) writeAlone(ctx context.Context, j *groupJob) {
 	start := time.Now()
-	j.inserted, j.err = p.runAlone(ctx, j)
+	wctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
+	j.inserted, j.err = p.runAlone(wctx, j)
+	cancel()
 	if p.OnGroup != nil {
 		p.OnGroup(GroupStats{Events: 1, Took: time.Since(start)})
 	}

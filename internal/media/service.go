@@ -183,17 +183,20 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	unlock := s.lock(sha)
 	defer unlock()
 	d, err := s.readSidecar(ctx, community, sha)
+	first := false // this upload writes the community's sidecar
+	sidecarLeft := false
 	switch {
 	case errors.Is(err, ErrNotFound):
 		// The community's first reference to the blob: its bytes count
 		// against the community from now on, or until this upload fails.
+		first = true
 		d = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}
 		if s.quota != nil {
 			if err := s.quota.Reserve(ctx, community, size); err != nil {
 				return Descriptor{}, err
 			}
 			defer func() {
-				if failed != nil {
+				if failed != nil && !sidecarLeft {
 					// The client may be gone: give the bytes back anyway.
 					_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
 				}
@@ -220,6 +223,16 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	}
 	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
 	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
+		if first {
+			// The sidecar this upload wrote would keep the blob readable
+			// here, with no upload record for a member to delete it by,
+			// and uncounted once the reservation is given back: remove it,
+			// or, if that fails too, keep the reservation (the count errs
+			// high, never low).
+			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, sha)); derr != nil {
+				sidecarLeft = true
+			}
+		}
 		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
 	}
 	return d, nil

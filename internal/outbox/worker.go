@@ -54,7 +54,17 @@ type pgClaimer struct {
 // withdrew, so this ends): a run of withdrawn rows ahead of deliverable
 // ones must not look like an idle outbox, which the loop would back off
 // from.
+//
+// A claim is bounded by the lease it takes: the loop waits for it, and a
+// statement on a stalled server (a stopped backend, a connection dropped
+// without a word) never returns, which stopped this pod's deliveries, the
+// hand-offs included, until it was restarted.
 func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+	if c.lease > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.lease)
+		defer cancel()
+	}
 	for {
 		claims, withdrawn, err := c.claimPass(ctx, limit)
 		if c.metrics != nil && withdrawn > 0 {

@@ -59,6 +59,14 @@ func (s *Server) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.p
 // Addr is host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
+// Pid is the process id of the running redis-server (a test may stop it
+// with SIGSTOP to stall it).
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
+
 // Restart starts the server again on the same port after Kill (a no-op
 // while it runs).
 func (s *Server) Restart(ctx context.Context) error {

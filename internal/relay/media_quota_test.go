@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -135,4 +137,39 @@ func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	quota := quotaOn(pool, 1<<20)
 	err = quota.Reserve(context.Background(), row.ID, 100)
 	require.ErrorIs(t, err, dberr.ErrNotInPrerequisiteState)
+}
+
+// An upload that fails after writing the community's sidecar (the store
+// refuses its upload record: a full disk, say, here a file standing where
+// the community's upload records go) leaves no sidecar: the blob is not
+// served to a community whose upload was answered 500, and once it is
+// uploaded again it counts against the quota. Before, the sidecar stayed
+// while the reservation was given back, so the blob was served, counted
+// nowhere, and every later upload of it was free. Mutation killed: the
+// sidecar not removed when the upload record fails (GET answered 200, and
+// the quota stayed at 0 after the successful upload).
+func TestMediaUploadFailingAfterItsSidecarLeavesNone(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	q := db.New(r.Pool)
+	alice := relaytest.NewKey(t)
+	blob := pngBlob(t, 1000)
+
+	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	failed := upload(t, r, "", alice, blob)
+	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status,
+		"the blob of a failed upload is served")
+	require.Zero(t, mediaUsage(t, q, r.CommunityID))
+
+	require.NoError(t, os.Remove(obstacle))
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
+	require.EqualValues(t, len(blob), mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,4 +332,31 @@ func TestCrossRelayResubscribeForgetsCachedAccess(t *testing.T) {
 	require.True(t, owner.Publish(after).OK)
 	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID)
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed while B was cut off must not receive the channel once B is back")
+}
+
+// A stalled Redis (stopped: it takes bytes into its socket and neither
+// answers nor resets) is noticed like a lost one: /ready turns degraded,
+// the publish limit falls back to this process's own at once, and the
+// relay subscribes again once Redis answers. Before, the subscription's
+// health ping went into the socket buffer without error, so the relay
+// counted itself connected for good and every publish waited out a Redis
+// read on the shared rate limiter.
+// Mutation killed: a ping unanswered for a health interval not taken as a
+// failure (/ready stays "connected").
+func TestCrossRelayNoticesAStalledRedis(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	r := relaytest.StartOn(t, dbtest.Pool(t), withRedis(redis.URL()))
+	waitRedis(t, "connected", r)
+	c := r.Dial(t, r.Host)
+	c.Auth(nil)
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
+	waitRedis(t, "degraded", r)
+	require.Equal(t, "0", metric(t, r, "buzz_redis_connected"))
+	require.True(t, c.Publish(c.Sign(1, "while Redis is stalled", nil, 0)).OK)
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGCONT))
+	waitRedis(t, "connected", r)
 }

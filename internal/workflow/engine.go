@@ -146,6 +146,8 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
 // abandoned by a worker whose lease expired).
 func (e *Engine) ClaimDue(ctx context.Context, limit int) ([]Claimed, error) {
+	ctx, cancel := e.claimContext(ctx)
+	defer cancel()
 	claimID := uuid.New()
 	rows, err := db.New(e.pool).WorkflowRunClaimDue(ctx, db.WorkflowRunClaimDueParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), MaxRows: int32(limit),
@@ -157,8 +159,22 @@ func (e *Engine) ClaimDue(ctx context.Context, limit int) ([]Claimed, error) {
 	return out, err
 }
 
+// claimContext bounds a claim by the lease it takes. The worker's loop waits
+// for its claims, and a statement on a stalled server (a stopped backend,
+// a connection dropped without a word) never returns: unbounded, one such
+// claim stopped this process's worker for good. A claim slower than its
+// lease would hold nothing usable anyway.
+func (e *Engine) claimContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if e.lease <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, e.lease)
+}
+
 // ClaimByID claims those of ids that are still due.
 func (e *Engine) ClaimByID(ctx context.Context, ids []uuid.UUID) ([]Claimed, error) {
+	ctx, cancel := e.claimContext(ctx)
+	defer cancel()
 	claimID := uuid.New()
 	rows, err := db.New(e.pool).WorkflowRunClaimByID(ctx, db.WorkflowRunClaimByIDParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Ids: ids, MaxRows: int32(len(ids)),
