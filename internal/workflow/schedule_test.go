@@ -11,8 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
-	"github.com/buzzrelay/buzz/internal/db"
-	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
@@ -266,14 +264,7 @@ func TestScheduleSkipsArchivedAndDeletingCommunities(t *testing.T) {
 	community(`archived_at = NULL`)
 	f.clock.Advance(time.Minute)
 	require.Equal(t, 1, tick(), "unarchived, it fires again")
-	req, err := deletion.Submit(f.ctx, f.pool, nil, f.tenant.Host(), "ops@example", "test")
-	require.NoError(t, err)
-	req, err = deletion.Approve(f.ctx, f.pool, req.ID, "lead@example", "test")
-	require.NoError(t, err)
-	q := db.New(f.pool)
-	claim, err := q.DeletionRequestClaim(f.ctx, db.DeletionRequestClaimParams{ID: &req.ID, Owner: "test", LeaseSeconds: 3600})
-	require.NoError(t, err)
-	require.NoError(t, q.DeletionRequestBeginQuiescing(f.ctx, db.DeletionRequestBeginQuiescingParams{ID: claim.ID, Owner: "test", Generation: claim.LeaseGeneration}))
+	quiesce(t, f, f.tenant.Host())
 	f.clock.Advance(time.Minute)
 	require.Zero(t, tick(), "a community being deleted fires nothing")
 }
