@@ -172,7 +172,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 func lockChannelForWorkflows(ctx context.Context, w *ingest.Write, channel uuid.UUID) error {
 	locked, err := w.Q.ChannelLockForWorkflows(ctx, db.ChannelLockForWorkflowsParams{CommunityID: w.Tenant.ID(), ID: channel})
 	if err == nil && locked == 0 {
-		// Deleted since ChannelAccess read it: the unknown channel's answer.
+		// No live channel: the answer for an unknown channel.
 		return ingest.Reject("restricted", "not a member of this channel")
 	}
 	return err
