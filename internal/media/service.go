@@ -182,6 +182,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	now := s.now()
 	unlock := s.lock(sha)
 	defer unlock()
+	sidecarWritten := false
 	d, err := s.readSidecar(ctx, community, sha)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -193,8 +194,11 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 				return Descriptor{}, err
 			}
 			defer func() {
-				if failed != nil {
+				if failed != nil && !sidecarWritten {
 					// The client may be gone: give the bytes back anyway.
+					// Not once the sidecar is written: the blob is then the
+					// community's, and a retry that finds the sidecar
+					// reserves nothing.
 					_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
 				}
 			}()
@@ -218,6 +222,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	if err := s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
 		return Descriptor{}, fmt.Errorf("store sidecar: %w", err)
 	}
+	sidecarWritten = true
 	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
 	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
 		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
