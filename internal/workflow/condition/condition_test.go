@@ -2,6 +2,7 @@ package condition
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp/syntax"
 	"strings"
@@ -360,7 +361,13 @@ func TestSharedEvaluationsSplitTheLimits(t *testing.T) {
 	p, err := Compile(`str_len(trigger_text + trigger_text) > 0`)
 	require.NoError(t, err)
 	vars := Vars{"trigger_text": strings.Repeat("a", 300_000)} // 600,000 bytes built, against 1 MiB
+	// Alone, the evaluation is within the limits; a loaded machine under
+	// the race detector may still make one attempt miss the 100 ms
+	// deadline, which is not what this test is about.
 	ok, err := p.Eval(context.Background(), vars)
+	for try := 1; errors.Is(err, context.DeadlineExceeded) && try < 5; try++ {
+		ok, err = p.Eval(context.Background(), vars)
+	}
 	require.NoError(t, err, "alone, the evaluation is within the limits")
 	require.True(t, ok)
 	_, err = p.Eval(WithShare(context.Background(), 2), vars)

@@ -1,0 +1,128 @@
+package media_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/media"
+)
+
+// countingQuota is a media.Quota without a database: bytes per community.
+type countingQuota struct {
+	mu    sync.Mutex
+	bytes map[uuid.UUID]int64
+}
+
+func (q *countingQuota) Reserve(_ context.Context, c uuid.UUID, size int64) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.bytes[c] += size
+	return nil
+}
+
+func (q *countingQuota) Release(_ context.Context, c uuid.UUID, size int64) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.bytes[c] = max(0, q.bytes[c]-size)
+	return nil
+}
+
+func (q *countingQuota) of(c uuid.UUID) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes[c]
+}
+
+// recordFailingStore fails the writes of upload records (the step after
+// the sidecar), as a store error or a client gone mid-upload would.
+type recordFailingStore struct{ media.Store }
+
+func (s recordFailingStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	if strings.HasPrefix(key, "_uploads/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Put(ctx, key, body, size, contentType)
+}
+
+// An upload that fails after it wrote the community's sidecar (its upload
+// record refused: a store error, or a client gone at that moment) leaves
+// neither the sidecar nor the reservation, so the blob is not the
+// community's and a retry counts it; if the sidecar cannot be removed
+// either, the reservation stays (the count errs high, never low). A failure
+// before the sidecar gives the bytes back. Mutations killed: the failure
+// path keeping the sidecar while releasing (the retry reserves nothing and
+// the blob is stored uncounted); releasing although the sidecar stayed.
+func TestUploadFailingAfterItsSidecarLeavesNoUncountedBlob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+	quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+	community := uuid.New()
+	blob := []byte("counted once, however the upload ended")
+
+	failing := media.NewService(recordFailingStore{fs}, limits, nil)
+	failing.UseQuota(quota)
+	_, err = failing.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
+	require.ErrorContains(t, err, "store upload record")
+	require.Zero(t, quota.of(community), "nothing of the failed upload counts")
+	svc := media.NewService(fs, limits, nil)
+	svc.UseQuota(quota)
+	_, _, err = svc.Open(ctx, community, hexSHA256(blob))
+	require.ErrorIs(t, err, media.ErrNotFound, "nor is its blob the community's")
+
+	d, err := svc.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
+	require.NoError(t, err)
+	require.EqualValues(t, len(blob), quota.of(community), "the retry counts the blob")
+	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
+	require.Zero(t, quota.of(community))
+
+	// The sidecar cannot be removed either: it stays, and so do its bytes.
+	stuck := uuid.New()
+	sticky := media.NewService(sidecarStickyStore{recordFailingStore{fs}}, limits, nil)
+	sticky.UseQuota(quota)
+	_, err = sticky.Upload(ctx, stuck, "alice", bytes.NewReader(blob), nil)
+	require.ErrorContains(t, err, "store upload record")
+	require.EqualValues(t, len(blob), quota.of(stuck), "the sidecar stayed: the blob is counted")
+
+	// A failure before the sidecar gives the bytes back.
+	other := uuid.New()
+	broken := media.NewService(failingPutStore{fs}, limits, nil)
+	broken.UseQuota(quota)
+	_, err = broken.Upload(ctx, other, "alice", bytes.NewReader([]byte("never stored")), nil)
+	require.Error(t, err)
+	require.Zero(t, quota.of(other))
+}
+
+// sidecarStickyStore refuses to delete sidecars.
+type sidecarStickyStore struct{ media.Store }
+
+func (s sidecarStickyStore) Delete(ctx context.Context, key string) error {
+	if strings.HasPrefix(key, "_meta/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+func hexSHA256(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// failingPutStore fails every write.
+type failingPutStore struct{ media.Store }
+
+func (failingPutStore) Put(context.Context, string, io.Reader, int64, string) error {
+	return errors.New("store unavailable")
+}
