@@ -60,7 +60,9 @@ local held = redis.call('HSTRLEN', KEYS[1], ARGV[1])
 if held == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
   return 0
 end
-local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
+-- Never below zero: a hash written before the count existed gives back
+-- bytes the count never had.
+local bytes = math.max(0, tonumber(redis.call('GET', KEYS[3]) or '0'))
 if bytes - held + #ARGV[4] > tonumber(ARGV[8]) then
   if held > 0 then
     redis.call('HDEL', KEYS[1], ARGV[1])
@@ -71,7 +73,7 @@ if bytes - held + #ARGV[4] > tonumber(ARGV[8]) then
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('INCRBY', KEYS[3], #ARGV[4] - held)
+redis.call('SET', KEYS[3], math.max(#ARGV[4], bytes - held + #ARGV[4]))
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[6])

@@ -232,6 +232,16 @@ func TestPresenceInRedisIsBoundedPerChannelInBytes(t *testing.T) {
 	require.True(t, clients[3].Publish(newcomer).OK)
 	require.Equal(t, []string{newcomer.ID}, ids(owner.Req("after", presenceFilter(ch, nil))))
 	require.Equal(t, hashBytes(), counted(), "expired announcements gave their bytes back")
+
+	// A count below zero (a hash older than its count gives back bytes the
+	// count never had) is taken as zero and never written back below the
+	// announcement just kept. Mutation killed: the script using the count
+	// as read (it stays negative).
+	require.NoError(t, rdb.Set(context.Background(), key+":bytes", -100000, 0).Err())
+	at.Add(int64(time.Second))
+	again := clients[3].Sign(20001, "still here", nostr.Tags{{"h", ch}}, now().Unix())
+	require.True(t, clients[3].Publish(again).OK)
+	require.Eventually(t, func() bool { return counted() > 0 }, 5*time.Second, 10*time.Millisecond, "the count is back above zero")
 }
 
 // A presence announcement may be as large as any event, and a client may

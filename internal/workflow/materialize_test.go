@@ -213,7 +213,7 @@ func TestDefinitionSaveRacingOwnerRemoval(t *testing.T) {
 	// Wait until the save waits for the channel (alone, after its group's
 	// lock timeout), then let the removal commit.
 	require.Eventually(t, func() bool {
-		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'`) > 0
+		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'`) > 0
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, removal.Commit(f.ctx))
 

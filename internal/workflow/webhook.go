@@ -61,8 +61,6 @@ func webhookError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
 
-// Serve handles one webhook call for the community the request's host
-// resolved to.
 // MaxWebhookDepth bounds a chain of workflows started by each other's
 // call_webhook steps through webhook triggers. A workflow whose step calls
 // its own webhook (by mistake, or through a relay's public address) would
@@ -87,6 +85,8 @@ func webhookDepth(header string) (int, int, string) {
 	return depth, 0, ""
 }
 
+// Serve handles one webhook call for the community the request's host
+// resolved to.
 func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uuid.UUID) {
 	workflowID, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
