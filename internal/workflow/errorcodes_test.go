@@ -1,6 +1,7 @@
 package workflow_test
 
 import (
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -379,19 +380,25 @@ func TestEveryErrorCodeIsProduced(t *testing.T) {
 // runsTotal reads buzz_workflow_runs_total{outcome,error_code} from the
 // fixture's registry (0 when the series does not exist).
 func (f *fixture) runsTotal(outcome, code string) float64 {
+	return f.counter("buzz_workflow_runs_total", map[string]string{"outcome": outcome, "error_code": code})
+}
+
+// counter reads the counter series of name with exactly labels from the
+// fixture's registry (0 when the series does not exist).
+func (f *fixture) counter(name string, labels map[string]string) float64 {
 	f.t.Helper()
 	families, err := f.reg.Gather()
 	require.NoError(f.t, err)
 	for _, fam := range families {
-		if fam.GetName() != "buzz_workflow_runs_total" {
+		if fam.GetName() != name {
 			continue
 		}
 		for _, m := range fam.GetMetric() {
-			labels := map[string]string{}
+			got := map[string]string{}
 			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				got[l.GetName()] = l.GetValue()
 			}
-			if labels["outcome"] == outcome && labels["error_code"] == code {
+			if maps.Equal(got, labels) {
 				return m.GetCounter().GetValue()
 			}
 		}

@@ -40,20 +40,7 @@ func (f *fixture) historyRun(community, workflowID uuid.UUID, ended time.Time, f
 
 // historyDeleted reads buzz_workflow_history_deleted_total{table}.
 func (f *fixture) historyDeleted(table string) float64 {
-	f.t.Helper()
-	families, err := f.reg.Gather()
-	require.NoError(f.t, err)
-	for _, fam := range families {
-		if fam.GetName() != "buzz_workflow_history_deleted_total" {
-			continue
-		}
-		for _, m := range fam.GetMetric() {
-			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == table {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return f.counter("buzz_workflow_history_deleted_total", map[string]string{"table": table})
 }
 
 func (f *fixture) exists(sql string, args ...any) bool {

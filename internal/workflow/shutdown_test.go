@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,12 +12,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
-	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
 // A worker told to stop (serve's SIGTERM) finishes the step in flight and
@@ -46,11 +43,7 @@ func TestStoppedWorkerStartsNoFurtherStep(t *testing.T) {
 		_, _ = io.WriteString(w, "ok")
 	}))
 	t.Cleanup(srv.Close)
-	client := safehttp.New(safehttp.Options{
-		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-	})
-	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+	e := f.engineCalling(srv)
 	id := uuid.NewString()
 	f.save(owner, ch, id, "name: Two\ntrigger: {on: message_posted}\nsteps:\n"+
 		"  - {id: one, action: call_webhook, url: '"+srv.URL+"/one', body: 'x'}\n"+

@@ -40,12 +40,17 @@ func (f *fixture) hookServerAnswering(status int, answer func(body []byte) []byt
 		_, _ = w.Write(answer(body))
 	}))
 	f.t.Cleanup(srv.Close)
+	return srv, &calls, f.engineCalling(srv)
+}
+
+// engineCalling is an engine whose webhook client may reach the TLS
+// server srv on loopback (and trusts its certificate).
+func (f *fixture) engineCalling(srv *httptest.Server) *workflow.Engine {
 	client := safehttp.New(safehttp.Options{
 		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
 	})
-	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
-	return srv, &calls, e
+	return workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
 }
 
 // call_webhook sends the rendered request once and its output feeds the
@@ -217,11 +222,7 @@ func TestCallWebhookToItsOwnHookStopsAtTheDepthBound(t *testing.T) {
 	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
 	srv := httptest.NewTLSServer(mux)
 	t.Cleanup(srv.Close)
-	client := safehttp.New(safehttp.Options{
-		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-	})
-	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+	e := f.engineCalling(srv)
 
 	id := uuid.NewString()
 	_, reply := f.save(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
