@@ -295,6 +295,7 @@ func services(ctx context.Context, getenv func(string) string, withRedis bool) (
 		if err != nil {
 			return s, fmt.Errorf("BUZZ_REDIS_URL: %w", err)
 		}
+		opts.ContextTimeoutEnabled = true // a stalled Redis fails a call by its deadline
 		s.redis = redis.NewClient(opts)
 		if err := s.redis.Ping(ctx).Err(); err != nil {
 			s.redis.Close()

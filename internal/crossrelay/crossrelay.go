@@ -174,6 +174,10 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 	// dropped instead (at most once, like any live delivery).
 	opts.MaxRetries = -1
 	opts.DialTimeout = publishTimeout
+	// Every call carries its own deadline (presence and the rate limiter
+	// 500 ms); without this the client ignores it and a stalled Redis
+	// holds each call for the client's socket read timeout (5 s) instead.
+	opts.ContextTimeoutEnabled = true
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	return &Bus{

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,4 +227,32 @@ func TestInvalidationThatFailedToPublishIsSentAheadOfLaterEvents(t *testing.T) {
 	publisher.PublishEvent(community, after, nil)
 	require.Equal(t, "invalidate", next(t, seen))
 	require.Equal(t, after.ID, next(t, seen))
+}
+
+// A call to a stalled Redis (stopped: it takes the command into its socket
+// and never answers) ends at the caller's deadline, not at the client's
+// socket read timeout: presence and the publish limit give Redis 500 ms
+// before falling back, and a stall is not noticed by the subscription for
+// a few seconds.
+// Mutation killed: ContextTimeoutEnabled off (the call waits the 5 s read
+// timeout).
+func TestStalledRedisCallEndsAtTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	bus, _ := recorder(t, redis.URL(), uuid.New())
+	require.NoError(t, bus.client.Ping(t.Context()).Err())
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := bus.client.Ping(ctx).Err()
+	waited := time.Since(start)
+
+	var netErr net.Error
+	require.ErrorAs(t, err, &netErr)
+	require.True(t, netErr.Timeout(), "a stalled Redis fails the call by its deadline: %v", err)
+	require.Less(t, waited, bus.client.Options().ReadTimeout/2,
+		"the call must end at its own 100 ms deadline, not at the socket's read timeout")
 }
