@@ -153,11 +153,20 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	if (needID && len(positional) != 1) || (!needID && len(positional) != 0) {
 		return usageError{}
 	}
+	// Flags are checked before any connection is tried.
+	switch {
+	case verb == "submit" && strings.TrimSpace(*requestedBy) == "":
+		return usageError{"--requested-by is required"}
+	case verb == "list" && (*limit < 1 || *limit > 1000):
+		return usageError{"--limit must be from 1 to 1000"}
+	case verb == "approve" && strings.TrimSpace(*approvedBy) == "":
+		return usageError{"--approved-by is required"}
+	}
 	var id uuid.UUID
 	if needID {
 		var err error
 		if id, err = uuid.Parse(positional[0]); err != nil {
-			return fmt.Errorf("%q is not a request id", positional[0])
+			return usageError{fmt.Sprintf("%q is not a request id", positional[0])}
 		}
 	}
 
@@ -180,9 +189,6 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 
 	switch verb {
 	case "submit":
-		if strings.TrimSpace(*requestedBy) == "" {
-			return errors.New("--requested-by is required")
-		}
 		target := community.NormalizeHost(*host)
 		if *host == "" {
 			target = community.RelayURLAuthority(getenv("BUZZ_RELAY_URL"))
@@ -206,9 +212,6 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		}
 		return enc.Encode(toRequestJSON(req, true))
 	case "list":
-		if *limit < 1 || *limit > 1000 {
-			return errors.New("--limit must be from 1 to 1000")
-		}
 		rows, err := q.DeletionRequestList(ctx, int32(*limit))
 		if err != nil {
 			return err
@@ -221,9 +224,6 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	case "inspect":
 		return inspect(ctx, q, id, enc)
 	case "approve":
-		if strings.TrimSpace(*approvedBy) == "" {
-			return errors.New("--approved-by is required")
-		}
 		if _, err := deletion.Approve(ctx, pool, id, *approvedBy, *note); err != nil {
 			return err
 		}

@@ -38,6 +38,9 @@ func main() {
 	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		var u usageError
 		if errors.As(err, &u) {
+			if u.reason != "" {
+				fmt.Fprintln(os.Stderr, "buzz-admin: "+u.reason)
+			}
 			fmt.Fprintln(os.Stderr, usage)
 			os.Exit(2)
 		}
@@ -54,9 +57,16 @@ func main() {
 	}
 }
 
-type usageError struct{}
+// usageError is a command line that cannot run: exit status 2, with the
+// usage, and the reason when one flag is wrong.
+type usageError struct{ reason string }
 
-func (usageError) Error() string { return "usage" }
+func (u usageError) Error() string {
+	if u.reason != "" {
+		return u.reason
+	}
+	return "usage"
+}
 
 // connect opens the database named by BUZZ_DATABASE_URL.
 func connect(ctx context.Context, getenv func(string) string) (*pgx.Conn, error) {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -58,4 +60,24 @@ func TestCommunitiesCommands(t *testing.T) {
 	// A mistyped verb is a usage error (exit 2), not a database error (exit 1).
 	require.ErrorAs(t, run(ctx, []string{"communities", "lsit"}, func(string) string { return "" }, &bytes.Buffer{}), &usageError{})
 	require.ErrorContains(t, run(ctx, []string{"communities", "list"}, func(string) string { return "" }, &bytes.Buffer{}), "BUZZ_DATABASE_URL")
+}
+
+// A wrong flag or argument is a usage error (exit status 2) that names
+// what is wrong, found before any connection is tried: the environment
+// here names no database.
+// Mutation killed: the checks moved back after the connection (the error
+// becomes "BUZZ_DATABASE_URL is not set", exit 1).
+func TestWrongFlagsAreUsageErrorsSaidBeforeConnecting(t *testing.T) {
+	noDatabase := func(string) string { return "" }
+	for args, reason := range map[string]string{
+		"deletions list --limit 0":                     "--limit must be from 1 to 1000",
+		"deletions list --limit 1001":                  "--limit must be from 1 to 1000",
+		"deletions submit --host a.example":            "--requested-by is required",
+		"deletions approve not-a-uuid --approved-by x": `"not-a-uuid" is not a request id`,
+		"deletions approve " + uuid.NewString():        "--approved-by is required",
+	} {
+		var u usageError
+		require.ErrorAs(t, run(t.Context(), strings.Fields(args), noDatabase, &bytes.Buffer{}), &u, args)
+		require.Equal(t, reason, u.reason, args)
+	}
 }
