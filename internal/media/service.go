@@ -30,6 +30,9 @@ var (
 	// ErrBodyUnreadable: the request body failed before its end (the client
 	// went away, or its read timed out); the store is not at fault.
 	ErrBodyUnreadable = errors.New("the upload body could not be read")
+	// ErrSpool: the relay's own temporary file failed (its disk is full, or
+	// its directory is gone); the client is not at fault.
+	ErrSpool = errors.New("the upload could not be spooled")
 )
 
 // Limits bound what an upload may be.
@@ -148,7 +151,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 
 	tmp, err := os.CreateTemp(s.limits.TempDir, "buzz-upload-*")
 	if err != nil {
-		return Descriptor{}, fmt.Errorf("spool upload: %w", err)
+		return Descriptor{}, fmt.Errorf("%w: %w", ErrSpool, err)
 	}
 	defer func() {
 		tmp.Close()
@@ -157,7 +160,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	hash := sha256.New()
 	sink := io.MultiWriter(tmp, hash)
 	if _, err := sink.Write(head); err != nil {
-		return Descriptor{}, fmt.Errorf("spool upload: %w", err)
+		return Descriptor{}, fmt.Errorf("%w: %w", ErrSpool, err)
 	}
 	// One byte past the limit tells an oversized body from one exactly at it.
 	rest, err := io.Copy(sink, io.LimitReader(body, s.limits.MaxBytes-int64(n)+1))
@@ -386,5 +389,5 @@ func (b *bodyReader) failed(err error) error {
 	if b.err != nil {
 		return fmt.Errorf("%w: %w", ErrBodyUnreadable, b.err)
 	}
-	return fmt.Errorf("spool upload: %w", err)
+	return fmt.Errorf("%w: %w", ErrSpool, err)
 }

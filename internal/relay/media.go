@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -396,12 +397,26 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		mediaError(w, http.StatusInsufficientStorage, "blocked: "+err.Error())
 	case errors.Is(err, media.ErrNotUploader):
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
+	case errors.Is(err, media.ErrSpool):
+		s.log.Error("media upload could not be spooled", "community", tenant.Host(), "err", err)
+		status, msg := spoolFailure(err)
+		mediaError(w, status, msg)
 	default:
 		if r.Context().Err() == nil {
 			s.log.Error("media request failed", "community", tenant.Host(), "method", r.Method, "err", err)
 		}
 		mediaError(w, http.StatusInternalServerError, "error: could not reach the media store; try again")
 	}
+}
+
+// spoolFailure answers an upload whose temporary file failed: a full disk
+// is the relay's storage, anything else its fault; neither is the media
+// store's, which is what the generic answer would blame.
+func spoolFailure(err error) (int, string) {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return http.StatusInsufficientStorage, "error: the relay's upload spool is out of disk space; try again later"
+	}
+	return http.StatusInternalServerError, "error: the relay could not spool the upload; try again later"
 }
 
 // serveMediaGet serves a blob, whole or by Range, to anyone who names its

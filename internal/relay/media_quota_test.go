@@ -173,3 +173,27 @@ func TestMediaUploadFailingAfterItsSidecarLeavesNone(t *testing.T) {
 	require.EqualValues(t, len(blob), mediaUsage(t, q, r.CommunityID))
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status)
 }
+
+// An upload whose spool file cannot be made (here its directory is gone)
+// blames the relay, not the media store or the client, and stores nothing.
+// Mutation killed: the spool failure left to the
+// generic answer ("could not reach the media store").
+func TestMediaUploadSpoolFailureBlamesTheRelay(t *testing.T) {
+	t.Parallel()
+	spool := filepath.Join(t.TempDir(), "spool")
+	require.NoError(t, os.Mkdir(spool, 0o700))
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: spool}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	alice := relaytest.NewKey(t)
+	blob := pngBlob(t, 800)
+	require.NoError(t, os.Remove(spool))
+
+	failed := upload(t, r, "", alice, blob)
+	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
+	require.Equal(t, "error: the relay could not spool the upload; try again later", failed.Error)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status)
+
+	require.NoError(t, os.Mkdir(spool, 0o700))
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status, "the same upload once the spool is back")
+	require.EqualValues(t, 800, mediaUsage(t, db.New(r.Pool), r.CommunityID))
+}
