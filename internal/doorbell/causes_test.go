@@ -38,7 +38,7 @@ steps: [{id: tell, action: send_message, text: "{{trigger.author}} approved {{tr
 	v, _ := f.verifier(f.owner, false)
 	wake, err := v.Verify(ctx, bell)
 	require.NoError(t, err)
-	require.Equal(t, f.sam.Key.PublicKeyHex()+" approved "+target.ID+" with ✅", wake.Prompt, "message_id is the reacted-to message")
+	requireMemberText(t, wake.Prompt, f.sam.Key.PublicKeyHex()+" approved "+target.ID+" with [member text 1]", `emoji: "✅"`)
 
 	// Kills: not re-checking the trigger's exact emoji on the refetched reaction.
 	no := react("❌")
@@ -319,7 +319,7 @@ steps:
 	bell := f.bell(ifDef.ID, "event", goMsg.ID)
 	wake, err := v.Verify(ctx, bell)
 	require.NoError(t, err)
-	require.Equal(t, "if go", wake.Prompt)
+	requireMemberText(t, wake.Prompt, "[member text 1]", `text: "if go"`)
 	stop := f.post(f.sam, "if stop")
 	fv, q := f.verifier(f.owner, true)
 	_, err = fv.Verify(ctx, f.resign(bell, func(ev *nostr.Event) { setTag(ev, "workflow-cause", "event", stop.ID) }))

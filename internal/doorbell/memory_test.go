@@ -107,7 +107,8 @@ func TestMemoryWorldVerifies(t *testing.T) {
 	ctx := context.Background()
 	wake, err := w.verifier(w.agent).Verify(ctx, w.bell)
 	require.NoError(t, err)
-	require.Contains(t, wake.Prompt, "@Robby please look at deploy failed on prod from npub1")
+	require.Contains(t, wake.Prompt, "@Robby please look at [member text 1] from npub1")
+	require.Contains(t, wake.Prompt, `[member text 1] text: "deploy failed on prod"`)
 	_, err = w.verifier(w.owner).Verify(ctx, w.bell)
 	require.NoError(t, err)
 	_, err = w.verifier(w.agent).Verify(ctx, w.hook)
@@ -283,10 +284,10 @@ steps:
 
 	first, err := v.Verify(ctx, bell(run, "first"))
 	require.NoError(t, err)
-	require.Equal(t, "starting on deploy failed on prod", first.Prompt)
+	requireMemberText(t, first.Prompt, "starting on [member text 1]", `text: "deploy failed on prod"`)
 	second, err := v.Verify(ctx, bell(run, "second"))
 	require.NoError(t, err, "the run's second send_message step is not a replay of its first")
-	require.Equal(t, "now finish deploy failed on prod", second.Prompt)
+	requireMemberText(t, second.Prompt, "now finish [member text 1]", `text: "deploy failed on prod"`)
 
 	_, err = v.Verify(ctx, bell(run, "second"))
 	requireDrop(t, err, "duplicate")
