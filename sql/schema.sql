@@ -204,6 +204,7 @@ $$;
 
 CREATE FUNCTION public.channel_members_keep_an_owner() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     IF OLD.role = 'owner' AND OLD.removed_at IS NULL
@@ -1505,6 +1506,7 @@ $$;
 
 CREATE FUNCTION public.events_keep_newest_version() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
     head_created_at timestamptz;
@@ -1635,6 +1637,7 @@ COMMENT ON FUNCTION public.nostr_coordinate_is_canonical(coordinate text) IS 'Th
 
 CREATE FUNCTION public.reactions_remove_hidden() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     UPDATE reactions
@@ -1677,6 +1680,7 @@ $$;
 
 CREATE FUNCTION public.users_forget_hidden_profile() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     UPDATE users
@@ -1700,6 +1704,7 @@ COMMENT ON FUNCTION public.users_forget_hidden_profile() IS 'Clears the users pr
 
 CREATE FUNCTION public.workflows_disable_on_owner_removal() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     UPDATE workflows
