@@ -113,7 +113,7 @@ func TestVerifyScheduleDoorbell(t *testing.T) {
 	ctx := context.Background()
 	def, _ := f.saveWorkflow(uuid.NewString(), `name: Tick
 trigger: {on: schedule, cron: "*/2 * * * * *"}
-steps: [{id: tick, action: send_message, text: "tick at {{trigger.timestamp}}"}]
+steps: [{id: tick, action: send_message, text: "tick at {{trigger.timestamp}}{{trigger.text}}"}]
 `)
 	bell := f.bell(def.ID, "schedule", "")
 	slot := bell.Tags.First("workflow-cause")[2]
@@ -124,7 +124,7 @@ steps: [{id: tick, action: send_message, text: "tick at {{trigger.timestamp}}"}]
 	v, _ := f.verifier(f.owner, false)
 	wake, err := v.Verify(ctx, bell)
 	require.NoError(t, err)
-	require.Equal(t, "tick at "+slot, wake.Prompt)
+	require.Equal(t, "tick at "+slot, wake.Prompt, "a scheduled run has no member text: {{trigger.text}} renders as nothing, no marker")
 
 	// Kills: not checking the slot against the signed cron expression.
 	v, q := f.verifier(f.owner, true)

@@ -60,7 +60,7 @@ func render(ctx context.Context, step *workflow.Step, tc workflow.TriggerContext
 			failure = drop(ReasonUnresolved, "the verified context has no value for {{"+path+"}}")
 			return ""
 		}
-		if slices.Contains(memberWrittenFields, field) {
+		if value != "" && slices.Contains(memberWrittenFields, field) {
 			member = append(member, field+": "+quote(value))
 			return "[member text " + strconv.Itoa(len(member)) + "]"
 		}
@@ -107,7 +107,8 @@ func render(ctx context.Context, step *workflow.Step, tc workflow.TriggerContext
 // memberWrittenFields are the trigger fields whose words are the triggering
 // member's, not the workflow author's: in an open channel anyone's. Each
 // renders as a marker, its value quoted in a block of its own, so the text
-// cannot pass for the step's instructions.
+// cannot pass for the step's instructions. (Empty, as in a scheduled or
+// webhook run, it renders as nothing.)
 var memberWrittenFields = []string{"text", "emoji"}
 
 // markedBlock fences values numbered as their markers in the text, after a
