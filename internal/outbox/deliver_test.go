@@ -260,3 +260,44 @@ func TestClaimWhoseLeaseEndsBeforeItsRequestCouldIsReleasedUnsent(t *testing.T) 
 	require.Equal(t, 1.0, outcomes(m)[outcomeAccepted])
 	require.Zero(t, f.outboxCount())
 }
+
+// A completion that never returns (here a row lock nobody releases, as a
+// stopped backend or a silent connection would hold it) gives up after its
+// bound, leaving the row leased under its claim for the poll to take again
+// once the lease expires: the delivery ends and frees its worker slot.
+// Before, the delivery waited forever (deliveries run under a context never
+// cancelled), and ten of them stopped the pod's worker.
+// Mutation killed: Deliverer.transition returning ctx without the timeout
+// (deliver never returns while the lock is held).
+func TestCompletionStuckOnTheDatabaseGivesUpAndLeavesTheRowLeased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, m, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	d.transitionTimeout = 200 * time.Millisecond
+	c := f.claimedMention(l)
+
+	locker, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(ctx) })
+	_, err = locker.Exec(ctx, `SELECT 1 FROM operator_listener_outbox WHERE id = $1 FOR UPDATE`, c.row.ID)
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.deliver(ctx, c)
+	}()
+	wait(t, done, 20*time.Second, "the delivery whose completion is stuck to end")
+	require.Len(t, l.requests(), 1, "the listener was told")
+	require.Contains(t, logs.String(), "operator-listener outbox transition failed")
+	require.Equal(t, 1.0, outcomes(m)["accepted"])
+	require.NoError(t, locker.Rollback(ctx))
+
+	r, ok := f.row(c.row.ID)
+	require.True(t, ok, "the completion did not apply: the row stays")
+	require.Equal(t, "sending", r.State, "left leased: the poll takes it once the lease expires")
+	require.NotNil(t, r.ClaimID)
+	require.Equal(t, c.claimID, *r.ClaimID)
+}
