@@ -266,6 +266,13 @@ func (d *Deliverer) releaseNow(ctx context.Context, c claim) {
 	d.fenced(c, "release", n, err)
 }
 
+// releaseDeferred hands back a handed-off row whose listener already has
+// its share of the worker's slots in flight (loop.run), counted as deferred.
+func (d *Deliverer) releaseDeferred(ctx context.Context, c claim) {
+	d.releaseNow(ctx, c)
+	d.metrics.deliveries.WithLabelValues(outcomeDeferred).Inc()
+}
+
 // retryDelay is 2^(attempt-1) seconds, attempt clamped to 1..8: 1 s to 128 s.
 func retryDelay(attempt int32) time.Duration {
 	return time.Second << min(max(attempt-1, 0), 7)

@@ -45,7 +45,7 @@ func TestSuccessfulDeliveryPostsSignedPayloadAndCompletesOutbox(t *testing.T) {
 	ev := message(t, 40002, target)
 	f.save(ev, nil, true)
 	id := f.outboxIDs(ev)[0]
-	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10, nil)
 	require.NoError(t, err)
 	d.deliver(context.Background(), claims[0])
 
@@ -252,7 +252,7 @@ func TestClaimWhoseLeaseEndsBeforeItsRequestCouldIsReleasedUnsent(t *testing.T) 
 	requireDueIn(t, 0, r, before, "due again at once")
 	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 0, "stale": 1}, outcomes(m))
 
-	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	d.deliver(context.Background(), claims[0])

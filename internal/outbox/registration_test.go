@@ -205,7 +205,7 @@ func TestRemovingATargetDropsItsQueuedNotifications(t *testing.T) {
 	}
 	sending, othersFirst := mine(first)
 	retrying, othersSecond := mine(second)
-	claims, err := f.claimer(Routes{listener: "https://l.example/hook"}).claimDue(ctx, 10)
+	claims, err := f.claimer(Routes{listener: "https://l.example/hook"}).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 3)
 	// sending stays claimed; the others are pending again, retrying due later.
