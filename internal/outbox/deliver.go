@@ -57,6 +57,10 @@ const (
 	listenerPingTimeout = 5 * time.Second
 )
 
+// maxListenerResponseHeaderBytes bounds a listener's response headers; an
+// answer with more fails like a network error (retried).
+const maxListenerResponseHeaderBytes = 64 << 10
+
 // DelivererOption adjusts a Deliverer.
 type DelivererOption func(*Deliverer)
 
@@ -86,6 +90,10 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 	// Up to maxInFlight requests may go to one listener: keep that many
 	// connections alive instead of redoing TLS handshakes.
 	transport.MaxIdleConnsPerHost = maxInFlight
+	// Nothing of an answer is used but its status: a listener's headers
+	// are bounded like its body, not by the 10 MB default, which ten
+	// deliveries in flight could each hold.
+	transport.MaxResponseHeaderBytes = maxListenerResponseHeaderBytes
 	transport.IdleConnTimeout = listenerIdleConnTimeout
 	transport.HTTP2 = &http.HTTP2Config{SendPingTimeout: listenerPingAfter, PingTimeout: listenerPingTimeout}
 	lastUsed := make(map[string]*atomic.Int64, len(cfg.Listeners))

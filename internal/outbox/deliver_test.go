@@ -301,3 +301,23 @@ func TestCompletionStuckOnTheDatabaseGivesUpAndLeavesTheRowLeased(t *testing.T) 
 	require.NotNil(t, r.ClaimID)
 	require.Equal(t, c.claimID, *r.ClaimID)
 }
+
+// A listener answering with huge headers is not read whole: its answer
+// fails like a network error (retried), instead of each delivery in flight
+// holding up to the transport's 10 MB default. Mutation killed: no
+// MaxResponseHeaderBytes on the deliverer's transport (the 1 MiB header is
+// read and the delivery accepted).
+func TestListenerResponseHeadersAreBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Padding", strings.Repeat("a", 1<<20))
+		w.WriteHeader(http.StatusOK)
+	})
+	d, m, _ := f.deliverer(routesOf(l), 5*time.Second, testCAs(l))
+	id, _ := f.claimAndDeliver(d, l, 0)
+	r, ok := f.row(id)
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State, "retried")
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 1, "failed": 0, "unroutable": 0, "stale": 0}, outcomes(m))
+}
