@@ -29,7 +29,7 @@ WITH claim_commits_async AS MATERIALIZED (
 -- index: it read and sorted every due row, a whole backlog per poll (about
 -- 1 s at 200,000 rows where this reads max_rows).
 pending AS (
-    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'pending'
       AND o.attempts < @max_attempts::int
@@ -43,7 +43,7 @@ pending AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 expired AS (
-    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
       AND o.attempts < @max_attempts::int
@@ -71,7 +71,18 @@ candidates AS (
                  AND e.id = c.event_id AND e.deleted_at IS NULL
                  AND channel_readable_by(e.community_id, e.channel_id, c.target_pubkey)
            ) AS readable
-    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+    -- At most room[i] rows of the listener routable[i]: the worker's free
+    -- slots for it (a listener holds at most its share of the slots, so one
+    -- that hangs cannot starve the others). Rows past a listener's room stay
+    -- due for a later poll.
+    FROM (
+        SELECT u.*, row_number() OVER (PARTITION BY u.listener_pubkey
+                                       ORDER BY u.next_attempt_at, u.created_at, u.id) AS nth
+        FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) u
+    ) c
+    JOIN unnest(@routable::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
+      ON r.listener_pubkey = c.listener_pubkey
+    WHERE c.nth <= (@room::int[])[r.i]
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT @max_rows::int
 ),

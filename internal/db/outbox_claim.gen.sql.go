@@ -18,7 +18,7 @@ WITH claim_commits_async AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ),
 pending AS (
-    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'pending'
       AND o.attempts < $1::int
@@ -32,7 +32,7 @@ pending AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 expired AS (
-    SELECT o.id, o.community_id, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
+    SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce($2::timestamptz, now())
       AND o.attempts < $1::int
@@ -60,7 +60,18 @@ candidates AS (
                  AND e.id = c.event_id AND e.deleted_at IS NULL
                  AND channel_readable_by(e.community_id, e.channel_id, c.target_pubkey)
            ) AS readable
-    FROM (SELECT id, community_id, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM pending UNION ALL SELECT id, community_id, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM expired) c
+    -- At most room[i] rows of the listener routable[i]: the worker's free
+    -- slots for it (a listener holds at most its share of the slots, so one
+    -- that hangs cannot starve the others). Rows past a listener's room stay
+    -- due for a later poll.
+    FROM (
+        SELECT u.id, u.community_id, u.listener_pubkey, u.target_pubkey, u.event_id, u.event_created_at, u.next_attempt_at, u.created_at, row_number() OVER (PARTITION BY u.listener_pubkey
+                                       ORDER BY u.next_attempt_at, u.created_at, u.id) AS nth
+        FROM (SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM pending UNION ALL SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at FROM expired) u
+    ) c
+    JOIN unnest($4::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
+      ON r.listener_pubkey = c.listener_pubkey
+    WHERE c.nth <= ($6::int[])[r.i]
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT $5::int
 ),
@@ -74,8 +85,8 @@ withdrawn AS (
 claimed AS (
     UPDATE operator_listener_outbox o
     SET state = 'sending',
-        claim_id = $6::uuid,
-        lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $7::bigint,
+        claim_id = $7::uuid,
+        lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $8::bigint,
         attempts = o.attempts + 1
     FROM candidates c
     JOIN communities k ON k.id = c.community_id
@@ -100,6 +111,7 @@ type OutboxClaimDueParams struct {
 	RetentionMs int64
 	Routable    [][]byte
 	MaxRows     int32
+	Room        []int32
 	ClaimID     uuid.UUID
 	LeaseMs     int64
 }
@@ -155,6 +167,7 @@ func (q *Queries) OutboxClaimDue(ctx context.Context, arg OutboxClaimDueParams) 
 		arg.RetentionMs,
 		arg.Routable,
 		arg.MaxRows,
+		arg.Room,
 		arg.ClaimID,
 		arg.LeaseMs,
 	)

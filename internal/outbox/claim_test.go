@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/hex"
 	"os"
 	"strings"
 	"sync"
@@ -46,7 +47,7 @@ func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
 	ids := f.enqueue(target)
 	c := f.claimer(Routes{listener: "https://l.example"})
 
-	claims, err := c.claimDue(ctx, 10)
+	claims, err := c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	got := claims[0]
@@ -60,7 +61,7 @@ func TestClaimReturnsTheAttemptStartingAndTheCommunityHost(t *testing.T) {
 	require.Equal(t, got.claimID, *r.ClaimID)
 	require.WithinDuration(t, time.Now().Add(defaultLease), *r.LeaseUntil, 5*time.Second)
 
-	again, err := c.claimDue(ctx, 10)
+	again, err := c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, again, "a leased row is not due")
 }
@@ -76,7 +77,7 @@ func TestClaimDeliveriesSkipsRowsPastRetention(t *testing.T) {
 	f.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '14 minutes 50 seconds' WHERE id = $1`, fresh)
 	c := f.claimer(Routes{listener: "https://l.example"})
 
-	due, err := c.claimDue(ctx, 10)
+	due, err := c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	require.Equal(t, fresh, due[0].row.ID)
@@ -128,7 +129,7 @@ func TestClaimWithdrawsMentionsItsTargetMayNoLongerRead(t *testing.T) {
 	f.exec(`UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`,
 		f.community, private, mustHex(t, removedTo))
 
-	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 10)
+	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	var claimed []uuid.UUID
 	for _, c := range claims {
@@ -167,7 +168,7 @@ func TestClaimDrainsWithdrawnRowsAheadOfAReadableOne(t *testing.T) {
 	require.NoError(t, err)
 	c := f.claimer(Routes{listener: "https://l.example"})
 	c.metrics = m
-	claims, err := c.claimDue(ctx, 10)
+	claims, err := c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	require.Equal(t, readable, claims[0].row.ID)
@@ -185,7 +186,7 @@ func TestClaimSkipsRowsNotDueOrOutOfAttempts(t *testing.T) {
 	f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + interval '1 hour' WHERE id = $1`, later)
 	f.exec(`UPDATE operator_listener_outbox SET attempts = 9 WHERE id = $1`, spent)
 	c := f.claimer(Routes{listener: "https://l.example"})
-	claims, err := c.claimDue(ctx, 10)
+	claims, err := c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, claims)
 }
@@ -200,7 +201,7 @@ func TestExpiredClaimIsRecoveredAndOldClaimTokenIsFenced(t *testing.T) {
 	claimAt := func(now time.Time) []db.OutboxClaimDueRow {
 		rows, err := f.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
 			ClaimID: uuid.New(), Now: &now, LeaseMs: defaultLease.Milliseconds(), MaxAttempts: maxAttempts,
-			RetentionMs: retention.Milliseconds(), Routable: [][]byte{mustHex(t, listener)}, MaxRows: 10,
+			RetentionMs: retention.Milliseconds(), Routable: [][]byte{mustHex(t, listener)}, Room: []int32{10}, MaxRows: 10,
 		})
 		require.NoError(t, err)
 		return rows
@@ -293,7 +294,7 @@ func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 		// the race: the racers must get past those locks without waiting.
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		held, err := pgClaimer{q: db.New(tx), routable: Routes{polled: ""}.pubkeys(), lease: defaultLease}.claimDue(ctx, 10)
+		held, err := pgClaimer{q: db.New(tx), routable: Routes{polled: ""}.pubkeys(), lease: defaultLease}.claimDue(ctx, 10, nil)
 		require.NoError(t, err)
 		require.Len(t, held, 10)
 
@@ -323,7 +324,7 @@ func TestClaimRaceClaimsEveryRowExactlyOnce(t *testing.T) {
 			pollers.Go(func() {
 				for {
 					stillSaving := saving.Load()
-					cs, err := claims.claimDue(ctx, 10)
+					cs, err := claims.claimDue(ctx, 10, nil)
 					if !assertNoError(t, err) {
 						return
 					}
@@ -400,7 +401,7 @@ func TestClaimsCommitWithoutWaitingForTheFlush(t *testing.T) {
 		"due": func(q *db.Queries, _ []uuid.UUID) (int, error) {
 			rows, err := q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
 				ClaimID: uuid.New(), LeaseMs: 30_000, MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),
-				Routable: routable, MaxRows: 10,
+				Routable: routable, Room: []int32{10}, MaxRows: 10,
 			})
 			return len(rows), err
 		},
@@ -460,7 +461,7 @@ func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
 	before := dbtest.RowsRead(t, tx, "operator_listener_outbox")
 	claimed, err := db.New(tx).OutboxClaimDue(ctx, db.OutboxClaimDueParams{
 		ClaimID: uuid.New(), LeaseMs: defaultLease.Milliseconds(), MaxAttempts: maxAttempts,
-		RetentionMs: retention.Milliseconds(), Routable: [][]byte{listener}, MaxRows: 10,
+		RetentionMs: retention.Milliseconds(), Routable: [][]byte{listener}, Room: []int32{10}, MaxRows: 10,
 	})
 	require.NoError(t, err)
 	require.Len(t, claimed, 10)
@@ -474,4 +475,41 @@ func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
 
 	read := dbtest.RowsRead(t, tx, "operator_listener_outbox") - before
 	require.Less(t, read, int64(100), "rows the claim read, of a %d-row backlog", backlog)
+}
+
+// The poll takes no more of a listener's rows than the slots it has left
+// (its share less its deliveries in flight), and none of a listener that
+// has its share in flight, whatever its backlog; the others' rows are
+// claimed as usual. Mutation killed: the claim without its per-listener
+// room (c.nth <= room dropped: 5 rows of the busy listener).
+func TestClaimTakesNoMoreOfAListenerThanItsRoom(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	busy, idle := newPubkey(t), newPubkey(t)
+	busyTargets, idleTargets := make([]string, 5), make([]string, 5)
+	for i := range 5 {
+		busyTargets[i], idleTargets[i] = newPubkey(t), newPubkey(t)
+	}
+	f.register(busy, busyTargets...)
+	f.register(idle, idleTargets...)
+	f.enqueue(busyTargets...)
+	f.enqueue(idleTargets...)
+	c := f.claimer(Routes{busy: "https://busy.example", idle: "https://idle.example"})
+	require.Equal(t, 5, listenerCap(2))
+
+	claims, err := c.claimDue(ctx, 10, map[string]int{string(mustHex(t, busy)): 3})
+	require.NoError(t, err)
+	per := map[string]int{}
+	for _, cl := range claims {
+		per[hex.EncodeToString(cl.row.ListenerPubkey)]++
+	}
+	require.Equal(t, map[string]int{busy: 2, idle: 5}, per)
+
+	claims, err = c.claimDue(ctx, 10, map[string]int{string(mustHex(t, busy)): 5, string(mustHex(t, idle)): 5})
+	require.NoError(t, err)
+	require.Empty(t, claims, "both listeners have their share in flight")
+	claims, err = c.claimDue(ctx, 10, nil)
+	require.NoError(t, err)
+	require.Len(t, claims, 3, "the busy listener's rows passed over stayed due")
 }

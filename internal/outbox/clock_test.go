@@ -32,14 +32,14 @@ func TestLeaseExpiryIsDecidedByTheInjectedClock(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	first, err := at(0).claimDue(ctx, 10)
+	first, err := at(0).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, first, 1)
 	require.Equal(t, id, first[0].row.ID)
-	held, err := at(defaultLease-time.Second).claimDue(ctx, 10)
+	held, err := at(defaultLease-time.Second).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, held, "the lease still holds 29 s later")
-	taken, err := at(defaultLease+time.Second).claimDue(ctx, 10)
+	taken, err := at(defaultLease+time.Second).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, taken, 1, "the lease expired 31 s later, by the injected clock")
 	require.NotEqual(t, first[0].claimID, taken[0].claimID)
@@ -90,7 +90,7 @@ func TestEnqueueDatesRowsByTheInjectedClock(t *testing.T) {
 		`SELECT created_at, next_attempt_at FROM operator_listener_outbox WHERE id = $1`, kept[0]).Scan(&created, &due))
 	require.True(t, past.Equal(created), "created_at %v, want %v", created, past)
 	require.True(t, past.Equal(due), "next_attempt_at %v, want %v", due, past)
-	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(context.Background(), 10)
+	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(context.Background(), 10, nil)
 	require.NoError(t, err)
 	require.Empty(t, claims, "a row dated past the retention is never claimed")
 }

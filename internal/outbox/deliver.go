@@ -39,6 +39,9 @@ type Deliverer struct {
 	// request last went out on its connection (unix nanoseconds).
 	keepWarm time.Duration
 	lastUsed map[string]*atomic.Int64
+	// transitionTimeout bounds each statement that records an outcome
+	// (transition): defaultLease, shortened by tests.
+	transitionTimeout time.Duration
 }
 
 // listenerIdleConnTimeout is how long an unused connection to a listener
@@ -53,6 +56,10 @@ const (
 	listenerPingAfter   = 15 * time.Second
 	listenerPingTimeout = 5 * time.Second
 )
+
+// maxListenerResponseHeaderBytes bounds a listener's response headers; an
+// answer with more fails like a network error (retried).
+const maxListenerResponseHeaderBytes = 64 << 10
 
 // DelivererOption adjusts a Deliverer.
 type DelivererOption func(*Deliverer)
@@ -83,6 +90,10 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 	// Up to maxInFlight requests may go to one listener: keep that many
 	// connections alive instead of redoing TLS handshakes.
 	transport.MaxIdleConnsPerHost = maxInFlight
+	// Nothing of an answer is used but its status: a listener's headers
+	// are bounded like its body, not by the 10 MB default, which ten
+	// deliveries in flight could each hold.
+	transport.MaxResponseHeaderBytes = maxListenerResponseHeaderBytes
 	transport.IdleConnTimeout = listenerIdleConnTimeout
 	transport.HTTP2 = &http.HTTP2Config{SendPingTimeout: listenerPingAfter, PingTimeout: listenerPingTimeout}
 	lastUsed := make(map[string]*atomic.Int64, len(cfg.Listeners))
@@ -105,6 +116,8 @@ func NewDeliverer(pool *pgxpool.Pool, cfg Config, key *nostr.SecretKey, m *Metri
 		idlePoll: cfg.IdlePoll,
 		keepWarm: cfg.KeepWarm,
 		lastUsed: lastUsed,
+
+		transitionTimeout: defaultLease,
 	}
 	for _, opt := range opts {
 		opt(d)
@@ -165,9 +178,11 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 	if !ok {
 		// Another pod may route it: hand the row back without spending an
 		// attempt. (The claims' route filter makes this rare.)
-		n, err := d.q.OutboxRelease(ctx, db.OutboxReleaseParams{
+		tctx, cancel := d.transition(ctx)
+		n, err := d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
 			DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
 		})
+		cancel()
 		d.fenced(c, "release", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeUnroutable).Inc()
 		return
@@ -202,7 +217,9 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
-		n, err := d.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+		tctx, cancel := d.transition(ctx)
+		n, err := d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+		cancel()
 		d.fenced(c, "complete", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeAccepted).Inc()
 	case s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500:
@@ -230,14 +247,38 @@ func (d *Deliverer) request(url string, r db.OutboxClaimDueRow) (*http.Request, 
 	return req, nil
 }
 
+// transition bounds one statement recording a delivery's outcome. The loop
+// waits for every delivery to end before it reuses the slot, and deliveries
+// run under a context that is never cancelled (they finish on shutdown), so
+// a statement on a stalled PostgreSQL (a stopped backend, a connection
+// dropped without a word, a row lock never released) held its slot for
+// good: ten of them and the pod delivered nothing again until restarted,
+// and its shutdown waited for them. Giving up leaves the row leased under
+// this claim: after the lease any poll claims it again, and a row that was
+// in fact delivered is delivered again, which at-least-once delivery
+// allows. A whole lease is ample for a one-row statement and, by then, the
+// row is due again anyway.
+func (d *Deliverer) transition(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d.transitionTimeout)
+}
+
 // releaseNow hands a claimed row back to the poll, due at once and its
 // attempt not spent: for rows claimed at insert that the hand-off could not
 // take. Fenced like every transition.
 func (d *Deliverer) releaseNow(ctx context.Context, c claim) {
-	n, err := d.q.OutboxRelease(ctx, db.OutboxReleaseParams{
+	tctx, cancel := d.transition(ctx)
+	defer cancel()
+	n, err := d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
 		DelayMs: 0, ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
 	})
 	d.fenced(c, "release", n, err)
+}
+
+// releaseDeferred hands back a handed-off row whose listener already has
+// its share of the worker's slots in flight (loop.run), counted as deferred.
+func (d *Deliverer) releaseDeferred(ctx context.Context, c claim) {
+	d.releaseNow(ctx, c)
+	d.metrics.deliveries.WithLabelValues(outcomeDeferred).Inc()
 }
 
 // retryDelay is 2^(attempt-1) seconds, attempt clamped to 1..8: 1 s to 128 s.
@@ -253,7 +294,9 @@ func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, 
 		return
 	}
 	delay := retryDelay(c.row.Attempts)
-	n, err := d.q.OutboxRetry(ctx, db.OutboxRetryParams{
+	tctx, cancel := d.transition(ctx)
+	defer cancel()
+	n, err := d.q.OutboxRetry(tctx, db.OutboxRetryParams{
 		DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts, Now: d.clock.SQL(),
 	})
 	d.fenced(c, "retry", n, err)
@@ -263,7 +306,9 @@ func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, 
 
 // fail ends the row: a terminal failure deletes it like a success.
 func (d *Deliverer) fail(ctx context.Context, c claim, log *slog.Logger, why string, cause error) {
-	n, err := d.q.OutboxComplete(ctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+	tctx, cancel := d.transition(ctx)
+	defer cancel()
+	n, err := d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
 	d.fenced(c, "fail", n, err)
 	d.metrics.deliveries.WithLabelValues(outcomeFailed).Inc()
 	log.Warn("operator-listener delivery failed: "+why, "cause", cause)

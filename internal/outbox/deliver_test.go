@@ -45,7 +45,7 @@ func TestSuccessfulDeliveryPostsSignedPayloadAndCompletesOutbox(t *testing.T) {
 	ev := message(t, 40002, target)
 	f.save(ev, nil, true)
 	id := f.outboxIDs(ev)[0]
-	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10, nil)
 	require.NoError(t, err)
 	d.deliver(context.Background(), claims[0])
 
@@ -252,11 +252,72 @@ func TestClaimWhoseLeaseEndsBeforeItsRequestCouldIsReleasedUnsent(t *testing.T) 
 	requireDueIn(t, 0, r, before, "due again at once")
 	require.Equal(t, map[string]float64{"accepted": 0, "retry": 0, "failed": 0, "unroutable": 0, "stale": 1}, outcomes(m))
 
-	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10)
+	claims, err := f.claimer(routesOf(l)).claimDue(context.Background(), 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	d.deliver(context.Background(), claims[0])
 	require.Len(t, l.requests(), 1)
 	require.Equal(t, 1.0, outcomes(m)[outcomeAccepted])
 	require.Zero(t, f.outboxCount())
+}
+
+// A completion that never returns (here a row lock nobody releases, as a
+// stopped backend or a silent connection would hold it) gives up after its
+// bound, leaving the row leased under its claim for the poll to take again
+// once the lease expires: the delivery ends and frees its worker slot.
+// Before, the delivery waited forever (deliveries run under a context never
+// cancelled), and ten of them stopped the pod's worker.
+// Mutation killed: Deliverer.transition returning ctx without the timeout
+// (deliver never returns while the lock is held).
+func TestCompletionStuckOnTheDatabaseGivesUpAndLeavesTheRowLeased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, m, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	d.transitionTimeout = 200 * time.Millisecond
+	c := f.claimedMention(l)
+
+	locker, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(ctx) })
+	_, err = locker.Exec(ctx, `SELECT 1 FROM operator_listener_outbox WHERE id = $1 FOR UPDATE`, c.row.ID)
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.deliver(ctx, c)
+	}()
+	wait(t, done, 20*time.Second, "the delivery whose completion is stuck to end")
+	require.Len(t, l.requests(), 1, "the listener was told")
+	require.Contains(t, logs.String(), "operator-listener outbox transition failed")
+	require.Equal(t, 1.0, outcomes(m)["accepted"])
+	require.NoError(t, locker.Rollback(ctx))
+
+	r, ok := f.row(c.row.ID)
+	require.True(t, ok, "the completion did not apply: the row stays")
+	require.Equal(t, "sending", r.State, "left leased: the poll takes it once the lease expires")
+	require.NotNil(t, r.ClaimID)
+	require.Equal(t, c.claimID, *r.ClaimID)
+}
+
+// A listener answering with huge headers is not read whole: its answer
+// fails like a network error (retried), instead of each delivery in flight
+// holding up to the transport's 10 MB default. Mutation killed: no
+// MaxResponseHeaderBytes on the deliverer's transport (the 1 MiB header is
+// read and the delivery accepted).
+func TestListenerResponseHeadersAreBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Padding", strings.Repeat("a", 1<<20))
+		w.WriteHeader(http.StatusOK)
+	})
+	d, m, _ := f.deliverer(routesOf(l), 5*time.Second, testCAs(l))
+	id, _ := f.claimAndDeliver(d, l, 0)
+	r, ok := f.row(id)
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State, "retried")
+	require.Equal(t, map[string]float64{"accepted": 0, "retry": 1, "failed": 0, "unroutable": 0, "stale": 0}, outcomes(m))
 }

@@ -428,7 +428,7 @@ func TestRowsThisPodRoutesAreClaimedAtInsert(t *testing.T) {
 	poll := func(now time.Time) []claim {
 		p := f.claimer(Routes{mine: "", theirs: ""})
 		p.clock = clock.Stub(func() time.Time { return now })
-		cs, err := p.claimDue(ctx, 10)
+		cs, err := p.claimDue(ctx, 10, nil)
 		require.NoError(t, err)
 		return cs
 	}

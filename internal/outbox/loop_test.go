@@ -126,9 +126,9 @@ func (r *recordingClaimer) claimed(cs []claim) {
 	}
 }
 
-func (r *recordingClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+func (r *recordingClaimer) claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error) {
 	r.checkSlots("poll", limit)
-	cs, err := r.inner.claimDue(ctx, limit)
+	cs, err := r.inner.claimDue(ctx, limit, busy)
 	for _, c := range cs {
 		r.polled.Store(c.row.ID, true)
 	}
@@ -412,7 +412,7 @@ func runLoop(t *testing.T, l *loop, afterCancel func()) {
 // take, like the poll of a pod with a backlog of retries.
 type backlogClaimer struct{}
 
-func (backlogClaimer) claimDue(_ context.Context, limit int) ([]claim, error) {
+func (backlogClaimer) claimDue(_ context.Context, limit int, _ map[string]int) ([]claim, error) {
 	out := make([]claim, limit)
 	for i := range out {
 		out[i] = claim{claimID: uuid.New(), row: db.OutboxClaimDueRow{ID: uuid.New()}}

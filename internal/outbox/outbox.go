@@ -36,6 +36,14 @@ const (
 	registrationLifetime  = 30 * 24 * time.Hour
 )
 
+// listenerCap is the most deliveries one listener may have in flight on a
+// worker routing listeners of them: an equal share of the worker's slots
+// (at least one). A listener that hangs then holds its share for a request
+// timeout at a time, and the others keep theirs.
+func listenerCap(listeners int) int {
+	return max(1, maxInFlight/max(1, listeners))
+}
+
 // Delivery outcomes, the values of the deliveries counter's outcome label.
 const (
 	outcomeAccepted   = "accepted"
@@ -43,6 +51,9 @@ const (
 	outcomeFailed     = "failed"
 	outcomeUnroutable = "unroutable"
 	outcomeStale      = "stale" // lease too short for the request: released unsent
+	// deferred: a handed-off row released unsent, its listener already had
+	// its share of the worker's slots in flight; the poll delivers it.
+	outcomeDeferred = "deferred"
 	// withdrawn: the poll deleted the row unsent, its target may no
 	// longer read the mention (hidden, channel deleted, target removed).
 	outcomeWithdrawn = "withdrawn"
@@ -60,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_deliveries_total",
-			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable, stale), and notifications withdrawn unsent (withdrawn).",
+			Help: "Operator-listener delivery attempts, by outcome (accepted, retry, failed, unroutable, stale, deferred), and notifications withdrawn unsent (withdrawn).",
 		}, []string{"outcome"}),
 		handoffDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_handoff_dropped_total",
@@ -77,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	// Every outcome series exists from the start, so rate() sees zeros.
-	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale, outcomeWithdrawn} {
+	for _, o := range []string{outcomeAccepted, outcomeRetry, outcomeFailed, outcomeUnroutable, outcomeStale, outcomeDeferred, outcomeWithdrawn} {
 		m.deliveries.WithLabelValues(o)
 	}
 	return m, nil

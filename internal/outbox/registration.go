@@ -71,7 +71,7 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 		}
 		auth, err := verify(r, body, origin+RegistrationPath)
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, "NIP-98: "+err.Error())
+			unauthorized(w, "NIP-98: "+err.Error())
 			return
 		}
 		// Only configured listeners get as far as the replay store, so a
@@ -82,7 +82,11 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 			return
 		}
 		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
-			writeError(w, status, msg)
+			if status == http.StatusUnauthorized {
+				unauthorized(w, msg)
+			} else {
+				writeError(w, status, msg)
+			}
 			return
 		}
 		targets, msg := parseTargets(body)
@@ -125,8 +129,10 @@ func RemoveTargets(ctx context.Context, conn interface {
 }
 
 // claimAuthEvent marks the verified auth event as used (replay store scope
-// "operator-management"): a second use is refused, and so is every request
-// while the store cannot answer (fail closed). status 0 means claimed.
+// "operator-management"): a second use is refused (401), and so is every
+// request while the store cannot answer (fail closed, but 503: the
+// signature was good, and a listener told 401 would take its key or clock
+// for the fault and may not retry). status 0 means claimed.
 func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (status int, msg string) {
 	id := ev.IDBytes()
 	n, err := q.OperatorAuthReplayClaim(ctx, db.OperatorAuthReplayClaimParams{
@@ -134,7 +140,7 @@ func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (status
 	})
 	switch {
 	case err != nil:
-		return http.StatusUnauthorized, "NIP-98: replay check unavailable"
+		return http.StatusServiceUnavailable, "error: replay check unavailable; try again"
 	case n == 0:
 		// Identical requests signed in one second are one event (one id).
 		return http.StatusUnauthorized, "NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)"
@@ -167,6 +173,13 @@ func parseTargets(body []byte) ([][]byte, string) {
 		}
 	}
 	return targets, ""
+}
+
+// unauthorized answers a NIP-98 failure: 401 with the challenge a 401 must
+// carry (RFC 9110), as the HTTP bridge answers.
+func unauthorized(w http.ResponseWriter, msg string) {
+	w.Header().Set("WWW-Authenticate", "Nostr")
+	writeError(w, http.StatusUnauthorized, msg)
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -157,7 +157,7 @@ func TestRegistrationFailsClosedWithoutTheReplayStore(t *testing.T) {
 	broken.Close()
 	h := RegistrationHandler(broken, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
 	got := call(t, h, http.MethodPost, key, pubkeysBody(newPubkey(t)), "")
-	require.Equal(t, registrationCall{401, errorBody("NIP-98: replay check unavailable")}, got)
+	require.Equal(t, registrationCall{503, errorBody("error: replay check unavailable; try again")}, got)
 }
 
 func TestRegistrationVerifierSeesTheExpectedURLAndBody(t *testing.T) {
@@ -205,7 +205,7 @@ func TestRemovingATargetDropsItsQueuedNotifications(t *testing.T) {
 	}
 	sending, othersFirst := mine(first)
 	retrying, othersSecond := mine(second)
-	claims, err := f.claimer(Routes{listener: "https://l.example/hook"}).claimDue(ctx, 10)
+	claims, err := f.claimer(Routes{listener: "https://l.example/hook"}).claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 3)
 	// sending stays claimed; the others are pending again, retrying due later.
@@ -225,4 +225,42 @@ func TestRemovingATargetDropsItsQueuedNotifications(t *testing.T) {
 		_, ok := f.row(id)
 		require.True(t, ok, "rows of another target or another listener stay")
 	}
+}
+
+// Every NIP-98 refusal of the operator API is a 401 carrying the
+// WWW-Authenticate challenge, as the HTTP bridge's are (a 401 must name its
+// scheme); other refusals carry none. Before, the operator API's 401s had
+// no challenge.
+// Mutation killed: unauthorized without its WWW-Authenticate header.
+func TestRegistrationUnauthorizedAnswersCarryTheNostrChallenge(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	key, listener := newKey(t)
+	stranger, _ := newKey(t)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	body := pubkeysBody(newPubkey(t))
+	send := func(auth string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, RegistrationPath, strings.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	signed := signNIP98(t, key, http.MethodPost, testOrigin+RegistrationPath, []byte(body))
+	require.Equal(t, 200, send(signed).Code)
+	for name, auth := range map[string]string{
+		"no auth":   "",
+		"wrong u":   signNIP98(t, key, http.MethodPost, "https://other.example"+RegistrationPath, []byte(body)),
+		"bad token": "Nostr AAAA",
+		"replay":    signed,
+	} {
+		rec := send(auth)
+		require.Equal(t, 401, rec.Code, name)
+		require.Equal(t, "Nostr", rec.Header().Get("WWW-Authenticate"), name)
+	}
+	rec := send(signNIP98(t, stranger, http.MethodPost, testOrigin+RegistrationPath, []byte(body)))
+	require.Equal(t, 403, rec.Code)
+	require.Empty(t, rec.Header().Get("WWW-Authenticate"), "a stranger's valid signature is not asked for again")
 }

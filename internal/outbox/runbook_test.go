@@ -49,7 +49,7 @@ func TestListenerOutboxRunbook(t *testing.T) {
 	ids := f.enqueue(targets...)
 	// The poll claims in id order among rows enqueued together: ids[0] and
 	// ids[1] (RETURNING lists them in no particular order).
-	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 2)
+	claims, err := f.claimer(Routes{listener: "https://l.example"}).claimDue(ctx, 2, nil)
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids[:2], idsOf(claims))
 	expiredClaim, _ := f.row(ids[0])

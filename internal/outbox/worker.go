@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,8 +35,11 @@ func leaseEndsAfter(sent time.Time, leftMs int64) time.Time {
 // claimer takes due rows for the loop's poll: pgClaimer in production,
 // wrapped by tests to observe claims.
 type claimer interface {
-	// claimDue is the poll: any due row this pod routes, at most limit.
-	claimDue(ctx context.Context, limit int) ([]claim, error)
+	// claimDue is the poll: any due row this pod routes, at most limit,
+	// and of each listener no more than its share of the slots
+	// (listenerCap) less busy[listener], its deliveries in flight (keyed by
+	// string(ListenerPubkey); nil: none).
+	claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error)
 }
 
 // pgClaimer runs the poll's claim statement, rendered from
@@ -43,9 +47,12 @@ type claimer interface {
 type pgClaimer struct {
 	q        *db.Queries
 	routable [][]byte
-	lease    time.Duration
-	clock    clock.Clock
-	metrics  *Metrics // counts withdrawn rows; nil in some tests
+	// perListener is the most deliveries one listener may have in flight
+	// (0: listenerCap(len(routable))).
+	perListener int
+	lease       time.Duration
+	clock       clock.Clock
+	metrics     *Metrics // counts withdrawn rows; nil in some tests
 }
 
 // claimDue claims up to limit due rows. The statement also withdraws due
@@ -59,14 +66,28 @@ type pgClaimer struct {
 // statement on a stalled server (a stopped backend, a connection dropped
 // without a word) never returns, which stopped this pod's deliveries, the
 // hand-offs included, until it was restarted.
-func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
+func (c pgClaimer) claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error) {
+	perListener := c.perListener
+	if perListener <= 0 {
+		perListener = listenerCap(len(c.routable))
+	}
+	routable := make([][]byte, 0, len(c.routable))
+	room := make([]int32, 0, len(c.routable))
+	for _, l := range c.routable {
+		if n := perListener - busy[string(l)]; n > 0 {
+			routable, room = append(routable, l), append(room, int32(n))
+		}
+	}
+	if len(routable) == 0 {
+		return nil, nil // every listener has its share in flight
+	}
 	if c.lease > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.lease)
 		defer cancel()
 	}
 	for {
-		claims, withdrawn, err := c.claimPass(ctx, limit)
+		claims, withdrawn, err := c.claimPass(ctx, limit, routable, room)
 		if c.metrics != nil && withdrawn > 0 {
 			c.metrics.deliveries.WithLabelValues(outcomeWithdrawn).Add(float64(withdrawn))
 		}
@@ -77,7 +98,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int) ([]claim, error) {
 }
 
 // claimPass runs the claim statement once.
-func (c pgClaimer) claimPass(ctx context.Context, limit int) (claims []claim, withdrawn int, err error) {
+func (c pgClaimer) claimPass(ctx context.Context, limit int, routable [][]byte, room []int32) (claims []claim, withdrawn int, err error) {
 	claimID := uuid.New()
 	sent := c.clock.Now()
 	rows, err := c.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
@@ -85,7 +106,8 @@ func (c pgClaimer) claimPass(ctx context.Context, limit int) (claims []claim, wi
 		LeaseMs:     c.lease.Milliseconds(),
 		MaxAttempts: maxAttempts,
 		RetentionMs: retention.Milliseconds(),
-		Routable:    c.routable,
+		Routable:    routable,
+		Room:        room,
 		MaxRows:     int32(limit),
 		Now:         c.clock.SQL(),
 	})
@@ -133,6 +155,11 @@ type loop struct {
 	clock   timerClock
 	handoff <-chan claim
 	log     *slog.Logger
+	// perListener is the most deliveries one listener may have in flight
+	// (listenerCap; 0: maxInFlight). A handed-off row beyond it goes to
+	// release instead of a slot.
+	perListener int
+	release     func(ctx context.Context, c claim)
 	// idleFloor and idleCeiling bound the poll's backoff while nothing is
 	// due (pollBackoff).
 	idleFloor, idleCeiling time.Duration
@@ -151,19 +178,48 @@ func pollBackoff(ceiling time.Duration) (floor, _ time.Duration) {
 // for the running ones. Every goroutine it starts is counted in inflight and
 // reports on done, so nothing runs outside that set.
 func (l *loop) run(ctx context.Context) {
-	done := make(chan struct{}, maxInFlight) // never blocks a finishing delivery
+	// done carries the listener (string(ListenerPubkey)) of each finished
+	// delivery; it never blocks one.
+	done := make(chan string, maxInFlight)
 	inflight := 0
+	// busy counts each listener's deliveries in flight: one listener may
+	// hold at most perListener slots, so a listener that hangs (each of its
+	// requests running to the timeout) cannot take every slot and starve
+	// the others.
+	busy := map[string]int{}
+	perListener := l.perListener
+	if perListener <= 0 || perListener > maxInFlight {
+		perListener = maxInFlight
+	}
+	var releasing sync.WaitGroup
 	// Deliveries outlive ctx: on shutdown each finishes (bounded by the
 	// request timeout) and records its outcome instead of leaving its row
 	// leased until the lease expires.
 	deliverCtx := context.WithoutCancel(ctx)
 	start := func(claims []claim) {
+		var over []claim
 		for _, c := range claims {
+			key := string(c.row.ListenerPubkey)
+			if busy[key] >= perListener {
+				// A hand-off of a listener holding its share: back to the
+				// poll, due at once, its attempt not spent. The poll takes
+				// it once the listener has room.
+				over = append(over, c)
+				continue
+			}
 			inflight++
+			busy[key]++
 			go func() {
-				defer func() { done <- struct{}{} }()
+				defer func() { done <- key }()
 				l.deliver(deliverCtx, c)
 			}()
+		}
+		if len(over) > 0 && l.release != nil {
+			releasing.Go(func() {
+				for _, c := range over {
+					l.release(deliverCtx, c)
+				}
+			})
 		}
 	}
 
@@ -174,7 +230,7 @@ func (l *loop) run(ctx context.Context) {
 	defer poll.Stop()
 	backoff := l.idleFloor
 	runPoll := func(free int) {
-		claims, err := l.claims.claimDue(ctx, free)
+		claims, err := l.claims.claimDue(ctx, free, busy)
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
@@ -232,11 +288,21 @@ func (l *loop) run(ctx context.Context) {
 			for ; inflight > 0; inflight-- {
 				<-done
 			}
+			releasing.Wait()
 			return
 
-		case <-done:
+		case key := <-done:
 			// One slot is free: claim again now, not when a batch is done.
 			inflight--
+			if busy[key] == perListener && perListener < maxInFlight {
+				// Its listener had its share in flight, so the poll has
+				// passed its due rows over (released hand-offs among them):
+				// poll again now, not after the idle backoff.
+				poll.Reset(0)
+			}
+			if busy[key]--; busy[key] == 0 {
+				delete(busy, key)
+			}
 
 		case <-pollC:
 			runPoll(free)
@@ -304,7 +370,11 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
 		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow,
 	}
-	w.loop = loop{claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log}
+	claims.perListener = listenerCap(len(claims.routable))
+	w.loop = loop{
+		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log,
+		perListener: claims.perListener, release: d.releaseDeferred,
+	}
 	w.loop.idleFloor, w.loop.idleCeiling = pollBackoff(d.idlePoll)
 	return w
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -321,4 +322,110 @@ func TestHangingListenerUnderBacklogIsNeverPostedAfterTheLease(t *testing.T) {
 	check.mu.Lock()
 	defer check.mu.Unlock()
 	require.Empty(t, check.dead, "POSTs sent under a claim that no longer held its row under a live lease")
+}
+
+// One listener that hangs (a blackholed address, a wedged service) must
+// not starve the others: with a backlog of its mentions, it may hold only
+// its share of the worker's slots, and a mention for a healthy listener is
+// delivered while every one of the dead listener's requests still hangs.
+// Before, the dead listener's backlog took all ten slots for a whole request
+// timeout at a time, over and over, so every other listener of the pod got
+// at most a few deliveries per timeout and its mentions backed up toward
+// the 15-minute retention.
+// Mutations killed: listenerCap returning maxInFlight (no per-listener
+// cap); loop.run starting a hand-off whatever its listener's count.
+func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	unhang := make(chan struct{})
+	var hanging atomic.Int32
+	dead := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		hanging.Add(1)
+		select {
+		case <-unhang:
+		case <-r.Context().Done():
+		}
+	})
+	live := newListener(t, nil)
+	routes := routesOf(dead, live)
+	pool := testCAs(dead)
+	d, m, _ := f.deliverer(routes, 20*time.Second, pool)
+	w := NewWorker(f.pool, routes, d)
+
+	deadTargets := make([]string, 30)
+	for i := range deadTargets {
+		deadTargets[i] = newPubkey(t)
+	}
+	f.register(dead.pubHex, deadTargets...)
+	for _, tg := range deadTargets { // a backlog for the dead listener
+		f.save(message(t, 9, tg), nil, true)
+	}
+	liveTarget := newPubkey(t)
+	f.register(live.pubHex, liveTarget)
+	runWorker(t, w)
+	t.Cleanup(func() { close(unhang) }) // runs before the worker's stop
+	require.Eventually(t, func() bool { return hanging.Load() >= int32(listenerCap(len(routes))) },
+		waitLong, 10*time.Millisecond, "the dead listener's backlog to take its slots")
+
+	// More mentions for the dead listener, claimed at insert and handed
+	// off: they go back to the poll instead of taking the other slots.
+	for _, tg := range deadTargets[:maxInFlight] {
+		f.save(message(t, 9, tg), w, true)
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(m.deliveries.WithLabelValues(outcomeDeferred)) == maxInFlight
+	}, waitLong, 10*time.Millisecond, "the dead listener's hand-offs deferred to the poll")
+	f.save(message(t, 9, liveTarget), w, true)
+	require.Eventually(t, func() bool { return len(live.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the healthy listener was not told while the dead one hung")
+	require.Equal(t, int32(listenerCap(len(routes))), hanging.Load(), "the dead listener holds its share, no more")
+	require.Zero(t, outcomes(m)[outcomeRetry], "no dead request ended yet")
+}
+
+// A listener with its share of the slots in flight has its further
+// hand-offs deferred to the poll; as soon as one of its deliveries ends,
+// the poll runs for them, not after the idle backoff (here over a minute).
+// Mutation killed: loop.run without the poll.Reset(0) when a listener
+// that had its share in flight finishes a delivery (the deferred rows wait
+// for the idle poll).
+func TestDeferredHandOffsAreDeliveredOnceTheirListenerHasRoom(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	gate := make(chan struct{})
+	var gated atomic.Int32
+	busy := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		gated.Add(1)
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+		}
+	})
+	other := newListener(t, nil)
+	routes := routesOf(busy, other)
+	d, m, _ := f.deliverer(routes, 20*time.Second, testCAs(busy))
+	d.idlePoll = 10 * time.Minute // the idle poll waits 75 s, then longer
+	w := NewWorker(f.pool, routes, d)
+	share := listenerCap(len(routes))
+	targets := make([]string, share+3)
+	for i := range targets {
+		targets[i] = newPubkey(t)
+	}
+	f.register(busy.pubHex, targets...)
+	runWorker(t, w)
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open)
+	for _, tg := range targets[:share] {
+		f.save(message(t, 9, tg), w, true)
+	}
+	require.Eventually(t, func() bool { return gated.Load() == int32(share) }, waitLong, 10*time.Millisecond)
+	for _, tg := range targets[share:] {
+		f.save(message(t, 9, tg), w, true)
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(m.deliveries.WithLabelValues(outcomeDeferred)) == 3
+	}, waitLong, 10*time.Millisecond)
+
+	open()
+	f.waitForEmptyOutbox(waitLong)
+	waitOutcome(t, m, outcomeAccepted, float64(share+3))
 }

@@ -75,8 +75,11 @@ type Server struct {
 	workers       sync.WaitGroup
 	workflowStats *workflow.Metrics // set once by registerWorkflows, before serving
 	operatorAPI   atomic.Pointer[http.Handler]
-	media         *media.Service                 // nil: the media routes answer 404
-	crossRelay    atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
+	// ready shares one readiness check among the /ready requests that
+	// arrive while it runs.
+	ready      readyCheck
+	media      *media.Service                 // nil: the media routes answer 404
+	crossRelay atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
 	// presence is who is present in each channel (kind 20001), kept for
 	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
 	presence atomic.Pointer[presenceStore]
@@ -238,6 +241,32 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
+// readyCheck runs at most one readiness check at a time. /ready is
+// unauthenticated and served on every host, and each check costs a pooled
+// connection for a ping and a catalog query (about 0.5 ms of database time),
+// a request to the S3 bucket and one to the replica: 40 connections asking
+// for /ready back to back ran about 1,500 checks a second, held pool
+// connections the writes need, and tripled publish latency (an equal flood
+// of /health doubled it); with media on S3, each was also an S3 request. A
+// request that arrives while a check runs waits for that check's answer.
+type readyCheck struct {
+	mu      sync.Mutex
+	running *readyCall
+	// checks counts the checks run (tests).
+	checks atomic.Int64
+	// joined counts requests answered by a check another request started
+	// (tests).
+	joined atomic.Int64
+	// timeout bounds a check (0: 2 s).
+	timeout time.Duration
+}
+
+type readyCall struct {
+	done   chan struct{}
+	status int
+	body   map[string]string
+}
+
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	closing := s.closing
@@ -246,17 +275,52 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting down"})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
+	s.ready.mu.Lock()
+	call := s.ready.running
+	if call == nil {
+		call = &readyCall{done: make(chan struct{})}
+		s.ready.running = call
+		s.ready.mu.Unlock()
+		s.ready.checks.Add(1)
+		func() {
+			defer func() {
+				s.ready.mu.Lock()
+				s.ready.running = nil
+				s.ready.mu.Unlock()
+				close(call.done)
+			}()
+			call.status, call.body = http.StatusServiceUnavailable, map[string]string{"status": "readiness check failed"}
+			// Not the request's context: the requests sharing the check
+			// must not see it fail because its first asker went away.
+			timeout := s.ready.timeout
+			if timeout <= 0 {
+				timeout = 2 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
+			defer cancel()
+			call.status, call.body = s.checkReady(ctx)
+		}()
+	} else {
+		s.ready.mu.Unlock()
+		s.ready.joined.Add(1)
+		select {
+		case <-call.done:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	writeJSON(w, call.status, call.body)
+}
+
+// checkReady is one readiness check: the status and body /ready answers.
+func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	if err := s.pool.Ping(ctx); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
-		return
+		return http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"}
 	}
 	// A community-scoped table without its write fence would let writes
 	// land in a community being deleted: not ready until it is fixed.
 	if err := deletion.CheckReady(ctx, s.pool); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "community write fence incomplete", "detail": err.Error()})
-		return
+		return http.StatusServiceUnavailable, map[string]string{"status": "community write fence incomplete", "detail": err.Error()}
 	}
 	ready := map[string]string{"status": "ready"}
 	// Without Redis this relay still stores, answers reads and delivers to
@@ -281,7 +345,7 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	if state, ok := s.readerState(ctx); ok {
 		ready["reader"] = state
 	}
-	writeJSON(w, http.StatusOK, ready)
+	return http.StatusOK, ready
 }
 
 // StartCrossRelay joins this process to the other relay processes through

@@ -1,0 +1,12 @@
+package relay
+
+import "time"
+
+// ReadyChecks reports how many readiness checks ran and how many /ready
+// requests were answered by a check another request started.
+func (s *Server) ReadyChecks() (checks, joined int64) {
+	return s.ready.checks.Load(), s.ready.joined.Load()
+}
+
+// SetReadyTimeout bounds each readiness check (default 2 s).
+func (s *Server) SetReadyTimeout(d time.Duration) { s.ready.timeout = d }
