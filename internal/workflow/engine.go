@@ -682,6 +682,9 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	if err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
 	}
+	if f := e.triggererMayWrite(ctx, q, c, step, tc, channel); f != nil {
+		return nil, f
+	}
 	if access.ArchivedAt != nil {
 		return nil, fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
 	}
@@ -726,6 +729,37 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		return nil, fail(CodeDatabaseError, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
+}
+
+// triggererMayWrite checks a channel a template picked against whoever
+// triggered the run. A literal channel is the owner's choice, signed in the
+// definition; a templated one is chosen by what the trigger carries (its
+// text, say), so without this check any member of the workflow's channel
+// could have the relay post into any channel the owner may write, a
+// private one they are not in among them. For an event cause the author
+// must therefore be allowed to write there too (an open channel, or active
+// membership of a private one), answered like the owner's refusal so the
+// run's error tells nothing more. A command is the owner's own; a schedule
+// has no author, and a webhook's caller holds the owner's secret.
+func (e *Engine) triggererMayWrite(ctx context.Context, q *db.Queries, c Claimed, step *Step, tc TriggerContext, channel uuid.UUID) *runFailure {
+	if !strings.Contains(step.Channel, "{{") || tc.Cause.Kind != CauseEvent {
+		return nil
+	}
+	author, ok := nostr.DecodeHex32(tc.Author)
+	if !ok {
+		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
+	}
+	if string(author[:]) == string(c.Run.OwnerPubkey) {
+		return nil
+	}
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: author[:]})
+	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
+		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
+	}
+	if err != nil {
+		return fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
+	}
+	return nil
 }
 
 // addReaction reacts, as the relay, to the message that triggered the run.
