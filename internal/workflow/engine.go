@@ -146,11 +146,42 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
 // abandoned by a worker whose lease expired).
 func (e *Engine) ClaimDue(ctx context.Context, limit int) ([]Claimed, error) {
+	return e.claimDue(ctx, limit, claimShares{})
+}
+
+// claimShares bounds how many runs one claim may give each community: at
+// most share in flight, counting the held ones. share 0: no bound.
+type claimShares struct {
+	share int
+	held  map[uuid.UUID]int
+}
+
+// params are the claim statements' community bounds for a claim of up to
+// limit runs: the communities already at their share, those holding some
+// with the room they have left, and the share itself.
+func (s claimShares) params(limit int) (full, busy []uuid.UUID, room []int32, share int32) {
+	if s.share <= 0 {
+		return nil, nil, nil, int32(limit)
+	}
+	for c, n := range s.held {
+		switch {
+		case n >= s.share:
+			full = append(full, c)
+		case n > 0:
+			busy, room = append(busy, c), append(room, int32(s.share-n))
+		}
+	}
+	return full, busy, room, int32(s.share)
+}
+
+func (e *Engine) claimDue(ctx context.Context, limit int, shares claimShares) ([]Claimed, error) {
 	ctx, cancel := e.claimContext(ctx)
 	defer cancel()
 	claimID := uuid.New()
+	full, busy, room, share := shares.params(limit)
 	rows, err := db.New(e.pool).WorkflowRunClaimDue(ctx, db.WorkflowRunClaimDueParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), MaxRows: int32(limit),
+		FullCommunities: full, BusyCommunities: busy, BusyRoom: room, CommunityShare: share,
 	})
 	out := make([]Claimed, len(rows))
 	for i, r := range rows {
@@ -173,11 +204,17 @@ func (e *Engine) claimContext(ctx context.Context) (context.Context, context.Can
 
 // ClaimByID claims those of ids that are still due.
 func (e *Engine) ClaimByID(ctx context.Context, ids []uuid.UUID) ([]Claimed, error) {
+	return e.claimByID(ctx, ids, claimShares{})
+}
+
+func (e *Engine) claimByID(ctx context.Context, ids []uuid.UUID, shares claimShares) ([]Claimed, error) {
 	ctx, cancel := e.claimContext(ctx)
 	defer cancel()
 	claimID := uuid.New()
+	full, busy, room, share := shares.params(len(ids))
 	rows, err := db.New(e.pool).WorkflowRunClaimByID(ctx, db.WorkflowRunClaimByIDParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Ids: ids, MaxRows: int32(len(ids)),
+		FullCommunities: full, BusyCommunities: busy, BusyRoom: room, CommunityShare: share,
 	})
 	out := make([]Claimed, len(rows))
 	for i, r := range rows {
