@@ -19,6 +19,9 @@ WITH pending AS (
     WHERE r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce(@full_communities::uuid[], '{}'))
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
@@ -29,13 +32,26 @@ expired AS (
     WHERE r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce(@full_communities::uuid[], '{}'))
     ORDER BY r.lease_until, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
 ),
+-- Each community takes at most its room in the worker: the share one
+-- community may hold (community_share), less what it holds already
+-- (busy_communities, busy_room). The worker's slots are shared by every
+-- community of the process, so without it one community's backlog of slow
+-- runs, first in line, held them all and the others' runs waited behind it.
+ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.community_id ORDER BY c.run_at, c.created_at, c.id) AS rank
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+),
 candidates AS (
     SELECT c.community_id, c.id, c.workflow_id
-    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+    FROM ranked c
+    WHERE c.rank <= coalesce((@busy_room::int[])[array_position(@busy_communities::uuid[], c.community_id)], @community_share::int)
     ORDER BY c.run_at, c.created_at, c.id
     LIMIT @max_rows::int
 )
@@ -71,6 +87,9 @@ WITH pending AS (
     WHERE r.status = 'pending' AND r.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce(@full_communities::uuid[], '{}'))
       AND r.id = ANY(@ids::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
     LIMIT @max_rows::int
@@ -82,14 +101,27 @@ expired AS (
     WHERE r.status = 'running' AND r.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce(@full_communities::uuid[], '{}'))
       AND r.id = ANY(@ids::uuid[])
     ORDER BY r.lease_until, r.created_at, r.id
     LIMIT @max_rows::int
     FOR UPDATE OF r SKIP LOCKED
 ),
+-- Each community takes at most its room in the worker: the share one
+-- community may hold (community_share), less what it holds already
+-- (busy_communities, busy_room). The worker's slots are shared by every
+-- community of the process, so without it one community's backlog of slow
+-- runs, first in line, held them all and the others' runs waited behind it.
+ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.community_id ORDER BY c.run_at, c.created_at, c.id) AS rank
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+),
 candidates AS (
     SELECT c.community_id, c.id, c.workflow_id
-    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+    FROM ranked c
+    WHERE c.rank <= coalesce((@busy_room::int[])[array_position(@busy_communities::uuid[], c.community_id)], @community_share::int)
     ORDER BY c.run_at, c.created_at, c.id
     LIMIT @max_rows::int
 )

@@ -20,9 +20,12 @@ WITH pending AS (
     WHERE r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
-      AND r.id = ANY($4::uuid[])
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce($4::uuid[], '{}'))
+      AND r.id = ANY($5::uuid[])
     ORDER BY r.run_at, r.created_at, r.id
-    LIMIT $5::int
+    LIMIT $6::int
     FOR UPDATE OF r SKIP LOCKED
 ),
 expired AS (
@@ -31,16 +34,24 @@ expired AS (
     WHERE r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
-      AND r.id = ANY($4::uuid[])
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce($4::uuid[], '{}'))
+      AND r.id = ANY($5::uuid[])
     ORDER BY r.lease_until, r.created_at, r.id
-    LIMIT $5::int
+    LIMIT $6::int
     FOR UPDATE OF r SKIP LOCKED
+),
+ranked AS (
+    SELECT c.community_id, c.id, c.workflow_id, c.run_at, c.created_at, row_number() OVER (PARTITION BY c.community_id ORDER BY c.run_at, c.created_at, c.id) AS rank
+    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
 ),
 candidates AS (
     SELECT c.community_id, c.id, c.workflow_id
-    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
+    FROM ranked c
+    WHERE c.rank <= coalesce(($7::int[])[array_position($8::uuid[], c.community_id)], $9::int)
     ORDER BY c.run_at, c.created_at, c.id
-    LIMIT $5::int
+    LIMIT $6::int
 )
 UPDATE workflow_runs r
 SET status = 'running',
@@ -57,11 +68,15 @@ RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace
 `
 
 type WorkflowRunClaimByIDParams struct {
-	ClaimID uuid.UUID
-	Now     *time.Time
-	LeaseMs int64
-	Ids     []uuid.UUID
-	MaxRows int32
+	ClaimID         uuid.UUID
+	Now             *time.Time
+	LeaseMs         int64
+	FullCommunities []uuid.UUID
+	Ids             []uuid.UUID
+	MaxRows         int32
+	BusyRoom        []int32
+	BusyCommunities []uuid.UUID
+	CommunityShare  int32
 }
 
 type WorkflowRunClaimByIDRow struct {
@@ -93,13 +108,22 @@ type WorkflowRunClaimByIDRow struct {
 // (workflow_runs_recovery), each stopping at max_rows, then merged. One
 // scan with "pending OR expired" could use neither partial index: it read
 // and sorted every due run, a whole backlog per poll.
+// Each community takes at most its room in the worker: the share one
+// community may hold (community_share), less what it holds already
+// (busy_communities, busy_room). The worker's slots are shared by every
+// community of the process, so without it one community's backlog of slow
+// runs, first in line, held them all and the others' runs waited behind it.
 func (q *Queries) WorkflowRunClaimByID(ctx context.Context, arg WorkflowRunClaimByIDParams) ([]WorkflowRunClaimByIDRow, error) {
 	rows, err := q.db.Query(ctx, workflowRunClaimByID,
 		arg.ClaimID,
 		arg.Now,
 		arg.LeaseMs,
+		arg.FullCommunities,
 		arg.Ids,
 		arg.MaxRows,
+		arg.BusyRoom,
+		arg.BusyCommunities,
+		arg.CommunityShare,
 	)
 	if err != nil {
 		return nil, err
@@ -142,8 +166,11 @@ WITH pending AS (
     WHERE r.status = 'pending' AND r.run_at <= coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce($4::uuid[], '{}'))
     ORDER BY r.run_at, r.created_at, r.id
-    LIMIT $4::int
+    LIMIT $5::int
     FOR UPDATE OF r SKIP LOCKED
 ),
 expired AS (
@@ -152,15 +179,23 @@ expired AS (
     WHERE r.status = 'running' AND r.lease_until < coalesce($2::timestamptz, now())
       -- A community being deleted is skipped, not an error for the batch.
       AND community_write_allowed(r.community_id)
+      -- A community holding its share of the worker's runs waits, so the
+      -- scan's limit is not spent on a backlog this claim would not take.
+      AND r.community_id <> ALL(coalesce($4::uuid[], '{}'))
     ORDER BY r.lease_until, r.created_at, r.id
-    LIMIT $4::int
+    LIMIT $5::int
     FOR UPDATE OF r SKIP LOCKED
+),
+ranked AS (
+    SELECT c.community_id, c.id, c.workflow_id, c.run_at, c.created_at, row_number() OVER (PARTITION BY c.community_id ORDER BY c.run_at, c.created_at, c.id) AS rank
+    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
 ),
 candidates AS (
     SELECT c.community_id, c.id, c.workflow_id
-    FROM (SELECT community_id, id, workflow_id, run_at, created_at FROM pending UNION ALL SELECT community_id, id, workflow_id, run_at, created_at FROM expired) c
+    FROM ranked c
+    WHERE c.rank <= coalesce(($6::int[])[array_position($7::uuid[], c.community_id)], $8::int)
     ORDER BY c.run_at, c.created_at, c.id
-    LIMIT $4::int
+    LIMIT $5::int
 )
 UPDATE workflow_runs r
 SET status = 'running',
@@ -177,10 +212,14 @@ RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace
 `
 
 type WorkflowRunClaimDueParams struct {
-	ClaimID uuid.UUID
-	Now     *time.Time
-	LeaseMs int64
-	MaxRows int32
+	ClaimID         uuid.UUID
+	Now             *time.Time
+	LeaseMs         int64
+	FullCommunities []uuid.UUID
+	MaxRows         int32
+	BusyRoom        []int32
+	BusyCommunities []uuid.UUID
+	CommunityShare  int32
 }
 
 type WorkflowRunClaimDueRow struct {
@@ -213,12 +252,21 @@ type WorkflowRunClaimDueRow struct {
 // (workflow_runs_recovery), each stopping at max_rows, then merged. One
 // scan with "pending OR expired" could use neither partial index: it read
 // and sorted every due run, a whole backlog per poll.
+// Each community takes at most its room in the worker: the share one
+// community may hold (community_share), less what it holds already
+// (busy_communities, busy_room). The worker's slots are shared by every
+// community of the process, so without it one community's backlog of slow
+// runs, first in line, held them all and the others' runs waited behind it.
 func (q *Queries) WorkflowRunClaimDue(ctx context.Context, arg WorkflowRunClaimDueParams) ([]WorkflowRunClaimDueRow, error) {
 	rows, err := q.db.Query(ctx, workflowRunClaimDue,
 		arg.ClaimID,
 		arg.Now,
 		arg.LeaseMs,
+		arg.FullCommunities,
 		arg.MaxRows,
+		arg.BusyRoom,
+		arg.BusyCommunities,
+		arg.CommunityShare,
 	)
 	if err != nil {
 		return nil, err

@@ -74,7 +74,7 @@ func TestRunClaimReadsItsRunsNotTheBacklog(t *testing.T) {
 	defer func() { _ = tx.Rollback(f.ctx) }()
 	before := dbtest.RowsRead(t, tx, "workflow_runs")
 	claimed, err := db.New(tx).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
-		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10,
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10, CommunityShare: 10,
 	})
 	require.NoError(t, err)
 	require.Len(t, claimed, 10)

@@ -146,11 +146,42 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 // ClaimDue claims up to limit due runs (new, delayed and now due, or
 // abandoned by a worker whose lease expired).
 func (e *Engine) ClaimDue(ctx context.Context, limit int) ([]Claimed, error) {
+	return e.claimDue(ctx, limit, claimShares{})
+}
+
+// claimShares bounds how many runs one claim may give each community: at
+// most share in flight, counting the held ones. share 0: no bound.
+type claimShares struct {
+	share int
+	held  map[uuid.UUID]int
+}
+
+// params are the claim statements' community bounds for a claim of up to
+// limit runs: the communities already at their share, those holding some
+// with the room they have left, and the share itself.
+func (s claimShares) params(limit int) (full, busy []uuid.UUID, room []int32, share int32) {
+	if s.share <= 0 {
+		return nil, nil, nil, int32(limit)
+	}
+	for c, n := range s.held {
+		switch {
+		case n >= s.share:
+			full = append(full, c)
+		case n > 0:
+			busy, room = append(busy, c), append(room, int32(s.share-n))
+		}
+	}
+	return full, busy, room, int32(s.share)
+}
+
+func (e *Engine) claimDue(ctx context.Context, limit int, shares claimShares) ([]Claimed, error) {
 	ctx, cancel := e.claimContext(ctx)
 	defer cancel()
 	claimID := uuid.New()
+	full, busy, room, share := shares.params(limit)
 	rows, err := db.New(e.pool).WorkflowRunClaimDue(ctx, db.WorkflowRunClaimDueParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), MaxRows: int32(limit),
+		FullCommunities: full, BusyCommunities: busy, BusyRoom: room, CommunityShare: share,
 	})
 	out := make([]Claimed, len(rows))
 	for i, r := range rows {
@@ -173,11 +204,17 @@ func (e *Engine) claimContext(ctx context.Context) (context.Context, context.Can
 
 // ClaimByID claims those of ids that are still due.
 func (e *Engine) ClaimByID(ctx context.Context, ids []uuid.UUID) ([]Claimed, error) {
+	return e.claimByID(ctx, ids, claimShares{})
+}
+
+func (e *Engine) claimByID(ctx context.Context, ids []uuid.UUID, shares claimShares) ([]Claimed, error) {
 	ctx, cancel := e.claimContext(ctx)
 	defer cancel()
 	claimID := uuid.New()
+	full, busy, room, share := shares.params(len(ids))
 	rows, err := db.New(e.pool).WorkflowRunClaimByID(ctx, db.WorkflowRunClaimByIDParams{
 		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Ids: ids, MaxRows: int32(len(ids)),
+		FullCommunities: full, BusyCommunities: busy, BusyRoom: room, CommunityShare: share,
 	})
 	out := make([]Claimed, len(rows))
 	for i, r := range rows {
@@ -682,6 +719,9 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	if err != nil {
 		return nil, fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
 	}
+	if f := e.triggererMayWrite(ctx, q, c, step, tc, channel); f != nil {
+		return nil, f
+	}
 	if access.ArchivedAt != nil {
 		return nil, fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
 	}
@@ -726,6 +766,37 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		return nil, fail(CodeDatabaseError, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
+}
+
+// triggererMayWrite checks a channel a template picked against whoever
+// triggered the run. A literal channel is the owner's choice, signed in the
+// definition; a templated one is chosen by what the trigger carries (its
+// text, say), so without this check any member of the workflow's channel
+// could have the relay post into any channel the owner may write, a
+// private one they are not in among them. For an event cause the author
+// must therefore be allowed to write there too (an open channel, or active
+// membership of a private one), answered like the owner's refusal so the
+// run's error tells nothing more. A command is the owner's own; a schedule
+// has no author, and a webhook's caller holds the owner's secret.
+func (e *Engine) triggererMayWrite(ctx context.Context, q *db.Queries, c Claimed, step *Step, tc TriggerContext, channel uuid.UUID) *runFailure {
+	if !strings.Contains(step.Channel, "{{") || tc.Cause.Kind != CauseEvent {
+		return nil
+	}
+	author, ok := nostr.DecodeHex32(tc.Author)
+	if !ok {
+		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
+	}
+	if string(author[:]) == string(c.Run.OwnerPubkey) {
+		return nil
+	}
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: author[:]})
+	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
+		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
+	}
+	if err != nil {
+		return fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
+	}
+	return nil
 }
 
 // addReaction reacts, as the relay, to the message that triggered the run.

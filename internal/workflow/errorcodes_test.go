@@ -325,6 +325,46 @@ func TestOwnerUnauthorizedForAPrivateChannel(t *testing.T) {
 	}
 }
 
+// A channel a template picks is chosen by whoever triggers the run, so
+// they must be allowed to write there as well as the owner: a member of
+// the workflow's open channel who names the owner's private channel in a
+// message does not get the relay to post their text into it. A member of
+// both does, and so does the owner.
+//
+// Mutation killed: checking only the owner's access to the rendered
+// channel (as before) stores the outsider's text in the private channel.
+func TestTemplatedChannelNeedsTheTriggerersAccess(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, insider, outsider := f.key(), f.key(), f.key()
+	ch := f.channel(owner, insider, outsider)
+	secret := f.privateChannel(owner, insider)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Fwd\ntrigger: {on: message_posted}\nsteps: [{id: fwd, action: send_message, channel: '{{trigger.text}}', text: 'from {{trigger.author}}: {{trigger.text}}'}]")
+	f.store(f.sign(outsider, ingest.KindChat, secret, nostr.Tags{{"h", ch}}))
+	f.store(f.sign(insider, ingest.KindChat, secret, nostr.Tags{{"h", ch}}))
+	f.store(f.sign(owner, ingest.KindChat, secret, nostr.Tags{{"h", ch}}))
+	runOf := func(author *nostr.SecretKey) uuid.UUID {
+		var run uuid.UUID
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT id FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND trigger_context->>'author' = $3`,
+			f.tenant.ID(), id, pubHex(author)).Scan(&run))
+		return run
+	}
+	refused := runOf(outsider)
+	f.drain(f.engine(time.Minute))
+
+	f.failedWith(refused, workflow.CodeOwnerUnauthorized, "step fwd", "does not exist or is private")
+	require.Empty(t, f.doorbells(refused))
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND channel_id = $2 AND content LIKE $3`,
+		f.tenant.ID(), secret, "from "+pubHex(outsider)+"%"), "nothing the outsider triggered reached the private channel")
+	for _, run := range []uuid.UUID{runOf(insider), runOf(owner)} {
+		require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+		bells := f.doorbells(run)
+		require.Len(t, bells, 1)
+		require.Equal(t, secret, bells[0].Tags.First("h")[1])
+	}
+}
+
 // A pinned definition the parser no longer accepts (stored under an
 // earlier, more lenient parser; simulated by rewriting the stored event,
 // as saving refuses such a definition today) fails closed: invalid_yaml

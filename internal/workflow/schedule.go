@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -44,6 +45,9 @@ type Scheduler struct {
 	// RunRetention is how long ended runs and slot claims are kept; each
 	// tick deletes a batch of older ones (0: DefaultRunRetention).
 	RunRetention time.Duration
+	// MaxSlotsPerCommunity bounds the slots one tick fires for one
+	// community, all its workflows together (0: MaxSlotsPerTick).
+	MaxSlotsPerCommunity int
 
 	// handled is, per workflow, the latest slot this scheduler claimed or
 	// found claimed: later ticks start after it, so a slot is inserted
@@ -141,7 +145,55 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 	created := 0
 	handled := make(map[scheduledWorkflow]time.Time, len(rows))
 	defer func() { s.handled = handled }()
-	for _, row := range rows {
+	perCommunity := s.MaxSlotsPerCommunity
+	if perCommunity <= 0 {
+		perCommunity = MaxSlotsPerTick
+	}
+	// The slots of one community's workflows (rows come ordered by
+	// community), fired oldest first up to perCommunity once the
+	// community's last row is read.
+	type due struct {
+		row  int
+		slot time.Time
+	}
+	var pending []due
+	fireCommunity := func() error {
+		slices.SortStableFunc(pending, func(a, b due) int { return a.slot.Compare(b.slot) })
+		pending = pending[:min(len(pending), perCommunity)]
+		failed := map[int]bool{}
+		for _, d := range pending {
+			row := rows[d.row]
+			if failed[d.row] {
+				continue
+			}
+			id, err := s.fire(ctx, row, d.slot)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				// One workflow's failure must not stop every other
+				// schedule; its unclaimed slot is tried again next tick.
+				s.log.Error("workflow schedule slot failed", "workflow_id", row.ID, "slot", d.slot, "err", err)
+				failed[d.row] = true
+				continue
+			}
+			handled[scheduledWorkflow{row.CommunityID, row.ID}] = d.slot
+			if id != uuid.Nil {
+				created++
+				if s.offer != nil {
+					s.offer([]uuid.UUID{id})
+				}
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	for i, row := range rows {
+		if i > 0 && row.CommunityID != rows[i-1].CommunityID {
+			if err := fireCommunity(); err != nil {
+				return created, err
+			}
+		}
 		var def Definition
 		if json.Unmarshal(row.Definition, &def) != nil || !def.Enabled || row.ChannelID == nil {
 			continue
@@ -161,24 +213,11 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 			}
 		}
 		for _, slot := range Slots(def.Trigger, after, now) {
-			id, err := s.fire(ctx, row, slot)
-			if err != nil {
-				if ctx.Err() != nil {
-					return created, err
-				}
-				// One workflow's failure must not stop every other
-				// schedule; its unclaimed slot is tried again next tick.
-				s.log.Error("workflow schedule slot failed", "workflow_id", row.ID, "slot", slot, "err", err)
-				break
-			}
-			handled[key] = slot
-			if id != uuid.Nil {
-				created++
-				if s.offer != nil {
-					s.offer([]uuid.UUID{id})
-				}
-			}
+			pending = append(pending, due{row: i, slot: slot})
 		}
+	}
+	if err := fireCommunity(); err != nil {
+		return created, err
 	}
 	return created, nil
 }

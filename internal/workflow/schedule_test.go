@@ -11,6 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
@@ -267,4 +271,61 @@ func TestScheduleSkipsArchivedAndDeletingCommunities(t *testing.T) {
 	quiesce(t, f, f.tenant.Host())
 	f.clock.Advance(time.Minute)
 	require.Zero(t, tick(), "a community being deleted fires nothing")
+}
+
+// One community's schedules cannot hold up another's: a tick fires at most
+// MaxSlotsPerCommunity slots of one community, its workflows together,
+// oldest first, so the tick's work per community is bounded and a
+// community with a few quiet schedules gets them fired in the same tick
+// however many per-second schedules another saved. The slots left over
+// fire at the next ticks.
+//
+// Mutation killed: firing every workflow's slots without the community
+// bound (as before) fires all 30 of A's slots in the first tick.
+func TestScheduleTickBoundsEachCommunitysSlots(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	var aWorkflows []string
+	for range 3 {
+		id := uuid.NewString()
+		aWorkflows = append(aWorkflows, id)
+		f.save(owner, ch, id, "name: Busy\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]")
+	}
+	row, err := db.New(f.pool).CommunityCreate(f.ctx, "wf-b-"+uuid.NewString()[:8]+".example")
+	require.NoError(t, err)
+	b := community.FromRow(row)
+	bOwner, bChannel, quiet := f.key(), uuid.NewString(), uuid.NewString()
+	for _, ev := range []*nostr.Event{
+		f.sign(bOwner, ingest.KindCreateGroup, "", nostr.Tags{{"h", bChannel}, {"name", "b"}}),
+		f.sign(bOwner, workflow.KindDefinition, "name: Quiet\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]", nostr.Tags{{"d", quiet}, {"h", bChannel}}),
+	} {
+		out, _, err := f.p.SubmitReply(f.ctx, b, ev.PubKey, ev)
+		require.NoError(t, err)
+		require.Equal(t, ingest.Stored, out)
+	}
+	f.clock.Advance(10 * time.Second)
+	aSlots := 3 * 10
+	bSlots := 10
+
+	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), time.Minute, nil, nil)
+	s.MaxSlotsPerCommunity = 12
+	runs := func(community uuid.UUID) int {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1`, community)
+	}
+	n, err := s.Tick(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 12+bSlots, n)
+	require.Equal(t, 12, runs(f.tenant.ID()), "A fired its bound")
+	require.Equal(t, bSlots, runs(b.ID()), "B's slots fired in the same tick")
+	// Oldest first across A's workflows: each got its first four seconds.
+	for _, id := range aWorkflows {
+		require.Equal(t, 4, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, id))
+	}
+	for range 2 {
+		_, err := s.Tick(f.ctx)
+		require.NoError(t, err)
+	}
+	require.Equal(t, aSlots, runs(f.tenant.ID()), "the rest fired at the next ticks")
 }

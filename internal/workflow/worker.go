@@ -21,6 +21,21 @@ type WorkerOptions struct {
 	// Poll is how often an idle worker looks for due runs (delays ending,
 	// runs created by another process, leases expired).
 	Poll time.Duration
+	// CommunityShare is how many runs of one community the worker takes
+	// while others wait (default: half of MaxInFlight, at least one).
+	CommunityShare int
+}
+
+// communityShares returns the share of the worker's runs one community
+// may hold before the runs of others go first, and the reserve of slots
+// kept for those: beyond its share, a community's runs fill free slots
+// only while the reserve stays free.
+func (o WorkerOptions) communityShares() (share, reserve int) {
+	share = o.CommunityShare
+	if share <= 0 {
+		share = max(1, o.MaxInFlight/2)
+	}
+	return share, o.MaxInFlight / 10
 }
 
 // Defaults for WorkerOptions left zero (the relay's configuration sets them).
@@ -67,18 +82,43 @@ func (w *Worker) Offer(ids []uuid.UUID) {
 // Run executes runs until ctx ends, then waits for the runs in flight.
 // Runs in flight finish their current step on shutdown (their context is
 // detached), so a step is never cut between its effect and its record.
+//
+// The worker's slots are shared by every community of the process, and runs
+// are claimed oldest first, so one community's backlog of slow runs (each
+// of its 50 steps may wait 10 s for a webhook) took every slot and the
+// others' runs waited behind it, for hours. A community therefore holds at
+// most its share of the slots while others have due runs: a claim first
+// takes runs of communities under their share, each up to its room; only
+// what is left, less a reserve, goes to the communities at their share.
 func (w *Worker) Run(ctx context.Context) {
-	done := make(chan struct{}, w.opts.MaxInFlight)
+	done := make(chan uuid.UUID, w.opts.MaxInFlight)
 	inflight := 0
+	share, reserve := w.opts.communityShares()
+	shares := claimShares{share: share, held: map[uuid.UUID]int{}}
 	execCtx := context.WithoutCancel(ctx)
 	start := func(claims []Claimed) {
 		for _, c := range claims {
 			inflight++
+			shares.held[c.Run.CommunityID]++
 			go func() {
-				defer func() { done <- struct{}{} }()
+				defer func() { done <- c.Run.CommunityID }()
 				w.engine.execute(execCtx, ctx.Done(), c)
 			}()
 		}
+	}
+	finished := func(community uuid.UUID) {
+		inflight--
+		if shares.held[community]--; shares.held[community] <= 0 {
+			delete(shares.held, community)
+		}
+	}
+	atShare := func() bool {
+		for _, n := range shares.held {
+			if n >= share {
+				return true
+			}
+		}
+		return false
 	}
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -95,10 +135,21 @@ func (w *Worker) Run(ctx context.Context) {
 				<-done
 			}
 			return
-		case <-done:
-			inflight--
+		case community := <-done:
+			finished(community)
 		case <-pollC:
-			claims, err := w.engine.ClaimDue(ctx, free)
+			claims, err := w.engine.claimDue(ctx, free, shares)
+			start(claims)
+			if rest := free - reserve; err == nil && len(claims) == 0 && rest > 0 && atShare() {
+				// Nobody under their share has runs due (a claim that took
+				// some may not have seen them all: the poll comes again at
+				// once): fill the slots they do not need, keeping the
+				// reserve for them.
+				var more []Claimed
+				more, err = w.engine.claimDue(ctx, rest, claimShares{})
+				start(more)
+				claims = append(claims, more...)
+			}
 			switch {
 			case err != nil:
 				if ctx.Err() == nil {
@@ -106,7 +157,6 @@ func (w *Worker) Run(ctx context.Context) {
 				}
 				poll.Reset(claimErrorSleep)
 			case len(claims) > 0:
-				start(claims)
 				poll.Reset(0)
 			default:
 				poll.Reset(w.opts.Poll)
@@ -122,7 +172,7 @@ func (w *Worker) Run(ctx context.Context) {
 				}
 				break
 			}
-			claims, err := w.engine.ClaimByID(ctx, ids)
+			claims, err := w.engine.claimByID(ctx, ids, shares)
 			if err != nil {
 				w.engine.log.Debug("workflow hand-off claim failed", "ids", len(ids), "err", err)
 			}

@@ -1,0 +1,93 @@
+package workflow_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/workflow"
+	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
+)
+
+// One community's backlog of slow runs does not hold every worker slot of
+// the process: with two slots, community A's three runs (older, each held
+// by a webhook that does not answer) take one, and community B's run, last
+// in line, takes the other and completes while A's calls still hang.
+//
+// Mutation killed: claiming oldest first without the per-community share
+// (the worker calling ClaimDue as before) gives both slots to A, and B's
+// run waits until A's calls end.
+func TestOneCommunitysSlowRunsLeaveSlotsForOthers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	release := make(chan struct{})
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	client := safehttp.New(safehttp.Options{
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+		Timeout:     time.Hour, // the calls end when the test releases them
+	})
+	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+
+	// Community A: three runs whose webhook hangs.
+	owner := f.key()
+	ch := f.channel(owner)
+	slow := uuid.NewString()
+	f.save(owner, ch, slow, "name: Slow\ntrigger: {on: message_posted}\nsteps: [{id: hang, action: call_webhook, url: '"+srv.URL+"/hang', body: x}]")
+	for range 3 {
+		f.store(f.sign(owner, ingest.KindChat, "slow "+uuid.NewString(), nostr.Tags{{"h", ch}}))
+	}
+	f.clock.Advance(time.Second) // B's run is the newest
+
+	// Community B, in the same database: one quick run.
+	row, err := db.New(f.pool).CommunityCreate(f.ctx, "wf-b-"+uuid.NewString()[:8]+".example")
+	require.NoError(t, err)
+	b := community.FromRow(row)
+	storeB := func(ev *nostr.Event) {
+		out, _, err := f.p.SubmitReply(f.ctx, b, ev.PubKey, ev)
+		require.NoError(t, err)
+		require.Equal(t, ingest.Stored, out)
+	}
+	bOwner, bChannel, quick := f.key(), uuid.NewString(), uuid.NewString()
+	storeB(f.sign(bOwner, ingest.KindCreateGroup, "", nostr.Tags{{"h", bChannel}, {"name", "b"}}))
+	storeB(f.sign(bOwner, workflow.KindDefinition, "name: Quick\ntrigger: {on: message_posted}\nsteps: [{id: say, action: send_message, text: hi}]", nostr.Tags{{"d", quick}, {"h", bChannel}}))
+	storeB(f.sign(bOwner, ingest.KindChat, "go", nostr.Tags{{"h", bChannel}}))
+	var bRun uuid.UUID
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT id FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2`, b.ID(), quick).Scan(&bRun))
+
+	ctx, stop := context.WithCancel(context.Background())
+	w := workflow.NewWorker(e, workflow.WorkerOptions{MaxInFlight: 2, Poll: 20 * time.Millisecond})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { close(release); stop(); <-done }) // the worker waits for its runs
+
+	status := func() db.WorkflowRunStatus {
+		r, err := db.New(f.pool).WorkflowRunGet(f.ctx, db.WorkflowRunGetParams{CommunityID: b.ID(), ID: bRun})
+		require.NoError(t, err)
+		return r.Status
+	}
+	require.Eventually(t, func() bool { return status() == db.WorkflowRunStatusCompleted }, 20*time.Second, 20*time.Millisecond,
+		"community B's run waited behind community A's hanging runs")
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND completed_at IS NOT NULL`, f.tenant.ID(), slow),
+		"no run of A ended to make room: its calls still hang")
+}
