@@ -101,11 +101,15 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 // Enabled reports whether a reader is configured.
 func (r *Router) Enabled() bool { return r != nil && r.reader != nil }
 
-// Session is one routed read on a proved reader transaction: every
-// statement of the read runs on it, so they all see one snapshot.
+// Session is one routed read on proved reader transactions. Each
+// statement of the read runs on a reader transaction whose first statement
+// proved it; between two statements the session may be parked (Park):
+// its transaction ends and its connection goes back to the pool while the
+// caller sends what it read to a client that may be slow, and the next
+// statement proves a new snapshot first (Holds).
 type Session struct {
 	router *Router
-	conn   *pgxpool.Conn
+	conn   *pgxpool.Conn // nil while parked
 	tx     pgx.Tx
 	path   string
 	pred   Predicate
@@ -138,17 +142,43 @@ func (s *Session) Failed(err error) {
 	s.close()
 }
 
-// Holds reports whether the proof still answers the read now: the
-// predicate checked again against the proved entry, before each statement
-// after the first. Every page of a read runs on the one snapshot, and a
-// slow client draining each page keeps it open for as long as it reads;
-// covered proves insertions only, so without this a row deleted after the
-// proof could be served long past Staleness (and a fresh read long past
-// the fresh budget). When the proof no longer holds the session records
-// writer/stale and ends; the caller finishes the read on the writer.
-func (s *Session) Holds() bool {
+// Park ends the reader transaction and returns its connection to the pool
+// until the read's next statement (Holds proves a new snapshot then).
+// Call it before handing rows to a client: a slow client draining a long
+// read must not hold a reader connection, nor a standby snapshot that
+// holds replay back, for as long as it takes.
+func (s *Session) Park() {
+	if !s.done {
+		s.release()
+	}
+}
+
+// Holds reports whether a proof answers the read's next statement now:
+// a parked session first proves a new reader snapshot (within one
+// AcquireTimeout), then the predicate is checked again against the proved
+// entry. Covered proves insertions only, so without this a row deleted
+// after the proof could be served long past Staleness (and a fresh read
+// long past the fresh budget). Every proved snapshot holds the rows the
+// predicate asks for, so a read whose pages come from several snapshots
+// (or partly from the writer) misses none of them. When no proof holds the
+// session records writer/<reason> and ends; the caller finishes the read
+// on the writer.
+func (s *Session) Holds(ctx context.Context) bool {
 	if s.done {
 		return false
+	}
+	if s.conn == nil {
+		if ctx.Err() != nil {
+			s.close() // the caller went away: nothing to record
+			return false
+		}
+		next, reason := s.router.prove(ctx, s.path)
+		if next == nil {
+			s.router.observe(s.path, DecisionWriter, reason)
+			s.close()
+			return false
+		}
+		s.conn, s.tx, s.Proved = next.conn, next.tx, next.Proved
 	}
 	if _, ok := s.router.check(s.pred, s.Proved); ok {
 		return true
@@ -164,6 +194,14 @@ func (s *Session) Abandon() { s.close() }
 
 func (s *Session) close() {
 	s.done = true
+	s.release()
+}
+
+// release ends the reader transaction and returns its connection.
+func (s *Session) release() {
+	if s.conn == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := s.tx.Rollback(ctx); err != nil {
@@ -171,6 +209,7 @@ func (s *Session) close() {
 		_ = s.conn.Conn().Close(ctx)
 	}
 	s.conn.Release()
+	s.conn, s.tx = nil, nil
 }
 
 // Writer records writer/<reason> for a read the caller sends to the writer
