@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
 
@@ -92,21 +93,38 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 // pingReader says once, in the log, whether the reader answers and is a
 // standby: a reader URL that points at the writer routes nothing useful.
 func (s *Server) pingReader(ctx context.Context) {
-	switch state, _ := s.readerState(ctx); state {
+	state, _ := s.readerState(ctx)
+	// Whether the reader proves anything shows once the probe's first
+	// tokens are in: wait for them a little.
+	for tries := 0; state == "closed" && tries < 20; tries++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(s.cfg.ReplicaProbeInterval):
+		}
+		state, _ = s.readerState(ctx)
+	}
+	switch state {
 	case "unreachable":
 		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
 	case "not_a_standby":
 		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
+	case "unproven":
+		s.log.Warn("read replica proves no reads (another deployment's database, one without the migrations, or far behind); reads go to the writer")
 	default:
 		s.log.Info("read replica reachable")
 	}
 }
 
 // readerState is what /ready reports about the reader: "streaming" (a
-// standby answering, the probe's tokens fresh), "not_a_standby",
-// "unreachable", or "closed" (the probe's tokens are stale: every read
-// goes to the writer). The relay stays ready in every case: the writer
-// answers every read.
+// standby answering that proves reads against the probe's tokens),
+// "not_a_standby", "unreachable", "closed" (the probe's tokens are stale:
+// every read goes to the writer), or "unproven" (a standby answering whose
+// heartbeat proves nothing: a database of another deployment or without
+// the migrations, another timeline, or behind every token the probe
+// remembers; every read goes to the writer, and buzz_db_route_decision
+// tells which). The relay stays ready in every case: the writer answers
+// every read.
 func (s *Server) readerState(ctx context.Context) (string, bool) {
 	r := s.replica.Load()
 	if r == nil {
@@ -114,8 +132,13 @@ func (s *Server) readerState(ctx context.Context) (string, bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
 	defer cancel()
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return "unreachable", true
+	}
+	defer conn.Release()
 	var inRecovery bool
-	if err := r.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
 		return "unreachable", true
 	}
 	if !inRecovery {
@@ -123,6 +146,18 @@ func (s *Server) readerState(ctx context.Context) (string, bool) {
 	}
 	if _, ok := r.ring.Newest(s.now()); !ok {
 		return "closed", true
+	}
+	// What a routed read's proof reads, outside a transaction: the token
+	// this standby holds, resolved against the probe's ring.
+	row, err := db.New(conn).ReplicaHeartbeatProve(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "unreachable", true
+		}
+		return "unproven", true
+	}
+	if _, err := r.ring.Resolve(row.Token, row.Epoch); err != nil {
+		return "unproven", true
 	}
 	return "streaming", true
 }

@@ -108,3 +108,26 @@ func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
 	require.Equal(t, "not_a_standby", readyReader(t, r))
 }
+
+// A reader URL naming a standby that proves nothing is not "streaming":
+// the standby's database of another deployment (here another test
+// database: its own epoch) or one without the migrations (the standby's
+// postgres database). Every read goes to the writer, and /ready says so.
+// Mutation killed: judging the reader by pg_is_in_recovery() and the ring
+// alone (both say "streaming").
+func TestReadyReportsAStandbyThatProvesNothing(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	other := dbtest.ReaderURL(t, dbtest.URL(t))
+	for _, reader := range []string{other, dbtest.StandbyAdminURL(t)} {
+		poolCfg, err := pgxpool.ParseConfig(writer)
+		require.NoError(t, err)
+		replica.ArmFloor(poolCfg, replica.DefaultFloor)
+		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = reader })
+		require.Eventually(t, func() bool { return readyReader(t, r) != "closed" }, 30*time.Second, 20*time.Millisecond)
+		require.Equal(t, "unproven", readyReader(t, r))
+	}
+}
