@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +19,8 @@ type readReplica struct {
 	pool   *pgxpool.Pool
 	ring   *replica.Ring
 	router *replica.Router
+	// state is the watcher's latest check of the reader (/ready).
+	state atomic.Pointer[string]
 }
 
 // StartReadReplica routes eligible reads to the standby at
@@ -49,6 +52,8 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	go func() { <-ctx.Done(); pool.Close() }()
 	ring := replica.NewRing()
 	r := &readReplica{pool: pool, ring: ring}
+	unchecked := "closed" // until the first check answers: nothing routes before the probe's first token anyway
+	r.state.Store(&unchecked)
 	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
 		MaxAge: s.cfg.ReplicaReadMaxAge, AcquireTimeout: s.cfg.ReplicaAcquireTimeout, Now: s.now, Log: s.log,
 		Observe: func(path, decision, reason string) {
@@ -86,37 +91,69 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	s.replica.Store(r)
 	probe := replica.NewProbe(s.pool, ring, s.cfg.CreatedAtFloor, s.cfg.ReplicaProbeInterval, s.now, s.log)
 	go probe.Run(ctx)
-	go s.pingReader(ctx)
+	go s.watchReader(ctx, r)
 	return nil
 }
 
-// pingReader says once, in the log, whether the reader answers and is a
-// standby: a reader URL that points at the writer routes nothing useful.
-func (s *Server) pingReader(ctx context.Context) {
-	state, _ := s.readerState(ctx)
-	// Whether the reader proves anything shows once the probe's first
-	// tokens are in: wait for them a little.
-	for tries := 0; state == "closed" && tries < 20; tries++ {
+// readerCheckInterval is how often the watcher checks the reader.
+const readerCheckInterval = time.Second
+
+// watchReader checks the reader every readerCheckInterval until ctx ends,
+// keeps the latest state for /ready (which then answers without touching
+// the reader: a frozen or blackholed standby would otherwise hold every
+// readiness check for the whole check budget, past the usual readiness
+// timeouts, and take every relay out of its load balancer), and logs each
+// change, so a standby that goes away or comes back after start-up is in
+// the log too.
+func (s *Server) watchReader(ctx context.Context, r *readReplica) {
+	last := ""
+	for {
+		state := s.checkReader(ctx, r)
+		if ctx.Err() != nil {
+			return
+		}
+		r.state.Store(&state)
+		if state != last {
+			// The probe's first tokens take a moment: closed at start is no news.
+			if last != "" || state != "closed" {
+				s.logReaderState(state)
+			}
+			last = state
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.cfg.ReplicaProbeInterval):
+		case <-time.After(readerCheckInterval):
 		}
-		state, _ = s.readerState(ctx)
 	}
+}
+
+func (s *Server) logReaderState(state string) {
 	switch state {
 	case "unreachable":
 		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
 	case "not_a_standby":
 		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
 	case "unproven":
-		s.log.Warn("read replica proves no reads (another deployment's database, one without the migrations, or far behind); reads go to the writer")
+		s.log.Warn("read replica proves no reads (another deployment's database, one without the migrations, another timeline, or far behind); reads go to the writer")
+	case "closed":
+		s.log.Warn("read replica routing closed: the probe's heartbeat tokens are stale; reads go to the writer")
 	default:
-		s.log.Info("read replica reachable")
+		s.log.Info("read replica streaming; reads may route to it")
 	}
 }
 
-// readerState is what /ready reports about the reader: "streaming" (a
+// readerState is the reader's state as the watcher last saw it (see
+// checkReader), for /ready; false when no reader is configured.
+func (s *Server) readerState() (string, bool) {
+	r := s.replica.Load()
+	if r == nil {
+		return "", false
+	}
+	return *r.state.Load(), true
+}
+
+// checkReader is what /ready reports about the reader: "streaming" (a
 // standby answering that proves reads against the probe's tokens),
 // "not_a_standby", "unreachable", "closed" (the probe's tokens are stale:
 // every read goes to the writer), or "unproven" (a standby answering whose
@@ -125,39 +162,35 @@ func (s *Server) pingReader(ctx context.Context) {
 // remembers; every read goes to the writer, and buzz_db_route_decision
 // tells which). The relay stays ready in every case: the writer answers
 // every read.
-func (s *Server) readerState(ctx context.Context) (string, bool) {
-	r := s.replica.Load()
-	if r == nil {
-		return "", false
-	}
+func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
 	defer cancel()
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return "unreachable", true
+		return "unreachable"
 	}
 	defer conn.Release()
 	var inRecovery bool
 	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
-		return "unreachable", true
+		return "unreachable"
 	}
 	if !inRecovery {
-		return "not_a_standby", true
+		return "not_a_standby"
 	}
 	if _, ok := r.ring.Newest(s.now()); !ok {
-		return "closed", true
+		return "closed"
 	}
 	// What a routed read's proof reads, outside a transaction: the token
 	// this standby holds, resolved against the probe's ring.
 	row, err := db.New(conn).ReplicaHeartbeatProve(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "unreachable", true
+			return "unreachable"
 		}
-		return "unproven", true
+		return "unproven"
 	}
 	if _, err := r.ring.Resolve(row.Token, row.Epoch); err != nil {
-		return "unproven", true
+		return "unproven"
 	}
-	return "streaming", true
+	return "streaming"
 }

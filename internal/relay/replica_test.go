@@ -3,8 +3,10 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,7 +108,7 @@ func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
-	require.Equal(t, "not_a_standby", readyReader(t, r))
+	require.Eventually(t, func() bool { return readyReader(t, r) == "not_a_standby" }, 30*time.Second, 20*time.Millisecond)
 }
 
 // A reader URL naming a standby that proves nothing is not "streaming":
@@ -128,6 +130,49 @@ func TestReadyReportsAStandbyThatProvesNothing(t *testing.T) {
 		t.Cleanup(pool.Close)
 		r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = reader })
 		require.Eventually(t, func() bool { return readyReader(t, r) != "closed" }, 30*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return readyReader(t, r) != "unreachable" }, 30*time.Second, 20*time.Millisecond)
 		require.Equal(t, "unproven", readyReader(t, r))
 	}
+}
+
+// /ready answers from the reader watcher's last check and never waits on
+// the reader itself: a frozen or blackholed standby would otherwise hold
+// every readiness check for the whole check budget (1.15 s by default,
+// past the usual 1 s readiness timeout), and take every relay out of its
+// load balancer although the writer answers every read. Here the reader
+// accepts connections and never answers, and the budget is an hour: the
+// watcher's one check hangs, and /ready dials nothing of its own.
+// Mutation killed: checking the reader in the /ready handler (each call
+// dials the blackhole, and waits out the handler's own deadline).
+func TestReadyDoesNotWaitOnAFrozenReader(t *testing.T) {
+	t.Parallel()
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer hole.Close()
+	var accepted atomic.Int32
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			held = append(held, c)
+		}
+	}()
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.ReadDatabaseURL = "postgres://postgres@" + hole.Addr().String() + "/buzz?sslmode=disable"
+		c.ReplicaAcquireTimeout = time.Hour
+	})
+	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 30*time.Second, 20*time.Millisecond, "the watcher's check")
+	for range 3 {
+		require.Equal(t, "closed", readyReader(t, r), "nothing checked yet: nothing routes either")
+	}
+	require.EqualValues(t, 1, accepted.Load(), "/ready dialled the reader")
 }

@@ -278,7 +278,7 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// And for the read replica: the writer answers every read.
-	if state, ok := s.readerState(ctx); ok {
+	if state, ok := s.readerState(); ok {
 		ready["reader"] = state
 	}
 	writeJSON(w, http.StatusOK, ready)
