@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -289,12 +290,12 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	tx, err := conn.BeginTx(budget, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		conn.Release()
-		return nil, failureReason(budget)
+		return nil, failureReason(budget, err)
 	}
 	s := &Session{router: r, conn: conn, tx: tx, path: path}
 	row, err := db.New(tx).ReplicaHeartbeatProve(budget)
 	if err != nil {
-		reason := failureReason(budget)
+		reason := failureReason(budget, err)
 		s.close()
 		return nil, reason
 	}
@@ -311,8 +312,14 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	return s, ""
 }
 
-func failureReason(budget context.Context) string {
-	if budget.Err() != nil {
+// failureReason names a failed BEGIN or proof statement: the reader
+// answered with an error (no heartbeat table, say) is a validation error;
+// no answer at all, out of time or over a connection that broke (a standby
+// restarted or killed under the pool's idle connections), is a reader that
+// could not be had, like a failed dial.
+func failureReason(budget context.Context, err error) string {
+	var answered *pgconn.PgError
+	if budget.Err() != nil || !errors.As(err, &answered) {
 		return ReasonAcquireTimeout
 	}
 	return ReasonValidationError
