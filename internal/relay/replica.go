@@ -56,6 +56,7 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	r.state.Store(&unchecked)
 	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
 		MaxAge: s.cfg.ReplicaReadMaxAge, AcquireTimeout: s.cfg.ReplicaAcquireTimeout, Now: s.now, Log: s.log,
+		RequireStandby: true, // the watcher tells (checkReader)
 		Observe: func(path, decision, reason string) {
 			s.metrics.RouteDecision.WithLabelValues(path, decision, reason).Inc()
 		},
@@ -133,7 +134,7 @@ func (s *Server) logReaderState(state string) {
 	case "unreachable":
 		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
 	case "not_a_standby":
-		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
+		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false: the writer, or a promoted standby); reads stay on the writer")
 	case "unproven":
 		s.log.Warn("read replica proves no reads (another deployment's database, one without the migrations, another timeline, or far behind); reads go to the writer")
 	case "closed":
@@ -174,6 +175,7 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
 		return "unreachable"
 	}
+	r.router.SetStandby(inRecovery)
 	if !inRecovery {
 		return "not_a_standby"
 	}

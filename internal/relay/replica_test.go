@@ -100,15 +100,30 @@ func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
 }
 
 // A reader URL that names a server not in recovery (the writer itself, a
-// common slip) is reported in /ready.
+// common slip, or a standby since promoted) is reported in /ready, and
+// nothing routes to it: reads there would leave the writer's read slots
+// for a second pool of writer connections (or, on a promoted standby,
+// serve rows no longer replayed).
+// Mutation killed: not requiring a standby (the covered REQ is proved on
+// the writer through the reader pool, recorded replica/covered).
 func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	t.Parallel()
 	writer := dbtest.URL(t)
-	pool, err := pgxpool.New(context.Background(), writer)
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
 	require.Eventually(t, func() bool { return readyReader(t, r) == "not_a_standby" }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return metric(t, r, "buzz_db_replica_fence_open") == "1" }, 30*time.Second, 20*time.Millisecond)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "not routed", false)
+	c.Req("covered", map[string]any{"#h": []string{ch}, "until": time.Now().Add(-time.Hour).Unix()})
+	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="disabled"}`))
+	require.Empty(t, metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`))
 }
 
 // A reader URL naming a standby that proves nothing is not "streaming":

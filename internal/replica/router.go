@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,8 +26,8 @@ const (
 	DecisionReplica = "replica"
 	DecisionWriter  = "writer"
 
-	ReasonDisabled        = "disabled"      // no reader, or the predicate is off (budget 0)
-	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness
+	ReasonDisabled        = "disabled"      // no reader, the predicate is off (budget 0), or the reader is not a standby
+	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness, or the reader not yet known to be a standby
 	ReasonStale           = "stale"         // the proved token is too old for this read
 	ReasonLive            = "live"          // a REQ that carries on live and is not covered
 	ReasonAcquireTimeout  = "reader_acquire_timeout"
@@ -71,7 +72,16 @@ type Router struct {
 	now            func() time.Time
 	log            *slog.Logger
 	observe        Observer
+	requireStandby bool
+	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo
 }
+
+// What the router was last told of the reader (SetStandby).
+const (
+	standbyUnknown int32 = iota
+	standbyYes
+	standbyNo
+)
 
 // RouterOptions configure a Router.
 type RouterOptions struct {
@@ -80,6 +90,13 @@ type RouterOptions struct {
 	Now            func() time.Time
 	Log            *slog.Logger
 	Observe        Observer
+	// RequireStandby: route only once SetStandby said the reader is a
+	// server in recovery, and not while it says it is not. A reader URL
+	// naming the writer (a common slip) or a standby since promoted would
+	// otherwise take reads off the writer's read slots onto a second pool
+	// of writer connections, and a promoted standby, no longer replaying,
+	// would serve its frozen rows until its tokens age out.
+	RequireStandby bool
 }
 
 // NewRouter routes to reader (nil: no reader) by the tokens in ring.
@@ -96,7 +113,21 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 	if o.Observe == nil {
 		o.Observe = func(string, string, string) {}
 	}
-	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe}
+	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe,
+		requireStandby: o.RequireStandby}
+}
+
+// SetStandby records whether the reader is a server in recovery
+// (pg_is_in_recovery()); see RouterOptions.RequireStandby.
+func (r *Router) SetStandby(inRecovery bool) {
+	if r == nil {
+		return
+	}
+	if inRecovery {
+		r.standby.Store(standbyYes)
+	} else {
+		r.standby.Store(standbyNo)
+	}
 }
 
 // Enabled reports whether a reader is configured.
@@ -280,6 +311,14 @@ func (r *Router) check(pred Predicate, e Entry) (string, bool) {
 // prove takes one reader connection, opens the read-only snapshot and
 // reads the token it holds, all within one AcquireTimeout.
 func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
+	if r.requireStandby {
+		switch r.standby.Load() {
+		case standbyUnknown:
+			return nil, ReasonUninitialized // not yet known to be a standby
+		case standbyNo:
+			return nil, ReasonDisabled
+		}
+	}
 	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
 	defer cancel()
 	conn, err := r.reader.Acquire(budget)
