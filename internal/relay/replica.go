@@ -16,7 +16,8 @@ import (
 // readReplica is this process's read routing: the lazy reader pool, the
 // probe's token ring, and the router the event store asks.
 type readReplica struct {
-	pool   *pgxpool.Pool
+	pool   *pgxpool.Pool // routed reads
+	check  *pgxpool.Pool // the watcher's one connection
 	ring   *replica.Ring
 	router *replica.Router
 	// state is the watcher's latest check of the reader (/ready).
@@ -49,9 +50,22 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reader pool: %w", err)
 	}
-	go func() { <-ctx.Done(); pool.Close() }()
+	// The watcher's checks have a connection of their own: queued behind
+	// a burst of routed reads holding every reader connection, a check
+	// would wait out its budget and call a healthy standby unreachable.
+	checkCfg, err := replica.ReaderPoolConfig(s.cfg.ReadDatabaseURL, 1, s.cfg.ReplicaStatementTimeout, s.cfg.ReplicaIdleInTxTimeout)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("BUZZ_READ_DATABASE_URL: %w", err)
+	}
+	check, err := pgxpool.NewWithConfig(ctx, checkCfg)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("reader check pool: %w", err)
+	}
+	go func() { <-ctx.Done(); pool.Close(); check.Close() }()
 	ring := replica.NewRing()
-	r := &readReplica{pool: pool, ring: ring}
+	r := &readReplica{pool: pool, check: check, ring: ring}
 	unchecked := "closed" // until the first check answers: nothing routes before the probe's first token anyway
 	r.state.Store(&unchecked)
 	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
@@ -166,7 +180,7 @@ func (s *Server) readerState() (string, bool) {
 func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
 	defer cancel()
-	conn, err := r.pool.Acquire(ctx)
+	conn, err := r.check.Acquire(ctx)
 	if err != nil {
 		return "unreachable"
 	}
