@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -42,4 +43,29 @@ func TestReaderCheckDoesNotQueueBehindRoutedReads(t *testing.T) {
 	require.NoError(t, err)
 	defer held.Release()
 	require.Equal(t, "streaming", srv.checkReader(ctx, r))
+}
+
+// A standby whose token the ring still resolves, but to an entry older
+// than replica.Staleness (it lags 40 s), proves no read: every read goes
+// to the writer as stale, so /ready must not call it streaming.
+// Mutation killed: judging the reader by Resolve alone (streaming).
+func TestReaderCheckCallsAStandbyBehindStalenessUnproven(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer := dbtest.URL(t)
+	readerURL := dbtest.ReaderURL(t, writer)
+	check, err := pgxpool.New(ctx, readerURL)
+	require.NoError(t, err)
+	t.Cleanup(check.Close)
+	var token int64
+	var epoch uuid.UUID
+	require.NoError(t, check.QueryRow(ctx, "SELECT token, epoch FROM replica_heartbeat").Scan(&token, &epoch))
+	now := time.Now()
+	ring := replica.NewRing()
+	// The reader holds token; the probe wrote it 40 s ago and token+1 since.
+	require.True(t, ring.Record(replica.Entry{Token: token, Epoch: epoch, CommittedAt: now.Add(-40 * time.Second)}))
+	require.True(t, ring.Record(replica.Entry{Token: token + 1, Epoch: epoch, CommittedAt: now}))
+	srv := &Server{cfg: config.Default(), now: func() time.Time { return now }}
+	r := &readReplica{check: check, ring: ring, router: replica.NewRouter(nil, ring, replica.RouterOptions{})}
+	require.Equal(t, "unproven", srv.checkReader(ctx, r))
 }

@@ -173,9 +173,8 @@ func (s *Server) readerState() (string, bool) {
 // "not_a_standby", "unreachable", "closed" (the probe's tokens are stale:
 // every read goes to the writer), or "unproven" (a standby answering whose
 // heartbeat proves nothing: a database of another deployment or without
-// the migrations, another timeline, or behind every token the probe
-// remembers; every read goes to the writer, and buzz_db_route_decision
-// tells which). The relay stays ready in every case: the writer answers
+// the migrations, another timeline, or more than replica.Staleness behind;
+// every read goes to the writer, and buzz_db_route_decision tells which). The relay stays ready in every case: the writer answers
 // every read.
 func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
@@ -205,7 +204,10 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 		}
 		return "unproven"
 	}
-	if _, err := r.ring.Resolve(row.Token, row.Epoch); err != nil {
+	proved, err := r.ring.Resolve(row.Token, row.Epoch)
+	if err != nil || s.now().Sub(proved.CommittedAt) > replica.Staleness {
+		// A token older than Staleness proves no read: every read, covered
+		// or fresh, would go to the writer as stale.
 		return "unproven"
 	}
 	return "streaming"
