@@ -121,20 +121,24 @@ const readerCheckInterval = time.Second
 // change, so a standby that goes away or comes back after start-up is in
 // the log too.
 func (s *Server) watchReader(ctx context.Context, r *readReplica) {
-	last := ""
+	previous, logged := "", ""
 	for {
 		state := s.checkReader(ctx, r)
 		if ctx.Err() != nil {
 			return
 		}
 		r.state.Store(&state)
-		if state != last {
-			// The probe's first tokens take a moment: closed at start is no news.
-			if last != "" || state != "closed" {
+		// A state is logged once two checks in a row found it: a relay's
+		// start rotates the epoch, and the standby is unproven until it
+		// replays that, usually well under a second; that is no news.
+		// Nor is closed at start (the probe's first tokens take a moment).
+		if state == previous && state != logged {
+			if logged != "" || state != "closed" {
 				s.logReaderState(state)
 			}
-			last = state
+			logged = state
 		}
+		previous = state
 		select {
 		case <-ctx.Done():
 			return
