@@ -185,11 +185,13 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	defer cancel()
 	conn, err := r.check.Acquire(ctx)
 	if err != nil {
+		r.router.SetUnreachable()
 		return "unreachable"
 	}
 	defer conn.Release()
 	var inRecovery bool
 	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		r.router.SetUnreachable()
 		return "unreachable"
 	}
 	r.router.SetStandby(inRecovery)

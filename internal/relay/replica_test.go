@@ -3,9 +3,12 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,4 +193,105 @@ func TestReadyDoesNotWaitOnAFrozenReader(t *testing.T) {
 		require.Equal(t, "closed", readyReader(t, r), "nothing checked yet: nothing routes either")
 	}
 	require.EqualValues(t, 1, accepted.Load(), "/ready dialled the reader")
+}
+
+// partition forwards TCP to target until cut; then it closes what it
+// forwarded and holds new connections unanswered (a standby lost behind a
+// network partition), until healed.
+type partition struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newPartition(t *testing.T, target string) *partition {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &partition{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.setCut(true) })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			cut := p.cut
+			p.mu.Unlock()
+			if cut {
+				continue // held, never answered
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *partition) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// A standby lost after it was streaming (a partition: its connections
+// broken, new ones never answered) costs each routed read nothing once the
+// reader watcher has found it unreachable: the writer answers at once,
+// recorded writer/reader_unreachable, instead of every read spending the
+// acquire budget (150 ms) for as long as the outage lasts. Healed, the
+// standby serves again.
+// Mutation killed: not telling the router of an unreachable reader (the
+// covered REQ spends its budget: writer/reader_acquire_timeout).
+func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	readerURL, err := url.Parse(dbtest.ReaderURL(t, writer))
+	require.NoError(t, err)
+	p := newPartition(t, readerURL.Host)
+	readerURL.Host = p.l.Addr().String()
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = readerURL.String() })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "partitioned", false)
+	hourAgo := time.Now().Add(-time.Hour).Unix()
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})
+		return metric(t, r, covered) != ""
+	}, 30*time.Second, 20*time.Millisecond)
+
+	p.setCut(true)
+	require.Eventually(t, func() bool { return readyReader(t, r) == "unreachable" }, 30*time.Second, 20*time.Millisecond)
+	c.Req("lost", map[string]any{"#h": []string{ch}, "until": hourAgo})
+	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="reader_unreachable"}`))
+
+	p.setCut(false)
+	before := metric(t, r, covered)
+	require.Eventually(t, func() bool {
+		c.Req("healed", map[string]any{"#h": []string{ch}, "until": hourAgo})
+		return metric(t, r, covered) != before
+	}, 30*time.Second, 20*time.Millisecond)
 }

@@ -31,6 +31,7 @@ const (
 	ReasonStale           = "stale"         // the proved token is too old for this read
 	ReasonLive            = "live"          // a REQ that carries on live and is not covered
 	ReasonAcquireTimeout  = "reader_acquire_timeout"
+	ReasonUnreachable     = "reader_unreachable" // the last reader check had no answer: no budget spent
 	ReasonValidationError = "reader_validation_error"
 	ReasonTokenBehind     = "reader_token_behind"
 	ReasonReplicaError    = "replica_error" // the reader failed mid-read; the writer answered
@@ -73,7 +74,7 @@ type Router struct {
 	log            *slog.Logger
 	observe        Observer
 	requireStandby bool
-	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo
+	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo, standbyDown
 }
 
 // What the router was last told of the reader (SetStandby).
@@ -81,6 +82,7 @@ const (
 	standbyUnknown int32 = iota
 	standbyYes
 	standbyNo
+	standbyDown // SetUnreachable
 )
 
 // RouterOptions configure a Router.
@@ -115,6 +117,16 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 	}
 	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe,
 		requireStandby: o.RequireStandby}
+}
+
+// SetUnreachable records that the reader did not answer a check (the
+// relay's reader watcher): until SetStandby, a read that RequireStandby
+// would route goes to the writer at once (writer/reader_unreachable)
+// rather than spend an acquire budget on a standby known to be down.
+func (r *Router) SetUnreachable() {
+	if r != nil {
+		r.standby.Store(standbyDown)
+	}
 }
 
 // SetStandby records whether the reader is a server in recovery
@@ -317,6 +329,8 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 			return nil, ReasonUninitialized // not yet known to be a standby
 		case standbyNo:
 			return nil, ReasonDisabled
+		case standbyDown:
+			return nil, ReasonUnreachable
 		}
 	}
 	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
