@@ -77,7 +77,7 @@ type Router struct {
 	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo, standbyDown
 }
 
-// What the router was last told of the reader (SetStandby).
+// What the router was last told of the reader (SetStandby, SetUnreachable).
 const (
 	standbyUnknown int32 = iota
 	standbyYes
