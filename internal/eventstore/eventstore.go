@@ -125,8 +125,8 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	if len(branches) == 0 {
 		return nil
 	}
-	// One routed session for the whole read: every page comes from one
-	// reader snapshot, or, once the reader fails, from the writer.
+	// One routed session for the whole read: every page comes from a
+	// proved reader snapshot, or, once no proof holds, from the writer.
 	session := s.routeQuery(ctx, scope, filters)
 	defer func() {
 		if session != nil {
@@ -142,6 +142,11 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 		page, cut, err := s.readPage(ctx, &session, community, scope, filters, branches, after, rows)
 		if err != nil {
 			return err
+		}
+		if session != nil {
+			// fn may wait on a slow client: hold no reader connection
+			// meanwhile (the next page proves a snapshot of its own).
+			session.Park()
 		}
 		full := cut || len(page) == rows
 		rows = nextPageRows(rows, len(page), cut, len(branches)+1, pageRows)
@@ -242,12 +247,13 @@ func readsUnprovenRows(filters nostr.Filters) bool {
 // one, else on the writer. A reader failure ends the session (recorded
 // writer/replica_error) and the same read runs again on the writer, so a
 // caller never gets a partial page from a reader that died under it. A
-// session whose proof no longer holds (a slow client kept its snapshot
-// open past it) ends before the statement, recorded writer/stale, and the
-// writer reads it.
+// parked session proves a new snapshot first; one that cannot (the reader
+// fell behind, went away, or the proof went stale while a slow client
+// drained the last page) ends before the statement, recorded
+// writer/<reason>, and the writer reads it.
 func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q db.DBTX) error) error {
-	if *session != nil && !(*session).Holds() {
-		*session = nil // the proof went stale between pages: the writer finishes
+	if *session != nil && !(*session).Holds(ctx) {
+		*session = nil // no proof answers this page: the writer finishes
 	}
 	if *session != nil {
 		err := read((*session).Tx())

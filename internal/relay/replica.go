@@ -3,20 +3,25 @@ package relay
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
 
 // readReplica is this process's read routing: the lazy reader pool, the
 // probe's token ring, and the router the event store asks.
 type readReplica struct {
-	pool   *pgxpool.Pool
+	pool   *pgxpool.Pool // routed reads
+	check  *pgxpool.Pool // the watcher's one connection
 	ring   *replica.Ring
 	router *replica.Router
+	// state is the watcher's latest check of the reader (/ready).
+	state atomic.Pointer[string]
 }
 
 // StartReadReplica routes eligible reads to the standby at
@@ -45,11 +50,27 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reader pool: %w", err)
 	}
-	go func() { <-ctx.Done(); pool.Close() }()
+	// The watcher's checks have a connection of their own: queued behind
+	// a burst of routed reads holding every reader connection, a check
+	// would wait out its budget and call a healthy standby unreachable.
+	checkCfg, err := replica.ReaderPoolConfig(s.cfg.ReadDatabaseURL, 1, s.cfg.ReplicaStatementTimeout, s.cfg.ReplicaIdleInTxTimeout)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("BUZZ_READ_DATABASE_URL: %w", err)
+	}
+	check, err := pgxpool.NewWithConfig(ctx, checkCfg)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("reader check pool: %w", err)
+	}
+	go func() { <-ctx.Done(); pool.Close(); check.Close() }()
 	ring := replica.NewRing()
-	r := &readReplica{pool: pool, ring: ring}
+	r := &readReplica{pool: pool, check: check, ring: ring}
+	unchecked := "closed" // until the first check answers: nothing routes before the probe's first token anyway
+	r.state.Store(&unchecked)
 	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
 		MaxAge: s.cfg.ReplicaReadMaxAge, AcquireTimeout: s.cfg.ReplicaAcquireTimeout, Now: s.now, Log: s.log,
+		RequireStandby: true, // the watcher tells (checkReader)
 		Observe: func(path, decision, reason string) {
 			s.metrics.RouteDecision.WithLabelValues(path, decision, reason).Inc()
 		},
@@ -85,44 +106,115 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	s.replica.Store(r)
 	probe := replica.NewProbe(s.pool, ring, s.cfg.CreatedAtFloor, s.cfg.ReplicaProbeInterval, s.now, s.log)
 	go probe.Run(ctx)
-	go s.pingReader(ctx)
+	go s.watchReader(ctx, r)
 	return nil
 }
 
-// pingReader says once, in the log, whether the reader answers and is a
-// standby: a reader URL that points at the writer routes nothing useful.
-func (s *Server) pingReader(ctx context.Context) {
-	switch state, _ := s.readerState(ctx); state {
-	case "unreachable":
-		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
-	case "not_a_standby":
-		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false)")
-	default:
-		s.log.Info("read replica reachable")
+// readerCheckInterval is how often the watcher checks the reader.
+const readerCheckInterval = time.Second
+
+// watchReader checks the reader every readerCheckInterval until ctx ends,
+// keeps the latest state for /ready (which then answers without touching
+// the reader: a frozen or blackholed standby would otherwise hold every
+// readiness check for the whole check budget, past the usual readiness
+// timeouts, and take every relay out of its load balancer), and logs each
+// change, so a standby that goes away or comes back after start-up is in
+// the log too.
+func (s *Server) watchReader(ctx context.Context, r *readReplica) {
+	previous, logged := "", ""
+	for {
+		state := s.checkReader(ctx, r)
+		if ctx.Err() != nil {
+			return
+		}
+		r.state.Store(&state)
+		// A state is logged once two checks in a row found it: a relay's
+		// start rotates the epoch, and the standby is unproven until it
+		// replays that, usually well under a second; that is no news.
+		// Nor is closed at start (the probe's first tokens take a moment).
+		if state == previous && state != logged {
+			if logged != "" || state != "closed" {
+				s.logReaderState(state)
+			}
+			logged = state
+		}
+		previous = state
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readerCheckInterval):
+		}
 	}
 }
 
-// readerState is what /ready reports about the reader: "streaming" (a
-// standby answering, the probe's tokens fresh), "not_a_standby",
-// "unreachable", or "closed" (the probe's tokens are stale: every read
-// goes to the writer). The relay stays ready in every case: the writer
-// answers every read.
-func (s *Server) readerState(ctx context.Context) (string, bool) {
+func (s *Server) logReaderState(state string) {
+	switch state {
+	case "unreachable":
+		s.log.Warn("read replica unreachable; reads go to the writer until it answers")
+	case "not_a_standby":
+		s.log.Warn("BUZZ_READ_DATABASE_URL names a server that is not a standby (pg_is_in_recovery() is false: the writer, or a promoted standby); reads stay on the writer")
+	case "unproven":
+		s.log.Warn("read replica proves no reads (another deployment's database, one without the migrations, another timeline, or far behind); reads go to the writer")
+	case "closed":
+		s.log.Warn("read replica routing closed: the probe's heartbeat tokens are stale; reads go to the writer")
+	default:
+		s.log.Info("read replica streaming; reads may route to it")
+	}
+}
+
+// readerState is the reader's state as the watcher last saw it (see
+// checkReader), for /ready; false when no reader is configured.
+func (s *Server) readerState() (string, bool) {
 	r := s.replica.Load()
 	if r == nil {
 		return "", false
 	}
+	return *r.state.Load(), true
+}
+
+// checkReader is what /ready reports about the reader: "streaming" (a
+// standby answering that proves reads against the probe's tokens),
+// "not_a_standby", "unreachable", "closed" (the probe's tokens are stale:
+// every read goes to the writer), or "unproven" (a standby answering whose
+// heartbeat proves nothing: a database of another deployment or without
+// the migrations, another timeline, or more than replica.Staleness behind;
+// every read goes to the writer, and buzz_db_route_decision tells which). The relay stays ready in every case: the writer answers
+// every read.
+func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReplicaAcquireTimeout+time.Second)
 	defer cancel()
-	var inRecovery bool
-	if err := r.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
-		return "unreachable", true
+	conn, err := r.check.Acquire(ctx)
+	if err != nil {
+		r.router.SetUnreachable()
+		return "unreachable"
 	}
+	defer conn.Release()
+	var inRecovery bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		r.router.SetUnreachable()
+		return "unreachable"
+	}
+	r.router.SetStandby(inRecovery)
 	if !inRecovery {
-		return "not_a_standby", true
+		return "not_a_standby"
 	}
 	if _, ok := r.ring.Newest(s.now()); !ok {
-		return "closed", true
+		return "closed"
 	}
-	return "streaming", true
+	// What a routed read's proof reads, outside a transaction: the token
+	// this standby holds, resolved against the probe's ring.
+	row, err := db.New(conn).ReplicaHeartbeatProve(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "unreachable"
+		}
+		return "unproven"
+	}
+	proved, err := r.ring.Resolve(row.Token, row.Epoch)
+	if err != nil || s.now().Sub(proved.CommittedAt) > replica.Staleness {
+		// A token older than Staleness proves no read: every read, covered
+		// or fresh, would go to the writer as stale.
+		return "unproven"
+	}
+	return "streaming"
 }

@@ -3,8 +3,13 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,13 +103,195 @@ func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
 }
 
 // A reader URL that names a server not in recovery (the writer itself, a
-// common slip) is reported in /ready.
+// common slip, or a standby since promoted) is reported in /ready, and
+// nothing routes to it: reads there would leave the writer's read slots
+// for a second pool of writer connections (or, on a promoted standby,
+// serve rows no longer replayed).
+// Mutation killed: not requiring a standby (the covered REQ is proved on
+// the writer through the reader pool, recorded replica/covered).
 func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	t.Parallel()
 	writer := dbtest.URL(t)
-	pool, err := pgxpool.New(context.Background(), writer)
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
-	require.Equal(t, "not_a_standby", readyReader(t, r))
+	require.Eventually(t, func() bool { return readyReader(t, r) == "not_a_standby" }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return metric(t, r, "buzz_db_replica_fence_open") == "1" }, 30*time.Second, 20*time.Millisecond)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "not routed", false)
+	c.Req("covered", map[string]any{"#h": []string{ch}, "until": time.Now().Add(-time.Hour).Unix()})
+	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="disabled"}`))
+	require.Empty(t, metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`))
+}
+
+// A reader URL naming a standby that proves nothing is not "streaming":
+// the standby's database of another deployment (here another test
+// database: its own epoch) or one without the migrations (the standby's
+// postgres database). Every read goes to the writer, and /ready says so.
+// Mutation killed: judging the reader by pg_is_in_recovery() and the ring
+// alone (both say "streaming").
+func TestReadyReportsAStandbyThatProvesNothing(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	other := dbtest.ReaderURL(t, dbtest.URL(t))
+	for _, reader := range []string{other, dbtest.StandbyAdminURL(t)} {
+		poolCfg, err := pgxpool.ParseConfig(writer)
+		require.NoError(t, err)
+		replica.ArmFloor(poolCfg, replica.DefaultFloor)
+		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = reader })
+		require.Eventually(t, func() bool { return readyReader(t, r) != "closed" }, 30*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return readyReader(t, r) != "unreachable" }, 30*time.Second, 20*time.Millisecond)
+		require.Equal(t, "unproven", readyReader(t, r))
+	}
+}
+
+// /ready answers from the reader watcher's last check and never waits on
+// the reader itself: a frozen or blackholed standby would otherwise hold
+// every readiness check for the whole check budget (1.15 s by default,
+// past the usual 1 s readiness timeout), and take every relay out of its
+// load balancer although the writer answers every read. Here the reader
+// accepts connections and never answers, and the budget is an hour: the
+// watcher's one check hangs, and /ready dials nothing of its own.
+// Mutation killed: checking the reader in the /ready handler (each call
+// dials the blackhole, and waits out the handler's own deadline).
+func TestReadyDoesNotWaitOnAFrozenReader(t *testing.T) {
+	t.Parallel()
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer hole.Close()
+	var accepted atomic.Int32
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			held = append(held, c)
+		}
+	}()
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.ReadDatabaseURL = "postgres://postgres@" + hole.Addr().String() + "/buzz?sslmode=disable"
+		c.ReplicaAcquireTimeout = time.Hour
+	})
+	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 30*time.Second, 20*time.Millisecond, "the watcher's check")
+	for range 3 {
+		require.Equal(t, "closed", readyReader(t, r), "nothing checked yet: nothing routes either")
+	}
+	require.EqualValues(t, 1, accepted.Load(), "/ready dialled the reader")
+}
+
+// partition forwards TCP to target until cut; then it closes what it
+// forwarded and holds new connections unanswered (a standby lost behind a
+// network partition), until healed.
+type partition struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newPartition(t *testing.T, target string) *partition {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &partition{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.setCut(true) })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			cut := p.cut
+			p.mu.Unlock()
+			if cut {
+				continue // held, never answered
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *partition) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// A standby lost after it was streaming (a partition: its connections
+// broken, new ones never answered) costs each routed read nothing once the
+// reader watcher has found it unreachable: the writer answers at once,
+// recorded writer/reader_unreachable, instead of every read spending the
+// acquire budget (150 ms) for as long as the outage lasts. Healed, the
+// standby serves again.
+// Mutation killed: not telling the router of an unreachable reader (the
+// covered REQ spends its budget: writer/reader_acquire_timeout).
+func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	readerURL, err := url.Parse(dbtest.ReaderURL(t, writer))
+	require.NoError(t, err)
+	p := newPartition(t, readerURL.Host)
+	readerURL.Host = p.l.Addr().String()
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = readerURL.String() })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	ch := createChannel(t, c, "partitioned", false)
+	hourAgo := time.Now().Add(-time.Hour).Unix()
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})
+		return metric(t, r, covered) != ""
+	}, 30*time.Second, 20*time.Millisecond)
+
+	p.setCut(true)
+	require.Eventually(t, func() bool { return readyReader(t, r) == "unreachable" }, 30*time.Second, 20*time.Millisecond)
+	c.Req("lost", map[string]any{"#h": []string{ch}, "until": hourAgo})
+	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="reader_unreachable"}`))
+
+	p.setCut(false)
+	before := metric(t, r, covered)
+	require.Eventually(t, func() bool {
+		c.Req("healed", map[string]any{"#h": []string{ch}, "until": hourAgo})
+		return metric(t, r, covered) != before
+	}, 30*time.Second, 20*time.Millisecond)
 }

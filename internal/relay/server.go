@@ -342,7 +342,7 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 		}
 	}
 	// And for the read replica: the writer answers every read.
-	if state, ok := s.readerState(ctx); ok {
+	if state, ok := s.readerState(); ok {
 		ready["reader"] = state
 	}
 	return http.StatusOK, ready

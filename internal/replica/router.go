@@ -5,9 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -24,11 +26,12 @@ const (
 	DecisionReplica = "replica"
 	DecisionWriter  = "writer"
 
-	ReasonDisabled        = "disabled"      // no reader, or the predicate is off (budget 0)
-	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness
+	ReasonDisabled        = "disabled"      // no reader, the predicate is off (budget 0), or the reader is not a standby
+	ReasonUninitialized   = "uninitialized" // no probe token younger than Staleness, or the reader not yet known to be a standby
 	ReasonStale           = "stale"         // the proved token is too old for this read
 	ReasonLive            = "live"          // a REQ that carries on live and is not covered
 	ReasonAcquireTimeout  = "reader_acquire_timeout"
+	ReasonUnreachable     = "reader_unreachable" // the last reader check had no answer: no budget spent
 	ReasonValidationError = "reader_validation_error"
 	ReasonTokenBehind     = "reader_token_behind"
 	ReasonReplicaError    = "replica_error" // the reader failed mid-read; the writer answered
@@ -70,7 +73,17 @@ type Router struct {
 	now            func() time.Time
 	log            *slog.Logger
 	observe        Observer
+	requireStandby bool
+	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo, standbyDown
 }
+
+// What the router was last told of the reader (SetStandby, SetUnreachable).
+const (
+	standbyUnknown int32 = iota
+	standbyYes
+	standbyNo
+	standbyDown // SetUnreachable
+)
 
 // RouterOptions configure a Router.
 type RouterOptions struct {
@@ -79,6 +92,13 @@ type RouterOptions struct {
 	Now            func() time.Time
 	Log            *slog.Logger
 	Observe        Observer
+	// RequireStandby: route only once SetStandby said the reader is a
+	// server in recovery, and not while it says it is not. A reader URL
+	// naming the writer (a common slip) or a standby since promoted would
+	// otherwise take reads off the writer's read slots onto a second pool
+	// of writer connections, and a promoted standby, no longer replaying,
+	// would serve its frozen rows until its tokens age out.
+	RequireStandby bool
 }
 
 // NewRouter routes to reader (nil: no reader) by the tokens in ring.
@@ -95,17 +115,45 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 	if o.Observe == nil {
 		o.Observe = func(string, string, string) {}
 	}
-	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe}
+	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe,
+		requireStandby: o.RequireStandby}
+}
+
+// SetUnreachable records that the reader did not answer a check (the
+// relay's reader watcher): until SetStandby, a read that RequireStandby
+// would route goes to the writer at once (writer/reader_unreachable)
+// rather than spend an acquire budget on a standby known to be down.
+func (r *Router) SetUnreachable() {
+	if r != nil {
+		r.standby.Store(standbyDown)
+	}
+}
+
+// SetStandby records whether the reader is a server in recovery
+// (pg_is_in_recovery()); see RouterOptions.RequireStandby.
+func (r *Router) SetStandby(inRecovery bool) {
+	if r == nil {
+		return
+	}
+	if inRecovery {
+		r.standby.Store(standbyYes)
+	} else {
+		r.standby.Store(standbyNo)
+	}
 }
 
 // Enabled reports whether a reader is configured.
 func (r *Router) Enabled() bool { return r != nil && r.reader != nil }
 
-// Session is one routed read on a proved reader transaction: every
-// statement of the read runs on it, so they all see one snapshot.
+// Session is one routed read on proved reader transactions. Each
+// statement of the read runs on a reader transaction whose first statement
+// proved it; between two statements the session may be parked (Park):
+// its transaction ends and its connection goes back to the pool while the
+// caller sends what it read to a client that may be slow, and the next
+// statement proves a new snapshot first (Holds).
 type Session struct {
 	router *Router
-	conn   *pgxpool.Conn
+	conn   *pgxpool.Conn // nil while parked
 	tx     pgx.Tx
 	path   string
 	pred   Predicate
@@ -138,17 +186,43 @@ func (s *Session) Failed(err error) {
 	s.close()
 }
 
-// Holds reports whether the proof still answers the read now: the
-// predicate checked again against the proved entry, before each statement
-// after the first. Every page of a read runs on the one snapshot, and a
-// slow client draining each page keeps it open for as long as it reads;
-// covered proves insertions only, so without this a row deleted after the
-// proof could be served long past Staleness (and a fresh read long past
-// the fresh budget). When the proof no longer holds the session records
-// writer/stale and ends; the caller finishes the read on the writer.
-func (s *Session) Holds() bool {
+// Park ends the reader transaction and returns its connection to the pool
+// until the read's next statement (Holds proves a new snapshot then).
+// Call it before handing rows to a client: a slow client draining a long
+// read must not hold a reader connection, nor a standby snapshot that
+// holds replay back, for as long as it takes.
+func (s *Session) Park() {
+	if !s.done {
+		s.release()
+	}
+}
+
+// Holds reports whether a proof answers the read's next statement now:
+// a parked session first proves a new reader snapshot (within one
+// AcquireTimeout), then the predicate is checked again against the proved
+// entry. Covered proves insertions only, so without this a row deleted
+// after the proof could be served long past Staleness (and a fresh read
+// long past the fresh budget). Every proved snapshot holds the rows the
+// predicate asks for, so a read whose pages come from several snapshots
+// (or partly from the writer) misses none of them. When no proof holds the
+// session records writer/<reason> and ends; the caller finishes the read
+// on the writer.
+func (s *Session) Holds(ctx context.Context) bool {
 	if s.done {
 		return false
+	}
+	if s.conn == nil {
+		if ctx.Err() != nil {
+			s.close() // the caller went away: nothing to record
+			return false
+		}
+		next, reason := s.router.prove(ctx, s.path)
+		if next == nil {
+			s.router.observe(s.path, DecisionWriter, reason)
+			s.close()
+			return false
+		}
+		s.conn, s.tx, s.Proved = next.conn, next.tx, next.Proved
 	}
 	if _, ok := s.router.check(s.pred, s.Proved); ok {
 		return true
@@ -164,6 +238,14 @@ func (s *Session) Abandon() { s.close() }
 
 func (s *Session) close() {
 	s.done = true
+	s.release()
+}
+
+// release ends the reader transaction and returns its connection.
+func (s *Session) release() {
+	if s.conn == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := s.tx.Rollback(ctx); err != nil {
@@ -171,6 +253,7 @@ func (s *Session) close() {
 		_ = s.conn.Conn().Close(ctx)
 	}
 	s.conn.Release()
+	s.conn, s.tx = nil, nil
 }
 
 // Writer records writer/<reason> for a read the caller sends to the writer
@@ -240,6 +323,16 @@ func (r *Router) check(pred Predicate, e Entry) (string, bool) {
 // prove takes one reader connection, opens the read-only snapshot and
 // reads the token it holds, all within one AcquireTimeout.
 func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
+	if r.requireStandby {
+		switch r.standby.Load() {
+		case standbyUnknown:
+			return nil, ReasonUninitialized // not yet known to be a standby
+		case standbyNo:
+			return nil, ReasonDisabled
+		case standbyDown:
+			return nil, ReasonUnreachable
+		}
+	}
 	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
 	defer cancel()
 	conn, err := r.reader.Acquire(budget)
@@ -250,12 +343,12 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	tx, err := conn.BeginTx(budget, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		conn.Release()
-		return nil, failureReason(budget)
+		return nil, failureReason(budget, err)
 	}
 	s := &Session{router: r, conn: conn, tx: tx, path: path}
 	row, err := db.New(tx).ReplicaHeartbeatProve(budget)
 	if err != nil {
-		reason := failureReason(budget)
+		reason := failureReason(budget, err)
 		s.close()
 		return nil, reason
 	}
@@ -272,8 +365,14 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	return s, ""
 }
 
-func failureReason(budget context.Context) string {
-	if budget.Err() != nil {
+// failureReason names a failed BEGIN or proof statement: the reader
+// answered with an error (no heartbeat table, say) is a validation error;
+// no answer at all, out of time or over a connection that broke (a standby
+// restarted or killed under the pool's idle connections), is a reader that
+// could not be had, like a failed dial.
+func failureReason(budget context.Context, err error) string {
+	var answered *pgconn.PgError
+	if budget.Err() != nil || !errors.As(err, &answered) {
 		return ReasonAcquireTimeout
 	}
 	return ReasonValidationError

@@ -289,3 +289,20 @@ func TestCoveredReadsProveATokenNoOlderThanStaleness(t *testing.T) {
 		require.Equal(t, tc.want, seen.last(), "proved token %s old", tc.provedAge)
 	}
 }
+
+// A standby killed under the pool's idle connections is a reader that
+// could not be had (reader_acquire_timeout, as for a failed dial), not a
+// validation error, which names a reader that answered with no proof
+// (another timeline, no heartbeat): an operator reading the metric after
+// a standby restart must not go looking for a restore.
+// Mutation killed: classifying every failure within the budget as a
+// validation error (the broken connection's BEGIN).
+func TestAStandbyKilledUnderThePoolCannotBeHad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := dbtest.PrivatePair(t)
+	r := newRouted(t, pair.WriterURL, pair.ReaderURL, 20*time.Millisecond, 0, 1)
+	eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
+	require.NoError(t, pair.Standby.Kill())
+	require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
+}

@@ -1,0 +1,71 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/replica"
+)
+
+// The reader watcher's check does not queue behind routed reads: with
+// every reader connection taken (a burst of reads), a check through the
+// routed pool would wait out its budget and report, and log, a healthy
+// standby as unreachable.
+// Mutation killed: checking through the routed pool (unreachable).
+func TestReaderCheckDoesNotQueueBehindRoutedReads(t *testing.T) {
+	t.Parallel()
+	writer := dbtest.URL(t)
+	poolCfg, err := pgxpool.ParseConfig(writer)
+	require.NoError(t, err)
+	replica.ArmFloor(poolCfg, replica.DefaultFloor)
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := config.Default()
+	cfg.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
+	cfg.ReadPoolSize = 1
+	srv := New(cfg, pool, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, srv.StartReadReplica(ctx))
+	r := srv.replica.Load()
+	require.Eventually(t, func() bool { return *r.state.Load() == "streaming" }, 30*time.Second, 20*time.Millisecond)
+	held, err := r.pool.Acquire(ctx) // every routed connection taken
+	require.NoError(t, err)
+	defer held.Release()
+	require.Equal(t, "streaming", srv.checkReader(ctx, r))
+}
+
+// A standby whose token the ring still resolves, but to an entry older
+// than replica.Staleness (it lags 40 s), proves no read: every read goes
+// to the writer as stale, so /ready must not call it streaming.
+// Mutation killed: judging the reader by Resolve alone (streaming).
+func TestReaderCheckCallsAStandbyBehindStalenessUnproven(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer := dbtest.URL(t)
+	readerURL := dbtest.ReaderURL(t, writer)
+	check, err := pgxpool.New(ctx, readerURL)
+	require.NoError(t, err)
+	t.Cleanup(check.Close)
+	var token int64
+	var epoch uuid.UUID
+	require.NoError(t, check.QueryRow(ctx, "SELECT token, epoch FROM replica_heartbeat").Scan(&token, &epoch))
+	now := time.Now()
+	ring := replica.NewRing()
+	// The reader holds token; the probe wrote it 40 s ago and token+1 since.
+	require.True(t, ring.Record(replica.Entry{Token: token, Epoch: epoch, CommittedAt: now.Add(-40 * time.Second)}))
+	require.True(t, ring.Record(replica.Entry{Token: token + 1, Epoch: epoch, CommittedAt: now}))
+	srv := &Server{cfg: config.Default(), now: func() time.Time { return now }}
+	r := &readReplica{check: check, ring: ring, router: replica.NewRouter(nil, ring, replica.RouterOptions{})}
+	require.Equal(t, "unproven", srv.checkReader(ctx, r))
+}
