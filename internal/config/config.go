@@ -396,6 +396,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	default:
 		return Config{}, fmt.Errorf("BUZZ_MEDIA_STORE=%q: want fs or s3", c.MediaStore)
 	}
+	if c.ReadDatabaseURL != "" && c.ReplicaStatementTimeout >= c.QueryTimeout {
+		// A routed read the standby cannot finish falls back to the writer
+		// within the read's one budget: with no time left, it fails instead.
+		return Config{}, fmt.Errorf("BUZZ_REPLICA_STATEMENT_TIMEOUT_MS (%s) must be below BUZZ_QUERY_TIMEOUT (%s): a read the standby cannot finish needs time left for the writer",
+			c.ReplicaStatementTimeout, c.QueryTimeout)
+	}
 	if community.RelayURLAuthority(c.RelayURL) == "" {
 		return Config{}, fmt.Errorf("BUZZ_RELAY_URL=%q: want a URL with a host, such as wss://relay.example.com", c.RelayURL)
 	}

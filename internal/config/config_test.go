@@ -165,3 +165,19 @@ func TestPresenceSettings(t *testing.T) {
 	_, err = FromEnv(env(map[string]string{"BUZZ_PRESENCE_TTL": "0s"}))
 	require.ErrorContains(t, err, "BUZZ_PRESENCE_TTL")
 }
+
+// A standby's statement timeout at or past the read's whole budget would
+// leave a read the standby cannot finish no time for the writer. Mutation
+// killed: the check removed.
+func TestReplicaStatementTimeoutLeavesTimeForTheWriter(t *testing.T) {
+	t.Parallel()
+	standby := map[string]string{"BUZZ_READ_DATABASE_URL": "postgres://standby.example/buzz"}
+	_, err := FromEnv(env(standby))
+	require.NoError(t, err, "the defaults (5 s of a 10 s budget) leave time")
+	standby["BUZZ_REPLICA_STATEMENT_TIMEOUT_MS"] = "10000"
+	_, err = FromEnv(env(standby))
+	require.ErrorContains(t, err, "BUZZ_REPLICA_STATEMENT_TIMEOUT_MS (10s) must be below BUZZ_QUERY_TIMEOUT (10s)")
+	delete(standby, "BUZZ_READ_DATABASE_URL")
+	_, err = FromEnv(env(standby))
+	require.NoError(t, err, "without a standby the setting is unused")
+}
