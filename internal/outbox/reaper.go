@@ -19,7 +19,15 @@ type reaperConfig struct {
 	registrations time.Duration // registrations past their lifetime
 	clock         clock.Clock
 	log           *slog.Logger
+	// statementTimeout bounds each reaping statement (reapStatementTimeout).
+	statementTimeout time.Duration
 }
+
+// reapStatementTimeout bounds one reaping statement. Without it a statement
+// on a connection that died without a word (or behind a lock never
+// released) stopped this process's reaping until TCP gave up, about 50
+// minutes; a statement that gives up is logged and runs again next period.
+const reapStatementTimeout = time.Minute
 
 // ReaperOption adjusts Reapers.
 type ReaperOption func(*reaperConfig)
@@ -33,6 +41,12 @@ func WithReapPeriods(outbox, registrations time.Duration) ReaperOption {
 // the wall clock, i.e. the database's now()).
 func WithReaperClock(c clock.Clock) ReaperOption {
 	return func(rc *reaperConfig) { rc.clock = c }
+}
+
+// WithReapStatementTimeout bounds each reaping statement (default
+// reapStatementTimeout).
+func WithReapStatementTimeout(d time.Duration) ReaperOption {
+	return func(c *reaperConfig) { c.statementTimeout = d }
 }
 
 // WithReaperLogger sets the logger (default slog.Default()).
@@ -49,12 +63,15 @@ const servingLeaseReapBatch = 10000
 // renewed for 30 days every 24 hours. Each runs once at start. Run it on
 // every pod, listeners configured or not; it returns when ctx ends.
 func Reapers(ctx context.Context, pool *pgxpool.Pool, opts ...ReaperOption) {
-	cfg := reaperConfig{outbox: outboxReapEvery, registrations: registrationReapEvery, log: slog.Default()}
+	cfg := reaperConfig{outbox: outboxReapEvery, registrations: registrationReapEvery, log: slog.Default(), statementTimeout: reapStatementTimeout}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
 	q := db.New(pool)
-	logReap := func(what string, n int64, err error) {
+	reap := func(what string, statement func(context.Context) (int64, error)) {
+		sctx, cancel := context.WithTimeout(ctx, cfg.statementTimeout)
+		defer cancel()
+		n, err := statement(sctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			cfg.log.Error("reaping "+what+" failed", "err", err)
@@ -65,23 +82,27 @@ func Reapers(ctx context.Context, pool *pgxpool.Pool, opts ...ReaperOption) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		every(ctx, cfg.outbox, func() {
-			n, err := q.OutboxReapExpired(ctx, db.OutboxReapExpiredParams{RetentionMs: retention.Milliseconds(), Now: cfg.clock.SQL()})
-			logReap("operator-listener outbox rows past retention", n, err)
-			n, err = q.OperatorAuthReplaysPurge(ctx, cfg.clock.SQL())
-			logReap("expired operator API replay claims", n, err)
+			reap("operator-listener outbox rows past retention", func(ctx context.Context) (int64, error) {
+				return q.OutboxReapExpired(ctx, db.OutboxReapExpiredParams{RetentionMs: retention.Milliseconds(), Now: cfg.clock.SQL()})
+			})
+			reap("expired operator API replay claims", func(ctx context.Context) (int64, error) {
+				return q.OperatorAuthReplaysPurge(ctx, cfg.clock.SQL())
+			})
 			// A media upload or delete holds a serving-write lease and
 			// deletes it when done; a process that died (or lost the
 			// database) mid-operation leaves its expired lease behind.
-			n, err = q.ServingLeasesReap(ctx, servingLeaseReapBatch)
-			logReap("expired serving-write leases", n, err)
+			reap("expired serving-write leases", func(ctx context.Context) (int64, error) {
+				return q.ServingLeasesReap(ctx, servingLeaseReapBatch)
+			})
 		})
 	})
 	wg.Go(func() {
 		every(ctx, cfg.registrations, func() {
-			n, err := q.ListenerRegistrationsReapExpired(ctx, db.ListenerRegistrationsReapExpiredParams{
-				LifetimeMs: registrationLifetime.Milliseconds(), Now: cfg.clock.SQL(),
+			reap("expired operator-listener registrations", func(ctx context.Context) (int64, error) {
+				return q.ListenerRegistrationsReapExpired(ctx, db.ListenerRegistrationsReapExpiredParams{
+					LifetimeMs: registrationLifetime.Milliseconds(), Now: cfg.clock.SQL(),
+				})
 			})
-			logReap("expired operator-listener registrations", n, err)
 		})
 	})
 	wg.Wait()

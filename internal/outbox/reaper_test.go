@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -99,4 +100,36 @@ func TestReapersDeleteExpiredServingLeases(t *testing.T) {
 	runReapers(t, f)
 	require.Eventually(t, func() bool { return leases("true") == 1 }, waitLong, 10*time.Millisecond)
 	require.Equal(t, 1, leases("lease_until > now()"), "the live lease stays")
+}
+
+// A reaping statement that cannot finish (here the expired outbox row is
+// locked by a transaction that never ends, as a dead connection's would
+// be) gives up at its deadline, is logged, and the statements after it
+// still run: the expired serving-write lease is reaped. Mutation killed:
+// the statements run without a deadline (the outbox DELETE waits for good
+// and the lease is never reaped).
+func TestReaperStatementStuckOnALockGivesUp(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.seedExpiring()
+	ctx := context.Background()
+	_, err := f.q.ServingLeaseAcquire(ctx, db.ServingLeaseAcquireParams{
+		CommunityID: f.community, Operation: "media_upload", Owner: "crashed", LeaseSeconds: 0.001,
+	})
+	require.NoError(t, err)
+	holder, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	_, err = holder.Exec(ctx, `SELECT FROM operator_listener_outbox WHERE created_at < now() - interval '15 minutes' FOR UPDATE`)
+	require.NoError(t, err)
+
+	logs := &logBuffer{}
+	runReapers(t, f, WithReapStatementTimeout(300*time.Millisecond), WithReaperLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM community_serving_write_leases`).Scan(&n))
+		return n == 0
+	}, waitLong, 10*time.Millisecond, "the lease reap runs after the stuck statement gives up")
+	require.Contains(t, logs.String(), "reaping operator-listener outbox rows past retention failed")
+	require.Equal(t, 2, f.counts()[0], "the locked outbox row waits for the next period")
 }
