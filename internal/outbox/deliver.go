@@ -13,6 +13,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -208,7 +210,7 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 	d.lastUsed[url].Store(time.Now().UnixNano())
 	resp, err := d.client.Do(req.WithContext(ctx))
 	if err != nil {
-		d.retryOrFail(ctx, c, log, err)
+		d.retryOrFail(ctx, c, log, err, 0)
 		return
 	}
 	// Read a little so the connection can be reused, never the whole body.
@@ -223,7 +225,7 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 		d.fenced(c, "complete", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeAccepted).Inc()
 	case s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500:
-		d.retryOrFail(ctx, c, log, fmt.Errorf("listener answered %d", s))
+		d.retryOrFail(ctx, c, log, fmt.Errorf("listener answered %d", s), retryAfter(resp.Header, d.clock.Now()))
 	default:
 		d.fail(ctx, c, log, "listener refused the delivery", fmt.Errorf("listener answered %d", s))
 	}
@@ -286,14 +288,35 @@ func retryDelay(attempt int32) time.Duration {
 	return time.Second << min(max(attempt-1, 0), 7)
 }
 
+// maxRetryAfter bounds the wait a listener may ask for (Retry-After): the
+// longest backoff, so a listener cannot park its rows past their retention.
+const maxRetryAfter = 128 * time.Second
+
+// retryAfter is the wait a listener's Retry-After asks for (delay seconds
+// or an HTTP date), at most maxRetryAfter; 0 when it asks for none.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	var wait time.Duration
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		wait = time.Duration(min(max(secs, 0), int64(maxRetryAfter/time.Second))) * time.Second
+	} else if at, err := http.ParseTime(v); err == nil {
+		wait = at.Sub(now)
+	}
+	return min(max(wait, 0), maxRetryAfter)
+}
+
 // retryOrFail reschedules a transient failure, or ends the row when this
-// was the last allowed attempt.
-func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, cause error) {
+// was the last allowed attempt. The retry waits the attempt's backoff, or
+// longer when the listener asked for it (atLeast, from Retry-After).
+func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, cause error, atLeast time.Duration) {
 	if c.row.Attempts >= maxAttempts {
 		d.fail(ctx, c, log, "retries exhausted", cause)
 		return
 	}
-	delay := retryDelay(c.row.Attempts)
+	delay := max(retryDelay(c.row.Attempts), atLeast)
 	tctx, cancel := d.transition(ctx)
 	defer cancel()
 	n, err := d.q.OutboxRetry(tctx, db.OutboxRetryParams{

@@ -132,6 +132,47 @@ func TestTransientResponsesRetryWithPersistedDelay(t *testing.T) {
 	}
 }
 
+// A listener that asks for a longer wait (Retry-After, seconds or an HTTP
+// date) gets it, up to the longest backoff; a shorter one than the
+// attempt's backoff changes nothing. Mutation killed: Retry-After ignored
+// (the row is due again in 1 s).
+func TestListenerRetryAfterIsHonouredUpToTheLongestBackoff(t *testing.T) {
+	t.Parallel()
+	// The date is made when the listener answers, so the test's own
+	// scheduling is not counted against it.
+	date := func(d time.Duration) func() string {
+		return func() string { return time.Now().Add(d).UTC().Format(http.TimeFormat) }
+	}
+	fixed := func(v string) func() string { return func() string { return v } }
+	for name, c := range map[string]struct {
+		header func() string
+		want   time.Duration
+	}{
+		"seconds":          {fixed("60"), 60 * time.Second},
+		"past the longest": {fixed("3600"), maxRetryAfter},
+		"date":             {date(90 * time.Second), 90 * time.Second},
+		"zero":             {fixed("0"), time.Second},
+		"malformed":        {fixed("soon"), time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			l := newListener(t, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", c.header())
+				w.WriteHeader(http.StatusTooManyRequests)
+			})
+			d, _, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+			before := time.Now()
+			id, _ := f.claimAndDeliver(d, l, 0) // attempt 1: a 1 s backoff
+			r, ok := f.row(id)
+			require.True(t, ok)
+			// An HTTP date has whole seconds: up to one less.
+			require.LessOrEqual(t, r.DueIn, c.want+50*time.Millisecond)
+			require.GreaterOrEqual(t, r.DueIn, c.want-time.Since(before)-time.Second-50*time.Millisecond)
+		})
+	}
+}
+
 func TestRetryDelayDoublesAndCaps(t *testing.T) {
 	t.Parallel()
 	want := []time.Duration{1, 1, 2, 4, 8, 16, 32, 64, 128, 128}
