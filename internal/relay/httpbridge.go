@@ -44,10 +44,35 @@ func (s *Server) registerHTTPBridge(mux *http.ServeMux) {
 		"/count":  b.serveCount,
 	} {
 		mux.Handle("POST "+route, b.instrument(route, s.withTenant(serve)))
+		mux.HandleFunc("OPTIONS "+route, s.withTenant(serveBridgePreflight("POST")))
 	}
-	mux.Handle("GET /workflows/{id}/runs", b.instrument("/workflows/runs", s.withTenant(b.serveWorkflowRuns)))
-	mux.Handle("GET /workflows/{id}/runs/{run_id}/approvals", b.instrument("/workflows/approvals", s.withTenant(b.serveWorkflowApprovals)))
-	mux.Handle("GET /v1/users/{pubkey}/recorded-owner", b.instrument("/v1/users/recorded-owner", s.withTenant(b.serveRecordedOwner)))
+	for _, get := range []struct {
+		route, pattern string
+		serve          func(http.ResponseWriter, *http.Request, community.Tenant)
+	}{
+		{"/workflows/runs", "/workflows/{id}/runs", b.serveWorkflowRuns},
+		{"/workflows/approvals", "/workflows/{id}/runs/{run_id}/approvals", b.serveWorkflowApprovals},
+		{"/v1/users/recorded-owner", "/v1/users/{pubkey}/recorded-owner", b.serveRecordedOwner},
+	} {
+		mux.Handle("GET "+get.pattern, b.instrument(get.route, s.withTenant(get.serve)))
+		mux.HandleFunc("OPTIONS "+get.pattern, s.withTenant(serveBridgePreflight("GET")))
+	}
+}
+
+// serveBridgePreflight answers a browser's CORS preflight for a bridge
+// route: web clients sign NIP-98 with the user's key (NIP-07) and send it
+// in Authorization, which only an explicit allowance lets through. No
+// cookie or ambient credential authorizes anything here (the signature
+// does, and WebSocket already takes every origin), so any origin may ask.
+func serveBridgePreflight(method string) func(http.ResponseWriter, *http.Request, community.Tenant) {
+	return func(w http.ResponseWriter, _ *http.Request, _ community.Tenant) {
+		h := w.Header()
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+		h.Set("Access-Control-Allow-Methods", method)
+		h.Set("Access-Control-Max-Age", "86400")
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 // bridgeRequestsCounter registers the bridge's request counter on reg, or
@@ -89,6 +114,10 @@ func (r *statusRecorder) Write(p []byte) (int, error) {
 
 func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every answer, refusals included, is readable by a page on any
+		// origin (see serveBridgePreflight), the NIP-98 challenge with it.
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		w.Header().Set("Access-Control-Expose-Headers", "WWW-Authenticate")
 		rec := &statusRecorder{ResponseWriter: w}
 		next.ServeHTTP(rec, r)
 		if rec.status == 0 {

@@ -494,3 +494,49 @@ func TestHTTPBridgePurgesExpiredClaims(t *testing.T) {
 	require.Contains(t, left, "other:"+strings.Repeat("cc", 32))
 	require.NotContains(t, left, "home:"+strings.Repeat("aa", 32))
 }
+
+// Web clients on other origins can use the bridge: a preflight allows the
+// Authorization header and the route's method, and every answer, refusals
+// included, is readable with the NIP-98 challenge exposed. An unknown host
+// is still 404. Mutations killed: the preflight routes missing (the
+// preflight falls to the root handler's 404); the origin header not set on
+// answers.
+func TestHTTPBridgeCrossOrigin(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	do := func(method, host, path string) *http.Response {
+		req, err := http.NewRequest(method, r.HTTPURL+path, nil)
+		require.NoError(t, err)
+		if host != "" {
+			req.Host = host
+		}
+		req.Header.Set("Origin", "https://client.example")
+		req.Header.Set("Access-Control-Request-Method", "POST")
+		req.Header.Set("Access-Control-Request-Headers", "authorization,content-type")
+		resp, err := bridgeHTTP.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	for path, method := range map[string]string{
+		"/events": "POST", "/query": "POST", "/count": "POST",
+		"/workflows/" + uuid.NewString() + "/runs":            "GET",
+		"/v1/users/" + key.PublicKeyHex() + "/recorded-owner": "GET",
+	} {
+		pre := do(http.MethodOptions, "", path)
+		require.Equal(t, http.StatusNoContent, pre.StatusCode, path)
+		require.Equal(t, "*", pre.Header.Get("Access-Control-Allow-Origin"), path)
+		require.Contains(t, pre.Header.Get("Access-Control-Allow-Headers"), "Authorization", path)
+		require.Equal(t, method, pre.Header.Get("Access-Control-Allow-Methods"), path)
+	}
+	require.Equal(t, http.StatusNotFound, do(http.MethodOptions, "unknown.example", "/events").StatusCode)
+
+	refused := send(t, r, "", "/events", "", []byte(`{}`))
+	require.Equal(t, http.StatusUnauthorized, refused.Status)
+	require.Equal(t, "*", refused.Header.Get("Access-Control-Allow-Origin"))
+	require.Contains(t, refused.Header.Get("Access-Control-Expose-Headers"), "WWW-Authenticate")
+	ok := post(t, r, key, "/events", relaytest.SignEvent(t, key, 1, "from a web page", nil, time.Now().Unix()))
+	require.Equal(t, http.StatusOK, ok.Status, "%s", ok.Raw)
+	require.Equal(t, "*", ok.Header.Get("Access-Control-Allow-Origin"), "%s", ok.Raw)
+}
