@@ -64,6 +64,7 @@ func TestDeferredHandOffReleasedAfterItsListenerFreedASlotIsPolled(t *testing.T)
 	finish := map[uuid.UUID]chan struct{}{first.row.ID: make(chan struct{}), deferred.row.ID: make(chan struct{})}
 	started := make(chan uuid.UUID, 10)
 	releaseGate, releasing := make(chan struct{}), make(chan uuid.UUID, 10)
+	openRelease := sync.OnceFunc(func() { close(releaseGate) })
 	handoff := make(chan claim, 10)
 	l := &loop{
 		claims: claims,
@@ -86,6 +87,7 @@ func TestDeferredHandOffReleasedAfterItsListenerFreedASlotIsPolled(t *testing.T)
 	ended := make(chan struct{})
 	go func() { defer close(ended); l.run(ctx) }()
 	t.Cleanup(func() {
+		openRelease() // the loop waits for its releases on shutdown
 		close(finish[deferred.row.ID])
 		stop()
 		<-ended
@@ -103,7 +105,7 @@ func TestDeferredHandOffReleasedAfterItsListenerFreedASlotIsPolled(t *testing.T)
 	// triggers finds nothing of that listener.
 	close(finish[first.row.ID])
 	wait(t, claims.polls, waitLong, "the poll run when the listener had room again")
-	close(releaseGate)
+	openRelease()
 
 	select {
 	case got := <-started:
