@@ -146,7 +146,12 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		positional, args = append(positional, args[0]), args[1:]
 	}
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+	if err := fs.Parse(args); err != nil {
+		// The flag package's own words name the flag: "flag provided but
+		// not defined: -limt", "invalid value "x" for flag -limit: ...".
+		return usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
 		return usageError{}
 	}
 	needID := verb == "inspect" || verb == "approve" || verb == "unblock" || verb == "run"
@@ -161,6 +166,10 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		return usageError{"--limit must be from 1 to 1000"}
 	case verb == "approve" && strings.TrimSpace(*approvedBy) == "":
 		return usageError{"--approved-by is required"}
+	case verb == "unblock" && strings.TrimSpace(*unblockedBy) == "":
+		return usageError{"--unblocked-by is required"}
+	case verb == "unblock" && strings.TrimSpace(*reason) == "":
+		return usageError{"--reason is required"}
 	}
 	var id uuid.UUID
 	if needID {

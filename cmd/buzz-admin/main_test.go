@@ -70,11 +70,15 @@ func TestCommunitiesCommands(t *testing.T) {
 func TestWrongFlagsAreUsageErrorsSaidBeforeConnecting(t *testing.T) {
 	noDatabase := func(string) string { return "" }
 	for args, reason := range map[string]string{
-		"deletions list --limit 0":                     "--limit must be from 1 to 1000",
-		"deletions list --limit 1001":                  "--limit must be from 1 to 1000",
-		"deletions submit --host a.example":            "--requested-by is required",
-		"deletions approve not-a-uuid --approved-by x": `"not-a-uuid" is not a request id`,
-		"deletions approve " + uuid.NewString():        "--approved-by is required",
+		"deletions list --limit 0":                                    "--limit must be from 1 to 1000",
+		"deletions list --limit 1001":                                 "--limit must be from 1 to 1000",
+		"deletions submit --host a.example":                           "--requested-by is required",
+		"deletions approve not-a-uuid --approved-by x":                `"not-a-uuid" is not a request id`,
+		"deletions approve " + uuid.NewString():                       "--approved-by is required",
+		"deletions unblock " + uuid.NewString() + " --reason r":       "--unblocked-by is required",
+		"deletions unblock " + uuid.NewString() + " --unblocked-by x": "--reason is required",
+		"deletions list --limit x":                                    `invalid value "x" for flag -limit: parse error`,
+		"deletions list --limt 5":                                     "flag provided but not defined: -limt",
 	} {
 		var u usageError
 		require.ErrorAs(t, run(t.Context(), strings.Fields(args), noDatabase, &bytes.Buffer{}), &u, args)

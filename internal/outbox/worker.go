@@ -192,6 +192,12 @@ func (l *loop) run(ctx context.Context) {
 		perListener = maxInFlight
 	}
 	var releasing sync.WaitGroup
+	// released reports a batch of deferred hand-offs back in the poll's
+	// reach. Their listener's next delivery to end may poll before the
+	// release commits (it runs in the background) and find nothing of
+	// them, and no later event polls before the idle backoff: so the poll
+	// also runs once the release is done.
+	released := make(chan struct{}, 1)
 	// Deliveries outlive ctx: on shutdown each finishes (bounded by the
 	// request timeout) and records its outcome instead of leaving its row
 	// leased until the lease expires.
@@ -218,6 +224,10 @@ func (l *loop) run(ctx context.Context) {
 			releasing.Go(func() {
 				for _, c := range over {
 					l.release(deliverCtx, c)
+				}
+				select {
+				case released <- struct{}{}:
+				default: // a wake-up is already pending
 				}
 			})
 		}
@@ -303,6 +313,11 @@ func (l *loop) run(ctx context.Context) {
 			if busy[key]--; busy[key] == 0 {
 				delete(busy, key)
 			}
+
+		case <-released:
+			// Deferred hand-offs are due again: poll now (or at the next
+			// free slot), not after the idle backoff.
+			poll.Reset(0)
 
 		case <-pollC:
 			runPoll(free)

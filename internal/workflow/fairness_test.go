@@ -91,3 +91,58 @@ func TestOneCommunitysSlowRunsLeaveSlotsForOthers(t *testing.T) {
 	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND completed_at IS NOT NULL`, f.tenant.ID(), slow),
 		"no run of A ended to make room: its calls still hang")
 }
+
+// A run handed to the worker while its community holds its share is not
+// claimed by the hand-off (the shares decide that on the poll), so the poll
+// runs at once for it: a process serving only this community fills its
+// free slots with it, as the poll would, instead of after BUZZ_WORKFLOW_POLL
+// (here an hour). Runs created on this process go to the worker at once.
+//
+// Mutation killed: the hand-off case without its poll.Reset(0) when it
+// passed over runs while a community held its share (the run waits for
+// the hour-long poll).
+func TestHandedOffRunOfACommunityAtItsShareStartsAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	release := make(chan struct{})
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	client := safehttp.New(safehttp.Options{
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+		Timeout:     time.Hour,
+	})
+	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+
+	owner := f.key()
+	slowCh, quickCh := f.channel(owner), f.channel(owner)
+	slow, quick := uuid.NewString(), uuid.NewString()
+	f.save(owner, slowCh, slow, "name: Slow\ntrigger: {on: message_posted}\nsteps: [{id: hang, action: call_webhook, url: '"+srv.URL+"/hang', body: x}]")
+	f.save(owner, quickCh, quick, "name: Quick\ntrigger: {on: message_posted}\nsteps: [{id: say, action: send_message, text: hi}]")
+	// Two hanging runs: the community's share of four slots.
+	for range 2 {
+		f.store(f.sign(owner, ingest.KindChat, "slow "+uuid.NewString(), nostr.Tags{{"h", slowCh}}))
+		<-f.offers // claimed by the worker's first poll instead
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	w := workflow.NewWorker(e, workflow.WorkerOptions{MaxInFlight: 4, Poll: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { close(release); stop(); <-done })
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'running'`, f.tenant.ID(), slow) == 2
+	}, 20*time.Second, 20*time.Millisecond, "the worker's first polls claim the hanging runs")
+
+	f.store(f.sign(owner, ingest.KindChat, "quick", nostr.Tags{{"h", quickCh}}))
+	w.Offer(<-f.offers)
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), quick) == 1
+	}, 20*time.Second, 20*time.Millisecond, "the handed-off run waited for the poll although two slots were free")
+}

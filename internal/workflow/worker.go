@@ -177,6 +177,12 @@ func (w *Worker) Run(ctx context.Context) {
 				w.engine.log.Debug("workflow hand-off claim failed", "ids", len(ids), "err", err)
 			}
 			start(claims)
+			if err == nil && len(claims) < len(ids) && atShare() {
+				// Runs of a community holding its share were passed over:
+				// whether free slots beyond the shares go to them is the
+				// poll's to decide, now rather than at the next Poll.
+				poll.Reset(0)
+			}
 		}
 	}
 }
