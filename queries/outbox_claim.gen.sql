@@ -82,7 +82,8 @@ candidates AS (
     ) c
     JOIN unnest(@routable::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
       ON r.listener_pubkey = c.listener_pubkey
-    WHERE c.nth <= (@room::int[])[r.i]
+    -- No room given (a caller that bounds no listener, psql): max_rows.
+    WHERE c.nth <= coalesce((@room::int[])[r.i], @max_rows::int)
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT @max_rows::int
 ),

@@ -71,7 +71,8 @@ candidates AS (
     ) c
     JOIN unnest($4::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
       ON r.listener_pubkey = c.listener_pubkey
-    WHERE c.nth <= ($6::int[])[r.i]
+    -- No room given (a caller that bounds no listener, psql): max_rows.
+    WHERE c.nth <= coalesce(($6::int[])[r.i], $5::int)
     ORDER BY c.next_attempt_at, c.created_at, c.id
     LIMIT $5::int
 ),
