@@ -202,11 +202,13 @@ func (l *loop) run(ctx context.Context) {
 	// request timeout) and records its outcome instead of leaving its row
 	// leased until the lease expires.
 	deliverCtx := context.WithoutCancel(ctx)
-	start := func(claims []claim) {
+	// lent: the claims came from a poll that lends idle slots beyond the
+	// shares, so none of them is deferred.
+	start := func(claims []claim, lent bool) {
 		var over []claim
 		for _, c := range claims {
 			key := string(c.row.ListenerPubkey)
-			if busy[key] >= perListener {
+			if busy[key] >= perListener && !lent {
 				// A hand-off of a listener holding its share: back to the
 				// poll, due at once, its attempt not spent. The poll takes
 				// it once the listener has room.
@@ -241,6 +243,15 @@ func (l *loop) run(ctx context.Context) {
 	backoff := l.idleFloor
 	runPoll := func(free int) {
 		claims, err := l.claims.claimDue(ctx, free, busy)
+		lent := false
+		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && atShare(busy, perListener) {
+			// Nobody under its share has rows due: lend the slots they do
+			// not need (up to a share more per listener and poll, keeping
+			// lendReserve free for them), so a lone busy listener among many
+			// registered ones is not held to one share of the worker.
+			claims, err = l.claims.claimDue(ctx, rest, nil)
+			lent = true
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
@@ -248,7 +259,7 @@ func (l *loop) run(ctx context.Context) {
 			}
 			poll.Reset(claimErrorSleep)
 		case len(claims) > 0:
-			start(claims)
+			start(claims, lent)
 			backoff = l.idleFloor
 			poll.Reset(0) // keep draining while work and slots exist
 		default:
@@ -276,7 +287,7 @@ func (l *loop) run(ctx context.Context) {
 			}
 			select {
 			case c := <-l.handoff:
-				start(drainUpTo(l.handoff, c, free))
+				start(drainUpTo(l.handoff, c, free), false)
 				select {
 				case <-poll.C():
 					pollOwed = true
@@ -304,7 +315,7 @@ func (l *loop) run(ctx context.Context) {
 		case key := <-done:
 			// One slot is free: claim again now, not when a batch is done.
 			inflight--
-			if busy[key] == perListener && perListener < maxInFlight {
+			if busy[key] >= perListener && perListener < maxInFlight {
 				// Its listener had its share in flight, so the poll has
 				// passed its due rows over (released hand-offs among them):
 				// poll again now, not after the idle backoff.
@@ -325,9 +336,24 @@ func (l *loop) run(ctx context.Context) {
 		case c := <-handoffC:
 			// Handed-off rows were claimed as they were inserted: they go
 			// out at once, with no claim round trip.
-			start(drainUpTo(l.handoff, c, free))
+			start(drainUpTo(l.handoff, c, free), false)
 		}
 	}
+}
+
+// lendReserve is how many slots a poll that lends idle slots beyond the
+// listeners' shares leaves free, for the listeners under their share whose
+// rows arrive next.
+const lendReserve = maxInFlight / 5
+
+// atShare reports whether some listener has its share (or more) in flight.
+func atShare(busy map[string]int, share int) bool {
+	for _, n := range busy {
+		if n >= share {
+			return true
+		}
+	}
+	return false
 }
 
 // drainUpTo returns first plus whatever ch holds right now, at most n.

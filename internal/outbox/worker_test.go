@@ -325,9 +325,10 @@ func TestHangingListenerUnderBacklogIsNeverPostedAfterTheLease(t *testing.T) {
 }
 
 // One listener that hangs (a blackholed address, a wedged service) must
-// not starve the others: with a backlog of its mentions, it may hold only
-// its share of the worker's slots, and a mention for a healthy listener is
-// delivered while every one of the dead listener's requests still hangs.
+// not starve the others: with a backlog of its mentions, it may hold its
+// share of the worker's slots and borrow idle ones, never the last
+// lendReserve, and a mention for a healthy listener is delivered while
+// every one of the dead listener's requests still hangs.
 // Before, the dead listener's backlog took all ten slots for a whole request
 // timeout at a time, over and over, so every other listener of the pod got
 // at most a few deliveries per timeout and its mentions backed up toward
@@ -364,8 +365,11 @@ func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
 	f.register(live.pubHex, liveTarget)
 	runWorker(t, w)
 	t.Cleanup(func() { close(unhang) }) // runs before the worker's stop
-	require.Eventually(t, func() bool { return hanging.Load() >= int32(listenerCap(len(routes))) },
-		waitLong, 10*time.Millisecond, "the dead listener's backlog to take its slots")
+	// Nobody else has rows due yet: the dead listener borrows the idle
+	// slots beyond its share, all but lendReserve.
+	lent := int32(maxInFlight - lendReserve)
+	require.Eventually(t, func() bool { return hanging.Load() >= lent },
+		waitLong, 10*time.Millisecond, "the dead listener's backlog to take its share and the idle slots")
 
 	// More mentions for the dead listener, claimed at insert and handed
 	// off: they go back to the poll instead of taking the other slots.
@@ -378,8 +382,47 @@ func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
 	f.save(message(t, 9, liveTarget), w, true)
 	require.Eventually(t, func() bool { return len(live.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
 		"the healthy listener was not told while the dead one hung")
-	require.Equal(t, int32(listenerCap(len(routes))), hanging.Load(), "the dead listener holds its share, no more")
+	require.Equal(t, lent, hanging.Load(), "the dead listener holds what nobody else needed, no more: lendReserve stays free")
 	require.Zero(t, outcomes(m)[outcomeRetry], "no dead request ended yet")
+}
+
+// A lone busy listener among many registered ones (a share of one slot
+// each) is not held to its share while the others have nothing due: it
+// borrows the idle slots, all but lendReserve. Before, it had one delivery
+// at a time, and each further mention cost a claim, a release and a poll.
+// Mutation killed: the poll without its lending pass (one in flight).
+func TestLoneBusyListenerBorrowsIdleSlots(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	gate := make(chan struct{})
+	var gated atomic.Int32
+	busy := newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		gated.Add(1)
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+		}
+	})
+	listeners := []*testListener{busy}
+	for range 5 {
+		listeners = append(listeners, newListener(t, nil))
+	}
+	routes := routesOf(listeners...)
+	require.Equal(t, 1, listenerCap(len(routes)))
+	d, _, _ := f.deliverer(routes, 20*time.Second, testCAs(busy))
+	w := NewWorker(f.pool, routes, d)
+	targets := make([]string, maxInFlight)
+	for i := range targets {
+		targets[i] = newPubkey(t)
+	}
+	f.register(busy.pubHex, targets...)
+	for _, tg := range targets {
+		f.save(message(t, 9, tg), nil, true)
+	}
+	runWorker(t, w)
+	t.Cleanup(func() { close(gate) }) // runs before the worker's stop
+	require.Eventually(t, func() bool { return gated.Load() == int32(maxInFlight-lendReserve) },
+		waitLong, 10*time.Millisecond, "the busy listener's requests in flight at once")
 }
 
 // A listener with its share of the slots in flight has its further
