@@ -1,9 +1,11 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"hash/fnv"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -155,10 +157,16 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 	type due struct {
 		row  int
 		slot time.Time
+		tie  uint64 // slotTieBreak
 	}
 	var pending []due
 	fireCommunity := func() error {
-		slices.SortStableFunc(pending, func(a, b due) int { return a.slot.Compare(b.slot) })
+		slices.SortFunc(pending, func(a, b due) int {
+			if c := a.slot.Compare(b.slot); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.tie, b.tie)
+		})
 		pending = pending[:min(len(pending), perCommunity)]
 		failed := map[int]bool{}
 		for _, d := range pending {
@@ -213,13 +221,31 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 			}
 		}
 		for _, slot := range Slots(def.Trigger, after, now) {
-			pending = append(pending, due{row: i, slot: slot})
+			pending = append(pending, due{row: i, slot: slot, tie: slotTieBreak(row.ID, slot)})
 		}
 	}
 	if err := fireCommunity(); err != nil {
 		return created, err
 	}
 	return created, nil
+}
+
+// slotTieBreak orders slots of one second past a community's bound. By
+// workflow id, the order every process reads them in, a member could pick
+// low ids (the d tag is theirs) and win every tie: once a community's
+// backlog reaches the catch-up window's edge, the others' slots of each
+// second would fall out of it, every second. Hashed with the slot, the
+// winner changes from second to second, and every process agrees on it.
+func slotTieBreak(workflow uuid.UUID, slot time.Time) uint64 {
+	h := fnv.New64a()
+	h.Write(workflow[:])
+	// FNV's high bits barely move with its last bytes, so the slot is
+	// mixed in after it (the splitmix64 finalizer): the order must change
+	// with every second.
+	x := h.Sum64() ^ uint64(slot.Unix())
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // fire claims one slot and creates its run in the same transaction; it

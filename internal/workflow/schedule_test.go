@@ -329,3 +329,36 @@ func TestScheduleTickBoundsEachCommunitysSlots(t *testing.T) {
 	}
 	require.Equal(t, aSlots, runs(f.tenant.ID()), "the rest fired at the next ticks")
 }
+
+// Past a community's bound, slots of one second are tied; the winner must
+// not be the same workflow every second. With ties going by workflow id (a
+// member's own d tag), once the backlog reached the catch-up window's edge
+// the higher id lost its slot of every second to the window: it stopped
+// firing for good. Mutation killed: ties broken by workflow id (the order
+// the rows are read in), under which the high id fires 0 of the last 30
+// ticks.
+func TestScheduleTiesPastTheBoundAreNotWonByTheLowestID(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	low, high := "00000000-0000-4000-8000-000000000000", "ffffffff-ffff-4fff-bfff-ffffffffffff"
+	for _, id := range []string{low, high} {
+		f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]")
+	}
+	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 10*time.Second, nil, nil)
+	s.MaxSlotsPerCommunity = 1 // two slots a second, one fired a tick: a backlog that reaches the window
+	fired := func(id string) int { return f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, id) }
+	tick := func(n int) {
+		for range n {
+			f.clock.Advance(time.Second)
+			_, err := s.Tick(f.ctx)
+			require.NoError(t, err)
+		}
+	}
+	tick(30)
+	before := fired(high)
+	tick(30)
+	require.GreaterOrEqual(t, fired(high)-before, 5, "the high id's slots still fire once the backlog is at the window's edge")
+	require.Equal(t, 60, fired(low)+fired(high), "one slot a tick")
+}
