@@ -160,8 +160,9 @@ func Pool(t testing.TB) *pgxpool.Pool {
 }
 
 // PoolOn returns a pool on the database at url (from URL), configured as
-// the relay's pools, of at most maxConns connections (0: pgx's default).
-func PoolOn(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
+// the relay's pools, of at most maxConns connections (0: pgx's default),
+// then by each of configure.
+func PoolOn(t testing.TB, url string, maxConns int32, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pguuid.ParsePoolConfig(url) // as the relay's pools
 	if err != nil {
@@ -169,6 +170,9 @@ func PoolOn(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	for _, c := range configure {
+		c(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -338,15 +338,7 @@ func TestHangingListenerUnderBacklogIsNeverPostedAfterTheLease(t *testing.T) {
 func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	unhang := make(chan struct{})
-	var hanging atomic.Int32
-	dead := newListener(t, func(w http.ResponseWriter, r *http.Request) {
-		hanging.Add(1)
-		select {
-		case <-unhang:
-		case <-r.Context().Done():
-		}
-	})
+	dead, hanging, unhang := heldListener(t)
 	live := newListener(t, nil)
 	routes := routesOf(dead, live)
 	pool := testCAs(dead)
@@ -394,15 +386,7 @@ func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
 func TestLoneBusyListenerBorrowsIdleSlots(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	gate := make(chan struct{})
-	var gated atomic.Int32
-	busy := newListener(t, func(w http.ResponseWriter, r *http.Request) {
-		gated.Add(1)
-		select {
-		case <-gate:
-		case <-r.Context().Done():
-		}
-	})
+	busy, gated, gate := heldListener(t)
 	listeners := []*testListener{busy}
 	for range 5 {
 		listeners = append(listeners, newListener(t, nil))
@@ -434,15 +418,7 @@ func TestLoneBusyListenerBorrowsIdleSlots(t *testing.T) {
 func TestDeferredHandOffsAreDeliveredOnceTheirListenerHasRoom(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	gate := make(chan struct{})
-	var gated atomic.Int32
-	busy := newListener(t, func(w http.ResponseWriter, r *http.Request) {
-		gated.Add(1)
-		select {
-		case <-gate:
-		case <-r.Context().Done():
-		}
-	})
+	busy, gated, gate := heldListener(t)
 	other := newListener(t, nil)
 	routes := routesOf(busy, other)
 	d, m, _ := f.deliverer(routes, 20*time.Second, testCAs(busy))
@@ -471,4 +447,19 @@ func TestDeferredHandOffsAreDeliveredOnceTheirListenerHasRoom(t *testing.T) {
 	open()
 	f.waitForEmptyOutbox(waitLong)
 	waitOutcome(t, m, outcomeAccepted, float64(share+3))
+}
+
+// heldListener is a listener whose every request waits until release is
+// closed (or the client gives up), counting the requests in held.
+func heldListener(t *testing.T) (l *testListener, held *atomic.Int32, release chan struct{}) {
+	t.Helper()
+	held, release = new(atomic.Int32), make(chan struct{})
+	l = newListener(t, func(w http.ResponseWriter, r *http.Request) {
+		held.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	return l, held, release
 }

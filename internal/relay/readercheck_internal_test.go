@@ -24,12 +24,7 @@ import (
 func TestReaderCheckDoesNotQueueBehindRoutedReads(t *testing.T) {
 	t.Parallel()
 	writer := dbtest.URL(t)
-	poolCfg, err := pgxpool.ParseConfig(writer)
-	require.NoError(t, err)
-	replica.ArmFloor(poolCfg, replica.DefaultFloor)
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, writer, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
 	cfg := config.Default()
 	cfg.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
 	cfg.ReadPoolSize = 1

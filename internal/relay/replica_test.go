@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -41,12 +40,7 @@ func readyReader(t *testing.T, r *relaytest.Relay) string {
 func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 	t.Parallel()
 	writer := dbtest.URL(t)
-	poolCfg, err := pgxpool.ParseConfig(writer)
-	require.NoError(t, err)
-	replica.ArmFloor(poolCfg, replica.DefaultFloor)
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, writer, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
 	r := relaytest.StartOn(t, pool, func(c *config.Config) {
 		c.ReadDatabaseURL = dbtest.ReaderURL(t, writer)
 		// The test standby replays every test database's WAL, CREATE
@@ -112,12 +106,7 @@ func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
 func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	t.Parallel()
 	writer := dbtest.URL(t)
-	poolCfg, err := pgxpool.ParseConfig(writer)
-	require.NoError(t, err)
-	replica.ArmFloor(poolCfg, replica.DefaultFloor)
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, writer, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = writer })
 	require.Eventually(t, func() bool { return readyReader(t, r) == "not_a_standby" }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return metric(t, r, "buzz_db_replica_fence_open") == "1" }, 30*time.Second, 20*time.Millisecond)
@@ -140,12 +129,7 @@ func TestReadyReportsAStandbyThatProvesNothing(t *testing.T) {
 	writer := dbtest.URL(t)
 	other := dbtest.ReaderURL(t, dbtest.URL(t))
 	for _, reader := range []string{other, dbtest.StandbyAdminURL(t)} {
-		poolCfg, err := pgxpool.ParseConfig(writer)
-		require.NoError(t, err)
-		replica.ArmFloor(poolCfg, replica.DefaultFloor)
-		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
+		pool := dbtest.PoolOn(t, writer, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
 		r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = reader })
 		require.Eventually(t, func() bool { return readyReader(t, r) != "closed" }, 30*time.Second, 20*time.Millisecond)
 		require.Eventually(t, func() bool { return readyReader(t, r) != "unreachable" }, 30*time.Second, 20*time.Millisecond)
@@ -266,12 +250,7 @@ func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
 	require.NoError(t, err)
 	p := newPartition(t, readerURL.Host)
 	readerURL.Host = p.l.Addr().String()
-	poolCfg, err := pgxpool.ParseConfig(writer)
-	require.NoError(t, err)
-	replica.ArmFloor(poolCfg, replica.DefaultFloor)
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, writer, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ReadDatabaseURL = readerURL.String() })
 	c := r.Dial(t, "")
 	c.Auth(nil)

@@ -32,22 +32,7 @@ import (
 func TestOneCommunitysSlowRunsLeaveSlotsForOthers(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	release := make(chan struct{})
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		_, _ = io.WriteString(w, "ok")
-	}))
-	t.Cleanup(srv.Close)
-	client := safehttp.New(safehttp.Options{
-		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-		Timeout:     time.Hour, // the calls end when the test releases them
-	})
-	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+	srv, release, e := f.engineWithHangingHook()
 
 	// Community A: three runs whose webhook hangs.
 	owner := f.key()
@@ -104,21 +89,7 @@ func TestOneCommunitysSlowRunsLeaveSlotsForOthers(t *testing.T) {
 func TestHandedOffRunOfACommunityAtItsShareStartsAtOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	release := make(chan struct{})
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(srv.Close)
-	client := safehttp.New(safehttp.Options{
-		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-		Timeout:     time.Hour,
-	})
-	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+	srv, release, e := f.engineWithHangingHook()
 
 	owner := f.key()
 	slowCh, quickCh := f.channel(owner), f.channel(owner)
@@ -145,4 +116,27 @@ func TestHandedOffRunOfACommunityAtItsShareStartsAtOnce(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), quick) == 1
 	}, 20*time.Second, 20*time.Millisecond, "the handed-off run waited for the poll although two slots were free")
+}
+
+// engineWithHangingHook is an engine whose webhook calls reach srv, a TLS
+// hook on loopback that answers each call only once release is closed (the
+// test closes it), with leases and timeouts of an hour, so a call hangs as
+// long as the test needs.
+func (f *fixture) engineWithHangingHook() (*httptest.Server, chan struct{}, *workflow.Engine) {
+	release := make(chan struct{})
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	f.t.Cleanup(srv.Close)
+	client := safehttp.New(safehttp.Options{
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		RootCAs:     srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+		Timeout:     time.Hour,
+	})
+	return srv, release, workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
 }
