@@ -244,11 +244,12 @@ func (s *Server) Handler() http.Handler {
 // readyCheck runs at most one readiness check at a time. /ready is
 // unauthenticated and served on every host, and each check costs a pooled
 // connection for a ping and a catalog query (about 0.5 ms of database time),
-// a request to the S3 bucket and one to the replica: 40 connections asking
-// for /ready back to back ran about 1,500 checks a second, held pool
-// connections the writes need, and tripled publish latency (an equal flood
-// of /health doubled it); with media on S3, each was also an S3 request. A
-// request that arrives while a check runs waits for that check's answer.
+// and with media on S3 a request to the bucket (the read replica's state
+// comes from its own background check): 40 connections asking for /ready
+// back to back ran about 1,500 checks a second, held pool connections the
+// writes need, and tripled publish latency (an equal flood of /health
+// doubled it). A request that arrives while a check runs waits for that
+// check's answer.
 type readyCheck struct {
 	mu      sync.Mutex
 	running *readyCall
