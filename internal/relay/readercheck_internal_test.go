@@ -64,3 +64,55 @@ func TestReaderCheckCallsAStandbyBehindStalenessUnproven(t *testing.T) {
 	r := &readReplica{check: check, ring: ring, router: replica.NewRouter(nil, ring, replica.RouterOptions{})}
 	require.Equal(t, "unproven", srv.checkReader(ctx, r))
 }
+
+// A standby that answers pg_is_in_recovery() but whose heartbeat proof
+// does not answer within the check's budget is reported unreachable, and
+// the router is told so: every routed read's proof would hang the same
+// way, so each must go to the writer at once (writer/reader_unreachable)
+// rather than spend its acquire budget while /ready already says the
+// reader is unreachable. Here the writer holds an ACCESS EXCLUSIVE lock on
+// replica_heartbeat; the standby replays it and every read of the table
+// there waits.
+// Mutation killed: not calling SetUnreachable when the proof times out
+// (the read spends its budget: reader_acquire_timeout).
+func TestReaderCheckWhoseProofHangsTellsTheRouter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer := dbtest.URL(t)
+	readerURL := dbtest.ReaderURL(t, writer)
+	check := dbtest.PoolOn(t, readerURL, 1)
+	routed := dbtest.PoolOn(t, readerURL, 1)
+	var token int64
+	var epoch uuid.UUID
+	require.NoError(t, check.QueryRow(ctx, "SELECT token, epoch FROM replica_heartbeat").Scan(&token, &epoch))
+	now := time.Now()
+	ring := replica.NewRing()
+	require.True(t, ring.Record(replica.Entry{Token: token, Epoch: epoch, CommittedAt: now}))
+
+	w := dbtest.PoolOn(t, writer, 1)
+	tx, err := w.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK replica_heartbeat IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the standby replayed the lock
+		var n int
+		err := routed.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE relation = 'replica_heartbeat'::regclass AND mode = 'AccessExclusiveLock'`).Scan(&n)
+		return err == nil && n > 0
+	}, 30*time.Second, 20*time.Millisecond)
+
+	var reasons []string
+	router := replica.NewRouter(routed, ring, replica.RouterOptions{
+		MaxAge: time.Hour, AcquireTimeout: 50 * time.Millisecond, Now: func() time.Time { return now },
+		RequireStandby: true,
+		Observe:        func(_, decision, reason string) { reasons = append(reasons, decision+"/"+reason) },
+	})
+	cfg := config.Default()
+	cfg.ReplicaAcquireTimeout = 50 * time.Millisecond
+	srv := &Server{cfg: cfg, now: func() time.Time { return now }}
+	r := &readReplica{check: check, ring: ring, router: router}
+	require.Equal(t, "unreachable", srv.checkReader(ctx, r))
+	require.Nil(t, router.Begin(ctx, "p", replica.Bounded()))
+	require.Equal(t, []string{"writer/" + replica.ReasonUnreachable}, reasons)
+}

@@ -206,6 +206,10 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	row, err := db.New(conn).ReplicaHeartbeatProve(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
+			// The proof a routed read runs did not answer in the check's
+			// budget: each read's proof would wait out its own the same
+			// way, so tell the router, as for a reader that did not answer.
+			r.router.SetUnreachable()
 			return "unreachable"
 		}
 		return "unproven"
