@@ -369,13 +369,25 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 // answered with an error (no heartbeat table, say) is a validation error;
 // no answer at all, out of time or over a connection that broke (a standby
 // restarted or killed under the pool's idle connections), is a reader that
-// could not be had, like a failed dial.
+// could not be had, like a failed dial. So is an error that ended the
+// session (FATAL: a standby shut down or restarted cleanly tells each
+// idle connection "terminating connection due to administrator command",
+// which the next statement reads).
 func failureReason(budget context.Context, err error) string {
 	var answered *pgconn.PgError
-	if budget.Err() != nil || !errors.As(err, &answered) {
+	if budget.Err() != nil || !errors.As(err, &answered) || endsSession(answered) {
 		return ReasonAcquireTimeout
 	}
 	return ReasonValidationError
+}
+
+// endsSession reports whether the server ended the connection with err.
+func endsSession(err *pgconn.PgError) bool {
+	severity := err.SeverityUnlocalized
+	if severity == "" {
+		severity = err.Severity
+	}
+	return severity == "FATAL" || severity == "PANIC"
 }
 
 // ArmFloor makes every connection of a writer pool check the created_at

@@ -306,3 +306,20 @@ func TestAStandbyKilledUnderThePoolCannotBeHad(t *testing.T) {
 	require.NoError(t, pair.Standby.Kill())
 	require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
 }
+
+// A standby shut down cleanly (pg_ctl stop -m fast, as for a restart)
+// under the pool's idle connections is a reader that could not be had,
+// like one killed: each backend ends its session with a FATAL
+// "terminating connection due to administrator command" that the next
+// BEGIN reads, an error that ends the connection, not an answer.
+// Mutation killed: classifying every PgError as an answer (the buffered
+// FATAL makes it reader_validation_error).
+func TestAStandbyStoppedUnderThePoolCannotBeHad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := dbtest.PrivatePair(t)
+	r := newRouted(t, pair.WriterURL, pair.ReaderURL, 20*time.Millisecond, 0, 1)
+	eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
+	require.NoError(t, pair.Standby.Stop())
+	require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
+}
