@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,4 +118,72 @@ func TestReaderCheckWhoseProofHangsTellsTheRouter(t *testing.T) {
 	require.Equal(t, "unreachable", srv.checkReader(ctx, r))
 	require.Nil(t, router.Begin(ctx, "p", replica.Bounded()))
 	require.Equal(t, []string{"writer/" + replica.ReasonUnreachable}, reasons)
+}
+
+// switchProxy forwards each new TCP connection to its current target;
+// connections already forwarded stay where they went (a DNS name or
+// virtual IP moved to another server).
+type switchProxy struct {
+	l      net.Listener
+	target atomic.Pointer[string]
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &switchProxy{l: l}
+	p.target.Store(&target)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", *p.target.Load())
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return p
+}
+
+// A reader URL that named a server not in recovery (a standby since
+// promoted, or the writer) and now names a standby (the name moved to a
+// new standby after a failover) is found to be a standby again: the check
+// does not keep asking the old server over its pooled connection, which
+// would keep every read off the reader until that connection's lifetime
+// (an hour) ran out.
+// Mutations killed: keeping the check's connection after a not_a_standby
+// answer (not_a_standby forever); not resetting the routed pool (its
+// pooled connection still reaches the old server).
+func TestReaderCheckFindsTheStandbyAReaderURLMovedTo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer := dbtest.URL(t)
+	readerURL, err := url.Parse(dbtest.ReaderURL(t, writer))
+	require.NoError(t, err)
+	writerURL, err := url.Parse(writer)
+	require.NoError(t, err)
+	p := newSwitchProxy(t, writerURL.Host) // the name first names the writer
+	standbyHost := readerURL.Host
+	readerURL.Host = p.l.Addr().String()
+	check := dbtest.PoolOn(t, readerURL.String(), 1)
+	routed := dbtest.PoolOn(t, readerURL.String(), 1)
+	ring := replica.NewRing()
+	cfg := config.Default()
+	srv := &Server{cfg: cfg, now: time.Now}
+	r := &readReplica{pool: routed, check: check, ring: ring, router: replica.NewRouter(routed, ring, replica.RouterOptions{RequireStandby: true})}
+	var inRecovery bool
+	require.NoError(t, routed.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery)) // a routed connection, pooled
+	require.False(t, inRecovery)
+	require.Equal(t, "not_a_standby", srv.checkReader(ctx, r))
+	p.target.Store(&standbyHost)
+	require.Equal(t, "closed", srv.checkReader(ctx, r), "a standby now (the ring is empty: closed)")
+	require.NoError(t, routed.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery))
+	require.True(t, inRecovery, "a routed read would run on the server no longer a standby")
 }

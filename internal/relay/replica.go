@@ -196,6 +196,16 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 	}
 	r.router.SetStandby(inRecovery)
 	if !inRecovery {
+		// Keep no connection to a server not in recovery: the reader's
+		// name may move to a new standby (a failover), and pooled
+		// connections would keep asking the old server, this check for
+		// the pool's connection lifetime (an hour) and routed reads, once
+		// routing resumes, on a server that no longer replays. Each
+		// check dials afresh until a standby answers.
+		_ = conn.Conn().Close(ctx) // destroyed, not pooled, on release
+		if r.pool != nil {
+			r.pool.Reset()
+		}
 		return "not_a_standby"
 	}
 	if _, ok := r.ring.Newest(s.now()); !ok {
