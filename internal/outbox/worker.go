@@ -47,12 +47,9 @@ type claimer interface {
 type pgClaimer struct {
 	q        *db.Queries
 	routable [][]byte
-	// perListener is the most deliveries one listener may have in flight
-	// (0: listenerCap(len(routable))).
-	perListener int
-	lease       time.Duration
-	clock       clock.Clock
-	metrics     *Metrics // counts withdrawn rows; nil in some tests
+	lease    time.Duration
+	clock    clock.Clock
+	metrics  *Metrics // counts withdrawn rows; nil in some tests
 }
 
 // claimDue claims up to limit due rows. The statement also withdraws due
@@ -67,10 +64,7 @@ type pgClaimer struct {
 // without a word) never returns, which stopped this pod's deliveries, the
 // hand-offs included, until it was restarted.
 func (c pgClaimer) claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error) {
-	perListener := c.perListener
-	if perListener <= 0 {
-		perListener = listenerCap(len(c.routable))
-	}
+	perListener := listenerCap(len(c.routable))
 	routable := make([][]byte, 0, len(c.routable))
 	room := make([]int32, 0, len(c.routable))
 	for _, l := range c.routable {
@@ -411,10 +405,9 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
 		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow,
 	}
-	claims.perListener = listenerCap(len(claims.routable))
 	w.loop = loop{
 		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log,
-		perListener: claims.perListener, release: d.releaseDeferred,
+		perListener: listenerCap(len(claims.routable)), release: d.releaseDeferred,
 	}
 	w.loop.idleFloor, w.loop.idleCeiling = pollBackoff(d.idlePoll)
 	return w

@@ -290,36 +290,32 @@ func TestCoveredReadsProveATokenNoOlderThanStaleness(t *testing.T) {
 	}
 }
 
-// A standby killed under the pool's idle connections is a reader that
-// could not be had (reader_acquire_timeout, as for a failed dial), not a
-// validation error, which names a reader that answered with no proof
-// (another timeline, no heartbeat): an operator reading the metric after
-// a standby restart must not go looking for a restore.
-// Mutation killed: classifying every failure within the budget as a
-// validation error (the broken connection's BEGIN).
-func TestAStandbyKilledUnderThePoolCannotBeHad(t *testing.T) {
+// A standby killed, or shut down cleanly (pg_ctl stop -m fast, as for a
+// restart), under the pool's idle connections is a reader that could not
+// be had (reader_acquire_timeout, as for a failed dial), not a validation
+// error, which names a reader that answered with no proof (another
+// timeline, no heartbeat): an operator reading the metric after a standby
+// restart must not go looking for a restore. A clean shutdown ends each
+// backend's session with a FATAL "terminating connection due to
+// administrator command" that the next BEGIN reads: an error that ends the
+// connection, not an answer.
+// Mutations killed: classifying every failure within the budget as a
+// validation error (kill: the broken connection's BEGIN); classifying
+// every PgError as an answer (stop: the buffered FATAL).
+func TestAStandbyGoneUnderThePoolCannotBeHad(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pair := dbtest.PrivatePair(t)
-	r := newRouted(t, pair.WriterURL, pair.ReaderURL, 20*time.Millisecond, 0, 1)
-	eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
-	require.NoError(t, pair.Standby.Kill())
-	require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
-}
-
-// A standby shut down cleanly (pg_ctl stop -m fast, as for a restart)
-// under the pool's idle connections is a reader that could not be had,
-// like one killed: each backend ends its session with a FATAL
-// "terminating connection due to administrator command" that the next
-// BEGIN reads, an error that ends the connection, not an answer.
-// Mutation killed: classifying every PgError as an answer (the buffered
-// FATAL makes it reader_validation_error).
-func TestAStandbyStoppedUnderThePoolCannotBeHad(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pair := dbtest.PrivatePair(t)
-	r := newRouted(t, pair.WriterURL, pair.ReaderURL, 20*time.Millisecond, 0, 1)
-	eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
-	require.NoError(t, pair.Standby.Stop())
-	require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
+	for name, stop := range map[string]func(pair *dbtest.Pair) error{
+		"killed":  func(pair *dbtest.Pair) error { return pair.Standby.Kill() },
+		"stopped": func(pair *dbtest.Pair) error { return pair.Standby.Stop() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pair := dbtest.PrivatePair(t)
+			r := newRouted(t, pair.WriterURL, pair.ReaderURL, 20*time.Millisecond, 0, 1)
+			eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
+			require.NoError(t, stop(pair))
+			require.Equal(t, "test writer/reader_acquire_timeout", r.route(ctx, replica.Covered(longAgo)))
+		})
+	}
 }
