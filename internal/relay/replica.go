@@ -87,6 +87,16 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 			return age.Seconds()
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "buzz_db_replica_wall_lag_seconds",
+			Help: "How far the newest token's wall trails its commit: the created_at floor plus 5 s, more while an open writer transaction holds it back (covered reads newer than the wall go to the writer).",
+		}, func() float64 {
+			newest, ok := ring.Newest(s.now())
+			if !ok {
+				return 0
+			}
+			return newest.CommittedAt.Sub(newest.Wall).Seconds()
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "buzz_db_read_pool_max", Help: "The reader pool's connection limit (BUZZ_DB_READ_POOL_SIZE).",
 		}, func() float64 { return float64(pool.Config().MaxConns) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

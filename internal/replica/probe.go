@@ -37,22 +37,33 @@ var ErrMaskedActivity = errors.New("the probe cannot see other sessions' transac
 const NameProbeOpenTransactions = "ReplicaProbeOpenTransactions"
 
 // openTransactionsSQL reads the oldest start of any open transaction of
-// any other backend in this database (prepared ones included) and how many
-// of them hide theirs. Only this database's sessions can write its events,
-// so a busy neighbour on the same cluster holds nothing back. Every backend
-// type counts: being conservative only delays the wall. A row the role may
-// not see has no backend_type; a backend that tracks no activity
-// (track_activities off) shows state 'disabled' and no xact_start. Any
-// other backend without xact_start holds no transaction: it is starting up,
-// idle, or busy between transactions (its state turns active before its
-// next transaction begins, and its start is cleared only after its last
-// commit became visible), and a transaction it begins later commits after
-// the probe's sample, where the floor guard checks it.
+// any other backend in this database (prepared ones included), who holds
+// it (for the operator: a transaction left open holds every covered read
+// newer than its start on the writer), and how many backends hide theirs.
+// Only this database's sessions can write its events, so a busy neighbour
+// on the same cluster holds nothing back. Every backend type counts: being
+// conservative only delays the wall. A row the role may not see has no
+// backend_type; a backend that tracks no activity (track_activities off)
+// shows state 'disabled' and no xact_start. Any other backend without
+// xact_start holds no transaction: it is starting up, idle, or busy between
+// transactions (its state turns active before its next transaction begins,
+// and its start is cleared only after its last commit became visible), and
+// a transaction it begins later commits after the probe's sample, where
+// the floor guard checks it.
 const openTransactionsSQL = "-- name: " + NameProbeOpenTransactions + `
-SELECT least(
-         (SELECT min(xact_start) FROM pg_stat_activity
-           WHERE datname = current_database() AND pid <> pg_backend_pid()),
-         (SELECT min(prepared) FROM pg_prepared_xacts WHERE database = current_database())) AS oldest,
+WITH open AS (
+  SELECT xact_start AS started,
+         format('pid %s (%s, %s)', pid, coalesce(nullif(application_name, ''), backend_type), usename) AS holder
+    FROM pg_stat_activity
+   WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+  UNION ALL
+  SELECT prepared, format('prepared transaction %L', gid)
+    FROM pg_prepared_xacts WHERE database = current_database()
+), oldest AS (
+  SELECT started, holder FROM open ORDER BY started LIMIT 1
+)
+SELECT (SELECT started FROM oldest) AS oldest,
+       (SELECT holder FROM oldest) AS holder,
        (SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND pid <> pg_backend_pid()
            AND (backend_type IS NULL OR state = 'disabled')) AS masked`
@@ -69,6 +80,12 @@ type Probe struct {
 	started  bool // a tick has started this process's epoch
 	// OnError, when set, is told of each failed tick (after the ring closed).
 	OnError func(error)
+	// HoldWarning is how long an open transaction may hold the wall back
+	// before the probe names it in the log (default Staleness: longer than
+	// any proof lives, so covered reads of its last span go to the writer
+	// with nothing else saying why).
+	HoldWarning time.Duration
+	warned      string // the holder last named, until it lets go
 }
 
 // NewProbe returns a probe writing through pool (the writer). floor is
@@ -77,7 +94,7 @@ func NewProbe(pool *pgxpool.Pool, ring *Ring, floor, interval time.Duration, now
 	if interval <= 0 {
 		interval = DefaultProbeInterval
 	}
-	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log}
+	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log, HoldWarning: Staleness}
 }
 
 // Run ticks until ctx ends. A tick that fails closes the ring: reads go to
@@ -136,6 +153,8 @@ func (p *Probe) Tick(ctx context.Context) (Entry, error) {
 
 func (p *Probe) tick(ctx context.Context) (Entry, error) {
 	var e Entry
+	var held time.Duration
+	var holder *string
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		var sampled time.Time
 		if err := tx.QueryRow(ctx, "-- name: ReplicaProbeClock\nSELECT clock_timestamp()").Scan(&sampled); err != nil {
@@ -143,7 +162,7 @@ func (p *Probe) tick(ctx context.Context) (Entry, error) {
 		}
 		var oldest *time.Time
 		var masked int64
-		if err := tx.QueryRow(ctx, openTransactionsSQL).Scan(&oldest, &masked); err != nil {
+		if err := tx.QueryRow(ctx, openTransactionsSQL).Scan(&oldest, &holder, &masked); err != nil {
 			return err
 		}
 		if masked > 0 {
@@ -152,6 +171,7 @@ func (p *Probe) tick(ctx context.Context) (Entry, error) {
 		bound := sampled
 		if oldest != nil && oldest.Before(bound) {
 			bound = *oldest
+			held = sampled.Sub(bound)
 		}
 		e.Wall = bound.Add(-p.floor - ClockMargin)
 		e.CommittedAt = p.now()
@@ -165,5 +185,26 @@ func (p *Probe) tick(ctx context.Context) (Entry, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, errors.New("replica_heartbeat has no row 1 (run the migrations)")
 	}
+	if err == nil {
+		p.noteHolder(held, holder)
+	}
 	return e, err
+}
+
+// noteHolder names, once, the open transaction that holds the wall back
+// longer than HoldWarning, and says when it let go.
+func (p *Probe) noteHolder(held time.Duration, holder *string) {
+	name := ""
+	if holder != nil && held > p.HoldWarning {
+		name = *holder
+	}
+	switch {
+	case name == p.warned:
+	case name != "":
+		p.log.Warn("an open transaction on the writer holds the replica wall back; covered reads newer than its start go to the writer until it ends",
+			"holder", name, "open_for", held.Round(time.Second))
+	default:
+		p.log.Info("the transaction holding the replica wall back has ended", "holder", p.warned)
+	}
+	p.warned = name
 }

@@ -1,7 +1,10 @@
 package replica_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,4 +266,43 @@ func TestProbeIgnoresSessionsWithoutTransactions(t *testing.T) {
 		_, err := probe.Tick(ctx)
 		require.NoError(t, err)
 	}
+}
+
+// A transaction left open on the writer holds the wall back, and every
+// covered read newer than its start goes to the writer, recorded only as
+// stale. The probe names it once (who holds it and for how long) and says
+// when it let go, so the operator can find it.
+// Mutation killed: not calling noteHolder after a tick (no warning names
+// the holder).
+func TestProbeNamesTheTransactionHoldingTheWallBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	var logs bytes.Buffer // Tick logs on the test's goroutine
+	probe := replica.NewProbe(writerPool(t, url), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now,
+		slog.New(slog.NewTextHandler(&logs, nil)))
+	probe.HoldWarning = time.Millisecond
+
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "nightly-backfill"
+	open, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer open.Close(ctx)
+	tx, err := open.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT pg_sleep(0.01)")
+	require.NoError(t, err)
+	for range 3 {
+		_, err := probe.Tick(ctx)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = probe.Tick(ctx)
+	require.NoError(t, err)
+
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "holds the replica wall back"), "named once, not on every tick:\n%s", out)
+	require.Contains(t, out, "nightly-backfill")
+	require.Contains(t, out, "has ended")
 }

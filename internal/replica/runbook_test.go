@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -53,6 +54,18 @@ func TestReplicaRunbook(t *testing.T) {
 	_, err = pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 	require.NoError(t, err)
 	reader := dbtest.ReaderURL(t, writer)
+	// A transaction left open on the writer is listed by who holds it.
+	cfg, err := pgx.ParseConfig(writer)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "forgotten-psql"
+	open, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer open.Close(ctx)
+	tx, err := open.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
 
 	out := runRunbook(t, writer)
 	require.Contains(t, out, "pg_stat_statements is not installed and preloaded here")
@@ -60,6 +73,7 @@ func TestReplicaRunbook(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(fmt.Sprintf(`\|\s*%d\s*\n`, e.Token)), out, "the token")
 	require.Contains(t, out, "Readers streaming from this writer")
 	require.Regexp(t, regexp.MustCompile(`\|\s*streaming\s*\|`), out, "the shared standby streams from the test cluster")
+	require.Regexp(t, regexp.MustCompile(`forgotten-psql.*idle in transaction`), out, "the open transaction, by who holds it")
 
 	out = runRunbook(t, reader)
 	require.Contains(t, out, e.Epoch.String(), "the reader follows the writer's epoch")

@@ -53,6 +53,20 @@ SELECT application_name, client_addr, state, sync_state,
        replay_lag, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) AS bytes_behind
 FROM pg_stat_replication
 ORDER BY application_name, client_addr;
+
+\echo '== 2b. Open transactions on this writer, oldest first'
+-- The probe's wall (what covered reads may be proved up to) stays at the
+-- oldest open transaction's start, less the floor and 5 s: a transaction
+-- left open (an idle-in-transaction session, a long backfill) sends every
+-- covered read newer than that to the writer, recorded writer/stale. The
+-- relay names it in a warning once it is older than 30 s;
+-- buzz_db_replica_wall_lag_seconds shows how far the wall trails.
+SELECT pid, application_name, usename, state,
+       date_trunc('seconds', now() - xact_start) AS open_for, left(query, 60) AS last_statement
+FROM pg_stat_activity
+WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+ORDER BY xact_start
+LIMIT 5;
 \endif
 
 \echo '== 3. Heartbeat statements by name (pg_stat_statements)'
