@@ -251,12 +251,14 @@ func readsUnprovenRows(filters nostr.Filters) bool {
 // fell behind, went away, or the proof went stale while a slow client
 // drained the last page) ends before the statement, recorded
 // writer/<reason>, and the writer reads it.
-func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(q db.DBTX) error) error {
+func (s *Store) onSession(ctx context.Context, session **replica.Session, read func(ctx context.Context, q db.DBTX) error) error {
 	if *session != nil && !(*session).Holds(ctx) {
 		*session = nil // no proof answers this page: the writer finishes
 	}
 	if *session != nil {
-		err := read((*session).Tx())
+		statementCtx, cancel := (*session).StatementContext(ctx)
+		err := read(statementCtx, (*session).Tx())
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -266,7 +268,7 @@ func (s *Store) onSession(ctx context.Context, session **replica.Session, read f
 		(*session).Failed(err)
 		*session = nil
 	}
-	return s.onWriter(ctx, read)
+	return s.onWriter(ctx, func(q db.DBTX) error { return read(ctx, q) })
 }
 
 // ErrReadSlotsBusy: every read slot stayed taken for StatementTimeout; the
@@ -313,7 +315,7 @@ func (s *Store) statementContext(ctx context.Context) (context.Context, context.
 func (s *Store) readPage(ctx context.Context, session **replica.Session, community uuid.UUID, scope Scope, filters nostr.Filters, branches []pageBranch, after *keyset, pageRows int) (page []pageRow, cut bool, err error) {
 	sql, args := buildPage(community, scope, filters, branches, after, pageRows, s.SearchCandidates)
 	capacity := pageCapacity(filters, branches, pageRows)
-	err = s.onSession(ctx, session, func(q db.DBTX) error {
+	err = s.onSession(ctx, session, func(ctx context.Context, q db.DBTX) error {
 		var err error
 		// One row per branch plus one: a page cut short must still hold
 		// more than one event's duplicates, or it could not advance.
@@ -483,7 +485,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded())
 	}
 	var n int64
-	err := s.onSession(ctx, &session, func(q db.DBTX) error {
+	err := s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {
 		return q.QueryRow(ctx, sql, args...).Scan(&n)
 	})
 	if session != nil {

@@ -405,3 +405,51 @@ func TestRoutedReadLeavesAProofThatWentStale(t *testing.T) {
 	require.Equal(t, []string{"d", "c", "writer-older"}, got, "the first page from the reader, the rest from the writer")
 	require.Equal(t, []string{"channel_history writer/stale"}, routes.take())
 }
+
+// A reader that stops answering in the middle of a page's statement (a
+// frozen standby enforces no statement_timeout of its own) costs the read
+// the router's statement bound, not the caller's whole budget: the page is
+// read again from the writer. Here the page's statement waits on a lock
+// the reader never grants while the read lasts.
+// Mutation killed: running the reader statement under the caller's
+// context only (it waits until the lock goes, 20 s later, and the reader
+// serves the read: replica/covered).
+func TestRoutedReadStuckOnTheReaderFinishesOnTheWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	writer, reader := dbtest.Pool(t), dbtest.Pool(t)
+	community, channel := uuid.New(), uuid.New()
+	for _, pool := range []*pgxpool.Pool{writer, reader} {
+		_, err := pool.Exec(ctx, "INSERT INTO communities (id, host) VALUES ($1, 'a.example')", community)
+		require.NoError(t, err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	storeEvent(t, reader, community, &channel, "from the reader", old)
+	storeEvent(t, writer, community, &channel, "from the writer", old)
+	var epoch uuid.UUID
+	require.NoError(t, reader.QueryRow(ctx, "SELECT epoch FROM replica_heartbeat").Scan(&epoch))
+	ring := replica.NewRing()
+	ring.Record(replica.Entry{Token: 0, Epoch: epoch, CommittedAt: time.Now().Add(time.Hour), Wall: time.Now().Add(-20 * time.Minute)})
+
+	locker, err := reader.Acquire(ctx)
+	require.NoError(t, err)
+	defer locker.Release()
+	lock, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	release := time.AfterFunc(20*time.Second, func() { _ = lock.Rollback(context.Background()) })
+	defer release.Stop()
+
+	routes := &routeLog{}
+	store := eventstore.New(writer, 100)
+	store.StatementTimeout = time.Minute
+	store.Router = replica.NewRouter(reader, ring, replica.RouterOptions{
+		Observe: routes.observe, AcquireTimeout: 5 * time.Second, StatementTimeout: 200 * time.Millisecond})
+	hour := time.Now().Add(-time.Hour).Unix()
+	got := contents(t, store, community, eventstore.Scope{Channels: []uuid.UUID{channel}},
+		nostr.Filters{{Tags: map[string][]string{"h": {channel.String()}}, Until: &hour}})
+	require.Equal(t, []string{"from the writer"}, got)
+	require.Equal(t, []string{"channel_history writer/replica_error"}, routes.take())
+	require.NoError(t, lock.Rollback(ctx))
+}

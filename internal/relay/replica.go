@@ -70,7 +70,8 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	r.state.Store(&unchecked)
 	r.router = replica.NewRouter(pool, ring, replica.RouterOptions{
 		MaxAge: s.cfg.ReplicaReadMaxAge, AcquireTimeout: s.cfg.ReplicaAcquireTimeout, Now: s.now, Log: s.log,
-		RequireStandby: true, // the watcher tells (checkReader)
+		StatementTimeout: s.cfg.ReplicaStatementTimeout,
+		RequireStandby:   true, // the watcher tells (checkReader)
 		Observe: func(path, decision, reason string) {
 			s.metrics.RouteDecision.WithLabelValues(path, decision, reason).Inc()
 		},

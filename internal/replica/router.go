@@ -70,6 +70,7 @@ type Router struct {
 	ring           *Ring
 	maxAge         time.Duration // the fresh budget; 0 turns Bounded off
 	acquireTimeout time.Duration
+	statement      time.Duration // 0: a reader statement is bounded by its caller only
 	now            func() time.Time
 	log            *slog.Logger
 	observe        Observer
@@ -92,6 +93,12 @@ type RouterOptions struct {
 	Now            func() time.Time
 	Log            *slog.Logger
 	Observe        Observer
+	// StatementTimeout bounds each statement on a reader transaction from
+	// the relay's side too (the reader sessions' statement_timeout): a
+	// standby that froze mid-statement enforces nothing, and the read would
+	// otherwise wait out the caller's whole budget before the writer
+	// answers. 0: the caller's deadline only.
+	StatementTimeout time.Duration
 	// RequireStandby: route only once SetStandby said the reader is a
 	// server in recovery, and not while it says it is not. A reader URL
 	// naming the writer (a common slip) or a standby since promoted would
@@ -115,8 +122,8 @@ func NewRouter(reader *pgxpool.Pool, ring *Ring, o RouterOptions) *Router {
 	if o.Observe == nil {
 		o.Observe = func(string, string, string) {}
 	}
-	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, now: o.Now, log: o.Log, observe: o.Observe,
-		requireStandby: o.RequireStandby}
+	return &Router{reader: reader, ring: ring, maxAge: o.MaxAge, acquireTimeout: o.AcquireTimeout, statement: o.StatementTimeout,
+		now: o.Now, log: o.Log, observe: o.Observe, requireStandby: o.RequireStandby}
 }
 
 // SetUnreachable records that the reader did not answer a check (the
@@ -164,6 +171,14 @@ type Session struct {
 
 // Tx is the reader transaction.
 func (s *Session) Tx() pgx.Tx { return s.tx }
+
+// StatementContext bounds one statement on Tx by RouterOptions.StatementTimeout.
+func (s *Session) StatementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.router.statement <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.router.statement)
+}
 
 // Served records replica/<reason> once the read was answered from the
 // reader, and ends the session.
