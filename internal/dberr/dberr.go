@@ -8,8 +8,12 @@
 package dberr
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -147,6 +151,31 @@ func IsNotFound(err error) bool {
 func IsLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// IsTransient reports whether a transaction that failed with err may
+// succeed if run again from its start: it lost a serialization conflict or
+// a deadlock (40001, 40P01), the server ended or refused its session
+// (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now,
+// class 08 connection exceptions), or the connection failed under it (a
+// network error, an early end of stream, or a statement pgx never sent).
+// A context's cancellation or deadline is never transient: the caller
+// chose to stop.
+func IsTransient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "57P01", "57P02", "57P03":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // AsViolation returns the constraint violation err holds, if any.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -143,4 +144,53 @@ func onOneConn(t *testing.T, pool *pgxpool.Pool, fn func(*pgx.Conn) error) error
 	require.NoError(t, err)
 	defer conn.Release()
 	return fn(conn.Conn())
+}
+
+// IsTransient holds for failures another attempt of the transaction may
+// not meet (the session ended under it, the connection is gone, a
+// serialization race lost) and for nothing the statement itself caused.
+func TestTransientFailuresAreTellable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	terminated := tx.Commit(ctx) // 57P01, or the broken connection itself
+	require.Error(t, terminated)
+	require.True(t, dberr.IsTransient(terminated), "%v", terminated)
+	_, closed := conn.Exec(ctx, `SELECT 1`) // the connection is gone now
+	require.True(t, dberr.IsTransient(closed), "%v", closed)
+
+	_, err = pool.Exec(ctx, `CREATE TABLE once (id int PRIMARY KEY); INSERT INTO once VALUES (1)`)
+	require.NoError(t, err)
+	_, duplicate := pool.Exec(ctx, `INSERT INTO once VALUES (1)`)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, duplicate, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	require.False(t, dberr.IsTransient(duplicate), "%v", duplicate)
+	timedOut := onOneConn(t, pool, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SET statement_timeout = '10ms'`)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT pg_sleep(10)`)
+		_, resetErr := c.Exec(ctx, `RESET statement_timeout`)
+		require.NoError(t, resetErr)
+		return err
+	})
+	require.ErrorIs(t, dberr.Interpret(timedOut), dberr.ErrQueryCanceled)
+	require.False(t, dberr.IsTransient(timedOut), "%v", timedOut)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = pool.Exec(cancelled, `SELECT 1`)
+	require.False(t, dberr.IsTransient(err), "%v", err)
+	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "40001"}))
+	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "08006"}))
+	require.False(t, dberr.IsTransient(nil))
 }

@@ -163,3 +163,36 @@ func contents(evs []*nostr.Event) []string {
 	}
 	return out
 }
+
+// A step whose transaction loses its database connection (a failover, a
+// proxy or pooler restart, an operator's pg_terminate_backend) is tried
+// again, not ended as database_error: its writes rolled back with the
+// transaction, and every step transition is fenced on the claim and the
+// step, so a commit that did happen unseen cannot be recorded twice.
+// Mutation killed: no retry (the run fails with database_error).
+func TestStepTransactionThatLostItsConnectionIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	e := f.engine(30 * time.Second)
+	terminated := 0
+	e.SetBeforeCommit(func(_ uuid.UUID, step int) {
+		if step != 0 || terminated > 0 {
+			return
+		}
+		// The step's own transaction is the only one open in the database.
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`).Scan(&terminated))
+		require.Equal(t, 1, terminated)
+	})
+	f.drain(e)
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, r.Status, "error: %v %v", r.ErrorCode, r.ErrorMessage)
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
+}

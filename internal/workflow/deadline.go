@@ -40,7 +40,11 @@ func startStep(parent context.Context) *stepDeadline {
 }
 
 // arm starts the countdown for step stepID with its limit.
+// A step transaction run again arms it again, still from the step's start.
 func (d *stepDeadline) arm(stepID string, limit time.Duration) {
+	if d.timer != nil {
+		d.timer.Stop()
+	}
 	d.stepID, d.limit = stepID, limit
 	d.timer = time.AfterFunc(d.remaining(), func() { d.cancel(errStepTimeout) })
 }

@@ -278,7 +278,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			call     *pendingCall
 		)
 		deadline := startStep(ctx)
-		err := pgx.BeginFunc(deadline.ctx, e.pool, func(tx pgx.Tx) error {
+		err := e.stepTransaction(deadline, c, step, func(tx pgx.Tx) error {
 			var err error
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
 			result, newTrace, call, err = e.runStep(deadline, emitted, c, step, trace)
@@ -343,6 +343,41 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			return e.release(ctx, c, step)
 		default:
 		}
+	}
+}
+
+// stepAttempts is how many times a step's transaction is run when it
+// fails for a transient reason (dberr.IsTransient).
+const stepAttempts = 3
+
+// stepRetryPause is the pause before a step transaction's second attempt;
+// it doubles for each later one.
+const stepRetryPause = 100 * time.Millisecond
+
+// stepTransaction runs one step's transaction, again (up to stepAttempts
+// in all, within the step's deadline) when it failed for a transient
+// reason: a failover, a restarted pooler or a terminated session would
+// otherwise end every run in flight as database_error. Running it again is
+// safe: its writes rolled back with it, it makes no call outside the
+// database (call_webhook's request runs after it), and every transition
+// it records is fenced on the claim and the step, so an attempt whose
+// commit happened unseen makes the next one find the step already done
+// (errLostClaim; the run resumes after the lease) instead of doing it
+// twice.
+func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn func(pgx.Tx) error) error {
+	pause := stepRetryPause
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginFunc(deadline.ctx, e.pool, fn)
+		if err == nil || attempt == stepAttempts || !dberr.IsTransient(err) || deadline.ctx.Err() != nil {
+			return err
+		}
+		e.log.Warn("workflow step transaction failed; trying it again", "run", c.Run.ID, "step", step, "attempt", attempt, "err", err)
+		select {
+		case <-deadline.ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
 	}
 }
 
