@@ -283,26 +283,37 @@ func TestProbeNamesTheTransactionHoldingTheWallBack(t *testing.T) {
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	probe.HoldWarning = time.Millisecond
 
-	cfg, err := pgx.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.RuntimeParams["application_name"] = "nightly-backfill"
-	open, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer open.Close(ctx)
-	tx, err := open.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT pg_sleep(0.01)")
-	require.NoError(t, err)
+	tx := openTransaction(t, url, "nightly-backfill")
+	time.Sleep(10 * time.Millisecond) // held longer than HoldWarning
 	for range 3 {
 		_, err := probe.Tick(ctx)
 		require.NoError(t, err)
 	}
 	require.NoError(t, tx.Rollback(ctx))
-	_, err = probe.Tick(ctx)
+	_, err := probe.Tick(ctx)
 	require.NoError(t, err)
 
 	out := logs.String()
 	require.Equal(t, 1, strings.Count(out, "holds the replica wall back"), "named once, not on every tick:\n%s", out)
 	require.Contains(t, out, "nightly-backfill")
 	require.Contains(t, out, "has ended")
+}
+
+// openTransaction opens a transaction on its own connection to url as
+// applicationName and leaves it open (idle in transaction) until the test
+// ends or the caller rolls it back.
+func openTransaction(t *testing.T, url, applicationName string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = applicationName
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT 1") // BEGIN alone starts nothing on the server
+	require.NoError(t, err)
+	return tx
 }

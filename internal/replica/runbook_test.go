@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -55,17 +54,7 @@ func TestReplicaRunbook(t *testing.T) {
 	require.NoError(t, err)
 	reader := dbtest.ReaderURL(t, writer)
 	// A transaction left open on the writer is listed by who holds it.
-	cfg, err := pgx.ParseConfig(writer)
-	require.NoError(t, err)
-	cfg.RuntimeParams["application_name"] = "forgotten-psql"
-	open, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer open.Close(ctx)
-	tx, err := open.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, "SELECT 1")
-	require.NoError(t, err)
+	openTransaction(t, writer, "forgotten-psql")
 
 	out := runRunbook(t, writer)
 	require.Contains(t, out, "pg_stat_statements is not installed and preloaded here")
