@@ -158,7 +158,9 @@ func IsLockTimeout(err error) bool {
 // a deadlock (40001, 40P01), the server ended or refused its session
 // (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now,
 // class 08 connection exceptions), or the connection failed under it (a
-// network error, an early end of stream, or a statement pgx never sent).
+// network error, an early end of stream, a connection pgx closed under it,
+// or a statement pgx never sent). A COMMIT whose answer was lost may have
+// committed: run again only a transaction that is idempotent or fenced.
 // A context's cancellation or deadline is never transient: the caller
 // chose to stop.
 func IsTransient(err error) bool {
@@ -174,7 +176,7 @@ func IsTransient(err error) bool {
 		return strings.HasPrefix(pgErr.Code, "08")
 	}
 	var netErr net.Error
-	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) ||
+	return pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &netErr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 

@@ -1,66 +1,23 @@
 package ingest_test
 
 import (
-	"bytes"
-	"context"
-	"io"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
-	"github.com/buzzrelay/buzz/internal/pguuid"
 )
-
-// commitAnswerLoser passes every byte on, but cuts the connection after the
-// server answered the cutAt-th COMMIT sent from now: the transaction
-// committed, and the client only sees its connection lost during COMMIT.
-type commitAnswerLoser struct {
-	net.Conn
-	cutAt   *atomic.Int32 // 0: cut nothing
-	cutNext atomic.Bool
-}
-
-func (c *commitAnswerLoser) Write(p []byte) (int, error) {
-	// A simple-protocol Query message: 'Q', a 4-byte length, "commit\0".
-	if i := bytes.Index(p, []byte("commit\x00")); i >= 5 && p[i-5] == 'Q' && c.cutAt.Load() > 0 && c.cutAt.Add(-1) == 0 {
-		c.cutNext.Store(true)
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *commitAnswerLoser) Read(p []byte) (int, error) {
-	if c.cutNext.Load() {
-		_, _ = c.Conn.Read(make([]byte, 4096)) // the server's answer: it committed
-		_ = c.Conn.Close()
-		return 0, io.ErrUnexpectedEOF
-	}
-	return c.Conn.Read(p)
-}
 
 // commitLosingPipeline is a pipeline on the fixture's database whose
 // connections lose the answer of the cutAt-th COMMIT from when it is set.
 func (f *fixture) commitLosingPipeline(cutAt *atomic.Int32, opts ingest.Options) *ingest.Pipeline {
 	f.t.Helper()
-	cfg, err := pguuid.ParsePoolConfig(f.pool.Config().ConnString())
-	require.NoError(f.t, err)
-	var d net.Dialer
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &commitAnswerLoser{Conn: c, cutAt: cutAt}, nil
-	}
-	pool, err := pgxpool.NewWithConfig(f.ctx, cfg)
-	require.NoError(f.t, err)
-	f.t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(f.t, f.pool.Config().ConnString(), 0, dbtest.LoseCommitAnswer(cutAt))
 	opts.MaxFutureSkew = time.Minute
 	return ingest.New(pool, fanout.NewHub(), opts)
 }

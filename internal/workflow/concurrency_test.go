@@ -2,13 +2,16 @@ package workflow_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
@@ -195,4 +198,40 @@ func TestStepTransactionThatLostItsConnectionIsTriedAgain(t *testing.T) {
 	r := f.run(run)
 	require.Equal(t, db.WorkflowRunStatusCompleted, r.Status, "error: %v %v", r.ErrorCode, r.ErrorMessage)
 	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
+}
+
+// A step whose COMMIT happened but whose answer was lost is run again, and
+// the fence finds it done: its message is not sent twice, and the run
+// resumes at the next step once the lease runs out.
+// Mutation killed: a step transition not fenced on the step (dropping
+// `AND current_step = @step` from WorkflowRunStepDone): the second attempt
+// runs step 0 again and records it, and the run goes on at once (its
+// second message is a duplicate here only because the test's clock
+// stands still, which gives it the first one's id).
+func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	const lease = 30 * time.Second
+	var cutAt atomic.Int32
+	lossy := workflow.NewEngine(dbtest.PoolOn(t, f.pool.Config().ConnString(), 0, dbtest.LoseCommitAnswer(&cutAt)), f.p,
+		workflow.EngineOptions{Lease: lease, Clock: clock.Stub(f.clock.Now)})
+	claims, err := lossy.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	cutAt.Store(1) // step 0's commit
+	lossy.Execute(f.ctx, claims[0])
+	require.Zero(t, cutAt.Load(), "step 0's COMMIT went through the losing connection")
+	require.Equal(t, []string{"first"}, contents(f.doorbells(run)), "step 0 once, and the run stopped there")
+
+	f.clock.Advance(lease + time.Second)
+	f.drain(f.engine(lease))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
 }
