@@ -281,6 +281,20 @@ func (e *Executor) deleteChunk(ctx context.Context, l lease, class string, keys 
 		d, m, err := e.store.DeleteKeys(ctx, keys)
 		return int64(d), int64(m), 0, err
 	}
+	// Under the chunk's blob locks, an upload elsewhere has either written
+	// its sidecar (listed below, so the blob is kept) or not yet checked
+	// that the blob exists (it writes the blob again).
+	var shas []string
+	for _, key := range keys {
+		if sha, _, ok := media.ParseBlobName(key); ok {
+			shas = append(shas, sha) // only blobs an upload can write race with one
+		}
+	}
+	unlock, err := media.AdvisoryBlobLock(e.pool)(ctx, shas)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer unlock()
 	communities, err := media.CommunitiesWithMedia(ctx, e.store)
 	if err != nil {
 		return 0, 0, 0, err

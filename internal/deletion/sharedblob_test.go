@@ -5,11 +5,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/media/mediatest"
 )
 
 // beforeDelete runs hook once, just before the first DeleteKeys that
@@ -76,4 +78,58 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// Another community, served by another relay process, uploads the bytes
+// the doomed community alone holds while the deletion decides about them:
+// the upload has seen the blob there, under its blob lock, and not yet
+// written its sidecar. The deletion waits for that lock, sees the new
+// sidecar and keeps the blob; it used to delete it, and the other
+// community's sidecar named nothing.
+// Mutation killed: deleteChunk without the chunk's blob locks (the blob is
+// gone).
+func TestSharedBlobUploadedElsewhereMidDeletionIsKept(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	doomedHost := "doomed-upload.test"
+	doomed := f.community(doomedHost)
+	other := f.community("other-upload.test")
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}}
+	mine := upload(t, media.NewService(fs, limits, nil), doomed, "bytes the doomed community alone holds")
+
+	paused := mediatest.NewPauseAfterStat(fs, mine.Blob, 2) // the upload's look under its lock
+	elsewhere := media.NewService(paused, limits, nil)
+	elsewhere.UseBlobLock(media.AdvisoryBlobLock(f.pool))
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := elsewhere.Upload(context.Background(), other, strings.Repeat("cd", 32), strings.NewReader("bytes the doomed community alone holds"), nil)
+		uploaded <- err
+	}()
+	<-paused.Paused
+
+	req := f.submitAndApprove(doomedHost, fs)
+	exec := deletion.NewExecutor(deletion.Options{Pool: f.pool, Store: fs, ID: "exec-upload", Config: testConfig()})
+	type result struct {
+		out deletion.Outcome
+		err error
+	}
+	ran := make(chan result, 1)
+	go func() {
+		out, err := exec.Run(f.ctx, req.ID)
+		ran <- result{out, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting))
+		return len(ran) == 1 || waiting
+	}, 30*time.Second, 10*time.Millisecond, "the deletion neither finished nor waits")
+	close(paused.Resume)
+	require.NoError(t, <-uploaded)
+	r := <-ran
+	require.NoError(t, r.err)
+	require.Equal(t, deletion.StageRetentionPending, r.out.Stage, "%+v last error %v", r.out, deref(r.out.LastError))
+	_, err = fs.Stat(f.ctx, mine.Blob)
+	require.NoError(t, err, "the other community references the blob")
 }

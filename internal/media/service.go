@@ -70,6 +70,8 @@ type Service struct {
 	// wait for each other, however long a blob takes to store.
 	locksMu sync.Mutex
 	locks   map[string]*hashLock
+	// blobLock does the same across relay processes (UseBlobLock).
+	blobLock BlobLock
 }
 
 // hashLock is one hash's lock and how many requests hold or await it.
@@ -83,8 +85,13 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}}
+	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}, blobLock: noBlobLock}
 }
+
+// UseBlobLock makes uploads and deletes of a shared blob serialize with
+// every other relay process on the same store (AdvisoryBlobLock); call it
+// before serving.
+func (s *Service) UseBlobLock(l BlobLock) { s.blobLock = l }
 
 // UseClock makes the service tell upload times by now (the relay's one
 // clock); call it before serving.
@@ -208,21 +215,26 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	case err != nil:
 		return Descriptor{}, err
 	}
-	// The blob is written unless already there: same hash, same bytes. An
-	// upload also restores a blob a delete on another relay process
-	// removed while this community still had its sidecar.
-	if _, err := s.store.Stat(ctx, d.Blob); errors.Is(err, ErrNotFound) {
-		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-			return Descriptor{}, err
-		}
-		if err := s.store.Put(ctx, d.Blob, tmp, size, mediaType); err != nil {
-			return Descriptor{}, fmt.Errorf("store blob: %w", err)
-		}
-	} else if err != nil {
-		return Descriptor{}, fmt.Errorf("stat blob: %w", err)
+	// The blob is written unless already there (same hash, same bytes),
+	// before the blob lock, which is then held only for the short check
+	// and sidecar write: a delete elsewhere that removed it meanwhile is
+	// seen under the lock, and the blob written again.
+	if err := s.ensureBlob(ctx, d.Blob, tmp, size, mediaType); err != nil {
+		return Descriptor{}, err
 	}
-	if err := s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
-		return Descriptor{}, fmt.Errorf("store sidecar: %w", err)
+	unlockBlob, err := s.blobLock(ctx, []string{sha})
+	if err != nil {
+		return Descriptor{}, err
+	}
+	err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
+	if err == nil {
+		if err = s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
+			err = fmt.Errorf("store sidecar: %w", err)
+		}
+	}
+	unlockBlob()
+	if err != nil {
+		return Descriptor{}, err
 	}
 	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
 	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
@@ -239,6 +251,26 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
 	}
 	return d, nil
+}
+
+// ensureBlob writes the spooled blob under key unless the store holds it.
+// It also restores a blob a delete on another relay process removed while
+// this community still had its sidecar (before blob locks, or without).
+func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) error {
+	_, err := s.store.Stat(ctx, key)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("stat blob: %w", err)
+	}
+	if _, err := spool.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if err := s.store.Put(ctx, key, spool, size, mediaType); err != nil {
+		return fmt.Errorf("store blob: %w", err)
+	}
+	return nil
 }
 
 // sniffType is the media type of a blob's first bytes, without parameters.
@@ -311,6 +343,11 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 			return fmt.Errorf("release the blob's bytes from the community's media quota: %w", err)
 		}
 	}
+	unlockBlob, err := s.blobLock(ctx, []string{sha})
+	if err != nil {
+		return err // the blob stays: only space
+	}
+	defer unlockBlob()
 	referenced, err := s.referenced(ctx, sha)
 	if err != nil || referenced {
 		// An unreferenced blob left behind is only space; a referenced

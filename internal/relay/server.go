@@ -160,6 +160,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
+		s.media.UseBlobLock(media.AdvisoryBlobLock(pool))
 		s.media.UseQuota(media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
 			return deletion.UnderLease(ctx, pool, fn)
 		}})

@@ -1,0 +1,85 @@
+package media_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/media/mediatest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// Two relay processes share one store: on one, a community's last
+// reference to a blob is deleted while, on the other, a second community
+// uploads the same bytes and has just seen the blob there, either before
+// taking the blob's lock (the delete goes through, and the upload, under
+// the lock, writes the blob again) or under it (the delete waits for the
+// upload's sidecar and keeps the blob). Before blob locks the delete
+// removed the blob, and the second community's sidecar named nothing
+// (GET 404 until someone uploaded the bytes again).
+// Mutations killed: UseBlobLock not called (each process only locks its
+// own requests; "under the lock" loses the blob); no second look at the
+// blob under the lock ("before the lock" loses it).
+func TestDeleteOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
+	t.Parallel()
+	for name, pauseAt := range map[string]int32{"before the lock": 1, "under the lock": 2} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			store, err := media.NewFSStore(t.TempDir())
+			require.NoError(t, err)
+			limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+			processA := media.NewService(store, limits, nil)
+			processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+			first, second := uuid.New(), uuid.New()
+			blob := "bytes two communities share"
+			d, err := processA.Upload(ctx, first, "alice", strings.NewReader(blob), nil)
+			require.NoError(t, err)
+
+			paused := mediatest.NewPauseAfterStat(store, d.Blob, pauseAt)
+			processB := media.NewService(paused, limits, nil)
+			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+			uploaded := make(chan error, 1)
+			go func() {
+				_, err := processB.Upload(ctx, second, "bob", strings.NewReader(blob), nil)
+				uploaded <- err
+			}()
+			select {
+			case <-paused.Paused:
+			case err := <-uploaded:
+				t.Fatalf("the upload looked at the blob fewer than %d times (err %v)", pauseAt, err)
+			}
+			deleted := make(chan error, 1)
+			go func() { deleted <- processA.Delete(ctx, first, d.SHA256, "alice") }()
+			require.Eventually(t, func() bool {
+				return len(deleted) == 1 || waitingOnABlobLock(t, pool)
+			}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
+			close(paused.Resume)
+			require.NoError(t, <-uploaded)
+			require.NoError(t, <-deleted)
+
+			_, obj, err := processB.Open(ctx, second, d.SHA256)
+			require.NoError(t, err, "the second community's blob")
+			obj.Close()
+			_, _, err = processA.Open(ctx, first, d.SHA256)
+			require.ErrorIs(t, err, media.ErrNotFound, "the first community's reference is gone")
+		})
+	}
+}
+
+func waitingOnABlobLock(t *testing.T, pool *pgxpool.Pool) bool {
+	t.Helper()
+	var waiting bool
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
+	return waiting
+}

@@ -1,0 +1,37 @@
+// Package mediatest holds media.Store wrappers for tests that need another
+// relay process to act at a chosen moment.
+package mediatest
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/buzzrelay/buzz/internal/media"
+)
+
+// PauseAfterStat is a Store that stops its caller once, right after the
+// n-th Stat of key answered: the caller has seen whether the object is
+// there and not yet acted on it. Paused is closed then; the caller goes on
+// once Resume is closed.
+type PauseAfterStat struct {
+	media.Store
+	key    string
+	n      int32
+	stats  atomic.Int32
+	Paused chan struct{}
+	Resume chan struct{}
+}
+
+// NewPauseAfterStat wraps store.
+func NewPauseAfterStat(store media.Store, key string, n int32) *PauseAfterStat {
+	return &PauseAfterStat{Store: store, key: key, n: n, Paused: make(chan struct{}), Resume: make(chan struct{})}
+}
+
+func (p *PauseAfterStat) Stat(ctx context.Context, key string) (media.Info, error) {
+	info, err := p.Store.Stat(ctx, key)
+	if key == p.key && p.stats.Add(1) == p.n {
+		close(p.Paused)
+		<-p.Resume
+	}
+	return info, err
+}
