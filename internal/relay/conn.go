@@ -656,13 +656,14 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before subscribing"))
 		return
 	}
-	if _, open := c.subs[subID]; !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
+	// NIP-50 search and agent_owner are one-shot: results, EOSE, and no
+	// live subscription, so neither the subscription cap nor the
+	// filter-value budget applies to them.
+	live := !oneShot(filters)
+	if _, open := c.subs[subID]; live && !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
 		return
 	}
-	// NIP-50 search and agent_owner are one-shot: results, EOSE, and no
-	// live subscription.
-	live := !oneShot(filters)
 	weight := filterValues(filters)
 	if held := c.heldFilterValues(subID); live && held+weight > c.srv.cfg.MaxFilterValues {
 		if _, open := c.subs[subID]; open { // replaced even though refused
