@@ -192,10 +192,18 @@ func (r *replyBatch) take() []queued {
 	return replies
 }
 
-// replyWeight is the room msg takes in the reply queue: its size, or the
-// whole queue for a message larger than that.
+// replyOverhead is what a queued reply costs beyond its bytes: its entry
+// in the queue (56 bytes, in a slice that grows by doubling) and the
+// rounding of its allocation. Weighed by its bytes alone, a 12-byte EOSE
+// left the budget room for 87,000 of them: a client that sent tiny REQs
+// and read nothing held 6.6 MiB of heap per connection under the 1 MiB
+// budget (about 84 bytes per EOSE, measured).
+const replyOverhead = 128
+
+// replyWeight is the room msg takes in the reply queue: its size and
+// replyOverhead, or the whole queue for a message larger than that.
 func (c *conn) replyWeight(msg []byte) int64 {
-	return min(int64(len(msg)), int64(c.srv.cfg.ReplyQueueBytes))
+	return min(int64(len(msg))+replyOverhead, int64(c.srv.cfg.ReplyQueueBytes))
 }
 
 // replySent gives back the room a reply took once it left the queue.
