@@ -230,7 +230,9 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 }
 
 func asksPresence(f *nostr.Filter) bool {
-	if len(f.Tags["h"]) == 0 {
+	// A NIP-50 search ranks stored events by their text; announcements are
+	// not stored, and Matches does not read the search term.
+	if len(f.Tags["h"]) == 0 || f.Search != "" {
 		return false
 	}
 	for _, k := range f.Kinds {

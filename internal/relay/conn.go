@@ -192,10 +192,18 @@ func (r *replyBatch) take() []queued {
 	return replies
 }
 
-// replyWeight is the room msg takes in the reply queue: its size, or the
-// whole queue for a message larger than that.
+// replyOverhead is what a queued reply costs beyond its bytes: its entry
+// in the queue (56 bytes, in a slice that grows by doubling) and the
+// rounding of its allocation. Weighed by its bytes alone, a 12-byte EOSE
+// left the budget room for 87,000 of them: a client that sent tiny REQs
+// and read nothing held 6.6 MiB of heap per connection under the 1 MiB
+// budget (about 84 bytes per EOSE, measured).
+const replyOverhead = 128
+
+// replyWeight is the room msg takes in the reply queue: its size and
+// replyOverhead, or the whole queue for a message larger than that.
 func (c *conn) replyWeight(msg []byte) int64 {
-	return min(int64(len(msg)), int64(c.srv.cfg.ReplyQueueBytes))
+	return min(int64(len(msg))+replyOverhead, int64(c.srv.cfg.ReplyQueueBytes))
 }
 
 // replySent gives back the room a reply took once it left the queue.
@@ -656,13 +664,14 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before subscribing"))
 		return
 	}
-	if _, open := c.subs[subID]; !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
+	// NIP-50 search and agent_owner are one-shot: results, EOSE, and no
+	// live subscription, so neither the subscription cap nor the
+	// filter-value budget applies to them.
+	live := !oneShot(filters)
+	if _, open := c.subs[subID]; live && !open && len(c.subs) >= c.srv.cfg.MaxSubscriptions {
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf("rate-limited: at most %d open subscriptions per connection", c.srv.cfg.MaxSubscriptions)))
 		return
 	}
-	// NIP-50 search and agent_owner are one-shot: results, EOSE, and no
-	// live subscription.
-	live := !oneShot(filters)
 	weight := filterValues(filters)
 	if held := c.heldFilterValues(subID); live && held+weight > c.srv.cfg.MaxFilterValues {
 		if _, open := c.subs[subID]; open { // replaced even though refused

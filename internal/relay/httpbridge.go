@@ -391,22 +391,52 @@ type filterFieldReply struct {
 
 // parseReadBody decodes {"filters":[...]} with the same strict filter rules
 // and limits as a WebSocket REQ/COUNT.
+//
+// The object's one key is matched exactly and once, as the filter parser
+// matches its own: encoding/json alone would take "Filters" for
+// "filters" and the last of two "filters", so a body could say one
+// thing to a reader of its first key and another to the relay.
 func parseReadBody(body []byte, lim nostr.Limits) (nostr.Filters, error) {
-	var req struct {
-		Filters json.RawMessage `json:"filters"`
+	notObject := func(err error) error {
+		return fmt.Errorf("body must be a JSON object {\"filters\":[...]}: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return nil, fmt.Errorf("body must be a JSON object {\"filters\":[...]}: %v", err)
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, notObject(fmt.Errorf("got %v", firstNonNil(err, tok)))
+	}
+	var filters json.RawMessage
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notObject(err)
+		}
+		switch key, _ := tok.(string); {
+		case key != "filters":
+			return nil, notObject(fmt.Errorf("unknown field %q", key))
+		case filters != nil:
+			return nil, notObject(errors.New(`duplicate field "filters"`))
+		}
+		if err := dec.Decode(&filters); err != nil {
+			return nil, notObject(err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, notObject(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("unexpected data after the JSON object")
 	}
-	if req.Filters == nil {
+	if filters == nil {
 		return nil, errors.New(`"filters" is required: {"filters":[{...}]}`)
 	}
-	return nostr.ParseFilters(req.Filters, lim)
+	return nostr.ParseFilters(filters, lim)
+}
+
+func firstNonNil(err error, tok json.Token) any {
+	if err != nil {
+		return err
+	}
+	return tok
 }
 
 // readFailure logs a read that failed inside the database and returns its

@@ -410,6 +410,12 @@ func TestHTTPBridgeBadBodies(t *testing.T) {
 		{"/query", `{"filters":[{}]} trailing`, "invalid: unexpected data after the JSON object"},
 		{"/count", `{"filters":[{},{},{}]}`, "invalid: too many filters (max 2)"},
 		{"/count", `[{}]`, "invalid: body must be a JSON object"},
+		// One spelling, once: encoding/json took "Filters" and the last of
+		// two. Kills: parseReadBody decoding into a struct.
+		{"/query", `{"filters":[{"kinds":[1]}],"filters":[{}]}`, `invalid: body must be a JSON object {"filters":[...]}: duplicate field "filters"`},
+		{"/count", `{"Filters":[{}]}`, `invalid: body must be a JSON object {"filters":[...]}: unknown field "Filters"`},
+		{"/count", `{"filters":null}`, "invalid: filters must be a JSON array"},
+		{"/count", `{"filters":[{}]`, "invalid: body must be a JSON object"},
 	} {
 		got := post(t, r, key, tc.path, tc.body)
 		require.Equal(t, http.StatusBadRequest, got.Status, "%s %s: %s", tc.path, tc.body, got.Raw)

@@ -64,6 +64,10 @@ func TestPresenceIsKeptForLaterSubscribersUntilItExpires(t *testing.T) {
 		"the newest announcement, not the older one that came after it, and no typing")
 	require.Empty(t, member.Req("none", presenceFilter(ch, map[string]any{"limit": 0})))
 	require.Empty(t, member.Req("others", presenceFilter(ch, map[string]any{"authors": []string{member.Key.PublicKeyHex()}})))
+	// A NIP-50 search reads stored events, ranked; presence is neither, and
+	// "online" does not contain the term. Kills: presence.Select ignoring
+	// the filter's search (the announcement came back for any term).
+	require.Empty(t, member.Req("search", presenceFilter(ch, map[string]any{"search": "nowhere"})))
 
 	mine := member.Sign(20001, "online", nostr.Tags{{"h", ch}}, base+1)
 	require.True(t, member.Publish(mine).OK)

@@ -433,6 +433,13 @@ func TestSubscriptionLimit(t *testing.T) {
 	closed := c.Expect("CLOSED")
 	require.Equal(t, "three", closed.SubID)
 	require.Equal(t, "rate-limited: at most 2 open subscriptions per connection", closed.Msg)
+	// A search or an agent_owner lookup is one-shot: it opens no
+	// subscription, so the cap does not refuse it. Kills: onReq applying
+	// the cap before it knows the REQ is one-shot.
+	c.Send("REQ", "search", map[string]any{"search": "hello"})
+	require.Equal(t, "search", c.Expect("EOSE").SubID, "a search at the cap")
+	c.Send("REQ", "owned", map[string]any{"agent_owner": c.Key.PublicKeyHex()})
+	require.Equal(t, "owned", c.Expect("EOSE").SubID, "an agent_owner lookup at the cap")
 	// Re-using an open id replaces it rather than counting twice; closing frees a slot.
 	open("two")
 	c.Send("CLOSE", "one")
