@@ -1,6 +1,7 @@
 package fanout_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -381,5 +382,46 @@ func TestPanicInAShareReachesThePublisher(t *testing.T) {
 	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1}
 	for range 20 {
 		require.PanicsWithValue(t, "receiver bug", func() { hub.Publish(c, ev, nil) })
+	}
+}
+
+// A publish that matched a subscription before it was closed or replaced
+// delivers nothing to it afterwards: the client would otherwise get an
+// event under a subscription it closed, or, for a REQ reusing the id, an
+// event of the old filters under the new subscription, after its EOSE.
+// Between matching and delivery a publish may wait for the channel's
+// readers (a database round trip on a cold cache), so this is not a
+// nanosecond window. Mutation killed: deliver not checking whether the
+// subscription was removed (the closed and the replaced subscriptions each
+// receive the kind 9 event).
+func TestNoDeliveryAfterCloseOrReplace(t *testing.T) {
+	t.Parallel()
+	community, channel := uuid.New(), uuid.New()
+	hub := fanout.NewHub()
+	entered, release := make(chan struct{}), make(chan struct{})
+	hub.SetChannelReaders(func(context.Context, uuid.UUID, uuid.UUID) (func(string) bool, error) {
+		entered <- struct{}{}
+		<-release
+		return func(string) bool { return true }, nil
+	})
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 9}
+	for name, change := range map[string]func(box *inbox){
+		"closed": func(box *inbox) { require.True(t, hub.Unsubscribe(community, box, "s")) },
+		"replaced": func(box *inbox) {
+			hub.Subscribe(community, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{}}})
+		},
+		"connection gone": func(box *inbox) { hub.UnsubscribeAll(community, box) },
+	} {
+		box := &inbox{}
+		hub.Subscribe(community, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{9}}}, Reader: "member"})
+		done := make(chan fanout.Stats)
+		go func() { done <- hub.Publish(community, ev, &channel) }()
+		<-entered // matched; waiting for the channel's readers
+		change(box)
+		close(release)
+		require.Zero(t, (<-done).Delivered, name)
+		require.Empty(t, box.take(), "%s: nothing delivered after the subscription went", name)
+		release = make(chan struct{})
+		hub.UnsubscribeAll(community, box)
 	}
 }
