@@ -162,6 +162,7 @@ func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
 	idx.remove(k)
 	entries := make([]*entry, 0, len(s.Filters))
 	for i := range s.Filters {
+		s.Filters[i].IndexTags()
 		e := &entry{sub: s, filter: &s.Filters[i]}
 		underSeveralTags := idx.place(e, true)
 		e.repeats = underSeveralTags || len(s.Filters) > 1

@@ -425,3 +425,23 @@ func TestNoDeliveryAfterCloseOrReplace(t *testing.T) {
 		hub.UnsubscribeAll(community, box)
 	}
 }
+
+// The hub indexes a subscription's long tag lists when it subscribes, so
+// an event with many tags is not matched value by value against each.
+// Mutation killed: Subscribe not calling IndexTags (the filter, whose list
+// is changed behind the hub's back, is matched by its list, not its set).
+func TestSubscribeIndexesLongTagLists(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	vals := make([]string, 100)
+	for i := range vals {
+		vals[i] = fmt.Sprint("v", i)
+	}
+	box := &inbox{}
+	sub := &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}, Tags: map[string][]string{"a": {"x"}, "t": vals}}}}
+	hub.Subscribe(c, sub)
+	sub.Filters[0].Tags["t"] = []string{"unindexed"}
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{{"a", "x"}, {"t", "v42"}}}
+	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
+}
