@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/hex"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -96,7 +97,21 @@ type Cache struct {
 	generation map[uuid.UUID]uint64
 	// epoch counts InvalidateAll calls, for the same reason.
 	epoch uint64
+	// trusted, when set, says whether cached answers may be used: false
+	// while this process cannot hear the other processes' invalidations
+	// (Redis lost), when every answer is read from the database and none
+	// is kept. Atomic: it is set while the relay's background work may
+	// already be asking.
+	trusted atomic.Pointer[func() bool]
 }
+
+// TrustOnlyWhile makes the cache answer from memory only while trusted
+// reports true. A process joined to
+// others passes whether it hears their invalidations: a member removed
+// through another process during a Redis outage would otherwise go on
+// receiving a private channel here for as long as the answer cached before
+// the removal lives.
+func (c *Cache) TrustOnlyWhile(trusted func() bool) { c.trusted.Store(&trusted) }
 
 // NewCache returns a cache reading through q; now is the process clock.
 func NewCache(q *db.Queries, ttl time.Duration, now func() time.Time) *Cache {
@@ -156,7 +171,11 @@ func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.
 	e, ok := m[k]
 	generation, epoch := c.generation[community], c.epoch
 	c.mu.Unlock()
-	if ok && c.now().Sub(e.loadedAt) < c.ttl {
+	trusted := true
+	if f := c.trusted.Load(); f != nil {
+		trusted = (*f)()
+	}
+	if ok && trusted && c.now().Sub(e.loadedAt) < c.ttl {
 		return e.value, nil
 	}
 	v, err := fetch()
@@ -168,6 +187,9 @@ func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.
 	defer c.mu.Unlock()
 	if c.generation[community] != generation || c.epoch != epoch {
 		return v, nil // fresh enough for this caller; too old to keep
+	}
+	if !trusted {
+		return v, nil // not used before the resync that would drop it
 	}
 	if len(m) >= maxEntries {
 		evictExpired(m, c.now(), c.ttl)

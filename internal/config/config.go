@@ -53,6 +53,7 @@ type Config struct {
 	IngestWriteTimeout     time.Duration // bounds one transaction writing events
 	AuthWindow             time.Duration // NIP-42 created_at tolerance
 	SendQueue              int           // queued outbound messages per connection
+	SendQueueBytes         int           // bytes of queued live events per connection
 	WriteTimeout           time.Duration // a client that cannot take a write this long is dropped
 	PingInterval           time.Duration // WebSocket ping cadence; a missed pong closes the connection
 	// ClosedCommunitySweep is how often a relay re-checks that the
@@ -207,6 +208,7 @@ func Default() Config {
 		IngestWriteTimeout:     30 * time.Second,
 		AuthWindow:             60 * time.Second,
 		SendQueue:              1024,
+		SendQueueBytes:         16 << 20,
 		WriteTimeout:           10 * time.Second,
 		PingInterval:           30 * time.Second,
 		// The announcement closes connections at once; the sweep only
@@ -296,6 +298,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_INGEST_GROUP_LOCK_TIMEOUT", &c.IngestGroupLockTimeout)
 	r.duration("BUZZ_INGEST_WRITE_TIMEOUT", &c.IngestWriteTimeout)
 	r.positive("BUZZ_SEND_QUEUE", &c.SendQueue)
+	r.positive("BUZZ_SEND_QUEUE_BYTES", &c.SendQueueBytes)
 	r.duration("BUZZ_WRITE_TIMEOUT", &c.WriteTimeout)
 	r.duration("BUZZ_PING_INTERVAL", &c.PingInterval)
 	r.duration("BUZZ_CLOSED_COMMUNITY_SWEEP", &c.ClosedCommunitySweep)

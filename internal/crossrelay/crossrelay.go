@@ -24,6 +24,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -75,6 +76,11 @@ const (
 	// dropped (counted), never retried, so nothing is delivered twice.
 	publishTimeout = 2 * time.Second
 	maxBatch       = 256
+	// receiveAhead and receiveAheadBytes bound the events read from Redis
+	// and not yet handed to the fan-out: how far the reader may run ahead
+	// of the fan-out to find the invalidations and closings behind them.
+	receiveAhead      = 1024
+	receiveAheadBytes = 8 << 20
 )
 
 // Handlers receive what the other processes published. They are called
@@ -385,13 +391,46 @@ func (b *Bus) setConnected(up bool, err error) {
 	}
 }
 
+// inbound is a remote event read from Redis, waiting for the fan-out.
+type inbound struct {
+	community uuid.UUID
+	event     *nostr.Event
+	channel   *uuid.UUID
+	weight    int64 // its share of receiveAheadBytes
+}
+
 // receive hands messages to the handlers until the subscription fails.
 // A quiet subscription is pinged; one that stays silent for another
 // health interval after the ping has failed too: a stalled Redis (stopped,
 // or cut off without a reset) takes the ping into its socket buffer
 // without a word, and the subscription would otherwise count as connected
 // for good, keeping every publish waiting on the shared rate limiter.
+//
+// Events go to the fan-out on a goroutine of their own, in the order
+// read; invalidations and closings are handled as soon as they are read,
+// ahead of the events still waiting for the fan-out. A fan-out that fell
+// behind (a large audience, a burst) would otherwise hold back another
+// process's removal of a member, and this process would go on delivering
+// the channel to that member from its cached answer, its own publishes
+// included, for as long as it lagged. Applied early, an invalidation
+// costs only the events committed before it, which are then authorized
+// against the answer after it.
 func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
+	ahead := make(chan inbound, receiveAhead)
+	room := semaphore.NewWeighted(receiveAheadBytes)
+	delivered := make(chan struct{})
+	go func() {
+		defer close(delivered)
+		for in := range ahead {
+			if b.handlers.Deliver != nil {
+				b.handlers.Deliver(in.community, in.event, in.channel)
+			}
+			room.Release(in.weight)
+		}
+	}()
+	// What was read before a failure is still delivered, before the next
+	// subscription (and its resync) begins.
+	defer func() { close(ahead); <-delivered }()
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, healthInterval)
@@ -409,51 +448,61 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
 			return err
 		}
 		pinged = false
-		if m, ok := msg.(*redis.Message); ok {
-			b.handle(m)
+		m, ok := msg.(*redis.Message)
+		if !ok {
+			continue
 		}
+		in, ok := b.handle(m)
+		if !ok {
+			continue
+		}
+		in.weight = min(int64(len(m.Payload)), receiveAheadBytes)
+		if err := room.Acquire(ctx, in.weight); err != nil {
+			return err
+		}
+		ahead <- in
 	}
 }
 
-func (b *Bus) handle(m *redis.Message) {
+// handle handles a control message or an invalidation at once; an event
+// it returns, for the fan-out, with ok set.
+func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	if community, ok := communityOf(m.Channel, controlSuffix); ok {
-		var in control
-		if err := json.Unmarshal([]byte(m.Payload), &in); err != nil || in.Op != "DisconnectCommunity" {
+		var op control
+		if err := json.Unmarshal([]byte(m.Payload), &op); err != nil || op.Op != "DisconnectCommunity" {
 			b.log.Warn("redis: unknown connection control message", "channel", m.Channel, "payload", m.Payload)
-			return
+			return in, false
 		}
 		if b.handlers.CloseCommunity != nil {
 			b.handlers.CloseCommunity(community)
 		}
-		return
+		return in, false
 	}
 	community, ok := communityOf(m.Channel, channelSuffix)
 	if !ok {
-		return
+		return in, false
 	}
-	var in message
-	if err := json.Unmarshal([]byte(m.Payload), &in); err != nil {
+	var msg message
+	if err := json.Unmarshal([]byte(m.Payload), &msg); err != nil {
 		b.log.Warn("redis: undecodable message", "channel", m.Channel, "err", err)
-		return
+		return in, false
 	}
-	if in.Origin == b.origin {
-		return // delivered locally when it was committed
+	if msg.Origin == b.origin {
+		return in, false // delivered locally when it was committed
 	}
 	b.metrics.Received.Inc()
-	if in.Event == nil {
+	if msg.Event == nil {
 		if b.handlers.Invalidate != nil {
 			b.handlers.Invalidate(community)
 		}
-		return
+		return in, false
 	}
 	var ev nostr.Event
-	if err := json.Unmarshal(in.Event, &ev); err != nil {
+	if err := json.Unmarshal(msg.Event, &ev); err != nil {
 		b.log.Warn("redis: undecodable event", "channel", m.Channel, "err", err)
-		return
+		return in, false
 	}
-	if b.handlers.Deliver != nil {
-		b.handlers.Deliver(community, &ev, in.Channel)
-	}
+	return inbound{community: community, event: &ev, channel: msg.Channel}, true
 }
 
 func communityOf(channel, suffix string) (uuid.UUID, bool) {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -255,4 +256,67 @@ func TestStalledRedisCallEndsAtTheCallersDeadline(t *testing.T) {
 	require.True(t, netErr.Timeout(), "a stalled Redis fails the call by its deadline: %v", err)
 	require.Less(t, waited, bus.client.Options().ReadTimeout/2,
 		"the call must end at its own 100 ms deadline, not at the socket's read timeout")
+}
+
+// An invalidation does not wait behind events the fan-out has yet to
+// deliver: while the fan-out is busy with an earlier event, the
+// invalidation read after it drops the cached answers at once. Before, a
+// process whose fan-out lagged (a large audience, a burst) went on
+// delivering a private channel to a member another process had removed,
+// its own publishes included, for as long as it lagged.
+// Mutation killed: handing invalidations to the handlers in line with the
+// events (the invalidation waits for the blocked delivery).
+func TestInvalidationOvertakesEventsWaitingForTheFanout(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	community := uuid.New()
+	blocked, unblock := make(chan struct{}), make(chan struct{})
+	invalidated := make(chan struct{}, 1)
+	delivered := make(chan string, 4)
+	var once sync.Once
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(url, 16, Handlers{
+		Deliver: func(c uuid.UUID, ev *nostr.Event, _ *uuid.UUID) {
+			if c != community {
+				return
+			}
+			once.Do(func() {
+				close(blocked)
+				<-unblock
+			})
+			delivered <- ev.ID
+		},
+		Invalidate: func(c uuid.UUID) {
+			if c == community {
+				invalidated <- struct{}{}
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	first, second := signed(t, "first"), signed(t, "second")
+	name := ChannelName(community)
+	for _, payload := range []string{
+		`{"o":"elsewhere","e":` + string(first.AppendJSON(nil)) + `}`,
+		`{"o":"elsewhere"}`,
+		`{"o":"elsewhere","e":` + string(second.AppendJSON(nil)) + `}`,
+	} {
+		require.NoError(t, other.Publish(t.Context(), name, payload).Err())
+	}
+	<-blocked
+	select {
+	case <-invalidated:
+	case <-time.After(10 * time.Second):
+		close(unblock)
+		t.Fatal("the invalidation waited for the fan-out of the event before it")
+	}
+	close(unblock)
+	require.Equal(t, first.ID, next(t, delivered), "events still reach the fan-out, in order")
+	require.Equal(t, second.ID, next(t, delivered))
 }

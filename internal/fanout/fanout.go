@@ -48,6 +48,36 @@ type Subscription struct {
 	// it; an empty Reader marks an in-process subscription with no reader
 	// to authorize.
 	Reader string
+
+	// closed is set, under mu, once the subscription is removed (closed,
+	// replaced, or its connection gone); a publish that matched it before
+	// then delivers nothing to it after. A delivery holds mu for reading
+	// while it queues, so removal returns only once no delivery to the
+	// subscription is in progress: what the client is sent next (CLOSED,
+	// the new REQ's history and EOSE) follows every event of the old one.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// enqueue queues the event for s unless s was removed: queued reports
+// whether it was queued, open whether s was still there to try.
+func (s *Subscription) enqueue(raw []byte) (queued, open bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return false, false
+	}
+	if er, ok := s.Receiver.(EventReceiver); ok {
+		return er.EnqueueEvent(s.ID, raw), true
+	}
+	return s.Receiver.Enqueue(nostr.EncodeEventRaw(s.ID, raw)), true
+}
+
+// close marks s removed, waiting for any delivery to it in progress.
+func (s *Subscription) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 }
 
 // ChannelReaders answers who may read one channel: mayRead reports it per
@@ -132,6 +162,7 @@ func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
 	idx.remove(k)
 	entries := make([]*entry, 0, len(s.Filters))
 	for i := range s.Filters {
+		s.Filters[i].IndexTags()
 		e := &entry{sub: s, filter: &s.Filters[i]}
 		underSeveralTags := idx.place(e, true)
 		e.repeats = underSeveralTags || len(s.Filters) > 1
@@ -270,15 +301,10 @@ func (p *publication) deliver(subs []*Subscription) Stats {
 		if p.channel != nil && sub.Reader != "" && !p.mayRead()(sub.Reader) {
 			continue
 		}
-		var queued bool
-		if er, ok := sub.Receiver.(EventReceiver); ok {
-			queued = er.EnqueueEvent(sub.ID, p.raw)
-		} else {
-			queued = sub.Receiver.Enqueue(nostr.EncodeEventRaw(sub.ID, p.raw))
-		}
-		if queued {
+		switch queued, open := sub.enqueue(p.raw); {
+		case queued:
 			stats.Delivered++
-		} else {
+		case open:
 			stats.Dropped++
 		}
 	}
@@ -419,6 +445,9 @@ func (idx *index) remove(k key) bool {
 	}
 	for _, e := range entries {
 		idx.place(e, false)
+	}
+	if len(entries) > 0 {
+		entries[0].sub.close()
 	}
 	delete(own, k.id)
 	if len(own) == 0 {

@@ -1,6 +1,7 @@
 package fanout_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -382,4 +383,65 @@ func TestPanicInAShareReachesThePublisher(t *testing.T) {
 	for range 20 {
 		require.PanicsWithValue(t, "receiver bug", func() { hub.Publish(c, ev, nil) })
 	}
+}
+
+// A publish that matched a subscription before it was closed or replaced
+// delivers nothing to it afterwards: the client would otherwise get an
+// event under a subscription it closed, or, for a REQ reusing the id, an
+// event of the old filters under the new subscription, after its EOSE.
+// Between matching and delivery a publish may wait for the channel's
+// readers (a database round trip on a cold cache), so this is not a
+// nanosecond window. Mutation killed: deliver not checking whether the
+// subscription was removed (the closed and the replaced subscriptions each
+// receive the kind 9 event).
+func TestNoDeliveryAfterCloseOrReplace(t *testing.T) {
+	t.Parallel()
+	community, channel := uuid.New(), uuid.New()
+	hub := fanout.NewHub()
+	entered, release := make(chan struct{}), make(chan struct{})
+	hub.SetChannelReaders(func(context.Context, uuid.UUID, uuid.UUID) (func(string) bool, error) {
+		entered <- struct{}{}
+		<-release
+		return func(string) bool { return true }, nil
+	})
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 9}
+	for name, change := range map[string]func(box *inbox){
+		"closed": func(box *inbox) { require.True(t, hub.Unsubscribe(community, box, "s")) },
+		"replaced": func(box *inbox) {
+			hub.Subscribe(community, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{}}})
+		},
+		"connection gone": func(box *inbox) { hub.UnsubscribeAll(community, box) },
+	} {
+		box := &inbox{}
+		hub.Subscribe(community, &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{9}}}, Reader: "member"})
+		done := make(chan fanout.Stats)
+		go func() { done <- hub.Publish(community, ev, &channel) }()
+		<-entered // matched; waiting for the channel's readers
+		change(box)
+		close(release)
+		require.Zero(t, (<-done).Delivered, name)
+		require.Empty(t, box.take(), "%s: nothing delivered after the subscription went", name)
+		release = make(chan struct{})
+		hub.UnsubscribeAll(community, box)
+	}
+}
+
+// The hub indexes a subscription's long tag lists when it subscribes, so
+// an event with many tags is not matched value by value against each.
+// Mutation killed: Subscribe not calling IndexTags (the filter, whose list
+// is changed behind the hub's back, is matched by its list, not its set).
+func TestSubscribeIndexesLongTagLists(t *testing.T) {
+	t.Parallel()
+	hub := fanout.NewHub()
+	c := uuid.New()
+	vals := make([]string, 100)
+	for i := range vals {
+		vals[i] = fmt.Sprint("v", i)
+	}
+	box := &inbox{}
+	sub := &fanout.Subscription{Receiver: box, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}, Tags: map[string][]string{"a": {"x"}, "t": vals}}}}
+	hub.Subscribe(c, sub)
+	sub.Filters[0].Tags["t"] = []string{"unindexed"}
+	ev := &nostr.Event{ID: hexKeys[0], PubKey: hexKeys[1], Kind: 1, Tags: nostr.Tags{{"a", "x"}, {"t", "v42"}}}
+	require.Equal(t, 1, hub.Publish(c, ev, nil).Delivered)
 }

@@ -59,6 +59,19 @@ func (t Tags) Values(name string) []string {
 	return vals
 }
 
+// hasAnyIn is hasAny for a set of values.
+func (t Tags) hasAnyIn(name string, vals map[string]struct{}) bool {
+	for _, tag := range t {
+		if len(tag) < 2 || tag[0] != name {
+			continue
+		}
+		if _, ok := vals[tag[1]]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // hasAny reports whether some tag is named name and its first value is in vals.
 func (t Tags) hasAny(name string, vals []string) bool {
 	for _, tag := range t {

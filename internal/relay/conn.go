@@ -97,7 +97,7 @@ func (c *conn) EnqueueEvent(subID string, rawEvent []byte) bool {
 
 func (c *conn) enqueueLive(m queued) bool {
 	m.queuedAt = monoNow()
-	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue)
+	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue, c.srv.cfg.SendQueueBytes)
 	if startWriter && !c.writeLiveNow(m) {
 		go c.writeQueued()
 	}
@@ -106,7 +106,7 @@ func (c *conn) enqueueLive(m queued) bool {
 	}
 	c.slowOnce.Do(func() {
 		c.srv.metrics.SlowClosed.Inc()
-		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue)
+		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue, "queue_bytes", c.srv.cfg.SendQueueBytes)
 		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 	})
 	return false
@@ -423,7 +423,7 @@ func (c *conn) sent(q queued) {
 	if q.reply {
 		c.replySent(q.msg)
 	} else {
-		c.out.written()
+		c.out.written(len(q.msg))
 	}
 }
 

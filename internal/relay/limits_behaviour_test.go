@@ -288,3 +288,32 @@ func historyUntilEOSE(t *testing.T, c *relaytest.Client) int {
 		got++
 	}
 }
+
+// A subscriber that stops reading pins at most BUZZ_SEND_QUEUE_BYTES of
+// live events (beyond what the socket buffers take) before it is closed as
+// a slow consumer, whatever their count: the count bound alone (1,024)
+// let one stalled connection hold 1,024 events of up to 256 KB each.
+// Mutation killed: pushLive ignoring the byte bound (the stalled
+// subscriber is never closed: 500 events are fewer than 1,024).
+func TestStalledSubscriberPinsAtMostTheSendQueueBytes(t *testing.T) {
+	// Not parallel: it pushes megabytes through loopback.
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.SendQueueBytes = 1 << 20
+		c.PublishPerMinute, c.PublishBurst = 100_000, 100_000
+	})
+	publisher := r.Dial(t, "")
+	author := publisher.Auth(nil)
+	stalled := r.Dial(t, "")
+	stalled.Auth(nil)
+	stalled.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	stalled.Expect("EOSE")
+	// From here the subscriber reads nothing: the socket buffers fill, then
+	// its live queue.
+	closed := func() float64 { return testutil.ToFloat64(r.Server.Metrics().SlowClosed) }
+	big := strings.Repeat("x", 60<<10)
+	for i := 0; i < 500 && closed() == 0; i++ { // 30 MB: far more than the socket buffers take
+		require.True(t, publisher.Publish(publisher.Sign(1, fmt.Sprint(i, big), nil, 0)).OK)
+	}
+	require.Eventually(t, func() bool { return closed() == 1 }, 30*time.Second, 5*time.Millisecond,
+		"a subscriber holding more than BUZZ_SEND_QUEUE_BYTES of live events is closed")
+}

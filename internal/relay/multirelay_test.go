@@ -360,3 +360,48 @@ func TestCrossRelayNoticesAStalledRedis(t *testing.T) {
 	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGCONT))
 	waitRedis(t, "connected", r)
 }
+
+// A member removed through A while Redis is down must not go on receiving
+// the private channel on B: the invalidation cannot cross, so B must not
+// trust the reader set it cached before the outage for the rest of its
+// 10 s lifetime. While cut off from the other relays, B asks the database.
+// Mutation killed: trusting cached access answers while the bus is not
+// connected (B delivers the post-removal message to the removed member).
+func TestCrossRelayOutageDoesNotTrustCachedAccess(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	leaving := b.Dial(t, a.Host)
+	leaving.Auth(nil)
+	staying := b.Dial(t, a.Host)
+	staying.Auth(nil)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	// B caches the channel's readers while delivering this, during the
+	// outage.
+	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", before)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", after)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel during the outage")
+	require.True(t, staying.Expect("OK").OK)
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A during the outage must not receive the channel on B")
+}

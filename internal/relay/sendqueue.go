@@ -20,6 +20,9 @@ type sendQueue struct {
 	// slow-client bound applies to them only, so a long history being
 	// read never counts against it.
 	live int
+	// liveBytes is what those deliveries hold: a stalled client pins the
+	// events queued for it, up to 256 KB each.
+	liveBytes int
 	// writing is set while a writer goroutine runs; draining once the
 	// relay shuts down (the writer then flushes and closes 1001); closed
 	// when the connection ended (nothing is queued any more).
@@ -53,18 +56,21 @@ func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 const keepSpare = 64
 
 // pushLive queues a live delivery unless limit live deliveries are
-// already waiting; startWriter reports whether the caller must start the
-// writer. A delivery to a connection that ended is dropped as if written.
-func (q *sendQueue) pushLive(m queued, limit int) (ok, startWriter bool) {
+// already waiting, or it would take those waiting past limitBytes (one
+// delivery alone is always taken); startWriter reports whether the caller
+// must start the writer. A delivery to a connection that ended is dropped
+// as if written.
+func (q *sendQueue) pushLive(m queued, limit, limitBytes int) (ok, startWriter bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return true, false
 	}
-	if q.live >= limit {
+	if q.live >= limit || q.live > 0 && q.liveBytes+len(m.msg) > limitBytes {
 		return false, false
 	}
 	q.live++
+	q.liveBytes += len(m.msg)
 	q.pending = append(q.pending, m)
 	return true, q.claimWriter()
 }
@@ -134,6 +140,7 @@ func (q *sendQueue) wroteFirst(finished bool) (keepWriting bool) {
 		return false
 	}
 	q.live--
+	q.liveBytes -= len(q.pending[0].msg)
 	n := copy(q.pending, q.pending[1:])
 	q.pending[n] = queued{}
 	q.pending = q.pending[:n]
@@ -144,10 +151,11 @@ func (q *sendQueue) wroteFirst(finished bool) (keepWriting bool) {
 	return false
 }
 
-// written records that a live delivery left the queue.
-func (q *sendQueue) written() {
+// written records that a live delivery of size bytes left the queue.
+func (q *sendQueue) written(size int) {
 	q.mu.Lock()
 	q.live--
+	q.liveBytes -= size
 	q.mu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/binary"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,7 +46,7 @@ func TestSendQueueOneWriterNothingStranded(t *testing.T) {
 				mu.Unlock()
 				written.Add(1)
 				if !m.reply {
-					q.written()
+					q.written(len(m.msg))
 				}
 			}
 		}
@@ -60,7 +61,7 @@ func TestSendQueueOneWriterNothingStranded(t *testing.T) {
 					_, start = q.pushReply(queued{msg: msg})
 				} else {
 					var ok bool
-					ok, start = q.pushLive(queued{msg: msg}, pushers*each)
+					ok, start = q.pushLive(queued{msg: msg}, pushers*each, math.MaxInt)
 					require.True(t, ok)
 				}
 				if start {

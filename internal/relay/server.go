@@ -375,6 +375,10 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Presence accepted by any process is seen by a REQ on every other.
 	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.presence.Load().Store)})
 	s.crossRelay.Store(bus)
+	// Cached access answers stand only while this process hears the
+	// others' invalidations; until it subscribes, and whenever Redis is
+	// lost, every answer comes from the database.
+	s.access.TrustOnlyWhile(bus.Connected)
 	go bus.Run(ctx)
 	return nil
 }

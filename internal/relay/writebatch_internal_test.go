@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -99,12 +100,12 @@ func TestQueuedMessagesLeaveInOneWriteIntactAndInOrder(t *testing.T) {
 		case 0:
 			ev := fmt.Appendf(nil, `{"id":"%064d","content":"event %d"}`, i, i)
 			subID := fmt.Sprintf("sub-%d", i%7)
-			ok, _ := c.out.pushLive(queued{msg: ev, subID: subID}, n)
+			ok, _ := c.out.pushLive(queued{msg: ev, subID: subID}, n, math.MaxInt)
 			require.True(t, ok)
 			want = append(want, nostr.EncodeEventRaw(subID, ev))
 		case 1:
 			msg := nostr.EncodeNotice(fmt.Sprintf("live message %d", i))
-			ok, _ := c.out.pushLive(queued{msg: msg}, n)
+			ok, _ := c.out.pushLive(queued{msg: msg}, n, math.MaxInt)
 			require.True(t, ok)
 			want = append(want, msg)
 		case 2:
@@ -187,7 +188,7 @@ func TestLargeBatchLeavesInChunksIntact(t *testing.T) {
 	var want [][]byte
 	for i := range n {
 		msg := nostr.EncodeNotice(fmt.Sprintf("%d:%s", i, bytes.Repeat([]byte{'a' + byte(i)}, corkFlushBytes/2)))
-		ok, _ := c.out.pushLive(queued{msg: msg}, n)
+		ok, _ := c.out.pushLive(queued{msg: msg}, n, math.MaxInt)
 		require.True(t, ok)
 		want = append(want, msg)
 	}
@@ -252,7 +253,7 @@ func TestControlFramesWhileCorkedStayWhole(t *testing.T) {
 	}()
 	for r := range rounds {
 		for i := range perRound {
-			ok, _ := c.out.pushLive(queued{msg: nostr.EncodeNotice(fmt.Sprint(r*perRound + i))}, rounds*perRound)
+			ok, _ := c.out.pushLive(queued{msg: nostr.EncodeNotice(fmt.Sprint(r*perRound + i))}, rounds*perRound, math.MaxInt)
 			require.True(t, ok)
 		}
 		c.writeQueued()
@@ -272,7 +273,7 @@ func TestWriteDelayIsObservedPerLiveDeliveryFromQueueing(t *testing.T) {
 	const waited = 50 * time.Millisecond
 	queuedAt := monoNow() - int64(waited)
 	for i := range live {
-		ok, _ := c.out.pushLive(queued{msg: []byte(`{"id":"x"}`), subID: "s", queuedAt: queuedAt}, live)
+		ok, _ := c.out.pushLive(queued{msg: []byte(`{"id":"x"}`), subID: "s", queuedAt: queuedAt}, live, math.MaxInt)
 		require.True(t, ok)
 		if i < replies {
 			msg := nostr.EncodeEOSE("r")
