@@ -26,31 +26,41 @@ func backlogFixture(tb testing.TB, f *fixture, backlog, bRuns int) community.Ten
 	owner := f.key()
 	aWorkflow := uuid.NewString()
 	f.save(owner, f.channel(owner), aWorkflow, twoSteps)
-	_, err := f.pool.Exec(f.ctx, `
-		INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
-		SELECT $1, gen_random_uuid(), $2, now() - interval '1 hour' + i * interval '1 millisecond'
-		FROM generate_series(1, $3::int) AS i`, f.tenant.ID(), aWorkflow, backlog)
-	require.NoError(tb, err)
-
-	row, err := db.New(f.pool).CommunityCreate(f.ctx, "wf-b-"+uuid.NewString()[:8]+".example")
-	require.NoError(tb, err)
-	b := community.FromRow(row)
-	storeB := func(ev *nostr.Event) {
-		out, _, err := f.p.SubmitReply(f.ctx, b, ev.PubKey, ev)
-		require.NoError(tb, err)
-		require.Equal(tb, ingest.Stored, out)
-	}
-	bOwner, bChannel, bWorkflow := f.key(), uuid.NewString(), uuid.NewString()
-	storeB(f.sign(bOwner, ingest.KindCreateGroup, "", nostr.Tags{{"h", bChannel}, {"name", "b"}}))
-	storeB(f.sign(bOwner, workflow.KindDefinition, twoSteps, nostr.Tags{{"d", bWorkflow}, {"h", bChannel}}))
-	_, err = f.pool.Exec(f.ctx, `
-		INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
-		SELECT $1, gen_random_uuid(), $2, now() - interval '1 second' + i * interval '1 millisecond'
-		FROM generate_series(1, $3::int) AS i`, b.ID(), bWorkflow, bRuns)
-	require.NoError(tb, err)
-	_, err = f.pool.Exec(f.ctx, `VACUUM ANALYZE workflow_runs`)
+	f.dueRuns(f.tenant.ID(), aWorkflow, backlog, time.Hour)
+	b, bWorkflow := f.otherCommunity()
+	f.dueRuns(b.ID(), bWorkflow, bRuns, time.Second)
+	_, err := f.pool.Exec(f.ctx, `VACUUM ANALYZE workflow_runs`)
 	require.NoError(tb, err)
 	return b
+}
+
+// otherCommunity creates a community in the fixture's database with a
+// channel and a two-step workflow, and returns it and the workflow's id.
+func (f *fixture) otherCommunity() (community.Tenant, string) {
+	f.t.Helper()
+	row, err := db.New(f.pool).CommunityCreate(f.ctx, "wf-b-"+uuid.NewString()[:8]+".example")
+	require.NoError(f.t, err)
+	c := community.FromRow(row)
+	store := func(ev *nostr.Event) {
+		out, _, err := f.p.SubmitReply(f.ctx, c, ev.PubKey, ev)
+		require.NoError(f.t, err)
+		require.Equal(f.t, ingest.Stored, out)
+	}
+	owner, channel, workflowID := f.key(), uuid.NewString(), uuid.NewString()
+	store(f.sign(owner, ingest.KindCreateGroup, "", nostr.Tags{{"h", channel}, {"name", "b"}}))
+	store(f.sign(owner, workflow.KindDefinition, twoSteps, nostr.Tags{{"d", workflowID}, {"h", channel}}))
+	return c, workflowID
+}
+
+// dueRuns inserts n pending runs of the workflow, due since age ago, a
+// millisecond apart, oldest first.
+func (f *fixture) dueRuns(community uuid.UUID, workflowID string, n int, age time.Duration) {
+	f.t.Helper()
+	_, err := f.pool.Exec(f.ctx, `
+		INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
+		SELECT $1, gen_random_uuid(), $2, $4::timestamptz - $5 * interval '1 microsecond' + i * interval '1 millisecond'
+		FROM generate_series(1, $3::int) AS i`, community, workflowID, n, f.clock.Now(), age.Microseconds())
+	require.NoError(f.t, err)
 }
 
 // capture is a db.DBTX that records the statement and arguments of the
@@ -77,11 +87,14 @@ func BenchmarkClaimBehindOneCommunitysBacklog(b *testing.B) {
 	for _, backlog := range []int{0, 200000} {
 		f := newFixtureWith(b, ingest.Options{}, workflow.Triggers{})
 		other := backlogFixture(b, f, backlog, 20)
-		var ids []uuid.UUID
-		rows, err := f.pool.Query(f.ctx, `SELECT id FROM workflow_runs WHERE community_id = $1`, other.ID())
-		require.NoError(b, err)
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		require.NoError(b, err)
+		runsOf := func(community uuid.UUID) []uuid.UUID {
+			rows, err := f.pool.Query(f.ctx, `SELECT id FROM workflow_runs WHERE community_id = $1 LIMIT 20`, community)
+			require.NoError(b, err)
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			require.NoError(b, err)
+			return ids
+		}
+		ids := runsOf(other.ID())
 		due := db.WorkflowRunClaimDueParams{
 			ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10,
 			FullCommunities: []uuid.UUID{f.tenant.ID()}, CommunityShare: 5,
@@ -90,42 +103,57 @@ func BenchmarkClaimBehindOneCommunitysBacklog(b *testing.B) {
 			ClaimID: due.ClaimID, LeaseMs: due.LeaseMs, MaxRows: int32(len(ids)), Ids: ids,
 			FullCommunities: due.FullCommunities, CommunityShare: due.CommunityShare,
 		}
+		for range ids {
+			byID.Communities = append(byID.Communities, other.ID())
+		}
+		// Runs of A, handed off while A holds fewer than its share (there
+		// are none with no backlog).
+		byIDA := byID
+		byIDA.FullCommunities, byIDA.Ids, byIDA.Communities = nil, runsOf(f.tenant.ID()), nil
+		for range byIDA.Ids {
+			byIDA.Communities = append(byIDA.Communities, f.tenant.ID())
+		}
 		inTx := func(fn func(tx pgx.Tx)) {
 			tx, err := f.pool.Begin(f.ctx)
 			require.NoError(b, err)
 			defer func() { require.NoError(b, tx.Rollback(f.ctx)) }()
 			fn(tx)
 		}
+		claimDue := func(tx db.DBTX) ([]uuid.UUID, error) {
+			rows, err := db.New(tx).WorkflowRunClaimDue(f.ctx, due)
+			out := make([]uuid.UUID, len(rows))
+			for i, r := range rows {
+				out[i] = r.CommunityID
+			}
+			return out, err
+		}
+		claimByID := func(p db.WorkflowRunClaimByIDParams) func(tx db.DBTX) ([]uuid.UUID, error) {
+			return func(tx db.DBTX) ([]uuid.UUID, error) {
+				rows, err := db.New(tx).WorkflowRunClaimByID(f.ctx, p)
+				out := make([]uuid.UUID, len(rows))
+				for i, r := range rows {
+					out[i] = r.CommunityID
+				}
+				return out, err
+			}
+		}
 		for _, c := range []struct {
-			name  string
-			claim func(tx db.DBTX) ([]uuid.UUID, error)
+			name      string
+			community uuid.UUID // whose runs the claim takes,
+			want      int       // this many
+			claim     func(tx db.DBTX) ([]uuid.UUID, error)
 		}{
-			{"due",
-				func(tx db.DBTX) ([]uuid.UUID, error) {
-					rows, err := db.New(tx).WorkflowRunClaimDue(f.ctx, due)
-					out := make([]uuid.UUID, len(rows))
-					for i, r := range rows {
-						out[i] = r.CommunityID
-					}
-					return out, err
-				}},
-			{"byid",
-				func(tx db.DBTX) ([]uuid.UUID, error) {
-					rows, err := db.New(tx).WorkflowRunClaimByID(f.ctx, byID)
-					out := make([]uuid.UUID, len(rows))
-					for i, r := range rows {
-						out[i] = r.CommunityID
-					}
-					return out, err
-				}},
+			{"due", other.ID(), 5, claimDue},
+			{"byid", other.ID(), 5, claimByID(byID)},
+			{"byid-backlog", f.tenant.ID(), min(backlog, 5), claimByID(byIDA)},
 		} {
 			b.Run("claim="+c.name+"/backlog="+itoa(int64(backlog)), func(b *testing.B) {
 				inTx(func(tx pgx.Tx) {
 					got, err := c.claim(tx)
 					require.NoError(b, err)
-					require.Len(b, got, 5, "community B's share")
+					require.Len(b, got, c.want, "the community's share")
 					for _, community := range got {
-						require.Equal(b, other.ID(), community)
+						require.Equal(b, c.community, community)
 					}
 				})
 				// The plans, custom (this claim's values) then generic (what a

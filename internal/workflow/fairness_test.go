@@ -112,7 +112,7 @@ func TestHandedOffRunOfACommunityAtItsShareStartsAtOnce(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "the worker's first polls claim the hanging runs")
 
 	f.store(f.sign(owner, ingest.KindChat, "quick", nostr.Tags{{"h", quickCh}}))
-	w.Offer(<-f.offers)
+	w.Offer(f.tenant.ID(), <-f.offers)
 	require.Eventually(t, func() bool {
 		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), quick) == 1
 	}, 20*time.Second, 20*time.Millisecond, "the handed-off run waited for the poll although two slots were free")

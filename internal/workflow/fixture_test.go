@@ -87,7 +87,7 @@ func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Trigger
 	f.reg = prometheus.NewRegistry()
 	f.metrics, err = workflow.NewMetrics(f.reg)
 	require.NoError(t, err)
-	triggers.Offer = func(ids []uuid.UUID) { f.offers <- ids }
+	triggers.Offer = func(_ uuid.UUID, ids []uuid.UUID) { f.offers <- ids }
 	triggers.Metrics = f.metrics
 	workflow.RegisterTriggers(f.p, &triggers)
 	return f
