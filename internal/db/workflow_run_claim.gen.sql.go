@@ -180,13 +180,20 @@ due_communities AS (
     SELECT h.community_id,
            least(coalesce(($4::int[])[array_position($5::uuid[], h.community_id)], $6::int),
                  $7::int) AS room
-    FROM pending_communities h
-    WHERE h.run_at <= coalesce($2::timestamptz, now())
-      -- A community holding its share of the worker's runs waits.
-      AND h.community_id <> ALL(coalesce($8::uuid[], '{}'))
-      -- A community being deleted is skipped, not an error for the batch.
-      AND community_write_allowed(h.community_id)
-    ORDER BY h.run_at, h.created_at, h.id
+    FROM (
+        SELECT h.community_id
+        FROM pending_communities h
+        WHERE h.run_at <= coalesce($2::timestamptz, now())
+          -- A community holding its share of the worker's runs waits.
+          AND h.community_id <> ALL(coalesce($8::uuid[], '{}'))
+        ORDER BY h.run_at, h.created_at, h.id
+        -- Sorted first (OFFSET 0 keeps the check below out of this
+        -- subquery), so the check runs for the communities taken, not for
+        -- every community with runs due (1,000 of them: 14 ms a claim).
+        OFFSET 0
+    ) h
+    -- A community being deleted is skipped, not an error for the batch.
+    WHERE community_write_allowed(h.community_id)
     LIMIT $7::int
 ),
 pending AS (

@@ -186,3 +186,64 @@ func BenchmarkClaimBehindOneCommunitysBacklog(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimAmongManyCommunities: the poll's claim of ten runs (a share
+// of five) where 1,000 communities have one pending run each, due (due) or
+// delayed an hour (delayed), besides community B's 20 due runs. The claim
+// finds pending runs per community, so it costs about one index descent
+// per community with pending runs, due or not (ns/op and ms/claim are one
+// claim, rolled back).
+func BenchmarkClaimAmongManyCommunities(b *testing.B) {
+	for _, delay := range []time.Duration{0, time.Hour} {
+		name := "due"
+		if delay > 0 {
+			name = "delayed"
+		}
+		b.Run(name, func(b *testing.B) {
+			f := newFixtureWith(b, ingest.Options{}, workflow.Triggers{})
+			other := backlogFixture(b, f, 0, 20)
+			_, err := f.pool.Exec(f.ctx, `
+				WITH c AS (
+					INSERT INTO communities (host)
+					SELECT 'many-' || i || '.example' FROM generate_series(1, 1000) AS i
+					RETURNING id
+				), w AS (
+					INSERT INTO workflows (community_id, id, name, owner_pubkey, definition, definition_hash)
+					SELECT c.id, gen_random_uuid(), 'W', sha256('o'), '{}', sha256('d') FROM c
+					RETURNING community_id, id
+				)
+				INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
+				SELECT w.community_id, gen_random_uuid(), w.id, $1::timestamptz + $2 * interval '1 microsecond' FROM w`,
+				f.clock.Now().Add(-time.Minute), delay.Microseconds())
+			require.NoError(b, err)
+			_, err = f.pool.Exec(f.ctx, `VACUUM ANALYZE workflow_runs`)
+			require.NoError(b, err)
+			params := db.WorkflowRunClaimDueParams{
+				ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10, CommunityShare: 5,
+			}
+			claim := func() []db.WorkflowRunClaimDueRow {
+				tx, err := f.pool.Begin(f.ctx)
+				require.NoError(b, err)
+				defer func() { require.NoError(b, tx.Rollback(f.ctx)) }()
+				rows, err := db.New(tx).WorkflowRunClaimDue(f.ctx, params)
+				require.NoError(b, err)
+				return rows
+			}
+			// Due: one run each of the ten communities due first; delayed:
+			// B's share.
+			rows := claim()
+			if delay > 0 {
+				require.Len(b, rows, 5)
+				for _, r := range rows {
+					require.Equal(b, other.ID(), r.CommunityID)
+				}
+			} else {
+				require.Len(b, rows, 10)
+			}
+			for b.Loop() {
+				claim()
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/claim")
+		})
+	}
+}

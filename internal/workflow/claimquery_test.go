@@ -330,3 +330,33 @@ func TestParallelClaimsNeverClaimARunTwice(t *testing.T) {
 	}
 	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE attempts <> 1`))
 }
+
+// The poll skips the runs of a community being deleted (its writes are
+// fenced) instead of failing for every community: the bystander's runs,
+// due after the fenced community's, are claimed.
+//
+// Mutation killed: the poll's per-community scan without
+// community_write_allowed (the claim's UPDATE of the fenced community's
+// runs fails the whole statement with 55000).
+func TestRunClaimSkipsACommunityBeingDeleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	b := backlogFixture(t, f, 30, 20)
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	// Fenced as its deletion's executor would, without the executor.
+	_, err = tx.Exec(f.ctx, `SET LOCAL session_replication_role = replica`)
+	require.NoError(t, err)
+	_, err = tx.Exec(f.ctx, `UPDATE communities SET deletion_state = 'fenced' WHERE id = $1`, f.tenant.ID())
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(f.ctx))
+
+	rows, err := db.New(f.pool).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10, CommunityShare: 10,
+	})
+	require.NoError(t, err)
+	require.Len(t, rows, 10)
+	for _, r := range rows {
+		require.Equal(t, b.ID(), r.CommunityID)
+	}
+}
