@@ -2850,13 +2850,6 @@ CREATE INDEX workflow_runs_by_status ON public.workflow_runs USING btree (commun
 
 
 --
--- Name: workflow_runs_due; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX workflow_runs_due ON public.workflow_runs USING btree (run_at, created_at, id) WHERE (status = 'pending'::public.workflow_run_status);
-
-
---
 -- Name: workflow_runs_ended; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2875,6 +2868,13 @@ CREATE INDEX workflow_runs_history ON public.workflow_runs USING btree (communit
 --
 
 CREATE UNIQUE INDEX workflow_runs_idempotency ON public.workflow_runs USING btree (community_id, workflow_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+
+--
+-- Name: workflow_runs_pending_by_community; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflow_runs_pending_by_community ON public.workflow_runs USING btree (community_id, run_at, created_at, id) WHERE (status = 'pending'::public.workflow_run_status);
 
 
 --

@@ -1,17 +1,22 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // benchSpacing is the pause between mentions: uniform in [d, 1.6 d], d =
@@ -224,4 +229,60 @@ func BenchmarkBurstDrain(b *testing.B) {
 		b.Logf("1,000 mentions: saved in %.2f s, all delivered after %.2f s, peak in flight %d", saved.Seconds(), drained.Seconds(), peak.Load())
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkMentionBehindAnotherCommunitysFlood: one key floods 1,000
+// mentions in community A to a listener that answers in 50 ms (queued at
+// once, as a burst of saves on another pod would leave them), then
+// community B saves one mention to the same listener: handed off at commit
+// by the saving pod (handoff), or queued for the poll (saved on a pod that
+// does not deliver, or whose hand-off was full). Reported: how long B's
+// mention waits for its POST (b_wait_s).
+func BenchmarkMentionBehindAnotherCommunitysFlood(b *testing.B) {
+	for _, path := range []string{"handoff", "poll"} {
+		b.Run(path, func(b *testing.B) {
+			for range b.N {
+				b.ReportMetric(mentionBehindFlood(b, path == "handoff").Seconds(), "b_wait_s")
+			}
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+func mentionBehindFlood(b *testing.B, handoff bool) time.Duration {
+	f := newFixture(b)
+	other, err := f.q.CommunityCreate(context.Background(), "other.example")
+	require.NoError(b, err)
+	fb := &fixture{t: b, pool: f.pool, q: f.q, community: other.ID}
+	l := newListener(b, func(w http.ResponseWriter, r *http.Request) { time.Sleep(50 * time.Millisecond) })
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	target := newPubkey(b)
+	f.register(l.pubHex, target)
+	flood, _ := newKey(b)
+	for i := range 1000 {
+		ev := &nostr.Event{Kind: 9, CreatedAt: time.Now().Unix(), Content: "flood " + strconv.Itoa(i), Tags: nostr.Tags{{"p", target}}}
+		require.NoError(b, ev.Sign(flood))
+		f.saveIn(ev, nil)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	ev := message(b, 9, target)
+	var saved time.Time
+	if handoff {
+		_, _, saved = fb.saveTimed(ev, w, true)
+	} else {
+		fb.saveIn(ev, nil)
+		saved = time.Now()
+	}
+	for {
+		for _, r := range l.requests() {
+			if bytes.Contains(r.Body, []byte(ev.ID)) {
+				return r.At.Sub(saved)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -23,7 +23,7 @@ func (s *Server) registerWorkflows() {
 	}
 	s.workflowStats = m
 	workflow.RegisterTriggers(s.pipeline, &workflow.Triggers{
-		Offer:             func(ids []uuid.UUID) { s.workflowWorker.Load().Offer(ids) },
+		Offer:             func(community uuid.UUID, ids []uuid.UUID) { s.workflowWorker.Load().Offer(community, ids) },
 		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns,
 		MaxPerChannel:     s.cfg.WorkflowMaxPerChannel,
 		Metrics:           m,

@@ -3,21 +3,26 @@ package workflow_test
 import (
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
 // The poll and the by-id claim come from one template and differ only in
-// the by-id line, so a condition added to one is in the other. Mutation
-// killed: editing one rendered query by hand (or a template branch that
-// adds anything else to one of them) fails the comparison.
-func TestRunClaimsDifferOnlyInTheByIDLine(t *testing.T) {
+// how they find pending runs (the poll per community, the by-id claim by
+// primary key) and which runs the expired scan reads, so a condition added
+// to the rest of one is in the other. Mutation killed: editing one rendered
+// query by hand (or a template branch that adds anything else to one of
+// them) fails the comparison.
+func TestRunClaimsDifferOnlyInHowTheyFindRuns(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../queries/workflow_run_claim.gen.sql")
 	require.NoError(t, err)
@@ -35,8 +40,16 @@ func TestRunClaimsDifferOnlyInTheByIDLine(t *testing.T) {
 	due, byID := sqlOf(parts[1]), sqlOf(parts[2])
 	require.True(t, strings.HasPrefix(parts[1], "WorkflowRunClaimDue "))
 	require.True(t, strings.HasPrefix(parts[2], "WorkflowRunClaimByID "))
+	// From the expired scan on.
+	_, due, ok := strings.Cut(due, "expired AS (")
+	require.True(t, ok)
+	pendingByID, byID, ok := strings.Cut(byID, "expired AS (")
+	require.True(t, ok)
+	const byKey = "(SELECT unnest(@communities::uuid[]) AS community_id, unnest(@ids::uuid[]) AS id) h\n" +
+		"    JOIN workflow_runs r ON r.community_id = h.community_id AND r.id = h.id\n"
+	require.Contains(t, pendingByID, byKey)
 	require.Contains(t, due, "FOR UPDATE OF r SKIP LOCKED")
-	require.Equal(t, strings.TrimSpace(due), strings.TrimSpace(strings.ReplaceAll(byID, "      AND r.id = ANY(@ids::uuid[])\n", "")))
+	require.Equal(t, strings.TrimSpace(due), strings.TrimSpace(strings.Replace(byID, byKey, "workflow_runs r\n", 1)))
 }
 
 // The poll reads about as many runs as it claims, however many are due (a
@@ -139,4 +152,211 @@ func TestApprovalExpiryReadsPendingApprovalsOnly(t *testing.T) {
 	require.EqualValues(t, 1, top["Actual Rows"], "the one pending approval past its expiry")
 	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
 	require.Less(t, buffers, float64(60), "buffers the expirer touched, of 150,000 approvals (3 pending)")
+}
+
+// A community at its share of the worker's slots waits while others have
+// runs due, and its backlog does not make the claim of the others' runs
+// slower: the poll reads about the runs it takes, not the 20,000 runs of
+// the waiting community due before them. The hand-off's claim reads the
+// runs handed to it, not every run of the table. Rows read are counted by
+// PostgreSQL for the claim's own transaction (pg_stat_xact_user_tables).
+//
+// Mutations killed: the poll's pending runs found in run_at order across
+// communities (the claim before migration 036) reads all 20,000; the
+// by-id claim finding runs by id alone (the claim before) walks the whole
+// primary key.
+func TestRunClaimReadsItsRunsNotAWaitingCommunitysBacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	b := backlogFixture(t, f, 20000, 20)
+	a := f.tenant.ID()
+
+	claim := func(name string, fn func(q *db.Queries) (communities []uuid.UUID, err error)) []uuid.UUID {
+		tx, err := f.pool.Begin(f.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(f.ctx) }()
+		before := dbtest.RowsRead(t, tx, "workflow_runs")
+		got, err := fn(db.New(tx))
+		require.NoError(t, err)
+		read := dbtest.RowsRead(t, tx, "workflow_runs") - before
+		require.Less(t, read, int64(100), "%s: rows the claim read, of a 20,000-run backlog", name)
+		return got
+	}
+	got := claim("poll", func(q *db.Queries) ([]uuid.UUID, error) {
+		rows, err := q.WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+			ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10,
+			FullCommunities: []uuid.UUID{a}, CommunityShare: 5,
+		})
+		out := make([]uuid.UUID, len(rows))
+		for i, r := range rows {
+			out[i] = r.CommunityID
+		}
+		return out, err
+	})
+	require.Equal(t, []uuid.UUID{b.ID(), b.ID(), b.ID(), b.ID(), b.ID()}, got, "B's share, none of A's")
+
+	// The hand-off's claim reads index entries it does not return when it
+	// walks a key (rows read do not show them): its pending scan's buffers
+	// are counted instead (EXPLAIN ANALYZE, BUFFERS, rolled back).
+	var ids, communities []uuid.UUID
+	require.NoError(t, f.pool.QueryRow(f.ctx, `
+		SELECT array_agg(id), array_agg(community_id)
+		FROM (SELECT id, community_id FROM workflow_runs WHERE community_id = $1 ORDER BY run_at DESC LIMIT 10) r`, a).
+		Scan(&ids, &communities))
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	q := &capture{Tx: tx}
+	rows, err := db.New(q).WorkflowRunClaimByID(f.ctx, db.WorkflowRunClaimByIDParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10,
+		Communities: communities, Ids: ids, CommunityShare: 10,
+	})
+	require.NoError(t, err)
+	got = nil
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	require.ElementsMatch(t, ids, got, "the handed-off runs")
+	_, err = tx.Exec(f.ctx, "ROLLBACK AND CHAIN")
+	require.NoError(t, err)
+	var plan []map[string]any
+	require.NoError(t, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.sql, q.args...).Scan(&plan))
+	var pending map[string]any
+	for _, node := range plan[0]["Plan"].(map[string]any)["Plans"].([]any) {
+		if n := node.(map[string]any); n["Subplan Name"] == "CTE pending" {
+			pending = n
+		}
+	}
+	require.NotNil(t, pending)
+	buffers := pending["Shared Hit Blocks"].(float64) + pending["Shared Read Blocks"].(float64)
+	// About 60 here (10 runs looked up and locked); a walk of the key: 1,600.
+	require.Less(t, buffers, float64(200), "buffers the hand-off's pending scan read")
+}
+
+// A community's runs due before another's do not hide the other's from the
+// claim: with a claim of ten and a share of five, community A's 20,000 due
+// runs, first in line, give five and community B's, behind them, the other
+// five, in the same claim (the worker holds none of either yet).
+//
+// Mutation killed: pending runs read in run_at order across communities up
+// to the claim's limit, then cut to each community's share (the claim
+// before): the ten read are A's, five are cut, and B gets none this claim.
+func TestRunClaimTakesEachCommunitysShareInOneClaim(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	b := backlogFixture(t, f, 20000, 20)
+	rows, err := db.New(f.pool).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10, CommunityShare: 5,
+	})
+	require.NoError(t, err)
+	per := map[uuid.UUID]int{}
+	for _, r := range rows {
+		per[r.CommunityID]++
+	}
+	require.Equal(t, map[uuid.UUID]int{f.tenant.ID(): 5, b.ID(): 5}, per)
+}
+
+// Four claimers, each with its own engine and connection, claim one
+// database's due runs of three communities at once, by poll and by
+// hand-off, until every run is claimed: no run is claimed twice.
+//
+// Mutation killed: the poll's per-community scan without FOR UPDATE SKIP
+// LOCKED (two claims read the same runs and the second's UPDATE, waiting
+// for the first, claims them again).
+func TestParallelClaimsNeverClaimARunTwice(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	aWorkflow := uuid.NewString()
+	f.save(owner, f.channel(owner), aWorkflow, twoSteps)
+	f.dueRuns(f.tenant.ID(), aWorkflow, 300, time.Minute)
+	byCommunity := map[uuid.UUID][]uuid.UUID{}
+	for range 2 {
+		c, wf := f.otherCommunity()
+		f.dueRuns(c.ID(), wf, 100, time.Minute)
+	}
+	rows, err := f.pool.Query(f.ctx, `SELECT community_id, id FROM workflow_runs`)
+	require.NoError(t, err)
+	total := 0
+	for rows.Next() {
+		var c, id uuid.UUID
+		require.NoError(t, rows.Scan(&c, &id))
+		byCommunity[c] = append(byCommunity[c], id)
+		total++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 500, total)
+
+	var mu sync.Mutex
+	claimed := map[uuid.UUID]int{}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		e := f.engine(time.Hour)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				var got []workflow.Claimed
+				var err error
+				if (i+n)%2 == 0 {
+					got, err = e.ClaimDue(f.ctx, 7)
+				} else {
+					// A hand-off of runs others may be claiming too.
+					for c, ids := range byCommunity {
+						start := (i*37 + n*11) % len(ids)
+						got, err = e.ClaimByID(f.ctx, c, ids[start:min(start+5, len(ids))])
+						break
+					}
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				for _, c := range got {
+					claimed[c.Run.ID]++
+				}
+				done := len(claimed) == total
+				mu.Unlock()
+				if done || n > 2000 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Len(t, claimed, total, "every run claimed")
+	for id, n := range claimed {
+		require.Equal(t, 1, n, "run %s claimed %d times", id, n)
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE attempts <> 1`))
+}
+
+// The poll skips the runs of a community being deleted (its writes are
+// fenced) instead of failing for every community: the bystander's runs,
+// due after the fenced community's, are claimed.
+//
+// Mutation killed: the poll's per-community scan without
+// community_write_allowed (the claim's UPDATE of the fenced community's
+// runs fails the whole statement with 55000).
+func TestRunClaimSkipsACommunityBeingDeleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	b := backlogFixture(t, f, 30, 20)
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	// Fenced as its deletion's executor would, without the executor.
+	_, err = tx.Exec(f.ctx, `SET LOCAL session_replication_role = replica`)
+	require.NoError(t, err)
+	_, err = tx.Exec(f.ctx, `UPDATE communities SET deletion_state = 'fenced' WHERE id = $1`, f.tenant.ID())
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(f.ctx))
+
+	rows, err := db.New(f.pool).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 10, CommunityShare: 10,
+	})
+	require.NoError(t, err)
+	require.Len(t, rows, 10)
+	for _, r := range rows {
+		require.Equal(t, b.ID(), r.CommunityID)
+	}
 }

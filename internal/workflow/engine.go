@@ -202,18 +202,26 @@ func (e *Engine) claimContext(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, e.lease)
 }
 
-// ClaimByID claims those of ids that are still due.
-func (e *Engine) ClaimByID(ctx context.Context, ids []uuid.UUID) ([]Claimed, error) {
-	return e.claimByID(ctx, ids, claimShares{})
+// ClaimByID claims those of community's runs ids that are still due.
+func (e *Engine) ClaimByID(ctx context.Context, community uuid.UUID, ids []uuid.UUID) ([]Claimed, error) {
+	refs := make([]runRef, len(ids))
+	for i, id := range ids {
+		refs[i] = runRef{community, id}
+	}
+	return e.claimByID(ctx, refs, claimShares{})
 }
 
-func (e *Engine) claimByID(ctx context.Context, ids []uuid.UUID, shares claimShares) ([]Claimed, error) {
+func (e *Engine) claimByID(ctx context.Context, refs []runRef, shares claimShares) ([]Claimed, error) {
 	ctx, cancel := e.claimContext(ctx)
 	defer cancel()
 	claimID := uuid.New()
-	full, busy, room, share := shares.params(len(ids))
+	full, busy, room, share := shares.params(len(refs))
+	communities, ids := make([]uuid.UUID, len(refs)), make([]uuid.UUID, len(refs))
+	for i, r := range refs {
+		communities[i], ids[i] = r.community, r.id
+	}
 	rows, err := db.New(e.pool).WorkflowRunClaimByID(ctx, db.WorkflowRunClaimByIDParams{
-		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Ids: ids, MaxRows: int32(len(ids)),
+		ClaimID: claimID, Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(), Communities: communities, Ids: ids, MaxRows: int32(len(refs)),
 		FullCommunities: full, BusyCommunities: busy, BusyRoom: room, CommunityShare: share,
 	})
 	out := make([]Claimed, len(rows))

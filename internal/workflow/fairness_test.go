@@ -112,7 +112,7 @@ func TestHandedOffRunOfACommunityAtItsShareStartsAtOnce(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "the worker's first polls claim the hanging runs")
 
 	f.store(f.sign(owner, ingest.KindChat, "quick", nostr.Tags{{"h", quickCh}}))
-	w.Offer(<-f.offers)
+	w.Offer(f.tenant.ID(), <-f.offers)
 	require.Eventually(t, func() bool {
 		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), quick) == 1
 	}, 20*time.Second, 20*time.Millisecond, "the handed-off run waited for the poll although two slots were free")
@@ -139,4 +139,37 @@ func (f *fixture) engineWithHangingHook() (*httptest.Server, chan struct{}, *wor
 		Timeout:     time.Hour,
 	})
 	return srv, release, workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Hour, StepTimeout: time.Hour, Clock: clock.Stub(f.clock.Now), Webhooks: client})
+}
+
+// A run created by an event is claimed by the worker's hand-off, which
+// looks it up by its community and id, without waiting for the poll (here
+// an hour).
+//
+// Mutation killed: the triggers handing off the run's id with another
+// community (uuid.Nil): the by-id claim finds no such run and the run
+// waits for the poll.
+func TestHandedOffRunIsClaimedWithoutThePoll(t *testing.T) {
+	t.Parallel()
+	var w *workflow.Worker
+	f := newFixtureWith(t, ingest.Options{}, workflow.Triggers{Offer: func(c uuid.UUID, ids []uuid.UUID) { w.Offer(c, ids) }})
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	// A first run, claimed by the worker's first polls: after it ended
+	// the next poll is an hour away.
+	f.store(f.sign(owner, ingest.KindChat, "first", nostr.Tags{{"h", ch}}))
+	ctx, stop := context.WithCancel(context.Background())
+	w = workflow.NewWorker(f.engine(time.Minute), workflow.WorkerOptions{MaxInFlight: 4, Poll: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	completed := func() int {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), id)
+	}
+	require.Eventually(t, func() bool { return completed() == 1 }, 20*time.Second, 20*time.Millisecond)
+
+	f.store(f.sign(owner, ingest.KindChat, "second", nostr.Tags{{"h", ch}}))
+	require.Eventually(t, func() bool { return completed() == 2 }, 20*time.Second, 20*time.Millisecond,
+		"the handed-off run waited for the poll")
 }

@@ -68,7 +68,8 @@ func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
 }
 
 // newFixtureWith builds the fixture's pipeline with opts and its triggers
-// with the settings of triggers (Offer and Metrics are the fixture's).
+// with the settings of triggers (Metrics is the fixture's; the fixture's
+// Offer records the offered ids, then calls triggers.Offer if set).
 func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Triggers) *fixture {
 	t.Helper()
 	ctx := context.Background()
@@ -87,7 +88,13 @@ func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Trigger
 	f.reg = prometheus.NewRegistry()
 	f.metrics, err = workflow.NewMetrics(f.reg)
 	require.NoError(t, err)
-	triggers.Offer = func(ids []uuid.UUID) { f.offers <- ids }
+	offer := triggers.Offer
+	triggers.Offer = func(community uuid.UUID, ids []uuid.UUID) {
+		f.offers <- ids
+		if offer != nil {
+			offer(community, ids)
+		}
+	}
 	triggers.Metrics = f.metrics
 	workflow.RegisterTriggers(f.p, &triggers)
 	return f

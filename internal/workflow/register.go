@@ -12,7 +12,7 @@ import (
 // diffs, the manual trigger command, approval grants and denials, and the
 // refusal of relay-only lifecycle kinds from clients. offer receives the ids of runs a
 // committed event created (a Worker's Offer); nil leaves them to the poll.
-func Register(p *ingest.Pipeline, offer func(ids []uuid.UUID)) {
+func Register(p *ingest.Pipeline, offer func(community uuid.UUID, ids []uuid.UUID)) {
 	RegisterTriggers(p, &Triggers{Offer: offer})
 }
 

@@ -35,7 +35,7 @@ type Scheduler struct {
 	pool    *pgxpool.Pool
 	clock   clock.Clock
 	catchUp time.Duration
-	offer   func(ids []uuid.UUID)
+	offer   func(community uuid.UUID, ids []uuid.UUID)
 	log     *slog.Logger
 	// Metrics records schedule lag and runs that end at the scheduler
 	// (refused at capacity, approvals expired); may be nil.
@@ -63,7 +63,7 @@ type scheduledWorkflow struct{ community, id uuid.UUID }
 
 // NewScheduler returns a scheduler; offer (may be nil) receives the ids of
 // the runs a tick created, after commit.
-func NewScheduler(pool *pgxpool.Pool, clk clock.Clock, catchUp time.Duration, offer func([]uuid.UUID), log *slog.Logger) *Scheduler {
+func NewScheduler(pool *pgxpool.Pool, clk clock.Clock, catchUp time.Duration, offer func(uuid.UUID, []uuid.UUID), log *slog.Logger) *Scheduler {
 	if catchUp <= 0 {
 		catchUp = DefaultCatchUp
 	}
@@ -189,7 +189,7 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 			if id != uuid.Nil {
 				created++
 				if s.offer != nil {
-					s.offer([]uuid.UUID{id})
+					s.offer(row.CommunityID, []uuid.UUID{id})
 				}
 			}
 		}

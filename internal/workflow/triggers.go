@@ -89,9 +89,10 @@ type ConditionFunc func(ctx context.Context, expr string, tc template.Context) (
 type Triggers struct {
 	// Condition evaluates trigger filters; an error skips the workflow.
 	Condition ConditionFunc
-	// Offer receives the ids of runs created by a committed event (a
-	// Worker's Offer); nil leaves them to the worker's poll.
-	Offer func(ids []uuid.UUID)
+	// Offer receives the ids of runs created by a committed event, and
+	// their community (a Worker's Offer); nil leaves them to the worker's
+	// poll.
+	Offer func(community uuid.UUID, ids []uuid.UUID)
 	// MaxUnfinishedRuns bounds each workflow's unfinished runs; a trigger
 	// beyond it records its run failed with capacity_exceeded (0: the
 	// default).
@@ -195,7 +196,7 @@ func (t *Triggers) condition(ctx context.Context, expr string, tc template.Conte
 
 func (t *Triggers) offerAfterCommit(w *ingest.Write, ids []uuid.UUID) {
 	if len(ids) > 0 && t.Offer != nil {
-		w.AfterCommit(func() { t.Offer(ids) })
+		w.AfterCommit(func() { t.Offer(w.Tenant.ID(), ids) })
 	}
 }
 

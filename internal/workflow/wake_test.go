@@ -28,7 +28,7 @@ import (
 func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKey) <-chan []uuid.UUID {
 	f.t.Helper()
 	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, MaxMentions: maxMentions, Clock: clock.Stub(f.clock.Now)})
-	workflow.Register(f.p, func(ids []uuid.UUID) { f.offers <- ids })
+	workflow.Register(f.p, func(_ uuid.UUID, ids []uuid.UUID) { f.offers <- ids })
 	handedOff := make(chan []uuid.UUID, 100)
 	listenerKey := f.key()
 	listener := listenerKey.PublicKey()

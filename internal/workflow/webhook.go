@@ -34,8 +34,9 @@ type Webhooks struct {
 	Pool     *pgxpool.Pool
 	Clock    clock.Clock
 	MaxBytes int64
-	// Offer receives the new run's id after commit; may be nil.
-	Offer func(ids []uuid.UUID)
+	// Offer receives the new run's id and community after commit; may be
+	// nil.
+	Offer func(community uuid.UUID, ids []uuid.UUID)
 	// MaxUnfinishedRuns bounds each workflow's unfinished runs; a call
 	// beyond it records its run failed with capacity_exceeded and answers
 	// 429 (0: the default).
@@ -174,7 +175,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		return
 	}
 	if h.Offer != nil {
-		h.Offer([]uuid.UUID{runID})
+		h.Offer(communityID, []uuid.UUID{runID})
 	}
 	writeJSON(w, http.StatusAccepted, reply)
 }

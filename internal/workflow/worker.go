@@ -49,8 +49,12 @@ const (
 type Worker struct {
 	engine  *Engine
 	opts    WorkerOptions
-	handoff chan uuid.UUID
+	handoff chan runRef
 }
+
+// runRef names a run by its primary key, which the hand-off's claim looks
+// up: by id alone it read the whole key, every run of every community.
+type runRef struct{ community, id uuid.UUID }
 
 // NewWorker returns a worker over e.
 func NewWorker(e *Engine, opts WorkerOptions) *Worker {
@@ -60,19 +64,19 @@ func NewWorker(e *Engine, opts WorkerOptions) *Worker {
 	if opts.Poll <= 0 {
 		opts.Poll = DefaultPoll
 	}
-	return &Worker{engine: e, opts: opts, handoff: make(chan uuid.UUID, handoffCapacity)}
+	return &Worker{engine: e, opts: opts, handoff: make(chan runRef, handoffCapacity)}
 }
 
-// Offer hands committed run ids to the worker without blocking; ids that
-// do not fit are left to the poll. Call it only after the transaction that
-// created the runs committed. A nil Worker takes nothing.
-func (w *Worker) Offer(ids []uuid.UUID) {
+// Offer hands the ids of committed runs of community to the worker without
+// blocking; ids that do not fit are left to the poll. Call it only after the
+// transaction that created the runs committed. A nil Worker takes nothing.
+func (w *Worker) Offer(community uuid.UUID, ids []uuid.UUID) {
 	if w == nil {
 		return
 	}
 	for _, id := range ids {
 		select {
-		case w.handoff <- id:
+		case w.handoff <- runRef{community, id}:
 		default:
 			return
 		}
@@ -125,7 +129,7 @@ func (w *Worker) Run(ctx context.Context) {
 	for {
 		free := w.opts.MaxInFlight - inflight
 		var pollC <-chan time.Time
-		var handoffC <-chan uuid.UUID
+		var handoffC <-chan runRef
 		if free > 0 {
 			pollC, handoffC = poll.C, w.handoff
 		}
@@ -161,8 +165,8 @@ func (w *Worker) Run(ctx context.Context) {
 			default:
 				poll.Reset(w.opts.Poll)
 			}
-		case id := <-handoffC:
-			ids := []uuid.UUID{id}
+		case ref := <-handoffC:
+			ids := []runRef{ref}
 			for len(ids) < free {
 				select {
 				case more := <-w.handoff:
