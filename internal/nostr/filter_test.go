@@ -3,6 +3,7 @@ package nostr
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -222,4 +223,33 @@ func TestIndexedTagsMatchLikeTheScan(t *testing.T) {
 	short := &Filter{Tags: map[string][]string{"t": vals[:tagSetMin]}}
 	short.IndexTags()
 	require.Nil(t, short.tagSets, "a short list is scanned")
+}
+
+// FuzzIndexedTagsMatchLikeTheScan: for any event tags and any filter tag
+// list (padded past tagSetMin, so IndexTags builds a set), the set's answer
+// is the scan's. tags is "name=value" pairs separated by ";", a pair
+// without "=" being a tag with a name only.
+func FuzzIndexedTagsMatchLikeTheScan(f *testing.F) {
+	f.Add("v1,v2", "t=v2", "t")
+	f.Add("a,b", "t=x;e=a;t", "e")
+	f.Add("", "=;t=", "")
+	f.Add("x,x,x", "p=x;p=y", "p")
+	f.Fuzz(func(t *testing.T, values, tags, name string) {
+		vals := strings.Split(values, ",")
+		for i := 0; len(vals) <= tagSetMin; i++ {
+			vals = append(vals, fmt.Sprintf("pad%d", i))
+		}
+		ev := &Event{Kind: 1}
+		for _, pair := range strings.Split(tags, ";") {
+			if k, v, ok := strings.Cut(pair, "="); ok {
+				ev.Tags = append(ev.Tags, Tag{k, v})
+			} else {
+				ev.Tags = append(ev.Tags, Tag{k})
+			}
+		}
+		scanned := &Filter{Tags: map[string][]string{name: vals}}
+		indexed := &Filter{Tags: map[string][]string{name: slices.Clone(vals)}}
+		indexed.IndexTags()
+		require.Equal(t, scanned.Matches(ev), indexed.Matches(ev), "values %q, tags %v", vals, ev.Tags)
+	})
 }
