@@ -65,8 +65,10 @@ SELECT EXISTS (
 
 -- name: EventReactionTarget :one
 -- The event a reaction names: stored in this community and not deleted;
--- addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
-SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader
+-- reader_is_party says whether a p tag names the reactor or the reactor
+-- wrote it (who may see a p-gated kind).
+SELECT created_at, channel_id, kind,
+       (tag_index && ARRAY['p:' || @reader_hex::text] OR pubkey = decode(@reader_hex::text, 'hex'))::boolean AS reader_is_party
 FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
 LIMIT 1;

@@ -6,9 +6,10 @@
 -- name: ThreadParentLookup :one
 -- The parent a reply names: a live event of the same community and channel,
 -- with its thread row when it has one (NULL depth: a top-level message that
--- nobody answered yet); addressed_to_reader says whether a p tag names the
--- replier (p-gated kinds, as EventReactionTarget).
-SELECT e.created_at, e.kind, (e.tag_index && ARRAY['p:' || @reader_hex::text])::boolean AS addressed_to_reader,
+-- nobody answered yet); reader_is_party says whether a p tag names the
+-- replier or the replier wrote it (p-gated kinds, as EventReactionTarget).
+SELECT e.created_at, e.kind,
+       (e.tag_index && ARRAY['p:' || @reader_hex::text] OR e.pubkey = decode(@reader_hex::text, 'hex'))::boolean AS reader_is_party,
        t.depth, t.root_event_id, t.root_created_at
 FROM events e
 LEFT JOIN thread_metadata t

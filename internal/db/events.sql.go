@@ -180,7 +180,8 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 }
 
 const eventReactionTarget = `-- name: EventReactionTarget :one
-SELECT created_at, channel_id, kind, (tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader
+SELECT created_at, channel_id, kind,
+       (tag_index && ARRAY['p:' || $1::text] OR pubkey = decode($1::text, 'hex'))::boolean AS reader_is_party
 FROM events
 WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
 LIMIT 1
@@ -193,14 +194,15 @@ type EventReactionTargetParams struct {
 }
 
 type EventReactionTargetRow struct {
-	CreatedAt         time.Time
-	ChannelID         *uuid.UUID
-	Kind              int32
-	AddressedToReader bool
+	CreatedAt     time.Time
+	ChannelID     *uuid.UUID
+	Kind          int32
+	ReaderIsParty bool
 }
 
 // The event a reaction names: stored in this community and not deleted;
-// addressed_to_reader says whether a p tag names the reactor (p-gated kinds).
+// reader_is_party says whether a p tag names the reactor or the reactor
+// wrote it (who may see a p-gated kind).
 func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTargetParams) (EventReactionTargetRow, error) {
 	row := q.db.QueryRow(ctx, eventReactionTarget, arg.ReaderHex, arg.CommunityID, arg.ID)
 	var i EventReactionTargetRow
@@ -208,7 +210,7 @@ func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTarg
 		&i.CreatedAt,
 		&i.ChannelID,
 		&i.Kind,
-		&i.AddressedToReader,
+		&i.ReaderIsParty,
 	)
 	return i, err
 }

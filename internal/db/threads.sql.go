@@ -60,7 +60,8 @@ func (q *Queries) ThreadAncestorsCountReply(ctx context.Context, arg ThreadAnces
 
 const threadParentLookup = `-- name: ThreadParentLookup :one
 
-SELECT e.created_at, e.kind, (e.tag_index && ARRAY['p:' || $1::text])::boolean AS addressed_to_reader,
+SELECT e.created_at, e.kind,
+       (e.tag_index && ARRAY['p:' || $1::text] OR e.pubkey = decode($1::text, 'hex'))::boolean AS reader_is_party,
        t.depth, t.root_event_id, t.root_created_at
 FROM events e
 LEFT JOIN thread_metadata t
@@ -80,12 +81,12 @@ type ThreadParentLookupParams struct {
 }
 
 type ThreadParentLookupRow struct {
-	CreatedAt         time.Time
-	Kind              int32
-	AddressedToReader bool
-	Depth             *int32
-	RootEventID       []byte
-	RootCreatedAt     *time.Time
+	CreatedAt     time.Time
+	Kind          int32
+	ReaderIsParty bool
+	Depth         *int32
+	RootEventID   []byte
+	RootCreatedAt *time.Time
 }
 
 // NIP-10 reply trees inside channels (thread_metadata). Every reply's row is
@@ -94,8 +95,8 @@ type ThreadParentLookupRow struct {
 // replies of a thread serialize and always lock in the same order.
 // The parent a reply names: a live event of the same community and channel,
 // with its thread row when it has one (NULL depth: a top-level message that
-// nobody answered yet); addressed_to_reader says whether a p tag names the
-// replier (p-gated kinds, as EventReactionTarget).
+// nobody answered yet); reader_is_party says whether a p tag names the
+// replier or the replier wrote it (p-gated kinds, as EventReactionTarget).
 func (q *Queries) ThreadParentLookup(ctx context.Context, arg ThreadParentLookupParams) (ThreadParentLookupRow, error) {
 	row := q.db.QueryRow(ctx, threadParentLookup,
 		arg.ReaderHex,
@@ -107,7 +108,7 @@ func (q *Queries) ThreadParentLookup(ctx context.Context, arg ThreadParentLookup
 	err := row.Scan(
 		&i.CreatedAt,
 		&i.Kind,
-		&i.AddressedToReader,
+		&i.ReaderIsParty,
 		&i.Depth,
 		&i.RootEventID,
 		&i.RootCreatedAt,

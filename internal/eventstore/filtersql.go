@@ -133,8 +133,9 @@ func (b *sqlBuilder) order(f *nostr.Filter) {
 }
 
 // Scope is what one reader may see (docs/read-scope.md). Every read is scoped: rows of
-// channels outside Channels never come back, and p-gated kinds (gift wraps,
-// membership notifications) only when addressed to Reader.
+// channels outside Channels never come back, and p-gated kinds (direct
+// messages, gift wraps, membership notifications) only when Reader is a
+// party: p-tagged or their author.
 type Scope struct {
 	Channels []uuid.UUID // readable channels
 	Reader   string      // the reader's hex pubkey
@@ -155,7 +156,9 @@ func (b *sqlBuilder) scopeConditions(s Scope, channels string, f *nostr.Filter) 
 		// spares the planner and every row a test that cannot fail.
 		return
 	}
-	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) + "::text])")
+	reader, _ := hex.DecodeString(s.Reader) // authenticated: always 64 hex digits
+	b.sql.WriteString(" AND (kind <> ALL(" + b.arg(nostr.PGatedKinds()) + "::int[]) OR tag_index && ARRAY[" + b.arg("p:"+s.Reader) +
+		"::text] OR pubkey = " + b.arg(reader) + "::bytea)")
 }
 
 // excludesPGated reports whether f names its kinds and none is p-gated.

@@ -54,7 +54,7 @@ func prepareReaction(ctx context.Context, w *Write) error {
 		return err
 	}
 	if nostr.IsPGated(int(target.Kind)) {
-		if !target.AddressedToReader {
+		if !target.ReaderIsParty {
 			return notFound
 		}
 		return Reject("invalid", "kind %d events take no reactions", target.Kind)

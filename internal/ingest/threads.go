@@ -84,7 +84,7 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 		return err
 	}
 	if nostr.IsPGated(int(parent.Kind)) {
-		if !parent.AddressedToReader {
+		if !parent.ReaderIsParty {
 			return notFound
 		}
 		return Reject("invalid", "kind %d events take no replies", parent.Kind)

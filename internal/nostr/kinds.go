@@ -27,16 +27,19 @@ const (
 )
 
 // pGatedKinds is the one list of p-gated kinds: events stored and delivered
-// only to the pubkeys their p tags name, whoever else can read their channel
-// (gift wraps, whose author is a throwaway key, and the relay's membership
-// notifications, addressed to a user who may no longer read the channel).
+// only to their parties, the pubkeys their p tags name and their author,
+// whoever else can read their channel: NIP-04 direct messages (whose tags
+// and times would otherwise tell every reader who writes to whom), gift
+// wraps (whose author is a throwaway key), and the relay's membership
+// notifications (addressed to a user who may no longer read the channel).
 // Ingest, the read scope of stored queries and live fan-out all use it.
-var pGatedKinds = []int{KindGiftWrap, KindMemberAdded, KindMemberRemoved}
+var pGatedKinds = []int{KindEncryptedDM, KindGiftWrap, KindMemberAdded, KindMemberRemoved}
 
 // PGatedKinds returns the p-gated kinds (a copy).
 func PGatedKinds() []int { return append([]int(nil), pGatedKinds...) }
 
-// IsPGated reports whether events of kind reach only the pubkeys they p-tag.
+// IsPGated reports whether events of kind reach only their parties: the
+// pubkeys they p-tag and their author.
 func IsPGated(kind int) bool {
 	for _, k := range pGatedKinds {
 		if k == kind {

@@ -621,7 +621,7 @@ func oneShot(filters nostr.Filters) bool {
 }
 
 // liveAllow is a subscription's own read conditions for fan-out: p-gated
-// kinds only when addressed to the caller, and a channel event only to a
+// kinds only when the caller is a party (p-tagged, or their author), and a channel event only to a
 // subscription pinned (#h) to that channel. A channel's relay-signed lists
 // (39000-39002) name their channel in a d tag, not an h tag, so for them a
 // #d naming the channel pins too. Whether the caller may still read the
@@ -632,7 +632,7 @@ func (c *conn) liveAllow(filters nostr.Filters) func(*nostr.Event, *uuid.UUID) b
 	pinnedLists := channelPins(filters, "d")
 	self := c.pubkey
 	return func(ev *nostr.Event, channel *uuid.UUID) bool {
-		if nostr.IsPGated(ev.Kind) && !access.AddressedTo(ev, self) {
+		if nostr.IsPGated(ev.Kind) && ev.PubKey != self && !access.AddressedTo(ev, self) {
 			return false
 		}
 		if channel == nil {

@@ -37,12 +37,59 @@ func TestGiftWrapsReachOnlyTheirRecipient(t *testing.T) {
 	require.Equal(t, []string{wrap.ID}, ids(recipient.Req("stored", map[string]any{"kinds": []int{1059}, "#p": []string{me}})))
 	require.Empty(t, snoop.Req("all", map[string]any{}))
 	snoop.Send("REQ", "theirs", map[string]any{"kinds": []int{1059}, "#p": []string{me}})
-	require.Equal(t, "restricted: kind 1059 is only readable with a #p filter naming only you", snoop.Expect("CLOSED").Msg)
+	require.Equal(t, "restricted: kind 1059 is only readable with a #p or authors filter naming only you", snoop.Expect("CLOSED").Msg)
 	snoop.ExpectSilence(300*time.Millisecond, "a catch-all subscription must not receive someone else's gift wrap")
 
 	var channel *string
 	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT channel_id::text FROM events WHERE kind = 1059").Scan(&channel))
 	require.Nil(t, channel, "gift wraps are stored without a channel")
+}
+
+// NIP-04 direct messages (kind 4) reach only their parties, the author and
+// the pubkey the p tag names, live and stored: to every other reader of
+// the community their tags and times would tell who writes to whom. The
+// author reads what they sent by authors, the recipient by #p; a third
+// reader gets nothing by any filter, by id, or counted.
+// Mutations killed: kind 4 left out of the p-gated kinds (the snoop's
+// catch-all REQ returns it); the author not a party in the stored read
+// (the sender's own REQ is empty) or in the fan-out (the sender's live
+// subscription stays silent).
+func TestDirectMessagesReachOnlyTheirParties(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	sender := r.Dial(t, "")
+	key := sender.Auth(nil)
+	senderElsewhere := r.Dial(t, "") // the author's other device, subscribed
+	senderElsewhere.Auth(key)
+	recipient := r.Dial(t, "")
+	recipient.Auth(nil)
+	snoop := r.Dial(t, "")
+	snoop.Auth(nil)
+	from, to := key.PublicKeyHex(), recipient.Key.PublicKeyHex()
+
+	senderElsewhere.Send("REQ", "sent", map[string]any{"kinds": []int{4}, "authors": []string{from}, "limit": 0})
+	senderElsewhere.Expect("EOSE")
+	recipient.Send("REQ", "inbox", map[string]any{"kinds": []int{4}, "#p": []string{to}, "limit": 0})
+	recipient.Expect("EOSE")
+	snoop.Send("REQ", "everything", map[string]any{"limit": 0})
+	snoop.Expect("EOSE")
+
+	dm := sender.Sign(4, "ciphertext?iv=abc", nostr.Tags{{"p", to}}, 0)
+	require.True(t, sender.Publish(dm).OK)
+	require.Equal(t, dm.ID, senderElsewhere.Expect("EVENT").Event.ID, "the author's live subscription")
+	require.Equal(t, dm.ID, recipient.Expect("EVENT").Event.ID, "the recipient's live subscription")
+
+	require.Equal(t, []string{dm.ID}, ids(sender.Req("mine", map[string]any{"kinds": []int{4}, "authors": []string{from}})))
+	require.Equal(t, []string{dm.ID}, ids(recipient.Req("theirs", map[string]any{"kinds": []int{4}, "#p": []string{to}})))
+	require.Empty(t, snoop.Req("all", map[string]any{}))
+	require.Empty(t, snoop.Req("byid", map[string]any{"ids": []string{dm.ID}}))
+	snoop.Send("COUNT", "n", map[string]any{"authors": []string{from}})
+	require.Zero(t, snoop.Expect("COUNT").Count)
+	snoop.Send("REQ", "spy", map[string]any{"kinds": []int{4}, "authors": []string{from}})
+	require.Equal(t, "restricted: kind 4 is only readable with a #p or authors filter naming only you", snoop.Expect("CLOSED").Msg)
+	requireRejected(t, snoop.Publish(snoop.Sign(7, "+", nostr.Tags{{"e", dm.ID}, {"p", from}}, 0)), "invalid: ")
+	// Last: a read that times out closes the client's connection.
+	snoop.ExpectSilence(300*time.Millisecond, "a catch-all subscription must not receive someone else's direct message")
 }
 
 // Presence (20001) and typing (20002) are ephemeral and channel-scoped:

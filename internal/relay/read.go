@@ -15,7 +15,7 @@ import (
 // readScope authorizes a REQ/COUNT (docs/read-scope.md) and returns what its rows
 // are limited to. A non-empty reason means the request is refused: a filter
 // pinned (#h) to a channel the caller cannot read, or one asking for p-gated
-// kinds without a #p naming only the caller.
+// kinds without a #p or authors naming only the caller.
 func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader string, filters nostr.Filters) (eventstore.Scope, string, error) {
 	readable, err := s.access.Readable(ctx, tenant.ID(), reader)
 	if err != nil {
@@ -24,8 +24,8 @@ func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader 
 	for i := range filters {
 		f := &filters[i]
 		for _, kind := range f.Kinds {
-			if nostr.IsPGated(kind) && !onlySelf(f.Tags["p"], reader) {
-				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p filter naming only you", kind), nil
+			if nostr.IsPGated(kind) && !onlySelf(f.Tags["p"], reader) && !onlySelf(f.Authors, reader) {
+				return eventstore.Scope{}, fmt.Sprintf("restricted: kind %d is only readable with a #p or authors filter naming only you", kind), nil
 			}
 		}
 		for _, h := range f.Tags["h"] {
