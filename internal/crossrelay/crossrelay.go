@@ -92,7 +92,7 @@ type Handlers struct {
 	Invalidate func(community uuid.UUID)
 	// Resync runs on every (re)subscription: invalidations published while
 	// this process was not listening are lost, so every cached access
-	// answer must go.
+	// answer must go. It runs before Connected reports the bus back.
 	Resync func()
 	// CloseCommunity closes every local connection of a deleted community.
 	CloseCommunity func(community uuid.UUID)
@@ -356,10 +356,13 @@ func (b *Bus) subscribe(ctx context.Context) {
 		cancel()
 		if err == nil {
 			backoff = minBackoff
-			b.setConnected(true, nil)
+			// Resync first: what trusts this process's caches while
+			// Connected holds (the access cache) must not trust an answer
+			// from before the outage in between.
 			if b.handlers.Resync != nil {
 				b.handlers.Resync()
 			}
+			b.setConnected(true, nil)
 			err = b.receive(ctx, ps)
 		}
 		_ = ps.Close()

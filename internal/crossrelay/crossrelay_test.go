@@ -320,3 +320,29 @@ func TestInvalidationOvertakesEventsWaitingForTheFanout(t *testing.T) {
 	require.Equal(t, first.ID, next(t, delivered), "events still reach the fan-out, in order")
 	require.Equal(t, second.ID, next(t, delivered))
 }
+
+// Resync (the relay's: drop every cached access answer) runs before the
+// bus counts as connected again. The relay trusts its cached access
+// answers only while Connected holds: between the two, a cached answer
+// from before the outage (a member since removed through another process)
+// would be trusted again before the resync dropped it.
+// Mutation killed: setConnected(true) before Resync (Resync sees the bus
+// connected).
+func TestResyncRunsBeforeTheBusCountsAsConnected(t *testing.T) {
+	t.Parallel()
+	var bus *Bus
+	connectedDuringResync := make(chan bool, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(dbtest.RedisURL(t), 16, Handlers{
+		Resync: func() {
+			select {
+			case connectedDuringResync <- bus.Connected():
+			default:
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.False(t, <-connectedDuringResync, "cached answers were trusted before the resync")
+}
