@@ -418,7 +418,7 @@ type inbound struct {
 // included, for as long as it lagged. Applied early, an invalidation
 // costs only the events committed before it, which are then authorized
 // against the answer after it.
-func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
+func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	ahead := make(chan inbound, receiveAhead)
 	room := semaphore.NewWeighted(receiveAheadBytes)
 	delivered := make(chan struct{})
@@ -432,8 +432,19 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
 		}
 	}()
 	// What was read before a failure is still delivered, before the next
-	// subscription (and its resync) begins.
-	defer func() { close(ahead); <-delivered }()
+	// subscription (and its resync) begins. The bus counts as cut off
+	// from then on, not once the fan-out caught up: invalidations are no
+	// longer heard, and a cached access answer must not be trusted while
+	// a lagging fan-out drains (this process's own publishes use it too).
+	defer func() {
+		if ctx.Err() != nil {
+			b.setConnected(false, nil)
+		} else {
+			b.setConnected(false, err)
+		}
+		close(ahead)
+		<-delivered
+	}()
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, healthInterval)

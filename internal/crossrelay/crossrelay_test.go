@@ -346,3 +346,42 @@ func TestResyncRunsBeforeTheBusCountsAsConnected(t *testing.T) {
 	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
 	require.False(t, <-connectedDuringResync, "cached answers were trusted before the resync")
 }
+
+// A subscription that fails while the fan-out still works through events
+// read before the failure counts as lost at once, not once the fan-out
+// caught up: no invalidation is heard any more, and the relay trusts its
+// cached access answers (for its own clients' publishes too) only while
+// Connected holds.
+// Mutation killed: marking the bus disconnected only after the events
+// read ahead were delivered (Connected holds while Deliver is stuck).
+func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		Deliver: func(c uuid.UUID, _ *nostr.Event, _ *uuid.UUID) {
+			if c == community {
+				entered <- struct{}{}
+				<-release
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	defer close(release) // before run's cleanup waits for the bus
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	defer other.Close()
+	ev := signed(t, "read before the failure")
+	require.NoError(t, other.Publish(context.Background(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
+	<-entered // the fan-out is busy with it
+
+	srv.Kill()
+	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond,
+		"the bus still counts as connected while the fan-out drains")
+}
