@@ -120,9 +120,14 @@ func TestSharedBlobUploadedElsewhereMidDeletionIsKept(t *testing.T) {
 		out, err := exec.Run(f.ctx, req.ID)
 		ran <- result{out, err}
 	}()
+	// A wait on a lock of this test's database only: other packages'
+	// tests share the cluster, and a wait of theirs would resume the
+	// upload before the deletion reached its locks (the mutation named above
+	// would then go unnoticed).
 	require.Eventually(t, func() bool {
 		var waiting bool
-		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting))
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return len(ran) == 1 || waiting
 	}, 30*time.Second, 10*time.Millisecond, "the deletion neither finished nor waits")
 	close(paused.Resume)
