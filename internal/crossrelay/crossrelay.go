@@ -92,7 +92,7 @@ type Handlers struct {
 	Invalidate func(community uuid.UUID)
 	// Resync runs on every (re)subscription: invalidations published while
 	// this process was not listening are lost, so every cached access
-	// answer must go.
+	// answer must go. It runs before Connected reports the bus back.
 	Resync func()
 	// CloseCommunity closes every local connection of a deleted community.
 	CloseCommunity func(community uuid.UUID)
@@ -356,10 +356,13 @@ func (b *Bus) subscribe(ctx context.Context) {
 		cancel()
 		if err == nil {
 			backoff = minBackoff
-			b.setConnected(true, nil)
+			// Resync first: what trusts this process's caches while
+			// Connected holds (the access cache) must not trust an answer
+			// from before the outage in between.
 			if b.handlers.Resync != nil {
 				b.handlers.Resync()
 			}
+			b.setConnected(true, nil)
 			err = b.receive(ctx, ps)
 		}
 		_ = ps.Close()
@@ -415,7 +418,7 @@ type inbound struct {
 // included, for as long as it lagged. Applied early, an invalidation
 // costs only the events committed before it, which are then authorized
 // against the answer after it.
-func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
+func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	ahead := make(chan inbound, receiveAhead)
 	room := semaphore.NewWeighted(receiveAheadBytes)
 	delivered := make(chan struct{})
@@ -429,8 +432,19 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) error {
 		}
 	}()
 	// What was read before a failure is still delivered, before the next
-	// subscription (and its resync) begins.
-	defer func() { close(ahead); <-delivered }()
+	// subscription (and its resync) begins. The bus counts as cut off
+	// from then on, not once the fan-out caught up: invalidations are no
+	// longer heard, and a cached access answer must not be trusted while
+	// a lagging fan-out drains (this process's own publishes use it too).
+	defer func() {
+		if ctx.Err() != nil {
+			b.setConnected(false, nil)
+		} else {
+			b.setConnected(false, err)
+		}
+		close(ahead)
+		<-delivered
+	}()
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, healthInterval)

@@ -320,3 +320,68 @@ func TestInvalidationOvertakesEventsWaitingForTheFanout(t *testing.T) {
 	require.Equal(t, first.ID, next(t, delivered), "events still reach the fan-out, in order")
 	require.Equal(t, second.ID, next(t, delivered))
 }
+
+// Resync (the relay's: drop every cached access answer) runs before the
+// bus counts as connected again. The relay trusts its cached access
+// answers only while Connected holds: between the two, a cached answer
+// from before the outage (a member since removed through another process)
+// would be trusted again before the resync dropped it.
+// Mutation killed: setConnected(true) before Resync (Resync sees the bus
+// connected).
+func TestResyncRunsBeforeTheBusCountsAsConnected(t *testing.T) {
+	t.Parallel()
+	var bus *Bus
+	connectedDuringResync := make(chan bool, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(dbtest.RedisURL(t), 16, Handlers{
+		Resync: func() {
+			select {
+			case connectedDuringResync <- bus.Connected():
+			default:
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.False(t, <-connectedDuringResync, "cached answers were trusted before the resync")
+}
+
+// A subscription that fails while the fan-out still works through events
+// read before the failure counts as lost at once, not once the fan-out
+// caught up: no invalidation is heard any more, and the relay trusts its
+// cached access answers (for its own clients' publishes too) only while
+// Connected holds.
+// Mutation killed: marking the bus disconnected only after the events
+// read ahead were delivered (Connected holds while Deliver is stuck).
+func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		Deliver: func(c uuid.UUID, _ *nostr.Event, _ *uuid.UUID) {
+			if c == community {
+				entered <- struct{}{}
+				<-release
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	defer close(release) // before run's cleanup waits for the bus
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	defer other.Close()
+	ev := signed(t, "read before the failure")
+	require.NoError(t, other.Publish(context.Background(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
+	<-entered // the fan-out is busy with it
+
+	srv.Kill()
+	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond,
+		"the bus still counts as connected while the fan-out drains")
+}

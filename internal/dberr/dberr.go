@@ -157,9 +157,9 @@ func IsLockTimeout(err error) bool {
 // succeed if run again from its start: it lost a serialization conflict or
 // a deadlock (40001, 40P01), the server ended or refused its session
 // (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now,
-// class 08 connection exceptions), or the connection failed under it (a
-// network error, an early end of stream, a connection pgx closed under it,
-// or a statement pgx never sent). A COMMIT whose answer was lost may have
+// class 08 connection exceptions but 08P01, a protocol violation), or the
+// connection failed under it (a network error, an early end of stream, a
+// connection pgx closed under it, or a statement pgx never sent). A COMMIT whose answer was lost may have
 // committed: run again only a transaction that is idempotent or fenced.
 // A context's cancellation or deadline is never transient: the caller
 // chose to stop.
@@ -172,6 +172,10 @@ func IsTransient(err error) bool {
 		switch pgErr.Code {
 		case "40001", "40P01", "57P01", "57P02", "57P03":
 			return true
+		case "08P01":
+			// protocol_violation: what the client sent, which it would
+			// send again.
+			return false
 		}
 		return strings.HasPrefix(pgErr.Code, "08")
 	}

@@ -192,5 +192,8 @@ func TestTransientFailuresAreTellable(t *testing.T) {
 	require.False(t, dberr.IsTransient(err), "%v", err)
 	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "40001"}))
 	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "08006"}))
+	// A protocol violation (a message the server could not take) is the
+	// client's own doing, sent again on every attempt.
+	require.False(t, dberr.IsTransient(&pgconn.PgError{Code: "08P01"}))
 	require.False(t, dberr.IsTransient(nil))
 }

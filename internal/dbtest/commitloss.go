@@ -23,7 +23,33 @@ func LoseCommitAnswer(cutAt *atomic.Int32) func(*pgxpool.Config) {
 			if err != nil {
 				return nil, err
 			}
-			return &commitAnswerLoser{Conn: c, cutAt: cutAt}, nil
+			return &commitAnswerLoser{Conn: c, cutAt: cutAt, sends: isCommit}, nil
+		}
+	}
+}
+
+// isCommit reports whether p holds a simple-protocol Query message: 'Q', a
+// 4-byte length, "commit\0".
+func isCommit(p []byte) bool {
+	i := bytes.Index(p, []byte("commit\x00"))
+	return i >= 5 && p[i-5] == 'Q'
+}
+
+// LoseAnswerTo is LoseCommitAnswer for the cutAt-th statement whose text
+// contains marker (a query's "-- name: X " comment, sent when a
+// connection first prepares it): the server ran it, and the client sees
+// its connection lost, as when a session is terminated or the network
+// fails in the middle of a transaction.
+func LoseAnswerTo(marker string, cutAt *atomic.Int32) func(*pgxpool.Config) {
+	return func(cfg *pgxpool.Config) {
+		var d net.Dialer
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			sends := func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }
+			return &commitAnswerLoser{Conn: c, cutAt: cutAt, sends: sends}, nil
 		}
 	}
 }
@@ -31,12 +57,12 @@ func LoseCommitAnswer(cutAt *atomic.Int32) func(*pgxpool.Config) {
 type commitAnswerLoser struct {
 	net.Conn
 	cutAt   *atomic.Int32
+	sends   func([]byte) bool // whether a write holds the message to cut after
 	cutNext atomic.Bool
 }
 
 func (c *commitAnswerLoser) Write(p []byte) (int, error) {
-	// A simple-protocol Query message: 'Q', a 4-byte length, "commit\0".
-	if i := bytes.Index(p, []byte("commit\x00")); i >= 5 && p[i-5] == 'Q' && c.cutAt.Load() > 0 && c.cutAt.Add(-1) == 0 {
+	if c.sends(p) && c.cutAt.Load() > 0 && c.cutAt.Add(-1) == 0 {
 		c.cutNext.Store(true)
 	}
 	return c.Conn.Write(p)
@@ -44,7 +70,7 @@ func (c *commitAnswerLoser) Write(p []byte) (int, error) {
 
 func (c *commitAnswerLoser) Read(p []byte) (int, error) {
 	if c.cutNext.Load() {
-		_, _ = c.Conn.Read(make([]byte, 4096)) // the server's answer: it committed
+		_, _ = c.Conn.Read(make([]byte, 4096)) // the server's answer: it ran the statement
 		_ = c.Conn.Close()
 		return 0, io.ErrUnexpectedEOF
 	}

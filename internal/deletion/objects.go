@@ -271,8 +271,9 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 }
 
 // deleteChunk deletes a chunk's keys. A shared blob is deleted only when
-// no other community has a sidecar for it, checked just before (the
-// communities with media listed once per chunk, not once per blob).
+// no other community has a sidecar for it, checked just before under the
+// blob's lock (the communities with media listed once per group of
+// blobLocksAtOnce keys, not once per blob).
 func (e *Executor) deleteChunk(ctx context.Context, l lease, class string, keys []string) (deleted, missing, kept int64, err error) {
 	if e.store == nil {
 		return 0, 0, 0, permanent("the manifest lists objects but no object store is configured")
@@ -281,9 +282,29 @@ func (e *Executor) deleteChunk(ctx context.Context, l lease, class string, keys 
 		d, m, err := e.store.DeleteKeys(ctx, keys)
 		return int64(d), int64(m), 0, err
 	}
-	// Under the chunk's blob locks, an upload elsewhere has either written
-	// its sidecar (listed below, so the blob is kept) or not yet checked
-	// that the blob exists (it writes the blob again).
+	// A chunk holds up to BUZZ_DELETION_MANIFEST_CHUNK_KEYS keys (10,000 by
+	// default), and each blob lock is an entry in PostgreSQL's shared lock
+	// table (64 x max_connections entries by default, for the whole
+	// cluster): its shared blobs are decided blobLocksAtOnce at a time.
+	for start := 0; start < len(keys); start += blobLocksAtOnce {
+		d, m, k, err := e.deleteSharedBlobs(ctx, l, keys[start:min(start+blobLocksAtOnce, len(keys))])
+		deleted, missing, kept = deleted+d, missing+m, kept+k
+		if err != nil {
+			return deleted, missing, kept, err
+		}
+	}
+	return deleted, missing, kept, nil
+}
+
+// blobLocksAtOnce bounds the blob locks a deletion holds at once.
+const blobLocksAtOnce = 64
+
+// deleteSharedBlobs deletes those of keys no other community references.
+func (e *Executor) deleteSharedBlobs(ctx context.Context, l lease, keys []string) (deleted, missing, kept int64, err error) {
+	// Under the blob locks, an upload elsewhere has either written its
+	// sidecar (listed below, so the blob is kept) or not yet checked that
+	// the blob exists (it writes the blob again). The communities are
+	// listed under the locks for that reason: once per group.
 	var shas []string
 	for _, key := range keys {
 		if sha, _, ok := media.ParseBlobName(key); ok {

@@ -2,11 +2,14 @@ package deletion_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/deletion"
@@ -120,9 +123,14 @@ func TestSharedBlobUploadedElsewhereMidDeletionIsKept(t *testing.T) {
 		out, err := exec.Run(f.ctx, req.ID)
 		ran <- result{out, err}
 	}()
+	// A wait on a lock of this test's database only: other packages'
+	// tests share the cluster, and a wait of theirs would resume the
+	// upload before the deletion reached its locks (the mutation named above
+	// would then go unnoticed).
 	require.Eventually(t, func() bool {
 		var waiting bool
-		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting))
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return len(ran) == 1 || waiting
 	}, 30*time.Second, 10*time.Millisecond, "the deletion neither finished nor waits")
 	close(paused.Resume)
@@ -132,4 +140,58 @@ func TestSharedBlobUploadedElsewhereMidDeletionIsKept(t *testing.T) {
 	require.Equal(t, deletion.StageRetentionPending, r.out.Stage, "%+v last error %v", r.out, deref(r.out.LastError))
 	_, err = fs.Stat(f.ctx, mine.Blob)
 	require.NoError(t, err, "the other community references the blob")
+}
+
+// countBlobLocks records, at each DeleteKeys, the most blob locks the
+// deletion's database holds.
+type countBlobLocks struct {
+	media.Store
+	t    *testing.T
+	pool *pgxpool.Pool
+	most atomic.Int64
+}
+
+func (s *countBlobLocks) DeleteKeys(ctx context.Context, keys []string) (int, int, error) {
+	var held int64
+	require.NoError(s.t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND classid = x'626c6f62'::int::oid AND objsubid = 2
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&held))
+	for most := s.most.Load(); held > most && !s.most.CompareAndSwap(most, held); most = s.most.Load() {
+	}
+	return s.Store.DeleteKeys(ctx, keys)
+}
+
+// A community's deletion holds a bounded number of blob locks, whatever
+// the size of its manifest chunk (10,000 keys by default): each is an
+// entry of PostgreSQL's shared lock table, sized 64 per connection slot
+// for the whole cluster, and a deletion that held a chunk's worth would
+// leave every other session in the cluster "out of shared memory" for
+// its locks.
+// Mutation killed: deleteChunk locking the whole chunk's blobs at once
+// (100 held).
+func TestDeletionHoldsBoundedBlobLocks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	host := "doomed-many-blobs.test"
+	doomed := f.community(host)
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(fs, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}}, nil)
+	var blobs []string
+	for i := range 100 {
+		blobs = append(blobs, upload(t, svc, doomed, fmt.Sprint("blob number ", i)).Blob)
+	}
+
+	store := &countBlobLocks{Store: fs, t: t, pool: f.pool}
+	req := f.submitAndApprove(host, store)
+	exec := deletion.NewExecutor(deletion.Options{Pool: f.pool, Store: store, ID: "exec-many", Config: testConfig()})
+	out, err := exec.Run(f.ctx, req.ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageRetentionPending, out.Stage, "%+v last error %v", out, deref(out.LastError))
+	for _, b := range blobs {
+		_, err := fs.Stat(f.ctx, b)
+		require.ErrorIs(t, err, media.ErrNotFound)
+	}
+	require.NotZero(t, store.most.Load(), "the deletion held blob locks")
+	require.LessOrEqual(t, store.most.Load(), int64(64), "blob locks held at once")
 }

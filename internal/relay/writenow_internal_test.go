@@ -237,3 +237,40 @@ func TestNoDataFrameWrittenAfterTheCloseFrame(t *testing.T) {
 	taken, _ := c.sock.writeNoWait(buf[start:])
 	require.False(t, taken)
 }
+
+// The bytes a live delivery holds in the queue are given back once it is
+// written, whichever goroutine writes it (the one that queued it, or the
+// writer, for the tail of a frame the socket took in part and for what was
+// queued behind it): a connection that reads along receives any number of
+// events, however many bytes they add up to, and ends with nothing
+// counted. A leak here would close every long-lived subscriber as slow
+// once its lifetime traffic passed BUZZ_SEND_QUEUE_BYTES.
+// Mutations killed: sent not giving back a written delivery's bytes
+// (written(0)); wroteFirst not giving them back.
+func TestLiveBytesAreGivenBackOnceWritten(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	capSendBuffer(t, c, 16<<10)
+	big := func(i int) []byte {
+		return fmt.Appendf(nil, `{"id":"%064d","content":"%s"}`, i, strings.Repeat("x", 600_000))
+	}
+	c.srv.cfg.SendQueueBytes = 3 * len(big(0)) // before anything is queued
+	const rounds = 4
+	for i := range rounds {
+		// The socket takes part of the big one; the small one waits for
+		// the writer behind its tail.
+		small := fmt.Appendf(nil, `{"id":"%064d"}`, i)
+		require.True(t, c.EnqueueEvent("s", big(i)), "round %d", i)
+		require.True(t, c.EnqueueEvent("s", small), "round %d", i)
+		got := readMessages(t, client, 2)
+		require.Equal(t, nostr.EncodeEventRaw("s", big(i)), got[0])
+		require.Equal(t, nostr.EncodeEventRaw("s", small), got[1])
+	}
+	_, partial := c.sock.noWaitCounts()
+	require.NotZero(t, partial, "the writer wrote some of them")
+	require.Eventually(t, func() bool {
+		c.out.mu.Lock()
+		defer c.out.mu.Unlock()
+		return c.out.live == 0 && c.out.liveBytes == 0
+	}, 30*time.Second, time.Millisecond, "live deliveries still counted after all were read")
+}

@@ -235,3 +235,33 @@ func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
 	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
 }
+
+// A step whose connection is lost in the middle of its transaction, on a
+// read of its own (here the workflow row, its first statement), is tried
+// again like one that lost it at COMMIT: the read's failure is a
+// database_error the step ends with, and its cause must stay tellable as
+// transient. Mutation killed: runFailure without Unwrap (or loadPinned
+// dropping the error): the run ends as database_error after one attempt.
+func TestStepThatLostItsConnectionMidTransactionIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	var cutAt atomic.Int32
+	lossy := workflow.NewEngine(dbtest.PoolOn(t, f.pool.Config().ConnString(), 0, dbtest.LoseAnswerTo("-- name: WorkflowGet ", &cutAt)), f.p,
+		workflow.EngineOptions{Lease: 30 * time.Second, Clock: clock.Stub(f.clock.Now)})
+	claims, err := lossy.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	cutAt.Store(1) // step 0's first read
+	lossy.Execute(f.ctx, claims[0])
+	require.Zero(t, cutAt.Load(), "step 0's workflow row read went through the losing connection")
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, r.Status, "error: %v %v", r.ErrorCode, r.ErrorMessage)
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
+}

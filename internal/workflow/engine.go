@@ -61,12 +61,25 @@ var AllErrorCodes = []ErrorCode{
 type runFailure struct {
 	code    ErrorCode
 	message string
+	// cause is the database error behind a database_error, kept so that
+	// the step transaction's retry can tell a lost connection or a lost
+	// serialization race (dberr.IsTransient) from a lasting failure.
+	cause error
 }
 
 func (f *runFailure) Error() string { return string(f.code) + ": " + f.message }
 
+func (f *runFailure) Unwrap() error { return f.cause }
+
 func fail(code ErrorCode, format string, args ...any) *runFailure {
 	return &runFailure{code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// dbFail is a database_error caused by err (its message only is recorded).
+func dbFail(err error, format string, args ...any) *runFailure {
+	f := fail(CodeDatabaseError, format, args...)
+	f.cause = err
+	return f
 }
 
 // DoorbellMarker is the value of the buzz:workflow tag on every message a
@@ -524,7 +537,7 @@ func startedBefore(trace []traceEntry, index int) bool {
 func (e *Engine) ownerMayCall(ctx context.Context, q *db.Queries, c Claimed, stepID string) *runFailure {
 	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
-		return fail(CodeDatabaseError, "step %s: channel unavailable", stepID)
+		return dbFail(err, "step %s: channel unavailable", stepID)
 	}
 	if err != nil || access.MemberRole == nil || (*access.MemberRole != db.MemberRoleOwner && *access.MemberRole != db.MemberRoleAdmin) {
 		return fail(CodeOwnerUnauthorized, "step %s: call_webhook needs the owner to be an owner or admin of the channel", stepID)
@@ -685,7 +698,7 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	}
 	row, err := q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
 	if err != nil {
-		return nil, tc, fail(CodeDatabaseError, "workflow row unavailable")
+		return nil, tc, dbFail(err, "workflow row unavailable")
 	}
 	if !row.Enabled || row.Status != db.WorkflowStatusActive {
 		return nil, tc, fail(CodeWorkflowDisabled, "workflow is %s", disabledState(row))
@@ -699,7 +712,7 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)")
 	}
 	if err != nil {
-		return nil, tc, fail(CodeDatabaseError, "definition event unavailable")
+		return nil, tc, dbFail(err, "definition event unavailable")
 	}
 	if string(ev.Pubkey) != string(row.OwnerPubkey) {
 		return nil, tc, fail(CodeOwnerUnauthorized, "the pinned definition is not signed by the workflow owner")
@@ -760,7 +773,7 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		return nil, fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
 	}
 	if err != nil {
-		return nil, fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
+		return nil, dbFail(err, "step %s: channel unavailable", step.ID)
 	}
 	if f := e.triggererMayWrite(ctx, q, c, step, tc, channel); f != nil {
 		return nil, f
@@ -784,7 +797,7 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	}
 	names, err := q.ChannelMemberDisplayNames(ctx, db.ChannelMemberDisplayNamesParams{CommunityID: c.Run.CommunityID, ChannelID: channel})
 	if err != nil {
-		return nil, fail(CodeDatabaseError, "step %s: members unavailable", step.ID)
+		return nil, dbFail(err, "step %s: members unavailable", step.ID)
 	}
 	members := make([]mention.Member, len(names))
 	for i, n := range names {
@@ -806,7 +819,7 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	// served by an operator listener hears the doorbell too, and a step
 	// fenced out by a lost claim wakes nobody.
 	if err := w.EmitWaking(ctx, kindChat, text, tags, &channel); err != nil {
-		return nil, fail(CodeDatabaseError, "step %s: message not stored", step.ID)
+		return nil, dbFail(err, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
 }
@@ -837,7 +850,7 @@ func (e *Engine) triggererMayWrite(ctx context.Context, q *db.Queries, c Claimed
 		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
 	}
 	if err != nil {
-		return fail(CodeDatabaseError, "step %s: channel unavailable", step.ID)
+		return dbFail(err, "step %s: channel unavailable", step.ID)
 	}
 	return nil
 }
@@ -867,7 +880,7 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 		return nil, fail(CodeWebhookFailed, "step %s: %s", step.ID, rej.Reason)
 	}
 	if err != nil {
-		return nil, fail(CodeDatabaseError, "step %s: reaction not stored", step.ID)
+		return nil, dbFail(err, "step %s: reaction not stored", step.ID)
 	}
 	return map[string]any{"reaction_id": id}, nil
 }
