@@ -172,12 +172,20 @@ type Session struct {
 // Tx is the reader transaction.
 func (s *Session) Tx() pgx.Tx { return s.tx }
 
-// StatementContext bounds one statement on Tx by RouterOptions.StatementTimeout.
+// statementMargin lets the reader's own statement_timeout, equal to
+// RouterOptions.StatementTimeout, end a slow statement first: the server
+// cancels it cleanly and the connection stays usable, where the relay's
+// bound, cancelling from this side, costs the connection. The relay's
+// bound is for a reader that answers nothing at all.
+const statementMargin = 250 * time.Millisecond
+
+// StatementContext bounds one statement on Tx by RouterOptions.StatementTimeout
+// (plus statementMargin).
 func (s *Session) StatementContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.router.statement <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, s.router.statement)
+	return context.WithTimeout(ctx, s.router.statement+statementMargin)
 }
 
 // Served records replica/<reason> once the read was answered from the
