@@ -372,7 +372,7 @@ func TestRunClaimSkipsACommunityBeingDeleted(t *testing.T) {
 // BUFFERS, rolled back).
 //
 // Mutation killed: the walk's step as one descent per community (the
-// claim of migration 036, without the window): about 5,100 buffers here.
+// claim of migration 036, without the window): about 4,800 buffers here.
 // The window's end not a stop (the walk then ends at the first 128
 // delayed communities in a row): the due communities after them are not
 // claimed.
@@ -441,6 +441,6 @@ func TestRunClaimPassesOverDelayedCommunitiesInBulk(t *testing.T) {
 	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
 	t.Logf("buffers: %v", buffers)
 	// About 400 here (up to a heap page per community where the visibility
-	// map is not set: 1,500); a descent per community: 5,100.
+	// map is not set: 1,500); a descent per community: 4,800.
 	require.Less(t, buffers, float64(3000), "buffers the claim read, passing 1,496 delayed communities")
 }
