@@ -12,30 +12,49 @@
 -- claim may take are never behind those of one it may not: a community at
 -- its share, with 200,000 runs due before the others', had every claim read
 -- all of them (about 30 ms a claim) to reach the others' runs. One descent
--- of workflow_runs_pending_by_community per community with pending runs
--- (a loose index scan) finds its oldest; the communities whose oldest is
--- due and that may take runs are taken oldest first, at most max_rows of
--- them (a claim of max_rows runs takes runs of no other), and each gives up
--- to its room of its oldest due runs. A claim reads about one index entry
--- per community with pending runs plus the runs it locks, whatever one
--- community's backlog. Runs whose lease expired are found by one ordered
--- scan (workflow_runs_recovery) stopping at max_rows, then merged.
+-- of workflow_runs_pending_by_community per community with due runs or
+-- with more than one pending run, and one per 128 communities holding a
+-- single delayed run (see "next"), finds each community's oldest; the
+-- communities whose oldest is due and that may take runs are taken oldest
+-- first, at most max_rows of them (a claim of max_rows runs takes runs of
+-- no other), and each gives up to its room of its oldest due runs. A claim
+-- reads at most two index entries per community with pending runs plus the
+-- runs it locks, whatever one community's backlog. Runs whose lease expired
+-- are found by one ordered scan (workflow_runs_recovery) stopping at
+-- max_rows, then merged.
 WITH RECURSIVE pending_communities AS (
-    (SELECT r.community_id, r.run_at, r.created_at, r.id
-     FROM workflow_runs r
-     WHERE r.status = 'pending'
-     ORDER BY r.community_id, r.run_at, r.created_at, r.id
-     LIMIT 1)
+    SELECT s.community_id, s.run_at, s.created_at, s.id
+    FROM (
+        SELECT w.community_id, w.run_at, w.created_at, w.id
+        FROM (SELECT r.community_id, r.run_at, r.created_at, r.id,
+                     lag(r.community_id) OVER walk AS previous,
+                     row_number() OVER walk AS n
+              FROM workflow_runs r
+              WHERE r.status = 'pending'
+              WINDOW walk AS (ORDER BY r.community_id, r.run_at, r.created_at, r.id)
+              ORDER BY r.community_id, r.run_at, r.created_at, r.id
+              LIMIT 128) w
+        WHERE w.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+           OR w.community_id = w.previous
+           OR w.n = 128
+        LIMIT 1) s
     UNION ALL
     SELECT n.community_id, n.run_at, n.created_at, n.id
     FROM pending_communities p
     CROSS JOIN LATERAL (
-        SELECT r.community_id, r.run_at, r.created_at, r.id
-        FROM workflow_runs r
-        WHERE r.status = 'pending' AND r.community_id > p.community_id
-        ORDER BY r.community_id, r.run_at, r.created_at, r.id
-        LIMIT 1
-    ) n
+        SELECT w.community_id, w.run_at, w.created_at, w.id
+        FROM (SELECT r.community_id, r.run_at, r.created_at, r.id,
+                     lag(r.community_id) OVER walk AS previous,
+                     row_number() OVER walk AS n
+              FROM workflow_runs r
+              WHERE r.status = 'pending' AND r.community_id > p.community_id
+              WINDOW walk AS (ORDER BY r.community_id, r.run_at, r.created_at, r.id)
+              ORDER BY r.community_id, r.run_at, r.created_at, r.id
+              LIMIT 128) w
+        WHERE w.run_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+           OR w.community_id = w.previous
+           OR w.n = 128
+        LIMIT 1) n
 ),
 due_communities AS (
     SELECT h.community_id,

@@ -188,24 +188,29 @@ func BenchmarkClaimBehindOneCommunitysBacklog(b *testing.B) {
 }
 
 // BenchmarkClaimAmongManyCommunities: the poll's claim of ten runs (a share
-// of five) where 1,000 communities have one pending run each, due (due) or
-// delayed an hour (delayed), besides community B's 20 due runs. The claim
-// finds pending runs per community, so it costs about one index descent
-// per community with pending runs, due or not (ns/op and ms/claim are one
-// claim, rolled back).
+// of five) where 1,000 or 5,000 communities have one pending run each, or
+// 1,000 have 200, due (due) or delayed an hour (delayed), besides community
+// B's 20 due runs. The claim finds pending runs per community: a descent
+// per community with due runs or with more than one pending run, one per
+// 128 communities holding one delayed run (ns/op and ms/claim are one
+// claim, rolled back; buffers/claim those of one claim, EXPLAIN ANALYZE).
 func BenchmarkClaimAmongManyCommunities(b *testing.B) {
-	for _, delay := range []time.Duration{0, time.Hour} {
+	for _, c := range []struct {
+		communities, runs int // runs of each community
+		delay             time.Duration
+	}{{1000, 1, 0}, {1000, 1, time.Hour}, {5000, 1, time.Hour}, {1000, 200, time.Hour}} {
+		delay := c.delay
 		name := "due"
 		if delay > 0 {
 			name = "delayed"
 		}
-		b.Run(name, func(b *testing.B) {
+		b.Run(name+"/communities="+itoa(int64(c.communities))+"/runs="+itoa(int64(c.runs)), func(b *testing.B) {
 			f := newFixtureWith(b, ingest.Options{}, workflow.Triggers{})
 			other := backlogFixture(b, f, 0, 20)
 			_, err := f.pool.Exec(f.ctx, `
 				WITH c AS (
 					INSERT INTO communities (host)
-					SELECT 'many-' || i || '.example' FROM generate_series(1, 1000) AS i
+					SELECT 'many-' || i || '.example' FROM generate_series(1, $3::int) AS i
 					RETURNING id
 				), w AS (
 					INSERT INTO workflows (community_id, id, name, owner_pubkey, definition, definition_hash)
@@ -213,8 +218,9 @@ func BenchmarkClaimAmongManyCommunities(b *testing.B) {
 					RETURNING community_id, id
 				)
 				INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
-				SELECT w.community_id, gen_random_uuid(), w.id, $1::timestamptz + $2 * interval '1 microsecond' FROM w`,
-				f.clock.Now().Add(-time.Minute), delay.Microseconds())
+				SELECT w.community_id, gen_random_uuid(), w.id, $1::timestamptz + $2 * interval '1 microsecond'
+				FROM w CROSS JOIN generate_series(1, $4::int)`,
+				f.clock.Now().Add(-time.Minute), delay.Microseconds(), c.communities, c.runs)
 			require.NoError(b, err)
 			_, err = f.pool.Exec(f.ctx, `VACUUM ANALYZE workflow_runs`)
 			require.NoError(b, err)
@@ -240,10 +246,25 @@ func BenchmarkClaimAmongManyCommunities(b *testing.B) {
 			} else {
 				require.Len(b, rows, 10)
 			}
+			// The buffers one claim touches (EXPLAIN ANALYZE, BUFFERS, rolled
+			// back).
+			tx, err := f.pool.Begin(f.ctx)
+			require.NoError(b, err)
+			q := &capture{Tx: tx}
+			_, err = db.New(q).WorkflowRunClaimDue(f.ctx, params)
+			require.NoError(b, err)
+			_, err = tx.Exec(f.ctx, "ROLLBACK AND CHAIN")
+			require.NoError(b, err)
+			var plan []map[string]any
+			require.NoError(b, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.sql, q.args...).Scan(&plan))
+			require.NoError(b, tx.Rollback(f.ctx))
+			top := plan[0]["Plan"].(map[string]any)
+			buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
 			for b.Loop() {
 				claim()
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/claim")
+			b.ReportMetric(buffers, "buffers/claim")
 		})
 	}
 }

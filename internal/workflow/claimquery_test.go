@@ -360,3 +360,87 @@ func TestRunClaimSkipsACommunityBeingDeleted(t *testing.T) {
 		require.Equal(t, b.ID(), r.CommunityID)
 	}
 }
+
+// The poll walks the communities with pending runs to find those whose
+// oldest run is due. Communities whose runs are all delayed (a delay step,
+// a retry) are passed over a window of index entries at a time, not one
+// index descent each: with 1,500 such communities (one holding 300 delayed
+// runs, across several windows) and 4 due among them, the claim takes
+// exactly the due ones' runs and B's share, reading about a buffer per
+// community.
+// Buffers are PostgreSQL's count for the statement (EXPLAIN ANALYZE,
+// BUFFERS, rolled back).
+//
+// Mutation killed: the walk's step as one descent per community (the
+// claim of migration 036, without the window): about 4,800 buffers here.
+// The window's end not a stop (the walk then ends at the first 128
+// delayed communities in a row): the due communities after them are not
+// claimed.
+func TestRunClaimPassesOverDelayedCommunitiesInBulk(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	b := backlogFixture(t, f, 0, 20)
+	// Communities with ids in a known order: 50, 450, 850 and 1,250 have a
+	// due run (more than a window of delayed ones apart), the others one
+	// delayed run, and 700 has 300.
+	var due []uuid.UUID
+	rows, err := f.pool.Query(f.ctx, `
+		WITH c AS (
+			INSERT INTO communities (id, host)
+			SELECT ('00000000-0000-0000-0000-' || lpad(i::text, 12, '0'))::uuid, 'walk-' || i || '.example'
+			FROM generate_series(1, 1500) AS i
+			RETURNING id
+		), w AS (
+			INSERT INTO workflows (community_id, id, name, owner_pubkey, definition, definition_hash)
+			SELECT c.id, gen_random_uuid(), 'W', sha256('o'), '{}', sha256('d') FROM c
+			RETURNING community_id, id
+		), r AS (
+			INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
+			SELECT w.community_id, gen_random_uuid(), w.id,
+			       CASE WHEN right(w.community_id::text, 12)::int % 400 = 50
+			            THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END
+			FROM w
+			CROSS JOIN LATERAL generate_series(1, CASE WHEN right(w.community_id::text, 12)::int = 700 THEN 300 ELSE 1 END)
+			RETURNING community_id, run_at
+		)
+		SELECT community_id FROM r WHERE run_at < now()`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var c uuid.UUID
+		require.NoError(t, rows.Scan(&c))
+		due = append(due, c)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, due, 4)
+	_, err = f.pool.Exec(f.ctx, `VACUUM ANALYZE workflow_runs`)
+	require.NoError(t, err)
+
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	q := &capture{Tx: tx}
+	claimed, err := db.New(q).WorkflowRunClaimDue(f.ctx, db.WorkflowRunClaimDueParams{
+		ClaimID: uuid.New(), LeaseMs: time.Minute.Milliseconds(), MaxRows: 40, CommunityShare: 5,
+	})
+	require.NoError(t, err)
+	per := map[uuid.UUID]int{}
+	for _, r := range claimed {
+		per[r.CommunityID]++
+	}
+	want := map[uuid.UUID]int{b.ID(): 5}
+	for _, c := range due {
+		want[c] = 1
+	}
+	require.Equal(t, want, per, "every due community's runs, no delayed one's")
+
+	_, err = tx.Exec(f.ctx, "ROLLBACK AND CHAIN")
+	require.NoError(t, err)
+	var plan []map[string]any
+	require.NoError(t, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.sql, q.args...).Scan(&plan))
+	top := plan[0]["Plan"].(map[string]any)
+	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+	t.Logf("buffers: %v", buffers)
+	// About 400 here (up to a heap page per community where the visibility
+	// map is not set: 1,500); a descent per community: 4,800.
+	require.Less(t, buffers, float64(3000), "buffers the claim read, passing 1,496 delayed communities")
+}
