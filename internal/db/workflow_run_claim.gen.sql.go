@@ -174,6 +174,10 @@ WITH RECURSIVE pending_communities AS (
         WHERE w.run_at <= coalesce($2::timestamptz, now())
            OR w.community_id = w.previous
            OR w.n = 128
+        -- The first such entry in index order (a later one would skip the
+        -- communities before it): a filter over the ordered subquery keeps
+        -- its order, and stops reading it at the first match, where an
+        -- ORDER BY here would read all 128 entries of every step.
         LIMIT 1) s
     UNION ALL
     SELECT n.community_id, n.run_at, n.created_at, n.id
@@ -191,6 +195,10 @@ WITH RECURSIVE pending_communities AS (
         WHERE w.run_at <= coalesce($2::timestamptz, now())
            OR w.community_id = w.previous
            OR w.n = 128
+        -- The first such entry in index order (a later one would skip the
+        -- communities before it): a filter over the ordered subquery keeps
+        -- its order, and stops reading it at the first match, where an
+        -- ORDER BY here would read all 128 entries of every step.
         LIMIT 1) n
 ),
 due_communities AS (
