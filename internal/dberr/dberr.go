@@ -157,6 +157,7 @@ func IsLockTimeout(err error) bool {
 // succeed if run again from its start: it lost a serialization conflict or
 // a deadlock (40001, 40P01), the server ended or refused its session
 // (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now,
+// 57P05 idle session timeout, 53300 too many connections,
 // class 08 connection exceptions but 08P01, a protocol violation), or the
 // connection failed under it (a network error, an early end of stream, a
 // connection pgx closed under it, or a statement pgx never sent). A COMMIT whose answer was lost may have
@@ -170,7 +171,7 @@ func IsTransient(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "40001", "40P01", "57P01", "57P02", "57P03":
+		case "40001", "40P01", "53300", "57P01", "57P02", "57P03", "57P05":
 			return true
 		case "08P01":
 			// protocol_violation: what the client sent, which it would

@@ -192,6 +192,8 @@ func TestTransientFailuresAreTellable(t *testing.T) {
 	require.False(t, dberr.IsTransient(err), "%v", err)
 	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "40001"}))
 	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "08006"}))
+	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "53300"}), "too many connections")
+	require.True(t, dberr.IsTransient(&pgconn.PgError{Code: "57P05"}), "idle session timeout")
 	// A protocol violation (a message the server could not take) is the
 	// client's own doing, sent again on every attempt.
 	require.False(t, dberr.IsTransient(&pgconn.PgError{Code: "08P01"}))
