@@ -16,16 +16,7 @@ import (
 // transaction committed, and the client only sees its connection lost
 // during COMMIT, as after a network failure or a proxy's restart.
 func LoseCommitAnswer(cutAt *atomic.Int32) func(*pgxpool.Config) {
-	return func(cfg *pgxpool.Config) {
-		var d net.Dialer
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &commitAnswerLoser{Conn: c, cutAt: cutAt, sends: isCommit}, nil
-		}
-	}
+	return loseAnswerAfter(isCommit, cutAt)
 }
 
 // isCommit reports whether p holds a simple-protocol Query message: 'Q', a
@@ -41,6 +32,12 @@ func isCommit(p []byte) bool {
 // its connection lost, as when a session is terminated or the network
 // fails in the middle of a transaction.
 func LoseAnswerTo(marker string, cutAt *atomic.Int32) func(*pgxpool.Config) {
+	return loseAnswerAfter(func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }, cutAt)
+}
+
+// loseAnswerAfter dials connections that cut themselves once the server
+// answered the cutAt-th write that sends reports true for.
+func loseAnswerAfter(sends func([]byte) bool, cutAt *atomic.Int32) func(*pgxpool.Config) {
 	return func(cfg *pgxpool.Config) {
 		var d net.Dialer
 		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -48,7 +45,6 @@ func LoseAnswerTo(marker string, cutAt *atomic.Int32) func(*pgxpool.Config) {
 			if err != nil {
 				return nil, err
 			}
-			sends := func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }
 			return &commitAnswerLoser{Conn: c, cutAt: cutAt, sends: sends}, nil
 		}
 	}

@@ -19,6 +19,19 @@ import (
 
 const twoSteps = "name: Two\ntrigger: {on: message_posted}\nsteps: [{id: one, action: send_message, text: first}, {id: two, action: send_message, text: second}]"
 
+// twoStepRun saves the twoSteps workflow in a fresh channel and posts the
+// message that triggers it: one pending run, returned by id.
+func twoStepRun(t *testing.T) (*fixture, uuid.UUID) {
+	t.Helper()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	return f, f.runIDs(id)[0]
+}
+
 // Two workers, each with its own engine, poll one database at once while
 // runs arrive: every run completes, each of its two non-idempotent
 // send_message steps is executed exactly once, and no run is claimed twice.
@@ -76,13 +89,7 @@ func TestTwoWorkersNeverExecuteAStepTwice(t *testing.T) {
 // require.False.
 func TestLeaseExpiryResumesAndFencesTheLateWorker(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	owner := f.key()
-	ch := f.channel(owner)
-	id := uuid.NewString()
-	f.save(owner, ch, id, twoSteps)
-	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	f, run := twoStepRun(t)
 
 	const lease = 30 * time.Second
 	dead, alive := f.engine(lease), f.engine(lease)
@@ -127,13 +134,7 @@ func TestLeaseExpiryResumesAndFencesTheLateWorker(t *testing.T) {
 // that resets current_step, or Execute ignoring it) sends "first" twice.
 func TestResumeAfterCrashContinuesAtCurrentStep(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	owner := f.key()
-	ch := f.channel(owner)
-	id := uuid.NewString()
-	f.save(owner, ch, id, twoSteps)
-	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	f, run := twoStepRun(t)
 
 	const lease = 30 * time.Second
 	crashing := f.engine(lease)
@@ -175,13 +176,7 @@ func contents(evs []*nostr.Event) []string {
 // Mutation killed: no retry (the run fails with database_error).
 func TestStepTransactionThatLostItsConnectionIsTriedAgain(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	owner := f.key()
-	ch := f.channel(owner)
-	id := uuid.NewString()
-	f.save(owner, ch, id, twoSteps)
-	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	f, run := twoStepRun(t)
 
 	e := f.engine(30 * time.Second)
 	terminated := 0
@@ -210,13 +205,7 @@ func TestStepTransactionThatLostItsConnectionIsTriedAgain(t *testing.T) {
 // stands still, which gives it the first one's id).
 func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	owner := f.key()
-	ch := f.channel(owner)
-	id := uuid.NewString()
-	f.save(owner, ch, id, twoSteps)
-	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	f, run := twoStepRun(t)
 
 	const lease = 30 * time.Second
 	var cutAt atomic.Int32
@@ -244,13 +233,7 @@ func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
 // dropping the error): the run ends as database_error after one attempt.
 func TestStepThatLostItsConnectionMidTransactionIsTriedAgain(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	owner := f.key()
-	ch := f.channel(owner)
-	id := uuid.NewString()
-	f.save(owner, ch, id, twoSteps)
-	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
-	run := f.runIDs(id)[0]
+	f, run := twoStepRun(t)
 
 	var cutAt atomic.Int32
 	lossy := workflow.NewEngine(dbtest.PoolOn(t, f.pool.Config().ConnString(), 0, dbtest.LoseAnswerTo("-- name: WorkflowGet ", &cutAt)), f.p,
