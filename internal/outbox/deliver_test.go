@@ -334,6 +334,16 @@ func TestCompletionStuckOnTheDatabaseGivesUpAndLeavesTheRowLeased(t *testing.T) 
 	require.Len(t, l.requests(), 1, "the listener was told")
 	require.Contains(t, logs.String(), "operator-listener outbox transition failed")
 	require.Equal(t, 1.0, outcomes(m)["accepted"])
+	// The relay gave up at once; the server ends the statement when pgx's
+	// cancel request reaches it, which a loaded machine can delay past the
+	// lock's release: the completion would then apply after all (harmless,
+	// but not what this test watches). Release the lock once nothing waits.
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		return waiting == 0
+	}, 20*time.Second, 10*time.Millisecond, "the given-up completion still waits on the row")
 	require.NoError(t, locker.Rollback(ctx))
 
 	r, ok := f.row(c.row.ID)
