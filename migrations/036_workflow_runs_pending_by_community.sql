@@ -16,9 +16,12 @@
 -- other community's), so it is dropped: one index fewer to write per run.
 -- Lock impact: CREATE INDEX CONCURRENTLY and DROP INDEX CONCURRENTLY take
 -- SHARE UPDATE EXCLUSIVE on workflow_runs: reads and writes go on; each
--- waits for transactions already running to finish. An interrupted build leaves an INVALID index, which
--- `buzz-relay migrate` names (with the DROP to run) before it migrates
--- again.
+-- waits for transactions already running to finish. An interrupted build
+-- leaves an INVALID index, which `buzz-relay migrate` names (with the DROP
+-- to run) before it migrates again.
+-- Deploy: relay processes of the previous version still running after this
+-- migration have no workflow_runs_due and sort every due run on each poll;
+-- run it once they are gone, or expect slower polls while they drain.
 -- Roll back: the down part builds workflow_runs_due again and drops the new
 -- index (CONCURRENTLY, the same locks). Migrate down before starting the
 -- previous relay version: its claim reads every pending run without
