@@ -15,6 +15,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/redisserver"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -295,24 +296,7 @@ func TestCrossRelayPublishLimitIsShared(t *testing.T) {
 // channel to the removed member from its cached reader set).
 func TestCrossRelayResubscribeForgetsCachedAccess(t *testing.T) {
 	t.Parallel()
-	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b)
-
-	owner := a.Dial(t, a.Host)
-	owner.Auth(nil)
-	ch := createChannel(t, owner, "secret", true)
-	leaving := b.Dial(t, a.Host)
-	leaving.Auth(nil)
-	staying := b.Dial(t, a.Host)
-	staying.Auth(nil)
-	for _, m := range []*relaytest.Client{leaving, staying} {
-		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
-		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
-		m.Expect("EOSE")
-	}
+	redis, a, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
 	// B caches the channel's readers while delivering this.
 	before := owner.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
 	require.True(t, owner.Publish(before).OK)
@@ -369,24 +353,7 @@ func TestCrossRelayNoticesAStalledRedis(t *testing.T) {
 // connected (B delivers the post-removal message to the removed member).
 func TestCrossRelayOutageDoesNotTrustCachedAccess(t *testing.T) {
 	t.Parallel()
-	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b)
-
-	owner := a.Dial(t, a.Host)
-	owner.Auth(nil)
-	ch := createChannel(t, owner, "secret", true)
-	leaving := b.Dial(t, a.Host)
-	leaving.Auth(nil)
-	staying := b.Dial(t, a.Host)
-	staying.Auth(nil)
-	for _, m := range []*relaytest.Client{leaving, staying} {
-		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
-		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
-		m.Expect("EOSE")
-	}
+	redis, a, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
 
 	redis.Kill()
 	waitRedis(t, "degraded", a, b)
@@ -404,4 +371,30 @@ func TestCrossRelayOutageDoesNotTrustCachedAccess(t *testing.T) {
 	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel during the outage")
 	require.True(t, staying.Expect("OK").OK)
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A during the outage must not receive the channel on B")
+}
+
+// privateChannelOnTwoRelays starts relays A and B on one database and one
+// redis-server, and a private channel created through A whose two members,
+// leaving and staying, are connected to B with live subscriptions to it.
+func privateChannelOnTwoRelays(t *testing.T) (redis *redisserver.Server, a, b *relaytest.Relay, owner *relaytest.Client, ch string, leaving, staying *relaytest.Client) {
+	t.Helper()
+	redis = dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a = relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b = relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+
+	owner = a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch = createChannel(t, owner, "secret", true)
+	leaving = b.Dial(t, a.Host)
+	leaving.Auth(nil)
+	staying = b.Dial(t, a.Host)
+	staying.Auth(nil)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", m.Key.PublicKeyHex()}}, 0)).OK)
+		m.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	return redis, a, b, owner, ch, leaving, staying
 }
