@@ -18,18 +18,18 @@ GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 GOTAGS ?= system_libsecp256k1
 export GOFLAGS := $(strip $(GOFLAGS) $(if $(GOTAGS),-tags=$(GOTAGS)))
 
-.PHONY: help run run-replica test generate verify lint bench bench-scale build interop-deps
+.PHONY: help run run-replica test generate verify lint bench bench-scale build interop-deps deps-run deps-test
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-run: ## run the relay with a private PostgreSQL under .data/ (or BUZZ_DATABASE_URL)
+run: deps-run ## run the relay with a private PostgreSQL under .data/ (or BUZZ_DATABASE_URL)
 	$(GO) run ./cmd/buzz-relay dev
 
-run-replica: ## like run, plus a streaming standby of the private PostgreSQL that reads route to (BUZZ_DEV_REPLICA=1)
+run-replica: deps-run ## like run, plus a streaming standby of the private PostgreSQL that reads route to (BUZZ_DEV_REPLICA=1)
 	BUZZ_DEV_REPLICA=1 $(GO) run ./cmd/buzz-relay dev
 
-build: ## build every command into bin/
+build: deps-run ## build every command into bin/
 	$(GO) build -o bin/ ./cmd/...
 
 # Every package runs under the race detector except the interop tests: the
@@ -38,7 +38,7 @@ build: ## build every command into bin/
 # disconnect. The relay code those tests reach runs raced in the other packages.
 RACE_PACKAGES = $$($(GO) list ./... | grep -v '/internal/interop$$')
 
-test: verify lint interop-deps ## verify generated code, lint, then run every test (race detector on) against real PostgreSQL
+test: deps-test verify lint interop-deps ## verify generated code, lint, then run every test (race detector on) against real PostgreSQL
 	$(WITH_PG) $(GO) test -race -count=1 -timeout 30m $(RACE_PACKAGES)
 	$(WITH_PG) $(GO) test -count=1 -timeout 15m ./internal/interop/...
 
@@ -61,14 +61,23 @@ lint: ## gofmt and go vet (with GOTAGS, and once more without cgo or tags for th
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) vet -tags= ./...
 
+# A fresh machine of this kind has Go and make; what else a target needs
+# (gcc, libsecp256k1-dev, PostgreSQL, redis-server, Node.js) .ci/deps installs
+# when it is missing (as root, with apt-get) or names and fails.
+deps-run: ## install what building and running the relay needs, if missing
+	@.ci/deps run
+
+deps-test: ## install what the tests need, if missing
+	@.ci/deps test
+
 interop-deps: ## install the npm client used by the interop tests (nostr-tools)
 	@if [ ! -d internal/interop/js/node_modules/nostr-tools ]; then \
 		cd internal/interop/js && npm ci --no-audit --no-fund --loglevel=error; fi
 
-bench: ## one table of every speed measure and its target, ~6 min (cmd/buzz-bench/bench.sh)
+bench: deps-run ## one table of every speed measure and its target, ~6 min (cmd/buzz-bench/bench.sh)
 	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
 	GO='$(GO)' bash cmd/buzz-bench/bench.sh $(BENCH_FLAGS)
 
-bench-scale: ## load 1,000,000 synthetic events by SQL into a throwaway dev relay; bytes per event and read shapes (cmd/buzz-bench/bench-scale.sh)
+bench-scale: deps-run ## load 1,000,000 synthetic events by SQL into a throwaway dev relay; bytes per event and read shapes (cmd/buzz-bench/bench-scale.sh)
 	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
 	bash cmd/buzz-bench/bench-scale.sh

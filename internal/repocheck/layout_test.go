@@ -22,3 +22,27 @@ func TestMakefileRunsWithclusterBesideDBTest(t *testing.T) {
 	require.Equal(t, "internal/dbtest/withcluster", dir)
 	require.FileExists(t, filepath.Join("../..", dir, "main.go"))
 }
+
+// A fresh machine has Go and make only: every target that compiles with cgo
+// (the race detector, libsecp256k1) or starts PostgreSQL or redis-server
+// installs what it lacks first, so `make run` and `make test` need no step
+// by hand. A new target of that kind belongs in this list.
+func TestMakeTargetsInstallWhatTheyNeedFirst(t *testing.T) {
+	t.Parallel()
+	makefile, err := os.ReadFile("../../Makefile")
+	require.NoError(t, err)
+	firstPrerequisite := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z-]+):[ \t]*([a-z-]*)`).FindAllSubmatch(makefile, -1) {
+		firstPrerequisite[string(m[1])] = string(m[2])
+	}
+	for target, deps := range map[string]string{
+		"run": "deps-run", "run-replica": "deps-run", "build": "deps-run",
+		"bench": "deps-run", "bench-scale": "deps-run", "test": "deps-test",
+	} {
+		require.Equal(t, deps, firstPrerequisite[target], "make %s", target)
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^make test$`, string(ci), ".ci/run runs the README's test command")
+	require.FileExists(t, "../../.ci/deps")
+}
