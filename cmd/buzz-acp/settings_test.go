@@ -170,3 +170,28 @@ func TestBinaryStatusLinesAndSIGTERM(t *testing.T) {
 		t.Fatal("buzz-acp did not exit after SIGTERM")
 	}
 }
+
+// The README's table of buzz-acp settings lists exactly the variables
+// parseSettings reads, so an operator neither sets one that nothing reads
+// nor misses one.
+// Mutations killed: a row dropped from the table; a variable renamed in
+// parseSettings.
+func TestReadmeSettingsTableListsWhatBuzzACPReads(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, table, ok := strings.Cut(string(readme), "Its settings (env vars")
+	require.True(t, ok, "README.md has buzz-acp's settings table")
+	table, _, _ = strings.Cut(table, "\n\n")
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| (.+?) \\|").FindAllStringSubmatch(table, -1) {
+		for _, n := range regexp.MustCompile("`(BUZZ_[A-Z0-9_]+)`").FindAllStringSubmatch(m[1], -1) {
+			documented[n[1]] = true
+		}
+	}
+	read := map[string]bool{}
+	valid := map[string]string{"BUZZ_RELAY_URL": "ws://127.0.0.1:1", "BUZZ_PRIVATE_KEY": relaytest.NewKey(t).Hex(), "BUZZ_ACP_AGENT": "agent"}
+	_, _, err = parseSettings(nil, func(k string) string { read[k] = true; return valid[k] })
+	require.NoError(t, err)
+	require.Equal(t, read, documented)
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,11 +68,20 @@ type control struct {
 // Timing of the connection to Redis. Not settings: they only bound how fast
 // an outage is noticed and how hard a returning Redis is knocked on.
 const (
-	// healthInterval: a subscription silent this long is pinged; a dead
-	// connection is noticed within about twice this.
-	healthInterval = 2 * time.Second
-	minBackoff     = 100 * time.Millisecond
-	maxBackoff     = 2 * time.Second
+	// proofInterval: the subscription is pinged this often, busy or quiet.
+	// Redis answers a subscriber's ping in order with the messages, so each
+	// pong proves that everything published before its ping was read.
+	proofInterval = 250 * time.Millisecond
+	// hearingWindow: how old the last such proof may be for this process
+	// to count as hearing the others (Hears). It bounds how long another
+	// process's invalidation can go unheard here, a stalled Redis
+	// included, before cached access answers stop being trusted.
+	hearingWindow = time.Second
+	// stallAfter: a subscription without a pong this long is dropped and
+	// resubscribed (a stalled Redis, stopped or cut off without a reset).
+	stallAfter = 4 * time.Second
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 2 * time.Second
 	// publishTimeout bounds one batch of publishes; a batch that fails is
 	// dropped (counted), never retried, so nothing is delivered twice.
 	publishTimeout = 2 * time.Second
@@ -156,6 +166,11 @@ type Bus struct {
 	metrics   *Metrics
 	queue     chan outgoing
 	connected atomic.Bool
+	// heardUpTo is when (on start's monotonic clock) the ping whose pong
+	// came last was sent: everything Redis took before then has been read.
+	start     time.Time
+	heardUpTo atomic.Int64
+	stall     time.Duration // stallAfter; longer in tests that watch Hears alone
 
 	// unsent holds the communities whose invalidation found the queue full
 	// or failed to publish. An invalidation must not be lost while the
@@ -195,11 +210,26 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 		queue:    make(chan outgoing, queue),
 		unsent:   map[uuid.UUID]struct{}{},
 		wake:     make(chan struct{}, 1),
+		start:    time.Now(),
+		stall:    stallAfter,
 	}, nil
 }
 
 // Connected reports whether the bus is subscribed to the other processes.
 func (b *Bus) Connected() bool { return b.connected.Load() }
+
+// Hears reports whether the bus is subscribed and has proof, at most
+// hearingWindow old, that it read everything the other processes
+// published: what must not outlive an unheard invalidation (cached access
+// answers) or wait on a stalled Redis (the shared limiter, presence) asks
+// this, not Connected. A stalled Redis is noticed here within about
+// hearingWindow, where dropping the subscription takes stallAfter.
+func (b *Bus) Hears() bool {
+	return b.connected.Load() && b.sinceStart()-b.heardUpTo.Load() <= int64(hearingWindow)
+}
+
+// sinceStart is the bus's monotonic clock.
+func (b *Bus) sinceStart() int64 { return int64(time.Since(b.start)) }
 
 // Run publishes and subscribes until ctx ends, then closes the client.
 func (b *Bus) Run(ctx context.Context) {
@@ -403,11 +433,13 @@ type inbound struct {
 }
 
 // receive hands messages to the handlers until the subscription fails.
-// A quiet subscription is pinged; one that stays silent for another
-// health interval after the ping has failed too: a stalled Redis (stopped,
-// or cut off without a reset) takes the ping into its socket buffer
-// without a word, and the subscription would otherwise count as connected
-// for good, keeping every publish waiting on the shared rate limiter.
+// The subscription is pinged every proofInterval, and each pong (which
+// Redis sends in order with the messages) moves heardUpTo to its ping's
+// sending: Hears trusts the bus only while that proof is recent. A
+// subscription without a pong for stallAfter has failed: a stalled Redis
+// (stopped, or cut off without a reset) takes the pings into its socket
+// buffer without a word, and the subscription would otherwise count as
+// connected for good.
 //
 // Events go to the fan-out on a goroutine of their own, in the order
 // read; invalidations and closings are handled as soon as they are read,
@@ -445,36 +477,53 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 		close(ahead)
 		<-delivered
 	}()
-	pinged := false
+	// The subscription was confirmed just now: what was published before
+	// it is not this subscription's to hear (the resync covers it).
+	subscribed := b.sinceStart()
+	b.heardUpTo.Store(subscribed)
+	lastPing := subscribed - int64(proofInterval)
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, healthInterval)
+		now := b.sinceStart()
+		if now-lastPing >= int64(proofInterval) {
+			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+			err := ps.Ping(pctx, strconv.FormatInt(now, 10))
+			cancel()
+			if err != nil {
+				return err
+			}
+			lastPing = now
+		}
+		untilPing := time.Duration(lastPing + int64(proofInterval) - b.sinceStart())
+		msg, err := ps.ReceiveTimeout(ctx, max(untilPing, time.Millisecond))
 		if err != nil {
 			var netErr net.Error
-			if !pinged && ctx.Err() == nil && errors.As(err, &netErr) && netErr.Timeout() {
-				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-				err = ps.Ping(pctx)
-				cancel()
-				if err == nil {
-					pinged = true
-					continue
-				}
+			if ctx.Err() != nil || !errors.As(err, &netErr) || !netErr.Timeout() {
+				return err
 			}
-			return err
-		}
-		pinged = false
-		m, ok := msg.(*redis.Message)
-		if !ok {
+			// Nothing to read. Judged only here, where the socket was
+			// waited on, not after a wait for the fan-out's room: pongs
+			// still unread behind a backlog are no sign of a stall.
+			if b.sinceStart()-b.heardUpTo.Load() > int64(b.stall) {
+				return fmt.Errorf("no answer from redis for %s", b.stall)
+			}
 			continue
 		}
-		in, ok := b.handle(m)
-		if !ok {
-			continue
+		switch m := msg.(type) {
+		case *redis.Pong:
+			if sent, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && sent > b.heardUpTo.Load() {
+				b.heardUpTo.Store(sent)
+			}
+		case *redis.Message:
+			in, ok := b.handle(m)
+			if !ok {
+				continue
+			}
+			in.weight = min(int64(len(m.Payload)), receiveAheadBytes)
+			if err := room.Acquire(ctx, in.weight); err != nil {
+				return err
+			}
+			ahead <- in
 		}
-		in.weight = min(int64(len(m.Payload)), receiveAheadBytes)
-		if err := room.Acquire(ctx, in.weight); err != nil {
-			return err
-		}
-		ahead <- in
 	}
 }
 

@@ -385,3 +385,32 @@ func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
 	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond,
 		"the bus still counts as connected while the fan-out drains")
 }
+
+// A stalled Redis (stopped, or cut off without a reset) is noticed by
+// Hears within about a second, long before the subscription is given up:
+// an invalidation another process published meanwhile is unheard, and
+// what must not outlive one (cached access answers) asks Hears. Once Redis
+// answers again, the pongs of the pings sent meanwhile arrive in order
+// with whatever was published, and the bus hears again.
+// Mutation killed: Hears reporting Connected (a stalled Redis was trusted
+// until the subscription was dropped, about 4 s, during which a member
+// removed through another process kept receiving a private channel).
+func TestBusStopsHearingAStalledRedisBeforeDroppingIt(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	bus.stall = time.Hour // only Hears is watched here
+	run(t, bus)
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(srv.Pid(), syscall.SIGCONT) })
+	require.Eventually(t, func() bool { return !bus.Hears() }, 30*time.Second, 10*time.Millisecond,
+		"a stalled Redis is still trusted")
+	require.True(t, bus.Connected(), "the subscription itself is kept")
+
+	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT))
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond, "the bus hears again once Redis answers")
+}

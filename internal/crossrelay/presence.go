@@ -119,7 +119,7 @@ func (b *Bus) Presence(ttl time.Duration, max, maxBytes int, fallback presence.S
 // Remember implements presence.Store.
 func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
 	p.fallback.Remember(community, channel, ev, now)
-	if !p.bus.Connected() {
+	if !p.bus.Hears() {
 		return
 	}
 	expires := now.Add(p.ttl).UnixMilli()
@@ -135,7 +135,7 @@ func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event,
 
 // Current implements presence.Store.
 func (p *SharedPresence) Current(ctx context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event {
-	if !p.bus.Connected() {
+	if !p.bus.Hears() {
 		return p.fallback.Current(ctx, community, channel, now)
 	}
 	ctx, cancel := context.WithTimeout(ctx, presenceTimeout)

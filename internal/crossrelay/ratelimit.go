@@ -78,7 +78,7 @@ func RateKey(community uuid.UUID, pubkey string) string {
 
 // Allow takes one token from the shared bucket of (community, pubkey).
 func (l *SharedLimiter) Allow(community uuid.UUID, pubkey string, now time.Time) (bool, time.Duration) {
-	if !l.bus.Connected() {
+	if !l.bus.Hears() {
 		// Known to be unreachable: decide at once rather than make every
 		// publish wait out the timeout.
 		return l.fallback.Allow(community, pubkey, now)

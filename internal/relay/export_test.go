@@ -10,3 +10,10 @@ func (s *Server) ReadyChecks() (checks, joined int64) {
 
 // SetReadyTimeout bounds each readiness check (default 2 s).
 func (s *Server) SetReadyTimeout(d time.Duration) { s.ready.timeout = d }
+
+// CrossRelayHears reports whether the relay's Redis bus proves it hears
+// the other relays (false without a bus).
+func (s *Server) CrossRelayHears() bool {
+	bus := s.crossRelay.Load()
+	return bus != nil && bus.Hears()
+}

@@ -373,6 +373,34 @@ func TestCrossRelayOutageDoesNotTrustCachedAccess(t *testing.T) {
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A during the outage must not receive the channel on B")
 }
 
+// The same with Redis stalled (stopped, not closed): B keeps its
+// subscription for seconds, but stops trusting its cached answers as soon
+// as it has no proof of hearing the others, so the member removed through
+// A meanwhile receives nothing more on B.
+// Mutation killed: B trusting its cached answers while merely connected
+// (TrustOnlyWhile(bus.Connected)): the removed member received the
+// post-removal message.
+func TestCrossRelayStalledRedisDoesNotTrustCachedAccess(t *testing.T) {
+	t.Parallel()
+	redis, _, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
+	// B caches the channel's readers while delivering this.
+	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", before)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	require.Eventually(t, func() bool { return !b.Server.CrossRelayHears() }, 30*time.Second, 10*time.Millisecond)
+	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", after)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel while Redis is stalled")
+	require.True(t, staying.Expect("OK").OK)
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A while Redis is stalled must not receive the channel on B")
+}
+
 // privateChannelOnTwoRelays starts relays A and B on one database and one
 // redis-server, and a private channel created through A whose two members,
 // leaving and staying, are connected to B with live subscriptions to it.

@@ -378,7 +378,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Cached access answers stand only while this process hears the
 	// others' invalidations; until it subscribes, and whenever Redis is
 	// lost, every answer comes from the database.
-	s.access.TrustOnlyWhile(bus.Connected)
+	s.access.TrustOnlyWhile(bus.Hears)
 	go bus.Run(ctx)
 	return nil
 }
