@@ -12,10 +12,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,6 +169,9 @@ type Bus struct {
 	start     time.Time
 	heardUpTo atomic.Int64
 	stall     time.Duration // stallAfter; longer in tests that watch Hears alone
+	// The reader's waits for the fan-out's room, which prove discounts.
+	waitingForRoom atomic.Bool
+	readerResumed  atomic.Int64
 
 	// unsent holds the communities whose invalidation found the queue full
 	// or failed to publish. An invalidation must not be lost while the
@@ -433,9 +434,9 @@ type inbound struct {
 }
 
 // receive hands messages to the handlers until the subscription fails.
-// The subscription is pinged every proofInterval, and each pong (which
-// Redis sends in order with the messages) moves heardUpTo to its ping's
-// sending: Hears trusts the bus only while that proof is recent. A
+// The subscription is pinged every proofInterval (prove), and each pong
+// (which Redis sends in order with the messages) moves heardUpTo to its
+// ping's sending: Hears trusts the bus only while that proof is recent. A
 // subscription without a pong for stallAfter has failed: a stalled Redis
 // (stopped, or cut off without a reset) takes the pings into its socket
 // buffer without a word, and the subscription would otherwise count as
@@ -479,34 +480,24 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	}()
 	// The subscription was confirmed just now: what was published before
 	// it is not this subscription's to hear (the resync covers it).
-	subscribed := b.sinceStart()
-	b.heardUpTo.Store(subscribed)
-	lastPing := subscribed - int64(proofInterval)
+	b.heardUpTo.Store(b.sinceStart())
+	b.readerResumed.Store(b.sinceStart())
+	proving, stopProving := context.WithCancel(ctx)
+	stalled := make(chan error, 1)
+	go b.prove(proving, ps, stalled)
+	defer stopProving()
 	for {
-		now := b.sinceStart()
-		if now-lastPing >= int64(proofInterval) {
-			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-			err := ps.Ping(pctx, strconv.FormatInt(now, 10))
-			cancel()
-			if err != nil {
-				return err
-			}
-			lastPing = now
-		}
-		untilPing := time.Duration(lastPing + int64(proofInterval) - b.sinceStart())
-		msg, err := ps.ReceiveTimeout(ctx, max(untilPing, time.Millisecond))
+		// No read deadline: one that fell inside a large message would
+		// leave the connection in the middle of it. The prover closes the
+		// subscription when Redis stops answering, or when ctx ends.
+		msg, err := ps.Receive(ctx)
 		if err != nil {
-			var netErr net.Error
-			if ctx.Err() != nil || !errors.As(err, &netErr) || !netErr.Timeout() {
+			select {
+			case stall := <-stalled:
+				return stall
+			default:
 				return err
 			}
-			// Nothing to read. Judged only here, where the socket was
-			// waited on, not after a wait for the fan-out's room: pongs
-			// still unread behind a backlog are no sign of a stall.
-			if b.sinceStart()-b.heardUpTo.Load() > int64(b.stall) {
-				return fmt.Errorf("no answer from redis for %s", b.stall)
-			}
-			continue
 		}
 		switch m := msg.(type) {
 		case *redis.Pong:
@@ -519,10 +510,62 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 				continue
 			}
 			in.weight = min(int64(len(m.Payload)), receiveAheadBytes)
-			if err := room.Acquire(ctx, in.weight); err != nil {
+			if err := b.handOn(ctx, room, ahead, in); err != nil {
 				return err
 			}
-			ahead <- in
+		}
+	}
+}
+
+// handOn queues in for the fan-out, waiting for room in the queue (its
+// count and its bytes) if the fan-out lags.
+func (b *Bus) handOn(ctx context.Context, room *semaphore.Weighted, ahead chan<- inbound, in inbound) error {
+	b.waitingForRoom.Store(true)
+	defer func() {
+		b.readerResumed.Store(b.sinceStart())
+		b.waitingForRoom.Store(false)
+	}()
+	if err := room.Acquire(ctx, in.weight); err != nil {
+		return err
+	}
+	select {
+	case ahead <- in:
+		return nil
+	case <-ctx.Done():
+		room.Release(in.weight)
+		return ctx.Err()
+	}
+}
+
+// prove pings ps every proofInterval until ctx ends, then closes it. Each
+// ping carries its sending time, which its pong, read by receive in order
+// with the messages, makes heardUpTo. Without a pong for b.stall while the
+// reader waited on the socket, it reports the stall and closes ps, which
+// ends the reader's Receive. Time the reader spent waiting for the
+// fan-out's room does not count: pongs unread behind a backlog are no sign
+// of a stall (Hears is false meanwhile all the same).
+func (b *Bus) prove(ctx context.Context, ps *redis.PubSub, stalled chan<- error) {
+	defer ps.Close()
+	tick := time.NewTicker(proofInterval)
+	defer tick.Stop()
+	for {
+		now := b.sinceStart()
+		quiet := now - max(b.heardUpTo.Load(), b.readerResumed.Load())
+		if !b.waitingForRoom.Load() && quiet > int64(b.stall) {
+			stalled <- fmt.Errorf("no answer from redis for %s", b.stall)
+			return
+		}
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		err := ps.Ping(pctx, strconv.FormatInt(now, 10))
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			stalled <- fmt.Errorf("pinging redis: %w", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

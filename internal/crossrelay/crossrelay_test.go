@@ -414,3 +414,57 @@ func TestBusStopsHearingAStalledRedisBeforeDroppingIt(t *testing.T) {
 	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT))
 	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond, "the bus hears again once Redis answers")
 }
+
+// A reader held up by a lagging fan-out (its queue full) reads no pongs
+// meanwhile, which is no sign of a stall: the subscription is kept, and
+// every event read is delivered once the fan-out catches up.
+// Mutation killed: prove counting the reader's wait for the fan-out as
+// silence (the subscription was dropped and the queued events lost).
+func TestFanoutLagIsNotTakenForAStall(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	release := make(chan struct{})
+	var delivered sync.WaitGroup
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		Deliver: func(uuid.UUID, *nostr.Event, *uuid.UUID) {
+			<-release
+			delivered.Done()
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	bus.stall = 300 * time.Millisecond
+	run(t, bus)
+	releaseFanout := sync.OnceFunc(func() { close(release) })
+	defer releaseFanout() // before run's cleanup waits for the bus
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	defer other.Close()
+	payload := `{"o":"elsewhere","e":` + string(signed(t, "lagging").AppendJSON(nil)) + `}`
+	events := receiveAhead + 100 // more than the fan-out's queue holds
+	delivered.Add(events)
+	pipe := other.Pipeline()
+	for range events {
+		pipe.Publish(t.Context(), ChannelName(community), payload)
+	}
+	_, err = pipe.Exec(t.Context())
+	require.NoError(t, err)
+
+	require.Eventually(t, bus.waitingForRoom.Load, 30*time.Second, time.Millisecond, "the reader never waited for the fan-out")
+	time.Sleep(hearingWindow + bus.stall) // longer than both, with no pong read
+	require.False(t, bus.Hears(), "unread pongs prove nothing")
+	releaseFanout()
+	all := make(chan struct{})
+	go func() { delivered.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("events published before the lag ended were lost: a lagging fan-out was taken for a stalled Redis")
+	}
+	require.True(t, bus.Connected())
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
+}
