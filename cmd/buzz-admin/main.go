@@ -113,8 +113,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		}
 		// Only a new host must be reachable: archive and unarchive find
 		// whatever is stored.
-		if err := community.CheckHost(host); verb == "create" && err != nil {
-			return usageError{reason: err.Error()}
+		if verb == "create" {
+			if err := community.CheckHost(host); err != nil {
+				return usageError{reason: err.Error()}
+			}
 		}
 	}
 	conn, err := connect(ctx, getenv)
