@@ -58,10 +58,35 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, log); err != nil {
+	code := exitStatus(run(ctx, os.Args[1:], os.Getenv, os.Stdout, log), os.Stdout, os.Stderr, log)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a command line that cannot run: the reason goes out with
+// the usage, and the exit status is 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+// exitStatus says how run ended, for the shell: --help prints the usage on
+// stdout (0); a command line that cannot run prints the reason and the
+// usage on stderr (2); any other failure is logged (1).
+func exitStatus(err error, stdout, stderr io.Writer, log *slog.Logger) int {
+	var usage usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintln(stdout, usageText)
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "buzz-acp: %v\n%s\n", usage.err, usageText)
+		return 2
+	default:
 		log.Error("buzz-acp", "err", err)
-		stop()
-		os.Exit(1)
+		return 1
 	}
 }
 
@@ -126,7 +151,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 	fs.StringVar(&authTag, "auth-tag", authTag, "the owner's NIP-OA auth tag (JSON array)")
 	fs.StringVar(&health, "health", health, "address for GET /health")
 	if err := fs.Parse(args); err != nil {
-		return cfg, "", fmt.Errorf("%w\n%s", err, usageText)
+		return cfg, "", usageError{err}
 	}
 	for _, d := range []struct {
 		name string
@@ -193,7 +218,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		cfg.AgentCommand = strings.Fields(env("BUZZ_ACP_AGENT"))
 	}
 	if len(cfg.AgentCommand) == 0 {
-		return cfg, "", fmt.Errorf("no agent command: give it after -- or in BUZZ_ACP_AGENT\n%s", usageText)
+		return cfg, "", usageError{errors.New("no agent command: give it after -- or in BUZZ_ACP_AGENT")}
 	}
 	if cfg.AgentCwd == "" {
 		if cfg.AgentCwd, err = os.Getwd(); err != nil {

@@ -2,12 +2,16 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -77,6 +81,44 @@ func TestSettingsAreChecked(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"my-agent", "--flag"}, cfg.AgentCommand, "the command after -- wins over BUZZ_ACP_AGENT")
 	require.Equal(t, good.Tag(), cfg.AuthTag)
+}
+
+// --help prints the usage on stdout and succeeds; a command line that
+// cannot run says why, with the usage, on stderr and exits 2; a bad setting
+// is a logged failure (1). --help used to end as a logged error, the usage
+// escaped into one log line, with status 1.
+// Mutations killed: the flag.ErrHelp case removed (help exits 2 on
+// stderr); usage errors no longer marked (they exit 1, without the usage).
+func TestHelpAndUsageErrorsExitLikeACommand(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"BUZZ_RELAY_URL": "ws://127.0.0.1:1", "BUZZ_PRIVATE_KEY": relaytest.NewKey(t).Hex()}
+	for _, tc := range []struct {
+		args   []string
+		env    map[string]string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{[]string{"--help"}, env, 0, "BUZZ_ACP_MAX_SESSIONS", ""},
+		{[]string{"-h"}, env, 0, "buzz-acp [flags] -- AGENT_COMMAND", ""},
+		{[]string{"--nope", "--", "agent"}, env, 2, "", "flag provided but not defined: -nope\nbuzz-acp [flags]"},
+		{nil, env, 2, "", "no agent command: give it after -- or in BUZZ_ACP_AGENT\nbuzz-acp [flags]"},
+		{[]string{"--", "agent"}, map[string]string{"BUZZ_RELAY_URL": "ws://127.0.0.1:1", "BUZZ_PRIVATE_KEY": "zz"}, 1, "", ""},
+	} {
+		var stdout, stderr, logged bytes.Buffer
+		log := slog.New(slog.NewTextHandler(&logged, nil))
+		err := run(t.Context(), tc.args, func(k string) string { return tc.env[k] }, &stdout, log)
+		require.Equal(t, tc.code, exitStatus(err, &stdout, &stderr, log), "%v", tc.args)
+		if tc.stdout != "" {
+			require.Contains(t, stdout.String(), tc.stdout, "%v", tc.args)
+		}
+		if tc.stderr != "" {
+			require.Contains(t, stderr.String(), tc.stderr, "%v", tc.args)
+		}
+		if tc.code == 1 {
+			require.Contains(t, logged.String(), "BUZZ_PRIVATE_KEY", "%v: the failure is logged", tc.args)
+		}
+	}
 }
 
 // GET /health: 503 until connected, 200 while connected, and the status
@@ -182,6 +224,7 @@ func TestReadmeSettingsTableListsWhatBuzzACPReads(t *testing.T) {
 	require.NoError(t, err)
 	_, table, ok := strings.Cut(string(readme), "Its settings (env vars")
 	require.True(t, ok, "README.md has buzz-acp's settings table")
+	_, table, _ = strings.Cut(table, "\n\n") // the table follows the sentence
 	table, _, _ = strings.Cut(table, "\n\n")
 	documented := map[string]bool{}
 	for _, m := range regexp.MustCompile("(?m)^\\| (.+?) \\|").FindAllStringSubmatch(table, -1) {

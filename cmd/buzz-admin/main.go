@@ -106,6 +106,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if (needHost && len(rest) != 1) || (!needHost && (verb != "list" || len(rest) != 0)) {
 		return usageError{}
 	}
+	var host string
+	if needHost {
+		if host = community.NormalizeHost(rest[0]); host == "" {
+			return usageError{reason: fmt.Sprintf("host %q is empty after normalization", rest[0])}
+		}
+		// Only a new host must be reachable: archive and unarchive find
+		// whatever is stored.
+		if verb == "create" {
+			if err := community.CheckHost(host); err != nil {
+				return usageError{reason: err.Error()}
+			}
+		}
+	}
 	conn, err := connect(ctx, getenv)
 	if err != nil {
 		return err
@@ -113,12 +126,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	defer conn.Close(context.Background())
 	q := db.New(conn)
 
-	var host string
-	if needHost {
-		if host = community.NormalizeHost(rest[0]); host == "" {
-			return fmt.Errorf("host %q is empty after normalization", rest[0])
-		}
-	}
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	switch verb {

@@ -56,6 +56,16 @@ func TestCommunitiesCommands(t *testing.T) {
 	require.Nil(t, unarchived.ArchivedAt)
 
 	require.ErrorContains(t, runJSON(&archived, "communities", "archive", "missing.example"), "no community has host")
+	// A host no request can carry is refused before anything is stored
+	// (it would stay reserved, unreachable, for good).
+	// Mutation killed: the CheckHost call removed from create.
+	for _, bad := range []string{"https://other.example/", "bad host!", "other.example:99999"} {
+		var u usageError
+		require.ErrorAs(t, run(ctx, []string{"communities", "create", bad}, env, &bytes.Buffer{}), &u, "%q", bad)
+		require.Contains(t, u.reason, "want", "%q: the reason says what a host looks like", bad)
+	}
+	require.NoError(t, runJSON(&list, "communities", "list"))
+	require.Len(t, list, 1, "no community was created for a bad host")
 	require.ErrorAs(t, run(ctx, []string{"communities", "create"}, env, &bytes.Buffer{}), &usageError{})
 	// A mistyped verb is a usage error (exit 2), not a database error (exit 1).
 	require.ErrorAs(t, run(ctx, []string{"communities", "lsit"}, func(string) string { return "" }, &bytes.Buffer{}), &usageError{})

@@ -429,6 +429,8 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 			return err
 		}
 		cfg.DatabaseURL = cluster.URL("buzz")
+		// buzz-admin and the psql runbooks need it as BUZZ_DATABASE_URL.
+		log.Info("private PostgreSQL ready", "database_url", cfg.DatabaseURL)
 		if opts.Replica && cfg.ReadDatabaseURL == "" {
 			standby, stop, err := devReplica(ctx, log, opts, cluster.Port())
 			if err != nil {

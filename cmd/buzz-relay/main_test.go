@@ -222,6 +222,30 @@ func TestDevRelaySurvivesRestart(t *testing.T) {
 	require.Equal(t, blob, body)
 }
 
+// The dev relay logs its private database's URL, which buzz-admin and the
+// psql runbooks take as BUZZ_DATABASE_URL, and the URL reaches the
+// relay's own database.
+// Mutation killed: the log line removed (an operator of `make run` had no
+// way to learn the URL but reading pgcluster's source).
+func TestDevRelayLogsItsDatabaseURL(t *testing.T) {
+	t.Parallel()
+	listener, port := listenLoopback(t)
+	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
+	var logs lockedBuffer
+	runRelay(t, port, func(ctx context.Context, _ *slog.Logger) error {
+		return dev(ctx, cfg, slog.New(slog.NewJSONHandler(&logs, nil)), devOptions{DataDir: newDevDataDir(t), Listener: listener}, noEnv)
+	})
+	url := logs.attr(t, "private PostgreSQL ready", "database_url")
+	conn, err := pgx.Connect(t.Context(), url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var hosts int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT count(*) FROM communities WHERE host = $1", cfg.RelayHost()).Scan(&hosts))
+	require.Equal(t, 1, hosts, "the logged URL names the database the relay seeded")
+}
+
 // devMedia sends one media request to the dev relay's community.
 func devMedia(t *testing.T, relay *relaytest.Relay, method, path string, auth *nostr.Event, body []byte) (int, []byte) {
 	t.Helper()

@@ -6,7 +6,10 @@ package community
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -93,6 +96,41 @@ func NormalizeHost(raw string) string {
 		}
 	}
 	return h
+}
+
+// CheckHost says why a normalized host (NormalizeHost's output) is not one
+// an HTTP request can carry in its Host header: a DNS name or an IP
+// literal (IPv6 in brackets), with an optional port. A community stored
+// under anything else could never be reached, yet would keep its host
+// reserved for good: an operator who pasted a URL ("https://x.example/")
+// or a typo gets the reason instead.
+func CheckHost(host string) error {
+	if strings.Contains(host, "/") {
+		return fmt.Errorf("host %q: want the host alone, such as relay.example.com or relay.example.com:8443, not a URL", host)
+	}
+	name, port := host, ""
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.HasSuffix(host, "]") {
+		name, port = host[:i], host[i+1:]
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || port != strconv.Itoa(n) {
+			return fmt.Errorf("host %q: want a port from 1 to 65535 after the colon", host)
+		}
+	}
+	if strings.HasPrefix(name, "[") && strings.HasSuffix(name, "]") {
+		if addr, err := netip.ParseAddr(name[1 : len(name)-1]); err != nil || !addr.Is6() {
+			return fmt.Errorf("host %q: want an IPv6 address between the brackets", host)
+		}
+		return nil
+	}
+	if len(name) == 0 || len(name) > 253 {
+		return fmt.Errorf("host %q: want a DNS name or an IP address, such as relay.example.com or relay.example.com:8443", host)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
+			strings.IndexFunc(label, func(r rune) bool { return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') }) >= 0 {
+			return fmt.Errorf("host %q: want a DNS name or an IP address, such as relay.example.com or relay.example.com:8443 (no scheme, path or spaces)", host)
+		}
+	}
+	return nil
 }
 
 // RelayURLAuthority derives the normalized authority of a relay URL such as

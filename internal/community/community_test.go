@@ -53,6 +53,30 @@ func TestNormalizeHost(t *testing.T) {
 	}
 }
 
+// A community's host is one a Host header can carry, or the community
+// could never be reached while its host stayed reserved.
+// Mutations killed: CheckHost always nil (every bad host passes); the
+// label character check dropped ("bad host!" passes); the port check
+// dropped ("x.example:99999" passes).
+func TestCheckHost(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{
+		"relay.example.com", "relay.example.com:8443", "localhost", "localhost:3000",
+		"10.0.0.1", "10.0.0.1:8080", "[2001:db8::1]", "[2001:db8::1]:8443", "xn--bcher-kva.example", "a-b.example", "under_score.internal",
+	} {
+		require.NoError(t, CheckHost(ok), "%q", ok)
+		require.NoError(t, CheckHost(NormalizeHost(ok)), "%q normalized", ok)
+	}
+	for _, bad := range []string{
+		"https://relay.example.com/", "relay.example.com/path", "bad host!", "user@relay.example.com",
+		"relay.example.com:99999", "relay.example.com:0", "relay.example.com:", "relay.example.com:x",
+		"relay.example.com:08080", "[not-ipv6]", "[10.0.0.1]", "-lead.example", "trail-.example",
+		"a..example", ".example", strings.Repeat("a", 64) + ".example",
+	} {
+		require.Error(t, CheckHost(NormalizeHost(bad)), "%q", bad)
+	}
+}
+
 func TestRelayURLAuthority(t *testing.T) {
 	t.Parallel()
 	cases := []struct{ in, want string }{
