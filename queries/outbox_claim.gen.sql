@@ -106,13 +106,24 @@ due_communities AS (
             WHERE h.listener_pubkey = l.listener_pubkey
               AND h.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
             ORDER BY coalesce(b.n, 0), h.next_attempt_at, h.created_at, h.id
-            -- Sorted first (OFFSET 0 keeps the check below out of this
-            -- subquery), so the check runs for the communities taken, not
+            -- Sorted first (OFFSET 0 keeps the checks below out of this
+            -- subquery), so the checks run for the communities taken, not
             -- for every community with rows due.
             OFFSET 0
         ) h
         -- A community being deleted is skipped, not an error for the batch.
         WHERE community_write_allowed(h.community_id)
+          -- A community has a row to take: its earliest due rows may be past
+          -- the retention (left for the reaper) or out of attempts, and it
+          -- would take a place of the room for nothing, poll after poll.
+          AND EXISTS (
+              SELECT FROM operator_listener_outbox o
+              WHERE o.state = 'pending' AND o.listener_pubkey = l.listener_pubkey
+                AND o.community_id = h.community_id
+      AND o.attempts < @max_attempts::int
+      AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+      AND o.created_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint
+          )
         LIMIT l.room
     ) t
 ),

@@ -593,3 +593,34 @@ func inFlightOf(n map[slotKey]int) *inFlight {
 	}
 	return b
 }
+
+// A community whose earliest due rows are past the retention (left for the
+// reaper) or out of attempts has no row the claim may take: it does not
+// take a place of the listener's room from a community that has one. Here
+// the listener has one free slot; community A holds only a row past the
+// retention, due before B's row.
+//
+// Mutation killed: due_communities without its check that a community has
+// a row to take (nothing is claimed while A's row waits for the reaper, up
+// to 5 minutes).
+func TestClaimPassesOverACommunityHoldingOnlyRowsItMayNotTake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fa := newFixture(t)
+	fb, fc := fa.otherCommunity("b.example"), fa.otherCommunity("c.example")
+	listener, target := newPubkey(t), newPubkey(t)
+	fa.register(listener, target)
+	old := fa.enqueue(target)[0]
+	fa.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '16 minutes',
+	                next_attempt_at = now() - interval '1 minute' WHERE id = $1`, old)
+	spent := fa.enqueue(target)[0]
+	fa.exec(`UPDATE operator_listener_outbox SET attempts = 9, next_attempt_at = now() - interval '50 seconds'
+	         WHERE id = $1`, spent)
+	taken := fb.enqueue(target)[0]
+	c := fa.claimer(Routes{listener: "https://l.example"})
+	busy := inFlightOf(map[slotKey]int{{string(mustHex(t, listener)), fc.community}: 9})
+
+	claims, err := c.claimDue(ctx, 10, busy)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{taken}, idsOf(claims))
+}
