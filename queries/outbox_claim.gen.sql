@@ -19,28 +19,129 @@
 -- claim in a server crash only leaves its row due again with one attempt
 -- uncounted, which at-least-once delivery already allows: a crash between
 -- the POST and its completion redelivers too. Completions stay durable.
-WITH claim_commits_async AS MATERIALIZED (
+--
+-- A listener's slots are shared fairly by the communities its rows come
+-- from: a community's row is not queued behind another community's flood
+-- to the same listener. Pending rows are found per (listener, community):
+-- one walk of operator_listener_outbox_pending_by_community per listener
+-- finds each community's earliest due row (one descent per community with
+-- pending rows, see "next"); of each listener the communities with the
+-- fewest of this pod's deliveries in flight (busy_*) are taken first, then
+-- the earliest due, at most room of them, and each gives its share of the
+-- room (room / communities taken, rounded up) of its earliest due rows.
+-- Rows whose lease expired are found by one ordered scan
+-- (operator_listener_outbox_recovery) stopping at max_rows. Of all these,
+-- rows are taken by level: a community's deliveries in flight plus the
+-- row's place in its community's queue, so each community is served in
+-- turn. A claim reads about two index entries per (listener, community)
+-- with pending rows plus the rows it locks (at most max_rows plus the room
+-- of each listener plus the communities taken), whatever one community's
+-- backlog.
+WITH RECURSIVE claim_commits_async AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ),
--- Due rows are found by two ordered index scans, pending rows in due order
--- (operator_listener_outbox_due) and sending rows whose lease expired
--- (operator_listener_outbox_recovery), each stopping at max_rows, then
--- merged. One scan with "pending OR expired" could use neither partial
--- index: it read and sorted every due row, a whole backlog per poll (about
--- 1 s at 200,000 rows where this reads max_rows).
-pending AS (
-    SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
-    FROM operator_listener_outbox o
-    WHERE o.state = 'pending'
+-- The listeners this claim may take rows of, and how many of each: room[i]
+-- of routable[i], the worker's free slots for it (a listener holds at most
+-- its share of the slots, so one that hangs cannot starve the others). No
+-- room given (a caller that bounds no listener, psql): max_rows.
+listeners AS (
+    SELECT r.listener_pubkey, coalesce((@room::int[])[r.i], @max_rows::int) AS room
+    FROM unnest(@routable::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
+),
+-- This pod's deliveries in flight per (listener, community).
+busy AS (
+    -- Parallel arrays; none given (NULL): no row.
+    SELECT unnest(@busy_listeners::bytea[]) AS listener_pubkey, unnest(@busy_communities::uuid[]) AS community_id,
+           unnest(@busy_counts::int[]) AS n
+),
+pending_communities AS (
+    SELECT l.listener_pubkey, s.community_id, s.next_attempt_at, s.created_at, s.id
+    FROM listeners l
+    CROSS JOIN LATERAL (
+        SELECT w.community_id, w.next_attempt_at, w.created_at, w.id
+        FROM (SELECT o.community_id, o.next_attempt_at, o.created_at, o.id,
+                     lag(o.community_id) OVER walk AS previous,
+                     row_number() OVER walk AS n
+              FROM operator_listener_outbox o
+              WHERE o.state = 'pending' AND o.listener_pubkey = l.listener_pubkey
+              WINDOW walk AS (ORDER BY o.community_id, o.next_attempt_at, o.created_at, o.id)
+              ORDER BY o.community_id, o.next_attempt_at, o.created_at, o.id
+              LIMIT 128) w
+        WHERE w.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+           OR w.community_id = w.previous
+           OR w.n = 128
+        -- The first such entry in index order: a filter over the ordered
+        -- subquery keeps its order and stops reading it at the first match.
+        LIMIT 1) s
+    UNION ALL
+    SELECT p.listener_pubkey, n.community_id, n.next_attempt_at, n.created_at, n.id
+    FROM pending_communities p
+    CROSS JOIN LATERAL (
+        SELECT w.community_id, w.next_attempt_at, w.created_at, w.id
+        FROM (SELECT o.community_id, o.next_attempt_at, o.created_at, o.id,
+                     lag(o.community_id) OVER walk AS previous,
+                     row_number() OVER walk AS n
+              FROM operator_listener_outbox o
+              WHERE o.state = 'pending' AND o.listener_pubkey = p.listener_pubkey AND o.community_id > p.community_id
+              WINDOW walk AS (ORDER BY o.community_id, o.next_attempt_at, o.created_at, o.id)
+              ORDER BY o.community_id, o.next_attempt_at, o.created_at, o.id
+              LIMIT 128) w
+        WHERE w.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+           OR w.community_id = w.previous
+           OR w.n = 128
+        -- The first such entry in index order: a filter over the ordered
+        -- subquery keeps its order and stops reading it at the first match.
+        LIMIT 1) n
+),
+due_communities AS (
+    SELECT l.listener_pubkey, t.community_id, l.room,
+           count(*) OVER (PARTITION BY l.listener_pubkey) AS taken
+    FROM listeners l
+    CROSS JOIN LATERAL (
+        SELECT h.community_id
+        FROM (
+            SELECT h.community_id
+            FROM pending_communities h
+            LEFT JOIN busy b ON b.listener_pubkey = h.listener_pubkey AND b.community_id = h.community_id
+            WHERE h.listener_pubkey = l.listener_pubkey
+              AND h.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+            ORDER BY coalesce(b.n, 0), h.next_attempt_at, h.created_at, h.id
+            -- Sorted first (OFFSET 0 keeps the checks below out of this
+            -- subquery), so the checks run for the communities taken, not
+            -- for every community with rows due.
+            OFFSET 0
+        ) h
+        -- A community being deleted is skipped, not an error for the batch.
+        WHERE community_write_allowed(h.community_id)
+          -- A community has a row to take: its earliest due rows may be past
+          -- the retention (left for the reaper) or out of attempts, and it
+          -- would take a place of the room for nothing, poll after poll.
+          AND EXISTS (
+              SELECT FROM operator_listener_outbox o
+              WHERE o.state = 'pending' AND o.listener_pubkey = l.listener_pubkey
+                AND o.community_id = h.community_id
       AND o.attempts < @max_attempts::int
       AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       AND o.created_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint
-      AND o.listener_pubkey = ANY(@routable::bytea[])
-      -- A community being deleted is skipped, not an error for the batch.
-      AND community_write_allowed(o.community_id)
-    ORDER BY o.next_attempt_at, o.created_at, o.id
-    LIMIT @max_rows::int
-    FOR UPDATE OF o SKIP LOCKED
+          )
+        LIMIT l.room
+    ) t
+),
+pending AS (
+    SELECT p.id, p.community_id, p.listener_pubkey, p.target_pubkey, p.event_id, p.event_created_at, p.next_attempt_at, p.created_at
+    FROM due_communities d
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
+        FROM operator_listener_outbox o
+        WHERE o.state = 'pending' AND o.listener_pubkey = d.listener_pubkey
+          AND o.community_id = d.community_id
+      AND o.attempts < @max_attempts::int
+      AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+      AND o.created_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - interval '1 millisecond' * @retention_ms::bigint
+        ORDER BY o.next_attempt_at, o.created_at, o.id
+        LIMIT (d.room + d.taken - 1) / d.taken
+        FOR UPDATE OF o SKIP LOCKED
+    ) p
 ),
 expired AS (
     SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
@@ -55,6 +156,16 @@ expired AS (
     ORDER BY o.lease_until, o.created_at, o.id
     LIMIT @max_rows::int
     FOR UPDATE OF o SKIP LOCKED
+),
+-- A row's level: its community's deliveries in flight on this pod plus its
+-- place in its community's queue. Rows are taken lowest level first, so a
+-- community with nothing in flight is served before one holding slots, and
+-- communities with due rows take turns.
+ranked AS (
+    SELECT u.*, coalesce(b.n, 0) + row_number() OVER (PARTITION BY u.listener_pubkey, u.community_id
+                                                       ORDER BY u.next_attempt_at, u.created_at, u.id) AS level
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) u
+    LEFT JOIN busy b ON b.listener_pubkey = u.listener_pubkey AND b.community_id = u.community_id
 ),
 candidates AS (
     SELECT c.id, c.community_id,
@@ -71,20 +182,16 @@ candidates AS (
                  AND e.id = c.event_id AND e.deleted_at IS NULL
                  AND channel_readable_by(e.community_id, e.channel_id, c.target_pubkey)
            ) AS readable
-    -- At most room[i] rows of the listener routable[i]: the worker's free
-    -- slots for it (a listener holds at most its share of the slots, so one
-    -- that hangs cannot starve the others). Rows past a listener's room stay
-    -- due for a later poll.
+    -- At most its room of each listener's rows. Rows past it stay due for a
+    -- later poll.
     FROM (
-        SELECT u.*, row_number() OVER (PARTITION BY u.listener_pubkey
-                                       ORDER BY u.next_attempt_at, u.created_at, u.id) AS nth
-        FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) u
+        SELECT r.*, row_number() OVER (PARTITION BY r.listener_pubkey
+                                       ORDER BY r.level, r.next_attempt_at, r.created_at, r.id) AS nth
+        FROM ranked r
     ) c
-    JOIN unnest(@routable::bytea[]) WITH ORDINALITY AS r(listener_pubkey, i)
-      ON r.listener_pubkey = c.listener_pubkey
-    -- No room given (a caller that bounds no listener, psql): max_rows.
-    WHERE c.nth <= coalesce((@room::int[])[r.i], @max_rows::int)
-    ORDER BY c.next_attempt_at, c.created_at, c.id
+    JOIN listeners l ON l.listener_pubkey = c.listener_pubkey
+    WHERE c.nth <= l.room
+    ORDER BY c.level, c.next_attempt_at, c.created_at, c.id
     LIMIT @max_rows::int
 ),
 -- A notification of a message its target may no longer read is withdrawn,

@@ -2724,10 +2724,10 @@ CREATE INDEX operator_listener_outbox_created ON public.operator_listener_outbox
 
 
 --
--- Name: operator_listener_outbox_due; Type: INDEX; Schema: public; Owner: -
+-- Name: operator_listener_outbox_pending_by_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX operator_listener_outbox_due ON public.operator_listener_outbox USING btree (next_attempt_at, created_at, id) WHERE (state = 'pending'::text);
+CREATE INDEX operator_listener_outbox_pending_by_community ON public.operator_listener_outbox USING btree (listener_pubkey, community_id, next_attempt_at, created_at, id) WHERE (state = 'pending'::text);
 
 
 --

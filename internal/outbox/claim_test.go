@@ -426,33 +426,48 @@ func TestClaimsCommitWithoutWaitingForTheFlush(t *testing.T) {
 }
 
 // The poll reads about as many rows as it claims, however large the due
-// backlog (a listener back after an outage, a burst of mentions): it must
-// not read and sort the whole backlog on every tick. It still takes the
-// oldest due rows first, expired leases among them. Rows read are counted
-// by PostgreSQL for the claim's own transaction (pg_stat_xact_user_tables).
+// backlog (a listener back after an outage, a burst of mentions), and
+// however it is spread over communities: it must not read and sort the
+// whole backlog on every tick. It still takes the oldest due rows of each
+// community first, expired leases among them, and serves each community
+// with due rows. Rows read are counted by PostgreSQL for the claim's own
+// transaction (pg_stat_xact_user_tables).
 //
-// Mutation killed: the candidates as one scan with "pending OR expired"
-// (the claim before): it reads all 20,000 due rows.
+// Mutations killed: the candidates as one scan with "pending OR expired"
+// (the claim before 009's two scans): it reads all 40,000 due rows; the
+// pending rows as one scan in due order across communities (the claim
+// before 037): community C's row, due last, is not claimed.
 func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
+	fb, fc := f.otherCommunity("b.example"), f.otherCommunity("c.example")
 	listener := mustHex(t, newPubkey(t))
 	const backlog = 20000
-	// One stored message mentioning 20,000 targets: the claim reads each
-	// claimed row's event.
-	mention := message(t, 9)
-	f.save(mention, nil, true)
-	f.exec(`INSERT INTO operator_listener_outbox
-	            (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, next_attempt_at)
-	        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, $4,
-	               9, to_timestamp($5), now() - interval '1 minute' + i * interval '1 millisecond'
-	        FROM generate_series(1, $3::int) AS i`, listener, f.community, backlog, mustHex(t, mention.ID), mention.CreatedAt)
-	// Three rows whose worker died holding them, due before any pending row.
+	// In each community one stored message mentioning every target: the
+	// claim reads each claimed row's event. A and B hold 20,000 rows each,
+	// C one row due after all of them.
+	backlogIn := func(f *fixture, rows int, dueFrom string) {
+		t.Helper()
+		mention := message(t, 9)
+		f.save(mention, nil, true)
+		f.exec(`INSERT INTO operator_listener_outbox
+		            (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, next_attempt_at)
+		        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, $4,
+		               9, to_timestamp($5), now() - $6::interval + i * interval '1 millisecond'
+		        FROM generate_series(1, $3::int) AS i`,
+			listener, f.community, rows, mustHex(t, mention.ID), mention.CreatedAt, dueFrom)
+	}
+	backlogIn(f, backlog, "1 minute")
+	backlogIn(fb, backlog, "1 minute")
+	backlogIn(fc, 1, "1 second")
+	// Three rows of A whose worker died holding them, due before any
+	// pending row.
 	f.exec(`UPDATE operator_listener_outbox
 	        SET state = 'sending', claim_id = gen_random_uuid(), lease_until = now() - interval '1 second',
 	            attempts = 1, next_attempt_at = now() - interval '2 minutes'
-	        WHERE id IN (SELECT id FROM operator_listener_outbox ORDER BY next_attempt_at DESC LIMIT 3)`)
+	        WHERE id IN (SELECT id FROM operator_listener_outbox WHERE community_id = $1
+	                     ORDER BY next_attempt_at DESC LIMIT 3)`, f.community)
 	f.exec(`ANALYZE operator_listener_outbox`)
 
 	tx, err := f.pool.Begin(ctx)
@@ -466,15 +481,67 @@ func TestClaimReadsItsRowsNotTheBacklog(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 10)
 	recovered := 0
+	per := map[uuid.UUID]int{}
 	for _, r := range claimed {
 		if r.Attempts == 2 {
 			recovered++
 		}
+		per[r.CommunityID]++
 	}
-	require.Equal(t, 3, recovered, "the expired leases are the oldest due rows")
+	require.Equal(t, 3, recovered, "the expired leases are A's oldest due rows")
+	// Rows are taken a level at a time (a row of each community, then the
+	// next of each): A 4 (among them the 3 expired), B 4 and C's one, plus
+	// A's fifth of 7 locked (the 3 expired and its 4 of the room of 10
+	// shared by 3 communities).
+	require.Equal(t, map[uuid.UUID]int{f.community: 5, fb.community: 4, fc.community: 1}, per)
 
 	read := dbtest.RowsRead(t, tx, "operator_listener_outbox") - before
-	require.Less(t, read, int64(100), "rows the claim read, of a %d-row backlog", backlog)
+	require.Less(t, read, int64(100), "rows the claim read, of a %d-row backlog", 2*backlog+1)
+}
+
+// A listener's slots are shared by the communities its due rows come from,
+// whatever came first: a poll takes a row of each community with due rows
+// before a second of any, and a community with fewer of this pod's
+// deliveries in flight before one with more.
+//
+// Mutation killed: the pending rows as one scan in due order across
+// communities (the claim before 037): every row claimed is the flood's.
+func TestClaimTakesTurnsBetweenCommunities(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fa := newFixture(t)
+	fb, fc := fa.otherCommunity("b.example"), fa.otherCommunity("c.example")
+	listener := newPubkey(t)
+	targets := make([]string, 30)
+	for i := range targets {
+		targets[i] = newPubkey(t)
+	}
+	fa.register(listener, targets...)
+	fa.enqueue(targets...) // the flood, due first
+	fa.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() - interval '1 minute'`)
+	fb.enqueue(targets[:3]...)
+	fc.enqueue(targets[0])
+	c := fa.claimer(Routes{listener: "https://l.example"})
+	communities := func(claims []claim) map[uuid.UUID]int {
+		per := map[uuid.UUID]int{}
+		for _, cl := range claims {
+			per[cl.row.CommunityID]++
+		}
+		return per
+	}
+
+	claims, err := c.claimDue(ctx, 3, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID]int{fa.community: 1, fb.community: 1, fc.community: 1}, communities(claims),
+		"a row of each community first")
+
+	// The flood holds 8 of the listener's 10 slots, B one: the free slot
+	// goes to B, which holds fewer, though the flood's rows are due first.
+	key := string(mustHex(t, listener))
+	busy := inFlightOf(map[slotKey]int{{key, fa.community}: 8, {key, fb.community}: 1})
+	claims, err = c.claimDue(ctx, 10, busy)
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID]int{fb.community: 1}, communities(claims))
 }
 
 // The poll takes no more of a listener's rows than the slots it has left
@@ -498,7 +565,7 @@ func TestClaimTakesNoMoreOfAListenerThanItsRoom(t *testing.T) {
 	c := f.claimer(Routes{busy: "https://busy.example", idle: "https://idle.example"})
 	require.Equal(t, 5, listenerCap(2))
 
-	claims, err := c.claimDue(ctx, 10, map[string]int{string(mustHex(t, busy)): 3})
+	claims, err := c.claimDue(ctx, 10, inFlightOf(map[slotKey]int{{string(mustHex(t, busy)), f.community}: 3}))
 	require.NoError(t, err)
 	per := map[string]int{}
 	for _, cl := range claims {
@@ -506,10 +573,54 @@ func TestClaimTakesNoMoreOfAListenerThanItsRoom(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{busy: 2, idle: 5}, per)
 
-	claims, err = c.claimDue(ctx, 10, map[string]int{string(mustHex(t, busy)): 5, string(mustHex(t, idle)): 5})
+	claims, err = c.claimDue(ctx, 10, inFlightOf(map[slotKey]int{
+		{string(mustHex(t, busy)), f.community}: 5, {string(mustHex(t, idle)), f.community}: 5,
+	}))
 	require.NoError(t, err)
 	require.Empty(t, claims, "both listeners have their share in flight")
 	claims, err = c.claimDue(ctx, 10, nil)
 	require.NoError(t, err)
 	require.Len(t, claims, 3, "the busy listener's rows passed over stayed due")
+}
+
+// inFlightOf counts n deliveries in flight for each key of n.
+func inFlightOf(n map[slotKey]int) *inFlight {
+	b := newInFlight()
+	for k, c := range n {
+		for range c {
+			b.add(k)
+		}
+	}
+	return b
+}
+
+// A community whose earliest due rows are past the retention (left for the
+// reaper) or out of attempts has no row the claim may take: it does not
+// take a place of the listener's room from a community that has one. Here
+// the listener has one free slot; community A holds only a row past the
+// retention, due before B's row.
+//
+// Mutation killed: due_communities without its check that a community has
+// a row to take (nothing is claimed while A's row waits for the reaper, up
+// to 5 minutes).
+func TestClaimPassesOverACommunityHoldingOnlyRowsItMayNotTake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fa := newFixture(t)
+	fb, fc := fa.otherCommunity("b.example"), fa.otherCommunity("c.example")
+	listener, target := newPubkey(t), newPubkey(t)
+	fa.register(listener, target)
+	old := fa.enqueue(target)[0]
+	fa.exec(`UPDATE operator_listener_outbox SET created_at = now() - interval '16 minutes',
+	                next_attempt_at = now() - interval '1 minute' WHERE id = $1`, old)
+	spent := fa.enqueue(target)[0]
+	fa.exec(`UPDATE operator_listener_outbox SET attempts = 9, next_attempt_at = now() - interval '50 seconds'
+	         WHERE id = $1`, spent)
+	taken := fb.enqueue(target)[0]
+	c := fa.claimer(Routes{listener: "https://l.example"})
+	busy := inFlightOf(map[slotKey]int{{string(mustHex(t, listener)), fc.community}: 9})
+
+	claims, err := c.claimDue(ctx, 10, busy)
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{taken}, idsOf(claims))
 }

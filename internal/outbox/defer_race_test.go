@@ -21,7 +21,7 @@ type stubClaimer struct {
 	polls chan struct{}
 }
 
-func (s *stubClaimer) claimDue(_ context.Context, limit int, busy map[string]int) ([]claim, error) {
+func (s *stubClaimer) claimDue(_ context.Context, limit int, busy *inFlight) ([]claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer func() { s.polls <- struct{}{} }()
@@ -29,7 +29,7 @@ func (s *stubClaimer) claimDue(_ context.Context, limit int, busy map[string]int
 	taken := map[string]int{}
 	for _, c := range s.due {
 		k := string(c.row.ListenerPubkey)
-		if len(out) < limit && busy[k]+taken[k] < s.cap {
+		if len(out) < limit && busy.listener(k)+taken[k] < s.cap {
 			out, taken[k] = append(out, c), taken[k]+1
 			continue
 		}

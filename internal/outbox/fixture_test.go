@@ -57,6 +57,14 @@ func fixtureOn(t testing.TB, pool *pgxpool.Pool) *fixture {
 	return &fixture{t: t, pool: pool, q: q, community: c.ID}
 }
 
+// otherCommunity creates another community, host, in f's database.
+func (f *fixture) otherCommunity(host string) *fixture {
+	f.t.Helper()
+	c, err := f.q.CommunityCreate(context.Background(), host)
+	require.NoError(f.t, err)
+	return &fixture{t: f.t, pool: f.pool, q: f.q, community: c.ID}
+}
+
 // newKey returns a random key and its hex pubkey.
 func newKey(t testing.TB) (*nostr.SecretKey, string) {
 	t.Helper()

@@ -126,7 +126,7 @@ func (r *recordingClaimer) claimed(cs []claim) {
 	}
 }
 
-func (r *recordingClaimer) claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error) {
+func (r *recordingClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]claim, error) {
 	r.checkSlots("poll", limit)
 	cs, err := r.inner.claimDue(ctx, limit, busy)
 	for _, c := range cs {
@@ -412,7 +412,7 @@ func runLoop(t *testing.T, l *loop, afterCancel func()) {
 // take, like the poll of a pod with a backlog of retries.
 type backlogClaimer struct{}
 
-func (backlogClaimer) claimDue(_ context.Context, limit int, _ map[string]int) ([]claim, error) {
+func (backlogClaimer) claimDue(_ context.Context, limit int, _ *inFlight) ([]claim, error) {
 	out := make([]claim, limit)
 	for i := range out {
 		out[i] = claim{claimID: uuid.New(), row: db.OutboxClaimDueRow{ID: uuid.New()}}

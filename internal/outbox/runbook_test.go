@@ -72,6 +72,8 @@ func TestListenerOutboxRunbook(t *testing.T) {
 
 	// 1. backlog: 3 pending (2 due now), 2 sending.
 	require.Regexp(t, regexp.MustCompile(listener+`\s*\|\s*3\s*\|\s*2\s*\|\s*2\s*\|`), text)
+	// 2. due rows per listener and community: the 2 pending ones.
+	require.Regexp(t, regexp.MustCompile(listener+`\s*\|\s*`+f.community.String()+`\s*\|\s*2\s*\|`), text)
 	// 3. the expired lease.
 	require.Regexp(t, regexp.MustCompile(ids[0].String()+`\s*\|\s*`+listener+`\s*\|\s*1\s*\|\s*`+expiredClaim.ClaimID.String()), text)
 	// 4. the retried row.

@@ -37,9 +37,72 @@ func leaseEndsAfter(sent time.Time, leftMs int64) time.Time {
 type claimer interface {
 	// claimDue is the poll: any due row this pod routes, at most limit,
 	// and of each listener no more than its share of the slots
-	// (listenerCap) less busy[listener], its deliveries in flight (keyed by
-	// string(ListenerPubkey); nil: none).
-	claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error)
+	// (listenerCap) less its deliveries in flight in busy (nil: none); a
+	// listener's communities with the fewest deliveries in flight first.
+	claimDue(ctx context.Context, limit int, busy *inFlight) ([]claim, error)
+}
+
+// slotKey is what the worker counts deliveries in flight by.
+type slotKey struct {
+	listener  string // string(ListenerPubkey)
+	community uuid.UUID
+}
+
+func slotKeyOf(c claim) slotKey {
+	return slotKey{listener: string(c.row.ListenerPubkey), community: c.row.CommunityID}
+}
+
+// inFlight counts a worker's deliveries in flight per listener (a listener
+// holds at most its share of the slots) and per (listener, community) (the
+// poll serves the communities holding the fewest first, so one community's
+// flood does not queue another's mentions to the same listener). A nil
+// *inFlight counts none.
+type inFlight struct {
+	listeners   map[string]int
+	communities map[slotKey]int
+}
+
+func newInFlight() *inFlight {
+	return &inFlight{listeners: map[string]int{}, communities: map[slotKey]int{}}
+}
+
+// listener returns the deliveries in flight to listener (string(pubkey)).
+func (b *inFlight) listener(listener string) int {
+	if b == nil {
+		return 0
+	}
+	return b.listeners[listener]
+}
+
+func (b *inFlight) add(k slotKey) {
+	b.listeners[k.listener]++
+	b.communities[k]++
+}
+
+func (b *inFlight) remove(k slotKey) {
+	if b.listeners[k.listener]--; b.listeners[k.listener] <= 0 {
+		delete(b.listeners, k.listener)
+	}
+	if b.communities[k]--; b.communities[k] <= 0 {
+		delete(b.communities, k)
+	}
+}
+
+// communitiesOnly is b without its per-listener counts: for the poll that
+// lends idle slots beyond the listeners' shares, which still serves each
+// listener's communities holding the fewest first.
+func (b *inFlight) communitiesOnly() *inFlight {
+	return &inFlight{communities: b.communities}
+}
+
+// atShare reports whether some listener has its share (or more) in flight.
+func (b *inFlight) atShare(share int) bool {
+	for _, n := range b.listeners {
+		if n >= share {
+			return true
+		}
+	}
+	return false
 }
 
 // pgClaimer runs the poll's claim statement, rendered from
@@ -63,17 +126,26 @@ type pgClaimer struct {
 // statement on a stalled server (a stopped backend, a connection dropped
 // without a word) never returns, which stopped this pod's deliveries, the
 // hand-offs included, until it was restarted.
-func (c pgClaimer) claimDue(ctx context.Context, limit int, busy map[string]int) ([]claim, error) {
+func (c pgClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]claim, error) {
 	perListener := listenerCap(len(c.routable))
-	routable := make([][]byte, 0, len(c.routable))
-	room := make([]int32, 0, len(c.routable))
+	p := db.OutboxClaimDueParams{
+		LeaseMs: c.lease.Milliseconds(), MaxAttempts: maxAttempts, RetentionMs: retention.Milliseconds(),
+		MaxRows: int32(limit),
+	}
 	for _, l := range c.routable {
-		if n := perListener - busy[string(l)]; n > 0 {
-			routable, room = append(routable, l), append(room, int32(n))
+		if n := perListener - busy.listener(string(l)); n > 0 {
+			p.Routable, p.Room = append(p.Routable, l), append(p.Room, int32(n))
 		}
 	}
-	if len(routable) == 0 {
+	if len(p.Routable) == 0 {
 		return nil, nil // every listener has its share in flight
+	}
+	if busy != nil {
+		for k, n := range busy.communities {
+			p.BusyListeners = append(p.BusyListeners, []byte(k.listener))
+			p.BusyCommunities = append(p.BusyCommunities, k.community)
+			p.BusyCounts = append(p.BusyCounts, int32(n))
+		}
 	}
 	if c.lease > 0 {
 		var cancel context.CancelFunc
@@ -81,7 +153,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy map[string]int)
 		defer cancel()
 	}
 	for {
-		claims, withdrawn, err := c.claimPass(ctx, limit, routable, room)
+		claims, withdrawn, err := c.claimPass(ctx, p)
 		if c.metrics != nil && withdrawn > 0 {
 			c.metrics.deliveries.WithLabelValues(outcomeWithdrawn).Add(float64(withdrawn))
 		}
@@ -91,20 +163,12 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy map[string]int)
 	}
 }
 
-// claimPass runs the claim statement once.
-func (c pgClaimer) claimPass(ctx context.Context, limit int, routable [][]byte, room []int32) (claims []claim, withdrawn int, err error) {
+// claimPass runs the claim statement once, under a new claim id.
+func (c pgClaimer) claimPass(ctx context.Context, p db.OutboxClaimDueParams) (claims []claim, withdrawn int, err error) {
 	claimID := uuid.New()
 	sent := c.clock.Now()
-	rows, err := c.q.OutboxClaimDue(ctx, db.OutboxClaimDueParams{
-		ClaimID:     claimID,
-		LeaseMs:     c.lease.Milliseconds(),
-		MaxAttempts: maxAttempts,
-		RetentionMs: retention.Milliseconds(),
-		Routable:    routable,
-		Room:        room,
-		MaxRows:     int32(limit),
-		Now:         c.clock.SQL(),
-	})
+	p.ClaimID, p.Now = claimID, c.clock.SQL()
+	rows, err := c.q.OutboxClaimDue(ctx, p)
 	claims = make([]claim, 0, len(rows))
 	for _, r := range rows {
 		if r.Withdrawn {
@@ -172,15 +236,15 @@ func pollBackoff(ceiling time.Duration) (floor, _ time.Duration) {
 // for the running ones. Every goroutine it starts is counted in inflight and
 // reports on done, so nothing runs outside that set.
 func (l *loop) run(ctx context.Context) {
-	// done carries the listener (string(ListenerPubkey)) of each finished
-	// delivery; it never blocks one.
-	done := make(chan string, maxInFlight)
+	// done carries the key of each finished delivery; it never blocks one.
+	done := make(chan slotKey, maxInFlight)
 	inflight := 0
-	// busy counts each listener's deliveries in flight: one listener may
-	// hold at most perListener slots, so a listener that hangs (each of its
-	// requests running to the timeout) cannot take every slot and starve
-	// the others.
-	busy := map[string]int{}
+	// busy counts the deliveries in flight: one listener may hold at most
+	// perListener slots, so a listener that hangs (each of its requests
+	// running to the timeout) cannot take every slot and starve the others;
+	// and the poll serves a listener's communities holding the fewest
+	// first.
+	busy := newInFlight()
 	perListener := l.perListener
 	if perListener <= 0 || perListener > maxInFlight {
 		perListener = maxInFlight
@@ -201,8 +265,8 @@ func (l *loop) run(ctx context.Context) {
 	start := func(claims []claim, lent bool) {
 		var over []claim
 		for _, c := range claims {
-			key := string(c.row.ListenerPubkey)
-			if busy[key] >= perListener && !lent {
+			key := slotKeyOf(c)
+			if busy.listener(key.listener) >= perListener && !lent {
 				// A hand-off of a listener holding its share: back to the
 				// poll, due at once, its attempt not spent. The poll takes
 				// it once the listener has room.
@@ -210,7 +274,7 @@ func (l *loop) run(ctx context.Context) {
 				continue
 			}
 			inflight++
-			busy[key]++
+			busy.add(key)
 			go func() {
 				defer func() { done <- key }()
 				l.deliver(deliverCtx, c)
@@ -238,12 +302,12 @@ func (l *loop) run(ctx context.Context) {
 	runPoll := func(free int) {
 		claims, err := l.claims.claimDue(ctx, free, busy)
 		lent := false
-		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && atShare(busy, perListener) {
+		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && busy.atShare(perListener) {
 			// Nobody under its share has rows due: lend the slots they do
 			// not need (up to a share more per listener and poll, keeping
 			// lendReserve free for them), so a lone busy listener among many
 			// registered ones is not held to one share of the worker.
-			claims, err = l.claims.claimDue(ctx, rest, nil)
+			claims, err = l.claims.claimDue(ctx, rest, busy.communitiesOnly())
 			lent = true
 		}
 		switch {
@@ -309,15 +373,13 @@ func (l *loop) run(ctx context.Context) {
 		case key := <-done:
 			// One slot is free: claim again now, not when a batch is done.
 			inflight--
-			if busy[key] >= perListener && perListener < maxInFlight {
+			if busy.listener(key.listener) >= perListener && perListener < maxInFlight {
 				// Its listener had its share in flight, so the poll has
 				// passed its due rows over (released hand-offs among them):
 				// poll again now, not after the idle backoff.
 				poll.Reset(0)
 			}
-			if busy[key]--; busy[key] == 0 {
-				delete(busy, key)
-			}
+			busy.remove(key)
 
 		case <-released:
 			// Deferred hand-offs are due again: poll now (or at the next
@@ -339,16 +401,6 @@ func (l *loop) run(ctx context.Context) {
 // listeners' shares leaves free, for the listeners under their share whose
 // rows arrive next.
 const lendReserve = maxInFlight / 5
-
-// atShare reports whether some listener has its share (or more) in flight.
-func atShare(busy map[string]int, share int) bool {
-	for _, n := range busy {
-		if n >= share {
-			return true
-		}
-	}
-	return false
-}
 
 // drainUpTo returns first plus whatever ch holds right now, at most n.
 func drainUpTo(ch <-chan claim, first claim, n int) []claim {

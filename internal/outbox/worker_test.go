@@ -463,3 +463,55 @@ func heldListener(t *testing.T) (l *testListener, held *atomic.Int32, release ch
 	})
 	return l, held, release
 }
+
+// A flood of mentions to one listener in one community does not queue
+// another community's mention to it: with the flood's first ten POSTs held
+// by the listener (the worker full) and 190 more of its rows due, another
+// community's mention queued for the poll is claimed by the first poll a
+// free slot allows, so it is among the next ten POSTs, not after the
+// flood's 200.
+//
+// Mutation killed: the poll's pending rows as one scan in due order across
+// communities (the claim before 037): the mention is the 201st POST.
+func TestMentionIsNotQueuedBehindAnotherCommunitysFlood(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	other := f.otherCommunity("other.example")
+	l, held, release := heldListener(t)
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 20*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	const flood = 200
+	floodMention := message(t, 9)
+	f.save(floodMention, nil, true)
+	// The flood's rows, due before the other community's mention: one
+	// stored message, a target each (registrations are not read by the
+	// claim).
+	f.exec(`INSERT INTO operator_listener_outbox
+	            (listener_pubkey, target_pubkey, community_id, event_id, event_kind, event_created_at, next_attempt_at)
+	        SELECT $1, decode(md5('t' || i) || md5('u' || i), 'hex'), $2, $4, 9, to_timestamp($5),
+	               now() - interval '1 minute' + i * interval '1 millisecond'
+	        FROM generate_series(1, $3::int) AS i`,
+		mustHex(t, l.pubHex), f.community, flood, mustHex(t, floodMention.ID), floodMention.CreatedAt)
+	runWorker(t, w)
+	require.Eventually(t, func() bool { return held.Load() == maxInFlight }, waitLong, 10*time.Millisecond,
+		"the flood's first POSTs are held")
+
+	mention := message(t, 9, target)
+	other.saveIn(mention, nil) // queued for the poll, not handed off
+	close(release)
+
+	var at int
+	require.Eventually(t, func() bool {
+		for i, r := range l.requests() {
+			if strings.Contains(string(r.Body), mention.ID) {
+				at = i
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 10*time.Millisecond, "the other community's mention is delivered")
+	require.Less(t, at, 2*maxInFlight, "POSTs before the other community's mention (the flood: %d)", flood)
+}

@@ -37,17 +37,19 @@ FROM operator_listener_outbox
 GROUP BY listener_pubkey
 ORDER BY count(*) DESC, listener;
 
-\echo '== 2. Oldest due rows (what the next poll claims first)'
+\echo '== 2. Due rows per listener and community (the poll serves a listener''s communities in turn)'
 -- If these stay due for more than a few seconds, no worker is polling:
 -- check that the relay pods run the delivery worker (log line
--- "operator-listener mention delivery worker started").
-SELECT id, encode(listener_pubkey, 'hex') AS listener, attempts,
-       next_attempt_at, created_at,
-       date_trunc('second', now() - created_at) AS age
+-- "operator-listener mention delivery worker started"). Within a community
+-- the poll takes the earliest due row first.
+SELECT encode(listener_pubkey, 'hex') AS listener, community_id, count(*) AS due_now,
+       min(next_attempt_at) AS earliest_due,
+       date_trunc('second', now() - min(created_at)) AS oldest_age
 FROM operator_listener_outbox
 WHERE state = 'pending' AND next_attempt_at <= now()
-ORDER BY next_attempt_at, created_at, id
-LIMIT 10;
+GROUP BY listener_pubkey, community_id
+ORDER BY min(next_attempt_at), listener, community_id
+LIMIT 20;
 
 \echo '== 3. Expired leases (a worker died or stalled mid-delivery; any poll reclaims these)'
 SELECT id, encode(listener_pubkey, 'hex') AS listener, attempts, claim_id,
