@@ -23,8 +23,10 @@ FOR NO KEY UPDATE;
 
 -- name: ChannelAccess :one
 -- What a pubkey may do in a channel: the channel's state and the caller's
--- active role (NULL when not an active member).
-SELECT c.visibility, c.archived_at, m.role AS member_role
+-- active role (NULL when not an active member), and the channel's readers
+-- version (channels.readers_version): the write's fan-out rereads a reader set cached
+-- before it.
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
@@ -47,14 +49,14 @@ WHERE c.community_id = @community_id::uuid
 -- Who may read one channel, for live delivery: everyone when it is open,
 -- else its active members. Asked once per published channel event (and
 -- cached), never once per subscriber. No row: the channel is deleted.
-SELECT c.visibility,
+SELECT c.visibility, c.readers_version,
        coalesce(array_agg(m.pubkey) FILTER (WHERE m.pubkey IS NOT NULL), '{}')::bytea[] AS members
 FROM channels c
 LEFT JOIN channel_members m
     ON c.visibility = 'private'
    AND m.community_id = c.community_id AND m.channel_id = c.id AND m.removed_at IS NULL
 WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL
-GROUP BY c.visibility;
+GROUP BY c.visibility, c.readers_version;
 
 -- name: ChannelUpdateMetadata :exec
 UPDATE channels

@@ -199,6 +199,25 @@ $$;
 
 
 --
+-- Name: channel_members_count_readers_change(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channel_members_count_readers_change() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.removed_at IS NOT DISTINCT FROM NEW.removed_at THEN
+        RETURN NULL;
+    END IF;
+    UPDATE channels SET readers_version = readers_version + 1
+    WHERE community_id = NEW.community_id AND id = NEW.channel_id;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: channel_members_keep_an_owner(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -266,6 +285,23 @@ BEGIN
     IF NEW.community_id <> OLD.community_id THEN
         RAISE EXCEPTION 'channels.community_id is immutable'
             USING ERRCODE = '23514', CONSTRAINT = 'channels_community_id_immutable';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: channels_count_readers_change(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channels_count_readers_change() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF OLD.visibility IS DISTINCT FROM NEW.visibility OR OLD.deleted_at IS DISTINCT FROM NEW.deleted_at THEN
+        NEW.readers_version := OLD.readers_version + 1;
     END IF;
     RETURN NEW;
 END
@@ -1760,9 +1796,17 @@ CREATE TABLE public.channels (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     archived_at timestamp with time zone,
     deleted_at timestamp with time zone,
+    readers_version bigint DEFAULT 0 NOT NULL,
     CONSTRAINT channels_created_by_len CHECK ((octet_length(created_by) = 32)),
     CONSTRAINT channels_name_not_blank CHECK ((btrim((name)::text) <> ''::text))
 );
+
+
+--
+-- Name: COLUMN channels.readers_version; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.channels.readers_version IS 'Counts the changes of who may read the channel (memberships added or removed, visibility, deletion); read with ChannelAccess by every channel write, so the fan-out can tell a cached reader set older than the write.';
 
 
 --
@@ -3011,6 +3055,13 @@ CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON publi
 
 
 --
+-- Name: channel_members channel_members_count_readers_change; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER channel_members_count_readers_change AFTER INSERT OR UPDATE OF removed_at ON public.channel_members FOR EACH ROW EXECUTE FUNCTION public.channel_members_count_readers_change();
+
+
+--
 -- Name: channel_members channel_members_keep_an_owner; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3022,6 +3073,13 @@ CREATE TRIGGER channel_members_keep_an_owner BEFORE UPDATE OF role, removed_at O
 --
 
 CREATE TRIGGER channels_community_id_immutable BEFORE UPDATE OF community_id ON public.channels FOR EACH ROW EXECUTE FUNCTION public.channels_community_id_immutable();
+
+
+--
+-- Name: channels channels_count_readers_change; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER channels_count_readers_change BEFORE UPDATE OF visibility, deleted_at ON public.channels FOR EACH ROW EXECUTE FUNCTION public.channels_count_readers_change();
 
 
 --

@@ -55,6 +55,8 @@ func (c Channels) IDs() []uuid.UUID {
 type Readers struct {
 	open    bool
 	members map[string]struct{}
+	// version is the channel's readers_version the answer was read at.
+	version int64
 }
 
 // Has reports whether pubkey (hex) may read the channel.
@@ -141,7 +143,21 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 // ChannelReaders returns who may read channel in community. Live delivery
 // asks it once per published channel event and checks every subscriber
 // against the answer, so the cost does not grow with the subscribers.
-func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID) (Readers, error) {
+//
+// atLeast is the channel's readers version an event's write read (0:
+// none). A cached answer older than it predates a membership change
+// committed before that write, by a relay process whose invalidation has
+// not reached this one yet: the write proves it, so the community's answers
+// are dropped as that invalidation would drop them, and read again.
+func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID, atLeast int64) (Readers, error) {
+	if atLeast > 0 {
+		c.mu.Lock()
+		e, ok := c.readers[readersKey{community, channel}]
+		c.mu.Unlock()
+		if ok && e.value.version < atLeast {
+			c.Invalidate(community)
+		}
+	}
 	return load(c, c.readers, readersKey{community, channel}, community, func() (Readers, error) {
 		row, err := c.q.ChannelReaders(ctx, db.ChannelReadersParams{CommunityID: community, ID: channel})
 		if dberr.IsNotFound(err) {
@@ -150,7 +166,7 @@ func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID
 		if err != nil {
 			return Readers{}, err
 		}
-		r := Readers{open: row.Visibility == db.ChannelVisibilityOpen, members: make(map[string]struct{}, len(row.Members))}
+		r := Readers{open: row.Visibility == db.ChannelVisibilityOpen, members: make(map[string]struct{}, len(row.Members)), version: row.ReadersVersion}
 		for _, pk := range row.Members {
 			r.members[hex.EncodeToString(pk)] = struct{}{}
 		}
@@ -159,8 +175,8 @@ func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID
 }
 
 // MayRead is ChannelReaders in the shape the fan-out hub asks for.
-func (c *Cache) MayRead(ctx context.Context, community, channel uuid.UUID) (func(pubkey string) bool, error) {
-	readers, err := c.ChannelReaders(ctx, community, channel)
+func (c *Cache) MayRead(ctx context.Context, community, channel uuid.UUID, atLeast int64) (func(pubkey string) bool, error) {
+	readers, err := c.ChannelReaders(ctx, community, channel, atLeast)
 	return readers.Has, err
 }
 

@@ -94,8 +94,9 @@ const (
 // Handlers receive what the other processes published. They are called
 // from one goroutine, in the order Redis delivered the messages.
 type Handlers struct {
-	// Deliver hands a remote event to the local fan-out.
-	Deliver func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID)
+	// Deliver hands a remote event to the local fan-out, with the readers
+	// version its write read (fanout.Hub.PublishWritten).
+	Deliver func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64)
 	// Invalidate drops a community's cached access answers.
 	Invalidate func(community uuid.UUID)
 	// Resync runs on every (re)subscription: invalidations published while
@@ -145,6 +146,10 @@ type message struct {
 	Origin  string          `json:"o"`           // the publishing process: its own messages are skipped
 	Event   json.RawMessage `json:"e,omitempty"` // absent: an access invalidation
 	Channel *uuid.UUID      `json:"c,omitempty"` // the event's channel (nil: community-global)
+	// ReadersVersion is the channel's readers version the event's write
+	// read (0: none), so the receiving fan-out does not deliver it from a
+	// reader set older than that, whichever invalidation reaches it first.
+	ReadersVersion int64 `json:"v,omitempty"`
 }
 
 type outgoing struct {
@@ -241,11 +246,12 @@ func (b *Bus) Run(ctx context.Context) {
 	_ = b.client.Close()
 }
 
-// PublishEvent queues ev (of channel, nil: community-global) for the other
-// processes. It never blocks: with the queue full the event is dropped and
-// counted; local subscribers have it already.
-func (b *Bus) PublishEvent(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
-	b.enqueue(community, message{Origin: b.origin, Event: ev.AppendJSON(nil), Channel: channel})
+// PublishEvent queues ev (of channel, nil: community-global, written under
+// the channel's readersVersion, 0: unknown) for the other processes. It
+// never blocks: with the queue full the event is dropped and counted; local
+// subscribers have it already.
+func (b *Bus) PublishEvent(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+	b.enqueue(community, message{Origin: b.origin, Event: ev.AppendJSON(nil), Channel: channel, ReadersVersion: readersVersion})
 }
 
 // PublishInvalidation tells the other processes that who may read what in
@@ -430,6 +436,7 @@ type inbound struct {
 	community uuid.UUID
 	event     *nostr.Event
 	channel   *uuid.UUID
+	version   int64 // the channel's readers version its write read
 	weight    int64 // its share of receiveAheadBytes
 }
 
@@ -459,7 +466,7 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 		defer close(delivered)
 		for in := range ahead {
 			if b.handlers.Deliver != nil {
-				b.handlers.Deliver(in.community, in.event, in.channel)
+				b.handlers.Deliver(in.community, in.event, in.channel, in.version)
 			}
 			room.Release(in.weight)
 		}
@@ -608,7 +615,7 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 		b.log.Warn("redis: undecodable event", "channel", m.Channel, "err", err)
 		return in, false
 	}
-	return inbound{community: community, event: &ev, channel: msg.Channel}, true
+	return inbound{community: community, event: &ev, channel: msg.Channel, version: msg.ReadersVersion}, true
 }
 
 func communityOf(channel, suffix string) (uuid.UUID, bool) {

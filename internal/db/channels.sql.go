@@ -13,7 +13,7 @@ import (
 )
 
 const channelAccess = `-- name: ChannelAccess :one
-SELECT c.visibility, c.archived_at, m.role AS member_role
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
@@ -28,17 +28,25 @@ type ChannelAccessParams struct {
 }
 
 type ChannelAccessRow struct {
-	Visibility ChannelVisibility
-	ArchivedAt *time.Time
-	MemberRole *MemberRole
+	Visibility     ChannelVisibility
+	ArchivedAt     *time.Time
+	MemberRole     *MemberRole
+	ReadersVersion int64
 }
 
 // What a pubkey may do in a channel: the channel's state and the caller's
-// active role (NULL when not an active member).
+// active role (NULL when not an active member), and the channel's readers
+// version (channels.readers_version): the write's fan-out rereads a reader set cached
+// before it.
 func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (ChannelAccessRow, error) {
 	row := q.db.QueryRow(ctx, channelAccess, arg.Pubkey, arg.CommunityID, arg.ID)
 	var i ChannelAccessRow
-	err := row.Scan(&i.Visibility, &i.ArchivedAt, &i.MemberRole)
+	err := row.Scan(
+		&i.Visibility,
+		&i.ArchivedAt,
+		&i.MemberRole,
+		&i.ReadersVersion,
+	)
 	return i, err
 }
 
@@ -106,7 +114,7 @@ func (q *Queries) ChannelCreate(ctx context.Context, arg ChannelCreateParams) (i
 }
 
 const channelLockForUpdate = `-- name: ChannelLockForUpdate :one
-SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at FROM channels
+SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version FROM channels
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
 FOR UPDATE
 `
@@ -133,6 +141,7 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.DeletedAt,
+		&i.ReadersVersion,
 	)
 	return i, err
 }
@@ -162,14 +171,14 @@ func (q *Queries) ChannelLockForWorkflows(ctx context.Context, arg ChannelLockFo
 }
 
 const channelReaders = `-- name: ChannelReaders :one
-SELECT c.visibility,
+SELECT c.visibility, c.readers_version,
        coalesce(array_agg(m.pubkey) FILTER (WHERE m.pubkey IS NOT NULL), '{}')::bytea[] AS members
 FROM channels c
 LEFT JOIN channel_members m
     ON c.visibility = 'private'
    AND m.community_id = c.community_id AND m.channel_id = c.id AND m.removed_at IS NULL
 WHERE c.community_id = $1::uuid AND c.id = $2::uuid AND c.deleted_at IS NULL
-GROUP BY c.visibility
+GROUP BY c.visibility, c.readers_version
 `
 
 type ChannelReadersParams struct {
@@ -178,8 +187,9 @@ type ChannelReadersParams struct {
 }
 
 type ChannelReadersRow struct {
-	Visibility ChannelVisibility
-	Members    [][]byte
+	Visibility     ChannelVisibility
+	ReadersVersion int64
+	Members        [][]byte
 }
 
 // Who may read one channel, for live delivery: everyone when it is open,
@@ -188,7 +198,7 @@ type ChannelReadersRow struct {
 func (q *Queries) ChannelReaders(ctx context.Context, arg ChannelReadersParams) (ChannelReadersRow, error) {
 	row := q.db.QueryRow(ctx, channelReaders, arg.CommunityID, arg.ID)
 	var i ChannelReadersRow
-	err := row.Scan(&i.Visibility, &i.Members)
+	err := row.Scan(&i.Visibility, &i.ReadersVersion, &i.Members)
 	return i, err
 }
 

@@ -408,6 +408,8 @@ type Channel struct {
 	UpdatedAt   time.Time
 	ArchivedAt  *time.Time
 	DeletedAt   *time.Time
+	// Counts the changes of who may read the channel (memberships added or removed, visibility, deletion); read with ChannelAccess by every channel write, so the fan-out can tell a cached reader set older than the write.
+	ReadersVersion int64
 }
 
 type ChannelMember struct {

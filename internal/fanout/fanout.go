@@ -82,8 +82,11 @@ func (s *Subscription) close() {
 
 // ChannelReaders answers who may read one channel: mayRead reports it per
 // pubkey. The hub asks it at most once per published channel event, however
-// many subscriptions match.
-type ChannelReaders func(ctx context.Context, community, channel uuid.UUID) (mayRead func(pubkey string) bool, err error)
+// many subscriptions match. atLeast is the channel's readers version the
+// event was written under (0: unknown): an answer read before that version
+// predates a membership change the event's write already saw, and must not
+// be used.
+type ChannelReaders func(ctx context.Context, community, channel uuid.UUID, atLeast int64) (mayRead func(pubkey string) bool, err error)
 
 // readersTimeout bounds the one readers lookup of a publish.
 const readersTimeout = 2 * time.Second
@@ -235,13 +238,22 @@ func (h *Hub) Count(community uuid.UUID) int {
 // delivered, so one publisher's events still reach each subscriber in the
 // order published.
 func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) Stats {
+	return h.PublishWritten(community, ev, channel, 0)
+}
+
+// PublishWritten is Publish for an event whose write read its channel's
+// readers version (ingest.Write): the channel's readers are then those of
+// that version or a later one, never of a reader set cached before it (a
+// member removed through another relay process, whose invalidation has not
+// arrived yet, would otherwise still receive it).
+func (h *Hub) PublishWritten(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) Stats {
 	matched := h.match(community, ev)
 	if len(matched) == 0 {
 		return Stats{}
 	}
 	p := &publication{ev: ev, channel: channel, raw: ev.AppendJSON(nil)}
 	p.mayRead = sync.OnceValue(func() func(string) bool {
-		return h.channelReaders(community, *channel)
+		return h.channelReaders(community, *channel, readersVersion)
 	})
 	shares := min(runtime.GOMAXPROCS(0), len(matched)/minDeliveriesPerShare)
 	if shares <= 1 {
@@ -314,14 +326,14 @@ func (p *publication) deliver(subs []*Subscription) Stats {
 // channelReaders looks up who may read channel; on failure (or without a
 // ChannelReaders) nobody may, so an outage withholds events rather than
 // leaking them.
-func (h *Hub) channelReaders(community, channel uuid.UUID) func(string) bool {
+func (h *Hub) channelReaders(community, channel uuid.UUID, atLeast int64) func(string) bool {
 	nobody := func(string) bool { return false }
 	if h.readers == nil {
 		return nobody
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readersTimeout)
 	defer cancel()
-	mayRead, err := h.readers(ctx, community, channel)
+	mayRead, err := h.readers(ctx, community, channel, atLeast)
 	if err != nil {
 		return nobody
 	}

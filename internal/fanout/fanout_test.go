@@ -399,7 +399,7 @@ func TestNoDeliveryAfterCloseOrReplace(t *testing.T) {
 	community, channel := uuid.New(), uuid.New()
 	hub := fanout.NewHub()
 	entered, release := make(chan struct{}), make(chan struct{})
-	hub.SetChannelReaders(func(context.Context, uuid.UUID, uuid.UUID) (func(string) bool, error) {
+	hub.SetChannelReaders(func(context.Context, uuid.UUID, uuid.UUID, int64) (func(string) bool, error) {
 		entered <- struct{}{}
 		<-release
 		return func(string) bool { return true }, nil

@@ -25,7 +25,7 @@ func TestChannelReadersAskedOncePerPublish(t *testing.T) {
 	hub := fanout.NewHub()
 	calls := 0
 	var fail error
-	hub.SetChannelReaders(func(_ context.Context, c, ch uuid.UUID) (func(string) bool, error) {
+	hub.SetChannelReaders(func(_ context.Context, c, ch uuid.UUID, _ int64) (func(string) bool, error) {
 		calls++
 		require.Equal(t, community, c)
 		require.Equal(t, channel, ch)

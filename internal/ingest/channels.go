@@ -133,7 +133,7 @@ func BindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
 	if access.ArchivedAt != nil {
 		return Reject("restricted", "channel is archived")
 	}
-	w.ChannelID = &id
+	w.ChannelID, w.readersVersion = &id, access.ReadersVersion
 	return nil
 }
 

@@ -89,6 +89,10 @@ type Write struct {
 	// Prepare, stored with the event and used to authorize fan-out.
 	ChannelID *uuid.UUID
 
+	// readersVersion is the channel's readers_version the write's channel
+	// check read (0: none read): the fan-out does not trust a reader set
+	// cached before it.
+	readersVersion    int64
 	pipeline          *Pipeline
 	emitted           []emittedEvent
 	membershipChanged bool
@@ -175,9 +179,10 @@ type Pipeline struct {
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
 	// OnPublish is called after the local fan-out of every committed (or
-	// relayed ephemeral) event, in commit order: the hook that carries it
-	// to the other relay processes. May be nil.
-	OnPublish func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID)
+	// relayed ephemeral) event, in commit order, with the readers version
+	// its write read: the hook that carries it to the other relay
+	// processes. May be nil.
+	OnPublish func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64)
 }
 
 // Now is the pipeline clock's time (handlers compare expiries with it).
@@ -335,7 +340,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
 		}
-		p.publish(tenant, ev, w.ChannelID)
+		p.publish(tenant, ev, w.ChannelID, w.readersVersion)
 		return Relayed, "", nil
 	}
 
@@ -465,9 +470,9 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 	if w.membershipChanged && p.OnMembershipChange != nil {
 		p.OnMembershipChange(w.Tenant.ID())
 	}
-	p.publish(w.Tenant, w.Event, w.ChannelID)
+	p.publish(w.Tenant, w.Event, w.ChannelID, w.readersVersion)
 	for _, e := range w.emitted {
-		p.publish(w.Tenant, e.ev, e.channel)
+		p.publish(w.Tenant, e.ev, e.channel, w.versionOf(e.channel))
 	}
 	for _, fn := range w.afterCommit {
 		fn()
@@ -518,13 +523,24 @@ func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev 
 	return Superseded, nil
 }
 
-func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uuid.UUID) {
-	stats := p.hub.Publish(tenant.ID(), ev, channel)
+// versionOf is the readers version the write read for channel, 0 when it
+// read none for that channel.
+func (w *Write) versionOf(channel *uuid.UUID) int64 {
+	if channel == nil || w.ChannelID == nil || *channel != *w.ChannelID {
+		return 0
+	}
+	return w.readersVersion
+}
+
+// publish fans ev out; readersVersion is its channel's readers version as
+// its write read it (0: unknown).
+func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+	stats := p.hub.PublishWritten(tenant.ID(), ev, channel, readersVersion)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
 	}
 	if p.OnPublish != nil {
-		p.OnPublish(tenant.ID(), ev, channel)
+		p.OnPublish(tenant.ID(), ev, channel, readersVersion)
 	}
 }
 

@@ -28,7 +28,7 @@ func (f *fixture) listClock(kind int, start int64, maxFutureSkew time.Duration) 
 	c := &listClock{}
 	c.now.Store(start)
 	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: maxFutureSkew, Clock: clock.Stub(func() time.Time { return time.Unix(c.now.Load(), 0) })})
-	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID) {
+	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) {
 		if ev.Kind == kind {
 			c.mu.Lock()
 			c.lists = append(c.lists, ev)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -425,4 +426,42 @@ func privateChannelOnTwoRelays(t *testing.T) (redis *redisserver.Server, a, b *r
 		m.Expect("EOSE")
 	}
 	return redis, a, b, owner, ch, leaving, staying
+}
+
+// A member removed through A stops receiving the private channel on B at
+// once, even before B has heard A's invalidation (Redis slow to carry it,
+// here held back by CLIENT PAUSE WRITE, which lets B's health pings
+// through, so B goes on trusting its cache): an event B commits after the
+// removal has read the channel's readers version in its own write, newer
+// than the reader set B cached, so B drops its answers for the community
+// and reads the readers again.
+// Mutations killed: fan-out ignoring the version an event was written
+// under, or the triggers of migration 038 not counting a removal (B
+// delivers the post-removal message to the removed member).
+func TestCrossRelayRemovalHoldsBeforeTheInvalidationArrives(t *testing.T) {
+	t.Parallel()
+	redis, a, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
+	// B caches the channel's readers while delivering this.
+	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", before)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
+	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", after)
+	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
+	// The write that proved the change dropped B's other answers too: the
+	// removed member's history read is refused.
+	leaving.Send("REQ", "history", map[string]any{"#h": []string{ch}})
+	require.Equal(t, "restricted: not a channel member", leaving.Expect("CLOSED").Msg)
+	_ = a
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel on B before the invalidation arrives")
 }

@@ -182,12 +182,12 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		}
 	}
 	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes, cfg.PresenceMaxChannelBytes)})
-	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
 		if ev.Kind == presence.Kind && channel != nil {
 			s.presence.Load().Remember(community, *channel, ev, s.now())
 		}
 		if bus := s.crossRelay.Load(); bus != nil {
-			bus.PublishEvent(community, ev, channel)
+			bus.PublishEvent(community, ev, channel, readersVersion)
 		}
 	}
 	hub.SetChannelReaders(s.access.MayRead)
@@ -358,8 +358,8 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 		return nil
 	}
 	bus, err := crossrelay.New(s.cfg.RedisURL, s.cfg.RedisPublishQueue, crossrelay.Handlers{
-		Deliver: func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
-			st := s.hub.Publish(community, ev, channel)
+		Deliver: func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+			st := s.hub.PublishWritten(community, ev, channel, readersVersion)
 			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 			s.metrics.FanoutDropped.Add(float64(st.Dropped))
 		},
