@@ -29,8 +29,9 @@ run: deps-run ## run the relay with a private PostgreSQL under .data/ (or BUZZ_D
 run-replica: deps-run ## like run, plus a streaming standby of the private PostgreSQL that reads route to (BUZZ_DEV_REPLICA=1)
 	BUZZ_DEV_REPLICA=1 $(GO) run ./cmd/buzz-relay dev
 
+# Test helpers under cmd/*/internal are commands too; they stay out of bin/.
 build: deps-run ## build every command into bin/
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ $$($(GO) list ./cmd/... | grep -v /internal/)
 
 # Every package runs under the race detector except the interop tests: the
 # go-nostr client they drive (v0.52.3) clears Relay.Connection in its writer
