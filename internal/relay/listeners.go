@@ -53,7 +53,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 		s.operatorAPI.Store(&api)
 	}
 	if len(cfg.Listeners) == 0 {
-		s.log.Info("operator-listener mention delivery disabled by BUZZ_OPERATOR_LISTENERS")
+		s.log.Info("operator-listener mention delivery off: this process routes no listener (BUZZ_OPERATOR_LISTENERS is empty); mentions are still queued for processes that do")
 		return nil
 	}
 	if cfg.APIOrigin == "" {
