@@ -155,7 +155,10 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	if err != nil {
 		return access, err
 	}
-	w.ChannelID = &id
+	// The version read under the lock, like any channel write's: the
+	// fan-out of this event and of what it emits must not use a reader set
+	// cached before a change another process committed.
+	w.ChannelID, w.readersVersion = &id, access.ReadersVersion
 	return access, nil
 }
 
