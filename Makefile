@@ -9,7 +9,7 @@ WITH_PG := $(GO) run ./internal/dbtest/withcluster --
 GENERATED := internal/db sql/schema.sql 'queries/*.gen.sql'
 
 # BIP-340 signatures are verified by libsecp256k1 through cgo (Debian's
-# libsecp256k1-dev, which .ci/run installs): about four times less CPU per
+# libsecp256k1-dev, which .ci/deps installs): about four times less CPU per
 # event than the pure-Go verifier. The tag is on by default, not detected,
 # so a machine without the library fails the build loudly instead of quietly
 # running the slower verifier; `make GOTAGS= run` (or build, test) selects

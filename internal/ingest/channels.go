@@ -133,7 +133,8 @@ func BindChannelForWrite(ctx context.Context, w *Write, id uuid.UUID) error {
 	if access.ArchivedAt != nil {
 		return Reject("restricted", "channel is archived")
 	}
-	w.ChannelID, w.readersVersion = &id, access.ReadersVersion
+	w.ChannelID = &id
+	w.ReadChannel(id, access)
 	return nil
 }
 
@@ -155,7 +156,11 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	if err != nil {
 		return access, err
 	}
+	// The version read under the lock, like any channel write's: the
+	// fan-out of this event and of what it emits must not use a reader set
+	// cached before a change another process committed.
 	w.ChannelID = &id
+	w.ReadChannel(id, access)
 	return access, nil
 }
 

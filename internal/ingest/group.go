@@ -76,7 +76,7 @@ type groupJob struct {
 func (j *groupJob) reset() {
 	w := j.w
 	w.Q, w.ChannelID, w.state, w.reply = nil, nil, nil, ""
-	w.emitted, w.afterCommit, w.membershipChanged = nil, nil, false
+	w.emitted, w.afterCommit, w.membershipChanged, w.readersVersions = nil, nil, false, nil
 	j.inserted, j.err = 0, nil
 }
 

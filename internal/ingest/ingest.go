@@ -89,10 +89,10 @@ type Write struct {
 	// Prepare, stored with the event and used to authorize fan-out.
 	ChannelID *uuid.UUID
 
-	// readersVersion is the channel's readers_version the write's channel
-	// check read (0: none read): the fan-out does not trust a reader set
-	// cached before it.
-	readersVersion    int64
+	// readersVersions are the readers_version of each channel whose
+	// access row the write read (none: 0): the fan-out of what the write
+	// stores in that channel does not trust a reader set cached before it.
+	readersVersions   map[uuid.UUID]int64
 	pipeline          *Pipeline
 	emitted           []emittedEvent
 	membershipChanged bool
@@ -340,7 +340,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
 		}
-		p.publish(tenant, ev, w.ChannelID, w.readersVersion)
+		p.publish(tenant, ev, w.ChannelID, w.versionOf(w.ChannelID))
 		return Relayed, "", nil
 	}
 
@@ -470,7 +470,7 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 	if w.membershipChanged && p.OnMembershipChange != nil {
 		p.OnMembershipChange(w.Tenant.ID())
 	}
-	p.publish(w.Tenant, w.Event, w.ChannelID, w.readersVersion)
+	p.publish(w.Tenant, w.Event, w.ChannelID, w.versionOf(w.ChannelID))
 	for _, e := range w.emitted {
 		p.publish(w.Tenant, e.ev, e.channel, w.versionOf(e.channel))
 	}
@@ -526,10 +526,24 @@ func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev 
 // versionOf is the readers version the write read for channel, 0 when it
 // read none for that channel.
 func (w *Write) versionOf(channel *uuid.UUID) int64 {
-	if channel == nil || w.ChannelID == nil || *channel != *w.ChannelID {
+	if channel == nil {
 		return 0
 	}
-	return w.readersVersion
+	return w.readersVersions[*channel]
+}
+
+// ReadChannel records the channel access row (ChannelAccess) the write read
+// in its transaction: every event the write stores in channel is fanned out
+// from a reader set at least as new as that row's readers version. Every
+// path that reads a channel's access row and then stores in that channel
+// calls it; one that does not has its events fanned out from whatever
+// reader set is cached, which may predate a removal another process
+// committed.
+func (w *Write) ReadChannel(channel uuid.UUID, access db.ChannelAccessRow) {
+	if w.readersVersions == nil {
+		w.readersVersions = map[uuid.UUID]int64{}
+	}
+	w.readersVersions[channel] = max(w.readersVersions[channel], access.ReadersVersion)
 }
 
 // publish fans ev out; readersVersion is its channel's readers version as

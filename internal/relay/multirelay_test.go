@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -464,4 +466,53 @@ func TestCrossRelayRemovalHoldsBeforeTheInvalidationArrives(t *testing.T) {
 	require.Equal(t, "restricted: not a channel member", leaving.Expect("CLOSED").Msg)
 	_ = a
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel on B before the invalidation arrives")
+}
+
+// The same for a channel write through B after the removal that is not a
+// message: a metadata edit (kind 9002, which takes the channel's lock) and
+// a workflow save (kind 30620) each read the channel's access row, and
+// must hand its readers version to the fan-out as a message does: the
+// removed member does not receive them on B.
+// Mutations killed: lockChannel, or the workflow save, not recording the
+// readers version it read (ReadChannel): its event was fanned out with
+// version 0, from B's reader set cached before the removal, and the
+// removed member received it.
+func TestCrossRelayRemovalHoldsForChannelWritesBeforeTheInvalidationArrives(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		kind    int
+		content string
+		tags    nostr.Tags
+	}{
+		{9002, "", nostr.Tags{{"name", "renamed"}}},
+		{30620, "name: Quiet\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hi}]", nostr.Tags{{"d", uuid.NewString()}}},
+	} {
+		t.Run(strconv.Itoa(c.kind), func(t *testing.T) {
+			t.Parallel()
+			redis, a, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
+			before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
+			staying.Send("EVENT", before)
+			require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+			require.True(t, staying.Expect("OK").OK)
+			require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+			for _, m := range []*relaytest.Client{leaving, staying} {
+				m.Send("REQ", "writes", map[string]any{"kinds": []int{c.kind}, "#h": []string{ch}, "limit": 0})
+				m.Expect("EOSE")
+			}
+			ownerOnB := b.Dial(t, a.Host)
+			ownerOnB.Auth(owner.Key)
+
+			rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+			t.Cleanup(func() { _ = rc.Close() })
+			require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
+			t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+			require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+			write := ownerOnB.Sign(c.kind, c.content, append(nostr.Tags{{"h", ch}}, c.tags...), 0)
+			got := ownerOnB.Publish(write)
+			require.True(t, got.OK, got.Msg)
+			require.Equal(t, write.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
+			require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
+			leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel's write on B before the invalidation arrives")
+		})
+	}
 }

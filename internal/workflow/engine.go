@@ -781,6 +781,7 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	if access.ArchivedAt != nil {
 		return nil, fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
 	}
+	w.ReadChannel(channel, access)
 	owner := hex.EncodeToString(c.Run.OwnerPubkey)
 	tags := nostr.Tags{
 		{"workflow-run", c.Run.ID.String()},

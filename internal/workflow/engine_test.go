@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -430,4 +431,47 @@ func TestConditionsCannotBuildUnboundedText(t *testing.T) {
 	require.Equal(t, "condition_evaluation_failed", *row.ErrorCode)
 	require.Contains(t, *row.ErrorMessage, "builds more than")
 	require.Empty(t, f.doorbells(runs[0]))
+}
+
+// A send_message step reads its channel's access row in its own
+// transaction; the readers version it read goes with the message to the
+// fan-out (and across Redis), so no relay process delivers the message from
+// a reader set cached before a membership change committed ahead of the
+// step, such as the removal below.
+// Mutation killed: sendMessage not recording the version (Write.ReadChannel):
+// the message was published with version 0.
+func TestSendMessageCarriesTheReadersVersionItRead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var mu sync.Mutex
+	published := map[string]int64{}
+	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, readersVersion int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		published[ev.ID] = readersVersion
+	}
+	owner, poster, leaving := f.key(), f.key(), f.key()
+	ch := f.privateChannel(owner, poster, leaving)
+	id := uuid.NewString()
+	f.save(owner, ch, id, `
+name: Echo
+trigger: {on: message_posted}
+steps:
+  - id: say
+    action: send_message
+    text: "seen"
+`)
+	f.store(f.sign(poster, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
+	runs := f.runIDs(id)
+	require.Len(t, runs, 1)
+	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(leaving)}}))
+	version := f.count(`SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2`, f.tenant.ID(), ch)
+
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(runs[0]).Status)
+	bells := f.doorbells(runs[0])
+	require.Len(t, bells, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, int64(version), published[bells[0].ID])
 }

@@ -161,6 +161,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 	}
 	saved.hash = sha256.Sum256(saved.json)
 	w.ChannelID = &channel
+	w.ReadChannel(channel, access)
 	w.SetState(saved)
 	return nil
 }
