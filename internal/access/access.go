@@ -150,15 +150,7 @@ func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string
 // not reached this one yet: the write proves it, so the community's answers
 // are dropped as that invalidation would drop them, and read again.
 func (c *Cache) ChannelReaders(ctx context.Context, community, channel uuid.UUID, atLeast int64) (Readers, error) {
-	if atLeast > 0 {
-		c.mu.Lock()
-		e, ok := c.readers[readersKey{community, channel}]
-		c.mu.Unlock()
-		if ok && e.value.version < atLeast {
-			c.Invalidate(community)
-		}
-	}
-	return load(c, c.readers, readersKey{community, channel}, community, func() (Readers, error) {
+	return loadAtLeast(c, c.readers, readersKey{community, channel}, community, atLeast, Readers.readersVersion, func() (Readers, error) {
 		row, err := c.q.ChannelReaders(ctx, db.ChannelReadersParams{CommunityID: community, ID: channel})
 		if dberr.IsNotFound(err) {
 			return Readers{}, nil // deleted or unknown: nobody
@@ -180,11 +172,29 @@ func (c *Cache) MayRead(ctx context.Context, community, channel uuid.UUID, atLea
 	return readers.Has, err
 }
 
+// readersVersion is the channel's readers_version the answer was read at.
+func (r Readers) readersVersion() int64 { return r.version }
+
 // load answers k from m while fresh, else through fetch, storing the answer
 // unless community was invalidated meanwhile.
 func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.UUID, fetch func() (V, error)) (V, error) {
+	return loadAtLeast(c, m, k, community, 0, nil, fetch)
+}
+
+// loadAtLeast is load for answers that carry a version: a cached answer
+// older than atLeast predates a change of who may read that a write has
+// proved committed (by another process, whose invalidation has not arrived
+// yet), so the community's answers are dropped as that invalidation would
+// drop them. The check and the read of the cache are one step under the
+// lock: an answer another lookup stores in between cannot slip past it. An
+// answer is never stored over a newer one.
+func loadAtLeast[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.UUID, atLeast int64, version func(V) int64, fetch func() (V, error)) (V, error) {
 	c.mu.Lock()
 	e, ok := m[k]
+	if ok && version != nil && version(e.value) < atLeast {
+		c.invalidateLocked(community)
+		ok = false
+	}
 	generation, epoch := c.generation[community], c.epoch
 	c.mu.Unlock()
 	trusted := true
@@ -206,6 +216,9 @@ func load[K comparable, V any](c *Cache, m map[K]cached[V], k K, community uuid.
 	}
 	if !trusted {
 		return v, nil // not used before the resync that would drop it
+	}
+	if held, ok := m[k]; ok && version != nil && version(held.value) > version(v) {
+		return v, nil // a later lookup already stored a newer answer
 	}
 	if len(m) >= maxEntries {
 		evictExpired(m, c.now(), c.ttl)
@@ -235,6 +248,10 @@ func evictExpired[K comparable, V any](m map[K]cached[V], now time.Time, ttl tim
 func (c *Cache) Invalidate(community uuid.UUID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.invalidateLocked(community)
+}
+
+func (c *Cache) invalidateLocked(community uuid.UUID) {
 	c.generation[community]++
 	for k := range c.readable {
 		if k.community == community {

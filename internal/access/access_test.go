@@ -113,3 +113,64 @@ func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
 	defer cache.mu.Unlock()
 	require.Empty(t, cache.readable, "a possibly stale answer must not be cached")
 }
+
+// A cached reader set older than the readers version a write read is never
+// answered, and one that a lookup stores late never replaces a newer one:
+// the version check and the cache read are one step under the lock, so an
+// older lookup's answer stored after the check cannot slip past it.
+// Mutations killed: the version check dropped from loadAtLeast (the cached
+// set without the new member is answered); storing over a newer answer
+// (the late, older answer replaces it).
+func TestReaderSetOlderThanAWriteIsNotAnswered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	community, err := q.CommunityCreate(ctx, "versions.example")
+	require.NoError(t, err)
+	owner, joiner := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	ownerKey, _ := nostr.DecodeHex32(owner)
+	joinerKey, _ := nostr.DecodeHex32(joiner)
+	channel := uuid.New()
+	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: channel, Name: "p", Visibility: db.ChannelVisibilityPrivate, CreatedBy: ownerKey[:]})
+	require.NoError(t, err)
+	cache := NewCache(q, time.Hour, time.Now)
+	before, err := cache.ChannelReaders(ctx, community.ID, channel, 0)
+	require.NoError(t, err)
+	require.False(t, before.Has(joiner))
+
+	// Another process adds a member; its invalidation has not arrived.
+	require.NoError(t, q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: community.ID, ChannelID: channel, Pubkey: joinerKey[:]}))
+	var version int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2", community.ID, channel).Scan(&version))
+	require.Greater(t, version, before.version)
+	stale, err := cache.ChannelReaders(ctx, community.ID, channel, 0)
+	require.NoError(t, err)
+	require.False(t, stale.Has(joiner), "without a version the cached set is answered")
+	after, err := cache.ChannelReaders(ctx, community.ID, channel, version)
+	require.NoError(t, err)
+	require.True(t, after.Has(joiner), "a set older than the write's version was answered")
+
+	// A lookup that read before the change stores its answer late, after a
+	// later lookup stored the newer one (the now hook runs between a
+	// fetch and its store).
+	key := readersKey{community.ID, channel}
+	cache.mu.Lock()
+	delete(cache.readers, key)
+	cache.mu.Unlock()
+	cache.now = func() time.Time {
+		cache.mu.Lock()
+		if _, ok := cache.readers[key]; !ok {
+			cache.readers[key] = cached[Readers]{value: after, loadedAt: time.Now()}
+		}
+		cache.mu.Unlock()
+		return time.Now()
+	}
+	_, err = loadAtLeast(cache, cache.readers, key, community.ID, 0, Readers.readersVersion,
+		func() (Readers, error) { return stale, nil })
+	require.NoError(t, err)
+	cache.mu.Lock()
+	held := cache.readers[key]
+	cache.mu.Unlock()
+	require.Equal(t, after.version, held.value.version, "an older answer replaced a newer one")
+}
