@@ -465,7 +465,11 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	go func() {
 		defer close(delivered)
 		for in := range ahead {
-			if b.handlers.Deliver != nil {
+			// On shutdown what is still queued is dropped: the connections
+			// it was for are closing, and each delivery may look up a
+			// channel's readers (up to 2 s on a database that hangs), which
+			// for a full queue would hold the shutdown for minutes.
+			if b.handlers.Deliver != nil && ctx.Err() == nil {
 				b.handlers.Deliver(in.community, in.event, in.channel, in.version)
 			}
 			room.Release(in.weight)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -502,4 +503,50 @@ func TestEventCrossesWithItsReadersVersion(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the event never crossed")
 	}
+}
+
+// On shutdown the events still queued for the fan-out are dropped, not
+// delivered one by one: each delivery may wait up to 2 s on a database that
+// hangs, and a full queue would hold the shutdown for minutes.
+// Mutation killed: delivering the queue after ctx ended (all 50 delivered).
+func TestShutdownDropsWhatWaitsForTheFanout(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var delivered atomic.Int32
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		Deliver: func(uuid.UUID, *nostr.Event, *uuid.UUID, int64) {
+			if delivered.Add(1) == 1 {
+				entered <- struct{}{}
+				<-release
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { bus.Run(ctx); close(stopped) }()
+	defer func() { cancel(); <-stopped }()
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	defer other.Close()
+	payload := `{"o":"elsewhere","e":` + string(signed(t, "queued").AppendJSON(nil)) + `}`
+	pipe := other.Pipeline()
+	for range 50 {
+		pipe.Publish(t.Context(), ChannelName(community), payload)
+	}
+	_, err = pipe.Exec(t.Context())
+	require.NoError(t, err)
+	<-entered // the fan-out is busy with the first; the rest queue behind it
+	require.Eventually(t, func() bool { return testutil.ToFloat64(bus.metrics.Received) == 50 }, 30*time.Second, time.Millisecond)
+
+	cancel()
+	close(release)
+	<-stopped
+	require.Equal(t, int32(1), delivered.Load(), "events queued at shutdown were delivered")
 }
