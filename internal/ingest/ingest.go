@@ -340,6 +340,9 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
 		}
+		if err := w.readChannelOnce(ctx, w.ChannelID); err != nil {
+			return 0, "", mapError(err)
+		}
 		p.publish(tenant, ev, w.ChannelID, w.versionOf(w.ChannelID))
 		return Relayed, "", nil
 	}
@@ -410,6 +413,9 @@ func (p *Pipeline) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (i
 		}
 	}
 	if err := checkChannelTags(w); err != nil {
+		return 0, err
+	}
+	if err := w.readChannelOnce(ctx, w.ChannelID); err != nil {
 		return 0, err
 	}
 	inserted, err := p.insert(ctx, w.Q, w)
@@ -544,6 +550,30 @@ func (w *Write) ReadChannel(channel uuid.UUID, access db.ChannelAccessRow) {
 		w.readersVersions = map[uuid.UUID]int64{}
 	}
 	w.readersVersions[channel] = max(w.readersVersions[channel], access.ReadersVersion)
+}
+
+// readChannelOnce records the readers version of channel (nil: none) for
+// a write about to store there without having read its access row, so that
+// nothing it stores in a channel is fanned out from a reader set older than
+// the write: a deletion by a former writer, a workflow's approval request.
+// One indexed read, only for a channel this write has not read yet. A
+// deleted channel has no row, and so no version to record.
+func (w *Write) readChannelOnce(ctx context.Context, channel *uuid.UUID) error {
+	if channel == nil {
+		return nil
+	}
+	if _, read := w.readersVersions[*channel]; read {
+		return nil
+	}
+	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
+	if dberr.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	w.ReadChannel(*channel, access)
+	return nil
 }
 
 // publish fans ev out; readersVersion is its channel's readers version as
