@@ -542,9 +542,8 @@ func (w *Write) versionOf(channel *uuid.UUID) int64 {
 // in its transaction: every event the write stores in channel is fanned out
 // from a reader set at least as new as that row's readers version. Every
 // path that reads a channel's access row and then stores in that channel
-// calls it; one that does not has its events fanned out from whatever
-// reader set is cached, which may predate a removal another process
-// committed.
+// calls it; one that does not pays a second read of the row before storing
+// (readChannelOnce).
 func (w *Write) ReadChannel(channel uuid.UUID, access db.ChannelAccessRow) {
 	if w.readersVersions == nil {
 		w.readersVersions = map[uuid.UUID]int64{}
