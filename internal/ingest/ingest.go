@@ -340,9 +340,6 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
 		}
-		if err := w.readChannelOnce(ctx, w.ChannelID); err != nil {
-			return 0, "", mapError(err)
-		}
 		p.publish(tenant, ev, w.ChannelID, w.versionOf(w.ChannelID))
 		return Relayed, "", nil
 	}

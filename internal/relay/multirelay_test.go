@@ -551,7 +551,10 @@ func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
 	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
 	deletion := leaving.Sign(5, "", nostr.Tags{{"e", own.ID}}, 0)
-	got := leaving.Publish(deletion)
+	leaving.Send("EVENT", deletion)
+	// Its fan-out runs before the answer: a delivery to its author comes first.
+	got := leaving.NextReply()
+	require.Equal(t, "OK", got.Verb, "a member removed through A must not receive their deletion in the channel on B before the invalidation arrives")
 	require.True(t, got.OK, got.Msg)
 	require.Equal(t, deletion.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
 	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
