@@ -620,6 +620,9 @@ func (w *Write) relaySign(ctx context.Context, kind int, content string, tags no
 // storeEmitted inserts a relay-signed event in this transaction and keeps
 // it for the fan-out after commit.
 func (w *Write) storeEmitted(ctx context.Context, ev *nostr.Event, channel *uuid.UUID) error {
+	if err := w.readChannelOnce(ctx, channel); err != nil {
+		return err
+	}
 	params, err := eventstore.InsertParams(w.Tenant.ID(), ev, channel)
 	if err != nil {
 		return err

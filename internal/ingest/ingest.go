@@ -412,6 +412,9 @@ func (p *Pipeline) writeBody(ctx context.Context, q *db.Queries, j *groupJob) (i
 	if err := checkChannelTags(w); err != nil {
 		return 0, err
 	}
+	if err := w.readChannelOnce(ctx, w.ChannelID); err != nil {
+		return 0, err
+	}
 	inserted, err := p.insert(ctx, w.Q, w)
 	if err != nil || inserted == 0 {
 		return inserted, err
@@ -536,14 +539,37 @@ func (w *Write) versionOf(channel *uuid.UUID) int64 {
 // in its transaction: every event the write stores in channel is fanned out
 // from a reader set at least as new as that row's readers version. Every
 // path that reads a channel's access row and then stores in that channel
-// calls it; one that does not has its events fanned out from whatever
-// reader set is cached, which may predate a removal another process
-// committed.
+// calls it; one that does not pays a second read of the row before storing
+// (readChannelOnce).
 func (w *Write) ReadChannel(channel uuid.UUID, access db.ChannelAccessRow) {
 	if w.readersVersions == nil {
 		w.readersVersions = map[uuid.UUID]int64{}
 	}
 	w.readersVersions[channel] = max(w.readersVersions[channel], access.ReadersVersion)
+}
+
+// readChannelOnce records the readers version of channel (nil: none) for
+// a write about to store there without having read its access row, so that
+// nothing it stores in a channel is fanned out from a reader set older than
+// the write: a deletion by a former writer, a workflow's approval request.
+// One indexed read, only for a channel this write has not read yet. A
+// deleted channel has no row, and so no version to record.
+func (w *Write) readChannelOnce(ctx context.Context, channel *uuid.UUID) error {
+	if channel == nil {
+		return nil
+	}
+	if _, read := w.readersVersions[*channel]; read {
+		return nil
+	}
+	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
+	if dberr.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	w.ReadChannel(*channel, access)
+	return nil
 }
 
 // publish fans ev out; readersVersion is its channel's readers version as

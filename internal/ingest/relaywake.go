@@ -107,6 +107,7 @@ func (w *Write) EmitReaction(ctx context.Context, content string, tags nostr.Tag
 		if access.ArchivedAt != nil {
 			return "", Reject("restricted", "channel is archived")
 		}
+		w.ReadChannel(*target.ChannelID, access)
 	}
 	if err := checkChannelTags(&Write{Event: draft, ChannelID: target.ChannelID}); err != nil {
 		return "", err

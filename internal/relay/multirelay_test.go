@@ -516,3 +516,47 @@ func TestCrossRelayRemovalHoldsForChannelWritesBeforeTheInvalidationArrives(t *t
 		})
 	}
 }
+
+// The same for a deletion by a former writer: a member removed through A
+// may still delete, through B, what they wrote in the channel, and the
+// deletion is stored for the channel's members. Its write read no access
+// row for the channel it is bound to (the removed author may not write
+// there), so it went out from B's reader set cached before the removal,
+// to its own author among them.
+// Mutation killed: writeBody not reading the version of a channel its
+// event is bound to without a write check (readChannelOnce): the removed
+// member received the deletion on B.
+func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
+	t.Parallel()
+	redis, _, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
+	// B caches the channel's readers while delivering this.
+	own := leaving.Sign(9, "mine", nostr.Tags{{"h", ch}}, 0)
+	leaving.Send("EVENT", own)
+	require.Equal(t, own.ID, leaving.Expect("EVENT").Event.ID)
+	require.True(t, leaving.Expect("OK").OK)
+	require.Equal(t, own.ID, staying.Expect("EVENT").Event.ID)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		// A former writer's deletion carries no h tag (it follows its
+		// target): the first filter matches it, the second pins the channel
+		// for live delivery.
+		m.Send("REQ", "deletions",
+			map[string]any{"kinds": []int{5}, "authors": []string{leaving.Key.PublicKeyHex()}, "limit": 0},
+			map[string]any{"kinds": []int{5}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
+	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	deletion := leaving.Sign(5, "", nostr.Tags{{"e", own.ID}}, 0)
+	leaving.Send("EVENT", deletion)
+	// Its fan-out runs before the answer: a delivery to its author comes first.
+	got := leaving.NextReply()
+	require.Equal(t, "OK", got.Verb, "a member removed through A must not receive their deletion in the channel on B before the invalidation arrives")
+	require.True(t, got.OK, got.Msg)
+	require.Equal(t, deletion.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
+	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel's deletion on B before the invalidation arrives")
+}

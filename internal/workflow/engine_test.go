@@ -433,45 +433,54 @@ func TestConditionsCannotBuildUnboundedText(t *testing.T) {
 	require.Empty(t, f.doorbells(runs[0]))
 }
 
-// A send_message step reads its channel's access row in its own
-// transaction; the readers version it read goes with the message to the
-// fan-out (and across Redis), so no relay process delivers the message from
-// a reader set cached before a membership change committed ahead of the
-// step, such as the removal below.
-// Mutation killed: sendMessage not recording the version (Write.ReadChannel):
-// the message was published with version 0.
-func TestSendMessageCarriesTheReadersVersionItRead(t *testing.T) {
+// Every step that stores into a channel reads the channel's readers
+// version in its own transaction, and the version goes with what it
+// stores to the fan-out (and across Redis), so no relay process delivers it
+// from a reader set cached before a membership change committed ahead of
+// the step, such as the removal below: a send_message step's message, an
+// add_reaction step's reaction, a request_approval step's request.
+// Mutations killed: sendMessage not recording the version it read
+// (Write.ReadChannel), and storeEmitted not reading the version of a
+// channel its write had not read (readChannelOnce): the reaction and the
+// approval request were published with version 0.
+func TestChannelStepsCarryTheReadersVersionTheyRead(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	var mu sync.Mutex
-	published := map[string]int64{}
-	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, readersVersion int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		published[ev.ID] = readersVersion
-	}
-	owner, poster, leaving := f.key(), f.key(), f.key()
-	ch := f.privateChannel(owner, poster, leaving)
-	id := uuid.NewString()
-	f.save(owner, ch, id, `
-name: Echo
-trigger: {on: message_posted}
-steps:
-  - id: say
-    action: send_message
-    text: "seen"
-`)
-	f.store(f.sign(poster, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
-	runs := f.runIDs(id)
-	require.Len(t, runs, 1)
-	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(leaving)}}))
-	version := f.count(`SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2`, f.tenant.ID(), ch)
+	for _, c := range []struct {
+		step string
+		kind int
+	}{
+		{"{id: say, action: send_message, text: seen}", ingest.KindChat},
+		{"{id: ack, action: add_reaction, emoji: eyes}", nostr.KindReaction},
+		{"{id: ask, action: request_approval, message: 'ok?', timeout: 1h}", workflow.KindApprovalRequested},
+	} {
+		t.Run(strconv.Itoa(c.kind), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			var mu sync.Mutex
+			published := map[int][]int64{}
+			f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, readersVersion int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				published[ev.Kind] = append(published[ev.Kind], readersVersion)
+			}
+			owner, poster, leaving := f.key(), f.key(), f.key()
+			ch := f.privateChannel(owner, poster, leaving)
+			id := uuid.NewString()
+			f.save(owner, ch, id, "name: Echo\ntrigger: {on: message_posted}\nsteps: ["+c.step+"]")
+			f.store(f.sign(poster, ingest.KindChat, "hello", nostr.Tags{{"h", ch}}))
+			runs := f.runIDs(id)
+			require.Len(t, runs, 1)
+			f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(leaving)}}))
+			version := f.count(`SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2`, f.tenant.ID(), ch)
+			mu.Lock()
+			clear(published)
+			mu.Unlock()
 
-	f.drain(f.engine(time.Minute))
-	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(runs[0]).Status)
-	bells := f.doorbells(runs[0])
-	require.Len(t, bells, 1)
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, int64(version), published[bells[0].ID])
+			f.drain(f.engine(time.Minute))
+			require.NotEqual(t, db.WorkflowRunStatusFailed, f.run(runs[0]).Status)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, []int64{int64(version)}, published[c.kind], "the step's event carries the version it was written under")
+		})
+	}
 }
