@@ -174,11 +174,7 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 
 	// B delivers a channel message to both members: its reader set for the
 	// channel is now cached.
-	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", before)
-	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
-	require.True(t, staying.Expect("OK").OK)
-	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	postOnB(t, staying, leaving, ch, "before")
 
 	// A removes the member, then publishes a public note; once B has
 	// delivered the note, B has processed everything A sent before it.
@@ -362,17 +358,10 @@ func TestCrossRelayOutageDoesNotTrustCachedAccess(t *testing.T) {
 	waitRedis(t, "degraded", a, b)
 	// B caches the channel's readers while delivering this, during the
 	// outage.
-	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", before)
-	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
-	require.True(t, staying.Expect("OK").OK)
-	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	postOnB(t, staying, leaving, ch, "before")
 
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
-	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", after)
-	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel during the outage")
-	require.True(t, staying.Expect("OK").OK)
+	postOnB(t, staying, nil, ch, "after the removal")
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A during the outage must not receive the channel on B")
 }
 
@@ -387,21 +376,29 @@ func TestCrossRelayStalledRedisDoesNotTrustCachedAccess(t *testing.T) {
 	t.Parallel()
 	redis, _, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
 	// B caches the channel's readers while delivering this.
-	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", before)
-	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
-	require.True(t, staying.Expect("OK").OK)
-	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	postOnB(t, staying, leaving, ch, "before")
 
 	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
 	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
 	require.Eventually(t, func() bool { return !b.Server.CrossRelayHears() }, 30*time.Second, 10*time.Millisecond)
-	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", after)
-	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel while Redis is stalled")
-	require.True(t, staying.Expect("OK").OK)
+	postOnB(t, staying, nil, ch, "after the removal")
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A while Redis is stalled must not receive the channel on B")
+}
+
+// postOnB has author, a member connected to B, post content to the channel,
+// and requires that author's own subscription and seenBy's (nil: none)
+// deliver it: B caches the channel's readers while delivering it.
+func postOnB(t *testing.T, author, seenBy *relaytest.Client, ch, content string) *nostr.Event {
+	t.Helper()
+	ev := author.Sign(9, content, nostr.Tags{{"h", ch}}, 0)
+	author.Send("EVENT", ev)
+	require.Equal(t, ev.ID, author.Expect("EVENT").Event.ID, "a member still receives the channel")
+	require.True(t, author.Expect("OK").OK)
+	if seenBy != nil {
+		require.Equal(t, ev.ID, seenBy.Expect("EVENT").Event.ID)
+	}
+	return ev
 }
 
 // privateChannelOnTwoRelays starts relays A and B on one database and one
@@ -444,21 +441,14 @@ func TestCrossRelayRemovalHoldsBeforeTheInvalidationArrives(t *testing.T) {
 	t.Parallel()
 	redis, a, b, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
 	// B caches the channel's readers while delivering this.
-	before := staying.Sign(9, "before", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", before)
-	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
-	require.True(t, staying.Expect("OK").OK)
-	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+	postOnB(t, staying, leaving, ch, "before")
 
 	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
 	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
 	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
-	after := staying.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, 0)
-	staying.Send("EVENT", after)
-	require.Equal(t, after.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel")
-	require.True(t, staying.Expect("OK").OK)
+	postOnB(t, staying, nil, ch, "after the removal")
 	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
 	// The write that proved the change dropped B's other answers too: the
 	// removed member's history read is refused.
