@@ -340,7 +340,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
 		}
-		p.publish(tenant, ev, w.ChannelID, w.versionOf(w.ChannelID))
+		p.publish(w, ev, w.ChannelID)
 		return Relayed, "", nil
 	}
 
@@ -473,9 +473,9 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 	if w.membershipChanged && p.OnMembershipChange != nil {
 		p.OnMembershipChange(w.Tenant.ID())
 	}
-	p.publish(w.Tenant, w.Event, w.ChannelID, w.versionOf(w.ChannelID))
+	p.publish(w, w.Event, w.ChannelID)
 	for _, e := range w.emitted {
-		p.publish(w.Tenant, e.ev, e.channel, w.versionOf(e.channel))
+		p.publish(w, e.ev, e.channel)
 	}
 	for _, fn := range w.afterCommit {
 		fn()
@@ -572,15 +572,16 @@ func (w *Write) readChannelOnce(ctx context.Context, channel *uuid.UUID) error {
 	return nil
 }
 
-// publish fans ev out; readersVersion is its channel's readers version as
-// its write read it (0: unknown).
-func (p *Pipeline) publish(tenant community.Tenant, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
-	stats := p.hub.PublishWritten(tenant.ID(), ev, channel, readersVersion)
+// publish fans out ev, which w stored (or relayed) in channel, with the
+// readers version w read for that channel.
+func (p *Pipeline) publish(w *Write, ev *nostr.Event, channel *uuid.UUID) {
+	readersVersion := w.versionOf(channel)
+	stats := p.hub.PublishWritten(w.Tenant.ID(), ev, channel, readersVersion)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
 	}
 	if p.OnPublish != nil {
-		p.OnPublish(tenant.ID(), ev, channel, readersVersion)
+		p.OnPublish(w.Tenant.ID(), ev, channel, readersVersion)
 	}
 }
 

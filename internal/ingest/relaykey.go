@@ -75,7 +75,7 @@ func (p *Pipeline) RelayWrite(communityID uuid.UUID, q *db.Queries) *Write {
 // after a rollback.
 func (w *Write) PublishEmitted() {
 	for _, e := range w.emitted {
-		w.pipeline.publish(w.Tenant, e.ev, e.channel, w.versionOf(e.channel))
+		w.pipeline.publish(w, e.ev, e.channel)
 	}
 	for _, fn := range w.afterCommit {
 		fn()
