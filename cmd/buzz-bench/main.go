@@ -167,6 +167,9 @@ func (o options) runs(name string) bool {
 
 // report is the JSON document printed on stdout.
 type report struct {
+	// Error says why nothing ran: the relay could not be reached or
+	// refused the bench's AUTH.
+	Error      string    `json:"error,omitempty"`
 	URL        string    `json:"url"`
 	RunID      string    `json:"run_id"`
 	StartedAt  time.Time `json:"started_at"`
@@ -182,6 +185,9 @@ type report struct {
 
 // failed reports whether some scenario could not run at all.
 func (r *report) failed() bool {
+	if r.Error != "" {
+		return true
+	}
 	s := r.Scenarios
 	for _, p := range s.Publish {
 		if p.Error != "" {
@@ -235,6 +241,13 @@ func main() {
 // events usually cover the req scenario's seed.
 func run(ctx context.Context, o options) *report {
 	rep := &report{URL: o.url, RunID: o.runID, StartedAt: time.Now().UTC(), GoMaxProcs: runtime.GOMAXPROCS(0)}
+	// One authenticated connection first: a wrong URL or a relay that is
+	// down would otherwise show only after seconds of signing a supply.
+	if err := checkReachable(ctx, o.url); err != nil {
+		rep.Error = fmt.Sprintf("%s: %v", o.url, err)
+		logf("%s", rep.Error)
+		return rep
+	}
 	if o.runs("after-burst") && ctx.Err() == nil {
 		rep.Scenarios.AfterBurst = runAfterBurst(ctx, o)
 	}
@@ -258,6 +271,20 @@ func run(ctx context.Context, o options) *report {
 		rep.Scenarios.Fanout = runFanout(ctx, o)
 	}
 	return rep
+}
+
+// checkReachable opens and closes one authenticated connection to url.
+func checkReachable(ctx context.Context, url string) error {
+	s, err := newSigner()
+	if err != nil {
+		return err
+	}
+	c, err := dialAuthed(ctx, url, s)
+	if err != nil {
+		return err
+	}
+	c.close()
+	return nil
 }
 
 // newRunID returns 8 random hex characters.
