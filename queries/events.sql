@@ -128,3 +128,15 @@ SELECT id, pubkey, content, tags
 FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND kind = 30620
   AND channel_id = @channel_id::uuid AND deleted_at IS NULL;
+
+-- name: EventsReceivedBetween :many
+-- The events of communities received in [since, until), oldest first, for
+-- a relay process that missed the other processes' live traffic
+-- (events_by_received_at): deleted ones are left out, as a REQ would.
+SELECT community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, received_at
+FROM events
+WHERE received_at >= @since::timestamptz AND received_at < @until::timestamptz
+  AND community_id = ANY(@communities::uuid[])
+  AND deleted_at IS NULL
+ORDER BY received_at, created_at, id
+LIMIT @max_rows::int;

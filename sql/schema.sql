@@ -2726,6 +2726,13 @@ CREATE INDEX events_by_kind_time ON public.events USING btree (community_id, kin
 
 
 --
+-- Name: events_by_received_at; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX events_by_received_at ON public.events USING brin (received_at) WITH (pages_per_range='32', autosummarize='on');
+
+
+--
 -- Name: events_by_tag; Type: INDEX; Schema: public; Owner: -
 --
 

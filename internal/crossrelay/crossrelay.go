@@ -105,6 +105,14 @@ type Handlers struct {
 	Resync func()
 	// CloseCommunity closes every local connection of a deleted community.
 	CloseCommunity func(community uuid.UUID)
+	// CatchUp replays to the local fan-out what the database received
+	// between since and until: a subscription failed, and what the other
+	// processes published after since (the last proof that everything
+	// before it was heard) and before until (the new subscription) may
+	// have been lost. It runs on the fan-out's goroutine before any event
+	// heard on the new subscription, and returns how many events it
+	// handed on.
+	CatchUp func(ctx context.Context, since, until time.Time) (replayed int, err error)
 }
 
 // Metrics of the bus.
@@ -116,6 +124,10 @@ type Metrics struct {
 	// Pending counts messages queued or being published: 0 means every
 	// message so far was published or dropped.
 	Pending prometheus.Gauge
+	// Gaps counts lost subscriptions by how their catch-up went
+	// (replayed, failed); Replayed the events catch-ups handed on.
+	Gaps     *prometheus.CounterVec
+	Replayed prometheus.Counter
 }
 
 // NewMetrics registers the bus's collectors on reg.
@@ -137,7 +149,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Pending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_redis_publish_pending", Help: "Events and invalidations queued for, or being published to, the other relays.",
 	})
-	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending)
+	m.Gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "buzz_redis_gaps_total", Help: "Lost subscriptions to the other relays' live traffic, by how the catch-up from the database went (replayed, failed).",
+	}, []string{"outcome"})
+	m.Replayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_redis_replayed_total", Help: "Stored events the other relays committed while this relay's subscription was lost, replayed to its subscribers from the database.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed)
 	return m
 }
 
@@ -177,6 +195,13 @@ type Bus struct {
 	// The reader's waits for the fan-out's room, which prove discounts.
 	waitingForRoom atomic.Bool
 	readerResumed  atomic.Int64
+	// gapSince is when the gap to catch up on began (the last proof of
+	// hearing before a subscription failed); catchingUp is set from that
+	// failure until the catch-up on the next subscription returned. Only
+	// the subscribing goroutine and the fan-out goroutine it starts
+	// touch gapSince, one after the other.
+	gapSince   time.Time
+	catchingUp atomic.Bool
 
 	// unsent holds the communities whose invalidation found the queue full
 	// or failed to publish. An invalidation must not be lost while the
@@ -233,6 +258,11 @@ func (b *Bus) Connected() bool { return b.connected.Load() }
 func (b *Bus) Hears() bool {
 	return b.connected.Load() && b.sinceStart()-b.heardUpTo.Load() <= int64(hearingWindow)
 }
+
+// CatchingUp reports whether a gap in what this process heard is not
+// caught up yet: from a failed subscription until the catch-up on the
+// next one returned.
+func (b *Bus) CatchingUp() bool { return b.catchingUp.Load() }
 
 // sinceStart is the bus's monotonic clock.
 func (b *Bus) sinceStart() int64 { return int64(time.Since(b.start)) }
@@ -401,6 +431,13 @@ func (b *Bus) subscribe(ctx context.Context) {
 			}
 			b.setConnected(true, nil)
 			err = b.receive(ctx, ps)
+			// What the others published after the last proof of hearing
+			// may be lost; the next subscription catches up on it. A gap
+			// not caught up yet began earlier and covers this one.
+			if ctx.Err() == nil && !b.catchingUp.Load() {
+				b.gapSince = b.start.Add(time.Duration(b.heardUpTo.Load()))
+				b.catchingUp.Store(true)
+			}
 		}
 		_ = ps.Close()
 		if ctx.Err() != nil {
@@ -462,8 +499,12 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	ahead := make(chan inbound, receiveAhead)
 	room := semaphore.NewWeighted(receiveAheadBytes)
 	delivered := make(chan struct{})
+	subscribedAt := time.Now()
 	go func() {
 		defer close(delivered)
+		if b.catchingUp.Load() {
+			b.catchUp(ctx, subscribedAt)
+		}
 		for in := range ahead {
 			// On shutdown what is still queued is dropped: the connections
 			// it was for are closing, and each delivery may look up a
@@ -526,6 +567,30 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			}
 		}
 	}
+}
+
+// catchUp replays the gap from b.gapSince to until, the new
+// subscription, from the database (CatchUp), once: a catch-up that fails
+// is logged and counted, not retried.
+func (b *Bus) catchUp(ctx context.Context, until time.Time) {
+	defer b.catchingUp.Store(false)
+	if b.handlers.CatchUp == nil {
+		return
+	}
+	start := time.Now()
+	replayed, err := b.handlers.CatchUp(ctx, b.gapSince, until)
+	b.metrics.Replayed.Add(float64(replayed))
+	if err != nil {
+		if ctx.Err() == nil {
+			b.metrics.Gaps.WithLabelValues("failed").Inc()
+			b.log.Warn("redis: could not replay the events committed elsewhere while unsubscribed; subscribers here missed them live (a REQ since then returns them)",
+				"since", b.gapSince, "replayed", replayed, "err", err)
+		}
+		return
+	}
+	b.metrics.Gaps.WithLabelValues("replayed").Inc()
+	b.log.Info("redis: replayed the events committed while unsubscribed", "since", b.gapSince,
+		"replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // handOn queues in for the fan-out, waiting for room in the queue (its

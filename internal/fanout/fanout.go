@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -48,6 +49,10 @@ type Subscription struct {
 	// it; an empty Reader marks an in-process subscription with no reader
 	// to authorize.
 	Reader string
+
+	// subscribedAt is when the hub registered the subscription: a replayed
+	// event committed well before it was in the REQ's history already.
+	subscribedAt time.Time
 
 	// closed is set, under mu, once the subscription is removed (closed,
 	// replaced, or its connection gone); a publish that matched it before
@@ -141,6 +146,7 @@ type Hub struct {
 	mu          sync.RWMutex
 	communities map[uuid.UUID]*index
 	readers     ChannelReaders
+	published   atomic.Pointer[publishedIDs] // nil: not remembered (no replays)
 }
 
 // NewHub returns an empty hub.
@@ -163,6 +169,7 @@ func (h *Hub) Subscribe(community uuid.UUID, s *Subscription) {
 	}
 	k := key{s.Receiver, s.ID}
 	idx.remove(k)
+	s.subscribedAt = time.Now()
 	entries := make([]*entry, 0, len(s.Filters))
 	for i := range s.Filters {
 		s.Filters[i].IndexTags()
@@ -245,9 +252,51 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 // readers version (ingest.Write): the channel's readers are then those of
 // that version or a later one, never of a reader set cached before it (a
 // member removed through another relay process, whose invalidation has not
-// arrived yet, would otherwise still receive it).
+// arrived yet, would otherwise still receive it). With RememberPublished,
+// a stored event is published once: its id published again while
+// remembered (its live copy after a replay sent it) delivers nothing.
 func (h *Hub) PublishWritten(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) Stats {
-	matched := h.match(community, ev)
+	// A replay may have sent a stored event before its own publish (the
+	// catch-up read it once committed, ahead of its live copy).
+	if published := h.published.Load(); published != nil && !nostr.IsEphemeral(ev.Kind) && !published.add(ev.ID) {
+		return Stats{}
+	}
+	return h.deliver(community, h.match(community, ev), ev, channel, readersVersion)
+}
+
+// Communities returns the communities with live subscriptions here.
+func (h *Hub) Communities() []uuid.UUID {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return slices.Collect(maps.Keys(h.communities))
+}
+
+// replaySlack is how long before a subscription's registration an event's
+// write may have begun and still have committed after the subscription's
+// history was read: a write takes milliseconds, so a second covers it with
+// room (and clocks of the database and the relay a little apart).
+const replaySlack = time.Second
+
+// Replay publishes a stored event this process may have missed live (see
+// RememberPublished), whose write the database received at receivedAt.
+// An event this hub published already is not sent again, and a
+// subscription registered more than replaySlack after receivedAt is
+// skipped: its REQ's history held the event. The readers of its channel
+// are looked up afresh (readers version unknown). missed reports whether
+// the hub had not published the event.
+func (h *Hub) Replay(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, receivedAt time.Time) (stats Stats, missed bool) {
+	if published := h.published.Load(); published != nil && !published.add(ev.ID) {
+		return Stats{}, false
+	}
+	newest := receivedAt.Add(replaySlack)
+	matched := slices.DeleteFunc(h.match(community, ev), func(s *Subscription) bool {
+		return s.subscribedAt.After(newest)
+	})
+	return h.deliver(community, matched, ev, channel, 0), true
+}
+
+// deliver hands ev to the matched subscriptions of community.
+func (h *Hub) deliver(community uuid.UUID, matched []*Subscription, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) Stats {
 	if len(matched) == 0 {
 		return Stats{}
 	}

@@ -197,9 +197,14 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 // Redis goes away mid-test: each relay keeps delivering to its own
 // subscribers and storing, reports degraded in /ready (still 200) and in
 // buzz_redis_connected, and cross-relay delivery resumes when Redis is back.
-// What was published meanwhile is not replayed live, but stays queryable.
+// What was committed elsewhere meanwhile is replayed live from the database
+// once Redis is back, ahead of what comes after, and nothing is sent twice:
+// not the event heard before the outage, not what a relay published itself.
 // Mutations killed: a relay that never resubscribes (A never reports
-// connected again); /ready answering 503 while degraded.
+// connected again); /ready answering 503 while degraded; no catch-up (A's
+// subscriber never gets the outage's event); the hub not remembering what
+// it published (B's subscriber gets the outage's event again, A's the one
+// before it).
 func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
@@ -238,10 +243,19 @@ func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 
 	require.NoError(t, redis.Restart(t.Context()))
 	waitRedis(t, "connected", a, b)
+	require.Equal(t, during.ID, onA.Expect("EVENT").Event.ID, "A replays what B committed during the outage")
+	for _, r := range []*relaytest.Relay{a, b} {
+		require.Eventually(t, func() bool { return metric(t, r, `buzz_redis_gaps_total{outcome="replayed"}`) == "1" },
+			30*time.Second, 20*time.Millisecond, "relay %s never finished its catch-up", r.HTTPURL)
+	}
+	require.Equal(t, "1", metric(t, a, "buzz_redis_replayed_total"), "A counts the one event it replayed")
+	require.Equal(t, "0", metric(t, b, "buzz_redis_replayed_total"), "B had published everything itself")
 	after := publisher.Sign(1, "after the outage", nil, 0)
 	require.True(t, publisher.Publish(after).OK)
-	require.Equal(t, after.ID, onB.Expect("EVENT").Event.ID)
-	require.Equal(t, after.ID, onA.Expect("EVENT").Event.ID, "cross-relay delivery resumes (the outage's event is not replayed live)")
+	require.Equal(t, after.ID, onB.Expect("EVENT").Event.ID, "B delivered the outage's event already, and only once")
+	require.Equal(t, after.ID, onA.Expect("EVENT").Event.ID, "cross-relay delivery resumes")
+	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
+	onB.ExpectSilence(300*time.Millisecond, "nothing arrives twice on B")
 
 	reader := a.Dial(t, a.Host)
 	reader.Auth(nil)

@@ -366,10 +366,14 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 		Invalidate:     s.access.Invalidate,
 		Resync:         s.access.InvalidateAll,
 		CloseCommunity: func(id uuid.UUID) { s.closeCommunity(id, closingDeleted) },
+		CatchUp:        s.catchUp,
 	}, s.log, crossrelay.NewMetrics(s.metrics.Registry))
 	if err != nil {
 		return err
 	}
+	// What this process publishes is remembered, so the replay after a
+	// lost subscription does not send it twice.
+	s.hub.RememberPublished(publishedWindow, publishedMost, bus.CatchingUp)
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	// Presence accepted by any process is seen by a REQ on every other.
