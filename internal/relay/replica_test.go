@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -12,11 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 	"github.com/buzzrelay/buzz/internal/replica"
@@ -273,4 +278,83 @@ func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
 		c.Req("healed", map[string]any{"#h": []string{ch}, "until": hourAgo})
 		return metric(t, r, covered) != before
 	}, 30*time.Second, 20*time.Millisecond)
+}
+
+// storeOld stores ev in channel straight through an unarmed writer session
+// (a backfill): the relay itself refuses channel events this old.
+func storeOld(t *testing.T, writerURL string, community uuid.UUID, channel string, ev *nostr.Event) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, writerURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	ch := uuid.MustParse(channel)
+	params, err := eventstore.InsertParams(community, ev, &ch)
+	require.NoError(t, err)
+	n, err := db.New(conn).EventInsert(ctx, params)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// A client that deletes its own message and reads the channel's history
+// again at once (on the same connection or another) does not get the
+// message back from a standby that has not replayed the deletion yet: a
+// proof proves insertions only, so after a deletion this process committed
+// or heard of, a read of that channel needs a proof committed after it.
+// Other channels still route to the lagging standby, and a fresh read
+// (POST /query) waits for a proof past the deletion too.
+// Mutations killed: not recording a removal (or not checking it) serves
+// the deleted message from the paused standby; recording it for the whole
+// community sends the other channel's covered read to the writer.
+func TestADeletionIsNotServedBackByALaggingStandby(t *testing.T) {
+	t.Parallel()
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaReadMaxAge = replica.Staleness
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	})
+	alice := r.Dial(t, "")
+	key := alice.Auth(nil)
+	deleting := createChannel(t, alice, "deleting", false)
+	other := createChannel(t, alice, "other", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	doomed := relaytest.SignEvent(t, key, 9, "regretted", nostr.Tags{{"h", deleting}}, hoursAgo)
+	kept := relaytest.SignEvent(t, key, 9, "kept", nostr.Tags{{"h", deleting}}, hoursAgo-1)
+	elsewhere := relaytest.SignEvent(t, key, 9, "elsewhere", nostr.Tags{{"h", other}}, hoursAgo)
+	for _, ev := range []*nostr.Event{doomed, kept} {
+		storeOld(t, pair.WriterURL, r.CommunityID, deleting, ev)
+	}
+	storeOld(t, pair.WriterURL, r.CommunityID, other, elsewhere)
+	history := func(c *relaytest.Client, channel string) []string {
+		return ids(c.Req("history", map[string]any{"#h": []string{channel}, "until": hoursAgo}))
+	}
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		return len(history(alice, deleting)) == 2 && metric(t, r, covered) != ""
+	}, 60*time.Second, 20*time.Millisecond)
+
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	paused := time.Now()
+	deletion := alice.Publish(alice.Sign(nostr.KindDeletion, "", nostr.Tags{{"e", doomed.ID}}, 0))
+	require.True(t, deletion.OK, deletion.Msg)
+
+	require.Equal(t, []string{kept.ID}, history(alice, deleting), "the deleting connection")
+	again := r.Dial(t, "")
+	again.Auth(key)
+	require.Equal(t, []string{kept.ID}, history(again, deleting), "another connection of the same client")
+	fresh := post(t, r, key, "/query", query(map[string]any{"ids": []string{doomed.ID}}))
+	require.Equal(t, http.StatusOK, fresh.Status)
+	require.Empty(t, fresh.Events, "a fresh read after the deletion")
+
+	before := metric(t, r, covered)
+	require.Equal(t, []string{elsewhere.ID}, history(alice, other))
+	if time.Since(paused) < replica.Staleness/2 { // the paused standby's proof is still young enough
+		require.NotEqual(t, before, metric(t, r, covered), "a channel without a deletion still routes to the lagging standby")
+	}
 }

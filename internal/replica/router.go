@@ -44,6 +44,15 @@ type Predicate struct {
 	covered bool
 	upper   time.Time
 	bounded bool
+	after   time.Time // the proved token must have been written after it (LastRemoval)
+}
+
+// After also asks that the proved token was written after t (the
+// router's clock): a reader holding it has replayed every write that
+// committed before t, a removal of rows included.
+func (p Predicate) After(t time.Time) Predicate {
+	p.after = t
+	return p
 }
 
 // Bounded asks that the proved token be at most the read-max-age old
@@ -76,6 +85,7 @@ type Router struct {
 	observe        Observer
 	requireStandby bool
 	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo, standbyDown
+	removals       removals
 }
 
 // What the router was last told of the reader (SetStandby, SetUnreachable).
@@ -323,6 +333,14 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 // check evaluates pred against entry: the replica reason when it holds,
 // else the writer reason.
 func (r *Router) check(pred Predicate, e Entry) (string, bool) {
+	reason, ok := r.checkAge(pred, e)
+	if ok && !e.CommittedAt.After(pred.after) {
+		return ReasonStale, false // written before a removal the read must not miss
+	}
+	return reason, ok
+}
+
+func (r *Router) checkAge(pred Predicate, e Entry) (string, bool) {
 	// Covered proves insertions only: a deletion (an update) committed
 	// after the proved token is missing from the reader. Bounding the
 	// token's age bounds how long a deleted row can still be served.
