@@ -65,6 +65,7 @@ SELECT pid, application_name, usename, state,
        date_trunc('seconds', now() - xact_start) AS open_for, left(query, 60) AS last_statement
 FROM pg_stat_activity
 WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+  AND backend_type IS DISTINCT FROM 'autovacuum worker' -- the probe leaves them out too
 ORDER BY xact_start
 LIMIT 5;
 \endif
