@@ -310,6 +310,12 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 		r.Writer(path, ReasonUninitialized)
 		return nil
 	}
+	// What the reader is comes before what this read needs: a reader that
+	// is no standby, or down, is the reason, not a proof too old.
+	if reason, ok := r.standbyUsable(); !ok {
+		r.Writer(path, reason)
+		return nil
+	}
 	if reason, ok := r.check(pred, newest); !ok {
 		r.Writer(path, reason)
 		return nil
@@ -364,15 +370,8 @@ func (r *Router) checkAge(pred Predicate, e Entry) (string, bool) {
 // prove takes one reader connection, opens the read-only snapshot and
 // reads the token it holds, all within one AcquireTimeout.
 func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
-	if r.requireStandby {
-		switch r.standby.Load() {
-		case standbyUnknown:
-			return nil, ReasonUninitialized // not yet known to be a standby
-		case standbyNo:
-			return nil, ReasonDisabled
-		case standbyDown:
-			return nil, ReasonUnreachable
-		}
+	if reason, ok := r.standbyUsable(); !ok {
+		return nil, reason
 	}
 	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
 	defer cancel()
@@ -404,6 +403,23 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	s.Proved = entry
 	r.log.Debug("reader proved", "path", path, "token", row.Token, "backend", row.Backend)
 	return s, ""
+}
+
+// standbyUsable reports whether the reader may be asked at all, by what
+// the watcher last said of it (RouterOptions.RequireStandby), and if not,
+// the writer reason.
+func (r *Router) standbyUsable() (string, bool) {
+	if r.requireStandby {
+		switch r.standby.Load() {
+		case standbyUnknown:
+			return ReasonUninitialized, false // not yet known to be a standby
+		case standbyNo:
+			return ReasonDisabled, false
+		case standbyDown:
+			return ReasonUnreachable, false
+		}
+	}
+	return "", true
 }
 
 // failureReason names a failed BEGIN or proof statement: the reader
