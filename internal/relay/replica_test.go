@@ -64,6 +64,9 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 	old := c.Publish(relaytest.SignEvent(t, key, 9, "from long ago", nostr.Tags{{"h", ch}}, time.Now().Add(-time.Hour).Unix()))
 	require.False(t, old.OK)
 	require.True(t, strings.HasPrefix(old.Msg, "invalid: a channel event's created_at is too far in the past"), old.Msg)
+	// NIP-11 advertises the floor, so a client can tell before it sends.
+	// Mutation killed: not advertising it.
+	require.EqualValues(t, replica.DefaultFloor.Seconds(), createdAtLowerLimit(t, r))
 
 	require.Eventually(t, func() bool { return readyReader(t, r) == "streaming" }, 30*time.Second, 20*time.Millisecond)
 	// Fresh reads may lag the writer by the budget, and a first reader
@@ -99,6 +102,27 @@ func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
 	c.Req("any", map[string]any{"kinds": []int{1}})
 	require.Equal(t, "", readyReader(t, r))
 	require.Equal(t, "", metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+	require.Zero(t, createdAtLowerLimit(t, r), "no floor without a reader")
+}
+
+// createdAtLowerLimit is the NIP-11 document's created_at_lower_limit (0: absent).
+func createdAtLowerLimit(t *testing.T, r *relaytest.Relay) int64 {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.HTTPURL+"/", nil)
+	require.NoError(t, err)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var info struct {
+		Limitation map[string]any `json:"limitation"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	limit, present := info.Limitation["created_at_lower_limit"]
+	if !present {
+		return 0
+	}
+	return int64(limit.(float64))
 }
 
 // A reader URL that names a server not in recovery (the writer itself, a
