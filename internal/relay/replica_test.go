@@ -382,3 +382,58 @@ func TestADeletionIsNotServedBackByALaggingStandby(t *testing.T) {
 		require.NotEqual(t, before, metric(t, r, covered), "a channel without a deletion still routes to the lagging standby")
 	}
 }
+
+// A deletion committed through another relay process reaches this one's
+// routing with its fan-out: once it has arrived, this process's reads of
+// the channel wait for a proof past it too, and a standby that has not
+// replayed the deletion does not serve the message back.
+// Mutation killed: not recording removals that arrive through Redis (A
+// serves the deleted message from the paused standby).
+func TestADeletionThroughAnotherRelayIsNotServedBackByALaggingStandby(t *testing.T) {
+	t.Parallel()
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	redis := dbtest.RedisURL(t)
+	withReader := func(c *config.Config) {
+		withRedis(redis)(c)
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	}
+	a := relaytest.StartOn(t, pool, withReader)
+	b := relaytest.StartOn(t, pool, withReader)
+	waitRedis(t, "connected", a, b)
+	onA := a.Dial(t, a.Host)
+	key := onA.Auth(nil)
+	ch := createChannel(t, onA, "deleting elsewhere", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	doomed := relaytest.SignEvent(t, key, 9, "regretted", nostr.Tags{{"h", ch}}, hoursAgo)
+	kept := relaytest.SignEvent(t, key, 9, "kept", nostr.Tags{{"h", ch}}, hoursAgo-1)
+	for _, ev := range []*nostr.Event{doomed, kept} {
+		storeOld(t, pair.WriterURL, a.CommunityID, ch, ev)
+	}
+	history := func() []string {
+		return ids(onA.Req("history", map[string]any{"#h": []string{ch}, "until": hoursAgo}))
+	}
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		return len(history()) == 2 && metric(t, a, covered) != ""
+	}, 60*time.Second, 20*time.Millisecond)
+	watcher := a.Dial(t, a.Host)
+	watcher.Auth(nil)
+	watcher.Send("REQ", "deletions", map[string]any{"#h": []string{ch}, "kinds": []int{nostr.KindDeletion}, "limit": 0})
+	watcher.Expect("EOSE")
+
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(key)
+	// Tagged with its channel: live delivery matches the subscription's #h.
+	deletion := onB.Publish(onB.Sign(nostr.KindDeletion, "", nostr.Tags{{"e", doomed.ID}, {"h", ch}}, 0))
+	require.True(t, deletion.OK, deletion.Msg)
+	require.Equal(t, deletion.ID, watcher.Expect("EVENT").Event.ID, "the deletion's fan-out reached A")
+
+	require.Equal(t, []string{kept.ID}, history())
+}
