@@ -127,7 +127,7 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	}
 	// One routed session for the whole read: every page comes from a
 	// proved reader snapshot, or, once no proof holds, from the writer.
-	session := s.routeQuery(ctx, scope, filters)
+	session := s.routeQuery(ctx, community, scope, filters)
 	defer func() {
 		if session != nil {
 			session.Abandon()
@@ -199,8 +199,11 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 // index, which a lagging reader would rank from stale rows, and it is not
 // fenced like the other reads. Nor does agent_owner: it reads who owns
 // which agent, rows no proof covers. A read with a live subscription after
-// it (scope.Live) routes only when covered.
-func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filters) *replica.Session {
+// it (scope.Live) routes only when covered. Every read needs a proof
+// written after the last removal of rows it may return (LastRemoval): a
+// client that deleted a message does not read it back from a standby that
+// has not replayed the deletion.
+func (s *Store) routeQuery(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters) *replica.Session {
 	if s.Router == nil {
 		return nil
 	}
@@ -208,6 +211,7 @@ func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filte
 		return nil
 	}
 	var upper int64
+	var removed time.Time
 	for i := range filters {
 		f := &filters[i]
 		if !canMatch(f) {
@@ -215,19 +219,23 @@ func (s *Store) routeQuery(ctx context.Context, scope Scope, filters nostr.Filte
 		}
 		// Covered needs every branch to return channel rows only (a pinned
 		// channel bound in the statement) and to be bounded above.
-		if _, pinned := pinnedChannel(f); !pinned || f.Until == nil {
+		channel, pinned := pinnedChannel(f)
+		if !pinned || f.Until == nil {
 			if scope.Live {
 				s.Router.Writer(PathHistory, replica.ReasonLive)
 				return nil
 			}
-			return s.Router.Begin(ctx, PathHistory, replica.Bounded())
+			return s.Router.Begin(ctx, PathHistory, replica.Bounded().After(s.Router.LastRemoval(community, nil)))
 		}
 		upper = max(upper, clampUnix(*f.Until))
+		if at := s.Router.LastRemoval(community, &channel.id); at.After(removed) {
+			removed = at
+		}
 	}
 	if scope.Live {
-		return s.Router.Begin(ctx, PathChannelHistory, replica.Covered(time.Unix(upper, 0)))
+		return s.Router.Begin(ctx, PathChannelHistory, replica.Covered(time.Unix(upper, 0)).After(removed))
 	}
-	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)))
+	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)).After(removed))
 }
 
 // readsUnprovenRows reports whether a read must stay on the writer
@@ -482,7 +490,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	defer s.observe(NameEventsCount, time.Now())
 	var session *replica.Session
 	if s.Router != nil && !readsUnprovenRows(filters) {
-		session = s.Router.Begin(ctx, PathCount, replica.Bounded())
+		session = s.Router.Begin(ctx, PathCount, replica.Bounded().After(s.Router.LastRemoval(community, nil)))
 	}
 	var n int64
 	err := s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {

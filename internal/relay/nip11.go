@@ -33,6 +33,10 @@ type limitation struct {
 	AuthRequired        bool  `json:"auth_required"`
 	RestrictedWrites    bool  `json:"restricted_writes"`
 	CreatedAtUpperLimit int64 `json:"created_at_upper_limit"`
+	// CreatedAtLowerLimit is the created_at floor, refused only for channel
+	// events and only while a read replica is configured (docs/replica.md);
+	// absent otherwise.
+	CreatedAtLowerLimit int64 `json:"created_at_lower_limit,omitempty"`
 	PaymentRequired     bool  `json:"payment_required"`
 }
 
@@ -67,6 +71,9 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 			RestrictedWrites:    true,
 			CreatedAtUpperLimit: int64(s.cfg.MaxFutureSkew.Seconds()),
 		},
+	}
+	if s.cfg.ReadDatabaseURL != "" {
+		info.Limitation.CreatedAtLowerLimit = int64(s.cfg.CreatedAtFloor.Seconds())
 	}
 	w.Header().Set("Content-Type", "application/nostr+json")
 	_ = json.NewEncoder(w).Encode(info)

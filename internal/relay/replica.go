@@ -6,10 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
 
@@ -242,4 +245,21 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 		return "unproven"
 	}
 	return "streaming"
+}
+
+// noteRemoval tells the router of a committed event that hid or replaced
+// stored rows in channel (a NIP-09 or NIP-29 deletion, a newer replaceable
+// version), so that no read of that channel routes to a standby until it
+// holds the change (replica.Router.Removed). Called before the event's
+// author gets its OK, and, for another process's event, as its fan-out
+// arrives (which bounds that process's readers no better than the fan-out's
+// delay).
+func (s *Server) noteRemoval(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+	if removesStoredRows(ev.Kind) {
+		s.store.Router.Removed(community, channel)
+	}
+}
+
+func removesStoredRows(kind int) bool {
+	return kind == nostr.KindDeletion || kind == ingest.KindDeleteEvent || nostr.IsReplaceable(kind) || nostr.IsAddressable(kind)
 }

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -12,11 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 	"github.com/buzzrelay/buzz/internal/replica"
@@ -59,6 +64,9 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 	old := c.Publish(relaytest.SignEvent(t, key, 9, "from long ago", nostr.Tags{{"h", ch}}, time.Now().Add(-time.Hour).Unix()))
 	require.False(t, old.OK)
 	require.True(t, strings.HasPrefix(old.Msg, "invalid: a channel event's created_at is too far in the past"), old.Msg)
+	// NIP-11 advertises the floor, so a client can tell before it sends.
+	// Mutation killed: not advertising it.
+	require.EqualValues(t, replica.DefaultFloor.Seconds(), createdAtLowerLimit(t, r))
 
 	require.Eventually(t, func() bool { return readyReader(t, r) == "streaming" }, 30*time.Second, 20*time.Millisecond)
 	// Fresh reads may lag the writer by the budget, and a first reader
@@ -94,6 +102,27 @@ func TestRelayWithoutAReaderReadsTheWriter(t *testing.T) {
 	c.Req("any", map[string]any{"kinds": []int{1}})
 	require.Equal(t, "", readyReader(t, r))
 	require.Equal(t, "", metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
+	require.Zero(t, createdAtLowerLimit(t, r), "no floor without a reader")
+}
+
+// createdAtLowerLimit is the NIP-11 document's created_at_lower_limit (0: absent).
+func createdAtLowerLimit(t *testing.T, r *relaytest.Relay) int64 {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.HTTPURL+"/", nil)
+	require.NoError(t, err)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var info struct {
+		Limitation map[string]any `json:"limitation"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	limit, present := info.Limitation["created_at_lower_limit"]
+	if !present {
+		return 0
+	}
+	return int64(limit.(float64))
 }
 
 // A reader URL that names a server not in recovery (the writer itself, a
@@ -273,4 +302,138 @@ func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
 		c.Req("healed", map[string]any{"#h": []string{ch}, "until": hourAgo})
 		return metric(t, r, covered) != before
 	}, 30*time.Second, 20*time.Millisecond)
+}
+
+// storeOld stores ev in channel straight through an unarmed writer session
+// (a backfill): the relay itself refuses channel events this old.
+func storeOld(t *testing.T, writerURL string, community uuid.UUID, channel string, ev *nostr.Event) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, writerURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	ch := uuid.MustParse(channel)
+	params, err := eventstore.InsertParams(community, ev, &ch)
+	require.NoError(t, err)
+	n, err := db.New(conn).EventInsert(ctx, params)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// A client that deletes its own message and reads the channel's history
+// again at once (on the same connection or another) does not get the
+// message back from a standby that has not replayed the deletion yet: a
+// proof proves insertions only, so after a deletion this process committed
+// or heard of, a read of that channel needs a proof committed after it.
+// Other channels still route to the lagging standby, and a fresh read
+// (POST /query) waits for a proof past the deletion too.
+// Mutations killed: not recording a removal (or not checking it) serves
+// the deleted message from the paused standby; recording it for the whole
+// community sends the other channel's covered read to the writer.
+func TestADeletionIsNotServedBackByALaggingStandby(t *testing.T) {
+	t.Parallel()
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaReadMaxAge = replica.Staleness
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	})
+	alice := r.Dial(t, "")
+	key := alice.Auth(nil)
+	deleting := createChannel(t, alice, "deleting", false)
+	other := createChannel(t, alice, "other", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	doomed := relaytest.SignEvent(t, key, 9, "regretted", nostr.Tags{{"h", deleting}}, hoursAgo)
+	kept := relaytest.SignEvent(t, key, 9, "kept", nostr.Tags{{"h", deleting}}, hoursAgo-1)
+	elsewhere := relaytest.SignEvent(t, key, 9, "elsewhere", nostr.Tags{{"h", other}}, hoursAgo)
+	for _, ev := range []*nostr.Event{doomed, kept} {
+		storeOld(t, pair.WriterURL, r.CommunityID, deleting, ev)
+	}
+	storeOld(t, pair.WriterURL, r.CommunityID, other, elsewhere)
+	history := func(c *relaytest.Client, channel string) []string {
+		return ids(c.Req("history", map[string]any{"#h": []string{channel}, "until": hoursAgo}))
+	}
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		return len(history(alice, deleting)) == 2 && metric(t, r, covered) != ""
+	}, 60*time.Second, 20*time.Millisecond)
+
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	paused := time.Now()
+	deletion := alice.Publish(alice.Sign(nostr.KindDeletion, "", nostr.Tags{{"e", doomed.ID}}, 0))
+	require.True(t, deletion.OK, deletion.Msg)
+
+	require.Equal(t, []string{kept.ID}, history(alice, deleting), "the deleting connection")
+	again := r.Dial(t, "")
+	again.Auth(key)
+	require.Equal(t, []string{kept.ID}, history(again, deleting), "another connection of the same client")
+	fresh := post(t, r, key, "/query", query(map[string]any{"ids": []string{doomed.ID}}))
+	require.Equal(t, http.StatusOK, fresh.Status)
+	require.Empty(t, fresh.Events, "a fresh read after the deletion")
+
+	before := metric(t, r, covered)
+	require.Equal(t, []string{elsewhere.ID}, history(alice, other))
+	if time.Since(paused) < replica.Staleness/2 { // the paused standby's proof is still young enough
+		require.NotEqual(t, before, metric(t, r, covered), "a channel without a deletion still routes to the lagging standby")
+	}
+}
+
+// A deletion committed through another relay process reaches this one's
+// routing with its fan-out: once it has arrived, this process's reads of
+// the channel wait for a proof past it too, and a standby that has not
+// replayed the deletion does not serve the message back.
+// Mutation killed: not recording removals that arrive through Redis (A
+// serves the deleted message from the paused standby).
+func TestADeletionThroughAnotherRelayIsNotServedBackByALaggingStandby(t *testing.T) {
+	t.Parallel()
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	redis := dbtest.RedisURL(t)
+	withReader := func(c *config.Config) {
+		withRedis(redis)(c)
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	}
+	a := relaytest.StartOn(t, pool, withReader)
+	b := relaytest.StartOn(t, pool, withReader)
+	waitRedis(t, "connected", a, b)
+	onA := a.Dial(t, a.Host)
+	key := onA.Auth(nil)
+	ch := createChannel(t, onA, "deleting elsewhere", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	doomed := relaytest.SignEvent(t, key, 9, "regretted", nostr.Tags{{"h", ch}}, hoursAgo)
+	kept := relaytest.SignEvent(t, key, 9, "kept", nostr.Tags{{"h", ch}}, hoursAgo-1)
+	for _, ev := range []*nostr.Event{doomed, kept} {
+		storeOld(t, pair.WriterURL, a.CommunityID, ch, ev)
+	}
+	history := func() []string {
+		return ids(onA.Req("history", map[string]any{"#h": []string{ch}, "until": hoursAgo}))
+	}
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		return len(history()) == 2 && metric(t, a, covered) != ""
+	}, 60*time.Second, 20*time.Millisecond)
+	watcher := a.Dial(t, a.Host)
+	watcher.Auth(nil)
+	watcher.Send("REQ", "deletions", map[string]any{"#h": []string{ch}, "kinds": []int{nostr.KindDeletion}, "limit": 0})
+	watcher.Expect("EOSE")
+
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	onB := b.Dial(t, a.Host)
+	onB.Auth(key)
+	// Tagged with its channel: live delivery matches the subscription's #h.
+	deletion := onB.Publish(onB.Sign(nostr.KindDeletion, "", nostr.Tags{{"e", doomed.ID}, {"h", ch}}, 0))
+	require.True(t, deletion.OK, deletion.Msg)
+	require.Equal(t, deletion.ID, watcher.Expect("EVENT").Event.ID, "the deletion's fan-out reached A")
+
+	require.Equal(t, []string{kept.ID}, history())
 }

@@ -183,6 +183,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	}
 	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes, cfg.PresenceMaxChannelBytes)})
 	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+		s.noteRemoval(community, ev, channel)
 		if ev.Kind == presence.Kind && channel != nil {
 			s.presence.Load().Remember(community, *channel, ev, s.now())
 		}
@@ -359,6 +360,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	}
 	bus, err := crossrelay.New(s.cfg.RedisURL, s.cfg.RedisPublishQueue, crossrelay.Handlers{
 		Deliver: func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+			s.noteRemoval(community, ev, channel)
 			st := s.hub.PublishWritten(community, ev, channel, readersVersion)
 			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 			s.metrics.FanoutDropped.Add(float64(st.Dropped))

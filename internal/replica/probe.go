@@ -41,21 +41,25 @@ const NameProbeOpenTransactions = "ReplicaProbeOpenTransactions"
 // it (for the operator: a transaction left open holds every covered read
 // newer than its start on the writer), and how many backends hide theirs.
 // Only this database's sessions can write its events, so a busy neighbour
-// on the same cluster holds nothing back. Every backend type counts: being
-// conservative only delays the wall. A row the role may not see has no
+// on the same cluster holds nothing back. Every other backend type counts:
+// being conservative only delays the wall. A row the role may not see has no
 // backend_type; a backend that tracks no activity (track_activities off)
 // shows state 'disabled' and no xact_start. Any other backend without
 // xact_start holds no transaction: it is starting up, idle, or busy between
 // transactions (its state turns active before its next transaction begins,
 // and its start is cleared only after its last commit became visible), and
 // a transaction it begins later commits after the probe's sample, where
-// the floor guard checks it.
+// the floor guard checks it. An autovacuum worker's transaction is the one
+// backend type left out: it stores no events, and a slow vacuum of a large
+// events table can stay open for hours, holding every covered read newer
+// than its start on the writer.
 const openTransactionsSQL = "-- name: " + NameProbeOpenTransactions + `
 WITH open AS (
   SELECT xact_start AS started,
          format('pid %s (%s, %s)', pid, coalesce(nullif(application_name, ''), backend_type), usename) AS holder
     FROM pg_stat_activity
    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+     AND backend_type IS DISTINCT FROM 'autovacuum worker'
   UNION ALL
   SELECT prepared, format('prepared transaction %L', gid)
     FROM pg_prepared_xacts WHERE database = current_database()

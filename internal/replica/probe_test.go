@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
 
@@ -322,4 +324,62 @@ func openTransaction(t *testing.T, url, applicationName string) pgx.Tx {
 	_, err = tx.Exec(ctx, "SELECT 1") // BEGIN alone starts nothing on the server
 	require.NoError(t, err)
 	return tx
+}
+
+// An autovacuum worker's transaction inserts no events, and one vacuuming
+// a large events table slowly can last for hours: it must not hold the
+// wall back (every covered read newer than its start would go to the
+// writer, and the probe would name it as a transaction to find and end).
+// Mutation killed: counting autovacuum workers (the wall stays at the
+// worker's start less floor and margin).
+func TestProbeWallIgnoresAutovacuum(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	settings := map[string]string{"autovacuum_naptime": "'1s'"}
+	for k, v := range dbtest.ClusterSettings {
+		settings[k] = v
+	}
+	cluster, err := pgcluster.StartTemp(ctx, settings)
+	require.NoError(t, err)
+	t.Cleanup(func() { cluster.Close() })
+	admin, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE buzz")
+	admin.Close(ctx)
+	require.NoError(t, err)
+	url := cluster.URL("buzz")
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	require.NoError(t, migrate.Up(ctx, conn))
+
+	// A table whose vacuum sleeps after every page: autovacuum holds a
+	// transaction open on it for minutes.
+	for _, sql := range []string{
+		`CREATE TABLE bloat (n int)`,
+		`ALTER TABLE bloat SET (autovacuum_vacuum_cost_delay = 100, autovacuum_vacuum_cost_limit = 1,
+		   autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0,
+		   autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0)`,
+		`INSERT INTO bloat SELECT generate_series(1, 200000)`,
+		`DELETE FROM bloat`,
+	} {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	var started time.Time
+	require.Eventually(t, func() bool {
+		// An autovacuum worker in this database, open for a moment already.
+		err := conn.QueryRow(ctx, `SELECT xact_start FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'autovacuum worker'
+			  AND xact_start < clock_timestamp() - interval '100 milliseconds'
+			ORDER BY xact_start LIMIT 1`).Scan(&started)
+		return err == nil
+	}, 2*time.Minute, 50*time.Millisecond, "no autovacuum worker started")
+
+	probe := replica.NewProbe(writerPool(t, url), replica.NewRing(), replica.DefaultFloor, time.Second, time.Now, quiet)
+	e, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	require.True(t, e.Wall.After(started.Add(-replica.DefaultFloor-replica.ClockMargin)),
+		"wall %s held back by the autovacuum worker that started at %s", e.Wall, started)
 }

@@ -44,6 +44,15 @@ type Predicate struct {
 	covered bool
 	upper   time.Time
 	bounded bool
+	after   time.Time // the proved token must have been written after it (LastRemoval)
+}
+
+// After also asks that the proved token was written after t (the
+// router's clock): a reader holding it has replayed every write that
+// committed before t, a removal of rows included.
+func (p Predicate) After(t time.Time) Predicate {
+	p.after = t
+	return p
 }
 
 // Bounded asks that the proved token be at most the read-max-age old
@@ -76,6 +85,7 @@ type Router struct {
 	observe        Observer
 	requireStandby bool
 	standby        atomic.Int32 // standbyUnknown, standbyYes, standbyNo, standbyDown
+	removals       removals
 }
 
 // What the router was last told of the reader (SetStandby, SetUnreachable).
@@ -300,6 +310,12 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 		r.Writer(path, ReasonUninitialized)
 		return nil
 	}
+	// What the reader is comes before what this read needs: a reader that
+	// is no standby, or down, is the reason, not a proof too old.
+	if reason, ok := r.standbyUsable(); !ok {
+		r.Writer(path, reason)
+		return nil
+	}
 	if reason, ok := r.check(pred, newest); !ok {
 		r.Writer(path, reason)
 		return nil
@@ -323,6 +339,14 @@ func (r *Router) Begin(ctx context.Context, path string, pred Predicate) *Sessio
 // check evaluates pred against entry: the replica reason when it holds,
 // else the writer reason.
 func (r *Router) check(pred Predicate, e Entry) (string, bool) {
+	reason, ok := r.checkAge(pred, e)
+	if ok && !e.CommittedAt.After(pred.after) {
+		return ReasonStale, false // written before a removal the read must not miss
+	}
+	return reason, ok
+}
+
+func (r *Router) checkAge(pred Predicate, e Entry) (string, bool) {
 	// Covered proves insertions only: a deletion (an update) committed
 	// after the proved token is missing from the reader. Bounding the
 	// token's age bounds how long a deleted row can still be served.
@@ -346,15 +370,8 @@ func (r *Router) check(pred Predicate, e Entry) (string, bool) {
 // prove takes one reader connection, opens the read-only snapshot and
 // reads the token it holds, all within one AcquireTimeout.
 func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
-	if r.requireStandby {
-		switch r.standby.Load() {
-		case standbyUnknown:
-			return nil, ReasonUninitialized // not yet known to be a standby
-		case standbyNo:
-			return nil, ReasonDisabled
-		case standbyDown:
-			return nil, ReasonUnreachable
-		}
+	if reason, ok := r.standbyUsable(); !ok {
+		return nil, reason
 	}
 	budget, cancel := context.WithTimeout(ctx, r.acquireTimeout)
 	defer cancel()
@@ -386,6 +403,23 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 	s.Proved = entry
 	r.log.Debug("reader proved", "path", path, "token", row.Token, "backend", row.Backend)
 	return s, ""
+}
+
+// standbyUsable reports whether the reader may be asked at all, by what
+// the watcher last said of it (RouterOptions.RequireStandby), and if not,
+// the writer reason.
+func (r *Router) standbyUsable() (string, bool) {
+	if r.requireStandby {
+		switch r.standby.Load() {
+		case standbyUnknown:
+			return ReasonUninitialized, false // not yet known to be a standby
+		case standbyNo:
+			return ReasonDisabled, false
+		case standbyDown:
+			return ReasonUnreachable, false
+		}
+	}
+	return "", true
 }
 
 // failureReason names a failed BEGIN or proof statement: the reader

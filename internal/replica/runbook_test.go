@@ -61,11 +61,16 @@ func TestReplicaRunbook(t *testing.T) {
 	require.Contains(t, out, e.Epoch.String())
 	require.Regexp(t, regexp.MustCompile(fmt.Sprintf(`\|\s*%d\s*\n`, e.Token)), out, "the token")
 	require.Contains(t, out, "Readers streaming from this writer")
+	// Run on a reader URL that names a promoted standby, the runbook says
+	// what that means rather than passing for the writer.
+	// Mutation killed: dropping the "Not in recovery" lines.
+	require.Contains(t, out, "Not in recovery: a writer. Run on BUZZ_READ_DATABASE_URL")
 	require.Regexp(t, regexp.MustCompile(`\|\s*streaming\s*\|`), out, "the shared standby streams from the test cluster")
 	require.Regexp(t, regexp.MustCompile(`forgotten-psql.*idle in transaction`), out, "the open transaction, by who holds it")
 
 	out = runRunbook(t, reader)
 	require.Contains(t, out, e.Epoch.String(), "the reader follows the writer's epoch")
 	require.Contains(t, out, "This reader: replay position and age")
+	require.NotContains(t, out, "Not in recovery")
 	require.Regexp(t, regexp.MustCompile(`\|\s*f\s*\n`), out, "replay is not paused")
 }

@@ -45,6 +45,9 @@ SELECT pg_last_wal_receive_lsn() AS received_lsn,
        date_trunc('milliseconds', now() - pg_last_xact_replay_timestamp()) AS replay_age,
        pg_is_wal_replay_paused() AS paused;
 \else
+\echo 'Not in recovery: a writer. Run on BUZZ_READ_DATABASE_URL, this means the reader is no standby'
+\echo '(the URL names the writer, or the standby was promoted): the relay routes nothing to it,'
+\echo 'and /ready says "reader":"not_a_standby".'
 \echo '== 2. Readers streaming from this writer: lag per reader'
 -- One row per standby. replay_lag is the heartbeat age as that reader sees
 -- it; bytes_behind is WAL not yet replayed there. No row: no standby is
@@ -65,6 +68,7 @@ SELECT pid, application_name, usename, state,
        date_trunc('seconds', now() - xact_start) AS open_for, left(query, 60) AS last_statement
 FROM pg_stat_activity
 WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+  AND backend_type IS DISTINCT FROM 'autovacuum worker' -- the probe leaves them out too
 ORDER BY xact_start
 LIMIT 5;
 \endif
