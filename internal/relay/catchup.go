@@ -70,6 +70,8 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 		st, missed := s.hub.Replay(r.CommunityID, ev, r.ChannelID, r.ReceivedAt)
 		if missed {
 			replayed++
+			// A deletion missed live is news to the read routing too.
+			s.noteRemoval(r.CommunityID, ev, r.ChannelID)
 		}
 		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 		s.metrics.FanoutDropped.Add(float64(st.Dropped))
