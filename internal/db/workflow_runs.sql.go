@@ -85,6 +85,7 @@ func (q *Queries) WorkflowRunApprovalGranted(ctx context.Context, arg WorkflowRu
 const workflowRunAwaitApproval = `-- name: WorkflowRunAwaitApproval :execrows
 UPDATE workflow_runs
 SET status = 'waiting_approval',
+    expired_leases = 0,
     current_step = $1::int,
     execution_trace = execution_trace || $2::jsonb,
     claim_id = NULL,
@@ -312,6 +313,7 @@ func (q *Queries) WorkflowRunOf(ctx context.Context, arg WorkflowRunOfParams) (u
 const workflowRunPark = `-- name: WorkflowRunPark :execrows
 UPDATE workflow_runs
 SET status = 'pending',
+    expired_leases = 0,
     current_step = $1::int,
     execution_trace = execution_trace || $2::jsonb,
     run_at = $3::timestamptz,
@@ -387,6 +389,7 @@ func (q *Queries) WorkflowRunRelease(ctx context.Context, arg WorkflowRunRelease
 const workflowRunStepDone = `-- name: WorkflowRunStepDone :execrows
 UPDATE workflow_runs
 SET current_step = $1::int,
+    expired_leases = 0,
     execution_trace = execution_trace || $2::jsonb,
     lease_until = coalesce($3::timestamptz, now()) + interval '1 millisecond' * $4::bigint
 WHERE community_id = $5::uuid AND id = $6::uuid AND claim_id = $7::uuid AND status = 'running'

@@ -47,6 +47,7 @@ const (
 	CodeApprovalDenied            ErrorCode = "approval_denied"
 	CodeApprovalExpired           ErrorCode = "approval_expired"
 	CodeWorkflowDisabled          ErrorCode = "workflow_disabled"
+	CodeStepAbandoned             ErrorCode = "step_abandoned"
 	CodeLegacyUnclassified        ErrorCode = "legacy_unclassified"
 )
 
@@ -54,7 +55,7 @@ const (
 var AllErrorCodes = []ErrorCode{
 	CodeInvalidYAML, CodeInvalidDefinition, CodeConditionEvaluationFailed, CodeTemplateResolutionFailed,
 	CodeStepTimeout, CodeWebhookFailed, CodeCapacityExceeded, CodeDatabaseError, CodeOwnerUnauthorized,
-	CodeActionNotImplemented, CodeApprovalDenied, CodeApprovalExpired, CodeWorkflowDisabled, CodeLegacyUnclassified,
+	CodeActionNotImplemented, CodeApprovalDenied, CodeApprovalExpired, CodeWorkflowDisabled, CodeStepAbandoned, CodeLegacyUnclassified,
 }
 
 // runFailure ends a run with a code and a diagnostic.
@@ -287,6 +288,14 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 // next step.
 func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) bool {
 	step := int(c.Run.CurrentStep)
+	if c.Run.ExpiredLeases >= MaxExpiredLeases {
+		// Every worker that took this step stopped (or outlasted its lease)
+		// before recording it: running it again would most likely stop this
+		// one too, and the next, one lease apart, for ever.
+		f := fail(CodeStepAbandoned, "step %d: its worker stopped or outlasted its lease %d times before recording it; the run is not resumed again", step, c.Run.ExpiredLeases)
+		e.log.Error("workflow run abandoned", "run", c.Run.ID, "step", step, "expired_leases", c.Run.ExpiredLeases)
+		return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{Index: step, Status: "failed", Error: f.message}) == nil
+	}
 	var trace []traceEntry
 	if err := json.Unmarshal(c.Run.ExecutionTrace, &trace); err != nil {
 		trace = nil
@@ -366,6 +375,12 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 		}
 	}
 }
+
+// MaxExpiredLeases is how many times a run's lease may expire at one step
+// (its worker crashed, was killed, or the step outlasted the lease) before
+// the claim that would resume it ends it with step_abandoned: the step was
+// tried that many times and never recorded.
+const MaxExpiredLeases = 3
 
 // stepAttempts is how many times a step's transaction is run when it
 // fails for a transient reason (dberr.IsTransient).
