@@ -100,6 +100,17 @@ SET execution_trace = execution_trace || @trace::jsonb,
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
   AND current_step = @step::int;
 
+-- name: WorkflowRunKeepLease :execrows
+-- A step still at work renews its run's lease, so that no other worker
+-- resumes a run whose worker is alive (and runs the step beside it) just
+-- because the step outlasts the lease. Never shortens a longer lease (a
+-- call_webhook's, which covers its call). Fenced like WorkflowRunStepDone:
+-- zero rows means the claim was lost or the step recorded.
+UPDATE workflow_runs
+SET lease_until = greatest(lease_until, coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint)
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
 -- name: WorkflowRunAwaitApproval :execrows
 -- A request_approval step: the run waits, unclaimed, for a decision; a
 -- grant resumes it at next_step. Fenced like WorkflowRunStepDone.

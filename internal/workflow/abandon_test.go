@@ -86,3 +86,52 @@ func TestAStepThatKeepsKillingItsWorkerEndsTheRun(t *testing.T) {
 		require.Empty(t, none, "an ended run is claimed by nobody")
 	})
 }
+
+// A step at work longer than the lease (a lock wait behind maintenance, a
+// slow database) keeps its run: its worker renews the lease while the step
+// runs, so no other worker resumes the run beside it. Before, with the
+// default lease (30 s) shorter than the default step timeout (300 s), every
+// lease another worker took the run and ran the step again alongside, the
+// late one fenced out and its step_timeout never recorded; with the bound
+// above, three such waits would end a live run as step_abandoned.
+//
+// Mutation killed: no lease renewal during the step (the lease is never
+// seen renewed, and the second worker claims the run).
+func TestAStepOutlastingTheLeaseKeepsItsRun(t *testing.T) {
+	t.Parallel()
+	f, run := twoStepRun(t)
+	// Short in real time, so the renewals come quickly; the test clock
+	// decides when a lease has expired.
+	const lease = 300 * time.Millisecond
+	slow := f.engine(lease)
+	release := f.lockEvents() // step 0's doorbell waits for it
+	claims, err := slow.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	done := make(chan bool, 1)
+	go func() { done <- slow.Execute(f.ctx, claims[0]) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO events%')`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 10*time.Millisecond, "step 0 waits to store its doorbell")
+
+	for range 3 {
+		f.clock.Advance(time.Second) // the claim's lease has expired by the clock
+		require.Eventually(t, func() bool {
+			var renewed bool
+			require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT lease_until > $2 FROM workflow_runs WHERE id = $1`, run, f.clock.Now()).Scan(&renewed))
+			return renewed
+		}, 30*time.Second, 10*time.Millisecond, "the worker at work renews its lease")
+		other, err := f.engine(lease).ClaimDue(f.ctx, 1)
+		require.NoError(t, err)
+		require.Empty(t, other, "nobody resumes a run whose worker is at work")
+	}
+	release()
+	require.True(t, <-done)
+	final := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, final.Status)
+	require.Equal(t, int32(1), final.Attempts, "claimed once")
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
+}

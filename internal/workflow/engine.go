@@ -308,6 +308,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			call     *pendingCall
 		)
 		deadline := startStep(ctx)
+		stopKeeping := e.keepLease(deadline.ctx, c, step)
 		err := e.stepTransaction(deadline, c, step, func(tx pgx.Tx) error {
 			var err error
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
@@ -320,6 +321,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			}
 			return nil
 		})
+		stopKeeping()
 		switch {
 		case errors.Is(err, errLostClaim):
 			deadline.stop()
@@ -415,6 +417,44 @@ func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn
 		}
 		pause *= 2
 	}
+}
+
+// keepLease renews the claim's lease every third of it while step is at
+// work, until ctx (the step's deadline) ends or the returned stop is
+// called. The lease is what tells a stopped worker from a live one; a step
+// may work for up to its timeout (300 s by default, against a 30 s lease),
+// and without renewal another worker resumed the run beside it at each
+// lease, ran the step again, and took the live worker's claim, so neither
+// recorded the step_timeout that should end it.
+func (e *Engine) keepLease(ctx context.Context, c Claimed, step int) (stop func()) {
+	every := e.lease / 3
+	if every <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			renewCtx, renewCancel := context.WithTimeout(ctx, every)
+			n, err := db.New(e.pool).WorkflowRunKeepLease(renewCtx, db.WorkflowRunKeepLeaseParams{
+				Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+				CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(step),
+			})
+			renewCancel()
+			if err == nil && n == 0 {
+				return // the claim is lost, or the step recorded
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // releaseTimeout bounds handing a run back on shutdown; if it fails, the
