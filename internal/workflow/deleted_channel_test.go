@@ -69,3 +69,28 @@ func TestADeletedChannelsWorkflowsStartNoRuns(t *testing.T) {
 	require.JSONEq(t, `{"error":"workflow is not accepting webhook calls"}`, answer)
 	require.Len(t, f.runIDs(hook), 1)
 }
+
+// A run waiting for an approval in a channel that is then deleted ends at
+// once, failed with approval_expired, and is counted: a decision is stored
+// in the channel, so nobody could decide any more, and the run would wait
+// out the approval's timeout (the owner's choice, unbounded) holding a
+// place in its workflow's bound on unfinished runs.
+//
+// Mutation killed: without the deletion's side rows the run stays
+// waiting_approval and its approval pending.
+func TestDeletingAChannelEndsItsRunsWaitingForApproval(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch, other := f.channel(owner, member), f.channel(owner, member)
+	run, ref := f.approvalRun(owner, ch, "any")
+	elsewhere, _ := f.approvalRun(owner, other, "any")
+
+	f.store(f.sign(owner, ingest.KindDeleteGroup, "", nostr.Tags{{"h", ch}}))
+	f.failedWith(run, workflow.CodeApprovalExpired, "channel was deleted")
+	require.Equal(t, 1.0, f.runsTotal("failed", string(workflow.CodeApprovalExpired)))
+	var status string
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT status FROM workflow_approvals WHERE encode(token, 'hex') = $1`, ref).Scan(&status))
+	require.Equal(t, "expired", status)
+	require.Equal(t, "waiting_approval", string(f.run(elsewhere).Status), "another channel's run still waits")
+}
