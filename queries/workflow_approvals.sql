@@ -32,6 +32,17 @@ WHERE status = 'pending' AND expires_at <= coalesce(sqlc.narg('now')::timestampt
   AND community_write_allowed(community_id)
 RETURNING community_id, run_id;
 
+-- name: WorkflowApprovalsExpireInChannel :many
+-- A deleted channel's pending approvals expire at once: a decision is
+-- stored in the channel, so nobody can decide them any more, and their runs
+-- would wait out the approval's timeout (the owner's to choose, unbounded).
+UPDATE workflow_approvals a
+SET status = 'expired'
+FROM workflows w
+WHERE a.community_id = @community_id::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id AND w.channel_id = @channel_id::uuid
+RETURNING a.run_id;
+
 -- name: WorkflowApprovalsOfRun :many
 SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, approver_pubkey, note, expires_at, created_at
 FROM workflow_approvals

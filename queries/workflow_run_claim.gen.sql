@@ -131,12 +131,16 @@ SET status = 'running',
     claim_id = @claim_id::uuid,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint,
     attempts = r.attempts + 1,
+    -- Resuming a running run means its last lease expired at this step:
+    -- counted, so a step that keeps losing its worker ends the run
+    -- (step_abandoned) instead of taking every process down in turn.
+    expired_leases = r.expired_leases + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
     started_at = coalesce(r.started_at, coalesce(sqlc.narg('now')::timestamptz, now()))
 FROM candidates c
 JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
-          r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
+          r.trigger_event_id, r.attempts, r.expired_leases, w.owner_pubkey, w.channel_id, w.definition_event_id,
           w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at;
 
 -- name: WorkflowRunClaimByID :many
@@ -198,10 +202,14 @@ SET status = 'running',
     claim_id = @claim_id::uuid,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint,
     attempts = r.attempts + 1,
+    -- Resuming a running run means its last lease expired at this step:
+    -- counted, so a step that keeps losing its worker ends the run
+    -- (step_abandoned) instead of taking every process down in turn.
+    expired_leases = r.expired_leases + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
     started_at = coalesce(r.started_at, coalesce(sqlc.narg('now')::timestamptz, now()))
 FROM candidates c
 JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
-          r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
+          r.trigger_event_id, r.attempts, r.expired_leases, w.owner_pubkey, w.channel_id, w.definition_event_id,
           w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at;

@@ -37,6 +37,7 @@ RETURNING status, created_at;
 -- transaction.
 UPDATE workflow_runs
 SET current_step = @next_step::int,
+    expired_leases = 0,
     execution_trace = execution_trace || @trace::jsonb,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
@@ -47,6 +48,7 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @clai
 -- no worker holds it while it waits. Fenced like WorkflowRunStepDone.
 UPDATE workflow_runs
 SET status = 'pending',
+    expired_leases = 0,
     current_step = @next_step::int,
     execution_trace = execution_trace || @trace::jsonb,
     run_at = @run_at::timestamptz,
@@ -98,11 +100,23 @@ SET execution_trace = execution_trace || @trace::jsonb,
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
   AND current_step = @step::int;
 
+-- name: WorkflowRunKeepLease :execrows
+-- A step still at work renews its run's lease, so that no other worker
+-- resumes a run whose worker is alive (and runs the step beside it) just
+-- because the step outlasts the lease. Never shortens a longer lease (a
+-- call_webhook's, which covers its call). Fenced like WorkflowRunStepDone:
+-- zero rows means the claim was lost or the step recorded.
+UPDATE workflow_runs
+SET lease_until = greatest(lease_until, coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @lease_ms::bigint)
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'
+  AND current_step = @step::int;
+
 -- name: WorkflowRunAwaitApproval :execrows
 -- A request_approval step: the run waits, unclaimed, for a decision; a
 -- grant resumes it at next_step. Fenced like WorkflowRunStepDone.
 UPDATE workflow_runs
 SET status = 'waiting_approval',
+    expired_leases = 0,
     current_step = @next_step::int,
     execution_trace = execution_trace || @trace::jsonb,
     claim_id = NULL,

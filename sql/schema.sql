@@ -2316,10 +2316,11 @@ CREATE TABLE public.workflow_runs (
     lease_until timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     idempotency_key text,
+    expired_leases integer DEFAULT 0 NOT NULL,
     CONSTRAINT workflow_runs_attempts_nonnegative CHECK ((attempts >= 0)),
     CONSTRAINT workflow_runs_current_step_nonnegative CHECK ((current_step >= 0)),
-    CONSTRAINT workflow_runs_error_code_known CHECK ((error_code = ANY (ARRAY['invalid_yaml'::text, 'invalid_definition'::text, 'condition_evaluation_failed'::text, 'template_resolution_failed'::text, 'step_timeout'::text, 'webhook_failed'::text, 'capacity_exceeded'::text, 'database_error'::text, 'owner_unauthorized'::text, 'action_not_implemented'::text, 'approval_denied'::text, 'approval_expired'::text, 'workflow_disabled'::text, 'legacy_unclassified'::text]))),
     CONSTRAINT workflow_runs_error_pair CHECK (((error_code IS NULL) = (error_message IS NULL))),
+    CONSTRAINT workflow_runs_expired_leases_nonnegative CHECK ((expired_leases >= 0)),
     CONSTRAINT workflow_runs_idempotency_key_len CHECK (((length(idempotency_key) >= 1) AND (length(idempotency_key) <= 255))),
     CONSTRAINT workflow_runs_running_is_claimed CHECK (((status <> 'running'::public.workflow_run_status) OR ((claim_id IS NOT NULL) AND (lease_until IS NOT NULL)))),
     CONSTRAINT workflow_runs_trigger_event_id_len CHECK ((octet_length(trigger_event_id) = 32))
@@ -2338,6 +2339,13 @@ COMMENT ON TABLE public.workflow_runs IS 'Durable workflow runs; claimed by work
 --
 
 COMMENT ON COLUMN public.workflow_runs.error_code IS 'Stable reason code of a failed or cancelled run; error_message is the diagnostic.';
+
+
+--
+-- Name: COLUMN workflow_runs.expired_leases; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.workflow_runs.expired_leases IS 'Leases that expired at the run''s current step (its worker stopped or outlasted the lease); counted by the claim that resumes it, reset when the step moves. At the engine''s bound the run ends with step_abandoned.';
 
 
 --
@@ -2616,6 +2624,14 @@ ALTER TABLE ONLY public.users
 
 ALTER TABLE ONLY public.workflow_approvals
     ADD CONSTRAINT workflow_approvals_pkey PRIMARY KEY (community_id, token);
+
+
+--
+-- Name: workflow_runs workflow_runs_error_code_known; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.workflow_runs
+    ADD CONSTRAINT workflow_runs_error_code_known CHECK ((error_code = ANY (ARRAY['invalid_yaml'::text, 'invalid_definition'::text, 'condition_evaluation_failed'::text, 'template_resolution_failed'::text, 'step_timeout'::text, 'webhook_failed'::text, 'capacity_exceeded'::text, 'database_error'::text, 'owner_unauthorized'::text, 'action_not_implemented'::text, 'approval_denied'::text, 'approval_expired'::text, 'workflow_disabled'::text, 'step_abandoned'::text, 'legacy_unclassified'::text]))) NOT VALID;
 
 
 --

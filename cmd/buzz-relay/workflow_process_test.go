@@ -508,3 +508,86 @@ func TestWebhookClientSettingsReachTheRelayProcess(t *testing.T) {
 		require.Contains(t, o.detail, want, name)
 	}
 }
+
+// A step that takes its relay process down every time (here each process
+// is SIGKILLed while the step waits on a lock the test holds) is not
+// resumed for ever: after three processes died in it, the next process's
+// claim ends the run with step_abandoned, and the step's doorbell, never
+// committed, does not exist. Each process keeps renewing the lease while
+// its step waits, so a run is taken from a process only once it is dead.
+//
+// Mutation killed: the engine ignoring workflow_runs.expired_leases has
+// the fourth process run the step (it waits on the gate like the others,
+// and the run never ends).
+func TestRelayProcessesKilledInAStepAbandonTheRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL":       withAppName(t, databaseURL, name),
+			"BUZZ_WORKFLOW_RUN_LEASE": "2s",
+			"BUZZ_WORKFLOW_POLL":      "100ms",
+		}
+	}
+	first := startRelayProcess(t, bin, "relay-1", env("relay-1"))
+	owner := first.client(t, nil)
+	channel := newChannel(t, owner, "poison")
+	wf := saveWorkflow(t, owner, channel, "name: Poison\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: say, action: send_message, text: hello}\n")
+
+	// The doorbell's mention row (it p-tags the owner) waits for this lock;
+	// the trigger message, which tags nobody, does not.
+	gateConn, err := pgx.Connect(ctx, withAppName(t, databaseURL, "test-gate"))
+	require.NoError(t, err)
+	t.Cleanup(func() { gateConn.Close(context.Background()) })
+	gate, err := gateConn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = gate.Exec(ctx, "LOCK TABLE event_mentions IN SHARE MODE")
+	require.NoError(t, err)
+
+	ok := owner.Publish(owner.Sign(9, "go", nostr.Tags{{"h", channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	var run uuid.UUID
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM workflow_runs WHERE workflow_id = $1`, wf).Scan(&run))
+
+	waitsInStep := func(name string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = $1 AND wait_event_type = 'Lock'`, name).Scan(&n))
+			return n > 0
+		}, 60*time.Second, 20*time.Millisecond, "%s runs the step and waits on the gate", name)
+	}
+	waitsInStep("relay-1")
+	first.kill()
+	for _, name := range []string{"relay-2", "relay-3"} {
+		p := startRelayProcess(t, bin, name, env(name))
+		waitsInStep(name)
+		p.kill()
+	}
+
+	last := startRelayProcess(t, bin, "relay-4", env("relay-4"))
+	var status, code string
+	var expired, attempts int
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `SELECT status, coalesce(error_code, ''), expired_leases, attempts FROM workflow_runs WHERE id = $1`, run).
+			Scan(&status, &code, &expired, &attempts)
+		require.NoError(t, err)
+		return status == "failed"
+	}, 60*time.Second, 20*time.Millisecond, "relay-4 ends the run")
+	require.Equal(t, "step_abandoned", code)
+	require.Equal(t, 3, expired, "three leases expired at the step")
+	require.Equal(t, 4, attempts, "claimed by each process once")
+	require.NoError(t, gate.Rollback(ctx))
+
+	require.Never(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'hello'`).Scan(&n))
+		return n > 0
+	}, time.Second, 50*time.Millisecond, "no doorbell: every try of the step rolled back")
+	last.stop(t)
+}

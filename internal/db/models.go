@@ -726,4 +726,6 @@ type WorkflowRun struct {
 	LeaseUntil     *time.Time
 	CreatedAt      time.Time
 	IdempotencyKey *string
+	// Leases that expired at the run's current step (its worker stopped or outlasted the lease); counted by the claim that resumes it, reset when the step moves. At the engine's bound the run ends with step_abandoned.
+	ExpiredLeases int32
 }

@@ -156,6 +156,43 @@ func (q *Queries) WorkflowApprovalsExpire(ctx context.Context, now *time.Time) (
 	return items, nil
 }
 
+const workflowApprovalsExpireInChannel = `-- name: WorkflowApprovalsExpireInChannel :many
+UPDATE workflow_approvals a
+SET status = 'expired'
+FROM workflows w
+WHERE a.community_id = $1::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id AND w.channel_id = $2::uuid
+RETURNING a.run_id
+`
+
+type WorkflowApprovalsExpireInChannelParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+}
+
+// A deleted channel's pending approvals expire at once: a decision is
+// stored in the channel, so nobody can decide them any more, and their runs
+// would wait out the approval's timeout (the owner's to choose, unbounded).
+func (q *Queries) WorkflowApprovalsExpireInChannel(ctx context.Context, arg WorkflowApprovalsExpireInChannelParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowApprovalsExpireInChannel, arg.CommunityID, arg.ChannelID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var run_id uuid.UUID
+		if err := rows.Scan(&run_id); err != nil {
+			return nil, err
+		}
+		items = append(items, run_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workflowApprovalsOfRun = `-- name: WorkflowApprovalsOfRun :many
 SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, approver_pubkey, note, expires_at, created_at
 FROM workflow_approvals

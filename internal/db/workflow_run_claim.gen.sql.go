@@ -58,12 +58,16 @@ SET status = 'running',
     claim_id = $1::uuid,
     lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $3::bigint,
     attempts = r.attempts + 1,
+    -- Resuming a running run means its last lease expired at this step:
+    -- counted, so a step that keeps losing its worker ends the run
+    -- (step_abandoned) instead of taking every process down in turn.
+    expired_leases = r.expired_leases + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
     started_at = coalesce(r.started_at, coalesce($2::timestamptz, now()))
 FROM candidates c
 JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
-          r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
+          r.trigger_event_id, r.attempts, r.expired_leases, w.owner_pubkey, w.channel_id, w.definition_event_id,
           w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at
 `
 
@@ -89,6 +93,7 @@ type WorkflowRunClaimByIDRow struct {
 	TriggerContext    []byte
 	TriggerEventID    []byte
 	Attempts          int32
+	ExpiredLeases     int32
 	OwnerPubkey       []byte
 	ChannelID         *uuid.UUID
 	DefinitionEventID []byte
@@ -140,6 +145,7 @@ func (q *Queries) WorkflowRunClaimByID(ctx context.Context, arg WorkflowRunClaim
 			&i.TriggerContext,
 			&i.TriggerEventID,
 			&i.Attempts,
+			&i.ExpiredLeases,
 			&i.OwnerPubkey,
 			&i.ChannelID,
 			&i.DefinitionEventID,
@@ -263,12 +269,16 @@ SET status = 'running',
     claim_id = $1::uuid,
     lease_until = coalesce($2::timestamptz, now()) + interval '1 millisecond' * $3::bigint,
     attempts = r.attempts + 1,
+    -- Resuming a running run means its last lease expired at this step:
+    -- counted, so a step that keeps losing its worker ends the run
+    -- (step_abandoned) instead of taking every process down in turn.
+    expired_leases = r.expired_leases + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
     started_at = coalesce(r.started_at, coalesce($2::timestamptz, now()))
 FROM candidates c
 JOIN workflows w ON w.community_id = c.community_id AND w.id = c.workflow_id
 WHERE r.community_id = c.community_id AND r.id = c.id
 RETURNING r.community_id, r.id, r.workflow_id, r.current_step, r.execution_trace, r.trigger_context,
-          r.trigger_event_id, r.attempts, w.owner_pubkey, w.channel_id, w.definition_event_id,
+          r.trigger_event_id, r.attempts, r.expired_leases, w.owner_pubkey, w.channel_id, w.definition_event_id,
           w.status AS workflow_status, w.enabled AS workflow_enabled, r.created_at
 `
 
@@ -292,6 +302,7 @@ type WorkflowRunClaimDueRow struct {
 	TriggerContext    []byte
 	TriggerEventID    []byte
 	Attempts          int32
+	ExpiredLeases     int32
 	OwnerPubkey       []byte
 	ChannelID         *uuid.UUID
 	DefinitionEventID []byte
@@ -354,6 +365,7 @@ func (q *Queries) WorkflowRunClaimDue(ctx context.Context, arg WorkflowRunClaimD
 			&i.TriggerContext,
 			&i.TriggerEventID,
 			&i.Attempts,
+			&i.ExpiredLeases,
 			&i.OwnerPubkey,
 			&i.ChannelID,
 			&i.DefinitionEventID,

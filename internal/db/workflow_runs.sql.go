@@ -85,6 +85,7 @@ func (q *Queries) WorkflowRunApprovalGranted(ctx context.Context, arg WorkflowRu
 const workflowRunAwaitApproval = `-- name: WorkflowRunAwaitApproval :execrows
 UPDATE workflow_runs
 SET status = 'waiting_approval',
+    expired_leases = 0,
     current_step = $1::int,
     execution_trace = execution_trace || $2::jsonb,
     claim_id = NULL,
@@ -293,6 +294,42 @@ func (q *Queries) WorkflowRunGet(ctx context.Context, arg WorkflowRunGetParams) 
 	return i, err
 }
 
+const workflowRunKeepLease = `-- name: WorkflowRunKeepLease :execrows
+UPDATE workflow_runs
+SET lease_until = greatest(lease_until, coalesce($1::timestamptz, now()) + interval '1 millisecond' * $2::bigint)
+WHERE community_id = $3::uuid AND id = $4::uuid AND claim_id = $5::uuid AND status = 'running'
+  AND current_step = $6::int
+`
+
+type WorkflowRunKeepLeaseParams struct {
+	Now         *time.Time
+	LeaseMs     int64
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+	ClaimID     uuid.UUID
+	Step        int32
+}
+
+// A step still at work renews its run's lease, so that no other worker
+// resumes a run whose worker is alive (and runs the step beside it) just
+// because the step outlasts the lease. Never shortens a longer lease (a
+// call_webhook's, which covers its call). Fenced like WorkflowRunStepDone:
+// zero rows means the claim was lost or the step recorded.
+func (q *Queries) WorkflowRunKeepLease(ctx context.Context, arg WorkflowRunKeepLeaseParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowRunKeepLease,
+		arg.Now,
+		arg.LeaseMs,
+		arg.CommunityID,
+		arg.ID,
+		arg.ClaimID,
+		arg.Step,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowRunOf = `-- name: WorkflowRunOf :one
 SELECT workflow_id FROM workflow_runs WHERE community_id = $1::uuid AND id = $2::uuid
 `
@@ -312,6 +349,7 @@ func (q *Queries) WorkflowRunOf(ctx context.Context, arg WorkflowRunOfParams) (u
 const workflowRunPark = `-- name: WorkflowRunPark :execrows
 UPDATE workflow_runs
 SET status = 'pending',
+    expired_leases = 0,
     current_step = $1::int,
     execution_trace = execution_trace || $2::jsonb,
     run_at = $3::timestamptz,
@@ -387,6 +425,7 @@ func (q *Queries) WorkflowRunRelease(ctx context.Context, arg WorkflowRunRelease
 const workflowRunStepDone = `-- name: WorkflowRunStepDone :execrows
 UPDATE workflow_runs
 SET current_step = $1::int,
+    expired_leases = 0,
     execution_trace = execution_trace || $2::jsonb,
     lease_until = coalesce($3::timestamptz, now()) + interval '1 millisecond' * $4::bigint
 WHERE community_id = $5::uuid AND id = $6::uuid AND claim_id = $7::uuid AND status = 'running'

@@ -191,6 +191,10 @@ WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   -- served) fires nothing.
   AND EXISTS (SELECT FROM communities c WHERE c.id = workflows.community_id
               AND c.deletion_state = 'active' AND c.archived_at IS NULL)
+  -- Nor does one of a deleted or archived channel: every run would fail,
+  -- one per slot for good, in a history nobody may read any more.
+  AND EXISTS (SELECT FROM channels ch WHERE ch.community_id = workflows.community_id
+              AND ch.id = workflows.channel_id AND ch.deleted_at IS NULL AND ch.archived_at IS NULL)
 ORDER BY community_id, id
 `
 

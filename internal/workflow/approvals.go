@@ -217,3 +217,40 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 	}
 	return expired, nil
 }
+
+// ChannelDeletion ends the waits of a deleted channel's runs for an
+// approval (side rows of the channel's deletion, kind 9008): the approvals
+// expire and their runs fail with approval_expired in the deletion's
+// transaction. A decision is stored in the channel, so once it is gone
+// nobody can decide, and the runs would wait out the approval's timeout,
+// which the owner chooses and nothing bounds.
+func (t *Triggers) ChannelDeletion() ingest.SideRows {
+	return ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.Kind == ingest.KindDeleteGroup },
+		Apply: t.expireDeletedChannelsApprovals,
+	}
+}
+
+func (t *Triggers) expireDeletedChannelsApprovals(ctx context.Context, w *ingest.Write) error {
+	if w.ChannelID == nil {
+		return nil
+	}
+	runs, err := w.Q.WorkflowApprovalsExpireInChannel(ctx, db.WorkflowApprovalsExpireInChannelParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID})
+	if err != nil {
+		return err
+	}
+	for _, run := range runs {
+		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			Status: db.WorkflowRunStatusFailed, ErrorCode: string(CodeApprovalExpired),
+			ErrorMessage: "the channel was deleted before anyone decided the approval", CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
+		})
+		if err != nil {
+			return err
+		}
+		for _, created := range ended {
+			took := w.Now().Sub(created)
+			w.AfterCommit(func() { t.Metrics.runOver(string(db.WorkflowRunStatusFailed), CodeApprovalExpired, took) })
+		}
+	}
+	return nil
+}

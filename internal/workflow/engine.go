@@ -47,6 +47,7 @@ const (
 	CodeApprovalDenied            ErrorCode = "approval_denied"
 	CodeApprovalExpired           ErrorCode = "approval_expired"
 	CodeWorkflowDisabled          ErrorCode = "workflow_disabled"
+	CodeStepAbandoned             ErrorCode = "step_abandoned"
 	CodeLegacyUnclassified        ErrorCode = "legacy_unclassified"
 )
 
@@ -54,7 +55,7 @@ const (
 var AllErrorCodes = []ErrorCode{
 	CodeInvalidYAML, CodeInvalidDefinition, CodeConditionEvaluationFailed, CodeTemplateResolutionFailed,
 	CodeStepTimeout, CodeWebhookFailed, CodeCapacityExceeded, CodeDatabaseError, CodeOwnerUnauthorized,
-	CodeActionNotImplemented, CodeApprovalDenied, CodeApprovalExpired, CodeWorkflowDisabled, CodeLegacyUnclassified,
+	CodeActionNotImplemented, CodeApprovalDenied, CodeApprovalExpired, CodeWorkflowDisabled, CodeStepAbandoned, CodeLegacyUnclassified,
 }
 
 // runFailure ends a run with a code and a diagnostic.
@@ -287,6 +288,14 @@ func (e *Engine) Execute(ctx context.Context, c Claimed) bool {
 // next step.
 func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) bool {
 	step := int(c.Run.CurrentStep)
+	if c.Run.ExpiredLeases >= MaxExpiredLeases {
+		// Every worker that took this step stopped (or outlasted its lease)
+		// before recording it: running it again would most likely stop this
+		// one too, and the next, one lease apart, for ever.
+		f := fail(CodeStepAbandoned, "step %d: its worker stopped or outlasted its lease %d times before recording it; the run is not resumed again", step, c.Run.ExpiredLeases)
+		e.log.Error("workflow run abandoned", "run", c.Run.ID, "step", step, "expired_leases", c.Run.ExpiredLeases)
+		return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{Index: step, Status: "failed", Error: f.message}) == nil
+	}
 	var trace []traceEntry
 	if err := json.Unmarshal(c.Run.ExecutionTrace, &trace); err != nil {
 		trace = nil
@@ -299,6 +308,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			call     *pendingCall
 		)
 		deadline := startStep(ctx)
+		stopKeeping := e.keepLease(deadline.ctx, c, step)
 		err := e.stepTransaction(deadline, c, step, func(tx pgx.Tx) error {
 			var err error
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
@@ -311,6 +321,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			}
 			return nil
 		})
+		stopKeeping()
 		switch {
 		case errors.Is(err, errLostClaim):
 			deadline.stop()
@@ -367,6 +378,12 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 	}
 }
 
+// MaxExpiredLeases is how many times a run's lease may expire at one step
+// (its worker crashed, was killed, or the step outlasted the lease) before
+// the claim that would resume it ends it with step_abandoned: the step was
+// tried that many times and never recorded.
+const MaxExpiredLeases = 3
+
 // stepAttempts is how many times a step's transaction is run when it
 // fails for a transient reason (dberr.IsTransient).
 const stepAttempts = 3
@@ -400,6 +417,44 @@ func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn
 		}
 		pause *= 2
 	}
+}
+
+// keepLease renews the claim's lease every third of it while step is at
+// work, until ctx (the step's deadline) ends or the returned stop is
+// called. The lease is what tells a stopped worker from a live one; a step
+// may work for up to its timeout (300 s by default, against a 30 s lease),
+// and without renewal another worker resumed the run beside it at each
+// lease, ran the step again, and took the live worker's claim, so neither
+// recorded the step_timeout that should end it.
+func (e *Engine) keepLease(ctx context.Context, c Claimed, step int) (stop func()) {
+	every := e.lease / 3
+	if every <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			renewCtx, renewCancel := context.WithTimeout(ctx, every)
+			n, err := db.New(e.pool).WorkflowRunKeepLease(renewCtx, db.WorkflowRunKeepLeaseParams{
+				Now: e.clock.SQL(), LeaseMs: e.lease.Milliseconds(),
+				CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(step),
+			})
+			renewCancel()
+			if err == nil && n == 0 {
+				return // the claim is lost, or the step recorded
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // releaseTimeout bounds handing a run back on shutdown; if it fails, the

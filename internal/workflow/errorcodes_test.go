@@ -406,6 +406,7 @@ func TestEveryErrorCodeIsProduced(t *testing.T) {
 		workflow.CodeApprovalDenied:            "TestApprovalDenyAndFailClosed",
 		workflow.CodeApprovalExpired:           "TestApprovalExpires",
 		workflow.CodeWorkflowDisabled:          "TestWorkflowDisabledBeforeTheRunExecutes",
+		workflow.CodeStepAbandoned:             "TestAStepThatKeepsKillingItsWorkerEndsTheRun",
 		// Reserved for run rows imported from elsewhere without a known
 		// code; the engine never writes it (the migration test stores it).
 		workflow.CodeLegacyUnclassified: "",

@@ -34,4 +34,5 @@ func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
 	}
 	p.RegisterSideRows(DefinitionDeletion)
 	p.RegisterSideRows(t.SideRows())
+	p.RegisterSideRows(t.ChannelDeletion())
 }

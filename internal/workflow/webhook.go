@@ -128,6 +128,17 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		webhookError(w, http.StatusConflict, "workflow is not accepting webhook calls")
 		return
 	}
+	// A deleted or archived channel's workflow could only start runs that
+	// fail, in a history nobody may read any more.
+	access, err := q.ChannelAccess(r.Context(), db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
+	if err != nil && !dberr.IsNotFound(err) {
+		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		return
+	}
+	if err != nil || access.ArchivedAt != nil {
+		webhookError(w, http.StatusConflict, "workflow is not accepting webhook calls")
+		return
+	}
 	fields, msg := webhookFields(body)
 	if msg != "" {
 		webhookError(w, http.StatusBadRequest, "invalid JSON body: "+msg)

@@ -38,9 +38,10 @@ LIMIT 50;
 
 \echo '== 3. Running runs whose lease expired (a worker stopped mid-run)'
 -- The next poll of any worker resumes these at current_step. A run that
--- shows up here again and again (attempts growing) stops a worker each
--- time: look for panics or database errors in that workflow's logs.
-SELECT community_id, id, workflow_id, current_step, attempts, claim_id, lease_until,
+-- shows up here again and again (expired_leases growing) stops a worker
+-- each time: look for panics or database errors in that workflow's logs.
+-- At 3 expiries at one step the claim ends it with step_abandoned.
+SELECT community_id, id, workflow_id, current_step, attempts, expired_leases, claim_id, lease_until,
        date_trunc('second', now() - lease_until) AS expired_for
 FROM workflow_runs
 WHERE status = 'running' AND lease_until < now()
