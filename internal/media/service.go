@@ -215,18 +215,35 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	case err != nil:
 		return Descriptor{}, err
 	}
+	// A blob this upload wrote and then failed to reference would be named
+	// by no sidecar: no delete and no community deletion would ever reach
+	// it, and its bytes would count against no quota (a client hanging up
+	// while its blob is stored ends the request's context: one hang-up per
+	// blob would fill the store). It is removed, unless another community
+	// references it by then; the client may be gone, so whatever happens.
+	wroteBlob := false
+	defer func() {
+		if failed != nil && wroteBlob {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
+			defer cancel()
+			_ = s.deleteUnreferencedBlob(ctx, sha, d.Blob)
+		}
+	}()
 	// The blob is written unless already there (same hash, same bytes),
 	// before the blob lock, which is then held only for the short check
 	// and sidecar write: a delete elsewhere that removed it meanwhile is
 	// seen under the lock, and the blob written again.
-	if err := s.ensureBlob(ctx, d.Blob, tmp, size, mediaType); err != nil {
+	wrote, err := s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
+	wroteBlob = wroteBlob || wrote
+	if err != nil {
 		return Descriptor{}, err
 	}
 	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return Descriptor{}, err
 	}
-	err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
+	wrote, err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
+	wroteBlob = wroteBlob || wrote
 	if err == nil {
 		if err = s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
 			err = fmt.Errorf("store sidecar: %w", err)
@@ -253,24 +270,28 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	return d, nil
 }
 
-// ensureBlob writes the spooled blob under key unless the store holds it.
+// abandonedBlobTimeout bounds removing the blob of a failed upload.
+const abandonedBlobTimeout = 30 * time.Second
+
+// ensureBlob writes the spooled blob under key unless the store holds it,
+// and says whether it tried to (a failed Put may still have stored it).
 // It also restores a blob a delete on another relay process removed while
 // this community still had its sidecar (before blob locks, or without).
-func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) error {
+func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) (wrote bool, _ error) {
 	_, err := s.store.Stat(ctx, key)
 	if err == nil {
-		return nil
+		return false, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("stat blob: %w", err)
+		return false, fmt.Errorf("stat blob: %w", err)
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.store.Put(ctx, key, spool, size, mediaType); err != nil {
-		return fmt.Errorf("store blob: %w", err)
+		return true, fmt.Errorf("store blob: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // sniffType is the media type of a blob's first bytes, without parameters.
@@ -343,6 +364,14 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 			return fmt.Errorf("release the blob's bytes from the community's media quota: %w", err)
 		}
 	}
+	return s.deleteUnreferencedBlob(ctx, sha, d.Blob)
+}
+
+// deleteUnreferencedBlob deletes the blob at key unless a community has a
+// sidecar for sha, checked under the blob lock: an upload elsewhere has
+// then either written its sidecar (the blob stays) or not yet looked for
+// the blob (it writes it again).
+func (s *Service) deleteUnreferencedBlob(ctx context.Context, sha, key string) error {
 	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return err // the blob stays: only space
@@ -354,7 +383,7 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 		// one deleted would break another community.
 		return err
 	}
-	if err := s.store.Delete(ctx, d.Blob); err != nil {
+	if err := s.store.Delete(ctx, key); err != nil {
 		return fmt.Errorf("delete blob: %w", err)
 	}
 	return nil
