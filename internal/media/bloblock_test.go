@@ -83,3 +83,65 @@ func waitingOnABlobLock(t *testing.T, pool *pgxpool.Pool) bool {
 		`SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 	return waiting
 }
+
+// Two relay processes share one store: on one, a member uploads a blob the
+// community already has (another member's) and has written the sidecar
+// but not yet its upload record; on the other, that other member deletes
+// their upload. Under the blob lock the delete waits for the upload's
+// record, sees it, and keeps the sidecar and the blob. Before, the lock
+// covered neither the record nor the delete's listing: the delete saw no
+// other member's record, removed the sidecar and the blob, and the upload
+// answered 200 for a blob its community no longer served (and its member
+// could no longer delete). Mutation killed: the upload releasing the blob
+// lock before writing its record, or the delete listing the records
+// before taking it (the second member's blob answers not found).
+func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+	processA := media.NewService(store, limits, nil)
+	processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+	community := uuid.New()
+	blob := "bytes two members upload"
+	d, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+	require.NoError(t, err)
+
+	paused := mediatest.NewPauseBeforePut(store, "_uploads/"+community.String()+"/")
+	processB := media.NewService(paused, limits, nil)
+	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
+		uploaded <- err
+	}()
+	select {
+	case <-paused.Paused:
+	case err := <-uploaded:
+		t.Fatalf("the upload never wrote its record (err %v)", err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- processA.Delete(ctx, community, d.SHA256, "alice") }()
+	require.Eventually(t, func() bool {
+		return len(deleted) == 1 || waitingOnABlobLock(t, pool)
+	}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
+	close(paused.Resume)
+	require.NoError(t, <-uploaded)
+	require.NoError(t, <-deleted)
+
+	_, obj, err := processB.Open(ctx, community, d.SHA256)
+	require.NoError(t, err, "bob's upload is served")
+	obj.Close()
+	require.ErrorIs(t, processA.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotUploader, "alice's record is gone")
+	require.NoError(t, processB.Delete(ctx, community, d.SHA256, "bob"), "bob can delete his upload")
+	require.Empty(t, storeKeysOf(t, store))
+}
+
+func storeKeysOf(t *testing.T, s media.Store) []string {
+	t.Helper()
+	keys, err := s.List(context.Background(), "")
+	require.NoError(t, err)
+	return keys
+}

@@ -245,29 +245,41 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	wrote, err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
 	wroteBlob = wroteBlob || wrote
 	if err == nil {
-		if err = s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
-			err = fmt.Errorf("store sidecar: %w", err)
-		}
+		sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
 	}
 	unlockBlob()
 	if err != nil {
 		return Descriptor{}, err
 	}
-	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
-	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
+	return d, nil
+}
+
+// reference writes community's sidecar d and uploader's upload record,
+// under the blob lock: a delete of the same blob in the same community on
+// another relay process lists the upload records under it too, so it sees
+// this upload's record whenever it could have seen its sidecar (or it
+// would remove the sidecar the upload just answered for). sidecarLeft: the
+// record failed and the sidecar this upload wrote (first) could not be
+// removed either.
+func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (sidecarLeft bool, _ error) {
+	if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
+		return false, fmt.Errorf("store sidecar: %w", err)
+	}
+	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
+	if err := s.putJSON(ctx, uploadsPrefix(community, d.SHA256)+newULID(now)+".json", rec); err != nil {
 		if first {
 			// The sidecar this upload wrote would keep the blob readable
 			// here, with no upload record for a member to delete it by,
 			// and uncounted once the reservation is given back: remove it,
 			// or, if that fails too, keep the reservation (the count errs
 			// high, never low).
-			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, sha)); derr != nil {
+			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, d.SHA256)); derr != nil {
 				sidecarLeft = true
 			}
 		}
-		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
+		return sidecarLeft, fmt.Errorf("store upload record: %w", err)
 	}
-	return d, nil
+	return false, nil
 }
 
 // abandonedBlobTimeout bounds removing the blob of a failed upload.
@@ -325,19 +337,42 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
 	unlock := s.lock(sha)
 	defer unlock()
-	d, err := s.readSidecar(ctx, community, sha)
+	// Under the blob lock from the listing of the upload records on: an
+	// upload on another relay process writes its sidecar and record under
+	// it, so the listing never misses the record of an upload whose
+	// sidecar this delete would remove.
+	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return err
 	}
+	released, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
+	unlockBlob()
+	if released > 0 && s.quota != nil {
+		// After the lock: the release is a transaction on another
+		// connection of the same pool.
+		if qerr := s.quota.Release(context.WithoutCancel(ctx), community, released); qerr != nil && err == nil {
+			err = fmt.Errorf("release the blob's bytes from the community's media quota: %w", qerr)
+		}
+	}
+	return err
+}
+
+// deleteUnderBlobLock is Delete's work under the blob lock; released is
+// the size to give back to the community's quota once its sidecar is gone.
+func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, _ error) {
+	d, err := s.readSidecar(ctx, community, sha)
+	if err != nil {
+		return 0, err
+	}
 	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
 	if err != nil {
-		return fmt.Errorf("list upload records: %w", err)
+		return 0, fmt.Errorf("list upload records: %w", err)
 	}
 	var mine, others []string
 	for _, key := range keys {
 		var rec uploadRecord
 		if err := s.readJSON(ctx, key, &rec); err != nil {
-			return fmt.Errorf("read upload record: %w", err)
+			return 0, fmt.Errorf("read upload record: %w", err)
 		}
 		if rec.Pubkey == uploader {
 			mine = append(mine, key)
@@ -346,37 +381,38 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 		}
 	}
 	if len(mine) == 0 {
-		return fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
 	for _, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
-			return fmt.Errorf("delete upload record: %w", err)
+			return 0, fmt.Errorf("delete upload record: %w", err)
 		}
 	}
 	if len(others) > 0 {
-		return nil
+		return 0, nil
 	}
 	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return fmt.Errorf("delete sidecar: %w", err)
+		return 0, fmt.Errorf("delete sidecar: %w", err)
 	}
-	if s.quota != nil {
-		if err := s.quota.Release(context.WithoutCancel(ctx), community, d.Size); err != nil {
-			return fmt.Errorf("release the blob's bytes from the community's media quota: %w", err)
-		}
-	}
-	return s.deleteUnreferencedBlob(ctx, sha, d.Blob)
+	return d.Size, s.deleteIfUnreferenced(ctx, sha, d.Blob)
 }
 
-// deleteUnreferencedBlob deletes the blob at key unless a community has a
-// sidecar for sha, checked under the blob lock: an upload elsewhere has
-// then either written its sidecar (the blob stays) or not yet looked for
-// the blob (it writes it again).
+// deleteUnreferencedBlob deletes the blob at key, under the blob lock,
+// unless a community has a sidecar for sha.
 func (s *Service) deleteUnreferencedBlob(ctx context.Context, sha, key string) error {
 	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return err // the blob stays: only space
 	}
 	defer unlockBlob()
+	return s.deleteIfUnreferenced(ctx, sha, key)
+}
+
+// deleteIfUnreferenced deletes the blob at key unless a community has a
+// sidecar for sha; the caller holds the blob lock, so an upload elsewhere
+// has either written its sidecar (the blob stays) or not yet looked for
+// the blob (it writes it again).
+func (s *Service) deleteIfUnreferenced(ctx context.Context, sha, key string) error {
 	referenced, err := s.referenced(ctx, sha)
 	if err != nil || referenced {
 		// An unreferenced blob left behind is only space; a referenced

@@ -5,6 +5,7 @@ package mediatest
 import (
 	"context"
 	"io"
+	"strings"
 	"sync/atomic"
 
 	"github.com/buzzrelay/buzz/internal/media"
@@ -58,6 +59,30 @@ func (p *PutUntilCanceled) Put(ctx context.Context, key string, body io.Reader, 
 		close(p.Entered)
 		<-ctx.Done()
 		return p.Store.Put(context.WithoutCancel(ctx), key, body, size, contentType)
+	}
+	return p.Store.Put(ctx, key, body, size, contentType)
+}
+
+// PauseBeforePut is a Store that stops its caller once, before the first
+// Put of a key under prefix. Paused is closed then; the Put goes on once
+// Resume is closed.
+type PauseBeforePut struct {
+	media.Store
+	prefix string
+	once   atomic.Bool
+	Paused chan struct{}
+	Resume chan struct{}
+}
+
+// NewPauseBeforePut wraps store.
+func NewPauseBeforePut(store media.Store, prefix string) *PauseBeforePut {
+	return &PauseBeforePut{Store: store, prefix: prefix, Paused: make(chan struct{}), Resume: make(chan struct{})}
+}
+
+func (p *PauseBeforePut) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	if strings.HasPrefix(key, p.prefix) && p.once.CompareAndSwap(false, true) {
+		close(p.Paused)
+		<-p.Resume
 	}
 	return p.Store.Put(ctx, key, body, size, contentType)
 }
