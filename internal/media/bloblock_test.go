@@ -2,6 +2,8 @@ package media_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +146,69 @@ func storeKeysOf(t *testing.T, s media.Store) []string {
 	keys, err := s.List(context.Background(), "")
 	require.NoError(t, err)
 	return keys
+}
+
+// Two relay processes share one store and one quota. The count of a
+// community's bytes stays exact when, on one process, an upload has looked
+// at the community's sidecar and the blob (the Stat of the blob answered)
+// and, on the other, the same community gains the blob first ("two
+// uploads") or loses its last reference ("an upload and a delete"). The
+// upload decides under the blob lock whether its community's sidecar is
+// new, so the bytes count once. Before, two uploads both counted the blob
+// (a member could inflate the count to the quota, uploading one blob
+// through two relays and deleting it, until the community could store
+// nothing), and an upload racing a delete wrote the sidecar uncounted.
+// Mutation killed: the decision taken from the sidecar read before the
+// lock (the count is twice the blob's size, or zero).
+func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	for name, deleteFirst := range map[string]bool{"two uploads": false, "an upload and a delete": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			store, err := media.NewFSStore(t.TempDir())
+			require.NoError(t, err)
+			quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+			limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+			processA := media.NewService(store, limits, nil)
+			processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processA.UseQuota(quota)
+			community := uuid.New()
+			blob := "bytes uploaded through two relays"
+			sum := sha256.Sum256([]byte(blob))
+			if deleteFirst {
+				_, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+				require.NoError(t, err)
+			}
+
+			paused := mediatest.NewPauseAfterStat(store, hex.EncodeToString(sum[:])+".txt", 1)
+			processB := media.NewService(paused, limits, nil)
+			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processB.UseQuota(quota)
+			uploaded := make(chan error, 1)
+			go func() {
+				_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
+				uploaded <- err
+			}()
+			select {
+			case <-paused.Paused:
+			case err := <-uploaded:
+				t.Fatalf("the upload never looked at the blob (err %v)", err)
+			}
+			if deleteFirst {
+				require.NoError(t, processA.Delete(ctx, community, hex.EncodeToString(sum[:]), "alice"))
+			} else {
+				_, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+				require.NoError(t, err)
+			}
+			close(paused.Resume)
+			require.NoError(t, <-uploaded)
+
+			_, obj, err := processB.Open(ctx, community, hex.EncodeToString(sum[:]))
+			require.NoError(t, err, "bob's upload is served")
+			obj.Close()
+			require.EqualValues(t, len(blob), quota.of(community), "the community stores the blob once")
+		})
+	}
 }

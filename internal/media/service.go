@@ -192,28 +192,37 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	now := s.now()
 	unlock := s.lock(sha)
 	defer unlock()
-	d, err := s.readSidecar(ctx, community, sha)
-	first := false // this upload writes the community's sidecar
-	sidecarLeft := false
-	switch {
-	case errors.Is(err, ErrNotFound):
-		// The community's first reference to the blob: its bytes count
-		// against the community from now on, or until this upload fails.
-		first = true
-		d = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}
+	key := blobKey(sha, mediaType) // the key of these bytes, unless a sidecar names one
+	// The bytes count against the community from its first reference to
+	// the blob (the sidecar this upload writes) on. Whether the sidecar is
+	// new is decided under the blob lock, where every process writes and
+	// removes sidecars; a guess from before it reserves early, so that an
+	// upload refused for the quota is refused before the store sees a
+	// byte. A reservation the decision does not need is given back.
+	reserved, wroteSidecar, sidecarLeft := false, false, false
+	defer func() {
+		if reserved && !wroteSidecar && !sidecarLeft {
+			// The client may be gone: give the bytes back anyway.
+			_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
+		}
+	}()
+	reserve := func() error {
 		if s.quota != nil {
 			if err := s.quota.Reserve(ctx, community, size); err != nil {
-				return Descriptor{}, err
+				return err
 			}
-			defer func() {
-				if failed != nil && !sidecarLeft {
-					// The client may be gone: give the bytes back anyway.
-					_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
-				}
-			}()
+			reserved = true
 		}
-	case err != nil:
+		return nil
+	}
+	if guess, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
+		if err := reserve(); err != nil {
+			return Descriptor{}, err
+		}
+	} else if err != nil {
 		return Descriptor{}, err
+	} else {
+		key = guess.Blob
 	}
 	// A blob this upload wrote and then failed to reference would be named
 	// by no sidecar: no delete and no community deletion would ever reach
@@ -221,49 +230,76 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	// while its blob is stored ends the request's context: one hang-up per
 	// blob would fill the store). It is removed, unless another community
 	// references it by then; the client may be gone, so whatever happens.
-	wroteBlob := false
+	wroteBlob := ""
 	defer func() {
-		if failed != nil && wroteBlob {
+		if failed != nil && wroteBlob != "" {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
 			defer cancel()
-			_ = s.deleteUnreferencedBlob(ctx, sha, d.Blob)
+			_ = s.deleteUnreferencedBlob(ctx, sha, wroteBlob)
 		}
 	}()
+	ensureBlob := func(key string) error {
+		wrote, err := s.ensureBlob(ctx, key, tmp, size, mediaType)
+		if wrote {
+			wroteBlob = key
+		}
+		return err
+	}
 	// The blob is written unless already there (same hash, same bytes),
 	// before the blob lock, which is then held only for the short check
-	// and sidecar write: a delete elsewhere that removed it meanwhile is
-	// seen under the lock, and the blob written again.
-	wrote, err := s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
-	wroteBlob = wroteBlob || wrote
-	if err != nil {
+	// and the writes of the sidecar and the upload record: a delete
+	// elsewhere that removed the blob meanwhile is seen under the lock,
+	// and the blob written again.
+	if err := ensureBlob(key); err != nil {
 		return Descriptor{}, err
 	}
-	unlockBlob, err := s.blobLock(ctx, []string{sha})
-	if err != nil {
-		return Descriptor{}, err
+	for {
+		unlockBlob, err := s.blobLock(ctx, []string{sha})
+		if err != nil {
+			return Descriptor{}, err
+		}
+		d, err := s.readSidecar(ctx, community, sha)
+		first := errors.Is(err, ErrNotFound)
+		if first && s.quota != nil && !reserved {
+			// The sidecar went since the guess (a delete elsewhere): reserve,
+			// outside the lock (another connection of the same pool), and
+			// look again; reserved, the next look decides either way.
+			unlockBlob()
+			if err := reserve(); err != nil {
+				return Descriptor{}, err
+			}
+			continue
+		}
+		if first {
+			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}, nil
+		}
+		if err == nil {
+			err = ensureBlob(d.Blob)
+		}
+		if err == nil {
+			wroteSidecar, sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
+		}
+		unlockBlob()
+		if err != nil {
+			return Descriptor{}, err
+		}
+		return d, nil
 	}
-	wrote, err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
-	wroteBlob = wroteBlob || wrote
-	if err == nil {
-		sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
-	}
-	unlockBlob()
-	if err != nil {
-		return Descriptor{}, err
-	}
-	return d, nil
 }
 
-// reference writes community's sidecar d and uploader's upload record,
-// under the blob lock: a delete of the same blob in the same community on
-// another relay process lists the upload records under it too, so it sees
-// this upload's record whenever it could have seen its sidecar (or it
-// would remove the sidecar the upload just answered for). sidecarLeft: the
-// record failed and the sidecar this upload wrote (first) could not be
-// removed either.
-func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (sidecarLeft bool, _ error) {
-	if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
-		return false, fmt.Errorf("store sidecar: %w", err)
+// reference writes uploader's upload record of d in community, after the
+// community's sidecar d when first, under the blob lock: a delete of the
+// same blob in the same community on another relay process lists the
+// upload records under it too, so it sees this upload's record whenever it
+// could have seen its sidecar (or it would remove the sidecar the upload
+// just answered for). wroteSidecar: the sidecar is this upload's and
+// stays; sidecarLeft: the record failed and the sidecar this upload wrote
+// could not be removed either.
+func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (wroteSidecar, sidecarLeft bool, _ error) {
+	if first {
+		if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
+			return false, false, fmt.Errorf("store sidecar: %w", err)
+		}
 	}
 	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
 	if err := s.putJSON(ctx, uploadsPrefix(community, d.SHA256)+newULID(now)+".json", rec); err != nil {
@@ -277,9 +313,9 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 				sidecarLeft = true
 			}
 		}
-		return sidecarLeft, fmt.Errorf("store upload record: %w", err)
+		return false, sidecarLeft, fmt.Errorf("store upload record: %w", err)
 	}
-	return false, nil
+	return first, false, nil
 }
 
 // abandonedBlobTimeout bounds removing the blob of a failed upload.
