@@ -2,6 +2,8 @@ package media_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -82,4 +84,131 @@ func waitingOnABlobLock(t *testing.T, pool *pgxpool.Pool) bool {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 	return waiting
+}
+
+// Two relay processes share one store: on one, a member uploads a blob the
+// community already has (another member's) and has written the sidecar
+// but not yet its upload record; on the other, that other member deletes
+// their upload. Under the blob lock the delete waits for the upload's
+// record, sees it, and keeps the sidecar and the blob. Before, the lock
+// covered neither the record nor the delete's listing: the delete saw no
+// other member's record, removed the sidecar and the blob, and the upload
+// answered 200 for a blob its community no longer served (and its member
+// could no longer delete). Mutation killed: the upload releasing the blob
+// lock before writing its record, or the delete listing the records
+// before taking it (the second member's blob answers not found).
+func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+	processA := media.NewService(store, limits, nil)
+	processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+	community := uuid.New()
+	blob := "bytes two members upload"
+	d, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+	require.NoError(t, err)
+
+	paused := mediatest.NewPauseBeforePut(store, "_uploads/"+community.String()+"/")
+	processB := media.NewService(paused, limits, nil)
+	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
+		uploaded <- err
+	}()
+	select {
+	case <-paused.Paused:
+	case err := <-uploaded:
+		t.Fatalf("the upload never wrote its record (err %v)", err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- processA.Delete(ctx, community, d.SHA256, "alice") }()
+	require.Eventually(t, func() bool {
+		return len(deleted) == 1 || waitingOnABlobLock(t, pool)
+	}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
+	close(paused.Resume)
+	require.NoError(t, <-uploaded)
+	require.NoError(t, <-deleted)
+
+	_, obj, err := processB.Open(ctx, community, d.SHA256)
+	require.NoError(t, err, "bob's upload is served")
+	obj.Close()
+	require.ErrorIs(t, processA.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotUploader, "alice's record is gone")
+	require.NoError(t, processB.Delete(ctx, community, d.SHA256, "bob"), "bob can delete his upload")
+	require.Empty(t, storeKeysOf(t, store))
+}
+
+func storeKeysOf(t *testing.T, s media.Store) []string {
+	t.Helper()
+	keys, err := s.List(context.Background(), "")
+	require.NoError(t, err)
+	return keys
+}
+
+// Two relay processes share one store and one quota. The count of a
+// community's bytes stays exact when, on one process, an upload has looked
+// at the community's sidecar and the blob (the Stat of the blob answered)
+// and, on the other, the same community gains the blob first ("two
+// uploads") or loses its last reference ("an upload and a delete"). The
+// upload decides under the blob lock whether its community's sidecar is
+// new, so the bytes count once. Before, two uploads both counted the blob
+// (a member could inflate the count to the quota, uploading one blob
+// through two relays and deleting it, until the community could store
+// nothing), and an upload racing a delete wrote the sidecar uncounted.
+// Mutation killed: the decision taken from the sidecar read before the
+// lock (the count is twice the blob's size, or zero).
+func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	for name, deleteFirst := range map[string]bool{"two uploads": false, "an upload and a delete": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			store, err := media.NewFSStore(t.TempDir())
+			require.NoError(t, err)
+			quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+			limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+			processA := media.NewService(store, limits, nil)
+			processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processA.UseQuota(quota)
+			community := uuid.New()
+			blob := "bytes uploaded through two relays"
+			sum := sha256.Sum256([]byte(blob))
+			if deleteFirst {
+				_, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+				require.NoError(t, err)
+			}
+
+			paused := mediatest.NewPauseAfterStat(store, hex.EncodeToString(sum[:])+".txt", 1)
+			processB := media.NewService(paused, limits, nil)
+			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processB.UseQuota(quota)
+			uploaded := make(chan error, 1)
+			go func() {
+				_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
+				uploaded <- err
+			}()
+			select {
+			case <-paused.Paused:
+			case err := <-uploaded:
+				t.Fatalf("the upload never looked at the blob (err %v)", err)
+			}
+			if deleteFirst {
+				require.NoError(t, processA.Delete(ctx, community, hex.EncodeToString(sum[:]), "alice"))
+			} else {
+				_, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+				require.NoError(t, err)
+			}
+			close(paused.Resume)
+			require.NoError(t, <-uploaded)
+
+			_, obj, err := processB.Open(ctx, community, hex.EncodeToString(sum[:]))
+			require.NoError(t, err, "bob's upload is served")
+			obj.Close()
+			require.EqualValues(t, len(blob), quota.of(community), "the community stores the blob once")
+		})
+	}
 }

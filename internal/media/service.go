@@ -192,85 +192,154 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	now := s.now()
 	unlock := s.lock(sha)
 	defer unlock()
-	d, err := s.readSidecar(ctx, community, sha)
-	first := false // this upload writes the community's sidecar
-	sidecarLeft := false
-	switch {
-	case errors.Is(err, ErrNotFound):
-		// The community's first reference to the blob: its bytes count
-		// against the community from now on, or until this upload fails.
-		first = true
-		d = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}
+	key := blobKey(sha, mediaType) // the key of these bytes, unless a sidecar names one
+	// The bytes count against the community from its first reference to
+	// the blob (the sidecar this upload writes) on. Whether the sidecar is
+	// new is decided under the blob lock, where every process writes and
+	// removes sidecars; a guess from before it reserves early, so that an
+	// upload refused for the quota is refused before the store sees a
+	// byte. A reservation the decision does not need is given back.
+	reserved, wroteSidecar, sidecarLeft := false, false, false
+	defer func() {
+		if reserved && !wroteSidecar && !sidecarLeft {
+			// The client may be gone: give the bytes back anyway.
+			_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
+		}
+	}()
+	reserve := func() error {
 		if s.quota != nil {
 			if err := s.quota.Reserve(ctx, community, size); err != nil {
-				return Descriptor{}, err
+				return err
 			}
-			defer func() {
-				if failed != nil && !sidecarLeft {
-					// The client may be gone: give the bytes back anyway.
-					_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
-				}
-			}()
+			reserved = true
 		}
-	case err != nil:
+		return nil
+	}
+	if guess, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
+		if err := reserve(); err != nil {
+			return Descriptor{}, err
+		}
+	} else if err != nil {
 		return Descriptor{}, err
+	} else {
+		key = guess.Blob
+	}
+	// A blob this upload wrote and then failed to reference would be named
+	// by no sidecar: no delete and no community deletion would ever reach
+	// it, and its bytes would count against no quota (a client hanging up
+	// while its blob is stored ends the request's context: one hang-up per
+	// blob would fill the store). It is removed, unless another community
+	// references it by then; the client may be gone, so whatever happens.
+	wroteBlob := ""
+	defer func() {
+		if failed != nil && wroteBlob != "" {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
+			defer cancel()
+			_ = s.deleteUnreferencedBlob(ctx, sha, wroteBlob)
+		}
+	}()
+	ensureBlob := func(key string) error {
+		wrote, err := s.ensureBlob(ctx, key, tmp, size, mediaType)
+		if wrote {
+			wroteBlob = key
+		}
+		return err
 	}
 	// The blob is written unless already there (same hash, same bytes),
 	// before the blob lock, which is then held only for the short check
-	// and sidecar write: a delete elsewhere that removed it meanwhile is
-	// seen under the lock, and the blob written again.
-	if err := s.ensureBlob(ctx, d.Blob, tmp, size, mediaType); err != nil {
+	// and the writes of the sidecar and the upload record: a delete
+	// elsewhere that removed the blob meanwhile is seen under the lock,
+	// and the blob written again.
+	if err := ensureBlob(key); err != nil {
 		return Descriptor{}, err
 	}
-	unlockBlob, err := s.blobLock(ctx, []string{sha})
-	if err != nil {
-		return Descriptor{}, err
+	for {
+		unlockBlob, err := s.blobLock(ctx, []string{sha})
+		if err != nil {
+			return Descriptor{}, err
+		}
+		d, err := s.readSidecar(ctx, community, sha)
+		first := errors.Is(err, ErrNotFound)
+		if first && s.quota != nil && !reserved {
+			// The sidecar went since the guess (a delete elsewhere): reserve,
+			// outside the lock (another connection of the same pool), and
+			// look again; reserved, the next look decides either way.
+			unlockBlob()
+			if err := reserve(); err != nil {
+				return Descriptor{}, err
+			}
+			continue
+		}
+		if first {
+			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}, nil
+		}
+		if err == nil {
+			err = ensureBlob(d.Blob)
+		}
+		if err == nil {
+			wroteSidecar, sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
+		}
+		unlockBlob()
+		if err != nil {
+			return Descriptor{}, err
+		}
+		return d, nil
 	}
-	err = s.ensureBlob(ctx, d.Blob, tmp, size, mediaType)
-	if err == nil {
-		if err = s.putJSON(ctx, sidecarKey(community, sha), d); err != nil {
-			err = fmt.Errorf("store sidecar: %w", err)
+}
+
+// reference writes uploader's upload record of d in community, after the
+// community's sidecar d when first, under the blob lock: a delete of the
+// same blob in the same community on another relay process lists the
+// upload records under it too, so it sees this upload's record whenever it
+// could have seen its sidecar (or it would remove the sidecar the upload
+// just answered for). wroteSidecar: the sidecar is this upload's and
+// stays; sidecarLeft: the record failed and the sidecar this upload wrote
+// could not be removed either.
+func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (wroteSidecar, sidecarLeft bool, _ error) {
+	if first {
+		if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
+			return false, false, fmt.Errorf("store sidecar: %w", err)
 		}
 	}
-	unlockBlob()
-	if err != nil {
-		return Descriptor{}, err
-	}
-	rec := uploadRecord{Pubkey: uploader, SHA256: sha, Uploaded: now.Unix()}
-	if err := s.putJSON(ctx, uploadsPrefix(community, sha)+newULID(now)+".json", rec); err != nil {
+	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
+	if err := s.putJSON(ctx, uploadsPrefix(community, d.SHA256)+newULID(now)+".json", rec); err != nil {
 		if first {
 			// The sidecar this upload wrote would keep the blob readable
 			// here, with no upload record for a member to delete it by,
 			// and uncounted once the reservation is given back: remove it,
 			// or, if that fails too, keep the reservation (the count errs
 			// high, never low).
-			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, sha)); derr != nil {
+			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, d.SHA256)); derr != nil {
 				sidecarLeft = true
 			}
 		}
-		return Descriptor{}, fmt.Errorf("store upload record: %w", err)
+		return false, sidecarLeft, fmt.Errorf("store upload record: %w", err)
 	}
-	return d, nil
+	return first, false, nil
 }
 
-// ensureBlob writes the spooled blob under key unless the store holds it.
+// abandonedBlobTimeout bounds removing the blob of a failed upload.
+const abandonedBlobTimeout = 30 * time.Second
+
+// ensureBlob writes the spooled blob under key unless the store holds it,
+// and says whether it tried to (a failed Put may still have stored it).
 // It also restores a blob a delete on another relay process removed while
 // this community still had its sidecar (before blob locks, or without).
-func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) error {
+func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) (wrote bool, _ error) {
 	_, err := s.store.Stat(ctx, key)
 	if err == nil {
-		return nil
+		return false, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("stat blob: %w", err)
+		return false, fmt.Errorf("stat blob: %w", err)
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.store.Put(ctx, key, spool, size, mediaType); err != nil {
-		return fmt.Errorf("store blob: %w", err)
+		return true, fmt.Errorf("store blob: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // sniffType is the media type of a blob's first bytes, without parameters.
@@ -304,19 +373,42 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
 	unlock := s.lock(sha)
 	defer unlock()
-	d, err := s.readSidecar(ctx, community, sha)
+	// Under the blob lock from the listing of the upload records on: an
+	// upload on another relay process writes its sidecar and record under
+	// it, so the listing never misses the record of an upload whose
+	// sidecar this delete would remove.
+	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return err
 	}
+	released, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
+	unlockBlob()
+	if released > 0 && s.quota != nil {
+		// After the lock: the release is a transaction on another
+		// connection of the same pool.
+		if qerr := s.quota.Release(context.WithoutCancel(ctx), community, released); qerr != nil && err == nil {
+			err = fmt.Errorf("release the blob's bytes from the community's media quota: %w", qerr)
+		}
+	}
+	return err
+}
+
+// deleteUnderBlobLock is Delete's work under the blob lock; released is
+// the size to give back to the community's quota once its sidecar is gone.
+func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, _ error) {
+	d, err := s.readSidecar(ctx, community, sha)
+	if err != nil {
+		return 0, err
+	}
 	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
 	if err != nil {
-		return fmt.Errorf("list upload records: %w", err)
+		return 0, fmt.Errorf("list upload records: %w", err)
 	}
 	var mine, others []string
 	for _, key := range keys {
 		var rec uploadRecord
 		if err := s.readJSON(ctx, key, &rec); err != nil {
-			return fmt.Errorf("read upload record: %w", err)
+			return 0, fmt.Errorf("read upload record: %w", err)
 		}
 		if rec.Pubkey == uploader {
 			mine = append(mine, key)
@@ -325,36 +417,45 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 		}
 	}
 	if len(mine) == 0 {
-		return fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
 	for _, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
-			return fmt.Errorf("delete upload record: %w", err)
+			return 0, fmt.Errorf("delete upload record: %w", err)
 		}
 	}
 	if len(others) > 0 {
-		return nil
+		return 0, nil
 	}
 	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return fmt.Errorf("delete sidecar: %w", err)
+		return 0, fmt.Errorf("delete sidecar: %w", err)
 	}
-	if s.quota != nil {
-		if err := s.quota.Release(context.WithoutCancel(ctx), community, d.Size); err != nil {
-			return fmt.Errorf("release the blob's bytes from the community's media quota: %w", err)
-		}
-	}
+	return d.Size, s.deleteIfUnreferenced(ctx, sha, d.Blob)
+}
+
+// deleteUnreferencedBlob deletes the blob at key, under the blob lock,
+// unless a community has a sidecar for sha.
+func (s *Service) deleteUnreferencedBlob(ctx context.Context, sha, key string) error {
 	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
 		return err // the blob stays: only space
 	}
 	defer unlockBlob()
+	return s.deleteIfUnreferenced(ctx, sha, key)
+}
+
+// deleteIfUnreferenced deletes the blob at key unless a community has a
+// sidecar for sha; the caller holds the blob lock, so an upload elsewhere
+// has either written its sidecar (the blob stays) or not yet looked for
+// the blob (it writes it again).
+func (s *Service) deleteIfUnreferenced(ctx context.Context, sha, key string) error {
 	referenced, err := s.referenced(ctx, sha)
 	if err != nil || referenced {
 		// An unreferenced blob left behind is only space; a referenced
 		// one deleted would break another community.
 		return err
 	}
-	if err := s.store.Delete(ctx, d.Blob); err != nil {
+	if err := s.store.Delete(ctx, key); err != nil {
 		return fmt.Errorf("delete blob: %w", err)
 	}
 	return nil

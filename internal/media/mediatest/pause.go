@@ -4,6 +4,8 @@ package mediatest
 
 import (
 	"context"
+	"io"
+	"strings"
 	"sync/atomic"
 
 	"github.com/buzzrelay/buzz/internal/media"
@@ -34,4 +36,53 @@ func (p *PauseAfterStat) Stat(ctx context.Context, key string) (media.Info, erro
 		<-p.Resume
 	}
 	return info, err
+}
+
+// PutUntilCanceled is a Store whose Put of key waits, once it began, until
+// the caller's context ends, then writes anyway (as a file or an upload
+// already handed to the store would): the client went away while its blob
+// was being stored. Entered is closed when that Put begins.
+type PutUntilCanceled struct {
+	media.Store
+	key     string
+	once    atomic.Bool
+	Entered chan struct{}
+}
+
+// NewPutUntilCanceled wraps store.
+func NewPutUntilCanceled(store media.Store, key string) *PutUntilCanceled {
+	return &PutUntilCanceled{Store: store, key: key, Entered: make(chan struct{})}
+}
+
+func (p *PutUntilCanceled) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	if key == p.key && p.once.CompareAndSwap(false, true) {
+		close(p.Entered)
+		<-ctx.Done()
+		return p.Store.Put(context.WithoutCancel(ctx), key, body, size, contentType)
+	}
+	return p.Store.Put(ctx, key, body, size, contentType)
+}
+
+// PauseBeforePut is a Store that stops its caller once, before the first
+// Put of a key under prefix. Paused is closed then; the Put goes on once
+// Resume is closed.
+type PauseBeforePut struct {
+	media.Store
+	prefix string
+	once   atomic.Bool
+	Paused chan struct{}
+	Resume chan struct{}
+}
+
+// NewPauseBeforePut wraps store.
+func NewPauseBeforePut(store media.Store, prefix string) *PauseBeforePut {
+	return &PauseBeforePut{Store: store, prefix: prefix, Paused: make(chan struct{}), Resume: make(chan struct{})}
+}
+
+func (p *PauseBeforePut) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	if strings.HasPrefix(key, p.prefix) && p.once.CompareAndSwap(false, true) {
+		close(p.Paused)
+		<-p.Resume
+	}
+	return p.Store.Put(ctx, key, body, size, contentType)
 }
