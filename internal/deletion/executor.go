@@ -184,7 +184,11 @@ func (e *Executor) execute(ctx context.Context, row db.CommunityDeletionRequest)
 		if stageErr != nil {
 			break
 		}
-		next, err := q.DeletionRequestGet(stageCtx, l.id)
+		// The stage committed: its result is read even if the heartbeat
+		// gave up meanwhile (a request past its last stage cannot be
+		// renewed), or a finished deletion would be reported as a lost
+		// lease. A lease really lost stops the next stage.
+		next, err := q.DeletionRequestGet(bg, l.id)
 		if err != nil {
 			stageErr = err
 			break
