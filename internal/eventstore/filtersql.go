@@ -86,7 +86,7 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 	}
 	if f.Search != "" {
 		// websearch_to_tsquery accepts any user text without syntax errors.
-		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)")
+		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)")
 	}
 	if f.AgentOwner != "" {
 		// In the WHERE clause, so the owner narrows the rows before the
@@ -126,7 +126,7 @@ func clampUnix(v int64) int64 { return min(v, maxUnix) }
 // order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
 func (b *sqlBuilder) order(f *nostr.Filter) {
 	if f.Search != "" {
-		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)) DESC, created_at DESC, id DESC")
+		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)) DESC, created_at DESC, id DESC")
 		return
 	}
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
@@ -285,7 +285,7 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 // rankedCandidates appends a parenthesized subquery: search filter f's
 // newest candidates matches that scope may see, each with its rank.
 func (b *sqlBuilder) rankedCandidates(scope Scope, communityArg, channelsArg string, f *nostr.Filter, candidates int) {
-	query := "websearch_to_tsquery('simple', " + b.arg(f.Search) + "::text)"
+	query := "websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)"
 	b.sql.WriteString("(SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
 		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg, f)

@@ -20,6 +20,7 @@ var fuzzMessageSeeds = []string{
 	`["COUNT","c",{"agent_owner":"xyz"}]`,
 	`["COUNT","c",{"kinds":[3]}]`,
 	`["CLOSE","s"]`,
+	`["CLOSE","\u00e9\u65e5\ud83e\udd19é日🤙"]`,
 	`["EVENT",{"id":1}]`,
 	`[]`,
 	`["EVENT",{"id":"` + hexA + `","kind":1.5}]`,

@@ -3,13 +3,14 @@ package nostr
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Limits bounds what ParseClientMessage accepts. A zero or negative field
 // means no limit.
 type Limits struct {
 	MaxFilters      int // filters per REQ/COUNT
-	MaxSubIDLength  int // bytes in a subscription id
+	MaxSubIDLength  int // characters in a subscription id
 	MaxFilterValues int // ids+authors+kinds+tag values in one filter
 	MaxTagValueLen  int // bytes in one "#x" filter value
 	MaxSearchBytes  int // bytes in one NIP-50 search string
@@ -160,8 +161,10 @@ func (d *decoder) clientMessage(lim *Limits) (ClientMessage, *ParseError) {
 		if sub == "" {
 			return fail(errors.New("subscription id must not be empty"))
 		}
-		if lim.MaxSubIDLength > 0 && len(sub) > lim.MaxSubIDLength {
-			return fail(fmt.Errorf("subscription id too long (max %d)", lim.MaxSubIDLength))
+		// Characters, as NIP-01 and NIP-11's max_subid_length count them:
+		// a client may spend 64 on an id in any script.
+		if lim.MaxSubIDLength > 0 && len(sub) > lim.MaxSubIDLength && utf8.RuneCountInString(sub) > lim.MaxSubIDLength {
+			return fail(fmt.Errorf("subscription id too long (max %d characters)", lim.MaxSubIDLength))
 		}
 		subID = sub
 		if verb == "CLOSE" {

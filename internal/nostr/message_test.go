@@ -72,6 +72,15 @@ func TestParseClientMessageGood(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &CloseMessage{SubID: strings.Repeat("x", 64)}, m)
 
+	// NIP-01 (and NIP-11's max_subid_length) count characters, not
+	// bytes: 64 of them in two-byte UTF-8 are 128 bytes.
+	// Mutation killed: comparing len(sub), the bytes, with the limit.
+	m, err = ParseClientMessage([]byte(`["CLOSE","`+strings.Repeat("é", 64)+`"]`), lim)
+	require.NoError(t, err)
+	require.Equal(t, &CloseMessage{SubID: strings.Repeat("é", 64)}, m)
+	_, err = ParseClientMessage([]byte(`["CLOSE","`+strings.Repeat("é", 65)+`"]`), lim)
+	require.EqualError(t, err, "subscription id too long (max 64 characters)")
+
 	m, err = ParseClientMessage([]byte(`["REQ","\"q\" \u00e9",{}]`), lim)
 	require.NoError(t, err)
 	require.Equal(t, "\"q\" é", m.(*ReqMessage).SubID)
@@ -154,7 +163,7 @@ func TestParseClientMessageBad(t *testing.T) {
 		{"req no subid", `["REQ"]`, ParseError{Verb: "REQ", Msg: "missing subscription id"}},
 		{"req numeric subid", `["REQ",1,{}]`, ParseError{Verb: "REQ", Msg: "subscription id must be a string"}},
 		{"req empty subid", `["REQ","",{}]`, ParseError{Verb: "REQ", Msg: "subscription id must not be empty"}},
-		{"req long subid", `["REQ","` + bigSub + `",{}]`, ParseError{Verb: "REQ", Msg: "subscription id too long (max 64)"}},
+		{"req long subid", `["REQ","` + bigSub + `",{}]`, ParseError{Verb: "REQ", Msg: "subscription id too long (max 64 characters)"}},
 		{"req no filters", `["REQ","s"]`, ParseError{Verb: "REQ", SubID: "s", Msg: "at least one filter is required"}},
 		{"req too many filters", `["REQ","s",{},{},{}]`, ParseError{Verb: "REQ", SubID: "s", Msg: "too many filters (max 2)"}},
 		{"req filter not object", `["REQ","s",[]]`, ParseError{Verb: "REQ", SubID: "s", Msg: "filter must be a JSON object"}},

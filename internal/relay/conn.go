@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -232,7 +233,7 @@ func (c *conn) run() {
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
 	for {
-		typ, data, err := c.ws.Read(c.ctx)
+		typ, data, size, err := c.readMessage()
 		if err != nil {
 			if status := websocket.CloseStatus(err); status == -1 && !errors.Is(err, context.Canceled) {
 				c.log.Debug("read ended", "err", err)
@@ -243,12 +244,36 @@ func (c *conn) run() {
 			_ = c.send(nostr.EncodeNotice("invalid: binary frames are not supported; send JSON text"))
 			continue
 		}
-		if len(data) > c.srv.cfg.MaxMessageBytes {
-			_ = c.send(nostr.EncodeNotice(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", len(data), c.srv.cfg.MaxMessageBytes)))
+		if data == nil {
+			_ = c.send(nostr.EncodeNotice(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
 		c.handleAside(data)
 	}
+}
+
+// readMessage reads the next message. Only a text message within
+// MaxMessageBytes is kept (data); a binary one, or one over the limit, is
+// read and dropped as it arrives, counted in size, and data is nil. A
+// message is refused with a NOTICE up to the library's read limit (4x) and
+// closes the connection beyond it; held whole until then, a client
+// trickling such a frame (or 50 connections from one address) pinned 1 MiB
+// each, four times what any message the relay accepts needs.
+func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64, err error) {
+	typ, r, err := c.ws.Reader(c.ctx)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	if typ == websocket.MessageText {
+		data, err = io.ReadAll(io.LimitReader(r, int64(c.srv.cfg.MaxMessageBytes)+1))
+		size = int64(len(data))
+		if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
+			return typ, data, size, err
+		}
+		data = nil
+	}
+	rest, err := io.Copy(io.Discard, r)
+	return typ, nil, size + rest, err
 }
 
 // handleAside handles one message on a goroutine of its own and waits for

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -187,4 +189,73 @@ func TestFilterValueBudgetPerConnection(t *testing.T) {
 	c.Send("CLOSE", "b")
 	c.Send("CLOSE", "c")
 	require.Equal(t, "EOSE", req("d", 99).Verb)
+}
+
+// A message over BUZZ_MAX_MESSAGE_BYTES is read and dropped as it arrives,
+// not held whole until its last fragment: held, a client sending one just
+// under the 4x close limit, slowly or never finishing it, pinned 1 MiB of
+// relay heap per connection (measured: 1,176 KiB each, 50 connections from
+// one address about 58 MiB), four times what any message the relay accepts
+// needs. It is still answered with a NOTICE naming its size, and the
+// connection stays usable.
+// Mutation killed: conn.readMessage reading the whole message
+// (io.ReadAll(r)) before checking its size.
+func TestOversizedMessageIsNotHeldWhole(t *testing.T) {
+	// Not parallel: it measures the process's heap.
+	r := relaytest.Start(t)
+	const (
+		clients = 20
+		chunk   = 64 << 10
+		chunks  = 15 // 960 KiB: over the 256 KiB limit, under the 1 MiB close
+	)
+	limit := config.Default().MaxMessageBytes
+	conns := make([]*relaytest.Client, clients)
+	for i := range conns {
+		conns[i] = r.Dial(t, "")
+		conns[i].Auth(nil)
+	}
+	before := heapInUse()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	payload := []byte(`["REQ","big",{"#t":["` + strings.Repeat("v", chunk))
+	payload = payload[:chunk]
+	writers := make([]io.WriteCloser, clients)
+	replies := make([]chan string, clients)
+	for i, c := range conns {
+		w, err := c.WS.Writer(ctx, websocket.MessageText)
+		require.NoError(t, err)
+		writers[i] = w
+		for range chunks {
+			_, err := w.Write(payload) // one fragment each
+			require.NoError(t, err)
+		}
+		// The relay answers a ping only once it has read every fragment
+		// sent before it; the pong is read by this goroutine, which then
+		// waits for the NOTICE.
+		replies[i] = make(chan string, 1)
+		go func(c *relaytest.Client, out chan<- string) {
+			_, msg, err := c.WS.Read(ctx)
+			if err != nil {
+				out <- err.Error()
+				return
+			}
+			out <- string(msg)
+		}(c, replies[i])
+		require.NoError(t, c.WS.Ping(ctx))
+	}
+	// Every connection is in the middle of its 960 KiB message.
+	grown := int64(heapInUse()) - int64(before)
+	t.Logf("%d connections, each %d KiB into a message: heap grew %d KiB (%d KiB each)", clients, chunks*chunk>>10, grown>>10, grown/clients>>10)
+	require.Less(t, grown, int64(clients*2*limit), "each connection may hold about one message's limit, not the whole oversized message")
+
+	want := fmt.Sprintf(`["NOTICE","invalid: message of %d bytes exceeds the %d-byte limit"]`, chunks*chunk, limit)
+	for i, w := range writers {
+		require.NoError(t, w.Close())
+		require.Equal(t, want, <-replies[i])
+	}
+	for _, c := range conns {
+		c.Send("COUNT", "alive", map[string]any{"kinds": []int{1}})
+		require.Equal(t, int64(0), c.Expect("COUNT").Count, "the connection stays usable")
+	}
 }

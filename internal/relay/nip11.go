@@ -40,9 +40,24 @@ type limitation struct {
 	PaymentRequired     bool  `json:"payment_required"`
 }
 
+// infoCORS lets a web page on any origin read the document: NIP-11 asks
+// for the three headers. No cookie or credential is involved, so any
+// request header may come along (a page that adds one gets a preflight).
+func infoCORS(h http.Header) {
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Headers", "*")
+	h.Set("Access-Control-Allow-Methods", "GET, OPTIONS")
+}
+
+// serveInfoPreflight answers a browser's CORS preflight for the document.
+func serveInfoPreflight(w http.ResponseWriter, _ *http.Request, _ community.Tenant) {
+	infoCORS(w.Header())
+	w.Header().Set("Access-Control-Max-Age", "86400")
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	w.Header().Set("Access-Control-Allow-Origin", "*")
-	w.Header().Set("Access-Control-Allow-Headers", "Accept")
+	infoCORS(w.Header())
 	key, err := s.pipeline.RelayKey(r.Context(), tenant.ID())
 	if err != nil {
 		s.log.Error("relay key", "community", tenant.Host(), "err", err)

@@ -58,7 +58,28 @@ func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "application/nostr+json", resp.Header.Get("Content-Type"))
-	require.Equal(t, "*", resp.Header.Get("Access-Control-Allow-Origin"))
+	// NIP-11 asks for all three CORS headers, and a page that adds a
+	// header of its own gets a preflight, which must carry them too.
+	// Mutations killed: no Allow-Methods; OPTIONS answered as a plain GET
+	// of / (text, no CORS headers).
+	requireInfoCORS := func(h http.Header) {
+		t.Helper()
+		require.Equal(t, "*", h.Get("Access-Control-Allow-Origin"))
+		require.NotEmpty(t, h.Get("Access-Control-Allow-Headers"))
+		require.Contains(t, h.Get("Access-Control-Allow-Methods"), "GET")
+	}
+	requireInfoCORS(resp.Header)
+	for _, path := range []string{"/", "/info"} {
+		pre, _ := http.NewRequest(http.MethodOptions, r.HTTPURL+path, nil)
+		pre.Header.Set("Origin", "https://client.example")
+		pre.Header.Set("Access-Control-Request-Method", "GET")
+		pre.Header.Set("Access-Control-Request-Headers", "accept, cache-control")
+		preResp, err := http.DefaultClient.Do(pre)
+		require.NoError(t, err)
+		preResp.Body.Close()
+		require.Equal(t, http.StatusNoContent, preResp.StatusCode, path)
+		requireInfoCORS(preResp.Header)
+	}
 	var info struct {
 		Self          string `json:"self"`
 		SupportedNIPs []int  `json:"supported_nips"`

@@ -115,3 +115,39 @@ func TestSearchLengthIsBounded(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
 	require.Contains(t, got.Error, "search too long (max 1024 bytes)")
 }
+
+// NIP-50 lets a client add key:value extensions to a search (include:spam,
+// language:en, domain:example.com) and tells relays to ignore those they do
+// not support. Searched for as words, "orange include:spam" found only
+// notes that also said "include" and "spam": nothing, for a client that
+// appends an extension to every query. A colon that does not join two words
+// (a time, say) stays part of the text, and a search of extensions alone
+// has no words to match.
+// Mutation killed: eventstore passing the search string through unchanged
+// (every query with an extension matches nothing).
+func TestSearchIgnoresNIP50Extensions(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	orange := c.Sign(1, "an orange cat", nil, 0)
+	link := c.Sign(1, "meet me at 10:30", nil, 0)
+	for _, ev := range []*nostr.Event{orange, link, c.Sign(1, "a purple dog", nil, 0)} {
+		require.True(t, c.Publish(ev).OK)
+	}
+	for _, search := range []string{"orange include:spam", "language:en orange nsfw:false", "orange  domain:example.com sentiment:positive"} {
+		require.Equal(t, []string{orange.ID}, ids(c.Req("ext", map[string]any{"search": search})), search)
+		c.Send("COUNT", "ext", map[string]any{"search": search})
+		require.Equal(t, int64(1), c.Expect("COUNT").Count, search)
+	}
+	// Next to another filter, the search branch ignores them alike.
+	other := map[string]any{"ids": []string{strings.Repeat("0", 64)}}
+	require.Equal(t, []string{orange.ID}, ids(c.Req("ext2", map[string]any{"search": "orange include:spam"}, other)))
+	require.Equal(t, []string{link.ID}, ids(c.Req("time", map[string]any{"search": "10:30"})), "a time is text, not an extension")
+	require.Empty(t, c.Req("only", map[string]any{"search": "include:spam"}), "nothing left to match")
+
+	// The HTTP bridge reads through the same statements.
+	got := post(t, r, c.Key, "/count", query(map[string]any{"search": "orange include:spam"}))
+	require.Equal(t, http.StatusOK, got.Status, got.Raw)
+	require.Contains(t, got.Raw, `"count":1`)
+}

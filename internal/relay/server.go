@@ -235,6 +235,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /ready", s.serveReady)
 	mux.HandleFunc("GET /info", s.withTenant(s.serveInfo))
+	mux.HandleFunc("OPTIONS /info", s.withTenant(serveInfoPreflight))
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	s.registerMedia(mux)      // Blossom: PUT /media/upload, GET|HEAD|DELETE /media/{sha256}
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
@@ -411,6 +412,8 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 	switch {
 	case r.URL.Path != "/":
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found"})
+	case r.Method == http.MethodOptions:
+		serveInfoPreflight(w, r, tenant)
 	case strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
 		s.serveWebSocket(w, r, tenant)
 	case strings.Contains(r.Header.Get("Accept"), "application/nostr+json"):

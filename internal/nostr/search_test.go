@@ -1,0 +1,60 @@
+package nostr
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Mutations killed: returning the search unchanged (the extensions stay);
+// taking any word with a colon for an extension (the URL and the time go).
+func TestSearchTextDropsExtensionsOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"orange":                               "orange",
+		"orange include:spam":                  "orange",
+		"language:en orange  nsfw:false":       "orange",
+		"best nostr apps domain:example.com":   "best nostr apps",
+		"include:spam":                         "",
+		"see https://example.com":              "see https://example.com",
+		"at 10:30":                             "at 10:30",
+		"ratio 1:2 :colon colon: a::b":         "ratio 1:2 :colon colon: a::b",
+		`"exact phrase" -word or other`:        `"exact phrase" -word or other`,
+		"x-lang:fr café":                       "café",
+		"clé:valeur":                           "clé:valeur",
+		"key:é":                                "",
+		"emoji:😀":                              "emoji:😀",
+		"tab\tseparated include:spam\nnewline": "tab separated newline",
+	} {
+		require.Equal(t, want, SearchText(in), "%q", in)
+	}
+}
+
+var fuzzSearchSeeds = []string{
+	"orange include:spam",
+	"https://example.com 10:30",
+	"a:b:c d: :e",
+	"\u00e9:\u00e9 k:\u00e9",
+	"\"quoted include:spam\" -x or y",
+	"\xff:\xfe",
+}
+
+// The text left is never longer than the search, keeps no extension, is
+// what a second pass leaves too, and is valid UTF-8 when the search was.
+func FuzzSearchText(f *testing.F) {
+	for _, s := range fuzzSearchSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, search string) {
+		got := SearchText(search)
+		require.LessOrEqual(t, len(got), len(search))
+		require.Equal(t, got, SearchText(got))
+		for _, w := range strings.Fields(got) {
+			require.False(t, isSearchExtension(w), "%q kept in %q", w, got)
+		}
+		if utf8.ValidString(search) {
+			require.True(t, utf8.ValidString(got))
+		}
+	})
+}
