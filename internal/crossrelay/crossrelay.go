@@ -195,12 +195,14 @@ type Bus struct {
 	// The reader's waits for the fan-out's room, which prove discounts.
 	waitingForRoom atomic.Bool
 	readerResumed  atomic.Int64
-	// gapSince is when the gap to catch up on began (the last proof of
-	// hearing before a subscription failed); catchingUp is set from that
-	// failure until the catch-up on the next subscription returned. Only
-	// the subscribing goroutine and the fan-out goroutine it starts
-	// touch gapSince, one after the other.
+	// A gap opens when a subscription fails (gapSince: the last proof of
+	// hearing before it) and is taken by the next subscription, whose
+	// fan-out catches up on it first. catchingUp is set from the failure
+	// (before the fan-out drained what was read ahead of it) until a
+	// catch-up returned with no newer gap open.
+	gapMu      sync.Mutex
 	gapSince   time.Time
+	gapOpen    bool
 	catchingUp atomic.Bool
 
 	// unsent holds the communities whose invalidation found the queue full
@@ -431,13 +433,6 @@ func (b *Bus) subscribe(ctx context.Context) {
 			}
 			b.setConnected(true, nil)
 			err = b.receive(ctx, ps)
-			// What the others published after the last proof of hearing
-			// may be lost; the next subscription catches up on it. A gap
-			// not caught up yet began earlier and covers this one.
-			if ctx.Err() == nil && !b.catchingUp.Load() {
-				b.gapSince = b.start.Add(time.Duration(b.heardUpTo.Load()))
-				b.catchingUp.Store(true)
-			}
 		}
 		_ = ps.Close()
 		if ctx.Err() != nil {
@@ -500,10 +495,13 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	room := semaphore.NewWeighted(receiveAheadBytes)
 	delivered := make(chan struct{})
 	subscribedAt := time.Now()
+	// Taken before anything is read: a failure of this subscription opens
+	// a gap of its own, from what this one heard.
+	gapSince, catchUp := b.takeGap()
 	go func() {
 		defer close(delivered)
-		if b.catchingUp.Load() {
-			b.catchUp(ctx, subscribedAt)
+		if catchUp {
+			b.catchUp(ctx, gapSince, subscribedAt)
 		}
 		for in := range ahead {
 			// On shutdown what is still queued is dropped: the connections
@@ -526,6 +524,9 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			b.setConnected(false, nil)
 		} else {
 			b.setConnected(false, err)
+			// Before the drain: the hub keeps what it publishes meanwhile
+			// for the catch-up (CatchingUp).
+			b.openGap()
 		}
 		close(ahead)
 		<-delivered
@@ -569,27 +570,55 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	}
 }
 
-// catchUp replays the gap from b.gapSince to until, the new
-// subscription, from the database (CatchUp), once: a catch-up that fails
-// is logged and counted, not retried.
-func (b *Bus) catchUp(ctx context.Context, until time.Time) {
-	defer b.catchingUp.Store(false)
+// openGap records that the subscription failed: what the others published
+// after the last proof of hearing may be lost, and the next subscription
+// catches up on it. A gap not taken yet began earlier and covers this one.
+func (b *Bus) openGap() {
+	b.gapMu.Lock()
+	defer b.gapMu.Unlock()
+	if !b.gapOpen {
+		b.gapSince, b.gapOpen = b.start.Add(time.Duration(b.heardUpTo.Load())), true
+	}
+	b.catchingUp.Store(true)
+}
+
+// takeGap hands the open gap, if any, to a new subscription's catch-up.
+func (b *Bus) takeGap() (since time.Time, open bool) {
+	b.gapMu.Lock()
+	defer b.gapMu.Unlock()
+	since, open = b.gapSince, b.gapOpen
+	b.gapOpen = false
+	return since, open
+}
+
+// catchUp replays the gap from since to until, the new subscription,
+// from the database (CatchUp), once: a catch-up that fails is logged and
+// counted, not retried. CatchingUp holds on after it if the subscription
+// failed meanwhile.
+func (b *Bus) catchUp(ctx context.Context, since, until time.Time) {
+	defer func() {
+		b.gapMu.Lock()
+		defer b.gapMu.Unlock()
+		if !b.gapOpen {
+			b.catchingUp.Store(false)
+		}
+	}()
 	if b.handlers.CatchUp == nil {
 		return
 	}
 	start := time.Now()
-	replayed, err := b.handlers.CatchUp(ctx, b.gapSince, until)
+	replayed, err := b.handlers.CatchUp(ctx, since, until)
 	b.metrics.Replayed.Add(float64(replayed))
 	if err != nil {
 		if ctx.Err() == nil {
 			b.metrics.Gaps.WithLabelValues("failed").Inc()
 			b.log.Warn("redis: could not replay the events committed elsewhere while unsubscribed; subscribers here missed them live (a REQ since then returns them)",
-				"since", b.gapSince, "replayed", replayed, "err", err)
+				"since", since, "replayed", replayed, "err", err)
 		}
 		return
 	}
 	b.metrics.Gaps.WithLabelValues("replayed").Inc()
-	b.log.Info("redis: replayed the events committed while unsubscribed", "since", b.gapSince,
+	b.log.Info("redis: replayed the events committed while unsubscribed", "since", since,
 		"replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
 }
 

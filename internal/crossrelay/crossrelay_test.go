@@ -550,3 +550,110 @@ func TestShutdownDropsWhatWaitsForTheFanout(t *testing.T) {
 	<-stopped
 	require.Equal(t, int32(1), delivered.Load(), "events queued at shutdown were delivered")
 }
+
+// A gap begins when the subscription fails, not once the fan-out drained
+// what it read before: the hub keeps the ids it published for as long as
+// CatchingUp holds (fanout.Hub.RememberPublished), and the ids of the
+// events a lagging fan-out delivers while it drains, whose writes fall in
+// the catch-up's window, must still be there when the catch-up replays it.
+// Mutation killed: marking the gap only after the drain (CatchingUp is
+// false while Deliver is stuck on an event read before the failure).
+func TestGapBeginsWhenTheSubscriptionFailsNotAfterTheDrain(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	community := uuid.New()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		Deliver: func(c uuid.UUID, _ *nostr.Event, _ *uuid.UUID, _ int64) {
+			if c == community {
+				entered <- struct{}{}
+				<-release
+			}
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	released := false
+	defer func() {
+		if !released {
+			close(release) // before run's cleanup waits for the bus
+		}
+	}()
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.False(t, bus.CatchingUp(), "no gap before the first failure")
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	defer other.Close()
+	ev := signed(t, "read before the failure")
+	require.NoError(t, other.Publish(context.Background(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
+	<-entered // the fan-out is busy with it
+
+	srv.Kill()
+	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, bus.CatchingUp, 10*time.Second, 10*time.Millisecond,
+		"the gap is open only once the fan-out drained")
+	close(release)
+	released = true
+	// The gap stays open, with Redis gone, until a catch-up on a new
+	// subscription returns.
+	time.Sleep(50 * time.Millisecond)
+	require.True(t, bus.CatchingUp())
+}
+
+// A subscription that fails while its catch-up runs opens a gap of its
+// own: the next subscription catches up on it, from no earlier than what
+// the failed one started hearing, and CatchingUp holds throughout.
+// Mutation killed: clearing CatchingUp when a catch-up returns whatever
+// happened meanwhile (it is false between the two catch-ups).
+func TestFailureDuringACatchUpIsCaughtUpNext(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	type window struct{ since, until time.Time }
+	windows := make(chan window, 4)
+	entered, release := make(chan struct{}, 4), make(chan struct{})
+	var calls atomic.Int32
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, until time.Time) (int, error) {
+			windows <- window{since, until}
+			if calls.Add(1) == 1 {
+				entered <- struct{}{}
+				<-release
+			}
+			return 0, nil
+		},
+	}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	srv.Kill() // the first gap
+	require.Eventually(t, bus.CatchingUp, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, srv.Restart(t.Context()))
+	<-entered // the first catch-up runs, on the second subscription
+	first := <-windows
+	srv.Kill() // the second subscription fails while it runs
+	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond)
+	close(release)
+	released = true
+	time.Sleep(50 * time.Millisecond)
+	require.True(t, bus.CatchingUp(), "the second gap is not caught up yet")
+
+	require.NoError(t, srv.Restart(t.Context()))
+	select {
+	case second := <-windows:
+		require.False(t, second.since.Before(first.until), "the second gap began once the second subscription heard")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gap opened during the first catch-up was never caught up")
+	}
+	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond)
+}
