@@ -200,9 +200,13 @@ type Bus struct {
 	// fan-out catches up on it first. catchingUp is set from the failure
 	// (before the fan-out drained what was read ahead of it) until a
 	// catch-up returned with no newer gap open.
+	// The bus starts with a gap open (gapAtStart): a process that starts
+	// while Redis is down serves its subscribers without hearing the
+	// others until its first subscription.
 	gapMu      sync.Mutex
 	gapSince   time.Time
 	gapOpen    bool
+	gapAtStart bool
 	catchingUp atomic.Bool
 
 	// unsent holds the communities whose invalidation found the queue full
@@ -271,6 +275,10 @@ func (b *Bus) sinceStart() int64 { return int64(time.Since(b.start)) }
 
 // Run publishes and subscribes until ctx ends, then closes the client.
 func (b *Bus) Run(ctx context.Context) {
+	b.gapMu.Lock()
+	b.gapSince, b.gapOpen, b.gapAtStart = b.start, true, true
+	b.catchingUp.Store(true)
+	b.gapMu.Unlock()
 	done := make(chan struct{})
 	go func() { b.send(ctx); close(done) }()
 	b.subscribe(ctx)
@@ -497,11 +505,11 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	subscribedAt := time.Now()
 	// Taken before anything is read: a failure of this subscription opens
 	// a gap of its own, from what this one heard.
-	gapSince, catchUp := b.takeGap()
+	gapSince, atStart, catchUp := b.takeGap()
 	go func() {
 		defer close(delivered)
 		if catchUp {
-			b.catchUp(ctx, gapSince, subscribedAt)
+			b.catchUp(ctx, gapSince, subscribedAt, atStart)
 		}
 		for in := range ahead {
 			// On shutdown what is still queued is dropped: the connections
@@ -577,25 +585,28 @@ func (b *Bus) openGap() {
 	b.gapMu.Lock()
 	defer b.gapMu.Unlock()
 	if !b.gapOpen {
-		b.gapSince, b.gapOpen = b.start.Add(time.Duration(b.heardUpTo.Load())), true
+		b.gapSince, b.gapOpen, b.gapAtStart = b.start.Add(time.Duration(b.heardUpTo.Load())), true, false
 	}
 	b.catchingUp.Store(true)
 }
 
-// takeGap hands the open gap, if any, to a new subscription's catch-up.
-func (b *Bus) takeGap() (since time.Time, open bool) {
+// takeGap hands the open gap, if any, to a new subscription's catch-up;
+// atStart: the gap is the time before the first subscription.
+func (b *Bus) takeGap() (since time.Time, atStart, open bool) {
 	b.gapMu.Lock()
 	defer b.gapMu.Unlock()
-	since, open = b.gapSince, b.gapOpen
+	since, atStart, open = b.gapSince, b.gapAtStart, b.gapOpen
 	b.gapOpen = false
-	return since, open
+	return since, atStart, open
 }
 
 // catchUp replays the gap from since to until, the new subscription,
 // from the database (CatchUp), once: a catch-up that fails is logged and
 // counted, not retried. CatchingUp holds on after it if the subscription
-// failed meanwhile.
-func (b *Bus) catchUp(ctx context.Context, since, until time.Time) {
+// failed meanwhile. The gap before the first subscription is logged and
+// counted only when it replayed something or failed: an ordinary start
+// has nobody subscribed yet.
+func (b *Bus) catchUp(ctx context.Context, since, until time.Time, atStart bool) {
 	defer func() {
 		b.gapMu.Lock()
 		defer b.gapMu.Unlock()
@@ -615,6 +626,9 @@ func (b *Bus) catchUp(ctx context.Context, since, until time.Time) {
 			b.log.Warn("redis: could not replay the events committed elsewhere while unsubscribed; subscribers here missed them live (a REQ since then returns them)",
 				"since", since, "replayed", replayed, "err", err)
 		}
+		return
+	}
+	if atStart && replayed == 0 {
 		return
 	}
 	b.metrics.Gaps.WithLabelValues("replayed").Inc()

@@ -581,7 +581,8 @@ func TestGapBeginsWhenTheSubscriptionFailsNotAfterTheDrain(t *testing.T) {
 		}
 	}()
 	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
-	require.False(t, bus.CatchingUp(), "no gap before the first failure")
+	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond,
+		"the start's gap is caught up on the first subscription")
 
 	opts, err := redis.ParseURL(srv.URL())
 	require.NoError(t, err)
@@ -656,4 +657,54 @@ func TestFailureDuringACatchUpIsCaughtUpNext(t *testing.T) {
 		t.Fatal("the gap opened during the first catch-up was never caught up")
 	}
 	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond)
+}
+
+// A process that starts while Redis is down serves its own subscribers
+// without hearing the others, as after a lost subscription: its first
+// subscription catches up from the bus's start, and CatchingUp holds
+// until then. A start with Redis up replays nothing and counts no gap.
+// Mutations killed: no gap at start (CatchingUp is false while Redis is
+// down, and the first subscription never catches up); counting the
+// start's gap when it replayed nothing (the quiet start counts one).
+func TestStartDuringAnOutageIsCaughtUpOnTheFirstSubscription(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	srv.Kill()
+	type window struct{ since, until time.Time }
+	windows := make(chan window, 4)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metrics := NewMetrics(prometheus.NewRegistry())
+	before := time.Now()
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, until time.Time) (int, error) {
+			windows <- window{since, until}
+			return 1, nil
+		},
+	}, log, metrics)
+	require.NoError(t, err)
+	run(t, bus)
+	time.Sleep(50 * time.Millisecond)
+	require.False(t, bus.Connected())
+	require.True(t, bus.CatchingUp(), "unheard since the start")
+
+	require.NoError(t, srv.Restart(t.Context()))
+	select {
+	case w := <-windows:
+		require.False(t, w.since.After(time.Now()))
+		require.False(t, w.since.Before(before.Add(-time.Second)), "from the bus's start")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first subscription never caught up on the time before it")
+	}
+	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1.0, testutil.ToFloat64(metrics.Gaps.WithLabelValues("replayed")))
+
+	// A start with Redis up: its catch-up finds nothing, and no gap counts.
+	quiet := NewMetrics(prometheus.NewRegistry())
+	idle, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(context.Context, time.Time, time.Time) (int, error) { return 0, nil },
+	}, log, quiet)
+	require.NoError(t, err)
+	run(t, idle)
+	require.Eventually(t, func() bool { return idle.Connected() && !idle.CatchingUp() }, 30*time.Second, 10*time.Millisecond)
+	require.Zero(t, testutil.CollectAndCount(quiet.Gaps))
 }
