@@ -263,6 +263,41 @@ func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 	require.ElementsMatch(t, []string{first.ID, during.ID, after.ID}, ids(got), "everything stored stays queryable on every relay")
 }
 
+// A relay process started while Redis is down serves its own clients but
+// hears none of the others: once Redis is back, its first subscription
+// replays what another process committed meanwhile to the subscriber it
+// already had, once.
+// Mutation killed: no gap at the bus's start (A's subscriber never gets
+// B's event).
+func TestCrossRelayStartedDuringAnOutageCatchesUp(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", b)
+	redis.Kill()
+	waitRedis(t, "degraded", b)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "degraded", a)
+
+	onA := a.Dial(t, a.Host)
+	onA.Auth(nil)
+	publisher := b.Dial(t, a.Host)
+	author := publisher.Auth(nil)
+	onA.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	onA.Expect("EOSE")
+	during := publisher.Sign(1, "while A never heard B", nil, 0)
+	require.True(t, publisher.Publish(during).OK)
+	waitPublished(t, b)
+
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+	require.Equal(t, during.ID, onA.Expect("EVENT").Event.ID, "A replays what B committed before A ever subscribed")
+	require.Eventually(t, func() bool { return metric(t, a, "buzz_redis_replayed_total") == "1" },
+		30*time.Second, 20*time.Millisecond)
+	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
+}
+
 // Without BUZZ_REDIS_URL a relay is the only one: /ready says nothing about
 // Redis and no Redis collector is registered.
 func TestSingleRelayHasNoRedis(t *testing.T) {
