@@ -5,7 +5,7 @@
 -- missed the live events committed on the others meanwhile; they were
 -- stored, but its subscribers were never sent them. On resubscribing it now
 -- reads the events received since just before the gap and hands them to
--- its fan-out (internal/relay/catchup.go, EventsReceivedSince). received_at
+-- its fan-out (internal/relay/catchup.go, EventsReceivedBetween). received_at
 -- had no index. Rows arrive in received_at order and are appended, so a
 -- BRIN index (one summary of the least and greatest received_at per 32
 -- heap pages) finds the recent ones: 48 kB for 200,000 events (0.25 byte
