@@ -352,9 +352,14 @@ func TestResyncRunsBeforeTheBusCountsAsConnected(t *testing.T) {
 // read before the failure counts as lost at once, not once the fan-out
 // caught up: no invalidation is heard any more, and the relay trusts its
 // cached access answers (for its own clients' publishes too) only while
-// Connected holds.
-// Mutation killed: marking the bus disconnected only after the events
-// read ahead were delivered (Connected holds while Deliver is stuck).
+// Connected holds. The gap to catch up on opens then too: the hub keeps
+// the ids it publishes for as long as CatchingUp holds
+// (fanout.Hub.RememberPublished), and the events a lagging fan-out
+// delivers while it drains fall in the catch-up's window, so their ids
+// must still be there when the catch-up replays them.
+// Mutations killed: marking the bus disconnected only after the events
+// read ahead were delivered (Connected holds while Deliver is stuck);
+// opening the gap only after the drain (CatchingUp is false meanwhile).
 func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
@@ -371,8 +376,15 @@ func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
 	}, log, NewMetrics(prometheus.NewRegistry()))
 	require.NoError(t, err)
 	run(t, bus)
-	defer close(release) // before run's cleanup waits for the bus
+	released := false
+	defer func() {
+		if !released {
+			close(release) // before run's cleanup waits for the bus
+		}
+	}()
 	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond,
+		"the start's gap is caught up on the first subscription")
 
 	opts, err := redis.ParseURL(srv.URL())
 	require.NoError(t, err)
@@ -385,6 +397,14 @@ func TestBusCountsAsCutOffWhileTheFanoutDrains(t *testing.T) {
 	srv.Kill()
 	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond,
 		"the bus still counts as connected while the fan-out drains")
+	require.Eventually(t, bus.CatchingUp, 10*time.Second, 10*time.Millisecond,
+		"the gap waits for the fan-out to drain before it opens")
+	close(release)
+	released = true
+	// The gap stays open, with Redis gone, until a catch-up on a new
+	// subscription returns.
+	time.Sleep(50 * time.Millisecond)
+	require.True(t, bus.CatchingUp())
 }
 
 // A stalled Redis (stopped, or cut off without a reset) is noticed by
@@ -549,59 +569,6 @@ func TestShutdownDropsWhatWaitsForTheFanout(t *testing.T) {
 	close(release)
 	<-stopped
 	require.Equal(t, int32(1), delivered.Load(), "events queued at shutdown were delivered")
-}
-
-// A gap begins when the subscription fails, not once the fan-out drained
-// what it read before: the hub keeps the ids it published for as long as
-// CatchingUp holds (fanout.Hub.RememberPublished), and the ids of the
-// events a lagging fan-out delivers while it drains, whose writes fall in
-// the catch-up's window, must still be there when the catch-up replays it.
-// Mutation killed: marking the gap only after the drain (CatchingUp is
-// false while Deliver is stuck on an event read before the failure).
-func TestGapBeginsWhenTheSubscriptionFailsNotAfterTheDrain(t *testing.T) {
-	t.Parallel()
-	srv := dbtest.RedisServer(t)
-	community := uuid.New()
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bus, err := New(srv.URL(), 16, Handlers{
-		Deliver: func(c uuid.UUID, _ *nostr.Event, _ *uuid.UUID, _ int64) {
-			if c == community {
-				entered <- struct{}{}
-				<-release
-			}
-		},
-	}, log, NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	run(t, bus)
-	released := false
-	defer func() {
-		if !released {
-			close(release) // before run's cleanup waits for the bus
-		}
-	}()
-	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return !bus.CatchingUp() }, 30*time.Second, 10*time.Millisecond,
-		"the start's gap is caught up on the first subscription")
-
-	opts, err := redis.ParseURL(srv.URL())
-	require.NoError(t, err)
-	other := redis.NewClient(opts)
-	defer other.Close()
-	ev := signed(t, "read before the failure")
-	require.NoError(t, other.Publish(context.Background(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
-	<-entered // the fan-out is busy with it
-
-	srv.Kill()
-	require.Eventually(t, func() bool { return !bus.Connected() }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, bus.CatchingUp, 10*time.Second, 10*time.Millisecond,
-		"the gap is open only once the fan-out drained")
-	close(release)
-	released = true
-	// The gap stays open, with Redis gone, until a catch-up on a new
-	// subscription returns.
-	time.Sleep(50 * time.Millisecond)
-	require.True(t, bus.CatchingUp())
 }
 
 // A subscription that fails while its catch-up runs opens a gap of its
