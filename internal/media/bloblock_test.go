@@ -50,24 +50,10 @@ func TestDeleteOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
 			paused := mediatest.NewPauseAfterStat(store, d.Blob, pauseAt)
 			processB := media.NewService(paused, limits, nil)
 			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
-			uploaded := make(chan error, 1)
-			go func() {
+			deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
 				_, err := processB.Upload(ctx, second, "bob", strings.NewReader(blob), nil)
-				uploaded <- err
-			}()
-			select {
-			case <-paused.Paused:
-			case err := <-uploaded:
-				t.Fatalf("the upload looked at the blob fewer than %d times (err %v)", pauseAt, err)
-			}
-			deleted := make(chan error, 1)
-			go func() { deleted <- processA.Delete(ctx, first, d.SHA256, "alice") }()
-			require.Eventually(t, func() bool {
-				return len(deleted) == 1 || waitingOnABlobLock(t, pool)
-			}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
-			close(paused.Resume)
-			require.NoError(t, <-uploaded)
-			require.NoError(t, <-deleted)
+				return err
+			}, func() error { return processA.Delete(ctx, first, d.SHA256, "alice") })
 
 			_, obj, err := processB.Open(ctx, second, d.SHA256)
 			require.NoError(t, err, "the second community's blob")
@@ -76,6 +62,28 @@ func TestDeleteOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
 			require.ErrorIs(t, err, media.ErrNotFound, "the first community's reference is gone")
 		})
 	}
+}
+
+// deleteWhileAnUploadIsPaused runs upload until it pauses (paused closed),
+// then del until it finished or waits on a blob lock, then lets the upload
+// go on (resume); both must succeed.
+func deleteWhileAnUploadIsPaused(t *testing.T, pool *pgxpool.Pool, paused <-chan struct{}, resume chan struct{}, upload, del func() error) {
+	t.Helper()
+	uploaded := make(chan error, 1)
+	go func() { uploaded <- upload() }()
+	select {
+	case <-paused:
+	case err := <-uploaded:
+		t.Fatalf("the upload finished before reaching its pause (err %v)", err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- del() }()
+	require.Eventually(t, func() bool {
+		return len(deleted) == 1 || waitingOnABlobLock(t, pool)
+	}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
+	close(resume)
+	require.NoError(t, <-uploaded)
+	require.NoError(t, <-deleted)
 }
 
 func waitingOnABlobLock(t *testing.T, pool *pgxpool.Pool) bool {
@@ -114,24 +122,10 @@ func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
 	paused := mediatest.NewPauseBeforePut(store, "_uploads/"+community.String()+"/")
 	processB := media.NewService(paused, limits, nil)
 	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
-	uploaded := make(chan error, 1)
-	go func() {
+	deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
 		_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
-		uploaded <- err
-	}()
-	select {
-	case <-paused.Paused:
-	case err := <-uploaded:
-		t.Fatalf("the upload never wrote its record (err %v)", err)
-	}
-	deleted := make(chan error, 1)
-	go func() { deleted <- processA.Delete(ctx, community, d.SHA256, "alice") }()
-	require.Eventually(t, func() bool {
-		return len(deleted) == 1 || waitingOnABlobLock(t, pool)
-	}, 30*time.Second, 10*time.Millisecond, "the delete neither finished nor waits")
-	close(paused.Resume)
-	require.NoError(t, <-uploaded)
-	require.NoError(t, <-deleted)
+		return err
+	}, func() error { return processA.Delete(ctx, community, d.SHA256, "alice") })
 
 	_, obj, err := processB.Open(ctx, community, d.SHA256)
 	require.NoError(t, err, "bob's upload is served")
