@@ -30,7 +30,12 @@ const (
 	// many stale "live" events would push slow clients off, and its rows
 	// would all be held at once. Clients resubscribing since their last
 	// event get it from their REQ.
-	catchUpMost    = 10_000
+	catchUpMost = 10_000
+	// catchUpLongest: the longest gap replayed. Its events would be stale
+	// as "live" ones, and reading them in order means reading and sorting
+	// every row received meanwhile, on the writer, by every relay process
+	// at once when Redis returns.
+	catchUpLongest = 10 * time.Minute
 	catchUpTimeout = 30 * time.Second
 	// publishedWindow: how long the hub remembers what it published. It
 	// must reach back from a subscription's failure to catchUpMargin
@@ -48,6 +53,9 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 	communities := s.hub.Communities()
 	if len(communities) == 0 {
 		return 0, nil
+	}
+	if gap := until.Sub(since); gap > catchUpLongest {
+		return 0, fmt.Errorf("the gap lasted %s, longer than %s: too long to replay live", gap.Round(time.Second), catchUpLongest)
 	}
 	since, until = since.Add(-catchUpMargin), until.Add(catchUpMargin)
 	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)

@@ -1,6 +1,9 @@
 package relay
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // ReadyChecks reports how many readiness checks ran and how many /ready
 // requests were answered by a check another request started.
@@ -16,4 +19,10 @@ func (s *Server) SetReadyTimeout(d time.Duration) { s.ready.timeout = d }
 func (s *Server) CrossRelayHears() bool {
 	bus := s.crossRelay.Load()
 	return bus != nil && bus.Hears()
+}
+
+// CatchUp runs the replay of a gap in the cross-relay traffic from since to
+// until, as the Redis bus does on resubscribing.
+func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, error) {
+	return s.catchUp(ctx, since, until)
 }

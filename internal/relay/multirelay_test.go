@@ -16,7 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/redisserver"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -296,6 +298,38 @@ func TestCrossRelayStartedDuringAnOutageCatchesUp(t *testing.T) {
 	require.Eventually(t, func() bool { return metric(t, a, "buzz_redis_replayed_total") == "1" },
 		30*time.Second, 20*time.Millisecond)
 	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
+}
+
+// A gap longer than ten minutes is not replayed: it would read and sort
+// every event received meanwhile, on the writer, in every relay process at
+// once when Redis returns, to deliver events long stale. A shorter one is.
+// Mutation killed: no bound on the gap's length (the long gap is read and
+// replayed).
+func TestCatchUpRefusesAGapTooLongToReplay(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	subscriber := r.Dial(t, r.Host)
+	subscriber.Auth(nil)
+	publisher := r.Dial(t, r.Host)
+	author := publisher.Auth(nil)
+	subscriber.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	subscriber.Expect("EOSE")
+	// Stored straight into the database, as another process would: this
+	// relay's hub never published it.
+	ev := publisher.Sign(1, "committed elsewhere", nil, 0)
+	params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+	require.NoError(t, err)
+	_, err = db.New(r.Pool).EventInsert(t.Context(), params)
+	require.NoError(t, err)
+
+	now := time.Now()
+	_, err = r.Server.CatchUp(t.Context(), now.Add(-11*time.Minute), now)
+	require.ErrorContains(t, err, "too long to replay live")
+
+	replayed, err := r.Server.CatchUp(t.Context(), now.Add(-time.Minute), now)
+	require.NoError(t, err)
+	require.Equal(t, 1, replayed)
+	require.Equal(t, ev.ID, subscriber.Expect("EVENT").Event.ID)
 }
 
 // Without BUZZ_REDIS_URL a relay is the only one: /ready says nothing about
