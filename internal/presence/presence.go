@@ -9,6 +9,7 @@ package presence
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -171,12 +172,63 @@ func (m *Memory) Current(_ context.Context, community, channel uuid.UUID, now ti
 	return out
 }
 
+// StoredCount counts, for each filter asking for presence and stored kinds
+// alike, the stored events a REQ returned that it matches: the limit is one
+// for both, so presence gets only what the stored events left of it. Stored
+// events are read first and sent as they are read; none can be taken back
+// for a newer announcement.
+type StoredCount struct {
+	filters  nostr.Filters
+	counting []int // indexes of the filters that ask for both
+	matched  []int // by filter index
+}
+
+// NewStoredCount is the count for filters, or nil when no filter asks for
+// presence and stored kinds alike (then no stored row need be parsed).
+func NewStoredCount(filters nostr.Filters) *StoredCount {
+	var counting []int
+	for i := range filters {
+		f := &filters[i]
+		if asksPresence(f) && slices.ContainsFunc(f.Kinds, func(k int) bool { return k != Kind }) {
+			counting = append(counting, i)
+		}
+	}
+	if counting == nil {
+		return nil
+	}
+	return &StoredCount{filters: filters, counting: counting, matched: make([]int, len(filters))}
+}
+
+// Add counts one stored event, its JSON as the REQ returned it.
+func (c *StoredCount) Add(raw []byte) {
+	if c == nil {
+		return
+	}
+	ev, err := nostr.ParseEvent(raw, nostr.Limits{})
+	if err != nil {
+		return
+	}
+	for _, i := range c.counting {
+		if c.filters[i].Matches(ev) {
+			c.matched[i]++
+		}
+	}
+}
+
+func (c *StoredCount) of(filter int) int {
+	if c == nil {
+		return 0
+	}
+	return c.matched[filter]
+}
+
 // Select is what a REQ gets from the present: for each filter asking for
 // kind 20001 pinned (#h) to channels, the unexpired announcements it
-// matches, newest first, at most its limit (maxLimit when it gives none).
+// matches, newest first, at most its limit (maxLimit when it gives none)
+// less the stored events it already returned (stored, nil for none).
 // The caller has already checked that the reader may read every pinned
 // channel.
-func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int) []*nostr.Event {
+func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int, stored *StoredCount) []*nostr.Event {
 	seen := map[string]struct{}{}
 	// Each channel's set is read once per REQ, however often its filters
 	// name it: a filter may repeat one channel id up to the filter-value
@@ -192,6 +244,10 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 		limit := maxLimit
 		if f.Limit != nil && *f.Limit < limit {
 			limit = *f.Limit
+		}
+		limit -= stored.of(i)
+		if limit <= 0 {
+			continue
 		}
 		var matched []*nostr.Event
 		named := map[uuid.UUID]struct{}{}

@@ -163,7 +163,7 @@ func TestSelectReadsEachChannelOnce(t *testing.T) {
 		{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": repeated}, Limit: ptr(1)},
 	}
 	store := &countingStore{Store: m}
-	got := presence.Select(context.Background(), store, community, filters, now, 500)
+	got := presence.Select(context.Background(), store, community, filters, now, 500, nil)
 	require.Len(t, got, 3, "each announcement once")
 	require.Equal(t, 1, store.reads, "one read of the channel for the whole REQ")
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/trace"
 )
 
@@ -738,6 +739,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	// Replies are queued a corked write's worth at a time, the last batch
 	// with the EOSE, so a small REQ's answer leaves in one write.
 	var held replyBatch
+	stored := presence.NewStoredCount(filters)
 	// Each page's statement gets QueryTimeout (store.StatementTimeout); the
 	// time this client takes to receive a page is its own, bounded by the
 	// write watchdog, not charged to the next page.
@@ -745,13 +747,14 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		if traced {
 			rowChannels = append(rowChannels, channel)
 		}
+		stored.Add(event)
 		if held.add(queued{msg: event, subID: subID}) {
 			return c.sendAll(held.take())
 		}
 		return nil
 	})
 	if err == nil {
-		for _, ev := range c.presenceEvents(ctx, filters) {
+		for _, ev := range c.presenceEvents(ctx, filters, stored) {
 			held.add(queued{msg: nostr.EncodeEvent(subID, ev)})
 		}
 	}

@@ -279,3 +279,43 @@ func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	}
 	require.ElementsMatch(t, announced[:2], ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is not kept")
 }
+
+// A filter asking for stored kinds and presence alike gets at most its
+// limit in all: the stored events it returned count toward it, and
+// presence fills what they left. Before, the stored query and the
+// presence store each took the whole limit, so {"kinds":[9,20001],
+// "limit":1} got two events.
+// Mutations killed: presence.Select ignoring the stored count (two events
+// for limit 1); counting stored rows a filter did not match (a filter of
+// another channel's messages left no room for this channel's presence).
+func TestPresenceAndStoredEventsShareTheFilterLimit(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "shared-limit", false)
+	other := createChannel(t, owner, "elsewhere", false)
+	base := time.Now().Unix()
+	msg := owner.Sign(9, "hello", nostr.Tags{{"h", ch}}, base-5)
+	require.True(t, owner.Publish(msg).OK)
+	elsewhere := owner.Sign(9, "there", nostr.Tags{{"h", other}}, base-5)
+	require.True(t, owner.Publish(elsewhere).OK)
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)
+	require.True(t, owner.Publish(here).OK)
+
+	mixed := func(more map[string]any) map[string]any {
+		f := map[string]any{"kinds": []int{9, 20001}, "#h": []string{ch}}
+		for k, v := range more {
+			f[k] = v
+		}
+		return f
+	}
+	require.Len(t, owner.Req("one", mixed(map[string]any{"limit": 1})), 1, "the limit holds across stored events and presence")
+	require.ElementsMatch(t, []string{msg.ID, here.ID}, ids(owner.Req("two", mixed(map[string]any{"limit": 2}))))
+	// The other channel's message is returned for the second filter only:
+	// it takes none of the first filter's room.
+	got := owner.Req("apart",
+		mixed(map[string]any{"limit": 2}),
+		map[string]any{"kinds": []int{9}, "#h": []string{other}, "limit": 1})
+	require.ElementsMatch(t, []string{msg.ID, here.ID, elsewhere.ID}, ids(got))
+}
