@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net/url"
 	"os"
 	"os/signal"
@@ -178,6 +179,11 @@ func (t *timeoutValue) Set(s string) error {
 	if err != nil {
 		secs, ferr := strconv.ParseFloat(s, 64)
 		if ferr != nil {
+			return errors.New("want a duration such as 10s or a number of seconds")
+		}
+		// NaN, infinities and more seconds than a Duration holds convert
+		// to nonsense; ParseFloat takes them all.
+		if math.IsNaN(secs) || math.Abs(secs) > math.MaxInt64/float64(time.Second) {
 			return errors.New("want a duration such as 10s or a number of seconds")
 		}
 		d = time.Duration(secs * float64(time.Second))
@@ -366,7 +372,16 @@ func (o *options) relayURL() (string, error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
-		return "", configErr("relay URL %q must be ws://HOST[:PORT] or wss://HOST[:PORT]", raw)
+		// The value is not echoed, as a --key-file path is not: a secret
+		// key pasted here would end up in the error JSON. The scheme says
+		// what is wrong without it.
+		what := "the relay URL has no ws:// or wss:// scheme"
+		if err == nil && u.Scheme != "" && u.Host != "" {
+			what = fmt.Sprintf("the relay URL has scheme %q", u.Scheme)
+		} else if err == nil && u.Host == "" && (u.Scheme == "ws" || u.Scheme == "wss") {
+			what = "the relay URL has no host"
+		}
+		return "", configErr("%s; it must be ws://HOST[:PORT] or wss://HOST[:PORT]", what)
 	}
 	// url.Parse lowercased the scheme; the rest is kept as written. Every
 	// use (the AUTH relay tag, the http(s) URL of the HTTP commands) then

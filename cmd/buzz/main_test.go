@@ -550,3 +550,40 @@ func TestKeyFileErrorNeverEchoesTheValue(t *testing.T) {
 	o.fail(t, 2)
 	require.NotContains(t, o.stderr, key.Hex()[:32])
 }
+
+// A secret key given where the relay URL belongs (--relay or
+// BUZZ_RELAY_URL) is not echoed in the error, as a key given for
+// --key-file is not: the error JSON ends up in an agent's logs. The error
+// still says what is wrong with the value.
+// Mutation killed: quoting the raw value in relayURL's error (as before).
+func TestRelayURLErrorNeverEchoesTheValue(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	for _, env := range []map[string]string{
+		{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": key.Hex()},
+		{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": "wss:" + key.Hex()},
+	} {
+		o := buzz(t, env, "", "channels", "list")
+		e := o.fail(t, 2)
+		require.Equal(t, "config", e.Code)
+		require.Contains(t, e.Error, "ws://HOST[:PORT] or wss://HOST[:PORT]")
+		require.NotContains(t, o.stderr, key.Hex()[:16])
+	}
+	o := buzz(t, map[string]string{"BUZZ_PRIVATE_KEY": key.Hex()}, "", "--relay", "http://"+key.Hex()[:20], "channels", "list")
+	e := o.fail(t, 2)
+	require.Contains(t, e.Error, `scheme "http"`, "the scheme, which says what is wrong, is named")
+	require.NotContains(t, o.stderr, key.Hex()[:20])
+}
+
+// A --timeout that is not a finite number of seconds is refused as such,
+// not as "negative". Mutation killed: dropping the finiteness check (NaN
+// and 1e300 were called negative).
+func TestTimeoutMustBeFinite(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"NaN", "Inf", "1e300"} {
+		e := buzz(t, nil, "", "--timeout", v, "whoami").fail(t, 2)
+		require.Equal(t, "usage", e.Code)
+		require.NotContains(t, e.Error, "negative", v)
+	}
+}
