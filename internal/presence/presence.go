@@ -229,13 +229,19 @@ func (c *StoredCount) of(filter int) int {
 // The caller has already checked that the reader may read every pinned
 // channel.
 func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int, stored *StoredCount) []*nostr.Event {
-	seen := map[string]struct{}{}
-	// Each channel's set is read once per REQ, however often its filters
-	// name it: a filter may repeat one channel id up to the filter-value
-	// limit, and reading (and parsing) the whole set for every repeat made
-	// one REQ hold the set a thousand times over.
-	current := map[uuid.UUID][]*nostr.Event{}
-	var out []*nostr.Event
+	type pick struct {
+		filter  *nostr.Filter
+		limit   int
+		named   map[uuid.UUID]struct{}
+		matched []*nostr.Event // newest first, at most limit
+	}
+	var picks []*pick
+	// Each channel is read once per REQ, however many filters name it and
+	// however often: a filter may repeat one channel id up to the
+	// filter-value limit, and reading (and parsing) the whole set for every
+	// repeat made one REQ hold the set a thousand times over.
+	var channels []uuid.UUID
+	read := map[uuid.UUID]struct{}{}
 	for i := range filters {
 		f := &filters[i]
 		if !asksPresence(f) {
@@ -249,33 +255,49 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 		if limit <= 0 {
 			continue
 		}
-		var matched []*nostr.Event
-		named := map[uuid.UUID]struct{}{}
+		p := &pick{filter: f, limit: limit, named: map[uuid.UUID]struct{}{}}
 		for _, h := range f.Tags["h"] {
 			channel, err := uuid.Parse(h)
 			if err != nil {
 				continue
 			}
-			if _, dup := named[channel]; dup {
+			p.named[channel] = struct{}{}
+			if _, dup := read[channel]; !dup {
+				read[channel] = struct{}{}
+				channels = append(channels, channel)
+			}
+		}
+		picks = append(picks, p)
+	}
+	// One channel's set at a time, cut to each filter's limit before the
+	// next is read: a channel holds up to its byte bound, and a REQ may
+	// name thousands of channels, so keeping every set until the end held
+	// their sum.
+	for _, channel := range channels {
+		present := s.Current(ctx, community, channel, now)
+		for _, p := range picks {
+			if _, ok := p.named[channel]; !ok {
 				continue
 			}
-			named[channel] = struct{}{}
-			present, ok := current[channel]
-			if !ok {
-				present = s.Current(ctx, community, channel, now)
-				current[channel] = present
-			}
+			grew := false
 			for _, ev := range present {
-				if f.Matches(ev) {
-					matched = append(matched, ev)
+				if p.filter.Matches(ev) {
+					p.matched = append(p.matched, ev)
+					grew = true
 				}
 			}
+			if grew {
+				sort.SliceStable(p.matched, func(a, b int) bool { return p.matched[a].CreatedAt > p.matched[b].CreatedAt })
+				// The array's tail may keep at most one channel's worth
+				// alive, until the next append overwrites it.
+				p.matched = p.matched[:min(len(p.matched), p.limit)]
+			}
 		}
-		sort.Slice(matched, func(a, b int) bool { return matched[a].CreatedAt > matched[b].CreatedAt })
-		if len(matched) > limit {
-			matched = matched[:limit]
-		}
-		for _, ev := range matched {
+	}
+	seen := map[string]struct{}{}
+	var out []*nostr.Event
+	for _, p := range picks {
+		for _, ev := range p.matched {
 			if _, dup := seen[ev.ID]; !dup {
 				seen[ev.ID] = struct{}{}
 				out = append(out, ev)
@@ -288,7 +310,9 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 func asksPresence(f *nostr.Filter) bool {
 	// A NIP-50 search ranks stored events by their text; announcements are
 	// not stored, and Matches does not read the search term.
-	if len(f.Tags["h"]) == 0 || f.Search != "" {
+	// An agent_owner filter never matches an announcement (Matches cannot
+	// tell an author's owner), so its channels are not read.
+	if len(f.Tags["h"]) == 0 || f.Search != "" || f.AgentOwner != "" {
 		return false
 	}
 	for _, k := range f.Kinds {

@@ -3,9 +3,11 @@ package presence_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -169,3 +171,73 @@ func TestSelectReadsEachChannelOnce(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// generatingStore answers every channel with perChannel fresh announcements
+// and keeps only weak pointers to them, so the test can tell which ones the
+// caller still holds when it reads the next channel.
+type generatingStore struct {
+	perChannel int
+	handedOut  []weak.Pointer[nostr.Event]
+	// mostHeld is the most announcements of earlier channels still reachable
+	// when a later channel was read.
+	mostHeld int
+}
+
+func (g *generatingStore) Remember(uuid.UUID, uuid.UUID, *nostr.Event, time.Time) {}
+
+func (g *generatingStore) Current(_ context.Context, _, channel uuid.UUID, now time.Time) []*nostr.Event {
+	runtime.GC()
+	held := 0
+	for _, p := range g.handedOut {
+		if p.Value() != nil {
+			held++
+		}
+	}
+	g.mostHeld = max(g.mostHeld, held)
+	out := make([]*nostr.Event, g.perChannel)
+	for i := range out {
+		ev := fakeEvent("a", now.Add(-time.Duration(len(g.handedOut))*time.Millisecond), 100)
+		ev.ID = fmt.Sprintf("%064x", len(g.handedOut))
+		ev.PubKey = fmt.Sprintf("%064x", len(g.handedOut))
+		ev.CreatedAt = now.Unix() - int64(len(g.handedOut)) // each older than the last
+		ev.Tags = nostr.Tags{{"h", channel.String()}}
+		out[i] = ev
+		g.handedOut = append(g.handedOut, weak.Make(ev))
+	}
+	return out
+}
+
+// A REQ naming many channels holds, besides the channel being read, only
+// what its filters' limits can still return: each channel may hold up to
+// BUZZ_PRESENCE_MAX_CHANNEL_BYTES (4 MiB), and one REQ may name thousands
+// of channels, so keeping every channel's set until the end held their
+// sum (gigabytes with Redis, where nothing bounds the channels together).
+// Mutation killed: keeping every channel's set until the limits are cut at
+// the end (950 announcements held when the last of 20 channels was read).
+func TestSelectHoldsOnlyWhatTheLimitKeeps(t *testing.T) {
+	t.Parallel()
+	const channels, perChannel, limit = 20, 50, 5
+	named := make([]string, channels)
+	for i := range named {
+		named[i] = uuid.NewString()
+	}
+	store := &generatingStore{perChannel: perChannel}
+	filters := nostr.Filters{{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": named}, Limit: ptr(limit)}}
+	got := presence.Select(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil)
+	require.Len(t, got, limit)
+	require.Equal(t, fmt.Sprintf("%064x", 0), got[0].ID, "the newest first")
+	// The limit's worth kept, and the channel read last, which the
+	// collector may not have seen die yet.
+	require.LessOrEqual(t, store.mostHeld, limit+perChannel, "announcements of earlier channels still held")
+}
+
+// An agent_owner filter never matches an announcement (the event cannot
+// say who owns its author), so its channels are not read at all.
+// Mutation killed: asksPresence ignoring AgentOwner (one read for nothing).
+func TestSelectSkipsAgentOwnerFilters(t *testing.T) {
+	t.Parallel()
+	store := &countingStore{Store: presence.NewMemory(time.Minute, 100, 1<<20, 1<<20)}
+	filters := nostr.Filters{{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": {uuid.NewString()}}, AgentOwner: hexKey("b")}}
+	require.Empty(t, presence.Select(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil))
+	require.Zero(t, store.reads)
+}
