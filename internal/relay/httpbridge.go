@@ -21,6 +21,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
 )
 
 // httpBridge serves the NIP-98 HTTP bridge: POST /events submits
@@ -318,10 +319,20 @@ func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant c
 		return
 	}
 	answer := newQueryAnswer(w, queryStreamAfter, func() { deadline.Stop() })
+	stored := presence.NewStoredCount(filters)
 	if err == nil {
 		err = s.store.QueryJSON(ctx, tenant.ID(), scope, filters, func(event []byte, _ *uuid.UUID) error {
+			stored.Add(event)
 			return answer.add(event)
 		})
+	}
+	if err == nil {
+		// Presence as a REQ gets it before EOSE: the same read, over HTTP.
+		for _, ev := range presence.Select(ctx, s.presence.Load().Store, tenant.ID(), filters, s.now(), s.cfg.MaxLimit, stored) {
+			if err = answer.add(ev.AppendJSON(nil)); err != nil {
+				break
+			}
+		}
 	}
 	if err != nil {
 		status, msg := b.readFailure(r, ctx, tenant, err)

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -318,4 +319,35 @@ func TestPresenceAndStoredEventsShareTheFilterLimit(t *testing.T) {
 		mixed(map[string]any{"limit": 2}),
 		map[string]any{"kinds": []int{9}, "#h": []string{other}, "limit": 1})
 	require.ElementsMatch(t, []string{msg.ID, here.ID, elsewhere.ID}, ids(got))
+}
+
+// POST /query answers presence as a REQ does: the same read over the
+// bridge, limit shared with stored events, and a non-member refused alike.
+// Mutation killed: serveQuery not reading presence (the bridge answered
+// {"events":[]} where the WebSocket answered the announcement).
+func TestPresenceOverTheHTTPBridge(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "bridged", true)
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(here).OK)
+	msg := owner.Sign(9, "hello", nostr.Tags{{"h", ch}}, here.CreatedAt-5)
+	require.True(t, owner.Publish(msg).OK)
+
+	got := post(t, r, owner.Key, "/query", query(presenceFilter(ch, nil)))
+	require.Equal(t, http.StatusOK, got.Status, got.Raw)
+	require.Equal(t, ids(owner.Req("ws", presenceFilter(ch, nil))), ids(got.Events))
+	require.Equal(t, []string{here.ID}, ids(got.Events))
+	for _, ev := range got.Events {
+		require.NoError(t, ev.Verify())
+	}
+	mixed := map[string]any{"kinds": []int{9, 20001}, "#h": []string{ch}, "limit": 1}
+	got = post(t, r, owner.Key, "/query", query(mixed))
+	require.Equal(t, []string{msg.ID}, ids(got.Events), "the stored event takes the limit")
+
+	got = post(t, r, relaytest.NewKey(t), "/query", query(presenceFilter(ch, nil)))
+	require.Equal(t, http.StatusForbidden, got.Status, got.Raw)
+	require.Equal(t, "restricted: not a channel member", got.Error)
 }
