@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"time"
@@ -87,7 +88,7 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 		if failure := upgradeFailure(relayURL, resp); failure != nil {
 			return nil, failure
 		}
-		return nil, fmt.Errorf("connect to %s: %w", relayURL, err)
+		return nil, fmt.Errorf("connect to %s: %w", redactedURL(relayURL), err)
 	}
 	ws.SetReadLimit(16 << 20)
 	c := &Client{ws: ws, raw: raw, relayURL: relayURL, key: key, att: att}
@@ -96,6 +97,16 @@ func Dial(ctx context.Context, relayURL string, key *nostr.SecretKey, att *nipoa
 		return nil, err
 	}
 	return c, nil
+}
+
+// redactedURL is relayURL for an error message, its password (a proxy's
+// basic auth in wss://user:password@host) replaced by xxxxx.
+func redactedURL(relayURL string) string {
+	u, err := url.Parse(relayURL)
+	if err != nil {
+		return "the relay URL"
+	}
+	return u.Redacted()
 }
 
 // upgradeFailure is what an HTTP answer other than the WebSocket upgrade
@@ -112,7 +123,7 @@ func upgradeFailure(relayURL string, resp *http.Response) error {
 	}
 	if resp.StatusCode < http.StatusBadRequest {
 		return &ProtocolError{Msg: fmt.Sprintf("no relay at %s: it answered the WebSocket upgrade with %d %s",
-			relayURL, resp.StatusCode, http.StatusText(resp.StatusCode))}
+			redactedURL(relayURL), resp.StatusCode, http.StatusText(resp.StatusCode))}
 	}
 	var body struct {
 		Error string `json:"error"`

@@ -587,3 +587,17 @@ func TestTimeoutMustBeFinite(t *testing.T) {
 		require.NotContains(t, e.Error, "negative", v)
 	}
 }
+
+// A relay URL's password (basic auth for a proxy in front of the relay)
+// is not printed when the connection fails.
+// Mutation killed: printing the URL as given in Dial's error.
+func TestConnectErrorRedactsThePassword(t *testing.T) {
+	t.Parallel()
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	o := buzz(t, map[string]string{"BUZZ_PRIVATE_KEY": key.Hex(), "BUZZ_RELAY_URL": "ws://agent:s3cretpw@127.0.0.1:1"}, "", "channels", "list")
+	e := o.fail(t, 1)
+	require.Equal(t, "network", e.Code)
+	require.Contains(t, e.Error, "agent:xxxxx@127.0.0.1:1")
+	require.NotContains(t, o.stderr, "s3cretpw")
+}
