@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -350,4 +351,70 @@ func TestPresenceOverTheHTTPBridge(t *testing.T) {
 	got = post(t, r, relaytest.NewKey(t), "/query", query(presenceFilter(ch, nil)))
 	require.Equal(t, http.StatusForbidden, got.Status, got.Raw)
 	require.Equal(t, "restricted: not a channel member", got.Error)
+}
+
+// Announcements racing through two relays into one channel keep Redis
+// within the channel's bound, and the channel's byte count equal to the
+// bytes its hash holds: the script checks and writes in one step, so no
+// two writers both see the last free place. (A check of the open item
+// "presence can exceed its limit": it held; the limit it meant is the
+// REQ's, TestPresenceAndStoredEventsShareTheFilterLimit.)
+// Mutation killed: the script without the entry cap (24 kept).
+func TestPresenceBoundHoldsUnderConcurrentAnnouncements(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	const most = 4
+	bound := func(c *config.Config) { c.PresenceMaxEntries = most }
+	a := relaytest.StartWith(t, pool, nil, withRedis(url), bound)
+	c := relaytest.StartWith(t, pool, nil, withRedis(url), bound)
+	waitRedis(t, "connected", a, c)
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "racing", false)
+
+	clients := make([]*relaytest.Client, 24)
+	for i := range clients {
+		r := a
+		if i%2 == 1 {
+			r = c
+		}
+		clients[i] = r.Dial(t, a.Host)
+		clients[i].Auth(nil)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	accepted := make(chan bool, len(clients))
+	for _, cl := range clients {
+		ev := cl.Sign(20001, strings.Repeat("x", 100), nostr.Tags{{"h", ch}}, 0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			accepted <- cl.Publish(ev).OK
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(accepted)
+	for ok := range accepted {
+		require.True(t, ok)
+	}
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	key := crossrelay.PresenceKey(a.CommunityID, uuid.MustParse(ch))
+	require.EqualValues(t, most, rdb.HLen(ctx, key).Val(), "exactly the bound kept")
+	held := 0
+	for _, v := range rdb.HVals(ctx, key).Val() {
+		held += len(v)
+	}
+	counted, err := rdb.Get(ctx, key+":bytes").Int()
+	require.NoError(t, err)
+	require.Equal(t, held, counted, "the byte count is what the hash holds")
+	require.EqualValues(t, most, rdb.ZCard(ctx, key+":expires").Val(), "one expiry per kept announcement")
+	require.Len(t, owner.Req("racing", presenceFilter(ch, nil)), most)
 }
