@@ -7,9 +7,13 @@ VALUES (@community_id::uuid, @token::bytea, @workflow_id::uuid, @run_id::uuid, @
         @approver_spec::text, @expires_at::timestamptz, coalesce(sqlc.narg('now')::timestamptz, now()));
 
 -- name: WorkflowApprovalGet :one
-SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+-- pinned_definition is the definition event (hex) the approval's run
+-- executes: a decision is refused once the workflow moved on from it.
+SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id,
+       coalesce(r.trigger_context ->> 'definition_event_id', '')::text AS pinned_definition
 FROM workflow_approvals a
 JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
+JOIN workflow_runs r ON r.community_id = a.community_id AND r.id = a.run_id
 WHERE a.community_id = @community_id::uuid AND a.token = @token::bytea;
 
 -- name: WorkflowApprovalDecide :execrows
@@ -48,3 +52,13 @@ SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, a
 FROM workflow_approvals
 WHERE community_id = @community_id::uuid AND run_id = @run_id::uuid
 ORDER BY step_index, created_at;
+
+-- name: WorkflowApprovalsWithdraw :many
+-- The workflow was archived or saved again: its pending approvals can no
+-- longer be decided (the run could only fail after a grant), so they end
+-- now, in the same transaction, with the reason in note; returns their
+-- runs, which the caller ends.
+UPDATE workflow_approvals
+SET status = 'expired', note = @note::text
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND status = 'pending'
+RETURNING run_id;

@@ -99,6 +99,9 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		// Roles and @mentions are not resolved yet: fail closed.
 		return ingest.Reject("restricted", "approver spec '%s' is not yet supported", spec)
 	}
+	if err := decidable(ctx, w, a); err != nil {
+		return err
+	}
 	if a.Status != db.WorkflowApprovalStatusPending {
 		return ingest.Reject("invalid", "approval already %s", a.Status)
 	}
@@ -106,6 +109,63 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		return ingest.Reject("invalid", "approval token has expired")
 	}
 	w.SetState(&decision{token: token, approval: a})
+	return nil
+}
+
+// decidable refuses a decision its run could no longer act on: the
+// workflow was archived or disabled, saved again (the run executes the
+// definition it started under, now replaced), or the definition event
+// deleted. Accepted, the grant would make the run due only for it to fail
+// at its next step. The workflow row is read FOR SHARE to the end of the
+// decision's transaction, so an archive or a re-save racing the decision
+// either committed first and is seen here, or waits for the decision to
+// commit (and then finds the approval decided, not pending).
+func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow) error {
+	wf, err := w.Q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
+	if err != nil {
+		return err
+	}
+	switch {
+	case wf.Status != db.WorkflowStatusActive:
+		return ingest.Reject("invalid", "the workflow was archived; its run no longer waits for this approval")
+	case !wf.Enabled:
+		return ingest.Reject("invalid", "the workflow is disabled; its run cannot go on")
+	case hex.EncodeToString(wf.DefinitionEventID) != a.PinnedDefinition:
+		return ingest.Reject("invalid", "the workflow was saved again since this approval was requested; its run no longer waits for it")
+	}
+	pinned, ok := nostr.DecodeHex32(a.PinnedDefinition)
+	if !ok || a.ChannelID == nil {
+		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
+	}
+	_, err = w.Q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: w.Tenant.ID(), ID: pinned[:], ChannelID: *a.ChannelID})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
+	}
+	return err
+}
+
+// withdrawApprovals ends, in w's transaction, the waits of workflow's runs
+// for an approval: the workflow was archived or saved again, so a grant
+// could only fail the run at its next step. The approvals expire with the
+// reason as their note, and their runs end failed with code.
+func (t *Triggers) withdrawApprovals(ctx context.Context, w *ingest.Write, workflow uuid.UUID, code ErrorCode, reason string) error {
+	runs, err := w.Q.WorkflowApprovalsWithdraw(ctx, db.WorkflowApprovalsWithdrawParams{CommunityID: w.Tenant.ID(), WorkflowID: workflow, Note: reason})
+	if err != nil {
+		return err
+	}
+	for _, run := range runs {
+		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			Status: db.WorkflowRunStatusFailed, ErrorCode: string(code), ErrorMessage: reason,
+			CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
+		})
+		if err != nil {
+			return err
+		}
+		for _, created := range ended {
+			took := w.Now().Sub(created)
+			w.AfterCommit(func() { t.Metrics.runOver(string(db.WorkflowRunStatusFailed), code, took) })
+		}
+	}
 	return nil
 }
 

@@ -789,6 +789,13 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	return def, tc, nil
 }
 
+// pinnedTo reports whether a run's trigger context pins the definition
+// event id.
+func pinnedTo(triggerContext []byte, id []byte) bool {
+	var tc TriggerContext
+	return json.Unmarshal(triggerContext, &tc) == nil && tc.DefinitionEventID == hex.EncodeToString(id) && len(id) == 32
+}
+
 func disabledState(row db.WorkflowGetRow) string {
 	if row.Status != db.WorkflowStatusActive {
 		return string(row.Status)
@@ -947,6 +954,21 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 // grant (46030), a denial (46031) or the expiry.
 func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
 	q := w.Q
+	// The workflow row FOR SHARE, as a decision reads it: an archive or a
+	// re-save that committed after this step read the row is seen here, and
+	// one still to come finds the approval stored and withdraws it. Without
+	// it, an approval asked for under a definition just replaced waited,
+	// undecidable, for its timeout.
+	wf, err := q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
+	if err != nil {
+		return e.failStep(ctx, q, c, index, entry, dbFail(err, "step %s: workflow unavailable", step.ID))
+	}
+	switch pinned := c.Run.TriggerContext; {
+	case wf.Status != db.WorkflowStatusActive || !wf.Enabled:
+		return e.failStep(ctx, q, c, index, entry, fail(CodeWorkflowDisabled, "workflow is %s", disabledState(db.WorkflowGetRow{Status: wf.Status, Enabled: wf.Enabled})))
+	case !pinnedTo(pinned, wf.DefinitionEventID):
+		return e.failStep(ctx, q, c, index, entry, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)"))
+	}
 	message, err := template.Render(step.Message, tctx)
 	if err != nil {
 		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
