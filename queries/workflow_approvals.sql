@@ -27,6 +27,17 @@ SET status = @status::workflow_approval_status,
 WHERE community_id = @community_id::uuid AND token = @token::bytea AND status = 'pending'
   AND expires_at > coalesce(sqlc.narg('now')::timestamptz, now());
 
+-- name: WorkflowApprovalsClampExpiry :execrows
+-- Pending approvals due later than @max_ms from now were asked for under a
+-- timeout beyond the bound (saved before it existed): they expire
+-- @max_ms after they were made. The partial pending-expiry index finds
+-- them from its far end, so a sweep with none reads one entry.
+UPDATE workflow_approvals
+SET expires_at = created_at + interval '1 millisecond' * @max_ms::bigint
+WHERE status = 'pending'
+  AND expires_at > coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @max_ms::bigint
+  AND community_write_allowed(community_id);
+
 -- name: WorkflowApprovalsExpire :many
 -- Pending approvals past their expiry become expired; returns their runs.
 UPDATE workflow_approvals
@@ -39,7 +50,7 @@ RETURNING community_id, run_id;
 -- name: WorkflowApprovalsExpireInChannel :many
 -- A deleted channel's pending approvals expire at once: a decision is
 -- stored in the channel, so nobody can decide them any more, and their runs
--- would wait out the approval's timeout (the owner's to choose, unbounded).
+-- would wait out the approval's timeout (the owner's to choose, up to a week).
 UPDATE workflow_approvals a
 SET status = 'expired'
 FROM workflows w

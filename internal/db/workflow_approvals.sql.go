@@ -127,6 +127,31 @@ func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalG
 	return i, err
 }
 
+const workflowApprovalsClampExpiry = `-- name: WorkflowApprovalsClampExpiry :execrows
+UPDATE workflow_approvals
+SET expires_at = created_at + interval '1 millisecond' * $1::bigint
+WHERE status = 'pending'
+  AND expires_at > coalesce($2::timestamptz, now()) + interval '1 millisecond' * $1::bigint
+  AND community_write_allowed(community_id)
+`
+
+type WorkflowApprovalsClampExpiryParams struct {
+	MaxMs int64
+	Now   *time.Time
+}
+
+// Pending approvals due later than @max_ms from now were asked for under a
+// timeout beyond the bound (saved before it existed): they expire
+// @max_ms after they were made. The partial pending-expiry index finds
+// them from its far end, so a sweep with none reads one entry.
+func (q *Queries) WorkflowApprovalsClampExpiry(ctx context.Context, arg WorkflowApprovalsClampExpiryParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowApprovalsClampExpiry, arg.MaxMs, arg.Now)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const workflowApprovalsExpire = `-- name: WorkflowApprovalsExpire :many
 UPDATE workflow_approvals
 SET status = 'expired'
@@ -178,7 +203,7 @@ type WorkflowApprovalsExpireInChannelParams struct {
 
 // A deleted channel's pending approvals expire at once: a decision is
 // stored in the channel, so nobody can decide them any more, and their runs
-// would wait out the approval's timeout (the owner's to choose, unbounded).
+// would wait out the approval's timeout (the owner's to choose, up to a week).
 func (q *Queries) WorkflowApprovalsExpireInChannel(ctx context.Context, arg WorkflowApprovalsExpireInChannelParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, workflowApprovalsExpireInChannel, arg.CommunityID, arg.ChannelID)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -245,11 +246,25 @@ func emitDecision(ctx context.Context, w *ingest.Write, d *decision, grant bool)
 // ExpireApprovals marks pending approvals past their expiry expired and
 // fails their waiting runs with approval_expired, counted in m (may be
 // nil) once committed; it returns how many approvals expired.
-func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics) (int, error) {
+//
+// Approvals due later than MaxApprovalTimeout from now (asked for under a
+// definition saved before the bound) are first clamped to expire
+// MaxApprovalTimeout after they were made, logged on log (nil: the default).
+func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics, log *slog.Logger) (int, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	var expired int
 	var took []time.Duration
+	var clamped int64
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
+		var err error
+		if clamped, err = q.WorkflowApprovalsClampExpiry(ctx, db.WorkflowApprovalsClampExpiryParams{
+			Now: clk.SQL(), MaxMs: MaxApprovalTimeout.Milliseconds(),
+		}); err != nil {
+			return err
+		}
 		rows, err := q.WorkflowApprovalsExpire(ctx, clk.SQL())
 		if err != nil {
 			return err
@@ -272,6 +287,9 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 	if err != nil {
 		return 0, err
 	}
+	if clamped > 0 {
+		log.Warn("workflow approvals due beyond the maximum timeout; clamped", "approvals", clamped, "max", MaxApprovalTimeout)
+	}
 	for _, d := range took {
 		m.runOver(string(db.WorkflowRunStatusFailed), CodeApprovalExpired, d)
 	}
@@ -283,7 +301,7 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 // expire and their runs fail with approval_expired in the deletion's
 // transaction. A decision is stored in the channel, so once it is gone
 // nobody can decide, and the runs would wait out the approval's timeout,
-// which the owner chooses and nothing bounds.
+// which the owner chooses, up to a week.
 func (t *Triggers) ChannelDeletion() ingest.SideRows {
 	return ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.Kind == ingest.KindDeleteGroup },

@@ -148,7 +148,7 @@ func TestApprovalExpires(t *testing.T) {
 	ch := f.channel(owner)
 	run, ref := f.approvalRun(owner, ch, "")
 	f.clock.Advance(time.Hour)
-	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics)
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	expired := f.run(run)
@@ -404,4 +404,53 @@ func TestApprovalRequestRacingAResaveFailsTheRun(t *testing.T) {
 	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
 	require.Equal(t, "invalid_definition", *r.ErrorCode)
 	require.Zero(t, f.count(`SELECT count(*) FROM workflow_approvals WHERE run_id = $1`, run))
+}
+
+// An approval's timeout is at most a week (workflow.MaxApprovalTimeout). A
+// definition asking for more is refused when saved, naming the field. One
+// stored before the bound still runs: its approval expires a week after it
+// was asked for (clamped and logged). An approval already pending with a
+// longer expiry (asked for before the bound) is clamped by the expiry
+// sweep, and expires a week after it was made.
+//
+// Mutations killed: ParseForSave without the bound accepts the 169h save;
+// requestApproval without the clamp stores the stored definition's 1000h;
+// ExpireApprovals without the clamp statement leaves the year-long approval
+// pending past its week.
+func TestApprovalTimeoutIsBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	yaml := func(timeout string) string {
+		return "name: A\ntrigger: {on: message_posted}\nsteps:\n" +
+			"  - {id: ask, action: request_approval, message: 'ok?', timeout: " + timeout + "}\n"
+	}
+	f.rejected(f.sign(owner, workflow.KindDefinition, yaml("169h"), nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}),
+		"invalid: workflow YAML parse error: invalid definition: steps[0].timeout: must be at most 168h (7 days), got 169h")
+
+	id := uuid.NewString()
+	def, _ := f.save(owner, ch, id, yaml("168h"))
+	// As if saved before the bound: the stored definition asks for 1000h.
+	_, err := f.pool.Exec(f.ctx, `UPDATE events SET content = $2 WHERE id = decode($1, 'hex')`, def.ID, yaml("1000h"))
+	require.NoError(t, err)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+	var expires time.Time
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT expires_at FROM workflow_approvals WHERE run_id = $1`, run).Scan(&expires))
+	require.WithinDuration(t, f.clock.Now().Add(workflow.MaxApprovalTimeout), expires, time.Second, "clamped to a week")
+
+	// An approval pending since before the bound, due in a year.
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_approvals SET expires_at = created_at + interval '1 year' WHERE run_id = $1`, run)
+	require.NoError(t, err)
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	f.clock.Advance(workflow.MaxApprovalTimeout)
+	n, err = workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "expired a week after it was asked for")
+	require.Equal(t, "approval_expired", *f.run(run).ErrorCode)
 }

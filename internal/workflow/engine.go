@@ -974,6 +974,12 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
 	}
 	timeout, _ := time.ParseDuration(step.Timeout)
+	if timeout > MaxApprovalTimeout {
+		// Saved before the bound: saving refuses it today.
+		e.log.Warn("workflow approval timeout beyond the maximum; clamped", "run", c.Run.ID, "step", step.ID,
+			"timeout", step.Timeout, "max", MaxApprovalTimeout)
+		timeout = MaxApprovalTimeout
+	}
 	token := sha256.Sum256([]byte(uuid.New().String()))
 	ref := hex.EncodeToString(token[:])
 	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{

@@ -77,7 +77,7 @@ func validateDefinition(ev *nostr.Event) error {
 	if _, _, err := definitionTags(ev); err != nil {
 		return err
 	}
-	if _, err := Parse(ev.Content); err != nil {
+	if _, err := ParseForSave(ev.Content); err != nil {
 		return parseRejection(err)
 	}
 	return nil
@@ -124,7 +124,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 	if access.ArchivedAt != nil {
 		return ingest.Reject("restricted", "channel is archived")
 	}
-	def, err := Parse(w.Event.Content)
+	def, err := ParseForSave(w.Event.Content)
 	if err != nil {
 		return parseRejection(err)
 	}
