@@ -402,10 +402,28 @@ const stepRetryPause = 100 * time.Millisecond
 // commit happened unseen makes the next one find the step already done
 // (errLostClaim; the run resumes after the lease) instead of doing it
 // twice.
+//
+// A COMMIT whose answer was lost is first asked about: when the
+// transaction did commit, the attempt succeeded, and the step goes on as if
+// the answer had come (its doorbell published to live subscribers and its
+// outbox rows handed off, the next step run at once). Run again instead, it
+// found its own commit (errLostClaim), published nothing (the doorbell
+// reached live subscribers of no process and listeners only by the poll),
+// and the run waited out its lease.
 func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn func(pgx.Tx) error) error {
 	pause := stepRetryPause
 	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(deadline.ctx, e.pool, fn)
+		var xid string // the attempt's transaction, once its work is done
+		err := pgx.BeginFunc(deadline.ctx, e.pool, func(tx pgx.Tx) error {
+			if err := fn(tx); err != nil {
+				return err
+			}
+			return tx.QueryRow(deadline.ctx, "-- name: WorkflowStepTransactionID\nSELECT pg_current_xact_id()::text").Scan(&xid)
+		})
+		if err != nil && xid != "" && e.committedUnseen(deadline.ctx, xid) {
+			e.log.Warn("workflow step committed, its answer lost", "run", c.Run.ID, "step", step, "err", err)
+			return nil
+		}
 		if err == nil || attempt == stepAttempts || !dberr.IsTransient(err) || deadline.ctx.Err() != nil {
 			return err
 		}
@@ -416,6 +434,35 @@ func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn
 		case <-time.After(pause):
 		}
 		pause *= 2
+	}
+}
+
+// commitCheckTimeout bounds asking whether a transaction whose COMMIT
+// answer was lost committed.
+const commitCheckTimeout = 5 * time.Second
+
+// committedUnseen reports whether transaction xid, whose COMMIT failed
+// from the client's side, committed all the same (pg_xact_status, asked on
+// another connection). A transaction still in progress (the server has not
+// yet seen the connection go) is asked about again for a while; any doubt
+// answers false, and the step is run again, fenced.
+func (e *Engine) committedUnseen(ctx context.Context, xid string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitCheckTimeout)
+	defer cancel()
+	for {
+		var status *string
+		err := e.pool.QueryRow(ctx, "-- name: WorkflowStepTransactionStatus\nSELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+		switch {
+		case err != nil || status == nil:
+			return false
+		case *status != "in progress":
+			return *status == "committed"
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
