@@ -72,6 +72,37 @@ func (f *runFailure) Error() string { return string(f.code) + ": " + f.message }
 
 func (f *runFailure) Unwrap() error { return f.cause }
 
+// after is f keeping an earlier failure of the same step in its
+// diagnostic: the failure that ended the run (its code) came after the one
+// that was being recorded (a step that failed, or a call's outcome) and
+// could not be, and that one is usually what an operator looks for.
+func (f *runFailure) after(earlier string) *runFailure {
+	if earlier == "" {
+		return f
+	}
+	out := *f
+	out.message = f.message + "; before that: " + earlier
+	return &out
+}
+
+// MaxErrorMessageBytes bounds a run's recorded diagnostic (error_message
+// and its trace entry's error): a failure keeps the one before it, and a
+// message may carry a server's or a template's text.
+const MaxErrorMessageBytes = 4096
+
+// boundedMessage is msg cut to MaxErrorMessageBytes on a character
+// boundary, marked with an ellipsis when cut.
+func boundedMessage(msg string) string {
+	if len(msg) <= MaxErrorMessageBytes {
+		return msg
+	}
+	end := MaxErrorMessageBytes - len("…")
+	for end > 0 && !utf8.RuneStart(msg[end]) {
+		end--
+	}
+	return msg[:end] + "…"
+}
+
 func fail(code ErrorCode, format string, args ...any) *runFailure {
 	return &runFailure{code: code, message: fmt.Sprintf(format, args...)}
 }
@@ -337,10 +368,17 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			f := fail(CodeDatabaseError, "step %d could not be recorded", step)
 			var rf *runFailure
 			switch {
+			case deadline.expired() && errors.As(err, &rf):
+				f = deadline.failure().after(rf.message)
 			case deadline.expired():
 				f = deadline.failure()
 			case errors.As(err, &rf):
 				f = rf
+			}
+			if newTrace.Status == "failed" && rf == nil {
+				// The step failed and was being recorded when its
+				// transaction failed: that failure is why it ended.
+				f = f.after(newTrace.Error)
 			}
 			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
 			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{StepID: deadline.stepID, Index: step, Status: "failed", Error: f.message}) == nil
@@ -361,7 +399,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			// The call was made but its outcome could not be recorded: end
 			// the run now rather than leave it running until its lease
 			// expires and it is misreported as a stopped worker's.
-			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID)
+			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID).after(callOutcome(newTrace))
 			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
 			return e.finish(ctx, db.New(e.pool), c, step, f, failed(call.entry, f)) == nil
 		}
@@ -535,7 +573,8 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return stepEnded, traceEntry{}, nil, f // rolls back; Execute records it afresh
 	}
 	if f != nil {
-		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, f, traceEntry{Index: index, Status: "failed", Error: f.message})
+		failedEntry := traceEntry{Index: index, Status: "failed", Error: f.message}
+		return stepEnded, failedEntry, nil, e.finish(ctx, q, c, index, f, failedEntry)
 	}
 	if index >= len(def.Steps) {
 		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, nil, traceEntry{})
@@ -548,7 +587,7 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		ok, err := e.condition(ctx, step.If, tctx)
 		if err != nil {
 			f := fail(CodeConditionEvaluationFailed, "step %s: condition: %v", step.ID, err)
-			return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+			return stepEnded, failed(entry, f), nil, e.finish(ctx, q, c, index, f, failed(entry, f))
 		}
 		if !ok {
 			entry.Status = "skipped"
@@ -612,7 +651,7 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return stepEnded, entry, nil, sf // the transaction is aborted: roll back
 	}
 	if sf != nil {
-		return stepEnded, entry, nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
+		return stepEnded, failed(entry, sf), nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
 	}
 	entry.Output = out
 	if index == len(def.Steps)-1 {
@@ -625,7 +664,7 @@ func (e *Engine) failStep(ctx context.Context, q *db.Queries, c Claimed, index i
 	if f.code == CodeDatabaseError {
 		return stepEnded, entry, nil, f
 	}
-	return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+	return stepEnded, failed(entry, f), nil, e.finish(ctx, q, c, index, f, failed(entry, f))
 }
 
 // startedBefore reports whether the trace marks step index started with no
@@ -695,7 +734,7 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	q := db.New(e.pool)
 	switch {
 	case f != nil:
-		return stepEnded, entry, e.finish(ctx, q, c, index, f, failed(entry, f))
+		return stepEnded, failed(entry, f), e.finish(ctx, q, c, index, f, failed(entry, f))
 	case call.last:
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
@@ -727,6 +766,18 @@ func traceBody(b []byte) (body string, cut bool) {
 // text; both become U+FFFD.
 func jsonbText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// callOutcome says what a call_webhook step's call came to, from its
+// trace entry: its failure, or the status the server answered.
+func callOutcome(entry traceEntry) string {
+	if entry.Status == "failed" {
+		return entry.Error
+	}
+	if status, ok := entry.Output["status"]; ok {
+		return fmt.Sprintf("step %s: the server answered HTTP %v", entry.StepID, status)
+	}
+	return ""
 }
 
 func failed(entry traceEntry, f *runFailure) traceEntry {
@@ -769,11 +820,12 @@ func (e *Engine) finish(ctx context.Context, q *db.Queries, c Claimed, _ int, f 
 		Status: db.WorkflowRunStatusCompleted, Trace: []byte("[]"), Now: e.clock.SQL(),
 		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID,
 	}
+	entry.Error = boundedMessage(entry.Error)
 	if entry.Status != "" {
 		params.Trace = mustJSON([]traceEntry{entry})
 	}
 	if f != nil {
-		code, msg := string(f.code), f.message
+		code, msg := string(f.code), boundedMessage(f.message)
 		params.Status, params.ErrorCode, params.ErrorMessage = db.WorkflowRunStatusFailed, &code, &msg
 	}
 	n, err := q.WorkflowRunFinish(ctx, params)
