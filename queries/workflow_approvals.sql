@@ -7,9 +7,13 @@ VALUES (@community_id::uuid, @token::bytea, @workflow_id::uuid, @run_id::uuid, @
         @approver_spec::text, @expires_at::timestamptz, coalesce(sqlc.narg('now')::timestamptz, now()));
 
 -- name: WorkflowApprovalGet :one
-SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+-- pinned_definition is the definition event (hex) the approval's run
+-- executes: a decision is refused once the workflow moved on from it.
+SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id,
+       coalesce(r.trigger_context ->> 'definition_event_id', '')::text AS pinned_definition
 FROM workflow_approvals a
 JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
+JOIN workflow_runs r ON r.community_id = a.community_id AND r.id = a.run_id
 WHERE a.community_id = @community_id::uuid AND a.token = @token::bytea;
 
 -- name: WorkflowApprovalDecide :execrows
@@ -23,6 +27,17 @@ SET status = @status::workflow_approval_status,
 WHERE community_id = @community_id::uuid AND token = @token::bytea AND status = 'pending'
   AND expires_at > coalesce(sqlc.narg('now')::timestamptz, now());
 
+-- name: WorkflowApprovalsClampExpiry :execrows
+-- Pending approvals due later than @max_ms from now were asked for under a
+-- timeout beyond the bound (saved before it existed): they expire
+-- @max_ms after they were made. The partial pending-expiry index finds
+-- them from its far end, so a sweep with none reads one entry.
+UPDATE workflow_approvals
+SET expires_at = created_at + interval '1 millisecond' * @max_ms::bigint
+WHERE status = 'pending'
+  AND expires_at > coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @max_ms::bigint
+  AND community_write_allowed(community_id);
+
 -- name: WorkflowApprovalsExpire :many
 -- Pending approvals past their expiry become expired; returns their runs.
 UPDATE workflow_approvals
@@ -35,7 +50,7 @@ RETURNING community_id, run_id;
 -- name: WorkflowApprovalsExpireInChannel :many
 -- A deleted channel's pending approvals expire at once: a decision is
 -- stored in the channel, so nobody can decide them any more, and their runs
--- would wait out the approval's timeout (the owner's to choose, unbounded).
+-- would wait out the approval's timeout (the owner's to choose, up to a week).
 UPDATE workflow_approvals a
 SET status = 'expired'
 FROM workflows w
@@ -48,3 +63,13 @@ SELECT token, workflow_id, run_id, step_id, step_index, approver_spec, status, a
 FROM workflow_approvals
 WHERE community_id = @community_id::uuid AND run_id = @run_id::uuid
 ORDER BY step_index, created_at;
+
+-- name: WorkflowApprovalsWithdraw :many
+-- The workflow was archived or saved again: its pending approvals can no
+-- longer be decided (the run could only fail after a grant), so they end
+-- now, in the same transaction, with the reason in note; returns their
+-- runs, which the caller ends.
+UPDATE workflow_approvals
+SET status = 'expired', note = @note::text
+WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND status = 'pending'
+RETURNING run_id;

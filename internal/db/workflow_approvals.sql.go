@@ -83,9 +83,11 @@ func (q *Queries) WorkflowApprovalDecide(ctx context.Context, arg WorkflowApprov
 }
 
 const workflowApprovalGet = `-- name: WorkflowApprovalGet :one
-SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id
+SELECT a.workflow_id, a.run_id, a.step_id, a.step_index, a.approver_spec, a.status, a.expires_at, w.channel_id,
+       coalesce(r.trigger_context ->> 'definition_event_id', '')::text AS pinned_definition
 FROM workflow_approvals a
 JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
+JOIN workflow_runs r ON r.community_id = a.community_id AND r.id = a.run_id
 WHERE a.community_id = $1::uuid AND a.token = $2::bytea
 `
 
@@ -95,16 +97,19 @@ type WorkflowApprovalGetParams struct {
 }
 
 type WorkflowApprovalGetRow struct {
-	WorkflowID   uuid.UUID
-	RunID        uuid.UUID
-	StepID       string
-	StepIndex    int32
-	ApproverSpec string
-	Status       WorkflowApprovalStatus
-	ExpiresAt    time.Time
-	ChannelID    *uuid.UUID
+	WorkflowID       uuid.UUID
+	RunID            uuid.UUID
+	StepID           string
+	StepIndex        int32
+	ApproverSpec     string
+	Status           WorkflowApprovalStatus
+	ExpiresAt        time.Time
+	ChannelID        *uuid.UUID
+	PinnedDefinition string
 }
 
+// pinned_definition is the definition event (hex) the approval's run
+// executes: a decision is refused once the workflow moved on from it.
 func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalGetParams) (WorkflowApprovalGetRow, error) {
 	row := q.db.QueryRow(ctx, workflowApprovalGet, arg.CommunityID, arg.Token)
 	var i WorkflowApprovalGetRow
@@ -117,8 +122,34 @@ func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalG
 		&i.Status,
 		&i.ExpiresAt,
 		&i.ChannelID,
+		&i.PinnedDefinition,
 	)
 	return i, err
+}
+
+const workflowApprovalsClampExpiry = `-- name: WorkflowApprovalsClampExpiry :execrows
+UPDATE workflow_approvals
+SET expires_at = created_at + interval '1 millisecond' * $1::bigint
+WHERE status = 'pending'
+  AND expires_at > coalesce($2::timestamptz, now()) + interval '1 millisecond' * $1::bigint
+  AND community_write_allowed(community_id)
+`
+
+type WorkflowApprovalsClampExpiryParams struct {
+	MaxMs int64
+	Now   *time.Time
+}
+
+// Pending approvals due later than @max_ms from now were asked for under a
+// timeout beyond the bound (saved before it existed): they expire
+// @max_ms after they were made. The partial pending-expiry index finds
+// them from its far end, so a sweep with none reads one entry.
+func (q *Queries) WorkflowApprovalsClampExpiry(ctx context.Context, arg WorkflowApprovalsClampExpiryParams) (int64, error) {
+	result, err := q.db.Exec(ctx, workflowApprovalsClampExpiry, arg.MaxMs, arg.Now)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const workflowApprovalsExpire = `-- name: WorkflowApprovalsExpire :many
@@ -172,7 +203,7 @@ type WorkflowApprovalsExpireInChannelParams struct {
 
 // A deleted channel's pending approvals expire at once: a decision is
 // stored in the channel, so nobody can decide them any more, and their runs
-// would wait out the approval's timeout (the owner's to choose, unbounded).
+// would wait out the approval's timeout (the owner's to choose, up to a week).
 func (q *Queries) WorkflowApprovalsExpireInChannel(ctx context.Context, arg WorkflowApprovalsExpireInChannelParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, workflowApprovalsExpireInChannel, arg.CommunityID, arg.ChannelID)
 	if err != nil {
@@ -244,6 +275,43 @@ func (q *Queries) WorkflowApprovalsOfRun(ctx context.Context, arg WorkflowApprov
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workflowApprovalsWithdraw = `-- name: WorkflowApprovalsWithdraw :many
+UPDATE workflow_approvals
+SET status = 'expired', note = $1::text
+WHERE community_id = $2::uuid AND workflow_id = $3::uuid AND status = 'pending'
+RETURNING run_id
+`
+
+type WorkflowApprovalsWithdrawParams struct {
+	Note        string
+	CommunityID uuid.UUID
+	WorkflowID  uuid.UUID
+}
+
+// The workflow was archived or saved again: its pending approvals can no
+// longer be decided (the run could only fail after a grant), so they end
+// now, in the same transaction, with the reason in note; returns their
+// runs, which the caller ends.
+func (q *Queries) WorkflowApprovalsWithdraw(ctx context.Context, arg WorkflowApprovalsWithdrawParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowApprovalsWithdraw, arg.Note, arg.CommunityID, arg.WorkflowID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var run_id uuid.UUID
+		if err := rows.Scan(&run_id); err != nil {
+			return nil, err
+		}
+		items = append(items, run_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

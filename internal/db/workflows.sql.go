@@ -82,6 +82,35 @@ func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (Workf
 	return i, err
 }
 
+const workflowLockForDecision = `-- name: WorkflowLockForDecision :one
+SELECT status, enabled, definition_event_id
+FROM workflows
+WHERE community_id = $1::uuid AND id = $2::uuid
+FOR SHARE
+`
+
+type WorkflowLockForDecisionParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+type WorkflowLockForDecisionRow struct {
+	Status            WorkflowStatus
+	Enabled           bool
+	DefinitionEventID []byte
+}
+
+// An approval's decision reads its workflow FOR SHARE, held to the end of
+// the decision's transaction: an archive, a re-save or a disable (each an
+// UPDATE of the row) either committed before, and the decision sees it and
+// is refused, or waits until the decision committed.
+func (q *Queries) WorkflowLockForDecision(ctx context.Context, arg WorkflowLockForDecisionParams) (WorkflowLockForDecisionRow, error) {
+	row := q.db.QueryRow(ctx, workflowLockForDecision, arg.CommunityID, arg.ID)
+	var i WorkflowLockForDecisionRow
+	err := row.Scan(&i.Status, &i.Enabled, &i.DefinitionEventID)
+	return i, err
+}
+
 const workflowLockForRuns = `-- name: WorkflowLockForRuns :execrows
 SELECT 1 FROM workflows
 WHERE community_id = $1::uuid AND id = $2::uuid

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -99,6 +100,9 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		// Roles and @mentions are not resolved yet: fail closed.
 		return ingest.Reject("restricted", "approver spec '%s' is not yet supported", spec)
 	}
+	if err := decidable(ctx, w, a); err != nil {
+		return err
+	}
 	if a.Status != db.WorkflowApprovalStatusPending {
 		return ingest.Reject("invalid", "approval already %s", a.Status)
 	}
@@ -106,6 +110,63 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		return ingest.Reject("invalid", "approval token has expired")
 	}
 	w.SetState(&decision{token: token, approval: a})
+	return nil
+}
+
+// decidable refuses a decision its run could no longer act on: the
+// workflow was archived or disabled, saved again (the run executes the
+// definition it started under, now replaced), or the definition event
+// deleted. Accepted, the grant would make the run due only for it to fail
+// at its next step. The workflow row is read FOR SHARE to the end of the
+// decision's transaction, so an archive or a re-save racing the decision
+// either committed first and is seen here, or waits for the decision to
+// commit (and then finds the approval decided, not pending).
+func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow) error {
+	wf, err := w.Q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
+	if err != nil {
+		return err
+	}
+	switch {
+	case wf.Status != db.WorkflowStatusActive:
+		return ingest.Reject("invalid", "the workflow was archived; its run no longer waits for this approval")
+	case !wf.Enabled:
+		return ingest.Reject("invalid", "the workflow is disabled; its run cannot go on")
+	case hex.EncodeToString(wf.DefinitionEventID) != a.PinnedDefinition:
+		return ingest.Reject("invalid", "the workflow was saved again since this approval was requested; its run no longer waits for it")
+	}
+	pinned, ok := nostr.DecodeHex32(a.PinnedDefinition)
+	if !ok || a.ChannelID == nil {
+		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
+	}
+	_, err = w.Q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: w.Tenant.ID(), ID: pinned[:], ChannelID: *a.ChannelID})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
+	}
+	return err
+}
+
+// withdrawApprovals ends, in w's transaction, the waits of workflow's runs
+// for an approval: the workflow was archived or saved again, so a grant
+// could only fail the run at its next step. The approvals expire with the
+// reason as their note, and their runs end failed with code.
+func (t *Triggers) withdrawApprovals(ctx context.Context, w *ingest.Write, workflow uuid.UUID, code ErrorCode, reason string) error {
+	runs, err := w.Q.WorkflowApprovalsWithdraw(ctx, db.WorkflowApprovalsWithdrawParams{CommunityID: w.Tenant.ID(), WorkflowID: workflow, Note: reason})
+	if err != nil {
+		return err
+	}
+	for _, run := range runs {
+		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
+			Status: db.WorkflowRunStatusFailed, ErrorCode: string(code), ErrorMessage: reason,
+			CommunityID: w.Tenant.ID(), ID: run, Now: w.SQLNow(),
+		})
+		if err != nil {
+			return err
+		}
+		for _, created := range ended {
+			took := w.Now().Sub(created)
+			w.AfterCommit(func() { t.Metrics.runOver(string(db.WorkflowRunStatusFailed), code, took) })
+		}
+	}
 	return nil
 }
 
@@ -185,11 +246,25 @@ func emitDecision(ctx context.Context, w *ingest.Write, d *decision, grant bool)
 // ExpireApprovals marks pending approvals past their expiry expired and
 // fails their waiting runs with approval_expired, counted in m (may be
 // nil) once committed; it returns how many approvals expired.
-func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics) (int, error) {
+//
+// Approvals due later than MaxApprovalTimeout from now (asked for under a
+// definition saved before the bound) are first clamped to expire
+// MaxApprovalTimeout after they were made, logged on log (nil: the default).
+func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m *Metrics, log *slog.Logger) (int, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	var expired int
 	var took []time.Duration
+	var clamped int64
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
+		var err error
+		if clamped, err = q.WorkflowApprovalsClampExpiry(ctx, db.WorkflowApprovalsClampExpiryParams{
+			Now: clk.SQL(), MaxMs: MaxApprovalTimeout.Milliseconds(),
+		}); err != nil {
+			return err
+		}
 		rows, err := q.WorkflowApprovalsExpire(ctx, clk.SQL())
 		if err != nil {
 			return err
@@ -212,6 +287,9 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 	if err != nil {
 		return 0, err
 	}
+	if clamped > 0 {
+		log.Warn("workflow approvals due beyond the maximum timeout; clamped", "approvals", clamped, "max", MaxApprovalTimeout)
+	}
 	for _, d := range took {
 		m.runOver(string(db.WorkflowRunStatusFailed), CodeApprovalExpired, d)
 	}
@@ -223,7 +301,7 @@ func ExpireApprovals(ctx context.Context, pool *pgxpool.Pool, clk clock.Clock, m
 // expire and their runs fail with approval_expired in the deletion's
 // transaction. A decision is stored in the channel, so once it is gone
 // nobody can decide, and the runs would wait out the approval's timeout,
-// which the owner chooses and nothing bounds.
+// which the owner chooses, up to a week.
 func (t *Triggers) ChannelDeletion() ingest.SideRows {
 	return ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.Kind == ingest.KindDeleteGroup },

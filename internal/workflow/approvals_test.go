@@ -1,6 +1,7 @@
 package workflow_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
@@ -19,10 +21,21 @@ import (
 // runs it to the approval; it returns the run and the approval reference.
 func (f *fixture) approvalRun(owner *nostr.SecretKey, ch, from string) (uuid.UUID, string) {
 	f.t.Helper()
-	id := uuid.NewString()
-	f.save(owner, ch, id, "name: A\ntrigger: {on: message_posted}\nsteps:\n"+
-		"  - {id: ask, action: request_approval, from: '"+from+"', message: 'ok to ship?', timeout: 1h}\n"+
-		"  - {id: go, action: send_message, text: approved}\n")
+	run, ref := f.approvalRunOf(owner, ch, uuid.NewString(), from)
+	return run, ref
+}
+
+// approvalYAML is approvalRun's definition.
+func approvalYAML(from string) string {
+	return "name: A\ntrigger: {on: message_posted}\nsteps:\n" +
+		"  - {id: ask, action: request_approval, from: '" + from + "', message: 'ok to ship?', timeout: 1h}\n" +
+		"  - {id: go, action: send_message, text: approved}\n"
+}
+
+// approvalRunOf is approvalRun for the workflow id.
+func (f *fixture) approvalRunOf(owner *nostr.SecretKey, ch, id, from string) (uuid.UUID, string) {
+	f.t.Helper()
+	f.save(owner, ch, id, approvalYAML(from))
 	f.store(f.sign(owner, ingest.KindChat, "ship "+id, nostr.Tags{{"h", ch}}))
 	run := f.runIDs(id)[0]
 	f.drain(f.engine(time.Minute))
@@ -135,7 +148,7 @@ func TestApprovalExpires(t *testing.T) {
 	ch := f.channel(owner)
 	run, ref := f.approvalRun(owner, ch, "")
 	f.clock.Advance(time.Hour)
-	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics)
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	expired := f.run(run)
@@ -180,4 +193,264 @@ func TestApprovalDecisionNeedsChannelWrite(t *testing.T) {
 
 	reply := f.store(f.sign(member, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}}))
 	require.Equal(t, `response:{"run_id":"`+run.String()+`","status":"granted"}`, reply)
+}
+
+// approvalStatus reads an approval's status and note.
+func (f *fixture) approvalStatus(ref string) (status, note string) {
+	f.t.Helper()
+	var n *string
+	require.NoError(f.t, f.pool.QueryRow(f.ctx, `SELECT status::text, note FROM workflow_approvals WHERE encode(token, 'hex') = $1`, ref).Scan(&status, &n))
+	if n != nil {
+		note = *n
+	}
+	return status, note
+}
+
+// noticesOf counts the relay's decision notices (46011, 46012) of run.
+func (f *fixture) noticesOf(run uuid.UUID) int {
+	n := 0
+	for _, ev := range f.doorbells(run) {
+		if ev.Kind == workflow.KindApprovalGranted || ev.Kind == workflow.KindApprovalDenied {
+			n++
+		}
+	}
+	return n
+}
+
+// An approval whose workflow was archived, saved again, disabled or whose
+// definition event was deleted cannot be decided: the decision is refused
+// at once with the reason, and nothing of it is stored. Archiving and
+// saving again also end the run's wait in their own transaction (the
+// approval expires with the reason as its note, the run fails with
+// workflow_disabled or invalid_definition), instead of leaving it waiting
+// for a grant that could only fail it.
+//
+// Mutations killed: without decidable, the grants after the disable and
+// the deletion are accepted (the archive and re-save ones answer "approval
+// already expired"); without the withdrawal on archive or on re-save, the
+// run stays waiting_approval.
+func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member, approver := f.key(), f.key(), f.key()
+	ch := f.channel(owner, member, approver)
+	grant := func(ref string) *nostr.Event {
+		return f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}})
+	}
+
+	archived := uuid.NewString()
+	run, ref := f.approvalRunOf(owner, ch, archived, "any")
+	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"a", "30620:" + pubHex(owner) + ":" + archived}}))
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	require.Equal(t, "the workflow was archived while the run waited for approval", *r.ErrorMessage)
+	status, note := f.approvalStatus(ref)
+	require.Equal(t, "expired", status)
+	require.Equal(t, *r.ErrorMessage, note)
+	f.rejected(grant(ref), "invalid: the workflow was archived; its run no longer waits for this approval")
+	require.Equal(t, 1.0, f.runsTotal("failed", "workflow_disabled"), "the ended run is counted")
+
+	resaved := uuid.NewString()
+	run, ref = f.approvalRunOf(owner, ch, resaved, "any")
+	f.clock.Advance(time.Second) // a newer created_at replaces the definition
+	f.save(owner, ch, resaved, approvalYAML("any"))
+	r = f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "invalid_definition", *r.ErrorCode)
+	status, _ = f.approvalStatus(ref)
+	require.Equal(t, "expired", status)
+	f.rejected(grant(ref), "invalid: the workflow was saved again since this approval was requested; its run no longer waits for it")
+
+	// The owner's removal disables the workflow (a trigger of the database).
+	disabled := uuid.NewString()
+	run, ref = f.approvalRunOf(member, ch, disabled, "any")
+	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(member)}}))
+	f.rejected(grant(ref), "invalid: the workflow is disabled; its run cannot go on")
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status, "a refused decision changes nothing")
+
+	// The definition event deleted by id leaves the row active and pinned.
+	deleted := uuid.NewString()
+	run, ref = f.approvalRunOf(owner, ch, deleted, "any")
+	var defID string
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT encode(definition_event_id, 'hex') FROM workflows WHERE id = $1`, deleted).Scan(&defID))
+	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", defID}}))
+	f.rejected(grant(ref), "invalid: the workflow's definition was deleted; its run cannot go on")
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND kind IN (46030, 46011)`, f.tenant.ID()), "no refused decision is stored")
+}
+
+// An archive and a grant of its workflow's approval, sent at once, many
+// times: each pair ends one way or the other, never half. Either the grant
+// committed first (the approval is granted, its notice posted, and the run,
+// due again, fails at its next step because the workflow is archived), or
+// the archive did (the approval expired with the archive's reason, the run
+// failed workflow_disabled, the grant refused with the archive's reason and
+// nothing of it stored).
+//
+// Mutation killed: the decision's workflow read without FOR SHARE (a plain
+// read of the row): a grant that read the row before the archive committed
+// goes on, waits for the archive's lock on the approval and is refused as
+// "approval already acted on (race)", not with the reason.
+func TestApprovalDecisionRacingTheArchiveHasOneOutcome(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, approver := f.key(), f.key()
+	ch := f.channel(owner, approver)
+	// The archive goes through a second pipeline on the same database, as
+	// from another relay process: one pipeline's group commit would write
+	// the two events one after the other, or in one transaction.
+	other := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(f.clock.Now)})
+	workflow.RegisterTriggers(other, &workflow.Triggers{})
+	const rounds = 30
+	type pair struct {
+		workflowID string
+		run        uuid.UUID
+		ref        string
+	}
+	pairs := make([]pair, rounds)
+	outcomes := map[string]int{}
+	for i := range pairs {
+		// One at a time: the channel holds 20 firing workflows, and each
+		// round archives its own.
+		p := &pairs[i]
+		p.workflowID = uuid.NewString()
+		p.run, p.ref = f.approvalRunOf(owner, ch, p.workflowID, "any")
+		grantEv := f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", p.ref}})
+		archiveEv := f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"a", "30620:" + pubHex(owner) + ":" + p.workflowID}})
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		var grantErr, archiveErr error
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; _, grantErr = f.submit(grantEv) }()
+		go func() {
+			defer wg.Done()
+			<-start
+			_, _, archiveErr = other.SubmitReply(f.ctx, f.tenant, archiveEv.PubKey, archiveEv)
+		}()
+		close(start)
+		wg.Wait()
+		require.NoError(t, archiveErr)
+		status, note := f.approvalStatus(p.ref)
+		r := f.run(p.run)
+		if grantErr == nil {
+			outcomes["granted first"]++
+			require.Equal(t, "granted", status)
+			require.Equal(t, db.WorkflowRunStatusPending, r.Status, "granted: due again")
+			require.Equal(t, 1, f.noticesOf(p.run))
+			continue
+		}
+		outcomes["archived first"]++
+		require.EqualError(t, grantErr, "invalid: the workflow was archived; its run no longer waits for this approval")
+		require.Equal(t, "expired", status)
+		require.Equal(t, "the workflow was archived while the run waited for approval", note)
+		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+		require.Equal(t, "workflow_disabled", *r.ErrorCode)
+		require.Zero(t, f.noticesOf(p.run))
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, grantEv.ID))
+	}
+	t.Logf("outcomes: %v", outcomes)
+	// Every granted run fails at its next step: its workflow is archived.
+	f.drain(f.engine(time.Minute))
+	for _, p := range pairs {
+		r := f.run(p.run)
+		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+		require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	}
+}
+
+// A request_approval step racing a re-save of its workflow: the step read
+// the workflow row before the save committed, so the run's pinned
+// definition looked current; the step then reads the row again FOR SHARE,
+// which waits for the save, and fails the run with invalid_definition
+// instead of storing an approval under a definition just replaced (which
+// nobody could decide, and which the save, having run first, did not
+// withdraw). The save is played by a transaction of the test that moves
+// the row's pinned event and holds its lock.
+//
+// Mutation killed: requestApproval without the locked re-read: the step
+// stores the approval and the run waits for it.
+func TestApprovalRequestRacingAResaveFailsTheRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, approvalYAML("any"))
+	f.store(f.sign(owner, ingest.KindChat, "ship", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	resave, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = resave.Rollback(f.ctx) }()
+	_, err = resave.Exec(f.ctx, `UPDATE workflows SET definition_event_id = sha256(definition_event_id) WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	e := f.engine(time.Minute)
+	claims, err := e.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	done := make(chan bool, 1)
+	go func() { done <- e.Execute(f.ctx, claims[0]) }()
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%FOR SHARE%'`) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the step waits for the save")
+	require.NoError(t, resave.Commit(f.ctx))
+	require.True(t, <-done)
+
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "invalid_definition", *r.ErrorCode)
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_approvals WHERE run_id = $1`, run))
+}
+
+// An approval's timeout is at most a week (workflow.MaxApprovalTimeout). A
+// definition asking for more is refused when saved, naming the field. One
+// stored before the bound still runs: its approval expires a week after it
+// was asked for (clamped and logged). An approval already pending with a
+// longer expiry (asked for before the bound) is clamped by the expiry
+// sweep, and expires a week after it was made.
+//
+// Mutations killed: ParseForSave without the bound accepts the 169h save;
+// requestApproval without the clamp stores the stored definition's 1000h;
+// ExpireApprovals without the clamp statement leaves the year-long approval
+// pending past its week.
+func TestApprovalTimeoutIsBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	yaml := func(timeout string) string {
+		return "name: A\ntrigger: {on: message_posted}\nsteps:\n" +
+			"  - {id: ask, action: request_approval, message: 'ok?', timeout: " + timeout + "}\n"
+	}
+	f.rejected(f.sign(owner, workflow.KindDefinition, yaml("169h"), nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}),
+		"invalid: workflow YAML parse error: invalid definition: steps[0].timeout: must be at most 168h (7 days), got 169h")
+
+	id := uuid.NewString()
+	def, _ := f.save(owner, ch, id, yaml("168h"))
+	// As if saved before the bound: the stored definition asks for 1000h.
+	_, err := f.pool.Exec(f.ctx, `UPDATE events SET content = $2 WHERE id = decode($1, 'hex')`, def.ID, yaml("1000h"))
+	require.NoError(t, err)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	f.drain(f.engine(time.Minute))
+	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+	var expires time.Time
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT expires_at FROM workflow_approvals WHERE run_id = $1`, run).Scan(&expires))
+	require.WithinDuration(t, f.clock.Now().Add(workflow.MaxApprovalTimeout), expires, time.Second, "clamped to a week")
+
+	// An approval pending since before the bound, due in a year.
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_approvals SET expires_at = created_at + interval '1 year' WHERE run_id = $1`, run)
+	require.NoError(t, err)
+	n, err := workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	f.clock.Advance(workflow.MaxApprovalTimeout)
+	n, err = workflow.ExpireApprovals(f.ctx, f.pool, clock.Stub(f.clock.Now), f.metrics, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "expired a week after it was asked for")
+	require.Equal(t, "approval_expired", *f.run(run).ErrorCode)
 }

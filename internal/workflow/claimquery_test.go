@@ -134,24 +134,34 @@ func TestApprovalExpiryReadsPendingApprovalsOnly(t *testing.T) {
 	tx, err := f.pool.Begin(f.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(f.ctx) }()
-	raw, err := os.ReadFile("../../queries/workflow_approvals.sql")
-	require.NoError(t, err)
-	_, expire, ok := strings.Cut(string(raw), "-- name: WorkflowApprovalsExpire :many\n")
-	require.True(t, ok)
-	var statement []string
-	for _, line := range strings.Split(expire, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-			statement = append(statement, line)
+	explain := func(name string, args ...any) map[string]any {
+		raw, err := os.ReadFile("../../queries/workflow_approvals.sql")
+		require.NoError(t, err)
+		_, text, ok := strings.Cut(string(raw), "-- name: "+name+" ")
+		require.True(t, ok)
+		var statement []string
+		for _, line := range strings.Split(text, "\n")[1:] {
+			if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+				statement = append(statement, line)
+			}
 		}
+		text, _, _ = strings.Cut(strings.Join(statement, "\n"), ";")
+		text = strings.ReplaceAll(text, "sqlc.narg('now')", "NULL")
+		text = strings.ReplaceAll(text, "@max_ms", "$1")
+		var plan []map[string]any
+		require.NoError(t, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+text, args...).Scan(&plan))
+		return plan[0]["Plan"].(map[string]any)
 	}
-	expire, _, _ = strings.Cut(strings.Join(statement, "\n"), ";")
-	expire = strings.ReplaceAll(expire, "sqlc.narg('now')", "NULL")
-	var plan []map[string]any
-	require.NoError(t, tx.QueryRow(f.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+expire).Scan(&plan))
-	top := plan[0]["Plan"].(map[string]any)
+	buffers := func(plan map[string]any) float64 {
+		return plan["Shared Hit Blocks"].(float64) + plan["Shared Read Blocks"].(float64)
+	}
+	top := explain("WorkflowApprovalsExpire")
 	require.EqualValues(t, 1, top["Actual Rows"], "the one pending approval past its expiry")
-	buffers := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
-	require.Less(t, buffers, float64(60), "buffers the expirer touched, of 150,000 approvals (3 pending)")
+	require.Less(t, buffers(top), float64(60), "buffers the expirer touched, of 150,000 approvals (3 pending)")
+	// The clamp of approvals due beyond the maximum timeout, run before it
+	// every tick, reads the far end of the same index.
+	clamp := explain("WorkflowApprovalsClampExpiry", workflow.MaxApprovalTimeout.Milliseconds())
+	require.Less(t, buffers(clamp), float64(20), "buffers the clamp touched, of 150,000 approvals (3 pending, none beyond the maximum)")
 }
 
 // A community at its share of the worker's slots waits while others have

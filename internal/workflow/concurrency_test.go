@@ -1,12 +1,17 @@
 package workflow_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -195,18 +200,31 @@ func TestStepTransactionThatLostItsConnectionIsTriedAgain(t *testing.T) {
 	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
 }
 
-// A step whose COMMIT happened but whose answer was lost is run again, and
-// the fence finds it done: its message is not sent twice, and the run
-// resumes at the next step once the lease runs out.
-// Mutation killed: a step transition not fenced on the step (dropping
-// `AND current_step = @step` from WorkflowRunStepDone): the second attempt
-// runs step 0 again and records it, and the run goes on at once (its
-// second message is a duplicate here only because the test's clock
-// stands still, which gives it the first one's id).
-func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
+// A step whose COMMIT happened but whose answer was lost is asked about
+// (pg_xact_status) before it is run again: it committed, so it counts as
+// done. Its doorbell reaches live subscribers like any other (published
+// once, stored once), and the run goes on at once to the next step instead
+// of finding its own commit, stopping, and waiting out its lease.
+// Mutation killed: stepTransaction without the question (the retry finds
+// step 0 done, errLostClaim, as before): "first" is never published and
+// the run stays running at step 1 until its lease ends.
+func TestStepCommittedUnseenRingsItsDoorbell(t *testing.T) {
 	t.Parallel()
-	f, run := twoStepRun(t)
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
 
+	var mu sync.Mutex
+	var published []string
+	f.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		published = append(published, ev.Content)
+	}
 	const lease = 30 * time.Second
 	var cutAt atomic.Int32
 	lossy := workflow.NewEngine(dbtest.PoolOn(t, f.pool.Config().ConnString(), 0, dbtest.LoseCommitAnswer(&cutAt)), f.p,
@@ -215,14 +233,16 @@ func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	cutAt.Store(1) // step 0's commit
-	lossy.Execute(f.ctx, claims[0])
+	require.True(t, lossy.Execute(f.ctx, claims[0]))
 	require.Zero(t, cutAt.Load(), "step 0's COMMIT went through the losing connection")
-	require.Equal(t, []string{"first"}, contents(f.doorbells(run)), "step 0 once, and the run stopped there")
 
-	f.clock.Advance(lease + time.Second)
-	f.drain(f.engine(lease))
-	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
-	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusCompleted, r.Status, "the run went on without waiting for its lease")
+	require.Equal(t, int32(1), r.Attempts, "claimed once")
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"first", "second"}, published, "both doorbells published to live subscribers")
 }
 
 // A step whose connection is lost in the middle of its transaction, on a
@@ -247,4 +267,70 @@ func TestStepThatLostItsConnectionMidTransactionIsTriedAgain(t *testing.T) {
 	r := f.run(run)
 	require.Equal(t, db.WorkflowRunStatusCompleted, r.Status, "error: %v %v", r.ErrorCode, r.ErrorMessage)
 	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)), "each step once")
+}
+
+// When nobody can say whether a step's COMMIT went through (its answer was
+// lost, and so is the connection that would ask), the step is run again,
+// and the fence finds it done: its message is not sent twice, and the run
+// resumes at the next step once the lease runs out.
+// Mutation killed: a step transition not fenced on the step (dropping
+// `AND current_step = @step` from WorkflowRunStepDone): the second attempt
+// runs step 0 again and records it, and the run goes on at once (its
+// second message is a duplicate here only because the test's clock
+// stands still, which gives it the first one's id).
+func TestStepRunAgainAfterAnUnseenCommitIsNotDoneTwice(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, twoSteps)
+	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	const lease = 30 * time.Second
+	var cutAt atomic.Int32
+	var refuseQuestion atomic.Bool
+	// The connection that asks whether the COMMIT went through fails.
+	refuse := func(cfg *pgxpool.Config) {
+		dial := cfg.ConnConfig.DialFunc
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &questionRefuser{Conn: c, refuse: &refuseQuestion}, nil
+		}
+	}
+	lossy := workflow.NewEngine(dbtest.PoolOn(t, f.pool.Config().ConnString(), 0, dbtest.LoseCommitAnswer(&cutAt), refuse), f.p,
+		workflow.EngineOptions{Lease: lease, Clock: clock.Stub(f.clock.Now)})
+	claims, err := lossy.ClaimDue(f.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	refuseQuestion.Store(true)
+	cutAt.Store(1) // step 0's commit
+	lossy.Execute(f.ctx, claims[0])
+	require.Zero(t, cutAt.Load(), "step 0's COMMIT went through the losing connection")
+	require.False(t, refuseQuestion.Load(), "the question was refused")
+	require.Equal(t, []string{"first"}, contents(f.doorbells(run)), "step 0 once, and the run stopped there")
+
+	f.clock.Advance(lease + time.Second)
+	f.drain(f.engine(lease))
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	require.ElementsMatch(t, []string{"first", "second"}, contents(f.doorbells(run)))
+}
+
+// questionRefuser fails the connection that sends pg_xact_status while
+// refuse is set (once).
+type questionRefuser struct {
+	net.Conn
+	refuse *atomic.Bool
+}
+
+func (c *questionRefuser) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("pg_xact_status")) && c.refuse.CompareAndSwap(true, false) {
+		_ = c.Conn.Close()
+		return 0, errors.New("refused by the test")
+	}
+	return c.Conn.Write(p)
 }

@@ -58,6 +58,11 @@ const (
 	MaxStepTimeoutSecs   = 600
 	MinScheduleInterval  = 60 * time.Second
 	DefaultApprovalLimit = "24h"
+	// MaxApprovalTimeout caps a request_approval's timeout: the run waits,
+	// unfinished, that long (it counts against the workflow's unfinished-run
+	// bound and is never pruned), and a forgotten approval should end in a
+	// week, not in the 292 years a Go duration can name.
+	MaxApprovalTimeout = 7 * 24 * time.Hour
 	// MaxNesting bounds how deeply the YAML text nests collections. The
 	// YAML parser's time grows faster than linearly with nesting (64 KiB
 	// of "[" took it 26 s), and a definition is parsed while its event
@@ -159,6 +164,29 @@ func checkName(name, field string) error {
 }
 
 var stepIDPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+
+// ParseForSave is Parse with the bounds a definition must meet when it is
+// saved, beyond what Parse checks. Parse keeps accepting a definition
+// stored before a bound was added (a run executes it with the value
+// clamped, and an agent verifying a doorbell reads it).
+func ParseForSave(text string) (*Definition, error) {
+	def, err := Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range def.Steps {
+		if s.Action != ActionRequestApproval {
+			continue
+		}
+		if d, _ := time.ParseDuration(s.Timeout); d > MaxApprovalTimeout {
+			return nil, invalidf(fmt.Sprintf("steps[%d].timeout", i), "must be at most %s (7 days), got %s", approvalTimeoutText, s.Timeout)
+		}
+	}
+	return def, nil
+}
+
+// approvalTimeoutText is MaxApprovalTimeout as a definition would write it.
+const approvalTimeoutText = "168h"
 
 // Parse parses and validates a definition's YAML text.
 func Parse(text string) (*Definition, error) {

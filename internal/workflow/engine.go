@@ -72,6 +72,37 @@ func (f *runFailure) Error() string { return string(f.code) + ": " + f.message }
 
 func (f *runFailure) Unwrap() error { return f.cause }
 
+// after is f keeping an earlier failure of the same step in its
+// diagnostic: the failure that ended the run (its code) came after the one
+// that was being recorded (a step that failed, or a call's outcome) and
+// could not be, and that one is usually what an operator looks for.
+func (f *runFailure) after(earlier string) *runFailure {
+	if earlier == "" {
+		return f
+	}
+	out := *f
+	out.message = f.message + "; before that: " + earlier
+	return &out
+}
+
+// MaxErrorMessageBytes bounds a run's recorded diagnostic (error_message
+// and its trace entry's error): a failure keeps the one before it, and a
+// message may carry a server's or a template's text.
+const MaxErrorMessageBytes = 4096
+
+// boundedMessage is msg cut to MaxErrorMessageBytes on a character
+// boundary, marked with an ellipsis when cut.
+func boundedMessage(msg string) string {
+	if len(msg) <= MaxErrorMessageBytes {
+		return msg
+	}
+	end := MaxErrorMessageBytes - len("…")
+	for end > 0 && !utf8.RuneStart(msg[end]) {
+		end--
+	}
+	return msg[:end] + "…"
+}
+
 func fail(code ErrorCode, format string, args ...any) *runFailure {
 	return &runFailure{code: code, message: fmt.Sprintf(format, args...)}
 }
@@ -337,10 +368,17 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			f := fail(CodeDatabaseError, "step %d could not be recorded", step)
 			var rf *runFailure
 			switch {
+			case deadline.expired() && errors.As(err, &rf):
+				f = deadline.failure().after(rf.message)
 			case deadline.expired():
 				f = deadline.failure()
 			case errors.As(err, &rf):
 				f = rf
+			}
+			if newTrace.Status == "failed" && rf == nil {
+				// The step failed and was being recorded when its
+				// transaction failed: that failure is why it ended.
+				f = f.after(newTrace.Error)
 			}
 			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
 			return e.finish(ctx, db.New(e.pool), c, step, f, traceEntry{StepID: deadline.stepID, Index: step, Status: "failed", Error: f.message}) == nil
@@ -361,7 +399,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			// The call was made but its outcome could not be recorded: end
 			// the run now rather than leave it running until its lease
 			// expires and it is misreported as a stopped worker's.
-			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID)
+			f := fail(CodeDatabaseError, "step %s: the call was made but its outcome could not be recorded", call.entry.StepID).after(callOutcome(newTrace))
 			e.log.Error("workflow step failed", "run", c.Run.ID, "step", step, "code", f.code, "err", err)
 			return e.finish(ctx, db.New(e.pool), c, step, f, failed(call.entry, f)) == nil
 		}
@@ -402,10 +440,28 @@ const stepRetryPause = 100 * time.Millisecond
 // commit happened unseen makes the next one find the step already done
 // (errLostClaim; the run resumes after the lease) instead of doing it
 // twice.
+//
+// A COMMIT whose answer was lost is first asked about: when the
+// transaction did commit, the attempt succeeded, and the step goes on as if
+// the answer had come (its doorbell published to live subscribers and its
+// outbox rows handed off, the next step run at once). Run again instead, it
+// found its own commit (errLostClaim), published nothing (the doorbell
+// reached live subscribers of no process and listeners only by the poll),
+// and the run waited out its lease.
 func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn func(pgx.Tx) error) error {
 	pause := stepRetryPause
 	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(deadline.ctx, e.pool, fn)
+		var xid string // the attempt's transaction, once its work is done
+		err := pgx.BeginFunc(deadline.ctx, e.pool, func(tx pgx.Tx) error {
+			if err := fn(tx); err != nil {
+				return err
+			}
+			return tx.QueryRow(deadline.ctx, "-- name: WorkflowStepTransactionID\nSELECT pg_current_xact_id()::text").Scan(&xid)
+		})
+		if err != nil && xid != "" && e.committedUnseen(deadline.ctx, xid) {
+			e.log.Warn("workflow step committed, its answer lost", "run", c.Run.ID, "step", step, "err", err)
+			return nil
+		}
 		if err == nil || attempt == stepAttempts || !dberr.IsTransient(err) || deadline.ctx.Err() != nil {
 			return err
 		}
@@ -416,6 +472,35 @@ func (e *Engine) stepTransaction(deadline *stepDeadline, c Claimed, step int, fn
 		case <-time.After(pause):
 		}
 		pause *= 2
+	}
+}
+
+// commitCheckTimeout bounds asking whether a transaction whose COMMIT
+// answer was lost committed.
+const commitCheckTimeout = 5 * time.Second
+
+// committedUnseen reports whether transaction xid, whose COMMIT failed
+// from the client's side, committed all the same (pg_xact_status, asked on
+// another connection). A transaction still in progress (the server has not
+// yet seen the connection go) is asked about again for a while; any doubt
+// answers false, and the step is run again, fenced.
+func (e *Engine) committedUnseen(ctx context.Context, xid string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitCheckTimeout)
+	defer cancel()
+	for {
+		var status *string
+		err := e.pool.QueryRow(ctx, "-- name: WorkflowStepTransactionStatus\nSELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+		switch {
+		case err != nil || status == nil:
+			return false
+		case *status != "in progress":
+			return *status == "committed"
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
@@ -488,7 +573,8 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return stepEnded, traceEntry{}, nil, f // rolls back; Execute records it afresh
 	}
 	if f != nil {
-		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, f, traceEntry{Index: index, Status: "failed", Error: f.message})
+		failedEntry := traceEntry{Index: index, Status: "failed", Error: f.message}
+		return stepEnded, failedEntry, nil, e.finish(ctx, q, c, index, f, failedEntry)
 	}
 	if index >= len(def.Steps) {
 		return stepEnded, traceEntry{}, nil, e.finish(ctx, q, c, index, nil, traceEntry{})
@@ -501,7 +587,7 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		ok, err := e.condition(ctx, step.If, tctx)
 		if err != nil {
 			f := fail(CodeConditionEvaluationFailed, "step %s: condition: %v", step.ID, err)
-			return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+			return stepEnded, failed(entry, f), nil, e.finish(ctx, q, c, index, f, failed(entry, f))
 		}
 		if !ok {
 			entry.Status = "skipped"
@@ -565,7 +651,7 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return stepEnded, entry, nil, sf // the transaction is aborted: roll back
 	}
 	if sf != nil {
-		return stepEnded, entry, nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
+		return stepEnded, failed(entry, sf), nil, e.finish(ctx, q, c, index, sf, failed(entry, sf))
 	}
 	entry.Output = out
 	if index == len(def.Steps)-1 {
@@ -578,7 +664,7 @@ func (e *Engine) failStep(ctx context.Context, q *db.Queries, c Claimed, index i
 	if f.code == CodeDatabaseError {
 		return stepEnded, entry, nil, f
 	}
-	return stepEnded, entry, nil, e.finish(ctx, q, c, index, f, failed(entry, f))
+	return stepEnded, failed(entry, f), nil, e.finish(ctx, q, c, index, f, failed(entry, f))
 }
 
 // startedBefore reports whether the trace marks step index started with no
@@ -648,7 +734,7 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	q := db.New(e.pool)
 	switch {
 	case f != nil:
-		return stepEnded, entry, e.finish(ctx, q, c, index, f, failed(entry, f))
+		return stepEnded, failed(entry, f), e.finish(ctx, q, c, index, f, failed(entry, f))
 	case call.last:
 		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
 	}
@@ -680,6 +766,18 @@ func traceBody(b []byte) (body string, cut bool) {
 // text; both become U+FFFD.
 func jsonbText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// callOutcome says what a call_webhook step's call came to, from its
+// trace entry: its failure, or the status the server answered.
+func callOutcome(entry traceEntry) string {
+	if entry.Status == "failed" {
+		return entry.Error
+	}
+	if status, ok := entry.Output["status"]; ok {
+		return fmt.Sprintf("step %s: the server answered HTTP %v", entry.StepID, status)
+	}
+	return ""
 }
 
 func failed(entry traceEntry, f *runFailure) traceEntry {
@@ -722,11 +820,12 @@ func (e *Engine) finish(ctx context.Context, q *db.Queries, c Claimed, _ int, f 
 		Status: db.WorkflowRunStatusCompleted, Trace: []byte("[]"), Now: e.clock.SQL(),
 		CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID,
 	}
+	entry.Error = boundedMessage(entry.Error)
 	if entry.Status != "" {
 		params.Trace = mustJSON([]traceEntry{entry})
 	}
 	if f != nil {
-		code, msg := string(f.code), f.message
+		code, msg := string(f.code), boundedMessage(f.message)
 		params.Status, params.ErrorCode, params.ErrorMessage = db.WorkflowRunStatusFailed, &code, &msg
 	}
 	n, err := q.WorkflowRunFinish(ctx, params)
@@ -787,6 +886,13 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 		return nil, tc, fail(CodeWorkflowDisabled, "the definition sets enabled: false")
 	}
 	return def, tc, nil
+}
+
+// pinnedTo reports whether a run's trigger context pins the definition
+// event id.
+func pinnedTo(triggerContext []byte, id []byte) bool {
+	var tc TriggerContext
+	return json.Unmarshal(triggerContext, &tc) == nil && tc.DefinitionEventID == hex.EncodeToString(id) && len(id) == 32
 }
 
 func disabledState(row db.WorkflowGetRow) string {
@@ -947,11 +1053,32 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 // grant (46030), a denial (46031) or the expiry.
 func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
 	q := w.Q
+	// The workflow row FOR SHARE, as a decision reads it: an archive or a
+	// re-save that committed after this step read the row is seen here, and
+	// one still to come finds the approval stored and withdraws it. Without
+	// it, an approval asked for under a definition just replaced waited,
+	// undecidable, for its timeout.
+	wf, err := q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
+	if err != nil {
+		return e.failStep(ctx, q, c, index, entry, dbFail(err, "step %s: workflow unavailable", step.ID))
+	}
+	switch pinned := c.Run.TriggerContext; {
+	case wf.Status != db.WorkflowStatusActive || !wf.Enabled:
+		return e.failStep(ctx, q, c, index, entry, fail(CodeWorkflowDisabled, "workflow is %s", disabledState(db.WorkflowGetRow{Status: wf.Status, Enabled: wf.Enabled})))
+	case !pinnedTo(pinned, wf.DefinitionEventID):
+		return e.failStep(ctx, q, c, index, entry, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)"))
+	}
 	message, err := template.Render(step.Message, tctx)
 	if err != nil {
 		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
 	}
 	timeout, _ := time.ParseDuration(step.Timeout)
+	if timeout > MaxApprovalTimeout {
+		// Saved before the bound: saving refuses it today.
+		e.log.Warn("workflow approval timeout beyond the maximum; clamped", "run", c.Run.ID, "step", step.ID,
+			"timeout", step.Timeout, "max", MaxApprovalTimeout)
+		timeout = MaxApprovalTimeout
+	}
 	token := sha256.Sum256([]byte(uuid.New().String()))
 	ref := hex.EncodeToString(token[:])
 	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{

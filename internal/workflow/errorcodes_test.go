@@ -446,3 +446,26 @@ func (f *fixture) counter(name string, labels map[string]string) float64 {
 	}
 	return 0
 }
+
+// A step that failed and whose transaction then ran out of its deadline
+// before it committed ends with step_timeout, and the diagnostic keeps the
+// step's own failure, recorded by nobody otherwise.
+//
+// Mutation killed: the deadline's failure alone (as before): the template
+// failure is lost.
+func TestStepTimeoutKeepsTheFailureItCutShort(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: T\ntrigger: {on: message_posted}\nsteps: [{id: fwd, action: send_message, channel: '{{trigger.text}}', text: hi, timeout_secs: 1}]")
+	f.store(f.sign(owner, ingest.KindChat, "nowhere", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	e := f.engine(time.Minute)
+	// The step's transaction outlives its one-second deadline before COMMIT.
+	e.SetBeforeCommit(func(uuid.UUID, int) { time.Sleep(2 * time.Second) })
+	f.drain(e)
+	f.failedWith(run, workflow.CodeStepTimeout, "step fwd did not finish within its timeout of 1s; before that: step fwd: channel is not a channel id")
+	require.Empty(t, f.doorbells(run))
+}

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -172,4 +173,39 @@ func TestHandedOffRunIsClaimedWithoutThePoll(t *testing.T) {
 	f.store(f.sign(owner, ingest.KindChat, "second", nostr.Tags{{"h", ch}}))
 	require.Eventually(t, func() bool { return completed() == 2 }, 20*time.Second, 20*time.Millisecond,
 		"the handed-off run waited for the poll")
+}
+
+// A slot freed while a community's due runs wait for it (the community at
+// its share, the others' reserve kept free) is filled when the run ends,
+// not at the next poll: a poll that came back empty only because of the
+// shares said nothing about the runs waiting. With the poll an hour away,
+// one community's 60 quick runs all complete.
+//
+// Mutation killed: the worker not polling again when a run ends after such
+// an empty poll (as before): the runs stop once the slots beyond the
+// reserve are taken, and wait for the next poll, here an hour.
+func TestSlotsFreedBehindACommunityAtItsShareAreRefilledAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Quick\ntrigger: {on: message_posted}\nsteps: [{id: say, action: send_message, text: hi}]")
+	const runs = 60
+	for i := range runs {
+		f.store(f.sign(owner, ingest.KindChat, fmt.Sprintf("go %d", i), nostr.Tags{{"h", ch}}))
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	// Ten slots: a community's share is five, one is the others' reserve.
+	w := workflow.NewWorker(f.engine(time.Minute), workflow.WorkerOptions{MaxInFlight: 10, Poll: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	completed := func() int {
+		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 AND status = 'completed'`, f.tenant.ID(), id)
+	}
+	require.Eventually(t, func() bool { return completed() == runs }, 60*time.Second, 20*time.Millisecond,
+		"runs due waited for the next poll while slots were free")
 }

@@ -33,6 +33,11 @@ const DefaultMaxPerChannel = 20
 // that would make more than maxPerChannel workflows fire in the channel is
 // refused (0: DefaultMaxPerChannel).
 func DefinitionHandler(maxPerChannel int) ingest.Handler {
+	return (&Triggers{MaxPerChannel: maxPerChannel}).definitionHandler()
+}
+
+func (t *Triggers) definitionHandler() ingest.Handler {
+	maxPerChannel := t.MaxPerChannel
 	if maxPerChannel <= 0 {
 		maxPerChannel = DefaultMaxPerChannel
 	}
@@ -41,7 +46,7 @@ func DefinitionHandler(maxPerChannel int) ingest.Handler {
 		Prepare: func(ctx context.Context, w *ingest.Write) error {
 			return prepareDefinition(ctx, w, maxPerChannel)
 		},
-		Apply: applyDefinition,
+		Apply: t.applyDefinition,
 	}
 }
 
@@ -72,7 +77,7 @@ func validateDefinition(ev *nostr.Event) error {
 	if _, _, err := definitionTags(ev); err != nil {
 		return err
 	}
-	if _, err := Parse(ev.Content); err != nil {
+	if _, err := ParseForSave(ev.Content); err != nil {
 		return parseRejection(err)
 	}
 	return nil
@@ -85,6 +90,7 @@ func parseRejection(err error) error {
 // savedDefinition is what prepareDefinition decided, for applyDefinition.
 type savedDefinition struct {
 	workflow  uuid.UUID
+	existed   bool // a re-save: runs of the earlier definition may wait for approvals
 	name      string
 	json      []byte
 	hash      [32]byte
@@ -118,7 +124,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 	if access.ArchivedAt != nil {
 		return ingest.Reject("restricted", "channel is archived")
 	}
-	def, err := Parse(w.Event.Content)
+	def, err := ParseForSave(w.Event.Content)
 	if err != nil {
 		return parseRejection(err)
 	}
@@ -141,6 +147,8 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int) 
 		return err
 	case string(existing.OwnerPubkey) != string(w.ActorBytes()) || existing.ChannelID == nil || *existing.ChannelID != channel:
 		return ingest.Reject("restricted", "workflow belongs to a different owner or channel")
+	default:
+		saved.existed = true
 	}
 	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled; !alreadyFires {
 		if err := admitToChannel(ctx, w, channel, workflowID, maxPerChannel); err != nil {
@@ -197,7 +205,7 @@ func admitToChannel(ctx context.Context, w *ingest.Write, channel, workflowID uu
 	return nil
 }
 
-func applyDefinition(ctx context.Context, w *ingest.Write) error {
+func (t *Triggers) applyDefinition(ctx context.Context, w *ingest.Write) error {
 	saved := w.State().(*savedDefinition)
 	id := w.Event.IDBytes()
 	_, err := w.Q.WorkflowUpsert(ctx, db.WorkflowUpsertParams{
@@ -219,6 +227,14 @@ func applyDefinition(ctx context.Context, w *ingest.Write) error {
 	if err != nil {
 		return err
 	}
+	if saved.existed {
+		// Runs waiting for an approval execute the definition they started
+		// under, which this save replaced: a grant could only fail them.
+		if err := t.withdrawApprovals(ctx, w, saved.workflow, CodeInvalidDefinition,
+			"the workflow was saved again while the run waited for approval; the definition it started under is replaced"); err != nil {
+			return err
+		}
+	}
 	reply := struct {
 		WorkflowID    string `json:"workflow_id"`
 		WebhookSecret string `json:"webhook_secret,omitempty"`
@@ -230,8 +246,11 @@ func applyDefinition(ctx context.Context, w *ingest.Write) error {
 
 // DefinitionDeletion archives the workflows whose definitions a kind 5
 // deletes by coordinate (30620:<owner>:<workflow id>): register it as side
-// rows. Only the owner's own coordinates count, as for the events.
-var DefinitionDeletion = ingest.SideRows{Needs: deletesDefinitions, Apply: archiveDeleted}
+// rows. Only the owner's own coordinates count, as for the events. The
+// archived workflows' runs waiting for an approval end with it.
+func (t *Triggers) DefinitionDeletion() ingest.SideRows {
+	return ingest.SideRows{Needs: deletesDefinitions, Apply: t.archiveDeleted}
+}
 
 func deletedWorkflows(ev *nostr.Event) []uuid.UUID {
 	var out []uuid.UUID
@@ -251,11 +270,18 @@ func deletesDefinitions(ev *nostr.Event) bool {
 	return ev.Kind == nostr.KindDeletion && len(deletedWorkflows(ev)) > 0
 }
 
-func archiveDeleted(ctx context.Context, w *ingest.Write) error {
+func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
 	for _, id := range deletedWorkflows(w.Event) {
-		if _, err := w.Q.WorkflowArchive(ctx, db.WorkflowArchiveParams{
+		n, err := w.Q.WorkflowArchive(ctx, db.WorkflowArchiveParams{
 			CommunityID: w.Tenant.ID(), ID: id, OwnerPubkey: w.ActorBytes(), Now: w.SQLNow(),
-		}); err != nil {
+		})
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			continue
+		}
+		if err := t.withdrawApprovals(ctx, w, id, CodeWorkflowDisabled, "the workflow was archived while the run waited for approval"); err != nil {
 			return err
 		}
 	}

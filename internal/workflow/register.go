@@ -23,7 +23,7 @@ func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
 	if t.Condition == nil {
 		t.Condition = EvalCondition
 	}
-	p.Register(KindDefinition, DefinitionHandler(t.MaxPerChannel))
+	p.Register(KindDefinition, t.definitionHandler())
 	p.Register(KindManualTrigger, t.ManualTrigger())
 	p.Register(KindApprovalGrant, t.ApprovalHandler(KindApprovalGrant))
 	p.Register(KindApprovalDeny, t.ApprovalHandler(KindApprovalDeny))
@@ -32,7 +32,7 @@ func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
 			return ingest.Reject("restricted", "only the relay publishes kind %d", ev.Kind)
 		}})
 	}
-	p.RegisterSideRows(DefinitionDeletion)
+	p.RegisterSideRows(t.DefinitionDeletion())
 	p.RegisterSideRows(t.SideRows())
 	p.RegisterSideRows(t.ChannelDeletion())
 }

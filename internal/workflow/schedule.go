@@ -83,7 +83,7 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow schedule tick failed", "err", err)
 		}
-		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics); err != nil && ctx.Err() == nil {
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics, s.log); err != nil && ctx.Err() == nil {
 			s.log.Error("workflow approval expiry failed", "err", err)
 		}
 		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil {

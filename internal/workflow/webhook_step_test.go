@@ -172,7 +172,39 @@ func TestCallWebhookUnrecordableOutcomeEndsTheRun(t *testing.T) {
 	require.Equal(t, int32(1), calls.Load())
 	require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
 	require.Equal(t, "database_error", *run.ErrorCode)
-	require.Equal(t, "step hook: the call was made but its outcome could not be recorded", *run.ErrorMessage)
+	require.Equal(t, "step hook: the call was made but its outcome could not be recorded; before that: step hook: the server answered HTTP 200", *run.ErrorMessage)
+}
+
+// A failed call whose failure cannot be recorded ends the run with
+// database_error, and the diagnostic keeps the call's failure (what the
+// server answered), which is what an operator looks for. The step's trace
+// entry says the same.
+//
+// Mutation killed: the recording failure's diagnostic alone (as before):
+// the server's 503 is lost.
+func TestUnrecordableFailureKeepsTheFailureItEnded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServer(503)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"'}]")
+	_, err := f.pool.Exec(f.ctx, `
+		CREATE FUNCTION test_refuse_webhook_failed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused by test'; END $$;
+		CREATE TRIGGER test_refuse_webhook_failed BEFORE UPDATE ON workflow_runs FOR EACH ROW
+		WHEN (NEW.error_code = 'webhook_failed') EXECUTE FUNCTION test_refuse_webhook_failed();`)
+	require.NoError(t, err)
+	f.store(f.sign(owner, ingest.KindChat, "ping", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.runIDs(id)[0]
+	require.Equal(t, int32(1), calls.Load())
+	want := "step hook: the call was made but its outcome could not be recorded; before that: step hook: the server answered HTTP 503"
+	f.failedWith(run, workflow.CodeDatabaseError, want)
+	var traced string
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT execution_trace -> -1 ->> 'error' FROM workflow_runs WHERE id = $1`, run).Scan(&traced))
+	require.Equal(t, want, traced)
 }
 
 // A webhook answer longer than MaxTraceBodyBytes is kept in the trace cut

@@ -126,6 +126,11 @@ func (w *Worker) Run(ctx context.Context) {
 	}
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	// passedOver: the last poll came back empty while a community was at
+	// its share, so runs may be due that only a free slot lets this worker
+	// take (that community's beyond its share, once the reserve is free).
+	// A run ending frees one: poll then, not at the next Poll.
+	passedOver := false
 	for {
 		free := w.opts.MaxInFlight - inflight
 		var pollC <-chan time.Time
@@ -141,6 +146,10 @@ func (w *Worker) Run(ctx context.Context) {
 			return
 		case community := <-done:
 			finished(community)
+			if passedOver {
+				passedOver = false
+				poll.Reset(0)
+			}
 		case <-pollC:
 			claims, err := w.engine.claimDue(ctx, free, shares)
 			start(claims)
@@ -161,8 +170,10 @@ func (w *Worker) Run(ctx context.Context) {
 				}
 				poll.Reset(claimErrorSleep)
 			case len(claims) > 0:
+				passedOver = false
 				poll.Reset(0)
 			default:
+				passedOver = atShare()
 				poll.Reset(w.opts.Poll)
 			}
 		case ref := <-handoffC:
