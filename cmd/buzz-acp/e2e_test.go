@@ -32,8 +32,9 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// stubPath is the stub ACP agent, built once for all tests.
-var stubPath string
+// stubPath is the stub ACP agent and acpPath buzz-acp itself (for the
+// tests that kill its process), built once for all tests.
+var stubPath, acpPath string
 
 func TestMain(m *testing.M) {
 	os.Exit(runWithStub(m))
@@ -51,6 +52,11 @@ func runWithStub(m *testing.M) int {
 	stubPath = filepath.Join(dir, "stubagent")
 	if out, err := exec.Command("go", "build", "-o", stubPath, "./internal/stubagent").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the stub agent: %v\n%s", err, out)
+		return 1
+	}
+	acpPath = filepath.Join(dir, "buzz-acp")
+	if out, err := exec.Command("go", "build", "-o", acpPath, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build buzz-acp: %v\n%s", err, out)
 		return 1
 	}
 	return dbtest.Run(m)
@@ -87,6 +93,14 @@ func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 // newWorldOn is newWorld on a relay with relayAdjust applied to its settings.
 func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
 	t.Helper()
+	w := newStoppedWorld(t, relayAdjust, adjust...)
+	w.start()
+	return w
+}
+
+// newStoppedWorld is the world without buzz-acp running.
+func newStoppedWorld(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
 	r := relaytest.Start(t, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -119,7 +133,6 @@ func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func
 
 	w.stubLog = filepath.Join(t.TempDir(), "prompts.jsonl")
 	w.holdFile = filepath.Join(t.TempDir(), "release")
-	w.start()
 	return w
 }
 
@@ -139,6 +152,8 @@ func (w *world) start() {
 		IncomingQueue:     128,
 		SessionIdle:       waitLong,
 		MaxSessions:       64,
+		CatchUpWindow:     time.Hour,
+		CatchUpLimit:      500,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -815,6 +830,16 @@ type proxy struct {
 	// cutAfter, when set, makes the next connection end right after the
 	// first WebSocket frame from the relay that contains it.
 	cutAfter []byte
+	// stall, when set, makes the next WebSocket connection stop passing on
+	// the relay's frames, without closing, at its stall.nth frame that
+	// contains stall.pattern (that frame is withheld).
+	stall *stallRule
+}
+
+type stallRule struct {
+	pattern []byte
+	nth     int
+	reached chan struct{} // closed when the frame is withheld
 }
 
 func startProxy(t *testing.T, target string) *proxy {
@@ -852,7 +877,9 @@ func (p *proxy) accept() {
 		p.cutAfter = nil
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-		if cutAfter != nil {
+		if p.stallArmed() {
+			go p.forwardStalling(c, up)
+		} else if cutAfter != nil {
 			go func() { forwardUntilFrame(c, up, cutAfter); _ = c.Close(); _ = up.Close() }()
 		} else {
 			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
@@ -939,4 +966,93 @@ func (p *proxy) resume() {
 	p.mu.Lock()
 	p.paused = false
 	p.mu.Unlock()
+}
+
+func (p *proxy) stallArmed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stall != nil
+}
+
+// stallNext arms a stall rule (see proxy.stall); the returned channel is
+// closed once the frame is withheld.
+func (p *proxy) stallNext(pattern string, nth int) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stall = &stallRule{pattern: []byte(pattern), nth: nth, reached: make(chan struct{})}
+	return p.stall.reached
+}
+
+// forwardStalling copies the relay's side; when the answer is a WebSocket
+// upgrade, it claims the stall rule and withholds its nth matching frame
+// and everything after, leaving both connections open. Any other answer (the
+// relay information document, say) is copied whole.
+func (p *proxy) forwardStalling(client net.Conn, relay net.Conn) {
+	defer client.Close()
+	r := bufio.NewReader(relay)
+	status, err := r.ReadBytes('\n')
+	if err != nil {
+		return
+	}
+	if _, err := client.Write(status); err != nil {
+		return
+	}
+	if !bytes.Contains(status, []byte(" 101 ")) {
+		_, _ = io.Copy(client, r)
+		return
+	}
+	p.mu.Lock()
+	rule := p.stall
+	p.stall = nil
+	p.mu.Unlock()
+	if rule == nil {
+		_, _ = io.Copy(client, r)
+		return
+	}
+	header, err := r.ReadBytes('\n')
+	for ; err == nil && string(header) != "\r\n"; header, err = r.ReadBytes('\n') {
+		if _, err := client.Write(header); err != nil {
+			return
+		}
+	}
+	if err != nil {
+		return
+	}
+	if _, err := client.Write(header); err != nil {
+		return
+	}
+	seen := 0
+	for {
+		frame := make([]byte, 2, 14)
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return
+		}
+		size := uint64(frame[1] & 0x7f)
+		switch size {
+		case 126, 127:
+			extended := make([]byte, map[uint64]int{126: 2, 127: 8}[size])
+			if _, err := io.ReadFull(r, extended); err != nil {
+				return
+			}
+			frame = append(frame, extended...)
+			size = 0
+			for _, b := range extended {
+				size = size<<8 | uint64(b)
+			}
+		}
+		payload := make([]byte, size)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return
+		}
+		if bytes.Contains(payload, rule.pattern) {
+			if seen++; seen == rule.nth {
+				close(rule.reached)
+				_, _ = io.Copy(io.Discard, r) // held open, passing nothing on
+				return
+			}
+		}
+		if _, err := client.Write(append(frame, payload...)); err != nil {
+			return
+		}
+	}
 }
