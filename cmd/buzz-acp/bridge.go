@@ -831,8 +831,12 @@ func (b *bridge) release(id string) {
 }
 
 // publish posts ev, waiting for a connection while the relay is away;
-// the answer is the same signed event whichever connection carries it.
+// the answer is the same signed event whichever connection carries it. A
+// refusal for publishing too fast is tried again with backoff: the agent's
+// budget at the relay (BUZZ_PUBLISH_BURST) is soon spent answering a
+// catch-up, and the refusal says nothing against the answer itself.
 func (b *bridge) publish(ctx context.Context, ev *nostr.Event) error {
+	backoff := b.cfg.BackoffMin
 	for {
 		conn, up := b.currentConn()
 		if conn == nil {
@@ -845,7 +849,17 @@ func (b *bridge) publish(ctx context.Context, ev *nostr.Event) error {
 		}
 		err := conn.Publish(ctx, ev)
 		var refused *relayRefusal
-		if err == nil || errors.As(err, &refused) || ctx.Err() != nil {
+		if errors.As(err, &refused) && strings.HasPrefix(refused.Msg, "rate-limited:") {
+			b.log.Info("answer refused for publishing too fast; trying again", "answer", ev.ID, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return ctx.Err() // not final: a state file keeps it for the next start
+			}
+			backoff = min(backoff*2, b.cfg.BackoffMax)
+			continue
+		}
+		if err == nil || refused != nil || ctx.Err() != nil {
 			return err
 		}
 		// The connection broke under us: wait for the next one.

@@ -1056,3 +1056,32 @@ func (p *proxy) forwardStalling(client net.Conn, relay net.Conn) {
 		}
 	}
 }
+
+// The relay refuses an answer posted faster than the agent's publish
+// budget ("rate-limited:"), as a catch-up of many messages after an outage
+// would: the answer is posted again, with backoff, once the budget refills,
+// rather than lost. Here the agent's budget is three events at once, two of
+// them spent joining, and one more every three seconds.
+//
+// Mutation killed: a rate-limited refusal taken as final, like any other: the
+// second answer is never posted.
+func TestRateLimitedAnswerIsPostedOnceAllowed(t *testing.T) {
+	t.Parallel()
+	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 3, 20 }})
+	// Another member asks, so the owner's own budget plays no part.
+	poster := w.r.Dial(t, w.host)
+	poster.Auth(nil)
+	ok := poster.Publish(poster.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	var asked []string
+	for _, text := range []string{"@Robby one", "@Robby two"} {
+		ev := poster.Sign(9, text, nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}, 0)
+		ok := poster.Publish(ev)
+		require.True(t, ok.OK, ok.Msg)
+		asked = append(asked, ev.ID)
+	}
+	for _, id := range asked {
+		w.answerTo(id)
+	}
+	require.Zero(t, w.status.snapshot().Failures)
+}
