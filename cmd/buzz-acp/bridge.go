@@ -237,6 +237,8 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	b.log.Info("connected", "relay", b.cfg.RelayURL, "channels", len(channels))
 	refresh := time.NewTicker(b.cfg.MembershipRefresh)
 	defer refresh.Stop()
+	refreshed := make(chan membership, 1) // never blocks a re-read left behind
+	refreshing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -255,7 +257,20 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 		case <-conn.Done():
 			return true, conn.Err()
 		case <-refresh.C:
-			now, err := b.memberChannels(ctx, conn)
+			// Read in the background: this loop must keep reading the
+			// subscription, or the reader blocks on it once its buffer is
+			// full, and the lists' answer behind those messages is never
+			// read.
+			if !refreshing {
+				refreshing = true
+				go func() {
+					now, err := b.memberChannels(ctx, conn)
+					refreshed <- membership{now, err}
+				}()
+			}
+		case m := <-refreshed:
+			refreshing = false
+			now, err := m.channels, m.err
 			if err != nil {
 				return true, err
 			}
@@ -312,6 +327,12 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 	}
+}
+
+// membership is one re-read of the channels this agent is a member of.
+type membership struct {
+	channels map[string]bool
+	err      error
 }
 
 // catchUpPoint is how far a message read at `at` moves the catch-up: to

@@ -83,7 +83,10 @@ type world struct {
 	stop     context.CancelFunc
 	stopped  chan error
 	adjust   []func(*settings)
+	refresh  time.Duration // buzz-acp's MembershipRefresh
 }
+
+func (w *world) refreshEvery() time.Duration { return w.refresh }
 
 func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	t.Helper()
@@ -164,6 +167,7 @@ func (w *world) start() {
 		log = slog.New(slog.NewTextHandler(testLog{w.t}, nil))
 	}
 	w.status = newStatus(nil, cfg.RelayURL, w.agentKey.PublicKeyHex())
+	w.refresh = cfg.MembershipRefresh
 	ctx, cancel := context.WithCancel(context.Background())
 	w.stop, w.stopped = cancel, make(chan error, 1)
 	go func() { w.stopped <- serve(ctx, cfg, w.status, log) }()
@@ -834,6 +838,12 @@ type proxy struct {
 	// the relay's frames, without closing, at its stall.nth frame that
 	// contains stall.pattern (that frame is withheld).
 	stall *stallRule
+	// holdable connections (those accepted while it is set) pass the
+	// relay's bytes on through a buffer that hold stops and release
+	// flushes; the relay's side is read all along, so it never sees a
+	// slow client.
+	holdable bool
+	held     chan struct{} // open (nil) or closed by release
 }
 
 type stallRule struct {
@@ -879,6 +889,8 @@ func (p *proxy) accept() {
 		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
 		if p.stallArmed() {
 			go p.forwardStalling(c, up)
+		} else if p.isHoldable() {
+			go p.forwardHoldable(c, up)
 		} else if cutAfter != nil {
 			go func() { forwardUntilFrame(c, up, cutAfter); _ = c.Close(); _ = up.Close() }()
 		} else {
@@ -1084,4 +1096,106 @@ func TestRateLimitedAnswerIsPostedOnceAllowed(t *testing.T) {
 		w.answerTo(id)
 	}
 	require.Zero(t, w.status.snapshot().Failures)
+}
+
+func (p *proxy) isHoldable() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holdable
+}
+
+// hold stops passing the relay's bytes on (holdable connections only).
+func (p *proxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = make(chan struct{})
+}
+
+// release passes on what was held, and everything after.
+func (p *proxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+func (p *proxy) gate() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
+func (p *proxy) forwardHoldable(client net.Conn, relay net.Conn) {
+	chunks := make(chan []byte, 1<<16)
+	go func() {
+		defer close(chunks)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := relay.Read(buf)
+			if n > 0 {
+				chunks <- buf[:n]
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer client.Close()
+	for chunk := range chunks {
+		if g := p.gate(); g != nil {
+			<-g
+		}
+		if _, err := client.Write(chunk); err != nil {
+			return
+		}
+	}
+}
+
+// While the membership lists are re-read, the messages naming the agent keep
+// coming: more than a subscription buffers (here 400 doorbell-shaped ones,
+// refused by a stand-in verifier) arrive ahead of the re-read's answer. The
+// connection's loop still reads them, so the re-read is answered and the
+// connection stays up.
+//
+// Mutation killed: re-reading the lists inline in the connection's loop (as
+// before): the reader blocks on the full subscription, the re-read's answer
+// behind it is never read, and after 30 seconds the connection is dropped
+// and made again.
+func TestMembershipRereadDuringAFlood(t *testing.T) {
+	t.Parallel()
+	w := newStoppedWorld(t, nil, func(cfg *settings) {
+		cfg.IncomingQueue = 2048
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return refuseAll{} }
+	})
+	w.proxy.holdable = true
+	w.start()
+	w.answerTo(w.mention("@Robby before").ID)
+
+	w.proxy.hold()
+	const flood = 400
+	for i := range flood {
+		w.owner.Send("EVENT", w.owner.Sign(9, fmt.Sprintf("fake %d", i), nostr.Tags{
+			{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, {"buzz:workflow", "doorbell-v1"},
+		}, 0))
+	}
+	for range flood {
+		ok := w.owner.Expect("OK")
+		require.True(t, ok.OK, ok.Msg)
+	}
+	// The relay fanned the flood out (into the held stream) before it
+	// answers the next re-read; a few refresh periods pass, so one is asked.
+	time.Sleep(5 * w.refreshEvery())
+	w.proxy.release()
+	require.Eventually(t, func() bool { return w.status.snapshot().Dropped["test_refused"] == flood }, waitLong, 5*time.Millisecond)
+	w.answerTo(w.mention("@Robby after").ID)
+	require.Zero(t, w.status.snapshot().Reconnects, "the connection stayed up")
+}
+
+// refuseAll refuses every doorbell at once.
+type refuseAll struct{}
+
+func (refuseAll) Verify(context.Context, *nostr.Event) (*doorbell.Wake, error) {
+	return nil, &doorbell.Drop{Reason: "test_refused", Detail: "stand-in"}
 }
