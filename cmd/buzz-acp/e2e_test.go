@@ -1098,6 +1098,13 @@ func TestRateLimitedAnswerIsPostedOnceAllowed(t *testing.T) {
 	require.Zero(t, w.status.snapshot().Failures)
 }
 
+// setHoldable makes the connections accepted from now on holdable.
+func (p *proxy) setHoldable() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdable = true
+}
+
 func (p *proxy) isHoldable() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -1169,7 +1176,7 @@ func TestMembershipRereadDuringAFlood(t *testing.T) {
 		cfg.IncomingQueue = 2048
 		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return refuseAll{} }
 	})
-	w.proxy.holdable = true
+	w.proxy.setHoldable()
 	w.start()
 	w.answerTo(w.mention("@Robby before").ID)
 

@@ -184,9 +184,10 @@ func TestRestartCatchesUpOnWhatCameWhileDown(t *testing.T) {
 // nothing for that message: after the restart the message is asked again and
 // answered once.
 //
-// Mutation killed: recording a message as handled when its turn starts
+// Mutations killed: recording a message as handled when its turn starts
 // (rather than when its answer is written down): the held message is never
-// answered.
+// answered; writing the catch-up point of the later message without
+// holding it back for the one still in its turn: the same.
 func TestKilledMidTurnAsksAgain(t *testing.T) {
 	t.Parallel()
 	w := newStoppedWorld(t, nil)
@@ -194,6 +195,12 @@ func TestKilledMidTurnAsksAgain(t *testing.T) {
 	first := w.launch(state)
 	held := w.mention("@Robby [hold] a long job")
 	require.Eventually(t, func() bool { return w.promptsFor(held.ID) == 1 }, waitLong, 10*time.Millisecond, "the turn starts")
+	// A later message, in a session of its own (a thread), answered and
+	// recorded while the held turn runs: the catch-up point written with it
+	// stays at the held message, a second earlier.
+	time.Sleep(1100 * time.Millisecond)
+	later := w.mention("@Robby meanwhile", nostr.Tag{"e", held.ID, "", "root"})
+	w.requireOnce(later.ID)
 	first.kill()
 	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
 
@@ -202,6 +209,7 @@ func TestKilledMidTurnAsksAgain(t *testing.T) {
 	w.flush()
 	require.Equal(t, 2, w.promptsFor(held.ID), "asked again: the first turn posted nothing")
 	require.Equal(t, 1, w.answersTo(held.ID))
+	w.requireOnce(later.ID)
 }
 
 // The worst moment: the answer reached the relay (it is stored), but

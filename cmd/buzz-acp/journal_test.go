@@ -1,0 +1,51 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A state file is the memory of one process: a second buzz-acp on it is
+// refused at start, and the lock goes with the process that held it.
+//
+// Mutation killed: no lock: the second open succeeds.
+func TestStateFileHasOneProcess(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "state.jsonl")
+	j, err := openJournal(path)
+	require.NoError(t, err)
+	_, err = openJournal(path)
+	require.ErrorContains(t, err, "in use by another buzz-acp")
+	j.close()
+	j, err = openJournal(path)
+	require.NoError(t, err)
+	j.close()
+}
+
+// A last line cut short (power lost mid-write) recorded nothing that
+// counted as done, and is ignored; a damaged line before the last is an
+// error, not a silent loss of what it recorded.
+//
+// Mutation killed: failing on the torn last line: the state file cannot be
+// opened after a crash.
+func TestStateFileTornLastLine(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.jsonl")
+	id := strings.Repeat("ab", 32)
+	require.NoError(t, os.WriteFile(path, []byte(`{"since":100}`+"\n"+`{"event":"`+id+`","created_at":100,"done":true}`+"\n"+`{"event":"cd`), 0o600))
+	j, err := openJournal(path)
+	require.NoError(t, err)
+	require.EqualValues(t, 100, j.resumeFrom())
+	require.True(t, j.handledBefore(id))
+	j.close()
+
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"since":1`+"\n"+`{"since":100}`+"\n"), 0o600))
+	_, err = openJournal(bad)
+	require.ErrorContains(t, err, "line 1")
+}
