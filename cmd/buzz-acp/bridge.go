@@ -162,6 +162,8 @@ func (b *bridge) run(ctx context.Context) error {
 	since := time.Now().Unix()
 	if resume := b.journal.resumeFrom(); resume > 0 {
 		since = resume
+	} else if err := b.journal.startAt(since); err != nil {
+		b.log.Error("state file", "err", err)
 	}
 	b.postUnposted()
 	backoff := b.cfg.BackoffMin

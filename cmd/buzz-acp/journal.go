@@ -253,6 +253,21 @@ func (j *journal) resumeFrom() int64 {
 	return j.since
 }
 
+// startAt writes down where a first run starts hearing, so a restart before
+// it handled anything still catches up from there.
+func (j *journal) startAt(since int64) error {
+	if !j.durable {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.since != 0 {
+		return nil
+	}
+	j.memSince = since
+	return j.appendLocked(record{Since: since})
+}
+
 // spentKeys are the doorbell replay keys already spent, for the verifier.
 func (j *journal) spentKeys() map[string]time.Time {
 	j.mu.Lock()

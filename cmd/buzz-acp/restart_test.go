@@ -180,6 +180,23 @@ func TestRestartCatchesUpOnWhatCameWhileDown(t *testing.T) {
 	w.requireOnce(before.ID, bell.ID, m.ID, th.ID)
 }
 
+// A first run killed before anything named the agent has still written
+// down where it started: what comes while it is down is answered after the
+// restart.
+//
+// Mutation killed: writing down only the points of messages handled: the
+// restart finds no point, starts at now, and the mention is never answered.
+func TestFirstRunKilledBeforeAnyMessage(t *testing.T) {
+	t.Parallel()
+	w := newStoppedWorld(t, nil)
+	state := filepath.Join(t.TempDir(), "state.jsonl")
+	w.launch(state).kill()
+	m := w.mention("@Robby while you were down")
+	time.Sleep(1100 * time.Millisecond) // the restart starts in a later second
+	w.launch(state)
+	w.requireOnce(m.ID)
+}
+
 // Killed in the middle of a turn (the stub holds it), buzz-acp had posted
 // nothing for that message: after the restart the message is asked again and
 // answered once.
