@@ -468,17 +468,23 @@ func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[st
 	// never ahead of the clock (catchUpPoint caps it at when a message was
 	// read); the min keeps that true if the clock is stepped back.
 	now := time.Now().Unix()
-	// The count stops a second short of now: what is posted in the second
-	// of subscribing may come live rather than in the replay.
-	span := &catchUpSpan{filter: map[string]any{"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}}, until: now - 1}
-	span.from = min(since, now)
-	span.start = max(span.from, now-int64(b.cfg.CatchUpWindow/time.Second))
+	span := catchUpSpanOf(since, now, b.cfg.CatchUpWindow)
+	span.filter = map[string]any{"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}}
 	req := map[string]any{"since": span.start, "limit": b.cfg.CatchUpLimit}
 	for k, v := range span.filter {
 		req[k] = v
 	}
 	id, frames, err := conn.subscribe(ctx, "wake", req)
 	return id, frames, span, err
+}
+
+// catchUpSpanOf bounds a catch-up from since, at now, to the window: it
+// starts no earlier than window ago, nor later than now; the count of what
+// it skipped stops a second short of now (what is posted in the second of
+// subscribing may come live rather than in the replay).
+func catchUpSpanOf(since, now int64, window time.Duration) *catchUpSpan {
+	from := min(since, now)
+	return &catchUpSpan{from: from, start: max(from, now-int64(window/time.Second)), until: now - 1}
 }
 
 // catchUpSpan is the stretch one subscription's replay was meant to cover:

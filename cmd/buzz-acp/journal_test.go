@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -48,4 +49,24 @@ func TestStateFileTornLastLine(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte(`{"since":1`+"\n"+`{"since":100}`+"\n"), 0o600))
 	_, err = openJournal(bad)
 	require.ErrorContains(t, err, "line 1")
+}
+
+// A catch-up reaches back at most its window, whatever the point written
+// down; it never starts ahead of now.
+//
+// Mutation killed: the window not applied (start = the point written down):
+// a restart after a week replays the week.
+func TestCatchUpSpanIsBoundedByTheWindow(t *testing.T) {
+	t.Parallel()
+	now := int64(1_900_000_000)
+	week := catchUpSpanOf(now-7*24*3600, now, 24*time.Hour)
+	require.Equal(t, now-7*24*3600, week.from, "what was wanted, for the count")
+	require.Equal(t, now-24*3600, week.start, "where the replay starts")
+	require.Equal(t, now-1, week.until)
+
+	recent := catchUpSpanOf(now-60, now, 24*time.Hour)
+	require.Equal(t, now-60, recent.start)
+
+	ahead := catchUpSpanOf(now+600, now, 24*time.Hour)
+	require.Equal(t, now, ahead.start, "never ahead of now")
 }
