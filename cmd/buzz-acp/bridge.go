@@ -938,11 +938,23 @@ type seenSet struct {
 
 func newSeenSet(max int) *seenSet { return &seenSet{max: max, ids: map[string]struct{}{}} }
 
-// forget removes id, so it is handled when it comes again.
+// forget removes id, so it is handled when it comes again. Its place in the
+// order goes too: left there, it would evict the id once added again, long
+// before its time. Forgetting is rare (a doorbell the relay could not help
+// verify), so the scan costs nothing that matters.
 func (s *seenSet) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.ids, id) // its place in order is skipped when it falls out
+	if _, ok := s.ids[id]; !ok {
+		return
+	}
+	delete(s.ids, id)
+	for i, o := range s.order {
+		if o == id {
+			s.order = append(s.order[:i], s.order[i+1:]...)
+			break
+		}
+	}
 }
 
 // add reports whether id is new.

@@ -70,3 +70,19 @@ func TestCatchUpSpanIsBoundedByTheWindow(t *testing.T) {
 	ahead := catchUpSpanOf(now+600, now, 24*time.Hour)
 	require.Equal(t, now, ahead.start, "never ahead of now")
 }
+
+// A forgotten id (a doorbell dropped only because the relay could not be
+// asked) that is handled again is remembered like any other: its stale place
+// in the order does not make it fall out early.
+//
+// Mutation killed: forget leaving the id's place in the order (as before):
+// with room for two, a, b after forgetting and re-adding a forgets a.
+func TestSeenSetForgetThenAdd(t *testing.T) {
+	t.Parallel()
+	s := newSeenSet(2)
+	require.True(t, s.add("a"))
+	s.forget("a")
+	require.True(t, s.add("a"), "forgotten, so new again")
+	require.True(t, s.add("b"))
+	require.False(t, s.add("a"), "a is one of the last two handled")
+}
