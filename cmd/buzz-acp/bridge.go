@@ -34,6 +34,9 @@ type settings struct {
 	IncomingQueue     int           // messages waiting for verification before new ones are refused
 	SessionIdle       time.Duration // a session without prompts for this long is closed
 	MaxSessions       int           // open sessions (so turns at once) before new ones are refused
+	StateFile         string        // where the catch-up point and handled messages survive a restart; "" = nowhere
+	CatchUpWindow     time.Duration // a catch-up reaches at most this far back
+	CatchUpLimit      int           // stored messages one catch-up hands on at most (the newest)
 	// Verifier, when set, replaces newVerifier (tests use stand-ins).
 	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
 	// Received, when set, is told when a message that will become a prompt
@@ -52,6 +55,8 @@ type bridge struct {
 
 	relayPubkey string
 	verify      verifier
+	journal     *journal // what survives a restart
+	runCtx      context.Context
 
 	connMu    sync.Mutex
 	conn      *relayConn    // nil while disconnected
@@ -86,6 +91,9 @@ type job struct {
 	root     string // thread root the answer goes into, or ""
 	parent   string // the event the answer replies to, or ""
 	doorbell bool
+	asked    *nostr.Event // the message this job answers
+	// replayKey is the doorbell replay key the wake spent ("" for a mention).
+	replayKey string
 	// workflow is the coordinate of the workflow whose doorbell this
 	// answers ("" for a mention): the answer says so (doorbell.TagAnswers).
 	workflow string
@@ -101,9 +109,9 @@ type session struct {
 	evicted chan struct{}
 }
 
-func newBridge(cfg settings, agent *localAgent, log *slog.Logger, st *status) *bridge {
+func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st *status) *bridge {
 	return &bridge{
-		cfg: cfg, log: log, agent: agent, status: st,
+		cfg: cfg, log: log, agent: agent, status: st, journal: j,
 		pubkey:    cfg.Key.PublicKeyHex(),
 		connected: make(chan struct{}),
 		seen:      newSeenSet(10000),
@@ -146,9 +154,18 @@ var _ doorbell.Querier = (*bridge)(nil)
 
 // run connects, serves and reconnects until ctx ends or the agent exits.
 func (b *bridge) run(ctx context.Context) error {
+	b.runCtx = ctx
 	b.work.Add(1)
 	go b.handleIncoming(ctx)
+	// A first run starts hearing now; a restart catches up from where the
+	// last run's handled messages end (bounded in catchUpStart).
 	since := time.Now().Unix()
+	if resume := b.journal.resumeFrom(); resume > 0 {
+		since = resume
+	} else if err := b.journal.startAt(since); err != nil {
+		b.log.Error("state file", "err", err)
+	}
+	b.postUnposted()
 	backoff := b.cfg.BackoffMin
 	for {
 		served, err := b.connectAndServe(ctx, &since)
@@ -190,11 +207,11 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 		b.relayPubkey = pk
-		build := newVerifier
 		if b.cfg.Verifier != nil {
-			build = b.cfg.Verifier
+			b.verify = b.cfg.Verifier(pk, b.pubkey, b)
+		} else {
+			b.verify = newVerifier(pk, b.pubkey, b, b.journal.spentKeys())
 		}
-		b.verify = build(pk, b.pubkey, b)
 	}
 	conn, err := dialRelay(dialCtx, b.cfg.RelayURL, b.cfg.Key, b.cfg.AuthTag)
 	if err != nil {
@@ -210,7 +227,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	if err != nil {
 		return false, err
 	}
-	subID, frames, err := b.subscribe(ctx, conn, channels, *since)
+	subID, frames, catchUp, err := b.subscribe(ctx, conn, channels, *since)
 	if err != nil {
 		return false, err
 	}
@@ -222,6 +239,8 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	b.log.Info("connected", "relay", b.cfg.RelayURL, "channels", len(channels))
 	refresh := time.NewTicker(b.cfg.MembershipRefresh)
 	defer refresh.Stop()
+	refreshed := make(chan membership, 1) // never blocks a re-read left behind
+	refreshing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -240,7 +259,20 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 		case <-conn.Done():
 			return true, conn.Err()
 		case <-refresh.C:
-			now, err := b.memberChannels(ctx, conn)
+			// Read in the background: this loop must keep reading the
+			// subscription, or the reader blocks on it once its buffer is
+			// full, and the lists' answer behind those messages is never
+			// read.
+			if !refreshing {
+				refreshing = true
+				go func() {
+					now, err := b.memberChannels(ctx, conn)
+					refreshed <- membership{now, err}
+				}()
+			}
+		case m := <-refreshed:
+			refreshing = false
+			now, err := m.channels, m.err
 			if err != nil {
 				return true, err
 			}
@@ -251,7 +283,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				conn.unsubscribe(subID)
 			}
 			channels = now
-			if subID, frames, err = b.subscribe(ctx, conn, channels, *since); err != nil {
+			if subID, frames, catchUp, err = b.subscribe(ctx, conn, channels, *since); err != nil {
 				return true, err
 			}
 			history, caughtUp = nil, false
@@ -270,7 +302,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				in := incoming{ev: f.event, at: f.at, channels: channels}
 				if caughtUp {
 					*since = max(*since, catchUpPoint(in.ev, in.at))
-					b.push(in)
+					b.push(in, catchUpPoint(in.ev, in.at))
 				} else {
 					history = append(history, in)
 				}
@@ -286,7 +318,10 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				})
 				for _, in := range history {
 					*since = max(*since, catchUpPoint(in.ev, in.at))
-					b.push(in)
+					b.push(in, catchUpPoint(in.ev, in.at))
+				}
+				if catchUp != nil {
+					go b.countSkipped(ctx, conn, *catchUp, history)
 				}
 				history, caughtUp = nil, true
 			case "CLOSED":
@@ -294,6 +329,12 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 	}
+}
+
+// membership is one re-read of the channels this agent is a member of.
+type membership struct {
+	channels map[string]bool
+	err      error
 }
 
 // catchUpPoint is how far a message read at `at` moves the catch-up: to
@@ -306,11 +347,14 @@ func catchUpPoint(ev *nostr.Event, at time.Time) int64 {
 }
 
 // push hands a message to handleIncoming without ever waiting: when too
-// many are waiting it is dropped and counted.
-func (b *bridge) push(in incoming) {
+// many are waiting it is dropped and counted. Until it is handled, the
+// catch-up point written down stays at or before point.
+func (b *bridge) push(in incoming, point int64) {
+	b.journal.accept(in.ev.ID, point)
 	select {
 	case b.incoming <- in:
 	default:
+		b.release(in.ev.ID)
 		b.status.dropped("overloaded")
 		b.log.Warn("message dropped: too many waiting for verification", "event", in.ev.ID, "queue", cap(b.incoming))
 	}
@@ -406,10 +450,13 @@ func oldestChannels(found map[string]int64, n int) map[string]bool {
 
 // subscribe asks for the messages naming this agent in its channels. A
 // channel message reaches a live subscription only when the subscription
-// names the channel (#h), hence the membership list.
-func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[string]bool, since int64) (string, <-chan frame, error) {
+// names the channel (#h), hence the membership list. The stored messages it
+// replays first are bounded: none older than CatchUpWindow, at most
+// CatchUpLimit of them (the newest); span says what was wanted, so what the
+// bounds left out is counted (countSkipped).
+func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[string]bool, since int64) (string, <-chan frame, *catchUpSpan, error) {
 	if len(channels) == 0 {
-		return "", nil, nil // nothing to hear until a refresh finds a channel
+		return "", nil, nil, nil // nothing to hear until a refresh finds a channel
 	}
 	ids := make([]string, 0, len(channels))
 	for id := range channels {
@@ -420,10 +467,65 @@ func (b *bridge) subscribe(ctx context.Context, conn *relayConn, channels map[st
 	// and skipped by the seen set, so none of that second is lost. It is
 	// never ahead of the clock (catchUpPoint caps it at when a message was
 	// read); the min keeps that true if the clock is stepped back.
-	since = min(since, time.Now().Unix())
-	return conn.subscribe(ctx, "wake", map[string]any{
-		"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}, "since": since,
-	})
+	now := time.Now().Unix()
+	span := catchUpSpanOf(since, now, b.cfg.CatchUpWindow)
+	span.filter = map[string]any{"kinds": []int{9}, "#h": ids, "#p": []string{b.pubkey}}
+	req := map[string]any{"since": span.start, "limit": b.cfg.CatchUpLimit}
+	for k, v := range span.filter {
+		req[k] = v
+	}
+	id, frames, err := conn.subscribe(ctx, "wake", req)
+	return id, frames, span, err
+}
+
+// catchUpSpanOf bounds a catch-up from since, at now, to the window: it
+// starts no earlier than window ago, nor later than now; the count of what
+// it skipped stops a second short of now (what is posted in the second of
+// subscribing may come live rather than in the replay).
+func catchUpSpanOf(since, now int64, window time.Duration) *catchUpSpan {
+	from := min(since, now)
+	return &catchUpSpan{from: from, start: max(from, now-int64(window/time.Second)), until: now - 1}
+}
+
+// catchUpSpan is the stretch one subscription's replay was meant to cover:
+// from the catch-up point to the moment it subscribed. The window may have
+// started it later (start).
+type catchUpSpan struct {
+	filter             map[string]any // the wake filter, without since or limit
+	from, start, until int64
+}
+
+// countSkipped asks the relay how many messages of span there are and
+// counts, and logs, those the catch-up did not hand on: older than the
+// window, or beyond the limit. They are never handled; an operator who
+// wants them raises BUZZ_ACP_CATCHUP_WINDOW or BUZZ_ACP_CATCHUP_LIMIT.
+func (b *bridge) countSkipped(ctx context.Context, conn *relayConn, span catchUpSpan, replayed []incoming) {
+	if span.from >= span.start && len(replayed) == 0 {
+		return // the relay had nothing, and the window cut nothing
+	}
+	handedOn := int64(0)
+	for _, in := range replayed {
+		if in.ev.CreatedAt >= span.from && in.ev.CreatedAt <= span.until {
+			handedOn++
+		}
+	}
+	filter := map[string]any{"since": span.from, "until": span.until}
+	for k, v := range span.filter {
+		filter[k] = v
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n, err := conn.Count(cctx, filter)
+	if err != nil {
+		b.log.Warn("could not count what the catch-up skipped", "err", err)
+		return
+	}
+	if skipped := n - handedOn; skipped > 0 {
+		b.status.droppedN("catch_up_skipped", skipped)
+		b.log.Warn("catch-up skipped messages naming the agent: older than the window, or beyond the limit",
+			"skipped", skipped, "window", b.cfg.CatchUpWindow, "limit", b.cfg.CatchUpLimit,
+			"from", time.Unix(span.from, 0).UTC(), "window_start", time.Unix(span.start, 0).UTC())
+	}
 }
 
 // handleIncoming handles messages one at a time, in arrival order.
@@ -440,17 +542,21 @@ func (b *bridge) handleIncoming(ctx context.Context) {
 }
 
 // handle turns one message naming the agent into a job, or drops it.
+// Every message that does not become a job is released (see journal).
 func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, channels map[string]bool) {
-	if !b.seen.add(ev.ID) || ev.PubKey == b.pubkey {
+	if !b.seen.add(ev.ID) || ev.PubKey == b.pubkey || b.journal.handledBefore(ev.ID) {
+		b.release(ev.ID)
 		return
 	}
 	if err := ev.Verify(); err != nil {
+		b.release(ev.ID)
 		b.status.dropped("bad_event")
 		b.log.Warn("message dropped: bad id or signature", "event", ev.ID, "err", err)
 		return
 	}
 	channel := tagValue(ev, "h")
 	if !channels[channel] || !hasTag(ev, "p", b.pubkey) {
+		b.release(ev.ID)
 		return // not for this agent after all
 	}
 	// Anything claiming to be a doorbell, and anything the relay signed, is
@@ -460,6 +566,7 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 		wake, err := b.verify.Verify(vctx, ev)
 		cancel()
 		if err != nil {
+			b.release(ev.ID)
 			var d *doorbell.Drop
 			reason := "unverifiable"
 			if errors.As(err, &d) {
@@ -478,7 +585,8 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 			return
 		}
 		b.status.verified()
-		j := job{channel: wake.ChannelID, prompt: doorbellPrompt(wake, ev.ID), eventID: ev.ID, author: wake.Owner, doorbell: true, workflow: wake.Coordinate()}
+		j := job{channel: wake.ChannelID, prompt: doorbellPrompt(wake, ev.ID), eventID: ev.ID, author: wake.Owner, doorbell: true, workflow: wake.Coordinate(),
+			asked: ev, replayKey: wake.ReplayKey}
 		if wake.ReplyTo != "" {
 			root, _ := nostr.ThreadRefs(ev.Tags)
 			if root == "" {
@@ -490,7 +598,7 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 		return
 	}
 	b.status.mentioned()
-	j := job{channel: channel, eventID: ev.ID, author: ev.PubKey, prompt: mentionPrompt(ev)}
+	j := job{channel: channel, eventID: ev.ID, author: ev.PubKey, prompt: mentionPrompt(ev), asked: ev}
 	if root, _ := nostr.ThreadRefs(ev.Tags); root != "" {
 		j.root, j.parent = root, ev.ID
 	}
@@ -536,6 +644,7 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	s := b.sessions[j.key]
 	if s == nil && len(b.sessions) >= b.cfg.MaxSessions && !b.evictIdleLocked() {
 		b.sessMu.Unlock()
+		b.release(j.eventID)
 		b.status.dropped("sessions_full")
 		b.log.Warn("prompt refused: every session is busy", "session", j.key, "event", j.eventID, "max", b.cfg.MaxSessions)
 		return
@@ -557,6 +666,7 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	}
 	b.sessMu.Unlock()
 	if !queued {
+		b.release(j.eventID)
 		b.status.dropped("session_busy")
 		b.log.Warn("prompt refused: the session's queue is full", "session", j.key, "event", j.eventID)
 		return
@@ -638,6 +748,7 @@ func (b *bridge) runJob(s *session, j job) {
 		if err != nil {
 			b.status.failed()
 			b.log.Error("could not open an ACP session", "session", j.key, "err", err)
+			b.turnFailed(j)
 			return
 		}
 		s.id = id
@@ -648,12 +759,14 @@ func (b *bridge) runJob(s *session, j job) {
 	if err != nil {
 		b.status.failed()
 		b.log.Error("prompt failed", "session", j.key, "event", j.eventID, "err", err)
+		b.turnFailed(j)
 		return
 	}
 	b.status.prompted()
 	answer = strings.TrimSpace(answer)
 	if answer == "" {
 		b.log.Info("the agent gave no answer", "session", j.key, "event", j.eventID, "stop_reason", stop)
+		b.handled(j.asked.ID, j.asked.CreatedAt, j.replayKey)
 		return
 	}
 	tags := nostr.Tags{{"h", j.channel}}
@@ -669,19 +782,90 @@ func (b *bridge) runJob(s *session, j job) {
 	reply := &nostr.Event{Kind: 9, Content: answer, Tags: tags, CreatedAt: time.Now().Unix()}
 	if err := reply.Sign(b.cfg.Key); err != nil {
 		b.log.Error("sign answer", "err", err)
+		b.turnFailed(j)
 		return
 	}
-	if err := b.publish(ctx, reply); err != nil {
+	// Written down before it is posted: a process killed after posting it
+	// posts the same event again at its restart (a duplicate to the relay),
+	// rather than asking the agent again.
+	if err := b.journal.answering(j.asked.ID, j.asked.CreatedAt, reply, j.replayKey); err != nil {
+		b.log.Error("state file: the answer is posted, but a restart before it is recorded may ask the agent again", "event", j.eventID, "err", err)
+	}
+	b.postAnswer(ctx, j.asked.ID, j.asked.CreatedAt, reply, j.replayKey)
+}
+
+// postAnswer posts a signed answer and records the message it answers as
+// handled. One that could not be posted (no connection within the prompt
+// timeout) stays written down, and is posted at the next start.
+func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, reply *nostr.Event, replayKey string) {
+	err := b.publish(ctx, reply)
+	var refused *relayRefusal
+	if err != nil && !errors.As(err, &refused) {
 		b.status.failed()
-		b.log.Error("answer not posted", "session", j.key, "event", j.eventID, "err", err)
+		b.log.Error("answer not posted; it is posted at the next start", "event", askedID, "err", err)
+		b.release(askedID)
 		return
 	}
-	b.status.answered()
+	if err != nil {
+		b.status.failed()
+		b.log.Error("answer not posted", "event", askedID, "err", err)
+	} else {
+		b.status.answered()
+	}
+	b.handled(askedID, askedAt, replayKey)
+}
+
+// postUnposted posts the answers an earlier run wrote down and may not have
+// posted: the same signed events, so one that did reach the relay is a
+// duplicate there, and never a second answer.
+func (b *bridge) postUnposted() {
+	for asked, reply := range b.journal.unposted() {
+		b.log.Info("posting an answer written down before the restart", "event", asked, "answer", reply.ID)
+		b.work.Add(1)
+		go func() {
+			defer b.work.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), b.cfg.PromptTimeout)
+			defer cancel()
+			b.postAnswer(ctx, asked, b.journal.createdAt(asked), reply, "")
+		}()
+	}
+}
+
+// turnFailed ends a job whose turn failed. A turn cut short by shutdown (or
+// by the agent exiting) is not recorded, so the message is asked again after
+// the restart; any other failure is final, as it would be without a restart.
+func (b *bridge) turnFailed(j job) {
+	select {
+	case <-b.runCtx.Done():
+		return
+	case <-b.agent.Exited():
+		return
+	default:
+	}
+	b.handled(j.asked.ID, j.asked.CreatedAt, j.replayKey)
+}
+
+// handled records a message as done for good (see journal.done).
+func (b *bridge) handled(id string, createdAt int64, replayKey string) {
+	if err := b.journal.done(id, createdAt, replayKey); err != nil {
+		b.log.Error("state file: a restart may handle this message again", "event", id, "err", err)
+	}
+}
+
+// release ends one acceptance of a message that needs nothing recorded.
+func (b *bridge) release(id string) {
+	if err := b.journal.release(id); err != nil {
+		b.log.Error("state file", "err", err)
+	}
 }
 
 // publish posts ev, waiting for a connection while the relay is away;
-// the answer is the same signed event whichever connection carries it.
+// the answer is the same signed event whichever connection carries it. A
+// refusal for publishing too fast is tried again with backoff: the agent's
+// budget at the relay (BUZZ_PUBLISH_BURST) is soon spent answering a
+// catch-up, and the refusal says nothing against the answer itself.
 func (b *bridge) publish(ctx context.Context, ev *nostr.Event) error {
+	backoff := b.cfg.BackoffMin
 	for {
 		conn, up := b.currentConn()
 		if conn == nil {
@@ -694,7 +878,17 @@ func (b *bridge) publish(ctx context.Context, ev *nostr.Event) error {
 		}
 		err := conn.Publish(ctx, ev)
 		var refused *relayRefusal
-		if err == nil || errors.As(err, &refused) || ctx.Err() != nil {
+		if errors.As(err, &refused) && strings.HasPrefix(refused.Msg, "rate-limited:") {
+			b.log.Info("answer refused for publishing too fast; trying again", "answer", ev.ID, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return ctx.Err() // not final: a state file keeps it for the next start
+			}
+			backoff = min(backoff*2, b.cfg.BackoffMax)
+			continue
+		}
+		if err == nil || refused != nil || ctx.Err() != nil {
 			return err
 		}
 		// The connection broke under us: wait for the next one.
@@ -744,11 +938,23 @@ type seenSet struct {
 
 func newSeenSet(max int) *seenSet { return &seenSet{max: max, ids: map[string]struct{}{}} }
 
-// forget removes id, so it is handled when it comes again.
+// forget removes id, so it is handled when it comes again. Its place in the
+// order goes too: left there, it would evict the id once added again, long
+// before its time. Forgetting is rare (a doorbell the relay could not help
+// verify), so the scan costs nothing that matters.
 func (s *seenSet) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.ids, id) // its place in order is skipped when it falls out
+	if _, ok := s.ids[id]; !ok {
+		return
+	}
+	delete(s.ids, id)
+	for i, o := range s.order {
+		if o == id {
+			s.order = append(s.order[:i], s.order[i+1:]...)
+			break
+		}
+	}
 }
 
 // add reports whether id is new.

@@ -32,8 +32,9 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// stubPath is the stub ACP agent, built once for all tests.
-var stubPath string
+// stubPath is the stub ACP agent and acpPath buzz-acp itself (for the
+// tests that kill its process), built once for all tests.
+var stubPath, acpPath string
 
 func TestMain(m *testing.M) {
 	os.Exit(runWithStub(m))
@@ -51,6 +52,11 @@ func runWithStub(m *testing.M) int {
 	stubPath = filepath.Join(dir, "stubagent")
 	if out, err := exec.Command("go", "build", "-o", stubPath, "./internal/stubagent").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the stub agent: %v\n%s", err, out)
+		return 1
+	}
+	acpPath = filepath.Join(dir, "buzz-acp")
+	if out, err := exec.Command("go", "build", "-o", acpPath, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build buzz-acp: %v\n%s", err, out)
 		return 1
 	}
 	return dbtest.Run(m)
@@ -77,7 +83,10 @@ type world struct {
 	stop     context.CancelFunc
 	stopped  chan error
 	adjust   []func(*settings)
+	refresh  time.Duration // buzz-acp's MembershipRefresh
 }
+
+func (w *world) refreshEvery() time.Duration { return w.refresh }
 
 func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 	t.Helper()
@@ -86,6 +95,14 @@ func newWorld(t *testing.T, adjust ...func(*settings)) *world {
 
 // newWorldOn is newWorld on a relay with relayAdjust applied to its settings.
 func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
+	w := newStoppedWorld(t, relayAdjust, adjust...)
+	w.start()
+	return w
+}
+
+// newStoppedWorld is the world without buzz-acp running.
+func newStoppedWorld(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
 	t.Helper()
 	r := relaytest.Start(t, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -119,7 +136,6 @@ func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func
 
 	w.stubLog = filepath.Join(t.TempDir(), "prompts.jsonl")
 	w.holdFile = filepath.Join(t.TempDir(), "release")
-	w.start()
 	return w
 }
 
@@ -139,6 +155,8 @@ func (w *world) start() {
 		IncomingQueue:     128,
 		SessionIdle:       waitLong,
 		MaxSessions:       64,
+		CatchUpWindow:     time.Hour,
+		CatchUpLimit:      500,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
 	}
 	for _, f := range w.adjust {
@@ -149,6 +167,7 @@ func (w *world) start() {
 		log = slog.New(slog.NewTextHandler(testLog{w.t}, nil))
 	}
 	w.status = newStatus(nil, cfg.RelayURL, w.agentKey.PublicKeyHex())
+	w.refresh = cfg.MembershipRefresh
 	ctx, cancel := context.WithCancel(context.Background())
 	w.stop, w.stopped = cancel, make(chan error, 1)
 	go func() { w.stopped <- serve(ctx, cfg, w.status, log) }()
@@ -815,6 +834,22 @@ type proxy struct {
 	// cutAfter, when set, makes the next connection end right after the
 	// first WebSocket frame from the relay that contains it.
 	cutAfter []byte
+	// stall, when set, makes the next WebSocket connection stop passing on
+	// the relay's frames, without closing, at its stall.nth frame that
+	// contains stall.pattern (that frame is withheld).
+	stall *stallRule
+	// holdable connections (those accepted while it is set) pass the
+	// relay's bytes on through a buffer that hold stops and release
+	// flushes; the relay's side is read all along, so it never sees a
+	// slow client.
+	holdable bool
+	held     chan struct{} // open (nil) or closed by release
+}
+
+type stallRule struct {
+	pattern []byte
+	nth     int
+	reached chan struct{} // closed when the frame is withheld
 }
 
 func startProxy(t *testing.T, target string) *proxy {
@@ -852,7 +887,11 @@ func (p *proxy) accept() {
 		p.cutAfter = nil
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-		if cutAfter != nil {
+		if p.stallArmed() {
+			go p.forwardStalling(c, up)
+		} else if p.isHoldable() {
+			go p.forwardHoldable(c, up)
+		} else if cutAfter != nil {
 			go func() { forwardUntilFrame(c, up, cutAfter); _ = c.Close(); _ = up.Close() }()
 		} else {
 			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
@@ -939,4 +978,231 @@ func (p *proxy) resume() {
 	p.mu.Lock()
 	p.paused = false
 	p.mu.Unlock()
+}
+
+func (p *proxy) stallArmed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stall != nil
+}
+
+// stallNext arms a stall rule (see proxy.stall); the returned channel is
+// closed once the frame is withheld.
+func (p *proxy) stallNext(pattern string, nth int) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stall = &stallRule{pattern: []byte(pattern), nth: nth, reached: make(chan struct{})}
+	return p.stall.reached
+}
+
+// forwardStalling copies the relay's side; when the answer is a WebSocket
+// upgrade, it claims the stall rule and withholds its nth matching frame
+// and everything after, leaving both connections open. Any other answer (the
+// relay information document, say) is copied whole.
+func (p *proxy) forwardStalling(client net.Conn, relay net.Conn) {
+	defer client.Close()
+	r := bufio.NewReader(relay)
+	status, err := r.ReadBytes('\n')
+	if err != nil {
+		return
+	}
+	if _, err := client.Write(status); err != nil {
+		return
+	}
+	if !bytes.Contains(status, []byte(" 101 ")) {
+		_, _ = io.Copy(client, r)
+		return
+	}
+	p.mu.Lock()
+	rule := p.stall
+	p.stall = nil
+	p.mu.Unlock()
+	if rule == nil {
+		_, _ = io.Copy(client, r)
+		return
+	}
+	header, err := r.ReadBytes('\n')
+	for ; err == nil && string(header) != "\r\n"; header, err = r.ReadBytes('\n') {
+		if _, err := client.Write(header); err != nil {
+			return
+		}
+	}
+	if err != nil {
+		return
+	}
+	if _, err := client.Write(header); err != nil {
+		return
+	}
+	seen := 0
+	for {
+		frame := make([]byte, 2, 14)
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return
+		}
+		size := uint64(frame[1] & 0x7f)
+		switch size {
+		case 126, 127:
+			extended := make([]byte, map[uint64]int{126: 2, 127: 8}[size])
+			if _, err := io.ReadFull(r, extended); err != nil {
+				return
+			}
+			frame = append(frame, extended...)
+			size = 0
+			for _, b := range extended {
+				size = size<<8 | uint64(b)
+			}
+		}
+		payload := make([]byte, size)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return
+		}
+		if bytes.Contains(payload, rule.pattern) {
+			if seen++; seen == rule.nth {
+				close(rule.reached)
+				_, _ = io.Copy(io.Discard, r) // held open, passing nothing on
+				return
+			}
+		}
+		if _, err := client.Write(append(frame, payload...)); err != nil {
+			return
+		}
+	}
+}
+
+// The relay refuses an answer posted faster than the agent's publish
+// budget ("rate-limited:"), as a catch-up of many messages after an outage
+// would: the answer is posted again, with backoff, once the budget refills,
+// rather than lost. Here the agent's budget is three events at once, two of
+// them spent joining, and one more every three seconds.
+//
+// Mutation killed: a rate-limited refusal taken as final, like any other: the
+// second answer is never posted.
+func TestRateLimitedAnswerIsPostedOnceAllowed(t *testing.T) {
+	t.Parallel()
+	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 3, 20 }})
+	// Another member asks, so the owner's own budget plays no part.
+	poster := w.r.Dial(t, w.host)
+	poster.Auth(nil)
+	ok := poster.Publish(poster.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	var asked []string
+	for _, text := range []string{"@Robby one", "@Robby two"} {
+		ev := poster.Sign(9, text, nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}, 0)
+		ok := poster.Publish(ev)
+		require.True(t, ok.OK, ok.Msg)
+		asked = append(asked, ev.ID)
+	}
+	for _, id := range asked {
+		w.answerTo(id)
+	}
+	require.Zero(t, w.status.snapshot().Failures)
+}
+
+// setHoldable makes the connections accepted from now on holdable.
+func (p *proxy) setHoldable() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdable = true
+}
+
+func (p *proxy) isHoldable() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holdable
+}
+
+// hold stops passing the relay's bytes on (holdable connections only).
+func (p *proxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = make(chan struct{})
+}
+
+// release passes on what was held, and everything after.
+func (p *proxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+func (p *proxy) gate() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
+func (p *proxy) forwardHoldable(client net.Conn, relay net.Conn) {
+	chunks := make(chan []byte, 1<<16)
+	go func() {
+		defer close(chunks)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := relay.Read(buf)
+			if n > 0 {
+				chunks <- buf[:n]
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer client.Close()
+	for chunk := range chunks {
+		if g := p.gate(); g != nil {
+			<-g
+		}
+		if _, err := client.Write(chunk); err != nil {
+			return
+		}
+	}
+}
+
+// While the membership lists are re-read, the messages naming the agent keep
+// coming: more than a subscription buffers (here 400 doorbell-shaped ones,
+// refused by a stand-in verifier) arrive ahead of the re-read's answer. The
+// connection's loop still reads them, so the re-read is answered and the
+// connection stays up.
+//
+// Mutation killed: re-reading the lists inline in the connection's loop (as
+// before): the reader blocks on the full subscription, the re-read's answer
+// behind it is never read, and after 30 seconds the connection is dropped
+// and made again.
+func TestMembershipRereadDuringAFlood(t *testing.T) {
+	t.Parallel()
+	w := newStoppedWorld(t, nil, func(cfg *settings) {
+		cfg.IncomingQueue = 2048
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return refuseAll{} }
+	})
+	w.proxy.setHoldable()
+	w.start()
+	w.answerTo(w.mention("@Robby before").ID)
+
+	w.proxy.hold()
+	const flood = 400
+	for i := range flood {
+		w.owner.Send("EVENT", w.owner.Sign(9, fmt.Sprintf("fake %d", i), nostr.Tags{
+			{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, {"buzz:workflow", "doorbell-v1"},
+		}, 0))
+	}
+	for range flood {
+		ok := w.owner.Expect("OK")
+		require.True(t, ok.OK, ok.Msg)
+	}
+	// The relay fanned the flood out (into the held stream) before it
+	// answers the next re-read; a few refresh periods pass, so one is asked.
+	time.Sleep(5 * w.refreshEvery())
+	w.proxy.release()
+	require.Eventually(t, func() bool { return w.status.snapshot().Dropped["test_refused"] == flood }, waitLong, 5*time.Millisecond)
+	w.answerTo(w.mention("@Robby after").ID)
+	require.Zero(t, w.status.snapshot().Reconnects, "the connection stayed up")
+}
+
+// refuseAll refuses every doorbell at once.
+type refuseAll struct{}
+
+func (refuseAll) Verify(context.Context, *nostr.Event) (*doorbell.Wake, error) {
+	return nil, &doorbell.Drop{Reason: "test_refused", Detail: "stand-in"}
 }

@@ -52,7 +52,10 @@ env (flags override):
   BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)
   BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)
   BUZZ_ACP_SESSION_IDLE          a channel's or thread's session without prompts this long is closed (1h)
-  BUZZ_ACP_MAX_SESSIONS          sessions open at once, so turns at once; an idle one is closed to make room (16)`
+  BUZZ_ACP_MAX_SESSIONS          sessions open at once, so turns at once; an idle one is closed to make room (16)
+  BUZZ_ACP_STATE_FILE            where what was handled survives a restart, so one catches up (default: none)  --state-file
+  BUZZ_ACP_CATCHUP_WINDOW        a catch-up reaches at most this far back (24h)
+  BUZZ_ACP_CATCHUP_LIMIT         stored messages one catch-up hands on at most, the newest (500)`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -113,11 +116,19 @@ func run(ctx context.Context, args []string, env func(string) string, stdout io.
 // serve starts the agent and the bridge, and on ctx's end stops them in
 // order: no new prompts, turns in progress finish, then the agent exits.
 func serve(ctx context.Context, cfg settings, st *status, log *slog.Logger) error {
+	j, err := openJournal(cfg.StateFile)
+	if err != nil {
+		return err
+	}
+	defer j.close()
+	if cfg.StateFile == "" {
+		log.Warn("no BUZZ_ACP_STATE_FILE: what names the agent while buzz-acp is not running is never handled")
+	}
 	agent, err := startAgent(ctx, cfg.AgentCommand, cfg.AgentCwd, log)
 	if err != nil {
 		return err
 	}
-	b := newBridge(cfg, agent, log, st)
+	b := newBridge(cfg, agent, j, log, st)
 	runErr := b.run(ctx) // at shutdown it returns once the turns in progress ended (or the grace did)
 	st.setState("stopping", nil)
 	b.wait(cfg.ShutdownGrace) // when it returned while disconnected
@@ -140,6 +151,9 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		IncomingQueue:     1024,
 		SessionIdle:       time.Hour,
 		MaxSessions:       16,
+		StateFile:         env("BUZZ_ACP_STATE_FILE"),
+		CatchUpWindow:     24 * time.Hour,
+		CatchUpLimit:      500,
 	}
 	keyFile := env("BUZZ_PRIVATE_KEY_FILE")
 	authTag := env("BUZZ_AUTH_TAG")
@@ -150,6 +164,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 	fs.StringVar(&keyFile, "key-file", keyFile, "file holding the agent's 64-hex secret key")
 	fs.StringVar(&authTag, "auth-tag", authTag, "the owner's NIP-OA auth tag (JSON array)")
 	fs.StringVar(&health, "health", health, "address for GET /health")
+	fs.StringVar(&cfg.StateFile, "state-file", cfg.StateFile, "where what was handled survives a restart")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", usageError{err}
 	}
@@ -163,6 +178,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		{"BUZZ_ACP_PROMPT_TIMEOUT", &cfg.PromptTimeout},
 		{"BUZZ_ACP_SHUTDOWN_GRACE", &cfg.ShutdownGrace},
 		{"BUZZ_ACP_SESSION_IDLE", &cfg.SessionIdle},
+		{"BUZZ_ACP_CATCHUP_WINDOW", &cfg.CatchUpWindow},
 	} {
 		if v := env(d.name); v != "" {
 			parsed, err := time.ParseDuration(v)
@@ -179,6 +195,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		{"BUZZ_ACP_SESSION_QUEUE", &cfg.SessionQueue},
 		{"BUZZ_ACP_INCOMING_QUEUE", &cfg.IncomingQueue},
 		{"BUZZ_ACP_MAX_SESSIONS", &cfg.MaxSessions},
+		{"BUZZ_ACP_CATCHUP_LIMIT", &cfg.CatchUpLimit},
 	} {
 		if v := env(q.name); v != "" {
 			n, err := strconv.Atoi(v)

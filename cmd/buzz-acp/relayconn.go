@@ -49,6 +49,7 @@ type frame struct {
 	event *nostr.Event
 	ok    bool
 	msg   string
+	count int64     // a COUNT's answer
 	at    time.Time // when it was read off the socket
 }
 
@@ -176,6 +177,14 @@ func (c *relayConn) readLoop() {
 			}
 			_ = json.Unmarshal(parts[2], &f.ok)
 			_ = json.Unmarshal(parts[3], &f.msg)
+		case "COUNT":
+			var n struct {
+				Count int64 `json:"count"`
+			}
+			if len(parts) < 3 || json.Unmarshal(parts[2], &n) != nil {
+				continue
+			}
+			f.count = n.Count
 		case "EOSE":
 		default:
 			continue
@@ -191,8 +200,8 @@ func (c *relayConn) readLoop() {
 			continue
 		}
 		sub := c.subs[first]
-		if verb == "CLOSED" {
-			delete(c.subs, first)
+		if verb == "CLOSED" || verb == "COUNT" {
+			delete(c.subs, first) // a COUNT has one answer
 		}
 		c.mu.Unlock()
 		if sub == nil {
@@ -204,7 +213,7 @@ func (c *relayConn) readLoop() {
 		case sub.frames <- f:
 		case <-sub.gone:
 		}
-		if verb == "CLOSED" {
+		if verb == "CLOSED" || verb == "COUNT" {
 			close(sub.frames)
 		}
 	}
@@ -287,6 +296,12 @@ func (c *relayConn) Publish(ctx context.Context, ev *nostr.Event) error {
 // subscribe opens a subscription and returns its id and frames. The
 // channel is closed by CLOSED or when the connection ends.
 func (c *relayConn) subscribe(ctx context.Context, prefix string, filters ...map[string]any) (string, <-chan frame, error) {
+	return c.open(ctx, "REQ", prefix, filters)
+}
+
+// open sends a REQ or COUNT under a fresh id whose frames come on the
+// returned channel.
+func (c *relayConn) open(ctx context.Context, verb, prefix string, filters []map[string]any) (string, <-chan frame, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -297,7 +312,7 @@ func (c *relayConn) subscribe(ctx context.Context, prefix string, filters ...map
 	sub := &subscription{frames: make(chan frame, 256), gone: make(chan struct{})}
 	c.subs[id] = sub
 	c.mu.Unlock()
-	parts := []any{"REQ", id}
+	parts := []any{verb, id}
 	for _, f := range filters {
 		parts = append(parts, f)
 	}
@@ -349,6 +364,27 @@ func (c *relayConn) Query(ctx context.Context, filter map[string]any) ([]*nostr.
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// Count asks the relay how many stored events match filter (NIP-45).
+func (c *relayConn) Count(ctx context.Context, filter map[string]any) (int64, error) {
+	id, frames, err := c.open(ctx, "COUNT", "n", []map[string]any{filter})
+	if err != nil {
+		return 0, err
+	}
+	defer c.unsubscribe(id) // only when no answer came
+	select {
+	case f, ok := <-frames:
+		if !ok {
+			return 0, c.Err()
+		}
+		if f.verb != "COUNT" {
+			return 0, &relayRefusal{Msg: f.msg}
+		}
+		return f.count, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 }
 

@@ -90,13 +90,16 @@ func (st *status) count(f func(*statusLine)) {
 	st.mu.Unlock()
 }
 
-func (st *status) dropped(reason string) { st.count(func(s *statusLine) { s.Dropped[reason]++ }) }
-func (st *status) verified()             { st.count(func(s *statusLine) { s.DoorbellsVerified++ }) }
-func (st *status) mentioned()            { st.count(func(s *statusLine) { s.Mentions++ }) }
-func (st *status) prompted()             { st.count(func(s *statusLine) { s.Prompts++ }) }
-func (st *status) answered()             { st.count(func(s *statusLine) { s.Answers++ }) }
-func (st *status) failed()               { st.count(func(s *statusLine) { s.Failures++ }) }
-func (st *status) sessions(n int)        { st.count(func(s *statusLine) { s.Sessions = n }) }
+func (st *status) dropped(reason string) { st.droppedN(reason, 1) }
+func (st *status) droppedN(reason string, n int64) {
+	st.count(func(s *statusLine) { s.Dropped[reason] += n })
+}
+func (st *status) verified()      { st.count(func(s *statusLine) { s.DoorbellsVerified++ }) }
+func (st *status) mentioned()     { st.count(func(s *statusLine) { s.Mentions++ }) }
+func (st *status) prompted()      { st.count(func(s *statusLine) { s.Prompts++ }) }
+func (st *status) answered()      { st.count(func(s *statusLine) { s.Answers++ }) }
+func (st *status) failed()        { st.count(func(s *statusLine) { s.Failures++ }) }
+func (st *status) sessions(n int) { st.count(func(s *statusLine) { s.Sessions = n }) }
 
 // ServeHTTP answers GET /health: 200 while connected to the relay, else
 // 503, with the status object either way.

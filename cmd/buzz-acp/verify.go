@@ -19,8 +19,9 @@ type verifier interface {
 // cause and the member list are read back over the agent's own connection
 // (q) and checked against their signatures; the prompt is rendered from
 // them, never taken from the doorbell's prose.
-func newVerifier(relayPubkey, agentPubkey string, q doorbell.Querier) verifier {
-	return doorbell.NewVerifier(doorbell.Options{RelayPubkey: relayPubkey, AgentPubkey: agentPubkey, Query: q, Now: time.Now})
+// spent are the replay keys an earlier run spent (see journal).
+func newVerifier(relayPubkey, agentPubkey string, q doorbell.Querier, spent map[string]time.Time) verifier {
+	return doorbell.NewVerifier(doorbell.Options{RelayPubkey: relayPubkey, AgentPubkey: agentPubkey, Query: q, Now: time.Now, Spent: spent})
 }
 
 func hasTag(ev *nostr.Event, name, value string) bool {

@@ -35,6 +35,10 @@ type Wake struct {
 	// ReplyTo is the event id an answer replies to in its thread, or "".
 	ReplyTo string
 	Message *nostr.Event // the doorbell itself
+	// ReplayKey is what the replay memory recorded for this wake ("" for a
+	// webhook, which has no signed cause). A runtime that keeps its replay
+	// memory across restarts stores it and hands it back in Options.Spent.
+	ReplayKey string
 }
 
 // TagAnswers marks an agent's answer to a doorbell: ["workflow-answers",

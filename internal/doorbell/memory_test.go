@@ -189,6 +189,34 @@ func TestReplayMemoryIsBounded(t *testing.T) {
 	require.NoError(t, verify(3), "expired")
 }
 
+// A replay key a previous process recorded (Wake.ReplayKey, handed back in
+// Options.Spent) is a duplicate for a new verifier, until its TTL passes; a
+// webhook wake has no key.
+// Kills: ignoring Options.Spent (a restart lets the replay through); loading
+// expired keys.
+func TestSpentKeysSurviveARestart(t *testing.T) {
+	t.Parallel()
+	w := newMemWorld(t, 0)
+	ctx := context.Background()
+	now := time.Unix(1_900_000_000, 0)
+	opts := doorbell.Options{
+		RelayPubkey: w.relay.PublicKeyHex(), AgentPubkey: w.owner.PublicKeyHex(), Query: w.q,
+		Now: func() time.Time { return now }, DedupeTTL: time.Hour,
+	}
+	wake, err := doorbell.NewVerifier(opts).Verify(ctx, w.bell)
+	require.NoError(t, err)
+	require.NotEmpty(t, wake.ReplayKey)
+
+	restarted := opts
+	restarted.Spent = map[string]time.Time{wake.ReplayKey: now}
+	_, err = doorbell.NewVerifier(restarted).Verify(ctx, w.bell)
+	requireDrop(t, err, "duplicate")
+
+	restarted.Spent = map[string]time.Time{wake.ReplayKey: now.Add(-time.Hour)}
+	_, err = doorbell.NewVerifier(restarted).Verify(ctx, w.bell)
+	require.NoError(t, err, "a key older than the TTL is not loaded")
+}
+
 // BenchmarkVerify measures verification cost per doorbell against an
 // in-memory querier (no network): event causes woken as the owner and as
 // a member named in the template (member list and profiles of 50 members

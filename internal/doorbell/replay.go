@@ -2,6 +2,7 @@ package doorbell
 
 import (
 	"container/list"
+	"sort"
 	"sync"
 	"time"
 )
@@ -9,8 +10,8 @@ import (
 // seenCauses remembers the signed causes already verified, keyed on
 // (definition event id, cause type, cause value, step), so that a relay
 // replaying a doorbell, or issuing a second one for the same cause and
-// step, wakes the agent once. It lives in memory for the life of the process: a restart may let
-// one replay through. It is bounded both ways: at most max entries (the
+// step, wakes the agent once. It lives in memory; a runtime that keeps it
+// across restarts seeds it with Options.Spent. It is bounded both ways: at most max entries (the
 // least recently seen goes first) and each for at most ttl.
 type seenCauses struct {
 	mu    sync.Mutex
@@ -63,6 +64,30 @@ func (s *seenCauses) add(key string, now time.Time) bool {
 		delete(s.index, oldest.Value.(*seenEntry).key)
 	}
 	return true
+}
+
+// preload records keys spent by an earlier process, oldest first so the
+// bound forgets the oldest; those already expired are left out.
+func (s *seenCauses) preload(spent map[string]time.Time, now time.Time) {
+	keys := make([]string, 0, len(spent))
+	for k, at := range spent {
+		if now.Sub(at) < s.ttl {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return spent[keys[i]].Before(spent[keys[j]]) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		if _, dup := s.index[k]; !dup {
+			s.index[k] = s.order.PushFront(&seenEntry{key: k, seen: spent[k]})
+		}
+	}
+	for s.order.Len() > s.max {
+		oldest := s.order.Back()
+		s.order.Remove(oldest)
+		delete(s.index, oldest.Value.(*seenEntry).key)
+	}
 }
 
 // webhookBuckets are token buckets, one per workflow coordinate (owner and

@@ -45,6 +45,11 @@ type Options struct {
 	WebhookRefill time.Duration // 0: DefaultWebhookRefill
 	DedupeEntries int           // 0: DefaultDedupeEntries
 	DedupeTTL     time.Duration // 0: DefaultDedupeTTL
+	// Spent are replay keys (Wake.ReplayKey) that woke the agent in an
+	// earlier process, with when: they start in the replay memory, so a
+	// restart does not let a doorbell already acted on through again. Those
+	// older than DedupeTTL are left out.
+	Spent map[string]time.Time
 }
 
 // Verifier checks doorbells for one agent. It is safe for concurrent use;
@@ -75,11 +80,14 @@ func NewVerifier(opts Options) *Verifier {
 	if opts.DedupeTTL <= 0 {
 		opts.DedupeTTL = DefaultDedupeTTL
 	}
-	return &Verifier{
+	v := &Verifier{
 		opts:    opts,
 		seen:    newSeenCauses(opts.DedupeEntries, opts.DedupeTTL),
 		buckets: newWebhookBuckets(opts.WebhookBurst, opts.WebhookRefill),
 	}
+	v.seen.preload(opts.Spent, opts.Now())
+	opts.Spent = nil // the memory holds them now
+	return v
 }
 
 // Verify checks a doorbell-shaped event and returns the wake it proves, or
@@ -147,6 +155,7 @@ func (v *Verifier) verify(ctx context.Context, ev *nostr.Event) (*Wake, *Drop) {
 		Cause:        env.cause,
 		Prompt:       prompt,
 		Message:      ev,
+		ReplayKey:    replayKey,
 	}
 	if step.ReplyInThread && tc.MessageID != "" {
 		wake.ReplyTo = tc.MessageID
