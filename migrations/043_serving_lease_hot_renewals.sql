@@ -21,9 +21,8 @@
 -- the next version of its rows, so a renewal stays on its page. After,
 -- the same run: 3,139 updates, all HOT; heap 8 kB and indexes 32 kB
 -- throughout, no vacuum needed (docs/storage.md, "Heartbeat tables"). The
--- replica probe's
--- replica_heartbeat row (two updates a second per relay process) needs
--- nothing: its updates were already all HOT on one page.
+-- replica probe's replica_heartbeat row (two updates a second per relay
+-- process) needs nothing: its updates were already all HOT on one page.
 -- Lock impact: CREATE and DROP INDEX CONCURRENTLY take SHARE UPDATE
 -- EXCLUSIVE (reads and writes go on) and wait for older transactions;
 -- ALTER TABLE ... SET (fillfactor) takes SHARE UPDATE EXCLUSIVE for an
