@@ -23,11 +23,17 @@ export GOFLAGS := $(strip $(GOFLAGS) $(if $(GOTAGS),-tags=$(GOTAGS)))
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# The relay is built, then run as the recipe's own process rather than
+# through `go run`, which turns a relay that stopped cleanly on Ctrl-C into
+# exit status 1, and make into "Error 1". A relay that fails, at start or
+# while it stops, still exits non-zero and make says so.
 run: deps-run ## run the relay with a private PostgreSQL under .data/ (or BUZZ_DATABASE_URL)
-	$(GO) run ./cmd/buzz-relay dev
+	$(GO) build -o bin/buzz-relay ./cmd/buzz-relay
+	exec bin/buzz-relay dev
 
 run-replica: deps-run ## like run, plus a streaming standby of the private PostgreSQL that reads route to (BUZZ_DEV_REPLICA=1)
-	BUZZ_DEV_REPLICA=1 $(GO) run ./cmd/buzz-relay dev
+	$(GO) build -o bin/buzz-relay ./cmd/buzz-relay
+	BUZZ_DEV_REPLICA=1 exec bin/buzz-relay dev
 
 # Test helpers under cmd/*/internal are commands too; they stay out of bin/.
 build: deps-run ## build every command into bin/

@@ -1954,7 +1954,8 @@ CREATE TABLE public.community_serving_write_leases (
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT community_serving_write_leases_generation CHECK ((fence_generation >= 0))
-);
+)
+WITH (fillfactor='50');
 
 
 --
@@ -2693,10 +2694,10 @@ CREATE INDEX community_deletion_requests_runnable ON public.community_deletion_r
 
 
 --
--- Name: community_serving_write_leases_by_community; Type: INDEX; Schema: public; Owner: -
+-- Name: community_serving_write_leases_of_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX community_serving_write_leases_by_community ON public.community_serving_write_leases USING btree (community_id, lease_until);
+CREATE INDEX community_serving_write_leases_of_community ON public.community_serving_write_leases USING btree (community_id);
 
 
 --

@@ -411,20 +411,11 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 	if cfg.DatabaseURL == "" {
 		pgDir := filepath.Join(opts.DataDir, "postgres")
 		log.Info("starting private PostgreSQL", "dir", pgDir, "port", opts.PGPort)
-		cluster, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: pgDir, Port: opts.PGPort})
+		cluster, stop, err := startDevCluster(ctx, log, opts.DataDir, "PostgreSQL", pgcluster.Options{DataDir: pgDir, Port: opts.PGPort})
 		if err != nil {
 			return err
 		}
-		if cluster.Adopted() {
-			log.Info("PostgreSQL was already running; leaving it running on exit", "dir", pgDir, "port", cluster.Port())
-		} else {
-			defer func() {
-				log.Info("stopping private PostgreSQL")
-				if err := cluster.Stop(); err != nil {
-					log.Warn("stop PostgreSQL", "err", err)
-				}
-			}()
-		}
+		defer stop()
 		if err := ensureDatabase(ctx, cluster.URL("postgres"), "buzz"); err != nil {
 			return err
 		}
@@ -455,18 +446,61 @@ func dev(ctx context.Context, cfg config.Config, log *slog.Logger, opts devOptio
 func devReplica(ctx context.Context, log *slog.Logger, opts devOptions, primaryPort int) (*pgcluster.Cluster, func(), error) {
 	dir := filepath.Join(opts.DataDir, "postgres-replica")
 	log.Info("starting private PostgreSQL standby", "dir", dir, "port", opts.ReplicaPort)
-	standby, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: dir, Port: opts.ReplicaPort, StandbyOf: primaryPort})
+	standby, stop, err := startDevCluster(ctx, log, opts.DataDir, "PostgreSQL standby",
+		pgcluster.Options{DataDir: dir, Port: opts.ReplicaPort, StandbyOf: primaryPort})
 	if err != nil {
 		return nil, nil, fmt.Errorf("dev standby: %w", err)
 	}
-	if standby.Adopted() {
-		return standby, func() {}, nil
+	return standby, stop, nil
+}
+
+// startDevCluster starts a dev cluster and returns how to stop it on exit,
+// with the server's identity (pid and start time) recorded in a file
+// beside it under dataDir. The caller holds the data directory's lock, so
+// no other dev relay is using the cluster: a server found already running
+// that the record names was started by a dev relay that died without
+// stopping it (kill -9 of `make run`; pg_ctl detaches the server). That
+// orphan is adopted, and stopped on exit like one this process started.
+// Any other server running there was started by hand or by another tool:
+// taking it over, or stopping it on exit, could pull a database from under
+// its owner, so dev stops with the command that stops it.
+func startDevCluster(ctx context.Context, log *slog.Logger, dataDir, what string, opts pgcluster.Options) (*pgcluster.Cluster, func(), error) {
+	cluster, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		return nil, nil, err
 	}
-	return standby, func() {
-		log.Info("stopping private PostgreSQL standby")
-		if err := standby.Stop(); err != nil {
-			log.Warn("stop PostgreSQL standby", "err", err)
+	record := filepath.Join(dataDir, "buzz-relay-dev."+filepath.Base(opts.DataDir)+".server")
+	server, err := cluster.Postmaster()
+	if err != nil {
+		if !cluster.Adopted() {
+			_ = cluster.Stop()
 		}
+		return nil, nil, fmt.Errorf("%s on %s: %w", what, opts.DataDir, err)
+	}
+	if cluster.Adopted() {
+		var recorded pgcluster.Postmaster
+		raw, _ := os.ReadFile(record)
+		if json.Unmarshal(raw, &recorded) != nil || recorded != server {
+			return nil, nil, fmt.Errorf("a %s that no dev relay started is already running on %s (pid %d, port %d); "+
+				"stop it with `%s` and run again, or use it as an existing database with BUZZ_DATABASE_URL=%s",
+				what, cluster.DataDir(), server.PID, cluster.Port(), cluster.StopCommand(), cluster.URL("buzz"))
+		}
+		log.Warn("adopted the "+what+" a dev relay left running when it was killed; stopping it on exit like one this relay started",
+			"dir", opts.DataDir, "pid", server.PID, "port", cluster.Port())
+	} else {
+		raw, _ := json.Marshal(server)
+		if err := os.WriteFile(record, raw, 0o644); err != nil {
+			_ = cluster.Stop()
+			return nil, nil, fmt.Errorf("record the %s started: %w", what, err)
+		}
+	}
+	return cluster, func() {
+		log.Info("stopping private " + what)
+		if err := cluster.Stop(); err != nil {
+			log.Warn("stop "+what, "err", err)
+			return
+		}
+		_ = os.Remove(record)
 	}, nil
 }
 

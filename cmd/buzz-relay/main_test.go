@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -326,9 +327,14 @@ func TestSecondDevRelayLeavesTheFirstOneRunning(t *testing.T) {
 	require.True(t, c.Publish(c.Sign(1, "first relay still writes", nil, 0)).OK)
 }
 
-// A dev relay that found its cluster already running (started by someone
-// else) leaves it running when it exits; one it started itself it stops.
-func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
+// A server running on the dev data directory that no dev relay started (a
+// developer's own pg_ctl, another tool) is neither taken over nor stopped:
+// dev refuses to start, names the server and gives the command that stops
+// it, and the server keeps running. One the dev relay started itself it
+// stops on exit.
+// Mutations killed: adopting any running server (dev starts, and the
+// error is missing), or stopping a server it refused.
+func TestDevRelayRefusesAServerItDidNotStart(t *testing.T) {
 	t.Parallel()
 	dataDir := newDevDataDir(t)
 	cluster, err := pgcluster.Start(context.Background(), pgcluster.Options{DataDir: filepath.Join(dataDir, "postgres")})
@@ -336,27 +342,116 @@ func TestDevRelayStopsOnlyTheClusterItStarted(t *testing.T) {
 	pgPort := cluster.Port()
 	t.Cleanup(func() { _ = cluster.Stop() })
 	require.False(t, cluster.Adopted())
+	server, err := cluster.Postmaster()
+	require.NoError(t, err)
+
+	cfg := config.Default()
+	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
+	listener, port := listenLoopback(t)
+	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
+	// Bounded: a dev relay that wrongly adopted the server would serve until cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = dev(ctx, cfg, quiet, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+	require.ErrorContains(t, err, fmt.Sprintf("a PostgreSQL that no dev relay started is already running on %s (pid %d, port %d)",
+		cluster.DataDir(), server.PID, pgPort))
+	require.ErrorContains(t, err, "stop it with `"+cluster.StopCommand()+"`")
+
+	conn, err := pgx.Connect(context.Background(), cluster.URL("postgres"))
+	require.NoError(t, err, "the server someone else started must still be running")
+	conn.Close(context.Background())
+
+	// Stopped by hand as told: the dev relay starts its own and stops it on exit.
+	require.NoError(t, cluster.Stop())
+	listener, port = listenLoopback(t)
+	runRelay(t, port, func(ctx context.Context, log *slog.Logger) error {
+		return dev(ctx, cfg, log, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+	})()
+	_, err = pgx.Connect(context.Background(), cluster.URL("postgres"))
+	require.Error(t, err, "the dev relay stops the cluster it started")
+}
+
+// A dev relay killed with SIGKILL (kill -9 of `make run`) cannot stop its
+// PostgreSQL, which pg_ctl detached: the server keeps running on the data
+// directory. The next dev relay finds the server its predecessor recorded,
+// adopts it, says so, and stops it on exit like one it started.
+// Mutations killed: refusing every server found running (the second start
+// fails), or adopting it without stopping it on exit (the orphan
+// outlives the second relay too).
+func TestDevRelayAdoptsTheServerOfAKilledDevRelay(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	dataDir := newDevDataDir(t)
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	pgPort := free.Addr().(*net.TCPAddr).Port
+	require.NoError(t, free.Close())
+	_, relayPort := listenLoopback(t) // the relay URL's port: the community's host, for both relays
+	relayURL := fmt.Sprintf("ws://localhost:%d", relayPort)
+
+	first := &relayProcess{name: "killed dev relay", logs: &lockedBuffer{}, exited: make(chan struct{})}
+	first.cmd = exec.Command(bin, "dev")
+	first.cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"BUZZ_DEV_DATA_DIR=" + dataDir,
+		"BUZZ_DEV_PG_PORT=" + strconv.Itoa(pgPort),
+		"BUZZ_LISTEN_ADDR=127.0.0.1:0",
+		"BUZZ_METRICS_ADDR=127.0.0.1:0",
+		"BUZZ_RELAY_URL=" + relayURL,
+	}
+	first.cmd.Stdout, first.cmd.Stderr = first.logs, first.logs
+	killWithParent(first.cmd)
+	require.NoError(t, first.cmd.Start())
+	go func() {
+		_ = first.cmd.Wait()
+		close(first.exited)
+	}()
+	t.Cleanup(func() {
+		first.kill()
+		if t.Failed() {
+			t.Logf("log of the killed dev relay:\n%s", first.logs.String())
+		}
+	})
+	adminURL := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pgPort)
+	t.Cleanup(func() { // a failed test leaves no server running
+		if t.Failed() {
+			if c, err := pgcluster.Start(context.Background(), pgcluster.Options{DataDir: filepath.Join(dataDir, "postgres")}); err == nil {
+				_ = c.Kill()
+			}
+		}
+	})
+	require.Eventually(t, func() bool {
+		addr, ok := first.logs.find("relay listening", "addr")
+		if !ok {
+			return false
+		}
+		resp, err := http.Get("http://" + addr + "/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 2*time.Minute, 20*time.Millisecond, "the first dev relay never became ready")
+
+	first.kill() // SIGKILL: no deferred stop runs
+	conn, err := pgx.Connect(context.Background(), adminURL)
+	require.NoError(t, err, "the killed relay's server is still running (an orphan)")
+	conn.Close(context.Background())
 
 	listener, port := listenLoopback(t)
 	cfg := config.Default()
-	cfg.MetricsAddr = "127.0.0.1:0" // parallel tests must not share the default metrics port
-	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
-	runDev := func(listener net.Listener, port int) {
-		runRelay(t, port, func(ctx context.Context, log *slog.Logger) error {
-			return dev(ctx, cfg, log, devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
-		})()
-	}
-	runDev(listener, port)
-
-	conn, err := pgx.Connect(context.Background(), cluster.URL("postgres"))
-	require.NoError(t, err, "the cluster someone else started must still be running")
-	conn.Close(context.Background())
-
-	// Started by the dev relay itself: stopped on exit.
-	require.NoError(t, cluster.Stop())
-	runDev(listenLoopback(t))
-	_, err = pgx.Connect(context.Background(), cluster.URL("postgres"))
-	require.Error(t, err, "the dev relay stops the cluster it started")
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.RelayURL = relayURL
+	var logs lockedBuffer
+	runRelay(t, port, func(ctx context.Context, _ *slog.Logger) error {
+		return dev(ctx, cfg, slog.New(slog.NewJSONHandler(&logs, nil)), devOptions{DataDir: dataDir, PGPort: pgPort, Listener: listener}, noEnv)
+	})()
+	adopted := logs.attr(t, "adopted the PostgreSQL a dev relay left running when it was killed; stopping it on exit like one this relay started", "dir")
+	require.Equal(t, filepath.Join(dataDir, "postgres"), adopted)
+	_, err = pgx.Connect(context.Background(), adminURL)
+	require.Error(t, err, "the adopted orphan is stopped when the relay that adopted it exits")
+	_, err = os.Stat(filepath.Join(dataDir, "buzz-relay-dev.postgres.server"))
+	require.True(t, os.IsNotExist(err), "a server stopped is no longer recorded")
 }
 
 // BUZZ_DEV_REPLICA=1 gives the dev relay a streaming standby of its

@@ -92,3 +92,24 @@ func TestRunbookShowsStagesLeasesBlocksAndChunks(t *testing.T) {
 	require.Zero(t, after.RetryCount)
 	require.Nil(t, after.LastError)
 }
+
+// A runbook started while a migration holds a table it reads stops at
+// once with a lock timeout, naming the wait, instead of waiting out the
+// statement timeout in every section.
+// Mutation killed: dropping `SET lock_timeout` from the runbook (the
+// statement waits 30 s and fails with "statement timeout" instead).
+func TestRunbookGivesUpOnALockedTable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	conn := f.plainConn()
+	tx, err := conn.Begin(f.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(f.ctx)
+	_, err = tx.Exec(f.ctx, "LOCK TABLE community_deletion_requests IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "canceling statement due to lock timeout")
+}

@@ -250,6 +250,46 @@ func (c *Cluster) start(ctx context.Context) error {
 	return nil
 }
 
+// Postmaster identifies a running server by its pid and start time (from
+// postmaster.pid): the pair never names another process, even once the pid
+// is reused.
+type Postmaster struct {
+	PID   int
+	Start int64 // Unix seconds
+}
+
+// Postmaster reads the running server's identity.
+func (c *Cluster) Postmaster() (Postmaster, error) {
+	raw, err := os.ReadFile(filepath.Join(c.dataDir, "postmaster.pid"))
+	if err != nil {
+		return Postmaster{}, err
+	}
+	lines := strings.Split(string(raw), "\n")
+	if len(lines) < 3 {
+		return Postmaster{}, fmt.Errorf("%s: postmaster.pid is short", c.dataDir)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(lines[0]))
+	if err != nil {
+		return Postmaster{}, fmt.Errorf("%s: postmaster.pid: %w", c.dataDir, err)
+	}
+	start, err := strconv.ParseInt(strings.TrimSpace(lines[2]), 10, 64)
+	if err != nil {
+		return Postmaster{}, fmt.Errorf("%s: postmaster.pid: %w", c.dataDir, err)
+	}
+	return Postmaster{PID: pid, Start: start}, nil
+}
+
+// StopCommand is the shell command an operator runs to stop this cluster
+// by hand (as the postgres user when this process runs as root, as
+// PostgreSQL does).
+func (c *Cluster) StopCommand() string {
+	cmd := fmt.Sprintf("%s stop -m fast -D %s", filepath.Join(c.binDir, "pg_ctl"), c.dataDir)
+	if c.runAs != nil {
+		return "runuser -u postgres -- " + cmd
+	}
+	return cmd
+}
+
 // Stop shuts the cluster down (fast mode: active sessions are disconnected).
 func (c *Cluster) Stop() error {
 	return c.run(context.Background(), "pg_ctl", "stop", "-w", "-m", "fast", "-D", c.dataDir)

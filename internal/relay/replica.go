@@ -118,7 +118,13 @@ func (s *Server) StartReadReplica(ctx context.Context) error {
 	)
 	s.store.Router = r.router
 	s.replica.Store(r)
+	probeFailures := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_db_replica_probe_failures_total",
+		Help: "Heartbeat probe ticks that failed (each closes read routing until a tick succeeds); the log names the first, then reminds at most once a minute.",
+	})
+	s.metrics.Registry.MustRegister(probeFailures)
 	probe := replica.NewProbe(s.pool, ring, s.cfg.CreatedAtFloor, s.cfg.ReplicaProbeInterval, s.now, s.log)
+	probe.OnError = func(error) { probeFailures.Inc() }
 	go probe.Run(ctx)
 	go s.watchReader(ctx, r)
 	return nil

@@ -82,8 +82,19 @@ type Probe struct {
 	now      func() time.Time
 	log      *slog.Logger
 	started  bool // a tick has started this process's epoch
-	// OnError, when set, is told of each failed tick (after the ring closed).
+	// OnError, when set, is told of each failed tick (after the ring closed),
+	// every one of them: the log says less (see FailureReminder).
 	OnError func(error)
+	// FailureReminder is how often a probe that keeps failing says so again
+	// in the log, with how many ticks failed (default DefaultFailureReminder).
+	// The first failure and the recovery are always logged; a line per
+	// failed tick (twice a second while the writer is down) would bury
+	// everything else.
+	FailureReminder time.Duration
+	failingSince    time.Time // zero while the ticks succeed
+	failed          int       // ticks failed since failingSince
+	remindedAt      time.Time // the last failure line
+	remindedFailed  int       // failed when it was written
 	// HoldWarning is how long an open transaction may hold the wall back
 	// before the probe names it in the log (default Staleness: longer than
 	// any proof lives, so covered reads of its last span go to the writer
@@ -98,8 +109,12 @@ func NewProbe(pool *pgxpool.Pool, ring *Ring, floor, interval time.Duration, now
 	if interval <= 0 {
 		interval = DefaultProbeInterval
 	}
-	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log, HoldWarning: Staleness}
+	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log,
+		HoldWarning: Staleness, FailureReminder: DefaultFailureReminder}
 }
+
+// DefaultFailureReminder is how often a failing probe logs a reminder.
+const DefaultFailureReminder = time.Minute
 
 // Run ticks until ctx ends. A tick that fails closes the ring: reads go to
 // the writer until a later tick succeeds.
@@ -107,12 +122,7 @@ func (p *Probe) Run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
 	for {
-		if _, err := p.Tick(ctx); err != nil && ctx.Err() == nil {
-			p.log.Warn("replica heartbeat probe failed; reads go to the writer", "err", err)
-			if p.OnError != nil {
-				p.OnError(err)
-			}
-		}
+		_, _ = p.Tick(ctx) // Tick logs and reports its failures
 		select {
 		case <-ctx.Done():
 			return
@@ -129,7 +139,23 @@ func (p *Probe) Run(ctx context.Context) {
 // cannot know which timeline the writer was on before it started (a
 // restore while no probe ran would otherwise go unnoticed, and a standby
 // frozen on the old timeline, its token ahead, would prove reads).
+//
+// A failed tick is told to OnError; the log gets the first failure, a
+// reminder at most every FailureReminder, and the recovery. A tick cut off
+// by ctx (the process stopping) is neither.
 func (p *Probe) Tick(ctx context.Context) (Entry, error) {
+	e, err := p.tickAndRecord(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.noteFailure(err)
+		}
+		return e, err
+	}
+	p.noteSuccess()
+	return e, nil
+}
+
+func (p *Probe) tickAndRecord(ctx context.Context) (Entry, error) {
 	e, err := p.tick(ctx)
 	if err != nil {
 		p.ring.Clear()
@@ -193,6 +219,38 @@ func (p *Probe) tick(ctx context.Context) (Entry, error) {
 		p.noteHolder(held, holder)
 	}
 	return e, err
+}
+
+// noteFailure logs the first failed tick, then a reminder with the count
+// at most every FailureReminder.
+func (p *Probe) noteFailure(err error) {
+	if p.OnError != nil {
+		p.OnError(err)
+	}
+	now := p.now()
+	p.failed++
+	if p.failingSince.IsZero() {
+		p.failingSince, p.remindedAt, p.remindedFailed = now, now, p.failed
+		p.log.Warn("replica heartbeat probe failed; reads go to the writer until it succeeds", "err", err)
+		return
+	}
+	if now.Sub(p.remindedAt) < p.FailureReminder {
+		return
+	}
+	p.log.Warn("replica heartbeat probe still failing; reads go to the writer", "err", err,
+		"failing_for", now.Sub(p.failingSince).Round(time.Second),
+		"failed_ticks", p.failed, "failed_since_last_log", p.failed-p.remindedFailed)
+	p.remindedAt, p.remindedFailed = now, p.failed
+}
+
+// noteSuccess logs the recovery of a failing probe.
+func (p *Probe) noteSuccess() {
+	if p.failingSince.IsZero() {
+		return
+	}
+	p.log.Info("replica heartbeat probe recovered; reads may route to the reader again",
+		"failed_for", p.now().Sub(p.failingSince).Round(time.Millisecond), "failed_ticks", p.failed)
+	p.failingSince, p.failed = time.Time{}, 0
 }
 
 // noteHolder names, once, the open transaction that holds the wall back

@@ -383,3 +383,112 @@ func TestProbeWallIgnoresAutovacuum(t *testing.T) {
 	require.True(t, e.Wall.After(started.Add(-replica.DefaultFloor-replica.ClockMargin)),
 		"wall %s held back by the autovacuum worker that started at %s", e.Wall, started)
 }
+
+// records is a slog handler keeping every record, for tests that count
+// log lines and read their attributes.
+type records struct {
+	mu   sync.Mutex
+	list []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.list = append(r.list, rec.Clone())
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// matching returns the records whose message starts with prefix, each as
+// its attributes by key.
+func (r *records) matching(prefix string) []map[string]slog.Value {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []map[string]slog.Value
+	for _, rec := range r.list {
+		if !strings.HasPrefix(rec.Message, prefix) {
+			continue
+		}
+		attrs := map[string]slog.Value{}
+		rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
+		out = append(out, attrs)
+	}
+	return out
+}
+
+// While the writer is down every tick fails (twice a second by default):
+// the log says so once when it starts, then at most once per
+// FailureReminder with the count, and once when a tick succeeds again with
+// how long it failed; OnError (the failure metric) hears every failed tick.
+// Mutations killed: logging every failed tick (many "failed" lines), no
+// reminder, a reminder on every tick past the first interval (two
+// reminders), no recovery line, or a count off by any tick.
+func TestProbeLogsAFailingWriterOnceThenAtABoundedRate(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cluster, err := pgcluster.StartTemp(ctx, dbtest.ClusterSettings)
+	require.NoError(t, err)
+	t.Cleanup(func() { cluster.Close() })
+	admin, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE buzz")
+	admin.Close(ctx)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, cluster.URL("buzz"))
+	require.NoError(t, err)
+	require.NoError(t, migrate.Up(ctx, conn))
+	conn.Close(ctx)
+
+	var mu sync.Mutex
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	logs := &records{}
+	probe := replica.NewProbe(writerPool(t, cluster.URL("buzz")), replica.NewRing(), replica.DefaultFloor,
+		time.Second, now, slog.New(logs))
+	failures := 0
+	probe.OnError = func(error) { failures++ }
+	_, err = probe.Tick(ctx)
+	require.NoError(t, err)
+
+	require.NoError(t, cluster.Stop())
+	for range 20 { // ten seconds of failed ticks at the default interval
+		advance(replica.DefaultProbeInterval)
+		_, err := probe.Tick(ctx)
+		require.Error(t, err)
+	}
+	require.Len(t, logs.matching("replica heartbeat probe failed"), 1, "the first failure is logged, once")
+	require.Empty(t, logs.matching("replica heartbeat probe still failing"))
+
+	advance(replica.DefaultFailureReminder)
+	for range 3 {
+		_, err := probe.Tick(ctx)
+		require.Error(t, err)
+	}
+	reminders := logs.matching("replica heartbeat probe still failing")
+	require.Len(t, reminders, 1, "one reminder per FailureReminder")
+	require.EqualValues(t, 21, reminders[0]["failed_ticks"].Int64())
+	require.EqualValues(t, 20, reminders[0]["failed_since_last_log"].Int64())
+
+	restarted, err := pgcluster.Start(ctx, pgcluster.Options{DataDir: cluster.DataDir(), Port: cluster.Port()})
+	require.NoError(t, err)
+	require.False(t, restarted.Adopted())
+	// The pool may hand out a connection cut by the stop once more.
+	for attempt := 0; ; attempt++ {
+		advance(replica.DefaultProbeInterval)
+		if _, err = probe.Tick(ctx); err == nil {
+			break
+		}
+		require.Less(t, attempt, 10, "the probe never recovered: %v", err)
+	}
+	recovered := logs.matching("replica heartbeat probe recovered")
+	require.Len(t, recovered, 1)
+	require.EqualValues(t, failures, recovered[0]["failed_ticks"].Int64(), "every failed tick counted")
+	require.GreaterOrEqual(t, failures, 23)
+	require.Greater(t, recovered[0]["failed_for"].Duration(), replica.DefaultFailureReminder)
+	require.Len(t, logs.matching("replica heartbeat probe failed"), 1)
+	require.Len(t, logs.matching("replica heartbeat probe still failing"), 1)
+}

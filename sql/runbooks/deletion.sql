@@ -13,10 +13,17 @@
 -- heartbeat is old (a dead executor: the next run takes it over after the
 -- lease), no fenced or quiescing community without a request moving.
 
--- Read-only in fact, not only by intent, and never stuck behind a lock.
+-- Read-only in fact, not only by intent, and never stuck behind a lock: a
+-- statement that waits 2 s for one (a migration's ACCESS EXCLUSIVE, say)
+-- stops the runbook with "lock timeout" instead of holding every section
+-- for the 30 s statement timeout. Named, so pg_stat_activity (and the
+-- replica probe's warning, should a slow section hold its wall) tells
+-- this session from the relays'.
 \set QUIET on
 SET default_transaction_read_only = on;
 SET statement_timeout = '30s';
+SET lock_timeout = '2s';
+SET application_name = 'buzz runbook deletion';
 \set QUIET off
 
 \echo '== 1. Requests by stage'

@@ -17,10 +17,17 @@
 --   buzz_operator_listener_deliveries_total{outcome="accepted|retry|failed|unroutable"}
 --   buzz_operator_listener_handoff_dropped_total (the poll covers these)
 
--- Read-only in fact, not only by intent, and never stuck behind a lock.
+-- Read-only in fact, not only by intent, and never stuck behind a lock: a
+-- statement that waits 2 s for one (a migration's ACCESS EXCLUSIVE, say)
+-- stops the runbook with "lock timeout" instead of holding every section
+-- for the 30 s statement timeout. Named, so pg_stat_activity (and the
+-- replica probe's warning, should a slow section hold its wall) tells
+-- this session from the relays'.
 \set QUIET on
 SET default_transaction_read_only = on;
 SET statement_timeout = '30s';
+SET lock_timeout = '2s';
+SET application_name = 'buzz runbook listener_outbox';
 \set QUIET off
 
 \echo '== 1. Backlog per listener (pending = waiting or retrying, sending = leased to a worker)'

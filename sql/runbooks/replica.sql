@@ -17,10 +17,17 @@
 -- the writer's and its replay age is small. A reader whose epoch differs
 -- from the writer's proves nothing (it follows an older timeline).
 
--- Read-only in fact, not only by intent, and never stuck behind a lock.
+-- Read-only in fact, not only by intent, and never stuck behind a lock: a
+-- statement that waits 2 s for one (a migration's ACCESS EXCLUSIVE, say)
+-- stops the runbook with "lock timeout" instead of holding every section
+-- for the 30 s statement timeout. Named, so pg_stat_activity (and the
+-- replica probe's warning, should a slow section hold its wall) tells
+-- this session from the relays'.
 \set QUIET on
 SET default_transaction_read_only = on;
 SET statement_timeout = '30s';
+SET lock_timeout = '2s';
+SET application_name = 'buzz runbook replica';
 \set QUIET off
 
 SELECT pg_is_in_recovery() AS on_reader,

@@ -13,10 +13,17 @@
 -- Healthy: nothing pending with run_at in the past for more than a few
 -- seconds, no expired leases for long, failures explained by error_code.
 
--- Read-only in fact, not only by intent, and never stuck behind a lock.
+-- Read-only in fact, not only by intent, and never stuck behind a lock: a
+-- statement that waits 2 s for one (a migration's ACCESS EXCLUSIVE, say)
+-- stops the runbook with "lock timeout" instead of holding every section
+-- for the 30 s statement timeout. Named, so pg_stat_activity (and the
+-- replica probe's warning, should a slow section hold its wall) tells
+-- this session from the relays'.
 \set QUIET on
 SET default_transaction_read_only = on;
 SET statement_timeout = '30s';
+SET lock_timeout = '2s';
+SET application_name = 'buzz runbook workflows';
 \set QUIET off
 
 \echo '== 1. Runs by status and error_code'
