@@ -16,7 +16,7 @@ import (
 // "Heartbeat tables"). The counts are this transaction's own, so they are
 // exact whatever else runs.
 // Mutation killed: keeping lease_until in the community index (migration
-// 043's old community_serving_write_leases_by_community): no renewal is HOT.
+// 041's old community_serving_write_leases_by_community): no renewal is HOT.
 func TestServingLeaseRenewalIsAHOTUpdate(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

@@ -1,5 +1,5 @@
 ---- tern: disable-tx ----
--- 043: a serving-write lease's renewal is a HOT update: no index entry, no
+-- 041: a serving-write lease's renewal is a HOT update: no index entry, no
 -- dead tuple vacuum must find.
 --
 -- Why: a media upload or delete holds a serving-write lease renewed every
