@@ -76,6 +76,13 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 		for i, v := range vals {
 			keys[i] = name + ":" + v
 		}
+		if channels := channelIDs(f, name); len(channels) > 0 {
+			// A deletion without an h tag is stored in its targets'
+			// channel and read as if it carried that channel's h tag.
+			b.sql.WriteString(" AND (tag_index && " + b.arg(keys) + "::text[] OR (kind = " + strconv.Itoa(nostr.KindDeletion) +
+				" AND channel_id = ANY(" + b.arg(channels) + "::uuid[])))")
+			continue
+		}
 		b.sql.WriteString(" AND tag_index && " + b.arg(keys) + "::text[]")
 	}
 	if f.Since != nil {
@@ -115,6 +122,21 @@ func pinnedChannel(f *nostr.Filter) (channelProof, bool) {
 		return channelProof{}, false
 	}
 	return channelProof{id: id}, true
+}
+
+// channelIDs is the channels a filter's #h names, when name is h: the
+// values that are channel ids (UUIDs).
+func channelIDs(f *nostr.Filter, name string) []uuid.UUID {
+	if name != "h" {
+		return nil
+	}
+	var ids []uuid.UUID
+	for _, v := range f.Tags["h"] {
+		if id, err := uuid.Parse(v); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // maxUnix is 9999-12-31T23:59:59Z. Clients may send any int64 for since and
