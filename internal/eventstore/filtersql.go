@@ -92,8 +92,7 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(clampUnix(*f.Until)) + "::bigint)")
 	}
 	if f.Search != "" {
-		// websearch_to_tsquery accepts any user text without syntax errors.
-		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)")
+		b.sql.WriteString(" AND search_tsv @@ " + b.tsquery(f.Search))
 	}
 	if f.AgentOwner != "" {
 		// In the WHERE clause, so the owner narrows the rows before the
@@ -139,6 +138,22 @@ func channelIDs(f *nostr.Filter, name string) []uuid.UUID {
 	return ids
 }
 
+// tsquery returns the expression of a NIP-50 search's query. The words go
+// to websearch_to_tsquery, which accepts any user text without syntax
+// errors; the links (nostr.ParseSearch) are a tsquery built in Go, and only
+// a search with links carries one.
+func (b *sqlBuilder) tsquery(search string) string {
+	q := nostr.ParseSearch(search)
+	if q.Links == "" {
+		return "websearch_to_tsquery('simple', " + b.arg(q.Text) + "::text)"
+	}
+	links := b.arg(q.Links) + "::text::tsquery"
+	if strings.TrimSpace(q.Text) == "" {
+		return links
+	}
+	return "(websearch_to_tsquery('simple', " + b.arg(q.Text) + "::text) && " + links + ")"
+}
+
 // maxUnix is 9999-12-31T23:59:59Z. Clients may send any int64 for since and
 // until, but to_timestamp fails far beyond it; no stored event is later.
 const maxUnix = 253402300799
@@ -148,7 +163,7 @@ func clampUnix(v int64) int64 { return min(v, maxUnix) }
 // order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
 func (b *sqlBuilder) order(f *nostr.Filter) {
 	if f.Search != "" {
-		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)) DESC, created_at DESC, id DESC")
+		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, " + b.tsquery(f.Search) + ") DESC, created_at DESC, id DESC")
 		return
 	}
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
@@ -307,7 +322,7 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 // rankedCandidates appends a parenthesized subquery: search filter f's
 // newest candidates matches that scope may see, each with its rank.
 func (b *sqlBuilder) rankedCandidates(scope Scope, communityArg, channelsArg string, f *nostr.Filter, candidates int) {
-	query := "websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)"
+	query := b.tsquery(f.Search)
 	b.sql.WriteString("(SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
 		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg, f)
