@@ -81,7 +81,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 			DefaultLimit:        s.cfg.MaxLimit,
 			MaxSubIDLength:      s.limits.MaxSubIDLength,
 			MaxEventTags:        s.cfg.MaxEventTags,
-			MaxContentLength:    s.cfg.MaxContentBytes,
+			MaxContentLength:    s.cfg.MaxContentLength,
 			AuthRequired:        true,
 			RestrictedWrites:    true,
 			CreatedAtUpperLimit: int64(s.cfg.MaxFutureSkew.Seconds()),
