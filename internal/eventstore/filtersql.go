@@ -188,6 +188,9 @@ type Scope struct {
 // f is the one filter the statement reads, nil when it reads several.
 func (b *sqlBuilder) scopeConditions(s Scope, channels string, f *nostr.Filter) {
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
+	// NIP-40: an expired event is never served, whether or not its row has
+	// been purged yet.
+	b.sql.WriteString(" AND (expires_at IS NULL OR expires_at > now())")
 	if f != nil && excludesPGated(f) {
 		// Every row the filter can return passes the p-gate: leaving it out
 		// spares the planner and every row a test that cannot fail.
