@@ -1,11 +1,11 @@
 -- name: EventInsert :execrows
 -- Zero rows affected means the event was not stored: either it is already
 -- here (duplicate) or the replaceable-slot trigger kept a newer version.
-INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
+INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, expires_at)
 VALUES (
     @community_id::uuid, @id::bytea, @pubkey::bytea, to_timestamp(@created_at::bigint),
     @kind::int, @tags::jsonb, @content::text, @sig::bytea,
-    sqlc.narg('channel_id')::uuid, sqlc.narg('d_tag')::text
+    sqlc.narg('channel_id')::uuid, sqlc.narg('d_tag')::text, to_timestamp(sqlc.narg('expires_at')::bigint)
 )
 ON CONFLICT DO NOTHING;
 
@@ -140,3 +140,19 @@ WHERE received_at >= @since::timestamptz AND received_at < @until::timestamptz
   AND deleted_at IS NULL
 ORDER BY received_at, created_at, id
 LIMIT @max_rows::int;
+
+-- name: EventsPurgeExpired :execrows
+-- NIP-40: deletes at most @max_rows events whose expiration has passed,
+-- soonest expired first, through the partial index events_expiring. Reads
+-- already hide them; this only frees their rows. A fenced or quiescing
+-- community's rows are left to its deletion (community_write_allowed), and
+-- rows another transaction holds are skipped, not waited for.
+DELETE FROM events
+WHERE (community_id, created_at, id) IN (
+    SELECT e.community_id, e.created_at, e.id FROM events e
+    WHERE e.expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.expires_at
+    LIMIT @max_rows::int
+    FOR UPDATE SKIP LOCKED
+);

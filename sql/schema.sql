@@ -1996,6 +1996,7 @@ CASE
     WHEN (kind = ANY (ARRAY[1059, 30300, 30622, 44100, 44101])) THEN NULL::tsvector
     ELSE to_tsvector('simple'::regconfig, content)
 END) STORED,
+    expires_at timestamp with time zone,
     CONSTRAINT events_d_tag_iff_addressable CHECK (((d_tag IS NOT NULL) = ((kind >= 30000) AND (kind <= 39999)))),
     CONSTRAINT events_id_len CHECK ((octet_length(id) = 32)),
     CONSTRAINT events_kind_range CHECK (((kind >= 0) AND (kind <= 65535))),
@@ -2754,6 +2755,13 @@ CREATE INDEX events_by_received_at ON public.events USING brin (received_at) WIT
 --
 
 CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
+
+
+--
+-- Name: events_expiring; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX events_expiring ON public.events USING btree (expires_at) WHERE (expires_at IS NOT NULL);
 
 
 --

@@ -32,7 +32,7 @@ type Config struct {
 	MaxFilters       int           // filters per REQ/COUNT
 	MaxLimit         int           // per-filter cap on stored results (also the default)
 	MaxEventTags     int           // tags per event
-	MaxContentBytes  int           // bytes of content per event
+	MaxContentLength int           // characters (code points) of content per event
 	MaxFutureSkew    time.Duration // how far ahead of now created_at may be
 	// MaxMentionsPerEvent bounds the mention rows one event writes (its
 	// first distinct p-tagged pubkeys); the event itself is stored whole.
@@ -191,7 +191,7 @@ func Default() Config {
 		MaxFilters:       10,
 		MaxLimit:         500,
 		MaxEventTags:     2000,
-		MaxContentBytes:  64 << 10,
+		MaxContentLength: 64 << 10,
 		MaxFutureSkew:    15 * time.Minute,
 		// Enough for any real mention list; a 2,000-entry follow list still
 		// stores, with mention rows for its first 100 pubkeys.
@@ -289,7 +289,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MAX_FILTERS", &c.MaxFilters)
 	r.positive("BUZZ_MAX_LIMIT", &c.MaxLimit)
 	r.positive("BUZZ_MAX_EVENT_TAGS", &c.MaxEventTags)
-	r.positive("BUZZ_MAX_CONTENT_BYTES", &c.MaxContentBytes)
+	r.positive("BUZZ_MAX_CONTENT_LENGTH", &c.MaxContentLength)
 	r.positive("BUZZ_MAX_MENTIONS_PER_EVENT", &c.MaxMentionsPerEvent)
 	r.positive("BUZZ_MAX_THREAD_DEPTH", &c.MaxThreadDepth)
 	r.positive("BUZZ_INGEST_GROUP_MAX", &c.IngestGroupMax)
@@ -380,6 +380,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	// still setting it would silently get different routing.
 	if v := r.getenv("BUZZ_REPLICA_HEAD_MAX_AGE_SECS"); v != "" && r.err == nil {
 		r.err = fmt.Errorf("BUZZ_REPLICA_HEAD_MAX_AGE_SECS is no longer read: set BUZZ_REPLICA_READ_MAX_AGE_MS (milliseconds, 0 = off) instead and remove it")
+	}
+	// The old setting counted bytes; the limit is now in characters, as
+	// NIP-11 advertises it, and a value kept under the old name would be
+	// silently ignored.
+	if v := r.getenv("BUZZ_MAX_CONTENT_BYTES"); v != "" && r.err == nil {
+		r.err = fmt.Errorf("BUZZ_MAX_CONTENT_BYTES is no longer read: set BUZZ_MAX_CONTENT_LENGTH (characters) instead and remove it")
 	}
 	var maxConns int
 	r.positive("BUZZ_DB_MAX_CONNS", &maxConns)

@@ -66,3 +66,15 @@ func TestMalformedPerClientBoundsNameTheVariable(t *testing.T) {
 		require.ErrorContains(t, err, name, "%s=%q", name, value)
 	}
 }
+
+// The old byte-counted content limit stops start-up, naming its
+// replacement, which counts characters. Mutation killed: reading the old
+// name no more (its value silently ignored).
+func TestOldMaxContentBytesIsAStartUpError(t *testing.T) {
+	t.Parallel()
+	_, err := FromEnv(env(map[string]string{"BUZZ_MAX_CONTENT_BYTES": "1000"}))
+	require.ErrorContains(t, err, "BUZZ_MAX_CONTENT_LENGTH")
+	c, err := FromEnv(env(map[string]string{"BUZZ_MAX_CONTENT_LENGTH": "1000"}))
+	require.NoError(t, err)
+	require.Equal(t, 1000, c.MaxContentLength)
+}

@@ -136,11 +136,11 @@ func (q *Queries) EventExists(ctx context.Context, arg EventExistsParams) (bool,
 }
 
 const eventInsert = `-- name: EventInsert :execrows
-INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
+INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, expires_at)
 VALUES (
     $1::uuid, $2::bytea, $3::bytea, to_timestamp($4::bigint),
     $5::int, $6::jsonb, $7::text, $8::bytea,
-    $9::uuid, $10::text
+    $9::uuid, $10::text, to_timestamp($11::bigint)
 )
 ON CONFLICT DO NOTHING
 `
@@ -156,6 +156,7 @@ type EventInsertParams struct {
 	Sig         []byte
 	ChannelID   *uuid.UUID
 	DTag        *string
+	ExpiresAt   *int64
 }
 
 // Zero rows affected means the event was not stored: either it is already
@@ -172,6 +173,7 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 		arg.Sig,
 		arg.ChannelID,
 		arg.DTag,
+		arg.ExpiresAt,
 	)
 	if err != nil {
 		return 0, err
@@ -450,6 +452,36 @@ func (q *Queries) EventsInChannelKeptFromModeration(ctx context.Context, arg Eve
 	var exists bool
 	err := row.Scan(&exists)
 	return exists, err
+}
+
+const eventsPurgeExpired = `-- name: EventsPurgeExpired :execrows
+DELETE FROM events
+WHERE (community_id, created_at, id) IN (
+    SELECT e.community_id, e.created_at, e.id FROM events e
+    WHERE e.expires_at <= coalesce($1::timestamptz, now())
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.expires_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type EventsPurgeExpiredParams struct {
+	Now     *time.Time
+	MaxRows int32
+}
+
+// NIP-40: deletes at most @max_rows events whose expiration has passed,
+// soonest expired first, through the partial index events_expiring. Reads
+// already hide them; this only frees their rows. A fenced or quiescing
+// community's rows are left to its deletion (community_write_allowed), and
+// rows another transaction holds are skipped, not waited for.
+func (q *Queries) EventsPurgeExpired(ctx context.Context, arg EventsPurgeExpiredParams) (int64, error) {
+	result, err := q.db.Exec(ctx, eventsPurgeExpired, arg.Now, arg.MaxRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const eventsReceivedBetween = `-- name: EventsReceivedBetween :many

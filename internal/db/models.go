@@ -538,6 +538,7 @@ type Event struct {
 	DTag        *string
 	TagIndex    []string
 	SearchTsv   interface{}
+	ExpiresAt   *time.Time
 }
 
 type EventMention struct {

@@ -529,5 +529,11 @@ func InsertParams(community uuid.UUID, ev *nostr.Event, channelID *uuid.UUID) (d
 		d := ev.DTag()
 		p.DTag = &d
 	}
+	// Ingest refused a malformed expiration; a row written without ingest
+	// (an import) keeps the event without one rather than failing.
+	if at, ok, _ := ev.Expiration(); ok {
+		at = clampUnix(at)
+		p.ExpiresAt = &at
+	}
 	return p, nil
 }

@@ -76,6 +76,13 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 		for i, v := range vals {
 			keys[i] = name + ":" + v
 		}
+		if channels := channelIDs(f, name); len(channels) > 0 {
+			// A deletion without an h tag is stored in its targets'
+			// channel and read as if it carried that channel's h tag.
+			b.sql.WriteString(" AND (tag_index && " + b.arg(keys) + "::text[] OR (kind = " + strconv.Itoa(nostr.KindDeletion) +
+				" AND channel_id = ANY(" + b.arg(channels) + "::uuid[])))")
+			continue
+		}
 		b.sql.WriteString(" AND tag_index && " + b.arg(keys) + "::text[]")
 	}
 	if f.Since != nil {
@@ -85,8 +92,7 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 		b.sql.WriteString(" AND created_at <= to_timestamp(" + b.arg(clampUnix(*f.Until)) + "::bigint)")
 	}
 	if f.Search != "" {
-		// websearch_to_tsquery accepts any user text without syntax errors.
-		b.sql.WriteString(" AND search_tsv @@ websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)")
+		b.sql.WriteString(" AND search_tsv @@ " + b.tsquery(f.Search))
 	}
 	if f.AgentOwner != "" {
 		// In the WHERE clause, so the owner narrows the rows before the
@@ -117,6 +123,39 @@ func pinnedChannel(f *nostr.Filter) (channelProof, bool) {
 	return channelProof{id: id}, true
 }
 
+// channelIDs is the channels a filter's #h names, when name is h and the
+// filter may return deletions: the values that are channel ids (UUIDs). A
+// filter whose kinds leave out deletions (a channel's timeline of kind 9)
+// keeps the plain tag test.
+func channelIDs(f *nostr.Filter, name string) []uuid.UUID {
+	if name != "h" || f.Kinds != nil && !slices.Contains(f.Kinds, nostr.KindDeletion) {
+		return nil
+	}
+	var ids []uuid.UUID
+	for _, v := range f.Tags["h"] {
+		if id, err := uuid.Parse(v); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// tsquery returns the expression of a NIP-50 search's query. The words go
+// to websearch_to_tsquery, which accepts any user text without syntax
+// errors; the links (nostr.ParseSearch) are a tsquery built in Go, and only
+// a search with links carries one.
+func (b *sqlBuilder) tsquery(search string) string {
+	q := nostr.ParseSearch(search)
+	if q.Links == "" {
+		return "websearch_to_tsquery('simple', " + b.arg(q.Text) + "::text)"
+	}
+	links := b.arg(q.Links) + "::text::tsquery"
+	if strings.TrimSpace(q.Text) == "" {
+		return links
+	}
+	return "(websearch_to_tsquery('simple', " + b.arg(q.Text) + "::text) && " + links + ")"
+}
+
 // maxUnix is 9999-12-31T23:59:59Z. Clients may send any int64 for since and
 // until, but to_timestamp fails far beyond it; no stored event is later.
 const maxUnix = 253402300799
@@ -126,7 +165,7 @@ func clampUnix(v int64) int64 { return min(v, maxUnix) }
 // order is a branch's ORDER BY: relevance for a NIP-50 search, else newest first.
 func (b *sqlBuilder) order(f *nostr.Filter) {
 	if f.Search != "" {
-		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)) DESC, created_at DESC, id DESC")
+		b.sql.WriteString(" ORDER BY ts_rank(search_tsv, " + b.tsquery(f.Search) + ") DESC, created_at DESC, id DESC")
 		return
 	}
 	b.sql.WriteString(" ORDER BY created_at DESC, id DESC")
@@ -151,6 +190,9 @@ type Scope struct {
 // f is the one filter the statement reads, nil when it reads several.
 func (b *sqlBuilder) scopeConditions(s Scope, channels string, f *nostr.Filter) {
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
+	// NIP-40: an expired event is never served, whether or not its row has
+	// been purged yet.
+	b.sql.WriteString(" AND (expires_at IS NULL OR expires_at > now())")
 	if f != nil && excludesPGated(f) {
 		// Every row the filter can return passes the p-gate: leaving it out
 		// spares the planner and every row a test that cannot fail.
@@ -285,7 +327,7 @@ func buildSearchPage(community uuid.UUID, scope Scope, f *nostr.Filter, after *k
 // rankedCandidates appends a parenthesized subquery: search filter f's
 // newest candidates matches that scope may see, each with its rank.
 func (b *sqlBuilder) rankedCandidates(scope Scope, communityArg, channelsArg string, f *nostr.Filter, candidates int) {
-	query := "websearch_to_tsquery('simple', " + b.arg(nostr.SearchText(f.Search)) + "::text)"
+	query := b.tsquery(f.Search)
 	b.sql.WriteString("(SELECT *, ts_rank(search_tsv, " + query + ") AS rank FROM (" +
 		"SELECT id, pubkey, created_at, kind, tags, content, sig, channel_id, search_tsv FROM events WHERE community_id = " + communityArg + " AND deleted_at IS NULL")
 	b.scopeConditions(scope, channelsArg, f)

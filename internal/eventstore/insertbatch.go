@@ -22,10 +22,10 @@ const NameEventInsertBatch = "EventInsertBatch"
 // were stored. Written here rather than in queries/ because sqlc cannot type
 // a many-array unnest.
 var insertBatchSQL = named(NameEventInsertBatch, `
-INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
-SELECT e.community_id, e.id, e.pubkey, to_timestamp(e.created_at), e.kind, e.tags::jsonb, e.content, e.sig, e.channel_id, e.d_tag
-FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::int[], $6::text[], $7::text[], $8::bytea[], $9::uuid[], $10::text[])
-    WITH ORDINALITY AS e(community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, ord)
+INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, expires_at)
+SELECT e.community_id, e.id, e.pubkey, to_timestamp(e.created_at), e.kind, e.tags::jsonb, e.content, e.sig, e.channel_id, e.d_tag, to_timestamp(e.expires_at)
+FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::int[], $6::text[], $7::text[], $8::bytea[], $9::uuid[], $10::text[], $11::bigint[])
+    WITH ORDINALITY AS e(community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, expires_at, ord)
 ORDER BY e.ord
 ON CONFLICT DO NOTHING
 RETURNING community_id, id`)
@@ -42,6 +42,7 @@ type InsertBatch struct {
 	sig       [][]byte
 	channel   []*uuid.UUID
 	dTag      []*string
+	expiresAt []*int64
 }
 
 // Add appends one event's row (as InsertParams builds it).
@@ -56,6 +57,7 @@ func (b *InsertBatch) Add(p db.EventInsertParams) {
 	b.sig = append(b.sig, p.Sig)
 	b.channel = append(b.channel, p.ChannelID)
 	b.dTag = append(b.dTag, p.DTag)
+	b.expiresAt = append(b.expiresAt, p.ExpiresAt)
 }
 
 // Len is the number of rows added.
@@ -64,7 +66,7 @@ func (b *InsertBatch) Len() int { return len(b.id) }
 // Queue queues the statement on batch. Read its result with ReadStored.
 func (b *InsertBatch) Queue(batch *pgx.Batch) {
 	batch.Queue(insertBatchSQL, b.community, b.id, b.pubkey, b.createdAt, b.kind,
-		b.tags, b.content, b.sig, b.channel, b.dTag)
+		b.tags, b.content, b.sig, b.channel, b.dTag, b.expiresAt)
 }
 
 // ReadStored reads the statement's result from results and reports, per

@@ -261,7 +261,22 @@ func (h *Hub) PublishWritten(community uuid.UUID, ev *nostr.Event, channel *uuid
 	if published := h.published.Load(); published != nil && !nostr.IsEphemeral(ev.Kind) && !published.add(ev.ID) {
 		return Stats{}
 	}
-	return h.deliver(community, h.match(community, ev), ev, channel, readersVersion)
+	return h.deliver(community, h.match(community, matchedAs(ev, channel)), ev, channel, readersVersion)
+}
+
+// matchedAs is ev as subscription filters see it. A NIP-09 deletion sent
+// without an h tag is stored in its targets' channel (ingest binds it
+// there), and readers pinned (#h) to that channel must learn of it like of
+// the messages it deletes: it is matched as if it carried the channel's h
+// tag. What is delivered is ev itself, unchanged. The one copy is made per
+// publish, never per subscriber.
+func matchedAs(ev *nostr.Event, channel *uuid.UUID) *nostr.Event {
+	if ev.Kind != nostr.KindDeletion || channel == nil || ev.Tags.First("h") != nil {
+		return ev
+	}
+	view := *ev
+	view.Tags = append(slices.Clip(ev.Tags), nostr.Tag{"h", channel.String()})
+	return &view
 }
 
 // Communities returns the communities with live subscriptions here.
@@ -289,7 +304,7 @@ func (h *Hub) Replay(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, r
 		return Stats{}, false
 	}
 	newest := receivedAt.Add(replaySlack)
-	matched := slices.DeleteFunc(h.match(community, ev), func(s *Subscription) bool {
+	matched := slices.DeleteFunc(h.match(community, matchedAs(ev, channel)), func(s *Subscription) bool {
 		return s.subscribedAt.After(newest)
 	})
 	return h.deliver(community, matched, ev, channel, 0), true

@@ -660,6 +660,12 @@ func (p *Pipeline) validate(actor string, ev *nostr.Event) error {
 	if limit := p.clock.Now().Add(p.maxFutureSkew).Unix(); ev.CreatedAt > limit {
 		return Reject("invalid", "created_at is more than %s in the future", p.maxFutureSkew)
 	}
+	// NIP-40: an event already expired is never stored nor relayed.
+	if at, ok, err := ev.Expiration(); err != nil {
+		return Reject("invalid", "%v", err)
+	} else if ok && at <= p.clock.Now().Unix() {
+		return Reject("invalid", "the event expired at %d (NIP-40)", at)
+	}
 	// PostgreSQL text and jsonb cannot hold NUL; refuse it rather than fail the insert.
 	if strings.IndexByte(ev.Content, 0) >= 0 {
 		return Reject("invalid", "content must not contain NUL characters")

@@ -15,19 +15,22 @@ type Limits struct {
 	MaxTagValueLen  int // bytes in one "#x" filter value
 	MaxSearchBytes  int // bytes in one NIP-50 search string
 	MaxEventTags    int // tags in one event
-	MaxContentBytes int // bytes of event content
+	// MaxContentLength counts characters (Unicode code points) of event
+	// content, as NIP-11's max_content_length does; the message size bounds
+	// its bytes.
+	MaxContentLength int
 }
 
 // DefaultLimits returns limits suitable for a public relay.
 func DefaultLimits() Limits {
 	return Limits{
-		MaxFilters:      10,
-		MaxSubIDLength:  64, // NIP-01's recommended maximum
-		MaxFilterValues: 1000,
-		MaxTagValueLen:  1024,
-		MaxSearchBytes:  1024,
-		MaxEventTags:    2000,
-		MaxContentBytes: 64 << 10,
+		MaxFilters:       10,
+		MaxSubIDLength:   64, // NIP-01's recommended maximum
+		MaxFilterValues:  1000,
+		MaxTagValueLen:   1024,
+		MaxSearchBytes:   1024,
+		MaxEventTags:     2000,
+		MaxContentLength: 64 << 10,
 	}
 }
 

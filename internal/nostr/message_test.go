@@ -86,7 +86,7 @@ func TestParseClientMessageGood(t *testing.T) {
 	require.Equal(t, "\"q\" é", m.(*ReqMessage).SubID)
 
 	// Exactly at the limits.
-	small := Limits{MaxFilters: 2, MaxEventTags: 2, MaxContentBytes: 5}
+	small := Limits{MaxFilters: 2, MaxEventTags: 2, MaxContentLength: 5}
 	_, err = ParseClientMessage([]byte(`["REQ","s",{},{}]`), small)
 	require.NoError(t, err)
 	_, err = ParseClientMessage([]byte(`["EVENT",`+evJSON(fID, fPubKey, fCreated, fKind, `"tags":[["a"],["b"]]`, `"content":"12345"`, fSig)+`]`), small)
@@ -97,7 +97,7 @@ func TestParseClientMessageBad(t *testing.T) {
 	lim := DefaultLimits()
 	lim.MaxFilters = 2
 	lim.MaxEventTags = 3
-	lim.MaxContentBytes = 20
+	lim.MaxContentLength = 20
 	bigSub := strings.Repeat("s", 65)
 
 	ev := func(fields ...string) string { return `["EVENT",` + evJSON(fields...) + `]` }
@@ -147,7 +147,7 @@ func TestParseClientMessageBad(t *testing.T) {
 		{"empty tag", ev(fID, fPubKey, fCreated, fKind, `"tags":[[]]`, fContent, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: "tags must not contain empty tags"}},
 		{"too many tags", ev(fID, fPubKey, fCreated, fKind, `"tags":[["a"],["b"],["c"],["d"],["e"]]`, fContent, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: "too many tags (max 3)"}},
 		{"content number", ev(fID, fPubKey, fCreated, fKind, fTags, `"content":5`, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: "content must be a string"}},
-		{"content too long", ev(fID, fPubKey, fCreated, fKind, fTags, `"content":"123456789012345678901"`, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: "content too long (max 20 bytes)"}},
+		{"content too long", ev(fID, fPubKey, fCreated, fKind, fTags, `"content":"123456789012345678901"`, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: "content too long (max 20 characters)"}},
 		{"duplicate content", ev(fID, fPubKey, fCreated, fKind, fTags, fContent, fContent, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: `duplicate field "content"`}},
 		{"duplicate id keeps first", ev(fID, `"id":"`+hexC+`"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: `duplicate field "id"`}},
 		{"first error wins", ev(fID, `"kind":"x"`, `"content":1`), ParseError{Verb: "EVENT", EventID: hexA, Msg: "kind must be an integer between 0 and 65535"}},

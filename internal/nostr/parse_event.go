@@ -3,6 +3,7 @@ package nostr
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Bits for the required event fields, in canonical order.
@@ -155,8 +156,11 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 					off := len(d.str)
 					d.str, err = d.appendStr(d.str)
 					ctSpan = span{off, len(d.str)}
-					if err == nil && lim.MaxContentBytes > 0 && ctSpan.end-ctSpan.off > lim.MaxContentBytes {
-						fail(fmt.Errorf("content too long (max %d bytes)", lim.MaxContentBytes))
+					// No more bytes than the limit is no more characters:
+					// only longer content is counted.
+					if n := ctSpan.end - ctSpan.off; err == nil && lim.MaxContentLength > 0 && n > lim.MaxContentLength &&
+						utf8.RuneCount(d.str[ctSpan.off:ctSpan.end]) > lim.MaxContentLength {
+						fail(fmt.Errorf("content too long (max %d characters)", lim.MaxContentLength))
 					}
 				}
 			}

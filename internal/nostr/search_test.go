@@ -58,3 +58,25 @@ func FuzzSearchText(f *testing.F) {
 		}
 	})
 }
+
+// Links leave the words and become lexemes spelled as a note's text stores
+// them: no scheme, lowercased, a prefix unless a host alone; anything else
+// with a slash stays a word. Mutations killed: keeping the scheme or the
+// case; a host alone as a prefix; taking any word with a slash for a link.
+func TestParseSearchSplitsLinks(t *testing.T) {
+	for in, want := range map[string]SearchQuery{
+		"orange":                              {Text: "orange"},
+		"docs https://Example.com/Docs?x=1":   {Text: "docs", Links: `'example.com/docs?x=1':*`},
+		"example.com/a /b/c":                  {Links: `'example.com/a':* & '/b/c':*`},
+		"https://example.com/ http://x.org":   {Links: `'example.com' & 'x.org'`},
+		"and/or 1/2 tcp/ip 1.2.3.4/x":         {Text: "and/or 1/2 tcp/ip 1.2.3.4/x"},
+		`"https://x.org/a" -https://y.org/b`:  {Text: `"https://x.org/a" -https://y.org/b`},
+		"/ https:// 3x://a/b":                 {Text: "/ https:// 3x://a/b"},
+		`https://x.org/it's\`:                 {Links: `'x.org/it''s\\':*`},
+		"include:spam https://x.org/a":        {Links: `'x.org/a':*`},
+		"example.com":                         {Text: "example.com"},
+		"ftp://files.example.net/pub/file.gz": {Links: `'files.example.net/pub/file.gz':*`},
+	} {
+		require.Equal(t, want, ParseSearch(in), "%q", in)
+	}
+}

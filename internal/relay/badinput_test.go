@@ -34,7 +34,7 @@ func storedDigest(t *testing.T, r *relaytest.Relay) string {
 func TestBadInputCatalogue(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) {
-		c.MaxContentBytes = 1000
+		c.MaxContentLength = 1000
 		c.MaxEventTags = 20
 		c.MaxMessageBytes = 8 << 10
 	})

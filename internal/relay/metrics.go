@@ -15,6 +15,8 @@ type Metrics struct {
 	ReqDuration     *prometheus.HistogramVec
 	FanoutDelivered prometheus.Counter
 	FanoutDropped   prometheus.Counter
+	// EventsExpiredPurged counts expired (NIP-40) events deleted.
+	EventsExpiredPurged prometheus.Counter
 	// FanoutWriteDelay is the time from a live event queued for a
 	// subscriber to its socket write.
 	FanoutWriteDelay prometheus.Histogram
@@ -81,6 +83,9 @@ func NewMetrics() *Metrics {
 		FanoutDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_fanout_dropped_total", Help: "Live events not queued because the subscriber's send queue was full.",
 		}),
+		EventsExpiredPurged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_events_expired_purged_total", Help: "Expired (NIP-40) events deleted by this process's purge.",
+		}),
 		FanoutWriteDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "buzz_fanout_write_delay_seconds",
 			Help:    "Time from a live event queued for a subscriber to its write to the subscriber's socket.",
@@ -144,7 +149,7 @@ func NewMetrics() *Metrics {
 		Help: "Groups that failed as a whole (a lost connection, a deferred constraint at COMMIT, or a lock wait, deadlock or serialization failure in a group of plain events, which is one statement); each of their events was then written alone.",
 	})
 	m.Registry.MustRegister(m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

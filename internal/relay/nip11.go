@@ -70,7 +70,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 		Description: s.cfg.RelayDescription,
 		Contact:     s.cfg.RelayContact,
 		// 17 and 59: gift wraps are stored and reach only their recipient.
-		SupportedNIPs: []int{1, 9, 10, 11, 17, 25, 29, 30, 42, 45, 50, 59, 98},
+		SupportedNIPs: []int{1, 9, 10, 11, 17, 25, 29, 30, 40, 42, 45, 50, 59, 98},
 		Software:      "https://github.com/buzzrelay/buzz",
 		Version:       Version,
 		Limitation: limitation{
@@ -81,7 +81,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 			DefaultLimit:        s.cfg.MaxLimit,
 			MaxSubIDLength:      s.limits.MaxSubIDLength,
 			MaxEventTags:        s.cfg.MaxEventTags,
-			MaxContentLength:    s.cfg.MaxContentBytes,
+			MaxContentLength:    s.cfg.MaxContentLength,
 			AuthRequired:        true,
 			RestrictedWrites:    true,
 			CreatedAtUpperLimit: int64(s.cfg.MaxFutureSkew.Seconds()),

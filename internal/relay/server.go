@@ -147,13 +147,13 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		closedCommunities: map[uuid.UUID]struct{}{},
 
 		limits: nostr.Limits{
-			MaxFilters:      cfg.MaxFilters,
-			MaxSubIDLength:  64,
-			MaxFilterValues: 1000,
-			MaxTagValueLen:  1024,
-			MaxSearchBytes:  1024,
-			MaxEventTags:    cfg.MaxEventTags,
-			MaxContentBytes: cfg.MaxContentBytes,
+			MaxFilters:       cfg.MaxFilters,
+			MaxSubIDLength:   64,
+			MaxFilterValues:  1000,
+			MaxTagValueLen:   1024,
+			MaxSearchBytes:   1024,
+			MaxEventTags:     cfg.MaxEventTags,
+			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
 	s.store.PageRows = cfg.ReqPageRows

@@ -31,6 +31,7 @@ const devSettingsSource = "../../cmd/buzz-relay/main.go"
 // configuration tables, each for the reason given.
 var undocumentedSettings = map[string]string{
 	"BUZZ_REPLICA_HEAD_MAX_AGE_SECS":        "retired: setting it is a start-up error naming its replacement",
+	"BUZZ_MAX_CONTENT_BYTES":                "retired: setting it is a start-up error naming its replacement (BUZZ_MAX_CONTENT_LENGTH)",
 	"BUZZ_DELETION_TEST_PAUSE_BEFORE_STAMP": "a crash test's pause point, never an operator's setting",
 }
 
