@@ -163,6 +163,9 @@ func TestOneProcessWritesAChannelsFoldedLists(t *testing.T) {
 	f.store(f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
 
 	claimed, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseA := func() { releaseOnce.Do(func() { close(release) }) }
+	defer releaseA() // a failed assertion must not leave process a waiting
 	ingest.OnListClaimed(a.p, func() { close(claimed); <-release })
 	done := make(chan error, 1)
 	go func() {
@@ -178,7 +181,7 @@ func TestOneProcessWritesAChannelsFoldedLists(t *testing.T) {
 	cancel()
 	require.NoError(t, err)
 	require.Zero(t, n, "the mark process a holds is not process b's to write")
-	close(release)
+	releaseA()
 	require.NoError(t, <-done)
 	require.Empty(t, b.published())
 	require.Equal(t, f.activeMembers(ch), listed(f.storedList(ch)))
