@@ -161,7 +161,16 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	// cached before a change another process committed.
 	w.ChannelID = &id
 	w.ReadChannel(id, access)
+	// An archived channel's membership is frozen like its messages. Its
+	// owners may still edit it, hide events in it and delete it.
+	if access.ArchivedAt != nil && isMembershipKind(w.Event.Kind) {
+		return access, Reject("restricted", "channel is archived")
+	}
 	return access, nil
+}
+
+func isMembershipKind(kind int) bool {
+	return kind == KindJoinRequest || kind == KindLeaveRequest || kind == KindPutUser || kind == KindRemoveUser
 }
 
 func validateCreateGroup(ev *nostr.Event) error {
