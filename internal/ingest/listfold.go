@@ -32,7 +32,7 @@ import (
 // Defaults of the fold (tests set their own in Options).
 const (
 	DefaultListFoldMembers  = 1000
-	DefaultListFoldInterval = time.Second
+	DefaultListFoldInterval = 2 * time.Second
 	// listFoldPoll is how often RunListFolder looks for due marks: a
 	// claim on a table that holds only the marks.
 	listFoldPoll = 250 * time.Millisecond
