@@ -24,3 +24,11 @@ FOR UPDATE SKIP LOCKED;
 -- The claimed mark's lists are written (or its channel is gone).
 DELETE FROM channel_lists_due
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid;
+
+-- name: ChannelListsPostponeDue :exec
+-- A claimed mark whose lists failed to write is due again one interval
+-- later, so that the marks behind it (the claim takes the oldest) are not
+-- held up by one that keeps failing.
+UPDATE channel_lists_due
+SET due_at = coalesce(sqlc.narg('now')::timestamptz, now()) + make_interval(secs => @after_seconds::float8)
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid;

@@ -80,3 +80,29 @@ func (q *Queries) ChannelListsMarkDue(ctx context.Context, arg ChannelListsMarkD
 	)
 	return err
 }
+
+const channelListsPostponeDue = `-- name: ChannelListsPostponeDue :exec
+UPDATE channel_lists_due
+SET due_at = coalesce($1::timestamptz, now()) + make_interval(secs => $2::float8)
+WHERE community_id = $3::uuid AND channel_id = $4::uuid
+`
+
+type ChannelListsPostponeDueParams struct {
+	Now          *time.Time
+	AfterSeconds float64
+	CommunityID  uuid.UUID
+	ChannelID    uuid.UUID
+}
+
+// A claimed mark whose lists failed to write is due again one interval
+// later, so that the marks behind it (the claim takes the oldest) are not
+// held up by one that keeps failing.
+func (q *Queries) ChannelListsPostponeDue(ctx context.Context, arg ChannelListsPostponeDueParams) error {
+	_, err := q.db.Exec(ctx, channelListsPostponeDue,
+		arg.Now,
+		arg.AfterSeconds,
+		arg.CommunityID,
+		arg.ChannelID,
+	)
+	return err
+}

@@ -76,9 +76,11 @@ func (p *Pipeline) foldOne(ctx context.Context) (found bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
 	defer cancel()
 	var w *Write
+	var due db.ChannelListsClaimDueRow
 	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
-		due, err := q.ChannelListsClaimDue(ctx, p.clock.SQL())
+		var err error
+		due, err = q.ChannelListsClaimDue(ctx, p.clock.SQL())
 		if dberr.IsNotFound(err) {
 			return nil
 		}
@@ -103,6 +105,16 @@ func (p *Pipeline) foldOne(ctx context.Context) (found bool, err error) {
 		}
 		return q.ChannelListsDueDone(ctx, db.ChannelListsDueDoneParams{CommunityID: due.CommunityID, ChannelID: due.ChannelID})
 	})
+	if err != nil && found {
+		// Best effort (the connection may be what failed): a mark that
+		// keeps failing must not stop the marks behind it, and the claim
+		// takes the oldest first.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = db.New(p.pool).ChannelListsPostponeDue(pctx, db.ChannelListsPostponeDueParams{
+			CommunityID: due.CommunityID, ChannelID: due.ChannelID, Now: p.clock.SQL(), AfterSeconds: p.foldInterval.Seconds(),
+		})
+		cancel()
+	}
 	if err != nil || w == nil {
 		return found, err
 	}

@@ -299,3 +299,41 @@ func TestConcurrentChangesAndTwoFoldersEndWithTheCurrentList(t *testing.T) {
 		}
 	}
 }
+
+// A fold that fails (here its backend is killed; in life, say, a list too
+// large to write within the write timeout) puts its mark off one interval,
+// so the marks behind it are written on the next pass rather than held up
+// behind the oldest for as long as it fails. Mutation killed: leaving a
+// failed mark's due_at as it was.
+func TestAFailedFoldPutsItsMarkOff(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "fold-postpone.example", 0)
+	fp := f.foldProcess(2, time.Hour)
+	f.p = fp.p
+	owner := f.key()
+	failing, next := f.channel(owner, false), f.channel(owner, false)
+	for _, ch := range []string{failing, next} {
+		f.store(f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+	}
+	_, err := f.pool.Exec(f.ctx, `UPDATE channel_lists_due SET due_at = now() - CASE WHEN channel_id = $1 THEN interval '2 minutes' ELSE interval '1 minute' END`, failing)
+	require.NoError(t, err)
+	killed := false
+	ingest.OnListClaimed(fp.p, func() {
+		if killed {
+			return
+		}
+		killed = true
+		_, err := f.pool.Exec(f.ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+			WHERE relation = 'channel_lists_due'::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid()
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+		require.NoError(t, err)
+	})
+	_, err = fp.p.FoldChannelLists(f.ctx)
+	require.Error(t, err)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM channel_lists_due WHERE channel_id = $1 AND due_at > now() + interval '59 minutes'`, failing),
+		"the failed mark is put off an interval")
+	n, err := fp.p.FoldChannelLists(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the next pass writes the mark behind it")
+	require.Equal(t, f.activeMembers(next), listed(f.storedList(next)))
+}
