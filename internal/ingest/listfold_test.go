@@ -337,3 +337,60 @@ func TestAFailedFoldPutsItsMarkOff(t *testing.T) {
 	require.Equal(t, 1, n, "the next pass writes the mark behind it")
 	require.Equal(t, f.activeMembers(next), listed(f.storedList(next)))
 }
+
+// A membership change in flight when a fold claims its channel's mark (it
+// holds the channel's row lock, its member row written, and found the mark
+// already there): the fold waits for it, so its list names the new member.
+// Mutation killed: the fold reading the members without taking the
+// channel's row lock (it writes the list without the member and deletes
+// the mark the change counted on: the list lacks the member for good).
+func TestFoldWaitsForAChangeInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "fold-inflight.example", 0)
+	fp := f.foldProcess(2, time.Nanosecond)
+	f.p = fp.p
+	owner := f.key()
+	ch := f.channel(owner, false)
+	f.store(f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+	late := f.key()
+
+	folded := make(chan struct{})
+	committed := make(chan error, 1)
+	ingest.OnListClaimed(fp.p, func() {
+		// The change, as a join writes it, up to its commit.
+		tx, err := f.pool.Begin(f.ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR UPDATE`, ch)
+		require.NoError(t, err)
+		_, err = tx.Exec(f.ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, decode($3, 'hex'))`, f.tenant.ID(), ch, late.PublicKeyHex())
+		require.NoError(t, err)
+		_, err = tx.Exec(f.ctx, `INSERT INTO channel_lists_due (community_id, channel_id, due_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`, f.tenant.ID(), ch)
+		require.NoError(t, err)
+		go func() {
+			// Commit once the fold waits for a lock (or has finished).
+			for {
+				var waiting bool
+				if err := f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND datname = current_database())`).Scan(&waiting); err != nil {
+					committed <- err
+					return
+				}
+				select {
+				case <-folded:
+					waiting = true
+				default:
+				}
+				if waiting {
+					committed <- tx.Commit(f.ctx)
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	})
+	_, err := fp.p.FoldChannelLists(f.ctx)
+	close(folded)
+	require.NoError(t, err)
+	require.NoError(t, <-committed)
+	require.Contains(t, listed(f.storedList(ch)), late.PublicKeyHex(), "the list names the member whose change the fold waited for")
+}
