@@ -1,4 +1,4 @@
--- 041: a large channel's membership changes mark its lists due instead of
+-- 045: a large channel's membership changes mark its lists due instead of
 -- rewriting them (channel_lists_due).
 --
 -- Why: every join, leave, add or removal wrote the channel's relay-signed
