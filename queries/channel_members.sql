@@ -35,3 +35,12 @@ JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
 WHERE m.community_id = @community_id::uuid AND m.channel_id = @channel_id::uuid AND m.removed_at IS NULL
   AND u.display_name IS NOT NULL AND u.display_name <> ''
 ORDER BY m.pubkey;
+
+-- name: ChannelMembersAtLeast :one
+-- Whether the channel has at least @n active members, reading at most @n
+-- rows: a membership change asks it to choose how its lists are written.
+SELECT count(*) >= @n::int AS at_least FROM (
+    SELECT FROM channel_members
+    WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
+    LIMIT @n::int
+) m;

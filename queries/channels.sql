@@ -11,6 +11,15 @@ SELECT * FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR UPDATE;
 
+-- name: ChannelLockForLists :execrows
+-- Serializes the folded write of a large channel's lists with its
+-- membership changes (their ChannelLockForUpdate waits), without blocking
+-- the foreign-key checks of its replies and members. Zero rows: no live
+-- channel.
+SELECT 1 FROM channels
+WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
+FOR NO KEY UPDATE;
+
 -- name: ChannelLockForWorkflows :execrows
 -- Serializes the saves that may add an active workflow to one channel, so
 -- that WorkflowsActiveInChannel, counted after it, cannot be raced past the

@@ -1764,6 +1764,24 @@ CREATE TABLE public._operator_global_tables (
 
 
 --
+-- Name: channel_lists_due; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.channel_lists_due (
+    community_id uuid NOT NULL,
+    channel_id uuid NOT NULL,
+    due_at timestamp with time zone NOT NULL
+);
+
+
+--
+-- Name: TABLE channel_lists_due; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.channel_lists_due IS 'Large channels whose admins and members lists (39001, 39002) are behind their membership: written by whichever relay process claims the row once due_at passes.';
+
+
+--
 -- Name: channel_members; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -2397,6 +2415,14 @@ ALTER TABLE ONLY public._operator_global_tables
 
 
 --
+-- Name: channel_lists_due channel_lists_due_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channel_lists_due
+    ADD CONSTRAINT channel_lists_due_pkey PRIMARY KEY (community_id, channel_id);
+
+
+--
 -- Name: channel_members channel_members_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2989,6 +3015,13 @@ CREATE INDEX workflows_enabled ON public.workflows USING btree (enabled, status)
 
 
 --
+-- Name: channel_lists_due _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.channel_lists_due FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
 -- Name: channel_members _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3203,6 +3236,14 @@ CREATE TRIGGER users_forget_hidden_profile AFTER UPDATE OF deleted_at ON public.
 --
 
 CREATE TRIGGER workflows_disable_on_owner_removal AFTER UPDATE OF removed_at ON public.channel_members FOR EACH ROW WHEN (((old.removed_at IS NULL) AND (new.removed_at IS NOT NULL))) EXECUTE FUNCTION public.workflows_disable_on_owner_removal();
+
+
+--
+-- Name: channel_lists_due channel_lists_due_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.channel_lists_due
+    ADD CONSTRAINT channel_lists_due_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

@@ -240,6 +240,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	srv := relay.New(cfg, pool, log, relayOpts...)
 	go srv.RunReapers(ctx)
 	go srv.RunExpiredPurge(ctx)
+	go srv.RunListFolder(ctx)
 	go srv.KeepEventStatistics(ctx)
 	go srv.WatchCommunityClosures(ctx)
 	if err := srv.StartCrossRelay(ctx); err != nil {

@@ -156,3 +156,26 @@ func (q *Queries) ChannelMembersActive(ctx context.Context, arg ChannelMembersAc
 	}
 	return items, nil
 }
+
+const channelMembersAtLeast = `-- name: ChannelMembersAtLeast :one
+SELECT count(*) >= $1::int AS at_least FROM (
+    SELECT FROM channel_members
+    WHERE community_id = $2::uuid AND channel_id = $3::uuid AND removed_at IS NULL
+    LIMIT $1::int
+) m
+`
+
+type ChannelMembersAtLeastParams struct {
+	N           int32
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+}
+
+// Whether the channel has at least @n active members, reading at most @n
+// rows: a membership change asks it to choose how its lists are written.
+func (q *Queries) ChannelMembersAtLeast(ctx context.Context, arg ChannelMembersAtLeastParams) (bool, error) {
+	row := q.db.QueryRow(ctx, channelMembersAtLeast, arg.N, arg.CommunityID, arg.ChannelID)
+	var at_least bool
+	err := row.Scan(&at_least)
+	return at_least, err
+}

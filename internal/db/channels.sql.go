@@ -113,6 +113,29 @@ func (q *Queries) ChannelCreate(ctx context.Context, arg ChannelCreateParams) (i
 	return result.RowsAffected(), nil
 }
 
+const channelLockForLists = `-- name: ChannelLockForLists :execrows
+SELECT 1 FROM channels
+WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
+FOR NO KEY UPDATE
+`
+
+type ChannelLockForListsParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Serializes the folded write of a large channel's lists with its
+// membership changes (their ChannelLockForUpdate waits), without blocking
+// the foreign-key checks of its replies and members. Zero rows: no live
+// channel.
+func (q *Queries) ChannelLockForLists(ctx context.Context, arg ChannelLockForListsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, channelLockForLists, arg.CommunityID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const channelLockForUpdate = `-- name: ChannelLockForUpdate :one
 SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version FROM channels
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL

@@ -412,6 +412,13 @@ type Channel struct {
 	ReadersVersion int64
 }
 
+// Large channels whose admins and members lists (39001, 39002) are behind their membership: written by whichever relay process claims the row once due_at passes.
+type ChannelListsDue struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	DueAt       time.Time
+}
+
 type ChannelMember struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID

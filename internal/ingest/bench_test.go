@@ -110,3 +110,76 @@ func BenchmarkVerify(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkJoinLargeChannel is one client joining an open channel of 8,000
+// members with fresh keys, one join after another (go test -bench
+// JoinLargeChannel -benchtime 200x): ns/op is a join's round trip, so
+// 1e9/(ns/op) the joins a second one flooding client sustains, and
+// writer-ms/join the group writer's time per join (GroupStats.Took).
+// "inline" writes the lists in every join's transaction, as below
+// DefaultListFoldMembers; "folded" marks them due, and fold-ms is one
+// FoldChannelLists writing them afterwards.
+func BenchmarkJoinLargeChannel(b *testing.B) {
+	for _, mode := range []struct {
+		name        string
+		foldMembers int
+	}{{"inline", 1 << 30}, {"folded", ingest.DefaultListFoldMembers}} {
+		b.Run(mode.name, func(b *testing.B) {
+			cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			p2pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(p2pool.Close)
+			row, err := db.New(p2pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-join-%d.example", time.Now().UnixNano()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			tenant := community.FromRow(row)
+			p := ingest.New(p2pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldMembers: mode.foldMembers, ListFoldInterval: time.Hour})
+			var writerTime atomic.Int64
+			p.OnGroup = func(s ingest.GroupStats) { writerTime.Add(int64(s.Took)) }
+			owner, _ := nostr.GenerateSecretKey()
+			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000000", time.Now().UnixNano()&0xffffffff)
+			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
+			if err := create.Sign(owner); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p2pool.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
+				SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, 7999) i`, tenant.ID(), ch); err != nil {
+				b.Fatal(err)
+			}
+			joins := make([]*nostr.Event, b.N)
+			for i := range joins {
+				k, _ := nostr.GenerateSecretKey()
+				joins[i] = &nostr.Event{Kind: ingest.KindJoinRequest, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}}}
+				if err := joins[i].Sign(k); err != nil {
+					b.Fatal(err)
+				}
+			}
+			writerTime.Store(0)
+			b.ResetTimer()
+			for _, ev := range joins {
+				if _, err := p.Submit(context.Background(), tenant, ev.PubKey, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(writerTime.Load())/float64(b.N)/1e6, "writer-ms/join")
+			if _, err := p2pool.Exec(context.Background(), `UPDATE channel_lists_due SET due_at = now()`); err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			if _, err := p.FoldChannelLists(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(time.Since(start).Microseconds())/1e3, "fold-ms")
+		})
+	}
+}

@@ -161,7 +161,16 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	// cached before a change another process committed.
 	w.ChannelID = &id
 	w.ReadChannel(id, access)
+	// An archived channel's membership is frozen like its messages. Its
+	// owners may still edit it, hide events in it and delete it.
+	if access.ArchivedAt != nil && isMembershipKind(w.Event.Kind) {
+		return access, Reject("restricted", "channel is archived")
+	}
 	return access, nil
+}
+
+func isMembershipKind(kind int) bool {
+	return kind == KindJoinRequest || kind == KindLeaveRequest || kind == KindPutUser || kind == KindRemoveUser
 }
 
 func validateCreateGroup(ev *nostr.Event) error {
@@ -522,10 +531,26 @@ func applyDeleteGroup(ctx context.Context, w *Write) error {
 }
 
 // membershipEvents writes what a membership change publishes: the admins
-// and members lists, and a notification to the user concerned.
+// and members lists, and a notification to the user concerned. A channel of
+// at least foldMembers members has its lists marked due instead (see
+// FoldChannelLists): rewriting them whole costs in proportion to its
+// members, on every change.
 func (w *Write) membershipEvents(ctx context.Context, notification int, member string) error {
 	w.MembershipChanged()
-	if err := w.emitDiscovery(ctx, *w.ChannelID, KindGroupAdmins, KindGroupMembers); err != nil {
+	large, err := w.Q.ChannelMembersAtLeast(ctx, db.ChannelMembersAtLeastParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, N: int32(w.pipeline.foldMembers),
+	})
+	if err != nil {
+		return err
+	}
+	if large {
+		err = w.Q.ChannelListsMarkDue(ctx, db.ChannelListsMarkDueParams{
+			CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Now: w.SQLNow(), AfterSeconds: w.pipeline.foldInterval.Seconds(),
+		})
+	} else {
+		err = w.emitDiscovery(ctx, *w.ChannelID, KindGroupAdmins, KindGroupMembers)
+	}
+	if err != nil {
 		return err
 	}
 	return w.Emit(ctx, notification, "", nostr.Tags{{"p", member}, {"h", w.ChannelID.String()}}, nil)
@@ -538,7 +563,21 @@ func (w *Write) emitDiscovery(ctx context.Context, channel uuid.UUID, kinds ...i
 	if err != nil {
 		return err
 	}
+	return w.emitDiscoveryOf(ctx, ch, kinds...)
+}
+
+// emitLists writes the channel's admins and members lists; the caller holds
+// the channel's row lock.
+func (w *Write) emitLists(ctx context.Context, channel uuid.UUID) error {
+	return w.emitDiscoveryOf(ctx, db.Channel{CommunityID: w.Tenant.ID(), ID: channel}, KindGroupAdmins, KindGroupMembers)
+}
+
+// emitDiscoveryOf writes the discovery events of kinds for ch, read under
+// its row lock (a metadata event needs its columns, the lists only its id).
+func (w *Write) emitDiscoveryOf(ctx context.Context, ch db.Channel, kinds ...int) error {
+	channel := ch.ID
 	var members []db.ChannelMembersActiveRow
+	var err error
 	for _, kind := range kinds {
 		tags := nostr.Tags{{"d", channel.String()}}
 		switch kind {

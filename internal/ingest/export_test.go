@@ -12,3 +12,7 @@ func RegisteredKinds(p *Pipeline) []int {
 	sort.Ints(kinds)
 	return kinds
 }
+
+// OnListClaimed makes FoldChannelLists call fn once it holds a mark, before
+// it writes the lists.
+func OnListClaimed(p *Pipeline, fn func()) { p.onListClaimed = fn }

@@ -162,6 +162,12 @@ type Pipeline struct {
 	// writeTimeout bounds one transaction of events: see Options.
 	writeTimeout time.Duration
 
+	// foldMembers and foldInterval: see Options.ListFoldMembers.
+	foldMembers  int
+	foldInterval time.Duration
+	// onListClaimed runs in FoldChannelLists after a mark is claimed (tests).
+	onListClaimed func()
+
 	// groups commits concurrent events together; nil: each alone.
 	groups *groupWriter
 
@@ -221,6 +227,13 @@ type Options struct {
 	// word) otherwise never returns, and a group writer stuck on one holds
 	// up every event queued behind it.
 	WriteTimeout time.Duration
+	// ListFoldMembers is the channel size (active members) from which a
+	// membership change marks the channel's admins and members lists due
+	// instead of writing them in its transaction (0:
+	// DefaultListFoldMembers); ListFoldInterval is how long after its first
+	// change a mark is due (0: DefaultListFoldInterval). See listfold.go.
+	ListFoldMembers  int
+	ListFoldInterval time.Duration
 	// Clock tells the pipeline's time (zero value: the wall clock):
 	// validation, the created_at of relay-signed events and the now of its
 	// queries, so tests can drive time.
@@ -245,12 +258,20 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
+	if opts.ListFoldMembers <= 0 {
+		opts.ListFoldMembers = DefaultListFoldMembers
+	}
+	if opts.ListFoldInterval <= 0 {
+		opts.ListFoldInterval = DefaultListFoldInterval
+	}
 	p := &Pipeline{
 		pool:           pool,
 		hub:            hub,
 		maxMentions:    opts.MaxMentions,
 		maxThreadDepth: opts.MaxThreadDepth,
 		writeTimeout:   opts.WriteTimeout,
+		foldMembers:    opts.ListFoldMembers,
+		foldInterval:   opts.ListFoldInterval,
 		maxFutureSkew:  opts.MaxFutureSkew,
 		clock:          opts.Clock,
 		keys:           map[uuid.UUID]*nostr.SecretKey{},

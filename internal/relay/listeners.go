@@ -74,6 +74,13 @@ func (s *Server) RunReapers(ctx context.Context) {
 	outbox.Reapers(ctx, s.pool, outbox.WithReaperClock(s.clock), outbox.WithReaperLogger(s.log))
 }
 
+// RunListFolder writes large channels' admins and members lists once their
+// membership changes are due (ingest.FoldChannelLists) until ctx ends. Run
+// it on every pod: each due channel is claimed by one.
+func (s *Server) RunListFolder(ctx context.Context) {
+	s.pipeline.RunListFolder(ctx, func(err error) { s.log.Warn("channel lists: fold failed", "err", err) })
+}
+
 // serveOperatorListeners is POST/DELETE /operator/listener/pubkeys. It is
 // operator plane, not bound to a community.
 func (s *Server) serveOperatorListeners(w http.ResponseWriter, r *http.Request) {

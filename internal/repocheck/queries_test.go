@@ -18,6 +18,7 @@ import (
 var queryFiles = map[string]struct{ table, noun string }{
 	"channels.sql":                               {"channels", "Channel"},
 	"channel_members.sql":                        {"channel_members", "ChannelMember"},
+	"channel_lists_due.sql":                      {"channel_lists_due", "ChannelLists"},
 	"communities.sql":                            {"communities", "Community"},
 	"events.sql":                                 {"events", "Event"},
 	"event_mentions.sql":                         {"event_mentions", "EventMention"},
