@@ -141,6 +141,23 @@ WHERE received_at >= @since::timestamptz AND received_at < @until::timestamptz
 ORDER BY received_at, created_at, id
 LIMIT @max_rows::int;
 
+-- name: EventsHideExpired :exec
+-- NIP-40, before EventsPurgeExpired in its transaction: hides the expired
+-- reactions and profiles among at most @max_rows expired events, so that
+-- the triggers of hiding (reactions_remove_hidden, users_forget_hidden_profile)
+-- take what those events wrote, as a NIP-09 deletion does; a DELETE fires
+-- neither. Other kinds have no such trigger and are not rewritten.
+UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE (community_id, created_at, id) IN (
+    SELECT e.community_id, e.created_at, e.id FROM events e
+    WHERE e.expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+      AND e.kind IN (0, 7) AND e.deleted_at IS NULL
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.expires_at
+    LIMIT @max_rows::int
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: EventsPurgeExpired :execrows
 -- NIP-40: deletes at most @max_rows events whose expiration has passed,
 -- soonest expired first, through the partial index events_expiring. Reads

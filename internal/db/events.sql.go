@@ -423,6 +423,34 @@ func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInC
 	return result.RowsAffected(), nil
 }
 
+const eventsHideExpired = `-- name: EventsHideExpired :exec
+UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
+WHERE (community_id, created_at, id) IN (
+    SELECT e.community_id, e.created_at, e.id FROM events e
+    WHERE e.expires_at <= coalesce($1::timestamptz, now())
+      AND e.kind IN (0, 7) AND e.deleted_at IS NULL
+      AND community_write_allowed(e.community_id)
+    ORDER BY e.expires_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type EventsHideExpiredParams struct {
+	Now     *time.Time
+	MaxRows int32
+}
+
+// NIP-40, before EventsPurgeExpired in its transaction: hides the expired
+// reactions and profiles among at most @max_rows expired events, so that
+// the triggers of hiding (reactions_remove_hidden, users_forget_hidden_profile)
+// take what those events wrote, as a NIP-09 deletion does; a DELETE fires
+// neither. Other kinds have no such trigger and are not rewritten.
+func (q *Queries) EventsHideExpired(ctx context.Context, arg EventsHideExpiredParams) error {
+	_, err := q.db.Exec(ctx, eventsHideExpired, arg.Now, arg.MaxRows)
+	return err
+}
+
 const eventsInChannelKeptFromModeration = `-- name: EventsInChannelKeptFromModeration :one
 SELECT EXISTS (
     SELECT FROM events

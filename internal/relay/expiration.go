@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/buzzrelay/buzz/internal/db"
 )
 
@@ -37,11 +39,10 @@ func (s *Server) RunExpiredPurge(ctx context.Context) {
 // PurgeExpired runs one purge: batches until one comes back short, at most
 // expiredPurgeMaxBatches. It returns the rows deleted.
 func (s *Server) PurgeExpired(ctx context.Context) int64 {
-	q := db.New(s.pool)
 	var total int64
 	for range expiredPurgeMaxBatches {
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		n, err := q.EventsPurgeExpired(sctx, db.EventsPurgeExpiredParams{Now: s.clock.SQL(), MaxRows: expiredPurgeBatch})
+		n, err := s.purgeExpiredBatch(sctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -59,4 +60,21 @@ func (s *Server) PurgeExpired(ctx context.Context) int64 {
 		s.log.Info("purged expired events", "rows", total)
 	}
 	return total
+}
+
+// purgeExpiredBatch deletes one batch of expired events. Their reactions
+// and profiles are hidden first, in the same transaction: the triggers of
+// hiding then remove the reaction's row and clear the mirrored profile, as
+// for a NIP-09 deletion, which the DELETE alone would leave behind.
+func (s *Server) purgeExpiredBatch(ctx context.Context) (n int64, err error) {
+	now := s.clock.SQL()
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.EventsHideExpired(ctx, db.EventsHideExpiredParams{Now: now, MaxRows: expiredPurgeBatch}); err != nil {
+			return err
+		}
+		n, err = q.EventsPurgeExpired(ctx, db.EventsPurgeExpiredParams{Now: now, MaxRows: expiredPurgeBatch})
+		return err
+	})
+	return n, err
 }

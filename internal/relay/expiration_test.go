@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"encoding/hex"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -63,4 +64,46 @@ func TestPurgeDeletesExpiredRowsOnly(t *testing.T) {
 	require.EqualValues(t, 1, r.Server.PurgeExpired(t.Context()))
 	require.Equal(t, []string{forever.ID}, stored())
 	require.Equal(t, 2.0, testutil.ToFloat64(r.Server.Metrics().EventsExpiredPurged))
+}
+
+// Purging an expired event takes what its hiding takes: an expired
+// reaction's row in reactions (else the reactor's next reaction with that
+// emoji is refused as a duplicate, forever) and an expired profile's
+// fields mirrored in users. Mutation killed: a purge that only deletes the
+// rows (the reaction is refused, the display name stays).
+func TestPurgeOfExpiredReactionAndProfileClearsWhatTheyWrote(t *testing.T) {
+	t.Parallel()
+	var now atomic.Int64
+	start := time.Now().Truncate(time.Second)
+	now.Store(start.Unix())
+	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	pub := c.Key.PublicKey()
+	author := hex.EncodeToString(pub[:])
+	inAnHour := nostr.Tag{"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}
+
+	target := c.Sign(1, "react to me", nil, start.Unix())
+	require.True(t, c.Publish(target).OK)
+	react := func(extra ...nostr.Tag) nostr.Tags {
+		return append(nostr.Tags{{"e", target.ID}, {"p", author}}, extra...)
+	}
+	r1 := c.Publish(c.Sign(7, "+", react(inAnHour), start.Unix()))
+	require.True(t, r1.OK, r1.Msg)
+	profile := c.Sign(0, `{"name":"fleeting"}`, nostr.Tags{inAnHour}, start.Unix())
+	require.True(t, c.Publish(profile).OK)
+	displayName := func() *string {
+		var name *string
+		require.NoError(t, r.Pool.QueryRow(t.Context(),
+			`SELECT display_name FROM users WHERE community_id = $1 AND pubkey = $2`, r.CommunityID, pub[:]).Scan(&name))
+		return name
+	}
+	require.Equal(t, "fleeting", *displayName())
+
+	now.Store(start.Add(2 * time.Hour).Unix())
+	require.EqualValues(t, 2, r.Server.PurgeExpired(t.Context()))
+	require.Nil(t, displayName(), "an expired profile's name is still mirrored in users")
+	again := c.Publish(c.Sign(7, "+", react(), now.Load()))
+	require.True(t, again.OK, "the reactor's next reaction: %s", again.Msg)
 }
