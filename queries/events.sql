@@ -132,12 +132,14 @@ WHERE community_id = @community_id::uuid AND id = @id::bytea AND kind = 30620
 -- name: EventsReceivedBetween :many
 -- The events of communities received in [since, until), oldest first, for
 -- a relay process that missed the other processes' live traffic
--- (events_by_received_at): deleted ones are left out, as a REQ would.
+-- (events_by_received_at): deleted and expired ones (NIP-40) are left out,
+-- as a REQ would.
 SELECT community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, received_at
 FROM events
 WHERE received_at >= @since::timestamptz AND received_at < @until::timestamptz
   AND community_id = ANY(@communities::uuid[])
   AND deleted_at IS NULL
+  AND (expires_at IS NULL OR expires_at > now())
 ORDER BY received_at, created_at, id
 LIMIT @max_rows::int;
 

@@ -518,6 +518,7 @@ FROM events
 WHERE received_at >= $1::timestamptz AND received_at < $2::timestamptz
   AND community_id = ANY($3::uuid[])
   AND deleted_at IS NULL
+  AND (expires_at IS NULL OR expires_at > now())
 ORDER BY received_at, created_at, id
 LIMIT $4::int
 `
@@ -544,7 +545,8 @@ type EventsReceivedBetweenRow struct {
 
 // The events of communities received in [since, until), oldest first, for
 // a relay process that missed the other processes' live traffic
-// (events_by_received_at): deleted ones are left out, as a REQ would.
+// (events_by_received_at): deleted and expired ones (NIP-40) are left out,
+// as a REQ would.
 func (q *Queries) EventsReceivedBetween(ctx context.Context, arg EventsReceivedBetweenParams) ([]EventsReceivedBetweenRow, error) {
 	rows, err := q.db.Query(ctx, eventsReceivedBetween,
 		arg.Since,

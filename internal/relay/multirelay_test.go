@@ -633,3 +633,35 @@ func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
 	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
 	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel's deletion on B before the invalidation arrives")
 }
+
+// A catch-up replays only what a REQ would still return: an event that
+// expired during the gap (NIP-40) is not sent to live subscribers after
+// its expiration. Mutation killed: EventsReceivedBetween without the
+// expiration test (the expired event is replayed, and replayed counts 2).
+func TestCatchUpSkipsEventsExpiredDuringTheGap(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	subscriber := r.Dial(t, r.Host)
+	subscriber.Auth(nil)
+	publisher := r.Dial(t, r.Host)
+	author := publisher.Auth(nil)
+	subscriber.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	subscriber.Expect("EOSE")
+	// Stored straight into the database, as another process would have
+	// while this one heard nothing: one expired since, one that has not.
+	now := time.Now()
+	expired := publisher.Sign(1, "gone before the replay", nostr.Tags{{"expiration", strconv.FormatInt(now.Add(-time.Second).Unix(), 10)}}, now.Add(-time.Minute).Unix())
+	kept := publisher.Sign(1, "still current", nil, now.Unix())
+	for _, ev := range []*nostr.Event{expired, kept} {
+		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+		require.NoError(t, err)
+		_, err = db.New(r.Pool).EventInsert(t.Context(), params)
+		require.NoError(t, err)
+	}
+
+	replayed, err := r.Server.CatchUp(t.Context(), now.Add(-time.Minute), time.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, replayed)
+	require.Equal(t, kept.ID, subscriber.Expect("EVENT").Event.ID)
+	subscriber.ExpectSilence(300*time.Millisecond, "the expired event is never replayed")
+}
