@@ -144,21 +144,25 @@ ORDER BY received_at, created_at, id
 LIMIT @max_rows::int;
 
 -- name: EventsHideExpired :exec
--- NIP-40, before EventsPurgeExpired in its transaction: hides the expired
--- reactions and profiles among at most @max_rows expired events, so that
--- the triggers of hiding (reactions_remove_hidden, users_forget_hidden_profile)
--- take what those events wrote, as a NIP-09 deletion does; a DELETE fires
--- neither. Other kinds have no such trigger and are not rewritten.
+-- NIP-40, before EventsPurgeExpired in its transaction: locks the batch
+-- that statement then deletes (the same @max_rows soonest expired rows; a
+-- transaction's own locks do not make it skip them) and hides the
+-- reactions and profiles among them, so that the triggers of hiding
+-- (reactions_remove_hidden, users_forget_hidden_profile) take what those
+-- events wrote, as a NIP-09 deletion does; a DELETE fires neither. Other
+-- kinds have no such trigger and are not rewritten; the scan stops at the
+-- batch, however many expired rows of other kinds wait behind it.
 UPDATE events SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
-WHERE (community_id, created_at, id) IN (
-    SELECT e.community_id, e.created_at, e.id FROM events e
+FROM (
+    SELECT e.community_id, e.created_at, e.id, e.kind, e.deleted_at FROM events e
     WHERE e.expires_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-      AND e.kind IN (0, 7) AND e.deleted_at IS NULL
       AND community_write_allowed(e.community_id)
     ORDER BY e.expires_at
     LIMIT @max_rows::int
     FOR UPDATE SKIP LOCKED
-);
+) due
+WHERE events.community_id = due.community_id AND events.created_at = due.created_at AND events.id = due.id
+  AND due.kind IN (0, 7) AND due.deleted_at IS NULL;
 
 -- name: EventsPurgeExpired :execrows
 -- NIP-40: deletes at most @max_rows events whose expiration has passed,

@@ -425,15 +425,16 @@ func (q *Queries) EventsDeleteInChannel(ctx context.Context, arg EventsDeleteInC
 
 const eventsHideExpired = `-- name: EventsHideExpired :exec
 UPDATE events SET deleted_at = coalesce($1::timestamptz, now())
-WHERE (community_id, created_at, id) IN (
-    SELECT e.community_id, e.created_at, e.id FROM events e
+FROM (
+    SELECT e.community_id, e.created_at, e.id, e.kind, e.deleted_at FROM events e
     WHERE e.expires_at <= coalesce($1::timestamptz, now())
-      AND e.kind IN (0, 7) AND e.deleted_at IS NULL
       AND community_write_allowed(e.community_id)
     ORDER BY e.expires_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
-)
+) due
+WHERE events.community_id = due.community_id AND events.created_at = due.created_at AND events.id = due.id
+  AND due.kind IN (0, 7) AND due.deleted_at IS NULL
 `
 
 type EventsHideExpiredParams struct {
@@ -441,11 +442,14 @@ type EventsHideExpiredParams struct {
 	MaxRows int32
 }
 
-// NIP-40, before EventsPurgeExpired in its transaction: hides the expired
-// reactions and profiles among at most @max_rows expired events, so that
-// the triggers of hiding (reactions_remove_hidden, users_forget_hidden_profile)
-// take what those events wrote, as a NIP-09 deletion does; a DELETE fires
-// neither. Other kinds have no such trigger and are not rewritten.
+// NIP-40, before EventsPurgeExpired in its transaction: locks the batch
+// that statement then deletes (the same @max_rows soonest expired rows; a
+// transaction's own locks do not make it skip them) and hides the
+// reactions and profiles among them, so that the triggers of hiding
+// (reactions_remove_hidden, users_forget_hidden_profile) take what those
+// events wrote, as a NIP-09 deletion does; a DELETE fires neither. Other
+// kinds have no such trigger and are not rewritten; the scan stops at the
+// batch, however many expired rows of other kinds wait behind it.
 func (q *Queries) EventsHideExpired(ctx context.Context, arg EventsHideExpiredParams) error {
 	_, err := q.db.Exec(ctx, eventsHideExpired, arg.Now, arg.MaxRows)
 	return err
