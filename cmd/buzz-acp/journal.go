@@ -37,6 +37,9 @@ type journal struct {
 	lock    *os.File
 	// lines written since the last compaction, and live records then.
 	lines, live int
+	// size is the length of the file's whole lines: the next line is
+	// written there, over whatever a failed append left behind.
+	size int64
 
 	since    int64                   // the catch-up point written down
 	memSince int64                   // the one the connection moved to
@@ -189,11 +192,11 @@ func (j *journal) compactLocked(now time.Time) error {
 		_ = dir.Sync()
 		dir.Close()
 	}
-	f, err := os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(j.path, os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("state file: %w", err)
 	}
-	j.f, j.lines, j.live = f, 0, len(recs)
+	j.f, j.lines, j.live, j.size = f, 0, len(recs), int64(buf.Len())
 	return nil
 }
 
@@ -219,12 +222,21 @@ func (j *journal) appendLocked(r record) error {
 	if err != nil {
 		return err
 	}
-	if _, err := j.f.Write(append(b, '\n')); err != nil {
+	// Written at the end of the last whole line, not appended: a write cut
+	// short (a full disk) leaves part of a line, which the next line would
+	// otherwise follow on the same line, so that load refused the file and
+	// lost the next record with it. The next line overwrites that part; the
+	// truncation is only tidiness.
+	line := append(b, '\n')
+	if _, err := j.f.WriteAt(line, j.size); err != nil {
+		_ = j.f.Truncate(j.size)
 		return fmt.Errorf("state file: %w", err)
 	}
 	if err := j.f.Sync(); err != nil {
+		_ = j.f.Truncate(j.size)
 		return fmt.Errorf("state file: %w", err)
 	}
+	j.size += int64(len(line))
 	j.applyLocked(r)
 	j.lines++
 	if j.lines > j.live+compactAfter {

@@ -51,6 +51,35 @@ func TestStateFileTornLastLine(t *testing.T) {
 	require.ErrorContains(t, err, "line 1")
 }
 
+// An append cut short (a full disk) leaves part of a line at the end of the
+// file; the next record is written over it, so the file still opens and
+// keeps that record. The part is written here behind the journal's back, as
+// the failed write would have left it.
+//
+// Mutation killed: appending at the file's end (O_APPEND) instead of at the
+// end of its last whole line: the next record joins the torn part on one
+// line, and the file is refused at the next start.
+func TestStateFileRecordAfterATornAppend(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "state.jsonl")
+	j, err := openJournal(path)
+	require.NoError(t, err)
+	require.NoError(t, j.startAt(100))
+	torn, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = torn.WriteString(`{"event":"` + strings.Repeat("cd", 40))
+	require.NoError(t, err)
+	require.NoError(t, torn.Close())
+	id := strings.Repeat("ab", 32)
+	require.NoError(t, j.done(id, 100, ""))
+	j.close()
+
+	j, err = openJournal(path)
+	require.NoError(t, err, "the file opens after a torn append")
+	require.True(t, j.handledBefore(id), "the record written after the torn append is kept")
+	j.close()
+}
+
 // A catch-up reaches back at most its window, whatever the point written
 // down; it never starts ahead of now.
 //
