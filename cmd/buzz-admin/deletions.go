@@ -147,6 +147,9 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		positional, args = append(positional, args[0]), args[1:]
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err // -h or --help: the usage, on stdout, exit 0
+		}
 		// The flag package's own words name the flag: "flag provided but
 		// not defined: -limt", "invalid value "x" for flag -limit: ...".
 		return usageError{err.Error()}

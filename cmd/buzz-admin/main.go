@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,26 +36,40 @@ BUZZ_DATABASE_URL names the database; deletions also read the media store and
 BUZZ_REDIS_URL settings of the relay.`
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		var u usageError
-		if errors.As(err, &u) {
-			if u.reason != "" {
-				fmt.Fprintln(os.Stderr, "buzz-admin: "+u.reason)
-			}
-			fmt.Fprintln(os.Stderr, usage)
-			os.Exit(2)
-		}
-		code := 1
-		var exit exitError
-		if errors.As(err, &exit) {
-			code = exit.code
-			err = exit.err
-		}
-		if err != nil {
-			_ = json.NewEncoder(os.Stderr).Encode(map[string]string{"error": err.Error()})
-		}
-		os.Exit(code)
+	os.Exit(exitStatus(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout), os.Stdout, os.Stderr))
+}
+
+// exitStatus reports what run came to and returns the process's exit
+// status: 0 when it succeeded or help was asked for (the usage goes to
+// stdout), 2 for a command line that cannot run (the usage goes to
+// stderr), else the command's own status (1 unless it says otherwise),
+// its error as JSON on stderr.
+func exitStatus(err error, stdout, stderr io.Writer) int {
+	if err == nil {
+		return 0
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stdout, usage)
+		return 0
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		if u.reason != "" {
+			fmt.Fprintln(stderr, "buzz-admin: "+u.reason)
+		}
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	code := 1
+	var exit exitError
+	if errors.As(err, &exit) {
+		code = exit.code
+		err = exit.err
+	}
+	if err != nil {
+		_ = json.NewEncoder(stderr).Encode(map[string]string{"error": err.Error()})
+	}
+	return code
 }
 
 // usageError is a command line that cannot run: exit status 2, with the
@@ -91,6 +106,9 @@ func toJSON(c db.Community) communityJSON {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		return flag.ErrHelp
+	}
 	if len(args) >= 2 && args[0] == "deletions" {
 		return runDeletions(ctx, args[1], args[2:], getenv, out)
 	}

@@ -95,3 +95,24 @@ func TestWrongFlagsAreUsageErrorsSaidBeforeConnecting(t *testing.T) {
 		require.Equal(t, reason, u.reason, args)
 	}
 }
+
+// Asking for help is not a mistake: the usage goes to stdout and the exit
+// status is 0, whether asked of buzz-admin or of a deletions verb; a
+// command line that cannot run still exits 2 with the usage on stderr.
+//
+// Mutations killed: help answered as a usage error (exit 2, usage on
+// stderr); a verb's -h wrapped as a usage error like a wrong flag.
+func TestHelpIsAnsweredOnStdoutWithStatusZero(t *testing.T) {
+	noDatabase := func(string) string { return "" }
+	for _, args := range []string{"--help", "-h", "help", "deletions list -h", "deletions submit --help"} {
+		var stdout, stderr bytes.Buffer
+		status := exitStatus(run(t.Context(), strings.Fields(args), noDatabase, &bytes.Buffer{}), &stdout, &stderr)
+		require.Equal(t, 0, status, args)
+		require.Contains(t, stdout.String(), "usage: buzz-admin", args)
+		require.Empty(t, stderr.String(), args)
+	}
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, exitStatus(run(t.Context(), []string{"communities"}, noDatabase, &bytes.Buffer{}), &stdout, &stderr))
+	require.Empty(t, stdout.String())
+	require.Contains(t, stderr.String(), "usage: buzz-admin")
+}
