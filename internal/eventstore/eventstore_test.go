@@ -46,6 +46,28 @@ func TestBuilderBindsEveryValue(t *testing.T) {
 	require.Contains(t, countArgs, []string{"t:" + hostile})
 }
 
+// A #h read may return a deletion stored in the named channel without an h
+// tag, so its statement also selects kind 5 rows of that channel; a read
+// whose kinds leave out deletions (a channel's timeline of kind 9) keeps the
+// plain tag test, and the plan it had.
+//
+// Mutation killed: the deletion branch added whatever the filter's kinds
+// (the timeline's statement carries it).
+func TestBuilderAddsTheDeletionBranchOnlyWhenDeletionsCanMatch(t *testing.T) {
+	t.Parallel()
+	channel := uuid.NewString()
+	const branch = "OR (kind = 5 AND channel_id = ANY("
+	for _, c := range []struct {
+		kinds []int
+		want  bool
+	}{{nil, true}, {[]int{5, 9}, true}, {[]int{9}, false}, {[]int{7, 9}, false}} {
+		f := nostr.Filter{Kinds: c.kinds, Tags: map[string][]string{"h": {channel}}}
+		sql, _, ok := eventstore.BuildSelect(uuid.New(), eventstore.Scope{}, nostr.Filters{f}, 100)
+		require.True(t, ok, c.kinds)
+		require.Equal(t, c.want, strings.Contains(sql, branch), "kinds %v: %s", c.kinds, sql)
+	}
+}
+
 func TestBuilderSkipsFiltersThatMatchNothing(t *testing.T) {
 	t.Parallel()
 	zero, since, until := 0, int64(10), int64(5)

@@ -86,9 +86,6 @@ func TestDeletionWithoutHTagReachesItsChannelPins(t *testing.T) {
 // 10 do, give or take the goroutines a large publish is split among.
 // Mutation killed: building the channel's h tag per subscription matched.
 func TestDeletionFanOutAllocatesNothingPerSubscriber(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation counts")
-	}
 	channel := uuid.New()
 	allocs := func(subscribers int) float64 {
 		hub := fanout.NewHub()
