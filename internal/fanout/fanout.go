@@ -62,6 +62,19 @@ type Subscription struct {
 	// the new REQ's history and EOSE) follows every event of the old one.
 	mu     sync.RWMutex
 	closed bool
+
+	// While the REQ reads its stored events (HoldLive to ReleaseLive),
+	// matched events wait in held instead of reaching the receiver: one
+	// committed just before the history's snapshot would otherwise go out
+	// twice, live and stored, and a live one would come before the EOSE.
+	holding atomic.Bool
+	heldMu  sync.Mutex // guards held and heldBytes among deliveries sharing mu
+	held    [][]byte
+	// heldBytes is the size of the held events; past maxHeld events or
+	// maxHeldBytes, overflow is called, once.
+	heldBytes             int
+	maxHeld, maxHeldBytes int
+	overflow              func()
 }
 
 // enqueue queues the event for s unless s was removed: queued reports
@@ -72,10 +85,66 @@ func (s *Subscription) enqueue(raw []byte) (queued, open bool) {
 	if s.closed {
 		return false, false
 	}
-	if er, ok := s.Receiver.(EventReceiver); ok {
-		return er.EnqueueEvent(s.ID, raw), true
+	if s.holding.Load() {
+		return s.hold(raw), true
 	}
-	return s.Receiver.Enqueue(nostr.EncodeEventRaw(s.ID, raw)), true
+	return s.toReceiver(raw), true
+}
+
+func (s *Subscription) toReceiver(raw []byte) bool {
+	if er, ok := s.Receiver.(EventReceiver); ok {
+		return er.EnqueueEvent(s.ID, raw)
+	}
+	return s.Receiver.Enqueue(nostr.EncodeEventRaw(s.ID, raw))
+}
+
+// HoldLive makes the events matched from now on wait until ReleaseLive,
+// at most maxHeld of them and maxHeldBytes in all; past either, overflow is
+// called once and further events are dropped, as a full send queue drops
+// them. Call it before Subscribe.
+func (s *Subscription) HoldLive(maxHeld, maxHeldBytes int, overflow func()) {
+	s.maxHeld, s.maxHeldBytes, s.overflow = maxHeld, maxHeldBytes, overflow
+	s.holding.Store(true)
+}
+
+func (s *Subscription) hold(raw []byte) bool {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if len(s.held) >= s.maxHeld || s.heldBytes+len(raw) > s.maxHeldBytes {
+		if s.overflow != nil {
+			s.overflow()
+			s.overflow = nil
+		}
+		return false
+	}
+	s.held = append(s.held, raw) // shared and never modified: no copy
+	s.heldBytes += len(raw)
+	return true
+}
+
+// ReleaseLive hands the held events to the receiver in the order they
+// came, leaving out those sent reports sent already (by the history), and
+// delivers directly from then on. Deliveries wait meanwhile, so none
+// overtakes a held event. It reports how many events were left out.
+func (s *Subscription) ReleaseLive(sent func(rawEvent []byte) bool) (skipped int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := s.held
+	s.held, s.heldBytes = nil, 0
+	s.holding.Store(false)
+	if s.closed {
+		return 0
+	}
+	for _, raw := range held {
+		if sent(raw) {
+			skipped++
+			continue
+		}
+		if !s.toReceiver(raw) {
+			break // the receiver is closing itself as slow
+		}
+	}
+	return skipped
 }
 
 // close marks s removed, waiting for any delivery to it in progress.

@@ -110,6 +110,17 @@ func (e *Event) AppendJSON(dst []byte) []byte {
 	return append(dst, '}')
 }
 
+// RawEventID returns the hex id leading JSON that AppendJSON or
+// AppendStoredJSON wrote (a subslice of raw), or nil for other JSON.
+func RawEventID(raw []byte) []byte {
+	const head = `{"id":"`
+	end := len(head) + 64
+	if len(raw) <= end || string(raw[:len(head)]) != head || raw[end] != '"' {
+		return nil
+	}
+	return raw[len(head):end]
+}
+
 // AppendStoredJSON appends what AppendJSON would for an event read back
 // from storage, built from the row's own bytes: id, pubkey and sig raw,
 // tags as PostgreSQL prints a jsonb array, content as stored. No Event,

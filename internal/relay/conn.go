@@ -103,15 +103,19 @@ func (c *conn) enqueueLive(m queued) bool {
 	if startWriter && !c.writeLiveNow(m) {
 		go c.writeQueued()
 	}
-	if ok {
-		return true
+	if !ok {
+		c.closeSlow()
 	}
+	return ok
+}
+
+// closeSlow closes a client that let more live events wait than it may.
+func (c *conn) closeSlow() {
 	c.slowOnce.Do(func() {
 		c.srv.metrics.SlowClosed.Inc()
 		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue, "queue_bytes", c.srv.cfg.SendQueueBytes)
 		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 	})
-	return false
 }
 
 // writeLiveNow writes m, the only message queued, on the caller's goroutine
@@ -724,11 +728,24 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		return
 	}
 	scope.Live = live
+	var sub *fanout.Subscription
+	var sentIDs *[]byte // the history's event ids, hex, end to end
 	if live {
 		// Register before reading history: an event committed while the query
-		// runs is then delivered live instead of falling between the two.
-		c.srv.hub.Subscribe(c.tenant.ID(), &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters), Reader: c.pubkey})
+		// runs is then delivered live instead of falling between the two. It
+		// is held until the EOSE, and dropped if the history sent it.
+		sub = &fanout.Subscription{Receiver: c, ID: subID, Filters: filters, Allow: c.liveAllow(filters), Reader: c.pubkey}
+		sub.HoldLive(c.srv.cfg.SendQueue, c.srv.cfg.SendQueueBytes, c.closeSlow)
+		c.srv.hub.Subscribe(c.tenant.ID(), sub)
 		c.subs[subID] = weight
+		sentIDs = sentIDBuffers.Get().(*[]byte)
+		defer func() {
+			*sentIDs = (*sentIDs)[:0]
+			sentIDBuffers.Put(sentIDs)
+		}()
+		if hook := c.srv.beforeHistory.Load(); hook != nil {
+			(*hook)()
+		}
 	}
 
 	// Trace inputs are built only when a tracer observes them: in
@@ -748,6 +765,9 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 			rowChannels = append(rowChannels, channel)
 		}
 		stored.Add(event)
+		if sentIDs != nil {
+			*sentIDs = append(*sentIDs, nostr.RawEventID(event)...)
+		}
 		if held.add(queued{msg: event, subID: subID}) {
 			return c.sendAll(held.take())
 		}
@@ -772,7 +792,26 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	}
 	held.add(queued{msg: nostr.EncodeEOSE(subID)})
 	_ = c.sendAll(held.take())
+	if sub != nil {
+		sub.ReleaseLive(func(raw []byte) bool { return containsID(*sentIDs, nostr.RawEventID(raw)) })
+	}
 	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
+}
+
+// sentIDBuffers recycles the buffers a REQ's history ids are kept in.
+var sentIDBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64*64); return &b }}
+
+// containsID reports whether ids, 64-byte hex ids end to end, holds id.
+func containsID(ids, id []byte) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for ; len(ids) >= 64; ids = ids[64:] {
+		if string(ids[:64]) == string(id) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *conn) onCount(subID string, filters nostr.Filters) {

@@ -26,3 +26,7 @@ func (s *Server) CrossRelayHears() bool {
 func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, error) {
 	return s.catchUp(ctx, since, until)
 }
+
+// SetBeforeHistory runs f whenever a live REQ is registered with the hub
+// and its stored events are not yet read.
+func (s *Server) SetBeforeHistory(f func()) { s.beforeHistory.Store(&f) }

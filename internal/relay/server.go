@@ -98,6 +98,10 @@ type Server struct {
 	admitted addressCounts
 	// Uploads being received, all together and per client address.
 	uploading addressCounts
+
+	// beforeHistory, set by tests only, runs when a live REQ is registered
+	// and its history not yet read.
+	beforeHistory atomic.Pointer[func()]
 }
 
 // Option adjusts a Server.
