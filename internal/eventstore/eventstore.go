@@ -530,8 +530,10 @@ func InsertParams(community uuid.UUID, ev *nostr.Event, channelID *uuid.UUID) (d
 		p.DTag = &d
 	}
 	// Ingest refused a malformed expiration; a row written without ingest
-	// (an import) keeps the event without one rather than failing.
-	if at, ok, _ := ev.Expiration(); ok {
+	// (an import) keeps the event without one rather than failing. A
+	// deletion request never expires (NIP-09 keeps it indefinitely): purged,
+	// it would let the versions of an address it deleted be sent again.
+	if at, ok, _ := ev.Expiration(); ok && ev.Kind != nostr.KindDeletion {
 		at = clampUnix(at)
 		p.ExpiresAt = &at
 	}

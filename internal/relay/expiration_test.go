@@ -107,3 +107,31 @@ func TestPurgeOfExpiredReactionAndProfileClearsWhatTheyWrote(t *testing.T) {
 	again := c.Publish(c.Sign(7, "+", react(), now.Load()))
 	require.True(t, again.OK, "the reactor's next reaction: %s", again.Msg)
 }
+
+// A deletion request's expiration is not stored: the deletion stays, so an
+// older version of the address it deleted is still refused after the
+// expiration has passed and the purge has run. Mutation killed: kind 5
+// stored with its expires_at (the purge takes the deletion, and the old
+// version is accepted).
+func TestExpiringDeletionKeepsItsAddressDeleted(t *testing.T) {
+	t.Parallel()
+	var now atomic.Int64
+	start := time.Now().Truncate(time.Second)
+	now.Store(start.Unix())
+	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	address := "30023:" + c.Key.PublicKeyHex() + ":notes"
+	require.True(t, c.Publish(c.Sign(30023, "v2", nostr.Tags{{"d", "notes"}}, start.Unix()-10)).OK)
+	deletion := c.Sign(5, "", nostr.Tags{{"a", address}, {"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}}, start.Unix())
+	require.True(t, c.Publish(deletion).OK)
+	served := func() []*nostr.Event { return c.Req("address", map[string]any{"kinds": []int{30023}}) }
+	require.Empty(t, served())
+
+	now.Store(start.Add(2 * time.Hour).Unix())
+	require.Zero(t, r.Server.PurgeExpired(t.Context()))
+	c.Publish(c.Sign(30023, "v1", nostr.Tags{{"d", "notes"}}, start.Unix()-20)) // accepted as superseded, not stored
+	require.Empty(t, served(), "an older version once the deletion's expiration passed")
+	require.Equal(t, []string{deletion.ID}, ids(c.Req("deletions", map[string]any{"kinds": []int{5}})))
+}
