@@ -73,3 +73,17 @@ UPDATE workflow_approvals
 SET status = 'expired', note = @note::text
 WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND status = 'pending'
 RETURNING run_id;
+
+-- name: WorkflowApprovalsWithdrawOfRemovedOwner :many
+-- The owner left or was removed from the channel, and the removal's
+-- trigger (workflows_disable_on_owner_removal) disabled their workflows
+-- there: a decision of their pending approvals is refused, so they end now,
+-- in the removal's transaction, with the reason in note; returns their
+-- runs, which the caller ends.
+UPDATE workflow_approvals a
+SET status = 'expired', note = @note::text
+FROM workflows w
+WHERE a.community_id = @community_id::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id
+  AND w.channel_id = @channel_id::uuid AND w.owner_pubkey = @owner_pubkey::bytea AND NOT w.enabled
+RETURNING a.run_id;

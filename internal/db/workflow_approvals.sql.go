@@ -318,3 +318,50 @@ func (q *Queries) WorkflowApprovalsWithdraw(ctx context.Context, arg WorkflowApp
 	}
 	return items, nil
 }
+
+const workflowApprovalsWithdrawOfRemovedOwner = `-- name: WorkflowApprovalsWithdrawOfRemovedOwner :many
+UPDATE workflow_approvals a
+SET status = 'expired', note = $1::text
+FROM workflows w
+WHERE a.community_id = $2::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id
+  AND w.channel_id = $3::uuid AND w.owner_pubkey = $4::bytea AND NOT w.enabled
+RETURNING a.run_id
+`
+
+type WorkflowApprovalsWithdrawOfRemovedOwnerParams struct {
+	Note        string
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	OwnerPubkey []byte
+}
+
+// The owner left or was removed from the channel, and the removal's
+// trigger (workflows_disable_on_owner_removal) disabled their workflows
+// there: a decision of their pending approvals is refused, so they end now,
+// in the removal's transaction, with the reason in note; returns their
+// runs, which the caller ends.
+func (q *Queries) WorkflowApprovalsWithdrawOfRemovedOwner(ctx context.Context, arg WorkflowApprovalsWithdrawOfRemovedOwnerParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowApprovalsWithdrawOfRemovedOwner,
+		arg.Note,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.OwnerPubkey,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var run_id uuid.UUID
+		if err := rows.Scan(&run_id); err != nil {
+			return nil, err
+		}
+		items = append(items, run_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -130,7 +130,7 @@ func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow
 	case wf.Status != db.WorkflowStatusActive:
 		return ingest.Reject("invalid", "the workflow was archived; its run no longer waits for this approval")
 	case !wf.Enabled:
-		return ingest.Reject("invalid", "the workflow is disabled; its run cannot go on")
+		return ingest.Reject("invalid", "the workflow is disabled (its owner is no longer a member of the channel); its run no longer waits for this approval")
 	case hex.EncodeToString(wf.DefinitionEventID) != a.PinnedDefinition:
 		return ingest.Reject("invalid", "the workflow was saved again since this approval was requested; its run no longer waits for it")
 	}
@@ -154,6 +154,13 @@ func (t *Triggers) withdrawApprovals(ctx context.Context, w *ingest.Write, workf
 	if err != nil {
 		return err
 	}
+	return t.endWithdrawnRuns(ctx, w, runs, code, reason)
+}
+
+// endWithdrawnRuns fails, in w's transaction, the waiting runs whose
+// approvals were withdrawn, with code and reason, each counted once w
+// commits.
+func (t *Triggers) endWithdrawnRuns(ctx context.Context, w *ingest.Write, runs []uuid.UUID, code ErrorCode, reason string) error {
 	for _, run := range runs {
 		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 			Status: db.WorkflowRunStatusFailed, ErrorCode: string(code), ErrorMessage: reason,
@@ -331,4 +338,49 @@ func (t *Triggers) expireDeletedChannelsApprovals(ctx context.Context, w *ingest
 		}
 	}
 	return nil
+}
+
+// ownerLeftReason is the note of an approval withdrawn because its
+// workflow's owner left or was removed from the channel, and the
+// diagnostic of its run.
+const ownerLeftReason = "the workflow was disabled while the run waited for approval: its owner is no longer a member of the channel"
+
+// OwnerRemoval ends the waits for an approval of the workflows a member's
+// leaving (9022) or removal (9001) disabled (side rows of the removal): in
+// its transaction, after the database's trigger
+// (workflows_disable_on_owner_removal) disabled the owner's workflows in
+// the channel, their pending approvals expire with the reason as note and
+// their runs fail with workflow_disabled, as when the workflow is archived.
+// A decision of such an approval is refused, so the run would otherwise
+// wait, for nothing, until its approval expired (up to a week).
+func (t *Triggers) OwnerRemoval() ingest.SideRows {
+	return ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool {
+			return ev.Kind == ingest.KindLeaveRequest || ev.Kind == ingest.KindRemoveUser
+		},
+		Apply: t.withdrawRemovedOwnersApprovals,
+	}
+}
+
+func (t *Triggers) withdrawRemovedOwnersApprovals(ctx context.Context, w *ingest.Write) error {
+	if w.ChannelID == nil {
+		return nil
+	}
+	removed := w.ActorBytes()
+	if w.Event.Kind == ingest.KindRemoveUser {
+		// Validated: exactly one p tag, a 64-hex pubkey (read as the
+		// removal read it).
+		target, err := hex.DecodeString(w.Event.Tags.First("p")[1])
+		if err != nil {
+			return err
+		}
+		removed = target
+	}
+	runs, err := w.Q.WorkflowApprovalsWithdrawOfRemovedOwner(ctx, db.WorkflowApprovalsWithdrawOfRemovedOwnerParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, OwnerPubkey: removed, Note: ownerLeftReason,
+	})
+	if err != nil {
+		return err
+	}
+	return t.endWithdrawnRuns(ctx, w, runs, CodeWorkflowDisabled, ownerLeftReason)
 }
