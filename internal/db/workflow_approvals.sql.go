@@ -127,6 +127,39 @@ func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalG
 	return i, err
 }
 
+const workflowApprovalLockForDecision = `-- name: WorkflowApprovalLockForDecision :one
+SELECT status, expires_at
+FROM workflow_approvals
+WHERE community_id = $1::uuid AND token = $2::bytea
+FOR NO KEY UPDATE
+`
+
+type WorkflowApprovalLockForDecisionParams struct {
+	CommunityID uuid.UUID
+	Token       []byte
+}
+
+type WorkflowApprovalLockForDecisionRow struct {
+	Status    WorkflowApprovalStatus
+	ExpiresAt time.Time
+}
+
+// A decision locks its approval first, held to the end of its transaction,
+// and only then reads the workflow: an archive, a re-save or the owner's
+// removal (each updates the workflow row, then withdraws its pending
+// approvals) either withdrew this one before, and the decision, reading
+// the workflow after the lock, sees why, or waits for the decision to
+// commit and then finds it decided, not pending. No workflow row is locked:
+// triggers lock those (WorkflowLockForRuns), in id order per event but in
+// arrival order across a group's events, and a decision's lock on one
+// deadlocked with them.
+func (q *Queries) WorkflowApprovalLockForDecision(ctx context.Context, arg WorkflowApprovalLockForDecisionParams) (WorkflowApprovalLockForDecisionRow, error) {
+	row := q.db.QueryRow(ctx, workflowApprovalLockForDecision, arg.CommunityID, arg.Token)
+	var i WorkflowApprovalLockForDecisionRow
+	err := row.Scan(&i.Status, &i.ExpiresAt)
+	return i, err
+}
+
 const workflowApprovalsClampExpiry = `-- name: WorkflowApprovalsClampExpiry :execrows
 UPDATE workflow_approvals
 SET expires_at = created_at + interval '1 millisecond' * $1::bigint

@@ -100,6 +100,20 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		// Roles and @mentions are not resolved yet: fail closed.
 		return ingest.Reject("restricted", "approver spec '%s' is not yet supported", spec)
 	}
+	// Lock order: the approval, then (applyDecision) its run; never a
+	// workflow row. Every transaction that ends a wait for an approval
+	// takes the same order after the workflow rows it changes (archive,
+	// re-save, owner removal: workflow, approvals, runs; the expiry sweep:
+	// approvals, runs), and triggers take only workflow rows (in id order),
+	// so a decision deadlocks with none of them.
+	locked, err := w.Q.WorkflowApprovalLockForDecision(ctx, db.WorkflowApprovalLockForDecisionParams{CommunityID: w.Tenant.ID(), Token: token[:]})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "approval not found") // its run was deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	a.Status, a.ExpiresAt = locked.Status, locked.ExpiresAt
 	if err := decidable(ctx, w, a); err != nil {
 		return err
 	}
@@ -117,12 +131,14 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 // workflow was archived or disabled, saved again (the run executes the
 // definition it started under, now replaced), or the definition event
 // deleted. Accepted, the grant would make the run due only for it to fail
-// at its next step. The workflow row is read FOR SHARE to the end of the
-// decision's transaction, so an archive or a re-save racing the decision
-// either committed first and is seen here, or waits for the decision to
-// commit (and then finds the approval decided, not pending).
+// at its next step. The caller holds the approval's row lock
+// (WorkflowApprovalLockForDecision), and the workflow is read after it, in
+// a statement of its own: an archive, a re-save or the owner's removal
+// racing the decision either withdrew the approval first, and its change
+// of the workflow is seen here, or waits for the decision to commit (and
+// then finds the approval decided, not pending).
 func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow) error {
-	wf, err := w.Q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
+	wf, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
 	if err != nil {
 		return err
 	}

@@ -298,10 +298,11 @@ func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
 // failed workflow_disabled, the grant refused with the archive's reason and
 // nothing of it stored).
 //
-// Mutation killed: the decision's workflow read without FOR SHARE (a plain
-// read of the row): a grant that read the row before the archive committed
-// goes on, waits for the archive's lock on the approval and is refused as
-// "approval already acted on (race)", not with the reason.
+// Mutation killed: the decision's workflow read before its approval's
+// lock (WorkflowApprovalLockForDecision): a grant that read the row before
+// the archive committed goes on, and is refused for a reason that is not
+// the archive ("the workflow's definition was deleted", "approval already
+// expired").
 func TestApprovalDecisionRacingTheArchiveHasOneOutcome(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -385,8 +386,11 @@ const (
 // workflow_disabled, so nobody waits on an approval that can never pass;
 // the grant is refused with the reason and nothing of it is stored.
 //
-// Mutation killed: without OwnerRemoval's side rows, a leave that
-// committed first leaves the approval pending and the run waiting.
+// Mutations killed: without OwnerRemoval's side rows, a leave that
+// committed first leaves the approval pending and the run waiting; with the
+// decision's workflow read before its approval's lock, a grant that read
+// the workflow before the leave committed is refused "approval already
+// expired", not with the reason.
 func TestApprovalDecisionRacingTheOwnersLeavingHasOneOutcome(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
