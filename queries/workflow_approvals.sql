@@ -16,6 +16,21 @@ JOIN workflows w ON w.community_id = a.community_id AND w.id = a.workflow_id
 JOIN workflow_runs r ON r.community_id = a.community_id AND r.id = a.run_id
 WHERE a.community_id = @community_id::uuid AND a.token = @token::bytea;
 
+-- name: WorkflowApprovalLockForDecision :one
+-- A decision locks its approval first, held to the end of its transaction,
+-- and only then reads the workflow: an archive, a re-save or the owner's
+-- removal (each updates the workflow row, then withdraws its pending
+-- approvals) either withdrew this one before, and the decision, reading
+-- the workflow after the lock, sees why, or waits for the decision to
+-- commit and then finds it decided, not pending. No workflow row is locked:
+-- triggers lock those (WorkflowLockForRuns), in id order per event but in
+-- arrival order across a group's events, and a decision's lock on one
+-- deadlocked with them.
+SELECT status, expires_at
+FROM workflow_approvals
+WHERE community_id = @community_id::uuid AND token = @token::bytea
+FOR NO KEY UPDATE;
+
 -- name: WorkflowApprovalDecide :execrows
 -- Grants or denies a pending, unexpired approval. Zero rows: someone else
 -- decided it first, or it expired meanwhile.
@@ -73,3 +88,17 @@ UPDATE workflow_approvals
 SET status = 'expired', note = @note::text
 WHERE community_id = @community_id::uuid AND workflow_id = @workflow_id::uuid AND status = 'pending'
 RETURNING run_id;
+
+-- name: WorkflowApprovalsWithdrawOfRemovedOwner :many
+-- The owner left or was removed from the channel, and the removal's
+-- trigger (workflows_disable_on_owner_removal) disabled their workflows
+-- there: a decision of their pending approvals is refused, so they end now,
+-- in the removal's transaction, with the reason in note; returns their
+-- runs, which the caller ends.
+UPDATE workflow_approvals a
+SET status = 'expired', note = @note::text
+FROM workflows w
+WHERE a.community_id = @community_id::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id
+  AND w.channel_id = @channel_id::uuid AND w.owner_pubkey = @owner_pubkey::bytea AND NOT w.enabled
+RETURNING a.run_id;

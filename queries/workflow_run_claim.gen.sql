@@ -20,8 +20,10 @@
 -- no other), and each gives up to its room of its oldest due runs. A claim
 -- reads at most two index entries per community with pending runs plus the
 -- runs it locks, whatever one community's backlog. Runs whose lease expired
--- are found by one ordered scan (workflow_runs_recovery) stopping at
--- max_rows, then merged.
+-- are found among the running ones (workflow_runs_running: those the
+-- workers hold, and the few whose worker stopped), oldest lease first, at
+-- most max_rows, then merged. The index leaves lease_until out, so that a
+-- lease renewal is a HOT update (migration 044).
 WITH RECURSIVE pending_communities AS (
     SELECT s.community_id, s.run_at, s.created_at, s.id
     FROM (

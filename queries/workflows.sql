@@ -85,11 +85,13 @@ SELECT 1 FROM workflows
 WHERE community_id = @community_id::uuid AND id = @id::uuid
 FOR NO KEY UPDATE;
 
--- name: WorkflowLockForDecision :one
--- An approval's decision reads its workflow FOR SHARE, held to the end of
--- the decision's transaction: an archive, a re-save or a disable (each an
--- UPDATE of the row) either committed before, and the decision sees it and
--- is refused, or waits until the decision committed.
+-- name: WorkflowLockForApprovalRequest :one
+-- A request_approval step reads its workflow FOR SHARE, held to the end of
+-- the step's transaction: an archive, a re-save or a disable (each an
+-- UPDATE of the row) either committed before, and the step sees it and
+-- fails the run, or waits until the step committed and then withdraws the
+-- approval it stored. (A decision locks its approval instead:
+-- WorkflowApprovalLockForDecision.)
 SELECT status, enabled, definition_event_id
 FROM workflows
 WHERE community_id = @community_id::uuid AND id = @id::uuid

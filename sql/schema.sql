@@ -2980,10 +2980,10 @@ CREATE INDEX workflow_runs_pending_by_community ON public.workflow_runs USING bt
 
 
 --
--- Name: workflow_runs_recovery; Type: INDEX; Schema: public; Owner: -
+-- Name: workflow_runs_running; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX workflow_runs_recovery ON public.workflow_runs USING btree (lease_until, created_at, id) WHERE (status = 'running'::public.workflow_run_status);
+CREATE INDEX workflow_runs_running ON public.workflow_runs USING btree (created_at, id) WHERE (status = 'running'::public.workflow_run_status);
 
 
 --

@@ -127,6 +127,39 @@ func (q *Queries) WorkflowApprovalGet(ctx context.Context, arg WorkflowApprovalG
 	return i, err
 }
 
+const workflowApprovalLockForDecision = `-- name: WorkflowApprovalLockForDecision :one
+SELECT status, expires_at
+FROM workflow_approvals
+WHERE community_id = $1::uuid AND token = $2::bytea
+FOR NO KEY UPDATE
+`
+
+type WorkflowApprovalLockForDecisionParams struct {
+	CommunityID uuid.UUID
+	Token       []byte
+}
+
+type WorkflowApprovalLockForDecisionRow struct {
+	Status    WorkflowApprovalStatus
+	ExpiresAt time.Time
+}
+
+// A decision locks its approval first, held to the end of its transaction,
+// and only then reads the workflow: an archive, a re-save or the owner's
+// removal (each updates the workflow row, then withdraws its pending
+// approvals) either withdrew this one before, and the decision, reading
+// the workflow after the lock, sees why, or waits for the decision to
+// commit and then finds it decided, not pending. No workflow row is locked:
+// triggers lock those (WorkflowLockForRuns), in id order per event but in
+// arrival order across a group's events, and a decision's lock on one
+// deadlocked with them.
+func (q *Queries) WorkflowApprovalLockForDecision(ctx context.Context, arg WorkflowApprovalLockForDecisionParams) (WorkflowApprovalLockForDecisionRow, error) {
+	row := q.db.QueryRow(ctx, workflowApprovalLockForDecision, arg.CommunityID, arg.Token)
+	var i WorkflowApprovalLockForDecisionRow
+	err := row.Scan(&i.Status, &i.ExpiresAt)
+	return i, err
+}
+
 const workflowApprovalsClampExpiry = `-- name: WorkflowApprovalsClampExpiry :execrows
 UPDATE workflow_approvals
 SET expires_at = created_at + interval '1 millisecond' * $1::bigint
@@ -301,6 +334,53 @@ type WorkflowApprovalsWithdrawParams struct {
 // runs, which the caller ends.
 func (q *Queries) WorkflowApprovalsWithdraw(ctx context.Context, arg WorkflowApprovalsWithdrawParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, workflowApprovalsWithdraw, arg.Note, arg.CommunityID, arg.WorkflowID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var run_id uuid.UUID
+		if err := rows.Scan(&run_id); err != nil {
+			return nil, err
+		}
+		items = append(items, run_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workflowApprovalsWithdrawOfRemovedOwner = `-- name: WorkflowApprovalsWithdrawOfRemovedOwner :many
+UPDATE workflow_approvals a
+SET status = 'expired', note = $1::text
+FROM workflows w
+WHERE a.community_id = $2::uuid AND a.status = 'pending'
+  AND w.community_id = a.community_id AND w.id = a.workflow_id
+  AND w.channel_id = $3::uuid AND w.owner_pubkey = $4::bytea AND NOT w.enabled
+RETURNING a.run_id
+`
+
+type WorkflowApprovalsWithdrawOfRemovedOwnerParams struct {
+	Note        string
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	OwnerPubkey []byte
+}
+
+// The owner left or was removed from the channel, and the removal's
+// trigger (workflows_disable_on_owner_removal) disabled their workflows
+// there: a decision of their pending approvals is refused, so they end now,
+// in the removal's transaction, with the reason in note; returns their
+// runs, which the caller ends.
+func (q *Queries) WorkflowApprovalsWithdrawOfRemovedOwner(ctx context.Context, arg WorkflowApprovalsWithdrawOfRemovedOwnerParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowApprovalsWithdrawOfRemovedOwner,
+		arg.Note,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.OwnerPubkey,
+	)
 	if err != nil {
 		return nil, err
 	}

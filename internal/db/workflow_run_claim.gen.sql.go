@@ -331,8 +331,10 @@ type WorkflowRunClaimDueRow struct {
 // no other), and each gives up to its room of its oldest due runs. A claim
 // reads at most two index entries per community with pending runs plus the
 // runs it locks, whatever one community's backlog. Runs whose lease expired
-// are found by one ordered scan (workflow_runs_recovery) stopping at
-// max_rows, then merged.
+// are found among the running ones (workflow_runs_running: those the
+// workers hold, and the few whose worker stopped), oldest lease first, at
+// most max_rows, then merged. The index leaves lease_until out, so that a
+// lease renewal is a HOT update (migration 044).
 // Each community takes at most its room in the worker: the share one
 // community may hold (community_share), less what it holds already
 // (busy_communities, busy_room). The worker's slots are shared by every

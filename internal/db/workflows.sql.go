@@ -82,31 +82,33 @@ func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (Workf
 	return i, err
 }
 
-const workflowLockForDecision = `-- name: WorkflowLockForDecision :one
+const workflowLockForApprovalRequest = `-- name: WorkflowLockForApprovalRequest :one
 SELECT status, enabled, definition_event_id
 FROM workflows
 WHERE community_id = $1::uuid AND id = $2::uuid
 FOR SHARE
 `
 
-type WorkflowLockForDecisionParams struct {
+type WorkflowLockForApprovalRequestParams struct {
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 }
 
-type WorkflowLockForDecisionRow struct {
+type WorkflowLockForApprovalRequestRow struct {
 	Status            WorkflowStatus
 	Enabled           bool
 	DefinitionEventID []byte
 }
 
-// An approval's decision reads its workflow FOR SHARE, held to the end of
-// the decision's transaction: an archive, a re-save or a disable (each an
-// UPDATE of the row) either committed before, and the decision sees it and
-// is refused, or waits until the decision committed.
-func (q *Queries) WorkflowLockForDecision(ctx context.Context, arg WorkflowLockForDecisionParams) (WorkflowLockForDecisionRow, error) {
-	row := q.db.QueryRow(ctx, workflowLockForDecision, arg.CommunityID, arg.ID)
-	var i WorkflowLockForDecisionRow
+// A request_approval step reads its workflow FOR SHARE, held to the end of
+// the step's transaction: an archive, a re-save or a disable (each an
+// UPDATE of the row) either committed before, and the step sees it and
+// fails the run, or waits until the step committed and then withdraws the
+// approval it stored. (A decision locks its approval instead:
+// WorkflowApprovalLockForDecision.)
+func (q *Queries) WorkflowLockForApprovalRequest(ctx context.Context, arg WorkflowLockForApprovalRequestParams) (WorkflowLockForApprovalRequestRow, error) {
+	row := q.db.QueryRow(ctx, workflowLockForApprovalRequest, arg.CommunityID, arg.ID)
+	var i WorkflowLockForApprovalRequestRow
 	err := row.Scan(&i.Status, &i.Enabled, &i.DefinitionEventID)
 	return i, err
 }

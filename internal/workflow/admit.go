@@ -42,6 +42,11 @@ type newRun struct {
 // triggers of one workflow count one after the other, each seeing the runs
 // the previous one committed. Triggers of different workflows do not wait
 // for each other.
+//
+// Lock order: workflow rows first (an event's in id order, see
+// createRuns), then approvals, then runs. Triggers take only workflow
+// rows, and an approval's decision none (it locks its approval, then its
+// run), so the two never deadlock, whatever order a group's events take.
 func admitRun(ctx context.Context, q *db.Queries, r newRun, maxUnfinished int) (uuid.UUID, bool, error) {
 	if maxUnfinished <= 0 {
 		maxUnfinished = DefaultMaxUnfinishedRuns

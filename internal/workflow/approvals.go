@@ -100,6 +100,20 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 		// Roles and @mentions are not resolved yet: fail closed.
 		return ingest.Reject("restricted", "approver spec '%s' is not yet supported", spec)
 	}
+	// Lock order: the approval, then (applyDecision) its run; never a
+	// workflow row. Every transaction that ends a wait for an approval
+	// takes the same order after the workflow rows it changes (archive,
+	// re-save, owner removal: workflow, approvals, runs; the expiry sweep:
+	// approvals, runs), and triggers take only workflow rows (in id order),
+	// so a decision deadlocks with none of them.
+	locked, err := w.Q.WorkflowApprovalLockForDecision(ctx, db.WorkflowApprovalLockForDecisionParams{CommunityID: w.Tenant.ID(), Token: token[:]})
+	if dberr.IsNotFound(err) {
+		return ingest.Reject("invalid", "approval not found") // its run was deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	a.Status, a.ExpiresAt = locked.Status, locked.ExpiresAt
 	if err := decidable(ctx, w, a); err != nil {
 		return err
 	}
@@ -117,12 +131,14 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 // workflow was archived or disabled, saved again (the run executes the
 // definition it started under, now replaced), or the definition event
 // deleted. Accepted, the grant would make the run due only for it to fail
-// at its next step. The workflow row is read FOR SHARE to the end of the
-// decision's transaction, so an archive or a re-save racing the decision
-// either committed first and is seen here, or waits for the decision to
-// commit (and then finds the approval decided, not pending).
+// at its next step. The caller holds the approval's row lock
+// (WorkflowApprovalLockForDecision), and the workflow is read after it, in
+// a statement of its own: an archive, a re-save or the owner's removal
+// racing the decision either withdrew the approval first, and its change
+// of the workflow is seen here, or waits for the decision to commit (and
+// then finds the approval decided, not pending).
 func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow) error {
-	wf, err := w.Q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
+	wf, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
 	if err != nil {
 		return err
 	}
@@ -130,7 +146,7 @@ func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow
 	case wf.Status != db.WorkflowStatusActive:
 		return ingest.Reject("invalid", "the workflow was archived; its run no longer waits for this approval")
 	case !wf.Enabled:
-		return ingest.Reject("invalid", "the workflow is disabled; its run cannot go on")
+		return ingest.Reject("invalid", "the workflow is disabled (its owner is no longer a member of the channel); its run no longer waits for this approval")
 	case hex.EncodeToString(wf.DefinitionEventID) != a.PinnedDefinition:
 		return ingest.Reject("invalid", "the workflow was saved again since this approval was requested; its run no longer waits for it")
 	}
@@ -154,6 +170,13 @@ func (t *Triggers) withdrawApprovals(ctx context.Context, w *ingest.Write, workf
 	if err != nil {
 		return err
 	}
+	return t.endWithdrawnRuns(ctx, w, runs, code, reason)
+}
+
+// endWithdrawnRuns fails, in w's transaction, the waiting runs whose
+// approvals were withdrawn, with code and reason, each counted once w
+// commits.
+func (t *Triggers) endWithdrawnRuns(ctx context.Context, w *ingest.Write, runs []uuid.UUID, code ErrorCode, reason string) error {
 	for _, run := range runs {
 		ended, err := w.Q.WorkflowRunApprovalEnded(ctx, db.WorkflowRunApprovalEndedParams{
 			Status: db.WorkflowRunStatusFailed, ErrorCode: string(code), ErrorMessage: reason,
@@ -331,4 +354,49 @@ func (t *Triggers) expireDeletedChannelsApprovals(ctx context.Context, w *ingest
 		}
 	}
 	return nil
+}
+
+// ownerLeftReason is the note of an approval withdrawn because its
+// workflow's owner left or was removed from the channel, and the
+// diagnostic of its run.
+const ownerLeftReason = "the workflow was disabled while the run waited for approval: its owner is no longer a member of the channel"
+
+// OwnerRemoval ends the waits for an approval of the workflows a member's
+// leaving (9022) or removal (9001) disabled (side rows of the removal): in
+// its transaction, after the database's trigger
+// (workflows_disable_on_owner_removal) disabled the owner's workflows in
+// the channel, their pending approvals expire with the reason as note and
+// their runs fail with workflow_disabled, as when the workflow is archived.
+// A decision of such an approval is refused, so the run would otherwise
+// wait, for nothing, until its approval expired (up to a week).
+func (t *Triggers) OwnerRemoval() ingest.SideRows {
+	return ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool {
+			return ev.Kind == ingest.KindLeaveRequest || ev.Kind == ingest.KindRemoveUser
+		},
+		Apply: t.withdrawRemovedOwnersApprovals,
+	}
+}
+
+func (t *Triggers) withdrawRemovedOwnersApprovals(ctx context.Context, w *ingest.Write) error {
+	if w.ChannelID == nil {
+		return nil
+	}
+	removed := w.ActorBytes()
+	if w.Event.Kind == ingest.KindRemoveUser {
+		// Validated: exactly one p tag, a 64-hex pubkey (read as the
+		// removal read it).
+		target, err := hex.DecodeString(w.Event.Tags.First("p")[1])
+		if err != nil {
+			return err
+		}
+		removed = target
+	}
+	runs, err := w.Q.WorkflowApprovalsWithdrawOfRemovedOwner(ctx, db.WorkflowApprovalsWithdrawOfRemovedOwnerParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, OwnerPubkey: removed, Note: ownerLeftReason,
+	})
+	if err != nil {
+		return err
+	}
+	return t.endWithdrawnRuns(ctx, w, runs, CodeWorkflowDisabled, ownerLeftReason)
 }

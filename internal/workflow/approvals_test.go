@@ -219,16 +219,17 @@ func (f *fixture) noticesOf(run uuid.UUID) int {
 
 // An approval whose workflow was archived, saved again, disabled or whose
 // definition event was deleted cannot be decided: the decision is refused
-// at once with the reason, and nothing of it is stored. Archiving and
-// saving again also end the run's wait in their own transaction (the
-// approval expires with the reason as its note, the run fails with
-// workflow_disabled or invalid_definition), instead of leaving it waiting
-// for a grant that could only fail it.
+// at once with the reason, and nothing of it is stored. Archiving, saving
+// again and the owner's removal also end the run's wait in their own
+// transaction (the approval expires with the reason as its note, the run
+// fails with workflow_disabled or invalid_definition), instead of leaving
+// it waiting for a grant that could only fail it.
 //
-// Mutations killed: without decidable, the grants after the disable and
-// the deletion are accepted (the archive and re-save ones answer "approval
-// already expired"); without the withdrawal on archive or on re-save, the
-// run stays waiting_approval.
+// Mutations killed: without decidable, the grant after the deletion is
+// accepted (the archive, re-save and disable ones answer "approval already
+// expired"); without the withdrawal on archive, on re-save or on the
+// owner's removal (OwnerRemoval's side rows), the run stays
+// waiting_approval.
 func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -262,12 +263,20 @@ func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
 	require.Equal(t, "expired", status)
 	f.rejected(grant(ref), "invalid: the workflow was saved again since this approval was requested; its run no longer waits for it")
 
-	// The owner's removal disables the workflow (a trigger of the database).
+	// The owner's removal disables the workflow (a trigger of the database)
+	// and, in the same transaction, ends the run's wait.
 	disabled := uuid.NewString()
 	run, ref = f.approvalRunOf(member, ch, disabled, "any")
 	f.store(f.sign(owner, ingest.KindRemoveUser, "", nostr.Tags{{"h", ch}, {"p", pubHex(member)}}))
-	f.rejected(grant(ref), "invalid: the workflow is disabled; its run cannot go on")
-	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status, "a refused decision changes nothing")
+	r = f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	require.Equal(t, ownerLeftReason, *r.ErrorMessage)
+	status, note = f.approvalStatus(ref)
+	require.Equal(t, "expired", status)
+	require.Equal(t, ownerLeftReason, note)
+	require.Equal(t, 2.0, f.runsTotal("failed", "workflow_disabled"), "the archived run and this one are counted")
+	f.rejected(grant(ref), ownerLeftRefusal)
 
 	// The definition event deleted by id leaves the row active and pinned.
 	deleted := uuid.NewString()
@@ -289,10 +298,11 @@ func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
 // failed workflow_disabled, the grant refused with the archive's reason and
 // nothing of it stored).
 //
-// Mutation killed: the decision's workflow read without FOR SHARE (a plain
-// read of the row): a grant that read the row before the archive committed
-// goes on, waits for the archive's lock on the approval and is refused as
-// "approval already acted on (race)", not with the reason.
+// Mutation killed: the decision's workflow read before its approval's
+// lock (WorkflowApprovalLockForDecision): a grant that read the row before
+// the archive committed goes on, and is refused for a reason that is not
+// the archive ("the workflow's definition was deleted", "approval already
+// expired").
 func TestApprovalDecisionRacingTheArchiveHasOneOutcome(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -358,6 +368,93 @@ func TestApprovalDecisionRacingTheArchiveHasOneOutcome(t *testing.T) {
 		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
 		require.Equal(t, "workflow_disabled", *r.ErrorCode)
 	}
+}
+
+// What a disabled workflow's waiting run and its decision are told: the
+// approval's note and the run's diagnostic, and the refusal of a decision.
+const (
+	ownerLeftReason  = "the workflow was disabled while the run waited for approval: its owner is no longer a member of the channel"
+	ownerLeftRefusal = "invalid: the workflow is disabled (its owner is no longer a member of the channel); its run no longer waits for this approval"
+)
+
+// The owner leaving the channel and a grant of their workflow's approval,
+// sent at once, many times: each pair ends one way or the other. Either
+// the grant committed first (granted, its notice posted, the run due again
+// and failing at its next step because its workflow is disabled), or the
+// leave did: in its own transaction the workflow was disabled, the
+// approval expired with the reason as its note and the run failed
+// workflow_disabled, so nobody waits on an approval that can never pass;
+// the grant is refused with the reason and nothing of it is stored.
+//
+// Mutations killed: without OwnerRemoval's side rows, a leave that
+// committed first leaves the approval pending and the run waiting; with the
+// decision's workflow read before its approval's lock, a grant that read
+// the workflow before the leave committed is refused "approval already
+// expired", not with the reason.
+func TestApprovalDecisionRacingTheOwnersLeavingHasOneOutcome(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, approver := f.key(), f.key()
+	ch := f.channel(owner, approver)
+	// The leave goes through a second pipeline on the same database, as
+	// from another relay process (one pipeline's group commit could put
+	// the two in one transaction).
+	other := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, Clock: clock.Stub(f.clock.Now)})
+	workflow.RegisterTriggers(other, &workflow.Triggers{})
+	const rounds = 30
+	runs := make([]uuid.UUID, rounds)
+	outcomes := map[string]int{}
+	for i := range runs {
+		// Each round's workflow belongs to a member who joins, saves it,
+		// starts its run and then leaves.
+		member := f.key()
+		f.store(f.sign(member, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}))
+		run, ref := f.approvalRunOf(member, ch, uuid.NewString(), "any")
+		runs[i] = run
+		grantEv := f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}})
+		leaveEv := f.sign(member, ingest.KindLeaveRequest, "", nostr.Tags{{"h", ch}})
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		var grantErr, leaveErr error
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; _, grantErr = f.submit(grantEv) }()
+		go func() {
+			defer wg.Done()
+			<-start
+			_, _, leaveErr = other.SubmitReply(f.ctx, f.tenant, leaveEv.PubKey, leaveEv)
+		}()
+		close(start)
+		wg.Wait()
+		require.NoError(t, leaveErr)
+		status, note := f.approvalStatus(ref)
+		r := f.run(run)
+		if grantErr == nil {
+			outcomes["granted first"]++
+			require.Equal(t, "granted", status)
+			require.Equal(t, db.WorkflowRunStatusPending, r.Status, "granted: due again")
+			require.Equal(t, 1, f.noticesOf(run))
+			continue
+		}
+		outcomes["left first"]++
+		require.EqualError(t, grantErr, ownerLeftRefusal)
+		require.Equal(t, "expired", status)
+		require.Equal(t, ownerLeftReason, note)
+		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+		require.Equal(t, "workflow_disabled", *r.ErrorCode)
+		require.Equal(t, ownerLeftReason, *r.ErrorMessage)
+		require.Zero(t, f.noticesOf(run))
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, grantEv.ID))
+	}
+	t.Logf("outcomes: %v", outcomes)
+	// Every granted run fails at its next step: its workflow is disabled.
+	f.drain(f.engine(time.Minute))
+	for _, run := range runs {
+		r := f.run(run)
+		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+		require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_approvals WHERE community_id = $1 AND status = 'pending'`, f.tenant.ID()),
+		"no approval is left waiting")
 }
 
 // A request_approval step racing a re-save of its workflow: the step read

@@ -1053,12 +1053,13 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 // grant (46030), a denial (46031) or the expiry.
 func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
 	q := w.Q
-	// The workflow row FOR SHARE, as a decision reads it: an archive or a
-	// re-save that committed after this step read the row is seen here, and
-	// one still to come finds the approval stored and withdraws it. Without
-	// it, an approval asked for under a definition just replaced waited,
-	// undecidable, for its timeout.
-	wf, err := q.WorkflowLockForDecision(ctx, db.WorkflowLockForDecisionParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
+	// The workflow row FOR SHARE: an archive or a re-save that committed
+	// after this step read the row is seen here, and one still to come
+	// finds the approval stored and withdraws it. Without it, an approval
+	// asked for under a definition just replaced waited, undecidable, for
+	// its timeout. Lock order: the workflow, then (inserted) the approval,
+	// then the run, as an archive takes them.
+	wf, err := q.WorkflowLockForApprovalRequest(ctx, db.WorkflowLockForApprovalRequestParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
 	if err != nil {
 		return e.failStep(ctx, q, c, index, entry, dbFail(err, "step %s: workflow unavailable", step.ID))
 	}

@@ -35,4 +35,5 @@ func RegisterTriggers(p *ingest.Pipeline, t *Triggers) {
 	p.RegisterSideRows(t.DefinitionDeletion())
 	p.RegisterSideRows(t.SideRows())
 	p.RegisterSideRows(t.ChannelDeletion())
+	p.RegisterSideRows(t.OwnerRemoval())
 }
