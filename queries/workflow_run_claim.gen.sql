@@ -23,7 +23,7 @@
 -- are found among the running ones (workflow_runs_running: those the
 -- workers hold, and the few whose worker stopped), oldest lease first, at
 -- most max_rows, then merged. The index leaves lease_until out, so that a
--- lease renewal is a HOT update (migration 044).
+-- lease renewal is a HOT update (migration 045).
 WITH RECURSIVE pending_communities AS (
     SELECT s.community_id, s.run_at, s.created_at, s.id
     FROM (

@@ -334,7 +334,7 @@ type WorkflowRunClaimDueRow struct {
 // are found among the running ones (workflow_runs_running: those the
 // workers hold, and the few whose worker stopped), oldest lease first, at
 // most max_rows, then merged. The index leaves lease_until out, so that a
-// lease renewal is a HOT update (migration 044).
+// lease renewal is a HOT update (migration 045).
 // Each community takes at most its room in the worker: the share one
 // community may hold (community_share), less what it holds already
 // (busy_communities, busy_room). The worker's slots are shared by every

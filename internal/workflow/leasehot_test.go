@@ -16,7 +16,7 @@ import (
 // and no dead tuple on another page for each renewal. lease_until was a key
 // of workflow_runs_recovery, and an update of an indexed column is never
 // HOT, so every renewal wrote a new heap tuple and an entry in each of the
-// table's indexes, and left the old ones to vacuum (migration 044).
+// table's indexes, and left the old ones to vacuum (migration 045).
 //
 // The runs are claimed by the real claim, and each renewal is its own
 // transaction, as a worker's is; PostgreSQL counts the session's updates,
@@ -25,7 +25,7 @@ import (
 // no snapshot of the cluster may still see, and any long transaction
 // anywhere in the cluster (another test's CREATE DATABASE) holds them: the
 // test's table keeps room for every version without pruning (fillfactor
-// 10), so what it measures is the indexes alone. (Migration 044's header
+// 10), so what it measures is the indexes alone. (Migration 045's header
 // gives the share measured with the table's own fillfactor: 994 of 1,000.)
 //
 // Mutation killed: the running runs' index keyed on lease_until again (as

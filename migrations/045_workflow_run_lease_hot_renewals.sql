@@ -1,5 +1,5 @@
 ---- tern: disable-tx ----
--- 044: a workflow run's lease renewal is a HOT update: no index entry, no
+-- 045: a workflow run's lease renewal is a HOT update: no index entry, no
 -- dead tuple on another page for vacuum to find.
 --
 -- Why: a step at work renews its run's lease every third of the lease
