@@ -1,8 +1,10 @@
 package crossrelay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -161,6 +163,46 @@ func (p *SharedPresence) Current(ctx context.Context, community, channel uuid.UU
 		var ev nostr.Event
 		if json.Unmarshal([]byte(eventJSON), &ev) == nil {
 			out = append(out, &ev)
+		}
+	}
+	return out
+}
+
+// Held implements presence.Store: one round trip for the whole batch.
+func (p *SharedPresence) Held(ctx context.Context, community uuid.UUID, wants []presence.Want, now time.Time) [][]byte {
+	if !p.bus.Hears() {
+		return p.fallback.Held(ctx, community, wants, now)
+	}
+	ctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	pipe := p.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(wants))
+	for i, w := range wants {
+		gets[i] = pipe.HGet(ctx, PresenceKey(community, w.Channel), w.PubKey)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return p.fallback.Held(ctx, community, wants, now)
+	}
+	out := make([][]byte, len(wants))
+	for i, get := range gets {
+		value, err := get.Bytes()
+		if err != nil {
+			continue
+		}
+		// "<created_at>:<expires ms>:<event JSON>"
+		_, rest, ok := bytes.Cut(value, []byte(":"))
+		if !ok {
+			continue
+		}
+		expiresText, eventJSON, ok := bytes.Cut(rest, []byte(":"))
+		if !ok {
+			continue
+		}
+		expires, err := strconv.ParseInt(string(expiresText), 10, 64)
+		// The JSON goes to the client as it is: whatever else wrote the
+		// key must not break the client's framing.
+		if err == nil && expires > now.UnixMilli() && json.Valid(eventJSON) {
+			out[i] = eventJSON
 		}
 	}
 	return out

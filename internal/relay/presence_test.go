@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -417,4 +419,89 @@ func TestPresenceBoundHoldsUnderConcurrentAnnouncements(t *testing.T) {
 	require.Equal(t, held, counted, "the byte count is what the hash holds")
 	require.EqualValues(t, most, rdb.ZCard(ctx, key+":expires").Val(), "one expiry per kept announcement")
 	require.Len(t, owner.Req("racing", presenceFilter(ch, nil)), most)
+}
+
+// A presence REQ whose client stops reading pins at most the reply budget
+// and one batch of announcements, as stored history does: the
+// announcements are read and queued a batch at a time as the budget makes
+// room, not gathered whole first. Ten filters of 500 announcements of
+// 4 KiB each made one REQ hold them all (and their parsed and encoded
+// copies, 24 MiB measured) until the write timeout closed the socket.
+// Presence is kept in Redis, where each read copies what it reads.
+// Mutation killed: reading every batch before queueing any (the stalled
+// REQ holds what it read from Redis, 20 MiB).
+func TestStalledPresenceReaderPinsAtMostTheReplyBudget(t *testing.T) {
+	// Not parallel: it measures the heap.
+	const filters, perChannel = 10, 500
+	r := relaytest.StartWith(t, dbtest.Pool(t), nil, withRedis(dbtest.RedisURL(t)))
+	waitRedis(t, "connected", r)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	status := strings.Repeat("x", 3700) // about 4 KiB of JSON each
+	var req []any
+	for i := range filters {
+		ch := createChannel(t, owner, fmt.Sprint("crowd", i), false)
+		channel := uuid.MustParse(ch)
+		for range perChannel {
+			ev := relaytest.SignEvent(t, relaytest.NewKey(t), 20001, status, nostr.Tags{{"h", ch}}, time.Now().Unix())
+			r.Server.RememberPresence(r.CommunityID, channel, ev)
+		}
+		req = append(req, map[string]any{"kinds": []int{20001}, "#h": []string{ch}})
+	}
+	reader := r.Dial(t, "")
+	reader.Auth(nil)
+	queued := func() float64 { return testutil.ToFloat64(r.Server.Metrics().ReplyQueueBytes) }
+	before := heapInUse()
+	reader.Send(append([]any{"REQ", "crowd"}, req...)...)
+	// The client reads nothing: the relay fills the socket buffers, then
+	// the reply budget, and waits there.
+	budget := float64(config.Default().ReplyQueueBytes)
+	require.Eventually(t, func() bool { return queued() >= budget/2 }, 60*time.Second, 5*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // whatever the REQ gathers, it has gathered
+	pinned := int64(heapInUse()) - int64(before)
+	t.Logf("a stalled presence REQ pins %d KiB of heap", pinned>>10)
+	require.Less(t, pinned, int64(8<<20), "heap pinned by a stalled presence REQ")
+
+	require.Equal(t, filters*perChannel, historyUntilEOSE(t, reader), "the whole presence still arrives")
+}
+
+// An announcement made as a REQ starts reaches the REQ's live hold and the
+// presence it reads alike: the client gets it once, before the EOSE.
+// Mutation killed: presence sent before the EOSE not counted among what
+// the history sent (the announcement came again after the EOSE).
+func TestAnnouncementMadeAsAReqStartsIsSentOnce(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "arriving", false)
+	watcher := r.Dial(t, "")
+	watcher.Auth(nil)
+	watcher.Send("REQ", "watch", presenceFilter(ch, map[string]any{"limit": 0}))
+	watcher.Expect("EOSE")
+	sub := r.Dial(t, "")
+	sub.Auth(nil)
+
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	var armed atomic.Bool
+	armed.Store(true)
+	r.Server.SetBeforeHistory(func() {
+		if !armed.Swap(false) {
+			return
+		}
+		if ok := owner.Publish(here); !ok.OK {
+			t.Errorf("announcement refused: %s", ok.Msg)
+			return
+		}
+		// Deliveries of one publish run one after another: shortly after
+		// the watcher has it, the REQ's hold has it too.
+		require.Equal(t, here.ID, watcher.Expect("EVENT").Event.ID)
+		time.Sleep(50 * time.Millisecond)
+	})
+	sub.Send("REQ", "presence", presenceFilter(ch, nil))
+	require.Equal(t, here.ID, sub.Expect("EVENT").Event.ID)
+	sub.Expect("EOSE")
+	marker := owner.Sign(20002, "typing", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(marker).OK)
+	require.Equal(t, marker.ID, sub.Expect("EVENT").Event.ID, "the announcement is not sent again live")
 }
