@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/hex"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -32,11 +33,21 @@ const Kind = 20001
 // relays hold.
 const MaxAnnouncementBytes = 4 << 10
 
+// ErrFull is Remember's answer when the store keeps as many announcements
+// as it may: anyone may announce under fresh keys, so past the bound the
+// relay refuses announcements rather than hold more, until older ones
+// expire.
+var ErrFull = errors.New("presence store full")
+
 // Store remembers presence announcements and answers who is present.
 type Store interface {
 	// Remember keeps ev as its author's presence in channel until now+TTL,
-	// unless a newer announcement (by created_at) is held.
-	Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time)
+	// unless a newer announcement (by created_at) is held. ErrFull says
+	// the store as a whole (in Redis, the community's) has no room for it:
+	// the announcement is refused, and the one held for its author stays.
+	// A channel without room is not an error: the announcement is relayed
+	// but not kept.
+	Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error
 	// Current is every unexpired presence event of the channel.
 	Current(ctx context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event
 	// Held is the JSON of the unexpired announcement each want names, in
@@ -64,7 +75,7 @@ type channelKey struct{ community, channel uuid.UUID }
 // Memory is a Store in this process, for a relay that is the only one.
 // It holds at most max announcements and maxBytes bytes of them: when
 // either is reached, expired ones are swept, and if that frees too little
-// the announcement is not kept (it was still delivered live). Bytes are
+// the announcement is refused (ErrFull). Bytes are
 // bounded as well as entries because expired ones are only swept when the
 // store is full: by count alone, one client announcing under fresh keys
 // could make every process hold 100,000 of them (each up to
@@ -94,22 +105,26 @@ func NewMemory(ttl time.Duration, max, maxBytes, maxChannelBytes int) *Memory {
 }
 
 // Remember implements Store.
-func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
+func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error {
 	key := channelKey{community, channel}
 	raw := ev.AppendJSON(nil)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old, had := m.channels[key][ev.PubKey]
 	if had && old.expires.After(now) && old.createdAt > ev.CreatedAt {
-		return // an older announcement arriving late
+		return nil // an older announcement arriving late
 	}
-	if !m.fits(key, ev.PubKey, len(raw)) {
+	if totalFits, channelFits := m.fits(key, ev.PubKey, len(raw)); !totalFits || !channelFits {
 		m.sweep(now)
-		if !m.fits(key, ev.PubKey, len(raw)) {
+		totalFits, channelFits = m.fits(key, ev.PubKey, len(raw))
+		if !totalFits {
+			return ErrFull
+		}
+		if !channelFits {
 			// Not kept. A held announcement of the same pubkey goes too:
 			// this one replaced it, and it no longer says what is true.
 			m.drop(key, ev.PubKey)
-			return
+			return nil
 		}
 	}
 	m.drop(key, ev.PubKey)
@@ -122,18 +137,20 @@ func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now tim
 	m.held++
 	m.heldBytes += len(raw)
 	m.channelBytes[key] += len(raw)
+	return nil
 }
 
 // fits reports whether an announcement of size bytes by pubkey can be kept
-// in place of the one held for pubkey, if any; m.mu is held.
-func (m *Memory) fits(key channelKey, pubkey string, size int) bool {
+// in place of the one held for pubkey, if any, by the store's bounds and by
+// its channel's; m.mu is held.
+func (m *Memory) fits(key channelKey, pubkey string, size int) (total, channel bool) {
 	held, heldBytes, channelBytes := m.held, m.heldBytes, m.channelBytes[key]
 	if old, had := m.channels[key][pubkey]; had {
 		held--
 		heldBytes -= len(old.raw)
 		channelBytes -= len(old.raw)
 	}
-	return held < m.max && heldBytes+size <= m.maxBytes && channelBytes+size <= m.maxChannelBytes
+	return held < m.max && heldBytes+size <= m.maxBytes, channelBytes+size <= m.maxChannelBytes
 }
 
 // drop forgets pubkey's announcement in the channel, if held; m.mu is held.

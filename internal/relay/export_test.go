@@ -37,6 +37,6 @@ func (s *Server) SetBeforeHistory(f func()) { s.beforeHistory.Store(&f) }
 
 // RememberPresence keeps ev as its author's presence in channel, as the
 // relay does for an accepted announcement, without a publisher per key.
-func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event) {
-	s.presence.Load().Remember(community, channel, ev, s.now())
+func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event) error {
+	return s.presence.Load().Remember(community, channel, ev, s.now())
 }

@@ -254,12 +254,14 @@ func TestPresenceInRedisIsBoundedPerChannelInBytes(t *testing.T) {
 
 // A presence announcement may be as large as any event, and a client may
 // announce under as many fresh keys as it likes: the presence a process
-// keeps is bounded in bytes, not only in announcements, and what does not
-// fit is still delivered live. Without the byte bound the 100,000
-// announcements kept by default could each be 256 KB, held until the
-// store fills, since expired ones are only swept then.
-// Mutation killed: no byte bound in the in-process store (the third
-// announcement is kept).
+// keeps is bounded in bytes, not only in announcements, and past the bound
+// an announcement is refused, so its author learns that later subscribers
+// will not see it. Without the byte bound the 100,000 announcements kept
+// by default could each be 256 KB, held until the store fills, since
+// expired ones are only swept then.
+// Mutations killed: no byte bound in the in-process store (the third
+// announcement is kept); a full store not refusing (the third is
+// accepted and relayed, but not kept).
 func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	content := strings.Repeat("x", 3000) // under presence.MaxAnnouncementBytes
@@ -272,16 +274,115 @@ func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	owner.Expect("EOSE")
 
 	var announced []string
-	for range 3 {
+	for i := range 3 {
 		c := r.Dial(t, "")
 		c.Auth(nil)
 		ev := c.Sign(20001, content, nostr.Tags{{"h", ch}}, time.Now().Unix())
 		require.Len(t, ev.AppendJSON(nil), size)
-		require.True(t, c.Publish(ev).OK)
-		require.Equal(t, ev.ID, owner.Expect("EVENT").Event.ID, "delivered live, kept or not")
+		ok := c.Publish(ev)
+		if i == 2 {
+			require.False(t, ok.OK)
+			require.Equal(t, "rate-limited: the relay keeps as much presence as it may; announce again in 1m0s, as older announcements expire", ok.Msg)
+			continue
+		}
+		require.True(t, ok.OK, ok.Msg)
+		require.Equal(t, ev.ID, owner.Expect("EVENT").Event.ID, "delivered live")
 		announced = append(announced, ev.ID)
 	}
-	require.ElementsMatch(t, announced[:2], ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is not kept")
+	require.ElementsMatch(t, announced, ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is refused")
+}
+
+// With Redis, a community keeps at most BUZZ_PRESENCE_MAX_BYTES of presence
+// across its channels, as a process does without Redis: announcements
+// racing through two relays into two channels are kept up to the bound
+// and refused past it, with a reason, and the community's count is what
+// its channels hold. Another community keeps its own.
+// Expired announcements give their room back, whichever channel they were
+// in.
+// Mutations killed: the script without the community check (all 24 kept);
+// a refusal not reaching the client (24 accepted); expired announcements
+// not dropped from the community's count (refused after the TTL).
+func TestPresenceInRedisIsBoundedPerCommunity(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	opts := []relay.Option{relay.WithClock(clock.Stub(now))}
+	content := strings.Repeat("x", 1000)
+	size := len(relaytest.SignEvent(t, relaytest.NewKey(t), 20001, content, nostr.Tags{{"h", uuid.NewString()}}, now().Unix()).AppendJSON(nil))
+	const most = 5
+	// Redis keeps each announcement behind "<created_at>:<expires ms>:".
+	bound := func(c *config.Config) { c.PresenceMaxBytes = most*(size+25) + 10 }
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartWith(t, pool, opts, withRedis(url), bound)
+	b := relaytest.StartWith(t, pool, opts, withRedis(url), bound)
+	waitRedis(t, "connected", a, b)
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	channels := []string{createChannel(t, owner, "north", false), createChannel(t, owner, "south", false)}
+
+	clients := make([]*relaytest.Client, 24)
+	for i := range clients {
+		r := a
+		if i%2 == 1 {
+			r = b
+		}
+		clients[i] = r.Dial(t, a.Host)
+		clients[i].Auth(nil)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	answers := make(chan relaytest.Reply, len(clients))
+	for i, cl := range clients {
+		ev := cl.Sign(20001, content, nostr.Tags{{"h", channels[i/2%2]}}, now().Unix())
+		require.Len(t, ev.AppendJSON(nil), size)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers <- cl.Publish(ev)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+	accepted := 0
+	for ok := range answers {
+		if ok.OK {
+			accepted++
+			continue
+		}
+		require.Equal(t, "rate-limited: the relay keeps as much presence as it may; announce again in 1m0s, as older announcements expire", ok.Msg)
+	}
+	require.Equal(t, most, accepted, "exactly the community's bound accepted")
+
+	redisOpts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(redisOpts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	held, kept := 0, 0
+	for _, ch := range channels {
+		values := rdb.HVals(ctx, crossrelay.PresenceKey(a.CommunityID, uuid.MustParse(ch))).Val()
+		kept += len(values)
+		for _, v := range values {
+			held += len(v)
+		}
+	}
+	require.Equal(t, most, kept)
+	countKey := "buzz:" + a.CommunityID.String() + ":presence-total:bytes"
+	counted, err := rdb.Get(ctx, countKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, held, counted, "the community's count is what its channels hold")
+	require.Len(t, owner.Req("both", presenceFilter(channels[0], nil), presenceFilter(channels[1], nil)), most)
+
+	at.Add(int64(time.Minute + time.Second)) // past the 60 s TTL
+	late := clients[0].Sign(20001, content, nostr.Tags{{"h", channels[1]}}, now().Unix())
+	require.True(t, clients[0].Publish(late).OK, "the expired announcements gave their room back")
+	counted, err = rdb.Get(ctx, countKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, size+25, counted)
 }
 
 // A filter asking for stored kinds and presence alike gets at most its
@@ -444,7 +545,7 @@ func TestStalledPresenceReaderPinsAtMostTheReplyBudget(t *testing.T) {
 		channel := uuid.MustParse(ch)
 		for range perChannel {
 			ev := relaytest.SignEvent(t, relaytest.NewKey(t), 20001, status, nostr.Tags{{"h", ch}}, time.Now().Unix())
-			r.Server.RememberPresence(r.CommunityID, channel, ev)
+			require.NoError(t, r.Server.RememberPresence(r.CommunityID, channel, ev))
 		}
 		req = append(req, map[string]any{"kinds": []int{20001}, "#h": []string{ch}})
 	}
