@@ -131,7 +131,7 @@ type Config struct {
 	// Presence (kind 20001): how long an announcement keeps its author
 	// present in a channel for later subscribers, and how many
 	// announcements one process holds when there is no Redis, and how many
-	// bytes of them.
+	// bytes of them (with Redis, the bytes one community holds).
 	PresenceTTL        time.Duration
 	PresenceMaxEntries int
 	PresenceMaxBytes   int

@@ -1,8 +1,10 @@
 package crossrelay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -30,15 +32,22 @@ const presenceTimeout = 500 * time.Millisecond
 // a channel's whole hash (HGETALL), which holds the single-threaded Redis
 // for as long as it takes, so a channel keeps at most a bounded number of
 // bytes however many announcements that is.
-// KEYS: the hash, the expiry set, the byte count. ARGV: pubkey, created_at,
-// expires ms, value, now ms, key lifetime ms, most announcements kept, most
-// bytes kept.
+// Beside the channel's keys, three of the community's bound its presence
+// across channels: each announcement ("<channel>:<pubkey>") by expiry, its
+// bytes, and their sum. A write drops the community's expired
+// announcements from the sum (their channel drops their fields at its own
+// next write, or its hash expires), and refuses one that would pass the
+// community's bound (-1), leaving the author's held announcement.
+// KEYS: the hash, the expiry set, the byte count; the community's expiry
+// set, sizes, byte count. ARGV: pubkey, created_at, expires ms, value,
+// now ms, key lifetime ms, most announcements kept, most bytes kept,
+// "<channel>:<pubkey>", most bytes the community keeps.
 // A held, unexpired announcement with a newer created_at wins. A channel
 // holding the most announcements keeps no new pubkey's (it was still
-// delivered live), as the in-process store does; one holding the most
+// delivered live); one holding the most
 // bytes keeps no announcement that would pass them, and forgets the
-// pubkey's held one, which it replaced. All three keys live for a while
-// past the last write, so idle channels cost nothing.
+// pubkey's held one, which it replaced. All the keys live for a while
+// past the last write, so idle channels and communities cost nothing.
 var rememberPresence = redis.NewScript(`
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then
@@ -47,6 +56,15 @@ if old then
     return 0
   end
 end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[5])
+for _, member in ipairs(gone) do
+  local size = redis.call('HGET', KEYS[5], member)
+  if size then
+    redis.call('DECRBY', KEYS[6], size)
+    redis.call('HDEL', KEYS[5], member)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[5])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[5])
 for _, pubkey in ipairs(expired) do
   local size = redis.call('HSTRLEN', KEYS[1], pubkey)
@@ -56,12 +74,17 @@ for _, pubkey in ipairs(expired) do
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[5])
+-- Never below zero: keys written before a count existed give back bytes
+-- the count never had.
+local mine = tonumber(redis.call('HGET', KEYS[5], ARGV[9]) or '0')
+local total = math.max(0, tonumber(redis.call('GET', KEYS[6]) or '0'))
+if total - mine + #ARGV[4] > tonumber(ARGV[10]) then
+  return -1
+end
 local held = redis.call('HSTRLEN', KEYS[1], ARGV[1])
 if held == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
   return 0
 end
--- Never below zero: a hash written before the count existed gives back
--- bytes the count never had.
 local bytes = math.max(0, tonumber(redis.call('GET', KEYS[3]) or '0'))
 if bytes - held + #ARGV[4] > tonumber(ARGV[8]) then
   if held > 0 then
@@ -69,14 +92,22 @@ if bytes - held + #ARGV[4] > tonumber(ARGV[8]) then
     redis.call('ZREM', KEYS[2], ARGV[1])
     redis.call('DECRBY', KEYS[3], held)
   end
+  if mine > 0 then
+    redis.call('HDEL', KEYS[5], ARGV[9])
+    redis.call('ZREM', KEYS[4], ARGV[9])
+    redis.call('SET', KEYS[6], total - mine)
+  end
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('SET', KEYS[3], math.max(#ARGV[4], bytes - held + #ARGV[4]))
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('HSET', KEYS[5], ARGV[9], #ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[9])
+redis.call('SET', KEYS[6], total - mine + #ARGV[4])
+for i = 1, 6 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[6])
+end
 return 1
 `)
 
@@ -96,6 +127,12 @@ func presenceBytesKey(community, channel uuid.UUID) string {
 	return PresenceKey(community, channel) + ":bytes"
 }
 
+// presenceCommunityKey prefixes the community's keys that bound its
+// presence across channels.
+func presenceCommunityKey(community uuid.UUID) string {
+	return channelPrefix + community.String() + ":presence-total"
+}
+
 // SharedPresence keeps presence in Redis, so an announcement accepted by
 // any process is seen by a REQ on any other.
 type SharedPresence struct {
@@ -105,22 +142,28 @@ type SharedPresence struct {
 	max    int // announcements kept per channel
 	// maxBytes bounds the bytes of one channel's hash values.
 	maxBytes int
+	// maxCommunityBytes bounds them across a community's channels.
+	maxCommunityBytes int
 	// fallback answers while Redis cannot: each process then knows the
 	// presence it accepted itself, as without Redis.
 	fallback presence.Store
 }
 
 // Presence returns a presence store on this bus's Redis keeping
-// announcements for ttl, at most max and maxBytes of them per channel.
-func (b *Bus) Presence(ttl time.Duration, max, maxBytes int, fallback presence.Store) *SharedPresence {
-	return &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, maxBytes: maxBytes, fallback: fallback}
+// announcements for ttl, at most max and maxBytes of them per channel, and
+// maxCommunityBytes of them per community.
+func (b *Bus) Presence(ttl time.Duration, max, maxBytes, maxCommunityBytes int, fallback presence.Store) *SharedPresence {
+	return &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, maxBytes: maxBytes,
+		maxCommunityBytes: maxCommunityBytes, fallback: fallback}
 }
 
-// Remember implements presence.Store.
-func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
-	p.fallback.Remember(community, channel, ev, now)
+// Remember implements presence.Store: Redis's answer, or the process's own
+// store's while Redis cannot answer.
+// What Redis keeps the process keeps too, for an outage; what Redis
+// refuses it does not.
+func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error {
 	if !p.bus.Hears() {
-		return
+		return p.fallback.Remember(community, channel, ev, now)
 	}
 	expires := now.Add(p.ttl).UnixMilli()
 	value := strconv.FormatInt(ev.CreatedAt, 10) + ":" + strconv.FormatInt(expires, 10) + ":" + string(ev.AppendJSON(nil))
@@ -129,8 +172,19 @@ func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event,
 	// The hash outlives its newest field by a TTL: a reader whose clock
 	// runs a little behind the writer's still finds it.
 	lifetime := (2 * p.ttl).Milliseconds()
-	keys := []string{PresenceKey(community, channel), presenceExpiryKey(community, channel), presenceBytesKey(community, channel)}
-	_ = rememberPresence.Run(ctx, p.client, keys, ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime, p.max, p.maxBytes).Err()
+	total := presenceCommunityKey(community)
+	keys := []string{PresenceKey(community, channel), presenceExpiryKey(community, channel), presenceBytesKey(community, channel),
+		total + ":expires", total + ":sizes", total + ":bytes"}
+	kept, err := rememberPresence.Run(ctx, p.client, keys, ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime,
+		p.max, p.maxBytes, channel.String()+":"+ev.PubKey, p.maxCommunityBytes).Int()
+	switch {
+	case err != nil:
+		return p.fallback.Remember(community, channel, ev, now)
+	case kept < 0:
+		return presence.ErrFull
+	}
+	_ = p.fallback.Remember(community, channel, ev, now) // Redis's answer holds
+	return nil
 }
 
 // Current implements presence.Store.
@@ -161,6 +215,46 @@ func (p *SharedPresence) Current(ctx context.Context, community, channel uuid.UU
 		var ev nostr.Event
 		if json.Unmarshal([]byte(eventJSON), &ev) == nil {
 			out = append(out, &ev)
+		}
+	}
+	return out
+}
+
+// Held implements presence.Store: one round trip for the whole batch.
+func (p *SharedPresence) Held(ctx context.Context, community uuid.UUID, wants []presence.Want, now time.Time) [][]byte {
+	if !p.bus.Hears() {
+		return p.fallback.Held(ctx, community, wants, now)
+	}
+	ctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	pipe := p.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(wants))
+	for i, w := range wants {
+		gets[i] = pipe.HGet(ctx, PresenceKey(community, w.Channel), w.PubKey)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return p.fallback.Held(ctx, community, wants, now)
+	}
+	out := make([][]byte, len(wants))
+	for i, get := range gets {
+		value, err := get.Bytes()
+		if err != nil {
+			continue
+		}
+		// "<created_at>:<expires ms>:<event JSON>"
+		_, rest, ok := bytes.Cut(value, []byte(":"))
+		if !ok {
+			continue
+		}
+		expiresText, eventJSON, ok := bytes.Cut(rest, []byte(":"))
+		if !ok {
+			continue
+		}
+		expires, err := strconv.ParseInt(string(expiresText), 10, 64)
+		// The JSON goes to the client as it is: whatever else wrote the
+		// key must not break the client's framing.
+		if err == nil && expires > now.UnixMilli() && json.Valid(eventJSON) {
+			out[i] = eventJSON
 		}
 	}
 	return out

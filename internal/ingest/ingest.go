@@ -189,6 +189,11 @@ type Pipeline struct {
 	// its write read: the hook that carries it to the other relay
 	// processes. May be nil.
 	OnPublish func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64)
+	// KeepEphemeral is called for an accepted ephemeral event before it is
+	// relayed, to keep what must outlive the relay (presence); a
+	// *Rejection it returns refuses the event, which is then not relayed.
+	// May be nil.
+	KeepEphemeral func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) error
 }
 
 // Now is the pipeline clock's time (handlers compare expiries with it).
@@ -360,6 +365,11 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		}
 		if err := checkChannelTags(w); err != nil {
 			return 0, "", err
+		}
+		if p.KeepEphemeral != nil {
+			if err := p.KeepEphemeral(tenant.ID(), ev, w.ChannelID); err != nil {
+				return 0, "", err
+			}
 		}
 		p.publish(w, ev, w.ChannelID)
 		return Relayed, "", nil

@@ -8,9 +8,12 @@
 package presence
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"encoding/hex"
+	"errors"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,13 +33,32 @@ const Kind = 20001
 // relays hold.
 const MaxAnnouncementBytes = 4 << 10
 
+// ErrFull is Remember's answer when the store keeps as many announcements
+// as it may: anyone may announce under fresh keys, so past the bound the
+// relay refuses announcements rather than hold more, until older ones
+// expire.
+var ErrFull = errors.New("presence store full")
+
 // Store remembers presence announcements and answers who is present.
 type Store interface {
 	// Remember keeps ev as its author's presence in channel until now+TTL,
-	// unless a newer announcement (by created_at) is held.
-	Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time)
+	// unless a newer announcement (by created_at) is held. ErrFull says
+	// the store as a whole (in Redis, the community's) has no room for it:
+	// the announcement is refused, and the one held for its author stays.
+	// A channel without room is not an error: the announcement is relayed
+	// but not kept.
+	Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error
 	// Current is every unexpired presence event of the channel.
 	Current(ctx context.Context, community, channel uuid.UUID, now time.Time) []*nostr.Event
+	// Held is the JSON of the unexpired announcement each want names, in
+	// the wants' order, nil for one not held.
+	Held(ctx context.Context, community uuid.UUID, wants []Want, now time.Time) [][]byte
+}
+
+// Want names one announcement: its author's in a channel.
+type Want struct {
+	Channel uuid.UUID
+	PubKey  string
 }
 
 type entry struct {
@@ -53,7 +75,7 @@ type channelKey struct{ community, channel uuid.UUID }
 // Memory is a Store in this process, for a relay that is the only one.
 // It holds at most max announcements and maxBytes bytes of them: when
 // either is reached, expired ones are swept, and if that frees too little
-// the announcement is not kept (it was still delivered live). Bytes are
+// the announcement is refused (ErrFull). Bytes are
 // bounded as well as entries because expired ones are only swept when the
 // store is full: by count alone, one client announcing under fresh keys
 // could make every process hold 100,000 of them (each up to
@@ -83,22 +105,26 @@ func NewMemory(ttl time.Duration, max, maxBytes, maxChannelBytes int) *Memory {
 }
 
 // Remember implements Store.
-func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) {
+func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error {
 	key := channelKey{community, channel}
 	raw := ev.AppendJSON(nil)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old, had := m.channels[key][ev.PubKey]
 	if had && old.expires.After(now) && old.createdAt > ev.CreatedAt {
-		return // an older announcement arriving late
+		return nil // an older announcement arriving late
 	}
-	if !m.fits(key, ev.PubKey, len(raw)) {
+	if totalFits, channelFits := m.fits(key, ev.PubKey, len(raw)); !totalFits || !channelFits {
 		m.sweep(now)
-		if !m.fits(key, ev.PubKey, len(raw)) {
+		totalFits, channelFits = m.fits(key, ev.PubKey, len(raw))
+		if !totalFits {
+			return ErrFull
+		}
+		if !channelFits {
 			// Not kept. A held announcement of the same pubkey goes too:
 			// this one replaced it, and it no longer says what is true.
 			m.drop(key, ev.PubKey)
-			return
+			return nil
 		}
 	}
 	m.drop(key, ev.PubKey)
@@ -111,18 +137,20 @@ func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now tim
 	m.held++
 	m.heldBytes += len(raw)
 	m.channelBytes[key] += len(raw)
+	return nil
 }
 
 // fits reports whether an announcement of size bytes by pubkey can be kept
-// in place of the one held for pubkey, if any; m.mu is held.
-func (m *Memory) fits(key channelKey, pubkey string, size int) bool {
+// in place of the one held for pubkey, if any, by the store's bounds and by
+// its channel's; m.mu is held.
+func (m *Memory) fits(key channelKey, pubkey string, size int) (total, channel bool) {
 	held, heldBytes, channelBytes := m.held, m.heldBytes, m.channelBytes[key]
 	if old, had := m.channels[key][pubkey]; had {
 		held--
 		heldBytes -= len(old.raw)
 		channelBytes -= len(old.raw)
 	}
-	return held < m.max && heldBytes+size <= m.maxBytes && channelBytes+size <= m.maxChannelBytes
+	return held < m.max && heldBytes+size <= m.maxBytes, channelBytes+size <= m.maxChannelBytes
 }
 
 // drop forgets pubkey's announcement in the channel, if held; m.mu is held.
@@ -167,6 +195,20 @@ func (m *Memory) Current(_ context.Context, community, channel uuid.UUID, now ti
 	for _, raw := range raws {
 		if ev, err := nostr.ParseEvent(raw, nostr.Limits{}); err == nil {
 			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// Held implements Store.
+func (m *Memory) Held(_ context.Context, community uuid.UUID, wants []Want, now time.Time) [][]byte {
+	out := make([][]byte, len(wants))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, w := range wants {
+		// An entry's raw is never written after it is made: sharing it is safe.
+		if e, ok := m.channels[channelKey{community, w.Channel}][w.PubKey]; ok && e.expires.After(now) {
+			out[i] = e.raw
 		}
 	}
 	return out
@@ -222,25 +264,58 @@ func (c *StoredCount) of(filter int) int {
 	return c.matched[filter]
 }
 
-// Select is what a REQ gets from the present: for each filter asking for
+// chosen names one announcement a REQ will be sent, compactly: a REQ may
+// choose thousands (filters x limit), and keeps them until its client has
+// read them, which a client that stops reading puts off until the write
+// timeout. The announcement itself is read again when its turn comes.
+type chosen struct {
+	createdAt int64
+	channel   int32 // index in Plan.channels
+	pubkey    [32]byte
+	id        [32]byte
+}
+
+// newestFirst orders chosen announcements newest first, then by id, so an
+// announcement chosen by several filters sorts next to itself.
+func newestFirst(a, b chosen) int {
+	if a.createdAt != b.createdAt {
+		return cmp.Compare(b.createdAt, a.createdAt)
+	}
+	return bytes.Compare(a.id[:], b.id[:])
+}
+
+// Plan is the announcements a REQ gets from the present, chosen but not
+// held: Next reads them a batch at a time, so a REQ whose client reads
+// slowly holds one batch of announcements, not filters x limit of them.
+type Plan struct {
+	store     Store
+	community uuid.UUID
+	now       time.Time
+	channels  []uuid.UUID
+	chosen    []chosen // newest first, each once
+}
+
+// Choose is what a REQ gets from the present: for each filter asking for
 // kind 20001 pinned (#h) to channels, the unexpired announcements it
 // matches, newest first, at most its limit (maxLimit when it gives none)
-// less the stored events it already returned (stored, nil for none).
+// less the stored events it already returned (stored, nil for none); an
+// announcement several filters match is sent once, and the filters'
+// choices are merged newest first, as stored history is.
 // The caller has already checked that the reader may read every pinned
 // channel.
-func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int, stored *StoredCount) []*nostr.Event {
+func Choose(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int, stored *StoredCount) *Plan {
 	type pick struct {
 		filter  *nostr.Filter
 		limit   int
 		named   map[uuid.UUID]struct{}
-		matched []*nostr.Event // newest first, at most limit
+		matched []chosen // newest first, at most limit
 	}
 	var picks []*pick
+	plan := &Plan{store: s, community: community, now: now}
 	// Each channel is read once per REQ, however many filters name it and
 	// however often: a filter may repeat one channel id up to the
 	// filter-value limit, and reading (and parsing) the whole set for every
 	// repeat made one REQ hold the set a thousand times over.
-	var channels []uuid.UUID
 	read := map[uuid.UUID]struct{}{}
 	for i := range filters {
 		f := &filters[i]
@@ -264,7 +339,7 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 			p.named[channel] = struct{}{}
 			if _, dup := read[channel]; !dup {
 				read[channel] = struct{}{}
-				channels = append(channels, channel)
+				plan.channels = append(plan.channels, channel)
 			}
 		}
 		picks = append(picks, p)
@@ -273,7 +348,7 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 	// next is read: a channel holds up to its byte bound, and a REQ may
 	// name thousands of channels, so keeping every set until the end held
 	// their sum.
-	for _, channel := range channels {
+	for index, channel := range plan.channels {
 		present := s.Current(ctx, community, channel, now)
 		for _, p := range picks {
 			if _, ok := p.named[channel]; !ok {
@@ -281,30 +356,61 @@ func Select(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 			}
 			grew := false
 			for _, ev := range present {
-				if p.filter.Matches(ev) {
-					p.matched = append(p.matched, ev)
+				if !p.filter.Matches(ev) {
+					continue
+				}
+				c := chosen{createdAt: ev.CreatedAt, channel: int32(index)}
+				if decodeHex32(&c.pubkey, ev.PubKey) && decodeHex32(&c.id, ev.ID) {
+					p.matched = append(p.matched, c)
 					grew = true
 				}
 			}
 			if grew {
-				sort.SliceStable(p.matched, func(a, b int) bool { return p.matched[a].CreatedAt > p.matched[b].CreatedAt })
-				// The array's tail may keep at most one channel's worth
-				// alive, until the next append overwrites it.
+				slices.SortFunc(p.matched, newestFirst)
 				p.matched = p.matched[:min(len(p.matched), p.limit)]
 			}
 		}
 	}
-	seen := map[string]struct{}{}
-	var out []*nostr.Event
 	for _, p := range picks {
-		for _, ev := range p.matched {
-			if _, dup := seen[ev.ID]; !dup {
-				seen[ev.ID] = struct{}{}
-				out = append(out, ev)
+		plan.chosen = append(plan.chosen, p.matched...)
+	}
+	slices.SortFunc(plan.chosen, newestFirst)
+	plan.chosen = slices.CompactFunc(plan.chosen, func(a, b chosen) bool { return a.id == b.id })
+	return plan
+}
+
+func decodeHex32(dst *[32]byte, s string) bool {
+	n, err := hex.Decode(dst[:], []byte(s))
+	return err == nil && n == len(dst)
+}
+
+// Next reads the next announcements chosen, at most n, as their JSON,
+// newest first; nil once every one was read. One replaced or expired
+// since it was chosen is left out: a replacement reaches a live
+// subscription by itself.
+func (p *Plan) Next(ctx context.Context, n int) [][]byte {
+	for len(p.chosen) > 0 {
+		batch := p.chosen[:min(n, len(p.chosen))]
+		p.chosen = p.chosen[len(batch):]
+		wants := make([]Want, len(batch))
+		for i, c := range batch {
+			wants[i] = Want{Channel: p.channels[c.channel], PubKey: hex.EncodeToString(c.pubkey[:])}
+		}
+		held := p.store.Held(ctx, p.community, wants, p.now)
+		var out [][]byte
+		var id [64]byte
+		for i, raw := range held {
+			hex.Encode(id[:], batch[i].id[:])
+			if raw != nil && bytes.Equal(nostr.RawEventID(raw), id[:]) {
+				out = append(out, raw)
 			}
 		}
+		if out != nil {
+			return out
+		}
 	}
-	return out
+	p.chosen = nil
+	return nil
 }
 
 func asksPresence(f *nostr.Filter) bool {

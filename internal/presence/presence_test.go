@@ -17,8 +17,8 @@ import (
 )
 
 // The in-process store holds at most its bound: a new pubkey past it is
-// not kept unless an expired announcement can be swept to make room, and
-// re-announcing an already held pubkey always fits.
+// refused (ErrFull) unless an expired announcement can be swept to make
+// room, and re-announcing an already held pubkey always fits.
 // Mutations killed: no bound (the third pubkey is kept); no sweep (the
 // pubkey after expiry is refused).
 func TestMemoryIsBounded(t *testing.T) {
@@ -26,18 +26,18 @@ func TestMemoryIsBounded(t *testing.T) {
 	m := presence.NewMemory(time.Minute, 2, 1<<20, 1<<20)
 	community, channel := uuid.New(), uuid.New()
 	now := time.Unix(1_000_000, 0)
-	announce := func(pubkey string, at time.Time) {
-		m.Remember(community, channel, fakeEvent(pubkey, at, 0), at)
+	announce := func(pubkey string, at time.Time) error {
+		return m.Remember(community, channel, fakeEvent(pubkey, at, 0), at)
 	}
-	announce("a", now)
-	announce("b", now)
-	announce("c", now)
+	require.NoError(t, announce("a", now))
+	require.NoError(t, announce("b", now))
+	require.ErrorIs(t, announce("c", now), presence.ErrFull)
 	require.Len(t, m.Current(context.Background(), community, channel, now), 2, "the third pubkey is past the bound")
-	announce("a", now.Add(time.Second))
+	require.NoError(t, announce("a", now.Add(time.Second)))
 	require.Len(t, m.Current(context.Background(), community, channel, now.Add(time.Second)), 2, "re-announcing fits")
 
 	later := now.Add(time.Minute + 30*time.Second) // b expired, a (re-announced) too
-	announce("c", later)
+	require.NoError(t, announce("c", later))
 	got := m.Current(context.Background(), community, channel, later)
 	require.Len(t, got, 1)
 	require.Equal(t, hexKey("c"), got[0].PubKey, "expired announcements were swept to make room")
@@ -45,13 +45,13 @@ func TestMemoryIsBounded(t *testing.T) {
 
 // The in-process store also holds at most its bytes: an announcement may be
 // as large as any event, so a count alone bounds nothing. Bytes are those
-// of the event's JSON. Past the bound a new announcement is not kept unless
+// of the event's JSON. Past the bound a new announcement is refused unless
 // sweeping expired ones makes room; a re-announcement that no longer fits
-// is not kept either, and takes the one it replaces with it.
+// is refused too, and the one it would have replaced stays.
 // Mutations killed: no byte bound (the third announcement is kept); the
 // replaced announcement's bytes not given back (the re-announcement does
-// not fit); no sweep by bytes (the late announcement is refused); keeping
-// the replaced announcement when its successor does not fit.
+// not fit); no sweep by bytes (the late announcement is refused);
+// dropping the held announcement when its refused successor does not fit.
 func TestMemoryIsBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	community, channel := uuid.New(), uuid.New()
@@ -66,19 +66,19 @@ func TestMemoryIsBoundedInBytes(t *testing.T) {
 		}
 		return pubkeys
 	}
-	m.Remember(community, channel, sized("a", now, 1000), now)
-	m.Remember(community, channel, sized("b", now, 1000), now)
-	m.Remember(community, channel, sized("c", now, 1000), now)
+	require.NoError(t, m.Remember(community, channel, sized("a", now, 1000), now))
+	require.NoError(t, m.Remember(community, channel, sized("b", now, 1000), now))
+	require.ErrorIs(t, m.Remember(community, channel, sized("c", now, 1000), now), presence.ErrFull)
 	require.ElementsMatch(t, []string{"a", "b"}, current(now), "the third announcement is past the byte bound")
 
 	next := now.Add(time.Second)
-	m.Remember(community, channel, sized("a", next, 1000), next)
+	require.NoError(t, m.Remember(community, channel, sized("a", next, 1000), next))
 	require.ElementsMatch(t, []string{"a", "b"}, current(next), "a re-announcement of the same size fits in place of the old one")
-	m.Remember(community, channel, sized("a", next.Add(time.Second), 5000), next.Add(time.Second))
-	require.Equal(t, []string{"b"}, current(next.Add(time.Second)), "a re-announcement past the bound is not kept, nor is the one it replaced")
+	require.ErrorIs(t, m.Remember(community, channel, sized("a", next.Add(time.Second), 5000), next.Add(time.Second)), presence.ErrFull)
+	require.ElementsMatch(t, []string{"a", "b"}, current(next.Add(time.Second)), "a refused re-announcement leaves the one it would have replaced")
 
-	later := now.Add(time.Minute + 30*time.Second) // b expired
-	m.Remember(community, channel, sized("c", later, 1500), later)
+	later := now.Add(time.Minute + 30*time.Second) // a and b expired
+	require.NoError(t, m.Remember(community, channel, sized("c", later, 1500), later))
 	require.Equal(t, []string{"c"}, current(later), "expired announcements were swept to make room")
 }
 
@@ -165,12 +165,28 @@ func TestSelectReadsEachChannelOnce(t *testing.T) {
 		{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": repeated}, Limit: ptr(1)},
 	}
 	store := &countingStore{Store: m}
-	got := presence.Select(context.Background(), store, community, filters, now, 500, nil)
+	got := selectAll(context.Background(), store, community, filters, now, 500, nil)
 	require.Len(t, got, 3, "each announcement once")
 	require.Equal(t, 1, store.reads, "one read of the channel for the whole REQ")
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// selectAll chooses what filters get and reads it all, parsed.
+func selectAll(ctx context.Context, s presence.Store, community uuid.UUID, filters nostr.Filters, now time.Time, maxLimit int, stored *presence.StoredCount) []*nostr.Event {
+	plan := presence.Choose(ctx, s, community, filters, now, maxLimit, stored)
+	var out []*nostr.Event
+	for batch := plan.Next(ctx, 3); batch != nil; batch = plan.Next(ctx, 3) {
+		for _, raw := range batch {
+			ev, err := nostr.ParseEvent(raw, nostr.Limits{})
+			if err != nil {
+				panic(err)
+			}
+			out = append(out, ev)
+		}
+	}
+	return out
+}
 
 // generatingStore answers every channel with perChannel fresh announcements
 // and keeps only weak pointers to them, so the test can tell which ones the
@@ -183,7 +199,29 @@ type generatingStore struct {
 	mostHeld int
 }
 
-func (g *generatingStore) Remember(uuid.UUID, uuid.UUID, *nostr.Event, time.Time) {}
+func (g *generatingStore) Remember(uuid.UUID, uuid.UUID, *nostr.Event, time.Time) error { return nil }
+
+// Held implements presence.Store: the announcement Current made for the
+// pubkey, made again.
+func (g *generatingStore) Held(_ context.Context, _ uuid.UUID, wants []presence.Want, now time.Time) [][]byte {
+	out := make([][]byte, len(wants))
+	for i, w := range wants {
+		var n int
+		if _, err := fmt.Sscanf(w.PubKey, "%x", &n); err == nil {
+			out[i] = g.made(w.Channel, now, n).AppendJSON(nil)
+		}
+	}
+	return out
+}
+
+func (g *generatingStore) made(channel uuid.UUID, now time.Time, n int) *nostr.Event {
+	ev := fakeEvent("a", now, 100)
+	ev.ID = fmt.Sprintf("%064x", n)
+	ev.PubKey = fmt.Sprintf("%064x", n)
+	ev.CreatedAt = now.Unix() - int64(n) // each older than the last
+	ev.Tags = nostr.Tags{{"h", channel.String()}}
+	return ev
+}
 
 func (g *generatingStore) Current(_ context.Context, _, channel uuid.UUID, now time.Time) []*nostr.Event {
 	runtime.GC()
@@ -196,11 +234,7 @@ func (g *generatingStore) Current(_ context.Context, _, channel uuid.UUID, now t
 	g.mostHeld = max(g.mostHeld, held)
 	out := make([]*nostr.Event, g.perChannel)
 	for i := range out {
-		ev := fakeEvent("a", now.Add(-time.Duration(len(g.handedOut))*time.Millisecond), 100)
-		ev.ID = fmt.Sprintf("%064x", len(g.handedOut))
-		ev.PubKey = fmt.Sprintf("%064x", len(g.handedOut))
-		ev.CreatedAt = now.Unix() - int64(len(g.handedOut)) // each older than the last
-		ev.Tags = nostr.Tags{{"h", channel.String()}}
+		ev := g.made(channel, now, len(g.handedOut))
 		out[i] = ev
 		g.handedOut = append(g.handedOut, weak.Make(ev))
 	}
@@ -223,7 +257,7 @@ func TestSelectHoldsOnlyWhatTheLimitKeeps(t *testing.T) {
 	}
 	store := &generatingStore{perChannel: perChannel}
 	filters := nostr.Filters{{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": named}, Limit: ptr(limit)}}
-	got := presence.Select(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil)
+	got := selectAll(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil)
 	require.Len(t, got, limit)
 	require.Equal(t, fmt.Sprintf("%064x", 0), got[0].ID, "the newest first")
 	// The limit's worth kept, and the channel read last, which the
@@ -238,6 +272,6 @@ func TestSelectSkipsAgentOwnerFilters(t *testing.T) {
 	t.Parallel()
 	store := &countingStore{Store: presence.NewMemory(time.Minute, 100, 1<<20, 1<<20)}
 	filters := nostr.Filters{{Kinds: []int{presence.Kind}, Tags: map[string][]string{"h": {uuid.NewString()}}, AgentOwner: hexKey("b")}}
-	require.Empty(t, presence.Select(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil))
+	require.Empty(t, selectAll(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil))
 	require.Zero(t, store.reads)
 }

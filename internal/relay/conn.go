@@ -774,8 +774,22 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		return nil
 	})
 	if err == nil {
-		for _, ev := range c.presenceEvents(ctx, filters, stored) {
-			held.add(queued{msg: nostr.EncodeEvent(subID, ev)})
+		// Presence goes out as stored rows do, a batch at a time through
+		// the reply budget: gathered whole, ten filters of 500
+		// announcements of 4 KiB waited in memory for a client that had
+		// stopped reading.
+		plan := c.srv.presencePlan(c.ctx, c.tenant.ID(), filters, stored)
+		for batch := plan.Next(c.ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(c.ctx, presenceBatch) {
+			for _, event := range batch {
+				if sentIDs != nil {
+					*sentIDs = append(*sentIDs, nostr.RawEventID(event)...)
+				}
+				if held.add(queued{msg: event, subID: subID}) {
+					if err = c.sendAll(held.take()); err != nil {
+						break
+					}
+				}
+			}
 		}
 	}
 	if err == nil && traced {

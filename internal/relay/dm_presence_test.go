@@ -124,3 +124,33 @@ func TestPresenceAndTypingAreChannelScopedAndEphemeral(t *testing.T) {
 	require.NoError(t, r.Pool.QueryRow(context.Background(), "SELECT count(*) FROM events WHERE kind BETWEEN 20000 AND 29999").Scan(&n))
 	require.Zero(t, n)
 }
+
+// Presence without an h tag says only that its author is online in the
+// community: like any channel-less event it reaches every authenticated
+// reader's unpinned subscription (no channel membership needed), never a
+// channel's pinned one, and it is not kept for later subscribers.
+// See read-scope.md for why it stays community-wide.
+// Mutation killed: refusing channel-less presence (the OK is false).
+func TestPresenceWithoutAChannelIsCommunityWideAndLiveOnly(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	author := r.Dial(t, "")
+	author.Auth(nil)
+	ch := createChannel(t, author, "elsewhere", true)
+	pinned := r.Dial(t, "")
+	pinned.Auth(nil)
+	require.True(t, author.Publish(author.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", pinned.Key.PublicKeyHex()}}, 0)).OK)
+	pinned.Send("REQ", "channel", map[string]any{"kinds": []int{20001}, "#h": []string{ch}, "limit": 0})
+	pinned.Expect("EOSE")
+	stranger := r.Dial(t, "") // a member of no channel
+	stranger.Auth(nil)
+	stranger.Send("REQ", "community", map[string]any{"kinds": []int{20001}, "limit": 0})
+	stranger.Expect("EOSE")
+
+	online := author.Sign(20001, "online", nil, 0)
+	require.True(t, author.Publish(online).OK)
+	require.Equal(t, online.ID, stranger.Expect("EVENT").Event.ID)
+	require.Empty(t, stranger.Req("later", map[string]any{"kinds": []int{20001}, "authors": []string{author.Key.PublicKeyHex()}}),
+		"channel-less presence is not kept")
+	pinned.ExpectSilence(300*time.Millisecond, "a channel's subscription does not get community-wide presence")
+}

@@ -3,6 +3,10 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // ReadyChecks reports how many readiness checks ran and how many /ready
@@ -30,3 +34,9 @@ func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, erro
 // SetBeforeHistory runs f whenever a live REQ is registered with the hub
 // and its stored events are not yet read.
 func (s *Server) SetBeforeHistory(f func()) { s.beforeHistory.Store(&f) }
+
+// RememberPresence keeps ev as its author's presence in channel, as the
+// relay does for an accepted announcement, without a publisher per key.
+func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event) error {
+	return s.presence.Load().Remember(community, channel, ev, s.now())
+}

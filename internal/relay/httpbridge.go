@@ -328,9 +328,12 @@ func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant c
 	}
 	if err == nil {
 		// Presence as a REQ gets it before EOSE: the same read, over HTTP.
-		for _, ev := range presence.Select(ctx, s.presence.Load().Store, tenant.ID(), filters, s.now(), s.cfg.MaxLimit, stored) {
-			if err = answer.add(ev.AppendJSON(nil)); err != nil {
-				break
+		plan := s.presencePlan(ctx, tenant.ID(), filters, stored)
+		for batch := plan.Next(ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(ctx, presenceBatch) {
+			for _, event := range batch {
+				if err = answer.add(event); err != nil {
+					break
+				}
 			}
 		}
 	}

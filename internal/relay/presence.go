@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 
+	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/presence"
 )
@@ -11,11 +14,18 @@ import (
 // atomically when the process joins Redis.
 type presenceStore struct{ presence.Store }
 
-// presenceEvents are the presence announcements a REQ's filters ask for
-// (kind 20001 pinned with #h), sent before EOSE. readScope has already refused a
-// REQ pinned to a channel the reader cannot read.
+// presenceBatch is how many announcements a REQ reads at once: at most a
+// history page's bytes (eventstore.DefaultPageBytes), which is what a REQ
+// holds besides its reply budget while its client reads slowly.
+const presenceBatch = eventstore.DefaultPageBytes / presence.MaxAnnouncementBytes
+
+// presencePlan is the presence announcements a REQ's filters ask for
+// (kind 20001 pinned with #h), sent before EOSE. readScope has already
+// refused a REQ pinned to a channel the reader cannot read.
 // stored counts the stored events the REQ returned, which share each
-// filter's limit with presence.
-func (c *conn) presenceEvents(ctx context.Context, filters nostr.Filters, stored *presence.StoredCount) []*nostr.Event {
-	return presence.Select(ctx, c.srv.presence.Load().Store, c.tenant.ID(), filters, c.srv.now(), c.srv.cfg.MaxLimit, stored)
+// filter's limit with presence. Each Redis read has its own deadline, so
+// the connection's context serves: the REQ's query budget may be spent by
+// a slow reader of its history before presence is read.
+func (s *Server) presencePlan(ctx context.Context, community uuid.UUID, filters nostr.Filters, stored *presence.StoredCount) *presence.Plan {
+	return presence.Choose(ctx, s.presence.Load().Store, community, filters, s.now(), s.cfg.MaxLimit, stored)
 }

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -252,12 +254,14 @@ func TestPresenceInRedisIsBoundedPerChannelInBytes(t *testing.T) {
 
 // A presence announcement may be as large as any event, and a client may
 // announce under as many fresh keys as it likes: the presence a process
-// keeps is bounded in bytes, not only in announcements, and what does not
-// fit is still delivered live. Without the byte bound the 100,000
-// announcements kept by default could each be 256 KB, held until the
-// store fills, since expired ones are only swept then.
-// Mutation killed: no byte bound in the in-process store (the third
-// announcement is kept).
+// keeps is bounded in bytes, not only in announcements, and past the bound
+// an announcement is refused, so its author learns that later subscribers
+// will not see it. Without the byte bound the 100,000 announcements kept
+// by default could each be 256 KB, held until the store fills, since
+// expired ones are only swept then.
+// Mutations killed: no byte bound in the in-process store (the third
+// announcement is kept); a full store not refusing (the third is
+// accepted and relayed, but not kept).
 func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	content := strings.Repeat("x", 3000) // under presence.MaxAnnouncementBytes
@@ -270,16 +274,115 @@ func TestPresenceKeptInProcessIsBoundedInBytes(t *testing.T) {
 	owner.Expect("EOSE")
 
 	var announced []string
-	for range 3 {
+	for i := range 3 {
 		c := r.Dial(t, "")
 		c.Auth(nil)
 		ev := c.Sign(20001, content, nostr.Tags{{"h", ch}}, time.Now().Unix())
 		require.Len(t, ev.AppendJSON(nil), size)
-		require.True(t, c.Publish(ev).OK)
-		require.Equal(t, ev.ID, owner.Expect("EVENT").Event.ID, "delivered live, kept or not")
+		ok := c.Publish(ev)
+		if i == 2 {
+			require.False(t, ok.OK)
+			require.Equal(t, "rate-limited: the relay keeps as much presence as it may; announce again in 1m0s, as older announcements expire", ok.Msg)
+			continue
+		}
+		require.True(t, ok.OK, ok.Msg)
+		require.Equal(t, ev.ID, owner.Expect("EVENT").Event.ID, "delivered live")
 		announced = append(announced, ev.ID)
 	}
-	require.ElementsMatch(t, announced[:2], ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is not kept")
+	require.ElementsMatch(t, announced, ids(owner.Req("later", presenceFilter(ch, nil))), "two fit the bytes, the third is refused")
+}
+
+// With Redis, a community keeps at most BUZZ_PRESENCE_MAX_BYTES of presence
+// across its channels, as a process does without Redis: announcements
+// racing through two relays into two channels are kept up to the bound
+// and refused past it, with a reason, and the community's count is what
+// its channels hold. Another community keeps its own.
+// Expired announcements give their room back, whichever channel they were
+// in.
+// Mutations killed: the script without the community check (all 24 kept);
+// a refusal not reaching the client (24 accepted); expired announcements
+// not dropped from the community's count (refused after the TTL).
+func TestPresenceInRedisIsBoundedPerCommunity(t *testing.T) {
+	t.Parallel()
+	var at atomic.Int64
+	at.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, at.Load()) }
+	opts := []relay.Option{relay.WithClock(clock.Stub(now))}
+	content := strings.Repeat("x", 1000)
+	size := len(relaytest.SignEvent(t, relaytest.NewKey(t), 20001, content, nostr.Tags{{"h", uuid.NewString()}}, now().Unix()).AppendJSON(nil))
+	const most = 5
+	// Redis keeps each announcement behind "<created_at>:<expires ms>:".
+	bound := func(c *config.Config) { c.PresenceMaxBytes = most*(size+25) + 10 }
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartWith(t, pool, opts, withRedis(url), bound)
+	b := relaytest.StartWith(t, pool, opts, withRedis(url), bound)
+	waitRedis(t, "connected", a, b)
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	channels := []string{createChannel(t, owner, "north", false), createChannel(t, owner, "south", false)}
+
+	clients := make([]*relaytest.Client, 24)
+	for i := range clients {
+		r := a
+		if i%2 == 1 {
+			r = b
+		}
+		clients[i] = r.Dial(t, a.Host)
+		clients[i].Auth(nil)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	answers := make(chan relaytest.Reply, len(clients))
+	for i, cl := range clients {
+		ev := cl.Sign(20001, content, nostr.Tags{{"h", channels[i/2%2]}}, now().Unix())
+		require.Len(t, ev.AppendJSON(nil), size)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers <- cl.Publish(ev)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+	accepted := 0
+	for ok := range answers {
+		if ok.OK {
+			accepted++
+			continue
+		}
+		require.Equal(t, "rate-limited: the relay keeps as much presence as it may; announce again in 1m0s, as older announcements expire", ok.Msg)
+	}
+	require.Equal(t, most, accepted, "exactly the community's bound accepted")
+
+	redisOpts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(redisOpts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	held, kept := 0, 0
+	for _, ch := range channels {
+		values := rdb.HVals(ctx, crossrelay.PresenceKey(a.CommunityID, uuid.MustParse(ch))).Val()
+		kept += len(values)
+		for _, v := range values {
+			held += len(v)
+		}
+	}
+	require.Equal(t, most, kept)
+	countKey := "buzz:" + a.CommunityID.String() + ":presence-total:bytes"
+	counted, err := rdb.Get(ctx, countKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, held, counted, "the community's count is what its channels hold")
+	require.Len(t, owner.Req("both", presenceFilter(channels[0], nil), presenceFilter(channels[1], nil)), most)
+
+	at.Add(int64(time.Minute + time.Second)) // past the 60 s TTL
+	late := clients[0].Sign(20001, content, nostr.Tags{{"h", channels[1]}}, now().Unix())
+	require.True(t, clients[0].Publish(late).OK, "the expired announcements gave their room back")
+	counted, err = rdb.Get(ctx, countKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, size+25, counted)
 }
 
 // A filter asking for stored kinds and presence alike gets at most its
@@ -417,4 +520,89 @@ func TestPresenceBoundHoldsUnderConcurrentAnnouncements(t *testing.T) {
 	require.Equal(t, held, counted, "the byte count is what the hash holds")
 	require.EqualValues(t, most, rdb.ZCard(ctx, key+":expires").Val(), "one expiry per kept announcement")
 	require.Len(t, owner.Req("racing", presenceFilter(ch, nil)), most)
+}
+
+// A presence REQ whose client stops reading pins at most the reply budget
+// and one batch of announcements, as stored history does: the
+// announcements are read and queued a batch at a time as the budget makes
+// room, not gathered whole first. Ten filters of 500 announcements of
+// 4 KiB each made one REQ hold them all (and their parsed and encoded
+// copies, 24 MiB measured) until the write timeout closed the socket.
+// Presence is kept in Redis, where each read copies what it reads.
+// Mutation killed: reading every batch before queueing any (the stalled
+// REQ holds what it read from Redis, 20 MiB).
+func TestStalledPresenceReaderPinsAtMostTheReplyBudget(t *testing.T) {
+	// Not parallel: it measures the heap.
+	const filters, perChannel = 10, 500
+	r := relaytest.StartWith(t, dbtest.Pool(t), nil, withRedis(dbtest.RedisURL(t)))
+	waitRedis(t, "connected", r)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	status := strings.Repeat("x", 3700) // about 4 KiB of JSON each
+	var req []any
+	for i := range filters {
+		ch := createChannel(t, owner, fmt.Sprint("crowd", i), false)
+		channel := uuid.MustParse(ch)
+		for range perChannel {
+			ev := relaytest.SignEvent(t, relaytest.NewKey(t), 20001, status, nostr.Tags{{"h", ch}}, time.Now().Unix())
+			require.NoError(t, r.Server.RememberPresence(r.CommunityID, channel, ev))
+		}
+		req = append(req, map[string]any{"kinds": []int{20001}, "#h": []string{ch}})
+	}
+	reader := r.Dial(t, "")
+	reader.Auth(nil)
+	queued := func() float64 { return testutil.ToFloat64(r.Server.Metrics().ReplyQueueBytes) }
+	before := heapInUse()
+	reader.Send(append([]any{"REQ", "crowd"}, req...)...)
+	// The client reads nothing: the relay fills the socket buffers, then
+	// the reply budget, and waits there.
+	budget := float64(config.Default().ReplyQueueBytes)
+	require.Eventually(t, func() bool { return queued() >= budget/2 }, 60*time.Second, 5*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // whatever the REQ gathers, it has gathered
+	pinned := int64(heapInUse()) - int64(before)
+	t.Logf("a stalled presence REQ pins %d KiB of heap", pinned>>10)
+	require.Less(t, pinned, int64(8<<20), "heap pinned by a stalled presence REQ")
+
+	require.Equal(t, filters*perChannel, historyUntilEOSE(t, reader), "the whole presence still arrives")
+}
+
+// An announcement made as a REQ starts reaches the REQ's live hold and the
+// presence it reads alike: the client gets it once, before the EOSE.
+// Mutation killed: presence sent before the EOSE not counted among what
+// the history sent (the announcement came again after the EOSE).
+func TestAnnouncementMadeAsAReqStartsIsSentOnce(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "arriving", false)
+	watcher := r.Dial(t, "")
+	watcher.Auth(nil)
+	watcher.Send("REQ", "watch", presenceFilter(ch, map[string]any{"limit": 0}))
+	watcher.Expect("EOSE")
+	sub := r.Dial(t, "")
+	sub.Auth(nil)
+
+	here := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	var armed atomic.Bool
+	armed.Store(true)
+	r.Server.SetBeforeHistory(func() {
+		if !armed.Swap(false) {
+			return
+		}
+		if ok := owner.Publish(here); !ok.OK {
+			t.Errorf("announcement refused: %s", ok.Msg)
+			return
+		}
+		// Deliveries of one publish run one after another: shortly after
+		// the watcher has it, the REQ's hold has it too.
+		require.Equal(t, here.ID, watcher.Expect("EVENT").Event.ID)
+		time.Sleep(50 * time.Millisecond)
+	})
+	sub.Send("REQ", "presence", presenceFilter(ch, nil))
+	require.Equal(t, here.ID, sub.Expect("EVENT").Event.ID)
+	sub.Expect("EOSE")
+	marker := owner.Sign(20002, "typing", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(marker).OK)
+	require.Equal(t, marker.ID, sub.Expect("EVENT").Event.ID, "the announcement is not sent again live")
 }

@@ -186,11 +186,17 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		}
 	}
 	s.presence.Store(&presenceStore{presence.NewMemory(cfg.PresenceTTL, cfg.PresenceMaxEntries, cfg.PresenceMaxBytes, cfg.PresenceMaxChannelBytes)})
+	s.pipeline.KeepEphemeral = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) error {
+		if ev.Kind != presence.Kind || channel == nil {
+			return nil
+		}
+		if errors.Is(s.presence.Load().Remember(community, *channel, ev, s.now()), presence.ErrFull) {
+			return ingest.Reject("rate-limited", "the relay keeps as much presence as it may; announce again in %s, as older announcements expire", s.cfg.PresenceTTL)
+		}
+		return nil
+	}
 	s.pipeline.OnPublish = func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
 		s.noteRemoval(community, ev, channel)
-		if ev.Kind == presence.Kind && channel != nil {
-			s.presence.Load().Remember(community, *channel, ev, s.now())
-		}
 		if bus := s.crossRelay.Load(); bus != nil {
 			bus.PublishEvent(community, ev, channel, readersVersion)
 		}
@@ -384,7 +390,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	// Presence accepted by any process is seen by a REQ on every other.
-	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.presence.Load().Store)})
+	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.cfg.PresenceMaxBytes, s.presence.Load().Store)})
 	s.crossRelay.Store(bus)
 	// Cached access answers stand only while this process hears the
 	// others' invalidations; until it subscribes, and whenever Redis is
