@@ -109,6 +109,8 @@ func TestHelpIsAnsweredOnStdoutWithStatusZero(t *testing.T) {
 		status := exitStatus(run(t.Context(), strings.Fields(args), noDatabase, &bytes.Buffer{}), &stdout, &stderr)
 		require.Equal(t, 0, status, args)
 		require.Contains(t, stdout.String(), "usage: buzz-admin", args)
+		require.Contains(t, stdout.String(), "BUZZ_ADMIN_CONNECT_TIMEOUT", args)
+		require.Contains(t, stdout.String(), "(default 10s;", args)
 		require.Empty(t, stderr.String(), args)
 	}
 	var stdout, stderr bytes.Buffer
