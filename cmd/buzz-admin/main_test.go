@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,7 +14,13 @@ import (
 	"github.com/buzzrelay/buzz/internal/dbtest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := dbtest.Run(m)
+	if binaryDir != "" {
+		_ = os.RemoveAll(binaryDir) // the binary the process tests built
+	}
+	os.Exit(code)
+}
 
 func TestCommunitiesCommands(t *testing.T) {
 	t.Parallel()

@@ -22,6 +22,7 @@ import (
 
 var (
 	buildOnce sync.Once
+	binaryDir string // removed by TestMain
 	binary    string
 	buildErr  error
 	buildOut  []byte
@@ -33,12 +34,11 @@ var (
 func adminBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "buzz-admin-test")
-		if err != nil {
-			buildErr = err
+		binaryDir, buildErr = os.MkdirTemp("", "buzz-admin-test")
+		if buildErr != nil {
 			return
 		}
-		binary = filepath.Join(dir, "buzz-admin")
+		binary = filepath.Join(binaryDir, "buzz-admin")
 		args := []string{"build", "-o", binary}
 		if raceEnabled {
 			args = append(args, "-race")
