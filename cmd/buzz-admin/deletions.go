@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -190,6 +188,10 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 	if err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
+	if poolCfg.ConnConfig.ConnectTimeout, err = connectTimeout(getenv, poolCfg.ConnConfig.ConnectTimeout); err != nil {
+		return err
+	}
+	cancelOnServer(&poolCfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return err
@@ -340,8 +342,6 @@ func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID stri
 		return exitError{code: exitRunFailed, err: err}
 	}
 	defer svc.close()
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	display := newProgressDisplay(out)
 	exec := deletion.NewExecutor(deletion.Options{Pool: pool, Store: svc.store, Redis: svc.redis, ID: executorID, Mode: verb,
 		Config: cfg, Progress: display.update})

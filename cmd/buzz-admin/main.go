@@ -19,10 +19,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
@@ -33,10 +38,71 @@ const usage = `usage: buzz-admin communities create HOST | list | archive HOST |
        buzz-admin listeners list [LISTENER] | add LISTENER TARGET... | remove LISTENER TARGET...
 ` + deletionsUsage + `
 BUZZ_DATABASE_URL names the database; deletions also read the media store and
-BUZZ_REDIS_URL settings of the relay.`
+BUZZ_REDIS_URL settings of the relay. BUZZ_ADMIN_CONNECT_TIMEOUT bounds each
+connection attempt (default 10s; else the URL's connect_timeout when it sets
+one): an unreachable database host is an error, not a hang.
+SIGINT (Ctrl-C) or SIGTERM cancels the command: statements in flight are
+cancelled (work committed before them stays) and it exits 130 or 143; a
+second SIGINT kills it at once.`
 
 func main() {
-	os.Exit(exitStatus(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout), os.Stdout, os.Stderr))
+	ctx, interrupted := cancelOnSignal(context.Background())
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	if sig := interrupted(); sig != nil {
+		err = interruptedError{sig: sig, err: err}
+	}
+	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
+}
+
+// cancelOnSignal returns a context that SIGINT or SIGTERM cancels, so the
+// statement in flight is cancelled on the server rather than left to run
+// (and commit) after the process is gone, and interrupted, which tells the
+// signal once one came. After the first signal the default action is back:
+// a second Ctrl-C kills a command that does not stop.
+func cancelOnSignal(parent context.Context) (context.Context, func() os.Signal) {
+	ctx, cancel := context.WithCancel(parent)
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	var caught atomic.Value
+	go func() {
+		sig := <-signals
+		signal.Stop(signals)
+		caught.Store(sig)
+		cancel()
+	}()
+	return ctx, func() os.Signal {
+		sig, _ := caught.Load().(os.Signal)
+		return sig
+	}
+}
+
+// interruptedError is a command a signal cancelled: exit status 128 plus
+// the signal's number, as a shell reports a process the signal killed.
+type interruptedError struct {
+	sig os.Signal
+	err error // what the command returned, cancelled
+}
+
+func (e interruptedError) Error() string {
+	msg := fmt.Sprintf("interrupted by %s: the command was cancelled, and statements in flight with it; what it had committed before stays", signalName(e.sig))
+	if e.err != nil && !errors.Is(e.err, context.Canceled) {
+		msg += " (" + e.err.Error() + ")"
+	}
+	return msg
+}
+
+func signalName(sig os.Signal) string {
+	if sig == syscall.SIGTERM {
+		return "SIGTERM"
+	}
+	return "SIGINT"
+}
+
+func (e interruptedError) exitCode() int {
+	if s, ok := e.sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 130
 }
 
 // exitStatus reports what run came to and returns the process's exit
@@ -62,7 +128,10 @@ func exitStatus(err error, stdout, stderr io.Writer) int {
 	}
 	code := 1
 	var exit exitError
-	if errors.As(err, &exit) {
+	var interrupted interruptedError
+	if errors.As(err, &interrupted) {
+		code = interrupted.exitCode()
+	} else if errors.As(err, &exit) {
 		code = exit.code
 		err = exit.err
 	}
@@ -89,7 +158,59 @@ func connect(ctx context.Context, getenv func(string) string) (*pgx.Conn, error)
 	if url == "" {
 		return nil, errors.New("BUZZ_DATABASE_URL is not set")
 	}
-	return pgx.Connect(ctx, url)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
+	}
+	if cfg.ConnectTimeout, err = connectTimeout(getenv, cfg.ConnectTimeout); err != nil {
+		return nil, err
+	}
+	cancelOnServer(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, connectError(cfg.ConnectTimeout, err)
+	}
+	return conn, nil
+}
+
+// defaultConnectTimeout bounds a connection attempt when neither
+// BUZZ_ADMIN_CONNECT_TIMEOUT nor the URL does: without a bound a dead host
+// holds the command for as long as the kernel retries its SYN (minutes).
+const defaultConnectTimeout = 10 * time.Second
+
+// connectTimeout is BUZZ_ADMIN_CONNECT_TIMEOUT, else the URL's
+// connect_timeout (fromURL, 0 when it sets none), else the default.
+func connectTimeout(getenv func(string) string, fromURL time.Duration) (time.Duration, error) {
+	if v := getenv("BUZZ_ADMIN_CONNECT_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("BUZZ_ADMIN_CONNECT_TIMEOUT: want a positive duration such as 10s, got %q", v)
+		}
+		return d, nil
+	}
+	if fromURL > 0 {
+		return fromURL, nil
+	}
+	return defaultConnectTimeout, nil
+}
+
+// cancelOnServer makes a cancelled context cancel the statement in flight
+// on the server. pgx's default only drops the connection, and a backend
+// waiting for a lock does not notice: its statement would go on, and an
+// autocommitted one commit, after the operator's Ctrl-C. The socket is
+// closed if the server has not answered the cancel request by then.
+func cancelOnServer(cfg *pgconn.Config) {
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
+	}
+}
+
+// connectError says which bound a failed connection ran into.
+func connectError(timeout time.Duration, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("connect to the database: no answer within %s (BUZZ_ADMIN_CONNECT_TIMEOUT): %w", timeout, err)
+	}
+	return fmt.Errorf("connect to the database: %w", err)
 }
 
 // communityJSON is the stable JSON shape of a community.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,7 +14,13 @@ import (
 	"github.com/buzzrelay/buzz/internal/dbtest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := dbtest.Run(m)
+	if binaryDir != "" {
+		_ = os.RemoveAll(binaryDir) // the binary the process tests built
+	}
+	os.Exit(code)
+}
 
 func TestCommunitiesCommands(t *testing.T) {
 	t.Parallel()
@@ -109,6 +116,8 @@ func TestHelpIsAnsweredOnStdoutWithStatusZero(t *testing.T) {
 		status := exitStatus(run(t.Context(), strings.Fields(args), noDatabase, &bytes.Buffer{}), &stdout, &stderr)
 		require.Equal(t, 0, status, args)
 		require.Contains(t, stdout.String(), "usage: buzz-admin", args)
+		require.Contains(t, stdout.String(), "BUZZ_ADMIN_CONNECT_TIMEOUT", args)
+		require.Contains(t, stdout.String(), "(default 10s;", args)
 		require.Empty(t, stderr.String(), args)
 	}
 	var stdout, stderr bytes.Buffer

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -180,6 +181,61 @@ func BenchmarkJoinLargeChannel(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(time.Since(start).Microseconds())/1e3, "fold-ms")
+		})
+	}
+}
+
+// BenchmarkFoldLargeChannel is one fold (FoldChannelLists) of a channel of
+// 8,000, 20,000 and 50,000 members (go test -bench FoldLargeChannel
+// -benchtime 5x): ns/op is the fold's time, which must stay well inside the
+// write timeout for a large channel's lists ever to be written.
+func BenchmarkFoldLargeChannel(b *testing.B) {
+	for _, members := range []int{8000, 20000, 50000} {
+		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+			pool, err := pgxpool.New(context.Background(), dbtest.URL(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(pool.Close)
+			row, err := db.New(pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-fold-%d.example", time.Now().UnixNano()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			tenant := community.FromRow(row)
+			p := ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldMembers: 1, ListFoldInterval: time.Hour})
+			owner, _ := nostr.GenerateSecretKey()
+			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000001", time.Now().UnixNano()&0xffffffff)
+			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
+			if err := create.Sign(owner); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
+				b.Fatal(err)
+			}
+			// Without its triggers: each member row's would update the
+			// channel's row again in one transaction, quadratic in members.
+			if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(context.Background(), `SET LOCAL session_replication_role = replica`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
+					SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, $3::int - 1) i`, tenant.ID(), ch, members)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := pool.Exec(context.Background(), `INSERT INTO channel_lists_due (community_id, channel_id, due_at) VALUES ($1, $2, now())`, tenant.ID(), ch); err != nil {
+					b.Fatal(err)
+				}
+				n, err := p.FoldChannelLists(context.Background())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n != 1 {
+					b.Fatalf("folded %d channels", n)
+				}
+			}
 		})
 	}
 }

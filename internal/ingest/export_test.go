@@ -16,3 +16,6 @@ func RegisteredKinds(p *Pipeline) []int {
 // OnListClaimed makes FoldChannelLists call fn once it holds a mark, before
 // it writes the lists.
 func OnListClaimed(p *Pipeline, fn func()) { p.onListClaimed = fn }
+
+// OnListFoldPass makes RunListFolder call fn after each of its passes.
+func OnListFoldPass(p *Pipeline, fn func()) { p.onListFoldPass = fn }

@@ -167,6 +167,8 @@ type Pipeline struct {
 	foldInterval time.Duration
 	// onListClaimed runs in FoldChannelLists after a mark is claimed (tests).
 	onListClaimed func()
+	// onListFoldPass runs in RunListFolder after each pass (tests).
+	onListFoldPass func()
 
 	// groups commits concurrent events together; nil: each alone.
 	groups *groupWriter

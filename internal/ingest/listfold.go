@@ -47,6 +47,9 @@ func (p *Pipeline) RunListFolder(ctx context.Context, report func(error)) {
 		if _, err := p.FoldChannelLists(ctx); err != nil && ctx.Err() == nil && report != nil {
 			report(err)
 		}
+		if p.onListFoldPass != nil {
+			p.onListFoldPass()
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -29,10 +29,13 @@ type foldProcess struct {
 
 func (f *fixture) foldProcess(foldMembers int, interval time.Duration) *foldProcess {
 	f.t.Helper()
+	return f.foldProcessWith(ingest.Options{MaxFutureSkew: 10 * time.Minute, ListFoldMembers: foldMembers, ListFoldInterval: interval})
+}
+
+func (f *fixture) foldProcessWith(opts ingest.Options) *foldProcess {
+	f.t.Helper()
 	pool := dbtest.PoolOn(f.t, f.pool.Config().ConnString(), 8)
-	fp := &foldProcess{p: ingest.New(pool, fanout.NewHub(), ingest.Options{
-		MaxFutureSkew: 10 * time.Minute, ListFoldMembers: foldMembers, ListFoldInterval: interval,
-	})}
+	fp := &foldProcess{p: ingest.New(pool, fanout.NewHub(), opts)}
 	fp.p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) {
 		if ev.Kind == ingest.KindGroupMembers {
 			fp.mu.Lock()
