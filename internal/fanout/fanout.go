@@ -75,6 +75,9 @@ type Subscription struct {
 	heldBytes             int
 	maxHeld, maxHeldBytes int
 	overflow              func()
+	// sent, for lateCopies after ReleaseLive (nil then), reports the events
+	// the history sent; their live copies are dropped (see ReleaseLive).
+	sent func(rawEvent []byte) bool
 }
 
 // enqueue queues the event for s unless s was removed: queued reports
@@ -87,6 +90,9 @@ func (s *Subscription) enqueue(raw []byte) (queued, open bool) {
 	}
 	if s.holding.Load() {
 		return s.hold(raw), true
+	}
+	if s.sent != nil && s.sent(raw) {
+		return false, false // the history sent it: neither delivered nor dropped
 	}
 	return s.toReceiver(raw), true
 }
@@ -122,19 +128,42 @@ func (s *Subscription) hold(raw []byte) bool {
 	return true
 }
 
+// lateCopies is how long after ReleaseLive a delivery of an event the
+// history sent is still dropped. An event committed just before the
+// history's snapshot is published after its commit: by this process a
+// moment later (after the rest of its group, say), by another one over the
+// bus some milliseconds later; when the history read was quicker, that
+// live copy would follow the EOSE, the event then reaching the client
+// twice. As replaySlack, a second covers it with room.
+const lateCopies = replaySlack
+
 // ReleaseLive hands the held events to the receiver in the order they
 // came, leaving out those sent reports sent already (by the history), and
-// delivers directly from then on. Deliveries wait meanwhile, so none
-// overtakes a held event. It reports how many events were left out.
-func (s *Subscription) ReleaseLive(sent func(rawEvent []byte) bool) (skipped int) {
+// delivers directly from then on, still leaving out for lateCopies those
+// sent reports. Deliveries wait meanwhile, so none overtakes a held event.
+// It reports how many held events were left out. done runs once sent is
+// called no more (its buffer may then be reused).
+func (s *Subscription) ReleaseLive(sent func(rawEvent []byte) bool, done func()) (skipped int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	held := s.held
 	s.held, s.heldBytes = nil, 0
 	s.holding.Store(false)
 	if s.closed {
+		if done != nil {
+			done()
+		}
 		return 0
 	}
+	s.sent = sent
+	time.AfterFunc(lateCopies, func() {
+		s.mu.Lock()
+		s.sent = nil
+		s.mu.Unlock()
+		if done != nil {
+			done()
+		}
+	})
 	for _, raw := range held {
 		if sent(raw) {
 			skipped++

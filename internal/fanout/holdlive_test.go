@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,9 @@ func deliveredIDs(b *inbox) []string {
 // came, without those the history sent; later ones go straight through.
 //
 // Mutations killed: enqueue ignoring holding (events arrive before the
-// release); ReleaseLive ignoring sent (the sent one is delivered).
+// release); ReleaseLive ignoring sent (the sent one is delivered); no
+// late-copy window after the release (the sent one, published again, is
+// delivered).
 func TestHeldEventsFollowTheReleaseInOrder(t *testing.T) {
 	hub, community, b := fanout.NewHub(), uuid.New(), &inbox{}
 	sub := &fanout.Subscription{Receiver: b, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}}}}
@@ -41,12 +44,23 @@ func TestHeldEventsFollowTheReleaseInOrder(t *testing.T) {
 	require.Empty(t, b.take(), "nothing reaches the receiver while held")
 
 	sentByHistory := string(nostr.RawEventID(heldEvent(2).AppendJSON(nil)))
-	skipped := sub.ReleaseLive(func(raw []byte) bool { return string(nostr.RawEventID(raw)) == sentByHistory })
+	done := make(chan struct{})
+	skipped := sub.ReleaseLive(func(raw []byte) bool { return string(nostr.RawEventID(raw)) == sentByHistory }, func() { close(done) })
 	require.Equal(t, 1, skipped)
 	require.Equal(t, []string{heldEvent(1).ID, heldEvent(3).ID}, deliveredIDs(b))
 
 	hub.Publish(community, heldEvent(4), nil)
 	require.Equal(t, []string{heldEvent(4).ID}, deliveredIDs(b))
+
+	// A late live copy of the event the history sent is dropped too, until
+	// the subscription lets go of the history's ids (done).
+	require.Zero(t, hub.Publish(community, heldEvent(2), nil).Delivered)
+	require.Empty(t, b.take(), "the history's event delivered again after the release")
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the history's ids were never let go")
+	}
 }
 
 // Past maxHeld events, or maxHeldBytes, the overflow callback runs once and
@@ -72,7 +86,9 @@ func TestHoldingIsBoundedAndDiesWithTheSubscription(t *testing.T) {
 			require.Equal(t, 1, overflows)
 
 			require.True(t, hub.Unsubscribe(community, b, "s"))
-			require.Zero(t, sub.ReleaseLive(func([]byte) bool { return false }))
+			done := false
+			require.Zero(t, sub.ReleaseLive(func([]byte) bool { return false }, func() { done = true }))
+			require.True(t, done, "a removed subscription lets go of the history's ids at once")
 			require.Empty(t, b.take(), "a removed subscription's held events are not sent")
 		})
 	}

@@ -739,9 +739,12 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		c.srv.hub.Subscribe(c.tenant.ID(), sub)
 		c.subs[subID] = weight
 		sentIDs = sentIDBuffers.Get().(*[]byte)
+		// Once released, the subscription keeps the ids a while (it drops
+		// late live copies of the history's events) and recycles them.
 		defer func() {
-			*sentIDs = (*sentIDs)[:0]
-			sentIDBuffers.Put(sentIDs)
+			if sentIDs != nil {
+				recycleSentIDs(sentIDs)
+			}
 		}()
 		if hook := c.srv.beforeHistory.Load(); hook != nil {
 			(*hook)()
@@ -807,13 +810,21 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	held.add(queued{msg: nostr.EncodeEOSE(subID)})
 	_ = c.sendAll(held.take())
 	if sub != nil {
-		sub.ReleaseLive(func(raw []byte) bool { return containsID(*sentIDs, nostr.RawEventID(raw)) })
+		ids := sentIDs
+		sentIDs = nil // the subscription's now
+		sub.ReleaseLive(func(raw []byte) bool { return containsID(*ids, nostr.RawEventID(raw)) },
+			func() { recycleSentIDs(ids) })
 	}
 	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
 }
 
 // sentIDBuffers recycles the buffers a REQ's history ids are kept in.
 var sentIDBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64*64); return &b }}
+
+func recycleSentIDs(ids *[]byte) {
+	*ids = (*ids)[:0]
+	sentIDBuffers.Put(ids)
+}
 
 // containsID reports whether ids, 64-byte hex ids end to end, holds id.
 func containsID(ids, id []byte) bool {

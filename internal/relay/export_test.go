@@ -40,3 +40,9 @@ func (s *Server) SetBeforeHistory(f func()) { s.beforeHistory.Store(&f) }
 func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event) error {
 	return s.presence.Load().Remember(community, channel, ev, s.now())
 }
+
+// DeliverFromBus delivers ev as the cross-relay bus does an event another
+// relay process wrote.
+func (s *Server) DeliverFromBus(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
+	s.deliverFromBus(community, ev, channel, 0)
+}

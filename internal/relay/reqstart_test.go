@@ -1,12 +1,15 @@
 package relay_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -84,4 +87,46 @@ func TestEventCommittedAsAReqStartsIsSentOnce(t *testing.T) {
 	sub.Send("REQ", "live", map[string]any{"kinds": []int{1}, "#t": []string{"late", "marker"}, "limit": 0})
 	require.Equal(t, []string{"EOSE", late.ID},
 		replies("live", pub.Sign(1, "marker 2", nostr.Tags{{"t", "marker"}}, 0)))
+}
+
+// An event another relay process committed just before a live REQ's
+// history snapshot comes over the bus some milliseconds later: when the
+// history was read and the EOSE sent first, that live copy must not reach
+// the client a second time after the EOSE (nor does a copy published late
+// by this process, after the rest of its group).
+//
+// Mutation killed: ReleaseLive forgetting the history's ids at once (no
+// late-copy window): the stored event comes again after the EOSE.
+func TestLateLiveCopyOfAHistoryEventIsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	sub := r.Dial(t, "")
+	key := sub.Auth(nil)
+	ctx := context.Background()
+
+	stored := relaytest.SignEvent(t, key, 1, "written by another relay process", nostr.Tags{{"t", "late-copy"}}, 0)
+	var armed atomic.Bool
+	armed.Store(true)
+	r.Server.SetBeforeHistory(func() {
+		if !armed.Swap(false) {
+			return
+		}
+		// Committed by the other process; its bus message is on its way.
+		params, err := eventstore.InsertParams(r.CommunityID, stored, nil)
+		if err == nil {
+			_, err = db.New(r.Pool).EventInsert(ctx, params)
+		}
+		if err != nil {
+			t.Errorf("insert: %v", err)
+		}
+	})
+	sub.Send("REQ", "s", map[string]any{"kinds": []int{1}, "#t": []string{"late-copy"}})
+	require.Equal(t, stored.ID, sub.Expect("EVENT").Event.ID)
+	sub.Expect("EOSE")
+
+	// The bus message arrives after the EOSE, then a fresh event.
+	r.Server.DeliverFromBus(r.CommunityID, stored, nil)
+	fresh := relaytest.SignEvent(t, key, 1, "fresh", nostr.Tags{{"t", "late-copy"}}, 0)
+	r.Server.DeliverFromBus(r.CommunityID, fresh, nil)
+	require.Equal(t, fresh.ID, sub.Expect("EVENT").Event.ID, "the history's event came again, live, after the EOSE")
 }

@@ -362,6 +362,15 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	return http.StatusOK, ready
 }
 
+// deliverFromBus hands this process's subscribers an event another relay
+// process wrote.
+func (s *Server) deliverFromBus(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
+	s.noteRemoval(community, ev, channel)
+	st := s.hub.PublishWritten(community, ev, channel, readersVersion)
+	s.metrics.FanoutDelivered.Add(float64(st.Delivered))
+	s.metrics.FanoutDropped.Add(float64(st.Dropped))
+}
+
 // StartCrossRelay joins this process to the other relay processes through
 // the Redis at BUZZ_REDIS_URL (unset: a no-op, this process is the only
 // relay). Call it once, before serving; it runs until ctx ends.
@@ -370,12 +379,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 		return nil
 	}
 	bus, err := crossrelay.New(s.cfg.RedisURL, s.cfg.RedisPublishQueue, crossrelay.Handlers{
-		Deliver: func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) {
-			s.noteRemoval(community, ev, channel)
-			st := s.hub.PublishWritten(community, ev, channel, readersVersion)
-			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
-			s.metrics.FanoutDropped.Add(float64(st.Dropped))
-		},
+		Deliver:        s.deliverFromBus,
 		Invalidate:     s.access.Invalidate,
 		Resync:         s.access.InvalidateAll,
 		CloseCommunity: func(id uuid.UUID) { s.closeCommunity(id, closingDeleted) },
