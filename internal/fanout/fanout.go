@@ -116,7 +116,9 @@ func (s *Subscription) HoldLive(maxHeld, maxHeldBytes int, overflow func()) {
 func (s *Subscription) hold(raw []byte) bool {
 	s.heldMu.Lock()
 	defer s.heldMu.Unlock()
-	if len(s.held) >= s.maxHeld || s.heldBytes+len(raw) > s.maxHeldBytes {
+	// One event is held whatever its size, as the send queue takes one
+	// (an operator may bound its bytes below the largest event).
+	if len(s.held) >= s.maxHeld || len(s.held) > 0 && s.heldBytes+len(raw) > s.maxHeldBytes {
 		if s.overflow != nil {
 			s.overflow()
 			s.overflow = nil

@@ -93,3 +93,23 @@ func TestHoldingIsBoundedAndDiesWithTheSubscription(t *testing.T) {
 		})
 	}
 }
+
+// An event larger than the byte bound is held when it is the only one, as
+// the send queue takes a lone live event whatever its size: the client is
+// closed as slow only when a second one comes.
+//
+// Mutation killed: the byte bound applied to the first held event (the
+// overflow runs, and nothing is released).
+func TestALoneEventLargerThanTheByteBoundIsHeld(t *testing.T) {
+	hub, community, b := fanout.NewHub(), uuid.New(), &inbox{}
+	sub := &fanout.Subscription{Receiver: b, ID: "s", Filters: nostr.Filters{{Kinds: []int{1}}}}
+	overflows := 0
+	sub.HoldLive(10, 16, func() { overflows++ })
+	hub.Subscribe(community, sub)
+	require.Equal(t, 1, hub.Publish(community, heldEvent(1), nil).Delivered)
+	require.Zero(t, overflows, "a lone event over the byte bound closed the client")
+	require.Equal(t, 1, hub.Publish(community, heldEvent(2), nil).Dropped)
+	require.Equal(t, 1, overflows)
+	sub.ReleaseLive(func([]byte) bool { return false }, nil)
+	require.Equal(t, []string{heldEvent(1).ID}, deliveredIDs(b))
+}
