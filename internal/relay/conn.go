@@ -810,10 +810,9 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	held.add(queued{msg: nostr.EncodeEOSE(subID)})
 	_ = c.sendAll(held.take())
 	if sub != nil {
-		ids := sentIDs
+		sent := &historyIDs{ids: sentIDs}
 		sentIDs = nil // the subscription's now
-		sub.ReleaseLive(func(raw []byte) bool { return containsID(*ids, nostr.RawEventID(raw)) },
-			func() { recycleSentIDs(ids) })
+		sub.ReleaseLive(sent.contains, func() { recycleSentIDs(sent.ids) })
 	}
 	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
 }
@@ -826,17 +825,44 @@ func recycleSentIDs(ids *[]byte) {
 	sentIDBuffers.Put(ids)
 }
 
-// containsID reports whether ids, 64-byte hex ids end to end, holds id.
-func containsID(ids, id []byte) bool {
-	if len(id) != 64 {
+// historyIDs are the ids a REQ's history sent, 64-byte hex ids end to
+// end. Deliveries ask it while a subscription holds its live events and
+// for a second after (fanout.ReleaseLive), from several goroutines at once.
+type historyIDs struct {
+	ids  *[]byte
+	once sync.Once
+	set  map[string]struct{}
+}
+
+// linearIDs is the most ids contains scans. A REQ's history may send
+// 10,000 (ten filters of 500 stored events and as many announcements):
+// 640 KB scanned for every delivery to it in that second; past linearIDs
+// a set is built instead, once.
+const linearIDs = 64
+
+// contains reports whether the history sent rawEvent.
+func (h *historyIDs) contains(rawEvent []byte) bool {
+	id := nostr.RawEventID(rawEvent)
+	if id == nil {
 		return false
 	}
-	for ; len(ids) >= 64; ids = ids[64:] {
-		if string(ids[:64]) == string(id) {
-			return true
+	ids := *h.ids
+	if len(ids) <= linearIDs*64 {
+		for ; len(ids) >= 64; ids = ids[64:] {
+			if string(ids[:64]) == string(id) {
+				return true
+			}
 		}
+		return false
 	}
-	return false
+	h.once.Do(func() {
+		h.set = make(map[string]struct{}, len(ids)/64)
+		for ; len(ids) >= 64; ids = ids[64:] {
+			h.set[string(ids[:64])] = struct{}{}
+		}
+	})
+	_, ok := h.set[string(id)]
+	return ok
 }
 
 func (c *conn) onCount(subID string, filters nostr.Filters) {
