@@ -75,7 +75,12 @@ type channelKey struct{ community, channel uuid.UUID }
 // Memory is a Store in this process, for a relay that is the only one.
 // It holds at most max announcements and maxBytes bytes of them: when
 // either is reached, expired ones are swept, and if that frees too little
-// the announcement is refused (ErrFull). Bytes are
+// the announcement is refused (ErrFull) when its community holds at least
+// its share of the store (the bounds divided among the communities holding
+// presence); else the other communities filled it, and the announcement
+// is relayed but not kept, as in a full channel: without the share, one
+// community flooded with announcements under fresh keys made every other
+// community's refused, not even relayed, until they expired. Bytes are
 // bounded as well as entries because expired ones are only swept when the
 // store is full: by count alone, one client announcing under fresh keys
 // could make every process hold 100,000 of them (each up to
@@ -95,13 +100,18 @@ type Memory struct {
 	// its channel's whole set, so one channel may hold at most
 	// maxChannelBytes of it, however much the store as a whole may.
 	channelBytes map[channelKey]int
+	// communities is what each community holds, for its share.
+	communities map[uuid.UUID]*usage
 }
+
+// usage is what one community holds in the store.
+type usage struct{ held, bytes int }
 
 // NewMemory keeps announcements for ttl, at most max of them and maxBytes
 // of their JSON at once, and at most maxChannelBytes in one channel.
 func NewMemory(ttl time.Duration, max, maxBytes, maxChannelBytes int) *Memory {
 	return &Memory{ttl: ttl, max: max, maxBytes: maxBytes, maxChannelBytes: maxChannelBytes,
-		channels: map[channelKey]map[string]entry{}, channelBytes: map[channelKey]int{}}
+		channels: map[channelKey]map[string]entry{}, channelBytes: map[channelKey]int{}, communities: map[uuid.UUID]*usage{}}
 }
 
 // Remember implements Store.
@@ -117,10 +127,10 @@ func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now tim
 	if totalFits, channelFits := m.fits(key, ev.PubKey, len(raw)); !totalFits || !channelFits {
 		m.sweep(now)
 		totalFits, channelFits = m.fits(key, ev.PubKey, len(raw))
-		if !totalFits {
+		if !totalFits && m.overShare(key, ev.PubKey, len(raw)) {
 			return ErrFull
 		}
-		if !channelFits {
+		if !totalFits || !channelFits {
 			// Not kept. A held announcement of the same pubkey goes too:
 			// this one replaced it, and it no longer says what is true.
 			m.drop(key, ev.PubKey)
@@ -137,7 +147,32 @@ func (m *Memory) Remember(community, channel uuid.UUID, ev *nostr.Event, now tim
 	m.held++
 	m.heldBytes += len(raw)
 	m.channelBytes[key] += len(raw)
+	u := m.communities[community]
+	if u == nil {
+		u = &usage{}
+		m.communities[community] = u
+	}
+	u.held++
+	u.bytes += len(raw)
 	return nil
+}
+
+// overShare reports whether the announcement would leave its community
+// holding more than its share of the store: the bounds divided among the
+// communities holding presence, this one counted; m.mu is held.
+func (m *Memory) overShare(key channelKey, pubkey string, size int) bool {
+	communities := len(m.communities)
+	var held, bytes int
+	if u := m.communities[key.community]; u != nil {
+		held, bytes = u.held, u.bytes
+	} else {
+		communities++
+	}
+	if old, had := m.channels[key][pubkey]; had {
+		held--
+		bytes -= len(old.raw)
+	}
+	return held+1 > m.max/communities || bytes+size > m.maxBytes/communities
 }
 
 // fits reports whether an announcement of size bytes by pubkey can be kept
@@ -164,6 +199,13 @@ func (m *Memory) drop(key channelKey, pubkey string) {
 	m.held--
 	m.heldBytes -= len(old.raw)
 	m.channelBytes[key] -= len(old.raw)
+	if u := m.communities[key.community]; u != nil {
+		u.held--
+		u.bytes -= len(old.raw)
+		if u.held == 0 {
+			delete(m.communities, key.community)
+		}
+	}
 	if len(byPubkey) == 0 {
 		delete(m.channels, key)
 		delete(m.channelBytes, key)

@@ -275,3 +275,29 @@ func TestSelectSkipsAgentOwnerFilters(t *testing.T) {
 	require.Empty(t, selectAll(context.Background(), store, uuid.New(), filters, time.Unix(1_000_000, 0), 500, nil))
 	require.Zero(t, store.reads)
 }
+
+// A store that other communities filled refuses no announcement of a
+// community holding less than its share (the bounds divided among the
+// communities holding presence): it is relayed but not kept, as in a full
+// channel, while the community that filled the store is refused. Anyone
+// may announce under fresh keys in an open channel, and one community
+// flooded so made every other community's presence refused, not relayed.
+//
+// Mutation killed: ErrFull whenever the store is full (the second
+// community's announcement is refused).
+func TestMemoryFullOfOneCommunityRefusesOnlyIt(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	one := len(fakeEvent("a", now, 1000).AppendJSON(nil))
+	m := presence.NewMemory(time.Minute, 100, 3*one, 1<<20)
+	flooded, flooder, other, otherChannel := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	for _, pubkey := range []string{"a", "b", "c"} {
+		require.NoError(t, m.Remember(flooded, flooder, fakeEvent(pubkey, now, 1000), now))
+	}
+	require.ErrorIs(t, m.Remember(flooded, flooder, fakeEvent("d", now, 1000), now), presence.ErrFull)
+
+	require.NoError(t, m.Remember(other, otherChannel, fakeEvent("x", now, 1000), now),
+		"another community's announcement refused because the flooded one filled the store")
+	require.Empty(t, m.Current(context.Background(), other, otherChannel, now), "kept past the store's bound")
+	require.Len(t, m.Current(context.Background(), flooded, flooder, now), 3)
+}
