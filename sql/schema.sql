@@ -1743,6 +1743,14 @@ CREATE FUNCTION public.workflows_disable_on_owner_removal() RETURNS trigger
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
+    -- Locked in id order first, as a message locks them: a removal and a
+    -- message then queue one behind the other, and neither holds a
+    -- workflow the other waits for.
+    PERFORM 1 FROM workflows
+    WHERE community_id = NEW.community_id AND channel_id = NEW.channel_id
+      AND owner_pubkey = NEW.pubkey AND enabled
+    ORDER BY id
+    FOR NO KEY UPDATE;
     UPDATE workflows
     SET enabled = false, updated_at = now()
     WHERE community_id = NEW.community_id AND channel_id = NEW.channel_id
