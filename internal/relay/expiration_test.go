@@ -17,19 +17,27 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
+// startOnAStoppedClock starts a relay whose clock reads now (unix seconds,
+// start at first) and an authenticated client of it.
+func startOnAStoppedClock(t *testing.T) (r *relaytest.Relay, c *relaytest.Client, now *atomic.Int64, start time.Time) {
+	t.Helper()
+	now = new(atomic.Int64)
+	start = time.Now().Truncate(time.Second)
+	now.Store(start.Unix())
+	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
+	r = relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
+	c = r.Dial(t, "")
+	c.Auth(nil)
+	return r, c, now, start
+}
+
 // The purge deletes the rows of expired events (NIP-40) and counts them,
 // and leaves the rest: events not expired yet, events without an
 // expiration. Mutations killed: a purge that deletes nothing (rows stay,
 // metric 0); one that ignores expires_at (the unexpired rows go).
 func TestPurgeDeletesExpiredRowsOnly(t *testing.T) {
 	t.Parallel()
-	var now atomic.Int64
-	start := time.Now().Truncate(time.Second)
-	now.Store(start.Unix())
-	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
-	c := r.Dial(t, "")
-	c.Auth(nil)
+	r, c, now, start := startOnAStoppedClock(t)
 	exp := func(d time.Duration) nostr.Tags {
 		return nostr.Tags{{"expiration", strconv.FormatInt(start.Add(d).Unix(), 10)}}
 	}
@@ -73,13 +81,7 @@ func TestPurgeDeletesExpiredRowsOnly(t *testing.T) {
 // rows (the reaction is refused, the display name stays).
 func TestPurgeOfExpiredReactionAndProfileClearsWhatTheyWrote(t *testing.T) {
 	t.Parallel()
-	var now atomic.Int64
-	start := time.Now().Truncate(time.Second)
-	now.Store(start.Unix())
-	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
-	c := r.Dial(t, "")
-	c.Auth(nil)
+	r, c, now, start := startOnAStoppedClock(t)
 	pub := c.Key.PublicKey()
 	author := hex.EncodeToString(pub[:])
 	inAnHour := nostr.Tag{"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}
@@ -115,13 +117,7 @@ func TestPurgeOfExpiredReactionAndProfileClearsWhatTheyWrote(t *testing.T) {
 // version is accepted).
 func TestExpiringDeletionKeepsItsAddressDeleted(t *testing.T) {
 	t.Parallel()
-	var now atomic.Int64
-	start := time.Now().Truncate(time.Second)
-	now.Store(start.Unix())
-	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
-	c := r.Dial(t, "")
-	c.Auth(nil)
+	r, c, now, start := startOnAStoppedClock(t)
 	address := "30023:" + c.Key.PublicKeyHex() + ":notes"
 	require.True(t, c.Publish(c.Sign(30023, "v2", nostr.Tags{{"d", "notes"}}, start.Unix()-10)).OK)
 	deletion := c.Sign(5, "", nostr.Tags{{"a", address}, {"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}}, start.Unix())
