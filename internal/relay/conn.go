@@ -729,7 +729,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	}
 	scope.Live = live
 	var sub *fanout.Subscription
-	var sentIDs *[]byte // the history's event ids, hex, end to end
+	var sent *historyIDs // what the history sent, for the held live events
 	if live {
 		// Register before reading history: an event committed while the query
 		// runs is then delivered live instead of falling between the two. It
@@ -738,14 +738,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		sub.HoldLive(c.srv.cfg.SendQueue, c.srv.cfg.SendQueueBytes, c.closeSlow)
 		c.srv.hub.Subscribe(c.tenant.ID(), sub)
 		c.subs[subID] = weight
-		sentIDs = sentIDBuffers.Get().(*[]byte)
-		// Once released, the subscription keeps the ids a while (it drops
-		// late live copies of the history's events) and recycles them.
-		defer func() {
-			if sentIDs != nil {
-				recycleSentIDs(sentIDs)
-			}
-		}()
+		sent = newHistoryIDs()
 		if hook := c.srv.beforeHistory.Load(); hook != nil {
 			(*hook)()
 		}
@@ -768,8 +761,8 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 			rowChannels = append(rowChannels, channel)
 		}
 		stored.Add(event)
-		if sentIDs != nil {
-			*sentIDs = append(*sentIDs, nostr.RawEventID(event)...)
+		if sent != nil {
+			sent.add(event)
 		}
 		if held.add(queued{msg: event, subID: subID}) {
 			return c.sendAll(held.take())
@@ -784,8 +777,8 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		plan := c.srv.presencePlan(c.ctx, c.tenant.ID(), filters, stored)
 		for batch := plan.Next(c.ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(c.ctx, presenceBatch) {
 			for _, event := range batch {
-				if sentIDs != nil {
-					*sentIDs = append(*sentIDs, nostr.RawEventID(event)...)
+				if sent != nil {
+					sent.add(event)
 				}
 				if held.add(queued{msg: event, subID: subID}) {
 					if err = c.sendAll(held.take()); err != nil {
@@ -810,20 +803,16 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	held.add(queued{msg: nostr.EncodeEOSE(subID)})
 	_ = c.sendAll(held.take())
 	if sub != nil {
-		sent := &historyIDs{ids: sentIDs}
-		sentIDs = nil // the subscription's now
-		sub.ReleaseLive(sent.contains, func() { recycleSentIDs(sent.ids) })
+		// The subscription keeps the ids a while (it drops late live copies
+		// of the history's events), then they are recycled. A REQ that
+		// fails before this leaves its buffer to the garbage collector.
+		sub.ReleaseLive(sent.contains, sent.recycle)
 	}
 	c.srv.metrics.ReqDuration.WithLabelValues("REQ").Observe(time.Since(start).Seconds())
 }
 
 // sentIDBuffers recycles the buffers a REQ's history ids are kept in.
 var sentIDBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64*64); return &b }}
-
-func recycleSentIDs(ids *[]byte) {
-	*ids = (*ids)[:0]
-	sentIDBuffers.Put(ids)
-}
 
 // historyIDs are the ids a REQ's history sent, 64-byte hex ids end to
 // end. Deliveries ask it while a subscription holds its live events and
@@ -832,6 +821,18 @@ type historyIDs struct {
 	ids  *[]byte
 	once sync.Once
 	set  map[string]struct{}
+}
+
+func newHistoryIDs() *historyIDs { return &historyIDs{ids: sentIDBuffers.Get().(*[]byte)} }
+
+// add notes the id of an event the history sends (read goroutine only,
+// before ReleaseLive).
+func (h *historyIDs) add(rawEvent []byte) { *h.ids = append(*h.ids, nostr.RawEventID(rawEvent)...) }
+
+// recycle gives the buffer back once contains is asked no more.
+func (h *historyIDs) recycle() {
+	*h.ids = (*h.ids)[:0]
+	sentIDBuffers.Put(h.ids)
 }
 
 // linearIDs is the most ids contains scans. A REQ's history may send
