@@ -191,7 +191,7 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 	}
 	log := d.log.With("listener", listener, "outbox_id", c.row.ID, "attempt", c.row.Attempts)
 
-	req, err := d.request(url, c.row)
+	req, err := d.request(url, c)
 	if err != nil {
 		d.fail(ctx, c, log, "cannot build request", err)
 		return
@@ -231,12 +231,65 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 	}
 }
 
-func (d *Deliverer) request(url string, r db.OutboxClaimDueRow) (*http.Request, error) {
-	body, err := notificationBody(r)
-	if err != nil {
-		return nil, err
+// signedRequest is a delivery's body and NIP-98 header, signed ahead of
+// the delivery: Enqueue has the rows it claims signed while the event's
+// transaction has yet to commit, so the signature, most of a delivery's
+// work before its POST, overlaps the commit's flush instead of following
+// it. ready is closed once the fields are set.
+type signedRequest struct {
+	ready chan struct{}
+	url   string
+	at    time.Time // the header's created_at
+	body  []byte
+	auth  string
+	err   error
+}
+
+// signedFreshFor is how old a header signed ahead may be when its POST
+// goes out; an older one (a hand-off that waited for a slot) is signed
+// again, so a listener checking NIP-98's time window never sees an old one.
+const signedFreshFor = 5 * time.Second
+
+// signAhead starts signing the delivery of r, to be sent once its event
+// commits. It returns nil for a listener this pod does not route (deliver
+// releases that row).
+func (d *Deliverer) signAhead(r db.OutboxClaimDueRow) *signedRequest {
+	url, ok := d.routes[hex.EncodeToString(r.ListenerPubkey)]
+	if !ok {
+		return nil
 	}
-	auth, err := nip98Header(d.key, url, body, d.clock.Now())
+	s := &signedRequest{ready: make(chan struct{}), url: url, at: d.clock.Now()}
+	go func() {
+		defer close(s.ready)
+		s.body, s.auth, s.err = signDelivery(d.key, url, r, s.at)
+	}()
+	return s
+}
+
+// signDelivery builds the POST body of r and its NIP-98 header, signed at.
+func signDelivery(key *nostr.SecretKey, url string, r db.OutboxClaimDueRow, at time.Time) (body []byte, auth string, err error) {
+	if body, err = notificationBody(r); err != nil {
+		return nil, "", err
+	}
+	if auth, err = nip98Header(key, url, body, at); err != nil {
+		return nil, "", err
+	}
+	return body, auth, nil
+}
+
+// request is c's POST to url: signed ahead when that is done, for url and
+// fresh enough, else signed now.
+func (d *Deliverer) request(url string, c claim) (*http.Request, error) {
+	var body []byte
+	var auth string
+	var err error
+	now := d.clock.Now()
+	if s := c.signed; s != nil && s.url == url && now.Sub(s.at) < signedFreshFor {
+		<-s.ready
+		body, auth, err = s.body, s.auth, s.err
+	} else {
+		body, auth, err = signDelivery(d.key, url, c.row, now)
+	}
 	if err != nil {
 		return nil, err
 	}

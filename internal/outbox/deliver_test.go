@@ -13,6 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
 )
 
 // claimAndDeliver saves a mention of a fresh target registered by l, its
@@ -371,4 +373,45 @@ func TestListenerResponseHeadersAreBounded(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "pending", r.State, "retried")
 	require.Equal(t, map[string]float64{"accepted": 0, "retry": 1, "failed": 0, "unroutable": 0, "stale": 0}, outcomes(m))
+}
+
+// A handed-off row's request is signed as Enqueue claims it, before the
+// event's transaction commits, so no signature sits between the commit and
+// the POST; a header older than signedFreshFor when its POST goes out (a
+// hand-off that waited for a slot) is signed again. Mutations killed:
+// deliver signing every request as it sends it (the first header is dated
+// at the send, not at the claim); a header signed ahead used however old
+// (the second is dated at the claim).
+func TestHandedOffRowsAreSignedAheadWhileFresh(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	claimedAt := time.Now().Truncate(time.Second)
+	var sinceClaim atomic.Int64 // nanoseconds past claimedAt
+	d, m, _ := f.deliverer(routesOf(l), 5*time.Second, testCAs(l),
+		WithClock(clock.Stub(func() time.Time { return claimedAt.Add(time.Duration(sinceClaim.Load())) })))
+	w := NewWorker(f.pool, routesOf(l), d)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+
+	for i, wait := range []time.Duration{signedFreshFor - time.Second, signedFreshFor + time.Second} {
+		sinceClaim.Store(0)
+		f.save(message(t, 9, target), w, true) // claimed, signed ahead, committed, offered
+		c := <-w.handoff
+		require.NotNil(t, c.signed)
+		sinceClaim.Store(int64(wait))
+		d.deliver(context.Background(), c)
+
+		got := l.requests()
+		require.Len(t, got, i+1)
+		req := &http.Request{Method: http.MethodPost, Header: got[i].Header}
+		authEv, err := verifyNIP98(req, got[i].Body, l.url)
+		require.NoError(t, err)
+		signedAt := claimedAt
+		if wait >= signedFreshFor {
+			signedAt = claimedAt.Add(wait)
+		}
+		require.Equal(t, signedAt.Unix(), authEv.CreatedAt, "POSTed %s after its claim", wait)
+	}
+	require.Equal(t, float64(2), outcomes(m)[outcomeAccepted])
 }

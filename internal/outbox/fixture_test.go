@@ -322,7 +322,7 @@ func (b *logBuffer) String() string {
 
 // deliverer returns a deliverer for routes, trusting the test listeners'
 // certificate, with its own metrics and captured logs.
-func (f *fixture) deliverer(routes Routes, timeout time.Duration, ca *x509.CertPool) (*Deliverer, *Metrics, *logBuffer) {
+func (f *fixture) deliverer(routes Routes, timeout time.Duration, ca *x509.CertPool, more ...DelivererOption) (*Deliverer, *Metrics, *logBuffer) {
 	f.t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	require.NoError(f.t, err)
@@ -337,6 +337,7 @@ func (f *fixture) deliverer(routes Routes, timeout time.Duration, ca *x509.CertP
 	if ca != nil {
 		opts = append(opts, WithRootCAs(ca))
 	}
+	opts = append(opts, more...)
 	d := NewDeliverer(f.pool, Config{Listeners: routes, Timeout: timeout}, relayKey, m, opts...)
 	return d, m, logs
 }

@@ -24,6 +24,8 @@ type claim struct {
 	// database's: the time just before the claim statement was sent plus the
 	// lease it reported left as it ended. deliver POSTs only before it.
 	leaseEnds time.Time
+	// signed is its request signed ahead (nil: signed when sent).
+	signed *signedRequest
 }
 
 // leaseEndsAfter places a claim's lease end on this pod's clock: sent is
@@ -429,6 +431,9 @@ type Worker struct {
 	// releaseNow hands a claimed row that did not fit in the hand-off back
 	// to the poll (Deliverer.releaseNow in production).
 	releaseNow func(ctx context.Context, c claim)
+	// signAhead starts signing a row's request as Enqueue claims it
+	// (Deliverer.signAhead).
+	signAhead func(db.OutboxClaimDueRow) *signedRequest
 }
 
 // WorkerOption adjusts a Worker.
@@ -455,7 +460,7 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	}
 	w := &Worker{
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
-		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow,
+		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow, signAhead: d.signAhead,
 	}
 	w.loop = loop{
 		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log,
