@@ -3,22 +3,22 @@
 # target, pass/miss); run from the repository root after building
 # bin/buzz-relay and bin/buzz-bench. Arguments are passed on to buzz-bench.
 #
-# In order, on one machine, about 6 minutes:
+# In order, on one machine, about 7 minutes:
 #   1. a throwaway dev relay on a FRESH private PostgreSQL (bin/bench-data is
 #      wiped: the after-burst measure needs a table that never had rows);
 #   2. pgbench single-row INSERTs on that same cluster, the reference rate;
 #   3. buzz-bench: a burst, then REQ kinds in 5 s windows; the REQ shapes;
 #      publish at 1, 16 and 64 publishers; fan-out to 1,000 subscribers with
-#      the relay's resident memory;
-#   4. with the relay stopped, mention -> operator listener delivery
-#      (BenchmarkWarmListenerDelivery in internal/outbox, on its own cluster);
-#   5. the table, built from bin/bench.json (kept for machines),
-#      bin/bench-pgbench.txt and bin/bench-listener.txt.
+#      the relay's resident memory; then mention -> operator listener through
+#      the relay (OK to POST received; the relay routes buzz-bench's own
+#      HTTPS listener, set up before it starts);
+#   4. the table, built from bin/bench.json (kept for machines) and
+#      bin/bench-pgbench.txt.
 #
 # Environment:
 #   BENCH_LISTENER_IDLE  silence before the last mention (default 2m; 0s
 #                        skips the wait, and the after-idle number means nothing)
-#   BENCH_LISTENER=0     skip the listener measure
+#   BENCH_LISTENER=0     skip the listener measure (and the listener's set-up)
 #   BENCH_MICRO=1        also run the Go micro-benchmarks of internal/nostr
 #                        and internal/fanout (not in the table)
 set -euo pipefail
@@ -30,17 +30,20 @@ data=bin/bench-data
 relay_log=bin/bench-relay.log
 report=bin/bench.json
 pgbench_out=bin/bench-pgbench.txt
-listener_out=bin/bench-listener.txt
-GO=${GO:-go}
+listener_dir=bin/bench-listener
+listener_addr=127.0.0.1:3302
 
-# Everything compiled before anything is timed.
-if [[ ${BENCH_LISTENER:-1} != 0 ]]; then
-	"$GO" test -c -o bin/outbox.test ./internal/outbox/
-	"$GO" build -o bin/withcluster ./internal/dbtest/withcluster
-fi
-
-rm -rf "$data" "$report" "$pgbench_out" "$listener_out"
+rm -rf "$data" "$report" "$pgbench_out" "$listener_dir"
 mkdir -p "$data"
+listener_flags=()
+if [[ ${BENCH_LISTENER:-1} != 0 ]]; then
+	# The relay routes buzz-bench's listener: its key, and a certificate the
+	# relay trusts through SSL_CERT_FILE (Go's roots on Linux).
+	listener_pubkey=$(bin/buzz-bench listener-setup "$listener_dir")
+	export BUZZ_OPERATOR_LISTENERS="$listener_pubkey:https://$listener_addr/hook" \
+		RELAY_OPERATOR_API_ORIGIN=http://${url#ws://} SSL_CERT_FILE=$PWD/$listener_dir/cert.pem
+	listener_flags=(-listener-dir "$listener_dir" -listener-addr "$listener_addr" -listener-idle "${BENCH_LISTENER_IDLE:-2m}")
+fi
 (
 	cd "$data"
 	export BUZZ_LISTEN_ADDR=$addr BUZZ_RELAY_URL=$url BUZZ_DEV_PG_PORT=$pg_port
@@ -99,27 +102,15 @@ fi
 
 status=0
 bin/buzz-bench -url "$url" -scenario all -publishers 1,16,64 -duration 10s \
-	-after-burst-for 60s -shape-budget 3s -relay-pid "$relay" -metrics-url http://127.0.0.1:3301/metrics "$@" >"$report" || status=$?
+	-after-burst-for 60s -shape-budget 3s -relay-pid "$relay" -metrics-url http://127.0.0.1:3301/metrics \
+	"${listener_flags[@]}" "$@" >"$report" || status=$?
 stop_relay
-
-if [[ ${BENCH_LISTENER:-1} != 0 ]]; then
-	idle=${BENCH_LISTENER_IDLE:-2m}
-	echo "bench: mention -> listener, 20 spaced mentions, then one after $idle idle" >&2
-	(
-		cd internal/outbox
-		BUZZ_OUTBOX_BENCH_IDLE=$idle ../../bin/withcluster -- ../../bin/outbox.test \
-			-test.run '^$' -test.bench '^BenchmarkWarmListenerDelivery$' -test.benchtime 1x
-	) >"$listener_out" 2>&1 || {
-		echo "bench: the listener benchmark failed; see $listener_out" >&2
-		status=1
-	}
-fi
 
 if [[ ${BENCH_MICRO:-0} == 1 ]]; then
 	"$GO" test -run '^$' -bench . -benchtime 2s ./internal/nostr/ ./internal/fanout/
 fi
 
 echo >&2
-bin/buzz-bench table -pgbench "$pgbench_out" -listener "$listener_out" "$report" | tee bin/bench-table.txt
+bin/buzz-bench table -pgbench "$pgbench_out" "$report" | tee bin/bench-table.txt
 echo "bench: JSON report in $report, table in bin/bench-table.txt" >&2
 exit "$status"

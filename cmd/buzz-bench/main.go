@@ -10,9 +10,14 @@
 //	after-burst  a burst of publishes into a fresh store, then the kinds
 //	         shape timed in short windows
 //	fanout   many subscribers on one tag, one paced publisher; delivery latency
+//	listener mention -> operator listener through the relay, OK to POST
+//	         received (needs -listener-dir; see listener.go)
 //
 // Errors are counted in the report; the exit status is 1 only when a
 // scenario could not run at all.
+//
+// `buzz-bench listener-setup DIR` writes the listener scenario's key and
+// certificate and prints its pubkey, for the relay's configuration.
 //
 // `buzz-bench table REPORT.json` prints a report as a table of measures,
 // targets and pass/miss (see table.go).
@@ -65,6 +70,11 @@ type options struct {
 	afterBurstWindow  time.Duration
 	afterBurstPace    time.Duration
 	presignRate       int
+	listenerDir       string
+	listenerAddr      string
+	listenerMentions  int
+	listenerSpacing   time.Duration
+	listenerIdle      time.Duration
 	runID             string // marks this run's events; not a flag
 }
 
@@ -72,7 +82,7 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("buzz-bench", flag.ContinueOnError)
 	fs.StringVar(&o.url, "url", "ws://localhost:3000", "relay URL; also the relay tag of AUTH events")
-	fs.StringVar(&o.scenario, "scenario", "all", "publish, req, shapes, after-burst, fanout or all (all but req)")
+	fs.StringVar(&o.scenario, "scenario", "all", "publish, req, shapes, after-burst, fanout, listener or all (all but req, and listener only with -listener-dir)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of the timed publish scenario")
 	levels := fs.String("publishers", "16", "publish: concurrent publisher connections; a comma-separated list runs the scenario once per count")
 	fs.IntVar(&o.relayPID, "relay-pid", 0, "fanout: process id of the relay, on this machine, whose resident memory per subscriber is reported")
@@ -96,6 +106,11 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.afterBurstWindow, "after-burst-window", 5*time.Second, "after-burst: length of each reported window")
 	fs.DurationVar(&o.afterBurstPace, "after-burst-pace", 10*time.Millisecond, "after-burst: at most one REQ started per this interval")
 	fs.IntVar(&o.presignRate, "presign-rate", 12000, "publish: events/s to sign before the clock starts (above any rate a relay reached on a 2-core box, so nothing is signed while the clock runs); more are signed in the background if needed, and the table says how many")
+	fs.StringVar(&o.listenerDir, "listener-dir", "", "listener: the directory `buzz-bench listener-setup` wrote (the listener's key and certificate)")
+	fs.StringVar(&o.listenerAddr, "listener-addr", "127.0.0.1:3302", "listener: the address the relay's BUZZ_OPERATOR_LISTENERS route names (https://ADDR/hook)")
+	fs.IntVar(&o.listenerMentions, "listener-mentions", 20, "listener: spaced mentions before the idle one")
+	fs.DurationVar(&o.listenerSpacing, "listener-spacing", 2500*time.Millisecond, "listener: least time between spaced mentions (up to 60% more, at random)")
+	fs.DurationVar(&o.listenerIdle, "listener-idle", 2*time.Minute, "listener: silence before the last mention")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -129,9 +144,15 @@ func (o options) validate() error {
 		return fmt.Errorf("-url %q: want ws://host[:port] or wss://host[:port]", o.url)
 	}
 	switch o.scenario {
-	case "publish", "req", "shapes", "after-burst", "fanout", "all":
+	case "publish", "req", "shapes", "after-burst", "fanout", "listener", "all":
 	default:
-		return fmt.Errorf("-scenario %q: want publish, req, shapes, after-burst, fanout or all", o.scenario)
+		return fmt.Errorf("-scenario %q: want publish, req, shapes, after-burst, fanout, listener or all", o.scenario)
+	}
+	if o.scenario == "listener" && o.listenerDir == "" {
+		return errors.New("-scenario listener needs -listener-dir (written by `buzz-bench listener-setup DIR`)")
+	}
+	if o.listenerMentions <= 0 || o.listenerSpacing < 0 || o.listenerIdle < 0 {
+		return errors.New("-listener-mentions must be positive, -listener-spacing and -listener-idle not negative")
 	}
 	for _, name := range o.shapeList() {
 		if !slices.Contains(shapeNames, name) {
@@ -160,9 +181,18 @@ func (o options) shapeList() []string {
 }
 
 // runs reports whether scenario name is selected: all runs every scenario
-// but req, which the kinds shape repeats.
+// but req, which the kinds shape repeats, and listener only when the relay
+// was set up for it (-listener-dir).
 func (o options) runs(name string) bool {
-	return o.scenario == name || (o.scenario == "all" && name != "req")
+	switch {
+	case o.scenario == name:
+		return true
+	case o.scenario != "all" || name == "req":
+		return false
+	case name == "listener":
+		return o.listenerDir != ""
+	}
+	return true
 }
 
 // report is the JSON document printed on stdout.
@@ -180,6 +210,7 @@ type report struct {
 		Shapes     *shapesReport     `json:"shapes,omitempty"`
 		Req        *reqReport        `json:"req,omitempty"`
 		Fanout     *fanoutReport     `json:"fanout,omitempty"`
+		Listener   *listenerReport   `json:"listener,omitempty"`
 	} `json:"scenarios"`
 }
 
@@ -197,10 +228,18 @@ func (r *report) failed() bool {
 	return (s.Req != nil && s.Req.Error != "") ||
 		(s.AfterBurst != nil && s.AfterBurst.Error != "") ||
 		(s.Shapes != nil && s.Shapes.Error != "") ||
-		(s.Fanout != nil && s.Fanout.Error != "")
+		(s.Fanout != nil && s.Fanout.Error != "") ||
+		(s.Listener != nil && s.Listener.Error != "")
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "listener-setup" {
+		if err := runListenerSetup(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "buzz-bench listener-setup:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "table" {
 		if err := runTable(os.Args[2:], os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "buzz-bench table:", err)
@@ -248,6 +287,18 @@ func run(ctx context.Context, o options) *report {
 		logf("%s", rep.Error)
 		return rep
 	}
+	// The listener is up from the start, so the relay's keep-alive has a
+	// warm connection to it by the time its scenario runs, last.
+	var listener *benchListener
+	if o.runs("listener") {
+		var err error
+		if listener, err = startBenchListener(o.listenerDir, o.listenerAddr); err != nil {
+			rep.Scenarios.Listener = &listenerReport{Error: err.Error()}
+			logf("listener: %v", err)
+		} else {
+			defer listener.close()
+		}
+	}
 	if o.runs("after-burst") && ctx.Err() == nil {
 		rep.Scenarios.AfterBurst = runAfterBurst(ctx, o)
 	}
@@ -269,6 +320,9 @@ func run(ctx context.Context, o options) *report {
 	}
 	if o.runs("fanout") && ctx.Err() == nil {
 		rep.Scenarios.Fanout = runFanout(ctx, o)
+	}
+	if listener != nil && ctx.Err() == nil {
+		rep.Scenarios.Listener = runListener(ctx, o, listener)
 	}
 	return rep
 }

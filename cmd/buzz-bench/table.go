@@ -13,11 +13,10 @@ import (
 	"strings"
 )
 
-// The table mode reads a JSON report of this command, pgbench's output and
-// the output of the Go benchmark of mention delivery, and prints one row per
-// measure with its target and whether the run met it:
+// The table mode reads a JSON report of this command and pgbench's output,
+// and prints one row per measure with its target and whether the run met it:
 //
-//	buzz-bench table -pgbench bin/bench-pgbench.txt -listener bin/bench-listener.txt bin/bench.json
+//	buzz-bench table -pgbench bin/bench-pgbench.txt bin/bench.json
 
 // Targets. They live here, in the benchmark's output, never in tests.
 const (
@@ -62,12 +61,9 @@ func atLeast(v, floor float64) string {
 
 func ms(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) + " ms" }
 
-// listenerStats are the metrics BenchmarkWarmListenerDelivery reports.
-type listenerStats map[string]float64
-
-// buildTable lays out every measure of rep. pgbenchTPS is 0 and listener nil
-// when they were not measured.
-func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []tableRow {
+// buildTable lays out every measure of rep. pgbenchTPS is 0 when it was not
+// measured.
+func buildTable(rep *report, pgbenchTPS float64) []tableRow {
 	var rows []tableRow
 	add := func(measure, result, target, status string) {
 		rows = append(rows, tableRow{measure, result, target, status})
@@ -163,7 +159,7 @@ func buildTable(rep *report, pgbenchTPS float64, listener listenerStats) []table
 			}
 		}
 	}
-	rows = append(rows, listenerRows(listener)...)
+	rows = append(rows, listenerRows(rep.Scenarios.Listener)...)
 	return rows
 }
 
@@ -190,17 +186,21 @@ func shapeRow(s shapeResult) tableRow {
 	return tableRow{measure, result, "reported", statusNone}
 }
 
-func listenerRows(l listenerStats) []tableRow {
-	const measure = "mention → listener"
-	if l == nil {
+// listenerRows are the mention -> listener rows: OK to POST received,
+// through the relay.
+func listenerRows(l *listenerReport) []tableRow {
+	const measure = "mention → listener (OK → POST)"
+	switch {
+	case l == nil:
 		return []tableRow{{measure, "not run", "", statusNA}}
+	case l.Error != "":
+		return []tableRow{{measure, "error: " + l.Error, "", statusNA}}
 	}
-	median, p90, maxv := l["median_ms"], l["p90_ms"], l["max_ms"]
 	return []tableRow{
-		{measure + " median", ms(median), "≤ " + ms(targetListenerMedian), atMost(median, targetListenerMedian)},
-		{measure + " p90", ms(p90), "≤ " + ms(targetListenerP90), atMost(p90, targetListenerP90)},
-		{measure + " max", fmt.Sprintf("%s (first %s, after idle %s)", ms(maxv), ms(l["first_ms"]), ms(l["after_idle_ms"])),
-			"≤ " + ms(targetListenerMax), atMost(maxv, targetListenerMax)},
+		{measure + " median", fmt.Sprintf("%s (%d mentions)", ms(l.MedianMs), l.Delivered), "≤ " + ms(targetListenerMedian), atMost(l.MedianMs, targetListenerMedian)},
+		{measure + " p90", ms(l.P90Ms), "≤ " + ms(targetListenerP90), atMost(l.P90Ms, targetListenerP90)},
+		{measure + " max", fmt.Sprintf("%s (first %s, after %.0f s idle %s)", ms(l.MaxMs), ms(l.FirstMs), l.IdleSeconds, ms(l.AfterIdleMs)),
+			"≤ " + ms(targetListenerMax), atMost(l.MaxMs, targetListenerMax)},
 	}
 }
 
@@ -251,47 +251,18 @@ func pgbenchTPS(out []byte) (float64, error) {
 	return 0, errors.New("pgbench printed no tps line")
 }
 
-// benchMetrics reads the "value unit" pairs of the result line of the Go
-// benchmark named name.
-func benchMetrics(out []byte, name string) (listenerStats, error) {
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || (fields[0] != name && !strings.HasPrefix(fields[0], name+"-")) {
-			continue
-		}
-		if _, err := strconv.Atoi(fields[1]); err != nil {
-			continue // a log line naming the benchmark, not its result
-		}
-		m := listenerStats{}
-		for i := 2; i+1 < len(fields); i += 2 {
-			v, err := strconv.ParseFloat(fields[i], 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %q is not a number", name, fields[i])
-			}
-			m[fields[i+1]] = v
-		}
-		return m, nil
-	}
-	return nil, fmt.Errorf("no result line for %s", name)
-}
-
-// listenerBenchmark is the Go benchmark the table folds in.
-const listenerBenchmark = "BenchmarkWarmListenerDelivery"
-
 // runTable is the table mode: it prints the table to stdout. A missing or
-// unreadable pgbench or listener file makes its rows "not run" rather than
-// failing, so a partial run still shows what it measured.
+// unreadable pgbench file makes its rows "not run" rather than failing, so a
+// partial run still shows what it measured.
 func runTable(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("buzz-bench table", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	pgbenchFile := fs.String("pgbench", "", "pgbench's output")
-	listenerFile := fs.String("listener", "", "the output of go test -bench "+listenerBenchmark)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return errors.New("usage: buzz-bench table [-pgbench FILE] [-listener FILE] REPORT.json")
+		return errors.New("usage: buzz-bench table [-pgbench FILE] REPORT.json")
 	}
 	raw, err := os.ReadFile(fs.Arg(0))
 	if err != nil {
@@ -307,14 +278,7 @@ func runTable(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintln(stderr, "buzz-bench table: pgbench:", err)
 		}
 	}
-	var listener listenerStats
-	if *listenerFile != "" {
-		listener, err = readWith(*listenerFile, func(b []byte) (listenerStats, error) { return benchMetrics(b, listenerBenchmark) })
-		if err != nil {
-			fmt.Fprintln(stderr, "buzz-bench table: listener:", err)
-		}
-	}
-	_, err = io.WriteString(stdout, formatTable(buildTable(&rep, tps, listener)))
+	_, err = io.WriteString(stdout, formatTable(buildTable(&rep, tps)))
 	return err
 }
 

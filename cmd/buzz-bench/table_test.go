@@ -20,13 +20,6 @@ initial connection time = 12.345 ms
 tps = 9086.298163 (without initial connection time)
 `
 
-const listenerOutput = `goos: linux
-BenchmarkWarmListenerDelivery-2   	       1	         0.8246 after_idle_ms	         9.017 first_ms	         9.017 max_ms	         0.9718 median_ms	         1.607 p90_ms
---- BENCH: BenchmarkWarmListenerDelivery-2
-    bench_test.go:184: warm fast path: median 0.97 ms, p90 1.61 ms, max 9.02 ms (n=21)
-PASS
-`
-
 func TestPgbenchTPS(t *testing.T) {
 	t.Parallel()
 	tps, err := pgbenchTPS([]byte(pgbenchOutput))
@@ -34,22 +27,6 @@ func TestPgbenchTPS(t *testing.T) {
 	require.InDelta(t, 9086.298163, tps, 1e-9)
 	_, err = pgbenchTPS([]byte("pgbench: error: connection refused\n"))
 	require.Error(t, err)
-}
-
-func TestBenchMetrics(t *testing.T) {
-	t.Parallel()
-	m, err := benchMetrics([]byte(listenerOutput), listenerBenchmark)
-	require.NoError(t, err)
-	require.Equal(t, listenerStats{"after_idle_ms": 0.8246, "first_ms": 9.017, "max_ms": 9.017, "median_ms": 0.9718, "p90_ms": 1.607}, m)
-	// Without -N suffix (GOMAXPROCS=1) the line still counts; a failed run
-	// has no result line, only the "--- FAIL" one.
-	m, err = benchMetrics([]byte("BenchmarkWarmListenerDelivery 1 2.5 median_ms\n"), listenerBenchmark)
-	require.NoError(t, err)
-	require.Equal(t, 2.5, m["median_ms"])
-	_, err = benchMetrics([]byte("--- FAIL: BenchmarkWarmListenerDelivery-2\n    no delivery within 10 s\n"), listenerBenchmark)
-	require.Error(t, err)
-	_, err = benchMetrics([]byte("BenchmarkWarmListenerDeliveryOther-2 1 2.5 median_ms\n"), listenerBenchmark)
-	require.Error(t, err, "another benchmark's line")
 }
 
 // sampleReport is a report as a whole run leaves it.
@@ -79,6 +56,7 @@ func sampleReport() *report {
 		Latency:  latencyStats{P50: 5, P99: 18},
 		CPU:      &cpuReport{RelayUSPerDelivery: 7.5, BenchUSPerDelivery: 9.1},
 		RelayRSS: &rssReport{BaseKB: 44 * 1024, PeakKB: 84 * 1024, Connections: 1000, PerConnBytes: perConnBytes(44*1024, 84*1024, 1000)}}
+	sc.Listener = &listenerReport{Mentions: 21, Delivered: 21, MedianMs: 0.9, P90Ms: 2.1, MaxMs: 9.017, FirstMs: 9.017, AfterIdleMs: 0.8246, IdleSeconds: 120}
 	return rep
 }
 
@@ -95,8 +73,7 @@ func statusOf(t *testing.T, rows []tableRow, measure string) string {
 
 func TestBuildTableJudgesEveryTarget(t *testing.T) {
 	t.Parallel()
-	listener := listenerStats{"median_ms": 0.9, "p90_ms": 2.1, "max_ms": 7.9, "first_ms": 7.9, "after_idle_ms": 1}
-	rows := buildTable(sampleReport(), 9000, listener)
+	rows := buildTable(sampleReport(), 9000)
 	want := map[string]string{
 		"pgbench single-row INSERT, 16 clients":         statusNone,
 		"publish, 1 publishers":                         statusNone,
@@ -113,9 +90,9 @@ func TestBuildTableJudgesEveryTarget(t *testing.T) {
 		"fan-out 1→1000, delivery p99":                  statusPass,
 		"fan-out CPU per delivery, relay / buzz-bench":  statusNone,
 		"relay RSS per subscribed connection":           statusMiss, // 41 KB
-		"mention → listener median":                     statusPass,
-		"mention → listener p90":                        statusMiss,
-		"mention → listener max":                        statusPass,
+		"mention → listener (OK → POST) median":         statusPass,
+		"mention → listener (OK → POST) p90":            statusMiss, // 2.1 ms
+		"mention → listener (OK → POST) max":            statusMiss, // 9.017 ms
 	}
 	require.Len(t, rows, len(want))
 	for measure, status := range want {
@@ -130,7 +107,7 @@ func TestBuildTableMissesOnDuplicateDeliveries(t *testing.T) {
 	t.Parallel()
 	rep := sampleReport()
 	rep.Scenarios.Fanout.Duplicates = 1
-	rows := buildTable(rep, 9000, nil)
+	rows := buildTable(rep, 9000)
 	require.Equal(t, statusMiss, statusOf(t, rows, "fan-out 1→1000, delivery p99"))
 }
 
@@ -139,13 +116,16 @@ func TestBuildTableWithoutReferences(t *testing.T) {
 	rep := sampleReport()
 	rep.Scenarios.AfterBurst.Fresh = false
 	rep.Scenarios.Fanout.Received-- // one delivery lost fails the row however fast the rest
-	rows := buildTable(rep, 0, nil)
+	rows := buildTable(rep, 0)
 	require.Equal(t, statusNA, statusOf(t, rows, "pgbench single-row INSERT"))
 	require.Equal(t, statusNA, statusOf(t, rows, "publish, 16 publishers: ratio to pgbench"))
 	require.Equal(t, statusNA, statusOf(t, rows, "REQ kinds after a burst, worst 5 s window p50"), "a store that had rows says nothing about fresh statistics")
-	require.Equal(t, statusNA, statusOf(t, rows, "mention → listener"))
+	rep.Scenarios.Listener = nil
+	require.Equal(t, statusNA, statusOf(t, buildTable(rep, 0), "mention → listener (OK → POST)"))
+	rep.Scenarios.Listener = &listenerReport{Error: "no keep-alive HEAD from the relay within a minute"}
+	require.Equal(t, statusNA, statusOf(t, buildTable(rep, 0), "mention → listener (OK → POST)"))
 	rep.Scenarios.Fanout.Missing = 1
-	require.Equal(t, statusMiss, statusOf(t, buildTable(rep, 0, nil), "fan-out 1→1000, delivery p99"))
+	require.Equal(t, statusMiss, statusOf(t, buildTable(rep, 0), "fan-out 1→1000, delivery p99"))
 }
 
 func TestFormatTableAligns(t *testing.T) {
@@ -164,22 +144,21 @@ func TestRunTableEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	raw, err := json.Marshal(sampleReport())
 	require.NoError(t, err)
-	reportFile, pgFile, listenerFile := filepath.Join(dir, "r.json"), filepath.Join(dir, "pg.txt"), filepath.Join(dir, "l.txt")
+	reportFile, pgFile := filepath.Join(dir, "r.json"), filepath.Join(dir, "pg.txt")
 	require.NoError(t, os.WriteFile(reportFile, raw, 0o600))
 	require.NoError(t, os.WriteFile(pgFile, []byte(pgbenchOutput), 0o600))
-	require.NoError(t, os.WriteFile(listenerFile, []byte(listenerOutput), 0o600))
 	var stdout, stderr bytes.Buffer
-	require.NoError(t, runTable([]string{"-pgbench", pgFile, "-listener", listenerFile, reportFile}, &stdout, &stderr))
+	require.NoError(t, runTable([]string{"-pgbench", pgFile, reportFile}, &stdout, &stderr))
 	require.Contains(t, stdout.String(), "9086 tps")
 	require.Contains(t, stdout.String(), "0.51 of pgbench")
-	require.Contains(t, stdout.String(), "9.02 ms (first 9.02 ms, after idle 0.82 ms)")
+	require.Contains(t, stdout.String(), "9.02 ms (first 9.02 ms, after 120 s idle 0.82 ms)")
 	require.Empty(t, stderr.String())
 
-	// A missing listener file: the rows say so, the table still prints.
+	// A missing pgbench file: its rows say so, the table still prints.
 	stdout.Reset()
-	require.NoError(t, runTable([]string{"-listener", filepath.Join(dir, "absent"), reportFile}, &stdout, &stderr))
+	require.NoError(t, runTable([]string{"-pgbench", filepath.Join(dir, "absent"), reportFile}, &stdout, &stderr))
 	require.Contains(t, stdout.String(), "mention → listener")
-	require.Contains(t, stderr.String(), "listener:")
+	require.Contains(t, stderr.String(), "pgbench:")
 	require.Error(t, runTable(nil, &stdout, &stderr))
 }
 
@@ -230,7 +209,7 @@ func TestPublishRowSaysWhatWasSignedWhileTimed(t *testing.T) {
 	t.Parallel()
 	rep := sampleReport()
 	rep.Scenarios.Publish[1].SignedDuringRun = 1234
-	rows := buildTable(rep, 9000, nil)
+	rows := buildTable(rep, 9000)
 	for _, r := range rows {
 		if r.measure == "publish, 16 publishers: ratio to pgbench" {
 			require.Contains(t, r.result, "1234 signed while timed")
@@ -250,7 +229,7 @@ func TestPublishRowSaysEventsPerCommit(t *testing.T) {
 	rep.Scenarios.Publish[1].Groups = &groupReport{Groups: 100, EventsPerGroup: 4.25}
 	rep.Scenarios.Publish[2].Groups = &groupReport{Error: "connection refused"}
 	results := map[string]string{}
-	for _, r := range buildTable(rep, 9000, nil) {
+	for _, r := range buildTable(rep, 9000) {
 		results[r.measure] = r.result
 	}
 	require.Contains(t, results["publish, 16 publishers: ratio to pgbench"], ", 4.2 events per commit")
