@@ -1,9 +1,25 @@
--- name: ChannelMemberUpsert :exec
+-- name: ChannelMemberUpsert :execrows
 -- Adds or re-adds a member (clearing a soft removal). An active member keeps
--- its role unless a role is given.
+-- its role unless a role is given. Zero rows: the member is not active and
+-- the channel already has @max_members active members, so nothing is
+-- written (an active member is never refused: a role change, a second
+-- join). The count is exact across relay processes because the caller
+-- holds the channel's row lock (ChannelLockForUpdate), taken by an earlier
+-- statement of its transaction: every add that committed before it is in
+-- this statement's snapshot, and none can commit until this transaction
+-- ends. (A lock taken inside this statement would not do: a statement that
+-- waited for a lock still counts with the snapshot it started with.)
 INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
-VALUES (@community_id::uuid, @channel_id::uuid, @pubkey::bytea,
-        coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea)
+SELECT @community_id::uuid, @channel_id::uuid, @pubkey::bytea,
+       coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea
+WHERE EXISTS (
+        SELECT FROM channel_members
+        WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+          AND pubkey = @pubkey::bytea AND removed_at IS NULL)
+   OR (SELECT count(*) FROM (
+        SELECT FROM channel_members
+        WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
+        LIMIT @max_members::int) m) < @max_members::int
 ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
 SET role = CASE
         WHEN sqlc.narg('role')::member_role IS NOT NULL THEN sqlc.narg('role')::member_role
