@@ -90,10 +90,9 @@ WHERE EXISTS (
         SELECT FROM channel_members
         WHERE community_id = $1::uuid AND channel_id = $2::uuid
           AND pubkey = $3::bytea AND removed_at IS NULL)
-   OR (SELECT count(*) FROM (
-        SELECT FROM channel_members
-        WHERE community_id = $1::uuid AND channel_id = $2::uuid AND removed_at IS NULL
-        LIMIT $6::int) m) < $6::int
+   -- No channel row: the insert is tried, and its foreign key refuses it.
+   OR coalesce((SELECT active_members FROM channels
+                WHERE community_id = $1::uuid AND id = $2::uuid), 0) < $6::int
 ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
 SET role = CASE
         WHEN $4::member_role IS NOT NULL THEN $4::member_role
@@ -118,14 +117,15 @@ type ChannelMemberUpsertParams struct {
 
 // Adds or re-adds a member (clearing a soft removal). An active member keeps
 // its role unless a role is given. Zero rows: the member is not active and
-// the channel already has @max_members active members, so nothing is
-// written (an active member is never refused: a role change, a second
-// join). The count is exact across relay processes because the caller
-// holds the channel's row lock (ChannelLockForUpdate), taken by an earlier
-// statement of its transaction: every add that committed before it is in
-// this statement's snapshot, and none can commit until this transaction
-// ends. (A lock taken inside this statement would not do: a statement that
-// waited for a lock still counts with the snapshot it started with.)
+// the channel already has @max_members active members
+// (channels.active_members, which a trigger counts), so nothing is written;
+// an active member is never refused (a role change, a second join). The
+// count is exact across relay processes because the caller holds the
+// channel's row lock (ChannelLockForUpdate), taken by an earlier statement
+// of its transaction: every add that committed before it is in this
+// statement's snapshot, and none can commit until this transaction ends.
+// (A lock taken inside this statement would not do: a statement that
+// waited for a lock still reads with the snapshot it started with.)
 func (q *Queries) ChannelMemberUpsert(ctx context.Context, arg ChannelMemberUpsertParams) (int64, error) {
 	result, err := q.db.Exec(ctx, channelMemberUpsert,
 		arg.CommunityID,
@@ -176,27 +176,4 @@ func (q *Queries) ChannelMembersActive(ctx context.Context, arg ChannelMembersAc
 		return nil, err
 	}
 	return items, nil
-}
-
-const channelMembersAtLeast = `-- name: ChannelMembersAtLeast :one
-SELECT count(*) >= $1::int AS at_least FROM (
-    SELECT FROM channel_members
-    WHERE community_id = $2::uuid AND channel_id = $3::uuid AND removed_at IS NULL
-    LIMIT $1::int
-) m
-`
-
-type ChannelMembersAtLeastParams struct {
-	N           int32
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-}
-
-// Whether the channel has at least @n active members, reading at most @n
-// rows: a membership change asks it to choose how its lists are written.
-func (q *Queries) ChannelMembersAtLeast(ctx context.Context, arg ChannelMembersAtLeastParams) (bool, error) {
-	row := q.db.QueryRow(ctx, channelMembersAtLeast, arg.N, arg.CommunityID, arg.ChannelID)
-	var at_least bool
-	err := row.Scan(&at_least)
-	return at_least, err
 }
