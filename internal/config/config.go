@@ -40,9 +40,8 @@ type Config struct {
 	// MaxThreadDepth bounds how deep a channel reply may sit in its thread:
 	// each reply updates one row per ancestor under the thread's lock.
 	MaxThreadDepth int
-	// MaxChannelMembers bounds a channel's active members: every
-	// membership change of a channel, and its folded lists, cost in
-	// proportion to them.
+	// MaxChannelMembers bounds a channel's active members: its lists,
+	// rewritten whole, and its reader set cost in proportion to them.
 	MaxChannelMembers int
 	// Group commit of concurrent events (see docs/write-spine.md):
 	// IngestGroupMax events at most per transaction (1: each alone),

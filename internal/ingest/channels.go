@@ -259,16 +259,16 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 // (lockChannel), which makes the count behind the limit exact across
 // relay processes: two adds at the limit minus one cannot both pass.
 func (w *Write) addMember(ctx context.Context, channel uuid.UUID, pubkey []byte, role *db.MemberRole, invitedBy []byte) error {
-	max := w.pipeline.maxChannelMembers
+	limit := w.pipeline.maxChannelMembers
 	added, err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
 		CommunityID: w.Tenant.ID(), ChannelID: channel, Pubkey: pubkey, Role: role, InvitedBy: invitedBy,
-		Now: w.SQLNow(), MaxMembers: int32(max),
+		Now: w.SQLNow(), MaxMembers: int32(limit),
 	})
 	if err != nil {
 		return err
 	}
 	if added == 0 {
-		return &Rejection{Prefix: "restricted", Reason: fmt.Sprintf("the channel has reached its member limit (%d)", max), memberLimit: true}
+		return &Rejection{Prefix: "restricted", Reason: fmt.Sprintf("the channel has reached its member limit (%d)", limit), memberLimit: true}
 	}
 	return nil
 }

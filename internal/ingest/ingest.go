@@ -227,8 +227,8 @@ type Options struct {
 	// MaxChannelMembers bounds a channel's active members (0:
 	// DefaultMaxChannelMembers): an add beyond it (a join, a put-user, a
 	// removed member's return) is refused with restricted:, whichever
-	// relay process writes it. Every membership change of a large channel
-	// costs in proportion to its members (its lists, its reader set).
+	// relay process writes it. A channel's lists, rewritten whole, and its
+	// reader set cost in proportion to its members.
 	MaxChannelMembers int
 	// GroupMax bounds how many concurrent events commit in one transaction
 	// (0: DefaultGroupMax; 1: every event in its own transaction, no group
