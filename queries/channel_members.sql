@@ -1,9 +1,25 @@
--- name: ChannelMemberUpsert :exec
+-- name: ChannelMemberUpsert :execrows
 -- Adds or re-adds a member (clearing a soft removal). An active member keeps
--- its role unless a role is given.
+-- its role unless a role is given. Zero rows: the member is not active and
+-- the channel already has @max_members active members
+-- (channels.active_members, which a trigger counts), so nothing is written;
+-- an active member is never refused (a role change, a second join). The
+-- count is exact across relay processes because the caller holds the
+-- channel's row lock (ChannelLockForUpdate), taken by an earlier statement
+-- of its transaction: every add that committed before it is in this
+-- statement's snapshot, and none can commit until this transaction ends.
+-- (A lock taken inside this statement would not do: a statement that
+-- waited for a lock still reads with the snapshot it started with.)
 INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
-VALUES (@community_id::uuid, @channel_id::uuid, @pubkey::bytea,
-        coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea)
+SELECT @community_id::uuid, @channel_id::uuid, @pubkey::bytea,
+       coalesce(sqlc.narg('role')::member_role, 'member'), sqlc.narg('invited_by')::bytea
+WHERE EXISTS (
+        SELECT FROM channel_members
+        WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
+          AND pubkey = @pubkey::bytea AND removed_at IS NULL)
+   -- No channel row: the insert is tried, and its foreign key refuses it.
+   OR coalesce((SELECT active_members FROM channels
+                WHERE community_id = @community_id::uuid AND id = @channel_id::uuid), 0) < @max_members::int
 ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
 SET role = CASE
         WHEN sqlc.narg('role')::member_role IS NOT NULL THEN sqlc.narg('role')::member_role
@@ -35,12 +51,3 @@ JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
 WHERE m.community_id = @community_id::uuid AND m.channel_id = @channel_id::uuid AND m.removed_at IS NULL
   AND u.display_name IS NOT NULL AND u.display_name <> ''
 ORDER BY m.pubkey;
-
--- name: ChannelMembersAtLeast :one
--- Whether the channel has at least @n active members, reading at most @n
--- rows: a membership change asks it to choose how its lists are written.
-SELECT count(*) >= @n::int AS at_least FROM (
-    SELECT FROM channel_members
-    WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
-    LIMIT @n::int
-) m;

@@ -11,6 +11,13 @@ SELECT * FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR UPDATE;
 
+-- name: ChannelMembersAtLeast :one
+-- Whether the channel has at least @n active members (no row: a deleted
+-- channel): a membership change asks it, after its own, to choose how its
+-- lists are written.
+SELECT active_members >= @n::int AS at_least FROM channels
+WHERE community_id = @community_id::uuid AND id = @channel_id::uuid AND deleted_at IS NULL;
+
 -- name: ChannelLockForLists :execrows
 -- Serializes the folded write of a large channel's lists with its
 -- membership changes (their ChannelLockForUpdate waits), without blocking

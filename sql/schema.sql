@@ -206,11 +206,19 @@ CREATE FUNCTION public.channel_members_count_readers_change() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
+DECLARE
+    joined integer := 0;
 BEGIN
     IF TG_OP = 'UPDATE' AND OLD.removed_at IS NOT DISTINCT FROM NEW.removed_at THEN
         RETURN NULL;
     END IF;
-    UPDATE channels SET readers_version = readers_version + 1
+    IF NEW.removed_at IS NULL THEN
+        joined := 1;
+    ELSIF TG_OP = 'UPDATE' AND OLD.removed_at IS NULL THEN
+        joined := -1;
+    END IF;
+    UPDATE channels
+    SET readers_version = readers_version + 1, active_members = active_members + joined
     WHERE community_id = NEW.community_id AND id = NEW.channel_id;
     RETURN NULL;
 END
@@ -1823,6 +1831,7 @@ CREATE TABLE public.channels (
     archived_at timestamp with time zone,
     deleted_at timestamp with time zone,
     readers_version bigint DEFAULT 0 NOT NULL,
+    active_members integer DEFAULT 0 NOT NULL,
     CONSTRAINT channels_created_by_len CHECK ((octet_length(created_by) = 32)),
     CONSTRAINT channels_name_not_blank CHECK ((btrim((name)::text) <> ''::text))
 );
@@ -1833,6 +1842,13 @@ CREATE TABLE public.channels (
 --
 
 COMMENT ON COLUMN public.channels.readers_version IS 'Counts the changes of who may read the channel (memberships added or removed, visibility, deletion); read with ChannelAccess by every channel write, so the fan-out can tell a cached reader set older than the write.';
+
+
+--
+-- Name: COLUMN channels.active_members; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.channels.active_members IS 'The channel''s active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change; read under the channel''s row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds. A hard DELETE of a member row is not counted.';
 
 
 --

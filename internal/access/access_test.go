@@ -140,7 +140,9 @@ func TestReaderSetOlderThanAWriteIsNotAnswered(t *testing.T) {
 	require.False(t, before.Has(joiner))
 
 	// Another process adds a member; its invalidation has not arrived.
-	require.NoError(t, q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: community.ID, ChannelID: channel, Pubkey: joinerKey[:]}))
+	added, err := q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: community.ID, ChannelID: channel, Pubkey: joinerKey[:], MaxMembers: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, added)
 	var version int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2", community.ID, channel).Scan(&version))
 	require.Greater(t, version, before.version)

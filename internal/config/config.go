@@ -40,6 +40,9 @@ type Config struct {
 	// MaxThreadDepth bounds how deep a channel reply may sit in its thread:
 	// each reply updates one row per ancestor under the thread's lock.
 	MaxThreadDepth int
+	// MaxChannelMembers bounds a channel's active members: its lists,
+	// rewritten whole, and its reader set cost in proportion to them.
+	MaxChannelMembers int
 	// Group commit of concurrent events (see docs/write-spine.md):
 	// IngestGroupMax events at most per transaction (1: each alone),
 	// IngestGroupWriters groups written at once at most (the second only
@@ -199,6 +202,10 @@ func Default() Config {
 		// Far deeper than conversations go, small enough that one reply's
 		// ancestor updates stay cheap under the thread's lock.
 		MaxThreadDepth: 64,
+		// A fold of a channel's lists was measured at up to about 90 µs a
+		// member: 9 s at 100,000, a third of the 30 s write timeout it must
+		// finish in (docs/limits.md).
+		MaxChannelMembers: 100_000,
 		// Below 64 so a group's savepoints stay in PostgreSQL's per-backend
 		// subtransaction cache (beyond it every snapshot gets slower).
 		IngestGroupMax:         32,
@@ -292,6 +299,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MAX_CONTENT_LENGTH", &c.MaxContentLength)
 	r.positive("BUZZ_MAX_MENTIONS_PER_EVENT", &c.MaxMentionsPerEvent)
 	r.positive("BUZZ_MAX_THREAD_DEPTH", &c.MaxThreadDepth)
+	r.positive("BUZZ_MAX_CHANNEL_MEMBERS", &c.MaxChannelMembers)
 	r.positive("BUZZ_INGEST_GROUP_MAX", &c.IngestGroupMax)
 	r.positive("BUZZ_INGEST_GROUP_WRITERS", &c.IngestGroupWriters)
 	r.positive("BUZZ_INGEST_QUEUE", &c.IngestQueue)

@@ -33,6 +33,7 @@ func TestValuesAreRead(t *testing.T) {
 		"BUZZ_MAX_SUBSCRIPTIONS":         "5",
 		"BUZZ_MAX_MENTIONS_PER_EVENT":    "12",
 		"BUZZ_MAX_THREAD_DEPTH":          "9",
+		"BUZZ_MAX_CHANNEL_MEMBERS":       "250",
 		"BUZZ_INGEST_GROUP_MAX":          "1",
 		"BUZZ_INGEST_GROUP_WRITERS":      "3",
 		"BUZZ_INGEST_QUEUE":              "10",
@@ -50,6 +51,7 @@ func TestValuesAreRead(t *testing.T) {
 	require.Equal(t, 5, c.MaxSubscriptions)
 	require.Equal(t, 12, c.MaxMentionsPerEvent)
 	require.Equal(t, 9, c.MaxThreadDepth)
+	require.Equal(t, 250, c.MaxChannelMembers)
 	require.Equal(t, 1, c.IngestGroupMax)
 	require.Equal(t, 3, c.IngestGroupWriters)
 	require.Equal(t, 10, c.IngestQueue)

@@ -82,17 +82,24 @@ func (q *Queries) ChannelMemberRemove(ctx context.Context, arg ChannelMemberRemo
 	return result.RowsAffected(), nil
 }
 
-const channelMemberUpsert = `-- name: ChannelMemberUpsert :exec
+const channelMemberUpsert = `-- name: ChannelMemberUpsert :execrows
 INSERT INTO channel_members (community_id, channel_id, pubkey, role, invited_by)
-VALUES ($1::uuid, $2::uuid, $3::bytea,
-        coalesce($4::member_role, 'member'), $5::bytea)
+SELECT $1::uuid, $2::uuid, $3::bytea,
+       coalesce($4::member_role, 'member'), $5::bytea
+WHERE EXISTS (
+        SELECT FROM channel_members
+        WHERE community_id = $1::uuid AND channel_id = $2::uuid
+          AND pubkey = $3::bytea AND removed_at IS NULL)
+   -- No channel row: the insert is tried, and its foreign key refuses it.
+   OR coalesce((SELECT active_members FROM channels
+                WHERE community_id = $1::uuid AND id = $2::uuid), 0) < $6::int
 ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE
 SET role = CASE
         WHEN $4::member_role IS NOT NULL THEN $4::member_role
         WHEN channel_members.removed_at IS NOT NULL THEN 'member'
         ELSE channel_members.role
     END,
-    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce($6::timestamptz, now()) ELSE channel_members.joined_at END,
+    joined_at = CASE WHEN channel_members.removed_at IS NOT NULL THEN coalesce($7::timestamptz, now()) ELSE channel_members.joined_at END,
     invited_by = coalesce(EXCLUDED.invited_by, channel_members.invited_by),
     removed_at = NULL,
     removed_by = NULL
@@ -104,21 +111,35 @@ type ChannelMemberUpsertParams struct {
 	Pubkey      []byte
 	Role        *MemberRole
 	InvitedBy   []byte
+	MaxMembers  int32
 	Now         *time.Time
 }
 
 // Adds or re-adds a member (clearing a soft removal). An active member keeps
-// its role unless a role is given.
-func (q *Queries) ChannelMemberUpsert(ctx context.Context, arg ChannelMemberUpsertParams) error {
-	_, err := q.db.Exec(ctx, channelMemberUpsert,
+// its role unless a role is given. Zero rows: the member is not active and
+// the channel already has @max_members active members
+// (channels.active_members, which a trigger counts), so nothing is written;
+// an active member is never refused (a role change, a second join). The
+// count is exact across relay processes because the caller holds the
+// channel's row lock (ChannelLockForUpdate), taken by an earlier statement
+// of its transaction: every add that committed before it is in this
+// statement's snapshot, and none can commit until this transaction ends.
+// (A lock taken inside this statement would not do: a statement that
+// waited for a lock still reads with the snapshot it started with.)
+func (q *Queries) ChannelMemberUpsert(ctx context.Context, arg ChannelMemberUpsertParams) (int64, error) {
+	result, err := q.db.Exec(ctx, channelMemberUpsert,
 		arg.CommunityID,
 		arg.ChannelID,
 		arg.Pubkey,
 		arg.Role,
 		arg.InvitedBy,
+		arg.MaxMembers,
 		arg.Now,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const channelMembersActive = `-- name: ChannelMembersActive :many
@@ -155,27 +176,4 @@ func (q *Queries) ChannelMembersActive(ctx context.Context, arg ChannelMembersAc
 		return nil, err
 	}
 	return items, nil
-}
-
-const channelMembersAtLeast = `-- name: ChannelMembersAtLeast :one
-SELECT count(*) >= $1::int AS at_least FROM (
-    SELECT FROM channel_members
-    WHERE community_id = $2::uuid AND channel_id = $3::uuid AND removed_at IS NULL
-    LIMIT $1::int
-) m
-`
-
-type ChannelMembersAtLeastParams struct {
-	N           int32
-	CommunityID uuid.UUID
-	ChannelID   uuid.UUID
-}
-
-// Whether the channel has at least @n active members, reading at most @n
-// rows: a membership change asks it to choose how its lists are written.
-func (q *Queries) ChannelMembersAtLeast(ctx context.Context, arg ChannelMembersAtLeastParams) (bool, error) {
-	row := q.db.QueryRow(ctx, channelMembersAtLeast, arg.N, arg.CommunityID, arg.ChannelID)
-	var at_least bool
-	err := row.Scan(&at_least)
-	return at_least, err
 }

@@ -137,7 +137,7 @@ func (q *Queries) ChannelLockForLists(ctx context.Context, arg ChannelLockForLis
 }
 
 const channelLockForUpdate = `-- name: ChannelLockForUpdate :one
-SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version FROM channels
+SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version, active_members FROM channels
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
 FOR UPDATE
 `
@@ -165,6 +165,7 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 		&i.ArchivedAt,
 		&i.DeletedAt,
 		&i.ReadersVersion,
+		&i.ActiveMembers,
 	)
 	return i, err
 }
@@ -191,6 +192,27 @@ func (q *Queries) ChannelLockForWorkflows(ctx context.Context, arg ChannelLockFo
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const channelMembersAtLeast = `-- name: ChannelMembersAtLeast :one
+SELECT active_members >= $1::int AS at_least FROM channels
+WHERE community_id = $2::uuid AND id = $3::uuid AND deleted_at IS NULL
+`
+
+type ChannelMembersAtLeastParams struct {
+	N           int32
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+}
+
+// Whether the channel has at least @n active members (no row: a deleted
+// channel): a membership change asks it, after its own, to choose how its
+// lists are written.
+func (q *Queries) ChannelMembersAtLeast(ctx context.Context, arg ChannelMembersAtLeastParams) (bool, error) {
+	row := q.db.QueryRow(ctx, channelMembersAtLeast, arg.N, arg.CommunityID, arg.ChannelID)
+	var at_least bool
+	err := row.Scan(&at_least)
+	return at_least, err
 }
 
 const channelReaders = `-- name: ChannelReaders :one

@@ -410,6 +410,8 @@ type Channel struct {
 	DeletedAt   *time.Time
 	// Counts the changes of who may read the channel (memberships added or removed, visibility, deletion); read with ChannelAccess by every channel write, so the fan-out can tell a cached reader set older than the write.
 	ReadersVersion int64
+	// The channel's active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change; read under the channel's row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds. A hard DELETE of a member row is not counted.
+	ActiveMembers int32
 }
 
 // Large channels whose admins and members lists (39001, 39002) are behind their membership: written by whichever relay process claims the row once due_at passes.

@@ -37,7 +37,9 @@ func TestConstraintViolationsAreRecognizedByName(t *testing.T) {
 	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: home.ID, ID: channel, Name: "room", Visibility: db.ChannelVisibilityOpen, CreatedBy: owner})
 	require.NoError(t, err)
 	role := db.MemberRoleOwner
-	require.NoError(t, q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: channel, Pubkey: owner, Role: &role}))
+	added, err := q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: channel, Pubkey: owner, Role: &role, MaxMembers: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, added)
 
 	for _, tc := range []struct {
 		name       string
@@ -57,7 +59,8 @@ func TestConstraintViolationsAreRecognizedByName(t *testing.T) {
 			return err
 		}, dberr.Check, "channel_members_keep_an_owner", "a channel must keep an owner: make someone else owner first"},
 		{"foreign key", func() error {
-			return q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: uuid.New(), Pubkey: owner})
+			_, err := q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{CommunityID: home.ID, ChannelID: uuid.New(), Pubkey: owner, MaxMembers: 10})
+			return err
 		}, dberr.ForeignKey, "channel_members_community_id_channel_id_fkey", "the database refused the write (rule channel_members_community_id_channel_id_fkey)"},
 		{"not null", func() error {
 			_, err := pool.Exec(ctx, `INSERT INTO communities (host) VALUES (NULL)`)

@@ -186,11 +186,11 @@ func BenchmarkJoinLargeChannel(b *testing.B) {
 }
 
 // BenchmarkFoldLargeChannel is one fold (FoldChannelLists) of a channel of
-// 8,000, 20,000 and 50,000 members (go test -bench FoldLargeChannel
+// 8,000, 20,000, 50,000 and 100,000 (the default member limit) members (go test -bench FoldLargeChannel
 // -benchtime 5x): ns/op is the fold's time, which must stay well inside the
 // write timeout for a large channel's lists ever to be written.
 func BenchmarkFoldLargeChannel(b *testing.B) {
-	for _, members := range []int{8000, 20000, 50000} {
+	for _, members := range []int{8000, 20000, 50000, ingest.DefaultMaxChannelMembers} {
 		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
 			pool, err := pgxpool.New(context.Background(), dbtest.URL(b))
 			if err != nil {
@@ -236,6 +236,76 @@ func BenchmarkFoldLargeChannel(b *testing.B) {
 					b.Fatalf("folded %d channels", n)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkJoinNearMemberLimit is one client joining an open channel of
+// 10,000, 50,000 and 99,000 members with fresh keys, one join after another,
+// under the default member limit (go test -bench JoinNearMemberLimit
+// -benchtime 50x): writer-ms/join is the group writer's time per join,
+// which includes counting the channel's active members under its row lock.
+func BenchmarkJoinNearMemberLimit(b *testing.B) {
+	for _, members := range []int{10000, 50000, 99000} {
+		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+			pool, err := pgxpool.New(context.Background(), dbtest.URL(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(pool.Close)
+			row, err := db.New(pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-limit-%d.example", time.Now().UnixNano()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			tenant := community.FromRow(row)
+			p := ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldInterval: time.Hour})
+			var writerTime atomic.Int64
+			p.OnGroup = func(s ingest.GroupStats) { writerTime.Add(int64(s.Took)) }
+			owner, _ := nostr.GenerateSecretKey()
+			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000002", time.Now().UnixNano()&0xffffffff)
+			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
+			if err := create.Sign(owner); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
+				b.Fatal(err)
+			}
+			// Without its triggers, as in BenchmarkFoldLargeChannel, so the
+			// channel's count of its members is set by hand.
+			if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(context.Background(), `SET LOCAL session_replication_role = replica`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
+					SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, $3::int - 1) i`, tenant.ID(), ch, members)
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(context.Background(), `UPDATE channels SET active_members = $3 WHERE community_id = $1 AND id = $2`, tenant.ID(), ch, members)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(context.Background(), `VACUUM ANALYZE channel_members`); err != nil {
+				b.Fatal(err)
+			}
+			joins := make([]*nostr.Event, b.N)
+			for i := range joins {
+				k, _ := nostr.GenerateSecretKey()
+				joins[i] = &nostr.Event{Kind: ingest.KindJoinRequest, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}}}
+				if err := joins[i].Sign(k); err != nil {
+					b.Fatal(err)
+				}
+			}
+			writerTime.Store(0)
+			b.ResetTimer()
+			for _, ev := range joins {
+				if _, err := p.Submit(context.Background(), tenant, ev.PubKey, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(writerTime.Load())/float64(b.N)/1e6, "writer-ms/join")
 		})
 	}
 }

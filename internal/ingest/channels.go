@@ -242,14 +242,42 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 	if created == 0 {
 		return Reject("invalid", "channel %s already exists", id)
 	}
+	// The channel's row, inserted by this transaction, is as good as
+	// locked: no other transaction sees it before the commit.
 	owner := db.MemberRoleOwner
-	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: id, Pubkey: w.ActorBytes(), Role: &owner, Now: w.SQLNow(),
-	}); err != nil {
+	if err := w.addMember(ctx, id, w.ActorBytes(), &owner, nil); err != nil {
 		return err
 	}
 	w.MembershipChanged()
 	return w.emitDiscovery(ctx, id, KindGroupMetadata, KindGroupAdmins, KindGroupMembers)
+}
+
+// addMember adds or re-adds pubkey to channel (role nil: an active
+// member keeps theirs, anyone else becomes a member), unless the channel
+// is at its member limit and pubkey is not an active member. Every path
+// that adds a member comes here. The caller holds the channel's row lock
+// (lockChannel), which makes the count behind the limit exact across
+// relay processes: two adds at the limit minus one cannot both pass.
+func (w *Write) addMember(ctx context.Context, channel uuid.UUID, pubkey []byte, role *db.MemberRole, invitedBy []byte) error {
+	limit := w.pipeline.maxChannelMembers
+	added, err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
+		CommunityID: w.Tenant.ID(), ChannelID: channel, Pubkey: pubkey, Role: role, InvitedBy: invitedBy,
+		Now: w.SQLNow(), MaxMembers: int32(limit),
+	})
+	if err != nil {
+		return err
+	}
+	if added == 0 {
+		return &Rejection{Prefix: "restricted", Reason: fmt.Sprintf("the channel has reached its member limit (%d)", limit), memberLimit: true}
+	}
+	return nil
+}
+
+// IsMemberLimit reports whether err is the refusal of an add to a channel
+// at its member limit.
+func IsMemberLimit(err error) bool {
+	var rej *Rejection
+	return errors.As(err, &rej) && rej.memberLimit
 }
 
 func prepareJoin(ctx context.Context, w *Write) error {
@@ -259,9 +287,7 @@ func prepareJoin(ctx context.Context, w *Write) error {
 }
 
 func applyJoin(ctx context.Context, w *Write) error {
-	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: w.ActorBytes(), Now: w.SQLNow(),
-	}); err != nil {
+	if err := w.addMember(ctx, *w.ChannelID, w.ActorBytes(), nil, nil); err != nil {
 		return err
 	}
 	return w.membershipEvents(ctx, KindMemberAdded, w.Actor)
@@ -412,9 +438,7 @@ func applyPutUser(ctx context.Context, w *Write) error {
 			}
 		}
 	}
-	if err := w.Q.ChannelMemberUpsert(ctx, db.ChannelMemberUpsertParams{
-		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: targetBytes, Role: role, InvitedBy: w.ActorBytes(), Now: w.SQLNow(),
-	}); err != nil {
+	if err := w.addMember(ctx, *w.ChannelID, targetBytes, role, w.ActorBytes()); err != nil {
 		return err
 	}
 	return w.membershipEvents(ctx, KindMemberAdded, target)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -56,6 +57,9 @@ type Rejection struct {
 	// unknownChannel marks the answer shared by unknown and unreadable
 	// channels, so a caller can answer its own "not found" instead.
 	unknownChannel bool
+	// memberLimit marks the refusal of an add to a full channel
+	// (IsMemberLimit), which the relay counts apart.
+	memberLimit bool
 }
 
 func (r *Rejection) Error() string { return r.Prefix + ": " + r.Reason }
@@ -157,8 +161,8 @@ type Pipeline struct {
 	sideRows      []SideRows
 	maxFutureSkew time.Duration
 	clock         clock.Clock
-	// maxMentions and maxThreadDepth: see Options.
-	maxMentions, maxThreadDepth int
+	// maxMentions, maxThreadDepth and maxChannelMembers: see Options.
+	maxMentions, maxThreadDepth, maxChannelMembers int
 	// writeTimeout bounds one transaction of events: see Options.
 	writeTimeout time.Duration
 
@@ -183,6 +187,9 @@ type Pipeline struct {
 	// on the writing goroutine, before the group's events get their
 	// answers, possibly on several goroutines at once: it must not block.
 	OnGroup func(GroupStats)
+	// OnMemberLimit is called when an event is refused because it would
+	// add a member to a channel at its member limit (metrics); may be nil.
+	OnMemberLimit func()
 	// OnMembershipChange is called after a commit that changed who may read
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
@@ -217,6 +224,12 @@ type Options struct {
 	// DefaultMaxThreadDepth); a deeper reply is refused with invalid:.
 	// Each reply updates one row per ancestor under the thread's lock.
 	MaxThreadDepth int
+	// MaxChannelMembers bounds a channel's active members (0:
+	// DefaultMaxChannelMembers): an add beyond it (a join, a put-user, a
+	// removed member's return) is refused with restricted:, whichever
+	// relay process writes it. A channel's lists, rewritten whole, and its
+	// reader set cost in proportion to its members.
+	MaxChannelMembers int
 	// GroupMax bounds how many concurrent events commit in one transaction
 	// (0: DefaultGroupMax; 1: every event in its own transaction, no group
 	// writer). GroupWriters is how many groups may be written at once (a
@@ -251,7 +264,11 @@ type Options struct {
 const (
 	DefaultMaxMentions    = 100
 	DefaultMaxThreadDepth = 64
-	DefaultWriteTimeout   = 30 * time.Second
+	// DefaultMaxChannelMembers keeps a channel's folded lists far inside
+	// the write timeout: a fold was measured at up to about 90 µs a member,
+	// 9 s at 100,000 (see docs/limits.md).
+	DefaultMaxChannelMembers = 100_000
+	DefaultWriteTimeout      = 30 * time.Second
 )
 
 // New returns a pipeline with the built-in kind handlers.
@@ -265,6 +282,9 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
+	if opts.MaxChannelMembers <= 0 {
+		opts.MaxChannelMembers = DefaultMaxChannelMembers
+	}
 	if opts.ListFoldMembers <= 0 {
 		opts.ListFoldMembers = DefaultListFoldMembers
 	}
@@ -272,17 +292,18 @@ func New(pool *pgxpool.Pool, hub *fanout.Hub, opts Options) *Pipeline {
 		opts.ListFoldInterval = DefaultListFoldInterval
 	}
 	p := &Pipeline{
-		pool:           pool,
-		hub:            hub,
-		maxMentions:    opts.MaxMentions,
-		maxThreadDepth: opts.MaxThreadDepth,
-		writeTimeout:   opts.WriteTimeout,
-		foldMembers:    opts.ListFoldMembers,
-		foldInterval:   opts.ListFoldInterval,
-		maxFutureSkew:  opts.MaxFutureSkew,
-		clock:          opts.Clock,
-		keys:           map[uuid.UUID]*nostr.SecretKey{},
-		handlers:       map[int]Handler{},
+		pool:              pool,
+		hub:               hub,
+		maxMentions:       opts.MaxMentions,
+		maxThreadDepth:    opts.MaxThreadDepth,
+		maxChannelMembers: min(opts.MaxChannelMembers, math.MaxInt32),
+		writeTimeout:      opts.WriteTimeout,
+		foldMembers:       opts.ListFoldMembers,
+		foldInterval:      opts.ListFoldInterval,
+		maxFutureSkew:     opts.MaxFutureSkew,
+		clock:             opts.Clock,
+		keys:              map[uuid.UUID]*nostr.SecretKey{},
+		handlers:          map[int]Handler{},
 	}
 	p.groups = newGroupWriter(p, opts)
 	p.handlers[nostr.KindDeletion] = deletionHandler
@@ -495,6 +516,9 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 		err := mapError(j.err)
 		if p.refusedButStored(ctx, w, err) {
 			return Duplicate, "", nil
+		}
+		if IsMemberLimit(err) && p.OnMemberLimit != nil {
+			p.OnMemberLimit()
 		}
 		return 0, "", err
 	}

@@ -132,7 +132,8 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		store:   eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, ingest.Options{
 			MaxFutureSkew: cfg.MaxFutureSkew, MaxMentions: cfg.MaxMentionsPerEvent, MaxThreadDepth: cfg.MaxThreadDepth,
-			GroupMax: cfg.IngestGroupMax, GroupWriters: cfg.IngestGroupWriters,
+			MaxChannelMembers: cfg.MaxChannelMembers,
+			GroupMax:          cfg.IngestGroupMax, GroupWriters: cfg.IngestGroupWriters,
 			GroupQueue: cfg.IngestQueue, GroupLockTimeout: cfg.IngestGroupLockTimeout,
 			WriteTimeout: cfg.IngestWriteTimeout,
 			Clock:        o.clock,
@@ -220,6 +221,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			s.metrics.IngestGroupsFailed.Inc()
 		}
 	}
+	s.pipeline.OnMemberLimit = s.metrics.ChannelMemberLimitRefusals.Inc
 	s.metrics.watchIngestQueue(s.pipeline.WaitingEvents)
 	s.metrics.Registry.MustRegister(newPoolCollector(pool))
 	return s

@@ -1,0 +1,125 @@
+package migrate_test
+
+import (
+	"context"
+	"io/fs"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/migrate"
+	"github.com/buzzrelay/buzz/migrations"
+)
+
+// activeMembersMigration is the number of the migration that adds
+// channels.active_members, found by its name.
+func activeMembersMigration(t *testing.T) int32 {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*_channel_active_members.sql")
+	require.NoError(t, err)
+	require.Len(t, names, 1)
+	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
+	require.NoError(t, err)
+	return int32(n)
+}
+
+// activeMembers returns channel's counter and its active rows counted.
+func activeMembers(t *testing.T, conn *pgx.Conn, community, channel uuid.UUID) (counter, rows int) {
+	t.Helper()
+	require.NoError(t, conn.QueryRow(context.Background(), `
+		SELECT active_members, (SELECT count(*) FROM channel_members m
+		                        WHERE m.community_id = c.community_id AND m.channel_id = c.id AND m.removed_at IS NULL)
+		FROM channels c WHERE community_id = $1 AND id = $2`, community, channel).Scan(&counter, &rows))
+	return counter, rows
+}
+
+// Every membership change counts on channels.active_members, whichever
+// session makes it (here plain SQL, no relay code): a member added,
+// removed, removed again, added back; a row inserted already removed and a
+// role change count nothing; another channel's members are its own.
+// Mutations killed: the trigger not subtracting a removal; counting a row
+// inserted removed, or an update between two removal times.
+func TestActiveMembersCountsEveryMembershipChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.URL(t))
+	community, channel, other := uuid.New(), uuid.New(), uuid.New()
+	owner, member, gone := make([]byte, 32), make([]byte, 32), make([]byte, 32)
+	owner[0], member[0], gone[0] = 1, 2, 3
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO communities (id, host) VALUES ($1, 'active-members.example')`, community)
+	for _, ch := range []uuid.UUID{channel, other} {
+		exec(`INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, ch, owner)
+	}
+	exec(`INSERT INTO channel_members (community_id, channel_id, pubkey, role) VALUES ($1, $2, $3, 'owner')`, community, other, owner)
+
+	member1 := []any{community, channel, member}
+	for _, s := range []struct {
+		what, sql string
+		args      []any
+		want      int
+	}{
+		{"owner added", `INSERT INTO channel_members (community_id, channel_id, pubkey, role) VALUES ($1, $2, $3, 'owner')`, []any{community, channel, owner}, 1},
+		{"member added", `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, $3)`, member1, 2},
+		{"role changed", `UPDATE channel_members SET role = 'admin' WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`, member1, 2},
+		{"member removed", `UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`, member1, 1},
+		{"removed again later", `UPDATE channel_members SET removed_at = now() + interval '1 minute' WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`, member1, 1},
+		{"row inserted removed", `INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at) VALUES ($1, $2, $3, now())`, []any{community, channel, gone}, 1},
+		{"member back", `UPDATE channel_members SET removed_at = NULL WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3`, member1, 2},
+	} {
+		exec(s.sql, s.args...)
+		counter, rows := activeMembers(t, conn, community, channel)
+		require.Equal(t, s.want, rows, s.what)
+		require.Equal(t, s.want, counter, s.what)
+	}
+	counter, _ := activeMembers(t, conn, community, other)
+	require.Equal(t, 1, counter, "the other channel counts its own")
+}
+
+// The migration counts the members already there (active ones only, per
+// channel), and its down part drops the column so it applies again.
+// Mutation killed: the migration without its backfill (every channel
+// starts at zero, and a full one takes members past its limit).
+func TestActiveMembersMigrationCountsExistingMembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.EmptyURL(t))
+	version := activeMembersMigration(t)
+	require.NoError(t, migrate.To(ctx, conn, version-1))
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	community, big, small, empty := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	owner := make([]byte, 32)
+	exec(`INSERT INTO communities (id, host) VALUES ($1, 'active-members-backfill.example')`, community)
+	for _, ch := range []uuid.UUID{big, small, empty} {
+		exec(`INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, ch, owner)
+	}
+	exec(`INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at)
+		SELECT $1, $2, sha256(i::text::bytea), CASE WHEN i % 4 = 0 THEN now() END FROM generate_series(1, 40) i`, community, big)
+	exec(`INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, $3)`, community, small, owner)
+
+	for range 2 { // up, down, up again
+		require.NoError(t, migrate.To(ctx, conn, version))
+		for ch, want := range map[uuid.UUID]int{big: 30, small: 1, empty: 0} {
+			counter, rows := activeMembers(t, conn, community, ch)
+			require.Equal(t, want, rows)
+			require.Equal(t, want, counter)
+		}
+		require.NoError(t, migrate.To(ctx, conn, version-1))
+		var columns int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'channels' AND column_name = 'active_members'`).Scan(&columns))
+		require.Zero(t, columns)
+	}
+}
