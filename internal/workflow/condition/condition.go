@@ -20,10 +20,19 @@
 //     it is compiled (a list element) would be the library's unbounded one
 //     and is refused; "matches" likewise does at most MaxMatchWork of
 //     regular expression work, which no deadline could stop;
-//   - evaluation still runs under a 100 ms deadline: it runs on its own
-//     goroutine and Eval returns when the deadline passes, even if the
-//     (bounded) work has not finished, so one slow condition cannot stall a
-//     trigger pipeline;
+//   - the compiled bytecode is checked for a backward jump and refused with
+//     one, so an evaluation runs at most as many instructions as the
+//     expression compiled to;
+//   - no wall-clock deadline fails an evaluation: its work is bounded by the
+//     limits above, not by time, and on a busy machine a trivial condition
+//     could miss any deadline short enough to matter (it did miss a 100 ms
+//     one). What those limits do not count is bounded by the expression's
+//     size: an instruction scanning a 10,000-element range ("x in r") or a
+//     long built text (str_contains, contains, str_len), a few hundred times;
+//     the worst measured took about a quarter of a second of CPU. Only
+//     EvalBackstop, far beyond that, ends the wait for an evaluation as a
+//     last resort, should something unforeseen run long; Eval then returns
+//     while the work, which cannot be stopped, finishes on its own;
 //   - a variable that does not exist at evaluation time is an error, not a
 //     silent false, so a typo in a filter is reported rather than ignored.
 package condition
@@ -53,12 +62,15 @@ const (
 	// MaxExpressionBytes bounds what an owner can store and what the
 	// compiler has to chew on.
 	MaxExpressionBytes = 4096
-	// EvalTimeout is the most one evaluation may take.
-	EvalTimeout = 100 * time.Millisecond
+	// EvalBackstop is the longest Eval waits for an evaluation. The work
+	// limits bound an evaluation to well under a second of CPU; this only
+	// catches what they might miss, so it is long enough that no machine
+	// busy enough to reach it with a bounded evaluation is still serving.
+	EvalBackstop = 10 * time.Second
 	// maxNodes caps the syntax tree; 4096 bytes cannot need more.
 	maxNodes = 2048
-	// memoryBudget caps the elements that range expressions may allocate in
-	// one evaluation.
+	// memoryBudget caps the elements that ranges, lists and maps may
+	// allocate in one evaluation.
 	memoryBudget = 10000
 	// MaxBuiltBytes bounds the text one evaluation may build with "+". A
 	// filter compares text; it never needs more than a few copies of the
@@ -96,9 +108,16 @@ func newBudget() *evalBudget { return &evalBudget{text: MaxBuiltBytes, match: Ma
 
 type shareKey struct{}
 
+// share is what WithShare puts in a context.
+type share struct {
+	n     int
+	until time.Time // the backstop of the n evaluations together
+}
+
 // WithShare makes every evaluation under ctx one of n evaluations that
 // share one evaluation's limits: each may build MaxBuiltBytes/n of text, do
-// MaxMatchWork/n of regular expression work and take EvalTimeout/n. An
+// MaxMatchWork/n of regular expression work and allocate 1/n of the
+// elements, and all of them are waited for at most one EvalBackstop. An
 // event's trigger filters, all evaluated inside its write transaction, then
 // cost together at most what one evaluation may, however many workflows its
 // channel has, and no filter can spend its neighbours' part.
@@ -106,16 +125,20 @@ func WithShare(ctx context.Context, n int) context.Context {
 	if n <= 1 {
 		return ctx
 	}
-	return context.WithValue(ctx, shareKey{}, n)
+	return context.WithValue(ctx, shareKey{}, share{n: n, until: time.Now().Add(backstop)})
 }
 
-// shareOf is the n of WithShare, 1 when ctx has none.
-func shareOf(ctx context.Context) int {
-	if n, ok := ctx.Value(shareKey{}).(int); ok {
-		return n
+// shareOf is the share of WithShare: one evaluation waited for at most
+// backstop from now when ctx has none.
+func shareOf(ctx context.Context) share {
+	if s, ok := ctx.Value(shareKey{}).(share); ok {
+		return s
 	}
-	return 1
+	return share{n: 1, until: time.Now().Add(backstop)}
 }
+
+// backstop is EvalBackstop; tests shorten it to see it end a wait.
+var backstop = EvalBackstop
 
 func (b *evalBudget) concat(x, y string) string {
 	n := len(x) + len(y)
@@ -302,6 +325,9 @@ func Compile(expression string) (*Program, error) {
 	if err := unbudgeted(program.Node()); err != nil {
 		return nil, err
 	}
+	if loops(program) {
+		return nil, &Error{Reason: "the expression compiled to a loop; iteration is not available"}
+	}
 	return &Program{program: program, variables: variables}, nil
 }
 
@@ -334,6 +360,15 @@ func unbudgeted(root ast.Node) error {
 		return &Error{Reason: reason}
 	}
 	return nil
+}
+
+// loops reports whether a compiled program jumps backward. The iterating
+// builtins, the only source of one, are refused before, by name; this
+// makes "every instruction runs at most once", which bounds how many an
+// evaluation runs, a checked fact of the bytecode, whatever a new version
+// of the library compiles to.
+func loops(program *vm.Program) bool {
+	return slices.Contains(program.Bytecode, vm.OpJumpBackward)
 }
 
 // constantPattern is the pattern of a budgeted matches whose pattern is a
@@ -407,8 +442,10 @@ type evalResult struct {
 	err   error
 }
 
-// Eval runs the expression against vars within EvalTimeout (or ctx's
-// earlier deadline) and the work limits, or its share of them (WithShare).
+// Eval runs the expression against vars within the work limits, or its
+// share of them (WithShare). It waits for the result until ctx ends, and at
+// most EvalBackstop: no shorter deadline, since a bounded evaluation must
+// not fail because the machine was busy.
 func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 	env := make(map[string]any, len(p.variables))
 	for _, name := range p.variables {
@@ -419,9 +456,9 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		env[name] = v
 	}
 	share := shareOf(ctx)
-	budget := &evalBudget{text: MaxBuiltBytes / share, match: MaxMatchWork / share}
+	budget := &evalBudget{text: MaxBuiltBytes / share.n, match: MaxMatchWork / share.n}
 	env[concatFunc], env[matchesFunc] = budget.concat, budget.matches
-	ctx, cancel := context.WithTimeout(ctx, EvalTimeout/time.Duration(share))
+	ctx, cancel := context.WithDeadline(ctx, share.until)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return false, &Error{Reason: "evaluation not started", Err: err}
@@ -429,13 +466,17 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 
 	done := make(chan evalResult, 1) // buffered: a late result never blocks
 	go func() {
-		machine := vm.VM{MemoryBudget: memoryBudget}
+		// At least 1: a budget of 0 is the VM's default, a million.
+		machine := vm.VM{MemoryBudget: max(memoryBudget/uint(share.n), 1)}
 		value, err := machine.Run(p.program, env)
 		done <- evalResult{value, err}
 	}()
 	select {
 	case <-ctx.Done():
-		return false, &Error{Reason: "evaluation exceeded its time budget", Err: ctx.Err()}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && !share.until.After(time.Now()) {
+			return false, &Error{Reason: fmt.Sprintf("evaluation still running after the %v backstop", backstop), Err: ctx.Err()}
+		}
+		return false, &Error{Reason: "evaluation abandoned", Err: ctx.Err()}
 	case r := <-done:
 		if r.err != nil {
 			return false, &Error{Reason: "evaluation failed", Err: r.err}
