@@ -331,9 +331,10 @@ func TestCompiledSizeBoundIsABound(t *testing.T) {
 
 // Evaluations that share one evaluation's limits (an event's trigger
 // filters) each get an equal part: text one evaluation may build alone is
-// refused to each of two, and so are elements one may allocate. (Regular
-// expression work is split the same way.) Mutation killed: Eval ignoring
-// the share (of text, or of elements).
+// refused to each of two, and so are elements one may allocate and text
+// one may read through. (Regular expression work is split the same way.)
+// Mutation killed: Eval ignoring the share (of text built, of elements, or
+// of text read).
 func TestSharedEvaluationsSplitTheLimits(t *testing.T) {
 	t.Parallel()
 	p, err := Compile(`str_len(trigger_text + trigger_text) > 0`)
@@ -352,6 +353,65 @@ func TestSharedEvaluationsSplitTheLimits(t *testing.T) {
 	require.True(t, ok)
 	_, err = p.Eval(WithShare(context.Background(), 2), vars)
 	require.ErrorContains(t, err, "memory budget exceeded", "one of two evaluations gets half")
+
+	p, err = Compile("let t = trigger_text;" + strings.Repeat(" str_len(t) > 0 &&", 20) + " true")
+	require.NoError(t, err)
+	mib := Vars{"trigger_text": strings.Repeat("a", 1<<20)} // 20 MiB read, against 32 MiB
+	ok, err = p.Eval(context.Background(), mib)
+	require.NoError(t, err, "alone, the evaluation is within the limits")
+	require.True(t, ok)
+	_, err = p.Eval(WithShare(context.Background(), 2), mib)
+	require.ErrorContains(t, err, "reads through more than", "one of two evaluations gets half")
+}
+
+// What str_contains, str_len, the text operators and "in" read through
+// is bounded: each expression here, written to 4,096 bytes over a 256 KiB
+// text, took up to a quarter of a second of CPU (the scanned range) and
+// now stops at MaxScanWork, about 25 ms; a few reads of it are fine.
+// Mutations killed: each of in, contains (str_contains and the contains
+// operator), startsWith, endsWith and str_len not charging its read.
+func TestScanWorkIsBounded(t *testing.T) {
+	t.Parallel()
+	fill := func(prefix, unit string) string {
+		return prefix + strings.Repeat(unit, (MaxExpressionBytes-len(prefix)-len("true"))/len(unit)) + "true"
+	}
+	long := Vars{"trigger_text": strings.Repeat("a", 256<<10)}
+	list := "[" + strings.Repeat("t,", 100) + "t]"
+	for _, expression := range []string{
+		fill("let r = 1..9998; ", "!(0 in r)&&"),
+		fill("let t = trigger_text; let u = trigger_text[1:] + \"b\"; let a = "+list+"; ", "!(u in a)&&"),
+		fill("let p = trigger_text[0:100] + \"b\"; ", "!str_contains(trigger_text,p)&&"),
+		fill("let p = trigger_text[0:100] + \"b\"; let t = trigger_text; ", "!(t contains p)&&"),
+		fill("let t = trigger_text; ", "str_len(t)>0&&"),
+		fill("let t = trigger_text; ", "str_starts_with(t,t)&&"),
+		fill("let t = trigger_text; ", "str_ends_with(t,t)&&"),
+		fill("let t = trigger_text; ", "(t startsWith t)&&"),
+		fill("let t = trigger_text; ", "(t endsWith t)&&"),
+	} {
+		p, err := Compile(expression)
+		require.NoError(t, err, expression[:40])
+		_, err = p.Eval(context.Background(), long)
+		require.ErrorContains(t, err, "reads through more than", expression[:40])
+	}
+	for _, expression := range []string{
+		`str_contains(trigger_text, "b") || str_len(trigger_text) > 0`,
+		`trigger_text contains "b" || trigger_text startsWith "a"`,
+		`str_len(trigger_text) in 1..9998 || 2 in [1, 2]`,
+		`"b" in {"b": 1}`,
+	} {
+		p, err := Compile(expression)
+		require.NoError(t, err, expression)
+		ok, err := p.Eval(context.Background(), long)
+		require.NoError(t, err, expression)
+		require.True(t, ok, expression)
+	}
+
+	// A text operator the budgeted one cannot take (an operand of unknown
+	// type) would be the library's own: refused when saved.
+	_, err := Compile(`[trigger_text, 1][0] contains "a"`)
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Contains(t, cerr.Reason, "contains needs two strings")
 }
 
 // A program that jumps backward (an iterating builtin, which Compile
