@@ -342,6 +342,51 @@ type Program struct {
 	variables []string // every variable the expression reads, sorted
 }
 
+// budgetedOps makes each "in", "contains", "startsWith" and "endsWith" a
+// call of the budgeted function (inFunc, containsFunc, ...), like the
+// operator overloads of "+" and "matches" but in one pass: every patcher
+// costs the compiler a type check of the whole tree per round. A text
+// operator is patched only when both operands are known strings (the post
+// check refuses the rest), and an "in" not when the library's optimizer
+// turns it into two comparisons (a test against a range of constant
+// bounds): `str_len(trigger_text) in 1..1000` allocates no range, as
+// before. (A list of constants it would make a lookup costs the budgeted
+// "in" a few microseconds.)
+type budgetedOps struct{}
+
+var textOps = map[string]string{"contains": containsFunc, "startsWith": startsWithFunc, "endsWith": endsWithFunc}
+
+func (budgetedOps) Visit(node *ast.Node) {
+	b, ok := (*node).(*ast.BinaryNode)
+	if !ok {
+		return
+	}
+	fn := ""
+	switch {
+	case b.Operator == "in" && !optimizedAway(b):
+		fn = inFunc
+	case textOps[b.Operator] != "" && isString(b.Left.Type()) && isString(b.Right.Type()):
+		fn = textOps[b.Operator]
+	default:
+		return
+	}
+	ast.Patch(node, &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: []ast.Node{b.Left, b.Right}})
+}
+
+func isString(t reflect.Type) bool { return t != nil && t.Kind() == reflect.String }
+
+// optimizedAway reports whether the library's optimizer rewrites in into
+// comparisons, on the same conditions as its in_range.
+func optimizedAway(in *ast.BinaryNode) bool {
+	right, ok := in.Right.(*ast.BinaryNode)
+	if !ok || right.Operator != ".." || in.Left.Type() == nil || in.Left.Type().Kind() != reflect.Int {
+		return false
+	}
+	_, from := right.Left.(*ast.IntegerNode)
+	_, to := right.Right.(*ast.IntegerNode)
+	return from && to
+}
+
 // helpers are the functions an expression may call.
 var helpers = map[string]bool{"str_contains": true, "str_starts_with": true, "str_ends_with": true, "str_len": true}
 
@@ -385,8 +430,7 @@ func Compile(expression string) (*Program, error) {
 	newBudget().env(env)
 
 	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes),
-		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc), expr.Operator("in", inFunc),
-		expr.Operator("contains", containsFunc), expr.Operator("startsWith", startsWithFunc), expr.Operator("endsWith", endsWithFunc)}
+		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc), expr.Patch(budgetedOps{})}
 	opts = append(opts, extraFunctions...)
 	program, err := expr.Compile(expression, opts...)
 	if err != nil {

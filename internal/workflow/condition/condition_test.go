@@ -414,6 +414,45 @@ func TestScanWorkIsBounded(t *testing.T) {
 	require.Contains(t, cerr.Reason, "contains needs two strings")
 }
 
+// An "in" of a range with constant bounds stays the two comparisons the
+// library's optimizer makes of it, allocating nothing, so even one of 20
+// filters sharing an event's limits (500 elements each) may test a range
+// of 1,000; a constant list (kept as one constant) costs the budgeted "in"
+// little. Any other "in" is the budgeted one, whatever it tests.
+// Mutation killed: optimizedAway answering false (the range is built, over
+// the filter's 500 elements).
+func TestInOverConstantsAllocatesNothing(t *testing.T) {
+	t.Parallel()
+	words := make([]string, 520)
+	for i := range words {
+		words[i] = fmt.Sprintf(`"%c%c"`, 'a'+i/26, 'a'+i%26)
+	}
+	vars := Vars{"trigger_text": "tz", "trigger_author": "abc"} // the last word
+	for _, c := range []struct {
+		expression string
+		want       bool
+	}{
+		{`str_len(trigger_text) in 1..1000`, true},
+		{`str_len(trigger_text) in 3..1000`, false},
+		{`trigger_text in [` + strings.Join(words, ",") + `]`, true},
+		{`str_len(trigger_text) in [1, 2, 3, 4]`, true},
+		{`trigger_text not in ["a", "b"]`, true},
+		{`trigger_text in [trigger_author, "tz"]`, true},
+		{`4 in [1, "a", 4]`, true},
+		{`trigger_author in {"abc": 1}`, true},
+		{`let r = 1..5; 3 in r`, true},
+		{`"a" in []`, false},
+		{`trigger_author contains "b" && trigger_author startsWith "a" && trigger_author endsWith "c"`, true},
+	} {
+		name := c.expression[:min(len(c.expression), 40)]
+		p, err := Compile(c.expression)
+		require.NoError(t, err, name)
+		got, err := p.Eval(WithShare(context.Background(), 20), vars)
+		require.NoError(t, err, name)
+		require.Equal(t, c.want, got, name)
+	}
+}
+
 // A program that jumps backward (an iterating builtin, which Compile
 // refuses by name before) is refused by its bytecode.
 // Mutation killed: loops answering false.
