@@ -199,11 +199,12 @@ type share struct {
 
 // WithShare makes every evaluation under ctx one of n evaluations that
 // share one evaluation's limits: each may build MaxBuiltBytes/n of text, do
-// MaxMatchWork/n of regular expression work, MaxScanWork/n of scanning and
-// allocate 1/n of the elements, and all of them are waited for at most one EvalBackstop. An
-// event's trigger filters, all evaluated inside its write transaction, then
-// cost together at most what one evaluation may, however many workflows its
-// channel has, and no filter can spend its neighbours' part.
+// MaxMatchWork/n of regular expression work and MaxScanWork/n of reading,
+// and allocate 1/n of the elements; all of them together are waited for at
+// most one EvalBackstop. An event's trigger filters, all evaluated inside
+// its write transaction, then cost together at most what one evaluation
+// may, however many workflows its channel has, and no filter can spend its
+// neighbours' part.
 func WithShare(ctx context.Context, n int) context.Context {
 	if n <= 1 {
 		return ctx
