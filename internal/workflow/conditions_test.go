@@ -14,9 +14,7 @@ import (
 
 // A kept program serves concurrent evaluations, each with its own answer.
 // Run under the race detector, which reports any state an evaluation
-// writes in the shared program. (Small texts: an evaluation has a 100 ms
-// deadline, which a loaded machine under the race detector must not
-// approach.)
+// writes in the shared program.
 func TestKeptConditionsEvaluateConcurrently(t *testing.T) {
 	t.Parallel()
 	const expr = `str_len(trigger_text + trigger_text) > 2 && trigger_text startsWith "y"`

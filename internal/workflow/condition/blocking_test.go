@@ -8,8 +8,8 @@ import (
 )
 
 // compileWithBlockingHelper compiles an expression calling a helper that
-// blocks until release is closed, standing in for work that overruns the
-// deadline.
+// blocks until release is closed, standing in for work that would never
+// end.
 func compileWithBlockingHelper(t *testing.T, release chan struct{}) *Program {
 	t.Helper()
 	saved := extraFunctions

@@ -20,10 +20,22 @@
 //     it is compiled (a list element) would be the library's unbounded one
 //     and is refused; "matches" likewise does at most MaxMatchWork of
 //     regular expression work, which no deadline could stop;
-//   - evaluation still runs under a 100 ms deadline: it runs on its own
-//     goroutine and Eval returns when the deadline passes, even if the
-//     (bounded) work has not finished, so one slow condition cannot stall a
-//     trigger pipeline;
+//   - str_contains, str_starts_with, str_ends_with, str_len, the contains,
+//     startsWith and endsWith operators and "in" read through at most
+//     MaxScanWork per evaluation (text bytes, and list elements weighted
+//     as elementWork bytes each);
+//   - the compiled bytecode is checked for a backward jump and refused with
+//     one, so an evaluation runs at most as many instructions as the
+//     expression compiled to;
+//   - no wall-clock deadline fails an evaluation: its work is bounded by the
+//     limits above, not by time, and on a busy machine a trivial condition
+//     could miss any deadline short enough to matter (it did miss a 100 ms
+//     one). What the limits do not count is string comparison ("==", "<")
+//     and the instructions themselves, bounded by the expression's length
+//     (a few milliseconds). Only EvalBackstop, far beyond that, ends the
+//     wait for an evaluation as a last resort, should something unforeseen
+//     run long; Eval then returns while the work, which cannot be stopped,
+//     finishes on its own;
 //   - a variable that does not exist at evaluation time is an error, not a
 //     silent false, so a typo in a filter is reported rather than ignored.
 package condition
@@ -45,6 +57,7 @@ import (
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/parser"
 	"github.com/expr-lang/expr/vm"
+	"github.com/expr-lang/expr/vm/runtime"
 
 	"github.com/buzzrelay/buzz/internal/workflow/template"
 )
@@ -53,12 +66,16 @@ const (
 	// MaxExpressionBytes bounds what an owner can store and what the
 	// compiler has to chew on.
 	MaxExpressionBytes = 4096
-	// EvalTimeout is the most one evaluation may take.
-	EvalTimeout = 100 * time.Millisecond
+	// EvalBackstop is the longest Eval waits for an evaluation. The work
+	// limits bound an evaluation to about a tenth of a second of CPU; this
+	// only catches what they might miss, so it is long enough that no
+	// machine busy enough to reach it with a bounded evaluation is still
+	// serving.
+	EvalBackstop = 10 * time.Second
 	// maxNodes caps the syntax tree; 4096 bytes cannot need more.
 	maxNodes = 2048
-	// memoryBudget caps the elements that range expressions may allocate in
-	// one evaluation.
+	// memoryBudget caps the elements that ranges, lists and maps may
+	// allocate in one evaluation.
 	memoryBudget = 10000
 	// MaxBuiltBytes bounds the text one evaluation may build with "+". A
 	// filter compares text; it never needs more than a few copies of the
@@ -75,47 +92,137 @@ const (
 // pattern over the largest message.
 const MaxMatchWork = 1 << 24
 
-// The environment functions "+" between two strings and "matches" compile
-// to. Eval puts in fresh ones per evaluation, which count their work.
+// MaxScanWork bounds what one evaluation may read through: the bytes of
+// the texts str_contains, str_starts_with, str_ends_with, str_len and the
+// contains, startsWith and endsWith operators look at, plus, for each
+// "in" over a list, elementWork per element and the needle's bytes per
+// element. Without it these were bounded only by the expression's length:
+// `let r = 1..9998; !(0 in r) && !(0 in r) && ...` to 4,096 bytes took a
+// quarter of a second of CPU, 290 str_contains over a 512 KiB text 170 ms,
+// and no budget split them among an event's filters. The budget is about
+// 20 to 30 ms of CPU.
+const MaxScanWork = 1 << 25
+
+// elementWork is the work charged per element an "in" compares: comparing
+// one through reflection costs about what reading 128 bytes of text does
+// (measured: about 70 ns against about 0.7 ns a byte).
+const elementWork = 128
+
+// The environment functions "+" between two strings, "matches", "in" over
+// a list and the text operators compile to. Eval puts in fresh ones per
+// evaluation, which count their work.
 const (
-	concatFunc  = "__buzz_concat"
-	matchesFunc = "__buzz_matches"
+	concatFunc     = "__buzz_concat"
+	matchesFunc    = "__buzz_matches"
+	inFunc         = "__buzz_in"
+	containsFunc   = "__buzz_contains"
+	startsWithFunc = "__buzz_starts_with"
+	endsWithFunc   = "__buzz_ends_with"
 )
 
 var (
 	errBuiltTooMuch   = fmt.Errorf("the expression builds more than %d bytes of text", MaxBuiltBytes)
 	errPatternTooLong = fmt.Errorf("a regular expression is longer than %d bytes", MaxExpressionBytes)
 	errMatchesTooMuch = fmt.Errorf("the expression needs more than %d units of regular expression work (text bytes times pattern instructions)", MaxMatchWork)
+	errScansTooMuch   = fmt.Errorf("the expression reads through more than %d units of text and list elements", MaxScanWork)
 )
 
 // evalBudget is one evaluation's allowance; its methods panic when it runs
 // out, which the VM turns into the evaluation's error.
-type evalBudget struct{ text, match int }
+type evalBudget struct{ text, match, scan int }
 
-func newBudget() *evalBudget { return &evalBudget{text: MaxBuiltBytes, match: MaxMatchWork} }
+func newBudget() *evalBudget {
+	return &evalBudget{text: MaxBuiltBytes, match: MaxMatchWork, scan: MaxScanWork}
+}
+
+// env puts the budgeted functions in env.
+func (b *evalBudget) env(env map[string]any) {
+	env[concatFunc], env[matchesFunc] = b.concat, b.matches
+	env[inFunc] = b.in
+	env[containsFunc], env[startsWithFunc], env[endsWithFunc] = b.contains, b.startsWith, b.endsWith
+	env["str_contains"], env["str_starts_with"], env["str_ends_with"] = b.contains, b.startsWith, b.endsWith
+	env["str_len"] = b.strLen
+}
+
+// read takes n times m units of scan work.
+func (b *evalBudget) read(n, m int) {
+	if m > 0 && n > b.scan/m { // divided, so huge operands cannot overflow
+		panic(errScansTooMuch)
+	}
+	b.scan -= n * m
+}
+
+func (b *evalBudget) contains(s, sub string) bool {
+	b.read(len(s)+len(sub), 1)
+	return strings.Contains(s, sub)
+}
+
+func (b *evalBudget) startsWith(s, prefix string) bool {
+	b.read(len(prefix)+1, 1)
+	return strings.HasPrefix(s, prefix)
+}
+
+func (b *evalBudget) endsWith(s, suffix string) bool {
+	b.read(len(suffix)+1, 1)
+	return strings.HasSuffix(s, suffix)
+}
+
+// strLen counts characters, not bytes, like the truncate filter.
+func (b *evalBudget) strLen(s string) int {
+	b.read(len(s)+1, 1)
+	return utf8.RuneCountInString(s)
+}
+
+// in is the library's "in", charged per element of a list it compares (a
+// map's lookup, as one). The checker types a range as a list of any, so
+// the list is taken as any too.
+func (b *evalBudget) in(needle any, list any) bool {
+	per := elementWork
+	if s, ok := needle.(string); ok {
+		per += len(s)
+	}
+	n := 1
+	if v := reflect.ValueOf(list); v.Kind() == reflect.Slice || v.Kind() == reflect.Array {
+		n = v.Len()
+	}
+	b.read(n, per)
+	return runtime.In(needle, list)
+}
 
 type shareKey struct{}
 
+// share is what WithShare puts in a context.
+type share struct {
+	n     int
+	until time.Time // the backstop of the n evaluations together
+}
+
 // WithShare makes every evaluation under ctx one of n evaluations that
 // share one evaluation's limits: each may build MaxBuiltBytes/n of text, do
-// MaxMatchWork/n of regular expression work and take EvalTimeout/n. An
-// event's trigger filters, all evaluated inside its write transaction, then
-// cost together at most what one evaluation may, however many workflows its
-// channel has, and no filter can spend its neighbours' part.
+// MaxMatchWork/n of regular expression work and MaxScanWork/n of reading,
+// and allocate 1/n of the elements; all of them together are waited for at
+// most one EvalBackstop. An event's trigger filters, all evaluated inside
+// its write transaction, then cost together at most what one evaluation
+// may, however many workflows its channel has, and no filter can spend its
+// neighbours' part.
 func WithShare(ctx context.Context, n int) context.Context {
 	if n <= 1 {
 		return ctx
 	}
-	return context.WithValue(ctx, shareKey{}, n)
+	return context.WithValue(ctx, shareKey{}, share{n: n, until: time.Now().Add(backstop)})
 }
 
-// shareOf is the n of WithShare, 1 when ctx has none.
-func shareOf(ctx context.Context) int {
-	if n, ok := ctx.Value(shareKey{}).(int); ok {
-		return n
+// shareOf is the share of WithShare: one evaluation waited for at most
+// backstop from now when ctx has none.
+func shareOf(ctx context.Context) share {
+	if s, ok := ctx.Value(shareKey{}).(share); ok {
+		return s
 	}
-	return 1
+	return share{n: 1, until: time.Now().Add(backstop)}
 }
+
+// backstop is EvalBackstop; tests shorten it to see it end a wait.
+var backstop = EvalBackstop
 
 func (b *evalBudget) concat(x, y string) string {
 	n := len(x) + len(y)
@@ -236,22 +343,53 @@ type Program struct {
 	variables []string // every variable the expression reads, sorted
 }
 
-// functions are the helpers an expression may call.
-var functions = []expr.Option{
-	expr.Function("str_contains", func(p ...any) (any, error) {
-		return strings.Contains(p[0].(string), p[1].(string)), nil
-	}, new(func(string, string) bool)),
-	expr.Function("str_starts_with", func(p ...any) (any, error) {
-		return strings.HasPrefix(p[0].(string), p[1].(string)), nil
-	}, new(func(string, string) bool)),
-	expr.Function("str_ends_with", func(p ...any) (any, error) {
-		return strings.HasSuffix(p[0].(string), p[1].(string)), nil
-	}, new(func(string, string) bool)),
-	// str_len counts characters, not bytes, like the truncate filter.
-	expr.Function("str_len", func(p ...any) (any, error) {
-		return utf8.RuneCountInString(p[0].(string)), nil
-	}, new(func(string) int)),
+// budgetedOps makes each "in", "contains", "startsWith" and "endsWith" a
+// call of the budgeted function (inFunc, containsFunc, ...), like the
+// operator overloads of "+" and "matches" but in one pass: every patcher
+// costs the compiler a type check of the whole tree per round. A text
+// operator is patched only when both operands are known strings (the post
+// check refuses the rest), and an "in" not when the library's optimizer
+// turns it into two comparisons (a test against a range of constant
+// bounds): `str_len(trigger_text) in 1..1000` allocates no range, as
+// before. (A list of constants it would make a lookup costs the budgeted
+// "in" a few microseconds.)
+type budgetedOps struct{}
+
+var textOps = map[string]string{"contains": containsFunc, "startsWith": startsWithFunc, "endsWith": endsWithFunc}
+
+func (budgetedOps) Visit(node *ast.Node) {
+	b, ok := (*node).(*ast.BinaryNode)
+	if !ok {
+		return
+	}
+	fn := ""
+	switch {
+	case b.Operator == "in" && !optimizedAway(b):
+		fn = inFunc
+	case textOps[b.Operator] != "" && isString(b.Left.Type()) && isString(b.Right.Type()):
+		fn = textOps[b.Operator]
+	default:
+		return
+	}
+	ast.Patch(node, &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: []ast.Node{b.Left, b.Right}})
 }
+
+func isString(t reflect.Type) bool { return t != nil && t.Kind() == reflect.String }
+
+// optimizedAway reports whether the library's optimizer rewrites in into
+// comparisons, on the same conditions as its in_range.
+func optimizedAway(in *ast.BinaryNode) bool {
+	right, ok := in.Right.(*ast.BinaryNode)
+	if !ok || right.Operator != ".." || in.Left.Type() == nil || in.Left.Type().Kind() != reflect.Int {
+		return false
+	}
+	_, from := right.Left.(*ast.IntegerNode)
+	_, to := right.Right.(*ast.IntegerNode)
+	return from && to
+}
+
+// helpers are the functions an expression may call.
+var helpers = map[string]bool{"str_contains": true, "str_starts_with": true, "str_ends_with": true, "str_len": true}
 
 // extraFunctions lets tests add helpers (for instance one that blocks).
 var extraFunctions []expr.Option
@@ -275,10 +413,13 @@ func Compile(expression string) (*Program, error) {
 	if collect.builtin != "" {
 		return nil, &Error{Reason: fmt.Sprintf("builtin %q is not available; the helpers are str_contains, str_starts_with, str_ends_with and str_len", collect.builtin)}
 	}
+	if err := writtenPatterns(tree.Node); err != nil {
+		return nil, err
+	}
 	env := map[string]any{}
 	var variables []string
 	for name := range collect.names {
-		if collect.called[name] || collect.bound[name] {
+		if collect.called[name] || collect.bound[name] || helpers[name] {
 			continue
 		}
 		if !strings.HasPrefix(name, "trigger_") && !strings.HasPrefix(name, "steps_") {
@@ -288,12 +429,12 @@ func Compile(expression string) (*Program, error) {
 		variables = append(variables, name)
 	}
 	sort.Strings(variables)
-	// Their types; Eval supplies the budget.
-	env[concatFunc], env[matchesFunc] = newBudget().concat, newBudget().matches
+	// The helpers and the budgeted operators: their types; Eval supplies
+	// the budget.
+	newBudget().env(env)
 
 	opts := []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableAllBuiltins(), expr.MaxNodes(maxNodes),
-		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc)}
-	opts = append(opts, functions...)
+		expr.Operator("+", concatFunc), expr.Operator("matches", matchesFunc), expr.Patch(budgetedOps{})}
 	opts = append(opts, extraFunctions...)
 	program, err := expr.Compile(expression, opts...)
 	if err != nil {
@@ -302,24 +443,19 @@ func Compile(expression string) (*Program, error) {
 	if err := unbudgeted(program.Node()); err != nil {
 		return nil, err
 	}
+	if loops(program) {
+		return nil, &Error{Reason: "the expression compiled to a loop; iteration is not available"}
+	}
 	return &Program{program: program, variables: variables}, nil
 }
 
-// unbudgeted refuses a "+" or "matches" left to the library after the
-// string ones became budgeted calls: its operands' types are not known
-// before evaluation, and the library's own would join or match strings
-// without a budget ("+" of two numbers is fine).
+// unbudgeted refuses a "+", "matches", "in" or text operator left to the
+// library after the budgeted ones replaced those whose operand types are
+// known: the library's own would join, match or scan without a budget ("+"
+// of two numbers is fine).
 func unbudgeted(root ast.Node) error {
 	var reason string
 	ast.Find(root, func(n ast.Node) bool {
-		if pattern, ok := constantPattern(n); ok {
-			// The library checked a constant pattern when it compiled
-			// "matches"; the budgeted call is checked only when it runs.
-			if err := checkPattern(pattern); err != nil {
-				reason = "invalid expression: " + err.Error()
-			}
-			return reason != ""
-		}
 		b, ok := n.(*ast.BinaryNode)
 		switch {
 		case !ok:
@@ -327,6 +463,10 @@ func unbudgeted(root ast.Node) error {
 			reason = "+ must join two strings or add two numbers; an operand's type is not known before evaluation"
 		case b.Operator == "matches":
 			reason = "matches needs two strings; an operand's type is not known before evaluation"
+		case b.Operator == "in":
+			reason = "in needs a list or a map"
+		case b.Operator == "contains" || b.Operator == "startsWith" || b.Operator == "endsWith":
+			reason = b.Operator + " needs two strings; an operand's type is not known before evaluation"
 		}
 		return reason != ""
 	})
@@ -336,21 +476,33 @@ func unbudgeted(root ast.Node) error {
 	return nil
 }
 
-// constantPattern is the pattern of a budgeted matches whose pattern is a
-// string literal.
-func constantPattern(n ast.Node) (string, bool) {
-	call, ok := n.(*ast.CallNode)
-	if !ok || len(call.Arguments) != 2 {
-		return "", false
+// loops reports whether a compiled program jumps backward. The iterating
+// builtins, the only source of one, are refused before, by name; this
+// makes "every instruction runs at most once", which bounds how many an
+// evaluation runs, a checked fact of the bytecode, whatever a new version
+// of the library compiles to.
+func loops(program *vm.Program) bool {
+	return slices.Contains(program.Bytecode, vm.OpJumpBackward)
+}
+
+// writtenPatterns checks the patterns written after "matches"
+// (checkPattern) before the library compiles the expression: its type
+// checker compiles such a pattern in each of its passes, and a 4 KiB one
+// of counted repetitions took a third of a second each time.
+func writtenPatterns(root ast.Node) error {
+	var err error
+	ast.Find(root, func(n ast.Node) bool {
+		if b, ok := n.(*ast.BinaryNode); ok && b.Operator == "matches" {
+			if pattern, ok := b.Right.(*ast.StringNode); ok {
+				err = checkPattern(pattern.Value)
+			}
+		}
+		return err != nil
+	})
+	if err != nil {
+		return &Error{Reason: "invalid expression: " + err.Error()}
 	}
-	if callee, ok := call.Callee.(*ast.IdentifierNode); !ok || callee.Value != matchesFunc {
-		return "", false
-	}
-	pattern, ok := call.Arguments[1].(*ast.StringNode)
-	if !ok {
-		return "", false
-	}
-	return pattern.Value, true
+	return nil
 }
 
 func isNumber(t reflect.Type) bool {
@@ -407,8 +559,10 @@ type evalResult struct {
 	err   error
 }
 
-// Eval runs the expression against vars within EvalTimeout (or ctx's
-// earlier deadline) and the work limits, or its share of them (WithShare).
+// Eval runs the expression against vars within the work limits, or its
+// share of them (WithShare). It waits for the result until ctx ends, and at
+// most EvalBackstop: no shorter deadline, since a bounded evaluation must
+// not fail because the machine was busy.
 func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 	env := make(map[string]any, len(p.variables))
 	for _, name := range p.variables {
@@ -419,9 +573,9 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 		env[name] = v
 	}
 	share := shareOf(ctx)
-	budget := &evalBudget{text: MaxBuiltBytes / share, match: MaxMatchWork / share}
-	env[concatFunc], env[matchesFunc] = budget.concat, budget.matches
-	ctx, cancel := context.WithTimeout(ctx, EvalTimeout/time.Duration(share))
+	budget := &evalBudget{text: MaxBuiltBytes / share.n, match: MaxMatchWork / share.n, scan: MaxScanWork / share.n}
+	budget.env(env)
+	ctx, cancel := context.WithDeadline(ctx, share.until)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return false, &Error{Reason: "evaluation not started", Err: err}
@@ -429,13 +583,17 @@ func (p *Program) Eval(ctx context.Context, vars Vars) (bool, error) {
 
 	done := make(chan evalResult, 1) // buffered: a late result never blocks
 	go func() {
-		machine := vm.VM{MemoryBudget: memoryBudget}
+		// At least 1: a budget of 0 is the VM's default, a million.
+		machine := vm.VM{MemoryBudget: max(memoryBudget/uint(share.n), 1)}
 		value, err := machine.Run(p.program, env)
 		done <- evalResult{value, err}
 	}()
 	select {
 	case <-ctx.Done():
-		return false, &Error{Reason: "evaluation exceeded its time budget", Err: ctx.Err()}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && !share.until.After(time.Now()) {
+			return false, &Error{Reason: fmt.Sprintf("evaluation still running after the %v backstop", backstop), Err: ctx.Err()}
+		}
+		return false, &Error{Reason: "evaluation abandoned", Err: ctx.Err()}
 	case r := <-done:
 		if r.err != nil {
 			return false, &Error{Reason: "evaluation failed", Err: r.err}
