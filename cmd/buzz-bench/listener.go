@@ -299,17 +299,25 @@ func runListener(ctx context.Context, o options, l *benchListener) *listenerRepo
 	if err != nil {
 		return fail("%v", err)
 	}
-	c, err := dialAuthed(ctx, o.url, s)
-	if err != nil {
-		return fail("%v", err)
+	// Each publish dials its own connection, before the OK -> POST clock
+	// starts: a client that does not read answers no ping, and the relay
+	// closes a connection quiet past its ping interval (30 s by default),
+	// as this one is while it waits for the keep-alive and through the idle.
+	publish := func(ev *nostr.Event) (ok bool, reason string, okAt time.Time, err error) {
+		c, err := dialAuthed(ctx, o.url, s)
+		if err != nil {
+			return false, "", time.Time{}, err
+		}
+		defer c.close()
+		ok, reason, err = c.publish(ctx, signedEvent{frame: eventFrame("EVENT", ev), id: ev.ID})
+		return ok, reason, time.Now(), err
 	}
-	defer c.close()
 	channel := uuid.NewString()
 	create := &nostr.Event{Kind: 9007, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", channel}, {"name", "bench-listener-" + o.runID}}}
 	if err := s.sign(create); err != nil {
 		return fail("%v", err)
 	}
-	if ok, reason, err := c.publish(ctx, signedEvent{frame: eventFrame("EVENT", create), id: create.ID}); err != nil || !ok {
+	if ok, reason, _, err := publish(create); err != nil || !ok {
 		return fail("creating the channel: %v %s", err, reason)
 	}
 	// The relay HEADs a listener whose connection has been quiet for its
@@ -334,8 +342,7 @@ func runListener(ctx context.Context, o options, l *benchListener) *listenerRepo
 			return 0, err
 		}
 		posted := l.arrival(ev.ID)
-		ok, reason, err := c.publish(ctx, signedEvent{frame: eventFrame("EVENT", ev), id: ev.ID})
-		okAt := time.Now()
+		ok, reason, okAt, err := publish(ev)
 		if err != nil || !ok {
 			return 0, fmt.Errorf("mention refused: %v %s", err, reason)
 		}
