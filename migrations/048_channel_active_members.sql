@@ -20,6 +20,10 @@
 -- row that has active members (a few seconds for millions of members).
 -- That lock is also what makes the backfill exact: every membership change
 -- reads or locks its channel's row first, so none runs while it counts.
+-- A community being deleted (quiescing or fenced: never active again) is
+-- not counted; its write fence refuses the update, and its deletion only
+-- purges its channels. The check takes a shared advisory lock per channel
+-- row updated, as the fence itself would.
 -- Deploy: apply before relays of this version start (they read the column);
 -- relays of the previous version ignore it, and their membership writes
 -- keep it right through the trigger.
@@ -37,7 +41,11 @@ UPDATE channels c SET active_members = m.n
 FROM (SELECT community_id, channel_id, count(*)::integer AS n
       FROM channel_members WHERE removed_at IS NULL
       GROUP BY community_id, channel_id) m
-WHERE c.community_id = m.community_id AND c.id = m.channel_id;
+WHERE c.community_id = m.community_id AND c.id = m.channel_id
+  -- A community being deleted refuses every write to its channels (the
+  -- fence would stop the migration): its channels stay at zero, and it
+  -- never writes again; its deletion purges them.
+  AND community_write_allowed(c.community_id);
 
 CREATE OR REPLACE FUNCTION channel_members_count_readers_change() RETURNS trigger
     LANGUAGE plpgsql

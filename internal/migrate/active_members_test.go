@@ -123,3 +123,47 @@ func TestActiveMembersMigrationCountsExistingMembers(t *testing.T) {
 		require.Zero(t, columns)
 	}
 }
+
+// A community being deleted (its deletion fenced every write to its rows)
+// may still have channels with members when the migration runs: the
+// backfill leaves them at zero instead of failing on the fence, which
+// stopped the whole migration (55000). Such a community never writes
+// again: its deletion only goes on to purge them.
+// Mutation killed: the backfill without community_write_allowed (the
+// migration fails on the fenced community's channel).
+func TestActiveMembersMigrationSkipsACommunityBeingDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.EmptyURL(t))
+	version := activeMembersMigration(t)
+	require.NoError(t, migrate.To(ctx, conn, version-1))
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	live, deleting := uuid.New(), uuid.New()
+	channels := map[uuid.UUID]uuid.UUID{live: uuid.New(), deleting: uuid.New()}
+	owner := make([]byte, 32)
+	for community, host := range map[uuid.UUID]string{live: "active-members-live.example", deleting: "active-members-deleting.example"} {
+		exec(`INSERT INTO communities (id, host) VALUES ($1, $2)`, community, host)
+		exec(`INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channels[community], owner)
+		exec(`INSERT INTO channel_members (community_id, channel_id, pubkey)
+			SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, 3) i`, community, channels[community])
+	}
+	// Fenced as its deletion's executor would, without the executor.
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE communities SET deletion_state = 'fenced' WHERE id = $1`, deleting)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	require.NoError(t, migrate.To(ctx, conn, version))
+	counter, rows := activeMembers(t, conn, live, channels[live])
+	require.Equal(t, 3, rows)
+	require.Equal(t, 3, counter)
+	counter, _ = activeMembers(t, conn, deleting, channels[deleting])
+	require.Zero(t, counter, "left to the deletion")
+}
