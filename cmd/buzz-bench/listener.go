@@ -237,6 +237,8 @@ func (l *benchListener) addr() string { return l.ln.Addr().String() }
 
 // register asks the relay to page this listener for target.
 func (l *benchListener) register(ctx context.Context, origin, target string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout) // the scenario's context has no deadline
+	defer cancel()
 	endpoint := origin + "/operator/listener/pubkeys"
 	body := []byte(`{"pubkeys":["` + target + `"]}`)
 	sum := sha256.Sum256(body)

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,4 +86,35 @@ func TestListenerRunsOnlyWhenSetUp(t *testing.T) {
 	require.True(t, o.runs("listener"))
 	_, err = parseFlags([]string{"-scenario", "listener"})
 	require.ErrorContains(t, err, "-listener-dir")
+}
+
+// Registering the target cannot hang the bench: a relay that takes the
+// request and never answers is given up on after opTimeout, like every
+// other step of the scenario.
+// Mutation killed: register without its own timeout (the scenario's
+// context has none).
+func TestListenerRegistrationGivesUp(t *testing.T) {
+	t.Parallel()
+	stop := make(chan struct{})
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(silent.Close)
+	t.Cleanup(func() { close(stop) }) // runs first: Close waits for the handler
+	dir := t.TempDir()
+	require.NoError(t, runListenerSetup([]string{dir}, io.Discard))
+	l, err := startBenchListener(dir, "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(l.close)
+	done := make(chan error, 1)
+	go func() { done <- l.register(context.Background(), silent.URL, strings.Repeat("ab", 32)) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(6 * opTimeout):
+		t.Fatal("register still waiting for a relay that never answers")
+	}
 }
