@@ -250,20 +250,27 @@ type signedRequest struct {
 // again, so a listener checking NIP-98's time window never sees an old one.
 const signedFreshFor = 5 * time.Second
 
-// signAhead starts signing the delivery of r, to be sent once its event
-// commits. It returns nil for a listener this pod does not route (deliver
-// releases that row).
-func (d *Deliverer) signAhead(r db.OutboxClaimDueRow) *signedRequest {
-	url, ok := d.routes[hex.EncodeToString(r.ListenerPubkey)]
-	if !ok {
-		return nil
+// signAhead starts signing the deliveries of claims, to be sent once
+// their event commits, on one goroutine, and calls done when it has signed
+// them all. A claim of a listener this pod does not route is left unsigned
+// (deliver releases that row).
+func (d *Deliverer) signAhead(claims []claim, done func()) {
+	var work []*claim
+	at := d.clock.Now()
+	for i := range claims {
+		if url, ok := d.routes[hex.EncodeToString(claims[i].row.ListenerPubkey)]; ok {
+			claims[i].signed = &signedRequest{ready: make(chan struct{}), url: url, at: at}
+			work = append(work, &claims[i])
+		}
 	}
-	s := &signedRequest{ready: make(chan struct{}), url: url, at: d.clock.Now()}
 	go func() {
-		defer close(s.ready)
-		s.body, s.auth, s.err = signDelivery(d.key, url, r, s.at)
+		defer done()
+		for _, c := range work {
+			s := c.signed
+			s.body, s.auth, s.err = signDelivery(d.key, s.url, c.row, s.at)
+			close(s.ready)
+		}
 	}()
-	return s
 }
 
 // signDelivery builds the POST body of r and its NIP-98 header, signed at.

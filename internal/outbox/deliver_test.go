@@ -396,6 +396,7 @@ func TestHandedOffRowsAreSignedAheadWhileFresh(t *testing.T) {
 
 	for i, wait := range []time.Duration{signedFreshFor - time.Second, signedFreshFor + time.Second} {
 		sinceClaim.Store(0)
+		require.Eventually(t, func() bool { return !w.signing.Load() }, waitLong, time.Millisecond, "the last signing ahead is over")
 		f.save(message(t, 9, target), w, true) // claimed, signed ahead, committed, offered
 		c := <-w.handoff
 		require.NotNil(t, c.signed)
@@ -414,4 +415,40 @@ func TestHandedOffRowsAreSignedAheadWhileFresh(t *testing.T) {
 		require.Equal(t, signedAt.Unix(), authEv.CreatedAt, "POSTed %s after its claim", wait)
 	}
 	require.Equal(t, float64(2), outcomes(m)[outcomeAccepted])
+}
+
+// Under a flood of mentions rows are signed as they are sent: while rows
+// wait in the hand-off, or another event's rows are being signed, an
+// event's claimed rows are not signed ahead (a commit group's events each
+// claim up to the hand-off's room, and Offer drops what does not fit).
+// Mutations killed: signAhead without the hand-off check (the second
+// event's row is signed ahead); without the one-event-at-a-time flag (the
+// third's is).
+func TestRowsAreSignedAheadOnlyWhileTheWorkerIsIdle(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, nil)
+	d, _, _ := f.deliverer(routesOf(l), 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routesOf(l), d)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	idle := func() bool { return !w.signing.Load() }
+
+	f.save(message(t, 9, target), w, true) // idle: signed ahead, left in the hand-off
+	require.Eventually(t, idle, waitLong, time.Millisecond)
+	f.save(message(t, 9, target), w, true) // a row waits in the hand-off
+	first, second := <-w.handoff, <-w.handoff
+	require.NotNil(t, first.signed, "signed ahead on an idle worker")
+	require.Nil(t, second.signed, "not signed ahead while a row waits in the hand-off")
+
+	w.signing.Store(true) // another event's rows are being signed
+	f.save(message(t, 9, target), w, true)
+	third := <-w.handoff
+	require.Nil(t, third.signed, "not signed ahead while another event's rows are")
+	w.signing.Store(false)
+
+	for _, c := range []claim{first, second, third} {
+		d.deliver(context.Background(), c)
+	}
+	require.Len(t, l.requests(), 3, "signed ahead or not, each is delivered")
 }

@@ -126,7 +126,7 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 			Attempts:       1,
 			LeaseLeftMs:    row.LeaseLeftMs,
 		}, leaseEnds: leaseEndsAfter(sent, row.LeaseLeftMs)}
-		h.claims[i].signed = w.signAhead(h.claims[i].row)
 	}
+	w.signAhead(h.claims)
 	return h, row.Inserted, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -431,9 +432,10 @@ type Worker struct {
 	// releaseNow hands a claimed row that did not fit in the hand-off back
 	// to the poll (Deliverer.releaseNow in production).
 	releaseNow func(ctx context.Context, c claim)
-	// signAhead starts signing a row's request as Enqueue claims it
-	// (Deliverer.signAhead).
-	signAhead func(db.OutboxClaimDueRow) *signedRequest
+	// sign starts signing claims' requests on a goroutine and calls done
+	// once it has (Deliverer.signAhead); signing is set while it runs.
+	sign    func(claims []claim, done func())
+	signing atomic.Bool
 }
 
 // WorkerOption adjusts a Worker.
@@ -460,7 +462,7 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	}
 	w := &Worker{
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
-		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow, signAhead: d.signAhead,
+		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow, sign: d.signAhead,
 	}
 	w.loop = loop{
 		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log,
@@ -475,6 +477,21 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 // may take the room first, and Offer hands the rest back.
 func (w *Worker) handoffRoom() int {
 	return cap(w.handoff) - len(w.handoff)
+}
+
+// signAhead has the requests of the rows Enqueue claimed for an event
+// signed while the event's transaction goes on to commit, when the worker
+// is idle: nothing waits in its hand-off and no other event's rows are
+// being signed. That is when a delivery's latency is its signature's.
+// Otherwise (a flood of mentions) they are signed as they are sent: the
+// events of a commit group each claim up to the hand-off's room, which
+// their commit has yet to take, and Offer drops what does not fit, so
+// signing every claimed row ahead would sign rows that are never sent.
+func (w *Worker) signAhead(claims []claim) {
+	if w == nil || len(claims) == 0 || len(w.handoff) > 0 || !w.signing.CompareAndSwap(false, true) {
+		return
+	}
+	w.sign(claims, func() { w.signing.Store(false) })
 }
 
 // Offer hands the rows Enqueue claimed to the worker, without blocking: call
