@@ -81,7 +81,7 @@ interop-deps: ## install the npm client used by the interop tests (nostr-tools)
 	@if [ ! -d internal/interop/js/node_modules/nostr-tools ]; then \
 		cd internal/interop/js && npm ci --no-audit --no-fund --loglevel=error; fi
 
-bench: deps-run ## one table of every speed measure and its target, ~7 min (cmd/buzz-bench/bench.sh)
+bench: deps-run ## one table of every speed measure and its target, ~6 min (cmd/buzz-bench/bench.sh)
 	$(GO) build -o bin/ ./cmd/buzz-relay ./cmd/buzz-bench
 	GO='$(GO)' bash cmd/buzz-bench/bench.sh $(BENCH_FLAGS)
 

@@ -3,7 +3,7 @@
 # target, pass/miss); run from the repository root after building
 # bin/buzz-relay and bin/buzz-bench. Arguments are passed on to buzz-bench.
 #
-# In order, on one machine, about 7 minutes:
+# In order, on one machine, about 6 minutes:
 #   1. a throwaway dev relay on a FRESH private PostgreSQL (bin/bench-data is
 #      wiped: the after-burst measure needs a table that never had rows);
 #   2. pgbench single-row INSERTs on that same cluster, the reference rate;

@@ -6,12 +6,9 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -26,8 +23,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/btcsuite/btcd/btcec/v2"
-	"github.com/btcsuite/btcd/btcec/v2/schnorr"
 	"github.com/google/uuid"
 
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -77,11 +72,11 @@ func runListenerSetup(args []string, stdout io.Writer) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	priv, err := btcec.NewPrivateKey()
+	key, err := nostr.GenerateSecretKey()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "listener.key"), []byte(hex.EncodeToString(priv.Serialize())+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "listener.key"), []byte(key.Hex()+"\n"), 0o600); err != nil {
 		return err
 	}
 	certPEM, keyPEM, err := selfSignedLoopbackCert()
@@ -94,7 +89,7 @@ func runListenerSetup(args []string, stdout io.Writer) error {
 	if err := os.WriteFile(filepath.Join(dir, "key.pem"), keyPEM, 0o600); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(stdout, hex.EncodeToString(schnorr.SerializePubKey(priv.PubKey())))
+	_, err = fmt.Fprintln(stdout, key.PublicKeyHex())
 	return err
 }
 
@@ -137,9 +132,9 @@ func selfSignedLoopbackCert() (certPEM, keyPEM []byte, err error) {
 // benchListener is the bench's operator listener: it answers the relay's
 // keep-alive HEADs and records when each POST about an event arrived.
 type benchListener struct {
-	srv    *http.Server
-	ln     net.Listener
-	signer *signer // the listener's key: registration requests are NIP-98 signed with it
+	srv *http.Server
+	ln  net.Listener
+	key *nostr.SecretKey // the listener's: registration requests are NIP-98 signed with it
 
 	mu         sync.Mutex
 	keepAlives int
@@ -154,11 +149,10 @@ func startBenchListener(dir, addr string) (*benchListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	secret, err := hex.DecodeString(strings.TrimSpace(string(raw)))
-	if err != nil || len(secret) != 32 {
-		return nil, fmt.Errorf("%s: want 64 hex characters", filepath.Join(dir, "listener.key"))
+	key, err := nostr.SecretKeyFromHex(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "listener.key"), err)
 	}
-	priv, _ := btcec.PrivKeyFromBytes(secret)
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
 	if err != nil {
 		return nil, err
@@ -169,7 +163,7 @@ func startBenchListener(dir, addr string) (*benchListener, error) {
 	}
 	l := &benchListener{
 		ln:     ln,
-		signer: &signer{priv: priv, pubHex: hex.EncodeToString(schnorr.SerializePubKey(priv.PubKey()))},
+		key:    key,
 		posted: map[string]chan time.Time{},
 	}
 	l.srv = &http.Server{
@@ -241,16 +235,7 @@ func (l *benchListener) register(ctx context.Context, origin, target string) err
 	defer cancel()
 	endpoint := origin + "/operator/listener/pubkeys"
 	body := []byte(`{"pubkeys":["` + target + `"]}`)
-	sum := sha256.Sum256(body)
-	auth := &nostr.Event{
-		Kind:      nostr.KindHTTPAuth,
-		CreatedAt: time.Now().Unix(),
-		Tags:      nostr.Tags{{"u", endpoint}, {"method", http.MethodPost}, {"payload", hex.EncodeToString(sum[:])}},
-	}
-	if err := l.signer.sign(auth); err != nil {
-		return err
-	}
-	raw, err := json.Marshal(auth)
+	auth, err := nostr.HTTPAuthHeader(l.key, http.MethodPost, endpoint, body, time.Now())
 	if err != nil {
 		return err
 	}
@@ -258,7 +243,7 @@ func (l *benchListener) register(ctx context.Context, origin, target string) err
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
+	req.Header.Set("Authorization", auth)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

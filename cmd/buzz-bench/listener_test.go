@@ -32,7 +32,7 @@ func TestBenchListenerServesTheSetUpCertificate(t *testing.T) {
 	l, err := startBenchListener(dir, "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(l.close)
-	require.Equal(t, pub, l.signer.pubHex, "the printed pubkey is the listener's key")
+	require.Equal(t, pub, l.key.PublicKeyHex(), "the printed pubkey is the listener's key")
 
 	pemBytes, err := os.ReadFile(filepath.Join(dir, "cert.pem"))
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -236,12 +235,7 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 	}
 	base := "http" + strings.TrimPrefix(relay, "ws")
 	target := strings.TrimRight(base, "/") + pathAndQuery
-	auth := &nostr.Event{Kind: nostr.KindHTTPAuth, CreatedAt: time.Now().Unix(),
-		Tags: nostr.Tags{{"u", target}, {"method", "GET"}, {"nonce", uuid.NewString()}}}
-	if err := auth.Sign(key); err != nil {
-		return 0, nil, err
-	}
-	raw, err := auth.MarshalJSON()
+	auth, err := nostr.HTTPAuthHeader(key, http.MethodGet, target, nil, time.Now())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -249,7 +243,7 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Authorization", "Nostr "+base64.StdEncoding.EncodeToString(raw))
+	req.Header.Set("Authorization", auth)
 	att, err := o.authTag()
 	if err != nil {
 		return 0, nil, err

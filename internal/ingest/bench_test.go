@@ -126,38 +126,11 @@ func BenchmarkJoinLargeChannel(b *testing.B) {
 		foldMembers int
 	}{{"inline", 1 << 30}, {"folded", ingest.DefaultListFoldMembers}} {
 		b.Run(mode.name, func(b *testing.B) {
-			cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			p2pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(p2pool.Close)
-			row, err := db.New(p2pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-join-%d.example", time.Now().UnixNano()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			tenant := community.FromRow(row)
-			p := ingest.New(p2pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldMembers: mode.foldMembers, ListFoldInterval: time.Hour})
+			pool, p, tenant, ch := largeChannel(b, ingest.Options{ListFoldMembers: mode.foldMembers}, 8000)
 			var writerTime atomic.Int64
 			p.OnGroup = func(s ingest.GroupStats) { writerTime.Add(int64(s.Took)) }
-			owner, _ := nostr.GenerateSecretKey()
-			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000000", time.Now().UnixNano()&0xffffffff)
-			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
-			if err := create.Sign(owner); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p2pool.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
-				SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, 7999) i`, tenant.ID(), ch); err != nil {
-				b.Fatal(err)
-			}
 			timeJoins(b, p, tenant, ch, &writerTime)
-			if _, err := p2pool.Exec(context.Background(), `UPDATE channel_lists_due SET due_at = now()`); err != nil {
+			if _, err := pool.Exec(context.Background(), `UPDATE channel_lists_due SET due_at = now()`); err != nil {
 				b.Fatal(err)
 			}
 			start := time.Now()
@@ -170,44 +143,14 @@ func BenchmarkJoinLargeChannel(b *testing.B) {
 }
 
 // BenchmarkFoldLargeChannel is one fold (FoldChannelLists) of a channel of
-// 8,000, 20,000, 50,000 and 100,000 (the default member limit) members (go test -bench FoldLargeChannel
-// -benchtime 5x): ns/op is the fold's time, which must stay well inside the
-// write timeout for a large channel's lists ever to be written.
+// 8,000, 20,000, 50,000 and 100,000 (the default member limit) members (go
+// test -bench FoldLargeChannel -benchtime 5x): ns/op is the fold's time,
+// which must stay well inside the write timeout for a large channel's lists
+// ever to be written.
 func BenchmarkFoldLargeChannel(b *testing.B) {
 	for _, members := range []int{8000, 20000, 50000, ingest.DefaultMaxChannelMembers} {
 		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
-			pool, err := pgxpool.New(context.Background(), dbtest.URL(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(pool.Close)
-			row, err := db.New(pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-fold-%d.example", time.Now().UnixNano()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			tenant := community.FromRow(row)
-			p := ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldMembers: 1, ListFoldInterval: time.Hour})
-			owner, _ := nostr.GenerateSecretKey()
-			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000001", time.Now().UnixNano()&0xffffffff)
-			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
-			if err := create.Sign(owner); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
-				b.Fatal(err)
-			}
-			// Without its triggers: each member row's would update the
-			// channel's row again in one transaction, quadratic in members.
-			if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(context.Background(), `SET LOCAL session_replication_role = replica`); err != nil {
-					return err
-				}
-				_, err := tx.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
-					SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, $3::int - 1) i`, tenant.ID(), ch, members)
-				return err
-			}); err != nil {
-				b.Fatal(err)
-			}
+			pool, p, tenant, ch := largeChannel(b, ingest.Options{ListFoldMembers: 1}, members)
 			for b.Loop() {
 				if _, err := pool.Exec(context.Background(), `INSERT INTO channel_lists_due (community_id, channel_id, due_at) VALUES ($1, $2, now())`, tenant.ID(), ch); err != nil {
 					b.Fatal(err)
@@ -228,54 +171,65 @@ func BenchmarkFoldLargeChannel(b *testing.B) {
 // 10,000, 50,000 and 99,000 members with fresh keys, one join after another,
 // under the default member limit (go test -bench JoinNearMemberLimit
 // -benchtime 50x): writer-ms/join is the group writer's time per join,
-// which includes counting the channel's active members under its row lock.
+// which includes checking the channel's member count under its row lock.
 func BenchmarkJoinNearMemberLimit(b *testing.B) {
 	for _, members := range []int{10000, 50000, 99000} {
 		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
-			pool, err := pgxpool.New(context.Background(), dbtest.URL(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(pool.Close)
-			row, err := db.New(pool).CommunityCreate(context.Background(), fmt.Sprintf("bench-limit-%d.example", time.Now().UnixNano()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			tenant := community.FromRow(row)
-			p := ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Hour, ListFoldInterval: time.Hour})
+			pool, p, tenant, ch := largeChannel(b, ingest.Options{}, members)
 			var writerTime atomic.Int64
 			p.OnGroup = func(s ingest.GroupStats) { writerTime.Add(int64(s.Took)) }
-			owner, _ := nostr.GenerateSecretKey()
-			ch := fmt.Sprintf("%08x-0000-4000-8000-000000000002", time.Now().UnixNano()&0xffffffff)
-			create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
-			if err := create.Sign(owner); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := p.Submit(context.Background(), tenant, create.PubKey, create); err != nil {
-				b.Fatal(err)
-			}
-			// Without its triggers, as in BenchmarkFoldLargeChannel, so the
-			// channel's count of its members is set by hand.
-			if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(context.Background(), `SET LOCAL session_replication_role = replica`); err != nil {
-					return err
-				}
-				_, err := tx.Exec(context.Background(), `INSERT INTO channel_members (community_id, channel_id, pubkey)
-					SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, $3::int - 1) i`, tenant.ID(), ch, members)
-				if err != nil {
-					return err
-				}
-				_, err = tx.Exec(context.Background(), `UPDATE channels SET active_members = $3 WHERE community_id = $1 AND id = $2`, tenant.ID(), ch, members)
-				return err
-			}); err != nil {
-				b.Fatal(err)
-			}
 			if _, err := pool.Exec(context.Background(), `VACUUM ANALYZE channel_members`); err != nil {
 				b.Fatal(err)
 			}
 			timeJoins(b, p, tenant, ch, &writerTime)
 		})
 	}
+}
+
+// largeChannel is a community of its own, a pipeline on it (opts, with a
+// future skew of an hour and an hour between fold passes), and an open
+// channel of members members: its creator, then the rest inserted without
+// the member triggers (each row's would update the channel's row again in
+// one transaction, quadratic in members), so the channel's count of its
+// active members is set by hand.
+func largeChannel(b *testing.B, opts ingest.Options, members int) (*pgxpool.Pool, *ingest.Pipeline, community.Tenant, string) {
+	b.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbtest.URL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	row, err := db.New(pool).CommunityCreate(ctx, fmt.Sprintf("bench-channel-%d.example", time.Now().UnixNano()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tenant := community.FromRow(row)
+	opts.MaxFutureSkew, opts.ListFoldInterval = time.Hour, time.Hour
+	p := ingest.New(pool, fanout.NewHub(), opts)
+	owner, _ := nostr.GenerateSecretKey()
+	ch := fmt.Sprintf("%08x-0000-4000-8000-000000000000", time.Now().UnixNano()&0xffffffff)
+	create := &nostr.Event{Kind: ingest.KindCreateGroup, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}, {"name", "big"}}}
+	if err := create.Sign(owner); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.Submit(ctx, tenant, create.PubKey, create); err != nil {
+		b.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey)
+			SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, $3::int - 1) i`, tenant.ID(), ch, members); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE channels SET active_members = $3 WHERE community_id = $1 AND id = $2`, tenant.ID(), ch, members)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return pool, p, tenant, ch
 }
 
 // timeJoins times b.N joins of fresh keys to channel ch, signed before the

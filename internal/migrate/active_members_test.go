@@ -2,9 +2,6 @@ package migrate_test
 
 import (
 	"context"
-	"io/fs"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -13,20 +10,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/migrate"
-	"github.com/buzzrelay/buzz/migrations"
 )
-
-// activeMembersMigration is the number of the migration that adds
-// channels.active_members, found by its name.
-func activeMembersMigration(t *testing.T) int32 {
-	t.Helper()
-	names, err := fs.Glob(migrations.FS, "*_channel_active_members.sql")
-	require.NoError(t, err)
-	require.Len(t, names, 1)
-	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
-	require.NoError(t, err)
-	return int32(n)
-}
 
 // activeMembers returns channel's counter and its active rows counted.
 func activeMembers(t *testing.T, conn *pgx.Conn, community, channel uuid.UUID) (counter, rows int) {
@@ -93,7 +77,7 @@ func TestActiveMembersMigrationCountsExistingMembers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	conn := connect(t, dbtest.EmptyURL(t))
-	version := activeMembersMigration(t)
+	version := migrationVersion(t, "channel_active_members")
 	require.NoError(t, migrate.To(ctx, conn, version-1))
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -135,7 +119,7 @@ func TestActiveMembersMigrationSkipsACommunityBeingDeleted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	conn := connect(t, dbtest.EmptyURL(t))
-	version := activeMembersMigration(t)
+	version := migrationVersion(t, "channel_active_members")
 	require.NoError(t, migrate.To(ctx, conn, version-1))
 	exec := func(sql string, args ...any) {
 		t.Helper()

@@ -2,8 +2,6 @@ package migrate_test
 
 import (
 	"context"
-	"io/fs"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -11,7 +9,6 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/migrate"
-	"github.com/buzzrelay/buzz/migrations"
 )
 
 // The migration that stops deletions from expiring clears the expiration of
@@ -21,17 +18,12 @@ import (
 func TestDeletionExpiryMigrationClearsDeletionsOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	names, err := fs.Glob(migrations.FS, "*_deletions_never_expire.sql")
-	require.NoError(t, err)
-	require.Len(t, names, 1)
-	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
-	require.NoError(t, err)
-	version := int32(n)
+	version := migrationVersion(t, "deletions_never_expire")
 
 	conn := connect(t, dbtest.EmptyURL(t))
 	require.NoError(t, migrate.To(ctx, conn, version-1))
 	const community = "00000000-0000-4000-8000-000000000044"
-	_, err = conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'expiry.example')`, community)
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'expiry.example')`, community)
 	require.NoError(t, err)
 	insert := func(id string, kind int, tags string) {
 		t.Helper()

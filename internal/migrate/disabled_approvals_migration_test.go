@@ -2,9 +2,7 @@ package migrate_test
 
 import (
 	"context"
-	"io/fs"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/migrate"
-	"github.com/buzzrelay/buzz/migrations"
 )
 
 // The migration that ends the approvals left pending on workflows their
@@ -30,12 +27,7 @@ import (
 func TestDisabledWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	names, err := fs.Glob(migrations.FS, "*_withdraw_disabled_workflows_approvals.sql")
-	require.NoError(t, err)
-	require.Len(t, names, 1)
-	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
-	require.NoError(t, err)
-	version := int32(n)
+	version := migrationVersion(t, "withdraw_disabled_workflows_approvals")
 
 	conn := connect(t, dbtest.EmptyURL(t))
 	require.NoError(t, migrate.To(ctx, conn, version-1))

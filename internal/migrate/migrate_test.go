@@ -4,6 +4,7 @@ import (
 	"context"
 	"io/fs"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -16,6 +17,18 @@ import (
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// migrationVersion is the number of the one migration named
+// <number>_<name>.sql, so a test follows it if it is renumbered.
+func migrationVersion(t *testing.T, name string) int32 {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*_"+name+".sql")
+	require.NoError(t, err)
+	require.Len(t, names, 1)
+	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
+	require.NoError(t, err)
+	return int32(n)
+}
 
 func connect(t *testing.T, url string) *pgx.Conn {
 	t.Helper()

@@ -2,8 +2,6 @@ package migrate_test
 
 import (
 	"context"
-	"io/fs"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -11,20 +9,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/migrate"
-	"github.com/buzzrelay/buzz/migrations"
 )
-
-// ownerMigrationVersion finds the verified-owner migration by name, so the
-// test follows it if it is renumbered.
-func ownerMigrationVersion(t *testing.T) int32 {
-	t.Helper()
-	names, err := fs.Glob(migrations.FS, "*_nip_oa_owner.sql")
-	require.NoError(t, err)
-	require.Len(t, names, 1)
-	n, err := strconv.Atoi(strings.SplitN(names[0], "_", 2)[0])
-	require.NoError(t, err)
-	return int32(n)
-}
 
 // The verified-owner migration on a database holding self-declared owners:
 // every one is cleared (none was proven), including one naming a key that
@@ -39,7 +24,7 @@ func TestOwnerMigrationClearsSelfDeclaredOwners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	conn := connect(t, dbtest.EmptyURL(t))
-	version := ownerMigrationVersion(t)
+	version := migrationVersion(t, "nip_oa_owner")
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		_, err := conn.Exec(ctx, sql, args...)

@@ -3,10 +3,8 @@ package outbox
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -18,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -149,29 +146,6 @@ func notificationBody(r db.OutboxClaimDueRow) ([]byte, error) {
 	})
 }
 
-// nip98Header signs a kind-27235 event for a POST of body to url.
-func nip98Header(key *nostr.SecretKey, url string, body []byte, now time.Time) (string, error) {
-	sum := sha256.Sum256(body)
-	ev := nostr.Event{
-		Kind:      nostr.KindHTTPAuth,
-		CreatedAt: now.Unix(),
-		Tags: nostr.Tags{
-			{"u", url},
-			{"method", http.MethodPost},
-			{"payload", hex.EncodeToString(sum[:])},
-			{"nonce", uuid.NewString()},
-		},
-	}
-	if err := ev.Sign(key); err != nil {
-		return "", err
-	}
-	raw, err := ev.MarshalJSON()
-	if err != nil {
-		return "", err
-	}
-	return "Nostr " + base64.StdEncoding.EncodeToString(raw), nil
-}
-
 // deliver runs one delivery. Every database transition is fenced by the
 // claim, so a worker that lost its claim changes nothing.
 func (d *Deliverer) deliver(ctx context.Context, c claim) {
@@ -278,7 +252,7 @@ func signDelivery(key *nostr.SecretKey, url string, r db.OutboxClaimDueRow, at t
 	if body, err = notificationBody(r); err != nil {
 		return nil, "", err
 	}
-	if auth, err = nip98Header(key, url, body, at); err != nil {
+	if auth, err = nostr.HTTPAuthHeader(key, http.MethodPost, url, body, at); err != nil {
 		return nil, "", err
 	}
 	return body, auth, nil

@@ -329,18 +329,7 @@ func TestApprovalDecisionRacingTheArchiveHasOneOutcome(t *testing.T) {
 		p.run, p.ref = f.approvalRunOf(owner, ch, p.workflowID, "any")
 		grantEv := f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", p.ref}})
 		archiveEv := f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"a", "30620:" + pubHex(owner) + ":" + p.workflowID}})
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		var grantErr, archiveErr error
-		wg.Add(2)
-		go func() { defer wg.Done(); <-start; _, grantErr = f.submit(grantEv) }()
-		go func() {
-			defer wg.Done()
-			<-start
-			_, _, archiveErr = other.SubmitReply(f.ctx, f.tenant, archiveEv.PubKey, archiveEv)
-		}()
-		close(start)
-		wg.Wait()
+		grantErr, archiveErr := f.submitWith(other, grantEv, archiveEv)
 		require.NoError(t, archiveErr)
 		status, note := f.approvalStatus(p.ref)
 		r := f.run(p.run)
@@ -413,18 +402,7 @@ func TestApprovalDecisionRacingTheOwnersLeavingHasOneOutcome(t *testing.T) {
 		runs[i] = run
 		grantEv := f.sign(approver, workflow.KindApprovalGrant, "", nostr.Tags{{"d", ref}})
 		leaveEv := f.sign(member, ingest.KindLeaveRequest, "", nostr.Tags{{"h", ch}})
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		var grantErr, leaveErr error
-		wg.Add(2)
-		go func() { defer wg.Done(); <-start; _, grantErr = f.submit(grantEv) }()
-		go func() {
-			defer wg.Done()
-			<-start
-			_, _, leaveErr = other.SubmitReply(f.ctx, f.tenant, leaveEv.PubKey, leaveEv)
-		}()
-		close(start)
-		wg.Wait()
+		grantErr, leaveErr := f.submitWith(other, grantEv, leaveEv)
 		require.NoError(t, leaveErr)
 		status, note := f.approvalStatus(ref)
 		r := f.run(run)
@@ -550,4 +528,17 @@ func TestApprovalTimeoutIsBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "expired a week after it was asked for")
 	require.Equal(t, "approval_expired", *f.run(run).ErrorCode)
+}
+
+// submitWith submits grant through f's pipeline and ev through other (a
+// second pipeline on the same database, as another relay process) at the
+// same instant, and returns what each answered.
+func (f *fixture) submitWith(other *ingest.Pipeline, grant, ev *nostr.Event) (grantErr, evErr error) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	wg.Go(func() { <-start; _, grantErr = f.submit(grant) })
+	wg.Go(func() { <-start; _, _, evErr = other.SubmitReply(f.ctx, f.tenant, ev.PubKey, ev) })
+	close(start)
+	wg.Wait()
+	return grantErr, evErr
 }
