@@ -199,6 +199,27 @@ $$;
 
 
 --
+-- Name: channel_members_count_hard_deletes(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channel_members_count_hard_deletes() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE channels c
+    SET readers_version = c.readers_version + 1, active_members = c.active_members - gone.active
+    FROM (SELECT d.community_id, d.channel_id, count(*)::integer AS active
+          FROM deleted_members d
+          WHERE d.removed_at IS NULL
+          GROUP BY d.community_id, d.channel_id) gone
+    WHERE c.community_id = gone.community_id AND c.id = gone.channel_id;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: channel_members_count_readers_change(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1848,7 +1869,7 @@ COMMENT ON COLUMN public.channels.readers_version IS 'Counts the changes of who 
 -- Name: COLUMN channels.active_members; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON COLUMN public.channels.active_members IS 'The channel''s active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change; read under the channel''s row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds. A hard DELETE of a member row is not counted.';
+COMMENT ON COLUMN public.channels.active_members IS 'The channel''s active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change and, for hard deletes, channel_members_count_hard_deletes; read under the channel''s row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds.';
 
 
 --
@@ -3141,6 +3162,13 @@ CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON publi
 --
 
 CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.workflows FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
+-- Name: channel_members channel_members_count_hard_deletes; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER channel_members_count_hard_deletes AFTER DELETE ON public.channel_members REFERENCING OLD TABLE AS deleted_members FOR EACH STATEMENT EXECUTE FUNCTION public.channel_members_count_hard_deletes();
 
 
 --

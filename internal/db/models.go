@@ -410,7 +410,7 @@ type Channel struct {
 	DeletedAt   *time.Time
 	// Counts the changes of who may read the channel (memberships added or removed, visibility, deletion); read with ChannelAccess by every channel write, so the fan-out can tell a cached reader set older than the write.
 	ReadersVersion int64
-	// The channel's active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change; read under the channel's row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds. A hard DELETE of a member row is not counted.
+	// The channel's active members (channel_members rows with removed_at NULL), counted by channel_members_count_readers_change and, for hard deletes, channel_members_count_hard_deletes; read under the channel's row lock by every add, which BUZZ_MAX_CHANNEL_MEMBERS bounds.
 	ActiveMembers int32
 }
 

@@ -151,3 +151,53 @@ func TestActiveMembersMigrationSkipsACommunityBeingDeleted(t *testing.T) {
 	counter, _ = activeMembers(t, conn, deleting, channels[deleting])
 	require.Zero(t, counter, "left to the deletion")
 }
+
+// A hard DELETE of member rows (an operator's psql session; the relay only
+// soft-removes) counts too: each channel loses its deleted active members,
+// in one statement across channels, and its readers_version moves so a
+// relay's cached readers are read again. Deleting rows already removed
+// changes neither.
+// Mutations killed: migration 049's trigger missing (counter and version
+// stay), counting removed rows, or not moving readers_version.
+func TestHardDeletedMembersAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, dbtest.URL(t))
+	community, first, second := uuid.New(), uuid.New(), uuid.New()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	readersVersion := func(channel uuid.UUID) (v int64) {
+		t.Helper()
+		require.NoError(t, conn.QueryRow(ctx, `SELECT readers_version FROM channels WHERE community_id = $1 AND id = $2`, community, channel).Scan(&v))
+		return v
+	}
+	exec(`INSERT INTO communities (id, host) VALUES ($1, 'hard-deleted-members.example')`, community)
+	for _, ch := range []uuid.UUID{first, second} {
+		exec(`INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, ch, make([]byte, 32))
+		// Members 1-5 active, 6-7 removed, in each channel.
+		exec(`INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at)
+			SELECT $1, $2, sha256(i::text::bytea), CASE WHEN i > 5 THEN now() END FROM generate_series(1, 7) i`, community, ch)
+	}
+	firstVersion, secondVersion := readersVersion(first), readersVersion(second)
+
+	// Two active and one removed member of first, one active of second.
+	exec(`DELETE FROM channel_members WHERE community_id = $1 AND (
+		(channel_id = $2 AND pubkey IN (sha256('1'::bytea), sha256('2'::bytea), sha256('6'::bytea))) OR
+		(channel_id = $3 AND pubkey = sha256('3'::bytea)))`, community, first, second)
+	for ch, want := range map[uuid.UUID]int{first: 3, second: 4} {
+		counter, rows := activeMembers(t, conn, community, ch)
+		require.Equal(t, want, rows)
+		require.Equal(t, want, counter)
+	}
+	require.Greater(t, readersVersion(first), firstVersion)
+	require.Greater(t, readersVersion(second), secondVersion)
+
+	firstVersion = readersVersion(first)
+	exec(`DELETE FROM channel_members WHERE community_id = $1 AND channel_id = $2 AND removed_at IS NOT NULL`, community, first)
+	counter, _ := activeMembers(t, conn, community, first)
+	require.Equal(t, 3, counter, "removed rows were not counted")
+	require.Equal(t, firstVersion, readersVersion(first), "no reader left")
+}
