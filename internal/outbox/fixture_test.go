@@ -140,6 +140,7 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	}
 	if !commit {
 		require.NoError(f.t, tx.Rollback(ctx))
+		w.Abandon(claimed)
 		return claimed.IDs(), inserted, time.Time{}
 	}
 	require.NoError(f.t, tx.Commit(ctx))
