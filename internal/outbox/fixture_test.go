@@ -240,7 +240,7 @@ func (f *fixture) exec(sql string, args ...any) {
 
 // claimer returns the production claimer for routes on this database.
 func (f *fixture) claimer(routes Routes) pgClaimer {
-	return pgClaimer{q: f.q, routable: routes.pubkeys(), lease: defaultLease}
+	return pgClaimer{q: f.q, routable: routes.pubkeys(), lease: defaultLease, cursor: newWalkCursor()}
 }
 
 // received is one request a test listener got.

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -116,6 +117,64 @@ type pgClaimer struct {
 	lease    time.Duration
 	clock    clock.Clock
 	metrics  *Metrics // counts withdrawn rows; nil in some tests
+	// cursor is where each listener's walk of its communities starts (nil:
+	// always at the first).
+	cursor *walkCursor
+}
+
+// walkCursor holds, per listener, the community its last claim reached in
+// its walk of the communities with pending rows: the next walk starts after
+// it, so the communities take turns, and a claim walks about its room of
+// communities instead of all of them.
+type walkCursor struct {
+	mu    sync.Mutex
+	after map[string]uuid.UUID // by string(listener pubkey)
+}
+
+func newWalkCursor() *walkCursor { return &walkCursor{after: map[string]uuid.UUID{}} }
+
+// at is where listener's next walk starts after (the nil uuid: the first).
+func (w *walkCursor) at(listener []byte) uuid.UUID {
+	if w == nil {
+		return uuid.Nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.after[string(listener)]
+}
+
+// advance moves each listener's cursor to the community of rows it took
+// that came last in its walk: the walk ran from after the cursor to the
+// last community, then from the first up to the cursor.
+func (w *walkCursor) advance(rows []db.OutboxClaimDueRow) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last := map[string]uuid.UUID{}
+	for _, r := range rows {
+		if !r.Walked {
+			continue // an expired lease, found apart
+		}
+		l := string(r.ListenerPubkey)
+		if cur, seen := last[l]; !seen || walkOrder(w.after[l], cur, r.CommunityID) {
+			last[l] = r.CommunityID
+		}
+	}
+	for l, c := range last {
+		w.after[l] = c
+	}
+}
+
+// walkOrder reports whether community b comes after a in a walk that
+// started after from.
+func walkOrder(from, a, b uuid.UUID) bool {
+	aWrapped, bWrapped := bytes.Compare(a[:], from[:]) <= 0, bytes.Compare(b[:], from[:]) <= 0
+	if aWrapped != bWrapped {
+		return bWrapped
+	}
+	return bytes.Compare(b[:], a[:]) > 0
 }
 
 // claimDue claims up to limit due rows. The statement also withdraws due
@@ -140,6 +199,12 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]c
 			p.Routable, p.Room = append(p.Routable, l), append(p.Room, int32(n))
 		}
 	}
+	after := func() {
+		p.After = p.After[:0]
+		for _, l := range p.Routable {
+			p.After = append(p.After, c.cursor.at(l))
+		}
+	}
 	if len(p.Routable) == 0 {
 		return nil, nil // every listener has its share in flight
 	}
@@ -156,6 +221,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]c
 		defer cancel()
 	}
 	for {
+		after()
 		claims, withdrawn, err := c.claimPass(ctx, p)
 		if c.metrics != nil && withdrawn > 0 {
 			c.metrics.deliveries.WithLabelValues(outcomeWithdrawn).Add(float64(withdrawn))
@@ -172,6 +238,7 @@ func (c pgClaimer) claimPass(ctx context.Context, p db.OutboxClaimDueParams) (cl
 	sent := c.clock.Now()
 	p.ClaimID, p.Now = claimID, c.clock.SQL()
 	rows, err := c.q.OutboxClaimDue(ctx, p)
+	c.cursor.advance(rows)
 	claims = make([]claim, 0, len(rows))
 	for _, r := range rows {
 		if r.Withdrawn {
@@ -470,7 +537,10 @@ func WithLease(d time.Duration) WorkerOption {
 // NewWorker returns a worker that claims rows for the listeners in routes
 // and delivers them through d, telling time by d's clock.
 func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOption) *Worker {
-	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock, metrics: d.metrics}
+	claims := pgClaimer{
+		q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock, metrics: d.metrics,
+		cursor: newWalkCursor(),
+	}
 	for _, opt := range opts {
 		opt(&claims)
 	}
