@@ -72,9 +72,11 @@ type groupJob struct {
 }
 
 // reset forgets what an attempt that rolled back left on the Write, so a
-// rolled-back attempt's relay-signed events and after-commit steps never run.
+// rolled-back attempt's relay-signed events and after-commit steps never run,
+// after running its rollback steps.
 func (j *groupJob) reset() {
 	w := j.w
+	w.rolledBack()
 	w.Q, w.ChannelID, w.state, w.reply = nil, nil, nil, ""
 	w.emitted, w.afterCommit, w.membershipChanged, w.readersVersions = nil, nil, false, nil
 	j.inserted, j.err = 0, nil

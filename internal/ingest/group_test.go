@@ -173,6 +173,8 @@ func (f *fixture) transactions(events ...*nostr.Event) int {
 // Mutations killed: skipping ROLLBACK TO SAVEPOINT for a refused event (its
 // row commits although the client was refused: "a refused event is not
 // stored"); running after-commit steps for a refused event (the hook count);
+// not running a refused event's rollback steps (OnRollback), or running a
+// stored one's;
 // a plain-insert run that fails as a whole instead of per event (the poison
 // takes the stored notes with it: they run alone, and the "one transaction"
 // assertion fails).
@@ -192,15 +194,19 @@ func TestGroupRefusalsStayWithTheirEvent(t *testing.T) {
 	sideRefused := f.sign(key, 1, "refused by a side row", nostr.Tags{{"t", "refuse"}}, 0)
 	unknownChannel := f.sign(key, 9, "into nowhere", nostr.Tags{{"h", "00000000-0000-4000-8000-000000000000"}}, 0)
 
-	var afterCommit sync.Map
+	var afterCommit, onRollback sync.Map
+	count := func(m *sync.Map, id string) func() {
+		return func() {
+			n, _ := m.LoadOrStore(id, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+		}
+	}
 	f.p.RegisterSideRows(ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.Kind == 1 && ev.Content != "gate" },
 		Apply: func(_ context.Context, w *ingest.Write) error {
 			id := w.Event.ID
-			w.AfterCommit(func() {
-				n, _ := afterCommit.LoadOrStore(id, new(atomic.Int32))
-				n.(*atomic.Int32).Add(1)
-			})
+			w.AfterCommit(count(&afterCommit, id))
+			w.OnRollback(count(&onRollback, id))
 			if w.Event.Tags.First("t") != nil && w.Event.Tags.First("t")[1] == "refuse" {
 				return ingest.Reject("invalid", "refused by a side row")
 			}
@@ -263,6 +269,13 @@ func TestGroupRefusalsStayWithTheirEvent(t *testing.T) {
 	}
 	_, ran := afterCommit.Load(sideRefused.ID)
 	require.False(t, ran, "a refused event runs no after-commit step")
+	n, ok := onRollback.Load(sideRefused.ID)
+	require.True(t, ok, "a refused event runs its rollback steps")
+	require.Equal(t, int32(1), n.(*atomic.Int32).Load(), "once")
+	for _, ev := range notes {
+		_, ran := onRollback.Load(ev.ID)
+		require.False(t, ran, "a stored event runs no rollback step")
+	}
 }
 
 func requireRejection(t *testing.T, err error, want string) {
@@ -320,10 +333,14 @@ func TestGroupAnswersOnlyAfterCommit(t *testing.T) {
 // of the group commits meanwhile, and the event's after-commit steps run
 // once, from the attempt that committed.
 //
+// Its rollback steps (OnRollback) run once, for the attempt that rolled
+// back, and never for the one that committed.
+//
 // Mutations killed: no lock_timeout in the group's transaction (the plain
 // notes wait behind the lock); keeping the after-commit steps of the
 // rolled-back attempt (neither the savepoint rollback nor the retry resets
-// the Write: the hook runs twice).
+// the Write: the hook runs twice); reset not running the rollback steps
+// (they never run: the outbox hand-off's room would stay reserved).
 func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "group-lock-wait.example", 0)
@@ -331,11 +348,12 @@ func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
 	owner := f.key()
 	channel := uuid.MustParse(f.channel(owner, false))
 	locked := f.sign(owner, 1, "needs the channel row", nostr.Tags{{"t", "locked"}}, 0)
-	var hooks atomic.Int32
+	var hooks, rollbacks atomic.Int32
 	f.p.RegisterSideRows(ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
 		Apply: func(_ context.Context, w *ingest.Write) error {
 			w.AfterCommit(func() { hooks.Add(1) })
+			w.OnRollback(func() { rollbacks.Add(1) })
 			return nil
 		},
 	})
@@ -382,6 +400,7 @@ func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Equal(t, ingest.Stored, r.outcome)
 	require.Equal(t, int32(1), hooks.Load(), "the stored event's after-commit steps ran once")
+	require.Equal(t, int32(1), rollbacks.Load(), "the rolled-back attempt's rollback steps ran, the committed one's did not")
 }
 
 // A full queue refuses at once with rate-limited: instead of making the

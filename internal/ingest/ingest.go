@@ -101,6 +101,7 @@ type Write struct {
 	emitted           []emittedEvent
 	membershipChanged bool
 	afterCommit       []func()
+	onRollback        []func()
 	// state carries what a handler's Prepare found on to its Apply.
 	state any
 	// reply is the OK message of a stored event (Reply).
@@ -132,6 +133,20 @@ func (w *Write) ActorBytes() []byte {
 // AfterCommit schedules fn to run once the event's transaction committed,
 // and never after a rollback (e.g. handing outbox ids to a local worker).
 func (w *Write) AfterCommit(fn func()) { w.afterCommit = append(w.afterCommit, fn) }
+
+// OnRollback schedules fn to run if the event's writes roll back (its
+// savepoint, its group's transaction or its own), and never after a
+// commit: the counterpart of AfterCommit, for giving back what the write
+// reserved outside the database (the outbox hand-off's room).
+func (w *Write) OnRollback(fn func()) { w.onRollback = append(w.onRollback, fn) }
+
+// rolledBack runs the OnRollback steps once and forgets them.
+func (w *Write) rolledBack() {
+	for _, fn := range w.onRollback {
+		fn()
+	}
+	w.onRollback = nil
+}
 
 // MembershipChanged marks that read access changed; access caches are
 // dropped after commit.
@@ -513,6 +528,9 @@ func (p *Pipeline) announceMembershipChanges(group []*groupJob) {
 func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, error) {
 	w := j.w
 	if j.err != nil {
+		// Its own transaction rolled back (a refusal in a group already
+		// ran these as its savepoint rolled back).
+		w.rolledBack()
 		err := mapError(j.err)
 		if p.refusedButStored(ctx, w, err) {
 			return Duplicate, "", nil
@@ -534,6 +552,7 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 	for _, e := range w.emitted {
 		p.publish(w, e.ev, e.channel)
 	}
+	w.onRollback = nil
 	for _, fn := range w.afterCommit {
 		fn()
 	}

@@ -82,6 +82,15 @@ func (w *Write) PublishEmitted() {
 	}
 }
 
+// Discard runs the write's rollback steps (such as giving back the outbox
+// hand-off room EmitWaking's rows reserved): call it once their transaction
+// rolled back, instead of PublishEmitted. Nil-safe.
+func (w *Write) Discard() {
+	if w != nil {
+		w.rolledBack()
+	}
+}
+
 // LastEmitted is the event the last Emit stored, or nil.
 func (w *Write) LastEmitted() *nostr.Event {
 	if len(w.emitted) == 0 {

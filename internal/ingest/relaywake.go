@@ -47,6 +47,9 @@ func (w *Write) EmitWaking(ctx context.Context, kind int, content string, tags n
 			return err
 		}
 	}
+	// The side rows' rollback steps are w's even if a later one fails:
+	// that error rolls back w's transaction, with what they reserved.
+	defer func() { w.onRollback = append(w.onRollback, woken.onRollback...) }()
 	for _, s := range w.pipeline.sideRows {
 		if s.Wakes && s.Needs(ev) {
 			if err := s.Apply(ctx, woken); err != nil {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -623,4 +624,48 @@ func TestClaimPassesOverACommunityHoldingOnlyRowsItMayNotTake(t *testing.T) {
 	claims, err := c.claimDue(ctx, 10, busy)
 	require.NoError(t, err)
 	require.Equal(t, []uuid.UUID{taken}, idsOf(claims))
+}
+
+// Across polls the communities with due rows take turns: each poll walks
+// on from where the last one stopped, so with more communities than room
+// every community gets a row before any gets a second, even when one
+// community's rows were all due before another's. Here 30 communities hold
+// 3 due rows each (community 0's all due first, then community 1's ...),
+// and each poll has a room of 10.
+//
+// Mutations killed: the walk always starting at the first community (the
+// cursor not advanced, or not passed to the claim): the second poll takes
+// the first poll's communities again.
+func TestClaimCommunitiesTakeTurnsAcrossPolls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener := newPubkey(t)
+	targets := []string{newPubkey(t), newPubkey(t), newPubkey(t)}
+	f.register(listener, targets...)
+	communities := map[uuid.UUID]bool{}
+	for i := range 30 {
+		c := f.otherCommunity(fmt.Sprintf("turn-%d.example", i))
+		c.enqueue(targets...)
+		f.exec(`UPDATE operator_listener_outbox
+		        SET next_attempt_at = now() - interval '1 minute' + $2 * interval '1 millisecond'
+		        WHERE community_id = $1`, c.community, i)
+		communities[c.community] = true
+	}
+	c := f.claimer(Routes{listener: "https://l.example"})
+
+	served := map[uuid.UUID]int{}
+	for poll := range 4 {
+		claims, err := c.claimDue(ctx, 10, nil)
+		require.NoError(t, err)
+		require.Len(t, claims, 10)
+		for _, cl := range claims {
+			served[cl.row.CommunityID]++
+		}
+		for community := range communities {
+			require.Contains(t, []int{poll / 3, poll/3 + 1}, served[community],
+				"after poll %d: every community gets a row before any gets a second", poll)
+		}
+	}
+	require.Len(t, served, 30)
 }

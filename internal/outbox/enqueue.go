@@ -55,7 +55,11 @@ func mentionTargets(ev *nostr.Event, maxTargets int) [][]byte {
 
 // Handoff holds the outbox rows Enqueue claimed for the local worker, for
 // Offer after the event's transaction commits.
-type Handoff struct{ claims []claim }
+type Handoff struct {
+	claims []claim
+	// room is the hand-off room the claims hold until Offer or Abandon.
+	room *roomReservation
+}
 
 // Len is the number of claimed rows.
 func (h Handoff) Len() int { return len(h.claims) }
@@ -73,9 +77,11 @@ func (h Handoff) IDs() []uuid.UUID {
 // of ev, through q: call it in the event's transaction, and only when the
 // event row was newly inserted (a duplicate must enqueue nothing). The rows
 // of listeners w routes, as many as w's hand-off channel has room for (10
-// at most), are inserted already claimed for w: Offer the returned Handoff
-// to w once the transaction committed, and w delivers them without a claim
-// round trip. A nil w (no listeners on this pod) claims nothing; the other
+// at most) less what the claims of transactions still open reserved, are
+// inserted already claimed for w: Offer the returned Handoff to w once the
+// transaction committed, and w delivers them without a claim round trip;
+// after a rollback, Abandon it (the claims hold hand-off room until one or
+// the other). A nil w (no listeners on this pod) claims nothing; the other
 // rows wait for the poll of a pod that routes them. inserted counts every
 // row. Events that are not messages, or mention nobody, cost no query. Only
 // the first maxTargets mentioned pubkeys count (the relay passes the cap its
@@ -105,12 +111,23 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 		Now:            now.SQL(),
 	}
 	if w != nil {
-		params.Routable, params.ClaimMax, params.LeaseMs = w.routable, int32(w.handoffRoom()), w.lease.Milliseconds()
+		// Reserved before the statement, so that concurrent events (the
+		// rest of this one's commit group among them) see the room taken.
+		// At most one row per (target, listener) can be claimed.
+		h.room = w.reserveRoom(len(targets) * len(w.routable))
+		params.Routable, params.LeaseMs = w.routable, w.lease.Milliseconds()
+		if h.room != nil {
+			params.ClaimMax = int32(h.room.rows)
+		}
 	}
 	sent := now.Now()
 	row, err := q.OutboxEnqueueMentions(ctx, params)
 	if err != nil {
+		w.releaseRoom(h.room)
 		return Handoff{}, 0, err
+	}
+	if w.keepRoom(h.room, len(row.ClaimedIds)); len(row.ClaimedIds) == 0 {
+		h.room = nil
 	}
 	h.claims = make([]claim, len(row.ClaimedIds))
 	for i, rowID := range row.ClaimedIds {

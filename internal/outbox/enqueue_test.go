@@ -509,3 +509,72 @@ func TestClaimAtInsertLeaseEndsNoLaterThanInTheDatabase(t *testing.T) {
 		"the worker would count on a lease the database already ended")
 	require.Greater(t, localLeft, defaultLease-5*time.Second, "the lease is not lost either")
 }
+
+// The rows an event claims at insert hold their room in the hand-off from
+// before the claim until the event's transaction ends, so events whose
+// transactions are open at once (the events of one commit group) together
+// claim no more than the hand-off takes; a rollback gives the room back
+// (Abandon), and so does the lease's end, should nobody give it back.
+//
+// Mutations killed: the room ignoring what open transactions reserved (the
+// second event claims 5, and the first group's claims overflow the
+// hand-off); Abandon not giving the room back (the third event claims
+// nothing); a reservation that never expires (the last claims nothing).
+func TestClaimAtInsertHoldsHandOffRoomUntilItsTransactionEnds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener := newPubkey(t)
+	routes := Routes{listener: "https://l.example"}
+	d, _, _ := f.deliverer(routes, 200*time.Millisecond, nil)
+	const lease = time.Second
+	w := NewWorker(f.pool, routes, d, WithLease(lease))
+	mention := func(targets int) *nostr.Event {
+		var keys []string
+		for range targets {
+			target := newPubkey(t)
+			f.register(listener, target)
+			keys = append(keys, target)
+		}
+		return message(t, 9, keys...)
+	}
+	// begin inserts ev and claims its rows in a transaction left open.
+	begin := func(ev *nostr.Event) (pgx.Tx, Handoff) {
+		tx, err := f.pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		params, err := eventstore.InsertParams(f.community, ev, nil)
+		require.NoError(t, err)
+		_, err = db.New(tx).EventInsert(ctx, params)
+		require.NoError(t, err)
+		h, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, ev, 0, clock.Wall())
+		require.NoError(t, err)
+		return tx, h
+	}
+
+	first, firstClaims := begin(mention(7))
+	require.Equal(t, 7, firstClaims.Len())
+	require.Equal(t, 7, w.reservedRows())
+	second, secondClaims := begin(mention(5))
+	require.Equal(t, 3, secondClaims.Len(), "the first event's open transaction holds 7 of the 10")
+	require.NoError(t, second.Commit(ctx))
+	require.Zero(t, w.Offer(secondClaims))
+	require.Equal(t, 7, w.reservedRows(), "the offered rows are in the channel, no longer reserved")
+
+	require.NoError(t, first.Rollback(ctx))
+	w.Abandon(firstClaims)
+	require.Zero(t, w.reservedRows(), "a rollback gives its room back")
+	kept, _ := f.save(mention(8), w, true)
+	require.Len(t, kept, 7, "the room the rolled-back event held is free again")
+	require.Zero(t, testutil.ToFloat64(w.dropped), "nothing claimed had to be dropped")
+	handedOff(w) // the worker took them
+
+	leaked, leakedClaims := begin(mention(10))
+	require.Equal(t, 10, leakedClaims.Len())
+	require.NoError(t, leaked.Rollback(ctx)) // and nobody gives its room back
+	kept, _ = f.save(mention(1), w, true)
+	require.Empty(t, kept, "the room is still reserved")
+	time.Sleep(lease + 100*time.Millisecond)
+	kept, _ = f.save(mention(1), w, true)
+	require.Len(t, kept, 1, "a reservation stops holding room once its lease is over")
+}

@@ -140,6 +140,7 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	}
 	if !commit {
 		require.NoError(f.t, tx.Rollback(ctx))
+		w.Abandon(claimed)
 		return claimed.IDs(), inserted, time.Time{}
 	}
 	require.NoError(f.t, tx.Commit(ctx))
@@ -239,7 +240,7 @@ func (f *fixture) exec(sql string, args ...any) {
 
 // claimer returns the production claimer for routes on this database.
 func (f *fixture) claimer(routes Routes) pgClaimer {
-	return pgClaimer{q: f.q, routable: routes.pubkeys(), lease: defaultLease}
+	return pgClaimer{q: f.q, routable: routes.pubkeys(), lease: defaultLease, cursor: newWalkCursor()}
 }
 
 // received is one request a test listener got.

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -116,6 +117,64 @@ type pgClaimer struct {
 	lease    time.Duration
 	clock    clock.Clock
 	metrics  *Metrics // counts withdrawn rows; nil in some tests
+	// cursor is where each listener's walk of its communities starts (nil:
+	// always at the first).
+	cursor *walkCursor
+}
+
+// walkCursor holds, per listener, the community its last claim reached in
+// its walk of the communities with pending rows: the next walk starts after
+// it, so the communities take turns, and a claim walks about its room of
+// communities instead of all of them.
+type walkCursor struct {
+	mu    sync.Mutex
+	after map[string]uuid.UUID // by string(listener pubkey)
+}
+
+func newWalkCursor() *walkCursor { return &walkCursor{after: map[string]uuid.UUID{}} }
+
+// at is where listener's next walk starts after (the nil uuid: the first).
+func (w *walkCursor) at(listener []byte) uuid.UUID {
+	if w == nil {
+		return uuid.Nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.after[string(listener)]
+}
+
+// advance moves each listener's cursor to the community of rows it took
+// that came last in its walk: the walk ran from after the cursor to the
+// last community, then from the first up to the cursor.
+func (w *walkCursor) advance(rows []db.OutboxClaimDueRow) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last := map[string]uuid.UUID{}
+	for _, r := range rows {
+		if !r.Walked {
+			continue // an expired lease, found apart
+		}
+		l := string(r.ListenerPubkey)
+		if cur, seen := last[l]; !seen || walkOrder(w.after[l], cur, r.CommunityID) {
+			last[l] = r.CommunityID
+		}
+	}
+	for l, c := range last {
+		w.after[l] = c
+	}
+}
+
+// walkOrder reports whether community b comes after a in a walk that
+// started after from.
+func walkOrder(from, a, b uuid.UUID) bool {
+	aWrapped, bWrapped := bytes.Compare(a[:], from[:]) <= 0, bytes.Compare(b[:], from[:]) <= 0
+	if aWrapped != bWrapped {
+		return bWrapped
+	}
+	return bytes.Compare(b[:], a[:]) > 0
 }
 
 // claimDue claims up to limit due rows. The statement also withdraws due
@@ -140,6 +199,12 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]c
 			p.Routable, p.Room = append(p.Routable, l), append(p.Room, int32(n))
 		}
 	}
+	after := func() {
+		p.After = p.After[:0]
+		for _, l := range p.Routable {
+			p.After = append(p.After, c.cursor.at(l))
+		}
+	}
 	if len(p.Routable) == 0 {
 		return nil, nil // every listener has its share in flight
 	}
@@ -156,6 +221,7 @@ func (c pgClaimer) claimDue(ctx context.Context, limit int, busy *inFlight) ([]c
 		defer cancel()
 	}
 	for {
+		after()
 		claims, withdrawn, err := c.claimPass(ctx, p)
 		if c.metrics != nil && withdrawn > 0 {
 			c.metrics.deliveries.WithLabelValues(outcomeWithdrawn).Add(float64(withdrawn))
@@ -172,6 +238,7 @@ func (c pgClaimer) claimPass(ctx context.Context, p db.OutboxClaimDueParams) (cl
 	sent := c.clock.Now()
 	p.ClaimID, p.Now = claimID, c.clock.SQL()
 	rows, err := c.q.OutboxClaimDue(ctx, p)
+	c.cursor.advance(rows)
 	claims = make([]claim, 0, len(rows))
 	for _, r := range rows {
 		if r.Withdrawn {
@@ -436,6 +503,25 @@ type Worker struct {
 	// once it has (Deliverer.signAhead); signing is set while it runs.
 	sign    func(claims []claim, done func())
 	signing atomic.Bool
+
+	// reserved is the hand-off room held by rows claimed at insert whose
+	// event's transaction has not ended yet (reserveRoom).
+	roomMu   sync.Mutex
+	reserved map[*roomReservation]struct{}
+}
+
+// roomReservation is hand-off room held for the rows one event claims at
+// insert, from before its claim until its transaction ends: Offer (after the
+// commit) or Abandon (after a rollback) gives it back. Without it, every
+// event of a commit group saw the room none of their commits had taken yet
+// and claimed up to all of it, so a group of N events claimed up to N times
+// the room, and Offer released what did not fit, one UPDATE per row.
+type roomReservation struct {
+	rows int
+	// expires is when the reservation stops holding room even if nobody
+	// gave it back (a transaction that outlived the lease, a path that
+	// panicked): by then its rows are the poll's anyway.
+	expires time.Time
 }
 
 // WorkerOption adjusts a Worker.
@@ -451,7 +537,10 @@ func WithLease(d time.Duration) WorkerOption {
 // NewWorker returns a worker that claims rows for the listeners in routes
 // and delivers them through d, telling time by d's clock.
 func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOption) *Worker {
-	claims := pgClaimer{q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock, metrics: d.metrics}
+	claims := pgClaimer{
+		q: db.New(pool), routable: routes.pubkeys(), lease: defaultLease, clock: d.clock, metrics: d.metrics,
+		cursor: newWalkCursor(),
+	}
 	for _, opt := range opts {
 		opt(&claims)
 	}
@@ -463,6 +552,7 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	w := &Worker{
 		handoff: make(chan claim, handoffCapacity), dropped: d.metrics.handoffDropped,
 		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow, sign: d.signAhead,
+		reserved: map[*roomReservation]struct{}{},
 	}
 	w.loop = loop{
 		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, log: d.log,
@@ -472,21 +562,70 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 	return w
 }
 
-// handoffRoom is how many claimed rows the hand-off channel can take now
-// (Enqueue claims no more than that). It is a hint: rows saved concurrently
-// may take the room first, and Offer hands the rest back.
-func (w *Worker) handoffRoom() int {
-	return cap(w.handoff) - len(w.handoff)
+// reserveRoom reserves up to want rows of the hand-off's room for one
+// event's claim at insert: the channel's free room less what the events
+// whose transactions are still open reserved, so the events of a commit
+// group (and of concurrent transactions) together claim no more than the
+// hand-off can take. It returns nil when there is no room (or want is 0).
+func (w *Worker) reserveRoom(want int) *roomReservation {
+	now := time.Now()
+	w.roomMu.Lock()
+	defer w.roomMu.Unlock()
+	room := cap(w.handoff) - len(w.handoff)
+	for r := range w.reserved {
+		if now.After(r.expires) {
+			delete(w.reserved, r)
+			continue
+		}
+		room -= r.rows
+	}
+	if n := min(want, room); n > 0 {
+		r := &roomReservation{rows: n, expires: now.Add(w.lease)}
+		w.reserved[r] = struct{}{}
+		return r
+	}
+	return nil
+}
+
+// keepRoom shrinks r to the rows its event claimed (0: gives it back).
+func (w *Worker) keepRoom(r *roomReservation, rows int) {
+	if r == nil {
+		return
+	}
+	w.roomMu.Lock()
+	defer w.roomMu.Unlock()
+	if r.rows = rows; rows == 0 {
+		delete(w.reserved, r)
+	}
+}
+
+// releaseRoom gives r back; releasing twice (or nil) is harmless.
+func (w *Worker) releaseRoom(r *roomReservation) {
+	if r == nil {
+		return
+	}
+	w.roomMu.Lock()
+	delete(w.reserved, r)
+	w.roomMu.Unlock()
+}
+
+// reservedRows is the hand-off room reserved now (tests).
+func (w *Worker) reservedRows() (n int) {
+	w.roomMu.Lock()
+	defer w.roomMu.Unlock()
+	for r := range w.reserved {
+		n += r.rows
+	}
+	return n
 }
 
 // signAhead has the requests of the rows Enqueue claimed for an event
 // signed while the event's transaction goes on to commit, when the worker
 // is idle: nothing waits in its hand-off and no other event's rows are
 // being signed. That is when a delivery's latency is its signature's.
-// Otherwise (a flood of mentions) they are signed as they are sent: the
-// events of a commit group each claim up to the hand-off's room, which
-// their commit has yet to take, and Offer drops what does not fit, so
-// signing every claimed row ahead would sign rows that are never sent.
+// Otherwise (a flood of mentions) they are signed as they are sent: they
+// wait in the hand-off for a slot anyway, long enough for a signature
+// made ahead to save nothing or go stale.
 func (w *Worker) signAhead(claims []claim) {
 	if w == nil || len(claims) == 0 || len(w.handoff) > 0 || !w.signing.CompareAndSwap(false, true) {
 		return
@@ -495,11 +634,13 @@ func (w *Worker) signAhead(claims []claim) {
 }
 
 // Offer hands the rows Enqueue claimed to the worker, without blocking: call
-// it only after the event's transaction committed. Rows that do not fit in
-// its 10-row channel are counted as dropped and handed back to the poll in
-// the background (released, due at once, the attempt not spent); should
-// that fail too, their lease expires and the poll takes them then. A nil
-// Worker (no listeners configured on this pod) is never given claimed rows.
+// it only after the event's transaction committed; it gives back the room
+// they reserved. They fit, unless their reservation expired first: rows
+// that do not fit in its 10-row channel are counted as dropped and handed
+// back to the poll in the background (released, due at once, the attempt
+// not spent); should that fail too, their lease expires and the poll takes
+// them then. A nil Worker (no listeners configured on this pod) is never
+// given claimed rows.
 func (w *Worker) Offer(h Handoff) (dropped int) {
 	if w == nil {
 		return 0
@@ -512,6 +653,9 @@ func (w *Worker) Offer(h Handoff) (dropped int) {
 			lost = append(lost, c)
 		}
 	}
+	// After the sends: until then the rows count as reserved, so nobody
+	// claims their room meanwhile.
+	w.releaseRoom(h.room)
 	if len(lost) > 0 {
 		w.dropped.Add(float64(len(lost)))
 		go func() {
@@ -524,6 +668,15 @@ func (w *Worker) Offer(h Handoff) (dropped int) {
 		}()
 	}
 	return len(lost)
+}
+
+// Abandon gives back the hand-off room an event's claim at insert reserved,
+// when its transaction rolled back: its rows never existed, so nothing is
+// offered. Call it for every Handoff that is not offered. Nil-safe.
+func (w *Worker) Abandon(h Handoff) {
+	if w != nil {
+		w.releaseRoom(h.room)
+	}
 }
 
 // Run delivers until ctx ends, then returns once in-flight deliveries

@@ -28,6 +28,7 @@ func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
 			s.log.Debug("outbox hand-off full; the poll will deliver", "dropped", n)
 		}
 	})
+	w.OnRollback(func() { worker.Abandon(claimed) })
 	return nil
 }
 

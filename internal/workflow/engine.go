@@ -342,6 +342,7 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 		stopKeeping := e.keepLease(deadline.ctx, c, step)
 		err := e.stepTransaction(deadline, c, step, func(tx pgx.Tx) error {
 			var err error
+			emitted.Discard() // a failed attempt's, rolled back
 			emitted = e.pipeline.RelayWrite(c.Run.CommunityID, db.New(tx))
 			result, newTrace, call, err = e.runStep(deadline, emitted, c, step, trace)
 			if err != nil {
@@ -353,6 +354,9 @@ func (e *Engine) execute(ctx context.Context, stop <-chan struct{}, c Claimed) b
 			return nil
 		})
 		stopKeeping()
+		if err != nil {
+			emitted.Discard() // rolled back
+		}
 		switch {
 		case errors.Is(err, errLostClaim):
 			deadline.stop()

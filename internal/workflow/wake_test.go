@@ -23,13 +23,14 @@ import (
 // withListenerOutbox gives the fixture a pipeline with the given mention cap
 // (0: the default) and operator-listener outbox rows wired in as the relay
 // wires them (a side row that wakes, same cap, ids handed off after
-// commit). It registers targets with one listener and returns the channel
-// the hand-offs arrive on.
-func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKey) <-chan []uuid.UUID {
+// commit, given back after a rollback). It registers targets with one
+// listener and returns the channels the hand-offs and the rows abandoned
+// (claimed, then rolled back) arrive on.
+func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKey) (handedOff, abandoned <-chan []uuid.UUID) {
 	f.t.Helper()
 	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, MaxMentions: maxMentions, Clock: clock.Stub(f.clock.Now)})
 	workflow.Register(f.p, func(_ uuid.UUID, ids []uuid.UUID) { f.offers <- ids })
-	handedOff := make(chan []uuid.UUID, 100)
+	offered, given := make(chan []uuid.UUID, 100), make(chan []uuid.UUID, 100)
 	listenerKey := f.key()
 	listener := listenerKey.PublicKey()
 	// A worker that routes the listener (never run): Enqueue claims its rows
@@ -41,7 +42,8 @@ func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKe
 	f.p.RegisterSideRows(ingest.SideRows{Needs: outbox.Mentions, Wakes: true, Apply: func(ctx context.Context, w *ingest.Write) error {
 		claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.ChannelID, w.Event, maxMentions, clock.Stub(f.clock.Now))
 		if err == nil && claimed.Len() > 0 {
-			w.AfterCommit(func() { handedOff <- claimed.IDs() })
+			w.AfterCommit(func() { offered <- claimed.IDs() })
+			w.OnRollback(func() { worker.Abandon(claimed); given <- claimed.IDs() })
 		}
 		return err
 	}})
@@ -52,7 +54,7 @@ func (f *fixture) withListenerOutbox(maxMentions int, targets ...*nostr.SecretKe
 	}
 	_, err = db.New(f.pool).ListenerRegistrationsUpsert(f.ctx, db.ListenerRegistrationsUpsertParams{Listener: listener[:], Targets: pubkeys})
 	require.NoError(f.t, err)
-	return handedOff
+	return offered, given
 }
 
 // wakeRows lists, sorted, the pubkeys (hex) an event has mention rows and
@@ -108,12 +110,14 @@ func sortedIDs(ids []uuid.UUID) []uuid.UUID {
 // fenced-out step; handing the ids off before commit, or after the
 // rollback, fails "nothing is handed off"; EmitWaking not carrying the
 // side rows' after-commit hand-off over to the step fails "handed off
-// after commit".
+// after commit"; the engine not running the rolled-back step's rollback
+// steps (Write.Discard) fails "the fenced-out step gives back its rows'
+// hand-off room".
 func TestFencedOutDoorbellWakesNobody(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	owner, robby := f.key(), f.key()
-	handedOff := f.withListenerOutbox(0, owner, robby)
+	handedOff, abandoned := f.withListenerOutbox(0, owner, robby)
 	ch := f.channel(owner, robby)
 	f.profile(robby, "Robby")
 	id := uuid.NewString()
@@ -142,6 +146,12 @@ func TestFencedOutDoorbellWakesNobody(t *testing.T) {
 		t.Fatalf("nothing is handed off for a rolled-back step, got %v", ids)
 	default:
 	}
+	select {
+	case ids := <-abandoned:
+		require.Len(t, ids, 2, "the owner's and the member's rows were claimed at insert")
+	default:
+		t.Fatal("the fenced-out step gives back its rows' hand-off room")
+	}
 
 	require.True(t, holder.Execute(f.ctx, claims[0]))
 	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
@@ -157,6 +167,7 @@ func TestFencedOutDoorbellWakesNobody(t *testing.T) {
 	default:
 		t.Fatal("handed off after commit: the step's outbox ids never reached the worker")
 	}
+	require.Empty(t, abandoned, "the committed step abandons nothing")
 }
 
 // The mention cap applies to a doorbell as to a user's message: with a cap
