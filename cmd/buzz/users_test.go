@@ -174,7 +174,8 @@ func TestUsersGetRefusesBadArguments(t *testing.T) {
 // X-Auth-Tag on signed HTTP requests, so the relay records the owner and
 // "my Honey" lookups by the owner find it. Mutations killed: AUTH without
 // the auth tag leaves the first agent unowned; a signed GET without the
-// header leaves the second one unowned.
+// header, or whose NIP-98 event does not sign the tag, leaves the second
+// one unowned.
 func TestAgentCLIProvesItsOwner(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)

@@ -235,7 +235,17 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 	}
 	base := "http" + strings.TrimPrefix(relay, "ws")
 	target := strings.TrimRight(base, "/") + pathAndQuery
-	auth, err := nostr.HTTPAuthHeader(key, http.MethodGet, target, nil, time.Now())
+	att, err := o.authTag()
+	if err != nil {
+		return 0, nil, err
+	}
+	// The attestation is signed into the request too: the relay records an
+	// owner from the header only when the agent's own signature covers it.
+	var signedTags []nostr.Tag
+	if att != nil {
+		signedTags = append(signedTags, att.Tag())
+	}
+	auth, err := nostr.HTTPAuthHeader(key, http.MethodGet, target, nil, time.Now(), signedTags...)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -244,10 +254,6 @@ func signedGet(ctx context.Context, o *options, pathAndQuery string) (int, []byt
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", auth)
-	att, err := o.authTag()
-	if err != nil {
-		return 0, nil, err
-	}
 	if att != nil {
 		tag, err := json.Marshal(att.Tag())
 		if err != nil {

@@ -13,9 +13,10 @@ import (
 // event>") for a request of method to url, signed by key at now. A body,
 // when not nil, is bound by its SHA-256 (the payload tag); a fresh nonce
 // keeps two identical requests in one second from sharing an event id,
-// which a replay check would refuse.
-func HTTPAuthHeader(key *SecretKey, method, url string, body []byte, now time.Time) (string, error) {
-	tags := Tags{{"u", url}, {"method", method}}
+// which a replay check would refuse. extra tags are signed in too (an
+// agent's owner attestation, so the relay may record it).
+func HTTPAuthHeader(key *SecretKey, method, url string, body []byte, now time.Time, extra ...Tag) (string, error) {
+	tags := append(Tags{{"u", url}, {"method", method}}, extra...)
 	if body != nil {
 		sum := sha256.Sum256(body)
 		tags = append(tags, Tag{"payload", hex.EncodeToString(sum[:])})

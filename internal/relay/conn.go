@@ -560,7 +560,7 @@ func (c *conn) onAuth(ev *nostr.Event) {
 	}
 	owner := ""
 	if attestation != nil {
-		if owner, err = c.srv.recordOwner(c.ctx, c.tenant, ev.PubKey, attestation); err != nil {
+		if owner, err = c.srv.recordOwner(c.ctx, c.tenant, ev.PubKey, attestation, true); err != nil {
 			if c.ctx.Err() == nil {
 				c.log.Error("record owner attestation", "agent", ev.PubKey, "err", err)
 			}

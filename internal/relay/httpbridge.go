@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -172,7 +173,7 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 		unauthorized(err)
 		return principal{}, nil, false
 	}
-	attestation, status, err := headerAttestation(r, ev)
+	attestation, signed, status, err := headerAttestation(r, ev)
 	if err != nil {
 		s.metrics.OwnerAttestations.WithLabelValues(ownerInvalid).Inc()
 		if status == http.StatusUnauthorized {
@@ -207,7 +208,7 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	}
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {
-		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation); err != nil {
+		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation, signed); err != nil {
 			if r.Context().Err() == nil {
 				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
 			}
@@ -220,25 +221,36 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 
 // headerAttestation reads and verifies the x-auth-tag header against the
 // NIP-98 event ev: nil when absent; on error, the HTTP status to answer
-// (400 malformed, 401 not authorizing this agent).
-func headerAttestation(r *http.Request, ev *nostr.Event) (*nipoa.Attestation, int, error) {
+// (400 malformed, 401 not authorizing this agent). signed reports whether
+// ev carries the same auth tag, which makes the header the agent's own
+// word (see recordOwner); an auth tag in ev that differs from the header
+// is refused.
+func headerAttestation(r *http.Request, ev *nostr.Event) (a *nipoa.Attestation, signed bool, status int, err error) {
 	values := r.Header.Values(authHeaderTag)
 	switch len(values) {
 	case 0:
-		return nil, 0, nil
+		return nil, false, 0, nil
 	case 1:
 	default:
 		// Like an event with two auth tags: no valid attestation.
-		return nil, http.StatusBadRequest, fmt.Errorf("send at most one, this request has %d", len(values))
+		return nil, false, http.StatusBadRequest, fmt.Errorf("send at most one, this request has %d", len(values))
 	}
-	a, err := nipoa.ParseHeader(values[0])
-	if err != nil {
-		return nil, http.StatusBadRequest, err
+	if a, err = nipoa.ParseHeader(values[0]); err != nil {
+		return nil, false, http.StatusBadRequest, err
 	}
 	if err := a.VerifyFor(ev.PubKey, ev.CreatedAt); err != nil {
-		return nil, http.StatusUnauthorized, err
+		return nil, false, http.StatusUnauthorized, err
 	}
-	return a, 0, nil
+	for _, tag := range ev.Tags {
+		if len(tag) == 0 || tag[0] != nipoa.TagName {
+			continue
+		}
+		if signed || !slices.Equal(tag, a.Tag()) {
+			return nil, false, http.StatusUnauthorized, fmt.Errorf("%w: the request's signed event carries a different auth tag", nipoa.ErrRejected)
+		}
+		signed = true
+	}
+	return a, signed, 0, nil
 }
 
 func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

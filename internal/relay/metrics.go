@@ -27,7 +27,7 @@ type Metrics struct {
 	RateLimited      prometheus.Counter
 	DBQuery          *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
-	// x-auth-tag, by result: recorded, conflict, invalid.
+	// x-auth-tag, by result: recorded, conflict, invalid, unsigned.
 	OwnerAttestations *prometheus.CounterVec
 	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
 	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
@@ -116,7 +116,7 @@ func NewMetrics() *Metrics {
 		}, []string{"query"}),
 		OwnerAttestations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_owner_attestations_total",
-			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid.",
+			Help: "Owner attestations (auth tags) presented when authenticating, by result: recorded, conflict (a different owner is on record), invalid, unsigned (an x-auth-tag header its request did not sign, for an agent with no owner: nothing recorded).",
 		}, []string{"result"}),
 		MediaRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_requests_total", Help: "Blossom media requests, by operation and HTTP status.",

@@ -15,6 +15,9 @@ const (
 	ownerRecorded = "recorded" // the attested owner is (now) the agent's owner
 	ownerConflict = "conflict" // the agent already has a different owner
 	ownerInvalid  = "invalid"  // the attestation did not verify (counted by callers)
+	// ownerUnsigned: an x-auth-tag header the request's NIP-98 event does not
+	// sign, for an agent with no owner on record: it records nothing.
+	ownerUnsigned = "unsigned"
 )
 
 // ownerConflictNote accompanies a successful AUTH whose attestation names an
@@ -26,7 +29,15 @@ const ownerConflictNote = "owner attestation not applied: this agent already has
 // attested one when it is the one on record, "" when the agent already has
 // a different owner (which is never replaced: a second owner's attestation
 // gives the session no owner at all).
-func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent string, a *nipoa.Attestation) (string, error) {
+//
+// mayRecord is whether the agent itself signed the attestation into its
+// request (the AUTH event's own auth tag, or an x-auth-tag header its NIP-98
+// event also carries). Without that, the attestation only confirms an owner
+// already on record: the owner's signature names the agent but not the
+// request, so whoever held one of the agent's NIP-98 headers unused (a
+// proxy, a log) could otherwise send it first with an attestation of their
+// own and become the agent's owner for good.
+func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent string, a *nipoa.Attestation, mayRecord bool) (string, error) {
 	agentKey, err := hex.DecodeString(agent)
 	if err != nil {
 		return "", err
@@ -39,6 +50,12 @@ func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent
 		return "", err
 	}
 	recorded := current.AgentOwnerPubkey
+	if recorded == nil && !mayRecord {
+		s.metrics.OwnerAttestations.WithLabelValues(ownerUnsigned).Inc()
+		s.log.Info("x-auth-tag header not signed by the request; no owner recorded",
+			"community", tenant.Host(), "agent", agent, "attested", a.Owner)
+		return "", nil
+	}
 	if recorded == nil {
 		ownerKey, _ := hex.DecodeString(a.Owner)
 		if recorded, err = s.queries.UserAgentOwnerRecord(ctx, db.UserAgentOwnerRecordParams{

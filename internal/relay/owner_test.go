@@ -185,26 +185,56 @@ func tagJSON(t *testing.T, tag nostr.Tag) string {
 }
 
 // The x-auth-tag header of NIP-98 requests is verified against the request's
-// signer: a good one records the owner (first wins, like AUTH), a malformed
-// one is 400 and one that does not authorize the signer is 401, each naming
-// the problem, on /events, /query, /count and the run-history routes alike.
+// signer: a good one that the request's NIP-98 event also signs records the
+// owner (first wins, like AUTH), a malformed one is 400 and one that does
+// not authorize the signer is 401, each naming the problem, on /events,
+// /query, /count and the run-history routes alike.
+//
+// A header the NIP-98 event does not sign records nothing (the request is
+// served): the owner's signature names the agent, not the request, so
+// whoever held one of the agent's headers unused could otherwise attach an
+// attestation of their own and own the agent for good. A signed auth tag
+// that differs from the header is 401.
 //
 // Mutations killed: ignoring the header (no owner recorded, bad headers
 // served 200); verifying it against the wrong key; recording over an
-// existing owner.
+// existing owner; recording from a header the request did not sign;
+// accepting a signed tag that differs from the header.
 func TestOwnerAttestationHeaderOnHTTP(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
 	owner, other := relaytest.NewKey(t), relaytest.NewKey(t)
 	agentKey := relaytest.NewKey(t)
 	agent := agentKey.PublicKeyHex()
-	good := tagJSON(t, attest(t, owner, agent, ""))
+	goodTag := attest(t, owner, agent, "")
+	good := tagJSON(t, goodTag)
+	signing := func(tag nostr.Tag) func(*nostr.Event) {
+		return func(ev *nostr.Event) { ev.Tags = append(ev.Tags, tag) }
+	}
+	doSigned := func(method, path, tag string, body []byte, mutate func(*nostr.Event)) (int, map[string]any) {
+		return sendWithTag(t, r, method, path, authHeader(nip98(t, agentKey, method, r.HTTPURL+path, body, mutate)), tag, body)
+	}
 	do := func(method, path, tag string, body []byte) (int, map[string]any) {
-		return sendWithTag(t, r, method, path, authHeader(nip98(t, agentKey, method, r.HTTPURL+path, body, nil)), tag, body)
+		return doSigned(method, path, tag, body, nil)
 	}
 	filters := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
 
-	status, out := do("POST", "/query", good, filters)
+	// Someone else's attestation on a header the agent signed without it.
+	status, out := do("POST", "/query", tagJSON(t, attest(t, other, agent, "")), filters)
+	require.Equal(t, http.StatusOK, status, out)
+	require.Empty(t, recordedOwner(t, r, agent), "an unsigned header records no owner")
+
+	status, out = doSigned("POST", "/query", good, filters, signing(attest(t, other, agent, "")))
+	require.Equal(t, http.StatusUnauthorized, status, out)
+	require.Equal(t, "x-auth-tag header: auth tag rejected: the request's signed event carries a different auth tag", out["error"])
+	require.Empty(t, recordedOwner(t, r, agent))
+
+	status, out = doSigned("POST", "/query", good, filters, signing(goodTag))
+	require.Equal(t, http.StatusOK, status, out)
+	require.Equal(t, owner.PublicKeyHex(), recordedOwner(t, r, agent))
+
+	// Once recorded, the header alone confirms it (and changes nothing).
+	status, out = do("POST", "/query", good, filters)
 	require.Equal(t, http.StatusOK, status, out)
 	require.Equal(t, owner.PublicKeyHex(), recordedOwner(t, r, agent))
 
@@ -234,7 +264,8 @@ func TestOwnerAttestationHeaderOnHTTP(t *testing.T) {
 	}
 
 	// Another owner's header never replaces the first; the request is served.
-	status, out = do("POST", "/count", tagJSON(t, attest(t, other, agent, "")), filters)
+	otherTag := attest(t, other, agent, "")
+	status, out = doSigned("POST", "/count", tagJSON(t, otherTag), filters, signing(otherTag))
 	require.Equal(t, http.StatusOK, status, out)
 	require.Equal(t, owner.PublicKeyHex(), recordedOwner(t, r, agent))
 }
