@@ -199,6 +199,16 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 				require.NoError(t, err)
 				require.Empty(t, keys, p)
 			}
+			// Nor is a directory named for it left: on the filesystem one
+			// under _uploads/ per blob it had uploaded, named by its hash.
+			// Mutation killed: DeleteKeys without pruning the community's
+			// emptied directories.
+			for _, top := range []string{"_meta/", "_uploads/"} {
+				names, err := store.Children(f.ctx, top)
+				require.NoError(t, err)
+				require.NotContains(t, names, doomed.String(), top)
+				require.Contains(t, names, bystander.String(), top)
+			}
 			_, err = store.Stat(f.ctx, mine.Blob)
 			require.ErrorIs(t, err, media.ErrNotFound, "a blob no other community references is deleted")
 			require.Equal(t, beforeObjects, bystanderObjects())

@@ -235,7 +235,14 @@ func (s *FSStore) walkDir(ctx context.Context, dir string, fn func(key string, s
 	return nil
 }
 
-// DeleteKeys removes each file, telling removed from already absent.
+// DeleteKeys removes each file, telling removed from already absent, and
+// the directories of one community (_meta/<community>/,
+// _uploads/<community>/ and below) that it leaves empty. Only a
+// community's deletion deletes keys in bulk, once the community is fenced,
+// so no upload writes into those directories meanwhile (the race that
+// keeps Delete from pruning). Left behind, a deleted community kept a
+// directory named for the SHA-256 of every blob it had uploaded, and
+// CommunitiesWithMedia listed it for good.
 func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error) {
 	for _, key := range keys {
 		if err := ctx.Err(); err != nil {
@@ -253,8 +260,24 @@ func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missi
 		default:
 			return deleted, missing, err
 		}
+		s.pruneCommunityDirs(p)
 	}
 	return deleted, missing, nil
+}
+
+// pruneCommunityDirs removes the directories above the removed file p
+// that are now empty, up to a community's own directory: the root and the
+// top-level directories (_meta, _uploads) serve every community and stay.
+func (s *FSStore) pruneCommunityDirs(p string) {
+	for dir := filepath.Dir(p); ; dir = filepath.Dir(dir) {
+		rel, err := filepath.Rel(s.root, dir)
+		if err != nil || !strings.Contains(filepath.ToSlash(rel), "/") {
+			return
+		}
+		if os.Remove(dir) != nil {
+			return // not empty, or already gone
+		}
+	}
 }
 
 // Children lists the subdirectories of the prefix's directory.

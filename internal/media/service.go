@@ -160,9 +160,17 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	if err != nil {
 		return Descriptor{}, fmt.Errorf("%w: %w", ErrSpool, err)
 	}
+	// Unlinked at once: the spool is only ever used through this open
+	// file, whose bytes the kernel frees when it is closed, however the
+	// process ends. Removed at the end instead, every upload in flight
+	// when a relay was killed (kill -9, out of memory) stayed on disk for
+	// good, up to BUZZ_MEDIA_MAX_BYTES each.
+	unlinked := os.Remove(tmp.Name()) == nil
 	defer func() {
 		tmp.Close()
-		os.Remove(tmp.Name())
+		if !unlinked {
+			os.Remove(tmp.Name())
+		}
 	}()
 	hash := sha256.New()
 	sink := io.MultiWriter(tmp, hash)

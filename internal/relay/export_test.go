@@ -15,6 +15,14 @@ func (s *Server) ReadyChecks() (checks, joined int64) {
 	return s.ready.checks.Load(), s.ready.joined.Load()
 }
 
+// UploadsReceiving reports how many media uploads the relay is receiving
+// (each holds its place from admission to its answer).
+func (s *Server) UploadsReceiving() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.uploading.total
+}
+
 // SetReadyTimeout bounds each readiness check (default 2 s).
 func (s *Server) SetReadyTimeout(d time.Duration) { s.ready.timeout = d }
 

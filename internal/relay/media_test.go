@@ -665,13 +665,9 @@ func TestMediaUploadsAtOnceAreBounded(t *testing.T) {
 		return mediaDo(t, r, http.MethodPut, "", "/media/upload", blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil),
 			bytes.NewReader(blob), map[string]string{"X-Forwarded-For": addr})
 	}
-	// spooling counts uploads the relay is receiving: each spools its body
-	// to a file of its own, after it took its place.
-	spooling := func() int {
-		entries, err := os.ReadDir(spool)
-		require.NoError(t, err)
-		return len(entries)
-	}
+	// receiving counts the uploads that took their place. Their spool
+	// files cannot tell: each is unlinked as soon as it is made.
+	receiving := r.Server.UploadsReceiving
 	// hold starts an upload from addr whose body stops halfway until finish.
 	hold := func(addr string) (finish func() int) {
 		blob := pngBlob(t, 4000)
@@ -702,14 +698,14 @@ func TestMediaUploadsAtOnceAreBounded(t *testing.T) {
 	}
 
 	first := hold("203.0.113.1")
-	require.Eventually(t, func() bool { return spooling() == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return receiving() == 1 }, 10*time.Second, 10*time.Millisecond)
 	got := uploadFrom("203.0.113.1")
 	require.Equal(t, http.StatusTooManyRequests, got.Status, "%s", got.Body)
 	require.Equal(t, "rate-limited: at most 1 uploads at once per client address; wait for one to finish", got.Error)
 	require.NotEmpty(t, got.Header.Get("Retry-After"))
 
 	second := hold("203.0.113.2")
-	require.Eventually(t, func() bool { return spooling() == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return receiving() == 2 }, 10*time.Second, 10*time.Millisecond)
 	got = uploadFrom("203.0.113.3")
 	require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s", got.Body)
 	require.Equal(t, "error: the relay is receiving its limit of 2 uploads; try again shortly", got.Error)
@@ -718,4 +714,7 @@ func TestMediaUploadsAtOnceAreBounded(t *testing.T) {
 	require.Equal(t, http.StatusOK, second())
 	got = uploadFrom("203.0.113.1")
 	require.Equal(t, http.StatusOK, got.Status, "%s", got.Body)
+	left, err := os.ReadDir(spool)
+	require.NoError(t, err)
+	require.Empty(t, left, "no spooled upload left behind")
 }

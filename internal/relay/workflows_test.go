@@ -163,6 +163,12 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 		require.Equal(t, c.status, status, c.name)
 		require.Equal(t, c.msg, out["error"], c.name)
 	}
+	// A header may carry bytes past 0x7f that are no UTF-8; the key is
+	// stored as text. Mutation killed: without the UTF-8 check the call
+	// answers 503 "database unavailable".
+	status, out := post("/hooks/"+wf, saved.WebhookSecret, "key-\xff\xfe", `{}`)
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Equal(t, "Idempotency-Key must be valid UTF-8", out["error"])
 	var runs int
 	require.NoError(t, r.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs`).Scan(&runs))
 	require.Zero(t, runs, "bad calls create nothing")

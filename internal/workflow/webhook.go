@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -161,6 +162,14 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	if k := r.Header.Get("Idempotency-Key"); k != "" {
 		if len(k) > 255 {
 			webhookError(w, http.StatusBadRequest, "Idempotency-Key longer than 255 bytes")
+			return
+		}
+		// HTTP lets a header carry any byte past 0x7f; the key is stored
+		// as text, which PostgreSQL refuses unless it is UTF-8, and the
+		// call then failed as 503 "database unavailable", which a caller
+		// retries forever.
+		if !utf8.ValidString(k) {
+			webhookError(w, http.StatusBadRequest, "Idempotency-Key must be valid UTF-8")
 			return
 		}
 		key = &k
