@@ -57,6 +57,8 @@ type fixture struct {
 	// engines record.
 	reg     *prometheus.Registry
 	metrics *workflow.Metrics
+	// triggers are the pipeline's registered triggers.
+	triggers *workflow.Triggers
 }
 
 func newFixture(t *testing.T) *fixture { return newFixtureMax(t, 0) }
@@ -97,6 +99,7 @@ func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Trigger
 	}
 	triggers.Metrics = f.metrics
 	workflow.RegisterTriggers(f.p, &triggers)
+	f.triggers = &triggers
 	return f
 }
 

@@ -103,6 +103,10 @@ type Triggers struct {
 	// Metrics counts runs that end inside a trigger's transaction (refused
 	// at capacity, denied); may be nil.
 	Metrics *Metrics
+
+	// savedDefinitions hands the definitions a save's Validate parsed to
+	// its Prepare.
+	savedDefinitions *definitionCache
 }
 
 // triggerKind maps an event kind to the trigger it fires.
