@@ -57,7 +57,12 @@ const (
 	// worker that dies mid-call leaves its run waiting that long before
 	// another fails it. Ten minutes is twice the default and far above what
 	// a step's database work or one HTTP call should need.
-	MaxStepTimeoutSecs   = 600
+	MaxStepTimeoutSecs = 600
+	// MinScheduleInterval is the default shortest time between two slots
+	// of a schedule saved: an interval at least this long, a cron
+	// expression that never fires twice within it. Every slot is a run and
+	// a row kept for the retention, each step a stored event: a per-second
+	// schedule made 86,400 of each a day, per workflow.
 	MinScheduleInterval  = 60 * time.Second
 	DefaultApprovalLimit = "24h"
 	// MaxApprovalTimeout caps a request_approval's timeout: the run waits,
@@ -176,14 +181,19 @@ func ParseForSave(text string) (*Definition, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkForSave(def); err != nil {
+	if err := checkForSave(def, MinScheduleInterval); err != nil {
 		return nil, err
 	}
 	return def, nil
 }
 
-// checkForSave checks the bounds of ParseForSave on a parsed definition.
-func checkForSave(def *Definition) error {
+// checkForSave checks the bounds of ParseForSave on a parsed definition,
+// with minSchedule the shortest time a schedule may leave between two
+// slots.
+func checkForSave(def *Definition, minSchedule time.Duration) error {
+	if err := checkScheduleGap(def.Trigger, minSchedule); err != nil {
+		return err
+	}
 	for i, s := range def.Steps {
 		if s.Action != ActionRequestApproval {
 			continue
@@ -475,13 +485,68 @@ func checkInterval(s string) error {
 	if err != nil {
 		return invalidf("trigger.interval", "not a duration like 60s, 30m or 1h")
 	}
-	if d < MinScheduleInterval {
-		return invalidf("trigger.interval", "must be at least %s", MinScheduleInterval)
+	if d < time.Second {
+		return invalidf("trigger.interval", "must be at least 1s")
 	}
 	if d%time.Second != 0 {
 		return invalidf("trigger.interval", "must be a whole number of seconds")
 	}
 	return nil
+}
+
+// checkScheduleGap refuses a schedule whose slots may come closer than
+// minSchedule: an interval shorter than it, or a cron expression firing
+// twice within it (a cron expression needs at most a minute: one naming a
+// single second fires at most once a minute).
+func checkScheduleGap(t Trigger, minSchedule time.Duration) error {
+	switch {
+	case t.On != OnSchedule:
+	case t.Interval != "":
+		if t.IntervalDuration() < minSchedule {
+			return invalidf("trigger.interval", "must be at least %s", minSchedule)
+		}
+	case t.Cron != "":
+		sched, err := CronSchedule(t.Cron)
+		if err != nil {
+			return invalidf("trigger.cron", "%v", err)
+		}
+		spec, ok := sched.(*cron.SpecSchedule)
+		if !ok {
+			return invalidf("trigger.cron", "not a cron expression")
+		}
+		if gap := cronGap(spec); gap < min(minSchedule, time.Minute) {
+			return invalidf("trigger.cron", "fires every %s; a schedule fires at most once every %s (name one second in the seconds field, or write 5 fields)",
+				gap, min(minSchedule, time.Minute))
+		}
+	}
+	return nil
+}
+
+// cronGap is the shortest time between two slots of spec, or a minute if
+// it is a minute or more: the seconds it names within a minute, and from
+// the last of one minute to the first of the next when two consecutive
+// minutes may fire.
+func cronGap(spec *cron.SpecSchedule) time.Duration {
+	var seconds []int
+	for s := range 60 {
+		if spec.Second&(1<<s) != 0 {
+			seconds = append(seconds, s)
+		}
+	}
+	gap := 60
+	for i := 1; i < len(seconds); i++ {
+		gap = min(gap, seconds[i]-seconds[i-1])
+	}
+	consecutive := false
+	for m := range 60 {
+		if spec.Minute&(1<<m) != 0 && spec.Minute&(1<<((m+1)%60)) != 0 {
+			consecutive = true
+		}
+	}
+	if consecutive && len(seconds) > 0 {
+		gap = min(gap, 60-seconds[len(seconds)-1]+seconds[0])
+	}
+	return time.Duration(gap) * time.Second
 }
 
 // cronParser parses the six leading fields (seconds through day of week)
