@@ -19,3 +19,7 @@ func (c *definitionCache) readBack() int {
 	defer c.mu.Unlock()
 	return c.hits
 }
+
+// SchedulesDecoded is how many times the scheduler decoded a workflow's
+// schedule from its stored definition.
+func (s *Scheduler) SchedulesDecoded() int { return s.decoded }

@@ -1,9 +1,11 @@
 package workflow_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
@@ -33,6 +35,27 @@ func BenchmarkParseDefinition(b *testing.B) {
 				if _, err := workflow.Parse(text); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkScheduleTickDecode is what a scheduler tick pays per schedule
+// workflow before it looks at slots: decoding the stored canonical JSON.
+func BenchmarkScheduleTickDecode(b *testing.B) {
+	for _, c := range []struct{ steps, ifBytes int }{{3, 40}, {50, 200}} {
+		def, err := workflow.Parse(strings.Replace(definitionOf(c.steps, c.ifBytes), "trigger: {on: message_posted, filter: 'str_contains(trigger_text, \"deploy\")'}", "trigger: {on: schedule, cron: '0 * * * * *'}", 1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw, _ := json.Marshal(def)
+		b.Run(fmt.Sprintf("steps=%d,json=%dB", c.steps, len(raw)), func(b *testing.B) {
+			for b.Loop() {
+				var d workflow.Definition
+				if err := json.Unmarshal(raw, &d); err != nil {
+					b.Fatal(err)
+				}
+				_ = workflow.Slots(d.Trigger, time.Unix(1_900_000_000, 0), time.Unix(1_900_000_001, 0))
 			}
 		})
 	}
