@@ -364,9 +364,10 @@ func TestScheduleSlotFiresOnceAcrossRelayProcesses(t *testing.T) {
 	t.Cleanup(pool.Close)
 	env := func(name string) map[string]string {
 		return map[string]string{
-			"BUZZ_DATABASE_URL":               withAppName(t, databaseURL, name),
-			"BUZZ_WORKFLOW_POLL":              "100ms",
-			"BUZZ_WORKFLOW_SCHEDULE_CATCH_UP": "10s",
+			"BUZZ_DATABASE_URL":                   withAppName(t, databaseURL, name),
+			"BUZZ_WORKFLOW_POLL":                  "100ms",
+			"BUZZ_WORKFLOW_SCHEDULE_CATCH_UP":     "10s",
+			"BUZZ_WORKFLOW_MIN_SCHEDULE_INTERVAL": "1s", // a per-second cron
 		}
 	}
 	var relays []*relayProcess

@@ -105,6 +105,7 @@ type Config struct {
 	WorkflowWebhookAllowedNets   []netip.Prefix // non-public networks a webhook may reach anyway
 	WorkflowMaxUnfinishedRuns    int            // unfinished runs one workflow may have; a trigger beyond fails its run with capacity_exceeded
 	WorkflowMaxPerChannel        int            // workflows that may fire in one channel; a save beyond is refused
+	WorkflowMinScheduleInterval  time.Duration  // shortest time a schedule saved may leave between two slots
 	WorkflowStepTimeout          time.Duration  // deadline of a step without timeout_secs
 
 	// Blossom media (PUT /media/upload, GET|HEAD|DELETE /media/{sha256}).
@@ -252,6 +253,7 @@ func Default() Config {
 		WorkflowWebhookResponseBytes: safehttp.DefaultMaxResponseBytes,
 		WorkflowMaxUnfinishedRuns:    1000,
 		WorkflowMaxPerChannel:        20,
+		WorkflowMinScheduleInterval:  60 * time.Second,
 		WorkflowStepTimeout:          300 * time.Second,
 
 		MediaStore:               "fs",
@@ -343,6 +345,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.prefixes("BUZZ_WORKFLOW_WEBHOOK_ALLOWED_NETS", &c.WorkflowWebhookAllowedNets)
 	r.positive("BUZZ_WORKFLOW_MAX_UNFINISHED_RUNS", &c.WorkflowMaxUnfinishedRuns)
 	r.positive("BUZZ_WORKFLOW_MAX_PER_CHANNEL", &c.WorkflowMaxPerChannel)
+	r.duration("BUZZ_WORKFLOW_MIN_SCHEDULE_INTERVAL", &c.WorkflowMinScheduleInterval)
 	r.duration("BUZZ_WORKFLOW_STEP_TIMEOUT", &c.WorkflowStepTimeout)
 	r.str("BUZZ_MEDIA_STORE", &c.MediaStore)
 	r.str("BUZZ_MEDIA_DIR", &c.MediaDir)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/doorbell"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -117,7 +118,8 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	r := relaytest.Start(t)
+	// Schedules of a slot every two seconds, to see them fire.
+	r := relaytest.Start(t, func(c *config.Config) { c.WorkflowMinScheduleInterval = time.Second })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))

@@ -23,10 +23,11 @@ func (s *Server) registerWorkflows() {
 	}
 	s.workflowStats = m
 	workflow.RegisterTriggers(s.pipeline, &workflow.Triggers{
-		Offer:             func(community uuid.UUID, ids []uuid.UUID) { s.workflowWorker.Load().Offer(community, ids) },
-		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns,
-		MaxPerChannel:     s.cfg.WorkflowMaxPerChannel,
-		Metrics:           m,
+		Offer:               func(community uuid.UUID, ids []uuid.UUID) { s.workflowWorker.Load().Offer(community, ids) },
+		MaxUnfinishedRuns:   s.cfg.WorkflowMaxUnfinishedRuns,
+		MaxPerChannel:       s.cfg.WorkflowMaxPerChannel,
+		MinScheduleInterval: s.cfg.WorkflowMinScheduleInterval,
+		Metrics:             m,
 	})
 }
 

@@ -338,7 +338,10 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // (say, diffs dropped from the trigger sources) leaves its doorbell missing.
 func TestEveryTriggerKindOverWebSocket(t *testing.T) {
 	t.Parallel()
-	r := relaytest.Start(t, func(c *config.Config) { c.WorkflowPoll = 100 * time.Millisecond })
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.WorkflowPoll = 100 * time.Millisecond
+		c.WorkflowMinScheduleInterval = time.Second // a per-second cron, to see it fire
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))

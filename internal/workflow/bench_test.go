@@ -2,7 +2,9 @@ package workflow_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +27,12 @@ import (
 // clock whose hand-off receives the runs the pipeline creates, and a
 // channel with a two-step workflow (two send_message steps).
 func benchFixture(b *testing.B) (*fixture, *nostr.SecretKey, string) {
+	return benchFixtureWith(b, twoSteps)
+}
+
+// benchFixtureWith is benchFixture with the channel's workflow defined by
+// yaml.
+func benchFixtureWith(b *testing.B, yaml string) (*fixture, *nostr.SecretKey, string) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbtest.URL(b))
 	require.NoError(b, err)
@@ -45,7 +53,7 @@ func benchFixture(b *testing.B) (*fixture, *nostr.SecretKey, string) {
 	go w.Run(runCtx)
 	owner := f.key()
 	ch := f.channel(owner)
-	f.save(owner, ch, uuid.NewString(), twoSteps)
+	f.save(owner, ch, uuid.NewString(), yaml)
 	return f, owner, ch
 }
 
@@ -93,6 +101,43 @@ func BenchmarkTwoStepRunsPerSecond(b *testing.B) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "runs/s")
+}
+
+// BenchmarkFiftyStepRun: from submitting a kind 9 to the end of its run
+// of 50 steps, 49 of which an if skips (ns/op is that latency): what a
+// step costs beyond its action, its transaction and reading the pinned
+// definition, times 50.
+func BenchmarkFiftyStepRun(b *testing.B) {
+	f, owner, ch := benchFixtureWith(b, fiftySteps())
+	i := 0
+	for b.Loop() {
+		i++
+		ev := &nostr.Event{Kind: ingest.KindChat, Content: "f" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
+		require.NoError(b, ev.Sign(owner))
+		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+		require.NoError(b, err)
+		for {
+			var n int
+			require.NoError(b, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'completed'`).Scan(&n))
+			if n >= i {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// fiftySteps is a definition of 49 steps an if of about 200 bytes skips,
+// then one send_message.
+func fiftySteps() string {
+	var s strings.Builder
+	s.WriteString("name: fifty\ntrigger: {on: message_posted}\nsteps:\n")
+	skip := `str_contains(trigger_text, "never")` + strings.Repeat(` && str_contains(trigger_text, "x")`, 5)
+	for i := range 49 {
+		fmt.Fprintf(&s, "  - {id: s%d, action: send_message, if: '%s', text: 'step %d'}\n", i, skip, i)
+	}
+	s.WriteString("  - {id: last, action: send_message, text: done}\n")
+	return s.String()
 }
 
 // BenchmarkParallelTriggersOneWorkflow: messages posted concurrently into

@@ -107,7 +107,7 @@ func TestParseBadInputCatalogue(t *testing.T) {
 		{"cron on 30 February", "name: x\ntrigger: {on: schedule, cron: '0 0 0 30 2 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
 		{"cron on 31 April", "name: x\ntrigger: {on: schedule, cron: '0 0 31 4 *'}\n" + step, "invalid definition: trigger.cron: names no date that occurs"},
 		{"interval not a duration", "name: x\ntrigger: {on: schedule, interval: often}\n" + step, "invalid definition: trigger.interval: not a duration"},
-		{"interval below 60 s", "name: x\ntrigger: {on: schedule, interval: 59s}\n" + step, "invalid definition: trigger.interval: must be at least 1m0s"},
+		{"interval below 1 s", "name: x\ntrigger: {on: schedule, interval: 500ms}\n" + step, "invalid definition: trigger.interval: must be at least 1s"},
 		{"interval fractional seconds", "name: x\ntrigger: {on: schedule, interval: 60500ms}\n" + step, "invalid definition: trigger.interval: must be a whole number of seconds"},
 		{"steps missing", "name: x\n" + trig, "invalid definition: steps: is required"},
 		{"steps not a list", "name: x\n" + trig + "steps: {a: 1}", "invalid definition: steps: must be a list"},

@@ -20,7 +20,14 @@ import (
 // before the removal ended them itself.
 func (f *fixture) withdrawDisabledApprovals() {
 	f.t.Helper()
-	names, err := fs.Glob(migrations.FS, "*_withdraw_disabled_workflows_approvals.sql")
+	f.migrateUp("withdraw_disabled_workflows_approvals")
+}
+
+// migrateUp runs the up part of the migration named name (its file name
+// without the number), as tern would, in one transaction.
+func (f *fixture) migrateUp(name string) {
+	f.t.Helper()
+	names, err := fs.Glob(migrations.FS, "*_"+name+".sql")
 	require.NoError(f.t, err)
 	require.Len(f.t, names, 1)
 	text, err := fs.ReadFile(migrations.FS, names[0])

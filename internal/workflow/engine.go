@@ -138,6 +138,9 @@ type Engine struct {
 	// stepTimeout bounds a step without its own timeout_secs.
 	stepTimeout time.Duration
 
+	// definitions keeps the definitions parsed from pinned events.
+	definitions *definitionCache
+
 	// beforeCommit, when set by tests, runs inside a step's transaction
 	// just before it commits.
 	beforeCommit func(run uuid.UUID, step int)
@@ -185,6 +188,7 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	return &Engine{
 		pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log,
 		webhooks: opts.Webhooks, metrics: opts.Metrics, stepTimeout: opts.StepTimeout,
+		definitions: newDefinitionCache(),
 	}
 }
 
@@ -875,7 +879,7 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	if string(ev.Pubkey) != string(row.OwnerPubkey) {
 		return nil, tc, fail(CodeOwnerUnauthorized, "the pinned definition is not signed by the workflow owner")
 	}
-	def, err := Parse(ev.Content)
+	def, err := e.definitions.parse(ev.ID, ev.Content)
 	if err != nil {
 		// Saving refuses what does not parse, so this is a definition
 		// stored under an earlier, more lenient parser.

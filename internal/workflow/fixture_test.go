@@ -57,14 +57,19 @@ type fixture struct {
 	// engines record.
 	reg     *prometheus.Registry
 	metrics *workflow.Metrics
+	// triggers are the pipeline's registered triggers.
+	triggers *workflow.Triggers
 }
 
 func newFixture(t *testing.T) *fixture { return newFixtureMax(t, 0) }
 
 // newFixtureMax is newFixture with a bound on each workflow's unfinished
 // runs (0: the default).
+// Schedules may fire every second, so that the scheduler's tests need not
+// wait for minutes; TestScheduleSlotsAreAtLeastAMinuteApart saves under the
+// default.
 func newFixtureMax(t *testing.T, maxUnfinished int) *fixture {
-	return newFixtureWith(t, ingest.Options{}, workflow.Triggers{MaxUnfinishedRuns: maxUnfinished})
+	return newFixtureWith(t, ingest.Options{}, workflow.Triggers{MaxUnfinishedRuns: maxUnfinished, MinScheduleInterval: time.Second})
 }
 
 // newFixtureWith builds the fixture's pipeline with opts and its triggers
@@ -97,6 +102,7 @@ func newFixtureWith(t testing.TB, opts ingest.Options, triggers workflow.Trigger
 	}
 	triggers.Metrics = f.metrics
 	workflow.RegisterTriggers(f.p, &triggers)
+	f.triggers = &triggers
 	return f
 }
 

@@ -362,3 +362,36 @@ func TestScheduleTiesPastTheBoundAreNotWonByTheLowestID(t *testing.T) {
 	require.GreaterOrEqual(t, fired(high)-before, 5, "the high id's slots still fire once the backlog is at the window's edge")
 	require.Equal(t, 60, fired(low)+fired(high), "one slot a tick")
 }
+
+// A tick decodes a workflow's schedule once per definition event it is
+// pinned to, not every tick (every second, on every process: 23 to 257 µs
+// per workflow, BenchmarkScheduleTickDecode), and a re-save, which pins a
+// new event, is decoded afresh: its new cadence is the one that fires.
+// Mutations killed: scheduleOf decoding every tick (decoded counts 3);
+// the kept schedule reused whatever the event (the old 60 s cadence fires
+// four slots where the new 120 s one fires two).
+func TestScheduleIsDecodedOncePerDefinitionEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 10*time.Minute, nil, nil)
+	tick := func() int {
+		n, err := s.Tick(f.ctx)
+		require.NoError(t, err)
+		return n
+	}
+	f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
+	require.Zero(t, tick())
+	f.clock.Advance(2 * time.Minute)
+	require.Equal(t, 2, tick())
+	require.Zero(t, tick())
+	require.Equal(t, 1, s.SchedulesDecoded(), "three ticks, one decoding")
+
+	f.save(owner, ch, id, "name: Tock\ntrigger: {on: schedule, interval: 120s}\nsteps: [{id: a, action: send_message, text: tock}]")
+	require.Zero(t, tick())
+	require.Equal(t, 2, s.SchedulesDecoded(), "the re-save is decoded")
+	f.clock.Advance(4 * time.Minute)
+	require.Equal(t, 2, tick(), "the new cadence fires")
+}

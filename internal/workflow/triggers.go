@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -103,6 +104,14 @@ type Triggers struct {
 	// Metrics counts runs that end inside a trigger's transaction (refused
 	// at capacity, denied); may be nil.
 	Metrics *Metrics
+	// MinScheduleInterval is the shortest time a schedule saved may leave
+	// between two slots (0: MinScheduleInterval); a cron expression is
+	// asked for at most a minute.
+	MinScheduleInterval time.Duration
+
+	// savedDefinitions hands the definitions a save's Validate parsed to
+	// its Prepare.
+	savedDefinitions *definitionCache
 }
 
 // triggerKind maps an event kind to the trigger it fires.
