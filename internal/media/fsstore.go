@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // FSStore keeps objects as files under a directory; a key's slashes are
@@ -20,12 +21,37 @@ type FSStore struct {
 	root string
 }
 
-// NewFSStore uses dir (created if missing) as the store's root.
+// NewFSStore uses dir (created if missing) as the store's root, and
+// removes the partial writes a process killed mid-write left behind.
 func NewFSStore(dir string) (*FSStore, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("media directory %s: %w", dir, err)
 	}
-	return &FSStore{root: dir}, nil
+	s := &FSStore{root: dir}
+	s.removeAbandonedWrites(time.Now().Add(-abandonedWriteAge))
+	return s, nil
+}
+
+// abandonedWriteAge is how old a partial write must be before a starting
+// store removes it: far beyond any write still in progress (a write is
+// bounded by its request's timeout), in this process or another sharing
+// the directory.
+const abandonedWriteAge = time.Hour
+
+// removeAbandonedWrites removes the files in tmpDir last written before
+// cutoff. A Put renames its file into place or removes it when it returns,
+// but a process killed meanwhile (kill -9, out of memory) leaves it, up to
+// a whole blob each, for good.
+func (s *FSStore) removeAbandonedWrites(cutoff time.Time) {
+	entries, err := os.ReadDir(filepath.Join(s.root, tmpDir))
+	if err != nil {
+		return // none yet, or unreadable: Put reports that
+	}
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() && info.ModTime().Before(cutoff) {
+			os.Remove(filepath.Join(s.root, tmpDir, e.Name()))
+		}
+	}
 }
 
 // Check reports whether the root is still a directory.
