@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,12 @@ import (
 	"github.com/buzzrelay/buzz/internal/media/mediatest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(spoolHelperEnv); dir != "" {
+		spoolHelper(dir) // never returns: the test that started it kills it
+	}
+	dbtest.Main(m)
+}
 
 // Two relay processes share one store: on one, a community's last
 // reference to a blob is deleted while, on the other, a second community

@@ -76,14 +76,7 @@ func TestMigrationEndsApprovalsOfWorkflowsArchivedBefore(t *testing.T) {
 	require.Equal(t, "pending", status, "an active workflow's approval still waits")
 	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(keptRun).Status)
 
-	snapshot := func() string {
-		var s string
-		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT
-			(SELECT string_agg(concat_ws('|', run_id, status, note), ',' ORDER BY run_id) FROM workflow_approvals) ||
-			(SELECT string_agg(concat_ws('|', id, status, error_code, error_message, completed_at), ',' ORDER BY id) FROM workflow_runs)`).Scan(&s))
-		return s
-	}
-	before := snapshot()
+	before := f.approvalsAndRuns()
 	f.migrateUp("withdraw_archived_workflows_approvals")
-	require.Equal(t, before, snapshot(), "run again, the migration changes nothing")
+	require.Equal(t, before, f.approvalsAndRuns(), "run again, the migration changes nothing")
 }

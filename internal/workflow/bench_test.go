@@ -57,6 +57,16 @@ func benchFixtureWith(b *testing.B, yaml string) (*fixture, *nostr.SecretKey, st
 	return f, owner, ch
 }
 
+// benchMessage submits a message with content into channel ch, signed by
+// owner, and returns it.
+func benchMessage(b *testing.B, f *fixture, owner *nostr.SecretKey, ch, content string) *nostr.Event {
+	ev := &nostr.Event{Kind: ingest.KindChat, Content: content, Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
+	require.NoError(b, ev.Sign(owner))
+	_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+	require.NoError(b, err)
+	return ev
+}
+
 // BenchmarkMessageTriggerToFirstStep: from submitting a kind 9 to the
 // workflow's first doorbell being stored (ns/op is that latency; the
 // runs execute one at a time).
@@ -65,10 +75,7 @@ func BenchmarkMessageTriggerToFirstStep(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		ev := &nostr.Event{Kind: ingest.KindChat, Content: "m" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
-		require.NoError(b, ev.Sign(owner))
-		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
-		require.NoError(b, err)
+		ev := benchMessage(b, f, owner, ch, "m"+itoa(int64(i)))
 		for {
 			var n int
 			require.NoError(b, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM events WHERE kind = 9 AND content = 'first'
@@ -87,10 +94,7 @@ func BenchmarkTwoStepRunsPerSecond(b *testing.B) {
 	f, owner, ch := benchFixture(b)
 	start := time.Now()
 	for i := range b.N {
-		ev := &nostr.Event{Kind: ingest.KindChat, Content: "r" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
-		require.NoError(b, ev.Sign(owner))
-		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
-		require.NoError(b, err)
+		benchMessage(b, f, owner, ch, "r"+itoa(int64(i)))
 	}
 	for {
 		var n int
@@ -112,10 +116,7 @@ func BenchmarkFiftyStepRun(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		ev := &nostr.Event{Kind: ingest.KindChat, Content: "f" + itoa(int64(i)), Tags: nostr.Tags{{"h", ch}}, CreatedAt: time.Now().Unix()}
-		require.NoError(b, ev.Sign(owner))
-		_, err := f.p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
-		require.NoError(b, err)
+		benchMessage(b, f, owner, ch, "f"+itoa(int64(i)))
 		for {
 			var n int
 			require.NoError(b, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'completed'`).Scan(&n))

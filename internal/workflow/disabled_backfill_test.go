@@ -93,16 +93,20 @@ func TestMigrationEndsApprovalsOfWorkflowsDisabledBefore(t *testing.T) {
 	require.Equal(t, "pending", status, "an enabled workflow's approval still waits")
 	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(keptRun).Status)
 
-	snapshot := func() string {
-		var s string
-		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT
-			(SELECT string_agg(concat_ws('|', run_id, status, note), ',' ORDER BY run_id) FROM workflow_approvals) ||
-			(SELECT string_agg(concat_ws('|', id, status, error_code, error_message, completed_at), ',' ORDER BY id) FROM workflow_runs)`).Scan(&s))
-		return s
-	}
-	before := snapshot()
+	before := f.approvalsAndRuns()
 	f.withdrawDisabledApprovals()
-	require.Equal(t, before, snapshot(), "run again, the migration changes nothing")
+	require.Equal(t, before, f.approvalsAndRuns(), "run again, the migration changes nothing")
+}
+
+// approvalsAndRuns is every approval's and run's state as one text, to
+// tell whether a backfill run again changed anything.
+func (f *fixture) approvalsAndRuns() string {
+	f.t.Helper()
+	var s string
+	require.NoError(f.t, f.pool.QueryRow(f.ctx, `SELECT
+		(SELECT string_agg(concat_ws('|', run_id, status, note), ',' ORDER BY run_id) FROM workflow_approvals) ||
+		(SELECT string_agg(concat_ws('|', id, status, error_code, error_message, completed_at), ',' ORDER BY id) FROM workflow_runs)`).Scan(&s))
+	return s
 }
 
 func ptrOr(s *string) string {

@@ -12,6 +12,37 @@ import (
 	"github.com/buzzrelay/buzz/internal/migrate"
 )
 
+// workflowState is how a workflow waiting on an approval was left: its
+// name in the test (its kind), status and enabled flag.
+type workflowState struct {
+	kind, status string
+	enabled      bool
+}
+
+var (
+	// disabledByRemoval: active, not enabled (its owner left the channel).
+	disabledByRemoval = workflowState{"disabled", "active", false}
+	archived          = workflowState{"archived", "archived", false}
+)
+
+// The migration that ends the approvals left pending on workflows their
+// owner's removal disabled, run by tern on tables holding hundreds of
+// waiting runs: it ends exactly the disabled workflows' waits (approval
+// expired with the removal's note, run failed workflow_disabled), and
+// leaves alone those of enabled and archived workflows, decided approvals,
+// and every row of a community being deleted (whose fence would otherwise
+// fail the whole migration).
+//
+// Mutations killed: the fence check dropped (the migration fails with
+// 55000 on the fenced community), `NOT w.enabled` dropped (the enabled
+// workflows' approvals end), the pending check dropped (the granted
+// approvals become expired).
+func TestDisabledWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
+	t.Parallel()
+	approvalsMigrationOnPopulatedTables(t, "withdraw_disabled_workflows_approvals", disabledByRemoval, archived,
+		"the workflow was disabled while the run waited for approval: its owner is no longer a member of the channel")
+}
+
 // The migration that ends the approvals left pending on workflows archived
 // before archiving ended them, run by tern on tables holding hundreds of
 // waiting runs: it ends exactly the archived workflows' waits (approval
@@ -27,8 +58,19 @@ import (
 // approvals become expired).
 func TestArchivedWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
 	t.Parallel()
+	approvalsMigrationOnPopulatedTables(t, "withdraw_archived_workflows_approvals", archived, disabledByRemoval,
+		"the workflow was archived while the run waited for approval")
+}
+
+// approvalsMigrationOnPopulatedTables runs migration (by name) over two
+// communities, one serving and one being deleted, each with a run waiting
+// on a pending approval for 300 workflows left as ends (the migration's
+// own), 200 enabled and 50 left as other (another migration's), plus 20
+// of ends' whose approval was granted; only the serving community's 300
+// waits must end, with reason.
+func approvalsMigrationOnPopulatedTables(t *testing.T, migration string, ends, other workflowState, reason string) {
 	ctx := context.Background()
-	version := migrationVersion(t, "withdraw_archived_workflows_approvals")
+	version := migrationVersion(t, migration)
 
 	conn := connect(t, dbtest.EmptyURL(t))
 	require.NoError(t, migrate.To(ctx, conn, version-1))
@@ -46,21 +88,20 @@ func TestArchivedWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
 	serving, deleting := uuid.New(), uuid.New()
 	for i, community := range []uuid.UUID{serving, deleting} {
 		channel := uuid.New()
-		exec(`INSERT INTO communities (id, host) VALUES ($1, $2)`, community, "archived-approvals-"+strconv.Itoa(i)+".example")
+		exec(`INSERT INTO communities (id, host) VALUES ($1, $2)`, community, migration+"-"+strconv.Itoa(i)+".example")
 		exec(`INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', decode(repeat('01', 32), 'hex'))`, community, channel)
-		// Workflows named by kind: 300 archived, 200 enabled, 50 disabled
-		// by their owner's removal (active, not enabled); each has a run
-		// waiting for a pending approval. 20 more archived ones have a
-		// granted approval and a run due again.
+		// Workflows named by kind: 300 left as ends, 200 enabled, 50 left
+		// as other; each has a run waiting for a pending approval. 20 more
+		// left as ends have a granted approval and a run due again.
 		for _, w := range []struct {
 			kind, status, approval, run string
 			enabled                     bool
 			n                           int
 		}{
-			{"archived", "archived", "pending", "waiting_approval", false, 300},
+			{ends.kind, ends.status, "pending", "waiting_approval", ends.enabled, 300},
 			{"enabled", "active", "pending", "waiting_approval", true, 200},
-			{"disabled", "active", "pending", "waiting_approval", false, 50},
-			{"granted", "archived", "granted", "pending", false, 20},
+			{other.kind, other.status, "pending", "waiting_approval", other.enabled, 50},
+			{"granted", ends.status, "granted", "pending", ends.enabled, 20},
 		} {
 			exec(`
 				WITH wf AS (
@@ -92,7 +133,6 @@ func TestArchivedWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
 
 	require.NoError(t, migrate.To(ctx, conn, version))
 
-	const reason = "the workflow was archived while the run waited for approval"
 	// ended counts the community's workflows named kind whose approval
 	// expired with the reason and whose run failed with it.
 	ended := func(community uuid.UUID, kind string) int {
@@ -114,10 +154,10 @@ func TestArchivedWorkflowsApprovalsMigrationOnPopulatedTables(t *testing.T) {
 			  AND r.status = $4::workflow_run_status AND r.error_code IS NULL AND r.completed_at IS NULL`,
 			community, kind, approval, run)
 	}
-	require.Equal(t, 300, ended(serving, "archived"), "every wait of an archived workflow ended")
+	require.Equal(t, 300, ended(serving, ends.kind), "every wait of a workflow left as %s ended", ends.kind)
 	require.Equal(t, 200, untouched(serving, "enabled", "pending", "waiting_approval"), "enabled workflows still wait")
-	require.Equal(t, 50, untouched(serving, "disabled", "pending", "waiting_approval"), "disabled workflows are not this migration's")
+	require.Equal(t, 50, untouched(serving, other.kind, "pending", "waiting_approval"), "%s workflows are not this migration's", other.kind)
 	require.Equal(t, 20, untouched(serving, "granted", "granted", "pending"), "decided approvals are left alone")
-	require.Equal(t, 300, untouched(deleting, "archived", "pending", "waiting_approval"), "a community being deleted is left to its deletion")
+	require.Equal(t, 300, untouched(deleting, ends.kind, "pending", "waiting_approval"), "a community being deleted is left to its deletion")
 	require.Equal(t, 300, count(`SELECT count(*) FROM workflow_approvals WHERE note IS NOT NULL`), "nothing else changed")
 }
