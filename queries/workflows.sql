@@ -59,8 +59,13 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 -- name: WorkflowsScheduled :many
 -- Every workflow the scheduler fires, in every community: active, enabled,
 -- pinned to a signed definition, with a schedule trigger. updated_at is when
--- the definition was last saved: no slot before it fires.
-SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
+-- the definition was last saved: no slot before it fires. Only the
+-- definition's trigger and enabled flag are read: the query runs every second
+-- on every relay process, and whole definitions (up to the size of an event,
+-- each) were sent for every scheduled workflow at every tick.
+SELECT community_id, id, channel_id, definition_event_id, updated_at,
+       (definition -> 'trigger')::jsonb AS trigger,
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'

@@ -214,7 +214,9 @@ func (q *Queries) WorkflowsActiveInChannel(ctx context.Context, arg WorkflowsAct
 }
 
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
-SELECT community_id, id, channel_id, definition, definition_event_id, updated_at
+SELECT community_id, id, channel_id, definition_event_id, updated_at,
+       (definition -> 'trigger')::jsonb AS trigger,
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
@@ -233,14 +235,18 @@ type WorkflowsScheduledRow struct {
 	CommunityID       uuid.UUID
 	ID                uuid.UUID
 	ChannelID         *uuid.UUID
-	Definition        json.RawMessage
 	DefinitionEventID []byte
 	UpdatedAt         time.Time
+	Trigger           json.RawMessage
+	DefinitionEnabled bool
 }
 
 // Every workflow the scheduler fires, in every community: active, enabled,
 // pinned to a signed definition, with a schedule trigger. updated_at is when
-// the definition was last saved: no slot before it fires.
+// the definition was last saved: no slot before it fires. Only the
+// definition's trigger and enabled flag are read: the query runs every second
+// on every relay process, and whole definitions (up to the size of an event,
+// each) were sent for every scheduled workflow at every tick.
 func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {
 	rows, err := q.db.Query(ctx, workflowsScheduled)
 	if err != nil {
@@ -254,9 +260,10 @@ func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledR
 			&i.CommunityID,
 			&i.ID,
 			&i.ChannelID,
-			&i.Definition,
 			&i.DefinitionEventID,
 			&i.UpdatedAt,
+			&i.Trigger,
+			&i.DefinitionEnabled,
 		); err != nil {
 			return nil, err
 		}

@@ -52,6 +52,7 @@ func (s *Server) StartWorkflows(ctx context.Context) error {
 	sched.Metrics = m
 	sched.MaxUnfinishedRuns = s.cfg.WorkflowMaxUnfinishedRuns
 	sched.RunRetention = s.cfg.WorkflowRunRetention
+	sched.MinScheduleInterval = s.cfg.WorkflowMinScheduleInterval
 	s.workers.Go(func() { sched.Run(ctx, s.cfg.WorkflowPoll) })
 	return nil
 }

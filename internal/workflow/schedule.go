@@ -51,6 +51,10 @@ type Scheduler struct {
 	// MaxSlotsPerCommunity bounds the slots one tick fires for one
 	// community, all its workflows together (0: MaxSlotsPerTick).
 	MaxSlotsPerCommunity int
+	// MinScheduleInterval is the save's minimum (0: MinScheduleInterval):
+	// a cron stored before it was enforced, firing more often than a save
+	// allows today, fires only its first slot of each such span.
+	MinScheduleInterval time.Duration
 
 	// handled is, per workflow, the latest slot this scheduler claimed or
 	// found claimed: later ticks start after it, so a slot is inserted
@@ -66,6 +70,9 @@ type Scheduler struct {
 	// it.
 	schedules map[scheduledWorkflow]decodedSchedule
 	decoded   int // schedules decoded (tests read it)
+	// warnedFrequent is the workflows whose too-frequent cron was logged,
+	// once per process rather than at every re-decode.
+	warnedFrequent map[scheduledWorkflow]bool
 }
 
 // decodedSchedule is a workflow's schedule as of its pinned definition
@@ -75,6 +82,20 @@ type decodedSchedule struct {
 	firing  bool // the definition decodes and is enabled
 	trigger Trigger
 	cron    cron.Schedule // nil for an interval, or a cron that does not parse
+	// thinTo, when set, fires only the first slot of each span of this
+	// length: the cron fires more often, which a save refuses today but
+	// did not always.
+	thinTo time.Duration
+}
+
+// cronMinGap is the shortest gap a cron saved today may leave between two
+// slots: the save's minimum, at most a minute (checkScheduleGap).
+func (s *Scheduler) cronMinGap() time.Duration {
+	minSchedule := s.MinScheduleInterval
+	if minSchedule <= 0 {
+		minSchedule = MinScheduleInterval
+	}
+	return min(minSchedule, time.Minute)
 }
 
 // scheduledWorkflow is a workflow's key: its community and id.
@@ -138,11 +159,14 @@ func Slots(t Trigger, after, until time.Time) []time.Time {
 			return nil
 		}
 	}
-	return slotsOf(t, sched, after, until)
+	return slotsOf(t, sched, 0, after, until)
 }
 
-// slotsOf is Slots with t's cron expression parsed (sched).
-func slotsOf(t Trigger, sched cron.Schedule, after, until time.Time) []time.Time {
+// slotsOf is Slots with t's cron expression parsed (sched); a thinTo span
+// keeps only the cron's first slot of each span (spans counted from Go's
+// zero time, so whole minutes for a minute), the same slots on every
+// process whatever after is.
+func slotsOf(t Trigger, sched cron.Schedule, thinTo time.Duration, after, until time.Time) []time.Time {
 	var out []time.Time
 	if t.Cron != "" {
 		if sched == nil {
@@ -150,8 +174,17 @@ func slotsOf(t Trigger, sched cron.Schedule, after, until time.Time) []time.Time
 		}
 		// Next answers the zero time when no date matches within five
 		// years: the schedule has no more slots.
-		for next := sched.Next(after.UTC()); !next.IsZero() && !next.After(until) && len(out) < MaxSlotsPerTick; next = sched.Next(next) {
-			out = append(out, next)
+		for next := sched.Next(after.UTC()); !next.IsZero() && !next.After(until) && len(out) < MaxSlotsPerTick; {
+			if thinTo <= 0 {
+				out = append(out, next)
+				next = sched.Next(next)
+				continue
+			}
+			span := next.Truncate(thinTo)
+			if sched.Next(span.Add(-time.Second)).Equal(next) {
+				out = append(out, next)
+			}
+			next = sched.Next(span.Add(thinTo - time.Second))
 		}
 		return out
 	}
@@ -253,7 +286,7 @@ func (s *Scheduler) Tick(ctx context.Context) (int, error) {
 				after = last
 			}
 		}
-		for _, slot := range slotsOf(sched.trigger, sched.cron, after, now) {
+		for _, slot := range slotsOf(sched.trigger, sched.cron, sched.thinTo, after, now) {
 			pending = append(pending, due{row: i, slot: slot, tie: slotTieBreak(row.ID, slot)})
 		}
 	}
@@ -273,13 +306,26 @@ func (s *Scheduler) scheduleOf(key scheduledWorkflow, row db.WorkflowsScheduledR
 	}
 	s.decoded++
 	sched := decodedSchedule{eventID: eventID}
-	var def Definition
-	if json.Unmarshal(row.Definition, &def) != nil || !def.Enabled {
+	var trigger Trigger
+	if !row.DefinitionEnabled || json.Unmarshal(row.Trigger, &trigger) != nil {
 		return sched
 	}
-	sched.firing, sched.trigger = true, def.Trigger
-	if def.Trigger.Cron != "" {
-		sched.cron, _ = CronSchedule(def.Trigger.Cron) // nil: no slots, as Slots
+	sched.firing, sched.trigger = true, trigger
+	if trigger.Cron != "" {
+		sched.cron, _ = CronSchedule(trigger.Cron) // nil: no slots, as Slots
+		if spec, ok := sched.cron.(*cron.SpecSchedule); ok && cronGap(spec) < s.cronMinGap() {
+			// Saved before such crons were refused: fired as saved, a
+			// per-second cron made 86,400 runs a day.
+			sched.thinTo = s.cronMinGap()
+			if s.warnedFrequent == nil {
+				s.warnedFrequent = map[scheduledWorkflow]bool{}
+			}
+			if !s.warnedFrequent[key] {
+				s.warnedFrequent[key] = true
+				s.log.Warn("workflow cron fires more often than a save allows; firing only its first slot of each span (save it again to change it)",
+					"community_id", row.CommunityID, "workflow_id", row.ID, "cron", trigger.Cron, "span", sched.thinTo)
+			}
+		}
 	}
 	return sched
 }

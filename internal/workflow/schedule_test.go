@@ -229,6 +229,7 @@ func TestScheduleTickResumesAfterTheLastHandledSlot(t *testing.T) {
 	const window = 10 * time.Minute
 	f.clock.Advance(250 * time.Second)
 	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), window, nil, nil)
+	s.MinScheduleInterval = time.Second // the fixture saves per-second crons
 	var fired []int
 	for range 4 {
 		n, err := s.Tick(f.ctx)
@@ -310,6 +311,7 @@ func TestScheduleTickBoundsEachCommunitysSlots(t *testing.T) {
 	bSlots := 10
 
 	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), time.Minute, nil, nil)
+	s.MinScheduleInterval = time.Second // the fixture saves per-second crons
 	s.MaxSlotsPerCommunity = 12
 	runs := func(community uuid.UUID) int {
 		return f.count(`SELECT count(*) FROM workflow_runs WHERE community_id = $1`, community)
@@ -347,7 +349,8 @@ func TestScheduleTiesPastTheBoundAreNotWonByTheLowestID(t *testing.T) {
 		f.save(owner, ch, id, "name: Tick\ntrigger: {on: schedule, cron: '* * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]")
 	}
 	s := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 10*time.Second, nil, nil)
-	s.MaxSlotsPerCommunity = 1 // two slots a second, one fired a tick: a backlog that reaches the window
+	s.MinScheduleInterval = time.Second // the fixture saves per-second crons
+	s.MaxSlotsPerCommunity = 1          // two slots a second, one fired a tick: a backlog that reaches the window
 	fired := func(id string) int { return f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, id) }
 	tick := func(n int) {
 		for range n {
@@ -394,4 +397,28 @@ func TestScheduleIsDecodedOncePerDefinitionEvent(t *testing.T) {
 	require.Equal(t, 2, s.SchedulesDecoded(), "the re-save is decoded")
 	f.clock.Advance(4 * time.Minute)
 	require.Equal(t, 2, tick(), "the new cadence fires")
+}
+
+// A cron saved before crons firing more than once a minute were refused
+// keeps firing, but only its first slot of each minute: the same slots on
+// every process, and the same whatever second a tick starts from. The
+// stored cron is rewritten to every second, as such a save left it.
+// Mutation killed: slots of every second fired (100 runs in the tick, the
+// per-community bound, instead of 3, none of them on the minute).
+func TestCronSavedFiringEverySecondFiresOnceAMinute(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Minutely\ntrigger: {on: schedule, cron: '0 * * * * *'}\nsteps: [{id: a, action: send_message, text: tick}]")
+	_, err := f.pool.Exec(f.ctx, `UPDATE workflows SET definition = jsonb_set(definition, '{trigger,cron}', '"* * * * * * *"') WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	f.clock.Advance(3 * time.Minute)
+	n, err := workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 10*time.Minute, nil, nil).Tick(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "one slot a minute")
+	require.Zero(t, f.count(`SELECT count(*) FROM scheduled_workflow_fires
+		WHERE workflow_id = $1 AND extract(second FROM scheduled_for) <> 0`, id), "each minute's first second")
 }
