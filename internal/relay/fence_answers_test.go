@@ -134,9 +134,9 @@ func acrossQuiescing(t *testing.T, pool *pgxpool.Pool, host, table string, send 
 // missed the announcement that closes it, and the sweep has not run) gets
 // a clear refusal for a stored write, not "try again", and a client
 // publishing into another community on the same relay meanwhile, in the
-// same commit groups, keeps every event. Mutation killed: mapError not
+// same commit groups, keeps every event. Mutations killed: mapError not
 // mapping the fence (the old "error: could not store the event; try
-// again").
+// again"); AUTH answering the fence at the owner attestation "try again".
 func TestFencedWriteOverWebSocketSaysTheCommunityIsBeingDeleted(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
@@ -149,6 +149,7 @@ func TestFencedWriteOverWebSocketSaysTheCommunityIsBeingDeleted(t *testing.T) {
 	going.Auth(nil)
 	staying := r.Dial(t, otherHost)
 	staying.Auth(nil)
+	unauthenticated := r.Dial(t, r.Host)
 	quiesceCommunity(t, pool, r.Host)
 
 	// Both clients send their events without waiting for answers, so the
@@ -175,6 +176,14 @@ func TestFencedWriteOverWebSocketSaysTheCommunityIsBeingDeleted(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM events e JOIN communities c ON c.id = e.community_id WHERE c.host = $1 AND e.kind = 1`, otherHost).Scan(&stored))
 	require.Equal(t, n, stored)
+
+	// An AUTH whose owner attestation would be recorded meets the fence
+	// too, and says so (it answered "could not record the owner
+	// attestation; try again").
+	agent := relaytest.NewKey(t)
+	auth := authWith(t, unauthenticated, agent, attest(t, going.Key, agent.PublicKeyHex(), ""))
+	require.False(t, auth.OK)
+	require.Equal(t, beingDeleted, auth.Msg)
 }
 
 // Over HTTP the same write is answered 410 Gone with the same text, at
