@@ -129,7 +129,7 @@ BEGIN
     SELECT c.deletion_state, c.deletion_fence_generation INTO state, generation
     FROM communities c WHERE c.id = community;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'community write rejected: community % is missing', community USING ERRCODE = '55000';
+        RAISE EXCEPTION 'community write rejected: community % is missing', community USING ERRCODE = '55000', CONSTRAINT = 'community_write_fence';
     END IF;
     IF state = 'active' THEN
         RETURN;
@@ -162,7 +162,7 @@ BEGIN
         END IF;
     END IF;
     RAISE EXCEPTION 'community write fenced: community % is % (generation %)', community, state, generation
-        USING ERRCODE = '55000';
+        USING ERRCODE = '55000', CONSTRAINT = 'community_write_fence';
 END
 $_$;
 
@@ -1366,7 +1366,7 @@ BEGIN
     FROM communities c WHERE c.id = community AND c.deletion_state = 'active' AND c.deleted_at IS NULL
     RETURNING id INTO lease;
     IF lease IS NULL THEN
-        RAISE EXCEPTION 'community write fenced: community % accepts no new serving writes', community USING ERRCODE = '55000';
+        RAISE EXCEPTION 'community write fenced: community % accepts no new serving writes', community USING ERRCODE = '55000', CONSTRAINT = 'community_write_fence';
     END IF;
     RETURN lease;
 END
@@ -1391,7 +1391,7 @@ BEGIN
         SELECT FROM community_serving_write_leases l JOIN communities c ON c.id = l.community_id
         WHERE l.id = lease AND l.lease_until >= now() AND c.deletion_state IN ('active', 'quiescing')
           AND c.deleted_at IS NULL AND c.deletion_fence_generation = l.fence_generation) THEN
-        RAISE EXCEPTION 'community write fenced: stale serving write lease %', lease USING ERRCODE = '55000';
+        RAISE EXCEPTION 'community write fenced: stale serving write lease %', lease USING ERRCODE = '55000', CONSTRAINT = 'community_write_fence';
     END IF;
     PERFORM set_config('buzz.serving_write_lease_id', lease::text, true);
 END

@@ -29,8 +29,13 @@ var (
 	// deadlock (40001, 40P01); running it again may succeed.
 	ErrSerialization = errors.New("serialization failure")
 	// ErrNotInPrerequisiteState: an object was not in the state the
-	// statement needs (55000), e.g. a fenced row or a lock not available.
+	// statement needs (55000 other than the write fence), or a lock was not
+	// available (55P03: lock_timeout).
 	ErrNotInPrerequisiteState = errors.New("object not in prerequisite state")
+	// ErrCommunityWriteFenced: the community's deletion fence refused the
+	// write (55000 naming the rule community_write_fence). The community is
+	// going away: running the write again cannot succeed.
+	ErrCommunityWriteFenced = errors.New("community write fenced")
 	// ErrInvalidTransactionState: the statement cannot run in this
 	// transaction's state (class 25: aborted, read-only, ...).
 	ErrInvalidTransactionState = errors.New("invalid transaction state")
@@ -47,6 +52,11 @@ var (
 	// leases of the community (BZ003); a later attempt may pass.
 	ErrServingWritesNotDrained = errors.New("serving writes not drained")
 )
+
+// CommunityWriteFence names the deletion fence's refusals (migration 051):
+// the fence raises 55000, which other states share, so its name is what
+// tells it apart.
+const CommunityWriteFence = "community_write_fence"
 
 // ViolationKind says which sort of constraint a violation broke.
 type ViolationKind int
@@ -123,6 +133,8 @@ func Interpret(err error) error {
 	switch {
 	case pgErr.Code == "40001" || pgErr.Code == "40P01":
 		sentinel = ErrSerialization
+	case pgErr.Code == "55000" && pgErr.ConstraintName == CommunityWriteFence:
+		sentinel = ErrCommunityWriteFenced
 	case pgErr.Code == "55000" || pgErr.Code == "55P03":
 		sentinel = ErrNotInPrerequisiteState
 	case len(pgErr.Code) == 5 && pgErr.Code[:2] == "25":

@@ -95,8 +95,15 @@ func TestConditionsAreRecognizedBySQLState(t *testing.T) {
 		_, err := c.Exec(ctx, `CREATE TEMP SEQUENCE s`)
 		require.NoError(t, err)
 		_, err = c.Exec(ctx, `SELECT currval('s')`) // 55000: no nextval yet in this session
+		require.NotErrorIs(t, dberr.Interpret(err), dberr.ErrCommunityWriteFenced, "only the fence's 55000 is the fence")
 		return err
 	})), dberr.ErrNotInPrerequisiteState)
+
+	// The write fence's 55000 names its rule (a community that is not
+	// there: the fence's trigger runs before the foreign key is checked).
+	_, err = pool.Exec(ctx, `INSERT INTO media_usage (community_id) VALUES (gen_random_uuid())`)
+	require.ErrorIs(t, dberr.Interpret(err), dberr.ErrCommunityWriteFenced)
+	require.NotErrorIs(t, dberr.Interpret(err), dberr.ErrNotInPrerequisiteState)
 
 	require.ErrorIs(t, dberr.Interpret(onOneConn(t, pool, func(c *pgx.Conn) error {
 		tx, err := c.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})

@@ -33,7 +33,7 @@ type ServingLease struct {
 // AcquireServingLease takes a lease for operation on community and keeps
 // it renewed until Release. The returned context ends if a renewal fails
 // (the operation must then stop). A community that is being deleted
-// refuses: the error wraps dberr.ErrNotInPrerequisiteState.
+// refuses: the error wraps dberr.ErrCommunityWriteFenced.
 func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid.UUID, operation string) (*ServingLease, context.Context, error) {
 	id, err := db.New(pool).ServingLeaseAcquire(ctx, db.ServingLeaseAcquireParams{CommunityID: community, Operation: operation,
 		Owner: DefaultExecutorID(), LeaseSeconds: servingLeaseDuration.Seconds()})

@@ -240,7 +240,12 @@ func applyCreateGroup(ctx context.Context, w *Write) error {
 		return err
 	}
 	if created == 0 {
-		return Reject("invalid", "channel %s already exists", id)
+		// Taken: by a channel the actor may or may not see, live or
+		// deleted. One answer for all, which never says a channel exists:
+		// a private channel's id must not be confirmed to an outsider
+		// who learned it (a former member, a leaked link); every other
+		// write names it "does not exist or is private".
+		return Reject("invalid", "channel id %s is not available; create the channel under a new random id", id)
 	}
 	// The channel's row, inserted by this transaction, is as good as
 	// locked: no other transaction sees it before the commit.

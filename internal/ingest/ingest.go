@@ -60,6 +60,24 @@ type Rejection struct {
 	// memberLimit marks the refusal of an add to a full channel
 	// (IsMemberLimit), which the relay counts apart.
 	memberLimit bool
+	// communityDeleted marks the deletion fence's refusal
+	// (IsCommunityBeingDeleted), which HTTP answers 410.
+	communityDeleted bool
+}
+
+// ErrCommunityBeingDeleted is the answer to a write the community's
+// deletion fenced (from quiescing on, until its connections are closed): a
+// refusal, not an internal error, because sending it again can never
+// succeed.
+func ErrCommunityBeingDeleted() error {
+	return &Rejection{Prefix: "blocked", Reason: "this community is being deleted", communityDeleted: true}
+}
+
+// IsCommunityBeingDeleted reports whether err is the refusal of a write
+// the community's deletion fenced.
+func IsCommunityBeingDeleted(err error) bool {
+	var rej *Rejection
+	return errors.As(err, &rej) && rej.communityDeleted
 }
 
 func (r *Rejection) Error() string { return r.Prefix + ": " + r.Reason }
@@ -696,6 +714,9 @@ func mapError(err error) error {
 	}
 	if errors.Is(err, dberr.ErrSerialization) {
 		return Reject("error", "the write collided with a concurrent one; send it again")
+	}
+	if errors.Is(err, dberr.ErrCommunityWriteFenced) {
+		return ErrCommunityBeingDeleted()
 	}
 	return err
 }

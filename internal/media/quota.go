@@ -51,7 +51,7 @@ func (q CommunityQuota) Reserve(ctx context.Context, community uuid.UUID, size i
 		return err
 	})
 	if err != nil || reserved == 1 {
-		// A fence (the community's deletion) is dberr.ErrNotInPrerequisiteState.
+		// A fence (the community's deletion) is dberr.ErrCommunityWriteFenced.
 		return dberr.Interpret(err)
 	}
 	return fmt.Errorf("%w: it stores %d of its %d bytes and this blob is %d; delete blobs to make room",

@@ -561,6 +561,10 @@ func (c *conn) onAuth(ev *nostr.Event) {
 	owner := ""
 	if attestation != nil {
 		if owner, err = c.srv.recordOwner(c.ctx, c.tenant, ev.PubKey, attestation, true); err != nil {
+			if communityBeingDeleted(err) {
+				_ = c.send(nostr.EncodeOK(ev.ID, false, beingDeletedReason))
+				return
+			}
 			if c.ctx.Err() == nil {
 				c.log.Error("record owner attestation", "agent", ev.PubKey, "err", err)
 			}

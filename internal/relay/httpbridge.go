@@ -133,6 +133,17 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
 
+// communityBeingDeleted reports whether err is the refusal of a write the
+// community's deletion fenced (from quiescing on): the answer is
+// beingDeletedReason, over HTTP 410 Gone, never "try again".
+func communityBeingDeleted(err error) bool {
+	return ingest.IsCommunityBeingDeleted(err) || errors.Is(dberr.Interpret(err), dberr.ErrCommunityWriteFenced)
+}
+
+// beingDeletedReason is the answer to a write the community's deletion
+// fenced, over WebSocket and HTTP alike.
+var beingDeletedReason = ingest.ErrCommunityBeingDeleted().Error()
+
 // authenticate runs NIP-98 and reads the body. It returns the authenticated
 // pubkey and the body; ok false means it has already answered.
 func (b *httpBridge) authenticate(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (pubkey string, body []byte, ok bool) {
@@ -160,6 +171,11 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	s := b.s
 	unauthorized := func(err error) {
 		var ae *authError
+		if communityBeingDeleted(err) {
+			// The replay claim is the request's first write.
+			writeError(w, http.StatusGone, beingDeletedReason)
+			return
+		}
 		if !errors.As(err, &ae) {
 			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
 			writeError(w, http.StatusInternalServerError, "could not check authorization; try again")
@@ -209,6 +225,10 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {
 		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation, signed); err != nil {
+			if communityBeingDeleted(err) {
+				writeError(w, http.StatusGone, beingDeletedReason)
+				return principal{}, nil, false
+			}
 			if r.Context().Err() == nil {
 				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
 			}
@@ -283,7 +303,13 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 			return
 		}
 		s.metrics.EventsRejected.WithLabelValues(rej.Prefix).Inc()
-		writeJSON(w, rejectionStatus(rej.Prefix), submitReply{ID: ev.ID, Accepted: false, Message: rej.Error()})
+		status := rejectionStatus(rej.Prefix)
+		if ingest.IsCommunityBeingDeleted(err) {
+			// Gone for good, unlike a refusal the author could lift: the
+			// community's host answers 404 once its connections are closed.
+			status = http.StatusGone
+		}
+		writeJSON(w, status, submitReply{ID: ev.ID, Accepted: false, Message: rej.Error()})
 		return
 	}
 	s.metrics.EventsAccepted.WithLabelValues(outcomeLabel[outcome]).Inc()

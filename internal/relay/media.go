@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/community"
-	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -211,6 +210,10 @@ func hashTags(ev *nostr.Event) []string {
 
 func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenant, err error) {
 	var ae *authError
+	if communityBeingDeleted(err) {
+		mediaError(w, http.StatusGone, beingDeletedReason)
+		return
+	}
 	if !errors.As(err, &ae) {
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
 		mediaError(w, http.StatusInternalServerError, "could not check authorization; try again")
@@ -248,11 +251,11 @@ func (s *Server) mediaRateLimited(w http.ResponseWriter, tenant community.Tenant
 }
 
 // mediaFenced answers a media write the community's deletion refused
-// (503: the community accepts no writes) or a lease that could not be
-// taken for another reason.
+// (410: the community is going away) or a lease that could not be taken
+// for another reason.
 func (s *Server) mediaFenced(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
-	if errors.Is(err, dberr.ErrNotInPrerequisiteState) {
-		mediaError(w, http.StatusServiceUnavailable, "error: community writes are fenced")
+	if communityBeingDeleted(err) {
+		mediaError(w, http.StatusGone, beingDeletedReason)
 		return
 	}
 	s.mediaFailed(w, r, tenant, err)

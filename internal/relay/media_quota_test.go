@@ -125,7 +125,7 @@ func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
 
 // An upload admitted before its community's deletion began, reserving
 // after the deletion quiesced the community, is refused by the fence on
-// media_usage as a fenced write (503), not as a store failure (500).
+// media_usage as a fenced write (410), not as a store failure (500).
 // Mutation killed: Reserve returning the database error uninterpreted.
 func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	t.Parallel()
@@ -136,7 +136,7 @@ func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	quiesceCommunity(t, pool, host)
 	quota := quotaOn(pool, 1<<20)
 	err = quota.Reserve(context.Background(), row.ID, 100)
-	require.ErrorIs(t, err, dberr.ErrNotInPrerequisiteState)
+	require.ErrorIs(t, err, dberr.ErrCommunityWriteFenced)
 }
 
 // An upload that fails after writing the community's sidecar (the store

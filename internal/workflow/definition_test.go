@@ -152,6 +152,7 @@ func TestParseBadInputCatalogue(t *testing.T) {
 		{"send_dm to missing", "name: x\n" + trig + "steps: [{id: a, action: send_dm, text: hi}]", "invalid definition: steps[0].to: is required"},
 		{"filter does not compile", "name: x\ntrigger: {on: message_posted, filter: 'trigger_text =='}\n" + step, "invalid definition: trigger.filter: "},
 		{"if does not compile", "name: x\n" + trig + "steps: [{id: a, if: '((', action: delay, duration: 1s}]", "invalid definition: steps[0].if: "},
+		{"filter calls an internal function", "name: x\ntrigger: {on: message_posted, filter: '__buzz_in(trigger_text, [\"a\"])'}\n" + step, `invalid definition: trigger.filter: condition: "__buzz_in" is not available; the helpers are str_contains, str_starts_with, str_ends_with and str_len`},
 		{"text with an unknown filter", "name: x\n" + trig + "steps: [{id: a, action: send_message, text: '{{trigger.text | shout}}'}]", "invalid definition: steps[0].text: "},
 		{"set_channel_topic topic missing", "name: x\n" + trig + "steps: [{id: a, action: set_channel_topic}]", "invalid definition: steps[0].topic: is required"},
 	} {

@@ -21,6 +21,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
@@ -183,6 +184,12 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		runID, queued, err = h.admit(r.Context(), db.New(tx), communityID, workflowID, tc, key)
 		return err
 	})
+	if errors.Is(dberr.Interpret(err), dberr.ErrCommunityWriteFenced) {
+		// The community's deletion fenced the run: gone for good, where a
+		// 503 would have the caller retry until the host answers 404.
+		webhookError(w, http.StatusGone, ingest.ErrCommunityBeingDeleted().Error())
+		return
+	}
 	if err != nil {
 		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
 		return

@@ -549,6 +549,9 @@ func Compile(expression string) (*Program, error) {
 	if collect.builtin != "" {
 		return nil, &Error{Reason: fmt.Sprintf("builtin %q is not available; the helpers are str_contains, str_starts_with, str_ends_with and str_len", collect.builtin)}
 	}
+	if name := collect.internal(); name != "" {
+		return nil, &Error{Reason: fmt.Sprintf("%q is not available; the helpers are str_contains, str_starts_with, str_ends_with and str_len", name)}
+	}
 	if err := writtenPatterns(tree.Node); err != nil {
 		return nil, err
 	}
@@ -702,6 +705,30 @@ func (c *identifierCollector) Visit(node *ast.Node) {
 			c.builtin = "closure"
 		}
 	}
+}
+
+// internalPrefix starts the names of the functions the operators compile
+// to (concatFunc, inFunc, fetchFunc, compareFuncs, ...). Called by name
+// they would skip the checks the operators get (unbudgeted's types, the
+// optional lookup of a computed key), so an expression may not name them.
+const internalPrefix = "__buzz_"
+
+// internal returns a name the expression uses (read, called or bound)
+// that is reserved for the operators' functions, "" if none, the first in
+// sorted order so the error is the same every time.
+func (c *identifierCollector) internal() string {
+	var found []string
+	for _, names := range []map[string]bool{c.names, c.called, c.bound} {
+		for name := range names {
+			if strings.HasPrefix(name, internalPrefix) {
+				found = append(found, name)
+			}
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return slices.Min(found)
 }
 
 // Variables lists the variables the expression reads.

@@ -78,6 +78,14 @@ func TestCompileRejects(t *testing.T) {
 		{"unknown function", `nope(trigger_text)`, "invalid expression"},
 		{"helper with wrong arity", `str_contains(trigger_text)`, "invalid expression"},
 		{"helper with wrong type", `str_len(1) == 1`, "invalid expression"},
+		// The functions the operators compile to are the relay's own, not
+		// the language's: called by name, their arguments escape the
+		// checks the operators get (a comparison of operands of unknown
+		// type, a lookup of an optional computed key).
+		{"internal concat", `__buzz_concat(trigger_text, "x") == "x"`, `"__buzz_concat" is not available`},
+		{"internal comparison", `__buzz_equal(trigger_text, "x")`, `"__buzz_equal" is not available`},
+		{"internal fetch", `__buzz_fetch({"a": "b"}, trigger_text) == "b"`, `"__buzz_fetch" is not available`},
+		{"internal name bound", `let __buzz_concat = 1; trigger_text + "x" == "x"`, `"__buzz_concat" is not available`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -567,4 +575,19 @@ func TestALoopingProgramIsFound(t *testing.T) {
 	straight, err := expr.Compile(`let a = [1, 2]; a[0] > 0 && 2 in a`)
 	require.NoError(t, err)
 	require.False(t, loops(straight))
+}
+
+// Every function Eval puts in the environment is a helper or carries the
+// reserved prefix Compile refuses, so a function added for an operator
+// later cannot be called by name. Mutation killed: an operator function
+// named without the prefix.
+func TestOperatorFunctionsAreReserved(t *testing.T) {
+	t.Parallel()
+	env := map[string]any{}
+	newBudget().env(env)
+	for name := range env {
+		if !helpers[name] {
+			require.True(t, strings.HasPrefix(name, internalPrefix), name)
+		}
+	}
 }
