@@ -338,7 +338,8 @@ func BenchmarkUnclaimedRowsUnderBurst(b *testing.B) {
 		}
 		cancel()
 		b.ReportMetric(float64(polls.n.Load()), "polls")
-		b.Logf("%d rows, %d polls", len(all), polls.n.Load())
+		b.ReportMetric(float64(polls.empty.Load()), "empty_polls")
+		b.Logf("%d rows, %d polls (%d claimed nothing)", len(all), polls.n.Load(), polls.empty.Load())
 		var claimedDs, unclaimedDs []time.Duration
 		posted := map[string]time.Time{} // by event id
 		for _, r := range l.requests() {

@@ -16,12 +16,16 @@ import (
 type pollCounter struct {
 	inner claimer
 	n     atomic.Int64
+	empty atomic.Int64 // polls that claimed nothing
 	polls chan struct{}
 }
 
 func (p *pollCounter) claimDue(ctx context.Context, limit int, busy *inFlight) ([]claim, error) {
 	cs, err := p.inner.claimDue(ctx, limit, busy)
 	p.n.Add(1)
+	if err == nil && len(cs) == 0 {
+		p.empty.Add(1)
+	}
 	select {
 	case p.polls <- struct{}{}:
 	default:
