@@ -363,7 +363,7 @@ func BenchmarkUnclaimedRowsUnderBurst(b *testing.B) {
 		for _, r := range []struct {
 			name string
 			ds   []time.Duration
-		}{{"claimed", claimedDs}, {"unclaimed", unclaimedDs}} {
+		}{{"claimed", claimedDs}, {"unclaimed", unclaimedDs}, {"all", append(slices.Clone(claimedDs), unclaimedDs...)}} {
 			if len(r.ds) == 0 {
 				b.Logf("%s: none", r.name)
 				continue
