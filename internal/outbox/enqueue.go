@@ -88,8 +88,8 @@ func (h Handoff) IDs() []uuid.UUID {
 // at most) less what the claims of transactions still open reserved, are
 // inserted already claimed for w: Offer the returned Handoff (unless it is
 // Empty) to w once the transaction committed, and w delivers them without a
-// claim round trip, and polls at once for the rows of its listeners left
-// pending; after a rollback, Abandon it (the claims hold hand-off room until
+// claim round trip, and polls for the rows of its listeners left pending
+// once its hand-off is empty; after a rollback, Abandon it (the claims hold hand-off room until
 // one or the other). A nil w (no listeners on this pod) claims nothing; the other
 // rows wait for the poll of a pod that routes them. inserted counts every
 // row. Events that are not messages, or mention nobody, cost no query. Only
