@@ -26,7 +26,9 @@
 --
 -- Returns the claimed rows (as parallel arrays, at most @claim_max) and
 -- the total inserted, so a large fan-out never builds an unbounded list in
--- the relay; and, like OutboxClaimDue, how much of their lease is left as
+-- the relay; the rows of routable listeners left pending (left_to_poll:
+-- the claim had no room for them, so the worker's poll is woken for them
+-- after the commit); and, like OutboxClaimDue, how much of their lease is left as
 -- the statement ends (the lease started with the transaction, which may be
 -- old by now).
 WITH registered AS (
@@ -61,6 +63,7 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id) FILTER (WHERE i.state = 'sending')
        coalesce(array_agg(i.target_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_targets,
        coalesce((SELECT k.host FROM communities k WHERE k.id = @community_id::uuid), '')::text AS host,
        count(*) AS inserted,
+       count(*) FILTER (WHERE i.state = 'pending' AND i.listener_pubkey = ANY(@routable::bytea[])) AS left_to_poll,
        coalesce(floor(extract(epoch FROM min(i.lease_until) - coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())) * 1000), 0)::bigint AS lease_left_ms
 FROM inserted i;
 

@@ -202,10 +202,10 @@ walk AS (
 -- Of each listener the communities the claim may take, fewest in flight
 -- first, then in walk order: at most room of them.
 due_communities AS (
-    SELECT t.listener_pubkey, t.community_id, t.room,
+    SELECT t.listener_pubkey, t.community_id, t.room, t.step,
            count(*) OVER (PARTITION BY t.listener_pubkey) AS taken
     FROM (
-        SELECT w.listener_pubkey, w.community_id, w.room,
+        SELECT w.listener_pubkey, w.community_id, w.room, w.step,
                row_number() OVER (PARTITION BY w.listener_pubkey ORDER BY coalesce(b.n, 0), w.step) AS place
         FROM walk w
         LEFT JOIN busy b ON b.listener_pubkey = w.listener_pubkey AND b.community_id = w.community_id
@@ -215,7 +215,7 @@ due_communities AS (
 ),
 pending AS (
     SELECT p.id, p.community_id, p.listener_pubkey, p.target_pubkey, p.event_id, p.event_created_at, p.next_attempt_at, p.created_at,
-           true AS walked
+           true AS walked, d.step
     FROM due_communities d
     CROSS JOIN LATERAL (
         SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
@@ -232,7 +232,7 @@ pending AS (
 ),
 expired AS (
     SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at,
-           false AS walked
+           false AS walked, NULL::int AS step
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
       AND o.attempts < @max_attempts::int
@@ -248,7 +248,12 @@ expired AS (
 -- A row's level: its community's deliveries in flight on this pod plus its
 -- place in its community's queue. Rows are taken lowest level first, so a
 -- community with nothing in flight is served before one holding slots, and
--- communities with due rows take turns.
+-- communities with due rows take turns. Within a level, expired leases
+-- first (their community's turn, taken already once), then in walk order
+-- (step): the walked communities a claim serves are the first of its walk,
+-- so the worker's cursor, moved to the last of them, passes none it had
+-- no room for (by due time instead, it took the walk's last communities
+-- and skipped the rest for a round).
 ranked AS (
     SELECT u.*, coalesce(b.n, 0) + row_number() OVER (PARTITION BY u.listener_pubkey, u.community_id
                                                        ORDER BY u.next_attempt_at, u.created_at, u.id) AS level
@@ -274,12 +279,12 @@ candidates AS (
     -- later poll.
     FROM (
         SELECT r.*, row_number() OVER (PARTITION BY r.listener_pubkey
-                                       ORDER BY r.level, r.next_attempt_at, r.created_at, r.id) AS nth
+                                       ORDER BY r.level, r.step NULLS FIRST, r.next_attempt_at, r.created_at, r.id) AS nth
         FROM ranked r
     ) c
     JOIN listeners l ON l.listener_pubkey = c.listener_pubkey
     WHERE c.nth <= l.room
-    ORDER BY c.level, c.next_attempt_at, c.created_at, c.id
+    ORDER BY c.level, c.step NULLS FIRST, c.next_attempt_at, c.created_at, c.id
     LIMIT @max_rows::int
 ),
 -- A notification of a message its target may no longer read is withdrawn,

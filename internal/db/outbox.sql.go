@@ -108,7 +108,7 @@ const outboxEnqueueMentions = `-- name: OutboxEnqueueMentions :one
 
 WITH registered AS (
     SELECT r.listener_pubkey, r.target_pubkey,
-           r.listener_pubkey = ANY($3::bytea[]) AS routable
+           r.listener_pubkey = ANY($2::bytea[]) AS routable
     FROM operator_listener_pubkeys r
     WHERE r.target_pubkey = ANY($4::bytea[])
       AND channel_readable_by($1::uuid, $5::uuid, r.target_pubkey)
@@ -124,10 +124,10 @@ inserted AS (
                                           created_at, next_attempt_at, state, claim_id, lease_until, attempts)
     SELECT c.listener_pubkey, c.target_pubkey, $1::uuid, $7::bytea, $8::int,
            to_timestamp($9::bigint),
-           coalesce($2::timestamptz, now()), coalesce($2::timestamptz, now()),
+           coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now()),
            CASE WHEN c.claimed THEN 'sending' ELSE 'pending' END,
            CASE WHEN c.claimed THEN $10::uuid END,
-           CASE WHEN c.claimed THEN coalesce($2::timestamptz, now()) + interval '1 millisecond' * $11::bigint END,
+           CASE WHEN c.claimed THEN coalesce($3::timestamptz, now()) + interval '1 millisecond' * $11::bigint END,
            CASE WHEN c.claimed THEN 1 ELSE 0 END
     FROM ranked c
     ON CONFLICT DO NOTHING
@@ -138,14 +138,15 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id) FILTER (WHERE i.state = 'sending')
        coalesce(array_agg(i.target_pubkey ORDER BY i.id) FILTER (WHERE i.state = 'sending'), '{}')::bytea[] AS claimed_targets,
        coalesce((SELECT k.host FROM communities k WHERE k.id = $1::uuid), '')::text AS host,
        count(*) AS inserted,
-       coalesce(floor(extract(epoch FROM min(i.lease_until) - coalesce($2::timestamptz, clock_timestamp())) * 1000), 0)::bigint AS lease_left_ms
+       count(*) FILTER (WHERE i.state = 'pending' AND i.listener_pubkey = ANY($2::bytea[])) AS left_to_poll,
+       coalesce(floor(extract(epoch FROM min(i.lease_until) - coalesce($3::timestamptz, clock_timestamp())) * 1000), 0)::bigint AS lease_left_ms
 FROM inserted i
 `
 
 type OutboxEnqueueMentionsParams struct {
 	CommunityID    uuid.UUID
-	Now            *time.Time
 	Routable       [][]byte
+	Now            *time.Time
 	Targets        [][]byte
 	ChannelID      *uuid.UUID
 	ClaimMax       int32
@@ -162,6 +163,7 @@ type OutboxEnqueueMentionsRow struct {
 	ClaimedTargets   [][]byte
 	Host             string
 	Inserted         int64
+	LeftToPoll       int64
 	LeaseLeftMs      int64
 }
 
@@ -191,14 +193,16 @@ type OutboxEnqueueMentionsRow struct {
 //
 // Returns the claimed rows (as parallel arrays, at most @claim_max) and
 // the total inserted, so a large fan-out never builds an unbounded list in
-// the relay; and, like OutboxClaimDue, how much of their lease is left as
+// the relay; the rows of routable listeners left pending (left_to_poll:
+// the claim had no room for them, so the worker's poll is woken for them
+// after the commit); and, like OutboxClaimDue, how much of their lease is left as
 // the statement ends (the lease started with the transaction, which may be
 // old by now).
 func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMentionsParams) (OutboxEnqueueMentionsRow, error) {
 	row := q.db.QueryRow(ctx, outboxEnqueueMentions,
 		arg.CommunityID,
-		arg.Now,
 		arg.Routable,
+		arg.Now,
 		arg.Targets,
 		arg.ChannelID,
 		arg.ClaimMax,
@@ -215,6 +219,7 @@ func (q *Queries) OutboxEnqueueMentions(ctx context.Context, arg OutboxEnqueueMe
 		&i.ClaimedTargets,
 		&i.Host,
 		&i.Inserted,
+		&i.LeftToPoll,
 		&i.LeaseLeftMs,
 	)
 	return i, err

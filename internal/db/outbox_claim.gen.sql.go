@@ -155,10 +155,10 @@ walk AS (
     WHERE p.found < p.room
 ),
 due_communities AS (
-    SELECT t.listener_pubkey, t.community_id, t.room,
+    SELECT t.listener_pubkey, t.community_id, t.room, t.step,
            count(*) OVER (PARTITION BY t.listener_pubkey) AS taken
     FROM (
-        SELECT w.listener_pubkey, w.community_id, w.room,
+        SELECT w.listener_pubkey, w.community_id, w.room, w.step,
                row_number() OVER (PARTITION BY w.listener_pubkey ORDER BY coalesce(b.n, 0), w.step) AS place
         FROM walk w
         LEFT JOIN busy b ON b.listener_pubkey = w.listener_pubkey AND b.community_id = w.community_id
@@ -168,7 +168,7 @@ due_communities AS (
 ),
 pending AS (
     SELECT p.id, p.community_id, p.listener_pubkey, p.target_pubkey, p.event_id, p.event_created_at, p.next_attempt_at, p.created_at,
-           true AS walked
+           true AS walked, d.step
     FROM due_communities d
     CROSS JOIN LATERAL (
         SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at
@@ -185,7 +185,7 @@ pending AS (
 ),
 expired AS (
     SELECT o.id, o.community_id, o.listener_pubkey, o.target_pubkey, o.event_id, o.event_created_at, o.next_attempt_at, o.created_at,
-           false AS walked
+           false AS walked, NULL::int AS step
     FROM operator_listener_outbox o
     WHERE o.state = 'sending' AND o.lease_until < coalesce($8::timestamptz, now())
       AND o.attempts < $9::int
@@ -199,9 +199,9 @@ expired AS (
     FOR UPDATE OF o SKIP LOCKED
 ),
 ranked AS (
-    SELECT u.id, u.community_id, u.listener_pubkey, u.target_pubkey, u.event_id, u.event_created_at, u.next_attempt_at, u.created_at, u.walked, coalesce(b.n, 0) + row_number() OVER (PARTITION BY u.listener_pubkey, u.community_id
+    SELECT u.id, u.community_id, u.listener_pubkey, u.target_pubkey, u.event_id, u.event_created_at, u.next_attempt_at, u.created_at, u.walked, u.step, coalesce(b.n, 0) + row_number() OVER (PARTITION BY u.listener_pubkey, u.community_id
                                                        ORDER BY u.next_attempt_at, u.created_at, u.id) AS level
-    FROM (SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at, walked FROM pending UNION ALL SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at, walked FROM expired) u
+    FROM (SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at, walked, step FROM pending UNION ALL SELECT id, community_id, listener_pubkey, target_pubkey, event_id, event_created_at, next_attempt_at, created_at, walked, step FROM expired) u
     LEFT JOIN busy b ON b.listener_pubkey = u.listener_pubkey AND b.community_id = u.community_id
 ),
 candidates AS (
@@ -222,13 +222,13 @@ candidates AS (
     -- At most its room of each listener's rows. Rows past it stay due for a
     -- later poll.
     FROM (
-        SELECT r.id, r.community_id, r.listener_pubkey, r.target_pubkey, r.event_id, r.event_created_at, r.next_attempt_at, r.created_at, r.walked, r.level, row_number() OVER (PARTITION BY r.listener_pubkey
-                                       ORDER BY r.level, r.next_attempt_at, r.created_at, r.id) AS nth
+        SELECT r.id, r.community_id, r.listener_pubkey, r.target_pubkey, r.event_id, r.event_created_at, r.next_attempt_at, r.created_at, r.walked, r.step, r.level, row_number() OVER (PARTITION BY r.listener_pubkey
+                                       ORDER BY r.level, r.step NULLS FIRST, r.next_attempt_at, r.created_at, r.id) AS nth
         FROM ranked r
     ) c
     JOIN listeners l ON l.listener_pubkey = c.listener_pubkey
     WHERE c.nth <= l.room
-    ORDER BY c.level, c.next_attempt_at, c.created_at, c.id
+    ORDER BY c.level, c.step NULLS FIRST, c.next_attempt_at, c.created_at, c.id
     LIMIT $2::int
 ),
 withdrawn AS (
@@ -356,7 +356,12 @@ type OutboxClaimDueRow struct {
 // A row's level: its community's deliveries in flight on this pod plus its
 // place in its community's queue. Rows are taken lowest level first, so a
 // community with nothing in flight is served before one holding slots, and
-// communities with due rows take turns.
+// communities with due rows take turns. Within a level, expired leases
+// first (their community's turn, taken already once), then in walk order
+// (step): the walked communities a claim serves are the first of its walk,
+// so the worker's cursor, moved to the last of them, passes none it had
+// no room for (by due time instead, it took the walk's last communities
+// and skipped the rest for a round).
 // A notification of a message its target may no longer read is withdrawn,
 // not sent: the POST would wake the listener for nothing, or tell it about
 // a private channel its target has left. Rows disjoint from the UPDATE's

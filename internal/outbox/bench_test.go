@@ -3,12 +3,14 @@ package outbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -285,4 +287,94 @@ func mentionBehindFlood(b *testing.B, handoff bool) time.Duration {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// BenchmarkUnclaimedRowsUnderBurst: bursts of mentions to one listener
+// that answers in 20 ms, each burst 12 publishers saving 8 mentions each at
+// once, the bursts BUZZ_OUTBOX_BENCH_SPACING apart (default 2.5-4 s, so
+// the worker's poll has backed off to its 2 s ceiling in between). The
+// rows an event could not claim at insert (the hand-off was full) wait for
+// the poll; reported is their delay from commit to POST (unclaimed_*), and
+// the claimed rows' for comparison. Takes about 40 s.
+func BenchmarkUnclaimedRowsUnderBurst(b *testing.B) {
+	spacing := benchSpacing(b)
+	const bursts, publishers, perPublisher = 10, 12, 8
+	for range b.N {
+		f := newFixture(b)
+		l := newListener(b, func(http.ResponseWriter, *http.Request) { time.Sleep(20 * time.Millisecond) })
+		routes := routesOf(l)
+		d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+		w := NewWorker(f.pool, routes, d)
+		polls := countPolls(w)
+		ctx, cancel := context.WithCancel(context.Background())
+		go w.Run(ctx)
+		target := newPubkey(b)
+		f.register(l.pubHex, target)
+
+		type saved struct {
+			id        string
+			claimed   bool
+			committed time.Time
+		}
+		var all []saved
+		for range bursts {
+			next := time.Now().Add(spacing())
+			var wg sync.WaitGroup
+			var smu sync.Mutex
+			for range publishers {
+				wg.Go(func() {
+					for range perPublisher {
+						ev := message(b, 9, target)
+						kept, _, committed := f.saveTimed(ev, w, true)
+						smu.Lock()
+						all = append(all, saved{id: ev.ID, claimed: len(kept) > 0, committed: committed})
+						smu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			f.waitForEmptyOutbox(time.Minute)
+			time.Sleep(time.Until(next))
+		}
+		cancel()
+		b.ReportMetric(float64(polls.n.Load()), "polls")
+		b.ReportMetric(float64(polls.empty.Load()), "empty_polls")
+		b.Logf("%d rows, %d polls (%d claimed nothing)", len(all), polls.n.Load(), polls.empty.Load())
+		var claimedDs, unclaimedDs []time.Duration
+		posted := map[string]time.Time{} // by event id
+		for _, r := range l.requests() {
+			var got struct {
+				EventID string `json:"event_id"`
+			}
+			require.NoError(b, json.Unmarshal(r.Body, &got))
+			posted[got.EventID] = r.At
+		}
+		for _, s := range all {
+			at, ok := posted[s.id]
+			if !ok {
+				b.Fatalf("event %s never posted", s.id)
+			}
+			if s.claimed {
+				claimedDs = append(claimedDs, at.Sub(s.committed))
+			} else {
+				unclaimedDs = append(unclaimedDs, at.Sub(s.committed))
+			}
+		}
+		for _, r := range []struct {
+			name string
+			ds   []time.Duration
+		}{{"claimed", claimedDs}, {"unclaimed", unclaimedDs}, {"all", append(slices.Clone(claimedDs), unclaimedDs...)}} {
+			if len(r.ds) == 0 {
+				b.Logf("%s: none", r.name)
+				continue
+			}
+			s := statsOf(r.ds)
+			p99 := slices.Sorted(slices.Values(r.ds))[(len(r.ds)*99+99)/100-1]
+			b.ReportMetric(ms(s.median), r.name+"_p50_ms")
+			b.ReportMetric(ms(p99), r.name+"_p99_ms")
+			b.ReportMetric(ms(s.max), r.name+"_max_ms")
+			b.Logf("%s rows: p50 %.1f ms, p99 %.1f ms, max %.1f ms (n=%d)", r.name, ms(s.median), ms(p99), ms(s.max), len(r.ds))
+		}
+	}
+	b.ReportMetric(0, "ns/op")
 }

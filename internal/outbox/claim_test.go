@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -668,4 +670,82 @@ func TestClaimCommunitiesTakeTurnsAcrossPolls(t *testing.T) {
 		}
 	}
 	require.Len(t, served, 30)
+}
+
+// Rows whose lease expired are taken again in turn, and the walk goes on
+// from where it stopped: the communities a poll walked past but had no room
+// for (the recovered rows took it) are served next, before any community
+// gets a second row. Here 30 communities hold 3 due rows each and each
+// poll has a room of 10; 3 rows the first poll claimed (of the 10
+// communities first in the walk, due first) are left to expire, and the
+// other 20 communities' rows are due in the reverse of the walk's order.
+//
+// Mutations killed: the walked rows taken by due time rather than walk
+// order (the claim before this test: the second poll took the 7 walked
+// communities due first, the last 7 the walk reached, and the cursor passed
+// the 3 it had no room for: "every community gets a row before any gets a
+// second" after the fourth poll); the cursor moved by recovered rows too
+// (walkCursor.advance not skipping them: the walk restarts after their
+// community, which gets a second row at once).
+func TestClaimTakesExpiredLeasesInTurnAndWalksOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	listener := newPubkey(t)
+	targets := []string{newPubkey(t), newPubkey(t), newPubkey(t)}
+	f.register(listener, targets...)
+	var walk []uuid.UUID
+	for i := range 30 {
+		c := f.otherCommunity(fmt.Sprintf("expired-%d.example", i))
+		c.enqueue(targets...)
+		walk = append(walk, c.community)
+	}
+	slices.SortFunc(walk, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	for i, community := range walk {
+		due := time.Duration(i)*time.Millisecond - 2*time.Minute // the first poll's: due first
+		if i >= 10 {
+			due = -time.Minute - time.Duration(i)*time.Millisecond // the rest in reverse walk order
+		}
+		f.exec(`UPDATE operator_listener_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond'
+		        WHERE community_id = $1`, community, due.Milliseconds())
+	}
+	c := f.claimer(Routes{listener: "https://l.example"})
+	poll := func() []claim {
+		t.Helper()
+		claims, err := c.claimDue(ctx, 10, nil)
+		require.NoError(t, err)
+		require.Len(t, claims, 10)
+		return claims
+	}
+	first := poll()
+	var expired []uuid.UUID
+	for _, cl := range first[:3] {
+		expired = append(expired, cl.row.ID)
+	}
+	f.exec(`UPDATE operator_listener_outbox SET lease_until = now() - interval '1 second' WHERE id = ANY($1)`, expired)
+
+	served := map[uuid.UUID]map[uuid.UUID]bool{} // distinct rows by community
+	for _, cl := range first {
+		served[cl.row.CommunityID] = map[uuid.UUID]bool{cl.row.ID: true}
+	}
+	second := poll()
+	require.Subset(t, idsOf(second), expired, "the expired leases are taken again at once")
+	for p := range 3 {
+		claims := second
+		if p > 0 {
+			claims = poll()
+		}
+		for _, cl := range claims {
+			if served[cl.row.CommunityID] == nil {
+				served[cl.row.CommunityID] = map[uuid.UUID]bool{}
+			}
+			served[cl.row.CommunityID][cl.row.ID] = true
+		}
+		most, least := 0, 3
+		for _, community := range walk {
+			most, least = max(most, len(served[community])), min(least, len(served[community]))
+		}
+		require.LessOrEqual(t, most-least, 1,
+			"after poll %d: every community gets a row before any gets a second", p+2)
+	}
 }

@@ -59,10 +59,18 @@ type Handoff struct {
 	claims []claim
 	// room is the hand-off room the claims hold until Offer or Abandon.
 	room *roomReservation
+	// leftToPoll counts the rows of listeners the worker routes that the
+	// claim had no room for (the hand-off was full): Offer wakes the poll
+	// for them, which would otherwise find them only at its idle timer.
+	leftToPoll int64
 }
 
 // Len is the number of claimed rows.
 func (h Handoff) Len() int { return len(h.claims) }
+
+// Empty reports whether there is nothing to Offer: no claimed row and no
+// row left for the worker's poll to be woken for.
+func (h Handoff) Empty() bool { return len(h.claims) == 0 && h.leftToPoll == 0 }
 
 // IDs are the claimed rows' ids.
 func (h Handoff) IDs() []uuid.UUID {
@@ -78,10 +86,11 @@ func (h Handoff) IDs() []uuid.UUID {
 // event row was newly inserted (a duplicate must enqueue nothing). The rows
 // of listeners w routes, as many as w's hand-off channel has room for (10
 // at most) less what the claims of transactions still open reserved, are
-// inserted already claimed for w: Offer the returned Handoff to w once the
-// transaction committed, and w delivers them without a claim round trip;
-// after a rollback, Abandon it (the claims hold hand-off room until one or
-// the other). A nil w (no listeners on this pod) claims nothing; the other
+// inserted already claimed for w: Offer the returned Handoff (unless it is
+// Empty) to w once the transaction committed, and w delivers them without a
+// claim round trip, and polls for the rows of its listeners left pending
+// once its hand-off is empty; after a rollback, Abandon it (the claims hold hand-off room until
+// one or the other). A nil w (no listeners on this pod) claims nothing; the other
 // rows wait for the poll of a pod that routes them. inserted counts every
 // row. Events that are not messages, or mention nobody, cost no query. Only
 // the first maxTargets mentioned pubkeys count (the relay passes the cap its
@@ -129,6 +138,7 @@ func Enqueue(ctx context.Context, q *db.Queries, w *Worker, communityID uuid.UUI
 	if w.keepRoom(h.room, len(row.ClaimedIds)); len(row.ClaimedIds) == 0 {
 		h.room = nil
 	}
+	h.leftToPoll = row.LeftToPoll
 	h.claims = make([]claim, len(row.ClaimedIds))
 	for i, rowID := range row.ClaimedIds {
 		h.claims[i] = claim{claimID: claimID, row: db.OutboxClaimDueRow{

@@ -217,3 +217,93 @@ func counterValue(t *testing.T, r *relaytest.Relay, name string) float64 {
 	}
 	return 0
 }
+
+// An event whose mention the relay could not claim at insert (its worker's
+// hand-off was full) wakes the worker's poll after its commit, through the
+// relay's write path: the row is posted once the listener answers the
+// deliveries ahead of it, not at the idle poll's timer (an hour here, so a
+// missing wake-up fails the test rather than slowing it).
+//
+// Mutation killed: the relay registering its after-commit hand-off only
+// for events that claimed a row (claimed.Len() == 0 instead of
+// claimed.Empty()): the event that claimed nothing never wakes the poll.
+func TestMentionTheHandOffHadNoRoomForWakesThePoll(t *testing.T) {
+	t.Parallel()
+	statements := &statementCount{n: map[string]int{}}
+	poolCfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	poolCfg.ConnConfig.Tracer = statements
+	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := relaytest.StartOn(t, pool)
+	ctx := context.Background()
+
+	gate, posted := make(chan struct{}), make(chan string, 100)
+	listener := httpsListener(t, func(got map[string]any) {
+		posted <- fmt.Sprint(got["event_id"])
+		<-gate
+	})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	listenerKey := relaytest.NewKey(t)
+	cfg := outbox.Config{
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): listener.url},
+		Timeout:   5 * time.Second,
+		APIOrigin: r.HTTPURL,
+		IdlePoll:  time.Hour,
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	require.NoError(t, r.Server.StartOperatorListeners(wctx, cfg, r.CommunityID, outbox.WithRootCAs(listener.roots)))
+	require.Eventually(t, func() bool { return statements.get("OutboxClaimDue") > 0 }, time.Minute, 10*time.Millisecond,
+		"the worker's first poll, which finds nothing and backs off")
+
+	target := relaytest.NewKey(t).PublicKeyHex()
+	body := []byte(`{"pubkeys":["` + target + `"]}`)
+	reply := operatorRequest(t, r, http.MethodPost, "", body,
+		nip98(t, listenerKey, "POST", r.HTTPURL+outbox.RegistrationPath, body, nil))
+	require.Equal(t, http.StatusOK, reply.Status, reply.Raw)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "agents", false)
+	mention := func(text string) *nostr.Event {
+		ev := owner.Sign(9, text, nostr.Tags{{"h", ch}, {"p", target}}, 0)
+		require.True(t, owner.Publish(ev).OK)
+		return ev
+	}
+	// Ten deliveries hang at the listener, ten claimed rows wait in the
+	// hand-off: the next mention has no room to be claimed.
+	for i := range 10 {
+		mention(fmt.Sprintf("in flight %d", i))
+	}
+	for range 10 {
+		select {
+		case <-posted:
+		case <-time.After(time.Minute):
+			t.Fatal("the first ten POSTs")
+		}
+	}
+	for i := range 10 {
+		mention(fmt.Sprintf("handed off %d", i))
+	}
+	late := mention("late")
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM operator_listener_outbox WHERE encode(event_id, 'hex') = $1`, late.ID).Scan(&state))
+	require.Equal(t, "pending", state, "the late mention was not claimed at insert")
+
+	open()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case id := <-posted:
+			if id == late.ID {
+				waitForEmptyOutbox(t, r, time.Minute, "every row is delivered")
+				return
+			}
+		case <-deadline:
+			t.Fatal("the mention the hand-off had no room for is posted once it frees (not at the idle poll's timer)")
+		}
+	}
+}

@@ -20,7 +20,7 @@ import (
 func (s *Server) enqueueMentions(ctx context.Context, w *ingest.Write) error {
 	worker := s.outboxWorker.Load()
 	claimed, _, err := outbox.Enqueue(ctx, w.Q, worker, w.Tenant.ID(), w.ChannelID, w.Event, s.cfg.MaxMentionsPerEvent, s.clock)
-	if err != nil || claimed.Len() == 0 {
+	if err != nil || claimed.Empty() {
 		return err
 	}
 	w.AfterCommit(func() {

@@ -343,3 +343,59 @@ func TestRelayReactionToADeletedMessageFails(t *testing.T) {
 	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE kind = 7`))
 	require.Zero(t, f.count(`SELECT count(*) FROM reactions`))
 }
+
+// A step transaction tried again after a transient failure (here its
+// connection terminated just before its commit) gives back the hand-off
+// room its rolled-back attempt's outbox rows reserved, before the next
+// attempt claims its own: the first attempt's rows never existed, so its
+// reservation would otherwise hold the worker's hand-off room for a lease
+// (30 s) and leave later events' rows to the poll.
+//
+// Mutation killed: the engine not discarding a failed attempt's write
+// before the next one (emitted.Discard() inside the step's transaction
+// function): "the retried attempt gives back its rows' hand-off room".
+func TestRetriedStepGivesBackItsRolledBackAttemptsHandOffRoom(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, robby := f.key(), f.key()
+	handedOff, abandoned := f.withListenerOutbox(0, owner, robby)
+	ch := f.channel(owner, robby)
+	f.profile(robby, "Robby")
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Bell\ntrigger: {on: message_posted}\nsteps: [{id: ping, action: send_message, text: '@Robby look'}]")
+	f.store(f.sign(owner, ingest.KindChat, "deploy", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	e := f.engine(30 * time.Second)
+	terminated := 0
+	e.SetBeforeCommit(func(uuid.UUID, int) {
+		if terminated > 0 {
+			return
+		}
+		// The step's own transaction is the only one open in the database.
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()`).Scan(&terminated))
+		require.Equal(t, 1, terminated)
+	})
+	f.drain(e)
+	require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status)
+	bells := f.doorbells(run)
+	require.Len(t, bells, 1, "the step ran again and committed once")
+	_, _, ids := f.wakeRows(bells[0].ID)
+	require.Len(t, ids, 2)
+
+	select {
+	case got := <-abandoned:
+		require.Len(t, got, 2, "the failed attempt claimed the owner's and the member's rows")
+		require.NotSubset(t, ids, got, "the rows given back are the rolled-back attempt's")
+	default:
+		t.Fatal("the retried attempt gives back its rows' hand-off room")
+	}
+	require.Empty(t, abandoned, "the committed attempt abandons nothing")
+	select {
+	case got := <-handedOff:
+		require.Equal(t, sortedIDs(ids), sortedIDs(got), "the committed attempt's rows are handed off")
+	default:
+		t.Fatal("the committed attempt's rows are handed off")
+	}
+}
