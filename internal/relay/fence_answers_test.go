@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -143,6 +144,15 @@ func TestFencedWriteOverWebSocketSaysTheCommunityIsBeingDeleted(t *testing.T) {
 	r := relaytest.StartOn(t, pool, func(c *config.Config) { c.ClosedCommunitySweep = time.Hour })
 	_, err := pool.Exec(context.Background(), `ALTER TABLE communities DISABLE TRIGGER communities_announce_closed`)
 	require.NoError(t, err)
+	// The relay sweeps for closed communities once its announcement
+	// listener is up; a late first sweep (a loaded machine) would close
+	// the sockets below. Dialed after it, they meet no sweep for an hour.
+	require.Eventually(t, func() bool {
+		var listening bool
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle' AND query = 'LISTEN ' || $1)`, community.ClosedChannel).Scan(&listening)
+		return err == nil && listening
+	}, 30*time.Second, 5*time.Millisecond, "the relay's closing announcements listener is not up")
 	const otherHost = "other.example"
 	r.AddCommunity(t, otherHost)
 	going := r.Dial(t, r.Host)
