@@ -2,6 +2,7 @@ package repocheck
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -283,4 +284,54 @@ func TestDocsStateTheServersDefaults(t *testing.T) {
 	require.Greater(t, checked, 60, "the docs' stated defaults are still found")
 	slices.Sort(wrong)
 	require.Empty(t, slices.Compact(wrong))
+}
+
+// Every setting docs/*.md name is one the code reads: the server's readers,
+// or a literal a command or the test harness looks up. A doc never tells an
+// operator to set a variable nothing reads.
+// Mutation killed: a variable renamed in the code and left in a doc
+// (BUZZ_ACP_CATCHUP_LIMIT renamed in cmd/buzz-acp).
+func TestDocsNameSettingsTheCodeReads(t *testing.T) {
+	t.Parallel()
+	read := map[string]bool{}
+	for _, fromEnv := range settingReaders {
+		rec := &recordingGetenv{}
+		_, err := fromEnv(rec.get)
+		require.NoError(t, err)
+		for n := range rec.asked {
+			read[n] = true
+		}
+	}
+	literal := regexp.MustCompile(`"((?:BUZZ|RELAY)_[A-Z0-9_]+)"`)
+	for _, dir := range []string{"../../cmd", "../../internal"} {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range literal.FindAllStringSubmatch(string(src), -1) {
+				read[m[1]] = true
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	mention := regexp.MustCompile(`\b(?:BUZZ|RELAY)_[A-Z0-9_]*[A-Z0-9]\b`)
+	var unread []string
+	for _, path := range docs {
+		text, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, name := range mention.FindAllString(string(text), -1) {
+			if !read[name] {
+				unread = append(unread, name+" ("+filepath.Base(path)+")")
+			}
+		}
+	}
+	slices.Sort(unread)
+	require.Empty(t, slices.Compact(unread), "docs name settings nothing reads")
 }
