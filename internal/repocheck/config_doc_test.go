@@ -1,12 +1,18 @@
 package repocheck
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -188,4 +194,144 @@ func TestReadmeConfigurationDefaultsAreTheDefaults(t *testing.T) {
 		}
 	}
 	require.Greater(t, checked, 60, "most rows state a default")
+}
+
+var (
+	// proseDefault is a default stated beside a setting in prose:
+	// "`BUZZ_X` (30 s)", "(`BUZZ_X`, 150 ms)", "`BUZZ_X` (default 1,000)".
+	// A value that is not the default ("16 x `BUZZ_MEDIA_MAX_BYTES` (1.6 GiB
+	// at the defaults)") is followed by other words and does not match.
+	proseDefault = regexp.MustCompile("`((?:BUZZ|RELAY)_[A-Z0-9_]+)`(?: \\(|, )(?:default )?([0-9][0-9,]*)(?: ?(ms|s|min|h|days|KiB|MiB|GiB))?(?:\\)|, | by default\\)| per )")
+	// docTableDefault is a doc's own settings table: "| `BUZZ_X` | 150 |".
+	docTableDefault = regexp.MustCompile("(?m)^\\| `((?:BUZZ|RELAY)_[A-Z0-9_]+)` \\| ([0-9][0-9,]*)(?: \\(| \\|)()")
+)
+
+// settingValue is what an operator would set to get the documented
+// number and unit, in the form the variable is read: whole milliseconds
+// for _MS, whole seconds for _SECS, bytes for a size, a Go duration for
+// any other time.
+func settingValue(name, number, unit string) string {
+	n, err := strconv.ParseInt(strings.ReplaceAll(number, ",", ""), 10, 64)
+	if err != nil {
+		return number
+	}
+	var d time.Duration
+	switch unit {
+	case "":
+		return strconv.FormatInt(n, 10)
+	case "KiB":
+		return strconv.FormatInt(n<<10, 10)
+	case "MiB":
+		return strconv.FormatInt(n<<20, 10)
+	case "GiB":
+		return strconv.FormatInt(n<<30, 10)
+	case "ms":
+		d = time.Duration(n) * time.Millisecond
+	case "s":
+		d = time.Duration(n) * time.Second
+	case "min":
+		d = time.Duration(n) * time.Minute
+	case "h":
+		d = time.Duration(n) * time.Hour
+	case "days":
+		d = time.Duration(n) * 24 * time.Hour
+	}
+	switch {
+	case strings.HasSuffix(name, "_MS"):
+		return strconv.FormatInt(d.Milliseconds(), 10)
+	case strings.HasSuffix(name, "_SECS"):
+		return strconv.FormatInt(int64(d/time.Second), 10)
+	}
+	return d.String()
+}
+
+// The defaults docs/*.md state beside a setting in prose or in their own
+// tables are the server's defaults too, in the unit stated: the README's
+// table is not the only place a reader takes a number from.
+// Mutations killed: a default changed in the code and left in a doc
+// ("`BUZZ_WORKFLOW_POLL` (1 s)" once the poll is 2 s); a doc's number or
+// unit written wrongly ("`BUZZ_OPERATOR_LISTENER_POLL_MS` (2 ms)").
+func TestDocsStateTheServersDefaults(t *testing.T) {
+	t.Parallel()
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	var wrong []string
+	checked := 0
+	for _, path := range append(docs, "../../README.md") {
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		text := strings.Join(strings.Fields(string(raw)), " ") // a claim may wrap lines
+		claims := proseDefault.FindAllStringSubmatch(text, -1)
+		claims = append(claims, docTableDefault.FindAllStringSubmatch(string(raw), -1)...)
+		for _, m := range claims {
+			name, value := m[1], settingValue(m[1], m[2], m[3])
+			for reader, fromEnv := range settingReaders {
+				rec := &recordingGetenv{}
+				unset, err := fromEnv(rec.get)
+				require.NoError(t, err)
+				if !rec.asked[name] {
+					continue
+				}
+				checked++
+				set, err := fromEnv((&recordingGetenv{vars: map[string]string{name: value}}).get)
+				if err != nil || !reflect.DeepEqual(unset, set) {
+					wrong = append(wrong, fmt.Sprintf("%s: %s says %s %s (%s=%s), not %s's default",
+						filepath.Base(path), name, m[2], m[3], name, value, reader))
+				}
+			}
+		}
+	}
+	require.Greater(t, checked, 60, "the docs' stated defaults are still found")
+	slices.Sort(wrong)
+	require.Empty(t, slices.Compact(wrong))
+}
+
+// Every setting docs/*.md name is one the code reads: the server's readers,
+// or a literal a command or the test harness looks up. A doc never tells an
+// operator to set a variable nothing reads.
+// Mutation killed: a variable renamed in the code and left in a doc
+// (BUZZ_ACP_CATCHUP_LIMIT renamed in cmd/buzz-acp).
+func TestDocsNameSettingsTheCodeReads(t *testing.T) {
+	t.Parallel()
+	read := map[string]bool{}
+	for _, fromEnv := range settingReaders {
+		rec := &recordingGetenv{}
+		_, err := fromEnv(rec.get)
+		require.NoError(t, err)
+		for n := range rec.asked {
+			read[n] = true
+		}
+	}
+	literal := regexp.MustCompile(`"((?:BUZZ|RELAY)_[A-Z0-9_]+)"`)
+	for _, dir := range []string{"../../cmd", "../../internal"} {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range literal.FindAllStringSubmatch(string(src), -1) {
+				read[m[1]] = true
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	mention := regexp.MustCompile(`\b(?:BUZZ|RELAY)_[A-Z0-9_]*[A-Z0-9]\b`)
+	var unread []string
+	for _, path := range docs {
+		text, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, name := range mention.FindAllString(string(text), -1) {
+			if !read[name] {
+				unread = append(unread, name+" ("+filepath.Base(path)+")")
+			}
+		}
+	}
+	slices.Sort(unread)
+	require.Empty(t, slices.Compact(unread), "docs name settings nothing reads")
 }
