@@ -2,26 +2,13 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/community"
 )
-
-// hostLookupBudget bounds one host lookup, its wait for a read slot
-// included: a lookup is one indexed row, so this is only reached when
-// every slot stays busy (a statement of a REQ holds one for at most
-// BUZZ_QUERY_TIMEOUT, 10 s by default). Not that setting itself: a relay
-// whose queries may take a millisecond must still resolve its hosts.
-const hostLookupBudget = 10 * time.Second
-
-// errHostLookupBusy: every read slot stayed taken for the query budget, so
-// the request's Host was not looked up.
-var errHostLookupBusy = errors.New("relay: every read slot stayed busy for the host lookup")
 
 // hostLookups finds the community of each HTTP request's Host, which every
 // route does first, before any authentication and under no per-client
@@ -36,7 +23,6 @@ var errHostLookupBusy = errors.New("relay: every read slot stayed busy for the h
 type hostLookups struct {
 	resolve func(ctx context.Context, host string) (community.Tenant, error)
 	slots   *semaphore.Weighted
-	budget  time.Duration // for the slot and the statement together
 
 	mu     sync.Mutex
 	hosts  map[string]*hostLookupState // hosts with a lookup running
@@ -53,12 +39,12 @@ type hostLookup struct {
 	err    error
 }
 
-func newHostLookups(resolve func(context.Context, string) (community.Tenant, error), slots *semaphore.Weighted, budget time.Duration) *hostLookups {
-	return &hostLookups{resolve: resolve, slots: slots, budget: budget, hosts: map[string]*hostLookupState{}}
+func newHostLookups(resolve func(context.Context, string) (community.Tenant, error), slots *semaphore.Weighted) *hostLookups {
+	return &hostLookups{resolve: resolve, slots: slots, hosts: map[string]*hostLookupState{}}
 }
 
 // Resolve returns the serving community of rawHost, or
-// community.ErrUnknownHost, errHostLookupBusy or the database's error.
+// community.ErrUnknownHost, errReadSlotsBusy or the database's error.
 func (l *hostLookups) Resolve(ctx context.Context, rawHost string) (community.Tenant, error) {
 	host := community.NormalizeHost(rawHost)
 	if host == "" {
@@ -108,14 +94,10 @@ func (l *hostLookups) run(ctx context.Context, host string, lookup *hostLookup) 
 }
 
 func (l *hostLookups) lookup(ctx context.Context, host string) (community.Tenant, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.budget)
-	defer cancel()
-	if err := l.slots.Acquire(ctx, 1); err != nil {
-		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
-			return community.Tenant{}, errHostLookupBusy
-		}
+	release, err := takeReadSlot(ctx, l.slots)
+	if err != nil {
 		return community.Tenant{}, err
 	}
-	defer l.slots.Release(1)
+	defer release()
 	return l.resolve(ctx, host)
 }

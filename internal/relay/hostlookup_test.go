@@ -19,10 +19,11 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// heldLookups holds every community lookup (CommunityResolveServing) on
-// its connection while hold is open, as a slow database would, and counts
-// how many are held at once.
-type heldLookups struct {
+// heldStatements holds every statement of one name on its connection
+// while hold is open, as a slow database would, and counts how many are
+// held at once.
+type heldStatements struct {
+	name    string
 	hold    atomic.Pointer[chan struct{}]
 	now     atomic.Int32
 	most    atomic.Int32
@@ -31,8 +32,8 @@ type heldLookups struct {
 	entered chan struct{}
 }
 
-func (h *heldLookups) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(data.SQL, "name: CommunityResolveServing") {
+func (h *heldStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if !strings.HasPrefix(data.SQL, "-- name: "+h.name+" ") {
 		return ctx
 	}
 	if h.count.Load() {
@@ -52,7 +53,36 @@ func (h *heldLookups) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 	return ctx
 }
 
-func (h *heldLookups) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (h *heldStatements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// start holds and counts the statements from now until release.
+func (h *heldStatements) start(t *testing.T) (release func()) {
+	hold := make(chan struct{})
+	h.hold.Store(&hold)
+	h.count.Store(true)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			h.hold.Store(nil)
+			close(hold)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// publishes requires that c's event is answered OK within a bound far
+// beyond a publish's milliseconds.
+func publishes(t *testing.T, c *relaytest.Client, why string) {
+	t.Helper()
+	ev := c.Sign(1, why, nil, 0)
+	c.Send("EVENT", ev)
+	parts, err := c.TryNext(20 * time.Second)
+	require.NoError(t, err, "the publish found no connection: %s", why)
+	var verb string
+	require.NoError(t, json.Unmarshal(parts[0], &verb))
+	require.Equal(t, "OK", verb)
+}
 
 // Every HTTP request, WebSocket upgrades and NIP-11 included, looks its
 // Host up in the database before anything else, authenticated or not, and
@@ -72,24 +102,13 @@ func (h *heldLookups) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // statements, not the held one and the one the other 39 share).
 func TestAnonymousHostLookupFloodLeavesWritersTheirConnections(t *testing.T) {
 	t.Parallel()
-	held := &heldLookups{entered: make(chan struct{}, 1)}
+	held := &heldStatements{name: "CommunityResolveServing", entered: make(chan struct{}, 1)}
 	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
 	r := relaytest.StartOn(t, pool) // 8 connections, 2 group writers: 4 read slots
 	publisher := r.Dial(t, "")
 	publisher.Auth(nil)
 
-	hold := make(chan struct{})
-	held.hold.Store(&hold)
-	held.count.Store(true)
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			held.hold.Store(nil)
-			close(hold)
-		}
-	}
-	t.Cleanup(release)
+	release := held.start(t)
 
 	type answer struct {
 		host   string
@@ -128,14 +147,7 @@ func TestAnonymousHostLookupFloodLeavesWritersTheirConnections(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Server.HostLookupsJoined() == 39 }, 30*time.Second, 10*time.Millisecond,
 		"requests waiting for a shared lookup of the relay's host")
 
-	// A member publishes while the lookups are held.
-	ev := publisher.Sign(1, "published during an anonymous flood", nil, 0)
-	publisher.Send("EVENT", ev)
-	parts, err := publisher.TryNext(20 * time.Second)
-	require.NoError(t, err, "the publish found no connection while anonymous lookups held the pool (at most %d lookups held at once)", held.most.Load())
-	var verb string
-	require.NoError(t, json.Unmarshal(parts[0], &verb))
-	require.Equal(t, "OK", verb)
+	publishes(t, publisher, "published while anonymous lookups are held")
 	require.LessOrEqual(t, held.most.Load(), int32(4), "more lookups at once than read slots")
 
 	release()
@@ -150,4 +162,67 @@ func TestAnonymousHostLookupFloodLeavesWritersTheirConnections(t *testing.T) {
 		}
 	}
 	require.Equal(t, int32(40+2), held.total.Load(), "statements for 40 made-up hosts and 40 requests of one host")
+}
+
+// Any key signs a valid NIP-98 request, and the HTTP bridge counts no
+// requests per key or address (only POST /events takes the publish rate),
+// so the statements of a signed GET are anyone's to multiply: the claim
+// of its auth event, an insert, and the route's own reads. A flood of 40
+// signed GET /v1/users/{pubkey}/recorded-owner, each with a fresh key,
+// while one of those statements is slow, must leave the writers their
+// connections, as the anonymous flood above does.
+//
+// Mutations killed: the claim (HTTPAuthReplayClaim) taking no read slot;
+// the route's read (UserRecordedOwner) taking none. Either way the 40 hold
+// all 8 connections and the publish is never answered.
+func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T) {
+	t.Parallel()
+	for _, statement := range []string{"HTTPAuthReplayClaim", "UserRecordedOwner"} {
+		t.Run(statement, func(t *testing.T) {
+			t.Parallel()
+			held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
+			pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+			r := relaytest.StartOn(t, pool) // 4 read slots
+			publisher := r.Dial(t, "")
+			publisher.Auth(nil)
+			path := "/v1/users/" + relaytest.NewKey(t).PublicKeyHex() + "/recorded-owner"
+			requests := make([]*http.Request, 40)
+			for i := range requests {
+				req, err := http.NewRequest(http.MethodGet, r.HTTPURL+path, nil)
+				require.NoError(t, err)
+				req.Header.Set("Authorization", authHeader(nip98(t, relaytest.NewKey(t), "GET", r.HTTPURL+path, nil, nil)))
+				requests[i] = req
+			}
+			release := held.start(t)
+			statuses := make(chan int, len(requests))
+			for _, req := range requests {
+				go func() {
+					resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+					if err != nil {
+						statuses <- 0
+						return
+					}
+					resp.Body.Close()
+					statuses <- resp.StatusCode
+				}()
+			}
+			select {
+			case <-held.entered:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no %s reached the database", statement)
+			}
+			// The slots full, then a second for the other requests to
+			// reach the pool if they can: the bound holds however long
+			// this waits, and a relay without it fills the pool within
+			// milliseconds.
+			require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+			time.Sleep(time.Second)
+			publishes(t, publisher, "published while signed requests' statements are held")
+			require.LessOrEqual(t, held.most.Load(), int32(4), "more %s at once than read slots", statement)
+			release()
+			for range requests {
+				require.Equal(t, http.StatusNotFound, <-statuses, "no owner recorded")
+			}
+		})
+	}
 }

@@ -175,7 +175,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
 	s.hosts = newHostLookups(func(ctx context.Context, host string) (community.Tenant, error) {
 		return community.Resolve(ctx, s.queries, host)
-	}, s.store.ReadSlots, hostLookupBudget)
+	}, s.store.ReadSlots)
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
@@ -419,7 +419,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no community is served at this host"})
 			return
 		}
-		if errors.Is(err, errHostLookupBusy) {
+		if errors.Is(err, errReadSlotsBusy) {
 			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay busy reading; retry shortly"})
 			return
