@@ -226,3 +226,42 @@ func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T)
 		})
 	}
 }
+
+// Any client may AUTH as a fresh key before each REQ, and a reader's first
+// REQ reads its readable channels (ChannelsReadable) from the database: 40
+// connections doing so while that statement is slow must leave the writers
+// their connections.
+//
+// Mutation killed: readScope reading the channels without a read slot (the
+// 40 hold all 8 connections and the publish is never answered).
+func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
+	t.Parallel()
+	held := &heldStatements{name: "ChannelsReadable", entered: make(chan struct{}, 1)}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+	r := relaytest.StartOn(t, pool) // 4 read slots
+	publisher := r.Dial(t, "")
+	publisher.Auth(nil)
+	readers := make([]*relaytest.Client, 40)
+	for i := range readers {
+		readers[i] = r.Dial(t, "")
+		readers[i].Auth(nil)
+	}
+	release := held.start(t)
+	for _, c := range readers {
+		c.Send("REQ", "s", map[string]any{"kinds": []int{1}})
+	}
+	// The slots full, then a second for the other REQs to reach the pool
+	// if they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
+	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second)
+	publishes(t, publisher, "published while fresh readers' channel reads are held")
+	require.LessOrEqual(t, held.most.Load(), int32(4), "more channel reads at once than read slots")
+	release()
+	for _, c := range readers {
+		parts, err := c.TryNext(30 * time.Second)
+		require.NoError(t, err)
+		var verb string
+		require.NoError(t, json.Unmarshal(parts[0], &verb))
+		require.Contains(t, []string{"EVENT", "EOSE"}, verb)
+	}
+}

@@ -2,10 +2,11 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/buzzrelay/buzz/internal/eventstore"
 )
 
 // readSlotWait bounds a wait for one of the read slots by a statement that
@@ -19,8 +20,10 @@ import (
 const readSlotWait = 10 * time.Second
 
 // errReadSlotsBusy: every read slot stayed taken for readSlotWait, so the
-// statement did not run.
-var errReadSlotsBusy = errors.New("relay: every read slot stayed busy")
+// statement did not run. The event store's own, so a REQ, COUNT or bridge
+// read refused before its event statements is answered as one refused by
+// them.
+var errReadSlotsBusy = eventstore.ErrReadSlotsBusy
 
 // takeReadSlot waits for one of slots, at most readSlotWait; release gives
 // it back. Statements that any client can make the relay run, signed with
