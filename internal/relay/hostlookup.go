@@ -89,7 +89,12 @@ func (l *hostLookups) run(ctx context.Context, host string, lookup *hostLookup) 
 	}
 	l.mu.Unlock()
 	if next != nil {
-		go l.run(context.Background(), host, next)
+		go func() {
+			// No request's context: bounded like a statement instead.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*readSlotWait)
+			defer cancel()
+			l.run(ctx, host, next)
+		}()
 	}
 }
 
