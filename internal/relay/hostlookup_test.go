@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -263,5 +264,46 @@ func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
 		var verb string
 		require.NoError(t, json.Unmarshal(parts[0], &verb))
 		require.Contains(t, []string{"EVENT", "EOSE"}, verb)
+	}
+}
+
+// Typing and presence in a channel are checked against the channel (a
+// ChannelAccess statement on the pool, outside the group writers) and
+// relayed, never stored: any key may send them, a fresh key with a fresh
+// publish rate. 40 connections sending typing with fresh keys while that
+// statement is slow must leave the writers their connections.
+//
+// Mutation killed: the ephemeral channel check taking no read slot (the 40
+// hold all 8 connections and the publish is never answered).
+func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
+	t.Parallel()
+	held := &heldStatements{name: "ChannelAccess", entered: make(chan struct{}, 1)}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+	r := relaytest.StartOn(t, pool) // 4 read slots
+	publisher := r.Dial(t, "")
+	publisher.Auth(nil)
+	ch := createChannel(t, publisher, "open", false)
+	typists := make([]*relaytest.Client, 40)
+	for i := range typists {
+		typists[i] = r.Dial(t, "")
+		typists[i].Auth(nil)
+	}
+	release := held.start(t)
+	for _, c := range typists {
+		c.Send("EVENT", c.Sign(20002, "", nostr.Tags{{"h", ch}}, 0))
+	}
+	// The slots full, then a second for the others to reach the pool if
+	// they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
+	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second)
+	publishes(t, publisher, "published while fresh keys' typing checks are held")
+	require.LessOrEqual(t, held.most.Load(), int32(4), "more typing checks at once than read slots")
+	release()
+	for _, c := range typists {
+		parts, err := c.TryNext(30 * time.Second)
+		require.NoError(t, err)
+		var verb string
+		require.NoError(t, json.Unmarshal(parts[0], &verb))
+		require.Equal(t, "OK", verb)
 	}
 }

@@ -176,6 +176,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.hosts = newHostLookups(func(ctx context.Context, host string) (community.Tenant, error) {
 		return community.Resolve(ctx, s.queries, host)
 	}, s.store.ReadSlots)
+	s.pipeline.EphemeralSlot = s.readSlot
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
