@@ -307,3 +307,43 @@ func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
 		require.Equal(t, "OK", verb)
 	}
 }
+
+// A webhook call reads its workflow before it can check the secret, so
+// anyone may make the relay run that statement: 40 anonymous calls naming
+// made-up workflows while it is slow must leave the writers their
+// connections, and each is then refused as a wrong secret.
+//
+// Mutation killed: the webhook's statements taking no read slot (the 40
+// hold all 8 connections and the publish is never answered).
+func TestAnonymousWebhookFloodLeavesWritersTheirConnections(t *testing.T) {
+	t.Parallel()
+	held := &heldStatements{name: "WorkflowGet", entered: make(chan struct{}, 1)}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+	r := relaytest.StartOn(t, pool) // 4 read slots
+	publisher := r.Dial(t, "")
+	publisher.Auth(nil)
+	release := held.start(t)
+	statuses := make(chan int, 40)
+	for i := range 40 {
+		go func() {
+			url := fmt.Sprintf("%s/hooks/00000000-0000-4000-8000-%012d", r.HTTPURL, i)
+			resp, err := (&http.Client{Timeout: time.Minute}).Post(url, "application/json", strings.NewReader("{}"))
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	// The slots full, then a second for the others to reach the pool if
+	// they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
+	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second)
+	publishes(t, publisher, "published while anonymous webhook calls are held")
+	require.LessOrEqual(t, held.most.Load(), int32(4), "more webhook reads at once than read slots")
+	release()
+	for range 40 {
+		require.Equal(t, http.StatusUnauthorized, <-statuses)
+	}
+}
