@@ -236,6 +236,11 @@ type Pipeline struct {
 	// *Rejection it returns refuses the event, which is then not relayed.
 	// May be nil.
 	KeepEphemeral func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) error
+	// EphemeralSlot, when set, is waited for before an ephemeral event's
+	// channel check, a statement on the pool outside the group writers:
+	// any key may send typing and presence as fast as its rate allows, and
+	// a fresh key gets a fresh rate. An error refuses the event as busy.
+	EphemeralSlot func(ctx context.Context) (release func(), err error)
 }
 
 // Now is the pipeline clock's time (handlers compare expiries with it).
@@ -414,9 +419,8 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 
 	if nostr.IsEphemeral(ev.Kind) {
 		if h.Prepare != nil {
-			w.Q = db.New(p.pool)
-			if err := h.Prepare(ctx, w); err != nil {
-				return 0, "", mapError(err)
+			if err := p.prepareEphemeral(ctx, w, h); err != nil {
+				return 0, "", err
 			}
 		}
 		if err := checkChannelTags(w); err != nil {
@@ -448,6 +452,23 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		p.writeAlone(ctx, j)
 	}
 	return p.finish(ctx, j)
+}
+
+// prepareEphemeral runs an ephemeral event's Prepare on the pool, in one of
+// EphemeralSlot's slots when it is set.
+func (p *Pipeline) prepareEphemeral(ctx context.Context, w *Write, h Handler) error {
+	if p.EphemeralSlot != nil {
+		release, err := p.EphemeralSlot(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return Reject("rate-limited", "the relay is busy; send it again shortly")
+		}
+		defer release()
+	}
+	w.Q = db.New(p.pool)
+	return mapError(h.Prepare(ctx, w))
 }
 
 // writeAlone runs j in its own transaction and reports that to OnGroup as a

@@ -15,6 +15,10 @@ func (s *Server) ReadyChecks() (checks, joined int64) {
 	return s.ready.checks.Load(), s.ready.joined.Load()
 }
 
+// HostLookupsJoined reports how many requests waited for a host lookup
+// that other requests shared.
+func (s *Server) HostLookupsJoined() int64 { return s.hosts.joined.Load() }
+
 // UploadsReceiving reports how many media uploads the relay is receiving
 // (each holds its place from admission to its answer).
 func (s *Server) UploadsReceiving() int {

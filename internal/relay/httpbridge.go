@@ -176,6 +176,10 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			writeError(w, http.StatusGone, beingDeletedReason)
 			return
 		}
+		if errors.Is(err, errReadSlotsBusy) {
+			writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+			return
+		}
 		if !errors.As(err, &ae) {
 			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
 			writeError(w, http.StatusInternalServerError, "could not check authorization; try again")
@@ -218,8 +222,11 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 		return principal{}, nil, false
 	}
 	if b.purger.due(tenant.ID(), s.now()) {
-		if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
-			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
+		if release, err := s.readSlot(r.Context()); err == nil {
+			if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
+				s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
+			}
+			release()
 		}
 	}
 	who = principal{Pubkey: ev.PubKey}

@@ -214,6 +214,10 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		mediaError(w, http.StatusGone, beingDeletedReason)
 		return
 	}
+	if errors.Is(err, errReadSlotsBusy) {
+		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+		return
+	}
 	if !errors.As(err, &ae) {
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
 		mediaError(w, http.StatusInternalServerError, "could not check authorization; try again")

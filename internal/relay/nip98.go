@@ -162,6 +162,12 @@ const errAuthEventUsed = "auth event already used; sign a new one for every requ
 // use is a replay. The row lives until the event could no longer pass the
 // created_at check, plus slack.
 func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev *nostr.Event) error {
+	// Any key signs a valid claim, so it waits for a read slot.
+	release, err := s.readSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	id := ev.IDBytes()
 	n, err := s.queries.HTTPAuthReplayClaim(ctx, db.HTTPAuthReplayClaimParams{
 		CommunityID: tenant.ID(),

@@ -17,7 +17,14 @@ import (
 // pinned (#h) to a channel the caller cannot read, or one asking for p-gated
 // kinds without a #p or authors naming only the caller.
 func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader string, filters nostr.Filters) (eventstore.Scope, string, error) {
+	// A reader's first REQ reads its channels from the database, and any
+	// client may AUTH with a fresh key before each REQ.
+	release, err := s.readSlot(ctx)
+	if err != nil {
+		return eventstore.Scope{}, "", err
+	}
 	readable, err := s.access.Readable(ctx, tenant.ID(), reader)
+	release()
 	if err != nil {
 		return eventstore.Scope{}, "", err
 	}

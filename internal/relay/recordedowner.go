@@ -33,7 +33,13 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 		writeError(w, http.StatusBadRequest, "invalid: pubkey must be 64-char lowercase hex")
 		return
 	}
+	release, err := s.readSlot(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+		return
+	}
 	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:]})
+	release()
 	if dberr.IsNotFound(err) {
 		writeError(w, http.StatusNotFound, "no recorded owner for "+pubkey)
 		return

@@ -52,6 +52,7 @@ type Server struct {
 	pool     *pgxpool.Pool
 	queries  *db.Queries
 	store    *eventstore.Store
+	hosts    *hostLookups // every HTTP request's community
 	pipeline *ingest.Pipeline
 	hub      *fanout.Hub
 	access   *access.Cache
@@ -172,6 +173,10 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
+	s.hosts = newHostLookups(func(ctx context.Context, host string) (community.Tenant, error) {
+		return community.Resolve(ctx, s.queries, host)
+	}, s.store.ReadSlots)
+	s.pipeline.EphemeralSlot = s.readSlot
 	observe := func(name string, seconds float64) {
 		s.metrics.DBQuery.WithLabelValues(name).Observe(seconds)
 	}
@@ -410,9 +415,14 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 // any handler (and before any WebSocket upgrade).
 func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, community.Tenant)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		tenant, err := community.Resolve(r.Context(), s.queries, r.Host)
+		tenant, err := s.hosts.Resolve(r.Context(), r.Host)
 		if errors.Is(err, community.ErrUnknownHost) {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no community is served at this host"})
+			return
+		}
+		if errors.Is(err, errReadSlotsBusy) {
+			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay busy reading; retry shortly"})
 			return
 		}
 		if err != nil {

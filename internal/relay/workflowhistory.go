@@ -64,12 +64,28 @@ func unixOrNil(t *time.Time) *int64 {
 
 // workflowReadable authenticates the caller (NIP-98) and requires that it
 // can read the workflow's channel right now. ok false: already answered.
-func (b *httpBridge) workflowReadable(w http.ResponseWriter, r *http.Request, tenant community.Tenant, workflowID uuid.UUID) bool {
+// ok true: the caller holds a read slot for the request's statements
+// (anyone may sign one) and gives it back with release.
+func (b *httpBridge) workflowReadable(w http.ResponseWriter, r *http.Request, tenant community.Tenant, workflowID uuid.UUID) (release func(), ok bool) {
 	s := b.s
 	pubkey, _, ok := b.authenticate(w, r, tenant)
 	if !ok {
-		return false
+		return nil, false
 	}
+	release, err := s.readSlot(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+		return nil, false
+	}
+	if !b.channelOfWorkflowReadable(w, r, tenant, workflowID, pubkey) {
+		release()
+		return nil, false
+	}
+	return release, true
+}
+
+func (b *httpBridge) channelOfWorkflowReadable(w http.ResponseWriter, r *http.Request, tenant community.Tenant, workflowID uuid.UUID, pubkey string) bool {
+	s := b.s
 	row, err := s.queries.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: tenant.ID(), ID: workflowID})
 	if dberr.IsNotFound(err) {
 		writeError(w, http.StatusNotFound, "workflow not found")
@@ -126,9 +142,11 @@ func (b *httpBridge) serveWorkflowRuns(w http.ResponseWriter, r *http.Request, t
 		}
 		limit = n
 	}
-	if !b.workflowReadable(w, r, tenant, workflowID) {
+	release, ok := b.workflowReadable(w, r, tenant, workflowID)
+	if !ok {
 		return
 	}
+	defer release()
 	params.MaxRows = int32(limit + 1)
 	rows, err := b.s.queries.WorkflowRunsPage(r.Context(), params)
 	if err != nil {
@@ -160,9 +178,11 @@ func (b *httpBridge) serveWorkflowApprovals(w http.ResponseWriter, r *http.Reque
 		writeError(w, http.StatusBadRequest, "invalid workflow or run UUID")
 		return
 	}
-	if !b.workflowReadable(w, r, tenant, workflowID) {
+	release, ok := b.workflowReadable(w, r, tenant, workflowID)
+	if !ok {
 		return
 	}
+	defer release()
 	owner, err := b.s.queries.WorkflowRunOf(r.Context(), db.WorkflowRunOfParams{CommunityID: tenant.ID(), ID: runID})
 	if dberr.IsNotFound(err) || (err == nil && owner != workflowID) {
 		writeError(w, http.StatusNotFound, "workflow run not found")

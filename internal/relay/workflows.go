@@ -64,6 +64,7 @@ func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, te
 	hooks := workflow.Webhooks{
 		Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer,
 		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns, Metrics: s.workflowStats,
+		ReadSlot: s.readSlot,
 	}
 	hooks.Serve(w, r, tenant.ID())
 }

@@ -45,6 +45,10 @@ type Webhooks struct {
 	MaxUnfinishedRuns int
 	// Metrics counts runs refused at capacity; may be nil.
 	Metrics *Metrics
+	// ReadSlot, when set, is waited for before the call's statements and
+	// held until its answer: anyone may send calls, and the workflow is
+	// read before the secret can be checked. An error answers 503.
+	ReadSlot func(ctx context.Context) (release func(), err error)
 }
 
 type webhookReply struct {
@@ -109,6 +113,14 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	if err != nil {
 		webhookError(w, http.StatusBadRequest, "could not read the body")
 		return
+	}
+	if h.ReadSlot != nil {
+		release, err := h.ReadSlot(r.Context())
+		if err != nil {
+			webhookError(w, http.StatusServiceUnavailable, "relay busy; retry shortly")
+			return
+		}
+		defer release()
 	}
 	q := db.New(h.Pool)
 	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID})
