@@ -126,7 +126,22 @@ func NewCache(q *db.Queries, ttl time.Duration, now func() time.Time) *Cache {
 
 // Readable returns the channels pubkey (hex) may read in community.
 func (c *Cache) Readable(ctx context.Context, community uuid.UUID, pubkey string) (Channels, error) {
+	return c.ReadableInSlot(ctx, community, pubkey, nil)
+}
+
+// ReadableInSlot is Readable whose database read, on a miss, first waits
+// for slot (nil: none) and holds it for the statement: a caller any client
+// can drive with fresh keys bounds what the misses cost, and an answer in
+// memory waits for nothing.
+func (c *Cache) ReadableInSlot(ctx context.Context, community uuid.UUID, pubkey string, slot func(context.Context) (release func(), err error)) (Channels, error) {
 	return load(c, c.readable, readableKey{community, pubkey}, community, func() (Channels, error) {
+		if slot != nil {
+			release, err := slot(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+		}
 		pk, _ := nostr.DecodeHex32(pubkey)
 		ids, err := c.q.ChannelsReadable(ctx, db.ChannelsReadableParams{CommunityID: community, Pubkey: pk[:]})
 		if err != nil {

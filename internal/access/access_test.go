@@ -2,6 +2,7 @@ package access
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -175,4 +176,32 @@ func TestReaderSetOlderThanAWriteIsNotAnswered(t *testing.T) {
 	held := cache.readers[key]
 	cache.mu.Unlock()
 	require.Equal(t, after.version, held.value.version, "an older answer replaced a newer one")
+}
+
+// ReadableInSlot waits for its slot only to read the database: a reader
+// whose answer is in memory never queues behind the statements holding
+// the slots, and a miss never reads without one. Mutations killed: the
+// slot taken on every call (the cached call fails with the busy slot); a
+// miss reading without it (the first call succeeds).
+func TestReadableWaitsForItsSlotOnlyOnAMiss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	q := db.New(pool)
+	community, err := q.CommunityCreate(ctx, "slot.example")
+	require.NoError(t, err)
+	reader := strings.Repeat("ef", 32)
+	cache := NewCache(q, time.Minute, time.Now)
+	busy := errors.New("every slot busy")
+	slots := 0
+	noSlot := func(context.Context) (func(), error) { slots++; return nil, busy }
+	freeSlot := func(context.Context) (func(), error) { slots++; return func() {}, nil }
+
+	_, err = cache.ReadableInSlot(ctx, community.ID, reader, noSlot)
+	require.ErrorIs(t, err, busy, "a miss waits for a slot")
+	_, err = cache.ReadableInSlot(ctx, community.ID, reader, freeSlot)
+	require.NoError(t, err)
+	_, err = cache.ReadableInSlot(ctx, community.ID, reader, noSlot)
+	require.NoError(t, err, "an answer in memory needs no slot")
+	require.Equal(t, 2, slots)
 }

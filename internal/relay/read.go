@@ -18,13 +18,9 @@ import (
 // kinds without a #p or authors naming only the caller.
 func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader string, filters nostr.Filters) (eventstore.Scope, string, error) {
 	// A reader's first REQ reads its channels from the database, and any
-	// client may AUTH with a fresh key before each REQ.
-	release, err := s.readSlot(ctx)
-	if err != nil {
-		return eventstore.Scope{}, "", err
-	}
-	readable, err := s.access.Readable(ctx, tenant.ID(), reader)
-	release()
+	// client may AUTH with a fresh key before each REQ: that read waits for
+	// a read slot; a cached answer does not.
+	readable, err := s.access.ReadableInSlot(ctx, tenant.ID(), reader, s.readSlot)
 	if err != nil {
 		return eventstore.Scope{}, "", err
 	}
