@@ -101,7 +101,7 @@ func (c *conn) enqueueLive(m queued) bool {
 	m.queuedAt = monoNow()
 	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue, c.srv.cfg.SendQueueBytes)
 	if startWriter && !c.writeLiveNow(m) {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 	if !ok {
 		c.closeSlow()
@@ -133,7 +133,7 @@ func (c *conn) writeLiveNow(m queued) bool {
 	}
 	c.observeLiveWrite(m, monoNow())
 	if c.out.wroteFirst(finished) {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 	return true
 }
@@ -152,7 +152,7 @@ func (c *conn) sendAll(replies []queued) error {
 	startWriter := false
 	defer func() {
 		if startWriter {
-			go c.writeQueued()
+			c.srv.jobs().run(c.writeQueued)
 		}
 	}()
 	for _, m := range replies {
@@ -160,7 +160,7 @@ func (c *conn) sendAll(replies []queued) error {
 		if !c.replyRoom.TryAcquire(weight) {
 			if startWriter {
 				startWriter = false
-				go c.writeQueued()
+				c.srv.jobs().run(c.writeQueued)
 			}
 			if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
 				return err
@@ -314,7 +314,7 @@ func (c *conn) handleAside(data []byte) {
 	c.handling.Store(true)
 	defer c.handling.Store(false)
 	done := make(chan struct{})
-	messageHandlers.run(func() {
+	c.srv.jobs().run(func() {
 		defer close(done)
 		defer c.containPanic()
 		c.handle(data)
@@ -507,7 +507,7 @@ func (c *conn) ping() {
 // shutdown flushes what is queued and closes with 1001 (going away).
 func (c *conn) shutdown() {
 	if c.out.drain() {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 }
 

@@ -5,13 +5,14 @@ import (
 	"sync/atomic"
 )
 
-// handlers runs connections' messages on goroutines kept between messages.
-// A message's handling (decoding, hashing, verifying, a database round
-// trip) needs a deep stack; a goroutine started per message began small and
-// grew its stack by copying, two or three times per message, and then gave
-// it back. A kept goroutine has grown once. Only maxIdle of them wait for
-// work at a time: the others end as they finish, so what is kept is bounded
-// by the process, not by its connections, and the reading goroutines stay
+// handlers runs connections' short jobs, handling a message and writing
+// what is queued for a client, on goroutines kept between jobs. Both need
+// a deep stack (decoding, hashing, verifying, a database round trip; the
+// WebSocket library's writer); a goroutine started per job began small and
+// grew its stack by copying, two or three times per job, and then gave it
+// back. A kept goroutine has grown once. Only maxIdle of them wait for work
+// at a time: the others end as they finish, so what is kept is bounded by
+// the process, not by its connections, and the reading goroutines stay
 // shallow (see conn.handleAside).
 type handlers struct {
 	work    chan func() // unbuffered: a send succeeds only to a waiting goroutine
@@ -24,6 +25,15 @@ type handlers struct {
 // messageHandlers is shared by every server of the process: goroutines are
 // a process's resource, and a test running many servers keeps no more.
 var messageHandlers = newHandlers(64)
+
+// jobs is where the server's connections run their short jobs:
+// messageHandlers unless a test gave the server its own.
+func (s *Server) jobs() *handlers {
+	if s.handlers != nil {
+		return s.handlers
+	}
+	return messageHandlers
+}
 
 func newHandlers(maxIdle int32) *handlers {
 	return &handlers{work: make(chan func()), maxIdle: maxIdle}

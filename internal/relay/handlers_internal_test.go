@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -198,4 +199,22 @@ func BenchmarkReadMessage(b *testing.B) {
 			readBuffers.put(got)
 		}
 	})
+}
+
+// A connection's writer runs on a kept goroutine too: replies written one
+// after another start one goroutine in all, not one each.
+// Mutation killed: starting the writer with a go statement (the server's
+// handlers start none).
+func TestRepliesAreWrittenOnKeptGoroutines(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	h := newHandlers(4)
+	c.srv.handlers = h // before anything is sent, so before any writer starts
+	for i := range 20 {
+		require.Eventually(t, func() bool { return h.started.Load() == 0 || h.idle.Load() == 1 }, 30*time.Second, time.Millisecond)
+		want := nostr.EncodeNotice(fmt.Sprintf("reply %d", i))
+		require.NoError(t, c.send(want))
+		require.Equal(t, want, readMessages(t, client, 1)[0])
+	}
+	require.EqualValues(t, 1, h.started.Load())
 }
