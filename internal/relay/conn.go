@@ -101,7 +101,7 @@ func (c *conn) enqueueLive(m queued) bool {
 	m.queuedAt = monoNow()
 	ok, startWriter := c.out.pushLive(m, c.srv.cfg.SendQueue, c.srv.cfg.SendQueueBytes)
 	if startWriter && !c.writeLiveNow(m) {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 	if !ok {
 		c.closeSlow()
@@ -133,7 +133,7 @@ func (c *conn) writeLiveNow(m queued) bool {
 	}
 	c.observeLiveWrite(m, monoNow())
 	if c.out.wroteFirst(finished) {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 	return true
 }
@@ -152,7 +152,7 @@ func (c *conn) sendAll(replies []queued) error {
 	startWriter := false
 	defer func() {
 		if startWriter {
-			go c.writeQueued()
+			c.srv.jobs().run(c.writeQueued)
 		}
 	}()
 	for _, m := range replies {
@@ -160,7 +160,7 @@ func (c *conn) sendAll(replies []queued) error {
 		if !c.replyRoom.TryAcquire(weight) {
 			if startWriter {
 				startWriter = false
-				go c.writeQueued()
+				c.srv.jobs().run(c.writeQueued)
 			}
 			if err := c.replyRoom.Acquire(c.ctx, weight); err != nil {
 				return err
@@ -254,6 +254,8 @@ func (c *conn) run() {
 			continue
 		}
 		c.handleAside(data)
+		// Nothing handled keeps data: the parser copies what it keeps.
+		readBuffers.put(data)
 	}
 }
 
@@ -270,34 +272,53 @@ func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64
 		return 0, nil, 0, err
 	}
 	if typ == websocket.MessageText {
-		data, err = io.ReadAll(io.LimitReader(r, int64(c.srv.cfg.MaxMessageBytes)+1))
+		data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
 		size = int64(len(data))
 		if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
 			return typ, data, size, err
 		}
+		readBuffers.put(data)
 		data = nil
 	}
 	rest, err := io.Copy(io.Discard, r)
 	return typ, nil, size + rest, err
 }
 
-// handleAside handles one message on a goroutine of its own and waits for
-// it, so messages are still handled one at a time, in order. The reading
-// goroutine lives as long as the connection and its stack is held all that
-// time at the deepest size it ever grew to (the runtime shrinks stacks
-// only slowly); handling a message (decoding, verifying, a database
-// round trip) needs a deep stack, reading the next one a shallow stack.
-// The handler's stack returns to the runtime when it is done.
+// readUpTo appends to buf what r holds, up to limit bytes, until EOF.
+func readUpTo(r io.Reader, buf []byte, limit int) ([]byte, error) {
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}
+
+// handleAside handles one message on another goroutine (messageHandlers)
+// and waits for it, so messages are still handled one at a time, in order.
+// The reading goroutine lives as long as the connection and its stack is
+// held all that time at the deepest size it ever grew to (the runtime
+// shrinks stacks only slowly); handling a message (decoding, verifying, a
+// database round trip) needs a deep stack, reading the next one a shallow
+// stack. The handling goroutines are shared by all connections.
 func (c *conn) handleAside(data []byte) {
 	c.started.Add(1)
 	c.handling.Store(true)
 	defer c.handling.Store(false)
 	done := make(chan struct{})
-	go func() {
+	c.srv.jobs().run(func() {
 		defer close(done)
 		defer c.containPanic()
 		c.handle(data)
-	}()
+	})
 	<-done
 }
 
@@ -486,7 +507,7 @@ func (c *conn) ping() {
 // shutdown flushes what is queued and closes with 1001 (going away).
 func (c *conn) shutdown() {
 	if c.out.drain() {
-		go c.writeQueued()
+		c.srv.jobs().run(c.writeQueued)
 	}
 }
 

@@ -48,6 +48,7 @@ const accessTTL = 10 * time.Second
 
 // Server is the relay. Create it with New and serve Handler.
 type Server struct {
+	handlers *handlers // nil: messageHandlers (see jobs)
 	cfg      config.Config
 	pool     *pgxpool.Pool
 	queries  *db.Queries
