@@ -69,12 +69,7 @@ type handoffRelay struct {
 func startHandoffRelay(t *testing.T) *handoffRelay {
 	t.Helper()
 	watch := &claimWatch{}
-	poolCfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	poolCfg.ConnConfig.Tracer = watch
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = watch })
 	r := relaytest.StartOn(t, pool)
 
 	h := &handoffRelay{Relay: r, watch: watch, deliveries: make(chan map[string]any, 8), agent: relaytest.NewKey(t)}

@@ -62,18 +62,13 @@ func (c *statementCount) get(name string) int {
 func TestFloodOfMentionsClaimsNoMoreThanTheHandOffTakes(t *testing.T) {
 	t.Parallel()
 	statements := &statementCount{n: map[string]int{}}
-	poolCfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	poolCfg.ConnConfig.Tracer = statements
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = statements })
 	r := relaytest.StartOn(t, pool)
 	ctx := context.Background()
 
 	// Every row claimed at insert, by the transaction that claimed it (a
 	// rolled-back transaction's rows vanish with it).
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		CREATE TABLE test_claimed_at_insert (xid xid8 NOT NULL, id uuid NOT NULL);
 		CREATE FUNCTION test_record_claim_at_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -230,12 +225,7 @@ func counterValue(t *testing.T, r *relaytest.Relay, name string) float64 {
 func TestMentionTheHandOffHadNoRoomForWakesThePoll(t *testing.T) {
 	t.Parallel()
 	statements := &statementCount{n: map[string]int{}}
-	poolCfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	poolCfg.ConnConfig.Tracer = statements
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = statements })
 	r := relaytest.StartOn(t, pool)
 	ctx := context.Background()
 

@@ -210,12 +210,7 @@ func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 // their sqlc name too, and the hand-built ones once each.
 func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = relay.NewStatementTimer()
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = relay.NewStatementTimer() })
 	r := relaytest.StartOn(t, pool)
 	c := r.Dial(t, "")
 	c.Auth(nil)

@@ -34,13 +34,8 @@ func (c *readAuthCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQue
 // fan-out (as before) makes the count equal the subscribers.
 func TestLiveChannelAuthorizationIsOneQueryPerPublish(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
 	counter := &readAuthCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter })
 	r := relaytest.StartOn(t, pool)
 
 	owner := r.Dial(t, "")

@@ -29,13 +29,8 @@ func (l *lookupCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data p
 func (l *lookupCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func countingPool(t *testing.T) (*pgxpool.Pool, *lookupCounter) {
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
 	counter := &lookupCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter })
 	return pool, counter
 }
 
