@@ -81,6 +81,19 @@ func publishes(t *testing.T, c *relaytest.Client, why string) {
 	require.Equal(t, "OK", nextVerb(t, c, 20*time.Second), "the publish found no connection: %s", why)
 }
 
+// writersServedWhileSlotsHeld waits until the 4 read slots hold stalled
+// statements, then a second for other statements to reach the pool if they
+// can (a relay without the bound fills it within milliseconds), and
+// requires that publisher still publishes and that no more than the slots'
+// worth of what ran at once.
+func writersServedWhileSlotsHeld(t *testing.T, held *heldStatements, publisher *relaytest.Client, why, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second)
+	publishes(t, publisher, why)
+	require.LessOrEqual(t, held.most.Load(), int32(4), "more %s at once than read slots", what)
+}
+
 // nextVerb is the verb of c's next message, which must come within wait.
 func nextVerb(t *testing.T, c *relaytest.Client, wait time.Duration) string {
 	t.Helper()
@@ -222,10 +235,7 @@ func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T)
 			// reach the pool if they can: the bound holds however long
 			// this waits, and a relay without it fills the pool within
 			// milliseconds.
-			require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
-			time.Sleep(time.Second)
-			publishes(t, publisher, "published while signed requests' statements are held")
-			require.LessOrEqual(t, held.most.Load(), int32(4), "more %s at once than read slots", statement)
+			writersServedWhileSlotsHeld(t, held, publisher, "published while signed requests' statements are held", statement)
 			release()
 			for range requests {
 				require.Equal(t, http.StatusNotFound, <-statuses, "no owner recorded")
@@ -259,10 +269,7 @@ func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
 	}
 	// The slots full, then a second for the other REQs to reach the pool
 	// if they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
-	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(time.Second)
-	publishes(t, publisher, "published while fresh readers' channel reads are held")
-	require.LessOrEqual(t, held.most.Load(), int32(4), "more channel reads at once than read slots")
+	writersServedWhileSlotsHeld(t, held, publisher, "published while fresh readers' channel reads are held", "channel reads")
 	release()
 	for _, c := range readers {
 		require.Contains(t, []string{"EVENT", "EOSE"}, nextVerb(t, c, 30*time.Second))
@@ -296,10 +303,7 @@ func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
 	}
 	// The slots full, then a second for the others to reach the pool if
 	// they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
-	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(time.Second)
-	publishes(t, publisher, "published while fresh keys' typing checks are held")
-	require.LessOrEqual(t, held.most.Load(), int32(4), "more typing checks at once than read slots")
+	writersServedWhileSlotsHeld(t, held, publisher, "published while fresh keys' typing checks are held", "typing checks")
 	release()
 	for _, c := range typists {
 		require.Equal(t, "OK", nextVerb(t, c, 30*time.Second))
@@ -336,10 +340,7 @@ func TestAnonymousWebhookFloodLeavesWritersTheirConnections(t *testing.T) {
 	}
 	// The slots full, then a second for the others to reach the pool if
 	// they can (see TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections).
-	require.Eventually(t, func() bool { return held.now.Load() >= 4 }, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(time.Second)
-	publishes(t, publisher, "published while anonymous webhook calls are held")
-	require.LessOrEqual(t, held.most.Load(), int32(4), "more webhook reads at once than read slots")
+	writersServedWhileSlotsHeld(t, held, publisher, "published while anonymous webhook calls are held", "webhook reads")
 	release()
 	for range 40 {
 		require.Equal(t, http.StatusUnauthorized, <-statuses)
