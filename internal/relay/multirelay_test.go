@@ -75,17 +75,23 @@ func waitPublished(t *testing.T, r *relaytest.Relay) {
 
 func metric(t testing.TB, r *relaytest.Relay, name string) string {
 	t.Helper()
-	resp, err := http.Get(r.MetricsURL + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range metricLines(t, r) {
 		if value, ok := strings.CutPrefix(line, name+" "); ok {
 			return value
 		}
 	}
 	return ""
+}
+
+// metricLines is r's /metrics page, one line each.
+func metricLines(t testing.TB, r *relaytest.Relay) []string {
+	t.Helper()
+	resp, err := http.Get(r.MetricsURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return strings.Split(string(body), "\n")
 }
 
 // A subscriber on A receives what is published on B exactly once and in
