@@ -586,6 +586,10 @@ func (c *conn) onAuth(ev *nostr.Event) {
 				_ = c.send(nostr.EncodeOK(ev.ID, false, beingDeletedReason))
 				return
 			}
+			if errors.Is(err, errReadSlotsBusy) {
+				_ = c.send(nostr.EncodeOK(ev.ID, false, "error: the relay is busy; send the AUTH again shortly"))
+				return
+			}
 			if c.ctx.Err() == nil {
 				c.log.Error("record owner attestation", "agent", ev.PubKey, "err", err)
 			}

@@ -346,3 +346,48 @@ func TestAnonymousWebhookFloodLeavesWritersTheirConnections(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, <-statuses)
 	}
 }
+
+// Any key may AUTH, and an AUTH carrying an owner attestation reads the
+// agent's recorded owner and, when there is none, records it: a fresh
+// agent key signed for by a fresh owner key costs the relay both
+// statements on the pool, outside the group writers. 40 connections doing
+// so while either statement is slow must leave the writers their
+// connections, and each AUTH then succeeds with its owner recorded.
+//
+// Mutation killed: recordOwner taking no read slot (the 40 hold all 8
+// connections and the publish is never answered).
+func TestFreshKeyAuthAttestationFloodLeavesWritersTheirConnections(t *testing.T) {
+	t.Parallel()
+	for _, statement := range []string{"UserChannelAddPolicy", "UserAgentOwnerRecord"} {
+		t.Run(statement, func(t *testing.T) {
+			t.Parallel()
+			held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
+			pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+			r := relaytest.StartOn(t, pool) // 4 read slots
+			publisher := r.Dial(t, "")
+			publisher.Auth(nil)
+			agents := make([]*relaytest.Client, 40)
+			auths := make([]*nostr.Event, len(agents))
+			owners := make([]string, len(agents))
+			for i := range agents {
+				agents[i] = r.Dial(t, "")
+				agent, owner := relaytest.NewKey(t), relaytest.NewKey(t)
+				auths[i] = agents[i].AuthEvent(agent)
+				auths[i].Tags = append(auths[i].Tags, attest(t, owner, agent.PublicKeyHex(), ""))
+				require.NoError(t, auths[i].Sign(agent))
+				owners[i] = owner.PublicKeyHex()
+			}
+			release := held.start(t)
+			for i, c := range agents {
+				c.Send("AUTH", auths[i])
+			}
+			writersServedWhileSlotsHeld(t, held, publisher, "published while fresh agents' owner attestations are held", statement)
+			release()
+			for i, c := range agents {
+				ok := c.Expect("OK")
+				require.True(t, ok.OK, ok.Msg)
+				require.Equal(t, owners[i], recordedOwner(t, r, auths[i].PubKey))
+			}
+		})
+	}
+}

@@ -232,8 +232,8 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {
 		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation, signed); err != nil {
-			if communityBeingDeleted(err) {
-				writeError(w, http.StatusGone, beingDeletedReason)
+			if communityBeingDeleted(err) || errors.Is(err, errReadSlotsBusy) {
+				unauthorized(err) // 410 or 503, as for the claim
 				return principal{}, nil, false
 			}
 			if r.Context().Err() == nil {

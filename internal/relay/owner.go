@@ -42,6 +42,14 @@ func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent
 	if err != nil {
 		return "", err
 	}
+	// Any key may AUTH with an attestation from any other key, so both
+	// statements below wait for a read slot (errReadSlotsBusy past the
+	// wait): a flood of fresh agents never takes the writers' connections.
+	release, err := s.readSlot(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer release()
 	// Most attestations repeat the owner already on record (an agent sends
 	// its tag on every connection and request): a read settles those
 	// without writing the row. The write below is the authority on a race.
