@@ -34,7 +34,8 @@ type heldStatements struct {
 }
 
 func (h *heldStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if !strings.HasPrefix(data.SQL, "-- name: "+h.name+" ") {
+	// sqlc names a statement "-- name: X :kind", the relay's own "-- name: X\n".
+	if !strings.HasPrefix(data.SQL, "-- name: "+h.name+" ") && !strings.HasPrefix(data.SQL, "-- name: "+h.name+"\n") {
 		return ctx
 	}
 	if h.count.Load() {

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -265,6 +266,19 @@ func (s *Server) mediaFenced(w http.ResponseWriter, r *http.Request, tenant comm
 	s.mediaFailed(w, r, tenant, err)
 }
 
+// mediaLease takes the serving-write lease of a media write. Any key may
+// upload, so the statement waits for a read slot; the lease's renewals and
+// its release are one short statement each, at most one per media write in
+// flight (BUZZ_MEDIA_MAX_UPLOADS bounds the uploads).
+func (s *Server) mediaLease(r *http.Request, tenant community.Tenant, operation string) (*deletion.ServingLease, context.Context, error) {
+	release, err := s.readSlot(r.Context())
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	return deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), operation)
+}
+
 func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	ev, ok := s.mediaUploader(w, r, tenant)
 	if !ok {
@@ -312,7 +326,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	// serving-write lease, so a community deletion waits for it before
 	// listing what to delete, and an upload cannot start once the
 	// deletion began.
-	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_upload")
+	lease, ctx, err := s.mediaLease(r, tenant, "media_upload")
 	if err != nil {
 		s.mediaFenced(w, r, tenant, err)
 		return
@@ -404,6 +418,8 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		mediaError(w, http.StatusInsufficientStorage, "blocked: "+err.Error())
 	case errors.Is(err, media.ErrNotUploader):
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
+	case errors.Is(err, errReadSlotsBusy):
+		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
 	case errors.Is(err, media.ErrSpool):
 		s.log.Error("media upload could not be spooled", "community", tenant.Host(), "err", err)
 		status, msg := spoolFailure(err)
@@ -494,7 +510,7 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 			return
 		}
 	}
-	lease, ctx, err := deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), "media_delete")
+	lease, ctx, err := s.mediaLease(r, tenant, "media_delete")
 	if err != nil {
 		s.mediaFenced(w, r, tenant, err)
 		return

@@ -167,8 +167,29 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
-		s.media.UseBlobLock(media.AdvisoryBlobLock(pool))
+		// Any key may upload, so the connections an upload takes after its
+		// claim (the blob lock's, held while the store is written, and the
+		// quota's transaction) wait for a read slot, as any statement a
+		// fresh key can cause. Neither is taken while holding the other.
+		blobLock := media.AdvisoryBlobLock(pool)
+		s.media.UseBlobLock(func(ctx context.Context, shas []string) (func(), error) {
+			release, err := s.readSlot(ctx)
+			if err != nil {
+				return nil, err
+			}
+			unlock, err := blobLock(ctx, shas)
+			if err != nil {
+				release()
+				return nil, err
+			}
+			return func() { unlock(); release() }, nil
+		})
 		s.media.UseQuota(media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
+			release, err := s.readSlot(ctx)
+			if err != nil {
+				return err
+			}
+			defer release()
 			return deletion.UnderLease(ctx, pool, fn)
 		}})
 	}
