@@ -303,23 +303,35 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 // just answered for). wroteSidecar: the sidecar is this upload's and
 // stays; sidecarLeft: the record failed and the sidecar this upload wrote
 // could not be removed either.
+//
+// A write that reports failure may still have been stored: an S3 PUT the
+// store completed after the client's hang-up cancelled the relay's wait
+// for it. So every object a failed reference tried to write is removed
+// again, whatever its own write answered, on a context the client's
+// hang-up does not end.
 func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (wroteSidecar, sidecarLeft bool, _ error) {
+	cleanup := context.WithoutCancel(ctx)
+	// removeSidecar takes back the sidecar this upload wrote, or may have:
+	// it would keep the blob readable here, with no upload record for a
+	// member to delete it by, and uncounted once the reservation is given
+	// back. If the removal fails too, the reservation is kept (the count
+	// errs high, never low).
+	removeSidecar := func() (left bool) {
+		return s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil
+	}
 	if first {
 		if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
-			return false, false, fmt.Errorf("store sidecar: %w", err)
+			return false, removeSidecar(), fmt.Errorf("store sidecar: %w", err)
 		}
 	}
 	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
-	if err := s.putJSON(ctx, uploadsPrefix(community, d.SHA256)+newULID(now)+".json", rec); err != nil {
+	recKey := uploadsPrefix(community, d.SHA256) + newULID(now) + ".json"
+	if err := s.putJSON(ctx, recKey, rec); err != nil {
+		// A record left would name this uploader for a blob the upload
+		// failed to store here. Only space if its removal fails.
+		_ = s.store.Delete(cleanup, recKey)
 		if first {
-			// The sidecar this upload wrote would keep the blob readable
-			// here, with no upload record for a member to delete it by,
-			// and uncounted once the reservation is given back: remove it,
-			// or, if that fails too, keep the reservation (the count errs
-			// high, never low).
-			if derr := s.store.Delete(context.WithoutCancel(ctx), sidecarKey(community, d.SHA256)); derr != nil {
-				sidecarLeft = true
-			}
+			sidecarLeft = removeSidecar()
 		}
 		return false, sidecarLeft, fmt.Errorf("store upload record: %w", err)
 	}

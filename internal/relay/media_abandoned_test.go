@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -58,4 +60,60 @@ func TestMediaUploadAbandonedMidStoreLeavesNoBlob(t *testing.T) {
 	})
 	require.Empty(t, storeKeys(t, store), "the abandoned upload's blob is left in the store")
 	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID))
+}
+
+// A client that hangs up while the relay writes its community's sidecar or
+// upload record, when the store takes the write but the relay's request
+// reports the cancellation (an S3 PUT completed after the caller stopped
+// waiting), leaves nothing behind either: no sidecar, no upload record, no
+// blob, no bytes counted. Before, a sidecar whose write reported failure
+// was never removed: the blob stayed served where the upload had failed,
+// its reservation given back (counted nowhere), and with no upload record
+// no member could delete it. Mutations killed: a failed sidecar write not
+// removed (GET 200, the sidecar and the blob stay); a failed upload record
+// write not removed (the record stays).
+func TestMediaUploadAbandonedMidReferenceLeavesNothing(t *testing.T) {
+	t.Parallel()
+	for _, what := range []string{"sidecar", "upload record"} {
+		t.Run(what, func(t *testing.T) {
+			t.Parallel()
+			store, err := media.NewFSStore(t.TempDir())
+			require.NoError(t, err)
+			blob := pngBlob(t, 4096)
+			pool := dbtest.Pool(t)
+			row, err := db.New(pool).CommunityCreate(context.Background(), "abandon-"+uuid.NewString()[:8]+".example")
+			require.NoError(t, err)
+			key := "_meta/" + row.ID.String() + "/" + hexSHA(blob) + ".json"
+			if what == "upload record" {
+				key = "_uploads/" + row.ID.String() + "/" + hexSHA(blob) + "/"
+			}
+			paused := mediatest.NewPutUntilCanceled(store, key)
+			paused.ReportCancel = true
+			svc := media.NewService(paused, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+			r := relaytest.StartWith(t, pool, []relay.Option{relay.WithMedia(svc)})
+			ctx := context.Background()
+
+			u, err := url.Parse(r.HTTPURL)
+			require.NoError(t, err)
+			conn, err := net.Dial("tcp", u.Host)
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = fmt.Fprintf(conn, "PUT /media/upload HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n",
+				row.Host, blossomAuth(t, relaytest.NewKey(t), "upload", []string{hexSHA(blob)}, nil), len(blob))
+			require.NoError(t, err)
+			_, err = conn.Write(blob)
+			require.NoError(t, err)
+			<-paused.Entered
+			require.NoError(t, conn.Close())
+
+			waitFor(t, func() bool {
+				var live int
+				return r.Pool.QueryRow(ctx, `SELECT count(*) FROM community_serving_write_leases WHERE community_id = $1`, row.ID).Scan(&live) == nil && live == 0
+			})
+			require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, row.Host, "/media/"+hexSHA(blob), "", nil, nil).Status,
+				"the blob of an abandoned upload is served")
+			require.Empty(t, storeKeys(t, store), "the abandoned upload left objects in the store")
+			require.Zero(t, mediaUsage(t, db.New(r.Pool), row.ID))
+		})
+	}
 }

@@ -38,15 +38,18 @@ func (p *PauseAfterStat) Stat(ctx context.Context, key string) (media.Info, erro
 	return info, err
 }
 
-// PutUntilCanceled is a Store whose Put of key waits, once it began, until
+// PutUntilCanceled is a Store whose first Put of a key starting with key waits, once it began, until
 // the caller's context ends, then writes anyway (as a file or an upload
 // already handed to the store would): the client went away while its blob
-// was being stored. Entered is closed when that Put begins.
+// was being stored. Entered is closed when that Put begins. With
+// ReportCancel the Put then answers the cancellation all the same, as an
+// S3 PUT the store completed but whose response the caller no longer read.
 type PutUntilCanceled struct {
 	media.Store
-	key     string
-	once    atomic.Bool
-	Entered chan struct{}
+	key          string
+	once         atomic.Bool
+	Entered      chan struct{}
+	ReportCancel bool
 }
 
 // NewPutUntilCanceled wraps store.
@@ -55,10 +58,14 @@ func NewPutUntilCanceled(store media.Store, key string) *PutUntilCanceled {
 }
 
 func (p *PutUntilCanceled) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
-	if key == p.key && p.once.CompareAndSwap(false, true) {
+	if strings.HasPrefix(key, p.key) && p.once.CompareAndSwap(false, true) {
 		close(p.Entered)
 		<-ctx.Done()
-		return p.Store.Put(context.WithoutCancel(ctx), key, body, size, contentType)
+		err := p.Store.Put(context.WithoutCancel(ctx), key, body, size, contentType)
+		if err == nil && p.ReportCancel {
+			err = ctx.Err()
+		}
+		return err
 	}
 	return p.Store.Put(ctx, key, body, size, contentType)
 }
