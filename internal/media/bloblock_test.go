@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(spoolHelperEnv); dir != "" {
 		spoolHelper(dir) // never returns: the test that started it kills it
 	}
+	if dir := os.Getenv(referenceHelperEnv); dir != "" {
+		referenceHelper(dir) // never returns either
+	}
 	dbtest.Main(m)
 }
 

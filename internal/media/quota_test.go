@@ -43,26 +43,31 @@ func (q *countingQuota) of(c uuid.UUID) int64 {
 	return q.bytes[c]
 }
 
-// recordFailingStore fails the writes of upload records (the step after
-// the sidecar), as a store error or a client gone mid-upload would.
-type recordFailingStore struct{ media.Store }
+// sidecarStoredButFailingStore stores sidecars but answers their writes
+// with an error, as an S3 PUT the store completed after the client's
+// hang-up cancelled the relay's wait would.
+type sidecarStoredButFailingStore struct{ media.Store }
 
-func (s recordFailingStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
-	if strings.HasPrefix(key, "_uploads/") {
-		return errors.New("store unavailable")
+func (s sidecarStoredButFailingStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	err := s.Store.Put(ctx, key, body, size, contentType)
+	if err == nil && strings.HasPrefix(key, "_meta/") {
+		err = errors.New("store unavailable")
 	}
-	return s.Store.Put(ctx, key, body, size, contentType)
+	return err
 }
 
-// An upload that fails after it wrote the community's sidecar (its upload
-// record refused: a store error, or a client gone at that moment) leaves
-// neither the sidecar nor the reservation, so the blob is not the
+// An upload whose sidecar write fails (a store error, or a client gone at
+// that moment), even one the store took, leaves neither the sidecar, nor
+// its upload record, nor the reservation, so the blob is not the
 // community's and a retry counts it; if the sidecar cannot be removed
-// either, the reservation stays (the count errs high, never low). A failure
-// before the sidecar gives the bytes back. Mutations killed: the failure
-// path keeping the sidecar while releasing (the retry reserves nothing and
-// the blob is stored uncounted); releasing although the sidecar stayed.
-func TestUploadFailingAfterItsSidecarLeavesNoUncountedBlob(t *testing.T) {
+// either, the reservation stays (the count errs high, never low) and so
+// does the record, by which the uploader can still delete the blob. A
+// failure before the references gives the bytes back. Mutations killed:
+// the failure path keeping the sidecar while releasing (the retry reserves
+// nothing and the blob is stored uncounted); releasing although the
+// sidecar stayed; removing the record although the sidecar stayed (alice
+// may not delete it).
+func TestUploadFailingToReferenceLeavesNoUncountedBlob(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	fs, err := media.NewFSStore(t.TempDir())
@@ -72,10 +77,10 @@ func TestUploadFailingAfterItsSidecarLeavesNoUncountedBlob(t *testing.T) {
 	community := uuid.New()
 	blob := []byte("counted once, however the upload ended")
 
-	failing := media.NewService(recordFailingStore{fs}, limits, nil)
+	failing := media.NewService(sidecarStoredButFailingStore{fs}, limits, nil)
 	failing.UseQuota(quota)
 	_, err = failing.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
-	require.ErrorContains(t, err, "store upload record")
+	require.ErrorContains(t, err, "store sidecar")
 	require.Zero(t, quota.of(community), "nothing of the failed upload counts")
 	svc := media.NewService(fs, limits, nil)
 	svc.UseQuota(quota)
@@ -88,15 +93,18 @@ func TestUploadFailingAfterItsSidecarLeavesNoUncountedBlob(t *testing.T) {
 	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
 	require.Zero(t, quota.of(community))
 
-	// The sidecar cannot be removed either: it stays, and so do its bytes.
+	// The sidecar cannot be removed either: it stays, and so do its bytes
+	// and alice's record, by which she deletes it.
 	stuck := uuid.New()
-	sticky := media.NewService(sidecarStickyStore{recordFailingStore{fs}}, limits, nil)
+	sticky := media.NewService(sidecarStickyStore{sidecarStoredButFailingStore{fs}}, limits, nil)
 	sticky.UseQuota(quota)
 	_, err = sticky.Upload(ctx, stuck, "alice", bytes.NewReader(blob), nil)
-	require.ErrorContains(t, err, "store upload record")
+	require.ErrorContains(t, err, "store sidecar")
 	require.EqualValues(t, len(blob), quota.of(stuck), "the sidecar stayed: the blob is counted")
+	require.NoError(t, svc.Delete(ctx, stuck, d.SHA256, "alice"), "the uploader deletes the sidecar left")
+	require.Zero(t, quota.of(stuck))
 
-	// A failure before the sidecar gives the bytes back.
+	// A failure before the references gives the bytes back.
 	other := uuid.New()
 	broken := media.NewService(failingPutStore{fs}, limits, nil)
 	broken.UseQuota(quota)

@@ -295,14 +295,18 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	}
 }
 
-// reference writes uploader's upload record of d in community, after the
+// reference writes uploader's upload record of d in community, then the
 // community's sidecar d when first, under the blob lock: a delete of the
 // same blob in the same community on another relay process lists the
 // upload records under it too, so it sees this upload's record whenever it
 // could have seen its sidecar (or it would remove the sidecar the upload
-// just answered for). wroteSidecar: the sidecar is this upload's and
-// stays; sidecarLeft: the record failed and the sidecar this upload wrote
-// could not be removed either.
+// just answered for). The record comes first so that a relay killed
+// between the two leaves a record without a sidecar (the blob is not
+// served here, and the next upload of it writes the sidecar), never a
+// sidecar without a record, which would serve and count the blob while no
+// member could delete it. wroteSidecar: the sidecar is this upload's and
+// stays; sidecarLeft: the sidecar failed and the one this upload may have
+// written could not be removed either.
 //
 // A write that reports failure may still have been stored: an S3 PUT the
 // store completed after the client's hang-up cancelled the relay's wait
@@ -311,31 +315,30 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 // hang-up does not end.
 func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (wroteSidecar, sidecarLeft bool, _ error) {
 	cleanup := context.WithoutCancel(ctx)
-	// removeSidecar takes back the sidecar this upload wrote, or may have:
-	// it would keep the blob readable here, with no upload record for a
-	// member to delete it by, and uncounted once the reservation is given
-	// back. If the removal fails too, the reservation is kept (the count
-	// errs high, never low).
-	removeSidecar := func() (left bool) {
-		return s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil
-	}
-	if first {
-		if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
-			return false, removeSidecar(), fmt.Errorf("store sidecar: %w", err)
-		}
-	}
 	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
 	recKey := uploadsPrefix(community, d.SHA256) + newULID(now) + ".json"
 	if err := s.putJSON(ctx, recKey, rec); err != nil {
 		// A record left would name this uploader for a blob the upload
 		// failed to store here. Only space if its removal fails.
 		_ = s.store.Delete(cleanup, recKey)
-		if first {
-			sidecarLeft = removeSidecar()
-		}
-		return false, sidecarLeft, fmt.Errorf("store upload record: %w", err)
+		return false, false, fmt.Errorf("store upload record: %w", err)
 	}
-	return first, false, nil
+	if !first {
+		return false, false, nil
+	}
+	if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
+		// The sidecar would keep the blob readable here, uncounted once
+		// the reservation is given back: remove it, then the record. If
+		// the sidecar's removal fails, the reservation is kept (the count
+		// errs high, never low) and so is the record, by which the
+		// uploader may still delete the blob.
+		if s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil {
+			return false, true, fmt.Errorf("store sidecar: %w", err)
+		}
+		_ = s.store.Delete(cleanup, recKey)
+		return false, false, fmt.Errorf("store sidecar: %w", err)
+	}
+	return true, false, nil
 }
 
 // abandonedBlobTimeout bounds removing the blob of a failed upload.

@@ -139,15 +139,15 @@ func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	require.ErrorIs(t, err, dberr.ErrCommunityWriteFenced)
 }
 
-// An upload that fails after writing the community's sidecar (the store
-// refuses its upload record: a full disk, say, here a file standing where
-// the community's upload records go) leaves no sidecar: the blob is not
-// served to a community whose upload was answered 500, and once it is
-// uploaded again it counts against the quota. Before, the sidecar stayed
-// while the reservation was given back, so the blob was served, counted
-// nowhere, and every later upload of it was free. Mutation killed: the
-// sidecar not removed when the upload record fails (GET answered 200, and
-// the quota stayed at 0 after the successful upload).
+// An upload whose upload record the store refuses (a full disk, say, here
+// a file standing where the community's upload records go) leaves no
+// sidecar: the blob is not served to a community whose upload was
+// answered 500, and once it is uploaded again it counts against the
+// quota. Before, the sidecar (then written first) stayed while the
+// reservation was given back, so the blob was served, counted nowhere,
+// and every later upload of it was free. Mutation killed: the sidecar
+// written although the upload record failed (GET answered 200, and the
+// quota stayed at 0 after the successful upload).
 func TestMediaUploadFailingAfterItsSidecarLeavesNone(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
