@@ -102,7 +102,7 @@ func TestSharedBlobUploadedElsewhereMidDeletionIsKept(t *testing.T) {
 	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}}
 	mine := upload(t, media.NewService(fs, limits, nil), doomed, "bytes the doomed community alone holds")
 
-	paused := mediatest.NewPauseAfterStat(fs, mine.Blob, 2) // the upload's look under its lock
+	paused := mediatest.NewPauseAfterStatOrPut(fs, mine.Blob, 2) // its write of the blob, then its look under its lock
 	elsewhere := media.NewService(paused, limits, nil)
 	elsewhere.UseBlobLock(media.AdvisoryBlobLock(f.pool))
 	uploaded := make(chan error, 1)

@@ -56,7 +56,7 @@ func TestDeleteOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
 			d, err := processA.Upload(ctx, first, "alice", strings.NewReader(blob), nil)
 			require.NoError(t, err)
 
-			paused := mediatest.NewPauseAfterStat(store, d.Blob, pauseAt)
+			paused := mediatest.NewPauseAfterStatOrPut(store, d.Blob, pauseAt)
 			processB := media.NewService(paused, limits, nil)
 			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
 			deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
@@ -153,7 +153,8 @@ func storeKeysOf(t *testing.T, s media.Store) []string {
 
 // Two relay processes share one store and one quota. The count of a
 // community's bytes stays exact when, on one process, an upload has looked
-// at the community's sidecar and the blob (the Stat of the blob answered)
+// at the community's sidecar and the blob (written or looked at, before
+// the blob lock)
 // and, on the other, the same community gains the blob first ("two
 // uploads") or loses its last reference ("an upload and a delete"). The
 // upload decides under the blob lock whether its community's sidecar is
@@ -185,7 +186,7 @@ func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
 				require.NoError(t, err)
 			}
 
-			paused := mediatest.NewPauseAfterStat(store, hex.EncodeToString(sum[:])+".txt", 1)
+			paused := mediatest.NewPauseAfterStatOrPut(store, hex.EncodeToString(sum[:])+".txt", 1)
 			processB := media.NewService(paused, limits, nil)
 			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
 			processB.UseQuota(quota)

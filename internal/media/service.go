@@ -223,10 +223,12 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		}
 		return nil
 	}
+	newHere := false // as far as the guess can tell, this community's first upload of the blob
 	if guess, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
 		if err := reserve(); err != nil {
 			return Descriptor{}, err
 		}
+		newHere = true
 	} else if err != nil {
 		return Descriptor{}, err
 	} else {
@@ -246,19 +248,24 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			_ = s.deleteUnreferencedBlob(ctx, sha, wroteBlob)
 		}
 	}()
-	ensureBlob := func(key string) error {
-		wrote, err := s.ensureBlob(ctx, key, tmp, size, mediaType)
+	ensureBlob := func(key string, always bool) error {
+		wrote, err := s.ensureBlob(ctx, key, tmp, size, mediaType, always)
 		if wrote {
 			wroteBlob = key
 		}
 		return err
 	}
-	// The blob is written unless already there (same hash, same bytes),
-	// before the blob lock, which is then held only for the short check
-	// and the writes of the sidecar and the upload record: a delete
-	// elsewhere that removed the blob meanwhile is seen under the lock,
-	// and the blob written again.
-	if err := ensureBlob(key); err != nil {
+	// The blob is written before the blob lock, which is then held only
+	// for the short check and the writes of the upload record and the
+	// sidecar: a delete elsewhere that removed the blob meanwhile is seen
+	// under the lock, and the blob written again. It is written even when
+	// the store holds it already (same hash, same bytes), unless this
+	// community does: skipping the write of a blob only other communities
+	// hold would answer measurably sooner (on the dev box's disk, 30-80 ms
+	// sooner for 32 MiB), telling the uploader that someone elsewhere on
+	// the relay stored this file. Within its own community an upload
+	// learns nothing so: anyone with the bytes may GET them by their hash.
+	if err := ensureBlob(key, newHere); err != nil {
 		return Descriptor{}, err
 	}
 	for {
@@ -282,7 +289,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}, nil
 		}
 		if err == nil {
-			err = ensureBlob(d.Blob)
+			err = ensureBlob(d.Blob, false)
 		}
 		if err == nil {
 			wroteSidecar, sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
@@ -344,17 +351,20 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 // abandonedBlobTimeout bounds removing the blob of a failed upload.
 const abandonedBlobTimeout = 30 * time.Second
 
-// ensureBlob writes the spooled blob under key unless the store holds it,
-// and says whether it tried to (a failed Put may still have stored it).
-// It also restores a blob a delete on another relay process removed while
-// this community still had its sidecar (before blob locks, or without).
-func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string) (wrote bool, _ error) {
-	_, err := s.store.Stat(ctx, key)
-	if err == nil {
-		return false, nil
-	}
-	if !errors.Is(err, ErrNotFound) {
-		return false, fmt.Errorf("stat blob: %w", err)
+// ensureBlob writes the spooled blob under key unless the store holds it
+// (always: whether it does or not), and says whether it tried to (a failed
+// Put may still have stored it). It also restores a blob a delete on
+// another relay process removed while this community still had its
+// sidecar (before blob locks, or without).
+func (s *Service) ensureBlob(ctx context.Context, key string, spool io.ReadSeeker, size int64, mediaType string, always bool) (wrote bool, _ error) {
+	if !always {
+		_, err := s.store.Stat(ctx, key)
+		if err == nil {
+			return false, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return false, fmt.Errorf("stat blob: %w", err)
+		}
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return false, err

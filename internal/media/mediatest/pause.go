@@ -11,31 +11,43 @@ import (
 	"github.com/buzzrelay/buzz/internal/media"
 )
 
-// PauseAfterStat is a Store that stops its caller once, right after the
-// n-th Stat of key answered: the caller has seen whether the object is
-// there and not yet acted on it. Paused is closed then; the caller goes on
+// PauseAfterStatOrPut is a Store that stops its caller once, right after
+// the n-th Stat or Put of key answered: the caller has seen whether the
+// object is there, or has just written it, and not yet acted on it. An
+// upload of a blob new to its community writes it without looking first,
+// so its first call is a Put. Paused is closed then; the caller goes on
 // once Resume is closed.
-type PauseAfterStat struct {
+type PauseAfterStatOrPut struct {
 	media.Store
 	key    string
 	n      int32
-	stats  atomic.Int32
+	calls  atomic.Int32
 	Paused chan struct{}
 	Resume chan struct{}
 }
 
-// NewPauseAfterStat wraps store.
-func NewPauseAfterStat(store media.Store, key string, n int32) *PauseAfterStat {
-	return &PauseAfterStat{Store: store, key: key, n: n, Paused: make(chan struct{}), Resume: make(chan struct{})}
+// NewPauseAfterStatOrPut wraps store.
+func NewPauseAfterStatOrPut(store media.Store, key string, n int32) *PauseAfterStatOrPut {
+	return &PauseAfterStatOrPut{Store: store, key: key, n: n, Paused: make(chan struct{}), Resume: make(chan struct{})}
 }
 
-func (p *PauseAfterStat) Stat(ctx context.Context, key string) (media.Info, error) {
-	info, err := p.Store.Stat(ctx, key)
-	if key == p.key && p.stats.Add(1) == p.n {
+func (p *PauseAfterStatOrPut) pauseAt(key string) {
+	if key == p.key && p.calls.Add(1) == p.n {
 		close(p.Paused)
 		<-p.Resume
 	}
+}
+
+func (p *PauseAfterStatOrPut) Stat(ctx context.Context, key string) (media.Info, error) {
+	info, err := p.Store.Stat(ctx, key)
+	p.pauseAt(key)
 	return info, err
+}
+
+func (p *PauseAfterStatOrPut) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	err := p.Store.Put(ctx, key, body, size, contentType)
+	p.pauseAt(key)
+	return err
 }
 
 // PutUntilCanceled is a Store whose first Put of a key starting with key waits, once it began, until
