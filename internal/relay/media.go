@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
@@ -277,6 +279,24 @@ func (s *Server) mediaLease(r *http.Request, tenant community.Tenant, operation 
 	}
 	defer release()
 	return deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), operation)
+}
+
+// reserveInReadSlot makes a quota reservation wait for a read slot (any
+// key may upload). A release does not: it gives back what a reservation
+// took, at most once each, so reservations bound releases, and one failed
+// for a busy relay would leave the bytes counted for good.
+type reserveInReadSlot struct {
+	media.Quota
+	slot func(context.Context) (func(), error)
+}
+
+func (q reserveInReadSlot) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
+	release, err := q.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return q.Quota.Reserve(ctx, community, size)
 }
 
 func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

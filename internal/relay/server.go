@@ -169,8 +169,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		s.media.UseClock(s.now)
 		// Any key may upload, so the connections an upload takes after its
 		// claim (the blob lock's, held while the store is written, and the
-		// quota's transaction) wait for a read slot, as any statement a
-		// fresh key can cause. Neither is taken while holding the other.
+		// quota reservation's transaction) wait for a read slot, as any
+		// statement a fresh key can cause. Neither is taken while holding
+		// the other.
 		blobLock := media.AdvisoryBlobLock(pool)
 		s.media.UseBlobLock(func(ctx context.Context, shas []string) (func(), error) {
 			release, err := s.readSlot(ctx)
@@ -184,14 +185,9 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			}
 			return func() { unlock(); release() }, nil
 		})
-		s.media.UseQuota(media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
-			release, err := s.readSlot(ctx)
-			if err != nil {
-				return err
-			}
-			defer release()
+		s.media.UseQuota(reserveInReadSlot{Quota: media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
 			return deletion.UnderLease(ctx, pool, fn)
-		}})
+		}}, slot: s.readSlot})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
