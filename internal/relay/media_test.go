@@ -698,14 +698,14 @@ func TestMediaUploadsAtOnceAreBounded(t *testing.T) {
 	}
 
 	first := hold("203.0.113.1")
-	require.Eventually(t, func() bool { return receiving() == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return receiving() == 1 }, time.Minute, 10*time.Millisecond)
 	got := uploadFrom("203.0.113.1")
 	require.Equal(t, http.StatusTooManyRequests, got.Status, "%s", got.Body)
 	require.Equal(t, "rate-limited: at most 1 uploads at once per client address; wait for one to finish", got.Error)
 	require.NotEmpty(t, got.Header.Get("Retry-After"))
 
 	second := hold("203.0.113.2")
-	require.Eventually(t, func() bool { return receiving() == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return receiving() == 2 }, time.Minute, 10*time.Millisecond)
 	got = uploadFrom("203.0.113.3")
 	require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s", got.Body)
 	require.Equal(t, "error: the relay is receiving its limit of 2 uploads; try again shortly", got.Error)
