@@ -471,7 +471,9 @@ func TestTimeout(t *testing.T) {
 	e := buzz(t, env, "", "channels", "list", "--timeout", "300ms").fail(t, 1)
 	require.Equal(t, "timeout", e.Code, e.Error)
 	require.Contains(t, e.Error, "AUTH challenge")
-	require.Less(t, time.Since(start), 5*time.Second)
+	// Below the 10 s default, so an ignored --timeout fails here, with
+	// room for a loaded machine.
+	require.Less(t, time.Since(start), 9*time.Second)
 
 	// Stdin that never closes is bounded too.
 	pr, pw := io.Pipe()

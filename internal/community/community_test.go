@@ -193,7 +193,7 @@ func TestCommunityEnsureRacingAnotherStart(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%CommunityEnsure%')`).Scan(&waiting) == nil && waiting
-	}, 10*time.Second, 10*time.Millisecond, "the second start waits for the first one's insert")
+	}, time.Minute, 10*time.Millisecond, "the second start waits for the first one's insert")
 	require.NoError(t, other.Commit(ctx))
 	r := <-done
 	require.NoError(t, r.err)

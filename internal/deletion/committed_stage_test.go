@@ -89,7 +89,10 @@ func TestFinishedDeletionIsNotReportedAsALostLease(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	execCfg := testConfig()
-	execCfg.Lease = 3 * time.Second // a renewal every half second
+	// A renewal every second (a sixth of the lease): the run is lost only
+	// when none lands within the lease, which 3 s made likelier on a
+	// loaded machine.
+	execCfg.Lease = 6 * time.Second
 	exec := deletion.NewExecutor(deletion.Options{Pool: pool, ID: "last-stage", Config: execCfg})
 	out, err := exec.Run(f.ctx, req.ID)
 	require.NoError(t, err, "a finished deletion is not a lost lease")

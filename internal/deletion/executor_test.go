@@ -172,7 +172,7 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 			require.NotEmpty(t, progress)
 
 			// The disconnect signal went out on both paths.
-			ctx, cancel := context.WithTimeout(f.ctx, 10*time.Second)
+			ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 			defer cancel()
 			n, err := listen.WaitForNotification(ctx)
 			require.NoError(t, err)

@@ -75,7 +75,7 @@ func TestOwnerRemovalLocksWorkflowsInIDOrder(t *testing.T) {
 		var waiting bool
 		require.NoError(t, setup.QueryRow(ctx, `SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, removalPID).Scan(&waiting))
 		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the removal waits for the message's lock")
+	}, time.Minute, 5*time.Millisecond, "the removal waits for the message's lock")
 
 	_, err = messageTx.Exec(ctx, lockWorkflow, community, higher)
 	require.NoError(t, err, "the message's second lock")

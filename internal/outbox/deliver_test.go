@@ -17,6 +17,14 @@ import (
 	"github.com/buzzrelay/buzz/internal/clock"
 )
 
+// answersAtOnce is the request timeout for a listener that answers at
+// once: long enough that a loaded machine's slow TLS handshake under the
+// race detector cannot turn the answer a test checks into a timeout (a
+// retry), and short enough that a claim taken up to 20 s before the
+// request still passes the lease check (30 s lease: the request must be
+// able to end before it).
+const answersAtOnce = 10 * time.Second
+
 // claimAndDeliver saves a mention of a fresh target registered by l, its
 // row claimed at insert for a worker routing l, optionally pretends
 // attempts were already spent, and runs one delivery through d.
@@ -116,8 +124,12 @@ func TestTransientResponsesRetryWithPersistedDelay(t *testing.T) {
 			f := newFixture(t)
 			l := newListener(t, handle)
 			// The "timeout" listener never answers; the others answer at
-			// once, well within the limit even on a loaded machine.
-			d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+			// once.
+			timeout := answersAtOnce
+			if name == "timeout" {
+				timeout = 2 * time.Second // the listener never answers: the test waits this out
+			}
+			d, m, _ := f.deliverer(routesOf(l), timeout, testCAs(l))
 			before := time.Now()
 			id, _ := f.claimAndDeliver(d, l, 2) // this is attempt 3
 
@@ -163,7 +175,7 @@ func TestListenerRetryAfterIsHonouredUpToTheLongestBackoff(t *testing.T) {
 				w.Header().Set("Retry-After", c.header())
 				w.WriteHeader(http.StatusTooManyRequests)
 			})
-			d, _, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+			d, _, _ := f.deliverer(routesOf(l), answersAtOnce, testCAs(l))
 			before := time.Now()
 			id, _ := f.claimAndDeliver(d, l, 0) // attempt 1: a 1 s backoff
 			r, ok := f.row(id)
@@ -190,7 +202,7 @@ func TestClientErrorFailsAndRemovesOutboxRow(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
 			l := newListener(t, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) })
-			d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+			d, m, _ := f.deliverer(routesOf(l), answersAtOnce, testCAs(l))
 			id, _ := f.claimAndDeliver(d, l, 0)
 			_, ok := f.row(id)
 			require.False(t, ok, "terminal: the row is deleted, never retried")
@@ -208,7 +220,7 @@ func TestRedirectIsTerminalAndTargetIsNotContacted(t *testing.T) {
 	l := newListener(t, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, target.url, http.StatusFound)
 	})
-	d, m, _ := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	d, m, _ := f.deliverer(routesOf(l), answersAtOnce, testCAs(l))
 	id, _ := f.claimAndDeliver(d, l, 0)
 
 	_, ok := f.row(id)
@@ -222,7 +234,7 @@ func TestExhaustedAttemptIsTerminal(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	l := newListener(t, hangUp)
-	d, m, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	d, m, logs := f.deliverer(routesOf(l), answersAtOnce, testCAs(l))
 	id, c := f.claimAndDeliver(d, l, 8)
 	require.Equal(t, int32(9), c.row.Attempts)
 	_, ok := f.row(id)
@@ -255,7 +267,7 @@ func TestLostClaimChangesNothingAndIsLogged(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	l := newListener(t, nil)
-	d, _, logs := f.deliverer(routesOf(l), 2*time.Second, testCAs(l))
+	d, _, logs := f.deliverer(routesOf(l), answersAtOnce, testCAs(l))
 	held := f.claimedMention(l)
 	id := held.row.ID
 	stale := claim{claimID: uuid.New(), row: held.row, leaseEnds: held.leaseEnds}

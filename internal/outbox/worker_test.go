@@ -372,7 +372,7 @@ func TestHangingListenerDoesNotStarveAnotherListener(t *testing.T) {
 		return testutil.ToFloat64(m.deliveries.WithLabelValues(outcomeDeferred)) == maxInFlight
 	}, waitLong, 10*time.Millisecond, "the dead listener's hand-offs deferred to the poll")
 	f.save(message(t, 9, liveTarget), w, true)
-	require.Eventually(t, func() bool { return len(live.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(live.requests()) == 1 }, time.Minute, 10*time.Millisecond,
 		"the healthy listener was not told while the dead one hung")
 	require.Equal(t, lent, hanging.Load(), "the dead listener holds what nobody else needed, no more: lendReserve stays free")
 	require.Zero(t, outcomes(m)[outcomeRetry], "no dead request ended yet")

@@ -167,7 +167,7 @@ func TestBadInputCatalogue(t *testing.T) {
 	}
 
 	// Binary frames are refused with a NOTICE too.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 	defer cancel()
 	require.NoError(t, c.WS.Write(ctx, websocket.MessageBinary, []byte(`["REQ","s",{}]`)))
 	require.True(t, strings.HasPrefix(c.Expect("NOTICE").Msg, "invalid: binary frames"))
@@ -197,7 +197,7 @@ func TestFrameBeyondHardCapClosesWith1009(t *testing.T) {
 	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 1 << 10 })
 	c := r.Dial(t, "")
 	c.SendRaw(`["NOTICE","` + strings.Repeat("x", 5<<10) + `"]`)
-	_, err := c.TryNext(5 * time.Second)
+	_, err := c.TryNext(relaytest.Patience)
 	require.Equal(t, websocket.StatusMessageTooBig, websocket.CloseStatus(err), "got %v", err)
 	again := r.Dial(t, "")
 	again.Auth(nil)

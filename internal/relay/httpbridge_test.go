@@ -22,7 +22,9 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-var bridgeHTTP = &http.Client{Timeout: 10 * time.Second}
+// bridgeHTTP's timeout is a failure bound only, as long as a WebSocket
+// reply's (relaytest.Patience).
+var bridgeHTTP = &http.Client{Timeout: relaytest.Patience}
 
 // nip98 builds a signed kind 27235 auth event for (method, url, body);
 // mutate, when given, changes the event before it is signed. The replay

@@ -194,7 +194,10 @@ func TestDynamicStatementsAreTimedByName(t *testing.T) {
 func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 	// Not parallel: it pushes tens of megabytes through loopback, and alone
 	// it does not starve the timing-sensitive tests that run in parallel.
-	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = time.Second; c.ReqPageRows = 10 })
+	// Each page's statement has the whole budget: 3 s, so a loaded machine
+	// does not time out a 10-row page (1 s once left it little room).
+	const budget = 3 * time.Second
+	r := relaytest.Start(t, func(c *config.Config) { c.QueryTimeout = budget; c.ReqPageRows = 10 })
 	key := relaytest.NewKey(t)
 	const stored = 500 // about 30 MB: more than the reply queue and socket buffers hold
 	storeLargeEvents(t, r, key, stored)
@@ -202,7 +205,7 @@ func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 	c.Auth(key)
 	c.Send("REQ", "all", map[string]any{"kinds": []int{1}})
 	require.Equal(t, "EVENT", c.NextReply().Verb)
-	time.Sleep(3 * time.Second) // the reader dawdles past the query budget
+	time.Sleep(budget + time.Second) // the reader dawdles past the query budget
 	require.Equal(t, stored, 1+historyUntilEOSE(t, c))
 }
 

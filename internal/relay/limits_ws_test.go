@@ -27,7 +27,7 @@ func dialFrom(t testing.TB, r *relaytest.Relay, local string, header http.Header
 	t.Helper()
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: client, HTTPHeader: header})
 	if err == nil {
@@ -56,7 +56,9 @@ func connections(r *relaytest.Relay) float64 {
 // auth-required); an authenticated one on the same relay is not.
 func TestUnauthenticatedConnectionIsClosedAtTheAuthDeadline(t *testing.T) {
 	t.Parallel()
-	r := relaytest.Start(t, func(c *config.Config) { c.AuthTimeout = 3 * time.Second })
+	// 10 s, not less: the other connection must dial and authenticate
+	// within it, or it too is closed at the deadline.
+	r := relaytest.Start(t, func(c *config.Config) { c.AuthTimeout = 10 * time.Second })
 	authed := r.Dial(t, "")
 	authed.Auth(nil)
 	idle := r.Dial(t, "")

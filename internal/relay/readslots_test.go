@@ -27,8 +27,8 @@ func TestAREQWaitingForABusyReadSlotIsToldSo(t *testing.T) {
 	url := dbtest.URL(t)
 	pool := dbtest.PoolOn(t, url, 3)
 	// Wide enough that the order below survives a loaded machine: each
-	// step has a fifth of it (600 ms) to spare.
-	const budget = 3 * time.Second
+	// step has a third of it (1.5 s) to spare.
+	const budget = 4500 * time.Millisecond
 	r := relaytest.StartOn(t, pool, func(c *config.Config) {
 		c.QueryTimeout = budget
 		c.IngestGroupWriters = 1
@@ -49,11 +49,26 @@ func TestAREQWaitingForABusyReadSlotIsToldSo(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 
-	// A fifth of the budget apart: the second gets the slot when the first
-	// times out, at 1 budget, and holds it to 2; the third gives up at 1.4.
-	for _, c := range clients {
+	// A third of the budget apart, counted from when the first REQ's
+	// statement waits on the lock (a loaded relay may read the REQ late):
+	// the second gets the slot when the first times out, at 1 budget, and
+	// holds it to 2; the third gives up at 1.67. Each step has a third of
+	// the budget to spare. At a fifth apart counted from the sends, the
+	// second REQ had 600 ms for the first one's cancellation and any lag in
+	// reading it.
+	observer, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = observer.Close(context.Background()) })
+	clients[0].Send("REQ", "s", map[string]any{"kinds": []int{1}})
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := observer.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, time.Minute, 5*time.Millisecond, "the first REQ's statement waits on the lock")
+	for _, c := range clients[1:] {
+		time.Sleep(budget / 3)
 		c.Send("REQ", "s", map[string]any{"kinds": []int{1}})
-		time.Sleep(budget / 5)
 	}
 	want := []string{
 		"error: query timed out; narrow the filter",

@@ -482,17 +482,17 @@ func TestGracefulShutdownClosesWithGoingAway(t *testing.T) {
 	// The live event queued before shutdown is delivered, then 1001.
 	readErr := make(chan error, 1)
 	go func() {
-		msg, err := c.TryNext(5 * time.Second)
+		msg, err := c.TryNext(relaytest.Patience)
 		if err == nil {
 			if !strings.Contains(string(msg[2]), last.ID) {
 				err = errors.New("expected the queued event first")
 			} else {
-				_, err = c.TryNext(5 * time.Second)
+				_, err = c.TryNext(relaytest.Patience)
 			}
 		}
 		readErr <- err
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 	defer cancel()
 	require.NoError(t, r.Shutdown(ctx))
 	err := <-readErr
@@ -525,7 +525,7 @@ func TestSlowSubscriberIsDisconnectedWithoutBlockingOthers(t *testing.T) {
 	go func() {
 		n := 0
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 			_, _, err := fast.WS.Read(ctx)
 			cancel()
 			if err != nil {

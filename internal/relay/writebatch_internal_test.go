@@ -45,7 +45,7 @@ func acceptTestConn(t *testing.T) (*conn, *websocket.Conn) {
 		accepted <- c
 	}))
 	t.Cleanup(hs.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func writerEnds(t *testing.T, c *conn) {
 		c.out.mu.Lock()
 		defer c.out.mu.Unlock()
 		return !c.out.writing && c.out.live == 0
-	}, 10*time.Second, time.Millisecond, "the writer ended with every delivery counted")
+	}, time.Minute, time.Millisecond, "the writer ended with every delivery counted")
 }
 
 // Messages queued while the writer is not running leave as one batch in one

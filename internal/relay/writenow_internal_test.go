@@ -153,37 +153,44 @@ func TestLiveWritesRaceTheWriterExactlyOnceInOrder(t *testing.T) {
 		return fmt.Appendf(nil, "%02d:%06d:%s", sender, seq, bytes.Repeat([]byte{'p'}, pad))
 	}
 	envelope := []byte(`["EVENT","s",`)
+	// readRound reads one round's messages and checks each; its bound is
+	// per round, not one for the whole test: under the race detector on a
+	// loaded machine the 30 rounds together took 59 s, and a stranded
+	// message still fails its round within a minute.
+	next := make([]int, opener+1)
+	readRound := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for range 1 + (publishers+1)*each {
+			_, data, err := client.Read(ctx)
+			if err != nil {
+				return err
+			}
+			if bytes.HasPrefix(data, envelope) {
+				data = data[len(envelope) : len(data)-1]
+			}
+			var sender, seq int
+			if _, err := fmt.Sscanf(string(data[:min(len(data), 10)]), "%02d:%06d:", &sender, &seq); err != nil || sender > opener {
+				return fmt.Errorf("unreadable message %q: %v", data[:min(len(data), 20)], err)
+			}
+			if seq != next[sender] {
+				return fmt.Errorf("sender %d: got message %d, want %d", sender, seq, next[sender])
+			}
+			if !bytes.Equal(data, message(sender, seq)) {
+				return fmt.Errorf("sender %d message %d arrived damaged", sender, seq)
+			}
+			next[sender]++
+		}
+		return nil
+	}
 	read := make(chan error)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		next := make([]int, opener+1)
 		for range rounds {
-			for range 1 + (publishers+1)*each {
-				_, data, err := client.Read(ctx)
-				if err != nil {
-					read <- err
-					return
-				}
-				if bytes.HasPrefix(data, envelope) {
-					data = data[len(envelope) : len(data)-1]
-				}
-				var sender, seq int
-				if _, err := fmt.Sscanf(string(data[:min(len(data), 10)]), "%02d:%06d:", &sender, &seq); err != nil || sender > opener {
-					read <- fmt.Errorf("unreadable message %q: %v", data[:min(len(data), 20)], err)
-					return
-				}
-				if seq != next[sender] {
-					read <- fmt.Errorf("sender %d: got message %d, want %d", sender, seq, next[sender])
-					return
-				}
-				if !bytes.Equal(data, message(sender, seq)) {
-					read <- fmt.Errorf("sender %d message %d arrived damaged", sender, seq)
-					return
-				}
-				next[sender]++
+			err := readRound()
+			read <- err
+			if err != nil {
+				return
 			}
-			read <- nil // the round is read
 		}
 	}()
 	for r := range rounds {
@@ -232,7 +239,7 @@ func TestNoDataFrameWrittenAfterTheCloseFrame(t *testing.T) {
 		c.sock.mu.Lock()
 		defer c.sock.mu.Unlock()
 		return c.sock.closeSent
-	}, 10*time.Second, time.Millisecond, "the library's close frame is seen")
+	}, time.Minute, time.Millisecond, "the library's close frame is seen")
 	buf, start := textFrame(nil, queued{msg: []byte(`{"id":"late"}`), subID: "s"})
 	taken, _ := c.sock.writeNoWait(buf[start:])
 	require.False(t, taken)

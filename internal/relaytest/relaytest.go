@@ -28,6 +28,14 @@ import (
 	"github.com/buzzrelay/buzz/internal/relay"
 )
 
+// Patience bounds every wait for something the relay must do (dial, write,
+// the next reply): long, because it is a failure bound only. A test runs
+// under the race detector beside every other package on a loaded 2-core
+// machine, where a publish that takes milliseconds alone has taken seconds.
+// A test that expects silence passes its own short window to TryNext or
+// ExpectSilence; a short window there only weakens the check.
+const Patience = time.Minute
+
 // Relay is a running relay with its own database.
 type Relay struct {
 	URL         string // ws://127.0.0.1:port
@@ -154,7 +162,7 @@ func (r *Relay) Dial(t testing.TB, host string) *Client {
 
 // TryDial connects without reading anything; it fails for unknown hosts.
 func (r *Relay) TryDial(host string) (*Client, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), Patience)
 	defer cancel()
 	if host == "" {
 		host = r.Host
@@ -170,7 +178,7 @@ func (r *Relay) TryDial(host string) (*Client, error) {
 // SendRaw writes one text frame.
 func (c *Client) SendRaw(frame string) {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), Patience)
 	defer cancel()
 	require.NoError(c.t, c.WS.Write(ctx, websocket.MessageText, []byte(frame)))
 }
@@ -186,7 +194,7 @@ func (c *Client) Send(parts ...any) {
 // Next reads the next message as its array elements.
 func (c *Client) Next() []json.RawMessage {
 	c.t.Helper()
-	msg, err := c.TryNext(5 * time.Second)
+	msg, err := c.TryNext(Patience)
 	require.NoError(c.t, err)
 	return msg
 }

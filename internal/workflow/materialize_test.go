@@ -214,7 +214,7 @@ func TestDefinitionSaveRacingOwnerRemoval(t *testing.T) {
 	// lock timeout), then let the removal commit.
 	require.Eventually(t, func() bool {
 		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FOR NO KEY UPDATE%'`) > 0
-	}, 10*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
 	require.NoError(t, removal.Commit(f.ctx))
 
 	err = <-saved
