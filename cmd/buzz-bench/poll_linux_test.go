@@ -94,3 +94,60 @@ func TestPolledSubscribersReadEveryEventOnceAndAnswerPings(t *testing.T) {
 	rep := errs.report()
 	require.Zero(t, rep.Count, "no read or decode error: %v", rep.First)
 }
+
+// A polled subscriber also records when each delivery reached its socket,
+// not only when it read it: an event that waited in the socket while the
+// poller was busy elsewhere (here: not started yet) gets the read's
+// latency with the wait in it, and the arrival latency without it.
+// Mutations killed: the socket not asked for receive timestamps, or the
+// control message ignored (the arrival is then the read, wait included);
+// an arrival later than the read.
+func TestPolledSubscribersRecordArrivalBeforeTheirRead(t *testing.T) {
+	t.Parallel()
+	const runID, wait = "arrivalrun", 300 * time.Millisecond
+	clock := newSendClock(1, 1)
+	dialed, sent := make(chan struct{}), make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := ws.CloseRead(context.Background())
+		// Sent once the client's handshake is done, the event waits in the
+		// socket, not in the WebSocket library's buffer.
+		<-dialed
+		clock.mark(0, 0)
+		ev := fmt.Sprintf(`["EVENT","%s",{"id":"%064d","content":"%s/0/0 lorem"}]`, liveSubID, 0, runID)
+		if ws.Write(ctx, websocket.MessageText, []byte(ev)) != nil {
+			return
+		}
+		close(sent)
+		<-ctx.Done()
+	}))
+	t.Cleanup(hs.Close)
+
+	sub := &liveSubscriber{conn: dialPlain(t, "ws"+strings.TrimPrefix(hs.URL, "http")), expect: 1}
+	g := &subscriberGroup{subs: []*liveSubscriber{sub}}
+	close(dialed)
+	<-sent
+	time.Sleep(wait) // the event waits in the socket, unread
+	var errs tally
+	g.start(context.Background(), runID, clock, &errs)
+	require.NotEmpty(t, g.pollers, "the subscriber is polled")
+	read := g.finish(context.Background(), 1, 30*time.Second)
+	require.Len(t, read, 1)
+	arrivals := g.arrivals()
+	require.Len(t, arrivals, 1, "the polled read knew the arrival")
+	require.GreaterOrEqual(t, read[0], wait, "the read came after the wait")
+	require.GreaterOrEqual(t, arrivals[0], time.Duration(0))
+	require.Less(t, arrivals[0], read[0]-wait/2, "the arrival leaves the wait out")
+}
+
+// Without a receive timestamp among the control messages, the arrival is
+// the read itself: never earlier than known.
+func TestArrivalWithoutAStampIsTheRead(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, int64(5000), arrivalStamp(nil, 5000, 9000))
+	require.Equal(t, int64(5000), arrivalStamp(make([]byte, 64), 5000, 9000), "a zeroed buffer holds no message")
+}
