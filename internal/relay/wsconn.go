@@ -68,6 +68,14 @@ type corkConn struct {
 	// closeSent is set once the library wrote a close frame: no data frame
 	// may follow it.
 	closeSent bool
+	// noWaitWrite is writeFrameNow as a function value, made once: a
+	// closure made per call, with the results it sets, was three
+	// allocations per delivery. noWaitFrame is the frame it writes, and
+	// noWaitN and noWaitErr what the write returned (all under mu).
+	noWaitWrite func(fd uintptr) bool
+	noWaitFrame []byte
+	noWaitN     int
+	noWaitErr   error
 	// writes counts socket writes, for the tests of coalescing; of them,
 	// noWaitWrites were writeNoWait's, partialWrites left a tail. They are
 	// atomic so a test can read them while a write holds mu, waiting for
@@ -154,16 +162,13 @@ func (c *corkConn) writeNoWait(frame []byte) (taken, finished bool) {
 	if c.pending != nil || c.unsent != nil || c.closeSent {
 		return false, false
 	}
-	var n int
-	var werr error
-	err := c.raw.Write(func(fd uintptr) bool {
-		for {
-			n, werr = syscall.Write(int(fd), frame)
-			if !errors.Is(werr, syscall.EINTR) {
-				return true // never wait for room
-			}
-		}
-	})
+	if c.noWaitWrite == nil {
+		c.noWaitWrite = c.writeFrameNow // allocated once, not per write
+	}
+	c.noWaitFrame = frame
+	err := c.raw.Write(c.noWaitWrite)
+	n, werr := c.noWaitN, c.noWaitErr
+	c.noWaitFrame, c.noWaitN, c.noWaitErr = nil, 0, nil
 	if err != nil || werr != nil || n <= 0 {
 		// Full, or failing: a writer that waits finds out which.
 		return false, false
@@ -176,6 +181,17 @@ func (c *corkConn) writeNoWait(frame []byte) (taken, finished bool) {
 		return true, false
 	}
 	return true, true
+}
+
+// writeFrameNow writes noWaitFrame to fd, never waiting for room
+// (writeNoWait, under mu).
+func (c *corkConn) writeFrameNow(fd uintptr) bool {
+	for {
+		c.noWaitN, c.noWaitErr = syscall.Write(int(fd), c.noWaitFrame)
+		if !errors.Is(c.noWaitErr, syscall.EINTR) {
+			return true
+		}
+	}
 }
 
 // uncork writes what was gathered in one call and returns the buffer.
