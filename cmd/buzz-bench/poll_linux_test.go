@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,6 +106,7 @@ func TestPolledSubscribersReadEveryEventOnceAndAnswerPings(t *testing.T) {
 func TestPolledSubscribersRecordArrivalBeforeTheirRead(t *testing.T) {
 	t.Parallel()
 	const runID, wait = "arrivalrun", 300 * time.Millisecond
+	receiveStampsOn(t)
 	clock := newSendClock(1, 1)
 	dialed, sent := make(chan struct{}), make(chan struct{})
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -150,4 +152,46 @@ func TestArrivalWithoutAStampIsTheRead(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, int64(5000), arrivalStamp(nil, 5000, 9000))
 	require.Equal(t, int64(5000), arrivalStamp(make([]byte, 64), 5000, 9000), "a zeroed buffer holds no message")
+}
+
+// receiveStampsOn makes sure the kernel stamps what sockets receive while
+// the test runs. It stamps only while some socket asks for stamps, and
+// starts doing so a moment after the first one asks (the switch is made
+// on a work queue); the event the test above leaves unread arrives before
+// the poller asks. A probe socket asks, is kept until the test ends, and
+// is written to until a stamp it reads is older than its read.
+func receiveStampsOn(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	sender, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { sender.Close() })
+	accepted, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { accepted.Close() })
+	raw, err := accepted.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	require.NoError(t, raw.Control(func(fd uintptr) {
+		require.NoError(t, syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1))
+	}))
+	buf, oob := make([]byte, 64), make([]byte, 64)
+	require.Eventually(t, func() bool {
+		if _, err := sender.Write([]byte{1}); err != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+		stamped := false
+		_ = raw.Read(func(fd uintptr) bool {
+			_, oobn, _, _, err := syscall.Recvmsg(int(fd), buf, oob, 0)
+			if err == nil {
+				wall := time.Now()
+				now := int64(wall.Sub(epoch)) + 1
+				stamped = now-arrivalStamp(oob[:oobn], now, wall.UnixNano()) >= int64(10*time.Millisecond)
+			}
+			return true
+		})
+		return stamped
+	}, 10*time.Second, time.Millisecond, "the kernel stamps received segments")
 }
