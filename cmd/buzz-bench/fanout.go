@@ -23,8 +23,13 @@ type fanoutReport struct {
 	Missing              int          `json:"missing"`
 	Duplicates           int          `json:"duplicates"`       // deliveries of an event the subscriber already had
 	Latency              latencyStats `json:"delivery_latency"` // publisher send to subscriber receive
-	PublishOKLatency     latencyStats `json:"publish_ok_latency"`
-	RelayRSS             *rssReport   `json:"relay_rss,omitempty"` // with -relay-pid
+	// ArrivalLatency is publisher send to the delivery's arrival in the
+	// subscriber's socket (the kernel's receive timestamp), where every
+	// subscriber was polled: Latency less the load generator's wait to
+	// read it among a thousand sockets.
+	ArrivalLatency   *latencyStats `json:"socket_arrival_latency,omitempty"`
+	PublishOKLatency latencyStats  `json:"publish_ok_latency"`
+	RelayRSS         *rssReport    `json:"relay_rss,omitempty"` // with -relay-pid
 	// CPU is measured from the first publish to the last delivery.
 	CPU      *cpuReport  `json:"cpu_per_delivery,omitempty"`
 	Rejected tallyReport `json:"rejected"`
@@ -80,6 +85,10 @@ func runFanout(ctx context.Context, o options) *fanoutReport {
 	rep.Duplicates = subs.duplicates()
 	rep.Missing = max(rep.Expected-rep.Received, 0)
 	rep.Latency = summarize(deliveries)
+	if arrivals := subs.arrivals(); len(arrivals) > 0 {
+		a := summarize(arrivals)
+		rep.ArrivalLatency = &a
+	}
 	return rep
 }
 

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"syscall"
+	"time"
+	"unsafe"
 )
 
 // Polled subscribers. A thousand subscribers each blocked in a read of its
@@ -41,6 +43,7 @@ type polledSub struct {
 	fd         int
 	buf        []byte
 	start, end int
+	oob        [64]byte // the receive timestamp's control message
 }
 
 // initialPollBuffer holds several relay messages; a larger one grows it.
@@ -105,6 +108,12 @@ func (p *poller) add(s *liveSubscriber) error {
 		syscall.Close(fd)
 		return err
 	}
+	// The kernel stamps what it receives, so each read also tells when its
+	// bytes reached the socket (arrivalStamp).
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1); err != nil {
+		syscall.Close(fd)
+		return err
+	}
 	if err := s.conn.tcp.Close(); err != nil {
 		syscall.Close(fd)
 		return err
@@ -161,8 +170,12 @@ func (ps *polledSub) readReady(runID string, clock *sendClock, errs *tally) erro
 	if ps.end == len(ps.buf) {
 		ps.makeRoom()
 	}
-	n, err := syscall.Read(ps.fd, ps.buf[ps.end:])
-	now := monoNow()
+	n, oobn, _, _, err := syscall.Recvmsg(ps.fd, ps.buf[ps.end:], ps.oob[:], 0)
+	// Both clocks from one reading: read apart, a preemption between them
+	// would move the arrival.
+	wall := time.Now()
+	now := int64(wall.Sub(epoch)) + 1 // monoNow
+	arrived := arrivalStamp(ps.oob[:max(oobn, 0)], now, wall.UnixNano())
 	switch {
 	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
 		return nil
@@ -188,7 +201,7 @@ func (ps *polledSub) readReady(runID string, clock *sendClock, errs *tally) erro
 				errs.addErr("subscriber decode", err)
 				continue
 			}
-			ps.sub.handle(msg, now, runID, clock, errs)
+			ps.sub.handle(msg, now, arrived, runID, clock, errs)
 		case opPing:
 			if err := ps.pong(f.payload); err != nil {
 				return err
@@ -204,6 +217,36 @@ func (ps *polledSub) readReady(runID string, clock *sendClock, errs *tally) erro
 		ps.start, ps.end = 0, 0
 	}
 	return nil
+}
+
+// arrivalStamp turns the receive timestamp of a read's control messages
+// into the monotonic clock of monoNow: now and wallNow are the two clocks
+// read together right after the read. TCP stamps a read with the arrival of
+// the last segment it took, so a read taking several frames gives the
+// earlier ones a later arrival than theirs, never an earlier one. Without
+// a stamp it returns now: no arrival before the read is claimed.
+//
+// A thousand subscribers on the load generator's two processors are read
+// one after another; the read time then includes the wait for the
+// generator to reach a socket, which a subscriber on a machine of its own
+// would not have. The arrival time leaves that wait out.
+func arrivalStamp(oob []byte, now, wallNow int64) int64 {
+	for len(oob) >= syscall.SizeofCmsghdr {
+		h := (*syscall.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		if h.Len < syscall.SizeofCmsghdr || int(h.Len) > len(oob) {
+			break
+		}
+		data := oob[syscall.CmsgLen(0):h.Len]
+		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && len(data) >= int(unsafe.Sizeof(syscall.Timespec{})) {
+			ts := (*syscall.Timespec)(unsafe.Pointer(&data[0]))
+			if ago := wallNow - ts.Nano(); ago > 0 {
+				return now - ago
+			}
+			return now
+		}
+		oob = oob[min(syscall.CmsgSpace(int(h.Len)-syscall.CmsgLen(0)), len(oob)):]
+	}
+	return now
 }
 
 // makeRoom moves the unparsed bytes to the front, or doubles the buffer

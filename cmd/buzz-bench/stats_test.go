@@ -69,10 +69,11 @@ func TestTallyKeepsFirstDistinctSamples(t *testing.T) {
 func TestDeliveryLogCountsEachEventOnce(t *testing.T) {
 	t.Parallel()
 	l := newDeliveryLog(2, 100, 4)
-	require.True(t, l.add(0, 5, time.Millisecond))
-	require.True(t, l.add(1, 5, 2*time.Millisecond), "the same seq on another stream is another event")
-	require.True(t, l.add(1, 99, 3*time.Millisecond))
-	require.False(t, l.add(0, 5, 4*time.Millisecond), "a second delivery of an event")
+	require.True(t, l.add(0, 5, time.Millisecond, 0))
+	require.True(t, l.add(1, 5, 2*time.Millisecond, time.Millisecond), "the same seq on another stream is another event")
+	require.True(t, l.add(1, 99, 3*time.Millisecond, unknownArrival))
+	require.False(t, l.add(0, 5, 4*time.Millisecond, 0), "a second delivery of an event")
 	require.Equal(t, 1, l.duplicates)
 	require.Equal(t, []time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond}, l.latencies)
+	require.Equal(t, []time.Duration{0, time.Millisecond}, l.arrivals, "arrivals where known, of first deliveries only")
 }

@@ -25,9 +25,13 @@ type liveSubscriber struct {
 // no latency sample, so "all delivered" means every event arrived, not
 // that the count of arrivals reached the count expected.
 type deliveryLog struct {
-	perStream  int
-	seen       []uint64 // one bit per (stream, seq)
-	latencies  []time.Duration
+	perStream int
+	seen      []uint64 // one bit per (stream, seq)
+	latencies []time.Duration
+	// arrivals are the same deliveries' latencies to when the kernel put
+	// them in the subscriber's socket, where the reader knows it (polled
+	// subscribers): what the read adds after that is the load generator's.
+	arrivals   []time.Duration
 	duplicates int
 }
 
@@ -39,9 +43,14 @@ func newDeliveryLog(streams, perStream, expect int) deliveryLog {
 	}
 }
 
-// add records a delivery of (stream, seq), which the send clock knows;
-// it reports whether it was the first.
-func (l *deliveryLog) add(stream, seq int, latency time.Duration) bool {
+// unknownArrival is the arrival time of a delivery read without the
+// socket's receive timestamp.
+const unknownArrival = -1
+
+// add records a delivery of (stream, seq), which the send clock knows,
+// read after latency and, unless it is negative, in the socket after
+// arrival; it reports whether it was the first.
+func (l *deliveryLog) add(stream, seq int, latency, arrival time.Duration) bool {
 	bit := stream*l.perStream + seq
 	word, mask := bit/64, uint64(1)<<(bit%64)
 	if l.seen[word]&mask != 0 {
@@ -50,6 +59,9 @@ func (l *deliveryLog) add(stream, seq int, latency time.Duration) bool {
 	}
 	l.seen[word] |= mask
 	l.latencies = append(l.latencies, latency)
+	if arrival >= 0 {
+		l.arrivals = append(l.arrivals, arrival)
+	}
 	return true
 }
 
@@ -87,12 +99,13 @@ func (s *liveSubscriber) read(runID string, clock *sendClock, stopping *atomic.B
 			}
 			return
 		}
-		s.handle(msg, monoNow(), runID, clock, errs)
+		s.handle(msg, monoNow(), unknownArrival, runID, clock, errs)
 	}
 }
 
-// handle records msg, received at now, if it is a live event of this run.
-func (s *liveSubscriber) handle(msg relayMsg, now int64, runID string, clock *sendClock, errs *tally) {
+// handle records msg, read at now and in the socket since arrived
+// (unknownArrival: not known), if it is a live event of this run.
+func (s *liveSubscriber) handle(msg relayMsg, now, arrived int64, runID string, clock *sendClock, errs *tally) {
 	if msg.Verb != verbEvent || string(msg.SubID) != liveSubID {
 		return
 	}
@@ -105,7 +118,17 @@ func (s *liveSubscriber) handle(msg relayMsg, now int64, runID string, clock *se
 	if !ok {
 		return // another client's or another run's event
 	}
-	if lat, ok := clock.since(stream, seq, now); ok && s.deliveries.add(stream, seq, lat) {
+	lat, ok := clock.since(stream, seq, now)
+	if !ok {
+		return
+	}
+	arrival := time.Duration(unknownArrival)
+	if arrived != unknownArrival {
+		// Not before the send: the wall clock the stamp is on may have
+		// been stepped since.
+		arrival = max(lat-time.Duration(now-arrived), 0)
+	}
+	if s.deliveries.add(stream, seq, lat, arrival) {
 		s.received.Add(1)
 	}
 }
@@ -219,6 +242,20 @@ func (g *subscriberGroup) finish(ctx context.Context, expected int, grace time.D
 	all := make([]time.Duration, 0, g.received())
 	for _, s := range g.subs {
 		all = append(all, s.deliveries.latencies...)
+	}
+	return all
+}
+
+// arrivals returns every delivery's latency to its arrival in the
+// subscriber's socket, or nil unless every delivery has one; valid once
+// finish returned.
+func (g *subscriberGroup) arrivals() []time.Duration {
+	var all []time.Duration
+	for _, s := range g.subs {
+		if len(s.deliveries.arrivals) != len(s.deliveries.latencies) {
+			return nil
+		}
+		all = append(all, s.deliveries.arrivals...)
 	}
 	return all
 }

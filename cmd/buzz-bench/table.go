@@ -142,6 +142,9 @@ func buildTable(rep *report, pgbenchTPS float64) []tableRow {
 			}
 			add(measure, fmt.Sprintf("%s (p50 %s), %d of %d delivered to %d subscribers", ms(f.Latency.P99), ms(f.Latency.P50), f.Received, f.Expected, f.SubscribersConnected),
 				"≤ "+ms(targetFanoutP99)+", all delivered", status)
+			if a := f.ArrivalLatency; a != nil {
+				add("fan-out, p99 at arrival in the socket (unread)", fmt.Sprintf("%s (p50 %s)", ms(a.P99), ms(a.P50)), "", statusNone)
+			}
 		}
 		if c := f.CPU; c != nil && c.BenchUSPerDelivery > 0 {
 			relay := "?"

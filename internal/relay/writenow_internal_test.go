@@ -4,16 +4,24 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/semaphore"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -280,4 +288,87 @@ func TestLiveBytesAreGivenBackOnceWritten(t *testing.T) {
 		defer c.out.mu.Unlock()
 		return c.out.live == 0 && c.out.liveBytes == 0
 	}, 30*time.Second, time.Millisecond, "live deliveries still counted after all were read")
+}
+
+// BenchmarkLiveEventToIdleConnection is one live delivery as a fan-out
+// makes it: an event queued for a connection with nothing queued, framed
+// and written to its socket on the caller's goroutine. The client reads the
+// raw socket meanwhile (no WebSocket library on its side, whose per-message
+// work would be most of the time), a few frames behind at most, as a
+// subscriber of a fan-out has one event at a time to read. Over loopback
+// the kernel's share (the write, and the client's receive path, which runs
+// in the writer's system call) is in the time.
+func BenchmarkLiveEventToIdleConnection(b *testing.B) {
+	c, client := acceptRawClient(b)
+	ev := fmt.Appendf(nil, `{"id":"%064d","pubkey":"%064d","created_at":1700000000,"kind":1,"tags":[["t","fanout-run"]],"content":"%s","sig":"%0128d"}`, 1, 2, strings.Repeat("lorem ", 33), 3)
+	frame, start := textFrame(nil, queued{msg: ev, subID: "live"})
+	frameLen := int64(len(frame) - start)
+	var readBytes atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := client.Read(buf)
+			readBytes.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	b.ReportAllocs()
+	var sent int64
+	for b.Loop() {
+		for sent-readBytes.Load()/frameLen > 8 {
+			runtime.Gosched()
+		}
+		if !c.EnqueueEvent("live", ev) {
+			b.Fatal("not queued")
+		}
+		sent++
+	}
+	b.StopTimer()
+	client.Close()
+	<-done
+}
+
+// acceptRawClient is acceptTestConn with the client's socket itself, once
+// the handshake is done, for a reader without the WebSocket library.
+func acceptRawClient(tb testing.TB) (*conn, net.Conn) {
+	tb.Helper()
+	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	accepted := make(chan *conn, 1)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hw := &hijackWriter{ResponseWriter: w}
+		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		c := &conn{
+			srv: srv, ws: ws, sock: hw.conn, log: srv.log, ctx: ctx, cancel: cancel,
+			replyRoom: semaphore.NewWeighted(int64(srv.cfg.ReplyQueueBytes)), subs: map[string]int{},
+		}
+		c.initWriteWatchdog()
+		accepted <- c
+	}))
+	tb.Cleanup(hs.Close)
+	var raw net.Conn
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, network, addr)
+		raw = nc
+		return nc, err
+	}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), &websocket.DialOptions{HTTPClient: client})
+	require.NoError(tb, err)
+	c := <-accepted
+	tb.Cleanup(func() {
+		raw.Close()
+		c.ws.CloseNow()
+		c.cancel()
+	})
+	return c, raw
 }
