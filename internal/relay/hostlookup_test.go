@@ -15,8 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -95,6 +97,20 @@ func writersServedWhileSlotsHeld(t *testing.T, held *heldStatements, publisher *
 	require.LessOrEqual(t, held.most.Load(), int32(4), "more %s at once than read slots", what)
 }
 
+// relayWithHeldStatement starts a relay on an 8-connection pool (2 group
+// writers: 4 read slots) whose statement named statement can be held
+// (heldStatements.start), and a client authenticated on it to publish
+// meanwhile.
+func relayWithHeldStatement(t *testing.T, statement string, opts []relay.Option, adjust ...func(*config.Config)) (*heldStatements, *relaytest.Relay, *relaytest.Client) {
+	t.Helper()
+	held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
+	r := relaytest.StartWith(t, pool, opts, adjust...)
+	publisher := r.Dial(t, "")
+	publisher.Auth(nil)
+	return held, r, publisher
+}
+
 // nextVerb is the verb of c's next message, which must come within wait.
 func nextVerb(t *testing.T, c *relaytest.Client, wait time.Duration) string {
 	t.Helper()
@@ -123,11 +139,7 @@ func nextVerb(t *testing.T, c *relaytest.Client, wait time.Duration) string {
 // statements, not the held one and the one the other 39 share).
 func TestAnonymousHostLookupFloodLeavesWritersTheirConnections(t *testing.T) {
 	t.Parallel()
-	held := &heldStatements{name: "CommunityResolveServing", entered: make(chan struct{}, 1)}
-	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-	r := relaytest.StartOn(t, pool) // 8 connections, 2 group writers: 4 read slots
-	publisher := r.Dial(t, "")
-	publisher.Auth(nil)
+	held, r, publisher := relayWithHeldStatement(t, "CommunityResolveServing", nil)
 
 	release := held.start(t)
 
@@ -201,11 +213,7 @@ func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T)
 	for _, statement := range []string{"HTTPAuthReplayClaim", "UserRecordedOwner"} {
 		t.Run(statement, func(t *testing.T) {
 			t.Parallel()
-			held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
-			pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-			r := relaytest.StartOn(t, pool) // 4 read slots
-			publisher := r.Dial(t, "")
-			publisher.Auth(nil)
+			held, r, publisher := relayWithHeldStatement(t, statement, nil)
 			path := "/v1/users/" + relaytest.NewKey(t).PublicKeyHex() + "/recorded-owner"
 			requests := make([]*http.Request, 40)
 			for i := range requests {
@@ -254,11 +262,7 @@ func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T)
 // 40 hold all 8 connections and the publish is never answered).
 func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
 	t.Parallel()
-	held := &heldStatements{name: "ChannelsReadable", entered: make(chan struct{}, 1)}
-	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-	r := relaytest.StartOn(t, pool) // 4 read slots
-	publisher := r.Dial(t, "")
-	publisher.Auth(nil)
+	held, r, publisher := relayWithHeldStatement(t, "ChannelsReadable", nil)
 	readers := make([]*relaytest.Client, 40)
 	for i := range readers {
 		readers[i] = r.Dial(t, "")
@@ -287,11 +291,7 @@ func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
 // hold all 8 connections and the publish is never answered).
 func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
 	t.Parallel()
-	held := &heldStatements{name: "ChannelAccess", entered: make(chan struct{}, 1)}
-	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-	r := relaytest.StartOn(t, pool) // 4 read slots
-	publisher := r.Dial(t, "")
-	publisher.Auth(nil)
+	held, r, publisher := relayWithHeldStatement(t, "ChannelAccess", nil)
 	ch := createChannel(t, publisher, "open", false)
 	typists := make([]*relaytest.Client, 40)
 	for i := range typists {
@@ -320,11 +320,7 @@ func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
 // hold all 8 connections and the publish is never answered).
 func TestAnonymousWebhookFloodLeavesWritersTheirConnections(t *testing.T) {
 	t.Parallel()
-	held := &heldStatements{name: "WorkflowGet", entered: make(chan struct{}, 1)}
-	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-	r := relaytest.StartOn(t, pool) // 4 read slots
-	publisher := r.Dial(t, "")
-	publisher.Auth(nil)
+	held, r, publisher := relayWithHeldStatement(t, "WorkflowGet", nil)
 	release := held.start(t)
 	statuses := make(chan int, 40)
 	for i := range 40 {
@@ -362,11 +358,7 @@ func TestFreshKeyAuthAttestationFloodLeavesWritersTheirConnections(t *testing.T)
 	for _, statement := range []string{"UserChannelAddPolicy", "UserAgentOwnerRecord"} {
 		t.Run(statement, func(t *testing.T) {
 			t.Parallel()
-			held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
-			pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-			r := relaytest.StartOn(t, pool) // 4 read slots
-			publisher := r.Dial(t, "")
-			publisher.Auth(nil)
+			held, r, publisher := relayWithHeldStatement(t, statement, nil)
 			agents := make([]*relaytest.Client, 40)
 			auths := make([]*nostr.Event, len(agents))
 			owners := make([]string, len(agents))

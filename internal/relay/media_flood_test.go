@@ -7,11 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
-	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -33,14 +31,10 @@ func TestFreshKeyUploadFloodLeavesWritersTheirConnections(t *testing.T) {
 	for _, statement := range []string{"ServingLeaseAcquire", "MediaUsageReserve", "MediaBlobLock"} {
 		t.Run(statement, func(t *testing.T) {
 			t.Parallel()
-			held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
-			pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
 			svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-			r := relaytest.StartWith(t, pool, []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) {
+			held, r, publisher := relayWithHeldStatement(t, statement, []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) {
 				c.TrustedProxies = mustPrefixes(t, "127.0.0.0/8,::1") // the test names each client's address
-			}) // 4 read slots; 16 uploads at once, 4 per address
-			publisher := r.Dial(t, "")
-			publisher.Auth(nil)
+			}) // 16 uploads at once, 4 per address
 			release := held.start(t)
 			statuses := make(chan int, 16)
 			for i := range 16 {

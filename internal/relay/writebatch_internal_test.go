@@ -28,8 +28,27 @@ import (
 // reading, and a client.
 func acceptTestConn(t *testing.T) (*conn, *websocket.Conn) {
 	t.Helper()
+	url, accepted := serveTestConns(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, url, nil)
+	require.NoError(t, err)
+	client.SetReadLimit(1 << 20)
+	c := <-accepted
+	t.Cleanup(func() {
+		client.CloseNow()
+		c.ws.CloseNow()
+		c.cancel()
+	})
+	return c, client
+}
+
+// serveTestConns serves WebSocket connections at url the way the relay
+// does (hijackWriter, corked socket) and hands over the relay's side of
+// each, not yet reading.
+func serveTestConns(tb testing.TB) (url string, accepted <-chan *conn) {
 	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	accepted := make(chan *conn, 1)
+	conns := make(chan *conn, 1)
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hw := &hijackWriter{ResponseWriter: w}
 		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
@@ -42,21 +61,10 @@ func acceptTestConn(t *testing.T) (*conn, *websocket.Conn) {
 			replyRoom: semaphore.NewWeighted(int64(srv.cfg.ReplyQueueBytes)), subs: map[string]int{},
 		}
 		c.initWriteWatchdog()
-		accepted <- c
+		conns <- c
 	}))
-	t.Cleanup(hs.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
-	require.NoError(t, err)
-	client.SetReadLimit(1 << 20)
-	c := <-accepted
-	t.Cleanup(func() {
-		client.CloseNow()
-		c.ws.CloseNow()
-		c.cancel()
-	})
-	return c, client
+	tb.Cleanup(hs.Close)
+	return "ws" + strings.TrimPrefix(hs.URL, "http"), conns
 }
 
 func readMessages(t *testing.T, client *websocket.Conn, n int) [][]byte {

@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,9 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/semaphore"
 
-	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -336,23 +331,7 @@ func BenchmarkLiveEventToIdleConnection(b *testing.B) {
 // the handshake is done, for a reader without the WebSocket library.
 func acceptRawClient(tb testing.TB) (*conn, net.Conn) {
 	tb.Helper()
-	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	accepted := make(chan *conn, 1)
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hw := &hijackWriter{ResponseWriter: w}
-		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
-		if err != nil {
-			return
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		c := &conn{
-			srv: srv, ws: ws, sock: hw.conn, log: srv.log, ctx: ctx, cancel: cancel,
-			replyRoom: semaphore.NewWeighted(int64(srv.cfg.ReplyQueueBytes)), subs: map[string]int{},
-		}
-		c.initWriteWatchdog()
-		accepted <- c
-	}))
-	tb.Cleanup(hs.Close)
+	url, accepted := serveTestConns(tb)
 	var raw net.Conn
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer
@@ -360,9 +339,9 @@ func acceptRawClient(tb testing.TB) (*conn, net.Conn) {
 		raw = nc
 		return nc, err
 	}}}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), &websocket.DialOptions{HTTPClient: client})
+	_, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: client})
 	require.NoError(tb, err)
 	c := <-accepted
 	tb.Cleanup(func() {
