@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/buzzrelay/buzz/internal/localport"
 )
 
 // ErrNoPostgres means no PostgreSQL server binaries were found.
@@ -325,17 +326,8 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	return nil
 }
 
-// pickPort is freePort; tests replace it to hand out a taken port.
-var pickPort = freePort
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// pickPort is localport.Free; tests replace it to hand out a taken port.
+var pickPort = localport.Free
 
 // StartTemp starts a throwaway fast (fsync off) cluster in a new temporary
 // directory. Close stops it and removes the directory.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/localport"
 )
 
 // A port found free can be taken before the postmaster binds it (parallel
@@ -24,9 +26,9 @@ func TestStartRetriesAPortTakenMeanwhile(t *testing.T) {
 		if picks == 1 {
 			return takenPort, nil
 		}
-		return freePort()
+		return localport.Free()
 	}
-	t.Cleanup(func() { pickPort = freePort })
+	t.Cleanup(func() { pickPort = localport.Free })
 
 	ctx := context.Background()
 	c, err := StartTemp(ctx, nil)

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/buzzrelay/buzz/internal/localport"
 )
 
 // ErrNoRedis means no redis-server binary was found.
@@ -41,7 +43,7 @@ func Start(ctx context.Context) (*Server, error) {
 	s := &Server{bin: bin}
 	// A port found free may be taken before redis-server binds it: retry.
 	for attempt := 1; ; attempt++ {
-		if s.port, err = freePort(); err != nil {
+		if s.port, err = localport.Free(); err != nil {
 			return nil, err
 		}
 		if err = s.Restart(ctx); err == nil {
@@ -143,13 +145,4 @@ func waitListening(ctx context.Context, addr string, exited <-chan struct{}) err
 			return errors.New("not serving after 15s")
 		}
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
