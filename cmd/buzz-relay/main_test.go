@@ -235,8 +235,11 @@ func TestDevRelayLogsItsDatabaseURL(t *testing.T) {
 	cfg.MetricsAddr = "127.0.0.1:0"
 	cfg.RelayURL = fmt.Sprintf("ws://localhost:%d", port)
 	var logs lockedBuffer
+	// Made before the relay runs, so its removal (a cleanup) comes after the
+	// relay stopped its PostgreSQL: removed first, the server outlived the test.
+	dataDir := newDevDataDir(t)
 	runRelay(t, port, func(ctx context.Context, _ *slog.Logger) error {
-		return dev(ctx, cfg, slog.New(slog.NewJSONHandler(&logs, nil)), devOptions{DataDir: newDevDataDir(t), Listener: listener}, noEnv)
+		return dev(ctx, cfg, slog.New(slog.NewJSONHandler(&logs, nil)), devOptions{DataDir: dataDir, Listener: listener}, noEnv)
 	})
 	url := logs.attr(t, "private PostgreSQL ready", "database_url")
 	conn, err := pgx.Connect(t.Context(), url)
