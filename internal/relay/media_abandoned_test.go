@@ -37,27 +37,9 @@ func TestMediaUploadAbandonedMidStoreLeavesNoBlob(t *testing.T) {
 	paused := mediatest.NewPutUntilCanceled(store, hexSHA(blob)+".png")
 	svc := media.NewService(paused, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
 	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
-	ctx := context.Background()
-	key := relaytest.NewKey(t)
-
 	u, err := url.Parse(r.HTTPURL)
 	require.NoError(t, err)
-	conn, err := net.Dial("tcp", u.Host)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = fmt.Fprintf(conn, "PUT /media/upload HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n",
-		u.Host, blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil), len(blob))
-	require.NoError(t, err)
-	_, err = conn.Write(blob)
-	require.NoError(t, err)
-	<-paused.Entered
-	require.NoError(t, conn.Close())
-
-	// The upload's lease is released once the handler returned.
-	waitFor(t, func() bool {
-		var live int
-		return r.Pool.QueryRow(ctx, `SELECT count(*) FROM community_serving_write_leases WHERE community_id = $1`, r.CommunityID).Scan(&live) == nil && live == 0
-	})
+	abandonUpload(t, r, u.Host, r.CommunityID, blob, paused.Entered)
 	require.Empty(t, storeKeys(t, store), "the abandoned upload's blob is left in the store")
 	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID))
 }
@@ -91,29 +73,35 @@ func TestMediaUploadAbandonedMidReferenceLeavesNothing(t *testing.T) {
 			paused.ReportCancel = true
 			svc := media.NewService(paused, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
 			r := relaytest.StartWith(t, pool, []relay.Option{relay.WithMedia(svc)})
-			ctx := context.Background()
-
-			u, err := url.Parse(r.HTTPURL)
-			require.NoError(t, err)
-			conn, err := net.Dial("tcp", u.Host)
-			require.NoError(t, err)
-			defer conn.Close()
-			_, err = fmt.Fprintf(conn, "PUT /media/upload HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n",
-				row.Host, blossomAuth(t, relaytest.NewKey(t), "upload", []string{hexSHA(blob)}, nil), len(blob))
-			require.NoError(t, err)
-			_, err = conn.Write(blob)
-			require.NoError(t, err)
-			<-paused.Entered
-			require.NoError(t, conn.Close())
-
-			waitFor(t, func() bool {
-				var live int
-				return r.Pool.QueryRow(ctx, `SELECT count(*) FROM community_serving_write_leases WHERE community_id = $1`, row.ID).Scan(&live) == nil && live == 0
-			})
+			abandonUpload(t, r, row.Host, row.ID, blob, paused.Entered)
 			require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, row.Host, "/media/"+hexSHA(blob), "", nil, nil).Status,
 				"the blob of an abandoned upload is served")
 			require.Empty(t, storeKeys(t, store), "the abandoned upload left objects in the store")
 			require.Zero(t, mediaUsage(t, db.New(r.Pool), row.ID))
 		})
 	}
+}
+
+// abandonUpload sends a whole upload of blob to host's community on a raw
+// connection, hangs up once the store is entered (entered: the relay is
+// writing), and waits until the upload's serving-write lease is released
+// (its handler returned).
+func abandonUpload(t *testing.T, r *relaytest.Relay, host string, community uuid.UUID, blob []byte, entered <-chan struct{}) {
+	t.Helper()
+	u, err := url.Parse(r.HTTPURL)
+	require.NoError(t, err)
+	conn, err := net.Dial("tcp", u.Host)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "PUT /media/upload HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n",
+		host, blossomAuth(t, relaytest.NewKey(t), "upload", []string{hexSHA(blob)}, nil), len(blob))
+	require.NoError(t, err)
+	_, err = conn.Write(blob)
+	require.NoError(t, err)
+	<-entered
+	require.NoError(t, conn.Close())
+	waitFor(t, func() bool {
+		var live int
+		return r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases WHERE community_id = $1`, community).Scan(&live) == nil && live == 0
+	})
 }
