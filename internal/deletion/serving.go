@@ -2,6 +2,8 @@ package deletion
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,13 +28,26 @@ const (
 type ServingLease struct {
 	id     uuid.UUID
 	pool   *pgxpool.Pool
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
 
+// ErrServingLeaseLapsed: the operation's serving-write lease is no longer
+// live (a renewal failed or found it expired, or the community's deletion
+// fenced it): the operation must not make its effects visible. It is the
+// cause of the operation's context once a renewal failed.
+var ErrServingLeaseLapsed = errors.New("the serving-write lease lapsed")
+
+// commitMargin is how long an operation may take to commit its effects
+// after Confirm renewed its lease: well inside the lease, so the deletion's
+// fence, which waits for the lease to expire, cannot pass meanwhile.
+const commitMargin = servingLeaseDuration / 2
+
 // AcquireServingLease takes a lease for operation on community and keeps
 // it renewed until Release. The returned context ends if a renewal fails
-// (the operation must then stop). A community that is being deleted
+// (the operation must then stop; its cause is ErrServingLeaseLapsed). A
+// renewal that hangs does not end it: an operation confirms its lease
+// before it commits (ConfirmServingLease). A community that is being deleted
 // refuses: the error wraps dberr.ErrCommunityWriteFenced.
 func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid.UUID, operation string) (*ServingLease, context.Context, error) {
 	id, err := db.New(pool).ServingLeaseAcquire(ctx, db.ServingLeaseAcquireParams{CommunityID: community, Operation: operation,
@@ -40,7 +55,7 @@ func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid
 	if err != nil {
 		return nil, ctx, dberr.Interpret(err)
 	}
-	opCtx, cancel := context.WithCancel(ctx)
+	opCtx, cancel := context.WithCancelCause(ctx)
 	l := &ServingLease{id: id, pool: pool, cancel: cancel, done: make(chan struct{})}
 	opCtx = context.WithValue(opCtx, leaseKey{}, l)
 	go func() {
@@ -55,7 +70,7 @@ func AcquireServingLease(ctx context.Context, pool *pgxpool.Pool, community uuid
 			}
 			ok, err := db.New(pool).ServingLeaseRenew(opCtx, db.ServingLeaseRenewParams{ID: id, LeaseSeconds: servingLeaseDuration.Seconds()})
 			if err != nil || !ok {
-				cancel()
+				cancel(ErrServingLeaseLapsed)
 				return
 			}
 		}
@@ -75,7 +90,7 @@ type leaseKey struct{}
 func UnderLease(ctx context.Context, pool *pgxpool.Pool, fn func(q *db.Queries) error) error {
 	return dberr.Interpret(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
-		if l, ok := ctx.Value(leaseKey{}).(*ServingLease); ok {
+		if l, ok := ctx.Value(leaseKey{}).(*ServingLease); ok && l != nil {
 			if err := q.ServingLeaseGuard(ctx, l.id); err != nil {
 				return err
 			}
@@ -84,9 +99,46 @@ func UnderLease(ctx context.Context, pool *pgxpool.Pool, fn func(q *db.Queries) 
 	}))
 }
 
+// ConfirmServingLease renews the lease of the operation whose context is
+// ctx right before the operation commits effects outside the database (an
+// upload's sidecar), and returns the context to commit them under: it ends
+// well before the renewed lease could expire. A renewal in the background
+// may hang (a row lock, a pool with no free connection) while the lease
+// expires and the community's deletion fences and lists its objects; an
+// operation that went on writing then would leave objects the deletion
+// never saw. The error is ErrServingLeaseLapsed when the lease is no
+// longer live. A context without a lease is returned as it is.
+func ConfirmServingLease(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	l, ok := ctx.Value(leaseKey{}).(*ServingLease)
+	if !ok || l == nil {
+		return ctx, func() {}, nil
+	}
+	renewed, err := db.New(l.pool).ServingLeaseRenew(ctx, db.ServingLeaseRenewParams{ID: l.id, LeaseSeconds: servingLeaseDuration.Seconds()})
+	if cause := context.Cause(ctx); errors.Is(cause, ErrServingLeaseLapsed) {
+		return nil, nil, cause
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("confirm the serving-write lease: %w", dberr.Interpret(err))
+	}
+	if !renewed {
+		l.cancel(ErrServingLeaseLapsed)
+		return nil, nil, ErrServingLeaseLapsed
+	}
+	commitCtx, cancel := context.WithTimeout(ctx, commitMargin)
+	return commitCtx, cancel, nil
+}
+
+// WithoutServingLease is ctx without its operation's lease: statements run
+// under it are fenced as any other (deletion.UnderLease does not present
+// the lease). For a statement that must run even once the lease lapsed,
+// such as giving back a quota reservation.
+func WithoutServingLease(ctx context.Context) context.Context {
+	return context.WithValue(ctx, leaseKey{}, (*ServingLease)(nil))
+}
+
 // Release stops renewing and deletes the lease.
 func (l *ServingLease) Release(ctx context.Context) {
-	l.cancel()
+	l.cancel(context.Canceled)
 	<-l.done
 	_, _ = db.New(l.pool).ServingLeaseRelease(context.WithoutCancel(ctx), l.id)
 }

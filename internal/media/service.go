@@ -72,6 +72,19 @@ type Service struct {
 	locks   map[string]*hashLock
 	// blobLock does the same across relay processes (UseBlobLock).
 	blobLock BlobLock
+	// commitGuard confirms, right before an upload writes its upload
+	// record and sidecar, that it may still (UseCommitGuard).
+	commitGuard CommitGuard
+}
+
+// CommitGuard is asked right before an upload makes its blob visible (its
+// upload record and sidecar, under the blob lock) whether it still may,
+// and returns the context to write them under, which done ends. An error
+// refuses the upload: it stores nothing, and whatever it wrote is removed.
+type CommitGuard func(ctx context.Context) (commitCtx context.Context, done context.CancelFunc, err error)
+
+func noCommitGuard(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	return ctx, func() {}, nil
 }
 
 // hashLock is one hash's lock and how many requests hold or await it.
@@ -85,13 +98,17 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}, blobLock: noBlobLock}
+	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}, blobLock: noBlobLock, commitGuard: noCommitGuard}
 }
 
 // UseBlobLock makes uploads and deletes of a shared blob serialize with
 // every other relay process on the same store (AdvisoryBlobLock); call it
 // before serving.
 func (s *Service) UseBlobLock(l BlobLock) { s.blobLock = l }
+
+// UseCommitGuard makes every upload ask g before it writes its upload
+// record and sidecar; call it before serving.
+func (s *Service) UseCommitGuard(g CommitGuard) { s.commitGuard = g }
 
 // UseClock makes the service tell upload times by now (the relay's one
 // clock); call it before serving.
@@ -292,7 +309,12 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			err = ensureBlob(d.Blob, false)
 		}
 		if err == nil {
-			wroteSidecar, sidecarLeft, err = s.reference(ctx, community, d, uploader, now, first)
+			var commitCtx context.Context
+			var done context.CancelFunc
+			if commitCtx, done, err = s.commitGuard(ctx); err == nil {
+				wroteSidecar, sidecarLeft, err = s.reference(commitCtx, community, d, uploader, now, first)
+				done()
+			}
 		}
 		unlockBlob()
 		if err != nil {

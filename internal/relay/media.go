@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/deletion"
@@ -281,22 +283,68 @@ func (s *Server) mediaLease(r *http.Request, tenant community.Tenant, operation 
 	return deletion.AcquireServingLease(r.Context(), s.pool, tenant.ID(), operation)
 }
 
-// reserveInReadSlot makes a quota reservation wait for a read slot (any
-// key may upload). A release does not: it gives back what a reservation
-// took, at most once each, so reservations bound releases, and one failed
-// for a busy relay would leave the bytes counted for good.
-type reserveInReadSlot struct {
+// relayQuota makes a quota reservation wait for a read slot (any key may
+// upload). A release does not: it gives back what a reservation took, at
+// most once each, so reservations bound releases, and one failed for a
+// busy relay would leave the bytes counted for good.
+type relayQuota struct {
 	media.Quota
-	slot func(context.Context) (func(), error)
+	slot     func(context.Context) (func(), error)
+	log      *slog.Logger
+	failures *prometheus.CounterVec
 }
 
-func (q reserveInReadSlot) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
+func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
 	release, err := q.slot(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
 	return q.Quota.Reserve(ctx, community, size)
+}
+
+// Quota releases are tried releaseAttempts times, each bounded by
+// releaseAttemptTimeout, releaseBackoff apart (doubling).
+const (
+	releaseAttempts       = 4
+	releaseAttemptTimeout = 5 * time.Second
+	releaseBackoff        = time.Second
+)
+
+// Release gives size back to community's count, however the request that
+// reserved it ended: each attempt on a context of its own (the client may
+// be gone), and after a failure again, without the operation's
+// serving-write lease (a lapsed lease's guard refuses every statement
+// presented under it, while an active community's count needs no lease).
+// Given up, the count stays high for good, so every failed attempt is
+// logged and counted (buzz_media_quota_release_failures_total). Only a
+// community being deleted refuses for good: its count goes with it.
+func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
+	var err error
+	backoff := releaseBackoff
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
+		if attempt > 1 || errors.Is(context.Cause(ctx), deletion.ErrServingLeaseLapsed) {
+			actx = deletion.WithoutServingLease(actx)
+		}
+		err = q.Quota.Release(actx, community, size)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if attempt > 1 && communityBeingDeleted(err) {
+			return err
+		}
+		if attempt == releaseAttempts {
+			q.failures.WithLabelValues("lost").Inc()
+			q.log.Error("media quota release lost: the community's count stays high", "community", community, "bytes", size, "attempts", attempt, "err", err)
+			return err
+		}
+		q.failures.WithLabelValues("retried").Inc()
+		q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", attempt, "err", err)
+		time.Sleep(backoff)
+		backoff *= 2
+	}
 }
 
 func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
@@ -354,10 +402,20 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	defer lease.Release(r.Context())
 	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, r.Body, accept)
 	if err != nil {
-		s.mediaFenced(w, r, tenant, err) // the quota's row is fenced once the deletion quiesces
+		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err)) // the quota's row is fenced once the deletion quiesces
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
+}
+
+// leaseLapsed is err, marked as the lapse of the operation's serving-write
+// lease when that is what ended the operation's context (its statements
+// and store calls then fail with a bare cancellation).
+func leaseLapsed(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, deletion.ErrServingLeaseLapsed) && !errors.Is(err, cause) {
+		return fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
 }
 
 // serveMediaUploadCheck is the upload preflight (BUD-06): the client
@@ -440,6 +498,9 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
 	case errors.Is(err, errReadSlotsBusy):
 		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+	case errors.Is(err, deletion.ErrServingLeaseLapsed):
+		s.log.Warn("media write outlived its serving-write lease", "community", tenant.Host(), "method", r.Method, "err", err)
+		mediaError(w, http.StatusServiceUnavailable, leaseLapsedReason)
 	case errors.Is(err, media.ErrSpool):
 		s.log.Error("media upload could not be spooled", "community", tenant.Host(), "err", err)
 		status, msg := spoolFailure(err)
@@ -537,8 +598,12 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
-		s.mediaFenced(w, r, tenant, err)
+		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": sha})
 }
+
+// leaseLapsedReason answers a media write whose serving-write lease lapsed
+// before it was done: an upload stored nothing, a delete may be sent again.
+const leaseLapsedReason = "error: the relay's serving-write lease on this community lapsed before the request was done; try again"

@@ -31,6 +31,11 @@ type Metrics struct {
 	OwnerAttestations *prometheus.CounterVec
 	MediaRequests     *prometheus.CounterVec // op: upload, get, head, delete; status: the HTTP status code
 	MediaBytes        *prometheus.CounterVec // direction: in (request bodies), out (responses)
+	// MediaQuotaReleaseFailures counts failed attempts to give a media
+	// quota reservation back, by outcome: retried (another attempt
+	// follows), lost (the last attempt failed: the community's count stays
+	// high until an operator corrects it).
+	MediaQuotaReleaseFailures *prometheus.CounterVec
 	// CommunityClosedConns counts connections closed because their
 	// community was deleted or archived, by close reason.
 	CommunityClosedConns *prometheus.CounterVec
@@ -124,6 +129,9 @@ func NewMetrics() *Metrics {
 		MediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
 		}, []string{"direction"}),
+		MediaQuotaReleaseFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high).",
+		}, []string{"outcome"}),
 		CommunityClosedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_closed_community_total", Help: "WebSocket connections closed with 1008 because their community was deleted or archived, by close reason.",
 		}, []string{"reason"}),
@@ -155,7 +163,7 @@ func NewMetrics() *Metrics {
 		Name: "buzz_channel_member_limit_refusals_total",
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
-	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -185,9 +185,12 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			}
 			return func() { unlock(); release() }, nil
 		})
-		s.media.UseQuota(reserveInReadSlot{Quota: media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
+		s.media.UseQuota(relayQuota{Quota: media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
 			return deletion.UnderLease(ctx, pool, fn)
-		}}, slot: s.readSlot})
+		}}, slot: s.readSlot, log: s.log, failures: s.metrics.MediaQuotaReleaseFailures})
+		// An upload renews its serving-write lease right before it makes
+		// its blob visible: one whose lease lapsed meanwhile stores nothing.
+		s.media.UseCommitGuard(deletion.ConfirmServingLease)
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))

@@ -1,0 +1,180 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// holdBlobLock takes sha's blob lock (media.AdvisoryBlobLock's keys) on a
+// connection of pool, so an upload of sha stops right before its locked
+// window; the returned func gives it back.
+func holdBlobLock(t *testing.T, pool *pgxpool.Pool, sha string) (release func()) {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	prefix, err := hex.DecodeString(sha[:8])
+	require.NoError(t, err)
+	_, err = conn.Exec(context.Background(), `SELECT pg_advisory_lock($1::int, $2::int)`, int32(0x626c6f62), int32(binary.BigEndian.Uint32(prefix)))
+	require.NoError(t, err)
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+			require.NoError(t, err)
+			conn.Release()
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// advisoryWaiters counts sessions waiting for an advisory lock in pool's
+// database, and blobLocksHeld the blob locks held there.
+func advisoryWaiters(t *testing.T, pool *pgxpool.Pool) (waiting, blobLocksHeld int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) FILTER (WHERE NOT granted),
+		       count(*) FILTER (WHERE granted AND classid = $1::int::oid AND objsubid = 2)
+		FROM pg_locks WHERE locktype = 'advisory'
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, int32(0x626c6f62)).Scan(&waiting, &blobLocksHeld))
+	return waiting, blobLocksHeld
+}
+
+// lockWaiters counts statements named name waiting for a lock in pool's
+// database.
+func lockWaiters(t *testing.T, pool *pgxpool.Pool, name string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '-- name: ' || $1 || '%'`, name).Scan(&n))
+	return n
+}
+
+// uploadAtTheBlobLock starts an upload of blob to r's home community and
+// returns once it waits for the blob lock the test holds: its body is
+// hashed, its bytes reserved, its blob written, its record and sidecar not
+// yet. unlock lets it go on.
+func uploadAtTheBlobLock(t *testing.T, r *relaytest.Relay, blob []byte) (unlock func(), reply <-chan mediaReply) {
+	t.Helper()
+	unlock = holdBlobLock(t, r.Pool, hexSHA(blob))
+	replies := make(chan mediaReply, 1)
+	go func() { replies <- upload(t, r, "", relaytest.NewKey(t), blob) }()
+	waitFor(t, func() bool { waiting, _ := advisoryWaiters(t, r.Pool); return waiting == 1 })
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "reserved before the blob lock")
+	return unlock, replies
+}
+
+// requireNothingLeft requires that the refused upload of blob left nothing:
+// not served, no object in store, nothing counted, no serving-write lease
+// and no blob lock held.
+func requireNothingLeft(t *testing.T, r *relaytest.Relay, store media.Store, blob []byte) {
+	t.Helper()
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status, "the refused upload's blob is served")
+	require.Empty(t, storeKeys(t, store), "the refused upload left objects in the store")
+	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID), "the refused upload's bytes are still counted")
+	waitFor(t, func() bool {
+		var leases int
+		require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
+		_, held := advisoryWaiters(t, r.Pool)
+		return leases == 0 && held == 0
+	})
+}
+
+// An upload whose serving-write lease lapsed while its renewal could not
+// get through (here a transaction holds the lease's row, and moves its
+// expiry into the past, as a minute of stalled renewals would) is refused
+// before it makes its blob visible: the deletion's fence passes a lapsed
+// lease and lists the community's objects, so a sidecar written after it
+// would be left behind, served and counted by nothing. It is answered 503
+// with JSON, and leaves no object, no count, no lease and no blob lock.
+// Before, the upload, holding the blob lock, went on writing its upload
+// record and sidecar and answered 200. Mutations killed: no
+// lease confirmation before the record and sidecar (200, the blob served);
+// the reservation given back only under the lapsed lease (its guard
+// refuses: the bytes stay counted).
+func TestMediaUploadWhoseLeaseLapsedStoresNothing(t *testing.T) {
+	t.Parallel()
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	unlock, replies := uploadAtTheBlobLock(t, r, blob)
+
+	lapse, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lapse.Rollback(ctx) //nolint:errcheck
+	_, err = lapse.Exec(ctx, `UPDATE community_serving_write_leases SET lease_until = now() - interval '1 second' WHERE community_id = $1`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	// The upload's renewal waits for the lease's row, or (before the fix)
+	// the upload, done without asking, waits to release its lease.
+	waitFor(t, func() bool { return lockWaiters(t, r.Pool, "ServingLease") > 0 })
+	require.NoError(t, lapse.Commit(ctx))
+
+	reply := <-replies
+	require.Equal(t, http.StatusServiceUnavailable, reply.Status, "%s", reply.Body)
+	require.Equal(t, "error: the relay's serving-write lease on this community lapsed before the request was done; try again", reply.Error)
+	require.Equal(t, reply.Error, reply.Header.Get("X-Reason"))
+	requireNothingLeft(t, r, store, blob)
+}
+
+// A quota release that fails (here its statement waits on the community's
+// usage row, held by another transaction, past its timeout) is tried again
+// on a context of its own, so the upload that failed after reserving does
+// not leave its community's count short of room for good; the failed
+// attempt is counted. Mutation killed: a single attempt (the bytes stay
+// counted, 4096).
+func TestMediaQuotaReleaseIsRetried(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	retried := r.Server.Metrics().MediaQuotaReleaseFailures.WithLabelValues("retried")
+	unlock, replies := uploadAtTheBlobLock(t, r, blob)
+
+	// The upload record's write fails (a file stands where the community's
+	// records go), so the upload gives its reservation back.
+	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	holder, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM media_usage WHERE community_id = $1 FOR UPDATE`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	waitFor(t, func() bool { return len(replies) > 0 || testutil.ToFloat64(retried) >= 1 })
+	require.NoError(t, holder.Rollback(ctx))
+
+	reply := <-replies
+	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
+	require.Equal(t, "error: could not reach the media store; try again", reply.Error)
+	require.Equal(t, 1.0, testutil.ToFloat64(retried))
+	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().MediaQuotaReleaseFailures.WithLabelValues("lost")))
+	require.NoError(t, os.Remove(obstacle))
+	requireNothingLeft(t, r, store, blob)
+}
