@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -58,3 +59,7 @@ func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event)
 func (s *Server) DeliverFromBus(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
 	s.deliverFromBus(community, ev, channel, 0)
 }
+
+// ReadSlots is the semaphore every read slot is taken from, so a test can
+// hold them all as statements stuck in the database would.
+func (s *Server) ReadSlots() *semaphore.Weighted { return s.store.ReadSlots }
