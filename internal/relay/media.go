@@ -112,6 +112,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // Unwrap keeps http.ResponseController working through the wrapper.
 func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
+// mediaOffReason answers every media route of a relay without media.
+const mediaOffReason = "blocked: media is not enabled on this relay"
+
 // mediaError answers a refusal as JSON, with the reason also in X-Reason,
 // where Blossom clients look for it.
 func mediaError(w http.ResponseWriter, status int, msg string) {
@@ -225,18 +228,18 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	}
 	if !errors.As(err, &ae) {
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
-		mediaError(w, http.StatusInternalServerError, "could not check authorization; try again")
+		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 		return
 	}
 	w.Header().Set("WWW-Authenticate", "Nostr")
-	mediaError(w, http.StatusUnauthorized, ae.Reason)
+	mediaError(w, http.StatusUnauthorized, "auth-required: "+ae.Reason)
 }
 
 // mediaUploader is who may upload here, or false once the client was
 // answered (media off, or no valid upload authorization).
 func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (*nostr.Event, bool) {
 	if s.media == nil {
-		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		mediaError(w, http.StatusNotFound, mediaOffReason)
 		return nil, false
 	}
 	ev, err := s.mediaAuth(r, "upload")
@@ -528,7 +531,7 @@ func spoolFailure(err error) (int, string) {
 // hash is the secret). HEAD answers the same headers without the body.
 func (s *Server) serveMediaGet(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	if s.media == nil {
-		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		mediaError(w, http.StatusNotFound, mediaOffReason)
 		return
 	}
 	sha, _, ok := media.ParseBlobName(r.PathValue("name"))
@@ -562,7 +565,7 @@ func (s *Server) serveMediaGet(w http.ResponseWriter, r *http.Request, tenant co
 
 func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	if s.media == nil {
-		mediaError(w, http.StatusNotFound, "media is not enabled on this relay")
+		mediaError(w, http.StatusNotFound, mediaOffReason)
 		return
 	}
 	sha, _, ok := media.ParseBlobName(r.PathValue("name"))

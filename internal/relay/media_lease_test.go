@@ -1,12 +1,15 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -179,4 +182,47 @@ func TestMediaQuotaReleaseIsRetried(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().MediaQuotaReleaseFailures.WithLabelValues("lost")))
 	require.NoError(t, os.Remove(obstacle))
 	requireNothingLeft(t, r, store, blob)
+}
+
+// nip01Prefix is every machine-readable prefix NIP-01 defines.
+var nip01Prefix = regexp.MustCompile(`^(invalid|auth-required|restricted|blocked|rate-limited|duplicate|pow|error): `)
+
+func requireNIP01Prefix(t *testing.T, reason, why string) {
+	t.Helper()
+	require.Regexp(t, nip01Prefix, reason, why)
+}
+
+// A relay without media answers every media route 404 behind a NIP-01
+// prefix, and a delete whose NIP-98 claim fails in the database (its
+// connection lost once the server ran it) is 500 "error: ...", holding no
+// lease afterwards. Mutations killed: either reason without its prefix.
+func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
+	t.Parallel()
+	off := relaytest.Start(t)
+	blob := pngBlob(t, 100)
+	key := relaytest.NewKey(t)
+	for _, method := range []string{http.MethodPut, http.MethodDelete} {
+		path := "/media/upload"
+		if method == http.MethodDelete {
+			path = "/media/" + hexSHA(blob)
+		}
+		got := mediaDo(t, off, method, "", path, blossomAuth(t, key, map[string]string{http.MethodPut: "upload", http.MethodDelete: "delete"}[method], []string{hexSHA(blob)}, nil), bytes.NewReader(blob), nil)
+		require.Equal(t, http.StatusNotFound, got.Status, method)
+		require.Equal(t, "blocked: media is not enabled on this relay", got.Error, method)
+	}
+
+	var cut atomic.Int32
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, dbtest.LoseAnswerTo("-- name: HTTPAuthReplayClaim", &cut))
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, pool, []relay.Option{relay.WithMedia(svc)})
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	path := "/media/" + hexSHA(blob)
+	cut.Store(1)
+	got := mediaDo(t, r, http.MethodDelete, "", path, authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, nil)), nil, nil)
+	require.Equal(t, http.StatusInternalServerError, got.Status, "%s", got.Body)
+	require.Equal(t, "error: could not check authorization; try again", got.Error)
+	var leases int
+	require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
+	require.Zero(t, leases)
+	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", path, "", nil, nil).Status, "the refused delete removed nothing")
 }

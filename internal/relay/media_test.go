@@ -252,13 +252,14 @@ func pick(keys []string, prefix string) string {
 	return found[0]
 }
 
-// Every refused upload answers a clear status and JSON reason and stores
-// nothing.
+// Every refused upload answers a clear status and JSON reason behind a
+// NIP-01 prefix and stores nothing.
 // Mutations killed (one per case): no size check (413); the size checked
 // only from Content-Length (chunked 413); no type allow-list (415); the x
 // tag, X-SHA-256 or NIP-98 payload not compared with the body's hash
 // (400); an empty body stored as a blob (400); expiration not checked, the t tag not checked, the signature not
-// verified, a missing header accepted (401).
+// verified, a missing header accepted (401); a 401 reason without its
+// auth-required: prefix.
 func TestMediaUploadRefusals(t *testing.T) {
 	t.Parallel()
 	for name, newStore := range mediaStores {
@@ -311,6 +312,7 @@ func TestMediaUploadRefusals(t *testing.T) {
 				got := mediaDo(t, r, http.MethodPut, "", "/media/upload", c.auth, c.body, c.header)
 				require.Equal(t, c.status, got.Status, "%s: %s", c.name, got.Body)
 				require.Contains(t, got.Error, c.reason, c.name)
+				requireNIP01Prefix(t, got.Error, c.name)
 				require.Equal(t, got.Error, got.Header.Get("X-Reason"), c.name)
 			}
 			require.Empty(t, storeKeys(t, store), "no refused upload stored anything")
