@@ -43,6 +43,10 @@ var ErrServingLeaseLapsed = errors.New("the serving-write lease lapsed")
 // fence, which waits for the lease to expire, cannot pass meanwhile.
 const commitMargin = servingLeaseDuration / 2
 
+// confirmTimeout bounds the renewal that confirms a lease before a commit;
+// one that takes longer is taken for a lapse.
+const confirmTimeout = servingLeaseRenew
+
 // AcquireServingLease takes a lease for operation on community and keeps
 // it renewed until Release. The returned context ends if a renewal fails
 // (the operation must then stop; its cause is ErrServingLeaseLapsed). A
@@ -113,9 +117,18 @@ func ConfirmServingLease(ctx context.Context) (context.Context, context.CancelFu
 	if !ok || l == nil {
 		return ctx, func() {}, nil
 	}
-	renewed, err := db.New(l.pool).ServingLeaseRenew(ctx, db.ServingLeaseRenewParams{ID: l.id, LeaseSeconds: servingLeaseDuration.Seconds()})
+	// Bounded: the caller holds the blob lock meanwhile, and its client
+	// waits for an answer the HTTP write timeout (30 s) may cut off.
+	renewCtx, cancelRenew := context.WithTimeout(ctx, confirmTimeout)
+	renewed, err := db.New(l.pool).ServingLeaseRenew(renewCtx, db.ServingLeaseRenewParams{ID: l.id, LeaseSeconds: servingLeaseDuration.Seconds()})
+	timedOut := renewCtx.Err() != nil && ctx.Err() == nil
+	cancelRenew()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrServingLeaseLapsed) {
 		return nil, nil, cause
+	}
+	if timedOut {
+		l.cancel(ErrServingLeaseLapsed)
+		return nil, nil, fmt.Errorf("%w: its renewal did not get through within %s", ErrServingLeaseLapsed, confirmTimeout)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("confirm the serving-write lease: %w", dberr.Interpret(err))
@@ -136,9 +149,16 @@ func WithoutServingLease(ctx context.Context) context.Context {
 	return context.WithValue(ctx, leaseKey{}, (*ServingLease)(nil))
 }
 
+// releaseTimeout bounds deleting a lease: the operation's answer waits for
+// it, and a lease left behind only holds a deletion's fence off until it
+// expires (then the reaper deletes it).
+const releaseTimeout = 5 * time.Second
+
 // Release stops renewing and deletes the lease.
 func (l *ServingLease) Release(ctx context.Context) {
 	l.cancel(context.Canceled)
 	<-l.done
-	_, _ = db.New(l.pool).ServingLeaseRelease(context.WithoutCancel(ctx), l.id)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_, _ = db.New(l.pool).ServingLeaseRelease(ctx, l.id)
 }

@@ -386,7 +386,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
 			// Claimed only for bytes it signed, before anything is stored.
-			return s.claimHTTPAuth(r.Context(), tenant, ev)
+			return authCheckFailed(s.claimHTTPAuth(r.Context(), tenant, ev))
 		}
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
 			return fmt.Errorf("%w: the body's SHA-256 is %s, the auth event's x tag names another", media.ErrHashMismatch, sha)
@@ -477,11 +477,27 @@ func (s *Server) descriptor(r *http.Request, d media.Descriptor) blobDescriptor 
 	return blobDescriptor{URL: base + "/media/" + d.SHA256 + "." + ext, SHA256: d.SHA256, Size: d.Size, Type: d.Type, Uploaded: d.Uploaded}
 }
 
+// errAuthCheck marks an upload's authorization that could not be checked
+// (the database failed during its NIP-98 claim): the media store is not at
+// fault, and the generic answer would blame it.
+var errAuthCheck = errors.New("could not check authorization")
+
+// authCheckFailed marks err, a claim's failure, as errAuthCheck unless it
+// is an answer of its own (a refused claim, a busy relay, the deletion's
+// fence).
+func authCheckFailed(err error) error {
+	var ae *authError
+	if err == nil || errors.As(err, &ae) || errors.Is(err, errReadSlotsBusy) || communityBeingDeleted(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errAuthCheck, err)
+}
+
 // mediaFailed answers a media.Service error.
 func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
 	var ae *authError
 	switch {
-	case errors.As(err, &ae):
+	case errors.As(err, &ae), errors.Is(err, errAuthCheck):
 		s.mediaUnauthorized(w, tenant, err)
 	case errors.Is(err, media.ErrTooLarge):
 		mediaError(w, http.StatusRequestEntityTooLarge, "invalid: "+err.Error())

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -90,17 +91,23 @@ func uploadAtTheBlobLock(t *testing.T, r *relaytest.Relay, blob []byte) (unlock 
 // and no blob lock held.
 func requireNothingLeft(t *testing.T, r *relaytest.Relay, store media.Store, blob []byte) {
 	t.Helper()
+	requireNothingStored(t, r, store, blob)
+	waitFor(t, func() bool {
+		var leases int
+		require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
+		return leases == 0
+	})
+}
+
+// requireNothingStored is requireNothingLeft but for the lease.
+func requireNothingStored(t *testing.T, r *relaytest.Relay, store media.Store, blob []byte) {
+	t.Helper()
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status, "the refused upload's blob is served")
 	require.Empty(t, storeKeys(t, store), "the refused upload left objects in the store")
 	var counted int64
 	require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT coalesce(sum(bytes), 0) FROM media_usage WHERE community_id = $1`, r.CommunityID).Scan(&counted))
 	require.Zero(t, counted, "the refused upload's bytes are still counted")
-	waitFor(t, func() bool {
-		var leases int
-		require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
-		_, held := advisoryWaiters(t, r.Pool)
-		return leases == 0 && held == 0
-	})
+	waitFor(t, func() bool { _, held := advisoryWaiters(t, r.Pool); return held == 0 })
 }
 
 // An upload whose serving-write lease lapsed while its renewal could not
@@ -141,6 +148,45 @@ func TestMediaUploadWhoseLeaseLapsedStoresNothing(t *testing.T) {
 	require.Equal(t, "error: the relay's serving-write lease on this community lapsed before the request was done; try again", reply.Error)
 	require.Equal(t, reply.Error, reply.Header.Get("X-Reason"))
 	requireNothingLeft(t, r, store, blob)
+}
+
+// An upload whose lease renewal does not get through at all (a
+// transaction holds the lease's row and never lets go) is refused once the
+// renewal has waited 10 s: it holds the blob lock meanwhile, a lease it
+// cannot renew may expire under it, and its client's answer must go before
+// the HTTP write timeout (30 s). It stores
+// nothing, and once the row is let go nothing is left. Mutations killed:
+// the confirmation's renewal unbounded, or the lease's deletion unbounded
+// (either waits for the row for good: no answer while the row is held).
+func TestMediaUploadWhoseLeaseRenewalHangsStoresNothing(t *testing.T) {
+	t.Parallel()
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	unlock, replies := uploadAtTheBlobLock(t, r, blob)
+
+	holder, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM community_serving_write_leases WHERE community_id = $1 FOR UPDATE`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	waitFor(t, func() bool { return lockWaiters(t, r.Pool, "ServingLeaseRenew") > 0 })
+	var reply mediaReply
+	select {
+	case reply = <-replies:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the upload is still waiting for its lease's row")
+	}
+	require.Equal(t, http.StatusServiceUnavailable, reply.Status, "%s", reply.Body)
+	require.Equal(t, "error: the relay's serving-write lease on this community lapsed before the request was done; try again", reply.Error)
+	require.NoError(t, holder.Rollback(ctx))
+	// The lease, whose deletion the held row stopped too (for at most 5 s,
+	// then the answer went), expires on its own.
+	requireNothingStored(t, r, store, blob)
 }
 
 // A quota release that fails (here its statement waits on the community's
@@ -195,7 +241,10 @@ func requireNIP01Prefix(t *testing.T, reason, why string) {
 // A relay without media answers every media route 404 behind a NIP-01
 // prefix, and a delete whose NIP-98 claim fails in the database (its
 // connection lost once the server ran it) is 500 "error: ...", holding no
-// lease afterwards. Mutations killed: either reason without its prefix.
+// lease afterwards; so is an upload's, which stores and counts nothing.
+// Mutations killed: either reason without its prefix; the upload's claim
+// failure left to the generic answer ("error: could not reach the media
+// store").
 func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
 	t.Parallel()
 	off := relaytest.Start(t)
@@ -225,4 +274,17 @@ func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
 	require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
 	require.Zero(t, leases)
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", path, "", nil, nil).Status, "the refused delete removed nothing")
+
+	// The same failure in a NIP-98 upload's claim blames the check, not
+	// the media store, and leaves nothing.
+	other := pngBlob(t, 100)
+	cut.Store(1)
+	got = mediaDo(t, r, http.MethodPut, "", "/media/upload", authHeader(nip98(t, key, http.MethodPut, r.HTTPURL+"/media/upload", other, nil)), bytes.NewReader(other), nil)
+	require.Equal(t, http.StatusInternalServerError, got.Status, "%s", got.Body)
+	require.Equal(t, "error: could not check authorization; try again", got.Error)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(other), "", nil, nil).Status)
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "only the first blob is counted")
+	waitFor(t, func() bool {
+		return r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases) == nil && leases == 0
+	})
 }
