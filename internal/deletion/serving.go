@@ -39,7 +39,7 @@ type ServingLease struct {
 var ErrServingLeaseLapsed = errors.New("the serving-write lease lapsed")
 
 // commitMargin is how long an operation may take to commit its effects
-// after Confirm renewed its lease: well inside the lease, so the deletion's
+// after ConfirmServingLease renewed its lease: well inside the lease, so the deletion's
 // fence, which waits for the lease to expire, cannot pass meanwhile.
 const commitMargin = servingLeaseDuration / 2
 
@@ -111,7 +111,8 @@ func UnderLease(ctx context.Context, pool *pgxpool.Pool, fn func(q *db.Queries) 
 // expires and the community's deletion fences and lists its objects; an
 // operation that went on writing then would leave objects the deletion
 // never saw. The error is ErrServingLeaseLapsed when the lease is no
-// longer live. A context without a lease is returned as it is.
+// longer live or could not be renewed within confirmTimeout. A context
+// without a lease is returned as it is.
 func ConfirmServingLease(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	l, ok := ctx.Value(leaseKey{}).(*ServingLease)
 	if !ok || l == nil {
@@ -121,17 +122,15 @@ func ConfirmServingLease(ctx context.Context) (context.Context, context.CancelFu
 	// waits for an answer the HTTP write timeout (30 s) may cut off.
 	renewCtx, cancelRenew := context.WithTimeout(ctx, confirmTimeout)
 	renewed, err := db.New(l.pool).ServingLeaseRenew(renewCtx, db.ServingLeaseRenewParams{ID: l.id, LeaseSeconds: servingLeaseDuration.Seconds()})
-	timedOut := renewCtx.Err() != nil && ctx.Err() == nil
 	cancelRenew()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrServingLeaseLapsed) {
 		return nil, nil, cause
 	}
-	if timedOut {
-		l.cancel(ErrServingLeaseLapsed)
-		return nil, nil, fmt.Errorf("%w: its renewal did not get through within %s", ErrServingLeaseLapsed, confirmTimeout)
-	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("confirm the serving-write lease: %w", dberr.Interpret(err))
+		// Not confirmed, whether the renewal timed out or failed: the lease
+		// may be expiring under the operation.
+		l.cancel(ErrServingLeaseLapsed)
+		return nil, nil, fmt.Errorf("%w: its renewal did not get through within %s: %w", ErrServingLeaseLapsed, confirmTimeout, dberr.Interpret(err))
 	}
 	if !renewed {
 		l.cancel(ErrServingLeaseLapsed)
