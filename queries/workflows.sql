@@ -41,8 +41,14 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid AND owner_pubkey = @
 -- name: WorkflowsTriggerable :many
 -- The workflows an event in a channel may trigger: active, enabled, and
 -- pinned to a signed definition event (a row without one fires nothing
--- until its owner saves it again).
-SELECT id, owner_pubkey, definition, definition_event_id
+-- until its owner saves it again). Only the definition's trigger and
+-- enabled flag, all that decides whether one fires: every message, reaction
+-- and diff of the channel runs this in its write transaction, and whole
+-- definitions (up to an event's size each, 20 in a channel) were sent and
+-- decoded for every one of them.
+SELECT id, definition_event_id,
+       (definition -> 'trigger')::jsonb AS trigger,
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
 FROM workflows
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
@@ -62,7 +68,10 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 -- the definition was last saved: no slot before it fires. Only the
 -- definition's trigger and enabled flag are read: the query runs every second
 -- on every relay process, and whole definitions (up to the size of an event,
--- each) were sent for every scheduled workflow at every tick.
+-- each) were sent for every scheduled workflow at every tick. The partial
+-- index workflows_scheduled (migration 054) holds exactly the rows of the
+-- first WHERE line, so the workflows of other triggers, which any member may
+-- save without bound across channels, are never read; keep the two alike.
 SELECT community_id, id, channel_id, definition_event_id, updated_at,
        (definition -> 'trigger')::jsonb AS trigger,
        coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled

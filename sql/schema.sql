@@ -3060,6 +3060,13 @@ CREATE INDEX workflows_enabled ON public.workflows USING btree (enabled, status)
 
 
 --
+-- Name: workflows_scheduled; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workflows_scheduled ON public.workflows USING btree (community_id, id) WHERE (enabled AND (status = 'active'::public.workflow_status) AND (definition_event_id IS NOT NULL) AND (((definition -> 'trigger'::text) ->> 'on'::text) = 'schedule'::text));
+
+
+--
 -- Name: channel_lists_due _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
 --
 

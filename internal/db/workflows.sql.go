@@ -246,7 +246,10 @@ type WorkflowsScheduledRow struct {
 // the definition was last saved: no slot before it fires. Only the
 // definition's trigger and enabled flag are read: the query runs every second
 // on every relay process, and whole definitions (up to the size of an event,
-// each) were sent for every scheduled workflow at every tick.
+// each) were sent for every scheduled workflow at every tick. The partial
+// index workflows_scheduled (migration 054) holds exactly the rows of the
+// first WHERE line, so the workflows of other triggers, which any member may
+// save without bound across channels, are never read; keep the two alike.
 func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {
 	rows, err := q.db.Query(ctx, workflowsScheduled)
 	if err != nil {
@@ -276,7 +279,9 @@ func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledR
 }
 
 const workflowsTriggerable = `-- name: WorkflowsTriggerable :many
-SELECT id, owner_pubkey, definition, definition_event_id
+SELECT id, definition_event_id,
+       (definition -> 'trigger')::jsonb AS trigger,
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
 FROM workflows
 WHERE community_id = $1::uuid AND channel_id = $2::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
@@ -290,14 +295,18 @@ type WorkflowsTriggerableParams struct {
 
 type WorkflowsTriggerableRow struct {
 	ID                uuid.UUID
-	OwnerPubkey       []byte
-	Definition        json.RawMessage
 	DefinitionEventID []byte
+	Trigger           json.RawMessage
+	DefinitionEnabled bool
 }
 
 // The workflows an event in a channel may trigger: active, enabled, and
 // pinned to a signed definition event (a row without one fires nothing
-// until its owner saves it again).
+// until its owner saves it again). Only the definition's trigger and
+// enabled flag, all that decides whether one fires: every message, reaction
+// and diff of the channel runs this in its write transaction, and whole
+// definitions (up to an event's size each, 20 in a channel) were sent and
+// decoded for every one of them.
 func (q *Queries) WorkflowsTriggerable(ctx context.Context, arg WorkflowsTriggerableParams) ([]WorkflowsTriggerableRow, error) {
 	rows, err := q.db.Query(ctx, workflowsTriggerable, arg.CommunityID, arg.ChannelID)
 	if err != nil {
@@ -309,9 +318,9 @@ func (q *Queries) WorkflowsTriggerable(ctx context.Context, arg WorkflowsTrigger
 		var i WorkflowsTriggerableRow
 		if err := rows.Scan(
 			&i.ID,
-			&i.OwnerPubkey,
-			&i.Definition,
 			&i.DefinitionEventID,
+			&i.Trigger,
+			&i.DefinitionEnabled,
 		); err != nil {
 			return nil, err
 		}

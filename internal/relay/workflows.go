@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -65,6 +66,13 @@ func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, te
 		Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer,
 		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns, Metrics: s.workflowStats,
 		ReadSlot: s.readSlot,
+		Allow: func(community uuid.UUID, owner string) (bool, time.Duration) {
+			ok, retry := s.PublishLimiter.Allow(community, owner, s.now())
+			if !ok {
+				s.metrics.RateLimited.Inc()
+			}
+			return ok, retry
+		},
 	}
 	hooks.Serve(w, r, tenant.ID())
 }

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -120,4 +121,49 @@ func TestTriggerFiltersShareOneEvaluationsLimits(t *testing.T) {
 	f.store(f.sign(member, ingest.KindChat, text+"!", nostr.Tags{{"h", ch}}))
 	require.Len(t, f.runIDs(costly), 1, "with two workflows, the filter gets half the limits and fails")
 	require.Len(t, f.runIDs(plain), 1)
+}
+
+// Every message, reaction and diff in a channel reads the channel's firing
+// workflows inside its write transaction, which the other events of its
+// commit group share. Deciding whether one fires needs its trigger and
+// enabled flag only, but the whole definition was read and decoded: 20
+// workflows of 50 steps with long texts (any member may save them) made
+// every message in the channel read and decode 4 MB (91 ms a message
+// against 6 ms with short texts, measured on the 2-core box). Allocation,
+// not time, is asserted: what a message decodes is the definitions' size.
+//
+// Not parallel, so that no other test allocates while it measures.
+// Mutation killed: WorkflowsTriggerable selecting the whole definition
+// again (decoded in createRuns) allocates some 4 MB a message.
+func TestMessageReadsTriggersNotWholeDefinitions(t *testing.T) {
+	f := newFixtureWith(t, ingest.Options{}, workflow.Triggers{})
+	owner := f.key()
+	ch := f.channel(owner)
+	long := strings.Repeat("é", 1_200) // 50 steps of 2,400 bytes: 120 KB a definition
+	for i := range workflow.DefaultMaxPerChannel {
+		var yaml strings.Builder
+		yaml.WriteString("name: F\ntrigger: {on: message_posted, filter: 'trigger_text == \"never\"'}\nsteps:\n")
+		for s := range 50 {
+			yaml.WriteString("- {id: s" + itoa(int64(s)) + ", action: send_message, text: '" + long + "'}\n")
+		}
+		f.save(owner, ch, uuid.NewString(), yaml.String())
+		_ = i
+	}
+	require.Greater(t, f.count(`SELECT sum(octet_length(definition::text))::int FROM workflows`), 2_000_000)
+	post := func(i int) {
+		f.store(f.sign(owner, ingest.KindChat, "m"+itoa(int64(i)), nostr.Tags{{"h", ch}}))
+	}
+	post(0) // warm caches (compiled filters, prepared statements)
+	const messages = 10
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := 1; i <= messages; i++ {
+		post(i)
+	}
+	runtime.ReadMemStats(&after)
+	perMessage := (after.TotalAlloc - before.TotalAlloc) / messages
+	t.Logf("%d bytes allocated per message", perMessage)
+	require.Less(t, perMessage, uint64(500_000), "bytes allocated per message beside 2.4 MB of definitions")
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_runs`), "no filter holds")
 }

@@ -454,3 +454,44 @@ func TestRunClaimPassesOverDelayedCommunitiesInBulk(t *testing.T) {
 	// map is not set: 1,500); a descent per community: 4,800.
 	require.Less(t, buffers, float64(3000), "buffers the claim read, passing 1,496 delayed communities")
 }
+
+// The scheduler reads the scheduled workflows on every tick (every
+// BUZZ_WORKFLOW_POLL, on every relay process), for every community. Any
+// member may save 20 workflows in each channel and create channels, so the
+// workflows of every other trigger (messages, reactions, webhooks) must
+// cost the tick nothing: without an index of the scheduled ones it read
+// every active workflow's whole definition (the trigger sits inside the
+// jsonb, which is detoasted to reach it), every second, on every process.
+//
+// Mutation killed: without migration 054's partial index the statement
+// scans the table and reads all 20,001 workflows to return one.
+func TestScheduleTickReadsScheduledWorkflowsOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	message := uuid.NewString()
+	f.save(owner, ch, message, twoSteps)
+	scheduled := uuid.NewString()
+	f.save(owner, ch, scheduled, "name: Tick\ntrigger: {on: schedule, interval: 1h}\nsteps: [{id: a, action: delay, duration: 1s}]")
+	const others = 20000
+	_, err := f.pool.Exec(f.ctx, `
+		INSERT INTO workflows (community_id, id, name, owner_pubkey, channel_id, definition, definition_hash, definition_event_id)
+		SELECT community_id, gen_random_uuid(), name, owner_pubkey, channel_id, definition, definition_hash, definition_event_id
+		FROM workflows, generate_series(1, $2::int)
+		WHERE id = $1`, message, others)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `ANALYZE workflows`)
+	require.NoError(t, err)
+
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	before := dbtest.RowsRead(t, tx, "workflows")
+	rows, err := db.New(tx).WorkflowsScheduled(f.ctx)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, scheduled, rows[0].ID.String())
+	read := dbtest.RowsRead(t, tx, "workflows") - before
+	require.Less(t, read, int64(100), "rows the tick read, beside %d message-triggered workflows", others)
+}

@@ -94,3 +94,60 @@ func TestDeletingAChannelEndsItsRunsWaitingForApproval(t *testing.T) {
 	require.Equal(t, "expired", status)
 	require.Equal(t, "waiting_approval", string(f.run(elsewhere).Status), "another channel's run still waits")
 }
+
+// A run that reaches request_approval after its channel was deleted or
+// archived fails there, as a send_message step into that channel does,
+// and stores nothing. It used to post the relay-signed 46010 into the
+// deleted (or archived, frozen) channel and wait, its approval pending,
+// for the approval's timeout (up to a week, holding a place in its
+// workflow's bound on unfinished runs): a decision is stored in the
+// channel, so nobody could decide it, and the deletion, which ends the
+// waits it finds, had come before this one began. A run parked by a
+// `delay` when the channel goes is how one gets there.
+//
+// Mutation killed: requestApproval without its channel check leaves both
+// runs waiting_approval, each with a pending approval and a 46010 stored.
+func TestApprovalStepInAChannelGoneFailsTheRun(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, code, message string
+		gone                func(f *fixture, owner *nostr.SecretKey, ch string)
+	}{
+		{"deleted", string(workflow.CodeOwnerUnauthorized), "step ask: the channel does not exist or is private to its members",
+			func(f *fixture, owner *nostr.SecretKey, ch string) {
+				f.store(f.sign(owner, ingest.KindDeleteGroup, "", nostr.Tags{{"h", ch}}))
+			}},
+		{"archived", string(workflow.CodeWebhookFailed), "step ask: channel is archived",
+			func(f *fixture, _ *nostr.SecretKey, ch string) {
+				_, err := f.pool.Exec(f.ctx, `UPDATE channels SET archived_at = now() WHERE id = $1`, uuid.MustParse(ch))
+				require.NoError(t, err)
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			owner := f.key()
+			ch := f.channel(owner)
+			id := uuid.NewString()
+			f.save(owner, ch, id, "name: A\ntrigger: {on: message_posted}\nsteps:\n"+
+				"  - {id: wait, action: delay, duration: 5s}\n"+
+				"  - {id: ask, action: request_approval, message: 'ok?', timeout: 1h}\n")
+			f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
+			run := f.runIDs(id)[0]
+			e := f.engine(time.Minute)
+			f.drain(e)
+			require.Equal(t, "pending", string(f.run(run).Status), "parked by the delay")
+
+			c.gone(f, owner, ch)
+			f.clock.Advance(10 * time.Second)
+			f.drain(e)
+			r := f.run(run)
+			require.Equal(t, "failed", string(r.Status))
+			require.Equal(t, c.code, *r.ErrorCode)
+			require.Equal(t, c.message, *r.ErrorMessage)
+			require.Zero(t, f.count(`SELECT count(*) FROM workflow_approvals WHERE run_id = $1`, run), "no approval asked for")
+			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND channel_id = $2`,
+				workflow.KindApprovalRequested, uuid.MustParse(ch)), "no request posted into the channel")
+		})
+	}
+}

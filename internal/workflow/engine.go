@@ -934,15 +934,9 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		}
 	}
 	q := w.Q
-	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
-	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
-		// One answer for both: every reader of the workflow's channel sees
-		// the run's error, and it must not tell which private channel ids
-		// exist.
-		return nil, fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
-	}
-	if err != nil {
-		return nil, dbFail(err, "step %s: channel unavailable", step.ID)
+	access, f := ownerChannelAccess(ctx, q, c, step.ID, channel)
+	if f != nil {
+		return nil, f
 	}
 	if f := e.triggererMayWrite(ctx, q, c, step, tc, channel); f != nil {
 		return nil, f
@@ -992,6 +986,23 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		return nil, dbFail(err, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
+}
+
+// ownerChannelAccess reads the owner's access to channel, where a step is
+// about to post: a channel that is gone (deleted) or private to others
+// fails the step with owner_unauthorized. The caller checks ArchivedAt.
+func ownerChannelAccess(ctx context.Context, q *db.Queries, c Claimed, stepID string, channel uuid.UUID) (db.ChannelAccessRow, *runFailure) {
+	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
+	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
+		// One answer for both: every reader of the workflow's channel sees
+		// the run's error, and it must not tell which private channel ids
+		// exist.
+		return access, fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", stepID)
+	}
+	if err != nil {
+		return access, dbFail(err, "step %s: channel unavailable", stepID)
+	}
+	return access, nil
 }
 
 // triggererMayWrite checks a channel a template picked against whoever
@@ -1077,6 +1088,19 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	case !pinnedTo(pinned, wf.DefinitionEventID):
 		return e.failStep(ctx, q, c, index, entry, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)"))
 	}
+	// The request is posted in the run's channel and decided there: one
+	// deleted or archived while the run was parked (a delay) must not get
+	// it, nor leave the run waiting for a decision nobody can store, as a
+	// send_message into it fails too.
+	channel := *c.Run.ChannelID
+	access, f := ownerChannelAccess(ctx, q, c, step.ID, channel)
+	if f == nil && access.ArchivedAt != nil {
+		f = fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
+	}
+	if f != nil {
+		return e.failStep(ctx, q, c, index, entry, f)
+	}
+	w.ReadChannel(channel, access)
 	message, err := template.Render(step.Message, tctx)
 	if err != nil {
 		return e.failStep(ctx, q, c, index, entry, fail(CodeTemplateResolutionFailed, "step %s: message: %v", step.ID, err))
@@ -1096,7 +1120,6 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	}); err != nil {
 		return stepEnded, entry, nil, err
 	}
-	channel := *c.Run.ChannelID
 	tags := nostr.Tags{
 		{"workflow-run", c.Run.ID.String()},
 		{"workflow-step", step.ID},

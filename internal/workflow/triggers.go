@@ -153,8 +153,8 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 	ctx = condition.WithShare(ctx, len(rows))
 	var created []uuid.UUID
 	for _, row := range rows {
-		var def Definition
-		if err := json.Unmarshal(row.Definition, &def); err != nil {
+		def := Definition{Enabled: row.DefinitionEnabled}
+		if err := json.Unmarshal(row.Trigger, &def.Trigger); err != nil {
 			continue // a row that no longer decodes fires nothing
 		}
 		tc := base

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -49,6 +51,12 @@ type Webhooks struct {
 	// held until its answer: anyone may send calls, and the workflow is
 	// read before the secret can be checked. An error answers 503.
 	ReadSlot func(ctx context.Context) (release func(), err error)
+	// Allow, when set, takes one token of the workflow owner's publish
+	// rate (hex pubkey) for a call that passed every other check: the run
+	// is the owner's by proxy, a row kept for the run retention whose steps
+	// store events, so calls go no faster than the owner's own messages.
+	// Refused, the call answers 429 with Retry-After and creates nothing.
+	Allow func(community uuid.UUID, owner string) (ok bool, retryAfter time.Duration)
 }
 
 type webhookReply struct {
@@ -186,6 +194,14 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 			return
 		}
 		key = &k
+	}
+	if h.Allow != nil {
+		if ok, retry := h.Allow(communityID, hex.EncodeToString(row.OwnerPubkey)); !ok {
+			secs := max(int64(math.Ceil(retry.Seconds())), 1)
+			w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+			webhookError(w, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: the workflow owner's publish rate is spent; try again in %ds", secs))
+			return
+		}
 	}
 	var (
 		runID  uuid.UUID

@@ -307,3 +307,65 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// The depth bound ends a chain of webhook calls, not its breadth: a
+// workflow whose steps call its own hook k times starts k runs at each
+// depth from each run, 1 + k + k^2 + k^3 + k^4 in all (341 for k = 4; with
+// 50 steps, 6.5 million from one call), each a run row and its steps'
+// events. The webhook's rate check (the relay's: a token of the owner's
+// publish rate per call) bounds them to what the owner may publish:
+// here ten calls are allowed, so the outside call and nine of its
+// descendants start runs, and the tenth step's call is refused (429),
+// failing its run.
+//
+// Mutation killed: Serve ignoring Allow runs all 341.
+func TestCallWebhookFanOutStopsAtTheOwnersRate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	var allowed atomic.Int32
+	allowed.Store(10)
+	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now),
+		Allow: func(_ uuid.UUID, who string) (bool, time.Duration) {
+			require.Equal(t, pubHex(owner), who, "the owner's rate")
+			return allowed.Add(-1) >= 0, time.Minute
+		}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
+	srv := httptest.NewTLSServer(mux)
+	t.Cleanup(srv.Close)
+	e := f.engineCalling(srv)
+
+	id := uuid.NewString()
+	_, reply := f.save(owner, ch, id, "name: Fan\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
+	var saved struct {
+		Secret string `json:"webhook_secret"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	f.clock.Advance(time.Second) // the re-save replaces the definition
+	var steps strings.Builder
+	for i := range 4 {
+		steps.WriteString("  - {id: call" + itoa(int64(i)) + ", action: call_webhook, url: '" + srv.URL + "/hooks/" + id + "?secret=" + saved.Secret + "', body: '{}'}\n")
+	}
+	f.save(owner, ch, id, "name: Fan\ntrigger: {on: webhook}\nsteps:\n"+steps.String())
+
+	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+saved.Secret, "application/json", strings.NewReader("{}"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	for round := 0; ; round++ {
+		require.Less(t, round, 100, "the runs do not end")
+		claims, err := e.ClaimDue(f.ctx, 10)
+		require.NoError(t, err)
+		if len(claims) == 0 {
+			break
+		}
+		for _, c := range claims {
+			e.Execute(f.ctx, c)
+		}
+	}
+	require.Equal(t, 10, len(f.runIDs(id)), "the outside call and nine calls of its runs")
+	require.Positive(t, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND error_message LIKE '%HTTP 429%'`, id),
+		"a refused call fails its step")
+}

@@ -1,6 +1,10 @@
 package mention
 
 import (
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,4 +77,91 @@ func FuzzResolve(f *testing.F) {
 			seen[p] = true
 		}
 	})
+}
+
+// naiveResolve is the resolver the trie replaced, every candidate tried at
+// every "@", longest first: the reference for what a mention wakes.
+func naiveResolve(template string, members []Member, owner string) []string {
+	candidates := uniqueNames(members)
+	text := []rune(template)
+	folded := foldRunes(text)
+	var woken []string
+	for i := 0; i < len(text); i++ {
+		if text[i] != '@' || !leftBoundary(text, i) {
+			continue
+		}
+		start := i + 1
+		for _, c := range candidates {
+			end := start + len(c.folded)
+			if end > len(folded) || !slices.Equal(folded[start:end], c.folded) {
+				continue
+			}
+			if end < len(text) && continuesName(text[end]) {
+				continue
+			}
+			if c.pubkey != owner && !slices.Contains(woken, c.pubkey) {
+				woken = append(woken, c.pubkey)
+			}
+			i = end - 1
+			break
+		}
+	}
+	return woken
+}
+
+// The trie wakes exactly whom trying every name at every "@" wakes, over
+// random templates and members drawn from a small alphabet (so names
+// overlap, share prefixes, repeat and run on). Mutation killed: keeping
+// the first name that ends rather than the longest ("@Sam Smith" wakes
+// Sam), or ignoring the boundary check, differs from the reference.
+func TestResolveMatchesTryingEveryName(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	alphabet := []rune("ab @(_İi")
+	word := func(n int) string {
+		var sb strings.Builder
+		for range rng.IntN(n) + 1 {
+			sb.WriteRune(alphabet[rng.IntN(len(alphabet))])
+		}
+		return sb.String()
+	}
+	for round := range 20_000 {
+		var members []Member
+		for i := range rng.IntN(6) {
+			members = append(members, Member{Pubkey: string(rune('A' + rng.IntN(4))), DisplayName: word(4)})
+			_ = i
+		}
+		template := word(24)
+		owner := string(rune('A' + rng.IntN(5)))
+		require.Equal(t, naiveResolve(template, members, owner), Resolve(template, members, owner),
+			"round %d: template %q members %v", round, template, members)
+	}
+}
+
+// The work of a resolution is bounded by the mentions times the longest
+// name, whatever the members: 30,000 "@" in a channel of 10,000 members,
+// and a member whose display name repeats the template's own pattern for
+// 30,000 characters and then differs (a name a walk would follow 30,000
+// runes from every "@", quadratic work), walk at most MaxNameRunes + 1
+// runes per "@".
+// Trying every name at every "@" cost 300 million comparisons here
+// (seconds of CPU per workflow step, in the step's transaction).
+//
+// Mutation killed: without the MaxNameRunes cap on candidates the long
+// name is walked from every "@", 750 million runes.
+func TestResolveWorkIsBoundedByMentionsTimesNameLength(t *testing.T) {
+	members := make([]Member, 10_000)
+	for i := range members {
+		members[i] = Member{Pubkey: strconv.Itoa(i), DisplayName: "member " + strconv.Itoa(i)}
+	}
+	members = append(members, Member{Pubkey: "long", DisplayName: strings.Repeat("x @", 10_000) + "z"})
+	template := "@" + strings.Repeat("x @", 30_000)
+	mentions := strings.Count(template, "@")
+	woken, walked := resolve(template, members, "")
+	require.Empty(t, woken)
+	require.LessOrEqual(t, walked, mentions*(MaxNameRunes+1), "runes walked for %d mentions", mentions)
+
+	// Within the cap a long name still wakes its member.
+	name := strings.Repeat("n", MaxNameRunes)
+	require.Equal(t, []string{"capped"}, Resolve("hi @"+name+"!", []Member{{Pubkey: "capped", DisplayName: name}}, ""))
+	require.Empty(t, Resolve("hi @"+name+"n!", []Member{{Pubkey: "over", DisplayName: name + "n"}}, ""))
 }
