@@ -69,7 +69,7 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 -- definition's trigger and enabled flag are read: the query runs every second
 -- on every relay process, and whole definitions (up to the size of an event,
 -- each) were sent for every scheduled workflow at every tick. The partial
--- index workflows_scheduled (migration 054) holds exactly the rows of the
+-- index workflows_scheduled (migration 052) holds exactly the rows of the
 -- first WHERE line, so the workflows of other triggers, which any member may
 -- save without bound across channels, are never read; keep the two alike.
 SELECT community_id, id, channel_id, definition_event_id, updated_at,

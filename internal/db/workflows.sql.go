@@ -247,7 +247,7 @@ type WorkflowsScheduledRow struct {
 // definition's trigger and enabled flag are read: the query runs every second
 // on every relay process, and whole definitions (up to the size of an event,
 // each) were sent for every scheduled workflow at every tick. The partial
-// index workflows_scheduled (migration 054) holds exactly the rows of the
+// index workflows_scheduled (migration 052) holds exactly the rows of the
 // first WHERE line, so the workflows of other triggers, which any member may
 // save without bound across channels, are never read; keep the two alike.
 func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {

@@ -463,7 +463,7 @@ func TestRunClaimPassesOverDelayedCommunitiesInBulk(t *testing.T) {
 // every active workflow's whole definition (the trigger sits inside the
 // jsonb, which is detoasted to reach it), every second, on every process.
 //
-// Mutation killed: without migration 054's partial index the statement
+// Mutation killed: without migration 052's partial index the statement
 // scans the table and reads all 20,001 workflows to return one.
 func TestScheduleTickReadsScheduledWorkflowsOnly(t *testing.T) {
 	t.Parallel()

@@ -1,5 +1,5 @@
 ---- tern: disable-tx ----
--- 054: an index of the workflows the scheduler fires.
+-- 052: an index of the workflows the scheduler fires.
 --
 -- Why: every scheduler tick (each BUZZ_WORKFLOW_POLL, 1 s, on every relay
 -- process) reads the scheduled workflows of every community
