@@ -122,6 +122,8 @@ func resolve(template string, members []Member, owner string) ([]string, int) {
 	return woken, walked
 }
 
+// uniqueNames folds every display name of at most MaxNameRunes runes and
+// drops names shared by different pubkeys: such a name wakes nobody.
 func uniqueNames(members []Member) []candidate {
 	owners := map[string]string{} // folded name -> pubkey, "" when ambiguous
 	for _, m := range members {
@@ -145,12 +147,6 @@ func uniqueNames(members []Member) []candidate {
 			out = append(out, candidate{folded: []rune(name), pubkey: pubkey})
 		}
 	}
-	slices.SortFunc(out, func(a, b candidate) int {
-		if len(a.folded) != len(b.folded) {
-			return len(b.folded) - len(a.folded)
-		}
-		return slices.Compare(a.folded, b.folded)
-	})
 	return out
 }
 
