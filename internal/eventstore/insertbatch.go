@@ -51,6 +51,24 @@ type InsertBatch struct {
 	expiresAt pgArray[pgtype.Int8]
 }
 
+// NewInsertBatch returns a batch with room for n rows, so adding them
+// allocates each column once rather than as it grows.
+func NewInsertBatch(n int) *InsertBatch {
+	return &InsertBatch{
+		community: make(pgArray[pgtype.UUID], 0, n),
+		id:        make(pgArray[byteaElem], 0, n),
+		pubkey:    make(pgArray[byteaElem], 0, n),
+		createdAt: make(pgArray[pgtype.Int8], 0, n),
+		kind:      make(pgArray[pgtype.Int4], 0, n),
+		tags:      make(pgArray[pgtype.Text], 0, n),
+		content:   make(pgArray[pgtype.Text], 0, n),
+		sig:       make(pgArray[byteaElem], 0, n),
+		channel:   make(pgArray[pgtype.UUID], 0, n),
+		dTag:      make(pgArray[pgtype.Text], 0, n),
+		expiresAt: make(pgArray[pgtype.Int8], 0, n),
+	}
+}
+
 // Add appends one event's row (as InsertParams builds it).
 func (b *InsertBatch) Add(p db.EventInsertParams) {
 	b.community = append(b.community, pgtype.UUID{Bytes: p.CommunityID, Valid: true})

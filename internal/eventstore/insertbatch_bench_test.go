@@ -40,7 +40,7 @@ func BenchmarkInsertBatchEncode(b *testing.B) {
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		rows := &InsertBatch{}
+		rows := NewInsertBatch(len(events))
 		for i, ev := range events {
 			var ch *uuid.UUID
 			if i%4 == 0 {
