@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -506,10 +507,37 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	return n, err
 }
 
+// tagsJSON is the text of an event's tags column, which PostgreSQL reads as
+// jsonb. The nostr package's encoder writes it without encoding/json's
+// reflection; jsonb stores the same strings whichever of the two escaped
+// them (encoding/json also escapes <, >, & and U+2028). What the two would
+// store differently goes through encoding/json, as before: a nil list or
+// tag (null to encoding/json) and invalid UTF-8 (replaced by U+FFFD), neither
+// of which a parsed event holds.
+func tagsJSON(tags nostr.Tags) ([]byte, error) {
+	if tags == nil {
+		return json.Marshal(tags)
+	}
+	size := 2
+	for _, tag := range tags {
+		if tag == nil {
+			return json.Marshal(tags)
+		}
+		size += 3
+		for _, v := range tag {
+			if !utf8.ValidString(v) {
+				return json.Marshal(tags)
+			}
+			size += len(v) + 3
+		}
+	}
+	return nostr.AppendTagsJSON(make([]byte, 0, size), tags), nil
+}
+
 // InsertParams maps a verified event to the EventInsert parameters.
 // channelID is nil for a channel-less (community-global) event.
 func InsertParams(community uuid.UUID, ev *nostr.Event, channelID *uuid.UUID) (db.EventInsertParams, error) {
-	tags, err := json.Marshal(ev.Tags)
+	tags, err := tagsJSON(ev.Tags)
 	if err != nil {
 		return db.EventInsertParams{}, err
 	}

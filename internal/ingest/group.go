@@ -346,7 +346,7 @@ func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error 
 // checks into one multi-row insert (the others get their refusal in err)
 // and returns the jobs it holds, in row order.
 func insertBatch(jobs []*groupJob) (*eventstore.InsertBatch, []*groupJob) {
-	rows := &eventstore.InsertBatch{}
+	rows := eventstore.NewInsertBatch(len(jobs))
 	queued := make([]*groupJob, 0, len(jobs))
 	for _, j := range jobs {
 		if j.err = checkChannelTags(j.w); j.err != nil {

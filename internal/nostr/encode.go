@@ -42,6 +42,10 @@ func appendQuoted[S string | []byte](dst []byte, s S) []byte {
 	return append(dst, '"')
 }
 
+// AppendTagsJSON appends tags as a JSON array of arrays of strings, escaped
+// as appendQuoted does.
+func AppendTagsJSON(dst []byte, tags Tags) []byte { return appendTags(dst, tags) }
+
 func appendTags(dst []byte, tags Tags) []byte {
 	dst = append(dst, '[')
 	for i, tag := range tags {

@@ -66,6 +66,9 @@ type conn struct {
 	ctx           context.Context
 	cancel        context.CancelFunc
 	slowOnce      sync.Once
+	// closesOnCancel: ctx's cancellation closes ws (see readMessage), so
+	// reads need no context of their own. Read goroutine only.
+	closesOnCancel bool
 	// closedForCommunity is set once the connection is being closed because
 	// its community was deleted or archived.
 	closedForCommunity atomic.Bool
@@ -266,8 +269,22 @@ func (c *conn) run() {
 // closes the connection beyond it; held whole until then, a client
 // trickling such a frame (or 50 connections from one address) pinned 1 MiB
 // each, four times what any message the relay accepts needs.
+//
+// The read is not given c.ctx: the library registers a context it is given
+// (context.AfterFunc) for every frame it reads, three allocations and a
+// registration per message, only to close the connection when the context
+// is cancelled. The connection does that once instead: c.ctx's
+// cancellation closes ws, which ends a read in progress as the library's
+// registration would.
 func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64, err error) {
-	typ, r, err := c.ws.Reader(c.ctx)
+	if !c.closesOnCancel {
+		c.closesOnCancel = true
+		context.AfterFunc(c.ctx, func() { c.ws.CloseNow() })
+	}
+	if err := c.ctx.Err(); err != nil {
+		return 0, nil, 0, err
+	}
+	typ, r, err := c.ws.Reader(context.Background())
 	if err != nil {
 		return 0, nil, 0, err
 	}

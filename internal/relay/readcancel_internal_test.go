@@ -1,0 +1,84 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/require"
+)
+
+// Reads are not given the connection's context, so its cancellation must
+// still end a read in progress (a writer that failed, a shutdown) and close
+// the socket, as it did when every read was given the context.
+//
+// Mutation killed: readMessage without its context.AfterFunc (a read in
+// progress waits for a message that never comes; one started after the
+// cancellation returns, but the socket stays open).
+func TestCancellingTheConnectionEndsAReadInProgress(t *testing.T) {
+	t.Parallel()
+	c, client := acceptTestConn(t)
+	want := []byte(`["REQ","s",{}]`)
+	// The client's calls outlive the bound below, so nothing but the
+	// cancellation can end the read within it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, client.Write(ctx, websocket.MessageText, want))
+	_, data, _, err := c.readMessage()
+	require.NoError(t, err)
+	require.Equal(t, want, data)
+
+	ended := make(chan error, 1)
+	go func() {
+		_, _, _, err := c.readMessage()
+		ended <- err
+	}()
+	c.cancel()
+	select {
+	case err := <-ended:
+		require.Error(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read went on after the connection was cancelled")
+	}
+	closedCtx, cancelClosed := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelClosed()
+	_, _, err = client.Read(closedCtx)
+	require.Error(t, err)
+	require.NoError(t, closedCtx.Err(), "the client sees the connection closed, not the end of its wait: %v", err)
+	_, _, _, err = c.readMessage()
+	require.ErrorIs(t, err, context.Canceled, "no read starts on a cancelled connection")
+}
+
+// BenchmarkReadMessageOverWebSocket is one EVENT read off a real socket by
+// readMessage: the frame, the library's reader and the pooled buffer.
+func BenchmarkReadMessageOverWebSocket(b *testing.B) {
+	data := benchEventMessage(b)
+	url, accepted := serveTestConns(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.CloseNow()
+	c := <-accepted
+	defer c.cancel()
+	n := b.N
+	go func() {
+		for range n {
+			if client.Write(ctx, websocket.MessageText, data) != nil {
+				return
+			}
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range n {
+		_, got, _, err := c.readMessage()
+		if err != nil || len(got) != len(data) {
+			b.Fatal(err)
+		}
+		readBuffers.put(got)
+	}
+}
