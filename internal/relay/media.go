@@ -403,12 +403,43 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		return
 	}
 	defer lease.Release(r.Context())
-	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, r.Body, accept)
+	body := &answerAfterBody{ReadCloser: r.Body, rc: http.NewResponseController(w), timeout: s.cfg.HTTPWriteTimeout}
+	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, body, accept)
+	body.extend() // a refusal that left the body unread is answered on the same terms
 	if err != nil {
 		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err)) // the quota's row is fenced once the deletion quiesces
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
+}
+
+// answerAfterBody gives an upload's answer BUZZ_HTTP_WRITE_TIMEOUT from
+// the end of its body rather than from its headers: the body alone may
+// take BUZZ_HTTP_READ_TIMEOUT, and an upload stored after the server's
+// write deadline had its answer cut off, so its client took it for a
+// failure. Set once, when the body ends, the deadline still bounds the
+// store's writes and the answer.
+type answerAfterBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	timeout  time.Duration
+	extended bool
+}
+
+func (b *answerAfterBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.extend()
+	}
+	return n, err
+}
+
+func (b *answerAfterBody) extend() {
+	if b.extended || b.timeout <= 0 {
+		return
+	}
+	b.extended = true
+	_ = b.rc.SetWriteDeadline(time.Now().Add(b.timeout))
 }
 
 // leaseLapsed is err, marked as the lapse of the operation's serving-write
