@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -295,6 +296,7 @@ type relayQuota struct {
 	slot     func(context.Context) (func(), error)
 	log      *slog.Logger
 	failures *prometheus.CounterVec
+	retries  *backgroundRetries // the server's, stopped by Shutdown
 }
 
 func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
@@ -307,46 +309,143 @@ func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64
 }
 
 // Quota releases are tried releaseAttempts times, each bounded by
-// releaseAttemptTimeout, releaseBackoff apart (doubling).
+// releaseAttemptTimeout, releaseBackoff apart (doubling); at most
+// releaseRetriesInFlight releases are retried in the background at once.
 const (
-	releaseAttempts       = 4
-	releaseAttemptTimeout = 5 * time.Second
-	releaseBackoff        = time.Second
+	releaseAttempts        = 4
+	releaseAttemptTimeout  = 5 * time.Second
+	releaseBackoff         = time.Second
+	releaseRetriesInFlight = 64
 )
 
 // Release gives size back to community's count, however the request that
-// reserved it ended: each attempt on a context of its own (the client may
-// be gone), and after a failure again, without the operation's
-// serving-write lease (a lapsed lease's guard refuses every statement
-// presented under it, while an active community's count needs no lease).
-// Given up, the count stays high for good, so every failed attempt is
-// logged and counted (buzz_media_quota_release_failures_total). Only a
-// community being deleted refuses for good: its count goes with it.
+// reserved it ended: on a context of its own (the client may be gone). The
+// first attempt is made here; after a failure the attempts left run in the
+// background, after the answer, without the operation's serving-write
+// lease (a lapsed lease's guard refuses every statement presented under
+// it, while an active community's count needs no lease): inside the
+// request they delayed the answer by up to ~27 s against a failing
+// database and held one of the relay's upload places meanwhile. Given up,
+// the count stays high for good, so every failed attempt is logged and
+// counted (buzz_media_quota_release_failures_total). Only a community
+// being deleted refuses for good: its count goes with it. Release reports
+// only the first attempt's failure when no retry follows it.
 func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
-	var err error
-	backoff := releaseBackoff
-	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
-		if attempt > 1 || errors.Is(context.Cause(ctx), deletion.ErrServingLeaseLapsed) {
-			actx = deletion.WithoutServingLease(actx)
+	err := q.releaseOnce(context.WithoutCancel(ctx), community, size)
+	if communityBeingDeleted(err) {
+		// Refused as fenced: the community is being deleted, or the
+		// operation's lease lapsed, whose guard refuses like the fence.
+		// Without the lease, at once, only the former still refuses.
+		if err = q.releaseOnce(deletion.WithoutServingLease(ctx), community, size); communityBeingDeleted(err) {
+			return err
 		}
-		err = q.Quota.Release(actx, community, size)
-		cancel()
+	}
+	if err == nil {
+		return nil
+	}
+	q.failures.WithLabelValues("retried").Inc()
+	q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", 1, "err", err)
+	retry := func(stop <-chan struct{}) { _ = q.retryRelease(stop, community, size) }
+	if q.retries.start(retry) {
+		return nil
+	}
+	// The relay is shutting down, or as many releases are being retried as
+	// it allows: retried here, as the request's own work.
+	return q.retryRelease(q.retries.stopping(), community, size)
+}
+
+// releaseOnce is one attempt, on a context of its own (the client may be
+// gone), bounded by releaseAttemptTimeout.
+func (q relayQuota) releaseOnce(ctx context.Context, community uuid.UUID, size int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
+	defer cancel()
+	return q.Quota.Release(ctx, community, size)
+}
+
+// retryRelease makes the attempts after the first, releaseBackoff apart
+// (doubling); once stop is closed (the relay is shutting down) a waiting
+// retry skips its backoff and makes its last attempt at once.
+func (q relayQuota) retryRelease(stop <-chan struct{}, community uuid.UUID, size int64) error {
+	backoff := releaseBackoff
+	for attempt := 2; ; attempt++ {
+		last := attempt == releaseAttempts
+		select {
+		case <-time.After(backoff):
+		case <-stop:
+			last = true
+		}
+		backoff *= 2
+		err := q.releaseOnce(deletion.WithoutServingLease(context.Background()), community, size)
 		if err == nil {
 			return nil
 		}
-		if attempt > 1 && communityBeingDeleted(err) {
+		if communityBeingDeleted(err) {
 			return err
 		}
-		if attempt == releaseAttempts {
+		if last {
 			q.failures.WithLabelValues("lost").Inc()
 			q.log.Error("media quota release lost: the community's count stays high", "community", community, "bytes", size, "attempts", attempt, "err", err)
 			return err
 		}
 		q.failures.WithLabelValues("retried").Inc()
 		q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", attempt, "err", err)
-		time.Sleep(backoff)
-		backoff *= 2
+	}
+}
+
+// backgroundRetries runs work after the answer for the server's lifetime:
+// at most a fixed number at once, stopped by Shutdown, which waits for
+// them.
+type backgroundRetries struct {
+	mu      sync.Mutex
+	stopped bool
+	stop    chan struct{}
+	slots   chan struct{}
+	running sync.WaitGroup
+}
+
+func newBackgroundRetries(limit int) *backgroundRetries {
+	return &backgroundRetries{stop: make(chan struct{}), slots: make(chan struct{}, limit)}
+}
+
+// start runs fn in a goroutine of its own, handing it the stop channel, or
+// reports false when the server is stopping or every slot is taken.
+func (b *backgroundRetries) start(fn func(stop <-chan struct{})) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return false
+	}
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return false
+	}
+	b.running.Add(1)
+	go func() {
+		defer func() { <-b.slots; b.running.Done() }()
+		fn(b.stop)
+	}()
+	return true
+}
+
+// stopping is closed once shutdown began.
+func (b *backgroundRetries) stopping() <-chan struct{} { return b.stop }
+
+// shutdown tells every retry to finish now and waits for them, or for ctx.
+func (b *backgroundRetries) shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	if !b.stopped {
+		b.stopped = true
+		close(b.stop)
+	}
+	b.mu.Unlock()
+	done := make(chan struct{})
+	go func() { b.running.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
