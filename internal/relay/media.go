@@ -469,6 +469,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
+	claimed := false // this request claimed its NIP-98 event
 	declared := strings.ToLower(strings.TrimSpace(r.Header.Get("X-SHA-256")))
 	// The bytes must be the ones the client signed or declared: a NIP-98
 	// payload tag, a Blossom event's x tags, the X-SHA-256 header.
@@ -485,7 +486,9 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
 			// Claimed only for bytes it signed, before anything is stored.
-			return authCheckFailed(s.claimHTTPAuth(r.Context(), tenant, ev))
+			err := s.claimHTTPAuth(r.Context(), tenant, ev)
+			claimed = err == nil
+			return authCheckFailed(err)
 		}
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
 			return fmt.Errorf("%w: the body's SHA-256 is %s, the auth event's x tag names another", media.ErrHashMismatch, sha)
@@ -506,7 +509,11 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, body, accept)
 	body.extend() // a refusal that left the body unread is answered on the same terms
 	if err != nil {
-		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err)) // the quota's row is fenced once the deletion quiesces
+		err = leaseLapsed(ctx, err)
+		if claimed && media.StoredNothing(err) && relayAtFault(r, err) {
+			s.releaseHTTPAuth(r.Context(), tenant, ev) // before the answer, which invites the retry
+		}
+		s.mediaFenced(w, r, tenant, err) // the quota's row is fenced once the deletion quiesces
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
@@ -539,6 +546,24 @@ func (b *answerAfterBody) extend() {
 	}
 	b.extended = true
 	_ = b.rc.SetWriteDeadline(time.Now().Add(b.timeout))
+}
+
+// relayAtFault reports whether a media write failed for the relay's
+// reason (busy, its lease lapsed, its spool or store failed), not for the
+// client's (a refusal, a hang-up) nor because the community is going away:
+// one the client may send again as it was.
+func relayAtFault(r *http.Request, err error) bool {
+	var ae *authError
+	switch {
+	case errors.Is(err, errReadSlotsBusy), errors.Is(err, deletion.ErrServingLeaseLapsed), errors.Is(err, media.ErrSpool):
+		return true
+	case r.Context().Err() != nil, communityBeingDeleted(err), errors.As(err, &ae), errors.Is(err, errAuthCheck),
+		errors.Is(err, media.ErrTooLarge), errors.Is(err, media.ErrTypeNotAllowed), errors.Is(err, media.ErrHashMismatch),
+		errors.Is(err, media.ErrEmpty), errors.Is(err, media.ErrBodyUnreadable), errors.Is(err, media.ErrNotFound),
+		errors.Is(err, media.ErrQuotaExceeded), errors.Is(err, media.ErrNotUploader):
+		return false
+	}
+	return true // the store or the database failed
 }
 
 // leaseLapsed is err, marked as the lapse of the operation's serving-write
@@ -734,19 +759,29 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
+	claimed := false
 	if ev.Kind == nostr.KindHTTPAuth {
 		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
 			s.mediaUnauthorized(w, tenant, err)
 			return
 		}
+		claimed = true
 	}
 	lease, ctx, err := s.mediaLease(r, tenant, "media_delete")
 	if err != nil {
+		if claimed && relayAtFault(r, err) {
+			s.releaseHTTPAuth(r.Context(), tenant, ev) // nothing deleted yet
+		}
 		s.mediaFenced(w, r, tenant, err)
 		return
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
+		if claimed && errors.Is(err, errReadSlotsBusy) {
+			// The blob lock, the delete's first statement, waited for a
+			// read slot in vain: nothing deleted yet.
+			s.releaseHTTPAuth(r.Context(), tenant, ev)
+		}
 		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err))
 		return
 	}

@@ -189,6 +189,65 @@ func TestMediaUploadWhoseLeaseRenewalHangsStoresNothing(t *testing.T) {
 	requireNothingStored(t, r, store, blob)
 }
 
+// A NIP-98 upload refused 503 after its auth event was claimed (here its
+// serving-write lease lapsed before it made its blob visible) stored
+// nothing and gives the claim back: the same request, same header, sent
+// again is stored; sent once more, after it succeeded, it is a replay.
+// Mutations killed: the claim kept (the retry is 401); the claim released
+// whatever the outcome (the replay of the stored upload is stored again).
+func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
+	t.Parallel()
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	send := func() mediaReply {
+		return mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	}
+
+	unlock := holdBlobLock(t, r.Pool, hexSHA(blob))
+	replies := make(chan mediaReply, 1)
+	go func() { replies <- send() }()
+	waitFor(t, func() bool { waiting, _ := advisoryWaiters(t, r.Pool); return waiting == 1 }) // claimed by then
+	lapse, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lapse.Rollback(ctx) //nolint:errcheck
+	_, err = lapse.Exec(ctx, `UPDATE community_serving_write_leases SET lease_until = now() - interval '1 second' WHERE community_id = $1`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	waitFor(t, func() bool { return lockWaiters(t, r.Pool, "ServingLease") > 0 })
+	require.NoError(t, lapse.Commit(ctx))
+	reply := <-replies
+	require.Equal(t, http.StatusServiceUnavailable, reply.Status, "%s", reply.Body)
+	requireNothingStored(t, r, store, blob)
+
+	again := send()
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	replay := send()
+	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
+}
+
+// A NIP-98 upload refused for its community's reason (the quota is full)
+// keeps its claim: the same header sent again is a replay, as before.
+// Mutation killed: the claim given back whatever the reason (the retry is
+// refused 507 again instead of 401).
+func TestMediaUploadRefusedForTheQuotaKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	full := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusInsufficientStorage, full.Status, "%s", full.Body)
+	replay := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
+}
+
 // A failed quota release is retried after the answer, not before it: the
 // upload's 500 comes while the release still cannot get through (a
 // transaction holds the community's media_usage row), and the count is
