@@ -328,8 +328,9 @@ const (
 // database and held one of the relay's upload places meanwhile. Given up,
 // the count stays high for good, so every failed attempt is logged and
 // counted (buzz_media_quota_release_failures_total). Only a community
-// being deleted refuses for good: its count goes with it. Release reports
-// only the first attempt's failure when no retry follows it.
+// being deleted refuses for good: its count goes with it. Once the retries
+// are handed to the background Release returns nil (a delete that ends in
+// it did delete); retried here, it returns their outcome.
 func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
 	err := q.releaseOnce(context.WithoutCancel(ctx), community, size)
 	if communityBeingDeleted(err) {
