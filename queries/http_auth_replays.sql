@@ -11,3 +11,9 @@ ON CONFLICT (community_id, event_id) DO NOTHING;
 DELETE FROM http_auth_replays
 WHERE community_id = @community_id::uuid
   AND expires_at < coalesce(sqlc.narg('now')::timestamptz, now());
+
+-- name: HTTPAuthReplayRelease :exec
+-- Gives a claim back: its request stored nothing and failed for the relay's
+-- reason, so the same auth header may be sent again within its window.
+DELETE FROM http_auth_replays
+WHERE community_id = @community_id::uuid AND event_id = @event_id::bytea;

@@ -34,6 +34,23 @@ func (q *Queries) HTTPAuthReplayClaim(ctx context.Context, arg HTTPAuthReplayCla
 	return result.RowsAffected(), nil
 }
 
+const hTTPAuthReplayRelease = `-- name: HTTPAuthReplayRelease :exec
+DELETE FROM http_auth_replays
+WHERE community_id = $1::uuid AND event_id = $2::bytea
+`
+
+type HTTPAuthReplayReleaseParams struct {
+	CommunityID uuid.UUID
+	EventID     []byte
+}
+
+// Gives a claim back: its request stored nothing and failed for the relay's
+// reason, so the same auth header may be sent again within its window.
+func (q *Queries) HTTPAuthReplayRelease(ctx context.Context, arg HTTPAuthReplayReleaseParams) error {
+	_, err := q.db.Exec(ctx, hTTPAuthReplayRelease, arg.CommunityID, arg.EventID)
+	return err
+}
+
 const hTTPAuthReplaysPurge = `-- name: HTTPAuthReplaysPurge :execrows
 DELETE FROM http_auth_replays
 WHERE community_id = $1::uuid

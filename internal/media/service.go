@@ -35,6 +35,21 @@ var (
 	ErrSpool = errors.New("the upload could not be spooled")
 )
 
+// referencingFailed marks an upload that failed while writing its upload
+// record or sidecar: one of them may remain (their removal failed too).
+type referencingFailed struct{ error }
+
+func (e referencingFailed) Unwrap() error { return e.error }
+
+// StoredNothing reports whether the upload that failed with err failed
+// before writing its upload record and sidecar, so its community holds
+// nothing of it (a blob it wrote is removed again, or left as unreferenced
+// space). The relay then lets the client send the same request again.
+func StoredNothing(err error) bool {
+	var rf referencingFailed
+	return !errors.As(err, &rf)
+}
+
 // Limits bound what an upload may be.
 type Limits struct {
 	MaxBytes     int64    // largest blob accepted
@@ -314,6 +329,9 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			if commitCtx, done, err = s.commitGuard(ctx); err == nil {
 				wroteSidecar, sidecarLeft, err = s.reference(commitCtx, community, d, uploader, now, first)
 				done()
+				if err != nil {
+					err = referencingFailed{err}
+				}
 			}
 		}
 		unlockBlob()

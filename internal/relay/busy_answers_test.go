@@ -70,21 +70,23 @@ func TestAuthAttestationPastTheReadSlotWaitIsBusy(t *testing.T) {
 
 // An HTTP request whose x-auth-tag attestation finds every read slot taken
 // for the whole wait (its Host lookup and its auth claim found one free) is
-// answered 503 JSON, recording nothing, and the client's next request,
-// signed anew (the first one's event was claimed), is served and records
-// the owner. The slots are taken between the claim and the attestation:
+// answered 503 JSON, recording nothing, and gives its auth event's claim
+// back: the same request sent again, with the same header, is served and
+// records the owner; sent once more, it is a replay (401). The slots are taken between the claim and the attestation:
 // the claim's statement is held while the test takes two slots and queues
 // for the last two, so the claim's slot goes to the test, not to the
-// attestation. Mutation killed: the busy case left to the generic 500
-// ("could not record the owner attestation; try again").
+// attestation. Mutations killed: the busy case left to the generic 500
+// ("could not record the owner attestation; try again"); the claim kept
+// (the same header is refused 401); the claim released whatever the
+// outcome (the replay of the served request is served again).
 func TestXAuthTagPastTheReadSlotWaitIsBusy(t *testing.T) {
 	t.Parallel()
 	held, r, _ := relayWithHeldStatement(t, "HTTPAuthReplayClaim", nil)
 	agent, owner := relaytest.NewKey(t), relaytest.NewKey(t)
 	tag := attest(t, owner, agent.PublicKeyHex(), "")
 	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	ev := nip98(t, agent, http.MethodPost, r.HTTPURL+"/query", body, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, tag) })
 	send := func() (int, map[string]any) {
-		ev := nip98(t, agent, http.MethodPost, r.HTTPURL+"/query", body, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, tag) })
 		return sendWithTag(t, r, http.MethodPost, "/query", authHeader(ev), tagJSON(t, tag), body)
 	}
 
@@ -127,6 +129,9 @@ func TestXAuthTagPastTheReadSlotWaitIsBusy(t *testing.T) {
 	status, out := send()
 	require.Equal(t, http.StatusOK, status, out)
 	require.Equal(t, owner.PublicKeyHex(), recordedOwner(t, r, agent.PublicKeyHex()))
+	status, out = send()
+	require.Equal(t, http.StatusUnauthorized, status, out)
+	require.Equal(t, authEventUsed, out["error"])
 }
 
 // An upload whose quota reservation finds every read slot taken for the

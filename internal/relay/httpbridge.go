@@ -232,6 +232,11 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {
 		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation, signed); err != nil {
+			if !communityBeingDeleted(err) && r.Context().Err() == nil {
+				// Nothing recorded, for the relay's reason (busy, or the
+				// database failed): the same request may be sent again.
+				s.releaseHTTPAuth(r.Context(), tenant, ev)
+			}
 			if communityBeingDeleted(err) || errors.Is(err, errReadSlotsBusy) {
 				unauthorized(err) // 410 or 503, as for the claim
 				return principal{}, nil, false

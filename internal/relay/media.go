@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -295,6 +296,7 @@ type relayQuota struct {
 	slot     func(context.Context) (func(), error)
 	log      *slog.Logger
 	failures *prometheus.CounterVec
+	retries  *backgroundRetries // the server's, stopped by Shutdown
 }
 
 func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64) error {
@@ -307,46 +309,144 @@ func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64
 }
 
 // Quota releases are tried releaseAttempts times, each bounded by
-// releaseAttemptTimeout, releaseBackoff apart (doubling).
+// releaseAttemptTimeout, releaseBackoff apart (doubling); at most
+// releaseRetriesInFlight releases are retried in the background at once.
 const (
-	releaseAttempts       = 4
-	releaseAttemptTimeout = 5 * time.Second
-	releaseBackoff        = time.Second
+	releaseAttempts        = 4
+	releaseAttemptTimeout  = 5 * time.Second
+	releaseBackoff         = time.Second
+	releaseRetriesInFlight = 64
 )
 
 // Release gives size back to community's count, however the request that
-// reserved it ended: each attempt on a context of its own (the client may
-// be gone), and after a failure again, without the operation's
-// serving-write lease (a lapsed lease's guard refuses every statement
-// presented under it, while an active community's count needs no lease).
-// Given up, the count stays high for good, so every failed attempt is
-// logged and counted (buzz_media_quota_release_failures_total). Only a
-// community being deleted refuses for good: its count goes with it.
+// reserved it ended: on a context of its own (the client may be gone). The
+// first attempt is made here; after a failure the attempts left run in the
+// background, after the answer, without the operation's serving-write
+// lease (a lapsed lease's guard refuses every statement presented under
+// it, while an active community's count needs no lease): inside the
+// request they delayed the answer by up to ~27 s against a failing
+// database and held one of the relay's upload places meanwhile. Given up,
+// the count stays high for good, so every failed attempt is logged and
+// counted (buzz_media_quota_release_failures_total). Only a community
+// being deleted refuses for good: its count goes with it. Once the retries
+// are handed to the background Release returns nil (a delete that ends in
+// it did delete); retried here, it returns their outcome.
 func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64) error {
-	var err error
-	backoff := releaseBackoff
-	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
-		if attempt > 1 || errors.Is(context.Cause(ctx), deletion.ErrServingLeaseLapsed) {
-			actx = deletion.WithoutServingLease(actx)
+	err := q.releaseOnce(context.WithoutCancel(ctx), community, size)
+	if communityBeingDeleted(err) {
+		// Refused as fenced: the community is being deleted, or the
+		// operation's lease lapsed, whose guard refuses like the fence.
+		// Without the lease, at once, only the former still refuses.
+		if err = q.releaseOnce(deletion.WithoutServingLease(ctx), community, size); communityBeingDeleted(err) {
+			return err
 		}
-		err = q.Quota.Release(actx, community, size)
-		cancel()
+	}
+	if err == nil {
+		return nil
+	}
+	q.failures.WithLabelValues("retried").Inc()
+	q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", 1, "err", err)
+	retry := func(stop <-chan struct{}) { _ = q.retryRelease(stop, community, size) }
+	if q.retries.start(retry) {
+		return nil
+	}
+	// The relay is shutting down, or as many releases are being retried as
+	// it allows: retried here, as the request's own work.
+	return q.retryRelease(q.retries.stopping(), community, size)
+}
+
+// releaseOnce is one attempt, on a context of its own (the client may be
+// gone), bounded by releaseAttemptTimeout.
+func (q relayQuota) releaseOnce(ctx context.Context, community uuid.UUID, size int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
+	defer cancel()
+	return q.Quota.Release(ctx, community, size)
+}
+
+// retryRelease makes the attempts after the first, releaseBackoff apart
+// (doubling); once stop is closed (the relay is shutting down) a waiting
+// retry skips its backoff and makes its last attempt at once.
+func (q relayQuota) retryRelease(stop <-chan struct{}, community uuid.UUID, size int64) error {
+	backoff := releaseBackoff
+	for attempt := 2; ; attempt++ {
+		last := attempt == releaseAttempts
+		select {
+		case <-time.After(backoff):
+		case <-stop:
+			last = true
+		}
+		backoff *= 2
+		err := q.releaseOnce(deletion.WithoutServingLease(context.Background()), community, size)
 		if err == nil {
 			return nil
 		}
-		if attempt > 1 && communityBeingDeleted(err) {
+		if communityBeingDeleted(err) {
 			return err
 		}
-		if attempt == releaseAttempts {
+		if last {
 			q.failures.WithLabelValues("lost").Inc()
 			q.log.Error("media quota release lost: the community's count stays high", "community", community, "bytes", size, "attempts", attempt, "err", err)
 			return err
 		}
 		q.failures.WithLabelValues("retried").Inc()
 		q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", attempt, "err", err)
-		time.Sleep(backoff)
-		backoff *= 2
+	}
+}
+
+// backgroundRetries runs work after the answer for the server's lifetime:
+// at most a fixed number at once, stopped by Shutdown, which waits for
+// them.
+type backgroundRetries struct {
+	mu      sync.Mutex
+	stopped bool
+	stop    chan struct{}
+	slots   chan struct{}
+	running sync.WaitGroup
+}
+
+func newBackgroundRetries(limit int) *backgroundRetries {
+	return &backgroundRetries{stop: make(chan struct{}), slots: make(chan struct{}, limit)}
+}
+
+// start runs fn in a goroutine of its own, handing it the stop channel, or
+// reports false when the server is stopping or every slot is taken.
+func (b *backgroundRetries) start(fn func(stop <-chan struct{})) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return false
+	}
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return false
+	}
+	b.running.Add(1)
+	go func() {
+		defer func() { <-b.slots; b.running.Done() }()
+		fn(b.stop)
+	}()
+	return true
+}
+
+// stopping is closed once shutdown began.
+func (b *backgroundRetries) stopping() <-chan struct{} { return b.stop }
+
+// shutdown tells every retry to finish now and waits for them, or for ctx.
+func (b *backgroundRetries) shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	if !b.stopped {
+		b.stopped = true
+		close(b.stop)
+	}
+	b.mu.Unlock()
+	done := make(chan struct{})
+	go func() { b.running.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -370,6 +470,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
+	claimed := false // this request claimed its NIP-98 event
 	declared := strings.ToLower(strings.TrimSpace(r.Header.Get("X-SHA-256")))
 	// The bytes must be the ones the client signed or declared: a NIP-98
 	// payload tag, a Blossom event's x tags, the X-SHA-256 header.
@@ -386,7 +487,9 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
 			// Claimed only for bytes it signed, before anything is stored.
-			return authCheckFailed(s.claimHTTPAuth(r.Context(), tenant, ev))
+			err := s.claimHTTPAuth(r.Context(), tenant, ev)
+			claimed = err == nil
+			return authCheckFailed(err)
 		}
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
 			return fmt.Errorf("%w: the body's SHA-256 is %s, the auth event's x tag names another", media.ErrHashMismatch, sha)
@@ -403,12 +506,65 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		return
 	}
 	defer lease.Release(r.Context())
-	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, r.Body, accept)
+	body := &answerAfterBody{ReadCloser: r.Body, rc: http.NewResponseController(w), timeout: s.cfg.HTTPWriteTimeout}
+	d, err := s.media.Upload(ctx, tenant.ID(), ev.PubKey, body, accept)
+	body.extend() // a refusal that left the body unread is answered on the same terms
 	if err != nil {
-		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err)) // the quota's row is fenced once the deletion quiesces
+		err = leaseLapsed(ctx, err)
+		if claimed && media.StoredNothing(err) && relayAtFault(r, err) {
+			s.releaseHTTPAuth(r.Context(), tenant, ev) // before the answer, which invites the retry
+		}
+		s.mediaFenced(w, r, tenant, err) // the quota's row is fenced once the deletion quiesces
 		return
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
+}
+
+// answerAfterBody gives an upload's answer BUZZ_HTTP_WRITE_TIMEOUT from
+// the end of its body rather than from its headers: the body alone may
+// take BUZZ_HTTP_READ_TIMEOUT, and an upload stored after the server's
+// write deadline had its answer cut off, so its client took it for a
+// failure. Set once, when the body ends, the deadline still bounds the
+// store's writes and the answer.
+type answerAfterBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	timeout  time.Duration
+	extended bool
+}
+
+func (b *answerAfterBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.extend()
+	}
+	return n, err
+}
+
+func (b *answerAfterBody) extend() {
+	if b.extended || b.timeout <= 0 {
+		return
+	}
+	b.extended = true
+	_ = b.rc.SetWriteDeadline(time.Now().Add(b.timeout))
+}
+
+// relayAtFault reports whether a media write failed for the relay's
+// reason (busy, its lease lapsed, its spool or store failed), not for the
+// client's (a refusal, a hang-up) nor because the community is going away:
+// one the client may send again as it was.
+func relayAtFault(r *http.Request, err error) bool {
+	var ae *authError
+	switch {
+	case errors.Is(err, errReadSlotsBusy), errors.Is(err, deletion.ErrServingLeaseLapsed), errors.Is(err, media.ErrSpool):
+		return true
+	case r.Context().Err() != nil, communityBeingDeleted(err), errors.As(err, &ae), errors.Is(err, errAuthCheck),
+		errors.Is(err, media.ErrTooLarge), errors.Is(err, media.ErrTypeNotAllowed), errors.Is(err, media.ErrHashMismatch),
+		errors.Is(err, media.ErrEmpty), errors.Is(err, media.ErrBodyUnreadable), errors.Is(err, media.ErrNotFound),
+		errors.Is(err, media.ErrQuotaExceeded), errors.Is(err, media.ErrNotUploader):
+		return false
+	}
+	return true // the store or the database failed
 }
 
 // leaseLapsed is err, marked as the lapse of the operation's serving-write
@@ -604,19 +760,29 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	if s.mediaRateLimited(w, tenant, ev.PubKey) {
 		return
 	}
+	claimed := false
 	if ev.Kind == nostr.KindHTTPAuth {
 		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
 			s.mediaUnauthorized(w, tenant, err)
 			return
 		}
+		claimed = true
 	}
 	lease, ctx, err := s.mediaLease(r, tenant, "media_delete")
 	if err != nil {
+		if claimed && relayAtFault(r, err) {
+			s.releaseHTTPAuth(r.Context(), tenant, ev) // nothing deleted yet
+		}
 		s.mediaFenced(w, r, tenant, err)
 		return
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
+		if claimed && errors.Is(err, errReadSlotsBusy) {
+			// The blob lock, the delete's first statement, waited for a
+			// read slot in vain: nothing deleted yet.
+			s.releaseHTTPAuth(r.Context(), tenant, ev)
+		}
 		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err))
 		return
 	}

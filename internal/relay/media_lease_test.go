@@ -189,13 +189,75 @@ func TestMediaUploadWhoseLeaseRenewalHangsStoresNothing(t *testing.T) {
 	requireNothingStored(t, r, store, blob)
 }
 
-// A quota release that fails (here its statement waits on the community's
-// usage row, held by another transaction, past its timeout) is tried again
-// on a context of its own, so the upload that failed after reserving does
-// not leave its community's count short of room for good; the failed
-// attempt is counted. Mutation killed: a single attempt (the bytes stay
-// counted, 4096).
-func TestMediaQuotaReleaseIsRetried(t *testing.T) {
+// A NIP-98 upload refused 503 after its auth event was claimed (here its
+// serving-write lease lapsed before it made its blob visible) stored
+// nothing and gives the claim back: the same request, same header, sent
+// again is stored; sent once more, after it succeeded, it is a replay.
+// Mutations killed: the claim kept (the retry is 401); the claim released
+// whatever the outcome (the replay of the stored upload is stored again).
+func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
+	t.Parallel()
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	send := func() mediaReply {
+		return mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	}
+
+	unlock := holdBlobLock(t, r.Pool, hexSHA(blob))
+	replies := make(chan mediaReply, 1)
+	go func() { replies <- send() }()
+	waitFor(t, func() bool { waiting, _ := advisoryWaiters(t, r.Pool); return waiting == 1 }) // claimed by then
+	lapse, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lapse.Rollback(ctx) //nolint:errcheck
+	_, err = lapse.Exec(ctx, `UPDATE community_serving_write_leases SET lease_until = now() - interval '1 second' WHERE community_id = $1`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	waitFor(t, func() bool { return lockWaiters(t, r.Pool, "ServingLease") > 0 })
+	require.NoError(t, lapse.Commit(ctx))
+	reply := <-replies
+	require.Equal(t, http.StatusServiceUnavailable, reply.Status, "%s", reply.Body)
+	requireNothingStored(t, r, store, blob)
+
+	again := send()
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	replay := send()
+	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
+}
+
+// A NIP-98 upload refused for its community's reason (the quota is full)
+// keeps its claim: the same header sent again is a replay, as before.
+// Mutation killed: the claim given back whatever the reason (the retry is
+// refused 507 again instead of 401).
+func TestMediaUploadRefusedForTheQuotaKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	full := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusInsufficientStorage, full.Status, "%s", full.Body)
+	replay := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
+}
+
+// A failed quota release is retried after the answer, not before it: the
+// upload's 500 comes while the release still cannot get through (a
+// transaction holds the community's media_usage row), and the count is
+// whole once it can. Shutdown makes a retry waiting out its backoff try at
+// once and waits for it, so the count is whole when Shutdown returns.
+// Mutations killed: a single attempt (the bytes stay counted, 4096); the
+// retries run inside the request (the answer comes after all four attempts
+// failed, the count stays high and one is counted lost); Shutdown that does
+// not wait for the retries.
+func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	store, err := media.NewFSStore(dir)
@@ -204,11 +266,11 @@ func TestMediaQuotaReleaseIsRetried(t *testing.T) {
 	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
 	ctx := context.Background()
 	blob := pngBlob(t, 4096)
-	retried := r.Server.Metrics().MediaQuotaReleaseFailures.WithLabelValues("retried")
+	failures := r.Server.Metrics().MediaQuotaReleaseFailures
 	unlock, replies := uploadAtTheBlobLock(t, r, blob)
 
-	// The upload record's write fails (a file stands where the community's
-	// records go), so the upload gives its reservation back.
+	// The upload record's write fails, so the upload gives its reservation
+	// back; the release waits for the row lock until its attempt times out.
 	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
 	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
 	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
@@ -218,14 +280,23 @@ func TestMediaQuotaReleaseIsRetried(t *testing.T) {
 	_, err = holder.Exec(ctx, `SELECT FROM media_usage WHERE community_id = $1 FOR UPDATE`, r.CommunityID)
 	require.NoError(t, err)
 	unlock()
-	waitFor(t, func() bool { return len(replies) > 0 || testutil.ToFloat64(retried) >= 1 })
+	var reply mediaReply
+	select {
+	case reply = <-replies:
+	case <-time.After(relaytest.Patience):
+		t.Fatal("the upload was not answered")
+	}
+	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "answered before its bytes could be given back")
+	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")), "the answer waited for every retry")
 	require.NoError(t, holder.Rollback(ctx))
 
-	reply := <-replies
-	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
-	require.Equal(t, "error: could not reach the media store; try again", reply.Error)
-	require.Equal(t, 1.0, testutil.ToFloat64(retried))
-	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().MediaQuotaReleaseFailures.WithLabelValues("lost")))
+	shutdownCtx, cancel := context.WithTimeout(ctx, relaytest.Patience)
+	defer cancel()
+	require.NoError(t, r.Shutdown(shutdownCtx))
+	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID), "the retry did not give the bytes back by the end of Shutdown")
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("retried")))
+	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
 	require.NoError(t, os.Remove(obstacle))
 	requireNothingLeft(t, r, store, blob)
 }

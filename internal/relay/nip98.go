@@ -183,6 +183,27 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 	return nil
 }
 
+// releaseClaimTimeout bounds giving a claim back.
+const releaseClaimTimeout = 5 * time.Second
+
+// releaseHTTPAuth gives back the claim this request made of ev: the
+// request stored nothing and failed for the relay's reason (busy, a lapsed
+// lease, a failing store or database), so the client may send the same
+// header again within its window instead of signing anew. Only a claim the
+// request itself made: releasing one another request holds would let a
+// replay of that request through. Like a claim's, the statement is one
+// per signed request; it takes no read slot, since the request already
+// failed once for want of one. On a context of its own: the client may be
+// gone. A failed release only costs the client a new signature.
+func (s *Server) releaseHTTPAuth(ctx context.Context, tenant community.Tenant, ev *nostr.Event) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseClaimTimeout)
+	defer cancel()
+	id := ev.IDBytes()
+	if err := s.queries.HTTPAuthReplayRelease(ctx, db.HTTPAuthReplayReleaseParams{CommunityID: tenant.ID(), EventID: id[:]}); err != nil {
+		s.log.Warn("give back an http auth claim", "community", tenant.Host(), "err", err)
+	}
+}
+
 // replayPurger throttles the purge of expired replay claims to once per
 // purgeEvery per community. Purging from the request path needs no
 // goroutine to start or stop, and a community only accumulates claims while

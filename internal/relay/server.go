@@ -79,9 +79,11 @@ type Server struct {
 	operatorAPI   atomic.Pointer[http.Handler]
 	// ready shares one readiness check among the /ready requests that
 	// arrive while it runs.
-	ready      readyCheck
-	media      *media.Service                 // nil: the media routes answer 404
-	crossRelay atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
+	ready readyCheck
+	media *media.Service // nil: the media routes answer 404
+	// releaseRetries retries failed media quota releases after the answer.
+	releaseRetries *backgroundRetries
+	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
 	// presence is who is present in each channel (kind 20001), kept for
 	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
 	presence atomic.Pointer[presenceStore]
@@ -128,10 +130,11 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	}
 	hub := fanout.NewHub()
 	s := &Server{
-		cfg:     cfg,
-		pool:    pool,
-		queries: db.New(pool),
-		store:   eventstore.New(pool, cfg.MaxLimit),
+		cfg:            cfg,
+		releaseRetries: newBackgroundRetries(releaseRetriesInFlight),
+		pool:           pool,
+		queries:        db.New(pool),
+		store:          eventstore.New(pool, cfg.MaxLimit),
 		pipeline: ingest.New(pool, hub, ingest.Options{
 			MaxFutureSkew: cfg.MaxFutureSkew, MaxMentions: cfg.MaxMentionsPerEvent, MaxThreadDepth: cfg.MaxThreadDepth,
 			MaxChannelMembers: cfg.MaxChannelMembers,
@@ -187,7 +190,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		})
 		s.media.UseQuota(relayQuota{Quota: media.CommunityQuota{Limit: int64(cfg.MediaCommunityQuotaBytes), Run: func(ctx context.Context, fn func(*db.Queries) error) error {
 			return deletion.UnderLease(ctx, pool, fn)
-		}}, slot: s.readSlot, log: s.log, failures: s.metrics.MediaQuotaReleaseFailures})
+		}}, slot: s.readSlot, log: s.log, failures: s.metrics.MediaQuotaReleaseFailures, retries: s.releaseRetries})
 		// An upload renews its serving-write lease right before it makes
 		// its blob visible: one whose lease lapsed meanwhile stores nothing.
 		s.media.UseCommitGuard(deletion.ConfirmServingLease)
@@ -556,8 +559,18 @@ func (s *Server) forget(c *conn) {
 }
 
 // Shutdown stops accepting connections, then asks every connection to flush
-// its queue and close with 1001, waiting until they are gone or ctx ends.
+// its queue and close with 1001, waiting until they are gone or ctx ends;
+// then it has the media quota releases still being retried make their last
+// attempt, and waits for them (or ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
+	if err := s.closeConnections(ctx); err != nil {
+		_ = s.releaseRetries.shutdown(ctx)
+		return err
+	}
+	return s.releaseRetries.shutdown(ctx)
+}
+
+func (s *Server) closeConnections(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
 	for c := range s.conns {
