@@ -190,10 +190,8 @@ func onlyCandidates(t *testing.T, template string, members []Member) []Member {
 // and members from a small alphabet (names overlap, run on, repeat, are
 // shared by two pubkeys, fold from "İ" and sit at the end of the text).
 // Mutations killed: a candidate that must be followed by a boundary
-// character (dropping names at the end of the text), candidates not folded,
-// or only the longest candidate at each "@" (a shorter name shared by two
-// pubkeys would then wake nobody either way, but a shorter unique name
-// where the longer one runs on would be missed).
+// character (names at the end of the text are missed), and candidates
+// not folded.
 func TestCandidatesWakeWhomEveryMemberWakes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	alphabet := []rune("ab @(_İiB.")
