@@ -1,6 +1,9 @@
 package workflow_test
 
 import (
+	"encoding/hex"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 	"unicode"
@@ -132,4 +135,75 @@ func TestStepWakesWhomItsTemplateNames(t *testing.T) {
 	bells := f.doorbells(run)
 	require.Len(t, bells, 1)
 	require.Equal(t, []string{pubHex(owner), pubHex(robby), pubHex(zoe), pubHex(ibo), pubHex(samSmith)}, bells[0].Tags.Values("p"))
+}
+
+// Resolving against the members the step reads by folded name wakes
+// exactly whom resolving against every member of the channel wakes, over
+// random names and templates whose characters fold across scripts ("İ"
+// and the Kelvin sign fold to ASCII "i" and "k", "ẞ" to "ß"): the
+// templates mention members' names spelled with other characters of the
+// same fold, run on into more text, and mention names shared by two
+// members and names of non-members.
+// Mutation killed: mention_fold without the Kelvin sign's pair misses
+// members the Go fold wakes.
+func TestMentionableWakesWhomEveryMemberWakes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := uuid.MustParse(f.channel(owner))
+	other := uuid.MustParse(f.channel(owner))
+	rng := rand.New(rand.NewPCG(5, 6))
+	pick := func(s string) rune { rs := []rune(s); return rs[rng.IntN(len(rs))] }
+	var names []string
+	for i := range 40 {
+		var sb strings.Builder
+		for range rng.IntN(4) + 1 {
+			sb.WriteRune(pick("akK\u212AİIiẞß ."))
+		}
+		names = append(names, sb.String())
+		channel := ch
+		if i%4 == 0 {
+			channel = other
+		}
+		pubkey := make([]byte, 32)
+		pubkey[0], pubkey[1] = 0xEE, byte(i)
+		_, err := f.pool.Exec(f.ctx, `INSERT INTO users (community_id, pubkey, display_name) VALUES ($1, $2, $3)`, f.tenant.ID(), pubkey, names[i])
+		require.NoError(t, err)
+		_, err = f.pool.Exec(f.ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, $3)`, f.tenant.ID(), channel, pubkey)
+		require.NoError(t, err)
+	}
+	// respell writes name with any character of the same fold.
+	same := map[rune]string{'k': "kK\u212A", 'K': "kK\u212A", '\u212A': "kK\u212A", 'i': "iIİ", 'I': "iIİ", 'İ': "iIİ", 'ß': "ßẞ", 'ẞ': "ßẞ"}
+	respell := func(name string) string {
+		var sb strings.Builder
+		for _, r := range name {
+			if alt, ok := same[r]; ok {
+				r = pick(alt)
+			}
+			sb.WriteRune(r)
+		}
+		return sb.String()
+	}
+	q := db.New(f.pool)
+	rows, err := q.ChannelMemberDisplayNames(f.ctx, db.ChannelMemberDisplayNamesParams{CommunityID: f.tenant.ID(), ChannelID: ch})
+	require.NoError(t, err)
+	var everyone []mention.Member
+	for _, r := range rows {
+		everyone = append(everyone, mention.Member{Pubkey: hex.EncodeToString(r.Pubkey), DisplayName: r.DisplayName})
+	}
+	woke := 0
+	for round := range 500 {
+		var sb strings.Builder
+		for range rng.IntN(4) + 1 {
+			sb.WriteString(string(pick(" (")) + "@" + respell(names[rng.IntN(len(names))]) + string(pick(" .ai")))
+		}
+		template := sb.String()
+		read, err := workflow.Mentionable(f.ctx, q, f.tenant.ID(), ch, template)
+		require.NoError(t, err)
+		want := mention.Resolve(template, everyone, "")
+		require.Equal(t, want, mention.Resolve(template, read, ""), "round %d: template %q", round, template)
+		woke += len(want)
+	}
+	t.Logf("%d members woken by 500 templates", woke)
+	require.Greater(t, woke, 100, "templates name members")
 }
