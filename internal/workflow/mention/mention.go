@@ -24,6 +24,7 @@ package mention
 
 import (
 	"slices"
+	"strings"
 	"unicode"
 )
 
@@ -129,6 +130,12 @@ func resolve(template string, members []Member, owner string) ([]string, int) {
 // would cost more than reading the channel's members.
 const MaxCandidates = 4096
 
+// maxCandidateRunes bounds the runes of all candidates Candidates looks
+// at, repeated ones included (each is hashed to find it is a repeat):
+// 30,000 "@"s in a periodic template yield few distinct candidates but
+// millions of repeats.
+const maxCandidateRunes = MaxCandidates * MaxNameRunes
+
 // Candidates returns, folded as the mention rules fold, every string a
 // member's display name would have to equal for Resolve to wake that
 // member: at each "@" that may start a mention, each run of the folded
@@ -136,11 +143,22 @@ const MaxCandidates = 4096
 // boundary. A member whose folded name is not among them takes no part in
 // Resolve (wakes nobody, and makes no name ambiguous), so a caller may
 // pass Resolve only those members. ok is false when there are more than
-// MaxCandidates distinct candidates: the caller passes every member.
+// MaxCandidates distinct candidates, or more than maxCandidateRunes runes
+// of them in all: the caller passes every member.
 func Candidates(template string) (candidates []string, ok bool) {
 	text := []rune(template)
-	folded := foldRunes(text)
+	// The folded text as one string, and where each rune starts in it, so
+	// that a candidate is a substring (a repeat allocates nothing).
+	var sb strings.Builder
+	starts := make([]int, len(text)+1)
+	for i, r := range foldRunes(text) {
+		starts[i] = sb.Len()
+		sb.WriteRune(r)
+	}
+	starts[len(text)] = sb.Len()
+	folded := sb.String()
 	seen := map[string]bool{}
+	runes := 0
 	for i := range text {
 		if text[i] != '@' || !leftBoundary(text, i) {
 			continue
@@ -149,7 +167,10 @@ func Candidates(template string) (candidates []string, ok bool) {
 			if end < len(text) && continuesName(text[end]) {
 				continue
 			}
-			name := string(folded[i+1 : end])
+			if runes += end - i - 1; runes > maxCandidateRunes {
+				return nil, false
+			}
+			name := folded[starts[i+1]:starts[end]]
 			if seen[name] {
 				continue
 			}

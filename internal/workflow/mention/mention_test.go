@@ -237,5 +237,22 @@ func TestCandidatesAreBoundedByMentions(t *testing.T) {
 		sb.WriteString(" @" + strconv.Itoa(i) + ".")
 	}
 	_, ok = Candidates(sb.String())
-	require.False(t, ok)
+	require.False(t, ok, "more than MaxCandidates distinct candidates")
+	_, ok = Candidates("@" + strings.Repeat("x @", 30_000))
+	require.False(t, ok, "few distinct candidates, but millions of runes of repeats")
+}
+
+// A repeated candidate costs no allocation: a template naming the same
+// people 100 times allocates about what naming them once does, not one
+// string per candidate per "@" (7,207 allocations here). Not parallel, so
+// that no other test's allocations are counted.
+// Mutation killed: building each candidate as string(folded[i+1:end])
+// (or cloning the substring) allocates one string per repeat.
+func TestRepeatedCandidatesDoNotAllocate(t *testing.T) {
+	template := strings.Repeat("@Robby and @Sam Smith, please. ", 100)
+	candidates, ok := Candidates(template)
+	require.True(t, ok)
+	allocs := testing.AllocsPerRun(5, func() { Candidates(template) })
+	t.Logf("%d distinct candidates, %.0f allocations", len(candidates), allocs)
+	require.Less(t, allocs, float64(len(candidates)+100))
 }
