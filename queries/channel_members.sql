@@ -42,6 +42,24 @@ SELECT pubkey, role FROM channel_members
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL
 ORDER BY joined_at, pubkey;
 
+-- name: ChannelMemberDisplayNamesNamed :many
+-- The active members of a channel whose display name, folded as the
+-- mention rules fold it (mention_fold, migration 053), is one of names:
+-- a workflow step's mention candidates (mention.Candidates). The pubkeys
+-- of those names in the community come first, through users_mention_name
+-- (whose predicate display_name <> '' this repeats), then each is looked
+-- up among the channel's members by primary key. As a join, the planner
+-- guessed 100 users per name and hashed the whole member list instead.
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = @community_id::uuid AND m.channel_id = @channel_id::uuid AND m.removed_at IS NULL
+  AND m.pubkey = ANY(ARRAY(
+      SELECT n.pubkey FROM users n
+      WHERE n.community_id = @community_id::uuid AND n.display_name <> ''
+        AND mention_fold(n.display_name) = ANY(@names::text[])))
+ORDER BY m.pubkey;
+
 -- name: ChannelMemberDisplayNames :many
 -- The active members of a channel who have a display name: the only
 -- pubkeys a workflow message may wake by @name.

@@ -53,6 +53,56 @@ func (q *Queries) ChannelMemberDisplayNames(ctx context.Context, arg ChannelMemb
 	return items, nil
 }
 
+const channelMemberDisplayNamesNamed = `-- name: ChannelMemberDisplayNamesNamed :many
+SELECT m.pubkey, u.display_name::text AS display_name
+FROM channel_members m
+JOIN users u ON u.community_id = m.community_id AND u.pubkey = m.pubkey
+WHERE m.community_id = $1::uuid AND m.channel_id = $2::uuid AND m.removed_at IS NULL
+  AND m.pubkey = ANY(ARRAY(
+      SELECT n.pubkey FROM users n
+      WHERE n.community_id = $1::uuid AND n.display_name <> ''
+        AND mention_fold(n.display_name) = ANY($3::text[])))
+ORDER BY m.pubkey
+`
+
+type ChannelMemberDisplayNamesNamedParams struct {
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Names       []string
+}
+
+type ChannelMemberDisplayNamesNamedRow struct {
+	Pubkey      []byte
+	DisplayName string
+}
+
+// The active members of a channel whose display name, folded as the
+// mention rules fold it (mention_fold, migration 053), is one of names:
+// a workflow step's mention candidates (mention.Candidates). The pubkeys
+// of those names in the community come first, through users_mention_name
+// (whose predicate display_name <> ” this repeats), then each is looked
+// up among the channel's members by primary key. As a join, the planner
+// guessed 100 users per name and hashed the whole member list instead.
+func (q *Queries) ChannelMemberDisplayNamesNamed(ctx context.Context, arg ChannelMemberDisplayNamesNamedParams) ([]ChannelMemberDisplayNamesNamedRow, error) {
+	rows, err := q.db.Query(ctx, channelMemberDisplayNamesNamed, arg.CommunityID, arg.ChannelID, arg.Names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ChannelMemberDisplayNamesNamedRow
+	for rows.Next() {
+		var i ChannelMemberDisplayNamesNamedRow
+		if err := rows.Scan(&i.Pubkey, &i.DisplayName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const channelMemberRemove = `-- name: ChannelMemberRemove :execrows
 UPDATE channel_members
 SET removed_at = coalesce($1::timestamptz, now()), removed_by = $2::bytea

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/google/uuid"
 
@@ -313,7 +312,7 @@ func (v *Verifier) members(ctx context.Context, channel uuid.UUID, text string) 
 			}
 		}
 	}
-	folded := fold(text)
+	named := mayBeNamed(text)
 	members := make([]mention.Member, 0, len(newest))
 	for _, pk := range pubkeys {
 		p := newest[pk]
@@ -321,7 +320,7 @@ func (v *Verifier) members(ctx context.Context, channel uuid.UUID, text string) 
 			continue
 		}
 		name := ingest.ProfileDisplayName(p.Content)
-		if name == "" || !strings.Contains(folded, fold(name)) || p.Verify() != nil {
+		if name == "" || !named(name) || p.Verify() != nil {
 			continue
 		}
 		members = append(members, mention.Member{Pubkey: pk, DisplayName: name})
@@ -329,8 +328,23 @@ func (v *Verifier) members(ctx context.Context, channel uuid.UUID, text string) 
 	return members, nil
 }
 
-// fold lowercases one character at a time, as the mention rules compare.
-func fold(s string) string { return strings.Map(unicode.ToLower, s) }
+// mayBeNamed reports whether a display name could take part in resolving
+// template's mentions: whether, folded, it is one of the template's
+// candidates (a lookup, whatever the template's length), or for a
+// template with too many of them, whether it occurs in the folded
+// template at all (a scan of the template per member).
+func mayBeNamed(template string) func(name string) bool {
+	candidates, ok := mention.Candidates(template)
+	if !ok {
+		folded := mention.Fold(template)
+		return func(name string) bool { return strings.Contains(folded, mention.Fold(name)) }
+	}
+	isCandidate := make(map[string]bool, len(candidates))
+	for _, c := range candidates {
+		isCandidate[c] = true
+	}
+	return func(name string) bool { return isCandidate[mention.Fold(name)] }
+}
 
 // profileBatch is how many authors one profile query names; it stays well
 // under a relay's per-filter limit.

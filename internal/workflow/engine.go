@@ -959,13 +959,9 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 	if tc.Cause.Kind == CauseWebhook && len(tc.WebhookFields) > 0 {
 		tags = append(tags, nostr.Tag{"workflow-cargo", string(mustJSON(tc.WebhookFields))})
 	}
-	names, err := q.ChannelMemberDisplayNames(ctx, db.ChannelMemberDisplayNamesParams{CommunityID: c.Run.CommunityID, ChannelID: channel})
+	members, err := mentionable(ctx, q, c.Run.CommunityID, channel, step.Text)
 	if err != nil {
 		return nil, dbFail(err, "step %s: members unavailable", step.ID)
-	}
-	members := make([]mention.Member, len(names))
-	for i, n := range names {
-		members[i] = mention.Member{Pubkey: hex.EncodeToString(n.Pubkey), DisplayName: n.DisplayName}
 	}
 	for _, pk := range mention.Resolve(step.Text, members, owner) {
 		tags = append(tags, nostr.Tag{"p", pk})
@@ -986,6 +982,39 @@ func (e *Engine) sendMessage(ctx context.Context, w *ingest.Write, c Claimed, de
 		return nil, dbFail(err, "step %s: message not stored", step.ID)
 	}
 	return map[string]any{"message_id": w.LastEmitted().ID, "channel_id": channel.String()}, nil
+}
+
+// mentionable reads the members of channel that template could wake: only
+// those whose folded display name is one of its mention candidates, found
+// through an index of folded names, so a step reads rows in proportion to
+// its mentions, not to its channel's members. A template with more
+// candidates than mention.MaxCandidates (one crowded with "@"s) reads
+// every member with a name, as every step did before: looking up that
+// many candidates would cost more.
+func mentionable(ctx context.Context, q *db.Queries, community, channel uuid.UUID, template string) ([]mention.Member, error) {
+	candidates, ok := mention.Candidates(template)
+	var rows []db.ChannelMemberDisplayNamesRow
+	var err error
+	switch {
+	case ok && len(candidates) == 0:
+		return nil, nil
+	case ok:
+		var named []db.ChannelMemberDisplayNamesNamedRow
+		named, err = q.ChannelMemberDisplayNamesNamed(ctx, db.ChannelMemberDisplayNamesNamedParams{CommunityID: community, ChannelID: channel, Names: candidates})
+		for _, n := range named {
+			rows = append(rows, db.ChannelMemberDisplayNamesRow(n))
+		}
+	default:
+		rows, err = q.ChannelMemberDisplayNames(ctx, db.ChannelMemberDisplayNamesParams{CommunityID: community, ChannelID: channel})
+	}
+	if err != nil {
+		return nil, err
+	}
+	members := make([]mention.Member, len(rows))
+	for i, n := range rows {
+		members[i] = mention.Member{Pubkey: hex.EncodeToString(n.Pubkey), DisplayName: n.DisplayName}
+	}
+	return members, nil
 }
 
 // ownerChannelAccess reads the owner's access to channel, where a step is

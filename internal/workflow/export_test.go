@@ -1,6 +1,8 @@
 package workflow
 
-import "github.com/google/uuid"
+import (
+	"github.com/google/uuid"
+)
 
 // SetBeforeCommit installs a hook that runs inside every step transaction
 // just before it commits (tests: stall or observe a worker mid-step).
@@ -23,3 +25,7 @@ func (c *definitionCache) readBack() int {
 // SchedulesDecoded is how many times the scheduler decoded a workflow's
 // schedule from its stored definition.
 func (s *Scheduler) SchedulesDecoded() int { return s.decoded }
+
+// Mentionable is mentionable: the members a send_message step reads to
+// resolve its template's mentions.
+var Mentionable = mentionable

@@ -24,6 +24,7 @@ package mention
 
 import (
 	"slices"
+	"strings"
 	"unicode"
 )
 
@@ -121,6 +122,72 @@ func resolve(template string, members []Member, owner string) ([]string, int) {
 	}
 	return woken, walked
 }
+
+// MaxCandidates is how many distinct candidates Candidates hands out at
+// most. A template of a few mentions yields tens of them (one per word end
+// and per space within MaxNameRunes of each "@"); one crowded with "@"s
+// before varied punctuation could yield millions, and looking each up
+// would cost more than reading the channel's members.
+const MaxCandidates = 4096
+
+// maxCandidateRunes bounds the runes of all candidates Candidates looks
+// at, repeated ones included (each is hashed to find it is a repeat):
+// 30,000 "@"s in a periodic template yield few distinct candidates but
+// millions of repeats.
+const maxCandidateRunes = MaxCandidates * MaxNameRunes
+
+// Candidates returns, folded as the mention rules fold, every string a
+// member's display name would have to equal for Resolve to wake that
+// member: at each "@" that may start a mention, each run of the folded
+// text after it of at most MaxNameRunes runes that ends at a name
+// boundary. A member whose folded name is not among them takes no part in
+// Resolve (wakes nobody, and makes no name ambiguous), so a caller may
+// pass Resolve only those members. ok is false when there are more than
+// MaxCandidates distinct candidates, or more than maxCandidateRunes runes
+// of them in all: the caller passes every member.
+func Candidates(template string) (candidates []string, ok bool) {
+	text := []rune(template)
+	// The folded text as one string, and where each rune starts in it, so
+	// that a candidate is a substring (a repeat allocates nothing).
+	var sb strings.Builder
+	starts := make([]int, len(text)+1)
+	for i, r := range foldRunes(text) {
+		starts[i] = sb.Len()
+		sb.WriteRune(r)
+	}
+	starts[len(text)] = sb.Len()
+	folded := sb.String()
+	seen := map[string]bool{}
+	runes := 0
+	for i := range text {
+		if text[i] != '@' || !leftBoundary(text, i) {
+			continue
+		}
+		for end := i + 2; end <= min(len(text), i+1+MaxNameRunes); end++ {
+			if end < len(text) && continuesName(text[end]) {
+				continue
+			}
+			if runes += end - i - 1; runes > maxCandidateRunes {
+				return nil, false
+			}
+			name := folded[starts[i+1]:starts[end]]
+			if seen[name] {
+				continue
+			}
+			if len(seen) == MaxCandidates {
+				return nil, false
+			}
+			seen[name] = true
+			candidates = append(candidates, name)
+		}
+	}
+	return candidates, true
+}
+
+// Fold lowercases s one character at a time, as the mention rules
+// compare: the form Candidates returns, and the form the database's
+// mention_fold function computes from a display name.
+func Fold(s string) string { return string(foldRunes([]rune(s))) }
 
 // uniqueNames folds every display name of at most MaxNameRunes runes and
 // drops names shared by different pubkeys: such a name wakes nobody.

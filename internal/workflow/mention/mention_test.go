@@ -165,3 +165,94 @@ func TestResolveWorkIsBoundedByMentionsTimesNameLength(t *testing.T) {
 	require.Equal(t, []string{"capped"}, Resolve("hi @"+name+"!", []Member{{Pubkey: "capped", DisplayName: name}}, ""))
 	require.Empty(t, Resolve("hi @"+name+"n!", []Member{{Pubkey: "over", DisplayName: name + "n"}}, ""))
 }
+
+// onlyCandidates keeps the members whose folded name is a candidate, what
+// the relay reads from the database for a step.
+func onlyCandidates(t *testing.T, template string, members []Member) []Member {
+	t.Helper()
+	candidates, ok := Candidates(template)
+	require.True(t, ok)
+	isCandidate := map[string]bool{}
+	for _, c := range candidates {
+		isCandidate[c] = true
+	}
+	var kept []Member
+	for _, m := range members {
+		if isCandidate[Fold(m.DisplayName)] {
+			kept = append(kept, m)
+		}
+	}
+	return kept
+}
+
+// Resolving against only the members whose names are candidates wakes
+// exactly whom resolving against every member wakes, over random templates
+// and members from a small alphabet (names overlap, run on, repeat, are
+// shared by two pubkeys, fold from "İ" and sit at the end of the text).
+// Mutations killed: a candidate that must be followed by a boundary
+// character (names at the end of the text are missed), and candidates
+// not folded.
+func TestCandidatesWakeWhomEveryMemberWakes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	alphabet := []rune("ab @(_İiB.")
+	word := func(n int) string {
+		var sb strings.Builder
+		for range rng.IntN(n) + 1 {
+			sb.WriteRune(alphabet[rng.IntN(len(alphabet))])
+		}
+		return sb.String()
+	}
+	for round := range 20_000 {
+		var members []Member
+		for range rng.IntN(8) {
+			members = append(members, Member{Pubkey: string(rune('A' + rng.IntN(5))), DisplayName: word(4)})
+		}
+		template := word(24)
+		owner := string(rune('A' + rng.IntN(6)))
+		require.Equal(t, Resolve(template, members, owner), Resolve(template, onlyCandidates(t, template, members), owner),
+			"round %d: template %q members %v", round, template, members)
+	}
+}
+
+// The candidates of a template are bounded by its mentions times
+// MaxNameRunes, whatever the channel, and a template with too many of them
+// says so rather than handing out millions.
+func TestCandidatesAreBoundedByMentions(t *testing.T) {
+	candidates, ok := Candidates("@Alice please review, and (@Bob) too")
+	require.True(t, ok)
+	require.Contains(t, candidates, "alice")
+	require.Contains(t, candidates, "bob")
+	require.Contains(t, candidates, "bob)")
+	require.NotContains(t, candidates, "alic")
+	require.LessOrEqual(t, len(candidates), 2*MaxNameRunes)
+
+	long := strings.Repeat("n", MaxNameRunes)
+	candidates, ok = Candidates("@" + long + " @" + long + "n")
+	require.True(t, ok)
+	require.Contains(t, candidates, long)
+	require.NotContains(t, candidates, long+"n")
+
+	var sb strings.Builder
+	for i := range 10_000 {
+		sb.WriteString(" @" + strconv.Itoa(i) + ".")
+	}
+	_, ok = Candidates(sb.String())
+	require.False(t, ok, "more than MaxCandidates distinct candidates")
+	_, ok = Candidates("@" + strings.Repeat("x @", 30_000))
+	require.False(t, ok, "few distinct candidates, but millions of runes of repeats")
+}
+
+// A repeated candidate costs no allocation: a template naming the same
+// people 100 times allocates about what naming them once does, not one
+// string per candidate per "@" (7,207 allocations here). Not parallel, so
+// that no other test's allocations are counted.
+// Mutation killed: building each candidate as string(folded[i+1:end])
+// (or cloning the substring) allocates one string per repeat.
+func TestRepeatedCandidatesDoNotAllocate(t *testing.T) {
+	template := strings.Repeat("@Robby and @Sam Smith, please. ", 100)
+	candidates, ok := Candidates(template)
+	require.True(t, ok)
+	allocs := testing.AllocsPerRun(5, func() { Candidates(template) })
+	t.Logf("%d distinct candidates, %.0f allocations", len(candidates), allocs)
+	require.Less(t, allocs, float64(len(candidates)+100))
+}
