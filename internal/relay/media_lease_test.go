@@ -124,10 +124,8 @@ func requireNothingStored(t *testing.T, r *relaytest.Relay, store media.Store, b
 // refuses: the bytes stay counted).
 func TestMediaUploadWhoseLeaseLapsedStoresNothing(t *testing.T) {
 	t.Parallel()
-	store, err := media.NewFSStore(t.TempDir())
-	require.NoError(t, err)
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
 	ctx := context.Background()
 	blob := pngBlob(t, 4096)
 	unlock, replies := uploadAtTheBlobLock(t, r, blob)
@@ -160,10 +158,8 @@ func TestMediaUploadWhoseLeaseLapsedStoresNothing(t *testing.T) {
 // (either waits for the row for good: no answer while the row is held).
 func TestMediaUploadWhoseLeaseRenewalHangsStoresNothing(t *testing.T) {
 	t.Parallel()
-	store, err := media.NewFSStore(t.TempDir())
-	require.NoError(t, err)
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
 	ctx := context.Background()
 	blob := pngBlob(t, 4096)
 	unlock, replies := uploadAtTheBlobLock(t, r, blob)
@@ -197,10 +193,8 @@ func TestMediaUploadWhoseLeaseRenewalHangsStoresNothing(t *testing.T) {
 // whatever the outcome (the replay of the stored upload is stored again).
 func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	t.Parallel()
-	store, err := media.NewFSStore(t.TempDir())
-	require.NoError(t, err)
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	store := mediaStores["fs"](t)
+	r := mediaRelay(t, store)
 	ctx := context.Background()
 	blob := pngBlob(t, 4096)
 	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))

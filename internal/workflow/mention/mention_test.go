@@ -116,14 +116,7 @@ func naiveResolve(template string, members []Member, owner string) []string {
 // Sam), or ignoring the boundary check, differs from the reference.
 func TestResolveMatchesTryingEveryName(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	alphabet := []rune("ab @(_İi")
-	word := func(n int) string {
-		var sb strings.Builder
-		for range rng.IntN(n) + 1 {
-			sb.WriteRune(alphabet[rng.IntN(len(alphabet))])
-		}
-		return sb.String()
-	}
+	word := randomWords(rng, "ab @(_İi")
 	for round := range 20_000 {
 		var members []Member
 		for i := range rng.IntN(6) {
@@ -194,14 +187,7 @@ func onlyCandidates(t *testing.T, template string, members []Member) []Member {
 // not folded.
 func TestCandidatesWakeWhomEveryMemberWakes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	alphabet := []rune("ab @(_İiB.")
-	word := func(n int) string {
-		var sb strings.Builder
-		for range rng.IntN(n) + 1 {
-			sb.WriteRune(alphabet[rng.IntN(len(alphabet))])
-		}
-		return sb.String()
-	}
+	word := randomWords(rng, "ab @(_İiB.")
 	for round := range 20_000 {
 		var members []Member
 		for range rng.IntN(8) {
@@ -255,4 +241,16 @@ func TestRepeatedCandidatesDoNotAllocate(t *testing.T) {
 	allocs := testing.AllocsPerRun(5, func() { Candidates(template) })
 	t.Logf("%d distinct candidates, %.0f allocations", len(candidates), allocs)
 	require.Less(t, allocs, float64(len(candidates)+100))
+}
+
+// randomWords returns a maker of words of 1 to n runes drawn from alphabet.
+func randomWords(rng *rand.Rand, alphabet string) func(n int) string {
+	runes := []rune(alphabet)
+	return func(n int) string {
+		var sb strings.Builder
+		for range rng.IntN(n) + 1 {
+			sb.WriteRune(runes[rng.IntN(len(runes))])
+		}
+		return sb.String()
+	}
 }
