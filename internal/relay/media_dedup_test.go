@@ -13,10 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/buzzrelay/buzz/internal/config"
-	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
-	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -78,8 +75,7 @@ func (s *storeTrace) Open(ctx context.Context, key string) (media.Object, media.
 func TestMediaUploadOfABlobAnotherCommunityHoldsLooksNew(t *testing.T) {
 	t.Parallel()
 	trace := &storeTrace{Store: mediaStores["fs"](t)}
-	svc := media.NewService(trace, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	r := mediaRelay(t, trace)
 	elsewhere := "dedup-elsewhere.example"
 	r.AddCommunity(t, elsewhere)
 	held, fresh := pngBlob(t, 4000), pngBlob(t, 4000)

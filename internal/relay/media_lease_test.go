@@ -256,8 +256,7 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 	dir := t.TempDir()
 	store, err := media.NewFSStore(dir)
 	require.NoError(t, err)
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	r := mediaRelay(t, store)
 	ctx := context.Background()
 	blob := pngBlob(t, 4096)
 	failures := r.Server.Metrics().MediaQuotaReleaseFailures

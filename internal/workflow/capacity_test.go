@@ -132,17 +132,13 @@ func TestCapacityOnEveryTrigger(t *testing.T) {
 
 	// Webhook.
 	hook := uuid.NewString()
-	_, reply := f.save(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
-	var saved struct {
-		Secret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	secret := f.saveHook(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
 	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now), MaxUnfinishedRuns: 1, Metrics: f.metrics}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
 	call := func(key string) (int, map[string]string) {
 		req := httptest.NewRequest(http.MethodPost, "/hooks/"+hook, strings.NewReader(`{"a":"b"}`))
-		req.Header.Set("X-Webhook-Secret", saved.Secret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
 		}
@@ -183,16 +179,12 @@ func TestWebhookBodyWithNULIsRefused(t *testing.T) {
 	owner := f.key()
 	ch := f.channel(owner)
 	hook := uuid.NewString()
-	_, reply := f.save(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
-	var saved struct {
-		Secret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	secret := f.saveHook(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
 	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now)}
 	call := func(body string) (int, string) {
 		req := httptest.NewRequest(http.MethodPost, "/hooks/"+hook, strings.NewReader(body))
 		req.SetPathValue("id", hook)
-		req.Header.Set("X-Webhook-Secret", saved.Secret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		rec := httptest.NewRecorder()
 		hooks.Serve(rec, req, f.tenant.ID())
 		return rec.Code, rec.Body.String()

@@ -1,7 +1,6 @@
 package workflow_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -39,16 +38,12 @@ func TestADeletedChannelsWorkflowsStartNoRuns(t *testing.T) {
 	}
 	scheduled, hook := uuid.NewString(), uuid.NewString()
 	f.save(owner, ch, scheduled, "name: Tick\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]")
-	_, reply := f.save(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
-	var saved struct {
-		Secret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	secret := f.saveHook(owner, ch, hook, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]")
 	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now)}
 	call := func() (int, string) {
 		req := httptest.NewRequest(http.MethodPost, "/hooks/"+hook, strings.NewReader(`{}`))
 		req.SetPathValue("id", hook)
-		req.Header.Set("X-Webhook-Secret", saved.Secret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		rec := httptest.NewRecorder()
 		hooks.Serve(rec, req, f.tenant.ID())
 		return rec.Code, rec.Body.String()

@@ -250,23 +250,16 @@ func TestCallWebhookToItsOwnHookStopsAtTheDepthBound(t *testing.T) {
 	owner := f.key()
 	ch := f.channel(owner)
 	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now)}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
-	srv := httptest.NewTLSServer(mux)
-	t.Cleanup(srv.Close)
+	srv := f.serveHooks(hooks)
 	e := f.engineCalling(srv)
 
 	id := uuid.NewString()
-	_, reply := f.save(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
-	var saved struct {
-		Secret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	secret := f.saveHook(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
 	f.clock.Advance(time.Second) // the re-save replaces the definition
 	f.save(owner, ch, id, "name: Loop\ntrigger: {on: webhook}\nsteps: [{id: again, action: call_webhook, url: '"+
-		srv.URL+"/hooks/"+id+"?secret="+saved.Secret+"', body: '{}'}]")
+		srv.URL+"/hooks/"+id+"?secret="+secret+"', body: '{}'}]")
 
-	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+saved.Secret, "application/json", strings.NewReader("{}"))
+	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+secret, "application/json", strings.NewReader("{}"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
@@ -331,26 +324,19 @@ func TestCallWebhookFanOutStopsAtTheOwnersRate(t *testing.T) {
 			require.Equal(t, pubHex(owner), who, "the owner's rate")
 			return allowed.Add(-1) >= 0, time.Minute
 		}}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
-	srv := httptest.NewTLSServer(mux)
-	t.Cleanup(srv.Close)
+	srv := f.serveHooks(hooks)
 	e := f.engineCalling(srv)
 
 	id := uuid.NewString()
-	_, reply := f.save(owner, ch, id, "name: Fan\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
-	var saved struct {
-		Secret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	secret := f.saveHook(owner, ch, id, "name: Fan\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: first}]")
 	f.clock.Advance(time.Second) // the re-save replaces the definition
 	var steps strings.Builder
 	for i := range 4 {
-		steps.WriteString("  - {id: call" + itoa(int64(i)) + ", action: call_webhook, url: '" + srv.URL + "/hooks/" + id + "?secret=" + saved.Secret + "', body: '{}'}\n")
+		steps.WriteString("  - {id: call" + itoa(int64(i)) + ", action: call_webhook, url: '" + srv.URL + "/hooks/" + id + "?secret=" + secret + "', body: '{}'}\n")
 	}
 	f.save(owner, ch, id, "name: Fan\ntrigger: {on: webhook}\nsteps:\n"+steps.String())
 
-	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+saved.Secret, "application/json", strings.NewReader("{}"))
+	resp, err := srv.Client().Post(srv.URL+"/hooks/"+id+"?secret="+secret, "application/json", strings.NewReader("{}"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
@@ -368,4 +354,26 @@ func TestCallWebhookFanOutStopsAtTheOwnersRate(t *testing.T) {
 	require.Equal(t, 10, len(f.runIDs(id)), "the outside call and nine calls of its runs")
 	require.Positive(t, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND error_message LIKE '%HTTP 429%'`, id),
 		"a refused call fails its step")
+}
+
+// saveHook saves a webhook-triggered definition and returns the secret
+// its save answered with.
+func (f *fixture) saveHook(owner *nostr.SecretKey, channel, workflowID, yaml string) string {
+	f.t.Helper()
+	_, reply := f.save(owner, channel, workflowID, yaml)
+	var saved struct {
+		Secret string `json:"webhook_secret"`
+	}
+	require.NoError(f.t, json.Unmarshal([]byte(strings.TrimPrefix(reply, "response:")), &saved))
+	return saved.Secret
+}
+
+// serveHooks serves hooks' POST /hooks/{id} for the fixture's community
+// over TLS, as an engine made by engineCalling may call it.
+func (f *fixture) serveHooks(hooks *workflow.Webhooks) *httptest.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hooks/{id}", func(w http.ResponseWriter, r *http.Request) { hooks.Serve(w, r, f.tenant.ID()) })
+	srv := httptest.NewTLSServer(mux)
+	f.t.Cleanup(srv.Close)
+	return srv
 }
