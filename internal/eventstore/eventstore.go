@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -232,11 +233,21 @@ func (s *Store) routeQuery(ctx context.Context, community uuid.UUID, scope Scope
 		if at := s.Router.LastRemoval(community, &channel.id); at.After(removed) {
 			removed = at
 		}
+		// A version stored in another channel replaces this channel's.
+		if at := s.Router.LastReplacement(community); mayReturnVersions(f) && at.After(removed) {
+			removed = at
+		}
 	}
 	if scope.Live {
 		return s.Router.Begin(ctx, PathChannelHistory, replica.Covered(time.Unix(upper, 0)).After(removed))
 	}
 	return s.Router.Begin(ctx, PathChannelHistory, replica.CoveredOrBounded(time.Unix(upper, 0)).After(removed))
+}
+
+// mayReturnVersions reports whether f may match replaceable or addressable
+// kinds, whose slot spans channels.
+func mayReturnVersions(f *nostr.Filter) bool {
+	return f.Kinds == nil || slices.ContainsFunc(f.Kinds, func(k int) bool { return nostr.IsReplaceable(k) || nostr.IsAddressable(k) })
 }
 
 // readsUnprovenRows reports whether a read must stay on the writer

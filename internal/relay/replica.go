@@ -261,11 +261,11 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 // arrives (which bounds that process's readers no better than the fan-out's
 // delay).
 func (s *Server) noteRemoval(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
-	if removesStoredRows(ev.Kind) {
+	switch {
+	case nostr.IsReplaceable(ev.Kind) || nostr.IsAddressable(ev.Kind):
+		// The version it replaced may lie in another channel.
+		s.store.Router.Replaced(community, channel)
+	case ev.Kind == nostr.KindDeletion || ev.Kind == ingest.KindDeleteEvent:
 		s.store.Router.Removed(community, channel)
 	}
-}
-
-func removesStoredRows(kind int) bool {
-	return kind == nostr.KindDeletion || kind == ingest.KindDeleteEvent || nostr.IsReplaceable(kind) || nostr.IsAddressable(kind)
 }
