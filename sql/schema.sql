@@ -1192,6 +1192,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'community % is not fenced at generation %', r.community_id, r.fence_generation USING ERRCODE = 'BZ002';
     END IF;
+    -- Leases of operations that died: none can be live or taken now.
+    DELETE FROM community_serving_write_leases WHERE community_id = r.community_id;
     PERFORM community_deletion_requests_advance(request, owner, generation, 'bindings_removed', NULL);
     PERFORM community_deletion_checkpoints_upsert(request, 'bindings_removed', 'postgres_tombstone_committed', 'completed',
                                           generation, detail, NULL);
