@@ -543,22 +543,20 @@ func (f *fixture) queueMention(listener, target []byte, community uuid.UUID, age
 }
 
 // The serving-lease reaper deletes expired leases of every community,
-// tombstoned ones included, a bounded number per call. Kills: a reaper
+// fenced ones included, a bounded number per call. Kills: a reaper
 // without its bound, or one that skips non-active communities.
 func TestServingLeaseReaperIsBoundedAndGlobal(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	live := f.community("reap-live.test")
-	gone := f.community("reap-gone.test")
-	for _, c := range []uuid.UUID{live, live, gone} {
+	fenced := f.community("reap-fenced.test")
+	for _, c := range []uuid.UUID{live, live, fenced} {
 		_, err := f.q.ServingLeaseAcquire(f.ctx, db.ServingLeaseAcquireParams{CommunityID: c, Operation: "op", Owner: "r", LeaseSeconds: 0.001})
 		require.NoError(t, err)
 	}
 	keep, err := f.q.ServingLeaseAcquire(f.ctx, db.ServingLeaseAcquireParams{CommunityID: live, Operation: "op", Owner: "r", LeaseSeconds: 3600})
 	require.NoError(t, err)
-	out, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, Config: deletion.DefaultConfig()}).Run(f.ctx, f.submitAndApprove("reap-gone.test", nil).ID)
-	require.NoError(t, err)
-	require.Equal(t, deletion.StageRetentionPending, out.Stage, "expired leases do not hold the fence")
+	f.fence("reap-fenced.test") // expired leases do not hold the fence
 	eventually(t, func() bool {
 		var expired int
 		return f.pool.QueryRow(f.ctx, `SELECT count(*) FROM community_serving_write_leases WHERE lease_until < now()`).Scan(&expired) == nil && expired == 3
