@@ -77,7 +77,10 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 	for _, c := range inv.Schema.RowCounts {
 		rowsTotal += c.Rows
 	}
-	counts := map[string]int64{}
+	plan, err := e.purgePlan(ctx, l, order)
+	if err != nil {
+		return err
+	}
 	var deleted int64
 	for _, table := range order {
 		// name: DeletionPurgeBatch (one statement per scoped table)
@@ -99,7 +102,6 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 			if err != nil {
 				return fmt.Errorf("purge %s: %w", table, err)
 			}
-			counts[table] += n
 			deleted += n
 			e.report(Progress{RequestID: l.id, Stage: StageBindingsRemoved, Step: "purge " + table,
 				RowsDeleted: deleted, RowsTotal: rowsTotal, Generation: l.gen})
@@ -107,16 +109,65 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 				break
 			}
 		}
-		detail, _ := json.Marshal(map[string]any{"rows": counts[table]})
+		detail, _ := json.Marshal(map[string]any{"rows": plan[table]})
 		if err := q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
 			UnitKey: "purge:" + table, Status: "completed", Generation: l.gen, Detail: detail}); err != nil {
 			return err
 		}
 	}
-	detail, _ := json.Marshal(map[string]any{"rows": counts, "total_rows": deleted})
+	var planned int64
+	for _, n := range plan {
+		planned += n
+	}
+	detail, _ := json.Marshal(map[string]any{"rows": plan, "total_rows": planned})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
 		return q.DeletionRequestTombstone(ctx, db.DeletionRequestTombstoneParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
 	})
+}
+
+// unitPurgePlan is the checkpoint of purgePlan.
+const unitPurgePlan = "purge_plan"
+
+// purgePlan is how many rows of the community each scoped table held when
+// its purge first started. The fence admits no other writer, so that is
+// what the purge deletes, whichever executor deletes it: recorded once and
+// read back by an executor taking over from one that died mid-purge, it
+// makes the evidence count the rows the dead one deleted too (counting
+// only its own batches, the heir recorded fewer rows than were purged).
+func (e *Executor) purgePlan(ctx context.Context, l lease, tables []string) (map[string]int64, error) {
+	q := db.New(e.pool)
+	checkpoints, err := q.DeletionCheckpointsOfRequest(ctx, l.id)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range checkpoints {
+		if c.Stage == StageBindingsRemoved && c.UnitKey == unitPurgePlan {
+			var recorded struct{ Rows map[string]int64 }
+			if err := json.Unmarshal(c.Detail, &recorded); err != nil {
+				return nil, permanent("the purge plan checkpoint does not decode: %v", err)
+			}
+			return recorded.Rows, nil
+		}
+	}
+	plan := map[string]int64{}
+	err = e.inTx(ctx, func(q *db.Queries, tx pgx.Tx) error {
+		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageBindingsRemoved}); err != nil {
+			return err
+		}
+		for _, table := range tables {
+			var n int64
+			// name: DeletionPurgePlanCount (one statement per scoped table)
+			sql := fmt.Sprintf("-- name: DeletionPurgePlanCount\nSELECT count(*) FROM %s WHERE community_id = $1", pgx.Identifier{table}.Sanitize())
+			if err := tx.QueryRow(ctx, sql, l.community).Scan(&n); err != nil {
+				return fmt.Errorf("count %s: %w", table, err)
+			}
+			plan[table] = n
+		}
+		detail, _ := json.Marshal(map[string]any{"rows": plan})
+		return q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
+			UnitKey: unitPurgePlan, Status: "completed", Generation: l.gen, Detail: detail})
+	})
+	return plan, err
 }
 
 // purgeCache unlinks every Redis key of the community. Natural expiry is
