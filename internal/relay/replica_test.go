@@ -533,3 +533,53 @@ func TestAVersionMovedToAnotherChannelIsNotServedBackByALaggingStandby(t *testin
 		t.Fatalf("a chat timeline never routed to the lagging standby; channel_history decisions:\n%s", routeDecisions(t, r, "channel_history"))
 	}
 }
+
+// Who may read a channel is read on the writer, never on a standby: a
+// member removed from a private channel while the standby has not
+// replayed the removal is refused a pinned REQ at once, and an unpinned
+// POST /query (which a fresh proof may route to the standby) returns none
+// of the channel's rows. (A check that passes on the code as it is: it
+// pins down that access is never proved by a standby.)
+func TestARemovedMemberCannotReadAPrivateChannelFromALaggingStandby(t *testing.T) {
+	t.Parallel()
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	r := relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaReadMaxAge = replica.Staleness
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	})
+	owner := r.Dial(t, "")
+	ownerKey := owner.Auth(nil)
+	member := r.Dial(t, "")
+	memberKey := member.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", memberKey.PublicKeyHex()}}, 0)).OK)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	secret := relaytest.SignEvent(t, ownerKey, 9, "the secret", nostr.Tags{{"h", ch}}, hoursAgo)
+	storeOld(t, pair.WriterURL, r.CommunityID, ch, secret)
+	dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
+	history := map[string]any{"#h": []string{ch}, "kinds": []int{9}, "until": hoursAgo}
+	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+	require.Eventually(t, func() bool {
+		return len(member.Req("history", history)) == 1 && metric(t, r, covered) != ""
+	}, 60*time.Second, 20*time.Millisecond, "the member reads the channel's history from the standby")
+
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", memberKey.PublicKeyHex()}}, 0)).OK)
+
+	member.Send("REQ", "after", history)
+	next := member.NextReply()
+	for next.Verb == "EVENT" && next.Event.Kind == 44101 { // the removal's own notification
+		next = member.NextReply()
+	}
+	require.Equal(t, "CLOSED", next.Verb, "got %+v", next)
+	require.Equal(t, "restricted: not a channel member", next.Msg)
+	unpinned := post(t, r, memberKey, "/query", query(map[string]any{"ids": []string{secret.ID}}))
+	require.Equal(t, http.StatusOK, unpinned.Status)
+	require.Empty(t, unpinned.Events, "an unpinned read from the lagging standby")
+}
