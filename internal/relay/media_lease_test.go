@@ -358,6 +358,49 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 	requireNothingLeft(t, r, store, blob)
 }
 
+// A quota release still being retried when Shutdown's time runs out is
+// abandoned, and counted so (outcome "abandoned"), once: not lost (its
+// attempts did not all fail), not silently dropped. Here the retry's
+// attempt waits for the community's media_usage row, which a transaction
+// holds, when Shutdown is called with a context already ended.
+// Mutation killed: Shutdown returning on its context without counting the
+// retries it leaves (abandoned 0).
+func TestMediaQuotaReleaseAbandonedAtShutdownIsCounted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	r := mediaRelay(t, store)
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	failures := r.Server.Metrics().MediaQuotaReleaseFailures
+	unlock, replies := uploadAtTheBlobLock(t, r, blob)
+	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	holder, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM media_usage WHERE community_id = $1 FOR UPDATE`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	reply := <-replies
+	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("retried")), "the first attempt failed; the retry runs in the background")
+
+	out, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(out), context.Canceled)
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
+	require.NoError(t, holder.Rollback(ctx))
+	// Once the abandoned retry has ended, nothing more is counted.
+	require.NoError(t, r.Shutdown(ctx))
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
+	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "an abandoned release leaves the count high")
+	require.NoError(t, os.Remove(obstacle))
+}
+
 // nip01Prefix is every machine-readable prefix NIP-01 defines.
 var nip01Prefix = regexp.MustCompile(`^(invalid|auth-required|restricted|blocked|rate-limited|duplicate|pow|error): `)
 
