@@ -224,7 +224,7 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		return
 	}
 	if errors.Is(err, errReadSlotsBusy) {
-		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+		mediaError(w, http.StatusServiceUnavailable, busyReadingReason)
 		return
 	}
 	if !errors.As(err, &ae) {
@@ -721,7 +721,7 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 	case errors.Is(err, media.ErrNotUploader):
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
 	case errors.Is(err, errReadSlotsBusy):
-		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+		mediaError(w, http.StatusServiceUnavailable, busyReadingReason)
 	case errors.Is(err, deletion.ErrServingLeaseLapsed):
 		s.log.Warn("media write outlived its serving-write lease", "community", tenant.Host(), "method", r.Method, "err", err)
 		mediaError(w, http.StatusServiceUnavailable, leaseLapsedReason)

@@ -450,7 +450,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 		}
 		if errors.Is(err, errReadSlotsBusy) {
 			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay busy reading; retry shortly"})
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": busyReadingReason})
 			return
 		}
 		if err != nil {
