@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -408,4 +409,42 @@ type switchQuerier struct{ q doorbell.Querier }
 
 func (s *switchQuerier) Query(ctx context.Context, f map[string]any) ([]*nostr.Event, error) {
 	return s.q.Query(ctx, f)
+}
+
+// A profile takes part in a mention wake only if its folded name is one of
+// the template's candidates (a lookup per member), not if it occurs
+// anywhere in the template (a scan of the template per member, which also
+// signature-checks every member the template's prose happens to name): in
+// a channel of 2,000 members whose names all occur in a 30 KB template
+// that mentions one of them, one profile is checked and handed on.
+// Mutation killed: the per-member scan (strings.Contains of the folded
+// template) hands on all 2,001.
+func TestMentionWakeChecksOnlyTheProfilesTheTemplateMentions(t *testing.T) {
+	t.Parallel()
+	const members = 2_000
+	relayKey, robby := relaytest.NewKey(t), relaytest.NewKey(t)
+	ch := uuid.New()
+	q := &memQuerier{}
+	add := func(key *nostr.SecretKey, kind int, content string, tags nostr.Tags) {
+		q.events = append(q.events, relaytest.SignEvent(t, key, kind, content, tags, 1_900_000_000))
+	}
+	list := nostr.Tags{{"d", ch.String()}, {"p", robby.PublicKeyHex()}}
+	add(robby, 0, `{"name":"Robby"}`, nil)
+	var prose strings.Builder
+	for i := range members {
+		k := relaytest.NewKey(t)
+		list = append(list, nostr.Tag{"p", k.PublicKeyHex()})
+		name := "Member " + strconv.Itoa(i)
+		add(k, 0, `{"name":"`+name+`"}`, nil)
+		prose.WriteString(name + " wrote, ")
+	}
+	add(relayKey, 39002, "", list)
+	template := "@Robby please read what " + prose.String() + "and answer {{trigger.text}}"
+	v := doorbell.NewVerifier(doorbell.Options{RelayPubkey: relayKey.PublicKeyHex(), AgentPubkey: robby.PublicKeyHex(), Query: q})
+
+	checked, err := v.MemberNames(context.Background(), ch, template)
+	require.NoError(t, err)
+	t.Logf("profiles checked for a template of %d bytes in a channel of %d members: %d", len(template), members+1, len(checked))
+	require.Equal(t, 1, len(checked), "profiles checked")
+	require.Equal(t, "Robby", checked[0])
 }

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"testing"
@@ -121,7 +122,7 @@ func TestXAuthTagPastTheReadSlotWaitIsBusy(t *testing.T) {
 
 	busy := <-answers
 	require.Equal(t, http.StatusServiceUnavailable, busy.status, busy.out)
-	require.Equal(t, "relay busy reading; retry shortly", busy.out["error"])
+	require.Equal(t, "error: the relay is busy reading; try again shortly", busy.out["error"])
 	require.Empty(t, recordedOwner(t, r, agent.PublicKeyHex()))
 
 	releaseTwo()
@@ -174,4 +175,57 @@ func TestMediaUploadPastTheReadSlotWaitIsBusy(t *testing.T) {
 	again := mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
 	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+}
+
+// Every busy answer over HTTP starts with a NIP-01 prefix, as every other
+// refusal a client sees does. Every HTTP request, a WebSocket upgrade and
+// a bridge query alike, looks its Host up first, under a read slot: with
+// every slot taken for the whole wait both are answered 503
+// "error: the relay is busy reading; try again shortly" (they said "relay
+// busy reading; retry shortly", which a client reading the prefix could
+// not tell from an unknown failure). The bridge's NIP-98 claim answers the
+// same (TestXAuthTagPastTheReadSlotWaitIsBusy).
+// Mutation killed: the Host lookup's busy answer without its prefix.
+func TestHTTPBusyAnswersCarryANIP01Prefix(t *testing.T) {
+	t.Parallel()
+	_, r, _ := relayWithHeldStatement(t, "none", nil)
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	other := "busy-lookup.example" // its own lookup, run beside the home host's
+	r.AddCommunity(t, other)
+	upgrade := func() bridgeReply {
+		req, err := http.NewRequest(http.MethodGet, r.HTTPURL+"/", nil)
+		require.NoError(t, err)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		resp, err := bridgeHTTP.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		out := bridgeReply{Status: resp.StatusCode, Raw: string(raw)}
+		require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
+		return out
+	}
+	requests := map[string]func() bridgeReply{
+		"query":   func() bridgeReply { return send(t, r, other, "/query", "", body) },
+		"upgrade": upgrade,
+	}
+	release := holdReadSlots(t, r.Server.ReadSlots(), readSlots)
+	replies := make(map[string]chan bridgeReply, len(requests))
+	for name := range requests {
+		replies[name] = make(chan bridgeReply, 1)
+	}
+	for name, do := range requests {
+		reply := replies[name]
+		go func() { reply <- do() }()
+	}
+	for name, reply := range replies {
+		got := <-reply
+		require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s: %s", name, got.Raw)
+		require.Equal(t, "error: the relay is busy reading; try again shortly", got.Error, name)
+	}
+	release()
+	require.Equal(t, http.StatusUnauthorized, send(t, r, "", "/query", "", body).Status, "served once a slot is free")
 }

@@ -177,7 +177,7 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			return
 		}
 		if errors.Is(err, errReadSlotsBusy) {
-			writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+			writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 			return
 		}
 		if !errors.As(err, &ae) {
@@ -508,7 +508,7 @@ func firstNonNil(err error, tok json.Token) any {
 func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant community.Tenant, err error) (status int, msg string) {
 	if errors.Is(err, eventstore.ErrReadSlotsBusy) {
 		b.s.log.Warn("http read found every read slot busy", "community", tenant.Host(), "path", r.URL.Path)
-		return http.StatusServiceUnavailable, "relay busy reading; retry shortly"
+		return http.StatusServiceUnavailable, busyReadingReason
 	}
 	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)

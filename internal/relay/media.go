@@ -224,7 +224,7 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		return
 	}
 	if errors.Is(err, errReadSlotsBusy) {
-		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+		mediaError(w, http.StatusServiceUnavailable, busyReadingReason)
 		return
 	}
 	if !errors.As(err, &ae) {
@@ -337,7 +337,7 @@ func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64
 		// Refused as fenced: the community is being deleted, or the
 		// operation's lease lapsed, whose guard refuses like the fence.
 		// Without the lease, at once, only the former still refuses.
-		if err = q.releaseOnce(deletion.WithoutServingLease(ctx), community, size); communityBeingDeleted(err) {
+		if err = q.releaseOnce(deletion.WithoutServingLease(context.WithoutCancel(ctx)), community, size); communityBeingDeleted(err) {
 			return err
 		}
 	}
@@ -346,27 +346,46 @@ func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64
 	}
 	q.failures.WithLabelValues("retried").Inc()
 	q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", 1, "err", err)
-	retry := func(stop <-chan struct{}) { _ = q.retryRelease(stop, community, size) }
+	retry := func(ctx context.Context, stop <-chan struct{}) (record func()) {
+		if errors.Is(q.retryRelease(ctx, stop, community, size), errReleaseLost) {
+			return q.countLost
+		}
+		return nil
+	}
 	if q.retries.start(retry) {
 		return nil
 	}
 	// The relay is shutting down, or as many releases are being retried as
 	// it allows: retried here, as the request's own work.
-	return q.retryRelease(q.retries.stopping(), community, size)
+	err = q.retryRelease(context.Background(), q.retries.stopping(), community, size)
+	if errors.Is(err, errReleaseLost) {
+		q.countLost()
+	}
+	return err
 }
 
-// releaseOnce is one attempt, on a context of its own (the client may be
-// gone), bounded by releaseAttemptTimeout.
+// errReleaseLost is retryRelease's answer when its last attempt failed:
+// the community's count stays high.
+var errReleaseLost = errors.New("media quota release lost after every attempt failed")
+
+func (q relayQuota) countLost() { q.failures.WithLabelValues("lost").Inc() }
+
+// releaseOnce is one attempt, bounded by releaseAttemptTimeout. Callers
+// pass a context the client's hang-up does not end; a background retry's
+// ends when Shutdown abandons it.
 func (q relayQuota) releaseOnce(ctx context.Context, community uuid.UUID, size int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseAttemptTimeout)
+	ctx, cancel := context.WithTimeout(ctx, releaseAttemptTimeout)
 	defer cancel()
 	return q.Quota.Release(ctx, community, size)
 }
 
 // retryRelease makes the attempts after the first, releaseBackoff apart
 // (doubling); once stop is closed (the relay is shutting down) a waiting
-// retry skips its backoff and makes its last attempt at once.
-func (q relayQuota) retryRelease(stop <-chan struct{}, community uuid.UUID, size int64) error {
+// retry skips its backoff and makes its last attempt at once. Its
+// attempts run on ctx: once ctx ends (Shutdown's time ran out and
+// abandoned it), it gives up without counting more. It returns
+// errReleaseLost when its last attempt failed; the caller counts it.
+func (q relayQuota) retryRelease(ctx context.Context, stop <-chan struct{}, community uuid.UUID, size int64) error {
 	backoff := releaseBackoff
 	for attempt := 2; ; attempt++ {
 		last := attempt == releaseAttempts
@@ -376,17 +395,16 @@ func (q relayQuota) retryRelease(stop <-chan struct{}, community uuid.UUID, size
 			last = true
 		}
 		backoff *= 2
-		err := q.releaseOnce(deletion.WithoutServingLease(context.Background()), community, size)
+		err := q.releaseOnce(deletion.WithoutServingLease(ctx), community, size)
 		if err == nil {
 			return nil
 		}
-		if communityBeingDeleted(err) {
+		if communityBeingDeleted(err) || ctx.Err() != nil {
 			return err
 		}
 		if last {
-			q.failures.WithLabelValues("lost").Inc()
 			q.log.Error("media quota release lost: the community's count stays high", "community", community, "bytes", size, "attempts", attempt, "err", err)
-			return err
+			return fmt.Errorf("%w: %w", errReleaseLost, err)
 		}
 		q.failures.WithLabelValues("retried").Inc()
 		q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", attempt, "err", err)
@@ -395,22 +413,33 @@ func (q relayQuota) retryRelease(stop <-chan struct{}, community uuid.UUID, size
 
 // backgroundRetries runs work after the answer for the server's lifetime:
 // at most a fixed number at once, stopped by Shutdown, which waits for
-// them.
+// them until its context ends and then abandons the rest.
 type backgroundRetries struct {
 	mu      sync.Mutex
 	stopped bool
 	stop    chan struct{}
 	slots   chan struct{}
 	running sync.WaitGroup
+	// ctx is the retries' own, ended by abandon once Shutdown's time ran
+	// out; inFlight counts the retries not yet settled.
+	ctx       context.Context
+	abandon   context.CancelFunc
+	abandoned bool
+	inFlight  int
+	// onAbandoned is told how many retries Shutdown abandoned.
+	onAbandoned func(n int)
 }
 
 func newBackgroundRetries(limit int) *backgroundRetries {
-	return &backgroundRetries{stop: make(chan struct{}), slots: make(chan struct{}, limit)}
+	ctx, abandon := context.WithCancel(context.Background())
+	return &backgroundRetries{stop: make(chan struct{}), slots: make(chan struct{}, limit), ctx: ctx, abandon: abandon}
 }
 
-// start runs fn in a goroutine of its own, handing it the stop channel, or
-// reports false when the server is stopping or every slot is taken.
-func (b *backgroundRetries) start(fn func(stop <-chan struct{})) bool {
+// start runs fn in a goroutine of its own, handing it the retries'
+// context and the stop channel, or reports false when the server is
+// stopping or every slot is taken. The record fn returns (nil: none) is
+// run when it ends, unless Shutdown abandoned it first and counted it so.
+func (b *backgroundRetries) start(fn func(ctx context.Context, stop <-chan struct{}) (record func())) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stopped {
@@ -421,10 +450,17 @@ func (b *backgroundRetries) start(fn func(stop <-chan struct{})) bool {
 	default:
 		return false
 	}
+	b.inFlight++
 	b.running.Add(1)
 	go func() {
 		defer func() { <-b.slots; b.running.Done() }()
-		fn(b.stop)
+		record := fn(b.ctx, b.stop)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.inFlight--
+		if record != nil && !b.abandoned {
+			record()
+		}
 	}()
 	return true
 }
@@ -446,8 +482,21 @@ func (b *backgroundRetries) shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
 	}
+	// Out of time: the retries still running are abandoned (their
+	// statements cancelled) and counted, once, here; the process is about
+	// to end, and a retry settling later would not be counted at all.
+	b.mu.Lock()
+	n := 0
+	if !b.abandoned {
+		b.abandoned, n = true, b.inFlight
+	}
+	b.mu.Unlock()
+	b.abandon()
+	if n > 0 && b.onAbandoned != nil {
+		b.onAbandoned(n)
+	}
+	return ctx.Err()
 }
 
 func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
@@ -672,7 +721,7 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 	case errors.Is(err, media.ErrNotUploader):
 		mediaError(w, http.StatusForbidden, "restricted: "+err.Error())
 	case errors.Is(err, errReadSlotsBusy):
-		mediaError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
+		mediaError(w, http.StatusServiceUnavailable, busyReadingReason)
 	case errors.Is(err, deletion.ErrServingLeaseLapsed):
 		s.log.Warn("media write outlived its serving-write lease", "community", tenant.Host(), "method", r.Method, "err", err)
 		mediaError(w, http.StatusServiceUnavailable, leaseLapsedReason)

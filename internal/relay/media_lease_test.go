@@ -242,6 +242,70 @@ func TestMediaUploadRefusedForTheQuotaKeepsItsClaim(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
 }
 
+// A NIP-98 upload gives a claim back only if it made it: a replay of a
+// header an earlier upload used (and claimed) that fails for the relay's
+// reason before its own claim (here its spool file cannot be made) stored
+// nothing, but the claim is the earlier upload's, and the header stays
+// used: sent once more, once the spool is back, it is a replay.
+// Mutation killed: the claim given back whether or not this request made
+// it (the third send is stored: 200, not 401).
+func TestMediaUploadReplayFailingForTheRelayKeepsTheEarlierClaim(t *testing.T) {
+	t.Parallel()
+	spool := filepath.Join(t.TempDir(), "spool")
+	require.NoError(t, os.Mkdir(spool, 0o700))
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: spool}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	send := func() mediaReply {
+		return mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	}
+	first := send()
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+
+	require.NoError(t, os.Remove(spool))
+	replay := send()
+	require.Equal(t, http.StatusInternalServerError, replay.Status, "%s", replay.Body)
+	require.Equal(t, "error: the relay could not spool the upload; try again later", replay.Error)
+	require.NoError(t, os.Mkdir(spool, 0o700))
+
+	again := send()
+	require.Equal(t, http.StatusUnauthorized, again.Status, "%s", again.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, again.Error)
+}
+
+// A NIP-98 upload that failed for the relay's reason after it began to
+// store (its upload record's write failed: the record or the sidecar may
+// remain) keeps its claim: the same header sent again, once the store
+// works, is a replay. Only an upload that stored nothing gives its claim
+// back (TestMediaUploadRefusedForTheRelayMayBeSentAgain).
+// Mutation killed: the claim given back whether or not the upload stored
+// anything (media.StoredNothing ignored: the second send is stored, 200).
+func TestMediaUploadFailingAfterItStoredKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	r := mediaRelay(t, store)
+	blob := pngBlob(t, 4096)
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", blob, nil))
+	send := func() mediaReply {
+		return mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), nil)
+	}
+	// A file where the community's upload records go: the record's write
+	// fails once the blob is written.
+	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	failed := send()
+	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
+	require.NoError(t, os.Remove(obstacle))
+
+	again := send()
+	require.Equal(t, http.StatusUnauthorized, again.Status, "%s", again.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, again.Error)
+}
+
 // A failed quota release is retried after the answer, not before it: the
 // upload's 500 comes while the release still cannot get through (a
 // transaction holds the community's media_usage row), and the count is
@@ -292,6 +356,49 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
 	require.NoError(t, os.Remove(obstacle))
 	requireNothingLeft(t, r, store, blob)
+}
+
+// A quota release still being retried when Shutdown's time runs out is
+// abandoned, and counted so (outcome "abandoned"), once: not lost (its
+// attempts did not all fail), not silently dropped. Here the retry's
+// attempt waits for the community's media_usage row, which a transaction
+// holds, when Shutdown is called with a context already ended.
+// Mutation killed: Shutdown returning on its context without counting the
+// retries it leaves (abandoned 0).
+func TestMediaQuotaReleaseAbandonedAtShutdownIsCounted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	r := mediaRelay(t, store)
+	ctx := context.Background()
+	blob := pngBlob(t, 4096)
+	failures := r.Server.Metrics().MediaQuotaReleaseFailures
+	unlock, replies := uploadAtTheBlobLock(t, r, blob)
+	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	holder, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, `SELECT FROM media_usage WHERE community_id = $1 FOR UPDATE`, r.CommunityID)
+	require.NoError(t, err)
+	unlock()
+	reply := <-replies
+	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("retried")), "the first attempt failed; the retry runs in the background")
+
+	out, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(out), context.Canceled)
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
+	require.NoError(t, holder.Rollback(ctx))
+	// Once the abandoned retry has ended, nothing more is counted.
+	require.NoError(t, r.Shutdown(ctx))
+	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
+	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
+	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "an abandoned release leaves the count high")
+	require.NoError(t, os.Remove(obstacle))
 }
 
 // nip01Prefix is every machine-readable prefix NIP-01 defines.

@@ -19,6 +19,10 @@ import (
 // answer these.
 const readSlotWait = 10 * time.Second
 
+// busyReadingReason answers an HTTP request one of whose statements found
+// every read slot taken for readSlotWait: the client may send it again.
+const busyReadingReason = "error: the relay is busy reading; try again shortly"
+
 // errReadSlotsBusy: every read slot stayed taken for readSlotWait, so the
 // statement did not run. The event store's own, so a REQ, COUNT or bridge
 // read refused before its event statements is answered as one refused by

@@ -35,7 +35,7 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 	}
 	release, err := s.readSlot(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+		writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 		return
 	}
 	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:]})

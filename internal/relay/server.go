@@ -166,6 +166,10 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
+	s.releaseRetries.onAbandoned = func(n int) {
+		s.metrics.MediaQuotaReleaseFailures.WithLabelValues("abandoned").Add(float64(n))
+		s.log.Error("media quota releases abandoned: Shutdown's time ran out; their communities' counts stay high", "releases", n)
+	}
 	s.store.PageRows = cfg.ReqPageRows
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
@@ -446,7 +450,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 		}
 		if errors.Is(err, errReadSlotsBusy) {
 			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay busy reading; retry shortly"})
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": busyReadingReason})
 			return
 		}
 		if err != nil {

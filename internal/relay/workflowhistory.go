@@ -74,7 +74,7 @@ func (b *httpBridge) workflowReadable(w http.ResponseWriter, r *http.Request, te
 	}
 	release, err := s.readSlot(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "relay busy reading; retry shortly")
+		writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 		return nil, false
 	}
 	if !b.channelOfWorkflowReadable(w, r, tenant, workflowID, pubkey) {

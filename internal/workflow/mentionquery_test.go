@@ -1,16 +1,22 @@
 package workflow_test
 
 import (
+	"context"
 	"encoding/hex"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/ingest"
@@ -206,4 +212,75 @@ func TestMentionableWakesWhomEveryMemberWakes(t *testing.T) {
 	}
 	t.Logf("%d members woken by 500 templates", woke)
 	require.Greater(t, woke, 100, "templates name members")
+}
+
+// rowCounter is a pgx tracer that remembers the most rows any one
+// statement returned, and which statement that was.
+type rowCounter struct {
+	mu      sync.Mutex
+	most    int64
+	mostSQL string
+}
+
+func (c *rowCounter) saw(sql string, tag pgconn.CommandTag) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := tag.RowsAffected(); n > c.most {
+		c.most, c.mostSQL = n, sql
+	}
+}
+
+type sqlKey struct{}
+
+func (c *rowCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, sqlKey{}, d.SQL)
+}
+
+func (c *rowCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	sql, _ := ctx.Value(sqlKey{}).(string)
+	c.saw(sql, d.CommandTag)
+}
+
+func (c *rowCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *rowCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.saw(d.SQL, d.CommandTag)
+}
+
+func (c *rowCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A send_message step run by the engine reads only the members its
+// template could name, whatever the size of its channel: no statement of
+// the step returns more than a handful of rows in a channel of 5,000 named
+// members, and it still wakes the member it names. Mentionable alone is
+// checked by TestStepReadsOnlyTheMembersItsTemplateCouldName; this checks
+// the engine's call of it, through the rows each statement the engine
+// sends returns.
+// Mutation killed: sendMessage reading every member
+// (ChannelMemberDisplayNames) for mention.Resolve: one statement returns
+// 5,002 rows.
+func TestSendMessageStepReadsOnlyTheMembersItsTemplateCouldName(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, robby := f.key(), f.key()
+	ch := f.channel(owner, robby)
+	f.profile(robby, "Robby")
+	const others = 5_000
+	f.addMembers(ch, "member", others)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Bell\ntrigger: {on: message_posted}\nsteps: [{id: ping, action: send_message, text: '@Robby please look at {{trigger.text}}'}]")
+	f.store(f.sign(owner, ingest.KindChat, "the deploy", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+
+	counter := &rowCounter{}
+	traced := dbtest.PoolOn(t, f.pool.Config().ConnString(), 4, func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter })
+	f.drain(workflow.NewEngine(traced, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Metrics: f.metrics}))
+
+	bells := f.doorbells(run)
+	require.Len(t, bells, 1)
+	require.Equal(t, []string{pubHex(owner), pubHex(robby)}, bells[0].Tags.Values("p"))
+	t.Logf("the most rows one statement of the engine returned in a channel of %d members: %d (%.60q)", others+2, counter.most, counter.mostSQL)
+	require.Less(t, counter.most, int64(100), "a statement of the step read the channel's members: %s", counter.mostSQL)
 }
