@@ -682,8 +682,9 @@ func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
 
 // A catch-up replays only what a REQ would still return: an event that
 // expired during the gap (NIP-40) is not sent to live subscribers after
-// its expiration. Mutation killed: EventsReceivedBetween without the
-// expiration test (the expired event is replayed, and replayed counts 2).
+// its expiration. Mutation killed: EventKeysReceivedBetween and
+// EventsByKey without the expiration test (the expired event is replayed,
+// and replayed counts 2).
 func TestCatchUpSkipsEventsExpiredDuringTheGap(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
