@@ -58,6 +58,9 @@ func ControlChannel(community uuid.UUID) string {
 // connection of the community on every relay.
 const DisconnectCommunity = `{"op":"DisconnectCommunity"}`
 
+// loggedPayload is how much of an unknown control message is logged.
+const loggedPayload = 64
+
 // control is a ControlChannel message.
 type control struct {
 	Op string `json:"op"`
@@ -695,7 +698,10 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	if community, ok := communityOf(m.Channel, controlSuffix); ok {
 		var op control
 		if err := json.Unmarshal([]byte(m.Payload), &op); err != nil || op.Op != "DisconnectCommunity" {
-			b.log.Warn("redis: unknown connection control message", "channel", m.Channel, "payload", m.Payload)
+			// Its length and start, not the payload: whatever published it
+			// may send megabytes, once or many times.
+			b.log.Warn("redis: unknown connection control message", "channel", m.Channel,
+				"bytes", len(m.Payload), "start", m.Payload[:min(len(m.Payload), loggedPayload)])
 			return in, false
 		}
 		if b.handlers.CloseCommunity != nil {

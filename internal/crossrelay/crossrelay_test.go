@@ -1,10 +1,12 @@
 package crossrelay
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -115,6 +117,68 @@ func TestBusSkipsGarbageAndDeliversTheRest(t *testing.T) {
 		t.Fatal("the invalidation never arrived")
 	}
 	require.True(t, bus.Connected(), "garbage does not cost the subscription")
+}
+
+// An unknown control message is logged by its length and start, not
+// whole: a peer (or a tool) publishing megabytes on the control channel,
+// once or in a loop, must not write them to every relay's log. The
+// community is still closed by a well-formed message after it.
+// Mutation killed: logging the whole payload (the log holds the megabyte).
+func TestUnknownControlMessageIsNotLoggedWhole(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	community := uuid.New()
+	var logged syncBuffer
+	closed := make(chan struct{}, 1)
+	bus, err := New(url, 16, Handlers{
+		CloseCommunity: func(c uuid.UUID) {
+			if c == community {
+				closed <- struct{}{}
+			}
+		},
+	}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	huge := `{"op":"` + strings.Repeat("x", 1<<20) + `"}`
+	require.NoError(t, other.Publish(t.Context(), ControlChannel(community), huge).Err())
+	require.NoError(t, other.Publish(t.Context(), ControlChannel(community), DisconnectCommunity).Err())
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the well-formed control message never arrived")
+	}
+	require.Contains(t, logged.String(), "unknown connection control message")
+	require.Less(t, logged.Len(), 4096, "the megabyte was logged")
+}
+
+// syncBuffer is a bytes.Buffer the bus's goroutines may log into.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *syncBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Len()
 }
 
 // recorder runs a bus that notes, in order, what reaches it for one

@@ -181,6 +181,67 @@ func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64
 	return result.RowsAffected(), nil
 }
 
+const eventKeysReceivedBetween = `-- name: EventKeysReceivedBetween :many
+SELECT community_id, created_at, id, received_at
+FROM events
+WHERE received_at >= $1::timestamptz AND received_at < $2::timestamptz
+  AND community_id = ANY($3::uuid[])
+  AND deleted_at IS NULL
+  AND (expires_at IS NULL OR expires_at > now())
+ORDER BY received_at, created_at, id
+LIMIT $4::int
+`
+
+type EventKeysReceivedBetweenParams struct {
+	Since       time.Time
+	Until       time.Time
+	Communities []uuid.UUID
+	MaxRows     int32
+}
+
+type EventKeysReceivedBetweenRow struct {
+	CommunityID uuid.UUID
+	CreatedAt   time.Time
+	ID          []byte
+	ReceivedAt  time.Time
+}
+
+// The keys of the events of communities received in [since, until), oldest
+// first, for a relay process that missed the other processes' live traffic
+// (events_by_received_at): deleted and expired ones (NIP-40) are left out,
+// as a REQ would. Keys only: the process reads the events a batch at a
+// time (EventsByKey), since a gap may hold thousands of events of up to
+// 256 KB.
+func (q *Queries) EventKeysReceivedBetween(ctx context.Context, arg EventKeysReceivedBetweenParams) ([]EventKeysReceivedBetweenRow, error) {
+	rows, err := q.db.Query(ctx, eventKeysReceivedBetween,
+		arg.Since,
+		arg.Until,
+		arg.Communities,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []EventKeysReceivedBetweenRow
+	for rows.Next() {
+		var i EventKeysReceivedBetweenRow
+		if err := rows.Scan(
+			&i.CommunityID,
+			&i.CreatedAt,
+			&i.ID,
+			&i.ReceivedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const eventReactionTarget = `-- name: EventReactionTarget :one
 SELECT created_at, channel_id, kind,
        (tag_index && ARRAY['p:' || $1::text] OR pubkey = decode($1::text, 'hex'))::boolean AS reader_is_party
@@ -319,6 +380,68 @@ func (q *Queries) EventWorkflowDefinition(ctx context.Context, arg EventWorkflow
 		&i.Tags,
 	)
 	return i, err
+}
+
+const eventsByKey = `-- name: EventsByKey :many
+SELECT e.community_id, e.id, e.pubkey, e.created_at, e.kind, e.tags, e.content, e.sig, e.channel_id, e.received_at
+FROM (SELECT unnest($1::uuid[]) AS community_id, unnest($2::timestamptz[]) AS created_at,
+             unnest($3::bytea[]) AS id) k
+JOIN events e ON e.community_id = k.community_id AND e.created_at = k.created_at AND e.id = k.id
+WHERE e.deleted_at IS NULL
+  AND (e.expires_at IS NULL OR e.expires_at > now())
+ORDER BY e.received_at, e.created_at, e.id
+`
+
+type EventsByKeyParams struct {
+	Communities []uuid.UUID
+	CreatedAts  []time.Time
+	Ids         [][]byte
+}
+
+type EventsByKeyRow struct {
+	CommunityID uuid.UUID
+	ID          []byte
+	Pubkey      []byte
+	CreatedAt   time.Time
+	Kind        int32
+	Tags        json.RawMessage
+	Content     string
+	Sig         []byte
+	ChannelID   *uuid.UUID
+	ReceivedAt  time.Time
+}
+
+// The events of the keys given (EventKeysReceivedBetween), in its order,
+// through the primary key; one deleted or expired since is left out.
+func (q *Queries) EventsByKey(ctx context.Context, arg EventsByKeyParams) ([]EventsByKeyRow, error) {
+	rows, err := q.db.Query(ctx, eventsByKey, arg.Communities, arg.CreatedAts, arg.Ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []EventsByKeyRow
+	for rows.Next() {
+		var i EventsByKeyRow
+		if err := rows.Scan(
+			&i.CommunityID,
+			&i.ID,
+			&i.Pubkey,
+			&i.CreatedAt,
+			&i.Kind,
+			&i.Tags,
+			&i.Content,
+			&i.Sig,
+			&i.ChannelID,
+			&i.ReceivedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const eventsDeleteByAddress = `-- name: EventsDeleteByAddress :execrows
@@ -514,75 +637,4 @@ func (q *Queries) EventsPurgeExpired(ctx context.Context, arg EventsPurgeExpired
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const eventsReceivedBetween = `-- name: EventsReceivedBetween :many
-SELECT community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, received_at
-FROM events
-WHERE received_at >= $1::timestamptz AND received_at < $2::timestamptz
-  AND community_id = ANY($3::uuid[])
-  AND deleted_at IS NULL
-  AND (expires_at IS NULL OR expires_at > now())
-ORDER BY received_at, created_at, id
-LIMIT $4::int
-`
-
-type EventsReceivedBetweenParams struct {
-	Since       time.Time
-	Until       time.Time
-	Communities []uuid.UUID
-	MaxRows     int32
-}
-
-type EventsReceivedBetweenRow struct {
-	CommunityID uuid.UUID
-	ID          []byte
-	Pubkey      []byte
-	CreatedAt   time.Time
-	Kind        int32
-	Tags        json.RawMessage
-	Content     string
-	Sig         []byte
-	ChannelID   *uuid.UUID
-	ReceivedAt  time.Time
-}
-
-// The events of communities received in [since, until), oldest first, for
-// a relay process that missed the other processes' live traffic
-// (events_by_received_at): deleted and expired ones (NIP-40) are left out,
-// as a REQ would.
-func (q *Queries) EventsReceivedBetween(ctx context.Context, arg EventsReceivedBetweenParams) ([]EventsReceivedBetweenRow, error) {
-	rows, err := q.db.Query(ctx, eventsReceivedBetween,
-		arg.Since,
-		arg.Until,
-		arg.Communities,
-		arg.MaxRows,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []EventsReceivedBetweenRow
-	for rows.Next() {
-		var i EventsReceivedBetweenRow
-		if err := rows.Scan(
-			&i.CommunityID,
-			&i.ID,
-			&i.Pubkey,
-			&i.CreatedAt,
-			&i.Kind,
-			&i.Tags,
-			&i.Content,
-			&i.Sig,
-			&i.ChannelID,
-			&i.ReceivedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }

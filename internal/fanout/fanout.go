@@ -358,7 +358,7 @@ func (h *Hub) Publish(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) 
 func (h *Hub) PublishWritten(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64) Stats {
 	// A replay may have sent a stored event before its own publish (the
 	// catch-up read it once committed, ahead of its live copy).
-	if published := h.published.Load(); published != nil && !nostr.IsEphemeral(ev.Kind) && !published.add(ev.ID) {
+	if published := h.published.Load(); published != nil && !nostr.IsEphemeral(ev.Kind) && !published.add(community, ev.ID) {
 		return Stats{}
 	}
 	return h.deliver(community, h.match(community, matchedAs(ev, channel)), ev, channel, readersVersion)
@@ -400,7 +400,7 @@ const replaySlack = time.Second
 // are looked up afresh (readers version unknown). missed reports whether
 // the hub had not published the event.
 func (h *Hub) Replay(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, receivedAt time.Time) (stats Stats, missed bool) {
-	if published := h.published.Load(); published != nil && !published.add(ev.ID) {
+	if published := h.published.Load(); published != nil && !published.add(community, ev.ID) {
 		return Stats{}, false
 	}
 	newest := receivedAt.Add(replaySlack)

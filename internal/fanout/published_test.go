@@ -109,3 +109,33 @@ func TestPublishedIDsAreForgottenUnlessHeld(t *testing.T) {
 	_, missed = h.Replay(community, note(13), nil, now)
 	require.True(t, missed, "beyond most, ids are not kept")
 }
+
+// The same signed event stored in two communities (a client sending its
+// profile or a note to each community it belongs to) is two stored events:
+// each community's subscribers get their copy live, and a replay of one
+// community's copy does not stand for the other's.
+// Mutation killed: remembering ids without their community (the second
+// community's live copy and its replay deliver nothing).
+func TestAnEventInTwoCommunitiesIsPublishedInEach(t *testing.T) {
+	t.Parallel()
+	h := fanout.NewHub()
+	h.RememberPublished(time.Hour, 100, func() bool { return false })
+	first, second := uuid.New(), uuid.New()
+	inFirst := subscribeAll(h, first, "first")
+	inSecond := subscribeAll(h, second, "second")
+
+	require.Equal(t, 1, h.PublishWritten(first, note(1), nil, 0).Delivered)
+	require.Equal(t, 1, h.PublishWritten(second, note(1), nil, 0).Delivered, "the second community's copy")
+	require.Len(t, inFirst.take(), 1)
+	require.Len(t, inSecond.take(), 1)
+	require.Zero(t, h.PublishWritten(second, note(1), nil, 0).Delivered, "each copy is still published once")
+
+	st, missed := h.Replay(first, note(2), nil, time.Now())
+	require.True(t, missed)
+	require.Equal(t, 1, st.Delivered)
+	st, missed = h.Replay(second, note(2), nil, time.Now())
+	require.True(t, missed, "the replay of one community's copy is not the other's")
+	require.Equal(t, 1, st.Delivered)
+	require.Len(t, inFirst.take(), 1)
+	require.Len(t, inSecond.take(), 1)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -37,6 +38,10 @@ const (
 	// at once when Redis returns.
 	catchUpLongest = 10 * time.Minute
 	catchUpTimeout = 30 * time.Second
+	// catchUpBatch: how many of the gap's events are read and held at
+	// once (4 MiB of events of 256 KB). Read whole, a gap of catchUpMost
+	// such events was 2.5 GB, in every relay process at once.
+	catchUpBatch = 16
 	// publishedWindow: how long the hub remembers what it published. It
 	// must reach back from a subscription's failure to catchUpMargin
 	// before the last proof of hearing: a stalled Redis is dropped 4 s
@@ -47,8 +52,10 @@ const (
 
 // catchUp replays to the local fan-out the stored events of the
 // communities with live subscriptions here that the database received
-// between since and until, each widened by the margin. The hub skips what it
-// published already, and later skips the live copy of what it replayed.
+// between since and until, each widened by the margin: their keys first
+// (which also tells a gap too large to replay), then the events a batch
+// at a time. The hub skips what it published already, and later skips the
+// live copy of what it replayed.
 func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed int, err error) {
 	communities := s.hub.Communities()
 	if len(communities) == 0 {
@@ -60,35 +67,47 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 	since, until = since.Add(-catchUpMargin), until.Add(catchUpMargin)
 	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
 	defer cancel()
-	rows, err := s.queries.EventsReceivedBetween(ctx, db.EventsReceivedBetweenParams{
+	keys, err := s.queries.EventKeysReceivedBetween(ctx, db.EventKeysReceivedBetweenParams{
 		Since: since, Until: until, Communities: communities, MaxRows: catchUpMost + 1,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read the events received since %s: %w", since.Format(time.RFC3339Nano), err)
 	}
-	if len(rows) > catchUpMost {
+	if len(keys) > catchUpMost {
 		return 0, fmt.Errorf("more than %d events were received since %s: too many to replay live",
 			catchUpMost, since.Format(time.RFC3339Nano))
 	}
-	for _, r := range rows {
-		ev, err := storedEvent(r)
+	for batch := range slices.Chunk(keys, catchUpBatch) {
+		var params db.EventsByKeyParams
+		for _, k := range batch {
+			params.Communities = append(params.Communities, k.CommunityID)
+			params.CreatedAts = append(params.CreatedAts, k.CreatedAt)
+			params.Ids = append(params.Ids, k.ID)
+		}
+		rows, err := s.queries.EventsByKey(ctx, params)
 		if err != nil {
-			return replayed, err
+			return replayed, fmt.Errorf("read the events received since %s: %w", since.Format(time.RFC3339Nano), err)
 		}
-		st, missed := s.hub.Replay(r.CommunityID, ev, r.ChannelID, r.ReceivedAt)
-		if missed {
-			replayed++
-			// A deletion missed live is news to the read routing too.
-			s.noteRemoval(r.CommunityID, ev, r.ChannelID)
+		for _, r := range rows {
+			ev, err := storedEvent(r)
+			if err != nil {
+				return replayed, err
+			}
+			st, missed := s.hub.Replay(r.CommunityID, ev, r.ChannelID, r.ReceivedAt)
+			if missed {
+				replayed++
+				// A deletion missed live is news to the read routing too.
+				s.noteRemoval(r.CommunityID, ev, r.ChannelID)
+			}
+			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
+			s.metrics.FanoutDropped.Add(float64(st.Dropped))
 		}
-		s.metrics.FanoutDelivered.Add(float64(st.Delivered))
-		s.metrics.FanoutDropped.Add(float64(st.Dropped))
 	}
 	return replayed, nil
 }
 
 // storedEvent is the event a stored row holds.
-func storedEvent(r db.EventsReceivedBetweenRow) (*nostr.Event, error) {
+func storedEvent(r db.EventsByKeyRow) (*nostr.Event, error) {
 	ev := &nostr.Event{
 		ID: hex.EncodeToString(r.ID), PubKey: hex.EncodeToString(r.Pubkey), CreatedAt: r.CreatedAt.Unix(),
 		Kind: int(r.Kind), Content: r.Content, Sig: hex.EncodeToString(r.Sig),

@@ -144,6 +144,46 @@ func TestCrossRelayDeliveryOnceAndInOrder(t *testing.T) {
 	onB.ExpectSilence(300*time.Millisecond, "no echo from Redis arrives on B")
 }
 
+// One signed event sent to two communities (as a client sends its profile,
+// or a note, to each community it belongs to) is stored in each, and each
+// community's subscribers get it live, on every relay: that the first
+// community's copy was published, here or heard from Redis, does not stand
+// for the second's.
+// Mutation killed: the hub remembering published ids without their
+// community (neither relay's subscriber in the second community gets it).
+func TestCrossRelayDeliversOneEventSentToTwoCommunitiesInEach(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(url))
+	b := relaytest.StartOn(t, pool, withRedis(url))
+	waitRedis(t, "connected", a, b)
+
+	inFirst := b.Dial(t, a.Host)
+	key := inFirst.Auth(nil)
+	inSecond := b.Dial(t, b.Host)
+	inSecond.Auth(key)
+	filter := map[string]any{"authors": []string{key.PublicKeyHex()}, "limit": 0}
+	subscribers := map[string]*relaytest.Client{}
+	for name, relay := range map[string]*relaytest.Relay{"on A": a, "on B": b} {
+		c := relay.Dial(t, b.Host)
+		c.Auth(nil)
+		c.Send("REQ", "live", filter)
+		c.Expect("EOSE")
+		subscribers["second community's subscriber "+name] = c
+	}
+
+	ev := inFirst.Sign(1, "to every community I belong to", nil, 0)
+	require.True(t, inFirst.Publish(ev).OK)
+	require.True(t, inSecond.Publish(ev).OK, "a second community stores its own copy")
+	for name, c := range subscribers {
+		require.Equal(t, ev.ID, c.Expect("EVENT").Event.ID, "%s gets the second community's copy", name)
+	}
+	for name, c := range subscribers {
+		c.ExpectSilence(300*time.Millisecond, name+": once")
+	}
+}
+
 // A member removed through relay A stops receiving the private channel's
 // live events on relay B as soon as B has heard of anything A committed
 // after the removal: the invalidation travels ahead of A's later events.
@@ -642,8 +682,9 @@ func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
 
 // A catch-up replays only what a REQ would still return: an event that
 // expired during the gap (NIP-40) is not sent to live subscribers after
-// its expiration. Mutation killed: EventsReceivedBetween without the
-// expiration test (the expired event is replayed, and replayed counts 2).
+// its expiration. Mutation killed: EventKeysReceivedBetween and
+// EventsByKey without the expiration test (the expired event is replayed,
+// and replayed counts 2).
 func TestCatchUpSkipsEventsExpiredDuringTheGap(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
