@@ -136,6 +136,10 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 			require.Equal(t, shared.Blob, sharedToo.Blob, "one object behind both communities' uploads")
 			mine := upload(t, svc, doomed, "only the doomed community's bytes")
 			theirs := upload(t, svc, bystander, "only the bystander's bytes")
+			// Deleted by its member before: on the filesystem that leaves the
+			// blob's directory under _uploads/, empty.
+			gone := upload(t, svc, doomed, "bytes its member deleted before")
+			require.NoError(t, svc.Delete(f.ctx, doomed, gone.SHA256, strings.Repeat("ab", 32)))
 
 			rdb := redis.NewClient(mustRedisOptions(t))
 			t.Cleanup(func() { rdb.Close() })
@@ -200,9 +204,11 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 				require.Empty(t, keys, p)
 			}
 			// Nor is a directory named for it left: on the filesystem one
-			// under _uploads/ per blob it had uploaded, named by its hash.
-			// Mutation killed: DeleteKeys without pruning the community's
-			// emptied directories.
+			// under _uploads/ per blob it had uploaded, named by its hash,
+			// whether the deletion removed its files or a member's delete
+			// did. Mutations killed: the deletion not pruning the
+			// community's empty directories; pruning only those above the
+			// files it removed.
 			for _, top := range []string{"_meta/", "_uploads/"} {
 				names, err := store.Children(f.ctx, top)
 				require.NoError(t, err)

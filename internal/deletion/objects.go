@@ -256,6 +256,13 @@ func (e *Executor) removeBindings(ctx context.Context, l lease, row db.Community
 		e.report(Progress{RequestID: l.id, Stage: StageDrained, Step: "delete objects", Chunk: progress.DeletedChunks,
 			Chunks: progress.Chunks, ObjectsDeleted: progress.DeletedKeys, ObjectsTotal: progress.Keys, Generation: l.gen})
 	}
+	if e.store != nil {
+		for _, prefix := range media.CommunityPrefixes(l.community) {
+			if err := e.store.PruneEmpty(ctx, prefix); err != nil {
+				return fmt.Errorf("prune %s: %w", prefix, err)
+			}
+		}
+	}
 	detail, _ := json.Marshal(map[string]any{"deleted_keys": progress.Keys, "removed_now": deletedNow,
 		"already_missing": missing, "kept_shared": kept, "chunks": progress.Chunks})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -261,14 +262,7 @@ func (s *FSStore) walkDir(ctx context.Context, dir string, fn func(key string, s
 	return nil
 }
 
-// DeleteKeys removes each file, telling removed from already absent, and
-// the directories of one community (_meta/<community>/,
-// _uploads/<community>/ and below) that it leaves empty. Only a
-// community's deletion deletes keys in bulk, once the community is fenced,
-// so no upload writes into those directories meanwhile (the race that
-// keeps Delete from pruning). Left behind, a deleted community kept a
-// directory named for the SHA-256 of every blob it had uploaded, and
-// CommunitiesWithMedia listed it for good.
+// DeleteKeys removes each file, telling removed from already absent.
 func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error) {
 	for _, key := range keys {
 		if err := ctx.Err(); err != nil {
@@ -286,23 +280,50 @@ func (s *FSStore) DeleteKeys(ctx context.Context, keys []string) (deleted, missi
 		default:
 			return deleted, missing, err
 		}
-		s.pruneCommunityDirs(p)
 	}
 	return deleted, missing, nil
 }
 
-// pruneCommunityDirs removes the directories above the removed file p
-// that are now empty, up to a community's own directory: the root and the
-// top-level directories (_meta, _uploads) serve every community and stay.
-func (s *FSStore) pruneCommunityDirs(p string) {
-	for dir := filepath.Dir(p); ; dir = filepath.Dir(dir) {
-		rel, err := filepath.Rel(s.root, dir)
-		if err != nil || !strings.Contains(filepath.ToSlash(rel), "/") {
-			return
+// PruneEmpty removes the prefix's directory and every directory below it
+// that holds no file, deepest first. Delete leaves a blob's directories
+// behind (removing them there would race an upload into them), and a
+// community's deletion removes only the files it lists: left behind, a
+// deleted community kept a directory named for the SHA-256 of every blob
+// it had uploaded, and CommunitiesWithMedia listed it for good. Only a
+// community's deletion calls this, once its keys are gone and the
+// community is fenced, so nothing writes there meanwhile. Like Walk, it
+// holds one directory's listing at a time.
+func (s *FSStore) PruneEmpty(ctx context.Context, prefix string) error {
+	dir, err := s.path(strings.TrimSuffix(prefix, "/"))
+	if err != nil {
+		return err
+	}
+	return pruneEmptyDirs(ctx, dir)
+}
+
+func pruneEmptyDirs(ctx context.Context, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		if os.Remove(dir) != nil {
-			return // not empty, or already gone
+		if e.IsDir() {
+			if err := pruneEmptyDirs(ctx, filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
 		}
+	}
+	switch err := os.Remove(dir); {
+	case err == nil, errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTEMPTY), errors.Is(err, syscall.EEXIST):
+		return nil // gone, or holds a file (which the deletion's verification then finds)
+	default:
+		return err
 	}
 }
 

@@ -263,6 +263,9 @@ func (s *S3Store) DeleteKeys(ctx context.Context, keys []string) (deleted, missi
 	return len(keys), 0, ctx.Err()
 }
 
+// PruneEmpty has nothing to do: a bucket has no directories, only keys.
+func (s *S3Store) PruneEmpty(context.Context, string) error { return nil }
+
 // Children lists the common prefixes one level under prefix.
 func (s *S3Store) Children(ctx context.Context, prefix string) ([]string, error) {
 	var names []string

@@ -63,4 +63,8 @@ type Store interface {
 	// (a store that cannot tell them apart counts every key as deleted).
 	// A key that could not be deleted is an error.
 	DeleteKeys(ctx context.Context, keys []string) (deleted, missing int, err error)
+	// PruneEmpty removes what is left of prefix (which ends with a slash)
+	// once its keys are deleted: a filesystem's empty directories. Only a
+	// community's deletion calls it, with the community fenced.
+	PruneEmpty(ctx context.Context, prefix string) error
 }
