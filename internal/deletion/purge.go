@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -77,11 +78,14 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 	for _, c := range inv.Schema.RowCounts {
 		rowsTotal += c.Rows
 	}
-	plan, err := e.purgePlan(ctx, l, order)
+	purged, err := e.purgedSoFar(ctx, l)
 	if err != nil {
 		return err
 	}
 	var deleted int64
+	for _, n := range purged {
+		deleted += n
+	}
 	for _, table := range order {
 		// name: DeletionPurgeBatch (one statement per scoped table)
 		sql := fmt.Sprintf("-- name: DeletionPurgeBatch\nDELETE FROM %[1]s WHERE community_id = $1 AND ctid = ANY(ARRAY("+
@@ -96,78 +100,66 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 					return err
 				}
 				tag, err := tx.Exec(ctx, sql, l.community, e.cfg.PurgeBatchRows)
-				n = tag.RowsAffected()
-				return err
+				if n = tag.RowsAffected(); err != nil || n == 0 {
+					return err
+				}
+				// The table's running count commits with the batch it counts.
+				return e.recordPurged(ctx, q, l, table, "started", purged[table]+n)
 			})
 			if err != nil {
 				return fmt.Errorf("purge %s: %w", table, err)
 			}
+			purged[table] += n
 			deleted += n
 			e.report(Progress{RequestID: l.id, Stage: StageBindingsRemoved, Step: "purge " + table,
-				RowsDeleted: deleted, RowsTotal: rowsTotal, Generation: l.gen})
+				RowsDeleted: deleted, RowsTotal: max(rowsTotal, deleted), Generation: l.gen})
 			if n < int64(e.cfg.PurgeBatchRows) {
 				break
 			}
 		}
-		detail, _ := json.Marshal(map[string]any{"rows": plan[table]})
-		if err := q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
-			UnitKey: "purge:" + table, Status: "completed", Generation: l.gen, Detail: detail}); err != nil {
+		if err := e.recordPurged(ctx, q, l, table, "completed", purged[table]); err != nil {
 			return err
 		}
 	}
-	var planned int64
-	for _, n := range plan {
-		planned += n
-	}
-	detail, _ := json.Marshal(map[string]any{"rows": plan, "total_rows": planned})
+	detail, _ := json.Marshal(map[string]any{"rows": purged, "total_rows": deleted})
 	return e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
 		return q.DeletionRequestTombstone(ctx, db.DeletionRequestTombstoneParams{ID: l.id, Owner: l.owner, Generation: l.gen, Detail: detail})
 	})
 }
 
-// unitPurgePlan is the checkpoint of purgePlan.
-const unitPurgePlan = "purge_plan"
+// purgeUnitPrefix starts the checkpoint of one table's purge:
+// purge:<table>, whose detail counts the rows deleted so far.
+const purgeUnitPrefix = "purge:"
 
-// purgePlan is how many rows of the community each scoped table held when
-// its purge first started. The fence admits no other writer, so that is
-// what the purge deletes, whichever executor deletes it: recorded once and
-// read back by an executor taking over from one that died mid-purge, it
-// makes the evidence count the rows the dead one deleted too (counting
-// only its own batches, the heir recorded fewer rows than were purged).
-func (e *Executor) purgePlan(ctx context.Context, l lease, tables []string) (map[string]int64, error) {
-	q := db.New(e.pool)
-	checkpoints, err := q.DeletionCheckpointsOfRequest(ctx, l.id)
+func (e *Executor) recordPurged(ctx context.Context, q *db.Queries, l lease, table, status string, rows int64) error {
+	detail, _ := json.Marshal(map[string]any{"rows": rows})
+	return q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
+		UnitKey: purgeUnitPrefix + table, Status: status, Generation: l.gen, Detail: detail})
+}
+
+// purgedSoFar reads back the rows each table's purge has deleted, from
+// the checkpoints its batches committed with them: an executor taking
+// over from one that stopped mid-purge counts the rows that one deleted
+// too (counting only its own batches, the heir's evidence said 10 of 30
+// users).
+func (e *Executor) purgedSoFar(ctx context.Context, l lease) (map[string]int64, error) {
+	checkpoints, err := db.New(e.pool).DeletionCheckpointsOfRequest(ctx, l.id)
 	if err != nil {
 		return nil, err
 	}
+	purged := map[string]int64{}
 	for _, c := range checkpoints {
-		if c.Stage == StageBindingsRemoved && c.UnitKey == unitPurgePlan {
-			var recorded struct{ Rows map[string]int64 }
-			if err := json.Unmarshal(c.Detail, &recorded); err != nil {
-				return nil, permanent("the purge plan checkpoint does not decode: %v", err)
-			}
-			return recorded.Rows, nil
+		table, ok := strings.CutPrefix(c.UnitKey, purgeUnitPrefix)
+		if c.Stage != StageBindingsRemoved || !ok {
+			continue
 		}
+		var recorded struct{ Rows int64 }
+		if err := json.Unmarshal(c.Detail, &recorded); err != nil {
+			return nil, permanent("checkpoint %s does not decode: %v", c.UnitKey, err)
+		}
+		purged[table] = recorded.Rows
 	}
-	plan := map[string]int64{}
-	err = e.inTx(ctx, func(q *db.Queries, tx pgx.Tx) error {
-		if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageBindingsRemoved}); err != nil {
-			return err
-		}
-		for _, table := range tables {
-			var n int64
-			// name: DeletionPurgePlanCount (one statement per scoped table)
-			sql := fmt.Sprintf("-- name: DeletionPurgePlanCount\nSELECT count(*) FROM %s WHERE community_id = $1", pgx.Identifier{table}.Sanitize())
-			if err := tx.QueryRow(ctx, sql, l.community).Scan(&n); err != nil {
-				return fmt.Errorf("count %s: %w", table, err)
-			}
-			plan[table] = n
-		}
-		detail, _ := json.Marshal(map[string]any{"rows": plan})
-		return q.DeletionCheckpointUpsert(ctx, db.DeletionCheckpointUpsertParams{RequestID: l.id, Stage: StageBindingsRemoved,
-			UnitKey: unitPurgePlan, Status: "completed", Generation: l.gen, Detail: detail})
-	})
-	return plan, err
+	return purged, nil
 }
 
 // purgeCache unlinks every Redis key of the community. Natural expiry is

@@ -31,9 +31,12 @@ func TestPurgeEvidenceCountsTheRowsAStoppedExecutorDeleted(t *testing.T) {
 	// The first executor stops once two batches of users are committed.
 	ctx, stop := context.WithCancel(f.ctx)
 	defer stop()
+	userBatches := 0
 	_, _ = deletion.NewExecutor(deletion.Options{Pool: f.pool, ID: "stopped", Config: cfg, Progress: func(p deletion.Progress) {
-		if p.Step == "purge users" && p.RowsDeleted >= 20 {
-			stop()
+		if p.Step == "purge users" {
+			if userBatches++; userBatches == 2 {
+				stop()
+			}
 		}
 	}}).Run(ctx, req.ID)
 	var left int
