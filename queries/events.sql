@@ -147,7 +147,7 @@ LIMIT @max_rows::int;
 
 -- name: EventsByKey :many
 -- The events of the keys given (EventKeysReceivedBetween), in its order,
--- through the primary key; one deleted or expired since is left out.
+-- an id lookup each; one deleted or expired since is left out.
 SELECT e.community_id, e.id, e.pubkey, e.created_at, e.kind, e.tags, e.content, e.sig, e.channel_id, e.received_at
 FROM (SELECT unnest(@communities::uuid[]) AS community_id, unnest(@created_ats::timestamptz[]) AS created_at,
              unnest(@ids::bytea[]) AS id) k

@@ -412,7 +412,7 @@ type EventsByKeyRow struct {
 }
 
 // The events of the keys given (EventKeysReceivedBetween), in its order,
-// through the primary key; one deleted or expired since is left out.
+// an id lookup each; one deleted or expired since is left out.
 func (q *Queries) EventsByKey(ctx context.Context, arg EventsByKeyParams) ([]EventsByKeyRow, error) {
 	rows, err := q.db.Query(ctx, eventsByKey, arg.Communities, arg.CreatedAts, arg.Ids)
 	if err != nil {
