@@ -125,7 +125,8 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	if h.ReadSlot != nil {
 		release, err := h.ReadSlot(r.Context())
 		if err != nil {
-			webhookError(w, http.StatusServiceUnavailable, "relay busy; retry shortly")
+			// The relay's busy answer, as its other HTTP routes give it.
+			webhookError(w, http.StatusServiceUnavailable, "error: the relay is busy reading; try again shortly")
 			return
 		}
 		defer release()

@@ -1,7 +1,9 @@
 package workflow_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -376,4 +378,20 @@ func (f *fixture) serveHooks(hooks *workflow.Webhooks) *httptest.Server {
 	srv := httptest.NewTLSServer(mux)
 	f.t.Cleanup(srv.Close)
 	return srv
+}
+
+// A webhook call that finds every read slot taken answers 503 with the
+// relay's busy text, NIP-01 prefix first, as its other HTTP routes do.
+// Mutation killed: the unprefixed "relay busy; retry shortly".
+func TestWebhookCallPastTheReadSlotWaitIsBusy(t *testing.T) {
+	t.Parallel()
+	hooks := &workflow.Webhooks{ReadSlot: func(context.Context) (func(), error) { return nil, errors.New("every read slot stayed busy") }}
+	req := httptest.NewRequest(http.MethodPost, "/hooks/x", strings.NewReader(`{}`))
+	req.SetPathValue("id", uuid.NewString())
+	rec := httptest.NewRecorder()
+	hooks.Serve(rec, req, uuid.New())
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	var answer struct{ Error string }
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer), rec.Body.String())
+	require.Equal(t, "error: the relay is busy reading; try again shortly", answer.Error)
 }
