@@ -262,6 +262,10 @@ func (s *Server) checkReader(ctx context.Context, r *readReplica) string {
 // delay).
 func (s *Server) noteRemoval(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID) {
 	switch {
+	case ingest.IsChannelList(ev.Kind):
+		// A channel's own list, named by the channel: its versions never
+		// leave it.
+		s.store.Router.Removed(community, channel)
 	case nostr.IsReplaceable(ev.Kind) || nostr.IsAddressable(ev.Kind):
 		// The version it replaced may lie in another channel.
 		s.store.Router.Replaced(community, channel)

@@ -87,7 +87,7 @@ func TestRelayRoutesReadsToItsStandby(t *testing.T) {
 	hourAgo := time.Now().Add(-time.Hour).Unix()
 	require.Eventually(t, func() bool {
 		return len(c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})) == 0 &&
-			metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`) != ""
+			metric(t, r, historyFromStandby) != ""
 	}, 30*time.Second, 20*time.Millisecond)
 	require.NotEmpty(t, metric(t, r, "buzz_db_replica_heartbeat_age_seconds"))
 	require.Equal(t, "3", metric(t, r, "buzz_db_read_pool_max"), "the reader's own limit, not the writer's")
@@ -144,7 +144,7 @@ func TestReadyReportsAReaderThatIsNotAStandby(t *testing.T) {
 	ch := createChannel(t, c, "not routed", false)
 	c.Req("covered", map[string]any{"#h": []string{ch}, "until": time.Now().Add(-time.Hour).Unix()})
 	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="disabled"}`))
-	require.Empty(t, metric(t, r, `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`))
+	require.Empty(t, metric(t, r, historyFromStandby))
 }
 
 // A reader URL naming a standby that proves nothing is not "streaming":
@@ -285,10 +285,9 @@ func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
 	c.Auth(nil)
 	ch := createChannel(t, c, "partitioned", false)
 	hourAgo := time.Now().Add(-time.Hour).Unix()
-	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
 	require.Eventually(t, func() bool {
 		c.Req("covered", map[string]any{"#h": []string{ch}, "until": hourAgo})
-		return metric(t, r, covered) != ""
+		return metric(t, r, historyFromStandby) != ""
 	}, 30*time.Second, 20*time.Millisecond)
 
 	p.setCut(true)
@@ -297,10 +296,10 @@ func TestRoutingSkipsAStandbyTheWatcherFoundUnreachable(t *testing.T) {
 	require.Equal(t, "1", metric(t, r, `buzz_db_route_decision{decision="writer",path="channel_history",reason="reader_unreachable"}`))
 
 	p.setCut(false)
-	before := metric(t, r, covered)
+	before := metric(t, r, historyFromStandby)
 	require.Eventually(t, func() bool {
 		c.Req("healed", map[string]any{"#h": []string{ch}, "until": hourAgo})
-		return metric(t, r, covered) != before
+		return metric(t, r, historyFromStandby) != before
 	}, 30*time.Second, 20*time.Millisecond)
 }
 
@@ -357,9 +356,8 @@ func TestADeletionIsNotServedBackByALaggingStandby(t *testing.T) {
 	history := func(c *relaytest.Client, channel string) []string {
 		return ids(c.Req("history", map[string]any{"#h": []string{channel}, "until": hoursAgo}))
 	}
-	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
 	require.Eventually(t, func() bool {
-		return len(history(alice, deleting)) == 2 && metric(t, r, covered) != ""
+		return len(history(alice, deleting)) == 2 && metric(t, r, historyFromStandby) != ""
 	}, 60*time.Second, 20*time.Millisecond)
 
 	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
@@ -380,21 +378,11 @@ func TestADeletionIsNotServedBackByALaggingStandby(t *testing.T) {
 	require.Empty(t, fresh.Events, "a fresh read after the deletion")
 
 	// A channel without a deletion still routes to the lagging standby while
-	// its proof is young. One read may go to the writer for a reason that is
-	// not the deletion (a reader connection slow to come on a loaded box), so
-	// read again until one is covered; a removal marked community-wide sends
-	// every one of them to the writer as stale.
-	routedToStandby, reads := false, 0
-	for ; !routedToStandby && time.Since(paused) < replica.Staleness/2; reads++ {
-		before := metric(t, r, covered)
+	// its proof is young; a removal marked community-wide sends every read
+	// of it to the writer as stale.
+	requireRoutedToStandby(t, r, paused, "a channel without a deletion", func() {
 		require.Equal(t, []string{elsewhere.ID}, history(alice, other))
-		if routedToStandby = metric(t, r, covered) != before; !routedToStandby {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	if reads > 0 && !routedToStandby {
-		t.Fatalf("a channel without a deletion never routed to the lagging standby; channel_history decisions:\n%s", routeDecisions(t, r, "channel_history"))
-	}
+	})
 }
 
 // routeDecisions is the relay's routing decisions for path, one metric line each.
@@ -441,9 +429,8 @@ func TestADeletionThroughAnotherRelayIsNotServedBackByALaggingStandby(t *testing
 	history := func() []string {
 		return ids(onA.Req("history", map[string]any{"#h": []string{ch}, "until": hoursAgo}))
 	}
-	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
 	require.Eventually(t, func() bool {
-		return len(history()) == 2 && metric(t, a, covered) != ""
+		return len(history()) == 2 && metric(t, a, historyFromStandby) != ""
 	}, 60*time.Second, 20*time.Millisecond)
 	watcher := a.Dial(t, a.Host)
 	watcher.Auth(nil)
@@ -476,12 +463,7 @@ func TestADeletionThroughAnotherRelayIsNotServedBackByALaggingStandby(t *testing
 // replaced version from the paused standby.
 func TestAVersionMovedToAnotherChannelIsNotServedBackByALaggingStandby(t *testing.T) {
 	t.Parallel()
-	pair := dbtest.PrivatePair(t)
-	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
-	r := relaytest.StartOn(t, pool, func(c *config.Config) {
-		c.ReadDatabaseURL = pair.ReaderURL
-		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
-	})
+	pair, r := standbyRelay(t)
 	alice := r.Dial(t, "")
 	key := alice.Auth(nil)
 	from := createChannel(t, alice, "from", false)
@@ -500,16 +482,11 @@ func TestAVersionMovedToAnotherChannelIsNotServedBackByALaggingStandby(t *testin
 		}
 		return ids(alice.Req("history", filter))
 	}
-	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
 	require.Eventually(t, func() bool {
-		return len(history()) == 2 && metric(t, r, covered) != ""
+		return len(history()) == 2 && metric(t, r, historyFromStandby) != ""
 	}, 60*time.Second, 20*time.Millisecond)
 
-	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
-	require.NoError(t, err)
-	defer admin.Close(context.Background())
-	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
-	require.NoError(t, err)
+	pauseReplay(t, pair)
 	paused := time.Now()
 	moved := alice.Publish(alice.Sign(article, "final", nostr.Tags{{"d", "plan"}, {"h", to}}, 0))
 	require.True(t, moved.OK, moved.Msg)
@@ -518,20 +495,89 @@ func TestAVersionMovedToAnotherChannelIsNotServedBackByALaggingStandby(t *testin
 	require.Equal(t, []string{}, history(article), "the channel the article left, its kind alone")
 
 	// A chat timeline cannot return the replaced version: it still routes
-	// to the lagging standby while its proof is young (one read may go to
-	// the writer for another reason on a loaded box, so read until one is
-	// covered).
+	// to the lagging standby while its proof is young.
+	requireRoutedToStandby(t, r, paused, "a chat timeline", func() {
+		require.Equal(t, []string{chat.ID}, history(9))
+	})
+}
+
+// historyFromStandby counts the channel-history reads routed to the
+// standby on a proof that covers them.
+const historyFromStandby = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
+
+// standbyRelay starts a relay whose channel-history reads may route to a
+// private standby of its database.
+func standbyRelay(t *testing.T) (*dbtest.Pair, *relaytest.Relay) {
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	return pair, relaytest.StartOn(t, pool, func(c *config.Config) {
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	})
+}
+
+// pauseReplay stops pair's standby replaying the writer's changes.
+func pauseReplay(t *testing.T, pair *dbtest.Pair) {
+	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(context.Background(), "SELECT pg_wal_replay_pause()")
+	require.NoError(t, err)
+}
+
+// requireRoutedToStandby runs read until one of its reads routes to the
+// standby (one may go to the writer for a reason of its own, a reader
+// connection slow to come on a loaded box), while the proof the standby
+// held when its replay paused is young.
+func requireRoutedToStandby(t *testing.T, r *relaytest.Relay, paused time.Time, what string, read func()) {
+	t.Helper()
 	routedToStandby, reads := false, 0
 	for ; !routedToStandby && time.Since(paused) < replica.Staleness/2; reads++ {
-		before := metric(t, r, covered)
-		require.Equal(t, []string{chat.ID}, history(9))
-		if routedToStandby = metric(t, r, covered) != before; !routedToStandby {
+		before := metric(t, r, historyFromStandby)
+		read()
+		if routedToStandby = metric(t, r, historyFromStandby) != before; !routedToStandby {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	if reads > 0 && !routedToStandby {
-		t.Fatalf("a chat timeline never routed to the lagging standby; channel_history decisions:\n%s", routeDecisions(t, r, "channel_history"))
+		t.Fatalf("%s never routed to the lagging standby; channel_history decisions:\n%s", what, routeDecisions(t, r, "channel_history"))
 	}
+}
+
+// A channel's own relay-signed lists (39000-39002) are named by their
+// channel, so none of their versions replaces one in another channel: a
+// membership change in one channel keeps another channel's reads, even
+// those that may return replaceable kinds, on a lagging standby, where a
+// version of any other such kind sends them to the writer
+// (TestAVersionMovedToAnotherChannelIsNotServedBackByALaggingStandby).
+// Mutation killed: a channel list marking the whole community (the other
+// channel's reads never route to the paused standby).
+func TestAChannelListVersionKeepsOtherChannelsOnTheStandby(t *testing.T) {
+	t.Parallel()
+	pair, r := standbyRelay(t)
+	alice := r.Dial(t, "")
+	key := alice.Auth(nil)
+	quiet := createChannel(t, alice, "quiet", false)
+	busy := createChannel(t, alice, "busy", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	chat := relaytest.SignEvent(t, key, 9, "hello", nostr.Tags{{"h", quiet}}, hoursAgo)
+	storeOld(t, pair.WriterURL, r.CommunityID, quiet, chat)
+	dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
+	history := func() []string {
+		return ids(alice.Req("history", map[string]any{"#h": []string{quiet}, "until": hoursAgo}))
+	}
+	require.Eventually(t, func() bool {
+		return len(history()) == 1 && metric(t, r, historyFromStandby) != ""
+	}, 60*time.Second, 20*time.Millisecond)
+
+	pauseReplay(t, pair)
+	paused := time.Now()
+	// The relay stores the busy channel's new member list (39002).
+	added := alice.Publish(alice.Sign(9000, "", nostr.Tags{{"h", busy}, {"p", relaytest.NewKey(t).PublicKeyHex()}}, 0))
+	require.True(t, added.OK, added.Msg)
+	requireRoutedToStandby(t, r, paused, "the quiet channel's history", func() {
+		require.Equal(t, []string{chat.ID}, history())
+	})
 }
 
 // Who may read a channel is read on the writer, never on a standby: a
@@ -560,9 +606,8 @@ func TestARemovedMemberCannotReadAPrivateChannelFromALaggingStandby(t *testing.T
 	storeOld(t, pair.WriterURL, r.CommunityID, ch, secret)
 	dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
 	history := map[string]any{"#h": []string{ch}, "kinds": []int{9}, "until": hoursAgo}
-	const covered = `buzz_db_route_decision{decision="replica",path="channel_history",reason="covered"}`
 	require.Eventually(t, func() bool {
-		return len(member.Req("history", history)) == 1 && metric(t, r, covered) != ""
+		return len(member.Req("history", history)) == 1 && metric(t, r, historyFromStandby) != ""
 	}, 60*time.Second, 20*time.Millisecond, "the member reads the channel's history from the standby")
 
 	admin, err := pgx.Connect(context.Background(), pair.ReaderURL)
