@@ -44,9 +44,9 @@ type publishedIDs struct {
 }
 
 // add records community's copy of event id; it reports false when it was
-// there already. Past most
-// ids (held for a long gap, or an unforeseen rate) nothing more is
-// recorded: the replay that needs them refuses a gap that large anyway.
+// there already. Past most events (held for a long gap, or an unforeseen
+// rate) nothing more is recorded: the replay that needs them refuses a gap
+// that large anyway.
 func (p *publishedIDs) add(community uuid.UUID, id string) (added bool) {
 	ev := publishedEvent{community: community, id: id}
 	p.mu.Lock()

@@ -130,7 +130,7 @@ func NewMetrics() *Metrics {
 			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
 		}, []string{"direction"}),
 		MediaQuotaReleaseFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high), abandoned (still being retried when Shutdown's time ran out; the count stays high).",
+			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high), abandoned (still being retried when Shutdown's time ran out, at most; the count stays high).",
 		}, []string{"outcome"}),
 		CommunityClosedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_closed_community_total", Help: "WebSocket connections closed with 1008 because their community was deleted or archived, by close reason.",
