@@ -294,12 +294,10 @@ func TestMediaUploadFailingAfterItStoredKeepsItsClaim(t *testing.T) {
 	}
 	// A file where the community's upload records go: the record's write
 	// fails once the blob is written.
-	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
-	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
-	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	unblock := blockUploadRecords(t, dir, r.CommunityID)
 	failed := send()
 	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
-	require.NoError(t, os.Remove(obstacle))
+	unblock()
 
 	again := send()
 	require.Equal(t, http.StatusUnauthorized, again.Status, "%s", again.Body)
@@ -328,9 +326,7 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 
 	// The upload record's write fails, so the upload gives its reservation
 	// back; the release waits for the row lock until its attempt times out.
-	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
-	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
-	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	unblock := blockUploadRecords(t, dir, r.CommunityID)
 	holder, err := r.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx) //nolint:errcheck
@@ -354,7 +350,7 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID), "the retry did not give the bytes back by the end of Shutdown")
 	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("retried")))
 	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
-	require.NoError(t, os.Remove(obstacle))
+	unblock()
 	requireNothingLeft(t, r, store, blob)
 }
 
@@ -375,9 +371,7 @@ func TestMediaQuotaReleaseAbandonedAtShutdownIsCounted(t *testing.T) {
 	blob := pngBlob(t, 4096)
 	failures := r.Server.Metrics().MediaQuotaReleaseFailures
 	unlock, replies := uploadAtTheBlobLock(t, r, blob)
-	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
-	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
-	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	unblock := blockUploadRecords(t, dir, r.CommunityID)
 	holder, err := r.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx) //nolint:errcheck
@@ -398,7 +392,7 @@ func TestMediaQuotaReleaseAbandonedAtShutdownIsCounted(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
 	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
 	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "an abandoned release leaves the count high")
-	require.NoError(t, os.Remove(obstacle))
+	unblock()
 }
 
 // nip01Prefix is every machine-readable prefix NIP-01 defines.

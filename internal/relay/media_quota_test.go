@@ -139,6 +139,17 @@ func TestMediaQuotaReservationIsFencedByTheDeletion(t *testing.T) {
 	require.ErrorIs(t, err, dberr.ErrCommunityWriteFenced)
 }
 
+// blockUploadRecords puts a file where community's upload records go in
+// the filesystem store at dir, so an upload's record write fails once its
+// blob is written; unblock removes it.
+func blockUploadRecords(t *testing.T, dir string, community uuid.UUID) (unblock func()) {
+	t.Helper()
+	obstacle := filepath.Join(dir, "_uploads", community.String())
+	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
+	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	return func() { require.NoError(t, os.Remove(obstacle)) }
+}
+
 // An upload whose upload record the store refuses (a full disk, say, here
 // a file standing where the community's upload records go) leaves no
 // sidecar: the blob is not served to a community whose upload was
@@ -158,16 +169,14 @@ func TestMediaUploadFailingAfterItsSidecarLeavesNone(t *testing.T) {
 	alice := relaytest.NewKey(t)
 	blob := pngBlob(t, 1000)
 
-	obstacle := filepath.Join(dir, "_uploads", r.CommunityID.String())
-	require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o750))
-	require.NoError(t, os.WriteFile(obstacle, nil, 0o600))
+	unblock := blockUploadRecords(t, dir, r.CommunityID)
 	failed := upload(t, r, "", alice, blob)
 	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status,
 		"the blob of a failed upload is served")
 	require.Zero(t, mediaUsage(t, q, r.CommunityID))
 
-	require.NoError(t, os.Remove(obstacle))
+	unblock()
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
 	require.EqualValues(t, len(blob), mediaUsage(t, q, r.CommunityID))
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status)
