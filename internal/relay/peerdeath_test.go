@@ -49,10 +49,12 @@ func TestCrossRelayReplaysWhatAKilledPeerCommitted(t *testing.T) {
 	// From here B publishes nothing, not even a goodbye: killed after its
 	// commit, before its publish.
 	b.Server.KillCrossRelay()
+	killed := time.Now()
 	lost := publisher.Sign(1, "committed, never published", nil, 0)
 	require.True(t, publisher.Publish(lost).OK)
 
 	require.Equal(t, lost.ID, onA.Expect("EVENT").Event.ID, "A replays what the dead B committed")
+	t.Logf("the event reached A %s after B went silent", time.Since(killed).Round(time.Millisecond))
 	waitMetric(t, a, `buzz_redis_gaps_total{outcome="peer_replayed"}`, "1")
 	require.Equal(t, "1", metric(t, a, "buzz_redis_peer_deaths_total"))
 	require.Equal(t, "1", metric(t, a, "buzz_redis_replayed_total"), "the event heard live is not replayed")
