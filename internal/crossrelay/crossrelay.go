@@ -41,6 +41,10 @@ const (
 	// community's connections on every relay (buzz-admin deletions).
 	controlSuffix  = ":conn-control"
 	controlPattern = channelPrefix + "*" + controlSuffix
+	// aliveChannel carries every process's heartbeat and goodbye
+	// (Bus.send), outside every community.
+	aliveChannel  = channelPrefix + "relays:alive"
+	goodbyeSuffix = " bye"
 )
 
 // ChannelName is the Redis channel of one community's live traffic.
@@ -92,6 +96,23 @@ const (
 	// of the fan-out to find the invalidations and closings behind them.
 	receiveAhead      = 1024
 	receiveAheadBytes = 8 << 20
+	// aliveInterval: how often a process announces on aliveChannel that it
+	// is alive, in order with what it publishes (the announcement is the
+	// last message of its batch), so a heard announcement proves that the
+	// events queued before it were published.
+	aliveInterval = 500 * time.Millisecond
+	// peerDeadAfter: a peer unheard this long, while this process still
+	// hears itself or others, is taken for dead (killed between commit
+	// and publish, say): what it committed since its last announcement
+	// is replayed from the database.
+	peerDeadAfter = 3 * time.Second
+	// hearingFresh: how recent the last announcement heard (this
+	// process's own or another's) must be for silence to count against a
+	// peer rather than against this process's own hearing.
+	hearingFresh = 2 * aliveInterval
+	// mostPeers bounds the processes remembered; announcements of more are
+	// ignored (only relay processes publish on Redis).
+	mostPeers = 1024
 )
 
 // Handlers receive what the other processes published. They are called
@@ -131,6 +152,12 @@ type Metrics struct {
 	// (replayed, failed); Replayed the events catch-ups handed on.
 	Gaps     *prometheus.CounterVec
 	Replayed prometheus.Counter
+	// PeerDeaths counts the processes that went silent without a goodbye;
+	// their replays count in Gaps as peer_replayed or peer_failed.
+	PeerDeaths prometheus.Counter
+	// Peers is how many other processes this one hears announce
+	// themselves.
+	Peers prometheus.Gauge
 }
 
 // NewMetrics registers the bus's collectors on reg.
@@ -158,7 +185,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Replayed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_redis_replayed_total", Help: "Stored events the other relays committed while this relay's subscription was lost, replayed to its subscribers from the database.",
 	})
-	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed)
+	m.PeerDeaths = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_redis_peer_deaths_total", Help: "Other relay processes that stopped announcing themselves without a goodbye (killed) while this relay still heard Redis; what they committed since is replayed from the database.",
+	})
+	m.Peers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "buzz_redis_peers", Help: "Other relay processes this relay hears announce themselves through Redis.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed, m.PeerDeaths, m.Peers)
 	return m
 }
 
@@ -179,6 +212,9 @@ type outgoing struct {
 	// invalidates is the community an access invalidation is about (nil
 	// for an event).
 	invalidates *uuid.UUID
+	// announces: a heartbeat or goodbye, not an event or invalidation
+	// (neither queued nor counted as one).
+	announces bool
 }
 
 // Bus is one process's connection to the others.
@@ -222,6 +258,12 @@ type Bus struct {
 	unsentMu sync.Mutex
 	unsent   map[uuid.UUID]struct{}
 	wake     chan struct{}
+
+	// peerReplays counts the replays of dead peers queued and not done:
+	// the hub keeps what it published meanwhile (CatchingUp).
+	peerReplays atomic.Int32
+	// killed: Kill was called; nothing more is published.
+	killed atomic.Bool
 }
 
 // New connects lazily to the Redis at url; nothing is sent before Run.
@@ -271,7 +313,12 @@ func (b *Bus) Hears() bool {
 // CatchingUp reports whether a gap in what this process heard is not
 // caught up yet: from a failed subscription until the catch-up on the
 // next one returned.
-func (b *Bus) CatchingUp() bool { return b.catchingUp.Load() }
+func (b *Bus) CatchingUp() bool { return b.catchingUp.Load() || b.peerReplays.Load() > 0 }
+
+// Kill makes the bus publish nothing more, not even its goodbye, as if
+// its process were killed: the other processes must notice the silence.
+// It exists for tests of that recovery.
+func (b *Bus) Kill() { b.killed.Store(true) }
 
 // sinceStart is the bus's monotonic clock.
 func (b *Bus) sinceStart() int64 { return int64(time.Since(b.start)) }
@@ -369,16 +416,24 @@ func (b *Bus) takeUnsent(batch []outgoing) []outgoing {
 // pipeline, so a process's messages reach Redis, and so every subscriber, in
 // the order they were queued.
 func (b *Bus) send(ctx context.Context) {
-	batch := make([]outgoing, 0, maxBatch)
+	batch := make([]outgoing, 0, maxBatch+1)
 	failing := false
+	alive := time.NewTicker(aliveInterval)
+	defer alive.Stop()
 	for {
+		announce := false
 		select {
 		case <-ctx.Done():
+			b.sayGoodbye()
 			return
 		case m := <-b.queue:
 			batch = append(batch[:0], m)
 		case <-b.wake:
 			batch = batch[:0]
+		case <-alive.C:
+			// Only while subscribed: during an outage nobody hears it, and
+			// each try would dial Redis.
+			batch, announce = batch[:0], b.connected.Load()
 		}
 	fill:
 		for len(batch) < maxBatch {
@@ -390,7 +445,16 @@ func (b *Bus) send(ctx context.Context) {
 			}
 		}
 		batch = b.takeUnsent(batch)
+		queued := len(batch)
+		if announce {
+			// Last: heard, it proves the batch before it was published.
+			batch = append(batch, outgoing{channel: aliveChannel, payload: []byte(b.origin), announces: true})
+		}
 		if len(batch) == 0 {
+			continue
+		}
+		if b.killed.Load() {
+			b.metrics.Pending.Sub(float64(queued))
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
@@ -400,14 +464,17 @@ func (b *Bus) send(ctx context.Context) {
 		}
 		_, err := pipe.Exec(pctx)
 		cancel()
-		b.metrics.Pending.Sub(float64(len(batch)))
+		b.metrics.Pending.Sub(float64(queued))
 		if err != nil {
 			for _, m := range batch {
 				if m.invalidates != nil {
 					b.keepUnsent(*m.invalidates, false)
 				}
 			}
-			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(len(batch)))
+			if queued == 0 {
+				continue // only an announcement: nothing to report
+			}
+			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
 			if !failing && ctx.Err() == nil {
 				b.log.Warn("redis: publishing to the other relays failed; their subscribers miss these live events (stored events stay queryable)", "err", err, "dropped", len(batch))
 			}
@@ -418,8 +485,38 @@ func (b *Bus) send(ctx context.Context) {
 			b.log.Info("redis: publishing to the other relays again")
 			failing = false
 		}
-		b.metrics.Published.Add(float64(len(batch)))
+		b.metrics.Published.Add(float64(queued))
 	}
+}
+
+// sayGoodbye tells the other processes that this one stops on purpose, so
+// its silence is not taken for a death: first what is still queued, then
+// the goodbye, in one batch, for at most the publish timeout.
+func (b *Bus) sayGoodbye() {
+	if b.killed.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	pipe := b.client.Pipeline()
+	queued := 0
+	for more := true; more; {
+		select {
+		case m := <-b.queue:
+			pipe.Publish(ctx, m.channel, m.payload)
+			queued++
+		default:
+			more = false
+		}
+	}
+	pipe.Publish(ctx, aliveChannel, b.origin+goodbyeSuffix)
+	_, err := pipe.Exec(ctx)
+	b.metrics.Pending.Sub(float64(queued))
+	if err != nil {
+		b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
+		return
+	}
+	b.metrics.Published.Add(float64(queued))
 }
 
 // subscribe keeps one pattern subscription to every community channel,
@@ -427,11 +524,13 @@ func (b *Bus) send(ctx context.Context) {
 func (b *Bus) subscribe(ctx context.Context) {
 	backoff := minBackoff
 	for ctx.Err() == nil {
-		ps := b.client.PSubscribe(ctx, subscribePattern, controlPattern)
+		ps := b.client.PSubscribe(ctx, subscribePattern, controlPattern, aliveChannel)
 		cctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		_, err := ps.Receive(cctx) // the two subscriptions' confirmations
-		if err == nil {
-			_, err = ps.Receive(cctx)
+		var err error
+		for range 3 { // the three subscriptions' confirmations
+			if _, err = ps.Receive(cctx); err != nil {
+				break
+			}
 		}
 		cancel()
 		if err == nil {
@@ -442,6 +541,7 @@ func (b *Bus) subscribe(ctx context.Context) {
 			if b.handlers.Resync != nil {
 				b.handlers.Resync()
 			}
+			b.metrics.Peers.Set(0) // this subscription hears them anew
 			b.setConnected(true, nil)
 			err = b.receive(ctx, ps)
 		}
@@ -481,6 +581,9 @@ type inbound struct {
 	channel   *uuid.UUID
 	version   int64 // the channel's readers version its write read
 	weight    int64 // its share of receiveAheadBytes
+	// deadSince, when set, is not an event but the replay of dead peers'
+	// events from their last announcement (replayDeadPeers).
+	deadSince time.Time
 }
 
 // receive hands messages to the handlers until the subscription fails.
@@ -515,6 +618,10 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			b.catchUp(ctx, gapSince, subscribedAt, atStart)
 		}
 		for in := range ahead {
+			if !in.deadSince.IsZero() {
+				b.replayDeadPeers(ctx, in.deadSince)
+				continue
+			}
 			// On shutdown what is still queued is dropped: the connections
 			// it was for are closing, and each delivery may look up a
 			// channel's readers (up to 2 s on a database that hangs), which
@@ -550,6 +657,10 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	stalled := make(chan error, 1)
 	go b.prove(proving, ps, stalled)
 	defer stopProving()
+	// The peers heard on this subscription: each one's silence counts from
+	// here. Those heard before it are forgotten, as is their silence
+	// during the outage: the gap's catch-up replays what they committed.
+	peers := newPeers(subscribedAt)
 	for {
 		// No read deadline: one that fell inside a large message would
 		// leave the connection in the middle of it. The prover closes the
@@ -568,7 +679,16 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			if sent, err := strconv.ParseInt(m.Payload, 10, 64); err == nil && sent > b.heardUpTo.Load() {
 				b.heardUpTo.Store(sent)
 			}
+			// Every pong (proofInterval): often enough, and not per event.
+			if err := b.noticeDeadPeers(ctx, peers, room, ahead); err != nil {
+				return err
+			}
 		case *redis.Message:
+			if m.Channel == aliveChannel {
+				peers.heard(m.Payload, b.origin, time.Now())
+				b.metrics.Peers.Set(float64(len(peers.lastHeard)))
+				continue
+			}
 			in, ok := b.handle(m)
 			if !ok {
 				continue
@@ -579,6 +699,110 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			}
 		}
 	}
+}
+
+// noticeDeadPeers queues for the fan-out, in order with the events, one
+// replay for the peers that went silent, if any.
+func (b *Bus) noticeDeadPeers(ctx context.Context, peers *peers, room *semaphore.Weighted, ahead chan<- inbound) error {
+	since, dead := peers.dead(time.Now(), b.Hears())
+	if dead == 0 {
+		return nil
+	}
+	b.metrics.PeerDeaths.Add(float64(dead))
+	b.metrics.Peers.Set(float64(len(peers.lastHeard)))
+	b.log.Warn("redis: other relay processes went silent without a goodbye; replaying what they committed since their last sign of life",
+		"dead", dead, "since", since)
+	b.peerReplays.Add(1)
+	if err := b.handOn(ctx, room, ahead, inbound{deadSince: since}); err != nil {
+		b.peerReplays.Add(-1)
+		return err
+	}
+	return nil
+}
+
+// peers is what one subscription heard of the other processes'
+// announcements (aliveChannel), read and changed by its reader alone.
+type peers struct {
+	lastHeard map[string]time.Time // by process id
+	// heardAny is the last announcement heard, this process's own
+	// included: silence counts against a peer only while it is recent.
+	heardAny time.Time
+}
+
+func newPeers(subscribed time.Time) *peers {
+	return &peers{lastHeard: map[string]time.Time{}, heardAny: subscribed}
+}
+
+// heard records an announcement (a process id, or one and goodbyeSuffix).
+// A goodbye forgets the process: it stopped on purpose after publishing
+// what it had. What is not a process id is ignored.
+func (p *peers) heard(payload, self string, now time.Time) {
+	id, goodbye := strings.CutSuffix(payload, goodbyeSuffix)
+	if !isProcessID(id) {
+		return
+	}
+	p.heardAny = now
+	switch _, known := p.lastHeard[id]; {
+	case id == self:
+	case goodbye:
+		delete(p.lastHeard, id)
+	case known || len(p.lastHeard) < mostPeers:
+		p.lastHeard[id] = now
+	}
+}
+
+// dead forgets the peers unheard for peerDeadAfter, if this process
+// still hears (hearing, and an announcement heard within hearingFresh):
+// since is the earliest last sign of life among them.
+func (p *peers) dead(now time.Time, hearing bool) (since time.Time, dead int) {
+	if !hearing || now.Sub(p.heardAny) > hearingFresh {
+		return since, 0
+	}
+	for id, last := range p.lastHeard {
+		if now.Sub(last) <= peerDeadAfter {
+			continue
+		}
+		delete(p.lastHeard, id)
+		if dead == 0 || last.Before(since) {
+			since = last
+		}
+		dead++
+	}
+	return since, dead
+}
+
+// isProcessID reports whether id is a process's random id (New).
+func isProcessID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
+}
+
+// replayDeadPeers replays from the database what the dead peers may have
+// committed and not published: from their last sign of life to now, each
+// widened by the catch-up's margins. What this process heard of it is not
+// sent twice (the hub remembers it).
+func (b *Bus) replayDeadPeers(ctx context.Context, since time.Time) {
+	defer b.peerReplays.Add(-1)
+	if b.handlers.CatchUp == nil || ctx.Err() != nil {
+		return
+	}
+	start := time.Now()
+	replayed, err := b.handlers.CatchUp(ctx, since, start)
+	b.metrics.Replayed.Add(float64(replayed))
+	if err != nil {
+		if ctx.Err() == nil {
+			b.metrics.Gaps.WithLabelValues("peer_failed").Inc()
+			b.log.Warn("redis: could not replay what a dead relay process committed; subscribers here missed it live (a REQ since then returns it)",
+				"since", since, "replayed", replayed, "err", err)
+		}
+		return
+	}
+	b.metrics.Gaps.WithLabelValues("peer_replayed").Inc()
+	b.log.Info("redis: replayed what dead relay processes committed since their last sign of life", "since", since,
+		"replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // openGap records that the subscription failed: what the others published

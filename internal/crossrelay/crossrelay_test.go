@@ -3,6 +3,7 @@ package crossrelay
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -741,4 +742,44 @@ func TestStartDuringAnOutageIsCaughtUpOnTheFirstSubscription(t *testing.T) {
 	run(t, idle)
 	require.Eventually(t, func() bool { return idle.Connected() && !idle.CatchingUp() }, 30*time.Second, 10*time.Millisecond)
 	require.Zero(t, testutil.CollectAndCount(quiet.Gaps))
+}
+
+// What announces itself on the alive channel is remembered only as a
+// process id, at most mostPeers of them; a goodbye forgets one; silence
+// counts only while this process hears itself or others, and all the
+// peers gone silent together are one replay from the earliest last sign
+// of life.
+// Mutations killed: tracking any payload (garbage is a peer that then
+// dies); no bound on the peers; counting silence while nothing is heard.
+func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	p := newPeers(start)
+	const self = "00000000000000aa"
+	for _, garbage := range []string{"", "not hex at all!", "0123", strings.Repeat("f", 17), strings.Repeat("z", 16), strings.Repeat("ab", 1<<16)} {
+		p.heard(garbage, self, start.Add(time.Second))
+		p.heard(garbage+goodbyeSuffix, self, start.Add(time.Second))
+	}
+	require.Empty(t, p.lastHeard, "garbage is no peer")
+	require.Equal(t, start, p.heardAny, "garbage is no sign of anyone's life")
+
+	p.heard(self, self, start)
+	require.Empty(t, p.lastHeard, "this process is not its own peer")
+	for i := range mostPeers + 100 {
+		p.heard(fmt.Sprintf("%016x", i+1), self, start.Add(time.Duration(i)*time.Microsecond))
+	}
+	require.Len(t, p.lastHeard, mostPeers)
+	p.heard(fmt.Sprintf("%016x", 1)+goodbyeSuffix, self, start)
+	require.Len(t, p.lastHeard, mostPeers-1, "a goodbye forgets its process")
+
+	later := start.Add(peerDeadAfter + time.Second)
+	_, dead := p.dead(later, false)
+	require.Zero(t, dead, "nothing dies while this process does not hear Redis")
+	_, dead = p.dead(later, true)
+	require.Zero(t, dead, "nothing dies while no announcement is heard, this process's own included")
+	p.heard(self, self, later)
+	since, dead := p.dead(later, true)
+	require.Equal(t, mostPeers-1, dead)
+	require.Equal(t, start.Add(time.Microsecond), since, "one replay, from the earliest last sign of life")
+	require.Empty(t, p.lastHeard, "each dead peer is replayed once")
 }

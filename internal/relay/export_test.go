@@ -38,6 +38,11 @@ func (s *Server) CrossRelayHears() bool {
 	return bus != nil && bus.Hears()
 }
 
+// KillCrossRelay makes the relay's Redis bus publish nothing more, not
+// even a goodbye, as if the process were killed between commit and
+// publish.
+func (s *Server) KillCrossRelay() { s.crossRelay.Load().Kill() }
+
 // CatchUp runs the replay of a gap in the cross-relay traffic from since to
 // until, as the Redis bus does on resubscribing.
 func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, error) {

@@ -45,7 +45,10 @@ type Relay struct {
 	CommunityID uuid.UUID
 	Server      *relay.Server
 	Pool        *pgxpool.Pool
-	http        *httptest.Server
+	// StopCrossRelay stops the relay's Redis bus (and its other
+	// background work) as a clean shutdown does, goodbye included.
+	StopCrossRelay func()
+	http           *httptest.Server
 }
 
 // Start runs a relay on a fresh database; adjust tweaks the configuration.
@@ -96,6 +99,7 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 	r.CommunityID = r.AddCommunity(t, r.Host)
 	// With BUZZ_REDIS_URL set the relay joins the others on that Redis.
 	busCtx, stopBus := context.WithCancel(context.Background())
+	r.StopCrossRelay = stopBus
 	require.NoError(t, srv.StartCrossRelay(busCtx))
 	// With BUZZ_READ_DATABASE_URL set reads may route to that standby.
 	require.NoError(t, srv.StartReadReplica(busCtx))
