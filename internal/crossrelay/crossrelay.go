@@ -786,23 +786,9 @@ func isProcessID(id string) bool {
 // sent twice (the hub remembers it).
 func (b *Bus) replayDeadPeers(ctx context.Context, since time.Time) {
 	defer b.peerReplays.Add(-1)
-	if b.handlers.CatchUp == nil || ctx.Err() != nil {
-		return
+	if ctx.Err() == nil {
+		b.replay(ctx, since, time.Now(), peersReplay, false)
 	}
-	start := time.Now()
-	replayed, err := b.handlers.CatchUp(ctx, since, start)
-	b.metrics.Replayed.Add(float64(replayed))
-	if err != nil {
-		if ctx.Err() == nil {
-			b.metrics.Gaps.WithLabelValues("peer_failed").Inc()
-			b.log.Warn("redis: could not replay what a dead relay process committed; subscribers here missed it live (a REQ since then returns it)",
-				"since", since, "replayed", replayed, "err", err)
-		}
-		return
-	}
-	b.metrics.Gaps.WithLabelValues("peer_replayed").Inc()
-	b.log.Info("redis: replayed what dead relay processes committed since their last sign of life", "since", since,
-		"replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // openGap records that the subscription failed: what the others published
@@ -841,6 +827,31 @@ func (b *Bus) catchUp(ctx context.Context, since, until time.Time, atStart bool)
 			b.catchingUp.Store(false)
 		}
 	}()
+	b.replay(ctx, since, until, gapReplay, atStart)
+}
+
+// replayOf names one kind of replay in the metrics and the log.
+type replayOf struct {
+	outcomePrefix string // of buzz_redis_gaps_total's outcome
+	failed, done  string
+}
+
+var (
+	gapReplay = replayOf{
+		failed: "redis: could not replay the events committed elsewhere while unsubscribed; subscribers here missed them live (a REQ since then returns them)",
+		done:   "redis: replayed the events committed while unsubscribed",
+	}
+	peersReplay = replayOf{
+		outcomePrefix: "peer_",
+		failed:        "redis: could not replay what a dead relay process committed; subscribers here missed it live (a REQ since then returns it)",
+		done:          "redis: replayed what dead relay processes committed since their last sign of life",
+	}
+)
+
+// replay hands on from the database (CatchUp) the events received from
+// since to until, and counts and logs it as of says; quietWhenEmpty
+// leaves out one that found nothing and did not fail.
+func (b *Bus) replay(ctx context.Context, since, until time.Time, of replayOf, quietWhenEmpty bool) {
 	if b.handlers.CatchUp == nil {
 		return
 	}
@@ -849,18 +860,16 @@ func (b *Bus) catchUp(ctx context.Context, since, until time.Time, atStart bool)
 	b.metrics.Replayed.Add(float64(replayed))
 	if err != nil {
 		if ctx.Err() == nil {
-			b.metrics.Gaps.WithLabelValues("failed").Inc()
-			b.log.Warn("redis: could not replay the events committed elsewhere while unsubscribed; subscribers here missed them live (a REQ since then returns them)",
-				"since", since, "replayed", replayed, "err", err)
+			b.metrics.Gaps.WithLabelValues(of.outcomePrefix + "failed").Inc()
+			b.log.Warn(of.failed, "since", since, "replayed", replayed, "err", err)
 		}
 		return
 	}
-	if atStart && replayed == 0 {
+	if quietWhenEmpty && replayed == 0 {
 		return
 	}
-	b.metrics.Gaps.WithLabelValues("replayed").Inc()
-	b.log.Info("redis: replayed the events committed while unsubscribed", "since", since,
-		"replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
+	b.metrics.Gaps.WithLabelValues(of.outcomePrefix + "replayed").Inc()
+	b.log.Info(of.done, "since", since, "replayed", replayed, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // handOn queues in for the fan-out, waiting for room in the queue (its

@@ -65,6 +65,19 @@ func waitRedis(t testing.TB, want string, relays ...*relaytest.Relay) {
 	}
 }
 
+// relaysOnRedis starts n relays on one fresh database, joined through the
+// Redis at url, and waits until each has subscribed.
+func relaysOnRedis(t *testing.T, url string, n int) []*relaytest.Relay {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	relays := make([]*relaytest.Relay, n)
+	for i := range relays {
+		relays[i] = relaytest.StartOn(t, pool, withRedis(url))
+	}
+	waitRedis(t, "connected", relays...)
+	return relays
+}
+
 // waitPublished waits until the relay has published, or given up on,
 // everything it queued for Redis.
 func waitPublished(t *testing.T, r *relaytest.Relay) {
@@ -105,10 +118,8 @@ func metricLines(t testing.TB, r *relaytest.Relay) []string {
 func TestCrossRelayDeliveryOnceAndInOrder(t *testing.T) {
 	t.Parallel()
 	url := dbtest.RedisURL(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(url))
-	b := relaytest.StartOn(t, pool, withRedis(url))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, url, 2)
+	a, b := relays[0], relays[1]
 
 	onA := a.Dial(t, a.Host)
 	onA.Auth(nil)
@@ -154,10 +165,8 @@ func TestCrossRelayDeliveryOnceAndInOrder(t *testing.T) {
 func TestCrossRelayDeliversOneEventSentToTwoCommunitiesInEach(t *testing.T) {
 	t.Parallel()
 	url := dbtest.RedisURL(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(url))
-	b := relaytest.StartOn(t, pool, withRedis(url))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, url, 2)
+	a, b := relays[0], relays[1]
 
 	inFirst := b.Dial(t, a.Host)
 	key := inFirst.Auth(nil)
@@ -194,10 +203,8 @@ func TestCrossRelayDeliversOneEventSentToTwoCommunitiesInEach(t *testing.T) {
 func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 	t.Parallel()
 	url := dbtest.RedisURL(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(url))
-	b := relaytest.StartOn(t, pool, withRedis(url))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, url, 2)
+	a, b := relays[0], relays[1]
 
 	owner := a.Dial(t, a.Host)
 	owner.Auth(nil)
@@ -256,10 +263,8 @@ func TestCrossRelayRemovalStopsLiveDeliveryOnOtherRelay(t *testing.T) {
 func TestCrossRelaySurvivesRedisOutage(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
 	require.Equal(t, "1", metric(t, a, "buzz_redis_connected"))
 
 	onA := a.Dial(t, a.Host)

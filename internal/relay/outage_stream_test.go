@@ -22,10 +22,8 @@ import (
 func TestCrossRelayStreamThroughARedisRestartArrivesOnce(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
 
 	onA := a.Dial(t, a.Host)
 	onA.Auth(nil)

@@ -30,10 +30,8 @@ func waitMetric(t *testing.T, r *relaytest.Relay, name, want string) {
 func TestCrossRelayReplaysWhatAKilledPeerCommitted(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
 	waitMetric(t, a, "buzz_redis_peers", "1")
 
 	onA := a.Dial(t, a.Host)
@@ -69,11 +67,8 @@ func TestCrossRelayReplaysWhatAKilledPeerCommitted(t *testing.T) {
 func TestCrossRelayCleanShutdownIsNoDeath(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	c := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b, c)
+	relays := relaysOnRedis(t, redis.URL(), 3)
+	a, b, c := relays[0], relays[1], relays[2]
 	waitMetric(t, a, "buzz_redis_peers", "2")
 
 	b.StopCrossRelay()
@@ -91,11 +86,8 @@ func TestCrossRelayCleanShutdownIsNoDeath(t *testing.T) {
 func TestCrossRelayOutageIsNoPeerDeath(t *testing.T) {
 	t.Parallel()
 	redis := dbtest.RedisServer(t)
-	pool := dbtest.Pool(t)
-	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	c := relaytest.StartOn(t, pool, withRedis(redis.URL()))
-	waitRedis(t, "connected", a, b, c)
+	relays := relaysOnRedis(t, redis.URL(), 3)
+	a, b, c := relays[0], relays[1], relays[2]
 	waitMetric(t, a, "buzz_redis_peers", "2")
 
 	redis.Kill()
