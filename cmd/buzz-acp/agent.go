@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +24,10 @@ type localAgent struct {
 	cwd   string
 
 	mu      sync.Mutex
-	answers map[acp.SessionId]*strings.Builder // the text of each session's turn in progress
-	exited  chan struct{}
+	answers map[acp.SessionId]*answerText // the text of each session's turn in progress
+	// maxAnswerBytes is how much of one turn's text is held (answerLimits.heldBytes).
+	maxAnswerBytes int
+	exited         chan struct{}
 	// canClose: the agent offers session/close, so an idle session's state
 	// can be released on its side too.
 	canClose bool
@@ -51,7 +52,8 @@ func startAgent(ctx context.Context, argv []string, cwd string, log *slog.Logger
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start agent %q: %w", argv[0], err)
 	}
-	a := &localAgent{cmd: cmd, stdin: stdin, log: log, cwd: cwd, answers: map[acp.SessionId]*strings.Builder{}, exited: make(chan struct{})}
+	a := &localAgent{cmd: cmd, stdin: stdin, log: log, cwd: cwd, answers: map[acp.SessionId]*answerText{},
+		maxAnswerBytes: defaultAnswerLimits.heldBytes(), exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(a.exited)
@@ -99,12 +101,37 @@ func (a *localAgent) newSession(ctx context.Context) (acp.SessionId, error) {
 	return resp.SessionId, nil
 }
 
-// prompt runs one turn and returns the agent's message text.
-func (a *localAgent) prompt(ctx context.Context, session acp.SessionId, text string, meta map[string]any) (string, acp.StopReason, error) {
-	var answer strings.Builder
+// setAnswerCap sets how much of a turn's text is held, once the relay's
+// limits are known.
+func (a *localAgent) setAnswerCap(bytes int) {
 	a.mu.Lock()
-	a.answers[session] = &answer
+	defer a.mu.Unlock()
+	a.maxAnswerBytes = bytes
+}
+
+// collect starts holding session's turn text.
+func (a *localAgent) collect(session acp.SessionId) *answerText {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := &answerText{max: a.maxAnswerBytes}
+	a.answers[session] = t
+	return t
+}
+
+// appendText adds a chunk of the agent's text to its session's turn.
+func (a *localAgent) appendText(session acp.SessionId, text string) {
+	a.mu.Lock()
+	t := a.answers[session]
 	a.mu.Unlock()
+	if t != nil {
+		t.write(text)
+	}
+}
+
+// prompt runs one turn and returns the agent's message text, and whether
+// some of it was dropped for being more than could be posted.
+func (a *localAgent) prompt(ctx context.Context, session acp.SessionId, text string, meta map[string]any) (string, bool, acp.StopReason, error) {
+	answer := a.collect(session)
 	defer func() {
 		a.mu.Lock()
 		delete(a.answers, session)
@@ -122,11 +149,10 @@ func (a *localAgent) prompt(ctx context.Context, session acp.SessionId, text str
 			_ = a.conn.Cancel(cancelCtx, acp.CancelNotification{SessionId: session})
 			cancel()
 		}
-		return "", "", fmt.Errorf("ACP session/prompt: %w", err)
+		return "", false, "", fmt.Errorf("ACP session/prompt: %w", err)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return answer.String(), resp.StopReason, nil
+	held, cut := answer.result()
+	return held, cut, resp.StopReason, nil
 }
 
 // stop closes the agent's stdin (its signal to exit), then kills it if it
@@ -153,11 +179,7 @@ func (c agentClient) SessionUpdate(_ context.Context, n acp.SessionNotification)
 	if chunk == nil || chunk.Content.Text == nil {
 		return nil
 	}
-	c.a.mu.Lock()
-	if b := c.a.answers[n.SessionId]; b != nil {
-		b.WriteString(chunk.Content.Text.Text)
-	}
-	c.a.mu.Unlock()
+	c.a.appendText(n.SessionId, chunk.Content.Text.Text)
 	return nil
 }
 

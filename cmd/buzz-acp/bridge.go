@@ -54,6 +54,7 @@ type bridge struct {
 	status *status
 
 	relayPubkey string
+	limits      answerLimits // the relay's, for one answer
 	verify      verifier
 	journal     *journal // what survives a restart
 	runCtx      context.Context
@@ -113,6 +114,7 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 	return &bridge{
 		cfg: cfg, log: log, agent: agent, status: st, journal: j,
 		pubkey:    cfg.Key.PublicKeyHex(),
+		limits:    defaultAnswerLimits,
 		connected: make(chan struct{}),
 		seen:      newSeenSet(10000),
 		sessions:  map[string]*session{},
@@ -200,12 +202,20 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if b.relayPubkey == "" {
+		info, err := fetchRelayInfo(dialCtx, b.cfg.RelayURL)
 		pk := b.cfg.RelayPubkey
-		if pk == "" {
-			if pk, err = fetchRelayPubkey(dialCtx, b.cfg.RelayURL); err != nil {
-				return false, err
-			}
+		switch {
+		case pk == "" && err != nil:
+			return false, err
+		case pk == "" && !nostr.IsHex64(info.Self):
+			return false, errors.New("relay information document has no relay key (self); set BUZZ_RELAY_PUBKEY")
+		case pk == "":
+			pk = info.Self
+		case err != nil:
+			b.log.Warn("relay information document unreadable: answers are cut to the default limits", "err", err)
 		}
+		b.limits = info.answerLimits()
+		b.agent.setAnswerCap(b.limits.heldBytes())
 		b.relayPubkey = pk
 		if b.cfg.Verifier != nil {
 			b.verify = b.cfg.Verifier(pk, b.pubkey, b)
@@ -753,7 +763,7 @@ func (b *bridge) runJob(s *session, j job) {
 		}
 		s.id = id
 	}
-	answer, stop, err := b.agent.prompt(ctx, s.id, j.prompt, map[string]any{
+	answer, cut, stop, err := b.agent.prompt(ctx, s.id, j.prompt, map[string]any{
 		"buzz": map[string]any{"event_id": j.eventID, "channel": j.channel, "doorbell": j.doorbell, "author": j.author},
 	})
 	if err != nil {
@@ -779,7 +789,7 @@ func (b *bridge) runJob(s *session, j job) {
 			tags = append(tags, nostr.Tag{"e", j.parent, "", "reply"})
 		}
 	}
-	reply := &nostr.Event{Kind: 9, Content: answer, Tags: tags, CreatedAt: time.Now().Unix()}
+	reply := &nostr.Event{Kind: 9, Content: fitAnswer(answer, cut, tags, b.limits), Tags: tags, CreatedAt: time.Now().Unix()}
 	if err := reply.Sign(b.cfg.Key); err != nil {
 		b.log.Error("sign answer", "err", err)
 		b.turnFailed(j)

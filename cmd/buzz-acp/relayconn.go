@@ -388,12 +388,27 @@ func (c *relayConn) Count(ctx context.Context, filter map[string]any) (int64, er
 	}
 }
 
-// fetchRelayPubkey reads the community's relay key from the NIP-11 document
-// ("self"): the key that signs doorbells and channel member lists.
-func fetchRelayPubkey(ctx context.Context, relayURL string) (string, error) {
+// relayInfo is what buzz-acp reads from the relay's NIP-11 document: its
+// key ("self"), which signs doorbells and channel member lists, and its
+// limits on one event, to which answers are cut.
+type relayInfo struct {
+	Self       string `json:"self"`
+	Limitation struct {
+		MaxMessageLength int `json:"max_message_length"`
+		MaxContentLength int `json:"max_content_length"`
+	} `json:"limitation"`
+}
+
+func (i relayInfo) answerLimits() answerLimits {
+	return answerLimits{maxContentChars: i.Limitation.MaxContentLength, maxMessageBytes: i.Limitation.MaxMessageLength}.orDefaults()
+}
+
+// fetchRelayInfo reads the community's NIP-11 document.
+func fetchRelayInfo(ctx context.Context, relayURL string) (relayInfo, error) {
+	var info relayInfo
 	u, err := url.Parse(relayURL)
 	if err != nil {
-		return "", err
+		return info, err
 	}
 	switch u.Scheme {
 	case "wss":
@@ -403,25 +418,19 @@ func fetchRelayPubkey(ctx context.Context, relayURL string) (string, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return "", err
+		return info, err
 	}
 	req.Header.Set("Accept", "application/nostr+json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("relay information document: %w", err)
+		return info, fmt.Errorf("relay information document: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("relay information document: HTTP %d", resp.StatusCode)
-	}
-	var info struct {
-		Self string `json:"self"`
+		return info, fmt.Errorf("relay information document: HTTP %d", resp.StatusCode)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&info); err != nil {
-		return "", fmt.Errorf("relay information document: %w", err)
+		return relayInfo{}, fmt.Errorf("relay information document: %w", err)
 	}
-	if !nostr.IsHex64(info.Self) {
-		return "", fmt.Errorf("relay information document has no relay key (self); set BUZZ_RELAY_PUBKEY")
-	}
-	return info.Self, nil
+	return info, nil
 }

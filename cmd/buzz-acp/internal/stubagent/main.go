@@ -3,7 +3,9 @@
 // as one JSON line to the file named by -log (with the moment it arrived), and answered with "ack <event id> in <session>" so a test can
 // match each answer to the message that caused it. A prompt containing
 // "[hold]" is answered only once the file named by -hold exists, so a test
-// can stop buzz-acp in the middle of a turn.
+// can stop buzz-acp in the middle of a turn. A prompt containing "[long N]"
+// has N more bytes of "x" after that answer, streamed in 64 KiB chunks, as
+// an agent told to write at length would.
 package main
 
 import (
@@ -14,6 +16,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -101,13 +105,22 @@ func (s *stub) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 		}
 	}
 	// The answer comes in two chunks, as a streaming agent's would.
-	for _, part := range []string{"ack " + eventID, " in " + string(p.SessionId)} {
+	parts := []string{"ack " + eventID, " in " + string(p.SessionId)}
+	if m := longAnswer.FindStringSubmatch(text.String()); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		for ; n > 0; n -= 64 << 10 {
+			parts = append(parts, strings.Repeat("x", min(n, 64<<10)))
+		}
+	}
+	for _, part := range parts {
 		if err := s.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: p.SessionId, Update: acp.UpdateAgentMessageText(part)}); err != nil {
 			return acp.PromptResponse{}, err
 		}
 	}
 	return acp.PromptResponse{StopReason: acp.StopReasonEndTurn}, nil
 }
+
+var longAnswer = regexp.MustCompile(`\[long (\d+)\]`)
 
 func (s *stub) Cancel(context.Context, acp.CancelNotification) error { return nil }
 

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	acp "github.com/coder/acp-go-sdk"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// Any member can ask the agent to write at length. An answer longer than
+// the relay takes is posted cut to the relay's advertised limits, saying
+// so, rather than lost: past max_content_length the relay refuses it for
+// good, and past four times its frame limit it closes the connection, so
+// the bridge reconnected and posted it again until the prompt timeout (and
+// again at every restart, from the state file), deaf to every other
+// channel each time.
+func TestLongAnswerIsCutToWhatTheRelayTakes(t *testing.T) {
+	t.Parallel()
+	const maxContent = 20_000 // below the default, so only the relay's NIP-11 says it
+	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.MaxContentLength = maxContent }})
+
+	for _, n := range []int{2 << 20, 30_000} {
+		asked := w.mention(fmt.Sprintf("@Robby write at length [long %d]", n))
+		answer := w.answerTo(asked.ID)
+		require.Equal(t, maxContent, utf8.RuneCountInString(answer.Content), "cut to the relay's limit exactly")
+		require.True(t, strings.HasSuffix(answer.Content, answerCutNote), "the answer says it was cut")
+	}
+	// The channel is still served, over the same connection.
+	w.answerTo(w.mention("@Robby short one").ID)
+	s := w.status.snapshot()
+	require.Zero(t, s.Reconnects, "the long answer never cost the connection")
+	require.Zero(t, s.Failures)
+	require.EqualValues(t, 3, s.Answers)
+}
+
+// The agent's text is held only up to what could ever be posted, however
+// much it streams: an agent told to write without end does not grow the
+// bridge's memory without end.
+func TestAnswerTextHeldIsBounded(t *testing.T) {
+	t.Parallel()
+	a := &localAgent{answers: map[acp.SessionId]*answerText{}, maxAnswerBytes: 1000}
+	got := a.collect("s1")
+	chunk := strings.Repeat("y", 300)
+	for range 10_000 { // 3 MB streamed
+		a.appendText("s1", chunk)
+	}
+	text, cut := got.result()
+	require.True(t, cut)
+	require.Equal(t, 1000, len(text))
+}
+
+// Cutting keeps the content within both limits the relay advertises: its
+// characters, and the bytes of the EVENT frame, which JSON escaping can
+// make six times the content's own (a control character is \u00XX).
+func TestFitAnswer(t *testing.T) {
+	t.Parallel()
+	tags := nostr.Tags{{"h", "6a3b1a4e-4c64-4f34-9b7e-0d1b5b5a1c11"}}
+	lim := answerLimits{maxContentChars: 1000, maxMessageBytes: 100_000}
+
+	short := fitAnswer("hello", false, tags, lim)
+	require.Equal(t, "hello", short, "what fits is posted as it is")
+
+	require.Equal(t, "hello"+answerCutNote, fitAnswer("hello", true, tags, lim),
+		"text the bridge stopped holding says so even when short")
+
+	long := fitAnswer(strings.Repeat("é", 5000), false, tags, lim)
+	require.Equal(t, 1000, utf8.RuneCountInString(long))
+	require.True(t, strings.HasSuffix(long, answerCutNote))
+	require.LessOrEqual(t, eventFrameBytes(long, tags), lim.maxMessageBytes)
+
+	lim.maxMessageBytes = 1500
+	escaped := fitAnswer(strings.Repeat("\x01", 5000), false, tags, lim)
+	require.True(t, strings.HasSuffix(escaped, answerCutNote))
+	require.LessOrEqual(t, eventFrameBytes(escaped, tags), lim.maxMessageBytes, "the frame fits, not only the characters")
+	require.Greater(t, eventFrameBytes(escaped, tags), lim.maxMessageBytes-10, "and is cut no shorter than it must be")
+}
