@@ -34,6 +34,7 @@ type settings struct {
 	IncomingQueue     int           // messages waiting for verification before new ones are refused
 	SessionIdle       time.Duration // a session without prompts for this long is closed
 	MaxSessions       int           // open sessions (so turns at once) before new ones are refused
+	MaxPerAuthor      int           // prompts of one author queued or running before more of theirs are refused
 	StateFile         string        // where the catch-up point and handled messages survive a restart; "" = nowhere
 	CatchUpWindow     time.Duration // a catch-up reaches at most this far back
 	CatchUpLimit      int           // stored messages one catch-up hands on at most (the newest)
@@ -67,6 +68,8 @@ type bridge struct {
 
 	sessMu   sync.Mutex
 	sessions map[string]*session // channel or channel/thread root -> session
+	byAuthor map[string]int      // author -> prompts queued or running (guarded by sessMu)
+	owner    string              // the agent's owner from its auth tag, whose prompts no cap holds back, or ""
 	work     sync.WaitGroup
 
 	// incoming holds messages read off the subscription until handle gets
@@ -118,8 +121,18 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 		connected: make(chan struct{}),
 		seen:      newSeenSet(10000),
 		sessions:  map[string]*session{},
+		byAuthor:  map[string]int{},
+		owner:     ownerOf(cfg.AuthTag),
 		incoming:  make(chan incoming, cfg.IncomingQueue),
 	}
+}
+
+// ownerOf is the owner an auth tag names, or "".
+func ownerOf(tag nostr.Tag) string {
+	if len(tag) < 2 {
+		return ""
+	}
+	return tag[1]
 }
 
 // currentConn is the live relay connection, or nil.
@@ -651,6 +664,17 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	// The hand-over happens under sessMu, where an idle worker also decides
 	// to quit, so a job never lands in the queue of a worker that left.
 	b.sessMu.Lock()
+	// One author's prompts wait or run at most MaxPerAuthor at a time:
+	// otherwise one member, with a thread per mention, holds every session
+	// and the agent refuses everyone else (sessions_full), or fills one
+	// channel's queue (session_busy). The agent's owner is not held back.
+	if j.author != b.owner && b.byAuthor[j.author] >= b.cfg.MaxPerAuthor {
+		b.sessMu.Unlock()
+		b.release(j.eventID)
+		b.status.dropped("author_busy")
+		b.log.Warn("prompt refused: its author has as many prompts waiting or running as one author may", "author", j.author, "event", j.eventID, "max", b.cfg.MaxPerAuthor)
+		return
+	}
 	s := b.sessions[j.key]
 	if s == nil && len(b.sessions) >= b.cfg.MaxSessions && !b.evictIdleLocked() {
 		b.sessMu.Unlock()
@@ -671,6 +695,7 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	case s.queue <- j:
 		queued = true
 		s.pending++
+		b.byAuthor[j.author]++
 		s.last = time.Now()
 	default:
 	}
@@ -701,6 +726,9 @@ func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
 			b.runJob(s, j)
 			b.sessMu.Lock()
 			s.pending--
+			if b.byAuthor[j.author]--; b.byAuthor[j.author] <= 0 {
+				delete(b.byAuthor, j.author)
+			}
 			b.sessMu.Unlock()
 			idle.Reset(b.cfg.SessionIdle)
 		case <-s.evicted:

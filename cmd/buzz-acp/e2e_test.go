@@ -155,6 +155,7 @@ func (w *world) start() {
 		IncomingQueue:     128,
 		SessionIdle:       waitLong,
 		MaxSessions:       64,
+		MaxPerAuthor:      1 << 20, // tests of the cap set their own
 		CatchUpWindow:     time.Hour,
 		CatchUpLimit:      500,
 		Received:          func(id string, at time.Time) { w.received.Store(id, at) },
@@ -1205,4 +1206,69 @@ type refuseAll struct{}
 
 func (refuseAll) Verify(context.Context, *nostr.Event) (*doorbell.Wake, error) {
 	return nil, &doorbell.Drop{Reason: "test_refused", Detail: "stand-in"}
+}
+
+// One member cannot take the agent from everyone else: with a thread per
+// mention (a mention may name any root), their turns would hold every
+// session, and every other member's prompt would be refused (sessions_full)
+// until those turns ended. At BUZZ_ACP_MAX_PER_AUTHOR prompts waiting or
+// running, that author's next ones are refused (author_busy) and the
+// others' still reach the agent; the agent's owner is never held back.
+//
+// Mutations killed: no per-author check: the pushy member's four turns and
+// the owner's first two fill the six sessions, and the owner's third is
+// refused (sessions_full, as anyone else's would be); the owner held back
+// like anyone: the owner's third prompt is refused (author_busy counts 3).
+func TestOneMemberCannotHoldEverySession(t *testing.T) {
+	t.Parallel()
+	ownerKey := relaytest.NewKey(t)
+	w := newWorld(t, func(cfg *settings) {
+		cfg.MaxSessions, cfg.MaxPerAuthor = 6, 2
+		att, err := nipoa.Sign(ownerKey, cfg.Key.PublicKeyHex(), "")
+		require.NoError(t, err)
+		cfg.AuthTag = att.Tag()
+	})
+	member := func(key *nostr.SecretKey) *relaytest.Client {
+		c := w.r.Dial(t, w.host)
+		c.Auth(key)
+		ok := c.Publish(c.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+		return c
+	}
+	pushy, owner := member(nil), member(ownerKey)
+	parent := w.mention("@Robby threads start here")
+	w.answerTo(parent.ID)
+	ask := func(c *relaytest.Client, text string) *nostr.Event {
+		// The relay keeps the reply parent; buzz-acp keys the session by the claimed root.
+		thread := nostr.Tag{"e", strings.Repeat(uuid.NewString()[:8], 8), "", "root"}
+		ev := c.Sign(9, text, nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}, thread, {"e", parent.ID, "", "reply"}}, 0)
+		ok := c.Publish(ev)
+		require.True(t, ok.OK, ok.Msg)
+		return ev
+	}
+
+	var held []*nostr.Event
+	for i := range 4 {
+		held = append(held, ask(pushy, fmt.Sprintf("@Robby [hold] %d", i)))
+	}
+	for i := range 3 {
+		ask(owner, fmt.Sprintf("@Robby [hold] owner %d", i))
+	}
+	require.Eventually(t, func() bool {
+		s := w.status.snapshot()
+		return int64(len(w.prompts()))+s.Dropped["author_busy"]+s.Dropped["sessions_full"] == 8
+	}, waitLong, 10*time.Millisecond, "each of the eight mentions reaches the agent or is refused")
+	require.Equal(t, map[string]int64{"author_busy": 2}, w.status.snapshot().Dropped,
+		"the member's prompts beyond the cap are refused, and only those")
+
+	// Another member is still heard while those turns hold.
+	w.answerTo(w.mention("@Robby are you there?").ID)
+	require.Zero(t, w.status.snapshot().Dropped["sessions_full"])
+
+	// Once the member's turns end, they may ask again.
+	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
+	w.answerTo(held[0].ID)
+	w.answerTo(held[1].ID)
+	w.answerTo(ask(pushy, "@Robby once more").ID)
+	require.EqualValues(t, 2, w.status.snapshot().Dropped["author_busy"])
 }
