@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/buzzrelay/buzz/internal/doorbell"
+	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -185,6 +186,10 @@ func (b *bridge) run(ctx context.Context) error {
 	for {
 		served, err := b.connectAndServe(ctx, &since)
 		b.setConn(nil)
+		var ended *attestationEnded
+		if errors.As(err, &ended) {
+			return err
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -235,6 +240,9 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 		} else {
 			b.verify = newVerifier(pk, b.pubkey, b, b.journal.spentKeys())
 		}
+	}
+	if err := b.attestationHolds(); err != nil {
+		return false, err
 	}
 	conn, err := dialRelay(dialCtx, b.cfg.RelayURL, b.cfg.Key, b.cfg.AuthTag)
 	if err != nil {
@@ -352,6 +360,36 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 			}
 		}
 	}
+}
+
+// attestationEnded stops buzz-acp: the owner's attestation (BUZZ_AUTH_TAG)
+// no longer holds (its created_at condition ended it). Dialling anyway, the
+// relay would refuse the AUTH on every reconnect, the agent deaf meanwhile
+// with nothing but a status line to say why; the supervisor sees an exit,
+// and a restart with the same tag stops at start with the reason.
+type attestationEnded struct{ err error }
+
+func (e *attestationEnded) Error() string {
+	return "the owner attestation (BUZZ_AUTH_TAG) no longer holds: " + e.err.Error()
+}
+
+func (e *attestationEnded) Unwrap() error { return e.err }
+
+// attestationHolds checks the owner's attestation as the relay will on the
+// AUTH about to be signed: a created_at condition may have ended it since
+// the start.
+func (b *bridge) attestationHolds() error {
+	if b.cfg.AuthTag == nil {
+		return nil
+	}
+	att, err := nipoa.Parse(b.cfg.AuthTag)
+	if err == nil {
+		err = att.VerifyFor(b.pubkey, time.Now().Unix())
+	}
+	if err != nil {
+		return &attestationEnded{err}
+	}
+	return nil
 }
 
 // membership is one re-read of the channels this agent is a member of.

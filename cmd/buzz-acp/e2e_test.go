@@ -1272,3 +1272,36 @@ func TestOneMemberCannotHoldEverySession(t *testing.T) {
 	w.answerTo(ask(pushy, "@Robby once more").ID)
 	require.EqualValues(t, 2, w.status.snapshot().Dropped["author_busy"])
 }
+
+// An owner may bound their attestation in time (created_at<...). Once it
+// has ended, the relay refuses the AUTH that carries it, so the next
+// reconnection would be refused, and every one after it, the agent deaf
+// with only a status line to say why. buzz-acp stops instead, saying the
+// attestation no longer holds; a restart with the same tag stops at start.
+//
+// Mutation killed: dialling without the check: buzz-acp keeps reconnecting
+// (refused: "invalid: auth tag rejected: ...") and never stops.
+func TestEndedAttestationStopsTheBridge(t *testing.T) {
+	t.Parallel()
+	ownerKey := relaytest.NewKey(t)
+	ends := time.Now().Unix() + 2
+	w := newWorld(t, func(cfg *settings) {
+		att, err := nipoa.Sign(ownerKey, cfg.Key.PublicKeyHex(), fmt.Sprintf("created_at<%d", ends))
+		require.NoError(t, err)
+		cfg.AuthTag = att.Tag()
+	})
+	w.answerTo(w.mention("@Robby while the attestation holds").ID)
+	for time.Now().Unix() < ends {
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.proxy.cut()
+	var err error
+	select {
+	case err = <-w.stopped:
+		w.stopped <- err // for the cleanup
+	case <-time.After(waitLong):
+		t.Fatalf("buzz-acp still running after its attestation ended; status %+v", w.status.snapshot())
+	}
+	require.ErrorContains(t, err, "the owner attestation (BUZZ_AUTH_TAG) no longer holds")
+	require.ErrorContains(t, err, "created_at")
+}
