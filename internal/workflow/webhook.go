@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -57,6 +58,9 @@ type Webhooks struct {
 	// store events, so calls go no faster than the owner's own messages.
 	// Refused, the call answers 429 with Retry-After and creates nothing.
 	Allow func(community uuid.UUID, owner string) (ok bool, retryAfter time.Duration)
+	// Log receives the cause of a call the database failed, which the
+	// caller is answered only as "database unavailable"; nil: slog.Default.
+	Log *slog.Logger
 }
 
 type webhookReply struct {
@@ -118,6 +122,18 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		webhookError(w, http.StatusBadRequest, "invalid: the workflow id is not a UUID")
 		return
 	}
+	// The request's URL may carry the secret (?secret=): the log names the
+	// workflow, never the URL.
+	databaseFailed := func(err error) {
+		log := h.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		if r.Context().Err() == nil {
+			log.Error("workflow webhook call failed", "community", communityID, "workflow", workflowID, "err", err)
+		}
+		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+	}
 	limit := h.MaxBytes
 	if limit <= 0 {
 		limit = DefaultWebhookMaxBytes
@@ -144,7 +160,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	q := db.New(h.Pool)
 	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID})
 	if err != nil && !dberr.IsNotFound(err) {
-		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+		databaseFailed(err)
 		return
 	}
 	// An unknown workflow answers like a wrong secret: a caller without the
@@ -165,7 +181,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	// fail, in a history nobody may read any more.
 	access, err := q.ChannelAccess(r.Context(), db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
-		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+		databaseFailed(err)
 		return
 	}
 	if err != nil || access.ArchivedAt != nil {
@@ -198,7 +214,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		}
 		// HTTP lets a header carry any byte past 0x7f; the key is stored
 		// as text, which PostgreSQL refuses unless it is UTF-8, and the
-		// call then failed as 503 errDatabaseUnavailable, which a caller
+		// call then failed as 503 "database unavailable", which a caller
 		// retries forever.
 		if !utf8.ValidString(k) {
 			webhookError(w, http.StatusBadRequest, "invalid: Idempotency-Key must be valid UTF-8")
@@ -230,7 +246,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		return
 	}
 	if err != nil {
-		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+		databaseFailed(err)
 		return
 	}
 	reply := webhookReply{RunID: runID.String(), WorkflowID: workflowID.String(), Status: "pending"}
