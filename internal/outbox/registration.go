@@ -52,21 +52,21 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost && r.Method != http.MethodDelete {
 			w.Header().Set("Allow", "POST, DELETE")
-			writeError(w, http.StatusMethodNotAllowed, "method must be POST or DELETE")
+			writeError(w, http.StatusMethodNotAllowed, "invalid: method must be POST or DELETE")
 			return
 		}
 		if origin == "" {
-			writeError(w, http.StatusInternalServerError, "operator API origin is not configured")
+			writeError(w, http.StatusInternalServerError, "error: operator API origin is not configured")
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRegistrationBody))
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request body too large")
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid: request body too large")
 			return
 		}
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "could not read the request body")
+			writeError(w, http.StatusBadRequest, "invalid: could not read the request body")
 			return
 		}
 		auth, err := verify(r, body, origin+RegistrationPath)
@@ -78,7 +78,7 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 		// stranger's valid signatures cannot fill it.
 		signer := auth.PubKey
 		if _, ok := routes[signer]; !ok {
-			writeError(w, http.StatusForbidden, "actor not authorized: not a configured operator listener")
+			writeError(w, http.StatusForbidden, "restricted: actor not authorized: not a configured operator listener")
 			return
 		}
 		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
@@ -155,17 +155,17 @@ func parseTargets(body []byte) ([][]byte, string) {
 		Pubkeys []string `json:"pubkeys"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, "invalid operator-listener pubkeys JSON: " + err.Error()
+		return nil, "invalid: operator-listener pubkeys JSON: " + err.Error()
 	}
 	if n := len(req.Pubkeys); n < 1 || n > maxRegistrationTargets {
-		return nil, "pubkeys must contain between 1 and 1000 entries"
+		return nil, "invalid: pubkeys must contain between 1 and 1000 entries"
 	}
 	targets := make([][]byte, 0, len(req.Pubkeys))
 	seen := make(map[string]struct{}, len(req.Pubkeys))
 	for _, p := range req.Pubkeys {
 		b, err := hex.DecodeString(p)
 		if err != nil || len(b) != 32 {
-			return nil, "pubkeys must contain 64-char hex public keys"
+			return nil, "invalid: pubkeys must contain 64-char hex public keys"
 		}
 		if _, dup := seen[string(b)]; !dup {
 			seen[string(b)] = struct{}{}
@@ -176,12 +176,14 @@ func parseTargets(body []byte) ([][]byte, string) {
 }
 
 // unauthorized answers a NIP-98 failure: 401 with the challenge a 401 must
-// carry (RFC 9110), as the HTTP bridge answers.
+// carry (RFC 9110) and the auth-required: prefix, as the HTTP bridge answers.
 func unauthorized(w http.ResponseWriter, msg string) {
 	w.Header().Set("WWW-Authenticate", "Nostr")
-	writeError(w, http.StatusUnauthorized, msg)
+	writeError(w, http.StatusUnauthorized, "auth-required: "+msg)
 }
 
+// writeError answers msg, which starts with its NIP-01 prefix (invalid:,
+// auth-required:, restricted:, error:) like every HTTP error answer.
 func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

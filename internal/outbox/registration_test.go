@@ -103,18 +103,18 @@ func TestRegistrationRefusals(t *testing.T) {
 	}{
 		"no origin configured": {
 			call(t, RegistrationHandler(f.pool, routes, "", verifyNIP98), http.MethodPost, key, ok, ""),
-			500, "operator API origin is not configured"},
-		"no auth":           {call(t, h, http.MethodPost, nil, ok, ""), 401, "NIP-98: Authorization scheme must be Nostr"},
-		"u for another URL": {call(t, h, http.MethodPost, key, ok, "https://other.example"+RegistrationPath), 401, "NIP-98: u tag must be " + testOrigin + RegistrationPath},
-		"not a listener":    {call(t, h, http.MethodPost, stranger, ok, ""), 403, "actor not authorized: not a configured operator listener"},
-		"bad JSON":          {call(t, h, http.MethodPost, key, `{"pubkeys": [`, ""), 400, "invalid operator-listener pubkeys JSON: unexpected end of JSON input"},
-		"not strings":       {call(t, h, http.MethodPost, key, `{"pubkeys": [1]}`, ""), 400, "invalid operator-listener pubkeys JSON: json: cannot unmarshal number into Go struct field .pubkeys of type string"},
-		"no pubkeys":        {call(t, h, http.MethodPost, key, `{"pubkeys": []}`, ""), 400, "pubkeys must contain between 1 and 1000 entries"},
-		"missing pubkeys":   {call(t, h, http.MethodPost, key, `{}`, ""), 400, "pubkeys must contain between 1 and 1000 entries"},
-		"1001 pubkeys":      {call(t, h, http.MethodPost, key, pubkeysBody(many...), ""), 400, "pubkeys must contain between 1 and 1000 entries"},
-		"short key":         {call(t, h, http.MethodDelete, key, pubkeysBody("abcd"), ""), 400, "pubkeys must contain 64-char hex public keys"},
-		"non-hex key":       {call(t, h, http.MethodPost, key, pubkeysBody(strings.Repeat("z", 64)), ""), 400, "pubkeys must contain 64-char hex public keys"},
-		"GET":               {call(t, h, http.MethodGet, key, "", ""), 405, "method must be POST or DELETE"},
+			500, "error: operator API origin is not configured"},
+		"no auth":           {call(t, h, http.MethodPost, nil, ok, ""), 401, "auth-required: NIP-98: Authorization scheme must be Nostr"},
+		"u for another URL": {call(t, h, http.MethodPost, key, ok, "https://other.example"+RegistrationPath), 401, "auth-required: NIP-98: u tag must be " + testOrigin + RegistrationPath},
+		"not a listener":    {call(t, h, http.MethodPost, stranger, ok, ""), 403, "restricted: actor not authorized: not a configured operator listener"},
+		"bad JSON":          {call(t, h, http.MethodPost, key, `{"pubkeys": [`, ""), 400, "invalid: operator-listener pubkeys JSON: unexpected end of JSON input"},
+		"not strings":       {call(t, h, http.MethodPost, key, `{"pubkeys": [1]}`, ""), 400, "invalid: operator-listener pubkeys JSON: json: cannot unmarshal number into Go struct field .pubkeys of type string"},
+		"no pubkeys":        {call(t, h, http.MethodPost, key, `{"pubkeys": []}`, ""), 400, "invalid: pubkeys must contain between 1 and 1000 entries"},
+		"missing pubkeys":   {call(t, h, http.MethodPost, key, `{}`, ""), 400, "invalid: pubkeys must contain between 1 and 1000 entries"},
+		"1001 pubkeys":      {call(t, h, http.MethodPost, key, pubkeysBody(many...), ""), 400, "invalid: pubkeys must contain between 1 and 1000 entries"},
+		"short key":         {call(t, h, http.MethodDelete, key, pubkeysBody("abcd"), ""), 400, "invalid: pubkeys must contain 64-char hex public keys"},
+		"non-hex key":       {call(t, h, http.MethodPost, key, pubkeysBody(strings.Repeat("z", 64)), ""), 400, "invalid: pubkeys must contain 64-char hex public keys"},
+		"GET":               {call(t, h, http.MethodGet, key, "", ""), 405, "invalid: method must be POST or DELETE"},
 	} {
 		require.Equal(t, registrationCall{tc.wantStatus, errorBody(tc.wantMsg)}, tc.got, name)
 	}
@@ -140,7 +140,7 @@ func TestRegistrationRefusesReplays(t *testing.T) {
 		return registrationCall{rec.Code, strings.TrimSpace(rec.Body.String())}
 	}
 	require.Equal(t, registrationCall{200, "{}"}, send())
-	require.Equal(t, registrationCall{401, errorBody("NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)")}, send())
+	require.Equal(t, registrationCall{401, errorBody("auth-required: NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)")}, send())
 
 	var expiresIn float64
 	require.NoError(t, f.pool.QueryRow(context.Background(),
@@ -171,7 +171,7 @@ func TestRegistrationVerifierSeesTheExpectedURLAndBody(t *testing.T) {
 	}
 	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, "http://127.0.0.1:3000", verify)
 	got := call(t, h, http.MethodPost, nil, `{"pubkeys":[]}`, "")
-	require.Equal(t, registrationCall{401, errorBody("NIP-98: nope")}, got)
+	require.Equal(t, registrationCall{401, errorBody("auth-required: NIP-98: nope")}, got)
 	require.Equal(t, "http://127.0.0.1:3000/operator/listener/pubkeys", sawURL)
 	require.Equal(t, `{"pubkeys":[]}`, sawBody)
 }

@@ -108,7 +108,7 @@ func TestQueryAgentOwnerReturnsOnlyVerifiedOwnerMatches(t *testing.T) {
 	for _, none := range []string{aliceHex, relaytest.NewKey(t).PublicKeyHex()} {
 		status, raw = getAuthed(t, r, o.alice.Key, "/v1/users/"+none+"/recorded-owner")
 		require.Equal(t, http.StatusNotFound, status, "%s", raw)
-		require.JSONEq(t, `{"error":"no recorded owner for `+none+`"}`, string(raw))
+		require.JSONEq(t, `{"error":"invalid: no recorded owner for `+none+`"}`, string(raw))
 	}
 	status, raw = getAuthed(t, r, nil, "/v1/users/"+o.aliceHoney.Key.PublicKeyHex()+"/recorded-owner")
 	require.Equal(t, http.StatusUnauthorized, status, "%s", raw)

@@ -132,7 +132,7 @@ func TestXAuthTagPastTheReadSlotWaitIsBusy(t *testing.T) {
 	require.Equal(t, owner.PublicKeyHex(), recordedOwner(t, r, agent.PublicKeyHex()))
 	status, out = send()
 	require.Equal(t, http.StatusUnauthorized, status, out)
-	require.Equal(t, authEventUsed, out["error"])
+	require.Equal(t, "auth-required: "+authEventUsed, out["error"])
 }
 
 // An upload whose quota reservation finds every read slot taken for the

@@ -271,5 +271,5 @@ func TestLockTimeoutStillSaysTryAgain(t *testing.T) {
 	answer := doJSON(req)
 	require.NoError(t, answer.err)
 	require.Equal(t, http.StatusInternalServerError, answer.status, "%v", answer.body)
-	require.Equal(t, "could not store the event; try again", answer.body["error"])
+	require.Equal(t, "error: could not store the event; try again", answer.body["error"])
 }

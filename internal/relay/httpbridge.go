@@ -129,6 +129,23 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 	})
 }
 
+// databaseUnavailableReason answers a request the database could not
+// serve: nothing changed, so it may be sent again.
+const databaseUnavailableReason = "error: database unavailable; try again"
+
+// attestationRefusalPrefix is the NIP-01 prefix of an x-auth-tag refusal:
+// a malformed header (400) or one that does not authorize the signer (401).
+func attestationRefusalPrefix(status int) string {
+	if status == http.StatusUnauthorized {
+		return "auth-required: "
+	}
+	return "invalid: "
+}
+
+// writeError answers msg as JSON {"error": msg}. msg starts with its NIP-01
+// prefix (invalid:, auth-required:, restricted:, blocked:, rate-limited:,
+// error:), as a WebSocket answer would, so a client tells a request to fix
+// from one to send again without reading the status.
 func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
@@ -182,11 +199,11 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 		}
 		if !errors.As(err, &ae) {
 			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
-			writeError(w, http.StatusInternalServerError, "could not check authorization; try again")
+			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 			return
 		}
 		w.Header().Set("WWW-Authenticate", "Nostr")
-		writeError(w, http.StatusUnauthorized, ae.Reason)
+		writeError(w, http.StatusUnauthorized, "auth-required: "+ae.Reason)
 	}
 	ev, err := s.checkHTTPAuth(r)
 	if err != nil {
@@ -199,16 +216,16 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", "Nostr")
 		}
-		writeError(w, status, "x-auth-tag header: "+err.Error())
+		writeError(w, status, attestationRefusalPrefix(status)+"x-auth-tag header: "+err.Error())
 		return principal{}, nil, false
 	}
 	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds the %d-byte limit", s.cfg.MaxMessageBytes))
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("invalid: body exceeds the %d-byte limit", s.cfg.MaxMessageBytes))
 		} else {
-			writeError(w, http.StatusBadRequest, "could not read the request body")
+			writeError(w, http.StatusBadRequest, "invalid: could not read the request body")
 		}
 		return principal{}, nil, false
 	}
@@ -244,7 +261,7 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			if r.Context().Err() == nil {
 				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
 			}
-			writeError(w, http.StatusInternalServerError, "could not record the owner attestation; try again")
+			writeError(w, http.StatusInternalServerError, "error: could not record the owner attestation; try again")
 			return principal{}, nil, false
 		}
 	}
@@ -311,7 +328,7 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 				s.log.Error("ingest failed", "community", tenant.Host(), "event", ev.ID, "kind", ev.Kind, "err", err)
 			}
 			s.metrics.EventsRejected.WithLabelValues("error").Inc()
-			writeError(w, http.StatusInternalServerError, "could not store the event; try again")
+			writeError(w, http.StatusInternalServerError, "error: could not store the event; try again")
 			return
 		}
 		s.metrics.EventsRejected.WithLabelValues(rej.Prefix).Inc()
@@ -512,10 +529,10 @@ func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant co
 	}
 	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
-		return http.StatusServiceUnavailable, "query timed out"
+		return http.StatusServiceUnavailable, "error: query timed out"
 	}
 	if r.Context().Err() == nil {
 		b.s.log.Error("http read failed", "community", tenant.Host(), "path", r.URL.Path, "err", err)
 	}
-	return http.StatusInternalServerError, "query failed"
+	return http.StatusInternalServerError, "error: query failed"
 }

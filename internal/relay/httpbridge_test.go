@@ -258,7 +258,7 @@ func TestHTTPBridgeAuthFailures(t *testing.T) {
 	require.Equal(t, http.StatusOK, first.Status, first.Raw)
 	replay := send(t, r, "", "/count", header, body)
 	require.Equal(t, http.StatusUnauthorized, replay.Status, replay.Raw)
-	require.Equal(t, authEventUsed, replay.Error)
+	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
 	require.Equal(t, "Nostr", replay.Header.Get("WWW-Authenticate"))
 
 	// A refused request does not burn its auth event: the payload check runs
@@ -319,7 +319,7 @@ func TestHTTPBridgeReplayAdviceNamesTheNonce(t *testing.T) {
 	require.Equal(t, http.StatusOK, first.Status, first.Raw)
 	second := send(t, r, "", "/count", sign(""), body)
 	require.Equal(t, http.StatusUnauthorized, second.Status, second.Raw)
-	require.Equal(t, authEventUsed, second.Error)
+	require.Equal(t, "auth-required: "+authEventUsed, second.Error)
 	require.Contains(t, second.Error, "nonce")
 	withNonce := send(t, r, "", "/count", sign(uuid.NewString()), body)
 	require.Equal(t, http.StatusOK, withNonce.Status, withNonce.Raw)
@@ -331,7 +331,7 @@ func TestHTTPBridgeUnknownHostIs404BeforeAuth(t *testing.T) {
 	for _, path := range []string{"/events", "/query", "/count"} {
 		got := send(t, r, "unknown.example", path, "", []byte(`{}`))
 		require.Equal(t, http.StatusNotFound, got.Status, got.Raw)
-		require.Equal(t, "no community is served at this host", got.Error)
+		require.Equal(t, "invalid: no community is served at this host", got.Error)
 		require.Empty(t, got.Header.Get("WWW-Authenticate"))
 	}
 }
@@ -399,7 +399,7 @@ func TestHTTPBridgeBadBodies(t *testing.T) {
 	big := relaytest.SignEvent(t, key, 1, strings.Repeat("x", 4096), nil, 0)
 	got := post(t, r, key, "/events", big)
 	require.Equal(t, http.StatusRequestEntityTooLarge, got.Status, got.Raw)
-	require.Equal(t, "body exceeds the 2048-byte limit", got.Error)
+	require.Equal(t, "invalid: body exceeds the 2048-byte limit", got.Error)
 
 	for _, tc := range []struct{ path, body, reason string }{
 		{"/events", `{"kind":1`, "invalid: "},
@@ -432,7 +432,7 @@ func TestHTTPBridgeQueryTimeoutIs503(t *testing.T) {
 	for _, path := range []string{"/query", "/count"} {
 		got := post(t, r, key, path, query(map[string]any{"kinds": []int{1}}))
 		require.Equal(t, http.StatusServiceUnavailable, got.Status, got.Raw)
-		require.Equal(t, "query timed out", got.Error)
+		require.Equal(t, "error: query timed out", got.Error)
 	}
 }
 
@@ -458,7 +458,7 @@ func TestHTTPBridgeAuthIsBoundToItsCommunity(t *testing.T) {
 	got = send(t, r, "b.example", "/events", authHeader(forB), noteBody)
 	require.Equal(t, http.StatusOK, got.Status, got.Raw)
 	got = send(t, r, "b.example", "/events", authHeader(forB), noteBody)
-	require.Equal(t, authEventUsed, got.Error)
+	require.Equal(t, "auth-required: "+authEventUsed, got.Error)
 
 	inA := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
 	require.Zero(t, inA.Count)

@@ -87,7 +87,7 @@ func (s *Server) RunListFolder(ctx context.Context) {
 func (s *Server) serveOperatorListeners(w http.ResponseWriter, r *http.Request) {
 	api := s.operatorAPI.Load()
 	if api == nil {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "operator listeners are not enabled on this relay"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "invalid: operator listeners are not enabled on this relay"})
 		return
 	}
 	(*api).ServeHTTP(w, r)

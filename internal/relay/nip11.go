@@ -61,7 +61,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 	key, err := s.pipeline.RelayKey(r.Context(), tenant.ID())
 	if err != nil {
 		s.log.Error("relay key", "community", tenant.Host(), "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": databaseUnavailableReason})
 		return
 	}
 	info := relayInfo{

@@ -226,7 +226,7 @@ func TestOwnerAttestationHeaderOnHTTP(t *testing.T) {
 
 	status, out = doSigned("POST", "/query", good, filters, signing(attest(t, other, agent, "")))
 	require.Equal(t, http.StatusUnauthorized, status, out)
-	require.Equal(t, "x-auth-tag header: auth tag rejected: the request's signed event carries a different auth tag", out["error"])
+	require.Equal(t, "auth-required: x-auth-tag header: auth tag rejected: the request's signed event carries a different auth tag", out["error"])
 	require.Empty(t, recordedOwner(t, r, agent))
 
 	status, out = doSigned("POST", "/query", good, filters, signing(goodTag))
@@ -253,9 +253,9 @@ func TestOwnerAttestationHeaderOnHTTP(t *testing.T) {
 			status int
 			msg    string
 		}{
-			{`["auth"]`, http.StatusBadRequest, "x-auth-tag header: malformed auth tag: must have exactly 4 elements"},
-			{`not json`, http.StatusBadRequest, "x-auth-tag header: malformed auth tag: must be a JSON array of strings"},
-			{wrongAgent, http.StatusUnauthorized, "x-auth-tag header: auth tag rejected: the owner's signature does not authorize agent " + agent},
+			{`["auth"]`, http.StatusBadRequest, "invalid: x-auth-tag header: malformed auth tag: must have exactly 4 elements"},
+			{`not json`, http.StatusBadRequest, "invalid: x-auth-tag header: malformed auth tag: must be a JSON array of strings"},
+			{wrongAgent, http.StatusUnauthorized, "auth-required: x-auth-tag header: auth tag rejected: the owner's signature does not authorize agent " + agent},
 		} {
 			status, out := do(route.method, route.path, tc.tag, body)
 			require.Equal(t, tc.status, status, "%s %s %s: %v", route.method, route.path, tc.tag, out)

@@ -41,14 +41,14 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:]})
 	release()
 	if dberr.IsNotFound(err) {
-		writeError(w, http.StatusNotFound, "no recorded owner for "+pubkey)
+		writeError(w, http.StatusNotFound, "invalid: no recorded owner for "+pubkey)
 		return
 	}
 	if err != nil {
 		if r.Context().Err() == nil {
 			s.log.Error("recorded owner lookup failed", "community", tenant.Host(), "err", err)
 		}
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return
 	}
 	writeJSON(w, http.StatusOK, recordedOwnerWire{

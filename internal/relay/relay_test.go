@@ -45,7 +45,7 @@ func TestUnknownHostGets404BeforeUpgrade(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	body, _ := io.ReadAll(resp.Body)
-	require.JSONEq(t, `{"error":"no community is served at this host"}`, string(body))
+	require.JSONEq(t, `{"error":"invalid: no community is served at this host"}`, string(body))
 }
 
 func TestNIP11AdvertisesTheEnforcedLimits(t *testing.T) {

@@ -445,17 +445,17 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := s.hosts.Resolve(r.Context(), r.Host)
 		if errors.Is(err, community.ErrUnknownHost) {
-			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no community is served at this host"})
+			writeError(w, http.StatusNotFound, "invalid: no community is served at this host")
 			return
 		}
 		if errors.Is(err, errReadSlotsBusy) {
 			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": busyReadingReason})
+			writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 			return
 		}
 		if err != nil {
 			s.log.Error("resolve community", "host", r.Host, "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "database unavailable"})
+			writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 			return
 		}
 		next(w, r, tenant)
@@ -465,7 +465,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	switch {
 	case r.URL.Path != "/":
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found"})
+		writeError(w, http.StatusNotFound, "invalid: not found")
 	case r.Method == http.MethodOptions:
 		serveInfoPreflight(w, r, tenant)
 	case strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):

@@ -88,23 +88,23 @@ func (b *httpBridge) channelOfWorkflowReadable(w http.ResponseWriter, r *http.Re
 	s := b.s
 	row, err := s.queries.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: tenant.ID(), ID: workflowID})
 	if dberr.IsNotFound(err) {
-		writeError(w, http.StatusNotFound, "workflow not found")
+		writeError(w, http.StatusNotFound, "invalid: workflow not found")
 		return false
 	}
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return false
 	}
 	readable, err := s.access.Readable(r.Context(), tenant.ID(), pubkey)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return false
 	}
 	// A workflow the caller cannot read answers as an unknown one, so the
 	// answer does not tell whether a private channel's workflow exists.
 	// One without a channel is readable by nobody.
 	if row.ChannelID == nil || !readable.Has(*row.ChannelID) {
-		writeError(w, http.StatusNotFound, "workflow not found")
+		writeError(w, http.StatusNotFound, "invalid: workflow not found")
 		return false
 	}
 	return true
@@ -114,21 +114,21 @@ func (b *httpBridge) channelOfWorkflowReadable(w http.ResponseWriter, r *http.Re
 func (b *httpBridge) serveWorkflowRuns(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	workflowID, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid workflow UUID")
+		writeError(w, http.StatusBadRequest, "invalid: the workflow id is not a UUID")
 		return
 	}
 	q := r.URL.Query()
 	params := db.WorkflowRunsPageParams{CommunityID: tenant.ID(), WorkflowID: workflowID}
 	before, beforeID := q.Get("before"), q.Get("before_id")
 	if (before == "") != (beforeID == "") {
-		writeError(w, http.StatusBadRequest, "before and before_id must be supplied together")
+		writeError(w, http.StatusBadRequest, "invalid: before and before_id must be supplied together")
 		return
 	}
 	if before != "" {
 		at, err1 := time.Parse(time.RFC3339Nano, before)
 		id, err2 := uuid.Parse(beforeID)
 		if err1 != nil || err2 != nil {
-			writeError(w, http.StatusBadRequest, "before must be RFC3339 and before_id a UUID")
+			writeError(w, http.StatusBadRequest, "invalid: before must be RFC3339 and before_id a UUID")
 			return
 		}
 		params.Before, params.BeforeID = &at, &id
@@ -137,7 +137,7 @@ func (b *httpBridge) serveWorkflowRuns(w http.ResponseWriter, r *http.Request, t
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxRunsPage {
-			writeError(w, http.StatusBadRequest, "limit must be between 1 and 100")
+			writeError(w, http.StatusBadRequest, "invalid: limit must be between 1 and 100")
 			return
 		}
 		limit = n
@@ -150,7 +150,7 @@ func (b *httpBridge) serveWorkflowRuns(w http.ResponseWriter, r *http.Request, t
 	params.MaxRows = int32(limit + 1)
 	rows, err := b.s.queries.WorkflowRunsPage(r.Context(), params)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return
 	}
 	var next *runsCursor
@@ -175,7 +175,7 @@ func (b *httpBridge) serveWorkflowApprovals(w http.ResponseWriter, r *http.Reque
 	workflowID, err1 := uuid.Parse(r.PathValue("id"))
 	runID, err2 := uuid.Parse(r.PathValue("run_id"))
 	if err1 != nil || err2 != nil {
-		writeError(w, http.StatusBadRequest, "invalid workflow or run UUID")
+		writeError(w, http.StatusBadRequest, "invalid: the workflow or run id is not a UUID")
 		return
 	}
 	release, ok := b.workflowReadable(w, r, tenant, workflowID)
@@ -185,16 +185,16 @@ func (b *httpBridge) serveWorkflowApprovals(w http.ResponseWriter, r *http.Reque
 	defer release()
 	owner, err := b.s.queries.WorkflowRunOf(r.Context(), db.WorkflowRunOfParams{CommunityID: tenant.ID(), ID: runID})
 	if dberr.IsNotFound(err) || (err == nil && owner != workflowID) {
-		writeError(w, http.StatusNotFound, "workflow run not found")
+		writeError(w, http.StatusNotFound, "invalid: workflow run not found")
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return
 	}
 	rows, err := b.s.queries.WorkflowApprovalsOfRun(r.Context(), db.WorkflowApprovalsOfRunParams{CommunityID: tenant.ID(), RunID: runID})
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database unavailable")
+		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
 		return
 	}
 	out := make([]approvalWire, len(rows))

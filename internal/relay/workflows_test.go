@@ -151,13 +151,13 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 		status                   int
 		msg                      string
 	}{
-		{"bad UUID", "/hooks/nope", saved.WebhookSecret, "", 400, "invalid workflow UUID"},
-		{"no secret", "/hooks/" + wf, "", "", 401, "authentication failed"},
-		{"wrong secret", "/hooks/" + wf, "x" + saved.WebhookSecret, "", 401, "authentication failed"},
-		{"unknown workflow", "/hooks/" + uuid.NewString(), saved.WebhookSecret, "", 401, "authentication failed"},
-		{"malformed JSON", "/hooks/" + wf, saved.WebhookSecret, "{not json", 400, "invalid JSON body: must be a JSON object"},
-		{"not an object", "/hooks/" + wf, saved.WebhookSecret, "[1]", 400, "invalid JSON body: must be a JSON object"},
-		{"oversize", "/hooks/" + wf, saved.WebhookSecret, `{"a":"` + strings.Repeat("x", 1100) + `"}`, 413, "body larger than 1024 bytes"},
+		{"bad UUID", "/hooks/nope", saved.WebhookSecret, "", 400, "invalid: the workflow id is not a UUID"},
+		{"no secret", "/hooks/" + wf, "", "", 401, "auth-required: authentication failed"},
+		{"wrong secret", "/hooks/" + wf, "x" + saved.WebhookSecret, "", 401, "auth-required: authentication failed"},
+		{"unknown workflow", "/hooks/" + uuid.NewString(), saved.WebhookSecret, "", 401, "auth-required: authentication failed"},
+		{"malformed JSON", "/hooks/" + wf, saved.WebhookSecret, "{not json", 400, "invalid: JSON body: must be a JSON object"},
+		{"not an object", "/hooks/" + wf, saved.WebhookSecret, "[1]", 400, "invalid: JSON body: must be a JSON object"},
+		{"oversize", "/hooks/" + wf, saved.WebhookSecret, `{"a":"` + strings.Repeat("x", 1100) + `"}`, 413, "invalid: body larger than 1024 bytes"},
 	} {
 		status, out := post(c.path, c.secret, "", c.body)
 		require.Equal(t, c.status, status, c.name)
@@ -168,7 +168,7 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 	// answers 503 "database unavailable".
 	status, out := post("/hooks/"+wf, saved.WebhookSecret, "key-\xff\xfe", `{}`)
 	require.Equal(t, http.StatusBadRequest, status)
-	require.Equal(t, "Idempotency-Key must be valid UTF-8", out["error"])
+	require.Equal(t, "invalid: Idempotency-Key must be valid UTF-8", out["error"])
 	var runs int
 	require.NoError(t, r.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs`).Scan(&runs))
 	require.Zero(t, runs, "bad calls create nothing")

@@ -153,7 +153,10 @@ func TestCapacityOnEveryTrigger(t *testing.T) {
 	require.Equal(t, "pending", queued["status"])
 	code, refused := call("k2")
 	require.Equal(t, http.StatusTooManyRequests, code)
-	require.Equal(t, map[string]string{"run_id": refused["run_id"], "workflow_id": hook, "status": "failed", "error_code": "capacity_exceeded"}, refused)
+	require.Equal(t, map[string]string{
+		"run_id": refused["run_id"], "workflow_id": hook, "status": "failed", "error_code": "capacity_exceeded",
+		"error": "rate-limited: the workflow has its limit of unfinished runs; try again once some end",
+	}, refused)
 	require.Equal(t, 1, f.statusCount(hook, db.WorkflowRunStatusFailed, "capacity_exceeded"))
 	code, again := call("k1")
 	require.Equal(t, http.StatusAccepted, code, "a key that queued returns its run, even at capacity")
@@ -192,7 +195,7 @@ func TestWebhookBodyWithNULIsRefused(t *testing.T) {
 	for _, body := range []string{`{"a":"x\u0000y"}`, `{"a\u0000":"b"}`, `{"a\u0000":1}`} {
 		code, answer := call(body)
 		require.Equal(t, http.StatusBadRequest, code, body)
-		require.JSONEq(t, `{"error":"invalid JSON body: fields must not contain NUL characters (\\u0000)"}`, answer, body)
+		require.JSONEq(t, `{"error":"invalid: JSON body: fields must not contain NUL characters (\\u0000)"}`, answer, body)
 	}
 	require.Empty(t, f.runIDs(hook))
 	code, answer := call(`{"a":["x\u0000y"]}`)

@@ -61,7 +61,7 @@ func TestADeletedChannelsWorkflowsStartNoRuns(t *testing.T) {
 	require.Len(t, f.runIDs(scheduled), 1)
 	code, answer = call()
 	require.Equal(t, http.StatusConflict, code, answer)
-	require.JSONEq(t, `{"error":"workflow is not accepting webhook calls"}`, answer)
+	require.JSONEq(t, `{"error":"invalid: workflow is not accepting webhook calls"}`, answer)
 	require.Len(t, f.runIDs(hook), 1)
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -57,6 +58,9 @@ type Webhooks struct {
 	// store events, so calls go no faster than the owner's own messages.
 	// Refused, the call answers 429 with Retry-After and creates nothing.
 	Allow func(community uuid.UUID, owner string) (ok bool, retryAfter time.Duration)
+	// Log receives the cause of a call the database failed, which the
+	// caller is answered only as "database unavailable"; nil: slog.Default.
+	Log *slog.Logger
 }
 
 type webhookReply struct {
@@ -64,6 +68,9 @@ type webhookReply struct {
 	WorkflowID string `json:"workflow_id"`
 	Status     string `json:"status"`
 	ErrorCode  string `json:"error_code,omitempty"`
+	// Error explains a refusal at capacity, prefixed like every error
+	// answer; the run itself is recorded failed.
+	Error string `json:"error,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -72,6 +79,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// errDatabaseUnavailable answers a call the database failed: nothing was
+// created, so the caller may send it again.
+const errDatabaseUnavailable = "error: database unavailable; try again"
+
+// webhookError answers msg, which carries its NIP-01 prefix (invalid:,
+// auth-required:, rate-limited:, blocked:, error:) so a caller tells a
+// refusal to fix from one to retry, as on every other route.
 func webhookError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
@@ -92,10 +106,10 @@ func webhookDepth(header string) (int, int, string) {
 	}
 	depth, err := strconv.Atoi(header)
 	if err != nil || depth < 1 {
-		return 0, http.StatusBadRequest, safehttp.DepthHeader + " must be a positive integer"
+		return 0, http.StatusBadRequest, "invalid: " + safehttp.DepthHeader + " must be a positive integer"
 	}
 	if depth > MaxWebhookDepth {
-		return 0, http.StatusLoopDetected, fmt.Sprintf("a chain of %d workflow webhook calls is longer than %d: a workflow's call_webhook step reaches its own (or a calling workflow's) webhook", depth, MaxWebhookDepth)
+		return 0, http.StatusLoopDetected, fmt.Sprintf("invalid: a chain of %d workflow webhook calls is longer than %d: a workflow's call_webhook step reaches its own (or a calling workflow's) webhook", depth, MaxWebhookDepth)
 	}
 	return depth, 0, ""
 }
@@ -105,8 +119,20 @@ func webhookDepth(header string) (int, int, string) {
 func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uuid.UUID) {
 	workflowID, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		webhookError(w, http.StatusBadRequest, "invalid workflow UUID")
+		webhookError(w, http.StatusBadRequest, "invalid: the workflow id is not a UUID")
 		return
+	}
+	// The request's URL may carry the secret (?secret=): the log names the
+	// workflow, never the URL.
+	databaseFailed := func(err error) {
+		log := h.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		if r.Context().Err() == nil {
+			log.Error("workflow webhook call failed", "community", communityID, "workflow", workflowID, "err", err)
+		}
+		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
 	}
 	limit := h.MaxBytes
 	if limit <= 0 {
@@ -115,11 +141,11 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		webhookError(w, http.StatusRequestEntityTooLarge, "body larger than "+strconv.FormatInt(limit, 10)+" bytes")
+		webhookError(w, http.StatusRequestEntityTooLarge, "invalid: body larger than "+strconv.FormatInt(limit, 10)+" bytes")
 		return
 	}
 	if err != nil {
-		webhookError(w, http.StatusBadRequest, "could not read the body")
+		webhookError(w, http.StatusBadRequest, "invalid: could not read the body")
 		return
 	}
 	if h.ReadSlot != nil {
@@ -134,7 +160,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	q := db.New(h.Pool)
 	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID})
 	if err != nil && !dberr.IsNotFound(err) {
-		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		databaseFailed(err)
 		return
 	}
 	// An unknown workflow answers like a wrong secret: a caller without the
@@ -144,27 +170,27 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		secret = r.URL.Query().Get("secret")
 	}
 	if err != nil || row.WebhookSecret == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(row.WebhookSecret)) != 1 {
-		webhookError(w, http.StatusUnauthorized, "authentication failed")
+		webhookError(w, http.StatusUnauthorized, "auth-required: authentication failed")
 		return
 	}
 	if row.TriggerOn != OnWebhook || !row.Enabled || row.Status != db.WorkflowStatusActive || row.DefinitionEventID == nil || row.ChannelID == nil {
-		webhookError(w, http.StatusConflict, "workflow is not accepting webhook calls")
+		webhookError(w, http.StatusConflict, "invalid: workflow is not accepting webhook calls")
 		return
 	}
 	// A deleted or archived channel's workflow could only start runs that
 	// fail, in a history nobody may read any more.
 	access, err := q.ChannelAccess(r.Context(), db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
-		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		databaseFailed(err)
 		return
 	}
 	if err != nil || access.ArchivedAt != nil {
-		webhookError(w, http.StatusConflict, "workflow is not accepting webhook calls")
+		webhookError(w, http.StatusConflict, "invalid: workflow is not accepting webhook calls")
 		return
 	}
 	fields, msg := webhookFields(body)
 	if msg != "" {
-		webhookError(w, http.StatusBadRequest, "invalid JSON body: "+msg)
+		webhookError(w, http.StatusBadRequest, "invalid: JSON body: "+msg)
 		return
 	}
 	depth, status, msg := webhookDepth(r.Header.Get(safehttp.DepthHeader))
@@ -183,7 +209,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	var key *string
 	if k := r.Header.Get("Idempotency-Key"); k != "" {
 		if len(k) > 255 {
-			webhookError(w, http.StatusBadRequest, "Idempotency-Key longer than 255 bytes")
+			webhookError(w, http.StatusBadRequest, "invalid: Idempotency-Key longer than 255 bytes")
 			return
 		}
 		// HTTP lets a header carry any byte past 0x7f; the key is stored
@@ -191,7 +217,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		// call then failed as 503 "database unavailable", which a caller
 		// retries forever.
 		if !utf8.ValidString(k) {
-			webhookError(w, http.StatusBadRequest, "Idempotency-Key must be valid UTF-8")
+			webhookError(w, http.StatusBadRequest, "invalid: Idempotency-Key must be valid UTF-8")
 			return
 		}
 		key = &k
@@ -220,13 +246,14 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		return
 	}
 	if err != nil {
-		webhookError(w, http.StatusServiceUnavailable, "database unavailable")
+		databaseFailed(err)
 		return
 	}
 	reply := webhookReply{RunID: runID.String(), WorkflowID: workflowID.String(), Status: "pending"}
 	if !queued {
 		h.Metrics.refusedAtCapacity()
 		reply.Status, reply.ErrorCode = "failed", string(CodeCapacityExceeded)
+		reply.Error = "rate-limited: the workflow has its limit of unfinished runs; try again once some end"
 		writeJSON(w, http.StatusTooManyRequests, reply)
 		return
 	}
