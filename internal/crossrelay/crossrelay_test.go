@@ -758,7 +758,7 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 	const self = "00000000000000aa"
 	for _, garbage := range []string{"", "not hex at all!", "0123", strings.Repeat("f", 17), strings.Repeat("z", 16), strings.Repeat("ab", 1<<16)} {
 		p.heard(garbage, self, start.Add(time.Second))
-		p.heard(garbage+goodbyeSuffix, self, start.Add(time.Second))
+		p.heard(garbage+" "+goodbyeWord, self, start.Add(time.Second))
 	}
 	require.Empty(t, p.lastHeard, "garbage is no peer")
 	require.Equal(t, start, p.heardAny, "garbage is no sign of anyone's life")
@@ -769,7 +769,7 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 		p.heard(fmt.Sprintf("%016x", i+1), self, start.Add(time.Duration(i)*time.Microsecond))
 	}
 	require.Len(t, p.lastHeard, mostPeers)
-	p.heard(fmt.Sprintf("%016x", 1)+goodbyeSuffix, self, start)
+	p.heard(fmt.Sprintf("%016x", 1)+" "+goodbyeWord, self, start)
 	require.Len(t, p.lastHeard, mostPeers-1, "a goodbye forgets its process")
 
 	later := start.Add(peerDeadAfter + time.Second)
