@@ -783,3 +783,54 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 	require.Equal(t, start.Add(time.Microsecond), since, "one replay, from the earliest last sign of life")
 	require.Empty(t, p.lastHeard, "each dead peer is replayed once")
 }
+
+// Messages on the bus's channels that do not decode are counted each, and
+// warned about once per interval: a buggy or hostile publisher flooding a
+// channel with junk must not write a line per message into every relay's
+// log. The next warning says how many went unlogged.
+// Mutations killed: a warning per message (100 lines); no count.
+func TestUndecodableMessagesAreCountedAndWarnedAboutOncePerInterval(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	community := uuid.New()
+	var logged syncBuffer
+	delivered := make(chan string, 4)
+	bus, err := New(url, 16, Handlers{
+		Deliver: func(c uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) {
+			if c == community {
+				delivered <- ev.ID
+			}
+		},
+	}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	bus.junk.interval = time.Hour
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	// After junk, a well-formed event: once it arrives, the junk before it
+	// was read.
+	publishJunk := func(n int) {
+		for i := range n {
+			junk := []string{"not json", `{"o":"elsewhere","e":{"kind":"nine"}}`}[i%2]
+			require.NoError(t, other.Publish(t.Context(), ChannelName(community), junk).Err())
+		}
+		ev := signed(t, "after the junk")
+		require.NoError(t, other.Publish(t.Context(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
+		require.Equal(t, ev.ID, next(t, delivered))
+	}
+	publishJunk(100)
+	require.Equal(t, 100.0, testutil.ToFloat64(bus.metrics.Undecodable))
+	require.Equal(t, 1, strings.Count(logged.String(), "level=WARN"), "one warning for the flood:\n%s", logged.String())
+
+	bus.junk.mu.Lock()
+	bus.junk.interval = time.Nanosecond
+	bus.junk.mu.Unlock()
+	publishJunk(1)
+	require.Equal(t, 101.0, testutil.ToFloat64(bus.metrics.Undecodable))
+	require.Equal(t, 2, strings.Count(logged.String(), "level=WARN"))
+	require.Contains(t, logged.String(), "skipped_without_warning=99", "the next warning tells how many went unlogged")
+}
