@@ -119,6 +119,11 @@ const (
 	// mostPeers bounds the processes remembered; announcements of more are
 	// ignored (only relay processes publish on Redis).
 	mostPeers = 1024
+	// unpublishedReach: how far back a replay of the events a peer reports
+	// unpublished may start. The relay's fan-out remembers what it
+	// delivered for 15 s and a replay reads 5 s before its start, so an
+	// older start would send again what it forgot.
+	unpublishedReach = 10 * time.Second
 	// junkLogEvery: at most one warning this often for messages on the
 	// bus's channels that do not decode; the rest are counted, and the
 	// next warning says how many were not logged. A buggy or hostile
@@ -792,6 +797,7 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 				unpublished := peers.heard(m.Payload, b.origin, time.Now())
 				b.metrics.Peers.Set(float64(len(peers.lastHeard)))
 				if !unpublished.IsZero() {
+					unpublished = b.withinReach(unpublished)
 					if err := b.queueReplay(ctx, room, ahead, unpublished, &unpublishedReplay); err != nil {
 						return err
 					}
@@ -822,6 +828,22 @@ func (b *Bus) noticeDeadPeers(ctx context.Context, peers *peers, room *semaphore
 	b.log.Warn("redis: other relay processes went silent without a goodbye; replaying what they committed since their last sign of life",
 		"dead", dead, "since", since)
 	return b.queueReplay(ctx, room, ahead, since, &peersReplay)
+}
+
+// withinReach is since, or the oldest time a replay of a peer's
+// unpublished events may start from without sending again what this
+// process delivered and no longer remembers. A peer whose publishes and
+// announcements failed for that long was taken for dead meanwhile and
+// replayed up to then; what it committed between that replay and the
+// reach is not replayed, and that is logged.
+func (b *Bus) withinReach(since time.Time) time.Time {
+	oldest := time.Now().Add(-unpublishedReach)
+	if !since.Before(oldest) {
+		return since
+	}
+	b.log.Warn("redis: another relay process reports events unpublished for longer than can be replayed without duplicates; replaying only the newest (a REQ returns the others)",
+		"unpublished_since", since, "replayed_since", oldest)
+	return oldest
 }
 
 // queueReplay queues for the fan-out, in order with the events read

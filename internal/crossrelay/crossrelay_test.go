@@ -834,3 +834,56 @@ func TestUndecodableMessagesAreCountedAndWarnedAboutOncePerInterval(t *testing.T
 	require.Equal(t, 2, strings.Count(logged.String(), "level=WARN"))
 	require.Contains(t, logged.String(), "skipped_without_warning=99", "the next warning tells how many went unlogged")
 }
+
+// An announcement that reports unpublished events makes the process that
+// hears it replay from the database from that time; a time older than
+// what the fan-out still remembers is brought forward to it, so nothing
+// delivered before is sent twice. The process's own announcements and
+// malformed ones replay nothing.
+// Mutation killed: no reach (the replay starts an hour back).
+func TestReportedUnpublishedEventsAreReplayedWithinReach(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	replays := make(chan time.Time, 8)
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, _ time.Time) (int, error) {
+			replays <- since
+			return 0, nil
+		},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, bus.start, <-replays, "the gap before the first subscription")
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	const peer = "00000000000000bb"
+	announce := func(payload string) {
+		require.NoError(t, other.Publish(t.Context(), aliveChannel, payload).Err())
+	}
+	recent := time.Now().Add(-time.Second)
+	announce(bus.origin + " unpublished " + fmt.Sprint(time.Now().UnixNano()))
+	announce(peer + " unpublished not-a-time")
+	announce(peer + " unpublished " + fmt.Sprint(recent.UnixNano()))
+	select {
+	case since := <-replays:
+		require.True(t, since.Equal(recent), "replayed from %s, reported %s", since, recent)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no replay for the reported events")
+	}
+
+	old := time.Now().Add(-time.Hour)
+	before := time.Now()
+	announce(peer + " bye unpublished " + fmt.Sprint(old.UnixNano()))
+	select {
+	case since := <-replays:
+		require.False(t, since.Before(before.Add(-unpublishedReach)), "replayed from %s, an hour back", since)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no replay for the events a goodbye reported")
+	}
+	require.Equal(t, 2.0, testutil.ToFloat64(bus.metrics.Gaps.WithLabelValues("unpublished_replayed")))
+	require.Empty(t, replays, "this process's own report and a malformed one replay nothing")
+}
