@@ -770,6 +770,12 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	// here. Those heard before it are forgotten, as is their silence
 	// during the outage: the gap's catch-up replays what they committed.
 	peers := newPeers(subscribedAt)
+	// What this subscription's catch-up replays: a peer's events reported
+	// unpublished within it need no replay of their own.
+	var caughtUp span
+	if catchUp {
+		caughtUp = span{from: gapSince, until: subscribedAt}
+	}
 	for {
 		// No read deadline: one that fell inside a large message would
 		// leave the connection in the middle of it. The prover closes the
@@ -797,7 +803,7 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 				unpublished := peers.heard(m.Payload, b.origin, time.Now())
 				b.metrics.Peers.Set(float64(len(peers.lastHeard)))
 				if !unpublished.IsZero() {
-					unpublished = b.withinReach(unpublished)
+					unpublished = b.withinReach(unpublished, caughtUp)
 					if err := b.queueReplay(ctx, room, ahead, unpublished, &unpublishedReplay); err != nil {
 						return err
 					}
@@ -830,19 +836,29 @@ func (b *Bus) noticeDeadPeers(ctx context.Context, peers *peers, room *semaphore
 	return b.queueReplay(ctx, room, ahead, since, &peersReplay)
 }
 
+// span is a stretch of time.
+type span struct{ from, until time.Time }
+
 // withinReach is since, or the oldest time a replay of a peer's
 // unpublished events may start from without sending again what this
 // process delivered and no longer remembers. A peer whose publishes and
 // announcements failed for that long was taken for dead meanwhile and
 // replayed up to then; what it committed between that replay and the
-// reach is not replayed, and that is logged.
-func (b *Bus) withinReach(since time.Time) time.Time {
+// reach is not replayed, and that is logged, unless this subscription's
+// own catch-up (caughtUp: after an outage that was everyone's) replayed it.
+func (b *Bus) withinReach(since time.Time, caughtUp span) time.Time {
 	oldest := time.Now().Add(-unpublishedReach)
 	if !since.Before(oldest) {
 		return since
 	}
-	b.log.Warn("redis: another relay process reports events unpublished for longer than can be replayed without duplicates; replaying only the newest (a REQ returns the others)",
-		"unpublished_since", since, "replayed_since", oldest)
+	missedFrom := since
+	if !caughtUp.from.IsZero() && !since.Before(caughtUp.from) && since.Before(caughtUp.until) {
+		missedFrom = caughtUp.until
+	}
+	if missedFrom.Before(oldest) {
+		b.log.Warn("redis: another relay process reports events unpublished for longer than can be replayed without duplicates; replaying only the newest (a REQ returns the others)",
+			"unpublished_since", since, "replayed_since", oldest)
+	}
 	return oldest
 }
 
