@@ -160,7 +160,7 @@ type Handlers struct {
 type Metrics struct {
 	Connected prometheus.Gauge
 	Published prometheus.Counter
-	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error
+	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error, after_goodbye
 	Received  prometheus.Counter
 	// Pending counts messages queued or being published: 0 means every
 	// message so far was published or dropped.
@@ -290,6 +290,10 @@ type Bus struct {
 	peerReplays atomic.Int32
 	// killed: Kill was called; nothing more is published.
 	killed atomic.Bool
+	// stopped: the goodbye is said; what is queued after it is dropped,
+	// counted and logged (once): a writer the shutdown did not wait for.
+	stopped     atomic.Bool
+	lateWarning sync.Once
 	// unpublishedSince is when the oldest event was queued that was
 	// dropped (queue full, failed publish) and that no announcement heard
 	// by the others has reported yet (Unix nanoseconds, 0: none). An
@@ -408,6 +412,13 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	} else {
 		out.queuedAt = time.Now()
 	}
+	if b.stopped.Load() {
+		if m.Event != nil {
+			b.metrics.Pending.Inc()
+			b.droppedAfterGoodbye()
+		}
+		return true
+	}
 	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
 	select {
 	case b.queue <- out:
@@ -420,6 +431,17 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 		}
 		return false
 	}
+}
+
+// droppedAfterGoodbye counts an event queued after the goodbye: the
+// others, told that everything before it was published, replay nothing
+// for it, so it reaches no other process live.
+func (b *Bus) droppedAfterGoodbye() {
+	b.metrics.Pending.Dec()
+	b.metrics.Dropped.WithLabelValues("after_goodbye").Inc()
+	b.lateWarning.Do(func() {
+		b.log.Warn("redis: an event was committed after this relay said goodbye to the others; their subscribers miss it live (a REQ returns it)")
+	})
 }
 
 // noteUnpublished records that an event queued at queuedAt was not
@@ -510,6 +532,15 @@ func (b *Bus) send(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			b.sayGoodbye()
+			b.stopped.Store(true)
+			for more := true; more; { // queued while the goodbye was said
+				select {
+				case <-b.queue:
+					b.droppedAfterGoodbye()
+				default:
+					more = false
+				}
+			}
 			return
 		case m := <-b.queue:
 			batch = append(batch[:0], m)

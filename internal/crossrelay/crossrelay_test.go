@@ -887,3 +887,26 @@ func TestReportedUnpublishedEventsAreReplayedWithinReach(t *testing.T) {
 	require.Equal(t, 2.0, testutil.ToFloat64(bus.metrics.Gaps.WithLabelValues("unpublished_replayed")))
 	require.Empty(t, replays, "this process's own report and a malformed one replay nothing")
 }
+
+// An event queued after the bus said goodbye (a writer the shutdown did
+// not wait for) is counted and logged, not left in a queue nobody reads:
+// the others replay nothing for a process that said goodbye.
+// Mutation killed: no check after the goodbye (nothing counted, the event
+// stays pending).
+func TestEventQueuedAfterTheGoodbyeIsCountedAsDropped(t *testing.T) {
+	t.Parallel()
+	var logged syncBuffer
+	bus, err := New(dbtest.RedisURL(t), 16, Handlers{}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { bus.Run(ctx); close(done) }()
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	<-done
+
+	bus.PublishEvent(uuid.New(), signed(t, "too late"), nil, 0)
+	require.Equal(t, 1.0, testutil.ToFloat64(bus.metrics.Dropped.WithLabelValues("after_goodbye")))
+	require.Zero(t, testutil.ToFloat64(bus.metrics.Pending))
+	require.Contains(t, logged.String(), "committed after this relay said goodbye")
+}
