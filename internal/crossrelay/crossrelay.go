@@ -304,8 +304,13 @@ type Bus struct {
 	// failNextPublish makes the next batch that carries events fail as a
 	// Redis error would (FailNextPublish).
 	failNextPublish atomic.Bool
-	// junk limits the warnings about undecodable messages.
-	junk junkLog
+	// reportedSince is the oldest time reported by the peers' reports of
+	// unpublished events heard since the replay queued for them, not
+	// started yet (Unix nanoseconds, 0: none queued).
+	reportedSince atomic.Int64
+	// junk limits the warnings about undecodable messages, unreachable
+	// those about unpublished events too old to replay.
+	junk, unreachable junkLog
 }
 
 // New connects lazily to the Redis at url; nothing is sent before Run.
@@ -833,9 +838,15 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			if m.Channel == aliveChannel {
 				unpublished := peers.heard(m.Payload, b.origin, time.Now())
 				b.metrics.Peers.Set(float64(len(peers.lastHeard)))
-				if !unpublished.IsZero() {
-					unpublished = b.withinReach(unpublished, caughtUp)
+				if unpublished.IsZero() {
+					continue
+				}
+				unpublished = b.withinReach(unpublished, caughtUp)
+				if b.reportUnpublished(unpublished) {
+					// A report heard before this replay starts joins it
+					// (reportedSince).
 					if err := b.queueReplay(ctx, room, ahead, unpublished, &unpublishedReplay); err != nil {
+						b.reportedSince.Store(0)
 						return err
 					}
 				}
@@ -867,6 +878,25 @@ func (b *Bus) noticeDeadPeers(ctx context.Context, peers *peers, room *semaphore
 	return b.queueReplay(ctx, room, ahead, since, &peersReplay)
 }
 
+// reportUnpublished records a peer's report of events unpublished since
+// then for the replay queued and not started yet, if any; it reports
+// whether a replay must be queued for it. One replay covers every report
+// heard before it starts (it reads up to when it runs), so a peer that
+// reports again and again, in a burst or by a bug, costs one replay at a
+// time rather than a queue of them.
+func (b *Bus) reportUnpublished(since time.Time) (queue bool) {
+	at := since.UnixNano()
+	for {
+		old := b.reportedSince.Load()
+		if old != 0 && old <= at {
+			return false
+		}
+		if b.reportedSince.CompareAndSwap(old, at) {
+			return old == 0
+		}
+	}
+}
+
 // span is a stretch of time.
 type span struct{ from, until time.Time }
 
@@ -886,9 +916,12 @@ func (b *Bus) withinReach(since time.Time, caughtUp span) time.Time {
 	if !caughtUp.from.IsZero() && !since.Before(caughtUp.from) && since.Before(caughtUp.until) {
 		missedFrom = caughtUp.until
 	}
-	if missedFrom.Before(oldest) {
+	if !missedFrom.Before(oldest) {
+		return oldest
+	}
+	if suppressed, ok := b.unreachable.allow(time.Now()); ok {
 		b.log.Warn("redis: another relay process reports events unpublished for longer than can be replayed without duplicates; replaying only the newest (a REQ returns the others)",
-			"unpublished_since", since, "replayed_since", oldest)
+			"unpublished_since", since, "replayed_since", oldest, "skipped_without_warning", suppressed)
 	}
 	return oldest
 }
@@ -1000,6 +1033,9 @@ func isProcessID(id string) bool {
 // of it is not sent twice (the hub remembers it).
 func (b *Bus) replayPeers(ctx context.Context, since time.Time, of *replayOf) {
 	defer b.peerReplays.Add(-1)
+	if of == &unpublishedReplay {
+		since = time.Unix(0, b.reportedSince.Swap(0))
+	}
 	if ctx.Err() == nil {
 		b.replay(ctx, since, time.Now(), *of, false)
 	}
@@ -1188,8 +1224,9 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	return inbound{community: community, event: &ev, channel: msg.Channel, version: msg.ReadersVersion}, true
 }
 
-// junkLog lets one warning about messages that do not decode through per
-// interval (junkLogEvery; tests shorten it) and counts the others.
+// junkLog lets one warning of a kind through per interval (junkLogEvery;
+// tests shorten it) and counts the others: what a peer sends, by a bug or
+// on purpose, may repeat in every message.
 type junkLog struct {
 	mu         sync.Mutex
 	interval   time.Duration
@@ -1204,24 +1241,31 @@ type junkLog struct {
 // once or many times.
 func (b *Bus) skipJunk(warning string, m *redis.Message, err error) {
 	b.metrics.Undecodable.Inc()
-	j := &b.junk
+	suppressed, ok := b.junk.allow(time.Now())
+	if !ok {
+		return
+	}
+	b.log.Warn(warning, "channel", m.Channel, "bytes", len(m.Payload),
+		"start", m.Payload[:min(len(m.Payload), loggedPayload)], "err", err,
+		"skipped_without_warning", suppressed)
+}
+
+// allow reports whether a warning may be logged at now, and how many were
+// not since the last one.
+func (j *junkLog) allow(now time.Time) (suppressed int, ok bool) {
 	j.mu.Lock()
-	now := time.Now()
+	defer j.mu.Unlock()
 	interval := j.interval
 	if interval == 0 {
 		interval = junkLogEvery
 	}
 	if !j.last.IsZero() && now.Sub(j.last) < interval {
 		j.suppressed++
-		j.mu.Unlock()
-		return
+		return 0, false
 	}
-	suppressed := j.suppressed
+	suppressed = j.suppressed
 	j.last, j.suppressed = now, 0
-	j.mu.Unlock()
-	b.log.Warn(warning, "channel", m.Channel, "bytes", len(m.Payload),
-		"start", m.Payload[:min(len(m.Payload), loggedPayload)], "err", err,
-		"skipped_without_warning", suppressed)
+	return suppressed, true
 }
 
 func communityOf(channel, suffix string) (uuid.UUID, bool) {

@@ -910,3 +910,61 @@ func TestEventQueuedAfterTheGoodbyeIsCountedAsDropped(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(bus.metrics.Pending))
 	require.Contains(t, logged.String(), "committed after this relay said goodbye")
 }
+
+// Reports of unpublished events heard while a replay for them waits to
+// start join that replay: a peer reporting again and again (a burst of
+// failures, or a bug) costs one replay at a time, from the oldest time
+// reported, not one database read per report.
+// Mutation killed: a replay queued per report (101 replays).
+func TestReportsOfUnpublishedEventsShareOneReplay(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	replays := make(chan time.Time, 256)
+	release := make(chan struct{})
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, _ time.Time) (int, error) {
+			replays <- since
+			<-release
+			return 0, nil
+		},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Equal(t, bus.start, next0(t, replays), "the gap before the first subscription")
+	// The fan-out is held in that first replay while the reports arrive.
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	const peer = "00000000000000bb"
+	first := time.Now().Add(-time.Second)
+	for i := range 100 {
+		at := first.Add(time.Duration(i) * time.Millisecond)
+		require.NoError(t, other.Publish(t.Context(), aliveChannel, peer+" unpublished "+fmt.Sprint(at.UnixNano())).Err())
+	}
+	// After the burst, an older report: the waiting replay starts from it.
+	oldest := first.Add(-time.Second)
+	require.NoError(t, other.Publish(t.Context(), aliveChannel, peer+" unpublished "+fmt.Sprint(oldest.UnixNano())).Err())
+	// Every report read (the fan-out, held, cannot tell).
+	require.Eventually(t, func() bool { return bus.reportedSince.Load() == oldest.UnixNano() }, 30*time.Second, 10*time.Millisecond)
+	close(release)
+	require.True(t, oldest.Equal(next0(t, replays)), "one replay, from the oldest report")
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(bus.metrics.Gaps.WithLabelValues("unpublished_replayed")) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, replays, "the other reports joined that replay")
+}
+
+// next0 is the next time on ch.
+func next0(t *testing.T, ch <-chan time.Time) time.Time {
+	t.Helper()
+	select {
+	case got := <-ch:
+		return got
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing arrived")
+		return time.Time{}
+	}
+}
