@@ -243,7 +243,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	go srv.RunListFolder(ctx)
 	go srv.KeepEventStatistics(ctx)
 	go srv.WatchCommunityClosures(ctx)
-	if err := srv.StartCrossRelay(ctx); err != nil {
+	// The bus outlives the signal and stops last (StopCrossRelay): its
+	// goodbye vouches for every event committed before it, and the
+	// connections and workers finishing after the signal commit more.
+	if err := srv.StartCrossRelay(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	if err := srv.StartReadReplica(ctx); err != nil {
@@ -294,6 +297,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err := srv.WaitForWorkers(shutdownCtx); err != nil {
 		log.Warn("deliveries or workflow steps in flight did not finish in time", "err", err)
 	}
+	// Its own budget: the connections and workers may have spent the
+	// shutdown's, and the goodbye is one publish of what is queued.
+	goodbyeCtx, cancelGoodbye := context.WithTimeout(context.Background(), goodbyeBudget)
+	defer cancelGoodbye()
+	if err := srv.StopCrossRelay(goodbyeCtx); err != nil {
+		log.Warn("the goodbye to the other relay processes did not finish in time; they will take this one for dead and replay what it committed", "err", err)
+	}
 	return nil
 }
 
@@ -301,6 +311,10 @@ const (
 	// shutdownBudget bounds draining connections and the workers' steps and
 	// deliveries in flight after SIGTERM.
 	shutdownBudget = 15 * time.Second
+	// goodbyeBudget bounds publishing what is still queued for the other
+	// relay processes and the goodbye (one publish of at most 2 s) after
+	// the connections and workers are done.
+	goodbyeBudget = 3 * time.Second
 	// poolCloseWait is how long, past that budget, closing the database
 	// pool may wait for connections still in use before the process exits
 	// without them.

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,4 +151,67 @@ func TestThreeRelayProcessesServeAsOne(t *testing.T) {
 	stored := a.client(t, nil).Req("history", map[string]any{"authors": []string{author}})
 	require.Len(t, stored, n+1, "nothing B stored is lost")
 	onA.ExpectSilence(300*time.Millisecond, "no duplicate arrives on A")
+}
+
+// SIGTERM while a connection's write waits on a lock: the write commits
+// while the process closes its connections, and its event still reaches
+// the other process's subscriber, because the process says goodbye (which
+// tells the others that everything before it was published) only once its
+// connections and workers are done. Before, the bus stopped with the
+// signal: its goodbye went out first, and the event committed after it
+// was stored but never reached another process live.
+// Mutation killed: serve starting the bus on the signal's context (the
+// goodbye goes out at the signal; A never gets the event).
+func TestStoppedRelayProcessPublishesWhatItCommitsWhileClosing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	redisURL := dbtest.RedisServer(t).URL()
+	pool := observerPool(t, databaseURL)
+	a := startRelayProcess(t, bin, "a", map[string]string{
+		"BUZZ_DATABASE_URL": withAppName(t, databaseURL, "a"), "BUZZ_REDIS_URL": redisURL,
+	})
+	b := startRelayProcess(t, bin, "b", map[string]string{
+		"BUZZ_DATABASE_URL": withAppName(t, databaseURL, "b"), "BUZZ_REDIS_URL": redisURL,
+	})
+	a.waitRedisConnected(t)
+	b.waitRedisConnected(t)
+
+	publisher := b.client(t, nil)
+	onA := a.client(t, nil)
+	onA.Send("REQ", "live", map[string]any{"authors": []string{publisher.Key.PublicKeyHex()}, "limit": 0})
+	onA.Expect("EOSE")
+	heard := publisher.Sign(1, "before the stop", nil, 0)
+	require.True(t, publisher.Publish(heard).OK)
+	require.Equal(t, heard.ID, onA.Expect("EVENT").Event.ID)
+
+	// The next write waits on the test's lock until B is closing.
+	lock, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE events IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+	closing := publisher.Sign(1, "committed while B closes", nil, 0)
+	publisher.Send("EVENT", closing)
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'b' AND wait_event_type = 'Lock'`).Scan(&waiting))
+		return waiting > 0
+	}, time.Minute, 10*time.Millisecond, "B's write never waited on the lock")
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "shutting down") },
+		time.Minute, 10*time.Millisecond)
+	// Time for a goodbye sent at the signal to reach A (none is, now).
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, lock.Rollback(ctx))
+
+	require.Equal(t, closing.ID, onA.Expect("EVENT").Event.ID, "the event B committed while closing reaches A")
+	select {
+	case <-b.exited:
+	case <-time.After(time.Minute):
+		t.Fatal("B did not stop within a minute of SIGTERM")
+	}
+	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
 }

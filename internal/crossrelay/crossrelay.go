@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -43,8 +44,13 @@ const (
 	controlPattern = channelPrefix + "*" + controlSuffix
 	// aliveChannel carries every process's heartbeat and goodbye
 	// (Bus.send), outside every community.
-	aliveChannel  = channelPrefix + "relays:alive"
-	goodbyeSuffix = " bye"
+	aliveChannel = channelPrefix + "relays:alive"
+	goodbyeWord  = "bye"
+	// unpublishedWord, with a time (Unix nanoseconds), ends an
+	// announcement or goodbye of a process that could not publish some
+	// events queued since its previous announcement: the oldest of them
+	// was queued at that time, and the others replay from it.
+	unpublishedWord = "unpublished"
 )
 
 // ChannelName is the Redis channel of one community's live traffic.
@@ -62,7 +68,7 @@ func ControlChannel(community uuid.UUID) string {
 // connection of the community on every relay.
 const DisconnectCommunity = `{"op":"DisconnectCommunity"}`
 
-// loggedPayload is how much of an unknown control message is logged.
+// loggedPayload is how much of a message that is not understood is logged.
 const loggedPayload = 64
 
 // control is a ControlChannel message.
@@ -113,6 +119,17 @@ const (
 	// mostPeers bounds the processes remembered; announcements of more are
 	// ignored (only relay processes publish on Redis).
 	mostPeers = 1024
+	// unpublishedReach: how far back a replay of the events a peer reports
+	// unpublished may start. The relay's fan-out remembers what it
+	// delivered for 15 s and a replay reads 5 s before its start, so an
+	// older start would send again what it forgot.
+	unpublishedReach = 10 * time.Second
+	// junkLogEvery: at most one warning this often for messages on the
+	// bus's channels that do not decode; the rest are counted, and the
+	// next warning says how many were not logged. A buggy or hostile
+	// publisher would otherwise write one line per message into every
+	// relay's log.
+	junkLogEvery = 10 * time.Second
 )
 
 // Handlers receive what the other processes published. They are called
@@ -143,7 +160,7 @@ type Handlers struct {
 type Metrics struct {
 	Connected prometheus.Gauge
 	Published prometheus.Counter
-	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error
+	Dropped   *prometheus.CounterVec // reason: queue_full, redis_error, after_goodbye
 	Received  prometheus.Counter
 	// Pending counts messages queued or being published: 0 means every
 	// message so far was published or dropped.
@@ -158,6 +175,9 @@ type Metrics struct {
 	// Peers is how many other processes this one hears announce
 	// themselves.
 	Peers prometheus.Gauge
+	// Undecodable counts the messages on the bus's channels that were
+	// not understood and skipped (logged at most once per junkLogEvery).
+	Undecodable prometheus.Counter
 }
 
 // NewMetrics registers the bus's collectors on reg.
@@ -191,7 +211,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Peers = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "buzz_redis_peers", Help: "Other relay processes this relay hears announce themselves through Redis.",
 	})
-	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed, m.PeerDeaths, m.Peers)
+	m.Undecodable = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_redis_undecodable_total", Help: "Messages on the relays' Redis channels that this relay could not decode (or an unknown connection control), skipped; a rising count means a buggy or foreign publisher.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed, m.PeerDeaths, m.Peers, m.Undecodable)
 	return m
 }
 
@@ -212,6 +235,9 @@ type outgoing struct {
 	// invalidates is the community an access invalidation is about (nil
 	// for an event).
 	invalidates *uuid.UUID
+	// queuedAt is when an event was queued: if its publish fails, the
+	// next announcement tells the others to replay from then.
+	queuedAt time.Time
 	// announces: a heartbeat or goodbye, not an event or invalidation
 	// (neither queued nor counted as one).
 	announces bool
@@ -264,6 +290,27 @@ type Bus struct {
 	peerReplays atomic.Int32
 	// killed: Kill was called; nothing more is published.
 	killed atomic.Bool
+	// stopped: the goodbye is said; what is queued after it is dropped,
+	// counted and logged (once): a writer the shutdown did not wait for.
+	stopped     atomic.Bool
+	lateWarning sync.Once
+	// unpublishedSince is when the oldest event was queued that was
+	// dropped (queue full, failed publish) and that no announcement heard
+	// by the others has reported yet (Unix nanoseconds, 0: none). An
+	// announcement vouches for what was queued before it, so it carries
+	// this time, and the others replay from the database what this
+	// process committed since then.
+	unpublishedSince atomic.Int64
+	// failNextPublish makes the next batch that carries events fail as a
+	// Redis error would (FailNextPublish).
+	failNextPublish atomic.Bool
+	// reportedSince is the oldest time reported by the peers' reports of
+	// unpublished events heard since the replay queued for them, not
+	// started yet (Unix nanoseconds, 0: none queued).
+	reportedSince atomic.Int64
+	// junk limits the warnings about undecodable messages, unreachable
+	// those about unpublished events too old to replay.
+	junk, unreachable junkLog
 }
 
 // New connects lazily to the Redis at url; nothing is sent before Run.
@@ -320,6 +367,11 @@ func (b *Bus) CatchingUp() bool { return b.catchingUp.Load() || b.peerReplays.Lo
 // It exists for tests of that recovery.
 func (b *Bus) Kill() { b.killed.Store(true) }
 
+// FailNextPublish makes the next publish of events fail as if Redis had
+// refused it, while the process goes on announcing itself. It exists for
+// tests of that recovery.
+func (b *Bus) FailNextPublish() { b.failNextPublish.Store(true) }
+
 // sinceStart is the bus's monotonic clock.
 func (b *Bus) sinceStart() int64 { return int64(time.Since(b.start)) }
 
@@ -362,6 +414,15 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	out := outgoing{channel: ChannelName(community), payload: payload}
 	if m.Event == nil {
 		out.invalidates = &community
+	} else {
+		out.queuedAt = time.Now()
+	}
+	if b.stopped.Load() {
+		if m.Event != nil {
+			b.metrics.Pending.Inc()
+			b.droppedAfterGoodbye()
+		}
+		return true
 	}
 	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
 	select {
@@ -371,9 +432,60 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 		b.metrics.Pending.Dec()
 		if m.Event != nil {
 			b.metrics.Dropped.WithLabelValues("queue_full").Inc()
+			b.noteUnpublished(out.queuedAt)
 		}
 		return false
 	}
+}
+
+// droppedAfterGoodbye counts an event queued after the goodbye: the
+// others, told that everything before it was published, replay nothing
+// for it, so it reaches no other process live.
+func (b *Bus) droppedAfterGoodbye() {
+	b.metrics.Pending.Dec()
+	b.metrics.Dropped.WithLabelValues("after_goodbye").Inc()
+	b.lateWarning.Do(func() {
+		b.log.Warn("redis: an event was committed after this relay said goodbye to the others; their subscribers miss it live (a REQ returns it)")
+	})
+}
+
+// noteUnpublished records that an event queued at queuedAt was not
+// published, unless an older one is recorded already.
+func (b *Bus) noteUnpublished(queuedAt time.Time) {
+	at := queuedAt.UnixNano()
+	for {
+		old := b.unpublishedSince.Load()
+		if old != 0 && old <= at {
+			return
+		}
+		if b.unpublishedSince.CompareAndSwap(old, at) {
+			return
+		}
+	}
+}
+
+// noteUnpublishedEvents records the events of a batch that failed.
+func (b *Bus) noteUnpublishedEvents(batch []outgoing) {
+	for _, m := range batch {
+		if !m.queuedAt.IsZero() {
+			b.noteUnpublished(m.queuedAt)
+		}
+	}
+}
+
+// announcement is this process's id, then goodbyeWord when it stops, then
+// unpublishedWord and a time if events queued since the last heard
+// announcement were not published.
+func (b *Bus) announcement(goodbye bool, unpublished int64) []byte {
+	payload := []byte(b.origin)
+	if goodbye {
+		payload = append(payload, " "+goodbyeWord...)
+	}
+	if unpublished != 0 {
+		payload = append(payload, " "+unpublishedWord+" "...)
+		payload = strconv.AppendInt(payload, unpublished, 10)
+	}
+	return payload
 }
 
 // keepUnsent remembers an invalidation for the sender's next batch, and
@@ -425,6 +537,15 @@ func (b *Bus) send(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			b.sayGoodbye()
+			b.stopped.Store(true)
+			for more := true; more; { // queued while the goodbye was said
+				select {
+				case <-b.queue:
+					b.droppedAfterGoodbye()
+				default:
+					more = false
+				}
+			}
 			return
 		case m := <-b.queue:
 			batch = append(batch[:0], m)
@@ -446,26 +567,27 @@ func (b *Bus) send(ctx context.Context) {
 		}
 		batch = b.takeUnsent(batch)
 		queued := len(batch)
-		if announce {
-			// Last: heard, it proves the batch before it was published.
-			batch = append(batch, outgoing{channel: aliveChannel, payload: []byte(b.origin), announces: true})
-		}
-		if len(batch) == 0 {
+		if queued == 0 && !announce {
 			continue
 		}
 		if b.killed.Load() {
 			b.metrics.Pending.Sub(float64(queued))
 			continue
 		}
-		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		pipe := b.client.Pipeline()
-		for _, m := range batch {
-			pipe.Publish(pctx, m.channel, m.payload)
+		var unpublished int64
+		if announce {
+			// Last: heard, it proves the batch before it was published,
+			// and tells since when what failed before it was not.
+			unpublished = b.unpublishedSince.Swap(0)
+			batch = append(batch, outgoing{channel: aliveChannel, payload: b.announcement(false, unpublished), announces: true})
 		}
-		_, err := pipe.Exec(pctx)
-		cancel()
+		err := b.publish(ctx, batch)
 		b.metrics.Pending.Sub(float64(queued))
 		if err != nil {
+			b.noteUnpublishedEvents(batch)
+			if unpublished != 0 {
+				b.noteUnpublished(time.Unix(0, unpublished)) // told nobody: the next announcement tells
+			}
 			for _, m := range batch {
 				if m.invalidates != nil {
 					b.keepUnsent(*m.invalidates, false)
@@ -476,7 +598,7 @@ func (b *Bus) send(ctx context.Context) {
 			}
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
 			if !failing && ctx.Err() == nil {
-				b.log.Warn("redis: publishing to the other relays failed; their subscribers miss these live events (stored events stay queryable)", "err", err, "dropped", len(batch))
+				b.log.Warn("redis: publishing to the other relays failed; the next announcement asks them to replay these events from the database", "err", err, "dropped", queued)
 			}
 			failing = true
 			continue
@@ -485,32 +607,53 @@ func (b *Bus) send(ctx context.Context) {
 			b.log.Info("redis: publishing to the other relays again")
 			failing = false
 		}
+		if unpublished != 0 {
+			b.log.Info("redis: asked the other relays to replay the events this relay could not publish", "since", time.Unix(0, unpublished))
+		}
 		b.metrics.Published.Add(float64(queued))
 	}
 }
 
+// publish sends batch as one pipeline, in order, within the publish
+// timeout. A batch carrying events fails without reaching Redis after
+// FailNextPublish.
+func (b *Bus) publish(ctx context.Context, batch []outgoing) error {
+	for _, m := range batch {
+		if !m.queuedAt.IsZero() && b.failNextPublish.CompareAndSwap(true, false) {
+			return errors.New("publish failed on purpose (FailNextPublish)")
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	pipe := b.client.Pipeline()
+	for _, m := range batch {
+		pipe.Publish(pctx, m.channel, m.payload)
+	}
+	_, err := pipe.Exec(pctx)
+	return err
+}
+
 // sayGoodbye tells the other processes that this one stops on purpose, so
 // its silence is not taken for a death: first what is still queued, then
-// the goodbye, in one batch, for at most the publish timeout.
+// the goodbye, in one batch, for at most the publish timeout. Like an
+// announcement, the goodbye tells since when events were not published, so
+// the others replay them before forgetting this process.
 func (b *Bus) sayGoodbye() {
 	if b.killed.Load() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
-	defer cancel()
-	pipe := b.client.Pipeline()
-	queued := 0
+	var batch []outgoing
 	for more := true; more; {
 		select {
 		case m := <-b.queue:
-			pipe.Publish(ctx, m.channel, m.payload)
-			queued++
+			batch = append(batch, m)
 		default:
 			more = false
 		}
 	}
-	pipe.Publish(ctx, aliveChannel, b.origin+goodbyeSuffix)
-	_, err := pipe.Exec(ctx)
+	queued := len(batch)
+	batch = append(batch, outgoing{channel: aliveChannel, payload: b.announcement(true, b.unpublishedSince.Swap(0)), announces: true})
+	err := b.publish(context.Background(), batch)
 	b.metrics.Pending.Sub(float64(queued))
 	if err != nil {
 		b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
@@ -581,9 +724,11 @@ type inbound struct {
 	channel   *uuid.UUID
 	version   int64 // the channel's readers version its write read
 	weight    int64 // its share of receiveAheadBytes
-	// deadSince, when set, is not an event but the replay of dead peers'
-	// events from their last announcement (replayDeadPeers).
-	deadSince time.Time
+	// replaySince, when set, is not an event but a replay from the
+	// database from then (replayPeers): of dead peers' events from their
+	// last announcement, or of the events a peer reported unpublished.
+	replaySince time.Time
+	replayOf    *replayOf
 }
 
 // receive hands messages to the handlers until the subscription fails.
@@ -618,8 +763,8 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			b.catchUp(ctx, gapSince, subscribedAt, atStart)
 		}
 		for in := range ahead {
-			if !in.deadSince.IsZero() {
-				b.replayDeadPeers(ctx, in.deadSince)
+			if !in.replaySince.IsZero() {
+				b.replayPeers(ctx, in.replaySince, in.replayOf)
 				continue
 			}
 			// On shutdown what is still queued is dropped: the connections
@@ -661,6 +806,12 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 	// here. Those heard before it are forgotten, as is their silence
 	// during the outage: the gap's catch-up replays what they committed.
 	peers := newPeers(subscribedAt)
+	// What this subscription's catch-up replays: a peer's events reported
+	// unpublished within it need no replay of their own.
+	var caughtUp span
+	if catchUp {
+		caughtUp = span{from: gapSince, until: subscribedAt}
+	}
 	for {
 		// No read deadline: one that fell inside a large message would
 		// leave the connection in the middle of it. The prover closes the
@@ -685,8 +836,20 @@ func (b *Bus) receive(ctx context.Context, ps *redis.PubSub) (err error) {
 			}
 		case *redis.Message:
 			if m.Channel == aliveChannel {
-				peers.heard(m.Payload, b.origin, time.Now())
+				unpublished := peers.heard(m.Payload, b.origin, time.Now())
 				b.metrics.Peers.Set(float64(len(peers.lastHeard)))
+				if unpublished.IsZero() {
+					continue
+				}
+				unpublished = b.withinReach(unpublished, caughtUp)
+				if b.reportUnpublished(unpublished) {
+					// A report heard before this replay starts joins it
+					// (reportedSince).
+					if err := b.queueReplay(ctx, room, ahead, unpublished, &unpublishedReplay); err != nil {
+						b.reportedSince.Store(0)
+						return err
+					}
+				}
 				continue
 			}
 			in, ok := b.handle(m)
@@ -712,8 +875,63 @@ func (b *Bus) noticeDeadPeers(ctx context.Context, peers *peers, room *semaphore
 	b.metrics.Peers.Set(float64(len(peers.lastHeard)))
 	b.log.Warn("redis: other relay processes went silent without a goodbye; replaying what they committed since their last sign of life",
 		"dead", dead, "since", since)
+	return b.queueReplay(ctx, room, ahead, since, &peersReplay)
+}
+
+// reportUnpublished records a peer's report of events unpublished since
+// then for the replay queued and not started yet, if any; it reports
+// whether a replay must be queued for it. One replay covers every report
+// heard before it starts (it reads up to when it runs), so a peer that
+// reports again and again, in a burst or by a bug, costs one replay at a
+// time rather than a queue of them.
+func (b *Bus) reportUnpublished(since time.Time) (queue bool) {
+	at := since.UnixNano()
+	for {
+		old := b.reportedSince.Load()
+		if old != 0 && old <= at {
+			return false
+		}
+		if b.reportedSince.CompareAndSwap(old, at) {
+			return old == 0
+		}
+	}
+}
+
+// span is a stretch of time.
+type span struct{ from, until time.Time }
+
+// withinReach is since, or the oldest time a replay of a peer's
+// unpublished events may start from without sending again what this
+// process delivered and no longer remembers. A peer whose publishes and
+// announcements failed for that long was taken for dead meanwhile and
+// replayed up to then; what it committed between that replay and the
+// reach is not replayed, and that is logged, unless this subscription's
+// own catch-up (caughtUp: after an outage that was everyone's) replayed it.
+func (b *Bus) withinReach(since time.Time, caughtUp span) time.Time {
+	oldest := time.Now().Add(-unpublishedReach)
+	if !since.Before(oldest) {
+		return since
+	}
+	missedFrom := since
+	if !caughtUp.from.IsZero() && !since.Before(caughtUp.from) && since.Before(caughtUp.until) {
+		missedFrom = caughtUp.until
+	}
+	if !missedFrom.Before(oldest) {
+		return oldest
+	}
+	if suppressed, ok := b.unreachable.allow(time.Now()); ok {
+		b.log.Warn("redis: another relay process reports events unpublished for longer than can be replayed without duplicates; replaying only the newest (a REQ returns the others)",
+			"unpublished_since", since, "replayed_since", oldest, "skipped_without_warning", suppressed)
+	}
+	return oldest
+}
+
+// queueReplay queues for the fan-out, in order with the events read
+// before and after it, a replay from the database from since; the hub
+// keeps what it publishes until it is done (CatchingUp).
+func (b *Bus) queueReplay(ctx context.Context, room *semaphore.Weighted, ahead chan<- inbound, since time.Time, of *replayOf) error {
 	b.peerReplays.Add(1)
-	if err := b.handOn(ctx, room, ahead, inbound{deadSince: since}); err != nil {
+	if err := b.handOn(ctx, room, ahead, inbound{replaySince: since, replayOf: of}); err != nil {
 		b.peerReplays.Add(-1)
 		return err
 	}
@@ -733,22 +951,50 @@ func newPeers(subscribed time.Time) *peers {
 	return &peers{lastHeard: map[string]time.Time{}, heardAny: subscribed}
 }
 
-// heard records an announcement (a process id, or one and goodbyeSuffix).
-// A goodbye forgets the process: it stopped on purpose after publishing
-// what it had. What is not a process id is ignored.
-func (p *peers) heard(payload, self string, now time.Time) {
-	id, goodbye := strings.CutSuffix(payload, goodbyeSuffix)
-	if !isProcessID(id) {
-		return
+// heard records an announcement (Bus.announcement). A goodbye forgets the
+// process: it stopped on purpose after publishing what it had. unpublished
+// is when the oldest event the announcing process could not publish was
+// queued (zero: none, or this process's own). What does not parse is
+// ignored.
+func (p *peers) heard(payload, self string, now time.Time) (unpublished time.Time) {
+	id, goodbye, since, ok := parseAnnouncement(payload)
+	if !ok {
+		return unpublished
 	}
 	p.heardAny = now
+	if id == self {
+		return unpublished
+	}
 	switch _, known := p.lastHeard[id]; {
-	case id == self:
 	case goodbye:
 		delete(p.lastHeard, id)
 	case known || len(p.lastHeard) < mostPeers:
 		p.lastHeard[id] = now
 	}
+	return since
+}
+
+// parseAnnouncement splits an announcement into its parts.
+func parseAnnouncement(payload string) (id string, goodbye bool, unpublished time.Time, ok bool) {
+	id, rest, _ := strings.Cut(payload, " ")
+	if !isProcessID(id) {
+		return "", false, unpublished, false
+	}
+	if rest == goodbyeWord {
+		return id, true, unpublished, true
+	}
+	if after, cut := strings.CutPrefix(rest, goodbyeWord+" "); cut {
+		goodbye, rest = true, after
+	}
+	if rest == "" {
+		return id, goodbye, unpublished, true
+	}
+	nanos, cut := strings.CutPrefix(rest, unpublishedWord+" ")
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	if !cut || err != nil || n <= 0 {
+		return "", false, unpublished, false
+	}
+	return id, goodbye, time.Unix(0, n), true
 }
 
 // dead forgets the peers unheard for peerDeadAfter, if this process
@@ -780,14 +1026,18 @@ func isProcessID(id string) bool {
 	return err == nil
 }
 
-// replayDeadPeers replays from the database what the dead peers may have
-// committed and not published: from their last sign of life to now, each
-// widened by the catch-up's margins. What this process heard of it is not
-// sent twice (the hub remembers it).
-func (b *Bus) replayDeadPeers(ctx context.Context, since time.Time) {
+// replayPeers replays from the database what other processes may have
+// committed and not published: from since (a dead peer's last sign of
+// life, or when a live one queued the oldest event it could not publish)
+// to now, each widened by the catch-up's margins. What this process heard
+// of it is not sent twice (the hub remembers it).
+func (b *Bus) replayPeers(ctx context.Context, since time.Time, of *replayOf) {
 	defer b.peerReplays.Add(-1)
+	if of == &unpublishedReplay {
+		since = time.Unix(0, b.reportedSince.Swap(0))
+	}
 	if ctx.Err() == nil {
-		b.replay(ctx, since, time.Now(), peersReplay, false)
+		b.replay(ctx, since, time.Now(), *of, false)
 	}
 }
 
@@ -845,6 +1095,11 @@ var (
 		outcomePrefix: "peer_",
 		failed:        "redis: could not replay what a dead relay process committed; subscribers here missed it live (a REQ since then returns it)",
 		done:          "redis: replayed what dead relay processes committed since their last sign of life",
+	}
+	unpublishedReplay = replayOf{
+		outcomePrefix: "unpublished_",
+		failed:        "redis: could not replay the events another relay process failed to publish; subscribers here missed them live (a REQ since then returns them)",
+		done:          "redis: replayed the events another relay process failed to publish",
 	}
 )
 
@@ -931,10 +1186,10 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	if community, ok := communityOf(m.Channel, controlSuffix); ok {
 		var op control
 		if err := json.Unmarshal([]byte(m.Payload), &op); err != nil || op.Op != "DisconnectCommunity" {
-			// Its length and start, not the payload: whatever published it
-			// may send megabytes, once or many times.
-			b.log.Warn("redis: unknown connection control message", "channel", m.Channel,
-				"bytes", len(m.Payload), "start", m.Payload[:min(len(m.Payload), loggedPayload)])
+			if err == nil {
+				err = errors.New("unknown op")
+			}
+			b.skipJunk("redis: unknown connection control message", m, err)
 			return in, false
 		}
 		if b.handlers.CloseCommunity != nil {
@@ -948,7 +1203,7 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	}
 	var msg message
 	if err := json.Unmarshal([]byte(m.Payload), &msg); err != nil {
-		b.log.Warn("redis: undecodable message", "channel", m.Channel, "err", err)
+		b.skipJunk("redis: undecodable message", m, err)
 		return in, false
 	}
 	if msg.Origin == b.origin {
@@ -963,10 +1218,54 @@ func (b *Bus) handle(m *redis.Message) (in inbound, ok bool) {
 	}
 	var ev nostr.Event
 	if err := json.Unmarshal(msg.Event, &ev); err != nil {
-		b.log.Warn("redis: undecodable event", "channel", m.Channel, "err", err)
+		b.skipJunk("redis: undecodable event", m, err)
 		return in, false
 	}
 	return inbound{community: community, event: &ev, channel: msg.Channel, version: msg.ReadersVersion}, true
+}
+
+// junkLog lets one warning of a kind through per interval (junkLogEvery;
+// tests shorten it) and counts the others: what a peer sends, by a bug or
+// on purpose, may repeat in every message.
+type junkLog struct {
+	mu         sync.Mutex
+	interval   time.Duration
+	last       time.Time // the last warning
+	suppressed int       // messages skipped since then without a warning
+}
+
+// skipJunk counts a message that was not understood, and warns about it
+// unless a warning was logged within the interval: then the next warning
+// says how many were skipped without one. It logs the payload's length
+// and start, not the payload: whatever published it may send megabytes,
+// once or many times.
+func (b *Bus) skipJunk(warning string, m *redis.Message, err error) {
+	b.metrics.Undecodable.Inc()
+	suppressed, ok := b.junk.allow(time.Now())
+	if !ok {
+		return
+	}
+	b.log.Warn(warning, "channel", m.Channel, "bytes", len(m.Payload),
+		"start", m.Payload[:min(len(m.Payload), loggedPayload)], "err", err,
+		"skipped_without_warning", suppressed)
+}
+
+// allow reports whether a warning may be logged at now, and how many were
+// not since the last one.
+func (j *junkLog) allow(now time.Time) (suppressed int, ok bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	interval := j.interval
+	if interval == 0 {
+		interval = junkLogEvery
+	}
+	if !j.last.IsZero() && now.Sub(j.last) < interval {
+		j.suppressed++
+		return 0, false
+	}
+	suppressed = j.suppressed
+	j.last, j.suppressed = now, 0
+	return suppressed, true
 }
 
 func communityOf(channel, suffix string) (uuid.UUID, bool) {

@@ -758,7 +758,7 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 	const self = "00000000000000aa"
 	for _, garbage := range []string{"", "not hex at all!", "0123", strings.Repeat("f", 17), strings.Repeat("z", 16), strings.Repeat("ab", 1<<16)} {
 		p.heard(garbage, self, start.Add(time.Second))
-		p.heard(garbage+goodbyeSuffix, self, start.Add(time.Second))
+		p.heard(garbage+" "+goodbyeWord, self, start.Add(time.Second))
 	}
 	require.Empty(t, p.lastHeard, "garbage is no peer")
 	require.Equal(t, start, p.heardAny, "garbage is no sign of anyone's life")
@@ -769,7 +769,7 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 		p.heard(fmt.Sprintf("%016x", i+1), self, start.Add(time.Duration(i)*time.Microsecond))
 	}
 	require.Len(t, p.lastHeard, mostPeers)
-	p.heard(fmt.Sprintf("%016x", 1)+goodbyeSuffix, self, start)
+	p.heard(fmt.Sprintf("%016x", 1)+" "+goodbyeWord, self, start)
 	require.Len(t, p.lastHeard, mostPeers-1, "a goodbye forgets its process")
 
 	later := start.Add(peerDeadAfter + time.Second)
@@ -782,4 +782,189 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 	require.Equal(t, mostPeers-1, dead)
 	require.Equal(t, start.Add(time.Microsecond), since, "one replay, from the earliest last sign of life")
 	require.Empty(t, p.lastHeard, "each dead peer is replayed once")
+}
+
+// Messages on the bus's channels that do not decode are counted each, and
+// warned about once per interval: a buggy or hostile publisher flooding a
+// channel with junk must not write a line per message into every relay's
+// log. The next warning says how many went unlogged.
+// Mutations killed: a warning per message (100 lines); no count.
+func TestUndecodableMessagesAreCountedAndWarnedAboutOncePerInterval(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisURL(t)
+	community := uuid.New()
+	var logged syncBuffer
+	delivered := make(chan string, 4)
+	bus, err := New(url, 16, Handlers{
+		Deliver: func(c uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) {
+			if c == community {
+				delivered <- ev.ID
+			}
+		},
+	}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	bus.junk.interval = time.Hour
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	// After junk, a well-formed event: once it arrives, the junk before it
+	// was read.
+	publishJunk := func(n int) {
+		for i := range n {
+			junk := []string{"not json", `{"o":"elsewhere","e":{"kind":"nine"}}`}[i%2]
+			require.NoError(t, other.Publish(t.Context(), ChannelName(community), junk).Err())
+		}
+		ev := signed(t, "after the junk")
+		require.NoError(t, other.Publish(t.Context(), ChannelName(community), `{"o":"elsewhere","e":`+string(ev.AppendJSON(nil))+`}`).Err())
+		require.Equal(t, ev.ID, next(t, delivered))
+	}
+	publishJunk(100)
+	require.Equal(t, 100.0, testutil.ToFloat64(bus.metrics.Undecodable))
+	require.Equal(t, 1, strings.Count(logged.String(), "level=WARN"), "one warning for the flood:\n%s", logged.String())
+
+	bus.junk.mu.Lock()
+	bus.junk.interval = time.Nanosecond
+	bus.junk.mu.Unlock()
+	publishJunk(1)
+	require.Equal(t, 101.0, testutil.ToFloat64(bus.metrics.Undecodable))
+	require.Equal(t, 2, strings.Count(logged.String(), "level=WARN"))
+	require.Contains(t, logged.String(), "skipped_without_warning=99", "the next warning tells how many went unlogged")
+}
+
+// An announcement that reports unpublished events makes the process that
+// hears it replay from the database from that time; a time older than
+// what the fan-out still remembers is brought forward to it, so nothing
+// delivered before is sent twice. The process's own announcements and
+// malformed ones replay nothing.
+// Mutation killed: no reach (the replay starts an hour back).
+func TestReportedUnpublishedEventsAreReplayedWithinReach(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	replays := make(chan time.Time, 8)
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, _ time.Time) (int, error) {
+			replays <- since
+			return 0, nil
+		},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, bus.start, <-replays, "the gap before the first subscription")
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	const peer = "00000000000000bb"
+	announce := func(payload string) {
+		require.NoError(t, other.Publish(t.Context(), aliveChannel, payload).Err())
+	}
+	recent := time.Now().Add(-time.Second)
+	announce(bus.origin + " unpublished " + fmt.Sprint(time.Now().UnixNano()))
+	announce(peer + " unpublished not-a-time")
+	announce(peer + " unpublished " + fmt.Sprint(recent.UnixNano()))
+	select {
+	case since := <-replays:
+		require.True(t, since.Equal(recent), "replayed from %s, reported %s", since, recent)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no replay for the reported events")
+	}
+
+	old := time.Now().Add(-time.Hour)
+	before := time.Now()
+	announce(peer + " bye unpublished " + fmt.Sprint(old.UnixNano()))
+	select {
+	case since := <-replays:
+		require.False(t, since.Before(before.Add(-unpublishedReach)), "replayed from %s, an hour back", since)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no replay for the events a goodbye reported")
+	}
+	require.Equal(t, 2.0, testutil.ToFloat64(bus.metrics.Gaps.WithLabelValues("unpublished_replayed")))
+	require.Empty(t, replays, "this process's own report and a malformed one replay nothing")
+}
+
+// An event queued after the bus said goodbye (a writer the shutdown did
+// not wait for) is counted and logged, not left in a queue nobody reads:
+// the others replay nothing for a process that said goodbye.
+// Mutation killed: no check after the goodbye (nothing counted, the event
+// stays pending).
+func TestEventQueuedAfterTheGoodbyeIsCountedAsDropped(t *testing.T) {
+	t.Parallel()
+	var logged syncBuffer
+	bus, err := New(dbtest.RedisURL(t), 16, Handlers{}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { bus.Run(ctx); close(done) }()
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	<-done
+
+	bus.PublishEvent(uuid.New(), signed(t, "too late"), nil, 0)
+	require.Equal(t, 1.0, testutil.ToFloat64(bus.metrics.Dropped.WithLabelValues("after_goodbye")))
+	require.Zero(t, testutil.ToFloat64(bus.metrics.Pending))
+	require.Contains(t, logged.String(), "committed after this relay said goodbye")
+}
+
+// Reports of unpublished events heard while a replay for them waits to
+// start join that replay: a peer reporting again and again (a burst of
+// failures, or a bug) costs one replay at a time, from the oldest time
+// reported, not one database read per report.
+// Mutation killed: a replay queued per report (101 replays).
+func TestReportsOfUnpublishedEventsShareOneReplay(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	replays := make(chan time.Time, 256)
+	release := make(chan struct{})
+	bus, err := New(srv.URL(), 16, Handlers{
+		CatchUp: func(_ context.Context, since, _ time.Time) (int, error) {
+			replays <- since
+			<-release
+			return 0, nil
+		},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Equal(t, bus.start, next0(t, replays), "the gap before the first subscription")
+	// The fan-out is held in that first replay while the reports arrive.
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	other := redis.NewClient(opts)
+	t.Cleanup(func() { other.Close() })
+	const peer = "00000000000000bb"
+	first := time.Now().Add(-time.Second)
+	for i := range 100 {
+		at := first.Add(time.Duration(i) * time.Millisecond)
+		require.NoError(t, other.Publish(t.Context(), aliveChannel, peer+" unpublished "+fmt.Sprint(at.UnixNano())).Err())
+	}
+	// After the burst, an older report: the waiting replay starts from it.
+	oldest := first.Add(-time.Second)
+	require.NoError(t, other.Publish(t.Context(), aliveChannel, peer+" unpublished "+fmt.Sprint(oldest.UnixNano())).Err())
+	// Every report read (the fan-out, held, cannot tell).
+	require.Eventually(t, func() bool { return bus.reportedSince.Load() == oldest.UnixNano() }, 30*time.Second, 10*time.Millisecond)
+	close(release)
+	require.True(t, oldest.Equal(next0(t, replays)), "one replay, from the oldest report")
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(bus.metrics.Gaps.WithLabelValues("unpublished_replayed")) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Empty(t, replays, "the other reports joined that replay")
+}
+
+// next0 is the next time on ch.
+func next0(t *testing.T, ch <-chan time.Time) time.Time {
+	t.Helper()
+	select {
+	case got := <-ch:
+		return got
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing arrived")
+		return time.Time{}
+	}
 }

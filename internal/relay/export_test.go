@@ -43,6 +43,11 @@ func (s *Server) CrossRelayHears() bool {
 // publish.
 func (s *Server) KillCrossRelay() { s.crossRelay.Load().Kill() }
 
+// FailNextCrossRelayPublish makes the relay's next publish of events to
+// Redis fail, as a Redis error would, while the relay goes on announcing
+// itself.
+func (s *Server) FailNextCrossRelayPublish() { s.crossRelay.Load().FailNextPublish() }
+
 // CatchUp runs the replay of a gap in the cross-relay traffic from since to
 // until, as the Redis bus does on resubscribing.
 func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, error) {

@@ -104,3 +104,44 @@ func TestCrossRelayOutageIsNoPeerDeath(t *testing.T) {
 	require.Equal(t, "1", metric(t, a, "buzz_redis_peer_deaths_total"), "only the killed process died")
 	require.Equal(t, "1", metric(t, a, "buzz_redis_peers"), "B is heard again")
 }
+
+// A process whose publish of one batch fails (a Redis error) goes on
+// announcing itself, so it is never taken for dead; its next announcement
+// says since when its events were not published, and the other process
+// replays them from the database, once, in order with what it hears live.
+// Mutation killed: announcing without the time of the unpublished events
+// (A's subscriber never gets the event).
+func TestCrossRelayReplaysWhatAPeerFailedToPublish(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
+	waitMetric(t, a, "buzz_redis_peers", "1")
+
+	onA := a.Dial(t, a.Host)
+	onA.Auth(nil)
+	publisher := b.Dial(t, a.Host)
+	author := publisher.Auth(nil)
+	onA.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	onA.Expect("EOSE")
+	heard := publisher.Sign(1, "published", nil, 0)
+	require.True(t, publisher.Publish(heard).OK)
+	require.Equal(t, heard.ID, onA.Expect("EVENT").Event.ID)
+
+	b.Server.FailNextCrossRelayPublish()
+	lost := publisher.Sign(1, "committed, its publish failed", nil, 0)
+	require.True(t, publisher.Publish(lost).OK)
+	failed := time.Now()
+	require.Equal(t, lost.ID, onA.Expect("EVENT").Event.ID, "A replays what B could not publish")
+	t.Logf("the event reached A %s after its publish failed", time.Since(failed).Round(time.Millisecond))
+	waitMetric(t, a, `buzz_redis_gaps_total{outcome="unpublished_replayed"}`, "1")
+	require.Equal(t, "1", metric(t, b, `buzz_redis_publish_dropped_total{reason="redis_error"}`))
+	require.Equal(t, "1", metric(t, a, "buzz_redis_replayed_total"), "the event heard live is not replayed")
+	require.Equal(t, "0", metric(t, a, "buzz_redis_peer_deaths_total"), "B kept announcing itself")
+	require.Equal(t, "1", metric(t, a, "buzz_redis_peers"))
+
+	after := publisher.Sign(1, "published again", nil, 0)
+	require.True(t, publisher.Publish(after).OK)
+	require.Equal(t, after.ID, onA.Expect("EVENT").Event.ID)
+	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
+}

@@ -84,6 +84,10 @@ type Server struct {
 	// releaseRetries retries failed media quota releases after the answer.
 	releaseRetries *backgroundRetries
 	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
+	// stopCrossRelay ends the bus's Run, which closes crossRelayStopped
+	// once its goodbye is sent (StopCrossRelay).
+	stopCrossRelay    context.CancelFunc
+	crossRelayStopped chan struct{}
 	// presence is who is present in each channel (kind 20001), kept for
 	// BUZZ_PRESENCE_TTL: in this process, or in Redis once joined.
 	presence atomic.Pointer[presenceStore]
@@ -408,7 +412,8 @@ func (s *Server) deliverFromBus(community uuid.UUID, ev *nostr.Event, channel *u
 
 // StartCrossRelay joins this process to the other relay processes through
 // the Redis at BUZZ_REDIS_URL (unset: a no-op, this process is the only
-// relay). Call it once, before serving; it runs until ctx ends.
+// relay). Call it once, before serving; it runs until ctx ends or
+// StopCrossRelay.
 func (s *Server) StartCrossRelay(ctx context.Context) error {
 	if s.cfg.RedisURL == "" {
 		return nil
@@ -435,8 +440,33 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// others' invalidations; until it subscribes, and whenever Redis is
 	// lost, every answer comes from the database.
 	s.access.TrustOnlyWhile(bus.Hears)
-	go bus.Run(ctx)
+	ctx, s.stopCrossRelay = context.WithCancel(ctx)
+	s.crossRelayStopped = make(chan struct{})
+	go func() {
+		bus.Run(ctx)
+		close(s.crossRelayStopped)
+	}()
 	return nil
+}
+
+// StopCrossRelay publishes what is still queued for the other relay
+// processes, then this process's goodbye, and waits for it (or ctx). Call
+// it last when stopping, after Shutdown and WaitForWorkers: the goodbye
+// tells the others that everything committed before it was published (or
+// reported unpublished), so they replay nothing for this process, and an
+// event a closing connection or a finishing workflow step commits after
+// it would reach no other process's subscriber live.
+func (s *Server) StopCrossRelay(ctx context.Context) error {
+	if s.stopCrossRelay == nil {
+		return nil
+	}
+	s.stopCrossRelay()
+	select {
+	case <-s.crossRelayStopped:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // withTenant resolves the community from Host; unknown hosts get 404 before
