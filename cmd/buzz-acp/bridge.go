@@ -30,6 +30,7 @@ type settings struct {
 	BackoffMin        time.Duration
 	BackoffMax        time.Duration
 	PromptTimeout     time.Duration
+	CancelGrace       time.Duration // how long a timed-out turn gets to end before its session is given up
 	ShutdownGrace     time.Duration
 	SessionQueue      int           // waiting prompts per session before new ones are refused
 	IncomingQueue     int           // messages waiting for verification before new ones are refused
@@ -842,7 +843,18 @@ func (b *bridge) runJob(s *session, j job) {
 	}
 	answer, cut, stop, err := b.agent.prompt(ctx, s.id, j.prompt, map[string]any{
 		"buzz": map[string]any{"event_id": j.eventID, "channel": j.channel, "doorbell": j.doorbell, "author": j.author},
-	})
+	}, b.cfg.CancelGrace)
+	if errors.Is(err, errTurnAbandoned) {
+		// What the agent still streams there belongs to no turn: the next
+		// prompt of this channel or thread opens a new session.
+		abandoned := s.id
+		s.id = ""
+		b.work.Add(1)
+		go func() {
+			defer b.work.Done()
+			b.agent.closeSession(abandoned)
+		}()
+	}
 	if err != nil {
 		b.status.failed()
 		b.log.Error("prompt failed", "session", j.key, "event", j.eventID, "err", err)
