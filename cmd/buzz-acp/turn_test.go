@@ -54,7 +54,7 @@ func TestTimedOutTurnsLateTextStaysOutOfTheNextAnswer(t *testing.T) {
 	})
 	stubborn := w.mention("@Robby [stubborn] take your time")
 	next := w.mention("@Robby and then this")
-	require.Eventually(t, func() bool { return w.cancelsLogged() == 1 }, waitLong, 10*time.Millisecond, "the turn times out and is cancelled")
+	require.Eventually(t, func() bool { return w.cancelsLogged() >= 1 }, waitLong, 10*time.Millisecond, "the turn times out and is cancelled")
 	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
 
 	answer := w.answerMentioning(next.ID)
