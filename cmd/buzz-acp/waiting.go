@@ -10,9 +10,9 @@ import "sync"
 //   - then the channels take turns, and within a channel its authors take
 //     turns, one message each;
 //   - when it is full, a newcomer takes the place of the newest message of
-//     the author holding the most in the channel holding the most, as long
-//     as that leaves the newcomer's author and channel holding no more;
-//     otherwise the newcomer is the one turned away.
+//     the author holding the most in the channel holding the most, unless
+//     the newcomer's channel (or, in that channel, its author) already
+//     holds as many: then the newcomer is the one turned away.
 //
 // So a flood, from however many keys, costs the flooders' own channel and
 // their own share of it, and a member writing at an ordinary pace keeps
@@ -89,9 +89,9 @@ func (r *waitingRoom) add(in incoming) (accepted bool, pushedOut *incoming) {
 
 // pushOutLocked removes the newest message of the author holding the most
 // in the channel holding the most, to make room for one from author in
-// channelID; nil when that would leave the newcomer's channel or author
-// holding more than the one pushed out (then the newcomer waits its turn
-// by being turned away).
+// channelID; nil when the newcomer's channel, or in that channel its
+// author, already holds as many. author "" (the owner) always makes room
+// while anyone else holds a place.
 func (r *waitingRoom) pushOutLocked(channelID, author string) *incoming {
 	var fullest *waitingChannel
 	for _, c := range r.channels {
