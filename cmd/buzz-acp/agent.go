@@ -128,31 +128,68 @@ func (a *localAgent) appendText(session acp.SessionId, text string) {
 	}
 }
 
+// errTurnAbandoned: a turn outlived its timeout and then the cancel grace.
+// The agent may still be streaming it, and ACP chunks carry no turn, so
+// its session is given up: the next prompt opens a new one.
+var errTurnAbandoned = errors.New("the agent did not end the turn it was told to cancel")
+
 // prompt runs one turn and returns the agent's message text, and whether
-// some of it was dropped for being more than could be posted.
-func (a *localAgent) prompt(ctx context.Context, session acp.SessionId, text string, meta map[string]any) (string, bool, acp.StopReason, error) {
+// some of it was dropped for being more than could be posted. A turn that
+// outlives ctx is cancelled, and prompt waits up to cancelGrace for the
+// agent to end it: until then whatever the agent streams is that turn's
+// and is discarded, rather than the next turn's answer. When the agent
+// does not end it in time the error is errTurnAbandoned.
+func (a *localAgent) prompt(ctx context.Context, session acp.SessionId, text string, meta map[string]any, cancelGrace time.Duration) (string, bool, acp.StopReason, error) {
 	answer := a.collect(session)
 	defer func() {
 		a.mu.Lock()
-		delete(a.answers, session)
+		if a.answers[session] == answer {
+			delete(a.answers, session)
+		}
 		a.mu.Unlock()
 	}()
-	resp, err := a.conn.Prompt(ctx, acp.PromptRequest{
-		SessionId: session,
-		Prompt:    []acp.ContentBlock{acp.TextBlock(text)},
-		Meta:      meta,
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			// Tell the agent to stop the turn nobody waits for any more.
-			cancelCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = a.conn.Cancel(cancelCtx, acp.CancelNotification{SessionId: session})
-			cancel()
-		}
-		return "", false, "", fmt.Errorf("ACP session/prompt: %w", err)
+	// The request outlives ctx by the grace: its response is how the
+	// bridge learns the agent has stopped streaming this turn.
+	requestCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	defer abandon()
+	type result struct {
+		resp acp.PromptResponse
+		err  error
 	}
-	held, cut := answer.result()
-	return held, cut, resp.StopReason, nil
+	done := make(chan result, 1)
+	go func() {
+		resp, err := a.conn.Prompt(requestCtx, acp.PromptRequest{
+			SessionId: session,
+			Prompt:    []acp.ContentBlock{acp.TextBlock(text)},
+			Meta:      meta,
+		})
+		done <- result{resp, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return "", false, "", fmt.Errorf("ACP session/prompt: %w", r.err)
+		}
+		held, cut := answer.result()
+		return held, cut, r.resp.StopReason, nil
+	case <-ctx.Done():
+	}
+	// Tell the agent to stop the turn nobody waits for any more.
+	cancelCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = a.conn.Cancel(cancelCtx, acp.CancelNotification{SessionId: session})
+	cancel()
+	grace := time.NewTimer(cancelGrace)
+	defer grace.Stop()
+	select {
+	case r := <-done:
+		stop := acp.StopReason("")
+		if r.err == nil {
+			stop = r.resp.StopReason
+		}
+		return "", false, stop, fmt.Errorf("ACP session/prompt: %w (the agent ended the turn, stop reason %q)", ctx.Err(), stop)
+	case <-grace.C:
+		return "", false, "", fmt.Errorf("ACP session/prompt: %w: %w", ctx.Err(), errTurnAbandoned)
+	}
 }
 
 // stop closes the agent's stdin (its signal to exit), then kills it if it

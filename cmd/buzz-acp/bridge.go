@@ -30,6 +30,7 @@ type settings struct {
 	BackoffMin        time.Duration
 	BackoffMax        time.Duration
 	PromptTimeout     time.Duration
+	CancelGrace       time.Duration // how long a timed-out turn gets to end before its session is given up
 	ShutdownGrace     time.Duration
 	SessionQueue      int           // waiting prompts per session before new ones are refused
 	IncomingQueue     int           // messages waiting for verification before new ones are refused
@@ -73,11 +74,11 @@ type bridge struct {
 	owner    string              // the agent's owner from its auth tag, whose prompts no cap holds back, or ""
 	work     sync.WaitGroup
 
-	// incoming holds messages read off the subscription until handle gets
+	// waiting holds messages read off the subscription until handle gets
 	// to them. The connection's reader never waits for verification: a
 	// verifier reads from the relay over the same connection, so a reader
 	// blocked on a full subscription would starve the verifier's queries.
-	incoming chan incoming
+	waiting *waitingRoom
 }
 
 type incoming struct {
@@ -124,7 +125,7 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 		sessions:  map[string]*session{},
 		byAuthor:  map[string]int{},
 		owner:     ownerOf(cfg.AuthTag),
-		incoming:  make(chan incoming, cfg.IncomingQueue),
+		waiting:   newWaitingRoom(cfg.IncomingQueue, ownerOf(cfg.AuthTag)),
 	}
 }
 
@@ -408,16 +409,20 @@ func catchUpPoint(ev *nostr.Event, at time.Time) int64 {
 }
 
 // push hands a message to handleIncoming without ever waiting: when too
-// many are waiting it is dropped and counted. Until it is handled, the
-// catch-up point written down stays at or before point.
+// many are waiting, it or one it pushes out (see waitingRoom) is dropped
+// and counted. Until it is handled, the catch-up point written down stays
+// at or before point.
 func (b *bridge) push(in incoming, point int64) {
 	b.journal.accept(in.ev.ID, point)
-	select {
-	case b.incoming <- in:
-	default:
-		b.release(in.ev.ID)
+	accepted, pushedOut := b.waiting.add(in)
+	dropped := pushedOut
+	if !accepted {
+		dropped = &in
+	}
+	if dropped != nil {
+		b.release(dropped.ev.ID)
 		b.status.dropped("overloaded")
-		b.log.Warn("message dropped: too many waiting for verification", "event", in.ev.ID, "queue", cap(b.incoming))
+		b.log.Warn("message dropped: too many waiting for verification", "event", dropped.ev.ID, "author", dropped.ev.PubKey, "queue", b.cfg.IncomingQueue)
 	}
 }
 
@@ -589,15 +594,22 @@ func (b *bridge) countSkipped(ctx context.Context, conn *relayConn, span catchUp
 	}
 }
 
-// handleIncoming handles messages one at a time, in arrival order.
+// handleIncoming handles messages one at a time, in the order the
+// waiting room gives them.
 func (b *bridge) handleIncoming(ctx context.Context) {
 	defer b.work.Done()
 	for {
+		if in, ok := b.waiting.next(); ok {
+			b.handle(ctx, in.ev, in.at, in.channels)
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case in := <-b.incoming:
-			b.handle(ctx, in.ev, in.at, in.channels)
+		case <-b.waiting.ready:
 		}
 	}
 }
@@ -831,7 +843,18 @@ func (b *bridge) runJob(s *session, j job) {
 	}
 	answer, cut, stop, err := b.agent.prompt(ctx, s.id, j.prompt, map[string]any{
 		"buzz": map[string]any{"event_id": j.eventID, "channel": j.channel, "doorbell": j.doorbell, "author": j.author},
-	})
+	}, b.cfg.CancelGrace)
+	if errors.Is(err, errTurnAbandoned) {
+		// What the agent still streams there belongs to no turn: the next
+		// prompt of this channel or thread opens a new session.
+		abandoned := s.id
+		s.id = ""
+		b.work.Add(1)
+		go func() {
+			defer b.work.Done()
+			b.agent.closeSession(abandoned)
+		}()
+	}
 	if err != nil {
 		b.status.failed()
 		b.log.Error("prompt failed", "session", j.key, "event", j.eventID, "err", err)

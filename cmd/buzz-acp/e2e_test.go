@@ -150,6 +150,7 @@ func (w *world) start() {
 		BackoffMin:        20 * time.Millisecond,
 		BackoffMax:        500 * time.Millisecond,
 		PromptTimeout:     waitLong,
+		CancelGrace:       waitLong,
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      128,
 		IncomingQueue:     128,
@@ -248,7 +249,9 @@ func (w *world) prompts() []stubPrompt {
 	for sc.Scan() {
 		var p stubPrompt
 		require.NoError(w.t, json.Unmarshal(sc.Bytes(), &p))
-		out = append(out, p)
+		if !p.Cancelled { // a session/cancel, not a prompt
+			out = append(out, p)
+		}
 	}
 	require.NoError(w.t, sc.Err())
 	return out
@@ -271,6 +274,7 @@ type stubPrompt struct {
 	EventID    string `json:"event_id"`
 	Text       string `json:"text"`
 	ReceivedNS int64  `json:"received_unix_nano"`
+	Cancelled  bool   `json:"cancelled,omitempty"`
 }
 
 // mention posts a member's message naming the agent, optionally in a thread.

@@ -48,6 +48,7 @@ env (flags override):
   BUZZ_ACP_BACKOFF_MIN           first reconnect delay (500ms)
   BUZZ_ACP_BACKOFF_MAX           longest reconnect delay (30s)
   BUZZ_ACP_PROMPT_TIMEOUT        longest agent turn (10m)
+  BUZZ_ACP_CANCEL_GRACE          a timed-out turn's time to end before its session is given up (30s)
   BUZZ_ACP_SHUTDOWN_GRACE        time turns in progress get at shutdown (10s)
   BUZZ_ACP_SESSION_QUEUE         prompts waiting per session before more are refused (32)
   BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)
@@ -147,6 +148,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
 		PromptTimeout:     10 * time.Minute,
+		CancelGrace:       30 * time.Second,
 		ShutdownGrace:     10 * time.Second,
 		SessionQueue:      32,
 		IncomingQueue:     1024,
@@ -178,6 +180,7 @@ func parseSettings(args []string, env func(string) string) (settings, string, er
 		{"BUZZ_ACP_BACKOFF_MIN", &cfg.BackoffMin},
 		{"BUZZ_ACP_BACKOFF_MAX", &cfg.BackoffMax},
 		{"BUZZ_ACP_PROMPT_TIMEOUT", &cfg.PromptTimeout},
+		{"BUZZ_ACP_CANCEL_GRACE", &cfg.CancelGrace},
 		{"BUZZ_ACP_SHUTDOWN_GRACE", &cfg.ShutdownGrace},
 		{"BUZZ_ACP_SESSION_IDLE", &cfg.SessionIdle},
 		{"BUZZ_ACP_CATCHUP_WINDOW", &cfg.CatchUpWindow},

@@ -5,7 +5,12 @@
 // "[hold]" is answered only once the file named by -hold exists, so a test
 // can stop buzz-acp in the middle of a turn. A prompt containing "[long N]"
 // has N more bytes of "x" after that answer, streamed in 64 KiB chunks, as
-// an agent told to write at length would.
+// an agent told to write at length would. A prompt containing "[stubborn]"
+// ignores being cancelled: it goes on until the next prompt of its session
+// arrives (or the -hold file exists), then streams "late text of <event
+// id>" and only then ends; the session's next prompt waits for it, as one
+// turn at a time per session. Each session/cancel is logged as a line with
+// "cancelled": true.
 package main
 
 import (
@@ -31,6 +36,13 @@ type Logged struct {
 	EventID    string `json:"event_id"`
 	Text       string `json:"text"`
 	ReceivedNS int64  `json:"received_unix_nano"`
+	Cancelled  bool   `json:"cancelled,omitempty"`
+}
+
+// stubbornTurn is a "[stubborn]" turn in progress.
+type stubbornTurn struct {
+	cancelled, nextPrompt, done chan struct{}
+	cancelOnce, nextOnce        sync.Once
 }
 
 type stub struct {
@@ -39,13 +51,15 @@ type stub struct {
 	log  *os.File
 	hold string
 	next int
+	// stubborn holds the "[stubborn]" turn in progress per session.
+	stubborn map[acp.SessionId]*stubbornTurn
 }
 
 func main() {
 	logPath := flag.String("log", "", "append each prompt to this file as a JSON line")
 	holdPath := flag.String("hold", "", "answer a [hold] prompt only once this file exists")
 	flag.Parse()
-	s := &stub{hold: *holdPath}
+	s := &stub{hold: *holdPath, stubborn: map[acp.SessionId]*stubbornTurn{}}
 	if path := *logPath; path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		if err != nil {
@@ -86,11 +100,21 @@ func (s *stub) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 	if buzz, ok := p.Meta["buzz"].(map[string]any); ok {
 		eventID, _ = buzz["event_id"].(string)
 	}
-	if s.log != nil {
-		line, _ := json.Marshal(Logged{Session: string(p.SessionId), EventID: eventID, Text: text.String(), ReceivedNS: at})
-		s.mu.Lock()
-		_, _ = s.log.Write(append(line, '\n'))
-		s.mu.Unlock()
+	s.mu.Lock()
+	earlier := s.stubborn[p.SessionId]
+	var turn *stubbornTurn
+	if strings.Contains(text.String(), "[stubborn]") {
+		turn = &stubbornTurn{cancelled: make(chan struct{}), nextPrompt: make(chan struct{}), done: make(chan struct{})}
+		s.stubborn[p.SessionId] = turn
+	}
+	s.mu.Unlock()
+	s.write(Logged{Session: string(p.SessionId), EventID: eventID, Text: text.String(), ReceivedNS: at})
+	if earlier != nil {
+		earlier.nextOnce.Do(func() { close(earlier.nextPrompt) })
+		<-earlier.done
+	}
+	if turn != nil {
+		return s.stubbornPrompt(p.SessionId, eventID, turn)
 	}
 	if s.hold != "" && strings.Contains(text.String(), "[hold]") {
 		for {
@@ -122,7 +146,57 @@ func (s *stub) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 
 var longAnswer = regexp.MustCompile(`\[long (\d+)\]`)
 
-func (s *stub) Cancel(context.Context, acp.CancelNotification) error { return nil }
+func (s *stub) write(l Logged) {
+	if s.log == nil {
+		return
+	}
+	line, _ := json.Marshal(l)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.log.Write(append(line, '\n'))
+}
+
+// stubbornPrompt is a turn that ignores its cancel: once cancelled, it waits
+// for the session's next prompt (or the hold file), streams text anyway,
+// and only then ends.
+func (s *stub) stubbornPrompt(session acp.SessionId, eventID string, turn *stubbornTurn) (acp.PromptResponse, error) {
+	defer func() {
+		s.mu.Lock()
+		if s.stubborn[session] == turn {
+			delete(s.stubborn, session)
+		}
+		s.mu.Unlock()
+		close(turn.done)
+	}()
+	<-turn.cancelled
+	for {
+		if _, err := os.Stat(s.hold); err == nil {
+			break
+		}
+		select {
+		case <-turn.nextPrompt:
+		case <-time.After(5 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	// Its own context is cancelled by now: the stubborn agent writes anyway.
+	if err := s.conn.SessionUpdate(context.Background(), acp.SessionNotification{SessionId: session, Update: acp.UpdateAgentMessageText("late text of " + eventID)}); err != nil {
+		return acp.PromptResponse{}, err
+	}
+	return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
+}
+
+func (s *stub) Cancel(_ context.Context, n acp.CancelNotification) error {
+	s.write(Logged{Session: string(n.SessionId), Cancelled: true, ReceivedNS: time.Now().UnixNano()})
+	s.mu.Lock()
+	turn := s.stubborn[n.SessionId]
+	s.mu.Unlock()
+	if turn != nil {
+		turn.cancelOnce.Do(func() { close(turn.cancelled) })
+	}
+	return nil
+}
 
 func (s *stub) CloseSession(context.Context, acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
 	return acp.CloseSessionResponse{}, nil
