@@ -717,8 +717,11 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	// One author's prompts wait or run at most MaxPerAuthor at a time:
 	// otherwise one member, with a thread per mention, holds every session
 	// and the agent refuses everyone else (sessions_full), or fills one
-	// channel's queue (session_busy). The agent's owner is not held back.
-	if j.author != b.owner && b.byAuthor[j.author] >= b.cfg.MaxPerAuthor {
+	// channel's queue (session_busy). The agent's owner is not held back,
+	// nor is a doorbell: the relay signs it for a workflow step, and bounds
+	// those by its own limits on a workflow's runs; refused here, the step
+	// would wait out its timeout.
+	if !j.doorbell && j.author != b.owner && b.byAuthor[j.author] >= b.cfg.MaxPerAuthor {
 		b.sessMu.Unlock()
 		b.release(j.eventID)
 		b.status.dropped("author_busy")
@@ -745,7 +748,9 @@ func (b *bridge) enqueue(ctx context.Context, j job, at time.Time) {
 	case s.queue <- j:
 		queued = true
 		s.pending++
-		b.byAuthor[j.author]++
+		if !j.doorbell {
+			b.byAuthor[j.author]++
+		}
 		s.last = time.Now()
 	default:
 	}
@@ -776,8 +781,10 @@ func (b *bridge) serveSession(ctx context.Context, key string, s *session) {
 			b.runJob(s, j)
 			b.sessMu.Lock()
 			s.pending--
-			if b.byAuthor[j.author]--; b.byAuthor[j.author] <= 0 {
-				delete(b.byAuthor, j.author)
+			if !j.doorbell {
+				if b.byAuthor[j.author]--; b.byAuthor[j.author] <= 0 {
+					delete(b.byAuthor, j.author)
+				}
 			}
 			b.sessMu.Unlock()
 			idle.Reset(b.cfg.SessionIdle)

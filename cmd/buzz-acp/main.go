@@ -54,7 +54,7 @@ env (flags override):
   BUZZ_ACP_INCOMING_QUEUE        messages waiting for verification before more are refused (1024)
   BUZZ_ACP_SESSION_IDLE          a channel's or thread's session without prompts this long is closed (1h)
   BUZZ_ACP_MAX_SESSIONS          sessions open at once, so turns at once; an idle one is closed to make room (16)
-  BUZZ_ACP_MAX_PER_AUTHOR        prompts of one author waiting or running before more of theirs are refused; not the owner's (4)
+  BUZZ_ACP_MAX_PER_AUTHOR        mentions of one author waiting or running before more of theirs are refused; not the owner's, nor doorbells (4)
   BUZZ_ACP_STATE_FILE            where what was handled survives a restart, so one catches up (default: none)  --state-file
   BUZZ_ACP_CATCHUP_WINDOW        a catch-up reaches at most this far back (24h)
   BUZZ_ACP_CATCHUP_LIMIT         stored messages one catch-up hands on at most, the newest (500)`

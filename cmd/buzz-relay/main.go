@@ -249,6 +249,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err := srv.StartCrossRelay(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
+	// On every way out, the shutdown's below included (a second call does
+	// nothing): a return on a failed start must not leave the bus running.
+	defer stopCrossRelay(srv, log)
 	if err := srv.StartReadReplica(ctx); err != nil {
 		return err
 	}
@@ -297,14 +300,19 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err := srv.WaitForWorkers(shutdownCtx); err != nil {
 		log.Warn("deliveries or workflow steps in flight did not finish in time", "err", err)
 	}
-	// Its own budget: the connections and workers may have spent the
-	// shutdown's, and the goodbye is one publish of what is queued.
-	goodbyeCtx, cancelGoodbye := context.WithTimeout(context.Background(), goodbyeBudget)
-	defer cancelGoodbye()
-	if err := srv.StopCrossRelay(goodbyeCtx); err != nil {
+	stopCrossRelay(srv, log)
+	return nil
+}
+
+// stopCrossRelay says this process's goodbye to the other relay processes,
+// within its own budget: the connections and workers may have spent the
+// shutdown's, and the goodbye is one publish of what is queued.
+func stopCrossRelay(srv *relay.Server, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), goodbyeBudget)
+	defer cancel()
+	if err := srv.StopCrossRelay(ctx); err != nil {
 		log.Warn("the goodbye to the other relay processes did not finish in time; they will take this one for dead and replay what it committed", "err", err)
 	}
-	return nil
 }
 
 const (

@@ -46,10 +46,12 @@ const (
 	// (Bus.send), outside every community.
 	aliveChannel = channelPrefix + "relays:alive"
 	goodbyeWord  = "bye"
-	// unpublishedWord, with a time (Unix nanoseconds), ends an
-	// announcement or goodbye of a process that could not publish some
-	// events queued since its previous announcement: the oldest of them
-	// was queued at that time, and the others replay from it.
+	// unpublishedWord, after a process id and before a time (Unix
+	// nanoseconds), is a report sent just before an announcement or
+	// goodbye by a process that could not publish some events queued since
+	// its previous announcement: the oldest of them was queued at that
+	// time, and the others replay from it. It is a message of its own, so
+	// a process that does not know reports still hears the announcement.
 	unpublishedWord = "unpublished"
 )
 
@@ -130,6 +132,11 @@ const (
 	// publisher would otherwise write one line per message into every
 	// relay's log.
 	junkLogEvery = 10 * time.Second
+	// reportEvery: a process reports its unpublished events at most this
+	// often. While its queue stays full every announcement would carry a
+	// report, and every other process would replay from the database
+	// twice a second; reports in between join the next (the oldest time).
+	reportEvery = 2 * time.Second
 )
 
 // Handlers receive what the other processes published. They are called
@@ -309,8 +316,9 @@ type Bus struct {
 	// started yet (Unix nanoseconds, 0: none queued).
 	reportedSince atomic.Int64
 	// junk limits the warnings about undecodable messages, unreachable
-	// those about unpublished events too old to replay.
-	junk, unreachable junkLog
+	// those about unpublished events too old to replay, asked the notes
+	// about this process's own reports.
+	junk, unreachable, asked junkLog
 }
 
 // New connects lazily to the Redis at url; nothing is sent before Run.
@@ -419,7 +427,6 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	}
 	if b.stopped.Load() {
 		if m.Event != nil {
-			b.metrics.Pending.Inc()
 			b.droppedAfterGoodbye()
 		}
 		return true
@@ -427,6 +434,11 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	b.metrics.Pending.Inc() // before the sender can take it, so the gauge never dips below 0
 	select {
 	case b.queue <- out:
+		if b.stopped.Load() {
+			// The goodbye was said between the check above and the send,
+			// and the sender's last drain may have missed this one.
+			b.dropQueuedAfterGoodbye()
+		}
 		return true
 	default:
 		b.metrics.Pending.Dec()
@@ -438,11 +450,26 @@ func (b *Bus) enqueue(community uuid.UUID, m message) bool {
 	}
 }
 
+// dropQueuedAfterGoodbye empties the queue once the goodbye is said:
+// nobody reads it any more.
+func (b *Bus) dropQueuedAfterGoodbye() {
+	for {
+		select {
+		case m := <-b.queue:
+			b.metrics.Pending.Dec()
+			if m.invalidates == nil {
+				b.droppedAfterGoodbye()
+			}
+		default:
+			return
+		}
+	}
+}
+
 // droppedAfterGoodbye counts an event queued after the goodbye: the
 // others, told that everything before it was published, replay nothing
 // for it, so it reaches no other process live.
 func (b *Bus) droppedAfterGoodbye() {
-	b.metrics.Pending.Dec()
 	b.metrics.Dropped.WithLabelValues("after_goodbye").Inc()
 	b.lateWarning.Do(func() {
 		b.log.Warn("redis: an event was committed after this relay said goodbye to the others; their subscribers miss it live (a REQ returns it)")
@@ -473,19 +500,20 @@ func (b *Bus) noteUnpublishedEvents(batch []outgoing) {
 	}
 }
 
-// announcement is this process's id, then goodbyeWord when it stops, then
-// unpublishedWord and a time if events queued since the last heard
-// announcement were not published.
-func (b *Bus) announcement(goodbye bool, unpublished int64) []byte {
-	payload := []byte(b.origin)
-	if goodbye {
-		payload = append(payload, " "+goodbyeWord...)
-	}
+// appendAnnouncement appends to batch this process's announcement (its
+// id, then goodbyeWord when it stops) and, before it, the report of the
+// events not published since the oldest queued at unpublished (Unix
+// nanoseconds; 0: none): `<id> unpublished <time>`.
+func (b *Bus) appendAnnouncement(batch []outgoing, goodbye bool, unpublished int64) []outgoing {
 	if unpublished != 0 {
-		payload = append(payload, " "+unpublishedWord+" "...)
-		payload = strconv.AppendInt(payload, unpublished, 10)
+		report := strconv.AppendInt([]byte(b.origin+" "+unpublishedWord+" "), unpublished, 10)
+		batch = append(batch, outgoing{channel: aliveChannel, payload: report, announces: true})
 	}
-	return payload
+	payload := b.origin
+	if goodbye {
+		payload += " " + goodbyeWord
+	}
+	return append(batch, outgoing{channel: aliveChannel, payload: []byte(payload), announces: true})
 }
 
 // keepUnsent remembers an invalidation for the sender's next batch, and
@@ -530,6 +558,7 @@ func (b *Bus) takeUnsent(batch []outgoing) []outgoing {
 func (b *Bus) send(ctx context.Context) {
 	batch := make([]outgoing, 0, maxBatch+1)
 	failing := false
+	var reported time.Time // the last report published (reportEvery)
 	alive := time.NewTicker(aliveInterval)
 	defer alive.Stop()
 	for {
@@ -538,14 +567,7 @@ func (b *Bus) send(ctx context.Context) {
 		case <-ctx.Done():
 			b.sayGoodbye()
 			b.stopped.Store(true)
-			for more := true; more; { // queued while the goodbye was said
-				select {
-				case <-b.queue:
-					b.droppedAfterGoodbye()
-				default:
-					more = false
-				}
-			}
+			b.dropQueuedAfterGoodbye() // queued while the goodbye was said
 			return
 		case m := <-b.queue:
 			batch = append(batch[:0], m)
@@ -577,9 +599,12 @@ func (b *Bus) send(ctx context.Context) {
 		var unpublished int64
 		if announce {
 			// Last: heard, it proves the batch before it was published,
-			// and tells since when what failed before it was not.
-			unpublished = b.unpublishedSince.Swap(0)
-			batch = append(batch, outgoing{channel: aliveChannel, payload: b.announcement(false, unpublished), announces: true})
+			// and the report before it tells since when what failed was
+			// not.
+			if time.Since(reported) >= reportEvery {
+				unpublished = b.unpublishedSince.Swap(0)
+			}
+			batch = b.appendAnnouncement(batch, false, unpublished)
 		}
 		err := b.publish(ctx, batch)
 		b.metrics.Pending.Sub(float64(queued))
@@ -608,7 +633,11 @@ func (b *Bus) send(ctx context.Context) {
 			failing = false
 		}
 		if unpublished != 0 {
-			b.log.Info("redis: asked the other relays to replay the events this relay could not publish", "since", time.Unix(0, unpublished))
+			reported = time.Now()
+			if suppressed, ok := b.asked.allow(reported); ok {
+				b.log.Info("redis: asked the other relays to replay the events this relay could not publish", "since", time.Unix(0, unpublished),
+					"asked_without_logging", suppressed)
+			}
 		}
 		b.metrics.Published.Add(float64(queued))
 	}
@@ -618,9 +647,11 @@ func (b *Bus) send(ctx context.Context) {
 // timeout. A batch carrying events fails without reaching Redis after
 // FailNextPublish.
 func (b *Bus) publish(ctx context.Context, batch []outgoing) error {
-	for _, m := range batch {
-		if !m.queuedAt.IsZero() && b.failNextPublish.CompareAndSwap(true, false) {
-			return errors.New("publish failed on purpose (FailNextPublish)")
+	if b.failNextPublish.Load() {
+		for _, m := range batch {
+			if !m.queuedAt.IsZero() && b.failNextPublish.CompareAndSwap(true, false) {
+				return errors.New("publish failed on purpose (FailNextPublish)")
+			}
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
@@ -652,7 +683,7 @@ func (b *Bus) sayGoodbye() {
 		}
 	}
 	queued := len(batch)
-	batch = append(batch, outgoing{channel: aliveChannel, payload: b.announcement(true, b.unpublishedSince.Swap(0)), announces: true})
+	batch = b.appendAnnouncement(batch, true, b.unpublishedSince.Swap(0))
 	err := b.publish(context.Background(), batch)
 	b.metrics.Pending.Sub(float64(queued))
 	if err != nil {
@@ -951,11 +982,12 @@ func newPeers(subscribed time.Time) *peers {
 	return &peers{lastHeard: map[string]time.Time{}, heardAny: subscribed}
 }
 
-// heard records an announcement (Bus.announcement). A goodbye forgets the
-// process: it stopped on purpose after publishing what it had. unpublished
-// is when the oldest event the announcing process could not publish was
-// queued (zero: none, or this process's own). What does not parse is
-// ignored.
+// heard records a message on aliveChannel (Bus.appendAnnouncement): an
+// announcement, a goodbye or a report, each a sign of life. A goodbye
+// forgets the process: it stopped on purpose after publishing what it had.
+// unpublished is when the oldest event a reporting process could not
+// publish was queued (zero: none, or this process's own). What does not
+// start with a process id is ignored.
 func (p *peers) heard(payload, self string, now time.Time) (unpublished time.Time) {
 	id, goodbye, since, ok := parseAnnouncement(payload)
 	if !ok {
@@ -974,27 +1006,25 @@ func (p *peers) heard(payload, self string, now time.Time) (unpublished time.Tim
 	return since
 }
 
-// parseAnnouncement splits an announcement into its parts.
+// parseAnnouncement reads a message on aliveChannel: `<id>`, `<id> bye`
+// or `<id> unpublished <Unix nanoseconds>`. Words it does not know after
+// a process id leave a sign of life and nothing more, so that a later
+// release may say more without its processes being taken for dead here.
 func parseAnnouncement(payload string) (id string, goodbye bool, unpublished time.Time, ok bool) {
 	id, rest, _ := strings.Cut(payload, " ")
 	if !isProcessID(id) {
 		return "", false, unpublished, false
 	}
-	if rest == goodbyeWord {
-		return id, true, unpublished, true
+	word, arg, _ := strings.Cut(rest, " ")
+	switch word {
+	case goodbyeWord:
+		goodbye = true
+	case unpublishedWord:
+		if n, err := strconv.ParseInt(arg, 10, 64); err == nil && n > 0 {
+			unpublished = time.Unix(0, n)
+		}
 	}
-	if after, cut := strings.CutPrefix(rest, goodbyeWord+" "); cut {
-		goodbye, rest = true, after
-	}
-	if rest == "" {
-		return id, goodbye, unpublished, true
-	}
-	nanos, cut := strings.CutPrefix(rest, unpublishedWord+" ")
-	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !cut || err != nil || n <= 0 {
-		return "", false, unpublished, false
-	}
-	return id, goodbye, time.Unix(0, n), true
+	return id, goodbye, unpublished, true
 }
 
 // dead forgets the peers unheard for peerDeadAfter, if this process

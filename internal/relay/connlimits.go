@@ -17,10 +17,10 @@ func (s *Server) admit(addr string) (status int, reason string) {
 	defer s.mu.Unlock()
 	switch {
 	case s.closing:
-		return http.StatusServiceUnavailable, "relay shutting down"
+		return http.StatusServiceUnavailable, "error: relay shutting down"
 	case s.admitted.total >= s.cfg.MaxConnections:
 		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
-		return http.StatusServiceUnavailable, fmt.Sprintf("relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
+		return http.StatusServiceUnavailable, fmt.Sprintf("error: relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
 	case s.admitted.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
 		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
 		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr)

@@ -513,7 +513,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	closing := s.closing
 	s.mu.Unlock()
 	if closing {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "relay shutting down"})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "error: relay shutting down"})
 		return
 	}
 	addr := s.clientAddr(r)
