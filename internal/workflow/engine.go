@@ -642,9 +642,9 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return e.requestApproval(ctx, w, c, index, &step, entry, tctx)
 	case ActionDelay:
 		entry.Status = "delayed"
-		runAt := e.clock.Now().Add(step.DelayDuration())
 		n, err := q.WorkflowRunPark(ctx, db.WorkflowRunParkParams{
-			NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}), RunAt: runAt,
+			NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}),
+			Now: e.clock.SQL(), DelayMs: step.DelayDuration().Milliseconds(),
 			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
 		})
 		if err == nil && n == 0 {
@@ -1145,7 +1145,7 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	ref := hex.EncodeToString(token[:])
 	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{
 		CommunityID: c.Run.CommunityID, Token: token[:], WorkflowID: c.Run.WorkflowID, RunID: c.Run.ID,
-		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, ExpiresAt: e.clock.Now().Add(timeout), Now: e.clock.SQL(),
+		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, TimeoutMs: timeout.Milliseconds(), Now: e.clock.SQL(),
 	}); err != nil {
 		return stepEnded, entry, nil, err
 	}
