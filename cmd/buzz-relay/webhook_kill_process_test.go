@@ -21,7 +21,8 @@ import (
 // (the client's timeout plus the run lease) has passed, finds the call
 // started without an outcome and fails the step "outcome unknown" instead
 // of calling again: the webhook saw one request, and the step after it
-// never ran.
+// never ran. Mutation killed: a resumed step that ignores the started mark
+// calls the webhook again (the run completed, two calls).
 func TestRelayProcessKilledDuringAWebhookCallIsNotCalledAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

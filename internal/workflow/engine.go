@@ -742,11 +742,36 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	q := db.New(e.pool)
 	switch {
 	case f != nil:
-		return stepEnded, failed(entry, f), e.finish(ctx, q, c, index, f, failed(entry, f))
+		return stepEnded, failed(entry, f), e.recordCall(ctx, c, index, func() error { return e.finish(ctx, q, c, index, f, failed(entry, f)) })
 	case call.last:
-		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
+		return stepEnded, entry, e.recordCall(ctx, c, index, func() error { return e.finish(ctx, q, c, index, nil, entry) })
 	}
-	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+	return stepNext, entry, e.recordCall(ctx, c, index, func() error { return e.advance(ctx, q, c, index, entry) })
+}
+
+// recordCall runs the statement recording a call's outcome, again (up to
+// stepAttempts in all) when it failed for a transient reason: a pooled
+// connection whose session the server ended (a restart, a failover,
+// pg_terminate_backend) fails its next statement, and the call, which is
+// not repeated, would end its run as database_error though it succeeded.
+// Running it again is safe: it is fenced on the claim and the step, so a
+// first attempt that committed unseen makes the next find the step moved
+// (errLostClaim) rather than record it twice.
+func (e *Engine) recordCall(ctx context.Context, c Claimed, step int, record func() error) error {
+	pause := stepRetryPause
+	for attempt := 1; ; attempt++ {
+		err := record()
+		if err == nil || attempt == stepAttempts || !dberr.IsTransient(err) || ctx.Err() != nil {
+			return err
+		}
+		e.log.Warn("recording a webhook call's outcome failed; trying it again", "run", c.Run.ID, "step", step, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
 }
 
 // MaxTraceBodyBytes bounds the webhook answer a call_webhook step keeps in
