@@ -16,8 +16,8 @@ import (
 )
 
 // A relay process is SIGKILLed while its call_webhook request is in flight
-// (the webhook received it and has not answered). A second process, running
-// on the same database all along, resumes the run once the call's lease
+// (the webhook received it and has not answered). A second process on the
+// same database resumes the run once the call's lease
 // (the client's timeout plus the run lease) has passed, finds the call
 // started without an outcome and fails the step "outcome unknown" instead
 // of calling again: the webhook saw one request, and the step after it
@@ -70,11 +70,12 @@ func TestRelayProcessKilledDuringAWebhookCallIsNotCalledAgain(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("A never called the webhook")
 	}
-	// B polls beside A while A's call is in flight, then A dies.
-	b := startRelayProcess(t, bin, "relay-b", env("relay-b"))
+	// A dies with its call in flight (the client's timeout is still ahead),
+	// then B starts on the same database.
 	var leaseLeft time.Duration
 	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_until - now() FROM workflow_runs WHERE workflow_id = $1`, wf).Scan(&leaseLeft))
 	a.kill()
+	b := startRelayProcess(t, bin, "relay-b", env("relay-b"))
 
 	var status, code, message string
 	var attempts int
