@@ -2,9 +2,13 @@
 -- approval token; clients name an approval by its hex.
 
 -- name: WorkflowApprovalCreate :exec
+-- The expiry is on the database's clock, like created_at and the sweep
+-- that expires it, not the relay's.
 INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, approver_spec, expires_at, created_at)
 VALUES (@community_id::uuid, @token::bytea, @workflow_id::uuid, @run_id::uuid, @step_id::text, @step_index::int,
-        @approver_spec::text, @expires_at::timestamptz, coalesce(sqlc.narg('now')::timestamptz, now()));
+        @approver_spec::text,
+        coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @timeout_ms::bigint,
+        coalesce(sqlc.narg('now')::timestamptz, now()));
 
 -- name: WorkflowApprovalGet :one
 -- pinned_definition is the definition event (hex) the approval's run

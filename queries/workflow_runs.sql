@@ -44,14 +44,16 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @clai
   AND current_step = @step::int;
 
 -- name: WorkflowRunPark :execrows
--- A delay step: the run is pending again, due at run_at, with no claim, so
--- no worker holds it while it waits. Fenced like WorkflowRunStepDone.
+-- A delay step: the run is pending again, due after the delay, with no
+-- claim, so no worker holds it while it waits. Fenced like
+-- WorkflowRunStepDone. The due time is on the database's clock, the one
+-- the claim compares it with, not the relay's.
 UPDATE workflow_runs
 SET status = 'pending',
     expired_leases = 0,
     current_step = @next_step::int,
     execution_trace = execution_trace || @trace::jsonb,
-    run_at = @run_at::timestamptz,
+    run_at = coalesce(sqlc.narg('now')::timestamptz, now()) + interval '1 millisecond' * @delay_ms::bigint,
     claim_id = NULL,
     lease_until = NULL
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND claim_id = @claim_id::uuid AND status = 'running'

@@ -16,7 +16,9 @@ const workflowApprovalCreate = `-- name: WorkflowApprovalCreate :exec
 
 INSERT INTO workflow_approvals (community_id, token, workflow_id, run_id, step_id, step_index, approver_spec, expires_at, created_at)
 VALUES ($1::uuid, $2::bytea, $3::uuid, $4::uuid, $5::text, $6::int,
-        $7::text, $8::timestamptz, coalesce($9::timestamptz, now()))
+        $7::text,
+        coalesce($8::timestamptz, now()) + interval '1 millisecond' * $9::bigint,
+        coalesce($8::timestamptz, now()))
 `
 
 type WorkflowApprovalCreateParams struct {
@@ -27,12 +29,14 @@ type WorkflowApprovalCreateParams struct {
 	StepID       string
 	StepIndex    int32
 	ApproverSpec string
-	ExpiresAt    time.Time
 	Now          *time.Time
+	TimeoutMs    int64
 }
 
 // Approval requests of workflow runs. token is the SHA-256 of the raw
 // approval token; clients name an approval by its hex.
+// The expiry is on the database's clock, like created_at and the sweep
+// that expires it, not the relay's.
 func (q *Queries) WorkflowApprovalCreate(ctx context.Context, arg WorkflowApprovalCreateParams) error {
 	_, err := q.db.Exec(ctx, workflowApprovalCreate,
 		arg.CommunityID,
@@ -42,8 +46,8 @@ func (q *Queries) WorkflowApprovalCreate(ctx context.Context, arg WorkflowApprov
 		arg.StepID,
 		arg.StepIndex,
 		arg.ApproverSpec,
-		arg.ExpiresAt,
 		arg.Now,
+		arg.TimeoutMs,
 	)
 	return err
 }

@@ -352,30 +352,34 @@ SET status = 'pending',
     expired_leases = 0,
     current_step = $1::int,
     execution_trace = execution_trace || $2::jsonb,
-    run_at = $3::timestamptz,
+    run_at = coalesce($3::timestamptz, now()) + interval '1 millisecond' * $4::bigint,
     claim_id = NULL,
     lease_until = NULL
-WHERE community_id = $4::uuid AND id = $5::uuid AND claim_id = $6::uuid AND status = 'running'
-  AND current_step = $7::int
+WHERE community_id = $5::uuid AND id = $6::uuid AND claim_id = $7::uuid AND status = 'running'
+  AND current_step = $8::int
 `
 
 type WorkflowRunParkParams struct {
 	NextStep    int32
 	Trace       json.RawMessage
-	RunAt       time.Time
+	Now         *time.Time
+	DelayMs     int64
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 	ClaimID     uuid.UUID
 	Step        int32
 }
 
-// A delay step: the run is pending again, due at run_at, with no claim, so
-// no worker holds it while it waits. Fenced like WorkflowRunStepDone.
+// A delay step: the run is pending again, due after the delay, with no
+// claim, so no worker holds it while it waits. Fenced like
+// WorkflowRunStepDone. The due time is on the database's clock, the one
+// the claim compares it with, not the relay's.
 func (q *Queries) WorkflowRunPark(ctx context.Context, arg WorkflowRunParkParams) (int64, error) {
 	result, err := q.db.Exec(ctx, workflowRunPark,
 		arg.NextStep,
 		arg.Trace,
-		arg.RunAt,
+		arg.Now,
+		arg.DelayMs,
 		arg.CommunityID,
 		arg.ID,
 		arg.ClaimID,

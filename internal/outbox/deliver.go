@@ -20,6 +20,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -154,11 +155,11 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 	if !ok {
 		// Another pod may route it: hand the row back without spending an
 		// attempt. (The claims' route filter makes this rare.)
-		tctx, cancel := d.transition(ctx)
-		n, err := d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
-			DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
+		n, err := d.record(ctx, func(tctx context.Context) (int64, error) {
+			return d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
+				DelayMs: releaseDelay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
+			})
 		})
-		cancel()
 		d.fenced(c, "release", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeUnroutable).Inc()
 		return
@@ -193,9 +194,9 @@ func (d *Deliverer) deliver(ctx context.Context, c claim) {
 
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
-		tctx, cancel := d.transition(ctx)
-		n, err := d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
-		cancel()
+		n, err := d.record(ctx, func(tctx context.Context) (int64, error) {
+			return d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+		})
 		d.fenced(c, "complete", n, err)
 		d.metrics.deliveries.WithLabelValues(outcomeAccepted).Inc()
 	case s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500:
@@ -298,14 +299,43 @@ func (d *Deliverer) transition(ctx context.Context) (context.Context, context.Ca
 	return context.WithTimeout(ctx, d.transitionTimeout)
 }
 
+// transitionAttempts is how many times a transition statement runs when it
+// fails for a transient reason (dberr.IsTransient).
+const transitionAttempts = 3
+
+// record runs a transition statement under the transition timeout, again
+// (up to transitionAttempts in all) when it failed for a transient reason:
+// a pooled connection whose session the server ended (a restart, a
+// failover, pg_terminate_backend) fails its next statement, and a delivery
+// the listener took would stay leased and be POSTed again after the lease.
+// Running it again is safe: it is fenced on the claim, so a first attempt
+// that committed unseen makes the next match no row (a lost fence, logged).
+func (d *Deliverer) record(ctx context.Context, stmt func(context.Context) (int64, error)) (int64, error) {
+	tctx, cancel := d.transition(ctx)
+	defer cancel()
+	pause := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		n, err := stmt(tctx)
+		if err == nil || attempt == transitionAttempts || !dberr.IsTransient(err) {
+			return n, err
+		}
+		select {
+		case <-tctx.Done():
+			return n, err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+}
+
 // releaseNow hands a claimed row back to the poll, due at once and its
 // attempt not spent: for rows claimed at insert that the hand-off could not
 // take. Fenced like every transition.
 func (d *Deliverer) releaseNow(ctx context.Context, c claim) {
-	tctx, cancel := d.transition(ctx)
-	defer cancel()
-	n, err := d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
-		DelayMs: 0, ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
+	n, err := d.record(ctx, func(tctx context.Context) (int64, error) {
+		return d.q.OutboxRelease(tctx, db.OutboxReleaseParams{
+			DelayMs: 0, ID: c.row.ID, ClaimID: c.claimID, Now: d.clock.SQL(),
+		})
 	})
 	d.fenced(c, "release", n, err)
 }
@@ -351,10 +381,10 @@ func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, 
 		return
 	}
 	delay := max(retryDelay(c.row.Attempts), atLeast)
-	tctx, cancel := d.transition(ctx)
-	defer cancel()
-	n, err := d.q.OutboxRetry(tctx, db.OutboxRetryParams{
-		DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts, Now: d.clock.SQL(),
+	n, err := d.record(ctx, func(tctx context.Context) (int64, error) {
+		return d.q.OutboxRetry(tctx, db.OutboxRetryParams{
+			DelayMs: delay.Milliseconds(), ID: c.row.ID, ClaimID: c.claimID, MaxAttempts: maxAttempts, Now: d.clock.SQL(),
+		})
 	})
 	d.fenced(c, "retry", n, err)
 	d.metrics.deliveries.WithLabelValues(outcomeRetry).Inc()
@@ -363,9 +393,9 @@ func (d *Deliverer) retryOrFail(ctx context.Context, c claim, log *slog.Logger, 
 
 // fail ends the row: a terminal failure deletes it like a success.
 func (d *Deliverer) fail(ctx context.Context, c claim, log *slog.Logger, why string, cause error) {
-	tctx, cancel := d.transition(ctx)
-	defer cancel()
-	n, err := d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+	n, err := d.record(ctx, func(tctx context.Context) (int64, error) {
+		return d.q.OutboxComplete(tctx, db.OutboxCompleteParams{ID: c.row.ID, ClaimID: c.claimID})
+	})
 	d.fenced(c, "fail", n, err)
 	d.metrics.deliveries.WithLabelValues(outcomeFailed).Inc()
 	log.Warn("operator-listener delivery failed: "+why, "cause", cause)

@@ -642,9 +642,9 @@ func (e *Engine) runStep(deadline *stepDeadline, w *ingest.Write, c Claimed, ind
 		return e.requestApproval(ctx, w, c, index, &step, entry, tctx)
 	case ActionDelay:
 		entry.Status = "delayed"
-		runAt := e.clock.Now().Add(step.DelayDuration())
 		n, err := q.WorkflowRunPark(ctx, db.WorkflowRunParkParams{
-			NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}), RunAt: runAt,
+			NextStep: int32(index + 1), Trace: mustJSON([]traceEntry{entry}),
+			Now: e.clock.SQL(), DelayMs: step.DelayDuration().Milliseconds(),
 			CommunityID: c.Run.CommunityID, ID: c.Run.ID, ClaimID: c.ClaimID, Step: int32(index),
 		})
 		if err == nil && n == 0 {
@@ -742,11 +742,36 @@ func (e *Engine) finishCall(ctx context.Context, deadline *stepDeadline, c Claim
 	q := db.New(e.pool)
 	switch {
 	case f != nil:
-		return stepEnded, failed(entry, f), e.finish(ctx, q, c, index, f, failed(entry, f))
+		return stepEnded, failed(entry, f), e.recordCall(ctx, c, index, func() error { return e.finish(ctx, q, c, index, f, failed(entry, f)) })
 	case call.last:
-		return stepEnded, entry, e.finish(ctx, q, c, index, nil, entry)
+		return stepEnded, entry, e.recordCall(ctx, c, index, func() error { return e.finish(ctx, q, c, index, nil, entry) })
 	}
-	return stepNext, entry, e.advance(ctx, q, c, index, entry)
+	return stepNext, entry, e.recordCall(ctx, c, index, func() error { return e.advance(ctx, q, c, index, entry) })
+}
+
+// recordCall runs the statement recording a call's outcome, again (up to
+// stepAttempts in all) when it failed for a transient reason: a pooled
+// connection whose session the server ended (a restart, a failover,
+// pg_terminate_backend) fails its next statement, and the call, which is
+// not repeated, would end its run as database_error though it succeeded.
+// Running it again is safe: it is fenced on the claim and the step, so a
+// first attempt that committed unseen makes the next find the step moved
+// (errLostClaim) rather than record it twice.
+func (e *Engine) recordCall(ctx context.Context, c Claimed, step int, record func() error) error {
+	pause := stepRetryPause
+	for attempt := 1; ; attempt++ {
+		err := record()
+		if err == nil || attempt == stepAttempts || !dberr.IsTransient(err) || ctx.Err() != nil {
+			return err
+		}
+		e.log.Warn("recording a webhook call's outcome failed; trying it again", "run", c.Run.ID, "step", step, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
 }
 
 // MaxTraceBodyBytes bounds the webhook answer a call_webhook step keeps in
@@ -1145,7 +1170,7 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	ref := hex.EncodeToString(token[:])
 	if err := q.WorkflowApprovalCreate(ctx, db.WorkflowApprovalCreateParams{
 		CommunityID: c.Run.CommunityID, Token: token[:], WorkflowID: c.Run.WorkflowID, RunID: c.Run.ID,
-		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, ExpiresAt: e.clock.Now().Add(timeout), Now: e.clock.SQL(),
+		StepID: step.ID, StepIndex: int32(index), ApproverSpec: step.From, TimeoutMs: timeout.Milliseconds(), Now: e.clock.SQL(),
 	}); err != nil {
 		return stepEnded, entry, nil, err
 	}
