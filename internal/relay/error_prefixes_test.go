@@ -37,14 +37,7 @@ func TestEveryWebhookAndBridgeErrorAnswerIsPrefixed(t *testing.T) {
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "prefixes", false)
-	wf := uuid.NewString()
-	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: tell, action: send_message, text: 'hi'}]",
-		nostr.Tags{{"d", wf}, {"h", ch}}, 0))
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	wf, secret := saveWebhookWorkflow(t, owner, ch, "[{id: tell, action: send_message, text: 'hi'}]")
 
 	type answer struct {
 		status int
@@ -71,9 +64,9 @@ func TestEveryWebhookAndBridgeErrorAnswerIsPrefixed(t *testing.T) {
 		}
 		return do(req)
 	}
-	secret := map[string]string{"X-Webhook-Secret": saved.WebhookSecret}
+	withSecret := map[string]string{"X-Webhook-Secret": secret}
 	with := func(k, v string) map[string]string {
-		return map[string]string{"X-Webhook-Secret": saved.WebhookSecret, k: v}
+		return map[string]string{"X-Webhook-Secret": secret, k: v}
 	}
 	get := func(key *nostr.SecretKey, path string) answer {
 		req, err := http.NewRequest(http.MethodGet, r.HTTPURL+path, nil)
@@ -102,11 +95,11 @@ func TestEveryWebhookAndBridgeErrorAnswerIsPrefixed(t *testing.T) {
 		got    answer
 		status int
 	}{
-		{"webhook: bad UUID", hook("/hooks/nope", secret, ""), 400},
+		{"webhook: bad UUID", hook("/hooks/nope", withSecret, ""), 400},
 		{"webhook: no secret", hook("/hooks/"+wf, nil, ""), 401},
-		{"webhook: unknown workflow", hook("/hooks/"+uuid.NewString(), secret, ""), 401},
-		{"webhook: not an object", hook("/hooks/"+wf, secret, "[1]"), 400},
-		{"webhook: oversize", hook("/hooks/"+wf, secret, `{"a":"`+strings.Repeat("x", 1100)+`"}`), 413},
+		{"webhook: unknown workflow", hook("/hooks/"+uuid.NewString(), withSecret, ""), 401},
+		{"webhook: not an object", hook("/hooks/"+wf, withSecret, "[1]"), 400},
+		{"webhook: oversize", hook("/hooks/"+wf, withSecret, `{"a":"`+strings.Repeat("x", 1100)+`"}`), 413},
 		{"webhook: bad depth", hook("/hooks/"+wf, with("X-Buzz-Workflow-Depth", "x"), ""), 400},
 		{"webhook: too deep", hook("/hooks/"+wf, with("X-Buzz-Workflow-Depth", "5"), ""), 508},
 		{"webhook: long key", hook("/hooks/"+wf, with("Idempotency-Key", strings.Repeat("k", 256)), ""), 400},
@@ -125,13 +118,13 @@ func TestEveryWebhookAndBridgeErrorAnswerIsPrefixed(t *testing.T) {
 		{"recorded owner: none", get(owner.Key, "/v1/users/"+strings.Repeat("ab", 32)+"/recorded-owner"), 404},
 		{"root: unknown path", get(nil, "/nope"), 404},
 	}
-	first := hook("/hooks/"+wf, secret, `{}`)
+	first := hook("/hooks/"+wf, withSecret, `{}`)
 	require.Equal(t, http.StatusAccepted, first.status, first.raw)
 	cases = append(cases, struct {
 		name   string
 		got    answer
 		status int
-	}{"webhook: at capacity", hook("/hooks/"+wf, secret, `{}`), 429})
+	}{"webhook: at capacity", hook("/hooks/"+wf, withSecret, `{}`), 429})
 	// Every case is checked, so a failure lists each bare answer.
 	for _, c := range cases {
 		assert.Equal(t, c.status, c.got.status, "%s: %s", c.name, c.got.raw)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -233,17 +232,10 @@ func TestFencedWebhookCallIsGone(t *testing.T) {
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "hooks", false)
-	hook := uuid.NewString()
-	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]",
-		nostr.Tags{{"d", hook}, {"h", ch}}, 0))
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	hook, secret := saveWebhookWorkflow(t, owner, ch, "[{id: say, action: send_message, text: hooked}]")
 	req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+hook, strings.NewReader(`{}`))
 	require.NoError(t, err)
-	req.Header.Set("X-Webhook-Secret", saved.WebhookSecret)
+	req.Header.Set("X-Webhook-Secret", secret)
 
 	got := acrossQuiescing(t, pool, r.Host, "workflow_runs", func() httpAnswer { return doJSON(req) })
 	require.Equal(t, http.StatusGone, got.status, "%v", got.body)

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -29,15 +27,7 @@ func TestWebhookSecretInTheURLIsNotRepeated(t *testing.T) {
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "secret-hooks", false)
-	wf := uuid.NewString()
-	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: tell, action: send_message, text: 'got {{trigger.n}}'}]",
-		nostr.Tags{{"d", wf}, {"h", ch}}, 0))
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
-	secret := saved.WebhookSecret
+	wf, secret := saveWebhookWorkflow(t, owner, ch, "[{id: tell, action: send_message, text: 'got {{trigger.n}}'}]")
 	require.NotEmpty(t, secret)
 
 	var seen []string

@@ -43,18 +43,11 @@ func TestWorkflowCapacityOverTheWire(t *testing.T) {
 	require.True(t, ok.OK, ok.Msg)
 	require.Regexp(t, `^response:\{"run_id":"[0-9a-f-]{36}","status":"failed","error_code":"capacity_exceeded"\}$`, ok.Msg)
 
-	hook := uuid.NewString()
-	ok = owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: say, action: send_message, text: hooked}]",
-		nostr.Tags{{"d", hook}, {"h", ch}}, 0))
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	hook, secret := saveWebhookWorkflow(t, owner, ch, "[{id: say, action: send_message, text: hooked}]")
 	post := func() (int, map[string]string) {
 		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+hook, strings.NewReader(`{}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Webhook-Secret", saved.WebhookSecret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()

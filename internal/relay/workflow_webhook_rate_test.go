@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -34,15 +33,9 @@ func TestWebhookCallsTakeTheOwnersPublishRate(t *testing.T) {
 	r := relaytest.Start(t, func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 6, 1 })
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
-	ch := createChannel(t, owner, "hooks", false) // takes a token
-	wf := uuid.NewString()
-	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: ask, action: request_approval, message: ok?}]",
-		nostr.Tags{{"d", wf}, {"h", ch}}, 0)) // takes a token
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	// The channel and the save take a token each.
+	ch := createChannel(t, owner, "hooks", false)
+	wf, secret := saveWebhookWorkflow(t, owner, ch, "[{id: ask, action: request_approval, message: ok?}]")
 
 	call := func(secret string) (int, string, map[string]string) {
 		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+wf, strings.NewReader(`{}`))
@@ -62,7 +55,7 @@ func TestWebhookCallsTakeTheOwnersPublishRate(t *testing.T) {
 	}
 	accepted := 0
 	for i := 0; i < 12; i++ {
-		status, retry, out := call(saved.WebhookSecret)
+		status, retry, out := call(secret)
 		if status == http.StatusAccepted {
 			accepted++
 			continue
@@ -78,7 +71,7 @@ func TestWebhookCallsTakeTheOwnersPublishRate(t *testing.T) {
 	require.Equal(t, 4, runs, "a refused call creates no run")
 
 	// The owner's own messages share the bucket: it is spent.
-	ok = owner.Publish(owner.Sign(9, "hello", nostr.Tags{{"h", ch}}, 0))
+	ok := owner.Publish(owner.Sign(9, "hello", nostr.Tags{{"h", ch}}, 0))
 	require.False(t, ok.OK)
 	require.True(t, strings.HasPrefix(ok.Msg, "rate-limited: "), ok.Msg)
 }

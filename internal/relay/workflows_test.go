@@ -120,15 +120,7 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 	owner := r.Dial(t, "")
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "hooks", false)
-	wf := uuid.NewString()
-	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: [{id: tell, action: send_message, text: 'deploy finished'}]",
-		nostr.Tags{{"d", wf}, {"h", ch}}, 0))
-	require.True(t, ok.OK, ok.Msg)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
-	require.NotEmpty(t, saved.WebhookSecret)
+	wf, secret := saveWebhookWorkflow(t, owner, ch, "[{id: tell, action: send_message, text: 'deploy finished'}]")
 
 	post := func(path, secret, key, body string) (int, map[string]string) {
 		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+path, strings.NewReader(body))
@@ -151,13 +143,13 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 		status                   int
 		msg                      string
 	}{
-		{"bad UUID", "/hooks/nope", saved.WebhookSecret, "", 400, "invalid: the workflow id is not a UUID"},
+		{"bad UUID", "/hooks/nope", secret, "", 400, "invalid: the workflow id is not a UUID"},
 		{"no secret", "/hooks/" + wf, "", "", 401, "auth-required: authentication failed"},
-		{"wrong secret", "/hooks/" + wf, "x" + saved.WebhookSecret, "", 401, "auth-required: authentication failed"},
-		{"unknown workflow", "/hooks/" + uuid.NewString(), saved.WebhookSecret, "", 401, "auth-required: authentication failed"},
-		{"malformed JSON", "/hooks/" + wf, saved.WebhookSecret, "{not json", 400, "invalid: JSON body: must be a JSON object"},
-		{"not an object", "/hooks/" + wf, saved.WebhookSecret, "[1]", 400, "invalid: JSON body: must be a JSON object"},
-		{"oversize", "/hooks/" + wf, saved.WebhookSecret, `{"a":"` + strings.Repeat("x", 1100) + `"}`, 413, "invalid: body larger than 1024 bytes"},
+		{"wrong secret", "/hooks/" + wf, "x" + secret, "", 401, "auth-required: authentication failed"},
+		{"unknown workflow", "/hooks/" + uuid.NewString(), secret, "", 401, "auth-required: authentication failed"},
+		{"malformed JSON", "/hooks/" + wf, secret, "{not json", 400, "invalid: JSON body: must be a JSON object"},
+		{"not an object", "/hooks/" + wf, secret, "[1]", 400, "invalid: JSON body: must be a JSON object"},
+		{"oversize", "/hooks/" + wf, secret, `{"a":"` + strings.Repeat("x", 1100) + `"}`, 413, "invalid: body larger than 1024 bytes"},
 	} {
 		status, out := post(c.path, c.secret, "", c.body)
 		require.Equal(t, c.status, status, c.name)
@@ -166,18 +158,18 @@ func TestWorkflowWebhookEndpoint(t *testing.T) {
 	// A header may carry bytes past 0x7f that are no UTF-8; the key is
 	// stored as text. Mutation killed: without the UTF-8 check the call
 	// answers 503 "database unavailable".
-	status, out := post("/hooks/"+wf, saved.WebhookSecret, "key-\xff\xfe", `{}`)
+	status, out := post("/hooks/"+wf, secret, "key-\xff\xfe", `{}`)
 	require.Equal(t, http.StatusBadRequest, status)
 	require.Equal(t, "invalid: Idempotency-Key must be valid UTF-8", out["error"])
 	var runs int
 	require.NoError(t, r.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs`).Scan(&runs))
 	require.Zero(t, runs, "bad calls create nothing")
 
-	status, first := post("/hooks/"+wf+"?secret=ignored", saved.WebhookSecret, "delivery-1", `{"env":"prod","n":3}`)
+	status, first := post("/hooks/"+wf+"?secret=ignored", secret, "delivery-1", `{"env":"prod","n":3}`)
 	require.Equal(t, http.StatusAccepted, status)
 	require.Equal(t, "pending", first["status"])
 	require.Equal(t, wf, first["workflow_id"])
-	status, again := post("/hooks/"+wf, saved.WebhookSecret, "delivery-1", `{"env":"prod","n":3}`)
+	status, again := post("/hooks/"+wf, secret, "delivery-1", `{"env":"prod","n":3}`)
 	require.Equal(t, http.StatusAccepted, status)
 	require.Equal(t, first["run_id"], again["run_id"], "same key, same run")
 
@@ -388,4 +380,20 @@ func TestEveryTriggerKindOverWebSocket(t *testing.T) {
 	// minimum existed.
 	require.GreaterOrEqual(t, scheduled(contents), 2, "the per-second cron fires every second")
 	require.NotContains(t, contents, "reacted 👀", "a reaction with another emoji starts nothing")
+}
+
+// saveWebhookWorkflow saves, as owner, a workflow of channel ch that a
+// webhook call starts and that runs steps (a YAML list), and returns its id
+// and its webhook secret, from the save's answer.
+func saveWebhookWorkflow(t *testing.T, owner *relaytest.Client, ch, steps string) (id, secret string) {
+	t.Helper()
+	id = uuid.NewString()
+	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: "+steps, nostr.Tags{{"d", id}, {"h", ch}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	var saved struct {
+		WebhookSecret string `json:"webhook_secret"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	require.NotEmpty(t, saved.WebhookSecret)
+	return id, saved.WebhookSecret
 }
