@@ -34,15 +34,7 @@ func TestCrossRelayReplaysWhatAKilledPeerCommitted(t *testing.T) {
 	a, b := relays[0], relays[1]
 	waitMetric(t, a, "buzz_redis_peers", "1")
 
-	onA := a.Dial(t, a.Host)
-	onA.Auth(nil)
-	publisher := b.Dial(t, a.Host)
-	author := publisher.Auth(nil)
-	onA.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
-	onA.Expect("EOSE")
-	heard := publisher.Sign(1, "while B publishes", nil, 0)
-	require.True(t, publisher.Publish(heard).OK)
-	require.Equal(t, heard.ID, onA.Expect("EVENT").Event.ID)
+	onA, publisher := watchedAcross(t, a, b)
 
 	// From here B publishes nothing, not even a goodbye: killed after its
 	// commit, before its publish.
@@ -118,15 +110,7 @@ func TestCrossRelayReplaysWhatAPeerFailedToPublish(t *testing.T) {
 	a, b := relays[0], relays[1]
 	waitMetric(t, a, "buzz_redis_peers", "1")
 
-	onA := a.Dial(t, a.Host)
-	onA.Auth(nil)
-	publisher := b.Dial(t, a.Host)
-	author := publisher.Auth(nil)
-	onA.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
-	onA.Expect("EOSE")
-	heard := publisher.Sign(1, "published", nil, 0)
-	require.True(t, publisher.Publish(heard).OK)
-	require.Equal(t, heard.ID, onA.Expect("EVENT").Event.ID)
+	onA, publisher := watchedAcross(t, a, b)
 
 	b.Server.FailNextCrossRelayPublish()
 	lost := publisher.Sign(1, "committed, its publish failed", nil, 0)
@@ -144,4 +128,21 @@ func TestCrossRelayReplaysWhatAPeerFailedToPublish(t *testing.T) {
 	require.True(t, publisher.Publish(after).OK)
 	require.Equal(t, after.ID, onA.Expect("EVENT").Event.ID)
 	onA.ExpectSilence(300*time.Millisecond, "nothing arrives twice on A")
+}
+
+// watchedAcross connects a subscriber on a to the live events of a
+// publisher connected to b (in a's community), and sees one event B
+// publishes reach it, as it does while B is well.
+func watchedAcross(t *testing.T, a, b *relaytest.Relay) (onA, publisher *relaytest.Client) {
+	t.Helper()
+	onA = a.Dial(t, a.Host)
+	onA.Auth(nil)
+	publisher = b.Dial(t, a.Host)
+	author := publisher.Auth(nil)
+	onA.Send("REQ", "live", map[string]any{"authors": []string{author.PublicKeyHex()}, "limit": 0})
+	onA.Expect("EOSE")
+	heard := publisher.Sign(1, "published while B is well", nil, 0)
+	require.True(t, publisher.Publish(heard).OK)
+	require.Equal(t, heard.ID, onA.Expect("EVENT").Event.ID)
+	return onA, publisher
 }
