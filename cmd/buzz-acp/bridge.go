@@ -37,9 +37,12 @@ type settings struct {
 	SessionIdle       time.Duration // a session without prompts for this long is closed
 	MaxSessions       int           // open sessions (so turns at once) before new ones are refused
 	MaxPerAuthor      int           // prompts of one author queued or running before more of theirs are refused
-	StateFile         string        // where the catch-up point and handled messages survive a restart; "" = nowhere
-	CatchUpWindow     time.Duration // a catch-up reaches at most this far back
-	CatchUpLimit      int           // stored messages one catch-up hands on at most (the newest)
+	// Now is the clock the owner's attestation is checked by before each
+	// connection (nil: time.Now); tests move it past the attestation's end.
+	Now           func() time.Time
+	StateFile     string        // where the catch-up point and handled messages survive a restart; "" = nowhere
+	CatchUpWindow time.Duration // a catch-up reaches at most this far back
+	CatchUpLimit  int           // stored messages one catch-up hands on at most (the newest)
 	// Verifier, when set, replaces newVerifier (tests use stand-ins).
 	Verifier func(relayPubkey, agentPubkey string, q doorbell.Querier) verifier
 	// Received, when set, is told when a message that will become a prompt
@@ -385,7 +388,11 @@ func (b *bridge) attestationHolds() error {
 	}
 	att, err := nipoa.Parse(b.cfg.AuthTag)
 	if err == nil {
-		err = att.VerifyFor(b.pubkey, time.Now().Unix())
+		now := time.Now
+		if b.cfg.Now != nil {
+			now = b.cfg.Now
+		}
+		err = att.VerifyFor(b.pubkey, now().Unix())
 	}
 	if err != nil {
 		return &attestationEnded{err}
