@@ -94,7 +94,8 @@ func TestUpgradeRefusalIsReportedAsRefusal(t *testing.T) {
 		wantMsg  string
 	}{
 		{http.StatusTooManyRequests, `{"error":"rate-limited: at most 50 connections per client address"}`, "rate-limited", "at most 50 connections"},
-		{http.StatusServiceUnavailable, `{"error":"error: relay is at its limit of 10 connections; try again later"}`, "http_503", "at its limit of 10"},
+		{http.StatusServiceUnavailable, `{"error":"error: relay is at its limit of 10 connections; try again later"}`, "error", "at its limit of 10"},
+		{http.StatusServiceUnavailable, `{"error":"overloaded"}`, "http_503", "overloaded"}, // unprefixed: a proxy's, say
 		{http.StatusNotFound, `<html>not found</html>`, "http_404", "404 Not Found"},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
