@@ -278,6 +278,26 @@ type stubPrompt struct {
 }
 
 // mention posts a member's message naming the agent, optionally in a thread.
+// member joins w's channel (kind 9021) as key (nil: a fresh key) and
+// returns its connection.
+func (w *world) member(t *testing.T, key *nostr.SecretKey) *relaytest.Client {
+	t.Helper()
+	c := w.r.Dial(t, w.host)
+	c.Auth(key)
+	ok := c.Publish(c.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	return c
+}
+
+// attestOwner makes owner the agent's attested owner in cfg, under
+// conditions ("" for none).
+func attestOwner(t *testing.T, cfg *settings, owner *nostr.SecretKey, conditions string) {
+	t.Helper()
+	att, err := nipoa.Sign(owner, cfg.Key.PublicKeyHex(), conditions)
+	require.NoError(t, err)
+	cfg.AuthTag = att.Tag()
+}
+
 func (w *world) mention(text string, extra ...nostr.Tag) *nostr.Event {
 	w.t.Helper()
 	tags := nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}
@@ -1086,10 +1106,7 @@ func TestRateLimitedAnswerIsPostedOnceAllowed(t *testing.T) {
 	t.Parallel()
 	w := newWorldOn(t, []func(*config.Config){func(c *config.Config) { c.PublishBurst, c.PublishPerMinute = 3, 20 }})
 	// Another member asks, so the owner's own budget plays no part.
-	poster := w.r.Dial(t, w.host)
-	poster.Auth(nil)
-	ok := poster.Publish(poster.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
-	require.True(t, ok.OK, ok.Msg)
+	poster := w.member(t, nil)
 	var asked []string
 	for _, text := range []string{"@Robby one", "@Robby two"} {
 		ev := poster.Sign(9, text, nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}, 0)
@@ -1228,18 +1245,9 @@ func TestOneMemberCannotHoldEverySession(t *testing.T) {
 	ownerKey := relaytest.NewKey(t)
 	w := newWorld(t, func(cfg *settings) {
 		cfg.MaxSessions, cfg.MaxPerAuthor = 6, 2
-		att, err := nipoa.Sign(ownerKey, cfg.Key.PublicKeyHex(), "")
-		require.NoError(t, err)
-		cfg.AuthTag = att.Tag()
+		attestOwner(t, cfg, ownerKey, "")
 	})
-	member := func(key *nostr.SecretKey) *relaytest.Client {
-		c := w.r.Dial(t, w.host)
-		c.Auth(key)
-		ok := c.Publish(c.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
-		require.True(t, ok.OK, ok.Msg)
-		return c
-	}
-	pushy, owner := member(nil), member(ownerKey)
+	pushy, owner := w.member(t, nil), w.member(t, ownerKey)
 	parent := w.mention("@Robby threads start here")
 	w.answerTo(parent.ID)
 	ask := func(c *relaytest.Client, text string) *nostr.Event {
@@ -1295,9 +1303,7 @@ func TestEndedAttestationStopsTheBridge(t *testing.T) {
 	var ended atomic.Bool
 	ends := time.Now().Add(time.Hour)
 	w := newWorld(t, func(cfg *settings) {
-		att, err := nipoa.Sign(ownerKey, cfg.Key.PublicKeyHex(), fmt.Sprintf("created_at<%d", ends.Unix()))
-		require.NoError(t, err)
-		cfg.AuthTag = att.Tag()
+		attestOwner(t, cfg, ownerKey, fmt.Sprintf("created_at<%d", ends.Unix()))
 		cfg.Now = func() time.Time {
 			if ended.Load() {
 				return ends.Add(time.Second)

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/doorbell"
-	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -43,23 +42,14 @@ func TestFloodFromManyKeysDoesNotDrownAMember(t *testing.T) {
 	w := newWorld(t, func(cfg *settings) {
 		cfg.IncomingQueue = room
 		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return gatedRefusal{gate} }
-		att, err := nipoa.Sign(ownerKey, cfg.Key.PublicKeyHex(), "")
-		require.NoError(t, err)
-		cfg.AuthTag = att.Tag()
+		attestOwner(t, cfg, ownerKey, "")
 	})
-	member := func(key *nostr.SecretKey) *relaytest.Client {
-		c := w.r.Dial(t, w.host)
-		c.Auth(key)
-		ok := c.Publish(c.Sign(9021, "", nostr.Tags{{"h", w.channel}}, 0))
-		require.True(t, ok.OK, ok.Msg)
-		return c
-	}
 	const keys, each = 8, 40
 	var flooders []*relaytest.Client
 	for range keys {
-		flooders = append(flooders, member(nil))
+		flooders = append(flooders, w.member(t, nil))
 	}
-	steady, owner := member(nil), member(ownerKey)
+	steady, owner := w.member(t, nil), w.member(t, ownerKey)
 	for i := range each {
 		for k, c := range flooders {
 			c.Send("EVENT", c.Sign(9, fmt.Sprintf("fake %d/%d", k, i), nostr.Tags{

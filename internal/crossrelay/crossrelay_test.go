@@ -1058,14 +1058,33 @@ func nextFrom(t *testing.T, ch <-chan string, origin string) string {
 	}
 }
 
-// reportedTime is the time a report `<origin> unpublished <nanos>` names.
-func reportedTime(t *testing.T, m, origin string) time.Time {
+// busThatDroppedOne is a bus, not yet run, whose queue of one was full
+// for the second of two events queued within dropped. (Stopped at once,
+// its sender may try the first too, under the ended context, and fail:
+// the report may then name the first.)
+func busThatDroppedOne(t *testing.T, url string) (*Bus, span) {
+	t.Helper()
+	bus, err := New(url, 1, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	community := uuid.New()
+	dropped := span{from: time.Now()}
+	bus.PublishEvent(community, signed(t, "queued"), nil, 0)
+	bus.PublishEvent(community, signed(t, "dropped: the queue holds one"), nil, 0)
+	dropped.until = time.Now()
+	require.Equal(t, 1.0, testutil.ToFloat64(bus.metrics.Dropped.WithLabelValues("queue_full")))
+	return bus, dropped
+}
+
+// requireReported checks that m is origin's report of events unpublished
+// since a time within dropped.
+func requireReported(t *testing.T, m, origin string, dropped span) {
 	t.Helper()
 	nanos, ok := strings.CutPrefix(m, origin+" "+unpublishedWord+" ")
 	require.True(t, ok, "a report of unpublished events, not %q", m)
 	n, err := strconv.ParseInt(nanos, 10, 64)
 	require.NoError(t, err)
-	return time.Unix(0, n)
+	at := time.Unix(0, n)
+	require.False(t, at.Before(dropped.from) || at.After(dropped.until), "reported %s, dropped between %s and %s", at, dropped.from, dropped.until)
 }
 
 // An event that finds the publish queue full is reported, in a message of
@@ -1076,18 +1095,10 @@ func TestAnEventDroppedOnAFullQueueIsReported(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
 	alive := aliveMessages(t, srv.URL())
-	bus, err := New(srv.URL(), 1, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	community := uuid.New()
-	before := time.Now()
-	bus.PublishEvent(community, signed(t, "queued"), nil, 0)
-	bus.PublishEvent(community, signed(t, "dropped: the queue holds one"), nil, 0)
-	after := time.Now()
-	require.Equal(t, 1.0, testutil.ToFloat64(bus.metrics.Dropped.WithLabelValues("queue_full")))
+	bus, dropped := busThatDroppedOne(t, srv.URL())
 	run(t, bus)
 
-	at := reportedTime(t, nextFrom(t, alive, bus.origin), bus.origin)
-	require.False(t, at.Before(before) || at.After(after), "reported %s, dropped between %s and %s", at, before, after)
+	requireReported(t, nextFrom(t, alive, bus.origin), bus.origin, dropped)
 	require.Equal(t, bus.origin, nextFrom(t, alive, bus.origin), "the announcement follows its report, as it always read")
 }
 
@@ -1098,21 +1109,14 @@ func TestAGoodbyeIsPrecededByItsReport(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
 	alive := aliveMessages(t, srv.URL())
-	bus, err := New(srv.URL(), 1, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	community := uuid.New()
-	before := time.Now()
-	bus.PublishEvent(community, signed(t, "queued"), nil, 0)
-	bus.PublishEvent(community, signed(t, "dropped: the queue holds one"), nil, 0)
-	after := time.Now()
+	bus, dropped := busThatDroppedOne(t, srv.URL())
 	// Stopped at once: its first announcement would come 500 ms after
 	// it subscribed.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	bus.Run(ctx)
 
-	at := reportedTime(t, nextFrom(t, alive, bus.origin), bus.origin)
-	require.False(t, at.Before(before) || at.After(after), "reported %s, dropped between %s and %s", at, before, after)
+	requireReported(t, nextFrom(t, alive, bus.origin), bus.origin, dropped)
 	require.Equal(t, bus.origin+" "+goodbyeWord, nextFrom(t, alive, bus.origin))
 }
 
