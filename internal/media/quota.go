@@ -15,9 +15,25 @@ import (
 // media quota.
 var ErrQuotaExceeded = errors.New("the community's media storage is full")
 
-// Quota counts the bytes each community stores. A blob counts once per
-// community that references it, from that community's first upload of it
-// to the deletion of its last reference there.
+// ObjectCharge is what the quota counts for each object an upload writes
+// (its upload record, its community's sidecar), and the unit a blob's
+// size is rounded up to: a file takes at least a block of disk (and an
+// inode), an S3 object a request and its metadata, however few its bytes.
+// Counted by bytes alone, keys that cost nothing wrote upload records of
+// one blob without end, and blobs of a few bytes counted a few bytes for
+// three files each: a community could fill the store within any quota.
+const ObjectCharge = 4096
+
+// blobCharge is what a community's sidecar of a blob of size bytes
+// counts: the blob's bytes in whole ObjectCharge units, plus the sidecar.
+func blobCharge(size int64) int64 {
+	return (size+ObjectCharge-1)/ObjectCharge*ObjectCharge + ObjectCharge
+}
+
+// Quota counts what each community stores. A blob counts once per
+// community that references it (blobCharge), from that community's first
+// upload of it to the deletion of its last reference there; each upload
+// record counts ObjectCharge while it exists.
 type Quota interface {
 	// Reserve adds size to community's bytes, or returns ErrQuotaExceeded
 	// and changes nothing.

@@ -64,6 +64,18 @@ type Descriptor struct {
 	Type     string `json:"type"`
 	Uploaded int64  `json:"uploaded"`
 	Blob     string `json:"blob"` // the shared blob's key
+	// Charged is what the sidecar counts against its community's quota,
+	// given back when it is removed; 0 in a sidecar written before the
+	// quota counted objects, which counted Size.
+	Charged int64 `json:"charged,omitempty"`
+}
+
+// charged is what removing the sidecar d gives back to the quota.
+func (d Descriptor) charged() int64 {
+	if d.Charged > 0 {
+		return d.Charged
+	}
+	return d.Size
 }
 
 // uploadRecord attributes one upload of a blob in one community.
@@ -71,6 +83,9 @@ type uploadRecord struct {
 	Pubkey   string `json:"pubkey"`
 	SHA256   string `json:"sha256"`
 	Uploaded int64  `json:"uploaded"`
+	// Charged is what the record counts against the quota (ObjectCharge);
+	// 0 in a record written before records were counted.
+	Charged int64 `json:"charged,omitempty"`
 }
 
 // Service stores and serves blobs per community over one Store.
@@ -233,37 +248,43 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	unlock := s.lock(sha)
 	defer unlock()
 	key := blobKey(sha, mediaType) // the key of these bytes, unless a sidecar names one
-	// The bytes count against the community from its first reference to
-	// the blob (the sidecar this upload writes) on. Whether the sidecar is
-	// new is decided under the blob lock, where every process writes and
-	// removes sidecars; a guess from before it reserves early, so that an
-	// upload refused for the quota is refused before the store sees a
-	// byte. A reservation the decision does not need is given back.
-	reserved, wroteSidecar, sidecarLeft := false, false, false
+	// The upload counts against its community its upload record
+	// (ObjectCharge) and, from the community's first reference to the blob
+	// (the sidecar this upload writes) on, the blob (blobCharge). Whether
+	// the sidecar is new is decided under the blob lock, where every
+	// process writes and removes sidecars; a guess from before it reserves
+	// early, so that an upload refused for the quota is refused before the
+	// store sees a byte. What is reserved and not kept (an object the
+	// upload did not write, or removed again) is given back.
+	var reserved, kept int64
 	defer func() {
-		if reserved && !wroteSidecar && !sidecarLeft {
+		if reserved > kept {
 			// The client may be gone: give the bytes back anyway.
-			_ = s.quota.Release(context.WithoutCancel(ctx), community, size)
+			_ = s.quota.Release(context.WithoutCancel(ctx), community, reserved-kept)
 		}
 	}()
-	reserve := func() error {
-		if s.quota != nil {
-			if err := s.quota.Reserve(ctx, community, size); err != nil {
-				return err
-			}
-			reserved = true
+	reserve := func(n int64) error {
+		if s.quota == nil {
+			return nil
 		}
+		if err := s.quota.Reserve(ctx, community, n); err != nil {
+			return err
+		}
+		reserved += n
 		return nil
 	}
-	newHere := false // as far as the guess can tell, this community's first upload of the blob
+	newHere, blobReserved := false, false // newHere: as far as the guess can tell, this community's first upload of the blob
 	if guess, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
-		if err := reserve(); err != nil {
+		if err := reserve(blobCharge(size) + ObjectCharge); err != nil {
 			return Descriptor{}, err
 		}
-		newHere = true
+		newHere, blobReserved = true, true
 	} else if err != nil {
 		return Descriptor{}, err
 	} else {
+		if err := reserve(ObjectCharge); err != nil {
+			return Descriptor{}, err
+		}
 		key = guess.Blob
 	}
 	// A blob this upload wrote and then failed to reference would be named
@@ -307,18 +328,19 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		}
 		d, err := s.readSidecar(ctx, community, sha)
 		first := errors.Is(err, ErrNotFound)
-		if first && s.quota != nil && !reserved {
+		if first && s.quota != nil && !blobReserved {
 			// The sidecar went since the guess (a delete elsewhere): reserve,
 			// outside the lock (another connection of the same pool), and
 			// look again; reserved, the next look decides either way.
 			unlockBlob()
-			if err := reserve(); err != nil {
+			if err := reserve(blobCharge(size)); err != nil {
 				return Descriptor{}, err
 			}
+			blobReserved = true
 			continue
 		}
 		if first {
-			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType)}, nil
+			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType), Charged: blobCharge(size)}, nil
 		}
 		if err == nil {
 			err = ensureBlob(d.Blob, false)
@@ -327,8 +349,15 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			var commitCtx context.Context
 			var done context.CancelFunc
 			if commitCtx, done, err = s.commitGuard(ctx); err == nil {
-				wroteSidecar, sidecarLeft, err = s.reference(commitCtx, community, d, uploader, now, first)
+				var recordKept, sidecarKept bool
+				recordKept, sidecarKept, err = s.reference(commitCtx, community, d, uploader, now, first)
 				done()
+				if recordKept {
+					kept += ObjectCharge
+				}
+				if sidecarKept {
+					kept += d.Charged
+				}
 				if err != nil {
 					err = referencingFailed{err}
 				}
@@ -351,41 +380,39 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 // between the two leaves a record without a sidecar (the blob is not
 // served here, and the next upload of it writes the sidecar), never a
 // sidecar without a record, which would serve and count the blob while no
-// member could delete it. wroteSidecar: the sidecar is this upload's and
-// stays; sidecarLeft: the sidecar failed and the one this upload may have
-// written could not be removed either.
+// member could delete it. recordKept and sidecarKept say which of the two
+// stay (or may: their removal failed), and so stay counted.
 //
 // A write that reports failure may still have been stored: an S3 PUT the
 // store completed after the client's hang-up cancelled the relay's wait
 // for it. So every object a failed reference tried to write is removed
 // again, whatever its own write answered, on a context the client's
 // hang-up does not end.
-func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (wroteSidecar, sidecarLeft bool, _ error) {
+func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descriptor, uploader string, now time.Time, first bool) (recordKept, sidecarKept bool, _ error) {
 	cleanup := context.WithoutCancel(ctx)
-	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix()}
+	rec := uploadRecord{Pubkey: uploader, SHA256: d.SHA256, Uploaded: now.Unix(), Charged: ObjectCharge}
 	recKey := uploadsPrefix(community, d.SHA256) + newULID(now) + ".json"
 	if err := s.putJSON(ctx, recKey, rec); err != nil {
 		// A record left would name this uploader for a blob the upload
-		// failed to store here. Only space if its removal fails.
-		_ = s.store.Delete(cleanup, recKey)
-		return false, false, fmt.Errorf("store upload record: %w", err)
+		// failed to store here; one that could not be removed stays
+		// counted (the count errs high, never low).
+		return s.store.Delete(cleanup, recKey) != nil, false, fmt.Errorf("store upload record: %w", err)
 	}
 	if !first {
-		return false, false, nil
+		return true, false, nil
 	}
 	if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
 		// The sidecar would keep the blob readable here, uncounted once
 		// the reservation is given back: remove it, then the record. If
-		// the sidecar's removal fails, the reservation is kept (the count
-		// errs high, never low) and so is the record, by which the
-		// uploader may still delete the blob.
+		// the sidecar's removal fails, both stay counted (the count errs
+		// high, never low), and so does the record, by which the uploader
+		// may still delete the blob.
 		if s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil {
-			return false, true, fmt.Errorf("store sidecar: %w", err)
+			return true, true, fmt.Errorf("store sidecar: %w", err)
 		}
-		_ = s.store.Delete(cleanup, recKey)
-		return false, false, fmt.Errorf("store sidecar: %w", err)
+		return s.store.Delete(cleanup, recKey) != nil, false, fmt.Errorf("store sidecar: %w", err)
 	}
-	return true, false, nil
+	return true, true, nil
 }
 
 // abandonedBlobTimeout bounds removing the blob of a failed upload.
@@ -467,7 +494,8 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 }
 
 // deleteUnderBlobLock is Delete's work under the blob lock; released is
-// the size to give back to the community's quota once its sidecar is gone.
+// what to give back to the community's quota: the charges of the upload
+// records it removed, and of the sidecar once that is gone.
 func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, _ error) {
 	d, err := s.readSidecar(ctx, community, sha)
 	if err != nil {
@@ -477,33 +505,38 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 	if err != nil {
 		return 0, fmt.Errorf("list upload records: %w", err)
 	}
-	var mine, others []string
+	var mine []string
+	var charged []int64 // of mine
+	others := 0
 	for _, key := range keys {
 		var rec uploadRecord
 		if err := s.readJSON(ctx, key, &rec); err != nil {
 			return 0, fmt.Errorf("read upload record: %w", err)
 		}
 		if rec.Pubkey == uploader {
-			mine = append(mine, key)
+			mine, charged = append(mine, key), append(charged, rec.Charged)
 		} else {
-			others = append(others, key)
+			others++
 		}
 	}
 	if len(mine) == 0 {
 		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
-	for _, key := range mine {
+	// Each record removed gives back its charge, even when a later step
+	// fails.
+	for i, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
-			return 0, fmt.Errorf("delete upload record: %w", err)
+			return released, fmt.Errorf("delete upload record: %w", err)
 		}
+		released += charged[i]
 	}
-	if len(others) > 0 {
-		return 0, nil
+	if others > 0 {
+		return released, nil
 	}
 	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return 0, fmt.Errorf("delete sidecar: %w", err)
+		return released, fmt.Errorf("delete sidecar: %w", err)
 	}
-	return d.Size, s.deleteIfUnreferenced(ctx, sha, d.Blob)
+	return released + d.charged(), s.deleteIfUnreferenced(ctx, sha, d.Blob)
 }
 
 // deleteUnreferencedBlob deletes the blob at key, under the blob lock,
