@@ -158,7 +158,7 @@ func storeKeysOf(t *testing.T, s media.Store) []string {
 // and, on the other, the same community gains the blob first ("two
 // uploads") or loses its last reference ("an upload and a delete"). The
 // upload decides under the blob lock whether its community's sidecar is
-// new, so the bytes count once. Before, two uploads both counted the blob
+// new, so the blob counts once (each upload record counts too). Before, two uploads both counted the blob
 // (a member could inflate the count to the quota, uploading one blob
 // through two relays and deleting it, until the community could store
 // nothing), and an upload racing a delete wrote the sidecar uncounted.
@@ -212,7 +212,11 @@ func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
 			_, obj, err := processB.Open(ctx, community, hex.EncodeToString(sum[:]))
 			require.NoError(t, err, "bob's upload is served")
 			obj.Close()
-			require.EqualValues(t, len(blob), quota.of(community), "the community stores the blob once")
+			records := 2 // alice's and bob's
+			if deleteFirst {
+				records = 1 // bob's
+			}
+			require.EqualValues(t, media.BlobCharge(int64(len(blob)))+int64(records)*media.ObjectCharge, quota.of(community), "the community stores the blob once, and each upload record")
 		})
 	}
 }

@@ -24,14 +24,14 @@ var ErrQuotaExceeded = errors.New("the community's media storage is full")
 // three files each: a community could fill the store within any quota.
 const ObjectCharge = 4096
 
-// blobCharge is what a community's sidecar of a blob of size bytes
+// BlobCharge is what a community's sidecar of a blob of size bytes
 // counts: the blob's bytes in whole ObjectCharge units, plus the sidecar.
-func blobCharge(size int64) int64 {
+func BlobCharge(size int64) int64 {
 	return (size+ObjectCharge-1)/ObjectCharge*ObjectCharge + ObjectCharge
 }
 
 // Quota counts what each community stores. A blob counts once per
-// community that references it (blobCharge), from that community's first
+// community that references it (BlobCharge), from that community's first
 // upload of it to the deletion of its last reference there; each upload
 // record counts ObjectCharge while it exists.
 type Quota interface {
@@ -70,7 +70,7 @@ func (q CommunityQuota) Reserve(ctx context.Context, community uuid.UUID, size i
 		// A fence (the community's deletion) is dberr.ErrCommunityWriteFenced.
 		return dberr.Interpret(err)
 	}
-	return fmt.Errorf("%w: it stores %d of its %d bytes and this blob is %d; delete blobs to make room",
+	return fmt.Errorf("%w: it stores %d of its %d bytes and this upload counts %d; delete blobs to make room",
 		ErrQuotaExceeded, used, q.Limit, size)
 }
 

@@ -89,7 +89,7 @@ func TestUploadFailingToReferenceLeavesNoUncountedBlob(t *testing.T) {
 
 	d, err := svc.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
 	require.NoError(t, err)
-	require.EqualValues(t, len(blob), quota.of(community), "the retry counts the blob")
+	require.EqualValues(t, media.BlobCharge(int64(len(blob)))+media.ObjectCharge, quota.of(community), "the retry counts the blob and its record")
 	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
 	require.Zero(t, quota.of(community))
 
@@ -100,7 +100,7 @@ func TestUploadFailingToReferenceLeavesNoUncountedBlob(t *testing.T) {
 	sticky.UseQuota(quota)
 	_, err = sticky.Upload(ctx, stuck, "alice", bytes.NewReader(blob), nil)
 	require.ErrorContains(t, err, "store sidecar")
-	require.EqualValues(t, len(blob), quota.of(stuck), "the sidecar stayed: the blob is counted")
+	require.EqualValues(t, media.BlobCharge(int64(len(blob)))+media.ObjectCharge, quota.of(stuck), "the sidecar stayed: the blob and the record are counted")
 	require.NoError(t, svc.Delete(ctx, stuck, d.SHA256, "alice"), "the uploader deletes the sidecar left")
 	require.Zero(t, quota.of(stuck))
 

@@ -250,7 +250,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	key := blobKey(sha, mediaType) // the key of these bytes, unless a sidecar names one
 	// The upload counts against its community its upload record
 	// (ObjectCharge) and, from the community's first reference to the blob
-	// (the sidecar this upload writes) on, the blob (blobCharge). Whether
+	// (the sidecar this upload writes) on, the blob (BlobCharge). Whether
 	// the sidecar is new is decided under the blob lock, where every
 	// process writes and removes sidecars; a guess from before it reserves
 	// early, so that an upload refused for the quota is refused before the
@@ -275,7 +275,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 	}
 	newHere, blobReserved := false, false // newHere: as far as the guess can tell, this community's first upload of the blob
 	if guess, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
-		if err := reserve(blobCharge(size) + ObjectCharge); err != nil {
+		if err := reserve(BlobCharge(size) + ObjectCharge); err != nil {
 			return Descriptor{}, err
 		}
 		newHere, blobReserved = true, true
@@ -333,14 +333,14 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 			// outside the lock (another connection of the same pool), and
 			// look again; reserved, the next look decides either way.
 			unlockBlob()
-			if err := reserve(blobCharge(size)); err != nil {
+			if err := reserve(BlobCharge(size)); err != nil {
 				return Descriptor{}, err
 			}
 			blobReserved = true
 			continue
 		}
 		if first {
-			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType), Charged: blobCharge(size)}, nil
+			d, err = Descriptor{SHA256: sha, Size: size, Type: mediaType, Uploaded: now.Unix(), Blob: blobKey(sha, mediaType), Charged: BlobCharge(size)}, nil
 		}
 		if err == nil {
 			err = ensureBlob(d.Blob, false)
@@ -381,7 +381,7 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 // served here, and the next upload of it writes the sidecar), never a
 // sidecar without a record, which would serve and count the blob while no
 // member could delete it. recordKept and sidecarKept say which of the two
-// stay (or may: their removal failed), and so stay counted.
+// stay, and so stay counted.
 //
 // A write that reports failure may still have been stored: an S3 PUT the
 // store completed after the client's hang-up cancelled the relay's wait
@@ -394,9 +394,10 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 	recKey := uploadsPrefix(community, d.SHA256) + newULID(now) + ".json"
 	if err := s.putJSON(ctx, recKey, rec); err != nil {
 		// A record left would name this uploader for a blob the upload
-		// failed to store here; one that could not be removed stays
-		// counted (the count errs high, never low).
-		return s.store.Delete(cleanup, recKey) != nil, false, fmt.Errorf("store upload record: %w", err)
+		// failed to store here. Only space if its removal fails: the
+		// write failed, so the record is most likely not there to count.
+		_ = s.store.Delete(cleanup, recKey)
+		return false, false, fmt.Errorf("store upload record: %w", err)
 	}
 	if !first {
 		return true, false, nil
@@ -404,13 +405,14 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 	if err := s.putJSON(ctx, sidecarKey(community, d.SHA256), d); err != nil {
 		// The sidecar would keep the blob readable here, uncounted once
 		// the reservation is given back: remove it, then the record. If
-		// the sidecar's removal fails, both stay counted (the count errs
-		// high, never low), and so does the record, by which the uploader
-		// may still delete the blob.
+		// the sidecar's removal fails, both stay, and stay counted (the
+		// count errs high, never low): the record is how the uploader may
+		// still delete the blob.
 		if s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil {
 			return true, true, fmt.Errorf("store sidecar: %w", err)
 		}
-		return s.store.Delete(cleanup, recKey) != nil, false, fmt.Errorf("store sidecar: %w", err)
+		_ = s.store.Delete(cleanup, recKey)
+		return false, false, fmt.Errorf("store sidecar: %w", err)
 	}
 	return true, true, nil
 }

@@ -82,7 +82,7 @@ func uploadAtTheBlobLock(t *testing.T, r *relaytest.Relay, blob []byte) (unlock 
 	replies := make(chan mediaReply, 1)
 	go func() { replies <- upload(t, r, "", relaytest.NewKey(t), blob) }()
 	waitFor(t, func() bool { waiting, _ := advisoryWaiters(t, r.Pool); return waiting == 1 })
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "reserved before the blob lock")
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "reserved before the blob lock")
 	return unlock, replies
 }
 
@@ -220,7 +220,7 @@ func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 
 	again := send()
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
 	replay := send()
 	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
 	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
@@ -340,7 +340,7 @@ func TestMediaQuotaReleaseRetriesFollowTheAnswer(t *testing.T) {
 		t.Fatal("the upload was not answered")
 	}
 	require.Equal(t, http.StatusInternalServerError, reply.Status, "%s", reply.Body)
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "answered before its bytes could be given back")
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "answered before its bytes could be given back")
 	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")), "the answer waited for every retry")
 	require.NoError(t, holder.Rollback(ctx))
 
@@ -391,7 +391,7 @@ func TestMediaQuotaReleaseAbandonedAtShutdownIsCounted(t *testing.T) {
 	require.NoError(t, r.Shutdown(ctx))
 	require.Equal(t, 1.0, testutil.ToFloat64(failures.WithLabelValues("abandoned")))
 	require.Zero(t, testutil.ToFloat64(failures.WithLabelValues("lost")))
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "an abandoned release leaves the count high")
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "an abandoned release leaves the count high")
 	unblock()
 }
 
@@ -448,7 +448,7 @@ func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, got.Status, "%s", got.Body)
 	require.Equal(t, "error: could not check authorization; try again", got.Error)
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(other), "", nil, nil).Status)
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "only the first blob is counted")
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "only the first blob is counted")
 	waitFor(t, func() bool {
 		return r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases) == nil && leases == 0
 	})

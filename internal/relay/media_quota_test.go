@@ -31,6 +31,12 @@ func quotaOn(pool *pgxpool.Pool, limit int64) media.CommunityQuota {
 	}}
 }
 
+// uploadCharge is what one upload of blob, new in its community, counts
+// against the community's quota: the blob, its sidecar, its upload record.
+func uploadCharge(blob []byte) int64 {
+	return media.BlobCharge(int64(len(blob))) + media.ObjectCharge
+}
+
 func mediaUsage(t *testing.T, q *db.Queries, community uuid.UUID) int64 {
 	t.Helper()
 	used, err := q.MediaUsageGet(context.Background(), community)
@@ -39,18 +45,20 @@ func mediaUsage(t *testing.T, q *db.Queries, community uuid.UUID) int64 {
 }
 
 // A community's media is bounded in bytes, not only per upload: a blob
-// counts once per community however many members upload it, an upload past
-// the quota is refused with 507 and leaves nothing, another community has
-// its own quota, and deleting the community's last reference to a blob
-// makes room again (a member's delete of a blob another member also
-// uploaded does not). Mutations killed: no reservation (the third blob is
-// stored); every upload charged (the second member's upload of the same
-// blob fills the quota early); no release on delete (the refused blob is
-// still refused after the delete).
+// counts once per community however many members upload it (each upload
+// record counts ObjectCharge), an upload past the quota is refused with 507
+// and leaves nothing, another community has its own quota, and deleting
+// the community's last reference to a blob makes room again (a member's
+// delete of a blob another member also uploaded gives back only that
+// member's record). Mutations killed: no reservation (the third blob is
+// stored); the blob charged at every upload (the second member's upload of
+// the same blob fills the quota early); no release on delete (the refused
+// blob is still refused after the delete).
 func TestMediaCommunityQuota(t *testing.T) {
 	t.Parallel()
+	blobCharge, recordCharge := media.BlobCharge(800), int64(media.ObjectCharge)
 	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 36000 })
 	q := db.New(r.Pool)
 	alice, bob := relaytest.NewKey(t), relaytest.NewKey(t)
 	first, second, third := pngBlob(t, 800), pngBlob(t, 800), pngBlob(t, 800)
@@ -58,30 +66,30 @@ func TestMediaCommunityQuota(t *testing.T) {
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, first).Status)
 	require.Equal(t, http.StatusOK, upload(t, r, "", bob, first).Status, "the same blob again")
 	require.Equal(t, http.StatusOK, upload(t, r, "", bob, second).Status)
-	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, 2*blobCharge+3*recordCharge, mediaUsage(t, q, r.CommunityID))
 
 	full := upload(t, r, "", alice, third)
 	require.Equal(t, http.StatusInsufficientStorage, full.Status, "%s", full.Body)
-	require.Equal(t, "blocked: the community's media storage is full: it stores 1600 of its 2000 bytes and this blob is 800; delete blobs to make room", full.Error)
+	require.Equal(t, "blocked: the community's media storage is full: it stores 28672 of its 36000 bytes and this upload counts 12288; delete blobs to make room", full.Error)
 	require.Equal(t, full.Error, full.Header.Get("X-Reason"))
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(third), "", nil, nil).Status)
 
 	otherHost := "quota-other.example"
 	other := r.AddCommunity(t, otherHost)
 	require.Equal(t, http.StatusOK, upload(t, r, otherHost, alice, third).Status, "another community has its own quota")
-	require.EqualValues(t, 800, mediaUsage(t, q, other))
+	require.Equal(t, blobCharge+recordCharge, mediaUsage(t, q, other))
 
 	// Bob's delete of the blob Alice uploaded too keeps it, and its bytes.
 	del := mediaDo(t, r, http.MethodDelete, "", "/media/"+hexSHA(first), blossomAuth(t, bob, "delete", []string{hexSHA(first)}, nil), nil, nil)
 	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
-	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, 2*blobCharge+2*recordCharge, mediaUsage(t, q, r.CommunityID))
 	require.Equal(t, http.StatusInsufficientStorage, upload(t, r, "", alice, third).Status)
 	// Alice's delete removes the community's last reference.
 	del = mediaDo(t, r, http.MethodDelete, "", "/media/"+hexSHA(first), blossomAuth(t, alice, "delete", []string{hexSHA(first)}, nil), nil, nil)
 	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
-	require.EqualValues(t, 800, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, blobCharge+recordCharge, mediaUsage(t, q, r.CommunityID))
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, third).Status)
-	require.EqualValues(t, 1600, mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, 2*blobCharge+2*recordCharge, mediaUsage(t, q, r.CommunityID))
 }
 
 // Uploads racing for the last of a quota, as on several relay processes
@@ -96,7 +104,8 @@ func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
 	row, err := db.New(pool).CommunityCreate(context.Background(), "quota-race-"+uuid.NewString()[:8]+".example")
 	require.NoError(t, err)
 	store := mediaStores["fs"](t)
-	quota := quotaOn(pool, fits*blobSize)
+	charge := media.BlobCharge(blobSize) + media.ObjectCharge // the blob, its sidecar, its record
+	quota := quotaOn(pool, fits*charge)
 	var stored, refused int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -120,7 +129,7 @@ func TestMediaCommunityQuotaUnderParallelUploads(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, fits, stored)
 	require.Equal(t, uploads-fits, refused)
-	require.EqualValues(t, fits*blobSize, mediaUsage(t, db.New(pool), row.ID))
+	require.Equal(t, fits*charge, mediaUsage(t, db.New(pool), row.ID))
 }
 
 // An upload admitted before its community's deletion began, reserving
@@ -178,7 +187,7 @@ func TestMediaUploadFailingAfterItsSidecarLeavesNone(t *testing.T) {
 
 	unblock()
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
-	require.EqualValues(t, len(blob), mediaUsage(t, q, r.CommunityID))
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, q, r.CommunityID))
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil).Status)
 }
 
@@ -191,7 +200,7 @@ func TestMediaUploadSpoolFailureBlamesTheRelay(t *testing.T) {
 	spool := filepath.Join(t.TempDir(), "spool")
 	require.NoError(t, os.Mkdir(spool, 0o700))
 	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: spool}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 2000 })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 20000 })
 	alice := relaytest.NewKey(t)
 	blob := pngBlob(t, 800)
 	require.NoError(t, os.Remove(spool))
@@ -203,5 +212,5 @@ func TestMediaUploadSpoolFailureBlamesTheRelay(t *testing.T) {
 
 	require.NoError(t, os.Mkdir(spool, 0o700))
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status, "the same upload once the spool is back")
-	require.EqualValues(t, 800, mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
 }

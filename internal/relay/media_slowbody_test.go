@@ -57,5 +57,5 @@ func TestMediaSlowUploadIsAnswered(t *testing.T) {
 	got := mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(blob), "", nil, nil)
 	require.Equal(t, http.StatusOK, got.Status)
 	require.True(t, bytes.Equal(blob, got.Body))
-	require.EqualValues(t, len(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
 }
