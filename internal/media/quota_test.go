@@ -134,3 +134,30 @@ type failingPutStore struct{ media.Store }
 func (failingPutStore) Put(context.Context, string, io.Reader, int64, string) error {
 	return errors.New("store unavailable")
 }
+
+// A sidecar and an upload record written before the quota counted objects
+// carry no charge: their delete gives back the blob's size, as it was
+// counted then, and nothing for the record. Mutation killed: the sidecar's
+// charge read as written (0: the blob's bytes stay counted for good).
+func TestDeleteOfAnUploadCountedByBytesGivesBackItsBytes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+	svc := media.NewService(fs, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	svc.UseQuota(quota)
+	community := uuid.New()
+	blob := []byte("uploaded when only bytes counted")
+	sha := hexSHA256(blob)
+	put := func(key, body string) {
+		require.NoError(t, fs.Put(ctx, key, strings.NewReader(body), int64(len(body)), "application/json"))
+	}
+	put(sha+".txt", string(blob))
+	put("_meta/"+community.String()+"/"+sha+".json", `{"sha256":"`+sha+`","size":32,"type":"text/plain","uploaded":1,"blob":"`+sha+`.txt"}`)
+	put("_uploads/"+community.String()+"/"+sha+"/01HZZZZZZZZZZZZZZZZZZZZZZZ.json", `{"pubkey":"alice","sha256":"`+sha+`","uploaded":1}`)
+	require.NoError(t, quota.Reserve(ctx, community, 1000+int64(len(blob)))) // other blobs, and this one's bytes
+
+	require.NoError(t, svc.Delete(ctx, community, sha, "alice"))
+	require.EqualValues(t, 1000, quota.of(community))
+}

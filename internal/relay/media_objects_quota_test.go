@@ -21,7 +21,9 @@ import (
 // block each: one community could fill the store's disk (or its inodes)
 // within any quota. Deleting every upload gives all of it back. Mutations
 // killed: records charged nothing (every upload of the shared blob is
-// stored); blobs charged their bytes alone (every tiny blob is stored).
+// stored); blobs charged their bytes alone (15 tiny blobs stored, not 5);
+// a delete giving back nothing for the records it removes (56 KiB left
+// counted).
 func TestMediaQuotaCountsTheObjectsUploadsWrite(t *testing.T) {
 	t.Parallel()
 	const quota = 64 << 10
