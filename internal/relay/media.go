@@ -779,9 +779,61 @@ func (s *Server) serveMediaGet(w http.ResponseWriter, r *http.Request, tenant co
 		// a request gets the whole blob, read once.
 		r.Header.Del("Range")
 	}
+	if zeroSuffixRange(r.Header.Get("Range")) {
+		// The last zero bytes name no byte, so the range is unsatisfiable;
+		// ServeContent answered it 206 with "Content-Range: bytes N-(N-1)/N".
+		// Asked as the range just past the end, it is refused as such, after
+		// the conditions (a matching If-None-Match still answers 304).
+		r.Header.Set("Range", fmt.Sprintf("bytes=%d-", d.Size))
+	}
 	// ServeContent answers Range, If-Range, If-None-Match and HEAD, and sets
 	// Content-Length.
-	http.ServeContent(w, r, "", time.Unix(d.Uploaded, 0), obj)
+	http.ServeContent(&contentRefusals{ResponseWriter: w, blob: d}, r, "", time.Unix(d.Uploaded, 0), obj)
+}
+
+// zeroSuffixRange reports whether a Range header asks for the last zero
+// bytes ("bytes=-0").
+func zeroSuffixRange(header string) bool {
+	spec, ok := strings.CutPrefix(strings.TrimSpace(header), "bytes=")
+	spec, suffix := strings.CutPrefix(strings.TrimSpace(spec), "-")
+	return ok && suffix && spec != "" && strings.Trim(spec, "0") == ""
+}
+
+// contentRefusals answers the refusals http.ServeContent makes itself (416
+// for an unsatisfiable range, 412 for a failed If-Match) like every other
+// media refusal, JSON with its reason in X-Reason: ServeContent writes them
+// as bare text, which a Blossom client reading X-Reason or the JSON error
+// could not tell from a proxy's page.
+type contentRefusals struct {
+	http.ResponseWriter
+	blob    media.Descriptor
+	refused bool
+}
+
+func (c *contentRefusals) WriteHeader(status int) {
+	var reason string
+	switch status {
+	case http.StatusRequestedRangeNotSatisfiable:
+		reason = fmt.Sprintf("invalid: the range is not satisfiable: the blob is %d bytes", c.blob.Size)
+		// ServeContent names the size only for a range past the end, not
+		// for one it cannot parse; the client needs it either way.
+		c.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", c.blob.Size))
+	case http.StatusPreconditionFailed:
+		reason = fmt.Sprintf("invalid: precondition failed: the blob's ETag is %q", c.blob.SHA256)
+	default:
+		c.ResponseWriter.WriteHeader(status)
+		return
+	}
+	c.refused = true
+	mediaError(c.ResponseWriter, status, reason)
+}
+
+// Write drops ServeContent's own text after a refusal answered as JSON.
+func (c *contentRefusals) Write(p []byte) (int, error) {
+	if c.refused {
+		return len(p), nil
+	}
+	return c.ResponseWriter.Write(p)
 }
 
 func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
