@@ -104,7 +104,15 @@ func IsUnknownChannel(err error) bool {
 // unknown or deleted channel, and a private one the actor is not an active
 // member of, are the same rejection.
 func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
-	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
+	params := db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()}
+	row, err := w.Q.ChannelAccess(ctx, params)
+	if err == nil && row.ReadersVersion != row.SnapshotVersion {
+		// The read waited for a membership change that then committed (a
+		// removal of the actor, say): its role predates that change. The
+		// lock is held now, so a second read sees the state the write
+		// commits under.
+		row, err = w.Q.ChannelAccess(ctx, params)
+	}
 	if dberr.IsNotFound(err) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
 		return row, errUnknownChannel()
 	}
