@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -155,4 +156,43 @@ func TestRemovedMembersMessageRacingItsRemovalIsNotStoredAfterIt(t *testing.T) {
 	got = <-answer
 	requireRejected(t, got, "restricted:")
 	require.Empty(t, owner.Req("stored", map[string]any{"ids": []string{message.ID}}), "a message refused is not stored")
+}
+
+// An open channel turned private through A, while a non-member follows it
+// on B and B has not heard A's invalidation (held back in Redis): the next
+// message written on B read the version the change wrote, so B reads the
+// channel's readers again, and the outsider neither receives it nor reads
+// the channel's history any more. A guard for an attack that held.
+func TestChannelTurnedPrivateStopsAnOutsiderOnAnotherRelayAtOnce(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	a := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	b := relaytest.StartOn(t, pool, withRedis(redis.URL()))
+	waitRedis(t, "connected", a, b)
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "soon secret", false)
+	member := b.Dial(t, a.Host)
+	member.Auth(nil)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	outsider := b.Dial(t, a.Host)
+	outsider.Auth(nil)
+	for _, c := range []*relaytest.Client{member, outsider} {
+		c.Send("REQ", "channel", map[string]any{"kinds": []int{9}, "#h": []string{ch}, "limit": 0})
+		c.Expect("EOSE")
+	}
+	postOnB(t, member, outsider, ch, "while open")
+
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
+	t.Cleanup(func() { _ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
+	got := owner.Publish(owner.Sign(9002, "", nostr.Tags{{"h", ch}, {"private"}}, 0))
+	require.True(t, got.OK, got.Msg)
+	postOnB(t, member, nil, ch, "now private")
+	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
+	outsider.Send("REQ", "history", map[string]any{"#h": []string{ch}})
+	require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+	outsider.ExpectSilence(300*time.Millisecond, "a channel turned private through A must not reach an outsider on B")
 }
