@@ -42,12 +42,23 @@ FOR NO KEY UPDATE;
 -- active role (NULL when not an active member), and the channel's readers
 -- version (channels.readers_version): the write's fan-out rereads a reader set cached
 -- before it.
-SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
+-- FOR KEY SHARE orders the write after any change of who may read the
+-- channel (every such change holds ChannelLockForUpdate): one committed
+-- first is seen, one not yet begun waits for this transaction's commit, so
+-- nothing this write stores is fanned out from a reader set older than
+-- its commit. The lock conflicts with nothing else a write does. When the
+-- lock had to wait for such a change, readers_version is the locked row's
+-- and snapshot_version the statement's older one, and the role is as old:
+-- the caller asks again.
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version,
+       (SELECT s.readers_version FROM channels s
+        WHERE s.community_id = c.community_id AND s.id = c.id)::bigint AS snapshot_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
    AND m.pubkey = @pubkey::bytea AND m.removed_at IS NULL
-WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL;
+WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL
+FOR KEY SHARE OF c;
 
 -- name: ChannelsReadable :many
 -- The channels a pubkey may read: every open channel and every

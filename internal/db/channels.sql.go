@@ -13,12 +13,15 @@ import (
 )
 
 const channelAccess = `-- name: ChannelAccess :one
-SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version,
+       (SELECT s.readers_version FROM channels s
+        WHERE s.community_id = c.community_id AND s.id = c.id)::bigint AS snapshot_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
    AND m.pubkey = $1::bytea AND m.removed_at IS NULL
 WHERE c.community_id = $2::uuid AND c.id = $3::uuid AND c.deleted_at IS NULL
+FOR KEY SHARE OF c
 `
 
 type ChannelAccessParams struct {
@@ -28,16 +31,25 @@ type ChannelAccessParams struct {
 }
 
 type ChannelAccessRow struct {
-	Visibility     ChannelVisibility
-	ArchivedAt     *time.Time
-	MemberRole     *MemberRole
-	ReadersVersion int64
+	Visibility      ChannelVisibility
+	ArchivedAt      *time.Time
+	MemberRole      *MemberRole
+	ReadersVersion  int64
+	SnapshotVersion int64
 }
 
 // What a pubkey may do in a channel: the channel's state and the caller's
 // active role (NULL when not an active member), and the channel's readers
 // version (channels.readers_version): the write's fan-out rereads a reader set cached
 // before it.
+// FOR KEY SHARE orders the write after any change of who may read the
+// channel (every such change holds ChannelLockForUpdate): one committed
+// first is seen, one not yet begun waits for this transaction's commit, so
+// nothing this write stores is fanned out from a reader set older than
+// its commit. The lock conflicts with nothing else a write does. When the
+// lock had to wait for such a change, readers_version is the locked row's
+// and snapshot_version the statement's older one, and the role is as old:
+// the caller asks again.
 func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (ChannelAccessRow, error) {
 	row := q.db.QueryRow(ctx, channelAccess, arg.Pubkey, arg.CommunityID, arg.ID)
 	var i ChannelAccessRow
@@ -46,6 +58,7 @@ func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (C
 		&i.ArchivedAt,
 		&i.MemberRole,
 		&i.ReadersVersion,
+		&i.SnapshotVersion,
 	)
 	return i, err
 }

@@ -254,3 +254,64 @@ func timeJoins(b *testing.B, p *ingest.Pipeline, tenant community.Tenant, ch str
 	b.StopTimer()
 	b.ReportMetric(float64(writerTime.Load())/float64(b.N)/1e6, "writer-ms/join")
 }
+
+// BenchmarkSubmitChannelMessages is BenchmarkSubmit for messages (kind 9)
+// in one open channel by 16 publishers: each write checks the channel
+// (ChannelAccess, which locks its row FOR KEY SHARE until the commit). It
+// reports the WAL each message costs.
+func BenchmarkSubmitChannelMessages(b *testing.B) {
+	p, tenant, _ := benchTenant(b)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbtest.URL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(context.Background()) })
+	owner, _ := nostr.GenerateSecretKey()
+	channel := "6f1c4ad2-4c1e-4b8e-9a55-3b1f0c2e7d10"
+	create := &nostr.Event{Kind: 9007, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", channel}, {"name", "bench"}}}
+	if err := create.Sign(owner); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.Submit(ctx, tenant, create.PubKey, create); err != nil {
+		b.Fatal(err)
+	}
+	events := presigned(b, b.N)
+	for _, ev := range events {
+		ev.Kind = 9
+		ev.Tags = nostr.Tags{{"h", channel}}
+	}
+	keys := make([]*nostr.SecretKey, 16)
+	for i := range keys {
+		keys[i], _ = nostr.GenerateSecretKey()
+	}
+	for i, ev := range events {
+		if err := ev.Sign(keys[i%len(keys)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var walBefore, walAfter string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			ev := events[next.Add(1)-1]
+			if _, err := p.Submit(ctx, tenant, ev.PubKey, ev); err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	b.StopTimer()
+	var wal float64
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
+		b.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::float8", walAfter, walBefore).Scan(&wal); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(wal/float64(b.N), "WAL-B/op")
+}

@@ -104,9 +104,23 @@ func IsUnknownChannel(err error) bool {
 // unknown or deleted channel, and a private one the actor is not an active
 // member of, are the same rejection.
 func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
-	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
+	row, err := ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
 	if dberr.IsNotFound(err) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
 		return row, errUnknownChannel()
+	}
+	return row, err
+}
+
+// ChannelAccess reads a pubkey's access to a channel for a write in q's
+// transaction, locking the channel's row until its commit (see the query).
+// When the lock waited for a change of the channel's readers that then
+// committed (the pubkey's removal, say), the row's role predates that
+// change: the lock is held now, so a second read sees the state the write
+// commits under.
+func ChannelAccess(ctx context.Context, q *db.Queries, params db.ChannelAccessParams) (db.ChannelAccessRow, error) {
+	row, err := q.ChannelAccess(ctx, params)
+	if err == nil && row.ReadersVersion != row.SnapshotVersion {
+		row, err = q.ChannelAccess(ctx, params)
 	}
 	return row, err
 }
@@ -400,7 +414,7 @@ func (w *Write) actorIsOwner(ctx context.Context) (bool, error) {
 
 // roleOf returns target's active role in the event's channel, or nil.
 func (w *Write) roleOf(ctx context.Context, target []byte) (*db.MemberRole, error) {
-	row, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID, Pubkey: target})
+	row, err := ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *w.ChannelID, Pubkey: target})
 	return row.MemberRole, err
 }
 

@@ -676,7 +676,7 @@ func (w *Write) readChannelOnce(ctx context.Context, channel *uuid.UUID) error {
 	if _, read := w.readersVersions[*channel]; read {
 		return nil
 	}
-	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
+	access, err := ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
 	if dberr.IsNotFound(err) {
 		return nil
 	}

@@ -100,7 +100,7 @@ func (w *Write) EmitReaction(ctx context.Context, content string, tags nostr.Tag
 		return "", Reject("invalid", "kind %d events take no reactions", target.Kind)
 	}
 	if target.ChannelID != nil {
-		access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *target.ChannelID, Pubkey: relay[:]})
+		access, err := ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *target.ChannelID, Pubkey: relay[:]})
 		if dberr.IsNotFound(err) {
 			return "", notFound
 		}

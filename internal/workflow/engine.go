@@ -684,7 +684,7 @@ func startedBefore(trace []traceEntry, index int) bool {
 // ownerMayCall: a step that reaches outside the relay runs on the owner's
 // authority only while the owner is an owner or admin of the channel.
 func (e *Engine) ownerMayCall(ctx context.Context, q *db.Queries, c Claimed, stepID string) *runFailure {
-	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
+	access, err := ingest.ChannelAccess(ctx, q, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
 		return dbFail(err, "step %s: channel unavailable", stepID)
 	}
@@ -1046,7 +1046,7 @@ func mentionable(ctx context.Context, q *db.Queries, community, channel uuid.UUI
 // about to post: a channel that is gone (deleted) or private to others
 // fails the step with owner_unauthorized. The caller checks ArchivedAt.
 func ownerChannelAccess(ctx context.Context, q *db.Queries, c Claimed, stepID string, channel uuid.UUID) (db.ChannelAccessRow, *runFailure) {
-	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
+	access, err := ingest.ChannelAccess(ctx, q, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: c.Run.OwnerPubkey})
 	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
 		// One answer for both: every reader of the workflow's channel sees
 		// the run's error, and it must not tell which private channel ids
@@ -1080,7 +1080,7 @@ func (e *Engine) triggererMayWrite(ctx context.Context, q *db.Queries, c Claimed
 	if string(author[:]) == string(c.Run.OwnerPubkey) {
 		return nil
 	}
-	access, err := q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: author[:]})
+	access, err := ingest.ChannelAccess(ctx, q, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: channel, Pubkey: author[:]})
 	if dberr.IsNotFound(err) || err == nil && !canRead(access) {
 		return fail(CodeOwnerUnauthorized, "step %s: the channel does not exist or is private to its members", step.ID)
 	}

@@ -137,7 +137,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	// The signer must be an active member of a live, unarchived channel.
 	// An unknown channel gets the same answer, so a non-member cannot
 	// probe which private channel ids exist.
-	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: channel, Pubkey: w.ActorBytes()})
+	access, err := ingest.ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: channel, Pubkey: w.ActorBytes()})
 	if dberr.IsNotFound(err) || (err == nil && access.MemberRole == nil) {
 		return ingest.Reject("restricted", "not a member of this channel")
 	}

@@ -377,7 +377,7 @@ func channelReadable(ctx context.Context, w *ingest.Write, channel *uuid.UUID) (
 	if channel == nil {
 		return false, nil
 	}
-	access, err := w.Q.ChannelAccess(ctx, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
+	access, err := ingest.ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: *channel, Pubkey: w.ActorBytes()})
 	if dberr.IsNotFound(err) {
 		return false, nil
 	}

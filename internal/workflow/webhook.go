@@ -179,7 +179,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	}
 	// A deleted or archived channel's workflow could only start runs that
 	// fail, in a history nobody may read any more.
-	access, err := q.ChannelAccess(r.Context(), db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
+	access, err := ingest.ChannelAccess(r.Context(), q, db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
 		databaseFailed(err)
 		return
