@@ -509,14 +509,8 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 }
 
 func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	s.mu.Lock()
-	closing := s.closing
-	s.mu.Unlock()
-	if closing {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "error: relay shutting down"})
-		return
-	}
 	addr := s.clientAddr(r)
+	// admit also refuses every connection once the relay is shutting down.
 	if status, reason := s.admit(addr); status != 0 {
 		writeJSON(w, status, map[string]string{"error": reason})
 		return
