@@ -901,7 +901,10 @@ func (p *proxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		up, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -970,6 +973,14 @@ func forwardUntilFrame(client io.Writer, relay io.Reader, pattern []byte) {
 			return
 		}
 	}
+}
+
+// retarget sends the connections accepted from now on to target (a relay
+// restarted elsewhere).
+func (p *proxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
 }
 
 // cut closes every connection in flight.
