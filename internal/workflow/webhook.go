@@ -254,6 +254,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		h.Metrics.refusedAtCapacity()
 		reply.Status, reply.ErrorCode = "failed", string(CodeCapacityExceeded)
 		reply.Error = "rate-limited: the workflow has its limit of unfinished runs; try again once some end"
+		w.Header().Set("Retry-After", strconv.FormatInt(h.secondsUntilARunCanEnd(r.Context(), communityID, workflowID), 10))
 		writeJSON(w, http.StatusTooManyRequests, reply)
 		return
 	}
@@ -261,6 +262,21 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		h.Offer(communityID, []uuid.UUID{runID})
 	}
 	writeJSON(w, http.StatusAccepted, reply)
+}
+
+// secondsUntilARunCanEnd is the Retry-After of a call refused at capacity:
+// a slot frees only when one of the workflow's runs ends, and none can end
+// before the soonest of them is due (a delayed run waits out its delay),
+// so a retry sooner is refused again. At least 1 s; 1 s when the database
+// cannot say.
+func (h *Webhooks) secondsUntilARunCanEnd(ctx context.Context, communityID, workflowID uuid.UUID) int64 {
+	row, err := db.New(h.Pool).WorkflowRunSoonestEnd(ctx, db.WorkflowRunSoonestEndParams{
+		CommunityID: communityID, WorkflowID: workflowID, Now: h.Clock.SQL(),
+	})
+	if err != nil {
+		return 1
+	}
+	return max(int64(math.Ceil(row.Soonest.Sub(row.Now).Seconds())), 1)
 }
 
 // admit returns the run an earlier call with the same idempotency key
