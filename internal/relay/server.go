@@ -27,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
@@ -485,7 +486,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 		}
 		if err != nil {
 			s.log.Error("resolve community", "host", r.Host, "err", err)
-			writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
+			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
 		next(w, r, tenant)

@@ -79,10 +79,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// errDatabaseUnavailable answers a call the database failed: nothing was
-// created, so the caller may send it again.
-const errDatabaseUnavailable = "error: database unavailable; try again"
-
 // webhookError answers msg, which carries its NIP-01 prefix (invalid:,
 // auth-required:, rate-limited:, blocked:, error:) so a caller tells a
 // refusal to fix from one to retry, as on every other route.
@@ -132,7 +128,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		if r.Context().Err() == nil {
 			log.Error("workflow webhook call failed", "community", communityID, "workflow", workflowID, "err", err)
 		}
-		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+		webhookError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 	}
 	limit := h.MaxBytes
 	if limit <= 0 {
