@@ -72,9 +72,14 @@ WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
 -- index workflows_scheduled (migration 052) holds exactly the rows of the
 -- first WHERE line, so the workflows of other triggers, which any member may
 -- save without bound across channels, are never read; keep the two alike.
+-- now is the database's time (or the stubbed one), which the tick's slots
+-- are due by, as updated_at and every run's times are: a relay whose clock
+-- ran ahead fired slots early, before a re-save or a disabling the owner
+-- made in time.
 SELECT community_id, id, channel_id, definition_event_id, updated_at,
        (definition -> 'trigger')::jsonb AS trigger,
-       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled,
+       coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'

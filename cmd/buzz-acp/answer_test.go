@@ -11,6 +11,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
 // Any member can ask the agent to write at length. An answer longer than
@@ -79,4 +80,38 @@ func TestFitAnswer(t *testing.T) {
 	require.True(t, strings.HasSuffix(escaped, answerCutNote))
 	require.LessOrEqual(t, eventFrameBytes(escaped, tags), lim.maxMessageBytes, "the frame fits, not only the characters")
 	require.Greater(t, eventFrameBytes(escaped, tags), lim.maxMessageBytes-10, "and is cut no shorter than it must be")
+}
+
+// A relay restarted with other limits is noticed on the reconnection: the
+// bridge reads the relay's NIP-11 limits on every connection, not only the
+// first, so an answer is cut to what the relay now takes instead of being
+// refused for good (here the limit went down, from the default to 20 000
+// characters).
+//
+// Mutation killed: the limits read on the first connection only: the
+// 30 000-character answer is posted whole, the restarted relay refuses it
+// (invalid: content too long), and it never appears.
+func TestLimitsAreReadAgainOnReconnecting(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	const n, maxContent = 30_000, 20_000
+	whole := w.answerTo(w.mention(fmt.Sprintf("@Robby write at length [long %d]", n)).ID)
+	require.Greater(t, utf8.RuneCountInString(whole.Content), n, "under the default limit the answer is whole")
+
+	// The same community, database and relay key, served by a relay with a
+	// lower limit; buzz-acp's connection is cut and reaches it.
+	restarted := relaytest.StartOn(t, w.r.Pool, func(c *config.Config) { c.MaxContentLength = maxContent })
+	w.proxy.retarget(strings.TrimPrefix(restarted.URL, "ws://"))
+	w.proxy.cut()
+	w.waitConnected(1)
+
+	// Asked on the restarted relay, which alone tells buzz-acp of it live.
+	owner := restarted.Dial(t, w.host)
+	owner.Auth(w.owner.Key)
+	asked := owner.Sign(9, fmt.Sprintf("@Robby write at length again [long %d]", n), nostr.Tags{{"h", w.channel}, {"p", w.agentKey.PublicKeyHex()}}, 0)
+	ok := owner.Publish(asked)
+	require.True(t, ok.OK, ok.Msg)
+	answer := w.answerTo(asked.ID)
+	require.Equal(t, maxContent, utf8.RuneCountInString(answer.Content), "cut to the restarted relay's limit exactly")
+	require.True(t, strings.HasSuffix(answer.Content, answerCutNote))
 }

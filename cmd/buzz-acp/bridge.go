@@ -60,7 +60,8 @@ type bridge struct {
 	status *status
 
 	relayPubkey string
-	limits      answerLimits // the relay's, for one answer
+	limitsMu    sync.Mutex
+	limits      answerLimits // the relay's, for one answer, as last read
 	verify      verifier
 	journal     *journal // what survives a restart
 	runCtx      context.Context
@@ -217,33 +218,54 @@ func (b *bridge) run(ctx context.Context) error {
 	}
 }
 
+// setLimits takes the relay's limits on one answer, read on connecting,
+// while turns may be posting answers.
+func (b *bridge) setLimits(l answerLimits) {
+	b.limitsMu.Lock()
+	b.limits = l
+	b.limitsMu.Unlock()
+	b.agent.setAnswerCap(l.heldBytes())
+}
+
+func (b *bridge) answerLimits() answerLimits {
+	b.limitsMu.Lock()
+	defer b.limitsMu.Unlock()
+	return b.limits
+}
+
 // connectAndServe runs one connection. served reports whether it got as far
 // as subscribing (which resets the backoff). since is the created_at from
 // which a new subscription catches up on what it missed (see catchUpPoint).
 func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool, err error) {
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	// The limits are read on every connection: a relay restarted with
+	// others would refuse answers cut to the old ones, or cut them shorter
+	// than it must. The relay key is read once: it is what doorbells are
+	// verified against, and a restart does not change it.
+	info, infoErr := fetchRelayInfo(dialCtx, b.cfg.RelayURL)
+	if infoErr == nil {
+		b.setLimits(info.answerLimits())
+	}
 	if b.relayPubkey == "" {
-		info, err := fetchRelayInfo(dialCtx, b.cfg.RelayURL)
 		pk := b.cfg.RelayPubkey
 		switch {
-		case pk == "" && err != nil:
-			return false, err
+		case pk == "" && infoErr != nil:
+			return false, infoErr
 		case pk == "" && !nostr.IsHex64(info.Self):
 			return false, errors.New("relay information document has no relay key (self); set BUZZ_RELAY_PUBKEY")
 		case pk == "":
 			pk = info.Self
-		case err != nil:
-			b.log.Warn("relay information document unreadable: answers are cut to the default limits", "err", err)
 		}
-		b.limits = info.answerLimits()
-		b.agent.setAnswerCap(b.limits.heldBytes())
 		b.relayPubkey = pk
 		if b.cfg.Verifier != nil {
 			b.verify = b.cfg.Verifier(pk, b.pubkey, b)
 		} else {
 			b.verify = newVerifier(pk, b.pubkey, b, b.journal.spentKeys())
 		}
+	}
+	if infoErr != nil {
+		b.log.Warn("relay information document unreadable: answers are cut to the limits last read (at first, the relay's defaults)", "err", infoErr)
 	}
 	if err := b.attestationHolds(); err != nil {
 		return false, err
@@ -892,7 +914,7 @@ func (b *bridge) runJob(s *session, j job) {
 			tags = append(tags, nostr.Tag{"e", j.parent, "", "reply"})
 		}
 	}
-	reply := &nostr.Event{Kind: 9, Content: fitAnswer(answer, cut, tags, b.limits), Tags: tags, CreatedAt: time.Now().Unix()}
+	reply := &nostr.Event{Kind: 9, Content: fitAnswer(answer, cut, tags, b.answerLimits()), Tags: tags, CreatedAt: time.Now().Unix()}
 	if err := reply.Sign(b.cfg.Key); err != nil {
 		b.log.Error("sign answer", "err", err)
 		b.turnFailed(j)

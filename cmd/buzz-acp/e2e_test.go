@@ -901,17 +901,34 @@ func (p *proxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		up, err := net.Dial("tcp", p.target)
+		// The rules below are for buzz-acp's WebSocket connection, not
+		// for its reads of the relay's information document, which it
+		// makes before each.
+		head, fromClient, err := requestHead(c)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
 			continue
 		}
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go func() { _, _ = up.Write(head); _, _ = io.Copy(up, fromClient); _ = up.Close() }()
+		if !bytes.Contains(bytes.ToLower(head), []byte("upgrade: websocket")) {
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+			continue
+		}
+		p.mu.Lock()
 		cutAfter := p.cutAfter
 		p.cutAfter = nil
 		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
 		if p.stallArmed() {
 			go p.forwardStalling(c, up)
 		} else if p.isHoldable() {
@@ -920,6 +937,23 @@ func (p *proxy) accept() {
 			go func() { forwardUntilFrame(c, up, cutAfter); _ = c.Close(); _ = up.Close() }()
 		} else {
 			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}
+}
+
+// requestHead reads the client's HTTP request head (through the blank
+// line) from c, and returns it with the reader of the rest.
+func requestHead(c net.Conn) ([]byte, io.Reader, error) {
+	r := bufio.NewReader(c)
+	var head []byte
+	for {
+		line, err := r.ReadBytes('\n')
+		head = append(head, line...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			return head, r, nil
 		}
 	}
 }
@@ -970,6 +1004,14 @@ func forwardUntilFrame(client io.Writer, relay io.Reader, pattern []byte) {
 			return
 		}
 	}
+}
+
+// retarget sends the connections accepted from now on to target (a relay
+// restarted elsewhere).
+func (p *proxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
 }
 
 // cut closes every connection in flight.

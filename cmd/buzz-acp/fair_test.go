@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/doorbell"
@@ -105,4 +108,56 @@ func TestFloodFromManyKeysDoesNotDrownAMember(t *testing.T) {
 	t.Logf("mentions heard under a flood from %d keys: %d of %d", keys, got, len(asked))
 	require.Equal(t, len(asked), got, "every mention of the member and the owner reaches the agent")
 	require.Equal(t, asked[3:], order[:2], "the owner's are handled first")
+}
+
+// Doorbells are not held back by the per-author cap: the relay signs them
+// for a workflow's step and bounds those by its own limits on runs, and a
+// doorbell refused here would leave its step waiting out its timeout. The
+// workflow's owner, at the cap with a held mention of their own, rings
+// three doorbells that each hold their turn: all three are queued.
+//
+// Mutations killed: the cap applied to doorbells too (the check without
+// its doorbell exemption): all three are refused (author_busy); doorbells
+// counted and checked like mentions: the same three refusals.
+func TestDoorbellsPassTheOwnersPerAuthorCap(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, func(cfg *settings) { cfg.MaxPerAuthor = 1 })
+	// The workflow's step holds its turn, so the doorbells pile up in the
+	// channel's session instead of each ending before the next arrives.
+	w.workflow = uuid.NewString()
+	ok := w.owner.Publish(w.owner.Sign(30620,
+		"name: Held bell\ntrigger: {on: webhook}\nsteps: [{id: ping, action: send_message, text: '@Robby [hold] please look'}]",
+		nostr.Tags{{"d", w.workflow}, {"h", w.channel}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+
+	// The owner's own mention, in a thread of its own, takes the one turn
+	// the cap allows them (the relay keeps the reply parent; buzz-acp keys
+	// the session by the claimed root).
+	parent := w.mention("@Robby threads start here")
+	w.answerTo(parent.ID)
+	thread := nostr.Tag{"e", strings.Repeat(uuid.NewString()[:8], 8), "", "root"}
+	held := w.mention("@Robby [hold] mine", thread, nostr.Tag{"e", parent.ID, "", "reply"})
+	require.Eventually(t, func() bool { _, ok := w.received.Load(held.ID); return ok }, waitLong, 5*time.Millisecond,
+		"the owner's mention is queued")
+
+	var bells []*nostr.Event
+	for range 3 {
+		bells = append(bells, w.ring())
+	}
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, b := range bells {
+			if _, ok := w.received.Load(b.ID); ok {
+				n++
+			}
+		}
+		return n+int(w.status.snapshot().Dropped["author_busy"]) == len(bells)
+	}, waitLong, 5*time.Millisecond, "each doorbell is queued or refused")
+	require.Empty(t, w.status.snapshot().Dropped, "no doorbell is refused, though its workflow's owner is at the cap")
+
+	require.NoError(t, os.WriteFile(w.holdFile, nil, 0o600))
+	for _, b := range bells {
+		w.answerTo(b.ID)
+	}
+	w.answerTo(held.ID)
 }

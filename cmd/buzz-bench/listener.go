@@ -229,12 +229,23 @@ func (l *benchListener) close() {
 // addr is the address it listens on.
 func (l *benchListener) addr() string { return l.ln.Addr().String() }
 
+// registrationBody is the operator listener API's request naming target,
+// encoded by encoding/json so that no value can break out of its string.
+func registrationBody(target string) ([]byte, error) {
+	return json.Marshal(struct {
+		Pubkeys []string `json:"pubkeys"`
+	}{[]string{target}})
+}
+
 // register asks the relay to page this listener for target.
 func (l *benchListener) register(ctx context.Context, origin, target string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout) // the scenario's context has no deadline
 	defer cancel()
 	endpoint := origin + "/operator/listener/pubkeys"
-	body := []byte(`{"pubkeys":["` + target + `"]}`)
+	body, err := registrationBody(target)
+	if err != nil {
+		return err
+	}
 	auth, err := nostr.HTTPAuthHeader(l.key, http.MethodPost, endpoint, body, time.Now())
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -117,4 +118,21 @@ func TestListenerRegistrationGivesUp(t *testing.T) {
 	case <-time.After(6 * opTimeout):
 		t.Fatal("register still waiting for a relay that never answers")
 	}
+}
+
+// The registration body carries the target as given, whatever it holds:
+// a quote or backslash stays inside the string.
+//
+// Mutation killed: the body built by concatenation (as before): the
+// quote ends the string and the body is not JSON.
+func TestRegistrationBodyEscapesTheTarget(t *testing.T) {
+	t.Parallel()
+	target := `ab"],"extra":["\c`
+	body, err := registrationBody(target)
+	require.NoError(t, err)
+	var got struct {
+		Pubkeys []string `json:"pubkeys"`
+	}
+	require.NoError(t, json.Unmarshal(body, &got), string(body))
+	require.Equal(t, []string{target}, got.Pubkeys)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -264,6 +265,9 @@ type Bus struct {
 	start     time.Time
 	heardUpTo atomic.Int64
 	stall     time.Duration // stallAfter; longer in tests that watch Hears alone
+	// clock spaces the reports of unpublished events (reportEvery); the
+	// zero value is the wall clock, tests stub it.
+	clock clock.Clock
 	// The reader's waits for the fan-out's room, which prove discounts.
 	waitingForRoom atomic.Bool
 	readerResumed  atomic.Int64
@@ -601,7 +605,7 @@ func (b *Bus) send(ctx context.Context) {
 			// Last: heard, it proves the batch before it was published,
 			// and the report before it tells since when what failed was
 			// not.
-			if time.Since(reported) >= reportEvery {
+			if b.clock.Now().Sub(reported) >= reportEvery {
 				unpublished = b.unpublishedSince.Swap(0)
 			}
 			batch = b.appendAnnouncement(batch, false, unpublished)
@@ -633,7 +637,7 @@ func (b *Bus) send(ctx context.Context) {
 			failing = false
 		}
 		if unpublished != 0 {
-			reported = time.Now()
+			reported = b.clock.Now()
 			if suppressed, ok := b.asked.allow(reported); ok {
 				b.log.Info("redis: asked the other relays to replay the events this relay could not publish", "since", time.Unix(0, unpublished),
 					"asked_without_logging", suppressed)

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -1157,4 +1158,56 @@ func TestPublishingThroughTheGoodbyeLeavesNothingQueued(t *testing.T) {
 		require.Zero(t, testutil.ToFloat64(bus.metrics.Pending), "try %d: pending after the goodbye", try)
 		require.Zero(t, len(bus.queue), "try %d: left in the queue after the goodbye", try)
 	}
+}
+
+// A process whose publishes keep failing reports its unpublished events at
+// most once per reportEvery of its clock, however many announcements it
+// makes meanwhile: each report makes every other process replay from the
+// database. Between reports the failures join the next one. The bus's
+// clock stands still while it announces (several times, a failure before
+// each), and moves on only between those rounds.
+//
+// Mutation killed: a report with every announcement (no spacing): each
+// round reports after each failure, 4 times, not at most once.
+func TestReportsOfUnpublishedEventsAreSpacedByTheClock(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	alive := aliveMessages(t, srv.URL())
+	bus, err := New(srv.URL(), 16, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	start := time.Now()
+	var elapsed atomic.Int64
+	bus.clock = clock.Stub(func() time.Time { return start.Add(time.Duration(elapsed.Load())) })
+	community := uuid.New()
+	fail := func() {
+		bus.FailNextPublish()
+		bus.PublishEvent(community, signed(t, "not published"), nil, 0)
+		require.Eventually(t, func() bool { return !bus.failNextPublish.Load() }, 30*time.Second, time.Millisecond, "the publish fails")
+	}
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+	// round counts the reports among the next four announcements, with a
+	// failed publish before each.
+	round := func() int {
+		reports := 0
+		for range 4 {
+			fail()
+			for {
+				m := nextFrom(t, alive, bus.origin)
+				if m == bus.origin {
+					break
+				}
+				requireReported(t, m, bus.origin, span{from: start, until: time.Now()})
+				reports++
+			}
+		}
+		return reports
+	}
+	var got []int
+	for _, at := range []time.Duration{0, reportEvery - time.Millisecond, reportEvery, 2 * reportEvery} {
+		elapsed.Store(int64(at))
+		got = append(got, round())
+	}
+	require.Equal(t, []int{1, 0, 1, 1}, got, "reports per round, at 0, 1.999 s, 2 s and 4 s of the bus's clock")
 }

@@ -426,6 +426,40 @@ func (q *Queries) WorkflowRunRelease(ctx context.Context, arg WorkflowRunRelease
 	return result.RowsAffected(), nil
 }
 
+const workflowRunSoonestEnd = `-- name: WorkflowRunSoonestEnd :one
+SELECT coalesce(min(CASE WHEN r.status = 'pending' THEN greatest(r.run_at, coalesce($1::timestamptz, now()))
+                         ELSE coalesce($1::timestamptz, now()) END),
+                coalesce($1::timestamptz, now()))::timestamptz AS soonest,
+       coalesce($1::timestamptz, now())::timestamptz AS now
+FROM workflow_runs r
+WHERE r.community_id = $2::uuid AND r.workflow_id = $3::uuid
+  AND r.status IN ('pending', 'running', 'waiting_approval')
+`
+
+type WorkflowRunSoonestEndParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	WorkflowID  uuid.UUID
+}
+
+type WorkflowRunSoonestEndRow struct {
+	Soonest time.Time
+	Now     time.Time
+}
+
+// The earliest one of the workflow's unfinished runs could end, as far as
+// the database knows: a delayed run not before its delay ends (a disabled
+// workflow fails it only at its next step); a run that is due, running or
+// waiting for an approval at any moment (now; now too when none is
+// unfinished any more). It tells a trigger refused at capacity when a retry
+// could first be admitted.
+func (q *Queries) WorkflowRunSoonestEnd(ctx context.Context, arg WorkflowRunSoonestEndParams) (WorkflowRunSoonestEndRow, error) {
+	row := q.db.QueryRow(ctx, workflowRunSoonestEnd, arg.Now, arg.CommunityID, arg.WorkflowID)
+	var i WorkflowRunSoonestEndRow
+	err := row.Scan(&i.Soonest, &i.Now)
+	return i, err
+}
+
 const workflowRunStepDone = `-- name: WorkflowRunStepDone :execrows
 UPDATE workflow_runs
 SET current_step = $1::int,

@@ -216,7 +216,8 @@ func (q *Queries) WorkflowsActiveInChannel(ctx context.Context, arg WorkflowsAct
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
 SELECT community_id, id, channel_id, definition_event_id, updated_at,
        (definition -> 'trigger')::jsonb AS trigger,
-       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled
+       coalesce(definition -> 'enabled' = 'true'::jsonb, false)::boolean AS definition_enabled,
+       coalesce($1::timestamptz, now())::timestamptz AS now
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
@@ -239,6 +240,7 @@ type WorkflowsScheduledRow struct {
 	UpdatedAt         time.Time
 	Trigger           json.RawMessage
 	DefinitionEnabled bool
+	Now               time.Time
 }
 
 // Every workflow the scheduler fires, in every community: active, enabled,
@@ -250,8 +252,12 @@ type WorkflowsScheduledRow struct {
 // index workflows_scheduled (migration 052) holds exactly the rows of the
 // first WHERE line, so the workflows of other triggers, which any member may
 // save without bound across channels, are never read; keep the two alike.
-func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledRow, error) {
-	rows, err := q.db.Query(ctx, workflowsScheduled)
+// now is the database's time (or the stubbed one), which the tick's slots
+// are due by, as updated_at and every run's times are: a relay whose clock
+// ran ahead fired slots early, before a re-save or a disabling the owner
+// made in time.
+func (q *Queries) WorkflowsScheduled(ctx context.Context, now *time.Time) ([]WorkflowsScheduledRow, error) {
+	rows, err := q.db.Query(ctx, workflowsScheduled, now)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +273,7 @@ func (q *Queries) WorkflowsScheduled(ctx context.Context) ([]WorkflowsScheduledR
 			&i.UpdatedAt,
 			&i.Trigger,
 			&i.DefinitionEnabled,
+			&i.Now,
 		); err != nil {
 			return nil, err
 		}

@@ -58,6 +58,12 @@ var (
 // tells it apart.
 const CommunityWriteFence = "community_write_fence"
 
+// UnavailableAnswer is the answer, over HTTP, to a request the database
+// could not serve (whatever the cause, which is logged, never shown):
+// nothing changed, so it may be sent again. The relay's routes and the
+// workflow webhooks answer the same text.
+const UnavailableAnswer = "error: database unavailable; try again"
+
 // ViolationKind says which sort of constraint a violation broke.
 type ViolationKind int
 

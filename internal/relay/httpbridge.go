@@ -129,10 +129,6 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 	})
 }
 
-// databaseUnavailableReason answers a request the database could not
-// serve: nothing changed, so it may be sent again.
-const databaseUnavailableReason = "error: database unavailable; try again"
-
 // attestationRefusalPrefix is the NIP-01 prefix of an x-auth-tag refusal:
 // a malformed header (400) or one that does not authorize the signer (401).
 func attestationRefusalPrefix(status int) string {

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,12 +11,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -139,6 +142,18 @@ func TestReadyIs503WithoutDatabaseOrWhileShuttingDown(t *testing.T) {
 	require.Contains(t, body, "database unavailable")
 	status, _ = get(down, "/health")
 	require.Equal(t, http.StatusOK, status)
+	// A route the database could not serve answers the one text the
+	// webhooks answer too.
+	req, err := http.NewRequest(http.MethodGet, down.HTTPURL+"/", nil)
+	require.NoError(t, err)
+	req.Host = "unknown-" + uuid.NewString()[:8] + ".example"
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	var answer map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
 
 	closing := relaytest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

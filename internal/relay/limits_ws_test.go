@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -260,4 +261,45 @@ func TestOversizedMessageIsNotHeldWhole(t *testing.T) {
 		c.Send("COUNT", "alive", map[string]any{"kinds": []int{1}})
 		require.Equal(t, int64(0), c.Expect("COUNT").Count, "the connection stays usable")
 	}
+}
+
+// The refusals before the upgrade, the relay full and the relay shutting
+// down, are 503 with a JSON body whose error carries the error: prefix, so
+// a client (the buzz CLI) reports the relay's reason, not a bare status.
+//
+// Mutations killed: either reason without its prefix.
+func TestRefusalsBeforeTheUpgradeAnswerPrefixedJSON(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnections = 1 })
+	upgrade := func() (int, string, map[string]string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, r.HTTPURL, nil)
+		require.NoError(t, err)
+		req.Host = r.Host
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		resp, err := bridgeHTTP.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return resp.StatusCode, resp.Header.Get("Content-Type"), body
+	}
+
+	_, err := dialFrom(t, r, "127.0.0.1", nil)
+	require.NoError(t, err)
+	status, contentType, body := upgrade()
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Equal(t, "application/json", contentType)
+	require.Equal(t, "error: relay is at its limit of 1 connections; try again later", body["error"])
+
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
+	defer cancel()
+	require.NoError(t, r.Shutdown(ctx))
+	status, contentType, body = upgrade()
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Equal(t, "application/json", contentType)
+	require.Equal(t, "error: relay shutting down", body["error"])
 }

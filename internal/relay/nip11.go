@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 // relayInfo is the NIP-11 document. Limits are the ones this relay enforces.
@@ -61,7 +62,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 	key, err := s.pipeline.RelayKey(r.Context(), tenant.ID())
 	if err != nil {
 		s.log.Error("relay key", "community", tenant.Host(), "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": databaseUnavailableReason})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": dberr.UnavailableAnswer})
 		return
 	}
 	info := relayInfo{

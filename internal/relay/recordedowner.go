@@ -48,7 +48,7 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 		if r.Context().Err() == nil {
 			s.log.Error("recorded owner lookup failed", "community", tenant.Host(), "err", err)
 		}
-		writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
+		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 		return
 	}
 	writeJSON(w, http.StatusOK, recordedOwnerWire{

@@ -27,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
@@ -485,7 +486,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 		}
 		if err != nil {
 			s.log.Error("resolve community", "host", r.Host, "err", err)
-			writeError(w, http.StatusServiceUnavailable, databaseUnavailableReason)
+			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
 		next(w, r, tenant)
@@ -509,14 +510,8 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 }
 
 func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
-	s.mu.Lock()
-	closing := s.closing
-	s.mu.Unlock()
-	if closing {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "error: relay shutting down"})
-		return
-	}
 	addr := s.clientAddr(r)
+	// admit also refuses every connection once the relay is shutting down.
 	if status, reason := s.admit(addr); status != 0 {
 		writeJSON(w, status, map[string]string{"error": reason})
 		return

@@ -201,3 +201,42 @@ func TestWebhookBodyWithNULIsRefused(t *testing.T) {
 	code, answer := call(`{"a":["x\u0000y"]}`)
 	require.Equal(t, http.StatusAccepted, code, answer)
 }
+
+// A webhook call refused at capacity says when to retry: a slot frees only
+// when one of the workflow's runs ends, and none can end before the
+// soonest is due. The one unfinished run waits out a 120 s delay, so
+// Retry-After is 120 s, then 20 s once 100 s have passed on the database's
+// clock (the stubbed one); with a run due now, 1 s.
+//
+// Mutation killed: no Retry-After on the capacity answer (the header is
+// empty); a fixed 1 s (120 expected).
+func TestCapacityAnswerSaysWhenARunCanEnd(t *testing.T) {
+	t.Parallel()
+	f := newFixtureMax(t, 1)
+	owner := f.key()
+	ch := f.channel(owner)
+	hook := uuid.NewString()
+	secret := f.saveHook(owner, ch, hook, "name: Slow\ntrigger: {on: webhook}\nsteps: [{id: wait, action: delay, duration: 120s}, {id: say, action: send_message, text: done}]")
+	hooks := &workflow.Webhooks{Pool: f.pool, Clock: clock.Stub(f.clock.Now), MaxUnfinishedRuns: 1, Metrics: f.metrics}
+	call := func() (int, string) {
+		req := httptest.NewRequest(http.MethodPost, "/hooks/"+hook, strings.NewReader(`{}`))
+		req.SetPathValue("id", hook)
+		req.Header.Set("X-Webhook-Secret", secret)
+		rec := httptest.NewRecorder()
+		hooks.Serve(rec, req, f.tenant.ID())
+		return rec.Code, rec.Header().Get("Retry-After")
+	}
+	code, _ := call()
+	require.Equal(t, http.StatusAccepted, code)
+	code, retry := call()
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Equal(t, "1", retry, "the queued run is due: it may end at any moment")
+
+	f.drain(f.engine(time.Minute)) // the run starts its delay
+	code, retry = call()
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Equal(t, "120", retry, "the run cannot end before its delay does")
+	f.clock.Advance(100 * time.Second)
+	_, retry = call()
+	require.Equal(t, "20", retry)
+}

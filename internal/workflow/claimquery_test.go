@@ -488,7 +488,7 @@ func TestScheduleTickReadsScheduledWorkflowsOnly(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(f.ctx) }()
 	before := dbtest.RowsRead(t, tx, "workflows")
-	rows, err := db.New(tx).WorkflowsScheduled(f.ctx)
+	rows, err := db.New(tx).WorkflowsScheduled(f.ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	require.Equal(t, scheduled, rows[0].ID.String())

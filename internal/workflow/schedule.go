@@ -202,10 +202,17 @@ func slotsOf(t Trigger, sched cron.Schedule, thinTo time.Duration, after, until 
 // Tick claims and fires every due slot in the catch-up window and returns
 // how many runs it created.
 func (s *Scheduler) Tick(ctx context.Context) (int, error) {
-	now := s.clock.Now().Truncate(time.Second)
-	rows, err := db.New(s.pool).WorkflowsScheduled(ctx)
+	rows, err := db.New(s.pool).WorkflowsScheduled(ctx, s.clock.SQL())
 	if err != nil {
 		return 0, err
+	}
+	// Slots are due by the database's clock, as the save time they are
+	// compared with and every run's times are: on a relay's clock ahead of
+	// it, a slot fired before its time, before a re-save or a disabling
+	// made in time.
+	var now time.Time
+	if len(rows) > 0 {
+		now = rows[0].Now.Truncate(time.Second)
 	}
 	created := 0
 	handled := make(map[scheduledWorkflow]time.Time, len(rows))

@@ -79,10 +79,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// errDatabaseUnavailable answers a call the database failed: nothing was
-// created, so the caller may send it again.
-const errDatabaseUnavailable = "error: database unavailable; try again"
-
 // webhookError answers msg, which carries its NIP-01 prefix (invalid:,
 // auth-required:, rate-limited:, blocked:, error:) so a caller tells a
 // refusal to fix from one to retry, as on every other route.
@@ -132,7 +128,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		if r.Context().Err() == nil {
 			log.Error("workflow webhook call failed", "community", communityID, "workflow", workflowID, "err", err)
 		}
-		webhookError(w, http.StatusServiceUnavailable, errDatabaseUnavailable)
+		webhookError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 	}
 	limit := h.MaxBytes
 	if limit <= 0 {
@@ -254,6 +250,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		h.Metrics.refusedAtCapacity()
 		reply.Status, reply.ErrorCode = "failed", string(CodeCapacityExceeded)
 		reply.Error = "rate-limited: the workflow has its limit of unfinished runs; try again once some end"
+		w.Header().Set("Retry-After", strconv.FormatInt(h.secondsUntilARunCanEnd(r.Context(), communityID, workflowID), 10))
 		writeJSON(w, http.StatusTooManyRequests, reply)
 		return
 	}
@@ -261,6 +258,21 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		h.Offer(communityID, []uuid.UUID{runID})
 	}
 	writeJSON(w, http.StatusAccepted, reply)
+}
+
+// secondsUntilARunCanEnd is the Retry-After of a call refused at capacity:
+// a slot frees only when one of the workflow's runs ends, and none can end
+// before the soonest of them is due (a delayed run waits out its delay),
+// so a retry sooner is refused again. At least 1 s; 1 s when the database
+// cannot say.
+func (h *Webhooks) secondsUntilARunCanEnd(ctx context.Context, communityID, workflowID uuid.UUID) int64 {
+	row, err := db.New(h.Pool).WorkflowRunSoonestEnd(ctx, db.WorkflowRunSoonestEndParams{
+		CommunityID: communityID, WorkflowID: workflowID, Now: h.Clock.SQL(),
+	})
+	if err != nil {
+		return 1
+	}
+	return max(int64(math.Ceil(row.Soonest.Sub(row.Now).Seconds())), 1)
 }
 
 // admit returns the run an earlier call with the same idempotency key
