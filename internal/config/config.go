@@ -118,8 +118,9 @@ type Config struct {
 	// address: each spools up to MediaMaxBytes to MediaTempDir.
 	MediaMaxUploads        int
 	MediaMaxUploadsPerAddr int
-	// MediaCommunityQuotaBytes bounds the bytes of media one community
-	// stores; an upload past it gets 507.
+	// MediaCommunityQuotaBytes bounds what one community's media takes
+	// (blobs in 4 KiB units, sidecars, upload records); an upload past it
+	// gets 507.
 	MediaCommunityQuotaBytes int
 	MediaS3Endpoint          string // host:port of the S3-compatible server
 	MediaS3Bucket            string

@@ -33,9 +33,10 @@ type MediaUsageReleaseParams struct {
 	CommunityID uuid.UUID
 }
 
-// Gives back a blob's size: its upload failed after the reservation, or
-// the community's last reference to it was deleted. Never below zero: a
-// blob uploaded before migration 033 was never counted.
+// Gives back a charge: its upload failed after the reservation, or the
+// objects it counted (upload records, the community's sidecar) were
+// deleted. Never below zero: a blob uploaded before migration 033 was
+// never counted.
 func (q *Queries) MediaUsageRelease(ctx context.Context, arg MediaUsageReleaseParams) error {
 	_, err := q.db.Exec(ctx, mediaUsageRelease, arg.Size, arg.CommunityID)
 	return err
@@ -57,8 +58,9 @@ type MediaUsageReserveParams struct {
 	Quota       int64
 }
 
-// Bytes of media each community stores (migration 033).
-// Adds a blob's size to the community's usage unless that would pass the
+// What each community's media counts against its quota (migration 033):
+// blobs, sidecars and upload records, see media.BlobCharge and ObjectCharge.
+// Adds an upload's charge to the community's usage unless that would pass the
 // quota. Zero rows: refused, nothing changed. The upsert locks the row, so
 // concurrent reservations (on any relay process) add one after the other
 // and each sees the others' bytes.
