@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -22,19 +21,13 @@ import (
 // leaves changed shows, not only a missing table.
 func schemaOf(t *testing.T, rawURL string) string {
 	t.Helper()
-	// libpq takes no timezone parameter in a URL.
-	u, err := url.Parse(rawURL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Del("timezone")
-	u.RawQuery = q.Encode()
 	pgDump := "pg_dump"
 	if dir, err := pgcluster.FindBinaries(); err == nil {
 		pgDump = filepath.Join(dir, "pg_dump")
 	}
 	var out, stderr bytes.Buffer
 	cmd := exec.Command(pgDump, "--schema-only", "--no-owner", "--no-privileges",
-		"--restrict-key=buzzschema", "--exclude-table=schema_version", "--dbname", u.String())
+		"--restrict-key=buzzschema", "--exclude-table=schema_version", "--dbname", dbtest.PsqlURL(t, rawURL))
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	require.NoError(t, cmd.Run(), stderr.String())
 	var kept strings.Builder

@@ -2,10 +2,8 @@ package migrate_test
 
 import (
 	"context"
-	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,51 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
-	"github.com/buzzrelay/buzz/internal/pgcluster"
 )
-
-func psqlPath(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("psql"); err == nil {
-		return p
-	}
-	dir, err := pgcluster.FindBinaries()
-	require.NoError(t, err)
-	p := filepath.Join(dir, "psql")
-	_, err = os.Stat(p)
-	require.NoError(t, err, "psql is installed with the PostgreSQL server binaries")
-	return p
-}
-
-// psqlURL is a test database's URL as psql takes it (libpq knows no
-// timezone parameter).
-func psqlURL(t *testing.T, rawURL string) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Del("timezone")
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-// sqlBlockOf is the ```sql block of a markdown file whose first line is
-// firstLine: the text an operator copies, so a test of it runs the doc
-// itself and the two cannot drift apart.
-func sqlBlockOf(t *testing.T, markdownPath, firstLine string) string {
-	t.Helper()
-	doc, err := os.ReadFile(markdownPath)
-	require.NoError(t, err)
-	for _, block := range strings.Split(string(doc), "```sql\n")[1:] {
-		body, _, closed := strings.Cut(block, "\n```")
-		require.True(t, closed, "an unclosed sql block in %s", markdownPath)
-		if strings.HasPrefix(body, firstLine+"\n") {
-			return body + "\n"
-		}
-	}
-	t.Fatalf("%s has no sql block starting %q", markdownPath, firstLine)
-	return ""
-}
 
 // The README's recount of a channel's active members, run as written under
 // psql while a member's join holds the channel: it waits for the join, and
@@ -90,9 +44,9 @@ func TestActiveMembersRecountRunbook(t *testing.T) {
 	_, err = join.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, sha256('joining'::bytea))`, community, channel)
 	require.NoError(t, err)
 
-	recount := sqlBlockOf(t, "../../README.md", "-- Recount one channel's active members.")
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
-		"-v", "channel="+channel.String(), "-f", "-", psqlURL(t, dbURL))
+	recount := dbtest.SQLBlock(t, "../../README.md", "-- Recount one channel's active members.")
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
+		"-v", "channel="+channel.String(), "-f", "-", dbtest.PsqlURL(t, dbURL))
 	cmd.Env = append(os.Environ(), "PGAPPNAME=recount-runbook")
 	cmd.Stdin = strings.NewReader(recount)
 	var out strings.Builder
