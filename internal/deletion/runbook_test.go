@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,4 +113,48 @@ func TestRunbookGivesUpOnALockedTable(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "canceling statement due to lock timeout")
+}
+
+// The runbook's chunk section shows where a large deletion stands: the
+// next chunks to delete, not the first ones of the manifest, which are long
+// gone. Kills: listing every request's chunks from chunk 0 under one
+// overall limit (a manifest of more chunks than the limit showed only
+// deleted ones, and hid every other request's).
+func TestRunbookShowsTheNextChunksOfALargeDeletion(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.community("large.test")
+	dir := memoryDir(t)
+	writeUploadRecords(t, dir, c, 205)
+	store, err := media.NewFSStore(dir)
+	require.NoError(t, err)
+	large := f.submitAndApprove("large.test", store)
+	cfg := testConfig()
+	cfg.ManifestChunkKeys = 1
+	cfg.PauseBeforeStampFile = filepath.Join(t.TempDir(), "paused")
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, Store: store, ID: "runbook-exec", Config: cfg}).Run(ctx, large.ID)
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	eventually(t, func() bool { _, err := os.Stat(cfg.PauseBeforeStampFile); return err == nil }, "the executor to pause")
+	// The first 200 chunks deleted, as a long run leaves them.
+	var chunks int
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM community_deletion_manifest_keys WHERE request_id = $1`, large.ID).Scan(&chunks))
+	require.Greater(t, chunks, 200)
+	_, err = f.pool.Exec(f.ctx, `UPDATE community_deletion_manifest_keys SET deleted_at = now() WHERE request_id = $1 AND chunk_no < 200`, large.ID)
+	require.NoError(t, err)
+
+	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, section, _ := strings.Cut(string(out), "== 7.")
+	section, _, _ = strings.Cut(section, "== 8.")
+	require.Regexp(t, regexp.MustCompile(`(?m)^ `+large.ID.String()+`\s*\|\s*200\s*\|`), section, "the next chunk to delete")
+	require.Regexp(t, regexp.MustCompile(`(?m)^ `+large.ID.String()+`\s*\|\s*199\s*\|`), section, "the last one deleted")
 }

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -213,4 +216,39 @@ func TestMediaUploadSpoolFailureBlamesTheRelay(t *testing.T) {
 	require.NoError(t, os.Mkdir(spool, 0o700))
 	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status, "the same upload once the spool is back")
 	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+}
+
+// The media doc's correction of an over-counted community, run as written
+// under psql after an upload made since the operator read the count: the
+// over-count goes, the later upload's bytes stay. Setting the total the
+// operator computed instead would drop them, and the community could store
+// that much more than its quota.
+func TestMediaUsageCorrectionByTheMediaDoc(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaCommunityQuotaBytes = 1 << 20 })
+	q := db.New(r.Pool)
+	alice, bob := relaytest.NewKey(t), relaytest.NewKey(t)
+	first, later := pngBlob(t, 800), pngBlob(t, 900)
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, first).Status)
+	// A release that was lost leaves the count high.
+	const over = 5000
+	_, err := r.Pool.Exec(ctx, `UPDATE media_usage SET bytes = bytes + $2 WHERE community_id = $1`, r.CommunityID, over)
+	require.NoError(t, err)
+	counted, stored := mediaUsage(t, q, r.CommunityID), uploadCharge(first)
+	require.Equal(t, stored+over, counted, "what the operator reads, and what the store holds")
+
+	require.Equal(t, http.StatusOK, upload(t, r, "", bob, later).Status, "an upload after the reading")
+
+	correction := dbtest.SQLBlock(t, "../../docs/media.md", "-- Lower a community's media usage by what it over-counts.")
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "host="+r.Host,
+		"-v", fmt.Sprintf("over=%d", counted-stored), "-v", fmt.Sprintf("total=%d", stored),
+		"-f", "-", dbtest.PsqlURL(t, r.Pool.Config().ConnString()))
+	cmd.Stdin = strings.NewReader(correction)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "(1 row)")
+	require.Equal(t, uploadCharge(first)+uploadCharge(later), mediaUsage(t, q, r.CommunityID),
+		"the over-count gone, the later upload still counted\n%s", out)
 }

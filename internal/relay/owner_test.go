@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -338,4 +340,57 @@ func TestOwnerRecordIsFirstWinsInSQL(t *testing.T) {
 	_, err = r.Pool.Exec(ctx, `DELETE FROM users WHERE community_id = $1 AND pubkey = $2`, r.CommunityID, stored)
 	require.NoError(t, err)
 	require.Empty(t, recordedOwner(t, r, hex.EncodeToString(agent[:])), "deleting the owner clears the link, nothing else")
+}
+
+// The doc's correction of a wrong owner, run as written under psql: the
+// owner is cleared, the wrong owner can no longer add the owner_only agent,
+// and the agent's next AUTH with the right owner's attestation records it.
+// Setting the right owner directly instead is refused by the database.
+func TestClearingAWrongOwnerByTheAgentsDoc(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := relaytest.Start(t)
+	alice := r.Dial(t, "")
+	alice.Auth(nil)
+	wrong, right := r.Dial(t, ""), r.Dial(t, "")
+	wrong.Auth(nil)
+	right.Auth(nil)
+	agentKey := relaytest.NewKey(t)
+	agent := agentKey.PublicKeyHex()
+	honey := r.Dial(t, "")
+	ok := authWith(t, honey, agentKey, attest(t, wrong.Key, agent, ""))
+	require.True(t, ok.OK, ok.Msg)
+	ok = honey.Publish(honey.Sign(0, `{"name":"honey","channel_add_policy":"owner_only"}`, nil, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, wrong.Key.PublicKeyHex(), recordedOwner(t, r, agent))
+
+	_, err := r.Pool.Exec(ctx, `UPDATE users SET agent_owner_pubkey = decode($3, 'hex') WHERE community_id = $1 AND pubkey = decode($2, 'hex')`,
+		r.CommunityID, agent, right.Key.PublicKeyHex())
+	v, isViolation := dberr.AsViolation(err)
+	require.True(t, isViolation, "%v", err)
+	require.Equal(t, "users_agent_owner_first_wins", v.Constraint, "an owner is cleared, never replaced")
+
+	clear := dbtest.SQLBlock(t, "../../docs/agents.md", "-- Clear an agent's recorded owner.")
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "host="+r.Host, "-v", "agent="+agent,
+		"-f", "-", dbtest.PsqlURL(t, r.Pool.Config().ConnString()))
+	cmd.Stdin = strings.NewReader(clear)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), agent, "the agent's row comes back")
+	require.Contains(t, string(out), "(1 row)")
+	require.Empty(t, recordedOwner(t, r, agent))
+
+	ch := sidesChannel(t, alice)
+	for _, admin := range []*relaytest.Client{wrong, right} {
+		ok := alice.Publish(alice.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", admin.Key.PublicKeyHex(), "admin"}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	requirePrefix(t, putUser(wrong, ch, agentKey), "blocked: ")
+
+	ok = authWith(t, r.Dial(t, ""), agentKey, attest(t, right.Key, agent, ""))
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, ok.Msg, "the right owner is recorded, no conflict")
+	require.Equal(t, right.Key.PublicKeyHex(), recordedOwner(t, r, agent))
+	ok = putUser(right, ch, agentKey)
+	require.True(t, ok.OK, ok.Msg)
 }

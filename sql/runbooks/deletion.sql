@@ -79,14 +79,20 @@ JOIN community_deletion_requests r ON r.id = k.request_id
 GROUP BY k.request_id, r.community_host
 ORDER BY k.request_id;
 
-\echo '== 7. Chunks of unfinished requests'
+\echo '== 7. Chunks of unfinished requests: per request, the next 20 to delete (all deleted: the last 20)'
+-- Per request, so one large manifest cannot hide the others, and from
+-- where deletion stands, not from chunk 0 (a request's chunks go once it
+-- is verified, so only unfinished ones have any).
 SELECT k.request_id, k.chunk_no, k.prefix, k.key_class, jsonb_array_length(k.keys) AS keys, k.deleted_at,
        c.lease_generation, c.detail
-FROM community_deletion_manifest_keys k
+FROM (SELECT k.*, row_number() OVER (PARTITION BY k.request_id
+                                     ORDER BY k.deleted_at IS NOT NULL,
+                                              CASE WHEN k.deleted_at IS NULL THEN k.chunk_no ELSE -k.chunk_no END) AS nth
+      FROM community_deletion_manifest_keys k) k
 LEFT JOIN community_deletion_checkpoints c
   ON c.request_id = k.request_id AND c.stage = 'drained' AND c.unit_key = 'chunk:' || k.chunk_no
-ORDER BY k.request_id, k.chunk_no
-LIMIT 200;
+WHERE k.nth <= 20
+ORDER BY k.request_id, k.chunk_no;
 
 \echo '== 8. Latest checkpoints (failures first)'
 SELECT request_id, sequence, stage, unit_key, status, lease_generation, attempts,

@@ -1,0 +1,140 @@
+package migrate_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+)
+
+// The README's recount of a channel's active members, run as written under
+// psql while a member's join holds the channel: it waits for the join, and
+// the count it writes includes that member. Without its lock-first step the
+// UPDATE waits for the same row and then writes the count of its older
+// snapshot, one short, over the join's own +1.
+func TestActiveMembersRecountRunbook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := dbtest.URL(t)
+	conn := connect(t, dbURL)
+	joiner := connect(t, dbURL)
+	community, channel := uuid.New(), uuid.New()
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'recount-runbook.example')`, community)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channel, make([]byte, 32))
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at)
+		SELECT $1, $2, sha256(i::text::bytea), CASE WHEN i > 5 THEN now() END FROM generate_series(1, 7) i`, community, channel)
+	require.NoError(t, err)
+	// A count gone wrong, as a hard delete before migration 049 left it.
+	_, err = conn.Exec(ctx, `UPDATE channels SET active_members = 40 WHERE community_id = $1 AND id = $2`, community, channel)
+	require.NoError(t, err)
+
+	// A join in flight: its trigger holds the channel's row until it commits.
+	join, err := joiner.Begin(ctx)
+	require.NoError(t, err)
+	defer join.Rollback(ctx)
+	_, err = join.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, sha256('joining'::bytea))`, community, channel)
+	require.NoError(t, err)
+
+	recount := dbtest.SQLBlock(t, "../../README.md", "-- Recount one channel's active members.")
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
+		"-v", "channel="+channel.String(), "-f", "-", dbtest.PsqlURL(t, dbURL))
+	cmd.Env = append(os.Environ(), "PGAPPNAME=recount-runbook")
+	cmd.Stdin = strings.NewReader(recount)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	// Commit the join only once the recount waits for its lock.
+	for waiting := false; !waiting; {
+		require.NoError(t, conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'recount-runbook' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		select {
+		case err := <-done:
+			t.Fatalf("the recount finished while the join held the channel: %v\n%s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	require.NoError(t, join.Commit(ctx))
+	require.NoError(t, <-done, out.String())
+	require.Contains(t, out.String(), "COMMIT")
+
+	counter, rows := activeMembers(t, conn, community, channel)
+	require.Equal(t, 6, rows, "five members and the one who joined")
+	require.Equal(t, rows, counter, "the recount counts the join it waited for\n%s", out.String())
+}
+
+// The README's hand delete of a member, run as written under psql while
+// that member's leave holds the channel, as the relay's membership change
+// does (channel row first, then the member's): the delete waits for the
+// channel, the leave goes through, and the delete then removes the row,
+// counted once in all. Without the lock-first step the delete locks the
+// member's row, its counting trigger waits for the channel, the leave waits
+// for the member's row, and PostgreSQL breaks the deadlock by failing one
+// of them.
+func TestHandDeleteOfAMemberRunbook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := dbtest.URL(t)
+	conn := connect(t, dbURL)
+	joiner := connect(t, dbURL)
+	community, channel := uuid.New(), uuid.New()
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'hand-delete-runbook.example')`, community)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channel, make([]byte, 32))
+	require.NoError(t, err)
+	// Five active members; the fifth is about to leave and be deleted.
+	_, err = conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey)
+		SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, 5) i`, community, channel)
+	require.NoError(t, err)
+	var member string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT encode(sha256('5'::bytea), 'hex')`).Scan(&member))
+
+	leave, err := joiner.Begin(ctx)
+	require.NoError(t, err)
+	defer leave.Rollback(ctx)
+	_, err = leave.Exec(ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR UPDATE`, community, channel)
+	require.NoError(t, err)
+
+	handDelete := dbtest.SQLBlock(t, "../../README.md", "-- Delete a channel member by hand.")
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
+		"-v", "channel="+channel.String(), "-v", "member="+member, "-f", "-", dbtest.PsqlURL(t, dbURL))
+	cmd.Env = append(os.Environ(), "PGAPPNAME=hand-delete-runbook")
+	cmd.Stdin = strings.NewReader(handDelete)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for waiting := false; !waiting; {
+		require.NoError(t, conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'hand-delete-runbook' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		select {
+		case err := <-done:
+			t.Fatalf("the delete finished while the leave held the channel: %v\n%s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	_, err = leave.Exec(ctx, `UPDATE channel_members SET removed_at = now()
+		WHERE community_id = $1 AND channel_id = $2 AND pubkey = decode($3, 'hex')`, community, channel, member)
+	// psql's output is read only once it ended (it writes it meanwhile).
+	require.NoError(t, err, "the leave goes through while the delete waits")
+	require.NoError(t, leave.Commit(ctx))
+	require.NoError(t, <-done, out.String())
+	require.Contains(t, out.String(), member, "the delete names the member it removed")
+
+	counter, rows := activeMembers(t, conn, community, channel)
+	require.Equal(t, 4, rows)
+	require.Equal(t, rows, counter, "the leave counted once, the delete of the member who left not again\n%s", out.String())
+}
