@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -87,8 +88,8 @@ func TestClientsCannotPublishAChannelRolesList(t *testing.T) {
 
 // Owners and admins changing one member at once, each from its own
 // connection, in parallel for real: an add racing a removal, and two role
-// changes. After every round the relay's admins and members lists match
-// the membership table.
+// changes, and two renames dated alike. After every round the relay's
+// lists match the tables.
 func TestRacingModerationLeavesTheListsMatchingTheTable(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -132,6 +133,20 @@ func TestRacingModerationLeavesTheListsMatchingTheTable(t *testing.T) {
 		require.True(t, replies[0].OK, replies[0].Msg)
 		require.True(t, replies[1].OK, replies[1].Msg)
 		requireListsMatchTable(t, r, owner, ch)
+		// Two renames at once, dated alike: the one metadata event served
+		// names what the table holds.
+		now := time.Now().Unix()
+		renameA := owner.Sign(9002, "", nostr.Tags{{"h", ch}, {"name", fmt.Sprint("owner ", round)}}, now)
+		renameB := admin.Sign(9002, "", nostr.Tags{{"h", ch}, {"name", fmt.Sprint("admin ", round)}}, now)
+		replies = race(owner, admin, renameA, renameB)
+		require.True(t, replies[0].OK, replies[0].Msg)
+		require.True(t, replies[1].OK, replies[1].Msg)
+		var name string
+		require.NoError(t, r.Pool.QueryRow(context.Background(),
+			`SELECT name FROM channels WHERE community_id = $1 AND id = $2::uuid`, r.CommunityID, ch).Scan(&name))
+		meta := owner.Req("meta", map[string]any{"kinds": []int{39000}, "#d": []string{ch}})
+		require.Len(t, meta, 1)
+		require.Equal(t, []string{name}, tagValues(meta[0], "name"))
 	}
 	t.Log(outcomes)
 }
