@@ -221,7 +221,7 @@ func applyDeletion(ctx context.Context, w *Write) error {
 	author := ev.PubKeyBytes()
 	if ids := deletionTargetIDs(ev); len(ids) > 0 {
 		if _, err := q.EventsDeleteByIDs(ctx, db.EventsDeleteByIDsParams{
-			CommunityID: tenant.ID(), Ids: ids, Author: author[:], Now: w.SQLNow(),
+			CommunityID: tenant.ID(), Ids: ids, Author: author[:], KeptKinds: KindsKeptFromModeration, Now: w.SQLNow(),
 		}); err != nil {
 			return err
 		}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -19,8 +21,9 @@ import (
 // 9005 hides them, and neither does their author's own kind 5: an admin who
 // removed a member must not be able to hide that they did. A request naming
 // one is refused whole and hides nothing, and the connection goes on.
-// Mutation killed: without the check in prepareDeletion the admin's kind 5
-// of its 9001 is accepted and the 9001 is no longer served.
+// Mutations killed: without the check in prepareDeletion the admin's kind 5
+// of its 9001 is accepted; without the kept kinds in EventsDeleteByIDs the
+// statement hides the 9001 and the 9002.
 func TestAuthorsCannotHideTheirModerationEventsWithKind5(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -49,6 +52,15 @@ func TestAuthorsCannotHideTheirModerationEventsWithKind5(t *testing.T) {
 	requireRejected(t, admin.Publish(admin.Sign(5, "", nostr.Tags{{"e", edit.ID}, {"e", chat.ID}, {"h", ch}}, 0)), refusal)
 	requireRejected(t, owner.Publish(owner.Sign(5, "", nostr.Tags{{"e", grant.ID}}, 0)), refusal)
 	requireRejected(t, owner.Publish(owner.Sign(5, "", nostr.Tags{{"e", create[0].ID}}, 0)), refusal)
+
+	// The statement that hides an author's events leaves them out too,
+	// whatever path calls it.
+	hidden, err := db.New(r.Pool).EventsDeleteByIDs(context.Background(), db.EventsDeleteByIDsParams{
+		CommunityID: r.CommunityID, Ids: [][]byte{mustHex(t, removal.ID), mustHex(t, edit.ID)},
+		Author: mustHex(t, admin.Key.PublicKeyHex()), KeptKinds: ingest.KindsKeptFromModeration,
+	})
+	require.NoError(t, err)
+	require.Zero(t, hidden)
 
 	kept := []string{grant.ID, edit.ID, removal.ID, chat.ID, create[0].ID}
 	require.ElementsMatch(t, kept, ids(owner.Req("kept", map[string]any{"ids": kept})), "nothing was hidden")
@@ -190,4 +202,11 @@ func requireListsMatchTable(t *testing.T, r *relaytest.Relay, reader *relaytest.
 		sort.Strings(want)
 		require.Equal(t, want, got, "kind %d", ev.Kind)
 	}
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(t, err)
+	return b
 }
