@@ -16,13 +16,15 @@ SELECT EXISTS (
 
 -- name: EventsDeleteByIDs :execrows
 -- NIP-09: an author may delete only their own events, and a deletion request
--- cannot itself be deleted.
+-- cannot itself be deleted, nor a channel's account of who did what
+-- (@kept_kinds in a channel: its moderation events).
 UPDATE events
 SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid
   AND id = ANY(@ids::bytea[])
   AND pubkey = @author::bytea
   AND kind <> 5
+  AND (channel_id IS NULL OR NOT kind = ANY(coalesce(@kept_kinds::int[], '{}')))
   AND deleted_at IS NULL;
 
 -- name: EventSlotLock :exec

@@ -488,6 +488,7 @@ WHERE community_id = $2::uuid
   AND id = ANY($3::bytea[])
   AND pubkey = $4::bytea
   AND kind <> 5
+  AND (channel_id IS NULL OR NOT kind = ANY(coalesce($5::int[], '{}')))
   AND deleted_at IS NULL
 `
 
@@ -496,16 +497,19 @@ type EventsDeleteByIDsParams struct {
 	CommunityID uuid.UUID
 	Ids         [][]byte
 	Author      []byte
+	KeptKinds   []int32
 }
 
 // NIP-09: an author may delete only their own events, and a deletion request
-// cannot itself be deleted.
+// cannot itself be deleted, nor a channel's account of who did what
+// (@kept_kinds in a channel: its moderation events).
 func (q *Queries) EventsDeleteByIDs(ctx context.Context, arg EventsDeleteByIDsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteByIDs,
 		arg.Now,
 		arg.CommunityID,
 		arg.Ids,
 		arg.Author,
+		arg.KeptKinds,
 	)
 	if err != nil {
 		return 0, err

@@ -28,13 +28,16 @@ const (
 	KindGroupMetadata = 39000
 	KindGroupAdmins   = 39001
 	KindGroupMembers  = 39002
+	KindGroupRoles    = 39003
 	KindMemberAdded   = nostr.KindMemberAdded
 	KindMemberRemoved = nostr.KindMemberRemoved
 )
 
 // RelayOnlyKinds are signed by the community's relay key; clients may not
-// publish them.
-var RelayOnlyKinds = []int{KindGroupMetadata, KindGroupAdmins, KindGroupMembers, KindMemberAdded, KindMemberRemoved}
+// publish them. The relay writes no roles list (39003), but NIP-29 clients
+// read it beside the other lists by the channel's d tag, so a client's
+// would stand among them as if the relay's.
+var RelayOnlyKinds = []int{KindGroupMetadata, KindGroupAdmins, KindGroupMembers, KindGroupRoles, KindMemberAdded, KindMemberRemoved}
 
 // IsChannelList reports whether kind is one of a channel's relay-signed lists
 // (metadata, admins, members): stored in the channel, named by its d tag.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -15,7 +16,10 @@ import (
 // deletionHandler implements NIP-09: a kind 5 event soft-deletes the
 // author's own events named by its e tags, and every version of the author's
 // a-coordinates created at or before the deletion. Requests naming other
-// authors' events change nothing (the SQL matches on the author).
+// authors' events change nothing (the SQL matches on the author). A request
+// naming one of the author's channel moderation events is refused whole: an
+// admin who removed members could otherwise hide that they did, as no 9005
+// may.
 //
 // A deletion is stored as readable as its targets: it is bound to the
 // channel of the author's own events it names, and refused when those lie
@@ -122,6 +126,9 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 			return err
 		}
 		for _, row := range rows {
+			if row.ChannelID != nil && slices.Contains(KindsKeptFromModeration, row.Kind) {
+				return Reject("restricted", "a deletion cannot hide the channel's moderation events (9000-9002, 9005, 9007, 9008): they are its account of who did what")
+			}
 			add(row.ChannelID, row.Live, row.Kind)
 			named.ids[hex.EncodeToString(row.ID)] = true
 		}
@@ -214,7 +221,7 @@ func applyDeletion(ctx context.Context, w *Write) error {
 	author := ev.PubKeyBytes()
 	if ids := deletionTargetIDs(ev); len(ids) > 0 {
 		if _, err := q.EventsDeleteByIDs(ctx, db.EventsDeleteByIDsParams{
-			CommunityID: tenant.ID(), Ids: ids, Author: author[:], Now: w.SQLNow(),
+			CommunityID: tenant.ID(), Ids: ids, Author: author[:], KeptKinds: KindsKeptFromModeration, Now: w.SQLNow(),
 		}); err != nil {
 			return err
 		}
