@@ -105,3 +105,25 @@ func (p *PauseBeforePut) Put(ctx context.Context, key string, body io.Reader, si
 	}
 	return p.Store.Put(ctx, key, body, size, contentType)
 }
+
+// HoldDelete is a Store whose Delete of a key not starting with "_" (a
+// blob, not a sidecar or an upload record) waits until Release is closed.
+// Entered receives once as each such Delete begins.
+type HoldDelete struct {
+	media.Store
+	Entered chan struct{}
+	Release chan struct{}
+}
+
+// NewHoldDelete wraps store; Entered holds up to buffer signals.
+func NewHoldDelete(store media.Store, buffer int) *HoldDelete {
+	return &HoldDelete{Store: store, Entered: make(chan struct{}, buffer), Release: make(chan struct{})}
+}
+
+func (h *HoldDelete) Delete(ctx context.Context, key string) error {
+	if !strings.HasPrefix(key, "_") {
+		h.Entered <- struct{}{}
+		<-h.Release
+	}
+	return h.Store.Delete(ctx, key)
+}
