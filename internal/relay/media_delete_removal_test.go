@@ -78,3 +78,29 @@ func TestMediaDeleteAnswersBeforeTheBlobIsRemoved(t *testing.T) {
 	require.Empty(t, storeKeys(t, store))
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status)
 }
+
+// A blob removal still running when the relay's Shutdown runs out of time
+// is abandoned: Shutdown says its time ran out, the removal's context
+// ends (the held store call gives up), and the blob stays in the store,
+// unreferenced: space only.
+// Mutation killed: Shutdown not waiting for the removals (the removal runs
+// on until its own 30 s timeout: its context ends with deadline exceeded).
+func TestMediaBlobRemovalAbandonedAtShutdown(t *testing.T) {
+	t.Parallel()
+	store := mediatest.NewHoldDelete(mediaStores["fs"](t), 1)
+	r, svc := mediaRelayService(t, store)
+	alice := relaytest.NewKey(t)
+	blob := pngBlob(t, 3000)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
+	del := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, alice, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+	<-store.Entered
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, r.Shutdown(ctx), context.Canceled)
+	require.ErrorIs(t, <-store.GaveUp, context.Canceled, "the removal's context ended with Shutdown, not by its own timeout")
+	require.NoError(t, svc.WaitForRemovals(context.Background()))
+	require.Equal(t, []string{sha + ".png"}, storeKeys(t, store), "the abandoned removal's blob stays")
+}
