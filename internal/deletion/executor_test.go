@@ -140,6 +140,7 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 			// blob's directory under _uploads/, empty.
 			gone := upload(t, svc, doomed, "bytes its member deleted before")
 			require.NoError(t, svc.Delete(f.ctx, doomed, gone.SHA256, strings.Repeat("ab", 32)))
+			require.NoError(t, svc.WaitForRemovals(f.ctx))
 
 			rdb := redis.NewClient(mustRedisOptions(t))
 			t.Cleanup(func() { rdb.Close() })

@@ -141,6 +141,7 @@ func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
 	obj.Close()
 	require.ErrorIs(t, processA.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotUploader, "alice's record is gone")
 	require.NoError(t, processB.Delete(ctx, community, d.SHA256, "bob"), "bob can delete his upload")
+	require.NoError(t, processB.WaitForRemovals(ctx))
 	require.Empty(t, storeKeysOf(t, store))
 }
 

@@ -58,6 +58,7 @@ func TestServiceDeleteKeepsOtherUploadersBlob(t *testing.T) {
 			require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotUploader, "alice's record is gone")
 
 			require.NoError(t, svc.Delete(ctx, community, d.SHA256, "bob"))
+			require.NoError(t, svc.WaitForRemovals(ctx))
 			require.Empty(t, listAll(t, store))
 			_, _, err = svc.Open(ctx, community, d.SHA256)
 			require.ErrorIs(t, err, media.ErrNotFound)

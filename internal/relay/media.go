@@ -86,9 +86,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// countingWriter records the status and counts body bytes. ReadFrom is
-// left to io.Copy's generic path on purpose: http.ServeContent's sendfile
-// fast path would bypass the count.
+// countingWriter records the status and counts body bytes, those its
+// ReadFrom passes on included.
 type countingWriter struct {
 	http.ResponseWriter
 	status      int
@@ -108,6 +107,24 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// ReadFrom keeps the writer's own ReadFrom (sendfile from a file-backed
+// blob, which http.ServeContent copies with io.CopyN) and counts what it
+// wrote; without it every download went through a 32 KiB buffer.
+func (c *countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	c.wroteHeader = true
+	n, err := readFrom(c.ResponseWriter, r)
+	c.n += n
+	return n, err
+}
+
+// readFrom copies r to w with w's own ReadFrom when it has one.
+func readFrom(w io.Writer, r io.Reader) (int64, error) {
+	if rf, ok := w.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{w}, r)
 }
 
 // Unwrap keeps http.ResponseController working through the wrapper.
@@ -834,6 +851,15 @@ func (c *contentRefusals) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.ResponseWriter.Write(p)
+}
+
+// ReadFrom passes ServeContent's copy of the blob to the writer's own
+// ReadFrom (sendfile), unless a refusal was answered.
+func (c *contentRefusals) ReadFrom(r io.Reader) (int64, error) {
+	if c.refused {
+		return io.Copy(io.Discard, r)
+	}
+	return readFrom(c.ResponseWriter, r)
 }
 
 func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

@@ -590,13 +590,19 @@ func (s *Server) forget(c *conn) {
 // Shutdown stops accepting connections, then asks every connection to flush
 // its queue and close with 1001, waiting until they are gone or ctx ends;
 // then it has the media quota releases still being retried make their last
-// attempt, and waits for them (or ctx).
+// attempt, and waits for them and for the blob removals deletes left
+// behind them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
-	if err := s.closeConnections(ctx); err != nil {
-		_ = s.releaseRetries.shutdown(ctx)
-		return err
+	err := s.closeConnections(ctx)
+	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
+		err = rerr
 	}
-	return s.releaseRetries.shutdown(ctx)
+	if s.media != nil {
+		if merr := s.media.WaitForRemovals(ctx); err == nil {
+			err = merr
+		}
+	}
+	return err
 }
 
 func (s *Server) closeConnections(ctx context.Context) error {

@@ -105,3 +105,32 @@ func (p *PauseBeforePut) Put(ctx context.Context, key string, body io.Reader, si
 	}
 	return p.Store.Put(ctx, key, body, size, contentType)
 }
+
+// HoldDelete is a Store whose Delete of a key not starting with "_" (a
+// blob, not a sidecar or an upload record) waits until Release is closed,
+// or gives up with the caller's context, deleting nothing, and sends
+// GaveUp why. Entered receives once as each such Delete begins.
+type HoldDelete struct {
+	media.Store
+	Entered chan struct{}
+	Release chan struct{}
+	GaveUp  chan error
+}
+
+// NewHoldDelete wraps store; Entered holds up to buffer signals.
+func NewHoldDelete(store media.Store, buffer int) *HoldDelete {
+	return &HoldDelete{Store: store, Entered: make(chan struct{}, buffer), Release: make(chan struct{}), GaveUp: make(chan error, buffer)}
+}
+
+func (h *HoldDelete) Delete(ctx context.Context, key string) error {
+	if !strings.HasPrefix(key, "_") {
+		h.Entered <- struct{}{}
+		select {
+		case <-h.Release:
+		case <-ctx.Done():
+			h.GaveUp <- ctx.Err()
+			return ctx.Err()
+		}
+	}
+	return h.Store.Delete(ctx, key)
+}
