@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -160,4 +161,62 @@ func TestDeleteOfAnUploadCountedByBytesGivesBackItsBytes(t *testing.T) {
 
 	require.NoError(t, svc.Delete(ctx, community, sha, "alice"))
 	require.EqualValues(t, 1000, quota.of(community))
+}
+
+// recordStoredButStuckStore stores upload records but answers their writes
+// with an error, and cannot delete them, while stuck is set: a write the
+// store completed unseen, then a store that fails the cleanup.
+type recordStoredButStuckStore struct {
+	media.Store
+	stuck *atomic.Bool
+}
+
+func (s recordStoredButStuckStore) Put(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	err := s.Store.Put(ctx, key, body, size, contentType)
+	if err == nil && s.stuck.Load() && strings.HasPrefix(key, "_uploads/") {
+		err = errors.New("store unavailable")
+	}
+	return err
+}
+
+func (s recordStoredButStuckStore) Delete(ctx context.Context, key string) error {
+	if s.stuck.Load() && strings.HasPrefix(key, "_uploads/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A record whose write failed but which the store kept, and whose removal
+// failed too, stays counted: it carries its charge, which a later delete
+// gives back. Counted as gone, that delete took the count below what is
+// stored.
+func TestRecordLeftByAFailedUploadStaysCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	var stuck atomic.Bool
+	stuck.Store(true)
+	quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+	svc := media.NewService(recordStoredButStuckStore{Store: fs, stuck: &stuck}, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	svc.UseQuota(quota)
+	community := uuid.New()
+	blob := []byte("a record the store kept unseen")
+
+	_, err = svc.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
+	require.Error(t, err)
+	records, err := fs.List(ctx, "_uploads/"+community.String()+"/")
+	require.NoError(t, err)
+	require.Len(t, records, 1, "the store kept the record it answered with an error")
+	require.EqualValues(t, media.ObjectCharge, quota.of(community), "the record left is counted")
+
+	stuck.Store(false)
+	_, err = svc.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
+	require.NoError(t, err)
+	require.NoError(t, svc.Delete(ctx, community, hexSHA256(blob), "alice"))
+	require.NoError(t, svc.WaitForRemovals(ctx))
+	records, err = fs.List(ctx, "_uploads/"+community.String()+"/")
+	require.NoError(t, err)
+	require.Empty(t, records)
+	require.Zero(t, quota.of(community))
 }

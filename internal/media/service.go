@@ -395,10 +395,11 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 	recKey := uploadsPrefix(community, d.SHA256) + newULID(now) + ".json"
 	if err := s.putJSON(ctx, recKey, rec); err != nil {
 		// A record left would name this uploader for a blob the upload
-		// failed to store here. Only space if its removal fails: the
-		// write failed, so the record is most likely not there to count.
-		_ = s.store.Delete(cleanup, recKey)
-		return false, false, fmt.Errorf("store upload record: %w", err)
+		// failed to store here. The write may still have stored it (see
+		// above): one whose removal fails too stays counted, since its
+		// charge, written in it, is given back when it is deleted.
+		recordLeft := s.store.Delete(cleanup, recKey) != nil
+		return recordLeft, false, fmt.Errorf("store upload record: %w", err)
 	}
 	if !first {
 		return true, false, nil
@@ -412,8 +413,8 @@ func (s *Service) reference(ctx context.Context, community uuid.UUID, d Descript
 		if s.store.Delete(cleanup, sidecarKey(community, d.SHA256)) != nil {
 			return true, true, fmt.Errorf("store sidecar: %w", err)
 		}
-		_ = s.store.Delete(cleanup, recKey)
-		return false, false, fmt.Errorf("store sidecar: %w", err)
+		recordLeft := s.store.Delete(cleanup, recKey) != nil
+		return recordLeft, false, fmt.Errorf("store sidecar: %w", err)
 	}
 	return true, true, nil
 }
