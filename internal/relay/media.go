@@ -842,6 +842,12 @@ func (c *contentRefusals) WriteHeader(status int) {
 		return
 	}
 	c.refused = true
+	// The blob's caching headers, set for its bytes, would let a shared
+	// cache keep this refusal for the blob's URL for a year.
+	for _, h := range []string{"Cache-Control", "ETag", "Last-Modified"} {
+		c.Header().Del(h)
+	}
+	c.Header().Set("Cache-Control", "no-store")
 	mediaError(c.ResponseWriter, status, reason)
 }
 

@@ -39,6 +39,8 @@ func TestMediaReadRefusalsAreJSON(t *testing.T) {
 			require.Equal(t, tc.status, got.Status, "%s %s: %s", method, tc.name, got.Body)
 			require.Equal(t, tc.reason, got.Header.Get("X-Reason"), "%s %s", method, tc.name)
 			require.Equal(t, "application/json", got.Header.Get("Content-Type"), "%s %s", method, tc.name)
+			require.Equal(t, "no-store", got.Header.Get("Cache-Control"), "%s %s: a shared cache must not keep a refusal", method, tc.name)
+			require.Empty(t, got.Header.Get("ETag"), "%s %s", method, tc.name)
 			if method == http.MethodGet {
 				require.Equal(t, tc.reason, got.Error, "%s", tc.name)
 			}
