@@ -22,6 +22,7 @@ import (
 // within any quota. Deleting every upload gives all of it back. Mutations
 // killed: records charged nothing (every upload of the shared blob is
 // stored); blobs charged their bytes alone (15 tiny blobs stored, not 5);
+// the sidecar charged nothing (15 uploads of the shared blob, not 14);
 // a delete giving back nothing for the records it removes (56 KiB left
 // counted).
 func TestMediaQuotaCountsTheObjectsUploadsWrite(t *testing.T) {
@@ -47,7 +48,9 @@ func TestMediaQuotaCountsTheObjectsUploadsWrite(t *testing.T) {
 		stored++
 	}
 	require.Less(t, stored, tries, "uploads of one blob under fresh keys fill the quota")
-	require.LessOrEqual(t, stored, quota/media.ObjectCharge, "each upload counts its record")
+	// The quota is 16 units of 4 KiB: the first upload counts three (the
+	// 64 bytes in one, its sidecar, its record), each later one its record.
+	require.Equal(t, 14, stored, "each upload after the first counts its record")
 	require.LessOrEqual(t, mediaUsage(t, q, r.CommunityID), int64(quota))
 	for _, auth := range uploaders {
 		del := mediaDo(t, r, http.MethodDelete, "", "/media/"+hexSHA(blob), auth, nil, nil)
@@ -67,5 +70,5 @@ func TestMediaQuotaCountsTheObjectsUploadsWrite(t *testing.T) {
 		stored++
 	}
 	require.Less(t, stored, tries, "tiny blobs fill the quota")
-	require.LessOrEqual(t, stored, quota/(3*media.ObjectCharge), "each blob counts its three objects")
+	require.Equal(t, 5, stored, "each blob counts its three objects (16 units / 3)")
 }
