@@ -437,7 +437,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 
 	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev)}
 	j.fast = h.Prepare == nil && h.Apply == nil && len(j.sideRows) == 0
-	if p.groups != nil {
+	if p.groups != nil && !changesChannel(ev.Kind) {
 		if err := p.groups.submit(j); err != nil {
 			return 0, "", err
 		}
