@@ -196,3 +196,42 @@ func TestChannelAccessWaitingForADemotionSeesIt(t *testing.T) {
 	require.NotNil(t, got.row.MemberRole)
 	require.Equal(t, db.MemberRoleMember, *got.row.MemberRole, "the check answered with the role the change took away")
 }
+
+// A membership or metadata change is written in a transaction of its own,
+// never in a group: the group would already hold the channel's write lock
+// shared for its messages, and two groups each holding it and then asking
+// it exclusive for a change wait on each other until the lock timeout. So
+// a change is written while the group writer is held, without queueing.
+// Mutation killed: changes submitted to the group writer like any event
+// (the change waits in the queue behind the held group).
+func TestChannelChangeIsNeverWrittenInAGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-alone.example", 6)
+	f.grouped(ingest.Options{})
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, false)
+	g := f.holdWriter()
+
+	message := f.sign(owner, ingest.KindChat, "queued", nostr.Tags{{"h", ch}}, 0)
+	queued := f.submitTogether([]*nostr.Event{message})
+	waitQueued(t, f.p, 1)
+	change := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)
+	written := f.submitTogether([]*nostr.Event{change})
+	var answer atomic.Pointer[result]
+	require.Eventually(t, func() bool {
+		select {
+		case got := <-written[0]:
+			answer.Store(&got)
+			return true
+		default:
+		}
+		return f.p.WaitingEvents() == 2
+	}, 30*time.Second, 2*time.Millisecond)
+	got := answer.Load()
+	require.NotNil(t, got, "the change waits for a group")
+	require.NoError(t, got.err)
+	require.Equal(t, ingest.Stored, got.outcome)
+	requireUnanswered(t, queued, "while the writer is held")
+	g.open(t)
+	requireStored(t, queued, "the message behind the gate")
+}
