@@ -197,41 +197,32 @@ func TestChannelAccessWaitingForADemotionSeesIt(t *testing.T) {
 	require.Equal(t, db.MemberRoleMember, *got.row.MemberRole, "the check answered with the role the change took away")
 }
 
-// A membership or metadata change is written in a transaction of its own,
-// never in a group: the group would already hold the channel's write lock
-// shared for its messages, and two groups each holding it and then asking
-// it exclusive for a change wait on each other until the lock timeout. So
-// a change is written while the group writer is held, without queueing.
-// Mutation killed: changes submitted to the group writer like any event
-// (the change waits in the queue behind the held group).
-func TestChannelChangeIsNeverWrittenInAGroup(t *testing.T) {
+// A membership or metadata change is committed in a group of its own: the
+// group would already hold the channel's write lock shared for its
+// messages, and two groups each holding it and then asking it exclusive
+// for a change wait on each other until the lock timeout. Events keep
+// their order: the messages around a change go in the groups before and
+// after it.
+// Mutation killed: a change taken into a group like any event (the three
+// events commit in one transaction).
+func TestChannelChangeIsAGroupOfItsOwn(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "access-alone.example", 6)
 	f.grouped(ingest.Options{})
+	f.recordTransactions()
 	owner, member := f.key(), f.key()
 	ch := f.channel(owner, false)
 	g := f.holdWriter()
 
-	message := f.sign(owner, ingest.KindChat, "queued", nostr.Tags{{"h", ch}}, 0)
-	queued := f.submitTogether([]*nostr.Event{message})
-	waitQueued(t, f.p, 1)
+	before := f.sign(owner, ingest.KindChat, "before", nostr.Tags{{"h", ch}}, 0)
 	change := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)
-	written := f.submitTogether([]*nostr.Event{change})
-	var answer atomic.Pointer[result]
-	require.Eventually(t, func() bool {
-		select {
-		case got := <-written[0]:
-			answer.Store(&got)
-			return true
-		default:
-		}
-		return f.p.WaitingEvents() == 2
-	}, 30*time.Second, 2*time.Millisecond)
-	got := answer.Load()
-	require.NotNil(t, got, "the change waits for a group")
-	require.NoError(t, got.err)
-	require.Equal(t, ingest.Stored, got.outcome)
-	requireUnanswered(t, queued, "while the writer is held")
+	after := f.sign(owner, ingest.KindChat, "after", nostr.Tags{{"h", ch}}, 0)
+	var results []chan result
+	for i, ev := range []*nostr.Event{before, change, after} {
+		results = append(results, f.submitTogether([]*nostr.Event{ev})...)
+		waitQueued(t, f.p, i+1)
+	}
 	g.open(t)
-	requireStored(t, queued, "the message behind the gate")
+	requireStored(t, results, "behind the gate")
+	require.Equal(t, 3, f.transactions(before, change, after), "the change shared a transaction with a message")
 }

@@ -210,10 +210,8 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 }
 
 // changesChannel reports whether kind takes its channel's write lock
-// exclusive (ChannelLockForChange). Such an event runs in a transaction of
-// its own, never in a group: a group already holds the shared form for its
-// messages, and two groups each holding it for one channel and then asking
-// the exclusive form would wait on each other until the lock timeout.
+// exclusive (ChannelLockForChange): the group writer commits such an event
+// in a group of its own.
 func changesChannel(kind int) bool {
 	switch kind {
 	case KindCreateGroup, KindEditMetadata, KindDeleteEvent, KindDeleteGroup:
