@@ -4,9 +4,27 @@ INSERT INTO channels (community_id, id, name, visibility, description, created_b
 VALUES (@community_id::uuid, @id::uuid, @name::text, @visibility::channel_visibility, @description::text, @created_by::bytea)
 ON CONFLICT DO NOTHING;
 
+-- name: ChannelWritesLockExclusive :exec
+-- Waits for every write in flight into the channel (each holds the key
+-- shared, see ChannelWritesLockShared) and holds later ones back until
+-- this transaction ends. Taken before ChannelLockForUpdate by every
+-- membership or metadata change, so it never waits on a row lock while
+-- holding this key's exclusive form.
+SELECT pg_advisory_xact_lock(channel_write_lock_key(@community_id::uuid, @id::uuid));
+
+-- name: ChannelWritesLockShared :exec
+-- Orders a channel write after any change of who may read the channel
+-- (ChannelWritesLockExclusive): one committed first is seen by the access
+-- read that follows in a later statement (a new snapshot), one not yet
+-- begun waits for this transaction's commit. The lock manager queues
+-- requests, so a change waiting here is not passed by writes that come
+-- after it.
+SELECT pg_advisory_xact_lock_shared(channel_write_lock_key(@community_id::uuid, @id::uuid));
+
 -- name: ChannelLockForUpdate :one
 -- Serializes every membership or metadata change of one channel, so the
 -- discovery events written after it describe the state that committed.
+-- The caller holds ChannelWritesLockExclusive first.
 SELECT * FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR UPDATE;
@@ -40,25 +58,14 @@ FOR NO KEY UPDATE;
 -- name: ChannelAccess :one
 -- What a pubkey may do in a channel: the channel's state and the caller's
 -- active role (NULL when not an active member), and the channel's readers
--- version (channels.readers_version): the write's fan-out rereads a reader set cached
--- before it.
--- FOR KEY SHARE orders the write after any change of who may read the
--- channel (every such change holds ChannelLockForUpdate): one committed
--- first is seen, one not yet begun waits for this transaction's commit, so
--- nothing this write stores is fanned out from a reader set older than
--- its commit. The lock conflicts with nothing else a write does. When the
--- lock had to wait for such a change, readers_version is the locked row's
--- and snapshot_version the statement's older one, and the role is as old:
--- the caller asks again.
-SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version,
-       (SELECT s.readers_version FROM channels s
-        WHERE s.community_id = c.community_id AND s.id = c.id)::bigint AS snapshot_version
+-- version (channels.readers_version): the write's fan-out rereads a reader
+-- set cached before it. A write reads it after ChannelWritesLockShared.
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
    AND m.pubkey = @pubkey::bytea AND m.removed_at IS NULL
-WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL
-FOR KEY SHARE OF c;
+WHERE c.community_id = @community_id::uuid AND c.id = @id::uuid AND c.deleted_at IS NULL;
 
 -- name: ChannelsReadable :many
 -- The channels a pubkey may read: every open channel and every

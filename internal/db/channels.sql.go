@@ -13,15 +13,12 @@ import (
 )
 
 const channelAccess = `-- name: ChannelAccess :one
-SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version,
-       (SELECT s.readers_version FROM channels s
-        WHERE s.community_id = c.community_id AND s.id = c.id)::bigint AS snapshot_version
+SELECT c.visibility, c.archived_at, m.role AS member_role, c.readers_version
 FROM channels c
 LEFT JOIN channel_members m
     ON m.community_id = c.community_id AND m.channel_id = c.id
    AND m.pubkey = $1::bytea AND m.removed_at IS NULL
 WHERE c.community_id = $2::uuid AND c.id = $3::uuid AND c.deleted_at IS NULL
-FOR KEY SHARE OF c
 `
 
 type ChannelAccessParams struct {
@@ -31,25 +28,16 @@ type ChannelAccessParams struct {
 }
 
 type ChannelAccessRow struct {
-	Visibility      ChannelVisibility
-	ArchivedAt      *time.Time
-	MemberRole      *MemberRole
-	ReadersVersion  int64
-	SnapshotVersion int64
+	Visibility     ChannelVisibility
+	ArchivedAt     *time.Time
+	MemberRole     *MemberRole
+	ReadersVersion int64
 }
 
 // What a pubkey may do in a channel: the channel's state and the caller's
 // active role (NULL when not an active member), and the channel's readers
-// version (channels.readers_version): the write's fan-out rereads a reader set cached
-// before it.
-// FOR KEY SHARE orders the write after any change of who may read the
-// channel (every such change holds ChannelLockForUpdate): one committed
-// first is seen, one not yet begun waits for this transaction's commit, so
-// nothing this write stores is fanned out from a reader set older than
-// its commit. The lock conflicts with nothing else a write does. When the
-// lock had to wait for such a change, readers_version is the locked row's
-// and snapshot_version the statement's older one, and the role is as old:
-// the caller asks again.
+// version (channels.readers_version): the write's fan-out rereads a reader
+// set cached before it. A write reads it after ChannelWritesLockShared.
 func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (ChannelAccessRow, error) {
 	row := q.db.QueryRow(ctx, channelAccess, arg.Pubkey, arg.CommunityID, arg.ID)
 	var i ChannelAccessRow
@@ -58,7 +46,6 @@ func (q *Queries) ChannelAccess(ctx context.Context, arg ChannelAccessParams) (C
 		&i.ArchivedAt,
 		&i.MemberRole,
 		&i.ReadersVersion,
-		&i.SnapshotVersion,
 	)
 	return i, err
 }
@@ -162,6 +149,7 @@ type ChannelLockForUpdateParams struct {
 
 // Serializes every membership or metadata change of one channel, so the
 // discovery events written after it describe the state that committed.
+// The caller holds ChannelWritesLockExclusive first.
 func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUpdateParams) (Channel, error) {
 	row := q.db.QueryRow(ctx, channelLockForUpdate, arg.CommunityID, arg.ID)
 	var i Channel
@@ -303,6 +291,45 @@ func (q *Queries) ChannelUpdateMetadata(ctx context.Context, arg ChannelUpdateMe
 		arg.CommunityID,
 		arg.ID,
 	)
+	return err
+}
+
+const channelWritesLockExclusive = `-- name: ChannelWritesLockExclusive :exec
+SELECT pg_advisory_xact_lock(channel_write_lock_key($1::uuid, $2::uuid))
+`
+
+type ChannelWritesLockExclusiveParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Waits for every write in flight into the channel (each holds the key
+// shared, see ChannelWritesLockShared) and holds later ones back until
+// this transaction ends. Taken before ChannelLockForUpdate by every
+// membership or metadata change, so it never waits on a row lock while
+// holding this key's exclusive form.
+func (q *Queries) ChannelWritesLockExclusive(ctx context.Context, arg ChannelWritesLockExclusiveParams) error {
+	_, err := q.db.Exec(ctx, channelWritesLockExclusive, arg.CommunityID, arg.ID)
+	return err
+}
+
+const channelWritesLockShared = `-- name: ChannelWritesLockShared :exec
+SELECT pg_advisory_xact_lock_shared(channel_write_lock_key($1::uuid, $2::uuid))
+`
+
+type ChannelWritesLockSharedParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Orders a channel write after any change of who may read the channel
+// (ChannelWritesLockExclusive): one committed first is seen by the access
+// read that follows in a later statement (a new snapshot), one not yet
+// begun waits for this transaction's commit. The lock manager queues
+// requests, so a change waiting here is not passed by writes that come
+// after it.
+func (q *Queries) ChannelWritesLockShared(ctx context.Context, arg ChannelWritesLockSharedParams) error {
+	_, err := q.db.Exec(ctx, channelWritesLockShared, arg.CommunityID, arg.ID)
 	return err
 }
 

@@ -1,11 +1,14 @@
 package ingest_test
 
 import (
+	"context"
 	"encoding/hex"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
@@ -14,15 +17,15 @@ import (
 )
 
 // A channel check that waits for a removal of its pubkey in progress
-// (holding the channel's row, as every membership change does) answers
+// (holding the channel's locks, as every membership change does) answers
 // with the state that removal committed: no role, and the readers version
 // it wrote. Otherwise a write checked under a removal in flight was stored
 // after it as the removed member's, and fanned out from a reader set older
 // than its commit.
-// Mutations killed: ChannelAccess without its row lock (the check does not
-// wait, and answers while the removal is still uncommitted: this test's
-// "does not wait" assertion); ChannelAccess not reading again after its
-// lock waited (the role read before the removal committed comes back).
+// Mutations killed: ChannelAccess without its write lock (the check does
+// not wait, and answers while the removal is still uncommitted: this
+// test's "does not wait" assertion); the read before the lock (the role
+// read before the removal committed comes back).
 func TestChannelAccessWaitingForARemovalSeesIt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "access.example", 4)
@@ -40,7 +43,7 @@ func TestChannelAccessWaitingForARemovalSeesIt(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = removal.Rollback(f.ctx) }()
 	rq := db.New(removal)
-	_, err = rq.ChannelLockForUpdate(f.ctx, db.ChannelLockForUpdateParams{CommunityID: f.tenant.ID(), ID: channel})
+	_, err = ingest.ChannelLockForChange(f.ctx, rq, f.tenant.ID(), channel)
 	require.NoError(t, err)
 	removed, err := rq.ChannelMemberRemove(f.ctx, db.ChannelMemberRemoveParams{CommunityID: f.tenant.ID(), ChannelID: channel, Pubkey: memberBytes, RemovedBy: memberBytes})
 	require.NoError(t, err)
@@ -58,12 +61,168 @@ func TestChannelAccessWaitingForARemovalSeesIt(t *testing.T) {
 		row, err := ingest.ChannelAccess(f.ctx, db.New(write), params)
 		answered <- answer{row, err}
 	}()
-	require.Eventually(t, func() bool {
-		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
-	}, 30*time.Second, 5*time.Millisecond, "the check does not wait for the removal in progress")
+	f.waitForLockWaiters(1, "the check does not wait for the removal in progress")
 	require.NoError(t, removal.Commit(f.ctx))
 	got := <-answered
 	require.NoError(t, got.err)
 	require.Nil(t, got.row.MemberRole, "the check answered with the role the removal took away")
 	require.Greater(t, got.row.ReadersVersion, before.ReadersVersion)
+}
+
+// waitForLockWaiters waits until n sessions of the test's database wait for
+// a lock.
+func (f *fixture) waitForLockWaiters(n int, msg string) {
+	f.t.Helper()
+	require.Eventually(f.t, func() bool { return f.lockWaiters() == n }, 30*time.Second, 5*time.Millisecond, msg)
+}
+
+func (f *fixture) lockWaiters() int {
+	return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+}
+
+type accessAnswer struct {
+	row db.ChannelAccessRow
+	err error
+}
+
+// checkInTx runs ChannelAccess in a new transaction of the test's pool on
+// its own goroutine; the transaction stays open (the test rolls it back).
+func (f *fixture) checkInTx(params db.ChannelAccessParams) (pgx.Tx, chan accessAnswer) {
+	f.t.Helper()
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	answered := make(chan accessAnswer, 1)
+	go func() {
+		row, err := ingest.ChannelAccess(f.ctx, db.New(tx), params)
+		answered <- accessAnswer{row, err}
+	}()
+	return tx, answered
+}
+
+// A membership change waiting for the writes in flight into its channel is
+// not passed by writes that come after it: they wait behind it. Otherwise a
+// steady flow of messages (fresh keys cost nothing) kept an owner's removal
+// or turn-private waiting until it timed out.
+// Mutation killed: the check's lock a FOR KEY SHARE row lock and the
+// change's the FOR UPDATE row lock alone, as before (row locks are not
+// queued: the later check is granted at once, beside the one held).
+func TestChannelChangeWaitingIsNotPassedByLaterWrites(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-fair.example", 6)
+	owner, writer := f.key(), f.key()
+	ch := f.channel(owner, false)
+	channel := uuid.MustParse(ch)
+	writerBytes, _ := hex.DecodeString(writer.PublicKeyHex())
+	params := db.ChannelAccessParams{CommunityID: f.tenant.ID(), ID: channel, Pubkey: writerBytes}
+
+	first, firstAnswer := f.checkInTx(params)
+	got := <-firstAnswer
+	require.NoError(t, got.err)
+
+	change, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = change.Rollback(context.Background()) }()
+	changed := make(chan error, 1)
+	go func() {
+		_, err := ingest.ChannelLockForChange(f.ctx, db.New(change), f.tenant.ID(), channel)
+		changed <- err
+	}()
+	f.waitForLockWaiters(1, "the change does not wait for the write in flight")
+
+	_, laterAnswer := f.checkInTx(params)
+	var passed atomic.Bool
+	require.Eventually(t, func() bool {
+		select {
+		case <-laterAnswer:
+			passed.Store(true)
+			return true
+		default:
+		}
+		return f.lockWaiters() == 2
+	}, 30*time.Second, 5*time.Millisecond, "the later write neither waits nor answers")
+	require.False(t, passed.Load(), "a later write passed the change waiting for the channel")
+
+	require.NoError(t, first.Commit(f.ctx))
+	require.NoError(t, <-changed, "the change goes first once the write in flight commits")
+	f.waitForLockWaiters(1, "the later write does not wait behind the change")
+	select {
+	case <-laterAnswer:
+		require.Fail(t, "the later write went on while the change held the channel")
+	default:
+	}
+	require.NoError(t, change.Commit(f.ctx))
+	got = <-laterAnswer
+	require.NoError(t, got.err)
+}
+
+// A check that waited for a role change in progress answers with the new
+// role. A role change of an active member writes no new readers version,
+// so nothing told a check that waited on a row lock to read again: a
+// just-demoted admin's workflow definition calling outside the relay was
+// accepted.
+// Mutations killed: the row lock with its version re-read, as before (the
+// admin role comes back); the read before the lock (likewise).
+func TestChannelAccessWaitingForADemotionSeesIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-demote.example", 4)
+	owner, admin := f.key(), f.key()
+	ch := f.channel(owner, true)
+	f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", admin.PublicKeyHex(), "admin"}}, 0))
+	channel := uuid.MustParse(ch)
+	adminBytes, _ := hex.DecodeString(admin.PublicKeyHex())
+	params := db.ChannelAccessParams{CommunityID: f.tenant.ID(), ID: channel, Pubkey: adminBytes}
+	before, err := ingest.ChannelAccess(f.ctx, db.New(f.pool), params)
+	require.NoError(t, err)
+	require.NotNil(t, before.MemberRole)
+	require.Equal(t, db.MemberRoleAdmin, *before.MemberRole)
+
+	demotion, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = demotion.Rollback(context.Background()) }()
+	dq := db.New(demotion)
+	_, err = ingest.ChannelLockForChange(f.ctx, dq, f.tenant.ID(), channel)
+	require.NoError(t, err)
+	member := db.MemberRoleMember
+	n, err := dq.ChannelMemberUpsert(f.ctx, db.ChannelMemberUpsertParams{CommunityID: f.tenant.ID(), ChannelID: channel, Pubkey: adminBytes, Role: &member, MaxMembers: 1000})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	_, answered := f.checkInTx(params)
+	f.waitForLockWaiters(1, "the check does not wait for the role change in progress")
+	require.NoError(t, demotion.Commit(f.ctx))
+	got := <-answered
+	require.NoError(t, got.err)
+	require.NotNil(t, got.row.MemberRole)
+	require.Equal(t, db.MemberRoleMember, *got.row.MemberRole, "the check answered with the role the change took away")
+}
+
+// A membership or metadata change is committed in a group of its own: the
+// group would already hold the channel's write lock shared for its
+// messages, and two groups each holding it and then asking it exclusive
+// for a change wait on each other until the lock timeout. Events keep
+// their order: the messages around a change go in the groups before and
+// after it.
+// Mutation killed: a change taken into a group like any event (the three
+// events commit in one transaction).
+func TestChannelChangeIsAGroupOfItsOwn(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-alone.example", 6)
+	f.grouped(ingest.Options{})
+	f.recordTransactions()
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, false)
+	g := f.holdWriter()
+
+	before := f.sign(owner, ingest.KindChat, "before", nostr.Tags{{"h", ch}}, 0)
+	change := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)
+	after := f.sign(owner, ingest.KindChat, "after", nostr.Tags{{"h", ch}}, 0)
+	var results []chan result
+	for i, ev := range []*nostr.Event{before, change, after} {
+		results = append(results, f.submitTogether([]*nostr.Event{ev})...)
+		waitQueued(t, f.p, i+1)
+	}
+	g.open(t)
+	requireStored(t, results, "behind the gate")
+	require.Equal(t, 3, f.transactions(before, change, after), "the change shared a transaction with a message")
 }

@@ -107,7 +107,13 @@ func IsUnknownChannel(err error) bool {
 // unknown or deleted channel, and a private one the actor is not an active
 // member of, are the same rejection.
 func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAccessRow, error) {
-	row, err := ChannelAccess(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
+	read := ChannelAccess
+	if w.Event != nil && nostr.IsEphemeral(w.Event.Kind) {
+		// Checked on the pool, in no transaction: a lock would end with
+		// the statement that took it.
+		read = ChannelAccessNow
+	}
+	row, err := read(ctx, w.Q, db.ChannelAccessParams{CommunityID: w.Tenant.ID(), ID: id, Pubkey: w.ActorBytes()})
 	if dberr.IsNotFound(err) || (err == nil && row.Visibility == db.ChannelVisibilityPrivate && row.MemberRole == nil) {
 		return row, errUnknownChannel()
 	}
@@ -115,17 +121,37 @@ func channelAccess(ctx context.Context, w *Write, id uuid.UUID) (db.ChannelAcces
 }
 
 // ChannelAccess reads a pubkey's access to a channel for a write in q's
-// transaction, locking the channel's row until its commit (see the query).
-// When the lock waited for a change of the channel's readers that then
-// committed (the pubkey's removal, say), the row's role predates that
-// change: the lock is held now, so a second read sees the state the write
-// commits under.
+// transaction, holding the channel's write lock (shared) until its commit:
+// a change of who may read the channel (ChannelLockForChange) that committed
+// first is seen, one not yet begun waits for this write's commit, and one
+// waiting for the lock is not passed by this write. The lock is taken in a
+// statement of its own before the read, so the read's snapshot follows
+// whatever change it waited for: the role and readers version are those the
+// write commits under. Outside a write transaction, use ChannelAccessNow.
 func ChannelAccess(ctx context.Context, q *db.Queries, params db.ChannelAccessParams) (db.ChannelAccessRow, error) {
-	row, err := q.ChannelAccess(ctx, params)
-	if err == nil && row.ReadersVersion != row.SnapshotVersion {
-		row, err = q.ChannelAccess(ctx, params)
+	if err := q.ChannelWritesLockShared(ctx, db.ChannelWritesLockSharedParams{CommunityID: params.CommunityID, ID: params.ID}); err != nil {
+		return db.ChannelAccessRow{}, err
 	}
-	return row, err
+	return q.ChannelAccess(ctx, params)
+}
+
+// ChannelAccessNow reads a pubkey's access to a channel without a lock: for
+// a check that orders no write after it (one outside a write transaction,
+// or one whose effect happens after its transaction commits).
+func ChannelAccessNow(ctx context.Context, q *db.Queries, params db.ChannelAccessParams) (db.ChannelAccessRow, error) {
+	return q.ChannelAccess(ctx, params)
+}
+
+// ChannelLockForChange takes the channel's locks for a change of its
+// membership or metadata: the write lock exclusive (waiting for the writes
+// in flight and holding later ones back), then the row lock. Always in this
+// order, so a change never holds the row waiting for writes that may need
+// the row (a foreign key's check). No row: the channel is gone.
+func ChannelLockForChange(ctx context.Context, q *db.Queries, community, channel uuid.UUID) (db.Channel, error) {
+	if err := q.ChannelWritesLockExclusive(ctx, db.ChannelWritesLockExclusiveParams{CommunityID: community, ID: channel}); err != nil {
+		return db.Channel{}, err
+	}
+	return q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: community, ID: channel})
 }
 
 // resolveChannelForWrite binds an event with an h tag to its channel: the
@@ -163,7 +189,7 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	if err != nil {
 		return db.ChannelAccessRow{}, err
 	}
-	if _, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: id}); err != nil {
+	if _, err := ChannelLockForChange(ctx, w.Q, w.Tenant.ID(), id); err != nil {
 		if dberr.IsNotFound(err) {
 			return db.ChannelAccessRow{}, errUnknownChannel()
 		}
@@ -184,6 +210,17 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 		return access, Reject("restricted", "channel is archived")
 	}
 	return access, nil
+}
+
+// changesChannel reports whether kind takes its channel's write lock
+// exclusive (ChannelLockForChange): the group writer commits such an event
+// in a group of its own.
+func changesChannel(kind int) bool {
+	switch kind {
+	case KindCreateGroup, KindEditMetadata, KindDeleteEvent, KindDeleteGroup:
+		return true
+	}
+	return isMembershipKind(kind)
 }
 
 func isMembershipKind(kind int) bool {
@@ -605,7 +642,7 @@ func (w *Write) membershipEvents(ctx context.Context, notification int, member s
 // emitDiscovery writes the channel's relay-signed discovery events
 // (NIP-29 39000 metadata, 39001 admins, 39002 members), scoped to the channel.
 func (w *Write) emitDiscovery(ctx context.Context, channel uuid.UUID, kinds ...int) error {
-	ch, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: channel})
+	ch, err := ChannelLockForChange(ctx, w.Q, w.Tenant.ID(), channel)
 	if err != nil {
 		return err
 	}

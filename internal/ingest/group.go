@@ -54,6 +54,9 @@ type groupJob struct {
 	sideRows []SideRows
 	// fast: no Prepare, Apply or side rows, the INSERT is all of it.
 	fast bool
+	// changesChannel: the event takes its channel's write lock exclusive,
+	// so it is a group of its own (see takeLocked).
+	changesChannel bool
 
 	// Set by the writer before wake is closed (or, for the writer's own
 	// event, before write returns).
@@ -248,9 +251,18 @@ func (g *groupWriter) next() []*groupJob {
 }
 
 // takeLocked takes the oldest waiting events, up to max, as a group. g.mu
-// is held.
+// is held. An event that changes its channel's membership or metadata is a
+// group of its own: a group holds the channel's write lock shared for the
+// messages it checked, and two groups each holding it and then asking it
+// exclusive for a change would wait on each other until the lock timeout.
+// Arrival order is kept: the events after a change wait for the next group.
 func (g *groupWriter) takeLocked() []*groupJob {
-	n := min(len(g.waiting), g.max)
+	n := 1
+	if !g.waiting[0].changesChannel {
+		for n < min(len(g.waiting), g.max) && !g.waiting[n].changesChannel {
+			n++
+		}
+	}
 	group := make([]*groupJob, n)
 	copy(group, g.waiting)
 	rest := copy(g.waiting, g.waiting[n:])

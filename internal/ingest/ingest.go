@@ -435,7 +435,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		return Relayed, "", nil
 	}
 
-	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev)}
+	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev), changesChannel: changesChannel(ev.Kind)}
 	j.fast = h.Prepare == nil && h.Apply == nil && len(j.sideRows) == 0
 	if p.groups != nil {
 		if err := p.groups.submit(j); err != nil {

@@ -95,7 +95,12 @@ func (p *Pipeline) foldOne(ctx context.Context) (found bool, err error) {
 			p.onListClaimed()
 		}
 		// Waits for a membership change of the channel in progress, whose
-		// mark (already here) this write then covers.
+		// mark (already here) this write then covers. The write lock comes
+		// before the row lock, as in every change (ChannelLockForChange):
+		// the lists stored below check the channel under it.
+		if err := q.ChannelWritesLockShared(ctx, db.ChannelWritesLockSharedParams{CommunityID: due.CommunityID, ID: due.ChannelID}); err != nil {
+			return err
+		}
 		live, err := q.ChannelLockForLists(ctx, db.ChannelLockForListsParams{CommunityID: due.CommunityID, ID: due.ChannelID})
 		if err != nil {
 			return err

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -63,6 +64,19 @@ func waitRedis(t testing.TB, want string, relays ...*relaytest.Relay) {
 		require.Eventually(t, func() bool { return readyRedis(t, r) == want }, 30*time.Second, 20*time.Millisecond,
 			"relay %s never reported redis %q in /ready", r.HTTPURL, want)
 	}
+}
+
+// holdRedisWrites holds back every write command redis receives (so
+// PUBLISH: no invalidation or event crosses between relays) until the test
+// ends, while reads go on (the relays' health pings: they go on trusting
+// their caches). The pause outlasts any test; the cleanup lifts it, on a
+// context of its own (the test's is cancelled by then).
+func holdRedisWrites(t *testing.T, redis *redisserver.Server) {
+	t.Helper()
+	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "600000", "WRITE").Err())
+	t.Cleanup(func() { _ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err() })
 }
 
 // relaysOnRedis starts n relays on one fresh database, joined through the
@@ -577,10 +591,7 @@ func TestCrossRelayRemovalHoldsBeforeTheInvalidationArrives(t *testing.T) {
 	// B caches the channel's readers while delivering this.
 	postOnB(t, staying, leaving, ch, "before")
 
-	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
-	t.Cleanup(func() { _ = rc.Close() })
-	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
-	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+	holdRedisWrites(t, redis)
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
 	postOnB(t, staying, nil, ch, "after the removal")
 	require.Equal(t, "connected", readyRedis(t, b), "B still trusts its cache: the window this test is about")
@@ -626,10 +637,7 @@ func TestCrossRelayRemovalHoldsForChannelWritesBeforeTheInvalidationArrives(t *t
 			ownerOnB := b.Dial(t, a.Host)
 			ownerOnB.Auth(owner.Key)
 
-			rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
-			t.Cleanup(func() { _ = rc.Close() })
-			require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
-			t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+			holdRedisWrites(t, redis)
 			require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
 			write := ownerOnB.Sign(c.kind, c.content, append(nostr.Tags{{"h", ch}}, c.tags...), 0)
 			got := ownerOnB.Publish(write)
@@ -669,10 +677,7 @@ func TestCrossRelayRemovalHoldsForAFormerWritersDeletion(t *testing.T) {
 		m.Expect("EOSE")
 	}
 
-	rc := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
-	t.Cleanup(func() { _ = rc.Close() })
-	require.NoError(t, rc.Do(t.Context(), "CLIENT", "PAUSE", "4000", "WRITE").Err())
-	t.Cleanup(func() { _ = rc.Do(t.Context(), "CLIENT", "UNPAUSE").Err() })
+	holdRedisWrites(t, redis)
 	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
 	deletion := leaving.Sign(5, "", nostr.Tags{{"e", own.ID}}, 0)
 	leaving.Send("EVENT", deletion)

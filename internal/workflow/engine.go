@@ -682,9 +682,11 @@ func startedBefore(trace []traceEntry, index int) bool {
 }
 
 // ownerMayCall: a step that reaches outside the relay runs on the owner's
-// authority only while the owner is an owner or admin of the channel.
+// authority only while the owner is an owner or admin of the channel. The
+// call goes out after the step's transaction commits, so the write lock
+// would order nothing: a plain read sees every change committed before it.
 func (e *Engine) ownerMayCall(ctx context.Context, q *db.Queries, c Claimed, stepID string) *runFailure {
-	access, err := ingest.ChannelAccess(ctx, q, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
+	access, err := ingest.ChannelAccessNow(ctx, q, db.ChannelAccessParams{CommunityID: c.Run.CommunityID, ID: *c.Run.ChannelID, Pubkey: c.Run.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
 		return dbFail(err, "step %s: channel unavailable", stepID)
 	}

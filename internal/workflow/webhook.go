@@ -174,8 +174,10 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		return
 	}
 	// A deleted or archived channel's workflow could only start runs that
-	// fail, in a history nobody may read any more.
-	access, err := ingest.ChannelAccess(r.Context(), q, db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
+	// fail, in a history nobody may read any more. Read without the write
+	// lock: this is no write transaction, and the run it starts checks the
+	// channel again when it writes.
+	access, err := ingest.ChannelAccessNow(r.Context(), q, db.ChannelAccessParams{CommunityID: communityID, ID: *row.ChannelID, Pubkey: row.OwnerPubkey})
 	if err != nil && !dberr.IsNotFound(err) {
 		databaseFailed(err)
 		return
