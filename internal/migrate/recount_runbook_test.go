@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -78,7 +79,9 @@ func TestActiveMembersRecountRunbook(t *testing.T) {
 // that member's leave holds the channel, as the relay's membership change
 // does (channel row first, then the member's): the delete waits for the
 // channel, the leave goes through, and the delete then removes the row,
-// counted once in all. Without the lock-first step the delete locks the
+// counted once in all; before that, it waits for a message in flight into
+// the channel (the write lock), which then commits before the delete, as
+// before a removal by the relay. Without the row-lock step the delete locks the
 // member's row, its counting trigger waits for the channel, the leave waits
 // for the member's row, and PostgreSQL breaks the deadlock by failing one
 // of them.
@@ -100,6 +103,12 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	var member string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT encode(sha256('5'::bytea), 'hex')`).Scan(&member))
 
+	// A message in flight: its check holds the channel's write lock shared.
+	message, err := connect(t, dbURL).Begin(ctx)
+	require.NoError(t, err)
+	defer message.Rollback(ctx)
+	_, err = message.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(channel_write_lock_key($1, $2))`, community, channel)
+	require.NoError(t, err)
 	leave, err := joiner.Begin(ctx)
 	require.NoError(t, err)
 	defer leave.Rollback(ctx)
@@ -116,15 +125,28 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	for waiting := false; !waiting; {
-		require.NoError(t, conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE application_name = 'hand-delete-runbook' AND wait_event_type = 'Lock')`).Scan(&waiting))
-		select {
-		case err := <-done:
-			t.Fatalf("the delete finished while the leave held the channel: %v\n%s", err, out.String())
-		case <-time.After(10 * time.Millisecond):
+	// waitsFor returns the lock the delete waits for, once it waits for
+	// one other than passed.
+	waitsFor := func(passed string) string {
+		for {
+			var event string
+			err := conn.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity
+				WHERE application_name = 'hand-delete-runbook' AND wait_event_type = 'Lock'
+				  AND wait_event IS DISTINCT FROM $1`, passed).Scan(&event)
+			if err == nil {
+				return event
+			}
+			require.ErrorIs(t, err, pgx.ErrNoRows)
+			select {
+			case err := <-done:
+				t.Fatalf("the delete finished while a message and the leave held the channel: %v\n%s", err, out.String())
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
 	}
+	require.Equal(t, "advisory", waitsFor(""), "the delete waits for the message in flight first")
+	require.NoError(t, message.Commit(ctx))
+	waitsFor("advisory") // then for the leave
 
 	_, err = leave.Exec(ctx, `UPDATE channel_members SET removed_at = now()
 		WHERE community_id = $1 AND channel_id = $2 AND pubkey = decode($3, 'hex')`, community, channel, member)
