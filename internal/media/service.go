@@ -475,6 +475,13 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 // left (WaitForRemovals). ErrNotFound: the community has no such blob;
 // ErrNotUploader: it has, but uploader never uploaded it here.
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
+	// A community with no sidecar of sha has nothing to delete: answered
+	// before the blob's locks, which a removal of the blob after an
+	// earlier delete holds for as long as it takes, and how long that is
+	// tells whether another community holds the bytes.
+	if _, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
+		return err
+	}
 	unlock := s.lock(sha)
 	// Under the blob lock from the listing of the upload records on: an
 	// upload on another relay process writes its sidecar and record under
