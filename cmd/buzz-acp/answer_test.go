@@ -115,3 +115,19 @@ func TestLimitsAreReadAgainOnReconnecting(t *testing.T) {
 	require.Equal(t, maxContent, utf8.RuneCountInString(answer.Content), "cut to the restarted relay's limit exactly")
 	require.True(t, strings.HasSuffix(answer.Content, answerCutNote))
 }
+
+// A relay whose information document hangs while its WebSocket works is
+// reconnected to with the limits last read: the document is read again on
+// each connection, and it took the whole 30 s dial budget, so every
+// reconnection failed. Mutation killed: the re-read on the dial's context
+// (buzz-acp never connects again).
+func TestReconnectsWhileTheInformationDocumentHangs(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.proxy.mu.Lock()
+	w.proxy.infoHangs = true
+	w.proxy.mu.Unlock()
+	w.proxy.cut()
+	w.waitConnected(1)
+	w.answerTo(w.mention("@Robby still there?").ID)
+}

@@ -233,6 +233,10 @@ func (b *bridge) answerLimits() answerLimits {
 	return b.limits
 }
 
+// relayInfoRereadTimeout bounds reading the relay's information document
+// again on a reconnection, when the limits last read can serve instead.
+const relayInfoRereadTimeout = 5 * time.Second
+
 // connectAndServe runs one connection. served reports whether it got as far
 // as subscribing (which resets the backoff). since is the created_at from
 // which a new subscription catches up on what it missed (see catchUpPoint).
@@ -243,7 +247,16 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	// others would refuse answers cut to the old ones, or cut them shorter
 	// than it must. The relay key is read once: it is what doorbells are
 	// verified against, and a restart does not change it.
-	info, infoErr := fetchRelayInfo(dialCtx, b.cfg.RelayURL)
+	infoCtx := dialCtx
+	if b.relayPubkey != "" {
+		// Known limits serve if the document is slow: a relay whose
+		// information page hangs while its WebSocket works would
+		// otherwise take every reconnection's whole dial budget.
+		var cancelInfo context.CancelFunc
+		infoCtx, cancelInfo = context.WithTimeout(dialCtx, relayInfoRereadTimeout)
+		defer cancelInfo()
+	}
+	info, infoErr := fetchRelayInfo(infoCtx, b.cfg.RelayURL)
 	if infoErr == nil {
 		b.setLimits(info.answerLimits())
 	}

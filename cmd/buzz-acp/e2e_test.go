@@ -869,6 +869,9 @@ type proxy struct {
 	// slow client.
 	holdable bool
 	held     chan struct{} // open (nil) or closed by release
+	// infoHangs: requests other than WebSocket upgrades (the relay's
+	// information document) get no answer, their connections stay open.
+	infoHangs bool
 }
 
 type stallRule struct {
@@ -909,9 +912,16 @@ func (p *proxy) accept() {
 			_ = c.Close()
 			continue
 		}
+		upgrade := bytes.Contains(bytes.ToLower(head), []byte("upgrade: websocket"))
 		p.mu.Lock()
-		target := p.target
+		target, hang := p.target, p.infoHangs && !upgrade
+		if hang {
+			p.conns = append(p.conns, c)
+		}
 		p.mu.Unlock()
+		if hang {
+			continue
+		}
 		up, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
@@ -921,7 +931,7 @@ func (p *proxy) accept() {
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
 		go func() { _, _ = up.Write(head); _, _ = io.Copy(up, fromClient); _ = up.Close() }()
-		if !bytes.Contains(bytes.ToLower(head), []byte("upgrade: websocket")) {
+		if !upgrade {
 			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
 			continue
 		}
