@@ -17,14 +17,16 @@ SELECT EXISTS (
 -- name: EventsDeleteByIDs :execrows
 -- NIP-09: an author may delete only their own events, and a deletion request
 -- cannot itself be deleted, nor a channel's account of who did what
--- (@kept_kinds in a channel: its moderation events).
+-- (@kept_kinds in a channel: its moderation events). Without the list no
+-- channel event is hidden, so a caller that forgets it hides too little,
+-- never an account.
 UPDATE events
 SET deleted_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE community_id = @community_id::uuid
   AND id = ANY(@ids::bytea[])
   AND pubkey = @author::bytea
   AND kind <> 5
-  AND (channel_id IS NULL OR NOT kind = ANY(coalesce(@kept_kinds::int[], '{}')))
+  AND (channel_id IS NULL OR NOT kind = ANY(@kept_kinds::int[]))
   AND deleted_at IS NULL;
 
 -- name: EventSlotLock :exec

@@ -488,7 +488,7 @@ WHERE community_id = $2::uuid
   AND id = ANY($3::bytea[])
   AND pubkey = $4::bytea
   AND kind <> 5
-  AND (channel_id IS NULL OR NOT kind = ANY(coalesce($5::int[], '{}')))
+  AND (channel_id IS NULL OR NOT kind = ANY($5::int[]))
   AND deleted_at IS NULL
 `
 
@@ -502,7 +502,9 @@ type EventsDeleteByIDsParams struct {
 
 // NIP-09: an author may delete only their own events, and a deletion request
 // cannot itself be deleted, nor a channel's account of who did what
-// (@kept_kinds in a channel: its moderation events).
+// (@kept_kinds in a channel: its moderation events). Without the list no
+// channel event is hidden, so a caller that forgets it hides too little,
+// never an account.
 func (q *Queries) EventsDeleteByIDs(ctx context.Context, arg EventsDeleteByIDsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsDeleteByIDs,
 		arg.Now,

@@ -61,6 +61,11 @@ func TestAuthorsCannotHideTheirModerationEventsWithKind5(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Zero(t, hidden)
+	hidden, err = db.New(r.Pool).EventsDeleteByIDs(context.Background(), db.EventsDeleteByIDsParams{
+		CommunityID: r.CommunityID, Ids: [][]byte{mustHex(t, removal.ID)}, Author: mustHex(t, admin.Key.PublicKeyHex()),
+	})
+	require.NoError(t, err)
+	require.Zero(t, hidden, "without the list of kinds kept, no channel event is hidden")
 
 	kept := []string{grant.ID, edit.ID, removal.ID, chat.ID, create[0].ID}
 	require.ElementsMatch(t, kept, ids(owner.Req("kept", map[string]any{"ids": kept})), "nothing was hidden")
