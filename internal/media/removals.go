@@ -59,12 +59,14 @@ func (b *blobRemovals) start(fn func(ctx context.Context)) {
 	}()
 }
 
-// wait returns once no removal runs, or abandons those running when ctx
-// ends first (later ones start afresh).
+// wait returns once no removal runs or waits for a place, or abandons
+// those running when ctx ends first (later ones start afresh). One waiting
+// counts: a place a removal frees is taken by the one waiting before the
+// first is counted out, so running ones alone could read 0 just then.
 func (b *blobRemovals) wait(ctx context.Context) error {
 	for {
 		b.mu.Lock()
-		n, settled := b.inFlight, b.settled
+		n, settled := b.inFlight+b.waiting, b.settled
 		b.mu.Unlock()
 		if n == 0 {
 			return nil
