@@ -398,8 +398,8 @@ func (s *Scheduler) fire(ctx context.Context, row db.WorkflowsScheduledRow, slot
 	}
 	if claimed {
 		// Observed once committed: a rolled-back claim fires later, and is
-		// measured then.
-		s.Metrics.slotClaimed(s.clock.Now().Sub(slot))
+		// measured then. On the database's clock, as the slot is.
+		s.Metrics.slotClaimed(row.Now.Sub(slot))
 		if !queued {
 			s.Metrics.refusedAtCapacity()
 		}

@@ -13,12 +13,14 @@ import (
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
-// Two relay processes fire one every-minute schedule: one whose clock
-// agrees with the database's, one whose clock runs ten minutes ahead of it
-// (here the database's now() is set ten minutes behind the wall clock for
-// both processes' sessions, the agreeing one's clock stubbed to match). A
-// slot is due by the database's clock, as the save it is compared with and
-// every run's times are: the process ahead fires no slot before its time.
+// A relay process whose clock runs ten minutes ahead of its database's
+// (the sessions' now() is set ten minutes behind the wall clock) ticks an
+// every-minute schedule saved three minutes earlier by the database's
+// clock, twice, around a tick of a second process on the test's stubbed
+// clock (which its statement reads as now(): nothing is due to it). A slot
+// is due by the database's clock, as the save it is compared with and
+// every run's times are: the process ahead fires the three slots due and
+// none before its time.
 // No slot can fire twice whatever the clocks (one claim row per slot
 // second), but a slot fired early fires before a re-save or a disabling
 // the owner made in time, and the re-saved schedule then loses that slot.
