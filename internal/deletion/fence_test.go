@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -72,7 +73,7 @@ func TestPsqlWriteAfterFenceFails(t *testing.T) {
 	f := newFixture(t)
 	c := f.community("psql-doomed.example")
 	f.fence("psql-doomed.example")
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-c",
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-c",
 		"INSERT INTO users (community_id, pubkey) VALUES ('"+c.String()+"', '\\x"+"11111111111111111111111111111111111111111111111111111111111111ff"+"')",
 		psqlURL(t, f))
 	cmd.Env = append(os.Environ(), "PGTZ=UTC")
@@ -94,20 +95,6 @@ func psqlURL(t *testing.T, f *fixture) string {
 	q.Del("timezone")
 	u.RawQuery = q.Encode()
 	return u.String()
-}
-
-func psqlPath(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("psql"); err == nil {
-		return p
-	}
-	for _, p := range []string{"/usr/lib/postgresql/15/bin/psql", "/usr/bin/psql"} {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Fatal("psql not found")
-	return ""
 }
 
 // The fence waits for a writer that is already inside its transaction,

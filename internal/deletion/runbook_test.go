@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
 )
@@ -53,7 +54,7 @@ func TestRunbookShowsStagesLeasesBlocksAndChunks(t *testing.T) {
 	}()
 	eventually(t, func() bool { _, err := os.Stat(cfg.PauseBeforeStampFile); return err == nil }, "the executor to pause")
 
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
 	cmd.Env = append(os.Environ(), "PGTZ=UTC")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -109,7 +110,7 @@ func TestRunbookGivesUpOnALockedTable(t *testing.T) {
 	_, err = tx.Exec(f.ctx, "LOCK TABLE community_deletion_requests IN ACCESS EXCLUSIVE MODE")
 	require.NoError(t, err)
 
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "canceling statement due to lock timeout")
@@ -150,7 +151,7 @@ func TestRunbookShowsTheNextChunksOfALargeDeletion(t *testing.T) {
 	_, err = f.pool.Exec(f.ctx, `UPDATE community_deletion_manifest_keys SET deleted_at = now() WHERE request_id = $1 AND chunk_no < 200`, large.ID)
 	require.NoError(t, err)
 
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/deletion.sql", psqlURL(t, f))
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	_, section, _ := strings.Cut(string(out), "== 7.")

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -13,21 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
-	"github.com/buzzrelay/buzz/internal/pgcluster"
 )
-
-func psqlPath(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("psql"); err == nil {
-		return p
-	}
-	dir, err := pgcluster.FindBinaries()
-	require.NoError(t, err)
-	p := filepath.Join(dir, "psql")
-	_, err = os.Stat(p)
-	require.NoError(t, err, "psql is installed with the PostgreSQL server binaries")
-	return p
-}
 
 // The operator runbook runs as written under psql against a database with a
 // backlog, and its answers show that backlog.
@@ -64,7 +49,7 @@ func TestListenerOutboxRunbook(t *testing.T) {
 	q.Del("timezone")
 	u.RawQuery = q.Encode()
 
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/listener_outbox.sql", u.String())
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/listener_outbox.sql", u.String())
 	cmd.Env = append(os.Environ(), "PGTZ="+tz)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)

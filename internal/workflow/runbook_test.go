@@ -4,7 +4,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -13,24 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
-	"github.com/buzzrelay/buzz/internal/pgcluster"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
-
-func psqlPath(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("psql"); err == nil {
-		return p
-	}
-	dir, err := pgcluster.FindBinaries()
-	require.NoError(t, err)
-	p := filepath.Join(dir, "psql")
-	_, err = os.Stat(p)
-	require.NoError(t, err)
-	return p
-}
 
 // The operator runbook runs as written under psql and shows a failed run
 // by its code, an expired lease, a pending approval and claimed schedule
@@ -67,7 +53,7 @@ func TestWorkflowsRunbook(t *testing.T) {
 	tz := q.Get("timezone")
 	q.Del("timezone")
 	pu.RawQuery = q.Encode()
-	cmd := exec.Command(psqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/workflows.sql", pu.String())
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-f", "../../sql/runbooks/workflows.sql", pu.String())
 	cmd.Env = append(os.Environ(), "PGTZ="+tz)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
