@@ -23,6 +23,8 @@
 -- membership changes (row lock too) stay ordered; this version's writes
 -- and the previous version's changes are not, until the rollout ends.
 -- Roll back: the down part drops the function; roll the relays back first.
+-- The README's hand delete of a member calls the function too: after a
+-- roll back, drop its first SELECT.
 
 SET LOCAL lock_timeout = '5s';
 

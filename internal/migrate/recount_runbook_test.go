@@ -76,8 +76,9 @@ func TestActiveMembersRecountRunbook(t *testing.T) {
 }
 
 // The README's hand delete of a member, run as written under psql while
-// that member's leave holds the channel, as the relay's membership change
-// does (channel row first, then the member's): the delete waits for the
+// that member's leave holds the channel's row (the relay's change takes its
+// write lock first, and a relay of the previous release only the row; the
+// row, then the member's): the delete waits for the
 // channel, the leave goes through, and the delete then removes the row,
 // counted once in all; before that, it waits for a message in flight into
 // the channel (the write lock), which then commits before the delete, as
