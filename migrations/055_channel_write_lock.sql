@@ -28,7 +28,7 @@
 
 SET LOCAL lock_timeout = '5s';
 
-CREATE FUNCTION channel_write_lock_key(community uuid, channel uuid) RETURNS bigint
+CREATE FUNCTION channels_write_lock_key(community uuid, channel uuid) RETURNS bigint
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT hashtextextended('buzz-channel-write:' || community::text || ':' || channel::text, 0) $$;
 
@@ -36,4 +36,4 @@ CREATE FUNCTION channel_write_lock_key(community uuid, channel uuid) RETURNS big
 
 SET LOCAL lock_timeout = '5s';
 
-DROP FUNCTION channel_write_lock_key(uuid, uuid);
+DROP FUNCTION channels_write_lock_key(uuid, uuid);

@@ -10,7 +10,7 @@ ON CONFLICT DO NOTHING;
 -- this transaction ends. Taken before ChannelLockForUpdate by every
 -- membership or metadata change, so it never waits on a row lock while
 -- holding this key's exclusive form.
-SELECT pg_advisory_xact_lock(channel_write_lock_key(@community_id::uuid, @id::uuid));
+SELECT pg_advisory_xact_lock(channels_write_lock_key(@community_id::uuid, @id::uuid));
 
 -- name: ChannelWritesLockShared :exec
 -- Orders a channel write after any change of who may read the channel
@@ -19,7 +19,7 @@ SELECT pg_advisory_xact_lock(channel_write_lock_key(@community_id::uuid, @id::uu
 -- begun waits for this transaction's commit. The lock manager queues
 -- requests, so a change waiting here is not passed by writes that come
 -- after it.
-SELECT pg_advisory_xact_lock_shared(channel_write_lock_key(@community_id::uuid, @id::uuid));
+SELECT pg_advisory_xact_lock_shared(channels_write_lock_key(@community_id::uuid, @id::uuid));
 
 -- name: ChannelLockForUpdate :one
 -- Serializes every membership or metadata change of one channel, so the

@@ -304,15 +304,6 @@ COMMENT ON FUNCTION public.channel_readable_by(community uuid, channel uuid, rea
 
 
 --
--- Name: channel_write_lock_key(uuid, uuid); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.channel_write_lock_key(community uuid, channel uuid) RETURNS bigint
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    AS $$ SELECT hashtextextended('buzz-channel-write:' || community::text || ':' || channel::text, 0) $$;
-
-
---
 -- Name: channels_community_id_immutable(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -344,6 +335,15 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+
+--
+-- Name: channels_write_lock_key(uuid, uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.channels_write_lock_key(community uuid, channel uuid) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT hashtextextended('buzz-channel-write:' || community::text || ':' || channel::text, 0) $$;
 
 
 --

@@ -295,7 +295,7 @@ func (q *Queries) ChannelUpdateMetadata(ctx context.Context, arg ChannelUpdateMe
 }
 
 const channelWritesLockExclusive = `-- name: ChannelWritesLockExclusive :exec
-SELECT pg_advisory_xact_lock(channel_write_lock_key($1::uuid, $2::uuid))
+SELECT pg_advisory_xact_lock(channels_write_lock_key($1::uuid, $2::uuid))
 `
 
 type ChannelWritesLockExclusiveParams struct {
@@ -314,7 +314,7 @@ func (q *Queries) ChannelWritesLockExclusive(ctx context.Context, arg ChannelWri
 }
 
 const channelWritesLockShared = `-- name: ChannelWritesLockShared :exec
-SELECT pg_advisory_xact_lock_shared(channel_write_lock_key($1::uuid, $2::uuid))
+SELECT pg_advisory_xact_lock_shared(channels_write_lock_key($1::uuid, $2::uuid))
 `
 
 type ChannelWritesLockSharedParams struct {

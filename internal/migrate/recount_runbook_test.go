@@ -108,7 +108,7 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	message, err := connect(t, dbURL).Begin(ctx)
 	require.NoError(t, err)
 	defer message.Rollback(ctx)
-	_, err = message.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(channel_write_lock_key($1, $2))`, community, channel)
+	_, err = message.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(channels_write_lock_key($1, $2))`, community, channel)
 	require.NoError(t, err)
 	leave, err := joiner.Begin(ctx)
 	require.NoError(t, err)
