@@ -23,15 +23,8 @@ import (
 func TestActiveMembersRecountRunbook(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := dbtest.URL(t)
-	conn := connect(t, dbURL)
-	joiner := connect(t, dbURL)
-	community, channel := uuid.New(), uuid.New()
-	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'recount-runbook.example')`, community)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channel, make([]byte, 32))
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at)
+	dbURL, conn, joiner, community, channel := runbookChannel(t, "recount-runbook.example")
+	_, err := conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey, removed_at)
 		SELECT $1, $2, sha256(i::text::bytea), CASE WHEN i > 5 THEN now() END FROM generate_series(1, 7) i`, community, channel)
 	require.NoError(t, err)
 	// A count gone wrong, as a hard delete before migration 049 left it.
@@ -89,16 +82,9 @@ func TestActiveMembersRecountRunbook(t *testing.T) {
 func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := dbtest.URL(t)
-	conn := connect(t, dbURL)
-	joiner := connect(t, dbURL)
-	community, channel := uuid.New(), uuid.New()
-	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'hand-delete-runbook.example')`, community)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channel, make([]byte, 32))
-	require.NoError(t, err)
+	dbURL, conn, joiner, community, channel := runbookChannel(t, "hand-delete-runbook.example")
 	// Five active members; the fifth is about to leave and be deleted.
-	_, err = conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey)
+	_, err := conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey)
 		SELECT $1, $2, sha256(i::text::bytea) FROM generate_series(1, 5) i`, community, channel)
 	require.NoError(t, err)
 	var member string
@@ -160,4 +146,20 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	counter, rows := activeMembers(t, conn, community, channel)
 	require.Equal(t, 4, rows)
 	require.Equal(t, rows, counter, "the leave counted once, the delete of the member who left not again\n%s", out.String())
+}
+
+// runbookChannel is a test database with one community at host and one
+// channel in it, and two connections to it: the runbook's checker and a
+// member's change in flight.
+func runbookChannel(t *testing.T, host string) (dbURL string, conn, joiner *pgx.Conn, community, channel uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	dbURL = dbtest.URL(t)
+	conn, joiner = connect(t, dbURL), connect(t, dbURL)
+	community, channel = uuid.New(), uuid.New()
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, $2)`, community, host)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, created_by) VALUES ($1, $2, 'room', $3)`, community, channel, make([]byte, 32))
+	require.NoError(t, err)
+	return dbURL, conn, joiner, community, channel
 }
