@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// One event sent to two relay processes at the same instant (a client
+// retrying through another pod of the load balancer, or publishing to
+// both): it is stored once, both publishers get OK true, exactly one of
+// them a duplicate, and a live subscriber on either process receives it
+// once, not once from its own commit and again through Redis.
+func TestOneEventSentToTwoRelayProcessesAtOnceIsStoredAndDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	redisURL := dbtest.RedisURL(t)
+	pool := observerPool(t, databaseURL)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name), "BUZZ_REDIS_URL": redisURL,
+			"BUZZ_PUBLISH_BURST": "1000", "BUZZ_PUBLISH_PER_MINUTE": "1000",
+		}
+	}
+	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))
+	a.waitRedisConnected(t)
+	b.waitRedisConnected(t)
+
+	toA := a.client(t, nil)
+	toB := b.client(t, toA.Key)
+	filter := map[string]any{"authors": []string{toA.Key.PublicKeyHex()}, "limit": 0}
+	onA, onB := a.client(t, nil), b.client(t, nil)
+	for _, sub := range []*relaytest.Client{onA, onB} {
+		sub.Send("REQ", "live", filter)
+		sub.Expect("EOSE")
+	}
+	const n = 40
+	var want []string
+	storedBy := map[string]int{}
+	for i := range n {
+		ev := toA.Sign(1, fmt.Sprintf("twice %d", i), nil, 0)
+		want = append(want, ev.ID)
+		// Both frames leave before either answer is read: the two
+		// processes race to insert the same row.
+		toA.Send("EVENT", ev)
+		toB.Send("EVENT", ev)
+		stored := 0
+		for name, c := range map[string]*relaytest.Client{"a": toA, "b": toB} {
+			r := c.Expect("OK")
+			require.Equal(t, ev.ID, r.ID)
+			require.True(t, r.OK, "event %d on %s: %s", i, name, r.Msg)
+			if !strings.HasPrefix(r.Msg, "duplicate:") {
+				stored++
+				storedBy[name]++
+			}
+		}
+		require.Equal(t, 1, stored, "event %d: exactly one process stores it, the other answers duplicate", i)
+	}
+	t.Logf("stored by a: %d, by b: %d", storedBy["a"], storedBy["b"])
+
+	for name, sub := range map[string]*relaytest.Client{"A": onA, "B": onB} {
+		got := map[string]int{}
+		for range want {
+			got[sub.Expect("EVENT").Event.ID]++
+		}
+		for _, id := range want {
+			require.Equal(t, 1, got[id], "subscriber on %s: event %s", name, id)
+		}
+	}
+	ids := make([][]byte, len(want))
+	for i, id := range want {
+		ids[i], _ = hex.DecodeString(id)
+	}
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE id = ANY($1)", ids).Scan(&rows))
+	require.Equal(t, n, rows)
+	onA.ExpectSilence(500*time.Millisecond, "no event arrives twice on A")
+	onB.ExpectSilence(500*time.Millisecond, "no event arrives twice on B")
+}
+
+// B is SIGKILLed while several publishers stream events through it: some
+// answered OK, some committed but unanswered, some not stored. A's live
+// subscriber receives every event B stored (answered or not), once each,
+// within the dead-peer bound (3 s of silence, then a replay from B's last
+// announcement), and nothing B did not store.
+func TestKilledRelayProcessStreamReachesTheOtherProcessOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	redisURL := dbtest.RedisServer(t).URL()
+	pool := observerPool(t, databaseURL)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name), "BUZZ_REDIS_URL": redisURL,
+			"BUZZ_PUBLISH_BURST": "100000", "BUZZ_PUBLISH_PER_MINUTE": "100000",
+		}
+	}
+	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))
+	a.waitRedisConnected(t)
+	b.waitRedisConnected(t)
+
+	const publishers = 8
+	keys := make([]*nostr.SecretKey, publishers)
+	authors := make([]string, publishers)
+	for i := range keys {
+		keys[i] = relaytest.NewKey(t)
+		authors[i] = keys[i].PublicKeyHex()
+	}
+	onA := a.client(t, nil)
+	onA.Send("REQ", "live", map[string]any{"authors": authors, "limit": 0})
+	onA.Expect("EOSE")
+	clients := make([]*relaytest.Client, publishers)
+	for i := range clients {
+		clients[i] = b.client(t, keys[i])
+	}
+
+	var mu sync.Mutex
+	var all []*sentEvent
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			sent := publishUntilDead(c, func(n int) *nostr.Event {
+				ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{}, Content: fmt.Sprintf("stream %d/%d", i, n)}
+				if err := ev.Sign(keys[i]); err != nil {
+					panic(err)
+				}
+				return ev
+			})
+			mu.Lock()
+			all = append(all, sent...)
+			mu.Unlock()
+		})
+	}
+	time.Sleep(700 * time.Millisecond)
+	b.kill()
+	killed := time.Now()
+	wg.Wait()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'b'`).Scan(&n)
+		return err == nil && n == 0
+	}, 30*time.Second, 20*time.Millisecond, "the killed process's backends never ended")
+
+	ids := make([][]byte, len(all))
+	for i, s := range all {
+		ids[i], _ = hex.DecodeString(s.ev.ID)
+	}
+	rows, err := pool.Query(ctx, "SELECT encode(id, 'hex') FROM events WHERE id = ANY($1)", ids)
+	require.NoError(t, err)
+	stored := map[string]bool{}
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		stored[id] = true
+	}
+	require.NoError(t, rows.Err())
+	var acked, unansweredStored int
+	for _, s := range all {
+		if s.answered && s.ok {
+			acked++
+			require.True(t, stored[s.ev.ID], "event %s answered OK but not stored", s.ev.ID)
+		}
+		if !s.answered && stored[s.ev.ID] {
+			unansweredStored++
+		}
+	}
+
+	got := map[string]int{}
+	var lastArrival time.Time
+	for len(got) < len(stored) {
+		msg, err := onA.TryNext(30 * time.Second)
+		require.NoError(t, err, "A received %d of the %d events B stored", len(got), len(stored))
+		r := relaytest.Reply{}
+		if string(msg[0]) != `"EVENT"` {
+			continue
+		}
+		r.Event = new(nostr.Event)
+		require.NoError(t, r.Event.UnmarshalJSON(msg[2]))
+		require.True(t, stored[r.Event.ID], "A received %s, which B never stored", r.Event.ID)
+		got[r.Event.ID]++
+		require.Equal(t, 1, got[r.Event.ID], "A received %s twice", r.Event.ID)
+		lastArrival = time.Now()
+	}
+	t.Logf("%d sent, %d acknowledged, %d stored (%d of them unanswered); the last reached A %v after the kill",
+		len(all), acked, len(stored), unansweredStored, lastArrival.Sub(killed).Round(time.Millisecond))
+	onA.ExpectSilence(2*time.Second, "nothing arrives twice on A after the replay")
+}
