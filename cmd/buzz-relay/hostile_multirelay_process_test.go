@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -197,4 +198,77 @@ func TestKilledRelayProcessStreamReachesTheOtherProcessOnce(t *testing.T) {
 	t.Logf("%d sent, %d acknowledged, %d stored (%d of them unanswered); the last reached A %v after the kill",
 		len(all), acked, len(stored), unansweredStored, lastArrival.Sub(killed).Round(time.Millisecond))
 	onA.ExpectSilence(2*time.Second, "nothing arrives twice on A after the replay")
+}
+
+// A relay process that freezes (SIGSTOP here; a VM pause, a partitioned
+// pod, where no FIN ever reaches PostgreSQL) in the middle of a channel
+// change, holding the channel's write lock exclusive in an open
+// transaction: PostgreSQL ends that session once it has sat idle in its
+// transaction for the write timeout (the relay abandons such a
+// transaction itself after that long, when it can run), so the other
+// processes' writes into the channel go through again, and the frozen
+// process, once it runs again, serves writes as before. Before, the
+// session stayed open for as long as the process stayed frozen, and every
+// message into the channel, on every process, was answered "error: ...
+// try again" after waiting out the write timeout.
+func TestFrozenRelayProcessDoesNotHoldAChannelLockForever(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	pool := observerPool(t, databaseURL)
+	env := func(name string) map[string]string {
+		return map[string]string{
+			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name),
+			// Short, so that the test does not wait out the default 30 s.
+			"BUZZ_INGEST_WRITE_TIMEOUT": "2s",
+		}
+	}
+	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))
+	onA := a.client(t, nil)
+	channel := newChannel(t, onA, "frozen")
+	onB := b.client(t, onA.Key)
+
+	// B's metadata change takes the channel's write lock exclusive and then
+	// waits on the channel row, which the test holds.
+	row, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = row.Rollback(ctx) }()
+	_, err = row.Exec(ctx, "SELECT 1 FROM channels WHERE id = $1 FOR UPDATE", channel)
+	require.NoError(t, err)
+	change := onB.Sign(9002, "", nostr.Tags{{"h", channel}, {"name", "renamed"}}, 0)
+	onB.Send("EVENT", change)
+	backendsOfB := func(state string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'b' AND state = $1 AND ($1 <> 'active' OR wait_event_type = 'Lock')`, state).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return backendsOfB("active") > 0 },
+		time.Minute, 10*time.Millisecond, "B's change never waited on the channel row")
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGSTOP))
+	defer func() { _ = b.cmd.Process.Signal(syscall.SIGCONT) }()
+	require.NoError(t, row.Rollback(ctx))
+	// B's transaction now holds the lock and waits for a process that
+	// does not run.
+	require.Eventually(t, func() bool { return backendsOfB("idle in transaction") > 0 },
+		time.Minute, 10*time.Millisecond, "B's transaction never went idle holding the lock")
+	require.Eventually(t, func() bool { return backendsOfB("idle in transaction") == 0 },
+		30*time.Second, 50*time.Millisecond, "PostgreSQL kept the frozen process's transaction, and the channel's write lock, open")
+
+	posted := onA.Publish(onA.Sign(9, "after the freeze", nostr.Tags{{"h", channel}}, 0))
+	require.True(t, posted.OK, "a message into the channel on A: %s", posted.Msg)
+
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGCONT))
+	// The frozen change lost its session: it is answered, not left hanging
+	// (whether it committed is for its re-send to tell).
+	r := onB.Expect("OK")
+	var stored int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE id = decode($1, 'hex')", change.ID).Scan(&stored))
+	t.Logf("B's change, thawed: ok=%v %q, stored %d", r.OK, r.Msg, stored)
+	if r.OK {
+		require.Equal(t, 1, stored, "B answered its change OK: it must be stored")
+	}
+	again := onB.Publish(onB.Sign(9, "B serves again", nostr.Tags{{"h", channel}}, 0))
+	require.True(t, again.OK, "a message on B after it runs again: %s", again.Msg)
 }

@@ -199,6 +199,13 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
+	// A process that stops running mid-transaction (frozen, or cut off
+	// without a FIN reaching the server) would keep its locks, a channel's
+	// write lock among them, and block that channel's writes on every
+	// process for as long as it stays away. The relay never leaves a
+	// transaction waiting on itself for longer than it lets a write take,
+	// so the server may end one left idle that long.
+	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.IngestWriteTimeout.Milliseconds(), 1), 10)
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.
