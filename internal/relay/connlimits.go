@@ -65,6 +65,34 @@ func (s *Server) admitUpload(addr string) (release func(), status int, reason st
 	}, 0, ""
 }
 
+// admitBridge reserves one of the HTTP bridge requests the relay answers at
+// once for a client at addr, or says why not: 503 when MaxConnections are
+// being answered, 429 when addr alone has MaxConnectionsPerAddr. Any key
+// signs a valid request, and each holds its body (up to MaxMessageBytes)
+// while it arrives and a /query up to a MiB of answer while the client
+// reads it, both for as long as the HTTP timeouts allow: without a count, one
+// address could hold as many as it opened. They are counted apart from the
+// WebSocket connections, with the same caps, so a client's sockets do not
+// take its bridge requests' places. The caller calls the release it gets
+// exactly once.
+func (s *Server) admitBridge(addr string) (release func(), status int, reason string) {
+	addr = addressBucket(addr)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.bridging.total >= s.cfg.MaxConnections:
+		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is answering its limit of %d bridge requests; try again shortly", s.cfg.MaxConnections)
+	case s.bridging.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
+		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d bridge requests at once per client address; wait for one to finish", s.cfg.MaxConnectionsPerAddr)
+	}
+	s.bridging.add(addr)
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.bridging.remove(addr)
+	}, 0, ""
+}
+
 // addressCounts counts things held (connections, uploads) in all and per
 // address bucket; the Server's mu guards it.
 type addressCounts struct {

@@ -121,7 +121,15 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 		w.Header().Set("Access-Control-Allow-Origin", "*")
 		w.Header().Set("Access-Control-Expose-Headers", "WWW-Authenticate")
 		rec := &statusRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
+		// Before the host lookup and the body: a refusal costs nothing.
+		release, status, reason := b.s.admitBridge(b.s.clientAddr(r))
+		if status != 0 {
+			rec.Header().Set("Retry-After", "1")
+			writeError(rec, status, reason)
+		} else {
+			defer release()
+			next.ServeHTTP(rec, r)
+		}
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}

@@ -147,3 +147,44 @@ func TestHTTPServerClosesIdleKeepAlives(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, readToEOF(t, conn), `"ok"`)
 }
+
+// Bridge requests in flight from one address are capped like its WebSocket
+// connections: each holds its body (up to the message limit) and a /query
+// up to a MiB of answer for as long as the client takes to send or read,
+// and any key signs a valid request. Three requests trickling their bodies
+// hold the address's three places: a fourth is refused with 429 and JSON
+// before anything is read, a WebSocket from the address still connects (its
+// own count), and once the three are gone the address is served again.
+// Mutation killed: the bridge routes without admitBridge (the fourth request
+// was answered 200, and a hundred stalled /query downloads from one address
+// held 49 MiB of heap).
+func TestBridgeRequestsInFlightPerAddressAreCapped(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
+	key := relaytest.NewKey(t)
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	var held []net.Conn
+	for range 3 {
+		conn := rawConn(t, r)
+		auth := authHeader(nip98(t, key, "POST", r.HTTPURL+"/query", body, nil))
+		_, err := fmt.Fprintf(conn, "POST /query HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			r.Host, auth, len(body), body[:5])
+		require.NoError(t, err)
+		held = append(held, conn)
+	}
+	var got bridgeReply
+	require.Eventually(t, func() bool {
+		got = post(t, r, key, "/query", query(map[string]any{"kinds": []int{1}}))
+		return got.Status != http.StatusOK
+	}, relaytest.Patience, 20*time.Millisecond, "a fourth bridge request from the address was served while three held its places")
+	require.Equal(t, http.StatusTooManyRequests, got.Status, got.Raw)
+	require.Equal(t, "rate-limited: at most 3 bridge requests at once per client address; wait for one to finish", got.Error)
+	r.Dial(t, "").Auth(nil)
+
+	for _, conn := range held {
+		require.NoError(t, conn.Close())
+	}
+	require.Eventually(t, func() bool {
+		return post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}})).Status == http.StatusOK
+	}, relaytest.Patience, 20*time.Millisecond, "the address's places were not given back")
+}

@@ -649,6 +649,40 @@ func TestCrossRelayRemovalHoldsForChannelWritesBeforeTheInvalidationArrives(t *t
 	}
 }
 
+// The same for typing and presence (ephemeral kinds 20002 and 20001),
+// which are checked without the channel's write lock and never written: a
+// member removed through A does not receive, on B, what a member sends
+// through B after the removal's OK, before B has heard A's invalidation.
+// Their check reads the channel's readers version as a write's does, and
+// the fan-out on B must not use the reader set it cached before the
+// removal. Mutation killed: an ephemeral event published with readers
+// version 0 (B delivered the typing to the removed member).
+func TestCrossRelayRemovalHoldsForTypingAndPresenceBeforeTheInvalidationArrives(t *testing.T) {
+	t.Parallel()
+	redis, _, _, owner, ch, leaving, staying := privateChannelOnTwoRelays(t)
+	for _, m := range []*relaytest.Client{leaving, staying} {
+		m.Send("REQ", "ephemeral", map[string]any{"kinds": []int{20001, 20002}, "#h": []string{ch}, "limit": 0})
+		m.Expect("EOSE")
+	}
+	// B caches the channel's readers while delivering this.
+	before := staying.Sign(20002, "typing", nostr.Tags{{"h", ch}}, 0)
+	staying.Send("EVENT", before)
+	require.Equal(t, before.ID, staying.Expect("EVENT").Event.ID)
+	require.True(t, staying.Expect("OK").OK)
+	require.Equal(t, before.ID, leaving.Expect("EVENT").Event.ID)
+
+	holdRedisWrites(t, redis)
+	require.True(t, owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", leaving.Key.PublicKeyHex()}}, 0)).OK)
+	for _, kind := range []int{20002, 20001} {
+		ev := staying.Sign(kind, "after the removal", nostr.Tags{{"h", ch}}, 0)
+		staying.Send("EVENT", ev)
+		require.Equal(t, ev.ID, staying.Expect("EVENT").Event.ID, "a member still receives the channel's kind %d", kind)
+		got := staying.Expect("OK")
+		require.True(t, got.OK, got.Msg)
+	}
+	leaving.ExpectSilence(300*time.Millisecond, "a member removed through A must not receive the channel's typing or presence on B before the invalidation arrives")
+}
+
 // The same for a deletion by a former writer: a member removed through A
 // may still delete, through B, what they wrote in the channel, and the
 // deletion is stored for the channel's members. Its write read no access

@@ -107,6 +107,9 @@ type Server struct {
 	admitted addressCounts
 	// Uploads being received, all together and per client address.
 	uploading addressCounts
+	// HTTP bridge requests being answered, all together and per client
+	// address.
+	bridging addressCounts
 
 	// beforeHistory, set by tests only, runs when a live REQ is registered
 	// and its history not yet read.
