@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/semaphore"
@@ -27,7 +28,11 @@ const readSlots = 4
 // (also at the end of the test).
 func holdReadSlots(t *testing.T, slots *semaphore.Weighted, n int64) (release func()) {
 	t.Helper()
-	require.True(t, slots.TryAcquire(n), "the read slots are free")
+	// Waits: the relay's own background reads may hold a slot for a moment
+	// after it starts.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, slots.Acquire(ctx, n), "the read slots never came free")
 	released := false
 	release = func() {
 		if !released {
