@@ -128,7 +128,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	// Locked before anything is read: whether this save adds a firing
 	// workflow to the channel is decided on what the count sees, and the
 	// signer's membership is read after a removal holding the channel
-	// (ChannelLockForUpdate) committed. Read before, a save racing its
+	// (ChannelLockForChange) committed. Read before, a save racing its
 	// signer's removal stored an enabled workflow the removal's trigger
 	// (workflows_disable_on_owner_removal) never saw.
 	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
