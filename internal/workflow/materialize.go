@@ -130,7 +130,9 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	// signer's membership is read after a removal holding the channel
 	// (ChannelLockForChange) committed. Read before, a save racing its
 	// signer's removal stored an enabled workflow the removal's trigger
-	// (workflows_disable_on_owner_removal) never saw.
+	// (workflows_disable_on_owner_removal) never saw. The row before the
+	// channel check's write lock, as a change takes them: the other order
+	// deadlocks with a change.
 	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
 		return err
 	}
