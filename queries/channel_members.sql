@@ -5,7 +5,7 @@
 -- (channels.active_members, which a trigger counts), so nothing is written;
 -- an active member is never refused (a role change, a second join). The
 -- count is exact across relay processes because the caller holds the
--- channel's row lock (ChannelLockForUpdate), taken by an earlier statement
+-- channel's row lock (ChannelLockForChange), taken by an earlier statement
 -- of its transaction: every add that committed before it is in this
 -- statement's snapshot, and none can commit until this transaction ends.
 -- (A lock taken inside this statement would not do: a statement that

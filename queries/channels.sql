@@ -7,9 +7,10 @@ ON CONFLICT DO NOTHING;
 -- name: ChannelWritesLockExclusive :exec
 -- Waits for every write in flight into the channel (each holds the key
 -- shared, see ChannelWritesLockShared) and holds later ones back until
--- this transaction ends. Taken before ChannelLockForUpdate by every
--- membership or metadata change, so it never waits on a row lock while
--- holding this key's exclusive form.
+-- this transaction ends. Taken after ChannelLockForChange by every
+-- membership or metadata change: a change waiting for the row (a fold
+-- holds it for seconds) is not yet queued here, so the channel's writes
+-- go on meanwhile.
 SELECT pg_advisory_xact_lock(channels_write_lock_key(@community_id::uuid, @id::uuid));
 
 -- name: ChannelWritesLockShared :exec
@@ -21,13 +22,16 @@ SELECT pg_advisory_xact_lock(channels_write_lock_key(@community_id::uuid, @id::u
 -- after it.
 SELECT pg_advisory_xact_lock_shared(channels_write_lock_key(@community_id::uuid, @id::uuid));
 
--- name: ChannelLockForUpdate :one
+-- name: ChannelLockForChange :one
 -- Serializes every membership or metadata change of one channel, so the
 -- discovery events written after it describe the state that committed.
--- The caller holds ChannelWritesLockExclusive first.
+-- Taken before ChannelWritesLockExclusive. FOR NO KEY UPDATE: it must not
+-- block the foreign-key checks (FOR KEY SHARE) of the writes in flight
+-- that the change then waits for; it conflicts with itself, with the
+-- fold's ChannelLockForLists and with ChannelLockForWorkflows.
 SELECT * FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
-FOR UPDATE;
+FOR NO KEY UPDATE;
 
 -- name: ChannelMembersAtLeast :one
 -- Whether the channel has at least @n active members (no row: a deleted
@@ -38,9 +42,10 @@ WHERE community_id = @community_id::uuid AND id = @channel_id::uuid AND deleted_
 
 -- name: ChannelLockForLists :execrows
 -- Serializes the folded write of a large channel's lists with its
--- membership changes (their ChannelLockForUpdate waits), without blocking
--- the foreign-key checks of its replies and members. Zero rows: no live
--- channel.
+-- membership changes (their ChannelLockForChange waits), without blocking
+-- the foreign-key checks of its messages and members. The fold takes no
+-- write lock: a change waiting here is not queued for it, so the channel's
+-- messages are not held for the fold. Zero rows: no live channel.
 SELECT 1 FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR NO KEY UPDATE;
@@ -48,9 +53,11 @@ FOR NO KEY UPDATE;
 -- name: ChannelLockForWorkflows :execrows
 -- Serializes the saves that may add an active workflow to one channel, so
 -- that WorkflowsActiveInChannel, counted after it, cannot be raced past the
--- per-channel bound. FOR NO KEY UPDATE conflicts with ChannelLockForUpdate
--- (membership changes wait, briefly) but not with the FOR KEY SHARE that
--- foreign keys from events and members take. Zero rows: no live channel.
+-- per-channel bound. Taken before the save's channel check
+-- (ChannelWritesLockShared), as a change takes the row before the write
+-- lock. FOR NO KEY UPDATE conflicts with ChannelLockForChange (membership
+-- changes wait, briefly) but not with the FOR KEY SHARE that foreign keys
+-- from events and members take. Zero rows: no live channel.
 SELECT 1 FROM channels
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND deleted_at IS NULL
 FOR NO KEY UPDATE;

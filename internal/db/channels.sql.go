@@ -113,45 +113,25 @@ func (q *Queries) ChannelCreate(ctx context.Context, arg ChannelCreateParams) (i
 	return result.RowsAffected(), nil
 }
 
-const channelLockForLists = `-- name: ChannelLockForLists :execrows
-SELECT 1 FROM channels
+const channelLockForChange = `-- name: ChannelLockForChange :one
+SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version, active_members FROM channels
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
 FOR NO KEY UPDATE
 `
 
-type ChannelLockForListsParams struct {
-	CommunityID uuid.UUID
-	ID          uuid.UUID
-}
-
-// Serializes the folded write of a large channel's lists with its
-// membership changes (their ChannelLockForUpdate waits), without blocking
-// the foreign-key checks of its replies and members. Zero rows: no live
-// channel.
-func (q *Queries) ChannelLockForLists(ctx context.Context, arg ChannelLockForListsParams) (int64, error) {
-	result, err := q.db.Exec(ctx, channelLockForLists, arg.CommunityID, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const channelLockForUpdate = `-- name: ChannelLockForUpdate :one
-SELECT community_id, id, name, channel_type, visibility, description, created_by, created_at, updated_at, archived_at, deleted_at, readers_version, active_members FROM channels
-WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
-FOR UPDATE
-`
-
-type ChannelLockForUpdateParams struct {
+type ChannelLockForChangeParams struct {
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 }
 
 // Serializes every membership or metadata change of one channel, so the
 // discovery events written after it describe the state that committed.
-// The caller holds ChannelWritesLockExclusive first.
-func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUpdateParams) (Channel, error) {
-	row := q.db.QueryRow(ctx, channelLockForUpdate, arg.CommunityID, arg.ID)
+// Taken before ChannelWritesLockExclusive. FOR NO KEY UPDATE: it must not
+// block the foreign-key checks (FOR KEY SHARE) of the writes in flight
+// that the change then waits for; it conflicts with itself, with the
+// fold's ChannelLockForLists and with ChannelLockForWorkflows.
+func (q *Queries) ChannelLockForChange(ctx context.Context, arg ChannelLockForChangeParams) (Channel, error) {
+	row := q.db.QueryRow(ctx, channelLockForChange, arg.CommunityID, arg.ID)
 	var i Channel
 	err := row.Scan(
 		&i.CommunityID,
@@ -171,6 +151,30 @@ func (q *Queries) ChannelLockForUpdate(ctx context.Context, arg ChannelLockForUp
 	return i, err
 }
 
+const channelLockForLists = `-- name: ChannelLockForLists :execrows
+SELECT 1 FROM channels
+WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
+FOR NO KEY UPDATE
+`
+
+type ChannelLockForListsParams struct {
+	CommunityID uuid.UUID
+	ID          uuid.UUID
+}
+
+// Serializes the folded write of a large channel's lists with its
+// membership changes (their ChannelLockForChange waits), without blocking
+// the foreign-key checks of its messages and members. The fold takes no
+// write lock: a change waiting here is not queued for it, so the channel's
+// messages are not held for the fold. Zero rows: no live channel.
+func (q *Queries) ChannelLockForLists(ctx context.Context, arg ChannelLockForListsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, channelLockForLists, arg.CommunityID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const channelLockForWorkflows = `-- name: ChannelLockForWorkflows :execrows
 SELECT 1 FROM channels
 WHERE community_id = $1::uuid AND id = $2::uuid AND deleted_at IS NULL
@@ -184,9 +188,11 @@ type ChannelLockForWorkflowsParams struct {
 
 // Serializes the saves that may add an active workflow to one channel, so
 // that WorkflowsActiveInChannel, counted after it, cannot be raced past the
-// per-channel bound. FOR NO KEY UPDATE conflicts with ChannelLockForUpdate
-// (membership changes wait, briefly) but not with the FOR KEY SHARE that
-// foreign keys from events and members take. Zero rows: no live channel.
+// per-channel bound. Taken before the save's channel check
+// (ChannelWritesLockShared), as a change takes the row before the write
+// lock. FOR NO KEY UPDATE conflicts with ChannelLockForChange (membership
+// changes wait, briefly) but not with the FOR KEY SHARE that foreign keys
+// from events and members take. Zero rows: no live channel.
 func (q *Queries) ChannelLockForWorkflows(ctx context.Context, arg ChannelLockForWorkflowsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, channelLockForWorkflows, arg.CommunityID, arg.ID)
 	if err != nil {
@@ -305,9 +311,10 @@ type ChannelWritesLockExclusiveParams struct {
 
 // Waits for every write in flight into the channel (each holds the key
 // shared, see ChannelWritesLockShared) and holds later ones back until
-// this transaction ends. Taken before ChannelLockForUpdate by every
-// membership or metadata change, so it never waits on a row lock while
-// holding this key's exclusive form.
+// this transaction ends. Taken after ChannelLockForChange by every
+// membership or metadata change: a change waiting for the row (a fold
+// holds it for seconds) is not yet queued here, so the channel's writes
+// go on meanwhile.
 func (q *Queries) ChannelWritesLockExclusive(ctx context.Context, arg ChannelWritesLockExclusiveParams) error {
 	_, err := q.db.Exec(ctx, channelWritesLockExclusive, arg.CommunityID, arg.ID)
 	return err

@@ -319,3 +319,62 @@ func BenchmarkSubmitChannelMessages(b *testing.B) {
 	}
 	b.ReportMetric(wal/float64(b.N), "WAL-B/op")
 }
+
+// BenchmarkMessageDuringFold is a message into a channel of 8,000 members
+// sent while its lists are folded and a join (from another process) waits
+// for the fold (go test -bench MessageDuringFold -benchtime 5x):
+// message-ms is how long the message took, fold-ms the fold's time.
+func BenchmarkMessageDuringFold(b *testing.B) {
+	pool, folder, tenant, ch := largeChannel(b, ingest.Options{ListFoldMembers: 1}, 8000)
+	ctx := context.Background()
+	opts := ingest.Options{ListFoldMembers: 1, MaxFutureSkew: time.Hour, ListFoldInterval: time.Hour}
+	changer, writer := ingest.New(pool, fanout.NewHub(), opts), ingest.New(pool, fanout.NewHub(), opts)
+	var messageTime, foldTime time.Duration
+	for b.Loop() {
+		// The join of the round before marked the channel again.
+		if _, err := pool.Exec(ctx, `INSERT INTO channel_lists_due (community_id, channel_id, due_at) VALUES ($1, $2, now())
+			ON CONFLICT (community_id, channel_id) DO UPDATE SET due_at = now()`, tenant.ID(), ch); err != nil {
+			b.Fatal(err)
+		}
+		joinKey, _ := nostr.GenerateSecretKey()
+		join := &nostr.Event{Kind: ingest.KindJoinRequest, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", ch}}}
+		msgKey, _ := nostr.GenerateSecretKey()
+		msg := &nostr.Event{Kind: 9, CreatedAt: time.Now().Unix(), Content: "during the fold", Tags: nostr.Tags{{"h", ch}}}
+		if join.Sign(joinKey) != nil || msg.Sign(msgKey) != nil {
+			b.Fatal("sign")
+		}
+		locked := make(chan struct{})
+		ingest.OnListsLocked(folder, func() { close(locked) })
+		folded := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := folder.FoldChannelLists(ctx)
+			folded <- err
+		}()
+		<-locked
+		joined := make(chan error, 1)
+		go func() {
+			_, err := changer.Submit(ctx, tenant, join.PubKey, join)
+			joined <- err
+		}()
+		for waiting := 0; waiting == 0; {
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+				b.Fatal(err)
+			}
+		}
+		sent := time.Now()
+		if outcome, err := writer.Submit(ctx, tenant, msg.PubKey, msg); err != nil || outcome != ingest.Stored {
+			b.Fatal(outcome, err)
+		}
+		messageTime += time.Since(sent)
+		if err := <-folded; err != nil {
+			b.Fatal(err)
+		}
+		foldTime += time.Since(start)
+		if err := <-joined; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(messageTime.Microseconds())/1e3/float64(b.N), "message-ms")
+	b.ReportMetric(float64(foldTime.Microseconds())/1e3/float64(b.N), "fold-ms")
+}

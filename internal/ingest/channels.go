@@ -143,15 +143,20 @@ func ChannelAccessNow(ctx context.Context, q *db.Queries, params db.ChannelAcces
 }
 
 // ChannelLockForChange takes the channel's locks for a change of its
-// membership or metadata: the write lock exclusive (waiting for the writes
-// in flight and holding later ones back), then the row lock. Always in this
-// order, so a change never holds the row waiting for writes that may need
-// the row (a foreign key's check). No row: the channel is gone.
+// membership or metadata: the row lock (FOR NO KEY UPDATE, which serializes
+// changes with each other, with a large channel's list fold and with
+// workflow saves), then the write lock exclusive (waiting for the writes in
+// flight and holding later ones back). Always in this order, the order of
+// every path that takes both: a change waiting for a fold's row is not yet
+// queued for the write lock, so the channel's messages do not wait for the
+// fold. The row lock does not block the foreign-key checks of the writes
+// it then waits for. No row: the channel is gone.
 func ChannelLockForChange(ctx context.Context, q *db.Queries, community, channel uuid.UUID) (db.Channel, error) {
-	if err := q.ChannelWritesLockExclusive(ctx, db.ChannelWritesLockExclusiveParams{CommunityID: community, ID: channel}); err != nil {
-		return db.Channel{}, err
+	ch, err := q.ChannelLockForChange(ctx, db.ChannelLockForChangeParams{CommunityID: community, ID: channel})
+	if err != nil {
+		return ch, err
 	}
-	return q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: community, ID: channel})
+	return ch, q.ChannelWritesLockExclusive(ctx, db.ChannelWritesLockExclusiveParams{CommunityID: community, ID: channel})
 }
 
 // resolveChannelForWrite binds an event with an h tag to its channel: the

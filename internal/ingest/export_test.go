@@ -17,5 +17,9 @@ func RegisteredKinds(p *Pipeline) []int {
 // it writes the lists.
 func OnListClaimed(p *Pipeline, fn func()) { p.onListClaimed = fn }
 
+// OnListsLocked makes FoldChannelLists call fn while it holds the channel's
+// row, before it writes the lists: a fold in progress.
+func OnListsLocked(p *Pipeline, fn func()) { p.onListsLocked = fn }
+
 // OnListFoldPass makes RunListFolder call fn after each of its passes.
 func OnListFoldPass(p *Pipeline, fn func()) { p.onListFoldPass = fn }

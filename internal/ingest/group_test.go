@@ -360,7 +360,7 @@ func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
 	f.p.RegisterSideRows(ingest.SideRows{
 		Needs: func(ev *nostr.Event) bool { return ev.ID == locked.ID },
 		Apply: func(ctx context.Context, w *ingest.Write) error {
-			_, err := w.Q.ChannelLockForUpdate(ctx, db.ChannelLockForUpdateParams{CommunityID: w.Tenant.ID(), ID: channel})
+			_, err := w.Q.ChannelLockForChange(ctx, db.ChannelLockForChangeParams{CommunityID: w.Tenant.ID(), ID: channel})
 			return err
 		},
 	})
@@ -368,7 +368,7 @@ func TestGroupDoesNotWaitForALockedEvent(t *testing.T) {
 	holder, err := f.pool.Begin(f.ctx)
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(f.ctx) }()
-	_, err = db.New(holder).ChannelLockForUpdate(f.ctx, db.ChannelLockForUpdateParams{CommunityID: f.tenant.ID(), ID: channel})
+	_, err = db.New(holder).ChannelLockForChange(f.ctx, db.ChannelLockForChangeParams{CommunityID: f.tenant.ID(), ID: channel})
 	require.NoError(t, err)
 
 	g := f.holdWriter()

@@ -204,6 +204,9 @@ type Pipeline struct {
 	foldInterval time.Duration
 	// onListClaimed runs in FoldChannelLists after a mark is claimed (tests).
 	onListClaimed func()
+	// onListsLocked runs in FoldChannelLists while it holds the channel's
+	// row, before it writes the lists (tests).
+	onListsLocked func()
 	// onListFoldPass runs in RunListFolder after each pass (tests).
 	onListFoldPass func()
 

@@ -25,7 +25,9 @@ import (
 // lists commit: a process that dies while writing leaves the mark to be
 // claimed again, and two processes never write one channel's lists at
 // once. The lists are written under the channel's row lock, which every
-// membership change takes too, so they describe a state that committed,
+// membership change takes first too, so they describe a state that
+// committed, and the channel's messages go on meanwhile (a fold takes no
+// write lock),
 // and relaySign dates each after the one it replaces: no list is older
 // than one written before it.
 
@@ -95,18 +97,27 @@ func (p *Pipeline) foldOne(ctx context.Context) (found bool, err error) {
 			p.onListClaimed()
 		}
 		// Waits for a membership change of the channel in progress, whose
-		// mark (already here) this write then covers. The write lock comes
-		// before the row lock, as in every change (ChannelLockForChange):
-		// the lists stored below check the channel under it.
-		if err := q.ChannelWritesLockShared(ctx, db.ChannelWritesLockSharedParams{CommunityID: due.CommunityID, ID: due.ChannelID}); err != nil {
-			return err
-		}
+		// mark (already here) this write then covers. No write lock: a
+		// change arriving meanwhile waits for this row before it asks the
+		// write lock, so the channel's messages are not held behind it for
+		// the fold's seconds.
 		live, err := q.ChannelLockForLists(ctx, db.ChannelLockForListsParams{CommunityID: due.CommunityID, ID: due.ChannelID})
 		if err != nil {
 			return err
 		}
 		if live == 1 {
 			w = &Write{Tenant: community.FromRow(db.Community{ID: due.CommunityID}), Q: q, ChannelID: &due.ChannelID, pipeline: p}
+			// The readers version the lists are fanned out with, read
+			// under the row: every change of who may read the channel
+			// takes the row first, so none commits until the lists do.
+			access, err := ChannelAccessNow(ctx, q, db.ChannelAccessParams{CommunityID: due.CommunityID, ID: due.ChannelID, Pubkey: w.ActorBytes()})
+			if err != nil {
+				return err
+			}
+			w.ReadChannel(due.ChannelID, access)
+			if p.onListsLocked != nil {
+				p.onListsLocked()
+			}
 			if err := w.emitLists(ctx, due.ChannelID); err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -396,4 +397,86 @@ func TestFoldWaitsForAChangeInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, <-committed)
 	require.Contains(t, listed(f.storedList(ch)), late.PublicKeyHex(), "the list names the member whose change the fold waited for")
+}
+
+// A membership change arriving while a large channel's lists are folded
+// waits for the fold, and a message into the channel sent after it is
+// stored meanwhile: the change takes the channel's row before its write
+// lock, so while it waits for the fold's row it holds no place in the write
+// lock's queue that the message's shared request would wait behind. The
+// fold here holds its row until the message is answered; waiting is seen
+// in pg_stat_activity, never timed.
+// Mutation killed: the change taking the write lock before the row, as
+// before (the fold held it shared, so the change queued there and the
+// message behind it, for the rest of the fold).
+func TestMessageIsNotHeldByAChangeWaitingForAFold(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "fold-message.example", 0)
+	folder, changer := f.foldProcess(2, time.Nanosecond), f.foldProcess(2, time.Nanosecond)
+	f.p = folder.p
+	owner := f.key()
+	ch := f.channel(owner, false)
+	f.store(f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+
+	locked, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseFold := func() { releaseOnce.Do(func() { close(release) }) }
+	defer releaseFold() // a failed assertion must not leave the fold waiting
+	ingest.OnListsLocked(folder.p, func() { close(locked); <-release })
+	folded := make(chan error, 1)
+	go func() {
+		n, err := folder.p.FoldChannelLists(f.ctx)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("folded %d channels", n)
+		}
+		folded <- err
+	}()
+	<-locked
+
+	joiner := f.key()
+	join := f.sign(joiner, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)
+	joined := make(chan error, 1)
+	go func() {
+		_, err := changer.p.Submit(f.ctx, f.tenant, join.PubKey, join)
+		joined <- err
+	}()
+	f.waitForLockWaiters(1, "the join does not wait for the fold in progress")
+
+	message := f.sign(owner, 9, "while the lists are folded", nostr.Tags{{"h", ch}}, 0)
+	type answer struct {
+		outcome ingest.Outcome
+		err     error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		outcome, err := f.submit(message)
+		answered <- answer{outcome, err}
+	}()
+	var got answer
+	var waited atomic.Bool
+	require.Eventually(t, func() bool {
+		select {
+		case got = <-answered:
+			return true
+		default:
+		}
+		if f.lockWaiters() == 2 {
+			waited.Store(true)
+			return true
+		}
+		return false
+	}, 30*time.Second, 2*time.Millisecond, "the message neither waits nor is answered")
+	require.False(t, waited.Load(), "the message waits behind the join waiting for the fold")
+	require.NoError(t, got.err)
+	require.Equal(t, ingest.Stored, got.outcome)
+	select {
+	case err := <-joined:
+		require.Fail(t, "the join did not wait for the fold", "%v", err)
+	default:
+	}
+
+	releaseFold()
+	require.NoError(t, <-folded)
+	require.NoError(t, <-joined)
+	require.Contains(t, f.activeMembers(ch), joiner.PublicKeyHex())
 }

@@ -104,7 +104,7 @@ func TestMemberLimitCountsEachChannel(t *testing.T) {
 // are refused with the limit. Rounds repeat the race, each after a removal
 // that puts the channel one short again. Mutation killed: the join and
 // put-user paths counting without the row lock (lockChannel not taking
-// ChannelLockForUpdate) store two or more in a round.
+// ChannelLockForChange) store two or more in a round.
 func TestConcurrentAddsAtLimitMinusOneAddOne(t *testing.T) {
 	t.Parallel()
 	const limit, processes = 4, 6

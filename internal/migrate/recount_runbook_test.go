@@ -69,16 +69,17 @@ func TestActiveMembersRecountRunbook(t *testing.T) {
 }
 
 // The README's hand delete of a member, run as written under psql while
-// that member's leave holds the channel's row (the relay's change takes its
-// write lock first, and a relay of the previous release only the row; the
-// row, then the member's): the delete waits for the
-// channel, the leave goes through, and the delete then removes the row,
-// counted once in all; before that, it waits for a message in flight into
-// the channel (the write lock), which then commits before the delete, as
-// before a removal by the relay. Without the row-lock step the delete locks the
-// member's row, its counting trigger waits for the channel, the leave waits
-// for the member's row, and PostgreSQL breaks the deadlock by failing one
-// of them.
+// that member's leave holds the channel's row (a relay's change takes the
+// row first, then its write lock) and a message into the channel is in
+// flight (holding the write lock shared): the delete waits for the
+// channel's row, the leave goes through, and the delete then waits for the
+// message, which commits before it, as before a removal by the relay; the
+// delete then removes the member's row, counted once in all. Without the
+// row-lock step the delete locks the member's row, its counting trigger
+// waits for the channel, the leave waits for the member's row, and
+// PostgreSQL breaks the deadlock by failing one of them; with the write
+// lock before the row, the delete would hold it exclusive while waiting
+// for the leave's row, and every message into the channel with it.
 func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -99,7 +100,7 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	leave, err := joiner.Begin(ctx)
 	require.NoError(t, err)
 	defer leave.Rollback(ctx)
-	_, err = leave.Exec(ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR UPDATE`, community, channel)
+	_, err = leave.Exec(ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR NO KEY UPDATE`, community, channel)
 	require.NoError(t, err)
 
 	handDelete := dbtest.SQLBlock(t, "../../README.md", "-- Delete a channel member by hand.")
@@ -131,15 +132,15 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, "advisory", waitsFor(""), "the delete waits for the message in flight first")
-	require.NoError(t, message.Commit(ctx))
-	waitsFor("advisory") // then for the leave
-
+	forRow := waitsFor("")
+	require.NotEqual(t, "advisory", forRow, "the delete asks the write lock before the channel's row")
 	_, err = leave.Exec(ctx, `UPDATE channel_members SET removed_at = now()
 		WHERE community_id = $1 AND channel_id = $2 AND pubkey = decode($3, 'hex')`, community, channel, member)
 	// psql's output is read only once it ended (it writes it meanwhile).
-	require.NoError(t, err, "the leave goes through while the delete waits")
+	require.NoError(t, err, "the leave goes through while the delete waits for the channel's row")
 	require.NoError(t, leave.Commit(ctx))
+	require.Equal(t, "advisory", waitsFor(forRow), "then the delete waits for the message in flight")
+	require.NoError(t, message.Commit(ctx))
 	require.NoError(t, <-done, out.String())
 	require.Contains(t, out.String(), member, "the delete names the member it removed")
 

@@ -24,7 +24,7 @@ import (
 //   - search branch (same builder)                      → "search"
 //   - ChannelsReadable "c.community_id = ..."           → "pinned REQ to B's private channel id" (B's channel
 //     id becomes readable in A)
-//   - ChannelAccess / ChannelLockForUpdate community    → "write to B's private channel id" (accepted)
+//   - ChannelAccess / ChannelLockForChange community    → "write to B's private channel id" (accepted)
 //   - EventInsert ON CONFLICT scope (PK leads with community_id) → "same event in both" (duplicate in A)
 //   - events_keep_newest_version slot (community_id)    → "A's profile survives B's newer one"
 //   - EventsDeleteByIDs community_id                     → "B's deletion does not hide A's copy"

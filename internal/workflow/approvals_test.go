@@ -1,6 +1,10 @@
 package workflow_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -541,4 +545,83 @@ func (f *fixture) submitWith(other *ingest.Pipeline, grant, ev *nostr.Event) (gr
 	close(start)
 	wg.Wait()
 	return grantErr, evErr
+}
+
+// lockedBuffer is a log sink the engine's goroutines may write to while the
+// test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A request_approval step and the removal of its workflow's owner, in
+// flight together: the removal holds the channel (its row and its write
+// lock exclusive) while the step checks the channel; the removal then
+// removes the owner, whose trigger disables the owner's workflows. The step
+// checks the channel before it locks the workflow row, so it waits holding
+// nothing the removal needs, and once the removal commits the run fails
+// workflow_disabled, with no deadlock on the way.
+// Mutation killed: the workflow row locked before the channel check, as it
+// was: the step held the row FOR SHARE while waiting for the channel, the
+// removal's trigger waited for that row, and the deadlock detector failed
+// the step (40P01), whose transaction was then tried again.
+func TestApprovalRequestRacingItsOwnersRemovalDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner, member := f.key(), f.key()
+	ch := f.channel(owner, member)
+	id := uuid.NewString()
+	f.save(member, ch, id, approvalYAML("any"))
+	f.store(f.sign(owner, ingest.KindChat, "ship", nostr.Tags{{"h", ch}}))
+	run := f.runIDs(id)[0]
+	logged := &lockedBuffer{}
+	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Metrics: f.metrics,
+		Log: slog.New(slog.NewTextHandler(logged, nil))})
+	claims, err := e.ClaimDue(f.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+
+	channel := uuid.MustParse(ch)
+	removal, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = removal.Rollback(context.Background()) }()
+	rq := db.New(removal)
+	_, err = ingest.ChannelLockForChange(f.ctx, rq, f.tenant.ID(), channel)
+	require.NoError(t, err)
+
+	executed := make(chan struct{})
+	go func() {
+		defer close(executed)
+		e.Execute(f.ctx, claims[0])
+	}()
+	lockWaiters := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
+	require.Eventually(t, func() bool { return f.count(lockWaiters) == 1 }, 30*time.Second, 5*time.Millisecond,
+		"the step does not wait for the removal holding the channel")
+
+	memberBytes, _ := hex.DecodeString(pubHex(member))
+	removed, err := rq.ChannelMemberRemove(f.ctx, db.ChannelMemberRemoveParams{CommunityID: f.tenant.ID(), ChannelID: channel, Pubkey: memberBytes, RemovedBy: memberBytes})
+	require.NoError(t, err, "the removal")
+	require.EqualValues(t, 1, removed)
+	require.NoError(t, removal.Commit(f.ctx))
+	<-executed
+
+	// The deadlock's 40P01 is transient: the step's transaction is tried
+	// again, and logged so.
+	require.NotContains(t, logged.String(), "trying it again", "the step deadlocked with the removal")
+	r := f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	require.Zero(t, f.count(`SELECT count(*) FROM workflow_approvals WHERE run_id = $1`, run), "no approval was asked for")
 }

@@ -1128,12 +1128,28 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 // grant (46030), a denial (46031) or the expiry.
 func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed, index int, step *Step, entry traceEntry, tctx template.Context) (stepResult, traceEntry, *pendingCall, error) {
 	q := w.Q
+	// The request is posted in the run's channel and decided there: one
+	// deleted or archived while the run was parked (a delay) must not get
+	// it, nor leave the run waiting for a decision nobody can store, as a
+	// send_message into it fails too. Checked before the workflow row is
+	// locked, as every channel write takes the channel's write lock before
+	// the rows it then writes: the removal of the workflow's owner holds
+	// that lock exclusive while its trigger disables the owner's workflows,
+	// so a step holding the workflow row and then asking the lock waited
+	// for the removal, and the removal for the step. Its answer is given
+	// after the workflow's own, as before.
+	channel := *c.Run.ChannelID
+	access, channelFailure := ownerChannelAccess(ctx, q, c, step.ID, channel)
+	if channelFailure != nil && channelFailure.cause != nil {
+		// The transaction is aborted: nothing more can be read in it.
+		return e.failStep(ctx, q, c, index, entry, channelFailure)
+	}
 	// The workflow row FOR SHARE: an archive or a re-save that committed
 	// after this step read the row is seen here, and one still to come
 	// finds the approval stored and withdraws it. Without it, an approval
 	// asked for under a definition just replaced waited, undecidable, for
-	// its timeout. Lock order: the workflow, then (inserted) the approval,
-	// then the run, as an archive takes them.
+	// its timeout. Lock order: the channel's write lock, the workflow, then
+	// (inserted) the approval, then the run, as an archive takes them.
 	wf, err := q.WorkflowLockForApprovalRequest(ctx, db.WorkflowLockForApprovalRequestParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
 	if err != nil {
 		return e.failStep(ctx, q, c, index, entry, dbFail(err, "step %s: workflow unavailable", step.ID))
@@ -1144,12 +1160,7 @@ func (e *Engine) requestApproval(ctx context.Context, w *ingest.Write, c Claimed
 	case !pinnedTo(pinned, wf.DefinitionEventID):
 		return e.failStep(ctx, q, c, index, entry, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)"))
 	}
-	// The request is posted in the run's channel and decided there: one
-	// deleted or archived while the run was parked (a delay) must not get
-	// it, nor leave the run waiting for a decision nobody can store, as a
-	// send_message into it fails too.
-	channel := *c.Run.ChannelID
-	access, f := ownerChannelAccess(ctx, q, c, step.ID, channel)
+	f := channelFailure
 	if f == nil && access.ArchivedAt != nil {
 		f = fail(CodeWebhookFailed, "step %s: channel is archived", step.ID)
 	}

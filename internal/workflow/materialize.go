@@ -128,9 +128,11 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	// Locked before anything is read: whether this save adds a firing
 	// workflow to the channel is decided on what the count sees, and the
 	// signer's membership is read after a removal holding the channel
-	// (ChannelLockForUpdate) committed. Read before, a save racing its
+	// (ChannelLockForChange) committed. Read before, a save racing its
 	// signer's removal stored an enabled workflow the removal's trigger
-	// (workflows_disable_on_owner_removal) never saw.
+	// (workflows_disable_on_owner_removal) never saw. The row before the
+	// channel check's write lock, as a change takes them: the other order
+	// deadlocks with a change.
 	if err := lockChannelForWorkflows(ctx, w, channel); err != nil {
 		return err
 	}

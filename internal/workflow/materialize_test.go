@@ -223,3 +223,46 @@ func TestDefinitionSaveRacingOwnerRemoval(t *testing.T) {
 	require.Equal(t, "restricted: not a member of this channel", rej.Error())
 	require.Zero(t, f.count(`SELECT count(*) FROM workflows WHERE community_id = $1 AND enabled`, f.tenant.ID()))
 }
+
+// Workflow saves and membership changes of one channel, run in parallel
+// round after round, each in its own transaction (no group, so no group
+// lock timeout hides a wait), all commit: neither deadlocks (40P01) with
+// the other. Both take the channel's row before its write lock, a save
+// shared (its channel check), a change exclusive.
+// Mutation killed: the change taking the write lock before the row, as it
+// did: a save holding the row and asking the write lock shared, and a
+// change holding it exclusive and asking the row, waited on each other
+// until the deadlock detector failed one.
+func TestDefinitionSavesRacingMembershipChangesNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, ingest.Options{GroupMax: 1}, workflow.Triggers{MinScheduleInterval: time.Second})
+	owner, member := f.key(), f.key()
+	ch := f.privateChannel(owner)
+	wf := uuid.NewString()
+	base := f.clock.Now().Unix() - 100
+	const rounds = 40
+	for round := range rounds {
+		save := &nostr.Event{Kind: workflow.KindDefinition, Content: greeter, Tags: nostr.Tags{{"d", wf}, {"h", ch}}, CreatedAt: base + int64(round)}
+		require.NoError(t, save.Sign(owner))
+		kind := ingest.KindPutUser
+		if round%2 == 1 {
+			kind = ingest.KindRemoveUser
+		}
+		change := &nostr.Event{Kind: kind, Tags: nostr.Tags{{"h", ch}, {"p", pubHex(member)}}, CreatedAt: base + int64(round)}
+		require.NoError(t, change.Sign(owner))
+		start := make(chan struct{})
+		errs := make(chan error, 2)
+		for _, ev := range []*nostr.Event{save, change} {
+			go func() {
+				<-start
+				_, err := f.submit(ev)
+				errs <- err
+			}()
+		}
+		close(start)
+		for range 2 {
+			require.NoError(t, <-errs, "round %d", round)
+		}
+	}
+	require.True(t, f.workflow(wf).Enabled)
+}
