@@ -3247,10 +3247,10 @@ CREATE INDEX workflow_runs_running ON public.workflow_runs USING btree (created_
 
 
 --
--- Name: workflow_runs_unfinished; Type: INDEX; Schema: public; Owner: -
+-- Name: workflow_runs_unfinished_by_status; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX workflow_runs_unfinished ON public.workflow_runs USING btree (community_id, workflow_id) WHERE (status = ANY (ARRAY['pending'::public.workflow_run_status, 'running'::public.workflow_run_status, 'waiting_approval'::public.workflow_run_status]));
+CREATE INDEX workflow_runs_unfinished_by_status ON public.workflow_runs USING btree (community_id, workflow_id, status, run_at) WHERE (status = ANY (ARRAY['pending'::public.workflow_run_status, 'running'::public.workflow_run_status, 'waiting_approval'::public.workflow_run_status]));
 
 
 --
