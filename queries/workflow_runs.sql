@@ -32,18 +32,27 @@ RETURNING status, created_at;
 
 -- name: WorkflowRunSoonestEnd :one
 -- The earliest one of the workflow's unfinished runs could end, as far as
--- the database knows: a delayed run not before its delay ends (a disabled
--- workflow fails it only at its next step); a run that is due, running or
--- waiting for an approval at any moment (now; now too when none is
--- unfinished any more). It tells a trigger refused at capacity when a retry
--- could first be admitted.
-SELECT coalesce(min(CASE WHEN r.status = 'pending' THEN greatest(r.run_at, coalesce(sqlc.narg('now')::timestamptz, now()))
-                         ELSE coalesce(sqlc.narg('now')::timestamptz, now()) END),
-                coalesce(sqlc.narg('now')::timestamptz, now()))::timestamptz AS soonest,
-       coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-FROM workflow_runs r
-WHERE r.community_id = @community_id::uuid AND r.workflow_id = @workflow_id::uuid
-  AND r.status IN ('pending', 'running', 'waiting_approval');
+-- the database knows: a run that is running or waiting for an approval at
+-- any moment (now), else the soonest pending run when it is due (a delayed
+-- run not before its delay ends; a disabled workflow fails it only at its
+-- next step); now too when none is unfinished any more. It tells a trigger
+-- refused at capacity when a retry could first be admitted. Two probes of
+-- workflow_runs_unfinished_by_status, however many runs are unfinished.
+SELECT (CASE WHEN EXISTS (
+            SELECT FROM workflow_runs r
+            WHERE r.community_id = @community_id::uuid AND r.workflow_id = @workflow_id::uuid
+              AND r.status IN ('running', 'waiting_approval'))
+        THEN n.now
+        -- greatest() skips the NULL of no pending run.
+        ELSE greatest(n.now, (
+            SELECT r.run_at FROM workflow_runs r
+            WHERE r.community_id = @community_id::uuid AND r.workflow_id = @workflow_id::uuid
+              AND r.status = 'pending'
+            ORDER BY r.run_at
+            LIMIT 1))
+        END)::timestamptz AS soonest,
+       n.now::timestamptz AS now
+FROM (SELECT coalesce(sqlc.narg('now')::timestamptz, now()) AS now) n;
 
 -- name: WorkflowRunStepDone :execrows
 -- One step finished (or was skipped): record it and move to the next,

@@ -2530,9 +2530,17 @@ CREATE TABLE public.users (
     metadata_created_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    agent_owner_until timestamp with time zone,
     CONSTRAINT users_agent_owner_not_self CHECK ((agent_owner_pubkey <> pubkey)),
     CONSTRAINT users_pubkey_len CHECK ((octet_length(pubkey) = 32))
 );
+
+
+--
+-- Name: COLUMN users.agent_owner_until; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.users.agent_owner_until IS 'When the recorded agent owner stops counting: the created_at< bound of the attestation it was recorded from (NULL: none).';
 
 
 --
@@ -3247,10 +3255,10 @@ CREATE INDEX workflow_runs_running ON public.workflow_runs USING btree (created_
 
 
 --
--- Name: workflow_runs_unfinished; Type: INDEX; Schema: public; Owner: -
+-- Name: workflow_runs_unfinished_by_status; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX workflow_runs_unfinished ON public.workflow_runs USING btree (community_id, workflow_id) WHERE (status = ANY (ARRAY['pending'::public.workflow_run_status, 'running'::public.workflow_run_status, 'waiting_approval'::public.workflow_run_status]));
+CREATE INDEX workflow_runs_unfinished_by_status ON public.workflow_runs USING btree (community_id, workflow_id, status, run_at) WHERE (status = ANY (ARRAY['pending'::public.workflow_run_status, 'running'::public.workflow_run_status, 'waiting_approval'::public.workflow_run_status]));
 
 
 --

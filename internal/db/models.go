@@ -678,6 +678,8 @@ type User struct {
 	MetadataCreatedAt *time.Time
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	// When the recorded agent owner stops counting: the created_at< bound of the attestation it was recorded from (NULL: none).
+	AgentOwnerUntil *time.Time
 }
 
 // Materialized kind 30620 workflow definitions; definition_event_id pins the signed event.

@@ -15,13 +15,15 @@ import (
 const userAgentOwnerRecord = `-- name: UserAgentOwnerRecord :one
 WITH owner_row AS (
     INSERT INTO users (community_id, pubkey, updated_at)
-    VALUES ($1::uuid, $3::bytea, coalesce($4::timestamptz, now()))
+    VALUES ($1::uuid, $3::bytea, coalesce($5::timestamptz, now()))
     ON CONFLICT (community_id, pubkey) DO NOTHING
 )
-INSERT INTO users (community_id, pubkey, agent_owner_pubkey, updated_at)
-VALUES ($1::uuid, $2::bytea, $3::bytea, coalesce($4::timestamptz, now()))
+INSERT INTO users (community_id, pubkey, agent_owner_pubkey, agent_owner_until, updated_at)
+VALUES ($1::uuid, $2::bytea, $3::bytea, $4::timestamptz, coalesce($5::timestamptz, now()))
 ON CONFLICT (community_id, pubkey) DO UPDATE
-SET agent_owner_pubkey = coalesce(users.agent_owner_pubkey, EXCLUDED.agent_owner_pubkey)
+SET agent_owner_pubkey = coalesce(users.agent_owner_pubkey, EXCLUDED.agent_owner_pubkey),
+    agent_owner_until = CASE WHEN users.agent_owner_pubkey IS NULL OR users.agent_owner_pubkey = EXCLUDED.agent_owner_pubkey
+                             THEN EXCLUDED.agent_owner_until ELSE users.agent_owner_until END
 RETURNING agent_owner_pubkey::bytea AS recorded_owner
 `
 
@@ -29,6 +31,7 @@ type UserAgentOwnerRecordParams struct {
 	CommunityID uuid.UUID
 	Agent       []byte
 	Owner       []byte
+	Until       *time.Time
 	Now         *time.Time
 }
 
@@ -38,12 +41,16 @@ type UserAgentOwnerRecordParams struct {
 // locks the agent's row and sees its latest committed version, so of two
 // racing attestations exactly one owner is recorded, and each caller gets
 // back the owner now on record: equal to owner means recorded (or already
-// so), different means a conflict.
+// so), different means a conflict. The attestation's created_at< bound
+// (@until, NULL: none) goes with the owner; the owner's next attestation
+// sets it again, so a renewed one keeps the owner counting. An ended
+// owner is not replaced by another (an operator clears it, as a wrong one).
 func (q *Queries) UserAgentOwnerRecord(ctx context.Context, arg UserAgentOwnerRecordParams) ([]byte, error) {
 	row := q.db.QueryRow(ctx, userAgentOwnerRecord,
 		arg.CommunityID,
 		arg.Agent,
 		arg.Owner,
+		arg.Until,
 		arg.Now,
 	)
 	var recorded_owner []byte
@@ -52,11 +59,16 @@ func (q *Queries) UserAgentOwnerRecord(ctx context.Context, arg UserAgentOwnerRe
 }
 
 const userChannelAddPolicy = `-- name: UserChannelAddPolicy :one
-SELECT channel_add_policy, agent_owner_pubkey FROM users
-WHERE community_id = $1::uuid AND pubkey = $2::bytea
+SELECT channel_add_policy,
+       (CASE WHEN agent_owner_until IS NULL OR agent_owner_until > coalesce($1::timestamptz, now())
+             THEN agent_owner_pubkey END)::bytea AS agent_owner_pubkey,
+       agent_owner_until
+FROM users
+WHERE community_id = $2::uuid AND pubkey = $3::bytea
 `
 
 type UserChannelAddPolicyParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	Pubkey      []byte
 }
@@ -64,12 +76,16 @@ type UserChannelAddPolicyParams struct {
 type UserChannelAddPolicyRow struct {
 	ChannelAddPolicy ChannelAddPolicy
 	AgentOwnerPubkey []byte
+	AgentOwnerUntil  *time.Time
 }
 
+// The user's add policy and agent owner. An owner whose attestation ended
+// (agent_owner_until passed) counts as none; agent_owner_until is the
+// stored bound whatever it is.
 func (q *Queries) UserChannelAddPolicy(ctx context.Context, arg UserChannelAddPolicyParams) (UserChannelAddPolicyRow, error) {
-	row := q.db.QueryRow(ctx, userChannelAddPolicy, arg.CommunityID, arg.Pubkey)
+	row := q.db.QueryRow(ctx, userChannelAddPolicy, arg.Now, arg.CommunityID, arg.Pubkey)
 	var i UserChannelAddPolicyRow
-	err := row.Scan(&i.ChannelAddPolicy, &i.AgentOwnerPubkey)
+	err := row.Scan(&i.ChannelAddPolicy, &i.AgentOwnerPubkey, &i.AgentOwnerUntil)
 	return i, err
 }
 
@@ -145,11 +161,13 @@ LEFT JOIN users o ON o.community_id = u.community_id AND o.pubkey = u.agent_owne
 WHERE u.community_id = $1::uuid
   AND u.pubkey = $2::bytea
   AND u.agent_owner_pubkey IS NOT NULL
+  AND (u.agent_owner_until IS NULL OR u.agent_owner_until > coalesce($3::timestamptz, now()))
 `
 
 type UserRecordedOwnerParams struct {
 	CommunityID uuid.UUID
 	Pubkey      []byte
+	Now         *time.Time
 }
 
 type UserRecordedOwnerRow struct {
@@ -160,9 +178,10 @@ type UserRecordedOwnerRow struct {
 
 // The agent owner recorded for a pubkey in one community, with the owner's
 // display name from the same community (NULL when the owner has no profile
-// there). No row when the pubkey has no recorded owner.
+// there). No row when the pubkey has no recorded owner, or its owner's
+// attestation ended.
 func (q *Queries) UserRecordedOwner(ctx context.Context, arg UserRecordedOwnerParams) (UserRecordedOwnerRow, error) {
-	row := q.db.QueryRow(ctx, userRecordedOwner, arg.CommunityID, arg.Pubkey)
+	row := q.db.QueryRow(ctx, userRecordedOwner, arg.CommunityID, arg.Pubkey, arg.Now)
 	var i UserRecordedOwnerRow
 	err := row.Scan(&i.AgentOwnerPubkey, &i.OwnerDisplayName, &i.ChannelAddPolicy)
 	return i, err

@@ -427,19 +427,27 @@ func (q *Queries) WorkflowRunRelease(ctx context.Context, arg WorkflowRunRelease
 }
 
 const workflowRunSoonestEnd = `-- name: WorkflowRunSoonestEnd :one
-SELECT coalesce(min(CASE WHEN r.status = 'pending' THEN greatest(r.run_at, coalesce($1::timestamptz, now()))
-                         ELSE coalesce($1::timestamptz, now()) END),
-                coalesce($1::timestamptz, now()))::timestamptz AS soonest,
-       coalesce($1::timestamptz, now())::timestamptz AS now
-FROM workflow_runs r
-WHERE r.community_id = $2::uuid AND r.workflow_id = $3::uuid
-  AND r.status IN ('pending', 'running', 'waiting_approval')
+SELECT (CASE WHEN EXISTS (
+            SELECT FROM workflow_runs r
+            WHERE r.community_id = $1::uuid AND r.workflow_id = $2::uuid
+              AND r.status IN ('running', 'waiting_approval'))
+        THEN n.now
+        -- greatest() skips the NULL of no pending run.
+        ELSE greatest(n.now, (
+            SELECT r.run_at FROM workflow_runs r
+            WHERE r.community_id = $1::uuid AND r.workflow_id = $2::uuid
+              AND r.status = 'pending'
+            ORDER BY r.run_at
+            LIMIT 1))
+        END)::timestamptz AS soonest,
+       n.now::timestamptz AS now
+FROM (SELECT coalesce($3::timestamptz, now()) AS now) n
 `
 
 type WorkflowRunSoonestEndParams struct {
-	Now         *time.Time
 	CommunityID uuid.UUID
 	WorkflowID  uuid.UUID
+	Now         *time.Time
 }
 
 type WorkflowRunSoonestEndRow struct {
@@ -448,13 +456,14 @@ type WorkflowRunSoonestEndRow struct {
 }
 
 // The earliest one of the workflow's unfinished runs could end, as far as
-// the database knows: a delayed run not before its delay ends (a disabled
-// workflow fails it only at its next step); a run that is due, running or
-// waiting for an approval at any moment (now; now too when none is
-// unfinished any more). It tells a trigger refused at capacity when a retry
-// could first be admitted.
+// the database knows: a run that is running or waiting for an approval at
+// any moment (now), else the soonest pending run when it is due (a delayed
+// run not before its delay ends; a disabled workflow fails it only at its
+// next step); now too when none is unfinished any more. It tells a trigger
+// refused at capacity when a retry could first be admitted. Two probes of
+// workflow_runs_unfinished_by_status, however many runs are unfinished.
 func (q *Queries) WorkflowRunSoonestEnd(ctx context.Context, arg WorkflowRunSoonestEndParams) (WorkflowRunSoonestEndRow, error) {
-	row := q.db.QueryRow(ctx, workflowRunSoonestEnd, arg.Now, arg.CommunityID, arg.WorkflowID)
+	row := q.db.QueryRow(ctx, workflowRunSoonestEnd, arg.CommunityID, arg.WorkflowID, arg.Now)
 	var i WorkflowRunSoonestEndRow
 	err := row.Scan(&i.Soonest, &i.Now)
 	return i, err

@@ -97,9 +97,11 @@ func (b *sqlBuilder) conditions(f *nostr.Filter, communityArg string) {
 	if f.AgentOwner != "" {
 		// In the WHERE clause, so the owner narrows the rows before the
 		// limit counts them: the owned match is never crowded out by other
-		// owners' same-name agents. Owners are this community's own.
+		// owners' same-name agents. Owners are this community's own, and
+		// an owner whose attestation ended owns nothing.
 		owner, _ := hex.DecodeString(f.AgentOwner)
-		b.sql.WriteString(" AND pubkey IN (SELECT u.pubkey FROM users u WHERE u.community_id = " + communityArg + " AND u.agent_owner_pubkey = " + b.arg(owner) + "::bytea)")
+		b.sql.WriteString(" AND pubkey IN (SELECT u.pubkey FROM users u WHERE u.community_id = " + communityArg + " AND u.agent_owner_pubkey = " + b.arg(owner) + "::bytea" +
+			" AND (u.agent_owner_until IS NULL OR u.agent_owner_until > now()))")
 	}
 }
 

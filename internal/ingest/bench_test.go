@@ -3,10 +3,12 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -377,4 +379,92 @@ func BenchmarkMessageDuringFold(b *testing.B) {
 	}
 	b.ReportMetric(float64(messageTime.Microseconds())/1e3/float64(b.N), "message-ms")
 	b.ReportMetric(float64(foldTime.Microseconds())/1e3/float64(b.N), "fold-ms")
+}
+
+// BenchmarkSubmitChannelMessagesBesideRefusedFlood is
+// BenchmarkSubmitChannelMessages while 4 more goroutines flood the relay
+// with events it refuses: joins (9021) or messages (9) naming a channel that
+// does not exist, each by a fresh key. A join changes its channel's
+// membership, so it is written as a group of its own; the message flood is
+// the same load without that. It reports the groups written per stored
+// message and the flood events submitted per stored message.
+func BenchmarkSubmitChannelMessagesBesideRefusedFlood(b *testing.B) {
+	for _, flood := range []struct {
+		name string
+		kind int
+	}{{"joins", 9021}, {"messages", 9}} {
+		b.Run(flood.name, func(b *testing.B) {
+			p, tenant, _ := benchTenantPool(b)
+			ctx := context.Background()
+			owner, _ := nostr.GenerateSecretKey()
+			channel := "6f1c4ad2-4c1e-4b8e-9a55-3b1f0c2e7d10"
+			create := &nostr.Event{Kind: 9007, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", channel}, {"name", "bench"}}}
+			if err := create.Sign(owner); err != nil {
+				b.Fatal(err)
+			}
+			if outcome, err := p.Submit(ctx, tenant, create.PubKey, create); err != nil || outcome != ingest.Stored {
+				b.Fatal(outcome, err)
+			}
+			events := presigned(b, b.N)
+			keys := make([]*nostr.SecretKey, 16)
+			for i := range keys {
+				keys[i], _ = nostr.GenerateSecretKey()
+			}
+			for i, ev := range events {
+				ev.Kind, ev.Tags = 9, nostr.Tags{{"h", channel}}
+				if err := ev.Sign(keys[i%len(keys)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			const floodEvents = 4096
+			refused := make([]*nostr.Event, floodEvents)
+			for i := range refused {
+				key, _ := nostr.GenerateSecretKey()
+				refused[i] = &nostr.Event{Kind: flood.kind, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"h", uuid.NewString()}}}
+				if err := refused[i].Sign(key); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var groups, flooded atomic.Int64
+			p.OnGroup = func(ingest.GroupStats) { groups.Add(1) }
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for f := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := f; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						ev := refused[i%floodEvents]
+						if outcome, err := p.Submit(ctx, tenant, ev.PubKey, ev); err == nil && outcome == ingest.Stored {
+							b.Error("a flood event was stored")
+						}
+						flooded.Add(1)
+					}
+				}()
+			}
+			var next atomic.Int64
+			b.SetParallelism(8)
+			b.ResetTimer()
+			groups.Store(0)
+			flooded.Store(0)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					ev := events[next.Add(1)-1]
+					if outcome, err := p.Submit(ctx, tenant, ev.PubKey, ev); err != nil || outcome != ingest.Stored {
+						b.Error(outcome, err)
+					}
+				}
+			})
+			b.StopTimer()
+			close(stop)
+			wg.Wait()
+			b.ReportMetric(float64(groups.Load())/float64(b.N), "groups/msg")
+			b.ReportMetric(float64(flooded.Load())/float64(b.N), "flood/msg")
+		})
+	}
 }

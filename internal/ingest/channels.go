@@ -489,7 +489,7 @@ func applyPutUser(ctx context.Context, w *Write) error {
 	}
 	// The user being added decides who may add them (agents often allow only their owner).
 	if target != w.Actor {
-		policy, err := w.Q.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: w.Tenant.ID(), Pubkey: targetBytes})
+		policy, err := w.Q.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: w.Tenant.ID(), Pubkey: targetBytes, Now: w.SQLNow()})
 		if err != nil && !dberr.IsNotFound(err) {
 			return err
 		}

@@ -230,6 +230,19 @@ func (a *Attestation) allowsAt(createdAt int64) error {
 	return nil
 }
 
+// Until is when the attestation ends: its earliest created_at< bound (an
+// event created then or later is not the owner's to vouch for), and
+// whether it has one.
+func (a *Attestation) Until() (int64, bool) {
+	until, bounded := int64(0), false
+	for _, c := range a.clauses {
+		if c.field == createdBefore && (!bounded || c.value < until) {
+			until, bounded = c.value, true
+		}
+	}
+	return until, bounded
+}
+
 // VerifyFor verifies the tag as the owner attestation of an authenticating
 // agent (a NIP-42 AUTH or NIP-98 event signed by agent at createdAt): the
 // signature, and the created_at conditions against that event. kind=

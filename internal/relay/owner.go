@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/hex"
+	"time"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
@@ -53,21 +54,25 @@ func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent
 	// Most attestations repeat the owner already on record (an agent sends
 	// its tag on every connection and request): a read settles those
 	// without writing the row. The write below is the authority on a race.
-	current, err := s.queries.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: tenant.ID(), Pubkey: agentKey})
+	current, err := s.queries.UserChannelAddPolicy(ctx, db.UserChannelAddPolicyParams{CommunityID: tenant.ID(), Pubkey: agentKey, Now: s.clock.SQL()})
 	if err != nil && !dberr.IsNotFound(err) {
 		return "", err
 	}
-	recorded := current.AgentOwnerPubkey
+	recorded := current.AgentOwnerPubkey // nil too once its attestation ended
+	until := attestationEnd(a)
+	// The owner's attestation with another end (renewed, say) moves the
+	// record's end, when the agent itself sent it.
+	renewed := recorded != nil && mayRecord && hex.EncodeToString(recorded) == a.Owner && !sameEnd(current.AgentOwnerUntil, until)
 	if recorded == nil && !mayRecord {
 		s.metrics.OwnerAttestations.WithLabelValues(ownerUnsigned).Inc()
 		s.log.Info("x-auth-tag header not signed by the request; no owner recorded",
 			"community", tenant.Host(), "agent", agent, "attested", a.Owner)
 		return "", nil
 	}
-	if recorded == nil {
+	if recorded == nil || renewed {
 		ownerKey, _ := hex.DecodeString(a.Owner)
 		if recorded, err = s.queries.UserAgentOwnerRecord(ctx, db.UserAgentOwnerRecordParams{
-			CommunityID: tenant.ID(), Owner: ownerKey, Agent: agentKey, Now: s.clock.SQL(),
+			CommunityID: tenant.ID(), Owner: ownerKey, Agent: agentKey, Until: until, Now: s.clock.SQL(),
 		}); err != nil {
 			return "", err
 		}
@@ -80,4 +85,23 @@ func (s *Server) recordOwner(ctx context.Context, tenant community.Tenant, agent
 	}
 	s.metrics.OwnerAttestations.WithLabelValues(ownerRecorded).Inc()
 	return a.Owner, nil
+}
+
+// attestationEnd is when a's owner stops counting as the agent's owner:
+// its created_at< bound, nil for none.
+func attestationEnd(a *nipoa.Attestation) *time.Time {
+	until, bounded := a.Until()
+	if !bounded {
+		return nil
+	}
+	end := time.Unix(until, 0)
+	return &end
+}
+
+// sameEnd reports whether two attestation ends are equal (nil: none).
+func sameEnd(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
 }

@@ -11,15 +11,19 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nipoa"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -392,5 +396,67 @@ func TestClearingAWrongOwnerByTheAgentsDoc(t *testing.T) {
 	require.Empty(t, ok.Msg, "the right owner is recorded, no conflict")
 	require.Equal(t, right.Key.PublicKeyHex(), recordedOwner(t, r, agent))
 	ok = putUser(right, ch, agentKey)
+	require.True(t, ok.OK, ok.Msg)
+}
+
+// An owner recorded from an attestation bounded by created_at<T stops
+// counting at T: the recorded-owner route answers 404, owner_only refuses
+// the owner, and an agent_owner read no longer finds the agent. The owner's
+// renewed attestation, on the agent's next AUTH, makes it count again.
+//
+// Mutations killed: the route without the end (200 after T); the add
+// policy's owner without it (bob adds the agent after T); the read filter
+// without it (the agent is found); a record that keeps its end when the
+// same owner attests again (404 after the renewal).
+func TestOwnerStopsCountingWhenItsAttestationEnds(t *testing.T) {
+	t.Parallel()
+	start := time.Now().Truncate(time.Second)
+	var now atomic.Int64
+	now.Store(start.Unix())
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) }))})
+	alice := r.Dial(t, "")
+	alice.Auth(nil)
+	bob := r.Dial(t, "")
+	bob.Auth(nil)
+	agentKey := relaytest.NewKey(t)
+	agent := agentKey.PublicKeyHex()
+	ends := start.Unix() + 30
+
+	honey := r.Dial(t, "")
+	ok := authWith(t, honey, agentKey, attest(t, bob.Key, agent, fmt.Sprintf("created_at<%d", ends)))
+	require.True(t, ok.OK, ok.Msg)
+	ok = honey.Publish(honey.Sign(0, `{"name":"honey","channel_add_policy":"owner_only"}`, nil, 0))
+	require.True(t, ok.OK, ok.Msg)
+	route := "/v1/users/" + agent + "/recorded-owner"
+	status, raw := getAuthed(t, r, alice.Key, route)
+	require.Equal(t, http.StatusOK, status, "%s", raw)
+	owned := func() string {
+		t.Helper()
+		got := post(t, r, alice.Key, "/query", query(map[string]any{"kinds": []int{0}, "agent_owner": bob.Key.PublicKeyHex()}))
+		require.Equal(t, http.StatusOK, got.Status, got.Raw)
+		return got.Raw
+	}
+	require.Contains(t, owned(), agent)
+
+	now.Store(ends)
+	status, raw = getAuthed(t, r, alice.Key, route)
+	require.Equal(t, http.StatusNotFound, status, "%s", raw)
+	ch := sidesChannel(t, alice)
+	ok = alice.Publish(alice.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", bob.Key.PublicKeyHex(), "admin"}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	requirePrefix(t, putUser(bob, ch, agentKey), "blocked: ")
+	// Reads go by the database's clock, which the stub does not move.
+	_, err := r.Pool.Exec(context.Background(), `UPDATE users SET agent_owner_until = now() - interval '1 second'
+		WHERE community_id = $1 AND pubkey = decode($2, 'hex')`, r.CommunityID, agent)
+	require.NoError(t, err)
+	require.NotContains(t, owned(), agent)
+
+	ok = authWith(t, r.Dial(t, ""), agentKey, attest(t, bob.Key, agent, fmt.Sprintf("created_at<%d", ends+3600)))
+	require.True(t, ok.OK, ok.Msg)
+	require.Empty(t, ok.Msg, "the same owner, renewed")
+	status, raw = getAuthed(t, r, alice.Key, route)
+	require.Equal(t, http.StatusOK, status, "%s", raw)
+	require.Contains(t, owned(), agent)
+	ok = putUser(bob, ch, agentKey)
 	require.True(t, ok.OK, ok.Msg)
 }

@@ -38,7 +38,7 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 		writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 		return
 	}
-	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:]})
+	row, err := s.queries.UserRecordedOwner(r.Context(), db.UserRecordedOwnerParams{CommunityID: tenant.ID(), Pubkey: key[:], Now: s.clock.SQL()})
 	release()
 	if dberr.IsNotFound(err) {
 		writeError(w, http.StatusNotFound, "invalid: no recorded owner for "+pubkey)

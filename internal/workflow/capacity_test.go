@@ -14,6 +14,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/workflow"
@@ -239,4 +240,51 @@ func TestCapacityAnswerSaysWhenARunCanEnd(t *testing.T) {
 	f.clock.Advance(100 * time.Second)
 	_, retry = call()
 	require.Equal(t, "20", retry)
+}
+
+// The capacity answer's Retry-After reads a few of the workflow's runs, not
+// all of its unfinished ones (up to the bound, 1,000 by default): one
+// index probe for a run that may end at any moment (running or awaiting an
+// approval) and one for the soonest due pending run. Rows read are
+// PostgreSQL's count for the query's own transaction.
+//
+// Mutation killed: the soonest end as a min() over every unfinished run
+// (the query before; it reads all 1,000 runs).
+func TestCapacityAnswerReadsAFewRuns(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	workflowID := uuid.NewString()
+	f.save(owner, f.channel(owner), workflowID, twoSteps)
+	const unfinished = 1000
+	// Delayed runs, the soonest due in 100 s.
+	_, err := f.pool.Exec(f.ctx, `
+		INSERT INTO workflow_runs (community_id, id, workflow_id, run_at)
+		SELECT $1, gen_random_uuid(), $2, now() + interval '100 seconds' + i * interval '1 second'
+		FROM generate_series(0, $3::int - 1) AS i`, f.tenant.ID(), workflowID, unfinished)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, `ANALYZE workflow_runs`)
+	require.NoError(t, err)
+	soonest := func() (time.Duration, int64) {
+		t.Helper()
+		tx, err := f.pool.Begin(f.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(f.ctx) }()
+		before := dbtest.RowsRead(t, tx, "workflow_runs")
+		row, err := db.New(tx).WorkflowRunSoonestEnd(f.ctx, db.WorkflowRunSoonestEndParams{CommunityID: f.tenant.ID(), WorkflowID: uuid.MustParse(workflowID)})
+		require.NoError(t, err)
+		return row.Soonest.Sub(row.Now), dbtest.RowsRead(t, tx, "workflow_runs") - before
+	}
+	wait, read := soonest()
+	require.Greater(t, wait, 99*time.Second)
+	require.LessOrEqual(t, wait, 100*time.Second)
+	require.Less(t, read, int64(10), "rows read of %d unfinished runs", unfinished)
+
+	// One run awaits an approval: it may end at any moment.
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflow_runs SET status = 'waiting_approval'
+		WHERE id = (SELECT id FROM workflow_runs WHERE workflow_id = $1 ORDER BY run_at DESC LIMIT 1)`, workflowID)
+	require.NoError(t, err)
+	wait, read = soonest()
+	require.Zero(t, wait)
+	require.Less(t, read, int64(10), "rows read of %d unfinished runs", unfinished)
 }
