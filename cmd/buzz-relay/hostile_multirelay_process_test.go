@@ -234,12 +234,13 @@ func TestFrozenRelayProcessDoesNotHoldAChannelLockForever(t *testing.T) {
 	channel := newChannel(t, onA, "frozen")
 	onB := b.client(t, onA.Key)
 
-	// B's metadata change takes the channel's write lock exclusive and then
-	// waits on the channel row, which the test holds.
+	// B's metadata change takes the channel's row and then waits for its
+	// write lock, which the test holds shared (as a message in flight does).
 	row, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = row.Rollback(ctx) }()
-	_, err = row.Exec(ctx, "SELECT 1 FROM channels WHERE id = $1 FOR UPDATE", channel)
+	_, err = row.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(channels_write_lock_key(community_id, id))
+		FROM channels WHERE id = $1`, channel)
 	require.NoError(t, err)
 	change := onB.Sign(9002, "", nostr.Tags{{"h", channel}, {"name", "renamed"}}, 0)
 	onB.Send("EVENT", change)
@@ -250,7 +251,7 @@ func TestFrozenRelayProcessDoesNotHoldAChannelLockForever(t *testing.T) {
 		return n
 	}
 	require.Eventually(t, func() bool { return backendsOfB("active") > 0 },
-		time.Minute, 10*time.Millisecond, "B's change never waited on the channel row")
+		time.Minute, 10*time.Millisecond, "B's change never waited for the channel's write lock")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGSTOP))
 	defer func() { _ = b.cmd.Process.Signal(syscall.SIGCONT) }()
 	require.NoError(t, row.Rollback(ctx))
