@@ -24,10 +24,10 @@ CREATE TABLE media_blob_sweep (
     id              smallint    PRIMARY KEY CONSTRAINT media_blob_sweep_single_row CHECK (id = 1),
     claimed_by      uuid,
     claimed_until   timestamptz NOT NULL DEFAULT '-infinity',
-    -- The last blob key the current pass over the store looked at; '' at
-    -- the start of a pass.
+    -- The last blob key the current pass over the store looked at, and
+    -- when the pass began; '' and NULL before the first sweep.
     pass_cursor     text        NOT NULL DEFAULT '',
-    pass_started_at timestamptz NOT NULL DEFAULT '-infinity'
+    pass_started_at timestamptz
 );
 
 COMMENT ON TABLE media_blob_sweep IS 'The claim of the media blob sweep (one relay process at a time) and where its pass over the store stands; one row.';

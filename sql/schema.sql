@@ -2314,7 +2314,7 @@ CREATE TABLE public.media_blob_sweep (
     claimed_by uuid,
     claimed_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     pass_cursor text DEFAULT ''::text NOT NULL,
-    pass_started_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    pass_started_at timestamp with time zone,
     CONSTRAINT media_blob_sweep_single_row CHECK ((id = 1))
 );
 

@@ -30,7 +30,7 @@ type MediaBlobSweepClaimParams struct {
 
 type MediaBlobSweepClaimRow struct {
 	PassCursor    string
-	PassStartedAt time.Time
+	PassStartedAt *time.Time
 }
 
 // The media blob sweep's claim (migration 056): one row, leased by one

@@ -572,7 +572,7 @@ type MediaBlobSweep struct {
 	ClaimedBy     *uuid.UUID
 	ClaimedUntil  time.Time
 	PassCursor    string
-	PassStartedAt time.Time
+	PassStartedAt *time.Time
 }
 
 // Blobs the media sweep found referenced by no community, from when; removed after BUZZ_MEDIA_SWEEP_GRACE.

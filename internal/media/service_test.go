@@ -151,7 +151,11 @@ func TestDeleteOfAGoneBlobDoesNotWaitForItsRemoval(t *testing.T) {
 	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
 	swept := make(chan error, 1)
 	go func() { _, err := sweeper(svc, pool).Sweep(ctx); swept <- err }()
-	<-store.Entered // the blob's removal is held
+	select {
+	case <-store.Entered: // the blob's removal is held
+	case err := <-swept:
+		t.Fatalf("the sweep ended without removing the blob: %v", err)
+	}
 	defer func() {
 		close(store.Release)
 		require.NoError(t, <-swept)

@@ -75,9 +75,9 @@ func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		return st, fmt.Errorf("media sweep: claim: %w", err)
 	}
 	st.Claimed = true
-	cursor, passStarted := claim.PassCursor, claim.PassStartedAt
-	if cursor == "" {
-		passStarted = now
+	cursor, passStarted := claim.PassCursor, now
+	if cursor != "" && claim.PassStartedAt != nil {
+		passStarted = *claim.PassStartedAt
 	}
 
 	// The next batch of blob keys after the cursor. Blobs sit at the top
