@@ -317,3 +317,51 @@ func TestSweepLogsAFailedRemovalAndTriesItAgain(t *testing.T) {
 	require.Equal(t, 1, st.Removed, "the next sweep tries again")
 	require.False(t, blobExists(t, fs, d.SHA256))
 }
+
+// holdWalk holds the store's first walk until release is closed; entered
+// receives as each walk begins.
+type holdWalk struct {
+	media.Store
+	walks   *atomic.Int32
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h holdWalk) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+	h.entered <- struct{}{}
+	if h.walks.Add(1) == 1 {
+		<-h.release
+	}
+	return h.Store.Walk(ctx, prefix, fn)
+}
+
+// While one process sweeps, another's sweep finds the claim taken and does
+// nothing: it does not even list the store. Once the first is done, the
+// claim is free again.
+// Mutation killed: the claim granted whoever holds it (the second sweep
+// runs beside the first).
+func TestSweepIsClaimedByOneProcessAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	held := holdWalk{Store: fs, walks: new(atomic.Int32), entered: make(chan struct{}, 3), release: make(chan struct{})}
+	limits := sweepLimits
+	limits.TempDir = t.TempDir()
+	first, second := media.NewService(held, limits, nil), media.NewService(held, limits, nil)
+	done := make(chan error, 1)
+	go func() { _, err := sweeper(first, pool).Sweep(ctx); done <- err }()
+	<-held.entered
+
+	st, err := sweeper(second, pool).Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, media.SweepStats{}, st, "the claim is taken")
+	require.Empty(t, held.entered, "the second sweep did not list the store")
+	close(held.release)
+	require.NoError(t, <-done)
+
+	st, err = sweeper(second, pool).Sweep(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Claimed, "the first sweep gave the claim back")
+}
