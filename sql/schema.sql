@@ -2306,6 +2306,45 @@ COMMENT ON TABLE public.http_auth_replays IS 'NIP-98 auth event ids already used
 
 
 --
+-- Name: media_blob_sweep; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.media_blob_sweep (
+    id smallint NOT NULL,
+    claimed_by uuid,
+    claimed_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    pass_cursor text DEFAULT ''::text NOT NULL,
+    pass_started_at timestamp with time zone,
+    CONSTRAINT media_blob_sweep_single_row CHECK ((id = 1))
+);
+
+
+--
+-- Name: TABLE media_blob_sweep; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.media_blob_sweep IS 'The claim of the media blob sweep (one relay process at a time) and where its pass over the store stands; one row.';
+
+
+--
+-- Name: media_unreferenced_blobs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.media_unreferenced_blobs (
+    blob_key text NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    last_seen_at timestamp with time zone NOT NULL
+);
+
+
+--
+-- Name: TABLE media_unreferenced_blobs; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.media_unreferenced_blobs IS 'Blobs the media sweep found referenced by no community, from when; removed after BUZZ_MEDIA_SWEEP_GRACE.';
+
+
+--
 -- Name: media_usage; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -2809,6 +2848,22 @@ ALTER TABLE ONLY public.events
 
 ALTER TABLE ONLY public.http_auth_replays
     ADD CONSTRAINT http_auth_replays_pkey PRIMARY KEY (community_id, event_id);
+
+
+--
+-- Name: media_blob_sweep media_blob_sweep_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.media_blob_sweep
+    ADD CONSTRAINT media_blob_sweep_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: media_unreferenced_blobs media_unreferenced_blobs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.media_unreferenced_blobs
+    ADD CONSTRAINT media_unreferenced_blobs_pkey PRIMARY KEY (blob_key);
 
 
 --

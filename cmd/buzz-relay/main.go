@@ -262,6 +262,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	if err := srv.StartReadReplica(ctx); err != nil {
 		return err
 	}
+	srv.StartMediaSweep(ctx)
 	if err := srv.StartWorkflows(ctx); err != nil {
 		return err
 	}

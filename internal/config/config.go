@@ -122,12 +122,16 @@ type Config struct {
 	// (blobs in 4 KiB units, sidecars, upload records); an upload past it
 	// gets 507.
 	MediaCommunityQuotaBytes int
-	MediaS3Endpoint          string // host:port of the S3-compatible server
-	MediaS3Bucket            string
-	MediaS3AccessKey         string
-	MediaS3SecretKey         string
-	MediaS3Region            string
-	MediaS3TLS               bool // https to the S3 endpoint
+	// The sweep of blobs no community references: how often it runs, and
+	// how long a blob stays unreferenced before it is removed.
+	MediaSweepInterval time.Duration
+	MediaSweepGrace    time.Duration
+	MediaS3Endpoint    string // host:port of the S3-compatible server
+	MediaS3Bucket      string
+	MediaS3AccessKey   string
+	MediaS3SecretKey   string
+	MediaS3Region      string
+	MediaS3TLS         bool // https to the S3 endpoint
 
 	// Several relay processes as one (docs/multi-relay.md).
 	RedisURL          string // BUZZ_REDIS_URL: empty means this process is the only relay
@@ -262,6 +266,8 @@ func Default() Config {
 		MediaMaxUploads:          16,
 		MediaMaxUploadsPerAddr:   4,
 		MediaCommunityQuotaBytes: 10 << 30,
+		MediaSweepInterval:       10 * time.Minute,
+		MediaSweepGrace:          time.Hour,
 		MediaAllowedTypes:        DefaultMediaTypes,
 		MediaS3Region:            "us-east-1",
 		MediaS3TLS:               true,
@@ -356,6 +362,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.positive("BUZZ_MEDIA_MAX_UPLOADS", &c.MediaMaxUploads)
 	r.positive("BUZZ_MEDIA_MAX_UPLOADS_PER_ADDRESS", &c.MediaMaxUploadsPerAddr)
 	r.positive("BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES", &c.MediaCommunityQuotaBytes)
+	r.duration("BUZZ_MEDIA_SWEEP_INTERVAL", &c.MediaSweepInterval)
+	r.duration("BUZZ_MEDIA_SWEEP_GRACE", &c.MediaSweepGrace)
 	r.str("BUZZ_MEDIA_S3_ENDPOINT", &c.MediaS3Endpoint)
 	r.str("BUZZ_MEDIA_S3_BUCKET", &c.MediaS3Bucket)
 	r.str("BUZZ_MEDIA_S3_ACCESS_KEY", &c.MediaS3AccessKey)

@@ -566,6 +566,22 @@ type HttpAuthReplay struct {
 	ExpiresAt   time.Time
 }
 
+// The claim of the media blob sweep (one relay process at a time) and where its pass over the store stands; one row.
+type MediaBlobSweep struct {
+	ID            int16
+	ClaimedBy     *uuid.UUID
+	ClaimedUntil  time.Time
+	PassCursor    string
+	PassStartedAt *time.Time
+}
+
+// Blobs the media sweep found referenced by no community, from when; removed after BUZZ_MEDIA_SWEEP_GRACE.
+type MediaUnreferencedBlob struct {
+	BlobKey     string
+	FirstSeenAt time.Time
+	LastSeenAt  time.Time
+}
+
 // Bytes of media each community stores, reserved before a blob is stored and released when its last reference goes (BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES).
 type MediaUsage struct {
 	CommunityID uuid.UUID

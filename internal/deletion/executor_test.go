@@ -136,11 +136,13 @@ func TestDeleteCommunityLeavesTheBystanderUntouched(t *testing.T) {
 			require.Equal(t, shared.Blob, sharedToo.Blob, "one object behind both communities' uploads")
 			mine := upload(t, svc, doomed, "only the doomed community's bytes")
 			theirs := upload(t, svc, bystander, "only the bystander's bytes")
-			// Deleted by its member before: on the filesystem that leaves the
-			// blob's directory under _uploads/, empty.
+			// Deleted by its member before, and its blob swept: on the
+			// filesystem that leaves the blob's directory under _uploads/,
+			// empty.
 			gone := upload(t, svc, doomed, "bytes its member deleted before")
 			require.NoError(t, svc.Delete(f.ctx, doomed, gone.SHA256, strings.Repeat("ab", 32)))
-			require.NoError(t, svc.WaitForRemovals(f.ctx))
+			_, err := (&media.Sweeper{Service: svc, Pool: f.pool, Claimant: uuid.New(), Batch: 100}).Sweep(f.ctx)
+			require.NoError(t, err)
 
 			rdb := redis.NewClient(mustRedisOptions(t))
 			t.Cleanup(func() { rdb.Close() })

@@ -214,7 +214,6 @@ func TestRecordLeftByAFailedUploadStaysCounted(t *testing.T) {
 	_, err = svc.Upload(ctx, community, "alice", bytes.NewReader(blob), nil)
 	require.NoError(t, err)
 	require.NoError(t, svc.Delete(ctx, community, hexSHA256(blob), "alice"))
-	require.NoError(t, svc.WaitForRemovals(ctx))
 	records, err = fs.List(ctx, "_uploads/"+community.String()+"/")
 	require.NoError(t, err)
 	require.Empty(t, records)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"os"
@@ -105,7 +106,7 @@ type Service struct {
 	// commitGuard confirms, right before an upload writes its upload
 	// record and sidecar, that it may still (UseCommitGuard).
 	commitGuard CommitGuard
-	removals    *blobRemovals
+	log         *slog.Logger
 }
 
 // CommitGuard is asked right before an upload makes its blob visible (its
@@ -129,7 +130,7 @@ func NewService(store Store, limits Limits, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}, blobLock: noBlobLock, commitGuard: noCommitGuard, removals: newBlobRemovals()}
+	return &Service{store: store, limits: limits, now: now, locks: map[string]*hashLock{}, blobLock: noBlobLock, commitGuard: noCommitGuard, log: slog.New(slog.DiscardHandler)}
 }
 
 // UseBlobLock makes uploads and deletes of a shared blob serialize with
@@ -140,6 +141,10 @@ func (s *Service) UseBlobLock(l BlobLock) { s.blobLock = l }
 // UseCommitGuard makes every upload ask g before it writes its upload
 // record and sidecar; call it before serving.
 func (s *Service) UseCommitGuard(g CommitGuard) { s.commitGuard = g }
+
+// UseLogger makes the service log what fails where no request sees it (a
+// blob's removal); call it before serving.
+func (s *Service) UseLogger(l *slog.Logger) { s.log = l }
 
 // UseClock makes the service tell upload times by now (the relay's one
 // clock); call it before serving.
@@ -299,7 +304,9 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		if failed != nil && wroteBlob != "" {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
 			defer cancel()
-			_ = s.deleteUnreferencedBlob(ctx, sha, wroteBlob)
+			if err := s.deleteUnreferencedBlob(ctx, sha, wroteBlob); err != nil {
+				s.log.Warn("media: could not remove the blob of a failed upload; the sweep will", "blob", wroteBlob, "err", err)
+			}
 		}
 	}()
 	ensureBlob := func(key string, always bool) error {
@@ -470,15 +477,17 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 }
 
 // Delete removes uploader's upload records of sha in community. When no
-// other member's record remains, the community's sidecar goes too, and
-// the blob is removed after Delete returns if no community has a sidecar
-// left (WaitForRemovals). ErrNotFound: the community has no such blob;
-// ErrNotUploader: it has, but uploader never uploaded it here.
+// other member's record remains, the community's sidecar goes too. The
+// blob itself stays for the Sweeper, which removes it once no community
+// has referenced it for its grace: removed here, the delete's work (and an
+// upload of the same bytes waiting on the hash's locks meanwhile) told the
+// deleter whether another community holds the bytes. ErrNotFound: the
+// community has no such blob; ErrNotUploader: it has, but uploader never
+// uploaded it here.
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
 	// A community with no sidecar of sha has nothing to delete: answered
-	// before the blob's locks, which a removal of the blob after an
-	// earlier delete holds for as long as it takes, and how long that is
-	// tells whether another community holds the bytes.
+	// before the blob's locks, which the sweep's removal of the blob holds
+	// for as long as it takes.
 	if _, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
 		return err
 	}
@@ -492,7 +501,7 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 		unlock()
 		return err
 	}
-	released, orphan, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
+	released, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
 	unlockBlob()
 	unlock()
 	if released > 0 && s.quota != nil {
@@ -502,31 +511,20 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 			err = fmt.Errorf("release the blob's bytes from the community's media quota: %w", qerr)
 		}
 	}
-	if orphan != "" {
-		// Whether another community still references the blob decides
-		// whether removing it costs one listing or a listing, a lookup per
-		// community and the blob's removal; waited for here, the answer's
-		// delay told the deleter whether someone elsewhere on the relay
-		// stored these bytes (measured on the dev box: 30 ms against 58 ms
-		// for 32 MiB). So the answer goes first.
-		s.removals.start(func(ctx context.Context) { s.removeUnreferencedBlob(ctx, sha, orphan) })
-	}
 	return err
 }
 
 // deleteUnderBlobLock is Delete's work under the blob lock; released is
 // what to give back to the community's quota: the charges of the upload
-// records it removed, and of the sidecar once that is gone. orphan is the
-// key of the blob whose sidecar it removed, which goes too if no other
-// community references it.
-func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, orphan string, _ error) {
+// records it removed, and of the sidecar once that is gone.
+func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, _ error) {
 	d, err := s.readSidecar(ctx, community, sha)
 	if err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
 	if err != nil {
-		return 0, "", fmt.Errorf("list upload records: %w", err)
+		return 0, fmt.Errorf("list upload records: %w", err)
 	}
 	var mine []string
 	var charged []int64 // of mine
@@ -534,7 +532,7 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 	for _, key := range keys {
 		var rec uploadRecord
 		if err := s.readJSON(ctx, key, &rec); err != nil {
-			return 0, "", fmt.Errorf("read upload record: %w", err)
+			return 0, fmt.Errorf("read upload record: %w", err)
 		}
 		if rec.Pubkey == uploader {
 			mine, charged = append(mine, key), append(charged, rec.Charged)
@@ -543,40 +541,24 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 		}
 	}
 	if len(mine) == 0 {
-		return 0, "", fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
 	// Each record removed gives back its charge, even when a later step
 	// fails.
 	for i, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
-			return released, "", fmt.Errorf("delete upload record: %w", err)
+			return released, fmt.Errorf("delete upload record: %w", err)
 		}
 		released += charged[i]
 	}
 	if others > 0 {
-		return released, "", nil
+		return released, nil
 	}
 	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return released, "", fmt.Errorf("delete sidecar: %w", err)
+		return released, fmt.Errorf("delete sidecar: %w", err)
 	}
-	return released + d.charged(), d.Blob, nil
+	return released + d.charged(), nil
 }
-
-// removeUnreferencedBlob is a delete's removal of the blob at key after its
-// answer: under the hash's lock of this process, then the blob lock, as
-// the removal of a failed upload's blob.
-func (s *Service) removeUnreferencedBlob(ctx context.Context, sha, key string) {
-	unlock := s.lock(sha)
-	defer unlock()
-	_ = s.deleteUnreferencedBlob(ctx, sha, key) // left behind, only space
-}
-
-// WaitForRemovals waits until the blob removals deletes left behind them
-// are done, or ctx ends; then those still running are abandoned (their
-// blobs stay, unreferenced: only space) and it returns ctx's error. The
-// relay's Shutdown calls it; so do tests that look at the store after a
-// delete.
-func (s *Service) WaitForRemovals(ctx context.Context) error { return s.removals.wait(ctx) }
 
 // deleteUnreferencedBlob deletes the blob at key, under the blob lock,
 // unless a community has a sidecar for sha.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/media/mediatest"
 )
@@ -60,8 +61,7 @@ func TestServiceDeleteKeepsOtherUploadersBlob(t *testing.T) {
 			require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotUploader, "alice's record is gone")
 
 			require.NoError(t, svc.Delete(ctx, community, d.SHA256, "bob"))
-			require.NoError(t, svc.WaitForRemovals(ctx))
-			require.Empty(t, listAll(t, store))
+			require.Equal(t, []string{d.SHA256 + ".txt"}, listAll(t, store), "the blob is left to the sweep")
 			_, _, err = svc.Open(ctx, community, d.SHA256)
 			require.ErrorIs(t, err, media.ErrNotFound)
 		})
@@ -131,27 +131,34 @@ func TestServiceMultipartSizedBlob(t *testing.T) {
 }
 
 // A delete at a community that no longer holds the blob answers at once,
-// even while the removal of the blob after the community's last delete is
-// still running: that removal takes longer when no other community holds
-// the bytes, so a second delete waiting for it would time what the first
-// one's early answer hides.
+// even while the sweep's removal of the blob holds the hash's locks: that
+// removal takes longer when no other community holds the bytes, so a
+// delete waiting for it would time it.
 // Mutation killed: the sidecar checked only under the blob's locks (the
 // second delete waits for the held removal).
 func TestDeleteOfAGoneBlobDoesNotWaitForItsRemoval(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	pool := dbtest.Pool(t)
 	fs, err := media.NewFSStore(t.TempDir())
 	require.NoError(t, err)
 	store := mediatest.NewHoldDelete(fs, 1)
 	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	svc.UseBlobLock(media.AdvisoryBlobLock(pool))
 	community := uuid.New()
 	d, err := svc.Upload(ctx, community, "alice", bytes.NewReader([]byte("deleted twice")), nil)
 	require.NoError(t, err)
 	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
-	<-store.Entered // the blob's removal is held
+	swept := make(chan error, 1)
+	go func() { _, err := sweeper(svc, pool).Sweep(ctx); swept <- err }()
+	select {
+	case <-store.Entered: // the blob's removal is held
+	case err := <-swept:
+		t.Fatalf("the sweep ended without removing the blob: %v", err)
+	}
 	defer func() {
 		close(store.Release)
-		require.NoError(t, svc.WaitForRemovals(ctx))
+		require.NoError(t, <-swept)
 	}()
 
 	again := make(chan error, 1)
@@ -160,6 +167,6 @@ func TestDeleteOfAGoneBlobDoesNotWaitForItsRemoval(t *testing.T) {
 	case err := <-again:
 		require.ErrorIs(t, err, media.ErrNotFound)
 	case <-time.After(30 * time.Second): // a hang guard, not a measure
-		t.Fatal("the second delete waited for the first one's blob removal")
+		t.Fatal("the second delete waited for the sweep's removal of the blob")
 	}
 }

@@ -36,6 +36,9 @@ type Metrics struct {
 	// follows), lost (the last attempt failed: the community's count stays
 	// high until an operator corrects it).
 	MediaQuotaReleaseFailures *prometheus.CounterVec
+	// MediaSweepBlobs counts the unreferenced blobs the media sweep
+	// removed, and its removals that failed (each tried again next sweep).
+	MediaSweepBlobs *prometheus.CounterVec
 	// CommunityClosedConns counts connections closed because their
 	// community was deleted or archived, by close reason.
 	CommunityClosedConns *prometheus.CounterVec
@@ -132,6 +135,9 @@ func NewMetrics() *Metrics {
 		MediaQuotaReleaseFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high), abandoned (still being retried when Shutdown's time ran out, at most; the count stays high).",
 		}, []string{"outcome"}),
+		MediaSweepBlobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_media_sweep_blobs_total", Help: "Blobs no community references, by what the media sweep did: removed, failed (logged; tried again by the next sweep).",
+		}, []string{"outcome"}),
 		CommunityClosedConns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_closed_community_total", Help: "WebSocket connections closed with 1008 because their community was deleted or archived, by close reason.",
 		}, []string{"reason"}),
@@ -163,7 +169,7 @@ func NewMetrics() *Metrics {
 		Name: "buzz_channel_member_limit_refusals_total",
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
-	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -82,6 +82,8 @@ type Server struct {
 	// arrive while it runs.
 	ready readyCheck
 	media *media.Service // nil: the media routes answer 404
+	// mediaSweep removes the blobs no community references (StartMediaSweep).
+	mediaSweep *media.Sweeper
 	// releaseRetries retries failed media quota releases after the answer.
 	releaseRetries *backgroundRetries
 	crossRelay     atomic.Pointer[crossrelay.Bus] // nil: this process is the only relay
@@ -182,6 +184,8 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 	s.store.SearchCandidates = cfg.SearchCandidates
 	if s.media != nil {
 		s.media.UseClock(s.now)
+		s.media.UseLogger(s.log)
+		s.mediaSweep = newMediaSweeper(s.media, s)
 		// Any key may upload, so the connections an upload takes after its
 		// claim (the blob lock's, held while the store is written, and the
 		// quota reservation's transaction) wait for a read slot, as any
@@ -593,17 +597,11 @@ func (s *Server) forget(c *conn) {
 // Shutdown stops accepting connections, then asks every connection to flush
 // its queue and close with 1001, waiting until they are gone or ctx ends;
 // then it has the media quota releases still being retried make their last
-// attempt, and waits for them and for the blob removals deletes left
-// behind them (or ctx, which abandons the rest).
+// attempt, and waits for them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.closeConnections(ctx)
 	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
 		err = rerr
-	}
-	if s.media != nil {
-		if merr := s.media.WaitForRemovals(ctx); err == nil {
-			err = merr
-		}
 	}
 	return err
 }

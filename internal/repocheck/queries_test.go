@@ -24,6 +24,8 @@ var queryFiles = map[string]struct{ table, noun string }{
 	"event_mentions.sql":                         {"event_mentions", "EventMention"},
 	"http_auth_replays.sql":                      {"http_auth_replays", "HTTPAuthReplay"},
 	"listener_registrations.sql":                 {"operator_listener_pubkeys", "ListenerRegistration"},
+	"media_blob_sweep.sql":                       {"media_blob_sweep", "MediaBlobSweep"},
+	"media_unreferenced_blobs.sql":               {"media_unreferenced_blobs", "MediaUnreferencedBlobs"},
 	"media_usage.sql":                            {"media_usage", "MediaUsage"},
 	"operator_auth_replays.sql":                  {"operator_auth_replays", "OperatorAuthReplay"},
 	"outbox.sql":                                 {"operator_listener_outbox", "Outbox"},
