@@ -1,4 +1,4 @@
--- The media blob sweep's claim (migration 056): one row, leased by one
+-- The media blob sweep's claim (migration 059): one row, leased by one
 -- relay process at a time.
 
 -- name: MediaBlobSweepClaim :one

@@ -1,4 +1,4 @@
--- Blobs the media sweep found referenced by no community (migration 056).
+-- Blobs the media sweep found referenced by no community (migration 059).
 
 -- name: MediaUnreferencedBlobsMark :many
 -- Notes blobs found unreferenced now; one already noted keeps when it was

@@ -33,7 +33,7 @@ type MediaBlobSweepClaimRow struct {
 	PassStartedAt *time.Time
 }
 
-// The media blob sweep's claim (migration 056): one row, leased by one
+// The media blob sweep's claim (migration 059): one row, leased by one
 // relay process at a time.
 // Takes the sweep for claimant until now + lease, unless another process
 // holds an unexpired claim. No row: someone else sweeps.

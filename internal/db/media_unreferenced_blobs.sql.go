@@ -84,7 +84,7 @@ type MediaUnreferencedBlobsMarkRow struct {
 	FirstSeenAt time.Time
 }
 
-// Blobs the media sweep found referenced by no community (migration 056).
+// Blobs the media sweep found referenced by no community (migration 059).
 // Notes blobs found unreferenced now; one already noted keeps when it was
 // first seen so.
 func (q *Queries) MediaUnreferencedBlobsMark(ctx context.Context, arg MediaUnreferencedBlobsMarkParams) ([]MediaUnreferencedBlobsMarkRow, error) {

@@ -1,4 +1,4 @@
--- 056: the sweep of media blobs no community references.
+-- 059: the sweep of media blobs no community references.
 --
 -- Why: a blob stays in the shared store after the last community's
 -- sidecar of it goes (a delete only unbinds its community; a crash or a
