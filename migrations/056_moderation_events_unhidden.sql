@@ -15,44 +15,59 @@
 -- has never written a 39003, so every stored one is a client's and goes.
 -- Rows it leaves (mentions, reactions naming it) match no event and no
 -- read returns them, as after the expiration purge.
--- Lock impact: ROW EXCLUSIVE on events and a row lock on each row changed
--- or deleted, held until commit; reads and writes go on beside it, except
--- a write to one of those rows, which waits for the commit. No rewrite, no
--- index build. Each community is fenced once (community_write_allowed);
--- rows of a community being deleted are left to its deletion. Both
--- statements may read the whole events table, once each (no index leads
--- with kind), but change only the few rows they name, so they run
--- unbatched: the rows locked are what they change, not what they read.
+-- Lock impact: one transaction per community that holds such rows, each
+-- with ROW EXCLUSIVE on events and a row lock on each row it changes or
+-- deletes until its commit; reads and writes go on beside it, except a
+-- write to one of those rows, which waits for the commit. No rewrite, no
+-- index build. Each community is fenced in its own transaction
+-- (community_write_allowed takes a lock per community until commit, so one
+-- transaction over every community would fill the shared lock table on a
+-- database of some ten thousand communities); rows of a community being
+-- deleted are left to its deletion. The loop's first read scans the events
+-- table once (no index leads with kind); each community's statements then
+-- read through events_by_kind_time (community, kind). A failure part way
+-- leaves the communities done so far done; the migration runs again from
+-- the start and finds nothing left in them.
 -- Deploy: relays of the previous version still accept those kind 5s and
--- 39003s; migrate, roll out, then run both statements again by hand if one
--- was stored in between (they are idempotent).
+-- 39003s; migrate, roll out, then run this file's DO block again by hand
+-- (psql, outside a transaction) if one was stored in between: it is
+-- idempotent.
 -- Roll back: nothing is undone (the down part is empty): hiding the
 -- moderation events again would restore the hole the refusal closed, and
 -- the roles lists removed were never the relay's.
 
-SET LOCAL lock_timeout = '5s';
+---- tern: disable-tx ----
 
-WITH writable AS MATERIALIZED (
-    SELECT id FROM communities WHERE community_write_allowed(id)
-)
-UPDATE events e SET deleted_at = NULL
-FROM writable w
-WHERE e.community_id = w.id
-  AND e.kind IN (9000, 9001, 9002, 9005, 9007, 9008)
-  AND e.channel_id IS NOT NULL
-  AND e.deleted_at IS NOT NULL
-  AND EXISTS (
-      SELECT FROM events d
-      WHERE d.community_id = e.community_id AND d.pubkey = e.pubkey AND d.kind = 5
-        AND d.tag_index && ARRAY['e:' || encode(e.id, 'hex')]
-  );
+SET lock_timeout = '5s';
 
-WITH writable AS MATERIALIZED (
-    SELECT id FROM communities WHERE community_write_allowed(id)
-)
-DELETE FROM events e
-USING writable w
-WHERE e.community_id = w.id AND e.kind = 39003;
+DO $$
+DECLARE
+    community uuid;
+BEGIN
+    FOR community IN
+        SELECT DISTINCT e.community_id FROM events e
+        WHERE e.kind = 39003
+           OR (e.kind IN (9000, 9001, 9002, 9005, 9007, 9008)
+               AND e.channel_id IS NOT NULL AND e.deleted_at IS NOT NULL)
+    LOOP
+        IF community_write_allowed(community) THEN
+            UPDATE events e SET deleted_at = NULL
+            WHERE e.community_id = community
+              AND e.kind IN (9000, 9001, 9002, 9005, 9007, 9008)
+              AND e.channel_id IS NOT NULL
+              AND e.deleted_at IS NOT NULL
+              AND EXISTS (
+                  SELECT FROM events d
+                  WHERE d.community_id = e.community_id AND d.pubkey = e.pubkey AND d.kind = 5
+                    AND d.tag_index && ARRAY['e:' || encode(e.id, 'hex')]
+              );
+            DELETE FROM events e WHERE e.community_id = community AND e.kind = 39003;
+        END IF;
+        -- Ends the community's fence lock and row locks before the next.
+        COMMIT;
+    END LOOP;
+END
+$$;
 
 ---- create above / drop below ----
 

@@ -119,3 +119,47 @@ func TestModerationUnhiddenMigrationOnADatabaseWithRows(t *testing.T) {
 	require.Equal(t, "hidden", state(deleting, fencedRemoval), "left to the community's deletion")
 	require.Equal(t, "shown", state(deleting, fencedRoles), "left to the community's deletion")
 }
+
+// The migration fences one community at a time: community_write_allowed
+// holds a lock per community until its transaction ends, so a single
+// transaction over every community fills the shared lock table on a
+// database of some ten thousand communities ("out of shared memory").
+// A trigger the test adds records how many advisory locks the migrating
+// session holds at each row it deletes. Mutation killed: both statements
+// over every writable community in one transaction (60 locks at once).
+func TestModerationUnhiddenMigrationFencesOneCommunityAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	version := migrationVersion(t, "moderation_events_unhidden")
+	conn := connect(t, dbtest.EmptyURL(t))
+	require.NoError(t, migrate.To(ctx, conn, version-1))
+	const communities = 60
+	_, err := conn.Exec(ctx, `
+		INSERT INTO communities (id, host)
+		SELECT gen_random_uuid(), 'fence-' || i || '.example' FROM generate_series(1, $1) i`, communities)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, d_tag)
+		SELECT c.id, sha256(c.id::text::bytea), decode(repeat('bb', 32), 'hex'), now(), 39003, '[["d","x"]]', '',
+		       decode(repeat('00', 64), 'hex'), 'x'
+		FROM communities c`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		CREATE TABLE advisory_locks_seen (n int);
+		CREATE FUNCTION record_advisory_locks() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO advisory_locks_seen
+			SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
+			RETURN OLD;
+		END $$;
+		CREATE TRIGGER record_advisory_locks AFTER DELETE ON events
+			FOR EACH ROW EXECUTE FUNCTION record_advisory_locks();`)
+	require.NoError(t, err)
+
+	require.NoError(t, migrate.To(ctx, conn, version))
+	var deleted, most int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), max(n) FROM advisory_locks_seen`).Scan(&deleted, &most))
+	require.Equal(t, communities, deleted, "every client's roles list is removed")
+	// A few: the migration runner's own, and this community's.
+	require.Less(t, most, 10, "advisory locks held at once while deleting")
+}
