@@ -226,3 +226,63 @@ func TestChannelChangeIsAGroupOfItsOwn(t *testing.T) {
 	requireStored(t, results, "behind the gate")
 	require.Equal(t, 3, f.transactions(before, change, after), "the change shared a transaction with a message")
 }
+
+// A change whose channel row is held (here by the test, as a large
+// channel's list fold holds it) gives up its group at once and waits alone,
+// so the writer is free for the events queued after it: a message into the
+// same channel, submitted to the same pipeline while the change waits, is
+// stored while the row is still held. The ordinary groups' lock timeout is
+// an hour here, so only the change group's own short one frees the writer.
+// Mutation killed: the change group waits as long as any group (the
+// message waits behind it until the row is released).
+func TestMessageIsNotHeldByAChangeWaitingForTheRowInTheSamePipeline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-row-wait.example", 6)
+	f.grouped(ingest.Options{GroupLockTimeout: time.Hour})
+	owner, joiner := f.key(), f.key()
+	ch := f.channel(owner, false)
+
+	fold, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = fold.Rollback(f.ctx) }()
+	_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+	require.NoError(t, err)
+
+	join := f.submitTogether([]*nostr.Event{f.sign(joiner, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)})
+	require.Eventually(t, func() bool { return f.lockWaiters() > 0 }, 30*time.Second, 5*time.Millisecond, "the join never waited for the row")
+	message := f.submitTogether([]*nostr.Event{f.sign(owner, ingest.KindChat, "while the row is held", nostr.Tags{{"h", ch}}, 0)})
+	requireStored(t, message, "the message waits behind the change waiting for the channel's row")
+	require.Positive(t, f.lockWaiters(), "the join still waits for the row")
+
+	require.NoError(t, fold.Rollback(f.ctx))
+	requireStored(t, join, "the join after the row's release")
+}
+
+// An event whose handler locks its channel's row (a workflow save) is a
+// group of its own too: in a group holding a message's write lock shared,
+// its row wait would close a cycle with a change that holds the row and
+// waits for that lock. Mutation killed: LocksChannelRow ignored (the three
+// events share one transaction).
+func TestEventLockingItsChannelRowIsAGroupOfItsOwn(t *testing.T) {
+	t.Parallel()
+	const kindLockingTheRow = 30999
+	f := newFixture(t, "access-row-alone.example", 6)
+	f.grouped(ingest.Options{})
+	f.p.Register(kindLockingTheRow, ingest.Handler{LocksChannelRow: true})
+	f.recordTransactions()
+	owner := f.key()
+	ch := f.channel(owner, false)
+	g := f.holdWriter()
+
+	before := f.sign(owner, ingest.KindChat, "before", nostr.Tags{{"h", ch}}, 0)
+	save := f.sign(owner, kindLockingTheRow, "", nostr.Tags{{"d", "x"}}, 0)
+	after := f.sign(owner, ingest.KindChat, "after", nostr.Tags{{"h", ch}}, 0)
+	var results []chan result
+	for i, ev := range []*nostr.Event{before, save, after} {
+		results = append(results, f.submitTogether([]*nostr.Event{ev})...)
+		waitQueued(t, f.p, i+1)
+	}
+	g.open(t)
+	requireStored(t, results, "behind the gate")
+	require.Equal(t, 3, f.transactions(before, save, after), "the row-locking event shared a transaction with a message")
+}

@@ -217,7 +217,7 @@ func lockChannel(ctx context.Context, w *Write) (db.ChannelAccessRow, error) {
 	return access, nil
 }
 
-// changesChannel reports whether kind takes its channel's write lock
+// changesChannel reports whether kind takes its channel's row and write lock
 // exclusive (ChannelLockForChange): the group writer commits such an event
 // in a group of its own.
 func changesChannel(kind int) bool {

@@ -54,9 +54,10 @@ type groupJob struct {
 	sideRows []SideRows
 	// fast: no Prepare, Apply or side rows, the INSERT is all of it.
 	fast bool
-	// changesChannel: the event takes its channel's write lock exclusive,
-	// so it is a group of its own (see takeLocked).
-	changesChannel bool
+	// locksChannelRow: the event locks its channel's row (a membership or
+	// metadata change, a workflow save), so it is a group of its own (see
+	// takeLocked).
+	locksChannelRow bool
 
 	// Set by the writer before wake is closed (or, for the writer's own
 	// event, before write returns).
@@ -258,8 +259,8 @@ func (g *groupWriter) next() []*groupJob {
 // Arrival order is kept: the events after a change wait for the next group.
 func (g *groupWriter) takeLocked() []*groupJob {
 	n := 1
-	if !g.waiting[0].changesChannel {
-		for n < min(len(g.waiting), g.max) && !g.waiting[n].changesChannel {
+	if !g.waiting[0].locksChannelRow {
+		for n < min(len(g.waiting), g.max) && !g.waiting[n].locksChannelRow {
 			n++
 		}
 	}
@@ -337,7 +338,7 @@ func allPlain(group []*groupJob) bool {
 // only recur), so only the failing one is refused.
 func (g *groupWriter) commitPlain(ctx context.Context, group []*groupJob) error {
 	var b pgx.Batch
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting())
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting(group))
 	rows, queued := insertBatch(group)
 	if len(queued) == 0 {
 		return nil
@@ -390,8 +391,19 @@ func readStored(results pgx.BatchResults, rows *eventstore.InsertBatch, queued [
 	return nil
 }
 
-func (g *groupWriter) lockTimeoutSetting() string {
-	return fmt.Sprintf("%dms", g.lockTimeout.Milliseconds())
+// channelRowLockTimeout bounds how long a group of one event that locks its
+// channel's row waits for a lock before the event runs alone. A short wait
+// is messages in flight; a long one is a large channel's list fold or
+// another change holding the row, and the writer must not stall behind it:
+// the events queued after the change wait for this writer.
+const channelRowLockTimeout = 20 * time.Millisecond
+
+func (g *groupWriter) lockTimeoutSetting(group []*groupJob) string {
+	timeout := g.lockTimeout
+	if group[0].locksChannelRow {
+		timeout = min(timeout, channelRowLockTimeout)
+	}
+	return fmt.Sprintf("%dms", timeout.Milliseconds())
 }
 
 func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error {
@@ -402,7 +414,7 @@ func (g *groupWriter) commitGroup(ctx context.Context, group []*groupJob) error 
 	defer func() { _ = tx.Rollback(ctx) }()
 	// A group must not stall behind one event's lock wait (a row another
 	// process holds): that event gives up its savepoint and runs alone.
-	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting()); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", g.lockTimeoutSetting(group)); err != nil {
 		return err
 	}
 	for i := 0; i < len(group); {

@@ -97,6 +97,10 @@ type Handler struct {
 	Validate func(ev *nostr.Event) error
 	Prepare  func(ctx context.Context, w *Write) error
 	Apply    func(ctx context.Context, w *Write) error
+	// LocksChannelRow: the handler locks its channel's row (as a workflow
+	// save does) before its channel check; such an event is a group of
+	// its own, like a membership change (see takeLocked).
+	LocksChannelRow bool
 }
 
 // Write is one event on its way through the spine, handed to its handler.
@@ -438,7 +442,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		return Relayed, "", nil
 	}
 
-	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev), changesChannel: changesChannel(ev.Kind)}
+	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev), locksChannelRow: changesChannel(ev.Kind) || h.LocksChannelRow}
 	j.fast = h.Prepare == nil && h.Apply == nil && len(j.sideRows) == 0
 	if p.groups != nil {
 		if err := p.groups.submit(j); err != nil {

@@ -56,6 +56,10 @@ func (t *Triggers) definitionHandler() ingest.Handler {
 			return prepareDefinition(ctx, w, maxPerChannel, parsed, minSchedule)
 		},
 		Apply: t.applyDefinition,
+		// The save locks the channel's row (lockChannelForWorkflows): in a
+		// group holding a message's write lock shared, it would wait for a
+		// change holding the row and waiting for that lock.
+		LocksChannelRow: true,
 	}
 }
 
