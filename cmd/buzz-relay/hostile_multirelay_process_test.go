@@ -227,6 +227,10 @@ func TestFrozenRelayProcessDoesNotHoldAChannelLockForever(t *testing.T) {
 			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name),
 			// Short, so that the test does not wait out the default 30 s.
 			"BUZZ_INGEST_WRITE_TIMEOUT": "2s",
+			// Every event in a transaction of its own: a group's short lock
+			// timeout could end the change's wait while B is frozen, and
+			// leave it holding the row only.
+			"BUZZ_INGEST_GROUP_MAX": "1",
 		}
 	}
 	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))
@@ -247,7 +251,8 @@ func TestFrozenRelayProcessDoesNotHoldAChannelLockForever(t *testing.T) {
 	backendsOfB := func(state string) int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'b' AND state = $1 AND ($1 <> 'active' OR wait_event_type = 'Lock')`, state).Scan(&n))
+			WHERE datname = current_database() AND application_name = 'b' AND state = $1
+			  AND ($1 <> 'active' OR wait_event_type = 'Lock')`, state).Scan(&n))
 		return n
 	}
 	require.Eventually(t, func() bool { return backendsOfB("active") > 0 },

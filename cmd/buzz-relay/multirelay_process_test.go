@@ -197,7 +197,7 @@ func TestStoppedRelayProcessPublishesWhatItCommitsWhileClosing(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'b' AND wait_event_type = 'Lock'`).Scan(&waiting))
+			WHERE datname = current_database() AND application_name = 'b' AND wait_event_type = 'Lock'`).Scan(&waiting))
 		return waiting > 0
 	}, time.Minute, 10*time.Millisecond, "B's write never waited on the lock")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
