@@ -286,3 +286,35 @@ func TestEventLockingItsChannelRowIsAGroupOfItsOwn(t *testing.T) {
 	requireStored(t, results, "behind the gate")
 	require.Equal(t, 3, f.transactions(before, save, after), "the row-locking event shared a transaction with a message")
 }
+
+// A change holds its channel's row FOR NO KEY UPDATE, not FOR UPDATE: it
+// takes the row and then waits for the writes in flight (their write lock
+// shared), and a write in flight may still need the row for a foreign key's
+// check (FOR KEY SHARE: a reply's thread row, a member row), which FOR
+// UPDATE would refuse it until the change ends: the two would deadlock.
+// Mutation killed: ChannelLockForChange FOR UPDATE (deadlock detected).
+func TestChangeHoldingTheRowLetsTheWriteItWaitsForCheckItsForeignKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-key-share.example", 6)
+	f.grouped(ingest.Options{GroupMax: 1})
+	owner := f.key()
+	ch := f.channel(owner, false)
+
+	inFlight, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = inFlight.Rollback(f.ctx) }()
+	_, err = inFlight.Exec(f.ctx, `SET LOCAL lock_timeout = '20s'`)
+	require.NoError(t, err)
+	_, err = inFlight.Exec(f.ctx, `SELECT pg_advisory_xact_lock_shared(channels_write_lock_key($1, $2))`, f.tenant.ID(), ch)
+	require.NoError(t, err)
+
+	change := f.submitTogether([]*nostr.Event{f.sign(owner, ingest.KindEditMetadata, "", nostr.Tags{{"h", ch}, {"name", "renamed"}}, 0)})
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'advisory'`) > 0
+	}, 30*time.Second, 5*time.Millisecond, "the change never waited for the write in flight")
+
+	_, err = inFlight.Exec(f.ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR KEY SHARE`, f.tenant.ID(), ch)
+	require.NoError(t, err, "the write in flight checks a foreign key to the channel")
+	require.NoError(t, inFlight.Commit(f.ctx))
+	requireStored(t, change, "the change after the write in flight")
+}
