@@ -364,7 +364,7 @@ func TestFoldWaitsForAChangeInFlight(t *testing.T) {
 		// The change, as a join writes it, up to its commit.
 		tx, err := f.pool.Begin(f.ctx)
 		require.NoError(t, err)
-		_, err = tx.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR UPDATE`, ch)
+		_, err = tx.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
 		require.NoError(t, err)
 		_, err = tx.Exec(f.ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey) VALUES ($1, $2, decode($3, 'hex'))`, f.tenant.ID(), ch, late.PublicKeyHex())
 		require.NoError(t, err)

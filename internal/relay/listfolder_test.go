@@ -82,7 +82,7 @@ func TestRelayListFolderLogsAFailedFoldAndWritesItLater(t *testing.T) {
 	hold, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `SELECT 1 FROM channels WHERE id = $1 FOR UPDATE`, ch)
+	_, err = hold.Exec(ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
 	require.NoError(t, err)
 
 	cfg := config.Default()

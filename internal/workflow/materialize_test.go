@@ -198,7 +198,7 @@ func TestDefinitionSaveRacingOwnerRemoval(t *testing.T) {
 	removal, err := f.pool.Begin(f.ctx)
 	require.NoError(t, err)
 	defer func() { _ = removal.Rollback(f.ctx) }()
-	_, err = removal.Exec(f.ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR UPDATE`, f.tenant.ID(), ch)
+	_, err = removal.Exec(f.ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR NO KEY UPDATE`, f.tenant.ID(), ch)
 	require.NoError(t, err)
 	_, err = removal.Exec(f.ctx, `UPDATE channel_members SET removed_at = now() WHERE community_id = $1 AND channel_id = $2 AND pubkey = decode($3, 'hex')`,
 		f.tenant.ID(), ch, pubHex(member))
