@@ -66,6 +66,9 @@ func nextBlobKeys(ctx context.Context, store Store, cursor string, n int) ([]str
 	var keys []string
 	for {
 		err := store.Walk(ctx, "", cursor, func(key string, _ int64) error {
+			if key <= cursor {
+				return nil // the store starts after it; cheap to be sure
+			}
 			if dir, _, nested := strings.Cut(key, "/"); nested {
 				return passedDir{dir}
 			}
