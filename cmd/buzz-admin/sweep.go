@@ -68,7 +68,7 @@ func sweep(ctx context.Context, q *db.Queries, getenv func(string) string, enc *
 	started := time.Now()
 	var listed, unknown int64
 	sample := []string{}
-	err = svc.store.Walk(ctx, "", func(key string, _ int64) error {
+	err = svc.store.Walk(ctx, "", "", func(key string, _ int64) error {
 		listed++
 		if listed > cfg.SweepMaxObjects {
 			return fmt.Errorf("%w: more than %d objects (BUZZ_DELETION_SWEEP_MAX_OBJECTS)", errSweepCap, cfg.SweepMaxObjects)

@@ -434,7 +434,7 @@ func TestExecutorRefusesAMediaStoreOtherThanTheInventorys(t *testing.T) {
 		require.Equal(t, deletion.StageApproved, out.Stage, "nothing was fenced")
 	}
 	var records int
-	require.NoError(t, store.Walk(f.ctx, "_uploads/"+listed.String()+"/", func(string, int64) error { records++; return nil }))
+	require.NoError(t, store.Walk(f.ctx, "_uploads/"+listed.String()+"/", "", func(string, int64) error { records++; return nil }))
 	require.Equal(t, 1, records, "the upload record is still there to delete")
 }
 

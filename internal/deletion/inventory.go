@@ -167,7 +167,7 @@ func summarizeBindings(ctx context.Context, store media.Store, community uuid.UU
 	for _, prefix := range media.CommunityPrefixes(community) {
 		d := newKeyDigest()
 		if store != nil {
-			err := store.Walk(ctx, prefix, func(key string, size int64) error {
+			err := store.Walk(ctx, prefix, "", func(key string, size int64) error {
 				if _, _, ok := media.ClassifyCommunityKey(community, key); !ok {
 					return permanent("unknown object key shape under %s: %q", prefix, key)
 				}

@@ -93,7 +93,7 @@ func (e *Executor) buildManifest(ctx context.Context, l lease) (StorageManifest,
 		return manifest, err
 	}
 	if e.store != nil {
-		err := e.store.Walk(ctx, prefixes[0], func(key string, _ int64) error {
+		err := e.store.Walk(ctx, prefixes[0], "", func(key string, _ int64) error {
 			shape, _, ok := media.ClassifyCommunityKey(l.community, key)
 			if !ok || shape != media.ShapeSidecar {
 				return permanent("unknown object key shape under %s: %q", prefixes[0], key)
@@ -123,7 +123,7 @@ func (e *Executor) buildManifest(ctx context.Context, l lease) (StorageManifest,
 		}
 		d := newKeyDigest()
 		if e.store != nil {
-			err := e.store.Walk(ctx, prefix, func(key string, size int64) error {
+			err := e.store.Walk(ctx, prefix, "", func(key string, size int64) error {
 				if _, _, ok := media.ClassifyCommunityKey(l.community, key); !ok {
 					return permanent("unknown object key shape under %s: %q", prefix, key)
 				}

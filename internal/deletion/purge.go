@@ -212,7 +212,7 @@ func (e *Executor) verify(ctx context.Context, l lease, row db.CommunityDeletion
 	}
 	if e.store != nil {
 		for _, prefix := range media.CommunityPrefixes(l.community) {
-			err := e.store.Walk(ctx, prefix, func(key string, _ int64) error {
+			err := e.store.Walk(ctx, prefix, "", func(key string, _ int64) error {
 				return fmt.Errorf("%w: %s still exists", errLateObject, key)
 			})
 			if err != nil {

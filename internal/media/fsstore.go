@@ -200,12 +200,15 @@ func (s *FSStore) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, err
 }
 
-// Walk visits the prefix's directory tree depth first, each directory's
-// names in sorted order: every key shape under a community prefix has
-// fixed-length components, so this is ascending key order. A directory's
-// names are the only listing held in memory (as bare strings: a
-// community's upload directory holds one entry per blob).
-func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+// Walk visits the prefix's directory tree depth first. A directory's
+// entries are sorted as the keys they begin, a subdirectory's name with its
+// slash, so the walk is in ascending key order whatever the names ("a-b",
+// "a.b", then the keys under "a/"). An entry that sorts before after is
+// passed without a stat, a subdirectory whose every key does without being
+// opened. A directory's names are the only listing held in memory (as bare
+// strings: the root holds one entry per blob, a community's upload
+// directory one per blob it uploaded).
+func (s *FSStore) Walk(ctx context.Context, prefix, after string, fn func(key string, size int64) error) error {
 	dir := s.root // the whole store
 	if prefix != "" {
 		var err error
@@ -213,54 +216,88 @@ func (s *FSStore) Walk(ctx context.Context, prefix string, fn func(key string, s
 			return err
 		}
 	}
-	return s.walkDir(ctx, dir, fn)
+	return s.walkDir(ctx, dir, prefix, after, fn)
 }
 
-func (s *FSStore) walkDir(ctx context.Context, dir string, fn func(key string, size int64) error) error {
-	f, err := os.Open(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
+// walkDir walks dir, whose keys begin with keyPrefix ("" or ending with a
+// slash).
+func (s *FSStore) walkDir(ctx context.Context, dir, keyPrefix, after string, fn func(key string, size int64) error) error {
+	names, err := sortedEntries(dir)
 	if err != nil {
 		return err
 	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	slices.Sort(names)
 	for i, name := range names {
 		names[i] = "" // let the walked part of a huge listing go
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		p := filepath.Join(dir, name)
-		info, err := os.Lstat(p)
+		key := keyPrefix + name
+		if sub, isDir := strings.CutSuffix(name, "/"); isDir {
+			if strings.HasPrefix(sub, ".") {
+				continue // partial writes
+			}
+			// Every key under key sorts before after unless after is
+			// beyond it or inside it.
+			if key < after && !strings.HasPrefix(after, key) {
+				continue
+			}
+			if err := s.walkDir(ctx, filepath.Join(dir, sub), key, after, fn); err != nil {
+				return err
+			}
+			continue
+		}
+		if key <= after {
+			continue
+		}
+		info, err := os.Lstat(filepath.Join(dir, name))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // deleted while walking
 		}
 		if err != nil {
 			return err
 		}
-		if info.IsDir() {
-			if strings.HasPrefix(name, ".") {
-				continue // partial writes
-			}
-			if err := s.walkDir(ctx, p, fn); err != nil {
-				return err
-			}
+		if info.IsDir() { // replaced by a directory while walking
 			continue
 		}
-		rel, err := filepath.Rel(s.root, p)
-		if err != nil {
-			return err
-		}
-		if err := fn(filepath.ToSlash(rel), info.Size()); err != nil {
+		if err := fn(key, info.Size()); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sortedEntries lists dir's entries in key order: a subdirectory's name
+// ends with a slash, which sorts it after the names it begins with a dash
+// or a dot, as its keys do. Entries are read a chunk at a time and kept as
+// bare strings. A missing dir has none.
+func sortedEntries(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var names []string
+	for {
+		entries, err := f.ReadDir(1024)
+		for _, e := range entries {
+			name := e.Name()
+			if e.IsDir() {
+				name += "/"
+			}
+			names = append(names, name)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 // DeleteKeys removes each file, telling removed from already absent.

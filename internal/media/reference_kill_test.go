@@ -56,7 +56,7 @@ func TestKilledBetweenReferenceWritesLeavesADeletableBlob(t *testing.T) {
 	store, err := media.NewFSStore(filepath.Join(dir, "store"))
 	require.NoError(t, err)
 	var sidecars, records int
-	require.NoError(t, store.Walk(context.Background(), "", func(key string, _ int64) error {
+	require.NoError(t, store.Walk(context.Background(), "", "", func(key string, _ int64) error {
 		switch {
 		case strings.HasPrefix(key, "_meta/"):
 			sidecars++

@@ -227,12 +227,13 @@ func (s *S3Store) List(ctx context.Context, prefix string) ([]string, error) {
 	return keys, nil
 }
 
-// Walk pages through the listing (S3 returns keys in ascending order, a
-// thousand per page), so memory holds one page whatever the prefix holds.
-func (s *S3Store) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+// Walk pages through the listing (S3 returns keys in ascending byte order,
+// a thousand per page), so memory holds one page whatever the prefix
+// holds; the first page starts after after (ListObjectsV2's start-after).
+func (s *S3Store) Walk(ctx context.Context, prefix, after string, fn func(key string, size int64) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the lister when fn fails
-	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix, StartAfter: after, Recursive: true}) {
 		if obj.Err != nil {
 			return obj.Err
 		}

@@ -53,11 +53,13 @@ type Store interface {
 	// exists and answers.
 	Check(ctx context.Context) error
 	// Walk calls fn for every key under prefix (which ends with a slash;
-	// "" is the whole store),
-	// in ascending key order, with its size, holding at most one listing
-	// page in memory whatever the prefix holds. An error from fn stops the
-	// walk and is returned.
-	Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error
+	// "" is the whole store) that sorts after after ("" for all), in
+	// ascending byte order of the keys ("a-b" < "a.b" < "a/b"), with its
+	// size, holding at most one listing page in memory whatever the prefix
+	// holds. It starts at after rather than reading past the keys before
+	// it, so a walk resumed from where a bounded one stopped costs what it
+	// visits. An error from fn stops the walk and is returned.
+	Walk(ctx context.Context, prefix, after string, fn func(key string, size int64) error) error
 	// DeleteKeys removes keys in as few requests as the store allows.
 	// deleted counts keys removed now; missing counts keys already absent
 	// (a store that cannot tell them apart counts every key as deleted).

@@ -101,7 +101,7 @@ func TestStoreWalkAndDeleteKeys(t *testing.T) {
 			}
 			var walked []string
 			var sizes []int64
-			require.NoError(t, s.Walk(ctx, "_uploads/c/", func(key string, size int64) error {
+			require.NoError(t, s.Walk(ctx, "_uploads/c/", "", func(key string, size int64) error {
 				walked = append(walked, key)
 				sizes = append(sizes, size)
 				return nil
@@ -109,9 +109,9 @@ func TestStoreWalkAndDeleteKeys(t *testing.T) {
 			require.Equal(t, []string{"_uploads/c/a/0.json", "_uploads/c/a/1.json", "_uploads/c/b/2.json", "_uploads/c/c/9.json"}, walked)
 			require.Equal(t, []int64{3, 2, 1, 4}, sizes)
 			var all int
-			require.NoError(t, s.Walk(ctx, "", func(string, int64) error { all++; return nil }))
+			require.NoError(t, s.Walk(ctx, "", "", func(string, int64) error { all++; return nil }))
 			require.Equal(t, len(keys), all, "the whole store")
-			require.NoError(t, s.Walk(ctx, "_nothing/", func(string, int64) error { return errors.New("called") }))
+			require.NoError(t, s.Walk(ctx, "_nothing/", "", func(string, int64) error { return errors.New("called") }))
 
 			deleted, missing, err := s.DeleteKeys(ctx, []string{"_uploads/c/a/0.json", "_uploads/c/a/gone.json", "_uploads/c/b/2.json"})
 			require.NoError(t, err)
@@ -122,6 +122,64 @@ func TestStoreWalkAndDeleteKeys(t *testing.T) {
 			left, err := s.List(ctx, "_uploads/")
 			require.NoError(t, err)
 			require.ElementsMatch(t, []string{"_uploads/c/a/1.json", "_uploads/c/c/9.json", "_uploads/d/a/0.json"}, left)
+		})
+	}
+}
+
+// Walk after a key returns exactly the keys that sort after it, in byte
+// order, on both stores, for keys whose neighbours differ by a slash, a
+// dash or a dot, for afters that are keys, directories, prefixes of keys
+// or no key at all, and within a prefix; and it stops when fn says so.
+// Mutations killed: after ignored; the filesystem's directories sorted by
+// bare name (the keys under "a/" before "a-b"); a directory skipped whose
+// keys reach past after.
+func TestStoreWalkAfter(t *testing.T) {
+	t.Parallel()
+	keys := []string{"a/c/d", "ab", "a.b", "_m0", "a/c-d", "b/x", "a-b", "a/c.d", "_m/1", "a0", "a/b"}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	afters := append([]string{"", "a", "a/", "a/c", "a/c/", "a/c/d0", "a.", "_", "`", "a/b0", "zz"}, keys...)
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := open(t)
+			for _, k := range keys {
+				require.NoError(t, s.Put(ctx, k, strings.NewReader(k), int64(len(k)), "text/plain"))
+			}
+			walk := func(prefix, after string) []string {
+				walked := []string{}
+				require.NoError(t, s.Walk(ctx, prefix, after, func(key string, size int64) error {
+					require.Equal(t, int64(len(key)), size, key)
+					walked = append(walked, key)
+					return nil
+				}))
+				return walked
+			}
+			for _, after := range afters {
+				want := []string{}
+				for _, k := range sorted {
+					if k > after {
+						want = append(want, k)
+					}
+				}
+				require.Equal(t, want, walk("", after), "after %q", after)
+			}
+			require.Equal(t, []string{"a/c.d", "a/c/d"}, walk("a/", "a/c-d"))
+			require.Equal(t, []string{"a/b", "a/c-d", "a/c.d", "a/c/d"}, walk("a/", "a.b"), "after a key before the prefix")
+			require.Equal(t, []string{}, walk("a/", "a0"), "after a key beyond the prefix")
+
+			stop := errors.New("enough")
+			var visited []string
+			err := s.Walk(ctx, "", "a-b", func(key string, _ int64) error {
+				visited = append(visited, key)
+				if len(visited) == 2 {
+					return stop
+				}
+				return nil
+			})
+			require.ErrorIs(t, err, stop)
+			require.Equal(t, []string{"a.b", "a/b"}, visited)
 		})
 	}
 }

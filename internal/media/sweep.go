@@ -51,6 +51,50 @@ type SweepStats struct {
 // errBatchFull stops a walk once a batch has its keys.
 var errBatchFull = errors.New("batch full")
 
+// passedDir stops a walk at the first key under a top-level directory.
+type passedDir struct{ dir string }
+
+func (passedDir) Error() string { return "passed a directory" }
+
+// nextBlobKeys returns up to n blob keys after cursor, in key order. Blobs
+// sit at the top of the store, and the community prefixes sort among them
+// ("_" falls between the digits and the letters): at the first key under
+// a top-level directory the walk starts again after all of its keys, so a
+// call lists about n keys plus one per directory it passes, however large
+// the store.
+func nextBlobKeys(ctx context.Context, store Store, cursor string, n int) ([]string, error) {
+	var keys []string
+	for {
+		err := store.Walk(ctx, "", cursor, func(key string, _ int64) error {
+			if key <= cursor {
+				return nil // the store starts after it; cheap to be sure
+			}
+			if dir, _, nested := strings.Cut(key, "/"); nested {
+				return passedDir{dir}
+			}
+			cursor = key
+			if !IsBlobKey(key) {
+				return nil
+			}
+			keys = append(keys, key)
+			if len(keys) == n {
+				return errBatchFull
+			}
+			return nil
+		})
+		var passed passedDir
+		switch {
+		case errors.As(err, &passed):
+			// Every key under dir+"/" sorts before dir+"0", the next byte.
+			cursor = passed.dir + "0"
+		case err == nil, errors.Is(err, errBatchFull):
+			return keys, nil
+		default:
+			return nil, err
+		}
+	}
+}
+
 // Sweep runs one batch: it claims the sweep, looks at the next Batch blob
 // keys of its pass over the store and notes which no community references
 // (forgetting those referenced again), then removes up to Batch noted
@@ -80,20 +124,8 @@ func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		passStarted = *claim.PassStartedAt
 	}
 
-	// The next batch of blob keys after the cursor. Blobs sit at the top
-	// of the store; the walk passes the community prefixes too.
-	var keys []string
-	err = s.store.Walk(ctx, "", func(key string, _ int64) error {
-		if key <= cursor || !IsBlobKey(key) {
-			return nil
-		}
-		keys = append(keys, key)
-		if len(keys) == sw.Batch {
-			return errBatchFull
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errBatchFull) {
+	keys, err := nextBlobKeys(ctx, s.store, cursor, sw.Batch)
+	if err != nil {
 		return st, fmt.Errorf("media sweep: list blobs: %w", err)
 	}
 	passEnded := len(keys) < sw.Batch

@@ -327,12 +327,12 @@ type holdWalk struct {
 	release chan struct{}
 }
 
-func (h holdWalk) Walk(ctx context.Context, prefix string, fn func(key string, size int64) error) error {
+func (h holdWalk) Walk(ctx context.Context, prefix, after string, fn func(key string, size int64) error) error {
 	h.entered <- struct{}{}
 	if h.walks.Add(1) == 1 {
 		<-h.release
 	}
-	return h.Store.Walk(ctx, prefix, fn)
+	return h.Store.Walk(ctx, prefix, after, fn)
 }
 
 // While one process sweeps, another's sweep finds the claim taken and does
@@ -364,4 +364,59 @@ func TestSweepIsClaimedByOneProcessAtATime(t *testing.T) {
 	st, err = sweeper(second, pool).Sweep(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Claimed, "the first sweep gave the claim back")
+}
+
+// countWalk counts the keys the store's walks hand to their callers.
+type countWalk struct {
+	media.Store
+	visited *atomic.Int64
+}
+
+func (c countWalk) Walk(ctx context.Context, prefix, after string, fn func(key string, size int64) error) error {
+	return c.Store.Walk(ctx, prefix, after, func(key string, size int64) error {
+		c.visited.Add(1)
+		return fn(key, size)
+	})
+}
+
+// Each sweep lists the store from where the last one stopped: over a pass
+// of three batches of blobs, each referenced by a community (so the
+// community prefixes hold two keys per blob), every sweep lists its batch
+// and, passing a community prefix, one key of it; the pass lists each
+// blob once and each prefix's first key once, on both stores.
+// Mutations killed: Walk ignoring after (the third sweep lists all three
+// batches and the prefixes); the sweep skipping the keys under a community
+// prefix one by one instead of starting again after it.
+func TestSweepListsFromWhereItStopped(t *testing.T) {
+	t.Parallel()
+	const batch, blobs = 10, 30
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			visited := new(atomic.Int64)
+			store := countWalk{Store: open(t), visited: visited}
+			limits := sweepLimits
+			limits.TempDir = t.TempDir()
+			svc := media.NewService(store, limits, nil)
+			community := uuid.New()
+			for i := range blobs {
+				_, err := svc.Upload(ctx, community, "alice", strings.NewReader(fmt.Sprintf("blob %d", i)), nil)
+				require.NoError(t, err)
+			}
+			sw := &media.Sweeper{Service: svc, Pool: pool, Claimant: uuid.New(), Grace: time.Hour, Batch: batch}
+			var total int64
+			for i, looked := range []int{batch, batch, batch, 0} {
+				visited.Store(0)
+				st, err := sw.Sweep(ctx)
+				require.NoError(t, err)
+				require.Equal(t, looked, st.Looked, "sweep %d", i+1)
+				// CommunitiesWithMedia lists _meta/'s children, not through Walk.
+				require.LessOrEqual(t, visited.Load(), int64(batch+2), "sweep %d lists its batch and at most one key of each community prefix", i+1)
+				total += visited.Load()
+			}
+			require.Equal(t, int64(blobs+2), total, "a pass lists each blob and each community prefix's first key once")
+		})
+	}
 }
