@@ -121,19 +121,28 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 		w.Header().Set("Access-Control-Allow-Origin", "*")
 		w.Header().Set("Access-Control-Expose-Headers", "WWW-Authenticate")
 		rec := &statusRecorder{ResponseWriter: w}
-		// Before the host lookup and the body: a refusal costs nothing.
-		release, status, reason := b.s.admitBridge(b.s.clientAddr(r))
-		if status != 0 {
-			rec.Header().Set("Retry-After", "1")
-			writeError(rec, status, reason)
-		} else {
-			defer release()
-			next.ServeHTTP(rec, r)
-		}
+		b.s.holdingBridgePlace(next).ServeHTTP(rec, r)
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
 		b.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Inc()
+	})
+}
+
+// holdingBridgePlace serves next while the request holds one of the places
+// admitBridge counts, taken before the host lookup and the body, so that a
+// refusal costs nothing: every route that reads a request body on a bridge's
+// terms (the NIP-98 routes, the workflow webhook) holds one.
+func (s *Server) holdingBridgePlace(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release, status, reason := s.admitBridge(s.clientAddr(r))
+		if status != 0 {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, status, reason)
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -185,4 +186,26 @@ func TestBridgeRequestsInFlightPerAddressAreCapped(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}})).Status == http.StatusOK
 	}, relaytest.Patience, 20*time.Millisecond, "the address's places were not given back")
+}
+
+// The workflow webhook reads a body of up to its limit before any check,
+// with no key at all: it holds a bridge place per request like the NIP-98
+// routes. Mutation killed: the webhook route without holdingBridgePlace
+// (the trickling requests never held places).
+func TestWebhookRequestsInFlightPerAddressAreCapped(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
+	hook := "/hooks/" + uuid.NewString()
+	for range 3 {
+		conn := rawConn(t, r)
+		_, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"a\":", hook, r.Host)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return r.Server.BridgeRequestsAnswering() == 3 },
+		relaytest.Patience, 10*time.Millisecond, "the three trickling webhook calls never held their places")
+	resp, err := http.Post(r.HTTPURL+hook, "application/json", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 }

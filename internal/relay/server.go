@@ -296,7 +296,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	s.registerMedia(mux)      // Blossom: PUT /media/upload, GET|HEAD|DELETE /media/{sha256}
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
-	mux.HandleFunc("POST /hooks/{id}", s.withTenant(s.serveWorkflowWebhook))
+	mux.Handle("POST /hooks/{id}", s.holdingBridgePlace(s.withTenant(s.serveWorkflowWebhook)))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }
