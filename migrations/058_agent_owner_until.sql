@@ -6,8 +6,10 @@
 -- (users.agent_owner_pubkey) stayed for good, so after T the agent still
 -- answered the owner's agent_owner reads, the recorded-owner route and its
 -- owner_only add policy as the owner's. agent_owner_until keeps T; from T
--- on the record counts as none, and a new attestation (the same owner's,
--- renewed, or another's the agent signs into its request) records again.
+-- on the record counts as none, and the same owner's renewed attestation
+-- records T again. Another owner's does not replace an ended one (the
+-- first-wins trigger stays): an operator clears it first, as a wrong owner
+-- (docs/agents.md).
 -- NULL: the attestation had no such bound, the owner stays.
 -- Owners recorded before this migration keep NULL: the attestation they
 -- came from was not stored, so its bound is unknown. An agent that sends

@@ -204,8 +204,14 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	// write lock among them, and block that channel's writes on every
 	// process for as long as it stays away. The relay never leaves a
 	// transaction waiting on itself for longer than it lets a write take,
-	// so the server may end one left idle that long.
-	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.IngestWriteTimeout.Milliseconds(), 1), 10)
+	// so the server may end one left idle that long; at least 5 s, since
+	// it applies to every transaction of the pool, and a round trip or a
+	// pause of the process under load must not end a healthy one. A value
+	// in BUZZ_DATABASE_URL is the operator's and stays.
+	if _, set := poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		idle := max(cfg.IngestWriteTimeout, 5*time.Second)
+		poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idle.Milliseconds(), 10)
+	}
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.
