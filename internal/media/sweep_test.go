@@ -1,7 +1,6 @@
 package media_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/buzzrelay/buzz/internal/logtest"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -249,24 +250,6 @@ func (f failBlobDeletes) Delete(ctx context.Context, key string) error {
 	return f.Store.Delete(ctx, key)
 }
 
-// lockedBuffer is a log sink tests read while the service writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A removal the store refuses is logged, with the blob and the store's
 // error, and tried again by the next sweep: the blob stays noted as
 // unreferenced since it was first found so, so the next sweep removes it
@@ -285,7 +268,7 @@ func TestSweepLogsAFailedRemovalAndTriesItAgain(t *testing.T) {
 	limits.TempDir = t.TempDir()
 	svc := media.NewService(failBlobDeletes{Store: fs, failing: &failing}, limits, nil)
 	svc.UseBlobLock(media.AdvisoryBlobLock(pool))
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	svc.UseLogger(slog.New(slog.NewTextHandler(&logs, nil)))
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).Unix())

@@ -1,14 +1,14 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/buzzrelay/buzz/internal/logtest"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -23,24 +23,6 @@ import (
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
-
-// lockedLog is a log the relay writes while the test reads it.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // The list folder as the relay runs it (Server.RunListFolder, on the
 // relay's write timeout): a fold that cannot finish, here because the
@@ -87,7 +69,7 @@ func TestRelayListFolderLogsAFailedFoldAndWritesItLater(t *testing.T) {
 
 	cfg := config.Default()
 	cfg.IngestWriteTimeout = time.Second
-	logs := &lockedLog{}
+	logs := &logtest.Buffer{}
 	srv := relay.New(cfg, pool, slog.New(slog.NewTextHandler(logs, nil)))
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -1,13 +1,14 @@
 package workflow_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/buzzrelay/buzz/internal/logtest"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -547,25 +548,6 @@ func (f *fixture) submitWith(other *ingest.Pipeline, grant, ev *nostr.Event) (gr
 	return grantErr, evErr
 }
 
-// lockedBuffer is a log sink the engine's goroutines may write to while the
-// test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A request_approval step and the removal of its workflow's owner, in
 // flight together: the removal holds the channel (its row and its write
 // lock exclusive) while the step checks the channel; the removal then
@@ -586,7 +568,7 @@ func TestApprovalRequestRacingItsOwnersRemovalDoesNotDeadlock(t *testing.T) {
 	f.save(member, ch, id, approvalYAML("any"))
 	f.store(f.sign(owner, ingest.KindChat, "ship", nostr.Tags{{"h", ch}}))
 	run := f.runIDs(id)[0]
-	logged := &lockedBuffer{}
+	logged := &logtest.Buffer{}
 	e := workflow.NewEngine(f.pool, f.p, workflow.EngineOptions{Lease: time.Minute, Clock: clock.Stub(f.clock.Now), Metrics: f.metrics,
 		Log: slog.New(slog.NewTextHandler(logged, nil))})
 	claims, err := e.ClaimDue(f.ctx, 10)
