@@ -104,8 +104,21 @@ func nextBlobKeys(ctx context.Context, store Store, cursor string, n int) ([]str
 // (it stays) or looks for the blob under the blob lock after (and writes
 // it again). A failed removal is logged and stays noted, so the next
 // sweep tries it again.
-func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
-	var st SweepStats
+//
+// Its work stops when ctx ends or its time within the lease runs out (a
+// shutdown, lookups slower than the batch allows: one per community for
+// each key, a round trip each on S3): what it looked at by then is noted
+// and its cursor moves past it, so the next sweep goes on from there
+// rather than looking at the same keys again, and the claim is given back.
+func (sw *Sweeper) Sweep(ctx context.Context) (st SweepStats, err error) {
+	// Records what the work found even after ctx ended, each write within
+	// its own bound.
+	uncancelled := context.WithoutCancel(ctx)
+	record := func(write func(context.Context) error) error {
+		ctx, cancel := context.WithTimeout(uncancelled, 10*time.Second)
+		defer cancel()
+		return write(ctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, sweepLease-time.Minute)
 	defer cancel()
 	q := db.New(sw.Pool)
@@ -123,21 +136,37 @@ func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 	if cursor != "" && claim.PassStartedAt != nil {
 		passStarted = *claim.PassStartedAt
 	}
+	givenBack := passStarted
+	defer func() {
+		if err != nil {
+			// Given back where it stood, for the next sweep (anyone's)
+			// rather than at the lease's end.
+			_ = record(func(ctx context.Context) error {
+				_, err := q.MediaBlobSweepFinish(ctx, db.MediaBlobSweepFinishParams{PassCursor: claim.PassCursor, PassStartedAt: givenBack, Claimant: sw.Claimant})
+				return err
+			})
+		}
+	}()
 
 	keys, err := nextBlobKeys(ctx, s.store, cursor, sw.Batch)
 	if err != nil {
 		return st, fmt.Errorf("media sweep: list blobs: %w", err)
 	}
 	passEnded := len(keys) < sw.Batch
-	st.Looked = len(keys)
 
 	communities, err := CommunitiesWithMedia(ctx, s.store)
 	if err != nil {
 		return st, fmt.Errorf("media sweep: %w", err)
 	}
 	var unreferenced, referenced []string
-	for _, key := range keys {
+	for i, key := range keys {
 		ref, err := BlobReferenced(ctx, s.store, key, communities, uuid.Nil)
+		if err != nil && ctx.Err() != nil {
+			// Out of time: the keys looked at so far count, the rest
+			// wait for the next sweep.
+			keys, passEnded = keys[:i], false
+			break
+		}
 		if err != nil {
 			return st, fmt.Errorf("media sweep: %w", err)
 		}
@@ -147,21 +176,30 @@ func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 			unreferenced = append(unreferenced, key)
 		}
 	}
-	if err := q.MediaUnreferencedBlobsForget(ctx, referenced); err != nil {
+	st.Looked = len(keys)
+	if err := record(func(ctx context.Context) error { return q.MediaUnreferencedBlobsForget(ctx, referenced) }); err != nil {
 		return st, fmt.Errorf("media sweep: forget referenced blobs: %w", err)
 	}
-	if _, err := q.MediaUnreferencedBlobsMark(ctx, db.MediaUnreferencedBlobsMarkParams{Now: &now, BlobKeys: unreferenced}); err != nil {
+	if err := record(func(ctx context.Context) error {
+		_, err := q.MediaUnreferencedBlobsMark(ctx, db.MediaUnreferencedBlobsMarkParams{Now: &now, BlobKeys: unreferenced})
+		return err
+	}); err != nil {
 		return st, fmt.Errorf("media sweep: note unreferenced blobs: %w", err)
 	}
 	st.Marked = len(unreferenced)
 
-	due, err := q.MediaUnreferencedBlobsDue(ctx, db.MediaUnreferencedBlobsDueParams{Cutoff: now.Add(-sw.Grace), MaxRows: int32(sw.Batch)})
-	if err != nil {
-		return st, fmt.Errorf("media sweep: due blobs: %w", err)
+	var due []string
+	if ctx.Err() == nil {
+		if due, err = q.MediaUnreferencedBlobsDue(ctx, db.MediaUnreferencedBlobsDueParams{Cutoff: now.Add(-sw.Grace), MaxRows: int32(sw.Batch)}); err != nil && ctx.Err() == nil {
+			return st, fmt.Errorf("media sweep: due blobs: %w", err)
+		}
 	}
 	var settled []string // removed, gone, or referenced again
 	for _, key := range due {
 		removed, err := s.removeIfUnreferenced(ctx, key)
+		if err != nil && ctx.Err() != nil {
+			break // out of time, not a failure: the next sweep goes on
+		}
 		if err != nil {
 			st.Failed++
 			s.log.Error("media sweep: could not remove an unreferenced blob; the next sweep tries again", "blob", key, "err", err)
@@ -172,19 +210,23 @@ func (sw *Sweeper) Sweep(ctx context.Context) (SweepStats, error) {
 		}
 		settled = append(settled, key)
 	}
-	if err := q.MediaUnreferencedBlobsForget(ctx, settled); err != nil {
+	if err := record(func(ctx context.Context) error { return q.MediaUnreferencedBlobsForget(ctx, settled) }); err != nil {
 		return st, fmt.Errorf("media sweep: forget removed blobs: %w", err)
 	}
 
-	if passEnded {
-		if err := q.MediaUnreferencedBlobsForgetUnseen(ctx, passStarted); err != nil {
+	switch {
+	case passEnded:
+		if err := record(func(ctx context.Context) error { return q.MediaUnreferencedBlobsForgetUnseen(ctx, passStarted) }); err != nil {
 			return st, fmt.Errorf("media sweep: forget blobs gone: %w", err)
 		}
 		cursor, passStarted = "", now
-	} else {
+	case len(keys) > 0:
 		cursor = keys[len(keys)-1]
 	}
-	if _, err := q.MediaBlobSweepFinish(ctx, db.MediaBlobSweepFinishParams{PassCursor: cursor, PassStartedAt: passStarted, Claimant: sw.Claimant}); err != nil {
+	if err := record(func(ctx context.Context) error {
+		_, err := q.MediaBlobSweepFinish(ctx, db.MediaBlobSweepFinishParams{PassCursor: cursor, PassStartedAt: passStarted, Claimant: sw.Claimant})
+		return err
+	}); err != nil {
 		return st, fmt.Errorf("media sweep: finish: %w", err)
 	}
 	return st, nil

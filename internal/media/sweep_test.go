@@ -403,3 +403,55 @@ func TestSweepListsFromWhereItStopped(t *testing.T) {
 		})
 	}
 }
+
+// slowStats answers every Stat after a delay, as a remote store does.
+type slowStats struct {
+	media.Store
+	delay time.Duration
+}
+
+func (s slowStats) Stat(ctx context.Context, key string) (media.Info, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return media.Info{}, ctx.Err()
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+// A sweep whose lookups outlast its time (one per community for each key,
+// a round trip each on S3) keeps what it looked at: the keys are noted and
+// its cursor moves past them, so the sweeps after it go on through the
+// store instead of each looking at the same first keys until its time runs
+// out again. Mutation killed: the sweep fails whole at its deadline (no
+// key is ever recorded, the cursor never moves).
+func TestSweepOutOfTimeKeepsWhatItLookedAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	limits := sweepLimits
+	limits.TempDir = t.TempDir()
+	store := slowStats{Store: stores["fs"](t), delay: 20 * time.Millisecond}
+	svc := media.NewService(store, limits, nil)
+	const communities, perCommunity = 10, 2
+	for c := range communities {
+		community := uuid.New()
+		for i := range perCommunity {
+			_, err := svc.Upload(ctx, community, "alice", strings.NewReader(fmt.Sprintf("blob %d of %d", i, c)), nil)
+			require.NoError(t, err)
+		}
+	}
+	sw := &media.Sweeper{Service: svc, Pool: pool, Claimant: uuid.New(), Grace: time.Hour, Batch: 1000}
+	looked := 0
+	for sweeps := 0; looked < communities*perCommunity; sweeps++ {
+		require.Less(t, sweeps, communities*perCommunity, "the sweeps never got through the store")
+		// Less time than the batch's lookups take (about 100 ms a key).
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := sw.Sweep(short)
+		cancel()
+		require.NoError(t, err)
+		require.True(t, st.Claimed, "the sweep before gave the claim back")
+		looked += st.Looked
+	}
+	require.Equal(t, communities*perCommunity, looked, "each key looked at once over the pass")
+}
