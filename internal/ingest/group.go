@@ -256,7 +256,10 @@ func (g *groupWriter) next() []*groupJob {
 // group of its own: a group holds the channel's write lock shared for the
 // messages it checked, and two groups each holding it and then asking it
 // exclusive for a change would wait on each other until the lock timeout.
-// Arrival order is kept: the events after a change wait for the next group.
+// The events after a change wait for the next group, so arrival order is
+// kept while the change is written in its group; one handed on to run
+// alone (its lock wait outlasted channelRowLockTimeout) commits beside the
+// groups after it, in whatever order the locks allow.
 func (g *groupWriter) takeLocked() []*groupJob {
 	n := 1
 	if !g.waiting[0].locksChannelRow {
