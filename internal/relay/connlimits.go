@@ -48,21 +48,7 @@ func (s *Server) releaseLocked(addr string) {
 // that cost nothing could fill the spool directory in parallel. The caller
 // calls the release it gets exactly once.
 func (s *Server) admitUpload(addr string) (release func(), status int, reason string) {
-	addr = addressBucket(addr)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.uploading.total >= s.cfg.MediaMaxUploads:
-		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is receiving its limit of %d uploads; try again shortly", s.cfg.MediaMaxUploads)
-	case s.uploading.byAddr[addr] >= s.cfg.MediaMaxUploadsPerAddr:
-		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d uploads at once per client address; wait for one to finish", s.cfg.MediaMaxUploadsPerAddr)
-	}
-	s.uploading.add(addr)
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.uploading.remove(addr)
-	}, 0, ""
+	return s.admitCounted(&s.uploading, addr, s.cfg.MediaMaxUploads, s.cfg.MediaMaxUploadsPerAddr, "receiving", "uploads")
 }
 
 // admitBridge reserves one of the HTTP bridge requests the relay answers at
@@ -76,20 +62,28 @@ func (s *Server) admitUpload(addr string) (release func(), status int, reason st
 // take its bridge requests' places. The caller calls the release it gets
 // exactly once.
 func (s *Server) admitBridge(addr string) (release func(), status int, reason string) {
+	return s.admitCounted(&s.bridging, addr, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddr, "answering", "bridge requests")
+}
+
+// admitCounted reserves one place in counts for a client at addr, or says
+// why not: 503 when limit places are held in all, 429 when addr alone
+// holds perAddr. what names the places in the refusal ("the relay is
+// <doing> its limit of N <what>").
+func (s *Server) admitCounted(counts *addressCounts, addr string, limit, perAddr int, doing, what string) (release func(), status int, reason string) {
 	addr = addressBucket(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.bridging.total >= s.cfg.MaxConnections:
-		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is answering its limit of %d bridge requests; try again shortly", s.cfg.MaxConnections)
-	case s.bridging.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
-		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d bridge requests at once per client address; wait for one to finish", s.cfg.MaxConnectionsPerAddr)
+	case counts.total >= limit:
+		return nil, http.StatusServiceUnavailable, fmt.Sprintf("error: the relay is %s its limit of %d %s; try again shortly", doing, limit, what)
+	case counts.byAddr[addr] >= perAddr:
+		return nil, http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d %s at once per client address; wait for one to finish", perAddr, what)
 	}
-	s.bridging.add(addr)
+	counts.add(addr)
 	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.bridging.remove(addr)
+		counts.remove(addr)
 	}, 0, ""
 }
 
