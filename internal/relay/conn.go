@@ -41,10 +41,6 @@ type conn struct {
 	pubkey    string      // authenticated pubkey (NIP-42), "" before AUTH
 	authed    atomic.Bool // pubkey != "", readable off the read goroutine
 	addr      string      // client address the connection caps count it under
-	// owner is the authenticated agent's verified owner: attested by the
-	// auth tag on its AUTH event and the one on record. "" without a tag,
-	// or when a different owner is already recorded.
-	owner string
 
 	// out holds fan-out deliveries and replies to this client's own
 	// requests (history, EOSE, OK ...) in order. Live deliveries are
@@ -618,7 +614,6 @@ func (c *conn) onAuth(ev *nostr.Event) {
 		c.closeSubsOnNewReader()
 	}
 	c.pubkey = ev.PubKey
-	c.owner = owner
 	c.authed.Store(true)
 	// From the connection's own logger, not the last one: a client may
 	// AUTH again and again, and each With would keep every earlier pubkey.
