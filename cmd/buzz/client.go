@@ -382,16 +382,23 @@ func (w *idWindow) add(id string) bool {
 	return true
 }
 
+// CountResult is a NIP-45 COUNT answer; Approximate: at least Count (a
+// relay may stop counting).
+type CountResult struct {
+	Count       int64 `json:"count"`
+	Approximate bool  `json:"approximate,omitempty"`
+}
+
 // Count sends a NIP-45 COUNT and returns the relay's count.
-func (c *Client) Count(ctx context.Context, filters []json.RawMessage) (int64, error) {
+func (c *Client) Count(ctx context.Context, filters []json.RawMessage) (CountResult, error) {
 	sub := newSubID()
 	if err := c.write(ctx, reqMessage("COUNT", sub, filters)...); err != nil {
-		return 0, err
+		return CountResult{}, err
 	}
 	for {
 		verb, parts, err := c.next(ctx, "the COUNT reply")
 		if err != nil {
-			return 0, err
+			return CountResult{}, err
 		}
 		if len(parts) < 2 || !isSub(parts[1], sub) {
 			continue
@@ -399,14 +406,15 @@ func (c *Client) Count(ctx context.Context, filters []json.RawMessage) (int64, e
 		switch verb {
 		case "COUNT":
 			var body struct {
-				Count *int64 `json:"count"`
+				Count       *int64 `json:"count"`
+				Approximate bool   `json:"approximate"`
 			}
 			if len(parts) < 3 || json.Unmarshal(parts[2], &body) != nil || body.Count == nil {
-				return 0, &ProtocolError{Msg: "relay sent a malformed COUNT reply"}
+				return CountResult{}, &ProtocolError{Msg: "relay sent a malformed COUNT reply"}
 			}
-			return *body.Count, nil
+			return CountResult{Count: *body.Count, Approximate: body.Approximate}, nil
 		case "CLOSED":
-			return 0, relayError(stringAt(parts, 2))
+			return CountResult{}, relayError(stringAt(parts, 2))
 		}
 	}
 }

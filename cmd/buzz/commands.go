@@ -333,7 +333,7 @@ func query(ctx context.Context, o *options, filters []json.RawMessage, count, st
 		if err != nil {
 			return nil, err
 		}
-		return map[string]int64{"count": n}, nil
+		return n, nil
 	case stream:
 		var line bytes.Buffer
 		err := c.Subscribe(ctx, filters, func(r Received) error {

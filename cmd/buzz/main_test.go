@@ -177,6 +177,8 @@ func TestOpenChannelEndToEnd(t *testing.T) {
 	}
 	buzz(t, bob, "", "req", "--count", filter).ok(t, &count)
 	require.EqualValues(t, 2, count.Count)
+	out := buzz(t, bob, "", "req", "--count", filter)
+	require.JSONEq(t, `{"count":2}`, out.stdout, "an exact count says nothing more")
 
 	// Two filters: the union, without duplicates.
 	var union []json.RawMessage

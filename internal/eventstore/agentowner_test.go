@@ -93,7 +93,7 @@ func TestAgentOwnerNarrowsEveryReadBeforeTheLimit(t *testing.T) {
 	}
 	count := func(filters ...nostr.Filter) int64 {
 		t.Helper()
-		n, err := store.Count(ctx, home.ID, scope, filters)
+		n, _, err := store.Count(ctx, home.ID, scope, filters)
 		require.NoError(t, err)
 		return n
 	}

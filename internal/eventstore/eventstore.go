@@ -493,19 +493,19 @@ func decodeRow(r *pageRow, raw [][]byte, extra extraColumn) error {
 	return nil
 }
 
-// Count returns how many stored events scope may see match any of filters (NIP-45).
-func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters) (int64, error) {
+// Count returns how many stored events scope may see match any of filters
+// (NIP-45), at most MaxCount; approximate says there are more.
+func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, filters nostr.Filters) (n int64, approximate bool, err error) {
 	sql, args, ok := BuildCount(community, scope, filters)
 	if !ok {
-		return 0, nil
+		return 0, false, nil
 	}
 	defer s.observe(NameEventsCount, time.Now())
 	var session *replica.Session
 	if s.Router != nil && !readsUnprovenRows(filters) {
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded().After(s.Router.LastRemoval(community, nil)))
 	}
-	var n int64
-	err := s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {
+	err = s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {
 		return q.QueryRow(ctx, sql, args...).Scan(&n)
 	})
 	if session != nil {
@@ -515,7 +515,10 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 			session.Abandon()
 		}
 	}
-	return n, err
+	if n > MaxCount {
+		return MaxCount, true, err
+	}
+	return n, false, err
 }
 
 // tagsJSON is the text of an event's tags column, which PostgreSQL reads as

@@ -226,7 +226,7 @@ func TestQueryAgreesWithInMemoryMatching(t *testing.T) {
 		for _, ev := range gotEvents {
 			require.NoError(t, ev.Verify(), "a stored event must come back byte-identical")
 		}
-		count, err := store.Count(ctx, home.ID, eventstore.Scope{Reader: keys[0].PublicKeyHex()}, filters)
+		count, _, err := store.Count(ctx, home.ID, eventstore.Scope{Reader: keys[0].PublicKeyHex()}, filters)
 		require.NoError(t, err)
 		require.Equal(t, wantCount, count, "round %d COUNT %+v", round, filters)
 	}
@@ -272,7 +272,7 @@ func TestScopeHidesUnreadableChannelsAndOthersPGatedEvents(t *testing.T) {
 		return nil
 	}))
 	require.ElementsMatch(t, want, got)
-	n, err := store.Count(ctx, home.ID, scope, nostr.Filters{{}})
+	n, _, err := store.Count(ctx, home.ID, scope, nostr.Filters{{}})
 	require.NoError(t, err)
 	require.Equal(t, int64(len(want)), n)
 }

@@ -54,7 +54,7 @@ func TestStoredReadsHonourEveryPGatedKind(t *testing.T) {
 			}))
 			require.Equal(t, want, seen, "filter %+v", f)
 		}
-		count, err := store.Count(ctx, home.ID, scope, nostr.Filters{{}})
+		count, _, err := store.Count(ctx, home.ID, scope, nostr.Filters{{}})
 		require.NoError(t, err)
 		require.EqualValues(t, want, count)
 	}

@@ -266,3 +266,60 @@ func TestAnalyzeWhenStaleNeedsARoleThatMayAnalyze(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, analyzed, "the owner analyzes the stale table")
 }
+
+// TestCountReadsAtMostMaxCountRows: a COUNT matching more than MaxCount
+// events stops reading rows there, whatever the filters: the rows any
+// node reads from the table (not from an index's bitmap) stay within
+// MaxCount+1. Counted to the end, a COUNT of a whole community read every
+// row of it. Mutation killed: BuildCount without its LIMIT (20,000 rows
+// read for a count of 20,000).
+func TestCountReadsAtMostMaxCountRows(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	c, err := db.New(pool).CommunityCreate(ctx, "count.example")
+	require.NoError(t, err)
+	burst(t, pool, c.ID, 2*MaxCount)
+	_, err = pool.Exec(ctx, "ANALYZE events")
+	require.NoError(t, err)
+
+	for _, filters := range []nostr.Filters{
+		{{}},
+		{{Kinds: []int{1}}},
+		{{Search: "lorem"}},
+		{{Kinds: []int{1}}, {Kinds: []int{7}}, {Tags: map[string][]string{"t": {"topic1"}}}},
+	} {
+		sql, args, ok := BuildCount(c.ID, Scope{Reader: burstAuthor}, filters)
+		require.True(t, ok)
+		var out []byte
+		require.NoError(t, pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out))
+		var plans []struct {
+			Plan countedNode `json:"Plan"`
+		}
+		require.NoError(t, json.Unmarshal(out, &plans), string(out))
+		var read float64
+		plans[0].Plan.walk(func(n countedNode) {
+			if n.RelationName == "events" {
+				read = max(read, n.ActualRows*max(n.ActualLoops, 1))
+			}
+		})
+		require.Positive(t, read, "%v: no node reads events:\n%s", filters, out)
+		require.LessOrEqual(t, read, float64(MaxCount+1), "%v: rows read from events", filters)
+	}
+}
+
+// countedNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) that says how
+// many rows each node read from which table.
+type countedNode struct {
+	RelationName string        `json:"Relation Name"`
+	ActualRows   float64       `json:"Actual Rows"`
+	ActualLoops  float64       `json:"Actual Loops"`
+	Plans        []countedNode `json:"Plans"`
+}
+
+func (n countedNode) walk(fn func(countedNode)) {
+	fn(n)
+	for _, c := range n.Plans {
+		c.walk(fn)
+	}
+}

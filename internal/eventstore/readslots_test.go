@@ -40,7 +40,7 @@ func TestWriterReadsWaitForASlot(t *testing.T) {
 			return store.QueryJSON(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Search: "slots"}}, discard)
 		},
 		"count": func(ctx context.Context) error {
-			_, err := store.Count(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Kinds: []int{1}}})
+			_, _, err := store.Count(ctx, community.ID, eventstore.Scope{}, nostr.Filters{{Kinds: []int{1}}})
 			return err
 		},
 	}

@@ -261,12 +261,16 @@ func AppendEventRaw(dst []byte, subID string, rawEvent []byte) []byte {
 	return append(dst, ']')
 }
 
-// EncodeCount returns ["COUNT",<sub id>,{"count":<n>}] (NIP-45).
-func EncodeCount(subID string, count int64) []byte {
-	b := make([]byte, 0, 36+len(subID))
+// EncodeCount returns ["COUNT",<sub id>,{"count":<n>}] (NIP-45), with
+// "approximate":true when approximate.
+func EncodeCount(subID string, count int64, approximate bool) []byte {
+	b := make([]byte, 0, 56+len(subID))
 	b = append(b, `["COUNT",`...)
 	b = appendQuoted(b, subID)
 	b = append(b, `,{"count":`...)
 	b = strconv.AppendInt(b, count, 10)
+	if approximate {
+		b = append(b, `,"approximate":true`...)
+	}
 	return append(b, `}]`...)
 }

@@ -217,7 +217,8 @@ func TestEncoders(t *testing.T) {
 	require.Equal(t, `["CLOSED","s","auth-required: please"]`, string(EncodeClosed("s", "auth-required: please")))
 	require.Equal(t, `["NOTICE","a&b"]`, string(EncodeNotice("a&b")))
 	require.Equal(t, `["AUTH","chal"]`, string(EncodeAuthChallenge("chal")))
-	require.Equal(t, `["COUNT","c",{"count":42}]`, string(EncodeCount("c", 42)))
+	require.Equal(t, `["COUNT","c",{"count":42}]`, string(EncodeCount("c", 42, false)))
+	require.Equal(t, `["COUNT","c",{"count":10000,"approximate":true}]`, string(EncodeCount("c", 10000, true)))
 
 	e := &Event{ID: hexA, PubKey: hexB, CreatedAt: 1, Kind: 1, Tags: Tags{}, Content: "<hi>", Sig: sigX}
 	raw, _ := e.MarshalJSON()

@@ -920,12 +920,12 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 		c.refuse(ctx, subID, reason, err)
 		return
 	}
-	n, err := c.srv.store.Count(ctx, c.tenant.ID(), scope, filters)
+	n, approximate, err := c.srv.store.Count(ctx, c.tenant.ID(), scope, filters)
 	if err != nil {
 		c.refuse(ctx, subID, "", err)
 		return
 	}
-	_ = c.send(nostr.EncodeCount(subID, n))
+	_ = c.send(nostr.EncodeCount(subID, n, approximate))
 	c.srv.metrics.ReqDuration.WithLabelValues("COUNT").Observe(time.Since(start).Seconds())
 }
 

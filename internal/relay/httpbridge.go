@@ -441,16 +441,19 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 		writeError(w, http.StatusForbidden, reason)
 		return
 	}
-	var n int64
+	var answer struct {
+		Count       int64 `json:"count"`
+		Approximate bool  `json:"approximate,omitempty"` // NIP-45: at least Count
+	}
 	if err == nil {
-		n, err = s.store.Count(ctx, tenant.ID(), scope, filters)
+		answer.Count, answer.Approximate, err = s.store.Count(ctx, tenant.ID(), scope, filters)
 	}
 	if err != nil {
 		status, msg := b.readFailure(r, ctx, tenant, err)
 		writeError(w, status, msg)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int64{"count": n})
+	writeJSON(w, http.StatusOK, answer)
 	s.metrics.ReqDuration.WithLabelValues("HTTP_COUNT").Observe(time.Since(start).Seconds())
 }
 
