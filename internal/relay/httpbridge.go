@@ -445,6 +445,9 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 	if err == nil {
 		n, err = s.store.Count(ctx, tenant.ID(), scope, filters)
 	}
+	if err == nil {
+		n += s.presenceCount(r.Context(), tenant.ID(), filters)
+	}
 	if err != nil {
 		status, msg := b.readFailure(r, ctx, tenant, err)
 		writeError(w, status, msg)
