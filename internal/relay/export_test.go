@@ -87,5 +87,5 @@ func (s *Server) BridgeRequestsAnswering() int {
 func (s *Server) WebhookCallsAnswering() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.hooking.total
+	return s.webhookCalls.total
 }

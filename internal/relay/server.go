@@ -114,7 +114,7 @@ type Server struct {
 	bridging addressCounts
 	// Workflow webhook calls being answered, all together and per client
 	// address.
-	hooking addressCounts
+	webhookCalls addressCounts
 
 	// beforeHistory, set by tests only, runs when a live REQ is registered
 	// and its history not yet read.
