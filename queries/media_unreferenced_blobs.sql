@@ -14,12 +14,19 @@ RETURNING blob_key, first_seen_at;
 DELETE FROM media_unreferenced_blobs WHERE blob_key = ANY(@blob_keys::text[]);
 
 -- name: MediaUnreferencedBlobsDue :many
--- The blobs unreferenced since before cutoff, oldest first: the ones to
--- remove, including those whose removal failed on an earlier sweep.
+-- The blobs unreferenced since before cutoff: the ones to remove, oldest
+-- first, then those whose removal failed on an earlier sweep, the longest
+-- failed first, so that blobs failing every time do not fill every batch.
 SELECT blob_key FROM media_unreferenced_blobs
 WHERE first_seen_at <= @cutoff::timestamptz
-ORDER BY first_seen_at, blob_key
+ORDER BY removal_failed_at NULLS FIRST, first_seen_at, blob_key
 LIMIT @max_rows::int;
+
+-- name: MediaUnreferencedBlobsRemovalFailed :exec
+-- Notes that the removal of these blobs failed now.
+UPDATE media_unreferenced_blobs
+SET removal_failed_at = coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE blob_key = ANY(@blob_keys::text[]);
 
 -- name: MediaUnreferencedBlobsForgetUnseen :exec
 -- At the end of a pass over the store: forgets blobs the pass did not find

@@ -2333,7 +2333,8 @@ COMMENT ON TABLE public.media_blob_sweep IS 'The claim of the media blob sweep (
 CREATE TABLE public.media_unreferenced_blobs (
     blob_key text NOT NULL,
     first_seen_at timestamp with time zone NOT NULL,
-    last_seen_at timestamp with time zone NOT NULL
+    last_seen_at timestamp with time zone NOT NULL,
+    removal_failed_at timestamp with time zone
 );
 
 
@@ -2342,6 +2343,13 @@ CREATE TABLE public.media_unreferenced_blobs (
 --
 
 COMMENT ON TABLE public.media_unreferenced_blobs IS 'Blobs the media sweep found referenced by no community, from when; removed after BUZZ_MEDIA_SWEEP_GRACE.';
+
+
+--
+-- Name: COLUMN media_unreferenced_blobs.removal_failed_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.media_unreferenced_blobs.removal_failed_at IS 'When the sweep last failed to remove the blob (NULL: never); failed blobs are tried after the others.';
 
 
 --

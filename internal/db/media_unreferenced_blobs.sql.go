@@ -13,7 +13,7 @@ import (
 const mediaUnreferencedBlobsDue = `-- name: MediaUnreferencedBlobsDue :many
 SELECT blob_key FROM media_unreferenced_blobs
 WHERE first_seen_at <= $1::timestamptz
-ORDER BY first_seen_at, blob_key
+ORDER BY removal_failed_at NULLS FIRST, first_seen_at, blob_key
 LIMIT $2::int
 `
 
@@ -22,8 +22,9 @@ type MediaUnreferencedBlobsDueParams struct {
 	MaxRows int32
 }
 
-// The blobs unreferenced since before cutoff, oldest first: the ones to
-// remove, including those whose removal failed on an earlier sweep.
+// The blobs unreferenced since before cutoff: the ones to remove, oldest
+// first, then those whose removal failed on an earlier sweep, the longest
+// failed first, so that blobs failing every time do not fill every batch.
 func (q *Queries) MediaUnreferencedBlobsDue(ctx context.Context, arg MediaUnreferencedBlobsDueParams) ([]string, error) {
 	rows, err := q.db.Query(ctx, mediaUnreferencedBlobsDue, arg.Cutoff, arg.MaxRows)
 	if err != nil {
@@ -105,4 +106,21 @@ func (q *Queries) MediaUnreferencedBlobsMark(ctx context.Context, arg MediaUnref
 		return nil, err
 	}
 	return items, nil
+}
+
+const mediaUnreferencedBlobsRemovalFailed = `-- name: MediaUnreferencedBlobsRemovalFailed :exec
+UPDATE media_unreferenced_blobs
+SET removal_failed_at = coalesce($1::timestamptz, now())
+WHERE blob_key = ANY($2::text[])
+`
+
+type MediaUnreferencedBlobsRemovalFailedParams struct {
+	Now      *time.Time
+	BlobKeys []string
+}
+
+// Notes that the removal of these blobs failed now.
+func (q *Queries) MediaUnreferencedBlobsRemovalFailed(ctx context.Context, arg MediaUnreferencedBlobsRemovalFailedParams) error {
+	_, err := q.db.Exec(ctx, mediaUnreferencedBlobsRemovalFailed, arg.Now, arg.BlobKeys)
+	return err
 }

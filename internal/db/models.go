@@ -580,6 +580,8 @@ type MediaUnreferencedBlob struct {
 	BlobKey     string
 	FirstSeenAt time.Time
 	LastSeenAt  time.Time
+	// When the sweep last failed to remove the blob (NULL: never); failed blobs are tried after the others.
+	RemovalFailedAt *time.Time
 }
 
 // Bytes of media each community stores, reserved before a blob is stored and released when its last reference goes (BUZZ_MEDIA_COMMUNITY_QUOTA_BYTES).

@@ -102,8 +102,8 @@ func nextBlobKeys(ctx context.Context, store Store, cursor string, n int) ([]str
 // and only if, looked at again there, no community references it. An
 // upload of the same bytes elsewhere either referenced the blob before
 // (it stays) or looks for the blob under the blob lock after (and writes
-// it again). A failed removal is logged and stays noted, so the next
-// sweep tries it again.
+// it again). A failed removal is logged and stays noted, so a later
+// sweep tries it again, after the blobs that never failed.
 //
 // Its work stops when ctx ends or its time within the lease runs out (a
 // shutdown, lookups slower than the batch allows: one per community for
@@ -194,14 +194,14 @@ func (sw *Sweeper) Sweep(ctx context.Context) (st SweepStats, err error) {
 			return st, fmt.Errorf("media sweep: due blobs: %w", err)
 		}
 	}
-	var settled []string // removed, gone, or referenced again
+	var settled, failed []string // settled: removed, gone, or referenced again
 	for _, key := range due {
 		removed, err := s.removeIfUnreferenced(ctx, key)
 		if err != nil && ctx.Err() != nil {
 			break // out of time, not a failure: the next sweep goes on
 		}
 		if err != nil {
-			st.Failed++
+			failed = append(failed, key)
 			s.log.Error("media sweep: could not remove an unreferenced blob; the next sweep tries again", "blob", key, "err", err)
 			continue
 		}
@@ -212,6 +212,12 @@ func (sw *Sweeper) Sweep(ctx context.Context) (st SweepStats, err error) {
 	}
 	if err := record(func(ctx context.Context) error { return q.MediaUnreferencedBlobsForget(ctx, settled) }); err != nil {
 		return st, fmt.Errorf("media sweep: forget removed blobs: %w", err)
+	}
+	st.Failed = len(failed)
+	if err := record(func(ctx context.Context) error {
+		return q.MediaUnreferencedBlobsRemovalFailed(ctx, db.MediaUnreferencedBlobsRemovalFailedParams{Now: &now, BlobKeys: failed})
+	}); err != nil {
+		return st, fmt.Errorf("media sweep: note failed removals: %w", err)
 	}
 
 	switch {

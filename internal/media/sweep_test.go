@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -299,6 +300,75 @@ func TestSweepLogsAFailedRemovalAndTriesItAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Removed, "the next sweep tries again")
 	require.False(t, blobExists(t, fs, d.SHA256))
+}
+
+// failDeletesOf fails the store's deletes of the keys in keys.
+type failDeletesOf struct {
+	media.Store
+	keys map[string]bool
+}
+
+func (f failDeletesOf) Delete(ctx context.Context, key string) error {
+	if f.keys[key] {
+		return errors.New("the store refused the delete")
+	}
+	return f.Store.Delete(ctx, key)
+}
+
+// Blobs whose removal keeps failing do not take every batch: once failed,
+// a blob is tried after the due blobs that never failed. Two blobs the
+// store never lets go fill a batch of two, the first due; the sweep after
+// them removes the third.
+// Mutation killed: the due list by first sight alone (the two failing
+// blobs were the whole batch of every sweep, and the third never went).
+func TestSweepFailingRemovalsDoNotStarveTheOthers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	fs, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	refused := map[string]bool{}
+	limits := sweepLimits
+	limits.TempDir = t.TempDir()
+	svc := media.NewService(failDeletesOf{Store: fs, keys: refused}, limits, nil)
+	svc.UseBlobLock(media.AdvisoryBlobLock(pool))
+	svc.UseLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).Unix())
+	svc.UseClock(func() time.Time { return time.Unix(clock.Load(), 0) })
+	community := uuid.New()
+	var keys []string
+	for i := range 3 {
+		d, err := svc.Upload(ctx, community, "alice", strings.NewReader(fmt.Sprintf("blob %d", i)), nil)
+		require.NoError(t, err)
+		require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
+		keys = append(keys, d.SHA256+".txt")
+	}
+	slices.Sort(keys)
+	// Noted at one time, they are due in key order: the first two fail.
+	refused[keys[0]], refused[keys[1]] = true, true
+
+	sw := &media.Sweeper{Service: svc, Pool: pool, Claimant: uuid.New(), Grace: time.Hour, Batch: 2}
+	marked := 0
+	for range 2 {
+		st, err := sw.Sweep(ctx)
+		require.NoError(t, err)
+		marked += st.Marked
+	}
+	require.Equal(t, 3, marked)
+
+	clock.Add(int64(time.Hour / time.Second))
+	st, err := sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Failed, "the two oldest due, both refused")
+	require.Zero(t, st.Removed)
+
+	clock.Add(1)
+	st, err = sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Removed, "the blob that never failed goes before the failed ones are tried again")
+	require.Equal(t, 1, st.Failed, "one failed blob is tried again in the batch's other place")
+	require.False(t, blobExists(t, fs, strings.TrimSuffix(keys[2], ".txt")))
 }
 
 // holdWalk holds the store's first walk until release is closed; entered

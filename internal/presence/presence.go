@@ -421,6 +421,47 @@ func Choose(ctx context.Context, s Store, community uuid.UUID, filters nostr.Fil
 	return plan
 }
 
+// Count is how many announcements a REQ of filters would get from the
+// present, as a COUNT counts stored events: every unexpired announcement a
+// filter asking for kind 20001 pinned (#h) to its channel matches, once,
+// without the filters' limits. Each channel is read once, and only its
+// count is kept. The caller has already checked that the reader may read
+// every pinned channel.
+func Count(ctx context.Context, s Store, community uuid.UUID, filters nostr.Filters, now time.Time) int64 {
+	var channels []uuid.UUID
+	naming := map[uuid.UUID][]*nostr.Filter{}
+	for i := range filters {
+		f := &filters[i]
+		if !asksPresence(f) {
+			continue
+		}
+		for _, h := range f.Tags["h"] {
+			channel, err := uuid.Parse(h)
+			if err != nil {
+				continue
+			}
+			fs, seen := naming[channel]
+			if !seen {
+				channels = append(channels, channel)
+			}
+			// Filters are taken in order: a channel a filter repeats
+			// already ends its list with that filter.
+			if !seen || fs[len(fs)-1] != f {
+				naming[channel] = append(fs, f)
+			}
+		}
+	}
+	var n int64
+	for _, channel := range channels {
+		for _, ev := range s.Current(ctx, community, channel, now) {
+			if slices.ContainsFunc(naming[channel], func(f *nostr.Filter) bool { return f.Matches(ev) }) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 func decodeHex32(dst *[32]byte, s string) bool {
 	n, err := hex.Decode(dst[:], []byte(s))
 	return err == nil && n == len(dst)

@@ -65,6 +65,20 @@ func (s *Server) admitBridge(addr string) (release func(), status int, reason st
 	return s.admitCounted(&s.bridging, addr, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddr, "answering", "bridge requests")
 }
 
+// admitWebhook reserves one of the workflow webhook calls the relay
+// answers at once for a client at addr, or says why not: 503 when
+// MaxConnections are being answered, 429 when addr alone has
+// MaxConnectionsPerAddr. A call needs no key and reads a body (up to
+// WebhookMaxBytes) before any check, for as long as the HTTP timeouts
+// allow, so it is counted like a bridge request, with the same caps, but
+// in a count of its own: the integrations that call webhooks often send
+// from a few shared addresses, and sharing the bridge's count let them and
+// the bridge clients behind those addresses refuse each other. The caller
+// calls the release it gets exactly once.
+func (s *Server) admitWebhook(addr string) (release func(), status int, reason string) {
+	return s.admitCounted(&s.webhookCalls, addr, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddr, "answering", "webhook calls")
+}
+
 // admitCounted reserves one place in counts for a client at addr, or says
 // why not: 503 when limit places are held in all, 429 when addr alone
 // holds perAddr. what names the places in the refusal ("the relay is

@@ -81,3 +81,11 @@ func (s *Server) BridgeRequestsAnswering() int {
 	defer s.mu.Unlock()
 	return s.bridging.total
 }
+
+// WebhookCallsAnswering reports how many workflow webhook calls hold a
+// place (from admission to their answer).
+func (s *Server) WebhookCallsAnswering() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.webhookCalls.total
+}

@@ -121,7 +121,7 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 		w.Header().Set("Access-Control-Allow-Origin", "*")
 		w.Header().Set("Access-Control-Expose-Headers", "WWW-Authenticate")
 		rec := &statusRecorder{ResponseWriter: w}
-		b.s.holdingBridgePlace(next).ServeHTTP(rec, r)
+		b.s.holdingPlace(b.s.admitBridge, next).ServeHTTP(rec, r)
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
@@ -129,13 +129,13 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 	})
 }
 
-// holdingBridgePlace serves next while the request holds one of the places
-// admitBridge counts, taken before the host lookup and the body, so that a
-// refusal costs nothing: every route that reads a request body on a bridge's
-// terms (the NIP-98 routes, the workflow webhook) holds one.
-func (s *Server) holdingBridgePlace(next http.Handler) http.Handler {
+// holdingPlace serves next while the request holds a place admit gives
+// (admitBridge for the NIP-98 routes, admitWebhook for the workflow
+// webhook), taken before the host lookup and the body, so that a refusal
+// costs nothing.
+func (s *Server) holdingPlace(admit func(addr string) (release func(), status int, reason string), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, status, reason := s.admitBridge(s.clientAddr(r))
+		release, status, reason := admit(s.clientAddr(r))
 		if status != 0 {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, status, reason)
@@ -447,6 +447,9 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 	}
 	if err == nil {
 		answer.Count, answer.Approximate, err = s.store.Count(ctx, tenant.ID(), scope, filters)
+	}
+	if err == nil {
+		answer.Count += s.presenceCount(r.Context(), tenant.ID(), filters)
 	}
 	if err != nil {
 		status, msg := b.readFailure(r, ctx, tenant, err)

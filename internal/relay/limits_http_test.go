@@ -163,15 +163,9 @@ func TestBridgeRequestsInFlightPerAddressAreCapped(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
 	key := relaytest.NewKey(t)
-	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
 	var held []net.Conn
 	for range 3 {
-		conn := rawConn(t, r)
-		auth := authHeader(nip98(t, key, "POST", r.HTTPURL+"/query", body, nil))
-		_, err := fmt.Fprintf(conn, "POST /query HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-			r.Host, auth, len(body), body[:5])
-		require.NoError(t, err)
-		held = append(held, conn)
+		held = append(held, trickleBridgeQuery(t, r, key))
 	}
 	require.Eventually(t, func() bool { return r.Server.BridgeRequestsAnswering() == 3 },
 		relaytest.Patience, 10*time.Millisecond, "the three trickling requests never held their places")
@@ -188,24 +182,114 @@ func TestBridgeRequestsInFlightPerAddressAreCapped(t *testing.T) {
 	}, relaytest.Patience, 20*time.Millisecond, "the address's places were not given back")
 }
 
-// The workflow webhook reads a body of up to its limit before any check,
-// with no key at all: it holds a bridge place per request like the NIP-98
-// routes. Mutation killed: the webhook route without holdingBridgePlace
-// (the trickling requests never held places).
-func TestWebhookRequestsInFlightPerAddressAreCapped(t *testing.T) {
-	t.Parallel()
-	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
-	hook := "/hooks/" + uuid.NewString()
-	for range 3 {
-		conn := rawConn(t, r)
-		_, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"a\":", hook, r.Host)
-		require.NoError(t, err)
-	}
-	require.Eventually(t, func() bool { return r.Server.BridgeRequestsAnswering() == 3 },
-		relaytest.Patience, 10*time.Millisecond, "the three trickling webhook calls never held their places")
+// trickleWebhookCall starts a call to hook whose body never finishes
+// arriving, so it holds its place until the connection closes.
+func trickleWebhookCall(t *testing.T, r *relaytest.Relay, hook string) net.Conn {
+	t.Helper()
+	conn := rawConn(t, r)
+	_, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"a\":", hook, r.Host)
+	require.NoError(t, err)
+	return conn
+}
+
+// trickleBridgeQuery starts a signed /query whose body never finishes
+// arriving, so it holds its place until the connection closes.
+func trickleBridgeQuery(t *testing.T, r *relaytest.Relay, key *nostr.SecretKey) net.Conn {
+	t.Helper()
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	conn := rawConn(t, r)
+	auth := authHeader(nip98(t, key, "POST", r.HTTPURL+"/query", body, nil))
+	_, err := fmt.Fprintf(conn, "POST /query HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		r.Host, auth, len(body), body[:5])
+	require.NoError(t, err)
+	return conn
+}
+
+// callWebhook sends hook an empty JSON body and returns the answer's
+// status, Retry-After and body.
+func callWebhook(t *testing.T, r *relaytest.Relay, hook string) (status int, retryAfter, body string) {
+	t.Helper()
 	resp, err := http.Post(r.HTTPURL+hook, "application/json", strings.NewReader(`{}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+}
+
+// The workflow webhook reads a body of up to its limit before any check,
+// with no key at all, so its calls in flight are capped per address as
+// bridge requests are, in a count of their own and with their own words:
+// the integrations calling webhooks from one shared address do not take the
+// bridge clients' places there. Mutations killed: the webhook route without
+// a place (the trickling calls never held any); the webhook counted in the
+// bridge's count (the bridge held the calls, and /count was refused).
+func TestWebhookRequestsInFlightPerAddressAreCapped(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
+	key := relaytest.NewKey(t)
+	hook := "/hooks/" + uuid.NewString()
+	var held []net.Conn
+	for range 3 {
+		held = append(held, trickleWebhookCall(t, r, hook))
+	}
+	require.Eventually(t, func() bool { return r.Server.WebhookCallsAnswering() == 3 },
+		relaytest.Patience, 10*time.Millisecond, "the three trickling webhook calls never held their places")
+	require.Zero(t, r.Server.BridgeRequestsAnswering(), "webhook calls took bridge places")
+
+	status, retryAfter, body := callWebhook(t, r, hook)
+	require.Equal(t, http.StatusTooManyRequests, status, body)
+	require.Equal(t, "1", retryAfter)
+	require.JSONEq(t, `{"error":"rate-limited: at most 3 webhook calls at once per client address; wait for one to finish"}`, body)
+
+	got := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
+	require.Equal(t, http.StatusOK, got.Status, "a bridge request was refused for the address's webhook calls: %s", got.Raw)
+
+	for _, conn := range held {
+		require.NoError(t, conn.Close())
+	}
+	require.Eventually(t, func() bool {
+		status, _, _ := callWebhook(t, r, hook)
+		return status == http.StatusUnauthorized
+	}, relaytest.Patience, 20*time.Millisecond, "the address's webhook places were not given back")
+}
+
+// The other way round: bridge requests filling an address's bridge places
+// leave its webhook calls theirs. Mutation killed: the webhook counted in
+// the bridge's count (the call was refused with the bridge's 429).
+func TestBridgeRequestsInFlightLeaveWebhookCallsTheirPlaces(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
+	key := relaytest.NewKey(t)
+	for range 3 {
+		trickleBridgeQuery(t, r, key)
+	}
+	require.Eventually(t, func() bool { return r.Server.BridgeRequestsAnswering() == 3 },
+		relaytest.Patience, 10*time.Millisecond, "the three trickling requests never held their places")
+	got := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
+	require.Equal(t, http.StatusTooManyRequests, got.Status, got.Raw)
+
+	status, _, body := callWebhook(t, r, "/hooks/"+uuid.NewString())
+	require.Equal(t, http.StatusUnauthorized, status, "the webhook call was refused for the address's bridge requests: %s", body)
+	require.JSONEq(t, `{"error":"auth-required: authentication failed"}`, body)
+}
+
+// Past the relay's cap of webhook calls in flight, from any addresses, a
+// call is answered 503 in the webhook's words, before its body.
+func TestWebhookRequestsInFlightInAllAreCapped(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) {
+		c.MaxConnections, c.MaxConnectionsPerAddr = 2, 2
+		c.HTTPReadTimeout = 10 * time.Minute
+	})
+	hook := "/hooks/" + uuid.NewString()
+	for range 2 {
+		trickleWebhookCall(t, r, hook)
+	}
+	require.Eventually(t, func() bool { return r.Server.WebhookCallsAnswering() == 2 },
+		relaytest.Patience, 10*time.Millisecond, "the two trickling webhook calls never held their places")
+	status, retryAfter, body := callWebhook(t, r, hook)
+	require.Equal(t, http.StatusServiceUnavailable, status, body)
+	require.Equal(t, "1", retryAfter)
+	require.JSONEq(t, `{"error":"error: the relay is answering its limit of 2 webhook calls; try again shortly"}`, body)
 }

@@ -29,3 +29,12 @@ const presenceBatch = eventstore.DefaultPageBytes / presence.MaxAnnouncementByte
 func (s *Server) presencePlan(ctx context.Context, community uuid.UUID, filters nostr.Filters, stored *presence.StoredCount) *presence.Plan {
 	return presence.Choose(ctx, s.presence.Load().Store, community, filters, s.now(), s.cfg.MaxLimit, stored)
 }
+
+// presenceCount is how many announcements a REQ of filters would get from
+// the present, which a COUNT adds to the stored events it counts: without
+// it a COUNT of a channel's presence answered 0 while a REQ of the same
+// filter returned the announcements. readScope has already refused a
+// filter pinned to a channel the reader cannot read.
+func (s *Server) presenceCount(ctx context.Context, community uuid.UUID, filters nostr.Filters) int64 {
+	return presence.Count(ctx, s.presence.Load().Store, community, filters, s.now())
+}

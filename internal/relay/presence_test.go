@@ -606,3 +606,64 @@ func TestAnnouncementMadeAsAReqStartsIsSentOnce(t *testing.T) {
 	require.True(t, owner.Publish(marker).OK)
 	require.Equal(t, marker.ID, sub.Expect("EVENT").Event.ID, "the announcement is not sent again live")
 }
+
+// A COUNT counts the announcements a REQ of the same filters returns, over
+// WebSocket and the HTTP bridge, beside the stored events a mixed filter
+// matches, each once however many filters match it; a reader outside the
+// private channel is refused both alike and learns nothing. Mutation
+// killed: COUNT reading stored events only (it answered 0, and 1 for the
+// mixed filter, where the REQ returned the announcements).
+func TestPresenceCountAgreesWithReq(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	outsider := r.Dial(t, "")
+	outsider.Auth(nil)
+	ch := createChannel(t, owner, "counted", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+	base := time.Now().Unix()
+	require.True(t, owner.Publish(owner.Sign(9, "hello", nostr.Tags{{"h", ch}}, base-5)).OK)
+	require.True(t, owner.Publish(owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)).OK)
+	require.True(t, member.Publish(member.Sign(20001, "online", nostr.Tags{{"h", ch}}, base)).OK)
+
+	count := func(c *relaytest.Client, subID string, filters ...map[string]any) relaytest.Reply {
+		c.Send(append([]any{"COUNT", subID}, anySlice(filters)...)...)
+		return c.Expect("COUNT")
+	}
+	for name, filters := range map[string][]map[string]any{
+		"presence":         {presenceFilter(ch, nil)},
+		"one author":       {presenceFilter(ch, map[string]any{"authors": []string{member.Key.PublicKeyHex()}})},
+		"mixed":            {{"kinds": []int{9, 20001}, "#h": []string{ch}}},
+		"overlapping":      {presenceFilter(ch, nil), presenceFilter(ch, map[string]any{"authors": []string{owner.Key.PublicKeyHex()}})},
+		"repeated pin":     {{"kinds": []int{20001}, "#h": []string{ch, ch, ch}}},
+		"unpinned":         {{"kinds": []int{20001}}},
+		"stored kind only": {{"kinds": []int{9}, "#h": []string{ch}}},
+	} {
+		returned := int64(len(member.Req("req", filters...)))
+		require.Equal(t, returned, count(member, "count", filters...).Count, "%s: COUNT against REQ", name)
+		got := post(t, r, member.Key, "/count", map[string]any{"filters": filters})
+		require.Equal(t, http.StatusOK, got.Status, got.Raw)
+		require.Equal(t, returned, got.Count, "%s: /count against REQ", name)
+	}
+	require.Equal(t, int64(2), count(member, "two", presenceFilter(ch, nil)).Count)
+
+	outsider.Send("REQ", "snoop", presenceFilter(ch, nil))
+	require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+	outsider.Send("COUNT", "snoop", presenceFilter(ch, nil))
+	require.Equal(t, "restricted: not a channel member", outsider.Expect("CLOSED").Msg)
+	got := post(t, r, outsider.Key, "/count", query(presenceFilter(ch, nil)))
+	require.Equal(t, http.StatusForbidden, got.Status, got.Raw)
+	require.Equal(t, "restricted: not a channel member", got.Error)
+	require.Zero(t, got.Count)
+}
+
+func anySlice(filters []map[string]any) []any {
+	out := make([]any, len(filters))
+	for i, f := range filters {
+		out[i] = f
+	}
+	return out
+}

@@ -112,6 +112,9 @@ type Server struct {
 	// HTTP bridge requests being answered, all together and per client
 	// address.
 	bridging addressCounts
+	// Workflow webhook calls being answered, all together and per client
+	// address.
+	webhookCalls addressCounts
 
 	// beforeHistory, set by tests only, runs when a live REQ is registered
 	// and its history not yet read.
@@ -296,7 +299,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerHTTPBridge(mux) // POST /events, /query, /count (NIP-98)
 	s.registerMedia(mux)      // Blossom: PUT /media/upload, GET|HEAD|DELETE /media/{sha256}
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
-	mux.Handle("POST /hooks/{id}", s.holdingBridgePlace(s.withTenant(s.serveWorkflowWebhook)))
+	mux.Handle("POST /hooks/{id}", s.holdingPlace(s.admitWebhook, s.withTenant(s.serveWorkflowWebhook)))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
 	return mux
 }
