@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -331,6 +332,57 @@ func TestChangesWaitingForTheirChannelsRowHoldOneConnection(t *testing.T) {
 	require.Equal(t, eventIDs(joins), order, "the joins committed out of their arrival order")
 	require.EqualValues(t, changes, handedOn.Load())
 	require.EqualValues(t, 1, settledNothing.Load(), "groups that tried a join in vain")
+}
+
+// A change whose submitter goes away while it waits in its channel's line
+// leaves the line without taking a connection, and the changes behind it
+// still get their turns: with grouping off too, where every change takes
+// the line.
+// Mutation killed: leave removing only the change whose turn it is (the
+// turn passes to the change that left, and the one behind it waits for
+// ever).
+func TestChangeLeavingItsLineMidwayPassesNoTurnToNobody(t *testing.T) {
+	t.Parallel()
+	for _, groupMax := range []int{0, 1} {
+		t.Run(fmt.Sprint("group max ", groupMax), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, fmt.Sprintf("access-line-leave-%d.example", groupMax), 8)
+			f.grouped(ingest.Options{GroupMax: groupMax})
+			owner := f.key()
+			ch := f.channel(owner, false)
+
+			fold, err := f.pool.Begin(f.ctx)
+			require.NoError(t, err)
+			defer func() { _ = fold.Rollback(f.ctx) }()
+			_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+			require.NoError(t, err)
+
+			submit := func(ctx context.Context) chan result {
+				ev := f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)
+				out := make(chan result, 1)
+				go func() {
+					o, err := f.p.Submit(ctx, f.tenant, ev.PubKey, ev)
+					out <- result{o, err}
+				}()
+				return out
+			}
+			first := submit(f.ctx)
+			f.waitForLockWaiters(1, "the first join does not wait for the row")
+			leaving, leave := context.WithCancel(f.ctx)
+			defer leave()
+			gone := submit(leaving)
+			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 1 }, 30*time.Second, 2*time.Millisecond)
+			last := submit(f.ctx)
+			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 2 }, 30*time.Second, 2*time.Millisecond)
+
+			leave()
+			got := <-gone
+			require.ErrorIs(t, got.err, context.Canceled)
+			require.Equal(t, 1, f.lockWaiters(), "the join that left took a connection")
+			require.NoError(t, fold.Rollback(f.ctx))
+			requireStored(t, []chan result{first, last}, "the join behind the one that left never got its turn")
+		})
+	}
 }
 
 func eventIDs(events []*nostr.Event) []string {
