@@ -180,9 +180,6 @@ func listen(cfg config.Config, public net.Listener) (addresses, error) {
 	return a, nil
 }
 
-// serve runs the relay on ls, which it closes on return, until ctx ends;
-// getenv supplies the settings that are not part of config.Config (the
-// operator listeners).
 // minIdleInTransactionTimeout is the least idle_in_transaction_session_timeout
 // serve sets: it applies to every transaction of the pool, and a round trip
 // or a pause of the process under load must not end a healthy one.
@@ -212,6 +209,9 @@ func armIdleInTransactionTimeout(conn *pgx.ConnConfig, writeTimeout time.Duratio
 	conn.RuntimeParams[name] = strconv.FormatInt(idle.Milliseconds(), 10)
 }
 
+// serve runs the relay on ls, which it closes on return, until ctx ends;
+// getenv supplies the settings that are not part of config.Config (the
+// operator listeners).
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresses, getenv func(string) string) error {
 	defer ls.Close()
 	if err := requireDatabaseURL(cfg); err != nil {
