@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -179,6 +180,35 @@ func listen(cfg config.Config, public net.Listener) (addresses, error) {
 	return a, nil
 }
 
+// minIdleInTransactionTimeout is the least idle_in_transaction_session_timeout
+// serve sets: it applies to every transaction of the pool, and a round trip
+// or a pause of the process under load must not end a healthy one.
+const minIdleInTransactionTimeout = 5 * time.Second
+
+// armIdleInTransactionTimeout sets the sessions' idle_in_transaction_session_timeout
+// to writeTimeout (at least minIdleInTransactionTimeout) unless the database
+// URL sets it, as a parameter or in options. A process that stops running
+// mid-transaction (frozen, or cut off without a FIN reaching the server)
+// would keep its locks, a channel's write lock among them, and block that
+// channel's writes on every process for as long as it stays away. The relay
+// never leaves a transaction waiting on itself for longer than it lets a
+// write take, so the server may end one left idle that long. A value in the
+// URL is the operator's and stays: PostgreSQL applies a startup parameter
+// after the options' -c settings, so setting the parameter beside an
+// options value would override it.
+func armIdleInTransactionTimeout(conn *pgx.ConnConfig, writeTimeout time.Duration) {
+	const name = "idle_in_transaction_session_timeout"
+	if _, set := conn.RuntimeParams[name]; set {
+		return
+	}
+	// -c name=value, --name=value; PostgreSQL reads '-' in a name as '_'.
+	if strings.Contains(strings.ReplaceAll(conn.RuntimeParams["options"], "-", "_"), name) {
+		return
+	}
+	idle := max(writeTimeout, minIdleInTransactionTimeout)
+	conn.RuntimeParams[name] = strconv.FormatInt(idle.Milliseconds(), 10)
+}
+
 // serve runs the relay on ls, which it closes on return, until ctx ends;
 // getenv supplies the settings that are not part of config.Config (the
 // operator listeners).
@@ -199,19 +229,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
-	// A process that stops running mid-transaction (frozen, or cut off
-	// without a FIN reaching the server) would keep its locks, a channel's
-	// write lock among them, and block that channel's writes on every
-	// process for as long as it stays away. The relay never leaves a
-	// transaction waiting on itself for longer than it lets a write take,
-	// so the server may end one left idle that long; at least 5 s, since
-	// it applies to every transaction of the pool, and a round trip or a
-	// pause of the process under load must not end a healthy one. A value
-	// in BUZZ_DATABASE_URL is the operator's and stays.
-	if _, set := poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
-		idle := max(cfg.IngestWriteTimeout, 5*time.Second)
-		poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(idle.Milliseconds(), 10)
-	}
+	armIdleInTransactionTimeout(poolCfg.ConnConfig, cfg.IngestWriteTimeout)
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.

@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -256,6 +259,138 @@ func TestMessageIsNotHeldByAChangeWaitingForTheRowInTheSamePipeline(t *testing.T
 
 	require.NoError(t, fold.Rollback(f.ctx))
 	requireStored(t, join, "the join after the row's release")
+}
+
+// A burst of changes into one channel whose row is held (as a large
+// channel's list fold holds it) waits on one of the pipeline's connections
+// between them: the first change waits for the row, the others for their
+// turn in the process, holding none. A message into another channel finds
+// a connection meanwhile, and once the row comes free the changes commit
+// one after another in the order they arrived. Only the first change
+// tries its group (and its short lock wait): the others find changes of
+// their channel in line and join it at once, so a burst costs the writer
+// one short wait, and a change cannot pass those in line when the row
+// comes free during its wait.
+// Mutations killed: a change running alone without waiting for its turn
+// (20 backends wait for the row, each holding a connection of the
+// pipeline's pool); a change trying its group whatever waits in line (20
+// groups settled nothing).
+func TestChangesWaitingForTheirChannelsRowHoldOneConnection(t *testing.T) {
+	t.Parallel()
+	const changes = 20
+	f := newFixture(t, "access-change-line.example", 0)
+	f.recordTransactions()
+	pool := dbtest.PoolOn(t, f.pool.Config().ConnString(), changes+4)
+	var handedOn atomic.Int64
+	f.p = ingest.New(pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, GroupWriters: 1})
+	f.p.OnChangeAlone = func() { handedOn.Add(1) }
+	var settledNothing atomic.Int64
+	f.p.OnGroup = func(st ingest.GroupStats) {
+		if st.Events == 0 {
+			settledNothing.Add(1)
+		}
+	}
+	owner := f.key()
+	ch, other := f.channel(owner, false), f.channel(owner, false)
+	require.Zero(t, handedOn.Load(), "a change whose row is free is handed on")
+
+	fold, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = fold.Rollback(f.ctx) }()
+	_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+	require.NoError(t, err)
+
+	joins := make([]*nostr.Event, changes)
+	var joined []chan result
+	for i := range joins {
+		joins[i] = f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)
+		joined = append(joined, f.submitTogether(joins[i:i+1])...)
+		require.Eventually(t, func() bool { return handedOn.Load() == int64(i+1) }, 30*time.Second, 2*time.Millisecond,
+			"join %d was never handed on to run alone", i)
+	}
+	require.Eventually(t, func() bool { return f.lockWaiters()+ingest.ChangesWaitingTheirTurn(f.p) == changes },
+		30*time.Second, 2*time.Millisecond, "the joins neither wait for the row nor for their turn")
+	require.Equal(t, 1, f.lockWaiters(), "joins waiting for the row")
+	require.EqualValues(t, 1, pool.Stat().AcquiredConns(), "connections the waiting joins hold")
+
+	requireStored(t, f.submitTogether([]*nostr.Event{f.sign(owner, ingest.KindChat, "elsewhere", nostr.Tags{{"h", other}}, 0)}),
+		"a message into another channel waits behind the joins")
+	requireUnanswered(t, joined, "while the row is held")
+
+	require.NoError(t, fold.Rollback(f.ctx))
+	requireStored(t, joined, "the joins after the row's release")
+	require.Equal(t, changes, f.transactions(joins...))
+	var order []string
+	rows, err := f.pool.Query(f.ctx, `SELECT encode(id, 'hex') FROM test_event_tx WHERE encode(id, 'hex') = ANY($1) ORDER BY tx`, eventIDs(joins))
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		order = append(order, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, eventIDs(joins), order, "the joins committed out of their arrival order")
+	require.EqualValues(t, changes, handedOn.Load())
+	require.EqualValues(t, 1, settledNothing.Load(), "groups that tried a join in vain")
+}
+
+// A change whose submitter goes away while it waits in its channel's line
+// leaves the line without taking a connection, and the changes behind it
+// still get their turns: with grouping off too, where every change takes
+// the line.
+// Mutation killed: leave removing only the change whose turn it is (the
+// turn passes to the change that left, and the one behind it waits for
+// ever).
+func TestChangeLeavingItsLineMidwayPassesNoTurnToNobody(t *testing.T) {
+	t.Parallel()
+	for _, groupMax := range []int{0, 1} {
+		t.Run(fmt.Sprint("group max ", groupMax), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, fmt.Sprintf("access-line-leave-%d.example", groupMax), 8)
+			f.grouped(ingest.Options{GroupMax: groupMax})
+			owner := f.key()
+			ch := f.channel(owner, false)
+
+			fold, err := f.pool.Begin(f.ctx)
+			require.NoError(t, err)
+			defer func() { _ = fold.Rollback(f.ctx) }()
+			_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+			require.NoError(t, err)
+
+			submit := func(ctx context.Context) chan result {
+				ev := f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)
+				out := make(chan result, 1)
+				go func() {
+					o, err := f.p.Submit(ctx, f.tenant, ev.PubKey, ev)
+					out <- result{o, err}
+				}()
+				return out
+			}
+			first := submit(f.ctx)
+			f.waitForLockWaiters(1, "the first join does not wait for the row")
+			leaving, leave := context.WithCancel(f.ctx)
+			defer leave()
+			gone := submit(leaving)
+			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 1 }, 30*time.Second, 2*time.Millisecond)
+			last := submit(f.ctx)
+			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 2 }, 30*time.Second, 2*time.Millisecond)
+
+			leave()
+			got := <-gone
+			require.ErrorIs(t, got.err, context.Canceled)
+			require.Equal(t, 1, f.lockWaiters(), "the join that left took a connection")
+			require.NoError(t, fold.Rollback(f.ctx))
+			requireStored(t, []chan result{first, last}, "the join behind the one that left never got its turn")
+		})
+	}
+}
+
+func eventIDs(events []*nostr.Event) []string {
+	ids := make([]string, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	return ids
 }
 
 // An event whose handler locks its channel's row (a workflow save) is a

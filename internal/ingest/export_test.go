@@ -23,3 +23,7 @@ func OnListsLocked(p *Pipeline, fn func()) { p.onListsLocked = fn }
 
 // OnListFoldPass makes RunListFolder call fn after each of its passes.
 func OnListFoldPass(p *Pipeline, fn func()) { p.onListFoldPass = fn }
+
+// ChangesWaitingTheirTurn is how many changes wait in their channel's line
+// for their turn to run alone (holding no connection).
+func ChangesWaitingTheirTurn(p *Pipeline) int { return int(p.changeLines.waiting.Load()) }

@@ -67,6 +67,10 @@ type groupJob struct {
 	// serialization failure, or the group failed as a whole); it must run
 	// in its own transaction. Nothing of it committed.
 	alone bool
+	// line and turn: the change's place in its channel's line of changes
+	// that run alone (turn nil: not in one; see changeLines).
+	line changeLineKey
+	turn chan struct{}
 
 	// wake is closed when the waiting event's group is over.
 	wake chan struct{}
@@ -200,9 +204,25 @@ func (g *groupWriter) drain(group []*groupJob) {
 // write commits group, then announces its membership changes. The
 // announcement runs outside writeGroup's recover: a panic there must not
 // send events that did commit to run again alone.
+//
+// A change (a group of its own) that the group could not settle joins its
+// channel's line of changes that run alone; one whose channel has changes
+// in that line already joins it without trying its group: it would wait
+// for the same row, and pass the changes that arrived before it if the row
+// came free during its short wait.
 func (g *groupWriter) write(group []*groupJob) {
+	change := group[0]
+	if change.locksChannelRow && g.p.changeLines.join(change, true) {
+		change.alone = true
+		g.p.changeHandedOn()
+		return
+	}
 	if g.writeGroup(group) {
 		g.p.announceMembershipChanges(group)
+	}
+	if change.locksChannelRow && change.alone {
+		g.p.changeLines.join(change, false)
+		g.p.changeHandedOn()
 	}
 }
 

@@ -216,6 +216,8 @@ type Pipeline struct {
 
 	// groups commits concurrent events together; nil: each alone.
 	groups *groupWriter
+	// changeLines: each channel's changes that run alone, one at a time.
+	changeLines changeLines
 
 	keysMu sync.Mutex
 	keys   map[uuid.UUID]*nostr.SecretKey // community relay keys
@@ -227,6 +229,11 @@ type Pipeline struct {
 	// on the writing goroutine, before the group's events get their
 	// answers, possibly on several goroutines at once: it must not block.
 	OnGroup func(GroupStats)
+	// OnChangeAlone is called for every change (an event that locks its
+	// channel's row) the group writer hands on to run alone: its short
+	// wait for a lock ran out, changes of its channel already wait alone,
+	// or its group failed (metrics); may be nil.
+	OnChangeAlone func()
 	// OnMemberLimit is called when an event is refused because it would
 	// add a member to a channel at its member limit (metrics); may be nil.
 	OnMemberLimit func()
@@ -456,9 +463,19 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 			p.writeAlone(ctx, j)
 		}
 	} else {
+		if j.locksChannelRow {
+			p.changeLines.join(j, false)
+		}
 		p.writeAlone(ctx, j)
 	}
 	return p.finish(ctx, j)
+}
+
+// changeHandedOn counts a change the group writer handed on to run alone.
+func (p *Pipeline) changeHandedOn() {
+	if p.OnChangeAlone != nil {
+		p.OnChangeAlone()
+	}
 }
 
 // prepareEphemeral runs an ephemeral event's Prepare on the pool, in one of
@@ -484,7 +501,17 @@ func (p *Pipeline) prepareEphemeral(ctx context.Context, w *Write, h Handler) er
 func (p *Pipeline) writeAlone(ctx context.Context, j *groupJob) {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
-	j.inserted, j.err = p.runAlone(wctx, j)
+	if j.turn != nil {
+		// A change waits for its turn before it takes a connection; the
+		// write's bound counts the wait, as it counted its wait for the
+		// row when every change waited there. Deferred: a panicking
+		// handler must not keep the turn from the changes behind it.
+		defer p.changeLines.leave(j)
+		j.err = p.changeLines.wait(wctx, j)
+	}
+	if j.err == nil {
+		j.inserted, j.err = p.runAlone(wctx, j)
+	}
 	cancel()
 	if p.OnGroup != nil {
 		p.OnGroup(GroupStats{Events: 1, Took: time.Since(start)})

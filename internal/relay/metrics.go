@@ -52,6 +52,9 @@ type Metrics struct {
 	IngestGroupWait    prometheus.Histogram
 	IngestGroupSeconds prometheus.Histogram
 	IngestGroupsFailed prometheus.Counter
+	// IngestChangesAlone counts changes the group writer handed on to run
+	// alone, in their channel's line.
+	IngestChangesAlone prometheus.Counter
 	// ChannelMemberLimitRefusals counts adds refused because their channel
 	// is at BUZZ_MAX_CHANNEL_MEMBERS (also in EventsRejected, as restricted).
 	ChannelMemberLimitRefusals prometheus.Counter
@@ -165,11 +168,15 @@ func NewMetrics() *Metrics {
 		Name: "buzz_ingest_groups_failed_total",
 		Help: "Groups that failed as a whole (a lost connection, a deferred constraint at COMMIT, or a lock wait, deadlock or serialization failure in a group of plain events, which is one statement); each of their events was then written alone.",
 	})
+	m.IngestChangesAlone = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_ingest_changes_alone_total",
+		Help: "Membership and metadata changes and workflow saves the group writer handed on to run alone, one at a time per channel: their short wait for the channel's row ran out (a large channel's list fold or another change held it), changes of the channel already waited alone, or their group failed.",
+	})
 	m.ChannelMemberLimitRefusals = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_channel_member_limit_refusals_total",
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
-	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
+	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.IngestChangesAlone, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
 		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

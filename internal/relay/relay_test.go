@@ -642,3 +642,40 @@ func TestIngestGroupMetrics(t *testing.T) {
 		require.Equal(t, fmt.Sprint(want), metric(t, r, name), name)
 	}
 }
+
+// buzz_ingest_changes_alone_total counts a change only when the group
+// writer hands it on to run alone: a put-user into a channel whose row is
+// free commits in its group (not counted); one sent while the row is held
+// (as a large channel's list fold holds it) is handed on after its short
+// lock wait, counted once, and stored once the row comes free.
+//
+// Mutation killed: the pipeline's OnChangeAlone not wired to the counter.
+func TestIngestChangesAloneMetric(t *testing.T) {
+	t.Parallel()
+	const name = "buzz_ingest_changes_alone_total"
+	ctx := context.Background()
+	r := relaytest.Start(t)
+	c := r.Dial(t, "")
+	c.Auth(relaytest.NewKey(t))
+	ch := createChannel(t, c, "handed on", false)
+	putUser := func() *nostr.Event {
+		return c.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", relaytest.NewKey(t).PublicKeyHex()}}, 0)
+	}
+	ok := c.Publish(putUser())
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, "0", metric(t, r, name), "a change whose row was free")
+
+	fold, err := r.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = fold.Rollback(ctx) }()
+	_, err = fold.Exec(ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+	require.NoError(t, err)
+	held := putUser()
+	c.Send("EVENT", held)
+	require.Eventually(t, func() bool { return metric(t, r, name) == "1" }, 30*time.Second, 5*time.Millisecond,
+		"the change waiting for its row was not counted")
+	require.NoError(t, fold.Rollback(ctx))
+	ok = c.Expect("OK")
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, "1", metric(t, r, name))
+}

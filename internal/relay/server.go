@@ -269,6 +269,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			s.metrics.IngestGroupsFailed.Inc()
 		}
 	}
+	s.pipeline.OnChangeAlone = s.metrics.IngestChangesAlone.Inc
 	s.pipeline.OnMemberLimit = s.metrics.ChannelMemberLimitRefusals.Inc
 	s.metrics.watchIngestQueue(s.pipeline.WaitingEvents)
 	s.metrics.Registry.MustRegister(newPoolCollector(pool))

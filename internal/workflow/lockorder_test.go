@@ -140,3 +140,45 @@ func TestDecisionsAndTriggersNeverDeadlock(t *testing.T) {
 	}
 	require.Equal(t, 2*waiting, f.count(`SELECT count(*) FROM workflow_approvals WHERE community_id = $1 AND status = 'granted'`, f.tenant.ID()))
 }
+
+// A workflow save, registered by RegisterTriggers, locks its channel's row
+// and so declares it (ingest.Handler.LocksChannelRow): it is a group of its
+// own, waits only the short wait of such a group for the row, and is then
+// handed on to run alone in its channel's line of changes. The row here is
+// held by the test, as a large channel's list fold holds it; once the
+// save's group has given up (a group that settled nothing), the row is
+// released and the save stored.
+// Mutation killed: LocksChannelRow dropped from the definition handler
+// (the save waits in an ordinary group, gives up after the groups' lock
+// timeout and runs alone outside the line: never handed on as a change).
+func TestWorkflowSaveIsHandedOnAsAChangeOfItsChannel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var handedOn, settledNothing atomic.Int64
+	f.p.OnChangeAlone = func() { handedOn.Add(1) }
+	f.p.OnGroup = func(st ingest.GroupStats) {
+		if st.Events == 0 {
+			settledNothing.Add(1)
+		}
+	}
+	owner := f.key()
+	ch := f.channel(owner)
+	f.save(owner, ch, uuid.NewString(), boundedYAML)
+	require.Zero(t, handedOn.Load(), "a save whose row was free was handed on")
+
+	fold, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = fold.Rollback(f.ctx) }()
+	_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+	require.NoError(t, err)
+	saved := make(chan error, 1)
+	go func() {
+		_, err := f.submit(f.sign(owner, workflow.KindDefinition, boundedYAML, nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}))
+		saved <- err
+	}()
+	require.Eventually(t, func() bool { return settledNothing.Load() == 1 }, 30*time.Second, 2*time.Millisecond,
+		"the save's group never gave up its wait for the row")
+	require.NoError(t, fold.Rollback(f.ctx))
+	require.NoError(t, <-saved)
+	require.EqualValues(t, 1, handedOn.Load(), "the save was not handed on as a change of its channel")
+}

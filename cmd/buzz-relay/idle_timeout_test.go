@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pguuid"
+)
+
+// serve's sessions end a transaction left idle for the write timeout, at
+// least 5 s, unless BUZZ_DATABASE_URL sets the timeout itself, as a
+// parameter or in options: the session value is read back with SHOW through
+// a real pool, as serve configures it.
+// Mutations killed: the 5 s floor dropped (2 s); the URL's parameter
+// overridden (30 s instead of 7 s); the options' value overridden (30 s
+// instead of 9 s: PostgreSQL applies a startup parameter after options).
+func TestServeSessionsIdleInTransactionTimeout(t *testing.T) {
+	t.Parallel()
+	base := dbtest.URL(t)
+	for _, tc := range []struct {
+		name         string
+		query        url.Values
+		writeTimeout time.Duration
+		want         string
+	}{
+		{"the write timeout", nil, 30 * time.Second, "30s"},
+		{"at least 5 s", nil, 2 * time.Second, "5s"},
+		{"other options", url.Values{"options": {"-c statement_timeout=60000"}}, 30 * time.Second, "30s"},
+		{"the URL's parameter", url.Values{"idle_in_transaction_session_timeout": {"7000"}}, 30 * time.Second, "7s"},
+		{"the URL's options", url.Values{"options": {"-c idle_in_transaction_session_timeout=9000"}}, 30 * time.Second, "9s"},
+		{"the URL's options, dashed", url.Values{"options": {"--idle-in-transaction-session-timeout=11000"}}, 30 * time.Second, "11s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := url.Parse(base)
+			require.NoError(t, err)
+			q := u.Query()
+			for k, v := range tc.query {
+				q[k] = v
+			}
+			// pgx reads a + in the query as itself, not as a space.
+			u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+			cfg, err := pguuid.ParsePoolConfig(u.String())
+			require.NoError(t, err)
+			armIdleInTransactionTimeout(cfg.ConnConfig, tc.writeTimeout)
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			var got string
+			require.NoError(t, pool.QueryRow(context.Background(), "SHOW idle_in_transaction_session_timeout").Scan(&got))
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
