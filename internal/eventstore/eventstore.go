@@ -506,7 +506,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded().After(s.Router.LastRemoval(community, nil)))
 	}
 	err = s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {
-		return q.QueryRow(ctx, sql, args...).Scan(&n)
+		return countIn(ctx, q.(beginner), sql, args, &n)
 	})
 	if session != nil {
 		if err == nil {
@@ -519,6 +519,28 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		return MaxCount, true, err
 	}
 	return n, false, err
+}
+
+// beginner is what a read runs on, a pool or a transaction: either begins
+// a transaction (or a savepoint) of its own.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// countIn runs a COUNT statement and scans its one value into into, in a
+// transaction of its own without sequential scans. Under its limit a count
+// may stop anywhere, and the planner, taking a community's rows to be
+// spread evenly through the table, costs a scan of the whole table that
+// stops at the limit below the community's own index: it then reads every
+// other community's rows stored before the counted one's. Without it, the
+// count reads the community's index entries and at most the limit's rows.
+func countIn(ctx context.Context, q beginner, sql string, args []any, into any) error {
+	return pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, sql, args...).Scan(into)
+	})
 }
 
 // tagsJSON is the text of an event's tags column, which PostgreSQL reads as

@@ -269,20 +269,31 @@ func TestAnalyzeWhenStaleNeedsARoleThatMayAnalyze(t *testing.T) {
 
 // TestCountReadsAtMostMaxCountRows: a COUNT matching more than MaxCount
 // events stops reading rows there, whatever the filters: the rows any
-// node reads from the table (not from an index's bitmap) stay within
-// MaxCount+1. Counted to the end, a COUNT of a whole community read every
-// row of it. Mutation killed: BuildCount without its LIMIT (20,000 rows
-// read for a count of 20,000).
+// node reads from the table (those it returns and those its conditions
+// removed) stay near MaxCount+1, with another community's rows stored
+// before the counted one's. Counted to the end, a COUNT of a whole
+// community read every row of it. Mutations killed: BuildCount without its
+// LIMIT (20,000 rows read for a count of 20,000); countIn without turning
+// sequential scans off (the limit was planned as a scan of the whole table
+// that stops there, which read the other community's 20,000 rows first).
 func TestCountReadsAtMostMaxCountRows(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.Pool(t)
 	ctx := context.Background()
+	other, err := db.New(pool).CommunityCreate(ctx, "other.example")
+	require.NoError(t, err)
+	burst(t, pool, other.ID, 2*MaxCount)
 	c, err := db.New(pool).CommunityCreate(ctx, "count.example")
 	require.NoError(t, err)
 	burst(t, pool, c.ID, 2*MaxCount)
 	_, err = pool.Exec(ctx, "ANALYZE events")
 	require.NoError(t, err)
 
+	// The limit stops at MaxCount+1 matching rows; rows of the counted
+	// community sharing their pages may be read beside them (a kinds:[1]
+	// count rechecks the kind-7 rows of a lossy bitmap's pages: 2,500),
+	// never the other community's 20,000 nor the counted one's 20,000 whole.
+	const readAtMost = MaxCount + 1 + MaxCount/2
 	for _, filters := range []nostr.Filters{
 		{{}},
 		{{Kinds: []int{1}}},
@@ -292,7 +303,7 @@ func TestCountReadsAtMostMaxCountRows(t *testing.T) {
 		sql, args, ok := BuildCount(c.ID, Scope{Reader: burstAuthor}, filters)
 		require.True(t, ok)
 		var out []byte
-		require.NoError(t, pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out))
+		require.NoError(t, countIn(ctx, pool, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args, &out))
 		var plans []struct {
 			Plan countedNode `json:"Plan"`
 		}
@@ -300,21 +311,24 @@ func TestCountReadsAtMostMaxCountRows(t *testing.T) {
 		var read float64
 		plans[0].Plan.walk(func(n countedNode) {
 			if n.RelationName == "events" {
-				read = max(read, n.ActualRows*max(n.ActualLoops, 1))
+				read = max(read, (n.ActualRows+n.RemovedByFilter+n.RemovedByRecheck)*max(n.ActualLoops, 1))
 			}
 		})
 		require.Positive(t, read, "%v: no node reads events:\n%s", filters, out)
-		require.LessOrEqual(t, read, float64(MaxCount+1), "%v: rows read from events", filters)
+		require.LessOrEqual(t, read, float64(readAtMost), "%v: rows read from events", filters)
 	}
 }
 
 // countedNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) that says how
-// many rows each node read from which table.
+// many rows each node read from which table: those it returned and those
+// its conditions removed.
 type countedNode struct {
-	RelationName string        `json:"Relation Name"`
-	ActualRows   float64       `json:"Actual Rows"`
-	ActualLoops  float64       `json:"Actual Loops"`
-	Plans        []countedNode `json:"Plans"`
+	RelationName     string        `json:"Relation Name"`
+	ActualRows       float64       `json:"Actual Rows"`
+	RemovedByFilter  float64       `json:"Rows Removed by Filter"`
+	RemovedByRecheck float64       `json:"Rows Removed by Index Recheck"`
+	ActualLoops      float64       `json:"Actual Loops"`
+	Plans            []countedNode `json:"Plans"`
 }
 
 func (n countedNode) walk(fn func(countedNode)) {

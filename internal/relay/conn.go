@@ -925,9 +925,10 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 		c.refuse(ctx, subID, "", err)
 		return
 	}
-	// The connection's context, as a REQ's presence read: each Redis read
-	// has its own deadline.
-	n += c.srv.presenceCount(c.ctx, c.tenant.ID(), filters)
+	if !approximate {
+		// A capped count stays MaxCount, as the answer promises.
+		n += c.srv.presenceCount(ctx, c.tenant.ID(), filters)
+	}
 	_ = c.send(nostr.EncodeCount(subID, n, approximate))
 	c.srv.metrics.ReqDuration.WithLabelValues("COUNT").Observe(time.Since(start).Seconds())
 }

@@ -14,10 +14,11 @@ import (
 // A COUNT stops counting at eventstore.MaxCount and says the answer is
 // approximate (NIP-45), over WebSocket and the bridge alike: counted to the
 // end, any reader's COUNT of a whole community read every one of its rows.
-// One match fewer is still counted exactly.
+// MaxCount matches exactly, or one fewer, are still counted exactly.
 //
-// Mutation killed: Count answering the rows its statement counted as they
-// are (10,001, without "approximate"). That the statement stops reading is
+// Mutations killed: Count answering the rows its statement counted as they
+// are (10,001, without "approximate"); Count calling MaxCount matches
+// approximate. That the statement stops reading is
 // eventstore's TestCountReadsAtMostMaxCountRows.
 func TestCountStopsAtMaxCountAndSaysSo(t *testing.T) {
 	t.Parallel()
@@ -26,7 +27,8 @@ func TestCountStopsAtMaxCountAndSaysSo(t *testing.T) {
 	c := r.Dial(t, "")
 	c.Auth(key)
 
-	// MaxCount+2 kind 1 notes and MaxCount-1 kind 7 reactions, stored
+	// MaxCount+2 kind 1 notes, MaxCount-1 kind 7 reactions and one kind 6
+	// repost, stored
 	// straight into the database: signing twenty thousand events would
 	// only slow the test.
 	insert := func(kind, n int) {
@@ -38,11 +40,12 @@ func TestCountStopsAtMaxCountAndSaysSo(t *testing.T) {
 	}
 	insert(1, eventstore.MaxCount+2)
 	insert(7, eventstore.MaxCount-1)
+	insert(6, 1)
 
 	capped := fmt.Sprintf(`{"count":%d,"approximate":true}`, eventstore.MaxCount)
 	exact := fmt.Sprintf(`{"count":%d}`, eventstore.MaxCount-1)
-	count := func(sub string, filter map[string]any) string {
-		c.Send("COUNT", sub, filter)
+	count := func(sub string, filters ...map[string]any) string {
+		c.Send(append([]any{"COUNT", sub}, anySlice(filters)...)...)
 		reply := c.Next()
 		require.Len(t, reply, 3)
 		return string(reply[2])
@@ -50,6 +53,8 @@ func TestCountStopsAtMaxCountAndSaysSo(t *testing.T) {
 	require.JSONEq(t, capped, count("all", map[string]any{}))
 	require.JSONEq(t, capped, count("notes", map[string]any{"kinds": []int{1}}))
 	require.JSONEq(t, exact, count("reactions", map[string]any{"kinds": []int{7}}))
+	require.JSONEq(t, fmt.Sprintf(`{"count":%d}`, eventstore.MaxCount),
+		count("reactions and reposts", map[string]any{"kinds": []int{7}}, map[string]any{"kinds": []int{6}}))
 
 	got := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
 	require.JSONEq(t, capped, got.Raw)

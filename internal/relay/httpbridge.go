@@ -448,8 +448,9 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 	if err == nil {
 		answer.Count, answer.Approximate, err = s.store.Count(ctx, tenant.ID(), scope, filters)
 	}
-	if err == nil {
-		answer.Count += s.presenceCount(r.Context(), tenant.ID(), filters)
+	if err == nil && !answer.Approximate {
+		// A capped count stays MaxCount, as the answer promises.
+		answer.Count += s.presenceCount(ctx, tenant.ID(), filters)
 	}
 	if err != nil {
 		status, msg := b.readFailure(r, ctx, tenant, err)
