@@ -20,7 +20,10 @@ import (
 // a real pool, as serve configures it.
 // Mutations killed: the 5 s floor dropped (2 s); the URL's parameter
 // overridden (30 s instead of 7 s); the options' value overridden (30 s
-// instead of 9 s: PostgreSQL applies a startup parameter after options).
+// instead of 9 s: PostgreSQL applies a startup parameter after options);
+// the name matched as text in options (a name in capitals missed, 30 s
+// instead of 12 s; the name as another setting's value taken for it, the
+// timeout left off).
 func TestServeSessionsIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
 	base := dbtest.URL(t)
@@ -36,6 +39,10 @@ func TestServeSessionsIdleInTransactionTimeout(t *testing.T) {
 		{"the URL's parameter", url.Values{"idle_in_transaction_session_timeout": {"7000"}}, 30 * time.Second, "7s"},
 		{"the URL's options", url.Values{"options": {"-c idle_in_transaction_session_timeout=9000"}}, 30 * time.Second, "9s"},
 		{"the URL's options, dashed", url.Values{"options": {"--idle-in-transaction-session-timeout=11000"}}, 30 * time.Second, "11s"},
+		{"the URL's options, in capitals", url.Values{"options": {"-c IDLE_IN_TRANSACTION_SESSION_TIMEOUT=12000"}}, 30 * time.Second, "12s"},
+		{"the URL's options, -c joined", url.Values{"options": {"-c statement_timeout=60000 -cidle_in_transaction_session_timeout=13000"}}, 30 * time.Second, "13s"},
+		{"the name as another option's value", url.Values{"options": {"-c application_name=idle_in_transaction_session_timeout"}}, 30 * time.Second, "30s"},
+		{"the URL's parameter, in capitals", url.Values{"IDLE_IN_TRANSACTION_SESSION_TIMEOUT": {"14000"}}, 30 * time.Second, "14s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u, err := url.Parse(base)

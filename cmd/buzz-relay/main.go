@@ -198,15 +198,67 @@ const minIdleInTransactionTimeout = 5 * time.Second
 // options value would override it.
 func armIdleInTransactionTimeout(conn *pgx.ConnConfig, writeTimeout time.Duration) {
 	const name = "idle_in_transaction_session_timeout"
-	if _, set := conn.RuntimeParams[name]; set {
-		return
-	}
-	// -c name=value, --name=value; PostgreSQL reads '-' in a name as '_'.
-	if strings.Contains(strings.ReplaceAll(conn.RuntimeParams["options"], "-", "_"), name) {
-		return
+	for param, value := range conn.RuntimeParams {
+		if settingNamed(param, name) || param == "options" && optionsSet(value, name) {
+			return
+		}
 	}
 	idle := max(writeTimeout, minIdleInTransactionTimeout)
 	conn.RuntimeParams[name] = strconv.FormatInt(idle.Milliseconds(), 10)
+}
+
+// settingNamed reports whether key names the setting name as PostgreSQL
+// reads it: in any case, with '-' for '_'.
+func settingNamed(key, name string) bool {
+	return strings.EqualFold(strings.ReplaceAll(key, "-", "_"), name)
+}
+
+// optionsSet reports whether a libpq options string sets name, as the
+// server splits it: words parted by blanks, a backslash keeping the next
+// character; "-c name=value", "-cname=value" or "--name=value".
+func optionsSet(options, name string) bool {
+	var words []string
+	var word strings.Builder
+	escaped, inWord := false, false
+	for _, r := range options {
+		switch {
+		case escaped:
+			word.WriteRune(r)
+			escaped, inWord = false, true
+		case r == '\\':
+			escaped, inWord = true, true
+		case r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\f' || r == '\v':
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, word.String())
+	}
+	for i := 0; i < len(words); i++ {
+		var setting string
+		switch w := words[i]; {
+		case w == "-c" && i+1 < len(words):
+			i++
+			setting = words[i]
+		case strings.HasPrefix(w, "--"):
+			setting = w[2:]
+		case strings.HasPrefix(w, "-c"):
+			setting = w[2:]
+		default:
+			continue
+		}
+		if key, _, ok := strings.Cut(setting, "="); ok && settingNamed(key, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // serve runs the relay on ls, which it closes on return, until ctx ends;
