@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // Changes of one channel that run alone wait their turn in a line, one at a
@@ -23,19 +25,29 @@ type changeLines struct {
 	waiting atomic.Int64
 }
 
-// changeLineKey is a channel as an event names it: its community and h tag.
+// changeLineKey is a channel: its community and id.
 type changeLineKey struct {
 	community uuid.UUID
-	channel   string
+	channel   uuid.UUID
 }
 
 // changeLineOf is the line of j's channel; false for an event naming none.
+// The h tag is read as the channel id its handler locks the row of, so
+// every spelling of one id (capitals, braces, a urn: prefix) is one line.
 func changeLineOf(j *groupJob) (changeLineKey, bool) {
-	h := j.w.Event.Tags.First("h")
+	return changeLineFor(j.w.Tenant.ID(), j.w.Event.Tags)
+}
+
+func changeLineFor(community uuid.UUID, tags nostr.Tags) (changeLineKey, bool) {
+	h := tags.First("h")
 	if h == nil {
 		return changeLineKey{}, false
 	}
-	return changeLineKey{j.w.Tenant.ID(), h[1]}, true
+	channel, err := uuid.Parse(h[1])
+	if err != nil {
+		return changeLineKey{}, false
+	}
+	return changeLineKey{community, channel}, true
 }
 
 // join puts j at the end of its channel's line (its turn comes at once
