@@ -43,11 +43,16 @@ func TestMissedPongClosesTheConnection(t *testing.T) {
 // would otherwise cut off a client that answers every ping. Once the REQ
 // is answered, pings count again: the client stops reading and is closed.
 //
+// Pings every 500 ms: the client answers pings only while it reads, and
+// between its AUTH's answer and its REQ it does not; at 200 ms a goroutine
+// held up that long on a loaded box (race detector, 2 cores) missed a pong
+// before the REQ arrived, and the connection was rightly closed.
+//
 // Mutations killed: closing on every missed pong (the EOSE never comes);
 // leaving the handling flag set after the handler (never closed after).
 func TestPingSparesAConnectionWhileItsRequestIsHandled(t *testing.T) {
 	t.Parallel()
-	r := relaytest.Start(t, func(c *config.Config) { c.PingInterval = 200 * time.Millisecond })
+	r := relaytest.Start(t, func(c *config.Config) { c.PingInterval = 500 * time.Millisecond })
 	ctx := context.Background()
 	lock, err := r.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -64,7 +69,7 @@ func TestPingSparesAConnectionWhileItsRequestIsHandled(t *testing.T) {
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
-		time.Sleep(2 * time.Second) // ten ping intervals
+		time.Sleep(5 * time.Second) // ten ping intervals
 		_ = lock.Rollback(ctx)
 	}()
 	defer func() { <-released }()
