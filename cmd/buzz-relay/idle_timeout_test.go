@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -15,36 +17,50 @@ import (
 )
 
 // serve's sessions end a transaction left idle for the write timeout, at
-// least 5 s, unless BUZZ_DATABASE_URL sets the timeout itself, as a
-// parameter or in options: the session value is read back with SHOW through
-// a real pool, as serve configures it.
-// Mutations killed: the 5 s floor dropped (2 s); the URL's parameter
-// overridden (30 s instead of 7 s); the options' value overridden (30 s
-// instead of 9 s: PostgreSQL applies a startup parameter after options);
-// the name matched as text in options (a name in capitals missed, 30 s
-// instead of 12 s; the name as another setting's value taken for it, the
-// timeout left off).
+// least 5 s, unless the operator set the timeout for the relay: in
+// BUZZ_DATABASE_URL, as a parameter or in options, or with ALTER DATABASE /
+// ALTER ROLE ... SET. The session value is read back with SHOW through a
+// real pool, as serve configures it.
+// Mutations killed: the 5 s floor dropped (2 s); the URL's parameter or
+// options overridden (30 s instead of 7 s, 9 s, ...); the role's or the
+// database's setting overridden (30 s instead of 15 s / 16 s: what a
+// startup parameter did).
 func TestServeSessionsIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
 	base := dbtest.URL(t)
 	for _, tc := range []struct {
 		name         string
 		query        url.Values
+		alter        string // run on the test's own database first; %s is its name
 		writeTimeout time.Duration
 		want         string
 	}{
-		{"the write timeout", nil, 30 * time.Second, "30s"},
-		{"at least 5 s", nil, 2 * time.Second, "5s"},
-		{"other options", url.Values{"options": {"-c statement_timeout=60000"}}, 30 * time.Second, "30s"},
-		{"the URL's parameter", url.Values{"idle_in_transaction_session_timeout": {"7000"}}, 30 * time.Second, "7s"},
-		{"the URL's options", url.Values{"options": {"-c idle_in_transaction_session_timeout=9000"}}, 30 * time.Second, "9s"},
-		{"the URL's options, dashed", url.Values{"options": {"--idle-in-transaction-session-timeout=11000"}}, 30 * time.Second, "11s"},
-		{"the URL's options, in capitals", url.Values{"options": {"-c IDLE_IN_TRANSACTION_SESSION_TIMEOUT=12000"}}, 30 * time.Second, "12s"},
-		{"the URL's options, -c joined", url.Values{"options": {"-c statement_timeout=60000 -cidle_in_transaction_session_timeout=13000"}}, 30 * time.Second, "13s"},
-		{"the name as another option's value", url.Values{"options": {"-c application_name=idle_in_transaction_session_timeout"}}, 30 * time.Second, "30s"},
-		{"the URL's parameter, in capitals", url.Values{"IDLE_IN_TRANSACTION_SESSION_TIMEOUT": {"14000"}}, 30 * time.Second, "14s"},
+		{"the write timeout", nil, "", 30 * time.Second, "30s"},
+		{"at least 5 s", nil, "", 2 * time.Second, "5s"},
+		{"other options", url.Values{"options": {"-c statement_timeout=60000"}}, "", 30 * time.Second, "30s"},
+		{"the URL's parameter", url.Values{"idle_in_transaction_session_timeout": {"7000"}}, "", 30 * time.Second, "7s"},
+		{"the URL's options", url.Values{"options": {"-c idle_in_transaction_session_timeout=9000"}}, "", 30 * time.Second, "9s"},
+		{"the URL's options, dashed", url.Values{"options": {"--idle-in-transaction-session-timeout=11000"}}, "", 30 * time.Second, "11s"},
+		{"the URL's options, in capitals", url.Values{"options": {"-c IDLE_IN_TRANSACTION_SESSION_TIMEOUT=12000"}}, "", 30 * time.Second, "12s"},
+		{"the URL's options, -c joined", url.Values{"options": {"-c statement_timeout=60000 -cidle_in_transaction_session_timeout=13000"}}, "", 30 * time.Second, "13s"},
+		{"the name as another option's value", url.Values{"options": {"-c application_name=idle_in_transaction_session_timeout"}}, "", 30 * time.Second, "30s"},
+		{"the URL's parameter, in capitals", url.Values{"IDLE_IN_TRANSACTION_SESSION_TIMEOUT": {"14000"}}, "", 30 * time.Second, "14s"},
+		{"the database's setting", nil, "ALTER DATABASE %s SET idle_in_transaction_session_timeout = 15000", 30 * time.Second, "15s"},
+		{"the role's setting in the database", nil, "ALTER ROLE CURRENT_USER IN DATABASE %s SET idle_in_transaction_session_timeout = 16000", 30 * time.Second, "16s"},
+		{"another setting of the database", nil, "ALTER DATABASE %s SET statement_timeout = 60000", 30 * time.Second, "30s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			base := base
+			if tc.alter != "" {
+				// A database of its own: the setting applies to every later session.
+				base = dbtest.URL(t)
+				conn, err := pgx.Connect(context.Background(), base)
+				require.NoError(t, err)
+				name := pgx.Identifier{conn.Config().Database}.Sanitize()
+				_, err = conn.Exec(context.Background(), fmt.Sprintf(tc.alter, name))
+				conn.Close(context.Background())
+				require.NoError(t, err)
+			}
 			u, err := url.Parse(base)
 			require.NoError(t, err)
 			q := u.Query()
@@ -55,7 +71,7 @@ func TestServeSessionsIdleInTransactionTimeout(t *testing.T) {
 			u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 			cfg, err := pguuid.ParsePoolConfig(u.String())
 			require.NoError(t, err)
-			armIdleInTransactionTimeout(cfg.ConnConfig, tc.writeTimeout)
+			armIdleInTransactionTimeout(cfg, tc.writeTimeout)
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			defer pool.Close()

@@ -21,7 +21,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -185,81 +184,42 @@ func listen(cfg config.Config, public net.Listener) (addresses, error) {
 // or a pause of the process under load must not end a healthy one.
 const minIdleInTransactionTimeout = 5 * time.Second
 
-// armIdleInTransactionTimeout sets the sessions' idle_in_transaction_session_timeout
-// to writeTimeout (at least minIdleInTransactionTimeout) unless the database
-// URL sets it, as a parameter or in options. A process that stops running
+// armIdleInTransactionTimeout sets each new session's
+// idle_in_transaction_session_timeout to writeTimeout (at least
+// minIdleInTransactionTimeout) unless the operator set it for the relay:
+// in BUZZ_DATABASE_URL (a parameter or options, source "client") or with
+// ALTER ROLE / ALTER DATABASE ... SET. A process that stops running
 // mid-transaction (frozen, or cut off without a FIN reaching the server)
 // would keep its locks, a channel's write lock among them, and block that
 // channel's writes on every process for as long as it stays away. The relay
 // never leaves a transaction waiting on itself for longer than it lets a
-// write take, so the server may end one left idle that long. A value in the
-// URL is the operator's and stays: PostgreSQL applies a startup parameter
-// after the options' -c settings, so setting the parameter beside an
-// options value would override it.
-func armIdleInTransactionTimeout(conn *pgx.ConnConfig, writeTimeout time.Duration) {
-	const name = "idle_in_transaction_session_timeout"
-	for param, value := range conn.RuntimeParams {
-		if settingNamed(param, name) || param == "options" && optionsSet(value, name) {
-			return
-		}
-	}
-	idle := max(writeTimeout, minIdleInTransactionTimeout)
-	conn.RuntimeParams[name] = strconv.FormatInt(idle.Milliseconds(), 10)
-}
-
-// settingNamed reports whether key names the setting name as PostgreSQL
-// reads it: in any case, with '-' for '_'.
-func settingNamed(key, name string) bool {
-	return strings.EqualFold(strings.ReplaceAll(key, "-", "_"), name)
-}
-
-// optionsSet reports whether a libpq options string sets name, as the
-// server splits it: words parted by blanks, a backslash keeping the next
-// character; "-c name=value", "-cname=value" or "--name=value".
-func optionsSet(options, name string) bool {
-	var words []string
-	var word strings.Builder
-	escaped, inWord := false, false
-	for _, r := range options {
-		switch {
-		case escaped:
-			word.WriteRune(r)
-			escaped, inWord = false, true
-		case r == '\\':
-			escaped, inWord = true, true
-		case r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\f' || r == '\v':
-			if inWord {
-				words = append(words, word.String())
-				word.Reset()
-				inWord = false
+// write take, so the server may end one left idle that long. It is set
+// after connecting, not as a startup parameter: PostgreSQL applies a
+// startup parameter over the role's and the database's settings. A
+// cluster-wide value (postgresql.conf, ALTER SYSTEM) is not the relay's
+// own and is overridden.
+func armIdleInTransactionTimeout(cfg *pgxpool.Config, writeTimeout time.Duration) {
+	idle := strconv.FormatInt(max(writeTimeout, minIdleInTransactionTimeout).Milliseconds(), 10)
+	connected := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if connected != nil {
+			if err := connected(ctx, conn); err != nil {
+				return err
 			}
-		default:
-			word.WriteRune(r)
-			inWord = true
 		}
+		_, err := conn.Exec(ctx, setIdleInTransactionTimeoutUnlessOperators, idle)
+		return err
 	}
-	if inWord {
-		words = append(words, word.String())
-	}
-	for i := 0; i < len(words); i++ {
-		var setting string
-		switch w := words[i]; {
-		case w == "-c" && i+1 < len(words):
-			i++
-			setting = words[i]
-		case strings.HasPrefix(w, "--"):
-			setting = w[2:]
-		case strings.HasPrefix(w, "-c"):
-			setting = w[2:]
-		default:
-			continue
-		}
-		if key, _, ok := strings.Cut(setting, "="); ok && settingNamed(key, name) {
-			return true
-		}
-	}
-	return false
 }
+
+// setIdleInTransactionTimeoutUnlessOperators sets the session's timeout
+// unless its value came from the connection or from the relay's role or
+// database.
+const setIdleInTransactionTimeoutUnlessOperators = `
+SELECT set_config(name, $1, false)
+FROM pg_settings
+WHERE name = 'idle_in_transaction_session_timeout'
+  AND source NOT IN ('client', 'user', 'database', 'database user')`
 
 // serve runs the relay on ls, which it closes on return, until ctx ends;
 // getenv supplies the settings that are not part of config.Config (the
@@ -281,7 +241,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	}
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
-	armIdleInTransactionTimeout(poolCfg.ConnConfig, cfg.IngestWriteTimeout)
+	armIdleInTransactionTimeout(poolCfg, cfg.IngestWriteTimeout)
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.
