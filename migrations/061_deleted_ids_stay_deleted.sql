@@ -34,8 +34,11 @@
 -- EXCLUSIVE on events: writers wait for the migration's commit, which
 -- scans nothing). The existing deletions' targets are filled in by 062,
 -- which blocks no writer.
+-- Deploy: safe while relays of the previous version run: the rule is in the
+-- database, so their writes keep it too, and they answer a refused event as
+-- superseded (zero rows), as they answer an older version of a slot.
 -- Roll back: the down part drops the triggers, functions and table; events
--- are unchanged.
+-- are unchanged (deleted ids arriving afterwards are stored again).
 
 SET LOCAL lock_timeout = '5s';
 
