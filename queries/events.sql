@@ -1,6 +1,7 @@
 -- name: EventInsert :execrows
 -- Zero rows affected means the event was not stored: either it is already
--- here (duplicate) or the replaceable-slot trigger kept a newer version.
+-- here (duplicate), or its author deleted its id (events_deleted_id_refused),
+-- or the replaceable-slot trigger kept a newer version or found its deletion.
 INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag, expires_at)
 VALUES (
     @community_id::uuid, @id::bytea, @pubkey::bytea, to_timestamp(@created_at::bigint),

@@ -1639,6 +1639,50 @@ $$;
 
 
 --
+-- Name: events_record_deletion_targets(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.events_record_deletion_targets() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(
+        'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
+    INSERT INTO event_deletion_targets (community_id, target_id, author)
+    SELECT NEW.community_id, decode(tag->>1, 'hex'), NEW.pubkey
+    FROM jsonb_array_elements(NEW.tags) AS tag
+    WHERE jsonb_typeof(tag) = 'array' AND tag->>0 = 'e'
+      AND jsonb_typeof(tag->1) = 'string' AND tag->>1 ~ '^[0-9a-f]{64}$'
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$_$;
+
+
+--
+-- Name: events_refuse_deleted_id(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.events_refuse_deleted_id() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(
+        'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
+    IF EXISTS (
+        SELECT FROM event_deletion_targets
+        WHERE community_id = NEW.community_id AND target_id = NEW.id AND author = NEW.pubkey
+    ) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: events_tag_index(jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2227,6 +2271,26 @@ CREATE TABLE public.community_serving_write_leases (
     CONSTRAINT community_serving_write_leases_generation CHECK ((fence_generation >= 0))
 )
 WITH (fillfactor='50');
+
+
+--
+-- Name: event_deletion_targets; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.event_deletion_targets (
+    community_id uuid NOT NULL,
+    target_id bytea NOT NULL,
+    author bytea NOT NULL,
+    CONSTRAINT event_deletion_targets_author_len CHECK ((octet_length(author) = 32)),
+    CONSTRAINT event_deletion_targets_id_len CHECK ((octet_length(target_id) = 32))
+);
+
+
+--
+-- Name: TABLE event_deletion_targets; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.event_deletion_targets IS 'Event ids a stored kind 5 names in an e tag, with its author: an event of that author with that id is never stored.';
 
 
 --
@@ -2827,6 +2891,14 @@ ALTER TABLE ONLY public.community_serving_write_leases
 
 
 --
+-- Name: event_deletion_targets event_deletion_targets_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.event_deletion_targets
+    ADD CONSTRAINT event_deletion_targets_pkey PRIMARY KEY (community_id, target_id, author);
+
+
+--
 -- Name: event_mentions event_mentions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -3374,6 +3446,13 @@ CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON publi
 
 
 --
+-- Name: event_deletion_targets _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER _community_write_fence BEFORE INSERT OR DELETE OR UPDATE ON public.event_deletion_targets FOR EACH ROW EXECUTE FUNCTION public.enforce_community_write_fence();
+
+
+--
 -- Name: event_mentions _community_write_fence; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3549,6 +3628,20 @@ CREATE CONSTRAINT TRIGGER events_created_at_floor AFTER INSERT OR UPDATE OF crea
 
 
 --
+-- Name: events events_deleted_id_refused; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER events_deleted_id_refused BEFORE INSERT ON public.events FOR EACH ROW WHEN ((new.kind <> 5)) EXECUTE FUNCTION public.events_refuse_deleted_id();
+
+
+--
+-- Name: events events_deletion_targets_recorded; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER events_deletion_targets_recorded AFTER INSERT ON public.events FOR EACH ROW WHEN ((new.kind = 5)) EXECUTE FUNCTION public.events_record_deletion_targets();
+
+
+--
 -- Name: events events_keep_newest_version; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3653,6 +3746,14 @@ ALTER TABLE ONLY public.community_deletion_requests
 
 ALTER TABLE ONLY public.community_serving_write_leases
     ADD CONSTRAINT community_serving_write_leases_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
+
+
+--
+-- Name: event_deletion_targets event_deletion_targets_community_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.event_deletion_targets
+    ADD CONSTRAINT event_deletion_targets_community_id_fkey FOREIGN KEY (community_id) REFERENCES public.communities(id);
 
 
 --

@@ -160,7 +160,8 @@ type EventInsertParams struct {
 }
 
 // Zero rows affected means the event was not stored: either it is already
-// here (duplicate) or the replaceable-slot trigger kept a newer version.
+// here (duplicate), or its author deleted its id (events_deleted_id_refused),
+// or the replaceable-slot trigger kept a newer version or found its deletion.
 func (q *Queries) EventInsert(ctx context.Context, arg EventInsertParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventInsert,
 		arg.CommunityID,

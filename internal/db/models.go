@@ -550,6 +550,13 @@ type Event struct {
 	ExpiresAt   *time.Time
 }
 
+// Event ids a stored kind 5 names in an e tag, with its author: an event of that author with that id is never stored.
+type EventDeletionTarget struct {
+	CommunityID uuid.UUID
+	TargetID    []byte
+	Author      []byte
+}
+
 type EventMention struct {
 	CommunityID    uuid.UUID
 	PubkeyHex      string

@@ -35,7 +35,7 @@ type Outcome int
 const (
 	Stored     Outcome = iota // inserted and fanned out
 	Duplicate                 // already stored in this community
-	Superseded                // a newer version of its slot, or the slot's deletion, is stored
+	Superseded                // its deletion (by id or by slot), or a newer version of its slot, is stored
 	Relayed                   // ephemeral: fanned out, never stored
 )
 
@@ -45,7 +45,7 @@ func (o Outcome) Message() string {
 	case Duplicate:
 		return "duplicate: already have this event"
 	case Superseded:
-		return "duplicate: a newer version of this address, or its deletion, is already stored"
+		return "duplicate: this event's deletion, or a newer version of its address, is already stored"
 	}
 	return ""
 }
@@ -662,8 +662,9 @@ func (p *Pipeline) stored(ctx context.Context, tenant community.Tenant, ev *nost
 	return db.New(p.pool).EventExists(ctx, db.EventExistsParams{CommunityID: tenant.ID(), ID: id[:]})
 }
 
-// notInserted tells a duplicate from an event the replaceable-slot trigger
-// refused because a newer version (or a deletion) is stored.
+// notInserted tells a duplicate from an event a trigger refused because its
+// author deleted it (by id or by slot) or a newer version of its slot is
+// stored.
 func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, error) {
 	exists, err := p.stored(ctx, tenant, ev)
 	if err != nil {

@@ -1,0 +1,179 @@
+package ingest_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/fanout"
+	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/nostr"
+)
+
+// An event whose author deleted its id (e tag) before it arrived here is
+// refused like an older version of a deleted address: answered as
+// superseded, never stored. Only the author's own deletion in the same
+// community counts; a deletion hidden by a moderator still does, as for an
+// address. A kind 5 cannot be deleted, so one named by another is stored.
+// Mutations killed: without the trigger events_deleted_id_refused (061) the
+// note arrives Stored and live; with it named to fire after
+// events_keep_newest_version, the refused v2 has already removed v1.
+func TestEventDeletedBeforeItArrivesStaysDeleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deleted-id.example", 0)
+	alice, bob, owner := f.key(), f.key(), f.key()
+	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
+	arrives := func(ev *nostr.Event) ingest.Outcome {
+		t.Helper()
+		out, err := f.submit(ev)
+		require.NoError(t, err)
+		return out
+	}
+
+	note := f.sign(alice, nostr.KindTextNote, "deleted elsewhere first", nil, f.base)
+	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", note.ID}}, f.base+10))
+	require.Equal(t, ingest.Superseded, arrives(note))
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, note.ID), "refused, not stored")
+	require.Equal(t, ingest.Superseded, arrives(note), "sent again, the same answer")
+
+	// Another author's deletion naming the id changes nothing.
+	bobs := f.sign(bob, nostr.KindTextNote, "bob's", nil, f.base)
+	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", bobs.ID}}, f.base+10))
+	require.Equal(t, ingest.Stored, arrives(bobs))
+
+	// Neither does the author's deletion in another community.
+	elsewhere := f.community("deleted-id-other.example")
+	moved := f.sign(alice, nostr.KindTextNote, "stored in the other community", nil, f.base)
+	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", moved.ID}}, f.base+10))
+	out, err := f.p.Submit(f.ctx, elsewhere, moved.PubKey, moved)
+	require.NoError(t, err)
+	require.Equal(t, ingest.Stored, out)
+
+	// A newer version of a replaceable slot, deleted by id: refused, and the
+	// version stored before stays the slot's head (the refusal must come
+	// before the slot trigger removes older versions).
+	v1 := f.store(f.sign(alice, nostr.KindMetadata, `{"name":"v1"}`, nil, f.base))
+	v2 := f.sign(alice, nostr.KindMetadata, `{"name":"v2"}`, nil, f.base+5)
+	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", v2.ID}}, f.base+10))
+	require.Equal(t, ingest.Superseded, arrives(v2))
+	require.Equal(t, 1, f.count(live, v1.ID), "the older version stays")
+
+	// A deletion hidden by a channel moderator keeps its id deleted.
+	ch := f.channel(owner, false)
+	f.store(f.sign(alice, ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0))
+	message := f.sign(alice, ingest.KindChat, "in the channel", nostr.Tags{{"h", ch}}, 0)
+	deletion := f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", message.ID}, {"h", ch}}, 0))
+	f.store(f.sign(owner, ingest.KindDeleteEvent, "", nostr.Tags{{"h", ch}, {"e", deletion.ID}}, 0))
+	require.Zero(t, f.count(live, deletion.ID), "the deletion is hidden")
+	require.Equal(t, ingest.Superseded, arrives(message))
+
+	// A deletion named by a later one is not deleted, and one named first
+	// is stored when it arrives.
+	first := f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", bobs.ID}}, f.base+20)
+	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", first.ID}}, f.base+30))
+	require.Equal(t, ingest.Stored, arrives(first))
+	require.Equal(t, 1, f.count(live, first.ID))
+}
+
+// A deletion by id and its target committing at the same moment, on two
+// pipelines (as on two relay processes), never leave the target live,
+// whichever commits first. Each case holds one event's transaction open at
+// its end, submits the other, waits until the other waits for a lock (or is
+// done), then lets the first commit: the interleaving in which each misses
+// the other's uncommitted row. Then both are raced freely, many times.
+//
+// Mutations killed: without either advisory lock of 061 (the shared one in
+// events_refuse_deleted_id, the exclusive one in
+// events_record_deletion_targets, or both), in "deletion first" the
+// target's probe misses the uncommitted deletion target, and in "target
+// first" the deletion's UPDATE misses the uncommitted target: the target
+// stays live, in every case, and in 11-24 of the 200 free races.
+func TestIDDeletionRacingItsTarget(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"deletion", "target"} {
+		t.Run(first+" first", func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, "id-delrace-"+first+".example", 4)
+			key := f.key()
+			target := f.sign(key, nostr.KindTextNote, "late note", nil, f.base)
+			deletion := f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"e", target.ID}}, f.base+10)
+			held, other := deletion, target
+			if first == "target" {
+				held, other = target, deletion
+			}
+
+			reached, release := make(chan struct{}), make(chan struct{})
+			var releaseOnce sync.Once
+			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+			f.p.RegisterSideRows(ingest.SideRows{
+				Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
+				Apply: func(ctx context.Context, _ *ingest.Write) error {
+					close(reached)
+					select {
+					case <-release:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				},
+			})
+			secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+			submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
+				done := make(chan error, 1)
+				go func() {
+					_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+					done <- err
+				}()
+				return done
+			}
+
+			heldDone := submit(f.p, held)
+			select {
+			case <-reached:
+			case err := <-heldDone:
+				t.Fatalf("the held event finished before its side row: %v", err)
+			}
+			otherDone := submit(secondProcess, other)
+			waitBlockedOrDone(t, f.pool, otherDone)
+			releaseOnce.Do(func() { close(release) })
+			require.NoError(t, <-heldDone)
+			require.NoError(t, <-otherDone)
+			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, target.ID),
+				"a deleted note came back")
+		})
+	}
+
+	t.Run("raced freely", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, "id-delrace-free.example", 8)
+		secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+		const rounds = 200
+		targets := make([]string, 0, rounds)
+		for i := range rounds {
+			key := f.key()
+			target := f.sign(key, nostr.KindTextNote, "late note", nil, f.base+int64(i))
+			deletion := f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"e", target.ID}}, f.base+int64(i)+1)
+			targets = append(targets, target.ID)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for j, ev := range []*nostr.Event{target, deletion} {
+				p := f.p
+				if (i+j)%2 == 1 {
+					p = secondProcess
+				}
+				wg.Go(func() {
+					<-start
+					_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+					require.NoError(t, err)
+				})
+			}
+			close(start)
+			wg.Wait()
+		}
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = ANY($1) AND deleted_at IS NULL`, targets),
+			"a deleted note came back")
+	})
+}
