@@ -18,7 +18,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -49,9 +48,10 @@ type Store struct {
 	// ReadSlots, when set, bounds how many of Query's and Count's
 	// statements run on the writer pool at once: the rest of the pool stays
 	// free for writes, which a storm of reads would otherwise keep waiting
-	// for a connection. Reads beyond it wait for a slot, at most
-	// StatementTimeout (then ErrReadSlotsBusy).
-	ReadSlots *semaphore.Weighted
+	// for a connection. Reads beyond it, or beyond their client's share
+	// (WithClient), wait for a slot, at most StatementTimeout (then
+	// ErrReadSlotsBusy).
+	ReadSlots *ReadSlots
 	// Router, when set, may serve Query and Count from a read replica that
 	// proves it holds what they need (internal/replica); nil reads the
 	// writer (pool) only.
@@ -300,7 +300,7 @@ var ErrReadSlotsBusy = errors.New("eventstore: every read slot stayed busy")
 func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error {
 	if s.ReadSlots != nil {
 		wait, cancel := s.statementContext(ctx)
-		err := s.ReadSlots.Acquire(wait, 1)
+		release, err := s.ReadSlots.Acquire(wait)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -308,7 +308,7 @@ func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error 
 			}
 			return ErrReadSlotsBusy
 		}
-		defer s.ReadSlots.Release(1)
+		defer release()
 	}
 	return read(s.pool)
 }
