@@ -213,6 +213,18 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		// An upload renews its serving-write lease right before it makes
 		// its blob visible: one whose lease lapsed meanwhile stores nothing.
 		s.media.UseCommitGuard(deletion.ConfirmServingLease)
+		// A blob referenced again starts the sweep's grace anew when it is
+		// unreferenced next. Any key may upload: the statement waits for a
+		// read slot, taken after the blob lock's is given back.
+		forget := media.ForgetUnreferenced(pool)
+		s.media.UseOnReference(func(ctx context.Context, blob string) error {
+			release, err := s.readSlot(ctx)
+			if err != nil {
+				return err
+			}
+			defer release()
+			return forget(ctx, blob)
+		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
 	s.store.ReadSlots = eventstore.NewReadSlots(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters))
