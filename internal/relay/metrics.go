@@ -25,10 +25,10 @@ type Metrics struct {
 	// WebhookCallsRefused counts workflow webhook calls refused by a cap
 	// of calls being answered, by cap (total, address).
 	WebhookCallsRefused *prometheus.CounterVec
-	ReplyQueueBytes  prometheus.Gauge
-	AuthTimeouts     prometheus.Counter
-	RateLimited      prometheus.Counter
-	DBQuery          *prometheus.HistogramVec // query: the statement's name
+	ReplyQueueBytes     prometheus.Gauge
+	AuthTimeouts        prometheus.Counter
+	RateLimited         prometheus.Counter
+	DBQuery             *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid, unsigned.
 	OwnerAttestations *prometheus.CounterVec
