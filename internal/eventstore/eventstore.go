@@ -18,7 +18,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -49,9 +48,10 @@ type Store struct {
 	// ReadSlots, when set, bounds how many of Query's and Count's
 	// statements run on the writer pool at once: the rest of the pool stays
 	// free for writes, which a storm of reads would otherwise keep waiting
-	// for a connection. Reads beyond it wait for a slot, at most
-	// StatementTimeout (then ErrReadSlotsBusy).
-	ReadSlots *semaphore.Weighted
+	// for a connection. Reads beyond it, or beyond their client's share
+	// (WithClient), wait for a slot, at most StatementTimeout (then
+	// ErrReadSlotsBusy).
+	ReadSlots *ReadSlots
 	// Router, when set, may serve Query and Count from a read replica that
 	// proves it holds what they need (internal/replica); nil reads the
 	// writer (pool) only.
@@ -300,7 +300,7 @@ var ErrReadSlotsBusy = errors.New("eventstore: every read slot stayed busy")
 func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error {
 	if s.ReadSlots != nil {
 		wait, cancel := s.statementContext(ctx)
-		err := s.ReadSlots.Acquire(wait, 1)
+		release, err := s.ReadSlots.Acquire(wait)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -308,7 +308,7 @@ func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error 
 			}
 			return ErrReadSlotsBusy
 		}
-		defer s.ReadSlots.Release(1)
+		defer release()
 	}
 	return read(s.pool)
 }
@@ -506,7 +506,7 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 		session = s.Router.Begin(ctx, PathCount, replica.Bounded().After(s.Router.LastRemoval(community, nil)))
 	}
 	err = s.onSession(ctx, &session, func(ctx context.Context, q db.DBTX) error {
-		return countIn(ctx, q.(beginner), sql, args, &n)
+		return countIn(ctx, q.(batcher), sql, args, &n)
 	})
 	if session != nil {
 		if err == nil {
@@ -521,26 +521,32 @@ func (s *Store) Count(ctx context.Context, community uuid.UUID, scope Scope, fil
 	return n, false, err
 }
 
-// beginner is what a read runs on, a pool or a transaction: either begins
-// a transaction (or a savepoint) of its own.
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+// batcher is what a read runs on, a pool or a transaction.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// countIn runs a COUNT statement and scans its one value into into, in a
-// transaction of its own without sequential scans. Under its limit a count
-// may stop anywhere, and the planner, taking a community's rows to be
-// spread evenly through the table, costs a scan of the whole table that
-// stops at the limit below the community's own index: it then reads every
-// other community's rows stored before the counted one's. Without it, the
-// count reads the community's index entries and at most the limit's rows.
-func countIn(ctx context.Context, q beginner, sql string, args []any, into any) error {
-	return pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, sql, args...).Scan(into)
-	})
+// seqscanOff turns sequential scans off until the end of the transaction
+// it runs in.
+const seqscanOff = "-- name: EventsCountSeqscanOff\nSELECT set_config('enable_seqscan', 'off', true)"
+
+// countIn runs a COUNT statement and scans its one value into into, with
+// sequential scans off. Under its limit a count may stop anywhere, and the
+// planner, taking a community's rows to be spread evenly through the
+// table, costs a scan of the whole table that stops at the limit below the
+// community's own index: it then reads every other community's rows stored
+// before the counted one's. Without it, the count reads the community's
+// index entries and at most the limit's rows.
+//
+// The setting and the count go in one batch, one round trip: a batch runs
+// in a transaction of its own (on a replica session's transaction, within
+// it), which the setting ends with, so it never reaches another statement
+// of the pooled connection.
+func countIn(ctx context.Context, q batcher, sql string, args []any, into any) error {
+	b := &pgx.Batch{}
+	b.Queue(seqscanOff)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(into) })
+	return q.SendBatch(ctx, b).Close()
 }
 
 // tagsJSON is the text of an event's tags column, which PostgreSQL reads as

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -30,7 +29,7 @@ func TestWriterReadsWaitForASlot(t *testing.T) {
 	community, err := db.New(pool).CommunityEnsure(ctx, "read-slots.example")
 	require.NoError(t, err)
 	store := eventstore.New(pool, 10)
-	store.ReadSlots = semaphore.NewWeighted(1)
+	store.ReadSlots = eventstore.NewReadSlots(1)
 	discard := func([]byte, *uuid.UUID) error { return nil }
 	reads := map[string]func(context.Context) error{
 		"page": func(ctx context.Context) error {
@@ -45,7 +44,7 @@ func TestWriterReadsWaitForASlot(t *testing.T) {
 		},
 	}
 
-	require.NoError(t, store.ReadSlots.Acquire(ctx, 1))
+	require.NoError(t, store.ReadSlots.All().Acquire(ctx, 1))
 	for name, read := range reads {
 		waiting, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		err := read(waiting)
@@ -60,7 +59,7 @@ func TestWriterReadsWaitForASlot(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, eventstore.ErrReadSlotsBusy, "the %s read", name)
 	}
-	store.ReadSlots.Release(1)
+	store.ReadSlots.All().Release(1)
 	// With a slot free each read runs, under no statement bound of 50 ms: a
 	// loaded machine (the race detector, every package at once) took longer
 	// to plan and run the first search.

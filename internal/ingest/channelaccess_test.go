@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -452,4 +453,55 @@ func TestChangeHoldingTheRowLetsTheWriteItWaitsForCheckItsForeignKeys(t *testing
 	require.NoError(t, err, "the write in flight checks a foreign key to the channel")
 	require.NoError(t, inFlight.Commit(f.ctx))
 	requireStored(t, change, "the change after the write in flight")
+}
+
+// A change that finds changes of its channel in line joins it at once,
+// never waiting in a group, so its wait is observed when it runs: from its
+// arrival to its turn, as Waited of its group of one (the relay's
+// buzz_ingest_group_wait_seconds). The second join here arrives while the
+// first waits for the channel's row and gets its turn only after the row is
+// released, so the wait observed for it spans at least the time between
+// the test seeing it in line and releasing the row.
+// Mutation killed: a change's run alone observed with no wait (every group
+// observed waited 0).
+func TestJoinedChangesWaitIsObserved(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "access-line-wait.example", 8)
+	f.grouped(ingest.Options{})
+	var mu sync.Mutex
+	var waits []time.Duration
+	f.p.OnGroup = func(st ingest.GroupStats) {
+		mu.Lock()
+		defer mu.Unlock()
+		waits = append(waits, st.Waited)
+	}
+	owner := f.key()
+	ch := f.channel(owner, false)
+
+	fold, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = fold.Rollback(f.ctx) }()
+	_, err = fold.Exec(f.ctx, `SELECT 1 FROM channels WHERE id = $1 FOR NO KEY UPDATE`, ch)
+	require.NoError(t, err)
+
+	first := f.submitTogether([]*nostr.Event{f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)})
+	f.waitForLockWaiters(1, "the first join does not wait for the row")
+	second := f.submitTogether([]*nostr.Event{f.sign(f.key(), ingest.KindJoinRequest, "", nostr.Tags{{"h", ch}}, 0)})
+	require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 1 }, 30*time.Second, 2*time.Millisecond,
+		"the second join does not wait for its turn")
+	seenInLine := time.Now()
+	time.Sleep(50 * time.Millisecond) // a span the observed wait must cover
+	inLineAtLeast := time.Since(seenInLine)
+	require.NoError(t, fold.Rollback(f.ctx))
+	requireStored(t, append(first, second...), "the joins after the row's release")
+
+	mu.Lock()
+	defer mu.Unlock()
+	var coveringTheSpan int
+	for _, w := range waits {
+		if w >= inLineAtLeast {
+			coveringTheSpan++
+		}
+	}
+	require.Positive(t, coveringTheSpan, "no observed wait covers the second join's time in line: %v", waits)
 }

@@ -77,6 +77,9 @@ type groupJob struct {
 	// queued is when the event began to wait for a writer (zero for an
 	// event its submitter wrote at once).
 	queued time.Time
+	// arrived is when the pipeline took the event: a change that runs in
+	// its channel's line waited from then to its turn.
+	arrived time.Time
 }
 
 // reset forgets what an attempt that rolled back left on the Write, so a
@@ -99,7 +102,8 @@ type GroupStats struct {
 	// failed as a whole settled none.
 	Events int
 	// Waited is how long the group's oldest event waited for a writer
-	// (zero for an event its submitter wrote at once).
+	// (zero for an event its submitter wrote at once); for a change run
+	// in its channel's line, from its arrival to its turn.
 	Waited time.Duration
 	// Took is the time from taking the group to its commit or failure.
 	Took time.Duration

@@ -449,7 +449,7 @@ func (p *Pipeline) submit(ctx context.Context, tenant community.Tenant, actor st
 		return Relayed, "", nil
 	}
 
-	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev), locksChannelRow: changesChannel(ev.Kind) || h.LocksChannelRow}
+	j := &groupJob{ctx: ctx, w: w, h: h, sideRows: p.sideRowsFor(ev), locksChannelRow: changesChannel(ev.Kind) || h.LocksChannelRow, arrived: time.Now()}
 	j.fast = h.Prepare == nil && h.Apply == nil && len(j.sideRows) == 0
 	if p.groups != nil {
 		if err := p.groups.submit(j); err != nil {
@@ -499,8 +499,8 @@ func (p *Pipeline) prepareEphemeral(ctx context.Context, w *Write, h Handler) er
 // group of one, so the groups observed are every transaction events commit
 // in.
 func (p *Pipeline) writeAlone(ctx context.Context, j *groupJob) {
-	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, p.writeTimeout)
+	var stats GroupStats
 	if j.turn != nil {
 		// A change waits for its turn before it takes a connection; the
 		// write's bound counts the wait, as it counted its wait for the
@@ -508,13 +508,18 @@ func (p *Pipeline) writeAlone(ctx context.Context, j *groupJob) {
 		// handler must not keep the turn from the changes behind it.
 		defer p.changeLines.leave(j)
 		j.err = p.changeLines.wait(wctx, j)
+		// Its wait is the line's, a change that joined it at once
+		// included: it never waited in a group.
+		stats.Waited = time.Since(j.arrived)
 	}
+	start := time.Now()
 	if j.err == nil {
 		j.inserted, j.err = p.runAlone(wctx, j)
 	}
 	cancel()
 	if p.OnGroup != nil {
-		p.OnGroup(GroupStats{Events: 1, Took: time.Since(start)})
+		stats.Events, stats.Took = 1, time.Since(start)
+		p.OnGroup(stats)
 	}
 }
 

@@ -106,8 +106,19 @@ type Service struct {
 	// commitGuard confirms, right before an upload writes its upload
 	// record and sidecar, that it may still (UseCommitGuard).
 	commitGuard CommitGuard
+	// onReference is told of each blob an upload made its community
+	// reference (UseOnReference).
+	onReference OnReference
 	log         *slog.Logger
 }
+
+// OnReference is told, after an upload's sidecar made its community
+// reference blob, that the blob is referenced again.
+type OnReference func(ctx context.Context, blob string) error
+
+// onReferenceTimeout bounds telling onReference, which the client who
+// uploaded no longer waits for.
+const onReferenceTimeout = 10 * time.Second
 
 // CommitGuard is asked right before an upload makes its blob visible (its
 // upload record and sidecar, under the blob lock) whether it still may,
@@ -141,6 +152,11 @@ func (s *Service) UseBlobLock(l BlobLock) { s.blobLock = l }
 // UseCommitGuard makes every upload ask g before it writes its upload
 // record and sidecar; call it before serving.
 func (s *Service) UseCommitGuard(g CommitGuard) { s.commitGuard = g }
+
+// UseOnReference makes every upload that references a blob in its
+// community for the first time tell fn (ForgetUnreferenced); call it
+// before serving.
+func (s *Service) UseOnReference(fn OnReference) { s.onReference = fn }
 
 // UseLogger makes the service log what fails where no request sees it (a
 // blob's removal); call it before serving.
@@ -374,6 +390,16 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		unlockBlob()
 		if err != nil {
 			return Descriptor{}, err
+		}
+		if first && s.onReference != nil {
+			// After the blob lock: the relay's hook takes a database
+			// connection of its own. A failure leaves the sweep's older
+			// note; the removal still looks for references first.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), onReferenceTimeout)
+			if err := s.onReference(ctx, d.Blob); err != nil {
+				s.log.Warn("media: could not forget the sweep's note of a blob referenced again", "blob", d.Blob, "err", err)
+			}
+			cancel()
 		}
 		return d, nil
 	}

@@ -34,6 +34,18 @@ type Sweeper struct {
 	Batch int
 }
 
+// ForgetUnreferenced is an OnReference that forgets the sweep's note of
+// the blob (media_unreferenced_blobs): the note keeps when the sweep first
+// found the blob unreferenced, so a blob referenced and unreferenced again
+// between two looks of the sweep would keep its old time and be removed
+// sooner than the grace after its last reference went. Forgotten, it is
+// noted anew the next time the sweep finds it unreferenced.
+func ForgetUnreferenced(pool *pgxpool.Pool) OnReference {
+	return func(ctx context.Context, blob string) error {
+		return db.New(pool).MediaUnreferencedBlobsForget(ctx, []string{blob})
+	}
+}
+
 // sweepLease bounds how long one sweep holds the claim; a sweep's work runs
 // within it, so a process that died mid-sweep holds up the others at most
 // this long.

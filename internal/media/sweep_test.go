@@ -525,3 +525,61 @@ func TestSweepOutOfTimeKeepsWhatItLookedAt(t *testing.T) {
 	}
 	require.Equal(t, communities*perCommunity, looked, "each key looked at once over the pass")
 }
+
+// A blob the sweep noted unreferenced, then referenced again by an upload
+// and unreferenced by a delete before the next sweep, gets the whole grace
+// from when the sweep finds it unreferenced again: the upload forgot the
+// note (ForgetUnreferenced), so the old time does not count.
+// Mutation killed: the upload not forgetting the note (the blob went at
+// the first sweep an hour after the first note, 20 minutes after the
+// sweep found it unreferenced again).
+func TestSweepGraceStartsAgainAfterABlobIsReferencedAgain(t *testing.T) {
+	t.Parallel()
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			store := open(t)
+			limits := sweepLimits
+			limits.TempDir = t.TempDir()
+			svc := media.NewService(store, limits, nil)
+			svc.UseBlobLock(media.AdvisoryBlobLock(pool))
+			svc.UseOnReference(media.ForgetUnreferenced(pool))
+			var clock atomic.Int64
+			clock.Store(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).Unix())
+			svc.UseClock(func() time.Time { return time.Unix(clock.Load(), 0) })
+			minutes := func(n int) { clock.Add(int64(n) * 60) }
+			community := uuid.New()
+			const body = "bytes uploaded, deleted, uploaded and deleted again"
+			d, err := svc.Upload(ctx, community, "alice", strings.NewReader(body), nil)
+			require.NoError(t, err)
+			require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
+
+			sw := &media.Sweeper{Service: svc, Pool: pool, Claimant: uuid.New(), Grace: time.Hour, Batch: 1000}
+			st, err := sw.Sweep(ctx) // noted now
+			require.NoError(t, err)
+			require.Equal(t, media.SweepStats{Claimed: true, Looked: 1, Marked: 1}, st)
+
+			minutes(50)
+			_, err = svc.Upload(ctx, community, "alice", strings.NewReader(body), nil)
+			require.NoError(t, err)
+			require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"))
+			st, err = sw.Sweep(ctx) // noted again, 50 minutes on
+			require.NoError(t, err)
+			require.Equal(t, media.SweepStats{Claimed: true, Looked: 1, Marked: 1}, st)
+
+			minutes(20) // 70 minutes after the first note, 20 after the second
+			st, err = sw.Sweep(ctx)
+			require.NoError(t, err)
+			require.Zero(t, st.Removed, "removed 20 minutes after it was found unreferenced again")
+			require.True(t, blobExists(t, store, d.SHA256))
+
+			minutes(40) // the grace after the second note
+			st, err = sw.Sweep(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 1, st.Removed, "unreferenced for the grace: removed")
+			require.False(t, blobExists(t, store, d.SHA256))
+		})
+	}
+}

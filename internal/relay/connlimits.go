@@ -76,7 +76,14 @@ func (s *Server) admitBridge(addr string) (release func(), status int, reason st
 // the bridge clients behind those addresses refuse each other. The caller
 // calls the release it gets exactly once.
 func (s *Server) admitWebhook(addr string) (release func(), status int, reason string) {
-	return s.admitCounted(&s.webhookCalls, addr, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddr, "answering", "webhook calls")
+	release, status, reason = s.admitCounted(&s.webhookCalls, addr, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddr, "answering", "webhook calls")
+	switch status {
+	case http.StatusServiceUnavailable:
+		s.metrics.WebhookCallsRefused.WithLabelValues("total").Inc()
+	case http.StatusTooManyRequests:
+		s.metrics.WebhookCallsRefused.WithLabelValues("address").Inc()
+	}
+	return release, status, reason
 }
 
 // admitCounted reserves one place in counts for a client at addr, or says

@@ -72,7 +72,7 @@ func (s *Server) DeliverFromBus(community uuid.UUID, ev *nostr.Event, channel *u
 
 // ReadSlots is the semaphore every read slot is taken from, so a test can
 // hold them all as statements stuck in the database would.
-func (s *Server) ReadSlots() *semaphore.Weighted { return s.store.ReadSlots }
+func (s *Server) ReadSlots() *semaphore.Weighted { return s.store.ReadSlots.All() }
 
 // BridgeRequestsAnswering reports how many HTTP bridge requests hold a
 // place (from admission to their answer).

@@ -5,9 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 )
 
 // hostLookups finds the community of each HTTP request's Host, which every
@@ -22,7 +21,7 @@ import (
 // one host costs one statement at a time, not one per request.
 type hostLookups struct {
 	resolve func(ctx context.Context, host string) (community.Tenant, error)
-	slots   *semaphore.Weighted
+	slots   *eventstore.ReadSlots
 
 	mu     sync.Mutex
 	hosts  map[string]*hostLookupState // hosts with a lookup running
@@ -39,7 +38,7 @@ type hostLookup struct {
 	err    error
 }
 
-func newHostLookups(resolve func(context.Context, string) (community.Tenant, error), slots *semaphore.Weighted) *hostLookups {
+func newHostLookups(resolve func(context.Context, string) (community.Tenant, error), slots *eventstore.ReadSlots) *hostLookups {
 	return &hostLookups{resolve: resolve, slots: slots, hosts: map[string]*hostLookupState{}}
 }
 
@@ -99,7 +98,9 @@ func (l *hostLookups) run(ctx context.Context, host string, lookup *hostLookup) 
 }
 
 func (l *hostLookups) lookup(ctx context.Context, host string) (community.Tenant, error) {
-	release, err := takeReadSlot(ctx, l.slots)
+	// Not the request's address's share of the slots: other addresses'
+	// requests for the host wait for this lookup to end.
+	release, err := takeReadSlot(eventstore.WithClient(ctx, ""), l.slots)
 	if err != nil {
 		return community.Tenant{}, err
 	}

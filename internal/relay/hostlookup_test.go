@@ -97,15 +97,28 @@ func writersServedWhileSlotsHeld(t *testing.T, held *heldStatements, publisher *
 	require.LessOrEqual(t, held.most.Load(), int32(4), "more %s at once than read slots", what)
 }
 
+// floodFrom is the header of a flood's i-th connection or request, from
+// floodAddr(i).
+func floodFrom(i int) http.Header {
+	return http.Header{"X-Forwarded-For": {floodAddr(i)}}
+}
+
+// floodAddr is the client address of a flood's i-th request: one of two,
+// since one address holds at most half of the read slots and a flood
+// must fill them all.
+func floodAddr(i int) string { return fmt.Sprintf("203.0.113.%d", 1+i%2) }
+
 // relayWithHeldStatement starts a relay on an 8-connection pool (2 group
 // writers: 4 read slots) whose statement named statement can be held
 // (heldStatements.start), and a client authenticated on it to publish
-// meanwhile.
+// meanwhile. The relay believes X-Forwarded-For from loopback, so a test
+// may send from several client addresses (floodFrom).
 func relayWithHeldStatement(t *testing.T, statement string, opts []relay.Option, adjust ...func(*config.Config)) (*heldStatements, *relaytest.Relay, *relaytest.Client) {
 	t.Helper()
 	held := &heldStatements{name: statement, entered: make(chan struct{}, 1)}
 	pool := dbtest.PoolOn(t, dbtest.URL(t), 8, func(c *pgxpool.Config) { c.ConnConfig.Tracer = held })
-	r := relaytest.StartWith(t, pool, opts, adjust...)
+	trustLoopback := func(c *config.Config) { c.TrustedProxies = mustPrefixes(t, "127.0.0.1") }
+	r := relaytest.StartWith(t, pool, opts, append([]func(*config.Config){trustLoopback}, adjust...)...)
 	publisher := r.Dial(t, "")
 	publisher.Auth(nil)
 	return held, r, publisher
@@ -220,6 +233,7 @@ func TestSignedHTTPFloodWithFreshKeysLeavesWritersTheirConnections(t *testing.T)
 				req, err := http.NewRequest(http.MethodGet, r.HTTPURL+path, nil)
 				require.NoError(t, err)
 				req.Header.Set("Authorization", authHeader(nip98(t, relaytest.NewKey(t), "GET", r.HTTPURL+path, nil, nil)))
+				req.Header.Set("X-Forwarded-For", floodAddr(i))
 				requests[i] = req
 			}
 			release := held.start(t)
@@ -265,7 +279,7 @@ func TestFreshKeyREQFloodLeavesWritersTheirConnections(t *testing.T) {
 	held, r, publisher := relayWithHeldStatement(t, "ChannelsReadable", nil)
 	readers := make([]*relaytest.Client, 40)
 	for i := range readers {
-		readers[i] = r.Dial(t, "")
+		readers[i] = r.DialWith(t, "", floodFrom(i))
 		readers[i].Auth(nil)
 	}
 	release := held.start(t)
@@ -295,7 +309,7 @@ func TestFreshKeyTypingFloodLeavesWritersTheirConnections(t *testing.T) {
 	ch := createChannel(t, publisher, "open", false)
 	typists := make([]*relaytest.Client, 40)
 	for i := range typists {
-		typists[i] = r.Dial(t, "")
+		typists[i] = r.DialWith(t, "", floodFrom(i))
 		typists[i].Auth(nil)
 	}
 	release := held.start(t)
@@ -326,7 +340,14 @@ func TestAnonymousWebhookFloodLeavesWritersTheirConnections(t *testing.T) {
 	for i := range 40 {
 		go func() {
 			url := fmt.Sprintf("%s/hooks/00000000-0000-4000-8000-%012d", r.HTTPURL, i)
-			resp, err := (&http.Client{Timeout: time.Minute}).Post(url, "application/json", strings.NewReader("{}"))
+			req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("{}"))
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Forwarded-For", floodAddr(i))
+			resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
 			if err != nil {
 				statuses <- 0
 				return
@@ -363,7 +384,7 @@ func TestFreshKeyAuthAttestationFloodLeavesWritersTheirConnections(t *testing.T)
 			auths := make([]*nostr.Event, len(agents))
 			owners := make([]string, len(agents))
 			for i := range agents {
-				agents[i] = r.Dial(t, "")
+				agents[i] = r.DialWith(t, "", floodFrom(i))
 				agent, owner := relaytest.NewKey(t), relaytest.NewKey(t)
 				auths[i] = agents[i].AuthEvent(agent)
 				auths[i].Tags = append(auths[i].Tags, attest(t, owner, agent.PublicKeyHex(), ""))

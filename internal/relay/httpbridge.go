@@ -135,14 +135,17 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 // costs nothing.
 func (s *Server) holdingPlace(admit func(addr string) (release func(), status int, reason string), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, status, reason := admit(s.clientAddr(r))
+		addr := s.clientAddr(r)
+		release, status, reason := admit(addr)
 		if status != 0 {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, status, reason)
 			return
 		}
 		defer release()
-		next.ServeHTTP(w, r)
+		// Its reads count against its address's share of the read slots,
+		// with the address's WebSocket connections.
+		next.ServeHTTP(w, r.WithContext(eventstore.WithClient(r.Context(), addressBucket(addr))))
 	})
 }
 

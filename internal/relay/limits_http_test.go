@@ -223,7 +223,8 @@ func callWebhook(t *testing.T, r *relaytest.Relay, hook string) (status int, ret
 // the integrations calling webhooks from one shared address do not take the
 // bridge clients' places there. Mutations killed: the webhook route without
 // a place (the trickling calls never held any); the webhook counted in the
-// bridge's count (the bridge held the calls, and /count was refused).
+// bridge's count (the bridge held the calls, and /count was refused); the
+// refusal not counted in buzz_webhook_calls_refused_total{reason="address"}.
 func TestWebhookRequestsInFlightPerAddressAreCapped(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) { c.MaxConnectionsPerAddr = 3; c.HTTPReadTimeout = 10 * time.Minute })
@@ -241,6 +242,8 @@ func TestWebhookRequestsInFlightPerAddressAreCapped(t *testing.T) {
 	require.Equal(t, http.StatusTooManyRequests, status, body)
 	require.Equal(t, "1", retryAfter)
 	require.JSONEq(t, `{"error":"rate-limited: at most 3 webhook calls at once per client address; wait for one to finish"}`, body)
+	require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().WebhookCallsRefused.WithLabelValues("address")), "refusals counted")
+	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().WebhookCallsRefused.WithLabelValues("total")))
 
 	got := post(t, r, key, "/count", query(map[string]any{"kinds": []int{1}}))
 	require.Equal(t, http.StatusOK, got.Status, "a bridge request was refused for the address's webhook calls: %s", got.Raw)
@@ -275,7 +278,9 @@ func TestBridgeRequestsInFlightLeaveWebhookCallsTheirPlaces(t *testing.T) {
 }
 
 // Past the relay's cap of webhook calls in flight, from any addresses, a
-// call is answered 503 in the webhook's words, before its body.
+// call is answered 503 in the webhook's words, before its body, and
+// counted. Mutation killed: the refusal not counted
+// (buzz_webhook_calls_refused_total{reason="total"} stayed 0).
 func TestWebhookRequestsInFlightInAllAreCapped(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t, func(c *config.Config) {
@@ -292,4 +297,5 @@ func TestWebhookRequestsInFlightInAllAreCapped(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, status, body)
 	require.Equal(t, "1", retryAfter)
 	require.JSONEq(t, `{"error":"error: the relay is answering its limit of 2 webhook calls; try again shortly"}`, body)
+	require.Equal(t, 1.0, testutil.ToFloat64(r.Server.Metrics().WebhookCallsRefused.WithLabelValues("total")), "refusals counted")
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -69,4 +70,33 @@ func TestMediaDeleteLeavesTheBlobToTheSweep(t *testing.T) {
 	require.Equal(t, 1, st.Removed)
 	require.Equal(t, 1.0, testutil.ToFloat64(sweeps.WithLabelValues("removed")))
 	require.Empty(t, storeKeys(t, fs))
+}
+
+// An upload through the relay that references a blob the sweep noted
+// unreferenced forgets the note, so the sweep's grace starts again when
+// the blob is unreferenced next (media.ForgetUnreferenced; the grace
+// itself is tested in the media package).
+// Mutation killed: the relay not wiring the upload to forget the note (the
+// note stays after the upload).
+func TestMediaUploadForgetsTheSweepsNote(t *testing.T) {
+	t.Parallel()
+	fs := mediaStores["fs"](t)
+	svc := media.NewService(fs, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) { c.MediaSweepGrace = time.Hour })
+	notes := func() int {
+		var n int
+		require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM media_unreferenced_blobs`).Scan(&n))
+		return n
+	}
+	alice := relaytest.NewKey(t)
+	blob := pngBlob(t, 3000)
+	sha := hexSHA(blob)
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
+	del := mediaDo(t, r, http.MethodDelete, "", "/media/"+sha, blossomAuth(t, alice, "delete", []string{sha}, nil), nil, nil)
+	require.Equal(t, http.StatusOK, del.Status, "%s", del.Body)
+	require.Equal(t, 1, r.Server.SweepMedia(context.Background()).Marked)
+	require.Equal(t, 1, notes())
+
+	require.Equal(t, http.StatusOK, upload(t, r, "", alice, blob).Status)
+	require.Zero(t, notes(), "the upload that referenced the blob again left the sweep's note")
 }

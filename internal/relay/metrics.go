@@ -22,10 +22,13 @@ type Metrics struct {
 	FanoutWriteDelay prometheus.Histogram
 	SlowClosed       prometheus.Counter
 	ConnsRefused     *prometheus.CounterVec // reason: total, address
-	ReplyQueueBytes  prometheus.Gauge
-	AuthTimeouts     prometheus.Counter
-	RateLimited      prometheus.Counter
-	DBQuery          *prometheus.HistogramVec // query: the statement's name
+	// WebhookCallsRefused counts workflow webhook calls refused by a cap
+	// of calls being answered, by cap (total, address).
+	WebhookCallsRefused *prometheus.CounterVec
+	ReplyQueueBytes     prometheus.Gauge
+	AuthTimeouts        prometheus.Counter
+	RateLimited         prometheus.Counter
+	DBQuery             *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid, unsigned.
 	OwnerAttestations *prometheus.CounterVec
@@ -111,6 +114,9 @@ func NewMetrics() *Metrics {
 		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap, by cap (total, address).",
 		}, []string{"reason"}),
+		WebhookCallsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "buzz_webhook_calls_refused_total", Help: "Workflow webhook calls refused by a cap of calls being answered, by cap (total, address).",
+		}, []string{"reason"}),
 		ReplyQueueBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "buzz_reply_queue_bytes", Help: "Bytes of replies (history, OK ...) queued for clients and not yet written, all connections together.",
 		}),
@@ -177,7 +183,7 @@ func NewMetrics() *Metrics {
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
 	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.IngestChangesAlone, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/buzzrelay/buzz/internal/eventstore"
 )
 
@@ -33,16 +31,17 @@ var errReadSlotsBusy = eventstore.ErrReadSlotsBusy
 // it back. Statements that any client can make the relay run, signed with
 // a fresh key or not signed at all, take a slot, so that however many run
 // at once they never take the connections kept for the writers.
-func takeReadSlot(ctx context.Context, slots *semaphore.Weighted) (release func(), err error) {
+func takeReadSlot(ctx context.Context, slots *eventstore.ReadSlots) (release func(), err error) {
 	wait, cancel := context.WithTimeout(ctx, readSlotWait)
 	defer cancel()
-	if err := slots.Acquire(wait, 1); err != nil {
+	release, err = slots.Acquire(wait)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, errReadSlotsBusy
 	}
-	return func() { slots.Release(1) }, nil
+	return release, nil
 }
 
 // readSlot is takeReadSlot on the server's read slots.

@@ -213,9 +213,21 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		// An upload renews its serving-write lease right before it makes
 		// its blob visible: one whose lease lapsed meanwhile stores nothing.
 		s.media.UseCommitGuard(deletion.ConfirmServingLease)
+		// A blob referenced again starts the sweep's grace anew when it is
+		// unreferenced next. Any key may upload: the statement waits for a
+		// read slot, taken after the blob lock's is given back.
+		forget := media.ForgetUnreferenced(pool)
+		s.media.UseOnReference(func(ctx context.Context, blob string) error {
+			release, err := s.readSlot(ctx)
+			if err != nil {
+				return err
+			}
+			defer release()
+			return forget(ctx, blob)
+		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
-	s.store.ReadSlots = semaphore.NewWeighted(int64(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters)))
+	s.store.ReadSlots = eventstore.NewReadSlots(eventReadSlots(pool.Config().MaxConns, cfg.IngestGroupWriters))
 	s.hosts = newHostLookups(func(ctx context.Context, host string) (community.Tenant, error) {
 		return community.Resolve(ctx, s.queries, host)
 	}, s.store.ReadSlots)
@@ -541,7 +553,8 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	// Frames up to 4x the advertised limit are read and answered with a
 	// NOTICE; beyond that the library closes with 1009 (message too big).
 	ws.SetReadLimit(int64(s.cfg.MaxMessageBytes) * 4)
-	ctx, cancel := context.WithCancel(context.Background())
+	// Its reads count against its address's share of the read slots.
+	ctx, cancel := context.WithCancel(eventstore.WithClient(context.Background(), addressBucket(addr)))
 	c := &conn{
 		srv:       s,
 		ws:        ws,

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -154,7 +155,13 @@ type Client struct {
 // AUTH challenge the relay sends first.
 func (r *Relay) Dial(t testing.TB, host string) *Client {
 	t.Helper()
-	c, err := r.TryDial(host)
+	return r.DialWith(t, host, nil)
+}
+
+// DialWith is Dial with extra request headers (an X-Forwarded-For, say).
+func (r *Relay) DialWith(t testing.TB, host string, header http.Header) *Client {
+	t.Helper()
+	c, err := r.tryDial(host, header)
 	require.NoError(t, err)
 	c.t = t
 	t.Cleanup(func() { c.WS.CloseNow() })
@@ -166,12 +173,16 @@ func (r *Relay) Dial(t testing.TB, host string) *Client {
 
 // TryDial connects without reading anything; it fails for unknown hosts.
 func (r *Relay) TryDial(host string) (*Client, error) {
+	return r.tryDial(host, nil)
+}
+
+func (r *Relay) tryDial(host string, header http.Header) (*Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), Patience)
 	defer cancel()
 	if host == "" {
 		host = r.Host
 	}
-	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: host})
+	ws, _, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: host, HTTPHeader: header})
 	if err != nil {
 		return nil, err
 	}
