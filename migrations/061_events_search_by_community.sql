@@ -1,5 +1,5 @@
 ---- tern: disable-tx ----
--- 061: the search index leads with the community.
+-- 061: the search and tag indexes lead with the community.
 --
 -- Why: events_search indexed search_tsv alone, so a search found the
 -- matching rows of every community in the index and read each from the
@@ -11,7 +11,9 @@
 -- roughly how often, other communities wrote the word, and its cost grew
 -- with their content. Indexed by (community_id, search_tsv), the index
 -- itself intersects the community with the word: the same search reads 11
--- index buffers and no row of another community.
+-- index buffers and no row of another community. Tag filters (#t, #p, #e
+-- ...) read events_by_tag (tag_index) the same way and get the same
+-- treatment (TestTagFilterReadsNoOtherCommunitysRows).
 -- btree_gin gives uuid a GIN operator class; it ships with PostgreSQL's
 -- contrib modules and is a trusted extension (PostgreSQL 13 and later), so
 -- the database owner may create it without superuser.
@@ -35,8 +37,17 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS events_search_by_community
 
 DROP INDEX CONCURRENTLY IF EXISTS events_search;
 
+CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_tag_in_community
+    ON events USING gin (community_id, tag_index);
+
+DROP INDEX CONCURRENTLY IF EXISTS events_by_tag;
+
 ---- create above / drop below ----
 ---- tern: disable-tx ----
+
+CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_tag ON events USING gin (tag_index);
+
+DROP INDEX CONCURRENTLY IF EXISTS events_by_tag_in_community;
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS events_search ON events USING gin (search_tsv);
 

@@ -3115,10 +3115,10 @@ CREATE INDEX events_by_received_at ON public.events USING brin (received_at) WIT
 
 
 --
--- Name: events_by_tag; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_tag_in_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
+CREATE INDEX events_by_tag_in_community ON public.events USING gin (community_id, tag_index);
 
 
 --

@@ -384,3 +384,41 @@ func (n countedNode) walk(fn func(countedNode)) {
 		c.walk(fn)
 	}
 }
+
+// TestTagFilterReadsNoOtherCommunitysRows: a COUNT of a tag value that only
+// another community's events carry reads none of their rows. Indexed by
+// tag_index alone, the bitmap held every community's rows with the value
+// and each was read from the heap to be dropped by its community.
+// Mutation killed: events_by_tag (tag_index alone) in place of
+// events_by_tag_in_community (the other community's 400 rows read).
+func TestTagFilterReadsNoOtherCommunitysRows(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	other, err := db.New(pool).CommunityCreate(ctx, "tags-zebra.example")
+	require.NoError(t, err)
+	burst(t, pool, other.ID, 20_000)
+	_, err = pool.Exec(ctx, `UPDATE events SET tags = tags || '[["t","zebra"]]'::jsonb WHERE community_id = $1 AND tag_index && ARRAY['t:topic0']`, other.ID)
+	require.NoError(t, err)
+	c, err := db.New(pool).CommunityCreate(ctx, "counts-tags.example")
+	require.NoError(t, err)
+	burst(t, pool, c.ID, 20_000)
+	_, err = pool.Exec(ctx, "ANALYZE events")
+	require.NoError(t, err)
+
+	sql, args, ok := BuildCount(c.ID, Scope{Reader: burstAuthor}, nostr.Filters{{Tags: map[string][]string{"t": {"zebra"}}}})
+	require.True(t, ok)
+	var out []byte
+	require.NoError(t, countIn(ctx, pool, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args, &out))
+	var plans []struct {
+		Plan countedNode `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(out, &plans), string(out))
+	var read float64
+	plans[0].Plan.walk(func(n countedNode) {
+		if n.RelationName == "events" {
+			read = max(read, (n.ActualRows+n.RemovedByFilter+n.RemovedByRecheck)*max(n.ActualLoops, 1))
+		}
+	})
+	require.Zero(t, read, "COUNT: rows of the other community read:\n%s", out)
+}
