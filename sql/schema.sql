@@ -18,6 +18,20 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
+-- Name: btree_gin; Type: EXTENSION; Schema: -; Owner: -
+--
+
+CREATE EXTENSION IF NOT EXISTS btree_gin WITH SCHEMA public;
+
+
+--
+-- Name: EXTENSION btree_gin; Type: COMMENT; Schema: -; Owner: -
+--
+
+COMMENT ON EXTENSION btree_gin IS 'support for indexing common datatypes in GIN';
+
+
+--
 -- Name: channel_add_policy; Type: TYPE; Schema: public; Owner: -
 --
 
@@ -3173,10 +3187,10 @@ CREATE INDEX events_by_received_at ON public.events USING brin (received_at) WIT
 
 
 --
--- Name: events_by_tag; Type: INDEX; Schema: public; Owner: -
+-- Name: events_by_tag_in_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_tag ON public.events USING gin (tag_index);
+CREATE INDEX events_by_tag_in_community ON public.events USING gin (community_id, tag_index);
 
 
 --
@@ -3187,10 +3201,10 @@ CREATE INDEX events_expiring ON public.events USING btree (expires_at) WHERE (ex
 
 
 --
--- Name: events_search; Type: INDEX; Schema: public; Owner: -
+-- Name: events_search_by_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_search ON public.events USING gin (search_tsv);
+CREATE INDEX events_search_by_community ON public.events USING gin (community_id, search_tsv);
 
 
 --

@@ -46,9 +46,11 @@ func (t Tenant) IsZero() bool { return t.id == uuid.Nil }
 // FromRow builds a Tenant from a communities row read by a serving lookup.
 func FromRow(c db.Community) Tenant { return Tenant{id: c.ID, host: c.Host} }
 
-// Resolve finds the serving community for an inbound Host header.
-func Resolve(ctx context.Context, q *db.Queries, rawHost string) (Tenant, error) {
-	host := NormalizeHost(rawHost)
+// Resolve finds the serving community of host, an inbound Host header as
+// NormalizeHost returns it. It does not normalize again: NormalizeHost
+// drops one trailing dot and one default port, so applied twice it let
+// "b.example.." and "b.example:443:443" reach b.example.
+func Resolve(ctx context.Context, q *db.Queries, host string) (Tenant, error) {
 	if host == "" {
 		return Tenant{}, ErrUnknownHost
 	}

@@ -113,13 +113,14 @@ func TestResolveRejectsUnknownArchivedAndDeletedHosts(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO communities (host, deletion_state, deleted_at) VALUES ('gone.example', 'tombstone', now())`)
 	require.NoError(t, err)
 
-	tenant, err := Resolve(ctx, q, " LIVE.example:443 ")
+	tenant, err := Resolve(ctx, q, NormalizeHost(" LIVE.example:443 "))
 	require.NoError(t, err)
 	require.Equal(t, live.ID, tenant.ID())
 	require.Equal(t, "live.example", tenant.Host())
 
-	for _, host := range []string{"", "unknown.example", "archived.example", "fenced.example", "gone.example", "live.example:8443"} {
-		_, err := Resolve(ctx, q, host)
+	// Normalized once: a second trailing dot or default port is not dropped.
+	for _, host := range []string{"", "unknown.example", "archived.example", "fenced.example", "gone.example", "live.example:8443", "live.example..", "live.example:443:443"} {
+		_, err := Resolve(ctx, q, NormalizeHost(host))
 		require.ErrorIs(t, err, ErrUnknownHost, "host %q", host)
 	}
 

@@ -137,7 +137,7 @@ func TestPlansWithStatistics(t *testing.T) {
 		filter nostr.Filter
 		index  string
 	}{
-		{"rare word", nostr.Filter{Search: "rare42", Limit: &limit}, "events_search"},
+		{"rare word", nostr.Filter{Search: "rare42", Limit: &limit}, "events_search_by_community"},
 		{"author and kinds", nostr.Filter{Authors: []string{burstAuthor}, Kinds: []int{1}, Limit: &limit}, "events_by_author_time"},
 	} {
 		sql, args, ok := BuildSelect(c.ID, Scope{}, nostr.Filters{tc.filter}, 500)
@@ -148,7 +148,54 @@ func TestPlansWithStatistics(t *testing.T) {
 	// The search statement proper (newest candidates, then ranked).
 	sql, args := buildSearchPage(c.ID, Scope{}, &nostr.Filter{Search: "rare42"}, nil, limit, DefaultSearchCandidates)
 	nodes, indexes := planSummary(explain(t, pool, sql, args))
-	require.Contains(t, indexes, "events_search", "search page: nodes %v", nodes)
+	require.Contains(t, indexes, "events_search_by_community", "search page: nodes %v", nodes)
+}
+
+// TestSearchReadsNoOtherCommunitysRows: a search (REQ and COUNT) for a word
+// that only another community's events hold reads none of their rows.
+// Indexed by search_tsv alone, the search found every community's matches
+// in the index and read each from the heap to drop it by its community:
+// 8,000 rows here, and its time told a member whether, and how often,
+// other communities (their private channels included) wrote the word.
+// Mutation killed: events_search (search_tsv alone) in place of
+// events_search_by_community (8,000 rows read).
+func TestSearchReadsNoOtherCommunitysRows(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	other, err := db.New(pool).CommunityCreate(ctx, "writes-zebra.example")
+	require.NoError(t, err)
+	burst(t, pool, other.ID, 20_000)
+	_, err = pool.Exec(ctx, "UPDATE events SET content = content || ' zebra' WHERE community_id = $1 AND created_at >= to_timestamp(1700000000 + 3000)", other.ID)
+	require.NoError(t, err)
+	c, err := db.New(pool).CommunityCreate(ctx, "searches.example")
+	require.NoError(t, err)
+	burst(t, pool, c.ID, 20_000)
+	_, err = pool.Exec(ctx, "ANALYZE events")
+	require.NoError(t, err)
+
+	rowsRead := func(sql string, args []any) float64 {
+		var out []byte
+		require.NoError(t, countIn(ctx, pool, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args, &out))
+		var plans []struct {
+			Plan countedNode `json:"Plan"`
+		}
+		require.NoError(t, json.Unmarshal(out, &plans), string(out))
+		var read float64
+		plans[0].Plan.walk(func(n countedNode) {
+			if n.RelationName == "events" {
+				read = max(read, (n.ActualRows+n.RemovedByFilter+n.RemovedByRecheck)*max(n.ActualLoops, 1))
+			}
+		})
+		return read
+	}
+	filters := nostr.Filters{{Search: "zebra"}}
+	sql, args, ok := BuildSelect(c.ID, Scope{Reader: burstAuthor}, filters, 500)
+	require.True(t, ok)
+	require.Zero(t, rowsRead(sql, args), "REQ: rows of the other community read")
+	sql, args, ok = BuildCount(c.ID, Scope{Reader: burstAuthor}, filters)
+	require.True(t, ok)
+	require.Zero(t, rowsRead(sql, args), "COUNT: rows of the other community read")
 }
 
 // burstAuthor is one of burst's authors.
@@ -336,4 +383,42 @@ func (n countedNode) walk(fn func(countedNode)) {
 	for _, c := range n.Plans {
 		c.walk(fn)
 	}
+}
+
+// TestTagFilterReadsNoOtherCommunitysRows: a COUNT of a tag value that only
+// another community's events carry reads none of their rows. Indexed by
+// tag_index alone, the bitmap held every community's rows with the value
+// and each was read from the heap to be dropped by its community.
+// Mutation killed: events_by_tag (tag_index alone) in place of
+// events_by_tag_in_community (the other community's 400 rows read).
+func TestTagFilterReadsNoOtherCommunitysRows(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	other, err := db.New(pool).CommunityCreate(ctx, "tags-zebra.example")
+	require.NoError(t, err)
+	burst(t, pool, other.ID, 20_000)
+	_, err = pool.Exec(ctx, `UPDATE events SET tags = tags || '[["t","zebra"]]'::jsonb WHERE community_id = $1 AND tag_index && ARRAY['t:topic0']`, other.ID)
+	require.NoError(t, err)
+	c, err := db.New(pool).CommunityCreate(ctx, "counts-tags.example")
+	require.NoError(t, err)
+	burst(t, pool, c.ID, 20_000)
+	_, err = pool.Exec(ctx, "ANALYZE events")
+	require.NoError(t, err)
+
+	sql, args, ok := BuildCount(c.ID, Scope{Reader: burstAuthor}, nostr.Filters{{Tags: map[string][]string{"t": {"zebra"}}}})
+	require.True(t, ok)
+	var out []byte
+	require.NoError(t, countIn(ctx, pool, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args, &out))
+	var plans []struct {
+		Plan countedNode `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(out, &plans), string(out))
+	var read float64
+	plans[0].Plan.walk(func(n countedNode) {
+		if n.RelationName == "events" {
+			read = max(read, (n.ActualRows+n.RemovedByFilter+n.RemovedByRecheck)*max(n.ActualLoops, 1))
+		}
+	})
+	require.Zero(t, read, "COUNT: rows of the other community read:\n%s", out)
 }
