@@ -230,7 +230,9 @@ func TestSlowReaderGetsItsWholeHistory(t *testing.T) {
 }
 
 // With the statement timer on the pool, generated queries are timed by
-// their sqlc name too, and the hand-built ones once each.
+// their sqlc name too, and the hand-built ones once each, a COUNT's too,
+// which is sent as a batch (pgx traces a batch's statements through the
+// batch hooks only).
 func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = relay.NewStatementTimer() })
@@ -239,6 +241,8 @@ func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
 	c.Auth(nil)
 	require.True(t, c.Publish(c.Sign(1, "timed", nil, 0)).OK)
 	require.Len(t, c.Req("q", map[string]any{"kinds": []int{1}}), 1)
+	c.Send("COUNT", "n", map[string]any{"kinds": []int{1}})
+	require.Equal(t, int64(1), c.Expect("COUNT").Count)
 
 	resp, err := bridgeHTTP.Get(r.MetricsURL + "/metrics")
 	require.NoError(t, err)
@@ -246,6 +250,7 @@ func TestStatementTimerTimesGeneratedQueries(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="CommunityResolveServing"}`)
 	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="EventsQueryPage"} 1`)
+	require.Contains(t, string(body), `buzz_db_query_seconds_count{query="EventsCount"} 1`)
 }
 
 // A client that does not read its history pins at most ReplyQueueBytes of

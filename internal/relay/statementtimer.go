@@ -50,6 +50,41 @@ func (t *StatementTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	}
 }
 
+type batchClockKey struct{}
+
+// batchClock is when the batch's previous result came back (its start for
+// the first): each statement of a batch is timed from there to its own
+// result, as pgx reads them in order.
+type batchClock struct{ at time.Time }
+
+// TraceBatchStart implements pgx.BatchTracer: pgx calls the batch hooks,
+// not the query ones, for the statements of a batch (a COUNT's, a group's
+// inserts).
+func (t *StatementTimer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	if t.observe.Load() == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, batchClockKey{}, &batchClock{at: time.Now()})
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (t *StatementTimer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	clock, ok := ctx.Value(batchClockKey{}).(*batchClock)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	if name := statementName(data.SQL); name != "" {
+		if observe := t.observe.Load(); observe != nil {
+			(*observe)(name, now.Sub(clock.at).Seconds())
+		}
+	}
+	clock.at = now
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (t *StatementTimer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func (t *StatementTimer) attach(observe func(name string, seconds float64)) {
 	t.observe.Store(&observe)
 }
