@@ -40,6 +40,9 @@ func NewReadSlots(n int) *ReadSlots {
 // reader at any other address still finds a slot.
 func ClientShare(n int) int { return max(1, n/2) }
 
+// Share is how many slots one client address may hold at once.
+func (r *ReadSlots) Share() int { return int(r.share) }
+
 // All is the semaphore every slot is taken from (for tests that hold
 // slots as statements stuck in the database would).
 func (r *ReadSlots) All() *semaphore.Weighted { return r.all }

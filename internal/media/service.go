@@ -116,8 +116,10 @@ type Service struct {
 // reference blob, that the blob is referenced again.
 type OnReference func(ctx context.Context, blob string) error
 
-// onReferenceTimeout bounds telling onReference, which the client who
-// uploaded no longer waits for.
+// onReferenceTimeout bounds telling onReference. The upload's answer waits
+// for it (the relay's hook waits for a read slot, as the upload's quota
+// reservation did before), and a client gone meanwhile does not cut it
+// short: the reference was made.
 const onReferenceTimeout = 10 * time.Second
 
 // CommitGuard is asked right before an upload makes its blob visible (its

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -88,4 +89,23 @@ func (s *Server) WebhookCallsAnswering() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.webhookCalls.total
+}
+
+// HoldReadShare takes every slot of addr's share of the read slots, as
+// its reads stuck in the database would; release gives them back.
+func (s *Server) HoldReadShare(addr string) (release func()) {
+	ctx := eventstore.WithClient(context.Background(), addressBucket(addr))
+	var releases []func()
+	for range s.store.ReadSlots.Share() {
+		r, err := s.store.ReadSlots.Acquire(ctx)
+		if err != nil {
+			panic(err)
+		}
+		releases = append(releases, r)
+	}
+	return func() {
+		for _, r := range releases {
+			r()
+		}
+	}
 }

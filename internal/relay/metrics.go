@@ -162,8 +162,8 @@ func NewMetrics() *Metrics {
 	})
 	m.IngestGroupWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "buzz_ingest_group_wait_seconds",
-		Help:    "How long the oldest event of a group waited for a group writer (zero for an event written at once).",
-		Buckets: fanoutBuckets,
+		Help:    "How long the oldest event of a group waited for a group writer (zero for an event written at once); a change run alone in its channel's line, from its arrival to its turn.",
+		Buckets: append(fanoutBuckets[:len(fanoutBuckets):len(fanoutBuckets)], 2, 5, 10, 30),
 	})
 	m.IngestGroupSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "buzz_ingest_group_seconds",

@@ -10,7 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -96,5 +99,48 @@ func TestOneAddressHoldsAtMostItsShareOfTheReadSlots(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the bridge /query was never answered")
+	}
+}
+
+// A media request's reads count against its address's share too (every
+// HTTP route does): while address A's share is held, A's upload waits for
+// its statements' slots, and B's upload is stored meanwhile; A's is stored
+// once its share is free.
+//
+// Mutation killed: media routes' reads carry no client address (A's upload
+// takes slots of the shared pool and is stored while A's share is held).
+func TestMediaRequestsCountAgainstTheirAddressShare(t *testing.T) {
+	t.Parallel()
+	fs := mediaStores["fs"](t)
+	svc := media.NewService(fs, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	// 8 connections, 2 group writers: 4 read slots, a share of 2.
+	r := relaytest.StartWith(t, dbtest.PoolOn(t, dbtest.URL(t), 8), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) {
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+		c.IngestGroupWriters = 2
+	})
+	uploadFrom := func(addr string, blob []byte) <-chan mediaReply {
+		done := make(chan mediaReply, 1)
+		key := relaytest.NewKey(t)
+		auth := blossomAuth(t, key, "upload", []string{hexSHA(blob)}, nil)
+		go func() {
+			done <- mediaDo(t, r, http.MethodPut, "", "/media/upload", auth, bytes.NewReader(blob), map[string]string{"X-Forwarded-For": addr})
+		}()
+		return done
+	}
+	release := r.Server.HoldReadShare("203.0.113.7")
+	fromA := uploadFrom("203.0.113.7", pngBlob(t, 3000))
+	fromB := <-uploadFrom("198.51.100.9", pngBlob(t, 3001))
+	require.Equal(t, http.StatusOK, fromB.Status, "B's upload: %s", fromB.Body)
+	select {
+	case reply := <-fromA:
+		t.Fatalf("A's upload was answered %d while its address's share was held", reply.Status)
+	case <-time.After(time.Second):
+	}
+	release()
+	select {
+	case reply := <-fromA:
+		require.Equal(t, http.StatusOK, reply.Status, "%s", reply.Body)
+	case <-time.After(30 * time.Second):
+		t.Fatal("A's upload was never answered")
 	}
 }

@@ -314,7 +314,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
 	mux.Handle("POST /hooks/{id}", s.holdingPlace(s.admitWebhook, s.withTenant(s.serveWorkflowWebhook)))
 	mux.HandleFunc("/", s.withTenant(s.serveRoot))
-	return mux
+	// Every request's reads count against its address's share of the read
+	// slots, with the address's WebSocket connections (which set their
+	// own): a route left out would let one address hold every slot.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(w, r.WithContext(eventstore.WithClient(r.Context(), addressBucket(s.clientAddr(r)))))
+	})
 }
 
 // readyCheck runs at most one readiness check at a time. /ready is
