@@ -40,11 +40,14 @@ func TestDeletionTargetsBackfill(t *testing.T) {
 		require.NoError(t, err)
 		return tag.RowsAffected()
 	}
-	note, upper := strings.Repeat("02", 32), strings.Repeat("0A", 32)
+	note, upper, back := strings.Repeat("02", 32), strings.Repeat("0A", 32), strings.Repeat("03", 32)
 	for _, community := range []uuid.UUID{live, deleting} {
 		insert(community, strings.Repeat("01", 32), author, 5,
-			`[["e","`+note+`","wss://relay.example"],["e","`+upper+`"],["e","not an id"],["a","30023:`+author+`:x"],["e"]]`)
+			`[["e","`+note+`","wss://relay.example"],["e","`+upper+`"],["e","not an id"],["a","30023:`+author+`:x"],["e"],["e","`+back+`"]]`)
+		// Came back before 061: stored after its author's deletion named it.
+		insert(community, back, author, 1, `[]`)
 	}
+	insert(live, back, other, 1, `[]`)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`)
@@ -61,10 +64,22 @@ func TestDeletionTargetsBackfill(t *testing.T) {
 		Target, Author string
 	}])
 	require.NoError(t, err)
-	require.Len(t, rows, 1, "one target, of the live community")
-	require.Equal(t, live, rows[0].Community)
-	require.Equal(t, note, rows[0].Target)
-	require.Equal(t, author, rows[0].Author)
+	require.Len(t, rows, 2, "two targets, of the live community")
+	for _, row := range rows {
+		require.Equal(t, live, row.Community)
+		require.Contains(t, []string{note, back}, row.Target)
+		require.Equal(t, author, row.Author)
+	}
+	hidden := func(community uuid.UUID, pubkey string) bool {
+		t.Helper()
+		var deleted bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT deleted_at IS NOT NULL FROM events
+			WHERE community_id = $1 AND id = decode($2, 'hex') AND pubkey = decode($3, 'hex')`, community, back, pubkey).Scan(&deleted))
+		return deleted
+	}
+	require.True(t, hidden(live, author), "the note that came back is hidden")
+	require.False(t, hidden(live, other), "another author's event with the id stays")
+	require.False(t, hidden(deleting, author), "a community being deleted is left to its deletion")
 
 	require.Zero(t, insert(live, note, author, 1, `[]`), "the deleted note is refused")
 	require.EqualValues(t, 1, insert(live, upper, author, 1, `[]`), "an id the relay does not read as one is not a target")
