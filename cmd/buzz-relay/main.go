@@ -214,8 +214,8 @@ func armIdleInTransactionTimeout(cfg *pgxpool.Config, writeTimeout time.Duration
 
 // setIdleInTransactionTimeoutUnlessOperators sets the session's timeout
 // unless its value came from the connection or from the relay's role or
-// database.
-const setIdleInTransactionTimeoutUnlessOperators = `
+// database (ALTER ROLE ALL is "global", the cluster's, and overridden).
+const setIdleInTransactionTimeoutUnlessOperators = `-- name: SessionIdleInTransactionTimeoutSet
 SELECT set_config(name, $1, false)
 FROM pg_settings
 WHERE name = 'idle_in_transaction_session_timeout'
