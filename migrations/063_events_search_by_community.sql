@@ -24,9 +24,13 @@
 -- one. An interrupted build leaves an INVALID index, which
 -- `buzz-relay migrate` names (with the DROP to run) before it migrates
 -- again. Every statement is idempotent.
--- Roll back: the down part builds events_search again, drops this index,
--- then the extension (refused, and the down stops there, if something
--- else has come to use it).
+-- Roll back: the down part builds events_search and events_by_tag again,
+-- drops the new indexes, then the extension, so the schema is 062's
+-- again. An extension that was there before 063 (the up part keeps it)
+-- is dropped too, and only by its owner or a superuser: for anyone else
+-- the down stops at that last statement, after the indexes are back, and
+-- every rerun stops there too; run it as the extension's owner, or drop
+-- that statement and leave the extension.
 -- Deploy note: relays of the previous version search through the new
 -- index as well (same predicates); no order is needed.
 

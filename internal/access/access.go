@@ -10,6 +10,7 @@ package access
 import (
 	"context"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -281,13 +282,24 @@ func (a *answers[K, V]) clear() {
 	a.count = 0
 }
 
-// makeRoom drops the expired answers and, if every answer is fresh, the
-// answers of the community holding the most: keys cost nothing, so one
-// community's readers under fresh keys could otherwise fill the cache and
-// empty every other community's answers each time it filled.
+// roomAfterFull is how many answers makeRoom leaves free at least: its walk
+// of every answer runs under the lock every read takes, so it must free
+// enough for thousands of stores, not the one at hand (at the bound,
+// answers expire one at a time, and a walk per store cost 2-44 ms).
+const roomAfterFull = maxEntries / 10
+
+// makeRoom drops the expired answers and then, until roomAfterFull answers
+// are free, the answers of the communities holding the most, largest
+// first: keys cost nothing, so one community's readers under fresh keys
+// could otherwise fill the cache and empty every other community's
+// answers each time it filled; filling it, that community soon holds the
+// most, and loses its own.
 func (a *answers[K, V]) makeRoom(now time.Time, ttl time.Duration) {
-	var largest uuid.UUID
-	most := 0
+	type held struct {
+		community uuid.UUID
+		n         int
+	}
+	var sizes []held
 	for community, m := range a.of {
 		for k, e := range m {
 			if now.Sub(e.loadedAt) >= ttl {
@@ -297,12 +309,16 @@ func (a *answers[K, V]) makeRoom(now time.Time, ttl time.Duration) {
 		}
 		if len(m) == 0 {
 			delete(a.of, community)
-		} else if len(m) > most {
-			largest, most = community, len(m)
+		} else {
+			sizes = append(sizes, held{community, len(m)})
 		}
 	}
-	if a.count >= maxEntries {
-		a.drop(largest)
+	slices.SortFunc(sizes, func(x, y held) int { return y.n - x.n })
+	for _, h := range sizes {
+		if a.count <= maxEntries-roomAfterFull {
+			break
+		}
+		a.drop(h.community)
 	}
 }
 

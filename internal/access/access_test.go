@@ -209,7 +209,7 @@ func TestReadableWaitsForItsSlotOnlyOnAMiss(t *testing.T) {
 }
 
 // A community whose readers fill the cache (fresh keys cost nothing) loses
-// its own answers to make room, never another community's: the cache used
+// its own answers to make room, not a small community's: the cache used
 // to start over, and every community's readers went back to the database
 // each time one community filled it. Mutation killed: makeRoom clearing
 // every community's answers (B's cached set is read again, now with the
@@ -255,6 +255,39 @@ func TestOneCommunityFillingTheCacheKeepsTheOthersAnswers(t *testing.T) {
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
 	require.LessOrEqual(t, cache.readable.count, maxEntries)
+}
+
+// A full cache makes room for many stores, not for the one at hand: with
+// fresh answers spread over many communities (10 each) and none expired,
+// one makeRoom frees roomAfterFull, so the walk of every answer under the
+// read lock runs once per thousands of stores. InvalidateAll leaves none
+// counted. Mutations killed: dropping only the largest community (10
+// freed, every next store walks again); clear() keeping the count.
+func TestMakeRoomFreesForManyStores(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	a := newAnswers[string, Channels]()
+	for a.count < maxEntries {
+		community := uuid.New()
+		for range 10 {
+			a.put(community, uuid.NewString(), cached[Channels]{value: Channels{}, loadedAt: now})
+		}
+	}
+	a.makeRoom(now, time.Hour)
+	require.LessOrEqual(t, a.count, maxEntries-roomAfterFull)
+	require.Greater(t, a.count, maxEntries-roomAfterFull-10, "no more dropped than needed")
+	held := 0
+	for _, m := range a.of {
+		held += len(m)
+	}
+	require.Equal(t, held, a.count)
+
+	cache := NewCache(nil, time.Hour, time.Now)
+	cache.readable.put(uuid.New(), "k", cached[Channels]{loadedAt: now})
+	cache.readers.put(uuid.New(), uuid.New(), cached[Readers]{loadedAt: now})
+	cache.InvalidateAll()
+	require.Zero(t, cache.readable.count)
+	require.Zero(t, cache.readers.count)
 }
 
 // BenchmarkInvalidateAmongOtherCommunities is one community's invalidation

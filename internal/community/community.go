@@ -107,6 +107,12 @@ func NormalizeHost(raw string) string {
 // reserved for good: an operator who pasted a URL ("https://x.example/")
 // or a typo gets the reason instead.
 func CheckHost(host string) error {
+	if normal := NormalizeHost(host); normal != host {
+		// "x.example:443." normalizes to "x.example:443", which a request
+		// naming it reaches as "x.example": stored, it would be reached only
+		// through such spellings.
+		return fmt.Errorf("host %q: a request naming it reaches %q; give the host as clients name it (no trailing dot, at most one port)", host, normal)
+	}
 	if strings.Contains(host, "/") {
 		return fmt.Errorf("host %q: want the host alone, such as relay.example.com or relay.example.com:8443, not a URL", host)
 	}
