@@ -1,7 +1,6 @@
 package ingest_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
@@ -105,42 +104,7 @@ func TestIDDeletionRacingItsTarget(t *testing.T) {
 				held, other = target, deletion
 			}
 
-			reached, release := make(chan struct{}), make(chan struct{})
-			var releaseOnce sync.Once
-			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-			f.p.RegisterSideRows(ingest.SideRows{
-				Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
-				Apply: func(ctx context.Context, _ *ingest.Write) error {
-					close(reached)
-					select {
-					case <-release:
-						return nil
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				},
-			})
-			secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
-			submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
-				done := make(chan error, 1)
-				go func() {
-					_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
-					done <- err
-				}()
-				return done
-			}
-
-			heldDone := submit(f.p, held)
-			select {
-			case <-reached:
-			case err := <-heldDone:
-				t.Fatalf("the held event finished before its side row: %v", err)
-			}
-			otherDone := submit(secondProcess, other)
-			waitBlockedOrDone(t, f.pool, otherDone)
-			releaseOnce.Do(func() { close(release) })
-			require.NoError(t, <-heldDone)
-			require.NoError(t, <-otherDone)
+			commitAfterBlocked(t, f, held, other)
 			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, target.ID),
 				"a deleted note came back")
 		})

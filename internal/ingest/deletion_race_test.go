@@ -44,43 +44,7 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 				held, other = version, deletion
 			}
 
-			reached, release := make(chan struct{}), make(chan struct{})
-			var releaseOnce sync.Once
-			// A failing test must not leave the held transaction open.
-			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-			f.p.RegisterSideRows(ingest.SideRows{
-				Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
-				Apply: func(ctx context.Context, _ *ingest.Write) error {
-					close(reached)
-					select {
-					case <-release:
-						return nil
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				},
-			})
-			secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
-			submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
-				done := make(chan error, 1)
-				go func() {
-					_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
-					done <- err
-				}()
-				return done
-			}
-
-			heldDone := submit(f.p, held)
-			select {
-			case <-reached: // everything but COMMIT has run
-			case err := <-heldDone:
-				t.Fatalf("the held event finished before its side row: %v", err)
-			}
-			otherDone := submit(secondProcess, other)
-			waitBlockedOrDone(t, f.pool, otherDone)
-			releaseOnce.Do(func() { close(release) })
-			require.NoError(t, <-heldDone)
-			require.NoError(t, <-otherDone)
+			commitAfterBlocked(t, f, held, other)
 
 			var live int
 			require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND d_tag = 'slot' AND deleted_at IS NULL`,
@@ -88,6 +52,52 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 			require.Zero(t, live, "a deleted address came back")
 		})
 	}
+}
+
+// commitAfterBlocked submits held on f's pipeline and holds its
+// transaction open at its end (a side row that waits), submits other
+// through a second pipeline, as from a second relay process, waits until
+// other is blocked on a lock (or done), and only then lets held commit;
+// both must succeed.
+func commitAfterBlocked(t *testing.T, f *fixture, held, other *nostr.Event) {
+	t.Helper()
+	reached, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	// A failing test must not leave the held transaction open.
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	f.p.RegisterSideRows(ingest.SideRows{
+		Needs: func(ev *nostr.Event) bool { return ev.ID == held.ID },
+		Apply: func(ctx context.Context, _ *ingest.Write) error {
+			close(reached)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+	submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Submit(f.ctx, f.tenant, ev.PubKey, ev)
+			done <- err
+		}()
+		return done
+	}
+
+	heldDone := submit(f.p, held)
+	select {
+	case <-reached: // everything but COMMIT has run
+	case err := <-heldDone:
+		t.Fatalf("the held event finished before its side row: %v", err)
+	}
+	otherDone := submit(secondProcess, other)
+	waitBlockedOrDone(t, f.pool, otherDone)
+	releaseOnce.Do(func() { close(release) })
+	require.NoError(t, <-heldDone)
+	require.NoError(t, <-otherDone)
 }
 
 // waitBlockedOrDone returns once a session of pool's database waits for a
