@@ -1660,21 +1660,27 @@ CREATE FUNCTION public.events_record_deletion_targets() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $_$
+DECLARE
+    targets bytea[];
 BEGIN
-    INSERT INTO event_deletion_targets (community_id, target_id, author)
-    SELECT NEW.community_id, decode(tag->>1, 'hex'), NEW.pubkey
+    SELECT array_agg(decode(tag->>1, 'hex')) INTO targets
     FROM jsonb_array_elements(NEW.tags) AS tag
     WHERE jsonb_typeof(tag) = 'array' AND tag->>0 = 'e'
-      AND jsonb_typeof(tag->1) = 'string' AND tag->>1 ~ '^[0-9a-f]{64}$'
-    ON CONFLICT DO NOTHING;
-    -- Only a deletion that recorded a target waits for the author's
-    -- inserts in flight (an a-only one, or one whose targets an earlier
-    -- deletion recorded, has nothing to race). Its rows are seen only once
-    -- it commits, after the lock, so taking it after them is enough.
-    IF FOUND THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(
-            'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
+      AND jsonb_typeof(tag->1) = 'string' AND tag->>1 ~ '^[0-9a-f]{64}$';
+    -- Only a deletion naming an id waits for the author's inserts in
+    -- flight (an a-only one has nothing to race). The lock comes before
+    -- the rows: the author's deletions then record their targets one at a
+    -- time. Recorded first, two deletions naming the same ids in another
+    -- order, or a group holding the author's note and recording an id,
+    -- deadlocked on each other's uncommitted rows.
+    IF targets IS NULL THEN
+        RETURN NULL;
     END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(
+        'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
+    INSERT INTO event_deletion_targets (community_id, target_id, author)
+    SELECT NEW.community_id, target, NEW.pubkey FROM unnest(targets) AS target
+    ON CONFLICT DO NOTHING;
     RETURN NULL;
 END
 $_$;

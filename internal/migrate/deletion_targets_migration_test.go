@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -84,4 +85,72 @@ func TestDeletionTargetsBackfill(t *testing.T) {
 	require.Zero(t, insert(live, note, author, 1, `[]`), "the deleted note is refused")
 	require.EqualValues(t, 1, insert(live, upper, author, 1, `[]`), "an id the relay does not read as one is not a target")
 	require.EqualValues(t, 1, insert(live, note, other, 1, `[]`), "another author's event with the id is stored")
+}
+
+// One author's deletions naming the same ids in different orders, on two
+// connections at once, both commit: each takes the author's lock before it
+// records its targets, so the second waits for the first whole, instead of
+// each holding one recorded id the other waits for.
+// Mutation killed: the lock taken after the targets are recorded (the
+// second connection's deletion, or the first's, fails with 40P01,
+// deadlock detected).
+func TestDeletionsOfOneAuthorNamingTheSameIDsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	first, second := connect(t, url), connect(t, url)
+	community := uuid.New()
+	_, err := first.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'deadlock-free.example')`, community)
+	require.NoError(t, err)
+	author := strings.Repeat("aa", 32)
+	x, y := strings.Repeat("0b", 32), strings.Repeat("0c", 32)
+	deletion := func(conn pgx.Tx, id string, targets ...string) error {
+		tags := `[`
+		for i, target := range targets {
+			if i > 0 {
+				tags += `,`
+			}
+			tags += `["e","` + target + `"]`
+		}
+		_, err := conn.Exec(ctx, `INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig)
+			VALUES ($1, decode($2, 'hex'), decode($3, 'hex'), now(), 5, $4::jsonb, '', decode($5, 'hex'))`,
+			community, id, author, tags+`]`, strings.Repeat("00", 64))
+		return err
+	}
+	tx1, err := first.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx)
+	require.NoError(t, deletion(tx1, strings.Repeat("01", 32), x))
+
+	tx2, err := second.Begin(ctx)
+	require.NoError(t, err)
+	defer tx2.Rollback(ctx)
+	secondDone := make(chan error, 1)
+	go func() { secondDone <- deletion(tx2, strings.Repeat("02", 32), y, x) }()
+	// The second deletion waits (for the lock, or without it for x's row).
+	waitForLockWait(t, url)
+
+	firstErr := deletion(tx1, strings.Repeat("03", 32), y)
+	if firstErr == nil {
+		firstErr = tx1.Commit(ctx)
+	}
+	secondErr := <-secondDone
+	if secondErr == nil {
+		secondErr = tx2.Commit(ctx)
+	}
+	require.NoError(t, firstErr, "the first connection's deletions")
+	require.NoError(t, secondErr, "the second connection's deletion")
+}
+
+// waitForLockWait returns once a session of url's database waits for a lock.
+func waitForLockWait(t *testing.T, url string) {
+	t.Helper()
+	conn := connect(t, url)
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, conn.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND a.datname = current_database()`).Scan(&waiting))
+		return waiting > 0
+	}, 30*time.Second, 5*time.Millisecond)
 }
