@@ -235,8 +235,8 @@ func loadAtLeast[K comparable, V any](c *Cache, a *answers[K, V], community uuid
 }
 
 // maxEntries bounds each kind of answer the cache holds, over all
-// communities: past it, expired answers are dropped, and if every answer
-// is fresh the community holding the most loses its own (answers are cheap
+// communities: past it, expired answers are dropped, then the answers of
+// the communities holding the most until a tenth is free (answers are cheap
 // to reload).
 const maxEntries = 50_000
 

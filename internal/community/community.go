@@ -80,17 +80,23 @@ func Ensure(ctx context.Context, q *db.Queries, host string) (db.CommunityEnsure
 // NormalizeHost is the one normalization used both when storing
 // communities.host and when resolving an inbound Host, so both sides agree:
 // trim and lowercase; drop a :443 or :80 suffix (other ports select a
-// distinct tenant); drop one trailing dot; collapse the loopback literals
+// distinct tenant) and one trailing dot, after the port or before it; collapse the loopback literals
 // 127.0.0.1 and [::1] to localhost, keeping any port.
 func NormalizeHost(raw string) string {
 	h := strings.ToLower(strings.TrimSpace(raw))
+	// One dot goes, after the port ("x.example:443.") or before it
+	// ("x.example.:443"), so both name "x.example", as "x.example:443" does.
+	dotted := strings.HasSuffix(h, ".")
+	h = strings.TrimSuffix(h, ".")
 	for _, port := range []string{":443", ":80"} {
 		if strings.HasSuffix(h, port) {
 			h = strings.TrimSuffix(h, port)
 			break
 		}
 	}
-	h = strings.TrimSuffix(h, ".")
+	if !dotted {
+		h = strings.TrimSuffix(h, ".")
+	}
 	for _, loopback := range []string{"127.0.0.1", "[::1]"} {
 		if h == loopback || strings.HasPrefix(h, loopback+":") {
 			h = "localhost" + h[len(loopback):]
@@ -108,7 +114,7 @@ func NormalizeHost(raw string) string {
 // or a typo gets the reason instead.
 func CheckHost(host string) error {
 	if normal := NormalizeHost(host); normal != host {
-		// "x.example:443." normalizes to "x.example:443", which a request
+		// "x.example:443:443" normalizes to "x.example:443", which a request
 		// naming it reaches as "x.example": stored, it would be reached only
 		// through such spellings.
 		return fmt.Errorf("host %q: a request naming it reaches %q; give the host as clients name it (no trailing dot, at most one port)", host, normal)

@@ -29,6 +29,9 @@ func TestNormalizeHost(t *testing.T) {
 		{"example.com.", "example.com"},
 		{"example.com..", "example.com."},
 		{"example.com.:443", "example.com"},
+		{"example.com:443.", "example.com"},
+		{"example.com:80.", "example.com"},
+		{"example.com.:443.", "example.com."},
 		{"127.0.0.1", "localhost"},
 		{"127.0.0.1:3000", "localhost:3000"},
 		{"127.0.0.1:443", "localhost"},
@@ -58,8 +61,8 @@ func TestNormalizeHost(t *testing.T) {
 // Mutations killed: CheckHost always nil (every bad host passes); the
 // label character check dropped ("bad host!" passes); the port check
 // dropped ("x.example:99999" passes); the normal form unchecked
-// ("x.example:443." stored as "x.example:443", reached only by spellings a
-// request's Host normalizes otherwise).
+// ("x.example:443:443" stored as "x.example:443", which a request naming
+// it reaches as "x.example").
 func TestCheckHost(t *testing.T) {
 	t.Parallel()
 	for _, ok := range []string{
@@ -74,7 +77,7 @@ func TestCheckHost(t *testing.T) {
 		"relay.example.com:99999", "relay.example.com:0", "relay.example.com:", "relay.example.com:x",
 		"relay.example.com:08080", "[not-ipv6]", "[10.0.0.1]", "-lead.example", "trail-.example",
 		"a..example", ".example", strings.Repeat("a", 64) + ".example",
-		"x.example:443.", "x.example:443:443", "x.example:80.", "localhost:443.",
+		"x.example:443:443", "x.example:80:80", "localhost:443:443",
 	} {
 		require.Error(t, CheckHost(NormalizeHost(bad)), "%q", bad)
 	}

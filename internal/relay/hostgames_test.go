@@ -63,6 +63,7 @@ func TestHostGamesReachOnlyTheNamedCommunity(t *testing.T) {
 		"default port 80":                 {"GET / HTTP/1.1", []string{"Host: b.example:80"}, 200, "b.example"},
 		"another port":                    {"GET / HTTP/1.1", []string{"Host: b.example:8443"}, 404, ""},
 		"dot before the port":             {"GET / HTTP/1.1", []string{"Host: b.example.:8443"}, 404, ""},
+		"dot after the default port":      {"GET / HTTP/1.1", []string{"Host: b.example:443."}, 200, "b.example"},
 		"two dots":                        {"GET / HTTP/1.1", []string{"Host: b.example.."}, 404, ""},
 		"two default ports":               {"GET / HTTP/1.1", []string{"Host: b.example:443:443"}, 404, ""},
 		"punycode of another name":        {"GET / HTTP/1.1", []string{"Host: xn--b-example-9ya.example"}, 404, ""},
