@@ -54,7 +54,10 @@ type batchClockKey struct{}
 
 // batchClock is when the batch's previous result came back (its start for
 // the first): each statement of a batch is timed from there to its own
-// result, as pgx reads them in order.
+// result, as pgx reads them in order. That includes the caller's work in
+// between, such as scanning a statement's rows (pgx traces a query when its
+// rows close): fine for the batches sent today (a COUNT's one row, a
+// group's inserts), an overstatement for one that streams many rows.
 type batchClock struct{ at time.Time }
 
 // TraceBatchStart implements pgx.BatchTracer: pgx calls the batch hooks,
