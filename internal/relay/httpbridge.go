@@ -135,8 +135,7 @@ func (b *httpBridge) instrument(route string, next http.Handler) http.Handler {
 // costs nothing.
 func (s *Server) holdingPlace(admit func(addr string) (release func(), status int, reason string), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		addr := s.clientAddr(r)
-		release, status, reason := admit(addr)
+		release, status, reason := admit(s.clientAddr(r))
 		if status != 0 {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, status, reason)
