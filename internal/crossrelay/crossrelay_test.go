@@ -57,7 +57,9 @@ type received struct {
 // undecodable message.
 func TestBusSkipsGarbageAndDeliversTheRest(t *testing.T) {
 	t.Parallel()
-	url := dbtest.RedisURL(t)
+	// Its own redis-server: the junk published here must not reach the
+	// tests running beside it, which count and log what they hear (nor theirs here).
+	url := dbtest.RedisServer(t).URL()
 	// The bus hears every community on this redis-server, which other
 	// packages' tests share: keep only this test's community, and never
 	// block the bus on a full channel.
@@ -129,7 +131,9 @@ func TestBusSkipsGarbageAndDeliversTheRest(t *testing.T) {
 // Mutation killed: logging the whole payload (the log holds the megabyte).
 func TestUnknownControlMessageIsNotLoggedWhole(t *testing.T) {
 	t.Parallel()
-	url := dbtest.RedisURL(t)
+	// Its own redis-server: the junk published here must not reach the
+	// tests running beside it, which count and log what they hear (nor theirs here).
+	url := dbtest.RedisServer(t).URL()
 	community := uuid.New()
 	var logged syncBuffer
 	closed := make(chan struct{}, 1)
@@ -817,7 +821,9 @@ func TestPeersRememberedAreBoundedAndGarbageIsIgnored(t *testing.T) {
 // Mutations killed: a warning per message (100 lines); no count.
 func TestUndecodableMessagesAreCountedAndWarnedAboutOncePerInterval(t *testing.T) {
 	t.Parallel()
-	url := dbtest.RedisURL(t)
+	// Its own redis-server: the junk published here must not reach the
+	// tests running beside it, which count and log what they hear (nor theirs here).
+	url := dbtest.RedisServer(t).URL()
 	community := uuid.New()
 	var logged syncBuffer
 	delivered := make(chan string, 4)
