@@ -1,3 +1,4 @@
+---- tern: disable-tx ----
 -- 062: the ids named by the deletions stored before 061.
 --
 -- Why: 061 records the e tag targets of each kind 5 inserted from then on;
@@ -8,43 +9,68 @@
 -- back (stored after their author's deletion named them) are hidden, by
 -- the rule a deletion hides by id with (EventsDeleteByIDs: not a kind 5,
 -- not a channel's moderation event).
--- Lock impact: reads only kind 5 rows, one community at a time through
--- events_by_kind_time, and the named events by id; ROW EXCLUSIVE on events
--- and event_deletion_targets (no writer waits for the tables). Its time
--- grows with the number of deletions' e tags, not with the events table
--- (1.8 s for 20,800 targets among a million events). Until it commits it
--- holds, per community, the community's write fence shared (as any write)
--- and a key-share lock on its row, so a community deletion starting to
--- fence meanwhile waits for it, and so does a kind 5 naming an id an old
--- deletion of its author named too: run it outside a community deletion.
--- Rows of a community being deleted are left to its deletion
--- (community_write_allowed).
+-- One transaction per (community, author) of stored deletions, which takes
+-- the community's write fence shared and the author's deletion lock
+-- exclusive (as a deletion's insert does) before it records the author's
+-- targets and hides what came back: an event of the author with such an
+-- id, inserted meanwhile, either committed first (the hide, a later
+-- statement, sees it) or probes after this commit and is refused. Run in
+-- one transaction, the fence's shared lock per community filled the
+-- shared lock table on a database of some ten thousand communities ("out
+-- of shared memory"), a deletion of any community waited for the whole
+-- backfill, and such an event inserted while it ran was stored and served.
+-- Lock impact: ROW EXCLUSIVE on events and event_deletion_targets (no
+-- writer waits for the tables). The author's inserts into the community
+-- wait for that author's transaction only: it reads their deletions
+-- through events_by_author_time and the ids they name by id. Time grows
+-- with the number of deletions and their e tags, not with the events
+-- table; the loop's first read goes through the communities, one index
+-- probe of events_by_kind_time each. Rows of a community being deleted
+-- are left to its deletion (community_write_allowed). A failure part way
+-- leaves the authors done so far done; the migration runs again from the
+-- start and skips what it recorded.
 -- Deploy: safe while relays run, with either version.
 -- Roll back: nothing to undo here (the events hidden stay hidden, as their
 -- author asked); 061's down part drops the table.
 
-SET LOCAL lock_timeout = '5s';
+SET lock_timeout = '5s';
 
-INSERT INTO event_deletion_targets (community_id, target_id, author)
-SELECT c.id, decode(tag->>1, 'hex'), deletion.pubkey
-FROM communities AS c
-CROSS JOIN LATERAL (
-    SELECT pubkey, tags FROM events WHERE community_id = c.id AND kind = 5
-) AS deletion
-CROSS JOIN LATERAL jsonb_array_elements(deletion.tags) AS tag
-WHERE community_write_allowed(c.id)
-  AND jsonb_typeof(tag) = 'array' AND tag->>0 = 'e'
-  AND jsonb_typeof(tag->1) = 'string' AND tag->>1 ~ '^[0-9a-f]{64}$'
-ON CONFLICT DO NOTHING;
-
-UPDATE events AS e
-SET deleted_at = now()
-FROM event_deletion_targets AS t
-WHERE e.community_id = t.community_id AND e.id = t.target_id AND e.pubkey = t.author
-  AND e.kind <> 5
-  AND (e.channel_id IS NULL OR e.kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002))
-  AND e.deleted_at IS NULL
-  AND community_write_allowed(e.community_id);
+DO $$
+DECLARE
+    community uuid;
+    deleter bytea;
+BEGIN
+    FOR community IN SELECT c.id FROM communities c ORDER BY c.id LOOP
+        FOR deleter IN
+            SELECT DISTINCT e.pubkey FROM events e WHERE e.community_id = community AND e.kind = 5
+        LOOP
+            IF community_write_allowed(community) THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended(
+                    'events-deletions:' || community::text || ':' || encode(deleter, 'hex'), 0));
+                INSERT INTO event_deletion_targets (community_id, target_id, author)
+                SELECT community, decode(tag->>1, 'hex'), deleter
+                FROM events AS deletion
+                CROSS JOIN LATERAL jsonb_array_elements(deletion.tags) AS tag
+                WHERE deletion.community_id = community AND deletion.pubkey = deleter AND deletion.kind = 5
+                  AND jsonb_typeof(tag) = 'array' AND tag->>0 = 'e'
+                  AND jsonb_typeof(tag->1) = 'string' AND tag->>1 ~ '^[0-9a-f]{64}$'
+                ON CONFLICT DO NOTHING;
+                UPDATE events AS e
+                SET deleted_at = now()
+                FROM event_deletion_targets AS t
+                WHERE t.community_id = community AND t.author = deleter
+                  AND e.community_id = community AND e.id = t.target_id AND e.pubkey = deleter
+                  AND e.kind <> 5
+                  AND (e.channel_id IS NULL OR e.kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002))
+                  AND e.deleted_at IS NULL;
+            END IF;
+            -- Ends the community's fence lock, the author's lock and the
+            -- row locks before the next author.
+            COMMIT;
+        END LOOP;
+    END LOOP;
+END
+$$;
 
 ---- create above / drop below ----
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -153,4 +154,92 @@ func waitForLockWait(t *testing.T, url string) {
 			WHERE NOT l.granted AND a.datname = current_database()`).Scan(&waiting))
 		return waiting > 0
 	}, 30*time.Second, 5*time.Millisecond)
+}
+
+// The backfill on a database with more communities holding deletions than
+// the shared lock table has slots for one transaction's share: each
+// (community, author) is its own transaction, so the fence's lock per
+// community is let go before the next.
+// Mutation killed: 062 as one INSERT ... SELECT over every community (out
+// of shared memory, max_locks_per_transaction).
+func TestDeletionTargetsBackfillOverManyCommunities(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	version := migrationVersion(t, "deletion_targets_backfill")
+	conn := connect(t, dbtest.EmptyURL(t))
+	require.NoError(t, migrate.To(ctx, conn, version-2))
+
+	var slots int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT current_setting('max_locks_per_transaction')::int
+		* (current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)`).Scan(&slots))
+	communities := 2 * slots
+	// A thousand at a time: each insert takes the fence of its communities.
+	for first := 0; first < communities; first += 1000 {
+		_, err := conn.Exec(ctx, `
+			WITH c AS (INSERT INTO communities (host)
+			           SELECT 'many-' || g || '.example' FROM generate_series($1::int, $1::int + 999) g RETURNING id)
+			INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig)
+			SELECT c.id, decode(md5(c.id::text) || md5('x' || c.id::text), 'hex'), decode(repeat('aa', 32), 'hex'), now(), 5,
+			       jsonb_build_array(jsonb_build_array('e', repeat('02', 32))), '', decode(repeat('00', 64), 'hex')
+			FROM c`, first)
+		require.NoError(t, err)
+	}
+	communities = (communities + 999) / 1000 * 1000
+	require.NoError(t, migrate.To(ctx, conn, version-1))
+
+	require.NoError(t, migrate.To(ctx, conn, version))
+	var targets int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM event_deletion_targets`).Scan(&targets))
+	require.Equal(t, communities, targets, "one target per community's deletion")
+}
+
+// An event of a deletion's author with an id the deletion names, inserted
+// while the backfill runs, is not left stored: the backfill takes the
+// author's deletion lock, as a deletion's insert does, so it waits for the
+// insert in flight and then hides it (or the insert, coming after, is
+// refused by the targets the backfill committed).
+// Mutation killed: 062 without the author's lock (it records and hides
+// without waiting, and the event committed after it stays served).
+func TestDeletionTargetsBackfillWaitsForAnInsertInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	version := migrationVersion(t, "deletion_targets_backfill")
+	url := dbtest.EmptyURL(t)
+	conn := connect(t, url)
+	require.NoError(t, migrate.To(ctx, conn, version-2))
+
+	community := uuid.New()
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'backfill-race.example')`, community)
+	require.NoError(t, err)
+	author, note := strings.Repeat("aa", 32), strings.Repeat("02", 32)
+	insert := func(conn interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, id string, kind int, tags string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, `INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig)
+			VALUES ($1, decode($2, 'hex'), decode($3, 'hex'), now(), $4, $5::jsonb, '', decode($6, 'hex'))`,
+			community, id, author, kind, tags, strings.Repeat("00", 64))
+		require.NoError(t, err)
+	}
+	insert(conn, strings.Repeat("01", 32), 5, `[["e","`+note+`"]]`)
+	require.NoError(t, migrate.To(ctx, conn, version-1))
+
+	// The note arrives while the backfill runs: its probe found no target.
+	writer := connect(t, url)
+	tx, err := writer.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	insert(tx, note, 1, `[]`)
+
+	migrator := connect(t, url)
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrate.To(ctx, migrator, version) }()
+	waitForLockWait(t, url)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-migrated)
+
+	var hidden bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT deleted_at IS NOT NULL FROM events
+		WHERE community_id = $1 AND id = decode($2, 'hex')`, community, note).Scan(&hidden))
+	require.True(t, hidden, "the note its author deleted is not served")
 }
