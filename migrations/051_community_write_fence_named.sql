@@ -23,6 +23,8 @@
 -- the fence as before until this migration runs.
 -- Roll back: the down part restores the unnamed RAISEs and the search_path.
 
+SET LOCAL lock_timeout = '5s';
+
 CREATE OR REPLACE FUNCTION assert_community_write_allowed(community uuid) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -129,6 +131,8 @@ END
 $$;
 
 ---- create above / drop below ----
+
+SET LOCAL lock_timeout = '5s';
 
 CREATE OR REPLACE FUNCTION assert_community_write_allowed(community uuid) RETURNS void
     LANGUAGE plpgsql

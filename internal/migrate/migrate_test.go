@@ -112,6 +112,30 @@ func TestDisableTxMigrationsAreIdempotent(t *testing.T) {
 	}
 }
 
+// A transactional migration's up part bounds its lock waits: without
+// lock_timeout, a statement queued behind a long transaction for a lock on
+// a hot table queues every writer of the table behind itself for as long.
+// Migrations from 047 on follow the rule (the older ones ran before it).
+// A disable-tx part is not held to it: lock_timeout would cancel a
+// concurrent index build's wait for older transactions, leaving it INVALID.
+func TestTransactionalMigrationsBoundTheirLockWaits(t *testing.T) {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	disableTx := regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
+	setsTimeout := regexp.MustCompile(`(?m)^SET LOCAL lock_timeout = '[0-9]+s';$`)
+	for _, name := range names {
+		number, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		require.NoError(t, err)
+		body, err := fs.ReadFile(migrations.FS, name)
+		require.NoError(t, err)
+		up, _, _ := strings.Cut(string(body), "---- create above / drop below ----")
+		if number < 47 || disableTx.MatchString(up) {
+			continue
+		}
+		require.Regexp(t, setsTimeout, up, "%s: a transactional migration sets lock_timeout (SET LOCAL lock_timeout = '5s';)", name)
+	}
+}
+
 // splitStatements cuts SQL at top-level semicolons, skipping those inside
 // quotes, dollar-quoted bodies and -- comments.
 func splitStatements(sql string) []string {
