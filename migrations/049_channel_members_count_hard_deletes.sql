@@ -18,11 +18,15 @@
 -- PostgreSQL cancels one of the two (run it again). Lock the channel first
 -- (SELECT ... FROM channels ... FOR UPDATE) to avoid that.
 -- Lock impact: CREATE TRIGGER takes SHARE ROW EXCLUSIVE on channel_members
--- for that instant (membership writes wait for it, reads do not); nothing
--- is rewritten or backfilled. Counts already off from an earlier hard
+-- for that instant (membership writes wait for it, reads do not), the
+-- COMMENT SHARE UPDATE EXCLUSIVE on channels (nothing but DDL and VACUUM
+-- waits for it); nothing is rewritten or backfilled. Counts already off from an earlier hard
 -- delete stay off: the README's DBA section says how to recount.
 -- Deploy: any order with relays; they never hard-delete members.
--- Roll back: the down part drops the trigger and its function.
+-- Roll back: the down part drops the trigger and its function. DROP
+-- TRIGGER takes ACCESS EXCLUSIVE on channel_members for an instant: reads
+-- of members wait for it too (at most lock_timeout, then it fails; run it
+-- again).
 
 SET LOCAL lock_timeout = '5s';
 

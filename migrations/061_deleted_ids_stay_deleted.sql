@@ -38,7 +38,12 @@
 -- database, so their writes keep it too, and they answer a refused event as
 -- superseded (zero rows), as they answer an older version of a slot.
 -- Roll back: the down part drops the triggers, functions and table; events
--- are unchanged (deleted ids arriving afterwards are stored again).
+-- are unchanged (deleted ids arriving afterwards are stored again). It
+-- takes ACCESS EXCLUSIVE on events (DROP TRIGGER) and on communities
+-- (dropping the foreign key drops its triggers there) until its commit:
+-- every read and write of either waits for it, and for as long as it
+-- queues behind a transaction holding one, at most lock_timeout (then it
+-- fails; run it again). Run it when no long query reads events.
 
 SET LOCAL lock_timeout = '5s';
 
