@@ -28,7 +28,7 @@
 -- probe of events_by_kind_time each. Measured on 2 million events in
 -- 10,000 communities under write traffic (2 shared cores): 36 s for
 -- 55,000 targets of some 1,500 (community, author) pairs, writers' worst
--- latency 0.3 s. Rows of a community being deleted
+-- latency 0.25 s. Rows of a community being deleted
 -- are left to its deletion (community_write_allowed). A failure part way
 -- leaves the authors done so far done; the migration runs again from the
 -- start and skips what it recorded.
