@@ -1695,6 +1695,11 @@ CREATE FUNCTION public.events_refuse_deleted_id() RETURNS trigger
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
+    -- The kinds EventsDeleteByIDs never hides in a channel: no deletion
+    -- refuses them either, so they need not wait for one.
+    IF NEW.channel_id IS NOT NULL AND NEW.kind IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002) THEN
+        RETURN NEW;
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtextextended(
         'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
     IF EXISTS (

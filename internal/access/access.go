@@ -84,10 +84,14 @@ type Cache struct {
 	mu       sync.Mutex
 	readable answers[string, Channels]   // by reader pubkey
 	readers  answers[uuid.UUID, Readers] // by channel
-	// generation counts a community's invalidations: an answer read while
-	// an invalidation happened is not stored, or a membership change
-	// committed during the read could be forgotten for a whole TTL.
-	generation map[uuid.UUID]uint64
+	// loading holds, for each community with a database read in flight,
+	// how many invalidations it had since the first of them began: an
+	// answer read while an invalidation happened is not stored, or a
+	// membership change committed during the read could be forgotten for a
+	// whole TTL. An entry lives only while its community's reads do, so
+	// the map holds the communities being read now, not every community
+	// ever invalidated.
+	loading map[uuid.UUID]*loads
 	// epoch counts InvalidateAll calls, for the same reason.
 	epoch uint64
 	// trusted, when set, says whether cached answers may be used: false
@@ -111,8 +115,15 @@ func NewCache(q *db.Queries, ttl time.Duration, now func() time.Time) *Cache {
 	return &Cache{
 		q: q, ttl: ttl, now: now,
 		readable: newAnswers[string, Channels](), readers: newAnswers[uuid.UUID, Readers](),
-		generation: map[uuid.UUID]uint64{},
+		loading: map[uuid.UUID]*loads{},
 	}
+}
+
+// loads counts a community's database reads in flight and the
+// invalidations since the first of them began.
+type loads struct {
+	inFlight   int
+	generation uint64
 }
 
 // Readable returns the channels pubkey (hex) may read in community.
@@ -195,29 +206,40 @@ func load[K comparable, V any](c *Cache, a *answers[K, V], community uuid.UUID, 
 // lock: an answer another lookup stores in between cannot slip past it. An
 // answer is never stored over a newer one.
 func loadAtLeast[K comparable, V any](c *Cache, a *answers[K, V], community uuid.UUID, k K, atLeast int64, version func(V) int64, fetch func() (V, error)) (V, error) {
+	// Asked outside the lock: the caller's check may take locks of its own.
+	trusted := true
+	if f := c.trusted.Load(); f != nil {
+		trusted = (*f)()
+	}
 	c.mu.Lock()
 	e, ok := a.get(community, k)
 	if ok && version != nil && version(e.value) < atLeast {
 		c.invalidateLocked(community)
 		ok = false
 	}
-	generation, epoch := c.generation[community], c.epoch
-	c.mu.Unlock()
-	trusted := true
-	if f := c.trusted.Load(); f != nil {
-		trusted = (*f)()
-	}
 	if ok && trusted && c.now().Sub(e.loadedAt) < c.ttl {
+		c.mu.Unlock()
 		return e.value, nil
 	}
-	v, err := fetch()
-	if err != nil {
-		return v, err
+	l := c.loading[community]
+	if l == nil {
+		l = &loads{}
+		c.loading[community] = l
 	}
+	l.inFlight++
+	generation, epoch := l.generation, c.epoch
+	c.mu.Unlock()
+	v, err := fetch()
 	loadedAt := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.generation[community] != generation || c.epoch != epoch {
+	if l.inFlight--; l.inFlight == 0 {
+		delete(c.loading, community)
+	}
+	if err != nil {
+		return v, err
+	}
+	if l.generation != generation || c.epoch != epoch {
 		return v, nil // fresh enough for this caller; too old to keep
 	}
 	if !trusted {
@@ -331,7 +353,9 @@ func (c *Cache) Invalidate(community uuid.UUID) {
 }
 
 func (c *Cache) invalidateLocked(community uuid.UUID) {
-	c.generation[community]++
+	if l := c.loading[community]; l != nil {
+		l.generation++
+	}
 	c.readable.drop(community)
 	c.readers.drop(community)
 }

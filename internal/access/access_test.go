@@ -105,9 +105,7 @@ func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
 	cache.now = func() time.Time {
 		calls++
 		if calls == 1 {
-			cache.mu.Lock()
-			cache.generation[community.ID]++
-			cache.mu.Unlock()
+			cache.Invalidate(community.ID)
 		}
 		return time.Now()
 	}
@@ -116,6 +114,80 @@ func TestAnswerReadAcrossAnInvalidationIsNotCached(t *testing.T) {
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
 	require.Zero(t, cache.readable.count, "a possibly stale answer must not be cached")
+}
+
+// The invalidation counts live only while their community's reads do:
+// readers of ever new communities, each invalidated after its read, leave
+// the map holding at most the reads in flight, and nothing once they end,
+// where one count per community ever invalidated stayed for good.
+// Mutation killed: the entry kept when its last read ends (4,000 left).
+func TestInvalidationCountsLiveOnlyWithTheirReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cache := NewCache(db.New(dbtest.Pool(t)), time.Hour, time.Now)
+	reader := strings.Repeat("d", 64)
+	const workers, perWorker = 8, 500
+	most := make(chan int, workers)
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			held := 0
+			for range perWorker {
+				community := uuid.New()
+				if _, err := cache.Readable(ctx, community, reader); err != nil {
+					errs <- err
+					return
+				}
+				cache.Invalidate(community)
+				cache.mu.Lock()
+				held = max(held, len(cache.loading))
+				cache.mu.Unlock()
+			}
+			most <- held
+			errs <- nil
+		}()
+	}
+	for range workers {
+		require.NoError(t, <-errs)
+	}
+	for range workers {
+		require.LessOrEqual(t, <-most, workers-1, "at most the other workers' reads are in flight")
+	}
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	require.Empty(t, cache.loading, "no read in flight, no count kept")
+}
+
+// A read still in flight keeps its community's count when another read of
+// the community ends first: an invalidation after that is still seen by
+// the read in flight, which does not store its answer.
+// Mutation killed: the entry dropped when any read ends (the late read
+// stores an answer older than the invalidation).
+func TestReadInFlightSeesAnInvalidationAfterAnotherReadEnded(t *testing.T) {
+	t.Parallel()
+	cache := NewCache(nil, time.Hour, time.Now)
+	community := uuid.New()
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := load(cache, &cache.readable, community, "slow", func() (Channels, error) {
+			close(started)
+			<-release
+			return Channels{}, nil
+		})
+		done <- err
+	}()
+	<-started
+	_, err := load(cache, &cache.readable, community, "quick", func() (Channels, error) { return Channels{}, nil })
+	require.NoError(t, err)
+	cache.Invalidate(community)
+	close(release)
+	require.NoError(t, <-done)
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	_, stored := cache.readable.get(community, "slow")
+	require.False(t, stored, "an answer read across an invalidation was kept")
+	require.Empty(t, cache.loading)
 }
 
 // A cached reader set older than the readers version a write read is never

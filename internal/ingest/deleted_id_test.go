@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/fanout"
@@ -75,6 +76,64 @@ func TestEventDeletedBeforeItArrivesStaysDeleted(t *testing.T) {
 	f.store(f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", first.ID}}, f.base+30))
 	require.Equal(t, ingest.Stored, arrives(first))
 	require.Equal(t, 1, f.count(live, first.ID))
+}
+
+// A channel's moderation events are its account of who did what, which
+// their author's kind 5 cannot hide once stored; one whose id its author
+// deleted before it arrived is stored and applied too, as if the deletion
+// had come after it. Every other kind, in a channel as well, is still
+// refused. Mutation killed: 064 not applied (events_refuse_deleted_id as
+// in 061): the put-user, remove-user and create are answered Superseded
+// and change nothing.
+func TestModerationEventDeletedBeforeItArrivesIsStored(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deleted-moderation.example", 0)
+	owner, bob, carol := f.key(), f.key(), f.key()
+	ch := f.channel(owner, true)
+	// signedThenDeleted signs an event and stores its author's deletion of
+	// its id before it is sent.
+	signedThenDeleted := func(key *nostr.SecretKey, kind int, tags nostr.Tags) *nostr.Event {
+		t.Helper()
+		ev := f.sign(key, kind, "", tags, 0)
+		f.store(f.sign(key, nostr.KindDeletion, "", nostr.Tags{{"e", ev.ID}}, ev.CreatedAt))
+		return ev
+	}
+	arrives := func(ev *nostr.Event) ingest.Outcome {
+		t.Helper()
+		out, err := f.submit(ev)
+		require.NoError(t, err)
+		return out
+	}
+	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
+	member := func(key *nostr.SecretKey) int {
+		return f.count(`SELECT count(*) FROM channel_members
+			WHERE channel_id = $1 AND encode(pubkey, 'hex') = $2 AND removed_at IS NULL`, ch, key.PublicKeyHex())
+	}
+
+	put := signedThenDeleted(owner, ingest.KindPutUser, nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}})
+	require.Equal(t, ingest.Stored, arrives(put), "stored, not answered as superseded")
+	require.Equal(t, 1, f.count(live, put.ID), "stored visible")
+	require.Equal(t, 1, member(bob), "and applied")
+
+	remove := signedThenDeleted(owner, ingest.KindRemoveUser, nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}})
+	require.Equal(t, ingest.Stored, arrives(remove))
+	require.Equal(t, 1, f.count(live, remove.ID))
+	require.Zero(t, member(bob), "the removal took effect")
+
+	other := uuid.NewString()
+	create := signedThenDeleted(owner, ingest.KindCreateGroup, nostr.Tags{{"h", other}, {"name", "created after its deletion"}})
+	require.Equal(t, ingest.Stored, arrives(create))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM channels WHERE id = $1`, other))
+
+	// Any other kind is still refused, in a channel too.
+	message := signedThenDeleted(owner, ingest.KindChat, nostr.Tags{{"h", ch}})
+	require.Equal(t, ingest.Superseded, arrives(message))
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, message.ID))
+	open := f.channel(owner, false)
+	join := signedThenDeleted(carol, ingest.KindJoinRequest, nostr.Tags{{"h", open}})
+	require.Equal(t, ingest.Superseded, arrives(join))
+	require.Zero(t, f.count(`SELECT count(*) FROM channel_members WHERE channel_id = $1 AND encode(pubkey, 'hex') = $2`,
+		open, carol.PublicKeyHex()), "a refused join request joins nobody")
 }
 
 // A deletion by id and its target committing at the same moment, on two

@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -242,4 +243,153 @@ func TestDeletionTargetsBackfillWaitsForAnInsertInFlight(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT deleted_at IS NOT NULL FROM events
 		WHERE community_id = $1 AND id = decode($2, 'hex')`, community, note).Scan(&hidden))
 	require.True(t, hidden, "the note its author deleted is not served")
+}
+
+// 062 treats the deletions stored before 061 as the relay treats one
+// arriving now:
+//   - a target in a private channel, named by a deletion bound to that
+//     channel, is recorded and hidden like a global one; the author's
+//     channel moderation event it names stays visible (as EventsDeleteByIDs
+//     leaves it) and its id is recorded all the same;
+//   - a reaction is hidden and its reactions row removed, and a profile is
+//     hidden in its replaceable slot: the hidden version still holds the
+//     slot (an older version is refused, a newer one replaces it) and
+//     users forgets it, as when a live deletion hides it;
+//   - a deletion named by its author's later deletion, or hidden by a
+//     moderator, still counts, as since 061 (a kind 5 is never hidden by a
+//     kind 5, nor refused as a deleted id, and a hidden one keeps its
+//     recorded targets); the named deletion stays visible;
+//   - another author's deletion naming the id hides nothing.
+//
+// Mutations killed, each in 062: the deletions read only when global
+// (channel_id IS NULL) or only when visible (deleted_at IS NULL); the
+// UPDATE without its channel moderation clause, without kind <> 5, without
+// e.pubkey = t.author, or hiding only global events; the UPDATE made a
+// DELETE; the backfill run with session_replication_role = replica (the
+// hiding triggers skipped).
+func TestDeletionTargetsBackfillCases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	version := migrationVersion(t, "deletion_targets_backfill")
+	conn := connect(t, dbtest.EmptyURL(t))
+	require.NoError(t, migrate.To(ctx, conn, version-2))
+
+	community, channel := uuid.New(), uuid.New()
+	_, err := conn.Exec(ctx, `INSERT INTO communities (id, host) VALUES ($1, 'backfill-cases.example')`, community)
+	require.NoError(t, err)
+	author, other := strings.Repeat("aa", 32), strings.Repeat("bb", 32)
+	_, err = conn.Exec(ctx, `INSERT INTO channels (community_id, id, name, visibility, created_by)
+		VALUES ($1, $2, 'private', 'private', decode($3, 'hex'))`, community, channel, author)
+	require.NoError(t, err)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// insert stores an event created seconds after base, in channel when
+	// it is not nil; it returns the rows stored.
+	insert := func(t *testing.T, id, pubkey string, kind, seconds int, channel *uuid.UUID, tags string) int64 {
+		t.Helper()
+		tag, err := conn.Exec(ctx, `INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id)
+			VALUES ($1, decode($2, 'hex'), decode($3, 'hex'), $4, $5, $6::jsonb, '', decode($7, 'hex'), $8)`,
+			community, id, pubkey, base.Add(time.Duration(seconds)*time.Second), kind, tags, strings.Repeat("00", 64), channel)
+		require.NoError(t, err)
+		return tag.RowsAffected()
+	}
+	naming := func(ids ...string) string {
+		tags := make([]string, len(ids))
+		for i, id := range ids {
+			tags[i] = `["e","` + id + `"]`
+		}
+		return `[` + strings.Join(tags, ",") + `]`
+	}
+	id := func(b byte) string { return strings.Repeat(hex.EncodeToString([]byte{b}), 32) }
+	var (
+		channelNote, channelModeration, channelLater = id(0x10), id(0x11), id(0x12)
+		reaction, reacted                            = id(0x20), id(0x21)
+		profile, olderProfile, newerProfile          = id(0x30), id(0x31), id(0x32)
+		namedDeletion, hiddenDeletion                = id(0x40), id(0x41)
+		firstNote, secondNote                        = id(0x42), id(0x43)
+		othersTarget                                 = id(0x50)
+	)
+
+	// Each deletion first, then its targets coming back (stored before 061).
+	insert(t, id(0x01), author, 5, 0, &channel, naming(channelNote, channelModeration, channelLater))
+	insert(t, channelNote, author, 9, 1, &channel, `[["h","`+channel.String()+`"]]`)
+	insert(t, channelModeration, author, 9000, 1, &channel, `[["h","`+channel.String()+`"],["p","`+other+`"]]`)
+
+	insert(t, reacted, other, 1, 0, nil, `[]`)
+	insert(t, id(0x02), author, 5, 0, nil, naming(reaction))
+	insert(t, reaction, author, 7, 1, nil, `[["e","`+reacted+`"]]`)
+	_, err = conn.Exec(ctx, `INSERT INTO reactions (community_id, event_created_at, event_id, pubkey, emoji, reaction_event_id)
+		VALUES ($1, $2, decode($3, 'hex'), decode($4, 'hex'), '+', decode($5, 'hex'))`,
+		community, base, reacted, author, reaction)
+	require.NoError(t, err)
+
+	insert(t, id(0x03), author, 5, 10, nil, naming(profile))
+	insert(t, profile, author, 0, 10, nil, `[]`)
+	_, err = conn.Exec(ctx, `INSERT INTO users (community_id, pubkey, display_name, metadata_event_id, metadata_created_at)
+		VALUES ($1, decode($2, 'hex'), 'came back', decode($3, 'hex'), $4)`, community, author, profile, base.Add(10*time.Second))
+	require.NoError(t, err)
+
+	insert(t, namedDeletion, author, 5, 0, nil, naming(firstNote))
+	insert(t, hiddenDeletion, author, 5, 0, nil, naming(secondNote))
+	insert(t, id(0x04), author, 5, 1, nil, naming(namedDeletion, hiddenDeletion))
+	_, err = conn.Exec(ctx, `UPDATE events SET deleted_at = now() WHERE community_id = $1 AND id = decode($2, 'hex')`, community, hiddenDeletion)
+	require.NoError(t, err, "a moderator hides the deletion")
+	insert(t, firstNote, author, 1, 2, nil, `[]`)
+	insert(t, secondNote, author, 1, 2, nil, `[]`)
+
+	insert(t, othersTarget, author, 1, 0, nil, `[]`)
+	insert(t, id(0x05), other, 5, 1, nil, naming(othersTarget))
+
+	require.NoError(t, migrate.To(ctx, conn, version))
+
+	hidden := func(t *testing.T, id string) bool {
+		t.Helper()
+		var deleted bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT deleted_at IS NOT NULL FROM events
+			WHERE community_id = $1 AND id = decode($2, 'hex')`, community, id).Scan(&deleted))
+		return deleted
+	}
+	recorded := func(t *testing.T, id, pubkey string) bool {
+		t.Helper()
+		var found bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM event_deletion_targets
+			WHERE community_id = $1 AND target_id = decode($2, 'hex') AND author = decode($3, 'hex'))`, community, id, pubkey).Scan(&found))
+		return found
+	}
+
+	t.Run("private channel", func(t *testing.T) {
+		require.True(t, hidden(t, channelNote), "the channel's note that came back is hidden")
+		require.False(t, hidden(t, channelModeration), "the author's moderation event stays, as a live deletion leaves it")
+		require.True(t, recorded(t, channelModeration, author), "its id is recorded all the same")
+		require.Zero(t, insert(t, channelLater, author, 9, 3, &channel, `[["h","`+channel.String()+`"]]`),
+			"an id the channel's deletion named, arriving now, is refused")
+	})
+	t.Run("reaction", func(t *testing.T) {
+		require.True(t, hidden(t, reaction))
+		var removed bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT removed_at IS NOT NULL FROM reactions
+			WHERE community_id = $1 AND reaction_event_id = decode($2, 'hex')`, community, reaction).Scan(&removed))
+		require.True(t, removed, "the hidden reaction stops counting")
+	})
+	t.Run("profile", func(t *testing.T) {
+		require.Zero(t, insert(t, olderProfile, author, 0, 5, nil, `[]`), "the hidden version still holds the slot against an older one")
+		require.True(t, hidden(t, profile))
+		var name *string
+		require.NoError(t, conn.QueryRow(ctx, `SELECT display_name FROM users WHERE community_id = $1 AND pubkey = decode($2, 'hex')`,
+			community, author).Scan(&name))
+		require.Nil(t, name, "users forgets the hidden profile")
+		require.Zero(t, insert(t, profile, author, 0, 10, nil, `[]`), "the deleted profile sent again is refused")
+		require.EqualValues(t, 1, insert(t, newerProfile, author, 0, 20, nil, `[]`), "a newer version replaces it")
+		require.False(t, hidden(t, newerProfile))
+	})
+	t.Run("deleted deletion", func(t *testing.T) {
+		require.True(t, hidden(t, firstNote), "a deletion its author's later deletion named still counts")
+		require.True(t, hidden(t, secondNote), "a deletion a moderator hid still counts")
+		require.False(t, hidden(t, namedDeletion), "a deletion is not hidden by a deletion")
+		require.True(t, recorded(t, secondNote, author))
+	})
+	t.Run("another author's deletion", func(t *testing.T) {
+		require.False(t, hidden(t, othersTarget), "another author's deletion hides nothing")
+		require.True(t, recorded(t, othersTarget, other), "recorded under its own author only")
+		require.False(t, recorded(t, othersTarget, author))
+	})
 }

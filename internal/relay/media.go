@@ -199,7 +199,9 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 }
 
 // sameServer compares a Blossom server tag (a bare domain or a URL) with
-// the request's Host.
+// the request's Host, as the relay tells communities apart: a port other
+// than the default names another community (relay.example:8443 is not
+// relay.example), so a tag without a port names the default port only.
 func sameServer(tag, host string) bool {
 	tag = strings.TrimSpace(tag)
 	if strings.Contains(tag, "://") {
@@ -207,21 +209,34 @@ func sameServer(tag, host string) bool {
 		if err != nil {
 			return false
 		}
-		tag = u.Host
+		var ok bool
+		if tag, ok = urlHost(u); !ok {
+			return false
+		}
 	}
 	tag, _, _ = strings.Cut(tag, "/")
-	return community.NormalizeHost(tag) == community.NormalizeHost(host) ||
-		community.NormalizeHost(tag) == hostOnly(community.NormalizeHost(host))
+	return community.NormalizeHost(tag) == community.NormalizeHost(host)
 }
 
-// hostOnly drops the port of a normalized host: a server tag usually names
-// the domain alone.
-func hostOnly(host string) string {
-	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') {
-		return host[:i]
+// urlHost is u's host without the port when that is its scheme's default
+// (443 for https, 80 for http). It is false for https on port 80 or http on
+// 443, which name no port this relay serves that scheme on, though
+// community.NormalizeHost would drop either.
+func urlHost(u *url.URL) (string, bool) {
+	port := u.Port()
+	switch {
+	case u.Host == "":
+		return "", false
+	case port == defaultPorts[strings.ToLower(u.Scheme)]:
+		return strings.TrimSuffix(u.Host, ":"+port), true
+	case port == "443" || port == "80":
+		return "", false
 	}
-	return host
+	return u.Host, true
 }
+
+// defaultPorts are the ports a URL of each scheme names when it names none.
+var defaultPorts = map[string]string{"https": "443", "http": "80"}
 
 // hashTags are the x tag values of a Blossom event, lowercased.
 func hashTags(ev *nostr.Event) []string {

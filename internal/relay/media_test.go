@@ -320,6 +320,69 @@ func TestMediaUploadRefusals(t *testing.T) {
 	}
 }
 
+// A server tag, and a NIP-98 u URL, name one port of their host, as the
+// relay tells communities apart: without a port (or with its scheme's
+// default) the default port only, so a token signed for relay.example does
+// not upload to the community at relay.example:8443, nor one signed for
+// :8443 to relay.example.
+// Mutations killed: a server tag without a port matched against the
+// request's host with its port dropped (the :8443 uploads pass); the URL
+// tag's port dropped (https://...:8443 is refused at :8443); a default port
+// counted whatever the URL's scheme (https://...:80 and, in a u tag,
+// http://...:443 pass).
+func TestMediaAuthNamesOnePort(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	const plain, other = "ports.example", "ports.example:8443"
+	r.AddCommunity(t, plain)
+	r.AddCommunity(t, other)
+	key := relaytest.NewKey(t)
+	for _, c := range []struct {
+		server, u, host string
+		ok              bool
+	}{
+		{"ports.example", "", plain, true},
+		{"ports.example", "", "ports.example:443", true},
+		{"ports.example", "", other, false},
+		{"https://ports.example", "", plain, true},
+		{"https://ports.example/", "", other, false},
+		{"http://ports.example", "", other, false},
+		{"https://ports.example:443", "", plain, true},
+		{"http://ports.example:80", "", plain, true},
+		{"https://ports.example:80", "", plain, false},
+		{"http://ports.example:443", "", plain, false},
+		{"https://ports.example:8443", "", other, true},
+		{"https://ports.example:8443", "", plain, false},
+		{"ports.example:8443", "", other, true},
+		{"ports.example:8443", "", plain, false},
+		// The test relay serves http, so its request URL is http://<Host>.
+		{"", "http://ports.example/media/upload", plain, true},
+		{"", "http://ports.example:80/media/upload", plain, true},
+		{"", "http://ports.example/media/upload", other, false},
+		{"", "http://ports.example:8443/media/upload", other, true},
+		{"", "http://ports.example:8443/media/upload", plain, false},
+		{"", "http://ports.example:443/media/upload", plain, false},
+	} {
+		blob := pngBlob(t, 500)
+		var auth, refusal string
+		if c.u != "" {
+			auth, refusal = authHeader(nip98(t, key, http.MethodPut, c.u, blob, nil)), "auth-required: u tag does not match this URL"
+		} else {
+			auth = blossomAuth(t, key, "upload", []string{hexSHA(blob)}, func(ev *nostr.Event) {
+				ev.Tags = append(ev.Tags, nostr.Tag{"server", c.server})
+			})
+			refusal = "auth-required: auth event server tags do not name this host"
+		}
+		got := mediaDo(t, r, http.MethodPut, c.host, "/media/upload", auth, bytes.NewReader(blob), nil)
+		if c.ok {
+			require.Equal(t, http.StatusOK, got.Status, "server %q, u %q, host %s: %s", c.server, c.u, c.host, got.Body)
+			continue
+		}
+		require.Equal(t, http.StatusUnauthorized, got.Status, "server %q, u %q, host %s: %s", c.server, c.u, c.host, got.Body)
+		require.Contains(t, got.Error, refusal)
+	}
+}
+
 // Only an uploader deletes, and only in the community they uploaded to.
 // Mutations killed: delete without checking the upload records (foreign
 // delete succeeds); a Blossom delete token without an x tag for this hash

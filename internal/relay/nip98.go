@@ -243,18 +243,20 @@ func (s *Server) requestURL(r *http.Request) string {
 	return scheme + "://" + r.Host + r.URL.RequestURI()
 }
 
-// sameURL compares two absolute URLs as NIP-98 asks: scheme and host without
-// regard to case, the host through community.NormalizeHost (so localhost,
-// 127.0.0.1 and [::1] are one host, and default ports drop), one trailing
-// slash of the path ignored; query strings must be identical.
-func sameURL(a, b string) bool {
-	ua, errA := url.Parse(strings.TrimSpace(a))
-	ub, errB := url.Parse(strings.TrimSpace(b))
-	if errA != nil || errB != nil || ua.Host == "" || ub.Host == "" {
+// sameURL compares a signed URL with the request's as NIP-98 asks: scheme
+// and host without regard to case, the host through community.NormalizeHost
+// (so localhost, 127.0.0.1 and [::1] are one host, and the signed URL's
+// default port drops, see urlHost), one trailing slash of the path
+// ignored; query strings must be identical.
+func sameURL(signed, request string) bool {
+	us, errS := url.Parse(strings.TrimSpace(signed))
+	ur, errR := url.Parse(strings.TrimSpace(request))
+	if errS != nil || errR != nil || ur.Host == "" {
 		return false
 	}
-	return strings.EqualFold(ua.Scheme, ub.Scheme) &&
-		community.NormalizeHost(ua.Host) == community.NormalizeHost(ub.Host) &&
-		strings.TrimSuffix(ua.EscapedPath(), "/") == strings.TrimSuffix(ub.EscapedPath(), "/") &&
-		ua.RawQuery == ub.RawQuery
+	host, ok := urlHost(us)
+	return ok && strings.EqualFold(us.Scheme, ur.Scheme) &&
+		community.NormalizeHost(host) == community.NormalizeHost(ur.Host) &&
+		strings.TrimSuffix(us.EscapedPath(), "/") == strings.TrimSuffix(ur.EscapedPath(), "/") &&
+		us.RawQuery == ur.RawQuery
 }
