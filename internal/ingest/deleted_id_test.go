@@ -1,6 +1,8 @@
 package ingest_test
 
 import (
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -199,4 +201,46 @@ func TestIDDeletionRacingItsTarget(t *testing.T) {
 		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = ANY($1) AND deleted_at IS NULL`, targets),
 			"a deleted note came back")
 	})
+}
+
+// The database's refusal of a deleted id (events_refuse_deleted_id, in
+// SQL) spares exactly the channel kinds the relay keeps from moderation
+// and deletion (ingest.KindsKeptFromModeration, in Go): a kind added to one
+// list and not the other would be hidden one way and refused the other.
+// Each kind around the moderation ranges is inserted, with its author's
+// deletion of its id recorded first, in a channel and outside one.
+// Mutations killed: a kind dropped from (or added to) either list.
+func TestDeletedIDRefusalSparesTheKindsKeptFromModeration(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deleted-id-kinds.example", 0)
+	owner := f.key()
+	ch := uuid.MustParse(f.channel(owner, true))
+	author := f.key().PublicKeyHex()
+	var kinds []int32
+	for k := int32(8999); k <= 9011; k++ {
+		kinds = append(kinds, k)
+	}
+	for k := int32(38999); k <= 39004; k++ {
+		kinds = append(kinds, k)
+	}
+	events := 0
+	for _, kind := range kinds {
+		for _, channel := range []*uuid.UUID{&ch, nil} {
+			events++
+			id := fmt.Sprintf("%064x", events)
+			var dTag *string
+			if kind >= 30000 {
+				dTag = new(string)
+			}
+			_, err := f.pool.Exec(f.ctx, `INSERT INTO event_deletion_targets (community_id, target_id, author)
+				VALUES ($1, decode($2, 'hex'), decode($3, 'hex'))`, f.tenant.ID(), id, author)
+			require.NoError(t, err)
+			stored, err := f.pool.Exec(f.ctx, `INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
+				VALUES ($1, decode($2, 'hex'), decode($3, 'hex'), now(), $4, '[]', '', decode(repeat('00', 64), 'hex'), $5, $6)`,
+				f.tenant.ID(), id, author, kind, channel, dTag)
+			require.NoError(t, err)
+			kept := channel != nil && slices.Contains(ingest.KindsKeptFromModeration, kind)
+			require.Equal(t, kept, stored.RowsAffected() == 1, "kind %d in a channel: %v", kind, channel != nil)
+		}
+	}
 }
