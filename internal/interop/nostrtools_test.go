@@ -27,6 +27,7 @@ var nostrToolsChecks = []string{
 	"replaceable",
 	"addressable",
 	"deletion",
+	"oversized",
 }
 
 // TestNostrTools runs js/interop.test.mjs (nostr-tools on node) against a

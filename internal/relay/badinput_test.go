@@ -148,7 +148,8 @@ func TestBadInputCatalogue(t *testing.T) {
 		{"CLOSE numeric subid", `["CLOSE",1]`, "NOTICE", "invalid: "},
 		{"COUNT without filters", `["COUNT","c"]`, "CLOSED", "invalid: "},
 		{"AUTH with string", `["AUTH","token"]`, "NOTICE", "invalid: "},
-		{"oversized frame", `["REQ","big",{"#t":["` + strings.Repeat("v", 9<<10) + `"]}]`, "NOTICE", "invalid: message of"},
+		{"oversized REQ", `["REQ","big",{"#t":["` + strings.Repeat("v", 9<<10) + `"]}]`, "CLOSED", "invalid: message of"},
+		{"oversized frame", `["NOTICE","` + strings.Repeat("v", 9<<10) + `"]`, "NOTICE", "invalid: message of"},
 	}
 	require.GreaterOrEqual(t, len(cases), 40)
 	for _, tc := range cases {
