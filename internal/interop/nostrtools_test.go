@@ -28,6 +28,7 @@ var nostrToolsChecks = []string{
 	"addressable",
 	"deletion",
 	"oversized",
+	"versions-and-limits",
 }
 
 // TestNostrTools runs js/interop.test.mjs (nostr-tools on node) against a

@@ -318,5 +318,39 @@ await check('oversized', async () => {
   assert.deepEqual(ids(await fetch(relay, [{ ids: [note.id] }])), [note.id])
 })
 
+// Time and versions as NIP-01 clients expect them: two versions of a slot
+// with one created_at keep the lowest id whichever arrives first; a missing,
+// empty or value-less d tag is one address; limit 0 is an EOSE, then live
+// events; COUNT over overlapping filters counts each event once.
+await check('versions-and-limits', async () => {
+  const user = newUser()
+  const relay = await connect(user)
+  const t = now()
+  const profile = [{ kinds: [0], authors: [user.pk] }]
+  const [a, b] = [sign(user, 0, '{"name":"a"}', [], t - 50), sign(user, 0, '{"name":"b"}', [], t - 50)]
+  const [low, high] = a.id < b.id ? [a, b] : [b, a]
+  await publish(relay, high)
+  await publish(relay, low)
+  const [, again] = await publish(relay, high)
+  assert.match(again, /^duplicate:/)
+  assert.deepEqual(ids(await fetch(relay, profile)), [low.id])
+
+  const slot = [{ kinds: [30023], authors: [user.pk] }]
+  await publish(relay, sign(user, 30023, 'no d', [], t - 40))
+  await publish(relay, sign(user, 30023, 'empty d', [['d', '']], t - 30))
+  const [bare] = await publish(relay, sign(user, 30023, 'bare d', [['d']], t - 20))
+  assert.deepEqual(ids(await fetch(relay, slot)), [bare.id])
+
+  const sub = live(relay, [{ authors: [user.pk], limit: 0 }])
+  await sub.ready
+  assert.equal(sub.queue.length, 0, 'limit 0 sends no stored event')
+  const [note] = await publish(relay, sign(user, 1, 'live after limit 0'))
+  assert.equal((await sub.next('live event after limit 0')).id, note.id)
+  sub.close()
+
+  const overlap = [{ authors: [user.pk] }, { kinds: [1], authors: [user.pk] }]
+  assert.equal(await within(relay.count(overlap, {}), 'COUNT overlapping filters'), 3)
+})
+
 for (const relay of opened) relay.close()
 process.exit(failed ? 1 : 0)
