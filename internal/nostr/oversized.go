@@ -107,6 +107,15 @@ func (m *OversizedMessage) endString() {
 	}
 }
 
+// ReqSubID is the subscription id of an oversized REQ, "" when the message
+// is not a REQ or its id could not be read.
+func (m *OversizedMessage) ReqSubID() string {
+	if m.verb != "REQ" {
+		return ""
+	}
+	return m.subID
+}
+
 // Refusal is the answer to the message: OK false for an EVENT whose id was
 // read, CLOSED for a REQ or COUNT whose subscription id was, a NOTICE
 // otherwise; reason carries its NIP-01 prefix.

@@ -249,6 +249,9 @@ func (c *conn) run() {
 			continue
 		}
 		if data == nil {
+			if subID := oversized.ReqSubID(); subID != "" {
+				c.endSub(subID)
+			}
 			_ = c.send(oversized.Refusal(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
@@ -570,9 +573,22 @@ func (c *conn) replyParseError(err error) {
 		c.rejected("invalid")
 		_ = c.send(nostr.EncodeOK(pe.EventID, false, reason))
 	case (pe.Verb == "REQ" || pe.Verb == "COUNT") && pe.SubID != "":
+		if pe.Verb == "REQ" {
+			c.endSub(pe.SubID)
+		}
 		_ = c.send(nostr.EncodeClosed(pe.SubID, reason))
 	default:
 		_ = c.send(nostr.EncodeNotice(reason))
+	}
+}
+
+// endSub ends the open subscription a refused REQ reused the id of. A REQ
+// replaces the subscription of its id whatever becomes of it, and its
+// CLOSED tells the client that id is closed: left open, it went on
+// delivering events to a subscription the client had been told was gone.
+func (c *conn) endSub(subID string) {
+	if c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID) {
+		delete(c.subs, subID)
 	}
 }
 
