@@ -27,6 +27,8 @@ var nostrToolsChecks = []string{
 	"replaceable",
 	"addressable",
 	"deletion",
+	"oversized",
+	"versions-and-limits",
 }
 
 // TestNostrTools runs js/interop.test.mjs (nostr-tools on node) against a

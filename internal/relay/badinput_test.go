@@ -148,7 +148,8 @@ func TestBadInputCatalogue(t *testing.T) {
 		{"CLOSE numeric subid", `["CLOSE",1]`, "NOTICE", "invalid: "},
 		{"COUNT without filters", `["COUNT","c"]`, "CLOSED", "invalid: "},
 		{"AUTH with string", `["AUTH","token"]`, "NOTICE", "invalid: "},
-		{"oversized frame", `["REQ","big",{"#t":["` + strings.Repeat("v", 9<<10) + `"]}]`, "NOTICE", "invalid: message of"},
+		{"oversized REQ", `["REQ","big",{"#t":["` + strings.Repeat("v", 9<<10) + `"]}]`, "CLOSED", "invalid: message of"},
+		{"oversized frame", `["NOTICE","` + strings.Repeat("v", 9<<10) + `"]`, "NOTICE", "invalid: message of"},
 	}
 	require.GreaterOrEqual(t, len(cases), 40)
 	for _, tc := range cases {
@@ -201,4 +202,39 @@ func TestFrameBeyondHardCapClosesWith1009(t *testing.T) {
 	require.Equal(t, websocket.StatusMessageTooBig, websocket.CloseStatus(err), "got %v", err)
 	again := r.Dial(t, "")
 	again.Auth(nil)
+}
+
+// TestRefusedREQEndsTheSubscriptionOfItsID: a REQ reusing an open
+// subscription's id replaces it whatever becomes of the new one, so one
+// refused before it is read (malformed, or too large to keep) and answered
+// CLOSED for that id ends the old subscription too: the client was told
+// the id is closed, and nothing more is sent under it. The writer's OK
+// comes after its event's local fan-out, so the reader's COUNT answer,
+// asked after that OK, would come after an EVENT for the old subscription.
+//
+// Mutation killed: either refusal answering CLOSED without ending the
+// subscription (the EVENT for "s" arrives before the COUNT).
+func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 4 << 10 })
+	reader, writer := r.Dial(t, ""), r.Dial(t, "")
+	reader.Auth(nil)
+	writer.Auth(nil)
+	author := writer.Key.PublicKeyHex()
+	for _, refused := range []struct{ name, frame string }{
+		{"malformed", `["REQ","s",{"kinds":["1"]}]`},
+		{"oversized", `["REQ","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`},
+	} {
+		reader.Send("REQ", "s", map[string]any{"authors": []string{author}, "limit": 0})
+		require.Equal(t, "s", reader.Expect("EOSE").SubID)
+		reader.SendRaw(refused.frame)
+		closed := reader.Expect("CLOSED")
+		require.Equal(t, "s", closed.SubID, refused.name)
+		require.True(t, strings.HasPrefix(closed.Msg, "invalid: "), "%s: %q", refused.name, closed.Msg)
+
+		require.True(t, writer.Publish(writer.Sign(1, refused.name, nil, 0)).OK)
+		reader.Send("COUNT", "after", map[string]any{"authors": []string{author}})
+		reply := reader.NextReply()
+		require.Equal(t, "COUNT", reply.Verb, "%s: the subscription the CLOSED named still delivered %+v", refused.name, reply)
+	}
 }

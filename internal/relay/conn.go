@@ -237,7 +237,7 @@ func (c *conn) run() {
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
 	for {
-		typ, data, size, err := c.readMessage()
+		typ, data, size, oversized, err := c.readMessage()
 		if err != nil {
 			if status := websocket.CloseStatus(err); status == -1 && !errors.Is(err, context.Canceled) {
 				c.log.Debug("read ended", "err", err)
@@ -249,7 +249,10 @@ func (c *conn) run() {
 			continue
 		}
 		if data == nil {
-			_ = c.send(nostr.EncodeNotice(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
+			if subID := oversized.ReqSubID(); subID != "" {
+				c.endSub(subID)
+			}
+			_ = c.send(oversized.Refusal(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
 		c.handleAside(data)
@@ -260,11 +263,12 @@ func (c *conn) run() {
 
 // readMessage reads the next message. Only a text message within
 // MaxMessageBytes is kept (data); a binary one, or one over the limit, is
-// read and dropped as it arrives, counted in size, and data is nil. A
-// message is refused with a NOTICE up to the library's read limit (4x) and
-// closes the connection beyond it; held whole until then, a client
-// trickling such a frame (or 50 connections from one address) pinned 1 MiB
-// each, four times what any message the relay accepts needs.
+// read and dropped as it arrives, counted in size, and data is nil. A text
+// message over the limit is refused up to the library's read limit (4x),
+// with the answer its request waits for (oversized reads the ids on the way
+// past), and closes the connection beyond it; held whole until then, a
+// client trickling such a frame (or 50 connections from one address)
+// pinned 1 MiB each, four times what any message the relay accepts needs.
 //
 // The read is not given c.ctx: the library registers a context it is given
 // (context.AfterFunc) for every frame it reads, three allocations and a
@@ -272,29 +276,33 @@ func (c *conn) run() {
 // is cancelled. The connection does that once instead: c.ctx's
 // cancellation closes ws, which ends a read in progress as the library's
 // registration would.
-func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64, err error) {
+func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64, oversized *nostr.OversizedMessage, err error) {
 	if !c.closesOnCancel {
 		c.closesOnCancel = true
 		context.AfterFunc(c.ctx, func() { c.ws.CloseNow() })
 	}
 	if err := c.ctx.Err(); err != nil {
-		return 0, nil, 0, err
+		return 0, nil, 0, nil, err
 	}
 	typ, r, err := c.ws.Reader(context.Background())
 	if err != nil {
-		return 0, nil, 0, err
+		return 0, nil, 0, nil, err
 	}
+	sink := io.Discard
 	if typ == websocket.MessageText {
 		data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
 		size = int64(len(data))
 		if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
-			return typ, data, size, err
+			return typ, data, size, nil, err
 		}
+		oversized = new(nostr.OversizedMessage)
+		_, _ = oversized.Write(data)
+		sink = oversized
 		readBuffers.put(data)
 		data = nil
 	}
-	rest, err := io.Copy(io.Discard, r)
-	return typ, nil, size + rest, err
+	rest, err := io.Copy(sink, r)
+	return typ, nil, size + rest, oversized, err
 }
 
 // readUpTo appends to buf what r holds, up to limit bytes, until EOF.
@@ -565,9 +573,22 @@ func (c *conn) replyParseError(err error) {
 		c.rejected("invalid")
 		_ = c.send(nostr.EncodeOK(pe.EventID, false, reason))
 	case (pe.Verb == "REQ" || pe.Verb == "COUNT") && pe.SubID != "":
+		if pe.Verb == "REQ" {
+			c.endSub(pe.SubID)
+		}
 		_ = c.send(nostr.EncodeClosed(pe.SubID, reason))
 	default:
 		_ = c.send(nostr.EncodeNotice(reason))
+	}
+}
+
+// endSub ends the open subscription a refused REQ reused the id of. A REQ
+// replaces the subscription of its id whatever becomes of it, and its
+// CLOSED tells the client that id is closed: left open, it went on
+// delivering events to a subscription the client had been told was gone.
+func (c *conn) endSub(subID string) {
+	if c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID) {
+		delete(c.subs, subID)
 	}
 }
 

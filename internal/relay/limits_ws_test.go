@@ -199,8 +199,8 @@ func TestFilterValueBudgetPerConnection(t *testing.T) {
 // under the 4x close limit, slowly or never finishing it, pinned 1 MiB of
 // relay heap per connection (measured: 1,176 KiB each, 50 connections from
 // one address about 58 MiB), four times what any message the relay accepts
-// needs. It is still answered with a NOTICE naming its size, and the
-// connection stays usable.
+// needs. It is still answered, with a CLOSED for its subscription naming
+// its size, and the connection stays usable.
 // Mutation killed: conn.readMessage reading the whole message
 // (io.ReadAll(r)) before checking its size.
 func TestOversizedMessageIsNotHeldWhole(t *testing.T) {
@@ -252,7 +252,7 @@ func TestOversizedMessageIsNotHeldWhole(t *testing.T) {
 	t.Logf("%d connections, each %d KiB into a message: heap grew %d KiB (%d KiB each)", clients, chunks*chunk>>10, grown>>10, grown/clients>>10)
 	require.Less(t, grown, int64(clients*2*limit), "each connection may hold about one message's limit, not the whole oversized message")
 
-	want := fmt.Sprintf(`["NOTICE","invalid: message of %d bytes exceeds the %d-byte limit"]`, chunks*chunk, limit)
+	want := fmt.Sprintf(`["CLOSED","big","invalid: message of %d bytes exceeds the %d-byte limit"]`, chunks*chunk, limit)
 	for i, w := range writers {
 		require.NoError(t, w.Close())
 		require.Equal(t, want, <-replies[i])

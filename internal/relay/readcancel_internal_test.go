@@ -25,13 +25,13 @@ func TestCancellingTheConnectionEndsAReadInProgress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, client.Write(ctx, websocket.MessageText, want))
-	_, data, _, err := c.readMessage()
+	_, data, _, _, err := c.readMessage()
 	require.NoError(t, err)
 	require.Equal(t, want, data)
 
 	ended := make(chan error, 1)
 	go func() {
-		_, _, _, err := c.readMessage()
+		_, _, _, _, err := c.readMessage()
 		ended <- err
 	}()
 	c.cancel()
@@ -46,7 +46,7 @@ func TestCancellingTheConnectionEndsAReadInProgress(t *testing.T) {
 	_, _, err = client.Read(closedCtx)
 	require.Error(t, err)
 	require.NoError(t, closedCtx.Err(), "the client sees the connection closed, not the end of its wait: %v", err)
-	_, _, _, err = c.readMessage()
+	_, _, _, _, err = c.readMessage()
 	require.ErrorIs(t, err, context.Canceled, "no read starts on a cancelled connection")
 }
 
@@ -75,7 +75,7 @@ func BenchmarkReadMessageOverWebSocket(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range n {
-		_, got, _, err := c.readMessage()
+		_, got, _, _, err := c.readMessage()
 		if err != nil || len(got) != len(data) {
 			b.Fatal(err)
 		}

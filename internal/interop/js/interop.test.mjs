@@ -134,6 +134,12 @@ function live(relay, filters) {
   return { ready: within(ready, 'EOSE'), next, close, queue }
 }
 
+// relayInfo reads the relay's NIP-11 document.
+async function relayInfo() {
+  const res = await globalThis.fetch(RELAY_URL.replace(/^ws/, 'http'), { headers: { Accept: 'application/nostr+json' } })
+  return res.json()
+}
+
 let failed = false
 async function check(name, fn) {
   try {
@@ -286,6 +292,64 @@ await check('deletion', async () => {
   assert.deepEqual(await fetch(relay, [{ ids: [post.id] }]), [])
   const [repost] = await publish(relay, sign(user, 30023, 'rewritten', [['d', 'post']], t))
   assert.deepEqual(ids(await fetch(relay, [{ kinds: [30023], authors: [user.pk] }])), [repost.id])
+})
+
+// An event within the advertised max_content_length (characters) can exceed
+// max_message_length (bytes): 65,536 four-byte characters. nostr-tools
+// writes the id after the content; the refusal must still be the OK the
+// publish waits for, and a REQ too large to read gets its CLOSED.
+await check('oversized', async () => {
+  const user = newUser()
+  const relay = await connect(user)
+  const info = await within(relayInfo(), 'NIP-11')
+  const max = info.limitation.max_content_length
+  const article = sign(user, 30023, '\u{1F600}'.repeat(max), [['d', 'long']])
+  assert.match(await rejection(relay.publish(article), 'oversized EVENT'), /^invalid: message of \d+ bytes exceeds the \d+-byte limit$/)
+  const closed = new Promise((resolve, reject) => {
+    relay.subscribe([{ '#t': ['x'.repeat(info.limitation.max_message_length)] }], {
+      eoseTimeout: 10 * WAIT,
+      oneose: () => reject(new Error('oversized REQ reached EOSE')),
+      onclose: resolve,
+    })
+  })
+  assert.match(await within(closed, 'CLOSED for an oversized REQ'), /^invalid: message of \d+ bytes exceeds/)
+  // The connection stays usable.
+  const [note] = await publish(relay, sign(user, 1, 'after the oversized ones'))
+  assert.deepEqual(ids(await fetch(relay, [{ ids: [note.id] }])), [note.id])
+})
+
+// Time and versions as NIP-01 clients expect them: two versions of a slot
+// with one created_at keep the lowest id whichever arrives first; a missing,
+// empty or value-less d tag is one address; limit 0 is an EOSE, then live
+// events; COUNT over overlapping filters counts each event once.
+await check('versions-and-limits', async () => {
+  const user = newUser()
+  const relay = await connect(user)
+  const t = now()
+  const profile = [{ kinds: [0], authors: [user.pk] }]
+  const [a, b] = [sign(user, 0, '{"name":"a"}', [], t - 50), sign(user, 0, '{"name":"b"}', [], t - 50)]
+  const [low, high] = a.id < b.id ? [a, b] : [b, a]
+  await publish(relay, high)
+  await publish(relay, low)
+  const [, again] = await publish(relay, high)
+  assert.match(again, /^duplicate:/)
+  assert.deepEqual(ids(await fetch(relay, profile)), [low.id])
+
+  const slot = [{ kinds: [30023], authors: [user.pk] }]
+  await publish(relay, sign(user, 30023, 'no d', [], t - 40))
+  await publish(relay, sign(user, 30023, 'empty d', [['d', '']], t - 30))
+  const [bare] = await publish(relay, sign(user, 30023, 'bare d', [['d']], t - 20))
+  assert.deepEqual(ids(await fetch(relay, slot)), [bare.id])
+
+  const sub = live(relay, [{ authors: [user.pk], limit: 0 }])
+  await sub.ready
+  assert.equal(sub.queue.length, 0, 'limit 0 sends no stored event')
+  const [note] = await publish(relay, sign(user, 1, 'live after limit 0'))
+  assert.equal((await sub.next('live event after limit 0')).id, note.id)
+  sub.close()
+
+  const overlap = [{ authors: [user.pk] }, { kinds: [1], authors: [user.pk] }]
+  assert.equal(await within(relay.count(overlap, {}), 'COUNT overlapping filters'), 3)
 })
 
 for (const relay of opened) relay.close()

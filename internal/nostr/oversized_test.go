@@ -1,0 +1,47 @@
+package nostr
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestOversizedMessageRefusal: the refusal of a message too large to keep
+// names what its client waits for, read as the message streams past in
+// pieces of any size: the event id wherever the event object holds it, or
+// the subscription id; a NOTICE when neither can be read.
+func TestOversizedMessageRefusal(t *testing.T) {
+	id := strings.Repeat("ab", 32)
+	big := strings.Repeat("x", 1000)
+	const reason = "invalid: too big"
+	cases := []struct {
+		name, msg, want string
+	}{
+		{"id first (go-nostr)", `["EVENT",{"kind":1,"id":"` + id + `","content":"` + big + `"}]`, `["OK","` + id + `",false,"invalid: too big"]`},
+		{"id after the content (nostr-tools)", `["EVENT", {"content":"` + big + `","tags":[["id","` + strings.Repeat("cd", 32) + `"]],"id" : "` + id + `","sig":"00"}]`, `["OK","` + id + `",false,"invalid: too big"]`},
+		{"id cut off", `["EVENT",{"content":"` + big, `["NOTICE","invalid: too big"]`},
+		{"id only inside a tag", `["EVENT",{"tags":[["id","` + id + `"]],"content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"content that looks like a key", `["EVENT",{"content":"\",\"id\":\"` + id + `","x":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"id value not hex", `["EVENT",{"id":"` + strings.ToUpper(id) + `","content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"id not a string", `["EVENT",{"id":["` + id + `"],"content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"REQ", `["REQ","sub 1",{"#t":["` + big + `"]}]`, `["CLOSED","sub 1","invalid: too big"]`},
+		{"COUNT", `["COUNT","c",{"#t":["` + big + `"]}]`, `["CLOSED","c","invalid: too big"]`},
+		{"REQ id too long", `["REQ","` + strings.Repeat("s", 65) + `",{"#t":["` + big + `"]}]`, `["NOTICE","invalid: too big"]`},
+		{"REQ id escaped", `["REQ","a\"b",{"#t":["` + big + `"]}]`, `["NOTICE","invalid: too big"]`},
+		{"REQ id empty", `["REQ","",{"#t":["` + big + `"]}]`, `["NOTICE","invalid: too big"]`},
+		{"AUTH", `["AUTH",{"id":"` + id + `","content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"not an array", `{"id":"` + id + `","content":"` + big + `"}`, `["NOTICE","invalid: too big"]`},
+	}
+	for _, tc := range cases {
+		for _, piece := range []int{1, 7, len(tc.msg)} {
+			var m OversizedMessage
+			for rest := tc.msg; rest != ""; {
+				n := min(piece, len(rest))
+				_, _ = m.Write([]byte(rest[:n]))
+				rest = rest[n:]
+			}
+			require.Equal(t, tc.want, string(m.Refusal(reason)), "%s, fed %d bytes at a time", tc.name, piece)
+		}
+	}
+}
