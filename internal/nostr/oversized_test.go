@@ -1,6 +1,7 @@
 package nostr
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -44,4 +45,39 @@ func TestOversizedMessageRefusal(t *testing.T) {
 			require.Equal(t, tc.want, string(m.Refusal(reason)), "%s, fed %d bytes at a time", tc.name, piece)
 		}
 	}
+}
+
+// FuzzOversizedMessageAgreesWithTheParser: on any message, the refusal is
+// the same however the message is split into writes, and is a valid NIP-01
+// answer; on a message the full parser reads, it names what the parser
+// would have: the EVENT's id, the REQ's or COUNT's subscription id.
+func FuzzOversizedMessageAgreesWithTheParser(f *testing.F) {
+	for _, s := range fuzzMessageSeeds {
+		f.Add([]byte(s), uint16(7))
+	}
+	lim := DefaultLimits()
+	f.Fuzz(func(t *testing.T, data []byte, split uint16) {
+		var whole, pieces OversizedMessage
+		_, _ = whole.Write(data)
+		piece := int(split)%16 + 1
+		for rest := data; len(rest) > 0; rest = rest[min(piece, len(rest)):] {
+			_, _ = pieces.Write(rest[:min(piece, len(rest))])
+		}
+		refusal := whole.Refusal("invalid: too big")
+		require.Equal(t, string(refusal), string(pieces.Refusal("invalid: too big")), "split every %d bytes", piece)
+		require.True(t, json.Valid(refusal), "%s", refusal)
+
+		m, err := ParseClientMessage(data, lim)
+		if err != nil {
+			return
+		}
+		switch m := m.(type) {
+		case *EventMessage:
+			require.Equal(t, string(EncodeOK(m.Event.ID, false, "invalid: too big")), string(refusal))
+		case *ReqMessage:
+			require.Equal(t, string(EncodeClosed(m.SubID, "invalid: too big")), string(refusal))
+		case *CountMessage:
+			require.Equal(t, string(EncodeClosed(m.SubID, "invalid: too big")), string(refusal))
+		}
+	})
 }
