@@ -576,7 +576,7 @@ func (c *conn) rejected(prefix string) {
 }
 
 func (c *conn) onAuth(ev *nostr.Event) {
-	if err := c.srv.verifyAuth(ev, c.challenge, c.tenant); err != nil {
+	if err := c.srv.verifyAuth(ev, c.challenge, c.tenant, c.addr); err != nil {
 		_ = c.send(nostr.EncodeOK(ev.ID, false, err.Error()))
 		return
 	}
