@@ -92,9 +92,10 @@ func TestKilledRelayMidGroupCommitKeepsEveryAcknowledgedEvent(t *testing.T) {
 	pool := observerPool(t, databaseURL)
 	env := func(name string) map[string]string {
 		return map[string]string{
-			"BUZZ_DATABASE_URL":       withAppName(t, databaseURL, name),
-			"BUZZ_PUBLISH_BURST":      "100000",
-			"BUZZ_PUBLISH_PER_MINUTE": "100000",
+			"BUZZ_DATABASE_URL":        withAppName(t, databaseURL, name),
+			"BUZZ_PUBLISH_BURST":       "100000",
+			"BUZZ_PUBLISH_PER_MINUTE":  "100000",
+			"BUZZ_MESSAGES_PER_SECOND": "100000",
 		}
 	}
 	const publishers = 24

@@ -34,7 +34,7 @@ func TestOneEventSentToTwoRelayProcessesAtOnceIsStoredAndDeliveredOnce(t *testin
 	env := func(name string) map[string]string {
 		return map[string]string{
 			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name), "BUZZ_REDIS_URL": redisURL,
-			"BUZZ_PUBLISH_BURST": "1000", "BUZZ_PUBLISH_PER_MINUTE": "1000",
+			"BUZZ_PUBLISH_BURST": "1000", "BUZZ_PUBLISH_PER_MINUTE": "1000", "BUZZ_MESSAGES_PER_SECOND": "100000",
 		}
 	}
 	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))
@@ -111,7 +111,7 @@ func TestKilledRelayProcessStreamReachesTheOtherProcessOnce(t *testing.T) {
 	env := func(name string) map[string]string {
 		return map[string]string{
 			"BUZZ_DATABASE_URL": withAppName(t, databaseURL, name), "BUZZ_REDIS_URL": redisURL,
-			"BUZZ_PUBLISH_BURST": "100000", "BUZZ_PUBLISH_PER_MINUTE": "100000",
+			"BUZZ_PUBLISH_BURST": "100000", "BUZZ_PUBLISH_PER_MINUTE": "100000", "BUZZ_MESSAGES_PER_SECOND": "100000",
 		}
 	}
 	a, b := startRelayProcess(t, bin, "a", env("a")), startRelayProcess(t, bin, "b", env("b"))

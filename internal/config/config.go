@@ -27,13 +27,14 @@ type Config struct {
 	RelayDescription string
 	RelayContact     string
 
-	MaxMessageBytes  int           // largest client frame handled; larger ones get a NOTICE
-	MaxSubscriptions int           // open REQs per connection
-	MaxFilters       int           // filters per REQ/COUNT
-	MaxLimit         int           // per-filter cap on stored results (also the default)
-	MaxEventTags     int           // tags per event
-	MaxContentLength int           // characters (code points) of content per event
-	MaxFutureSkew    time.Duration // how far ahead of now created_at may be
+	MaxMessageBytes   int           // largest client frame handled; larger ones get a NOTICE
+	MaxSubscriptions  int           // open REQs per connection
+	MessagesPerSecond int           // messages one connection has read per second, sustained (twice as many at once)
+	MaxFilters        int           // filters per REQ/COUNT
+	MaxLimit          int           // per-filter cap on stored results (also the default)
+	MaxEventTags      int           // tags per event
+	MaxContentLength  int           // characters (code points) of content per event
+	MaxFutureSkew     time.Duration // how far ahead of now created_at may be
 	// MaxMentionsPerEvent bounds the mention rows one event writes (its
 	// first distinct p-tagged pubkeys); the event itself is stored whole.
 	MaxMentionsPerEvent int
@@ -190,18 +191,19 @@ var DefaultMediaTypes = []string{
 // Default is the configuration with every variable unset.
 func Default() Config {
 	return Config{
-		ListenAddr:       ":3000",
-		RelayURL:         "ws://localhost:3000",
-		LogLevel:         slog.LevelInfo,
-		RelayName:        "Buzz",
-		RelayDescription: "A Postgres-centric Nostr relay where people and agents share channels.",
-		MaxMessageBytes:  256 << 10,
-		MaxSubscriptions: 32,
-		MaxFilters:       10,
-		MaxLimit:         500,
-		MaxEventTags:     2000,
-		MaxContentLength: 64 << 10,
-		MaxFutureSkew:    15 * time.Minute,
+		ListenAddr:        ":3000",
+		RelayURL:          "ws://localhost:3000",
+		LogLevel:          slog.LevelInfo,
+		RelayName:         "Buzz",
+		RelayDescription:  "A Postgres-centric Nostr relay where people and agents share channels.",
+		MaxMessageBytes:   256 << 10,
+		MaxSubscriptions:  32,
+		MessagesPerSecond: 100,
+		MaxFilters:        10,
+		MaxLimit:          500,
+		MaxEventTags:      2000,
+		MaxContentLength:  64 << 10,
+		MaxFutureSkew:     15 * time.Minute,
 		// Enough for any real mention list; a 2,000-entry follow list still
 		// stores, with mention rows for its first 100 pubkeys.
 		MaxMentionsPerEvent: 100,
@@ -302,6 +304,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.level("BUZZ_LOG_LEVEL", &c.LogLevel)
 	r.positive("BUZZ_MAX_MESSAGE_BYTES", &c.MaxMessageBytes)
 	r.positive("BUZZ_MAX_SUBSCRIPTIONS", &c.MaxSubscriptions)
+	r.positive("BUZZ_MESSAGES_PER_SECOND", &c.MessagesPerSecond)
 	r.positive("BUZZ_MAX_FILTERS", &c.MaxFilters)
 	r.positive("BUZZ_MAX_LIMIT", &c.MaxLimit)
 	r.positive("BUZZ_MAX_EVENT_TAGS", &c.MaxEventTags)

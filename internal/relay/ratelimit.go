@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/config"
 )
 
 // PublishLimiter decides whether pubkey may publish one more event in
@@ -90,6 +92,18 @@ func (l *TokenBuckets) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lru.Len()
+}
+
+// newAuthVerifications returns the buckets of AUTH signature verifications,
+// one per client address (as the connection caps count it; the community is
+// uuid.Nil, since the CPU spent is the process's). Verifying a signature
+// costs the relay tens of microseconds; a client may send the same AUTH
+// message again and again for nothing, so unbounded, a few connections kept
+// a core busy verifying. Every connection an address may hold can
+// authenticate at once (the burst, MaxConnectionsPerAddr), and each again
+// every ten seconds, sustained.
+func newAuthVerifications(cfg config.Config) *TokenBuckets {
+	return NewTokenBuckets(6*cfg.MaxConnectionsPerAddr, cfg.MaxConnectionsPerAddr, cfg.RateLimitKeys)
 }
 
 // rateLimitedReason is the rejection a refused publish gets.

@@ -70,6 +70,9 @@ type Server struct {
 	// PublishLimiter bounds how fast one pubkey publishes in one community.
 	// Replace it before serving to share limits between processes.
 	PublishLimiter PublishLimiter
+	// authVerifications bounds the AUTH signatures verified for one client
+	// address (see newAuthVerifications).
+	authVerifications *TokenBuckets
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
@@ -166,6 +169,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
+		authVerifications: newAuthVerifications(cfg),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
@@ -678,13 +682,13 @@ func (s *Server) WaitForWorkers(ctx context.Context) error {
 }
 
 // verifyAuth checks a NIP-42 AUTH event against this connection's challenge
-// and community.
-func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.Tenant) error {
+// and community. The checks that cost nothing come first; the signature,
+// tens of microseconds of CPU that a client replaying one message costs
+// nothing to ask for again and again, is checked last, and only while the
+// client's address has verifications left (authVerifications).
+func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.Tenant, addr string) error {
 	if ev.Kind != nostr.KindAuth {
 		return ingest.Reject("invalid", "AUTH event must be kind 22242")
-	}
-	if err := ev.Verify(); err != nil {
-		return ingest.Reject("invalid", "AUTH event: %v", err)
 	}
 	if tag := ev.Tags.First("challenge"); tag == nil || tag[1] != challenge {
 		return ingest.Reject("invalid", "AUTH challenge does not match the one this connection was given")
@@ -694,6 +698,13 @@ func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.
 	}
 	if skew := s.now().Unix() - ev.CreatedAt; math.Abs(float64(skew)) > s.cfg.AuthWindow.Seconds() {
 		return ingest.Reject("invalid", "AUTH created_at must be within %s of now", s.cfg.AuthWindow)
+	}
+	if ok, retry := s.authVerifications.Allow(uuid.Nil, addressBucket(addr), s.now()); !ok {
+		s.metrics.AuthRateLimited.Inc()
+		return ingest.Reject("rate-limited", "too many AUTH attempts from this address; try again in %s", retry)
+	}
+	if err := ev.Verify(); err != nil {
+		return ingest.Reject("invalid", "AUTH event: %v", err)
 	}
 	return nil
 }

@@ -70,10 +70,11 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, adjust ...func(*config.Config)) *
 func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...func(*config.Config)) *Relay {
 	t.Helper()
 	cfg := config.Default()
-	// Tests publish from a few keys as fast as they can and dial from one
-	// address; the tests of those bounds set them back.
+	// Tests publish from a few keys as fast as they can, send messages as
+	// fast as they can and dial from one address; the tests of those bounds set them back.
 	cfg.PublishPerMinute, cfg.PublishBurst = 1<<30, 1<<20
 	cfg.MaxConnectionsPerAddr = 1 << 20
+	cfg.MessagesPerSecond = 1 << 20
 	for _, f := range adjust {
 		f(&cfg)
 	}

@@ -1,0 +1,117 @@
+package relay_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// An AUTH's signature costs the relay tens of microseconds to verify and
+// the client nothing to ask for again: it may send one message, with a
+// signature that does not verify, over and over. One client address gets
+// MaxConnectionsPerAddr verifications at once and one per connection every
+// ten seconds after that; past them, AUTHs are refused unverified with
+// rate-limited, whichever of the address's connections sends them, and the
+// connection stays. AUTHs that fail the checks that cost nothing (the
+// challenge) spend nothing, and another address keeps its own. The clock
+// stands still, so nothing refills during the flood. Mutations killed: no
+// per-address bound (all 200 verified); the signature verified before the
+// challenge (the wrong-challenge AUTHs spend the burst, and the valid AUTH
+// is refused).
+func TestAuthVerificationsPerAddressAreBounded(t *testing.T) {
+	t.Parallel()
+	const perAddress = 4
+	now := time.Now()
+	var mu sync.Mutex
+	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = perAddress
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	from := func(addr string) http.Header { return http.Header{"X-Forwarded-For": {addr}} }
+
+	// Wrong challenges cost nothing and take nothing.
+	first := r.DialWith(t, "", from("203.0.113.1"))
+	for range 20 {
+		key := relaytest.NewKey(t)
+		ev := first.AuthEvent(key)
+		ev.Tags[1][1] = "not-the-challenge"
+		require.NoError(t, ev.Sign(key))
+		first.Send("AUTH", ev)
+		require.Contains(t, first.Expect("OK").Msg, "invalid: AUTH challenge does not match")
+	}
+
+	// perAddress connections from one address flood AUTHs with a bad
+	// signature, all at once.
+	const each = 50
+	var wg sync.WaitGroup
+	var verifiedMu sync.Mutex
+	verified, refused := 0, 0
+	var flooders []*relaytest.Client
+	for range perAddress {
+		c := first
+		if c == nil {
+			c = r.DialWith(t, "", from("203.0.113.1"))
+		}
+		first = nil
+		flooders = append(flooders, c)
+		ev := c.AuthEvent(relaytest.NewKey(t))
+		ev.Sig = ev.Sig[:len(ev.Sig)-2] + "00"
+		frame, err := json.Marshal([]any{"AUTH", ev})
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				c.SendRaw(string(frame))
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				msg := c.Expect("OK").Msg
+				verifiedMu.Lock()
+				switch {
+				case strings.HasPrefix(msg, "invalid: AUTH event: "):
+					verified++
+				case strings.HasPrefix(msg, "rate-limited: too many AUTH attempts from this address; try again in "):
+					refused++
+				default:
+					t.Errorf("unexpected answer %q", msg)
+				}
+				verifiedMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, perAddress, verified, "signatures verified for one address")
+	require.Equal(t, perAddress*each-perAddress, refused)
+
+	// Another address verifies and authenticates as before.
+	other := r.DialWith(t, "", from("203.0.113.2"))
+	other.Auth(nil)
+
+	// Ten seconds later the flooding address may authenticate once per
+	// connection again, on a connection that was refused: it stayed open.
+	c := flooders[0]
+	ev := c.AuthEvent(relaytest.NewKey(t))
+	c.Send("AUTH", ev)
+	require.Contains(t, c.Expect("OK").Msg, "rate-limited: ")
+	mu.Lock()
+	now = now.Add(10 * time.Second)
+	mu.Unlock()
+	c.Auth(nil)
+	require.True(t, c.Publish(c.Sign(1, "after the flood", nil, 0)).OK)
+}

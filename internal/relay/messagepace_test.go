@@ -1,0 +1,54 @@
+package relay_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A connection's messages are read at MessagesPerSecond, twice as many at
+// once: past them the next one waits in the socket, unread and unanswered,
+// until the bucket refills, while another connection of the same address
+// is answered as before. The clock stands still, so the bucket refills
+// only when the test moves it. Mutation killed: the read loop not pacing
+// (all 16 CLOSEs answered at once: no wait counted, and the 16th answered).
+func TestMessagesPerConnectionArePaced(t *testing.T) {
+	t.Parallel()
+	const perSecond = 5
+	now := time.Now()
+	var mu sync.Mutex
+	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))}, func(c *config.Config) {
+		c.MessagesPerSecond = perSecond
+	})
+	flooder := r.Dial(t, "")
+	for range 3 * perSecond {
+		flooder.SendRaw(`["CLOSE","x"]`)
+	}
+	for range 2 * perSecond {
+		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
+	}
+	waitMetric(t, r, "buzz_messages_paced_total", "1")
+
+	member := r.Dial(t, "")
+	member.Auth(nil)
+	require.True(t, member.Publish(member.Sign(1, "beside the flood", nil, 0)).OK)
+
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	for range perSecond {
+		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
+	}
+	waitMetric(t, r, "buzz_messages_paced_total", "2")
+	flooder.SendRaw(`["CLOSE","x"]`)
+	flooder.ExpectSilence(500*time.Millisecond, "a message past the bucket was answered while the clock stood still")
+}
