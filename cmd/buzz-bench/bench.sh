@@ -50,7 +50,7 @@ fi
 	# A load generator is one address and a few keys publishing flat out:
 	# lift the per-client bounds it would otherwise measure instead.
 	export BUZZ_METRICS_ADDR=127.0.0.1:3301 BUZZ_MAX_CONNECTIONS_PER_ADDRESS=100000 \
-		BUZZ_PUBLISH_PER_MINUTE=100000000 BUZZ_PUBLISH_BURST=1000000
+		BUZZ_PUBLISH_PER_MINUTE=100000000 BUZZ_PUBLISH_BURST=1000000 BUZZ_MESSAGES_PER_SECOND=1000000
 	exec ../buzz-relay dev
 ) >"$relay_log" 2>&1 &
 relay=$! # the subshell execs the relay: this is its process id
