@@ -130,7 +130,7 @@ func TestDeletionsOfOneAuthorNamingTheSameIDsDoNotDeadlock(t *testing.T) {
 	secondDone := make(chan error, 1)
 	go func() { secondDone <- deletion(tx2, strings.Repeat("02", 32), y, x) }()
 	// The second deletion waits (for the lock, or without it for x's row).
-	waitForLockWait(t, url)
+	waitForLockWait(t, url, secondDone)
 
 	firstErr := deletion(tx1, strings.Repeat("03", 32), y)
 	if firstErr == nil {
@@ -144,17 +144,29 @@ func TestDeletionsOfOneAuthorNamingTheSameIDsDoNotDeadlock(t *testing.T) {
 	require.NoError(t, secondErr, "the second connection's deletion")
 }
 
-// waitForLockWait returns once a session of url's database waits for a lock.
-func waitForLockWait(t *testing.T, url string) {
+// waitForLockWait returns once a session of url's database waits for a
+// lock; it fails the test if the statement expected to wait ends first
+// (ended receives its result).
+func waitForLockWait(t *testing.T, url string, ended <-chan error) {
 	t.Helper()
 	conn := connect(t, url)
-	require.Eventually(t, func() bool {
+	deadline := time.After(30 * time.Second)
+	for {
 		var waiting int
 		require.NoError(t, conn.QueryRow(context.Background(), `
 			SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE NOT l.granted AND a.datname = current_database()`).Scan(&waiting))
-		return waiting > 0
-	}, 30*time.Second, 5*time.Millisecond)
+		if waiting > 0 {
+			return
+		}
+		select {
+		case err := <-ended:
+			t.Fatalf("ended without waiting for a lock (error: %v)", err)
+		case <-deadline:
+			t.Fatal("no session waited for a lock")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // The backfill on a database with more communities holding deletions than
@@ -200,7 +212,7 @@ func TestDeletionTargetsBackfillOverManyCommunities(t *testing.T) {
 // insert in flight and then hides it (or the insert, coming after, is
 // refused by the targets the backfill committed).
 // Mutation killed: 062 without the author's lock (it records and hides
-// without waiting, and the event committed after it stays served).
+// without waiting for the insert: "ended without waiting for a lock").
 func TestDeletionTargetsBackfillWaitsForAnInsertInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -235,7 +247,7 @@ func TestDeletionTargetsBackfillWaitsForAnInsertInFlight(t *testing.T) {
 	migrator := connect(t, url)
 	migrated := make(chan error, 1)
 	go func() { migrated <- migrate.To(ctx, migrator, version) }()
-	waitForLockWait(t, url)
+	waitForLockWait(t, url, migrated)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-migrated)
 

@@ -136,6 +136,45 @@ func TestMigrationKeepsTheSessionLockTimeout(t *testing.T) {
 	require.NoError(t, ctx.Err())
 }
 
+// A disable-tx migration (a concurrent index build) runs without the
+// session's lock_timeout and statement_timeout, which the README asks the
+// migrator's role to have: the build blocks no writer while it waits for
+// older snapshots, and cancelled it would leave its index INVALID.
+// Mutations killed: without lifting lock_timeout for disable-tx steps,
+// 019's build fails with "lock timeout" while a reader's snapshot is open;
+// without lifting statement_timeout, with "statement timeout".
+func TestConcurrentIndexBuildOutwaitsTheSessionTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.EmptyURL(t)
+	require.NoError(t, migrate.To(ctx, connect(t, url), 18))
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.RuntimeParams["lock_timeout"] = "100"
+	cfg.RuntimeParams["statement_timeout"] = "300"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+
+	reader := connect(t, url)
+	snapshot, err := reader.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = snapshot.Exec(ctx, "SELECT count(*) FROM events")
+	require.NoError(t, err)
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrate.To(ctx, conn, 19) }()
+	waitForLockWait(t, url, migrated)
+	time.Sleep(600 * time.Millisecond) // a build under either timeout has failed by now
+	require.NoError(t, snapshot.Commit(ctx))
+	require.NoError(t, <-migrated)
+	var invalid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_index WHERE NOT indisvalid").Scan(&invalid))
+	require.Zero(t, invalid)
+	var lockTimeout string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
+	require.Equal(t, "100ms", lockTimeout, "the session's own setting is back after the step")
+}
+
 // 013's documented way on a large table: add the column and build the
 // index concurrently by hand, then migrate; the migration keeps both.
 // Mutation killed: without IF NOT EXISTS, 013 fails on the column.

@@ -63,7 +63,8 @@ func Up(ctx context.Context, conn *pgx.Conn) error {
 const SchemaDestructionLockKey int64 = 0x62757a7a64656c31
 
 // disableTx is tern's marker for a migration that runs outside a
-// transaction: concurrent index builds and drops, never a new table.
+// transaction: concurrent index builds and drops, or a backfill that
+// commits in short transactions; never a new table.
 var disableTx = regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
 
 // migratorLockKey serializes whole migration runs; it spells "buzzmig1".
@@ -183,6 +184,15 @@ func step(ctx context.Context, conn *pgx.Conn, m *migrate.Migrator, version int3
 			}
 		}()
 		if _, err := conn.Exec(ctx, "RESET lock_timeout"); err != nil {
+			return err
+		}
+	} else {
+		// A concurrent index build blocks no writer while it waits for
+		// older snapshots, and a timeout cancelling it leaves its index
+		// INVALID; a backfill in short transactions sets its own. The
+		// session's timeouts (the migrator role's) come back after the
+		// step: tern resets the session after each migration.
+		if _, err := conn.Exec(ctx, "SET lock_timeout = 0; SET statement_timeout = 0"); err != nil {
 			return err
 		}
 	}
