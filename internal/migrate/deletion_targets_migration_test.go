@@ -276,7 +276,7 @@ func TestDeletionTargetsBackfillWaitsForAnInsertInFlight(t *testing.T) {
 // Mutations killed, each in 062: the deletions read only when global
 // (channel_id IS NULL) or only when visible (deleted_at IS NULL); the
 // UPDATE without its channel moderation clause, without kind <> 5, without
-// e.pubkey = t.author, or hiding only global events; the UPDATE made a
+// e.pubkey = deleter, or hiding only global events; the UPDATE made a
 // DELETE; the backfill run with session_replication_role = replica (the
 // hiding triggers skipped).
 func TestDeletionTargetsBackfillCases(t *testing.T) {
