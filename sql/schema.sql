@@ -1695,17 +1695,18 @@ CREATE FUNCTION public.events_refuse_deleted_id() RETURNS trigger
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
-    -- The kinds EventsDeleteByIDs never hides in a channel: no deletion
-    -- refuses them either, so they need not wait for one.
-    IF NEW.channel_id IS NOT NULL AND NEW.kind IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002) THEN
-        RETURN NEW;
-    END IF;
     PERFORM pg_advisory_xact_lock_shared(hashtextextended(
         'events-deletions:' || NEW.community_id::text || ':' || encode(NEW.pubkey, 'hex'), 0));
     IF EXISTS (
         SELECT FROM event_deletion_targets
         WHERE community_id = NEW.community_id AND target_id = NEW.id AND author = NEW.pubkey
     ) THEN
+        -- A moderation event skipped silently would be answered as a
+        -- success its client relies on; it gets an error it can show.
+        IF NEW.channel_id IS NOT NULL AND NEW.kind IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002) THEN
+            RAISE EXCEPTION 'its author deleted event % before it arrived', encode(NEW.id, 'hex')
+                USING ERRCODE = '23514', CONSTRAINT = 'events_moderation_deleted_before_arrival';
+        END IF;
         RETURN NULL;
     END IF;
     RETURN NEW;

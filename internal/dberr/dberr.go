@@ -93,16 +93,17 @@ func (v *Violation) Unwrap() error { return v.err }
 // clientTexts are the client-facing texts of the constraints a client's
 // input can break. A constraint missing here gets a generic text naming it.
 var clientTexts = map[string]string{
-	"channel_members_keep_an_owner":         "a channel must keep an owner: make someone else owner first",
-	"channels_community_id_immutable":       "a channel cannot move to another community",
-	"channels_name_not_blank":               "a channel name must not be blank",
-	"channels_pkey":                         "that channel id is taken",
-	"communities_host_key":                  "that host is already taken",
-	"events_created_at_floor":               "a channel event's created_at is too far in the past to store; sign it again with the current time",
-	"events_deletion_coordinates_canonical": "an a tag must be a canonical coordinate <kind>:<lowercase hex pubkey>:<d tag>",
-	"events_never_ephemeral":                "ephemeral kinds are never stored",
-	"events_d_tag_iff_addressable":          "only addressable kinds carry a stored d tag",
-	"events_kind_range":                     "kind must be between 0 and 65535",
+	"channel_members_keep_an_owner":            "a channel must keep an owner: make someone else owner first",
+	"channels_community_id_immutable":          "a channel cannot move to another community",
+	"channels_name_not_blank":                  "a channel name must not be blank",
+	"channels_pkey":                            "that channel id is taken",
+	"communities_host_key":                     "that host is already taken",
+	"events_created_at_floor":                  "a channel event's created_at is too far in the past to store; sign it again with the current time",
+	"events_deletion_coordinates_canonical":    "an a tag must be a canonical coordinate <kind>:<lowercase hex pubkey>:<d tag>",
+	"events_never_ephemeral":                   "ephemeral kinds are never stored",
+	"events_d_tag_iff_addressable":             "only addressable kinds carry a stored d tag",
+	"events_kind_range":                        "kind must be between 0 and 65535",
+	"events_moderation_deleted_before_arrival": "its author deleted this event before it arrived here, so it is not applied",
 }
 
 // ClientText returns the fixed client-facing text for constraint.

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -80,14 +81,17 @@ func TestEventDeletedBeforeItArrivesStaysDeleted(t *testing.T) {
 	require.Equal(t, 1, f.count(live, first.ID))
 }
 
-// A channel's moderation events are its account of who did what, which
-// their author's kind 5 cannot hide once stored; one whose id its author
-// deleted before it arrived is stored and applied too, as if the deletion
-// had come after it. Every other kind, in a channel as well, is still
-// refused. Mutation killed: 064 not applied (events_refuse_deleted_id as
-// in 061): the put-user, remove-user and create are answered Superseded
-// and change nothing.
-func TestModerationEventDeletedBeforeItArrivesIsStored(t *testing.T) {
+// A channel moderation event whose id its author deleted before it arrived
+// is refused with a blocked: answer, neither stored nor applied: the
+// author's retraction stands whoever replays the event, and the moderator's
+// client is not told it succeeded. Every other kind, in a channel as well,
+// is still answered as superseded.
+// Mutations killed: the trigger skipping the moderation event as any other
+// (each answered Superseded, no error); the rule missing from mapError
+// (answered "invalid: ..."); the kind check dropped from the trigger (the
+// chat message and the join request refused with blocked:); 064 as it was
+// (each stored and applied).
+func TestModerationEventDeletedBeforeItArrivesIsRefused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "deleted-moderation.example", 0)
 	owner, bob, carol := f.key(), f.key(), f.key()
@@ -106,28 +110,32 @@ func TestModerationEventDeletedBeforeItArrivesIsStored(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	live := `SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`
 	member := func(key *nostr.SecretKey) int {
 		return f.count(`SELECT count(*) FROM channel_members
 			WHERE channel_id = $1 AND encode(pubkey, 'hex') = $2 AND removed_at IS NULL`, ch, key.PublicKeyHex())
 	}
+	const refused = "blocked: its author deleted this event before it arrived here, so it is not applied"
 
 	put := signedThenDeleted(owner, ingest.KindPutUser, nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}})
-	require.Equal(t, ingest.Stored, arrives(put), "stored, not answered as superseded")
-	require.Equal(t, 1, f.count(live, put.ID), "stored visible")
-	require.Equal(t, 1, member(bob), "and applied")
+	f.rejected(put, refused)
+	require.Zero(t, member(bob), "the retracted grant adds nobody")
+	f.rejected(put, refused) // sent again, the same answer
 
+	f.store(f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}}, put.CreatedAt-1))
 	remove := signedThenDeleted(owner, ingest.KindRemoveUser, nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}})
-	require.Equal(t, ingest.Stored, arrives(remove))
-	require.Equal(t, 1, f.count(live, remove.ID))
-	require.Zero(t, member(bob), "the removal took effect")
+	f.rejected(remove, refused)
+	require.Equal(t, 1, member(bob), "the retracted removal removes nobody")
 
 	other := uuid.NewString()
 	create := signedThenDeleted(owner, ingest.KindCreateGroup, nostr.Tags{{"h", other}, {"name", "created after its deletion"}})
-	require.Equal(t, ingest.Stored, arrives(create))
-	require.Equal(t, 1, f.count(`SELECT count(*) FROM channels WHERE id = $1`, other))
+	f.rejected(create, refused)
+	require.Zero(t, f.count(`SELECT count(*) FROM channels WHERE id = $1`, other), "no channel is created")
 
-	// Any other kind is still refused, in a channel too.
+	drop := signedThenDeleted(owner, ingest.KindDeleteGroup, nostr.Tags{{"h", ch}})
+	f.rejected(drop, refused)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM channels WHERE id = $1 AND deleted_at IS NULL`, ch), "the channel stays")
+
+	// Any other kind is still answered as superseded, in a channel too.
 	message := signedThenDeleted(owner, ingest.KindChat, nostr.Tags{{"h", ch}})
 	require.Equal(t, ingest.Superseded, arrives(message))
 	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, message.ID))
@@ -136,6 +144,61 @@ func TestModerationEventDeletedBeforeItArrivesIsStored(t *testing.T) {
 	require.Equal(t, ingest.Superseded, arrives(join))
 	require.Zero(t, f.count(`SELECT count(*) FROM channel_members WHERE channel_id = $1 AND encode(pubkey, 'hex') = $2`,
 		open, carol.PublicKeyHex()), "a refused join request joins nobody")
+}
+
+// A retracted moderation event refused by the group writer fails only
+// itself. A moderation event changes its channel's row, so it is a group of
+// its own (takeLocked); the events queued around it, plain notes, chat
+// messages and another moderator's grant, are stored and applied in the
+// groups before and after it.
+func TestRetractedModerationEventRefusedAloneInItsGroup(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "deleted-moderation-group.example", 0)
+	f.grouped(ingest.Options{})
+	f.recordTransactions()
+	owner, bob, carol := f.key(), f.key(), f.key()
+	ch := f.channel(owner, false)
+	retracted := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", bob.PublicKeyHex()}}, 0)
+	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", retracted.ID}}, retracted.CreatedAt))
+
+	g := f.holdWriter()
+	before := []*nostr.Event{
+		f.sign(owner, 1111, "plain before", nil, 0),
+		f.sign(owner, ingest.KindChat, "said before", nostr.Tags{{"h", ch}}, 0),
+	}
+	grant := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", carol.PublicKeyHex()}}, 0)
+	after := []*nostr.Event{
+		f.sign(owner, 1111, "plain after", nil, 0),
+		f.sign(owner, ingest.KindChat, "said after", nostr.Tags{{"h", ch}}, 0),
+	}
+	batch := []*nostr.Event{before[0], before[1], retracted, grant, after[0], after[1]}
+	// Queued one at a time, so the groups are [before], [retracted],
+	// [grant], [after].
+	var results []chan result
+	for i, ev := range batch {
+		results = append(results, f.submitTogether([]*nostr.Event{ev})...)
+		waitQueued(t, f.p, i+1)
+	}
+	g.open(t)
+
+	for i, ev := range batch {
+		got := <-results[i]
+		if ev == retracted {
+			requireRejection(t, got.err, "blocked: its author deleted this event before it arrived here, so it is not applied")
+			continue
+		}
+		require.NoError(t, got.err, "event %d", i)
+		require.Equal(t, ingest.Stored, got.outcome, "event %d", i)
+	}
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, retracted.ID))
+	require.Equal(t, 1, f.transactions(before...), "the events before it commit in one group")
+	require.Equal(t, 1, f.transactions(after...), "the events after it commit in one group")
+	members := func(key *nostr.SecretKey) int {
+		return f.count(`SELECT count(*) FROM channel_members
+			WHERE channel_id = $1 AND encode(pubkey, 'hex') = $2 AND removed_at IS NULL`, ch, key.PublicKeyHex())
+	}
+	require.Zero(t, members(bob), "the retracted grant adds nobody")
+	require.Equal(t, 1, members(carol), "the next grant took effect")
 }
 
 // A deletion by id and its target committing at the same moment, on two
@@ -204,13 +267,15 @@ func TestIDDeletionRacingItsTarget(t *testing.T) {
 }
 
 // The database's refusal of a deleted id (events_refuse_deleted_id, in
-// SQL) spares exactly the channel kinds the relay keeps from moderation
-// and deletion (ingest.KindsKeptFromModeration, in Go): a kind added to one
-// list and not the other would be hidden one way and refused the other.
-// Each kind around the moderation ranges is inserted, with its author's
-// deletion of its id recorded first, in a channel and outside one.
+// SQL) raises its named error for exactly the channel kinds the relay keeps
+// from moderation and deletion (ingest.KindsKeptFromModeration, in Go) and
+// silently skips every other: a kind added to one list and not the other
+// would be answered as a success it is not, or as blocked where a
+// superseded answer is due. Each kind around the moderation ranges is
+// inserted, with its author's deletion of its id recorded first, in a
+// channel and outside one.
 // Mutations killed: a kind dropped from (or added to) either list.
-func TestDeletedIDRefusalSparesTheKindsKeptFromModeration(t *testing.T) {
+func TestDeletedIDRefusalNamesTheKindsKeptFromModeration(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "deleted-id-kinds.example", 0)
 	owner := f.key()
@@ -238,9 +303,14 @@ func TestDeletedIDRefusalSparesTheKindsKeptFromModeration(t *testing.T) {
 			stored, err := f.pool.Exec(f.ctx, `INSERT INTO events (community_id, id, pubkey, created_at, kind, tags, content, sig, channel_id, d_tag)
 				VALUES ($1, decode($2, 'hex'), decode($3, 'hex'), now(), $4, '[]', '', decode(repeat('00', 64), 'hex'), $5, $6)`,
 				f.tenant.ID(), id, author, kind, channel, dTag)
-			require.NoError(t, err)
-			kept := channel != nil && slices.Contains(ingest.KindsKeptFromModeration, kind)
-			require.Equal(t, kept, stored.RowsAffected() == 1, "kind %d in a channel: %v", kind, channel != nil)
+			if channel != nil && slices.Contains(ingest.KindsKeptFromModeration, kind) {
+				v, ok := dberr.AsViolation(err)
+				require.True(t, ok, "kind %d in a channel: want the named refusal, got %v", kind, err)
+				require.Equal(t, "events_moderation_deleted_before_arrival", v.Constraint)
+				continue
+			}
+			require.NoError(t, err, "kind %d in a channel: %v", kind, channel != nil)
+			require.Zero(t, stored.RowsAffected(), "kind %d in a channel: %v is skipped", kind, channel != nil)
 		}
 	}
 }

@@ -770,6 +770,9 @@ func mapError(err error) error {
 			return Reject("duplicate", "%s", v.ClientText)
 		case v.Constraint == "channel_members_keep_an_owner":
 			return Reject("restricted", "%s", v.ClientText)
+		case v.Constraint == "events_moderation_deleted_before_arrival":
+			// The author's retraction stands, whoever replays the event.
+			return Reject("blocked", "%s", v.ClientText)
 		}
 		return Reject("invalid", "%s", v.ClientText)
 	}

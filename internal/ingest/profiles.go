@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -98,24 +99,15 @@ func applyProfile(ctx context.Context, w *Write) error {
 }
 
 // nip05OnHost reports whether a NIP-05 identifier ("name@domain", or a bare
-// domain) names host, case-insensitively and ignoring ports.
+// domain) names host, the community's own, port included. An identifier
+// without a port names the domain's default port, which is another
+// community when host has a port of its own: that one's members are not
+// this community's to vouch for. Both sides get the one normalization
+// communities' hosts get (case, a default port, a trailing dot, loopback).
 func nip05OnHost(identifier, host string) bool {
 	domain := identifier
 	if at := strings.LastIndexByte(identifier, '@'); at >= 0 {
 		domain = identifier[at+1:]
 	}
-	return domain != "" && strings.EqualFold(hostOnly(domain), hostOnly(host))
-}
-
-// hostOnly drops a port and a trailing dot from an authority.
-func hostOnly(authority string) string {
-	h := authority
-	if strings.HasPrefix(h, "[") {
-		if end := strings.IndexByte(h, ']'); end > 0 {
-			h = h[:end+1]
-		}
-	} else if i := strings.LastIndexByte(h, ':'); i >= 0 && strings.Count(h, ":") == 1 {
-		h = h[:i]
-	}
-	return strings.TrimSuffix(h, ".")
+	return domain != "" && community.NormalizeHost(domain) == host
 }

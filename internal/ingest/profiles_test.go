@@ -103,26 +103,55 @@ func TestProfileRejectsBadBuzzKeys(t *testing.T) {
 	require.False(t, ok)
 }
 
+// A community vouches only for NIP-05 identifiers naming exactly its host,
+// port included: an identifier without a port names the domain's default
+// https port, which is another community when this one has a port of its
+// own (relay.example and relay.example:8443 are two tenants). Both sides are
+// normalized alike (case, one trailing dot, a default port, the loopback
+// literals).
+// Mutation killed: comparing hosts without their ports (the community at
+// localhost:7777 kept bob@localhost and bob@localhost:9999, and the one on
+// the default port kept alice@...:8443).
 func TestNip05HostMatching(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, "localhost:7777", 0)
-	for nip05, kept := range map[string]bool{
-		"bob@localhost":          true,
-		"bob@LOCALHOST:9999":     true,
-		"_@localhost.":           true,
-		"bob@localhost.example":  false,
-		"bob@":                   false,
-		"bob@evil.example":       false,
-		"localhost@evil.example": false,
+	for host, cases := range map[string]map[string]bool{
+		"localhost:7777": {
+			"bob@localhost:7777":     true,
+			"bob@LOCALHOST:7777":     true,
+			"bob@127.0.0.1:7777":     true,
+			"_@localhost:7777.":      true,
+			"localhost:7777":         true,
+			"bob@localhost":          false,
+			"bob@localhost.":         false,
+			"bob@LOCALHOST:9999":     false,
+			"bob@localhost:443":      false,
+			"bob@localhost.example":  false,
+			"bob@":                   false,
+			"bob@evil.example":       false,
+			"localhost@evil.example": false,
+		},
+		"nip05-default.example": {
+			"alice@nip05-default.example":      true,
+			"alice@Nip05-Default.Example:443":  true,
+			"nip05-default.example.":           true,
+			"alice@nip05-default.example:8443": false,
+			"alice@nip05-default.example:80:8": false,
+		},
 	} {
-		key := f.key()
-		f.store(f.sign(key, 0, `{"nip05":"`+nip05+`"}`, nil, 0))
-		u, _ := f.user(key)
-		if kept {
-			require.Equal(t, ptr(nip05), u.Nip05, nip05)
-		} else {
-			require.Nil(t, u.Nip05, nip05)
-		}
+		t.Run(host, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, host, 0)
+			for nip05, kept := range cases {
+				key := f.key()
+				f.store(f.sign(key, 0, `{"nip05":"`+nip05+`"}`, nil, 0))
+				u, _ := f.user(key)
+				if kept {
+					require.Equal(t, ptr(nip05), u.Nip05, "%s on %s is vouched for", nip05, host)
+				} else {
+					require.Nil(t, u.Nip05, "%s on %s is not this community's to vouch for", nip05, host)
+				}
+			}
+		})
 	}
 }
 

@@ -100,3 +100,36 @@ func TestDeletedNoteSentLaterToAPrivateChannelStaysHidden(t *testing.T) {
 	}
 	require.Equal(t, "duplicate: this event's deletion, or a newer version of its address, is already stored", ok.Msg)
 }
+
+// A moderator's removal deleted by its author before it reached the relay,
+// replayed later by anyone, is answered OK false "blocked: ..." on the same
+// connection, and removes nobody: the member still writes to the channel.
+// A chat message deleted first is still answered OK true "duplicate: ...".
+// Mutations killed: the trigger skipping the removal (OK true, duplicate);
+// the rule unmapped in ingest (OK false, invalid:).
+func TestRetractedRemovalIsBlockedNotApplied(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner, member := r.Dial(t, ""), r.Dial(t, "")
+	owner.Auth(nil)
+	member.Auth(nil)
+	ch := createChannel(t, owner, "retracted", true)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)).OK)
+
+	removal := owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.Key.PublicKeyHex()}}, 0)
+	ok := owner.Publish(owner.Sign(5, "", nostr.Tags{{"e", removal.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	ok = owner.Publish(removal)
+	require.False(t, ok.OK)
+	require.Equal(t, "blocked: its author deleted this event before it arrived here, so it is not applied", ok.Msg)
+
+	said := member.Publish(member.Sign(9, "still a member", nostr.Tags{{"h", ch}}, 0))
+	require.True(t, said.OK, "the retracted removal removed nobody: %s", said.Msg)
+
+	message := owner.Sign(9, "said, then deleted", nostr.Tags{{"h", ch}}, 0)
+	ok = owner.Publish(owner.Sign(5, "", nostr.Tags{{"e", message.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	ok = owner.Publish(message)
+	require.True(t, ok.OK, "on the same connection, other kinds unchanged: %s", ok.Msg)
+	require.True(t, strings.HasPrefix(ok.Msg, "duplicate: "), ok.Msg)
+}
