@@ -31,11 +31,43 @@ var checkedExt = map[string]bool{
 
 func TestNoCitationsOfOutsideDocuments(t *testing.T) {
 	t.Parallel()
+	var found []string
+	eachProjectLine(t, func(at, text string) {
+		if outsideCitation.MatchString(text) {
+			found = append(found, at+": "+strings.TrimSpace(text))
+		}
+	})
+	if len(found) > 0 {
+		t.Fatalf("these lines cite documents outside the repository; write the reason itself:\n%s", strings.Join(found, "\n"))
+	}
+}
+
+// conflictMarker is a line git leaves where a merge conflict was not
+// resolved (spelled so that this file does not match itself).
+var conflictMarker = regexp.MustCompile(`^(<{7}|>{7}) |^={7}$`)
+
+// A merge resolved in haste can commit git's conflict markers, which no
+// compiler sees in a document or a migration's comment.
+func TestNoMergeConflictMarkers(t *testing.T) {
+	t.Parallel()
+	var found []string
+	eachProjectLine(t, func(at, text string) {
+		if conflictMarker.MatchString(text) {
+			found = append(found, at+": "+text)
+		}
+	})
+	if len(found) > 0 {
+		t.Fatalf("unresolved merge conflicts:\n%s", strings.Join(found, "\n"))
+	}
+}
+
+// eachProjectLine calls line with "path:N" and the text of every line of
+// the files a reader of the project reads.
+func eachProjectLine(t *testing.T, line func(at, text string)) {
+	t.Helper()
 	root, err := filepath.Abs("../..")
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(root, "go.mod"), "the test runs from internal/repocheck")
-
-	var found []string
 	checked := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -56,19 +88,14 @@ func TestNoCitationsOfOutsideDocuments(t *testing.T) {
 			return err
 		}
 		defer f.Close()
+		rel, _ := filepath.Rel(root, path)
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
-		for line := 1; sc.Scan(); line++ {
-			if m := outsideCitation.FindString(sc.Text()); m != "" {
-				rel, _ := filepath.Rel(root, path)
-				found = append(found, rel+":"+strconv.Itoa(line)+": "+strings.TrimSpace(sc.Text()))
-			}
+		for n := 1; sc.Scan(); n++ {
+			line(rel+":"+strconv.Itoa(n), sc.Text())
 		}
 		return sc.Err()
 	})
 	require.NoError(t, err)
 	require.Greater(t, checked, 100, "the walk must reach the project's files")
-	if len(found) > 0 {
-		t.Fatalf("these lines cite documents outside the repository; write the reason itself:\n%s", strings.Join(found, "\n"))
-	}
 }
