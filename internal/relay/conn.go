@@ -71,10 +71,10 @@ type conn struct {
 	// subs maps each open subscription id to the filter values it holds,
 	// which count against MaxFilterValues (read goroutine only).
 	subs map[string]int
-	// messageTokens and messageTokensAt are the connection's bucket of
-	// messages (MessagesPerSecond; read goroutine only, see pace).
-	messageTokens   float64
-	messageTokensAt time.Time
+	// messages is the connection's bucket of messages read
+	// (MessagesPerSecond; read goroutine only, see pace), authChecks its
+	// bucket of AUTH signature checks (message handlers, one at a time).
+	messages, authChecks tokenBucket
 	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
 	// client that reads its history slowly holds at most that much here,
 	// whatever the size of its events.
@@ -240,7 +240,8 @@ func (c *conn) run() {
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messageTokens, c.messageTokensAt = 2*float64(c.srv.cfg.MessagesPerSecond), c.srv.now()
+	c.messages = tokenBucket{tokens: 2 * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
+	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
 	for {
 		c.pace()
 		typ, data, size, oversized, err := c.readMessage()
@@ -278,25 +279,20 @@ func (c *conn) run() {
 func (c *conn) pace() {
 	rate := float64(c.srv.cfg.MessagesPerSecond)
 	for counted := false; ; {
-		now := c.srv.now()
-		if elapsed := now.Sub(c.messageTokensAt).Seconds(); elapsed > 0 {
-			c.messageTokens = min(2*rate, c.messageTokens+elapsed*rate)
-			c.messageTokensAt = now
-		}
-		if c.messageTokens >= 1 {
-			c.messageTokens--
+		wait, ok := c.messages.take(c.srv.now(), rate, 2*rate)
+		if ok {
 			return
 		}
 		if !counted {
 			counted = true
 			c.srv.metrics.MessagesPaced.Inc()
 		}
-		wait := time.NewTimer(time.Duration((1 - c.messageTokens) / rate * float64(time.Second)))
+		timer := time.NewTimer(wait)
 		select {
 		case <-c.ctx.Done():
-			wait.Stop()
+			timer.Stop()
 			return
-		case <-wait.C:
+		case <-timer.C:
 		}
 	}
 }
@@ -637,7 +633,7 @@ func (c *conn) rejected(prefix string) {
 }
 
 func (c *conn) onAuth(ev *nostr.Event) {
-	if err := c.srv.verifyAuth(ev, c.challenge, c.tenant, c.addr); err != nil {
+	if err := c.srv.verifyAuth(ev, c.challenge, c.tenant, &c.authChecks); err != nil {
 		_ = c.send(nostr.EncodeOK(ev.ID, false, err.Error()))
 		return
 	}

@@ -126,7 +126,7 @@ func NewMetrics() *Metrics {
 			Name: "buzz_auth_timeouts_total", Help: "Connections closed because they did not authenticate in time.",
 		}),
 		AuthRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "buzz_auth_rate_limited_total", Help: "AUTH messages refused unverified because their client address had no verifications left.",
+			Name: "buzz_auth_rate_limited_total", Help: "AUTH messages refused unverified because their connection had no signature checks left.",
 		}),
 		MessagesPaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_messages_paced_total", Help: "Times a connection's next message waited because it had sent its messages per second.",

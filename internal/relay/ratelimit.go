@@ -3,13 +3,10 @@ package relay
 import (
 	"container/list"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/buzzrelay/buzz/internal/config"
 )
 
 // PublishLimiter decides whether pubkey may publish one more event in
@@ -30,7 +27,7 @@ type TokenBuckets struct {
 	perSec  float64
 	burst   float64
 	maxKeys int
-	lru     *list.List // of *tokenBucket, most recently used first
+	lru     *list.List // of *keyedBucket, most recently used first
 	byKey   map[bucketKey]*list.Element
 }
 
@@ -39,10 +36,9 @@ type bucketKey struct {
 	pubkey    string
 }
 
-type tokenBucket struct {
-	key    bucketKey
-	tokens float64
-	at     time.Time // when tokens was last brought up to date
+type keyedBucket struct {
+	key bucketKey
+	tokenBucket
 }
 
 // NewTokenBuckets returns a limiter allowing burst events at once and
@@ -62,28 +58,23 @@ func (l *TokenBuckets) Allow(community uuid.UUID, pubkey string, now time.Time) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	key := bucketKey{community, pubkey}
-	var b *tokenBucket
+	var b *keyedBucket
 	if el, ok := l.byKey[key]; ok {
 		l.lru.MoveToFront(el)
-		b = el.Value.(*tokenBucket)
-		if elapsed := now.Sub(b.at).Seconds(); elapsed > 0 {
-			b.tokens = math.Min(l.burst, b.tokens+elapsed*l.perSec)
-			b.at = now
-		}
+		b = el.Value.(*keyedBucket)
 	} else {
 		if l.lru.Len() >= l.maxKeys {
 			oldest := l.lru.Back()
-			delete(l.byKey, oldest.Value.(*tokenBucket).key)
+			delete(l.byKey, oldest.Value.(*keyedBucket).key)
 			l.lru.Remove(oldest)
 		}
-		b = &tokenBucket{key: key, tokens: l.burst, at: now}
+		b = &keyedBucket{key: key, tokenBucket: tokenBucket{tokens: l.burst, at: now}}
 		l.byKey[key] = l.lru.PushFront(b)
 	}
-	if b.tokens >= 1 {
-		b.tokens--
+	wait, ok := b.take(now, l.perSec, l.burst)
+	if ok {
 		return true, 0
 	}
-	wait := time.Duration((1 - b.tokens) / l.perSec * float64(time.Second))
 	return false, wait.Round(time.Second) + time.Second
 }
 
@@ -94,17 +85,39 @@ func (l *TokenBuckets) Len() int {
 	return l.lru.Len()
 }
 
-// newAuthVerifications returns the buckets of AUTH signature verifications,
-// one per client address (as the connection caps count it; the community is
-// uuid.Nil, since the CPU spent is the process's). Verifying a signature
-// costs the relay tens of microseconds; a client may send the same AUTH
-// message again and again for nothing, so unbounded, a few connections kept
-// a core busy verifying. Every connection an address may hold can
-// authenticate at once (the burst, MaxConnectionsPerAddr), and each again
-// every ten seconds, sustained.
-func newAuthVerifications(cfg config.Config) *TokenBuckets {
-	return NewTokenBuckets(6*cfg.MaxConnectionsPerAddr, cfg.MaxConnectionsPerAddr, cfg.RateLimitKeys)
+// tokenBucket holds up to burst tokens, refilled at rate a second; alone,
+// it is one connection's, used by one goroutine at a time.
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
 }
+
+// take takes a token at now if there is one; else it says how long until
+// there is.
+func (b *tokenBucket) take(now time.Time, rate, burst float64) (wait time.Duration, ok bool) {
+	if elapsed := now.Sub(b.at).Seconds(); elapsed > 0 {
+		b.tokens = min(burst, b.tokens+elapsed*rate)
+		b.at = now
+	}
+	if b.tokens >= 1 {
+		b.tokens--
+		return 0, true
+	}
+	return time.Duration((1 - b.tokens) / rate * float64(time.Second)), false
+}
+
+// AUTH signature checks a connection may have: authChecksAtOnce, then one
+// every authCheckEvery. Verifying a signature costs the relay tens of
+// microseconds and the client nothing, since one message may be sent again
+// and again: unbounded, a few connections kept a core busy verifying. Per
+// connection, not per address: an address's bucket let one connection of
+// it, unauthenticated, refuse AUTH to everyone behind that address, in
+// every community; the connection caps bound an address to
+// MaxConnectionsPerAddr of these.
+const (
+	authChecksAtOnce = 3
+	authCheckEvery   = 10 * time.Second
+)
 
 // rateLimitedReason is the rejection a refused publish gets.
 func rateLimitedReason(retryAfter time.Duration) string {

@@ -70,9 +70,6 @@ type Server struct {
 	// PublishLimiter bounds how fast one pubkey publishes in one community.
 	// Replace it before serving to share limits between processes.
 	PublishLimiter PublishLimiter
-	// authVerifications bounds the AUTH signatures verified for one client
-	// address (see newAuthVerifications).
-	authVerifications *TokenBuckets
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
@@ -169,7 +166,6 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
-		authVerifications: newAuthVerifications(cfg),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
@@ -685,8 +681,8 @@ func (s *Server) WaitForWorkers(ctx context.Context) error {
 // and community. The checks that cost nothing come first; the signature,
 // tens of microseconds of CPU that a client replaying one message costs
 // nothing to ask for again and again, is checked last, and only while the
-// client's address has verifications left (authVerifications).
-func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.Tenant, addr string) error {
+// connection has checks left (authChecks).
+func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.Tenant, checks *tokenBucket) error {
 	if ev.Kind != nostr.KindAuth {
 		return ingest.Reject("invalid", "AUTH event must be kind 22242")
 	}
@@ -699,9 +695,9 @@ func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.
 	if skew := s.now().Unix() - ev.CreatedAt; math.Abs(float64(skew)) > s.cfg.AuthWindow.Seconds() {
 		return ingest.Reject("invalid", "AUTH created_at must be within %s of now", s.cfg.AuthWindow)
 	}
-	if ok, retry := s.authVerifications.Allow(uuid.Nil, addressBucket(addr), s.now()); !ok {
+	if wait, ok := checks.take(s.now(), 1/authCheckEvery.Seconds(), authChecksAtOnce); !ok {
 		s.metrics.AuthRateLimited.Inc()
-		return ingest.Reject("rate-limited", "too many AUTH attempts from this address; try again in %s", retry)
+		return ingest.Reject("rate-limited", "too many AUTH attempts on this connection; try again in %s", wait.Truncate(time.Second)+time.Second)
 	}
 	if err := ev.Verify(); err != nil {
 		return ingest.Reject("invalid", "AUTH event: %v", err)

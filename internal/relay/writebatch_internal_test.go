@@ -47,7 +47,7 @@ func acceptTestConn(t *testing.T) (*conn, *websocket.Conn) {
 // does (hijackWriter, corked socket) and hands over the relay's side of
 // each, not yet reading.
 func serveTestConns(tb testing.TB) (url string, accepted <-chan *conn) {
-	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), authVerifications: newAuthVerifications(config.Default())}
+	srv := &Server{cfg: config.Default(), metrics: NewMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	conns := make(chan *conn, 1)
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hw := &hijackWriter{ResponseWriter: w}
