@@ -27,7 +27,7 @@ type Config struct {
 	RelayDescription string
 	RelayContact     string
 
-	MaxMessageBytes   int           // largest client frame handled; larger ones get a NOTICE
+	MaxMessageBytes   int           // largest client message kept; larger ones are refused unread (up to 4x)
 	MaxSubscriptions  int           // open REQs per connection
 	MessagesPerSecond int           // messages one connection has read per second, sustained (twice as many at once)
 	MaxFilters        int           // filters per REQ/COUNT

@@ -17,6 +17,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 		"BUZZ_MAX_FILTER_VALUES":           "300",
 		"BUZZ_PUBLISH_PER_MINUTE":          "30",
 		"BUZZ_PUBLISH_BURST":               "5",
+		"BUZZ_MESSAGES_PER_SECOND":         "7",
 		"BUZZ_RATE_LIMIT_KEYS":             "1000",
 		"BUZZ_REQ_PAGE_ROWS":               "50",
 		"BUZZ_REPLY_QUEUE_BYTES":           "65536",
@@ -33,6 +34,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 	require.Equal(t, 300, c.MaxFilterValues)
 	require.Equal(t, 30, c.PublishPerMinute)
 	require.Equal(t, 5, c.PublishBurst)
+	require.Equal(t, 7, c.MessagesPerSecond)
 	require.Equal(t, 1000, c.RateLimitKeys)
 	require.Equal(t, 50, c.ReqPageRows)
 	require.Equal(t, 65536, c.ReplyQueueBytes)

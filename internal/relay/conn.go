@@ -588,9 +588,7 @@ func (c *conn) handle(data []byte) {
 			_ = c.send(nostr.EncodeNotice("auth-required: authenticate with AUTH first"))
 			return
 		}
-		if c.srv.hub.Unsubscribe(c.tenant.ID(), c, m.SubID) {
-			delete(c.subs, m.SubID)
-		}
+		c.endSub(m.SubID)
 	}
 }
 
@@ -618,12 +616,13 @@ func (c *conn) replyParseError(err error) {
 	}
 }
 
-// endSub ends the open subscription a refused REQ reused the id of. A REQ
-// replaces the subscription of its id whatever becomes of it, and its
-// CLOSED tells the client that id is closed: left open, it went on
-// delivering events to a subscription the client had been told was gone.
+// endSub ends the open subscription subID, if there is one (an id with
+// none takes no lock of the hub). A REQ replaces the subscription of its
+// id whatever becomes of it: a refused one's CLOSED tells the client that
+// id is closed, and left open it went on delivering.
 func (c *conn) endSub(subID string) {
-	if c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID) {
+	if _, open := c.subs[subID]; open {
+		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
 		delete(c.subs, subID)
 	}
 }
@@ -802,10 +801,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	}
 	weight := filterValues(filters)
 	if held := c.heldFilterValues(subID); live && held+weight > c.srv.cfg.MaxFilterValues {
-		if _, open := c.subs[subID]; open { // replaced even though refused
-			c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
-			delete(c.subs, subID)
-		}
+		c.endSub(subID) // replaced even though refused
 		_ = c.send(nostr.EncodeClosed(subID, fmt.Sprintf(
 			"rate-limited: this subscription's %d filter values would exceed the connection's budget of %d (%d held by open subscriptions); close some first",
 			weight, c.srv.cfg.MaxFilterValues, held)))
@@ -816,10 +812,7 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 	defer cancel()
 	// A REQ reusing an open id replaces that subscription, whatever
 	// becomes of the new one (NIP-01).
-	if _, open := c.subs[subID]; open {
-		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
-		delete(c.subs, subID)
-	}
+	c.endSub(subID)
 	scope, reason, err := c.srv.readScope(ctx, c.tenant, c.pubkey, filters)
 	if reason != "" || err != nil {
 		c.refuse(ctx, subID, reason, err)

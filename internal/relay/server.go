@@ -555,8 +555,8 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		s.release(addr)
 		return // Accept already wrote the HTTP error
 	}
-	// Frames up to 4x the advertised limit are read and answered with a
-	// NOTICE; beyond that the library closes with 1009 (message too big).
+	// Frames up to 4x the advertised limit are read past and refused (see
+	// readMessage); beyond that the library closes with 1009 (message too big).
 	ws.SetReadLimit(int64(s.cfg.MaxMessageBytes) * 4)
 	// Its reads count against its address's share of the read slots.
 	ctx, cancel := context.WithCancel(eventstore.WithClient(context.Background(), addressBucket(addr)))
