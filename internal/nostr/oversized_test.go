@@ -81,3 +81,30 @@ func FuzzOversizedMessageAgreesWithTheParser(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkOversizedMessage: what reading past an oversized message costs
+// the relay per byte an attacker sends, fed as the connection reads it.
+func BenchmarkOversizedMessage(b *testing.B) {
+	id := strings.Repeat("ab", 32)
+	big := strings.Repeat("x", 1<<20)
+	values := strings.Repeat(`"v",`, 1<<18)
+	for _, bc := range []struct{ name, msg string }{
+		{"EVENT id last", `["EVENT",{"content":"` + big + `","tags":[],"id":"` + id + `","sig":"00"}]`},
+		{"REQ", `["REQ","sub",{"#t":[` + values + `"v"]}]`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			msg := []byte(bc.msg)
+			b.SetBytes(int64(len(msg)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var m OversizedMessage
+				for rest := msg; len(rest) > 0; rest = rest[min(32<<10, len(rest)):] {
+					_, _ = m.Write(rest[:min(32<<10, len(rest))])
+				}
+				if string(m.Refusal("x")) == `["NOTICE","x"]` {
+					b.Fatal("nothing read")
+				}
+			}
+		})
+	}
+}
