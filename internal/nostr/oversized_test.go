@@ -43,6 +43,8 @@ func TestOversizedMessageRefusal(t *testing.T) {
 		{"CLOSE", `["CLOSE","s` + big + `"]`, `["NOTICE","invalid: too big"]`},
 		{"REQ id empty", `["REQ","",{"#t":["` + big + `"]}]`, `["NOTICE","invalid: too big"]`},
 		{"AUTH", `["AUTH",{"id":"` + id + `","content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
+		{"REQ inside an object", `{"x":["REQ","s",{"#t":["` + big + `"]}]}`, `["NOTICE","invalid: too big"]`},
+		{"REQ after the array", `[] ["REQ","s",{"#t":["` + big + `"]}]`, `["NOTICE","invalid: too big"]`},
 		{"not an array", `{"id":"` + id + `","content":"` + big + `"}`, `["NOTICE","invalid: too big"]`},
 	}
 	for _, tc := range cases {
