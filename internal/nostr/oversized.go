@@ -47,15 +47,59 @@ var subIDLimits = DefaultLimits()
 // Write feeds the next bytes of the message; it never fails.
 func (m *OversizedMessage) Write(p []byte) (int, error) {
 	for i := 0; i < len(p) && !m.done; {
-		if m.inString {
+		switch {
+		case m.inString:
 			i = m.readString(p, i)
-			continue
+		case m.depth > 2:
+			i = m.skipNested(p, i)
+		case m.depth > 0 && !structural[p[i]]:
+			i++
+		default:
+			m.structure(p[i])
+			i++
 		}
-		m.structure(p[i])
-		i++
 	}
 	return len(p), nil
 }
+
+// structural marks the bytes that matter outside a string.
+var structural = [256]bool{'"': true, '[': true, ']': true, '{': true, '}': true, ',': true, ':': true}
+
+// skipNested reads p from i, outside a string, while it is nested below the
+// outer array's elements and the event object's fields (the tags), where
+// only the brackets and the strings' ends matter, and returns where it
+// stopped: a string of a few bytes is walked here, a longer one is left to
+// readString.
+func (m *OversizedMessage) skipNested(p []byte, i int) int {
+	for i < len(p) && m.depth > 2 {
+		switch p[i] {
+		case '"':
+			j := i + 1
+			for short := min(len(p), j+shortRun); j < short && p[j] != '"'; j++ {
+				if p[j] == '\\' {
+					j++
+				}
+			}
+			if j < len(p) && p[j] == '"' {
+				i = j + 1
+				continue
+			}
+			m.inString, m.keep = true, false
+			return m.readString(p, i+1)
+		case '[', '{':
+			m.depth++
+		case ']', '}':
+			m.depth--
+		}
+		i++
+	}
+	return i
+}
+
+// shortRun is how far inside a string bytes are looked at one by one before
+// memchr is asked: a call per byte would cost more than the walk when the
+// quotes and backslashes come close together.
+const shortRun = 16
 
 // readString reads p from i, inside a string, up to the string's end or
 // p's, and returns where it stopped. Only the quote and the backslash
@@ -70,20 +114,25 @@ func (m *OversizedMessage) readString(p []byte, i int) int {
 			i++
 			continue
 		}
-		if quote < i {
-			quote = bytes.IndexByte(p[i:], '"')
-			if quote < 0 {
-				quote = len(p)
+		j := i
+		for short := min(len(p), i+shortRun); j < short && p[j] != '"' && p[j] != '\\'; j++ {
+		}
+		if j == i+shortRun {
+			if quote < j {
+				if quote = bytes.IndexByte(p[j:], '"'); quote < 0 {
+					quote = len(p)
+				} else {
+					quote += j
+				}
+			}
+			if bs := bytes.IndexByte(p[j:quote], '\\'); bs >= 0 {
+				j += bs
 			} else {
-				quote += i
+				j = quote
 			}
 		}
-		end := quote
-		if bs := bytes.IndexByte(p[i:quote], '\\'); bs >= 0 {
-			end = i + bs
-		}
-		m.keepBytes(p[i:end])
-		if i = end; i == len(p) {
+		m.keepBytes(p[i:j])
+		if i = j; i == len(p) {
 			break
 		}
 		m.keepBytes(p[i : i+1])
@@ -122,7 +171,9 @@ func (m *OversizedMessage) structure(b byte) {
 		m.inString = true
 		m.keep = m.depth == 1 && (m.element == 0 || m.element == 1 && (m.verb == "REQ" || m.verb == "COUNT")) ||
 			m.depth == 2 && m.inEvent && (m.wantKey || m.keyIsID)
-		m.raw = append(m.raw[:0], '"')
+		if m.keep {
+			m.raw = append(m.raw[:0], '"')
+		}
 	case '[', '{':
 		m.depth++
 		if m.depth == 2 && b == '{' && m.element == 1 && m.verb == "EVENT" {

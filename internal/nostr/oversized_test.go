@@ -22,6 +22,7 @@ func TestOversizedMessageRefusal(t *testing.T) {
 	}{
 		{"id first (go-nostr)", `["EVENT",{"kind":1,"id":"` + id + `","content":"` + big + `"}]`, `["OK","` + id + `",false,"invalid: too big"]`},
 		{"id after the content (nostr-tools)", `["EVENT", {"content":"` + big + `","tags":[["id","` + strings.Repeat("cd", 32) + `"]],"id" : "` + id + `","sig":"00"}]`, `["OK","` + id + `",false,"invalid: too big"]`},
+		{"tags with escaped quotes and brackets", `["EVENT",{"tags":[["e","\"]}\\","\\\"` + big + `\"]}"],["t","\"}"]],"id":"` + id + `"}]`, `["OK","` + id + `",false,"invalid: too big"]`},
 		{"id cut off", `["EVENT",{"content":"` + big, `["NOTICE","invalid: too big"]`},
 		{"id only inside a tag", `["EVENT",{"tags":[["id","` + id + `"]],"content":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
 		{"content that looks like a key", `["EVENT",{"content":"\",\"id\":\"` + id + `","x":"` + big + `"}]`, `["NOTICE","invalid: too big"]`},
@@ -128,6 +129,10 @@ func BenchmarkOversizedMessage(b *testing.B) {
 	for _, bc := range []struct{ name, msg string }{
 		{"EVENT id last", `["EVENT",{"content":"` + big + `","tags":[],"id":"` + id + `","sig":"00"}]`},
 		{"REQ", `["REQ","sub",{"#t":[` + values + `"v"]}]`},
+		// The worst for the string skip: an escape every other byte, and
+		// tags of one-byte strings.
+		{"EVENT escapes, id last", `["EVENT",{"content":"` + strings.Repeat(`\\`, 1<<19) + `","id":"` + id + `"}]`},
+		{"EVENT short tags, id last", `["EVENT",{"tags":[[` + values + `"v"]],"id":"` + id + `"}]`},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			msg := []byte(bc.msg)
