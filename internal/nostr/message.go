@@ -161,13 +161,8 @@ func (d *decoder) clientMessage(lim *Limits) (ClientMessage, *ParseError) {
 		if err != nil {
 			return fail(err)
 		}
-		if sub == "" {
-			return fail(errors.New("subscription id must not be empty"))
-		}
-		// Characters, as NIP-01 and NIP-11's max_subid_length count them:
-		// a client may spend 64 on an id in any script.
-		if lim.MaxSubIDLength > 0 && len(sub) > lim.MaxSubIDLength && utf8.RuneCountInString(sub) > lim.MaxSubIDLength {
-			return fail(fmt.Errorf("subscription id too long (max %d characters)", lim.MaxSubIDLength))
+		if err := lim.checkSubID(sub); err != nil {
+			return fail(err)
 		}
 		subID = sub
 		if verb == "CLOSE" {
@@ -194,6 +189,19 @@ func (d *decoder) clientMessage(lim *Limits) (ClientMessage, *ParseError) {
 		return fail(err)
 	}
 	return m, nil
+}
+
+// checkSubID refuses a subscription id the relay does not take.
+func (lim *Limits) checkSubID(sub string) error {
+	if sub == "" {
+		return errors.New("subscription id must not be empty")
+	}
+	// Characters, as NIP-01 and NIP-11's max_subid_length count them:
+	// a client may spend 64 on an id in any script.
+	if lim.MaxSubIDLength > 0 && len(sub) > lim.MaxSubIDLength && utf8.RuneCountInString(sub) > lim.MaxSubIDLength {
+		return fmt.Errorf("subscription id too long (max %d characters)", lim.MaxSubIDLength)
+	}
+	return nil
 }
 
 // filters reads `,filter` elements up to (not including) the closing bracket.

@@ -1,6 +1,6 @@
 package nostr
 
-import "unicode/utf8"
+import "bytes"
 
 // OversizedMessage reads, as an over-long client message streams past
 // unkept, what the refusal must name for the client to match it to its
@@ -14,13 +14,20 @@ import "unicode/utf8"
 //
 // It tracks only what it needs, not whether the message is valid JSON: an
 // id it reports is one the refusal may echo, never one that is trusted.
+// The strings it reads (the verb, the subscription id, the event's keys and
+// id) are decoded by the parser's own rules, escapes included, so it names
+// the id the parser would. The bytes between them cost a memchr, and once
+// the answer is settled the rest of the message is not looked at: an
+// attacker's megabyte costs the relay its reading, not a walk byte by byte.
 type OversizedMessage struct {
+	done     bool // the answer is settled: later bytes cannot change it
 	depth    int  // [ and { open around the next byte
 	inString bool // inside a string
+	keep     bool // the open string may be one of the ids: its bytes are kept
 	escaped  bool // the previous byte was a backslash inside a string
-	str      []byte
-	strBad   bool // the string held an escape or outgrew any id
-	element  int  // index of the current element of the outer array
+	raw      []byte
+	decoded  []byte
+	element  int // index of the current element of the outer array
 	verb     string
 	inEvent  bool // inside an EVENT's event object, at its top level or below
 	wantKey  bool // the event object's next string is a key
@@ -29,38 +36,144 @@ type OversizedMessage struct {
 	subID    string
 }
 
-// maxIDBytes is the longest string kept: an event id is 64 bytes and a
-// subscription id at most MaxSubIDLength.
-const maxIDBytes = 64
+// maxRawID is the longest string kept as sent, quotes included: a
+// subscription id of MaxSubIDLength characters, each written as an escaped
+// surrogate pair (12 bytes). An event id, the verb or a key is shorter.
+const maxRawID = 64*12 + 2
+
+// subIDLimits are the parser's limits the subscription id is checked by.
+var subIDLimits = DefaultLimits()
 
 // Write feeds the next bytes of the message; it never fails.
 func (m *OversizedMessage) Write(p []byte) (int, error) {
-	for _, b := range p {
-		m.feed(b)
+	for i := 0; i < len(p) && !m.done; {
+		switch {
+		case m.inString:
+			i = m.readString(p, i)
+		case m.depth > 2:
+			i = m.skipNested(p, i)
+		case m.depth > 0 && !structural[p[i]]:
+			i++
+		default:
+			m.structure(p[i])
+			i++
+		}
 	}
 	return len(p), nil
 }
 
-func (m *OversizedMessage) feed(b byte) {
-	if m.inString {
-		switch {
-		case m.escaped:
-			m.escaped = false
-		case b == '\\':
-			m.escaped, m.strBad = true, true
-		case b == '"':
-			m.inString = false
-			m.endString()
-		case len(m.str) < maxIDBytes:
-			m.str = append(m.str, b)
-		default:
-			m.strBad = true
+// structural marks the bytes that matter outside a string.
+var structural = [256]bool{'"': true, '[': true, ']': true, '{': true, '}': true, ',': true, ':': true}
+
+// skipNested reads p from i, outside a string, while it is nested below the
+// outer array's elements and the event object's fields (the tags), where
+// only the brackets and the strings' ends matter, and returns where it
+// stopped: a string of a few bytes is walked here, a longer one is left to
+// readString.
+func (m *OversizedMessage) skipNested(p []byte, i int) int {
+	for i < len(p) && m.depth > 2 {
+		switch p[i] {
+		case '"':
+			j := i + 1
+			for short := min(len(p), j+shortRun); j < short && p[j] != '"'; j++ {
+				if p[j] == '\\' {
+					j++
+				}
+			}
+			if j < len(p) && p[j] == '"' {
+				i = j + 1
+				continue
+			}
+			m.inString, m.keep = true, false
+			return m.readString(p, i+1)
+		case '[', '{':
+			m.depth++
+		case ']', '}':
+			m.depth--
 		}
+		i++
+	}
+	return i
+}
+
+// shortRun is how far inside a string bytes are looked at one by one before
+// memchr is asked: a call per byte would cost more than the walk when the
+// quotes and backslashes come close together.
+const shortRun = 16
+
+// readString reads p from i, inside a string, up to the string's end or
+// p's, and returns where it stopped. Only the quote and the backslash
+// matter inside a string; the runs between them are skipped (or kept)
+// whole.
+func (m *OversizedMessage) readString(p []byte, i int) int {
+	quote := -1 // where the next '"' at or after i is, once looked up
+	for i < len(p) {
+		if m.escaped {
+			m.escaped = false
+			m.keepBytes(p[i : i+1])
+			i++
+			continue
+		}
+		j := i
+		for short := min(len(p), i+shortRun); j < short && p[j] != '"' && p[j] != '\\'; j++ {
+		}
+		if j == i+shortRun {
+			if quote < j {
+				if quote = bytes.IndexByte(p[j:], '"'); quote < 0 {
+					quote = len(p)
+				} else {
+					quote += j
+				}
+			}
+			if bs := bytes.IndexByte(p[j:quote], '\\'); bs >= 0 {
+				j += bs
+			} else {
+				j = quote
+			}
+		}
+		m.keepBytes(p[i:j])
+		if i = j; i == len(p) {
+			break
+		}
+		m.keepBytes(p[i : i+1])
+		i++
+		if p[i-1] == '\\' {
+			m.escaped = true
+			continue
+		}
+		m.inString = false
+		m.endString()
+		break
+	}
+	return i
+}
+
+func (m *OversizedMessage) keepBytes(b []byte) {
+	if !m.keep {
+		return
+	}
+	if len(m.raw)+len(b) > maxRawID {
+		m.keep = false
+		return
+	}
+	m.raw = append(m.raw, b...)
+}
+
+func (m *OversizedMessage) structure(b byte) {
+	if m.depth == 0 && b != '[' {
+		// Before the outer array only whitespace may come, and nothing
+		// after it.
+		m.done = b != ' ' && b != '\t' && b != '\n' && b != '\r'
 		return
 	}
 	switch b {
 	case '"':
-		m.inString, m.str, m.strBad = true, m.str[:0], false
+		m.inString = true
+		m.keep = m.depth == 1 && (m.element == 0 || m.element == 1 && (m.verb == "REQ" || m.verb == "COUNT")) ||
+			m.depth == 2 && m.inEvent && (m.wantKey || m.keyIsID)
+		if m.keep {
+			m.raw = append(m.raw[:0], '"')
+		}
 	case '[', '{':
 		m.depth++
 		if m.depth == 2 && b == '{' && m.element == 1 && m.verb == "EVENT" {
@@ -68,13 +181,15 @@ func (m *OversizedMessage) feed(b byte) {
 		}
 	case ']', '}':
 		m.depth--
-		if m.depth < 2 {
-			m.inEvent = false
-		}
+		// The event object or the outer array closed: no id can follow.
+		m.done = m.depth < 2 && m.inEvent || m.depth <= 0
 	case ',':
 		switch {
 		case m.depth == 1:
 			m.element++
+			// The verb was not a string, or the element that holds the id
+			// has passed.
+			m.done = m.element == 1 && m.verb == "" || m.element >= 2
 		case m.depth == 2 && m.inEvent:
 			m.wantKey, m.keyIsID = true, false
 		}
@@ -88,23 +203,49 @@ func (m *OversizedMessage) feed(b byte) {
 // endString takes the string just closed if it is the verb, the
 // subscription id or the event's id.
 func (m *OversizedMessage) endString() {
-	s := m.str
+	s, ok := m.decodeKept()
 	switch {
 	case m.depth == 1 && m.element == 0:
-		if !m.strBad {
-			m.verb = string(s)
+		m.verb = ""
+		if ok {
+			switch string(s) {
+			case "EVENT":
+				m.verb = "EVENT"
+			case "REQ":
+				m.verb = "REQ"
+			case "COUNT":
+				m.verb = "COUNT"
+			}
 		}
+		// No other verb is answered by anything but a NOTICE.
+		m.done = m.verb == ""
 	case m.depth == 1 && m.element == 1 && (m.verb == "REQ" || m.verb == "COUNT"):
-		if !m.strBad && len(s) > 0 && utf8.Valid(s) {
+		if ok && subIDLimits.checkSubID(string(s)) == nil {
 			m.subID = string(s)
 		}
+		m.done = true
 	case m.depth == 2 && m.inEvent && m.wantKey:
-		m.keyIsID = !m.strBad && string(s) == "id"
+		m.keyIsID = ok && string(s) == "id"
 	case m.depth == 2 && m.inEvent && m.keyIsID:
-		if m.id == "" && !m.strBad && isLowerHex(s, 64) {
+		if ok && isLowerHex(s, 64) {
 			m.id = string(s)
+			m.done = true
 		}
 	}
+}
+
+// decodeKept decodes the string just closed, as the parser would, if it
+// was kept whole; ok is false for one the parser refuses.
+func (m *OversizedMessage) decodeKept() (s []byte, ok bool) {
+	if !m.keep {
+		return nil, false
+	}
+	d := getDecoder(m.raw)
+	s, err := d.appendStr(m.decoded[:0])
+	ok = err == nil && d.pos == len(m.raw)
+	putDecoder(d)
+	m.decoded = s[:0]
+	return s, ok
 }
 
 // ReqSubID is the subscription id of an oversized REQ, "" when the message

@@ -167,6 +167,19 @@ func TestBadInputCatalogue(t *testing.T) {
 		require.Equal(t, int64(3), c.Expect("COUNT").Count, "%s: connection must stay usable", tc.name)
 	}
 
+	// An EVENT over the limit whose id comes after its content (nostr-tools
+	// writes it there) is answered with the OK its client waits for: the id
+	// is read from the whole message as it streams past, not from the part
+	// kept. Mutation killed: readMessage dropping the rest unread.
+	var late map[string]any
+	lateID := valid(func(m map[string]any) { m["content"] = strings.Repeat("v", 9<<10); late = m })
+	require.Greater(t, strings.Index(lateID, `"id"`), 9<<10, "keys marshal in order: content before id")
+	c.SendRaw(lateID)
+	refused := c.Expect("OK")
+	require.Equal(t, late["id"], refused.ID)
+	require.False(t, refused.OK)
+	require.True(t, strings.HasPrefix(refused.Msg, "invalid: message of"), refused.Msg)
+
 	// Binary frames are refused with a NOTICE too.
 	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 	defer cancel()

@@ -324,20 +324,21 @@ func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64
 	if err != nil {
 		return 0, nil, 0, nil, err
 	}
-	sink := io.Discard
-	if typ == websocket.MessageText {
-		data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
-		size = int64(len(data))
-		if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
-			return typ, data, size, nil, err
-		}
-		oversized = new(nostr.OversizedMessage)
-		_, _ = oversized.Write(data)
-		sink = oversized
-		readBuffers.put(data)
-		data = nil
+	if typ != websocket.MessageText {
+		rest, err := io.Copy(io.Discard, r)
+		return typ, nil, rest, nil, err
 	}
-	rest, err := io.Copy(sink, r)
+	data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
+	size = int64(len(data))
+	if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
+		return typ, data, size, nil, err
+	}
+	oversized = new(nostr.OversizedMessage)
+	_, _ = oversized.Write(data)
+	// The rest is read through the buffer that held the first part: it is
+	// too large to go back to the pool, and io.Copy would allocate 32 KiB
+	// more for every oversized message.
+	rest, err := io.CopyBuffer(oversized, r, data[:cap(data)])
 	return typ, nil, size + rest, oversized, err
 }
 

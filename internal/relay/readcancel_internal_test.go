@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,5 +81,41 @@ func BenchmarkReadMessageOverWebSocket(b *testing.B) {
 			b.Fatal(err)
 		}
 		readBuffers.put(got)
+	}
+}
+
+// BenchmarkReadOversizedMessageOverWebSocket is one EVENT of 1000 KiB, its
+// id after the content, read past by readMessage: what a client sending
+// messages over the limit costs the relay per byte.
+func BenchmarkReadOversizedMessageOverWebSocket(b *testing.B) {
+	id := strings.Repeat("ab", 32)
+	data := []byte(`["EVENT",{"content":"` + strings.Repeat("x", 1000<<10) + `","id":"` + id + `"}]`)
+	url, accepted := serveTestConns(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.CloseNow()
+	c := <-accepted
+	defer c.cancel()
+	c.ws.SetReadLimit(4 * int64(c.srv.cfg.MaxMessageBytes))
+	n := b.N
+	go func() {
+		for range n {
+			if client.Write(ctx, websocket.MessageText, data) != nil {
+				return
+			}
+		}
+	}()
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range n {
+		_, got, size, oversized, err := c.readMessage()
+		if err != nil || got != nil || size != int64(len(data)) || !strings.Contains(string(oversized.Refusal("x")), id) {
+			b.Fatal(err)
+		}
 	}
 }
