@@ -25,7 +25,9 @@ SET lock_timeout = '5s';
 
 ALTER TABLE events ADD COLUMN IF NOT EXISTS expires_at timestamptz;
 
-RESET lock_timeout;
+-- Not RESET: that would bring back the migrator role's lock_timeout, and
+-- a concurrent build cancelled by it leaves its index INVALID.
+SET lock_timeout = 0;
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS events_expiring ON events (expires_at) WHERE expires_at IS NOT NULL;
 

@@ -66,9 +66,13 @@ BEGIN
                 INSERT INTO event_deletion_targets (community_id, target_id, author)
                 SELECT community, target, deleter FROM unnest(targets) AS target
                 ON CONFLICT DO NOTHING;
+                -- Joined, not = ANY (targets): a generic plan rechecks a
+                -- hash index's rows against the whole array, quadratic in
+                -- an author's ids.
                 UPDATE events AS e
                 SET deleted_at = now()
-                WHERE e.id = ANY (targets) AND e.community_id = community AND e.pubkey = deleter
+                FROM unnest(targets) AS target(id)
+                WHERE e.id = target.id AND e.community_id = community AND e.pubkey = deleter
                   AND e.kind <> 5
                   AND (e.channel_id IS NULL OR e.kind NOT IN (9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002))
                   AND e.deleted_at IS NULL;

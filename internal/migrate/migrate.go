@@ -195,6 +195,12 @@ func step(ctx context.Context, conn *pgx.Conn, m *migrate.Migrator, version int3
 		if _, err := conn.Exec(ctx, "SET lock_timeout = 0; SET statement_timeout = 0"); err != nil {
 			return err
 		}
+		// tern resets only after a migration that succeeded.
+		defer func() {
+			if err != nil {
+				_, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout; RESET statement_timeout")
+			}
+		}()
 	}
 	return m.MigrateTo(ctx, version)
 }

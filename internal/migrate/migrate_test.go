@@ -136,6 +136,33 @@ func TestTransactionalMigrationsBoundTheirLockWaits(t *testing.T) {
 	}
 }
 
+// A disable-tx migration runs with lock_timeout and statement_timeout
+// lifted (step), so its concurrent index builds are not cancelled and left
+// INVALID; a RESET of either before such a build would bring back the
+// migrator role's own. Mutation killed: 042 with its RESET lock_timeout
+// back before CREATE INDEX CONCURRENTLY.
+func TestConcurrentBuildsAreNotPrecededByATimeoutReset(t *testing.T) {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	disableTx := regexp.MustCompile(`(?m)^---- tern: disable-tx ----$`)
+	reset := regexp.MustCompile(`(?im)^\s*RESET (lock_timeout|statement_timeout|all)\b`)
+	concurrently := regexp.MustCompile(`(?i)\bINDEX CONCURRENTLY\b`)
+	for _, name := range names {
+		body, err := fs.ReadFile(migrations.FS, name)
+		require.NoError(t, err)
+		up, down, _ := strings.Cut(string(body), "---- create above / drop below ----")
+		for _, part := range []string{up, down} {
+			if !disableTx.MatchString(part) {
+				continue
+			}
+			part = withoutComments(part)
+			if at := reset.FindStringIndex(part); at != nil {
+				require.NotRegexp(t, concurrently, part[at[1]:], "%s: RESET before a concurrent build brings back the role's timeouts; SET lock_timeout = 0 instead", name)
+			}
+		}
+	}
+}
+
 // splitStatements cuts SQL at top-level semicolons, skipping those inside
 // quotes, dollar-quoted bodies and -- comments.
 func splitStatements(sql string) []string {

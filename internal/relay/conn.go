@@ -335,9 +335,9 @@ func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64
 	}
 	oversized = new(nostr.OversizedMessage)
 	_, _ = oversized.Write(data)
-	// The rest is read through the buffer that held the first part: it is
-	// too large to go back to the pool, and io.Copy would allocate 32 KiB
-	// more for every oversized message.
+	// The rest is read through the buffer that held the first part, which
+	// is not put back (at the default limit it is larger than the pool
+	// keeps): io.Copy would allocate 32 KiB more for every oversized message.
 	rest, err := io.CopyBuffer(oversized, r, data[:cap(data)])
 	return typ, nil, size + rest, oversized, err
 }

@@ -697,7 +697,7 @@ func (s *Server) verifyAuth(ev *nostr.Event, challenge string, tenant community.
 	}
 	if wait, ok := checks.take(s.now(), 1/authCheckEvery.Seconds(), authChecksAtOnce); !ok {
 		s.metrics.AuthRateLimited.Inc()
-		return ingest.Reject("rate-limited", "too many AUTH attempts on this connection; try again in %s", wait.Truncate(time.Second)+time.Second)
+		return ingest.Reject("rate-limited", "too many AUTH attempts on this connection; try again in %s", time.Duration(math.Ceil(wait.Seconds()))*time.Second)
 	}
 	if err := ev.Verify(); err != nil {
 		return ingest.Reject("invalid", "AUTH event: %v", err)
