@@ -51,20 +51,27 @@ func TestCancellingTheConnectionEndsAReadInProgress(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "no read starts on a cancelled connection")
 }
 
-// BenchmarkReadMessageOverWebSocket is one EVENT read off a real socket by
-// readMessage: the frame, the library's reader and the pooled buffer.
-func BenchmarkReadMessageOverWebSocket(b *testing.B) {
-	data := benchEventMessage(b)
+// benchConn is a connection of the relay's and the client dialled to it,
+// closed when the benchmark ends.
+func benchConn(b *testing.B) (*conn, *websocket.Conn, context.Context) {
 	url, accepted := serveTestConns(b)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	b.Cleanup(cancel)
 	client, _, err := websocket.Dial(ctx, url, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer client.CloseNow()
+	b.Cleanup(func() { client.CloseNow() })
 	c := <-accepted
-	defer c.cancel()
+	b.Cleanup(c.cancel)
+	return c, client, ctx
+}
+
+// BenchmarkReadMessageOverWebSocket is one EVENT read off a real socket by
+// readMessage: the frame, the library's reader and the pooled buffer.
+func BenchmarkReadMessageOverWebSocket(b *testing.B) {
+	data := benchEventMessage(b)
+	c, client, ctx := benchConn(b)
 	n := b.N
 	go func() {
 		for range n {
@@ -90,16 +97,7 @@ func BenchmarkReadMessageOverWebSocket(b *testing.B) {
 func BenchmarkReadOversizedMessageOverWebSocket(b *testing.B) {
 	id := strings.Repeat("ab", 32)
 	data := []byte(`["EVENT",{"content":"` + strings.Repeat("x", 1000<<10) + `","id":"` + id + `"}]`)
-	url, accepted := serveTestConns(b)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	client, _, err := websocket.Dial(ctx, url, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer client.CloseNow()
-	c := <-accepted
-	defer c.cancel()
+	c, client, ctx := benchConn(b)
 	c.ws.SetReadLimit(4 * int64(c.srv.cfg.MaxMessageBytes))
 	n := b.N
 	go func() {
