@@ -228,7 +228,7 @@ func TestIDDeletionRacingItsTarget(t *testing.T) {
 				held, other = target, deletion
 			}
 
-			commitAfterBlocked(t, f, held, other)
+			require.NoError(t, commitAfterBlocked(t, f, held, other))
 			require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, target.ID),
 				"a deleted note came back")
 		})

@@ -37,6 +37,8 @@ var deletionHandler = Handler{Validate: validateDeletion, Prepare: prepareDeleti
 // ingest.DefaultGroupMax deletions at this bound holds 512 slot locks.
 const MaxDeletionCoordinates = 16
 
+const deletionOfModerationRefused = "a deletion cannot hide the channel's moderation events (9000-9002, 9005, 9007, 9008): they are its account of who did what"
+
 // validateDeletion also refuses any a tag not spelled canonically: the
 // database keeps an older version of a deleted slot out by matching the
 // literal coordinate, so a loose spelling would hide the current version
@@ -127,7 +129,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 		}
 		for _, row := range rows {
 			if row.ChannelID != nil && slices.Contains(KindsKeptFromModeration, row.Kind) {
-				return Reject("restricted", "a deletion cannot hide the channel's moderation events (9000-9002, 9005, 9007, 9008): they are its account of who did what")
+				return Reject("restricted", deletionOfModerationRefused)
 			}
 			add(row.ChannelID, row.Live, row.Kind)
 			named.ids[hex.EncodeToString(row.ID)] = true
@@ -203,6 +205,38 @@ func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, named deletionTa
 	return nil
 }
 
+// recheckTargetsUnderLock reads the named events again once the deletion's
+// insert holds its author's deletion lock (events_record_deletion_targets):
+// an event of the author still in flight when prepareDeletion read was not
+// there to bind the deletion to its channel or to refuse it, and its
+// insert, holding the lock shared, has committed by now. A moderation event
+// among them refuses the deletion as prepareDeletion would have, and one in
+// another channel than the deletion's would leave the deletion readable
+// where its target is not; the client sends it again and gets the answer
+// the committed targets give.
+func recheckTargetsUnderLock(ctx context.Context, w *Write, ids [][]byte) error {
+	rows, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: w.ActorBytes()})
+	if err != nil {
+		return err
+	}
+	for _, row := range rows {
+		if row.ChannelID != nil && slices.Contains(KindsKeptFromModeration, row.Kind) {
+			return Reject("restricted", deletionOfModerationRefused)
+		}
+		if !sameChannel(row.ChannelID, w.ChannelID) {
+			return Reject("invalid", "an event this deletion names was stored in another channel while the deletion was being written: send it again")
+		}
+	}
+	return nil
+}
+
+func sameChannel(a, b *uuid.UUID) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
 // has reports whether tag names one of the targets.
 func (t deletionTargets) has(tag nostr.Tag) bool {
 	switch tag[0] {
@@ -220,6 +254,9 @@ func applyDeletion(ctx context.Context, w *Write) error {
 	q, tenant, ev := w.Q, w.Tenant, w.Event
 	author := ev.PubKeyBytes()
 	if ids := deletionTargetIDs(ev); len(ids) > 0 {
+		if err := recheckTargetsUnderLock(ctx, w, ids); err != nil {
+			return err
+		}
 		if _, err := q.EventsDeleteByIDs(ctx, db.EventsDeleteByIDsParams{
 			CommunityID: tenant.ID(), Ids: ids, Author: author[:], KeptKinds: KindsKeptFromModeration, Now: w.SQLNow(),
 		}); err != nil {

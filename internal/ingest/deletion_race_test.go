@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -44,7 +45,7 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 				held, other = version, deletion
 			}
 
-			commitAfterBlocked(t, f, held, other)
+			require.NoError(t, commitAfterBlocked(t, f, held, other))
 
 			var live int
 			require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM events WHERE community_id = $1 AND kind = 30023 AND d_tag = 'slot' AND deleted_at IS NULL`,
@@ -54,12 +55,62 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 	}
 }
 
+// A deletion naming an event of its author that is still being written
+// reads its targets before that event commits, then waits for it on the
+// author's deletion lock at its own insert. It must then answer as if the
+// target had been there all along: refused when the target is a channel's
+// moderation event, and never stored community-global naming an event of a
+// private channel.
+//
+// Mutation killed: applyDeletion without recheckTargetsUnderLock. The
+// deletion of the moderation event is stored (its client told the removal
+// was retracted while it stays applied), and the deletion of the private
+// note is stored community-global, telling every member which private id
+// its author deleted.
+func TestDeletionRacingItsTargetAnswersAsIfTheTargetWasThere(t *testing.T) {
+	t.Parallel()
+	t.Run("moderation event", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, "delrace-moderation.example", 4)
+		owner, member := f.key(), f.key()
+		ch := f.channel(owner, true)
+		putUser := f.sign(owner, ingest.KindPutUser, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)
+		deletion := f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", putUser.ID}}, 0)
+
+		err := commitAfterBlocked(t, f, putUser, deletion)
+		var rej *ingest.Rejection
+		require.True(t, errors.As(err, &rej), "want the deletion refused, got %v", err)
+		require.Equal(t, "restricted: "+ingest.DeletionOfModerationRefused, rej.Error())
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, deletion.ID))
+		require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, putUser.ID))
+	})
+	t.Run("private note", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, "delrace-private.example", 4)
+		alice := f.key()
+		ch := f.channel(alice, true)
+		note := f.sign(alice, ingest.KindChat, "secret", nostr.Tags{{"h", ch}}, 0)
+		deletion := f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", note.ID}}, 0)
+
+		err := commitAfterBlocked(t, f, note, deletion)
+		var rej *ingest.Rejection
+		require.True(t, errors.As(err, &rej), "want the deletion refused, got %v", err)
+		require.Contains(t, rej.Error(), "invalid: an event this deletion names was stored in another channel while the deletion was being written")
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, deletion.ID))
+
+		f.store(deletion) // sent again, it goes where its target is
+		require.NotNil(t, f.eventChannel(deletion.ID))
+		require.Equal(t, ch, f.eventChannel(deletion.ID).String())
+		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, note.ID))
+	})
+}
+
 // commitAfterBlocked submits held on f's pipeline and holds its
 // transaction open at its end (a side row that waits), submits other
 // through a second pipeline, as from a second relay process, waits until
-// other is blocked on a lock (or done), and only then lets held commit;
-// both must succeed.
-func commitAfterBlocked(t *testing.T, f *fixture, held, other *nostr.Event) {
+// other is blocked on a lock (or done), and only then lets held commit.
+// held must succeed; other's error is returned.
+func commitAfterBlocked(t *testing.T, f *fixture, held, other *nostr.Event) error {
 	t.Helper()
 	reached, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
@@ -97,7 +148,7 @@ func commitAfterBlocked(t *testing.T, f *fixture, held, other *nostr.Event) {
 	waitBlockedOrDone(t, f.pool, otherDone)
 	releaseOnce.Do(func() { close(release) })
 	require.NoError(t, <-heldDone)
-	require.NoError(t, <-otherDone)
+	return <-otherDone
 }
 
 // waitBlockedOrDone returns once a session of pool's database waits for a

@@ -27,3 +27,7 @@ func OnListFoldPass(p *Pipeline, fn func()) { p.onListFoldPass = fn }
 // ChangesWaitingTheirTurn is how many changes wait in their channel's line
 // for their turn to run alone (holding no connection).
 func ChangesWaitingTheirTurn(p *Pipeline) int { return int(p.changeLines.waiting.Load()) }
+
+// DeletionOfModerationRefused is the text of a deletion refused for naming a
+// channel's moderation event.
+const DeletionOfModerationRefused = deletionOfModerationRefused
