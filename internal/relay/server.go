@@ -55,6 +55,9 @@ type Server struct {
 	queries  *db.Queries
 	store    *eventstore.Store
 	hosts    *hostLookups // every HTTP request's community
+	// replays throttles the purge of expired NIP-98 claims, which every
+	// claim (bridge, media) runs when due.
+	replays  replayPurger
 	pipeline *ingest.Pipeline
 	hub      *fanout.Hub
 	access   *access.Cache
