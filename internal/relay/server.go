@@ -515,6 +515,9 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 			return
 		}
+		if err != nil && r.Context().Err() != nil {
+			return // the client left during the lookup: no one to answer, nothing wrong
+		}
 		if err != nil {
 			s.log.Error("resolve community", "host", r.Host, "err", err)
 			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
