@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -221,6 +222,25 @@ FROM pg_settings
 WHERE name = 'idle_in_transaction_session_timeout'
   AND source NOT IN ('client', 'user', 'database', 'database user')`
 
+// sessionName is the application_name of the relay's sessions unless
+// BUZZ_DATABASE_URL names another: pg_stat_activity then tells the relay's
+// backends from buzz-admin's, psql's and the runbooks', which is how an
+// operator sees whether they stay within BUZZ_DB_MAX_CONNS per process.
+const sessionName = "buzz-relay"
+
+// nameSessions gives every session of cfg sessionName, unless the URL set
+// an application_name (as a parameter or in options).
+func nameSessions(cfg *pgxpool.Config) {
+	if _, set := cfg.ConnConfig.RuntimeParams["application_name"]; set {
+		return
+	}
+	if strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "application_name") ||
+		strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "application-name") {
+		return
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = sessionName
+}
+
 // serve runs the relay on ls, which it closes on return, until ctx ends;
 // getenv supplies the settings that are not part of config.Config (the
 // operator listeners).
@@ -242,6 +262,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
 	armIdleInTransactionTimeout(poolCfg, cfg.IngestWriteTimeout)
+	nameSessions(poolCfg)
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.

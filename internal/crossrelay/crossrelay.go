@@ -342,9 +342,16 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 	opts.ContextTimeoutEnabled = true
 	var id [8]byte
 	_, _ = rand.Read(id[:])
+	origin := hex.EncodeToString(id[:])
+	// Named, so CLIENT LIST tells each relay process's connections (at
+	// most the client's pool, 10 per processor, plus the subscription)
+	// from the other clients of the Redis, unless the URL names them.
+	if opts.ClientName == "" {
+		opts.ClientName = "buzz-relay-" + origin
+	}
 	return &Bus{
 		client:   redis.NewClient(opts),
-		origin:   hex.EncodeToString(id[:]),
+		origin:   origin,
 		handlers: h,
 		log:      log,
 		metrics:  m,

@@ -124,6 +124,43 @@ func TestBusSkipsGarbageAndDeliversTheRest(t *testing.T) {
 	require.True(t, bus.Connected(), "garbage does not cost the subscription")
 }
 
+// Every connection of a bus is named after its process in CLIENT LIST,
+// where an operator counts each relay's Redis clients; a name in the URL
+// wins. Mutation checked: the default name removed (CLIENT LIST shows
+// name= for the bus's connections).
+func TestBusConnectionsAreNamed(t *testing.T) {
+	t.Parallel()
+	url := dbtest.RedisServer(t).URL()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct{ url, prefix string }{
+		{url, "buzz-relay-"},
+		{url + "?client_name=pod-7", "pod-7"},
+	} {
+		bus, err := New(tc.url, 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { bus.Run(ctx); close(done) }()
+		require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+
+		opts, err := redis.ParseURL(url)
+		require.NoError(t, err)
+		admin := redis.NewClient(opts)
+		list, err := admin.ClientList(ctx).Result()
+		require.NoError(t, err)
+		admin.Close()
+		cancel()
+		<-done
+		named := 0
+		for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+			if strings.Contains(line, " name="+tc.prefix) {
+				named++
+			}
+		}
+		require.Positive(t, named, "no connection named %s*: %s", tc.prefix, list)
+	}
+}
+
 // An unknown control message is logged by its length and start, not
 // whole: a peer (or a tool) publishing megabytes on the control channel,
 // once or in a loop, must not write them to every relay's log. The

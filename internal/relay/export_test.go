@@ -17,6 +17,14 @@ func (s *Server) ReadyChecks() (checks, joined int64) {
 	return s.ready.checks.Load(), s.ready.joined.Load()
 }
 
+// HostLookupRunning reports whether a lookup of host is running.
+func (s *Server) HostLookupRunning(host string) bool {
+	s.hosts.mu.Lock()
+	defer s.hosts.mu.Unlock()
+	_, running := s.hosts.hosts[host]
+	return running
+}
+
 // HostLookupsJoined reports how many requests waited for a host lookup
 // that other requests shared.
 func (s *Server) HostLookupsJoined() int64 { return s.hosts.joined.Load() }

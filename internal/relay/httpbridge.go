@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzrelay/buzz/internal/community"
-	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/ingest"
@@ -34,7 +33,6 @@ import (
 type httpBridge struct {
 	s        *Server
 	requests *prometheus.CounterVec // route, status
-	purger   replayPurger
 }
 
 // registerHTTPBridge adds the bridge routes to mux.
@@ -250,14 +248,6 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
 		unauthorized(err)
 		return principal{}, nil, false
-	}
-	if b.purger.due(tenant.ID(), s.now()) {
-		if release, err := s.readSlot(r.Context()); err == nil {
-			if _, err := s.queries.HTTPAuthReplaysPurge(r.Context(), db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
-				s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
-			}
-			release()
-		}
 	}
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {

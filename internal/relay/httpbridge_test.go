@@ -503,6 +503,32 @@ func TestHTTPBridgePurgesExpiredClaims(t *testing.T) {
 	require.NotContains(t, left, "home:"+strings.Repeat("aa", 32))
 }
 
+// Media requests signed with NIP-98 claim their auth events in the same
+// table, and a community whose clients only upload and delete media never
+// sends a bridge request: their claims purge the community's expired rows
+// too, or the table keeps one row per signed upload for good. Mutation
+// checked: the purge back on the bridge route alone leaves all 20 expired
+// rows.
+func TestMediaClaimsPurgeExpiredClaims(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	_, err := r.Pool.Exec(t.Context(), `
+		INSERT INTO http_auth_replays (community_id, event_id, expires_at)
+		SELECT $1, sha256(i::text::bytea), now() - interval '1 minute' FROM generate_series(1, 20) i`, r.CommunityID)
+	require.NoError(t, err)
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 1000)
+	up := mediaDo(t, r, http.MethodPut, "", "/media/upload", authHeader(nip98(t, key, http.MethodPut, r.HTTPURL+"/media/upload", blob, nil)), bytes.NewReader(blob), nil)
+	require.Equal(t, http.StatusOK, up.Status, string(up.Body))
+
+	var expired, live int
+	require.NoError(t, r.Pool.QueryRow(t.Context(), `
+		SELECT count(*) FILTER (WHERE expires_at < now()), count(*) FILTER (WHERE expires_at >= now())
+		FROM http_auth_replays WHERE community_id = $1`, r.CommunityID).Scan(&expired, &live))
+	require.Zero(t, expired, "expired claims left after a media upload")
+	require.Equal(t, 1, live, "the upload's own claim")
+}
+
 // Web clients on other origins can use the bridge: a preflight allows the
 // Authorization header and the route's method, and every answer, refusals
 // included, is readable with the NIP-98 challenge exposed. An unknown host

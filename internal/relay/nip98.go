@@ -160,7 +160,10 @@ const errAuthEventUsed = "auth event already used; sign a new one for every requ
 
 // claimHTTPAuth records the auth event as used in this community; a second
 // use is a replay. The row lives until the event could no longer pass the
-// created_at check, plus slack.
+// created_at check, plus slack; the claims themselves purge their
+// community's expired rows, at most once per purgeEvery, whichever route
+// claims (a community whose clients only upload media signed with NIP-98
+// kept every claim when only the bridge purged).
 func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev *nostr.Event) error {
 	// Any key signs a valid claim, so it waits for a read slot.
 	release, err := s.readSlot(ctx)
@@ -168,6 +171,11 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 		return err
 	}
 	defer release()
+	if s.replays.due(tenant.ID(), s.now()) {
+		if _, err := s.queries.HTTPAuthReplaysPurge(ctx, db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: s.clock.SQL()}); err != nil {
+			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
+		}
+	}
 	id := ev.IDBytes()
 	n, err := s.queries.HTTPAuthReplayClaim(ctx, db.HTTPAuthReplayClaimParams{
 		CommunityID: tenant.ID(),
@@ -207,8 +215,8 @@ func (s *Server) releaseHTTPAuth(ctx context.Context, tenant community.Tenant, e
 // replayPurger throttles the purge of expired replay claims to once per
 // purgeEvery per community. Purging from the request path needs no
 // goroutine to start or stop, and a community only accumulates claims while
-// it receives bridge requests, each of which may trigger its purge: the
-// table stays at about two minutes of auth events per community.
+// it receives signed requests, each of whose claims may trigger its purge:
+// the table stays at about two minutes of auth events per community.
 type replayPurger struct {
 	mu   sync.Mutex
 	last map[uuid.UUID]time.Time

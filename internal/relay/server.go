@@ -55,6 +55,9 @@ type Server struct {
 	queries  *db.Queries
 	store    *eventstore.Store
 	hosts    *hostLookups // every HTTP request's community
+	// replays throttles the purge of expired NIP-98 claims, which every
+	// claim (bridge, media) runs when due.
+	replays  replayPurger
 	pipeline *ingest.Pipeline
 	hub      *fanout.Hub
 	access   *access.Cache
@@ -511,6 +514,9 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			s.log.Warn("host lookup found every read slot busy", "host", r.Host)
 			writeError(w, http.StatusServiceUnavailable, busyReadingReason)
 			return
+		}
+		if err != nil && r.Context().Err() != nil {
+			return // the client left during the lookup: no one to answer, nothing wrong
 		}
 		if err != nil {
 			s.log.Error("resolve community", "host", r.Host, "err", err)

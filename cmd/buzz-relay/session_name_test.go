@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pguuid"
+)
+
+// serve's sessions are named buzz-relay in pg_stat_activity, where an
+// operator counts the relay's backends, unless BUZZ_DATABASE_URL names them
+// otherwise. Read back from pg_stat_activity through a real pool.
+// Mutation checked: nameSessions emptied (the sessions' name is "").
+func TestServeSessionsAreNamed(t *testing.T) {
+	t.Parallel()
+	base := dbtest.URL(t)
+	for _, tc := range []struct {
+		name  string
+		query url.Values
+		want  string
+	}{
+		{"named by the relay", nil, "buzz-relay"},
+		{"the URL's parameter", url.Values{"application_name": {"pod-7"}}, "pod-7"},
+		{"the URL's options", url.Values{"options": {"-c application_name=pod-8"}}, "pod-8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := url.Parse(base)
+			require.NoError(t, err)
+			q := u.Query()
+			for k, v := range tc.query {
+				q[k] = v
+			}
+			u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+			cfg, err := pguuid.ParsePoolConfig(u.String())
+			require.NoError(t, err)
+			nameSessions(cfg)
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			var got string
+			require.NoError(t, pool.QueryRow(context.Background(),
+				"SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got))
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
