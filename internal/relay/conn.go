@@ -328,36 +328,19 @@ func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64
 		rest, err := io.Copy(io.Discard, r)
 		return typ, nil, rest, nil, err
 	}
-	data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
+	data, err = readBuffers.read(r, c.srv.cfg.MaxMessageBytes+1)
 	size = int64(len(data))
 	if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
 		return typ, data, size, nil, err
 	}
 	oversized = new(nostr.OversizedMessage)
 	_, _ = oversized.Write(data)
-	// The rest is read through the buffer that held the first part, which
-	// is not put back (at the default limit it is larger than the pool
-	// keeps): io.Copy would allocate 32 KiB more for every oversized message.
+	// The rest is read through the buffer that held the first part, then
+	// it goes back: io.Copy would allocate 32 KiB more for every oversized
+	// message.
 	rest, err := io.CopyBuffer(oversized, r, data[:cap(data)])
+	readBuffers.put(data)
 	return typ, nil, size + rest, oversized, err
-}
-
-// readUpTo appends to buf what r holds, up to limit bytes, until EOF.
-func readUpTo(r io.Reader, buf []byte, limit int) ([]byte, error) {
-	for len(buf) < limit {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
 }
 
 // handleAside handles one message on another goroutine (messageHandlers)
