@@ -545,11 +545,14 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		return
 	}
 	hw := &hijackWriter{ResponseWriter: w}
+	// Set below, before anything reads from ws (the only reader of pings).
+	var c *conn
 	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 		// Nostr clients connect from any origin; authentication is NIP-42
 		// signatures, never cookies, so there is no CSRF surface to guard.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
+		OnPingReceived:     func(context.Context, []byte) bool { return c.pacePing() },
 	})
 	if err != nil {
 		s.release(addr)
@@ -560,7 +563,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	ws.SetReadLimit(int64(s.cfg.MaxMessageBytes) * 4)
 	// Its reads count against its address's share of the read slots.
 	ctx, cancel := context.WithCancel(eventstore.WithClient(context.Background(), addressBucket(addr)))
-	c := &conn{
+	c = &conn{
 		srv:       s,
 		ws:        ws,
 		sock:      hw.conn,
