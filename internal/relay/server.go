@@ -70,6 +70,9 @@ type Server struct {
 	// PublishLimiter bounds how fast one pubkey publishes in one community.
 	// Replace it before serving to share limits between processes.
 	PublishLimiter PublishLimiter
+	// httpSignatures bounds the bad signatures of signed HTTP requests
+	// checked per client address.
+	httpSignatures *httpSignatures
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
@@ -166,6 +169,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
+		httpSignatures:    newHTTPSignatures(),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
