@@ -73,8 +73,10 @@ type conn struct {
 	subs map[string]int
 	// messages is the connection's bucket of messages read
 	// (MessagesPerSecond; read goroutine only, see pace), authChecks its
-	// bucket of AUTH signature checks (message handlers, one at a time).
-	messages, authChecks tokenBucket
+	// bucket of AUTH signature checks (message handlers, one at a time),
+	// pings its bucket of pings answered (pacePing, called by the library
+	// with the read lock held, so one at a time).
+	messages, authChecks, pings tokenBucket
 	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
 	// client that reads its history slowly holds at most that much here,
 	// whatever the size of its events.
@@ -242,6 +244,7 @@ func (c *conn) run() {
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
 	c.messages = tokenBucket{tokens: 2 * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
 	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
+	c.pings = tokenBucket{tokens: pingsAtOnce, at: c.srv.now()}
 	for {
 		c.pace()
 		typ, data, size, oversized, err := c.readMessage()
@@ -297,6 +300,42 @@ func (c *conn) pace() {
 	}
 }
 
+// pacePing waits, before a client's ping is answered, until the connection
+// may have one more: pingsAtOnce, then one every pingEvery. The library
+// answers pings inside its reader, outside pace: unpaced, four connections
+// pinging flat out kept 40% of a core busy writing pongs. Waiting holds the
+// read, so the client's next frames stay in the socket and TCP slows it, as
+// pace does for messages; closing the connection instead would only make
+// it dial again, which costs more than a pong. It says whether to answer:
+// not once the connection ends.
+func (c *conn) pacePing() bool {
+	for counted := false; ; {
+		wait, ok := c.pings.take(c.srv.now(), 1/pingEvery.Seconds(), pingsAtOnce)
+		if ok {
+			return true
+		}
+		if !counted {
+			counted = true
+			c.srv.metrics.PingsPaced.Inc()
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-c.ctx.Done():
+			timer.Stop()
+			return false
+		case <-timer.C:
+		}
+	}
+}
+
+// Pings a connection has answered: pingsAtOnce, then one every pingEvery.
+// A client that keeps its connection alive pings every few seconds at
+// most; a burst leaves room for one that measures its latency.
+const (
+	pingsAtOnce = 10
+	pingEvery   = time.Second
+)
+
 // readMessage reads the next message. Only a text message within
 // MaxMessageBytes is kept (data); a binary one, or one over the limit, is
 // read and dropped as it arrives, counted in size, and data is nil. A text
@@ -328,36 +367,19 @@ func (c *conn) readMessage() (typ websocket.MessageType, data []byte, size int64
 		rest, err := io.Copy(io.Discard, r)
 		return typ, nil, rest, nil, err
 	}
-	data, err = readUpTo(r, readBuffers.get(), c.srv.cfg.MaxMessageBytes+1)
+	data, err = readBuffers.read(r, c.srv.cfg.MaxMessageBytes+1)
 	size = int64(len(data))
 	if err != nil || size <= int64(c.srv.cfg.MaxMessageBytes) {
 		return typ, data, size, nil, err
 	}
 	oversized = new(nostr.OversizedMessage)
 	_, _ = oversized.Write(data)
-	// The rest is read through the buffer that held the first part, which
-	// is not put back (at the default limit it is larger than the pool
-	// keeps): io.Copy would allocate 32 KiB more for every oversized message.
+	// The rest is read through the buffer that held the first part, then
+	// it goes back: io.Copy would allocate 32 KiB more for every oversized
+	// message.
 	rest, err := io.CopyBuffer(oversized, r, data[:cap(data)])
+	readBuffers.put(data)
 	return typ, nil, size + rest, oversized, err
-}
-
-// readUpTo appends to buf what r holds, up to limit bytes, until EOF.
-func readUpTo(r io.Reader, buf []byte, limit int) ([]byte, error) {
-	for len(buf) < limit {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
 }
 
 // handleAside handles one message on another goroutine (messageHandlers)

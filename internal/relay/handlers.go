@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"io"
 	"sync"
 	"sync/atomic"
 )
@@ -70,22 +71,71 @@ func (h *handlers) loop(fn func()) {
 // was handled, and held by no connection in between.
 var readBuffers bufferPool
 
-// keptReadBuffer is the largest buffer given back: a rare large message
-// (a long-form note) must not keep its buffer for good.
+// keptReadBuffer is the largest small buffer: a message that outgrows it is
+// read into a buffer of the whole limit (see read).
 const keptReadBuffer = 64 << 10
 
-type bufferPool struct{ pool sync.Pool }
+// bufferPool keeps small buffers, up to keptReadBuffer, and apart from them
+// large ones of a whole message limit: a rare large message (a long-form
+// note) must not hand its buffer to every small one, and a message over the
+// limit, which fills one before it is read past, must not allocate it anew
+// each time (growing to 256 KiB by appending cost 1.1 MB of allocations per
+// oversized message). Both are sync.Pools, so what is idle goes at the
+// next collections: the pool keeps no more large buffers than were in use
+// at once.
+type bufferPool struct{ small, large sync.Pool }
 
 func (p *bufferPool) get() []byte {
-	if b, ok := p.pool.Get().(*[]byte); ok {
+	if b, ok := p.small.Get().(*[]byte); ok {
 		return (*b)[:0]
 	}
 	return make([]byte, 0, 4<<10)
 }
 
+// getLarge is an empty buffer of at least size bytes.
+func (p *bufferPool) getLarge(size int) []byte {
+	if b, ok := p.large.Get().(*[]byte); ok && cap(*b) >= size {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, size)
+}
+
 func (p *bufferPool) put(b []byte) {
 	if cap(b) > keptReadBuffer {
+		p.large.Put(&b)
 		return
 	}
-	p.pool.Put(&b)
+	p.small.Put(&b)
+}
+
+// read reads what r holds, up to limit bytes, until EOF, into a buffer of
+// the pool's: a small one, doubled up to keptReadBuffer, then one of limit
+// bytes. The caller puts it back.
+func (p *bufferPool) read(r io.Reader, limit int) ([]byte, error) {
+	buf := p.get()
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			var grown []byte
+			if cap(buf) < keptReadBuffer {
+				// Doubled exactly: append's growth would make a buffer
+				// just over keptReadBuffer, taken for a large one when
+				// put back.
+				grown = make([]byte, 0, min(max(2*cap(buf), 4<<10), keptReadBuffer))
+			} else {
+				grown = p.getLarge(limit)
+			}
+			grown = append(grown, buf...)
+			p.put(buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }

@@ -59,13 +59,16 @@ func TestIdleMessageHandlersAreBounded(t *testing.T) {
 	require.EqualValues(t, 5, h.started.Load())
 }
 
-// readUpTo reads a message whole up to the limit, whatever the reader's
-// chunks and wherever the buffer must grow, and stops at the limit.
+// read reads a message whole up to the limit, whatever the reader's
+// chunks and wherever the buffer must grow (by appending, or into a large
+// buffer past keptReadBuffer), and stops at the limit.
 // Mutations killed: reading past the limit, stopping at the buffer's first
-// capacity, dropping the bytes read with io.EOF.
-func TestReadUpTo(t *testing.T) {
+// capacity, dropping the bytes read with io.EOF, dropping the bytes read
+// before the move to a large buffer.
+func TestReadBuffersRead(t *testing.T) {
 	t.Parallel()
-	for _, n := range []int{0, 1, 4095, 4096, 4097, 10_000} {
+	var p bufferPool
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 10_000, keptReadBuffer - 1, keptReadBuffer, keptReadBuffer + 1, 100_000} {
 		msg := []byte(strings.Repeat("x", n))
 		readers := map[string]func() io.Reader{
 			"one byte":    func() io.Reader { return iotest.OneByteReader(bytes.NewReader(msg)) },
@@ -73,13 +76,16 @@ func TestReadUpTo(t *testing.T) {
 			"whole":       func() io.Reader { return bytes.NewReader(msg) },
 		}
 		for name, reader := range readers {
-			got, err := readUpTo(reader(), make([]byte, 0, 16), n+1)
+			got, err := p.read(reader(), n+1)
 			require.NoError(t, err)
 			require.Equal(t, msg, got, "%d bytes, %s", n, name)
 			if n > 0 {
-				got, err = readUpTo(reader(), nil, n-1)
+				p.put(got)
+				got, err = p.read(reader(), n-1)
 				require.NoError(t, err)
 				require.Len(t, got, n-1, "%d bytes, %s, limit %d", n, name, n-1)
+				require.Equal(t, msg[:n-1], got)
+				p.put(got)
 			}
 		}
 	}
@@ -95,9 +101,10 @@ func TestReadBuffersComeBackEmpty(t *testing.T) {
 		p.put([]byte(`["EVENT",{"previous":"message"}]`))
 		require.Empty(t, p.get())
 	}
-	// A large buffer is not kept.
-	p.put(make([]byte, 0, keptReadBuffer+1))
+	// A large buffer is kept apart: small messages do not take it.
+	p.put(append(make([]byte, 0, keptReadBuffer+1), "previous"...))
 	require.LessOrEqual(t, cap(p.get()), keptReadBuffer)
+	require.Empty(t, p.getLarge(keptReadBuffer+1))
 }
 
 // benchEventMessage is an EVENT message like buzz-bench's: a kind 1 note of
@@ -203,7 +210,7 @@ func BenchmarkReadMessage(b *testing.B) {
 	b.Run("readBuffers", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			got, err := readUpTo(bytes.NewReader(data), readBuffers.get(), limit+1)
+			got, err := readBuffers.read(bytes.NewReader(data), limit+1)
 			if err != nil || len(got) != len(data) {
 				b.Fatal(err)
 			}

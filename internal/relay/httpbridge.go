@@ -213,6 +213,11 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 			return
 		}
+		if ae.RetryAfter > 0 {
+			w.Header().Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+			writeError(w, http.StatusTooManyRequests, ae.Reason)
+			return
+		}
 		w.Header().Set("WWW-Authenticate", "Nostr")
 		writeError(w, http.StatusUnauthorized, "auth-required: "+ae.Reason)
 	}

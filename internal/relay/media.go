@@ -163,7 +163,10 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	// another member than the parser does ({"kind":1,...,"KIND":24242}).
 	switch ev.Kind {
 	case nostr.KindHTTPAuth:
-		return s.bindHTTPAuth(ev, r, s.requestURL(r))
+		if ev, err = s.bindHTTPAuth(ev, r, s.requestURL(r)); err != nil {
+			return nil, err
+		}
+		return ev, s.verifyHTTPSignature(r, ev)
 	case nostr.KindBlossomAuth:
 	default:
 		return nil, authFail("auth event must be kind %d (Blossom) or %d (NIP-98)", nostr.KindBlossomAuth, nostr.KindHTTPAuth)
@@ -195,7 +198,7 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	if len(servers) > 0 && !slices.ContainsFunc(servers, func(v string) bool { return sameServer(v, r.Host) }) {
 		return nil, authFail("auth event server tags do not name this host (%s)", r.Host)
 	}
-	return ev, nil
+	return ev, s.verifyHTTPSignature(r, ev)
 }
 
 // sameServer compares a Blossom server tag (a bare domain or a URL) with
@@ -262,6 +265,11 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	if !errors.As(err, &ae) {
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
 		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
+		return
+	}
+	if ae.RetryAfter > 0 {
+		w.Header().Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+		mediaError(w, http.StatusTooManyRequests, ae.Reason)
 		return
 	}
 	w.Header().Set("WWW-Authenticate", "Nostr")

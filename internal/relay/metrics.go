@@ -29,6 +29,8 @@ type Metrics struct {
 	AuthTimeouts        prometheus.Counter
 	AuthRateLimited     prometheus.Counter
 	MessagesPaced       prometheus.Counter
+	PingsPaced          prometheus.Counter
+	HTTPAuthRateLimited prometheus.Counter
 	RateLimited         prometheus.Counter
 	DBQuery             *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
@@ -131,6 +133,12 @@ func NewMetrics() *Metrics {
 		MessagesPaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_messages_paced_total", Help: "Times a connection's next message waited because it had sent its messages per second.",
 		}),
+		PingsPaced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_pings_paced_total", Help: "Times a connection's ping waited for its pong because it had sent its pings per second.",
+		}),
+		HTTPAuthRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_http_auth_rate_limited_total", Help: "Signed HTTP requests refused unverified because their address had sent its bad signatures.",
+		}),
 		RateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_publish_rate_limited_total", Help: "Events refused because their pubkey published too fast.",
 		}),
@@ -191,7 +199,7 @@ func NewMetrics() *Metrics {
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
 	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.IngestChangesAlone, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.PingsPaced, m.HTTPAuthRateLimited, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,8 +30,13 @@ const replaySlack = 60 * time.Second
 // purgeEvery bounds how often one community's expired claims are purged.
 const purgeEvery = time.Minute
 
-// authError is a NIP-98 refusal; Reason is sent to the client with 401.
-type authError struct{ Reason string }
+// authError is a NIP-98 refusal; Reason is sent to the client with 401,
+// or with 429 and Retry-After when RetryAfter is set (the signature was
+// not checked: see httpSignatures).
+type authError struct {
+	Reason     string
+	RetryAfter time.Duration
+}
 
 func (e *authError) Error() string { return e.Reason }
 
@@ -51,14 +58,22 @@ func (s *Server) checkHTTPAuth(r *http.Request) (*nostr.Event, error) {
 // RELAY_OPERATOR_API_ORIGIN, not from the Host a proxy forwarded), and the
 // payload tag is required.
 func (s *Server) verifyOperatorAuth(r *http.Request, body []byte, expectedURL string) (*nostr.Event, error) {
-	ev, err := s.verifyHTTPAuth(r, expectedURL)
+	ev, err := s.authHeaderEvent(r.Header.Get("Authorization"))
 	if err != nil {
+		return nil, err
+	}
+	if ev, err = s.bindHTTPAuth(ev, r, expectedURL); err != nil {
 		return nil, err
 	}
 	if ev.Tags.First("payload") == nil {
 		return nil, authFail("auth event has no payload tag")
 	}
-	return ev, checkPayload(ev, body)
+	if err := checkPayload(ev, body); err != nil {
+		return nil, err
+	}
+	// The operator's listener is not the public one: its clients are not
+	// counted per address.
+	return ev, verifyAuthEvent(ev)
 }
 
 func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Event, error) {
@@ -66,12 +81,62 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 	if err != nil {
 		return nil, err
 	}
-	return s.bindHTTPAuth(ev, r, expectedURL)
+	if ev, err = s.bindHTTPAuth(ev, r, expectedURL); err != nil {
+		return nil, err
+	}
+	return ev, s.verifyHTTPSignature(r, ev)
 }
 
-// authHeaderEvent decodes, parses and verifies the signed event of a
-// "Nostr <base64 event>" Authorization header, whatever its kind (NIP-98
-// and Blossom share the form).
+// verifyHTTPSignature checks ev's id and signature, last, once every check
+// that costs nothing passed, and only while the client's address may have
+// it checked (httpSignatures): past that, the refusal is 429 with
+// Retry-After and the signature is not checked.
+func (s *Server) verifyHTTPSignature(r *http.Request, ev *nostr.Event) error {
+	addr := addressBucket(s.clientAddr(r))
+	retry, ok, charged := s.httpSignatures.allow(addr, ev.PubKey, s.now())
+	if !ok {
+		s.metrics.HTTPAuthRateLimited.Inc()
+		return &authError{
+			Reason:     fmt.Sprintf("rate-limited: too many requests with bad signatures from this address; try again in %s", retry),
+			RetryAfter: retry,
+		}
+	}
+	err := verifyAuthEvent(ev)
+	// An id that does not match costs a hash, not a signature check.
+	var ae *authError
+	badID := errors.As(err, &ae) && ae.Reason == authEventBadID
+	switch {
+	case !badID:
+		s.httpSignatures.outcome(addr, ev.PubKey, charged, err == nil)
+	case charged:
+		s.httpSignatures.uncharge(addr)
+	}
+	return err
+}
+
+const authEventBadID = "auth event id does not match its content"
+
+// retryAfterSeconds is a Retry-After header's value for d: whole seconds,
+// rounded up.
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)
+}
+
+// verifyAuthEvent checks an auth event's id and signature.
+func verifyAuthEvent(ev *nostr.Event) error {
+	if err := ev.Verify(); err != nil {
+		if errors.Is(err, nostr.ErrBadID) {
+			return authFail(authEventBadID)
+		}
+		return authFail("auth event: %v", err)
+	}
+	return nil
+}
+
+// authHeaderEvent decodes and parses the event of a "Nostr <base64
+// event>" Authorization header, whatever its kind (NIP-98 and Blossom
+// share the form); its signature is checked last, by the caller
+// (verifyHTTPSignature), once the checks that cost nothing passed.
 func (s *Server) authHeaderEvent(header string) (*nostr.Event, error) {
 	if header == "" {
 		return nil, authFail("missing Authorization header; send Authorization: Nostr <base64 kind 27235 event>")
@@ -92,16 +157,10 @@ func (s *Server) authHeaderEvent(header string) (*nostr.Event, error) {
 	if err != nil {
 		return nil, authFail("auth event: %v", err)
 	}
-	if err := ev.Verify(); err != nil {
-		if errors.Is(err, nostr.ErrBadID) {
-			return nil, authFail("auth event id does not match its content")
-		}
-		return nil, authFail("auth event: %v", err)
-	}
 	return ev, nil
 }
 
-// bindHTTPAuth checks that ev, a verified auth event, is a NIP-98 event
+// bindHTTPAuth checks that ev, an auth event not yet verified, is a NIP-98 event
 // for this request: its kind, its time window, its u tag (expectedURL) and
 // its method.
 func (s *Server) bindHTTPAuth(ev *nostr.Event, r *http.Request, expectedURL string) (*nostr.Event, error) {

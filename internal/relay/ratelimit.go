@@ -125,3 +125,14 @@ const (
 func rateLimitedReason(retryAfter time.Duration) string {
 	return fmt.Sprintf("rate-limited: publishing too fast; try again in %s", retryAfter)
 }
+
+// giveBack returns a token Allow took from (community, pubkey)'s bucket, up
+// to the burst: the thing it was taken for turned out not to count.
+func (l *TokenBuckets) giveBack(community uuid.UUID, pubkey string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if el, ok := l.byKey[bucketKey{community, pubkey}]; ok {
+		b := el.Value.(*keyedBucket)
+		b.tokens = min(l.burst, b.tokens+1)
+	}
+}

@@ -73,6 +73,9 @@ type Server struct {
 	// PublishLimiter bounds how fast one pubkey publishes in one community.
 	// Replace it before serving to share limits between processes.
 	PublishLimiter PublishLimiter
+	// httpSignatures bounds the bad signatures of signed HTTP requests
+	// checked per client address.
+	httpSignatures *httpSignatures
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
@@ -169,6 +172,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
+		httpSignatures:    newHTTPSignatures(),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
@@ -551,11 +555,14 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		return
 	}
 	hw := &hijackWriter{ResponseWriter: w}
+	// Set below, before anything reads from ws (the only reader of pings).
+	var c *conn
 	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 		// Nostr clients connect from any origin; authentication is NIP-42
 		// signatures, never cookies, so there is no CSRF surface to guard.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
+		OnPingReceived:     func(context.Context, []byte) bool { return c.pacePing() },
 	})
 	if err != nil {
 		s.release(addr)
@@ -566,7 +573,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	ws.SetReadLimit(int64(s.cfg.MaxMessageBytes) * 4)
 	// Its reads count against its address's share of the read slots.
 	ctx, cancel := context.WithCancel(eventstore.WithClient(context.Background(), addressBucket(addr)))
-	c := &conn{
+	c = &conn{
 		srv:       s,
 		ws:        ws,
 		sock:      hw.conn,
