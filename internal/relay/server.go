@@ -60,6 +60,7 @@ type Server struct {
 	access   *access.Cache
 	metrics  *Metrics
 	log      *slog.Logger
+	outage   *outageLog // one line per database outage, not one per request
 	limits   nostr.Limits
 	clock    clock.Clock      // the one time source, handed to every service
 	now      func() time.Time // clock.Now
@@ -179,6 +180,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
+	s.outage = newOutageLog(log, pool.Ping, s.now)
 	s.releaseRetries.onAbandoned = func(n int) {
 		s.metrics.MediaQuotaReleaseFailures.WithLabelValues("abandoned").Add(float64(n))
 		s.log.Error("media quota releases abandoned: Shutdown's time ran out; their communities' counts stay high", "releases", n)
@@ -513,7 +515,9 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			return
 		}
 		if err != nil {
-			s.log.Error("resolve community", "host", r.Host, "err", err)
+			if !s.outage.failed(err, "resolve community") {
+				s.log.Error("resolve community", "host", r.Host, "err", err)
+			}
 			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
@@ -621,6 +625,7 @@ func (s *Server) forget(c *conn) {
 // then it has the media quota releases still being retried make their last
 // attempt, and waits for them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.outage.stop()
 	err := s.closeConnections(ctx)
 	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
 		err = rerr
