@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/redisserver"
 )
 
 // lines returns the relay's JSON log lines with message msg, and counts
@@ -121,4 +123,46 @@ func TestRelayProcessLogsADatabaseOutageOnce(t *testing.T) {
 	require.GreaterOrEqual(t, back[0]["failed_requests"], float64(publishes+reads+requests), "%v", back[0])
 	down, _ = p.logs.lines("database unreachable: requests fail until it answers again; not logged one by one")
 	require.Len(t, down, 1)
+}
+
+// While Redis is down the Redis client library retries its dials and, left
+// to itself, writes a plain-text line to stderr for each failed one
+// (several a second), outside the JSON log; the relay already says once
+// that it lost Redis and once that it is back. Every line the process
+// writes through a Redis outage is JSON.
+// Mutation killed: the library's own logger left in place (its "failed to
+// dial after 5 attempts" lines, one per attempt, break the JSON log).
+func TestRelayProcessLogThroughARedisOutageIsJSON(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildRelay(t)
+	databaseURL := dbtest.URL(t)
+	redis, err := redisserver.Start(ctx)
+	require.NoError(t, err)
+	t.Cleanup(redis.Close)
+	p := startRelayProcess(t, bin, "redis-outage", map[string]string{
+		"BUZZ_DATABASE_URL": withAppName(t, databaseURL, "redis-outage"),
+		"BUZZ_REDIS_URL":    redis.URL(),
+	})
+	p.waitRedisConnected(t)
+
+	redis.Kill()
+	require.Eventually(t, func() bool {
+		lost, _ := p.logs.lines("redis: lost the other relays' live traffic; serving local subscribers only, resubscribing")
+		return len(lost) == 1
+	}, 30*time.Second, 20*time.Millisecond, "the relay never noticed Redis was gone")
+	// Publishes meanwhile: each asks the shared rate limiter, and is
+	// published to the others, through Redis; each of those dials fails.
+	pub := p.client(t, nil)
+	for i := range 30 {
+		r := pub.Publish(pub.Sign(1, fmt.Sprintf("while Redis is down %d", i), nil, 0))
+		require.True(t, r.OK, r.Msg)
+	}
+	require.NoError(t, redis.Restart(ctx))
+	p.waitRedisConnected(t)
+
+	_, notJSON := p.logs.lines("")
+	require.Zero(t, notJSON, "lines outside the JSON log:\n%s", p.logs.String())
+	lost, _ := p.logs.lines("redis: lost the other relays' live traffic; serving local subscribers only, resubscribing")
+	require.Len(t, lost, 1, "the loss is logged once")
 }
