@@ -102,7 +102,7 @@ func TestRelayProcessLogsADatabaseOutageOnce(t *testing.T) {
 		require.Equal(t, "error: database unavailable; try again", body["error"])
 	}
 
-	for _, msg := range []string{"ingest failed", "read failed", "resolve community"} {
+	for _, msg := range []string{"ingest failed", "read failed", "resolve community", "channel lists: fold failed"} {
 		one, _ := p.logs.lines(msg)
 		require.Zero(t, len(one), "%q logged per request during the outage", msg)
 	}
