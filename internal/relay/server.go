@@ -404,6 +404,12 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	// A community-scoped table without its write fence would let writes
 	// land in a community being deleted: not ready until it is fixed.
 	if err := deletion.CheckReady(ctx, s.pool); err != nil {
+		if !errors.Is(err, deletion.ErrCatalogUnsafe) {
+			// The check could not run: /ready is public, so the server's
+			// message (values, names, a backend's FATAL) stays in the log.
+			s.log.Warn("readiness check failed", "err", err)
+			return http.StatusServiceUnavailable, map[string]string{"status": "readiness check failed"}
+		}
 		return http.StatusServiceUnavailable, map[string]string{"status": "community write fence incomplete", "detail": err.Error()}
 	}
 	ready := map[string]string{"status": "ready"}
