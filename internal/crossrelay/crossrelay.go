@@ -340,6 +340,11 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 	// 500 ms); without this the client ignores it and a stalled Redis
 	// holds each call for the client's socket read timeout (5 s) instead.
 	opts.ContextTimeoutEnabled = true
+	// The library writes a plain-text line to stderr for every dial it gives
+	// up on, several a second while Redis is down, outside the JSON log;
+	// the bus says once itself that Redis is lost and once that it is back.
+	// The library's lines go to the debug level.
+	redis.SetLogger(libraryLog{log})
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	origin := hex.EncodeToString(id[:])
@@ -361,6 +366,13 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 		start:    time.Now(),
 		stall:    stallAfter,
 	}, nil
+}
+
+// libraryLog takes the Redis client library's own log lines, at debug.
+type libraryLog struct{ log *slog.Logger }
+
+func (l libraryLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 // Connected reports whether the bus is subscribed to the other processes.

@@ -204,6 +204,20 @@ func IsTransient(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
+// IsUnreachable reports whether err means the database could not be
+// reached rather than that it refused the work: a connection that could
+// not be made or was lost, the server shutting down, starting up or out of
+// connection slots. Every request fails the same way until it is back, so
+// such a failure is an outage to report once, not a fault of the request.
+func IsUnreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "57P05") {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || IsTransient(err)
+}
+
 // AsViolation returns the constraint violation err holds, if any.
 func AsViolation(err error) (*Violation, bool) {
 	var v *Violation

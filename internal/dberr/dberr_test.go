@@ -178,6 +178,8 @@ func TestTransientFailuresAreTellable(t *testing.T) {
 	require.True(t, dberr.IsTransient(terminated), "%v", terminated)
 	_, closed := conn.Exec(ctx, `SELECT 1`) // the connection is gone now
 	require.True(t, dberr.IsTransient(closed), "%v", closed)
+	require.True(t, dberr.IsUnreachable(terminated), "%v", terminated)
+	require.True(t, dberr.IsUnreachable(closed), "%v", closed)
 
 	_, err = pool.Exec(ctx, `CREATE TABLE once (id int PRIMARY KEY); INSERT INTO once VALUES (1)`)
 	require.NoError(t, err)
@@ -208,4 +210,13 @@ func TestTransientFailuresAreTellable(t *testing.T) {
 	// client's own doing, sent again on every attempt.
 	require.False(t, dberr.IsTransient(&pgconn.PgError{Code: "08P01"}))
 	require.False(t, dberr.IsTransient(nil))
+	// A lost conflict or an idle session ended is this request's own
+	// trouble, not the database being out of reach.
+	require.False(t, dberr.IsUnreachable(&pgconn.PgError{Code: "40001"}))
+	require.False(t, dberr.IsUnreachable(&pgconn.PgError{Code: "57P05"}))
+	require.True(t, dberr.IsUnreachable(&pgconn.PgError{Code: "57P03"}), "cannot connect now")
+	require.True(t, dberr.IsUnreachable(&pgconn.PgError{Code: "53300"}), "too many connections")
+	require.False(t, dberr.IsUnreachable(duplicate))
+	require.False(t, dberr.IsUnreachable(timedOut))
+	require.False(t, dberr.IsUnreachable(nil))
 }

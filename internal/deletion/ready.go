@@ -2,11 +2,16 @@ package deletion
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/buzzrelay/buzz/internal/db"
 )
+
+// ErrCatalogUnsafe is CheckReady's finding that the catalog is unsafe, as
+// opposed to a check that could not run.
+var ErrCatalogUnsafe = errors.New("community deletion catalog is unsafe")
 
 // CheckReady fails when the catalog is unsafe for community deletion:
 // a community-scoped table without its write fence (named), or the
@@ -24,5 +29,5 @@ func CheckReady(ctx context.Context, conn db.DBTX) error {
 	for _, p := range problems {
 		parts = append(parts, p.Table+": "+p.Problem)
 	}
-	return fmt.Errorf("community deletion catalog is unsafe: %s", strings.Join(parts, "; "))
+	return fmt.Errorf("%w: %s", ErrCatalogUnsafe, strings.Join(parts, "; "))
 }

@@ -743,7 +743,9 @@ func (c *conn) onEvent(ev *nostr.Event) {
 			return
 		}
 		c.rejected("error")
-		c.log.Error("ingest failed", "event", ev.ID, "kind", ev.Kind, "err", err)
+		if !c.srv.outage.failed(err, "ingest") {
+			c.log.Error("ingest failed", "event", ev.ID, "kind", ev.Kind, "err", err)
+		}
 		_ = c.send(nostr.EncodeOK(ev.ID, false, "error: could not store the event; try again"))
 		return
 	}
@@ -1023,7 +1025,9 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 			c.log.Error("read failed", "sub", subID, "err", err)
 		default:
 			reason = "error: query failed"
-			c.log.Error("read failed", "sub", subID, "err", err)
+			if !c.srv.outage.failed(err, "read") {
+				c.log.Error("read failed", "sub", subID, "err", err)
+			}
 		}
 	}
 	_ = c.send(nostr.EncodeClosed(subID, reason))

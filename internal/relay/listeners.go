@@ -79,7 +79,11 @@ func (s *Server) RunReapers(ctx context.Context) {
 // membership changes are due (ingest.FoldChannelLists) until ctx ends. Run
 // it on every pod: each due channel is claimed by one.
 func (s *Server) RunListFolder(ctx context.Context) {
-	s.pipeline.RunListFolder(ctx, func(err error) { s.log.Warn("channel lists: fold failed", "err", err) })
+	s.pipeline.RunListFolder(ctx, func(err error) {
+		if !s.outage.failed(err, "channel lists fold") {
+			s.log.Warn("channel lists: fold failed", "err", err)
+		}
+	})
 }
 
 // serveOperatorListeners is POST/DELETE /operator/listener/pubkeys. It is

@@ -63,6 +63,7 @@ type Server struct {
 	access   *access.Cache
 	metrics  *Metrics
 	log      *slog.Logger
+	outage   *outageLog // one line per database outage, not one per request
 	limits   nostr.Limits
 	clock    clock.Clock      // the one time source, handed to every service
 	now      func() time.Time // clock.Now
@@ -186,6 +187,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
+	s.outage = newOutageLog(log, pool.Ping, s.now)
 	s.releaseRetries.onAbandoned = func(n int) {
 		s.metrics.MediaQuotaReleaseFailures.WithLabelValues("abandoned").Add(float64(n))
 		s.log.Error("media quota releases abandoned: Shutdown's time ran out; their communities' counts stay high", "releases", n)
@@ -409,6 +411,12 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	// A community-scoped table without its write fence would let writes
 	// land in a community being deleted: not ready until it is fixed.
 	if err := deletion.CheckReady(ctx, s.pool); err != nil {
+		if !errors.Is(err, deletion.ErrCatalogUnsafe) {
+			// The check could not run: /ready is public, so the server's
+			// message (values, names, a backend's FATAL) stays in the log.
+			s.log.Warn("readiness check failed", "err", err)
+			return http.StatusServiceUnavailable, map[string]string{"status": "readiness check failed"}
+		}
 		return http.StatusServiceUnavailable, map[string]string{"status": "community write fence incomplete", "detail": err.Error()}
 	}
 	ready := map[string]string{"status": "ready"}
@@ -523,7 +531,9 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			return // the client left during the lookup: no one to answer, nothing wrong
 		}
 		if err != nil {
-			s.log.Error("resolve community", "host", r.Host, "err", err)
+			if !s.outage.failed(err, "resolve community") {
+				s.log.Error("resolve community", "host", r.Host, "err", err)
+			}
 			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
@@ -634,6 +644,7 @@ func (s *Server) forget(c *conn) {
 // then it has the media quota releases still being retried make their last
 // attempt, and waits for them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.outage.stop()
 	err := s.closeConnections(ctx)
 	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
 		err = rerr
