@@ -227,7 +227,7 @@ func (m *OversizedMessage) endString() {
 	case m.depth == 2 && m.inEvent && m.wantKey:
 		m.keyIsID = ok && string(s) == "id"
 	case m.depth == 2 && m.inEvent && m.keyIsID:
-		if ok && isLowerHex(s, 64) {
+		if ok && answerableID(s) {
 			m.id = string(s)
 			m.done = true
 		}
