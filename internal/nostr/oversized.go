@@ -248,14 +248,9 @@ func (m *OversizedMessage) decodeKept() (s []byte, ok bool) {
 	return s, ok
 }
 
-// ReqSubID is the subscription id of an oversized REQ, "" when the message
-// is not a REQ or its id could not be read.
-func (m *OversizedMessage) ReqSubID() string {
-	if m.verb != "REQ" {
-		return ""
-	}
-	return m.subID
-}
+// SubID is the subscription id the refusal closes, an oversized REQ's or
+// COUNT's; "" when the message is neither or its id could not be read.
+func (m *OversizedMessage) SubID() string { return m.subID }
 
 // Refusal is the answer to the message: OK false for an EVENT whose id was
 // read, CLOSED for a REQ or COUNT whose subscription id was, a NOTICE

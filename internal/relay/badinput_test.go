@@ -221,11 +221,14 @@ func TestFrameBeyondHardCapClosesWith1009(t *testing.T) {
 // subscription's id replaces it whatever becomes of the new one, so one
 // refused before it is read (malformed, or too large to keep) and answered
 // CLOSED for that id ends the old subscription too: the client was told
-// the id is closed, and nothing more is sent under it. The writer's OK
-// comes after its event's local fan-out, so the reader's COUNT answer,
-// asked after that OK, would come after an EVENT for the old subscription.
+// the id is closed, and nothing more is sent under it. A refused COUNT
+// reusing the id answers the same CLOSED, which go-nostr and nostr-tools
+// read as the end of their REQ, so it ends the REQ too, whether it was
+// refused unread or by the read scope. The writer's OK comes after its
+// event's local fan-out, so the reader's COUNT answer, asked after that
+// OK, would come after an EVENT for the old subscription.
 //
-// Mutation killed: either refusal answering CLOSED without ending the
+// Mutation killed: any of the refusals answering CLOSED without ending the
 // subscription (the EVENT for "s" arrives before the COUNT).
 func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
 	t.Parallel()
@@ -234,16 +237,19 @@ func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
 	reader.Auth(nil)
 	writer.Auth(nil)
 	author := writer.Key.PublicKeyHex()
-	for _, refused := range []struct{ name, frame string }{
-		{"malformed", `["REQ","s",{"kinds":["1"]}]`},
-		{"oversized", `["REQ","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`},
+	for _, refused := range []struct{ name, frame, prefix string }{
+		{"malformed REQ", `["REQ","s",{"kinds":["1"]}]`, "invalid: "},
+		{"oversized REQ", `["REQ","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`, "invalid: "},
+		{"malformed COUNT", `["COUNT","s",{"kinds":["1"]}]`, "invalid: "},
+		{"oversized COUNT", `["COUNT","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`, "invalid: "},
+		{"COUNT the read scope refuses", `["COUNT","s",{"kinds":[1059]}]`, "restricted: "},
 	} {
 		reader.Send("REQ", "s", map[string]any{"authors": []string{author}, "limit": 0})
 		require.Equal(t, "s", reader.Expect("EOSE").SubID)
 		reader.SendRaw(refused.frame)
 		closed := reader.Expect("CLOSED")
 		require.Equal(t, "s", closed.SubID, refused.name)
-		require.True(t, strings.HasPrefix(closed.Msg, "invalid: "), "%s: %q", refused.name, closed.Msg)
+		require.True(t, strings.HasPrefix(closed.Msg, refused.prefix), "%s: %q", refused.name, closed.Msg)
 
 		require.True(t, writer.Publish(writer.Sign(1, refused.name, nil, 0)).OK)
 		reader.Send("COUNT", "after", map[string]any{"authors": []string{author}})

@@ -256,9 +256,7 @@ func (c *conn) run() {
 			continue
 		}
 		if data == nil {
-			if subID := oversized.ReqSubID(); subID != "" {
-				c.endSub(subID)
-			}
+			c.endSub(oversized.SubID())
 			_ = c.send(oversized.Refusal(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
@@ -608,9 +606,7 @@ func (c *conn) replyParseError(err error) {
 		c.rejected("invalid")
 		_ = c.send(nostr.EncodeOK(pe.EventID, false, reason))
 	case (pe.Verb == "REQ" || pe.Verb == "COUNT") && pe.SubID != "":
-		if pe.Verb == "REQ" {
-			c.endSub(pe.SubID)
-		}
+		c.endSub(pe.SubID)
 		_ = c.send(nostr.EncodeClosed(pe.SubID, reason))
 	default:
 		_ = c.send(nostr.EncodeNotice(reason))
@@ -620,7 +616,10 @@ func (c *conn) replyParseError(err error) {
 // endSub ends the open subscription subID, if there is one (an id with
 // none takes no lock of the hub). A REQ replaces the subscription of its
 // id whatever becomes of it: a refused one's CLOSED tells the client that
-// id is closed, and left open it went on delivering.
+// id is closed, and left open it went on delivering. A refused COUNT's
+// CLOSED says the same to a client that reused an open REQ's id (go-nostr
+// and nostr-tools end the subscription of the id a CLOSED names), so it
+// ends that REQ too, rather than keep delivering under a closed id.
 func (c *conn) endSub(subID string) {
 	if _, open := c.subs[subID]; open {
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
@@ -960,6 +959,7 @@ func (h *historyIDs) contains(rawEvent []byte) bool {
 
 func (c *conn) onCount(subID string, filters nostr.Filters) {
 	if c.pubkey == "" {
+		// No subscription is open before AUTH: nothing to end.
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before counting"))
 		return
 	}
@@ -985,8 +985,10 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 }
 
 // refuse answers a REQ/COUNT with CLOSED: the given reason, or one derived
-// from an internal error (logged; a timeout says so).
+// from an internal error (logged; a timeout says so). The subscription of
+// that id, if one is open, ends: the CLOSED tells the client so.
 func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
+	c.endSub(subID)
 	if err != nil {
 		if c.ctx.Err() != nil {
 			return // the connection is going away
