@@ -248,6 +248,15 @@ func (m *OversizedMessage) decodeKept() (s []byte, ok bool) {
 	return s, ok
 }
 
+// EventID is the id of an oversized EVENT, the one its OK refusal names; ""
+// when the message is not an EVENT or its id could not be read.
+func (m *OversizedMessage) EventID() string {
+	if m.verb != "EVENT" {
+		return ""
+	}
+	return m.id
+}
+
 // SubID is the subscription id the refusal closes, an oversized REQ's or
 // COUNT's; "" when the message is neither or its id could not be read.
 func (m *OversizedMessage) SubID() string { return m.subID }
@@ -257,7 +266,7 @@ func (m *OversizedMessage) SubID() string { return m.subID }
 // otherwise; reason carries its NIP-01 prefix.
 func (m *OversizedMessage) Refusal(reason string) []byte {
 	switch {
-	case m.verb == "EVENT" && m.id != "":
+	case m.EventID() != "":
 		return EncodeOK(m.id, false, reason)
 	case m.subID != "":
 		return EncodeClosed(m.subID, reason)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -256,4 +257,35 @@ func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
 		reply := reader.NextReply()
 		require.Equal(t, "COUNT", reply.Verb, "%s: the subscription the CLOSED named still delivered %+v", refused.name, reply)
 	}
+}
+
+// TestOversizedEventIsCountedAsRejected: an EVENT refused by its size
+// (answered OK false, "invalid: message of N bytes ...") counts in
+// buzz_events_rejected_total under reason "invalid", as an event refused by
+// its content's length does; an oversized REQ is not an event and does not.
+//
+// Mutation killed: the oversized refusal sent without counting (the count
+// stays at the one content-length refusal).
+func TestOversizedEventIsCountedAsRejected(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 4 << 10; c.MaxContentLength = 100 })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	rejected := func() float64 {
+		return testutil.ToFloat64(r.Server.Metrics().EventsRejected.WithLabelValues("invalid"))
+	}
+
+	long := c.Publish(c.Sign(1, strings.Repeat("x", 101), nil, 0))
+	require.False(t, long.OK)
+	require.Contains(t, long.Msg, "invalid: content too long")
+	require.Equal(t, 1.0, rejected())
+
+	c.SendRaw(`["REQ","big",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`)
+	require.Equal(t, "big", c.Expect("CLOSED").SubID)
+	require.Equal(t, 1.0, rejected(), "an oversized REQ is no event")
+
+	big := c.Publish(c.Sign(1, strings.Repeat("x", 100), nostr.Tags{{"t", strings.Repeat("v", 8<<10)}}, 0))
+	require.False(t, big.OK)
+	require.Contains(t, big.Msg, "invalid: message of ")
+	require.Equal(t, 2.0, rejected())
 }

@@ -257,6 +257,11 @@ func (c *conn) run() {
 		}
 		if data == nil {
 			c.endSub(oversized.SubID())
+			if oversized.EventID() != "" {
+				// An event refused by its size, as one refused by its
+				// content's length or its tags' count is.
+				c.rejected("invalid")
+			}
 			_ = c.send(oversized.Refusal(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
 		}
