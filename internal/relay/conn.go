@@ -240,7 +240,7 @@ func (c *conn) run() {
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messages = tokenBucket{tokens: 2 * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
+	c.messages = tokenBucket{tokens: messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
 	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
 	for {
 		c.pace()
@@ -271,8 +271,15 @@ func (c *conn) run() {
 	}
 }
 
+// messageBurstSeconds is how many seconds of MessagesPerSecond a
+// connection may send at once: a client looking up 300 profiles at start,
+// a REQ and a CLOSE each, is read at once rather than over four seconds.
+// The sustained rate is what bounds a flood; see docs/limits.md.
+const messageBurstSeconds = 10
+
 // pace waits, before the next message is read, until the connection may
-// have one more: MessagesPerSecond sustained, twice that at once. Every
+// have one more: MessagesPerSecond sustained, messageBurstSeconds' worth at
+// once. Every
 // message costs the relay a parse, a reply and a wake-up of two goroutines
 // whatever it says, while a client writes thousands in one system call:
 // unpaced, four connections sending CLOSE frames kept two thirds of a core
@@ -282,7 +289,7 @@ func (c *conn) run() {
 func (c *conn) pace() {
 	rate := float64(c.srv.cfg.MessagesPerSecond)
 	for counted := false; ; {
-		wait, ok := c.messages.take(c.srv.now(), rate, 2*rate)
+		wait, ok := c.messages.take(c.srv.now(), rate, messageBurstSeconds*rate)
 		if ok {
 			return
 		}
