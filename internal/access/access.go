@@ -229,13 +229,18 @@ func loadAtLeast[K comparable, V any](c *Cache, a *answers[K, V], community uuid
 	l.inFlight++
 	generation, epoch := l.generation, c.epoch
 	c.mu.Unlock()
-	v, err := fetch()
-	loadedAt := c.now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l.inFlight--; l.inFlight == 0 {
-		delete(c.loading, community)
-	}
+	// The read leaves the count however fetch ends, a panic included (the
+	// connection that panicked is closed, the process goes on): left
+	// counted, the community's entry outlived every read for good. It
+	// leaves in the same hold of the lock that decides whether the answer
+	// is stored, so an invalidation cannot fall between the two.
+	defer func() {
+		if l.inFlight--; l.inFlight == 0 {
+			delete(c.loading, community)
+		}
+		c.mu.Unlock()
+	}()
+	v, loadedAt, err := fetchThenLock(c, fetch)
 	if err != nil {
 		return v, err
 	}
@@ -254,6 +259,14 @@ func loadAtLeast[K comparable, V any](c *Cache, a *answers[K, V], community uuid
 	}
 	a.put(community, k, cached[V]{value: v, loadedAt: loadedAt})
 	return v, nil
+}
+
+// fetchThenLock runs fetch and reads the clock when it returns, then
+// takes c.mu, whether fetch returned or panicked.
+func fetchThenLock[V any](c *Cache, fetch func() (V, error)) (v V, loadedAt time.Time, err error) {
+	defer c.mu.Lock()
+	v, err = fetch()
+	return v, c.now(), err
 }
 
 // maxEntries bounds each kind of answer the cache holds, over all

@@ -380,3 +380,45 @@ func BenchmarkInvalidateAmongOtherCommunities(b *testing.B) {
 		c.Invalidate(community)
 	}
 }
+
+// A read whose fetch panics (the connection that ran it is closed, the
+// process goes on) leaves the count of reads in flight as one that
+// returned does: the cache's lock is free, the next read of the key
+// completes and is stored, a read in flight beside it still sees a later
+// invalidation, and once every read has ended no entry is left.
+// Mutation killed: the count taken down only after fetch returns (the
+// community's entry stays for good).
+func TestPanickingReadLeavesNoCount(t *testing.T) {
+	t.Parallel()
+	cache := NewCache(nil, time.Hour, time.Now)
+	community := uuid.New()
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := load(cache, &cache.readable, community, "slow", func() (Channels, error) {
+			close(started)
+			<-release
+			return Channels{}, nil
+		})
+		done <- err
+	}()
+	<-started
+
+	require.PanicsWithValue(t, "fetch failed", func() {
+		_, _ = load(cache, &cache.readable, community, "panics", func() (Channels, error) { panic("fetch failed") })
+	})
+	next, err := load(cache, &cache.readable, community, "panics", func() (Channels, error) {
+		return Channels{community: {}}, nil
+	})
+	require.NoError(t, err)
+	require.True(t, next.Has(community))
+
+	cache.Invalidate(community)
+	close(release)
+	require.NoError(t, <-done)
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	_, stored := cache.readable.get(community, "slow")
+	require.False(t, stored, "an answer read across an invalidation was kept")
+	require.Empty(t, cache.loading, "a panicked read is still counted")
+}

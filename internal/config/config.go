@@ -29,7 +29,7 @@ type Config struct {
 
 	MaxMessageBytes   int           // largest client message kept; larger ones are refused unread (up to 4x)
 	MaxSubscriptions  int           // open REQs per connection
-	MessagesPerSecond int           // messages one connection has read per second, sustained (twice as many at once)
+	MessagesPerSecond int           // messages one connection has read per second, sustained (ten times as many at once)
 	MaxFilters        int           // filters per REQ/COUNT
 	MaxLimit          int           // per-filter cap on stored results (also the default)
 	MaxEventTags      int           // tags per event

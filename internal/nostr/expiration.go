@@ -6,20 +6,38 @@ import (
 )
 
 // errExpiration is an expiration tag whose value is not a timestamp.
-var errExpiration = errors.New("the expiration tag must hold a unix time in seconds (NIP-40)")
+var errExpiration = errors.New("the expiration tag must hold a unix time in seconds, in decimal digits without sign, spaces or leading zeros (NIP-40)")
 
 // Expiration is the NIP-40 expiration of ev: the unix time (seconds) of
 // its first expiration tag; ok is false without one. A value that is not a
-// non-negative integer is an error: a client that set it expects its event
-// to go, and storing it forever would not.
+// timestamp is an error: a client that set it expects its event to go, and
+// storing it forever would not.
 func (ev *Event) Expiration() (at int64, ok bool, err error) {
 	tag := ev.Tags.First("expiration")
 	if tag == nil {
 		return 0, false, nil
 	}
-	at, err = strconv.ParseInt(tag[1], 10, 64)
-	if err != nil || at < 0 {
+	at, ok = parseTimestamp(tag[1])
+	if !ok {
 		return 0, false, errExpiration
 	}
 	return at, true, nil
+}
+
+// parseTimestamp reads s as a timestamp is written in JSON's created_at:
+// the decimal digits of a non-negative integer, no sign, no spaces, no
+// leading zeros. strconv.ParseInt alone takes "+5" and "-0" and "007": a
+// relay reading those where others refuse them would keep an event other
+// relays drop, or drop it where they keep it.
+func parseTimestamp(s string) (int64, bool) {
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	at, err := strconv.ParseInt(s, 10, 64)
+	return at, err == nil
 }

@@ -56,7 +56,7 @@ func FuzzParseClientMessage(f *testing.F) {
 			require.True(t, ok, "error type %T", err)
 			require.NotEmpty(t, pe.Msg)
 			if pe.EventID != "" {
-				require.True(t, IsHex64(pe.EventID))
+				require.True(t, answerableID([]byte(pe.EventID)), "%q", pe.EventID)
 				require.Contains(t, []string{"EVENT", "AUTH"}, pe.Verb)
 			}
 			if pe.SubID != "" {

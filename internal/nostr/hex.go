@@ -1,5 +1,7 @@
 package nostr
 
+import "unicode/utf8"
+
 const hexDigits = "0123456789abcdef"
 
 // lowerHexVal maps a byte to its value as a lowercase hex digit, or 0xff.
@@ -77,4 +79,13 @@ func hexEqual(b []byte, s string) bool {
 		}
 	}
 	return true
+}
+
+// answerableID reports whether s, an event id refused for its form
+// (uppercase hex, the wrong length), may still name the refusal: NIP-01
+// answers every EVENT with OK for the id sent, and a client matches the
+// answer to its publish by that id, whatever it is. Past 64 characters,
+// the longest a subscription id may be, it is not an id any client means.
+func answerableID(s []byte) bool {
+	return len(s) > 0 && (len(s) <= 64 || utf8.RuneCount(s) <= 64)
 }

@@ -69,8 +69,9 @@ func (*AuthMessage) isClientMessage()  {}
 // ParseError describes a rejected client message. Msg is short and human
 // readable, without the "invalid: " prefix. Verb is the message type when it
 // was recognised, SubID the subscription id when it was valid, and EventID
-// the event id when it was well-formed hex, so the relay can answer with OK,
-// CLOSED or NOTICE as appropriate.
+// the event id as sent when it was a string the answer may name (lowercase
+// hex or not, see answerableID), so the relay can answer with OK, CLOSED or
+// NOTICE as appropriate.
 type ParseError struct {
 	Verb    string
 	SubID   string

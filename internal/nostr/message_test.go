@@ -129,8 +129,15 @@ func TestParseClientMessageBad(t *testing.T) {
 		{"missing tags", ev(fID, fPubKey, fCreated, fKind, fContent, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: `missing field "tags"`}},
 		{"missing content", ev(fID, fPubKey, fCreated, fKind, fTags, fSig), ParseError{Verb: "EVENT", EventID: hexA, Msg: `missing field "content"`}},
 		{"missing sig", ev(fID, fPubKey, fCreated, fKind, fTags, fContent), ParseError{Verb: "EVENT", EventID: hexA, Msg: `missing field "sig"`}},
-		{"uppercase id", ev(`"id":"`+strings.ToUpper(hexA)+`"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", Msg: "id must be 64-char lowercase hex"}},
-		{"short id", ev(`"id":"abc"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", Msg: "id must be 64-char lowercase hex"}},
+		// An id refused for its form is still the one the client waits
+		// on an OK for, up to 64 characters, escapes decoded.
+		{"uppercase id", ev(`"id":"`+strings.ToUpper(hexA)+`"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: strings.ToUpper(hexA), Msg: "id must be 64-char lowercase hex"}},
+		{"short id", ev(`"id":"abc"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: "abc", Msg: "id must be 64-char lowercase hex"}},
+		{"escaped id", ev(`"id":"a\u0042c"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: "aBc", Msg: "id must be 64-char lowercase hex"}},
+		{"64-character id", ev(`"id":"`+strings.Repeat("é", 64)+`"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: strings.Repeat("é", 64), Msg: "id must be 64-char lowercase hex"}},
+		{"65-character id", ev(`"id":"`+strings.Repeat("a", 65)+`"`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", Msg: "id must be 64-char lowercase hex"}},
+		{"empty id", ev(`"id":""`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", Msg: "id must be 64-char lowercase hex"}},
+		{"uppercase id after a bad field", ev(`"kind":"x"`, `"id":"`+strings.ToUpper(hexA)+`"`, fPubKey, fCreated, fTags, fContent, fSig), ParseError{Verb: "EVENT", EventID: strings.ToUpper(hexA), Msg: "kind must be an integer between 0 and 65535"}},
 		{"numeric id", ev(`"id":1`, fPubKey, fCreated, fKind, fTags, fContent, fSig), ParseError{Verb: "EVENT", Msg: "id must be 64-char lowercase hex"}},
 		{"bad pubkey, id after", ev(`"pubkey":"xyz"`, fCreated, fKind, fTags, fContent, fSig, fID), ParseError{Verb: "EVENT", EventID: hexA, Msg: "pubkey must be 64-char lowercase hex"}},
 		{"short sig", ev(fID, fPubKey, fCreated, fKind, fTags, fContent, `"sig":"`+hexA+`"`), ParseError{Verb: "EVENT", EventID: hexA, Msg: "sig must be 128-char lowercase hex"}},

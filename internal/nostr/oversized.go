@@ -227,7 +227,7 @@ func (m *OversizedMessage) endString() {
 	case m.depth == 2 && m.inEvent && m.wantKey:
 		m.keyIsID = ok && string(s) == "id"
 	case m.depth == 2 && m.inEvent && m.keyIsID:
-		if ok && isLowerHex(s, 64) {
+		if ok && answerableID(s) {
 			m.id = string(s)
 			m.done = true
 		}
@@ -248,21 +248,25 @@ func (m *OversizedMessage) decodeKept() (s []byte, ok bool) {
 	return s, ok
 }
 
-// ReqSubID is the subscription id of an oversized REQ, "" when the message
-// is not a REQ or its id could not be read.
-func (m *OversizedMessage) ReqSubID() string {
-	if m.verb != "REQ" {
+// EventID is the id of an oversized EVENT, the one its OK refusal names; ""
+// when the message is not an EVENT or its id could not be read.
+func (m *OversizedMessage) EventID() string {
+	if m.verb != "EVENT" {
 		return ""
 	}
-	return m.subID
+	return m.id
 }
+
+// SubID is the subscription id the refusal closes, an oversized REQ's or
+// COUNT's; "" when the message is neither or its id could not be read.
+func (m *OversizedMessage) SubID() string { return m.subID }
 
 // Refusal is the answer to the message: OK false for an EVENT whose id was
 // read, CLOSED for a REQ or COUNT whose subscription id was, a NOTICE
 // otherwise; reason carries its NIP-01 prefix.
 func (m *OversizedMessage) Refusal(reason string) []byte {
 	switch {
-	case m.verb == "EVENT" && m.id != "":
+	case m.EventID() != "":
 		return EncodeOK(m.id, false, reason)
 	case m.subID != "":
 		return EncodeClosed(m.subID, reason)

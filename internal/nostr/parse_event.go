@@ -35,7 +35,9 @@ var (
 // event decodes one event object. Type and value errors do not stop the scan
 // (only malformed JSON does), so the id can still be reported when it comes
 // after a bad field; the first error in document order wins. id is the event
-// id if it was read and is well-formed, even when err != nil.
+// id if it was read and is well-formed, even when err != nil; with err, it is
+// also an id refused for its form but answerable (answerableID), so the
+// client hears OK for the id it sent.
 func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 	if !d.consume('{') {
 		return nil, "", d.wrongType(errEventObject)
@@ -54,6 +56,7 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 		createdAt int64
 		kind      int64
 		idOK      bool
+		sentID    string // an id refused for its form, as sent
 	)
 	fail := func(e error) {
 		if firstErr == nil {
@@ -68,8 +71,9 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 		fail(bad)
 		return nil
 	}
-	// hexField reads a string that must be n lowercase hex chars into d.str.
-	hexField := func(n int, bad error) (span, bool, error) {
+	// hexField reads a string that must be n lowercase hex chars into d.str;
+	// refused but answerable, it is kept in *refused (if not nil).
+	hexField := func(n int, bad error, refused *string) (span, bool, error) {
 		if d.peek() != '"' {
 			return span{}, false, mismatch(bad)
 		}
@@ -80,6 +84,9 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 			return span{}, false, err
 		}
 		if !isLowerHex(s[off:], n) {
+			if refused != nil && answerableID(s[off:]) {
+				*refused = string(s[off:])
+			}
 			d.str = s[:off]
 			fail(bad)
 			return span{}, false, nil
@@ -92,7 +99,7 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 		if idOK {
 			return string(d.str[idSpan.off:idSpan.end])
 		}
-		return ""
+		return sentID
 	}
 
 	if !d.consume('}') {
@@ -133,11 +140,11 @@ func (d *decoder) event(lim *Limits) (ev *Event, id string, err error) {
 				var ok bool
 				switch field {
 				case fieldID:
-					idSpan, idOK, err = hexField(64, errID)
+					idSpan, idOK, err = hexField(64, errID, &sentID)
 				case fieldPubKey:
-					pkSpan, _, err = hexField(64, errPubKey)
+					pkSpan, _, err = hexField(64, errPubKey, nil)
 				case fieldSig:
-					sigSpan, _, err = hexField(128, errSig)
+					sigSpan, _, err = hexField(128, errSig, nil)
 				case fieldCreatedAt:
 					if createdAt, ok, err = d.intValue(1<<63 - 1); err == nil && !ok {
 						fail(errCreatedAt)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -86,8 +87,9 @@ func TestBadInputCatalogue(t *testing.T) {
 		{"EVENT extra element", strings.TrimSuffix(valid(func(map[string]any) {}), "]") + `,"extra"]`, "OK", "invalid: "},
 		{"id does not match", valid(func(m map[string]any) { m["content"] = "tampered" }), "OK", "invalid: event id does not match"},
 		{"bad signature", valid(func(m map[string]any) { m["sig"] = strings.Repeat("b", 128) }), "OK", "invalid: bad signature"},
-		{"uppercase id", valid(func(m map[string]any) { m["id"] = strings.ToUpper(m["id"].(string)) }), "NOTICE", "invalid: "},
-		{"short id", valid(func(m map[string]any) { m["id"] = "abcd" }), "NOTICE", "invalid: "},
+		{"uppercase id", valid(func(m map[string]any) { m["id"] = strings.ToUpper(m["id"].(string)) }), "OK", "invalid: id must be"},
+		{"short id", valid(func(m map[string]any) { m["id"] = "abcd" }), "OK", "invalid: id must be"},
+		{"numeric id", valid(func(m map[string]any) { m["id"] = 7 }), "NOTICE", "invalid: id must be"},
 		{"pubkey not hex", valid(func(m map[string]any) { m["pubkey"] = strings.Repeat("z", 64) }), "OK", "invalid: "},
 		{"sig too short", valid(func(m map[string]any) { m["sig"] = hex64 }), "OK", "invalid: "},
 		{"missing sig", valid(func(m map[string]any) { delete(m, "sig") }), "OK", "invalid: "},
@@ -221,11 +223,14 @@ func TestFrameBeyondHardCapClosesWith1009(t *testing.T) {
 // subscription's id replaces it whatever becomes of the new one, so one
 // refused before it is read (malformed, or too large to keep) and answered
 // CLOSED for that id ends the old subscription too: the client was told
-// the id is closed, and nothing more is sent under it. The writer's OK
-// comes after its event's local fan-out, so the reader's COUNT answer,
-// asked after that OK, would come after an EVENT for the old subscription.
+// the id is closed, and nothing more is sent under it. A refused COUNT
+// reusing the id answers the same CLOSED, which go-nostr and nostr-tools
+// read as the end of their REQ, so it ends the REQ too, whether it was
+// refused unread or by the read scope. The writer's OK comes after its
+// event's local fan-out, so the reader's COUNT answer, asked after that
+// OK, would come after an EVENT for the old subscription.
 //
-// Mutation killed: either refusal answering CLOSED without ending the
+// Mutation killed: any of the refusals answering CLOSED without ending the
 // subscription (the EVENT for "s" arrives before the COUNT).
 func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
 	t.Parallel()
@@ -234,20 +239,54 @@ func TestRefusedREQEndsTheSubscriptionOfItsID(t *testing.T) {
 	reader.Auth(nil)
 	writer.Auth(nil)
 	author := writer.Key.PublicKeyHex()
-	for _, refused := range []struct{ name, frame string }{
-		{"malformed", `["REQ","s",{"kinds":["1"]}]`},
-		{"oversized", `["REQ","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`},
+	for _, refused := range []struct{ name, frame, prefix string }{
+		{"malformed REQ", `["REQ","s",{"kinds":["1"]}]`, "invalid: "},
+		{"oversized REQ", `["REQ","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`, "invalid: "},
+		{"malformed COUNT", `["COUNT","s",{"kinds":["1"]}]`, "invalid: "},
+		{"oversized COUNT", `["COUNT","s",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`, "invalid: "},
+		{"COUNT the read scope refuses", `["COUNT","s",{"kinds":[1059]}]`, "restricted: "},
 	} {
 		reader.Send("REQ", "s", map[string]any{"authors": []string{author}, "limit": 0})
 		require.Equal(t, "s", reader.Expect("EOSE").SubID)
 		reader.SendRaw(refused.frame)
 		closed := reader.Expect("CLOSED")
 		require.Equal(t, "s", closed.SubID, refused.name)
-		require.True(t, strings.HasPrefix(closed.Msg, "invalid: "), "%s: %q", refused.name, closed.Msg)
+		require.True(t, strings.HasPrefix(closed.Msg, refused.prefix), "%s: %q", refused.name, closed.Msg)
 
 		require.True(t, writer.Publish(writer.Sign(1, refused.name, nil, 0)).OK)
 		reader.Send("COUNT", "after", map[string]any{"authors": []string{author}})
 		reply := reader.NextReply()
 		require.Equal(t, "COUNT", reply.Verb, "%s: the subscription the CLOSED named still delivered %+v", refused.name, reply)
 	}
+}
+
+// TestOversizedEventIsCountedAsRejected: an EVENT refused by its size
+// (answered OK false, "invalid: message of N bytes ...") counts in
+// buzz_events_rejected_total under reason "invalid", as an event refused by
+// its content's length does; an oversized REQ is not an event and does not.
+//
+// Mutation killed: the oversized refusal sent without counting (the count
+// stays at the one content-length refusal).
+func TestOversizedEventIsCountedAsRejected(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 4 << 10; c.MaxContentLength = 100 })
+	c := r.Dial(t, "")
+	c.Auth(nil)
+	rejected := func() float64 {
+		return testutil.ToFloat64(r.Server.Metrics().EventsRejected.WithLabelValues("invalid"))
+	}
+
+	long := c.Publish(c.Sign(1, strings.Repeat("x", 101), nil, 0))
+	require.False(t, long.OK)
+	require.Contains(t, long.Msg, "invalid: content too long")
+	require.Equal(t, 1.0, rejected())
+
+	c.SendRaw(`["REQ","big",{"#t":["` + strings.Repeat("v", 8<<10) + `"]}]`)
+	require.Equal(t, "big", c.Expect("CLOSED").SubID)
+	require.Equal(t, 1.0, rejected(), "an oversized REQ is no event")
+
+	big := c.Publish(c.Sign(1, strings.Repeat("x", 100), nostr.Tags{{"t", strings.Repeat("v", 8<<10)}}, 0))
+	require.False(t, big.OK)
+	require.Contains(t, big.Msg, "invalid: message of ")
+	require.Equal(t, 2.0, rejected())
 }

@@ -242,7 +242,7 @@ func (c *conn) run() {
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messages = tokenBucket{tokens: 2 * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
+	c.messages = tokenBucket{tokens: messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
 	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
 	c.pings = tokenBucket{tokens: pingsAtOnce, at: c.srv.now()}
 	for {
@@ -259,8 +259,11 @@ func (c *conn) run() {
 			continue
 		}
 		if data == nil {
-			if subID := oversized.ReqSubID(); subID != "" {
-				c.endSub(subID)
+			c.endSub(oversized.SubID())
+			if oversized.EventID() != "" {
+				// An event refused by its size, as one refused by its
+				// content's length or its tags' count is.
+				c.rejected("invalid")
 			}
 			_ = c.send(oversized.Refusal(fmt.Sprintf("invalid: message of %d bytes exceeds the %d-byte limit", size, c.srv.cfg.MaxMessageBytes)))
 			continue
@@ -271,8 +274,15 @@ func (c *conn) run() {
 	}
 }
 
+// messageBurstSeconds is how many seconds of MessagesPerSecond a
+// connection may send at once: a client looking up 300 profiles at start,
+// a REQ and a CLOSE each, is read at once rather than over four seconds.
+// The sustained rate is what bounds a flood; see docs/limits.md.
+const messageBurstSeconds = 10
+
 // pace waits, before the next message is read, until the connection may
-// have one more: MessagesPerSecond sustained, twice that at once. Every
+// have one more: MessagesPerSecond sustained, messageBurstSeconds' worth at
+// once. Every
 // message costs the relay a parse, a reply and a wake-up of two goroutines
 // whatever it says, while a client writes thousands in one system call:
 // unpaced, four connections sending CLOSE frames kept two thirds of a core
@@ -282,7 +292,7 @@ func (c *conn) run() {
 func (c *conn) pace() {
 	rate := float64(c.srv.cfg.MessagesPerSecond)
 	for counted := false; ; {
-		wait, ok := c.messages.take(c.srv.now(), rate, 2*rate)
+		wait, ok := c.messages.take(c.srv.now(), rate, messageBurstSeconds*rate)
 		if ok {
 			return
 		}
@@ -630,9 +640,7 @@ func (c *conn) replyParseError(err error) {
 		c.rejected("invalid")
 		_ = c.send(nostr.EncodeOK(pe.EventID, false, reason))
 	case (pe.Verb == "REQ" || pe.Verb == "COUNT") && pe.SubID != "":
-		if pe.Verb == "REQ" {
-			c.endSub(pe.SubID)
-		}
+		c.endSub(pe.SubID)
 		_ = c.send(nostr.EncodeClosed(pe.SubID, reason))
 	default:
 		_ = c.send(nostr.EncodeNotice(reason))
@@ -642,7 +650,10 @@ func (c *conn) replyParseError(err error) {
 // endSub ends the open subscription subID, if there is one (an id with
 // none takes no lock of the hub). A REQ replaces the subscription of its
 // id whatever becomes of it: a refused one's CLOSED tells the client that
-// id is closed, and left open it went on delivering.
+// id is closed, and left open it went on delivering. A refused COUNT's
+// CLOSED says the same to a client that reused an open REQ's id (go-nostr
+// and nostr-tools end the subscription of the id a CLOSED names), so it
+// ends that REQ too, rather than keep delivering under a closed id.
 func (c *conn) endSub(subID string) {
 	if _, open := c.subs[subID]; open {
 		c.srv.hub.Unsubscribe(c.tenant.ID(), c, subID)
@@ -984,6 +995,7 @@ func (h *historyIDs) contains(rawEvent []byte) bool {
 
 func (c *conn) onCount(subID string, filters nostr.Filters) {
 	if c.pubkey == "" {
+		// No subscription is open before AUTH: nothing to end.
 		_ = c.send(nostr.EncodeClosed(subID, "auth-required: authenticate with AUTH before counting"))
 		return
 	}
@@ -1009,8 +1021,10 @@ func (c *conn) onCount(subID string, filters nostr.Filters) {
 }
 
 // refuse answers a REQ/COUNT with CLOSED: the given reason, or one derived
-// from an internal error (logged; a timeout says so).
+// from an internal error (logged; a timeout says so). The subscription of
+// that id, if one is open, ends: the CLOSED tells the client so.
 func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
+	c.endSub(subID)
 	if err != nil {
 		if c.ctx.Err() != nil {
 			return // the connection is going away

@@ -131,3 +131,22 @@ func TestExpiringDeletionKeepsItsAddressDeleted(t *testing.T) {
 	require.Empty(t, served(), "an older version once the deletion's expiration passed")
 	require.Equal(t, []string{deletion.ID}, ids(c.Req("deletions", map[string]any{"kinds": []int{5}})))
 }
+
+// An expiration not written as created_at is (a sign, a leading zero, a
+// space) is refused with a clear answer rather than read as the number
+// strconv makes of it; the digits alone are taken. Mutation killed:
+// parsing with strconv.ParseInt alone ("+..." and "0..." stored).
+func TestExpirationMustBeDigits(t *testing.T) {
+	t.Parallel()
+	_, c, _, start := startOnAStoppedClock(t)
+	later := strconv.FormatInt(start.Add(time.Hour).Unix(), 10)
+	for _, value := range []string{"+" + later, "0" + later, " " + later} {
+		got := c.Publish(c.Sign(1, "expiration "+value, nostr.Tags{{"expiration", value}}, start.Unix()))
+		require.False(t, got.OK, "%q", value)
+		require.Equal(t, "invalid: the expiration tag must hold a unix time in seconds, in decimal digits without sign, spaces or leading zeros (NIP-40)", got.Msg, "%q", value)
+	}
+	got := c.Publish(c.Sign(1, "expiration "+later, nostr.Tags{{"expiration", later}}, start.Unix()))
+	require.True(t, got.OK, got.Msg)
+	far := c.Publish(c.Sign(1, "expiration far away", nostr.Tags{{"expiration", "99999999999999999"}}, start.Unix()))
+	require.True(t, far.OK, far.Msg)
+}

@@ -117,3 +117,7 @@ func (s *Server) HoldReadShare(addr string) (release func()) {
 		}
 	}
 }
+
+// MessageBurstSeconds is how many seconds of BUZZ_MESSAGES_PER_SECOND a
+// connection may send at once.
+const MessageBurstSeconds = messageBurstSeconds

@@ -14,12 +14,13 @@ import (
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
-// A connection's messages are read at MessagesPerSecond, twice as many at
-// once: past them the next one waits in the socket, unread and unanswered,
+// A connection's messages are read at MessagesPerSecond, MessageBurstSeconds'
+// worth at once: past them the next one waits in the socket, unread and unanswered,
 // until the bucket refills, while another connection of the same address
 // is answered as before. The clock stands still, so the bucket refills
-// only when the test moves it. Mutation killed: the read loop not pacing
-// (all 16 CLOSEs answered at once: no wait counted, and the 16th answered).
+// only when the test moves it. Mutations killed: the read loop not pacing
+// (every CLOSE answered at once: no wait counted, and the last answered);
+// a burst smaller than the one documented (its last CLOSEs never answered).
 func TestMessagesPerConnectionArePaced(t *testing.T) {
 	t.Parallel()
 	const perSecond = 5
@@ -30,10 +31,11 @@ func TestMessagesPerConnectionArePaced(t *testing.T) {
 		c.MessagesPerSecond = perSecond
 	})
 	flooder := r.Dial(t, "")
-	for range 3 * perSecond {
+	const burst = relay.MessageBurstSeconds * perSecond
+	for range burst + perSecond {
 		flooder.SendRaw(`["CLOSE","x"]`)
 	}
-	for range 2 * perSecond {
+	for range burst {
 		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
 	}
 	waitMetric(t, r, "buzz_messages_paced_total", "1")

@@ -151,7 +151,7 @@ func TestOversizedMessagesReuseTheirReadBuffer(t *testing.T) {
 		require.Equal(t, websocket.MessageText, typ)
 		require.Nil(t, data)
 		require.Equal(t, int64(len(msg)), size)
-		require.Equal(t, "big", oversized.ReqSubID())
+		require.Equal(t, "big", oversized.SubID())
 	}
 	read() // the first fills the pool
 	var before, after runtime.MemStats
