@@ -175,13 +175,12 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	if ev.CreatedAt > now+int64(s.cfg.AuthWindow.Seconds()) {
 		return nil, authFail("auth event created_at is in the future")
 	}
-	exp := ev.Tags.First("expiration")
-	if exp == nil {
-		return nil, authFail("auth event has no expiration tag")
-	}
-	until, err := strconv.ParseInt(exp[1], 10, 64)
+	until, ok, err := ev.Expiration()
 	if err != nil {
 		return nil, authFail("auth event expiration is not a unix time")
+	}
+	if !ok {
+		return nil, authFail("auth event has no expiration tag")
 	}
 	if until <= now {
 		return nil, authFail("auth event expired at %d", until)

@@ -257,7 +257,8 @@ func pick(keys []string, prefix string) string {
 // Mutations killed (one per case): no size check (413); the size checked
 // only from Content-Length (chunked 413); no type allow-list (415); the x
 // tag, X-SHA-256 or NIP-98 payload not compared with the body's hash
-// (400); an empty body stored as a blob (400); expiration not checked, the t tag not checked, the signature not
+// (400); an empty body stored as a blob (400); expiration not checked or
+// read with a sign (strconv.ParseInt), the t tag not checked, the signature not
 // verified, a missing header accepted (401); a 401 reason without its
 // auth-required: prefix.
 func TestMediaUploadRefusals(t *testing.T) {
@@ -276,6 +277,10 @@ func TestMediaUploadRefusals(t *testing.T) {
 				ev.Tags[1] = nostr.Tag{"expiration", strconv.FormatInt(time.Now().Add(-time.Second).Unix(), 10)}
 			}
 			noExpiration := func(ev *nostr.Event) { ev.Tags = ev.Tags[:1] }
+			// Read as a NIP-40 expiration is: digits alone, no sign.
+			signedExpiration := func(ev *nostr.Event) {
+				ev.Tags[1] = nostr.Tag{"expiration", "+" + strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)}
+			}
 			payloadOf := func(b []byte) func(*nostr.Event) {
 				return func(ev *nostr.Event) { ev.Tags[2] = nostr.Tag{"payload", hexSHA(b)} }
 			}
@@ -303,6 +308,7 @@ func TestMediaUploadRefusals(t *testing.T) {
 				{"NIP-98 payload names another hash", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", nil, payloadOf(html))), bytes.NewReader(blob), nil, http.StatusBadRequest, "payload tag names"},
 				{"expired", blossomAuth(t, key, "upload", []string{sha}, expired), bytes.NewReader(blob), nil, http.StatusUnauthorized, "auth event expired"},
 				{"no expiration", blossomAuth(t, key, "upload", []string{sha}, noExpiration), bytes.NewReader(blob), nil, http.StatusUnauthorized, "no expiration tag"},
+				{"signed expiration", blossomAuth(t, key, "upload", []string{sha}, signedExpiration), bytes.NewReader(blob), nil, http.StatusUnauthorized, "expiration is not a unix time"},
 				{"wrong t", blossomAuth(t, key, "delete", []string{sha}, nil), bytes.NewReader(blob), nil, http.StatusUnauthorized, `t tag must be "upload"`},
 				{"wrong signer", wrongSigner, bytes.NewReader(blob), nil, http.StatusUnauthorized, "signature"},
 				{"other server", blossomAuth(t, key, "upload", []string{sha}, func(ev *nostr.Event) { ev.Tags = append(ev.Tags, nostr.Tag{"server", "cdn.example"}) }), bytes.NewReader(blob), nil, http.StatusUnauthorized, "server tags"},
