@@ -224,11 +224,18 @@ func recheckTargetsUnderLock(ctx context.Context, w *Write, ids [][]byte) error 
 			return Reject("restricted", deletionOfModerationRefused)
 		}
 		if !sameChannel(row.ChannelID, w.ChannelID) {
-			return Reject("invalid", "an event this deletion names was stored in another channel while the deletion was being written: send it again")
+			return errDeletionTargetMoved
 		}
 	}
 	return nil
 }
+
+// errDeletionTargetMoved says a target committed, while the deletion was
+// being written, in another channel than the one the deletion was bound
+// to. Nothing is wrong with the event: a group writer runs it again alone
+// (retryAlone), where prepareDeletion reads the committed target; only a
+// second such race, or a pipeline without groups, answers it.
+var errDeletionTargetMoved = Reject("invalid", "an event this deletion names was stored in another channel while the deletion was being written: send it again")
 
 func sameChannel(a, b *uuid.UUID) bool {
 	if a == nil || b == nil {
@@ -273,6 +280,19 @@ func applyDeletion(ctx context.Context, w *Write) error {
 			CommunityID: tenant.ID(), Pubkey: author[:], Kind: params.Kind, DTag: params.DTag,
 		}); err != nil {
 			return err
+		}
+		// A version committed meanwhile (the slot lock waited for it) may
+		// lie in another channel than prepareDeletion saw.
+		rows, err := q.EventChannelsByAddress(ctx, db.EventChannelsByAddressParams{
+			CommunityID: tenant.ID(), Author: author[:], Kind: params.Kind, DTag: params.DTag, Until: ev.CreatedAt,
+		})
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			if !sameChannel(row.ChannelID, w.ChannelID) {
+				return errDeletionTargetMoved
+			}
 		}
 		if _, err := q.EventsDeleteByAddress(ctx, params); err != nil {
 			return err

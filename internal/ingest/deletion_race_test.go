@@ -56,17 +56,23 @@ func TestAddressDeletionRacingALateVersion(t *testing.T) {
 }
 
 // A deletion naming an event of its author that is still being written
-// reads its targets before that event commits, then waits for it on the
-// author's deletion lock at its own insert. It must then answer as if the
-// target had been there all along: refused when the target is a channel's
-// moderation event, and never stored community-global naming an event of a
-// private channel.
+// reads its targets before that event commits, then waits for it (on the
+// author's deletion lock at its own insert, or on the slot lock for an a
+// tag). It must then answer as if the target had been there all along:
+// refused when the target is a channel's moderation event, and never
+// stored community-global naming an event of a private channel. A group
+// writer runs it again alone, where it sees the committed target and goes
+// to its channel; written alone already, it is refused and its client
+// sends it again.
 //
-// Mutation killed: applyDeletion without recheckTargetsUnderLock. The
-// deletion of the moderation event is stored (its client told the removal
-// was retracted while it stays applied), and the deletion of the private
-// note is stored community-global, telling every member which private id
-// its author deleted.
+// Mutations killed: applyDeletion without recheckTargetsUnderLock (the
+// deletion of the moderation event is stored, its client told the removal
+// was retracted while it stays applied; the deletion of the private note
+// is stored community-global, telling every member which private id its
+// author deleted); without the slot's re-read after EventSlotLock (the
+// a-tag deletion is stored community-global, its coordinate naming the
+// private d tag); retryAlone not knowing errDeletionTargetMoved (the grouped
+// cases are refused instead of stored in the channel).
 func TestDeletionRacingItsTargetAnswersAsIfTheTargetWasThere(t *testing.T) {
 	t.Parallel()
 	t.Run("moderation event", func(t *testing.T) {
@@ -84,25 +90,44 @@ func TestDeletionRacingItsTargetAnswersAsIfTheTargetWasThere(t *testing.T) {
 		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, deletion.ID))
 		require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, putUser.ID))
 	})
-	t.Run("private note", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, "delrace-private.example", 4)
-		alice := f.key()
-		ch := f.channel(alice, true)
-		note := f.sign(alice, ingest.KindChat, "secret", nostr.Tags{{"h", ch}}, 0)
-		deletion := f.sign(alice, nostr.KindDeletion, "", nostr.Tags{{"e", note.ID}}, 0)
+	for _, alone := range []bool{false, true} {
+		for _, target := range []string{"note by id", "address"} {
+			name := target
+			if alone {
+				name += " written alone"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, "delrace-private.example", 4)
+				if alone {
+					f.secondGroupMax = 1
+				}
+				alice := f.key()
+				ch := f.channel(alice, true)
+				held := f.sign(alice, ingest.KindChat, "secret", nostr.Tags{{"h", ch}}, 0)
+				tag := nostr.Tag{"e", held.ID}
+				if target == "address" {
+					held = f.sign(alice, 30023, "secret", nostr.Tags{{"d", "secret-slug"}, {"h", ch}}, 0)
+					tag = nostr.Tag{"a", "30023:" + alice.PublicKeyHex() + ":secret-slug"}
+				}
+				deletion := f.sign(alice, nostr.KindDeletion, "", nostr.Tags{tag}, 0)
 
-		err := commitAfterBlocked(t, f, note, deletion)
-		var rej *ingest.Rejection
-		require.True(t, errors.As(err, &rej), "want the deletion refused, got %v", err)
-		require.Contains(t, rej.Error(), "invalid: an event this deletion names was stored in another channel while the deletion was being written")
-		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, deletion.ID))
-
-		f.store(deletion) // sent again, it goes where its target is
-		require.NotNil(t, f.eventChannel(deletion.ID))
-		require.Equal(t, ch, f.eventChannel(deletion.ID).String())
-		require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, note.ID))
-	})
+				err := commitAfterBlocked(t, f, held, deletion)
+				if alone {
+					var rej *ingest.Rejection
+					require.True(t, errors.As(err, &rej), "want the deletion refused, got %v", err)
+					require.Contains(t, rej.Error(), "invalid: an event this deletion names was stored in another channel while the deletion was being written")
+					require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1`, deletion.ID))
+					f.store(deletion) // sent again, it goes where its target is
+				} else {
+					require.NoError(t, err)
+				}
+				require.NotNil(t, f.eventChannel(deletion.ID), "the deletion is not community-global")
+				require.Equal(t, ch, f.eventChannel(deletion.ID).String())
+				require.Zero(t, f.count(`SELECT count(*) FROM events WHERE encode(id, 'hex') = $1 AND deleted_at IS NULL`, held.ID))
+			})
+		}
+	}
 }
 
 // commitAfterBlocked submits held on f's pipeline and holds its
@@ -128,7 +153,7 @@ func commitAfterBlocked(t *testing.T, f *fixture, held, other *nostr.Event) erro
 			}
 		},
 	})
-	secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute})
+	secondProcess := ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, GroupMax: f.secondGroupMax})
 	submit := func(p *ingest.Pipeline, ev *nostr.Event) chan error {
 		done := make(chan error, 1)
 		go func() {

@@ -26,6 +26,9 @@ type fixture struct {
 	tenant community.Tenant
 	p      *ingest.Pipeline
 	base   int64 // a past created_at that tests count up from
+	// secondGroupMax is GroupMax of the second pipeline commitAfterBlocked
+	// writes through (0: the default).
+	secondGroupMax int
 }
 
 // newFixture makes a community at host; maxConns > 0 sizes the pool (for

@@ -568,8 +568,12 @@ func statementFailed(err error) bool {
 
 // retryAlone reports the failures that say nothing about the event itself,
 // only about its company: a lock wait cut short, a deadlock with another
-// group, a serialization failure.
+// group, a serialization failure, a deletion's target committed meanwhile
+// in another channel.
 func retryAlone(err error) bool {
+	if errors.Is(err, errDeletionTargetMoved) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
