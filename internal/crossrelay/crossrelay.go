@@ -350,9 +350,16 @@ func New(url string, queue int, h Handlers, log *slog.Logger, m *Metrics) (*Bus,
 	origin := hex.EncodeToString(id[:])
 	// Named, so CLIENT LIST tells each relay process's connections (at
 	// most the client's pool, 10 per processor, plus the subscription)
-	// from the other clients of the Redis, unless the URL names them.
+	// from the other clients of the Redis, unless the URL names them. Best
+	// effort: a Redis user denied CLIENT (an ACL with -client, a renamed
+	// command) must still connect, and the library fails a connection
+	// whose ClientName it cannot set.
 	if opts.ClientName == "" {
-		opts.ClientName = "buzz-relay-" + origin
+		name := "buzz-relay-" + origin
+		opts.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+			_ = cn.ClientSetName(ctx, name).Err()
+			return nil
+		}
 	}
 	return &Bus{
 		client:   redis.NewClient(opts),

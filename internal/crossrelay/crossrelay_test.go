@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,33 @@ func TestBusConnectionsAreNamed(t *testing.T) {
 		}
 		require.Positive(t, named, "no connection named %s*: %s", tc.prefix, list)
 	}
+}
+
+// A Redis user denied CLIENT (hardened set-ups deny it) still connects: the
+// default name is set where it may be, not required. Mutation killed: the
+// default name given as the client's ClientName (the library fails every
+// connection whose name it cannot set; the bus never connects).
+func TestBusConnectsWithoutLeaveToNameItsConnections(t *testing.T) {
+	t.Parallel()
+	server := dbtest.RedisServer(t)
+	opts, err := redis.ParseURL(server.URL())
+	require.NoError(t, err)
+	admin := redis.NewClient(opts)
+	defer admin.Close()
+	ctx := context.Background()
+	user := "relay-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", "-client").Err())
+
+	u, err := url.Parse(server.URL())
+	require.NoError(t, err)
+	u.User = url.UserPassword(user, "secret")
+	bus, err := New(u.String(), 16, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { bus.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond, "a user denied CLIENT SETNAME never connected")
 }
 
 // An unknown control message is logged by its length and start, not
