@@ -6,11 +6,19 @@ VALUES (@community_id::uuid, @event_id::bytea, @expires_at::timestamptz)
 ON CONFLICT (community_id, event_id) DO NOTHING;
 
 -- name: HTTPAuthReplaysPurge :execrows
--- Drops a community's claims whose auth events can no longer pass the
--- created_at check.
+-- Drops up to batch of a community's claims whose auth events can no
+-- longer pass the created_at check, oldest first (http_auth_replays_expiry):
+-- it runs on a request's path, so a backlog is purged a batch per request
+-- rather than all at once. now is the relay's clock, which checked the
+-- events' created_at, not the database's.
 DELETE FROM http_auth_replays
 WHERE community_id = @community_id::uuid
-  AND expires_at < coalesce(sqlc.narg('now')::timestamptz, now());
+  AND event_id IN (
+    SELECT event_id FROM http_auth_replays
+    WHERE community_id = @community_id::uuid AND expires_at < @now::timestamptz
+    ORDER BY expires_at
+    LIMIT @batch::int
+  );
 
 -- name: HTTPAuthReplayRelease :exec
 -- Gives a claim back: its request stored nothing and failed for the relay's

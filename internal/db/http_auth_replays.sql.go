@@ -54,18 +54,27 @@ func (q *Queries) HTTPAuthReplayRelease(ctx context.Context, arg HTTPAuthReplayR
 const hTTPAuthReplaysPurge = `-- name: HTTPAuthReplaysPurge :execrows
 DELETE FROM http_auth_replays
 WHERE community_id = $1::uuid
-  AND expires_at < coalesce($2::timestamptz, now())
+  AND event_id IN (
+    SELECT event_id FROM http_auth_replays
+    WHERE community_id = $1::uuid AND expires_at < $2::timestamptz
+    ORDER BY expires_at
+    LIMIT $3::int
+  )
 `
 
 type HTTPAuthReplaysPurgeParams struct {
 	CommunityID uuid.UUID
-	Now         *time.Time
+	Now         time.Time
+	Batch       int32
 }
 
-// Drops a community's claims whose auth events can no longer pass the
-// created_at check.
+// Drops up to batch of a community's claims whose auth events can no
+// longer pass the created_at check, oldest first (http_auth_replays_expiry):
+// it runs on a request's path, so a backlog is purged a batch per request
+// rather than all at once. now is the relay's clock, which checked the
+// events' created_at, not the database's.
 func (q *Queries) HTTPAuthReplaysPurge(ctx context.Context, arg HTTPAuthReplaysPurgeParams) (int64, error) {
-	result, err := q.db.Exec(ctx, hTTPAuthReplaysPurge, arg.CommunityID, arg.Now)
+	result, err := q.db.Exec(ctx, hTTPAuthReplaysPurge, arg.CommunityID, arg.Now, arg.Batch)
 	if err != nil {
 		return 0, err
 	}

@@ -121,3 +121,6 @@ func (s *Server) HoldReadShare(addr string) (release func()) {
 // MessageBurstSeconds is how many seconds of BUZZ_MESSAGES_PER_SECOND a
 // connection may send at once.
 const MessageBurstSeconds = messageBurstSeconds
+
+// ReplayPurgeBatch is how many expired NIP-98 claims one purge deletes.
+const ReplayPurgeBatch = replayPurgeBatch

@@ -15,10 +15,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -501,6 +504,63 @@ func TestHTTPBridgePurgesExpiredClaims(t *testing.T) {
 	require.Contains(t, left, "home:"+strings.Repeat("bb", 32))
 	require.Contains(t, left, "other:"+strings.Repeat("cc", 32))
 	require.NotContains(t, left, "home:"+strings.Repeat("aa", 32))
+}
+
+// A backlog of expired claims (a community's first claim after a long
+// time, or after an upgrade) is purged a batch per claim, each claim
+// purging on until one leaves none, so no one request waits for the whole
+// backlog. Mutation killed: a full batch not letting the next claim purge
+// (the rest waits a minute).
+func TestReplayClaimsPurgeABacklogInBatches(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	_, err := r.Pool.Exec(t.Context(), `
+		INSERT INTO http_auth_replays (community_id, event_id, expires_at)
+		SELECT $1, sha256(i::text::bytea), now() - interval '1 minute' FROM generate_series(1, $2::int) i`,
+		r.CommunityID, relay.ReplayPurgeBatch+10)
+	require.NoError(t, err)
+	expired := func() int {
+		var n int
+		require.NoError(t, r.Pool.QueryRow(t.Context(), `
+			SELECT count(*) FROM http_auth_replays WHERE community_id = $1 AND expires_at < now()`, r.CommunityID).Scan(&n))
+		return n
+	}
+	key := relaytest.NewKey(t)
+	require.Equal(t, http.StatusOK, post(t, r, key, "/count", query(map[string]any{})).Status)
+	require.Equal(t, 10, expired(), "one batch per claim")
+	require.Equal(t, http.StatusOK, post(t, r, key, "/count", query(map[string]any{"limit": 1})).Status)
+	require.Zero(t, expired(), "the next claim purges the rest")
+}
+
+// A claim expires by the relay's clock, which checked its event's
+// created_at, not by the database's: on a database running ten minutes
+// ahead, a purge by its now() deleted claims still within their window, and
+// the same header was accepted again. Mutation killed: the purge comparing
+// with the database's now() (the live claim is purged).
+func TestReplayClaimsPurgeByTheRelaysClock(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(t.Context(), `
+		CREATE SCHEMA skew;
+		CREATE FUNCTION skew.now() RETURNS timestamptz LANGUAGE plpgsql STABLE AS
+		$$BEGIN RETURN pg_catalog.now() + interval '10 minutes'; END$$`)
+	require.NoError(t, err)
+	ahead := dbtest.PoolOn(t, pool.Config().ConnString(), 4, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["search_path"] = "skew,pg_catalog,public"
+	})
+	r := relaytest.StartWith(t, ahead, nil)
+	_, err = pool.Exec(t.Context(), `
+		INSERT INTO http_auth_replays (community_id, event_id, expires_at)
+		VALUES ($1, decode(repeat('dd', 32), 'hex'), pg_catalog.now() + interval '1 minute')`, r.CommunityID)
+	require.NoError(t, err)
+
+	got := post(t, r, relaytest.NewKey(t), "/count", query(map[string]any{}))
+	require.Equal(t, http.StatusOK, got.Status, got.Raw)
+	var live int
+	require.NoError(t, pool.QueryRow(t.Context(), `
+		SELECT count(*) FROM http_auth_replays WHERE community_id = $1 AND event_id = decode(repeat('dd', 32), 'hex')`,
+		r.CommunityID).Scan(&live))
+	require.Equal(t, 1, live, "a claim within its window by the relay's clock was purged")
 }
 
 // Media requests signed with NIP-98 claim their auth events in the same
