@@ -235,18 +235,6 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 		return err
 	}
 	defer release()
-	if now := s.now(); s.replays.due(tenant.ID(), now) {
-		// The relay's clock, which checked the created_at the expiry is
-		// counted from: on the database's, running ahead, a claim still
-		// within its window was purged and its replay accepted.
-		n, err := s.queries.HTTPAuthReplaysPurge(ctx, db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: now, Batch: replayPurgeBatch})
-		if err != nil {
-			s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
-		}
-		if err != nil || n == replayPurgeBatch {
-			s.replays.again(tenant.ID()) // the next claim purges on
-		}
-	}
 	id := ev.IDBytes()
 	n, err := s.queries.HTTPAuthReplayClaim(ctx, db.HTTPAuthReplayClaimParams{
 		CommunityID: tenant.ID(),
@@ -256,10 +244,32 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 	if err != nil {
 		return err
 	}
+	// After the claim, so the request's first write is its claim, where
+	// the community's write fence answers a community being deleted.
+	s.purgeExpiredClaims(ctx, tenant)
 	if n == 0 {
 		return authFail(errAuthEventUsed)
 	}
 	return nil
+}
+
+// purgeExpiredClaims deletes a batch of tenant's expired claims, at most
+// once per purgeEvery unless a batch left some behind.
+func (s *Server) purgeExpiredClaims(ctx context.Context, tenant community.Tenant) {
+	now := s.now()
+	if !s.replays.due(tenant.ID(), now) {
+		return
+	}
+	// The relay's clock, which checked the created_at the expiry is
+	// counted from: on the database's, running ahead, a claim still
+	// within its window was purged and its replay accepted.
+	n, err := s.queries.HTTPAuthReplaysPurge(ctx, db.HTTPAuthReplaysPurgeParams{CommunityID: tenant.ID(), Now: now, Batch: replayPurgeBatch})
+	if err != nil {
+		s.log.Warn("purge expired http auth claims", "community", tenant.Host(), "err", err)
+	}
+	if err != nil || n == replayPurgeBatch {
+		s.replays.again(tenant.ID()) // the next claim purges on
+	}
 }
 
 // releaseClaimTimeout bounds giving a claim back.
