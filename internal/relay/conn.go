@@ -242,7 +242,7 @@ func (c *conn) run() {
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messages = tokenBucket{tokens: messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
+	c.messages = tokenBucket{tokens: c.messageBurst(), at: c.srv.now()}
 	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
 	c.pings = tokenBucket{tokens: pingsAtOnce, at: c.srv.now()}
 	for {
@@ -280,10 +280,15 @@ func (c *conn) run() {
 // The sustained rate is what bounds a flood; see docs/limits.md.
 const messageBurstSeconds = 10
 
+// messageBurst is how many messages a connection may send at once, at the
+// start and after an idle spell alike.
+func (c *conn) messageBurst() float64 {
+	return messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond)
+}
+
 // pace waits, before the next message is read, until the connection may
 // have one more: MessagesPerSecond sustained, messageBurstSeconds' worth at
-// once. Every
-// message costs the relay a parse, a reply and a wake-up of two goroutines
+// once. Every message costs the relay a parse, a reply and a wake-up of two goroutines
 // whatever it says, while a client writes thousands in one system call:
 // unpaced, four connections sending CLOSE frames kept two thirds of a core
 // busy. Waiting is free: the client's messages stay in the socket, and TCP
@@ -292,7 +297,7 @@ const messageBurstSeconds = 10
 func (c *conn) pace() {
 	rate := float64(c.srv.cfg.MessagesPerSecond)
 	for counted := false; ; {
-		wait, ok := c.messages.take(c.srv.now(), rate, messageBurstSeconds*rate)
+		wait, ok := c.messages.take(c.srv.now(), rate, c.messageBurst())
 		if ok {
 			return
 		}

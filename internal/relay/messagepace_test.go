@@ -20,7 +20,8 @@ import (
 // is answered as before. The clock stands still, so the bucket refills
 // only when the test moves it. Mutations killed: the read loop not pacing
 // (every CLOSE answered at once: no wait counted, and the last answered);
-// a burst smaller than the one documented (its last CLOSEs never answered).
+// a burst smaller than the one documented (its last CLOSEs never answered);
+// the bucket refilling to less than the burst after an idle spell.
 func TestMessagesPerConnectionArePaced(t *testing.T) {
 	t.Parallel()
 	const perSecond = 5
@@ -31,6 +32,9 @@ func TestMessagesPerConnectionArePaced(t *testing.T) {
 		c.MessagesPerSecond = perSecond
 	})
 	flooder := r.Dial(t, "")
+	// Ten seconds' worth, as README and limits.md promise (1,000 at the
+	// default rate).
+	require.Equal(t, 10, relay.MessageBurstSeconds)
 	const burst = relay.MessageBurstSeconds * perSecond
 	for range burst + perSecond {
 		flooder.SendRaw(`["CLOSE","x"]`)
@@ -51,6 +55,19 @@ func TestMessagesPerConnectionArePaced(t *testing.T) {
 		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
 	}
 	waitMetric(t, r, "buzz_messages_paced_total", "2")
+
+	// Idle for the burst's seconds, the bucket holds the whole burst again:
+	// that many are answered at once, the next waits while the clock
+	// stands still.
+	mu.Lock()
+	now = now.Add(relay.MessageBurstSeconds * time.Second)
+	mu.Unlock()
+	for range burst {
+		flooder.SendRaw(`["CLOSE","x"]`)
+	}
+	for range burst {
+		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
+	}
 	flooder.SendRaw(`["CLOSE","x"]`)
 	flooder.ExpectSilence(500*time.Millisecond, "a message past the bucket was answered while the clock stood still")
 }
