@@ -262,7 +262,10 @@ func loadAtLeast[K comparable, V any](c *Cache, a *answers[K, V], community uuid
 }
 
 // fetchThenLock runs fetch and reads the clock when it returns, then
-// takes c.mu, whether fetch returned or panicked.
+// takes c.mu, whether fetch returned or panicked (the deferred Lock runs
+// on both), so the caller releases the in-flight count under the lock
+// either way. The clock is read before the lock: a test's clock hook may
+// call Invalidate, which takes c.mu.
 func fetchThenLock[V any](c *Cache, fetch func() (V, error)) (v V, loadedAt time.Time, err error) {
 	defer c.mu.Lock()
 	v, err = fetch()

@@ -26,9 +26,11 @@ func (ev *Event) Expiration() (at int64, ok bool, err error) {
 
 // parseTimestamp reads s as a timestamp is written in JSON's created_at:
 // the decimal digits of a non-negative integer, no sign, no spaces, no
-// leading zeros. strconv.ParseInt alone takes "+5" and "-0" and "007": a
-// relay reading those where others refuse them would keep an event other
-// relays drop, or drop it where they keep it.
+// leading zeros: one spelling per time. strconv.ParseInt alone takes "+5",
+// "-0" and "007", and readers differ on them (Go relays read them as
+// ParseInt does, JavaScript's parseInt reads "007" and "+5" too but stops
+// at the first non-digit of "5x"); clients write String(n) or FormatInt,
+// which never produce them, so refusing them costs no real client.
 func parseTimestamp(s string) (int64, bool) {
 	if s == "" || len(s) > 1 && s[0] == '0' {
 		return 0, false
