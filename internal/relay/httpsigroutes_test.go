@@ -6,11 +6,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
@@ -105,4 +107,58 @@ func TestEveryHTTPSignatureRouteRefusesABadSignature(t *testing.T) {
 		})
 	}
 	require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodGet, "", "/media/"+sha, "", nil, nil).Status, "the blob is still served")
+}
+
+// stoppedClock is a relay clock that moves only when the test moves it.
+type stoppedClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stoppedClock) at() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *stoppedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// The operator registration API is served on the public listener, so its
+// bad signatures are bounded per address like the bridge's: past a
+// hundred, its requests are answered 429 with Retry-After and the JSON
+// rate-limited: error, unchecked.
+// Mutation killed: verifyOperatorAuth checking the signature itself,
+// unbounded (the 101st bad signature answered 401).
+func TestOperatorAPIBadSignaturesAreBounded(t *testing.T) {
+	t.Parallel()
+	const origin = "https://ops.example"
+	clk := &stoppedClock{now: time.Now()}
+	listenerKey := relaytest.NewKey(t)
+	r := operatorRelay(t, listenerKey, origin, relay.WithClock(clock.Stub(clk.at)))
+	body := []byte(`{"pubkeys":["` + relaytest.NewKey(t).PublicKeyHex() + `"]}`)
+	forged := func() *nostr.Event {
+		ev := nip98(t, listenerKey, "POST", origin+outbox.RegistrationPath, body, nil)
+		ev.Sig = ev.Sig[:10] + map[bool]string{true: "0", false: "1"}[ev.Sig[10] != '0'] + ev.Sig[11:]
+		return ev
+	}
+	for i := range 100 {
+		got := operatorRequest(t, r, http.MethodPost, "", body, forged())
+		require.Equal(t, http.StatusUnauthorized, got.Status, "bad signature %d is checked: %s", i, got.Raw)
+	}
+	req, err := http.NewRequest(http.MethodPost, r.HTTPURL+outbox.RegistrationPath, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(forged()))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var reply struct{ Error string }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&reply))
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, reply.Error)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	require.Contains(t, reply.Error, "rate-limited: too many requests with bad signatures from this address")
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+
+	clk.advance(time.Second)
+	got := operatorRequest(t, r, http.MethodPost, "", body, nip98(t, listenerKey, "POST", origin+outbox.RegistrationPath, body, nil))
+	require.Equal(t, http.StatusOK, got.Status, "the bucket refills: %s", got.Raw)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
 )
 
 // replaySlack is added to the NIP-98 window when a claimed auth event's row
@@ -71,9 +72,17 @@ func (s *Server) verifyOperatorAuth(r *http.Request, body []byte, expectedURL st
 	if err := checkPayload(ev, body); err != nil {
 		return nil, err
 	}
-	// The operator's listener is not the public one: its clients are not
-	// counted per address.
-	return ev, verifyAuthEvent(ev)
+	// Served on the public listener, so its signatures are bounded per
+	// address like every other signed request's.
+	err = s.verifyHTTPSignature(r, ev)
+	var ae *authError
+	if errors.As(err, &ae) && ae.RetryAfter > 0 {
+		return nil, &outbox.RateLimitedError{Reason: ae.Reason, RetryAfter: ae.RetryAfter}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ev, nil
 }
 
 func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Event, error) {
