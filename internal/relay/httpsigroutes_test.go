@@ -162,3 +162,54 @@ func TestOperatorAPIBadSignaturesAreBounded(t *testing.T) {
 	got := operatorRequest(t, r, http.MethodPost, "", body, nip98(t, listenerKey, "POST", origin+outbox.RegistrationPath, body, nil))
 	require.Equal(t, http.StatusOK, got.Status, "the bucket refills: %s", got.Raw)
 }
+
+// A signature that verified is not checked again within the auth window:
+// a replayed NIP-98 header, refused as a replay, and a Blossom token
+// reused for the upload preflight cost a hash each, not a signature check.
+// Counted by the relay's own count of signatures checked.
+// Mutation killed: no memory of verified signatures (20 and 21 checks).
+func TestVerifiedHTTPSignaturesAreNotCheckedAgain(t *testing.T) {
+	t.Parallel()
+	r := mediaRelay(t, mediaStores["fs"](t))
+	key := relaytest.NewKey(t)
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	header := authHeader(nip98(t, key, "POST", r.HTTPURL+"/query", body, nil))
+	require.Equal(t, http.StatusOK, send(t, r, "", "/query", header, body).Status)
+	for range 19 {
+		got := send(t, r, "", "/query", header, body)
+		require.Equal(t, http.StatusUnauthorized, got.Status)
+		require.Contains(t, got.Error, "already used")
+	}
+	require.Equal(t, "1", metric(t, r, "buzz_http_auth_signatures_checked_total"), "19 replays, no check")
+
+	token := blossomAuth(t, key, "upload", []string{hexSHA(pngBlob(t, 700))}, nil)
+	for range 20 {
+		require.Equal(t, http.StatusOK, mediaDo(t, r, http.MethodHead, "", "/media/upload", token, nil, nil).Status)
+	}
+	require.Equal(t, "2", metric(t, r, "buzz_http_auth_signatures_checked_total"), "one token, one check")
+}
+
+// An x-auth-tag attestation whose signature does not authorize the agent is
+// checked after the request's auth event is claimed: one valid header sent
+// again with a bad attestation has it checked once, then is refused as a
+// replay, unchecked.
+// Mutation killed: the attestation checked before the claim (five checks,
+// five 401s naming the attestation).
+func TestBadAttestationIsCheckedOncePerSignedRequest(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	agent, owner := relaytest.NewKey(t), relaytest.NewKey(t)
+	// An attestation naming someone else: it does not authorize agent.
+	tag := tagJSON(t, attest(t, owner, relaytest.NewKey(t).PublicKeyHex(), ""))
+	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
+	header := authHeader(nip98(t, agent, "POST", r.HTTPURL+"/query", body, nil))
+	status, out := sendWithTag(t, r, http.MethodPost, "/query", header, tag, body)
+	require.Equal(t, http.StatusUnauthorized, status)
+	require.Contains(t, out["error"], "x-auth-tag header")
+	for range 4 {
+		status, out = sendWithTag(t, r, http.MethodPost, "/query", header, tag, body)
+		require.Equal(t, http.StatusUnauthorized, status)
+		require.Contains(t, out["error"], "already used")
+	}
+	require.Equal(t, "1", metric(t, r, `buzz_owner_attestations_total{result="invalid"}`))
+}

@@ -99,10 +99,19 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 // verifyHTTPSignature checks ev's id and signature, last, once every check
 // that costs nothing passed, and only while the client's address may have
 // it checked (httpSignatures): past that, the refusal is 429 with
-// Retry-After and the signature is not checked.
+// Retry-After and the signature is not checked. An id that does not match
+// costs a hash, and a signature that verified within the auth window is
+// not checked again.
 func (s *Server) verifyHTTPSignature(r *http.Request, ev *nostr.Event) error {
+	if !ev.CheckID() {
+		return authFail(authEventBadID)
+	}
+	now := s.now()
+	if s.httpSignatures.verified.seen(ev, now) {
+		return nil
+	}
 	addr := addressBucket(s.clientAddr(r))
-	retry, ok, charged := s.httpSignatures.allow(addr, ev.PubKey, s.now())
+	check, retry, ok := s.httpSignatures.allow(addr, ev.PubKey, now)
 	if !ok {
 		s.metrics.HTTPAuthRateLimited.Inc()
 		return &authError{
@@ -110,15 +119,11 @@ func (s *Server) verifyHTTPSignature(r *http.Request, ev *nostr.Event) error {
 			RetryAfter: retry,
 		}
 	}
+	s.metrics.HTTPAuthSignaturesChecked.Inc()
 	err := verifyAuthEvent(ev)
-	// An id that does not match costs a hash, not a signature check.
-	var ae *authError
-	badID := errors.As(err, &ae) && ae.Reason == authEventBadID
-	switch {
-	case !badID:
-		s.httpSignatures.outcome(addr, ev.PubKey, charged, err == nil)
-	case charged:
-		s.httpSignatures.uncharge(addr)
+	s.httpSignatures.outcome(addr, ev.PubKey, check, err == nil)
+	if err == nil {
+		s.httpSignatures.verified.add(ev, now)
 	}
 	return err
 }

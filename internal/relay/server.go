@@ -173,7 +173,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
-		httpSignatures:    newHTTPSignatures(),
+		httpSignatures:    newHTTPSignatures(cfg.AuthWindow),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
