@@ -77,6 +77,11 @@ type conn struct {
 	// pings its bucket of pings answered (pacePing, called by the library
 	// with the read lock held, so one at a time).
 	messages, authChecks, pings tokenBucket
+	// closing is closed (stopPings) before the relay closes the socket:
+	// Close waits for the library's read lock, which a ping hook parked in
+	// pacePing holds until it returns.
+	closing     chan struct{}
+	closingOnce sync.Once
 	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
 	// client that reads its history slowly holds at most that much here,
 	// whatever the size of its events.
@@ -119,7 +124,7 @@ func (c *conn) closeSlow() {
 	c.slowOnce.Do(func() {
 		c.srv.metrics.SlowClosed.Inc()
 		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue, "queue_bytes", c.srv.cfg.SendQueueBytes)
-		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
+		go c.closeWS(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 	})
 }
 
@@ -237,14 +242,11 @@ func (c *conn) run() {
 	authDeadline := time.AfterFunc(c.srv.cfg.AuthTimeout, func() {
 		if !c.authed.Load() {
 			c.srv.metrics.AuthTimeouts.Inc()
-			c.ws.Close(websocket.StatusPolicyViolation, fmt.Sprintf("auth-required: no AUTH within %s", c.srv.cfg.AuthTimeout))
+			c.closeWS(websocket.StatusPolicyViolation, fmt.Sprintf("auth-required: no AUTH within %s", c.srv.cfg.AuthTimeout))
 		}
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messages = tokenBucket{tokens: messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond), at: c.srv.now()}
-	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
-	c.pings = tokenBucket{tokens: pingsAtOnce, at: c.srv.now()}
 	for {
 		c.pace()
 		typ, data, size, oversized, err := c.readMessage()
@@ -317,8 +319,9 @@ func (c *conn) pace() {
 // read, so the client's next frames stay in the socket and TCP slows it, as
 // pace does for messages; closing the connection instead would only make
 // it dial again, which costs more than a pong. It says whether to answer:
-// not once the connection ends.
-func (c *conn) pacePing() bool {
+// not once the connection ends or is being closed, nor once the library's
+// ctx ends.
+func (c *conn) pacePing(ctx context.Context) bool {
 	for counted := false; ; {
 		wait, ok := c.pings.take(c.srv.now(), 1/pingEvery.Seconds(), pingsAtOnce)
 		if ok {
@@ -330,12 +333,28 @@ func (c *conn) pacePing() bool {
 		}
 		timer := time.NewTimer(wait)
 		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return false
 		case <-c.ctx.Done():
+			timer.Stop()
+			return false
+		case <-c.closing:
 			timer.Stop()
 			return false
 		case <-timer.C:
 		}
 	}
+}
+
+// stopPings releases a ping hook parked in pacePing, and any to come.
+func (c *conn) stopPings() { c.closingOnce.Do(func() { close(c.closing) }) }
+
+// closeWS closes the socket with code and reason, first releasing a ping
+// hook parked in pacePing: Close waits for the read lock it holds.
+func (c *conn) closeWS(code websocket.StatusCode, reason string) {
+	c.stopPings()
+	c.ws.Close(code, reason)
 }
 
 // Pings a connection has answered: pingsAtOnce, then one every pingEvery.
@@ -457,7 +476,7 @@ func (c *conn) writeQueued() {
 		batch, done, draining = c.out.take(batch)
 		if done {
 			if draining {
-				c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
+				c.closeWS(websocket.StatusGoingAway, "relay shutting down")
 				c.cancel() // release a reader waiting for reply room
 			}
 			return
