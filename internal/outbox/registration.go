@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,8 +37,19 @@ const (
 // expectedURL, whose method tag is the request method, and whose payload
 // tag is present and is the SHA-256 of body. It returns the verified auth
 // event, or an error whose text is sent back with 401 after "NIP-98: ".
-// Replay protection is the handler's job.
+// Replay protection is the handler's job. A *RateLimitedError is answered
+// 429 instead.
 type NIP98Verifier func(r *http.Request, body []byte, expectedURL string) (*nostr.Event, error)
+
+// RateLimitedError is a verifier's refusal to check a signature now (the
+// client's address sent too many bad ones): answered 429 with Retry-After
+// and Reason, which starts with "rate-limited: ".
+type RateLimitedError struct {
+	Reason     string
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitedError) Error() string { return e.Reason }
 
 // RegistrationHandler serves POST (register) and DELETE (remove) of
 // {"pubkeys": [<64-hex>, ...]} for the signing listener. origin is
@@ -70,6 +83,12 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 			return
 		}
 		auth, err := verify(r, body, origin+RegistrationPath)
+		var limited *RateLimitedError
+		if errors.As(err, &limited) {
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(limited.RetryAfter.Seconds())), 10))
+			writeError(w, http.StatusTooManyRequests, limited.Reason)
+			return
+		}
 		if err != nil {
 			unauthorized(w, "NIP-98: "+err.Error())
 			return
@@ -183,7 +202,7 @@ func unauthorized(w http.ResponseWriter, msg string) {
 }
 
 // writeError answers msg, which starts with its NIP-01 prefix (invalid:,
-// auth-required:, restricted:, error:) like every HTTP error answer.
+// auth-required:, restricted:, rate-limited:, error:) like every HTTP error answer.
 func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -157,7 +157,7 @@ func (s *Server) closeCommunity(id uuid.UUID, why closing) {
 	for c := range s.conns {
 		if c.tenant.ID() == id && c.closedForCommunity.CompareAndSwap(false, true) {
 			s.metrics.CommunityClosedConns.WithLabelValues(why.reason).Inc()
-			go c.ws.Close(websocket.StatusPolicyViolation, why.reason)
+			go c.closeWS(websocket.StatusPolicyViolation, why.reason)
 		}
 	}
 }

@@ -77,6 +77,11 @@ type conn struct {
 	// pings its bucket of pings answered (pacePing, called by the library
 	// with the read lock held, so one at a time).
 	messages, authChecks, pings tokenBucket
+	// closing is closed (stopPings) before the relay closes the socket:
+	// Close waits for the library's read lock, which a ping hook parked in
+	// pacePing holds until it returns.
+	closing     chan struct{}
+	closingOnce sync.Once
 	// replyRoom bounds the bytes queued in replies (ReplyQueueBytes): a
 	// client that reads its history slowly holds at most that much here,
 	// whatever the size of its events.
@@ -119,7 +124,7 @@ func (c *conn) closeSlow() {
 	c.slowOnce.Do(func() {
 		c.srv.metrics.SlowClosed.Inc()
 		c.log.Warn("closing slow client: send queue full", "queue", c.srv.cfg.SendQueue, "queue_bytes", c.srv.cfg.SendQueueBytes)
-		go c.ws.Close(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
+		go c.closeWS(websocket.StatusPolicyViolation, "slow consumer: send queue overflow")
 	})
 }
 
@@ -237,14 +242,11 @@ func (c *conn) run() {
 	authDeadline := time.AfterFunc(c.srv.cfg.AuthTimeout, func() {
 		if !c.authed.Load() {
 			c.srv.metrics.AuthTimeouts.Inc()
-			c.ws.Close(websocket.StatusPolicyViolation, fmt.Sprintf("auth-required: no AUTH within %s", c.srv.cfg.AuthTimeout))
+			c.closeWS(websocket.StatusPolicyViolation, fmt.Sprintf("auth-required: no AUTH within %s", c.srv.cfg.AuthTimeout))
 		}
 	})
 	defer authDeadline.Stop()
 	_ = c.send(nostr.EncodeAuthChallenge(c.challenge))
-	c.messages = tokenBucket{tokens: c.messageBurst(), at: c.srv.now()}
-	c.authChecks = tokenBucket{tokens: authChecksAtOnce, at: c.srv.now()}
-	c.pings = tokenBucket{tokens: pingsAtOnce, at: c.srv.now()}
 	for {
 		c.pace()
 		typ, data, size, oversized, err := c.readMessage()
@@ -282,8 +284,8 @@ const messageBurstSeconds = 10
 
 // messageBurst is how many messages a connection may send at once, at the
 // start and after an idle spell alike.
-func (c *conn) messageBurst() float64 {
-	return messageBurstSeconds * float64(c.srv.cfg.MessagesPerSecond)
+func (s *Server) messageBurst() float64 {
+	return messageBurstSeconds * float64(s.cfg.MessagesPerSecond)
 }
 
 // pace waits, before the next message is read, until the connection may
@@ -297,7 +299,7 @@ func (c *conn) messageBurst() float64 {
 func (c *conn) pace() {
 	rate := float64(c.srv.cfg.MessagesPerSecond)
 	for counted := false; ; {
-		wait, ok := c.messages.take(c.srv.now(), rate, c.messageBurst())
+		wait, ok := c.messages.take(c.srv.now(), rate, c.srv.messageBurst())
 		if ok {
 			return
 		}
@@ -322,8 +324,9 @@ func (c *conn) pace() {
 // read, so the client's next frames stay in the socket and TCP slows it, as
 // pace does for messages; closing the connection instead would only make
 // it dial again, which costs more than a pong. It says whether to answer:
-// not once the connection ends.
-func (c *conn) pacePing() bool {
+// not once the connection ends or is being closed, nor once the library's
+// ctx ends.
+func (c *conn) pacePing(ctx context.Context) bool {
 	for counted := false; ; {
 		wait, ok := c.pings.take(c.srv.now(), 1/pingEvery.Seconds(), pingsAtOnce)
 		if ok {
@@ -335,12 +338,28 @@ func (c *conn) pacePing() bool {
 		}
 		timer := time.NewTimer(wait)
 		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return false
 		case <-c.ctx.Done():
+			timer.Stop()
+			return false
+		case <-c.closing:
 			timer.Stop()
 			return false
 		case <-timer.C:
 		}
 	}
+}
+
+// stopPings releases a ping hook parked in pacePing, and any to come.
+func (c *conn) stopPings() { c.closingOnce.Do(func() { close(c.closing) }) }
+
+// closeWS closes the socket with code and reason, first releasing a ping
+// hook parked in pacePing: Close waits for the read lock it holds.
+func (c *conn) closeWS(code websocket.StatusCode, reason string) {
+	c.stopPings()
+	c.ws.Close(code, reason)
 }
 
 // Pings a connection has answered: pingsAtOnce, then one every pingEvery.
@@ -462,7 +481,7 @@ func (c *conn) writeQueued() {
 		batch, done, draining = c.out.take(batch)
 		if done {
 			if draining {
-				c.ws.Close(websocket.StatusGoingAway, "relay shutting down")
+				c.closeWS(websocket.StatusGoingAway, "relay shutting down")
 				c.cancel() // release a reader waiting for reply room
 			}
 			return

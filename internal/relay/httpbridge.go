@@ -193,8 +193,10 @@ type principal struct {
 const authHeaderTag = "X-Auth-Tag"
 
 // authenticatePrincipal is authenticate, plus the owner attestation of the
-// x-auth-tag header: a malformed one is 400, one that does not authorize the
-// NIP-98 signer is 401, both before the auth event is claimed.
+// x-auth-tag header: a malformed one is 400, before the auth event is
+// claimed; one that does not authorize the NIP-98 signer is 401, after: its
+// check is a signature, which a header sent again would otherwise have
+// checked on every request.
 func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (who principal, body []byte, ok bool) {
 	s := b.s
 	unauthorized := func(err error) {
@@ -226,13 +228,16 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 		unauthorized(err)
 		return principal{}, nil, false
 	}
-	attestation, signed, status, err := headerAttestation(r, ev)
-	if err != nil {
+	refuseAttestation := func(status int, err error) {
 		s.metrics.OwnerAttestations.WithLabelValues(ownerInvalid).Inc()
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", "Nostr")
 		}
 		writeError(w, status, attestationRefusalPrefix(status)+"x-auth-tag header: "+err.Error())
+	}
+	attestation, err := headerAttestation(r)
+	if err != nil {
+		refuseAttestation(http.StatusBadRequest, err)
 		return principal{}, nil, false
 	}
 	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
@@ -256,6 +261,12 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	}
 	who = principal{Pubkey: ev.PubKey}
 	if attestation != nil {
+		s.metrics.HTTPAuthSignaturesChecked.Inc()
+		signed, err := attestationSigned(attestation, ev)
+		if err != nil {
+			refuseAttestation(http.StatusUnauthorized, err)
+			return principal{}, nil, false
+		}
 		if who.Owner, err = s.recordOwner(r.Context(), tenant, ev.PubKey, attestation, signed); err != nil {
 			if !communityBeingDeleted(err) && r.Context().Err() == nil {
 				// Nothing recorded, for the relay's reason (busy, or the
@@ -276,38 +287,40 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 	return who, body, true
 }
 
-// headerAttestation reads and verifies the x-auth-tag header against the
-// NIP-98 event ev: nil when absent; on error, the HTTP status to answer
-// (400 malformed, 401 not authorizing this agent). signed reports whether
-// ev carries the same auth tag, which makes the header the agent's own
-// word (see recordOwner); an auth tag in ev that differs from the header
-// is refused.
-func headerAttestation(r *http.Request, ev *nostr.Event) (a *nipoa.Attestation, signed bool, status int, err error) {
+// headerAttestation reads the x-auth-tag header: nil when absent; an
+// error when malformed (400). Its signature is checked by attestationSigned.
+func headerAttestation(r *http.Request) (*nipoa.Attestation, error) {
 	values := r.Header.Values(authHeaderTag)
 	switch len(values) {
 	case 0:
-		return nil, false, 0, nil
+		return nil, nil
 	case 1:
 	default:
 		// Like an event with two auth tags: no valid attestation.
-		return nil, false, http.StatusBadRequest, fmt.Errorf("send at most one, this request has %d", len(values))
+		return nil, fmt.Errorf("send at most one, this request has %d", len(values))
 	}
-	if a, err = nipoa.ParseHeader(values[0]); err != nil {
-		return nil, false, http.StatusBadRequest, err
-	}
+	return nipoa.ParseHeader(values[0])
+}
+
+// attestationSigned verifies a, the x-auth-tag header, against the NIP-98
+// event ev; an error does not authorize this agent (401). signed reports
+// whether ev carries the same auth tag, which makes the header the agent's
+// own word (see recordOwner); an auth tag in ev that differs from the
+// header is refused.
+func attestationSigned(a *nipoa.Attestation, ev *nostr.Event) (signed bool, err error) {
 	if err := a.VerifyFor(ev.PubKey, ev.CreatedAt); err != nil {
-		return nil, false, http.StatusUnauthorized, err
+		return false, err
 	}
 	for _, tag := range ev.Tags {
 		if len(tag) == 0 || tag[0] != nipoa.TagName {
 			continue
 		}
 		if signed || !slices.Equal(tag, a.Tag()) {
-			return nil, false, http.StatusUnauthorized, fmt.Errorf("%w: the request's signed event carries a different auth tag", nipoa.ErrRejected)
+			return false, fmt.Errorf("%w: the request's signed event carries a different auth tag", nipoa.ErrRejected)
 		}
 		signed = true
 	}
-	return a, signed, 0, nil
+	return signed, nil
 }
 
 func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

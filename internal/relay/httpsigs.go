@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // Bad signatures of signed HTTP requests (NIP-98, Blossom) an address may
@@ -20,10 +22,19 @@ import (
 const (
 	badSignaturesAtOnce    = 100
 	badSignaturesPerSecond = 10
+	// All addresses together, whatever their number (IPv6 /64s past the
+	// address memory, a botnet): at most 40 ms of CPU a second, 4% of a
+	// core.
+	allBadSignaturesAtOnce    = 1000
+	allBadSignaturesPerSecond = 1000
 	// badSignatureAddrs and verifiedSigners bound what is remembered; the
-	// least recently used goes first.
+	// least recently used goes first. signersPerAddr keeps one address's
+	// throwaway keys from pushing other addresses' signers out.
 	badSignatureAddrs = 10_000
 	verifiedSigners   = 10_000
+	signersPerAddr    = 64
+	// verifiedEvents bounds the signatures remembered as good.
+	verifiedEvents = 10_000
 )
 
 // httpSignatures decides whether a signed HTTP request's signature is
@@ -31,73 +42,179 @@ const (
 // refused unchecked, except for a pubkey whose signature verified from
 // that address before: so a client sending bad signatures does not lock
 // out the others behind its address (a NAT, an agent host) who were
-// already signing. Such a pubkey's failure forgets it, so a client
-// claiming someone else's pubkey gets one check per success of its owner.
+// already signing. Such a pubkey is exempt for one check at a time, and
+// its failure forgets it, so a client claiming someone else's pubkey gets
+// one check per success of its owner. A signature that verified is
+// remembered for the auth window, so a header sent again (a replay, a
+// reusable Blossom token) costs a hash, not a check.
 type httpSignatures struct {
 	mu       sync.Mutex
 	failures *TokenBuckets // key: address bucket
-	signers  *list.List    // of signerKey, most recently verified first
-	byKey    map[signerKey]*list.Element
+	all      tokenBucket   // failures of every address together
+	signers  *list.List    // of *signer, most recently verified first
+	byKey    map[signerKey]*signer
+	byAddr   map[string]*list.List // of *signer, per address, most recent first
+	verified verifiedSignatures
 }
 
 type signerKey struct{ addr, pubkey string }
+
+type signer struct {
+	key signerKey
+	// inAll and inAddr are its places in signers and byAddr[key.addr].
+	inAll, inAddr *list.Element
+	// checking is set while an exempt check of its signature runs: another
+	// request in its name meanwhile takes the address's bucket.
+	checking bool
+}
+
+// sigCheck is what allow granted a check: charged, a token of the
+// address's bucket and one of all addresses'; exempt, a remembered
+// signer's check.
+type sigCheck struct{ charged, exempt bool }
 
 // badSignatureCommunity is the community the failure buckets are kept
 // under: they count per address, whatever the community.
 var badSignatureCommunity = uuid.Nil
 
-func newHTTPSignatures() *httpSignatures {
+func newHTTPSignatures(window time.Duration) *httpSignatures {
 	return &httpSignatures{
 		failures: NewTokenBuckets(badSignaturesPerSecond*60, badSignaturesAtOnce, badSignatureAddrs),
+		all:      tokenBucket{tokens: allBadSignaturesAtOnce},
 		signers:  list.New(),
-		byKey:    map[signerKey]*list.Element{},
+		byKey:    map[signerKey]*signer{},
+		byAddr:   map[string]*list.List{},
+		verified: verifiedSignatures{window: window, byKey: map[verifiedKey]time.Time{}},
 	}
 }
 
 // allow says whether pubkey's signature from addr is checked; when not,
-// retry says when the address has a check again. A check allowed for an
-// unknown signer takes a token, which outcome gives back unless the
+// retry says when the address has a check again. A check allowed for a
+// signer not remembered (or already being checked) takes a token of the
+// address and one of all addresses, which outcome gives back unless the
 // signature was bad.
-func (h *httpSignatures) allow(addr, pubkey string, now time.Time) (retry time.Duration, ok, charged bool) {
+func (h *httpSignatures) allow(addr, pubkey string, now time.Time) (check sigCheck, retry time.Duration, ok bool) {
 	h.mu.Lock()
-	_, known := h.byKey[signerKey{addr, pubkey}]
-	h.mu.Unlock()
-	if known {
-		return 0, true, false
+	if s := h.byKey[signerKey{addr, pubkey}]; s != nil && !s.checking {
+		s.checking = true
+		h.mu.Unlock()
+		return sigCheck{exempt: true}, 0, true
 	}
-	ok, retry = h.failures.Allow(badSignatureCommunity, addr, now)
-	return retry, ok, ok
+	h.mu.Unlock()
+	if ok, retry = h.failures.Allow(badSignatureCommunity, addr, now); !ok {
+		return sigCheck{}, retry, false
+	}
+	h.mu.Lock()
+	retry, ok = h.all.take(now, allBadSignaturesPerSecond, allBadSignaturesAtOnce)
+	h.mu.Unlock()
+	if !ok {
+		h.failures.giveBack(badSignatureCommunity, addr)
+		return sigCheck{}, retry, false
+	}
+	return sigCheck{charged: true}, 0, true
 }
 
 // outcome records a check allowed by allow: a verified signer is
-// remembered, a bad signature forgets its pubkey and keeps the token it
+// remembered, a bad signature forgets its pubkey and keeps the tokens it
 // took, if any.
-func (h *httpSignatures) outcome(addr, pubkey string, charged, verified bool) {
-	if charged && verified {
-		h.uncharge(addr)
+func (h *httpSignatures) outcome(addr, pubkey string, check sigCheck, verified bool) {
+	if check.charged && verified {
+		h.failures.giveBack(badSignatureCommunity, addr)
 	}
 	key := signerKey{addr, pubkey}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	el, known := h.byKey[key]
+	if check.charged && verified {
+		h.all.tokens = min(h.all.tokens+1, allBadSignaturesAtOnce)
+	}
+	s := h.byKey[key]
+	if check.exempt && s != nil {
+		s.checking = false
+	}
 	switch {
-	case verified && known:
-		h.signers.MoveToFront(el)
+	case verified && s != nil:
+		h.signers.MoveToFront(s.inAll)
+		h.byAddr[addr].MoveToFront(s.inAddr)
 	case verified:
-		if h.signers.Len() >= verifiedSigners {
-			oldest := h.signers.Back()
-			delete(h.byKey, oldest.Value.(signerKey))
-			h.signers.Remove(oldest)
+		own := h.byAddr[addr]
+		switch {
+		case own != nil && own.Len() >= signersPerAddr:
+			h.forget(own.Back().Value.(*signer))
+		case h.signers.Len() >= verifiedSigners:
+			h.forget(h.signers.Back().Value.(*signer))
 		}
-		h.byKey[key] = h.signers.PushFront(key)
-	case known:
-		delete(h.byKey, key)
-		h.signers.Remove(el)
+		if own = h.byAddr[addr]; own == nil {
+			own = list.New()
+			h.byAddr[addr] = own
+		}
+		s = &signer{key: key}
+		s.inAll = h.signers.PushFront(s)
+		s.inAddr = own.PushFront(s)
+		h.byKey[key] = s
+	case s != nil:
+		h.forget(s)
 	}
 }
 
-// uncharge gives back the token allow took for a check that found no bad
-// signature.
-func (h *httpSignatures) uncharge(addr string) {
-	h.failures.giveBack(badSignatureCommunity, addr)
+// forget drops a remembered signer. Call with mu held.
+func (h *httpSignatures) forget(s *signer) {
+	h.signers.Remove(s.inAll)
+	own := h.byAddr[s.key.addr]
+	own.Remove(s.inAddr)
+	if own.Len() == 0 {
+		delete(h.byAddr, s.key.addr)
+	}
+	delete(h.byKey, s.key)
+}
+
+// verifiedSignatures remembers events whose signature verified, for the
+// auth window from when it did: the same event sent again (a replayed
+// header, or a Blossom token reused until it expires) has its id hashed
+// and matched, its signature not checked again. Entries are kept in the
+// order they were added, which is the order they expire in.
+type verifiedSignatures struct {
+	mu     sync.Mutex
+	window time.Duration
+	byKey  map[verifiedKey]time.Time // when each expires
+	order  list.List                 // of verifiedKey, oldest first
+}
+
+// verifiedKey is an event's id and signature: the id commits to the rest.
+type verifiedKey struct {
+	id  [32]byte
+	sig [64]byte
+}
+
+func keyOf(ev *nostr.Event) verifiedKey {
+	return verifiedKey{id: ev.IDBytes(), sig: ev.SigBytes()}
+}
+
+// seen reports whether ev, whose id was checked against its content,
+// carries a signature that verified within the window.
+func (v *verifiedSignatures) seen(ev *nostr.Event, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	until, ok := v.byKey[keyOf(ev)]
+	return ok && now.Before(until)
+}
+
+// add remembers ev's signature as verified at now.
+func (v *verifiedSignatures) add(ev *nostr.Event, now time.Time) {
+	key := keyOf(ev)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for v.order.Len() > 0 {
+		oldest := v.order.Front()
+		k := oldest.Value.(verifiedKey)
+		if v.order.Len() < verifiedEvents && now.Before(v.byKey[k]) {
+			break
+		}
+		v.order.Remove(oldest)
+		delete(v.byKey, k)
+	}
+	if _, ok := v.byKey[key]; ok {
+		return
+	}
+	v.byKey[key] = now.Add(v.window)
+	v.order.PushBack(key)
 }

@@ -31,8 +31,11 @@ type Metrics struct {
 	MessagesPaced       prometheus.Counter
 	PingsPaced          prometheus.Counter
 	HTTPAuthRateLimited prometheus.Counter
-	RateLimited         prometheus.Counter
-	DBQuery             *prometheus.HistogramVec // query: the statement's name
+	// HTTPAuthSignaturesChecked counts the signatures of signed HTTP
+	// requests (and their x-auth-tag attestations) actually verified.
+	HTTPAuthSignaturesChecked prometheus.Counter
+	RateLimited               prometheus.Counter
+	DBQuery                   *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid, unsigned.
 	OwnerAttestations *prometheus.CounterVec
@@ -139,6 +142,9 @@ func NewMetrics() *Metrics {
 		HTTPAuthRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_http_auth_rate_limited_total", Help: "Signed HTTP requests refused unverified because their address had sent its bad signatures.",
 		}),
+		HTTPAuthSignaturesChecked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_http_auth_signatures_checked_total", Help: "Signatures of signed HTTP requests verified (a signature that verified within the auth window is not checked again).",
+		}),
 		RateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_publish_rate_limited_total", Help: "Events refused because their pubkey published too fast.",
 		}),
@@ -199,7 +205,7 @@ func NewMetrics() *Metrics {
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
 	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.IngestChangesAlone, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.PingsPaced, m.HTTPAuthRateLimited, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.PingsPaced, m.HTTPAuthRateLimited, m.HTTPAuthSignaturesChecked, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
 )
 
 // replaySlack is added to the NIP-98 window when a claimed auth event's row
@@ -76,9 +77,17 @@ func (s *Server) verifyOperatorAuth(r *http.Request, body []byte, expectedURL st
 	if err := checkPayload(ev, body); err != nil {
 		return nil, err
 	}
-	// The operator's listener is not the public one: its clients are not
-	// counted per address.
-	return ev, verifyAuthEvent(ev)
+	// Served on the public listener, so its signatures are bounded per
+	// address like every other signed request's.
+	err = s.verifyHTTPSignature(r, ev)
+	var ae *authError
+	if errors.As(err, &ae) && ae.RetryAfter > 0 {
+		return nil, &outbox.RateLimitedError{Reason: ae.Reason, RetryAfter: ae.RetryAfter}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ev, nil
 }
 
 func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Event, error) {
@@ -95,10 +104,19 @@ func (s *Server) verifyHTTPAuth(r *http.Request, expectedURL string) (*nostr.Eve
 // verifyHTTPSignature checks ev's id and signature, last, once every check
 // that costs nothing passed, and only while the client's address may have
 // it checked (httpSignatures): past that, the refusal is 429 with
-// Retry-After and the signature is not checked.
+// Retry-After and the signature is not checked. An id that does not match
+// costs a hash, and a signature that verified within the auth window is
+// not checked again.
 func (s *Server) verifyHTTPSignature(r *http.Request, ev *nostr.Event) error {
+	if !ev.CheckID() {
+		return authFail(authEventBadID)
+	}
+	now := s.now()
+	if s.httpSignatures.verified.seen(ev, now) {
+		return nil
+	}
 	addr := addressBucket(s.clientAddr(r))
-	retry, ok, charged := s.httpSignatures.allow(addr, ev.PubKey, s.now())
+	check, retry, ok := s.httpSignatures.allow(addr, ev.PubKey, now)
 	if !ok {
 		s.metrics.HTTPAuthRateLimited.Inc()
 		return &authError{
@@ -106,15 +124,11 @@ func (s *Server) verifyHTTPSignature(r *http.Request, ev *nostr.Event) error {
 			RetryAfter: retry,
 		}
 	}
+	s.metrics.HTTPAuthSignaturesChecked.Inc()
 	err := verifyAuthEvent(ev)
-	// An id that does not match costs a hash, not a signature check.
-	var ae *authError
-	badID := errors.As(err, &ae) && ae.Reason == authEventBadID
-	switch {
-	case !badID:
-		s.httpSignatures.outcome(addr, ev.PubKey, charged, err == nil)
-	case charged:
-		s.httpSignatures.uncharge(addr)
+	s.httpSignatures.outcome(addr, ev.PubKey, check, err == nil)
+	if err == nil {
+		s.httpSignatures.verified.add(ev, now)
 	}
 	return err
 }

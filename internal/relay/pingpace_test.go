@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -136,4 +137,32 @@ func maskedFrame(opcode byte, payload []byte) []byte {
 		frame = append(frame, b^mask[i%4])
 	}
 	return frame
+}
+
+// Shutdown completes while a ping flooder's hook waits for its bucket: the
+// relay's close of the connection waits for the read the hook holds, so
+// the hook gives way to a close. The clock stands still, so the hook's
+// bucket never refills on its own.
+// Mutation killed: pacePing waiting on the connection's context alone
+// (Shutdown runs out its context with the flooder still open).
+func TestShutdownCompletesWithAPacedPingFlooder(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(func() time.Time { return now }))}, func(c *config.Config) {
+		c.AuthTimeout = time.Hour
+	})
+	flooder := dialRaw(t, r)
+	var pings []byte
+	for i := range 50 {
+		pings = append(pings, maskedFrame(0x9, []byte{byte(i)})...)
+	}
+	_, err := flooder.conn.Write(pings)
+	require.NoError(t, err)
+	waitMetric(t, r, "buzz_pings_paced_total", "1")
+
+	// A bound on a hang, not a measure: Shutdown returns once every
+	// connection is gone, or with the context's error.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, r.Shutdown(ctx), "every connection closed, the flooder's included")
 }

@@ -173,7 +173,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 		media:   o.media,
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
-		httpSignatures:    newHTTPSignatures(),
+		httpSignatures:    newHTTPSignatures(cfg.AuthWindow),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
@@ -572,7 +572,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		// signatures, never cookies, so there is no CSRF surface to guard.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
-		OnPingReceived:     func(context.Context, []byte) bool { return c.pacePing() },
+		OnPingReceived:     func(ctx context.Context, _ []byte) bool { return c.pacePing(ctx) },
 	})
 	if err != nil {
 		s.release(addr)
@@ -595,6 +595,11 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 		ctx:       ctx,
 		cancel:    cancel,
 		subs:      map[string]int{},
+		closing:   make(chan struct{}),
+		// Every bucket is set before anything can read from ws.
+		messages:   tokenBucket{tokens: s.messageBurst(), at: s.now()},
+		authChecks: tokenBucket{tokens: authChecksAtOnce, at: s.now()},
+		pings:      tokenBucket{tokens: pingsAtOnce, at: s.now()},
 	}
 	c.initWriteWatchdog()
 	if status, reason := s.track(c); status != 0 {
