@@ -375,6 +375,9 @@ func TestChangeLeavingItsLineMidwayPassesNoTurnToNobody(t *testing.T) {
 			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 1 }, 30*time.Second, 2*time.Millisecond)
 			last := submit(f.ctx)
 			require.Eventually(t, func() bool { return ingest.ChangesWaitingTheirTurn(f.p) == 2 }, 30*time.Second, 2*time.Millisecond)
+			// The first join waited for the row in its group's short try
+			// above; now it waits in its own transaction, having the turn.
+			f.waitForLockWaiters(1, "the first join does not wait for the row on its turn")
 
 			leave()
 			got := <-gone

@@ -212,8 +212,8 @@ func checkDeletionByFormerWriter(ev *nostr.Event, hasLive bool, named deletionTa
 // insert, holding the lock shared, has committed by now. A moderation event
 // among them refuses the deletion as prepareDeletion would have, and one in
 // another channel than the deletion's would leave the deletion readable
-// where its target is not; the client sends it again and gets the answer
-// the committed targets give.
+// where its target is not; run again (errDeletionTargetMoved), it gets the
+// answer the committed targets give.
 func recheckTargetsUnderLock(ctx context.Context, w *Write, ids [][]byte) error {
 	rows, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: w.ActorBytes()})
 	if err != nil {

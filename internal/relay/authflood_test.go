@@ -32,10 +32,8 @@ import (
 func TestAuthVerificationsPerConnectionAreBounded(t *testing.T) {
 	t.Parallel()
 	const connections, checksAtOnce = 4, 10
-	now := time.Now()
-	var mu sync.Mutex
-	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))}, func(c *config.Config) {
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
 		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
 	})
 	from := func(addr string) http.Header { return http.Header{"X-Forwarded-For": {addr}} }
@@ -107,9 +105,7 @@ func TestAuthVerificationsPerConnectionAreBounded(t *testing.T) {
 	ev := c.AuthEvent(relaytest.NewKey(t))
 	c.Send("AUTH", ev)
 	require.Contains(t, c.Expect("OK").Msg, "rate-limited: ")
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clk.advance(time.Second)
 	c.Auth(nil)
 	require.True(t, c.Publish(c.Sign(1, "after the flood", nil, 0)).OK)
 }

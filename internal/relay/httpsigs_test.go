@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -25,10 +24,8 @@ import (
 // exemption for a verified signer (the member refused 429).
 func TestBadHTTPSignaturesPerAddressAreBounded(t *testing.T) {
 	t.Parallel()
-	now := time.Now()
-	var mu sync.Mutex
-	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))})
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))})
 	body := encodeBody(t, query(map[string]any{"kinds": []int{1}}))
 	signed := func(key *nostr.SecretKey, forge bool) string {
 		ev := nip98(t, key, "POST", r.HTTPURL+"/query", body, nil)
@@ -58,8 +55,6 @@ func TestBadHTTPSignaturesPerAddressAreBounded(t *testing.T) {
 	require.Equal(t, 401, send(t, r, "", "/query", signed(member, true), body).Status, "a bad signature in a verified signer's name is checked once")
 	require.Equal(t, 429, send(t, r, "", "/query", signed(member, false), body).Status, "and forgets the signer")
 
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clk.advance(time.Second)
 	require.Equal(t, 200, send(t, r, "", "/query", signed(newcomer, false), body).Status, "the bucket refills")
 }

@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -25,10 +24,8 @@ import (
 func TestMessagesPerConnectionArePaced(t *testing.T) {
 	t.Parallel()
 	const perSecond = 5
-	now := time.Now()
-	var mu sync.Mutex
-	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))}, func(c *config.Config) {
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
 		c.MessagesPerSecond = perSecond
 	})
 	flooder := r.Dial(t, "")
@@ -48,9 +45,7 @@ func TestMessagesPerConnectionArePaced(t *testing.T) {
 	member.Auth(nil)
 	require.True(t, member.Publish(member.Sign(1, "beside the flood", nil, 0)).OK)
 
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clk.advance(time.Second)
 	for range perSecond {
 		require.Contains(t, flooder.Expect("NOTICE").Msg, "auth-required: ")
 	}
@@ -59,9 +54,7 @@ func TestMessagesPerConnectionArePaced(t *testing.T) {
 	// Idle for the burst's seconds, the bucket holds the whole burst again:
 	// that many are answered at once, the next waits while the clock
 	// stands still.
-	mu.Lock()
-	now = now.Add(relay.MessageBurstSeconds * time.Second)
-	mu.Unlock()
+	clk.advance(relay.MessageBurstSeconds * time.Second)
 	for range burst {
 		flooder.SendRaw(`["CLOSE","x"]`)
 	}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,10 +31,8 @@ import (
 // no wait counted).
 func TestPingsPerConnectionArePaced(t *testing.T) {
 	t.Parallel()
-	now := time.Now()
-	var mu sync.Mutex
-	at := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(at))}, func(c *config.Config) {
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
 		c.AuthTimeout = time.Hour
 	})
 	flooder := dialRaw(t, r)
@@ -53,9 +50,7 @@ func TestPingsPerConnectionArePaced(t *testing.T) {
 	other.Send("CLOSE", "x")
 	require.Contains(t, other.Expect("NOTICE").Msg, "auth-required: ", "another connection is read as before")
 
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clk.advance(time.Second)
 	waitMetric(t, r, "buzz_pings_paced_total", "2")
 	require.Equal(t, []byte{10}, flooder.pongs(t, 500*time.Millisecond), "one more pong a second")
 }
