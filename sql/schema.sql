@@ -3208,7 +3208,7 @@ CREATE INDEX events_by_received_at ON public.events USING brin (received_at) WIT
 -- Name: events_by_tag_in_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_by_tag_in_community ON public.events USING gin (community_id, tag_index);
+CREATE INDEX events_by_tag_in_community ON public.events USING gin (community_id, tag_index) WITH (gin_pending_list_limit='256');
 
 
 --
@@ -3222,7 +3222,7 @@ CREATE INDEX events_expiring ON public.events USING btree (expires_at) WHERE (ex
 -- Name: events_search_by_community; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX events_search_by_community ON public.events USING gin (community_id, search_tsv);
+CREATE INDEX events_search_by_community ON public.events USING gin (community_id, search_tsv) WITH (gin_pending_list_limit='256');
 
 
 --

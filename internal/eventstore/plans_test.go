@@ -410,3 +410,31 @@ func eventRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, args []any) (fl
 	})
 	return read, out
 }
+
+// TestGINPendingListsStayShort: inserts into the search and tag indexes
+// wait in each index's pending list, which every read of the index scans
+// whole and the insert that outgrows it merges whole (holding its group's
+// events meanwhile); migration 065 keeps both lists to 256 kB, a burst
+// included. Autovacuum is off for the table, so only the inserts merge.
+// Mutation killed: 065's ALTER INDEX left out (a burst leaves hundreds of
+// pending pages in the server default's 4 MB).
+func TestGINPendingListsStayShort(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	c, err := db.New(pool).CommunityCreate(ctx, "pending.example")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ALTER TABLE events SET (autovacuum_enabled = off)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pgstattuple")
+	require.NoError(t, err)
+	burst(t, pool, c.ID, 5_000)
+
+	const pendingListLimit, pageSize = 256 << 10, 8192
+	for _, index := range []string{"events_search_by_community", "events_by_tag_in_community"} {
+		var pages int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT pending_pages FROM pgstatginindex($1::regclass)", index).Scan(&pages))
+		t.Logf("%s: %d pending pages", index, pages)
+		require.LessOrEqual(t, pages*pageSize, int64(pendingListLimit+pageSize), "%s: pending pages after a burst", index)
+	}
+}
