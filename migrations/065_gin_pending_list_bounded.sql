@@ -24,22 +24,25 @@
 -- pending pages, for about a tenth more buffer hits per insert.
 -- TestGINPendingListsStayShort holds the bound.
 -- Lock impact: ALTER INDEX ... SET takes ACCESS EXCLUSIVE on the index
--- alone, not on events, for an instant (it rewrites nothing): inserts
--- into events and reads through the index wait for it, and it waits for
--- the transactions using the index to finish, bounded by lock_timeout
--- (the migration fails and can simply be run again). A pending list
--- longer than the new limit is merged by the next insert or vacuum.
+-- alone (not on events) and rewrites nothing, so it holds it for an
+-- instant. Every statement on events plans with all of the table's
+-- indexes locked, so the ALTER first waits for the transactions on events
+-- already running, and the statements on events that arrive meanwhile
+-- (reads and writes) queue behind it: lock_timeout bounds that to 2 s,
+-- after which the migration fails, changes nothing, and can be run again.
+-- A pending list longer than the new limit is merged by the next insert
+-- or vacuum.
 -- Roll back: the down part resets both indexes to the server's
 -- gin_pending_list_limit.
 
-SET LOCAL lock_timeout = '5s';
+SET LOCAL lock_timeout = '2s';
 
 ALTER INDEX events_search_by_community SET (gin_pending_list_limit = 256);
 ALTER INDEX events_by_tag_in_community SET (gin_pending_list_limit = 256);
 
 ---- create above / drop below ----
 
-SET LOCAL lock_timeout = '5s';
+SET LOCAL lock_timeout = '2s';
 
 ALTER INDEX events_search_by_community RESET (gin_pending_list_limit);
 ALTER INDEX events_by_tag_in_community RESET (gin_pending_list_limit);
