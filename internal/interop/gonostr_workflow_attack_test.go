@@ -113,3 +113,120 @@ func TestGoNostrWebhookURLHostIsNotAPlaceholder(t *testing.T) {
 		"  - {id: hook, action: call_webhook, url: '"+srv.URL+"?q={{trigger.text}}'}\n",
 		nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}, nostr.Now())
 }
+
+// Outsiders of a private channel, a member removed from it and a member
+// who is not the workflow's owner try every workflow write and read on it
+// through go-nostr: save a definition there or under its workflow's id,
+// run it, decide its approvals (named approver and "any"), forge the
+// relay's notices, archive it by coordinate, and read its definitions,
+// commands, approvals and messages with every filter shape and COUNT.
+// Each write gets the answer an unknown workflow, approval or channel
+// gets, or the refusal of its rule; nothing of the channel comes back; the
+// workflow stays active and no approval is decided. A sweep of what held in
+// an outside review; each rule's own test names its mutation. Mutation
+// killed here: prepareDecision without its channel check
+// (bindWriteOrHide) lets an outsider grant an "any" approval.
+func TestGoNostrOutsidersCannotTouchAPrivateChannelsWorkflows(t *testing.T) {
+	t.Parallel()
+	r, _, _ := startRelayWithHookServer(t)
+	alice, bob, mallory, carol := connectGo(t, r), connectGo(t, r), connectGo(t, r), connectGo(t, r)
+	p := uuid.NewString()
+	alice.publish(9007, "", nostr.Tags{{"h", p}, {"name", "secret"}, {"visibility", "private"}}, nostr.Now())
+	alice.publish(9000, "", nostr.Tags{{"h", p}, {"p", bob.pk}}, nostr.Now())
+	alice.publish(9000, "", nostr.Tags{{"h", p}, {"p", carol.pk}}, nostr.Now())
+	o := uuid.NewString()
+	mallory.publish(9007, "", nostr.Tags{{"h", o}, {"name", "mine"}}, nostr.Now())
+
+	gate := uuid.NewString()
+	alice.publish(30620, "name: Gate\ntrigger: {on: message_posted}\nsteps:\n"+
+		"  - {id: ask, action: request_approval, from: "+alice.pk+", message: 'Approve zebra?'}\n"+
+		"  - {id: say, action: send_message, text: 'approved zebra'}\n", nostr.Tags{{"d", gate}, {"h", p}}, nostr.Now())
+	anyone := uuid.NewString()
+	alice.publish(30620, "name: Any\ntrigger: {on: reaction_added}\nsteps: [{id: ask, action: request_approval, from: any, message: 'Anyone zebra?'}]",
+		nostr.Tags{{"d", anyone}, {"h", p}}, nostr.Now())
+	carols := uuid.NewString()
+	carol.publish(30620, "name: C\ntrigger: {on: message_posted, filter: 'false'}\nsteps: [{id: s, action: send_message, text: 'carol zebra'}]",
+		nostr.Tags{{"d", carols}, {"h", p}}, nostr.Now())
+	msg := bob.publish(9, "zebra please", nostr.Tags{{"h", p}}, nostr.Now())
+	bob.publish(7, "+", nostr.Tags{{"h", p}, {"e", msg.ID}}, nostr.Now())
+	var requests []*nostr.Event
+	require.Eventually(t, func() bool {
+		requests = alice.query(nostr.Filter{Kinds: []int{46010}, Tags: nostr.TagMap{"h": {p}}})
+		return len(requests) == 2
+	}, wait, 20*time.Millisecond)
+	refs := map[string]string{}
+	for _, ev := range requests {
+		refs[ev.Content] = ev.Tags.GetFirst([]string{"approval", ""}).Value()
+	}
+	gateRef, anyRef := refs["Approve zebra?"], refs["Anyone zebra?"]
+	require.NotEmpty(t, gateRef)
+	require.NotEmpty(t, anyRef)
+	alice.publish(9001, "", nostr.Tags{{"h", p}, {"p", carol.pk}}, nostr.Now())
+
+	step := "name: x\ntrigger: {on: message_posted}\nsteps: [{id: s, action: send_message, text: hi}]"
+	for _, try := range []struct {
+		who  *goClient
+		kind int
+		body string
+		tags nostr.Tags
+		want string
+	}{
+		{mallory, 30620, step, nostr.Tags{{"d", uuid.NewString()}, {"h", p}}, "restricted: not a member of this channel"},
+		{mallory, 30620, step, nostr.Tags{{"d", gate}, {"h", o}}, "restricted: workflow belongs to a different owner or channel"},
+		{bob, 30620, step, nostr.Tags{{"d", gate}, {"h", p}}, "restricted: workflow belongs to a different owner or channel"},
+		{bob, 30620, "name: x\ntrigger: {on: message_posted}\nsteps: [{id: s, action: call_webhook, url: 'https://example.com/x'}]",
+			nostr.Tags{{"d", uuid.NewString()}, {"h", p}}, "restricted: call_webhook needs the owner or admin role in the channel"},
+		{carol, 30620, step, nostr.Tags{{"d", carols}, {"h", p}}, "restricted: not a member of this channel"},
+		{mallory, 46020, "", nostr.Tags{{"d", gate}}, "invalid: workflow not found"},
+		{mallory, 46020, "", nostr.Tags{{"d", gate}, {"h", o}}, "invalid: workflow not found"},
+		{bob, 46020, "", nostr.Tags{{"d", gate}}, "restricted: not authorized to trigger this workflow"},
+		{carol, 46020, "", nostr.Tags{{"d", carols}}, "invalid: workflow not found"},
+		{mallory, 46030, "", nostr.Tags{{"d", gateRef}}, "invalid: approval not found"},
+		{mallory, 46030, "", nostr.Tags{{"d", anyRef}}, "invalid: approval not found"},
+		{mallory, 46031, "", nostr.Tags{{"d", anyRef}, {"h", o}}, "invalid: approval not found"},
+		{carol, 46030, "", nostr.Tags{{"d", anyRef}}, "invalid: approval not found"},
+		{bob, 46030, "", nostr.Tags{{"d", gateRef}}, "restricted: not the approver of this step"},
+		{bob, 46031, "", nostr.Tags{{"e", gateRef}}, "restricted: not the approver of this step"},
+		{mallory, 46011, "", nostr.Tags{{"h", o}, {"approval", gateRef}}, "restricted: only the relay publishes kind 46011"},
+		{mallory, 46010, "", nostr.Tags{{"h", o}, {"approval", gateRef}, {"p", alice.pk}}, "restricted: only the relay publishes kind 46010"},
+	} {
+		err := try.who.send(try.who.sign(try.kind, try.body, try.tags, nostr.Now()))
+		require.ErrorContains(t, err, "msg: "+try.want, "kind %d %v", try.kind, try.tags)
+	}
+	// A deletion by coordinate names its signer's workflows only: accepted,
+	// it archives nothing of Alice's.
+	mallory.publish(5, "", nostr.Tags{{"a", "30620:" + alice.pk + ":" + gate}}, nostr.Now())
+	bob.publish(5, "", nostr.Tags{{"a", "30620:" + alice.pk + ":" + anyone}, {"h", p}}, nostr.Now())
+
+	for _, reader := range []*goClient{mallory, carol} {
+		for _, f := range []nostr.Filter{
+			{Kinds: []int{30620, 46010, 46011, 46012, 46020, 46030, 46031, 9, 7}},
+			{Tags: nostr.TagMap{"d": {gate, anyone, carols, gateRef, anyRef}}},
+			{IDs: []string{msg.ID, requests[0].ID, requests[1].ID}},
+			{Tags: nostr.TagMap{"e": {msg.ID}}},
+			{Tags: nostr.TagMap{"p": {alice.pk, bob.pk}}},
+			{Authors: []string{alice.pk, bob.pk, carol.pk}},
+			{Search: "zebra"},
+			{Kinds: []int{46010}, Search: "Approve"},
+		} {
+			for _, ev := range reader.query(f) {
+				require.Nil(t, ev.Tags.GetFirst([]string{"h", p}), "%v sent an event of the channel", f)
+				require.NotContains(t, ev.Content, "zebra", "%v", f)
+			}
+			if reader == mallory {
+				if f.Search != "" || len(f.IDs) > 0 || len(f.Authors) > 0 {
+					require.Zero(t, reader.count(f), "COUNT %v", f)
+				}
+			}
+		}
+		require.Contains(t, reader.reqClosedReasonFor(nostr.Filter{Kinds: []int{46010}, Tags: nostr.TagMap{"h": {p}}}), "restricted: not a channel member")
+	}
+
+	var active, decided int
+	require.NoError(t, r.Pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM workflows WHERE community_id = $1 AND status = 'active' AND enabled AND owner_pubkey = decode($2, 'hex')),
+		        (SELECT count(*) FROM workflow_approvals WHERE community_id = $1 AND status <> 'pending')`,
+		r.CommunityID, alice.pk).Scan(&active, &decided))
+	require.Equal(t, 2, active, "Alice's workflows are as she left them")
+	require.Zero(t, decided, "no approval was decided")
+}
