@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"crypto/x509"
 	"net/http"
 	"time"
 
@@ -32,17 +33,30 @@ func (s *Server) registerWorkflows() {
 	})
 }
 
+// WorkflowOption adjusts the workflow worker StartWorkflows runs.
+type WorkflowOption func(*safehttp.Options)
+
+// WithWebhookRootCAs makes call_webhook steps verify servers against roots
+// instead of the system's (tests: a TLS server on loopback).
+func WithWebhookRootCAs(roots *x509.CertPool) WorkflowOption {
+	return func(o *safehttp.Options) { o.RootCAs = roots }
+}
+
 // StartWorkflows runs the workflow worker and the schedule scheduler until
 // ctx ends. Every relay process may run them: runs are claimed under a
 // lease, so several workers on one database never execute the same step
 // twice, and a schedule slot is claimed by one process only.
-func (s *Server) StartWorkflows(ctx context.Context) error {
+func (s *Server) StartWorkflows(ctx context.Context, opts ...WorkflowOption) error {
 	m := s.workflowStats
-	webhooks := safehttp.New(safehttp.Options{
+	hooks := safehttp.Options{
 		Timeout:          s.cfg.WorkflowWebhookTimeout,
 		MaxResponseBytes: int64(s.cfg.WorkflowWebhookResponseBytes),
 		AllowedNets:      s.cfg.WorkflowWebhookAllowedNets,
-	})
+	}
+	for _, opt := range opts {
+		opt(&hooks)
+	}
+	webhooks := safehttp.New(hooks)
 	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{
 		Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m, Webhooks: webhooks, StepTimeout: s.cfg.WorkflowStepTimeout,
 	})

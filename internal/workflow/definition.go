@@ -195,14 +195,35 @@ func checkForSave(def *Definition, minSchedule time.Duration) error {
 		return err
 	}
 	for i, s := range def.Steps {
-		if s.Action != ActionRequestApproval {
-			continue
-		}
-		if d, _ := time.ParseDuration(s.Timeout); d > MaxApprovalTimeout {
-			return invalidf(fmt.Sprintf("steps[%d].timeout", i), "must be at most %s (7 days), got %s", approvalTimeoutText, s.Timeout)
+		switch s.Action {
+		case ActionRequestApproval:
+			if d, _ := time.ParseDuration(s.Timeout); d > MaxApprovalTimeout {
+				return invalidf(fmt.Sprintf("steps[%d].timeout", i), "must be at most %s (7 days), got %s", approvalTimeoutText, s.Timeout)
+			}
+		case ActionCallWebhook:
+			if !urlOriginIsLiteral(s.URL) {
+				return invalidf(fmt.Sprintf("steps[%d].url", i), "%s", urlOriginPlaceholder)
+			}
 		}
 	}
 	return nil
+}
+
+const urlOriginPlaceholder = "a placeholder may not stand in the scheme, host or port; write them out, as in https://api.example.com/items/{{trigger.text}}"
+
+// urlOriginIsLiteral reports whether a call_webhook URL template writes out
+// its scheme, host and port: every placeholder comes after the first "/",
+// "?" or "#" past "://". Whoever fills a placeholder (any member who posts,
+// for a message trigger) must not choose the server that gets the owner's
+// headers: "https://api.example.com{{trigger.text}}" goes to another
+// domain with ".evil.example", to another port with ":8443".
+func urlOriginIsLiteral(url string) bool {
+	at := strings.Index(url, "{{")
+	if at < 0 {
+		return true
+	}
+	_, rest, ok := strings.Cut(url[:at], "://")
+	return ok && strings.ContainsAny(rest, "/?#")
 }
 
 // maxCachedDefinitionBytes bounds the definition text a definitionCache

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -706,7 +707,7 @@ func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailur
 	}
 	req := safehttp.Request{Method: step.Method, Headers: map[string]string{}}
 	var f *runFailure
-	if req.URL, f = render("url", step.URL); f != nil {
+	if req.URL, f = renderURL(step, tctx); f != nil {
 		return req, f
 	}
 	for k, v := range step.Headers {
@@ -717,6 +718,39 @@ func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailur
 	body, f := render("body", step.Body)
 	req.Body = []byte(body)
 	return req, f
+}
+
+// renderURL renders a call_webhook URL with each placeholder's value as one
+// piece of data: percent-encoded but for the unreserved characters, so a
+// value cannot add a path segment, a query parameter or a fragment, nor
+// name another host. Values come from whoever triggered the run (a message
+// any member posts): "1/close?force=" in ".../issues/{{trigger.text}}/comments"
+// called /issues/1/close with the owner's headers. A value that is a dot
+// segment ("." or "..", which servers resolve to climb the path) and a
+// placeholder without a value fail the step; so does a definition saved
+// before its host had to be written out.
+func renderURL(step *Step, tctx template.Context) (string, *runFailure) {
+	if !urlOriginIsLiteral(step.URL) {
+		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %s; the owner must save the workflow again", step.ID, urlOriginPlaceholder)
+	}
+	var bad string
+	rendered, err := template.Expand(step.URL, tctx, func(path, value string, found bool) string {
+		switch {
+		case bad != "":
+		case !found:
+			bad = "{{" + path + "}} has no value"
+		case value == "." || value == "..":
+			bad = `a value may not be the path segment "." or ".."`
+		}
+		return strings.ReplaceAll(url.QueryEscape(value), "+", "%20")
+	})
+	if err != nil {
+		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %v", step.ID, err)
+	}
+	if bad != "" {
+		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %s", step.ID, bad)
+	}
+	return rendered, nil
 }
 
 // finishCall sends a started call_webhook request outside any transaction,

@@ -395,3 +395,48 @@ func TestWebhookCallPastTheReadSlotWaitIsBusy(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer), rec.Body.String())
 	require.Equal(t, "error: the relay is busy reading; try again shortly", answer.Error)
 }
+
+// A definition saved before a call_webhook URL had to write out its host
+// still runs, but its call is not made: the run fails with
+// template_resolution_failed and the owner is told to save it again. Its
+// host would otherwise be whatever the message said ("127.0.0.1" here; any
+// domain elsewhere), and that server would get the owner's headers.
+// Mutation killed: without renderURL's origin check the call reaches the
+// host the message named.
+func TestCallWebhookWhoseHostIsAPlaceholderIsNotCalled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServer(200)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"/x'}]")
+	// What a relay before the rule stored: the host is the message's.
+	tag, err := f.pool.Exec(f.ctx, `UPDATE events SET content = replace(content, 'https://127.0.0.1:', 'https://{{trigger.text}}:') WHERE kind = 30620`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	f.store(f.sign(owner, ingest.KindChat, "127.0.0.1", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	run := f.run(f.runIDs(id)[0])
+	require.Equal(t, db.WorkflowRunStatusFailed, run.Status)
+	require.Equal(t, "template_resolution_failed", *run.ErrorCode)
+	require.Contains(t, *run.ErrorMessage, "step hook: url: a placeholder may not stand in the scheme, host or port")
+	require.Zero(t, calls.Load())
+}
+
+// A URL placeholder without a value fails the step instead of sending the
+// placeholder's text, which the URL would carry as a path of its own
+// making. Mutation killed: ignoring found in renderURL calls /x/ .
+func TestCallWebhookURLPlaceholderWithoutAValueIsNotCalled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	ch := f.channel(owner)
+	srv, calls, e := f.hookServer(200)
+	id := uuid.NewString()
+	f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+"/x/{{trigger.nothing}}'}]")
+	f.store(f.sign(owner, ingest.KindChat, "hi", nostr.Tags{{"h", ch}}))
+	f.drain(e)
+	f.failedWith(f.runIDs(id)[0], workflow.CodeTemplateResolutionFailed, "step hook: url: {{trigger.nothing}} has no value")
+	require.Zero(t, calls.Load())
+}
