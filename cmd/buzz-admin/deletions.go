@@ -197,6 +197,9 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		return err
 	}
 	defer pool.Close()
+	if err := checkPool(ctx, pool, verb != "list" && verb != "inspect"); err != nil {
+		return err
+	}
 	q := db.New(pool)
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")

@@ -55,6 +55,9 @@ func runListeners(ctx context.Context, verb string, rest []string, getenv func(s
 		return err
 	}
 	defer conn.Close(context.Background())
+	if err := checkDatabase(ctx, conn, verb != "list"); err != nil {
+		return err
+	}
 	q := db.New(conn)
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
