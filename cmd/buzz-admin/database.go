@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +28,7 @@ func checkDatabase(ctx context.Context, conn *pgx.Conn, writes bool) error {
 	if st.Current == 0 {
 		// Most likely the URL names another database (postgres, a typo):
 		// "run migrate" would have the operator create the schema there.
-		return fmt.Errorf("BUZZ_DATABASE_URL names a database with no buzz schema (no migration applied): check the database name; migrate it only if it is meant to be the relays' (`buzz-relay migrate`)")
+		return errors.New("BUZZ_DATABASE_URL names a database with no buzz schema (no migration applied): check the database name; migrate it only if it is meant to be the relays' (`buzz-relay migrate`)")
 	}
 	if err := migrate.RequireCurrent(ctx, conn); err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
@@ -36,14 +37,15 @@ func checkDatabase(ctx context.Context, conn *pgx.Conn, writes bool) error {
 		return nil
 	}
 	var standby, readOnly bool
-	if err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::boolean`).Scan(&standby, &readOnly); err != nil {
+	if err := conn.QueryRow(ctx, `-- name: AdminDatabaseTakesWrites
+		SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::boolean`).Scan(&standby, &readOnly); err != nil {
 		return fmt.Errorf("check that the database takes writes: %w", err)
 	}
 	switch {
 	case standby:
-		return fmt.Errorf("BUZZ_DATABASE_URL names a standby (in recovery), and this command writes: point it at the primary (the relays' BUZZ_DATABASE_URL, not BUZZ_READ_DATABASE_URL)")
+		return errors.New("BUZZ_DATABASE_URL names a standby (in recovery), and this command writes: point it at the primary (the relays' BUZZ_DATABASE_URL, not BUZZ_READ_DATABASE_URL)")
 	case readOnly:
-		return fmt.Errorf("BUZZ_DATABASE_URL opens read-only sessions (default_transaction_read_only is on for this role, database or URL), and this command writes: use a role or URL that can write")
+		return errors.New("BUZZ_DATABASE_URL opens read-only sessions (default_transaction_read_only is on for this role, database or URL), and this command writes: use a role or URL that can write")
 	}
 	return nil
 }
