@@ -197,6 +197,9 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		return err
 	}
 	defer pool.Close()
+	if err := checkPool(ctx, pool, verb != "list" && verb != "inspect"); err != nil {
+		return err
+	}
 	q := db.New(pool)
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
@@ -350,7 +353,7 @@ func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID stri
 		o, err := exec.Run(ctx, id)
 		if errors.Is(err, deletion.ErrNotRunnable) {
 			display.finish()
-			return exitError{code: exitNotRunnable, err: err}
+			return exitError{code: exitNotRunnable, err: whyNotRunnable(ctx, db.New(pool), id)}
 		}
 		if err != nil {
 			display.finish()
@@ -382,6 +385,45 @@ func runExecutor(ctx context.Context, verb string, id uuid.UUID, executorID stri
 		}
 	}
 	return nil
+}
+
+// whyNotRunnable says what a run that could not claim request id found,
+// and what to do: the claim only answers "nothing to claim", and an
+// operator who cannot tell a finished request from one another executor
+// holds (until when?) or one that waits for its approval does not know
+// whether to wait, approve, unblock or stop.
+func whyNotRunnable(ctx context.Context, q *db.Queries, id uuid.UUID) error {
+	r, err := q.DeletionRequestGet(ctx, id)
+	if dberr.IsNotFound(err) {
+		return fmt.Errorf("no deletion request %s", id)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (and reading it: %w)", deletion.ErrNotRunnable, dberr.Interpret(err))
+	}
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	var why string
+	switch {
+	case r.Stage == deletion.StageRetentionPending:
+		why = "it is finished (stage retention_pending); a finished request is never run again"
+	case r.Stage == deletion.StageSubmitted || r.Stage == deletion.StageInventoried:
+		why = fmt.Sprintf("it is not approved yet (stage %s): `buzz-admin deletions approve %s --approved-by WHO`, by someone other than %s", r.Stage, id, r.RequestedBy)
+	case r.BlockedAt != nil:
+		why = fmt.Sprintf("it is blocked at stage %s since %s: %s; fix that, then `buzz-admin deletions unblock %s`", r.Stage, at(*r.BlockedAt), deref(r.BlockedReason), id)
+	case r.LeaseOwner != nil && r.LeaseUntil != nil:
+		why = fmt.Sprintf("executor %q holds its lease (generation %d) until %s at stage %s; should that executor be dead, run again after then", *r.LeaseOwner, r.LeaseGeneration, at(*r.LeaseUntil), r.Stage)
+	case r.RetryCount > 0:
+		why = fmt.Sprintf("it waits to retry stage %s until %s after %d failure(s), the last: %s", r.Stage, at(r.NextAttemptAt), r.RetryCount, deref(r.LastError))
+	default:
+		why = fmt.Sprintf("another executor was claiming it at that moment (stage %s): see `buzz-admin deletions inspect %s`", r.Stage, id)
+	}
+	return fmt.Errorf("deletion request %s cannot be run: %s", id, why)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // isTerminal reports whether w is a terminal.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -172,4 +173,61 @@ func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
 	require.EqualValues(t, 2, setup.Attempts)
 	_, err = cmd("deletions", "unblock", req.ID.String(), "--unblocked-by", "oncall", "--reason", "redis is back")
 	require.NoError(t, err)
+}
+
+// A run that cannot claim its request exits 5 and says what it found
+// there and what to do: no such request; not approved yet (and by whom
+// not); another executor's lease and until when (an operator deciding
+// whether that executor is dead needs the time); blocked and why.
+//
+// Mutation killed: the run answering with the claim's own error, which
+// says the same "not runnable, is blocked, or is leased by another
+// executor" in every one of these cases.
+func TestARunThatCannotClaimSaysWhatItFound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := map[string]string{"BUZZ_DATABASE_URL": url}
+	cmd := func(args ...string) error {
+		return run(ctx, args, func(k string) string { return env[k] }, &bytes.Buffer{})
+	}
+	notRunnable := func(args ...string) string {
+		t.Helper()
+		err := cmd(args...)
+		var exit exitError
+		require.ErrorAs(t, err, &exit, args)
+		require.Equal(t, exitNotRunnable, exit.code, "%v: %v", args, err)
+		return err.Error()
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = db.New(pool).CommunityCreate(ctx, "cli-held.test")
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"deletions", "submit", "--host", "cli-held.test", "--requested-by", "ops", "--without-media"},
+		func(k string) string { return env[k] }, &out))
+	var req requestJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &req))
+	id := req.ID.String()
+
+	require.Contains(t, notRunnable("deletions", "run", "00000000-0000-0000-0000-000000000000"), "no deletion request 00000000-0000-0000-0000-000000000000")
+	require.Contains(t, notRunnable("deletions", "run", id), "not approved yet (stage inventoried)")
+	require.NoError(t, cmd("deletions", "approve", id, "--approved-by", "lead"))
+
+	// Another executor holds it, as one killed mid-run leaves it until its
+	// lease ends.
+	var until time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_until FROM community_deletion_requests_claim($1, 'killed-executor', 3600)`, req.ID).Scan(&until))
+	said := notRunnable("deletions", "run", id)
+	require.Contains(t, said, `executor "killed-executor" holds its lease (generation 1) until `+until.UTC().Format(time.RFC3339))
+	require.Contains(t, said, "run again after then")
+
+	_, err = pool.Exec(ctx, `UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	_, err = db.New(pool).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: req.ID, Message: "media store unreachable"})
+	require.NoError(t, err)
+	said = notRunnable("deletions", "run", id)
+	require.Contains(t, said, "blocked at stage approved since ")
+	require.Contains(t, said, "media store unreachable; fix that, then `buzz-admin deletions unblock "+id+"`")
 }

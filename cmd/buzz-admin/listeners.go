@@ -40,7 +40,9 @@ func runListeners(ctx context.Context, verb string, rest []string, getenv func(s
 	for i, arg := range rest {
 		b, err := hex.DecodeString(arg)
 		if err != nil || len(b) != 32 {
-			return fmt.Errorf("%q is not a 64-char hex public key", arg)
+			// A command line that cannot run (exit 2), as a bad host is
+			// for communities: a script tells it from a database error.
+			return usageError{reason: fmt.Sprintf("%q is not a 64-char hex public key", arg)}
 		}
 		keys[i] = b
 	}
@@ -55,6 +57,9 @@ func runListeners(ctx context.Context, verb string, rest []string, getenv func(s
 		return err
 	}
 	defer conn.Close(context.Background())
+	if err := checkDatabase(ctx, conn, verb != "list"); err != nil {
+		return err
+	}
 	q := db.New(conn)
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")

@@ -87,6 +87,16 @@ func TestListenersCommands(t *testing.T) {
 	} {
 		require.ErrorAs(t, run(ctx, args, env, &bytes.Buffer{}), &usageError{}, args)
 	}
-	require.ErrorContains(t, run(ctx, []string{"listeners", "add", "abc", t1}, env, &bytes.Buffer{}), `"abc" is not a 64-char hex public key`)
+	// A malformed key is a usage error (exit 2) naming the key, found
+	// before any connection (the environment names no database).
+	// Mutation killed: the key error returned as a plain error (exit 1).
+	noDatabase := func(string) string { return "" }
+	for _, args := range [][]string{{"listeners", "add", "abc", t1}, {"listeners", "remove", listener, "g" + t1[1:]}, {"listeners", "list", t1 + "00"}} {
+		var u usageError
+		require.ErrorAs(t, run(ctx, args, noDatabase, &bytes.Buffer{}), &u, args)
+		require.Contains(t, u.reason, "is not a 64-char hex public key", args)
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 2, exitStatus(run(ctx, args, noDatabase, &bytes.Buffer{}), &stdout, &stderr), args)
+	}
 	require.ErrorContains(t, run(ctx, []string{"listeners", "list"}, func(string) string { return "" }, &bytes.Buffer{}), "BUZZ_DATABASE_URL")
 }

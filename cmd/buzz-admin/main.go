@@ -263,6 +263,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		return err
 	}
 	defer conn.Close(context.Background())
+	if err := checkDatabase(ctx, conn, verb != "list"); err != nil {
+		return err
+	}
 	q := db.New(conn)
 
 	enc := json.NewEncoder(out)

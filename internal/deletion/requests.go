@@ -16,7 +16,9 @@ import (
 
 // Submit opens the deletion of the community at host and freezes its
 // inventory, which an operator then approves. Retried by the same
-// requester, it returns the request it already made.
+// requester, it returns the request it already made: after one killed
+// before its inventory froze (that retry freezes it), and while another
+// retry runs at the same moment.
 func Submit(ctx context.Context, pool *pgxpool.Pool, store media.Store, host, requestedBy, reason string) (db.CommunityDeletionRequest, error) {
 	q := db.New(pool)
 	var why *string
@@ -42,8 +44,18 @@ func Submit(ctx context.Context, pool *pgxpool.Pool, store media.Store, host, re
 	if err != nil {
 		return req, err
 	}
-	req, err = q.DeletionRequestFreezeInventory(ctx, db.DeletionRequestFreezeInventoryParams{ID: req.ID, Manifest: raw, Digest: digest})
-	return req, dberr.Interpret(err)
+	frozen, err := q.DeletionRequestFreezeInventory(ctx, db.DeletionRequestFreezeInventoryParams{ID: req.ID, Manifest: raw, Digest: digest})
+	if err != nil {
+		// The same requester's submit running at the same moment (a second
+		// terminal, a retry of one that seemed to hang) froze its inventory
+		// first: answer as a retry after it would, with the request as it
+		// stands, not with a failure over a request that is fine.
+		if now, gerr := q.DeletionRequestGet(ctx, req.ID); gerr == nil && now.Stage == StageInventoried && now.BlockedAt == nil {
+			return now, nil
+		}
+		return req, dberr.Interpret(err)
+	}
+	return frozen, nil
 }
 
 // BuildInventory reads the live catalog, the community's row counts and a
