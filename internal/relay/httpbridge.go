@@ -211,6 +211,9 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			return
 		}
 		if !errors.As(err, &ae) {
+			if s.databaseUnreachable(w, err, "http auth claim") {
+				return
+			}
 			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
 			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 			return

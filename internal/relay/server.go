@@ -531,14 +531,30 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			return // the client left during the lookup: no one to answer, nothing wrong
 		}
 		if err != nil {
-			if !s.outage.failed(err, "resolve community") {
-				s.log.Error("resolve community", "host", r.Host, "err", err)
+			if s.databaseUnreachable(w, err, "resolve community") {
+				return
 			}
+			s.log.Error("resolve community", "host", r.Host, "err", err)
 			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
 		next(w, r, tenant)
 	}
+}
+
+// databaseUnreachable answers a request the database failed because it
+// could not be reached, as every route does during an outage: 503 with
+// dberr.UnavailableAnswer and Retry-After (the outage log pings once a
+// second), logged once per outage rather than once per request; neither
+// the client's fault nor a bug of the relay. It reports false, having
+// answered nothing, for any other error.
+func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what string) bool {
+	if !s.outage.failed(err, what) {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+	return true
 }
 
 func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
