@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,16 +43,13 @@ import (
 func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	t.Parallel()
 	databaseURL := dbtest.URL(t)
-	u, err := url.Parse(databaseURL)
-	require.NoError(t, err)
-	database := strings.TrimPrefix(u.Path, "/")
 	pool := dbtest.PoolOn(t, databaseURL, 4)
 	logs := &logtest.Buffer{}
 	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)))
 	hs := httptest.NewServer(srv.HTTPServer().Handler)
 	t.Cleanup(hs.Close)
 	host := community.NormalizeHost(hs.Listener.Addr().String())
-	_, err = db.New(pool).CommunityCreate(t.Context(), host)
+	_, err := db.New(pool).CommunityCreate(t.Context(), host)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -58,19 +57,7 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 		_ = srv.Shutdown(ctx)
 	})
 
-	admin, err := pgx.Connect(t.Context(), dbtest.AdminURL())
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	takeAway := func() {
-		_, err := admin.Exec(context.Background(), "ALTER DATABASE "+pgx.Identifier{database}.Sanitize()+" ALLOW_CONNECTIONS false")
-		require.NoError(t, err)
-		_, err = admin.Exec(context.Background(),
-			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", database)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "ALTER DATABASE "+pgx.Identifier{database}.Sanitize()+" ALLOW_CONNECTIONS true")
-	})
+	takeAway, _ := databaseOutage(t, databaseURL)
 
 	key := relaytest.NewKey(t)
 	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "during the outage", nil, 0))
@@ -108,4 +95,33 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NotContains(t, logged, "msg=\"resolve community\"", logged)
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
 	require.Contains(t, logged, "first_failure=\"http auth claim\"", logged)
+}
+
+// databaseOutage returns takeAway, which makes the database of databaseURL
+// unreachable for real (its sessions terminated, new ones refused), and
+// bringBack, which lets sessions in again; the database is let in again
+// when the test ends.
+func databaseOutage(t *testing.T, databaseURL string) (takeAway, bringBack func()) {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	require.NoError(t, err)
+	name := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
+	admin, err := pgx.Connect(t.Context(), dbtest.AdminURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	var mu sync.Mutex // the admin session is used from the client's trace hook too
+	allow := func(allowed bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, err := admin.Exec(context.Background(), fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", name, allowed))
+		require.NoError(t, err)
+		if !allowed {
+			_, err = admin.Exec(context.Background(),
+				"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+				strings.TrimPrefix(u.Path, "/"))
+			require.NoError(t, err)
+		}
+	}
+	t.Cleanup(func() { allow(true) })
+	return func() { allow(false) }, func() { allow(true) }
 }

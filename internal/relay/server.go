@@ -34,6 +34,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outage"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/trace"
@@ -63,7 +64,7 @@ type Server struct {
 	access   *access.Cache
 	metrics  *Metrics
 	log      *slog.Logger
-	outage   *outageLog // one line per database outage, not one per request
+	outage   *outage.Log // one line per database outage, not one per request
 	limits   nostr.Limits
 	clock    clock.Clock      // the one time source, handed to every service
 	now      func() time.Time // clock.Now
@@ -187,7 +188,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
-	s.outage = newOutageLog(log, pool.Ping, s.now)
+	s.outage = outage.New(log, pool.Ping, s.now)
 	s.releaseRetries.onAbandoned = func(n int) {
 		s.metrics.MediaQuotaReleaseFailures.WithLabelValues("abandoned").Add(float64(n))
 		s.log.Error("media quota releases abandoned: Shutdown's time ran out; their communities' counts stay high", "releases", n)
@@ -549,7 +550,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 // the client's fault nor a bug of the relay. It reports false, having
 // answered nothing, for any other error.
 func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what string) bool {
-	if !s.outage.failed(err, what) {
+	if !s.outage.Failed(err, what) {
 		return false
 	}
 	w.Header().Set("Retry-After", "1")
@@ -665,7 +666,7 @@ func (s *Server) forget(c *conn) {
 // then it has the media quota releases still being retried make their last
 // attempt, and waits for them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.outage.stop()
+	s.outage.Stop()
 	err := s.closeConnections(ctx)
 	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
 		err = rerr
