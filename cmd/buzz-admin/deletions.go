@@ -23,7 +23,6 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
-	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
 // exitError ends the process with code after err (if any) was printed.
@@ -180,19 +179,7 @@ func runDeletions(ctx context.Context, verb string, args []string, getenv func(s
 		}
 	}
 
-	url := getenv("BUZZ_DATABASE_URL")
-	if url == "" {
-		return errors.New("BUZZ_DATABASE_URL is not set")
-	}
-	poolCfg, err := pguuid.ParsePoolConfig(url)
-	if err != nil {
-		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
-	}
-	if poolCfg.ConnConfig.ConnectTimeout, err = connectTimeout(getenv, poolCfg.ConnConfig.ConnectTimeout); err != nil {
-		return err
-	}
-	cancelOnServer(&poolCfg.ConnConfig.Config)
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	pool, err := connectPool(ctx, getenv)
 	if err != nil {
 		return err
 	}

@@ -28,10 +28,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/pgsession"
+	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
 const usage = `usage: buzz-admin communities create HOST | list | archive HOST | unarchive HOST
@@ -166,11 +169,31 @@ func connect(ctx context.Context, getenv func(string) string) (*pgx.Conn, error)
 		return nil, err
 	}
 	cancelOnServer(&cfg.Config)
+	pgsession.Name(&cfg.Config, pgsession.Admin)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, connectError(cfg.ConnectTimeout, err)
 	}
 	return conn, nil
+}
+
+// connectPool opens a pool on the database named by BUZZ_DATABASE_URL,
+// its sessions set up as connect's.
+func connectPool(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
+	url := getenv("BUZZ_DATABASE_URL")
+	if url == "" {
+		return nil, errors.New("BUZZ_DATABASE_URL is not set")
+	}
+	cfg, err := pguuid.ParsePoolConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout, err = connectTimeout(getenv, cfg.ConnConfig.ConnectTimeout); err != nil {
+		return nil, err
+	}
+	cancelOnServer(&cfg.ConnConfig.Config)
+	pgsession.Name(&cfg.ConnConfig.Config, pgsession.Admin)
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // defaultConnectTimeout bounds a connection attempt when neither

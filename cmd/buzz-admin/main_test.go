@@ -125,3 +125,31 @@ func TestHelpIsAnsweredOnStdoutWithStatusZero(t *testing.T) {
 	require.Empty(t, stdout.String())
 	require.Contains(t, stderr.String(), "usage: buzz-admin")
 }
+
+// buzz-admin's sessions, its one connection and the deletion commands'
+// pool alike, are named buzz-admin in pg_stat_activity.
+// Mutation killed: pgsession.Name dropped from connect, then from
+// connectPool (that session's name is "").
+func TestAdminSessionsAreNamed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	getenv := func(k string) string {
+		if k == "BUZZ_DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	const query = "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+	conn, err := connect(ctx, getenv)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var got string
+	require.NoError(t, conn.QueryRow(ctx, query).Scan(&got))
+	require.Equal(t, "buzz-admin", got, "connect")
+	pool, err := connectPool(ctx, getenv)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, pool.QueryRow(ctx, query).Scan(&got))
+	require.Equal(t, "buzz-admin", got, "connectPool")
+}

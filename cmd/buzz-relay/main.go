@@ -21,7 +21,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +35,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/pgcluster"
+	"github.com/buzzrelay/buzz/internal/pgsession"
 	"github.com/buzzrelay/buzz/internal/pguuid"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/replica"
@@ -125,7 +125,7 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	if err := requireDatabaseURL(cfg); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := connectMigrator(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -146,6 +146,17 @@ func runMigrate(ctx context.Context, cfg config.Config, args []string) error {
 	// A typo (1 for 18) must not drop events; decided under the migrator
 	// lock, from the version this run will start from.
 	return migrate.ToKeepingData(ctx, conn, int32(version))
+}
+
+// connectMigrator opens the migrator's session, named buzz-migrate: an
+// operator waiting on a migration's lock finds its holder by that name.
+func connectMigrator(ctx context.Context, url string) (*pgx.Conn, error) {
+	connCfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
+	}
+	pgsession.Name(&connCfg.Config, pgsession.Migrate)
+	return pgx.ConnectConfig(ctx, connCfg)
 }
 
 // addresses are the relay's bound listeners: the public one every
@@ -222,25 +233,6 @@ FROM pg_settings
 WHERE name = 'idle_in_transaction_session_timeout'
   AND source NOT IN ('client', 'user', 'database', 'database user')`
 
-// sessionName is the application_name of the relay's sessions unless
-// BUZZ_DATABASE_URL names another: pg_stat_activity then tells the relay's
-// backends from buzz-admin's, psql's and the runbooks', which is how an
-// operator sees whether they stay within BUZZ_DB_MAX_CONNS per process.
-const sessionName = "buzz-relay"
-
-// nameSessions gives every session of cfg sessionName, unless the URL set
-// an application_name (as a parameter or in options).
-func nameSessions(cfg *pgxpool.Config) {
-	if _, set := cfg.ConnConfig.RuntimeParams["application_name"]; set {
-		return
-	}
-	if strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "application_name") ||
-		strings.Contains(cfg.ConnConfig.RuntimeParams["options"], "application-name") {
-		return
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = sessionName
-}
-
 // serve runs the relay on ls, which it closes on return, until ctx ends;
 // getenv supplies the settings that are not part of config.Config (the
 // operator listeners).
@@ -262,7 +254,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, ls addresse
 	poolCfg.MaxConns = cfg.DBMaxConns
 	poolCfg.ConnConfig.Tracer = relay.NewStatementTimer() // buzz_db_query_seconds{query}
 	armIdleInTransactionTimeout(poolCfg, cfg.IngestWriteTimeout)
-	nameSessions(poolCfg)
+	pgsession.Name(&poolCfg.ConnConfig.Config, pgsession.Relay)
 	if cfg.ReadDatabaseURL != "" {
 		// Routed reads rely on every writer session refusing channel
 		// events dated before the floor.

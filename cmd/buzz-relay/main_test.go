@@ -485,3 +485,18 @@ func TestDevRelayWithAStandby(t *testing.T) {
 		return json.NewDecoder(resp.Body).Decode(&body) == nil && body["reader"] == "streaming"
 	}, time.Minute, 50*time.Millisecond)
 }
+
+// The migrator's session is named buzz-migrate: an operator whose
+// deployment waits on a migration's lock finds the holder by name.
+// Mutation killed: connectMigrator without pgsession.Name (the name is "").
+func TestMigratorSessionIsNamed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := connectMigrator(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var got string
+	require.NoError(t, conn.QueryRow(ctx,
+		"SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got))
+	require.Equal(t, "buzz-migrate", got)
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/buzzrelay/buzz/internal/outage"
 )
 
 // Statement names of the statistics keeper (see AnalyzeWhenStale).
@@ -78,7 +80,9 @@ func (s *Store) AnalyzeWhenStale(ctx context.Context, minRows int64) (bool, erro
 }
 
 // KeepStatistics calls AnalyzeWhenStale every interval until ctx ends.
-func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minRows int64, log *slog.Logger) {
+// A check failed by an unreachable database goes to outages, which logs it
+// once per outage (nil: every failure is logged).
+func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minRows int64, log *slog.Logger, outages *outage.Log) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -94,7 +98,9 @@ func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minR
 			log.Warn("events statistics keeper off", "err", err)
 			return
 		case err != nil && ctx.Err() == nil:
-			log.Warn("events statistics check", "err", err)
+			if !outages.Failed(err, "events statistics check") {
+				log.Warn("events statistics check", "err", err)
+			}
 		case analyzed:
 			log.Info("analyzed events after a burst", "took", time.Since(start))
 		}

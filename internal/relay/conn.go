@@ -778,7 +778,7 @@ func (c *conn) onEvent(ev *nostr.Event) {
 			return
 		}
 		c.rejected("error")
-		if !c.srv.outage.failed(err, "ingest") {
+		if !c.srv.outage.Failed(err, "ingest") {
 			c.log.Error("ingest failed", "event", ev.ID, "kind", ev.Kind, "err", err)
 		}
 		_ = c.send(nostr.EncodeOK(ev.ID, false, "error: could not store the event; try again"))
@@ -1063,7 +1063,7 @@ func (c *conn) refuse(ctx context.Context, subID, reason string, err error) {
 			c.log.Error("read failed", "sub", subID, "err", err)
 		default:
 			reason = "error: query failed"
-			if !c.srv.outage.failed(err, "read") {
+			if !c.srv.outage.Failed(err, "read") {
 				c.log.Error("read failed", "sub", subID, "err", err)
 			}
 		}

@@ -124,3 +124,7 @@ const MessageBurstSeconds = messageBurstSeconds
 
 // ReplayPurgeBatch is how many expired NIP-98 claims one purge deletes.
 const ReplayPurgeBatch = replayPurgeBatch
+
+// OutageFailures is how many failures the database outage in progress
+// has counted (0 with the database reachable).
+func (s *Server) OutageFailures() int { return s.outage.Failures() }

@@ -211,6 +211,9 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			return
 		}
 		if !errors.As(err, &ae) {
+			if s.databaseUnreachable(w, err, "http auth claim") {
+				return
+			}
 			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
 			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 			return
@@ -325,12 +328,19 @@ func attestationSigned(a *nipoa.Attestation, ev *nostr.Event) (signed bool, err 
 
 func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	s := b.s
-	pubkey, body, ok := b.authenticate(w, r, tenant)
+	answered := &statusRecorder{ResponseWriter: w}
+	pubkey, body, ok := b.authenticate(answered, r, tenant)
 	if !ok {
+		if answered.status == http.StatusRequestEntityTooLarge {
+			// An event refused by its size, as over WebSocket.
+			s.metrics.EventsRejected.WithLabelValues("invalid").Inc()
+		}
 		return
 	}
 	ev, err := nostr.ParseEvent(body, s.limits)
 	if err != nil {
+		// As a WebSocket EVENT the parser refuses: the body is one event.
+		s.metrics.EventsRejected.WithLabelValues("invalid").Inc()
 		writeError(w, http.StatusBadRequest, "invalid: "+err.Error())
 		return
 	}

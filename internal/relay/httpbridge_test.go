@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -633,4 +634,37 @@ func TestHTTPBridgeCrossOrigin(t *testing.T) {
 	ok := post(t, r, key, "/events", relaytest.SignEvent(t, key, 1, "from a web page", nil, time.Now().Unix()))
 	require.Equal(t, http.StatusOK, ok.Status, "%s", ok.Raw)
 	require.Equal(t, "*", ok.Header.Get("Access-Control-Allow-Origin"), "%s", ok.Raw)
+}
+
+// An event the bridge refuses before ingest, too large (413) or not
+// parseable (400), is counted in buzz_events_rejected_total{reason="invalid"}
+// as the same event sent over WebSocket is; a refused read is no event.
+// Mutations killed: the 413 not counted (0 after the big event); the parse
+// refusal not counted (still 1 after three bad bodies); every 413 counted,
+// reads' too (2 after the big read).
+func TestHTTPBridgeCountsRefusedEvents(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.MaxMessageBytes = 2048 })
+	key := relaytest.NewKey(t)
+	rejected := func() float64 {
+		return testutil.ToFloat64(r.Server.Metrics().EventsRejected.WithLabelValues("invalid"))
+	}
+
+	big := relaytest.SignEvent(t, key, 1, strings.Repeat("x", 4096), nil, 0)
+	require.Equal(t, http.StatusRequestEntityTooLarge, post(t, r, key, "/events", big).Status)
+	require.Equal(t, 1.0, rejected(), "the 413")
+
+	require.Equal(t, http.StatusRequestEntityTooLarge, post(t, r, key, "/query", `{"filters":[{"#t":["`+strings.Repeat("v", 4096)+`"]}]}`).Status)
+	require.Equal(t, http.StatusBadRequest, post(t, r, key, "/query", `{"filters":[]}`).Status)
+	require.Equal(t, 1.0, rejected(), "a refused read is no event")
+
+	for _, body := range []string{
+		`{"kind":1`,
+		`{"id":"zz","pubkey":"","created_at":1,"kind":1,"tags":[],"content":"","sig":""}`,
+		`not json`,
+	} {
+		got := post(t, r, key, "/events", body)
+		require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
+	}
+	require.Equal(t, 4.0, rejected(), "the parse refusals")
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +213,56 @@ func TestBadAttestationIsCheckedOncePerSignedRequest(t *testing.T) {
 		require.Contains(t, out["error"], "already used")
 	}
 	require.Equal(t, "1", metric(t, r, `buzz_owner_attestations_total{result="invalid"}`))
+}
+
+// A Blossom token's verified signature is remembered until the token
+// expires, at most an hour: a token reused past the auth window from its
+// first check is matched by its hash, not checked again every minute; one
+// that lasts longer than the cap is checked once an hour. On the relay's
+// stopped clock, counted by its own count of signatures checked.
+// Mutations killed: every token remembered for the auth window only (4
+// checks after 5 minutes); no cap (still 2 after 61 minutes).
+func TestBlossomTokenSignatureIsRememberedUntilItExpires(t *testing.T) {
+	t.Parallel()
+	clk := &stoppedClock{now: time.Now()}
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc), relay.WithClock(clock.Stub(clk.at))})
+	key := relaytest.NewKey(t)
+	hash := hexSHA(pngBlob(t, 700))
+	token := func(lasts time.Duration) string {
+		return blossomAuth(t, key, "upload", []string{hash}, func(ev *nostr.Event) {
+			ev.CreatedAt = clk.at().Unix()
+			for _, tag := range ev.Tags {
+				if tag[0] == "expiration" {
+					tag[1] = strconv.FormatInt(clk.at().Add(lasts).Unix(), 10)
+				}
+			}
+		})
+	}
+	preflight := func(token string) int {
+		return mediaDo(t, r, http.MethodHead, "", "/media/upload", token, nil, nil).Status
+	}
+	checks := func() string { return metric(t, r, "buzz_http_auth_signatures_checked_total") }
+
+	start := clk.at()
+	halfHour, threeHours := token(30*time.Minute), token(3*time.Hour)
+	require.Equal(t, http.StatusOK, preflight(halfHour))
+	require.Equal(t, http.StatusOK, preflight(threeHours))
+	require.Equal(t, "2", checks())
+
+	clk.advance(5 * time.Minute) // five auth windows later
+	require.Equal(t, http.StatusOK, preflight(halfHour))
+	require.Equal(t, http.StatusOK, preflight(threeHours))
+	require.Equal(t, "2", checks(), "remembered past the auth window")
+
+	clk.advance(start.Add(31 * time.Minute).Sub(clk.at()))
+	require.Equal(t, http.StatusUnauthorized, preflight(halfHour), "expired")
+	require.Equal(t, http.StatusOK, preflight(threeHours))
+	require.Equal(t, "2", checks())
+
+	clk.advance(start.Add(61 * time.Minute).Sub(clk.at()))
+	require.Equal(t, http.StatusOK, preflight(threeHours))
+	require.Equal(t, "3", checks(), "checked again after the cap")
+	require.Equal(t, http.StatusOK, preflight(threeHours))
+	require.Equal(t, "3", checks(), "and remembered again")
 }

@@ -35,6 +35,10 @@ const (
 	signersPerAddr    = 64
 	// verifiedEvents bounds the signatures remembered as good.
 	verifiedEvents = 10_000
+	// verifiedTokenCap bounds how long a Blossom token's signature is
+	// remembered as good: until the token expires, but at most this long
+	// after it verified (a token may be signed to last for days).
+	verifiedTokenCap = time.Hour
 )
 
 // httpSignatures decides whether a signed HTTP request's signature is
@@ -167,11 +171,13 @@ func (h *httpSignatures) forget(s *signer) {
 	delete(h.byKey, s.key)
 }
 
-// verifiedSignatures remembers events whose signature verified, for the
-// auth window from when it did: the same event sent again (a replayed
-// header, or a Blossom token reused until it expires) has its id hashed
-// and matched, its signature not checked again. Entries are kept in the
-// order they were added, which is the order they expire in.
+// verifiedSignatures remembers events whose signature verified, for as
+// long as the same event may be sent again and pass (rememberedUntil): the
+// same event sent again (a replayed header, or a Blossom token reused until
+// it expires) has its id hashed and matched, its signature not checked
+// again. Entries are kept in the order they were added; at most
+// verifiedEvents are kept, the oldest added going first once full, and an
+// expired one at the front goes as the next is added.
 type verifiedSignatures struct {
 	mu     sync.Mutex
 	window time.Duration
@@ -190,12 +196,32 @@ func keyOf(ev *nostr.Event) verifiedKey {
 }
 
 // seen reports whether ev, whose id was checked against its content,
-// carries a signature that verified within the window.
+// carries a signature that verified and is still remembered.
 func (v *verifiedSignatures) seen(ev *nostr.Event, now time.Time) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	until, ok := v.byKey[keyOf(ev)]
 	return ok && now.Before(until)
+}
+
+// rememberedUntil is how long ev's verified signature is remembered from
+// now: a NIP-98 event for the auth window, the longest its created_at may
+// pass; a Blossom token until it expires (its id commits to the
+// expiration tag, which every request checks again), at most
+// verifiedTokenCap.
+func (v *verifiedSignatures) rememberedUntil(ev *nostr.Event, now time.Time) time.Time {
+	if ev.Kind != nostr.KindBlossomAuth {
+		return now.Add(v.window)
+	}
+	expires, ok, err := ev.Expiration()
+	if err != nil || !ok {
+		return now.Add(v.window) // refused before its signature is checked
+	}
+	until := now.Add(verifiedTokenCap)
+	if token := time.Unix(expires, 0); token.Before(until) {
+		return token
+	}
+	return until
 }
 
 // add remembers ev's signature as verified at now.
@@ -215,6 +241,6 @@ func (v *verifiedSignatures) add(ev *nostr.Event, now time.Time) {
 	if _, ok := v.byKey[key]; ok {
 		return
 	}
-	v.byKey[key] = now.Add(v.window)
+	v.byKey[key] = v.rememberedUntil(ev, now)
 	v.order.PushBack(key)
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outage"
 	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/trace"
@@ -63,7 +64,7 @@ type Server struct {
 	access   *access.Cache
 	metrics  *Metrics
 	log      *slog.Logger
-	outage   *outageLog // one line per database outage, not one per request
+	outage   *outage.Log // one line per database outage, not one per request
 	limits   nostr.Limits
 	clock    clock.Clock      // the one time source, handed to every service
 	now      func() time.Time // clock.Now
@@ -187,7 +188,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			MaxContentLength: cfg.MaxContentLength,
 		},
 	}
-	s.outage = newOutageLog(log, pool.Ping, s.now)
+	s.outage = outage.New(log, pool.Ping, s.now)
 	s.releaseRetries.onAbandoned = func(n int) {
 		s.metrics.MediaQuotaReleaseFailures.WithLabelValues("abandoned").Add(float64(n))
 		s.log.Error("media quota releases abandoned: Shutdown's time ran out; their communities' counts stay high", "releases", n)
@@ -531,14 +532,30 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			return // the client left during the lookup: no one to answer, nothing wrong
 		}
 		if err != nil {
-			if !s.outage.failed(err, "resolve community") {
-				s.log.Error("resolve community", "host", r.Host, "err", err)
+			if s.databaseUnreachable(w, err, "resolve community") {
+				return
 			}
+			s.log.Error("resolve community", "host", r.Host, "err", err)
 			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
 		next(w, r, tenant)
 	}
+}
+
+// databaseUnreachable answers a request the database failed because it
+// could not be reached, as every route does during an outage: 503 with
+// dberr.UnavailableAnswer and Retry-After (the outage log pings once a
+// second), logged once per outage rather than once per request; neither
+// the client's fault nor a bug of the relay. It reports false, having
+// answered nothing, for any other error.
+func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what string) bool {
+	if !s.outage.Failed(err, what) {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+	return true
 }
 
 func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
@@ -649,7 +666,7 @@ func (s *Server) forget(c *conn) {
 // then it has the media quota releases still being retried make their last
 // attempt, and waits for them (or ctx, which abandons the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.outage.stop()
+	s.outage.Stop()
 	err := s.closeConnections(ctx)
 	if rerr := s.releaseRetries.shutdown(ctx); err == nil {
 		err = rerr

@@ -9,5 +9,5 @@ func (s *Server) KeepEventStatistics(ctx context.Context) {
 	if s.cfg.EventsAnalyzeInterval <= 0 {
 		return
 	}
-	s.store.KeepStatistics(ctx, s.cfg.EventsAnalyzeInterval, int64(s.cfg.EventsAnalyzeMinRows), s.log)
+	s.store.KeepStatistics(ctx, s.cfg.EventsAnalyzeInterval, int64(s.cfg.EventsAnalyzeMinRows), s.log, s.outage)
 }

@@ -59,12 +59,14 @@ func (s *Server) StartWorkflows(ctx context.Context, opts ...WorkflowOption) err
 	webhooks := safehttp.New(hooks)
 	engine := workflow.NewEngine(s.pool, s.pipeline, workflow.EngineOptions{
 		Lease: s.cfg.WorkflowRunLease, Clock: s.clock, Log: s.log, Metrics: m, Webhooks: webhooks, StepTimeout: s.cfg.WorkflowStepTimeout,
+		Outage: s.outage,
 	})
 	w := workflow.NewWorker(engine, workflow.WorkerOptions{MaxInFlight: s.cfg.WorkflowMaxRuns, Poll: s.cfg.WorkflowPoll})
 	s.workflowWorker.Store(w)
 	s.workers.Go(func() { w.Run(ctx) })
 	sched := workflow.NewScheduler(s.pool, s.clock, s.cfg.WorkflowCatchUp, w.Offer, s.log)
 	sched.Metrics = m
+	sched.Outage = s.outage
 	sched.MaxUnfinishedRuns = s.cfg.WorkflowMaxUnfinishedRuns
 	sched.RunRetention = s.cfg.WorkflowRunRetention
 	sched.MinScheduleInterval = s.cfg.WorkflowMinScheduleInterval

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/pgsession"
 	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
@@ -462,6 +463,7 @@ func ReaderPoolConfig(url string, maxConns int32, statementTimeout, idleInTransa
 	if err != nil {
 		return nil, err
 	}
+	pgsession.Name(&cfg.ConnConfig.Config, pgsession.Reader)
 	cfg.MaxConns = maxConns
 	cfg.MinConns = 0
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)

@@ -320,3 +320,19 @@ func TestAStandbyGoneUnderThePoolCannotBeHad(t *testing.T) {
 		})
 	}
 }
+
+// The reader pools' sessions are named buzz-relay-reader, so an operator
+// on the standby tells the relay's routed reads from anyone else's.
+// Mutation killed: ReaderPoolConfig without pgsession.Name (the name is "").
+func TestReaderSessionsAreNamed(t *testing.T) {
+	t.Parallel()
+	cfg, err := replica.ReaderPoolConfig(dbtest.URL(t), 1, time.Second, time.Second)
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	var got string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got))
+	require.Equal(t, "buzz-relay-reader", got)
+}

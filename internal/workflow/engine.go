@@ -22,6 +22,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outage"
 	"github.com/buzzrelay/buzz/internal/workflow/mention"
 	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 	"github.com/buzzrelay/buzz/internal/workflow/template"
@@ -134,6 +135,7 @@ type Engine struct {
 	lease     time.Duration
 	condition ConditionFunc
 	log       *slog.Logger
+	outage    *outage.Log
 	webhooks  *safehttp.Client
 	metrics   *Metrics
 	// stepTimeout bounds a step without its own timeout_secs.
@@ -162,6 +164,9 @@ type EngineOptions struct {
 	// StepTimeout is the deadline of a step whose definition sets no
 	// timeout_secs (0: DefaultStepTimeout).
 	StepTimeout time.Duration
+	// Outage logs a worker poll failed by an unreachable database once
+	// per outage, not once per poll (nil: every failure is logged).
+	Outage *outage.Log
 }
 
 // DefaultLease bounds how long a killed worker's run waits to be resumed.
@@ -187,7 +192,7 @@ func NewEngine(pool *pgxpool.Pool, p *ingest.Pipeline, opts EngineOptions) *Engi
 	// A default may not exceed what a definition may ask for.
 	opts.StepTimeout = min(opts.StepTimeout, MaxStepTimeoutSecs*time.Second)
 	return &Engine{
-		pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log,
+		pool: pool, pipeline: p, clock: opts.Clock, lease: opts.Lease, condition: opts.Condition, log: opts.Log, outage: opts.Outage,
 		webhooks: opts.Webhooks, metrics: opts.Metrics, stepTimeout: opts.StepTimeout,
 		definitions: newDefinitionCache(),
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/outage"
 )
 
 // DefaultCatchUp is how far back a tick looks for schedule slots: a slot
@@ -55,6 +56,9 @@ type Scheduler struct {
 	// a cron stored before it was enforced, firing more often than a save
 	// allows today, fires only its first slot of each such span.
 	MinScheduleInterval time.Duration
+	// Outage logs a tick failed by an unreachable database once per
+	// outage, not once per tick (nil: every failure is logged).
+	Outage *outage.Log
 
 	// handled is, per workflow, the latest slot this scheduler claimed or
 	// found claimed: later ticks start after it, so a slot is inserted
@@ -120,13 +124,13 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil {
+		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow schedule tick") {
 			s.log.Error("workflow schedule tick failed", "err", err)
 		}
-		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics, s.log); err != nil && ctx.Err() == nil {
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics, s.log); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow approval expiry") {
 			s.log.Error("workflow approval expiry failed", "err", err)
 		}
-		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil {
+		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow history retention") {
 			s.log.Error("workflow history retention failed", "err", err)
 		}
 		select {

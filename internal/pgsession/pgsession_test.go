@@ -1,4 +1,4 @@
-package main
+package pgsession_test
 
 import (
 	"context"
@@ -10,14 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pgsession"
 	"github.com/buzzrelay/buzz/internal/pguuid"
 )
 
-// serve's sessions are named buzz-relay in pg_stat_activity, where an
-// operator counts the relay's backends, unless BUZZ_DATABASE_URL names them
-// otherwise. Read back from pg_stat_activity through a real pool.
-// Mutation checked: nameSessions emptied (the sessions' name is "").
-func TestServeSessionsAreNamed(t *testing.T) {
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// A session is named by the program unless the URL names it, as a
+// parameter or in options. Read back from pg_stat_activity through a real
+// pool.
+// Mutations killed: Name emptied (the session's name is ""); Name setting
+// the name over the URL's (the URL cases read "buzz-relay").
+func TestNameUnlessTheURLNames(t *testing.T) {
 	t.Parallel()
 	base := dbtest.URL(t)
 	for _, tc := range []struct {
@@ -25,7 +29,7 @@ func TestServeSessionsAreNamed(t *testing.T) {
 		query url.Values
 		want  string
 	}{
-		{"named by the relay", nil, "buzz-relay"},
+		{"named by the program", nil, pgsession.Relay},
 		{"the URL's parameter", url.Values{"application_name": {"pod-7"}}, "pod-7"},
 		{"the URL's options", url.Values{"options": {"-c application_name=pod-8"}}, "pod-8"},
 	} {
@@ -39,7 +43,7 @@ func TestServeSessionsAreNamed(t *testing.T) {
 			u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 			cfg, err := pguuid.ParsePoolConfig(u.String())
 			require.NoError(t, err)
-			nameSessions(cfg)
+			pgsession.Name(&cfg.ConnConfig.Config, pgsession.Relay)
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			defer pool.Close()

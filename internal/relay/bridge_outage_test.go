@@ -1,0 +1,127 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/logtest"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A database that goes away after a bridge request's host was looked up,
+// before its NIP-98 claim, is an outage like any other: the request gets
+// 503 "error: database unavailable; try again" with Retry-After, the
+// answer every route gives while the database is unreachable, and the log
+// gets the outage's one line instead of an ERROR "http auth failed" for
+// each request. The database is taken away for real: its sessions are
+// terminated and it takes no new ones. The window is exact: the client
+// sends the body only after the relay asked for it (Expect:
+// 100-continue), which it does after the lookup and before the claim.
+// Mutation killed: the claim's unreachable error left to the internal
+// error branch (500 "error: could not check authorization; try again",
+// and "http auth failed" logged); the Retry-After left out.
+func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	pool := dbtest.PoolOn(t, databaseURL, 4)
+	logs := &logtest.Buffer{}
+	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)))
+	hs := httptest.NewServer(srv.HTTPServer().Handler)
+	t.Cleanup(hs.Close)
+	host := community.NormalizeHost(hs.Listener.Addr().String())
+	_, err := db.New(pool).CommunityCreate(t.Context(), host)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+
+	takeAway, _ := databaseOutage(t, databaseURL)
+
+	key := relaytest.NewKey(t)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "during the outage", nil, 0))
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, hs.URL+"/events", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+"/events", body, nil)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Expect", "100-continue")
+	tookAway := false
+	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+		Got100Continue: func() { takeAway(); tookAway = true },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.True(t, tookAway, "the relay asked for the body")
+	var answer map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+
+	// The next requests fail at their host lookup: counted, not logged.
+	for range 3 {
+		r, err := http.Get(hs.URL + "/")
+		require.NoError(t, err)
+		r.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
+		require.Equal(t, "1", r.Header.Get("Retry-After"))
+	}
+	logged := logs.String()
+	require.NotContains(t, logged, "http auth failed", logged)
+	require.NotContains(t, logged, "msg=\"resolve community\"", logged)
+	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
+	require.Contains(t, logged, "first_failure=\"http auth claim\"", logged)
+}
+
+// databaseOutage returns takeAway, which makes the database of databaseURL
+// unreachable for real (its sessions terminated, new ones refused), and
+// bringBack, which lets sessions in again; the database is let in again
+// when the test ends.
+func databaseOutage(t *testing.T, databaseURL string) (takeAway, bringBack func()) {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	require.NoError(t, err)
+	name := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
+	admin, err := pgx.Connect(t.Context(), dbtest.AdminURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	var mu sync.Mutex // the admin session is used from the client's trace hook too
+	allow := func(allowed bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, err := admin.Exec(context.Background(), fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", name, allowed))
+		require.NoError(t, err)
+		if !allowed {
+			_, err = admin.Exec(context.Background(),
+				"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+				strings.TrimPrefix(u.Path, "/"))
+			require.NoError(t, err)
+		}
+	}
+	t.Cleanup(func() { allow(true) })
+	return func() { allow(false) }, func() { allow(true) }
+}
