@@ -124,3 +124,7 @@ const MessageBurstSeconds = messageBurstSeconds
 
 // ReplayPurgeBatch is how many expired NIP-98 claims one purge deletes.
 const ReplayPurgeBatch = replayPurgeBatch
+
+// HandshakeAddresses reports how many client addresses have a handshake
+// bucket kept.
+func (s *Server) HandshakeAddresses() int { return s.handshakes.Len() }
