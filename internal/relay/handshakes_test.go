@@ -85,14 +85,14 @@ func waitForNoConnections(t *testing.T, r *relaytest.Relay) {
 // X-Forwarded-For; a second of the relay's clock lets exactly one more
 // in; and a refusal by the connection cap spends no token. The clock
 // stands still otherwise, so nothing refills meanwhile.
-// Mutations killed: no handshake bucket (a sixth connection admitted);
-// one bucket for every address (the second address refused); the bucket
-// keyed by the whole IPv6 address (its /64 neighbour admitted); X-Forwarded-
-// For believed from any peer (the direct client's fourth admitted); the
-// bucket refilled by the wall clock or not at all (a second on the relay's
-// clock admits none); no Retry-After; the token taken before the
-// connection caps (the cap's refusal spends it, and the connection after
-// is refused).
+// Mutations killed: no handshake bucket (the racing dialers never
+// refused); one bucket for every address (the second address refused);
+// the bucket keyed by the whole IPv6 address (its /64 neighbour admitted);
+// X-Forwarded-For believed from any peer (the direct client's sixth
+// admitted); the bucket refilled by the wall clock (a second on the
+// relay's clock admits none) or never (no Retry-After to name); no
+// Retry-After; the token taken before the connection caps (the cap's
+// refusal spends it, and the connection after is refused).
 func TestNewConnectionsPerAddressAreBounded(t *testing.T) {
 	t.Parallel()
 	const burst = 5
@@ -191,7 +191,8 @@ func TestNewConnectionsPerAddressAreBounded(t *testing.T) {
 // next new connection finds only the buckets not yet full. (The buckets
 // are also bounded in number, least recently used out first:
 // TestHandshakeBucketsAreBoundedInNumber.)
-// Mutation killed: buckets forgotten only past the bound (101 kept).
+// Mutations killed: buckets forgotten only past the bound (102 kept, not
+// 2); a bucket forgotten before it is full (1 kept, not 101).
 func TestHandshakeBucketsAreForgottenOnceRefilled(t *testing.T) {
 	t.Parallel()
 	clk := &stoppedClock{now: time.Now()}
