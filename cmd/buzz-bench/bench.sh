@@ -49,7 +49,7 @@ fi
 	export BUZZ_LISTEN_ADDR=$addr BUZZ_RELAY_URL=$url BUZZ_DEV_PG_PORT=$pg_port
 	# A load generator is one address and a few keys publishing flat out:
 	# lift the per-client bounds it would otherwise measure instead.
-	export BUZZ_METRICS_ADDR=127.0.0.1:3301 BUZZ_MAX_CONNECTIONS_PER_ADDRESS=100000 \
+	export BUZZ_METRICS_ADDR=127.0.0.1:3301 BUZZ_MAX_CONNECTIONS_PER_ADDRESS=100000 BUZZ_HANDSHAKES_PER_SECOND=100000 \
 		BUZZ_PUBLISH_PER_MINUTE=100000000 BUZZ_PUBLISH_BURST=1000000 BUZZ_MESSAGES_PER_SECOND=1000000
 	exec ../buzz-relay dev
 ) >"$relay_log" 2>&1 &

@@ -78,6 +78,7 @@ type Config struct {
 	AuthTimeout           time.Duration  // a connection that has not authenticated by then is closed
 	MaxConnections        int            // open WebSocket connections, all clients together
 	MaxConnectionsPerAddr int            // open WebSocket connections from one client address
+	HandshakesPerSecond   int            // new WebSocket connections one client address may open per second, sustained (MaxConnectionsPerAddr at once)
 	MaxFilterValues       int            // filter values held by one connection's open subscriptions
 	PublishPerMinute      int            // events one pubkey may publish per minute in one community
 	PublishBurst          int            // events one pubkey may publish at once before the rate applies
@@ -237,6 +238,7 @@ func Default() Config {
 		AuthTimeout:           30 * time.Second,
 		MaxConnections:        10000,
 		MaxConnectionsPerAddr: 50,
+		HandshakesPerSecond:   10,
 		MaxFilterValues:       2000,
 		PublishPerMinute:      120,
 		PublishBurst:          60,
@@ -328,6 +330,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	r.duration("BUZZ_AUTH_TIMEOUT", &c.AuthTimeout)
 	r.positive("BUZZ_MAX_CONNECTIONS", &c.MaxConnections)
 	r.positive("BUZZ_MAX_CONNECTIONS_PER_ADDRESS", &c.MaxConnectionsPerAddr)
+	r.positive("BUZZ_HANDSHAKES_PER_SECOND", &c.HandshakesPerSecond)
 	r.positive("BUZZ_MAX_FILTER_VALUES", &c.MaxFilterValues)
 	r.positive("BUZZ_PUBLISH_PER_MINUTE", &c.PublishPerMinute)
 	r.positive("BUZZ_PUBLISH_BURST", &c.PublishBurst)

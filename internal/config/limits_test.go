@@ -14,6 +14,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 		"BUZZ_AUTH_TIMEOUT":                "5s",
 		"BUZZ_MAX_CONNECTIONS":             "10",
 		"BUZZ_MAX_CONNECTIONS_PER_ADDRESS": "2",
+		"BUZZ_HANDSHAKES_PER_SECOND":       "3",
 		"BUZZ_MAX_FILTER_VALUES":           "300",
 		"BUZZ_PUBLISH_PER_MINUTE":          "30",
 		"BUZZ_PUBLISH_BURST":               "5",
@@ -31,6 +32,7 @@ func TestPerClientBoundsAreRead(t *testing.T) {
 	require.Equal(t, 5*time.Second, c.AuthTimeout)
 	require.Equal(t, 10, c.MaxConnections)
 	require.Equal(t, 2, c.MaxConnectionsPerAddr)
+	require.Equal(t, 3, c.HandshakesPerSecond)
 	require.Equal(t, 300, c.MaxFilterValues)
 	require.Equal(t, 30, c.PublishPerMinute)
 	require.Equal(t, 5, c.PublishBurst)
@@ -62,6 +64,7 @@ func TestMalformedPerClientBoundsNameTheVariable(t *testing.T) {
 		"BUZZ_TRUSTED_PROXIES":             "10.0.0.0/8,proxy.internal",
 		"BUZZ_AUTH_TIMEOUT":                "30",
 		"BUZZ_MAX_CONNECTIONS_PER_ADDRESS": "0",
+		"BUZZ_HANDSHAKES_PER_SECOND":       "0",
 		"BUZZ_PUBLISH_PER_MINUTE":          "-3",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))

@@ -4,29 +4,56 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"time"
+
+	"github.com/buzzrelay/buzz/internal/config"
 )
 
 // admit reserves a WebSocket connection for a client at addr, or says why
 // not: 503 when the relay holds MaxConnections, 429 when addr alone holds
-// MaxConnectionsPerAddr. Refusing before the upgrade costs the relay no
-// goroutine, buffer or challenge. Every admitted connection is released
-// exactly once (release, or forget once tracked).
-func (s *Server) admit(addr string) (status int, reason string) {
+// MaxConnectionsPerAddr, 429 with a retry when addr opened connections
+// faster than its handshake bucket allows. Refusing before the upgrade
+// costs the relay no goroutine, buffer or challenge. Every admitted
+// connection is released exactly once (release, or forget once tracked).
+func (s *Server) admit(addr string) (status int, reason string, retry time.Duration) {
 	addr = addressBucket(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case s.closing:
-		return http.StatusServiceUnavailable, "error: relay shutting down"
+		return http.StatusServiceUnavailable, "error: relay shutting down", 0
 	case s.admitted.total >= s.cfg.MaxConnections:
 		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
-		return http.StatusServiceUnavailable, fmt.Sprintf("error: relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
+		return http.StatusServiceUnavailable, fmt.Sprintf("error: relay is at its limit of %d connections; try again later", s.cfg.MaxConnections), 0
 	case s.admitted.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
 		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
-		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr)
+		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr), 0
+	}
+	// Last, so that only a handshake about to happen takes a token.
+	if ok, retry := s.handshakes.Allow(addressCommunity, addr, s.now()); !ok {
+		s.metrics.ConnsRefused.WithLabelValues("handshake_rate").Inc()
+		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: too many new connections from this client address; try again in %s", retry), retry
 	}
 	s.admitted.add(addr)
-	return 0, ""
+	return 0, "", 0
+}
+
+// handshakeAddrs bounds the handshake buckets kept; a bucket is forgotten
+// anyway once refilled, MaxConnectionsPerAddr/HandshakesPerSecond after its
+// address's last new connection (5 s by default), so only more addresses
+// than this opening connections within that time push one out early,
+// which hands that address a full bucket again.
+const handshakeAddrs = 10_000
+
+// newHandshakeBuckets bounds the new WebSocket connections of each client
+// address: MaxConnectionsPerAddr at once, so every connection an address
+// may hold can be opened again together (a relay restart, a network
+// change), then HandshakesPerSecond. Each new connection costs the relay an
+// upgrade, a challenge and a connection's state, and starts with full
+// buckets of messages, pings and AUTH checks: unbounded, a client that
+// reconnected in a loop bought those again as fast as it could handshake.
+func newHandshakeBuckets(cfg config.Config) *TokenBuckets {
+	return NewTokenBuckets(cfg.HandshakesPerSecond*60, cfg.MaxConnectionsPerAddr, handshakeAddrs)
 }
 
 // release returns a connection reserved by admit.

@@ -128,3 +128,7 @@ const ReplayPurgeBatch = replayPurgeBatch
 // OutageFailures is how many failures the database outage in progress
 // has counted (0 with the database reachable).
 func (s *Server) OutageFailures() int { return s.outage.Failures() }
+
+// HandshakeAddresses reports how many client addresses have a handshake
+// bucket kept.
+func (s *Server) HandshakeAddresses() int { return s.handshakes.Len() }

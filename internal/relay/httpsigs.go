@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -77,10 +75,6 @@ type signer struct {
 // signer's check.
 type sigCheck struct{ charged, exempt bool }
 
-// badSignatureCommunity is the community the failure buckets are kept
-// under: they count per address, whatever the community.
-var badSignatureCommunity = uuid.Nil
-
 func newHTTPSignatures(window time.Duration) *httpSignatures {
 	return &httpSignatures{
 		failures: NewTokenBuckets(badSignaturesPerSecond*60, badSignaturesAtOnce, badSignatureAddrs),
@@ -105,14 +99,14 @@ func (h *httpSignatures) allow(addr, pubkey string, now time.Time) (check sigChe
 		return sigCheck{exempt: true}, 0, true
 	}
 	h.mu.Unlock()
-	if ok, retry = h.failures.Allow(badSignatureCommunity, addr, now); !ok {
+	if ok, retry = h.failures.Allow(addressCommunity, addr, now); !ok {
 		return sigCheck{}, retry, false
 	}
 	h.mu.Lock()
 	retry, ok = h.all.take(now, allBadSignaturesPerSecond, allBadSignaturesAtOnce)
 	h.mu.Unlock()
 	if !ok {
-		h.failures.giveBack(badSignatureCommunity, addr)
+		h.failures.giveBack(addressCommunity, addr)
 		return sigCheck{}, retry, false
 	}
 	return sigCheck{charged: true}, 0, true
@@ -123,7 +117,7 @@ func (h *httpSignatures) allow(addr, pubkey string, now time.Time) (check sigChe
 // took, if any.
 func (h *httpSignatures) outcome(addr, pubkey string, check sigCheck, verified bool) {
 	if check.charged && verified {
-		h.failures.giveBack(badSignatureCommunity, addr)
+		h.failures.giveBack(addressCommunity, addr)
 	}
 	key := signerKey{addr, pubkey}
 	h.mu.Lock()

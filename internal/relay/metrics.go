@@ -21,7 +21,7 @@ type Metrics struct {
 	// subscriber to its socket write.
 	FanoutWriteDelay prometheus.Histogram
 	SlowClosed       prometheus.Counter
-	ConnsRefused     *prometheus.CounterVec // reason: total, address
+	ConnsRefused     *prometheus.CounterVec // reason: total, address, handshake_rate
 	// WebhookCallsRefused counts workflow webhook calls refused by a cap
 	// of calls being answered, by cap (total, address).
 	WebhookCallsRefused *prometheus.CounterVec
@@ -119,7 +119,7 @@ func NewMetrics() *Metrics {
 			Name: "buzz_slow_clients_closed_total", Help: "Connections closed because they could not keep up.",
 		}),
 		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap, by cap (total, address).",
+			Name: "buzz_connections_refused_total", Help: "WebSocket upgrades refused by a connection cap (total, address) or by the client address's rate of new connections (handshake_rate).",
 		}, []string{"reason"}),
 		WebhookCallsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_webhook_calls_refused_total", Help: "Workflow webhook calls refused by a cap of calls being answered, by cap (total, address).",

@@ -19,9 +19,12 @@ type PublishLimiter interface {
 }
 
 // TokenBuckets is an in-process PublishLimiter: one token bucket per
-// (community, pubkey) holding up to burst tokens, refilled at perMinute. At
-// most maxKeys buckets are kept; the least recently used goes first, which
-// at worst hands an idle publisher a full bucket again.
+// (community, pubkey) holding up to burst tokens, refilled at perMinute. A
+// bucket refilled to its burst is what a new one would be, so it is
+// forgotten: what is kept follows the keys active within the last
+// burst/rate, not every key ever seen. At most maxKeys buckets are kept;
+// past that the least recently used goes first, which at worst hands an
+// idle key a full bucket again.
 type TokenBuckets struct {
 	mu      sync.Mutex
 	perSec  float64
@@ -57,6 +60,7 @@ func NewTokenBuckets(perMinute, burst, maxKeys int) *TokenBuckets {
 func (l *TokenBuckets) Allow(community uuid.UUID, pubkey string, now time.Time) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.forgetRefilled(now)
 	key := bucketKey{community, pubkey}
 	var b *keyedBucket
 	if el, ok := l.byKey[key]; ok {
@@ -78,12 +82,31 @@ func (l *TokenBuckets) Allow(community uuid.UUID, pubkey string, now time.Time) 
 	return false, wait.Round(time.Second) + time.Second
 }
 
+// forgetRefilled drops the least recently used buckets that are full by
+// now, stopping at the first that is not: each call looks at one bucket
+// more than it drops.
+func (l *TokenBuckets) forgetRefilled(now time.Time) {
+	for el := l.lru.Back(); el != nil; el = l.lru.Back() {
+		b := el.Value.(*keyedBucket)
+		if b.tokens+now.Sub(b.at).Seconds()*l.perSec < l.burst {
+			return
+		}
+		delete(l.byKey, b.key)
+		l.lru.Remove(el)
+	}
+}
+
 // Len is the number of buckets held.
 func (l *TokenBuckets) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lru.Len()
 }
+
+// addressCommunity is the community that buckets counted per client
+// address are kept under (bad HTTP signatures, handshakes): they count per
+// address, whatever the community.
+var addressCommunity = uuid.Nil
 
 // tokenBucket holds up to burst tokens, refilled at rate a second; alone,
 // it is one connection's, used by one goroutine at a time.

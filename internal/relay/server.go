@@ -78,6 +78,9 @@ type Server struct {
 	// httpSignatures bounds the bad signatures of signed HTTP requests
 	// checked per client address.
 	httpSignatures *httpSignatures
+	// handshakes bounds how fast each client address opens WebSocket
+	// connections (admit).
+	handshakes *TokenBuckets
 
 	outboxWorker   atomic.Pointer[outbox.Worker]   // nil: this process delivers nothing
 	workflowWorker atomic.Pointer[workflow.Worker] // nil: runs wait for a worker's poll
@@ -175,6 +178,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 
 		PublishLimiter:    NewTokenBuckets(cfg.PublishPerMinute, cfg.PublishBurst, cfg.RateLimitKeys),
 		httpSignatures:    newHTTPSignatures(cfg.AuthWindow),
+		handshakes:        newHandshakeBuckets(cfg),
 		conns:             map[*conn]struct{}{},
 		closedCommunities: map[uuid.UUID]struct{}{},
 
@@ -577,7 +581,10 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {
 	addr := s.clientAddr(r)
 	// admit also refuses every connection once the relay is shutting down.
-	if status, reason := s.admit(addr); status != 0 {
+	if status, reason, retry := s.admit(addr); status != 0 {
+		if retry > 0 {
+			w.Header().Set("Retry-After", retryAfterSeconds(retry))
+		}
 		writeJSON(w, status, map[string]string{"error": reason})
 		return
 	}

@@ -71,9 +71,11 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, opts []relay.Option, adjust ...
 	t.Helper()
 	cfg := config.Default()
 	// Tests publish from a few keys as fast as they can, send messages as
-	// fast as they can and dial from one address; the tests of those bounds set them back.
+	// fast as they can and dial from one address, as often as they like;
+	// the tests of those bounds set them back.
 	cfg.PublishPerMinute, cfg.PublishBurst = 1<<30, 1<<20
 	cfg.MaxConnectionsPerAddr = 1 << 20
+	cfg.HandshakesPerSecond = 1 << 20
 	cfg.MessagesPerSecond = 1 << 20
 	for _, f := range adjust {
 		f(&cfg)

@@ -1,0 +1,221 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// upgrade opens a WebSocket to r's home community from the loopback
+// address local, as client (an X-Forwarded-For value; "" sends none), and
+// closes it as soon as the relay's AUTH challenge came: a client that
+// reconnects in a loop. Refused, it returns the relay's answer.
+func upgrade(t *testing.T, r *relaytest.Relay, local, client string) (refused *http.Response, body string) {
+	t.Helper()
+	var header http.Header
+	if client != "" {
+		header = http.Header{"X-Forwarded-For": {client}}
+	}
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	httpClient := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
+	defer cancel()
+	ws, resp, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: httpClient, HTTPHeader: header})
+	if err != nil {
+		require.NotNil(t, resp, "no HTTP answer: %v", err)
+		raw, _ := io.ReadAll(resp.Body)
+		return resp, string(raw)
+	}
+	defer ws.CloseNow()
+	_, msg, err := ws.Read(ctx)
+	require.NoError(t, err)
+	require.Contains(t, string(msg), `["AUTH"`)
+	return nil, ""
+}
+
+// handshakeRefusal is the start of the answer past an address's bucket.
+const handshakeRefusal = "rate-limited: too many new connections from this client address"
+
+// refusedForRate requires a refusal by the handshake bucket: 429, a
+// Retry-After that the next token (a second away at one a second) comes
+// within, rounded up to the whole second and one more as the publish
+// limit's, the JSON error body of every HTTP refusal.
+func refusedForRate(t *testing.T, resp *http.Response, body, what string) {
+	t.Helper()
+	require.NotNil(t, resp, "%s: admitted", what)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", what, body)
+	require.Equal(t, "2", resp.Header.Get("Retry-After"), what)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"), what)
+	var reply map[string]string
+	require.NoError(t, json.Unmarshal([]byte(body), &reply), body)
+	require.Equal(t, map[string]string{"error": handshakeRefusal + "; try again in 2s"}, reply, what)
+}
+
+// waitForNoConnections waits until the relay has forgotten every closed
+// connection, so a refusal that follows is the handshake bucket's, not the
+// per-address connection cap's.
+func waitForNoConnections(t *testing.T, r *relaytest.Relay) {
+	t.Helper()
+	require.Eventually(t, func() bool { return connections(r) == 0 }, relaytest.Patience, 5*time.Millisecond)
+}
+
+// A client address opens at most MaxConnectionsPerAddr connections at
+// once and then HandshakesPerSecond, each closed as soon as it is open:
+// the burst is admitted even when its dials race, the next is refused
+// before the upgrade with 429, Retry-After and the JSON error; another
+// address, behind the same trusted proxy, is not; an IPv6 client counts by
+// its /64; a direct client cannot pick a new address with
+// X-Forwarded-For; a second of the relay's clock lets exactly one more
+// in; and a refusal by the connection cap spends no token. The clock
+// stands still otherwise, so nothing refills meanwhile.
+// Mutations killed: no handshake bucket (the racing dialers never
+// refused); one bucket for every address (the second address refused);
+// the bucket keyed by the whole IPv6 address (its /64 neighbour admitted);
+// X-Forwarded-For believed from any peer (the direct client's sixth
+// admitted); the bucket refilled by the wall clock (a second on the
+// relay's clock admits none) or never (no Retry-After to name); no
+// Retry-After; the token taken before the connection caps (the cap's
+// refusal spends it, and the connection after is refused).
+func TestNewConnectionsPerAddressAreBounded(t *testing.T) {
+	t.Parallel()
+	const burst = 5
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = burst
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	const client = "203.0.113.1"
+
+	// Ten clients behind one address dial at once until the bucket refuses
+	// them; a refusal by the connection cap (a slot not yet given back by
+	// a closed connection) is dialled again.
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			for range 50 {
+				resp, body := upgrade(t, r, "127.0.0.1", client)
+				if resp == nil {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+					continue
+				}
+				if !strings.Contains(body, "connections per client address") {
+					require.Contains(t, body, handshakeRefusal)
+					return
+				}
+			}
+			t.Errorf("never refused for the rate")
+		})
+	}
+	wg.Wait()
+	require.Equal(t, burst, admitted, "connections admitted at once")
+
+	waitForNoConnections(t, r)
+	resp, body := upgrade(t, r, "127.0.0.1", client)
+	refusedForRate(t, resp, body, "past the burst")
+
+	resp, body = upgrade(t, r, "127.0.0.1", "203.0.113.2")
+	require.Nil(t, resp, "another address: %s", body)
+
+	for i := range burst {
+		resp, body = upgrade(t, r, "127.0.0.1", fmt.Sprintf("2001:db8:7:7::%x", i+1))
+		require.Nil(t, resp, "IPv6 connection %d: %s", i, body)
+	}
+	waitForNoConnections(t, r)
+	resp, body = upgrade(t, r, "127.0.0.1", "2001:db8:7:7:ffff::1")
+	refusedForRate(t, resp, body, "another address of the same /64")
+
+	// 127.0.0.2 is not a trusted proxy: its header names nobody.
+	for i := range burst {
+		resp, body = upgrade(t, r, "127.0.0.2", fmt.Sprintf("198.51.100.%d", i+1))
+		require.Nil(t, resp, "direct connection %d: %s", i, body)
+	}
+	waitForNoConnections(t, r)
+	resp, body = upgrade(t, r, "127.0.0.2", "198.51.100.99")
+	refusedForRate(t, resp, body, "a direct client naming a new address")
+
+	clk.advance(time.Second)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	require.Nil(t, resp, "a second later: %s", body)
+	waitForNoConnections(t, r)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	refusedForRate(t, resp, body, "one more, and no more")
+
+	// A connection refused by the per-address cap spends no token: the
+	// address holds all five of its connections when a token comes. (The
+	// racing dialers above may have met the cap too.)
+	refusals := r.Server.Metrics().ConnsRefused
+	capRefusals := testutil.ToFloat64(refusals.WithLabelValues("address"))
+	clk.advance(burst * time.Second)
+	var held []*websocket.Conn
+	for range burst {
+		ws, err := dialFrom(t, r, "127.0.0.1", http.Header{"X-Forwarded-For": {client}})
+		require.NoError(t, err)
+		held = append(held, ws)
+	}
+	clk.advance(time.Second)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	require.NotNil(t, resp)
+	require.Contains(t, body, "rate-limited: at most 5 connections per client address")
+	held[0].CloseNow()
+	require.Eventually(t, func() bool { return connections(r) == burst-1 }, relaytest.Patience, 5*time.Millisecond)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	require.Nil(t, resp, "the token the cap's refusal left: %s", body)
+
+	require.Equal(t, 4.0+10, testutil.ToFloat64(refusals.WithLabelValues("handshake_rate")), "the ten racing dialers' refusals and four more")
+	require.Equal(t, capRefusals+1, testutil.ToFloat64(refusals.WithLabelValues("address")))
+}
+
+// An address's bucket is forgotten once it has refilled: a hundred
+// addresses that each opened a connection are remembered until their
+// buckets are full again (a second later, at one a second), then the
+// next new connection finds only the buckets not yet full. (The buckets
+// are also bounded in number, least recently used out first:
+// TestHandshakeBucketsAreBoundedInNumber.)
+// Mutations killed: buckets forgotten only past the bound (102 kept, not
+// 2); a bucket forgotten before it is full (1 kept, not 101).
+func TestHandshakeBucketsAreForgottenOnceRefilled(t *testing.T) {
+	t.Parallel()
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 2
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	for i := range 100 {
+		resp, body := upgrade(t, r, "127.0.0.1", fmt.Sprintf("203.0.113.%d", i+1))
+		require.Nil(t, resp, body)
+	}
+	require.Equal(t, 100, r.Server.HandshakeAddresses())
+
+	clk.advance(time.Second / 2)
+	resp, body := upgrade(t, r, "127.0.0.1", "198.51.100.1")
+	require.Nil(t, resp, body)
+	require.Equal(t, 101, r.Server.HandshakeAddresses(), "buckets half refilled are kept")
+
+	clk.advance(time.Second / 2)
+	resp, body = upgrade(t, r, "127.0.0.1", "198.51.100.2")
+	require.Nil(t, resp, body)
+	require.Equal(t, 2, r.Server.HandshakeAddresses(), "the hundred full buckets are gone; the last two are kept")
+}
