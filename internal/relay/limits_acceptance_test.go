@@ -129,7 +129,11 @@ func TestTwoThousandIdleUnauthenticatedSockets(t *testing.T) {
 	held := heapInUse()
 	t.Logf("2,000 idle sockets: %d admitted, %d refused (cap %d per address); heap %d KiB -> %d KiB while held (%.1f KiB per admitted socket)",
 		admitted, refused, def.MaxConnectionsPerAddr, before>>10, held>>10, float64(held-before)/1024/float64(max(admitted, 1)))
-	require.Equal(t, def.MaxConnectionsPerAddr-1, admitted, "the authenticated client holds one slot")
+	// A loop slower than the AUTH deadline (18 s seen on a loaded machine)
+	// sees sockets closed by it, each freeing a slot for one more.
+	timedOut := int(testutil.ToFloat64(r.Server.Metrics().AuthTimeouts))
+	require.GreaterOrEqual(t, admitted, def.MaxConnectionsPerAddr-1, "the authenticated client holds one slot")
+	require.LessOrEqual(t, admitted, def.MaxConnectionsPerAddr-1+timedOut, "admitted past the cap (%d closed by the AUTH deadline meanwhile)", timedOut)
 	require.True(t, authed.Publish(authed.Sign(1, "served during the flood", nil, 0)).OK)
 
 	// The AUTH deadline closes every admitted idle socket.
