@@ -427,7 +427,9 @@ func TestCallWebhookWhoseHostIsAPlaceholderIsNotCalled(t *testing.T) {
 
 // A URL placeholder without a value fails the step instead of sending the
 // placeholder's text, which the URL would carry as a path of its own
-// making. Mutation killed: ignoring found in renderURL calls /x/ .
+// making. Mutation killed: ignoring found in renderURL renders the
+// missing value as empty (caught here as an emptied segment, with another
+// message; in a query it would be sent).
 func TestCallWebhookURLPlaceholderWithoutAValueIsNotCalled(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
