@@ -86,7 +86,7 @@ func TestGoNostrMemberTextStaysDataInAWebhookURL(t *testing.T) {
 		return err == nil
 	}, wait, 20*time.Millisecond)
 	require.Equal(t, "template_resolution_failed", code, message)
-	require.Equal(t, "step hook: url: a value may not be the path segment \".\" or \"..\"", message)
+	require.Equal(t, "step hook: url: a value may not leave a path segment empty or make it \".\" or \"..\"", message)
 	require.Len(t, calls(), 1, "no call for the dot segment")
 }
 

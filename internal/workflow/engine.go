@@ -730,32 +730,55 @@ func renderCall(step *Step, tctx template.Context) (safehttp.Request, *runFailur
 // value cannot add a path segment, a query parameter or a fragment, nor
 // name another host. Values come from whoever triggered the run (a message
 // any member posts): "1/close?force=" in ".../issues/{{trigger.text}}/comments"
-// called /issues/1/close with the owner's headers. A value that is a dot
-// segment ("." or "..", which servers resolve to climb the path) and a
-// placeholder without a value fail the step; so does a definition saved
+// called /issues/1/close with the owner's headers. Nor may a value change
+// the path's shape through what servers normalize: a path segment that a
+// value leaves empty ("/issues//comments", which servers merge into
+// /issues/comments) or makes "." or ".." (which climb the path) fails the
+// step, as does a placeholder without a value, and a definition saved
 // before its host had to be written out.
 func renderURL(step *Step, tctx template.Context) (string, *runFailure) {
 	if !urlOriginIsLiteral(step.URL) {
 		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %s; the owner must save the workflow again", step.ID, urlOriginPlaceholder)
 	}
-	var bad string
+	var missing string
 	rendered, err := template.Expand(step.URL, tctx, func(path, value string, found bool) string {
-		switch {
-		case bad != "":
-		case !found:
-			bad = "{{" + path + "}} has no value"
-		case value == "." || value == "..":
-			bad = `a value may not be the path segment "." or ".."`
+		if !found && missing == "" {
+			missing = path
 		}
 		return strings.ReplaceAll(url.QueryEscape(value), "+", "%20")
 	})
 	if err != nil {
 		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %v", step.ID, err)
 	}
-	if bad != "" {
-		return "", fail(CodeTemplateResolutionFailed, "step %s: url: %s", step.ID, bad)
+	if missing != "" {
+		return "", fail(CodeTemplateResolutionFailed, "step %s: url: {{%s}} has no value", step.ID, missing)
+	}
+	// The same URL with every value a plain "x": a segment that is empty or a
+	// dot segment only in the rendering a value made so. Values hold no "/",
+	// "?" or "#", so both renderings have the same segments.
+	probe, _ := template.Expand(step.URL, tctx, func(string, string, bool) string { return "x" })
+	want := urlPathSegments(probe)
+	for i, seg := range urlPathSegments(rendered) {
+		if (seg == "" || seg == "." || seg == "..") && seg != want[i] {
+			return "", fail(CodeTemplateResolutionFailed, `step %s: url: a value may not leave a path segment empty or make it "." or ".."`, step.ID)
+		}
 	}
 	return rendered, nil
+}
+
+// urlPathSegments splits the path of a URL whose scheme and host are
+// written out (urlOriginIsLiteral) at its slashes.
+func urlPathSegments(rawURL string) []string {
+	_, rest, _ := strings.Cut(rawURL, "://")
+	start := strings.IndexAny(rest, "/?#")
+	if start < 0 || rest[start] != '/' {
+		return nil
+	}
+	path := rest[start:]
+	if end := strings.IndexAny(path, "?#"); end >= 0 {
+		path = path[:end]
+	}
+	return strings.Split(path, "/")
 }
 
 // finishCall sends a started call_webhook request outside any transaction,

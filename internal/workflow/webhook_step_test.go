@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -426,7 +427,9 @@ func TestCallWebhookWhoseHostIsAPlaceholderIsNotCalled(t *testing.T) {
 
 // A URL placeholder without a value fails the step instead of sending the
 // placeholder's text, which the URL would carry as a path of its own
-// making. Mutation killed: ignoring found in renderURL calls /x/ .
+// making. Mutation killed: ignoring found in renderURL renders the
+// missing value as empty (caught here as an emptied segment, with another
+// message; in a query it would be sent).
 func TestCallWebhookURLPlaceholderWithoutAValueIsNotCalled(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -439,4 +442,52 @@ func TestCallWebhookURLPlaceholderWithoutAValueIsNotCalled(t *testing.T) {
 	f.drain(e)
 	f.failedWith(f.runIDs(id)[0], workflow.CodeTemplateResolutionFailed, "step hook: url: {{trigger.nothing}} has no value")
 	require.Zero(t, calls.Load())
+}
+
+// A value in a call_webhook URL's path may not change the path's shape
+// through what servers normalize: a top-level message's root_message_id
+// (empty) in ".../threads/{{trigger.root_message_id}}/close" made
+// /threads//close, which servers merge into /threads/close, another
+// endpoint than the owner named; the run fails without a call. The same
+// values in the query are data and are sent. Mutation killed: letting a
+// value leave a path segment empty (renderURL's seg == "") calls
+// /threads//close.
+func TestCallWebhookURLValueCannotEmptyAPathSegment(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	owner := f.key()
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.RequestURI())
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	e := f.engineCalling(srv)
+	for _, tc := range []struct{ url, text, failure, call string }{
+		{"/threads/{{trigger.root_message_id}}/close", "hi", "a value may not leave a path segment empty", ""},
+		{"/threads/{{trigger.text}}", "", "a value may not leave a path segment empty", ""},
+		{"/threads/{{trigger.text}}/close", "..", `make it "." or ".."`, ""},
+		{"/threads/x{{trigger.text}}/close/", "", "", "/threads/x/close/"},
+		{"/search?q={{trigger.text}}&r={{trigger.root_message_id}}", "..", "", "/search?q=..&r="},
+	} {
+		ch := f.channel(owner)
+		id := uuid.NewString()
+		f.save(owner, ch, id, "name: Hook\ntrigger: {on: message_posted}\nsteps: [{id: hook, action: call_webhook, url: '"+srv.URL+tc.url+"'}]")
+		f.store(f.sign(owner, ingest.KindChat, tc.text, nostr.Tags{{"h", ch}}))
+		f.drain(e)
+		run := f.runIDs(id)[0]
+		mu.Lock()
+		calls := got
+		got = nil
+		mu.Unlock()
+		if tc.failure != "" {
+			f.failedWith(run, workflow.CodeTemplateResolutionFailed, "step hook: url: ", tc.failure)
+			require.Empty(t, calls, tc.url)
+			continue
+		}
+		require.Equal(t, db.WorkflowRunStatusCompleted, f.run(run).Status, tc.url)
+		require.Equal(t, []string{tc.call}, calls, tc.url)
+	}
 }
