@@ -30,6 +30,11 @@ func checkDatabase(ctx context.Context, conn *pgx.Conn, writes bool) error {
 		// "run migrate" would have the operator create the schema there.
 		return errors.New("BUZZ_DATABASE_URL names a database with no buzz schema (no migration applied): check the database name; migrate it only if it is meant to be the relays' (`buzz-relay migrate`)")
 	}
+	if st.Current > st.Latest {
+		// RequireCurrent would say "deploy the newer relay": the relays
+		// that migrated it are running, this CLI is the old one.
+		return fmt.Errorf("BUZZ_DATABASE_URL: database schema is at version %d, newer than this buzz-admin knows (%d): use the buzz-admin of the release that migrated it", st.Current, st.Latest)
+	}
 	if err := migrate.RequireCurrent(ctx, conn); err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}

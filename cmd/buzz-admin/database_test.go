@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -149,4 +150,31 @@ func TestWritesAreRefusedOnAStandbyOrReadOnlySessionReadsAnswer(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
+}
+
+// A schema a later release migrated is refused, and the error tells the
+// operator to use that release's buzz-admin: the relays that migrated it
+// are already running, so "deploy the newer relay" would send them to
+// redeploy what is deployed.
+//
+// Mutation killed: the ahead case left to RequireCurrent (its text says
+// "deploy the newer relay").
+func TestASchemaAheadOfTheBuildNamesTheNewerBuzzAdmin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := dbtest.URL(t)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var ahead int32
+	require.NoError(t, conn.QueryRow(ctx, `UPDATE schema_version SET version = version + 1 RETURNING version`).Scan(&ahead))
+	admin := adminOn(ctx, dbURL)
+	for _, args := range [][]string{{"communities", "create", "ahead.example"}, {"communities", "list"}, {"deletions", "list"}, {"listeners", "list"}} {
+		_, err := admin(args...)
+		require.ErrorContains(t, err, fmt.Sprintf("database schema is at version %d, newer than this buzz-admin knows (%d): use the buzz-admin of the release that migrated it", ahead, ahead-1), args)
+		require.NotContains(t, err.Error(), "deploy the newer relay", args)
+	}
+	var communities int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM communities`).Scan(&communities))
+	require.Zero(t, communities)
 }

@@ -392,10 +392,15 @@ func whyNotRunnable(ctx context.Context, q *db.Queries, id uuid.UUID) error {
 	switch {
 	case r.Stage == deletion.StageRetentionPending:
 		why = "it is finished (stage retention_pending); a finished request is never run again"
-	case r.Stage == deletion.StageSubmitted || r.Stage == deletion.StageInventoried:
-		why = fmt.Sprintf("it is not approved yet (stage %s): `buzz-admin deletions approve %s --approved-by WHO`, by someone other than %s", r.Stage, id, r.RequestedBy)
 	case r.BlockedAt != nil:
+		// Before the approval advice: approve refuses a blocked request.
 		why = fmt.Sprintf("it is blocked at stage %s since %s: %s; fix that, then `buzz-admin deletions unblock %s`", r.Stage, at(*r.BlockedAt), deref(r.BlockedReason), id)
+	case r.Stage == deletion.StageSubmitted:
+		// Approve takes only a frozen inventory; the requester's repeated
+		// submit freezes it.
+		why = fmt.Sprintf("its inventory never froze (stage submitted: the submit stopped first): repeat `buzz-admin deletions submit --host %s --requested-by %q`, then have someone else approve it", r.CommunityHost, r.RequestedBy)
+	case r.Stage == deletion.StageInventoried:
+		why = fmt.Sprintf("it is not approved yet (stage inventoried): `buzz-admin deletions approve %s --approved-by WHO`, by someone other than %s", id, r.RequestedBy)
 	case r.LeaseOwner != nil && r.LeaseUntil != nil:
 		why = fmt.Sprintf("executor %q holds its lease (generation %d) until %s at stage %s; should that executor be dead, run again after then", *r.LeaseOwner, r.LeaseGeneration, at(*r.LeaseUntil), r.Stage)
 	case r.RetryCount > 0:

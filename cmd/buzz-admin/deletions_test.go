@@ -231,3 +231,78 @@ func TestARunThatCannotClaimSaysWhatItFound(t *testing.T) {
 	require.Contains(t, said, "blocked at stage approved since ")
 	require.Contains(t, said, "media store unreachable; fix that, then `buzz-admin deletions unblock "+id+"`")
 }
+
+// A run's advice is a command that works. A request whose submit stopped
+// before its inventory froze is told to repeat the submit (approve refuses
+// it: it takes only a frozen inventory), and that repeat, as said, freezes
+// it. A request blocked while it waits for its approval (a run from a
+// shell without the media settings did that before runs left unapproved
+// requests alone) is told to unblock (approve refuses a blocked request),
+// and that unblock, as said, works.
+//
+// Mutations killed: stage submitted advised to approve (an approve that
+// fails "not waiting for approval"); the approval advice checked before
+// the block (an approve that fails "is blocked").
+func TestARunsAdviceOnAnUnapprovedRequestIsACommandThatWorks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := map[string]string{"BUZZ_DATABASE_URL": url}
+	cmd := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, args, func(k string) string { return env[k] }, &out)
+		return out.String(), err
+	}
+	// advised runs the request and returns the command between the first
+	// pair of backquotes of what it says, split as a shell would.
+	advised := func(id string) []string {
+		t.Helper()
+		_, err := cmd("deletions", "run", id)
+		var exit exitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, exitNotRunnable, exit.code, "%v", err)
+		_, rest, ok := strings.Cut(err.Error(), "`")
+		require.True(t, ok, err.Error())
+		command, _, ok := strings.Cut(rest, "`")
+		require.True(t, ok, err.Error())
+		var args []string
+		for _, f := range strings.Fields(command) {
+			args = append(args, strings.Trim(f, `"`))
+		}
+		require.Equal(t, "buzz-admin", args[0], err.Error())
+		return args[1:]
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for _, host := range []string{"stopped-submit.test", "blocked-unapproved.test"} {
+		_, err = db.New(pool).CommunityCreate(ctx, host)
+		require.NoError(t, err)
+	}
+
+	// The submit's first step committed, then it stopped.
+	var stopped string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (community_deletion_requests_submit('stopped-submit.test', 'ops', NULL)).id::text`).Scan(&stopped))
+	advice := advised(stopped)
+	require.Equal(t, []string{"deletions", "submit", "--host", "stopped-submit.test", "--requested-by", "ops"}, advice)
+	out, err := cmd(append(advice, "--without-media")...)
+	require.NoError(t, err)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	require.Equal(t, stopped, req.ID.String())
+	require.Equal(t, deletion.StageInventoried, req.Stage)
+	require.Equal(t, []string{"deletions", "approve", stopped, "--approved-by", "WHO"}, advised(stopped))
+
+	// Blocked while it waited for its approval.
+	_, err = cmd("deletions", "submit", "--host", "blocked-unapproved.test", "--requested-by", "ops", "--without-media")
+	require.NoError(t, err)
+	var blocked string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (community_deletion_requests_block_preclaim(id, 'deletion services: no media store')).id::text
+		FROM community_deletion_requests WHERE community_host = 'blocked-unapproved.test'`).Scan(&blocked))
+	advice = advised(blocked)
+	require.Equal(t, []string{"deletions", "unblock", blocked}, advice)
+	_, err = cmd(append(advice, "--unblocked-by", "lead", "--reason", "media store set")...)
+	require.NoError(t, err)
+	_, err = cmd("deletions", "approve", blocked, "--approved-by", "lead")
+	require.NoError(t, err)
+}
