@@ -40,8 +40,8 @@ func (s *Server) admit(addr string) (status int, reason string, retry time.Durat
 }
 
 // handshakeAddrs bounds the handshake buckets kept; a bucket is forgotten
-// anyway once refilled, MaxConnectionsPerAddr/HandshakesPerSecond after its
-// address's last new connection (5 s by default), so only more addresses
+// anyway once refilled, at most MaxConnectionsPerAddr/HandshakesPerSecond
+// after its address's last new connection (5 s by default), so only more addresses
 // than this opening connections within that time push one out early,
 // which hands that address a full bucket again.
 const handshakeAddrs = 10_000
