@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"time"
@@ -39,8 +40,8 @@ func (s *Server) admit(addr string) (status int, reason string, retry time.Durat
 }
 
 // handshakeAddrs bounds the handshake buckets kept; a bucket is forgotten
-// anyway once refilled, MaxConnectionsPerAddr/HandshakesPerSecond after its
-// address's last new connection (5 s by default), so only more addresses
+// anyway once refilled, at most MaxConnectionsPerAddr/HandshakesPerSecond
+// after its address's last new connection (5 s by default), so only more addresses
 // than this opening connections within that time push one out early,
 // which hands that address a full bucket again.
 const handshakeAddrs = 10_000
@@ -52,8 +53,12 @@ const handshakeAddrs = 10_000
 // upgrade, a challenge and a connection's state, and starts with full
 // buckets of messages, pings and AUTH checks: unbounded, a client that
 // reconnected in a loop bought those again as fast as it could handshake.
+// A rate too large to count a minute of (an operator's "no limit") counts
+// as the largest that is: multiplied unbounded, it wrapped negative and
+// the buckets never refilled.
 func newHandshakeBuckets(cfg config.Config) *TokenBuckets {
-	return NewTokenBuckets(cfg.HandshakesPerSecond*60, cfg.MaxConnectionsPerAddr, handshakeAddrs)
+	perMinute := min(cfg.HandshakesPerSecond, math.MaxInt/60) * 60
+	return NewTokenBuckets(perMinute, cfg.MaxConnectionsPerAddr, handshakeAddrs)
 }
 
 // release returns a connection reserved by admit.
