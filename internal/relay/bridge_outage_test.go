@@ -24,6 +24,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/logtest"
+	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -124,4 +125,60 @@ func databaseOutage(t *testing.T, databaseURL string) (takeAway, bringBack func(
 	}
 	t.Cleanup(func() { allow(true) })
 	return func() { allow(false) }, func() { allow(true) }
+}
+
+// A media upload whose NIP-98 claim meets a database gone away is answered
+// as every route answers an outage: 503 "error: database unavailable; try
+// again" (in X-Reason too) with Retry-After, the outage logged once, not an
+// ERROR "media auth failed" and a 500 "could not check authorization" per
+// upload. The window is exact, as for the bridge: the relay asks for the
+// body (Expect: 100-continue) after the host lookup and the upload's
+// lease, and claims once it hashed the body.
+// Mutation killed: mediaUnauthorized without databaseUnreachable (500,
+// "media auth failed" logged).
+func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	pool := dbtest.PoolOn(t, databaseURL, 4)
+	logs := &logtest.Buffer{}
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), relay.WithMedia(svc))
+	hs := httptest.NewServer(srv.HTTPServer().Handler)
+	t.Cleanup(hs.Close)
+	_, err := db.New(pool).CommunityCreate(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	takeAway, _ := databaseOutage(t, databaseURL)
+
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	req.Header.Set("Content-Type", "image/png")
+	req.Header.Set("Expect", "100-continue")
+	tookAway := false
+	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+		Got100Continue: func() { takeAway(); tookAway = true },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.True(t, tookAway, "the relay asked for the body")
+	var answer map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, dberr.UnavailableAnswer, resp.Header.Get("X-Reason"))
+	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+
+	logged := logs.String()
+	require.NotContains(t, logged, "media auth failed", logged)
+	require.NotContains(t, logged, "media request failed", logged)
+	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
 }

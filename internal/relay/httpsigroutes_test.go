@@ -266,3 +266,47 @@ func TestBlossomTokenSignatureIsRememberedUntilItExpires(t *testing.T) {
 	require.Equal(t, http.StatusOK, preflight(threeHours))
 	require.Equal(t, "3", checks(), "and remembered again")
 }
+
+// A signature forgotten when its memory ran out while the event may still
+// pass (a NIP-98 event dated ahead of the relay's clock passes for up to
+// two auth windows, remembered for one) is remembered again once it is
+// checked again, even behind a Blossom token remembered longer: entries no
+// longer expire in the order they were added, so the forgotten one is
+// still in the memory when it is checked again. On the relay's stopped
+// clock, counted by its own count of signatures checked.
+// Mutation killed: add leaving a key already present as it was (its
+// expired time kept; every later request checks the signature: 4, not 3).
+func TestHTTPSignatureIsRememberedAgainBehindALongerOne(t *testing.T) {
+	t.Parallel()
+	clk := &stoppedClock{now: time.Now()}
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc), relay.WithClock(clock.Stub(clk.at))})
+	key := relaytest.NewKey(t)
+	hash := hexSHA(pngBlob(t, 700))
+	preflight := func(token string) int {
+		return mediaDo(t, r, http.MethodHead, "", "/media/upload", token, nil, nil).Status
+	}
+	checks := func() string { return metric(t, r, "buzz_http_auth_signatures_checked_total") }
+
+	start := clk.at()
+	token := blossomAuth(t, key, "upload", []string{hash}, func(ev *nostr.Event) {
+		ev.CreatedAt = start.Unix()
+		for _, tag := range ev.Tags {
+			if tag[0] == "expiration" {
+				tag[1] = strconv.FormatInt(start.Add(3*time.Hour).Unix(), 10)
+			}
+		}
+	})
+	require.Equal(t, http.StatusOK, preflight(token))
+	ahead := authHeader(nip98(t, key, http.MethodPut, r.HTTPURL+"/media/upload", nil, func(ev *nostr.Event) {
+		ev.CreatedAt = start.Add(50 * time.Second).Unix()
+	}))
+	require.Equal(t, http.StatusOK, preflight(ahead))
+	require.Equal(t, "2", checks())
+
+	clk.advance(61 * time.Second) // forgotten; it still passes for 49 s
+	require.Equal(t, http.StatusOK, preflight(ahead))
+	require.Equal(t, "3", checks(), "checked again once forgotten")
+	require.Equal(t, http.StatusOK, preflight(ahead))
+	require.Equal(t, "3", checks(), "and remembered again")
+}

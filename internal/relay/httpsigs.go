@@ -232,9 +232,16 @@ func (v *verifiedSignatures) add(ev *nostr.Event, now time.Time) {
 		v.order.Remove(oldest)
 		delete(v.byKey, k)
 	}
-	if _, ok := v.byKey[key]; ok {
+	until := v.rememberedUntil(ev, now)
+	if was, ok := v.byKey[key]; ok {
+		// Still here though forgotten: entries do not expire in the order
+		// they were added (a Blossom token's outlives the NIP-98 events
+		// added after it), so the loop above can leave an expired one.
+		if until.After(was) {
+			v.byKey[key] = until
+		}
 		return
 	}
-	v.byKey[key] = v.rememberedUntil(ev, now)
+	v.byKey[key] = until
 	v.order.PushBack(key)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/buzzrelay/buzz/internal/community"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
@@ -262,6 +263,14 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		return
 	}
 	if !errors.As(err, &ae) {
+		// Only the NIP-98 claim reaches the database here: its network
+		// errors are the database's, never the media store's.
+		if dberr.IsUnreachable(err) {
+			w.Header().Set("X-Reason", dberr.UnavailableAnswer)
+		}
+		if s.databaseUnreachable(w, err, "media auth claim") {
+			return
+		}
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
 		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 		return

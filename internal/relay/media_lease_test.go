@@ -19,6 +19,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/relay"
@@ -405,8 +406,10 @@ func requireNIP01Prefix(t *testing.T, reason, why string) {
 
 // A relay without media answers every media route 404 behind a NIP-01
 // prefix, and a delete whose NIP-98 claim fails in the database (its
-// connection lost once the server ran it) is 500 "error: ...", holding no
-// lease afterwards; so is an upload's, which stores and counts nothing.
+// connection lost once the server ran it) is 503 "error: database
+// unavailable; try again", as every route answers a lost database,
+// holding no lease afterwards; so is an upload's, which stores and counts
+// nothing.
 // Mutations killed: either reason without its prefix; the upload's claim
 // failure left to the generic answer ("error: could not reach the media
 // store").
@@ -433,8 +436,8 @@ func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
 	path := "/media/" + hexSHA(blob)
 	cut.Store(1)
 	got := mediaDo(t, r, http.MethodDelete, "", path, authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, nil)), nil, nil)
-	require.Equal(t, http.StatusInternalServerError, got.Status, "%s", got.Body)
-	require.Equal(t, "error: could not check authorization; try again", got.Error)
+	require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s", got.Body)
+	require.Equal(t, dberr.UnavailableAnswer, got.Error)
 	var leases int
 	require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM community_serving_write_leases`).Scan(&leases))
 	require.Zero(t, leases)
@@ -445,8 +448,8 @@ func TestMediaAnswersCarryANIP01Prefix(t *testing.T) {
 	other := pngBlob(t, 100)
 	cut.Store(1)
 	got = mediaDo(t, r, http.MethodPut, "", "/media/upload", authHeader(nip98(t, key, http.MethodPut, r.HTTPURL+"/media/upload", other, nil)), bytes.NewReader(other), nil)
-	require.Equal(t, http.StatusInternalServerError, got.Status, "%s", got.Body)
-	require.Equal(t, "error: could not check authorization; try again", got.Error)
+	require.Equal(t, http.StatusServiceUnavailable, got.Status, "%s", got.Body)
+	require.Equal(t, dberr.UnavailableAnswer, got.Error)
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", "/media/"+hexSHA(other), "", nil, nil).Status)
 	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID), "only the first blob is counted")
 	waitFor(t, func() bool {
