@@ -67,20 +67,7 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+"/events", body, nil)))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Expect", "100-continue")
-	tookAway := false
-	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
-		Got100Continue: func() { takeAway(); tookAway = true },
-	}))
-	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.True(t, tookAway, "the relay asked for the body")
-	var answer map[string]string
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
-	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	_, answer := sendTakingTheDatabaseAway(t, req, takeAway)
 	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
 
 	// The next requests fail at their host lookup: counted, not logged.
@@ -96,6 +83,29 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NotContains(t, logged, "msg=\"resolve community\"", logged)
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
 	require.Contains(t, logged, "first_failure=\"http auth claim\"", logged)
+}
+
+// sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
+// the database away when the relay asks for the body (past the host
+// lookup, before the claim), then asserts the outage's answer: 503 with
+// Retry-After. It returns the response (its body read) and the JSON answer.
+func sendTakingTheDatabaseAway(t *testing.T, req *http.Request, takeAway func()) (*http.Response, map[string]string) {
+	t.Helper()
+	req.Header.Set("Expect", "100-continue")
+	tookAway := false
+	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+		Got100Continue: func() { takeAway(); tookAway = true },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.True(t, tookAway, "the relay asked for the body")
+	var answer map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	return resp, answer
 }
 
 // databaseOutage returns takeAway, which makes the database of databaseURL
@@ -160,20 +170,7 @@ func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NoError(t, err)
 	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
 	req.Header.Set("Content-Type", "image/png")
-	req.Header.Set("Expect", "100-continue")
-	tookAway := false
-	req = req.WithContext(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
-		Got100Continue: func() { takeAway(); tookAway = true },
-	}))
-	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.True(t, tookAway, "the relay asked for the body")
-	var answer map[string]string
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
-	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	resp, answer := sendTakingTheDatabaseAway(t, req, takeAway)
 	require.Equal(t, dberr.UnavailableAnswer, resp.Header.Get("X-Reason"))
 	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
 
