@@ -140,16 +140,12 @@ func TestAdminSessionsAreNamed(t *testing.T) {
 		}
 		return ""
 	}
-	const query = "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 	conn, err := connect(ctx, getenv)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	var got string
-	require.NoError(t, conn.QueryRow(ctx, query).Scan(&got))
-	require.Equal(t, "buzz-admin", got, "connect")
+	require.Equal(t, "buzz-admin", dbtest.SessionName(t, conn), "connect")
 	pool, err := connectPool(ctx, getenv)
 	require.NoError(t, err)
 	defer pool.Close()
-	require.NoError(t, pool.QueryRow(ctx, query).Scan(&got))
-	require.Equal(t, "buzz-admin", got, "connectPool")
+	require.Equal(t, "buzz-admin", dbtest.SessionName(t, pool), "connectPool")
 }

@@ -495,8 +495,5 @@ func TestMigratorSessionIsNamed(t *testing.T) {
 	conn, err := connectMigrator(ctx, dbtest.URL(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	var got string
-	require.NoError(t, conn.QueryRow(ctx,
-		"SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got))
-	require.Equal(t, "buzz-migrate", got)
+	require.Equal(t, "buzz-migrate", dbtest.SessionName(t, conn))
 }

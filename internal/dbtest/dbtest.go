@@ -289,3 +289,16 @@ func RowsRead(t testing.TB, tx pgx.Tx, table string) int64 {
 	}
 	return n
 }
+
+// SessionName is the application_name pg_stat_activity shows for a session
+// of q (a pool's: any one of its connections).
+func SessionName(t testing.TB, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	t.Helper()
+	var name string
+	if err := q.QueryRow(context.Background(), "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&name); err != nil {
+		t.Fatalf("dbtest: session name: %v", err)
+	}
+	return name
+}

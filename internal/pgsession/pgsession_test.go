@@ -47,10 +47,7 @@ func TestNameUnlessTheURLNames(t *testing.T) {
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			defer pool.Close()
-			var got string
-			require.NoError(t, pool.QueryRow(context.Background(),
-				"SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got))
-			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want, dbtest.SessionName(t, pool))
 		})
 	}
 }
