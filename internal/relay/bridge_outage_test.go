@@ -43,22 +43,7 @@ import (
 // and "http auth failed" logged); the Retry-After left out.
 func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	t.Parallel()
-	databaseURL := dbtest.URL(t)
-	pool := dbtest.PoolOn(t, databaseURL, 4)
-	logs := &logtest.Buffer{}
-	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)))
-	hs := httptest.NewServer(srv.HTTPServer().Handler)
-	t.Cleanup(hs.Close)
-	host := community.NormalizeHost(hs.Listener.Addr().String())
-	_, err := db.New(pool).CommunityCreate(t.Context(), host)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-
-	takeAway, _ := databaseOutage(t, databaseURL)
+	hs, logs, takeAway := relayBeforeAnOutage(t)
 
 	key := relaytest.NewKey(t)
 	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "during the outage", nil, 0))
@@ -83,6 +68,28 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NotContains(t, logged, "msg=\"resolve community\"", logged)
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
 	require.Contains(t, logged, "first_failure=\"http auth claim\"", logged)
+}
+
+// relayBeforeAnOutage serves a relay with opts on its own database and
+// community, logging to the returned buffer; takeAway makes the database
+// unreachable (databaseOutage).
+func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, func()) {
+	t.Helper()
+	databaseURL := dbtest.URL(t)
+	pool := dbtest.PoolOn(t, databaseURL, 4)
+	logs := &logtest.Buffer{}
+	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), opts...)
+	hs := httptest.NewServer(srv.HTTPServer().Handler)
+	t.Cleanup(hs.Close)
+	_, err := db.New(pool).CommunityCreate(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	takeAway, _ := databaseOutage(t, databaseURL)
+	return hs, logs, takeAway
 }
 
 // sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
@@ -148,21 +155,8 @@ func databaseOutage(t *testing.T, databaseURL string) (takeAway, bringBack func(
 // "media auth failed" logged).
 func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	t.Parallel()
-	databaseURL := dbtest.URL(t)
-	pool := dbtest.PoolOn(t, databaseURL, 4)
-	logs := &logtest.Buffer{}
-	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), relay.WithMedia(svc))
-	hs := httptest.NewServer(srv.HTTPServer().Handler)
-	t.Cleanup(hs.Close)
-	_, err := db.New(pool).CommunityCreate(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	takeAway, _ := databaseOutage(t, databaseURL)
+	hs, logs, takeAway := relayBeforeAnOutage(t, relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
 
 	key := relaytest.NewKey(t)
 	blob := pngBlob(t, 700)
