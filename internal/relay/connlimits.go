@@ -20,23 +20,66 @@ func (s *Server) admit(addr string) (status int, reason string, retry time.Durat
 	addr = addressBucket(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closing:
-		return http.StatusServiceUnavailable, "error: relay shutting down", 0
-	case s.admitted.total >= s.cfg.MaxConnections:
-		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
-		return http.StatusServiceUnavailable, fmt.Sprintf("error: relay is at its limit of %d connections; try again later", s.cfg.MaxConnections), 0
-	case s.admitted.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
-		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
-		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr), 0
+	if status, reason := s.connectionCapLocked(addr); status != 0 {
+		return status, reason, 0
 	}
 	// Last, so that only a handshake about to happen takes a token.
 	if ok, retry := s.handshakes.Allow(addressCommunity, addr, s.now()); !ok {
-		s.metrics.ConnsRefused.WithLabelValues("handshake_rate").Inc()
-		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: too many new connections from this client address; try again in %s", retry), retry
+		return s.handshakeRateRefusal(retry)
 	}
 	s.admitted.add(addr)
 	return 0, "", 0
+}
+
+// wouldAdmit says why admit would refuse addr now, taking no token and
+// reserving nothing: it is asked before the request's host is looked up,
+// so that an address past its bucket or its connections is refused for the
+// price of reading its headers, not of a database read. An upgrade it lets
+// through is still admitted (or refused) by admit after the lookup, and a
+// request the lookup refuses (an unknown host) never reaches admit, so it
+// spends no token: the bucket counts handshakes, and such a request costs
+// what any plain HTTP request costs.
+func (s *Server) wouldAdmit(addr string) (status int, reason string, retry time.Duration) {
+	addr = addressBucket(addr)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status, reason := s.connectionCapLocked(addr); status != 0 {
+		return status, reason, 0
+	}
+	if ok, retry := s.handshakes.Peek(addressCommunity, addr, s.now()); !ok {
+		return s.handshakeRateRefusal(retry)
+	}
+	return 0, "", 0
+}
+
+// connectionCapLocked says why addr may not hold one more connection: the
+// relay is shutting down or holds MaxConnections, or addr holds
+// MaxConnectionsPerAddr. The caller holds s.mu.
+func (s *Server) connectionCapLocked(addr string) (status int, reason string) {
+	switch {
+	case s.closing:
+		return http.StatusServiceUnavailable, "error: relay shutting down"
+	case s.admitted.total >= s.cfg.MaxConnections:
+		s.metrics.ConnsRefused.WithLabelValues("total").Inc()
+		return http.StatusServiceUnavailable, fmt.Sprintf("error: relay is at its limit of %d connections; try again later", s.cfg.MaxConnections)
+	case s.admitted.byAddr[addr] >= s.cfg.MaxConnectionsPerAddr:
+		s.metrics.ConnsRefused.WithLabelValues("address").Inc()
+		return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: at most %d connections per client address", s.cfg.MaxConnectionsPerAddr)
+	}
+	return 0, ""
+}
+
+func (s *Server) handshakeRateRefusal(retry time.Duration) (status int, reason string, _ time.Duration) {
+	s.metrics.ConnsRefused.WithLabelValues("handshake_rate").Inc()
+	return http.StatusTooManyRequests, fmt.Sprintf("rate-limited: too many new connections from this client address; try again in %s", retry), retry
+}
+
+// refuseAdmission answers an upgrade admit or wouldAdmit refused.
+func refuseAdmission(w http.ResponseWriter, status int, reason string, retry time.Duration) {
+	if retry > 0 {
+		w.Header().Set("Retry-After", retryAfterSeconds(retry))
+	}
+	writeJSON(w, status, map[string]string{"error": reason})
 }
 
 // handshakeAddrs bounds the handshake buckets kept; a bucket is forgotten

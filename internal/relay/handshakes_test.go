@@ -13,7 +13,10 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -29,6 +32,12 @@ import (
 // reconnects in a loop. Refused, it returns the relay's answer.
 func upgrade(t *testing.T, r *relaytest.Relay, local, client string) (refused *http.Response, body string) {
 	t.Helper()
+	return upgradeAt(t, r, r.Host, local, client)
+}
+
+// upgradeAt is upgrade to host, which may be one no community is served at.
+func upgradeAt(t *testing.T, r *relaytest.Relay, host, local, client string) (refused *http.Response, body string) {
+	t.Helper()
 	var header http.Header
 	if client != "" {
 		header = http.Header{"X-Forwarded-For": {client}}
@@ -37,7 +46,7 @@ func upgrade(t *testing.T, r *relaytest.Relay, local, client string) (refused *h
 	httpClient := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
 	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
 	defer cancel()
-	ws, resp, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: httpClient, HTTPHeader: header})
+	ws, resp, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: host, HTTPClient: httpClient, HTTPHeader: header})
 	if err != nil {
 		require.NotNil(t, resp, "no HTTP answer: %v", err)
 		raw, _ := io.ReadAll(resp.Body)
@@ -218,4 +227,71 @@ func TestHandshakeBucketsAreForgottenOnceRefilled(t *testing.T) {
 	resp, body = upgrade(t, r, "127.0.0.1", "198.51.100.2")
 	require.Nil(t, resp, body)
 	require.Equal(t, 2, r.Server.HandshakeAddresses(), "the hundred full buckets are gone; the last two are kept")
+}
+
+// An address past its handshake bucket, or holding all its connections,
+// is refused before its request's host is looked up: the lookup, a
+// database read, was most of what a refusal cost the relay, and a client
+// reconnecting in a loop made one per attempt. A request the lookup
+// refuses (no community at its host) spends no token: the bucket counts
+// handshakes. The lookups are counted by the statement timer, which times
+// each one's statement; the clock stands still, so nothing refills.
+// Mutations killed: no look at the bucket before the lookup (the refused
+// upgrade looks its host up); a look at the bucket alone, not the
+// connection caps (the upgrade refused by the per-address cap looks its
+// host up); the look taking a token, whether admit takes one again or
+// not (the unknown hosts spend the burst: the third is refused, not
+// answered 404).
+func TestRefusedHandshakesAreNotLookedUp(t *testing.T) {
+	t.Parallel()
+	const burst = 2
+	clk := &stoppedClock{now: time.Now()}
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { c.ConnConfig.Tracer = relay.NewStatementTimer() })
+	r := relaytest.StartWith(t, pool, []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = burst
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	lookups := func() uint64 {
+		var m dto.Metric
+		require.NoError(t, r.Server.Metrics().DBQuery.WithLabelValues("CommunityResolveServing").(prometheus.Metric).Write(&m))
+		return m.GetHistogram().GetSampleCount()
+	}
+	const client = "203.0.113.1"
+
+	before := lookups()
+	for range burst + 1 {
+		resp, body := upgradeAt(t, r, "nobody.example", "127.0.0.1", client)
+		require.NotNil(t, resp, "admitted at a host no community is served at")
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+	}
+	require.Equal(t, before+burst+1, lookups(), "each unknown host looked up")
+
+	for i := range burst {
+		resp, body := upgrade(t, r, "127.0.0.1", client)
+		require.Nil(t, resp, "connection %d of the burst the unknown hosts left whole: %s", i, body)
+	}
+	waitForNoConnections(t, r)
+	looked := lookups()
+	resp, body := upgrade(t, r, "127.0.0.1", client)
+	refusedForRate(t, resp, body, "past the burst")
+	require.Equal(t, looked, lookups(), "a refused upgrade looked up")
+	resp, body = upgradeAt(t, r, "nobody.example", "127.0.0.1", client)
+	refusedForRate(t, resp, body, "past the burst, at an unknown host")
+	require.Equal(t, looked, lookups(), "a refused upgrade looked up")
+
+	// Every connection the address may hold, then a token to spare: the
+	// per-address cap refuses, before the lookup too.
+	clk.advance(burst * time.Second)
+	for range burst {
+		_, err := dialFrom(t, r, "127.0.0.1", http.Header{"X-Forwarded-For": {client}})
+		require.NoError(t, err)
+	}
+	clk.advance(time.Second)
+	looked = lookups()
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	require.NotNil(t, resp, "admitted past the connection cap")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, body)
+	require.Contains(t, body, "rate-limited: at most 2 connections per client address")
+	require.Equal(t, looked, lookups(), "an upgrade refused by the connection cap looked up")
 }

@@ -79,7 +79,29 @@ func (l *TokenBuckets) Allow(community uuid.UUID, pubkey string, now time.Time) 
 	if ok {
 		return true, 0
 	}
-	return false, wait.Round(time.Second) + time.Second
+	return false, retryWithin(wait)
+}
+
+// Peek says what Allow would answer at now, taking no token and keeping
+// no bucket: a key without one has a full bucket.
+func (l *TokenBuckets) Peek(community uuid.UUID, pubkey string, now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := tokenBucket{tokens: l.burst, at: now}
+	if el, ok := l.byKey[bucketKey{community, pubkey}]; ok {
+		b = el.Value.(*keyedBucket).tokenBucket // a copy: peeking refills nothing
+	}
+	wait, ok := b.take(now, l.perSec, l.burst)
+	if ok {
+		return true, 0
+	}
+	return false, retryWithin(wait)
+}
+
+// retryWithin is the wait a refusal names: the next token's, rounded to
+// the second and one more, so that a client retrying then finds it.
+func retryWithin(wait time.Duration) time.Duration {
+	return wait.Round(time.Second) + time.Second
 }
 
 // forgetRefilled drops the least recently used buckets that are full by

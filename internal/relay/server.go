@@ -327,7 +327,7 @@ func (s *Server) Handler() http.Handler {
 	s.registerMedia(mux)      // Blossom: PUT /media/upload, GET|HEAD|DELETE /media/{sha256}
 	mux.HandleFunc(outbox.RegistrationPath, s.serveOperatorListeners)
 	mux.Handle("POST /hooks/{id}", s.holdingPlace(s.admitWebhook, s.withTenant(s.serveWorkflowWebhook)))
-	mux.HandleFunc("/", s.withTenant(s.serveRoot))
+	mux.HandleFunc("/", s.refusingUnadmittable(s.withTenant(s.serveRoot)))
 	// Every request's reads count against its address's share of the read
 	// slots, with the address's WebSocket connections (which set their
 	// own): a route left out would let one address hold every slot.
@@ -547,6 +547,30 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 	}
 }
 
+// refusingUnadmittable refuses a WebSocket upgrade that admit would
+// refuse before next looks up its host: a client reconnecting in a loop
+// past its handshake bucket or its connections is refused for the price of
+// reading its address and headers, not of a database read each time (the
+// lookup is most of a refusal's cost). Whatever it lets through, admit
+// decides again after the lookup.
+func (s *Server) refusingUnadmittable(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if wantsWebSocket(r) {
+			if status, reason, retry := s.wouldAdmit(s.clientAddr(r)); status != 0 {
+				refuseAdmission(w, status, reason, retry)
+				return
+			}
+		}
+		next(w, r)
+	}
+}
+
+// wantsWebSocket reports whether serveRoot would take r for a WebSocket
+// upgrade.
+func wantsWebSocket(r *http.Request) bool {
+	return r.URL.Path == "/" && r.Method != http.MethodOptions && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
 // databaseUnreachable answers a request the database failed because it
 // could not be reached, as every route does during an outage: 503 with
 // dberr.UnavailableAnswer and Retry-After (the outage log pings once a
@@ -568,7 +592,7 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 		writeError(w, http.StatusNotFound, "invalid: not found")
 	case r.Method == http.MethodOptions:
 		serveInfoPreflight(w, r, tenant)
-	case strings.EqualFold(r.Header.Get("Upgrade"), "websocket"):
+	case wantsWebSocket(r):
 		s.serveWebSocket(w, r, tenant)
 	case strings.Contains(r.Header.Get("Accept"), "application/nostr+json"):
 		s.serveInfo(w, r, tenant)
@@ -582,10 +606,7 @@ func (s *Server) serveWebSocket(w http.ResponseWriter, r *http.Request, tenant c
 	addr := s.clientAddr(r)
 	// admit also refuses every connection once the relay is shutting down.
 	if status, reason, retry := s.admit(addr); status != 0 {
-		if retry > 0 {
-			w.Header().Set("Retry-After", retryAfterSeconds(retry))
-		}
-		writeJSON(w, status, map[string]string{"error": reason})
+		refuseAdmission(w, status, reason, retry)
 		return
 	}
 	hw := &hijackWriter{ResponseWriter: w}
