@@ -10,7 +10,8 @@ import (
 )
 
 // hostLookups finds the community of each HTTP request's Host, which every
-// route does first, before any authentication and under no per-client
+// route does first (a WebSocket upgrade its address may not make is
+// refused even before), before any authentication and under no per-client
 // cap: anyone may send them, as fast as the relay answers. So a lookup
 // takes one of the read slots, like the statements of a REQ, and never one
 // of the connections kept for the writers; and lookups of one host share
