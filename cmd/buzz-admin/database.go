@@ -35,7 +35,7 @@ func checkDatabase(ctx context.Context, conn *pgx.Conn, writes bool) error {
 		// that migrated it are running, this CLI is the old one.
 		return fmt.Errorf("BUZZ_DATABASE_URL: database schema is at version %d, newer than this buzz-admin knows (%d): use the buzz-admin of the release that migrated it", st.Current, st.Latest)
 	}
-	if err := migrate.RequireCurrent(ctx, conn); err != nil {
+	if err := st.RequireCurrent(); err != nil {
 		return fmt.Errorf("BUZZ_DATABASE_URL: %w", err)
 	}
 	if !writes {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -177,4 +178,38 @@ func TestASchemaAheadOfTheBuildNamesTheNewerBuzzAdmin(t *testing.T) {
 	var communities int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM communities`).Scan(&communities))
 	require.Zero(t, communities)
+}
+
+// statementCounter counts the statements of a connection that contain a
+// text.
+type statementCounter struct {
+	text string
+	n    atomic.Int32
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, c.text) {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The checks before a command read the schema version once, however many
+// things they conclude from it.
+// Mutation killed: the version read again to ask RequireCurrent (two
+// reads).
+func TestTheSchemaVersionIsReadOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	reads := &statementCounter{text: "SELECT version FROM " + migrate.VersionTable}
+	cfg.Tracer = reads
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.NoError(t, checkDatabase(ctx, conn, true))
+	require.Equal(t, int32(1), reads.n.Load())
 }

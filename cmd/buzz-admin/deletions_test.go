@@ -306,3 +306,61 @@ func TestARunsAdviceOnAnUnapprovedRequestIsACommandThatWorks(t *testing.T) {
 	_, err = cmd("deletions", "approve", blocked, "--approved-by", "lead")
 	require.NoError(t, err)
 }
+
+// A command refused for the state of what it names says so in the
+// operator's words, with the exit status its neighbours give the same
+// state: archive and unarchive of a deleted community exit 1 as create of
+// its host does, naming the host (the database's refusal named the
+// community's id, "only its deletion executor may change its lifecycle");
+// unblock of an unknown id exits 1 as approve of it does, "no deletion
+// request ID" (it was the database's "deletion safety rule: ERROR: no
+// deletion request ... (SQLSTATE BZ002)"), and of a request that is not
+// blocked says there is nothing to unblock.
+// Mutations killed: archive's refusal passed on as the database's; Unblock
+// without its look at the request first (both unblocks say the
+// database's text).
+func TestRefusalsOfDeletedCommunitiesAndUnknownRequestsAreSaid(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"BUZZ_DATABASE_URL": dbtest.URL(t)}
+	cmd := func(args ...string) (status int, said string) {
+		t.Helper()
+		var out, stdout, stderr bytes.Buffer
+		status = exitStatus(run(ctx, args, func(k string) string { return env[k] }, &out), &stdout, &stderr)
+		if status == 0 {
+			return 0, out.String()
+		}
+		var answer map[string]string
+		require.NoError(t, json.Unmarshal(stderr.Bytes(), &answer), "%v: %s", args, stderr.String())
+		return status, answer["error"]
+	}
+	status, _ := cmd("communities", "create", "gone.example")
+	require.Zero(t, status)
+	status, out := cmd("deletions", "submit", "--host", "gone.example", "--requested-by", "ops", "--without-media")
+	require.Zero(t, status, out)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	id := req.ID.String()
+	status, out = cmd("deletions", "approve", id, "--approved-by", "lead")
+	require.Zero(t, status, out)
+	status, out = cmd("deletions", "run", id)
+	require.Zero(t, status, out)
+
+	taken, said := cmd("communities", "create", "gone.example")
+	require.Contains(t, said, "already taken")
+	for _, verb := range []string{"archive", "unarchive"} {
+		status, said := cmd("communities", verb, "gone.example")
+		require.Equal(t, taken, status, verb)
+		require.Equal(t, `community "gone.example" is deleted or being deleted (deletion state tombstone): it can no longer be `+verb+`d, and its host stays reserved`, said)
+	}
+
+	unknown := "00000000-0000-0000-0000-000000000001"
+	approveStatus, said := cmd("deletions", "approve", unknown, "--approved-by", "lead")
+	require.Equal(t, "no deletion request "+unknown, said)
+	status, said = cmd("deletions", "unblock", unknown, "--unblocked-by", "oncall", "--reason", "fixed")
+	require.Equal(t, approveStatus, status)
+	require.Equal(t, "no deletion request "+unknown, said)
+	status, said = cmd("deletions", "unblock", id, "--unblocked-by", "oncall", "--reason", "fixed")
+	require.Equal(t, approveStatus, status)
+	require.Equal(t, "deletion safety rule: deletion request "+id+" is not blocked (stage retention_pending): there is nothing to unblock", said)
+}

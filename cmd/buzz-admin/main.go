@@ -323,10 +323,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		if dberr.IsNotFound(err) {
 			return fmt.Errorf("no community has host %q", host)
 		}
+		if errors.Is(dberr.Interpret(err), dberr.ErrNotInPrerequisiteState) {
+			return lifecycleRefusal(ctx, q, verb, host, err)
+		}
 		if err != nil {
 			return err
 		}
 		return enc.Encode(toJSON(row))
 	}
 	return usageError{}
+}
+
+// lifecycleRefusal says why verb (archive, unarchive) was refused for the
+// community at host, err being the refusal: once its deletion has begun,
+// only the deletion executor changes a community's lifecycle, and the
+// database's own words for that name the community's id, not its host.
+func lifecycleRefusal(ctx context.Context, q *db.Queries, verb, host string, err error) error {
+	c, gerr := q.CommunityByHost(ctx, host)
+	if gerr != nil || c.DeletionState == "active" {
+		return err
+	}
+	return fmt.Errorf("community %q is deleted or being deleted (deletion state %s): it can no longer be %sd, and its host stays reserved", host, c.DeletionState, verb)
 }

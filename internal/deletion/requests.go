@@ -124,6 +124,19 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, approvedBy, 
 // Unblock clears a block after an operator fixed its cause; who and why
 // are kept as a checkpoint.
 func Unblock(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, by, reason string) (db.CommunityDeletionRequest, error) {
-	req, err := db.New(pool).DeletionRequestUnblock(ctx, db.DeletionRequestUnblockParams{ID: id, UnblockedBy: by, Reason: reason})
+	q := db.New(pool)
+	// Read first only to say plainly what the unblock function, which
+	// decides under the row's lock, would refuse in its own words.
+	req, err := q.DeletionRequestGet(ctx, id)
+	if dberr.IsNotFound(err) {
+		return req, fmt.Errorf("no deletion request %s", id)
+	}
+	if err != nil {
+		return req, dberr.Interpret(err)
+	}
+	if req.BlockedAt == nil || req.Stage == StageRetentionPending {
+		return req, fmt.Errorf("%w: deletion request %s is not blocked (stage %s): there is nothing to unblock", dberr.ErrDeletionSafety, id, req.Stage)
+	}
+	req, err = q.DeletionRequestUnblock(ctx, db.DeletionRequestUnblockParams{ID: id, UnblockedBy: by, Reason: reason})
 	return req, dberr.Interpret(err)
 }

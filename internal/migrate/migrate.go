@@ -260,11 +260,17 @@ func RequireCurrent(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
+	return st.RequireCurrent()
+}
+
+// RequireCurrent fails unless s has every embedded migration applied and
+// none this build does not know.
+func (s Status) RequireCurrent() error {
 	switch {
-	case st.Current < st.Latest:
-		return fmt.Errorf("database schema is at version %d but this build needs %d: run `buzz-relay migrate` first", st.Current, st.Latest)
-	case st.Current > st.Latest:
-		return fmt.Errorf("database schema is at version %d, newer than this build knows (%d): deploy the newer relay", st.Current, st.Latest)
+	case s.Current < s.Latest:
+		return fmt.Errorf("database schema is at version %d but this build needs %d: run `buzz-relay migrate` first", s.Current, s.Latest)
+	case s.Current > s.Latest:
+		return fmt.Errorf("database schema is at version %d, newer than this build knows (%d): deploy the newer relay", s.Current, s.Latest)
 	}
 	return nil
 }
