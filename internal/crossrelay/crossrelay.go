@@ -260,6 +260,9 @@ type Bus struct {
 	metrics   *Metrics
 	queue     chan outgoing
 	connected atomic.Bool
+	// presence is the store made by Presence, told on every new
+	// subscription that Redis may have lost what it holds.
+	presence atomic.Pointer[SharedPresence]
 	// heardUpTo is when (on start's monotonic clock) the ping whose pong
 	// came last was sent: everything Redis took before then has been read.
 	start     time.Time
@@ -744,6 +747,9 @@ func (b *Bus) subscribe(ctx context.Context) {
 			// from before the outage in between.
 			if b.handlers.Resync != nil {
 				b.handlers.Resync()
+			}
+			if p := b.presence.Load(); p != nil {
+				p.behind.Store(true) // a Redis restarted empty lost it
 			}
 			b.metrics.Peers.Set(0) // this subscription hears them anew
 			b.setConnected(true, nil)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +127,69 @@ func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 
 	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
 	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)))
+}
+
+// Presence outlives a stalled Redis and a Redis restarted empty. An
+// announcement accepted through B while Redis is stalled is kept only in
+// B's memory; once Redis answers again, a REQ on A finds it. Then Redis is
+// SIGKILLed and restarted empty (as a pod restart does): once the relays
+// have subscribed again, a REQ on either finds both announcements, and
+// nobody had to announce again. Before, B's stalled announcement was never
+// found on A, and after the restart a REQ on any relay, the accepting one
+// included, read the empty Redis and found nobody present until the
+// authors re-announced, up to a TTL (60 s) later.
+// Mutations killed: KeepRestored writing nothing back (A never finds the
+// stalled announcement; nobody is found after the restart); Remember not
+// marking Redis behind when it keeps an announcement only in memory (A
+// never finds the stalled announcement); a new subscription not marking it
+// (nobody is found after the restart).
+func TestPresenceOutlivesAStalledAndARestartedRedis(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "restarts", false)
+	onA, onB := a.Dial(t, a.Host), b.Dial(t, a.Host)
+	onA.Auth(nil)
+	onB.Auth(nil)
+	present := func(c *relaytest.Client, want ...*nostr.Event) func() bool {
+		return func() bool {
+			got := map[string]bool{}
+			for _, ev := range c.Req("present", presenceFilter(ch, nil)) {
+				got[ev.ID] = true
+			}
+			for _, ev := range want {
+				if !got[ev.ID] {
+					return false
+				}
+			}
+			return len(got) == len(want)
+		}
+	}
+
+	before := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(before).OK)
+	require.Eventually(t, present(onB, before), 30*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
+	require.Eventually(t, func() bool { return !b.Server.CrossRelayHears() }, 30*time.Second, 10*time.Millisecond)
+	stalled := onB.Sign(20001, "online while Redis was stalled", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, onB.Publish(stalled).OK)
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGCONT))
+	require.Eventually(t, present(onA, before, stalled), 30*time.Second, 50*time.Millisecond,
+		"an announcement B kept only in memory while Redis was stalled is found on A once Redis answers")
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+	for name, c := range map[string]*relaytest.Client{"A": onA, "B": onB} {
+		require.Eventually(t, present(c, before, stalled), 30*time.Second, 50*time.Millisecond,
+			"a REQ on %s after Redis restarted empty finds who announced before", name)
+	}
 }
 
 // With Redis, a channel keeps at most BUZZ_PRESENCE_MAX_ENTRIES
