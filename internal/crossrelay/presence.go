@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,6 +206,10 @@ func (p *SharedPresence) remembering(community, channel uuid.UUID, pubkey string
 // restoreBatch is how many announcements one round trip writes back.
 const restoreBatch = 256
 
+// ClosedAmong says which of the given communities are no longer served
+// (being deleted, or archived).
+type ClosedAmong func(ctx context.Context, communities []uuid.UUID) (map[uuid.UUID]bool, error)
+
 // Restore writes back to Redis every unexpired announcement this process
 // holds, each under its own expiry, and returns how many it sent. It runs
 // on every new subscription: what the process accepted while it could not
@@ -212,8 +217,11 @@ const restoreBatch = 256
 // rest, so a REQ on any process (this one included, which reads Redis
 // again) found nobody present until each author announced again, up to a
 // TTL later. Written by the same script as an announcement: a newer one
-// held in Redis wins, and the channel's and community's bounds hold.
-func (p *SharedPresence) Restore(ctx context.Context, now time.Time) (int, error) {
+// held in Redis wins, and the channel's and community's bounds hold. The
+// announcements of communities closed says are no longer served are left
+// out: a deletion removes a community's keys from Redis, and written back
+// they would outlive it.
+func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed ClosedAmong) (int, error) {
 	local, ok := p.fallback.(interface {
 		Unexpired(now time.Time) []presence.Announcement
 	})
@@ -221,6 +229,20 @@ func (p *SharedPresence) Restore(ctx context.Context, now time.Time) (int, error
 		return 0, nil
 	}
 	held := local.Unexpired(now)
+	if len(held) == 0 {
+		return 0, nil
+	}
+	var communities []uuid.UUID
+	for _, a := range held {
+		if !slices.Contains(communities, a.Community) {
+			communities = append(communities, a.Community)
+		}
+	}
+	gone, err := closed(ctx, communities)
+	if err != nil {
+		return 0, err
+	}
+	held = slices.DeleteFunc(held, func(a presence.Announcement) bool { return gone[a.Community] })
 	if len(held) == 0 {
 		return 0, nil
 	}
@@ -256,7 +278,7 @@ const restoreEvery = 250 * time.Millisecond
 // KeepRestored runs until ctx ends: whenever Redis may lack announcements
 // this process holds and the bus hears Redis again, it writes them back
 // (Restore), by the relay's clock now.
-func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time) {
+func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time, closed ClosedAmong) {
 	tick := time.NewTicker(restoreEvery)
 	defer tick.Stop()
 	failing := false
@@ -271,7 +293,7 @@ func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time)
 		if !p.bus.Hears() || !p.behind.Swap(false) {
 			continue
 		}
-		sent, err := p.Restore(ctx, now())
+		sent, err := p.Restore(ctx, now(), closed)
 		switch {
 		case err != nil:
 			p.behind.Store(true)

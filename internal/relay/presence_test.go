@@ -20,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -190,6 +191,48 @@ func TestPresenceOutlivesAStalledAndARestartedRedis(t *testing.T) {
 		require.Eventually(t, present(c, before, stalled), 30*time.Second, 50*time.Millisecond,
 			"a REQ on %s after Redis restarted empty finds who announced before", name)
 	}
+}
+
+// A community being deleted gets no presence written back. Its
+// announcements stay in the memory of the process that accepted them until
+// they expire; written back after a Redis restarted empty, they would be
+// the community's keys again after its deletion removed them (and its proof
+// of deletion would find one). Another community's announcement, held by
+// the same process, is written back: that says the write-back ran.
+// Mutation killed: Restore ignoring closed (the deleted community's
+// presence is in Redis again).
+func TestPresenceOfADeletedCommunityIsNotWrittenBack(t *testing.T) {
+	t.Parallel()
+	server := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	r := relaytest.StartOn(t, pool, withRedis(server.URL()))
+	waitRedis(t, "connected", r)
+	const keptHost = "kept-presence.test"
+	keptID := r.AddCommunity(t, keptHost)
+	announce := func(host string) uuid.UUID {
+		c := r.Dial(t, host)
+		c.Auth(nil)
+		ch := createChannel(t, c, "present", false)
+		require.True(t, c.Publish(c.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)).OK)
+		return uuid.MustParse(ch)
+	}
+	announce(r.Host)
+	kept := announce(keptHost)
+
+	quiesceCommunity(t, pool, r.Host)
+	server.Kill()
+	waitRedis(t, "degraded", r)
+	require.NoError(t, server.Restart(t.Context()))
+	waitRedis(t, "connected", r)
+	rc := redis.NewClient(&redis.Options{Addr: server.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.Eventually(t, func() bool {
+		n, err := rc.Exists(t.Context(), crossrelay.PresenceKey(keptID, kept)).Result()
+		return err == nil && n == 1
+	}, 30*time.Second, 20*time.Millisecond, "the served community's presence is written back")
+	keys, err := rc.Keys(t.Context(), deletion.RedisPattern(r.CommunityID)).Result()
+	require.NoError(t, err)
+	require.Empty(t, keys, "nothing of the community being deleted is written back")
 }
 
 // With Redis, a channel keeps at most BUZZ_PRESENCE_MAX_ENTRIES

@@ -497,7 +497,7 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 		// empty; done before the bus's client closes.
 		restoring := make(chan struct{})
 		go func() {
-			shared.KeepRestored(ctx, s.now)
+			shared.KeepRestored(ctx, s.now, s.communitiesClosedAmong)
 			close(restoring)
 		}()
 		bus.Run(ctx)
