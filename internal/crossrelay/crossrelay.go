@@ -591,6 +591,9 @@ func (b *Bus) takeUnsent(batch []outgoing) []outgoing {
 func (b *Bus) send(ctx context.Context) {
 	batch := make([]outgoing, 0, maxBatch+1)
 	failing := false
+	// droppedWhileFailing counts the events dropped since the failure was
+	// logged: the warning names only its own batch's.
+	droppedWhileFailing := 0
 	var reported time.Time // the last report published (reportEvery)
 	alive := time.NewTicker(aliveInterval)
 	defer alive.Stop()
@@ -655,6 +658,7 @@ func (b *Bus) send(ctx context.Context) {
 				continue // only an announcement: nothing to report
 			}
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
+			droppedWhileFailing += queued
 			if !failing && ctx.Err() == nil {
 				b.log.Warn("redis: publishing to the other relays failed; the next announcement asks them to replay these events from the database", "err", err, "dropped", queued)
 			}
@@ -662,8 +666,8 @@ func (b *Bus) send(ctx context.Context) {
 			continue
 		}
 		if failing {
-			b.log.Info("redis: publishing to the other relays again")
-			failing = false
+			b.log.Info("redis: publishing to the other relays again", "dropped_while_failing", droppedWhileFailing)
+			failing, droppedWhileFailing = false, 0
 		}
 		if unpublished != 0 {
 			reported = b.clock.Now()
