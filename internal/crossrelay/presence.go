@@ -211,16 +211,17 @@ const restoreBatch = 256
 type ClosedAmong func(ctx context.Context, communities []uuid.UUID) (map[uuid.UUID]bool, error)
 
 // Restore writes back to Redis every unexpired announcement this process
-// holds, each under its own expiry, and returns how many it sent. It runs
-// on every new subscription: what the process accepted while it could not
-// reach Redis was kept only here, and a Redis restarted empty has lost the
-// rest, so a REQ on any process (this one included, which reads Redis
+// holds, each under its own expiry, and returns how many it sent
+// (KeepRestored runs it after each new subscription and after an
+// announcement kept only here): what the process accepted while it could
+// not reach Redis was kept only here, and a Redis restarted empty has lost
+// the rest, so a REQ on any process (this one included, which reads Redis
 // again) found nobody present until each author announced again, up to a
 // TTL later. Written by the same script as an announcement: a newer one
 // held in Redis wins, and the channel's and community's bounds hold. The
-// announcements of communities closed says are no longer served are left
-// out: a deletion removes a community's keys from Redis, and written back
-// they would outlive it.
+// announcements of the communities closed names are left out: a deletion
+// removes a community's keys from Redis, and written back they would
+// outlive it.
 func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed ClosedAmong) (int, error) {
 	local, ok := p.fallback.(interface {
 		Unexpired(now time.Time) []presence.Announcement
@@ -232,9 +233,11 @@ func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed Clos
 	if len(held) == 0 {
 		return 0, nil
 	}
+	seen := map[uuid.UUID]bool{}
 	var communities []uuid.UUID
 	for _, a := range held {
-		if !slices.Contains(communities, a.Community) {
+		if !seen[a.Community] {
+			seen[a.Community] = true
 			communities = append(communities, a.Community)
 		}
 	}
@@ -248,7 +251,9 @@ func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed Clos
 	}
 	// A pipeline cannot fall back from EVALSHA to EVAL: load the script
 	// first (a Redis restarted empty has forgotten it).
-	if err := rememberPresence.Load(ctx, p.client).Err(); err != nil {
+	lctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	if err := rememberPresence.Load(lctx, p.client).Err(); err != nil {
 		return 0, err
 	}
 	sent := 0
