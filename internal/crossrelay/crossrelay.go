@@ -260,6 +260,9 @@ type Bus struct {
 	metrics   *Metrics
 	queue     chan outgoing
 	connected atomic.Bool
+	// presence is the store made by Presence, told on every new
+	// subscription that Redis may have lost what it holds.
+	presence atomic.Pointer[SharedPresence]
 	// heardUpTo is when (on start's monotonic clock) the ping whose pong
 	// came last was sent: everything Redis took before then has been read.
 	start     time.Time
@@ -588,6 +591,9 @@ func (b *Bus) takeUnsent(batch []outgoing) []outgoing {
 func (b *Bus) send(ctx context.Context) {
 	batch := make([]outgoing, 0, maxBatch+1)
 	failing := false
+	// droppedWhileFailing counts the events dropped since the failure was
+	// logged: the warning names only its own batch's.
+	droppedWhileFailing := 0
 	var reported time.Time // the last report published (reportEvery)
 	alive := time.NewTicker(aliveInterval)
 	defer alive.Stop()
@@ -652,6 +658,7 @@ func (b *Bus) send(ctx context.Context) {
 				continue // only an announcement: nothing to report
 			}
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
+			droppedWhileFailing += queued
 			if !failing && ctx.Err() == nil {
 				b.log.Warn("redis: publishing to the other relays failed; the next announcement asks them to replay these events from the database", "err", err, "dropped", queued)
 			}
@@ -659,8 +666,8 @@ func (b *Bus) send(ctx context.Context) {
 			continue
 		}
 		if failing {
-			b.log.Info("redis: publishing to the other relays again")
-			failing = false
+			b.log.Info("redis: publishing to the other relays again", "dropped_while_failing", droppedWhileFailing)
+			failing, droppedWhileFailing = false, 0
 		}
 		if unpublished != 0 {
 			reported = b.clock.Now()
@@ -744,6 +751,9 @@ func (b *Bus) subscribe(ctx context.Context) {
 			// from before the outage in between.
 			if b.handlers.Resync != nil {
 				b.handlers.Resync()
+			}
+			if p := b.presence.Load(); p != nil {
+				p.behind.Store(true) // a Redis restarted empty lost it
 			}
 			b.metrics.Peers.Set(0) // this subscription hears them anew
 			b.setConnected(true, nil)

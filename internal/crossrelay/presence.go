@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -147,14 +149,20 @@ type SharedPresence struct {
 	// fallback answers while Redis cannot: each process then knows the
 	// presence it accepted itself, as without Redis.
 	fallback presence.Store
+	// behind says Redis may lack announcements the fallback holds: some
+	// were kept only here, or a new subscription may follow a Redis
+	// restarted empty. KeepRestored writes them back.
+	behind atomic.Bool
 }
 
 // Presence returns a presence store on this bus's Redis keeping
 // announcements for ttl, at most max and maxBytes of them per channel, and
 // maxCommunityBytes of them per community.
 func (b *Bus) Presence(ttl time.Duration, max, maxBytes, maxCommunityBytes int, fallback presence.Store) *SharedPresence {
-	return &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, maxBytes: maxBytes,
+	p := &SharedPresence{bus: b, client: b.client, ttl: ttl, max: max, maxBytes: maxBytes,
 		maxCommunityBytes: maxCommunityBytes, fallback: fallback}
+	b.presence.Store(p)
+	return p
 }
 
 // Remember implements presence.Store: Redis's answer, or the process's own
@@ -163,28 +171,148 @@ func (b *Bus) Presence(ttl time.Duration, max, maxBytes, maxCommunityBytes int, 
 // refuses it does not.
 func (p *SharedPresence) Remember(community, channel uuid.UUID, ev *nostr.Event, now time.Time) error {
 	if !p.bus.Hears() {
+		p.behind.Store(true)
 		return p.fallback.Remember(community, channel, ev, now)
 	}
-	expires := now.Add(p.ttl).UnixMilli()
-	value := strconv.FormatInt(ev.CreatedAt, 10) + ":" + strconv.FormatInt(expires, 10) + ":" + string(ev.AppendJSON(nil))
 	ctx, cancel := context.WithTimeout(context.Background(), presenceTimeout)
 	defer cancel()
-	// The hash outlives its newest field by a TTL: a reader whose clock
-	// runs a little behind the writer's still finds it.
-	lifetime := (2 * p.ttl).Milliseconds()
-	total := presenceCommunityKey(community)
-	keys := []string{PresenceKey(community, channel), presenceExpiryKey(community, channel), presenceBytesKey(community, channel),
-		total + ":expires", total + ":sizes", total + ":bytes"}
-	kept, err := rememberPresence.Run(ctx, p.client, keys, ev.PubKey, ev.CreatedAt, expires, value, now.UnixMilli(), lifetime,
-		p.max, p.maxBytes, channel.String()+":"+ev.PubKey, p.maxCommunityBytes).Int()
+	keys, args := p.remembering(community, channel, ev.PubKey, ev.CreatedAt, now.Add(p.ttl), ev.AppendJSON(nil), now)
+	kept, err := rememberPresence.Run(ctx, p.client, keys, args...).Int()
 	switch {
 	case err != nil:
+		p.behind.Store(true)
 		return p.fallback.Remember(community, channel, ev, now)
 	case kept < 0:
 		return presence.ErrFull
 	}
 	_ = p.fallback.Remember(community, channel, ev, now) // Redis's answer holds
 	return nil
+}
+
+// remembering is the keys and arguments of rememberPresence for one
+// announcement kept until expires.
+func (p *SharedPresence) remembering(community, channel uuid.UUID, pubkey string, createdAt int64, expires time.Time, eventJSON []byte, now time.Time) ([]string, []any) {
+	value := strconv.FormatInt(createdAt, 10) + ":" + strconv.FormatInt(expires.UnixMilli(), 10) + ":" + string(eventJSON)
+	// The hash outlives its newest field by a TTL: a reader whose clock
+	// runs a little behind the writer's still finds it.
+	lifetime := (2 * p.ttl).Milliseconds()
+	total := presenceCommunityKey(community)
+	keys := []string{PresenceKey(community, channel), presenceExpiryKey(community, channel), presenceBytesKey(community, channel),
+		total + ":expires", total + ":sizes", total + ":bytes"}
+	return keys, []any{pubkey, createdAt, expires.UnixMilli(), value, now.UnixMilli(), lifetime,
+		p.max, p.maxBytes, channel.String() + ":" + pubkey, p.maxCommunityBytes}
+}
+
+// restoreBatch is how many announcements one round trip writes back.
+const restoreBatch = 256
+
+// ClosedAmong says which of the given communities are no longer served
+// (being deleted, or archived).
+type ClosedAmong func(ctx context.Context, communities []uuid.UUID) (map[uuid.UUID]bool, error)
+
+// Restore writes back to Redis every unexpired announcement this process
+// holds, each under its own expiry, and returns how many it sent
+// (KeepRestored runs it after each new subscription and after an
+// announcement kept only here): what the process accepted while it could
+// not reach Redis was kept only here, and a Redis restarted empty has lost
+// the rest, so a REQ on any process (this one included, which reads Redis
+// again) found nobody present until each author announced again, up to a
+// TTL later. Written by the same script as an announcement: a newer one
+// held in Redis wins, and the channel's and community's bounds hold. The
+// announcements of the communities closed names are left out: a deletion
+// removes a community's keys from Redis, and written back they would
+// outlive it.
+func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed ClosedAmong) (int, error) {
+	local, ok := p.fallback.(interface {
+		Unexpired(now time.Time) []presence.Announcement
+	})
+	if !ok {
+		return 0, nil
+	}
+	held := local.Unexpired(now)
+	if len(held) == 0 {
+		return 0, nil
+	}
+	seen := map[uuid.UUID]bool{}
+	var communities []uuid.UUID
+	for _, a := range held {
+		if !seen[a.Community] {
+			seen[a.Community] = true
+			communities = append(communities, a.Community)
+		}
+	}
+	gone, err := closed(ctx, communities)
+	if err != nil {
+		return 0, err
+	}
+	held = slices.DeleteFunc(held, func(a presence.Announcement) bool { return gone[a.Community] })
+	if len(held) == 0 {
+		return 0, nil
+	}
+	// A pipeline cannot fall back from EVALSHA to EVAL: load the script
+	// first (a Redis restarted empty has forgotten it).
+	lctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+	defer cancel()
+	if err := rememberPresence.Load(lctx, p.client).Err(); err != nil {
+		return 0, err
+	}
+	sent := 0
+	for len(held) > 0 {
+		batch := held[:min(restoreBatch, len(held))]
+		held = held[len(batch):]
+		bctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+		pipe := p.client.Pipeline()
+		for _, a := range batch {
+			keys, args := p.remembering(a.Community, a.Channel, a.PubKey, a.CreatedAt, a.Expires, a.JSON, now)
+			rememberPresence.EvalSha(bctx, pipe, keys, args...)
+		}
+		_, err := pipe.Exec(bctx)
+		cancel()
+		if err != nil {
+			return sent, err
+		}
+		sent += len(batch)
+	}
+	return sent, nil
+}
+
+// restoreEvery is how often KeepRestored looks whether Redis lacks
+// presence this process holds.
+const restoreEvery = 250 * time.Millisecond
+
+// KeepRestored runs until ctx ends: whenever Redis may lack announcements
+// this process holds and the bus hears Redis again, it writes them back
+// (Restore), by the relay's clock now.
+func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time, closed ClosedAmong) {
+	tick := time.NewTicker(restoreEvery)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		// Taken before the store is read: an announcement kept only here
+		// after this marks it again.
+		if !p.bus.Hears() || !p.behind.Swap(false) {
+			continue
+		}
+		sent, err := p.Restore(ctx, now(), closed)
+		switch {
+		case err != nil:
+			p.behind.Store(true)
+			if !failing && ctx.Err() == nil {
+				p.bus.log.Warn("redis: could not write back the presence this process holds; trying again", "err", err, "written", sent)
+			}
+			failing = true
+		case sent > 0:
+			p.bus.log.Info("redis: wrote back the presence this process holds", "announcements", sent)
+			failing = false
+		default:
+			failing = false
+		}
+	}
 }
 
 // Current implements presence.Store.

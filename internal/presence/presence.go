@@ -256,6 +256,32 @@ func (m *Memory) Held(_ context.Context, community uuid.UUID, wants []Want, now 
 	return out
 }
 
+// Announcement is one announcement a Memory holds, as Unexpired lists it.
+type Announcement struct {
+	Community, Channel uuid.UUID
+	PubKey             string
+	CreatedAt          int64
+	Expires            time.Time
+	// JSON is the event as received; it is never written after it is made.
+	JSON []byte
+}
+
+// Unexpired lists every announcement held and unexpired at now.
+func (m *Memory) Unexpired(now time.Time) []Announcement {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Announcement, 0, m.held)
+	for key, byPubkey := range m.channels {
+		for pubkey, e := range byPubkey {
+			if e.expires.After(now) {
+				out = append(out, Announcement{Community: key.community, Channel: key.channel, PubKey: pubkey,
+					CreatedAt: e.createdAt, Expires: e.expires, JSON: e.raw})
+			}
+		}
+	}
+	return out
+}
+
 // StoredCount counts, for each filter asking for presence and stored kinds
 // alike, the stored events a REQ returned that it matches: the limit is one
 // for both, so presence gets only what the stored events left of it. Stored

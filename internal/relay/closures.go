@@ -141,6 +141,20 @@ func (s *Server) sweepClosedCommunities(ctx context.Context) error {
 	return nil
 }
 
+// communitiesClosedAmong says which of ids the database says are closed (being
+// deleted or archived).
+func (s *Server) communitiesClosedAmong(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]bool, error) {
+	rows, err := s.queries.CommunityClosedAmong(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	closed := make(map[uuid.UUID]bool, len(rows))
+	for _, row := range rows {
+		closed[row.ID] = true
+	}
+	return closed, nil
+}
+
 // closeCommunity closes every connection of the community with 1008 and
 // the reason, and refuses its new ones when it closed for good; other
 // communities' connections are untouched. Repeated announcements are

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/crossrelay"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/deletion"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
@@ -126,6 +128,111 @@ func TestPresenceCrossesRelaysForLaterSubscribers(t *testing.T) {
 
 	at.Add(int64(time.Minute + time.Second)) // the default TTL is 60 s
 	require.Empty(t, member.Req("expired", presenceFilter(ch, nil)))
+}
+
+// Presence outlives a stalled Redis and a Redis restarted empty. An
+// announcement accepted through B while Redis is stalled is kept only in
+// B's memory; once Redis answers again, a REQ on A finds it. Then Redis is
+// SIGKILLed and restarted empty (as a pod restart does): once the relays
+// have subscribed again, a REQ on either finds both announcements, and
+// nobody had to announce again. Before, B's stalled announcement was never
+// found on A, and after the restart a REQ on any relay, the accepting one
+// included, read the empty Redis and found nobody present until the
+// authors re-announced, up to a TTL (60 s) later.
+// Mutations killed: KeepRestored writing nothing back (A never finds the
+// stalled announcement; nobody is found after the restart); Remember not
+// marking Redis behind when it keeps an announcement only in memory (A
+// never finds the stalled announcement); a new subscription not marking it
+// (nobody is found after the restart).
+func TestPresenceOutlivesAStalledAndARestartedRedis(t *testing.T) {
+	t.Parallel()
+	redis := dbtest.RedisServer(t)
+	relays := relaysOnRedis(t, redis.URL(), 2)
+	a, b := relays[0], relays[1]
+	owner := a.Dial(t, a.Host)
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "restarts", false)
+	onA, onB := a.Dial(t, a.Host), b.Dial(t, a.Host)
+	onA.Auth(nil)
+	onB.Auth(nil)
+	present := func(c *relaytest.Client, want ...*nostr.Event) func() bool {
+		return func() bool {
+			got := map[string]bool{}
+			for _, ev := range c.Req("present", presenceFilter(ch, nil)) {
+				got[ev.ID] = true
+			}
+			for _, ev := range want {
+				if !got[ev.ID] {
+					return false
+				}
+			}
+			return len(got) == len(want)
+		}
+	}
+
+	before := owner.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, owner.Publish(before).OK)
+	require.Eventually(t, present(onB, before), 30*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(redis.Pid(), syscall.SIGCONT) })
+	require.Eventually(t, func() bool { return !b.Server.CrossRelayHears() }, 30*time.Second, 10*time.Millisecond)
+	stalled := onB.Sign(20001, "online while Redis was stalled", nostr.Tags{{"h", ch}}, 0)
+	require.True(t, onB.Publish(stalled).OK)
+	require.NoError(t, syscall.Kill(redis.Pid(), syscall.SIGCONT))
+	require.Eventually(t, present(onA, before, stalled), 30*time.Second, 50*time.Millisecond,
+		"an announcement B kept only in memory while Redis was stalled is found on A once Redis answers")
+
+	redis.Kill()
+	waitRedis(t, "degraded", a, b)
+	require.NoError(t, redis.Restart(t.Context()))
+	waitRedis(t, "connected", a, b)
+	for name, c := range map[string]*relaytest.Client{"A": onA, "B": onB} {
+		require.Eventually(t, present(c, before, stalled), 30*time.Second, 50*time.Millisecond,
+			"a REQ on %s after Redis restarted empty finds who announced before", name)
+	}
+}
+
+// A community being deleted gets no presence written back. Its
+// announcements stay in the memory of the process that accepted them until
+// they expire; written back after a Redis restarted empty, they would be
+// the community's keys again after its deletion removed them (and its proof
+// of deletion would find one). Another community's announcement, held by
+// the same process, is written back: that says the write-back ran.
+// Mutation killed: Restore ignoring closed (the deleted community's
+// presence is in Redis again).
+func TestPresenceOfADeletedCommunityIsNotWrittenBack(t *testing.T) {
+	t.Parallel()
+	server := dbtest.RedisServer(t)
+	pool := dbtest.Pool(t)
+	r := relaytest.StartOn(t, pool, withRedis(server.URL()))
+	waitRedis(t, "connected", r)
+	const keptHost = "kept-presence.test"
+	keptID := r.AddCommunity(t, keptHost)
+	announce := func(host string) uuid.UUID {
+		c := r.Dial(t, host)
+		c.Auth(nil)
+		ch := createChannel(t, c, "present", false)
+		require.True(t, c.Publish(c.Sign(20001, "online", nostr.Tags{{"h", ch}}, 0)).OK)
+		return uuid.MustParse(ch)
+	}
+	announce(r.Host)
+	kept := announce(keptHost)
+
+	quiesceCommunity(t, pool, r.Host)
+	server.Kill()
+	waitRedis(t, "degraded", r)
+	require.NoError(t, server.Restart(t.Context()))
+	waitRedis(t, "connected", r)
+	rc := redis.NewClient(&redis.Options{Addr: server.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	require.Eventually(t, func() bool {
+		n, err := rc.Exists(t.Context(), crossrelay.PresenceKey(keptID, kept)).Result()
+		return err == nil && n == 1
+	}, 30*time.Second, 20*time.Millisecond, "the served community's presence is written back")
+	keys, err := rc.Keys(t.Context(), deletion.RedisPattern(r.CommunityID)).Result()
+	require.NoError(t, err)
+	require.Empty(t, keys, "nothing of the community being deleted is written back")
 }
 
 // With Redis, a channel keeps at most BUZZ_PRESENCE_MAX_ENTRIES

@@ -483,7 +483,8 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	// Every process counts a publisher's events in one shared bucket.
 	s.PublishLimiter = bus.Limiter(s.cfg.PublishPerMinute, s.cfg.PublishBurst, s.PublishLimiter)
 	// Presence accepted by any process is seen by a REQ on every other.
-	s.presence.Store(&presenceStore{bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.cfg.PresenceMaxBytes, s.presence.Load().Store)})
+	shared := bus.Presence(s.cfg.PresenceTTL, s.cfg.PresenceMaxEntries, s.cfg.PresenceMaxChannelBytes, s.cfg.PresenceMaxBytes, s.presence.Load().Store)
+	s.presence.Store(&presenceStore{shared})
 	s.crossRelay.Store(bus)
 	// Cached access answers stand only while this process hears the
 	// others' invalidations; until it subscribes, and whenever Redis is
@@ -492,7 +493,15 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	ctx, s.stopCrossRelay = context.WithCancel(ctx)
 	s.crossRelayStopped = make(chan struct{})
 	go func() {
+		// Presence written back after an outage or a Redis restarted
+		// empty; done before the bus's client closes.
+		restoring := make(chan struct{})
+		go func() {
+			shared.KeepRestored(ctx, s.now, s.communitiesClosedAmong)
+			close(restoring)
+		}()
 		bus.Run(ctx)
+		<-restoring
 		close(s.crossRelayStopped)
 	}()
 	return nil
