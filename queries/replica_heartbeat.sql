@@ -14,9 +14,11 @@ RETURNING token, epoch;
 
 -- name: ReplicaHeartbeatProve :one
 -- The first statement of a routed read's transaction on a reader: it fixes
--- the snapshot and reports the token that snapshot holds. The backend is
--- evidence for logs only.
-SELECT token, epoch,
+-- the snapshot and reports the token that snapshot holds, and whether the
+-- server was still in recovery after the snapshot was taken (so the
+-- snapshot holds nothing a promoted server wrote). The backend is evidence
+-- for logs only.
+SELECT token, epoch, pg_is_in_recovery() AS in_recovery,
        coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local')
            || ' pid=' || pg_backend_pid()::text AS backend
 FROM replica_heartbeat WHERE id = 1;

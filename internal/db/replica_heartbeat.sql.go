@@ -31,25 +31,33 @@ func (q *Queries) ReplicaHeartbeatAdvance(ctx context.Context) (ReplicaHeartbeat
 }
 
 const replicaHeartbeatProve = `-- name: ReplicaHeartbeatProve :one
-SELECT token, epoch,
+SELECT token, epoch, pg_is_in_recovery() AS in_recovery,
        coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local')
            || ' pid=' || pg_backend_pid()::text AS backend
 FROM replica_heartbeat WHERE id = 1
 `
 
 type ReplicaHeartbeatProveRow struct {
-	Token   int64
-	Epoch   uuid.UUID
-	Backend interface{}
+	Token      int64
+	Epoch      uuid.UUID
+	InRecovery bool
+	Backend    interface{}
 }
 
 // The first statement of a routed read's transaction on a reader: it fixes
-// the snapshot and reports the token that snapshot holds. The backend is
-// evidence for logs only.
+// the snapshot and reports the token that snapshot holds, and whether the
+// server was still in recovery after the snapshot was taken (so the
+// snapshot holds nothing a promoted server wrote). The backend is evidence
+// for logs only.
 func (q *Queries) ReplicaHeartbeatProve(ctx context.Context) (ReplicaHeartbeatProveRow, error) {
 	row := q.db.QueryRow(ctx, replicaHeartbeatProve)
 	var i ReplicaHeartbeatProveRow
-	err := row.Scan(&i.Token, &i.Epoch, &i.Backend)
+	err := row.Scan(
+		&i.Token,
+		&i.Epoch,
+		&i.InRecovery,
+		&i.Backend,
+	)
 	return i, err
 }
 

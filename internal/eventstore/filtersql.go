@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -185,6 +186,12 @@ type Scope struct {
 	// event fanned out before the subscription and not yet replayed by a
 	// fresh-enough standby would never reach the client at all.
 	Live bool
+	// Now is the relay's clock when the read arrived: an event expired by
+	// it is not served, whichever server answers. A standby's clock is not
+	// the writer's, and judged by the answering server's own now() an
+	// expired event came back from a standby whose clock lags. Zero: the
+	// answering server's now().
+	Now time.Time
 }
 
 // scopeConditions appends the reader's visibility predicates. Kept apart
@@ -194,7 +201,11 @@ func (b *sqlBuilder) scopeConditions(s Scope, channels string, f *nostr.Filter) 
 	b.sql.WriteString(" AND (channel_id IS NULL OR channel_id = ANY(" + channels + "::uuid[]))")
 	// NIP-40: an expired event is never served, whether or not its row has
 	// been purged yet.
-	b.sql.WriteString(" AND (expires_at IS NULL OR expires_at > now())")
+	if s.Now.IsZero() {
+		b.sql.WriteString(" AND (expires_at IS NULL OR expires_at > now())")
+	} else {
+		b.sql.WriteString(" AND (expires_at IS NULL OR expires_at > " + b.arg(s.Now) + "::timestamptz)")
+	}
 	if f != nil && excludesPGated(f) {
 		// Every row the filter can return passes the p-gate: leaving it out
 		// spares the planner and every row a test that cannot fail.

@@ -240,10 +240,10 @@ type Pipeline struct {
 	// OnMembershipChange is called after a commit that changed who may read
 	// what in a community; may be nil.
 	OnMembershipChange func(community uuid.UUID)
-	// OnPublish is called after the local fan-out of every committed (or
-	// relayed ephemeral) event, in commit order, with the readers version
-	// its write read: the hook that carries it to the other relay
-	// processes. May be nil.
+	// OnPublish is called just before the local fan-out of every committed
+	// (or relayed ephemeral) event, in commit order, with the readers
+	// version its write read: the hook that carries it to the other relay
+	// processes and tells the read routing of removals. May be nil.
 	OnPublish func(community uuid.UUID, ev *nostr.Event, channel *uuid.UUID, readersVersion int64)
 	// KeepEphemeral is called for an accepted ephemeral event before it is
 	// relayed, to keep what must outlive the relay (presence); a
@@ -731,12 +731,15 @@ func (w *Write) readChannelOnce(ctx context.Context, channel *uuid.UUID) error {
 // readers version w read for that channel.
 func (p *Pipeline) publish(w *Write, ev *nostr.Event, channel *uuid.UUID) {
 	readersVersion := w.versionOf(channel)
+	// OnPublish first: it tells the read routing of a removal, and a local
+	// subscriber sent the deletion could otherwise read the channel again
+	// before the router knew, from a standby that has not replayed it.
+	if p.OnPublish != nil {
+		p.OnPublish(w.Tenant.ID(), ev, channel, readersVersion)
+	}
 	stats := p.hub.PublishWritten(w.Tenant.ID(), ev, channel, readersVersion)
 	if p.OnFanout != nil {
 		p.OnFanout(stats)
-	}
-	if p.OnPublish != nil {
-		p.OnPublish(w.Tenant.ID(), ev, channel, readersVersion)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -214,4 +215,38 @@ func TestAfterCommitRunsOnlyOnCommit(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"ok"}, ran)
+}
+
+// OnPublish (which tells the read routing of a removal, docs/replica.md)
+// runs before any local subscriber is sent the event: a subscriber that
+// receives a deletion live and reads the history again at once finds the
+// router told already, not a lagging standby serving the message back.
+// Mutation killed: OnPublish after the local fan-out (the subscriber holds
+// the deletion when OnPublish runs).
+func TestOnPublishRunsBeforeTheLocalFanout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	row, err := db.New(pool).CommunityCreate(ctx, "publish-order.example")
+	require.NoError(t, err)
+	tenant := community.FromRow(row)
+	hub := fanout.NewHub()
+	rec := &recorder{}
+	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
+	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
+	sentBefore := map[int]int{}
+	p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) { sentBefore[ev.Kind] = rec.count() }
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	note := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "regretted", Tags: nostr.Tags{}}
+	require.NoError(t, note.Sign(key))
+	deletion := &nostr.Event{Kind: nostr.KindDeletion, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"e", note.ID}}}
+	require.NoError(t, deletion.Sign(key))
+	for _, ev := range []*nostr.Event{note, deletion} {
+		o, err := p.Submit(ctx, tenant, ev.PubKey, ev)
+		require.NoError(t, err)
+		require.Equal(t, ingest.Stored, o)
+	}
+	require.Equal(t, map[int]int{1: 0, nostr.KindDeletion: 1}, sentBefore, "subscriber messages when OnPublish ran")
+	require.Equal(t, 2, rec.count())
 }

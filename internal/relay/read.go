@@ -38,7 +38,7 @@ func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader 
 			}
 		}
 	}
-	return eventstore.Scope{Channels: readable.IDs(), Reader: reader}, "", nil
+	return eventstore.Scope{Channels: readable.IDs(), Reader: reader, Now: s.now()}, "", nil
 }
 
 // traceRead records what a REQ returned for the conformance checker: each

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,11 +19,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
@@ -627,4 +630,45 @@ func TestARemovedMemberCannotReadAPrivateChannelFromALaggingStandby(t *testing.T
 	unpinned := post(t, r, memberKey, "/query", query(map[string]any{"ids": []string{secret.ID}}))
 	require.Equal(t, http.StatusOK, unpinned.Status)
 	require.Empty(t, unpinned.Events, "an unpinned read from the lagging standby")
+}
+
+// An event's expiration (NIP-40) is judged by the relay's clock, whichever
+// server answers the read. Judged by the answering server's own now(), an
+// expired event came back from a standby whose clock lags the writer's, on
+// every read the standby answered. Here the relay's clock runs an hour
+// ahead of both databases' (the same box): by the relay's clock the message
+// has expired, by the standby's it has half an hour to go.
+// Mutation killed: the routed statement comparing expires_at with now()
+// (the expired message is served from the standby).
+func TestAnExpiredEventIsNotServedByAStandbyWhoseClockLags(t *testing.T) {
+	t.Parallel()
+	var ahead atomic.Int64 // how far the relay's clock runs ahead of the databases'
+	stub := clock.Stub(func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) })
+	pair := dbtest.PrivatePair(t)
+	pool := dbtest.PoolOn(t, pair.WriterURL, 0, func(c *pgxpool.Config) { replica.ArmFloor(c, replica.DefaultFloor) })
+	r := relaytest.StartWith(t, pool, []relay.Option{relay.WithClock(stub)}, func(c *config.Config) {
+		c.ReadDatabaseURL = pair.ReaderURL
+		c.ReplicaAcquireTimeout = 5 * time.Second // a cold reader connection must not send a read to the writer
+	})
+	alice := r.Dial(t, "")
+	key := alice.Auth(nil)
+	ch := createChannel(t, alice, "expiring", false)
+	hoursAgo := time.Now().Add(-2 * time.Hour).Unix()
+	inHalfAnHour := strconv.FormatInt(time.Now().Add(30*time.Minute).Unix(), 10)
+	expiring := relaytest.SignEvent(t, key, 9, "soon gone", nostr.Tags{{"h", ch}, {"expiration", inHalfAnHour}}, hoursAgo)
+	lasting := relaytest.SignEvent(t, key, 9, "lasting", nostr.Tags{{"h", ch}}, hoursAgo-1)
+	storeOld(t, pair.WriterURL, r.CommunityID, ch, expiring)
+	storeOld(t, pair.WriterURL, r.CommunityID, ch, lasting)
+	dbtest.WaitReplayed(t, pair.WriterURL, pair.ReaderURL)
+	history := func() []string {
+		return ids(alice.Req("history", map[string]any{"#h": []string{ch}, "until": hoursAgo}))
+	}
+	require.Eventually(t, func() bool {
+		return len(history()) == 2 && metric(t, r, historyFromStandby) != ""
+	}, 60*time.Second, 20*time.Millisecond, "both messages, from the standby, before the relay's clock moves")
+
+	ahead.Store(int64(time.Hour))
+	requireRoutedToStandby(t, r, time.Now(), "the channel's history", func() {
+		require.Equal(t, []string{lasting.ID}, history(), "the expired message")
+	})
 }

@@ -101,7 +101,18 @@ type Probe struct {
 	// with nothing else saying why).
 	HoldWarning time.Duration
 	warned      string // the holder last named, until it lets go
+	// TickTimeout bounds each tick (default DefaultTickTimeout). A tick
+	// waits on the heartbeat row's lock, which any session may hold (an
+	// operator's SELECT ... FOR UPDATE left open, another process's probe on
+	// a writer that stalled): unbounded, it waited as long as the lock was
+	// held, no failure counted or logged, routing running on its older
+	// tokens until they aged out.
+	TickTimeout time.Duration
 }
+
+// DefaultTickTimeout bounds a probe tick: a tick takes milliseconds, and one
+// that takes this long fails, closing routing until a tick succeeds.
+const DefaultTickTimeout = 5 * time.Second
 
 // NewProbe returns a probe writing through pool (the writer). floor is
 // the created_at floor the writer sessions are armed with.
@@ -110,7 +121,7 @@ func NewProbe(pool *pgxpool.Pool, ring *Ring, floor, interval time.Duration, now
 		interval = DefaultProbeInterval
 	}
 	return &Probe{pool: pool, ring: ring, floor: floor, interval: interval, now: now, log: log,
-		HoldWarning: Staleness, FailureReminder: DefaultFailureReminder}
+		HoldWarning: Staleness, FailureReminder: DefaultFailureReminder, TickTimeout: DefaultTickTimeout}
 }
 
 // DefaultFailureReminder is how often a failing probe logs a reminder.
@@ -142,9 +153,16 @@ func (p *Probe) Run(ctx context.Context) {
 //
 // A failed tick is told to OnError; the log gets the first failure, a
 // reminder at most every FailureReminder, and the recovery. A tick cut off
-// by ctx (the process stopping) is neither.
+// by ctx (the process stopping) is neither; one that outlasts TickTimeout
+// fails.
 func (p *Probe) Tick(ctx context.Context) (Entry, error) {
-	e, err := p.tickAndRecord(ctx)
+	bounded, cancel := context.WithTimeout(ctx, p.TickTimeout)
+	e, err := p.tickAndRecord(bounded)
+	timedOut := bounded.Err() != nil
+	cancel()
+	if err != nil && ctx.Err() == nil && timedOut {
+		err = fmt.Errorf("the tick took over %s (the replica_heartbeat row locked by another session, or the writer not answering): %w", p.TickTimeout, err)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			p.noteFailure(err)

@@ -492,3 +492,52 @@ func TestProbeLogsAFailingWriterOnceThenAtABoundedRate(t *testing.T) {
 	require.Len(t, logs.matching("replica heartbeat probe failed"), 1)
 	require.Len(t, logs.matching("replica heartbeat probe still failing"), 1)
 }
+
+// A tick that cannot write its token within TickTimeout (here the heartbeat
+// row locked by a session left open; a writer that stopped answering is the
+// same) fails: routing closes at once, OnError counts it and the log says
+// why. Unbounded, the tick waited on the lock as long as it was held,
+// counted and logged nowhere, while reads routed on the older tokens until
+// they aged out.
+// Mutation killed: a tick without its own deadline (Tick waits on the lock
+// until the locker lets go).
+func TestProbeTickBlockedOnTheHeartbeatFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	ring := replica.NewRing()
+	probe := replica.NewProbe(writerPool(t, url), ring, replica.DefaultFloor, time.Second, time.Now, quiet)
+	failures := 0
+	probe.OnError = func(error) { failures++ }
+	_, err := probe.Tick(ctx)
+	require.NoError(t, err)
+	_, open := ring.Newest(time.Now())
+	require.True(t, open)
+
+	locker := openTransaction(t, url, "heartbeat locker")
+	_, err = locker.Exec(ctx, "SELECT token FROM replica_heartbeat FOR UPDATE")
+	require.NoError(t, err)
+	probe.TickTimeout = 200 * time.Millisecond
+	ticked := make(chan error, 1)
+	go func() {
+		_, err := probe.Tick(ctx)
+		ticked <- err
+	}()
+	select {
+	case err = <-ticked:
+	case <-time.After(time.Minute): // a failure bound only
+		require.NoError(t, locker.Rollback(ctx))
+		t.Fatal("the tick waited on the locked heartbeat row for a minute")
+	}
+	require.ErrorContains(t, err, "replica_heartbeat row locked")
+	require.Equal(t, 1, failures)
+	_, open = ring.Newest(time.Now())
+	require.False(t, open, "routing closes with the failed tick")
+
+	require.NoError(t, locker.Rollback(ctx))
+	probe.TickTimeout = replica.DefaultTickTimeout // the cancelled tick's connection is gone: this one dials
+	_, err = probe.Tick(ctx)
+	require.NoError(t, err)
+	_, open = ring.Newest(time.Now())
+	require.True(t, open)
+}

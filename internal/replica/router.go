@@ -393,6 +393,13 @@ func (r *Router) prove(ctx context.Context, path string) (*Session, string) {
 		s.close()
 		return nil, reason
 	}
+	if r.requireStandby && !row.InRecovery {
+		// Promoted since the watcher last looked (up to a second ago): it
+		// replays nothing now and may hold writes the writer never had.
+		r.standby.Store(standbyNo)
+		s.close()
+		return nil, ReasonDisabled
+	}
 	entry, err := r.ring.Resolve(row.Token, row.Epoch)
 	if err != nil {
 		s.close()

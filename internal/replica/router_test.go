@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -332,4 +333,32 @@ func TestReaderSessionsAreNamed(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	require.Equal(t, "buzz-relay-reader", dbtest.SessionName(t, pool))
+}
+
+// A standby promoted since the watcher last looked (it looks once a second)
+// replays nothing and may take writes the writer never had, while its
+// frozen token still resolves in the ring for up to Staleness. The proof
+// reads pg_is_in_recovery() after taking the snapshot it proves, so no read
+// routes to it once it is promoted, before the watcher says so; the router
+// then treats it as no standby until the watcher finds one again.
+// Mutation killed: a proof that ignores in_recovery (the covered read
+// routes to the promoted server).
+func TestAPromotedStandbyProvesNothingAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := dbtest.PrivatePair(t)
+	r := newRouted(t, pair.WriterURL, pair.ReaderURL, 50*time.Millisecond, 0, 2)
+	r.router = replica.NewRouter(r.reader, r.ring, replica.RouterOptions{Observe: r.seen.observe, Log: quiet, RequireStandby: true})
+	r.router.SetStandby(true) // what the watcher said before the promotion
+	eventually(t, "covered reads route", func() bool { return r.route(ctx, replica.Covered(longAgo)) == "test replica/covered" })
+
+	standby, err := pgx.Connect(ctx, pair.ReaderURL)
+	require.NoError(t, err)
+	defer standby.Close(ctx)
+	var promoted bool
+	require.NoError(t, standby.QueryRow(ctx, "SELECT pg_promote()").Scan(&promoted)) // waits until it is done
+	require.True(t, promoted)
+
+	require.Equal(t, "test writer/disabled", r.route(ctx, replica.Covered(longAgo)))
+	require.Equal(t, "test writer/disabled", r.route(ctx, replica.Covered(longAgo)), "no budget spent again until the watcher finds a standby")
 }
