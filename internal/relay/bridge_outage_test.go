@@ -12,10 +12,12 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -25,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/logtest"
 	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -76,7 +79,15 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
-	pool := dbtest.PoolOn(t, databaseURL, 4)
+	hs, logs := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
+	takeAway, _ := databaseOutage(t, databaseURL)
+	return hs, logs, takeAway
+}
+
+// relayLoggingTo serves a relay with opts on pool, with a community of its
+// own, logging to the returned buffer.
+func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer) {
+	t.Helper()
 	logs := &logtest.Buffer{}
 	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), opts...)
 	hs := httptest.NewServer(srv.HTTPServer().Handler)
@@ -88,8 +99,7 @@ func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, 
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	takeAway, _ := databaseOutage(t, databaseURL)
-	return hs, logs, takeAway
+	return hs, logs
 }
 
 // sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
@@ -172,4 +182,127 @@ func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NotContains(t, logged, "media auth failed", logged)
 	require.NotContains(t, logged, "media request failed", logged)
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
+}
+
+// statementHook is a pgx tracer (install it with hookStatements) that
+// calls before with a statement's text as it is sent, each statement of a
+// batch included, and after with its text and error once it ended: a test
+// takes the database away at an exact point of a request with it.
+type statementHook struct {
+	before func(sql string)
+	after  func(sql string, err error)
+}
+
+type hookedSQLKey struct{}
+
+func hookStatements(h *statementHook) func(*pgxpool.Config) {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = h }
+}
+
+func (h *statementHook) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if h.before != nil {
+		h.before(data.SQL)
+	}
+	return context.WithValue(ctx, hookedSQLKey{}, data.SQL)
+}
+
+func (h *statementHook) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if sql, ok := ctx.Value(hookedSQLKey{}).(string); ok && h.after != nil {
+		h.after(sql, data.Err)
+	}
+}
+
+func (h *statementHook) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if h.before != nil {
+		for _, q := range data.Batch.QueuedQueries {
+			h.before(q.SQL)
+		}
+	}
+	return ctx
+}
+
+func (h *statementHook) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// relayWithOutageBefore serves a relay (as relayBeforeAnOutage) whose
+// database is taken away as the next statement whose text holds the
+// marker passed to arm is sent, once per arm: after the request's NIP-98
+// claim, before its insert or read. bringBack lets the database in again
+// and drops the pool's connections, which the outage ended.
+func relayWithOutageBefore(t *testing.T) (hs *httptest.Server, logs *logtest.Buffer, arm func(marker string), bringBack func()) {
+	t.Helper()
+	databaseURL := dbtest.URL(t)
+	takeAway, letIn := databaseOutage(t, databaseURL)
+	var armed atomic.Pointer[string]
+	pool := dbtest.PoolOn(t, databaseURL, 4, hookStatements(&statementHook{before: func(sql string) {
+		if marker := armed.Load(); marker != nil && strings.Contains(sql, *marker) && armed.CompareAndSwap(marker, nil) {
+			takeAway()
+		}
+	}}))
+	hs, logs = relayLoggingTo(t, pool)
+	return hs, logs, func(marker string) { armed.Store(&marker) }, func() { letIn(); pool.Reset() }
+}
+
+// postSigned posts body to path on hs with a fresh NIP-98 header of key.
+func postSigned(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path string, body []byte) (*http.Response, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, hs.URL+path, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+path, body, nil)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var answer map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	return resp, answer
+}
+
+// A database that goes away after a bridge request's NIP-98 claim, at the
+// event's insert or the read's statement, is answered as an outage
+// everywhere else is: 503 "error: database unavailable; try again" with
+// Retry-After, the outage logged once and not an ERROR "ingest failed" or
+// "http read failed" per request. The database is taken away for real as
+// the statement is sent. The event, which never reached the database, is
+// stored when sent again.
+// Mutations killed (one at a time): serveEvents' unreachable error left to
+// the internal-error branch (500 "error: could not store the event",
+// "ingest failed" logged); readFailure without the outage log (500
+// "error: query failed", "http read failed" logged); the Retry-After left
+// out.
+func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "the database goes away at its insert", nil, 0)
+	event, err := json.Marshal(ev)
+	require.NoError(t, err)
+	read := []byte(`{"filters":[{"kinds":[1]}]}`)
+
+	for _, step := range []struct{ path, marker string }{
+		{"/events", "-- name: EventInsert"},
+		{"/query", "-- name: EventsQuery"},
+		{"/count", "-- name: EventsCount"},
+	} {
+		body := read
+		if step.path == "/events" {
+			body = event
+		}
+		arm(step.marker)
+		resp, answer := postSigned(t, hs, key, step.path, body)
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s: %v", step.path, answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"), step.path)
+		require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer, step.path)
+		bringBack()
+	}
+	logged := logs.String()
+	require.NotContains(t, logged, "ingest failed", logged)
+	require.NotContains(t, logged, "http read failed", logged)
+	require.NotContains(t, logged, "level=ERROR msg=\"http", logged)
+	require.Contains(t, logged, "first_failure=\"http ingest\"", logged)
+
+	// Nothing was stored: sent again, the event is stored now.
+	resp, answer := postSigned(t, hs, key, "/events", event)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true, "message": ""}, answer)
 }
