@@ -331,9 +331,14 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 	answered := &statusRecorder{ResponseWriter: w}
 	pubkey, body, ok := b.authenticate(answered, r, tenant)
 	if !ok {
-		if answered.status == http.StatusRequestEntityTooLarge {
+		switch answered.status {
+		case http.StatusRequestEntityTooLarge:
 			// An event refused by its size, as over WebSocket.
 			s.metrics.EventsRejected.WithLabelValues("invalid").Inc()
+		case http.StatusUnauthorized:
+			// An event refused for want of authentication, as a WebSocket
+			// EVENT before AUTH.
+			s.metrics.EventsRejected.WithLabelValues("auth-required").Inc()
 		}
 		return
 	}
