@@ -224,23 +224,31 @@ func (h *statementHook) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data p
 func (h *statementHook) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// relayWithOutageBefore serves a relay (as relayBeforeAnOutage) whose
-// database is taken away as the next statement whose text holds the
-// marker passed to arm is sent, once per arm: after the request's NIP-98
-// claim, before its insert or read. bringBack lets the database in again
-// and drops the pool's connections, which the outage ended.
-func relayWithOutageBefore(t *testing.T) (hs *httptest.Server, logs *logtest.Buffer, arm func(marker string), bringBack func()) {
+// relayWithOutageBefore serves a relay (as relayBeforeAnOutage) on a pool
+// configured with configure, whose database is taken away as the next
+// statement that when (passed to arm) matches is sent, once per arm: after
+// a request's NIP-98 claim, before its insert or read, say. bringBack lets
+// the database in again and drops the pool's connections, which the
+// outage ended.
+func relayWithOutageBefore(t *testing.T, configure ...func(*pgxpool.Config)) (hs *httptest.Server, logs *logtest.Buffer, arm func(when func(sql string) bool), bringBack func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
 	takeAway, letIn := databaseOutage(t, databaseURL)
-	var armed atomic.Pointer[string]
-	pool := dbtest.PoolOn(t, databaseURL, 4, hookStatements(&statementHook{before: func(sql string) {
-		if marker := armed.Load(); marker != nil && strings.Contains(sql, *marker) && armed.CompareAndSwap(marker, nil) {
+	var armed atomic.Pointer[func(string) bool]
+	hook := hookStatements(&statementHook{before: func(sql string) {
+		if when := armed.Load(); when != nil && (*when)(sql) && armed.CompareAndSwap(when, nil) {
 			takeAway()
 		}
-	}}))
+	}})
+	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
 	hs, logs = relayLoggingTo(t, pool)
-	return hs, logs, func(marker string) { armed.Store(&marker) }, func() { letIn(); pool.Reset() }
+	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
+}
+
+// statementNamed matches the statement named name (its "-- name:" line;
+// a name that begins another's matches both).
+func statementNamed(name string) func(sql string) bool {
+	return func(sql string) bool { return strings.Contains(sql, "-- name: "+name) }
 }
 
 // postSigned posts body to path on hs with a fresh NIP-98 header of key.
@@ -279,16 +287,16 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
 	require.NoError(t, err)
 	read := []byte(`{"filters":[{"kinds":[1]}]}`)
 
-	for _, step := range []struct{ path, marker string }{
-		{"/events", "-- name: EventInsert"},
-		{"/query", "-- name: EventsQuery"},
-		{"/count", "-- name: EventsCount"},
+	for _, step := range []struct{ path, statement string }{
+		{"/events", "EventInsert"},
+		{"/query", "EventsQuery"},
+		{"/count", "EventsCount"},
 	} {
 		body := read
 		if step.path == "/events" {
 			body = event
 		}
-		arm(step.marker)
+		arm(statementNamed(step.statement))
 		resp, answer := postSigned(t, hs, key, step.path, body)
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s: %v", step.path, answer)
 		require.Equal(t, "1", resp.Header.Get("Retry-After"), step.path)
@@ -305,4 +313,69 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
 	resp, answer := postSigned(t, hs, key, "/events", event)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
 	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true, "message": ""}, answer)
+}
+
+// An event its insert found stored already (sent again) is accepted,
+// stored or superseded, even when the database goes away before the
+// lookup that tells those two apart: the relay knows the event is in, so
+// it answers 200 accepted, in words that cover both, rather than a 503 its
+// client would take for "not stored".
+// Mutation killed: notInserted returning the lookup's error (503
+// "database unavailable; try again", accepted never said).
+func TestHTTPBridgeStoredEventIsAcceptedWhenTheDatabaseDropsBeforeTellingDuplicateFromSuperseded(t *testing.T) {
+	t.Parallel()
+	hs, _, arm, _ := relayWithOutageBefore(t)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "stored, then sent again", nil, 0)
+	body, err := json.Marshal(ev)
+	require.NoError(t, err)
+	resp, answer := postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+
+	arm(statementNamed("EventExists"))
+	resp, answer = postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true,
+		"message": "duplicate: this event, its deletion or a newer version of its address is already stored"}, answer)
+}
+
+// What docs/errors.md tells a client to do on a 503 from POST /events,
+// send the event again, is safe even when the event was stored: its
+// transaction's COMMIT reached the server and committed, its answer was
+// lost and the database went away before the relay could look. The relay
+// cannot know, so it answers 503 "database unavailable; try again"; sent
+// again once the database is back, the event is answered 200 accepted
+// "duplicate: already have this event" and is stored once. A note that
+// mentions someone commits in a transaction (its mention rows beside it),
+// whose COMMIT the pool's connections lose the answer of.
+// Mutation killed: the event insert without ON CONFLICT DO NOTHING (the
+// retry refused 409 "duplicate: ..." with accepted false, which a client
+// reads as not stored).
+func TestHTTPBridgeEventStoredAsTheDatabaseWentAwayIsADuplicateWhenSentAgain(t *testing.T) {
+	t.Parallel()
+	var cutAt atomic.Int32
+	hs, _, arm, bringBack := relayWithOutageBefore(t, dbtest.LoseCommitAnswer(&cutAt))
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "stored in the dark", nostr.Tags{{"p", relaytest.NewKey(t).PublicKeyHex()}}, 0)
+	body, err := json.Marshal(ev)
+	require.NoError(t, err)
+
+	cutAt.Store(1)
+	// The event runs again alone once its group's COMMIT is lost: the
+	// database is gone by then.
+	arm(func(sql string) bool { return sql == "begin" && cutAt.Load() == 0 })
+	resp, answer := postSigned(t, hs, key, "/events", body)
+	require.Zero(t, cutAt.Load(), "the event's COMMIT went through the losing connection")
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer)
+
+	bringBack()
+	resp, answer = postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true, "message": "duplicate: already have this event"}, answer)
+
+	resp, answer = postSigned(t, hs, key, "/count", []byte(`{"filters":[{"ids":["`+ev.ID+`"]}]}`))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"count": 1.0}, answer, "stored once")
 }
