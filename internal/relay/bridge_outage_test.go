@@ -224,13 +224,13 @@ func (h *statementHook) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data p
 func (h *statementHook) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// relayWithOutageBefore serves a relay (as relayBeforeAnOutage) on a pool
-// configured with configure, whose database is taken away as the next
+// relayWithOutageBefore serves a relay with opts (as relayBeforeAnOutage)
+// on a pool configured with configure, whose database is taken away as the next
 // statement that when (passed to arm) matches is sent, once per arm: after
 // a request's NIP-98 claim, before its insert or read, say. bringBack lets
 // the database in again and drops the pool's connections, which the
 // outage ended.
-func relayWithOutageBefore(t *testing.T, configure ...func(*pgxpool.Config)) (hs *httptest.Server, logs *logtest.Buffer, arm func(when func(sql string) bool), bringBack func()) {
+func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(*pgxpool.Config)) (hs *httptest.Server, logs *logtest.Buffer, arm func(when func(sql string) bool), bringBack func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
 	takeAway, letIn := databaseOutage(t, databaseURL)
@@ -241,7 +241,7 @@ func relayWithOutageBefore(t *testing.T, configure ...func(*pgxpool.Config)) (hs
 		}
 	}})
 	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
-	hs, logs = relayLoggingTo(t, pool)
+	hs, logs = relayLoggingTo(t, pool, opts...)
 	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
 }
 
@@ -280,7 +280,7 @@ func postSigned(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path st
 // out.
 func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
 	t.Parallel()
-	hs, logs, arm, bringBack := relayWithOutageBefore(t)
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
 	key := relaytest.NewKey(t)
 	ev := relaytest.SignEvent(t, key, 1, "the database goes away at its insert", nil, 0)
 	event, err := json.Marshal(ev)
@@ -324,7 +324,7 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
 // "database unavailable; try again", accepted never said).
 func TestHTTPBridgeStoredEventIsAcceptedWhenTheDatabaseDropsBeforeTellingDuplicateFromSuperseded(t *testing.T) {
 	t.Parallel()
-	hs, _, arm, _ := relayWithOutageBefore(t)
+	hs, _, arm, _ := relayWithOutageBefore(t, nil)
 	key := relaytest.NewKey(t)
 	ev := relaytest.SignEvent(t, key, 1, "stored, then sent again", nil, 0)
 	body, err := json.Marshal(ev)
@@ -354,7 +354,7 @@ func TestHTTPBridgeStoredEventIsAcceptedWhenTheDatabaseDropsBeforeTellingDuplica
 func TestHTTPBridgeEventStoredAsTheDatabaseWentAwayIsADuplicateWhenSentAgain(t *testing.T) {
 	t.Parallel()
 	var cutAt atomic.Int32
-	hs, _, arm, bringBack := relayWithOutageBefore(t, dbtest.LoseCommitAnswer(&cutAt))
+	hs, _, arm, bringBack := relayWithOutageBefore(t, nil, dbtest.LoseCommitAnswer(&cutAt))
 	key := relaytest.NewKey(t)
 	ev := relaytest.SignEvent(t, key, 1, "stored in the dark", nostr.Tags{{"p", relaytest.NewKey(t).PublicKeyHex()}}, 0)
 	body, err := json.Marshal(ev)
@@ -378,4 +378,61 @@ func TestHTTPBridgeEventStoredAsTheDatabaseWentAwayIsADuplicateWhenSentAgain(t *
 	resp, answer = postSigned(t, hs, key, "/count", []byte(`{"filters":[{"ids":["`+ev.ID+`"]}]}`))
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
 	require.Equal(t, map[string]any{"count": 1.0}, answer, "stored once")
+}
+
+// A database that goes away as a media upload or delete takes its
+// serving-write lease (the upload's first statement, the delete's after
+// its claim) is an outage, not a media store failure: 503 "error:
+// database unavailable; try again" (in X-Reason too) with Retry-After,
+// logged once per outage, where it was a 500 "could not reach the media
+// store" with an ERROR "media request failed" per request, which sent an
+// operator to the object store. The database is taken away for real as
+// the lease's statement is sent; once it is back, the same upload stores
+// the blob and the same delete deletes it: the refused ones changed
+// nothing.
+// Mutation killed: the lease's failure left to mediaFenced (500, "media
+// request failed" logged), for the upload or the delete.
+func TestMediaAnswers503WhenTheDatabaseDropsAtTheLease(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, []relay.Option{relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil))})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	sha := hexSHA(blob)
+	mediaRequest := func(method, path, action string, body []byte) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, hs.URL+path, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", blossomAuth(t, key, action, []string{sha}, nil))
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	refusedAsAnOutage := func(resp *http.Response) {
+		t.Helper()
+		var answer map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"))
+		require.Equal(t, dberr.UnavailableAnswer, resp.Header.Get("X-Reason"))
+		require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+	}
+
+	arm(statementNamed("ServingLeaseAcquire"))
+	refusedAsAnOutage(mediaRequest(http.MethodPut, "/media/upload", "upload", blob))
+	bringBack()
+	require.Equal(t, http.StatusNotFound, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing stored")
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodPut, "/media/upload", "upload", blob).StatusCode)
+
+	arm(statementNamed("ServingLeaseAcquire"))
+	refusedAsAnOutage(mediaRequest(http.MethodDelete, "/media/"+sha, "delete", nil))
+	bringBack()
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing deleted")
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodDelete, "/media/"+sha, "delete", nil).StatusCode)
+
+	logged := logs.String()
+	require.NotContains(t, logged, "media request failed", logged)
+	require.Contains(t, logged, "first_failure=\"media lease\"", logged)
 }

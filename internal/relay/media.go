@@ -265,10 +265,7 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	if !errors.As(err, &ae) {
 		// Only the NIP-98 claim reaches the database here: its network
 		// errors are the database's, never the media store's.
-		if dberr.IsUnreachable(err) {
-			w.Header().Set("X-Reason", dberr.UnavailableAnswer)
-		}
-		if s.databaseUnreachable(w, err, "media auth claim") {
+		if s.mediaDatabaseUnreachable(w, err, "media auth claim") {
 			return
 		}
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
@@ -282,6 +279,18 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	}
 	w.Header().Set("WWW-Authenticate", "Nostr")
 	mediaError(w, http.StatusUnauthorized, "auth-required: "+ae.Reason)
+}
+
+// mediaDatabaseUnreachable is databaseUnreachable for a media request,
+// the reason in X-Reason too. Only for an error of a database statement
+// (the claim's, the lease's): the media store's network errors would pass
+// for an unreachable database.
+func (s *Server) mediaDatabaseUnreachable(w http.ResponseWriter, err error, what string) bool {
+	if !dberr.IsUnreachable(err) {
+		return false
+	}
+	w.Header().Set("X-Reason", dberr.UnavailableAnswer)
+	return s.databaseUnreachable(w, err, what)
 }
 
 // mediaUploader is who may upload here, or false once the client was
@@ -599,7 +608,9 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	// deletion began.
 	lease, ctx, err := s.mediaLease(r, tenant, "media_upload")
 	if err != nil {
-		s.mediaFenced(w, r, tenant, err)
+		if !s.mediaDatabaseUnreachable(w, err, "media lease") {
+			s.mediaFenced(w, r, tenant, err)
+		}
 		return
 	}
 	defer lease.Release(r.Context())
@@ -937,7 +948,9 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		if claimed && relayAtFault(r, err) {
 			s.releaseHTTPAuth(r.Context(), tenant, ev) // nothing deleted yet
 		}
-		s.mediaFenced(w, r, tenant, err)
+		if !s.mediaDatabaseUnreachable(w, err, "media lease") {
+			s.mediaFenced(w, r, tenant, err)
+		}
 		return
 	}
 	defer lease.Release(r.Context())
