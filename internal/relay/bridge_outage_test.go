@@ -389,10 +389,13 @@ func TestHTTPBridgeEventStoredAsTheDatabaseWentAwayIsADuplicateWhenSentAgain(t *
 // operator to the object store. The database is taken away for real as
 // the lease's statement is sent; once it is back, the same upload stores
 // the blob and the same delete deletes it: the refused ones changed
-// nothing.
-// Mutation killed: the lease's failure left to mediaFenced (500, "media
-// request failed" logged), for the upload or the delete.
-func TestMediaAnswers503WhenTheDatabaseDropsAtTheLease(t *testing.T) {
+// nothing. So is one that goes away past the lease, at the upload's blob
+// lock or its quota reservation.
+// Mutations killed (one at a time): the lease's failure left to
+// mediaFenced (500, "media request failed" logged), for the upload or the
+// delete; the blob lock's or the quota reservation's failure not marked as
+// the database's (500).
+func TestMediaAnswersADatabaseOutageAs503NotAsAStoreFailure(t *testing.T) {
 	t.Parallel()
 	hs, logs, arm, bringBack := relayWithOutageBefore(t, []relay.Option{relay.WithMedia(media.NewService(mediaStores["fs"](t),
 		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil))})
@@ -431,6 +434,16 @@ func TestMediaAnswers503WhenTheDatabaseDropsAtTheLease(t *testing.T) {
 	bringBack()
 	require.Equal(t, http.StatusOK, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing deleted")
 	require.Equal(t, http.StatusOK, mediaRequest(http.MethodDelete, "/media/"+sha, "delete", nil).StatusCode)
+
+	for _, statement := range []string{"MediaBlobLock", "MediaUsageReserve"} {
+		blob = pngBlob(t, 700)
+		sha = hexSHA(blob)
+		arm(statementNamed(statement))
+		refusedAsAnOutage(mediaRequest(http.MethodPut, "/media/upload", "upload", blob))
+		bringBack()
+		require.Equal(t, http.StatusNotFound, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing stored")
+		require.Equal(t, http.StatusOK, mediaRequest(http.MethodPut, "/media/upload", "upload", blob).StatusCode)
+	}
 
 	logged := logs.String()
 	require.NotContains(t, logged, "media request failed", logged)

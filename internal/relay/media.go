@@ -362,7 +362,7 @@ func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64
 		return err
 	}
 	defer release()
-	return q.Quota.Reserve(ctx, community, size)
+	return mediaDatabaseFailed(q.Quota.Reserve(ctx, community, size))
 }
 
 // Quota releases are tried releaseAttempts times, each bounded by
@@ -757,6 +757,20 @@ func authCheckFailed(err error) error {
 	return fmt.Errorf("%w: %w", errAuthCheck, err)
 }
 
+// errMediaDatabase marks the failure of a database statement an upload or
+// delete makes past its lease (its blob lock, quota reservation, blob
+// reference): not the media store's, and while the database cannot be
+// reached, an outage.
+var errMediaDatabase = errors.New("media database statement failed")
+
+// mediaDatabaseFailed marks err (nil stays nil) as errMediaDatabase.
+func mediaDatabaseFailed(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", errMediaDatabase, err)
+}
+
 // mediaFailed answers a media.Service error.
 func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
 	var ae *authError
@@ -789,6 +803,9 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		status, msg := spoolFailure(err)
 		mediaError(w, status, msg)
 	default:
+		if errors.Is(err, errMediaDatabase) && s.mediaDatabaseUnreachable(w, err, "media database statement") {
+			return
+		}
 		if r.Context().Err() == nil {
 			s.log.Error("media request failed", "community", tenant.Host(), "method", r.Method, "err", err)
 		}

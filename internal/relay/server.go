@@ -217,7 +217,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			unlock, err := blobLock(ctx, shas)
 			if err != nil {
 				release()
-				return nil, err
+				return nil, mediaDatabaseFailed(err)
 			}
 			return func() { unlock(); release() }, nil
 		})
@@ -237,7 +237,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 				return err
 			}
 			defer release()
-			return forget(ctx, blob)
+			return mediaDatabaseFailed(forget(ctx, blob))
 		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
