@@ -757,16 +757,18 @@ func authCheckFailed(err error) error {
 	return fmt.Errorf("%w: %w", errAuthCheck, err)
 }
 
-// errMediaDatabase marks the failure of a database statement an upload or
-// delete makes past its lease (its blob lock, quota reservation, blob
-// reference): not the media store's, and while the database cannot be
-// reached, an outage.
+// errMediaDatabase marks a database statement an upload or delete makes
+// past its lease (its blob lock, quota reservation, blob reference) that
+// could not reach the database: an outage, not the media store's failure,
+// whose network errors would otherwise pass for one.
 var errMediaDatabase = errors.New("media database statement failed")
 
-// mediaDatabaseFailed marks err (nil stays nil) as errMediaDatabase.
+// mediaDatabaseFailed marks err as errMediaDatabase when the database
+// could not be reached; any other error (a refusal such as a full quota,
+// whose text is the answer) is returned as it is.
 func mediaDatabaseFailed(err error) error {
-	if err == nil {
-		return nil
+	if !dberr.IsUnreachable(err) {
+		return err
 	}
 	return fmt.Errorf("%w: %w", errMediaDatabase, err)
 }
