@@ -59,8 +59,10 @@ var (
 const CommunityWriteFence = "community_write_fence"
 
 // UnavailableAnswer is the answer, over HTTP, to a request the database
-// could not serve (whatever the cause, which is logged, never shown):
-// nothing changed, so it may be sent again. The relay's routes and the
+// could not serve (whatever the cause, which is logged, never shown): it
+// may be sent again as it was. Nothing changed, or (an event whose COMMIT
+// lost its answer as the database went away) the event was stored, and
+// is answered as a duplicate when sent again. The relay's routes and the
 // workflow webhooks answer the same text.
 const UnavailableAnswer = "error: database unavailable; try again"
 

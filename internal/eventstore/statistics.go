@@ -98,7 +98,7 @@ func (s *Store) KeepStatistics(ctx context.Context, interval time.Duration, minR
 			log.Warn("events statistics keeper off", "err", err)
 			return
 		case err != nil && ctx.Err() == nil:
-			if !outages.Failed(err, "events statistics check") {
+			if !outages.TickFailed(err, "events statistics check") {
 				log.Warn("events statistics check", "err", err)
 			}
 		case analyzed:

@@ -619,8 +619,7 @@ func (p *Pipeline) finish(ctx context.Context, j *groupJob) (Outcome, string, er
 		return 0, "", err
 	}
 	if j.inserted == 0 {
-		outcome, err := p.notInserted(ctx, w.Tenant, w.Event)
-		return outcome, "", err
+		return p.notInserted(ctx, w.Tenant, w.Event)
 	}
 	// Committed: only now may anyone see it.
 	if w.membershipChanged && p.OnMembershipChange != nil {
@@ -669,17 +668,24 @@ func (p *Pipeline) stored(ctx context.Context, tenant community.Tenant, ev *nost
 
 // notInserted tells a duplicate from an event a trigger refused because its
 // author deleted it (by id or by slot) or a newer version of its slot is
-// stored.
-func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, error) {
+// stored. Both are accepted: when the lookup that tells them apart fails
+// (the database went away after the insert), the event is still answered
+// as accepted, in words that cover both, never as a failure its client
+// would take for "not stored".
+func (p *Pipeline) notInserted(ctx context.Context, tenant community.Tenant, ev *nostr.Event) (Outcome, string, error) {
 	exists, err := p.stored(ctx, tenant, ev)
-	if err != nil {
-		return 0, err
+	switch {
+	case err != nil:
+		return Duplicate, storedOrSupersededReply, nil
+	case exists:
+		return Duplicate, "", nil
 	}
-	if exists {
-		return Duplicate, nil
-	}
-	return Superseded, nil
+	return Superseded, "", nil
 }
+
+// storedOrSupersededReply answers an event not inserted, duplicate or
+// superseded, when the database could not say which.
+const storedOrSupersededReply = "duplicate: this event, its deletion or a newer version of its address is already stored"
 
 // versionOf is the readers version the write read for channel, 0 when it
 // read none for that channel.

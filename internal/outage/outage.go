@@ -19,8 +19,11 @@ import (
 // per process, and the workflow loops and the statistics check about five
 // lines a second). The first failure of the outage is logged with its
 // cause; the rest are counted, and once the database answers a ping again
-// one line says so, with how long it was gone and how many requests
-// failed. A nil *Log reports nothing: every failure is left to its caller.
+// one line says so, with how long it was gone, how many client requests
+// failed and, apart, how many background ticks did: the loops fail about
+// five times a second with no client about, so one count of both said
+// requests failed after an outage no client saw. A nil *Log reports
+// nothing: every failure is left to its caller.
 type Log struct {
 	log   *slog.Logger
 	ping  func(context.Context) error
@@ -32,7 +35,8 @@ type Log struct {
 	mu       sync.Mutex
 	down     bool
 	since    time.Time
-	failures int
+	requests int // client requests failed during the outage in progress
+	ticks    int // background ticks failed meanwhile
 }
 
 // New returns the log of the database ping reaches, on log; now is the
@@ -45,34 +49,44 @@ func New(log *slog.Logger, ping func(context.Context) error, now func() time.Tim
 // down, and its pool with it).
 func (o *Log) Stop() { o.once.Do(func() { close(o.done) }) }
 
-// Failed reports whether err is the database being unreachable, and then
-// logs or counts it; any other error is left to the caller to log.
+// Failed reports whether err, a client request's failure, is the
+// database being unreachable, and then logs or counts it; any other error
+// is left to the caller to log.
 func (o *Log) Failed(err error, what string) bool {
+	return o.failed(err, what, func() { o.requests++ })
+}
+
+// TickFailed is Failed for a background loop's tick (a scheduler's,
+// a poll's, a periodic check's): counted apart from client requests.
+func (o *Log) TickFailed(err error, what string) bool {
+	return o.failed(err, what, func() { o.ticks++ })
+}
+
+func (o *Log) failed(err error, what string, count func()) bool {
 	if o == nil || !dberr.IsUnreachable(err) {
 		return false
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.down {
-		o.failures++
-		return true
+	if !o.down {
+		o.down, o.since, o.requests, o.ticks = true, o.now(), 0, 0
+		o.log.Error("database unreachable: requests fail until it answers again; not logged one by one",
+			"first_failure", what, "err", err)
+		go o.watch()
 	}
-	o.down, o.since, o.failures = true, o.now(), 1
-	o.log.Error("database unreachable: requests fail until it answers again; not logged one by one",
-		"first_failure", what, "err", err)
-	go o.watch()
+	count()
 	return true
 }
 
-// Failures is how many failures the outage in progress has had (0 when
-// the database is reachable).
-func (o *Log) Failures() int {
+// Failures is how many client requests and background ticks the outage
+// in progress has failed (0 and 0 when the database is reachable).
+func (o *Log) Failures() (requests, ticks int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.down {
-		return 0
+		return 0, 0
 	}
-	return o.failures
+	return o.requests, o.ticks
 }
 
 // watch pings until the database answers, then ends the outage.
@@ -93,6 +107,6 @@ func (o *Log) watch() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.log.Info("database reachable again", "down_for", o.now().Sub(o.since).Round(time.Millisecond).String(),
-		"failed_requests", o.failures)
+		"failed_requests", o.requests, "failed_background_ticks", o.ticks)
 	o.down = false
 }

@@ -3,13 +3,18 @@ package relay_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/logtest"
 	"github.com/buzzrelay/buzz/internal/relay"
@@ -61,8 +66,10 @@ func TestBackgroundLoopsLogADatabaseOutageOnce(t *testing.T) {
 	}
 	takeAway()
 	// Many failed ticks counted, or one logged on its own.
-	require.Eventually(t, func() bool { return srv.OutageFailures() >= 30 || loggedPerTick() },
-		relaytest.Patience, time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, ticks := srv.OutageFailures()
+		return ticks >= 30 || loggedPerTick()
+	}, relaytest.Patience, time.Millisecond)
 	bringBack()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "database reachable again") },
 		relaytest.Patience, 10*time.Millisecond)
@@ -74,4 +81,78 @@ func TestBackgroundLoopsLogADatabaseOutageOnce(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
 	require.Equal(t, 1, strings.Count(logged, "database reachable again"), logged)
 	require.Contains(t, logged, "down_for=", logged)
+}
+
+// The line that ends an outage counts the client requests that failed
+// apart from the background loops' ticks, which fail about five times a
+// second whether or not any client is about: after an outage no client
+// saw it says failed_requests=0, after one with three requests exactly 3,
+// and the ticks in failed_background_ticks either way. Two real outages,
+// the database taken away and let in again.
+// Mutations killed (one at a time): a background loop (the scheduler's
+// tick, say, or the statistics check) counted as a request
+// (failed_requests above 0 after the quiet outage); requests counted as
+// ticks (failed_requests=0 after the busy one); the count not reset
+// between outages.
+func TestOutageEndLineCountsClientRequestsApartFromBackgroundTicks(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	pool := dbtest.PoolOn(t, databaseURL, 4)
+	logs := &logtest.Buffer{}
+	cfg := config.Default()
+	cfg.WorkflowPoll = 5 * time.Millisecond
+	cfg.EventsAnalyzeInterval = 5 * time.Millisecond
+	srv := relay.New(cfg, pool, slog.New(slog.NewTextHandler(logs, nil)))
+	hs := httptest.NewServer(srv.HTTPServer().Handler)
+	t.Cleanup(hs.Close)
+	_, err := db.New(pool).CommunityCreate(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		_ = srv.Shutdown(shutdown)
+	})
+	require.NoError(t, srv.StartWorkflows(ctx))
+	go srv.KeepEventStatistics(ctx)
+	takeAway, bringBack := databaseOutage(t, databaseURL)
+
+	// outage takes the database away, lets clientRequests requests fail
+	// and the loops tick a while, brings it back and returns the line that
+	// ended it.
+	outage := func(ended, clientRequests int) string {
+		takeAway()
+		for range clientRequests {
+			resp, err := http.Get(hs.URL + "/") // its host lookup fails
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		}
+		require.Eventually(t, func() bool {
+			_, ticks := srv.OutageFailures()
+			return ticks >= 30
+		}, relaytest.Patience, time.Millisecond)
+		bringBack()
+		var lines []string
+		require.Eventually(t, func() bool {
+			lines = nil
+			for line := range strings.SplitSeq(logs.String(), "\n") {
+				if strings.Contains(line, `msg="database reachable again"`) {
+					lines = append(lines, line)
+				}
+			}
+			return len(lines) == ended
+		}, relaytest.Patience, 10*time.Millisecond)
+		return lines[ended-1]
+	}
+	ticked := regexp.MustCompile(`failed_background_ticks=[1-9][0-9]`)
+
+	quiet := outage(1, 0)
+	require.Contains(t, quiet, " failed_requests=0 ", quiet)
+	require.Regexp(t, ticked, quiet)
+
+	busy := outage(2, 3)
+	require.Contains(t, busy, " failed_requests=3 ", busy)
+	require.Regexp(t, ticked, busy)
 }

@@ -12,10 +12,12 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -25,6 +27,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/logtest"
 	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -76,7 +79,15 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
-	pool := dbtest.PoolOn(t, databaseURL, 4)
+	hs, logs := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
+	takeAway, _ := databaseOutage(t, databaseURL)
+	return hs, logs, takeAway
+}
+
+// relayLoggingTo serves a relay with opts on pool, with a community of its
+// own, logging to the returned buffer.
+func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer) {
+	t.Helper()
 	logs := &logtest.Buffer{}
 	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), opts...)
 	hs := httptest.NewServer(srv.HTTPServer().Handler)
@@ -88,8 +99,7 @@ func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, 
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	takeAway, _ := databaseOutage(t, databaseURL)
-	return hs, logs, takeAway
+	return hs, logs
 }
 
 // sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
@@ -172,4 +182,270 @@ func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 	require.NotContains(t, logged, "media auth failed", logged)
 	require.NotContains(t, logged, "media request failed", logged)
 	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
+}
+
+// statementHook is a pgx tracer (install it with hookStatements) that
+// calls before with a statement's text as it is sent, each statement of a
+// batch included, and after with its text and error once it ended: a test
+// takes the database away at an exact point of a request with it.
+type statementHook struct {
+	before func(sql string)
+	after  func(sql string, err error)
+}
+
+type hookedSQLKey struct{}
+
+func hookStatements(h *statementHook) func(*pgxpool.Config) {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = h }
+}
+
+func (h *statementHook) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if h.before != nil {
+		h.before(data.SQL)
+	}
+	return context.WithValue(ctx, hookedSQLKey{}, data.SQL)
+}
+
+func (h *statementHook) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if sql, ok := ctx.Value(hookedSQLKey{}).(string); ok && h.after != nil {
+		h.after(sql, data.Err)
+	}
+}
+
+func (h *statementHook) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if h.before != nil {
+		for _, q := range data.Batch.QueuedQueries {
+			h.before(q.SQL)
+		}
+	}
+	return ctx
+}
+
+func (h *statementHook) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// relayWithOutageBefore serves a relay with opts (as relayBeforeAnOutage)
+// on a pool configured with configure, whose database is taken away as the next
+// statement that when (passed to arm) matches is sent, once per arm: after
+// a request's NIP-98 claim, before its insert or read, say. bringBack lets
+// the database in again and drops the pool's connections, which the
+// outage ended.
+func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(*pgxpool.Config)) (hs *httptest.Server, logs *logtest.Buffer, arm func(when func(sql string) bool), bringBack func()) {
+	t.Helper()
+	databaseURL := dbtest.URL(t)
+	takeAway, letIn := databaseOutage(t, databaseURL)
+	var armed atomic.Pointer[func(string) bool]
+	hook := hookStatements(&statementHook{before: func(sql string) {
+		if when := armed.Load(); when != nil && (*when)(sql) && armed.CompareAndSwap(when, nil) {
+			takeAway()
+		}
+	}})
+	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
+	hs, logs = relayLoggingTo(t, pool, opts...)
+	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
+}
+
+// statementNamed matches the statement named name (its "-- name:" line;
+// a name that begins another's matches both).
+func statementNamed(name string) func(sql string) bool {
+	return func(sql string) bool { return strings.Contains(sql, "-- name: "+name) }
+}
+
+// postSigned posts body to path on hs with a fresh NIP-98 header of key.
+func postSigned(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path string, body []byte) (*http.Response, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, hs.URL+path, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+path, body, nil)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var answer map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	return resp, answer
+}
+
+// A database that goes away after a bridge request's NIP-98 claim, at the
+// event's insert or the read's statement, is answered as an outage
+// everywhere else is: 503 "error: database unavailable; try again" with
+// Retry-After, the outage logged once and not an ERROR "ingest failed" or
+// "http read failed" per request. The database is taken away for real as
+// the statement is sent. The event, which never reached the database, is
+// stored when sent again.
+// Mutations killed (one at a time): serveEvents' unreachable error left to
+// the internal-error branch (500 "error: could not store the event",
+// "ingest failed" logged); readFailure without the outage log (500
+// "error: query failed", "http read failed" logged); the Retry-After left
+// out.
+func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "the database goes away at its insert", nil, 0)
+	event, err := json.Marshal(ev)
+	require.NoError(t, err)
+	read := []byte(`{"filters":[{"kinds":[1]}]}`)
+
+	for _, step := range []struct{ path, statement string }{
+		{"/events", "EventInsert"},
+		{"/query", "EventsQuery"},
+		{"/count", "EventsCount"},
+	} {
+		body := read
+		if step.path == "/events" {
+			body = event
+		}
+		arm(statementNamed(step.statement))
+		resp, answer := postSigned(t, hs, key, step.path, body)
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s: %v", step.path, answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"), step.path)
+		require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer, step.path)
+		bringBack()
+	}
+	logged := logs.String()
+	require.NotContains(t, logged, "ingest failed", logged)
+	require.NotContains(t, logged, "http read failed", logged)
+	require.NotContains(t, logged, "level=ERROR msg=\"http", logged)
+	require.Contains(t, logged, "first_failure=\"http ingest\"", logged)
+
+	// Nothing was stored: sent again, the event is stored now.
+	resp, answer := postSigned(t, hs, key, "/events", event)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true, "message": ""}, answer)
+}
+
+// An event its insert found stored already (sent again) is accepted,
+// stored or superseded, even when the database goes away before the
+// lookup that tells those two apart: the relay knows the event is in, so
+// it answers 200 accepted, in words that cover both, rather than a 503 its
+// client would take for "not stored".
+// Mutation killed: notInserted returning the lookup's error (503
+// "database unavailable; try again", accepted never said).
+func TestHTTPBridgeStoredEventIsAcceptedWhenTheDatabaseDropsBeforeTellingDuplicateFromSuperseded(t *testing.T) {
+	t.Parallel()
+	hs, _, arm, _ := relayWithOutageBefore(t, nil)
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "stored, then sent again", nil, 0)
+	body, err := json.Marshal(ev)
+	require.NoError(t, err)
+	resp, answer := postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+
+	arm(statementNamed("EventExists"))
+	resp, answer = postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true,
+		"message": "duplicate: this event, its deletion or a newer version of its address is already stored"}, answer)
+}
+
+// What docs/errors.md tells a client to do on a 503 from POST /events,
+// send the event again, is safe even when the event was stored: its
+// transaction's COMMIT reached the server and committed, its answer was
+// lost and the database went away before the relay could look. The relay
+// cannot know, so it answers 503 "database unavailable; try again"; sent
+// again once the database is back, the event is answered 200 accepted
+// "duplicate: already have this event" and is stored once. A note that
+// mentions someone commits in a transaction (its mention rows beside it),
+// whose COMMIT the pool's connections lose the answer of.
+// Mutation killed: the event insert without ON CONFLICT DO NOTHING (the
+// retry refused 409 "duplicate: ..." with accepted false, which a client
+// reads as not stored).
+func TestHTTPBridgeEventStoredAsTheDatabaseWentAwayIsADuplicateWhenSentAgain(t *testing.T) {
+	t.Parallel()
+	var cutAt atomic.Int32
+	hs, _, arm, bringBack := relayWithOutageBefore(t, nil, dbtest.LoseCommitAnswer(&cutAt))
+	key := relaytest.NewKey(t)
+	ev := relaytest.SignEvent(t, key, 1, "stored in the dark", nostr.Tags{{"p", relaytest.NewKey(t).PublicKeyHex()}}, 0)
+	body, err := json.Marshal(ev)
+	require.NoError(t, err)
+
+	cutAt.Store(1)
+	// The event runs again alone once its group's COMMIT is lost: the
+	// database is gone by then.
+	arm(func(sql string) bool { return sql == "begin" && cutAt.Load() == 0 })
+	resp, answer := postSigned(t, hs, key, "/events", body)
+	require.Zero(t, cutAt.Load(), "the event's COMMIT went through the losing connection")
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer)
+
+	bringBack()
+	resp, answer = postSigned(t, hs, key, "/events", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"id": ev.ID, "accepted": true, "message": "duplicate: already have this event"}, answer)
+
+	resp, answer = postSigned(t, hs, key, "/count", []byte(`{"filters":[{"ids":["`+ev.ID+`"]}]}`))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+	require.Equal(t, map[string]any{"count": 1.0}, answer, "stored once")
+}
+
+// A database that goes away as a media upload or delete takes its
+// serving-write lease (the upload's first statement, the delete's after
+// its claim) is an outage, not a media store failure: 503 "error:
+// database unavailable; try again" (in X-Reason too) with Retry-After,
+// logged once per outage, where it was a 500 "could not reach the media
+// store" with an ERROR "media request failed" per request, which sent an
+// operator to the object store. The database is taken away for real as
+// the lease's statement is sent; once it is back, the same upload stores
+// the blob and the same delete deletes it: the refused ones changed
+// nothing. So is one that goes away past the lease, at the upload's blob
+// lock or its quota reservation.
+// Mutations killed (one at a time): the lease's failure left to
+// mediaFenced (500, "media request failed" logged), for the upload or the
+// delete; the blob lock's or the quota reservation's failure not marked as
+// the database's (500).
+func TestMediaAnswersADatabaseOutageAs503NotAsAStoreFailure(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, []relay.Option{relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil))})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	sha := hexSHA(blob)
+	mediaRequest := func(method, path, action string, body []byte) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, hs.URL+path, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", blossomAuth(t, key, action, []string{sha}, nil))
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	refusedAsAnOutage := func(resp *http.Response) {
+		t.Helper()
+		var answer map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"))
+		require.Equal(t, dberr.UnavailableAnswer, resp.Header.Get("X-Reason"))
+		require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+	}
+
+	arm(statementNamed("ServingLeaseAcquire"))
+	refusedAsAnOutage(mediaRequest(http.MethodPut, "/media/upload", "upload", blob))
+	bringBack()
+	require.Equal(t, http.StatusNotFound, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing stored")
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodPut, "/media/upload", "upload", blob).StatusCode)
+
+	arm(statementNamed("ServingLeaseAcquire"))
+	refusedAsAnOutage(mediaRequest(http.MethodDelete, "/media/"+sha, "delete", nil))
+	bringBack()
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing deleted")
+	require.Equal(t, http.StatusOK, mediaRequest(http.MethodDelete, "/media/"+sha, "delete", nil).StatusCode)
+
+	for _, statement := range []string{"MediaBlobLock", "MediaUsageReserve"} {
+		blob = pngBlob(t, 700)
+		sha = hexSHA(blob)
+		arm(statementNamed(statement))
+		refusedAsAnOutage(mediaRequest(http.MethodPut, "/media/upload", "upload", blob))
+		bringBack()
+		require.Equal(t, http.StatusNotFound, mediaRequest(http.MethodGet, "/media/"+sha, "", nil).StatusCode, "nothing stored")
+		require.Equal(t, http.StatusOK, mediaRequest(http.MethodPut, "/media/upload", "upload", blob).StatusCode)
+	}
+
+	logged := logs.String()
+	require.NotContains(t, logged, "media request failed", logged)
+	require.Contains(t, logged, "first_failure=\"media lease\"", logged)
 }

@@ -125,9 +125,10 @@ const MessageBurstSeconds = messageBurstSeconds
 // ReplayPurgeBatch is how many expired NIP-98 claims one purge deletes.
 const ReplayPurgeBatch = replayPurgeBatch
 
-// OutageFailures is how many failures the database outage in progress
-// has counted (0 with the database reachable).
-func (s *Server) OutageFailures() int { return s.outage.Failures() }
+// OutageFailures is how many client requests and background ticks the
+// database outage in progress has counted failed (0 and 0 with the
+// database reachable).
+func (s *Server) OutageFailures() (requests, ticks int) { return s.outage.Failures() }
 
 // HandshakeAddresses reports how many client addresses have a handshake
 // bucket kept.

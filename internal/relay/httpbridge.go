@@ -331,9 +331,14 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 	answered := &statusRecorder{ResponseWriter: w}
 	pubkey, body, ok := b.authenticate(answered, r, tenant)
 	if !ok {
-		if answered.status == http.StatusRequestEntityTooLarge {
+		switch answered.status {
+		case http.StatusRequestEntityTooLarge:
 			// An event refused by its size, as over WebSocket.
 			s.metrics.EventsRejected.WithLabelValues("invalid").Inc()
+		case http.StatusUnauthorized:
+			// An event refused for want of authentication, as a WebSocket
+			// EVENT before AUTH.
+			s.metrics.EventsRejected.WithLabelValues("auth-required").Inc()
 		}
 		return
 	}
@@ -355,10 +360,17 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 	if err != nil {
 		var rej *ingest.Rejection
 		if !errors.As(err, &rej) {
+			s.metrics.EventsRejected.WithLabelValues("error").Inc()
+			// Whether it was stored is unknown when the database went
+			// away during its COMMIT: sent again, a stored event is
+			// answered as a duplicate, so the answer says try again
+			// either way.
+			if s.databaseUnreachable(w, err, "http ingest") {
+				return
+			}
 			if r.Context().Err() == nil {
 				s.log.Error("ingest failed", "community", tenant.Host(), "event", ev.ID, "kind", ev.Kind, "err", err)
 			}
-			s.metrics.EventsRejected.WithLabelValues("error").Inc()
 			writeError(w, http.StatusInternalServerError, "error: could not store the event; try again")
 			return
 		}
@@ -436,9 +448,9 @@ func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant c
 		}
 	}
 	if err != nil {
-		status, msg := b.readFailure(r, ctx, tenant, err)
+		fail := b.readFailure(r, ctx, tenant, err)
 		answer.abortIfStreaming()
-		writeError(w, status, msg)
+		fail(w)
 		return
 	}
 	answer.finish()
@@ -471,8 +483,7 @@ func (b *httpBridge) serveCount(w http.ResponseWriter, r *http.Request, tenant c
 		answer.Count += s.presenceCount(ctx, tenant.ID(), filters)
 	}
 	if err != nil {
-		status, msg := b.readFailure(r, ctx, tenant, err)
-		writeError(w, status, msg)
+		b.readFailure(r, ctx, tenant, err)(w)
 		return
 	}
 	writeJSON(w, http.StatusOK, answer)
@@ -559,18 +570,26 @@ func firstNonNil(err error, tok json.Token) any {
 }
 
 // readFailure logs a read that failed inside the database and returns its
-// answer: a timeout is 503 (the client may retry), anything else 500.
-func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant community.Tenant, err error) (status int, msg string) {
+// answer: a timeout is 503 (the client may retry), a database that could
+// not be reached 503 with Retry-After (logged once per outage), anything
+// else 500.
+func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant community.Tenant, err error) (answer func(http.ResponseWriter)) {
+	refuse := func(status int, msg string) func(http.ResponseWriter) {
+		return func(w http.ResponseWriter) { writeError(w, status, msg) }
+	}
 	if errors.Is(err, eventstore.ErrReadSlotsBusy) {
 		b.s.log.Warn("http read found every read slot busy", "community", tenant.Host(), "path", r.URL.Path)
-		return http.StatusServiceUnavailable, busyReadingReason
+		return refuse(http.StatusServiceUnavailable, busyReadingReason)
 	}
 	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(dberr.Interpret(err), dberr.ErrQueryCanceled) {
 		b.s.log.Warn("http read timed out", "community", tenant.Host(), "path", r.URL.Path, "err", err)
-		return http.StatusServiceUnavailable, "error: query timed out"
+		return refuse(http.StatusServiceUnavailable, "error: query timed out")
+	}
+	if b.s.outage.Failed(err, "http read") {
+		return answerUnavailable
 	}
 	if r.Context().Err() == nil {
 		b.s.log.Error("http read failed", "community", tenant.Host(), "path", r.URL.Path, "err", err)
 	}
-	return http.StatusInternalServerError, "error: query failed"
+	return refuse(http.StatusInternalServerError, "error: query failed")
 }

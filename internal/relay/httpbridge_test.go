@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -667,4 +668,47 @@ func TestHTTPBridgeCountsRefusedEvents(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
 	}
 	require.Equal(t, 4.0, rejected(), "the parse refusals")
+}
+
+// A POST /events refused 401 for its NIP-98 authentication (none, or one
+// for another route) is an event refused for want of authentication, and
+// counted as the WebSocket counts an EVENT sent before AUTH:
+// buzz_events_rejected_total{reason="auth-required"}, read from the
+// relay's /metrics. A 401 on /query is no event, and not counted.
+// Mutation killed: serveEvents counting none of its 401s (an operator saw
+// unauthenticated publishes over WebSocket only).
+func TestHTTPBridgeCountsUnauthenticatedEventsAsAuthRequired(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	key := relaytest.NewKey(t)
+	authRequired := func() string {
+		t.Helper()
+		resp, err := bridgeHTTP.Get(r.MetricsURL + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		metrics, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		line := regexp.MustCompile(`(?m)^buzz_events_rejected_total\{reason="auth-required"\} .*$`).Find(metrics)
+		return string(line)
+	}
+	ev := relaytest.SignEvent(t, key, 1, "sent without a valid NIP-98 header", nil, 0)
+	body := encodeBody(t, ev)
+
+	got := send(t, r, "", "/events", "", body)
+	require.Equal(t, http.StatusUnauthorized, got.Status, got.Raw)
+	got = send(t, r, "", "/events", authHeader(nip98(t, key, "POST", r.HTTPURL+"/query", body, nil)), body)
+	require.Equal(t, http.StatusUnauthorized, got.Status, got.Raw)
+	require.Equal(t, `buzz_events_rejected_total{reason="auth-required"} 2`, authRequired())
+
+	got = send(t, r, "", "/query", "", []byte(`{"filters":[{"kinds":[1]}]}`))
+	require.Equal(t, http.StatusUnauthorized, got.Status, got.Raw)
+	require.Equal(t, `buzz_events_rejected_total{reason="auth-required"} 2`, authRequired(), "a refused read is no event")
+
+	// The same label as over WebSocket, where an EVENT before AUTH is refused.
+	c := r.Dial(t, "")
+	c.Send("EVENT", ev)
+	reply := c.Expect("OK")
+	require.False(t, reply.OK)
+	require.True(t, strings.HasPrefix(reply.Msg, "auth-required: "), reply.Msg)
+	require.Equal(t, `buzz_events_rejected_total{reason="auth-required"} 3`, authRequired())
 }

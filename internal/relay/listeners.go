@@ -80,7 +80,7 @@ func (s *Server) RunReapers(ctx context.Context) {
 // it on every pod: each due channel is claimed by one.
 func (s *Server) RunListFolder(ctx context.Context) {
 	s.pipeline.RunListFolder(ctx, func(err error) {
-		if !s.outage.Failed(err, "channel lists fold") {
+		if !s.outage.TickFailed(err, "channel lists fold") {
 			s.log.Warn("channel lists: fold failed", "err", err)
 		}
 	})

@@ -265,10 +265,7 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	if !errors.As(err, &ae) {
 		// Only the NIP-98 claim reaches the database here: its network
 		// errors are the database's, never the media store's.
-		if dberr.IsUnreachable(err) {
-			w.Header().Set("X-Reason", dberr.UnavailableAnswer)
-		}
-		if s.databaseUnreachable(w, err, "media auth claim") {
+		if s.mediaDatabaseUnreachable(w, err, "media auth claim") {
 			return
 		}
 		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
@@ -282,6 +279,18 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 	}
 	w.Header().Set("WWW-Authenticate", "Nostr")
 	mediaError(w, http.StatusUnauthorized, "auth-required: "+ae.Reason)
+}
+
+// mediaDatabaseUnreachable is databaseUnreachable for a media request,
+// the reason in X-Reason too. Only for an error of a database statement
+// (the claim's, the lease's): the media store's network errors would pass
+// for an unreachable database.
+func (s *Server) mediaDatabaseUnreachable(w http.ResponseWriter, err error, what string) bool {
+	if !dberr.IsUnreachable(err) {
+		return false
+	}
+	w.Header().Set("X-Reason", dberr.UnavailableAnswer)
+	return s.databaseUnreachable(w, err, what)
 }
 
 // mediaUploader is who may upload here, or false once the client was
@@ -353,7 +362,7 @@ func (q relayQuota) Reserve(ctx context.Context, community uuid.UUID, size int64
 		return err
 	}
 	defer release()
-	return q.Quota.Reserve(ctx, community, size)
+	return mediaDatabaseFailed(q.Quota.Reserve(ctx, community, size))
 }
 
 // Quota releases are tried releaseAttempts times, each bounded by
@@ -599,7 +608,9 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	// deletion began.
 	lease, ctx, err := s.mediaLease(r, tenant, "media_upload")
 	if err != nil {
-		s.mediaFenced(w, r, tenant, err)
+		if !s.mediaDatabaseUnreachable(w, err, "media lease") {
+			s.mediaFenced(w, r, tenant, err)
+		}
 		return
 	}
 	defer lease.Release(r.Context())
@@ -746,6 +757,22 @@ func authCheckFailed(err error) error {
 	return fmt.Errorf("%w: %w", errAuthCheck, err)
 }
 
+// errMediaDatabase marks a database statement an upload or delete makes
+// past its lease (its blob lock, quota reservation, blob reference) that
+// could not reach the database: an outage, not the media store's failure,
+// whose network errors would otherwise pass for one.
+var errMediaDatabase = errors.New("media database statement failed")
+
+// mediaDatabaseFailed marks err as errMediaDatabase when the database
+// could not be reached; any other error (a refusal such as a full quota,
+// whose text is the answer) is returned as it is.
+func mediaDatabaseFailed(err error) error {
+	if !dberr.IsUnreachable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errMediaDatabase, err)
+}
+
 // mediaFailed answers a media.Service error.
 func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
 	var ae *authError
@@ -778,6 +805,9 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 		status, msg := spoolFailure(err)
 		mediaError(w, status, msg)
 	default:
+		if errors.Is(err, errMediaDatabase) && s.mediaDatabaseUnreachable(w, err, "media database statement") {
+			return
+		}
 		if r.Context().Err() == nil {
 			s.log.Error("media request failed", "community", tenant.Host(), "method", r.Method, "err", err)
 		}
@@ -937,7 +967,9 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 		if claimed && relayAtFault(r, err) {
 			s.releaseHTTPAuth(r.Context(), tenant, ev) // nothing deleted yet
 		}
-		s.mediaFenced(w, r, tenant, err)
+		if !s.mediaDatabaseUnreachable(w, err, "media lease") {
+			s.mediaFenced(w, r, tenant, err)
+		}
 		return
 	}
 	defer lease.Release(r.Context())

@@ -217,7 +217,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 			unlock, err := blobLock(ctx, shas)
 			if err != nil {
 				release()
-				return nil, err
+				return nil, mediaDatabaseFailed(err)
 			}
 			return func() { unlock(); release() }, nil
 		})
@@ -237,7 +237,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 				return err
 			}
 			defer release()
-			return forget(ctx, blob)
+			return mediaDatabaseFailed(forget(ctx, blob))
 		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
@@ -590,9 +590,16 @@ func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what stri
 	if !s.outage.Failed(err, what) {
 		return false
 	}
+	answerUnavailable(w)
+	return true
+}
+
+// answerUnavailable is the answer to a request the outage log counted:
+// 503 dberr.UnavailableAnswer, to be sent again after the outage log's
+// next ping.
+func answerUnavailable(w http.ResponseWriter) {
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
-	return true
 }
 
 func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant community.Tenant) {

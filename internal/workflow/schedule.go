@@ -124,13 +124,13 @@ func (s *Scheduler) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow schedule tick") {
+		if _, err := s.Tick(ctx); err != nil && ctx.Err() == nil && !s.Outage.TickFailed(err, "workflow schedule tick") {
 			s.log.Error("workflow schedule tick failed", "err", err)
 		}
-		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics, s.log); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow approval expiry") {
+		if _, err := ExpireApprovals(ctx, s.pool, s.clock, s.Metrics, s.log); err != nil && ctx.Err() == nil && !s.Outage.TickFailed(err, "workflow approval expiry") {
 			s.log.Error("workflow approval expiry failed", "err", err)
 		}
-		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil && !s.Outage.Failed(err, "workflow history retention") {
+		if _, _, err := PruneHistory(ctx, s.pool, s.clock, s.runRetention(), s.Metrics); err != nil && ctx.Err() == nil && !s.Outage.TickFailed(err, "workflow history retention") {
 			s.log.Error("workflow history retention failed", "err", err)
 		}
 		select {

@@ -165,7 +165,7 @@ func (w *Worker) Run(ctx context.Context) {
 			}
 			switch {
 			case err != nil:
-				if ctx.Err() == nil && !w.engine.outage.Failed(err, "workflow run poll") {
+				if ctx.Err() == nil && !w.engine.outage.TickFailed(err, "workflow run poll") {
 					w.engine.log.Error("workflow run poll failed", "err", err)
 				}
 				poll.Reset(claimErrorSleep)
