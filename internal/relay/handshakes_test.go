@@ -295,3 +295,110 @@ func TestRefusedHandshakesAreNotLookedUp(t *testing.T) {
 	require.Contains(t, body, "rate-limited: at most 2 connections per client address")
 	require.Equal(t, looked, lookups(), "an upgrade refused by the connection cap looked up")
 }
+
+// Upgrades from one address that race each other may all pass the look at
+// its bucket and its connections before any of them is admitted: here
+// each waits in its host lookup, held, until all six have looked. The
+// look is a shortcut for the refusals, never the bound: admit, which
+// takes the token and counts the connection under one lock, lets in one
+// for the one token left, then, with tokens to spare, one for the one
+// connection left. The clock stands still, so nothing refills meanwhile.
+// Mutations killed: admit trusting the look on the bucket (Allow's
+// refusal ignored: more than one of the six admitted on one token);
+// admit trusting the look on the connections (the per-address cap not
+// checked again: three of the six admitted, one per token, past the cap).
+func TestUpgradesRacingPastTheLookAreStillBounded(t *testing.T) {
+	t.Parallel()
+	const perAddr, racing = 3, 6
+	clk := &stoppedClock{now: time.Now()}
+	held, r, _ := relayWithHeldStatement(t, "CommunityResolveServing", []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = perAddr
+		c.HandshakesPerSecond = 1
+	})
+	const client = "203.0.113.9"
+	others := connections(r) // the publisher's
+	// race sends racing upgrades from client at once, holds the host
+	// lookup until every one has looked at the bucket and joined it, and
+	// returns the connections admitted (kept open) and the refusals' bodies.
+	race := func() (admitted int, refusals []string) {
+		t.Helper()
+		joined := r.Server.HostLookupsJoined()
+		release := held.start(t)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range racing {
+			wg.Go(func() {
+				ws, body, err := holdFrom(t, r, client)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("no HTTP answer: %v", err)
+					return
+				}
+				if ws != nil {
+					admitted++
+					return
+				}
+				refusals = append(refusals, body)
+			})
+		}
+		select {
+		case <-held.entered:
+		case <-time.After(relaytest.Patience):
+			t.Fatal("no lookup reached the database")
+		}
+		require.Eventually(t, func() bool { return r.Server.HostLookupsJoined() == joined+racing-1 }, relaytest.Patience, 5*time.Millisecond,
+			"every racing upgrade past the look, waiting for the lookup")
+		release()
+		wg.Wait()
+		return admitted, refusals
+	}
+
+	// The burst spent, then a second: one token.
+	for range perAddr {
+		resp, body := upgrade(t, r, "127.0.0.1", client)
+		require.Nil(t, resp, body)
+	}
+	require.Eventually(t, func() bool { return connections(r) == others }, relaytest.Patience, 5*time.Millisecond)
+	clk.advance(time.Second)
+	admitted, refusals := race()
+	require.Equal(t, 1, admitted, "upgrades admitted on one token: %q", refusals)
+	for _, body := range refusals {
+		require.Contains(t, body, handshakeRefusal)
+	}
+
+	// The racer admitted holds one of the three connections and one more
+	// is opened; then the bucket is full again: one connection left, three
+	// tokens.
+	clk.advance(perAddr * time.Second)
+	ws, body, err := holdFrom(t, r, client)
+	require.NoError(t, err)
+	require.NotNil(t, ws, body)
+	require.Eventually(t, func() bool { return connections(r) == others+perAddr-1 }, relaytest.Patience, 5*time.Millisecond)
+	clk.advance(perAddr * time.Second)
+	admitted, refusals = race()
+	require.Equal(t, 1, admitted, "upgrades admitted for one connection left: %q", refusals)
+	for _, body := range refusals {
+		require.Contains(t, body, "rate-limited: at most 3 connections per client address")
+	}
+	require.Eventually(t, func() bool { return connections(r) == others+perAddr }, relaytest.Patience, 5*time.Millisecond)
+}
+
+// holdFrom opens a WebSocket to r's home community as client behind the
+// trusted loopback proxy and keeps it open until the test ends; refused,
+// it returns the relay's answer instead.
+func holdFrom(t *testing.T, r *relaytest.Relay, client string) (ws *websocket.Conn, refusal string, err error) {
+	httpClient := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	ctx, cancel := context.WithTimeout(context.Background(), relaytest.Patience)
+	defer cancel()
+	ws, resp, err := websocket.Dial(ctx, r.URL, &websocket.DialOptions{Host: r.Host, HTTPClient: httpClient, HTTPHeader: http.Header{"X-Forwarded-For": {client}}})
+	if err == nil {
+		t.Cleanup(func() { ws.CloseNow() })
+		return ws, "", nil
+	}
+	if resp == nil {
+		return nil, "", err
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	return nil, string(raw), nil
+}

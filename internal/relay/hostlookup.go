@@ -10,9 +10,12 @@ import (
 )
 
 // hostLookups finds the community of each HTTP request's Host, which every
-// route does first (a WebSocket upgrade its address may not make is
-// refused even before), before any authentication and under no per-client
-// cap: anyone may send them, as fast as the relay answers. So a lookup
+// route does first (a request its address may not make now is refused
+// even before: a WebSocket upgrade past the address's bounds, a bridge
+// request or webhook call past its places), before any authentication and
+// under no per-client cap: anyone may send them, as fast as the relay
+// answers, and upgrades from one address that race each other may all be
+// looked up before admit refuses all but what its bounds allow. So a lookup
 // takes one of the read slots, like the statements of a REQ, and never one
 // of the connections kept for the writers; and lookups of one host share
 // their statement: while one runs, the requests that arrive wait for the
