@@ -653,18 +653,22 @@ func (b *Bus) send(ctx context.Context) {
 			if unpublished != 0 {
 				b.noteUnpublished(time.Unix(0, unpublished)) // told nobody: the next announcement tells
 			}
+			kept := 0
 			for _, m := range batch {
 				if m.invalidates != nil {
 					b.keepUnsent(*m.invalidates, false)
+					kept++
 				}
 			}
 			if queued == 0 {
 				continue // only an announcement: nothing to report
 			}
 			b.metrics.Dropped.WithLabelValues("redis_error").Add(float64(queued))
-			droppedWhileFailing += queued
+			// The kept invalidations go out with the next batch: counted,
+			// each failed try of one would add to the events dropped.
+			droppedWhileFailing += queued - kept
 			if !failing && ctx.Err() == nil {
-				b.log.Warn("redis: publishing to the other relays failed; the next announcement asks them to replay these events from the database", "err", err, "dropped", queued)
+				b.log.Warn("redis: publishing to the other relays failed; the next announcement asks them to replay these events from the database", "err", err, "dropped", queued-kept)
 			}
 			failing = true
 			continue
