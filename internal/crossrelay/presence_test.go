@@ -5,12 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/dbtest"
@@ -152,4 +154,68 @@ func TestPresenceIsWrittenBackWholeOnlyToARestartedRedis(t *testing.T) {
 	n, err := rc.HLen(t.Context(), PresenceKey(community, channel)).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 20, n)
+}
+
+// Announcements kept only in memory while write-backs run in parallel
+// (as KeepRestored runs them: the mark cleared, then Restore) all reach
+// Redis: an announcement is marked missing only once the memory holds it,
+// so a write-back that cleared its mark reads it. Marked before the memory
+// held it, a write-back in between read the store without it and cleared
+// the mark, and nothing wrote it back until some other announcement failed.
+// Mutation killed: keepOnlyHere marking before the fallback's Remember
+// (announcements are missing from Redis at the end).
+func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	held := presence.NewMemory(time.Minute, 100000, 64<<20, 4<<20)
+	cutOff, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cutOff.client.Close() })
+	alone := cutOff.Presence(time.Minute, 10000, 4<<20, 64<<20, held)
+	community := uuid.New()
+	now := time.Now()
+	writeBack := func() {
+		if alone.behind.Swap(false) {
+			_, err := alone.Restore(t.Context(), now, noneClosed)
+			require.NoError(t, err)
+		}
+	}
+
+	const writers, each = 4, 300
+	channels := make([]uuid.UUID, writers)
+	events := make([][]*nostr.Event, writers)
+	for w := range writers {
+		channels[w] = uuid.New()
+		for range each {
+			events[w] = append(events[w], announcement(t))
+		}
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range writers {
+		wg.Go(func() {
+			for _, ev := range events[w] {
+				assert.NoError(t, alone.Remember(community, channels[w], ev, now))
+			}
+		})
+	}
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		writeBack()
+	}
+	writeBack()
+
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	for _, channel := range channels {
+		n, err := rc.HLen(t.Context(), PresenceKey(community, channel)).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, each, n, "every announcement kept only in memory reached Redis")
+	}
 }
