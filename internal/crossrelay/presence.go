@@ -367,18 +367,36 @@ func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed Clos
 // presence this process holds.
 const restoreEvery = 250 * time.Millisecond
 
+// maxRestoreWait is the most looks KeepRestored lets pass after failed
+// write-backs (8 s): after each failure it waits twice as many as after
+// the one before. Trying again at every look, a Redis refusing writes
+// (full, with noeviction) or a database not answering the closed
+// communities got a write-back and a query four times a second from every
+// process for as long as it lasted.
+const maxRestoreWait = 32
+
 // KeepRestored runs until ctx ends: whenever Redis may lack announcements
 // this process holds and the bus hears Redis again, it writes them back
 // (Restore), by the relay's clock now.
 func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time, closed ClosedAmong) {
 	tick := time.NewTicker(restoreEvery)
 	defer tick.Stop()
+	p.keepRestored(ctx, tick.C, now, closed)
+}
+
+// keepRestored is KeepRestored looking at each of looks.
+func (p *SharedPresence) keepRestored(ctx context.Context, looks <-chan time.Time, now func() time.Time, closed ClosedAmong) {
 	failing := false
+	wait, skip := 0, 0 // looks to let pass after a failure, and still to
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-looks:
+		}
+		if skip > 0 {
+			skip--
+			continue
 		}
 		// Cleared before Restore takes what is missing: an announcement
 		// kept only here after that marks it again.
@@ -386,18 +404,19 @@ func (p *SharedPresence) KeepRestored(ctx context.Context, now func() time.Time,
 			continue
 		}
 		sent, err := p.Restore(ctx, now(), closed)
-		switch {
-		case err != nil: // Restore marked what it did not write back
+		if err != nil { // Restore marked what it did not write back
 			if !failing && ctx.Err() == nil {
 				p.bus.log.Warn("redis: could not write back the presence this process holds; trying again", "err", err, "written", sent)
 			}
 			failing = true
-		case sent > 0:
-			p.bus.log.Info("redis: wrote back the presence this process holds", "announcements", sent)
-			failing = false
-		default:
-			failing = false
+			wait = min(max(1, 2*wait), maxRestoreWait)
+			skip = wait
+			continue
 		}
+		if sent > 0 {
+			p.bus.log.Info("redis: wrote back the presence this process holds", "announcements", sent)
+		}
+		failing, wait = false, 0
 	}
 }
 

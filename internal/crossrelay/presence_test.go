@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,4 +219,40 @@ func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, each, n, "every announcement kept only in memory reached Redis")
 	}
+}
+
+// A write-back that keeps failing is tried again less and less often: the
+// wait after each failure doubles (1, 2, 4, 8 looks...), so 20 looks make
+// 5 tries, not 20. Before, every process tried four times a second for as
+// long as Redis refused writes or the database did not answer.
+// Mutation killed: trying again at the next look (20 tries).
+func TestPresenceWriteBackThatKeepsFailingBacksOff(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	bus, err := New(srv.URL(), 16, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	held := presence.NewMemory(time.Minute, 1000, 1<<20, 1<<20)
+	shared := bus.Presence(time.Minute, 100, 1<<20, 1<<20, held)
+	run(t, bus)
+	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
+	now := time.Now()
+	require.NoError(t, held.Remember(uuid.New(), uuid.New(), announcement(t), now))
+	shared.redisLost()
+
+	var tries atomic.Int32
+	failing := func(context.Context, []uuid.UUID) (map[uuid.UUID]bool, error) {
+		tries.Add(1)
+		return nil, context.DeadlineExceeded // as a database that did not answer
+	}
+	looks := make(chan time.Time) // unbuffered: a look is taken once the one before was handled
+	ctx, cancel := context.WithCancel(t.Context())
+	stopped := make(chan struct{})
+	go func() { shared.keepRestored(ctx, looks, func() time.Time { return now }, failing); close(stopped) }()
+	for range 21 {
+		looks <- now
+	}
+	cancel()
+	<-stopped
+	require.GreaterOrEqual(t, tries.Load(), int32(2), "a failed write-back is tried again")
+	require.LessOrEqual(t, tries.Load(), int32(5), "tried at looks 1, 3, 6, 11 and 20")
 }
