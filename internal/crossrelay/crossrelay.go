@@ -186,6 +186,11 @@ type Metrics struct {
 	// Undecodable counts the messages on the bus's channels that were
 	// not understood and skipped (logged at most once per junkLogEvery).
 	Undecodable prometheus.Counter
+	// PresenceWrittenBack counts the presence announcements written back
+	// to Redis (SharedPresence.Restore), PresenceWriteBackFailures the
+	// write-backs that failed and wait to be tried again.
+	PresenceWrittenBack       prometheus.Counter
+	PresenceWriteBackFailures prometheus.Counter
 }
 
 // NewMetrics registers the bus's collectors on reg.
@@ -222,7 +227,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Undecodable = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "buzz_redis_undecodable_total", Help: "Messages on the relays' Redis channels that this relay could not decode (or an unknown connection control), skipped; a rising count means a buggy or foreign publisher.",
 	})
-	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed, m.PeerDeaths, m.Peers, m.Undecodable)
+	m.PresenceWrittenBack = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_redis_presence_written_back_total", Help: "Presence announcements this relay held and wrote back to Redis: kept only in its memory while Redis could not take them, or all it held once Redis restarted.",
+	})
+	m.PresenceWriteBackFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "buzz_redis_presence_write_back_failures_total", Help: "Write-backs of presence to Redis that failed (Redis or the database did not answer) and are tried again.",
+	})
+	reg.MustRegister(m.Connected, m.Published, m.Dropped, m.Received, m.Pending, m.Gaps, m.Replayed, m.PeerDeaths, m.Peers, m.Undecodable,
+		m.PresenceWrittenBack, m.PresenceWriteBackFailures)
 	return m
 }
 

@@ -359,6 +359,7 @@ func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed Clos
 			return sent, err
 		}
 		sent += len(batch)
+		p.bus.metrics.PresenceWrittenBack.Add(float64(len(batch)))
 	}
 	return sent, nil
 }
@@ -409,6 +410,7 @@ func (p *SharedPresence) keepRestored(ctx context.Context, looks <-chan time.Tim
 				p.bus.log.Warn("redis: could not write back the presence this process holds; trying again", "err", err, "written", sent)
 			}
 			failing = true
+			p.bus.metrics.PresenceWriteBackFailures.Inc()
 			wait = min(max(1, 2*wait), maxRestoreWait)
 			skip = wait
 			continue

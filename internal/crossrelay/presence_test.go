@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -68,6 +69,7 @@ func TestPresenceWriteBackSendsOnlyWhatRedisLacks(t *testing.T) {
 	sent, err := alone.Restore(t.Context(), now, noneClosed)
 	require.NoError(t, err)
 	require.Equal(t, 1, sent, "only the announcement Redis lacked is written back")
+	require.EqualValues(t, 1, testutil.ToFloat64(cutOff.metrics.PresenceWrittenBack))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
 	n, err := rc.HLen(t.Context(), PresenceKey(community, channel)).Result()
@@ -255,4 +257,5 @@ func TestPresenceWriteBackThatKeepsFailingBacksOff(t *testing.T) {
 	<-stopped
 	require.GreaterOrEqual(t, tries.Load(), int32(2), "a failed write-back is tried again")
 	require.LessOrEqual(t, tries.Load(), int32(5), "tried at looks 1, 3, 6, 11 and 20")
+	require.EqualValues(t, tries.Load(), testutil.ToFloat64(bus.metrics.PresenceWriteBackFailures), "each failure is counted")
 }
