@@ -32,6 +32,22 @@ func announcement(t *testing.T) *nostr.Event {
 
 func noneClosed(context.Context, []uuid.UUID) (map[uuid.UUID]bool, error) { return nil, nil }
 
+// restored runs Restore until it succeeds and returns what that run sent:
+// on a loaded machine a batch may pass its deadline, and a failed
+// write-back is given back whole, to be sent again.
+func restored(t *testing.T, p *SharedPresence, now time.Time) int {
+	t.Helper()
+	for range 10 {
+		sent, err := p.Restore(t.Context(), now, noneClosed)
+		if err == nil {
+			return sent
+		}
+		t.Logf("write-back failed, trying again: %v", err)
+	}
+	t.Fatal("the write-back never succeeded")
+	return 0
+}
+
 // After an announcement was kept only in the process's memory (Redis could
 // not take it), the write-back sends that one, not every announcement the
 // process holds: the others are in Redis already, and writing the whole
@@ -66,18 +82,14 @@ func TestPresenceWriteBackSendsOnlyWhatRedisLacks(t *testing.T) {
 	require.NoError(t, alone.Remember(community, channel, lost, now))
 	require.True(t, alone.behind.Load(), "an announcement kept only in memory marks a write-back due")
 
-	sent, err := alone.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
-	require.Equal(t, 1, sent, "only the announcement Redis lacked is written back")
+	require.Equal(t, 1, restored(t, alone, now), "only the announcement Redis lacked is written back")
 	require.EqualValues(t, 1, testutil.ToFloat64(cutOff.metrics.PresenceWrittenBack))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
 	n, err := rc.HLen(t.Context(), PresenceKey(community, channel)).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 21, n)
-	sent, err = alone.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
-	require.Zero(t, sent, "nothing is missing any more")
+	require.Zero(t, restored(t, alone, now), "nothing is missing any more")
 }
 
 // A failed write-back is tried again whole: what it did not send is still
@@ -103,9 +115,7 @@ func TestPresenceWriteBackThatFailedIsTriedAgain(t *testing.T) {
 	_, err = alone.Restore(t.Context(), now, failing)
 	require.Error(t, err)
 	require.True(t, alone.behind.Load(), "a failed write-back is due again")
-	sent, err := alone.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
-	require.Equal(t, 1, sent)
+	require.Equal(t, 1, restored(t, alone, now))
 }
 
 // A process writes every announcement it holds back to a Redis that
@@ -137,23 +147,18 @@ func TestPresenceIsWrittenBackWholeOnlyToARestartedRedis(t *testing.T) {
 		require.NoError(t, shared.Remember(community, channel, announcement(t), now))
 	}
 	// The first subscription is to a Redis this process never wrote to.
-	_, err = shared.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
+	restored(t, shared, now)
 
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
 	require.NoError(t, rc.ClientKillByFilter(t.Context(), "TYPE", "pubsub").Err())
 	require.Eventually(t, subscribed(2), 30*time.Second, 10*time.Millisecond)
-	sent, err := shared.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
-	require.Zero(t, sent, "a Redis that kept everything gets nothing written back")
+	require.Zero(t, restored(t, shared, now), "a Redis that kept everything gets nothing written back")
 
 	srv.Kill()
 	require.NoError(t, srv.Restart(t.Context()))
 	require.Eventually(t, subscribed(3), 30*time.Second, 10*time.Millisecond)
-	sent, err = shared.Restore(t.Context(), now, noneClosed)
-	require.NoError(t, err)
-	require.Equal(t, 20, sent, "a restarted Redis gets everything written back")
+	require.Equal(t, 20, restored(t, shared, now), "a restarted Redis gets everything written back")
 	n, err := rc.HLen(t.Context(), PresenceKey(community, channel)).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 20, n)
@@ -180,8 +185,9 @@ func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 	now := time.Now()
 	writeBack := func() {
 		if alone.behind.Swap(false) {
-			_, err := alone.Restore(t.Context(), now, noneClosed)
-			require.NoError(t, err)
+			// A failed one (a batch past its deadline on a loaded machine)
+			// is given back and marked again.
+			_, _ = alone.Restore(t.Context(), now, noneClosed)
 		}
 	}
 
@@ -212,7 +218,10 @@ func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 		}
 		writeBack()
 	}
-	writeBack()
+	for range 10 {
+		writeBack()
+	}
+	require.False(t, alone.behind.Load(), "the last write-back succeeded")
 
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
