@@ -171,7 +171,8 @@ func TestPresenceIsWrittenBackWholeOnlyToARestartedRedis(t *testing.T) {
 // held it, a write-back in between read the store without it and cleared
 // the mark, and nothing wrote it back until some other announcement failed.
 // Mutation killed: keepOnlyHere marking before the fallback's Remember
-// (announcements are missing from Redis at the end).
+// (announcements are missing from Redis at the end: in 3 runs of 4 with
+// -race at 1,000 announcements a writer, 1 of 3 at 300).
 func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
@@ -191,7 +192,7 @@ func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 		}
 	}
 
-	const writers, each = 4, 300
+	const writers, each = 4, 1000
 	channels := make([]uuid.UUID, writers)
 	events := make([][]*nostr.Event, writers)
 	for w := range writers {
