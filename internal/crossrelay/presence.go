@@ -293,11 +293,11 @@ type ClosedAmong func(ctx context.Context, communities []uuid.UUID) (map[uuid.UU
 // them once it subscribed to a Redis that restarted (a restarted Redis
 // may be empty), so a REQ on any process (this one included, which reads
 // Redis again) found nobody present until each author announced again,
-// up to a TTL later. Written by the same script as an announcement: a newer one
-// held in Redis wins, and the channel's and community's bounds hold. The
-// announcements of the communities closed names are left out: a deletion
-// removes a community's keys from Redis, and written back they would
-// outlive it.
+// up to a TTL later. Written by the same script as an announcement: a
+// newer one held in Redis wins, and the channel's and community's bounds
+// hold. The announcements of the communities closed names are left out: a
+// deletion removes a community's keys from Redis, and written back they
+// would outlive it. A failed write-back leaves all it took to the next.
 func (p *SharedPresence) Restore(ctx context.Context, now time.Time, closed ClosedAmong) (sent int, err error) {
 	local, ok := p.fallback.(interface {
 		Unexpired(now time.Time) []presence.Announcement
