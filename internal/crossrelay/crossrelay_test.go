@@ -423,6 +423,37 @@ func TestRecoveryLogTellsEveryEventTheOutageDropped(t *testing.T) {
 	require.Contains(t, logged.String(), "dropped_while_failing=3")
 }
 
+// An invalidation whose publish failed is kept and sent again with the
+// next batch, not dropped: the recovery line counts the events the outage
+// dropped, not each failed try of a kept invalidation. Before, one
+// invalidation retried with each batch (the alive announcement's too) and
+// one event dropped were logged as dropped_while_failing=3 or more, growing
+// twice a second for as long as Redis was down.
+// Mutation killed: counting the kept invalidations of a failed batch as
+// dropped.
+func TestRecoveryLogDoesNotCountKeptInvalidationsAsDropped(t *testing.T) {
+	t.Parallel()
+	srv := dbtest.RedisServer(t)
+	var logged syncBuffer
+	bus, err := New(srv.URL(), 16, Handlers{}, slog.New(slog.NewTextHandler(&logged, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	run(t, bus)
+	require.Eventually(t, bus.Connected, 30*time.Second, 10*time.Millisecond)
+	srv.Kill()
+	community := uuid.New()
+	bus.PublishInvalidation(community)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(bus.metrics.Dropped.WithLabelValues("redis_error")) >= 1
+	}, 30*time.Second, 10*time.Millisecond, "the invalidation's publish fails while Redis is down")
+	bus.PublishEvent(community, signed(t, "during the outage"), nil, 0)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(bus.metrics.Pending) == 0 },
+		30*time.Second, 10*time.Millisecond, "the event's batch was tried")
+	require.NoError(t, srv.Restart(context.Background()))
+	require.Eventually(t, func() bool { return strings.Contains(logged.String(), "publishing to the other relays again") },
+		30*time.Second, 10*time.Millisecond)
+	require.Contains(t, logged.String(), "dropped_while_failing=1\n")
+}
+
 // A call to a stalled Redis (stopped: it takes the command into its socket
 // and never answers) ends at the caller's deadline, not at the client's
 // socket read timeout: presence and the publish limit give Redis 500 ms

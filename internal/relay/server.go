@@ -494,7 +494,9 @@ func (s *Server) StartCrossRelay(ctx context.Context) error {
 	s.crossRelayStopped = make(chan struct{})
 	go func() {
 		// Presence written back after an outage or a Redis restarted
-		// empty; done before the bus's client closes.
+		// empty; ended before crossRelayStopped closes. Run closes the
+		// client meanwhile: a write-back in flight then fails, unlogged,
+		// as its context is cancelled too.
 		restoring := make(chan struct{})
 		go func() {
 			shared.KeepRestored(ctx, s.now, s.communitiesClosedAmong)
