@@ -449,3 +449,47 @@ func TestMediaAnswersADatabaseOutageAs503NotAsAStoreFailure(t *testing.T) {
 	require.NotContains(t, logged, "media request failed", logged)
 	require.Contains(t, logged, "first_failure=\"media lease\"", logged)
 }
+
+// A database that goes away after the claim, as a request's x-auth-tag
+// header is checked against the owner on record (the statement after the
+// claim on /events, /query and /count alike), is an outage like the
+// claim's: 503 "error: database unavailable; try again" with Retry-After,
+// logged once per outage, not a 500 "could not record the owner
+// attestation" with an ERROR per request. Once the database is back, the
+// same request with a new header is served and records the owner.
+// Mutation killed: the owner record's unreachable error left to the
+// internal-error branch (500, "record owner attestation" logged).
+func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAtTheOwnerAttestation(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
+	owner, agentKey := relaytest.NewKey(t), relaytest.NewKey(t)
+	tag := attest(t, owner, agentKey.PublicKeyHex(), "")
+	signed := func(ev *nostr.Event) { ev.Tags = append(ev.Tags, tag) }
+	filters := []byte(`{"filters":[{"kinds":[1]}]}`)
+	query := func() (*http.Response, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/query", bytes.NewReader(filters))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", authHeader(nip98(t, agentKey, "POST", hs.URL+"/query", filters, signed)))
+		req.Header.Set("X-Auth-Tag", tagJSON(t, tag))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		return resp, answer
+	}
+
+	arm(statementNamed("UserChannelAddPolicy"))
+	resp, answer := query()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer)
+	logged := logs.String()
+	require.NotContains(t, logged, "record owner attestation", logged)
+	require.Contains(t, logged, "first_failure=\"http owner attestation\"", logged)
+
+	bringBack()
+	resp, answer = query()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+}

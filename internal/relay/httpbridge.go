@@ -280,6 +280,9 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 				unauthorized(err) // 410 or 503, as for the claim
 				return principal{}, nil, false
 			}
+			if s.databaseUnreachable(w, err, "http owner attestation") {
+				return principal{}, nil, false
+			}
 			if r.Context().Err() == nil {
 				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
 			}
