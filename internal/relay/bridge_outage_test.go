@@ -493,3 +493,49 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAtTheOwnerAttestation(t *testin
 	resp, answer = query()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
 }
+
+// A NIP-98 upload answered 503 "database unavailable" past its claim (the
+// database gone as its quota reservation is sent) keeps its claim: giving
+// it back is a statement too, and fails while the database is away. So,
+// as docs/media.md says, the same header sent again once the database is
+// back is a replay (401), and the upload is sent again with a new header,
+// which stores it. The database is taken away for real.
+// What it checks is the documentation's word, which said such a 503 gave
+// its claim back: a change that does (a give-back retried once the
+// database answers, say) fails the 401 below, and docs/media.md changes
+// with it. Mutation killed: the upload's claim made again by a retry with
+// a new header refused as a replay (the new header's retry not 200).
+func TestMediaUploadRefusedInAnOutageIsSentAgainWithANewHeader(t *testing.T) {
+	t.Parallel()
+	hs, _, arm, bringBack := relayWithOutageBefore(t, []relay.Option{relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil))})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	upload := func(auth string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", auth)
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		return resp.StatusCode, answer
+	}
+	header := authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil))
+
+	arm(statementNamed("MediaUsageReserve"))
+	status, answer := upload(header)
+	require.Equal(t, http.StatusServiceUnavailable, status, "%v", answer)
+	require.Equal(t, dberr.UnavailableAnswer, answer["error"])
+	bringBack()
+
+	status, answer = upload(header)
+	require.Equal(t, http.StatusUnauthorized, status, "%v", answer)
+	require.Equal(t, "auth-required: "+authEventUsed, answer["error"])
+	status, answer = upload(authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	require.Equal(t, http.StatusOK, status, "%v", answer)
+	require.Equal(t, hexSHA(blob), answer["sha256"])
+}

@@ -237,7 +237,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 				return err
 			}
 			defer release()
-			return mediaDatabaseFailed(forget(ctx, blob))
+			return forget(ctx, blob)
 		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
