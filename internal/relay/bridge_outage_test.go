@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -538,4 +539,52 @@ func TestMediaUploadRefusedInAnOutageIsSentAgainWithANewHeader(t *testing.T) {
 	status, answer = upload(authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
 	require.Equal(t, http.StatusOK, status, "%v", answer)
 	require.Equal(t, hexSHA(blob), answer["sha256"])
+}
+
+// The bridge's GET routes, past their claim, and the workflow webhook
+// answer a database gone away as every route answers an outage: 503
+// "error: database unavailable; try again" with Retry-After, logged once
+// per outage. They answered the same text, but with no Retry-After, and
+// the recorded-owner lookup and the webhook with an ERROR per request, the
+// workflow history with no line at all (not even for a failure that was no
+// outage). The database is taken away for real as the route's first
+// statement past the claim (the webhook's first) is sent.
+// Mutations killed (one at a time): the recorded-owner lookup's, the
+// workflow lookup's or the webhook's failure answered without the outage
+// log (no Retry-After; "recorded owner lookup failed" or "workflow
+// webhook call failed" logged).
+func TestHTTPRoutesAnswerAnOutageAs503WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
+	key := relaytest.NewKey(t)
+	for _, route := range []struct{ method, path, statement string }{
+		{http.MethodGet, "/v1/users/" + key.PublicKeyHex() + "/recorded-owner", "UserRecordedOwner"},
+		{http.MethodGet, "/workflows/00000000-0000-4000-8000-000000000001/runs", "WorkflowGet"},
+		{http.MethodPost, "/hooks/00000000-0000-4000-8000-000000000001", "WorkflowGet"},
+	} {
+		var body io.Reader
+		if route.method == http.MethodPost {
+			body = strings.NewReader(`{}`)
+		}
+		req, err := http.NewRequest(route.method, hs.URL+route.path, body)
+		require.NoError(t, err)
+		if route.method == http.MethodGet {
+			req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodGet, hs.URL+route.path, nil, nil)))
+		}
+		arm(statementNamed(route.statement))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s: %v", route.path, answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"), route.path)
+		require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer, route.path)
+		bringBack()
+	}
+	logged := logs.String()
+	require.NotContains(t, logged, "level=ERROR msg=\"recorded owner", logged)
+	require.NotContains(t, logged, "level=ERROR msg=\"workflow", logged)
+	require.NotContains(t, logged, "webhook call failed", logged)
+	require.Contains(t, logged, "first_failure=\"recorded owner lookup\"", logged)
 }
