@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -80,14 +81,14 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
-	hs, logs := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
+	hs, logs, _ := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
 	takeAway, _ := databaseOutage(t, databaseURL)
 	return hs, logs, takeAway
 }
 
 // relayLoggingTo serves a relay with opts on pool, with a community of its
-// own, logging to the returned buffer.
-func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer) {
+// own, logging to the returned buffer; the relay is returned too.
+func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, *relay.Server) {
 	t.Helper()
 	logs := &logtest.Buffer{}
 	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), opts...)
@@ -100,7 +101,7 @@ func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*ht
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	return hs, logs
+	return hs, logs, srv
 }
 
 // sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
@@ -242,7 +243,7 @@ func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(
 		}
 	}})
 	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
-	hs, logs = relayLoggingTo(t, pool, opts...)
+	hs, logs, _ = relayLoggingTo(t, pool, opts...)
 	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
 }
 
@@ -587,4 +588,34 @@ func TestHTTPRoutesAnswerAnOutageAs503WithRetryAfter(t *testing.T) {
 	require.NotContains(t, logged, "level=ERROR msg=\"workflow", logged)
 	require.NotContains(t, logged, "webhook call failed", logged)
 	require.Contains(t, logged, "first_failure=\"recorded owner lookup\"", logged)
+}
+
+// A POST /events refused before its event was read is counted once, like
+// any refused event, by the prefix of its answer: one refused 503 as the
+// database goes away before its claim is an "error", as one refused at its
+// insert was already (and as a WebSocket EVENT refused in an outage is);
+// it was counted nowhere, so the rejected events of an outage depended on
+// where each request met it. A 401 is still "auth-required".
+// Mutation killed: serveEvents counting only the 401s and 413s of
+// authenticate (the outage's refusal counted nowhere).
+func TestHTTPBridgeCountsAnEventRefusedAtItsClaimInAnOutage(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	hs, _, srv := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4))
+	takeAway, _ := databaseOutage(t, databaseURL)
+	rejected := func(reason string) float64 {
+		return testutil.ToFloat64(srv.Metrics().EventsRejected.WithLabelValues(reason))
+	}
+
+	key := relaytest.NewKey(t)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "refused at its claim", nil, 0))
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, hs.URL+"/events", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+"/events", body, nil)))
+	_, answer := sendTakingTheDatabaseAway(t, req, takeAway)
+	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+	require.Equal(t, 1.0, rejected("error"))
+	require.Zero(t, rejected("auth-required"))
+	require.Zero(t, testutil.ToFloat64(srv.Metrics().EventsAccepted.WithLabelValues("stored")))
 }
