@@ -60,10 +60,11 @@ const CommunityWriteFence = "community_write_fence"
 
 // UnavailableAnswer is the answer, over HTTP, to a request the database
 // could not serve (whatever the cause, which is logged, never shown): it
-// may be sent again as it was. Nothing changed, or (an event whose COMMIT
-// lost its answer as the database went away) the event was stored, and
-// is answered as a duplicate when sent again. The relay's routes and the
-// workflow webhooks answer the same text.
+// may be sent again, with a new NIP-98 header if it carried one (a claim
+// made before the failure may stand). Nothing changed, or (an event whose
+// COMMIT lost its answer as the database went away) the event was stored,
+// and is answered as a duplicate when sent again. The relay's routes and
+// the workflow webhooks answer the same text.
 const UnavailableAnswer = "error: database unavailable; try again"
 
 // ViolationKind says which sort of constraint a violation broke.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -79,14 +81,14 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 func relayBeforeAnOutage(t *testing.T, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, func()) {
 	t.Helper()
 	databaseURL := dbtest.URL(t)
-	hs, logs := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
+	hs, logs, _ := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4), opts...)
 	takeAway, _ := databaseOutage(t, databaseURL)
 	return hs, logs, takeAway
 }
 
 // relayLoggingTo serves a relay with opts on pool, with a community of its
-// own, logging to the returned buffer.
-func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer) {
+// own, logging to the returned buffer; the relay is returned too.
+func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*httptest.Server, *logtest.Buffer, *relay.Server) {
 	t.Helper()
 	logs := &logtest.Buffer{}
 	srv := relay.New(config.Default(), pool, slog.New(slog.NewTextHandler(logs, nil)), opts...)
@@ -99,7 +101,7 @@ func relayLoggingTo(t *testing.T, pool *pgxpool.Pool, opts ...relay.Option) (*ht
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	return hs, logs
+	return hs, logs, srv
 }
 
 // sendTakingTheDatabaseAway sends req with Expect: 100-continue and takes
@@ -241,7 +243,7 @@ func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(
 		}
 	}})
 	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
-	hs, logs = relayLoggingTo(t, pool, opts...)
+	hs, logs, _ = relayLoggingTo(t, pool, opts...)
 	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
 }
 
@@ -448,4 +450,172 @@ func TestMediaAnswersADatabaseOutageAs503NotAsAStoreFailure(t *testing.T) {
 	logged := logs.String()
 	require.NotContains(t, logged, "media request failed", logged)
 	require.Contains(t, logged, "first_failure=\"media lease\"", logged)
+}
+
+// A database that goes away after the claim, as a request's x-auth-tag
+// header is checked against the owner on record (the statement after the
+// claim on /events, /query and /count alike), is an outage like the
+// claim's: 503 "error: database unavailable; try again" with Retry-After,
+// logged once per outage, not a 500 "could not record the owner
+// attestation" with an ERROR per request. Once the database is back, the
+// same request with a new header is served and records the owner.
+// Mutation killed: the owner record's unreachable error left to the
+// internal-error branch (500, "record owner attestation" logged).
+func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAtTheOwnerAttestation(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
+	owner, agentKey := relaytest.NewKey(t), relaytest.NewKey(t)
+	tag := attest(t, owner, agentKey.PublicKeyHex(), "")
+	signed := func(ev *nostr.Event) { ev.Tags = append(ev.Tags, tag) }
+	filters := []byte(`{"filters":[{"kinds":[1]}]}`)
+	query := func() (*http.Response, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/query", bytes.NewReader(filters))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", authHeader(nip98(t, agentKey, "POST", hs.URL+"/query", filters, signed)))
+		req.Header.Set("X-Auth-Tag", tagJSON(t, tag))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		return resp, answer
+	}
+
+	arm(statementNamed("UserChannelAddPolicy"))
+	resp, answer := query()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", answer)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer)
+	logged := logs.String()
+	require.NotContains(t, logged, "record owner attestation", logged)
+	require.Contains(t, logged, "first_failure=\"http owner attestation\"", logged)
+
+	bringBack()
+	resp, answer = query()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", answer)
+}
+
+// A NIP-98 upload answered 503 "database unavailable" past its claim (the
+// database gone as its quota reservation is sent) keeps its claim: giving
+// it back is a statement too, and fails while the database is away. So,
+// as docs/media.md says, the same header sent again once the database is
+// back is a replay (401), and the upload is sent again with a new header,
+// which stores it. The database is taken away for real.
+// What it checks is the documentation's word, which said such a 503 gave
+// its claim back: a change that does (a give-back retried once the
+// database answers, say) fails the 401 below, and docs/media.md changes
+// with it. Mutation killed: the upload's claim made again by a retry with
+// a new header refused as a replay (the new header's retry not 200).
+func TestMediaUploadRefusedInAnOutageIsSentAgainWithANewHeader(t *testing.T) {
+	t.Parallel()
+	hs, _, arm, bringBack := relayWithOutageBefore(t, []relay.Option{relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil))})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	upload := func(auth string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", auth)
+		req.Header.Set("Content-Type", "image/png")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		return resp.StatusCode, answer
+	}
+	header := authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil))
+
+	arm(statementNamed("MediaUsageReserve"))
+	status, answer := upload(header)
+	require.Equal(t, http.StatusServiceUnavailable, status, "%v", answer)
+	require.Equal(t, dberr.UnavailableAnswer, answer["error"])
+	bringBack()
+
+	status, answer = upload(header)
+	require.Equal(t, http.StatusUnauthorized, status, "%v", answer)
+	require.Equal(t, "auth-required: "+authEventUsed, answer["error"])
+	status, answer = upload(authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	require.Equal(t, http.StatusOK, status, "%v", answer)
+	require.Equal(t, hexSHA(blob), answer["sha256"])
+}
+
+// The bridge's GET routes, past their claim, and the workflow webhook
+// answer a database gone away as every route answers an outage: 503
+// "error: database unavailable; try again" with Retry-After, logged once
+// per outage. They answered the same text, but with no Retry-After, and
+// the recorded-owner lookup and the webhook with an ERROR per request, the
+// workflow history with no line at all (not even for a failure that was no
+// outage). The database is taken away for real as the route's first
+// statement past the claim (the webhook's first) is sent.
+// Mutations killed (one at a time): the recorded-owner lookup's, the
+// workflow lookup's or the webhook's failure answered without the outage
+// log (no Retry-After; "recorded owner lookup failed" or "workflow
+// webhook call failed" logged).
+func TestHTTPRoutesAnswerAnOutageAs503WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	hs, logs, arm, bringBack := relayWithOutageBefore(t, nil)
+	key := relaytest.NewKey(t)
+	for _, route := range []struct{ method, path, statement string }{
+		{http.MethodGet, "/v1/users/" + key.PublicKeyHex() + "/recorded-owner", "UserRecordedOwner"},
+		{http.MethodGet, "/workflows/00000000-0000-4000-8000-000000000001/runs", "WorkflowGet"},
+		{http.MethodPost, "/hooks/00000000-0000-4000-8000-000000000001", "WorkflowGet"},
+	} {
+		var body io.Reader
+		if route.method == http.MethodPost {
+			body = strings.NewReader(`{}`)
+		}
+		req, err := http.NewRequest(route.method, hs.URL+route.path, body)
+		require.NoError(t, err)
+		if route.method == http.MethodGet {
+			req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodGet, hs.URL+route.path, nil, nil)))
+		}
+		arm(statementNamed(route.statement))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var answer map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s: %v", route.path, answer)
+		require.Equal(t, "1", resp.Header.Get("Retry-After"), route.path)
+		require.Equal(t, map[string]any{"error": dberr.UnavailableAnswer}, answer, route.path)
+		bringBack()
+	}
+	logged := logs.String()
+	require.NotContains(t, logged, "level=ERROR msg=\"recorded owner", logged)
+	require.NotContains(t, logged, "level=ERROR msg=\"workflow", logged)
+	require.NotContains(t, logged, "webhook call failed", logged)
+	require.Contains(t, logged, "first_failure=\"recorded owner lookup\"", logged)
+}
+
+// A POST /events refused before its event was read is counted once, like
+// any refused event, by the prefix of its answer: one refused 503 as the
+// database goes away before its claim is an "error", as one refused at its
+// insert was already (and as a WebSocket EVENT refused in an outage is);
+// it was counted nowhere, so the rejected events of an outage depended on
+// where each request met it. A 401 is still "auth-required".
+// Mutation killed: serveEvents counting only the 401s and 413s of
+// authenticate (the outage's refusal counted nowhere).
+func TestHTTPBridgeCountsAnEventRefusedAtItsClaimInAnOutage(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	hs, _, srv := relayLoggingTo(t, dbtest.PoolOn(t, databaseURL, 4))
+	takeAway, _ := databaseOutage(t, databaseURL)
+	rejected := func(reason string) float64 {
+		return testutil.ToFloat64(srv.Metrics().EventsRejected.WithLabelValues(reason))
+	}
+
+	key := relaytest.NewKey(t)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "refused at its claim", nil, 0))
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, hs.URL+"/events", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+"/events", body, nil)))
+	_, answer := sendTakingTheDatabaseAway(t, req, takeAway)
+	require.Equal(t, map[string]string{"error": dberr.UnavailableAnswer}, answer)
+	require.Equal(t, 1.0, rejected("error"))
+	require.Zero(t, rejected("auth-required"))
+	require.Zero(t, testutil.ToFloat64(srv.Metrics().EventsAccepted.WithLabelValues("stored")))
 }

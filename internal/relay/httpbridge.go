@@ -280,6 +280,9 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 				unauthorized(err) // 410 or 503, as for the claim
 				return principal{}, nil, false
 			}
+			if s.databaseUnreachable(w, err, "http owner attestation") {
+				return principal{}, nil, false
+			}
 			if r.Context().Err() == nil {
 				s.log.Error("record owner attestation", "community", tenant.Host(), "agent", ev.PubKey, "err", err)
 			}
@@ -331,15 +334,8 @@ func (b *httpBridge) serveEvents(w http.ResponseWriter, r *http.Request, tenant 
 	answered := &statusRecorder{ResponseWriter: w}
 	pubkey, body, ok := b.authenticate(answered, r, tenant)
 	if !ok {
-		switch answered.status {
-		case http.StatusRequestEntityTooLarge:
-			// An event refused by its size, as over WebSocket.
-			s.metrics.EventsRejected.WithLabelValues("invalid").Inc()
-		case http.StatusUnauthorized:
-			// An event refused for want of authentication, as a WebSocket
-			// EVENT before AUTH.
-			s.metrics.EventsRejected.WithLabelValues("auth-required").Inc()
-		}
+		// Refused before it was read, counted once like any refused event.
+		s.metrics.EventsRejected.WithLabelValues(unauthenticatedReason(answered.status)).Inc()
 		return
 	}
 	ev, err := nostr.ParseEvent(body, s.limits)
@@ -392,6 +388,25 @@ type submitReply struct {
 	ID       string `json:"id"`
 	Accepted bool   `json:"accepted"`
 	Message  string `json:"message"`
+}
+
+// unauthenticatedReason is the NIP-01 prefix of authenticate's refusal
+// answered status, as a WebSocket EVENT refused so is counted: 401 for
+// want of authentication, as an EVENT before AUTH; 400 and 413 its body
+// or header; 429 and 410 their own; 503 or 500 the relay's (busy, or the
+// database failed at the claim, as at the insert).
+func unauthenticatedReason(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "auth-required"
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return "invalid"
+	case http.StatusTooManyRequests:
+		return "rate-limited"
+	case http.StatusGone:
+		return "blocked"
+	}
+	return "error"
 }
 
 // rejectionStatus maps a NIP-01 rejection prefix to the HTTP status.

@@ -758,9 +758,9 @@ func authCheckFailed(err error) error {
 }
 
 // errMediaDatabase marks a database statement an upload or delete makes
-// past its lease (its blob lock, quota reservation, blob reference) that
-// could not reach the database: an outage, not the media store's failure,
-// whose network errors would otherwise pass for one.
+// past its lease (an upload's blob lock or quota reservation, a delete's
+// blob lock) that could not reach the database: an outage, not the media
+// store's failure, whose network errors would otherwise pass for one.
 var errMediaDatabase = errors.New("media database statement failed")
 
 // mediaDatabaseFailed marks err as errMediaDatabase when the database

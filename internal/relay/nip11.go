@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/buzzrelay/buzz/internal/community"
-	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 // relayInfo is the NIP-11 document. Limits are the ones this relay enforces.
@@ -61,8 +60,7 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request, tenant commun
 	infoCORS(w.Header())
 	key, err := s.pipeline.RelayKey(r.Context(), tenant.ID())
 	if err != nil {
-		s.log.Error("relay key", "community", tenant.Host(), "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": dberr.UnavailableAnswer})
+		s.databaseFailed(w, r, err, "relay key")
 		return
 	}
 	info := relayInfo{

@@ -45,10 +45,7 @@ func (b *httpBridge) serveRecordedOwner(w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	if err != nil {
-		if r.Context().Err() == nil {
-			s.log.Error("recorded owner lookup failed", "community", tenant.Host(), "err", err)
-		}
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		s.databaseFailed(w, r, err, "recorded owner lookup")
 		return
 	}
 	writeJSON(w, http.StatusOK, recordedOwnerWire{

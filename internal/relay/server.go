@@ -237,7 +237,7 @@ func New(cfg config.Config, pool *pgxpool.Pool, log *slog.Logger, opts ...Option
 				return err
 			}
 			defer release()
-			return mediaDatabaseFailed(forget(ctx, blob))
+			return forget(ctx, blob)
 		})
 	}
 	s.store.StatementTimeout = cfg.QueryTimeout
@@ -547,11 +547,7 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 			return // the client left during the lookup: no one to answer, nothing wrong
 		}
 		if err != nil {
-			if s.databaseUnreachable(w, err, "resolve community") {
-				return
-			}
-			s.log.Error("resolve community", "host", r.Host, "err", err)
-			writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+			s.databaseFailed(w, r, err, "resolve community")
 			return
 		}
 		next(w, r, tenant)
@@ -594,6 +590,20 @@ func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what stri
 	}
 	answerUnavailable(w)
 	return true
+}
+
+// databaseFailed answers a request whose statement what failed with err,
+// the database's fault whatever it was: 503 dberr.UnavailableAnswer, as
+// an outage (Retry-After, logged once per outage) when the database could
+// not be reached, else with err logged, unless the client went away.
+func (s *Server) databaseFailed(w http.ResponseWriter, r *http.Request, err error, what string) {
+	if s.databaseUnreachable(w, err, what) {
+		return
+	}
+	if r.Context().Err() == nil {
+		s.log.Error(what, "host", r.Host, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 }
 
 // answerUnavailable is the answer to a request the outage log counted:

@@ -92,12 +92,12 @@ func (b *httpBridge) channelOfWorkflowReadable(w http.ResponseWriter, r *http.Re
 		return false
 	}
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		s.databaseFailed(w, r, err, "workflow lookup")
 		return false
 	}
 	readable, err := s.access.Readable(r.Context(), tenant.ID(), pubkey)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		s.databaseFailed(w, r, err, "workflow channel access")
 		return false
 	}
 	// A workflow the caller cannot read answers as an unknown one, so the
@@ -150,7 +150,7 @@ func (b *httpBridge) serveWorkflowRuns(w http.ResponseWriter, r *http.Request, t
 	params.MaxRows = int32(limit + 1)
 	rows, err := b.s.queries.WorkflowRunsPage(r.Context(), params)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		b.s.databaseFailed(w, r, err, "workflow runs page")
 		return
 	}
 	var next *runsCursor
@@ -189,12 +189,12 @@ func (b *httpBridge) serveWorkflowApprovals(w http.ResponseWriter, r *http.Reque
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		b.s.databaseFailed(w, r, err, "workflow run lookup")
 		return
 	}
 	rows, err := b.s.queries.WorkflowApprovalsOfRun(r.Context(), db.WorkflowApprovalsOfRunParams{CommunityID: tenant.ID(), RunID: runID})
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+		b.s.databaseFailed(w, r, err, "workflow approvals")
 		return
 	}
 	out := make([]approvalWire, len(rows))

@@ -81,7 +81,7 @@ func (s *Server) serveWorkflowWebhook(w http.ResponseWriter, r *http.Request, te
 	hooks := workflow.Webhooks{
 		Pool: s.pool, Clock: s.clock, MaxBytes: int64(s.cfg.WebhookMaxBytes), Offer: s.workflowWorker.Load().Offer,
 		MaxUnfinishedRuns: s.cfg.WorkflowMaxUnfinishedRuns, Metrics: s.workflowStats,
-		ReadSlot: s.readSlot, Log: s.log,
+		ReadSlot: s.readSlot, Log: s.log, Outage: s.outage,
 		Allow: func(community uuid.UUID, owner string) (bool, time.Duration) {
 			ok, retry := s.PublishLimiter.Allow(community, owner, s.now())
 			if !ok {

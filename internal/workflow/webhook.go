@@ -25,6 +25,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/ingest"
+	"github.com/buzzrelay/buzz/internal/outage"
 	"github.com/buzzrelay/buzz/internal/workflow/safehttp"
 )
 
@@ -61,6 +62,9 @@ type Webhooks struct {
 	// Log receives the cause of a call the database failed, which the
 	// caller is answered only as "database unavailable"; nil: slog.Default.
 	Log *slog.Logger
+	// Outage, when set, takes a call failed by an unreachable database
+	// instead of Log: logged once per outage, answered with Retry-After.
+	Outage *outage.Log
 }
 
 type webhookReply struct {
@@ -121,6 +125,11 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	// The request's URL may carry the secret (?secret=): the log names the
 	// workflow, never the URL.
 	databaseFailed := func(err error) {
+		if h.Outage.Failed(err, "workflow webhook call") {
+			w.Header().Set("Retry-After", "1") // the outage log's ping interval
+			webhookError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
+			return
+		}
 		log := h.Log
 		if log == nil {
 			log = slog.Default()
