@@ -93,11 +93,15 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 			if err != nil {
 				return replayed, err
 			}
+			// A deletion missed live is news to the read routing too, told
+			// before any subscriber here is sent it (as ingest and the bus
+			// do): one who reads the channel again at once must not be
+			// routed to a standby that has not replayed it. One heard live
+			// already is told again, which only moves its mark later.
+			s.noteRemoval(r.CommunityID, ev, r.ChannelID)
 			st, missed := s.hub.Replay(r.CommunityID, ev, r.ChannelID, r.ReceivedAt)
 			if missed {
 				replayed++
-				// A deletion missed live is news to the read routing too.
-				s.noteRemoval(r.CommunityID, ev, r.ChannelID)
 			}
 			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 			s.metrics.FanoutDropped.Add(float64(st.Dropped))
