@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +14,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 	"github.com/buzzrelay/buzz/internal/replica"
 )
@@ -139,4 +144,38 @@ func TestCatchUpTellsTheRoutingOfADeletionBeforeReplayingIt(t *testing.T) {
 	marks := rec.marks()
 	require.Len(t, marks, 1, "the deletion replayed")
 	require.False(t, marks[0].IsZero(), "the routing was told of the deletion before the subscriber was sent it")
+}
+
+// A catch-up judges expiration (NIP-40) by the relay's clock, as a REQ
+// does: a subscriber here is not sent, as live, an event the same relay's
+// REQ no longer returns. Here the relay's clock runs an hour ahead of the
+// database's: by it the event has expired, by the database's it has half
+// an hour to go.
+// Mutation killed: EventKeysReceivedBetween and EventsByKey comparing
+// expires_at with the database's now() (the expired event is replayed,
+// and replayed counts 2).
+func TestCatchUpJudgesExpirationByTheRelaysClock(t *testing.T) {
+	t.Parallel()
+	stub := clock.Stub(func() time.Time { return time.Now().Add(time.Hour) })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)})
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	rec := &syncReceiver{seen: time.Now}
+	r.Server.SubscribeInProcess(r.CommunityID, &fanout.Subscription{Receiver: rec, ID: "notes", Filters: nostr.Filters{{Kinds: []int{1}}}})
+
+	start := time.Now()
+	inHalfAnHour := strconv.FormatInt(start.Add(30*time.Minute).Unix(), 10)
+	expiring := relaytest.SignEvent(t, key, 1, "gone by the relay's clock", nostr.Tags{{"expiration", inHalfAnHour}}, start.Unix())
+	kept := relaytest.SignEvent(t, key, 1, "lasting", nostr.Tags{}, start.Unix())
+	for _, ev := range []*nostr.Event{expiring, kept} {
+		params, err := eventstore.InsertParams(r.CommunityID, ev, nil)
+		require.NoError(t, err)
+		_, err = db.New(r.Pool).EventInsert(t.Context(), params)
+		require.NoError(t, err)
+	}
+
+	replayed, err := r.Server.CatchUp(t.Context(), start.Add(-time.Minute), time.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, replayed, "the event expired by the relay's clock is not replayed")
+	require.Len(t, rec.marks(), 1)
 }
