@@ -137,28 +137,29 @@ WHERE community_id = @community_id::uuid AND id = @id::bytea AND kind = 30620
 -- name: EventKeysReceivedBetween :many
 -- The keys of the events of communities received in [since, until), oldest
 -- first, for a relay process that missed the other processes' live traffic
--- (events_by_received_at): deleted and expired ones (NIP-40) are left out,
--- as a REQ would. Keys only: the process reads the events a batch at a
--- time (EventsByKey), since a gap may hold thousands of events of up to
--- 256 KB.
+-- (events_by_received_at): deleted and expired ones (NIP-40, by @now, the
+-- relay's clock) are left out, as a REQ would. Keys only: the process
+-- reads the events a batch at a time (EventsByKey), since a gap may hold
+-- thousands of events of up to 256 KB.
 SELECT community_id, created_at, id, received_at
 FROM events
 WHERE received_at >= @since::timestamptz AND received_at < @until::timestamptz
   AND community_id = ANY(@communities::uuid[])
   AND deleted_at IS NULL
-  AND (expires_at IS NULL OR expires_at > now())
+  AND (expires_at IS NULL OR expires_at > @now::timestamptz)
 ORDER BY received_at, created_at, id
 LIMIT @max_rows::int;
 
 -- name: EventsByKey :many
 -- The events of the keys given (EventKeysReceivedBetween), in its order,
--- an id lookup each; one deleted or expired since is left out.
+-- an id lookup each; one deleted or expired since (by @now, the relay's
+-- clock) is left out.
 SELECT e.community_id, e.id, e.pubkey, e.created_at, e.kind, e.tags, e.content, e.sig, e.channel_id, e.received_at
 FROM (SELECT unnest(@communities::uuid[]) AS community_id, unnest(@created_ats::timestamptz[]) AS created_at,
              unnest(@ids::bytea[]) AS id) k
 JOIN events e ON e.community_id = k.community_id AND e.created_at = k.created_at AND e.id = k.id
 WHERE e.deleted_at IS NULL
-  AND (e.expires_at IS NULL OR e.expires_at > now())
+  AND (e.expires_at IS NULL OR e.expires_at > @now::timestamptz)
 ORDER BY e.received_at, e.created_at, e.id;
 
 -- name: EventsHideExpired :exec

@@ -284,7 +284,7 @@ func run(t *testing.T, bus *Bus) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func signed(t *testing.T, content string) *nostr.Event {
+func signed(t testing.TB, content string) *nostr.Event {
 	key, err := nostr.GenerateSecretKey()
 	require.NoError(t, err)
 	ev := &nostr.Event{Kind: 9, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{}, Content: content}

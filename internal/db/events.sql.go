@@ -188,15 +188,16 @@ FROM events
 WHERE received_at >= $1::timestamptz AND received_at < $2::timestamptz
   AND community_id = ANY($3::uuid[])
   AND deleted_at IS NULL
-  AND (expires_at IS NULL OR expires_at > now())
+  AND (expires_at IS NULL OR expires_at > $4::timestamptz)
 ORDER BY received_at, created_at, id
-LIMIT $4::int
+LIMIT $5::int
 `
 
 type EventKeysReceivedBetweenParams struct {
 	Since       time.Time
 	Until       time.Time
 	Communities []uuid.UUID
+	Now         time.Time
 	MaxRows     int32
 }
 
@@ -209,15 +210,16 @@ type EventKeysReceivedBetweenRow struct {
 
 // The keys of the events of communities received in [since, until), oldest
 // first, for a relay process that missed the other processes' live traffic
-// (events_by_received_at): deleted and expired ones (NIP-40) are left out,
-// as a REQ would. Keys only: the process reads the events a batch at a
-// time (EventsByKey), since a gap may hold thousands of events of up to
-// 256 KB.
+// (events_by_received_at): deleted and expired ones (NIP-40, by @now, the
+// relay's clock) are left out, as a REQ would. Keys only: the process
+// reads the events a batch at a time (EventsByKey), since a gap may hold
+// thousands of events of up to 256 KB.
 func (q *Queries) EventKeysReceivedBetween(ctx context.Context, arg EventKeysReceivedBetweenParams) ([]EventKeysReceivedBetweenRow, error) {
 	rows, err := q.db.Query(ctx, eventKeysReceivedBetween,
 		arg.Since,
 		arg.Until,
 		arg.Communities,
+		arg.Now,
 		arg.MaxRows,
 	)
 	if err != nil {
@@ -389,7 +391,7 @@ FROM (SELECT unnest($1::uuid[]) AS community_id, unnest($2::timestamptz[]) AS cr
              unnest($3::bytea[]) AS id) k
 JOIN events e ON e.community_id = k.community_id AND e.created_at = k.created_at AND e.id = k.id
 WHERE e.deleted_at IS NULL
-  AND (e.expires_at IS NULL OR e.expires_at > now())
+  AND (e.expires_at IS NULL OR e.expires_at > $4::timestamptz)
 ORDER BY e.received_at, e.created_at, e.id
 `
 
@@ -397,6 +399,7 @@ type EventsByKeyParams struct {
 	Communities []uuid.UUID
 	CreatedAts  []time.Time
 	Ids         [][]byte
+	Now         time.Time
 }
 
 type EventsByKeyRow struct {
@@ -413,9 +416,15 @@ type EventsByKeyRow struct {
 }
 
 // The events of the keys given (EventKeysReceivedBetween), in its order,
-// an id lookup each; one deleted or expired since is left out.
+// an id lookup each; one deleted or expired since (by @now, the relay's
+// clock) is left out.
 func (q *Queries) EventsByKey(ctx context.Context, arg EventsByKeyParams) ([]EventsByKeyRow, error) {
-	rows, err := q.db.Query(ctx, eventsByKey, arg.Communities, arg.CreatedAts, arg.Ids)
+	rows, err := q.db.Query(ctx, eventsByKey,
+		arg.Communities,
+		arg.CreatedAts,
+		arg.Ids,
+		arg.Now,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -67,8 +67,12 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 	since, until = since.Add(-catchUpMargin), until.Add(catchUpMargin)
 	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
 	defer cancel()
+	// Expiration judged by the relay's clock, as a REQ judges it
+	// (eventstore.Scope.Now): what a REQ here no longer returns is not sent
+	// as live either.
+	now := s.now()
 	keys, err := s.queries.EventKeysReceivedBetween(ctx, db.EventKeysReceivedBetweenParams{
-		Since: since, Until: until, Communities: communities, MaxRows: catchUpMost + 1,
+		Since: since, Until: until, Communities: communities, Now: now, MaxRows: catchUpMost + 1,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read the events received since %s: %w", since.Format(time.RFC3339Nano), err)
@@ -78,7 +82,7 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 			catchUpMost, since.Format(time.RFC3339Nano))
 	}
 	for batch := range slices.Chunk(keys, catchUpBatch) {
-		var params db.EventsByKeyParams
+		params := db.EventsByKeyParams{Now: now}
 		for _, k := range batch {
 			params.Communities = append(params.Communities, k.CommunityID)
 			params.CreatedAts = append(params.CreatedAts, k.CreatedAt)
@@ -93,11 +97,15 @@ func (s *Server) catchUp(ctx context.Context, since, until time.Time) (replayed 
 			if err != nil {
 				return replayed, err
 			}
+			// A deletion missed live is news to the read routing too, told
+			// before any subscriber here is sent it (as ingest and the bus
+			// do): one who reads the channel again at once must not be
+			// routed to a standby that has not replayed it. One heard live
+			// already is told again, which only moves its mark later.
+			s.noteRemoval(r.CommunityID, ev, r.ChannelID)
 			st, missed := s.hub.Replay(r.CommunityID, ev, r.ChannelID, r.ReceivedAt)
 			if missed {
 				replayed++
-				// A deletion missed live is news to the read routing too.
-				s.noteRemoval(r.CommunityID, ev, r.ChannelID)
 			}
 			s.metrics.FanoutDelivered.Add(float64(st.Delivered))
 			s.metrics.FanoutDropped.Add(float64(st.Dropped))

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -61,6 +62,19 @@ func (s *Server) FailNextCrossRelayPublish() { s.crossRelay.Load().FailNextPubli
 // until, as the Redis bus does on resubscribing.
 func (s *Server) CatchUp(ctx context.Context, since, until time.Time) (int, error) {
 	return s.catchUp(ctx, since, until)
+}
+
+// SubscribeInProcess registers sub with the relay's hub directly: its
+// Receiver is handed each delivery on the delivering goroutine, so a test
+// can see what else had happened by then.
+func (s *Server) SubscribeInProcess(community uuid.UUID, sub *fanout.Subscription) {
+	s.hub.Subscribe(community, sub)
+}
+
+// LastRemoval is when the read routing last learned of a removal in
+// channel (docs/replica.md); zero when never, or without a reader.
+func (s *Server) LastRemoval(community uuid.UUID, channel *uuid.UUID) time.Time {
+	return s.store.Router.LastRemoval(community, channel)
 }
 
 // SetBeforeHistory runs f whenever a live REQ is registered with the hub

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 // DefaultProbeInterval is how often the probe writes a token.
@@ -106,13 +108,21 @@ type Probe struct {
 	// operator's SELECT ... FOR UPDATE left open, another process's probe on
 	// a writer that stalled): unbounded, it waited as long as the lock was
 	// held, no failure counted or logged, routing running on its older
-	// tokens until they aged out.
+	// tokens until they aged out. The writer itself ends that wait (the
+	// tick's lock_timeout), so the connection is kept; the relay's own
+	// deadline, tickMargin later, covers a writer that does not answer.
 	TickTimeout time.Duration
 }
 
 // DefaultTickTimeout bounds a probe tick: a tick takes milliseconds, and one
 // that takes this long fails, closing routing until a tick succeeds.
 const DefaultTickTimeout = 5 * time.Second
+
+// tickMargin lets the writer end a tick's lock wait itself (lock_timeout)
+// before the relay's deadline does: cut off by the deadline, the
+// connection is closed, and every tick while the row stays locked dialed
+// the writer again.
+const tickMargin = time.Second
 
 // NewProbe returns a probe writing through pool (the writer). floor is
 // the created_at floor the writer sessions are armed with.
@@ -156,12 +166,17 @@ func (p *Probe) Run(ctx context.Context) {
 // by ctx (the process stopping) is neither; one that outlasts TickTimeout
 // fails.
 func (p *Probe) Tick(ctx context.Context) (Entry, error) {
-	bounded, cancel := context.WithTimeout(ctx, p.TickTimeout)
+	bounded, cancel := context.WithTimeout(ctx, p.TickTimeout+tickMargin)
 	e, err := p.tickAndRecord(bounded)
 	timedOut := bounded.Err() != nil
 	cancel()
-	if err != nil && ctx.Err() == nil && timedOut {
-		err = fmt.Errorf("the tick took over %s (the replica_heartbeat row locked by another session, or the writer not answering): %w", p.TickTimeout, err)
+	if err != nil && ctx.Err() == nil {
+		switch {
+		case dberr.IsLockTimeout(err):
+			err = fmt.Errorf("the replica_heartbeat row was locked by another session for over %s: %w", p.TickTimeout, err)
+		case timedOut:
+			err = fmt.Errorf("the tick took over %s (the writer not answering, or no writer connection free): %w", p.TickTimeout+tickMargin, err)
+		}
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -205,7 +220,8 @@ func (p *Probe) tick(ctx context.Context) (Entry, error) {
 	var holder *string
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		var sampled time.Time
-		if err := tx.QueryRow(ctx, "-- name: ReplicaProbeClock\nSELECT clock_timestamp()").Scan(&sampled); err != nil {
+		lockTimeout := strconv.FormatInt(p.TickTimeout.Milliseconds(), 10)
+		if err := tx.QueryRow(ctx, "-- name: ReplicaProbeClock\nSELECT clock_timestamp(), set_config('lock_timeout', $1, true)", lockTimeout).Scan(&sampled, nil); err != nil {
 			return err
 		}
 		var oldest *time.Time

@@ -498,21 +498,26 @@ func TestProbeLogsAFailingWriterOnceThenAtABoundedRate(t *testing.T) {
 // same) fails: routing closes at once, OnError counts it and the log says
 // why. Unbounded, the tick waited on the lock as long as it was held,
 // counted and logged nowhere, while reads routed on the older tokens until
-// they aged out.
-// Mutation killed: a tick without its own deadline (Tick waits on the lock
-// until the locker lets go).
+// they aged out. The writer ends the wait itself (the tick's lock_timeout),
+// so the tick keeps its connection: cut off by the relay's deadline, each
+// tick while the row stayed locked closed it and the next dialed again.
+// Mutations killed: a tick without its own deadline (Tick waits on the lock
+// until the locker lets go); a tick without lock_timeout (the deadline
+// closes the connection, and the tick after the lock dials a new one).
 func TestProbeTickBlockedOnTheHeartbeatFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := dbtest.URL(t)
 	ring := replica.NewRing()
-	probe := replica.NewProbe(writerPool(t, url), ring, replica.DefaultFloor, time.Second, time.Now, quiet)
+	pool := writerPool(t, url)
+	probe := replica.NewProbe(pool, ring, replica.DefaultFloor, time.Second, time.Now, quiet)
 	failures := 0
 	probe.OnError = func(error) { failures++ }
 	_, err := probe.Tick(ctx)
 	require.NoError(t, err)
 	_, open := ring.Newest(time.Now())
 	require.True(t, open)
+	dialed := pool.Stat().NewConnsCount()
 
 	locker := openTransaction(t, url, "heartbeat locker")
 	_, err = locker.Exec(ctx, "SELECT token FROM replica_heartbeat FOR UPDATE")
@@ -529,15 +534,15 @@ func TestProbeTickBlockedOnTheHeartbeatFails(t *testing.T) {
 		require.NoError(t, locker.Rollback(ctx))
 		t.Fatal("the tick waited on the locked heartbeat row for a minute")
 	}
-	require.ErrorContains(t, err, "replica_heartbeat row locked")
+	require.ErrorContains(t, err, "the replica_heartbeat row was locked by another session for over 200ms")
 	require.Equal(t, 1, failures)
 	_, open = ring.Newest(time.Now())
 	require.False(t, open, "routing closes with the failed tick")
 
 	require.NoError(t, locker.Rollback(ctx))
-	probe.TickTimeout = replica.DefaultTickTimeout // the cancelled tick's connection is gone: this one dials
 	_, err = probe.Tick(ctx)
 	require.NoError(t, err)
 	_, open = ring.Newest(time.Now())
 	require.True(t, open)
+	require.Equal(t, dialed, pool.Stat().NewConnsCount(), "connections the probe dialed again after the failed tick")
 }
