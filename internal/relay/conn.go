@@ -595,19 +595,21 @@ func (c *conn) sent(q queued) {
 // ping checks the client is still there, from a timer rather than a
 // goroutine of its own: a parked goroutine per connection costs its stack
 // for the connection's whole life. A missed pong closes the connection,
-// unless the client sent a message meanwhile or one is being handled: a
-// pong is read only by the read loop, which waits while a REQ streams a
-// long history to a slow reader. A client gone during such a handler
+// unless the client sent a message meanwhile or one was being handled at
+// either end of the wait: a pong is read only by the read loop, which
+// waits while a REQ streams a long history to a slow reader, and a handler
+// that ends just before the wait does leaves the read loop no time to read
+// the pong that waited behind it. A client gone during such a handler
 // stops taking writes, and the write timeout closes it instead.
 func (c *conn) ping() {
 	if c.ctx.Err() != nil {
 		return
 	}
-	started := c.started.Load()
+	started, wasHandling := c.started.Load(), c.handling.Load()
 	ctx, cancel := context.WithTimeout(c.ctx, c.srv.cfg.PingInterval)
 	err := c.ws.Ping(ctx)
 	cancel()
-	if err != nil && c.ctx.Err() == nil && (c.handling.Load() || c.started.Load() != started) {
+	if err != nil && c.ctx.Err() == nil && (wasHandling || c.handling.Load() || c.started.Load() != started) {
 		err = nil
 	}
 	if err != nil {
