@@ -139,6 +139,13 @@ func TestFormatTableAligns(t *testing.T) {
 	require.Equal(t, len([]rune(lines[2][:strings.Index(lines[2], "|")])), len([]rune("longer measure ")))
 }
 
+// Mutation killed: okToPost printing ms(v) for a negative delay ("-0.24 ms").
+func TestListenerRowsSayWhenThePOSTCameFirst(t *testing.T) {
+	t.Parallel()
+	rows := listenerRows(&listenerReport{Delivered: 21, MedianMs: 0.6, P90Ms: 0.8, MaxMs: 1, FirstMs: 0.7, AfterIdleMs: -0.24, IdleSeconds: 120})
+	require.Equal(t, "1.00 ms (first 0.70 ms, after 120 s idle POST 0.24 ms before the OK)", rows[2].result)
+}
+
 func TestRunTableEndToEnd(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
