@@ -14,8 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/eventstore"
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // runWorker runs w until the test ends (or stop is called) and waits for it.
@@ -514,4 +517,58 @@ func TestMentionIsNotQueuedBehindAnotherCommunitysFlood(t *testing.T) {
 		return false
 	}, 30*time.Second, 10*time.Millisecond, "the other community's mention is delivered")
 	require.Less(t, at, 2*maxInFlight, "POSTs before the other community's mention (the flood: %d)", flood)
+}
+
+// A stopping relay process stops its worker first and closes its
+// connections after, so events still commit and mention listeners once
+// the worker is gone: one whose rows were claimed at insert just before
+// the worker stopped, and one saved after. Their rows go back to the poll
+// of a pod still running, pending and due at once with no attempt spent;
+// left claimed for the stopped worker, they waited out their lease (30 s)
+// before any pod could deliver them, on every rolling restart.
+// Mutations killed (one at a time): Offer sending into the stopped
+// worker's hand-off (the first row stays sending); Enqueue claiming rows
+// for a stopped worker (the second event claims its row, to be released
+// at once: a statement for nothing, and 30 s late should it fail).
+func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, func(http.ResponseWriter, *http.Request) {})
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	stop := runWorker(t, w)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+
+	// Claimed at insert while the worker runs, committed once it stopped.
+	before := message(t, 9, target)
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	params, err := eventstore.InsertParams(f.community, before, nil)
+	require.NoError(t, err)
+	_, err = db.New(tx).EventInsert(ctx, params)
+	require.NoError(t, err)
+	claimed, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, before, 0, clock.Wall())
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed.Len(), "claimed at insert for the running worker")
+	stop()
+	require.NoError(t, tx.Commit(ctx))
+	w.Offer(claimed)
+
+	after := message(t, 9, target)
+	kept, _ := f.save(after, w, true)
+	require.Empty(t, kept, "nothing is claimed at insert for a stopped worker")
+
+	for _, ev := range []*nostr.Event{before, after} {
+		ids := f.outboxIDs(ev)
+		require.Len(t, ids, 1)
+		require.Eventually(t, func() bool {
+			r, ok := f.row(ids[0])
+			return ok && r.State == "pending" && r.ClaimID == nil && r.Attempts == 0 && r.DueIn <= 0
+		}, 10*time.Second, 10*time.Millisecond, "the row of %s is due at once for any pod's poll", ev.Content)
+	}
+	require.Empty(t, l.requests(), "the stopped worker delivers nothing")
 }
