@@ -52,6 +52,13 @@ func (f *fixture) waitForEmptyOutbox(timeout time.Duration) {
 	require.Eventually(f.t, func() bool { return f.outboxCount() == 0 }, timeout, 10*time.Millisecond)
 }
 
+// Two workers on their own pools (as two relay processes) deliver one
+// listener's mentions: a backlog both first polls find at once, then
+// mentions saved through either, each claiming what its hand-off has room
+// for as it inserts, the rest polled by both. Every notification is POSTed
+// exactly once.
+// Mutation killed: the poll's claim without its row locks (FOR UPDATE
+// SKIP LOCKED): both first polls take the backlog.
 func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
@@ -69,19 +76,21 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 		time.Sleep(2 * time.Millisecond) // widen the window for overlap
 	})
 	routes := routesOf(l)
+	targets := []string{newPubkey(t), newPubkey(t)}
+	f.register(l.pubHex, targets...)
+	for range 20 {
+		f.save(message(t, 9, targets...), nil, true) // the backlog: pending, claimed by no one
+	}
 	workers := make([]*Worker, 2)
 	for i, p := range pools {
 		pf := &fixture{t: t, pool: p, q: db.New(p)}
 		d, _, _ := pf.deliverer(routes, 5*time.Second, testCAs(l))
 		workers[i] = NewWorker(p, routes, d)
-		runWorker(t, workers[i])
+	}
+	for _, w := range workers {
+		runWorker(t, w)
 	}
 
-	// 40 mentions of 2 targets each, saved back to back through either
-	// pod: each claims what its hand-off has room for as it inserts, the
-	// rest is polled by both (the hand-off fills up).
-	targets := []string{newPubkey(t), newPubkey(t)}
-	f.register(l.pubHex, targets...)
 	for i := range 40 {
 		f.save(message(t, 9, targets...), workers[i%2], true)
 	}
@@ -90,7 +99,7 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 	for _, r := range l.requests() {
 		counts[keyOf(t, r.Body)]++
 	}
-	require.Len(t, counts, 80)
+	require.Len(t, counts, 120)
 	for k, n := range counts {
 		require.Equal(t, 1, n, "%v delivered %d times", k, n)
 	}
