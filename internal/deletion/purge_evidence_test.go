@@ -6,11 +6,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 )
+
+// usersToPurge is a community at host holding users users, its deletion
+// approved, and an executor's configuration that purges 10 rows a batch.
+func (f *fixture) usersToPurge(host string, users int) (uuid.UUID, db.CommunityDeletionRequest, deletion.Config) {
+	f.t.Helper()
+	c := f.community(host)
+	for range users {
+		require.NoError(f.t, insertUser(f.ctx, f.pool, c))
+	}
+	cfg := testConfig()
+	cfg.PurgeBatchRows = 10
+	return c, f.submitAndApprove(host, nil), cfg
+}
 
 // An executor that stops mid-purge (killed, or its lease lost) has deleted
 // some of the community's rows in batches it committed; the executor that
@@ -21,14 +36,8 @@ import (
 func TestPurgeEvidenceCountsTheRowsAStoppedExecutorDeleted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	c := f.community("purge-evidence.test")
 	const users = 30
-	for range users {
-		require.NoError(t, insertUser(f.ctx, f.pool, c))
-	}
-	req := f.submitAndApprove("purge-evidence.test", nil)
-	cfg := testConfig()
-	cfg.PurgeBatchRows = 10
+	c, req, cfg := f.usersToPurge("purge-evidence.test", users)
 
 	// The first executor stops once two batches of users are committed.
 	ctx, stop := context.WithCancel(f.ctx)
@@ -85,14 +94,8 @@ func TestPurgeEvidenceCountsTheRowsAStoppedExecutorDeleted(t *testing.T) {
 func TestFrozenExecutorRecordsNoPurgeAfterItsHeirTookOver(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	c := f.community("frozen-purge.test")
-	const users = 5
-	for range users {
-		require.NoError(t, insertUser(f.ctx, f.pool, c))
-	}
-	req := f.submitAndApprove("frozen-purge.test", nil)
-	cfg := testConfig()
-	cfg.PurgeBatchRows = 10
+	_, req, cfg := f.usersToPurge("frozen-purge.test", 5)
+	heirCfg := cfg
 	cfg.Lease = time.Hour // no heartbeat while the test runs: it is frozen too
 
 	frozen, thaw := make(chan struct{}), make(chan struct{})
@@ -113,8 +116,6 @@ func TestFrozenExecutorRecordsNoPurgeAfterItsHeirTookOver(t *testing.T) {
 	}
 	_, err := f.pool.Exec(f.ctx, `UPDATE community_deletion_requests SET lease_until = now() - interval '1 second' WHERE id = $1`, req.ID)
 	require.NoError(t, err)
-	heirCfg := testConfig()
-	heirCfg.PurgeBatchRows = 10
 	out, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, ID: "heir", Config: heirCfg}).Run(f.ctx, req.ID)
 	require.NoError(t, err)
 	require.Equal(t, deletion.StageRetentionPending, out.Stage, "%+v", out)

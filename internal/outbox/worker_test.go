@@ -14,10 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
-	"github.com/buzzrelay/buzz/internal/eventstore"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
@@ -552,19 +550,10 @@ func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
 
 	// Claimed at insert while the worker runs, committed once it stopped.
 	before := message(t, 9, target)
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	params, err := eventstore.InsertParams(f.community, before, nil)
-	require.NoError(t, err)
-	_, err = db.New(tx).EventInsert(ctx, params)
-	require.NoError(t, err)
-	claimed, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, before, 0, clock.Wall())
-	require.NoError(t, err)
+	tx, claimed := f.begin(before, w)
 	require.Equal(t, 1, claimed.Len(), "claimed at insert for the running worker")
 	stop()
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, tx.Commit(context.Background()))
 	w.Offer(claimed)
 
 	after := message(t, 9, target)
