@@ -20,6 +20,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/presence"
+	"github.com/buzzrelay/buzz/internal/redisserver"
 )
 
 func announcement(t *testing.T) *nostr.Event {
@@ -28,6 +29,18 @@ func announcement(t *testing.T) *nostr.Event {
 	ev := &nostr.Event{Kind: presence.Kind, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{}, Content: "online"}
 	require.NoError(t, ev.Sign(key))
 	return ev
+}
+
+// cutOffPresence is presence through a bus on srv that is never run, so
+// never subscribes and never writes to Redis: all it remembers is kept only
+// in held, as when Redis refused it, and marked for a write-back. It holds
+// up to max announcements, maxBytes in all.
+func cutOffPresence(t *testing.T, srv *redisserver.Server, held presence.Store, max, maxBytes int) (*Bus, *SharedPresence) {
+	t.Helper()
+	cutOff, err := New(srv.URL(), 16, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cutOff.client.Close() })
+	return cutOff, cutOff.Presence(time.Minute, max, maxBytes, 64<<20, held)
 }
 
 func noneClosed(context.Context, []uuid.UUID) (map[uuid.UUID]bool, error) { return nil, nil }
@@ -68,10 +81,7 @@ func TestPresenceWriteBackSendsOnlyWhatRedisLacks(t *testing.T) {
 	run(t, bus)
 	require.Eventually(t, bus.Hears, 30*time.Second, 10*time.Millisecond)
 	shared := bus.Presence(time.Minute, 100, 1<<20, 1<<20, held)
-	cutOff, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cutOff.client.Close() })
-	alone := cutOff.Presence(time.Minute, 100, 1<<20, 1<<20, held)
+	cutOff, alone := cutOffPresence(t, srv, held, 100, 1<<20)
 
 	community, channel := uuid.New(), uuid.New()
 	now := time.Now()
@@ -99,12 +109,8 @@ func TestPresenceWriteBackSendsOnlyWhatRedisLacks(t *testing.T) {
 func TestPresenceWriteBackThatFailedIsTriedAgain(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	held := presence.NewMemory(time.Minute, 1000, 1<<20, 1<<20)
-	cutOff, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cutOff.client.Close() })
-	alone := cutOff.Presence(time.Minute, 100, 1<<20, 1<<20, held)
+	_, alone := cutOffPresence(t, srv, held, 100, 1<<20)
 	community, channel := uuid.New(), uuid.New()
 	now := time.Now()
 	require.NoError(t, alone.Remember(community, channel, announcement(t), now))
@@ -112,7 +118,7 @@ func TestPresenceWriteBackThatFailedIsTriedAgain(t *testing.T) {
 	failing := func(context.Context, []uuid.UUID) (map[uuid.UUID]bool, error) {
 		return nil, context.DeadlineExceeded // as a database that did not answer
 	}
-	_, err = alone.Restore(t.Context(), now, failing)
+	_, err := alone.Restore(t.Context(), now, failing)
 	require.Error(t, err)
 	require.True(t, alone.behind.Load(), "a failed write-back is due again")
 	require.Equal(t, 1, restored(t, alone, now))
@@ -176,12 +182,8 @@ func TestPresenceIsWrittenBackWholeOnlyToARestartedRedis(t *testing.T) {
 func TestPresenceKeptOnlyHereDuringAWriteBackIsWrittenBack(t *testing.T) {
 	t.Parallel()
 	srv := dbtest.RedisServer(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	held := presence.NewMemory(time.Minute, 100000, 64<<20, 4<<20)
-	cutOff, err := New(srv.URL(), 16, Handlers{}, log, NewMetrics(prometheus.NewRegistry()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cutOff.client.Close() })
-	alone := cutOff.Presence(time.Minute, 10000, 4<<20, 64<<20, held)
+	_, alone := cutOffPresence(t, srv, held, 10000, 4<<20)
 	community := uuid.New()
 	now := time.Now()
 	writeBack := func() {

@@ -69,7 +69,6 @@ func purgeOrder(ctx context.Context, conn db.DBTX) ([]string, error) {
 // The last transaction proves every scoped table empty and turns the
 // community row into its tombstone.
 func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) error {
-	q := db.New(e.pool)
 	order, err := purgeOrder(ctx, e.pool)
 	if err != nil {
 		return err
@@ -117,7 +116,14 @@ func (e *Executor) purgePostgres(ctx context.Context, l lease, inv Inventory) er
 				break
 			}
 		}
-		if err := e.recordPurged(ctx, q, l, table, "completed", purged[table]); err != nil {
+		// Under the lease like the batches: an executor that lost it (frozen
+		// past it while an heir took over) records nothing.
+		if err := e.inTx(ctx, func(q *db.Queries, _ pgx.Tx) error {
+			if _, err := q.DeletionRequestEnterExecutor(ctx, db.DeletionRequestEnterExecutorParams{ID: l.id, Owner: l.owner, Generation: l.gen, Stage: StageBindingsRemoved}); err != nil {
+				return err
+			}
+			return e.recordPurged(ctx, q, l, table, "completed", purged[table])
+		}); err != nil {
 			return err
 		}
 	}

@@ -4,11 +4,28 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/deletion"
 )
+
+// usersToPurge is a community at host holding users users, its deletion
+// approved, and an executor's configuration that purges 10 rows a batch.
+func (f *fixture) usersToPurge(host string, users int) (uuid.UUID, db.CommunityDeletionRequest, deletion.Config) {
+	f.t.Helper()
+	c := f.community(host)
+	for range users {
+		require.NoError(f.t, insertUser(f.ctx, f.pool, c))
+	}
+	cfg := testConfig()
+	cfg.PurgeBatchRows = 10
+	return c, f.submitAndApprove(host, nil), cfg
+}
 
 // An executor that stops mid-purge (killed, or its lease lost) has deleted
 // some of the community's rows in batches it committed; the executor that
@@ -19,14 +36,8 @@ import (
 func TestPurgeEvidenceCountsTheRowsAStoppedExecutorDeleted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	c := f.community("purge-evidence.test")
 	const users = 30
-	for range users {
-		require.NoError(t, insertUser(f.ctx, f.pool, c))
-	}
-	req := f.submitAndApprove("purge-evidence.test", nil)
-	cfg := testConfig()
-	cfg.PurgeBatchRows = 10
+	c, req, cfg := f.usersToPurge("purge-evidence.test", users)
 
 	// The first executor stops once two batches of users are committed.
 	ctx, stop := context.WithCancel(f.ctx)
@@ -67,4 +78,61 @@ func TestPurgeEvidenceCountsTheRowsAStoppedExecutorDeleted(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(recorded["postgres_tombstone_committed"]), &tombstone))
 	require.Equal(t, users, tombstone.Rows["users"], "the tombstone's users")
 	require.Equal(t, users, tombstone.TotalRows, "the tombstone's total")
+}
+
+// An executor frozen (a suspended VM, a long pause) between its last batch
+// of a table and that table's completed checkpoint, past its lease, wakes
+// after an heir took the request over and finished it. Its first write
+// then is the checkpoint, which it must not make: the heir owns the
+// request, and the evidence would say the table's purge was completed by
+// the lost generation, after the deletion ended. The frozen executor's
+// heartbeat is frozen with it, so nothing told it of the loss; its lease is
+// ended by hand, as the pause would have ended it.
+// Mutation killed: the completed checkpoint written without the lease
+// check every other step makes (purge:users says generation 1, completed
+// after the request).
+func TestFrozenExecutorRecordsNoPurgeAfterItsHeirTookOver(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, req, cfg := f.usersToPurge("frozen-purge.test", 5)
+	heirCfg := cfg
+	cfg.Lease = time.Hour // no heartbeat while the test runs: it is frozen too
+
+	frozen, thaw := make(chan struct{}), make(chan struct{})
+	lost := make(chan error, 1)
+	go func() {
+		_, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, ID: "frozen", Config: cfg, Progress: func(p deletion.Progress) {
+			if p.Step == "purge users" {
+				close(frozen)
+				<-thaw
+			}
+		}}).Run(f.ctx, req.ID)
+		lost <- err
+	}()
+	select {
+	case <-frozen:
+	case err := <-lost:
+		t.Fatalf("the first executor ended before purging users: %v", err)
+	}
+	_, err := f.pool.Exec(f.ctx, `UPDATE community_deletion_requests SET lease_until = now() - interval '1 second' WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	out, err := deletion.NewExecutor(deletion.Options{Pool: f.pool, ID: "heir", Config: heirCfg}).Run(f.ctx, req.ID)
+	require.NoError(t, err)
+	require.Equal(t, deletion.StageRetentionPending, out.Stage, "%+v", out)
+
+	close(thaw)
+	select {
+	case err := <-lost:
+		require.ErrorIs(t, err, dberr.ErrDeletionLeaseLost)
+	case <-time.After(time.Minute):
+		t.Fatal("the thawed executor never stopped")
+	}
+	var generation int64
+	var completedAfterTheRequest bool
+	require.NoError(t, f.pool.QueryRow(f.ctx, `
+		SELECT k.lease_generation, k.completed_at > r.completed_at
+		FROM community_deletion_checkpoints k JOIN community_deletion_requests r ON r.id = k.request_id
+		WHERE k.request_id = $1 AND k.unit_key = 'purge:users'`, req.ID).Scan(&generation, &completedAfterTheRequest))
+	require.EqualValues(t, 2, generation, "the users' purge was completed by the heir")
+	require.False(t, completedAfterTheRequest, "no purge is recorded after the deletion finished")
 }

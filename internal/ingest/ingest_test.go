@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -37,6 +38,24 @@ func (r *recorder) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.msgs)
+}
+
+// watchedPipeline is a pipeline into a new community at host, with one
+// subscriber to all of that community's events, rec, and a key to sign
+// with.
+func watchedPipeline(t *testing.T, host string) (*pgxpool.Pool, community.Tenant, *ingest.Pipeline, *recorder, *nostr.SecretKey) {
+	t.Helper()
+	pool := dbtest.Pool(t)
+	row, err := db.New(pool).CommunityCreate(t.Context(), host)
+	require.NoError(t, err)
+	tenant := community.FromRow(row)
+	hub := fanout.NewHub()
+	rec := &recorder{}
+	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
+	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	return pool, tenant, p, rec, key
 }
 
 // TestConcurrentVersionsOfOneSlotKeepExactlyTheNewest races many versions
@@ -106,16 +125,7 @@ func TestConcurrentVersionsOfOneSlotKeepExactlyTheNewest(t *testing.T) {
 func TestConcurrentDuplicatesAreStoredAndFannedOutOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := dbtest.Pool(t)
-	row, err := db.New(pool).CommunityCreate(ctx, "dup.example")
-	require.NoError(t, err)
-	tenant := community.FromRow(row)
-	hub := fanout.NewHub()
-	rec := &recorder{}
-	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
-	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
-	key, err := nostr.GenerateSecretKey()
-	require.NoError(t, err)
+	_, tenant, p, rec, key := watchedPipeline(t, "dup.example")
 	ev := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "once", Tags: nostr.Tags{}}
 	require.NoError(t, ev.Sign(key))
 
@@ -148,19 +158,10 @@ func TestConcurrentDuplicatesAreStoredAndFannedOutOnce(t *testing.T) {
 func TestRollbackHasNoSideEffects(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := dbtest.Pool(t)
-	row, err := db.New(pool).CommunityCreate(ctx, "rollback.example")
-	require.NoError(t, err)
-	tenant := community.FromRow(row)
-	hub := fanout.NewHub()
-	rec := &recorder{}
-	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
-	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
-	key, err := nostr.GenerateSecretKey()
-	require.NoError(t, err)
+	pool, tenant, p, rec, key := watchedPipeline(t, "rollback.example")
 
 	// Break the deletion handler's side-row statement for this database only.
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'side rows refused'; END $$;
 		CREATE TRIGGER refuse_update BEFORE UPDATE ON events FOR EACH ROW EXECUTE FUNCTION refuse_update();`)
@@ -226,18 +227,9 @@ func TestAfterCommitRunsOnlyOnCommit(t *testing.T) {
 func TestOnPublishRunsBeforeTheLocalFanout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := dbtest.Pool(t)
-	row, err := db.New(pool).CommunityCreate(ctx, "publish-order.example")
-	require.NoError(t, err)
-	tenant := community.FromRow(row)
-	hub := fanout.NewHub()
-	rec := &recorder{}
-	hub.Subscribe(tenant.ID(), &fanout.Subscription{Receiver: rec, ID: "all", Filters: nostr.Filters{{}}})
-	p := ingest.New(pool, hub, ingest.Options{MaxFutureSkew: time.Minute})
+	_, tenant, p, rec, key := watchedPipeline(t, "publish-order.example")
 	sentBefore := map[int]int{}
 	p.OnPublish = func(_ uuid.UUID, ev *nostr.Event, _ *uuid.UUID, _ int64) { sentBefore[ev.Kind] = rec.count() }
-	key, err := nostr.GenerateSecretKey()
-	require.NoError(t, err)
 	note := &nostr.Event{Kind: 1, CreatedAt: time.Now().Unix(), Content: "regretted", Tags: nostr.Tags{}}
 	require.NoError(t, note.Sign(key))
 	deletion := &nostr.Event{Kind: nostr.KindDeletion, CreatedAt: time.Now().Unix(), Tags: nostr.Tags{{"e", note.ID}}}

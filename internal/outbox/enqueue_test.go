@@ -538,19 +538,7 @@ func TestClaimAtInsertHoldsHandOffRoomUntilItsTransactionEnds(t *testing.T) {
 		}
 		return message(t, 9, keys...)
 	}
-	// begin inserts ev and claims its rows in a transaction left open.
-	begin := func(ev *nostr.Event) (pgx.Tx, Handoff) {
-		tx, err := f.pool.Begin(ctx)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		params, err := eventstore.InsertParams(f.community, ev, nil)
-		require.NoError(t, err)
-		_, err = db.New(tx).EventInsert(ctx, params)
-		require.NoError(t, err)
-		h, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, ev, 0, clock.Wall())
-		require.NoError(t, err)
-		return tx, h
-	}
+	begin := func(ev *nostr.Event) (pgx.Tx, Handoff) { return f.begin(ev, w) }
 
 	first, firstClaims := begin(mention(7))
 	require.Equal(t, 7, firstClaims.Len())

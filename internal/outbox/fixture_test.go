@@ -149,6 +149,23 @@ func (f *fixture) saveTimed(ev *nostr.Event, w *Worker, commit bool) (kept []uui
 	return claimed.IDs(), inserted, committed
 }
 
+// begin inserts ev and enqueues its mentions, claiming for w, in a
+// transaction it leaves open (rolled back when the test ends).
+func (f *fixture) begin(ev *nostr.Event, w *Worker) (pgx.Tx, Handoff) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	params, err := eventstore.InsertParams(f.community, ev, nil)
+	require.NoError(f.t, err)
+	_, err = db.New(tx).EventInsert(ctx, params)
+	require.NoError(f.t, err)
+	h, _, err := Enqueue(ctx, db.New(tx), w, f.community, nil, ev, 0, clock.Wall())
+	require.NoError(f.t, err)
+	return tx, h
+}
+
 // saveIn stores ev in channel (nil: none) and queues its mentions, none
 // claimed at insert.
 func (f *fixture) saveIn(ev *nostr.Event, channel *uuid.UUID) {

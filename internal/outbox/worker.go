@@ -531,6 +531,9 @@ type Worker struct {
 	// event's transaction has not ended yet (reserveRoom).
 	roomMu   sync.Mutex
 	reserved map[*roomReservation]struct{}
+	// stopped: Run has returned, so nothing reads the hand-off any more.
+	// Guarded by roomMu, as the sends into the hand-off are.
+	stopped bool
 }
 
 // roomReservation is hand-off room held for the rows one event claims at
@@ -594,6 +597,9 @@ func (w *Worker) reserveRoom(want int) *roomReservation {
 	now := time.Now()
 	w.roomMu.Lock()
 	defer w.roomMu.Unlock()
+	if w.stopped {
+		return nil // nobody would deliver what it claimed
+	}
 	room := cap(w.handoff) - len(w.handoff)
 	for r := range w.reserved {
 		if now.After(r.expires) {
@@ -665,19 +671,27 @@ func (w *Worker) signAhead(claims []claim) {
 // them then. Rows of this worker's listeners that Enqueue had no room to
 // claim wake the poll, which takes them once the hand-off is empty: now
 // that they are committed it can see them. A nil Worker (no listeners configured
-// on this pod) is never given claimed rows.
+// on this pod) is never given claimed rows. Once the worker has stopped,
+// the rows go back to the poll before Offer returns.
 func (w *Worker) Offer(h Handoff) (dropped int) {
 	if w == nil {
 		return 0
 	}
 	var lost []claim
+	w.roomMu.Lock()
+	stopped := w.stopped
 	for _, c := range h.claims {
+		if stopped {
+			lost = append(lost, c)
+			continue
+		}
 		select {
 		case w.handoff <- c:
 		default:
 			lost = append(lost, c)
 		}
 	}
+	w.roomMu.Unlock()
 	// After the sends: until then the rows count as reserved, so nobody
 	// claims their room meanwhile.
 	w.releaseRoom(h.room)
@@ -687,18 +701,28 @@ func (w *Worker) Offer(h Handoff) (dropped int) {
 		default: // a wake-up is already pending
 		}
 	}
-	if len(lost) > 0 {
+	switch {
+	case len(lost) == 0:
+	case stopped:
+		// Before the event is answered: the process is stopping, and
+		// would not wait for a release in the background.
+		w.release(lost)
+	default:
 		w.dropped.Add(float64(len(lost)))
-		go func() {
-			// Past the lease a release is moot: the rows are due again anyway.
-			ctx, cancel := context.WithTimeout(context.Background(), w.lease)
-			defer cancel()
-			for _, c := range lost {
-				w.releaseNow(ctx, c)
-			}
-		}()
+		go w.release(lost)
 	}
 	return len(lost)
+}
+
+// release hands claimed rows this worker will not deliver back to the
+// poll: pending, due at once, the attempt not spent.
+func (w *Worker) release(claims []claim) {
+	// Past the lease a release is moot: the rows are due again anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), w.lease)
+	defer cancel()
+	for _, c := range claims {
+		w.releaseNow(ctx, c)
+	}
 }
 
 // Abandon gives back the hand-off room an event's claim at insert reserved,
@@ -711,5 +735,19 @@ func (w *Worker) Abandon(h Handoff) {
 }
 
 // Run delivers until ctx ends, then returns once in-flight deliveries
-// finish.
-func (w *Worker) Run(ctx context.Context) { w.loop.run(ctx) }
+// finish. The rows still waiting in its hand-off go back to the poll (of a
+// pod still running), due at once, and so do the rows of events that
+// commit later (a stopping relay closes its connections after its worker
+// stopped): left claimed, nobody delivered them before their lease ended,
+// 30 s later.
+func (w *Worker) Run(ctx context.Context) {
+	w.loop.run(ctx)
+	w.roomMu.Lock()
+	w.stopped = true
+	var left []claim
+	for len(w.handoff) > 0 {
+		left = append(left, <-w.handoff)
+	}
+	w.roomMu.Unlock()
+	w.release(left)
+}

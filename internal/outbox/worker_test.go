@@ -16,6 +16,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/nostr"
 )
 
 // runWorker runs w until the test ends (or stop is called) and waits for it.
@@ -49,6 +50,13 @@ func (f *fixture) waitForEmptyOutbox(timeout time.Duration) {
 	require.Eventually(f.t, func() bool { return f.outboxCount() == 0 }, timeout, 10*time.Millisecond)
 }
 
+// Two workers on their own pools (as two relay processes) deliver one
+// listener's mentions: a backlog both first polls find at once, then
+// mentions saved through either, each claiming what its hand-off has room
+// for as it inserts, the rest polled by both. Every notification is POSTed
+// exactly once.
+// Mutation killed: the poll's claim without its row locks (FOR UPDATE
+// SKIP LOCKED): both first polls take the backlog.
 func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 	t.Parallel()
 	url := dbtest.URL(t)
@@ -66,19 +74,21 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 		time.Sleep(2 * time.Millisecond) // widen the window for overlap
 	})
 	routes := routesOf(l)
+	targets := []string{newPubkey(t), newPubkey(t)}
+	f.register(l.pubHex, targets...)
+	for range 20 {
+		f.save(message(t, 9, targets...), nil, true) // the backlog: pending, claimed by no one
+	}
 	workers := make([]*Worker, 2)
 	for i, p := range pools {
 		pf := &fixture{t: t, pool: p, q: db.New(p)}
 		d, _, _ := pf.deliverer(routes, 5*time.Second, testCAs(l))
 		workers[i] = NewWorker(p, routes, d)
-		runWorker(t, workers[i])
+	}
+	for _, w := range workers {
+		runWorker(t, w)
 	}
 
-	// 40 mentions of 2 targets each, saved back to back through either
-	// pod: each claims what its hand-off has room for as it inserts, the
-	// rest is polled by both (the hand-off fills up).
-	targets := []string{newPubkey(t), newPubkey(t)}
-	f.register(l.pubHex, targets...)
 	for i := range 40 {
 		f.save(message(t, 9, targets...), workers[i%2], true)
 	}
@@ -87,7 +97,7 @@ func TestTwoRelayProcessesOnOneDatabaseNeverDeliverARowTwice(t *testing.T) {
 	for _, r := range l.requests() {
 		counts[keyOf(t, r.Body)]++
 	}
-	require.Len(t, counts, 80)
+	require.Len(t, counts, 120)
 	for k, n := range counts {
 		require.Equal(t, 1, n, "%v delivered %d times", k, n)
 	}
@@ -514,4 +524,49 @@ func TestMentionIsNotQueuedBehindAnotherCommunitysFlood(t *testing.T) {
 		return false
 	}, 30*time.Second, 10*time.Millisecond, "the other community's mention is delivered")
 	require.Less(t, at, 2*maxInFlight, "POSTs before the other community's mention (the flood: %d)", flood)
+}
+
+// A stopping relay process stops its worker first and closes its
+// connections after, so events still commit and mention listeners once
+// the worker is gone: one whose rows were claimed at insert just before
+// the worker stopped, and one saved after. Their rows go back to the poll
+// of a pod still running, pending and due at once with no attempt spent;
+// left claimed for the stopped worker, they waited out their lease (30 s)
+// before any pod could deliver them, on every rolling restart.
+// Mutations killed (one at a time): Offer sending into the stopped
+// worker's hand-off (the first row stays sending); Enqueue claiming rows
+// for a stopped worker (the second event claims its row, to be released
+// at once: a statement for nothing, and 30 s late should it fail).
+func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	l := newListener(t, func(http.ResponseWriter, *http.Request) {})
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	stop := runWorker(t, w)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+
+	// Claimed at insert while the worker runs, committed once it stopped.
+	before := message(t, 9, target)
+	tx, claimed := f.begin(before, w)
+	require.Equal(t, 1, claimed.Len(), "claimed at insert for the running worker")
+	stop()
+	require.NoError(t, tx.Commit(context.Background()))
+	w.Offer(claimed)
+
+	after := message(t, 9, target)
+	kept, _ := f.save(after, w, true)
+	require.Empty(t, kept, "nothing is claimed at insert for a stopped worker")
+
+	for _, ev := range []*nostr.Event{before, after} {
+		ids := f.outboxIDs(ev)
+		require.Len(t, ids, 1)
+		require.Eventually(t, func() bool {
+			r, ok := f.row(ids[0])
+			return ok && r.State == "pending" && r.ClaimID == nil && r.Attempts == 0 && r.DueIn <= 0
+		}, 10*time.Second, 10*time.Millisecond, "the row of %s is due at once for any pod's poll", ev.Content)
+	}
+	require.Empty(t, l.requests(), "the stopped worker delivers nothing")
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -20,6 +21,28 @@ import (
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
+
+// startBackgroundLoops starts a relay's workflow scheduler and worker and
+// its events statistics check, each ticking every 5 ms, and returns the
+// relay and its log; all stop when the test ends.
+func startBackgroundLoops(t *testing.T, pool *pgxpool.Pool) (*relay.Server, *logtest.Buffer) {
+	t.Helper()
+	logs := &logtest.Buffer{}
+	cfg := config.Default()
+	cfg.WorkflowPoll = 5 * time.Millisecond
+	cfg.EventsAnalyzeInterval = 5 * time.Millisecond
+	srv := relay.New(cfg, pool, slog.New(slog.NewTextHandler(logs, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		_ = srv.Shutdown(shutdown)
+	})
+	require.NoError(t, srv.StartWorkflows(ctx))
+	go srv.KeepEventStatistics(ctx)
+	return srv, logs
+}
 
 // While the database is unreachable the workflow scheduler's and worker's
 // loops and the events statistics check fail on every tick; the process's
@@ -35,20 +58,7 @@ func TestBackgroundLoopsLogADatabaseOutageOnce(t *testing.T) {
 	t.Parallel()
 	databaseURL := dbtest.URL(t)
 	pool := dbtest.PoolOn(t, databaseURL, 4)
-	logs := &logtest.Buffer{}
-	cfg := config.Default()
-	cfg.WorkflowPoll = 5 * time.Millisecond
-	cfg.EventsAnalyzeInterval = 5 * time.Millisecond
-	srv := relay.New(cfg, pool, slog.New(slog.NewTextHandler(logs, nil)))
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() {
-		cancel()
-		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
-		defer done()
-		_ = srv.Shutdown(shutdown)
-	})
-	require.NoError(t, srv.StartWorkflows(ctx))
-	go srv.KeepEventStatistics(ctx)
+	srv, logs := startBackgroundLoops(t, pool)
 	takeAway, bringBack := databaseOutage(t, databaseURL)
 
 	perTick := []string{
@@ -98,24 +108,11 @@ func TestOutageEndLineCountsClientRequestsApartFromBackgroundTicks(t *testing.T)
 	t.Parallel()
 	databaseURL := dbtest.URL(t)
 	pool := dbtest.PoolOn(t, databaseURL, 4)
-	logs := &logtest.Buffer{}
-	cfg := config.Default()
-	cfg.WorkflowPoll = 5 * time.Millisecond
-	cfg.EventsAnalyzeInterval = 5 * time.Millisecond
-	srv := relay.New(cfg, pool, slog.New(slog.NewTextHandler(logs, nil)))
+	srv, logs := startBackgroundLoops(t, pool)
 	hs := httptest.NewServer(srv.HTTPServer().Handler)
 	t.Cleanup(hs.Close)
 	_, err := db.New(pool).CommunityCreate(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() {
-		cancel()
-		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
-		defer done()
-		_ = srv.Shutdown(shutdown)
-	})
-	require.NoError(t, srv.StartWorkflows(ctx))
-	go srv.KeepEventStatistics(ctx)
 	takeAway, bringBack := databaseOutage(t, databaseURL)
 
 	// outage takes the database away, lets clientRequests requests fail

@@ -262,16 +262,40 @@ func statementNamed(name string) func(sql string) bool {
 // postSigned posts body to path on hs with a fresh NIP-98 header of key.
 func postSigned(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path string, body []byte) (*http.Response, map[string]any) {
 	t.Helper()
+	return answerTo(t, signedPost(t, hs, key, path, body))
+}
+
+// signedPost is a POST of body to path on hs with a fresh NIP-98 header of
+// key.
+func signedPost(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path string, body []byte) *http.Request {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, hs.URL+path, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+path, body, nil)))
 	req.Header.Set("Content-Type", "application/json")
+	return req
+}
+
+// answerTo sends req and returns the response with its JSON body decoded.
+func answerTo(t *testing.T, req *http.Request) (*http.Response, map[string]any) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var answer map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
 	return resp, answer
+}
+
+// requireOutageAt sends req with the database taken away (arm) as the
+// statement named statement is sent, requires the outage's answer to it,
+// and lets the database in again.
+func requireOutageAt(t *testing.T, arm func(when func(sql string) bool), bringBack func(), statement string, req *http.Request) {
+	t.Helper()
+	arm(statementNamed(statement))
+	resp, answer := answerTo(t, req)
+	requireOutageAnswer(t, resp, answer, req.URL.Path)
+	bringBack()
 }
 
 // A database that goes away after a bridge request's NIP-98 claim, at the
@@ -304,10 +328,7 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAfterTheClaim(t *testing.T) {
 		if step.path == "/events" {
 			body = event
 		}
-		arm(statementNamed(step.statement))
-		resp, answer := postSigned(t, hs, key, step.path, body)
-		requireOutageAnswer(t, resp, answer, step.path)
-		bringBack()
+		requireOutageAt(t, arm, bringBack, step.statement, signedPost(t, hs, key, step.path, body))
 	}
 	logged := logs.String()
 	require.NotContains(t, logged, "ingest failed", logged)
@@ -474,12 +495,7 @@ func TestHTTPBridgeAnswers503WhenTheDatabaseDropsAtTheOwnerAttestation(t *testin
 		require.NoError(t, err)
 		req.Header.Set("Authorization", authHeader(nip98(t, agentKey, "POST", hs.URL+"/query", filters, signed)))
 		req.Header.Set("X-Auth-Tag", tagJSON(t, tag))
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var answer map[string]any
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
-		return resp, answer
+		return answerTo(t, req)
 	}
 
 	arm(statementNamed("UserChannelAddPolicy"))
@@ -517,11 +533,7 @@ func TestMediaUploadRefusedInAnOutageIsSentAgainWithANewHeader(t *testing.T) {
 		require.NoError(t, err)
 		req.Header.Set("Authorization", auth)
 		req.Header.Set("Content-Type", "image/png")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var answer map[string]any
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		resp, answer := answerTo(t, req)
 		return resp.StatusCode, answer
 	}
 	header := authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil))
@@ -570,14 +582,7 @@ func TestHTTPRoutesAnswerAnOutageAs503WithRetryAfter(t *testing.T) {
 		if route.method == http.MethodGet {
 			req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodGet, hs.URL+route.path, nil, nil)))
 		}
-		arm(statementNamed(route.statement))
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		var answer map[string]any
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
-		resp.Body.Close()
-		requireOutageAnswer(t, resp, answer, route.path)
-		bringBack()
+		requireOutageAt(t, arm, bringBack, route.statement, req)
 	}
 	logged := logs.String()
 	require.NotContains(t, logged, "level=ERROR msg=\"recorded owner", logged)
