@@ -12,6 +12,15 @@ SELECT * FROM community_deletion_requests_approve(@id::uuid, @approved_by::text,
 -- name: DeletionRequestUnblock :one
 SELECT * FROM community_deletion_requests_unblock(@id::uuid, @unblocked_by::text, @reason::text);
 
+-- name: DeletionRequestLockForUnblock :one
+-- What the unblock in the same transaction would refuse, read under the
+-- row's lock it then takes again: an executor blocking the request
+-- meanwhile is waited for, not read around. leased is judged on the
+-- database's clock, as the unblock function judges it.
+SELECT stage, blocked_at, lease_owner, lease_until, lease_generation,
+       coalesce(lease_until >= now(), false)::boolean AS leased
+FROM community_deletion_requests WHERE id = @id::uuid FOR UPDATE;
+
 -- name: DeletionRequestGet :one
 SELECT * FROM community_deletion_requests WHERE id = @id::uuid;
 

@@ -1613,16 +1613,21 @@ BEGIN
         RETURN NULL;
     END IF;
 
+    -- A head that has expired is absent, as every read treats it, whether
+    -- or not the purge has deleted its row yet: it keeps no older version
+    -- out, and goes with the slot's other rows below.
     IF NEW.d_tag IS NULL THEN
         SELECT created_at, id INTO head_created_at, head_id
         FROM events
         WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = NEW.kind
+          AND (expires_at IS NULL OR expires_at > now())
         ORDER BY created_at DESC, id ASC
         LIMIT 1;
     ELSE
         SELECT created_at, id INTO head_created_at, head_id
         FROM events
         WHERE community_id = NEW.community_id AND pubkey = NEW.pubkey AND kind = NEW.kind AND d_tag = NEW.d_tag
+          AND (expires_at IS NULL OR expires_at > now())
         ORDER BY created_at DESC, id ASC
         LIMIT 1;
     END IF;

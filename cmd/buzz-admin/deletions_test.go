@@ -364,3 +364,105 @@ func TestRefusalsOfDeletedCommunitiesAndUnknownRequestsAreSaid(t *testing.T) {
 	require.Equal(t, approveStatus, status)
 	require.Equal(t, "deletion safety rule: deletion request "+id+" is not blocked (stage retention_pending): there is nothing to unblock", said)
 }
+
+// Unblock decides under the row's lock, in the transaction that unblocks.
+// An executor blocking the request at that very moment (its transaction
+// holds the row, not yet committed) is waited for: the unblock then finds
+// the block it was run for and clears it, where a look before the lock
+// read the row as it was and said "not blocked". A blocked request an
+// executor holds right now is refused in the operator's words, exit 1,
+// naming the executor and its lease, not with the database's raw text.
+// Mutations killed: Unblock reading the request before locking it, as it
+// did (the unblock racing the block says "not blocked", exit 1); Unblock
+// without its own lease check (the leased request gets "deletion safety
+// rule: ERROR: deletion request ... is leased by ... (SQLSTATE BZ002)").
+func TestUnblockDecidesUnderTheRowLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.URL(t)
+	env := map[string]string{"BUZZ_DATABASE_URL": url}
+	cmd := func(args ...string) (status int, said string) {
+		var out, stdout, stderr bytes.Buffer
+		status = exitStatus(run(ctx, args, func(k string) string { return env[k] }, &out), &stdout, &stderr)
+		if status == 0 {
+			return 0, out.String()
+		}
+		var answer map[string]string
+		if err := json.Unmarshal(stderr.Bytes(), &answer); err != nil {
+			return status, stderr.String()
+		}
+		return status, answer["error"]
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = db.New(pool).CommunityCreate(ctx, "cli-unblock.test")
+	require.NoError(t, err)
+	status, out := cmd("deletions", "submit", "--host", "cli-unblock.test", "--requested-by", "ops", "--without-media")
+	require.Zero(t, status, out)
+	var req requestJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &req))
+	id := req.ID.String()
+	status, out = cmd("deletions", "approve", id, "--approved-by", "lead")
+	require.Zero(t, status, out)
+
+	// The executor's block, held open.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = db.New(tx).DeletionRequestBlockPreclaim(ctx, db.DeletionRequestBlockPreclaimParams{ID: req.ID, Message: "media store unreachable"})
+	require.NoError(t, err)
+	type answer struct {
+		status int
+		said   string
+	}
+	unblocked := make(chan answer, 1)
+	go func() {
+		status, said := cmd("deletions", "unblock", id, "--unblocked-by", "oncall", "--reason", "media store is back")
+		unblocked <- answer{status, said}
+	}()
+	// Commit the block once the unblock waits for its row, or once the
+	// unblock has answered without waiting.
+	var early *answer
+	require.Eventually(t, func() bool {
+		select {
+		case a := <-unblocked:
+			early = &a
+			return true
+		default:
+		}
+		var waiting int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
+		return waiting > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	var got answer
+	if early != nil {
+		got = *early
+	} else {
+		got = <-unblocked
+	}
+	require.Zero(t, got.status, "the unblock racing the block: %s", got.said)
+	require.NoError(t, json.Unmarshal([]byte(got.said), &req))
+	require.Nil(t, req.BlockedAt, "unblocked")
+
+	// Blocked, and an executor holds it right now.
+	_, err = pool.Exec(ctx, `UPDATE community_deletion_requests
+		SET blocked_at = now(), blocked_reason = 'media store unreachable', lease_owner = 'busy-executor',
+		    lease_until = now() + interval '1 hour', lease_generation = 7
+		WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	var until time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_until FROM community_deletion_requests WHERE id = $1`, req.ID).Scan(&until))
+	status, said := cmd("deletions", "unblock", id, "--unblocked-by", "oncall", "--reason", "fixed")
+	require.Equal(t, 1, status, said)
+	require.Equal(t, "deletion safety rule: deletion request "+id+` is held by executor "busy-executor" (lease generation 7) until `+
+		until.UTC().Format(time.RFC3339)+": it is working on the request right now; unblock it once that run ends or its lease runs out", said)
+
+	// Its lease over, the same unblock goes through.
+	_, err = pool.Exec(ctx, `UPDATE community_deletion_requests SET lease_until = now() - interval '1 second' WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	status, said = cmd("deletions", "unblock", id, "--unblocked-by", "oncall", "--reason", "fixed")
+	require.Zero(t, status, said)
+}

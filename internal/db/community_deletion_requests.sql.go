@@ -470,6 +470,39 @@ func (q *Queries) DeletionRequestList(ctx context.Context, maxRows int32) ([]Com
 	return items, nil
 }
 
+const deletionRequestLockForUnblock = `-- name: DeletionRequestLockForUnblock :one
+SELECT stage, blocked_at, lease_owner, lease_until, lease_generation,
+       coalesce(lease_until >= now(), false)::boolean AS leased
+FROM community_deletion_requests WHERE id = $1::uuid FOR UPDATE
+`
+
+type DeletionRequestLockForUnblockRow struct {
+	Stage           string
+	BlockedAt       *time.Time
+	LeaseOwner      *string
+	LeaseUntil      *time.Time
+	LeaseGeneration int64
+	Leased          bool
+}
+
+// What the unblock in the same transaction would refuse, read under the
+// row's lock it then takes again: an executor blocking the request
+// meanwhile is waited for, not read around. leased is judged on the
+// database's clock, as the unblock function judges it.
+func (q *Queries) DeletionRequestLockForUnblock(ctx context.Context, id uuid.UUID) (DeletionRequestLockForUnblockRow, error) {
+	row := q.db.QueryRow(ctx, deletionRequestLockForUnblock, id)
+	var i DeletionRequestLockForUnblockRow
+	err := row.Scan(
+		&i.Stage,
+		&i.BlockedAt,
+		&i.LeaseOwner,
+		&i.LeaseUntil,
+		&i.LeaseGeneration,
+		&i.Leased,
+	)
+	return i, err
+}
+
 const deletionRequestMarkDrained = `-- name: DeletionRequestMarkDrained :exec
 SELECT community_deletion_requests_mark_drained($1::uuid, $2::text, $3::bigint, $4::jsonb)
 `

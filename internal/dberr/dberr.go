@@ -212,13 +212,31 @@ func IsTransient(err error) bool {
 // not be made or was lost, the server shutting down, starting up or out of
 // connection slots. Every request fails the same way until it is back, so
 // such a failure is an outage to report once, not a fault of the request.
+//
+// A server that refused the relay's login (class 28: a wrong password, no
+// pg_hba.conf entry for it, a role that may not log in) is reached, and
+// refuses: a configuration error that no wait ends, to be logged as what
+// it is each time, never as an outage whose one line says the database is
+// unreachable and which no ping would ever end. A session the server ended
+// (57P01, one backend terminated or the server shutting down: the same
+// SQLSTATE) stays an outage to retry: which of the two it was, the outage
+// log's next ping tells, a second later.
 func IsUnreachable(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "57P05") {
+	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "57P05" || IsLoginRefused(err)) {
 		return false
 	}
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &connectErr) || IsTransient(err)
+}
+
+// IsLoginRefused reports whether the server refused the relay's login
+// (SQLSTATE class 28, invalid authorization: a wrong password, no
+// pg_hba.conf entry, a role without LOGIN): the database URL's user or
+// password is wrong, or the server's access rules, and no retry helps.
+func IsLoginRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28")
 }
 
 // AsViolation returns the constraint violation err holds, if any.

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -15,6 +19,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/pgcluster"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -219,4 +224,67 @@ func TestTransientFailuresAreTellable(t *testing.T) {
 	require.False(t, dberr.IsUnreachable(duplicate))
 	require.False(t, dberr.IsUnreachable(timedOut))
 	require.False(t, dberr.IsUnreachable(nil))
+}
+
+// A server that refuses the relay's login is reached, and refuses: a wrong
+// password (28P01) or a role without LOGIN (28000) is a configuration
+// error no wait ends, never an outage, whose log says the database is
+// unreachable once and whose ping never ends it. A throwaway cluster of
+// its own, so that its password rules touch no other test: trust until
+// the password is set, then scram-sha-256 from loopback.
+// Mutation killed: IsUnreachable taking every ConnectError for an outage,
+// as it did (the wrong password is unreachable).
+func TestARefusedLoginIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgcluster.StartTemp(ctx, map[string]string{"password_encryption": "'scram-sha-256'"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Close() })
+	admin, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `CREATE ROLE relay LOGIN PASSWORD 'right'; CREATE ROLE nologin PASSWORD 'right'`)
+	require.NoError(t, err)
+	hba := filepath.Join(cluster.DataDir(), "pg_hba.conf")
+	require.NoError(t, os.WriteFile(hba, []byte("local all postgres trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"), 0o644))
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+
+	urlFor := func(user, password string) string {
+		u, err := url.Parse(cluster.URL("postgres"))
+		require.NoError(t, err)
+		u.User = url.UserPassword(user, password)
+		return u.String()
+	}
+	// The reload is asynchronous: wait until the right password is needed.
+	require.Eventually(t, func() bool {
+		conn, err := pgx.Connect(ctx, urlFor("relay", "wrong"))
+		if err == nil {
+			conn.Close(ctx)
+		}
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	right, err := pgxpool.New(ctx, urlFor("relay", "right"))
+	require.NoError(t, err)
+	defer right.Close()
+	require.NoError(t, right.Ping(ctx))
+
+	for user, code := range map[string]string{"relay": "28P01", "nologin": "28000"} {
+		pool, err := pgxpool.New(ctx, urlFor(user, map[string]string{"relay": "wrong", "nologin": "right"}[user]))
+		require.NoError(t, err)
+		_, refused := pool.Exec(ctx, `SELECT 1`)
+		pool.Close()
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, refused, &pgErr, user)
+		require.Equal(t, code, pgErr.Code, user)
+		require.True(t, dberr.IsLoginRefused(refused), "%v", refused)
+		require.False(t, dberr.IsUnreachable(refused), "%v", refused)
+		require.False(t, dberr.IsTransient(refused), "%v", refused)
+	}
+
+	// The cluster stopped is still an outage.
+	require.NoError(t, cluster.Stop())
+	_, down := right.Exec(ctx, `SELECT 1`)
+	require.True(t, dberr.IsUnreachable(down), "%v", down)
+	require.False(t, dberr.IsLoginRefused(down), "%v", down)
 }

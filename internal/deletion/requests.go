@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -122,21 +123,36 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, approvedBy, 
 }
 
 // Unblock clears a block after an operator fixed its cause; who and why
-// are kept as a checkpoint.
+// are kept as a checkpoint. What it refuses (an unknown id, a request not
+// blocked, one an executor holds right now) it says in the operator's
+// words, decided under the row's lock in the transaction that unblocks:
+// a look before the lock read around an executor blocking the request at
+// that moment, and told the operator it was not blocked.
 func Unblock(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, by, reason string) (db.CommunityDeletionRequest, error) {
-	q := db.New(pool)
-	// Read first only to say plainly what the unblock function, which
-	// decides under the row's lock, would refuse in its own words.
-	req, err := q.DeletionRequestGet(ctx, id)
-	if dberr.IsNotFound(err) {
-		return req, fmt.Errorf("no deletion request %s", id)
+	var req db.CommunityDeletionRequest
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		cur, err := q.DeletionRequestLockForUnblock(ctx, id)
+		switch {
+		case dberr.IsNotFound(err):
+			return fmt.Errorf("no deletion request %s", id)
+		case err != nil:
+			return dberr.Interpret(err)
+		case cur.BlockedAt == nil || cur.Stage == StageRetentionPending:
+			return fmt.Errorf("%w: deletion request %s is not blocked (stage %s): there is nothing to unblock", dberr.ErrDeletionSafety, id, cur.Stage)
+		case cur.Leased:
+			return fmt.Errorf("%w: deletion request %s is held by executor %q (lease generation %d) until %s: it is working on the request right now; unblock it once that run ends or its lease runs out",
+				dberr.ErrDeletionSafety, id, derefString(cur.LeaseOwner), cur.LeaseGeneration, cur.LeaseUntil.UTC().Format(time.RFC3339))
+		}
+		req, err = q.DeletionRequestUnblock(ctx, db.DeletionRequestUnblockParams{ID: id, UnblockedBy: by, Reason: reason})
+		return dberr.Interpret(err)
+	})
+	return req, err
+}
+
+func derefString(s *string) string {
+	if s == nil {
+		return ""
 	}
-	if err != nil {
-		return req, dberr.Interpret(err)
-	}
-	if req.BlockedAt == nil || req.Stage == StageRetentionPending {
-		return req, fmt.Errorf("%w: deletion request %s is not blocked (stage %s): there is nothing to unblock", dberr.ErrDeletionSafety, id, req.Stage)
-	}
-	req, err = q.DeletionRequestUnblock(ctx, db.DeletionRequestUnblockParams{ID: id, UnblockedBy: by, Reason: reason})
-	return req, dberr.Interpret(err)
+	return *s
 }

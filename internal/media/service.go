@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/buzzrelay/buzz/internal/dberr"
 )
 
 // Refusals a client can cause; the HTTP layer maps each to its status.
@@ -322,7 +324,10 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		if failed != nil && wroteBlob != "" {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
 			defer cancel()
-			if err := s.deleteUnreferencedBlob(ctx, sha, wroteBlob); err != nil {
+			// Not logged while the database is unreachable: every upload
+			// that fails in an outage fails here too, the outage is
+			// logged once by the relay, and the sweep removes the blob.
+			if err := s.deleteUnreferencedBlob(ctx, sha, wroteBlob); err != nil && !dberr.IsUnreachable(err) {
 				s.log.Warn("media: could not remove the blob of a failed upload; the sweep will", "blob", wroteBlob, "err", err)
 			}
 		}

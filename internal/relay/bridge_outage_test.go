@@ -619,3 +619,68 @@ func TestHTTPBridgeCountsAnEventRefusedAtItsClaimInAnOutage(t *testing.T) {
 	require.Zero(t, rejected("auth-required"))
 	require.Zero(t, testutil.ToFloat64(srv.Metrics().EventsAccepted.WithLabelValues("stored")))
 }
+
+// A NIP-98 upload the database goes away under once its bytes were
+// reserved (at its blob lock) gives back both what it took: its claim and
+// its quota reservation. Both statements fail while the database is away,
+// and each failure logged a WARN, for every such request of an outage,
+// under the outage's one line. They are counted instead
+// (buzz_http_auth_release_failures_total,
+// buzz_media_quota_release_failures_total{outcome="retried"}), and the
+// request once, in the outage's failed requests. The quota release's
+// retry after the outage gives the bytes back. The database is taken away
+// for real.
+// The blob it wrote, which it removes as it fails (a database statement
+// too), is left to the media sweep without a WARN as well.
+// Mutations killed (one at a time): the give-back's failure logged
+// whatever its cause ("give back an http auth claim" logged); the quota
+// release's ("media quota release failed; retrying" logged); the failed
+// upload's blob removal's ("could not remove the blob" logged).
+func TestGiveBacksFailingInAnOutageAreCountedNotLogged(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	takeAway, letIn := databaseOutage(t, databaseURL)
+	var armed atomic.Bool
+	hook := hookStatements(&statementHook{before: func(sql string) {
+		if statementNamed("MediaBlobLock")(sql) && armed.CompareAndSwap(true, false) {
+			takeAway()
+		}
+	}})
+	pool := dbtest.PoolOn(t, databaseURL, 4, hook)
+	hs, logs, srv := relayLoggingTo(t, pool, relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	req.Header.Set("Content-Type", "image/png")
+
+	armed.Store(true)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var answer map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	resp.Body.Close()
+	requireOutageAnswer(t, resp, answer, "the upload")
+	metrics := srv.Metrics()
+	require.Equal(t, 1.0, testutil.ToFloat64(metrics.HTTPAuthReleaseFailures), "the claim not given back")
+	require.Equal(t, 1.0, testutil.ToFloat64(metrics.MediaQuotaReleaseFailures.WithLabelValues("retried")), "the release's first attempt")
+	requests, _ := srv.OutageFailures()
+	require.Equal(t, 1, requests, "the upload, once")
+
+	letIn()
+	pool.Reset()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "database reachable again") }, relaytest.Patience, 10*time.Millisecond)
+	var used int64
+	require.Eventually(t, func() bool {
+		require.NoError(t, pool.QueryRow(t.Context(), `SELECT coalesce(sum(bytes), 0)::bigint FROM media_usage`).Scan(&used))
+		return used == 0
+	}, relaytest.Patience, 10*time.Millisecond, "the reservation given back by the retry")
+	logged := logs.String()
+	require.NotContains(t, logged, "give back an http auth claim", logged)
+	require.NotContains(t, logged, "media quota release", logged)
+	require.NotContains(t, logged, "could not remove the blob", logged)
+	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
+	require.Contains(t, logged, "failed_requests=1 ", logged)
+}

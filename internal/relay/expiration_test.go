@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -149,4 +150,54 @@ func TestExpirationMustBeDigits(t *testing.T) {
 	require.True(t, got.OK, got.Msg)
 	far := c.Publish(c.Sign(1, "expiration far away", nostr.Tags{{"expiration", "99999999999999999"}}, start.Unix()))
 	require.True(t, far.OK, far.Msg)
+}
+
+// A replaceable or addressable slot whose newest version has expired
+// holds nothing, for the writes as for the reads, whether or not the purge
+// has deleted the row yet: an older version arriving then is stored and
+// served, as it is once the purge has run, not answered "duplicate: ... a
+// newer version of its address is already stored" and dropped while a REQ
+// returns nothing for the slot. The head's expiry is put in the past on
+// the database's clock, which the slot's trigger judges by (the purge
+// deletes by it too), and the relay's, which its reads judge by; no purge
+// runs. Until then the older version is kept out, as before.
+// Mutation killed: the head lookups of events_keep_newest_version
+// ignoring expires_at, as they did (the older version is answered as a
+// duplicate, nothing is served), in the replaceable branch or the
+// addressable one (each slot is checked).
+func TestAnExpiredHeadKeepsNoOlderVersionOut(t *testing.T) {
+	t.Parallel()
+	r, c, now, start := startOnAStoppedClock(t)
+	expiresIn := func(d time.Duration) nostr.Tag {
+		return nostr.Tag{"expiration", strconv.FormatInt(start.Add(d).Unix(), 10)}
+	}
+	for _, slot := range []struct {
+		kind int
+		tags nostr.Tags
+	}{{10002, nil}, {30023, nostr.Tags{{"d", "notes"}}}} {
+		head := c.Sign(slot.kind, "newest", append(slices.Clone(slot.tags), expiresIn(time.Hour)), start.Unix())
+		older := c.Sign(slot.kind, "older", slices.Clone(slot.tags), start.Unix()-10)
+		served := func() []string { return ids(c.Req("slot", map[string]any{"kinds": []int{slot.kind}})) }
+		require.True(t, c.Publish(head).OK)
+		reply := c.Publish(older)
+		require.True(t, reply.OK)
+		require.Contains(t, reply.Msg, "duplicate:", "kind %d: the head is live", slot.kind)
+		require.Equal(t, []string{head.ID}, served())
+
+		_, err := r.Pool.Exec(t.Context(), `UPDATE events SET expires_at = now() - interval '1 second'
+			WHERE community_id = $1 AND id = decode($2, 'hex')`, r.CommunityID, head.ID)
+		require.NoError(t, err)
+		now.Store(start.Add(2 * time.Hour).Unix())
+		require.Empty(t, served(), "kind %d: the expired head is not served", slot.kind)
+
+		reply = c.Publish(older)
+		require.True(t, reply.OK, "kind %d: %s", slot.kind, reply.Msg)
+		require.Empty(t, reply.Msg, "kind %d: the older version, the head expired", slot.kind)
+		require.Equal(t, []string{older.ID}, served(), "kind %d", slot.kind)
+		var rows int
+		require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT count(*) FROM events WHERE community_id = $1 AND kind = $2`,
+			r.CommunityID, slot.kind).Scan(&rows))
+		require.Equal(t, 1, rows, "kind %d: the expired head's row went with the slot's other versions", slot.kind)
+		now.Store(start.Unix())
+	}
 }

@@ -402,3 +402,58 @@ func holdFrom(t *testing.T, r *relaytest.Relay, client string) (ws *websocket.Co
 	raw, _ := io.ReadAll(resp.Body)
 	return nil, string(raw), nil
 }
+
+// Only a GET can upgrade to a WebSocket. A HEAD or a POST asking to is
+// refused with 405, Allow: GET and the JSON error, before it is admitted:
+// it took a handshake token before, then failed in the upgrade, so at a
+// bucket of one such a request refused the next real client's upgrade.
+// The clock stands still, so nothing refills.
+// Mutation killed: wantsWebSocket taking every method but OPTIONS, as it
+// did (the HEAD spends the one token: the real client is refused for the
+// rate).
+func TestOnlyAGETSpendsAHandshakeToken(t *testing.T) {
+	t.Parallel()
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 1
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	const client = "203.0.113.7"
+	type answer struct {
+		method, body string
+		resp         *http.Response
+	}
+	var answers []answer
+	for _, method := range []string{http.MethodHead, http.MethodPost, http.MethodPut} {
+		req, err := http.NewRequest(method, "http"+strings.TrimPrefix(r.URL, "ws"), nil)
+		require.NoError(t, err)
+		req.Host = r.Host
+		req.Header.Set("X-Forwarded-For", client)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answers = append(answers, answer{method, string(raw), resp})
+	}
+	resp, body := upgrade(t, r, "127.0.0.1", client)
+	require.Nil(t, resp, "the real client's upgrade after the HEAD, the POST and the PUT: %s", body)
+	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().ConnsRefused.WithLabelValues("handshake_rate")))
+
+	for _, a := range answers {
+		require.Equal(t, http.StatusMethodNotAllowed, a.resp.StatusCode, "%s: %s", a.method, a.body)
+		require.Equal(t, "GET", a.resp.Header.Get("Allow"), a.method)
+		require.Equal(t, "application/json", a.resp.Header.Get("Content-Type"), a.method)
+		if a.method != http.MethodHead {
+			require.JSONEq(t, `{"error":"invalid: a WebSocket upgrade must be a GET request"}`, a.body, a.method)
+		}
+	}
+
+	waitForNoConnections(t, r)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	refusedForRate(t, resp, body, "the bucket of one, spent by the real client")
+}

@@ -402,7 +402,7 @@ func (q relayQuota) Release(ctx context.Context, community uuid.UUID, size int64
 		return nil
 	}
 	q.failures.WithLabelValues("retried").Inc()
-	q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", 1, "err", err)
+	q.retrying(community, size, 1, err)
 	retry := func(ctx context.Context, stop <-chan struct{}) (record func()) {
 		if errors.Is(q.retryRelease(ctx, stop, community, size), errReleaseLost) {
 			return q.countLost
@@ -464,6 +464,19 @@ func (q relayQuota) retryRelease(ctx context.Context, stop <-chan struct{}, comm
 			return fmt.Errorf("%w: %w", errReleaseLost, err)
 		}
 		q.failures.WithLabelValues("retried").Inc()
+		q.retrying(community, size, attempt, err)
+	}
+}
+
+// retrying logs a failed release attempt another follows, unless the
+// database is unreachable: every upload or delete that ends during an
+// outage gives its bytes back, and each attempt's WARN buried the outage's
+// one line (the request is counted in its failed requests, the attempt in
+// buzz_media_quota_release_failures_total). A release that is lost is
+// logged whatever the cause: the community's count stays high until an
+// operator corrects it, and the line says by how much.
+func (q relayQuota) retrying(community uuid.UUID, size int64, attempt int, err error) {
+	if !dberr.IsUnreachable(err) {
 		q.log.Warn("media quota release failed; retrying", "community", community, "bytes", size, "attempt", attempt, "err", err)
 	}
 }

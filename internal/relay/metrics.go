@@ -34,8 +34,11 @@ type Metrics struct {
 	// HTTPAuthSignaturesChecked counts the signatures of signed HTTP
 	// requests (and their x-auth-tag attestations) actually verified.
 	HTTPAuthSignaturesChecked prometheus.Counter
-	RateLimited               prometheus.Counter
-	DBQuery                   *prometheus.HistogramVec // query: the statement's name
+	// HTTPAuthReleaseFailures counts NIP-98 claims a request that failed
+	// for the relay's reason could not give back: its client signs anew.
+	HTTPAuthReleaseFailures prometheus.Counter
+	RateLimited             prometheus.Counter
+	DBQuery                 *prometheus.HistogramVec // query: the statement's name
 	// OwnerAttestations counts owner attestations presented on AUTH or in
 	// x-auth-tag, by result: recorded, conflict, invalid, unsigned.
 	OwnerAttestations *prometheus.CounterVec
@@ -145,6 +148,9 @@ func NewMetrics() *Metrics {
 		HTTPAuthSignaturesChecked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_http_auth_signatures_checked_total", Help: "Signatures of signed HTTP requests verified (a signature that verified within the auth window is not checked again).",
 		}),
+		HTTPAuthReleaseFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_http_auth_release_failures_total", Help: "NIP-98 claims a request that failed for the relay's reason could not give back (its client must sign the request again); during a database outage they are counted here and not logged one by one.",
+		}),
 		RateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "buzz_publish_rate_limited_total", Help: "Events refused because their pubkey published too fast.",
 		}),
@@ -164,7 +170,7 @@ func NewMetrics() *Metrics {
 			Name: "buzz_media_bytes_total", Help: "Media bytes read from uploads (in) and written to clients (out).",
 		}, []string{"direction"}),
 		MediaQuotaReleaseFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high), abandoned (still being retried when Shutdown's time ran out, at most; the count stays high).",
+			Name: "buzz_media_quota_release_failures_total", Help: "Failed attempts to give a media quota reservation back, by outcome: retried, lost (the community's count stays high), abandoned (still being retried when Shutdown's time ran out, at most; the count stays high). A retried attempt that failed for a database outage is counted here, not logged.",
 		}, []string{"outcome"}),
 		MediaSweepBlobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_media_sweep_blobs_total", Help: "Blobs no community references, by what the media sweep did: removed, failed (logged; tried again by the next sweep).",
@@ -205,7 +211,7 @@ func NewMetrics() *Metrics {
 		Help: "Joins and put-users refused because their channel has BUZZ_MAX_CHANNEL_MEMBERS active members.",
 	})
 	m.Registry.MustRegister(m.ChannelMemberLimitRefusals, m.IngestGroupEvents, m.IngestGroupWait, m.IngestGroupSeconds, m.IngestGroupsFailed, m.IngestChangesAlone, m.RouteDecision, m.CommunityClosedConns, m.MediaRequests, m.MediaBytes, m.MediaQuotaReleaseFailures, m.MediaSweepBlobs, m.OwnerAttestations, m.Connections, m.EventsAccepted, m.EventsRejected, m.ReqDuration,
-		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.PingsPaced, m.HTTPAuthRateLimited, m.HTTPAuthSignaturesChecked, m.RateLimited, m.DBQuery,
+		m.FanoutDelivered, m.FanoutDropped, m.EventsExpiredPurged, m.FanoutWriteDelay, m.SlowClosed, m.ConnsRefused, m.WebhookCallsRefused, m.ReplyQueueBytes, m.AuthTimeouts, m.AuthRateLimited, m.MessagesPaced, m.PingsPaced, m.HTTPAuthRateLimited, m.HTTPAuthSignaturesChecked, m.HTTPAuthReleaseFailures, m.RateLimited, m.DBQuery,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/community"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/outbox"
 )
@@ -297,13 +298,21 @@ const releaseClaimTimeout = 5 * time.Second
 // replay of that request through. Like a claim's, the statement is one
 // per signed request; it takes no read slot, since the request already
 // failed once for want of one. On a context of its own: the client may be
-// gone. A failed release only costs the client a new signature.
+// gone. A failed release only costs the client a new signature. It is
+// counted (buzz_http_auth_release_failures_total), and logged unless the
+// database is unreachable: during an outage every request that fails
+// gives its claim back and fails again, and the request itself is already
+// counted in the outage's failed requests, so a WARN for each buried the
+// outage's one line again.
 func (s *Server) releaseHTTPAuth(ctx context.Context, tenant community.Tenant, ev *nostr.Event) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseClaimTimeout)
 	defer cancel()
 	id := ev.IDBytes()
 	if err := s.queries.HTTPAuthReplayRelease(ctx, db.HTTPAuthReplayReleaseParams{CommunityID: tenant.ID(), EventID: id[:]}); err != nil {
-		s.log.Warn("give back an http auth claim", "community", tenant.Host(), "err", err)
+		s.metrics.HTTPAuthReleaseFailures.Inc()
+		if !dberr.IsUnreachable(err) {
+			s.log.Warn("give back an http auth claim", "community", tenant.Host(), "err", err)
+		}
 	}
 }
 

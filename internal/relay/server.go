@@ -573,10 +573,25 @@ func (s *Server) refusingUnadmittable(next http.HandlerFunc) http.HandlerFunc {
 }
 
 // wantsWebSocket reports whether serveRoot would take r for a WebSocket
-// upgrade.
+// upgrade. Only a GET can upgrade: any other method asking to is refused
+// by serveRoot (upgradeNotGET) before it is admitted, so it spends no
+// handshake token on an upgrade bound to fail.
 func wantsWebSocket(r *http.Request) bool {
-	return r.URL.Path == "/" && r.Method != http.MethodOptions && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+	return r.URL.Path == "/" && r.Method == http.MethodGet && asksToUpgrade(r)
 }
+
+// upgradeNotGET reports whether r asks for a WebSocket upgrade with a
+// method that cannot have one (a HEAD or a POST, say).
+func upgradeNotGET(r *http.Request) bool {
+	return r.Method != http.MethodGet && r.Method != http.MethodOptions && asksToUpgrade(r)
+}
+
+func asksToUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// notGETReason answers a WebSocket upgrade asked for with another method.
+const notGETReason = "invalid: a WebSocket upgrade must be a GET request"
 
 // databaseUnreachable answers a request the database failed because it
 // could not be reached, as every route does during an outage: 503 with
@@ -622,6 +637,9 @@ func (s *Server) serveRoot(w http.ResponseWriter, r *http.Request, tenant commun
 		serveInfoPreflight(w, r, tenant)
 	case wantsWebSocket(r):
 		s.serveWebSocket(w, r, tenant)
+	case upgradeNotGET(r):
+		w.Header().Set("Allow", http.MethodGet)
+		writeError(w, http.StatusMethodNotAllowed, notGETReason)
 	case strings.Contains(r.Header.Get("Accept"), "application/nostr+json"):
 		s.serveInfo(w, r, tenant)
 	default:
