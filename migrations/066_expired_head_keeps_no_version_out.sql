@@ -1,4 +1,4 @@
--- 067: an expired version no longer keeps an older one out of its slot.
+-- 066: an expired version no longer keeps an older one out of its slot.
 --
 -- Why: events_keep_newest_version keeps one version per replaceable or
 -- addressable slot and skips a version older than the slot's head. It
