@@ -169,7 +169,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 		}
 		saved.name = tag[1]
 	}
-	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
+	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID, Now: w.SQLNow()})
 	switch {
 	case dberr.IsNotFound(err):
 	case err != nil:
@@ -179,7 +179,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	default:
 		saved.existed = true
 	}
-	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled; !alreadyFires {
+	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled && !existing.DefinitionExpired; !alreadyFires {
 		if err := admitToChannel(ctx, w, channel, workflowID, maxPerChannel); err != nil {
 			return err
 		}
@@ -223,7 +223,7 @@ func lockChannelForWorkflows(ctx context.Context, w *ingest.Write, channel uuid.
 // after the bound was lowered.
 func admitToChannel(ctx context.Context, w *ingest.Write, channel, workflowID uuid.UUID, maxPerChannel int) error {
 	active, err := w.Q.WorkflowsActiveInChannel(ctx, db.WorkflowsActiveInChannelParams{
-		CommunityID: w.Tenant.ID(), ChannelID: channel, ExceptID: workflowID,
+		CommunityID: w.Tenant.ID(), ChannelID: channel, ExceptID: workflowID, Now: w.SQLNow(),
 	})
 	if err != nil {
 		return err
