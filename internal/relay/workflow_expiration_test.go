@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
 	"github.com/buzzrelay/buzz/internal/workflow"
 )
 
@@ -142,4 +147,35 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 	require.True(t, ok2.OK, ok2.Msg)
 	post()
 	require.Equal(t, 3, runs(expiringMessage))
+}
+
+// An expired workflow fires nothing, so it takes no place in its channel's
+// bound of firing workflows: with a bound of one, a second workflow is
+// refused while the first's definition lasts and accepted once it expired.
+// Mutation killed: WorkflowsActiveInChannel counting expired workflows (the
+// second save stays refused).
+func TestAnExpiredWorkflowTakesNoPlaceInItsChannelsBound(t *testing.T) {
+	t.Parallel()
+	now := new(atomic.Int64)
+	start := time.Now().Truncate(time.Second)
+	now.Store(start.Unix())
+	stub := clock.Stub(func() time.Time { return time.Unix(now.Load(), 0) })
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(stub)}, func(c *config.Config) { c.WorkflowMaxPerChannel = 1 })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "bounded", false)
+	save := func(extra ...nostr.Tag) relaytest.Reply {
+		t.Helper()
+		return owner.Publish(owner.Sign(30620, "name: M\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: x}]",
+			append(nostr.Tags{{"d", uuid.NewString()}, {"h", ch}}, extra...), now.Load()))
+	}
+	first := save(nostr.Tag{"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)})
+	require.True(t, first.OK, first.Msg)
+	second := save()
+	require.False(t, second.OK)
+	require.Equal(t, "restricted: the channel has its limit of 1 active workflows; archive one first", second.Msg)
+
+	now.Store(start.Add(2 * time.Hour).Unix())
+	second = save()
+	require.True(t, second.OK, second.Msg)
 }
