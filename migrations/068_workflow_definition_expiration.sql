@@ -26,7 +26,7 @@
 -- definition they store fires as before until re-saved); migrate first.
 -- Roll back: the down part drops the column; expired workflows fire again.
 
-SET lock_timeout = '5s';
+SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE workflows ADD COLUMN definition_expires_at timestamptz;
 
@@ -45,12 +45,9 @@ WHERE w.definition_event_id IS NOT NULL AND w.definition_expires_at IS NULL
   AND NOT EXISTS (SELECT FROM events e WHERE e.community_id = w.community_id AND e.id = w.definition_event_id)
   AND community_write_allowed(w.community_id);
 
-RESET lock_timeout;
-
 ---- create above / drop below ----
 
-SET lock_timeout = '5s';
+SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE workflows DROP COLUMN IF EXISTS definition_expires_at;
 
-RESET lock_timeout;
