@@ -231,6 +231,54 @@ func (q *Queries) WorkflowsActiveInChannel(ctx context.Context, arg WorkflowsAct
 	return column_1, err
 }
 
+const workflowsArchiveByDefinitionEvent = `-- name: WorkflowsArchiveByDefinitionEvent :many
+UPDATE workflows w
+SET status = 'archived', enabled = false, updated_at = coalesce($1::timestamptz, now())
+FROM events e
+WHERE e.community_id = $2::uuid AND e.id = ANY($3::bytea[])
+  AND e.kind = 30620 AND e.pubkey = $4::bytea
+  AND w.community_id = e.community_id AND w.definition_event_id = e.id AND w.owner_pubkey = e.pubkey
+  AND w.status <> 'archived'
+RETURNING w.id
+`
+
+type WorkflowsArchiveByDefinitionEventParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	EventIds    [][]byte
+	OwnerPubkey []byte
+}
+
+// A kind 5 naming a definition event by id (an e tag) deletes the version a
+// workflow is pinned to: the workflow stops firing, as when its coordinate
+// is deleted. Only the owner's own events count, as for the events. The
+// ids are looked up in events first (one hash probe each), so a deletion of
+// messages reads no workflow.
+func (q *Queries) WorkflowsArchiveByDefinitionEvent(ctx context.Context, arg WorkflowsArchiveByDefinitionEventParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowsArchiveByDefinitionEvent,
+		arg.Now,
+		arg.CommunityID,
+		arg.EventIds,
+		arg.OwnerPubkey,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
 SELECT community_id, id, channel_id, definition_event_id, updated_at,
        (definition -> 'trigger')::jsonb AS trigger,
