@@ -1169,6 +1169,13 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 		return nil, fail(CodeTemplateResolutionFailed, "step %s: emoji: %v", step.ID, err)
 	}
 	channel := *c.Run.ChannelID
+	// On the owner's authority, as a message step: read under the channel's
+	// write lock, after any removal of the owner that committed while this
+	// step ran (the workflow row it read first was still enabled then). The
+	// reaction itself is checked as the relay, which may read any channel.
+	if _, f := ownerChannelAccess(ctx, w.Q, c, step.ID, channel); f != nil {
+		return nil, f
+	}
 	tags := nostr.Tags{
 		{"e", tc.MessageID},
 		{"h", channel.String()},
