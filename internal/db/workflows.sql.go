@@ -236,8 +236,8 @@ UPDATE workflows w
 SET status = 'archived', enabled = false, updated_at = coalesce($1::timestamptz, now())
 FROM events e
 WHERE e.community_id = $2::uuid AND e.id = ANY($3::bytea[])
-  AND e.kind = 30620 AND e.pubkey = $4::bytea
-  AND w.community_id = e.community_id AND w.definition_event_id = e.id AND w.owner_pubkey = e.pubkey
+  AND e.kind = 30620 AND e.deleted_at IS NOT NULL
+  AND w.community_id = e.community_id AND w.definition_event_id = e.id
   AND w.status <> 'archived'
 RETURNING w.id
 `
@@ -246,21 +246,18 @@ type WorkflowsArchiveByDefinitionEventParams struct {
 	Now         *time.Time
 	CommunityID uuid.UUID
 	EventIds    [][]byte
-	OwnerPubkey []byte
 }
 
-// A kind 5 naming a definition event by id (an e tag) deletes the version a
-// workflow is pinned to: the workflow stops firing, as when its coordinate
-// is deleted. Only the owner's own events count, as for the events. The
-// ids are looked up in events first (one hash probe each), so a deletion of
+// A kind 5 of the owner naming a workflow's pinned definition event by id
+// (an e tag), or a channel moderator's 9005 hiding it, deleted the version
+// the workflow is pinned to: the workflow stops firing, as when its
+// coordinate is deleted. Run after the deletion, in its transaction: only
+// an event it (or an earlier one) did delete counts, so the deletion's own
+// rules (the author's events, the moderator's channel) decide. The ids are
+// looked up in events first (one hash probe each), so a deletion of
 // messages reads no workflow.
 func (q *Queries) WorkflowsArchiveByDefinitionEvent(ctx context.Context, arg WorkflowsArchiveByDefinitionEventParams) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, workflowsArchiveByDefinitionEvent,
-		arg.Now,
-		arg.CommunityID,
-		arg.EventIds,
-		arg.OwnerPubkey,
-	)
+	rows, err := q.db.Query(ctx, workflowsArchiveByDefinitionEvent, arg.Now, arg.CommunityID, arg.EventIds)
 	if err != nil {
 		return nil, err
 	}

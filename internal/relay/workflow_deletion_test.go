@@ -19,10 +19,12 @@ import (
 // command answers that it is archived. Another member's e tag naming it
 // changes nothing. Before, only the coordinate archived the row: deleted
 // by id, the workflow went on firing, every run failing closed with
-// invalid_definition (a schedule one per slot, for good).
+// invalid_definition (a schedule one per slot, for good). A moderator's
+// 9005 hiding a member's definition stops that workflow likewise.
 //
-// Mutation killed: archiveDeleted without the e-tag lookup (the message's
-// run is created, the call answers 202, the command is accepted).
+// Mutations killed: archiveDeleted without the e-tag lookup (the message's
+// run is created, the call answers 202, the command is accepted);
+// deletesDefinitions without 9005 (the hidden workflow's run is created).
 func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	t.Parallel()
 	r := relaytest.Start(t)
@@ -100,4 +102,17 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	ok := owner.Publish(owner.Sign(46020, "", nostr.Tags{{"d", onMessage}}, 0))
 	require.False(t, ok.OK)
 	require.Equal(t, "invalid: workflow is archived", ok.Msg)
+
+	// A channel moderator hiding a member's definition (9005) stops it too.
+	members := uuid.NewString()
+	membersDef := other.Sign(30620, "name: O\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: mine}]",
+		nostr.Tags{{"d", members}, {"h", ch}}, 0)
+	ok = other.Publish(membersDef)
+	require.True(t, ok.OK, ok.Msg)
+	post()
+	require.Equal(t, 1, runs(members))
+	ok = owner.Publish(owner.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", membersDef.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	post()
+	require.Equal(t, 1, runs(members), "a message after the moderator hid the definition starts no run")
 }

@@ -275,8 +275,9 @@ func (t *Triggers) applyDefinition(ctx context.Context, w *ingest.Write) error {
 
 // DefinitionDeletion archives the workflows whose definitions a kind 5
 // deletes, by coordinate (30620:<owner>:<workflow id>) or by the id of the
-// event a workflow is pinned to (an e tag): register it as side rows. Only
-// the owner's own coordinates and events count, as for the events. The
+// event a workflow is pinned to (an e tag), and those whose pinned event a
+// moderator's 9005 hides: register it as side rows. Only the owner's own
+// coordinates and events count for a kind 5, as for the events. The
 // archived workflows' runs waiting for an approval end with it.
 func (t *Triggers) DefinitionDeletion() ingest.SideRows {
 	return ingest.SideRows{Needs: deletesDefinitions, Apply: t.archiveDeleted}
@@ -308,12 +309,21 @@ func deletedEventIDs(ev *nostr.Event) [][]byte {
 }
 
 func deletesDefinitions(ev *nostr.Event) bool {
-	return ev.Kind == nostr.KindDeletion && (len(deletedWorkflows(ev)) > 0 || len(deletedEventIDs(ev)) > 0)
+	switch ev.Kind {
+	case nostr.KindDeletion:
+		return len(deletedWorkflows(ev)) > 0 || len(deletedEventIDs(ev)) > 0
+	case ingest.KindDeleteEvent:
+		return len(deletedEventIDs(ev)) > 0
+	}
+	return false
 }
 
 func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
 	var archived []uuid.UUID
 	for _, id := range deletedWorkflows(w.Event) {
+		if w.Event.Kind != nostr.KindDeletion {
+			break // a coordinate is a kind 5's
+		}
 		n, err := w.Q.WorkflowArchive(ctx, db.WorkflowArchiveParams{
 			CommunityID: w.Tenant.ID(), ID: id, OwnerPubkey: w.ActorBytes(), Now: w.SQLNow(),
 		})
@@ -324,12 +334,12 @@ func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
 			archived = append(archived, id)
 		}
 	}
-	// Deleted by id, the pinned event is gone as surely as by coordinate:
-	// left active, the workflow fired on, every run failing closed (a
-	// schedule one per slot, for good).
+	// Deleted by id or hidden, the pinned event is gone as surely as by
+	// coordinate: left active, the workflow fired on, every run failing
+	// closed (a schedule one per slot, for good).
 	if ids := deletedEventIDs(w.Event); len(ids) > 0 {
 		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, db.WorkflowsArchiveByDefinitionEventParams{
-			CommunityID: w.Tenant.ID(), EventIds: ids, OwnerPubkey: w.ActorBytes(), Now: w.SQLNow(),
+			CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow(),
 		})
 		if err != nil {
 			return err
