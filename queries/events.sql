@@ -128,8 +128,10 @@ GROUP BY channel_id;
 
 -- name: EventWorkflowDefinition :one
 -- The exact signed definition a run is pinned to, in the workflow's
--- channel, if it is still stored (not deleted).
-SELECT id, pubkey, content, tags
+-- channel, if it is still stored (not deleted); expired: its NIP-40
+-- expiration passed by @now (the purge has not deleted it yet).
+SELECT id, pubkey, content, tags,
+       coalesce(expires_at <= coalesce(sqlc.narg('now')::timestamptz, now()), false)::boolean AS expired
 FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND kind = 30620
   AND channel_id = @channel_id::uuid AND deleted_at IS NULL;

@@ -1,9 +1,12 @@
 -- Workflow definitions materialized from kind 30620 events.
 
 -- name: WorkflowGet :one
+-- definition_expired: the pinned definition's NIP-40 expiration passed by
+-- @now; such a workflow fires nothing.
 SELECT owner_pubkey, channel_id, status, enabled, definition_event_id,
        coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret,
-       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on
+       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on,
+       coalesce(definition_expires_at <= coalesce(sqlc.narg('now')::timestamptz, now()), false)::boolean AS definition_expired
 FROM workflows
 WHERE community_id = @community_id::uuid AND id = @id::uuid;
 
@@ -12,17 +15,21 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid;
 -- the same owner saves it for the same channel: the WHERE makes a racing
 -- save by someone else return no row (refused), whatever the earlier read
 -- saw. A re-save enables the workflow again (the signer is a channel member
--- at save time) and pins the new event.
+-- at save time) and pins the new event, with the NIP-40 expiration its row
+-- was stored with (NULL: none), read back so that the two cannot differ.
 INSERT INTO workflows (community_id, id, name, owner_pubkey, channel_id, definition, definition_hash,
-                       definition_event_id, status, enabled, created_at, updated_at)
+                       definition_event_id, definition_expires_at, status, enabled, created_at, updated_at)
 VALUES (@community_id::uuid, @id::uuid, @name::text, @owner_pubkey::bytea, sqlc.narg('channel_id')::uuid,
-        @definition::jsonb, @definition_hash::bytea, @definition_event_id::bytea, 'active', true,
+        @definition::jsonb, @definition_hash::bytea, @definition_event_id::bytea,
+        (SELECT e.expires_at FROM events e WHERE e.community_id = @community_id::uuid AND e.id = @definition_event_id::bytea),
+        'active', true,
         coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()))
 ON CONFLICT (community_id, id) DO UPDATE
 SET name = EXCLUDED.name,
     definition = EXCLUDED.definition,
     definition_hash = EXCLUDED.definition_hash,
     definition_event_id = EXCLUDED.definition_event_id,
+    definition_expires_at = EXCLUDED.definition_expires_at,
     status = 'active',
     enabled = true,
     updated_at = EXCLUDED.updated_at
@@ -38,10 +45,28 @@ SET status = 'archived', enabled = false, updated_at = coalesce(sqlc.narg('now')
 WHERE community_id = @community_id::uuid AND id = @id::uuid AND owner_pubkey = @owner_pubkey::bytea
   AND status <> 'archived';
 
+-- name: WorkflowsArchiveByDefinitionEvent :many
+-- A kind 5 of the owner naming a workflow's pinned definition event by id
+-- (an e tag), or a channel moderator's 9005 hiding it, deleted the version
+-- the workflow is pinned to: the workflow stops firing, as when its
+-- coordinate is deleted. Run after the deletion, in its transaction: only
+-- an event it (or an earlier one) did delete counts, so the deletion's own
+-- rules (the author's events, the moderator's channel) decide. The ids are
+-- looked up in events first (one hash probe each), so a deletion of
+-- messages reads no workflow.
+UPDATE workflows w
+SET status = 'archived', enabled = false, updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
+FROM events e
+WHERE e.community_id = @community_id::uuid AND e.id = ANY(@event_ids::bytea[])
+  AND e.kind = 30620 AND e.deleted_at IS NOT NULL
+  AND w.community_id = e.community_id AND w.definition_event_id = e.id
+  AND w.status <> 'archived'
+RETURNING w.id;
+
 -- name: WorkflowsTriggerable :many
 -- The workflows an event in a channel may trigger: active, enabled, and
--- pinned to a signed definition event (a row without one fires nothing
--- until its owner saves it again). Only the definition's trigger and
+-- pinned to a signed definition event that has not expired (a row without
+-- one fires nothing until its owner saves it again). Only the definition's trigger and
 -- enabled flag, all that decides whether one fires: every message, reaction
 -- and diff of the channel runs this in its write transaction, and whole
 -- definitions (up to an event's size each, 20 in a channel) were sent and
@@ -52,15 +77,18 @@ SELECT id, definition_event_id,
 FROM workflows
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce(sqlc.narg('now')::timestamptz, now()))
 ORDER BY id;
 
 -- name: WorkflowsActiveInChannel :one
 -- The channel's workflows that fire, other than the one being saved: what
--- the per-channel bound counts. Run it after ChannelLockForWorkflows.
+-- the per-channel bound counts (an expired definition fires nothing, so it
+-- takes no place). Run it after ChannelLockForWorkflows.
 SELECT count(*)::int
 FROM workflows
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
-  AND status = 'active' AND enabled AND id <> @except_id::uuid;
+  AND status = 'active' AND enabled AND id <> @except_id::uuid
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce(sqlc.narg('now')::timestamptz, now()));
 
 -- name: WorkflowsScheduled :many
 -- Every workflow the scheduler fires, in every community: active, enabled,
@@ -83,6 +111,9 @@ SELECT community_id, id, channel_id, definition_event_id, updated_at,
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
+  -- Nor one whose definition expired (NIP-40): checked on the index's rows,
+  -- since now is no part of an index predicate.
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce(sqlc.narg('now')::timestamptz, now()))
   -- A community being deleted (its writes are refused) or archived (not
   -- served) fires nothing.
   AND EXISTS (SELECT FROM communities c WHERE c.id = workflows.community_id

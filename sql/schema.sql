@@ -2794,6 +2794,7 @@ CREATE TABLE public.workflows (
     enabled boolean DEFAULT true NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    definition_expires_at timestamp with time zone,
     CONSTRAINT workflows_definition_event_id_len CHECK ((octet_length(definition_event_id) = 32)),
     CONSTRAINT workflows_definition_hash_len CHECK ((octet_length(definition_hash) = 32)),
     CONSTRAINT workflows_name_not_blank CHECK ((btrim((name)::text) <> ''::text)),
@@ -2813,6 +2814,13 @@ COMMENT ON TABLE public.workflows IS 'Materialized kind 30620 workflow definitio
 --
 
 COMMENT ON COLUMN public.workflows.enabled IS 'false once the owner left or was removed from the channel, or the definition was deleted.';
+
+
+--
+-- Name: COLUMN workflows.definition_expires_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.workflows.definition_expires_at IS 'NIP-40 expiration of the pinned definition event; the workflow fires nothing from then on.';
 
 
 --

@@ -352,13 +352,15 @@ func (q *Queries) EventSlotLock(ctx context.Context, arg EventSlotLockParams) er
 }
 
 const eventWorkflowDefinition = `-- name: EventWorkflowDefinition :one
-SELECT id, pubkey, content, tags
+SELECT id, pubkey, content, tags,
+       coalesce(expires_at <= coalesce($1::timestamptz, now()), false)::boolean AS expired
 FROM events
-WHERE community_id = $1::uuid AND id = $2::bytea AND kind = 30620
-  AND channel_id = $3::uuid AND deleted_at IS NULL
+WHERE community_id = $2::uuid AND id = $3::bytea AND kind = 30620
+  AND channel_id = $4::uuid AND deleted_at IS NULL
 `
 
 type EventWorkflowDefinitionParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	ID          []byte
 	ChannelID   uuid.UUID
@@ -369,18 +371,26 @@ type EventWorkflowDefinitionRow struct {
 	Pubkey  []byte
 	Content string
 	Tags    json.RawMessage
+	Expired bool
 }
 
 // The exact signed definition a run is pinned to, in the workflow's
-// channel, if it is still stored (not deleted).
+// channel, if it is still stored (not deleted); expired: its NIP-40
+// expiration passed by @now (the purge has not deleted it yet).
 func (q *Queries) EventWorkflowDefinition(ctx context.Context, arg EventWorkflowDefinitionParams) (EventWorkflowDefinitionRow, error) {
-	row := q.db.QueryRow(ctx, eventWorkflowDefinition, arg.CommunityID, arg.ID, arg.ChannelID)
+	row := q.db.QueryRow(ctx, eventWorkflowDefinition,
+		arg.Now,
+		arg.CommunityID,
+		arg.ID,
+		arg.ChannelID,
+	)
 	var i EventWorkflowDefinitionRow
 	err := row.Scan(
 		&i.ID,
 		&i.Pubkey,
 		&i.Content,
 		&i.Tags,
+		&i.Expired,
 	)
 	return i, err
 }

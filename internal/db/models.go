@@ -722,6 +722,8 @@ type Workflow struct {
 	Enabled   bool
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// NIP-40 expiration of the pinned definition event; the workflow fires nothing from then on.
+	DefinitionExpiresAt *time.Time
 }
 
 // Approval requests of runs; token is the SHA-256 of the raw token, never the token itself.

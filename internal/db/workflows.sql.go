@@ -46,12 +46,14 @@ const workflowGet = `-- name: WorkflowGet :one
 
 SELECT owner_pubkey, channel_id, status, enabled, definition_event_id,
        coalesce(definition ->> '_webhook_secret', '')::text AS webhook_secret,
-       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on
+       coalesce(definition -> 'trigger' ->> 'on', '')::text AS trigger_on,
+       coalesce(definition_expires_at <= coalesce($1::timestamptz, now()), false)::boolean AS definition_expired
 FROM workflows
-WHERE community_id = $1::uuid AND id = $2::uuid
+WHERE community_id = $2::uuid AND id = $3::uuid
 `
 
 type WorkflowGetParams struct {
+	Now         *time.Time
 	CommunityID uuid.UUID
 	ID          uuid.UUID
 }
@@ -64,11 +66,14 @@ type WorkflowGetRow struct {
 	DefinitionEventID []byte
 	WebhookSecret     string
 	TriggerOn         string
+	DefinitionExpired bool
 }
 
 // Workflow definitions materialized from kind 30620 events.
+// definition_expired: the pinned definition's NIP-40 expiration passed by
+// @now; such a workflow fires nothing.
 func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (WorkflowGetRow, error) {
-	row := q.db.QueryRow(ctx, workflowGet, arg.CommunityID, arg.ID)
+	row := q.db.QueryRow(ctx, workflowGet, arg.Now, arg.CommunityID, arg.ID)
 	var i WorkflowGetRow
 	err := row.Scan(
 		&i.OwnerPubkey,
@@ -78,6 +83,7 @@ func (q *Queries) WorkflowGet(ctx context.Context, arg WorkflowGetParams) (Workf
 		&i.DefinitionEventID,
 		&i.WebhookSecret,
 		&i.TriggerOn,
+		&i.DefinitionExpired,
 	)
 	return i, err
 }
@@ -140,15 +146,18 @@ func (q *Queries) WorkflowLockForRuns(ctx context.Context, arg WorkflowLockForRu
 
 const workflowUpsert = `-- name: WorkflowUpsert :one
 INSERT INTO workflows (community_id, id, name, owner_pubkey, channel_id, definition, definition_hash,
-                       definition_event_id, status, enabled, created_at, updated_at)
+                       definition_event_id, definition_expires_at, status, enabled, created_at, updated_at)
 VALUES ($1::uuid, $2::uuid, $3::text, $4::bytea, $5::uuid,
-        $6::jsonb, $7::bytea, $8::bytea, 'active', true,
+        $6::jsonb, $7::bytea, $8::bytea,
+        (SELECT e.expires_at FROM events e WHERE e.community_id = $1::uuid AND e.id = $8::bytea),
+        'active', true,
         coalesce($9::timestamptz, now()), coalesce($9::timestamptz, now()))
 ON CONFLICT (community_id, id) DO UPDATE
 SET name = EXCLUDED.name,
     definition = EXCLUDED.definition,
     definition_hash = EXCLUDED.definition_hash,
     definition_event_id = EXCLUDED.definition_event_id,
+    definition_expires_at = EXCLUDED.definition_expires_at,
     status = 'active',
     enabled = true,
     updated_at = EXCLUDED.updated_at
@@ -173,7 +182,8 @@ type WorkflowUpsertParams struct {
 // the same owner saves it for the same channel: the WHERE makes a racing
 // save by someone else return no row (refused), whatever the earlier read
 // saw. A re-save enables the workflow again (the signer is a channel member
-// at save time) and pins the new event.
+// at save time) and pins the new event, with the NIP-40 expiration its row
+// was stored with (NULL: none), read back so that the two cannot differ.
 func (q *Queries) WorkflowUpsert(ctx context.Context, arg WorkflowUpsertParams) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, workflowUpsert,
 		arg.CommunityID,
@@ -196,21 +206,74 @@ SELECT count(*)::int
 FROM workflows
 WHERE community_id = $1::uuid AND channel_id = $2::uuid
   AND status = 'active' AND enabled AND id <> $3::uuid
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce($4::timestamptz, now()))
 `
 
 type WorkflowsActiveInChannelParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
 	ExceptID    uuid.UUID
+	Now         *time.Time
 }
 
 // The channel's workflows that fire, other than the one being saved: what
-// the per-channel bound counts. Run it after ChannelLockForWorkflows.
+// the per-channel bound counts (an expired definition fires nothing, so it
+// takes no place). Run it after ChannelLockForWorkflows.
 func (q *Queries) WorkflowsActiveInChannel(ctx context.Context, arg WorkflowsActiveInChannelParams) (int32, error) {
-	row := q.db.QueryRow(ctx, workflowsActiveInChannel, arg.CommunityID, arg.ChannelID, arg.ExceptID)
+	row := q.db.QueryRow(ctx, workflowsActiveInChannel,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.ExceptID,
+		arg.Now,
+	)
 	var column_1 int32
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const workflowsArchiveByDefinitionEvent = `-- name: WorkflowsArchiveByDefinitionEvent :many
+UPDATE workflows w
+SET status = 'archived', enabled = false, updated_at = coalesce($1::timestamptz, now())
+FROM events e
+WHERE e.community_id = $2::uuid AND e.id = ANY($3::bytea[])
+  AND e.kind = 30620 AND e.deleted_at IS NOT NULL
+  AND w.community_id = e.community_id AND w.definition_event_id = e.id
+  AND w.status <> 'archived'
+RETURNING w.id
+`
+
+type WorkflowsArchiveByDefinitionEventParams struct {
+	Now         *time.Time
+	CommunityID uuid.UUID
+	EventIds    [][]byte
+}
+
+// A kind 5 of the owner naming a workflow's pinned definition event by id
+// (an e tag), or a channel moderator's 9005 hiding it, deleted the version
+// the workflow is pinned to: the workflow stops firing, as when its
+// coordinate is deleted. Run after the deletion, in its transaction: only
+// an event it (or an earlier one) did delete counts, so the deletion's own
+// rules (the author's events, the moderator's channel) decide. The ids are
+// looked up in events first (one hash probe each), so a deletion of
+// messages reads no workflow.
+func (q *Queries) WorkflowsArchiveByDefinitionEvent(ctx context.Context, arg WorkflowsArchiveByDefinitionEventParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, workflowsArchiveByDefinitionEvent, arg.Now, arg.CommunityID, arg.EventIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workflowsScheduled = `-- name: WorkflowsScheduled :many
@@ -221,6 +284,9 @@ SELECT community_id, id, channel_id, definition_event_id, updated_at,
 FROM workflows
 WHERE enabled AND status = 'active' AND definition_event_id IS NOT NULL
   AND definition -> 'trigger' ->> 'on' = 'schedule'
+  -- Nor one whose definition expired (NIP-40): checked on the index's rows,
+  -- since now is no part of an index predicate.
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce($1::timestamptz, now()))
   -- A community being deleted (its writes are refused) or archived (not
   -- served) fires nothing.
   AND EXISTS (SELECT FROM communities c WHERE c.id = workflows.community_id
@@ -292,12 +358,14 @@ SELECT id, definition_event_id,
 FROM workflows
 WHERE community_id = $1::uuid AND channel_id = $2::uuid
   AND status = 'active' AND enabled AND definition_event_id IS NOT NULL
+  AND (definition_expires_at IS NULL OR definition_expires_at > coalesce($3::timestamptz, now()))
 ORDER BY id
 `
 
 type WorkflowsTriggerableParams struct {
 	CommunityID uuid.UUID
 	ChannelID   uuid.UUID
+	Now         *time.Time
 }
 
 type WorkflowsTriggerableRow struct {
@@ -308,14 +376,14 @@ type WorkflowsTriggerableRow struct {
 }
 
 // The workflows an event in a channel may trigger: active, enabled, and
-// pinned to a signed definition event (a row without one fires nothing
-// until its owner saves it again). Only the definition's trigger and
+// pinned to a signed definition event that has not expired (a row without
+// one fires nothing until its owner saves it again). Only the definition's trigger and
 // enabled flag, all that decides whether one fires: every message, reaction
 // and diff of the channel runs this in its write transaction, and whole
 // definitions (up to an event's size each, 20 in a channel) were sent and
 // decoded for every one of them.
 func (q *Queries) WorkflowsTriggerable(ctx context.Context, arg WorkflowsTriggerableParams) ([]WorkflowsTriggerableRow, error) {
-	rows, err := q.db.Query(ctx, workflowsTriggerable, arg.CommunityID, arg.ChannelID)
+	rows, err := q.db.Query(ctx, workflowsTriggerable, arg.CommunityID, arg.ChannelID, arg.Now)
 	if err != nil {
 		return nil, err
 	}

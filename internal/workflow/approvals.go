@@ -138,7 +138,7 @@ func (t *Triggers) prepareDecision(ctx context.Context, w *ingest.Write) error {
 // of the workflow is seen here, or waits for the decision to commit (and
 // then finds the approval decided, not pending).
 func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow) error {
-	wf, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID})
+	wf, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: a.WorkflowID, Now: w.SQLNow()})
 	if err != nil {
 		return err
 	}
@@ -154,9 +154,12 @@ func decidable(ctx context.Context, w *ingest.Write, a db.WorkflowApprovalGetRow
 	if !ok || a.ChannelID == nil {
 		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
 	}
-	_, err = w.Q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: w.Tenant.ID(), ID: pinned[:], ChannelID: *a.ChannelID})
+	ev, err := w.Q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: w.Tenant.ID(), ID: pinned[:], ChannelID: *a.ChannelID, Now: w.SQLNow()})
 	if dberr.IsNotFound(err) {
 		return ingest.Reject("invalid", "the workflow's definition was deleted; its run cannot go on")
+	}
+	if err == nil && ev.Expired {
+		return ingest.Reject("invalid", "the workflow's definition expired (NIP-40); its run cannot go on")
 	}
 	return err
 }

@@ -283,14 +283,17 @@ func TestApprovalOfAnArchivedOrResavedWorkflowIsRefused(t *testing.T) {
 	require.Equal(t, 2.0, f.runsTotal("failed", "workflow_disabled"), "the archived run and this one are counted")
 	f.rejected(grant(ref), ownerLeftRefusal)
 
-	// The definition event deleted by id leaves the row active and pinned.
+	// The definition event deleted by id archives the workflow, as its
+	// coordinate does, and ends the run's wait.
 	deleted := uuid.NewString()
 	run, ref = f.approvalRunOf(owner, ch, deleted, "any")
 	var defID string
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT encode(definition_event_id, 'hex') FROM workflows WHERE id = $1`, deleted).Scan(&defID))
 	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", defID}}))
-	f.rejected(grant(ref), "invalid: the workflow's definition was deleted; its run cannot go on")
-	require.Equal(t, db.WorkflowRunStatusWaitingApproval, f.run(run).Status)
+	r = f.run(run)
+	require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
+	require.Equal(t, "workflow_disabled", *r.ErrorCode)
+	f.rejected(grant(ref), "invalid: the workflow was archived; its run no longer waits for this approval")
 
 	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE community_id = $1 AND kind IN (46030, 46011)`, f.tenant.ID()), "no refused decision is stored")
 }

@@ -47,7 +47,7 @@ func TestStepsReadTheirPinnedDefinitionParsedOnce(t *testing.T) {
 		}
 		r := f.run(run)
 		require.Equal(t, db.WorkflowRunStatusFailed, r.Status)
-		require.Equal(t, "invalid_definition", *r.ErrorCode)
+		require.Equal(t, "workflow_disabled", *r.ErrorCode, "the deletion archived the workflow")
 	}
 	require.Len(t, f.runIDs(id), 2)
 }

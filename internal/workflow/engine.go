@@ -947,7 +947,7 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	if err := json.Unmarshal(c.Run.TriggerContext, &tc); err != nil {
 		return nil, tc, fail(CodeInvalidDefinition, "run has no readable trigger context")
 	}
-	row, err := q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID})
+	row, err := q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: c.Run.CommunityID, ID: c.Run.WorkflowID, Now: e.clock.SQL()})
 	if err != nil {
 		return nil, tc, dbFail(err, "workflow row unavailable")
 	}
@@ -958,12 +958,17 @@ func (e *Engine) loadPinned(ctx context.Context, q *db.Queries, c Claimed) (*Def
 	if !ok || row.ChannelID == nil {
 		return nil, tc, fail(CodeInvalidDefinition, "the run is not pinned to a signed definition; the owner must save the workflow again")
 	}
-	ev, err := q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: c.Run.CommunityID, ID: pinned[:], ChannelID: *row.ChannelID})
+	ev, err := q.EventWorkflowDefinition(ctx, db.EventWorkflowDefinitionParams{CommunityID: c.Run.CommunityID, ID: pinned[:], ChannelID: *row.ChannelID, Now: e.clock.SQL()})
 	if dberr.IsNotFound(err) {
 		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition event is no longer stored (deleted or replaced while the run was executing)")
 	}
 	if err != nil {
 		return nil, tc, dbFail(err, "definition event unavailable")
+	}
+	if ev.Expired {
+		// Expired is gone to every reader (NIP-40), purged or not: the
+		// run fails at its next step as it will once the purge took it.
+		return nil, tc, fail(CodeInvalidDefinition, "the pinned definition event expired (NIP-40) while the run was executing")
 	}
 	if string(ev.Pubkey) != string(row.OwnerPubkey) {
 		return nil, tc, fail(CodeOwnerUnauthorized, "the pinned definition is not signed by the workflow owner")
@@ -1164,6 +1169,13 @@ func (e *Engine) addReaction(ctx context.Context, w *ingest.Write, c Claimed, st
 		return nil, fail(CodeTemplateResolutionFailed, "step %s: emoji: %v", step.ID, err)
 	}
 	channel := *c.Run.ChannelID
+	// On the owner's authority, as a message step: read under the channel's
+	// write lock, after any removal of the owner that committed while this
+	// step ran (the workflow row it read first was still enabled then). The
+	// reaction itself is checked as the relay, which may read any channel.
+	if _, f := ownerChannelAccess(ctx, w.Q, c, step.ID, channel); f != nil {
+		return nil, f
+	}
 	tags := nostr.Tags{
 		{"e", tc.MessageID},
 		{"h", channel.String()},

@@ -218,8 +218,8 @@ func TestDelayIsDurable(t *testing.T) {
 }
 
 // Runs fail closed with stable codes: a row without a pinned definition
-// event fires nothing; a run whose pinned event was deleted fails with
-// invalid_definition and sends nothing; an unimplemented action fails
+// event fires nothing; a run whose pinned event is gone (replaced by a
+// newer save) fails with invalid_definition and sends nothing; an unimplemented action fails
 // with action_not_implemented. Mutation killed: falling back to the row's
 // current definition when the pinned event is gone fails the second case.
 func TestRunsFailClosed(t *testing.T) {
@@ -240,7 +240,10 @@ func TestRunsFailClosed(t *testing.T) {
 
 	f.store(f.sign(owner, ingest.KindChat, "go", nostr.Tags{{"h", ch}}))
 	require.Empty(t, f.runIDs(legacy), "a row without a pinned event fires nothing")
-	f.store(f.sign(owner, nostr.KindDeletion, "", nostr.Tags{{"e", def.ID}}))
+	f.clock.Advance(time.Second) // a newer created_at replaces the definition
+	f.save(owner, ch, pinned, "name: P\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: again}]")
+	gone := def.IDBytes()
+	require.Zero(t, f.count(`SELECT count(*) FROM events WHERE id = $1 AND deleted_at IS NULL`, gone[:]), "the first version is gone")
 	f.drain(f.engine(time.Minute))
 
 	for wf, code := range map[string]workflow.ErrorCode{pinned: workflow.CodeInvalidDefinition, dm: workflow.CodeActionNotImplemented} {

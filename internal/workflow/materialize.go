@@ -169,7 +169,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 		}
 		saved.name = tag[1]
 	}
-	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID})
+	existing, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: workflowID, Now: w.SQLNow()})
 	switch {
 	case dberr.IsNotFound(err):
 	case err != nil:
@@ -179,7 +179,7 @@ func prepareDefinition(ctx context.Context, w *ingest.Write, maxPerChannel int, 
 	default:
 		saved.existed = true
 	}
-	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled; !alreadyFires {
+	if alreadyFires := err == nil && existing.Status == db.WorkflowStatusActive && existing.Enabled && !existing.DefinitionExpired; !alreadyFires {
 		if err := admitToChannel(ctx, w, channel, workflowID, maxPerChannel); err != nil {
 			return err
 		}
@@ -223,7 +223,7 @@ func lockChannelForWorkflows(ctx context.Context, w *ingest.Write, channel uuid.
 // after the bound was lowered.
 func admitToChannel(ctx context.Context, w *ingest.Write, channel, workflowID uuid.UUID, maxPerChannel int) error {
 	active, err := w.Q.WorkflowsActiveInChannel(ctx, db.WorkflowsActiveInChannelParams{
-		CommunityID: w.Tenant.ID(), ChannelID: channel, ExceptID: workflowID,
+		CommunityID: w.Tenant.ID(), ChannelID: channel, ExceptID: workflowID, Now: w.SQLNow(),
 	})
 	if err != nil {
 		return err
@@ -274,8 +274,10 @@ func (t *Triggers) applyDefinition(ctx context.Context, w *ingest.Write) error {
 }
 
 // DefinitionDeletion archives the workflows whose definitions a kind 5
-// deletes by coordinate (30620:<owner>:<workflow id>): register it as side
-// rows. Only the owner's own coordinates count, as for the events. The
+// deletes, by coordinate (30620:<owner>:<workflow id>) or by the id of the
+// event a workflow is pinned to (an e tag), and those whose pinned event a
+// moderator's 9005 hides: register it as side rows. Only the owner's own
+// coordinates and events count for a kind 5, as for the events. The
 // archived workflows' runs waiting for an approval end with it.
 func (t *Triggers) DefinitionDeletion() ingest.SideRows {
 	return ingest.SideRows{Needs: deletesDefinitions, Apply: t.archiveDeleted}
@@ -295,21 +297,56 @@ func deletedWorkflows(ev *nostr.Event) []uuid.UUID {
 	return out
 }
 
+// deletedEventIDs are the event ids a kind 5 names in e tags.
+func deletedEventIDs(ev *nostr.Event) [][]byte {
+	var out [][]byte
+	for _, v := range ev.Tags.Values("e") {
+		if id, ok := nostr.DecodeHex32(v); ok {
+			out = append(out, id[:])
+		}
+	}
+	return out
+}
+
 func deletesDefinitions(ev *nostr.Event) bool {
-	return ev.Kind == nostr.KindDeletion && len(deletedWorkflows(ev)) > 0
+	switch ev.Kind {
+	case nostr.KindDeletion:
+		return len(deletedWorkflows(ev)) > 0 || len(deletedEventIDs(ev)) > 0
+	case ingest.KindDeleteEvent:
+		return len(deletedEventIDs(ev)) > 0
+	}
+	return false
 }
 
 func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
+	var archived []uuid.UUID
 	for _, id := range deletedWorkflows(w.Event) {
+		if w.Event.Kind != nostr.KindDeletion {
+			break // a coordinate is a kind 5's
+		}
 		n, err := w.Q.WorkflowArchive(ctx, db.WorkflowArchiveParams{
 			CommunityID: w.Tenant.ID(), ID: id, OwnerPubkey: w.ActorBytes(), Now: w.SQLNow(),
 		})
 		if err != nil {
 			return err
 		}
-		if n == 0 {
-			continue
+		if n > 0 {
+			archived = append(archived, id)
 		}
+	}
+	// Deleted by id or hidden, the pinned event is gone as surely as by
+	// coordinate: left active, the workflow fired on, every run failing
+	// closed (a schedule one per slot, for good).
+	if ids := deletedEventIDs(w.Event); len(ids) > 0 {
+		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, db.WorkflowsArchiveByDefinitionEventParams{
+			CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow(),
+		})
+		if err != nil {
+			return err
+		}
+		archived = append(archived, byEvent...)
+	}
+	for _, id := range archived {
 		if err := t.withdrawApprovals(ctx, w, id, CodeWorkflowDisabled, "the workflow was archived while the run waited for approval"); err != nil {
 			return err
 		}

@@ -19,8 +19,9 @@ import (
 )
 
 // The operator runbook runs as written under psql and shows a failed run
-// by its code, an expired lease, a pending approval and claimed schedule
-// slots.
+// by its code, an expired lease, a pending approval, claimed schedule
+// slots and a workflow whose definition expired among those that fire
+// nothing (mutation killed: section 6 without the expiration lists it not).
 func TestWorkflowsRunbook(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -46,6 +47,12 @@ func TestWorkflowsRunbook(t *testing.T) {
 	_, err = workflow.NewScheduler(f.pool, clock.Stub(f.clock.Now), 3*time.Minute, nil, nil).Tick(f.ctx)
 	require.NoError(t, err)
 
+	// A definition whose expiration passed fires nothing: section 6 lists it.
+	expired := uuid.NewString()
+	f.save(owner, ch, expired, "name: E\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: x}]")
+	_, err = f.pool.Exec(f.ctx, `UPDATE workflows SET definition_expires_at = now() - interval '1 minute' WHERE id = $1`, expired)
+	require.NoError(t, err)
+
 	dbURL := f.pool.Config().ConnString()
 	pu, err := url.Parse(dbURL)
 	require.NoError(t, err)
@@ -64,4 +71,5 @@ func TestWorkflowsRunbook(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`\|\s*00:01:\d\d\s*\n`), text, "the expired leases")
 	require.Regexp(t, regexp.MustCompile(`\|\s*any\s*\|`), text)
 	require.Regexp(t, regexp.MustCompile(tick+`\s*\|\s*60s\s*\|\s*\|\s*3\s*\|\s*3\s*\|`), text)
+	require.Regexp(t, regexp.MustCompile(expired+`\s*\|\s*E\s*\|\s*active\s*\|\s*t\s*\|\s*f\s*\|\s*\d{4}-`), text, "the expired workflow")
 }

@@ -143,7 +143,7 @@ func (t *Triggers) createRuns(ctx context.Context, w *ingest.Write) error {
 	if w.ChannelID == nil {
 		return nil
 	}
-	rows, err := w.Q.WorkflowsTriggerable(ctx, db.WorkflowsTriggerableParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID})
+	rows, err := w.Q.WorkflowsTriggerable(ctx, db.WorkflowsTriggerableParams{CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Now: w.SQLNow()})
 	if err != nil || len(rows) == 0 {
 		return err
 	}
@@ -290,7 +290,7 @@ type manualRun struct {
 
 func prepareManual(ctx context.Context, w *ingest.Write) error {
 	id, _ := manualTarget(w.Event)
-	row, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: id})
+	row, err := w.Q.WorkflowGet(ctx, db.WorkflowGetParams{CommunityID: w.Tenant.ID(), ID: id, Now: w.SQLNow()})
 	if dberr.IsNotFound(err) {
 		return ingest.Reject("invalid", "workflow not found")
 	}
@@ -322,9 +322,16 @@ func prepareManual(ctx context.Context, w *ingest.Write) error {
 	if row.Status != db.WorkflowStatusActive || !row.Enabled {
 		return ingest.Reject("invalid", "workflow is %s", workflowState(row))
 	}
+	if row.DefinitionExpired {
+		return ingest.Reject("invalid", "%s", definitionExpired)
+	}
 	w.SetState(&manualRun{workflow: id, definitionEventID: row.DefinitionEventID})
 	return nil
 }
+
+// definitionExpired is the refusal of a workflow whose definition event's
+// NIP-40 expiration passed: it fires nothing until saved again.
+const definitionExpired = "the workflow's definition expired (NIP-40); save it again to run it"
 
 func workflowState(row db.WorkflowGetRow) string {
 	if row.Status == db.WorkflowStatusActive {

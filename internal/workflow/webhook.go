@@ -163,7 +163,7 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 		defer release()
 	}
 	q := db.New(h.Pool)
-	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID})
+	row, err := q.WorkflowGet(r.Context(), db.WorkflowGetParams{CommunityID: communityID, ID: workflowID, Now: h.Clock.SQL()})
 	if err != nil && !dberr.IsNotFound(err) {
 		databaseFailed(err)
 		return
@@ -180,6 +180,10 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	}
 	if row.TriggerOn != OnWebhook || !row.Enabled || row.Status != db.WorkflowStatusActive || row.DefinitionEventID == nil || row.ChannelID == nil {
 		webhookError(w, http.StatusConflict, "invalid: workflow is not accepting webhook calls")
+		return
+	}
+	if row.DefinitionExpired {
+		webhookError(w, http.StatusConflict, "invalid: "+definitionExpired)
 		return
 	}
 	// A deleted or archived channel's workflow could only start runs that

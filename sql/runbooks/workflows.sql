@@ -79,9 +79,10 @@ WHERE f.scheduled_for > now() - interval '1 hour'
 GROUP BY f.community_id, f.workflow_id, w.definition
 ORDER BY f.community_id, f.workflow_id;
 
-\echo '== 6. Workflows that fire nothing (disabled, archived or never pinned)'
-SELECT community_id, id, name, status, enabled, definition_event_id IS NULL AS unpinned, updated_at
+\echo '== 6. Workflows that fire nothing (disabled, archived, never pinned, or their definition expired)'
+SELECT community_id, id, name, status, enabled, definition_event_id IS NULL AS unpinned,
+       definition_expires_at, updated_at
 FROM workflows
-WHERE status <> 'active' OR NOT enabled OR definition_event_id IS NULL
+WHERE status <> 'active' OR NOT enabled OR definition_event_id IS NULL OR definition_expires_at <= now()
 ORDER BY updated_at DESC
 LIMIT 50;

@@ -1,0 +1,118 @@
+package relay_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A kind 5 naming a workflow's pinned definition event by id (an e tag, as
+// NIP-09 deletes any event) stops the workflow as deleting its coordinate
+// does: a message starts no run, a webhook call is refused, the owner's
+// command answers that it is archived. Another member's e tag naming it
+// changes nothing. Before, only the coordinate archived the row: deleted
+// by id, the workflow went on firing, every run failing closed with
+// invalid_definition (a schedule one per slot, for good). A moderator's
+// 9005 hiding a member's definition stops that workflow likewise.
+//
+// Mutations killed: archiveDeleted without the e-tag lookup (the message's
+// run is created, the call answers 202, the command is accepted);
+// deletesDefinitions without 9005 (the hidden workflow's run is created).
+func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	other := r.Dial(t, "")
+	other.Auth(nil)
+	ch := createChannel(t, owner, "deleting", false)
+	require.True(t, other.Publish(other.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)).OK)
+
+	saveEvent := func(yaml string) (id string, def *nostr.Event, reply string) {
+		t.Helper()
+		id = uuid.NewString()
+		def = owner.Sign(30620, yaml, nostr.Tags{{"d", id}, {"h", ch}}, 0)
+		ok := owner.Publish(def)
+		require.True(t, ok.OK, ok.Msg)
+		return id, def, ok.Msg
+	}
+	onMessage, onMessageDef, _ := saveEvent("name: M\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: seen}]")
+	hook, hookDef, hookReply := saveEvent("name: H\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: hooked}]")
+	var saved struct {
+		WebhookSecret string `json:"webhook_secret"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(hookReply, "response:")), &saved))
+	runs := func(workflowID string) int {
+		t.Helper()
+		var n int
+		require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2`,
+			r.CommunityID, workflowID).Scan(&n))
+		return n
+	}
+	posted := 0
+	post := func() {
+		t.Helper()
+		posted++
+		ok := other.Publish(other.Sign(9, "hello "+itoa(posted), nostr.Tags{{"h", ch}}, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+	callHook := func() (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+hook, strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Webhook-Secret", saved.WebhookSecret)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, out["error"]
+	}
+	deleteByID := func(c *relaytest.Client, ids ...string) {
+		t.Helper()
+		tags := nostr.Tags{{"h", ch}}
+		for _, id := range ids {
+			tags = append(tags, nostr.Tag{"e", id})
+		}
+		ok := c.Publish(c.Sign(5, "", tags, 0))
+		require.True(t, ok.OK, ok.Msg)
+	}
+
+	// Someone else's deletion naming the definitions deletes nothing.
+	deleteByID(other, onMessageDef.ID, hookDef.ID)
+	post()
+	require.Equal(t, 1, runs(onMessage))
+	status, _ := callHook()
+	require.Equal(t, http.StatusAccepted, status)
+
+	deleteByID(owner, onMessageDef.ID, hookDef.ID)
+	post()
+	require.Equal(t, 1, runs(onMessage), "a message after the definition was deleted by id starts no run")
+	status, msg := callHook()
+	require.Equal(t, http.StatusConflict, status)
+	require.Equal(t, "invalid: workflow is not accepting webhook calls", msg)
+	require.Equal(t, 1, runs(hook))
+	ok := owner.Publish(owner.Sign(46020, "", nostr.Tags{{"d", onMessage}}, 0))
+	require.False(t, ok.OK)
+	require.Equal(t, "invalid: workflow is archived", ok.Msg)
+
+	// A channel moderator hiding a member's definition (9005) stops it too.
+	members := uuid.NewString()
+	membersDef := other.Sign(30620, "name: O\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: mine}]",
+		nostr.Tags{{"d", members}, {"h", ch}}, 0)
+	ok = other.Publish(membersDef)
+	require.True(t, ok.OK, ok.Msg)
+	post()
+	require.Equal(t, 1, runs(members))
+	ok = owner.Publish(owner.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", membersDef.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	post()
+	require.Equal(t, 1, runs(members), "a message after the moderator hid the definition starts no run")
+}
