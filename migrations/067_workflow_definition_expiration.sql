@@ -1,4 +1,4 @@
--- 068: a workflow stops firing once its definition event expires (NIP-40).
+-- 067: a workflow stops firing once its definition event expires (NIP-40).
 --
 -- Why: a kind 30620 definition may carry an expiration tag. The event
 -- stopped being served when it passed, and the purge deleted its row, but
