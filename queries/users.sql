@@ -1,6 +1,10 @@
 -- name: UserProfileSync :execrows
 -- Mirrors a kind 0 profile into users. Only a newer version (ties to the
--- lowest id, like the replaceable-slot trigger) changes the row. Profile
+-- lowest id, like the replaceable-slot trigger) changes the row, unless
+-- the version mirrored is no longer stored: an expired profile leaves its
+-- slot to an older version (events_keep_newest_version deletes the expired
+-- row as it stores the older one), and the mirror follows the version
+-- stored and served rather than keep the expired one's fields. Profile
 -- fields follow the event (absent means NULL); channel_add_policy changes
 -- only when the profile names it. A profile never sets agent_owner_pubkey:
 -- that is proven by the owner's signature (UserAgentOwnerRecord).
@@ -26,7 +30,12 @@ SET display_name = EXCLUDED.display_name,
     updated_at = EXCLUDED.updated_at
 WHERE users.metadata_created_at IS NULL
    OR users.metadata_created_at < EXCLUDED.metadata_created_at
-   OR (users.metadata_created_at = EXCLUDED.metadata_created_at AND users.metadata_event_id > EXCLUDED.metadata_event_id);
+   OR (users.metadata_created_at = EXCLUDED.metadata_created_at AND users.metadata_event_id > EXCLUDED.metadata_event_id)
+   OR NOT EXISTS (
+       SELECT FROM events e
+       WHERE e.community_id = users.community_id AND e.created_at = users.metadata_created_at
+         AND e.id = users.metadata_event_id
+   );
 
 -- name: UserChannelAddPolicy :one
 -- The user's add policy and agent owner. An owner whose attestation ended

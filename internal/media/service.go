@@ -324,10 +324,13 @@ func (s *Service) Upload(ctx context.Context, community uuid.UUID, uploader stri
 		if failed != nil && wroteBlob != "" {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonedBlobTimeout)
 			defer cancel()
-			// Not logged while the database is unreachable: every upload
-			// that fails in an outage fails here too, the outage is
-			// logged once by the relay, and the sweep removes the blob.
-			if err := s.deleteUnreferencedBlob(ctx, sha, wroteBlob); err != nil && !dberr.IsUnreachable(err) {
+			// Not logged when the blob lock could not be taken for a
+			// database outage: every upload that fails in an outage fails
+			// here too, the outage is logged once by the relay, and the
+			// sweep removes the blob. The store's own failures are logged:
+			// its network errors would pass for an unreachable database.
+			if err := s.deleteUnreferencedBlob(ctx, sha, wroteBlob); err != nil &&
+				!(errors.Is(err, errBlobLockNotTaken) && dberr.IsUnreachable(err)) {
 				s.log.Warn("media: could not remove the blob of a failed upload; the sweep will", "blob", wroteBlob, "err", err)
 			}
 		}
@@ -593,12 +596,16 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 	return released + d.charged(), nil
 }
 
+// errBlobLockNotTaken marks deleteUnreferencedBlob's failure to take the
+// blob lock (a database statement in the relay) apart from the store's.
+var errBlobLockNotTaken = errors.New("blob lock not taken")
+
 // deleteUnreferencedBlob deletes the blob at key, under the blob lock,
 // unless a community has a sidecar for sha.
 func (s *Service) deleteUnreferencedBlob(ctx context.Context, sha, key string) error {
 	unlockBlob, err := s.blobLock(ctx, []string{sha})
 	if err != nil {
-		return err // the blob stays: only space
+		return fmt.Errorf("%w: %w", errBlobLockNotTaken, err) // the blob stays: only space
 	}
 	defer unlockBlob()
 	return s.deleteIfUnreferenced(ctx, sha, key)

@@ -201,3 +201,45 @@ func TestAnExpiredHeadKeepsNoOlderVersionOut(t *testing.T) {
 		now.Store(start.Unix())
 	}
 }
+
+// A profile whose newest version expired leaves the users mirror to the
+// older version that takes its slot: the slot's trigger deletes the
+// expired row as it stores the older one, so no purge hides it afterwards
+// to clear what it mirrored, and the mirror, which took only a newer
+// version than the one it held, kept the expired display name for good,
+// still matched by agent owner lookups and @name mentions while every
+// read served the older profile. Expiry is put in the past on both
+// clocks, as in TestAnExpiredHeadKeepsNoOlderVersionOut.
+// Mutation killed: UserProfileSync without its "the version mirrored is
+// no longer stored" arm (the display name stays "fleeting").
+func TestAnExpiredProfileLeavesTheMirrorToTheVersionServed(t *testing.T) {
+	t.Parallel()
+	r, c, now, start := startOnAStoppedClock(t)
+	pub := c.Key.PublicKey()
+	displayName := func() *string {
+		var name *string
+		require.NoError(t, r.Pool.QueryRow(t.Context(),
+			`SELECT display_name FROM users WHERE community_id = $1 AND pubkey = $2`, r.CommunityID, pub[:]).Scan(&name))
+		return name
+	}
+	older := c.Sign(0, `{"name":"lasting"}`, nil, start.Unix()-10)
+	require.True(t, c.Publish(older).OK)
+	inAnHour := nostr.Tag{"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}
+	head := c.Sign(0, `{"name":"fleeting"}`, nostr.Tags{inAnHour}, start.Unix())
+	require.True(t, c.Publish(head).OK)
+	require.Equal(t, "fleeting", *displayName())
+
+	_, err := r.Pool.Exec(t.Context(), `UPDATE events SET expires_at = now() - interval '1 second'
+		WHERE community_id = $1 AND id = decode($2, 'hex')`, r.CommunityID, head.ID)
+	require.NoError(t, err)
+	now.Store(start.Add(2 * time.Hour).Unix())
+	reply := c.Publish(older)
+	require.True(t, reply.OK, reply.Msg)
+	require.Empty(t, reply.Msg, "the older profile is stored, the head expired")
+	require.Equal(t, []string{older.ID}, ids(c.Req("profile", map[string]any{"kinds": []int{0}})))
+	require.NotNil(t, displayName())
+	require.Equal(t, "lasting", *displayName(), "users mirrors the profile served, not the expired one")
+
+	require.Zero(t, r.Server.PurgeExpired(t.Context()), "the expired row went with the slot")
+	require.Equal(t, "lasting", *displayName())
+}

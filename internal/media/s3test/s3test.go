@@ -44,6 +44,21 @@ func (t *Traffic) Idle() bool { return t.active.Load() == 0 }
 // StartCounted is Start, also counting the server's GET traffic.
 func StartCounted(t testing.TB) (media.S3Config, *Traffic) {
 	t.Helper()
+	cfg, traffic, _ := start(t)
+	return cfg, traffic
+}
+
+// StartStoppable is Start, with stop taking the server away before the
+// test ends: its address then refuses connections, as a store the network
+// no longer reaches.
+func StartStoppable(t testing.TB) (cfg media.S3Config, stop func()) {
+	t.Helper()
+	cfg, _, srv := start(t)
+	return cfg, srv.Close
+}
+
+func start(t testing.TB) (media.S3Config, *Traffic, *httptest.Server) {
+	t.Helper()
 	backend := s3mem.New()
 	require.NoError(t, backend.CreateBucket(Bucket))
 	traffic := &Traffic{}
@@ -64,7 +79,7 @@ func StartCounted(t testing.TB) (media.S3Config, *Traffic) {
 		AccessKey: "test-access-key",
 		SecretKey: "test-secret-key",
 		Region:    "us-east-1",
-	}, traffic
+	}, traffic, srv
 }
 
 type countingWriter struct {
