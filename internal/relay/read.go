@@ -38,7 +38,17 @@ func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader 
 			}
 		}
 	}
-	return eventstore.Scope{Channels: readable.IDs(), Reader: reader, Now: s.now()}, "", nil
+	// Each later page of the history reads the readable set again: from
+	// memory while nothing changed, so a member removed while their history
+	// streams is sent nothing the channel stored after the removal.
+	again := func(ctx context.Context) ([]uuid.UUID, error) {
+		if hook := s.beforeLaterPage.Load(); hook != nil {
+			(*hook)()
+		}
+		readable, err := s.access.ReadableInSlot(ctx, tenant.ID(), reader, s.readSlot)
+		return readable.IDs(), err
+	}
+	return eventstore.Scope{Channels: readable.IDs(), Reader: reader, Readable: again, Now: s.now()}, "", nil
 }
 
 // traceRead records what a REQ returned for the conformance checker: each
