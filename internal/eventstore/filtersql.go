@@ -188,7 +188,8 @@ type Scope struct {
 	// member removed meanwhile was sent what the channel stored after the
 	// removal, when dated before the page's position (a client's clock
 	// behind the relay's, a message in flight).
-	Readable func(ctx context.Context) ([]uuid.UUID, error)
+	// changed is false when they are the Channels already held.
+	Readable func(ctx context.Context) (channels []uuid.UUID, changed bool, err error)
 	// Live: a live subscription, registered before this read, carries on
 	// after it. Only a covered proof may send such a read to a standby: an
 	// event fanned out before the subscription and not yet replayed by a
@@ -207,12 +208,11 @@ func (s *Scope) readAgain(ctx context.Context) error {
 	if s.Readable == nil {
 		return nil
 	}
-	channels, err := s.Readable(ctx)
-	if err != nil {
-		return err
+	channels, changed, err := s.Readable(ctx)
+	if changed {
+		s.Channels = channels
 	}
-	s.Channels = channels
-	return nil
+	return err
 }
 
 // scopeConditions appends the reader's visibility predicates. Kept apart
