@@ -10,6 +10,7 @@ package access
 import (
 	"context"
 	"encoding/hex"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,13 @@ type Channels map[uuid.UUID]struct{}
 func (c Channels) Has(id uuid.UUID) bool {
 	_, ok := c[id]
 	return ok
+}
+
+// Same reports whether c and o are one answer: the cache hands out the
+// answer it holds, unchanged, until it is dropped or expires, so a caller
+// holding an earlier answer tells "nothing changed" without walking either.
+func (c Channels) Same(o Channels) bool {
+	return reflect.ValueOf(c).UnsafePointer() == reflect.ValueOf(o).UnsafePointer()
 }
 
 // IDs lists the set for a query parameter.

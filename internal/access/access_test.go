@@ -40,6 +40,7 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 	got, err := cache.Readable(ctx, community.ID, reader)
 	require.NoError(t, err)
 	require.True(t, got.Has(open))
+	first := got
 
 	// A new channel is not seen while the answer is fresh...
 	later := uuid.New()
@@ -48,11 +49,17 @@ func TestReadableIsCachedUntilInvalidatedOrExpired(t *testing.T) {
 	got, err = cache.Readable(ctx, community.ID, reader)
 	require.NoError(t, err)
 	require.False(t, got.Has(later))
+	// The cached answer is the one handed out before, and says so: a read
+	// streamed in pages asks again before each page and rebuilds its list
+	// only for another answer (Mutation killed: Same always false, or
+	// always true, which kept a removed member's channels for every page).
+	require.True(t, got.Same(first))
 	// ...until a committed change invalidates the community, or the TTL passes.
 	cache.Invalidate(community.ID)
 	got, err = cache.Readable(ctx, community.ID, reader)
 	require.NoError(t, err)
 	require.True(t, got.Has(later))
+	require.False(t, got.Same(first))
 
 	private := uuid.New()
 	_, err = q.ChannelCreate(ctx, db.ChannelCreateParams{CommunityID: community.ID, ID: private, Name: "p", Visibility: db.ChannelVisibilityPrivate, CreatedBy: owner[:]})

@@ -250,6 +250,7 @@ SELECT created_at, channel_id, kind,
        (tag_index && ARRAY['p:' || $1::text] OR pubkey = decode($1::text, 'hex'))::boolean AS reader_is_party
 FROM events
 WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
+  AND (expires_at IS NULL OR expires_at > coalesce($4::timestamptz, now()))
 LIMIT 1
 `
 
@@ -257,6 +258,7 @@ type EventReactionTargetParams struct {
 	ReaderHex   string
 	CommunityID uuid.UUID
 	ID          []byte
+	Now         *time.Time
 }
 
 type EventReactionTargetRow struct {
@@ -266,11 +268,18 @@ type EventReactionTargetRow struct {
 	ReaderIsParty bool
 }
 
-// The event a reaction names: stored in this community and not deleted;
-// reader_is_party says whether a p tag names the reactor or the reactor
-// wrote it (who may see a p-gated kind).
+// The event a reaction names: stored in this community, not deleted and
+// not expired (NIP-40: never served, so as unknown as a purged one; now is
+// the relay's clock, NULL: the database's); reader_is_party says whether a
+// p tag names the reactor or the reactor wrote it (who may see a p-gated
+// kind).
 func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTargetParams) (EventReactionTargetRow, error) {
-	row := q.db.QueryRow(ctx, eventReactionTarget, arg.ReaderHex, arg.CommunityID, arg.ID)
+	row := q.db.QueryRow(ctx, eventReactionTarget,
+		arg.ReaderHex,
+		arg.CommunityID,
+		arg.ID,
+		arg.Now,
+	)
 	var i EventReactionTargetRow
 	err := row.Scan(
 		&i.CreatedAt,

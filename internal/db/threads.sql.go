@@ -70,6 +70,7 @@ WHERE e.community_id = $2::uuid
   AND e.id = $3::bytea
   AND e.channel_id = $4::uuid
   AND e.deleted_at IS NULL
+  AND (e.expires_at IS NULL OR e.expires_at > coalesce($5::timestamptz, now()))
 LIMIT 1
 `
 
@@ -78,6 +79,7 @@ type ThreadParentLookupParams struct {
 	CommunityID uuid.UUID
 	ID          []byte
 	ChannelID   uuid.UUID
+	Now         *time.Time
 }
 
 type ThreadParentLookupRow struct {
@@ -93,7 +95,8 @@ type ThreadParentLookupRow struct {
 // written in its event's transaction; counters move by relative increments
 // and every writer of one thread first locks the thread's root row, so the
 // replies of a thread serialize and always lock in the same order.
-// The parent a reply names: a live event of the same community and channel,
+// The parent a reply names: a live event of the same community and channel
+// (not deleted, not expired by the relay's clock, as EventReactionTarget),
 // with its thread row when it has one (NULL depth: a top-level message that
 // nobody answered yet); reader_is_party says whether a p tag names the
 // replier or the replier wrote it (p-gated kinds, as EventReactionTarget).
@@ -103,6 +106,7 @@ func (q *Queries) ThreadParentLookup(ctx context.Context, arg ThreadParentLookup
 		arg.CommunityID,
 		arg.ID,
 		arg.ChannelID,
+		arg.Now,
 	)
 	var i ThreadParentLookupRow
 	err := row.Scan(

@@ -141,6 +141,11 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	rows := pageRows // asked of the next page
 	var after *keyset
 	for len(branches) > 0 {
+		if after != nil {
+			if err := scope.readAgain(ctx); err != nil {
+				return err
+			}
+		}
 		page, cut, err := s.readPage(ctx, &session, community, scope, filters, branches, after, rows)
 		if err != nil {
 			return err
@@ -367,6 +372,11 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 	var after *keyset
 	pageRows := max(s.PageRows, 1)
 	for remaining := limit; remaining > 0; {
+		if after != nil {
+			if err := scope.readAgain(ctx); err != nil {
+				return err
+			}
+		}
 		rows := min(remaining, pageRows)
 		sql, args := buildSearchPage(community, scope, f, after, rows, max(s.SearchCandidates, limit))
 		var page []pageRow

@@ -1,6 +1,7 @@
 package eventstore
 
 import (
+	"context"
 	"encoding/hex"
 	"maps"
 	"slices"
@@ -181,6 +182,14 @@ func (b *sqlBuilder) order(f *nostr.Filter) {
 type Scope struct {
 	Channels []uuid.UUID // readable channels
 	Reader   string      // the reader's hex pubkey
+	// Readable, when set, is asked before every page after the first: the
+	// channels the reader may read now. A read streamed in pages outlives
+	// the answer it began with (a slow client, a long history), and a
+	// member removed meanwhile was sent what the channel stored after the
+	// removal, when dated before the page's position (a client's clock
+	// behind the relay's, a message in flight).
+	// changed is false when they are the Channels already held.
+	Readable func(ctx context.Context) (channels []uuid.UUID, changed bool, err error)
 	// Live: a live subscription, registered before this read, carries on
 	// after it. Only a covered proof may send such a read to a standby: an
 	// event fanned out before the subscription and not yet replayed by a
@@ -192,6 +201,18 @@ type Scope struct {
 	// expired event came back from a standby whose clock lags. Zero: the
 	// answering server's now().
 	Now time.Time
+}
+
+// readAgain replaces the readable channels by what Readable answers now.
+func (s *Scope) readAgain(ctx context.Context) error {
+	if s.Readable == nil {
+		return nil
+	}
+	channels, changed, err := s.Readable(ctx)
+	if changed {
+		s.Channels = channels
+	}
+	return err
 }
 
 // scopeConditions appends the reader's visibility predicates. Kept apart

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"encoding/hex"
+	"net/http"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -242,4 +243,39 @@ func TestAnExpiredProfileLeavesTheMirrorToTheVersionServed(t *testing.T) {
 
 	require.Zero(t, r.Server.PurgeExpired(t.Context()), "the expired row went with the slot")
 	require.Equal(t, "lasting", *displayName())
+}
+
+// An expired event is as unknown to a reaction or a reply as one never
+// stored, whether or not the purge has removed its row yet: a reaction to
+// it, or a reply naming it as parent, gets the answer an unknown target
+// gets, so whoever holds its id cannot tell an expired event the purge has
+// not reached yet (which no read serves) from a purged one, nor attach a
+// reaction or a thread row to it. Posted through the HTTP bridge (net/http),
+// signed at the relay's stopped clock, an hour past the expiration.
+// Mutation killed: EventReactionTarget and ThreadParentLookup without the
+// expires_at condition (the reaction and the reply are stored, 200 and
+// accepted).
+func TestExpiredEventTakesNoReactionOrReply(t *testing.T) {
+	t.Parallel()
+	r, owner, now, start := startOnAStoppedClock(t)
+	ch := createChannel(t, owner, "open", false)
+	expiring := nostr.Tags{{"h", ch}, {"expiration", strconv.FormatInt(start.Add(time.Hour).Unix(), 10)}}
+	target := owner.Sign(9, "soon gone", expiring, start.Unix())
+	require.True(t, owner.Publish(target).OK)
+	now.Store(start.Add(2 * time.Hour).Unix())
+
+	reader := relaytest.NewKey(t)
+	at := func(ev *nostr.Event) { ev.CreatedAt = now.Load() }
+	postAt := func(ev *nostr.Event) bridgeReply {
+		body := encodeBody(t, ev)
+		return send(t, r, "", "/events", authHeader(nip98(t, reader, "POST", r.HTTPURL+"/events", body, at)), body)
+	}
+	reaction := relaytest.SignEvent(t, reader, 7, "+", nostr.Tags{{"e", target.ID}, {"p", target.PubKey}}, now.Load())
+	got := postAt(reaction)
+	require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
+	require.Equal(t, "invalid: reaction target event not found", got.Msg)
+	reply := relaytest.SignEvent(t, reader, 9, "late", nostr.Tags{{"h", ch}, {"e", target.ID, "", "reply"}}, now.Load())
+	got = postAt(reply)
+	require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
+	require.Equal(t, "invalid: reply parent not found", got.Msg)
 }

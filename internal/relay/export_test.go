@@ -81,6 +81,10 @@ func (s *Server) LastRemoval(community uuid.UUID, channel *uuid.UUID) time.Time 
 // and its stored events are not yet read.
 func (s *Server) SetBeforeHistory(f func()) { s.beforeHistory.Store(&f) }
 
+// SetBeforeLaterPage runs f before a read streamed in pages reads the
+// reader's channels again for its next page.
+func (s *Server) SetBeforeLaterPage(f func()) { s.beforeLaterPage.Store(&f) }
+
 // RememberPresence keeps ev as its author's presence in channel, as the
 // relay does for an accepted announcement, without a publisher per key.
 func (s *Server) RememberPresence(community, channel uuid.UUID, ev *nostr.Event) error {

@@ -38,7 +38,23 @@ func (s *Server) readScope(ctx context.Context, tenant community.Tenant, reader 
 			}
 		}
 	}
-	return eventstore.Scope{Channels: readable.IDs(), Reader: reader, Now: s.now()}, "", nil
+	// Each later page of the history reads the readable set again: from
+	// memory while nothing changed, so a member removed while their history
+	// streams is sent nothing the channel stored after the removal.
+	// The list is rebuilt only when the answer is another: at thousands of
+	// readable channels, rebuilding it costs as much as the page it scopes.
+	again := func(ctx context.Context) ([]uuid.UUID, bool, error) {
+		if hook := s.beforeLaterPage.Load(); hook != nil {
+			(*hook)()
+		}
+		now, err := s.access.ReadableInSlot(ctx, tenant.ID(), reader, s.readSlot)
+		if err != nil || now.Same(readable) {
+			return nil, false, err
+		}
+		readable = now
+		return now.IDs(), true, nil
+	}
+	return eventstore.Scope{Channels: readable.IDs(), Reader: reader, Readable: again, Now: s.now()}, "", nil
 }
 
 // traceRead records what a REQ returned for the conformance checker: each

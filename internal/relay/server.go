@@ -130,6 +130,9 @@ type Server struct {
 	// beforeHistory, set by tests only, runs when a live REQ is registered
 	// and its history not yet read.
 	beforeHistory atomic.Pointer[func()]
+	// beforeLaterPage, set by tests only, runs before a read's history
+	// reads the readable channels again for its next page.
+	beforeLaterPage atomic.Pointer[func()]
 }
 
 // Option adjusts a Server.
