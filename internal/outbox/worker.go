@@ -531,7 +531,7 @@ type Worker struct {
 	// event's transaction has not ended yet (reserveRoom).
 	roomMu   sync.Mutex
 	reserved map[*roomReservation]struct{}
-	// stopped: Run has returned, so nothing reads the hand-off any more.
+	// stopped: Run's ctx ended, so the hand-off takes nothing more (stop).
 	// Guarded by roomMu, as the sends into the hand-off are.
 	stopped bool
 }
@@ -735,18 +735,36 @@ func (w *Worker) Abandon(h Handoff) {
 }
 
 // Run delivers until ctx ends, then returns once in-flight deliveries
-// finish. The rows still waiting in its hand-off go back to the poll (of a
-// pod still running), due at once, and so do the rows of events that
-// commit later (a stopping relay closes its connections after its worker
-// stopped): left claimed, nobody delivered them before their lease ended,
-// 30 s later.
+// finish. As ctx ends, not once those deliveries finish (up to the request
+// timeout), the worker stops: the rows waiting in its hand-off go back to
+// the poll (of a pod still running), due at once, and so do the rows of
+// events that commit later (a stopping relay closes its connections while
+// its worker stops): left claimed, nobody delivered them before the
+// deliveries in flight ended, or before their lease did (30 s) should the
+// process exit first.
 func (w *Worker) Run(ctx context.Context) {
+	stopped := make(chan struct{})
+	context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		w.stop()
+	})
 	w.loop.run(ctx)
+	<-stopped
+}
+
+// stop takes no more rows into the hand-off and hands back those in it.
+func (w *Worker) stop() {
 	w.roomMu.Lock()
 	w.stopped = true
 	var left []claim
-	for len(w.handoff) > 0 {
-		left = append(left, <-w.handoff)
+	for drained := false; !drained; {
+		// Never a blocking receive: the loop may take the last row first.
+		select {
+		case c := <-w.handoff:
+			left = append(left, c)
+		default:
+			drained = true
+		}
 	}
 	w.roomMu.Unlock()
 	w.release(left)
