@@ -372,15 +372,20 @@ func (l *loop) run(ctx context.Context) {
 	poll := l.clock.NewTimer(0) // the first poll runs at once
 	defer poll.Stop()
 	backoff := l.idleFloor
+	// A claim is not cut off by ctx (claimDue bounds it by the lease): the
+	// server may commit a claim the client has given up on, and its rows
+	// then stayed leased to nobody, 30 s late on every restart. A claim
+	// running as ctx ends is delivered like the rest in flight.
+	claimCtx := context.WithoutCancel(ctx)
 	runPoll := func(free int) {
-		claims, err := l.claims.claimDue(ctx, free, busy)
+		claims, err := l.claims.claimDue(claimCtx, free, busy)
 		lent := false
 		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && busy.atShare(perListener) {
 			// Nobody under its share has rows due: lend the slots they do
 			// not need (up to a share more per listener and poll, keeping
 			// lendReserve free for them), so a lone busy listener among many
 			// registered ones is not held to one share of the worker.
-			claims, err = l.claims.claimDue(ctx, rest, busy.communitiesOnly())
+			claims, err = l.claims.claimDue(claimCtx, rest, busy.communitiesOnly())
 			lent = true
 		}
 		switch {

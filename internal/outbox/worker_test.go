@@ -629,3 +629,58 @@ func TestAStoppingWorkerHandsBackItsHandOffWhileDeliveriesFinish(t *testing.T) {
 	letGo()
 	require.Len(t, l.requests(), maxInFlight, "the stopping worker delivered neither row")
 }
+
+// A poll whose claim statement is still running as the relay's shutdown
+// begins is not cut off: cut off, the client gave up on it while the
+// server might already have committed it (pgx's cancel request arriving
+// too late), and the rows stayed leased to a worker that never heard of
+// them, 30 s late on a restart. Here the claim waits on a table lock the
+// test holds across the signal; the stopping worker delivers its rows.
+// Mutation killed: the poll's claim under the worker's ctx (cancelled, it
+// claims nothing and the row is never delivered by the stopping worker).
+func TestAClaimRunningAsTheWorkerStopsIsDelivered(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	l := newListener(t, nil)
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	ev := message(t, 9, target)
+	f.save(ev, nil, true) // pending, for the poll
+	ids := f.outboxIDs(ev)
+	require.Len(t, ids, 1)
+
+	locker, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = locker.Exec(ctx, `LOCK TABLE operator_listener_outbox IN SHARE MODE`)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Run(runCtx)
+	}()
+	t.Cleanup(func() { _ = locker.Rollback(ctx); cancel(); <-stopped })
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '-- name: OutboxClaimDue%'`).Scan(&waiting))
+		return waiting == 1
+	}, 20*time.Second, 10*time.Millisecond, "the poll's claim waits on the lock")
+
+	cancel()
+	// A claim cut off by the signal is given up at once (the worker then
+	// stops): the lock goes once it has been, or after a grace otherwise.
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+	}
+	require.NoError(t, locker.Rollback(ctx))
+	wait(t, stopped, 20*time.Second, "the worker to stop")
+	_, ok := f.row(ids[0])
+	require.False(t, ok, "the row was delivered and completed")
+	require.Len(t, l.requests(), 1, "the stopping worker delivered the claimed row")
+}
