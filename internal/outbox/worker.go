@@ -378,6 +378,12 @@ func (l *loop) run(ctx context.Context) {
 	// running as ctx ends is delivered like the rest in flight.
 	claimCtx := context.WithoutCancel(ctx)
 	runPoll := func(free int) {
+		if ctx.Err() != nil {
+			// Stopping (the poll timer and ctx.Done were ready at once):
+			// a claim that ctx no longer cuts off would start new
+			// deliveries the shutdown then waits for.
+			return
+		}
 		claims, err := l.claims.claimDue(claimCtx, free, busy)
 		lent := false
 		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && busy.atShare(perListener) {
