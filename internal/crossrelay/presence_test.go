@@ -34,7 +34,7 @@ func announcement(t *testing.T) *nostr.Event {
 // cutOffPresence is presence through a bus on srv that is never run, so
 // never subscribes and never writes to Redis: all it remembers is kept only
 // in held, as when Redis refused it, and marked for a write-back. It holds
-// up to max announcements, maxBytes in all.
+// up to max announcements and maxBytes per channel, 64 MiB per community.
 func cutOffPresence(t *testing.T, srv *redisserver.Server, held presence.Store, max, maxBytes int) (*Bus, *SharedPresence) {
 	t.Helper()
 	cutOff, err := New(srv.URL(), 16, Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()))

@@ -474,3 +474,28 @@ func TestLoopGivesAFreedSlotToAWaitingHandOffBeforeThePoll(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, polled, 5, "the poll got a slot in %d of 20 rounds while hand-offs kept coming", polled)
 }
+
+// A loop whose ctx ended claims nothing more, even when its poll timer is
+// ready as well: the claim is not cut off by ctx (a claim the server
+// committed as the relay gave up on it left its rows leased to nobody), so
+// a poll taken after the signal would start new deliveries, each up to the
+// request timeout, for the shutdown to wait for. The select picks the
+// poll or ctx.Done at random, so the loop is run many times.
+// Mutation killed: runPoll without its ctx check (about half the runs
+// poll).
+func TestALoopWhoseCtxEndedClaimsNothingMore(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	claims := &stubClaimer{cap: maxInFlight, polls: make(chan struct{}, 100)}
+	for range 50 {
+		clock := &manualClock{rearmed: make(chan time.Duration, 100)}
+		l := loop{
+			claims: claims, clock: clock, handoff: make(chan claim), wake: make(chan struct{}),
+			log: slog.Default(), deliver: func(context.Context, claim) { t.Error("a delivery started") },
+			idleFloor: time.Hour, idleCeiling: time.Hour,
+		}
+		l.run(ctx) // its poll timer fires at once
+	}
+	require.Zero(t, len(claims.polls), "polls after ctx ended")
+}

@@ -372,15 +372,26 @@ func (l *loop) run(ctx context.Context) {
 	poll := l.clock.NewTimer(0) // the first poll runs at once
 	defer poll.Stop()
 	backoff := l.idleFloor
+	// A claim is not cut off by ctx (claimDue bounds it by the lease): the
+	// server may commit a claim the client has given up on, and its rows
+	// then stayed leased to nobody, 30 s late on every restart. A claim
+	// running as ctx ends is delivered like the rest in flight.
+	claimCtx := context.WithoutCancel(ctx)
 	runPoll := func(free int) {
-		claims, err := l.claims.claimDue(ctx, free, busy)
+		if ctx.Err() != nil {
+			// Stopping (the poll timer and ctx.Done were ready at once):
+			// a claim that ctx no longer cuts off would start new
+			// deliveries the shutdown then waits for.
+			return
+		}
+		claims, err := l.claims.claimDue(claimCtx, free, busy)
 		lent := false
 		if rest := free - lendReserve; err == nil && len(claims) == 0 && rest > 0 && busy.atShare(perListener) {
 			// Nobody under its share has rows due: lend the slots they do
 			// not need (up to a share more per listener and poll, keeping
 			// lendReserve free for them), so a lone busy listener among many
 			// registered ones is not held to one share of the worker.
-			claims, err = l.claims.claimDue(ctx, rest, busy.communitiesOnly())
+			claims, err = l.claims.claimDue(claimCtx, rest, busy.communitiesOnly())
 			lent = true
 		}
 		switch {
@@ -531,7 +542,7 @@ type Worker struct {
 	// event's transaction has not ended yet (reserveRoom).
 	roomMu   sync.Mutex
 	reserved map[*roomReservation]struct{}
-	// stopped: Run has returned, so nothing reads the hand-off any more.
+	// stopped: Run's ctx ended, so the hand-off takes nothing more (stop).
 	// Guarded by roomMu, as the sends into the hand-off are.
 	stopped bool
 }
@@ -735,18 +746,36 @@ func (w *Worker) Abandon(h Handoff) {
 }
 
 // Run delivers until ctx ends, then returns once in-flight deliveries
-// finish. The rows still waiting in its hand-off go back to the poll (of a
-// pod still running), due at once, and so do the rows of events that
-// commit later (a stopping relay closes its connections after its worker
-// stopped): left claimed, nobody delivered them before their lease ended,
-// 30 s later.
+// finish. As ctx ends, not once those deliveries finish (up to the request
+// timeout), the worker stops: the rows waiting in its hand-off go back to
+// the poll (of a pod still running), due at once, and so do the rows of
+// events that commit later (a stopping relay closes its connections while
+// its worker stops): left claimed, nobody delivered them before the
+// deliveries in flight ended, or before their lease did (30 s) should the
+// process exit first.
 func (w *Worker) Run(ctx context.Context) {
+	stopped := make(chan struct{})
+	context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		w.stop()
+	})
 	w.loop.run(ctx)
+	<-stopped
+}
+
+// stop takes no more rows into the hand-off and hands back those in it.
+func (w *Worker) stop() {
 	w.roomMu.Lock()
 	w.stopped = true
 	var left []claim
-	for len(w.handoff) > 0 {
-		left = append(left, <-w.handoff)
+	for drained := false; !drained; {
+		// Never a blocking receive: the loop may take the last row first.
+		select {
+		case c := <-w.handoff:
+			left = append(left, c)
+		default:
+			drained = true
+		}
 	}
 	w.roomMu.Unlock()
 	w.release(left)

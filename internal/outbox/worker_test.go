@@ -526,9 +526,9 @@ func TestMentionIsNotQueuedBehindAnotherCommunitysFlood(t *testing.T) {
 	require.Less(t, at, 2*maxInFlight, "POSTs before the other community's mention (the flood: %d)", flood)
 }
 
-// A stopping relay process stops its worker first and closes its
-// connections after, so events still commit and mention listeners once
-// the worker is gone: one whose rows were claimed at insert just before
+// A stopping relay process stops its worker as the signal arrives and
+// closes its connections after, so events still commit and mention
+// listeners once the worker is gone: one whose rows were claimed at insert just before
 // the worker stopped, and one saved after. Their rows go back to the poll
 // of a pod still running, pending and due at once with no attempt spent;
 // left claimed for the stopped worker, they waited out their lease (30 s)
@@ -569,4 +569,118 @@ func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "the row of %s is due at once for any pod's poll", ev.Content)
 	}
 	require.Empty(t, l.requests(), "the stopped worker delivers nothing")
+}
+
+// A worker stops as its relay's shutdown begins, not once its deliveries
+// in flight end (each may run to the request timeout): a row waiting in its
+// hand-off behind ten held deliveries, and the row of an event saved after
+// the signal, go back to the poll while those deliveries are still held.
+// The process may exit before they end (its shutdown budget spent), and
+// its hand-off's rows then waited out their lease (30 s).
+// Mutations killed (one at a time): the worker stopping only once the
+// loop returned (the waiting row stays sending until the deliveries are
+// let go); stop not handing back the rows in the hand-off (likewise).
+func TestAStoppingWorkerHandsBackItsHandOffWhileDeliveriesFinish(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	hold := make(chan struct{})
+	l := newListener(t, func(http.ResponseWriter, *http.Request) { <-hold })
+	routes := routesOf(l)
+	// Far beyond the test's waits: a held delivery never ends on its own.
+	d, _, _ := f.deliverer(routes, 20*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Run(ctx)
+	}()
+	letGo := sync.OnceFunc(func() { close(hold); cancel(); <-stopped })
+	t.Cleanup(letGo) // before the listener's Close, which waits for its handlers
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+
+	for range maxInFlight {
+		kept, _ := f.save(message(t, 9, target), w, true)
+		require.Len(t, kept, 1)
+	}
+	require.Eventually(t, func() bool { return len(l.requests()) == maxInFlight }, 10*time.Second, 10*time.Millisecond,
+		"every slot holds a delivery")
+	waiting := message(t, 9, target)
+	kept, _ := f.save(waiting, w, true)
+	require.Len(t, kept, 1, "claimed at insert: it waits in the hand-off for a slot")
+
+	cancel()
+	require.Eventually(t, func() bool {
+		r, ok := f.row(kept[0])
+		return ok && r.State == "pending" && r.ClaimID == nil && r.Attempts == 0 && r.DueIn <= 0
+	}, 10*time.Second, 10*time.Millisecond, "the hand-off's row is due at once for any pod's poll while the deliveries are held")
+
+	after := message(t, 9, target)
+	kept, _ = f.save(after, w, true)
+	require.Empty(t, kept, "nothing is claimed at insert for a stopping worker")
+	ids := f.outboxIDs(after)
+	require.Len(t, ids, 1)
+	r, ok := f.row(ids[0])
+	require.True(t, ok)
+	require.Equal(t, "pending", r.State)
+	require.LessOrEqual(t, r.DueIn, time.Duration(0))
+
+	letGo()
+	require.Len(t, l.requests(), maxInFlight, "the stopping worker delivered neither row")
+}
+
+// A poll whose claim statement is still running as the relay's shutdown
+// begins is not cut off: cut off, the client gave up on it while the
+// server might already have committed it (pgx's cancel request arriving
+// too late), and the rows stayed leased to a worker that never heard of
+// them, 30 s late on a restart. Here the claim waits on a table lock the
+// test holds across the signal; the stopping worker delivers its rows.
+// Mutation killed: the poll's claim under the worker's ctx (cancelled, it
+// claims nothing and the row is never delivered by the stopping worker).
+func TestAClaimRunningAsTheWorkerStopsIsDelivered(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	l := newListener(t, nil)
+	routes := routesOf(l)
+	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	w := NewWorker(f.pool, routes, d)
+	target := newPubkey(t)
+	f.register(l.pubHex, target)
+	ev := message(t, 9, target)
+	f.save(ev, nil, true) // pending, for the poll
+	ids := f.outboxIDs(ev)
+	require.Len(t, ids, 1)
+
+	locker, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = locker.Exec(ctx, `LOCK TABLE operator_listener_outbox IN SHARE MODE`)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Run(runCtx)
+	}()
+	t.Cleanup(func() { _ = locker.Rollback(ctx); cancel(); <-stopped })
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '-- name: OutboxClaimDue%'`).Scan(&waiting))
+		return waiting == 1
+	}, 20*time.Second, 10*time.Millisecond, "the poll's claim waits on the lock")
+
+	cancel()
+	// A claim cut off by the signal is given up at once (the worker then
+	// stops): the lock goes once it has been, or after a grace otherwise.
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+	}
+	require.NoError(t, locker.Rollback(ctx))
+	wait(t, stopped, 20*time.Second, "the worker to stop")
+	_, ok := f.row(ids[0])
+	require.False(t, ok, "the row was delivered and completed")
+	require.Len(t, l.requests(), 1, "the stopping worker delivered the claimed row")
 }
