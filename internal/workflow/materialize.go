@@ -338,9 +338,14 @@ func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
 	// coordinate: left active, the workflow fired on, every run failing
 	// closed (a schedule one per slot, for good).
 	if ids := deletedEventIDs(w.Event); len(ids) > 0 {
-		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, db.WorkflowsArchiveByDefinitionEventParams{
-			CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow(),
-		})
+		params := db.WorkflowsArchiveByDefinitionEventParams{CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow()}
+		if w.Event.Kind == nostr.KindDeletion {
+			author := w.Event.PubKeyBytes()
+			params.Author = author[:]
+		} else {
+			params.ModeratedChannel = w.ChannelID
+		}
+		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, params)
 		if err != nil {
 			return err
 		}
