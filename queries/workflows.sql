@@ -49,16 +49,20 @@ WHERE community_id = @community_id::uuid AND id = @id::uuid AND owner_pubkey = @
 -- A kind 5 of the owner naming a workflow's pinned definition event by id
 -- (an e tag), or a channel moderator's 9005 hiding it, deleted the version
 -- the workflow is pinned to: the workflow stops firing, as when its
--- coordinate is deleted. Run after the deletion, in its transaction: only
--- an event it (or an earlier one) did delete counts, so the deletion's own
--- rules (the author's events, the moderator's channel) decide. The ids are
--- looked up in events first (one hash probe each), so a deletion of
--- messages reads no workflow.
+-- coordinate is deleted. Run after the deletion, in its transaction, with
+-- the deletion's own rules: a kind 5 passes its @author (only their events
+-- count), a 9005 its @moderated_channel (only that channel's), the other
+-- NULL. Hidden alone does not do: an event hidden earlier (a deletion by id
+-- stored before these side rows existed left its workflow active) would
+-- let anyone's kind 5 naming it, or a moderator's of any channel, archive
+-- the workflow. The ids are looked up in events first (one hash probe
+-- each), so a deletion of messages reads no workflow.
 UPDATE workflows w
 SET status = 'archived', enabled = false, updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
 FROM events e
 WHERE e.community_id = @community_id::uuid AND e.id = ANY(@event_ids::bytea[])
   AND e.kind = 30620 AND e.deleted_at IS NOT NULL
+  AND (e.pubkey = sqlc.narg('author')::bytea OR e.channel_id = sqlc.narg('moderated_channel')::uuid)
   AND w.community_id = e.community_id AND w.definition_event_id = e.id
   AND w.status <> 'archived'
 RETURNING w.id;

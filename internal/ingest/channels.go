@@ -592,12 +592,7 @@ func validateDeleteEvent(ev *nostr.Event) error {
 // KindsKeptFromModeration: an admin must not erase an owner's acts or the
 // relay's account of membership. A request naming one is refused whole.
 func applyDeleteEvent(ctx context.Context, w *Write) error {
-	var ids [][]byte
-	for _, v := range w.Event.Tags.Values("e") {
-		if id, ok := nostr.DecodeHex32(v); ok {
-			ids = append(ids, id[:])
-		}
-	}
+	ids := DeletionTargetIDs(w.Event)
 	kept, err := w.Q.EventsInChannelKeptFromModeration(ctx, db.EventsInChannelKeptFromModerationParams{
 		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Ids: ids, KeptKinds: KindsKeptFromModeration,
 	})

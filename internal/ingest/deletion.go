@@ -73,8 +73,9 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// deletionTargetIDs returns the e tag values that are event ids.
-func deletionTargetIDs(ev *nostr.Event) [][]byte {
+// DeletionTargetIDs returns the e tag values that are event ids: the events
+// a kind 5 or a 9005 names.
+func DeletionTargetIDs(ev *nostr.Event) [][]byte {
 	var ids [][]byte
 	for _, v := range ev.Tags.Values("e") {
 		if id, ok := nostr.DecodeHex32(v); ok {
@@ -122,7 +123,7 @@ func prepareDeletion(ctx context.Context, w *Write) error {
 		scopes[scope] = scopes[scope] || live
 		named.kinds[strconv.Itoa(int(kind))] = true
 	}
-	if ids := deletionTargetIDs(w.Event); len(ids) > 0 {
+	if ids := DeletionTargetIDs(w.Event); len(ids) > 0 {
 		rows, err := w.Q.EventChannelsByAuthorIDs(ctx, db.EventChannelsByAuthorIDsParams{CommunityID: w.Tenant.ID(), Ids: ids, Author: author})
 		if err != nil {
 			return err
@@ -260,7 +261,7 @@ func (t deletionTargets) has(tag nostr.Tag) bool {
 func applyDeletion(ctx context.Context, w *Write) error {
 	q, tenant, ev := w.Q, w.Tenant, w.Event
 	author := ev.PubKeyBytes()
-	if ids := deletionTargetIDs(ev); len(ids) > 0 {
+	if ids := DeletionTargetIDs(ev); len(ids) > 0 {
 		if err := recheckTargetsUnderLock(ctx, w, ids); err != nil {
 			return err
 		}

@@ -116,3 +116,52 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	post()
 	require.Equal(t, 1, runs(members), "a message after the moderator hid the definition starts no run")
 }
+
+// The deletion's side rows archive a workflow only for an event that
+// deletion may delete: a kind 5 its author's, a 9005 its channel's. Hidden
+// alone does not do: a definition deleted by id before these side rows
+// existed stayed hidden with its workflow active (made here as that
+// release left it), and any member's kind 5 naming its id, or the 9005 of
+// a moderator of another channel, then archived someone else's workflow.
+// The owner's own kind 5 still archives it.
+//
+// Mutation killed: WorkflowsArchiveByDefinitionEvent without the author
+// and channel condition (the stranger's kind 5 archives the workflow).
+func TestADeletionArchivesOnlyTheWorkflowsOfWhatItMayDelete(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	other := r.Dial(t, "")
+	other.Auth(nil)
+	ch := createChannel(t, owner, "stale", false)
+	elsewhere := createChannel(t, other, "elsewhere", false)
+	require.True(t, other.Publish(other.Sign(9021, "", nostr.Tags{{"h", ch}}, 0)).OK)
+
+	workflowID := uuid.NewString()
+	def := owner.Sign(30620, "name: M\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: seen}]",
+		nostr.Tags{{"d", workflowID}, {"h", ch}}, 0)
+	ok := owner.Publish(def)
+	require.True(t, ok.OK, ok.Msg)
+	_, err := r.Pool.Exec(t.Context(), `UPDATE events SET deleted_at = now() WHERE community_id = $1 AND id = decode($2, 'hex')`,
+		r.CommunityID, def.ID)
+	require.NoError(t, err)
+	status := func() string {
+		t.Helper()
+		var s string
+		require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT status FROM workflows WHERE community_id = $1 AND id = $2`,
+			r.CommunityID, workflowID).Scan(&s))
+		return s
+	}
+
+	ok = other.Publish(other.Sign(5, "", nostr.Tags{{"e", def.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, "active", status(), "another member's kind 5 naming the hidden definition")
+	ok = other.Publish(other.Sign(9005, "", nostr.Tags{{"h", elsewhere}, {"e", def.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, "active", status(), "a 9005 of another channel's moderator naming it")
+
+	ok = owner.Publish(owner.Sign(5, "", nostr.Tags{{"e", def.ID}}, 0))
+	require.True(t, ok.OK, ok.Msg)
+	require.Equal(t, "archived", status(), "the owner's own kind 5 naming it")
+}

@@ -297,23 +297,12 @@ func deletedWorkflows(ev *nostr.Event) []uuid.UUID {
 	return out
 }
 
-// deletedEventIDs are the event ids a kind 5 names in e tags.
-func deletedEventIDs(ev *nostr.Event) [][]byte {
-	var out [][]byte
-	for _, v := range ev.Tags.Values("e") {
-		if id, ok := nostr.DecodeHex32(v); ok {
-			out = append(out, id[:])
-		}
-	}
-	return out
-}
-
 func deletesDefinitions(ev *nostr.Event) bool {
 	switch ev.Kind {
 	case nostr.KindDeletion:
-		return len(deletedWorkflows(ev)) > 0 || len(deletedEventIDs(ev)) > 0
+		return len(deletedWorkflows(ev)) > 0 || len(ingest.DeletionTargetIDs(ev)) > 0
 	case ingest.KindDeleteEvent:
-		return len(deletedEventIDs(ev)) > 0
+		return len(ingest.DeletionTargetIDs(ev)) > 0
 	}
 	return false
 }
@@ -337,10 +326,15 @@ func (t *Triggers) archiveDeleted(ctx context.Context, w *ingest.Write) error {
 	// Deleted by id or hidden, the pinned event is gone as surely as by
 	// coordinate: left active, the workflow fired on, every run failing
 	// closed (a schedule one per slot, for good).
-	if ids := deletedEventIDs(w.Event); len(ids) > 0 {
-		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, db.WorkflowsArchiveByDefinitionEventParams{
-			CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow(),
-		})
+	if ids := ingest.DeletionTargetIDs(w.Event); len(ids) > 0 {
+		params := db.WorkflowsArchiveByDefinitionEventParams{CommunityID: w.Tenant.ID(), EventIds: ids, Now: w.SQLNow()}
+		if w.Event.Kind == nostr.KindDeletion {
+			author := w.Event.PubKeyBytes()
+			params.Author = author[:]
+		} else {
+			params.ModeratedChannel = w.ChannelID
+		}
+		byEvent, err := w.Q.WorkflowsArchiveByDefinitionEvent(ctx, params)
 		if err != nil {
 			return err
 		}
