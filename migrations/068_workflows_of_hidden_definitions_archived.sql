@@ -1,4 +1,4 @@
--- 072: the workflows pinned to a definition hidden before 067 are archived.
+-- 068: the workflows pinned to a definition hidden before 067 are archived.
 --
 -- Why: from 067 on, a kind 5 of the owner naming the pinned definition by
 -- id, or a channel moderator's 9005 hiding it, archives the workflow in the
