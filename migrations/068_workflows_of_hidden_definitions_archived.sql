@@ -16,10 +16,14 @@
 -- Lock impact: ROW EXCLUSIVE on workflows (readers and other rows' writers
 -- do not wait); the rows it archives are locked to its commit. It reads
 -- the pinned workflows, one probe of events_by_id_hash each, and takes the
--- community's write fence shared only for the rows it archives.
+-- community's write fence shared only for the rows it archives. A lock it
+-- waits for past 5 s fails the migration instead of queueing the
+-- workflows' writers behind it; run it again.
 -- Deploy: safe while relays run, with either version.
 -- Roll back: nothing to undo (the down part changes nothing): an archived
 -- workflow stays archived until its owner saves it again.
+
+SET LOCAL lock_timeout = '5s';
 
 UPDATE workflows w
 SET status = 'archived', enabled = false, updated_at = now()
