@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -148,4 +150,48 @@ func TestReadingTheChannelsAgainIsBoundedByTheQueryTimeout(t *testing.T) {
 		sent = append(sent, ev.ID)
 	}
 	require.Equal(t, newestFirst[:1], sent, "the first page, then nothing")
+}
+
+// A member removed while their history of a private channel streams is
+// sent none of the channel's presence either: presence goes out after the
+// stored history, and the pins it is chosen for were checked when the
+// request arrived. Read through the HTTP bridge with net/http; the owner
+// removes the member between the first page and the second.
+// Mutation killed: presencePlan choosing for the filters as they came
+// (the owner's announcement follows the first page).
+func TestRemovedMemberIsSentNoPresenceAfterAHistoryBeingStreamed(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.ReqPageRows = 2 })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	member := relaytest.NewKey(t)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)).OK)
+	now := time.Now().Unix()
+	var newestFirst []string
+	for i := range 4 {
+		ev := owner.Sign(9, "before the removal", nostr.Tags{{"h", ch}}, now-100-int64(i))
+		require.True(t, owner.Publish(ev).OK)
+		newestFirst = append(newestFirst, ev.ID)
+	}
+	online := owner.Sign(presence.Kind, `{"status":"online"}`, nostr.Tags{{"h", ch}}, now)
+	require.NoError(t, r.Server.RememberPresence(r.CommunityID, uuid.MustParse(ch), online))
+	var removed atomic.Bool
+	r.Server.SetBeforeLaterPage(func() {
+		if removed.Swap(true) {
+			return
+		}
+		got := owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0))
+		require.True(t, got.OK, got.Msg)
+	})
+
+	got := post(t, r, member, "/query", query(map[string]any{"#h": []string{ch}, "kinds": []int{9, presence.Kind}}))
+	require.Equal(t, 200, got.Status, got.Raw)
+	require.True(t, removed.Load(), "the history was read in one page: the removal never fell inside it")
+	var sent []string
+	for _, ev := range got.Events {
+		sent = append(sent, ev.ID)
+	}
+	require.NotContains(t, sent, online.ID, "a removed member was sent the channel's presence")
+	require.Equal(t, newestFirst[:1], sent)
 }
