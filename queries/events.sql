@@ -70,15 +70,15 @@ SELECT EXISTS (
 
 -- name: EventReactionTarget :one
 -- The event a reaction names: stored in this community, not deleted and
--- not expired (NIP-40: never served, so as unknown as a purged one; now is
--- the relay's clock, NULL: the database's); reader_is_party says whether a
--- p tag names the reactor or the reactor wrote it (who may see a p-gated
--- kind).
+-- not expired (NIP-40, by @now, the relay's clock, as a read judges it: no
+-- read serves it, so it is as unknown as a purged one); reader_is_party
+-- says whether a p tag names the reactor or the reactor wrote it (who may
+-- see a p-gated kind).
 SELECT created_at, channel_id, kind,
        (tag_index && ARRAY['p:' || @reader_hex::text] OR pubkey = decode(@reader_hex::text, 'hex'))::boolean AS reader_is_party
 FROM events
 WHERE community_id = @community_id::uuid AND id = @id::bytea AND deleted_at IS NULL
-  AND (expires_at IS NULL OR expires_at > coalesce(sqlc.narg('now')::timestamptz, now()))
+  AND (expires_at IS NULL OR expires_at > @now::timestamptz)
 LIMIT 1;
 
 -- name: EventSlotClear :one

@@ -5,7 +5,7 @@
 
 -- name: ThreadParentLookup :one
 -- The parent a reply names: a live event of the same community and channel
--- (not deleted, not expired by the relay's clock, as EventReactionTarget),
+-- (not deleted, not expired by @now, the relay's clock, as EventReactionTarget),
 -- with its thread row when it has one (NULL depth: a top-level message that
 -- nobody answered yet); reader_is_party says whether a p tag names the
 -- replier or the replier wrote it (p-gated kinds, as EventReactionTarget).
@@ -19,7 +19,7 @@ WHERE e.community_id = @community_id::uuid
   AND e.id = @id::bytea
   AND e.channel_id = @channel_id::uuid
   AND e.deleted_at IS NULL
-  AND (e.expires_at IS NULL OR e.expires_at > coalesce(sqlc.narg('now')::timestamptz, now()))
+  AND (e.expires_at IS NULL OR e.expires_at > @now::timestamptz)
 LIMIT 1;
 
 -- name: ThreadTopLevelEnsure :exec

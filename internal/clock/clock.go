@@ -8,9 +8,11 @@
 // (coalesce(sqlc.narg('now')::timestamptz, now())). On the wall clock the
 // parameter is NULL and PostgreSQL's own now() decides, so every relay pod
 // agrees on one clock (the database's) whatever its own skew; a stubbed
-// clock passes its time, and the database follows the test. A read's NIP-40
-// expiration test is the exception: it binds the relay's own time, since a
-// standby, whose clock is not the writer's, may answer it (docs/storage.md).
+// clock passes its time, and the database follows the test. A NIP-40
+// expiration test is the exception: a read's binds the relay's own time,
+// since a standby, whose clock is not the writer's, may answer it, and so
+// does a write's that names an event (a reaction's target, a reply's
+// parent), so that it finds what a read serves (docs/storage.md).
 package clock
 
 import "time"

@@ -250,7 +250,7 @@ SELECT created_at, channel_id, kind,
        (tag_index && ARRAY['p:' || $1::text] OR pubkey = decode($1::text, 'hex'))::boolean AS reader_is_party
 FROM events
 WHERE community_id = $2::uuid AND id = $3::bytea AND deleted_at IS NULL
-  AND (expires_at IS NULL OR expires_at > coalesce($4::timestamptz, now()))
+  AND (expires_at IS NULL OR expires_at > $4::timestamptz)
 LIMIT 1
 `
 
@@ -258,7 +258,7 @@ type EventReactionTargetParams struct {
 	ReaderHex   string
 	CommunityID uuid.UUID
 	ID          []byte
-	Now         *time.Time
+	Now         time.Time
 }
 
 type EventReactionTargetRow struct {
@@ -269,10 +269,10 @@ type EventReactionTargetRow struct {
 }
 
 // The event a reaction names: stored in this community, not deleted and
-// not expired (NIP-40: never served, so as unknown as a purged one; now is
-// the relay's clock, NULL: the database's); reader_is_party says whether a
-// p tag names the reactor or the reactor wrote it (who may see a p-gated
-// kind).
+// not expired (NIP-40, by @now, the relay's clock, as a read judges it: no
+// read serves it, so it is as unknown as a purged one); reader_is_party
+// says whether a p tag names the reactor or the reactor wrote it (who may
+// see a p-gated kind).
 func (q *Queries) EventReactionTarget(ctx context.Context, arg EventReactionTargetParams) (EventReactionTargetRow, error) {
 	row := q.db.QueryRow(ctx, eventReactionTarget,
 		arg.ReaderHex,

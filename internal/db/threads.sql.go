@@ -70,7 +70,7 @@ WHERE e.community_id = $2::uuid
   AND e.id = $3::bytea
   AND e.channel_id = $4::uuid
   AND e.deleted_at IS NULL
-  AND (e.expires_at IS NULL OR e.expires_at > coalesce($5::timestamptz, now()))
+  AND (e.expires_at IS NULL OR e.expires_at > $5::timestamptz)
 LIMIT 1
 `
 
@@ -79,7 +79,7 @@ type ThreadParentLookupParams struct {
 	CommunityID uuid.UUID
 	ID          []byte
 	ChannelID   uuid.UUID
-	Now         *time.Time
+	Now         time.Time
 }
 
 type ThreadParentLookupRow struct {
@@ -96,7 +96,7 @@ type ThreadParentLookupRow struct {
 // and every writer of one thread first locks the thread's root row, so the
 // replies of a thread serialize and always lock in the same order.
 // The parent a reply names: a live event of the same community and channel
-// (not deleted, not expired by the relay's clock, as EventReactionTarget),
+// (not deleted, not expired by @now, the relay's clock, as EventReactionTarget),
 // with its thread row when it has one (NULL depth: a top-level message that
 // nobody answered yet); reader_is_party says whether a p tag names the
 // replier or the replier wrote it (p-gated kinds, as EventReactionTarget).

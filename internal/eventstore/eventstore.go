@@ -142,7 +142,7 @@ func (s *Store) QueryJSON(ctx context.Context, community uuid.UUID, scope Scope,
 	var after *keyset
 	for len(branches) > 0 {
 		if after != nil {
-			if err := scope.readAgain(ctx); err != nil {
+			if err := s.readScopeAgain(ctx, &scope); err != nil {
 				return err
 			}
 		}
@@ -318,6 +318,18 @@ func (s *Store) onWriter(ctx context.Context, read func(q db.DBTX) error) error 
 	return read(s.pool)
 }
 
+// readScopeAgain has scope read the reader's channels again before a later
+// page, bounded as a page's statement is: the ctx a read streams under
+// bounds the whole stream or nothing (a slow client's download is its
+// own), and a database read of the channels (after a membership change, or
+// once the cached answer expired) that waited on a lock held a read slot,
+// and the client's REQ, for as long.
+func (s *Store) readScopeAgain(ctx context.Context, scope *Scope) error {
+	ctx, cancel := s.statementContext(ctx)
+	defer cancel()
+	return scope.readAgain(ctx)
+}
+
 // pageRow is one stored event as a read sends it, and what paging needs.
 type pageRow struct {
 	event       []byte // the event's JSON object
@@ -373,7 +385,7 @@ func (s *Store) querySearch(ctx context.Context, community uuid.UUID, scope Scop
 	pageRows := max(s.PageRows, 1)
 	for remaining := limit; remaining > 0; {
 		if after != nil {
-			if err := scope.readAgain(ctx); err != nil {
+			if err := s.readScopeAgain(ctx, &scope); err != nil {
 				return err
 			}
 		}

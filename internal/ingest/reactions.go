@@ -46,7 +46,7 @@ func validateReaction(ev *nostr.Event) error {
 func prepareReaction(ctx context.Context, w *Write) error {
 	notFound := Reject("invalid", "reaction target event not found")
 	id, _ := reactionTarget(w.Event)
-	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:], ReaderHex: w.Actor, Now: w.SQLNow()})
+	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{CommunityID: w.Tenant.ID(), ID: id[:], ReaderHex: w.Actor, Now: w.Now()})
 	if dberr.IsNotFound(err) {
 		return notFound
 	}

@@ -88,7 +88,7 @@ func (w *Write) EmitReaction(ctx context.Context, content string, tags nostr.Tag
 	targetID, _ := reactionTarget(draft)
 	notFound := Reject("invalid", "reaction target event not found")
 	target, err := w.Q.EventReactionTarget(ctx, db.EventReactionTargetParams{
-		CommunityID: w.Tenant.ID(), ID: targetID[:], ReaderHex: hex.EncodeToString(relay[:]), Now: w.SQLNow(),
+		CommunityID: w.Tenant.ID(), ID: targetID[:], ReaderHex: hex.EncodeToString(relay[:]), Now: w.Now(),
 	})
 	if dberr.IsNotFound(err) {
 		return "", notFound

@@ -75,7 +75,7 @@ func applyThreadReply(ctx context.Context, w *Write) error {
 	}
 	community, channel := w.Tenant.ID(), *w.ChannelID
 	parent, err := w.Q.ThreadParentLookup(ctx, db.ThreadParentLookupParams{
-		CommunityID: community, ID: parentID[:], ChannelID: channel, ReaderHex: w.Actor, Now: w.SQLNow(),
+		CommunityID: community, ID: parentID[:], ChannelID: channel, ReaderHex: w.Actor, Now: w.Now(),
 	})
 	if dberr.IsNotFound(err) {
 		return notFound

@@ -927,15 +927,18 @@ func (c *conn) onReq(subID string, filters nostr.Filters) {
 		// the reply budget: gathered whole, ten filters of 500
 		// announcements of 4 KiB waited in memory for a client that had
 		// stopped reading.
-		plan := c.srv.presencePlan(c.ctx, c.tenant.ID(), filters, stored)
-		for batch := plan.Next(c.ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(c.ctx, presenceBatch) {
-			for _, event := range batch {
-				if sent != nil {
-					sent.add(event)
-				}
-				if held.add(queued{msg: event, subID: subID}) {
-					if err = c.sendAll(held.take()); err != nil {
-						break
+		var plan *presence.Plan
+		plan, err = c.srv.presencePlan(c.ctx, c.tenant, c.pubkey, filters, stored)
+		if err == nil {
+			for batch := plan.Next(c.ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(c.ctx, presenceBatch) {
+				for _, event := range batch {
+					if sent != nil {
+						sent.add(event)
+					}
+					if held.add(queued{msg: event, subID: subID}) {
+						if err = c.sendAll(held.take()); err != nil {
+							break
+						}
 					}
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -277,5 +278,48 @@ func TestExpiredEventTakesNoReactionOrReply(t *testing.T) {
 	reply := relaytest.SignEvent(t, reader, 9, "late", nostr.Tags{{"h", ch}, {"e", target.ID, "", "reply"}}, now.Load())
 	got = postAt(reply)
 	require.Equal(t, http.StatusBadRequest, got.Status, got.Raw)
+	require.Equal(t, "invalid: reply parent not found", got.Msg)
+}
+
+// A reaction or a reply names an event by the relay's clock, as a read
+// judges it, not by the database's: those lookups bound the database's
+// now() on the wall clock (their now parameter NULL), so with the
+// database's clock ten minutes behind the relay's, an event expired a
+// minute ago by the relay's clock, which no REQ returns and the purge (by
+// the database's clock) has not removed, still took a reaction and a
+// reply, and its id still told an expired row from a purged one. The
+// relay runs on the wall clock here, over WebSocket (go-nostr's wire
+// through relaytest), the database's clock shifted by a function shadowing
+// now() on the relay's search_path.
+// Mutation killed: EventReactionTarget and ThreadParentLookup given
+// w.SQLNow() again (the reaction and the reply are accepted).
+func TestExpiryOfAnEventNamedByAWriteIsJudgedByTheRelaysClock(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(t.Context(), `
+		CREATE SCHEMA skew;
+		CREATE FUNCTION skew.now() RETURNS timestamptz LANGUAGE plpgsql STABLE AS
+		$$BEGIN RETURN pg_catalog.now() - interval '10 minutes'; END$$`)
+	require.NoError(t, err)
+	behind := dbtest.PoolOn(t, pool.Config().ConnString(), 4, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["search_path"] = "skew,pg_catalog,public"
+	})
+	r := relaytest.StartWith(t, behind, nil)
+	owner := r.Dial(t, "")
+	key := owner.Auth(nil)
+	ch := createChannel(t, owner, "open", false)
+	now := time.Now()
+	aMinuteAgo := strconv.FormatInt(now.Add(-time.Minute).Unix(), 10)
+	expired := relaytest.SignEvent(t, key, 9, "gone by the relay's clock", nostr.Tags{{"h", ch}, {"expiration", aMinuteAgo}}, now.Add(-time.Hour).Unix())
+	storeOld(t, pool.Config().ConnString(), r.CommunityID, ch, expired)
+	require.Empty(t, owner.Req("history", map[string]any{"#h": []string{ch}, "kinds": []int{9}}), "a REQ judges by the relay's clock")
+
+	reader := r.Dial(t, "")
+	reader.Auth(nil)
+	got := reader.Publish(reader.Sign(7, "+", nostr.Tags{{"e", expired.ID}, {"p", expired.PubKey}}, 0))
+	require.False(t, got.OK, "a reaction to an event expired by the relay's clock was stored")
+	require.Equal(t, "invalid: reaction target event not found", got.Msg)
+	got = reader.Publish(reader.Sign(9, "late", nostr.Tags{{"h", ch}, {"e", expired.ID, "", "reply"}}, 0))
+	require.False(t, got.OK, "a reply to an event expired by the relay's clock was stored")
 	require.Equal(t, "invalid: reply parent not found", got.Msg)
 }

@@ -453,11 +453,14 @@ func (b *httpBridge) serveQuery(w http.ResponseWriter, r *http.Request, tenant c
 	}
 	if err == nil {
 		// Presence as a REQ gets it before EOSE: the same read, over HTTP.
-		plan := s.presencePlan(ctx, tenant.ID(), filters, stored)
-		for batch := plan.Next(ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(ctx, presenceBatch) {
-			for _, event := range batch {
-				if err = answer.add(event); err != nil {
-					break
+		var plan *presence.Plan
+		plan, err = s.presencePlan(ctx, tenant, pubkey, filters, stored)
+		if err == nil {
+			for batch := plan.Next(ctx, presenceBatch); batch != nil && err == nil; batch = plan.Next(ctx, presenceBatch) {
+				for _, event := range batch {
+					if err = answer.add(event); err != nil {
+						break
+					}
 				}
 			}
 		}

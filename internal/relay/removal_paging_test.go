@@ -1,14 +1,19 @@
 package relay_test
 
 import (
+	"context"
+	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/presence"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -79,4 +84,114 @@ func TestRemovedMemberIsSentNothingMoreOfAHistoryBeingStreamed(t *testing.T) {
 			require.Equal(t, newestFirst[:read.firstPage], sent)
 		})
 	}
+}
+
+// Reading the channels again before a later page is a statement like the
+// page's, bounded by the query timeout: the history streams under the
+// connection's ctx, which bounds nothing, so a read of the channels from
+// the database (the cached answer dropped by a membership change) that
+// waited on a lock held the REQ and a read slot until the lock went. Here
+// the owner changes a membership between the first and the second page and
+// then holds channel_members locked; the reader gets the first page, then
+// CLOSED with the timeout's reason, on the same connection.
+// Mutation killed: QueryJSON calling scope.readAgain with its own ctx (no
+// CLOSED comes while the lock is held).
+func TestReadingTheChannelsAgainIsBoundedByTheQueryTimeout(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.ReqPageRows = 2; c.QueryTimeout = 3 * time.Second })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "open", false)
+	other := createChannel(t, owner, "other", true)
+	now := time.Now().Unix()
+	var newestFirst []string
+	for i := range 4 {
+		ev := owner.Sign(9, "history", nostr.Tags{{"h", ch}}, now-100-int64(i))
+		require.True(t, owner.Publish(ev).OK)
+		newestFirst = append(newestFirst, ev.ID)
+	}
+	var lock pgx.Tx
+	t.Cleanup(func() {
+		if lock != nil {
+			_ = lock.Rollback(context.Background())
+		}
+	})
+	r.Server.SetBeforeLaterPage(func() {
+		if lock != nil {
+			return
+		}
+		added := owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", other}, {"p", relaytest.NewKey(t).PublicKeyHex()}}, 0))
+		require.True(t, added.OK, added.Msg)
+		tx, err := r.Pool.Begin(context.Background())
+		require.NoError(t, err)
+		lock = tx
+		_, err = tx.Exec(context.Background(), "LOCK TABLE channel_members IN ACCESS EXCLUSIVE MODE")
+		require.NoError(t, err)
+	})
+
+	reader := r.Dial(t, "")
+	reader.Auth(nil)
+	reader.Send("REQ", "history", map[string]any{"#h": []string{ch}, "kinds": []int{9}})
+	var sent []string
+	for {
+		msg, err := reader.TryNext(60 * time.Second)
+		require.NoError(t, err, "no answer while the channels' read waited on the lock")
+		var verb string
+		require.NoError(t, json.Unmarshal(msg[0], &verb))
+		if verb != "EVENT" {
+			require.Equal(t, "CLOSED", verb, string(msg[0]))
+			var reason string
+			require.NoError(t, json.Unmarshal(msg[2], &reason))
+			require.Equal(t, "error: query timed out; narrow the filter", reason)
+			break
+		}
+		var ev nostr.Event
+		require.NoError(t, json.Unmarshal(msg[2], &ev))
+		sent = append(sent, ev.ID)
+	}
+	require.Equal(t, newestFirst[:1], sent, "the first page, then nothing")
+}
+
+// A member removed while their history of a private channel streams is
+// sent none of the channel's presence either: presence goes out after the
+// stored history, and the pins it is chosen for were checked when the
+// request arrived. Read through the HTTP bridge with net/http; the owner
+// removes the member between the first page and the second.
+// Mutation killed: presencePlan choosing for the filters as they came
+// (the owner's announcement follows the first page).
+func TestRemovedMemberIsSentNoPresenceAfterAHistoryBeingStreamed(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t, func(c *config.Config) { c.ReqPageRows = 2 })
+	owner := r.Dial(t, "")
+	owner.Auth(nil)
+	ch := createChannel(t, owner, "secret", true)
+	member := relaytest.NewKey(t)
+	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)).OK)
+	now := time.Now().Unix()
+	var newestFirst []string
+	for i := range 4 {
+		ev := owner.Sign(9, "before the removal", nostr.Tags{{"h", ch}}, now-100-int64(i))
+		require.True(t, owner.Publish(ev).OK)
+		newestFirst = append(newestFirst, ev.ID)
+	}
+	online := owner.Sign(presence.Kind, `{"status":"online"}`, nostr.Tags{{"h", ch}}, now)
+	require.NoError(t, r.Server.RememberPresence(r.CommunityID, uuid.MustParse(ch), online))
+	var removed atomic.Bool
+	r.Server.SetBeforeLaterPage(func() {
+		if removed.Swap(true) {
+			return
+		}
+		got := owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0))
+		require.True(t, got.OK, got.Msg)
+	})
+
+	got := post(t, r, member, "/query", query(map[string]any{"#h": []string{ch}, "kinds": []int{9, presence.Kind}}))
+	require.Equal(t, 200, got.Status, got.Raw)
+	require.True(t, removed.Load(), "the history was read in one page: the removal never fell inside it")
+	var sent []string
+	for _, ev := range got.Events {
+		sent = append(sent, ev.ID)
+	}
+	require.NotContains(t, sent, online.ID, "a removed member was sent the channel's presence")
+	require.Equal(t, newestFirst[:1], sent)
 }
