@@ -49,24 +49,9 @@ func TestRemovedMemberIsSentNothingMoreOfAHistoryBeingStreamed(t *testing.T) {
 			ch := createChannel(t, owner, "secret", true)
 			member := relaytest.NewKey(t)
 			require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)).OK)
-			now := time.Now().Unix()
-			var newestFirst []string
-			for i := range 4 {
-				ev := owner.Sign(9, "before the removal", nostr.Tags{{"h", ch}}, now-100-int64(i))
-				require.True(t, owner.Publish(ev).OK)
-				newestFirst = append(newestFirst, ev.ID)
-			}
-
-			secret := owner.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, now-1000)
-			var removed atomic.Bool
-			r.Server.SetBeforeLaterPage(func() {
-				if removed.Swap(true) {
-					return
-				}
-				got := owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0))
-				require.True(t, got.OK, got.Msg)
-				require.True(t, owner.Publish(secret).OK)
-			})
+			newestFirst := pagedHistory(t, owner, ch, "before the removal")
+			secret := owner.Sign(9, "after the removal", nostr.Tags{{"h", ch}}, time.Now().Unix()-1000)
+			removed := removeBeforeTheSecondPage(t, r, owner, ch, member, func() { require.True(t, owner.Publish(secret).OK) })
 
 			filter := map[string]any{"#h": []string{ch}}
 			for k, v := range read.filter {
@@ -75,10 +60,7 @@ func TestRemovedMemberIsSentNothingMoreOfAHistoryBeingStreamed(t *testing.T) {
 			got := post(t, r, member, "/query", query(filter))
 			require.Equal(t, 200, got.Status, got.Raw)
 			require.True(t, removed.Load(), "the history was read in one page: the removal never fell inside it")
-			var sent []string
-			for _, ev := range got.Events {
-				sent = append(sent, ev.ID)
-			}
+			sent := ids(got.Events)
 			require.NotContains(t, sent, secret.ID, "a removed member was sent a message posted after the removal")
 			// The first page was read while a member.
 			require.Equal(t, newestFirst[:read.firstPage], sent)
@@ -103,13 +85,7 @@ func TestReadingTheChannelsAgainIsBoundedByTheQueryTimeout(t *testing.T) {
 	owner.Auth(nil)
 	ch := createChannel(t, owner, "open", false)
 	other := createChannel(t, owner, "other", true)
-	now := time.Now().Unix()
-	var newestFirst []string
-	for i := range 4 {
-		ev := owner.Sign(9, "history", nostr.Tags{{"h", ch}}, now-100-int64(i))
-		require.True(t, owner.Publish(ev).OK)
-		newestFirst = append(newestFirst, ev.ID)
-	}
+	newestFirst := pagedHistory(t, owner, ch, "history")
 	var lock pgx.Tx
 	t.Cleanup(func() {
 		if lock != nil {
@@ -167,15 +143,39 @@ func TestRemovedMemberIsSentNoPresenceAfterAHistoryBeingStreamed(t *testing.T) {
 	ch := createChannel(t, owner, "secret", true)
 	member := relaytest.NewKey(t)
 	require.True(t, owner.Publish(owner.Sign(9000, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0)).OK)
+	newestFirst := pagedHistory(t, owner, ch, "before the removal")
+	online := owner.Sign(presence.Kind, `{"status":"online"}`, nostr.Tags{{"h", ch}}, time.Now().Unix())
+	require.NoError(t, r.Server.RememberPresence(r.CommunityID, uuid.MustParse(ch), online))
+	removed := removeBeforeTheSecondPage(t, r, owner, ch, member, nil)
+
+	got := post(t, r, member, "/query", query(map[string]any{"#h": []string{ch}, "kinds": []int{9, presence.Kind}}))
+	require.Equal(t, 200, got.Status, got.Raw)
+	require.True(t, removed.Load(), "the history was read in one page: the removal never fell inside it")
+	sent := ids(got.Events)
+	require.NotContains(t, sent, online.ID, "a removed member was sent the channel's presence")
+	require.Equal(t, newestFirst[:1], sent)
+}
+
+// pagedHistory publishes four messages into ch, 100 s back and older, so a
+// read of two-row pages streams past its first page; their ids newest
+// first.
+func pagedHistory(t *testing.T, owner *relaytest.Client, ch, content string) []string {
+	t.Helper()
 	now := time.Now().Unix()
 	var newestFirst []string
 	for i := range 4 {
-		ev := owner.Sign(9, "before the removal", nostr.Tags{{"h", ch}}, now-100-int64(i))
+		ev := owner.Sign(9, content, nostr.Tags{{"h", ch}}, now-100-int64(i))
 		require.True(t, owner.Publish(ev).OK)
 		newestFirst = append(newestFirst, ev.ID)
 	}
-	online := owner.Sign(presence.Kind, `{"status":"online"}`, nostr.Tags{{"h", ch}}, now)
-	require.NoError(t, r.Server.RememberPresence(r.CommunityID, uuid.MustParse(ch), online))
+	return newestFirst
+}
+
+// removeBeforeTheSecondPage has the owner remove member from ch before the
+// second page of the next paged read, then run then (nil: nothing more);
+// the flag it returns says whether that happened.
+func removeBeforeTheSecondPage(t *testing.T, r *relaytest.Relay, owner *relaytest.Client, ch string, member *nostr.SecretKey, then func()) *atomic.Bool {
+	t.Helper()
 	var removed atomic.Bool
 	r.Server.SetBeforeLaterPage(func() {
 		if removed.Swap(true) {
@@ -183,15 +183,9 @@ func TestRemovedMemberIsSentNoPresenceAfterAHistoryBeingStreamed(t *testing.T) {
 		}
 		got := owner.Publish(owner.Sign(9001, "", nostr.Tags{{"h", ch}, {"p", member.PublicKeyHex()}}, 0))
 		require.True(t, got.OK, got.Msg)
+		if then != nil {
+			then()
+		}
 	})
-
-	got := post(t, r, member, "/query", query(map[string]any{"#h": []string{ch}, "kinds": []int{9, presence.Kind}}))
-	require.Equal(t, 200, got.Status, got.Raw)
-	require.True(t, removed.Load(), "the history was read in one page: the removal never fell inside it")
-	var sent []string
-	for _, ev := range got.Events {
-		sent = append(sent, ev.ID)
-	}
-	require.NotContains(t, sent, online.ID, "a removed member was sent the channel's presence")
-	require.Equal(t, newestFirst[:1], sent)
+	return &removed
 }
