@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -36,12 +35,7 @@ func TestWebhookReachesOnlyTheWorkflowOfItsHost(t *testing.T) {
 	require.Len(t, def, 1)
 	saved := inB.Publish(def[0])
 	require.True(t, saved.OK, saved.Msg)
-	var inBSaved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(saved.Msg, "response:")), &inBSaved))
-	secretB := inBSaved.WebhookSecret
-	require.NotEmpty(t, secretB)
+	secretB := webhookSecret(t, saved.Msg)
 	require.NotEqual(t, secretA, secretB)
 
 	call := func(host, secret string) int {

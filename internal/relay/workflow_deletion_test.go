@@ -45,17 +45,7 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	}
 	onMessage, onMessageDef, _ := saveEvent("name: M\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: seen}]")
 	hook, hookDef, hookReply := saveEvent("name: H\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: hooked}]")
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(hookReply, "response:")), &saved))
-	runs := func(workflowID string) int {
-		t.Helper()
-		var n int
-		require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2`,
-			r.CommunityID, workflowID).Scan(&n))
-		return n
-	}
+	secret := webhookSecret(t, hookReply)
 	posted := 0
 	post := func() {
 		t.Helper()
@@ -67,7 +57,7 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+hook, strings.NewReader(`{}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Webhook-Secret", saved.WebhookSecret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -88,17 +78,17 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	// Someone else's deletion naming the definitions deletes nothing.
 	deleteByID(other, onMessageDef.ID, hookDef.ID)
 	post()
-	require.Equal(t, 1, runs(onMessage))
+	require.Equal(t, 1, workflowRuns(t, r, onMessage))
 	status, _ := callHook()
 	require.Equal(t, http.StatusAccepted, status)
 
 	deleteByID(owner, onMessageDef.ID, hookDef.ID)
 	post()
-	require.Equal(t, 1, runs(onMessage), "a message after the definition was deleted by id starts no run")
+	require.Equal(t, 1, workflowRuns(t, r, onMessage), "a message after the definition was deleted by id starts no run")
 	status, msg := callHook()
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "invalid: workflow is not accepting webhook calls", msg)
-	require.Equal(t, 1, runs(hook))
+	require.Equal(t, 1, workflowRuns(t, r, hook))
 	ok := owner.Publish(owner.Sign(46020, "", nostr.Tags{{"d", onMessage}}, 0))
 	require.False(t, ok.OK)
 	require.Equal(t, "invalid: workflow is archived", ok.Msg)
@@ -110,11 +100,11 @@ func TestDeletingAWorkflowsDefinitionByIDArchivesIt(t *testing.T) {
 	ok = other.Publish(membersDef)
 	require.True(t, ok.OK, ok.Msg)
 	post()
-	require.Equal(t, 1, runs(members))
+	require.Equal(t, 1, workflowRuns(t, r, members))
 	ok = owner.Publish(owner.Sign(9005, "", nostr.Tags{{"h", ch}, {"e", membersDef.ID}}, 0))
 	require.True(t, ok.OK, ok.Msg)
 	post()
-	require.Equal(t, 1, runs(members), "a message after the moderator hid the definition starts no run")
+	require.Equal(t, 1, workflowRuns(t, r, members), "a message after the moderator hid the definition starts no run")
 }
 
 // The deletion's side rows archive a workflow only for an event that

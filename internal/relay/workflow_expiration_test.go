@@ -54,18 +54,8 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 	lasting, _ := save("name: L\ntrigger: {on: message_posted}\nsteps: [{id: a, action: send_message, text: 'lasting'}]")
 	scheduled, _ := save("name: S\ntrigger: {on: schedule, interval: 60s}\nsteps: [{id: a, action: send_message, text: tick}]", expires)
 	hook, hookReply := save("name: H\ntrigger: {on: webhook}\nsteps: [{id: a, action: send_message, text: hooked}]", expires)
-	var saved struct {
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(hookReply, "response:")), &saved))
+	secret := webhookSecret(t, hookReply)
 
-	runs := func(workflowID string) int {
-		t.Helper()
-		var n int
-		require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2`,
-			r.CommunityID, workflowID).Scan(&n))
-		return n
-	}
 	posted := 0
 	post := func() {
 		t.Helper()
@@ -77,7 +67,7 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, r.HTTPURL+"/hooks/"+hook, strings.NewReader(`{}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Webhook-Secret", saved.WebhookSecret)
+		req.Header.Set("X-Webhook-Secret", secret)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -95,8 +85,8 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 	// Before the expiration every trigger fires.
 	now.Store(start.Add(2 * time.Minute).Unix())
 	post()
-	require.Equal(t, 1, runs(expiringMessage))
-	require.Equal(t, 1, runs(lasting))
+	require.Equal(t, 1, workflowRuns(t, r, expiringMessage))
+	require.Equal(t, 1, workflowRuns(t, r, lasting))
 	fired, err := sched.Tick(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 2, fired, "the slots of the first two minutes")
@@ -104,22 +94,22 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, status, out)
 	ok, msg := command(expiringMessage)
 	require.True(t, ok, msg)
-	require.Equal(t, 2, runs(expiringMessage))
+	require.Equal(t, 2, workflowRuns(t, r, expiringMessage))
 
 	// Past it, nothing of the expired definitions fires, purged or not.
 	now.Store(start.Add(2 * time.Hour).Unix())
 	firesNothing := func(stage string) {
 		t.Helper()
 		post()
-		require.Equal(t, 2, runs(expiringMessage), stage)
+		require.Equal(t, 2, workflowRuns(t, r, expiringMessage), stage)
 		fired, err := sched.Tick(t.Context())
 		require.NoError(t, err)
 		require.Zero(t, fired, stage)
-		require.Equal(t, 2, runs(scheduled), stage)
+		require.Equal(t, 2, workflowRuns(t, r, scheduled), stage)
 		status, out := callHook()
 		require.Equal(t, http.StatusConflict, status, stage)
 		require.Equal(t, "invalid: the workflow's definition expired (NIP-40); save it again to run it", out["error"], stage)
-		require.Equal(t, 1, runs(hook), stage)
+		require.Equal(t, 1, workflowRuns(t, r, hook), stage)
 		ok, msg := command(expiringMessage)
 		require.False(t, ok, stage)
 		require.Equal(t, "invalid: the workflow's definition expired (NIP-40); save it again to run it", msg, stage)
@@ -140,13 +130,13 @@ func TestAnExpiredWorkflowDefinitionFiresNothing(t *testing.T) {
 
 	require.GreaterOrEqual(t, r.Server.PurgeExpired(t.Context()), int64(3), "the three definitions are purged")
 	firesNothing("expired and purged")
-	require.Equal(t, 3, runs(lasting), "a definition without an expiration fires throughout")
+	require.Equal(t, 3, workflowRuns(t, r, lasting), "a definition without an expiration fires throughout")
 
 	// Saved again without an expiration, it fires again.
 	ok2 := owner.Publish(owner.Sign(30620, onMessage, nostr.Tags{{"d", expiringMessage}, {"h", ch}}, now.Load()))
 	require.True(t, ok2.OK, ok2.Msg)
 	post()
-	require.Equal(t, 3, runs(expiringMessage))
+	require.Equal(t, 3, workflowRuns(t, r, expiringMessage))
 }
 
 // An expired workflow fires nothing, so it takes no place in its channel's

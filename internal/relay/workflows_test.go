@@ -390,10 +390,26 @@ func saveWebhookWorkflow(t *testing.T, owner *relaytest.Client, ch, steps string
 	id = uuid.NewString()
 	ok := owner.Publish(owner.Sign(30620, "name: Hook\ntrigger: {on: webhook}\nsteps: "+steps, nostr.Tags{{"d", id}, {"h", ch}}, 0))
 	require.True(t, ok.OK, ok.Msg)
+	return id, webhookSecret(t, ok.Msg)
+}
+
+// webhookSecret is the secret in the answer to a webhook workflow's save
+// (`response:{"webhook_secret":...}`).
+func webhookSecret(t *testing.T, saveAnswer string) string {
+	t.Helper()
 	var saved struct {
 		WebhookSecret string `json:"webhook_secret"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(ok.Msg, "response:")), &saved))
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(saveAnswer, "response:")), &saved))
 	require.NotEmpty(t, saved.WebhookSecret)
-	return id, saved.WebhookSecret
+	return saved.WebhookSecret
+}
+
+// workflowRuns counts the runs of one workflow of r's community.
+func workflowRuns(t *testing.T, r *relaytest.Relay, workflowID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, r.Pool.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2`,
+		r.CommunityID, workflowID).Scan(&n))
+	return n
 }
