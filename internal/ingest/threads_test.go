@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/fanout"
 	"github.com/buzzrelay/buzz/internal/ingest"
 	"github.com/buzzrelay/buzz/internal/nostr"
 )
@@ -61,8 +62,11 @@ func (f *fixture) submitAll(events []*nostr.Event) {
 
 // TestConcurrentThreadRepliesKeepExactCounts races replies of every NIP-10
 // form (reply marker, root marker, positional) at several depths of two
-// threads through real parallel Submits on a 24-connection pool, then checks
-// every counter exactly.
+// threads through real parallel Submits on a 24-connection pool, each
+// reply in its own transaction (grouping off, as replies sent through
+// several relay processes are), then checks every counter exactly. Through
+// one group writer the replies were written one group at a time, one
+// transaction after the other, and the first mutation below survived.
 //
 // Mutations checked by temporarily changing the code:
 //   - killed: "reply_count = reply_count + 1" (and descendant_count) turned
@@ -78,6 +82,7 @@ func (f *fixture) submitAll(events []*nostr.Event) {
 func TestConcurrentThreadRepliesKeepExactCounts(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "threads.example", 24)
+	f.p = ingest.New(f.pool, fanout.NewHub(), ingest.Options{MaxFutureSkew: time.Minute, GroupMax: 1})
 	alice, bob := f.key(), f.key()
 	ch := f.channel(alice, false)
 	h := nostr.Tag{"h", ch}
