@@ -104,7 +104,10 @@ func TestMemberLimitCountsEachChannel(t *testing.T) {
 // are refused with the limit. Rounds repeat the race, each after a removal
 // that puts the channel one short again. Mutation killed: the join and
 // put-user paths counting without the row lock (lockChannel not taking
-// ChannelLockForChange) store two or more in a round.
+// ChannelLockForChange): two adds count the same members and both insert,
+// then deadlock asking the write lock exclusive for their lists while each
+// holds it shared, and the one PostgreSQL ends is answered "error: the
+// write collided with a concurrent one" (run: round 1).
 func TestConcurrentAddsAtLimitMinusOneAddOne(t *testing.T) {
 	t.Parallel()
 	const limit, processes = 4, 6
