@@ -2960,6 +2960,14 @@ ALTER TABLE public.events
 
 
 --
+-- Name: events events_moderation_never_expires; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.events
+    ADD CONSTRAINT events_moderation_never_expires CHECK (((expires_at IS NULL) OR (channel_id IS NULL) OR (kind <> ALL (ARRAY[9000, 9001, 9002, 9005, 9007, 9008, 39000, 39001, 39002])))) NOT VALID;
+
+
+--
 -- Name: events events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 

@@ -107,6 +107,7 @@ var clientTexts = map[string]string{
 	"events_d_tag_iff_addressable":             "only addressable kinds carry a stored d tag",
 	"events_kind_range":                        "kind must be between 0 and 65535",
 	"events_moderation_deleted_before_arrival": "its author deleted this event before it arrived here, so it is not applied",
+	"events_moderation_never_expires":          "a channel's moderation events (9000-9002, 9005, 9007, 9008) are its lasting account of who did what: they cannot carry an expiration tag",
 }
 
 // ClientText returns the fixed client-facing text for constraint.
