@@ -579,21 +579,27 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 	if len(mine) == 0 {
 		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
-	// Each record removed gives back its charge, even when a later step
-	// fails.
+	// The sidecar goes before the records, the reverse of an upload's
+	// writes: a delete cut short between the two (kill -9, a store
+	// error) leaves records without a sidecar (the blob is not served
+	// here, and the retry finds nothing to delete), never a sidecar
+	// without the deleter's records, which served and counted the blob
+	// while every member's delete, the retry included, was refused as not
+	// the uploader's. Each object removed gives back its charge, even
+	// when a later step fails.
+	if others == 0 {
+		if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
+			return 0, fmt.Errorf("delete sidecar: %w", err)
+		}
+		released = d.charged()
+	}
 	for i, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
 			return released, fmt.Errorf("delete upload record: %w", err)
 		}
 		released += charged[i]
 	}
-	if others > 0 {
-		return released, nil
-	}
-	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return released, fmt.Errorf("delete sidecar: %w", err)
-	}
-	return released + d.charged(), nil
+	return released, nil
 }
 
 // errBlobLockNotTaken marks deleteUnreferencedBlob's failure to take the
