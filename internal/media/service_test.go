@@ -202,3 +202,39 @@ func TestAFailedUploadsBlobTheStoreKeepsIsLogged(t *testing.T) {
 	require.ErrorIs(t, err, lapsed)
 	require.Contains(t, logs.String(), "could not remove the blob of a failed upload", logs.String())
 }
+
+// failingSidecarRemovals refuses to delete sidecars while failing is set,
+// as a store with a transient error would.
+type failingSidecarRemovals struct {
+	media.Store
+	failing bool
+}
+
+func (s *failingSidecarRemovals) Delete(ctx context.Context, key string) error {
+	if s.failing && strings.HasPrefix(key, "_meta/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A delete whose removal of the community's sidecar fails may be sent
+// again once the store recovers, and then deletes the blob: the sidecar
+// goes first, so its failure leaves the member's upload record in place.
+// Mutation killed: the records removed before the sidecar (the retry is
+// refused as not the uploader's, and the blob stays served for good).
+func TestDeleteFailingAtItsSidecarMaySendAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := &failingSidecarRemovals{Store: stores["fs"](t)}
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	community := uuid.New()
+	d, err := svc.Upload(ctx, community, "alice", strings.NewReader("a blob whose delete fails once"), nil)
+	require.NoError(t, err)
+
+	store.failing = true
+	require.Error(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the store refused the sidecar's removal")
+	store.failing = false
+	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the same delete, sent again")
+	_, _, err = svc.Open(ctx, community, d.SHA256)
+	require.ErrorIs(t, err, media.ErrNotFound, "the deleted blob is not served")
+}
