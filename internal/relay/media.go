@@ -998,12 +998,13 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
-		if claimed && errors.Is(err, errReadSlotsBusy) {
-			// The blob lock, the delete's first statement, waited for a
-			// read slot in vain: nothing deleted yet.
+		err = leaseLapsed(ctx, err)
+		if claimed && media.DeletedNothing(err) && relayAtFault(r, err) {
+			// Busy, a lapsed lease, a failing store or database before
+			// anything was removed: the same request may come again.
 			s.releaseHTTPAuth(r.Context(), tenant, ev)
 		}
-		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err))
+		s.mediaFenced(w, r, tenant, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": sha})
