@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -119,9 +118,13 @@ const killedDeleteText = "text its uploader deletes"
 // uploader" for good. A helper process (this test binary, run again)
 // uploads a blob and deletes it through a store that stops at the
 // delete's second removal; it is SIGKILLed there. The uploader's retry
-// then finds the blob gone (not served, nothing to delete), or deletes it.
-// Mutation killed: the upload records removed before the sidecar (the
-// retry answers ErrNotUploader and the blob is still served).
+// then removes what is left: the blob is not served, and the community
+// holds no record of it (a record left would count against the quota for
+// good, and keep the sidecar of a later upload by another member).
+// Mutations killed: the upload records removed before the sidecar (the
+// retry answers ErrNotUploader and the blob is still served); records
+// without a sidecar not removed by a delete (the retry answers
+// ErrNotFound and the record stays).
 func TestKilledBetweenDeleteRemovalsLeavesNoUndeletableBlob(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -146,12 +149,15 @@ func TestKilledBetweenDeleteRemovalsLeavesNoUndeletableBlob(t *testing.T) {
 	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: dir}, nil)
 	sum := sha256.Sum256([]byte(killedDeleteText))
 	sha := hex.EncodeToString(sum[:])
-	err = svc.Delete(context.Background(), killedDeleteCommunity, sha, "alice")
-	if !errors.Is(err, media.ErrNotFound) {
-		require.NoError(t, err, "the uploader's delete, sent again after the relay was killed")
-	}
+	require.NoError(t, svc.Delete(context.Background(), killedDeleteCommunity, sha, "alice"), "the uploader's delete, sent again after the relay was killed")
 	_, _, err = svc.Open(context.Background(), killedDeleteCommunity, sha)
 	require.ErrorIs(t, err, media.ErrNotFound, "the blob its uploader deleted is still served")
+	for _, prefix := range media.CommunityPrefixes(killedDeleteCommunity) {
+		left, err := store.List(context.Background(), prefix)
+		require.NoError(t, err)
+		require.Empty(t, left, "what the killed delete left of the community's references")
+	}
+	require.ErrorIs(t, svc.Delete(context.Background(), killedDeleteCommunity, sha, "alice"), media.ErrNotFound, "nothing left to delete")
 }
 
 // deleteHelper is the process the test kills: a delete stopped at its

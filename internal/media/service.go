@@ -531,15 +531,21 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 // blob itself stays for the Sweeper, which removes it once no community
 // has referenced it for its grace: removed here, the delete's work (and an
 // upload of the same bytes waiting on the hash's locks meanwhile) told the
-// deleter whether another community holds the bytes. ErrNotFound: the
-// community has no such blob; ErrNotUploader: it has, but uploader never
+// deleter whether another community holds the bytes. Upload records
+// left without a sidecar (an upload or a delete cut short between its two
+// steps) are removed too: the blob is not served then, but they count
+// against the quota and keep the sidecar of a later upload by another
+// member in place. ErrNotFound: the community has no such blob, nor
+// uploader's records of it; ErrNotUploader: it has, but uploader never
 // uploaded it here.
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
-	// A community with no sidecar of sha has nothing to delete: answered
-	// before the blob's locks, which the sweep's removal of the blob holds
-	// for as long as it takes.
+	// A community with no sidecar of sha and no record of it has nothing
+	// to delete: answered before the blob's locks, which the sweep's
+	// removal of the blob holds for as long as it takes.
 	if _, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
-		return err
+		if records, lerr := s.store.List(ctx, uploadsPrefix(community, sha)); lerr != nil || len(records) == 0 {
+			return err
+		}
 	}
 	unlock := s.lock(sha)
 	// Under the blob lock from the listing of the upload records on: an
@@ -572,8 +578,12 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 // records it removed, and of the sidecar once that is gone. removed says
 // whether it removed anything.
 func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, removed bool, _ error) {
+	// Without a sidecar, records are what an upload or delete cut short
+	// left: under the blob lock no upload is between writing its record
+	// and its sidecar.
 	d, err := s.readSidecar(ctx, community, sha)
-	if err != nil {
+	sidecar := err == nil
+	if err != nil && !errors.Is(err, ErrNotFound) {
 		return 0, false, err
 	}
 	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
@@ -594,22 +604,24 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 			others++
 		}
 	}
+	if len(mine) == 0 && !sidecar {
+		return 0, false, ErrNotFound
+	}
 	if len(mine) == 0 {
 		return 0, false, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
 	}
 	// The sidecar goes before the records, the reverse of an upload's
 	// writes: a delete cut short between the two (kill -9, a store
 	// error) leaves records without a sidecar (the blob is not served
-	// here, and the retry finds nothing to delete), never a sidecar
-	// without the deleter's records, which served and counted the blob
-	// while every member's delete, the retry included, was refused as not
-	// the uploader's. Each object removed gives back its charge, even
-	// when a later step fails.
-	// A first removal that reports failure may still have happened (an S3
-	// DELETE completed after the relay stopped waiting): taken for nothing
-	// removed all the same, since the same delete sent again only finishes
-	// what it began.
-	if others == 0 {
+	// here, and the retry removes them), never a sidecar without the
+	// deleter's records, which served and counted the blob while every
+	// member's delete, the retry included, was refused as not the
+	// uploader's. Each object removed gives back its charge, even when a
+	// later step fails. A first removal that reports failure may still
+	// have happened (an S3 DELETE completed after the relay stopped
+	// waiting): taken for nothing removed all the same, since the same
+	// delete sent again only finishes what it began.
+	if sidecar && others == 0 {
 		if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
 			return 0, false, fmt.Errorf("delete sidecar: %w", err)
 		}
