@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(referenceHelperEnv); dir != "" {
 		referenceHelper(dir) // never returns either
 	}
+	if dir := os.Getenv(deleteHelperEnv); dir != "" {
+		deleteHelper(dir) // nor this
+	}
 	dbtest.Main(m)
 }
 

@@ -44,6 +44,20 @@ type referencingFailed struct{ error }
 
 func (e referencingFailed) Unwrap() error { return e.error }
 
+// removalFailed marks a delete that failed after it removed an upload
+// record or the sidecar.
+type removalFailed struct{ error }
+
+func (e removalFailed) Unwrap() error { return e.error }
+
+// DeletedNothing reports whether the delete that failed with err failed
+// before removing anything, so the community holds what it held. The
+// relay then lets the client send the same request again.
+func DeletedNothing(err error) bool {
+	var rf removalFailed
+	return !errors.As(err, &rf)
+}
+
 // StoredNothing reports whether the upload that failed with err failed
 // before writing its upload record and sidecar, so its community holds
 // nothing of it (a blob it wrote is removed again, or left as unreferenced
@@ -517,15 +531,21 @@ func (s *Service) Open(ctx context.Context, community uuid.UUID, sha string) (De
 // blob itself stays for the Sweeper, which removes it once no community
 // has referenced it for its grace: removed here, the delete's work (and an
 // upload of the same bytes waiting on the hash's locks meanwhile) told the
-// deleter whether another community holds the bytes. ErrNotFound: the
-// community has no such blob; ErrNotUploader: it has, but uploader never
+// deleter whether another community holds the bytes. Upload records
+// left without a sidecar (an upload or a delete cut short between its two
+// steps) are removed too: the blob is not served then, but they count
+// against the quota and keep the sidecar of a later upload by another
+// member in place. ErrNotFound: the community has no such blob, nor
+// uploader's records of it; ErrNotUploader: it has, but uploader never
 // uploaded it here.
 func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader string) error {
-	// A community with no sidecar of sha has nothing to delete: answered
-	// before the blob's locks, which the sweep's removal of the blob holds
-	// for as long as it takes.
+	// A community with no sidecar of sha and no record of it has nothing
+	// to delete: answered before the blob's locks, which the sweep's
+	// removal of the blob holds for as long as it takes.
 	if _, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
-		return err
+		if records, lerr := s.store.List(ctx, uploadsPrefix(community, sha)); lerr != nil || len(records) == 0 {
+			return err
+		}
 	}
 	unlock := s.lock(sha)
 	// Under the blob lock from the listing of the upload records on: an
@@ -537,7 +557,7 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 		unlock()
 		return err
 	}
-	released, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
+	released, removed, err := s.deleteUnderBlobLock(ctx, community, sha, uploader)
 	unlockBlob()
 	unlock()
 	if released > 0 && s.quota != nil {
@@ -547,20 +567,28 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 			err = fmt.Errorf("release the blob's bytes from the community's media quota: %w", qerr)
 		}
 	}
+	if err != nil && removed {
+		err = removalFailed{err}
+	}
 	return err
 }
 
 // deleteUnderBlobLock is Delete's work under the blob lock; released is
 // what to give back to the community's quota: the charges of the upload
-// records it removed, and of the sidecar once that is gone.
-func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, _ error) {
+// records it removed, and of the sidecar once that is gone. removed says
+// whether it removed anything.
+func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, sha, uploader string) (released int64, removed bool, _ error) {
+	// Without a sidecar, records are what an upload or delete cut short
+	// left: under the blob lock no upload is between writing its record
+	// and its sidecar.
 	d, err := s.readSidecar(ctx, community, sha)
-	if err != nil {
-		return 0, err
+	sidecar := err == nil
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return 0, false, err
 	}
 	keys, err := s.store.List(ctx, uploadsPrefix(community, sha))
 	if err != nil {
-		return 0, fmt.Errorf("list upload records: %w", err)
+		return 0, false, fmt.Errorf("list upload records: %w", err)
 	}
 	var mine []string
 	var charged []int64 // of mine
@@ -568,7 +596,7 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 	for _, key := range keys {
 		var rec uploadRecord
 		if err := s.readJSON(ctx, key, &rec); err != nil {
-			return 0, fmt.Errorf("read upload record: %w", err)
+			return 0, false, fmt.Errorf("read upload record: %w", err)
 		}
 		if rec.Pubkey == uploader {
 			mine, charged = append(mine, key), append(charged, rec.Charged)
@@ -576,24 +604,36 @@ func (s *Service) deleteUnderBlobLock(ctx context.Context, community uuid.UUID, 
 			others++
 		}
 	}
-	if len(mine) == 0 {
-		return 0, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+	if len(mine) == 0 && !sidecar {
+		return 0, false, ErrNotFound
 	}
-	// Each record removed gives back its charge, even when a later step
-	// fails.
+	if len(mine) == 0 {
+		return 0, false, fmt.Errorf("%w: only a member who uploaded this blob here may delete it", ErrNotUploader)
+	}
+	// The sidecar goes before the records, the reverse of an upload's
+	// writes: a delete cut short between the two (kill -9, a store
+	// error) leaves records without a sidecar (the blob is not served
+	// here, and the retry removes them), never a sidecar without the
+	// deleter's records, which served and counted the blob while every
+	// member's delete, the retry included, was refused as not the
+	// uploader's. Each object removed gives back its charge, even when a
+	// later step fails. A first removal that reports failure may still
+	// have happened (an S3 DELETE completed after the relay stopped
+	// waiting): taken for nothing removed all the same, since the same
+	// delete sent again only finishes what it began.
+	if sidecar && others == 0 {
+		if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
+			return 0, false, fmt.Errorf("delete sidecar: %w", err)
+		}
+		released, removed = d.charged(), true
+	}
 	for i, key := range mine {
 		if err := s.store.Delete(ctx, key); err != nil {
-			return released, fmt.Errorf("delete upload record: %w", err)
+			return released, removed, fmt.Errorf("delete upload record: %w", err)
 		}
-		released += charged[i]
+		released, removed = released+charged[i], true
 	}
-	if others > 0 {
-		return released, nil
-	}
-	if err := s.store.Delete(ctx, sidecarKey(community, sha)); err != nil {
-		return released, fmt.Errorf("delete sidecar: %w", err)
-	}
-	return released + d.charged(), nil
+	return released, removed, nil
 }
 
 // errBlobLockNotTaken marks deleteUnreferencedBlob's failure to take the

@@ -202,3 +202,85 @@ func TestAFailedUploadsBlobTheStoreKeepsIsLogged(t *testing.T) {
 	require.ErrorIs(t, err, lapsed)
 	require.Contains(t, logs.String(), "could not remove the blob of a failed upload", logs.String())
 }
+
+// failingSidecarRemovals refuses to delete sidecars while failing is set,
+// as a store with a transient error would.
+type failingSidecarRemovals struct {
+	media.Store
+	failing bool
+}
+
+func (s *failingSidecarRemovals) Delete(ctx context.Context, key string) error {
+	if s.failing && strings.HasPrefix(key, "_meta/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A delete whose removal of the community's sidecar fails may be sent
+// again once the store recovers, and then deletes the blob: the sidecar
+// goes first, so its failure leaves the member's upload record in place.
+// Mutation killed: the records removed before the sidecar (the retry is
+// refused as not the uploader's, and the blob stays served for good).
+func TestDeleteFailingAtItsSidecarMaySendAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := &failingSidecarRemovals{Store: stores["fs"](t)}
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	community := uuid.New()
+	d, err := svc.Upload(ctx, community, "alice", strings.NewReader("a blob whose delete fails once"), nil)
+	require.NoError(t, err)
+
+	store.failing = true
+	require.Error(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the store refused the sidecar's removal")
+	store.failing = false
+	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the same delete, sent again")
+	_, _, err = svc.Open(ctx, community, d.SHA256)
+	require.ErrorIs(t, err, media.ErrNotFound, "the deleted blob is not served")
+}
+
+// failingRecordRemovals refuses to delete upload records while failing is
+// set.
+type failingRecordRemovals struct {
+	media.Store
+	failing bool
+}
+
+func (s *failingRecordRemovals) Delete(ctx context.Context, key string) error {
+	if s.failing && strings.HasPrefix(key, "_uploads/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A delete that removed the sidecar and then failed to remove the member's
+// upload record, sent again, removes the record and gives its charge
+// back: a record left without a sidecar counted against the quota for
+// good, with nothing left for its member to delete it by.
+// Mutation killed: a delete of a blob without a sidecar answered
+// ErrNotFound before looking for the member's records (the record and its
+// charge stay).
+func TestDeleteSentAgainRemovesTheRecordsItLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fs := stores["fs"](t)
+	store := &failingRecordRemovals{Store: fs}
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
+	svc.UseQuota(quota)
+	community := uuid.New()
+	d, err := svc.Upload(ctx, community, "alice", strings.NewReader("a blob whose record outlives its delete"), nil)
+	require.NoError(t, err)
+
+	store.failing = true
+	require.Error(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the store refused the record's removal")
+	require.EqualValues(t, media.ObjectCharge, quota.of(community), "the sidecar's charge is given back, the record's stays")
+	store.failing = false
+	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the same delete, sent again")
+	require.Zero(t, quota.of(community))
+	records, err := fs.List(ctx, "_uploads/"+community.String()+"/")
+	require.NoError(t, err)
+	require.Empty(t, records)
+	require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotFound)
+	require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "bob"), media.ErrNotFound)
+}

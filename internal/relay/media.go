@@ -600,7 +600,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 		if ev.Kind == nostr.KindHTTPAuth {
 			payload := ev.Tags.First("payload")
 			if payload == nil {
-				return authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
+				return authFail(noPayloadTag)
 			}
 			if !strings.EqualFold(payload[1], sha) {
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
@@ -640,6 +640,10 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
 }
+
+// noPayloadTag refuses a NIP-98 upload (or its preflight) whose event
+// does not sign the body's hash.
+const noPayloadTag = "auth event has no payload tag; an upload must sign the body's SHA-256 in it"
 
 // answerAfterBody gives an upload's answer BUZZ_HTTP_WRITE_TIMEOUT from
 // the end of its body rather than from its headers: the body alone may
@@ -732,8 +736,15 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 		}
 	}
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
-	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
-		if payload := ev.Tags.First("payload"); payload == nil || !strings.EqualFold(payload[1], sha) {
+	if ev.Kind == nostr.KindHTTPAuth {
+		// The upload refuses a NIP-98 event without a payload tag whatever
+		// its body, so the preflight does too, X-SHA-256 or not.
+		payload := ev.Tags.First("payload")
+		if payload == nil {
+			s.mediaUnauthorized(w, tenant, authFail(noPayloadTag))
+			return
+		}
+		if sha != "" && !strings.EqualFold(payload[1], sha) {
 			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}
@@ -987,12 +998,13 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	defer lease.Release(r.Context())
 	if err := s.media.Delete(ctx, tenant.ID(), sha, ev.PubKey); err != nil {
-		if claimed && errors.Is(err, errReadSlotsBusy) {
-			// The blob lock, the delete's first statement, waited for a
-			// read slot in vain: nothing deleted yet.
+		err = leaseLapsed(ctx, err)
+		if claimed && media.DeletedNothing(err) && relayAtFault(r, err) {
+			// Busy, a lapsed lease, a failing store or database before
+			// anything was removed: the same request may come again.
 			s.releaseHTTPAuth(r.Context(), tenant, ev)
 		}
-		s.mediaFenced(w, r, tenant, leaseLapsed(ctx, err))
+		s.mediaFenced(w, r, tenant, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"deleted": sha})

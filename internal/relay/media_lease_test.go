@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,6 +224,51 @@ func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	again := send()
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
 	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	replay := send()
+	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
+}
+
+// sidecarRemovalsFail is a store whose removals of sidecars fail while
+// failing is set, as a store with a passing error would.
+type sidecarRemovalsFail struct {
+	media.Store
+	failing atomic.Bool
+}
+
+func (s *sidecarRemovalsFail) Delete(ctx context.Context, key string) error {
+	if s.failing.Load() && strings.HasPrefix(key, "_meta/") {
+		return errors.New("store unavailable")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A NIP-98 delete that failed for the relay's reason before removing
+// anything (here the store refused its first removal, the sidecar's) gives
+// its claim back, as an upload does: the client sends the same request,
+// header and all, again, and it deletes the blob; sent a third time it is
+// a replay. Mutation killed: only a delete refused as busy giving its
+// claim back (the second send is refused 401 as a replay, and the blob
+// stays until the member signs anew).
+func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
+	t.Parallel()
+	store := &sidecarRemovalsFail{Store: mediaStores["fs"](t)}
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 4096)
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	path := "/media/" + hexSHA(blob)
+	auth := authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload))
+	send := func() mediaReply { return mediaDo(t, r, http.MethodDelete, "", path, auth, nil, nil) }
+
+	store.failing.Store(true)
+	failed := send()
+	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
+	store.failing.Store(false)
+	again := send()
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", path, "", nil, nil).Status, "the deleted blob is not served")
 	replay := send()
 	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
 	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)

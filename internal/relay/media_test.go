@@ -485,6 +485,11 @@ func TestMediaUploadPreflight(t *testing.T) {
 		// A NIP-98 header signs the upload it describes: the PUT, and its body.
 		{"NIP-98", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", []byte("anything"), nil)), map[string]string{"X-SHA-256": sha}, http.StatusOK, ""},
 		{"NIP-98 other hash", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", []byte("anything"), nil)), map[string]string{"X-SHA-256": hexSHA([]byte("else"))}, http.StatusUnauthorized, "payload tag does not name"},
+		// The upload refuses an event without a payload tag whatever its
+		// body, so the preflight must, with or without X-SHA-256.
+		// Mutation killed: the payload tag looked at only when X-SHA-256
+		// is sent (200, then the upload's 401 after the whole body).
+		{"NIP-98 without payload", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", nil, withoutPayload)), map[string]string{"X-Content-Length": "1000"}, http.StatusUnauthorized, "no payload tag"},
 	} {
 		got := mediaDo(t, r, http.MethodHead, "", "/media/upload", c.auth, nil, c.header)
 		require.Equal(t, c.status, got.Status, c.name)
