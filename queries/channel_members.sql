@@ -37,6 +37,20 @@ SET removed_at = coalesce(sqlc.narg('now')::timestamptz, now()), removed_by = @r
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid
   AND pubkey = @pubkey::bytea AND removed_at IS NULL;
 
+-- name: ChannelMemberNoticeDate :one
+-- Dates a notice about the member (44100/44101) and records it: the
+-- clock's second (@now), or one second after the member's previous notice
+-- when that is later, never past @latest (the relay's future limit). A
+-- member joining, leaving and joining again within one second then gets
+-- three notices, strictly ordered, instead of a third identical to the
+-- first (a duplicate, dropped) and a tie. The caller holds the channel's
+-- row lock, so the changes of one member are dated in turn.
+UPDATE channel_members
+SET last_notice_at = to_timestamp(greatest(@now::bigint,
+        least(coalesce(extract(epoch FROM last_notice_at)::bigint + 1, @now::bigint), @latest::bigint)))
+WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND pubkey = @pubkey::bytea
+RETURNING extract(epoch FROM last_notice_at)::bigint AS created_at;
+
 -- name: ChannelMembersActive :many
 SELECT pubkey, role FROM channel_members
 WHERE community_id = @community_id::uuid AND channel_id = @channel_id::uuid AND removed_at IS NULL

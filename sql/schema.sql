@@ -2120,8 +2120,16 @@ CREATE TABLE public.channel_members (
     invited_by bytea,
     removed_at timestamp with time zone,
     removed_by bytea,
+    last_notice_at timestamp with time zone,
     CONSTRAINT channel_members_pubkey_len CHECK ((octet_length(pubkey) = 32))
 );
+
+
+--
+-- Name: COLUMN channel_members.last_notice_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.channel_members.last_notice_at IS 'created_at of the last added/removed notice (44100/44101) about this member: the next is dated at least one second later.';
 
 
 --

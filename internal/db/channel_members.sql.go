@@ -103,6 +103,42 @@ func (q *Queries) ChannelMemberDisplayNamesNamed(ctx context.Context, arg Channe
 	return items, nil
 }
 
+const channelMemberNoticeDate = `-- name: ChannelMemberNoticeDate :one
+UPDATE channel_members
+SET last_notice_at = to_timestamp(greatest($1::bigint,
+        least(coalesce(extract(epoch FROM last_notice_at)::bigint + 1, $1::bigint), $2::bigint)))
+WHERE community_id = $3::uuid AND channel_id = $4::uuid AND pubkey = $5::bytea
+RETURNING extract(epoch FROM last_notice_at)::bigint AS created_at
+`
+
+type ChannelMemberNoticeDateParams struct {
+	Now         int64
+	Latest      int64
+	CommunityID uuid.UUID
+	ChannelID   uuid.UUID
+	Pubkey      []byte
+}
+
+// Dates a notice about the member (44100/44101) and records it: the
+// clock's second (@now), or one second after the member's previous notice
+// when that is later, never past @latest (the relay's future limit). A
+// member joining, leaving and joining again within one second then gets
+// three notices, strictly ordered, instead of a third identical to the
+// first (a duplicate, dropped) and a tie. The caller holds the channel's
+// row lock, so the changes of one member are dated in turn.
+func (q *Queries) ChannelMemberNoticeDate(ctx context.Context, arg ChannelMemberNoticeDateParams) (int64, error) {
+	row := q.db.QueryRow(ctx, channelMemberNoticeDate,
+		arg.Now,
+		arg.Latest,
+		arg.CommunityID,
+		arg.ChannelID,
+		arg.Pubkey,
+	)
+	var created_at int64
+	err := row.Scan(&created_at)
+	return created_at, err
+}
+
 const channelMemberRemove = `-- name: ChannelMemberRemove :execrows
 UPDATE channel_members
 SET removed_at = coalesce($1::timestamptz, now()), removed_by = $2::bytea

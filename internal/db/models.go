@@ -430,6 +430,8 @@ type ChannelMember struct {
 	InvitedBy   []byte
 	RemovedAt   *time.Time
 	RemovedBy   []byte
+	// created_at of the last added/removed notice (44100/44101) about this member: the next is dated at least one second later.
+	LastNoticeAt *time.Time
 }
 
 // Tenants. A connection is bound to exactly one, resolved from its Host.

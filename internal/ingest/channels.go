@@ -636,7 +636,36 @@ func (w *Write) membershipEvents(ctx context.Context, notification int, member s
 	if err != nil {
 		return err
 	}
-	return w.Emit(ctx, notification, "", nostr.Tags{{"p", member}, {"h", w.ChannelID.String()}}, nil)
+	return w.emitMemberNotice(ctx, notification, member)
+}
+
+// emitMemberNotice writes the added or removed notice about member, dated
+// strictly after that member's previous one (ChannelMemberNoticeDate): by
+// the clock alone, a join, leave and join within one second made the last
+// notice a duplicate of the first, and the member's notices ended in
+// "removed" while they were active. The caller holds the channel's row lock.
+func (w *Write) emitMemberNotice(ctx context.Context, notification int, member string) error {
+	key, err := w.pipeline.relayKey(ctx, w.Tenant.ID())
+	if err != nil {
+		return err
+	}
+	memberBytes, err := hex.DecodeString(member)
+	if err != nil {
+		return err
+	}
+	now := w.pipeline.clock.Now()
+	createdAt, err := w.Q.ChannelMemberNoticeDate(ctx, db.ChannelMemberNoticeDateParams{
+		CommunityID: w.Tenant.ID(), ChannelID: *w.ChannelID, Pubkey: memberBytes,
+		Now: now.Unix(), Latest: now.Add(w.pipeline.maxFutureSkew).Unix(),
+	})
+	if err != nil {
+		return err
+	}
+	ev := &nostr.Event{Kind: notification, Content: "", Tags: nostr.Tags{{"p", member}, {"h", w.ChannelID.String()}}, CreatedAt: createdAt}
+	if err := ev.Sign(key); err != nil {
+		return err
+	}
+	return w.storeEmitted(ctx, ev, nil)
 }
 
 // emitDiscovery writes the channel's relay-signed discovery events

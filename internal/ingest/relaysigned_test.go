@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/clock"
@@ -138,4 +139,44 @@ func TestRelayListsAndNoticesWakeNobody(t *testing.T) {
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindGroupMembers, user.PublicKeyHex()))
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND tag_index && ARRAY['p:' || $2]`, ingest.KindMemberAdded, user.PublicKeyHex()))
 	require.Zero(t, f.count(`SELECT count(*) FROM event_mentions`))
+}
+
+// A member who joins, leaves and joins again within one second of the
+// relay's clock gets three notices, each dated one second after the one
+// before: the last says "added", as the member is. Mutation killed:
+// dating notices by the clock's second alone (the third notice is then the
+// first one again, dropped as a duplicate, and the two stored tie, so the
+// member's notices end in whichever a client picks, "removed" by NIP-01's
+// lowest id as often as not).
+func TestMemberNoticesOfOneSecondAreDatedInTurn(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "member-notices.example", 0)
+	start := time.Now().Unix()
+	c := f.listClock(ingest.KindMemberAdded, start, time.Minute)
+	owner, user := f.key(), f.key()
+	ch := f.channel(owner, false)
+	for i, kind := range []int{ingest.KindJoinRequest, ingest.KindLeaveRequest, ingest.KindJoinRequest} {
+		f.store(f.sign(user, kind, "", nostr.Tags{{"h", ch}}, start-int64(10-i)))
+	}
+	rows, err := f.pool.Query(f.ctx, `SELECT kind, extract(epoch FROM created_at)::bigint FROM events
+		WHERE kind IN ($1, $2) AND tag_index && ARRAY['p:' || $3] ORDER BY created_at`,
+		ingest.KindMemberAdded, ingest.KindMemberRemoved, user.PublicKeyHex())
+	require.NoError(t, err)
+	type notice struct {
+		Kind      int
+		CreatedAt int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[notice])
+	require.NoError(t, err)
+	require.Equal(t, []notice{
+		{ingest.KindMemberAdded, start}, {ingest.KindMemberRemoved, start + 1}, {ingest.KindMemberAdded, start + 2},
+	}, got)
+	c.mu.Lock()
+	require.Len(t, c.lists, 2, "both added notices went out live")
+	c.mu.Unlock()
+
+	// Once the clock passes the notices' dates, the next is dated by it.
+	c.now.Store(start + 30)
+	f.store(f.sign(user, ingest.KindLeaveRequest, "", nostr.Tags{{"h", ch}}, start))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM events WHERE kind = $1 AND created_at = to_timestamp($2)`, ingest.KindMemberRemoved, start+30))
 }
