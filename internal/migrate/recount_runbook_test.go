@@ -103,11 +103,7 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	_, err = leave.Exec(ctx, `SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 FOR NO KEY UPDATE`, community, channel)
 	require.NoError(t, err)
 
-	handDelete := dbtest.SQLBlock(t, "../../README.md", "-- Delete a channel member by hand.")
-	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
-		"-v", "channel="+channel.String(), "-v", "member="+member, "-f", "-", dbtest.PsqlURL(t, dbURL))
-	cmd.Env = append(os.Environ(), "PGAPPNAME=hand-delete-runbook")
-	cmd.Stdin = strings.NewReader(handDelete)
+	cmd := handDelete(t, dbURL, community, channel, member)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
@@ -147,6 +143,49 @@ func TestHandDeleteOfAMemberRunbook(t *testing.T) {
 	counter, rows := activeMembers(t, conn, community, channel)
 	require.Equal(t, 4, rows)
 	require.Equal(t, rows, counter, "the leave counted once, the delete of the member who left not again\n%s", out.String())
+}
+
+// handDelete is psql running the README's hand-delete of member, under the
+// application name hand-delete-runbook.
+func handDelete(t *testing.T, dbURL string, community, channel uuid.UUID, member string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(dbtest.PsqlPath(t), "-X", "-v", "ON_ERROR_STOP=1", "-v", "community="+community.String(),
+		"-v", "channel="+channel.String(), "-v", "member="+member, "-f", "-", dbtest.PsqlURL(t, dbURL))
+	cmd.Env = append(os.Environ(), "PGAPPNAME=hand-delete-runbook")
+	cmd.Stdin = strings.NewReader(dbtest.SQLBlock(t, "../../README.md", "-- Delete a channel member by hand."))
+	return cmd
+}
+
+// The hand-delete removes an active member first, as the relay does, so
+// the channel's last active owner is refused and stays; once another
+// member is owner, the delete goes through and counts once. Mutation
+// killed: the runbook deleting without removing first (the last owner's
+// row is deleted and the channel has no owner left, which no removal
+// through the relay could do).
+func TestHandDeleteRefusesTheChannelsLastOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL, conn, _, community, channel := runbookChannel(t, "hand-delete-owner.example")
+	_, err := conn.Exec(ctx, `INSERT INTO channel_members (community_id, channel_id, pubkey, role)
+		VALUES ($1, $2, sha256('owner'::bytea), 'owner'), ($1, $2, sha256('member'::bytea), 'member')`, community, channel)
+	require.NoError(t, err)
+	var owner string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT encode(sha256('owner'::bytea), 'hex')`).Scan(&owner))
+
+	out, err := handDelete(t, dbURL, community, channel, owner).CombinedOutput()
+	require.Error(t, err, "the last owner's delete is refused\n%s", out)
+	require.Contains(t, string(out), "would have no owner")
+	counter, rows := activeMembers(t, conn, community, channel)
+	require.Equal(t, []int{2, 2}, []int{counter, rows}, "nothing was removed")
+
+	_, err = conn.Exec(ctx, `UPDATE channel_members SET role = 'owner'
+		WHERE community_id = $1 AND channel_id = $2 AND pubkey = sha256('member'::bytea)`, community, channel)
+	require.NoError(t, err)
+	out, err = handDelete(t, dbURL, community, channel, owner).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), owner, "the delete names the member it removed")
+	counter, rows = activeMembers(t, conn, community, channel)
+	require.Equal(t, []int{1, 1}, []int{counter, rows}, "the owner removed and deleted counts once")
 }
 
 // runbookChannel is a test database with one community at host and one
