@@ -653,13 +653,15 @@ func headerHasToken(h http.Header, key, token string) bool {
 // could not be reached, as every route does during an outage: 503 with
 // dberr.UnavailableAnswer and Retry-After (the outage log pings once a
 // second), logged once per outage rather than once per request; neither
-// the client's fault nor a bug of the relay. It reports false, having
+// the client's fault nor a bug of the relay. A server refusing the
+// relay's login gets the same answer without Retry-After (no wait ends
+// it), logged as the outage log bounds it. It reports false, having
 // answered nothing, for any other error.
 func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what string) bool {
 	if !s.outage.Failed(err, what) {
 		return false
 	}
-	answerUnavailable(w)
+	answerUnavailable(w, err)
 	return true
 }
 
@@ -677,11 +679,13 @@ func (s *Server) databaseFailed(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 }
 
-// answerUnavailable is the answer to a request the outage log counted:
-// 503 dberr.UnavailableAnswer, to be sent again after the outage log's
-// next ping.
-func answerUnavailable(w http.ResponseWriter) {
-	w.Header().Set("Retry-After", "1")
+// answerUnavailable is the answer to a request whose failure err the
+// outage log took: 503 dberr.UnavailableAnswer, to be sent again after
+// the outage log's next ping when the database is unreachable.
+func answerUnavailable(w http.ResponseWriter, err error) {
+	if dberr.IsUnreachable(err) {
+		w.Header().Set("Retry-After", "1")
+	}
 	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 }
 
