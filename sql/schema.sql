@@ -1275,7 +1275,8 @@ BEGIN
     JOIN community_deletion_approvals a
       ON a.request_id = q.id AND a.community_id = q.community_id AND a.inventory_digest = q.inventory_digest
     WHERE q.id = request AND q.lease_owner = owner AND q.lease_generation = generation
-      AND q.lease_until >= now() AND q.blocked_at IS NULL AND q.stage = expected_stage;
+      AND q.lease_until >= now() AND q.blocked_at IS NULL AND q.stage = expected_stage
+    FOR SHARE OF q;
     IF NOT FOUND THEN
         PERFORM community_deletion_raise_stale(request, generation, expected_stage);
     END IF;

@@ -22,8 +22,10 @@ import (
 // one line says so, with how long it was gone, how many client requests
 // failed and, apart, how many background ticks did: the loops fail about
 // five times a second with no client about, so one count of both said
-// requests failed after an outage no client saw. A nil *Log reports
-// nothing: every failure is left to its caller.
+// requests failed after an outage no client saw. A server that refuses
+// the relay's login is no outage, but fails every request alike too: its
+// lines are bounded (LoginRefusedEvery). A nil *Log reports nothing:
+// every failure is left to its caller.
 type Log struct {
 	log   *slog.Logger
 	ping  func(context.Context) error
@@ -37,7 +39,18 @@ type Log struct {
 	since    time.Time
 	requests int // client requests failed during the outage in progress
 	ticks    int // background ticks failed meanwhile
+
+	// loginLoggedAt is when a refused login was last logged; loginUnlogged
+	// counts the refusals since, not logged one by one.
+	loginLoggedAt time.Time
+	loginUnlogged int
 }
+
+// LoginRefusedEvery is the least time between two lines about the server
+// refusing the relay's login: loud enough to be seen at once and kept
+// seen while it lasts, but not one ERROR per request, which under load
+// is the request rate.
+const LoginRefusedEvery = time.Minute
 
 // New returns the log of the database ping reaches, on log; now is the
 // process's clock.
@@ -49,9 +62,11 @@ func New(log *slog.Logger, ping func(context.Context) error, now func() time.Tim
 // down, and its pool with it).
 func (o *Log) Stop() { o.once.Do(func() { close(o.done) }) }
 
-// Failed reports whether err, a client request's failure, is the
-// database being unreachable, and then logs or counts it; any other error
-// is left to the caller to log.
+// Failed reports whether err, a client request's failure, was logged or
+// counted here, the caller to log nothing more: the database being
+// unreachable (an outage, logged once) or refusing the relay's login
+// (logged at once, then at most once per LoginRefusedEvery while it goes
+// on). Any other error is left to the caller to log.
 func (o *Log) Failed(err error, what string) bool {
 	return o.failed(err, what, func() { o.requests++ })
 }
@@ -63,7 +78,14 @@ func (o *Log) TickFailed(err error, what string) bool {
 }
 
 func (o *Log) failed(err error, what string, count func()) bool {
-	if o == nil || !dberr.IsUnreachable(err) {
+	if o == nil {
+		return false
+	}
+	if dberr.IsLoginRefused(err) {
+		o.loginRefused(err, what)
+		return true
+	}
+	if !dberr.IsUnreachable(err) {
 		return false
 	}
 	o.mu.Lock()
@@ -76,6 +98,24 @@ func (o *Log) failed(err error, what string, count func()) bool {
 	}
 	count()
 	return true
+}
+
+// loginRefused logs a refused login, or counts it when one was logged
+// less than LoginRefusedEvery ago. It is a configuration error (the
+// database URL's user or password, the server's pg_hba.conf), so no ping
+// watches for its end: a line says it goes on, with how many refusals
+// were not logged since the one before.
+func (o *Log) loginRefused(err error, what string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	if !o.loginLoggedAt.IsZero() && now.Sub(o.loginLoggedAt) < LoginRefusedEvery {
+		o.loginUnlogged++
+		return
+	}
+	o.log.Error("database refused the relay's login: check the database URL's user and password and the server's pg_hba.conf; requests fail until then",
+		"failure", what, "err", err, "not_logged_since_last_line", o.loginUnlogged)
+	o.loginLoggedAt, o.loginUnlogged = now, 0
 }
 
 // Failures is how many client requests and background ticks the outage

@@ -63,7 +63,10 @@ const (
 type Metrics struct {
 	deliveries     *prometheus.CounterVec
 	handoffDropped prometheus.Counter
-	keepWarm       *prometheus.CounterVec
+	// handedBackAtStop: claimed rows a stopping worker gave back to the
+	// poll unsent, so an operator sees what each restart left to other pods.
+	handedBackAtStop prometheus.Counter
+	keepWarm         *prometheus.CounterVec
 }
 
 // NewMetrics creates the counters and registers them on reg.
@@ -77,12 +80,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "buzz_operator_listener_handoff_dropped_total",
 			Help: "Outbox ids not handed to the local worker because its channel was full; the poll delivers them.",
 		}),
+		handedBackAtStop: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "buzz_operator_listener_handed_back_at_stop_total",
+			Help: "Outbox rows claimed for the local worker that it handed back to the poll unsent as it stopped (waiting in its hand-off, or offered once it had stopped).",
+		}),
 		keepWarm: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "buzz_operator_listener_keepalive_total",
 			Help: "HEAD requests sent to keep an idle listener's connection open, by result (answered, error).",
 		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.handoffDropped, m.keepWarm} {
+	for _, c := range []prometheus.Collector{m.deliveries, m.handoffDropped, m.handedBackAtStop, m.keepWarm} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

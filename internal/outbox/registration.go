@@ -51,12 +51,18 @@ type RateLimitedError struct {
 
 func (e *RateLimitedError) Error() string { return e.Reason }
 
+// DatabaseFailure answers a request whose statement what failed with err,
+// as the relay answers every route's: 503 with Retry-After, the outage
+// logged once, while the database cannot be reached; 503 with err logged
+// otherwise.
+type DatabaseFailure func(w http.ResponseWriter, r *http.Request, err error, what string)
+
 // RegistrationHandler serves POST (register) and DELETE (remove) of
 // {"pubkeys": [<64-hex>, ...]} for the signing listener. origin is
 // Config.APIOrigin; routes are the configured listeners, the only keys
-// allowed to register. now (at most one; default the wall clock) dates the
-// registrations.
-func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier, now ...clock.Clock) http.Handler {
+// allowed to register. failed answers a database failure. now (at most
+// one; default the wall clock) dates the registrations.
+func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verify NIP98Verifier, failed DatabaseFailure, now ...clock.Clock) http.Handler {
 	q := db.New(pool)
 	var registeredAt clock.Clock
 	if len(now) > 0 {
@@ -100,12 +106,14 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 			writeError(w, http.StatusForbidden, "restricted: actor not authorized: not a configured operator listener")
 			return
 		}
-		if status, msg := claimAuthEvent(r.Context(), q, auth); status != 0 {
-			if status == http.StatusUnauthorized {
-				unauthorized(w, msg)
-			} else {
-				writeError(w, status, msg)
-			}
+		fresh, err := claimAuthEvent(r.Context(), q, auth)
+		if err != nil {
+			failed(w, r, err, "operator auth replay claim")
+			return
+		}
+		if !fresh {
+			// Identical requests signed in one second are one event (one id).
+			unauthorized(w, "NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)")
 			return
 		}
 		targets, msg := parseTargets(body)
@@ -120,7 +128,7 @@ func RegistrationHandler(pool *pgxpool.Pool, routes Routes, origin string, verif
 			_, err = RemoveTargets(r.Context(), pool, listener, targets)
 		}
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, "error: could not store the registration")
+			failed(w, r, err, "listener registration")
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -148,23 +156,17 @@ func RemoveTargets(ctx context.Context, conn interface {
 }
 
 // claimAuthEvent marks the verified auth event as used (replay store scope
-// "operator-management"): a second use is refused (401), and so is every
-// request while the store cannot answer (fail closed, but 503: the
-// signature was good, and a listener told 401 would take its key or clock
-// for the fault and may not retry). status 0 means claimed.
-func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (status int, msg string) {
+// "operator-management"): fresh is false for a second use (refused 401).
+// While the store cannot answer (err), the request is refused too (fail
+// closed, but as a database failure, 503: the signature was good, and a
+// listener told 401 would take its key or clock for the fault and may not
+// retry).
+func claimAuthEvent(ctx context.Context, q *db.Queries, ev *nostr.Event) (fresh bool, err error) {
 	id := ev.IDBytes()
 	n, err := q.OperatorAuthReplayClaim(ctx, db.OperatorAuthReplayClaimParams{
 		EventID: id[:], ExpiresAt: time.Unix(ev.CreatedAt, 0).Add(replayTTL),
 	})
-	switch {
-	case err != nil:
-		return http.StatusServiceUnavailable, "error: replay check unavailable; try again"
-	case n == 0:
-		// Identical requests signed in one second are one event (one id).
-		return http.StatusUnauthorized, "NIP-98: replay detected (sign each request anew, with a nonce tag or a later created_at)"
-	}
-	return 0, ""
+	return n > 0, err
 }
 
 // parseTargets returns the distinct target keys of a registration body, or

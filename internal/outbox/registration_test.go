@@ -41,6 +41,12 @@ func call(t *testing.T, h http.Handler, method string, key *nostr.SecretKey, bod
 	return registrationCall{rec.Code, strings.TrimSpace(rec.Body.String())}
 }
 
+// answerDatabaseFailure stands for the relay's answer to a database
+// failure (its databaseFailed): 503, naming the statement that failed.
+func answerDatabaseFailure(w http.ResponseWriter, _ *http.Request, _ error, what string) {
+	writeError(w, http.StatusServiceUnavailable, "error: "+what+" failed")
+}
+
 func errorBody(msg string) string {
 	b, _ := json.Marshal(map[string]string{"error": msg})
 	return string(b)
@@ -66,7 +72,7 @@ func TestRegistrationRegistersAndRemovesTargets(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	key, listener := newKey(t)
-	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98, answerDatabaseFailure)
 	a, b, c := newPubkey(t), newPubkey(t), newPubkey(t)
 
 	got := call(t, h, http.MethodPost, key, pubkeysBody(a, strings.ToUpper(b), a, b), "")
@@ -89,7 +95,7 @@ func TestRegistrationRefusals(t *testing.T) {
 	key, listener := newKey(t)
 	stranger, _ := newKey(t)
 	routes := Routes{listener: "https://l.example/hook"}
-	h := RegistrationHandler(f.pool, routes, testOrigin, verifyNIP98)
+	h := RegistrationHandler(f.pool, routes, testOrigin, verifyNIP98, answerDatabaseFailure)
 	ok := pubkeysBody(newPubkey(t))
 	many := make([]string, 1001)
 	for i := range many {
@@ -102,7 +108,7 @@ func TestRegistrationRefusals(t *testing.T) {
 		wantMsg    string
 	}{
 		"no origin configured": {
-			call(t, RegistrationHandler(f.pool, routes, "", verifyNIP98), http.MethodPost, key, ok, ""),
+			call(t, RegistrationHandler(f.pool, routes, "", verifyNIP98, answerDatabaseFailure), http.MethodPost, key, ok, ""),
 			500, "error: operator API origin is not configured"},
 		"no auth":           {call(t, h, http.MethodPost, nil, ok, ""), 401, "auth-required: NIP-98: Authorization scheme must be Nostr"},
 		"u for another URL": {call(t, h, http.MethodPost, key, ok, "https://other.example"+RegistrationPath), 401, "auth-required: NIP-98: u tag must be " + testOrigin + RegistrationPath},
@@ -129,7 +135,7 @@ func TestRegistrationRefusesReplays(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	key, listener := newKey(t)
-	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98, answerDatabaseFailure)
 	body := pubkeysBody(newPubkey(t))
 	auth := signNIP98(t, key, http.MethodPost, testOrigin+RegistrationPath, []byte(body))
 	send := func() registrationCall {
@@ -148,6 +154,10 @@ func TestRegistrationRefusesReplays(t *testing.T) {
 	require.InDelta(t, replayTTL.Seconds(), expiresIn, 5)
 }
 
+// A request the replay store cannot answer for is refused, as a database
+// failure (the relay answers 503 with Retry-After, see
+// TestOperatorListenerAPIAnswersAnOutageAs503WithRetryAfter), never
+// registered unchecked.
 func TestRegistrationFailsClosedWithoutTheReplayStore(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -155,9 +165,9 @@ func TestRegistrationFailsClosedWithoutTheReplayStore(t *testing.T) {
 	broken, err := pgxpool.New(context.Background(), f.pool.Config().ConnString())
 	require.NoError(t, err)
 	broken.Close()
-	h := RegistrationHandler(broken, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	h := RegistrationHandler(broken, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98, answerDatabaseFailure)
 	got := call(t, h, http.MethodPost, key, pubkeysBody(newPubkey(t)), "")
-	require.Equal(t, registrationCall{503, errorBody("error: replay check unavailable; try again")}, got)
+	require.Equal(t, registrationCall{503, errorBody("error: operator auth replay claim failed")}, got)
 }
 
 func TestRegistrationVerifierSeesTheExpectedURLAndBody(t *testing.T) {
@@ -169,7 +179,7 @@ func TestRegistrationVerifierSeesTheExpectedURLAndBody(t *testing.T) {
 		sawURL, sawBody = expectedURL, string(body)
 		return nil, errors.New("nope")
 	}
-	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, "http://127.0.0.1:3000", verify)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, "http://127.0.0.1:3000", verify, answerDatabaseFailure)
 	got := call(t, h, http.MethodPost, nil, `{"pubkeys":[]}`, "")
 	require.Equal(t, registrationCall{401, errorBody("auth-required: NIP-98: nope")}, got)
 	require.Equal(t, "http://127.0.0.1:3000/operator/listener/pubkeys", sawURL)
@@ -187,7 +197,7 @@ func TestRemovingATargetDropsItsQueuedNotifications(t *testing.T) {
 	f := newFixture(t)
 	key, listener := newKey(t)
 	_, otherListener := newKey(t)
-	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98, answerDatabaseFailure)
 	removed, kept := newPubkey(t), newPubkey(t)
 	f.register(listener, removed, kept)
 	f.register(otherListener, removed)
@@ -237,7 +247,7 @@ func TestRegistrationUnauthorizedAnswersCarryTheNostrChallenge(t *testing.T) {
 	f := newFixture(t)
 	key, listener := newKey(t)
 	stranger, _ := newKey(t)
-	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98)
+	h := RegistrationHandler(f.pool, Routes{listener: "https://l.example/hook"}, testOrigin, verifyNIP98, answerDatabaseFailure)
 	body := pubkeysBody(newPubkey(t))
 	send := func(auth string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodPost, RegistrationPath, strings.NewReader(body))

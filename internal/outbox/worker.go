@@ -526,6 +526,8 @@ type Worker struct {
 	// wake holds at most one pending wake-up of the poll (Offer).
 	wake    chan struct{}
 	dropped prometheus.Counter
+	// handedBack counts the rows stop and Offer give back once stopped.
+	handedBack prometheus.Counter
 	// routable and lease are what Enqueue needs to claim rows for this
 	// worker as it inserts them.
 	routable [][]byte
@@ -587,7 +589,8 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 		panic(fmt.Sprintf("outbox: lease %s must exceed the request timeout %s plus %s", claims.lease, d.client.Timeout, leaseMargin))
 	}
 	w := &Worker{
-		handoff: make(chan claim, handoffCapacity), wake: make(chan struct{}, 1), dropped: d.metrics.handoffDropped,
+		handoff: make(chan claim, handoffCapacity), wake: make(chan struct{}, 1),
+		dropped: d.metrics.handoffDropped, handedBack: d.metrics.handedBackAtStop,
 		routable: claims.routable, lease: claims.lease, releaseNow: d.releaseNow, sign: d.signAhead,
 		reserved: map[*roomReservation]struct{}{},
 	}
@@ -717,6 +720,7 @@ func (w *Worker) Offer(h Handoff) (dropped int) {
 	case stopped:
 		// Before the event is answered: the process is stopping, and
 		// would not wait for a release in the background.
+		w.handedBack.Add(float64(len(lost)))
 		w.release(lost)
 	default:
 		w.dropped.Add(float64(len(lost)))
@@ -778,5 +782,6 @@ func (w *Worker) stop() {
 		}
 	}
 	w.roomMu.Unlock()
+	w.handedBack.Add(float64(len(left)))
 	w.release(left)
 }

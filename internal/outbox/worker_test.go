@@ -533,16 +533,18 @@ func TestMentionIsNotQueuedBehindAnotherCommunitysFlood(t *testing.T) {
 // of a pod still running, pending and due at once with no attempt spent;
 // left claimed for the stopped worker, they waited out their lease (30 s)
 // before any pod could deliver them, on every rolling restart.
+// The row handed back is counted (buzz_operator_listener_handed_back_at_stop_total).
 // Mutations killed (one at a time): Offer sending into the stopped
 // worker's hand-off (the first row stays sending); Enqueue claiming rows
 // for a stopped worker (the second event claims its row, to be released
-// at once: a statement for nothing, and 30 s late should it fail).
+// at once: a statement for nothing, and 30 s late should it fail); Offer
+// handing rows back to a stopped worker without counting them.
 func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	l := newListener(t, func(http.ResponseWriter, *http.Request) {})
 	routes := routesOf(l)
-	d, _, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
+	d, m, _ := f.deliverer(routes, 5*time.Second, testCAs(l))
 	w := NewWorker(f.pool, routes, d)
 	stop := runWorker(t, w)
 	target := newPubkey(t)
@@ -569,6 +571,7 @@ func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "the row of %s is due at once for any pod's poll", ev.Content)
 	}
 	require.Empty(t, l.requests(), "the stopped worker delivers nothing")
+	require.Equal(t, 1.0, testutil.ToFloat64(m.handedBackAtStop), "the row offered after the stop, and nothing else")
 }
 
 // A worker stops as its relay's shutdown begins, not once its deliveries
@@ -579,7 +582,9 @@ func TestRowsOfAStoppedWorkerAreLeftToThePollAtOnce(t *testing.T) {
 // its hand-off's rows then waited out their lease (30 s).
 // Mutations killed (one at a time): the worker stopping only once the
 // loop returned (the waiting row stays sending until the deliveries are
-// let go); stop not handing back the rows in the hand-off (likewise).
+// let go); stop not handing back the rows in the hand-off (likewise); stop
+// handing them back uncounted (buzz_operator_listener_handed_back_at_stop_total
+// stays 0).
 func TestAStoppingWorkerHandsBackItsHandOffWhileDeliveriesFinish(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -587,7 +592,7 @@ func TestAStoppingWorkerHandsBackItsHandOffWhileDeliveriesFinish(t *testing.T) {
 	l := newListener(t, func(http.ResponseWriter, *http.Request) { <-hold })
 	routes := routesOf(l)
 	// Far beyond the test's waits: a held delivery never ends on its own.
-	d, _, _ := f.deliverer(routes, 20*time.Second, testCAs(l))
+	d, m, _ := f.deliverer(routes, 20*time.Second, testCAs(l))
 	w := NewWorker(f.pool, routes, d)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
@@ -615,6 +620,7 @@ func TestAStoppingWorkerHandsBackItsHandOffWhileDeliveriesFinish(t *testing.T) {
 		r, ok := f.row(kept[0])
 		return ok && r.State == "pending" && r.ClaimID == nil && r.Attempts == 0 && r.DueIn <= 0
 	}, 10*time.Second, 10*time.Millisecond, "the hand-off's row is due at once for any pod's poll while the deliveries are held")
+	require.Equal(t, 1.0, testutil.ToFloat64(m.handedBackAtStop), "the hand-off's one row, counted as handed back")
 
 	after := message(t, 9, target)
 	kept, _ = f.save(after, w, true)

@@ -30,6 +30,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/logtest"
 	"github.com/buzzrelay/buzz/internal/media"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -240,6 +241,25 @@ func (h *statementHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatch
 // outage ended.
 func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(*pgxpool.Config)) (hs *httptest.Server, logs *logtest.Buffer, arm func(when func(sql string) bool), bringBack func()) {
 	t.Helper()
+	o := serverWithOutageBefore(t, opts, configure...)
+	return o.hs, o.logs, o.arm, o.bringBack
+}
+
+// outageRelay is a relay served by serverWithOutageBefore.
+type outageRelay struct {
+	hs   *httptest.Server
+	logs *logtest.Buffer
+	srv  *relay.Server
+	pool *pgxpool.Pool
+	// arm and bringBack are relayWithOutageBefore's.
+	arm       func(when func(sql string) bool)
+	bringBack func()
+}
+
+// serverWithOutageBefore is relayWithOutageBefore with the server and its
+// pool, for a test that configures the server further.
+func serverWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(*pgxpool.Config)) outageRelay {
+	t.Helper()
 	databaseURL := dbtest.URL(t)
 	takeAway, letIn := databaseOutage(t, databaseURL)
 	var armed atomic.Pointer[func(string) bool]
@@ -249,8 +269,12 @@ func relayWithOutageBefore(t *testing.T, opts []relay.Option, configure ...func(
 		}
 	}})
 	pool := dbtest.PoolOn(t, databaseURL, 4, append(configure, hook)...)
-	hs, logs, _ = relayLoggingTo(t, pool, opts...)
-	return hs, logs, func(when func(string) bool) { armed.Store(&when) }, func() { letIn(); pool.Reset() }
+	hs, logs, srv := relayLoggingTo(t, pool, opts...)
+	return outageRelay{
+		hs: hs, logs: logs, srv: srv, pool: pool,
+		arm:       func(when func(string) bool) { armed.Store(&when) },
+		bringBack: func() { letIn(); pool.Reset() },
+	}
 }
 
 // statementNamed matches the statement named name (its "-- name:" line;
@@ -589,6 +613,55 @@ func TestHTTPRoutesAnswerAnOutageAs503WithRetryAfter(t *testing.T) {
 	require.NotContains(t, logged, "level=ERROR msg=\"workflow", logged)
 	require.NotContains(t, logged, "webhook call failed", logged)
 	require.Contains(t, logged, "first_failure=\"recorded owner lookup\"", logged)
+}
+
+// The operator listener API answers a database gone away as every route
+// does: 503 "error: database unavailable; try again" with Retry-After,
+// logged once per outage, at its replay claim, at a registration's upsert
+// and at a removal alike. The replay claim answered 503 "error: replay
+// check unavailable; try again" without Retry-After, and the registration
+// and removal 500 "error: could not store the registration", none of them
+// logged at all, in an outage or not. The database is taken away for real
+// as each statement is sent; once it is back, a registration goes through.
+// Mutations killed (one at a time): the replay claim's failure answered as
+// before (503 with its own text, no Retry-After); the registration's
+// failure answered 500 as before.
+func TestOperatorListenerAPIAnswersAnOutageAs503WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	o := serverWithOutageBefore(t, nil)
+	home, err := db.New(o.pool).CommunityByHost(t.Context(), community.NormalizeHost(o.hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	listenerKey := relaytest.NewKey(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, o.srv.StartOperatorListeners(ctx, outbox.Config{
+		Listeners: outbox.Routes{listenerKey.PublicKeyHex(): "https://listener.invalid/wake"},
+		Timeout:   5 * time.Second,
+		APIOrigin: o.hs.URL,
+	}, home.ID))
+
+	apiURL := o.hs.URL + outbox.RegistrationPath
+	body := []byte(`{"pubkeys":["` + relaytest.NewKey(t).PublicKeyHex() + `"]}`)
+	signed := func(method string) *http.Request {
+		req, err := http.NewRequest(method, apiURL, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", authHeader(nip98(t, listenerKey, method, apiURL, body, nil)))
+		return req
+	}
+	for _, step := range []struct{ method, statement string }{
+		{http.MethodPost, "OperatorAuthReplayClaim"},
+		{http.MethodPost, "ListenerRegistrationsUpsert"},
+		{http.MethodDelete, "OutboxDeleteUnsentForTargets"},
+	} {
+		requireOutageAt(t, o.arm, o.bringBack, step.statement, signed(step.method))
+	}
+
+	resp, answer := answerTo(t, signed(http.MethodPost))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "registered once the database is back: %v", answer)
+	logged := o.logs.String()
+	require.Contains(t, logged, "first_failure=\"operator auth replay claim\"", logged)
+	require.NotContains(t, logged, "msg=\"operator auth replay claim\"", logged)
+	require.NotContains(t, logged, "msg=\"listener registration\"", logged)
 }
 
 // A POST /events refused before its event was read is counted once, like

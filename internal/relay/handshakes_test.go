@@ -457,3 +457,60 @@ func TestOnlyAGETSpendsAHandshakeToken(t *testing.T) {
 	resp, body = upgrade(t, r, "127.0.0.1", client)
 	refusedForRate(t, resp, body, "the bucket of one, spent by the real client")
 }
+
+// A GET asking to upgrade that the WebSocket handshake cannot complete (no
+// Sec-WebSocket-Key, a key that is not 16 bytes, another protocol version,
+// no Connection: Upgrade) is refused with 400 and the JSON error naming
+// what is missing, before its address's bucket is touched: it took a
+// handshake token before, then the library refused it, so at a bucket of
+// one such a request refused the next real client's upgrade. The clock
+// stands still, so nothing refills.
+// Mutation killed: refusingUnadmittable without its handshakeFault check
+// (each broken upgrade is admitted, spends the one token and is refused by
+// the library: the real client is refused for the rate, and the answers
+// are the library's plain-text ones).
+func TestAnUpgradeThatCannotCompleteSpendsNoHandshakeToken(t *testing.T) {
+	t.Parallel()
+	clk := &stoppedClock{now: time.Now()}
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 1
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+	const client = "203.0.113.8"
+	const goodKey = "dGhlIHNhbXBsZSBub25jZQ=="
+	for _, tc := range []struct {
+		name, connection, version, key, reason string
+	}{
+		{"no key", "Upgrade", "13", "", "invalid: a WebSocket upgrade needs exactly one Sec-WebSocket-Key header"},
+		{"short key", "Upgrade", "13", "c2hvcnQ=", "invalid: Sec-WebSocket-Key must be 16 bytes in base64"},
+		{"version 8", "Upgrade", "8", goodKey, "invalid: unsupported WebSocket version; only 13 is supported"},
+		{"no Connection: Upgrade", "", "13", goodKey, "invalid: a WebSocket upgrade needs a Connection header naming Upgrade"},
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http"+strings.TrimPrefix(r.URL, "ws"), nil)
+		require.NoError(t, err)
+		req.Host = r.Host
+		req.Header.Set("X-Forwarded-For", client)
+		req.Header.Set("Upgrade", "websocket")
+		for header, value := range map[string]string{"Connection": tc.connection, "Sec-WebSocket-Version": tc.version, "Sec-WebSocket-Key": tc.key} {
+			if value != "" {
+				req.Header.Set(header, value)
+			}
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s: %s", tc.name, raw)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"), tc.name)
+		require.Equal(t, "13", resp.Header.Get("Sec-WebSocket-Version"), tc.name)
+		require.JSONEq(t, fmt.Sprintf(`{"error":%q}`, tc.reason), string(raw), tc.name)
+	}
+	resp, body := upgrade(t, r, "127.0.0.1", client)
+	require.Nil(t, resp, "the real client's upgrade after the broken ones: %s", body)
+	require.Zero(t, testutil.ToFloat64(r.Server.Metrics().ConnsRefused.WithLabelValues("handshake_rate")))
+
+	waitForNoConnections(t, r)
+	resp, body = upgrade(t, r, "127.0.0.1", client)
+	refusedForRate(t, resp, body, "the bucket of one, spent by the real client")
+}

@@ -604,7 +604,7 @@ func (b *httpBridge) readFailure(r *http.Request, ctx context.Context, tenant co
 		return refuse(http.StatusServiceUnavailable, "error: query timed out")
 	}
 	if b.s.outage.Failed(err, "http read") {
-		return answerUnavailable
+		return func(w http.ResponseWriter) { answerUnavailable(w, err) }
 	}
 	if r.Context().Err() == nil {
 		b.s.log.Error("http read failed", "community", tenant.Host(), "path", r.URL.Path, "err", err)

@@ -50,7 +50,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	// served at all: a relay that has not set it up answers 404, like one
 	// that has no operator plane, rather than a 500 that looks like a fault.
 	if cfg.APIOrigin != "" {
-		api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth, s.clock)
+		api := outbox.RegistrationHandler(s.pool, cfg.Listeners, cfg.APIOrigin, s.verifyOperatorAuth, s.databaseFailed, s.clock)
 		s.operatorAPI.Store(&api)
 	}
 	if len(cfg.Listeners) == 0 {

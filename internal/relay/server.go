@@ -6,6 +6,7 @@ package relay
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -566,6 +567,14 @@ func (s *Server) withTenant(next func(http.ResponseWriter, *http.Request, commun
 func (s *Server) refusingUnadmittable(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if wantsWebSocket(r) {
+			// First: an upgrade bound to fail its handshake spent a token
+			// of its address's bucket (and a host lookup) before the
+			// WebSocket library refused it, so a client sending a broken
+			// upgrade in a loop refused its address's real clients.
+			if reason := handshakeFault(r); reason != "" {
+				refuseBrokenHandshake(w, reason)
+				return
+			}
 			if status, reason, retry := s.wouldAdmit(s.clientAddr(r)); status != 0 {
 				refuseAdmission(w, status, reason, retry)
 				return
@@ -596,17 +605,63 @@ func asksToUpgrade(r *http.Request) bool {
 // notGETReason answers a WebSocket upgrade asked for with another method.
 const notGETReason = "invalid: a WebSocket upgrade must be a GET request"
 
+// handshakeFault says why the WebSocket library would refuse r, a GET
+// asking to upgrade, as a handshake it cannot complete; "" when it would
+// not. The checks are the library's own (RFC 6455 4.2.1), made before r
+// takes a handshake token.
+func handshakeFault(r *http.Request) string {
+	if !r.ProtoAtLeast(1, 1) {
+		return "invalid: a WebSocket upgrade needs HTTP/1.1 or later"
+	}
+	if !headerHasToken(r.Header, "Connection", "upgrade") {
+		return "invalid: a WebSocket upgrade needs a Connection header naming Upgrade"
+	}
+	if r.Header.Get("Sec-WebSocket-Version") != "13" {
+		return "invalid: unsupported WebSocket version; only 13 is supported"
+	}
+	keys := r.Header.Values("Sec-WebSocket-Key")
+	if len(keys) != 1 {
+		return "invalid: a WebSocket upgrade needs exactly one Sec-WebSocket-Key header"
+	}
+	if key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(keys[0])); err != nil || len(key) != 16 {
+		return "invalid: Sec-WebSocket-Key must be 16 bytes in base64"
+	}
+	return ""
+}
+
+// refuseBrokenHandshake answers an upgrade handshakeFault refused: 400 and
+// the JSON error, with the version the relay speaks (RFC 6455 4.4).
+func refuseBrokenHandshake(w http.ResponseWriter, reason string) {
+	w.Header().Set("Sec-WebSocket-Version", "13")
+	writeError(w, http.StatusBadRequest, reason)
+}
+
+// headerHasToken reports whether one of the comma-separated values of
+// header key is token, ignoring case.
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // databaseUnreachable answers a request the database failed because it
 // could not be reached, as every route does during an outage: 503 with
 // dberr.UnavailableAnswer and Retry-After (the outage log pings once a
 // second), logged once per outage rather than once per request; neither
-// the client's fault nor a bug of the relay. It reports false, having
+// the client's fault nor a bug of the relay. A server refusing the
+// relay's login gets the same answer without Retry-After (no wait ends
+// it), logged as the outage log bounds it. It reports false, having
 // answered nothing, for any other error.
 func (s *Server) databaseUnreachable(w http.ResponseWriter, err error, what string) bool {
 	if !s.outage.Failed(err, what) {
 		return false
 	}
-	answerUnavailable(w)
+	answerUnavailable(w, err)
 	return true
 }
 
@@ -624,11 +679,13 @@ func (s *Server) databaseFailed(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 }
 
-// answerUnavailable is the answer to a request the outage log counted:
-// 503 dberr.UnavailableAnswer, to be sent again after the outage log's
-// next ping.
-func answerUnavailable(w http.ResponseWriter) {
-	w.Header().Set("Retry-After", "1")
+// answerUnavailable is the answer to a request whose failure err the
+// outage log took: 503 dberr.UnavailableAnswer, to be sent again after
+// the outage log's next ping when the database is unreachable.
+func answerUnavailable(w http.ResponseWriter, err error) {
+	if dberr.IsUnreachable(err) {
+		w.Header().Set("Retry-After", "1")
+	}
 	writeError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 }
 
