@@ -88,7 +88,7 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 // of an hour renews nothing here); its lease is ended by hand, as the
 // pause would have ended it.
 // Mutation killed: community_deletion_requests_verify_lease without FOR
-// SHARE OF q (migration 069's down body): the heir ends at fenced, its
+// SHARE OF q (migration 071's down body): the heir ends at fenced, its
 // chunk 0 refused (23505) for the frozen executor's.
 func TestFrozenExecutorWritesNoManifestChunkAfterItsHeirTookOver(t *testing.T) {
 	t.Parallel()

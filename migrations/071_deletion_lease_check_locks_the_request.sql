@@ -1,4 +1,4 @@
--- 069: the deletion lease check holds the request row for the rest of the
+-- 071: the deletion lease check holds the request row for the rest of the
 -- executor's transaction.
 --
 -- Why: community_deletion_requests_verify_lease read the request with a
