@@ -83,6 +83,31 @@ type bridge struct {
 	// verifier reads from the relay over the same connection, so a reader
 	// blocked on a full subscription would starve the verifier's queries.
 	waiting *waitingRoom
+
+	// replayMu guards replayHeld: the doorbells a temporary drop left to
+	// the next subscription's replay (see holdForReplay).
+	replayMu   sync.Mutex
+	replayHeld map[string]heldReplay
+}
+
+// heldReplay is a doorbell waiting to be replayed: the catch-up point it
+// was handed on at, and how many of its acceptances wait (a replayed copy
+// may be dropped the same way before the replay that brought it ends).
+type heldReplay struct {
+	point int64
+	n     int
+}
+
+// replays are the doorbells held when a subscription was opened.
+type replays map[string]heldReplay
+
+// from is where a subscription catches up from: since, or earlier when a
+// held doorbell lies before it.
+func (r replays) from(since int64) int64 {
+	for _, h := range r {
+		since = min(since, h.point)
+	}
+	return since
 }
 
 type incoming struct {
@@ -130,6 +155,8 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 		byAuthor:  map[string]int{},
 		owner:     ownerOf(cfg.AuthTag),
 		waiting:   newWaitingRoom(cfg.IncomingQueue, ownerOf(cfg.AuthTag)),
+
+		replayHeld: map[string]heldReplay{},
 	}
 }
 
@@ -297,7 +324,8 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	if err != nil {
 		return false, err
 	}
-	subID, frames, catchUp, err := b.subscribe(ctx, conn, channels, *since)
+	replays := b.heldForReplay()
+	subID, frames, catchUp, err := b.subscribe(ctx, conn, channels, replays.from(*since))
 	if err != nil {
 		return false, err
 	}
@@ -353,7 +381,8 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				conn.unsubscribe(subID)
 			}
 			channels = now
-			if subID, frames, catchUp, err = b.subscribe(ctx, conn, channels, *since); err != nil {
+			replays = b.heldForReplay()
+			if subID, frames, catchUp, err = b.subscribe(ctx, conn, channels, replays.from(*since)); err != nil {
 				return true, err
 			}
 			history, caughtUp = nil, false
@@ -393,6 +422,10 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				if catchUp != nil {
 					go b.countSkipped(ctx, conn, *catchUp, history)
 				}
+				// The doorbells held for this replay are in it (pushed
+				// above, each holding the catch-up point again) or were
+				// past its bounds (counted as skipped).
+				b.releaseReplayed(replays)
 				history, caughtUp = nil, true
 			case "CLOSED":
 				return true, &relayRefusal{Msg: f.msg}
@@ -465,6 +498,53 @@ func (b *bridge) push(in incoming, point int64) {
 		b.release(dropped.ev.ID)
 		b.status.dropped("overloaded")
 		b.log.Warn("message dropped: too many waiting for verification", "event", dropped.ev.ID, "author", dropped.ev.PubKey, "queue", b.cfg.IncomingQueue)
+	}
+}
+
+// holdForReplay keeps a temporarily dropped doorbell for the next
+// subscription's replay. Its acceptance is kept too, so the catch-up point
+// written down stays at or before it: the messages handed on after it
+// (a mention read while the verifier waited for the relay) would otherwise
+// move both catch-up points past it, and neither a reconnection nor a
+// restart would bring it again.
+func (b *bridge) holdForReplay(id string, point int64) {
+	b.replayMu.Lock()
+	defer b.replayMu.Unlock()
+	h, ok := b.replayHeld[id]
+	if !ok || point < h.point {
+		h.point = point
+	}
+	h.n++
+	b.replayHeld[id] = h
+}
+
+// heldForReplay is what holdForReplay holds now, for a subscription
+// about to be opened.
+func (b *bridge) heldForReplay() replays {
+	b.replayMu.Lock()
+	defer b.replayMu.Unlock()
+	out := make(replays, len(b.replayHeld))
+	for id, h := range b.replayHeld {
+		out[id] = h
+	}
+	return out
+}
+
+// releaseReplayed lets go of the doorbells a subscription held for its
+// replay, once the replay was handed on.
+func (b *bridge) releaseReplayed(r replays) {
+	for id, was := range r {
+		b.replayMu.Lock()
+		h := b.replayHeld[id]
+		if h.n -= was.n; h.n <= 0 {
+			delete(b.replayHeld, id)
+		} else {
+			b.replayHeld[id] = h
+		}
+		b.replayMu.Unlock()
+		for range was.n {
+			b.release(id)
+		}
 	}
 }
 
@@ -681,7 +761,6 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 		wake, err := b.verify.Verify(vctx, ev)
 		cancel()
 		if err != nil {
-			b.release(ev.ID)
 			var d *doorbell.Drop
 			reason := "unverifiable"
 			if errors.As(err, &d) {
@@ -691,11 +770,16 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 			var temp interface{ Temporary() bool }
 			if errors.As(err, &temp) && temp.Temporary() {
 				// The relay could not be asked: nothing was learnt about this
-				// doorbell, so the replay after the reconnection tries again.
+				// doorbell, so the next subscription's replay tries again.
+				// Later messages may have moved the catch-up point past it
+				// already: the replay starts at it, and the point written
+				// down stays at it until then (it is not released here).
 				b.seen.forget(ev.ID)
-				b.log.Warn("doorbell not verified yet; it is verified again when the relay sends it again", "event", ev.ID, "reason", reason, "err", err)
+				b.holdForReplay(ev.ID, catchUpPoint(ev, at))
+				b.log.Warn("doorbell not verified yet; it is verified again when the next subscription replays it", "event", ev.ID, "reason", reason, "err", err)
 				return
 			}
+			b.release(ev.ID)
 			b.log.Warn("doorbell dropped", "event", ev.ID, "reason", reason, "err", err)
 			return
 		}
