@@ -1031,6 +1031,16 @@ func (b *bridge) runJob(s *session, j job) {
 // timeout) stays written down, and is posted at the next start.
 func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, reply *nostr.Event, replayKey string) {
 	err := b.publish(ctx, reply)
+	if again := b.redatedPastFloor(reply, err); again != nil {
+		// Written down before it is posted, like the first: the relay's
+		// refusal says the first is not stored, so this one is the answer.
+		if err := b.journal.answering(askedID, askedAt, again, replayKey); err != nil {
+			b.log.Error("state file: the answer is posted, but a restart before it is recorded may ask the agent again", "event", askedID, "err", err)
+		}
+		b.log.Info("answer dated before the relay's created_at floor signed again with the current time", "event", askedID, "was", reply.ID, "answer", again.ID)
+		reply = again
+		err = b.publish(ctx, reply)
+	}
 	var refused *relayRefusal
 	if err != nil && !errors.As(err, &refused) {
 		b.status.failed()
@@ -1045,6 +1055,30 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 		b.status.answered()
 	}
 	b.handled(askedID, askedAt, replayKey)
+}
+
+// redatedPastFloor is reply signed again with the current time when the
+// relay refused it (invalid:) and it is dated before the relay's created_at
+// floor (a relay with a read replica refuses channel events dated more than
+// created_at_lower_limit seconds ago, 960 by default); otherwise nil. An
+// answer written down before a kill is posted at the restart as signed
+// then, and after an outage longer than the floor it was refused for good.
+// Signing again is safe only after that refusal: an answer the relay had
+// stored is a duplicate to it, never refused, so the refusal proves the
+// first is not stored and never will be.
+func (b *bridge) redatedPastFloor(reply *nostr.Event, err error) *nostr.Event {
+	var refused *relayRefusal
+	floor := b.answerLimits().createdAtFloor
+	now := time.Now().Unix()
+	if !errors.As(err, &refused) || !strings.HasPrefix(refused.Msg, "invalid:") || floor <= 0 || now-reply.CreatedAt <= floor {
+		return nil
+	}
+	again := &nostr.Event{Kind: reply.Kind, Content: reply.Content, Tags: reply.Tags, CreatedAt: now}
+	if err := again.Sign(b.cfg.Key); err != nil {
+		b.log.Error("sign answer", "err", err)
+		return nil
+	}
+	return again
 }
 
 // postUnposted posts the answers an earlier run wrote down and may not have

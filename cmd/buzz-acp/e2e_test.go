@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -104,7 +105,13 @@ func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func
 // newStoppedWorld is the world without buzz-acp running.
 func newStoppedWorld(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
 	t.Helper()
-	r := relaytest.Start(t, relayAdjust...)
+	return newStoppedWorldOn(t, dbtest.Pool(t), relayAdjust, adjust...)
+}
+
+// newStoppedWorldOn is newStoppedWorld on a relay over pool.
+func newStoppedWorldOn(t *testing.T, pool *pgxpool.Pool, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
+	r := relaytest.StartOn(t, pool, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))
