@@ -84,30 +84,18 @@ type bridge struct {
 	// blocked on a full subscription would starve the verifier's queries.
 	waiting *waitingRoom
 
-	// replayMu guards replayHeld: the doorbells a temporary drop left to
-	// the next subscription's replay (see holdForReplay).
-	replayMu   sync.Mutex
-	replayHeld map[string]heldReplay
+	// heldMu guards held: the doorbells a temporary drop left for the next
+	// subscription (see holdForRetry).
+	heldMu sync.Mutex
+	held   map[string]*heldDoorbell
 }
 
-// heldReplay is a doorbell waiting to be replayed: the catch-up point it
-// was handed on at, and how many of its acceptances wait (a replayed copy
-// may be dropped the same way before the replay that brought it ends).
-type heldReplay struct {
-	point int64
-	n     int
-}
-
-// replays are the doorbells held when a subscription was opened.
-type replays map[string]heldReplay
-
-// from is where a subscription catches up from: since, or earlier when a
-// held doorbell lies before it.
-func (r replays) from(since int64) int64 {
-	for _, h := range r {
-		since = min(since, h.point)
-	}
-	return since
+// heldDoorbell is a doorbell waiting to be verified again, and how many of
+// its acceptances wait with it (a replayed copy may be dropped the same
+// way while an earlier one is held).
+type heldDoorbell struct {
+	in   incoming
+	refs int
 }
 
 type incoming struct {
@@ -156,7 +144,7 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 		owner:     ownerOf(cfg.AuthTag),
 		waiting:   newWaitingRoom(cfg.IncomingQueue, ownerOf(cfg.AuthTag)),
 
-		replayHeld: map[string]heldReplay{},
+		held: map[string]*heldDoorbell{},
 	}
 }
 
@@ -324,8 +312,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 	if err != nil {
 		return false, err
 	}
-	replays := b.heldForReplay()
-	subID, frames, catchUp, err := b.subscribe(ctx, conn, channels, replays.from(*since))
+	subID, frames, catchUp, err := b.subscribe(ctx, conn, channels, *since)
 	if err != nil {
 		return false, err
 	}
@@ -381,8 +368,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				conn.unsubscribe(subID)
 			}
 			channels = now
-			replays = b.heldForReplay()
-			if subID, frames, catchUp, err = b.subscribe(ctx, conn, channels, replays.from(*since)); err != nil {
+			if subID, frames, catchUp, err = b.subscribe(ctx, conn, channels, *since); err != nil {
 				return true, err
 			}
 			history, caughtUp = nil, false
@@ -422,10 +408,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				if catchUp != nil {
 					go b.countSkipped(ctx, conn, *catchUp, history)
 				}
-				// The doorbells held for this replay are in it (pushed
-				// above, each holding the catch-up point again) or were
-				// past its bounds (counted as skipped).
-				b.releaseReplayed(replays)
+				b.retryHeld(channels)
 				history, caughtUp = nil, true
 			case "CLOSED":
 				return true, &relayRefusal{Msg: f.msg}
@@ -489,6 +472,11 @@ func catchUpPoint(ev *nostr.Event, at time.Time) int64 {
 // at or before point.
 func (b *bridge) push(in incoming, point int64) {
 	b.journal.accept(in.ev.ID, point)
+	b.admit(in)
+}
+
+// admit places an accepted message in the waiting room.
+func (b *bridge) admit(in incoming) {
 	accepted, pushedOut := b.waiting.add(in)
 	dropped := pushedOut
 	if !accepted {
@@ -501,50 +489,47 @@ func (b *bridge) push(in incoming, point int64) {
 	}
 }
 
-// holdForReplay keeps a temporarily dropped doorbell for the next
-// subscription's replay. Its acceptance is kept too, so the catch-up point
-// written down stays at or before it: the messages handed on after it
-// (a mention read while the verifier waited for the relay) would otherwise
-// move both catch-up points past it, and neither a reconnection nor a
-// restart would bring it again.
-func (b *bridge) holdForReplay(id string, point int64) {
-	b.replayMu.Lock()
-	defer b.replayMu.Unlock()
-	h, ok := b.replayHeld[id]
-	if !ok || point < h.point {
-		h.point = point
+// holdForRetry keeps a doorbell the verifier could not verify for want of
+// the relay, with its acceptance, until the next subscription is caught up
+// (retryHeld): the relay is answering then. Waiting for the relay to send
+// it again is not enough: the messages handed on after it (a mention read
+// while the verifier waited for the relay) move the catch-up point past it,
+// so the next subscription would not replay it, and, released, the point
+// written down would pass it too, so no restart would either. At most
+// IncomingQueue are held; beyond, the doorbell is dropped and counted.
+func (b *bridge) holdForRetry(in incoming) {
+	b.heldMu.Lock()
+	h := b.held[in.ev.ID]
+	full := h == nil && len(b.held) >= b.cfg.IncomingQueue
+	if !full {
+		if h == nil {
+			h = &heldDoorbell{in: in}
+			b.held[in.ev.ID] = h
+		}
+		h.refs++
 	}
-	h.n++
-	b.replayHeld[id] = h
+	b.heldMu.Unlock()
+	if full {
+		b.release(in.ev.ID)
+		b.status.dropped("overloaded")
+		b.log.Warn("doorbell dropped: too many waiting to be verified again", "event", in.ev.ID, "held", b.cfg.IncomingQueue)
+	}
 }
 
-// heldForReplay is what holdForReplay holds now, for a subscription
-// about to be opened.
-func (b *bridge) heldForReplay() replays {
-	b.replayMu.Lock()
-	defer b.replayMu.Unlock()
-	out := make(replays, len(b.replayHeld))
-	for id, h := range b.replayHeld {
-		out[id] = h
-	}
-	return out
-}
-
-// releaseReplayed lets go of the doorbells a subscription held for its
-// replay, once the replay was handed on.
-func (b *bridge) releaseReplayed(r replays) {
-	for id, was := range r {
-		b.replayMu.Lock()
-		h := b.replayHeld[id]
-		if h.n -= was.n; h.n <= 0 {
-			delete(b.replayHeld, id)
-		} else {
-			b.replayHeld[id] = h
+// retryHeld hands the held doorbells back to the waiting room, once a
+// subscription is caught up, with the channels it hears.
+func (b *bridge) retryHeld(channels map[string]bool) {
+	b.heldMu.Lock()
+	held := b.held
+	b.held = map[string]*heldDoorbell{}
+	b.heldMu.Unlock()
+	for id, h := range held {
+		in := h.in
+		in.channels = channels
+		for range h.refs - 1 {
+			b.release(id) // one copy is enough
 		}
-		b.replayMu.Unlock()
-		for range was.n {
-			b.release(id)
-		}
+		b.admit(in)
 	}
 }
 
@@ -770,13 +755,11 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 			var temp interface{ Temporary() bool }
 			if errors.As(err, &temp) && temp.Temporary() {
 				// The relay could not be asked: nothing was learnt about this
-				// doorbell, so the next subscription's replay tries again.
-				// Later messages may have moved the catch-up point past it
-				// already: the replay starts at it, and the point written
-				// down stays at it until then (it is not released here).
+				// doorbell, so it is verified again later (holdForRetry; it
+				// is not released here).
 				b.seen.forget(ev.ID)
-				b.holdForReplay(ev.ID, catchUpPoint(ev, at))
-				b.log.Warn("doorbell not verified yet; it is verified again when the next subscription replays it", "event", ev.ID, "reason", reason, "err", err)
+				b.holdForRetry(incoming{ev: ev, at: at, channels: channels})
+				b.log.Warn("doorbell not verified yet; it is verified again once the next subscription is caught up", "event", ev.ID, "reason", reason, "err", err)
 				return
 			}
 			b.release(ev.ID)

@@ -791,13 +791,13 @@ func (w *world) waitUnavailable(n int64) {
 }
 
 // A temporarily dropped doorbell is verified again after the reconnection
-// even when a later message was handed on before the connection dropped:
-// the next subscription catches up from the doorbell, not from the later
-// message (before, the later mention moved the catch-up point past the
-// doorbell, whose workflow step then waited out its timeout unanswered).
+// even when a later message was handed on before the connection dropped
+// (before, the later mention moved the catch-up point past the doorbell,
+// the next subscription did not replay it, and its workflow step waited
+// out its timeout unanswered).
 //
-// Mutation killed: subscribing from the catch-up point alone, without the
-// held doorbell's (replays.from returning since): the replay starts at the
+// Mutation killed: not handing the held doorbells back once the next
+// subscription is caught up (no retryHeld): the replay starts at the
 // mention's second and the doorbell is never answered.
 func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
 	t.Parallel()
