@@ -1046,14 +1046,16 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 // created_at_lower_limit seconds ago, 960 by default); otherwise nil. An
 // answer written down before a kill is posted at the restart as signed
 // then, and after an outage longer than the floor it was refused for good.
-// Signing again is safe only after that refusal: an answer the relay had
-// stored is a duplicate to it, never refused, so the refusal proves the
-// first is not stored and never will be.
+// Signing again is safe only after that refusal: the floor is checked only
+// on a row actually inserted, and the relay answers a stored event sent
+// again by its author as a duplicate, so the refusal proves the first is
+// not stored and never will be.
 func (b *bridge) redatedPastFloor(reply *nostr.Event, err error) *nostr.Event {
 	var refused *relayRefusal
 	floor := b.answerLimits().createdAtFloor
 	now := time.Now().Unix()
-	if !errors.As(err, &refused) || !strings.HasPrefix(refused.Msg, "invalid:") || floor <= 0 || now-reply.CreatedAt <= floor {
+	if !errors.As(err, &refused) || !strings.HasPrefix(refused.Msg, "invalid:") || !strings.Contains(refused.Msg, "created_at") ||
+		floor <= 0 || now-reply.CreatedAt <= floor {
 		return nil
 	}
 	again := &nostr.Event{Kind: reply.Kind, Content: reply.Content, Tags: reply.Tags, CreatedAt: now}
