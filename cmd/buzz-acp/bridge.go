@@ -1027,7 +1027,13 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 	var refused *relayRefusal
 	if err != nil && !errors.As(err, &refused) {
 		b.status.failed()
-		b.log.Error("answer not posted; it is posted at the next start", "event", askedID, "err", err)
+		if b.journal.durable {
+			b.log.Error("answer not posted; it is posted at the next start", "event", askedID, "err", err)
+		} else {
+			// Said plainly: an operator told "at the next start" would
+			// wait for an answer nothing kept.
+			b.log.Error("answer not posted, and lost: without BUZZ_ACP_STATE_FILE nothing keeps it for the next start", "event", askedID, "err", err)
+		}
 		b.release(askedID)
 		return
 	}
