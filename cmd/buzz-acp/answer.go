@@ -21,6 +21,9 @@ const answerCutNote = "\n\n[cut: the answer was longer than the relay accepts]"
 type answerLimits struct {
 	maxContentChars int // characters (code points) of content
 	maxMessageBytes int // bytes of the EVENT frame
+	// createdAtFloor is how long before its arrival a channel event may be
+	// dated (limitation.created_at_lower_limit, seconds; 0: no floor).
+	createdAtFloor int64
 }
 
 // defaultAnswerLimits are the relay's own defaults, used when its NIP-11

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -133,4 +137,36 @@ func TestReconnectsWhileTheInformationDocumentHangs(t *testing.T) {
 	w.proxy.cut()
 	w.waitConnected(1)
 	w.answerTo(w.mention("@Robby still there?").ID)
+}
+
+// An answer that finds no connection before its turn's time runs out is
+// counted as a failure, and the log says what becomes of it: posted at the
+// next start with a state file, lost without one (it said "posted at the
+// next start" either way, and nothing kept it).
+//
+// Mutation killed: the state file's message without a state file.
+func TestUnpostedAnswerSaysWhetherAStartWillPostIt(t *testing.T) {
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	answer := &nostr.Event{Kind: 9, Content: "too late", Tags: nostr.Tags{{"h", "c"}}, CreatedAt: time.Now().Unix()}
+	require.NoError(t, answer.Sign(key))
+	for _, tc := range []struct {
+		stateFile string
+		says      string
+	}{
+		{"", "answer not posted, and lost: without BUZZ_ACP_STATE_FILE"},
+		{filepath.Join(t.TempDir(), "state.jsonl"), "answer not posted; it is posted at the next start"},
+	} {
+		j, err := openJournal(tc.stateFile)
+		require.NoError(t, err)
+		var logged bytes.Buffer
+		st := newStatus(nil, "ws://relay", key.PublicKeyHex())
+		b := newBridge(settings{Key: key, IncomingQueue: 1}, nil, j, slog.New(slog.NewTextHandler(&logged, nil)), st)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // the turn's time is up, and no connection came
+		b.postAnswer(ctx, "asked", answer.CreatedAt, answer, "")
+		j.close()
+		require.EqualValues(t, 1, st.snapshot().Failures)
+		require.Contains(t, logged.String(), tc.says, "state file %q", tc.stateFile)
+	}
 }

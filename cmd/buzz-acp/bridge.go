@@ -83,6 +83,19 @@ type bridge struct {
 	// verifier reads from the relay over the same connection, so a reader
 	// blocked on a full subscription would starve the verifier's queries.
 	waiting *waitingRoom
+
+	// heldMu guards held: the doorbells a temporary drop left for the next
+	// subscription (see holdForRetry).
+	heldMu sync.Mutex
+	held   map[string]*heldDoorbell
+}
+
+// heldDoorbell is a doorbell waiting to be verified again, and how many of
+// its acceptances wait with it (a replayed copy may be dropped the same
+// way while an earlier one is held).
+type heldDoorbell struct {
+	in   incoming
+	refs int
 }
 
 type incoming struct {
@@ -130,6 +143,8 @@ func newBridge(cfg settings, agent *localAgent, j *journal, log *slog.Logger, st
 		byAuthor:  map[string]int{},
 		owner:     ownerOf(cfg.AuthTag),
 		waiting:   newWaitingRoom(cfg.IncomingQueue, ownerOf(cfg.AuthTag)),
+
+		held: map[string]*heldDoorbell{},
 	}
 }
 
@@ -393,6 +408,7 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				if catchUp != nil {
 					go b.countSkipped(ctx, conn, *catchUp, history)
 				}
+				b.retryHeld(channels)
 				history, caughtUp = nil, true
 			case "CLOSED":
 				return true, &relayRefusal{Msg: f.msg}
@@ -456,6 +472,11 @@ func catchUpPoint(ev *nostr.Event, at time.Time) int64 {
 // at or before point.
 func (b *bridge) push(in incoming, point int64) {
 	b.journal.accept(in.ev.ID, point)
+	b.admit(in)
+}
+
+// admit places an accepted message in the waiting room.
+func (b *bridge) admit(in incoming) {
 	accepted, pushedOut := b.waiting.add(in)
 	dropped := pushedOut
 	if !accepted {
@@ -465,6 +486,50 @@ func (b *bridge) push(in incoming, point int64) {
 		b.release(dropped.ev.ID)
 		b.status.dropped("overloaded")
 		b.log.Warn("message dropped: too many waiting for verification", "event", dropped.ev.ID, "author", dropped.ev.PubKey, "queue", b.cfg.IncomingQueue)
+	}
+}
+
+// holdForRetry keeps a doorbell the verifier could not verify for want of
+// the relay, with its acceptance, until the next subscription is caught up
+// (retryHeld): the relay is answering then. Waiting for the relay to send
+// it again is not enough: the messages handed on after it (a mention read
+// while the verifier waited for the relay) move the catch-up point past it,
+// so the next subscription would not replay it, and, released, the point
+// written down would pass it too, so no restart would either. At most
+// IncomingQueue are held; beyond, the doorbell is dropped and counted.
+func (b *bridge) holdForRetry(in incoming) {
+	b.heldMu.Lock()
+	h := b.held[in.ev.ID]
+	full := h == nil && len(b.held) >= b.cfg.IncomingQueue
+	if !full {
+		if h == nil {
+			h = &heldDoorbell{in: in}
+			b.held[in.ev.ID] = h
+		}
+		h.refs++
+	}
+	b.heldMu.Unlock()
+	if full {
+		b.release(in.ev.ID)
+		b.status.dropped("overloaded")
+		b.log.Warn("doorbell dropped: too many waiting to be verified again", "event", in.ev.ID, "held", b.cfg.IncomingQueue)
+	}
+}
+
+// retryHeld hands the held doorbells back to the waiting room, once a
+// subscription is caught up, with the channels it hears.
+func (b *bridge) retryHeld(channels map[string]bool) {
+	b.heldMu.Lock()
+	held := b.held
+	b.held = map[string]*heldDoorbell{}
+	b.heldMu.Unlock()
+	for id, h := range held {
+		in := h.in
+		in.channels = channels
+		for range h.refs - 1 {
+			b.release(id) // one copy is enough
+		}
+		b.admit(in)
 	}
 }
 
@@ -681,7 +746,6 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 		wake, err := b.verify.Verify(vctx, ev)
 		cancel()
 		if err != nil {
-			b.release(ev.ID)
 			var d *doorbell.Drop
 			reason := "unverifiable"
 			if errors.As(err, &d) {
@@ -691,11 +755,14 @@ func (b *bridge) handle(ctx context.Context, ev *nostr.Event, at time.Time, chan
 			var temp interface{ Temporary() bool }
 			if errors.As(err, &temp) && temp.Temporary() {
 				// The relay could not be asked: nothing was learnt about this
-				// doorbell, so the replay after the reconnection tries again.
+				// doorbell, so it is verified again later (holdForRetry; it
+				// is not released here).
 				b.seen.forget(ev.ID)
-				b.log.Warn("doorbell not verified yet; it is verified again when the relay sends it again", "event", ev.ID, "reason", reason, "err", err)
+				b.holdForRetry(incoming{ev: ev, at: at, channels: channels})
+				b.log.Warn("doorbell not verified yet; it is verified again once the next subscription is caught up", "event", ev.ID, "reason", reason, "err", err)
 				return
 			}
+			b.release(ev.ID)
 			b.log.Warn("doorbell dropped", "event", ev.ID, "reason", reason, "err", err)
 			return
 		}
@@ -947,10 +1014,26 @@ func (b *bridge) runJob(s *session, j job) {
 // timeout) stays written down, and is posted at the next start.
 func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, reply *nostr.Event, replayKey string) {
 	err := b.publish(ctx, reply)
+	if again := b.redatedPastFloor(reply, err); again != nil {
+		// Written down before it is posted, like the first: the relay's
+		// refusal says the first is not stored, so this one is the answer.
+		if err := b.journal.answering(askedID, askedAt, again, replayKey); err != nil {
+			b.log.Error("state file: the answer is posted, but a restart before it is recorded may ask the agent again", "event", askedID, "err", err)
+		}
+		b.log.Info("answer dated before the relay's created_at floor signed again with the current time", "event", askedID, "was", reply.ID, "answer", again.ID)
+		reply = again
+		err = b.publish(ctx, reply)
+	}
 	var refused *relayRefusal
 	if err != nil && !errors.As(err, &refused) {
 		b.status.failed()
-		b.log.Error("answer not posted; it is posted at the next start", "event", askedID, "err", err)
+		if b.journal.durable {
+			b.log.Error("answer not posted; it is posted at the next start", "event", askedID, "err", err)
+		} else {
+			// Said plainly: an operator told "at the next start" would
+			// wait for an answer nothing kept.
+			b.log.Error("answer not posted, and lost: without BUZZ_ACP_STATE_FILE nothing keeps it for the next start", "event", askedID, "err", err)
+		}
 		b.release(askedID)
 		return
 	}
@@ -961,6 +1044,32 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 		b.status.answered()
 	}
 	b.handled(askedID, askedAt, replayKey)
+}
+
+// redatedPastFloor is reply signed again with the current time when the
+// relay refused it (invalid:) and it is dated before the relay's created_at
+// floor (a relay with a read replica refuses channel events dated more than
+// created_at_lower_limit seconds ago, 960 by default); otherwise nil. An
+// answer written down before a kill is posted at the restart as signed
+// then, and after an outage longer than the floor it was refused for good.
+// Signing again is safe only after that refusal: the floor is checked only
+// on a row actually inserted, and the relay answers a stored event sent
+// again by its author as a duplicate, so the refusal proves the first is
+// not stored and never will be.
+func (b *bridge) redatedPastFloor(reply *nostr.Event, err error) *nostr.Event {
+	var refused *relayRefusal
+	floor := b.answerLimits().createdAtFloor
+	now := time.Now().Unix()
+	if !errors.As(err, &refused) || !strings.HasPrefix(refused.Msg, "invalid:") || !strings.Contains(refused.Msg, "created_at") ||
+		floor <= 0 || now-reply.CreatedAt <= floor {
+		return nil
+	}
+	again := &nostr.Event{Kind: reply.Kind, Content: reply.Content, Tags: reply.Tags, CreatedAt: now}
+	if err := again.Sign(b.cfg.Key); err != nil {
+		b.log.Error("sign answer", "err", err)
+		return nil
+	}
+	return again
 }
 
 // postUnposted posts the answers an earlier run wrote down and may not have

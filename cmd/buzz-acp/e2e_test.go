@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/community"
@@ -104,7 +105,13 @@ func newWorldOn(t *testing.T, relayAdjust []func(*config.Config), adjust ...func
 // newStoppedWorld is the world without buzz-acp running.
 func newStoppedWorld(t *testing.T, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
 	t.Helper()
-	r := relaytest.Start(t, relayAdjust...)
+	return newStoppedWorldOn(t, dbtest.Pool(t), relayAdjust, adjust...)
+}
+
+// newStoppedWorldOn is newStoppedWorld on a relay over pool.
+func newStoppedWorldOn(t *testing.T, pool *pgxpool.Pool, relayAdjust []func(*config.Config), adjust ...func(*settings)) *world {
+	t.Helper()
+	r := relaytest.StartOn(t, pool, relayAdjust...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, r.Server.StartWorkflows(ctx))
@@ -766,6 +773,79 @@ func TestTemporaryDropIsRetriedAfterReconnecting(t *testing.T) {
 	w.waitConnected(1)
 	w.answerTo(bell.ID)
 	require.EqualValues(t, 1, w.status.snapshot().DoorbellsVerified)
+}
+
+// unreachableVerifier never reaches the relay: every doorbell is a
+// temporary drop.
+type unreachableVerifier struct{}
+
+func (unreachableVerifier) Verify(context.Context, *nostr.Event) (*doorbell.Wake, error) {
+	return nil, &temporaryDrop{doorbell.Drop{Reason: "unavailable", Detail: "the relay could not be asked"}}
+}
+
+// waitUnavailable waits until n doorbells were dropped for want of the relay
+// (the stand-ins' drop is no *doorbell.Drop, so it counts as unverifiable).
+func (w *world) waitUnavailable(n int64) {
+	w.t.Helper()
+	require.Eventually(w.t, func() bool { return w.status.snapshot().Dropped["unverifiable"] == n }, waitLong, 5*time.Millisecond, "the doorbell is dropped for now")
+}
+
+// A temporarily dropped doorbell is verified again after the reconnection
+// even when a later message was handed on before the connection dropped
+// (before, the later mention moved the catch-up point past the doorbell,
+// the next subscription did not replay it, and its workflow step waited
+// out its timeout unanswered).
+//
+// Mutation killed: not handing the held doorbells back once the next
+// subscription is caught up (no retryHeld): the replay starts at the
+// mention's second and the doorbell is never answered.
+func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
+	t.Parallel()
+	v := &flakyVerifier{tries: map[string]int{}}
+	w := newWorld(t, func(cfg *settings) {
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
+	})
+	bell := w.ring()
+	w.waitUnavailable(1)
+	// The mention in a later second: a catch-up from the doorbell's own
+	// second would replay it anyway, since is inclusive.
+	time.Sleep(1100 * time.Millisecond)
+	w.answerTo(w.mention("@Robby after the doorbell").ID)
+	w.proxy.cut()
+	w.waitConnected(1)
+	w.answerTo(bell.ID)
+	require.EqualValues(t, 1, w.status.snapshot().DoorbellsVerified)
+}
+
+// The same across a restart: a doorbell dropped for want of the relay, then
+// a later mention answered, and buzz-acp stopped; the next run (its own
+// process, with the real verifier) catches up from the state file and
+// answers the doorbell.
+//
+// Mutation killed: releasing the temporarily dropped doorbell's acceptance
+// in handle (as before): the mention's done record writes the catch-up
+// point past the doorbell, and the restart never brings it.
+func TestTemporaryDropSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	state := filepath.Join(t.TempDir(), "state.jsonl")
+	w := newWorld(t, func(cfg *settings) {
+		cfg.StateFile = state
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return unreachableVerifier{} }
+	})
+	bell := w.ring()
+	w.waitUnavailable(1)
+	time.Sleep(1100 * time.Millisecond)
+	w.answerTo(w.mention("@Robby after the doorbell").ID)
+	w.stop()
+	select {
+	case err := <-w.stopped:
+		require.NoError(t, err)
+		w.stopped <- err // for the cleanup
+	case <-time.After(waitLong):
+		t.Fatal("buzz-acp did not stop")
+	}
+	w.launch(state)
+	w.requireOnce(bell.ID)
 }
 
 // With BUZZ_AUTH_TAG, buzz-acp carries the owner's attestation on its AUTH

@@ -394,13 +394,15 @@ func (c *relayConn) Count(ctx context.Context, filter map[string]any) (int64, er
 type relayInfo struct {
 	Self       string `json:"self"`
 	Limitation struct {
-		MaxMessageLength int `json:"max_message_length"`
-		MaxContentLength int `json:"max_content_length"`
+		MaxMessageLength    int   `json:"max_message_length"`
+		MaxContentLength    int   `json:"max_content_length"`
+		CreatedAtLowerLimit int64 `json:"created_at_lower_limit"`
 	} `json:"limitation"`
 }
 
 func (i relayInfo) answerLimits() answerLimits {
-	return answerLimits{maxContentChars: i.Limitation.MaxContentLength, maxMessageBytes: i.Limitation.MaxMessageLength}.orDefaults()
+	return answerLimits{maxContentChars: i.Limitation.MaxContentLength, maxMessageBytes: i.Limitation.MaxMessageLength,
+		createdAtFloor: i.Limitation.CreatedAtLowerLimit}.orDefaults()
 }
 
 // fetchRelayInfo reads the community's NIP-11 document.

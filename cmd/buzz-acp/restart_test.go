@@ -17,10 +17,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/replica"
 )
 
 // acpProcess is buzz-acp run as its own process, so a test can kill it
@@ -347,4 +351,50 @@ func TestCatchUpIsBoundedAndCounted(t *testing.T) {
 	for _, ev := range asked[:3] {
 		require.Zero(t, w.promptsFor(ev.ID))
 	}
+}
+
+// An answer written down before a kill and posted at the restart after an
+// outage longer than the relay's created_at floor (a relay with a read
+// replica refuses channel events dated more than created_at_lower_limit
+// seconds ago, 960 by default) is signed again with the current time and
+// posted once, without asking the agent again. The state file here is what
+// a kill between writing the answer down and posting it leaves, the answer
+// dated two floors back.
+//
+// Mutation killed: not signing it again (redatedPastFloor returning nil):
+// the relay refuses the answer for good and the mention is never answered.
+func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T) {
+	t.Parallel()
+	const floor = time.Minute
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { replica.ArmFloor(c, floor) })
+	w := newStoppedWorldOn(t, pool, []func(*config.Config){func(c *config.Config) {
+		// A reader that never answers: every read stays on the writer,
+		// while the writer refuses channel events older than the floor
+		// and NIP-11 advertises it, as with a real standby.
+		c.ReadDatabaseURL = "postgres://postgres@127.0.0.1:1/buzz?sslmode=disable"
+		c.CreatedAtFloor = floor
+	}})
+	asked := w.mention("@Robby asked before the kill")
+	answer := &nostr.Event{Kind: 9, Content: "ack " + asked.ID + " in the run that was killed",
+		Tags: nostr.Tags{{"h", w.channel}}, CreatedAt: time.Now().Add(-2 * floor).Unix()}
+	require.NoError(t, answer.Sign(w.agentKey))
+	state := filepath.Join(t.TempDir(), "state.jsonl")
+	var lines []byte
+	for _, r := range []record{
+		{Since: asked.CreatedAt},
+		{Event: asked.ID, CreatedAt: asked.CreatedAt, Answer: answer},
+	} {
+		b, err := json.Marshal(r)
+		require.NoError(t, err)
+		lines = append(append(lines, b...), '\n')
+	}
+	require.NoError(t, os.WriteFile(state, lines, 0o600))
+
+	w.launch(state)
+	posted := w.answerTo(asked.ID)
+	require.NotEqual(t, answer.ID, posted.ID, "the answer as first signed is refused")
+	require.Equal(t, answer.Content, posted.Content)
+	w.flush()
+	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
+	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
 }

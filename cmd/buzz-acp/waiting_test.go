@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,4 +58,36 @@ func TestWaitingRoomChannelsTakeTurns(t *testing.T) {
 	}
 	require.Equal(t, 3, quiet, "the channels take turns: %v", order)
 	require.Empty(t, r.byID, "nothing left behind")
+}
+
+// Doorbells held for a retry are bounded like the waiting room: past
+// IncomingQueue of them, a newcomer is dropped and counted (overloaded);
+// the one held goes back to the waiting room, with the channels heard
+// now, once the next subscription is caught up.
+//
+// Mutation killed: no bound in holdForRetry (the second is held too, and
+// nothing is counted).
+func TestHeldDoorbellsAreBounded(t *testing.T) {
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	j, err := openJournal("")
+	require.NoError(t, err)
+	st := newStatus(nil, "ws://relay", key.PublicKeyHex())
+	b := newBridge(settings{Key: key, IncomingQueue: 1}, nil, j, slog.New(slog.DiscardHandler), st)
+
+	b.holdForRetry(waitingMessage("first", "relay", "c1"))
+	b.holdForRetry(waitingMessage("first", "relay", "c1")) // a replayed copy of the same: no place of its own
+	b.holdForRetry(waitingMessage("second", "relay", "c1"))
+	require.Len(t, b.held, 1)
+	require.EqualValues(t, 1, st.snapshot().Dropped["overloaded"])
+
+	now := map[string]bool{"c1": true, "c2": true}
+	b.retryHeld(now)
+	require.Empty(t, b.held)
+	in, ok := b.waiting.next()
+	require.True(t, ok)
+	require.Equal(t, "first", in.ev.ID)
+	require.Equal(t, now, in.channels)
+	_, ok = b.waiting.next()
+	require.False(t, ok, "one copy is handed back")
 }

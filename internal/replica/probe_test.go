@@ -23,8 +23,10 @@ import (
 // The wall is bounded by the oldest open transaction, sampled before the
 // token is written; an idle session holds nothing back. Tokens strictly
 // increase within one epoch.
-// Mutation killed: sampling after the token write, or ignoring open
-// transactions (wall = S - floor), fails the wall bound below.
+// Mutation killed: ignoring open transactions (wall = S - floor) fails the
+// wall bound below. (Writing the token before the sample is no such
+// mutation: the token becomes visible only at the commit, after both, and
+// this test passes with it.)
 func TestProbeWallIsBoundedByOpenTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
