@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,12 +53,34 @@ func TestModerationEventsCannotExpire(t *testing.T) {
 
 // The constraint that keeps moderation events from expiring names exactly
 // the channel kinds the relay keeps from moderation and deletion
-// (ingest.KindsKeptFromModeration, in Go): each kind around the moderation
-// ranges is inserted with an expiration, in a channel and outside one.
-// Mutations killed: a kind dropped from (or added to) either list.
+// (ingest.KindsKeptFromModeration, in Go): its condition, read from the
+// database, refuses exactly those of the 65,536 kinds with an expiration
+// in a channel, and none outside a channel or without an expiration; then
+// each kind around the moderation ranges is inserted with an expiration,
+// in a channel and outside one, and refused by the constraint's name.
+// Mutations killed: a kind dropped from (or added to) either list, any
+// kind (the inserts alone tried only the kinds around the ranges, and
+// missed 44101 added to the constraint).
 func TestModerationExpiryRefusalNamesTheKindsKeptFromModeration(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "moderation-expiry-kinds.example", 0)
+	var def string
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conname = 'events_moderation_never_expires' AND conrelid = 'events'::regclass`).Scan(&def))
+	check, ok := strings.CutPrefix(strings.TrimSuffix(def, " NOT VALID"), "CHECK ")
+	require.True(t, ok, def)
+	refused := func(expiresAt, channelID string) []int32 {
+		t.Helper()
+		var kinds []int32
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT coalesce(array_agg(kind ORDER BY kind), '{}') FROM (
+			SELECT k AS kind, `+expiresAt+` AS expires_at, `+channelID+` AS channel_id FROM generate_series(0, 65535) k) events
+			WHERE NOT `+check).Scan(&kinds))
+		return kinds
+	}
+	require.Equal(t, slices.Sorted(slices.Values(ingest.KindsKeptFromModeration)), refused("now()", "gen_random_uuid()"))
+	require.Empty(t, refused("now()", "NULL::uuid"), "refused outside a channel")
+	require.Empty(t, refused("NULL::timestamptz", "gen_random_uuid()"), "refused without an expiration")
+
 	ch := uuid.MustParse(f.channel(f.key(), true))
 	author := f.key().PublicKeyHex()
 	events := 0
