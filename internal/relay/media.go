@@ -294,13 +294,18 @@ func (s *Server) mediaDatabaseUnreachable(w http.ResponseWriter, err error, what
 }
 
 // mediaUploader is who may upload here, or false once the client was
-// answered (media off, or no valid upload authorization).
+// answered (media off, or no valid upload authorization). A NIP-98 event
+// must carry a payload tag: no body passes without one, so the upload
+// refuses it before reading a byte, and its preflight refuses it too.
 func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (*nostr.Event, bool) {
 	if s.media == nil {
 		mediaError(w, http.StatusNotFound, mediaOffReason)
 		return nil, false
 	}
 	ev, err := s.mediaAuth(r, "upload")
+	if err == nil && ev.Kind == nostr.KindHTTPAuth && ev.Tags.First("payload") == nil {
+		err = authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
+	}
 	if err != nil {
 		s.mediaUnauthorized(w, tenant, err)
 		return nil, false
@@ -598,10 +603,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 			return fmt.Errorf("%w: the body's SHA-256 is %s, X-SHA-256 names %s", media.ErrHashMismatch, sha, declared)
 		}
 		if ev.Kind == nostr.KindHTTPAuth {
-			payload := ev.Tags.First("payload")
-			if payload == nil {
-				return authFail(noPayloadTag)
-			}
+			payload := ev.Tags.First("payload") // present: mediaUploader
 			if !strings.EqualFold(payload[1], sha) {
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
@@ -640,10 +642,6 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
 }
-
-// noPayloadTag refuses a NIP-98 upload (or its preflight) whose event
-// does not sign the body's hash.
-const noPayloadTag = "auth event has no payload tag; an upload must sign the body's SHA-256 in it"
 
 // answerAfterBody gives an upload's answer BUZZ_HTTP_WRITE_TIMEOUT from
 // the end of its body rather than from its headers: the body alone may
@@ -736,15 +734,8 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 		}
 	}
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
-	if ev.Kind == nostr.KindHTTPAuth {
-		// The upload refuses a NIP-98 event without a payload tag whatever
-		// its body, so the preflight does too, X-SHA-256 or not.
-		payload := ev.Tags.First("payload")
-		if payload == nil {
-			s.mediaUnauthorized(w, tenant, authFail(noPayloadTag))
-			return
-		}
-		if sha != "" && !strings.EqualFold(payload[1], sha) {
+	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
+		if payload := ev.Tags.First("payload"); !strings.EqualFold(payload[1], sha) { // present: mediaUploader
 			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}
