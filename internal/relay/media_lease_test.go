@@ -281,8 +281,13 @@ func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 // delete that removed nothing gives its claim back
 // (TestMediaDeleteRefusedForTheRelayMayBeSentAgain); given back here, the
 // header would act a second time, on whatever the community holds by then.
-// Mutation killed: the claim given back whether or not the delete removed
-// anything (media.DeletedNothing ignored: the second send is 200).
+// A delete signed anew then removes the record the first one left without
+// a sidecar, and the community's count (media_usage) comes back to zero:
+// the sidecar's charge went with the sidecar, the record's with the record.
+// Mutations killed: the claim given back whether or not the delete removed
+// anything (media.DeletedNothing ignored: the second send is 200); records
+// without a sidecar not removed by a delete (the new delete is 404, and
+// the record stays counted).
 func TestMediaDeleteFailingAfterItRemovedKeepsItsClaim(t *testing.T) {
 	t.Parallel()
 	store := &removalsFail{Store: mediaStores["fs"](t), prefix: "_uploads/"}
@@ -299,10 +304,20 @@ func TestMediaDeleteFailingAfterItRemovedKeepsItsClaim(t *testing.T) {
 	failed := send()
 	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
 	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", path, "", nil, nil).Status, "the sidecar went before the record's removal failed")
+	require.EqualValues(t, media.ObjectCharge, mediaUsage(t, db.New(r.Pool), r.CommunityID), "the record left stays counted")
 	store.failing.Store(false)
 	again := send()
 	require.Equal(t, http.StatusUnauthorized, again.Status, "%s", again.Body)
 	require.Equal(t, "auth-required: "+authEventUsed, again.Error)
+
+	anew := mediaDo(t, r, http.MethodDelete, "", path, authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload)), nil, nil)
+	require.Equal(t, http.StatusOK, anew.Status, "%s", anew.Body)
+	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	for _, prefix := range media.CommunityPrefixes(r.CommunityID) {
+		left, err := store.List(context.Background(), prefix)
+		require.NoError(t, err)
+		require.Empty(t, left, "the community's sidecar and records")
+	}
 }
 
 // A NIP-98 upload refused for its community's reason (the quota is full)
