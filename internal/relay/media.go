@@ -153,8 +153,10 @@ type blobDescriptor struct {
 // mediaAuth checks the Authorization header for action ("upload" or
 // "delete"): either a NIP-98 event bound to this URL and method, or a
 // Blossom kind 24242 event whose t tag is action, that has not expired
-// and, when it names servers, names this host. It returns the event;
-// failures are *authError.
+// and, when it names servers, names this host. A NIP-98 upload's event
+// must carry a payload tag: no body passes without one, so the upload is
+// refused before its body is read, and its preflight too. It returns the
+// event; failures are *authError.
 func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error) {
 	ev, err := s.authHeaderEvent(r.Header.Get("Authorization"))
 	if err != nil {
@@ -166,6 +168,9 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	case nostr.KindHTTPAuth:
 		if ev, err = s.bindHTTPAuth(ev, r, s.requestURL(r)); err != nil {
 			return nil, err
+		}
+		if action == "upload" && ev.Tags.First("payload") == nil { // before the signature's cost
+			return nil, authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
 		}
 		return ev, s.verifyHTTPSignature(r, ev)
 	case nostr.KindBlossomAuth:
@@ -294,18 +299,13 @@ func (s *Server) mediaDatabaseUnreachable(w http.ResponseWriter, err error, what
 }
 
 // mediaUploader is who may upload here, or false once the client was
-// answered (media off, or no valid upload authorization). A NIP-98 event
-// must carry a payload tag: no body passes without one, so the upload
-// refuses it before reading a byte, and its preflight refuses it too.
+// answered (media off, or no valid upload authorization).
 func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant community.Tenant) (*nostr.Event, bool) {
 	if s.media == nil {
 		mediaError(w, http.StatusNotFound, mediaOffReason)
 		return nil, false
 	}
 	ev, err := s.mediaAuth(r, "upload")
-	if err == nil && ev.Kind == nostr.KindHTTPAuth && ev.Tags.First("payload") == nil {
-		err = authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
-	}
 	if err != nil {
 		s.mediaUnauthorized(w, tenant, err)
 		return nil, false
@@ -603,7 +603,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 			return fmt.Errorf("%w: the body's SHA-256 is %s, X-SHA-256 names %s", media.ErrHashMismatch, sha, declared)
 		}
 		if ev.Kind == nostr.KindHTTPAuth {
-			payload := ev.Tags.First("payload") // present: mediaUploader
+			payload := ev.Tags.First("payload") // present: mediaAuth
 			if !strings.EqualFold(payload[1], sha) {
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
@@ -735,7 +735,7 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 	}
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
 	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
-		if payload := ev.Tags.First("payload"); !strings.EqualFold(payload[1], sha) { // present: mediaUploader
+		if payload := ev.Tags.First("payload"); !strings.EqualFold(payload[1], sha) { // present: mediaAuth
 			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +95,14 @@ func TestMediaUploadWithoutPayloadIsRefusedBeforeItsBody(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s", raw)
 	require.Contains(t, resp.Header.Get("X-Reason"), "no payload tag")
+
+	// Refused before its signature is checked, which costs what the
+	// refusal does not.
+	// Mutation killed: the payload tag looked at after the signature (the
+	// refusal names the signature).
+	forged := nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", nil, withoutPayload)
+	forged.Sig = strings.Repeat("0", 128)
+	got := mediaDo(t, r, http.MethodPut, "", "/media/upload", authHeader(forged), bytes.NewReader(head), nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Header.Get("X-Reason"), "no payload tag")
 }
