@@ -149,6 +149,48 @@ func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
 	require.Empty(t, storeKeysOf(t, store))
 }
 
+// Two relay processes share one store: on one, a member's upload of a
+// blob new to the community has written its upload record and not yet the
+// sidecar; on the other, the same member deletes the blob (a client
+// sending its delete while the upload is still answered). The delete finds
+// a record without a sidecar, which it removes when an upload or a delete
+// was cut short, but under the blob lock it waits for the upload, then
+// removes the sidecar and the record both. Taken for what a cut-short
+// upload left, the record went, the sidecar came after it, and the blob
+// stayed served with no record that any member's delete could go by.
+// Mutation killed: the delete's work done before it takes the blob lock
+// (the sidecar stays, the blob served).
+func TestDeleteOnOneProcessWaitsForAnUploadBetweenItsWritesOnAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	store, err := media.NewFSStore(t.TempDir())
+	require.NoError(t, err)
+	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
+	processA := media.NewService(store, limits, nil)
+	processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+	community := uuid.New()
+	blob := "bytes uploaded through one relay, deleted through another"
+	sum := sha256.Sum256([]byte(blob))
+	sha := hex.EncodeToString(sum[:])
+
+	paused := mediatest.NewPauseBeforePut(store, "_meta/"+community.String()+"/")
+	processB := media.NewService(paused, limits, nil)
+	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+	deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
+		_, err := processB.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
+		return err
+	}, func() error { return processA.Delete(ctx, community, sha, "alice") })
+
+	_, _, err = processA.Open(ctx, community, sha)
+	require.ErrorIs(t, err, media.ErrNotFound, "the blob its uploader deleted is still served")
+	for _, prefix := range media.CommunityPrefixes(community) {
+		left, err := store.List(ctx, prefix)
+		require.NoError(t, err)
+		require.Empty(t, left, "what the delete left of the community's references")
+	}
+}
+
 func storeKeysOf(t *testing.T, s media.Store) []string {
 	t.Helper()
 	keys, err := s.List(context.Background(), "")

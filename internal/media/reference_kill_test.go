@@ -36,10 +36,12 @@ const (
 // (a delete needs one of the deleter's own records). A helper process
 // (this test binary, run again) uploads into a store that stops at the
 // second of the two writes; it is SIGKILLed there. What may be left is a
-// record without a sidecar: the blob is not served, and whoever uploads
-// it again writes the sidecar and may delete it.
-// Mutation killed: the sidecar written before the upload record (the
-// sidecar stays with no record).
+// record without a sidecar: the blob is not served, whoever uploads it
+// again writes the sidecar and may delete it, and the uploader's delete
+// removes the record (left, it would count against the quota for good).
+// Mutations killed: the sidecar written before the upload record (the
+// sidecar stays with no record); records without a sidecar not removed by
+// a delete (it answers ErrNotFound and the record stays).
 func TestKilledBetweenReferenceWritesLeavesADeletableBlob(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -73,7 +75,22 @@ func TestKilledBetweenReferenceWritesLeavesADeletableBlob(t *testing.T) {
 	}))
 	require.Equal(t, 1, sidecars+records, "the helper was killed between its two reference writes")
 	require.Zero(t, sidecars, "a sidecar with no upload record: served, counted, and nobody may delete it")
+
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: dir}, nil)
+	sum := sha256.Sum256([]byte(killedUploadText))
+	require.NoError(t, svc.Delete(context.Background(), killedUploadCommunity, hex.EncodeToString(sum[:]), "alice"), "the uploader's delete of what the killed upload left")
+	for _, prefix := range media.CommunityPrefixes(killedUploadCommunity) {
+		left, err := store.List(context.Background(), prefix)
+		require.NoError(t, err)
+		require.Empty(t, left, "what the killed upload left of the community's references")
+	}
 }
+
+// killedUploadCommunity is the community the reference helper uploads to,
+// killedUploadText the blob it uploads.
+var killedUploadCommunity = uuid.MustParse("5e3c1f0a-2b7d-4c86-a1e9-7f40d2b6c813")
+
+const killedUploadText = "some text"
 
 // referenceHelper is the process the test kills: an upload stopped at its
 // second write under the community's prefixes, in a store under dir.
@@ -81,7 +98,7 @@ func referenceHelper(dir string) {
 	store, err := media.NewFSStore(filepath.Join(dir, "store"))
 	if err == nil {
 		svc := media.NewService(&stopAtSecondReference{Store: store}, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: dir}, nil)
-		_, err = svc.Upload(context.Background(), uuid.New(), "alice", strings.NewReader("some text"), nil)
+		_, err = svc.Upload(context.Background(), killedUploadCommunity, "alice", strings.NewReader(killedUploadText), nil)
 	}
 	fmt.Fprintf(os.Stderr, "reference helper: the upload returned: %v\n", err)
 	os.Exit(2)

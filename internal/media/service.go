@@ -543,7 +543,13 @@ func (s *Service) Delete(ctx context.Context, community uuid.UUID, sha, uploader
 	// to delete: answered before the blob's locks, which the sweep's
 	// removal of the blob holds for as long as it takes.
 	if _, err := s.readSidecar(ctx, community, sha); errors.Is(err, ErrNotFound) {
-		if records, lerr := s.store.List(ctx, uploadsPrefix(community, sha)); lerr != nil || len(records) == 0 {
+		records, lerr := s.store.List(ctx, uploadsPrefix(community, sha))
+		if lerr != nil {
+			// Not ErrNotFound: the member's records may be there, and
+			// the same delete sent again removes them.
+			return fmt.Errorf("list upload records: %w", lerr)
+		}
+		if len(records) == 0 {
 			return err
 		}
 	}

@@ -284,3 +284,47 @@ func TestDeleteSentAgainRemovesTheRecordsItLeft(t *testing.T) {
 	require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "alice"), media.ErrNotFound)
 	require.ErrorIs(t, svc.Delete(ctx, community, d.SHA256, "bob"), media.ErrNotFound)
 }
+
+// failingRecordListings fails to list upload records while failing is set.
+type failingRecordListings struct {
+	media.Store
+	failing bool
+}
+
+func (s *failingRecordListings) List(ctx context.Context, prefix string) ([]string, error) {
+	if s.failing && strings.HasPrefix(prefix, "_uploads/") {
+		return nil, errors.New("store unavailable")
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+// A delete of a blob without a sidecar whose listing of the member's
+// records fails is a failure of the store, not ErrNotFound: the records
+// may be there (a delete cut short left them), and a 404 told the member
+// there was nothing left to delete (and kept a NIP-98 claim as a refusal
+// would) while they still counted against the quota.
+// Mutation killed: the listing's failure answered as ErrNotFound.
+func TestDeleteWhoseRecordListingFailsIsNotNotFound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fs := stores["fs"](t)
+	records := &failingRecordRemovals{Store: fs}
+	listings := &failingRecordListings{Store: records}
+	svc := media.NewService(listings, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	community := uuid.New()
+	d, err := svc.Upload(ctx, community, "alice", strings.NewReader("a blob whose records cannot be listed"), nil)
+	require.NoError(t, err)
+	records.failing = true
+	require.Error(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the store refused the record's removal")
+	records.failing = false
+
+	listings.failing = true
+	err = svc.Delete(ctx, community, d.SHA256, "alice")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, media.ErrNotFound, "the member's record is there; the store failed to list it")
+	listings.failing = false
+	require.NoError(t, svc.Delete(ctx, community, d.SHA256, "alice"), "the same delete, once the store lists again")
+	left, err := fs.List(ctx, "_uploads/"+community.String()+"/")
+	require.NoError(t, err)
+	require.Empty(t, left)
+}

@@ -153,8 +153,10 @@ type blobDescriptor struct {
 // mediaAuth checks the Authorization header for action ("upload" or
 // "delete"): either a NIP-98 event bound to this URL and method, or a
 // Blossom kind 24242 event whose t tag is action, that has not expired
-// and, when it names servers, names this host. It returns the event;
-// failures are *authError.
+// and, when it names servers, names this host. A NIP-98 upload's event
+// must carry a payload tag: no body passes without one, so the upload is
+// refused before its body is read, and its preflight too. It returns the
+// event; failures are *authError.
 func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error) {
 	ev, err := s.authHeaderEvent(r.Header.Get("Authorization"))
 	if err != nil {
@@ -166,6 +168,9 @@ func (s *Server) mediaAuth(r *http.Request, action string) (*nostr.Event, error)
 	case nostr.KindHTTPAuth:
 		if ev, err = s.bindHTTPAuth(ev, r, s.requestURL(r)); err != nil {
 			return nil, err
+		}
+		if action == "upload" && ev.Tags.First("payload") == nil { // before the signature's cost
+			return nil, authFail("auth event has no payload tag; an upload must sign the body's SHA-256 in it")
 		}
 		return ev, s.verifyHTTPSignature(r, ev)
 	case nostr.KindBlossomAuth:
@@ -598,10 +603,7 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 			return fmt.Errorf("%w: the body's SHA-256 is %s, X-SHA-256 names %s", media.ErrHashMismatch, sha, declared)
 		}
 		if ev.Kind == nostr.KindHTTPAuth {
-			payload := ev.Tags.First("payload")
-			if payload == nil {
-				return authFail(noPayloadTag)
-			}
+			payload := ev.Tags.First("payload") // present: mediaAuth
 			if !strings.EqualFold(payload[1], sha) {
 				return fmt.Errorf("%w: the body's SHA-256 is %s, the payload tag names %s", media.ErrHashMismatch, sha, payload[1])
 			}
@@ -640,10 +642,6 @@ func (s *Server) serveMediaUpload(w http.ResponseWriter, r *http.Request, tenant
 	}
 	writeJSON(w, http.StatusOK, s.descriptor(r, d))
 }
-
-// noPayloadTag refuses a NIP-98 upload (or its preflight) whose event
-// does not sign the body's hash.
-const noPayloadTag = "auth event has no payload tag; an upload must sign the body's SHA-256 in it"
 
 // answerAfterBody gives an upload's answer BUZZ_HTTP_WRITE_TIMEOUT from
 // the end of its body rather than from its headers: the body alone may
@@ -736,15 +734,8 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 		}
 	}
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
-	if ev.Kind == nostr.KindHTTPAuth {
-		// The upload refuses a NIP-98 event without a payload tag whatever
-		// its body, so the preflight does too, X-SHA-256 or not.
-		payload := ev.Tags.First("payload")
-		if payload == nil {
-			s.mediaUnauthorized(w, tenant, authFail(noPayloadTag))
-			return
-		}
-		if sha != "" && !strings.EqualFold(payload[1], sha) {
+	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
+		if payload := ev.Tags.First("payload"); !strings.EqualFold(payload[1], sha) { // present: mediaAuth
 			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}

@@ -229,15 +229,16 @@ func TestMediaUploadRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
 }
 
-// sidecarRemovalsFail is a store whose removals of sidecars fail while
+// removalsFail is a store whose removals of keys under prefix fail while
 // failing is set, as a store with a passing error would.
-type sidecarRemovalsFail struct {
+type removalsFail struct {
 	media.Store
+	prefix  string
 	failing atomic.Bool
 }
 
-func (s *sidecarRemovalsFail) Delete(ctx context.Context, key string) error {
-	if s.failing.Load() && strings.HasPrefix(key, "_meta/") {
+func (s *removalsFail) Delete(ctx context.Context, key string) error {
+	if s.failing.Load() && strings.HasPrefix(key, s.prefix) {
 		return errors.New("store unavailable")
 	}
 	return s.Store.Delete(ctx, key)
@@ -252,7 +253,7 @@ func (s *sidecarRemovalsFail) Delete(ctx context.Context, key string) error {
 // stays until the member signs anew).
 func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	t.Parallel()
-	store := &sidecarRemovalsFail{Store: mediaStores["fs"](t)}
+	store := &removalsFail{Store: mediaStores["fs"](t), prefix: "_meta/"}
 	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
 	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
 	key := relaytest.NewKey(t)
@@ -272,6 +273,51 @@ func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	replay := send()
 	require.Equal(t, http.StatusUnauthorized, replay.Status, "%s", replay.Body)
 	require.Equal(t, "auth-required: "+authEventUsed, replay.Error)
+}
+
+// A NIP-98 delete that failed after it removed something (the sidecar
+// went, the store refused the member's upload record) keeps its claim:
+// the same header sent again, once the store works, is a replay. Only a
+// delete that removed nothing gives its claim back
+// (TestMediaDeleteRefusedForTheRelayMayBeSentAgain); given back here, the
+// header would act a second time, on whatever the community holds by then.
+// A delete signed anew then removes the record the first one left without
+// a sidecar, and the community's count (media_usage) comes back to zero:
+// the sidecar's charge went with the sidecar, the record's with the record.
+// Mutations killed: the claim given back whether or not the delete removed
+// anything (media.DeletedNothing ignored: the second send is 200); records
+// without a sidecar not removed by a delete (the new delete is 404, and
+// the record stays counted).
+func TestMediaDeleteFailingAfterItRemovedKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	store := &removalsFail{Store: mediaStores["fs"](t), prefix: "_uploads/"}
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 4096)
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	path := "/media/" + hexSHA(blob)
+	auth := authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload))
+	send := func() mediaReply { return mediaDo(t, r, http.MethodDelete, "", path, auth, nil, nil) }
+
+	store.failing.Store(true)
+	failed := send()
+	require.Equal(t, http.StatusInternalServerError, failed.Status, "%s", failed.Body)
+	require.Equal(t, http.StatusNotFound, mediaDo(t, r, http.MethodGet, "", path, "", nil, nil).Status, "the sidecar went before the record's removal failed")
+	require.EqualValues(t, media.ObjectCharge, mediaUsage(t, db.New(r.Pool), r.CommunityID), "the record left stays counted")
+	store.failing.Store(false)
+	again := send()
+	require.Equal(t, http.StatusUnauthorized, again.Status, "%s", again.Body)
+	require.Equal(t, "auth-required: "+authEventUsed, again.Error)
+
+	anew := mediaDo(t, r, http.MethodDelete, "", path, authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload)), nil, nil)
+	require.Equal(t, http.StatusOK, anew.Status, "%s", anew.Body)
+	require.Zero(t, mediaUsage(t, db.New(r.Pool), r.CommunityID))
+	for _, prefix := range media.CommunityPrefixes(r.CommunityID) {
+		left, err := store.List(context.Background(), prefix)
+		require.NoError(t, err)
+		require.Empty(t, left, "the community's sidecar and records")
+	}
 }
 
 // A NIP-98 upload refused for its community's reason (the quota is full)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,4 +59,50 @@ func TestMediaSlowUploadIsAnswered(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.Status)
 	require.True(t, bytes.Equal(blob, got.Body))
 	require.Equal(t, uploadCharge(blob), mediaUsage(t, db.New(r.Pool), r.CommunityID))
+}
+
+// A NIP-98 upload whose event has no payload tag is refused 401 before a
+// byte of its body is read: no body passes without one. This body never
+// ends (its writer waits for the answer), so only a refusal made before
+// reading it answers the client; read first, the upload waited for the
+// rest until BUZZ_HTTP_READ_TIMEOUT, spooling whatever came, and was
+// refused for the unreadable body instead.
+// Mutation killed: the payload tag looked at only once the body is read
+// (the answer is the read timeout's 408, not 401).
+func TestMediaUploadWithoutPayloadIsRefusedBeforeItsBody(t *testing.T) {
+	t.Parallel()
+	const maxBytes = 1 << 20 // past what the server reads of a body left unread, so it answers at once
+	svc := media.NewService(mediaStores["fs"](t), media.Limits{MaxBytes: maxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)}, func(c *config.Config) {
+		c.HTTPReadTimeout = 5 * time.Second // bounds the mutated run only
+	})
+	auth := authHeader(nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", nil, withoutPayload))
+	head := pngBlob(t, 4096)
+	body, send := io.Pipe()
+	defer body.Close()
+	go func() {
+		_, _ = send.Write(head)
+		_, _ = send.Write(make([]byte, 4096)) // blocks until the client gives up the body
+	}()
+	req, err := http.NewRequest(http.MethodPut, r.HTTPURL+"/media/upload", body)
+	require.NoError(t, err)
+	req.ContentLength = maxBytes
+	req.Header.Set("Authorization", auth)
+	resp, err := bridgeHTTP.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s", raw)
+	require.Contains(t, resp.Header.Get("X-Reason"), "no payload tag")
+
+	// Refused before its signature is checked, which costs what the
+	// refusal does not.
+	// Mutation killed: the payload tag looked at after the signature (the
+	// refusal names the signature).
+	forged := nip98(t, relaytest.NewKey(t), http.MethodPut, r.HTTPURL+"/media/upload", nil, withoutPayload)
+	forged.Sig = strings.Repeat("0", 128)
+	got := mediaDo(t, r, http.MethodPut, "", "/media/upload", authHeader(forged), bytes.NewReader(head), nil)
+	require.Equal(t, http.StatusUnauthorized, got.Status, "%s", got.Body)
+	require.Contains(t, got.Header.Get("X-Reason"), "no payload tag")
 }

@@ -488,7 +488,7 @@ func TestMediaUploadPreflight(t *testing.T) {
 		// The upload refuses an event without a payload tag whatever its
 		// body, so the preflight must, with or without X-SHA-256.
 		// Mutation killed: the payload tag looked at only when X-SHA-256
-		// is sent (200, then the upload's 401 after the whole body).
+		// is sent (200, then the upload's 401).
 		{"NIP-98 without payload", authHeader(nip98(t, key, "PUT", r.HTTPURL+"/media/upload", nil, withoutPayload)), map[string]string{"X-Content-Length": "1000"}, http.StatusUnauthorized, "no payload tag"},
 	} {
 		got := mediaDo(t, r, http.MethodHead, "", "/media/upload", c.auth, nil, c.header)
