@@ -1017,8 +1017,15 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 	if again := b.redatedPastFloor(reply, err); again != nil {
 		// Written down before it is posted, like the first: the relay's
 		// refusal says the first is not stored, so this one is the answer.
+		// Unwritten, it is not posted: posted, and the process gone before
+		// the done record, the next start would post the first again, be
+		// refused again and sign a third, a second answer. The first stays
+		// written down, and the next start signs it again.
 		if err := b.journal.answering(askedID, askedAt, again, replayKey); err != nil {
-			b.log.Error("state file: the answer is posted, but a restart before it is recorded may ask the agent again", "event", askedID, "err", err)
+			b.status.failed()
+			b.log.Error("answer signed again not posted: the state file could not keep it; the next start signs it again", "event", askedID, "err", err)
+			b.release(askedID)
+			return
 		}
 		b.log.Info("answer dated before the relay's created_at floor signed again with the current time", "event", askedID, "was", reply.ID, "answer", again.ID)
 		reply = again

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -447,4 +448,40 @@ func TestKilledAfterPostingTheAnswerSignedAgainDoesNotAnswerTwice(t *testing.T) 
 	w.flush()
 	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
 	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
+}
+
+// The answer signed again is posted only once it is written down: when the
+// state file cannot keep it (here its file is closed behind the journal's
+// back, as a failing disk would refuse the write), it is not posted, and
+// the state file still holds the answer as first signed, which the next
+// start signs again. Posted anyway, a kill before its done record would
+// have the next start sign a third: two answers.
+//
+// Mutation killed: posting the answer signed again when writing it down
+// failed (as before): it is stored.
+func TestAnswerSignedAgainIsNotPostedUnwritten(t *testing.T) {
+	t.Parallel()
+	w, state, asked, answer := staleAnswerWorld(t)
+	j, err := openJournal(state)
+	require.NoError(t, err)
+	require.NoError(t, j.f.Close()) // every later write fails
+	st := newStatus(nil, "ws://"+w.proxy.addr(), w.agentKey.PublicKeyHex())
+	b := newBridge(settings{Key: w.agentKey, IncomingQueue: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond},
+		nil, j, slog.New(slog.DiscardHandler), st)
+	b.limits = answerLimits{createdAtFloor: int64(time.Minute / time.Second)}.orDefaults()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	conn, err := dialRelay(ctx, "ws://"+w.proxy.addr(), w.agentKey, nil)
+	require.NoError(t, err)
+	defer conn.close()
+	b.setConn(conn)
+
+	b.postAnswer(ctx, asked.ID, asked.CreatedAt, answer, "")
+	require.Zero(t, w.answersTo(asked.ID), "nothing posted")
+	require.EqualValues(t, 1, st.snapshot().Failures)
+	j.close()
+	j, err = openJournal(state)
+	require.NoError(t, err)
+	defer j.close()
+	require.Equal(t, answer.ID, j.unposted()[asked.ID].ID, "the answer as first signed is still written down")
 }
