@@ -362,6 +362,12 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				return true, err
 			}
 			if sameSet(now, channels) {
+				// The relay answered the re-read: a doorbell held for want
+				// of it is verified again now, not at the next subscription,
+				// which a connection that stays up never makes.
+				if caughtUp {
+					b.retryHeld(channels)
+				}
 				continue
 			}
 			if subID != "" {
@@ -491,7 +497,8 @@ func (b *bridge) admit(in incoming) {
 
 // holdForRetry keeps a doorbell the verifier could not verify for want of
 // the relay, with its acceptance, until the next subscription is caught up
-// (retryHeld): the relay is answering then. Waiting for the relay to send
+// or the next re-read of the memberships succeeds (retryHeld): the relay is
+// answering then. Waiting for the relay to send
 // it again is not enough: the messages handed on after it (a mention read
 // while the verifier waited for the relay) move the catch-up point past it,
 // so the next subscription would not replay it, and, released, the point
@@ -517,7 +524,8 @@ func (b *bridge) holdForRetry(in incoming) {
 }
 
 // retryHeld hands the held doorbells back to the waiting room, once a
-// subscription is caught up, with the channels it hears.
+// subscription is caught up or a re-read of the memberships came back, with
+// the channels heard.
 func (b *bridge) retryHeld(channels map[string]bool) {
 	b.heldMu.Lock()
 	held := b.held
