@@ -525,7 +525,10 @@ func (b *bridge) holdForRetry(in incoming) {
 
 // retryHeld hands the held doorbells back to the waiting room, once a
 // subscription is caught up or a re-read of the memberships came back, with
-// the channels heard.
+// the channels heard. One read longer than CatchUpWindow ago is given up,
+// its acceptances released: a restart would not replay it either, and held
+// on, it would keep the catch-up point written down at it for as long as
+// the relay cannot help verify it, and a restart would reach back to it.
 func (b *bridge) retryHeld(channels map[string]bool) {
 	b.heldMu.Lock()
 	held := b.held
@@ -533,6 +536,13 @@ func (b *bridge) retryHeld(channels map[string]bool) {
 	b.heldMu.Unlock()
 	for id, h := range held {
 		in := h.in
+		if time.Since(in.at) > b.cfg.CatchUpWindow {
+			for range h.refs {
+				b.release(id)
+			}
+			b.log.Warn("doorbell given up: the relay could not help verify it within the catch-up window", "event", id, "window", b.cfg.CatchUpWindow)
+			continue
+		}
 		in.channels = channels
 		for range h.refs - 1 {
 			b.release(id) // one copy is enough
