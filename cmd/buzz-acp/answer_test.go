@@ -170,3 +170,51 @@ func TestUnpostedAnswerSaysWhetherAStartWillPostIt(t *testing.T) {
 		require.Contains(t, logged.String(), tc.says, "state file %q", tc.stateFile)
 	}
 }
+
+// An answer is signed again only when the relay refused it for its
+// created_at (invalid:, naming created_at) and it is older than the floor
+// the relay advertises: any other refusal says nothing about a new
+// created_at, and a fresh answer refused for its date is not the floor's.
+// The one signed again says the same, dated now.
+//
+// Mutation killed: signing again after any invalid: refusal of an old
+// answer (the created_at condition dropped): the content refusal is signed
+// again.
+func TestAnswerIsSignedAgainOnlyForTheFloorsRefusal(t *testing.T) {
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	j, err := openJournal("")
+	require.NoError(t, err)
+	b := newBridge(settings{Key: key, IncomingQueue: 1}, nil, j, slog.New(slog.DiscardHandler), newStatus(nil, "ws://relay", key.PublicKeyHex()))
+	const floor = 60
+	b.limits = answerLimits{createdAtFloor: floor}.orDefaults()
+	signed := func(age int64) *nostr.Event {
+		ev := &nostr.Event{Kind: 9, Content: "ack", Tags: nostr.Tags{{"h", "c"}}, CreatedAt: time.Now().Unix() - age}
+		require.NoError(t, ev.Sign(key))
+		return ev
+	}
+	floorRefusal := &relayRefusal{Msg: "invalid: a channel event's created_at is too far in the past to store; sign it again with the current time"}
+
+	old := signed(2 * floor)
+	again := b.redatedPastFloor(old, floorRefusal)
+	require.NotNil(t, again)
+	require.NoError(t, again.Verify())
+	require.Equal(t, old.Content, again.Content)
+	require.Equal(t, old.Tags, again.Tags)
+	require.Greater(t, again.CreatedAt, old.CreatedAt)
+
+	for name, tc := range map[string]struct {
+		reply *nostr.Event
+		err   error
+	}{
+		"another invalid: refusal": {old, &relayRefusal{Msg: "invalid: content is longer than the relay accepts"}},
+		"a duplicate":              {old, &relayRefusal{Msg: "duplicate: already have this event"}},
+		"no refusal":               {old, context.DeadlineExceeded},
+		"accepted":                 {old, nil},
+		"within the floor":         {signed(floor / 2), floorRefusal},
+	} {
+		require.Nil(t, b.redatedPastFloor(tc.reply, tc.err), name)
+	}
+	b.limits = defaultAnswerLimits // no floor advertised: a relay without a replica
+	require.Nil(t, b.redatedPastFloor(old, floorRefusal), "no floor")
+}

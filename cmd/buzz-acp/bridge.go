@@ -362,6 +362,12 @@ func (b *bridge) connectAndServe(ctx context.Context, since *int64) (served bool
 				return true, err
 			}
 			if sameSet(now, channels) {
+				// The relay answered the re-read: a doorbell held for want
+				// of it is verified again now, not at the next subscription,
+				// which a connection that stays up never makes.
+				if caughtUp {
+					b.retryHeld(channels)
+				}
 				continue
 			}
 			if subID != "" {
@@ -491,7 +497,8 @@ func (b *bridge) admit(in incoming) {
 
 // holdForRetry keeps a doorbell the verifier could not verify for want of
 // the relay, with its acceptance, until the next subscription is caught up
-// (retryHeld): the relay is answering then. Waiting for the relay to send
+// or the next re-read of the memberships succeeds (retryHeld): the relay is
+// answering then. Waiting for the relay to send
 // it again is not enough: the messages handed on after it (a mention read
 // while the verifier waited for the relay) move the catch-up point past it,
 // so the next subscription would not replay it, and, released, the point
@@ -517,7 +524,11 @@ func (b *bridge) holdForRetry(in incoming) {
 }
 
 // retryHeld hands the held doorbells back to the waiting room, once a
-// subscription is caught up, with the channels it hears.
+// subscription is caught up or a re-read of the memberships came back, with
+// the channels heard. One read longer than CatchUpWindow ago is given up,
+// its acceptances released: a restart would not replay it either, and held
+// on, it would keep the catch-up point written down at it for as long as
+// the relay cannot help verify it, and a restart would reach back to it.
 func (b *bridge) retryHeld(channels map[string]bool) {
 	b.heldMu.Lock()
 	held := b.held
@@ -525,6 +536,13 @@ func (b *bridge) retryHeld(channels map[string]bool) {
 	b.heldMu.Unlock()
 	for id, h := range held {
 		in := h.in
+		if time.Since(in.at) > b.cfg.CatchUpWindow {
+			for range h.refs {
+				b.release(id)
+			}
+			b.log.Warn("doorbell given up: the relay could not help verify it within the catch-up window", "event", id, "window", b.cfg.CatchUpWindow)
+			continue
+		}
 		in.channels = channels
 		for range h.refs - 1 {
 			b.release(id) // one copy is enough
@@ -1017,8 +1035,15 @@ func (b *bridge) postAnswer(ctx context.Context, askedID string, askedAt int64, 
 	if again := b.redatedPastFloor(reply, err); again != nil {
 		// Written down before it is posted, like the first: the relay's
 		// refusal says the first is not stored, so this one is the answer.
+		// Unwritten, it is not posted: posted, and the process gone before
+		// the done record, the next start would post the first again, be
+		// refused again and sign a third, a second answer. The first stays
+		// written down, and the next start signs it again.
 		if err := b.journal.answering(askedID, askedAt, again, replayKey); err != nil {
-			b.log.Error("state file: the answer is posted, but a restart before it is recorded may ask the agent again", "event", askedID, "err", err)
+			b.status.failed()
+			b.log.Error("answer signed again not posted: the state file could not keep it; the next start signs it again", "event", askedID, "err", err)
+			b.release(askedID)
+			return
 		}
 		b.log.Info("answer dated before the relay's created_at floor signed again with the current time", "event", askedID, "was", reply.ID, "answer", again.ID)
 		reply = again

@@ -784,10 +784,12 @@ func (unreachableVerifier) Verify(context.Context, *nostr.Event) (*doorbell.Wake
 }
 
 // waitUnavailable waits until n doorbells were dropped for want of the relay
-// (the stand-ins' drop is no *doorbell.Drop, so it counts as unverifiable).
+// (the stand-ins' drop is no *doorbell.Drop, so it counts as unverifiable),
+// or more: a held doorbell is tried again at each re-read of the
+// memberships, and each try that fails counts.
 func (w *world) waitUnavailable(n int64) {
 	w.t.Helper()
-	require.Eventually(w.t, func() bool { return w.status.snapshot().Dropped["unverifiable"] == n }, waitLong, 5*time.Millisecond, "the doorbell is dropped for now")
+	require.Eventually(w.t, func() bool { return w.status.snapshot().Dropped["unverifiable"] >= n }, waitLong, 5*time.Millisecond, "the doorbell is dropped for now")
 }
 
 // A temporarily dropped doorbell is verified again after the reconnection
@@ -796,9 +798,11 @@ func (w *world) waitUnavailable(n int64) {
 // the next subscription did not replay it, and its workflow step waited
 // out its timeout unanswered).
 //
-// Mutation killed: not handing the held doorbells back once the next
-// subscription is caught up (no retryHeld): the replay starts at the
-// mention's second and the doorbell is never answered.
+// Mutation killed: releasing the doorbell in handle rather than holding it
+// (holdForRetry), as before: the replay starts at the mention's second and
+// the doorbell is never answered. (Not retrying at the subscription's EOSE
+// alone is no longer killed here: the re-read of the memberships retries
+// it too.)
 func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
 	t.Parallel()
 	v := &flakyVerifier{tries: map[string]int{}}
@@ -815,6 +819,27 @@ func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
 	w.waitConnected(1)
 	w.answerTo(bell.ID)
 	require.EqualValues(t, 1, w.status.snapshot().DoorbellsVerified)
+}
+
+// A doorbell dropped for want of the relay on a connection that stays up
+// (a verifier's read timed out, or was refused) is verified again once the
+// relay answers the next re-read of the memberships, without waiting for a
+// reconnection.
+//
+// Mutation killed: retrying the held doorbells only when a subscription is
+// caught up (no retryHeld on a re-read): the connection stays up, no
+// subscription comes, and the doorbell is never answered.
+func TestTemporaryDropOnALiveConnectionIsRetried(t *testing.T) {
+	t.Parallel()
+	v := &flakyVerifier{tries: map[string]int{}}
+	w := newWorld(t, func(cfg *settings) {
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
+	})
+	bell := w.ring()
+	w.waitUnavailable(1)
+	w.answerTo(bell.ID)
+	require.EqualValues(t, 1, w.status.snapshot().DoorbellsVerified)
+	require.Zero(t, w.status.snapshot().Reconnects, "the same connection")
 }
 
 // The same across a restart: a doorbell dropped for want of the relay, then

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -39,8 +40,18 @@ type acpProcess struct {
 }
 
 // launch runs buzz-acp for the world's agent with the state file, the stub
-// as its agent; extraEnv are more settings (NAME=value).
+// as its agent, and waits until it is connected; extraEnv are more settings
+// (NAME=value).
 func (w *world) launch(stateFile string, extraEnv ...string) *acpProcess {
+	w.t.Helper()
+	p := w.spawn(stateFile, extraEnv...)
+	p.waitConnected()
+	return p
+}
+
+// spawn is launch without waiting for the connection (a test that withholds
+// the relay's frames may keep it from ever reporting one).
+func (w *world) spawn(stateFile string, extraEnv ...string) *acpProcess {
 	w.t.Helper()
 	cmd := exec.Command(acpPath, "--", stubPath, "-log", w.stubLog, "-hold", w.holdFile)
 	cmd.Env = append(os.Environ(),
@@ -82,7 +93,6 @@ func (w *world) launch(stateFile string, extraEnv ...string) *acpProcess {
 			p.mu.Unlock()
 		}
 	})
-	p.waitConnected()
 	return p
 }
 
@@ -353,32 +363,28 @@ func TestCatchUpIsBoundedAndCounted(t *testing.T) {
 	}
 }
 
-// An answer written down before a kill and posted at the restart after an
-// outage longer than the relay's created_at floor (a relay with a read
-// replica refuses channel events dated more than created_at_lower_limit
-// seconds ago, 960 by default) is signed again with the current time and
-// posted once, without asking the agent again. The state file here is what
-// a kill between writing the answer down and posting it leaves, the answer
-// dated two floors back.
-//
-// Mutation killed: not signing it again (redatedPastFloor returning nil):
-// the relay refuses the answer for good and the mention is never answered.
-func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T) {
-	t.Parallel()
+// staleAnswerWorld is a stopped world on a relay whose writer refuses
+// channel events dated more than a minute ago (a relay with a read replica
+// refuses those dated more than created_at_lower_limit seconds ago, 960 by
+// default, and advertises it), and a state file holding what a kill
+// between writing an answer down and posting it leaves: a mention asked,
+// and its answer, signed two floors back.
+func staleAnswerWorld(t *testing.T) (w *world, state string, asked, answer *nostr.Event) {
+	t.Helper()
 	const floor = time.Minute
 	pool := dbtest.PoolOn(t, dbtest.URL(t), 0, func(c *pgxpool.Config) { replica.ArmFloor(c, floor) })
-	w := newStoppedWorldOn(t, pool, []func(*config.Config){func(c *config.Config) {
+	w = newStoppedWorldOn(t, pool, []func(*config.Config){func(c *config.Config) {
 		// A reader that never answers: every read stays on the writer,
 		// while the writer refuses channel events older than the floor
 		// and NIP-11 advertises it, as with a real standby.
 		c.ReadDatabaseURL = "postgres://postgres@127.0.0.1:1/buzz?sslmode=disable"
 		c.CreatedAtFloor = floor
 	}})
-	asked := w.mention("@Robby asked before the kill")
-	answer := &nostr.Event{Kind: 9, Content: "ack " + asked.ID + " in the run that was killed",
+	asked = w.mention("@Robby asked before the kill")
+	answer = &nostr.Event{Kind: 9, Content: "ack " + asked.ID + " in the run that was killed",
 		Tags: nostr.Tags{{"h", w.channel}}, CreatedAt: time.Now().Add(-2 * floor).Unix()}
 	require.NoError(t, answer.Sign(w.agentKey))
-	state := filepath.Join(t.TempDir(), "state.jsonl")
+	state = filepath.Join(t.TempDir(), "state.jsonl")
 	var lines []byte
 	for _, r := range []record{
 		{Since: asked.CreatedAt},
@@ -389,7 +395,18 @@ func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T)
 		lines = append(append(lines, b...), '\n')
 	}
 	require.NoError(t, os.WriteFile(state, lines, 0o600))
+	return w, state, asked, answer
+}
 
+// An answer written down before a kill and posted at the restart after an
+// outage longer than the relay's created_at floor is signed again with the
+// current time and posted once, without asking the agent again.
+//
+// Mutation killed: not signing it again (redatedPastFloor returning nil):
+// the relay refuses the answer for good and the mention is never answered.
+func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T) {
+	t.Parallel()
+	w, state, asked, answer := staleAnswerWorld(t)
 	w.launch(state)
 	posted := w.answerTo(asked.ID)
 	require.NotEqual(t, answer.ID, posted.ID, "the answer as first signed is refused")
@@ -397,4 +414,74 @@ func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T)
 	w.flush()
 	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
 	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
+}
+
+// The answer signed again is written down before it is posted, like the
+// first: killed after the relay stored it but before buzz-acp read the OK
+// (the proxy withholds it), the restart posts that same event again, a
+// duplicate, and the channel holds one answer.
+//
+// Mutation killed: not writing the answer signed again down before posting
+// it: the restart posts the one first signed, which the relay refuses again,
+// and signs a third: two answers in the channel.
+func TestKilledAfterPostingTheAnswerSignedAgainDoesNotAnswerTwice(t *testing.T) {
+	t.Parallel()
+	w, state, asked, _ := staleAnswerWorld(t)
+	// The first OK on the connection is the AUTH's, the second the refusal
+	// of the answer as first signed, the third the one signed again.
+	withheld := w.proxy.stallNext(`["OK",`, 3)
+	first := w.spawn(state)
+	select {
+	case <-withheld:
+	case <-time.After(waitLong):
+		t.Fatal("the OK of the answer signed again never came")
+	}
+	require.Equal(t, 1, w.answersTo(asked.ID), "the answer signed again is stored")
+	first.kill()
+	// A restart in the same second would sign a third answer identical to
+	// the second (same content and created_at, so the same id).
+	time.Sleep(1100 * time.Millisecond)
+
+	second := w.launch(state)
+	require.Eventually(t, func() bool { return second.status().Answers == 1 }, waitLong, 10*time.Millisecond,
+		"the answer written down is posted again")
+	w.flush()
+	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
+	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
+}
+
+// The answer signed again is posted only once it is written down: when the
+// state file cannot keep it (here its file is closed behind the journal's
+// back, as a failing disk would refuse the write), it is not posted, and
+// the state file still holds the answer as first signed, which the next
+// start signs again. Posted anyway, a kill before its done record would
+// have the next start sign a third: two answers.
+//
+// Mutation killed: posting the answer signed again when writing it down
+// failed (as before): it is stored.
+func TestAnswerSignedAgainIsNotPostedUnwritten(t *testing.T) {
+	t.Parallel()
+	w, state, asked, answer := staleAnswerWorld(t)
+	j, err := openJournal(state)
+	require.NoError(t, err)
+	require.NoError(t, j.f.Close()) // every later write fails
+	st := newStatus(nil, "ws://"+w.proxy.addr(), w.agentKey.PublicKeyHex())
+	b := newBridge(settings{Key: w.agentKey, IncomingQueue: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond},
+		nil, j, slog.New(slog.DiscardHandler), st)
+	b.limits = answerLimits{createdAtFloor: int64(time.Minute / time.Second)}.orDefaults()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	conn, err := dialRelay(ctx, "ws://"+w.proxy.addr(), w.agentKey, nil)
+	require.NoError(t, err)
+	defer conn.close()
+	b.setConn(conn)
+
+	b.postAnswer(ctx, asked.ID, asked.CreatedAt, answer, "")
+	require.Zero(t, w.answersTo(asked.ID), "nothing posted")
+	require.EqualValues(t, 1, st.snapshot().Failures)
+	j.close()
+	j, err = openJournal(state)
+	require.NoError(t, err)
+	defer j.close()
+	require.Equal(t, answer.ID, j.unposted()[asked.ID].ID, "the answer as first signed is still written down")
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -11,7 +13,7 @@ import (
 )
 
 func waitingMessage(id, author, channel string) incoming {
-	return incoming{ev: &nostr.Event{ID: id, PubKey: author, Tags: nostr.Tags{{"h", channel}}}}
+	return incoming{ev: &nostr.Event{ID: id, PubKey: author, Tags: nostr.Tags{{"h", channel}}}, at: time.Now()}
 }
 
 // Channels take turns before authors do: 200 keys flooding one channel,
@@ -73,7 +75,7 @@ func TestHeldDoorbellsAreBounded(t *testing.T) {
 	j, err := openJournal("")
 	require.NoError(t, err)
 	st := newStatus(nil, "ws://relay", key.PublicKeyHex())
-	b := newBridge(settings{Key: key, IncomingQueue: 1}, nil, j, slog.New(slog.DiscardHandler), st)
+	b := newBridge(settings{Key: key, IncomingQueue: 1, CatchUpWindow: time.Hour}, nil, j, slog.New(slog.DiscardHandler), st)
 
 	b.holdForRetry(waitingMessage("first", "relay", "c1"))
 	b.holdForRetry(waitingMessage("first", "relay", "c1")) // a replayed copy of the same: no place of its own
@@ -90,4 +92,39 @@ func TestHeldDoorbellsAreBounded(t *testing.T) {
 	require.Equal(t, now, in.channels)
 	_, ok = b.waiting.next()
 	require.False(t, ok, "one copy is handed back")
+}
+
+// A held doorbell read longer than the catch-up window ago is given up when
+// the held ones are handed back: its acceptance is released, so the
+// catch-up point written down moves on past it, and it is not verified
+// again. A younger one goes back to the waiting room.
+//
+// Mutation killed: no age bound in retryHeld: the old doorbell goes back to
+// the waiting room, and the point written down stays at it.
+func TestHeldDoorbellIsGivenUpAfterTheCatchUpWindow(t *testing.T) {
+	key, err := nostr.GenerateSecretKey()
+	require.NoError(t, err)
+	j, err := openJournal(filepath.Join(t.TempDir(), "state.jsonl"))
+	require.NoError(t, err)
+	defer j.close()
+	st := newStatus(nil, "ws://relay", key.PublicKeyHex())
+	b := newBridge(settings{Key: key, IncomingQueue: 4, CatchUpWindow: time.Hour}, nil, j, slog.New(slog.DiscardHandler), st)
+
+	old := waitingMessage("old", "relay", "c1")
+	old.at = time.Now().Add(-2 * time.Hour)
+	young := waitingMessage("young", "relay", "c1")
+	later := old.at.Unix() + 60
+	j.accept("old", old.at.Unix())
+	j.accept("young", later)
+	b.holdForRetry(old)
+	b.holdForRetry(young)
+
+	b.retryHeld(map[string]bool{"c1": true})
+	in, ok := b.waiting.next()
+	require.True(t, ok)
+	require.Equal(t, "young", in.ev.ID)
+	_, ok = b.waiting.next()
+	require.False(t, ok, "the old one is not handed back")
+	require.NoError(t, j.release("young"))
+	require.Equal(t, later, j.resumeFrom(), "the point written down moved past the old one")
 }
