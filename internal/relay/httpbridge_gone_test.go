@@ -1,0 +1,48 @@
+package relay_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptrace"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A client that gives up on a bridge request while its NIP-98 claim waits
+// for a read slot (every slot busy, as under load) is nobody's fault: the
+// relay has no one to answer and nothing went wrong. It wrote an ERROR
+// "http auth failed ... context canceled" for each such request, so a busy
+// relay's impatient clients, or one client sending and abandoning requests
+// in a loop, filled the log with lines that read as a fault of the relay.
+// The slots are taken once the relay has looked up the host and asks for
+// the body (Expect: 100-continue), and the client leaves once its body is
+// sent, so the claim is what waits.
+// Mutation killed: authenticatePrincipal logging a failed claim without
+// checking whether the client is still there (the ERROR line appears).
+func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
+	t.Parallel()
+	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8)) // readSlots slots
+	key := relaytest.NewKey(t)
+	body := []byte(`{"filters":[{"kinds":[1]}]}`)
+	req := signedPost(t, hs, key, "/count", body)
+	req.Header.Set("Expect", "100-continue")
+	ctx, leave := context.WithCancel(t.Context())
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
+		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
+		relaytest.Patience, time.Millisecond, "the request ended")
+	require.NotContains(t, logs.String(), "http auth failed", logs.String())
+}
