@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptrace"
@@ -9,7 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/buzzrelay/buzz/internal/config"
 	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
 
@@ -45,4 +49,36 @@ func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) 
 	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
 		relaytest.Patience, time.Millisecond, "the request ended")
 	require.NotContains(t, logs.String(), "http auth failed", logs.String())
+}
+
+// The same for a media upload: its client leaving while the upload's
+// NIP-98 claim waits for a read slot wrote an ERROR "media auth failed ...
+// context canceled" for each such upload.
+// Mutation killed: mediaUnauthorized logging a failed claim without
+// checking whether the client is still there.
+func TestMediaClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
+	t.Parallel()
+	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8), relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	req.Header.Set("Content-Type", "image/png")
+	req.Header.Set("Expect", "100-continue")
+	ctx, leave := context.WithCancel(t.Context())
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
+		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	require.Eventually(t, func() bool { return srv.UploadsReceiving() == 0 },
+		relaytest.Patience, time.Millisecond, "the upload ended")
+	require.NotContains(t, logs.String(), "media auth failed", logs.String())
 }

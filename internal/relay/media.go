@@ -252,7 +252,7 @@ func hashTags(ev *nostr.Event) []string {
 	return out
 }
 
-func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenant, err error) {
+func (s *Server) mediaUnauthorized(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
 	var ae *authError
 	if communityBeingDeleted(err) {
 		mediaError(w, http.StatusGone, beingDeletedReason)
@@ -268,7 +268,9 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		if s.mediaDatabaseUnreachable(w, err, "media auth claim") {
 			return
 		}
-		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
+		if r.Context().Err() == nil { // else the client left: nothing went wrong
+			s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
+		}
 		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 		return
 	}
@@ -302,7 +304,7 @@ func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant co
 	}
 	ev, err := s.mediaAuth(r, "upload")
 	if err != nil {
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 		return nil, false
 	}
 	return ev, true
@@ -741,17 +743,17 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 		// its body, so the preflight does too, X-SHA-256 or not.
 		payload := ev.Tags.First("payload")
 		if payload == nil {
-			s.mediaUnauthorized(w, tenant, authFail(noPayloadTag))
+			s.mediaUnauthorized(w, r, tenant, authFail(noPayloadTag))
 			return
 		}
 		if sha != "" && !strings.EqualFold(payload[1], sha) {
-			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
+			s.mediaUnauthorized(w, r, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}
 	}
 	if sha != "" && ev.Kind == nostr.KindBlossomAuth {
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
-			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
+			s.mediaUnauthorized(w, r, tenant, authFail("auth event x tags do not name %s", sha))
 			return
 		}
 	}
@@ -802,7 +804,7 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 	var ae *authError
 	switch {
 	case errors.As(err, &ae), errors.Is(err, errAuthCheck):
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 	case errors.Is(err, media.ErrTooLarge):
 		mediaError(w, http.StatusRequestEntityTooLarge, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrTypeNotAllowed):
@@ -965,12 +967,12 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	ev, err := s.mediaAuth(r, "delete")
 	if err != nil {
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 		return
 	}
 	// A delete token names the blobs it may delete.
 	if ev.Kind == nostr.KindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
-		s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+		s.mediaUnauthorized(w, r, tenant, authFail("auth event has no x tag naming %s", sha))
 		return
 	}
 	// Before the claim, the lease and the store reads: a Blossom token is
@@ -981,7 +983,7 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	claimed := false
 	if ev.Kind == nostr.KindHTTPAuth {
 		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
-			s.mediaUnauthorized(w, tenant, err)
+			s.mediaUnauthorized(w, r, tenant, err)
 			return
 		}
 		claimed = true
