@@ -3,11 +3,13 @@ package relay_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptrace"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/buzzrelay/buzz/internal/config"
@@ -32,8 +34,9 @@ func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) 
 	t.Parallel()
 	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8)) // readSlots slots
 	key := relaytest.NewKey(t)
-	body := []byte(`{"filters":[{"kinds":[1]}]}`)
-	req := signedPost(t, hs, key, "/count", body)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "abandoned at its claim", nil, 0))
+	require.NoError(t, err)
+	req := signedPost(t, hs, key, "/events", body)
 	req.Header.Set("Expect", "100-continue")
 	ctx, leave := context.WithCancel(t.Context())
 	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -48,6 +51,8 @@ func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) 
 	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
 	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
 		relaytest.Patience, time.Millisecond, "the request ended")
+	// Refused at its claim (an "error"), not at its body ("invalid").
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().EventsRejected.WithLabelValues("error")))
 	require.NotContains(t, logs.String(), "http auth failed", logs.String())
 }
 
@@ -80,5 +85,7 @@ func TestMediaClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
 	require.Eventually(t, func() bool { return srv.UploadsReceiving() == 0 },
 		relaytest.Patience, time.Millisecond, "the upload ended")
+	// Refused at its claim (500), not at its body.
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().MediaRequests.WithLabelValues("upload", "500")))
 	require.NotContains(t, logs.String(), "media auth failed", logs.String())
 }
