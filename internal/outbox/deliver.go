@@ -22,6 +22,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/nostr"
+	"github.com/buzzrelay/buzz/internal/outage"
 )
 
 // Deliverer sends one claimed row to its listener and records the outcome.
@@ -33,6 +34,9 @@ type Deliverer struct {
 	metrics *Metrics
 	log     *slog.Logger
 	clock   clock.Clock
+	// outage counts the worker's polls failed by an unreachable database
+	// into the process's one outage log (nil: each is logged).
+	outage *outage.Log
 	// idlePoll is cfg.IdlePoll, for the Worker built on this deliverer.
 	idlePoll time.Duration
 	// keepWarm is cfg.KeepWarm; lastUsed holds, per listener URL, when a
@@ -75,6 +79,13 @@ func WithRootCAs(pool *x509.CertPool) DelivererOption {
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) DelivererOption {
 	return func(d *Deliverer) { d.log = l }
+}
+
+// WithOutage makes the worker built on this deliverer report its polls
+// failed by an unreachable database to o, the process's outage log, instead
+// of an ERROR line each (one per pod every 2 s while the database is away).
+func WithOutage(o *outage.Log) DelivererOption {
+	return func(d *Deliverer) { d.outage = o }
 }
 
 // WithClock sets the time source of the deliverer and of the worker built

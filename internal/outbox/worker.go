@@ -15,6 +15,7 @@ import (
 
 	"github.com/buzzrelay/buzz/internal/clock"
 	"github.com/buzzrelay/buzz/internal/db"
+	"github.com/buzzrelay/buzz/internal/outage"
 )
 
 // claim is one claimed outbox row: what a delivery needs, plus the claim's
@@ -286,6 +287,8 @@ type loop struct {
 	// listeners committed pending because it had no room for them (Offer).
 	wake <-chan struct{}
 	log  *slog.Logger
+	// outage takes the polls an unreachable database failed (nil: logged).
+	outage *outage.Log
 	// perListener is the most deliveries one listener may have in flight
 	// (listenerCap; 0: maxInFlight). A handed-off row beyond it goes to
 	// release instead of a slot.
@@ -396,7 +399,7 @@ func (l *loop) run(ctx context.Context) {
 		}
 		switch {
 		case err != nil:
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !l.outage.TickFailed(err, "operator-listener outbox poll") {
 				l.log.Error("operator-listener outbox poll failed", "err", err)
 			}
 			poll.Reset(claimErrorSleep)
@@ -595,7 +598,7 @@ func NewWorker(pool *pgxpool.Pool, routes Routes, d *Deliverer, opts ...WorkerOp
 		reserved: map[*roomReservation]struct{}{},
 	}
 	w.loop = loop{
-		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, wake: w.wake, log: d.log,
+		claims: claims, deliver: d.deliver, clock: realClock{}, handoff: w.handoff, wake: w.wake, log: d.log, outage: d.outage,
 		perListener: listenerCap(len(claims.routable)), release: d.releaseDeferred,
 	}
 	w.loop.idleFloor, w.loop.idleCeiling = pollBackoff(d.idlePoll)

@@ -18,6 +18,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/db"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/logtest"
+	"github.com/buzzrelay/buzz/internal/outbox"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -152,4 +153,48 @@ func TestOutageEndLineCountsClientRequestsApartFromBackgroundTicks(t *testing.T)
 	busy := outage(2, 3)
 	require.Contains(t, busy, " failed_requests=3 ", busy)
 	require.Regexp(t, ticked, busy)
+}
+
+// The operator-listener outbox worker polls every 2 s after a failed poll;
+// while the database is unreachable each poll failed with an ERROR line of
+// its own, one per pod every 2 s for the whole outage, under the outage's
+// one line. Its failed polls are counted into the outage as the other
+// background loops' ticks are: the log says the outage began (with the
+// poll as its first failure) and ended, and no poll's line in between.
+// The database is taken away for real and let in again.
+// Mutation killed: the poll's failure logged without the outage log (its
+// ERROR line appears, and no tick is counted).
+func TestOutboxPollLogsADatabaseOutageOnce(t *testing.T) {
+	t.Parallel()
+	databaseURL := dbtest.URL(t)
+	pool := dbtest.PoolOn(t, databaseURL, 4)
+	hs, logs, srv := relayLoggingTo(t, pool)
+	home, err := db.New(pool).CommunityByHost(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, srv.StartOperatorListeners(ctx, outbox.Config{
+		Listeners: outbox.Routes{relaytest.NewKey(t).PublicKeyHex(): "https://listener.invalid/wake"},
+		Timeout:   5 * time.Second,
+		IdlePoll:  100 * time.Millisecond,
+	}, home.ID))
+	takeAway, bringBack := databaseOutage(t, databaseURL)
+
+	takeAway()
+	// Nothing else of this relay ticks: two ticks are two failed polls
+	// (claimErrorSleep apart), or a poll logged on its own.
+	require.Eventually(t, func() bool {
+		_, ticks := srv.OutageFailures()
+		return ticks >= 2 || strings.Contains(logs.String(), "outbox poll failed")
+	}, relaytest.Patience, 10*time.Millisecond)
+	require.NotContains(t, logs.String(), "outbox poll failed", logs.String())
+	bringBack()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "database reachable again") },
+		relaytest.Patience, 10*time.Millisecond)
+
+	logged := logs.String()
+	require.NotContains(t, logged, "outbox poll failed", logged)
+	require.Equal(t, 1, strings.Count(logged, "database unreachable"), logged)
+	require.Contains(t, logged, `first_failure="operator-listener outbox poll"`, logged)
+	require.Regexp(t, regexp.MustCompile(`failed_requests=0 failed_background_ticks=[2-9]`), logged)
 }

@@ -214,7 +214,9 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			if s.databaseUnreachable(w, err, "http auth claim") {
 				return
 			}
-			s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
+			if r.Context().Err() == nil { // else the client left: nothing went wrong
+				s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
+			}
 			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 			return
 		}

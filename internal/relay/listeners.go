@@ -60,7 +60,7 @@ func (s *Server) StartOperatorListeners(ctx context.Context, cfg outbox.Config, 
 	if cfg.APIOrigin == "" {
 		s.log.Warn("RELAY_OPERATOR_API_ORIGIN is not set: listener registration answers 404 until it is")
 	}
-	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log), outbox.WithClock(s.clock)}, opts...)...)
+	d := outbox.NewDeliverer(s.pool, cfg, relayKey, m, append([]outbox.DelivererOption{outbox.WithLogger(s.log), outbox.WithClock(s.clock), outbox.WithOutage(s.outage)}, opts...)...)
 	w := outbox.NewWorker(s.pool, cfg.Listeners, d)
 	s.outboxWorker.Store(w)
 	s.workers.Go(func() { w.Run(ctx) })

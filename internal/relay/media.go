@@ -257,7 +257,7 @@ func hashTags(ev *nostr.Event) []string {
 	return out
 }
 
-func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenant, err error) {
+func (s *Server) mediaUnauthorized(w http.ResponseWriter, r *http.Request, tenant community.Tenant, err error) {
 	var ae *authError
 	if communityBeingDeleted(err) {
 		mediaError(w, http.StatusGone, beingDeletedReason)
@@ -273,7 +273,9 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, tenant community.Tenan
 		if s.mediaDatabaseUnreachable(w, err, "media auth claim") {
 			return
 		}
-		s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
+		if r.Context().Err() == nil { // else the client left: nothing went wrong
+			s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
+		}
 		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")
 		return
 	}
@@ -307,7 +309,7 @@ func (s *Server) mediaUploader(w http.ResponseWriter, r *http.Request, tenant co
 	}
 	ev, err := s.mediaAuth(r, "upload")
 	if err != nil {
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 		return nil, false
 	}
 	return ev, true
@@ -736,13 +738,13 @@ func (s *Server) serveMediaUploadCheck(w http.ResponseWriter, r *http.Request, t
 	sha := strings.ToLower(r.Header.Get("X-SHA-256"))
 	if sha != "" && ev.Kind == nostr.KindHTTPAuth {
 		if payload := ev.Tags.First("payload"); !strings.EqualFold(payload[1], sha) { // present: mediaAuth
-			s.mediaUnauthorized(w, tenant, authFail("auth event payload tag does not name %s", sha))
+			s.mediaUnauthorized(w, r, tenant, authFail("auth event payload tag does not name %s", sha))
 			return
 		}
 	}
 	if sha != "" && ev.Kind == nostr.KindBlossomAuth {
 		if x := hashTags(ev); len(x) > 0 && !slices.Contains(x, sha) {
-			s.mediaUnauthorized(w, tenant, authFail("auth event x tags do not name %s", sha))
+			s.mediaUnauthorized(w, r, tenant, authFail("auth event x tags do not name %s", sha))
 			return
 		}
 	}
@@ -793,7 +795,7 @@ func (s *Server) mediaFailed(w http.ResponseWriter, r *http.Request, tenant comm
 	var ae *authError
 	switch {
 	case errors.As(err, &ae), errors.Is(err, errAuthCheck):
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 	case errors.Is(err, media.ErrTooLarge):
 		mediaError(w, http.StatusRequestEntityTooLarge, "invalid: "+err.Error())
 	case errors.Is(err, media.ErrTypeNotAllowed):
@@ -956,12 +958,12 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	}
 	ev, err := s.mediaAuth(r, "delete")
 	if err != nil {
-		s.mediaUnauthorized(w, tenant, err)
+		s.mediaUnauthorized(w, r, tenant, err)
 		return
 	}
 	// A delete token names the blobs it may delete.
 	if ev.Kind == nostr.KindBlossomAuth && !slices.Contains(hashTags(ev), sha) {
-		s.mediaUnauthorized(w, tenant, authFail("auth event has no x tag naming %s", sha))
+		s.mediaUnauthorized(w, r, tenant, authFail("auth event has no x tag naming %s", sha))
 		return
 	}
 	// Before the claim, the lease and the store reads: a Blossom token is
@@ -972,7 +974,7 @@ func (s *Server) serveMediaDelete(w http.ResponseWriter, r *http.Request, tenant
 	claimed := false
 	if ev.Kind == nostr.KindHTTPAuth {
 		if err := s.claimHTTPAuth(r.Context(), tenant, ev); err != nil {
-			s.mediaUnauthorized(w, tenant, err)
+			s.mediaUnauthorized(w, r, tenant, err)
 			return
 		}
 		claimed = true

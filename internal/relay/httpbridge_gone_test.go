@@ -1,0 +1,91 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptrace"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/buzzrelay/buzz/internal/config"
+	"github.com/buzzrelay/buzz/internal/dbtest"
+	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/relay"
+	"github.com/buzzrelay/buzz/internal/relaytest"
+)
+
+// A client that gives up on a bridge request while its NIP-98 claim waits
+// for a read slot (every slot busy, as under load) is nobody's fault: the
+// relay has no one to answer and nothing went wrong. It wrote an ERROR
+// "http auth failed ... context canceled" for each such request, so a busy
+// relay's impatient clients, or one client sending and abandoning requests
+// in a loop, filled the log with lines that read as a fault of the relay.
+// The slots are taken once the relay has looked up the host and asks for
+// the body (Expect: 100-continue), and the client leaves once its body is
+// sent, so the claim is what waits.
+// Mutation killed: authenticatePrincipal logging a failed claim without
+// checking whether the client is still there (the ERROR line appears).
+func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
+	t.Parallel()
+	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8)) // readSlots slots
+	key := relaytest.NewKey(t)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "abandoned at its claim", nil, 0))
+	require.NoError(t, err)
+	req := signedPost(t, hs, key, "/events", body)
+	req.Header.Set("Expect", "100-continue")
+	ctx, leave := context.WithCancel(t.Context())
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
+		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
+		relaytest.Patience, time.Millisecond, "the request ended")
+	// Refused at its claim (an "error"), not at its body ("invalid").
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().EventsRejected.WithLabelValues("error")))
+	require.NotContains(t, logs.String(), "http auth failed", logs.String())
+}
+
+// The same for a media upload: its client leaving while the upload's
+// NIP-98 claim waits for a read slot wrote an ERROR "media auth failed ...
+// context canceled" for each such upload.
+// Mutation killed: mediaUnauthorized logging a failed claim without
+// checking whether the client is still there.
+func TestMediaClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
+	t.Parallel()
+	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8), relay.WithMedia(media.NewService(mediaStores["fs"](t),
+		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 700)
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	req.Header.Set("Content-Type", "image/png")
+	req.Header.Set("Expect", "100-continue")
+	ctx, leave := context.WithCancel(t.Context())
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
+		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
+	}))
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	require.Eventually(t, func() bool { return srv.UploadsReceiving() == 0 },
+		relaytest.Patience, time.Millisecond, "the upload ended")
+	// Refused at its claim (500), not at its body.
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().MediaRequests.WithLabelValues("upload", "500")))
+	require.NotContains(t, logs.String(), "media auth failed", logs.String())
+}
