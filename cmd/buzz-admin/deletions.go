@@ -401,6 +401,14 @@ func whyNotRunnable(ctx context.Context, q *db.Queries, id uuid.UUID) error {
 		why = fmt.Sprintf("its inventory never froze (stage submitted: the submit stopped first): repeat `buzz-admin deletions submit --host %s --requested-by %q`, then have someone else approve it", r.CommunityHost, r.RequestedBy)
 	case r.Stage == deletion.StageInventoried:
 		why = fmt.Sprintf("it is not approved yet (stage inventoried): `buzz-admin deletions approve %s --approved-by WHO`, by someone other than %s", id, r.RequestedBy)
+	case r.LeaseOwner != nil && r.LeaseUntil != nil && r.LeaseUntil.Before(time.Now()):
+		// The claim passes over a row a transaction holds: the lease check
+		// holds it to the end of its step, so a lease that ran out with an
+		// executor frozen inside a step is not taken over until that ends.
+		why = fmt.Sprintf("executor %q's lease (generation %d) ran out at %s at stage %s, but a transaction still holds the request: "+
+			"most likely that executor's, frozen inside a step (its lease check holds the request to the step's end); "+
+			"the next run takes it over once that transaction ends: should the executor be gone or stuck, end its database session "+
+			"(pg_stat_activity, pg_terminate_backend), then run again", *r.LeaseOwner, r.LeaseGeneration, at(*r.LeaseUntil), r.Stage)
 	case r.LeaseOwner != nil && r.LeaseUntil != nil:
 		why = fmt.Sprintf("executor %q holds its lease (generation %d) until %s at stage %s; should that executor be dead, run again after then", *r.LeaseOwner, r.LeaseGeneration, at(*r.LeaseUntil), r.Stage)
 	case r.RetryCount > 0:

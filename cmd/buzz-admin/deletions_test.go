@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,11 +179,15 @@ func TestDeletionsRunWithoutServicesBlocksOnRecord(t *testing.T) {
 // A run that cannot claim its request exits 5 and says what it found
 // there and what to do: no such request; not approved yet (and by whom
 // not); another executor's lease and until when (an operator deciding
-// whether that executor is dead needs the time); blocked and why.
+// whether that executor is dead needs the time); a lease run out that a
+// frozen step's transaction still holds (the claim passes the locked row
+// over); blocked and why.
 //
-// Mutation killed: the run answering with the claim's own error, which
-// says the same "not runnable, is blocked, or is leased by another
-// executor" in every one of these cases.
+// Mutations killed (one at a time): the run answering with the claim's own
+// error, which says the same "not runnable, is blocked, or is leased by
+// another executor" in every one of these cases; a lease run out told as
+// held "until" its past end, "run again after then" (the run after then
+// says the same while the frozen step's transaction stands).
 func TestARunThatCannotClaimSaysWhatItFound(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -222,6 +227,29 @@ func TestARunThatCannotClaimSaysWhatItFound(t *testing.T) {
 	said := notRunnable("deletions", "run", id)
 	require.Contains(t, said, `executor "killed-executor" holds its lease (generation 1) until `+until.UTC().Format(time.RFC3339))
 	require.Contains(t, said, "run again after then")
+
+	// An executor frozen inside a step past its lease: its lease check
+	// holds the request row to the step's end, so the claim passes the row
+	// over though the lease ran out. The step's transaction began before
+	// the claim (its now() is then), so its check passes a lease of a
+	// millisecond, which has run out by the run below.
+	_, err = pool.Exec(ctx, `UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL WHERE id = $1`, req.ID)
+	require.NoError(t, err)
+	step, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = step.Rollback(context.Background()) }) // before pool.Close, which waits for it
+	_, err = step.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	var gen int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_generation, lease_until FROM community_deletion_requests_claim($1, 'frozen-executor', 0.001)`, req.ID).Scan(&gen, &until))
+	_, err = step.Exec(ctx, `SELECT community_deletion_requests_verify_lease($1, 'frozen-executor', $2, 'approved')`, req.ID, gen)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return time.Now().After(until) }, time.Minute, time.Millisecond)
+	said = notRunnable("deletions", "run", id)
+	require.Contains(t, said, fmt.Sprintf(`executor "frozen-executor"'s lease (generation %d) ran out at %s`, gen, until.UTC().Format(time.RFC3339)))
+	require.Contains(t, said, "a transaction still holds the request")
+	require.NotContains(t, said, "run again after then", "after then is past")
+	require.NoError(t, step.Rollback(ctx))
 
 	_, err = pool.Exec(ctx, `UPDATE community_deletion_requests SET lease_owner = NULL, lease_until = NULL WHERE id = $1`, req.ID)
 	require.NoError(t, err)

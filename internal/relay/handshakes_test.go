@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -513,4 +514,45 @@ func TestAnUpgradeThatCannotCompleteSpendsNoHandshakeToken(t *testing.T) {
 	waitForNoConnections(t, r)
 	resp, body = upgrade(t, r, "127.0.0.1", client)
 	refusedForRate(t, resp, body, "the bucket of one, spent by the real client")
+}
+
+// The upgrades real clients send pass handshakeFault as they pass the
+// WebSocket library: a browser's "Connection: keep-alive, Upgrade"
+// (Firefox), the Connection header split over two lines (as some proxies
+// forward it), header names and values in other cases and a key with
+// spaces around it. Each is sent as raw bytes on a TCP connection and must
+// be answered 101 with the key's Sec-WebSocket-Accept: a check stricter
+// than the library's refuses real clients with 400 before they ever reach
+// it, and go-nostr and nostr-tools (which send "Connection: Upgrade") would
+// not notice.
+// Mutation killed: handshakeFault requiring the Connection header to be
+// exactly "Upgrade" (strings.EqualFold(r.Header.Get("Connection"),
+// "upgrade")): the browser's and the split header's upgrades are refused 400.
+func TestUpgradesRealClientsSendPassTheHandshakeCheck(t *testing.T) {
+	t.Parallel()
+	r := relaytest.Start(t)
+	const key = "dGhlIHNhbXBsZSBub25jZQ=="
+	const accept = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" // RFC 6455 1.3's answer to key
+	for _, tc := range []struct{ name, headers string }{
+		{"Firefox", "User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0\r\n" +
+			"Accept: */*\r\nSec-WebSocket-Version: 13\r\nOrigin: https://client.example\r\n" +
+			"Sec-WebSocket-Extensions: permessage-deflate\r\nSec-WebSocket-Key: " + key + "\r\n" +
+			"Connection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n"},
+		{"Connection over two lines", "Connection: keep-alive\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + "\r\n"},
+		{"other cases, a padded key", "connection: upgrade\r\nupgrade: WebSocket\r\n" +
+			"sec-websocket-version: 13\r\nsec-websocket-key:   " + key + "  \r\n"},
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.URL, "ws://"))
+		require.NoError(t, err, tc.name)
+		require.NoError(t, conn.SetDeadline(time.Now().Add(relaytest.Patience)))
+		_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: "+r.Host+"\r\n"+tc.headers+"\r\n")
+		require.NoError(t, err, tc.name)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, tc.name)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode, "%s: %s", tc.name, body)
+		require.Equal(t, accept, resp.Header.Get("Sec-WebSocket-Accept"), tc.name)
+		conn.Close()
+	}
 }

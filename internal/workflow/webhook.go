@@ -63,7 +63,9 @@ type Webhooks struct {
 	// caller is answered only as "database unavailable"; nil: slog.Default.
 	Log *slog.Logger
 	// Outage, when set, takes a call failed by an unreachable database
-	// instead of Log: logged once per outage, answered with Retry-After.
+	// instead of Log: logged once per outage, answered with Retry-After;
+	// and one failed by a server refusing the relay's login: logged as the
+	// outage log bounds it, answered without Retry-After.
 	Outage *outage.Log
 }
 
@@ -126,7 +128,11 @@ func (h *Webhooks) Serve(w http.ResponseWriter, r *http.Request, communityID uui
 	// workflow, never the URL.
 	databaseFailed := func(err error) {
 		if h.Outage.Failed(err, "workflow webhook call") {
-			w.Header().Set("Retry-After", "1") // the outage log's ping interval
+			// Only an outage ends within the outage log's ping interval;
+			// a refused login, which it logs too, is no wait's to end.
+			if dberr.IsUnreachable(err) {
+				w.Header().Set("Retry-After", "1")
+			}
 			webhookError(w, http.StatusServiceUnavailable, dberr.UnavailableAnswer)
 			return
 		}
