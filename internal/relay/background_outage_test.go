@@ -198,3 +198,36 @@ func TestOutboxPollLogsADatabaseOutageOnce(t *testing.T) {
 	require.Contains(t, logged, `first_failure="operator-listener outbox poll"`, logged)
 	require.Regexp(t, regexp.MustCompile(`failed_requests=0 failed_background_ticks=[2-9]`), logged)
 }
+
+// A failed poll that is no outage (the claim's statement refused by a
+// database that answers: here its table is gone, as when the code and the
+// schema do not match) is the relay's own fault, not the database's reach:
+// the outage log leaves it to the worker, which logs it as an ERROR, and
+// no outage begins. Wiring the worker into the outage log must not make
+// such a failure quiet.
+// Mutation killed: the outage log taking any error as the database
+// unreachable (no poll line; "database unreachable" logged instead).
+func TestOutboxPollFailureThatIsNoOutageIsStillLogged(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 4)
+	hs, logs, srv := relayLoggingTo(t, pool)
+	home, err := db.New(pool).CommunityByHost(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), "ALTER TABLE operator_listener_outbox RENAME TO operator_listener_outbox_gone")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, srv.StartOperatorListeners(ctx, outbox.Config{
+		Listeners: outbox.Routes{relaytest.NewKey(t).PublicKeyHex(): "https://listener.invalid/wake"},
+		Timeout:   5 * time.Second,
+		IdlePoll:  100 * time.Millisecond,
+	}, home.ID))
+
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `msg="operator-listener outbox poll failed"`) },
+		relaytest.Patience, 10*time.Millisecond, logs.String())
+	logged := logs.String()
+	require.Contains(t, logged, "SQLSTATE 42P01", logged)
+	require.NotContains(t, logged, "database unreachable", logged)
+	_, ticks := srv.OutageFailures()
+	require.Zero(t, ticks)
+}
