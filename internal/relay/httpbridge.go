@@ -214,7 +214,7 @@ func (b *httpBridge) authenticatePrincipal(w http.ResponseWriter, r *http.Reques
 			if s.databaseUnreachable(w, err, "http auth claim") {
 				return
 			}
-			if r.Context().Err() == nil { // else the client left: nothing went wrong
+			if !errors.Is(err, errClaimNotRun) {
 				s.log.Error("http auth failed", "community", tenant.Host(), "err", err)
 			}
 			writeError(w, http.StatusInternalServerError, "error: could not check authorization; try again")

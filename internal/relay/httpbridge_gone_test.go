@@ -56,6 +56,52 @@ func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) 
 	require.NotContains(t, logs.String(), "http auth failed", logs.String())
 }
 
+// A client that gives up while its claim's statement runs is not the case
+// above: the statement may be stuck behind a lock (a migration's, a
+// session left open), every client then gives up in turn, and with each
+// such request quiet the relay said nothing at all of a claim that could
+// not run. Only a claim that never ran (its client left while it waited
+// for a read slot) is quiet. Another session holds a lock on the claims'
+// table for real; the client leaves once the relay's claim waits on it.
+// Mutation killed: any claim whose client left kept quiet (no "http auth
+// failed" line).
+func TestHTTPBridgeClaimCutOffByItsClientLeavingIsStillLogged(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.PoolOn(t, dbtest.URL(t), 8)
+	hs, logs, srv := relayLoggingTo(t, pool)
+	key := relaytest.NewKey(t)
+	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "cut off at its claim", nil, 0))
+	require.NoError(t, err)
+	locker, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	_, err = locker.Exec(t.Context(), "LOCK TABLE http_auth_replays IN SHARE MODE") // inserts wait
+	require.NoError(t, err)
+
+	ctx, leave := context.WithCancel(t.Context())
+	defer leave()
+	go func() {
+		defer leave()
+		for ctx.Err() == nil {
+			var waiting int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+				AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO http_auth_replays%'`).Scan(&waiting)
+			if err != nil || waiting > 0 {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	resp, err := http.DefaultClient.Do(signedPost(t, hs, key, "/events", body).WithContext(ctx))
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
+		relaytest.Patience, time.Millisecond, "the request ended")
+	require.Contains(t, logs.String(), `msg="http auth failed"`, logs.String())
+}
+
 // The same for a media upload: its client leaving while the upload's
 // NIP-98 claim waits for a read slot wrote an ERROR "media auth failed ...
 // context canceled" for each such upload.

@@ -273,7 +273,7 @@ func (s *Server) mediaUnauthorized(w http.ResponseWriter, r *http.Request, tenan
 		if s.mediaDatabaseUnreachable(w, err, "media auth claim") {
 			return
 		}
-		if r.Context().Err() == nil { // else the client left: nothing went wrong
+		if !errors.Is(err, errClaimNotRun) {
 			s.log.Error("media auth failed", "community", tenant.Host(), "err", err)
 		}
 		mediaError(w, http.StatusInternalServerError, "error: could not check authorization; try again")

@@ -237,6 +237,13 @@ func checkPayload(ev *nostr.Event, body []byte) error {
 const errAuthEventUsed = "auth event already used; sign a new one for every request " +
 	"(identical requests signed in the same second are one event: add a nonce tag or vary created_at)"
 
+// errClaimNotRun marks a claim whose client left while it waited for a
+// read slot: its statement never ran, nothing went wrong, and it is not
+// logged. A claim whose statement its client's leaving cut off is not
+// marked: the statement may have been stuck behind a lock, which every
+// client gives up on in turn, and it stays logged.
+var errClaimNotRun = errors.New("the client left before its claim ran")
+
 // claimHTTPAuth records the auth event as used in this community; a second
 // use is a replay. The row lives until the event could no longer pass the
 // created_at check, plus slack; the claims themselves purge their
@@ -247,6 +254,9 @@ func (s *Server) claimHTTPAuth(ctx context.Context, tenant community.Tenant, ev 
 	// Any key signs a valid claim, so it waits for a read slot.
 	release, err := s.readSlot(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", errClaimNotRun, err)
+		}
 		return err
 	}
 	defer release()
