@@ -229,7 +229,7 @@ func TestHTTPBridgeAuthFailures(t *testing.T) {
 		}
 	}
 	badSig := nip98(t, key, "POST", url, body, nil)
-	badSig.Sig = badSig.Sig[:127] + map[bool]string{true: "1", false: "0"}[badSig.Sig[127] == '0']
+	badSig.Sig = tamperedSig(badSig.Sig)
 	badID := nip98(t, key, "POST", url, body, nil)
 	badID.Content = "tampered after signing"
 	raw, _ := nip98(t, key, "POST", url, body, nil).MarshalJSON()
