@@ -755,6 +755,16 @@ func (v *flakyVerifier) Verify(_ context.Context, ev *nostr.Event) (*doorbell.Wa
 	return &doorbell.Wake{ChannelID: tagValue(ev, "h"), Prompt: ev.Content, Message: ev}, nil
 }
 
+// newWorldWithAFlakyVerifier is a world whose verifier cannot reach the
+// relay for each doorbell's first try.
+func newWorldWithAFlakyVerifier(t *testing.T) *world {
+	t.Helper()
+	v := &flakyVerifier{tries: map[string]int{}}
+	return newWorld(t, func(cfg *settings) {
+		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
+	})
+}
+
 // A doorbell whose verification failed only because the relay could not be
 // asked (a temporary drop) is verified again when the relay sends it again,
 // after the reconnection, and then reaches the agent.
@@ -763,10 +773,7 @@ func (v *flakyVerifier) Verify(_ context.Context, ev *nostr.Event) (*doorbell.Wa
 // the replay skips it and it is never answered.
 func TestTemporaryDropIsRetriedAfterReconnecting(t *testing.T) {
 	t.Parallel()
-	v := &flakyVerifier{tries: map[string]int{}}
-	w := newWorld(t, func(cfg *settings) {
-		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
-	})
+	w := newWorldWithAFlakyVerifier(t)
 	bell := w.ring()
 	require.Eventually(t, func() bool { return len(w.status.snapshot().Dropped) == 1 }, waitLong, 5*time.Millisecond, "the first try is counted as a drop")
 	w.proxy.cut()
@@ -805,10 +812,7 @@ func (w *world) waitUnavailable(n int64) {
 // it too.)
 func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
 	t.Parallel()
-	v := &flakyVerifier{tries: map[string]int{}}
-	w := newWorld(t, func(cfg *settings) {
-		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
-	})
+	w := newWorldWithAFlakyVerifier(t)
 	bell := w.ring()
 	w.waitUnavailable(1)
 	// The mention in a later second: a catch-up from the doorbell's own
@@ -831,10 +835,7 @@ func TestTemporaryDropBeforeALaterMessageIsRetried(t *testing.T) {
 // subscription comes, and the doorbell is never answered.
 func TestTemporaryDropOnALiveConnectionIsRetried(t *testing.T) {
 	t.Parallel()
-	v := &flakyVerifier{tries: map[string]int{}}
-	w := newWorld(t, func(cfg *settings) {
-		cfg.Verifier = func(_, _ string, _ doorbell.Querier) verifier { return v }
-	})
+	w := newWorldWithAFlakyVerifier(t)
 	bell := w.ring()
 	w.waitUnavailable(1)
 	w.answerTo(bell.ID)

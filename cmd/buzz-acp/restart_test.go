@@ -161,6 +161,16 @@ func (w *world) requireOnce(ids ...string) {
 	}
 }
 
+// requireOneAnswerWithoutAskingAgain checks, once everything replayed
+// has been handled (flush), that the channel holds one answer to id and
+// that the agent was not asked about it in this run.
+func (w *world) requireOneAnswerWithoutAskingAgain(id string) {
+	w.t.Helper()
+	w.flush()
+	require.Equal(w.t, 1, w.answersTo(id), "one answer")
+	require.Zero(w.t, w.promptsFor(id), "the agent is not asked again")
+}
+
 // flush posts a mention and waits for its answer: the channel's session
 // runs prompts in order, so anything replayed before it has been asked by
 // then.
@@ -411,9 +421,7 @@ func TestAnswerWrittenDownBeforeAnOutageLongerThanTheFloorIsPosted(t *testing.T)
 	posted := w.answerTo(asked.ID)
 	require.NotEqual(t, answer.ID, posted.ID, "the answer as first signed is refused")
 	require.Equal(t, answer.Content, posted.Content)
-	w.flush()
-	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
-	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
+	w.requireOneAnswerWithoutAskingAgain(asked.ID)
 }
 
 // The answer signed again is written down before it is posted, like the
@@ -445,9 +453,7 @@ func TestKilledAfterPostingTheAnswerSignedAgainDoesNotAnswerTwice(t *testing.T) 
 	second := w.launch(state)
 	require.Eventually(t, func() bool { return second.status().Answers == 1 }, waitLong, 10*time.Millisecond,
 		"the answer written down is posted again")
-	w.flush()
-	require.Equal(t, 1, w.answersTo(asked.ID), "one answer")
-	require.Zero(t, w.promptsFor(asked.ID), "the agent is not asked again")
+	w.requireOneAnswerWithoutAskingAgain(asked.ID)
 }
 
 // The answer signed again is posted only once it is written down: when the

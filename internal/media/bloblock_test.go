@@ -49,11 +49,8 @@ func TestSweepOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := dbtest.Pool(t)
-			store, err := media.NewFSStore(t.TempDir())
-			require.NoError(t, err)
-			limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
-			processA := media.NewService(store, limits, nil)
-			processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+			store := stores["fs"](t)
+			processA := processSharingBlobLocks(t, store, pool)
 			first, second := uuid.New(), uuid.New()
 			blob := "bytes two communities share"
 			d, err := processA.Upload(ctx, first, "alice", strings.NewReader(blob), nil)
@@ -61,8 +58,7 @@ func TestSweepOnOneProcessKeepsABlobAnUploadOnAnotherReferences(t *testing.T) {
 			require.NoError(t, processA.Delete(ctx, first, d.SHA256, "alice"))
 
 			paused := mediatest.NewPauseAfterStatOrPut(store, d.Blob, pauseAt)
-			processB := media.NewService(paused, limits, nil)
-			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processB := processSharingBlobLocks(t, paused, pool)
 			deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
 				_, err := processB.Upload(ctx, second, "bob", strings.NewReader(blob), nil)
 				return err
@@ -99,6 +95,15 @@ func deleteWhileAnUploadIsPaused(t *testing.T, pool *pgxpool.Pool, paused <-chan
 	require.NoError(t, <-deleted)
 }
 
+// processSharingBlobLocks is one relay process's media service on store,
+// taking its blob locks in pool as every process sharing store does.
+func processSharingBlobLocks(t *testing.T, store media.Store, pool *pgxpool.Pool) *media.Service {
+	t.Helper()
+	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
+	svc.UseBlobLock(media.AdvisoryBlobLock(pool))
+	return svc
+}
+
 func waitingOnABlobLock(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()
 	var waiting bool
@@ -122,19 +127,15 @@ func TestDeleteOnOneProcessKeepsAnUploadRecordedOnAnother(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
-	store, err := media.NewFSStore(t.TempDir())
-	require.NoError(t, err)
-	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
-	processA := media.NewService(store, limits, nil)
-	processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+	store := stores["fs"](t)
+	processA := processSharingBlobLocks(t, store, pool)
 	community := uuid.New()
 	blob := "bytes two members upload"
 	d, err := processA.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
 	require.NoError(t, err)
 
 	paused := mediatest.NewPauseBeforePut(store, "_uploads/"+community.String()+"/")
-	processB := media.NewService(paused, limits, nil)
-	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+	processB := processSharingBlobLocks(t, paused, pool)
 	deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
 		_, err := processB.Upload(ctx, community, "bob", strings.NewReader(blob), nil)
 		return err
@@ -164,25 +165,21 @@ func TestDeleteOnOneProcessWaitsForAnUploadBetweenItsWritesOnAnother(t *testing.
 	t.Parallel()
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
-	store, err := media.NewFSStore(t.TempDir())
-	require.NoError(t, err)
-	limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
-	processA := media.NewService(store, limits, nil)
-	processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+	store := stores["fs"](t)
+	processA := processSharingBlobLocks(t, store, pool)
 	community := uuid.New()
 	blob := "bytes uploaded through one relay, deleted through another"
 	sum := sha256.Sum256([]byte(blob))
 	sha := hex.EncodeToString(sum[:])
 
 	paused := mediatest.NewPauseBeforePut(store, "_meta/"+community.String()+"/")
-	processB := media.NewService(paused, limits, nil)
-	processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+	processB := processSharingBlobLocks(t, paused, pool)
 	deleteWhileAnUploadIsPaused(t, pool, paused.Paused, paused.Resume, func() error {
 		_, err := processB.Upload(ctx, community, "alice", strings.NewReader(blob), nil)
 		return err
 	}, func() error { return processA.Delete(ctx, community, sha, "alice") })
 
-	_, _, err = processA.Open(ctx, community, sha)
+	_, _, err := processA.Open(ctx, community, sha)
 	require.ErrorIs(t, err, media.ErrNotFound, "the blob its uploader deleted is still served")
 	for _, prefix := range media.CommunityPrefixes(community) {
 		left, err := store.List(ctx, prefix)
@@ -218,12 +215,9 @@ func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := dbtest.Pool(t)
-			store, err := media.NewFSStore(t.TempDir())
-			require.NoError(t, err)
+			store := stores["fs"](t)
 			quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
-			limits := media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}
-			processA := media.NewService(store, limits, nil)
-			processA.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processA := processSharingBlobLocks(t, store, pool)
 			processA.UseQuota(quota)
 			community := uuid.New()
 			blob := "bytes uploaded through two relays"
@@ -234,8 +228,7 @@ func TestQuotaIsExactWhenUploadsRaceAcrossProcesses(t *testing.T) {
 			}
 
 			paused := mediatest.NewPauseAfterStatOrPut(store, hex.EncodeToString(sum[:])+".txt", 1)
-			processB := media.NewService(paused, limits, nil)
-			processB.UseBlobLock(media.AdvisoryBlobLock(pool))
+			processB := processSharingBlobLocks(t, paused, pool)
 			processB.UseQuota(quota)
 			uploaded := make(chan error, 1)
 			go func() {

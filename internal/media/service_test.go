@@ -203,15 +203,17 @@ func TestAFailedUploadsBlobTheStoreKeepsIsLogged(t *testing.T) {
 	require.Contains(t, logs.String(), "could not remove the blob of a failed upload", logs.String())
 }
 
-// failingSidecarRemovals refuses to delete sidecars while failing is set,
-// as a store with a transient error would.
-type failingSidecarRemovals struct {
+// failingRemovals refuses to delete keys under prefix (sidecars under
+// "_meta/", upload records under "_uploads/") while failing is set, as a
+// store with a transient error would.
+type failingRemovals struct {
 	media.Store
+	prefix  string
 	failing bool
 }
 
-func (s *failingSidecarRemovals) Delete(ctx context.Context, key string) error {
-	if s.failing && strings.HasPrefix(key, "_meta/") {
+func (s *failingRemovals) Delete(ctx context.Context, key string) error {
+	if s.failing && strings.HasPrefix(key, s.prefix) {
 		return errors.New("store unavailable")
 	}
 	return s.Store.Delete(ctx, key)
@@ -225,7 +227,7 @@ func (s *failingSidecarRemovals) Delete(ctx context.Context, key string) error {
 func TestDeleteFailingAtItsSidecarMaySendAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &failingSidecarRemovals{Store: stores["fs"](t)}
+	store := &failingRemovals{Store: stores["fs"](t), prefix: "_meta/"}
 	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
 	community := uuid.New()
 	d, err := svc.Upload(ctx, community, "alice", strings.NewReader("a blob whose delete fails once"), nil)
@@ -239,20 +241,6 @@ func TestDeleteFailingAtItsSidecarMaySendAgain(t *testing.T) {
 	require.ErrorIs(t, err, media.ErrNotFound, "the deleted blob is not served")
 }
 
-// failingRecordRemovals refuses to delete upload records while failing is
-// set.
-type failingRecordRemovals struct {
-	media.Store
-	failing bool
-}
-
-func (s *failingRecordRemovals) Delete(ctx context.Context, key string) error {
-	if s.failing && strings.HasPrefix(key, "_uploads/") {
-		return errors.New("store unavailable")
-	}
-	return s.Store.Delete(ctx, key)
-}
-
 // A delete that removed the sidecar and then failed to remove the member's
 // upload record, sent again, removes the record and gives its charge
 // back: a record left without a sidecar counted against the quota for
@@ -264,7 +252,7 @@ func TestDeleteSentAgainRemovesTheRecordsItLeft(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	fs := stores["fs"](t)
-	store := &failingRecordRemovals{Store: fs}
+	store := &failingRemovals{Store: fs, prefix: "_uploads/"}
 	svc := media.NewService(store, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
 	quota := &countingQuota{bytes: map[uuid.UUID]int64{}}
 	svc.UseQuota(quota)
@@ -308,7 +296,7 @@ func TestDeleteWhoseRecordListingFailsIsNotNotFound(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	fs := stores["fs"](t)
-	records := &failingRecordRemovals{Store: fs}
+	records := &failingRemovals{Store: fs, prefix: "_uploads/"}
 	listings := &failingRecordListings{Store: records}
 	svc := media.NewService(listings, media.Limits{MaxBytes: 1 << 20, AllowedTypes: []string{"text/plain"}, TempDir: t.TempDir()}, nil)
 	community := uuid.New()

@@ -169,15 +169,7 @@ func TestOutboxPollLogsADatabaseOutageOnce(t *testing.T) {
 	databaseURL := dbtest.URL(t)
 	pool := dbtest.PoolOn(t, databaseURL, 4)
 	hs, logs, srv := relayLoggingTo(t, pool)
-	home, err := db.New(pool).CommunityByHost(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	require.NoError(t, srv.StartOperatorListeners(ctx, outbox.Config{
-		Listeners: outbox.Routes{relaytest.NewKey(t).PublicKeyHex(): "https://listener.invalid/wake"},
-		Timeout:   5 * time.Second,
-		IdlePoll:  100 * time.Millisecond,
-	}, home.ID))
+	startOperatorListenerPolls(t, pool, hs, srv)
 	takeAway, bringBack := databaseOutage(t, databaseURL)
 
 	takeAway()
@@ -199,6 +191,22 @@ func TestOutboxPollLogsADatabaseOutageOnce(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`failed_requests=0 failed_background_ticks=([2-9]|[1-9][0-9]+)\b`), logged)
 }
 
+// startOperatorListenerPolls starts srv's operator-listener outbox poll for
+// the community hs serves, with one listener nobody reaches, until the test
+// ends.
+func startOperatorListenerPolls(t *testing.T, pool *pgxpool.Pool, hs *httptest.Server, srv *relay.Server) {
+	t.Helper()
+	home, err := db.New(pool).CommunityByHost(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, srv.StartOperatorListeners(ctx, outbox.Config{
+		Listeners: outbox.Routes{relaytest.NewKey(t).PublicKeyHex(): "https://listener.invalid/wake"},
+		Timeout:   5 * time.Second,
+		IdlePoll:  100 * time.Millisecond,
+	}, home.ID))
+}
+
 // A failed poll that is no outage (the claim's statement refused by a
 // database that answers: here its table is gone, as when the code and the
 // schema do not match) is the relay's own fault, not the database's reach:
@@ -211,17 +219,9 @@ func TestOutboxPollFailureThatIsNoOutageIsStillLogged(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.PoolOn(t, dbtest.URL(t), 4)
 	hs, logs, srv := relayLoggingTo(t, pool)
-	home, err := db.New(pool).CommunityByHost(t.Context(), community.NormalizeHost(hs.Listener.Addr().String()))
+	_, err := pool.Exec(t.Context(), "ALTER TABLE operator_listener_outbox RENAME TO operator_listener_outbox_gone")
 	require.NoError(t, err)
-	_, err = pool.Exec(t.Context(), "ALTER TABLE operator_listener_outbox RENAME TO operator_listener_outbox_gone")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	require.NoError(t, srv.StartOperatorListeners(ctx, outbox.Config{
-		Listeners: outbox.Routes{relaytest.NewKey(t).PublicKeyHex(): "https://listener.invalid/wake"},
-		Timeout:   5 * time.Second,
-		IdlePoll:  100 * time.Millisecond,
-	}, home.ID))
+	startOperatorListenerPolls(t, pool, hs, srv)
 
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `msg="operator-listener outbox poll failed"`) },
 		relaytest.Patience, 10*time.Millisecond, logs.String())

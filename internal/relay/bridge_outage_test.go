@@ -179,11 +179,7 @@ func TestMediaUploadAnswers503WhenTheDatabaseDropsBeforeTheClaim(t *testing.T) {
 		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
 
 	key := relaytest.NewKey(t)
-	blob := pngBlob(t, 700)
-	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
-	req.Header.Set("Content-Type", "image/png")
+	req := signedUpload(t, hs, key, pngBlob(t, 700))
 	resp, _ := sendTakingTheDatabaseAway(t, req, takeAway)
 	require.Equal(t, dberr.UnavailableAnswer, resp.Header.Get("X-Reason"))
 
@@ -297,6 +293,17 @@ func signedPost(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, path st
 	require.NoError(t, err)
 	req.Header.Set("Authorization", authHeader(nip98(t, key, "POST", hs.URL+path, body, nil)))
 	req.Header.Set("Content-Type", "application/json")
+	return req
+}
+
+// signedUpload is a PUT of blob, a PNG, to /media/upload on hs with a fresh
+// NIP-98 header of key.
+func signedUpload(t *testing.T, hs *httptest.Server, key *nostr.SecretKey, blob []byte) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
+	req.Header.Set("Content-Type", "image/png")
 	return req
 }
 
@@ -726,11 +733,7 @@ func TestGiveBacksFailingInAnOutageAreCountedNotLogged(t *testing.T) {
 	hs, logs, srv := relayLoggingTo(t, pool, relay.WithMedia(media.NewService(mediaStores["fs"](t),
 		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
 	key := relaytest.NewKey(t)
-	blob := pngBlob(t, 700)
-	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
-	req.Header.Set("Content-Type", "image/png")
+	req := signedUpload(t, hs, key, pngBlob(t, 700))
 
 	armed.Store(true)
 	resp, err := http.DefaultClient.Do(req)

@@ -404,6 +404,32 @@ func holdFrom(t *testing.T, r *relaytest.Relay, client string) (ws *websocket.Co
 	return nil, string(raw), nil
 }
 
+// relayWithAHandshakeBucketOfOne is a relay behind a proxy at 127.0.0.1
+// that lets each address one connection and one handshake a second, on a
+// clock that stands still, so a spent handshake token never comes back.
+func relayWithAHandshakeBucketOfOne(t *testing.T) *relaytest.Relay {
+	t.Helper()
+	clk := &stoppedClock{now: time.Now()}
+	return relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
+		c.MaxConnectionsPerAddr = 1
+		c.HandshakesPerSecond = 1
+		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
+	})
+}
+
+// upgradeRequest is a method request to r's WebSocket path asking to
+// upgrade ("Upgrade: websocket"), forwarded by the proxy for client; the
+// caller adds the rest of the handshake's headers.
+func upgradeRequest(t *testing.T, r *relaytest.Relay, method, client string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, "http"+strings.TrimPrefix(r.URL, "ws"), nil)
+	require.NoError(t, err)
+	req.Host = r.Host
+	req.Header.Set("X-Forwarded-For", client)
+	req.Header.Set("Upgrade", "websocket")
+	return req
+}
+
 // Only a GET can upgrade to a WebSocket. A HEAD or a POST asking to is
 // refused with 405, Allow: GET and the JSON error, before it is admitted:
 // it took a handshake token before, then failed in the upgrade, so at a
@@ -414,12 +440,7 @@ func holdFrom(t *testing.T, r *relaytest.Relay, client string) (ws *websocket.Co
 // rate).
 func TestOnlyAGETSpendsAHandshakeToken(t *testing.T) {
 	t.Parallel()
-	clk := &stoppedClock{now: time.Now()}
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
-		c.MaxConnectionsPerAddr = 1
-		c.HandshakesPerSecond = 1
-		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
-	})
+	r := relayWithAHandshakeBucketOfOne(t)
 	const client = "203.0.113.7"
 	type answer struct {
 		method, body string
@@ -427,12 +448,8 @@ func TestOnlyAGETSpendsAHandshakeToken(t *testing.T) {
 	}
 	var answers []answer
 	for _, method := range []string{http.MethodHead, http.MethodPost, http.MethodPut} {
-		req, err := http.NewRequest(method, "http"+strings.TrimPrefix(r.URL, "ws"), nil)
-		require.NoError(t, err)
-		req.Host = r.Host
-		req.Header.Set("X-Forwarded-For", client)
+		req := upgradeRequest(t, r, method, client)
 		req.Header.Set("Connection", "Upgrade")
-		req.Header.Set("Upgrade", "websocket")
 		req.Header.Set("Sec-WebSocket-Version", "13")
 		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
 		resp, err := http.DefaultClient.Do(req)
@@ -472,12 +489,7 @@ func TestOnlyAGETSpendsAHandshakeToken(t *testing.T) {
 // are the library's plain-text ones).
 func TestAnUpgradeThatCannotCompleteSpendsNoHandshakeToken(t *testing.T) {
 	t.Parallel()
-	clk := &stoppedClock{now: time.Now()}
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithClock(clock.Stub(clk.at))}, func(c *config.Config) {
-		c.MaxConnectionsPerAddr = 1
-		c.HandshakesPerSecond = 1
-		c.TrustedProxies = mustPrefixes(t, "127.0.0.1")
-	})
+	r := relayWithAHandshakeBucketOfOne(t)
 	const client = "203.0.113.8"
 	const goodKey = "dGhlIHNhbXBsZSBub25jZQ=="
 	for _, tc := range []struct {
@@ -488,11 +500,7 @@ func TestAnUpgradeThatCannotCompleteSpendsNoHandshakeToken(t *testing.T) {
 		{"version 8", "Upgrade", "8", goodKey, "invalid: unsupported WebSocket version; only 13 is supported"},
 		{"no Connection: Upgrade", "", "13", goodKey, "invalid: a WebSocket upgrade needs a Connection header naming Upgrade"},
 	} {
-		req, err := http.NewRequest(http.MethodGet, "http"+strings.TrimPrefix(r.URL, "ws"), nil)
-		require.NoError(t, err)
-		req.Host = r.Host
-		req.Header.Set("X-Forwarded-For", client)
-		req.Header.Set("Upgrade", "websocket")
+		req := upgradeRequest(t, r, http.MethodGet, client)
 		for header, value := range map[string]string{"Connection": tc.connection, "Sec-WebSocket-Version": tc.version, "Sec-WebSocket-Key": tc.key} {
 			if value != "" {
 				req.Header.Set(header, value)

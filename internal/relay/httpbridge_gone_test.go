@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -36,19 +35,7 @@ func TestHTTPBridgeClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) 
 	key := relaytest.NewKey(t)
 	body, err := json.Marshal(relaytest.SignEvent(t, key, 1, "abandoned at its claim", nil, 0))
 	require.NoError(t, err)
-	req := signedPost(t, hs, key, "/events", body)
-	req.Header.Set("Expect", "100-continue")
-	ctx, leave := context.WithCancel(t.Context())
-	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
-		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
-	}))
-	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
-	resp, err := client.Do(req)
-	if err == nil {
-		resp.Body.Close()
-	}
-	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
+	leaveWhileTheClaimWaitsForAReadSlot(t, srv, signedPost(t, hs, key, "/events", body))
 	require.Eventually(t, func() bool { return srv.BridgeRequestsAnswering() == 0 },
 		relaytest.Patience, time.Millisecond, "the request ended")
 	// Refused at its claim (an "error"), not at its body ("invalid").
@@ -112,13 +99,24 @@ func TestMediaClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
 	hs, logs, srv := relayLoggingTo(t, dbtest.PoolOn(t, dbtest.URL(t), 8), relay.WithMedia(media.NewService(mediaStores["fs"](t),
 		media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)))
 	key := relaytest.NewKey(t)
-	blob := pngBlob(t, 700)
-	req, err := http.NewRequest(http.MethodPut, hs.URL+"/media/upload", bytes.NewReader(blob))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", authHeader(nip98(t, key, http.MethodPut, hs.URL+"/media/upload", blob, nil)))
-	req.Header.Set("Content-Type", "image/png")
+	req := signedUpload(t, hs, key, pngBlob(t, 700))
+	leaveWhileTheClaimWaitsForAReadSlot(t, srv, req)
+	require.Eventually(t, func() bool { return srv.UploadsReceiving() == 0 },
+		relaytest.Patience, time.Millisecond, "the upload ended")
+	// Refused at its claim (500), not at its body.
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().MediaRequests.WithLabelValues("upload", "500")))
+	require.NotContains(t, logs.String(), "media auth failed", logs.String())
+}
+
+// leaveWhileTheClaimWaitsForAReadSlot sends req and gives up on it once its
+// body is sent, with every read slot of srv held from the moment the relay
+// asks for the body (Expect: 100-continue, after its host lookup), so that
+// the request's NIP-98 claim is what waits when its client leaves.
+func leaveWhileTheClaimWaitsForAReadSlot(t *testing.T, srv *relay.Server, req *http.Request) {
+	t.Helper()
 	req.Header.Set("Expect", "100-continue")
 	ctx, leave := context.WithCancel(t.Context())
+	defer leave()
 	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		Got100Continue: func() { holdReadSlots(t, srv.ReadSlots(), readSlots) },
 		WroteRequest:   func(httptrace.WroteRequestInfo) { leave() },
@@ -129,9 +127,4 @@ func TestMediaClaimAbandonedByItsClientIsNotLoggedAsAFailure(t *testing.T) {
 		resp.Body.Close()
 	}
 	require.ErrorIs(t, err, context.Canceled, "the client left before its answer")
-	require.Eventually(t, func() bool { return srv.UploadsReceiving() == 0 },
-		relaytest.Patience, time.Millisecond, "the upload ended")
-	// Refused at its claim (500), not at its body.
-	require.Equal(t, 1.0, testutil.ToFloat64(srv.Metrics().MediaRequests.WithLabelValues("upload", "500")))
-	require.NotContains(t, logs.String(), "media auth failed", logs.String())
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/buzzrelay/buzz/internal/dberr"
 	"github.com/buzzrelay/buzz/internal/dbtest"
 	"github.com/buzzrelay/buzz/internal/media"
+	"github.com/buzzrelay/buzz/internal/nostr"
 	"github.com/buzzrelay/buzz/internal/relay"
 	"github.com/buzzrelay/buzz/internal/relaytest"
 )
@@ -244,6 +245,33 @@ func (s *removalsFail) Delete(ctx context.Context, key string) error {
 	return s.Store.Delete(ctx, key)
 }
 
+// uploadDelete is a blob uploaded by key to relay, at path, and send, one
+// NIP-98 delete of it: the same header each time it is sent.
+type uploadDelete struct {
+	relay *relaytest.Relay
+	store *removalsFail
+	key   *nostr.SecretKey
+	path  string
+	send  func() mediaReply
+}
+
+// deleteOfAnUploadWhoseRemovalsFailUnder starts a relay on a store whose
+// removals under prefix fail while its failing is set, uploads a blob to it
+// and signs one delete of that blob.
+func deleteOfAnUploadWhoseRemovalsFailUnder(t *testing.T, prefix string) uploadDelete {
+	t.Helper()
+	store := &removalsFail{Store: mediaStores["fs"](t), prefix: prefix}
+	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
+	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
+	key := relaytest.NewKey(t)
+	blob := pngBlob(t, 4096)
+	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
+	path := "/media/" + hexSHA(blob)
+	auth := authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload))
+	return uploadDelete{relay: r, store: store, key: key, path: path,
+		send: func() mediaReply { return mediaDo(t, r, http.MethodDelete, "", path, auth, nil, nil) }}
+}
+
 // A NIP-98 delete that failed for the relay's reason before removing
 // anything (here the store refused its first removal, the sidecar's) gives
 // its claim back, as an upload does: the client sends the same request,
@@ -253,15 +281,8 @@ func (s *removalsFail) Delete(ctx context.Context, key string) error {
 // stays until the member signs anew).
 func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 	t.Parallel()
-	store := &removalsFail{Store: mediaStores["fs"](t), prefix: "_meta/"}
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
-	key := relaytest.NewKey(t)
-	blob := pngBlob(t, 4096)
-	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
-	path := "/media/" + hexSHA(blob)
-	auth := authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload))
-	send := func() mediaReply { return mediaDo(t, r, http.MethodDelete, "", path, auth, nil, nil) }
+	d := deleteOfAnUploadWhoseRemovalsFailUnder(t, "_meta/")
+	r, store, path, send := d.relay, d.store, d.path, d.send
 
 	store.failing.Store(true)
 	failed := send()
@@ -290,15 +311,8 @@ func TestMediaDeleteRefusedForTheRelayMayBeSentAgain(t *testing.T) {
 // the record stays counted).
 func TestMediaDeleteFailingAfterItRemovedKeepsItsClaim(t *testing.T) {
 	t.Parallel()
-	store := &removalsFail{Store: mediaStores["fs"](t), prefix: "_uploads/"}
-	svc := media.NewService(store, media.Limits{MaxBytes: testMediaMaxBytes, AllowedTypes: config.DefaultMediaTypes, TempDir: t.TempDir()}, nil)
-	r := relaytest.StartWith(t, dbtest.Pool(t), []relay.Option{relay.WithMedia(svc)})
-	key := relaytest.NewKey(t)
-	blob := pngBlob(t, 4096)
-	require.Equal(t, http.StatusOK, upload(t, r, "", key, blob).Status)
-	path := "/media/" + hexSHA(blob)
-	auth := authHeader(nip98(t, key, http.MethodDelete, r.HTTPURL+path, nil, withoutPayload))
-	send := func() mediaReply { return mediaDo(t, r, http.MethodDelete, "", path, auth, nil, nil) }
+	d := deleteOfAnUploadWhoseRemovalsFailUnder(t, "_uploads/")
+	r, store, key, path, send := d.relay, d.store, d.key, d.path, d.send
 
 	store.failing.Store(true)
 	failed := send()
